@@ -1,0 +1,92 @@
+/*
+ * wk_tensor: a read-only view of the tensors in a checkpoint, whatever its
+ * container (.safetensors, a sharded safetensors index, or a torch .pth zip).
+ *
+ * A wk_tensor_set owns its file mappings; every wk_tensor it hands out
+ * (name, data) is borrowed until wk_tensor_set_free(). Input files are hostile:
+ * every header is validated against the file size, offsets, overlaps and
+ * dtypes before any tensor is exposed. Never logs.
+ */
+#ifndef WK_TENSOR_H
+#define WK_TENSOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wk_err.h"
+
+typedef enum wk_dtype {
+    WK_DTYPE_F32 = 0, /* IEEE binary32 */
+    WK_DTYPE_F16,     /* IEEE binary16 */
+    WK_DTYPE_BF16,    /* bfloat16 */
+} wk_dtype;
+
+#define WK_TENSOR_MAX_DIMS 8
+
+typedef struct wk_tensor {
+    const char *name;                  /* tensor name, borrowed */
+    wk_dtype dtype;                    /* element type */
+    int ndim;                          /* number of dimensions, 0..WK_TENSOR_MAX_DIMS */
+    int64_t shape[WK_TENSOR_MAX_DIMS]; /* row-major shape */
+    const void *data;                  /* contiguous little-endian elements, borrowed */
+    size_t nbytes;                     /* bytes at data == numel * dtype size */
+} wk_tensor;
+
+typedef struct wk_tensor_set wk_tensor_set;
+
+/* Size in bytes of one element of dtype (4 or 2). */
+size_t wk_dtype_size(wk_dtype dtype);
+
+/* "F32", "F16", "BF16". */
+const char *wk_dtype_name(wk_dtype dtype);
+
+/*
+ * Parses a dtype name as wk_dtype_name() spells it ("F32", "F16", "BF16";
+ * exact, case-sensitive). Writes *out on success. Returns WK_ENOTSUP for any
+ * other name, WK_EINVAL for NULL arguments.
+ */
+WK_MUST_CHECK wk_err wk_dtype_parse(const char *name, wk_dtype *out);
+
+/* Number of elements of t (product of its shape; 1 for a scalar). */
+int64_t wk_tensor_numel(const wk_tensor *t);
+
+/* Element conversions. */
+float wk_bf16_to_f32(uint16_t v);
+uint16_t wk_f32_to_bf16(float v); /* round to nearest even, NaN kept */
+float wk_f16_to_f32(uint16_t v);
+uint16_t wk_f32_to_f16(float v); /* round to nearest even */
+
+/*
+ * Converts n elements of t starting at element `first` to fp32 into out.
+ * Returns WK_EINVAL when the range is outside the tensor.
+ */
+WK_MUST_CHECK wk_err wk_tensor_read_f32(const wk_tensor *t, size_t first, size_t n, float *out);
+
+/*
+ * Opens a checkpoint. path may be:
+ *   - a .safetensors file,
+ *   - a model.safetensors.index.json (all shards it names are opened),
+ *   - a torch .pth / .pt zip archive (the pickle is interpreted, never executed).
+ * On success *out owns the mappings; free with wk_tensor_set_free().
+ * Returns WK_ENOENT, WK_EIO, WK_EINVAL (malformed: the diag names the tensor
+ * or the offending field), WK_ENOTSUP (valid file, unsupported dtype/feature),
+ * WK_ENOMEM, WK_EPERM (file not readable), WK_ETOOBIG (over a documented limit
+ * of wk_safetensors.h / wk_pth.h). The files must not be truncated while the
+ * set is open. Tensor data may be unaligned; read it with memcpy or
+ * wk_tensor_read_f32().
+ */
+WK_MUST_CHECK wk_err wk_tensor_set_open(const char *path, wk_tensor_set **out, wk_diag *d);
+
+/* Frees the set and unmaps its files. NULL-safe. */
+void wk_tensor_set_free(wk_tensor_set *set);
+
+/* Number of tensors in the set. */
+size_t wk_tensor_set_count(const wk_tensor_set *set);
+
+/* The i-th tensor (sorted by name), borrowed; NULL when i is out of range. */
+const wk_tensor *wk_tensor_set_at(const wk_tensor_set *set, size_t i);
+
+/* The tensor called name, borrowed; NULL when absent. */
+const wk_tensor *wk_tensor_set_find(const wk_tensor_set *set, const char *name);
+
+#endif /* WK_TENSOR_H */

@@ -1,0 +1,54 @@
+/*
+ * wk_proto: encoding, decoding and validation of the controller <-> worker
+ * Envelope (proto/wkvm.proto). Every decoded message passes
+ * wk_proto_validate() before a handler sees it: the documented maxima, the
+ * kind/payload agreement and string sanity. Never logs.
+ */
+#ifndef WK_PROTO_H
+#define WK_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wk_err.h"
+#include "wkvm.pb-c.h"
+
+#define WK_PROTO_VERSION 1
+#define WK_PROTO_STR_MAX 4096u
+#define WK_PROTO_ROWS_MAX 1024u
+#define WK_PROTO_ROW_TOKENS_MAX 16384u
+#define WK_PROTO_STEP_TOKENS_MAX 65536u
+#define WK_PROTO_TOP_MAX 20u
+#define WK_PROTO_CHUNK_MAX (4u << 20)
+#define WK_PROTO_MSG_MAX (64u << 20)
+#define WK_PROTO_NCCL_ID_LEN 128u
+
+typedef Wkvm__Envelope wk_msg;
+
+/*
+ * Decodes len bytes into *out and validates it. On success the caller owns
+ * *out and frees it with wk_proto_free(). WK_EPROTO (not a valid envelope, a
+ * limit exceeded, kind and payload disagree; diag says which), WK_ETOOBIG
+ * (len over WK_PROTO_MSG_MAX), WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_proto_decode(const void *buf, size_t len, wk_msg **out, wk_diag *d);
+
+/* Frees a message from wk_proto_decode(). NULL-safe. */
+void wk_proto_free(wk_msg *m);
+
+/* Checks limits and kind/payload agreement of m (borrowed). WK_EPROTO on failure. */
+WK_MUST_CHECK wk_err wk_proto_validate(const wk_msg *m, wk_diag *d);
+
+/*
+ * Serialises m (borrowed) into a malloc'd buffer; caller frees *buf with
+ * free(). WK_ETOOBIG over WK_PROTO_MSG_MAX, WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_proto_encode(const wk_msg *m, void **buf, size_t *len);
+
+/* Name of a kind ("STEP"), static. */
+const char *wk_proto_kind_name(int kind);
+
+/* The payload case a kind must carry (NOT_SET for ACK, STATS, SHUTDOWN). */
+Wkvm__Envelope__PayloadCase wk_proto_kind_payload(int kind);
+
+#endif /* WK_PROTO_H */

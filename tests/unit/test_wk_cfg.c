@@ -1,0 +1,143 @@
+/* Unit tests for wk_cfg: precedence, validation, help and sample output. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wk_cfg.h"
+
+static const wk_cfg_opt table[] = {
+    {"port", WK_CFG_U64, "8000", 1, 65535, "HTTP port"},
+    {"host", WK_CFG_STR, "127.0.0.1", 0, 0, "bind address"},
+    {"verbose", WK_CFG_BOOL, "false", 0, 0, "more logs"},
+    {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory"},
+};
+#define N (sizeof(table) / sizeof(table[0]))
+
+static void
+test_defaults(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", NULL};
+    wk_cfg *c = NULL;
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 1, argv, &c, NULL), WK_OK);
+    assert_int_equal(wk_cfg_get_u64(c, "port"), 8000);
+    assert_string_equal(wk_cfg_get_str(c, "host"), "127.0.0.1");
+    assert_false(wk_cfg_get_bool(c, "verbose"));
+    assert_null(wk_cfg_get_str(c, "data-dir"));
+    assert_false(wk_cfg_is_set(c, "port"));
+    wk_cfg_free(c);
+}
+
+static void
+test_precedence(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/wk_cfg_XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    fputs("# comment\nport = 9000\nhost=0.0.0.0\n\nverbose = yes\n", f);
+    fclose(f);
+    setenv("WKTEST_HOST", "10.0.0.1", 1);
+    char *argv[] = {"prog", "--config", path, "--port=9100", "pos1", "--data-dir", "/x", NULL};
+    wk_cfg *c = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(wk_cfg_parse(table, N, "WKTEST", 7, argv, &c, &d), WK_OK);
+    assert_int_equal(wk_cfg_get_u64(c, "port"), 9100);          /* flag beats file */
+    assert_string_equal(wk_cfg_get_str(c, "host"), "10.0.0.1"); /* env beats file */
+    assert_true(wk_cfg_get_bool(c, "verbose"));                 /* file beats default */
+    assert_string_equal(wk_cfg_get_str(c, "data-dir"), "/x");
+    assert_int_equal(wk_cfg_npos(c), 1);
+    assert_string_equal(wk_cfg_pos(c, 0), "pos1");
+    assert_true(wk_cfg_is_set(c, "port"));
+    wk_cfg_free(c);
+    unsetenv("WKTEST_HOST");
+    unlink(path);
+}
+
+static void
+test_errors(void **state)
+{
+    (void)state;
+    wk_cfg *c = NULL;
+    wk_diag d = {{0}};
+    char *a1[] = {"prog", "--port", "0", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 3, a1, &c, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "port"));
+    assert_non_null(strstr(d.msg, "out of range"));
+    char *a2[] = {"prog", "--port", "12x", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 3, a2, &c, &d), WK_EINVAL);
+    char *a3[] = {"prog", "--nope", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 2, a3, &c, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "--nope"));
+    char *a4[] = {"prog", "--host", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 2, a4, &c, &d), WK_EINVAL);
+    char *a5[] = {"prog", "--port", "-5", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 3, a5, &c, &d), WK_EINVAL);
+    char *a6[] = {"prog", "--config", "/nonexistent/x.conf", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 3, a6, &c, &d), WK_ENOENT);
+    setenv("WKTEST_PORT", "abc", 1);
+    char *a7[] = {"prog", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, "WKTEST", 1, a7, &c, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "WKTEST_PORT"));
+    unsetenv("WKTEST_PORT");
+    char path[] = "/tmp/wk_cfg_XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    fputs("port = 1\nbogus line\n", f);
+    fclose(f);
+    char *a8[] = {"prog", "--config", path, NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 3, a8, &c, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "line 2"));
+    unlink(path);
+    char *a9[] = {"prog", "--verbose", "maybe", NULL};
+    /* "maybe" is not a bool word, so --verbose alone is true and "maybe" is positional. */
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 3, a9, &c, &d), WK_OK);
+    assert_true(wk_cfg_get_bool(c, "verbose"));
+    assert_int_equal(wk_cfg_npos(c), 1);
+    wk_cfg_free(c);
+    char *a10[] = {"prog", "--verbose=maybe", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 2, a10, &c, &d), WK_EINVAL);
+}
+
+static void
+test_help(void **state)
+{
+    (void)state;
+    char *argv[] = {"prog", "--help", NULL};
+    wk_cfg *c = NULL;
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 2, argv, &c, NULL), WK_OK);
+    assert_true(wk_cfg_help_requested(c));
+    wk_cfg_free(c);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    wk_cfg_print_help(table, N, "prog", "does things", "WKTEST", f);
+    fclose(f);
+    assert_non_null(strstr(buf, "--port N"));
+    assert_non_null(strstr(buf, "(default: 8000) [1..65535]"));
+    assert_non_null(strstr(buf, "WKTEST_<NAME>"));
+    free(buf);
+    f = open_memstream(&buf, &len);
+    wk_cfg_print_sample(table, N, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "# port = 8000"));
+    free(buf);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_precedence),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_help),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,236 @@
+/* Unit tests for wk_proto: round trips, every documented limit, malformed input. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wk_proto.h"
+
+static wk_msg *
+roundtrip(const wk_msg *m, wk_err want)
+{
+    void *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(wk_proto_encode(m, &buf, &len), WK_OK);
+    wk_msg *out = NULL;
+    wk_diag d = {{0}};
+    wk_err err = wk_proto_decode(buf, len, &out, &d);
+    free(buf);
+    assert_int_equal(err, want);
+    if (want != WK_OK)
+        assert_true(strlen(d.msg) > 0);
+    return out;
+}
+
+static void
+test_hello_roundtrip(void **state)
+{
+    (void)state;
+    Wkvm__Hello h = WKVM__HELLO__INIT;
+    h.worker_id = "w0";
+    h.backend = "cpu";
+    h.device = "x86";
+    h.protocol_version = WK_PROTO_VERSION;
+    h.device_mem_bytes = 1ull << 34;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.id = 42;
+    m.kind = WKVM__KIND__HELLO;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_HELLO;
+    m.hello = &h;
+    wk_msg *o = roundtrip(&m, WK_OK);
+    assert_int_equal(o->id, 42);
+    assert_string_equal(o->hello->worker_id, "w0");
+    assert_int_equal(o->hello->device_mem_bytes, 1ull << 34);
+    wk_proto_free(o);
+    /* Empty worker id is refused. */
+    h.worker_id = "";
+    roundtrip(&m, WK_EPROTO);
+}
+
+static void
+test_kind_payload_mismatch(void **state)
+{
+    (void)state;
+    Wkvm__SlotReset r = WKVM__SLOT_RESET__INIT;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__STEP;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_RESET;
+    m.slot_reset = &r;
+    roundtrip(&m, WK_EPROTO);
+    /* An error reply may omit the payload. */
+    wk_msg e = WKVM__ENVELOPE__INIT;
+    e.kind = WKVM__KIND__MODEL_INFO;
+    e.status = WK_EINVAL;
+    e.detail = "bad model";
+    wk_msg *o = roundtrip(&e, WK_OK);
+    assert_string_equal(o->detail, "bad model");
+    wk_proto_free(o);
+    /* Unknown and unspecified kinds. */
+    wk_msg u = WKVM__ENVELOPE__INIT;
+    roundtrip(&u, WK_EPROTO);
+    u.kind = 999;
+    roundtrip(&u, WK_EPROTO);
+    u.kind = WKVM__KIND__STATS;
+    o = roundtrip(&u, WK_OK);
+    wk_proto_free(o);
+}
+
+static void
+test_step_limits(void **state)
+{
+    (void)state;
+    size_t nrows = WK_PROTO_ROWS_MAX + 1;
+    Wkvm__StepRow *rows = calloc(nrows, sizeof(*rows));
+    Wkvm__StepRow **rowp = calloc(nrows, sizeof(*rowp));
+    int32_t *toks = calloc(WK_PROTO_ROW_TOKENS_MAX + 1, sizeof(int32_t));
+    for (size_t i = 0; i < nrows; i++) {
+        wkvm__step_row__init(&rows[i]);
+        rows[i].slot = (uint32_t)i;
+        rows[i].n_tokens = 1;
+        rows[i].tokens = toks;
+        rowp[i] = &rows[i];
+    }
+    Wkvm__Step s = WKVM__STEP__INIT;
+    s.rows = rowp;
+    s.n_rows = 2;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__STEP;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_STEP;
+    m.step = &s;
+    wk_msg *o = roundtrip(&m, WK_OK);
+    assert_int_equal(o->step->n_rows, 2);
+    wk_proto_free(o);
+    s.n_rows = nrows; /* one row too many */
+    roundtrip(&m, WK_EPROTO);
+    s.n_rows = 1;
+    rows[0].n_tokens = WK_PROTO_ROW_TOKENS_MAX + 1; /* row too long */
+    roundtrip(&m, WK_EPROTO);
+    rows[0].n_tokens = 0; /* empty row */
+    roundtrip(&m, WK_EPROTO);
+    /* Five rows at the row maximum exceed the step maximum. */
+    for (size_t i = 0; i < 5; i++)
+        rows[i].n_tokens = WK_PROTO_ROW_TOKENS_MAX;
+    s.n_rows = 4;
+    o = roundtrip(&m, WK_OK);
+    wk_proto_free(o);
+    s.n_rows = 5;
+    roundtrip(&m, WK_EPROTO);
+    /* Sample params are range-checked. */
+    s.n_rows = 1;
+    rows[0].n_tokens = 1;
+    Wkvm__SampleParams p = WKVM__SAMPLE_PARAMS__INIT;
+    p.top_logprobs = WK_PROTO_TOP_MAX + 1;
+    rows[0].params = &p;
+    roundtrip(&m, WK_EPROTO);
+    p.top_logprobs = 5;
+    p.top_p = 1.5f;
+    roundtrip(&m, WK_EPROTO);
+    free(rows);
+    free(rowp);
+    free(toks);
+}
+
+static void
+test_chunk_limits(void **state)
+{
+    (void)state;
+    uint8_t *big = calloc(WK_PROTO_CHUNK_MAX + 1, 1);
+    Wkvm__SlotWrite w = WKVM__SLOT_WRITE__INIT;
+    w.data.data = big;
+    w.data.len = WK_PROTO_CHUNK_MAX;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__SLOT_WRITE;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_WRITE;
+    m.slot_write = &w;
+    wk_msg *o = roundtrip(&m, WK_OK);
+    assert_int_equal(o->slot_write->data.len, WK_PROTO_CHUNK_MAX);
+    wk_proto_free(o);
+    w.data.len = WK_PROTO_CHUNK_MAX + 1;
+    roundtrip(&m, WK_EPROTO);
+    Wkvm__SlotRead r = WKVM__SLOT_READ__INIT;
+    r.length = WK_PROTO_CHUNK_MAX + 1;
+    wk_msg mr = WKVM__ENVELOPE__INIT;
+    mr.kind = WKVM__KIND__SLOT_READ;
+    mr.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_READ;
+    mr.slot_read = &r;
+    roundtrip(&mr, WK_EPROTO);
+    Wkvm__MigratePrepare mp = WKVM__MIGRATE_PREPARE__INIT;
+    mp.role = "send";
+    mp.nccl_unique_id.data = big;
+    mp.nccl_unique_id.len = 127;
+    wk_msg mm = WKVM__ENVELOPE__INIT;
+    mm.kind = WKVM__KIND__MIGRATE_PREPARE;
+    mm.payload_case = WKVM__ENVELOPE__PAYLOAD_MIGRATE_PREPARE;
+    mm.migrate_prepare = &mp;
+    roundtrip(&mm, WK_EPROTO);
+    mp.nccl_unique_id.len = WK_PROTO_NCCL_ID_LEN;
+    o = roundtrip(&mm, WK_OK);
+    wk_proto_free(o);
+    mp.role = "steal";
+    roundtrip(&mm, WK_EPROTO);
+    free(big);
+}
+
+static void
+test_long_string(void **state)
+{
+    (void)state;
+    char *s = malloc(WK_PROTO_STR_MAX + 2);
+    memset(s, 'a', WK_PROTO_STR_MAX + 1);
+    s[WK_PROTO_STR_MAX + 1] = '\0';
+    Wkvm__LoadModel lm = WKVM__LOAD_MODEL__INIT;
+    lm.model_dir = s;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__LOAD_MODEL;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_LOAD_MODEL;
+    m.load_model = &lm;
+    roundtrip(&m, WK_EPROTO);
+    s[WK_PROTO_STR_MAX] = '\0';
+    wk_msg *o = roundtrip(&m, WK_OK);
+    wk_proto_free(o);
+    free(s);
+}
+
+static void
+test_garbage(void **state)
+{
+    (void)state;
+    wk_msg *o = NULL;
+    uint8_t junk[64];
+    uint32_t x = 12345;
+    for (int round = 0; round < 2000; round++) {
+        size_t n = (size_t)(x % sizeof(junk));
+        for (size_t i = 0; i < n; i++) {
+            x = x * 1664525u + 1013904223u;
+            junk[i] = (uint8_t)(x >> 24);
+        }
+        wk_err err = wk_proto_decode(junk, n, &o, NULL);
+        if (err == WK_OK)
+            wk_proto_free(o);
+        else
+            assert_true(err == WK_EPROTO);
+    }
+    /* A length-delimited field that runs past the end. */
+    uint8_t trunc[] = {0x22, 0x7f, 'a'};
+    assert_int_equal(wk_proto_decode(trunc, sizeof(trunc), &o, NULL), WK_EPROTO);
+    assert_int_equal(wk_proto_decode(junk, (size_t)WK_PROTO_MSG_MAX + 1, &o, NULL), WK_ETOOBIG);
+    assert_string_equal(wk_proto_kind_name(WKVM__KIND__STEP), "STEP");
+    assert_string_equal(wk_proto_kind_name(-3), "UNKNOWN");
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hello_roundtrip),
+        cmocka_unit_test(test_kind_payload_mismatch),
+        cmocka_unit_test(test_step_limits),
+        cmocka_unit_test(test_chunk_limits),
+        cmocka_unit_test(test_long_string),
+        cmocka_unit_test(test_garbage),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
