@@ -1,0 +1,219 @@
+/*
+ * wk_chat: message cleaning, the World chat template and stop-string
+ * scanning. The exact prompt format is documented in wk_chat.h; changing a
+ * byte of it changes every rendered prompt and so every stored session's
+ * token digest, so it must never change silently. No globals, no logging.
+ */
+#include "wk_chat.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * Length of the whitespace character (per Python's str.isspace) starting at
+ * s with n bytes available, or 0 if s doesn't start with one.
+ */
+static size_t
+chat_ws_len(const unsigned char *s, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if ((s[0] >= 0x09 && s[0] <= 0x0d) || (s[0] >= 0x1c && s[0] <= 0x20))
+        return 1;
+    if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0))
+        return 2; /* U+0085, U+00A0 */
+    if (n < 3)
+        return 0;
+    if (s[0] == 0xe1 && s[1] == 0x9a && s[2] == 0x80)
+        return 3; /* U+1680 */
+    if (s[0] == 0xe2 && s[1] == 0x80 &&
+        ((s[2] >= 0x80 && s[2] <= 0x8a) || s[2] == 0xa8 || s[2] == 0xa9 || s[2] == 0xaf))
+        return 3; /* U+2000..U+200A, U+2028, U+2029, U+202F */
+    if (s[0] == 0xe2 && s[1] == 0x81 && s[2] == 0x9f)
+        return 3; /* U+205F */
+    if (s[0] == 0xe3 && s[1] == 0x80 && s[2] == 0x80)
+        return 3; /* U+3000 */
+    return 0;
+}
+
+/* Length of a whitespace character ending exactly at s + n, or 0. */
+static size_t
+chat_ws_len_back(const unsigned char *s, size_t n)
+{
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        if (chat_ws_len(s + n - k, k) == k)
+            return k;
+    }
+    return 0;
+}
+
+wk_err
+wk_chat_clean(const char *in, size_t len, char **out)
+{
+    const unsigned char *s = (const unsigned char *)in;
+    unsigned char *buf;
+    size_t o = 0, a = 0, b, k;
+
+    if (len == SIZE_MAX)
+        return WK_ENOMEM;
+    buf = malloc(len + 1);
+    if (buf == NULL)
+        return WK_ENOMEM;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = s[i];
+        if (c == '\0')
+            continue;
+        if (c == '\r') {
+            c = '\n';
+            if (i + 1 < len && s[i + 1] == '\n')
+                i++;
+        }
+        if (c == '\n' && o > 0 && buf[o - 1] == '\n')
+            continue;
+        buf[o++] = c;
+    }
+    b = o;
+    while (a < b && (k = chat_ws_len(buf + a, b - a)) > 0)
+        a += k;
+    while (b > a && (k = chat_ws_len_back(buf + a, b - a)) > 0)
+        b -= k;
+    memmove(buf, buf + a, b - a);
+    buf[b - a] = '\0';
+    *out = (char *)buf;
+    return WK_OK;
+}
+
+/* A growable output string. */
+typedef struct chat_buf {
+    char *p;    /* bytes, NUL-terminated when returned */
+    size_t len; /* bytes used */
+    size_t cap; /* bytes allocated */
+} chat_buf;
+
+static wk_err
+chat_buf_put(chat_buf *b, const char *s, size_t n)
+{
+    if (n > SIZE_MAX - b->len - 1)
+        return WK_ENOMEM;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->len + n + 1)
+            nc = nc > SIZE_MAX / 2 ? b->len + n + 1 : nc * 2;
+        char *np = realloc(b->p, nc);
+        if (np == NULL)
+            return WK_ENOMEM;
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return WK_OK;
+}
+
+/* The template prefix for role, or NULL for an unknown role. */
+static const char *
+chat_role_prefix(const char *role)
+{
+    if (strcmp(role, "system") == 0)
+        return "System: ";
+    if (strcmp(role, "user") == 0)
+        return "User: ";
+    if (strcmp(role, "assistant") == 0)
+        return "Assistant: ";
+    return NULL;
+}
+
+wk_err
+wk_chat_render(const wk_chat_msg *msgs, size_t n, bool add_generation_prompt, char **out,
+               size_t *len, wk_diag *d)
+{
+    chat_buf b = {0};
+    wk_err err = WK_OK;
+
+    for (size_t i = 0; i < n; i++) {
+        const char *prefix = msgs[i].role ? chat_role_prefix(msgs[i].role) : NULL;
+        if (prefix == NULL) {
+            free(b.p);
+            if (msgs[i].role == NULL)
+                return wk_diag_set(d, WK_EINVAL, "message %zu: missing role", i);
+            return wk_diag_set(d, WK_EINVAL,
+                               "message %zu: unknown role '%.64s' (expected system, user or "
+                               "assistant)",
+                               i, msgs[i].role);
+        }
+    }
+    for (size_t i = 0; i < n && err == WK_OK; i++) {
+        const char *content = msgs[i].content ? msgs[i].content : "";
+        size_t clen = msgs[i].content_len ? msgs[i].content_len : strlen(content);
+        char *clean = NULL;
+        const char *prefix = chat_role_prefix(msgs[i].role);
+
+        if ((err = wk_chat_clean(content, clen, &clean)) != WK_OK)
+            break;
+        err = chat_buf_put(&b, prefix, strlen(prefix));
+        if (err == WK_OK)
+            err = chat_buf_put(&b, clean, strlen(clean));
+        if (err == WK_OK)
+            err = chat_buf_put(&b, "\n\n", 2);
+        free(clean);
+    }
+    if (err == WK_OK && add_generation_prompt)
+        err = chat_buf_put(&b, "Assistant:", 10);
+    if (err == WK_OK && b.p == NULL)
+        err = chat_buf_put(&b, "", 0);
+    if (err != WK_OK) {
+        free(b.p);
+        return wk_diag_set(d, err, "chat render: out of memory");
+    }
+    *out = b.p;
+    *len = b.len;
+    return WK_OK;
+}
+
+void
+wk_chat_stop_scan(const char *text, size_t len, const char *const *stops, size_t n_stops,
+                  wk_chat_stop *r)
+{
+    static const char *const defaults[] = {WK_CHAT_STOP_DEFAULT};
+    size_t best = SIZE_MAX, best_k = 0, hold = 0;
+
+    if (n_stops == 0) {
+        stops = defaults;
+        n_stops = 1;
+    }
+    for (size_t k = 0; k < n_stops; k++) {
+        size_t sl = stops[k] ? strlen(stops[k]) : 0;
+        if (sl == 0 || sl > len)
+            continue;
+        const char *p = memmem(text, len, stops[k], sl);
+        if (p != NULL && (size_t)(p - text) < best) {
+            best = (size_t)(p - text);
+            best_k = k;
+        }
+    }
+    if (best != SIZE_MAX) {
+        r->found = true;
+        r->stop_index = best_k;
+        r->match_pos = best;
+        r->safe_len = best;
+        return;
+    }
+    for (size_t k = 0; k < n_stops; k++) {
+        size_t sl = stops[k] ? strlen(stops[k]) : 0;
+        size_t m = sl > 0 ? sl - 1 : 0;
+        if (m > len)
+            m = len;
+        for (; m > hold; m--) {
+            if (memcmp(text + len - m, stops[k], m) == 0) {
+                hold = m;
+                break;
+            }
+        }
+    }
+    r->found = false;
+    r->stop_index = 0;
+    r->match_pos = 0;
+    r->safe_len = len - hold;
+}

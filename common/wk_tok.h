@@ -1,0 +1,150 @@
+/*
+ * wk_tok: the RWKV "World" tokenizer. Loads a vocab file in the format of
+ * rwkv_vocab_v20230424.txt (one `<id> <python str or bytes literal> <byte
+ * length>` per line), encodes bytes to token ids by greedy longest match on a
+ * byte trie (exactly what the reference TRIE_TOKENIZER does), decodes ids back
+ * to bytes, and turns a stream of token ids into text that never ends in half
+ * a UTF-8 character.
+ *
+ * The vocab file is treated as hostile input: every line is checked, every
+ * size is bounded (WK_TOK_MAX_*), and a bad file is refused with a diag that
+ * names the line. A loaded wk_tok is immutable, so any number of threads may
+ * encode and decode with it at once. This module never logs.
+ */
+#ifndef WK_TOK_H
+#define WK_TOK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wk_err.h"
+
+#define WK_TOK_EOT 0                /* end-of-text token id: decodes to nothing */
+#define WK_TOK_MAX_LINE 8192        /* bytes per vocab line, line ending excluded */
+#define WK_TOK_MAX_PIECE 1024       /* bytes in one token */
+#define WK_TOK_MAX_ID 1048575       /* largest token id, so vocab size <= 2^20 */
+#define WK_TOK_MAX_FILE (16u << 20) /* bytes in a vocab file (the real one: 1.1 MiB) */
+
+/* Output bytes a stream push may need for a token (see wk_tok_stream_push). */
+#define WK_TOK_STREAM_OUT_MAX (3 * (WK_TOK_MAX_PIECE + 3))
+/* Output bytes a stream flush may need: one U+FFFD. */
+#define WK_TOK_STREAM_FLUSH_MAX 3
+
+typedef struct wk_tok wk_tok;
+
+/*
+ * Loads the vocab file at path. On success *out is a new tokenizer, freed
+ * with wk_tok_free(). Accepted format, one token per line (LF or CRLF):
+ *   <id> <literal> <length>
+ * id: decimal, 1..WK_TOK_MAX_ID, unique (0 is end-of-text and implicit).
+ * literal: a Python str ('..' / "..", optional u prefix, UTF-8 encoded) or
+ *   bytes (b'..' / b"..") literal with Python's escapes: \\ \' \" \a \b \f
+ *   \n \r \t \v \xHH \ooo, and in str only \uXXXX \UXXXXXXXX. \N{...},
+ *   escapes Python would keep verbatim (\q), surrogates, octal over \377 in
+ *   bytes, raw non-ASCII in bytes, invalid raw UTF-8, NUL, and empty tokens
+ *   are refused. At most WK_TOK_MAX_PIECE bytes once decoded.
+ * length: decimal, must equal the decoded byte length.
+ * Every byte value 0..255 must have a single-byte token. When two ids have
+ * the same bytes, encoding picks the later line (as the reference does);
+ * decoding knows both. Lines are at most WK_TOK_MAX_LINE bytes, the file
+ * at most WK_TOK_MAX_FILE.
+ * Returns WK_OK; WK_ENOENT / WK_EIO when the file can't be read; WK_ETOOBIG
+ * when it is over WK_TOK_MAX_FILE; WK_EINVAL for a malformed file, with d
+ * reading "vocab line N: ..."; WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_tok_load(const char *path, wk_tok **out, wk_diag *d);
+
+/*
+ * Same as wk_tok_load() over len bytes at buf (borrowed for the call only).
+ * The digest is that of these bytes.
+ */
+WK_MUST_CHECK wk_err wk_tok_load_mem(const void *buf, size_t len, wk_tok **out, wk_diag *d);
+
+/* Frees a tokenizer. NULL-safe. */
+void wk_tok_free(wk_tok *t);
+
+/* Largest defined id + 1 (so ids are < this; some below may be undefined). */
+uint32_t wk_tok_vocab_size(const wk_tok *t);
+
+/* Number of tokens defined by the file (end-of-text not counted). */
+uint32_t wk_tok_count(const wk_tok *t);
+
+/*
+ * Encodes len bytes of text (any bytes, not only UTF-8; NUL is an ordinary
+ * byte) by greedy longest match: at each position the longest token whose
+ * bytes match is taken. On success *ids is a malloc'd array of *n_ids ids
+ * (never NULL, even for empty input), caller frees with free(). Never emits
+ * end-of-text. Returns WK_OK, WK_ENOMEM, or WK_ETOOBIG when len is too large
+ * to index. Thread-safe on a shared t.
+ */
+WK_MUST_CHECK wk_err wk_tok_encode(const wk_tok *t, const char *text, size_t len, int32_t **ids,
+                                   size_t *n_ids, wk_diag *d);
+
+/*
+ * Concatenates the bytes of n ids (end-of-text adds nothing). On success
+ * *out is malloc'd, *out_len bytes plus a NUL terminator (the bytes may hold
+ * NULs or invalid UTF-8), caller frees with free(). Returns WK_OK; WK_EINVAL
+ * naming the index of an id the vocab doesn't define; WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_tok_decode(const wk_tok *t, const int32_t *ids, size_t n, char **out,
+                                   size_t *out_len, wk_diag *d);
+
+/*
+ * Bytes of one token, borrowed until wk_tok_free(t); *len is set. End-of-text
+ * gives a non-NULL pointer and *len = 0. An undefined id gives NULL, *len = 0.
+ */
+const uint8_t *wk_tok_piece(const wk_tok *t, int32_t id, size_t *len);
+
+/* Lowercase hex SHA-256 of the vocab file bytes, borrowed until wk_tok_free(t). */
+const char *wk_tok_digest(const wk_tok *t);
+
+/*
+ * Incremental, UTF-8-safe decoder for generated tokens. Bytes are held back
+ * only while they form a valid, still incomplete UTF-8 character, so the
+ * output is always valid UTF-8 and never half a character. Invalid bytes
+ * become U+FFFD, one per maximal invalid subpart (the Unicode recommendation,
+ * and what Python's bytes.decode('utf-8', 'replace') does): the concatenated
+ * output of pushes and the final flush equals that of decoding all bytes at
+ * once with replacement. A byte that can neither start nor continue a
+ * character is replaced at once, so nothing stalls. The struct is plain
+ * data: no fini needed; one stream per generation, not shared by threads.
+ */
+typedef struct wk_tok_stream {
+    const wk_tok *tok; /* borrowed vocabulary, may be NULL for push_bytes only */
+    uint8_t pend[4];   /* bytes of the incomplete character held back */
+    uint8_t npend;     /* bytes used in pend (0..3) */
+    uint8_t need;      /* full length of the held character (2..4), 0 if none */
+} wk_tok_stream;
+
+/* Starts an empty stream over t (borrowed until the stream is dropped). */
+void wk_tok_stream_init(wk_tok_stream *s, const wk_tok *t);
+
+/*
+ * Feeds token id. Writes the text completed so far to out (cap bytes, no NUL
+ * added) and sets *out_len. At most 3 * (held + piece length) bytes are
+ * written, so cap >= WK_TOK_STREAM_OUT_MAX always suffices. End-of-text adds
+ * nothing (call flush at the end of generation). Returns WK_OK; WK_EINVAL for
+ * an id the vocab doesn't define; WK_ETOOBIG when cap might be too small; the
+ * stream is unchanged on failure.
+ */
+WK_MUST_CHECK wk_err wk_tok_stream_push(wk_tok_stream *s, int32_t id, char *out, size_t cap,
+                                        size_t *out_len, wk_diag *d);
+
+/*
+ * Feeds raw bytes, as push does for one token. cap >= 3 * (n + 3) always
+ * suffices. Returns WK_OK or WK_ETOOBIG (stream unchanged).
+ */
+WK_MUST_CHECK wk_err wk_tok_stream_push_bytes(wk_tok_stream *s, const uint8_t *bytes, size_t n,
+                                              char *out, size_t cap, size_t *out_len);
+
+/*
+ * Ends the stream: a held incomplete character becomes one U+FFFD. Writes at
+ * most WK_TOK_STREAM_FLUSH_MAX bytes to out and returns how many. The stream
+ * is empty afterwards and may be reused.
+ */
+size_t wk_tok_stream_flush(wk_tok_stream *s, char out[WK_TOK_STREAM_FLUSH_MAX]);
+
+/* Bytes currently held back (0..3). */
+size_t wk_tok_stream_pending(const wk_tok_stream *s);
+
+#endif /* WK_TOK_H */

@@ -1,0 +1,113 @@
+/*
+ * wkvm-tokdump: prints what wk_tok makes of a vocab file, for comparison
+ * with Python (tests/reference/check_vocab_parse.py). A test tool only: it
+ * trusts its arguments and exits non-zero on the first problem.
+ *
+ *   wkvm-tokdump VOCAB          "digest <hex>", "vocab_size <n>", "count <n>",
+ *                               then "<id> <hex bytes>" for each defined id
+ *   wkvm-tokdump VOCAB encode   reads lines of hex bytes on stdin and prints
+ *                               each line's token ids, space separated
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wk_tok.h"
+
+static int
+tokdump_list(const wk_tok *t)
+{
+    printf("digest %s\nvocab_size %u\ncount %u\n", wk_tok_digest(t), wk_tok_vocab_size(t),
+           wk_tok_count(t));
+    for (uint32_t id = 1; id < wk_tok_vocab_size(t); id++) {
+        size_t len;
+        const uint8_t *p = wk_tok_piece(t, (int32_t)id, &len);
+        if (p == NULL)
+            continue;
+        printf("%u ", id);
+        for (size_t i = 0; i < len; i++)
+            printf("%02x", p[i]);
+        putchar('\n');
+    }
+    return 0;
+}
+
+static int
+tokdump_hex(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static int
+tokdump_encode(const wk_tok *t)
+{
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+
+    while ((n = getline(&line, &cap, stdin)) >= 0) {
+        size_t len = 0;
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        char *back = NULL;
+        size_t back_len = 0;
+        wk_diag d = {""};
+
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            n--;
+        if (n % 2 != 0) {
+            fprintf(stderr, "tokdump: odd hex line\n");
+            return 1;
+        }
+        for (ssize_t i = 0; i < n; i += 2) {
+            int hi = tokdump_hex(line[i]), lo = tokdump_hex(line[i + 1]);
+            if (hi < 0 || lo < 0) {
+                fprintf(stderr, "tokdump: bad hex\n");
+                return 1;
+            }
+            line[len++] = (char)(hi * 16 + lo);
+        }
+        if (wk_tok_encode(t, line, len, &ids, &n_ids, &d) != WK_OK ||
+            wk_tok_decode(t, ids, n_ids, &back, &back_len, &d) != WK_OK) {
+            fprintf(stderr, "tokdump: %s\n", d.msg);
+            return 1;
+        }
+        if (back_len != len || memcmp(back, line, len) != 0) {
+            fprintf(stderr, "tokdump: round trip mismatch\n");
+            return 1;
+        }
+        for (size_t i = 0; i < n_ids; i++)
+            printf(i ? " %d" : "%d", (int)ids[i]);
+        putchar('\n');
+        free(ids);
+        free(back);
+    }
+    free(line);
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+    int rc;
+
+    if (argc < 2 || argc > 3 || (argc == 3 && strcmp(argv[2], "encode") != 0)) {
+        fprintf(stderr, "usage: wkvm-tokdump VOCAB [encode]\n");
+        return 2;
+    }
+    if (wk_tok_load(argv[1], &t, &d) != WK_OK) {
+        fprintf(stderr, "wkvm-tokdump: %s\n", d.msg);
+        return 1;
+    }
+    rc = argc == 3 ? tokdump_encode(t) : tokdump_list(t);
+    wk_tok_free(t);
+    return rc;
+}
