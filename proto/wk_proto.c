@@ -82,6 +82,8 @@ wk_proto_check_sample(const Wkvm__SampleParams *p, wk_diag *d)
         return wk_diag_set(d, WK_EPROTO, "temperature out of range");
     if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
         return wk_diag_set(d, WK_EPROTO, "top_p out of range");
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return wk_diag_set(d, WK_EPROTO, "min_p out of range");
     return WK_OK;
 }
 

@@ -1,0 +1,228 @@
+/*
+ * ctl_admin: operational routes: /health (liveness), /ready (readiness with
+ * the reason when not ready), /metrics (Prometheus), and the admin API's
+ * worker listing. Reads the pool; never talks NNG itself.
+ */
+#define WK_LOG_MODULE "admin"
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctl_app.h"
+#include "wk_log.h"
+
+static void
+ctl_admin_health(ctl_http_req *req, void *arg)
+{
+    (void)arg;
+    ctl_http_send_json(req, 200, json_pack("{s:s}", "status", "ok"));
+}
+
+static void
+ctl_admin_ready(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    size_t ready = ctl_pool_ready_count(app->pool);
+    ctl_worker_view views[64];
+    size_t n = ctl_pool_list(app->pool, views, 64);
+    if (ready >= app->expected_workers) {
+        ctl_http_send_json(req, 200,
+                           json_pack("{s:s, s:I, s:I}", "status", "ready", "workers_ready",
+                                     (json_int_t)ready, "workers_expected",
+                                     (json_int_t)app->expected_workers));
+        return;
+    }
+    char reason[512];
+    if (n == 0) {
+        snprintf(reason, sizeof(reason), "no worker registered (expecting %u)",
+                 app->expected_workers);
+    } else {
+        const char *why = "";
+        for (size_t i = 0; i < n && i < 64; i++) {
+            if (views[i].state == CTL_WORKER_STATE_FAILED) {
+                why = views[i].detail;
+                break;
+            }
+        }
+        snprintf(reason, sizeof(reason), "%zu of %u workers ready%s%.400s", ready,
+                 app->expected_workers, why[0] ? "; model load failed: " : "", why);
+    }
+    ctl_http_send_json(req, 503,
+                       json_pack("{s:s, s:s, s:I, s:I}", "status", "not_ready", "reason", reason,
+                                 "workers_ready", (json_int_t)ready, "workers_expected",
+                                 (json_int_t)app->expected_workers));
+}
+
+static json_t *
+ctl_admin_worker_json(const ctl_worker_view *v)
+{
+    json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:I}", "id",
+                          v->id, "backend", v->backend, "device", v->device, "slots_total",
+                          (json_int_t)v->slots_total, "slots_used", (json_int_t)v->slots_used,
+                          "state", ctl_worker_state_name(v->state), "hostname", v->hostname,
+                          "detail", v->detail, "pid", (json_int_t)v->pid, "device_mem_bytes",
+                          (json_int_t)v->device_mem, "steps", (json_int_t)v->steps, "tokens",
+                          (json_int_t)v->tokens);
+    if (o == NULL)
+        return NULL;
+    if (v->model_loaded)
+        json_object_set_new(o, "model",
+                            json_pack("{s:s, s:s, s:I}", "name", v->model_name, "fingerprint",
+                                      v->fingerprint, "state_bytes",
+                                      (json_int_t)v->state_bytes));
+    else
+        json_object_set_new(o, "model", json_null());
+    return o;
+}
+
+/* Lists workers with slot usage from the scheduler. Returns the count (<= cap). */
+static size_t
+ctl_admin_views(ctl_app *app, ctl_worker_view *views, size_t cap)
+{
+    size_t n = ctl_pool_list(app->pool, views, cap);
+    if (n > cap)
+        n = cap;
+    for (size_t i = 0; app->sched != NULL && i < n; i++) {
+        uint32_t used = 0, total = 0;
+        ctl_sched_slot_counts(app->sched, views[i].id, &used, &total);
+        views[i].slots_used = used;
+    }
+    return n;
+}
+
+static void
+ctl_admin_workers(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    ctl_worker_view views[256];
+    size_t n = ctl_admin_views(app, views, 256);
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n && i < 256; i++)
+        json_array_append_new(arr, ctl_admin_worker_json(&views[i]));
+    ctl_http_send_json(req, 200, json_pack("{s:o}", "workers", arr));
+}
+
+static void
+ctl_admin_metrics_snapshot(ctl_app *app)
+{
+    ctl_metrics *m = app->metrics;
+    ctl_worker_view views[256];
+    size_t n = ctl_admin_views(app, views, 256);
+    ctl_metrics_clear(m, "wkvm_workers");
+    ctl_metrics_clear(m, "wkvm_worker_up");
+    ctl_metrics_clear(m, "wkvm_worker_slots_total");
+    ctl_metrics_clear(m, "wkvm_worker_slots_used");
+    size_t by_state[4] = {0};
+    uint32_t waiting = 0, running = 0;
+    if (app->sched != NULL)
+        ctl_sched_depths(app->sched, &waiting, &running);
+    ctl_metrics_set(m, "wkvm_queue_depth", NULL, waiting);
+    ctl_metrics_set(m, "wkvm_running_requests", NULL, running);
+    ctl_metrics_clear(m, "wkvm_worker_slots_free");
+    for (size_t i = 0; i < n && i < 256; i++) {
+        char id[160], lb[200];
+        ctl_metrics_escape(views[i].id, id, sizeof(id));
+        snprintf(lb, sizeof(lb), "worker=\"%s\"", id);
+        ctl_metrics_set(m, "wkvm_worker_up", lb,
+                        views[i].state == CTL_WORKER_STATE_READY ? 1.0 : 0.0);
+        ctl_metrics_set(m, "wkvm_worker_slots_total", lb, views[i].slots_total);
+        ctl_metrics_set(m, "wkvm_worker_slots_used", lb, views[i].slots_used);
+        ctl_metrics_set(m, "wkvm_worker_slots_free", lb,
+                        (double)(views[i].slots_total - views[i].slots_used));
+        if ((unsigned)views[i].state < 4)
+            by_state[views[i].state]++;
+    }
+    for (int s = 0; s < 4; s++) {
+        char lb[64];
+        snprintf(lb, sizeof(lb), "state=\"%s\"", ctl_worker_state_name((ctl_worker_state)s));
+        ctl_metrics_set(m, "wkvm_workers", lb, (double)by_state[s]);
+    }
+    ctl_pool_stats st;
+    ctl_pool_stats_get(app->pool, &st);
+    ctl_metrics_set(m, "wkvm_worker_registrations_total", NULL, (double)st.registrations);
+    ctl_metrics_set(m, "wkvm_worker_departures_total", NULL, (double)st.departures);
+    ctl_metrics_set(m, "wkvm_worker_rpc_calls_total", NULL, (double)st.rpc_calls);
+    ctl_metrics_set(m, "wkvm_worker_rpc_errors_total", NULL, (double)st.rpc_errors);
+    ctl_metrics_set(m, "wkvm_worker_bad_messages_total", NULL, (double)st.bad_messages);
+    ctl_metrics_set(m, "wkvm_start_time_seconds", NULL, (double)app->start_ms / 1000.0);
+}
+
+static void
+ctl_admin_metrics(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    ctl_admin_metrics_snapshot(app);
+    char *text = NULL;
+    size_t len = 0;
+    if (ctl_metrics_render(app->metrics, &text, &len) != WK_OK) {
+        ctl_http_send_error(req, WK_ENOMEM, "cannot render metrics", NULL);
+        return;
+    }
+    ctl_http_send(req, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+    free(text);
+}
+
+void
+ctl_admin_http_observe(const char *route, const char *method, int status, double seconds,
+                       void *arg)
+{
+    ctl_app *app = arg;
+    char r[128], lb[256];
+    ctl_metrics_escape(route, r, sizeof(r));
+    snprintf(lb, sizeof(lb), "route=\"%s\",method=\"%s\",code=\"%d\"", r, method, status);
+    ctl_metrics_add(app->metrics, "wkvm_http_requests_total", lb, 1);
+    snprintf(lb, sizeof(lb), "route=\"%s\"", r);
+    ctl_metrics_observe(app->metrics, "wkvm_http_request_duration_seconds", lb, seconds);
+}
+
+wk_err
+ctl_admin_metrics_declare(ctl_metrics *m)
+{
+    static const double lat[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                 0.5,   1,     2.5,  5,     10,   30,  60};
+    static const struct {
+        const char *name;
+        ctl_metric_type type;
+        const char *help;
+    } fams[] = {
+        {"wkvm_start_time_seconds", CTL_METRIC_GAUGE, "Controller start time (unix seconds)."},
+        {"wkvm_http_requests_total", CTL_METRIC_COUNTER, "HTTP requests by route and status."},
+        {"wkvm_http_request_duration_seconds", CTL_METRIC_HISTOGRAM,
+         "HTTP request handling time by route."},
+        {"wkvm_workers", CTL_METRIC_GAUGE, "Registered workers by state."},
+        {"wkvm_worker_up", CTL_METRIC_GAUGE, "1 when the worker is ready, else 0."},
+        {"wkvm_worker_slots_total", CTL_METRIC_GAUGE, "Usable state slots on the worker."},
+        {"wkvm_worker_slots_used", CTL_METRIC_GAUGE, "State slots bound on the worker."},
+        {"wkvm_worker_slots_free", CTL_METRIC_GAUGE, "State slots free on the worker."},
+        {"wkvm_worker_registrations_total", CTL_METRIC_COUNTER, "Worker Hello messages accepted."},
+        {"wkvm_worker_departures_total", CTL_METRIC_COUNTER, "Worker connections closed."},
+        {"wkvm_worker_rpc_calls_total", CTL_METRIC_COUNTER, "Requests sent to workers."},
+        {"wkvm_worker_rpc_errors_total", CTL_METRIC_COUNTER,
+         "Requests to workers that failed or timed out."},
+        {"wkvm_worker_bad_messages_total", CTL_METRIC_COUNTER,
+         "Messages from workers refused by validation."},
+    };
+    for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+        wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, lat,
+                                         sizeof(lat) / sizeof(lat[0]));
+        if (err != WK_OK)
+            return err;
+    }
+    return WK_OK;
+}
+
+size_t
+ctl_admin_routes(ctl_app *app, ctl_http_route *out, size_t cap)
+{
+    const ctl_http_route routes[] = {
+        {"GET", "/health", false, ctl_admin_health, app, "/health", CTL_HTTP_ACCESS_PUBLIC},
+        {"GET", "/ready", false, ctl_admin_ready, app, "/ready", CTL_HTTP_ACCESS_PUBLIC},
+        {"GET", "/metrics", false, ctl_admin_metrics, app, "/metrics", CTL_HTTP_ACCESS_ADMIN},
+        {"GET", "/admin/workers", false, ctl_admin_workers, app, "/admin/workers",
+         CTL_HTTP_ACCESS_ADMIN},
+    };
+    size_t n = sizeof(routes) / sizeof(routes[0]);
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = routes[i];
+    return n;
+}

@@ -1,0 +1,49 @@
+/*
+ * ctl_app: the controller's top-level object, shared by the HTTP handler
+ * modules. Each module reads what it needs; main.c owns and frees it.
+ */
+#ifndef CTL_APP_H
+#define CTL_APP_H
+
+#include <stdint.h>
+
+#include "ctl_http.h"
+#include "ctl_metrics.h"
+#include "ctl_pool.h"
+#include "ctl_sched.h"
+#include "wk_tok.h"
+
+typedef struct ctl_app {
+    ctl_pool *pool;            /* worker registry */
+    ctl_metrics *metrics;      /* Prometheus registry */
+    ctl_http *http;            /* HTTP server */
+    ctl_sched *sched;          /* admission and batching */
+    wk_tok *tok;               /* the model's tokenizer, NULL without a model */
+    const char *model_id;      /* served model name, NULL without a model */
+    uint32_t default_max_tokens; /* chat default when max_tokens is absent */
+    uint32_t max_tokens_limit; /* largest max_tokens accepted */
+    uint32_t max_prompt_tokens; /* largest prompt accepted, in tokens */
+    uint64_t request_timeout_ms; /* per-request deadline */
+    uint32_t expected_workers; /* /ready needs this many ready workers */
+    const char *model_dir;     /* model served, NULL = none (borrowed from config) */
+    const char *data_dir;      /* data directory (borrowed from config) */
+    uint64_t start_ms;         /* wall-clock start, ms */
+} ctl_app;
+
+/* Routes of the ops/admin module (health, ready, metrics, admin/workers). */
+size_t ctl_admin_routes(ctl_app *app, ctl_http_route *out, size_t cap);
+
+/* Declares the metric families the controller exports. */
+WK_MUST_CHECK wk_err ctl_admin_metrics_declare(ctl_metrics *m);
+
+/* Routes of the OpenAI module (/v1/models, /v1/chat/completions, /v1/completions). */
+size_t ctl_openai_routes(ctl_app *app, ctl_http_route *out, size_t cap);
+
+/* Declares the OpenAI module's metric families. */
+WK_MUST_CHECK wk_err ctl_openai_metrics_declare(ctl_metrics *m);
+
+/* HTTP observer that counts requests and latency per route. */
+void ctl_admin_http_observe(const char *route, const char *method, int status, double seconds,
+                            void *arg);
+
+#endif /* CTL_APP_H */

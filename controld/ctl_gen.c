@@ -1,0 +1,201 @@
+/*
+ * ctl_gen: the token loop. Keeps the not-yet-emitted tail of the text (at
+ * most the longest stop string minus one byte, plus an incomplete UTF-8
+ * character inside the token stream), so that what is emitted never has to
+ * be taken back.
+ */
+#include "ctl_gen.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wk_chat.h"
+
+typedef struct ctl_gen_buf {
+    char *p;      /* bytes */
+    size_t len;   /* used */
+    size_t cap;   /* allocated */
+} ctl_gen_buf;
+
+static wk_err
+ctl_gen_buf_put(ctl_gen_buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (b->len + n + 1 > cap)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (np == NULL)
+            return WK_ENOMEM;
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return WK_OK;
+}
+
+void
+ctl_gen_result_fini(ctl_gen_result *res)
+{
+    if (res == NULL)
+        return;
+    free(res->text);
+    free(res->tokens);
+    memset(res, 0, sizeof(*res));
+}
+
+typedef struct ctl_gen_state {
+    ctl_gen_buf out;          /* emitted text */
+    ctl_gen_buf tail;         /* decoded, not yet emitted */
+    size_t tok_emitted;       /* tokens already handed to the sink */
+    ctl_gen_result *res;      /* result being built */
+    ctl_gen_sink_fn sink;     /* sink */
+    void *sink_arg;           /* sink argument */
+} ctl_gen_state;
+
+/* Hands the first n bytes of the tail to the sink and the output. */
+static wk_err
+ctl_gen_emit(ctl_gen_state *g, size_t n)
+{
+    size_t nt = g->res->n_tokens - g->tok_emitted;
+    if (n == 0 && nt == 0)
+        return WK_OK;
+    wk_err err = WK_OK;
+    if (g->sink != NULL)
+        err = g->sink(g->sink_arg, g->tail.p ? g->tail.p : "", n,
+                      g->res->tokens + g->tok_emitted, nt);
+    if (err != WK_OK)
+        return err;
+    g->tok_emitted = g->res->n_tokens;
+    if (n > 0) {
+        err = ctl_gen_buf_put(&g->out, g->tail.p, n);
+        if (err != WK_OK)
+            return err;
+        memmove(g->tail.p, g->tail.p + n, g->tail.len - n);
+        g->tail.len -= n;
+        g->tail.p[g->tail.len] = '\0';
+    }
+    return WK_OK;
+}
+
+wk_err
+ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
+            const ctl_gen_params *p, ctl_gen_sink_fn sink, void *sink_arg, ctl_gen_result *res,
+            wk_diag *d)
+{
+    memset(res, 0, sizeof(*res));
+    if (p->max_tokens == 0 || p->n_stops > CTL_GEN_MAX_STOPS)
+        return wk_diag_set(d, WK_EINVAL, "bad generation parameters");
+    ctl_job_spec spec = {
+        .tokens = input,
+        .n_tokens = n,
+        .sample = true,
+        .params = p->sample,
+        .sample_index = p->sample_index,
+        .slot = p->slot,
+        .fresh = p->fresh,
+        .deadline_ms = p->deadline_ms,
+    };
+    ctl_job *job = NULL;
+    wk_err err = ctl_sched_submit(sched, &spec, &job, d);
+    if (err != WK_OK)
+        return err;
+    ctl_gen_state g = {.res = res, .sink = sink, .sink_arg = sink_arg};
+    res->tokens = calloc(p->max_tokens, sizeof(*res->tokens));
+    if (res->tokens == NULL) {
+        ctl_job_free(job);
+        return WK_ENOMEM;
+    }
+    wk_tok_stream ts;
+    wk_tok_stream_init(&ts, tok);
+    char piece[WK_TOK_STREAM_OUT_MAX];
+    bool finished = false;
+    res->finish_reason = "length";
+    while (err == WK_OK) {
+        ctl_job_event ev;
+        if (ctl_job_next(job, 1000, &ev) == WK_ETIMEDOUT)
+            continue;
+        if (ev.type == CTL_JOB_EV_ERROR) {
+            err = wk_diag_set(d, ev.err, "%s", ev.message);
+            break;
+        }
+        if (ev.type == CTL_JOB_EV_DONE)
+            break;
+        /* A sampled token. */
+        if (finished) {
+            ctl_job_stop(job, false);
+            continue;
+        }
+        ctl_gen_token *t = &res->tokens[res->n_tokens++];
+        t->id = ev.token;
+        t->logprob = ev.logprob;
+        t->n_top = ev.n_top;
+        memcpy(t->top_id, ev.top_token, sizeof(t->top_id));
+        memcpy(t->top_logprob, ev.top_logprob, sizeof(t->top_logprob));
+        bool stop = false;
+        if (ev.token == 0 && p->stop_on_eot) {
+            res->finish_reason = "stop";
+            stop = true;
+        } else {
+            size_t plen = 0;
+            err = wk_tok_stream_push(&ts, ev.token, piece, sizeof(piece), &plen, d);
+            if (err == WK_OK)
+                err = ctl_gen_buf_put(&g.tail, piece, plen);
+            if (err != WK_OK)
+                break;
+        }
+        bool at_max = res->n_tokens >= p->max_tokens;
+        if (stop || at_max) {
+            /* The last token: flush the held character, then scan once more. */
+            char fl[WK_TOK_STREAM_FLUSH_MAX];
+            size_t fn = wk_tok_stream_flush(&ts, fl);
+            if ((err = ctl_gen_buf_put(&g.tail, fl, fn)) != WK_OK)
+                break;
+        }
+        wk_chat_stop r = {.safe_len = g.tail.len};
+        if (!stop && p->n_stops > 0 && g.tail.len > 0)
+            wk_chat_stop_scan(g.tail.p, g.tail.len, p->stops, p->n_stops, &r);
+        if (r.found) {
+            res->finish_reason = "stop";
+            stop = true;
+            err = ctl_gen_emit(&g, r.match_pos);
+        } else if (stop || at_max) {
+            err = ctl_gen_emit(&g, g.tail.len);
+        } else {
+            err = ctl_gen_emit(&g, r.safe_len);
+        }
+        if (err != WK_OK)
+            break;
+        if (stop || at_max) {
+            finished = true;
+            ctl_job_stop(job, p->feed_stop);
+        } else {
+            ctl_job_continue(job);
+        }
+    }
+    if (err == WK_OK && p->keep_slot) {
+        err = ctl_job_keep_slot(job, &res->slot);
+        if (err != WK_OK)
+            wk_diag_set(d, err, "the slot could not be kept");
+    }
+    res->computed = ctl_job_computed(job);
+    res->fed = ctl_job_fed(job);
+    ctl_job_free(job);
+    if (err != WK_OK) {
+        free(g.out.p);
+        free(g.tail.p);
+        ctl_gen_result_fini(res);
+        return err;
+    }
+    free(g.tail.p);
+    if (g.out.p == NULL && ctl_gen_buf_put(&g.out, "", 0) != WK_OK) {
+        ctl_gen_result_fini(res);
+        return WK_ENOMEM;
+    }
+    res->text = g.out.p;
+    res->text_len = g.out.len;
+    return WK_OK;
+}

@@ -1,0 +1,79 @@
+/*
+ * ctl_gen: one generation, from input tokens to finished text, on top of
+ * the scheduler: incremental UTF-8-safe detokenization, stop strings
+ * (checked on text; the stop string is never emitted), end of text,
+ * max_tokens, and per-token logprobs. Text is handed to a sink as soon as it
+ * can no longer be part of a stop string, so streaming and blocking callers
+ * see exactly the same bytes. Used by the OpenAI routes and the state API.
+ *
+ * Threading: runs on the calling (HTTP) thread; blocks until done.
+ */
+#ifndef CTL_GEN_H
+#define CTL_GEN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctl_sched.h"
+#include "wk_err.h"
+#include "wk_tok.h"
+
+#define CTL_GEN_MAX_STOPS 8
+
+/* One generated token as reported to sinks and results. */
+typedef struct ctl_gen_token {
+    int32_t id;                /* token id */
+    float logprob;             /* its logprob */
+    uint32_t n_top;            /* alternatives */
+    int32_t top_id[20];        /* alternative ids, descending */
+    float top_logprob[20];     /* their logprobs */
+} ctl_gen_token;
+
+typedef struct ctl_gen_params {
+    uint32_t max_tokens;        /* most tokens to sample (>= 1) */
+    bool stop_on_eot;           /* token 0 ends the generation */
+    const char *stops[CTL_GEN_MAX_STOPS]; /* stop strings, borrowed */
+    size_t n_stops;             /* entries in stops */
+    ctl_sample_spec sample;     /* sampling */
+    uint64_t sample_index;      /* RNG position of the first sampled token */
+    uint64_t deadline_ms;       /* monotonic deadline, 0 = none */
+    const ctl_slot_ref *slot;   /* run on a held slot (NULL: a fresh one) */
+    bool fresh;                 /* with slot: zero it first */
+    bool keep_slot;             /* keep the slot at the end (result.slot) */
+    bool feed_stop;             /* feed the final sampled token into the state too */
+} ctl_gen_params;
+
+/*
+ * Receives text as it becomes final. toks are the tokens sampled since the
+ * previous call (their text may straddle calls). Return WK_EIO to cancel
+ * (client went away); other errors abort too.
+ */
+typedef wk_err (*ctl_gen_sink_fn)(void *arg, const char *text, size_t len,
+                                  const ctl_gen_token *toks, size_t n_toks);
+
+typedef struct ctl_gen_result {
+    char *text;                 /* all emitted text, NUL-terminated, caller frees */
+    size_t text_len;            /* bytes */
+    ctl_gen_token *tokens;      /* sampled tokens (incl. a stopping one), caller frees */
+    size_t n_tokens;            /* entries */
+    const char *finish_reason;  /* "stop" or "length" (static) */
+    size_t computed;            /* input tokens actually computed */
+    size_t fed;                 /* tokens fed into the slot (input + accepted) */
+    ctl_slot_ref slot;          /* the kept slot, when keep_slot */
+} ctl_gen_result;
+
+/*
+ * Runs one generation of input (n tokens, borrowed) through sched with
+ * tokenizer tok. On success fills *res (caller frees with
+ * ctl_gen_result_fini). Errors: the scheduler's (WK_EQUEUEFULL, WK_EUNAVAIL,
+ * WK_ETIMEDOUT, ...), WK_EIO when the sink cancelled; diag says why.
+ */
+WK_MUST_CHECK wk_err ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input,
+                                 size_t n, const ctl_gen_params *p, ctl_gen_sink_fn sink,
+                                 void *sink_arg, ctl_gen_result *res, wk_diag *d);
+
+/* Frees what a result owns. NULL-safe. */
+void ctl_gen_result_fini(ctl_gen_result *res);
+
+#endif /* CTL_GEN_H */

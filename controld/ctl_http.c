@@ -1,0 +1,403 @@
+/*
+ * ctl_http: civetweb wrapper. One request handler is registered at "/"; it
+ * matches the route table (exact paths first, then the longest prefix),
+ * answers 404/405 itself, and reports each response to the observer.
+ * It never parses JSON bodies: handlers do.
+ */
+#define WK_LOG_MODULE "http"
+#include "ctl_http.h"
+
+#include <civetweb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "wk_json.h"
+#include "wk_log.h"
+
+struct ctl_http {
+    struct mg_context *ctx;   /* civetweb server */
+    ctl_http_route *routes;   /* owned copy */
+    size_t n_routes;          /* entries */
+    size_t max_body;          /* body limit */
+    ctl_http_observer obs;    /* metrics hook, may be NULL */
+    void *obs_arg;            /* passed to obs */
+    ctl_http_authorizer auth; /* may be NULL */
+    void *auth_arg;           /* passed to auth */
+};
+
+struct ctl_http_req {
+    struct mg_connection *conn;           /* civetweb connection */
+    const struct mg_request_info *ri;     /* request line and headers */
+    ctl_http *h;                          /* server */
+    char *body;                           /* read body, owned */
+    size_t body_len;                      /* bytes in body */
+    int status;                           /* status sent, 0 = none yet */
+    const char *user;                     /* authenticated user */
+    bool admin;                           /* admin rights */
+};
+
+bool
+ctl_http_host_is_loopback(const char *host)
+{
+    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
+           strcmp(host, "[::1]") == 0 || strcmp(host, "localhost") == 0;
+}
+
+const char *
+ctl_http_req_method(const ctl_http_req *req)
+{
+    return req->ri->request_method;
+}
+
+const char *
+ctl_http_req_path(const ctl_http_req *req)
+{
+    return req->ri->local_uri ? req->ri->local_uri : "/";
+}
+
+const char *
+ctl_http_req_query(const ctl_http_req *req)
+{
+    return req->ri->query_string;
+}
+
+const char *
+ctl_http_req_header(const ctl_http_req *req, const char *name)
+{
+    return mg_get_header(req->conn, name);
+}
+
+const char *
+ctl_http_req_remote(const ctl_http_req *req)
+{
+    return req->ri->remote_addr;
+}
+
+const char *
+ctl_http_req_user(const ctl_http_req *req)
+{
+    return req->user;
+}
+
+bool
+ctl_http_req_admin(const ctl_http_req *req)
+{
+    return req->admin;
+}
+
+wk_err
+ctl_http_req_body(ctl_http_req *req, const char **buf, size_t *len)
+{
+    if (req->body != NULL) {
+        *buf = req->body;
+        *len = req->body_len;
+        return WK_OK;
+    }
+    long long cl = req->ri->content_length;
+    if (cl > (long long)req->h->max_body)
+        return WK_ETOOBIG;
+    size_t cap = cl >= 0 ? (size_t)cl + 1 : 4096;
+    char *b = malloc(cap);
+    if (b == NULL)
+        return WK_ENOMEM;
+    size_t n = 0;
+    for (;;) {
+        if (n + 1 >= cap) {
+            if (cap > req->h->max_body) {
+                free(b);
+                return WK_ETOOBIG;
+            }
+            size_t ncap = cap * 2;
+            char *nb = realloc(b, ncap);
+            if (nb == NULL) {
+                free(b);
+                return WK_ENOMEM;
+            }
+            b = nb;
+            cap = ncap;
+        }
+        int r = mg_read(req->conn, b + n, cap - 1 - n);
+        if (r < 0) {
+            free(b);
+            return WK_EIO;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+        if (n > req->h->max_body) {
+            free(b);
+            return WK_ETOOBIG;
+        }
+    }
+    b[n] = '\0';
+    req->body = b;
+    req->body_len = n;
+    *buf = b;
+    *len = n;
+    return WK_OK;
+}
+
+static const char *
+ctl_http_reason(int status)
+{
+    switch (status) {
+    case 200:
+        return "OK";
+    case 201:
+        return "Created";
+    case 204:
+        return "No Content";
+    case 400:
+        return "Bad Request";
+    case 401:
+        return "Unauthorized";
+    case 403:
+        return "Forbidden";
+    case 404:
+        return "Not Found";
+    case 405:
+        return "Method Not Allowed";
+    case 409:
+        return "Conflict";
+    case 413:
+        return "Payload Too Large";
+    case 429:
+        return "Too Many Requests";
+    case 500:
+        return "Internal Server Error";
+    case 502:
+        return "Bad Gateway";
+    case 503:
+        return "Service Unavailable";
+    case 504:
+        return "Gateway Timeout";
+    default:
+        return "Status";
+    }
+}
+
+void
+ctl_http_send(ctl_http_req *req, int status, const char *content_type, const char *body,
+              size_t len)
+{
+    if (req->status != 0)
+        return;
+    req->status = status;
+    mg_printf(req->conn,
+              "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+              "Cache-Control: no-store\r\n\r\n",
+              status, ctl_http_reason(status), content_type, len);
+    if (len > 0 && strcmp(ctl_http_req_method(req), "HEAD") != 0)
+        mg_write(req->conn, body, len);
+}
+
+void
+ctl_http_send_json(ctl_http_req *req, int status, json_t *v)
+{
+    char *s = v ? wk_json_dump_compact(v) : NULL;
+    json_decref(v);
+    if (s == NULL) {
+        static const char oom[] =
+            "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+            "\"param\":null,\"code\":\"out_of_memory\"}}";
+        ctl_http_send(req, 500, "application/json", oom, sizeof(oom) - 1);
+        return;
+    }
+    ctl_http_send(req, status, "application/json", s, strlen(s));
+    free(s);
+}
+
+void
+ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const char *message,
+                           const char *param)
+{
+    char *s = wk_json_error_body(err, message, param);
+    if (s == NULL) {
+        ctl_http_send(req, 500, "application/json", "{}", 2);
+        return;
+    }
+    ctl_http_send(req, status, "application/json", s, strlen(s));
+    free(s);
+}
+
+void
+ctl_http_send_error(ctl_http_req *req, wk_err err, const char *message, const char *param)
+{
+    ctl_http_send_error_status(req, wk_err_http_status(err), err, message, param);
+}
+
+void
+ctl_http_sse_begin(ctl_http_req *req)
+{
+    if (req->status != 0)
+        return;
+    req->status = 200;
+    mg_printf(req->conn, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         "Cache-Control: no-cache\r\nConnection: close\r\n"
+                         "X-Accel-Buffering: no\r\n\r\n");
+}
+
+wk_err
+ctl_http_sse_data(ctl_http_req *req, const char *payload)
+{
+    size_t n = strlen(payload);
+    if (mg_write(req->conn, "data: ", 6) <= 0 || (n && mg_write(req->conn, payload, n) <= 0) ||
+        mg_write(req->conn, "\n\n", 2) <= 0)
+        return WK_EIO;
+    return WK_OK;
+}
+
+static const ctl_http_route *
+ctl_http_match(const ctl_http *h, const char *path, const char *method, bool *method_ok)
+{
+    const ctl_http_route *best = NULL;
+    size_t best_len = 0;
+    bool path_seen = false;
+    for (size_t i = 0; i < h->n_routes; i++) {
+        const ctl_http_route *r = &h->routes[i];
+        size_t len = strlen(r->path);
+        bool hit = r->prefix ? strncmp(path, r->path, len) == 0 : strcmp(path, r->path) == 0;
+        if (!hit)
+            continue;
+        path_seen = true;
+        bool m = r->method == NULL || strcmp(r->method, method) == 0 ||
+                 (strcmp(method, "HEAD") == 0 && strcmp(r->method, "GET") == 0);
+        if (!m)
+            continue;
+        /* Exact routes beat prefixes; longer prefixes beat shorter ones. */
+        size_t score = r->prefix ? len : (size_t)-1;
+        if (best == NULL || score > best_len) {
+            best = r;
+            best_len = score;
+        }
+    }
+    *method_ok = best != NULL || !path_seen;
+    return best;
+}
+
+static int
+ctl_http_dispatch(struct mg_connection *conn, void *cbdata)
+{
+    ctl_http *h = cbdata;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ctl_http_req req = {.conn = conn, .ri = mg_get_request_info(conn), .h = h};
+    bool method_ok = true;
+    const char *path = ctl_http_req_path(&req);
+    const ctl_http_route *r = ctl_http_match(h, path, req.ri->request_method, &method_ok);
+    const char *label = "other";
+    req.user = "local";
+    req.admin = true;
+    wk_err aerr = WK_OK;
+    if (r != NULL && r->access != CTL_HTTP_ACCESS_PUBLIC && h->auth != NULL)
+        aerr = h->auth(mg_get_header(conn, "Authorization"), &req.user, &req.admin,
+                       h->auth_arg);
+    if (r != NULL && aerr != WK_OK) {
+        label = r->label ? r->label : r->path;
+        ctl_http_send_error(&req, WK_EAUTH, "missing or invalid API key", NULL);
+    } else if (r != NULL && r->access == CTL_HTTP_ACCESS_ADMIN && !req.admin) {
+        label = r->label ? r->label : r->path;
+        ctl_http_send_error(&req, WK_EPERM, "this route needs an admin key", NULL);
+    } else if (r != NULL) {
+        label = r->label ? r->label : r->path;
+        r->fn(&req, r->arg);
+        if (req.status == 0)
+            ctl_http_send_error(&req, WK_EIO, "handler sent no response", NULL);
+    } else if (!method_ok) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "method %s not allowed on %s", req.ri->request_method,
+                 path);
+        ctl_http_send_error_status(&req, 405, WK_EINVAL, msg, NULL);
+    } else {
+        char msg[200];
+        snprintf(msg, sizeof(msg), "no route for %.150s", path);
+        ctl_http_send_error(&req, WK_ENOENT, msg, NULL);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    if (h->obs != NULL)
+        h->obs(label, req.ri->request_method, req.status, secs, h->obs_arg);
+    wk_log_debug("%s %s status=%d seconds=%.6f", req.ri->request_method, path, req.status,
+                 secs);
+    free(req.body);
+    return req.status;
+}
+
+static int
+ctl_http_log_message(const struct mg_connection *conn, const char *message)
+{
+    (void)conn;
+    wk_log_warn("civetweb: %s", message);
+    return 1;
+}
+
+wk_err
+ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_routes,
+             ctl_http_observer obs, void *obs_arg, ctl_http **out, wk_diag *d)
+{
+    if (cfg->port == 0 || cfg->port > 65535)
+        return wk_diag_set(d, WK_EINVAL, "port %u out of range", cfg->port);
+    if (strchr(cfg->host, ':') != NULL && cfg->host[0] != '[')
+        return wk_diag_set(d, WK_EINVAL, "write IPv6 hosts in brackets: [%s]", cfg->host);
+    ctl_http *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return WK_ENOMEM;
+    h->routes = calloc(n_routes ? n_routes : 1, sizeof(*h->routes));
+    if (h->routes == NULL) {
+        free(h);
+        return WK_ENOMEM;
+    }
+    memcpy(h->routes, routes, n_routes * sizeof(*routes));
+    h->n_routes = n_routes;
+    h->max_body = cfg->max_body;
+    h->obs = obs;
+    h->obs_arg = obs_arg;
+    h->auth = cfg->auth;
+    h->auth_arg = cfg->auth_arg;
+    char ports[300];
+    const char *host = strcmp(cfg->host, "localhost") == 0 ? "127.0.0.1" : cfg->host;
+    if (host[0] == '[')
+        snprintf(ports, sizeof(ports), "%s:%u", host, cfg->port);
+    else
+        snprintf(ports, sizeof(ports), "%s:%u", host, cfg->port);
+    char threads[16], timeout[16];
+    snprintf(threads, sizeof(threads), "%u", cfg->threads ? cfg->threads : 16);
+    snprintf(timeout, sizeof(timeout), "%u", cfg->timeout_ms ? cfg->timeout_ms : 600000);
+    const char *opts[] = {"listening_ports", ports,     "num_threads",        threads,
+                          "request_timeout_ms", timeout, "enable_keep_alive", "yes",
+                          "tcp_nodelay",        "1",     NULL};
+    struct mg_callbacks cb;
+    memset(&cb, 0, sizeof(cb));
+    cb.log_message = ctl_http_log_message;
+    struct mg_init_data init = {.callbacks = &cb, .user_data = h, .configuration_options = opts};
+    struct mg_error_data err = {0};
+    char errtext[256] = "";
+    err.text = errtext;
+    err.text_buffer_size = sizeof(errtext);
+    mg_init_library(0);
+    h->ctx = mg_start2(&init, &err);
+    if (h->ctx == NULL) {
+        wk_err e = wk_diag_set(d, WK_EIO, "cannot listen on %s: %s", ports,
+                               errtext[0] ? errtext : "civetweb start failed");
+        free(h->routes);
+        free(h);
+        return e;
+    }
+    mg_set_request_handler(h->ctx, "/", ctl_http_dispatch, h);
+    *out = h;
+    return WK_OK;
+}
+
+void
+ctl_http_free(ctl_http *h)
+{
+    if (h == NULL)
+        return;
+    if (h->ctx != NULL)
+        mg_stop(h->ctx);
+    free(h->routes);
+    free(h);
+}

@@ -1,0 +1,785 @@
+/*
+ * ctl_openai: the OpenAI-compatible routes: GET /v1/models,
+ * POST /v1/chat/completions and POST /v1/completions, blocking and
+ * streaming (SSE). Parses and validates the request (every refusal is an
+ * OpenAI error naming the field), renders the chat template, tokenizes,
+ * runs the generation through ctl_gen and shapes the response. Never talks
+ * to workers directly.
+ */
+#define WK_LOG_MODULE "openai"
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctl_app.h"
+#include "ctl_gen.h"
+#include "wk_chat.h"
+#include "wk_json.h"
+#include "wk_log.h"
+#include "wk_sha256.h"
+
+#define CTL_OA_MAX_MESSAGES 4096
+#define CTL_OA_MAX_TEXT (8u << 20)
+#define CTL_OA_MAX_STOP_LEN 256
+
+/* A parsed request, everything the generation needs. */
+typedef struct ctl_oa_req {
+    bool chat;                    /* chat.completions vs completions */
+    const char *model;            /* borrowed from the JSON */
+    bool stream;                  /* SSE */
+    bool include_usage;           /* stream_options.include_usage */
+    bool return_token_ids;        /* extension */
+    bool logprobs;                /* chat: logprobs */
+    uint32_t top_logprobs;        /* 0..20 */
+    bool ignore_eos;              /* extension: exactly max_tokens */
+    ctl_gen_params gen;           /* generation parameters */
+    int32_t *prompt;              /* tokens, owned */
+    size_t n_prompt;              /* entries */
+    char id[48];                  /* response id */
+    time_t created;               /* unix time */
+} ctl_oa_req;
+
+static void
+ctl_oa_req_fini(ctl_oa_req *r)
+{
+    free(r->prompt);
+}
+
+static void
+ctl_oa_fail(ctl_http_req *req, wk_err err, const char *param, const char *fmt, ...)
+    WK_PRINTF(4, 5);
+
+static void
+ctl_oa_fail(ctl_http_req *req, wk_err err, const char *param, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    ctl_http_send_error(req, err, msg, param);
+}
+
+static void
+ctl_oa_models(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    json_t *data = json_array();
+    if (app->model_id != NULL)
+        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", app->model_id,
+                                              "object", "model", "created",
+                                              (json_int_t)(app->start_ms / 1000), "owned_by",
+                                              "wkvm"));
+    ctl_http_send_json(req, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+/* Fields we refuse rather than silently ignore. */
+static const char *const ctl_oa_unsupported[] = {
+    "tools", "tool_choice", "functions", "function_call", "audio", "modalities",
+    "prediction", "web_search_options", "parallel_tool_calls",
+};
+
+/* Parses the common sampling fields. Sends the error and returns false on failure. */
+static bool
+ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
+{
+    wk_diag d = {{0}};
+    const char *model = NULL;
+    wk_err err = wk_json_get_str(body, "model", true, NULL, 256, &model, &d);
+    if (err != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, "model", "%s", d.msg);
+        return false;
+    }
+    if (app->model_id == NULL || strcmp(model, app->model_id) != 0) {
+        ctl_oa_fail(req, WK_ENOENT, "model", "The model '%s' does not exist", model);
+        return false;
+    }
+    r->model = model;
+    for (size_t i = 0; i < sizeof(ctl_oa_unsupported) / sizeof(ctl_oa_unsupported[0]); i++) {
+        json_t *v = json_object_get(body, ctl_oa_unsupported[i]);
+        if (v != NULL && !json_is_null(v) &&
+            !(json_is_array(v) && json_array_size(v) == 0)) {
+            ctl_oa_fail(req, WK_EINVAL, ctl_oa_unsupported[i], "'%s' is not supported by wkvm",
+                        ctl_oa_unsupported[i]);
+            return false;
+        }
+    }
+    int64_t n = 1;
+    if ((err = wk_json_get_i64(body, "n", false, 1, 1, 128, &n, &d)) != WK_OK || n != 1) {
+        ctl_oa_fail(req, WK_EINVAL, "n", "only n=1 is supported");
+        return false;
+    }
+    json_t *rf = json_object_get(body, "response_format");
+    if (rf != NULL && !json_is_null(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
+            ctl_oa_fail(req, WK_EINVAL, "response_format",
+                        "only response_format {\"type\":\"text\"} is supported");
+            return false;
+        }
+    }
+    bool b = false;
+#define GETB(key, dst, def)                                                                        \
+    do {                                                                                           \
+        if (wk_json_get_bool(body, key, def, &b, &d) != WK_OK) {                                   \
+            ctl_oa_fail(req, WK_EINVAL, key, "%s", d.msg);                                         \
+            return false;                                                                          \
+        }                                                                                          \
+        dst = b;                                                                                   \
+    } while (0)
+    GETB("stream", r->stream, false);
+    GETB("ignore_eos", r->ignore_eos, false);
+    GETB("return_token_ids", r->return_token_ids, false);
+#undef GETB
+    json_t *so = json_object_get(body, "stream_options");
+    if (so != NULL && !json_is_null(so)) {
+        if (!json_is_object(so) || wk_json_get_bool(so, "include_usage", false, &b, &d) != WK_OK) {
+            ctl_oa_fail(req, WK_EINVAL, "stream_options", "stream_options.include_usage must "
+                        "be a boolean");
+            return false;
+        }
+        r->include_usage = b;
+    }
+    double x = 0;
+    ctl_sample_spec *sp = &r->gen.sample;
+#define GETN(key, dst, def, lo, hi)                                                                \
+    do {                                                                                           \
+        if (wk_json_get_num(body, key, false, def, lo, hi, &x, &d) != WK_OK) {                     \
+            ctl_oa_fail(req, WK_EINVAL, key, "%s", d.msg);                                         \
+            return false;                                                                          \
+        }                                                                                          \
+        dst = (float)x;                                                                            \
+    } while (0)
+    GETN("temperature", sp->temperature, 1.0, 0.0, 2.0);
+    GETN("top_p", sp->top_p, 1.0, 0.0, 1.0);
+    GETN("min_p", sp->min_p, 0.0, 0.0, 1.0);
+    GETN("presence_penalty", sp->presence_penalty, 0.0, -2.0, 2.0);
+    GETN("frequency_penalty", sp->frequency_penalty, 0.0, -2.0, 2.0);
+#undef GETN
+    int64_t v = 0;
+    if (wk_json_get_i64(body, "top_k", false, 0, -1, 1 << 20, &v, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, "top_k", "%s", d.msg);
+        return false;
+    }
+    sp->top_k = v < 0 ? 0 : (uint32_t)v;
+    if (wk_json_get_i64(body, "seed", false, 0, INT64_MIN, INT64_MAX, &v, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, "seed", "%s", d.msg);
+        return false;
+    }
+    if (json_object_get(body, "seed") != NULL && !json_is_null(json_object_get(body, "seed"))) {
+        sp->seed = (uint64_t)v;
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        sp->seed = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)ts.tv_sec;
+    }
+    /* max_completion_tokens wins over max_tokens when both are present. */
+    const char *mk = json_object_get(body, "max_completion_tokens") ? "max_completion_tokens"
+                                                                      : "max_tokens";
+    int64_t def_max = r->chat ? (int64_t)app->default_max_tokens : 16;
+    if (wk_json_get_i64(body, mk, false, def_max, 1, app->max_tokens_limit, &v, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, mk, "%s", d.msg);
+        return false;
+    }
+    r->gen.max_tokens = (uint32_t)v;
+    /* Stop strings. */
+    json_t *st = json_object_get(body, "stop");
+    if (st != NULL && !json_is_null(st)) {
+        if (json_is_string(st)) {
+            r->gen.stops[r->gen.n_stops++] = json_string_value(st);
+        } else if (json_is_array(st) && json_array_size(st) <= 4) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(st, i, e) {
+                if (!json_is_string(e)) {
+                    ctl_oa_fail(req, WK_EINVAL, "stop", "'stop' entries must be strings");
+                    return false;
+                }
+                r->gen.stops[r->gen.n_stops++] = json_string_value(e);
+            }
+        } else {
+            ctl_oa_fail(req, WK_EINVAL, "stop", "'stop' must be a string or up to 4 strings");
+            return false;
+        }
+        for (size_t i = 0; i < r->gen.n_stops; i++) {
+            if (strlen(r->gen.stops[i]) > CTL_OA_MAX_STOP_LEN) {
+                ctl_oa_fail(req, WK_EINVAL, "stop", "stop strings are limited to %d bytes",
+                            CTL_OA_MAX_STOP_LEN);
+                return false;
+            }
+        }
+    }
+    r->gen.stop_on_eot = !r->ignore_eos;
+    return true;
+}
+
+/* Reads the text of a message's content (string or text parts) into *out (caller frees). */
+static bool
+ctl_oa_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
+{
+    char param[64];
+    snprintf(param, sizeof(param), "messages[%zu].content", idx);
+    if (content == NULL || json_is_null(content)) {
+        *out = strdup("");
+        return *out != NULL;
+    }
+    if (json_is_string(content)) {
+        *out = strndup(json_string_value(content), json_string_length(content));
+        return *out != NULL;
+    }
+    if (!json_is_array(content)) {
+        ctl_oa_fail(req, WK_EINVAL, param, "content must be a string or an array of parts");
+        return false;
+    }
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        json_t *type = json_object_get(part, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0) {
+            ctl_oa_fail(req, WK_EINVAL, param, "only text content parts are supported (got %s)",
+                        json_is_string(type) ? json_string_value(type) : "no type");
+            return false;
+        }
+        json_t *t = json_object_get(part, "text");
+        if (!json_is_string(t)) {
+            ctl_oa_fail(req, WK_EINVAL, param, "a text part needs a string 'text'");
+            return false;
+        }
+        total += json_string_length(t);
+    }
+    char *s = malloc(total + 1);
+    if (s == NULL)
+        return false;
+    size_t off = 0;
+    json_array_foreach(content, i, part) {
+        json_t *t = json_object_get(part, "text");
+        memcpy(s + off, json_string_value(t), json_string_length(t));
+        off += json_string_length(t);
+    }
+    s[off] = '\0';
+    *out = s;
+    return true;
+}
+
+/* Renders and tokenizes the chat messages into r->prompt. */
+static bool
+ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
+{
+    json_t *msgs = json_object_get(body, "messages");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        ctl_oa_fail(req, WK_EINVAL, "messages", "'messages' must be a non-empty array");
+        return false;
+    }
+    size_t n = json_array_size(msgs);
+    if (n > CTL_OA_MAX_MESSAGES) {
+        ctl_oa_fail(req, WK_ETOOBIG, "messages", "at most %d messages", CTL_OA_MAX_MESSAGES);
+        return false;
+    }
+    wk_chat_msg *cm = calloc(n, sizeof(*cm));
+    char **texts = calloc(n, sizeof(*texts));
+    bool ok = cm != NULL && texts != NULL;
+    for (size_t i = 0; ok && i < n; i++) {
+        json_t *m = json_array_get(msgs, i);
+        json_t *role = json_object_get(m, "role");
+        char param[48];
+        snprintf(param, sizeof(param), "messages[%zu].role", i);
+        if (!json_is_string(role)) {
+            ctl_oa_fail(req, WK_EINVAL, param, "each message needs a string 'role'");
+            ok = false;
+            break;
+        }
+        const char *rs = json_string_value(role);
+        if (strcmp(rs, "developer") == 0)
+            rs = "system";
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
+            ctl_oa_fail(req, WK_EINVAL, param, "role '%s' is not supported (system, developer, "
+                        "user, assistant)", json_string_value(role));
+            ok = false;
+            break;
+        }
+        json_t *tc = json_object_get(m, "tool_calls");
+        if (tc != NULL && !json_is_null(tc) && !(json_is_array(tc) && json_array_size(tc) == 0)) {
+            snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
+            ctl_oa_fail(req, WK_EINVAL, param, "tool calls are not supported");
+            ok = false;
+            break;
+        }
+        ok = ctl_oa_content(req, json_object_get(m, "content"), i, &texts[i]);
+        cm[i].role = rs;
+        cm[i].content = texts[i];
+    }
+    char *prompt = NULL;
+    size_t plen = 0;
+    wk_diag d = {{0}};
+    if (ok && wk_chat_render(cm, n, true, &prompt, &plen, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, "messages", "%s", d.msg);
+        ok = false;
+    }
+    if (ok && plen > CTL_OA_MAX_TEXT) {
+        ctl_oa_fail(req, WK_ETOOBIG, "messages", "the prompt is longer than %u bytes",
+                    CTL_OA_MAX_TEXT);
+        ok = false;
+    }
+    if (ok && wk_tok_encode(app->tok, prompt, plen, &r->prompt, &r->n_prompt, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, "messages", "%s", d.msg);
+        ok = false;
+    }
+    free(prompt);
+    for (size_t i = 0; texts != NULL && i < n; i++)
+        free(texts[i]);
+    free(texts);
+    free(cm);
+    return ok;
+}
+
+static bool
+ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
+{
+    json_t *p = json_object_get(body, "prompt");
+    wk_diag d = {{0}};
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        if (json_string_length(p) > CTL_OA_MAX_TEXT) {
+            ctl_oa_fail(req, WK_ETOOBIG, "prompt", "the prompt is longer than %u bytes",
+                        CTL_OA_MAX_TEXT);
+            return false;
+        }
+        if (wk_tok_encode(app->tok, json_string_value(p), json_string_length(p), &r->prompt,
+                          &r->n_prompt, &d) != WK_OK) {
+            ctl_oa_fail(req, WK_EINVAL, "prompt", "%s", d.msg);
+            return false;
+        }
+    } else if (json_is_array(p) && json_array_size(p) > 0) {
+        size_t n = json_array_size(p);
+        uint32_t vocab = wk_tok_vocab_size(app->tok);
+        if (n > app->max_prompt_tokens) {
+            ctl_oa_fail(req, WK_ETOOBIG, "prompt", "at most %u prompt tokens",
+                        app->max_prompt_tokens);
+            return false;
+        }
+        r->prompt = malloc(n * sizeof(*r->prompt));
+        if (r->prompt == NULL)
+            return false;
+        for (size_t i = 0; i < n; i++) {
+            json_t *e = json_array_get(p, i);
+            if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+                json_integer_value(e) >= (json_int_t)vocab) {
+                ctl_oa_fail(req, WK_EINVAL, "prompt", "prompt[%zu] is not a token id in [0, %u)",
+                            i, vocab);
+                return false;
+            }
+            r->prompt[i] = (int32_t)json_integer_value(e);
+        }
+        r->n_prompt = n;
+    } else {
+        ctl_oa_fail(req, WK_EINVAL, "prompt",
+                    "'prompt' must be a non-empty string or a non-empty array of token ids");
+        return false;
+    }
+    if (r->n_prompt == 0) {
+        ctl_oa_fail(req, WK_EINVAL, "prompt", "the prompt encodes to no tokens");
+        return false;
+    }
+    json_t *echo = json_object_get(body, "echo");
+    if (json_is_true(echo)) {
+        ctl_oa_fail(req, WK_EINVAL, "echo", "'echo' is not supported");
+        return false;
+    }
+    json_t *suffix = json_object_get(body, "suffix");
+    if (suffix != NULL && !json_is_null(suffix)) {
+        ctl_oa_fail(req, WK_EINVAL, "suffix", "'suffix' is not supported");
+        return false;
+    }
+    /* Legacy logprobs: an integer count of alternatives. */
+    int64_t lp = 0;
+    if (wk_json_get_i64(body, "logprobs", false, 0, 0, 20, &lp, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, "logprobs", "%s", d.msg);
+        return false;
+    }
+    if (json_object_get(body, "logprobs") != NULL && !json_is_null(json_object_get(body, "logprobs"))) {
+        r->logprobs = true;
+        r->top_logprobs = (uint32_t)lp;
+    }
+    return true;
+}
+
+/* Parses the chat-only logprobs fields. */
+static bool
+ctl_oa_parse_chat_logprobs(ctl_http_req *req, json_t *body, ctl_oa_req *r)
+{
+    wk_diag d = {{0}};
+    bool b = false;
+    int64_t v = 0;
+    if (wk_json_get_bool(body, "logprobs", false, &b, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, "logprobs", "%s", d.msg);
+        return false;
+    }
+    if (wk_json_get_i64(body, "top_logprobs", false, 0, 0, 20, &v, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, "top_logprobs", "%s", d.msg);
+        return false;
+    }
+    if (v > 0 && !b) {
+        ctl_oa_fail(req, WK_EINVAL, "top_logprobs", "top_logprobs needs logprobs: true");
+        return false;
+    }
+    r->logprobs = b;
+    r->top_logprobs = (uint32_t)v;
+    return true;
+}
+
+static json_t *
+ctl_oa_bytes_json(const uint8_t *p, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer(p[i]));
+    return a;
+}
+
+/* Text of a single token for logprobs: its bytes, invalid UTF-8 replaced. */
+static json_t *
+ctl_oa_piece_json(const wk_tok *tok, int32_t id)
+{
+    size_t n = 0;
+    const uint8_t *p = wk_tok_piece(tok, id, &n);
+    if (p == NULL || n == 0)
+        return json_string("");
+    wk_tok_stream s;
+    wk_tok_stream_init(&s, NULL);
+    char *out = malloc(3 * (n + 3) + WK_TOK_STREAM_FLUSH_MAX);
+    if (out == NULL)
+        return json_string("");
+    size_t len = 0;
+    if (wk_tok_stream_push_bytes(&s, p, n, out, 3 * (n + 3), &len) != WK_OK)
+        len = 0;
+    len += wk_tok_stream_flush(&s, out + len);
+    json_t *j = json_stringn(out, len);
+    free(out);
+    return j ? j : json_string("");
+}
+
+/* The chat "logprobs.content" entries for toks. */
+static json_t *
+ctl_oa_logprobs_json(ctl_app *app, const ctl_gen_token *toks, size_t n, uint32_t top)
+{
+    json_t *content = json_array();
+    for (size_t i = 0; i < n; i++) {
+        size_t bl = 0;
+        const uint8_t *bp = wk_tok_piece(app->tok, toks[i].id, &bl);
+        json_t *tops = json_array();
+        for (uint32_t k = 0; k < toks[i].n_top && k < top; k++) {
+            size_t tl = 0;
+            const uint8_t *tp = wk_tok_piece(app->tok, toks[i].top_id[k], &tl);
+            json_array_append_new(tops, json_pack("{s:o, s:f, s:o}", "token",
+                                                  ctl_oa_piece_json(app->tok, toks[i].top_id[k]),
+                                                  "logprob", (double)toks[i].top_logprob[k],
+                                                  "bytes", ctl_oa_bytes_json(tp, tp ? tl : 0)));
+        }
+        json_array_append_new(content,
+                              json_pack("{s:o, s:f, s:o, s:o}", "token",
+                                        ctl_oa_piece_json(app->tok, toks[i].id), "logprob",
+                                        (double)toks[i].logprob, "bytes",
+                                        ctl_oa_bytes_json(bp, bp ? bl : 0), "top_logprobs",
+                                        tops));
+    }
+    return content;
+}
+
+static json_t *
+ctl_oa_usage_json(const ctl_oa_req *r, const ctl_gen_result *res)
+{
+    size_t cached = r->n_prompt > res->computed ? r->n_prompt - res->computed : 0;
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)r->n_prompt,
+                     "completion_tokens", (json_int_t)res->n_tokens, "total_tokens",
+                     (json_int_t)(r->n_prompt + res->n_tokens), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)cached);
+}
+
+/* Streaming state for the sink. */
+typedef struct ctl_oa_stream {
+    ctl_http_req *req;      /* the HTTP request */
+    ctl_app *app;           /* app */
+    ctl_oa_req *r;          /* parsed request */
+    bool broken;            /* the client went away */
+} ctl_oa_stream;
+
+static json_t *
+ctl_oa_chunk_base(const ctl_oa_req *r)
+{
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", r->id, "object",
+                     r->chat ? "chat.completion.chunk" : "text_completion", "created",
+                     (json_int_t)r->created, "model", r->model);
+}
+
+static wk_err
+ctl_oa_send_chunk(ctl_oa_stream *st, json_t *chunk)
+{
+    char *s = wk_json_dump_compact(chunk);
+    json_decref(chunk);
+    if (s == NULL)
+        return WK_ENOMEM;
+    wk_err err = ctl_http_sse_data(st->req, s);
+    free(s);
+    if (err != WK_OK)
+        st->broken = true;
+    return err;
+}
+
+static wk_err
+ctl_oa_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks,
+                   size_t n_toks)
+{
+    ctl_oa_stream *st = arg;
+    ctl_oa_req *r = st->r;
+    if (len == 0 && !(r->logprobs && n_toks > 0) && !(r->return_token_ids && n_toks > 0))
+        return WK_OK;
+    json_t *chunk = ctl_oa_chunk_base(r);
+    json_t *choice = json_pack("{s:i, s:n}", "index", 0, "finish_reason");
+    json_t *lp = r->logprobs ? json_pack("{s:o}", "content",
+                                         ctl_oa_logprobs_json(st->app, toks, n_toks,
+                                                              r->top_logprobs))
+                             : json_null();
+    json_object_set_new(choice, "logprobs", lp);
+    if (r->chat) {
+        json_object_set_new(choice, "delta", json_pack("{s:s%}", "content", text, len));
+    } else {
+        json_object_set_new(choice, "text", json_stringn(text, len));
+        if (r->return_token_ids) {
+            json_t *ids = json_array();
+            for (size_t i = 0; i < n_toks; i++)
+                json_array_append_new(ids, json_integer(toks[i].id));
+            json_object_set_new(choice, "token_ids", ids);
+        }
+    }
+    json_object_set_new(chunk, "choices", json_pack("[o]", choice));
+    return ctl_oa_send_chunk(st, chunk);
+}
+
+static void
+ctl_oa_count(ctl_app *app, const char *route, const char *status)
+{
+    char lb[128];
+    snprintf(lb, sizeof(lb), "route=\"%s\",status=\"%s\"", route, status);
+    ctl_metrics_add(app->metrics, "wkvm_requests_total", lb, 1);
+}
+
+static void
+ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
+{
+    const char *route = r->chat ? "chat" : "completions";
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r->created = ts.tv_sec;
+    uint8_t rnd[12];
+    uint64_t seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)r;
+    for (int i = 0; i < 12; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        rnd[i] = (uint8_t)(seed >> 56);
+    }
+    char hex[25];
+    for (int i = 0; i < 12; i++)
+        snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
+    snprintf(r->id, sizeof(r->id), "%s-%s", r->chat ? "chatcmpl" : "cmpl", hex);
+    if (r->n_prompt > app->max_prompt_tokens) {
+        ctl_oa_fail(req, WK_ETOOBIG, r->chat ? "messages" : "prompt",
+                    "the prompt has %zu tokens, more than the limit of %u", r->n_prompt,
+                    app->max_prompt_tokens);
+        return;
+    }
+    if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS)
+        r->gen.stops[r->gen.n_stops++] = "\n\n"; /* the template's turn end */
+    r->gen.sample.logprobs = r->logprobs;
+    r->gen.sample.top_logprobs = r->top_logprobs;
+    struct timespec mono;
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    r->gen.deadline_ms = (uint64_t)mono.tv_sec * 1000u + (uint64_t)mono.tv_nsec / 1000000u +
+                         app->request_timeout_ms;
+    ctl_gen_result res;
+    wk_diag d = {{0}};
+    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)r->n_prompt);
+    if (!r->stream) {
+        wk_err err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL,
+                                 NULL, &res, &d);
+        if (err != WK_OK) {
+            ctl_oa_count(app, route, "error");
+            ctl_http_send_error(req, err, d.msg, NULL);
+            return;
+        }
+        ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL,
+                        (double)res.n_tokens);
+        json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason",
+                                   res.finish_reason);
+        json_t *lp = r->logprobs ? json_pack("{s:o}", "content",
+                                             ctl_oa_logprobs_json(app, res.tokens, res.n_tokens,
+                                                                  r->top_logprobs))
+                                 : json_null();
+        json_object_set_new(choice, "logprobs", lp);
+        if (r->chat) {
+            json_object_set_new(choice, "message",
+                                json_pack("{s:s, s:s%}", "role", "assistant", "content",
+                                          res.text, res.text_len));
+        } else {
+            json_object_set_new(choice, "text", json_stringn(res.text, res.text_len));
+        }
+        if (r->return_token_ids) {
+            json_t *ids = json_array();
+            for (size_t i = 0; i < res.n_tokens; i++)
+                json_array_append_new(ids, json_integer(res.tokens[i].id));
+            json_object_set_new(choice, "token_ids", ids);
+        }
+        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", r->id, "object",
+                                 r->chat ? "chat.completion" : "text_completion", "created",
+                                 (json_int_t)r->created, "model", r->model, "choices", choice,
+                                 "usage", ctl_oa_usage_json(r, &res));
+        ctl_oa_count(app, route, "ok");
+        ctl_http_send_json(req, 200, body);
+        ctl_gen_result_fini(&res);
+        return;
+    }
+    /* Streaming: errors before the first byte are plain JSON errors. */
+    ctl_oa_stream st = {.req = req, .app = app, .r = r};
+    ctl_http_sse_begin(req);
+    if (r->chat) {
+        json_t *chunk = ctl_oa_chunk_base(r);
+        json_object_set_new(chunk, "choices",
+                            json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta",
+                                      "role", "assistant", "content", "", "logprobs",
+                                      "finish_reason"));
+        (void)ctl_oa_send_chunk(&st, chunk);
+    }
+    wk_err err = st.broken ? WK_EIO
+                           : ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen,
+                                         ctl_oa_stream_sink, &st, &res, &d);
+    if (err != WK_OK) {
+        ctl_oa_count(app, route, st.broken ? "cancelled" : "error");
+        if (!st.broken) {
+            char *eb = wk_json_error_body(err, d.msg, NULL);
+            if (eb != NULL) {
+                (void)ctl_http_sse_data(req, eb);
+                free(eb);
+            }
+            (void)ctl_http_sse_data(req, "[DONE]");
+        } else {
+            wk_log_info("client went away id=%s", r->id);
+        }
+        return;
+    }
+    ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
+    json_t *chunk = ctl_oa_chunk_base(r);
+    json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", res.finish_reason,
+                               "logprobs");
+    if (r->chat)
+        json_object_set_new(choice, "delta", json_object());
+    else
+        json_object_set_new(choice, "text", json_string(""));
+    json_object_set_new(chunk, "choices", json_pack("[o]", choice));
+    (void)ctl_oa_send_chunk(&st, chunk);
+    if (r->include_usage) {
+        chunk = ctl_oa_chunk_base(r);
+        json_object_set_new(chunk, "choices", json_array());
+        json_object_set_new(chunk, "usage", ctl_oa_usage_json(r, &res));
+        (void)ctl_oa_send_chunk(&st, chunk);
+    }
+    (void)ctl_http_sse_data(req, "[DONE]");
+    ctl_oa_count(app, route, st.broken ? "cancelled" : "ok");
+    ctl_gen_result_fini(&res);
+}
+
+/* Reads and parses the body; sends the error and returns NULL on failure. */
+static json_t *
+ctl_oa_body(ctl_http_req *req)
+{
+    const char *buf = NULL;
+    size_t len = 0;
+    wk_err err = ctl_http_req_body(req, &buf, &len);
+    if (err == WK_ETOOBIG) {
+        ctl_oa_fail(req, WK_ETOOBIG, NULL, "request body too large");
+        return NULL;
+    }
+    if (err != WK_OK) {
+        ctl_oa_fail(req, err, NULL, "cannot read the request body");
+        return NULL;
+    }
+    json_t *body = NULL;
+    wk_diag d = {{0}};
+    if (wk_json_parse(buf, len, &body, &d) != WK_OK) {
+        ctl_oa_fail(req, WK_EINVAL, NULL, "%s", d.msg);
+        return NULL;
+    }
+    if (!json_is_object(body)) {
+        json_decref(body);
+        ctl_oa_fail(req, WK_EINVAL, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return body;
+}
+
+static void
+ctl_oa_chat(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    json_t *body = ctl_oa_body(req);
+    if (body == NULL)
+        return;
+    ctl_oa_req r = {.chat = true};
+    if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_chat_logprobs(req, body, &r) &&
+        ctl_oa_parse_messages(req, app, body, &r))
+        ctl_oa_generate(req, app, &r);
+    ctl_oa_req_fini(&r);
+    json_decref(body);
+}
+
+static void
+ctl_oa_completions(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    json_t *body = ctl_oa_body(req);
+    if (body == NULL)
+        return;
+    ctl_oa_req r = {.chat = false};
+    if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_prompt(req, app, body, &r))
+        ctl_oa_generate(req, app, &r);
+    ctl_oa_req_fini(&r);
+    json_decref(body);
+}
+
+wk_err
+ctl_openai_metrics_declare(ctl_metrics *m)
+{
+    static const struct {
+        const char *name;
+        ctl_metric_type type;
+        const char *help;
+    } fams[] = {
+        {"wkvm_requests_total", CTL_METRIC_COUNTER, "Generation requests by route and outcome."},
+        {"wkvm_prompt_tokens_total", CTL_METRIC_COUNTER, "Prompt tokens received."},
+        {"wkvm_generation_tokens_total", CTL_METRIC_COUNTER, "Tokens generated."},
+        {"wkvm_queue_depth", CTL_METRIC_GAUGE, "Requests waiting for a slot."},
+        {"wkvm_running_requests", CTL_METRIC_GAUGE, "Requests holding a slot and running."},
+    };
+    for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+        wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, NULL, 0);
+        if (err != WK_OK)
+            return err;
+    }
+    return WK_OK;
+}
+
+size_t
+ctl_openai_routes(ctl_app *app, ctl_http_route *out, size_t cap)
+{
+    const ctl_http_route routes[] = {
+        {"GET", "/v1/models", false, ctl_oa_models, app, "/v1/models", CTL_HTTP_ACCESS_USER},
+        {"POST", "/v1/chat/completions", false, ctl_oa_chat, app, "/v1/chat/completions",
+         CTL_HTTP_ACCESS_USER},
+        {"POST", "/v1/completions", false, ctl_oa_completions, app, "/v1/completions",
+         CTL_HTTP_ACCESS_USER},
+    };
+    size_t n = sizeof(routes) / sizeof(routes[0]);
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = routes[i];
+    return n;
+}

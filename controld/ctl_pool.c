@@ -1,0 +1,647 @@
+/*
+ * ctl_pool: worker registry over NNG pair1 (polyamorous). The only file in
+ * the controller that includes NNG headers. It never interprets step data;
+ * it moves envelopes and keeps worker records.
+ *
+ * Locking: one mutex (p->mu) guards the worker table, the pending-call list
+ * and the counters; p->cv is broadcast whenever a pending call completes.
+ * NNG callbacks (pipe events) take the same mutex and never block on I/O.
+ */
+#define WK_LOG_MODULE "pool"
+#include "ctl_pool.h"
+
+#include <errno.h>
+#include <nng/nng.h>
+#include <nng/protocol/pair1/pair.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "wk_log.h"
+
+#define CTL_POOL_MAX_WORKERS 256
+
+typedef struct ctl_worker {
+    ctl_worker_view v;    /* the public record */
+    nng_pipe pipe;        /* current connection */
+    bool need_load;       /* model must be loaded into it */
+    bool busy;            /* the manager is talking to it */
+    uint64_t last_beat;   /* monotonic ms of the last good Stats */
+    uint32_t missed;      /* consecutive failed heartbeats */
+} ctl_worker;
+
+typedef struct ctl_pending {
+    uint64_t id;              /* request id */
+    uint32_t pipe_id;         /* pipe the request went to */
+    wk_msg *reply;            /* set by the receiver, owned by the waiter */
+    bool done;                /* reply arrived or the pipe closed */
+    struct ctl_pending *next; /* list link */
+} ctl_pending;
+
+struct ctl_pool {
+    nng_socket sock;                            /* pair1 poly */
+    nng_listener lst;                           /* the listener */
+    char *model_dir;                            /* owned, NULL = none */
+    uint32_t slots;                             /* usable slots per worker */
+    uint32_t heartbeat_ms;                      /* Stats period */
+    uint32_t load_timeout_ms;                   /* LoadModel deadline */
+    pthread_mutex_t mu;                         /* guards everything below */
+    pthread_cond_t cv;                          /* pending completion */
+    ctl_worker *workers[CTL_POOL_MAX_WORKERS];  /* registry, NULL holes */
+    ctl_pending *pending;                       /* calls in flight */
+    ctl_pool_stats stats;                       /* counters */
+    atomic_uint_fast64_t next_id;               /* request ids */
+    atomic_bool stop;                           /* threads exit */
+    pthread_t recv_thr;                         /* receive loop */
+    pthread_t mgr_thr;                          /* loads and heartbeats */
+    bool recv_started;                          /* recv_thr joinable */
+    bool mgr_started;                           /* mgr_thr joinable */
+};
+
+static uint64_t
+ctl_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t
+ctl_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+const char *
+ctl_worker_state_name(ctl_worker_state s)
+{
+    switch (s) {
+    case CTL_WORKER_STATE_LOADING:
+        return "loading";
+    case CTL_WORKER_STATE_READY:
+        return "ready";
+    case CTL_WORKER_STATE_FAILED:
+        return "failed";
+    case CTL_WORKER_STATE_UNHEALTHY:
+        return "unhealthy";
+    }
+    return "unknown";
+}
+
+static wk_err
+ctl_nng_err(int rv)
+{
+    switch (rv) {
+    case 0:
+        return WK_OK;
+    case NNG_ENOMEM:
+        return WK_ENOMEM;
+    case NNG_ETIMEDOUT:
+        return WK_ETIMEDOUT;
+    case NNG_ECLOSED:
+    case NNG_ECONNREFUSED:
+    case NNG_ECONNRESET:
+        return WK_EUNAVAIL;
+    case NNG_EINVAL:
+    case NNG_EADDRINVAL:
+        return WK_EINVAL;
+    case NNG_EADDRINUSE:
+        return WK_EEXIST;
+    default:
+        return WK_EIO;
+    }
+}
+
+/* Caller holds mu. */
+static ctl_worker *
+ctl_pool_find_locked(ctl_pool *p, const char *id)
+{
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        if (p->workers[i] != NULL && strcmp(p->workers[i]->v.id, id) == 0)
+            return p->workers[i];
+    }
+    return NULL;
+}
+
+static void
+ctl_pool_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)ev;
+    ctl_pool *p = arg;
+    uint32_t pid = (uint32_t)nng_pipe_id(pipe);
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *w = p->workers[i];
+        if (w != NULL && (uint32_t)nng_pipe_id(w->pipe) == pid) {
+            wk_log_info("worker left worker=%s pid=%u", w->v.id, w->v.pid);
+            p->stats.departures++;
+            if (w->busy) {
+                /* The manager still references it; it frees the record. */
+                w->pipe = (nng_pipe)NNG_PIPE_INITIALIZER;
+                w->v.state = CTL_WORKER_STATE_UNHEALTHY;
+                snprintf(w->v.detail, sizeof(w->v.detail), "connection closed");
+            } else {
+                free(w);
+                p->workers[i] = NULL;
+            }
+        }
+    }
+    for (ctl_pending *c = p->pending; c != NULL; c = c->next) {
+        if (c->pipe_id == pid && !c->done)
+            c->done = true;
+    }
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static wk_err
+ctl_pool_send(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
+{
+    void *buf = NULL;
+    size_t len = 0;
+    wk_err err = wk_proto_encode(m, &buf, &len);
+    if (err != WK_OK)
+        return err;
+    nng_msg *nm = NULL;
+    int rv = nng_msg_alloc(&nm, 0);
+    if (rv == 0)
+        rv = nng_msg_append(nm, buf, len);
+    free(buf);
+    if (rv != 0) {
+        nng_msg_free(nm);
+        return ctl_nng_err(rv);
+    }
+    nng_msg_set_pipe(nm, pipe);
+    rv = nng_sendmsg(p->sock, nm, 0);
+    if (rv != 0) {
+        nng_msg_free(nm);
+        return ctl_nng_err(rv);
+    }
+    return WK_OK;
+}
+
+static void
+ctl_pool_copy_model(ctl_worker_view *v, const Wkvm__ModelInfo *mi)
+{
+    v->model_loaded = mi != NULL;
+    if (mi == NULL)
+        return;
+    snprintf(v->model_name, sizeof(v->model_name), "%s", mi->name);
+    snprintf(v->fingerprint, sizeof(v->fingerprint), "%s", mi->fingerprint);
+    v->state_bytes = mi->state_bytes;
+    v->slots_total = mi->n_slots > 0 ? mi->n_slots - 1 : 0;
+}
+
+static void
+ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
+{
+    const Wkvm__Hello *h = m->hello;
+    Wkvm__HelloAck ack = WKVM__HELLO_ACK__INIT;
+    ack.controller_id = "wkvm-controld";
+    ack.protocol_version = WK_PROTO_VERSION;
+    wk_msg r = WKVM__ENVELOPE__INIT;
+    r.id = m->id;
+    r.kind = WKVM__KIND__HELLO_ACK;
+    r.payload_case = WKVM__ENVELOPE__PAYLOAD_HELLO_ACK;
+    r.hello_ack = &ack;
+
+    if (h->protocol_version != WK_PROTO_VERSION) {
+        r.status = WK_EPROTO;
+        r.detail = "protocol version mismatch";
+        wk_log_warn("worker refused worker=%s protocol=%u want=%u", h->worker_id,
+                    h->protocol_version, WK_PROTO_VERSION);
+        (void)ctl_pool_send(p, pipe, &r);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    ctl_worker *w = ctl_pool_find_locked(p, h->worker_id);
+    if (w != NULL && nng_pipe_id(w->pipe) > 0 && nng_pipe_id(w->pipe) != nng_pipe_id(pipe)) {
+        pthread_mutex_unlock(&p->mu);
+        r.status = WK_EEXIST;
+        r.detail = "a worker with this id is already connected";
+        wk_log_warn("duplicate worker id refused worker=%s", h->worker_id);
+        (void)ctl_pool_send(p, pipe, &r);
+        return;
+    }
+    bool fresh = w == NULL;
+    if (fresh) {
+        size_t slot = CTL_POOL_MAX_WORKERS;
+        for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+            if (p->workers[i] == NULL) {
+                slot = i;
+                break;
+            }
+        }
+        w = slot < CTL_POOL_MAX_WORKERS ? calloc(1, sizeof(*w)) : NULL;
+        if (w == NULL) {
+            pthread_mutex_unlock(&p->mu);
+            r.status = WK_ENOSPC;
+            r.detail = "worker registry full";
+            (void)ctl_pool_send(p, pipe, &r);
+            return;
+        }
+        p->workers[slot] = w;
+    }
+    ctl_worker_view *v = &w->v;
+    snprintf(v->id, sizeof(v->id), "%s", h->worker_id);
+    snprintf(v->backend, sizeof(v->backend), "%s", h->backend);
+    snprintf(v->device, sizeof(v->device), "%s", h->device);
+    snprintf(v->hostname, sizeof(v->hostname), "%s", h->hostname);
+    v->pid = h->pid;
+    v->device_mem = h->device_mem_bytes;
+    v->connected_ms = ctl_wall_ms();
+    v->detail[0] = '\0';
+    ctl_pool_copy_model(v, h->model_loaded ? h->model : NULL);
+    w->pipe = pipe;
+    w->last_beat = ctl_now_ms();
+    w->missed = 0;
+    bool model_ok = p->model_dir == NULL ||
+                    (h->model_loaded && strcmp(h->model_dir, p->model_dir) == 0 &&
+                     v->slots_total >= p->slots);
+    w->need_load = !model_ok;
+    v->state = model_ok ? CTL_WORKER_STATE_READY : CTL_WORKER_STATE_LOADING;
+    p->stats.registrations++;
+    pthread_mutex_unlock(&p->mu);
+    wk_log_info("worker registered worker=%s backend=%s device=\"%s\" pid=%u model=%s",
+                h->worker_id, h->backend, h->device, h->pid,
+                h->model_loaded ? h->model_dir : "-");
+    (void)ctl_pool_send(p, pipe, &r);
+}
+
+static void
+ctl_pool_on_reply(ctl_pool *p, nng_pipe pipe, wk_msg *m)
+{
+    pthread_mutex_lock(&p->mu);
+    for (ctl_pending *c = p->pending; c != NULL; c = c->next) {
+        if (c->id == m->id && c->pipe_id == (uint32_t)nng_pipe_id(pipe) && !c->done) {
+            c->reply = m;
+            c->done = true;
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            return;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    wk_log_debug("late or unknown reply id=%llu kind=%s", (unsigned long long)m->id,
+                 wk_proto_kind_name(m->kind));
+    wk_proto_free(m);
+}
+
+static void *
+ctl_pool_recv_main(void *arg)
+{
+    ctl_pool *p = arg;
+    while (!atomic_load(&p->stop)) {
+        nng_msg *nm = NULL;
+        int rv = nng_recvmsg(p->sock, &nm, 0);
+        if (rv == NNG_ETIMEDOUT)
+            continue;
+        if (rv != 0) {
+            if (rv == NNG_ECLOSED)
+                break;
+            wk_log_warn("receive failed: %s", nng_strerror(rv));
+            continue;
+        }
+        nng_pipe pipe = nng_msg_get_pipe(nm);
+        wk_msg *m = NULL;
+        wk_diag d = {{0}};
+        wk_err err = wk_proto_decode(nng_msg_body(nm), nng_msg_len(nm), &m, &d);
+        nng_msg_free(nm);
+        if (err != WK_OK) {
+            pthread_mutex_lock(&p->mu);
+            p->stats.bad_messages++;
+            pthread_mutex_unlock(&p->mu);
+            wk_log_warn("bad message from pipe=%d: %s", nng_pipe_id(pipe), d.msg);
+            continue;
+        }
+        if (m->kind == WKVM__KIND__HELLO) {
+            ctl_pool_on_hello(p, pipe, m);
+            wk_proto_free(m);
+        } else {
+            ctl_pool_on_reply(p, pipe, m);
+        }
+    }
+    return NULL;
+}
+
+wk_err
+ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req, uint32_t timeout_ms,
+              wk_msg **reply, wk_diag *d)
+{
+    ctl_pending c = {0};
+    pthread_mutex_lock(&p->mu);
+    ctl_worker *w = ctl_pool_find_locked(p, worker_id);
+    if (w == NULL || nng_pipe_id(w->pipe) <= 0) {
+        pthread_mutex_unlock(&p->mu);
+        return wk_diag_set(d, WK_ENOENT, "no worker '%s'", worker_id);
+    }
+    nng_pipe pipe = w->pipe;
+    c.id = atomic_fetch_add(&p->next_id, 1);
+    c.pipe_id = (uint32_t)nng_pipe_id(pipe);
+    c.next = p->pending;
+    p->pending = &c;
+    p->stats.rpc_calls++;
+    pthread_mutex_unlock(&p->mu);
+
+    req->id = c.id;
+    wk_err err = ctl_pool_send(p, pipe, req);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&p->mu);
+    while (err == WK_OK && !c.done) {
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    for (ctl_pending **pp = &p->pending; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == &c) {
+            *pp = c.next;
+            break;
+        }
+    }
+    if (err == WK_OK && c.reply == NULL)
+        err = c.done ? WK_EUNAVAIL : WK_ETIMEDOUT;
+    if (err != WK_OK)
+        p->stats.rpc_errors++;
+    pthread_mutex_unlock(&p->mu);
+
+    if (err != WK_OK) {
+        wk_proto_free(c.reply);
+        return wk_diag_set(d, err, "worker %s: %s %s", worker_id,
+                           wk_proto_kind_name(req->kind),
+                           err == WK_ETIMEDOUT ? "timed out" : wk_strerror(err));
+    }
+    if (c.reply->status != 0) {
+        wk_err werr = (c.reply->status > 0 && c.reply->status < WK_ERR__COUNT)
+                          ? (wk_err)c.reply->status
+                          : WK_EPROTO;
+        wk_diag_set(d, werr, "worker %s: %s", worker_id, c.reply->detail);
+        wk_proto_free(c.reply);
+        return werr;
+    }
+    *reply = c.reply;
+    return WK_OK;
+}
+
+/* Loads the configured model into worker id. Runs on the manager thread. */
+static void
+ctl_pool_load(ctl_pool *p, const char *id)
+{
+    Wkvm__LoadModel lm = WKVM__LOAD_MODEL__INIT;
+    lm.model_dir = p->model_dir;
+    lm.n_slots = p->slots + 1;
+    wk_msg req = WKVM__ENVELOPE__INIT;
+    req.kind = WKVM__KIND__LOAD_MODEL;
+    req.payload_case = WKVM__ENVELOPE__PAYLOAD_LOAD_MODEL;
+    req.load_model = &lm;
+    wk_msg *rep = NULL;
+    wk_diag d = {{0}};
+    wk_log_info("loading model worker=%s model=%s slots=%u", id, p->model_dir, p->slots);
+    wk_err err = ctl_pool_call(p, id, &req, p->load_timeout_ms, &rep, &d);
+    pthread_mutex_lock(&p->mu);
+    ctl_worker *w = ctl_pool_find_locked(p, id);
+    if (w != NULL) {
+        w->need_load = false;
+        if (err == WK_OK && rep->payload_case == WKVM__ENVELOPE__PAYLOAD_MODEL_INFO) {
+            ctl_pool_copy_model(&w->v, rep->model_info);
+            w->v.state = CTL_WORKER_STATE_READY;
+            w->v.detail[0] = '\0';
+        } else {
+            w->v.state = CTL_WORKER_STATE_FAILED;
+            snprintf(w->v.detail, sizeof(w->v.detail), "%.250s",
+                     err == WK_OK ? "bad model info" : d.msg);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (err == WK_OK)
+        wk_log_info("model loaded worker=%s model=%s fingerprint=%.16s", id,
+                    rep->model_info->name, rep->model_info->fingerprint);
+    else
+        wk_log_error("model load failed worker=%s: %s", id, d.msg);
+    wk_proto_free(rep);
+}
+
+/* One Stats round trip to worker id. Runs on the manager thread. */
+static void
+ctl_pool_beat(ctl_pool *p, const char *id)
+{
+    wk_msg req = WKVM__ENVELOPE__INIT;
+    req.kind = WKVM__KIND__STATS;
+    wk_msg *rep = NULL;
+    wk_diag d = {{0}};
+    wk_err err = ctl_pool_call(p, id, &req, p->heartbeat_ms * 3 + 1000, &rep, &d);
+    pthread_mutex_lock(&p->mu);
+    ctl_worker *w = ctl_pool_find_locked(p, id);
+    if (w != NULL) {
+        if (err == WK_OK && rep->payload_case == WKVM__ENVELOPE__PAYLOAD_STATS_REPLY) {
+            w->last_beat = ctl_now_ms();
+            w->missed = 0;
+            w->v.steps = rep->stats_reply->steps;
+            w->v.tokens = rep->stats_reply->tokens;
+            if (w->v.state == CTL_WORKER_STATE_UNHEALTHY)
+                w->v.state = w->v.model_loaded || p->model_dir == NULL
+                                 ? CTL_WORKER_STATE_READY
+                                 : CTL_WORKER_STATE_LOADING;
+        } else if (++w->missed >= 3 && w->v.state == CTL_WORKER_STATE_READY) {
+            w->v.state = CTL_WORKER_STATE_UNHEALTHY;
+            snprintf(w->v.detail, sizeof(w->v.detail), "heartbeat: %.200s", d.msg);
+            wk_log_warn("worker unhealthy worker=%s: %s", id, d.msg);
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    wk_proto_free(rep);
+}
+
+/* Picks the next worker needing attention; marks it busy. Caller holds mu. */
+static ctl_worker *
+ctl_pool_next_job_locked(ctl_pool *p, uint64_t now, bool *load)
+{
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *w = p->workers[i];
+        if (w == NULL || w->busy || nng_pipe_id(w->pipe) <= 0)
+            continue;
+        if (w->need_load) {
+            *load = true;
+            return w;
+        }
+        if (now - w->last_beat >= p->heartbeat_ms) {
+            *load = false;
+            return w;
+        }
+    }
+    return NULL;
+}
+
+/* Frees records whose pipe closed while busy. Caller holds mu. */
+static void
+ctl_pool_reap_locked(ctl_pool *p)
+{
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *w = p->workers[i];
+        if (w != NULL && !w->busy && nng_pipe_id(w->pipe) <= 0) {
+            free(w);
+            p->workers[i] = NULL;
+        }
+    }
+}
+
+static void *
+ctl_pool_mgr_main(void *arg)
+{
+    ctl_pool *p = arg;
+    while (!atomic_load(&p->stop)) {
+        bool load = false;
+        char id[65];
+        pthread_mutex_lock(&p->mu);
+        ctl_pool_reap_locked(p);
+        ctl_worker *w = ctl_pool_next_job_locked(p, ctl_now_ms(), &load);
+        if (w != NULL) {
+            w->busy = true;
+            if (!load)
+                w->last_beat = ctl_now_ms(); /* do not re-pick while in flight */
+            snprintf(id, sizeof(id), "%s", w->v.id);
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (w == NULL) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (load)
+            ctl_pool_load(p, id);
+        else
+            ctl_pool_beat(p, id);
+        pthread_mutex_lock(&p->mu);
+        /* w may have been replaced; clear busy on whatever record has the id. */
+        for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+            if (p->workers[i] != NULL && strcmp(p->workers[i]->v.id, id) == 0)
+                p->workers[i]->busy = false;
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
+    return NULL;
+}
+
+wk_err
+ctl_pool_new(const ctl_pool_config *cfg, ctl_pool **out, wk_diag *d)
+{
+    ctl_pool *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return WK_ENOMEM;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    atomic_init(&p->next_id, 1);
+    atomic_init(&p->stop, false);
+    p->slots = cfg->slots;
+    p->heartbeat_ms = cfg->heartbeat_ms ? cfg->heartbeat_ms : 1000;
+    p->load_timeout_ms = cfg->load_timeout_ms ? cfg->load_timeout_ms : 600000;
+    wk_err err = WK_ENOMEM;
+    if (cfg->model_dir != NULL && (p->model_dir = strdup(cfg->model_dir)) == NULL)
+        goto fail;
+    int rv = nng_pair1_open_poly(&p->sock);
+    if (rv != 0) {
+        err = wk_diag_set(d, ctl_nng_err(rv), "nng socket: %s", nng_strerror(rv));
+        goto fail;
+    }
+    nng_socket_set_size(p->sock, NNG_OPT_RECVMAXSZ, WK_PROTO_MSG_MAX);
+    nng_socket_set_ms(p->sock, NNG_OPT_RECVTIMEO, 200);
+    nng_socket_set_ms(p->sock, NNG_OPT_SENDTIMEO, 5000);
+    nng_pipe_notify(p->sock, NNG_PIPE_EV_REM_POST, ctl_pool_pipe_removed, p);
+    rv = nng_listener_create(&p->lst, p->sock, cfg->listen_url);
+    if (rv == 0) {
+        nng_listener_set_size(p->lst, NNG_OPT_RECVMAXSZ, WK_PROTO_MSG_MAX);
+        rv = nng_listener_start(p->lst, 0);
+    }
+    if (rv != 0) {
+        err = wk_diag_set(d, ctl_nng_err(rv), "cannot listen on %s: %s", cfg->listen_url,
+                          nng_strerror(rv));
+        goto fail;
+    }
+    if (pthread_create(&p->recv_thr, NULL, ctl_pool_recv_main, p) != 0)
+        goto fail;
+    p->recv_started = true;
+    if (pthread_create(&p->mgr_thr, NULL, ctl_pool_mgr_main, p) != 0)
+        goto fail;
+    p->mgr_started = true;
+    *out = p;
+    return WK_OK;
+fail:
+    ctl_pool_free(p);
+    return err;
+}
+
+void
+ctl_pool_free(ctl_pool *p)
+{
+    if (p == NULL)
+        return;
+    atomic_store(&p->stop, true);
+    if (p->mgr_started)
+        pthread_join(p->mgr_thr, NULL);
+    if (nng_socket_id(p->sock) > 0)
+        nng_close(p->sock);
+    if (p->recv_started)
+        pthread_join(p->recv_thr, NULL);
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++)
+        free(p->workers[i]);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    free(p->model_dir);
+    free(p);
+}
+
+static int
+ctl_view_cmp(const void *a, const void *b)
+{
+    return strcmp(((const ctl_worker_view *)a)->id, ((const ctl_worker_view *)b)->id);
+}
+
+size_t
+ctl_pool_list(ctl_pool *p, ctl_worker_view *out, size_t cap)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *w = p->workers[i];
+        if (w == NULL || nng_pipe_id(w->pipe) <= 0)
+            continue;
+        if (n < cap)
+            out[n] = w->v;
+        n++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    qsort(out, n < cap ? n : cap, sizeof(*out), ctl_view_cmp);
+    return n;
+}
+
+size_t
+ctl_pool_ready_count(ctl_pool *p)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *w = p->workers[i];
+        if (w != NULL && nng_pipe_id(w->pipe) > 0 && w->v.state == CTL_WORKER_STATE_READY)
+            n++;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+void
+ctl_pool_stats_get(ctl_pool *p, ctl_pool_stats *out)
+{
+    pthread_mutex_lock(&p->mu);
+    *out = p->stats;
+    pthread_mutex_unlock(&p->mu);
+}

@@ -1,0 +1,102 @@
+/*
+ * ctl_pool: the worker registry and the only NNG user in the controller.
+ *
+ * Workers dial the controller's listen URL (pair1, polyamorous here) and say
+ * Hello on every connect. The pool keeps one record per worker id, learns
+ * when a worker's pipe closes (it leaves the registry), loads the configured
+ * model into each new worker, polls Stats as a heartbeat, and offers a
+ * blocking request/reply call to the rest of the controller.
+ *
+ * Threading: all functions are thread-safe. ctl_pool_call() blocks the
+ * calling thread until the reply or the timeout; it must not be called from
+ * the pool's own threads.
+ */
+#ifndef CTL_POOL_H
+#define CTL_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wk_err.h"
+#include "wk_proto.h"
+
+typedef struct ctl_pool ctl_pool;
+
+typedef enum ctl_worker_state {
+    CTL_WORKER_STATE_LOADING = 0, /* connected, model being loaded */
+    CTL_WORKER_STATE_READY,       /* model loaded (or none configured), serving */
+    CTL_WORKER_STATE_FAILED,      /* model load failed; see detail */
+    CTL_WORKER_STATE_UNHEALTHY,   /* heartbeat missed */
+} ctl_worker_state;
+
+/* A copy of one worker's record, for readers outside the pool. */
+typedef struct ctl_worker_view {
+    char id[65];              /* worker id */
+    char backend[16];         /* "cpu", "cuda" */
+    char device[128];         /* device name */
+    char hostname[128];       /* host */
+    uint32_t pid;             /* worker pid */
+    uint64_t device_mem;      /* bytes */
+    ctl_worker_state state;   /* lifecycle */
+    char detail[256];         /* last error, "" when none */
+    uint32_t slots_total;     /* usable slots (arena minus slot 0) */
+    uint32_t slots_used;      /* slots the controller has bound */
+    bool model_loaded;        /* the worker has a model */
+    char model_name[128];     /* model dir base name */
+    char fingerprint[65];     /* model fingerprint */
+    uint64_t state_bytes;     /* bytes per slot */
+    uint64_t steps;           /* steps run (last Stats) */
+    uint64_t tokens;          /* tokens processed (last Stats) */
+    uint64_t connected_ms;    /* ms since epoch when this connection started */
+} ctl_worker_view;
+
+typedef struct ctl_pool_config {
+    const char *listen_url;  /* "ipc:///path" or "tcp://127.0.0.1:7070" */
+    const char *model_dir;   /* model every worker should run, NULL = none */
+    uint32_t slots;          /* arena slots per worker (usable), when loading a model */
+    uint32_t heartbeat_ms;   /* Stats poll period */
+    uint32_t load_timeout_ms; /* LoadModel deadline */
+} ctl_pool_config;
+
+/*
+ * Starts listening and the pool threads. cfg strings are copied.
+ * Caller frees with ctl_pool_free(). WK_EIO (cannot listen; diag says why).
+ */
+WK_MUST_CHECK wk_err ctl_pool_new(const ctl_pool_config *cfg, ctl_pool **out, wk_diag *d);
+
+/* Stops threads, closes the socket, frees. NULL-safe. */
+void ctl_pool_free(ctl_pool *p);
+
+/*
+ * Copies up to cap worker records into out (sorted by id); returns the count
+ * of workers (may exceed cap).
+ */
+size_t ctl_pool_list(ctl_pool *p, ctl_worker_view *out, size_t cap);
+
+/* Number of workers in CTL_WORKER_STATE_READY. */
+size_t ctl_pool_ready_count(ctl_pool *p);
+
+/*
+ * Sends req (borrowed; its id is assigned here) to worker_id and waits up to
+ * timeout_ms for the reply. On success *reply is owned by the caller
+ * (wk_proto_free) and carries status 0; a worker error comes back as that
+ * error code with the worker's detail in the diag. WK_ENOENT (no such
+ * worker), WK_ETIMEDOUT, WK_EUNAVAIL (worker left meanwhile), WK_EPROTO.
+ */
+WK_MUST_CHECK wk_err ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req,
+                                   uint32_t timeout_ms, wk_msg **reply, wk_diag *d);
+
+/* Counters for /metrics. */
+typedef struct ctl_pool_stats {
+    uint64_t registrations; /* Hello messages accepted */
+    uint64_t departures;    /* worker connections that closed */
+    uint64_t rpc_calls;     /* ctl_pool_call requests sent */
+    uint64_t rpc_errors;    /* calls that failed or timed out */
+    uint64_t bad_messages;  /* messages refused by wk_proto_decode */
+} ctl_pool_stats;
+
+void ctl_pool_stats_get(ctl_pool *p, ctl_pool_stats *out);
+
+const char *ctl_worker_state_name(ctl_worker_state s);
+
+#endif /* CTL_POOL_H */

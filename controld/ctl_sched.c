@@ -1,0 +1,958 @@
+/*
+ * ctl_sched: slot tables, the wait queue and one step loop per worker.
+ *
+ * Locking: one mutex (s->mu) guards workers, slots, jobs and queues. Step
+ * RPCs run with the mutex released; a job taking part in a step is marked
+ * in_flight so that consumer calls (stop, free) only flag it, and the loop
+ * finishes what they asked once the step returns. Each job has its own
+ * condition variable for its consumer; s->cv wakes the step loops.
+ */
+#define WK_LOG_MODULE "sched"
+#include "ctl_sched.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "wk_log.h"
+#include "wk_proto.h"
+
+#define CTL_SCHED_MAX_WORKERS 64
+#define CTL_JOB_EVQ 4
+
+typedef enum ctl_job_state {
+    CTL_JOB_WAITING = 0, /* queued for a slot */
+    CTL_JOB_RUNNING,     /* has a slot; feeding or about to sample */
+    CTL_JOB_PAUSED,      /* a sampled token awaits the consumer */
+    CTL_JOB_STOPPING,    /* feeding the last accepted token, then done */
+    CTL_JOB_DONE,        /* finished; slot kept or freed */
+    CTL_JOB_FAILED,      /* finished with an error */
+} ctl_job_state;
+
+typedef struct ctl_sworker ctl_sworker;
+
+struct ctl_job {
+    ctl_sched *s;               /* owner */
+    int32_t *tokens;            /* everything to feed: input + accepted samples */
+    size_t n_tokens;            /* entries in tokens */
+    size_t cap;                 /* allocated entries */
+    size_t computed;            /* tokens fed into the slot so far */
+    size_t own_computed;        /* tokens computed by this job (usage) */
+    size_t n_input;             /* input length at submit */
+    bool sample;                /* sample after the input */
+    ctl_sample_spec params;     /* sampling parameters */
+    uint64_t sample_index;      /* RNG position of the next sample */
+    int32_t *gen;               /* accepted samples (penalties), shares tokens' tail */
+    size_t n_gen;               /* accepted samples */
+    int32_t pending;            /* last sampled token, not yet accepted */
+    bool held;                  /* the slot belongs to the caller */
+    bool fresh;                 /* reset the slot with the first chunk */
+    ctl_slot_ref slot;          /* the slot, once admitted */
+    char want_worker[65];       /* placement preference, "" = any */
+    ctl_job_state state;        /* lifecycle */
+    size_t in_flight;           /* tokens of this job in the step being run, 0 = none */
+    bool cancelled;             /* the consumer freed it */
+    bool kept;                  /* the consumer keeps the slot */
+    uint64_t deadline_ms;       /* monotonic, 0 = none */
+    uint64_t seq;               /* submit order */
+    uint64_t submit_ms;         /* monotonic submit time */
+    uint64_t last_tok_ms;       /* monotonic time of the last sampled token */
+    ctl_job_event evq[CTL_JOB_EVQ]; /* events for the consumer */
+    unsigned ev_head;           /* next event to read */
+    unsigned ev_len;            /* events queued */
+    pthread_cond_t cv;          /* consumer wake-up */
+    struct ctl_job *next;       /* list link (s->jobs) */
+};
+
+struct ctl_sworker {
+    char id[65];           /* worker id */
+    uint64_t epoch;        /* connection start; a new process means new slots */
+    uint32_t n_slots;      /* usable slots 1..n_slots */
+    uint64_t *gen;         /* per slot: allocation generation, 0 = free */
+    ctl_job **busy;        /* per slot: job running on it, NULL = none */
+    bool dead;             /* left the pool; the loop exits */
+    pthread_t thr;         /* step loop */
+    ctl_sched *s;          /* back pointer */
+};
+
+struct ctl_sched {
+    ctl_sched_config cfg;                        /* limits */
+    ctl_pool *pool;                              /* borrowed */
+    ctl_metrics *metrics;                        /* borrowed, may be NULL */
+    pthread_mutex_t mu;                          /* guards everything below */
+    pthread_cond_t cv;                           /* wakes step loops */
+    ctl_sworker *workers[CTL_SCHED_MAX_WORKERS]; /* live workers */
+    ctl_job *jobs;                               /* all unfinished jobs, submit order */
+    uint32_t n_waiting;                          /* jobs in CTL_JOB_WAITING */
+    uint64_t next_seq;                           /* submit counter */
+    uint64_t next_gen;                           /* slot generations, global */
+    atomic_bool stop;                            /* shut down */
+    pthread_t mgr;                               /* syncs workers with the pool */
+    bool mgr_started;                            /* mgr joinable */
+};
+
+static uint64_t
+ctl_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void
+ctl_observe(ctl_sched *s, const char *name, double v)
+{
+    if (s->metrics != NULL)
+        ctl_metrics_observe(s->metrics, name, NULL, v);
+}
+
+/* Caller holds mu. */
+static ctl_sworker *
+ctl_sched_worker_locked(ctl_sched *s, const char *id)
+{
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        ctl_sworker *w = s->workers[i];
+        if (w != NULL && !w->dead && strcmp(w->id, id) == 0)
+            return w;
+    }
+    return NULL;
+}
+
+/* Caller holds mu. */
+static void
+ctl_job_post(ctl_job *j, const ctl_job_event *ev)
+{
+    if (j->ev_len == CTL_JOB_EVQ) {
+        /* Cannot happen with at most one token outstanding; keep the newest final event. */
+        j->ev_head = (j->ev_head + 1) % CTL_JOB_EVQ;
+        j->ev_len--;
+    }
+    j->evq[(j->ev_head + j->ev_len) % CTL_JOB_EVQ] = *ev;
+    j->ev_len++;
+    pthread_cond_broadcast(&j->cv);
+}
+
+/* Releases the job's slot unless kept or held. Caller holds mu. */
+static void
+ctl_job_release_slot(ctl_sched *s, ctl_job *j)
+{
+    if (j->slot.worker[0] == '\0')
+        return;
+    ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
+    if (w != NULL && j->slot.slot >= 1 && j->slot.slot <= w->n_slots &&
+        w->gen[j->slot.slot] == j->slot.gen) {
+        if (w->busy[j->slot.slot] == j)
+            w->busy[j->slot.slot] = NULL;
+        if (!j->held && !j->kept)
+            w->gen[j->slot.slot] = 0;
+    }
+}
+
+/* Ends a job with an error event. Caller holds mu. */
+static void
+ctl_job_fail(ctl_sched *s, ctl_job *j, wk_err err, const char *msg)
+{
+    if (j->state == CTL_JOB_DONE || j->state == CTL_JOB_FAILED)
+        return;
+    if (j->state == CTL_JOB_WAITING)
+        s->n_waiting--;
+    j->state = CTL_JOB_FAILED;
+    ctl_job_release_slot(s, j);
+    ctl_job_event ev = {.type = CTL_JOB_EV_ERROR, .err = err};
+    snprintf(ev.message, sizeof(ev.message), "%s", msg);
+    ctl_job_post(j, &ev);
+}
+
+/* Marks a job done. Caller holds mu. */
+static void
+ctl_job_done(ctl_sched *s, ctl_job *j)
+{
+    j->state = CTL_JOB_DONE;
+    if (j->slot.worker[0] != '\0') {
+        ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
+        if (w != NULL && w->busy[j->slot.slot] == j)
+            w->busy[j->slot.slot] = NULL;
+    }
+    ctl_job_event ev = {.type = CTL_JOB_EV_DONE};
+    ctl_job_post(j, &ev);
+}
+
+/* Unlinks and frees a job whose consumer is gone. Caller holds mu. */
+static void
+ctl_job_destroy_locked(ctl_sched *s, ctl_job *j)
+{
+    for (ctl_job **pp = &s->jobs; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == j) {
+            *pp = j->next;
+            break;
+        }
+    }
+    if (j->state == CTL_JOB_WAITING)
+        s->n_waiting--;
+    if (j->state != CTL_JOB_DONE || !j->kept)
+        ctl_job_release_slot(s, j);
+    pthread_cond_destroy(&j->cv);
+    free(j->tokens);
+    free(j);
+}
+
+static wk_err
+ctl_job_push_token(ctl_job *j, int32_t tok)
+{
+    if (j->n_tokens == j->cap) {
+        size_t ncap = j->cap ? j->cap * 2 : 64;
+        int32_t *nt = realloc(j->tokens, ncap * sizeof(*nt));
+        if (nt == NULL)
+            return WK_ENOMEM;
+        j->tokens = nt;
+        j->cap = ncap;
+    }
+    j->tokens[j->n_tokens++] = tok;
+    return WK_OK;
+}
+
+/* Admits waiting jobs onto w while slots are free. Caller holds mu. */
+static void
+ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
+{
+    uint64_t now = ctl_mono_ms();
+    for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        if (j->state != CTL_JOB_WAITING)
+            continue;
+        if (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0)
+            continue;
+        uint32_t free_slot = 0;
+        for (uint32_t i = 1; i <= w->n_slots; i++) {
+            if (w->gen[i] == 0) {
+                free_slot = i;
+                break;
+            }
+        }
+        if (free_slot == 0)
+            return; /* FIFO: nobody behind it may jump ahead on this worker */
+        w->gen[free_slot] = ++s->next_gen;
+        w->busy[free_slot] = j;
+        snprintf(j->slot.worker, sizeof(j->slot.worker), "%s", w->id);
+        j->slot.slot = free_slot;
+        j->slot.gen = w->gen[free_slot];
+        j->fresh = true;
+        j->state = CTL_JOB_RUNNING;
+        s->n_waiting--;
+        ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
+    }
+}
+
+typedef struct ctl_step_row {
+    ctl_job *job;  /* the job */
+    size_t take;   /* tokens fed by this row */
+    bool sample;   /* a token is sampled */
+} ctl_step_row;
+
+/* Picks the rows of the next step on w. Caller holds mu. Returns the row count. */
+static size_t
+ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t cap)
+{
+    size_t n = 0;
+    uint32_t budget = s->cfg.step_tokens;
+    uint64_t now = ctl_mono_ms();
+    /* Pass 0: decode-phase rows (their input is fed); pass 1: prefill, FIFO. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (ctl_job *j = s->jobs; j != NULL && n < cap && budget > 0; j = j->next) {
+            if ((j->state != CTL_JOB_RUNNING && j->state != CTL_JOB_STOPPING) ||
+                j->in_flight || strcmp(j->slot.worker, w->id) != 0)
+                continue;
+            if (j->deadline_ms && now > j->deadline_ms) {
+                ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out");
+                continue;
+            }
+            bool decode = j->computed >= j->n_input;
+            if ((pass == 0) != decode)
+                continue;
+            size_t gap = j->n_tokens - j->computed;
+            if (gap == 0)
+                continue;
+            size_t take = gap;
+            if (take > s->cfg.job_chunk)
+                take = s->cfg.job_chunk;
+            if (take > budget)
+                take = budget;
+            if (take > WK_PROTO_ROW_TOKENS_MAX)
+                take = WK_PROTO_ROW_TOKENS_MAX;
+            rows[n].job = j;
+            rows[n].take = take;
+            rows[n].sample = j->sample && j->state == CTL_JOB_RUNNING &&
+                             j->computed + take == j->n_tokens;
+            j->in_flight = take;
+            budget -= (uint32_t)take;
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Runs one step RPC for rows (mutex released by the caller). */
+static wk_err
+ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, wk_msg **rep,
+                   wk_diag *d)
+{
+    Wkvm__StepRow *pr = calloc(n, sizeof(*pr));
+    Wkvm__StepRow **pp = calloc(n, sizeof(*pp));
+    Wkvm__SampleParams *sp = calloc(n, sizeof(*sp));
+    if (pr == NULL || pp == NULL || sp == NULL) {
+        free(pr);
+        free(pp);
+        free(sp);
+        return WK_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ctl_job *j = rows[i].job;
+        wkvm__step_row__init(&pr[i]);
+        pr[i].slot = j->slot.slot;
+        pr[i].tokens = j->tokens + j->computed;
+        pr[i].n_tokens = rows[i].take;
+        pr[i].reset = j->fresh && j->computed == 0;
+        pr[i].sample = rows[i].sample;
+        if (rows[i].sample) {
+            wkvm__sample_params__init(&sp[i]);
+            sp[i].temperature = j->params.temperature;
+            sp[i].top_p = j->params.top_p;
+            sp[i].top_k = j->params.top_k;
+            sp[i].min_p = j->params.min_p;
+            sp[i].seed = j->params.seed;
+            sp[i].presence_penalty = j->params.presence_penalty;
+            sp[i].frequency_penalty = j->params.frequency_penalty;
+            sp[i].want_logprobs = j->params.logprobs;
+            sp[i].top_logprobs = j->params.top_logprobs;
+            pr[i].params = &sp[i];
+            pr[i].sample_index = j->sample_index;
+            size_t ng = j->n_tokens - j->n_input;
+            if (ng > WK_PROTO_ROW_TOKENS_MAX)
+                ng = WK_PROTO_ROW_TOKENS_MAX;
+            pr[i].penalty_tokens = j->tokens + j->n_tokens - ng;
+            pr[i].n_penalty_tokens = ng;
+        }
+        pp[i] = &pr[i];
+    }
+    Wkvm__Step st = WKVM__STEP__INIT;
+    st.rows = pp;
+    st.n_rows = n;
+    wk_msg req = WKVM__ENVELOPE__INIT;
+    req.kind = WKVM__KIND__STEP;
+    req.payload_case = WKVM__ENVELOPE__PAYLOAD_STEP;
+    req.step = &st;
+    wk_err err = ctl_pool_call(s->pool, w->id, &req, s->cfg.step_timeout_ms, rep, d);
+    free(pr);
+    free(pp);
+    free(sp);
+    return err;
+}
+
+/* Applies a step's outcome. Caller holds mu. */
+static void
+ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, wk_err err,
+                       const wk_msg *rep, const char *errmsg)
+{
+    uint64_t now = ctl_mono_ms();
+    for (size_t i = 0; i < n; i++) {
+        ctl_job *j = rows[i].job;
+        size_t take = j->in_flight;
+        j->in_flight = 0;
+        if (err != WK_OK) {
+            ctl_job_fail(s, j, err, errmsg);
+        } else {
+            if (j->fresh && j->computed == 0)
+                j->fresh = false;
+            j->computed += take;
+            j->own_computed += take;
+            const Wkvm__RowResult *rr = NULL;
+            if (rep != NULL && i < rep->step_result->n_rows)
+                rr = rep->step_result->rows[i];
+            if (rows[i].sample && j->sample &&
+                (rr == NULL || !rr->sampled || rr->slot != j->slot.slot)) {
+                ctl_job_fail(s, j, WK_EPROTO, "worker returned no token for a sampled row");
+            } else if (rows[i].sample && j->sample && j->state == CTL_JOB_RUNNING) {
+                ctl_job_event ev = {.type = CTL_JOB_EV_TOKEN, .token = rr->token,
+                                    .logprob = rr->logprob};
+                ev.n_top = rr->n_top < 20 ? (uint32_t)rr->n_top : 20;
+                for (uint32_t k = 0; k < ev.n_top; k++) {
+                    ev.top_token[k] = rr->top[k]->token;
+                    ev.top_logprob[k] = rr->top[k]->logprob;
+                }
+                if (j->sample_index == 0 || j->last_tok_ms == 0)
+                    ctl_observe(s, "wkvm_time_to_first_token_seconds",
+                                (double)(now - j->submit_ms) / 1000.0);
+                else
+                    ctl_observe(s, "wkvm_time_per_output_token_seconds",
+                                (double)(now - j->last_tok_ms) / 1000.0);
+                j->last_tok_ms = now;
+                j->sample_index++;
+                j->pending = rr->token;
+                j->state = CTL_JOB_PAUSED;
+                ctl_job_post(j, &ev);
+            } else if (j->computed == j->n_tokens &&
+                       (j->state == CTL_JOB_STOPPING || !j->sample)) {
+                ctl_job_done(s, j);
+            }
+        }
+        if (j->cancelled)
+            ctl_job_destroy_locked(s, j);
+    }
+    (void)w;
+}
+
+static void *
+ctl_sched_worker_main(void *arg)
+{
+    ctl_sworker *w = arg;
+    ctl_sched *s = w->s;
+    size_t cap = s->cfg.max_rows;
+    ctl_step_row *rows = calloc(cap, sizeof(*rows));
+    pthread_mutex_lock(&s->mu);
+    while (!atomic_load(&s->stop) && !w->dead && rows != NULL) {
+        ctl_sched_admit_locked(s, w);
+        size_t n = ctl_sched_pick_locked(s, w, rows, cap);
+        if (n == 0) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 100 * 1000000L;
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&s->cv, &s->mu, &until);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        wk_msg *rep = NULL;
+        wk_diag d = {{0}};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        wk_err err = ctl_sched_run_step(s, w, rows, n, &rep, &d);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        if (err == WK_OK) {
+            ctl_observe(s, "wkvm_step_seconds", secs);
+            if (s->metrics != NULL && rep->step_result->step_us > 0)
+                ctl_metrics_observe(s->metrics, "wkvm_step_backend_seconds", NULL,
+                                    (double)rep->step_result->step_us * 1e-6);
+        } else {
+            wk_log_warn("step failed worker=%s rows=%zu: %s", w->id, n, d.msg);
+        }
+        pthread_mutex_lock(&s->mu);
+        ctl_sched_apply_locked(s, w, rows, n, err, rep, d.msg);
+        wk_proto_free(rep);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(rows);
+    return NULL;
+}
+
+/* Fails every job on w and marks it dead. Caller holds mu. */
+static void
+ctl_sched_worker_gone_locked(ctl_sched *s, ctl_sworker *w, const char *why)
+{
+    w->dead = true;
+    for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        if (strcmp(j->slot.worker, w->id) == 0 && j->state != CTL_JOB_WAITING) {
+            if (!j->in_flight)
+                ctl_job_fail(s, j, WK_EUNAVAIL, why);
+        }
+    }
+    pthread_cond_broadcast(&s->cv);
+}
+
+static void
+ctl_sworker_free(ctl_sworker *w)
+{
+    if (w == NULL)
+        return;
+    free(w->gen);
+    free(w->busy);
+    free(w);
+}
+
+static void *
+ctl_sched_mgr_main(void *arg)
+{
+    ctl_sched *s = arg;
+    ctl_worker_view *views = calloc(CTL_SCHED_MAX_WORKERS, sizeof(*views));
+    while (views != NULL && !atomic_load(&s->stop)) {
+        size_t n = ctl_pool_list(s->pool, views, CTL_SCHED_MAX_WORKERS);
+        if (n > CTL_SCHED_MAX_WORKERS)
+            n = CTL_SCHED_MAX_WORKERS;
+        ctl_sworker *reap[CTL_SCHED_MAX_WORKERS];
+        size_t nreap = 0;
+        pthread_mutex_lock(&s->mu);
+        /* Workers that left, or came back as a new process. */
+        for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+            ctl_sworker *w = s->workers[i];
+            if (w == NULL)
+                continue;
+            bool present = false;
+            for (size_t k = 0; k < n; k++) {
+                if (strcmp(views[k].id, w->id) == 0 && views[k].connected_ms == w->epoch &&
+                    views[k].state != CTL_WORKER_STATE_FAILED)
+                    present = true;
+            }
+            if (!present && !w->dead) {
+                char why[160];
+                snprintf(why, sizeof(why), "worker %s left during the request", w->id);
+                wk_log_warn("worker gone worker=%s; failing its requests", w->id);
+                ctl_sched_worker_gone_locked(s, w, why);
+            }
+            if (w->dead) {
+                reap[nreap++] = w;
+                s->workers[i] = NULL;
+            }
+        }
+        /* New ready workers. */
+        for (size_t k = 0; k < n; k++) {
+            const ctl_worker_view *v = &views[k];
+            if (v->state != CTL_WORKER_STATE_READY || !v->model_loaded || v->slots_total == 0)
+                continue;
+            bool known = false;
+            size_t hole = CTL_SCHED_MAX_WORKERS;
+            for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+                if (s->workers[i] != NULL && strcmp(s->workers[i]->id, v->id) == 0)
+                    known = true;
+                if (s->workers[i] == NULL && hole == CTL_SCHED_MAX_WORKERS)
+                    hole = i;
+            }
+            if (known || hole == CTL_SCHED_MAX_WORKERS)
+                continue;
+            ctl_sworker *w = calloc(1, sizeof(*w));
+            if (w == NULL)
+                continue;
+            snprintf(w->id, sizeof(w->id), "%s", v->id);
+            w->epoch = v->connected_ms;
+            w->n_slots = v->slots_total;
+            w->gen = calloc(w->n_slots + 1, sizeof(*w->gen));
+            w->busy = calloc(w->n_slots + 1, sizeof(*w->busy));
+            w->s = s;
+            if (w->gen == NULL || w->busy == NULL ||
+                pthread_create(&w->thr, NULL, ctl_sched_worker_main, w) != 0) {
+                ctl_sworker_free(w);
+                continue;
+            }
+            s->workers[hole] = w;
+            wk_log_info("scheduling on worker=%s slots=%u", w->id, w->n_slots);
+        }
+        /* Waiting jobs pinned to a worker that no longer exists fail now. */
+        for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
+            if (j->state == CTL_JOB_WAITING && j->want_worker[0] &&
+                ctl_sched_worker_locked(s, j->want_worker) == NULL && n == 0)
+                ctl_job_fail(s, j, WK_EUNAVAIL, "no worker is available");
+        }
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        for (size_t i = 0; i < nreap; i++) {
+            pthread_join(reap[i]->thr, NULL);
+            pthread_mutex_lock(&s->mu);
+            /* Jobs that were in flight when the worker died fail now. */
+            for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
+                if (strcmp(j->slot.worker, reap[i]->id) == 0 && j->state != CTL_JOB_WAITING)
+                    ctl_job_fail(s, j, WK_EUNAVAIL, "worker left during the request");
+            }
+            pthread_mutex_unlock(&s->mu);
+            ctl_sworker_free(reap[i]);
+        }
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    free(views);
+    return NULL;
+}
+
+wk_err
+ctl_sched_new(const ctl_sched_config *cfg, ctl_pool *pool, ctl_metrics *metrics,
+              ctl_sched **out, wk_diag *d)
+{
+    if (cfg->step_tokens == 0 || cfg->job_chunk == 0 || cfg->max_rows == 0 ||
+        cfg->max_rows > WK_PROTO_ROWS_MAX || cfg->step_tokens > WK_PROTO_STEP_TOKENS_MAX)
+        return wk_diag_set(d, WK_EINVAL, "scheduler limits out of range");
+    ctl_sched *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return WK_ENOMEM;
+    s->cfg = *cfg;
+    if (s->cfg.step_timeout_ms == 0)
+        s->cfg.step_timeout_ms = 120000;
+    s->pool = pool;
+    s->metrics = metrics;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    atomic_init(&s->stop, false);
+    if (metrics != NULL) {
+        static const double lat[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                     0.5,   1,      2.5,   5,    10,    30,   60};
+        static const char *const hist[][2] = {
+            {"wkvm_time_to_first_token_seconds", "Time from admission request to first token."},
+            {"wkvm_time_per_output_token_seconds", "Time between consecutive output tokens."},
+            {"wkvm_queue_wait_seconds", "Time a request waited for a slot."},
+            {"wkvm_step_seconds", "Wall time of one step round trip to a worker."},
+            {"wkvm_step_backend_seconds", "Time the worker's backend spent in one step."},
+        };
+        for (size_t i = 0; i < sizeof(hist) / sizeof(hist[0]); i++) {
+            wk_err e = ctl_metrics_declare(metrics, hist[i][0], CTL_METRIC_HISTOGRAM, hist[i][1],
+                                           lat, sizeof(lat) / sizeof(lat[0]));
+            if (e != WK_OK && e != WK_EEXIST) {
+                ctl_sched_free(s);
+                return wk_diag_set(d, e, "cannot declare scheduler metrics");
+            }
+        }
+    }
+    if (pthread_create(&s->mgr, NULL, ctl_sched_mgr_main, s) != 0) {
+        ctl_sched_free(s);
+        return WK_ENOMEM;
+    }
+    s->mgr_started = true;
+    *out = s;
+    return WK_OK;
+}
+
+void
+ctl_sched_free(ctl_sched *s)
+{
+    if (s == NULL)
+        return;
+    atomic_store(&s->stop, true);
+    if (s->mgr_started)
+        pthread_join(s->mgr, NULL);
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        if (s->workers[i] != NULL) {
+            pthread_join(s->workers[i]->thr, NULL);
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    for (ctl_job *j = s->jobs; j != NULL; j = j->next)
+        ctl_job_fail(s, j, WK_EUNAVAIL, "server shutting down");
+    /* Jobs whose consumers are gone are freed here; others by ctl_job_free(). */
+    while (s->jobs != NULL) {
+        ctl_job *j = s->jobs;
+        s->jobs = j->next;
+        j->s = NULL;
+        j->next = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++)
+        ctl_sworker_free(s->workers[i]);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+static uint32_t
+ctl_sched_live_workers_locked(ctl_sched *s)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        if (s->workers[i] != NULL && !s->workers[i]->dead)
+            n++;
+    }
+    return n;
+}
+
+wk_err
+ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag *d)
+{
+    if (spec->n_tokens == 0 && spec->sample)
+        return wk_diag_set(d, WK_EINVAL, "a sampling job needs at least one input token");
+    if (spec->n_tokens == 0 && spec->slot == NULL)
+        return wk_diag_set(d, WK_EINVAL, "a job needs input tokens");
+    ctl_job *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return WK_ENOMEM;
+    j->s = s;
+    j->cap = spec->n_tokens + 64;
+    j->tokens = malloc(j->cap * sizeof(*j->tokens));
+    if (j->tokens == NULL) {
+        free(j);
+        return WK_ENOMEM;
+    }
+    if (spec->n_tokens)
+        memcpy(j->tokens, spec->tokens, spec->n_tokens * sizeof(*j->tokens));
+    j->n_tokens = spec->n_tokens;
+    j->n_input = spec->n_tokens;
+    j->sample = spec->sample;
+    j->params = spec->params;
+    j->sample_index = spec->sample_index;
+    j->deadline_ms = spec->deadline_ms;
+    j->submit_ms = ctl_mono_ms();
+    pthread_cond_init(&j->cv, NULL);
+    if (spec->worker != NULL)
+        snprintf(j->want_worker, sizeof(j->want_worker), "%s", spec->worker);
+
+    pthread_mutex_lock(&s->mu);
+    wk_err err = WK_OK;
+    if (spec->slot != NULL) {
+        ctl_sworker *w = ctl_sched_worker_locked(s, spec->slot->worker);
+        if (w == NULL || spec->slot->slot < 1 || spec->slot->slot > w->n_slots ||
+            w->gen[spec->slot->slot] != spec->slot->gen) {
+            err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", spec->slot->worker,
+                              spec->slot->slot);
+        } else if (w->busy[spec->slot->slot] != NULL) {
+            err = wk_diag_set(d, WK_EBUSY, "slot %s/%u is in use", spec->slot->worker,
+                              spec->slot->slot);
+        } else {
+            w->busy[spec->slot->slot] = j;
+            j->slot = *spec->slot;
+            j->held = true;
+            j->fresh = spec->fresh;
+            j->state = CTL_JOB_RUNNING;
+            if (j->n_tokens == 0)
+                ctl_job_done(s, j);
+        }
+    } else if (ctl_sched_live_workers_locked(s) == 0) {
+        err = wk_diag_set(d, WK_EUNAVAIL, "no worker is ready");
+    } else if (s->n_waiting >= s->cfg.queue_max) {
+        err = wk_diag_set(d, WK_EQUEUEFULL, "the wait queue is full (%u requests)",
+                          s->cfg.queue_max);
+    } else {
+        j->state = CTL_JOB_WAITING;
+        s->n_waiting++;
+    }
+    if (err != WK_OK) {
+        pthread_mutex_unlock(&s->mu);
+        pthread_cond_destroy(&j->cv);
+        free(j->tokens);
+        free(j);
+        return err;
+    }
+    j->seq = s->next_seq++;
+    ctl_job **pp = &s->jobs;
+    while (*pp != NULL)
+        pp = &(*pp)->next;
+    *pp = j;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    *out = j;
+    return WK_OK;
+}
+
+wk_err
+ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev)
+{
+    ctl_sched *s = j->s;
+    if (s == NULL) {
+        memset(ev, 0, sizeof(*ev));
+        ev->type = CTL_JOB_EV_ERROR;
+        ev->err = WK_EUNAVAIL;
+        snprintf(ev->message, sizeof(ev->message), "server shutting down");
+        return WK_OK;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&s->mu);
+    while (j->ev_len == 0) {
+        if (pthread_cond_timedwait(&j->cv, &s->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    wk_err err = WK_ETIMEDOUT;
+    if (j->ev_len > 0) {
+        *ev = j->evq[j->ev_head];
+        j->ev_head = (j->ev_head + 1) % CTL_JOB_EVQ;
+        j->ev_len--;
+        err = WK_OK;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+void
+ctl_job_continue(ctl_job *j)
+{
+    ctl_sched *s = j->s;
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (j->state == CTL_JOB_PAUSED) {
+        if (ctl_job_push_token(j, j->pending) != WK_OK) {
+            ctl_job_fail(s, j, WK_ENOMEM, "out of memory");
+        } else {
+            j->state = CTL_JOB_RUNNING;
+            pthread_cond_broadcast(&s->cv);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void
+ctl_job_stop(ctl_job *j, bool feed_last)
+{
+    ctl_sched *s = j->s;
+    if (s == NULL)
+        return;
+    pthread_mutex_lock(&s->mu);
+    if (j->state == CTL_JOB_PAUSED) {
+        if (feed_last && ctl_job_push_token(j, j->pending) == WK_OK) {
+            j->state = CTL_JOB_STOPPING;
+            pthread_cond_broadcast(&s->cv);
+        } else {
+            ctl_job_done(s, j);
+        }
+    } else if (j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_WAITING) {
+        /* Stop before any token: finish once the input is fed. */
+        if (j->state == CTL_JOB_WAITING) {
+            ctl_job_fail(s, j, WK_EINVAL, "stopped before admission");
+        } else {
+            j->sample = false;
+            if (j->computed == j->n_tokens && !j->in_flight)
+                ctl_job_done(s, j);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+size_t
+ctl_job_fed(const ctl_job *j)
+{
+    size_t n;
+    if (j->s == NULL)
+        return j->computed;
+    pthread_mutex_lock(&j->s->mu);
+    n = j->computed;
+    pthread_mutex_unlock(&j->s->mu);
+    return n;
+}
+
+size_t
+ctl_job_computed(const ctl_job *j)
+{
+    size_t n;
+    if (j->s == NULL)
+        return j->own_computed;
+    pthread_mutex_lock(&j->s->mu);
+    n = j->own_computed;
+    pthread_mutex_unlock(&j->s->mu);
+    return n;
+}
+
+wk_err
+ctl_job_keep_slot(ctl_job *j, ctl_slot_ref *out)
+{
+    ctl_sched *s = j->s;
+    if (s == NULL)
+        return WK_ESTATE;
+    wk_err err = WK_OK;
+    pthread_mutex_lock(&s->mu);
+    if (j->state != CTL_JOB_DONE || j->slot.worker[0] == '\0') {
+        err = WK_ESTATE;
+    } else {
+        j->kept = true;
+        *out = j->slot;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+void
+ctl_job_free(ctl_job *j)
+{
+    if (j == NULL)
+        return;
+    ctl_sched *s = j->s;
+    if (s == NULL) {
+        pthread_cond_destroy(&j->cv);
+        free(j->tokens);
+        free(j);
+        return;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (j->in_flight) {
+        j->cancelled = true; /* the step loop destroys it when the step returns */
+    } else {
+        ctl_job_destroy_locked(s, j);
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+wk_err
+ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_slot_ref *out, wk_diag *d)
+{
+    wk_err err = wk_diag_set(d, WK_ENOSPC, "no free slot");
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS && err != WK_OK; i++) {
+        ctl_sworker *w = s->workers[i];
+        if (w == NULL || w->dead || (worker != NULL && strcmp(worker, w->id) != 0))
+            continue;
+        for (uint32_t k = 1; k <= w->n_slots; k++) {
+            if (w->gen[k] == 0) {
+                w->gen[k] = ++s->next_gen;
+                snprintf(out->worker, sizeof(out->worker), "%s", w->id);
+                out->slot = k;
+                out->gen = w->gen[k];
+                err = WK_OK;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+wk_err
+ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
+{
+    wk_err err = WK_ESTATE;
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
+    if (w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots && w->gen[ref->slot] == ref->gen &&
+        w->busy[ref->slot] == NULL) {
+        w->gen[ref->slot] = 0;
+        err = WK_OK;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+bool
+ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref)
+{
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
+    bool ok = w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots &&
+              w->gen[ref->slot] == ref->gen;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+void
+ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total)
+{
+    *used = 0;
+    *total = 0;
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
+    if (w != NULL) {
+        *total = w->n_slots;
+        for (uint32_t k = 1; k <= w->n_slots; k++)
+            *used += w->gen[k] != 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void
+ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running)
+{
+    pthread_mutex_lock(&s->mu);
+    *waiting = s->n_waiting;
+    *running = 0;
+    for (ctl_job *j = s->jobs; j != NULL; j = j->next)
+        *running += j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_PAUSED ||
+                    j->state == CTL_JOB_STOPPING;
+    pthread_mutex_unlock(&s->mu);
+}

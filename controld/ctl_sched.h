@@ -1,0 +1,156 @@
+/*
+ * ctl_sched: admission and continuous batching (DESIGN.md section 6).
+ *
+ * A job is one generation: input tokens to feed into a slot, then tokens
+ * sampled one at a time. Each job has one integer, `computed`, converging to
+ * its token count; every step feeds part of the gap under a per-step token
+ * budget and a per-job cap (decode rows first, then prefill chunks FIFO).
+ * Admission is exact: a job needs one free slot on a worker; waiting jobs are
+ * admitted FIFO while a slot is free; the wait queue is bounded (WK_EQUEUEFULL).
+ *
+ * Every worker has its own step loop (a thread), so workers step concurrently.
+ * A sampled token is handed to the job's consumer and the row pauses until
+ * the consumer decides: continue (the token is fed next step), or stop (the
+ * token is fed or dropped, then the job finishes). Stopping decisions (max
+ * tokens, end of text, stop strings) therefore belong to the consumer, and
+ * the slot's state always holds exactly the tokens reported as fed.
+ *
+ * Slots: the scheduler owns the slot table of every worker. A job either
+ * takes a fresh slot at admission (freed at the end unless the consumer
+ * keeps it) or runs on a slot the caller already holds (ctl_sched_slot_*),
+ * e.g. a parked state. Every slot carries a generation number; every use
+ * checks it, so a stale handle can never touch a reused slot.
+ *
+ * Threading: all functions are thread-safe. ctl_job_next() blocks.
+ */
+#ifndef CTL_SCHED_H
+#define CTL_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctl_metrics.h"
+#include "ctl_pool.h"
+#include "wk_err.h"
+
+typedef struct ctl_sched ctl_sched;
+typedef struct ctl_job ctl_job;
+
+typedef struct ctl_sched_config {
+    uint32_t step_tokens;   /* token budget of one step */
+    uint32_t job_chunk;     /* most prefill tokens of one job in one step */
+    uint32_t max_rows;      /* most rows in one step */
+    uint32_t queue_max;     /* waiting jobs before WK_EQUEUEFULL */
+    uint32_t step_timeout_ms; /* deadline of one step RPC */
+} ctl_sched_config;
+
+/* A slot handle: worker, index and the generation it was allocated at. */
+typedef struct ctl_slot_ref {
+    char worker[65];  /* worker id, "" = none */
+    uint32_t slot;    /* 1..n */
+    uint64_t gen;     /* allocation generation */
+} ctl_slot_ref;
+
+typedef struct ctl_sample_spec {
+    float temperature;       /* 0 = greedy */
+    float top_p;             /* 1 = off */
+    uint32_t top_k;          /* 0 = off */
+    float min_p;             /* 0 = off */
+    uint64_t seed;           /* request seed */
+    float presence_penalty;  /* OpenAI presence penalty */
+    float frequency_penalty; /* OpenAI frequency penalty */
+    uint32_t top_logprobs;   /* 0..20 */
+    bool logprobs;           /* report the chosen token's logprob */
+} ctl_sample_spec;
+
+typedef struct ctl_job_spec {
+    const int32_t *tokens;      /* input to feed, copied; may be 0 only with a held slot */
+    size_t n_tokens;            /* entries */
+    bool sample;                /* sample after the input (false: prefill only) */
+    ctl_sample_spec params;     /* sampling parameters */
+    uint64_t sample_index;      /* RNG position of the first sampled token */
+    const ctl_slot_ref *slot;   /* run on this held slot (NULL: allocate at admission) */
+    bool fresh;                 /* zero the slot before feeding (always for new slots) */
+    const char *worker;         /* with slot == NULL: prefer this worker, NULL = any */
+    uint64_t deadline_ms;       /* monotonic ms after which the job fails, 0 = none */
+} ctl_job_spec;
+
+typedef enum ctl_job_ev {
+    CTL_JOB_EV_TOKEN = 0, /* a sampled token; call ctl_job_continue() or ctl_job_stop() */
+    CTL_JOB_EV_DONE,      /* input fed (prefill-only job) or stop completed */
+    CTL_JOB_EV_ERROR,     /* failed; err and message set */
+} ctl_job_ev;
+
+typedef struct ctl_job_event {
+    ctl_job_ev type;      /* what happened */
+    int32_t token;        /* CTL_JOB_EV_TOKEN: the token */
+    float logprob;        /* its logprob */
+    uint32_t n_top;       /* alternatives */
+    int32_t top_token[20];   /* alternatives, descending */
+    float top_logprob[20];   /* their logprobs */
+    wk_err err;           /* CTL_JOB_EV_ERROR */
+    char message[256];    /* CTL_JOB_EV_ERROR */
+} ctl_job_event;
+
+/* Starts the scheduler over pool (borrowed). metrics may be NULL. */
+WK_MUST_CHECK wk_err ctl_sched_new(const ctl_sched_config *cfg, ctl_pool *pool,
+                                   ctl_metrics *metrics, ctl_sched **out, wk_diag *d);
+
+/* Stops every loop, fails all jobs (WK_EUNAVAIL), frees. NULL-safe. */
+void ctl_sched_free(ctl_sched *s);
+
+/*
+ * Submits a job. On success *out is owned by the caller, who must end it
+ * with ctl_job_free(). WK_EQUEUEFULL (wait queue full), WK_EUNAVAIL (no
+ * worker can ever take it: none ready), WK_EINVAL (bad spec or stale slot).
+ */
+WK_MUST_CHECK wk_err ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out,
+                                      wk_diag *d);
+
+/* Waits up to timeout_ms for the job's next event. WK_ETIMEDOUT when none came. */
+WK_MUST_CHECK wk_err ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev);
+
+/* Accepts the last sampled token: it is fed next step and sampling goes on. */
+void ctl_job_continue(ctl_job *j);
+
+/*
+ * Ends sampling after the last TOKEN event. feed_last: the last sampled token
+ * is fed into the state before the job is done (the slot then holds it).
+ * A DONE event follows.
+ */
+void ctl_job_stop(ctl_job *j, bool feed_last);
+
+/* Tokens fed into the slot by this job so far (input + accepted samples). */
+size_t ctl_job_fed(const ctl_job *j);
+
+/* Tokens this job computed itself (for usage accounting). */
+size_t ctl_job_computed(const ctl_job *j);
+
+/*
+ * Keeps the job's slot after it ends: the slot is no longer freed by
+ * ctl_job_free(); the caller owns it (ctl_sched_slot_free later). Valid once
+ * the job is DONE. Writes the handle to *out. WK_ESTATE when not done.
+ */
+WK_MUST_CHECK wk_err ctl_job_keep_slot(ctl_job *j, ctl_slot_ref *out);
+
+/* Cancels (if running) and frees the job; its slot is freed unless kept. NULL-safe. */
+void ctl_job_free(ctl_job *j);
+
+/* Allocates a slot (on worker, or any worker when NULL). WK_ENOSPC when none is free. */
+WK_MUST_CHECK wk_err ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_slot_ref *out,
+                                          wk_diag *d);
+
+/* Frees a held slot. Stale handles are ignored (returns WK_ESTATE). */
+wk_err ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref);
+
+/* True when ref still names a live allocation. */
+bool ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref);
+
+/* Slots used and total on worker (for /admin/workers), 0/0 when unknown. */
+void ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
+
+/* Jobs waiting for admission and jobs running (for metrics). */
+void ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running);
+
+#endif /* CTL_SCHED_H */

@@ -1,0 +1,248 @@
+/*
+ * wkvm-controld: the GPU-free control daemon. Parses its config table,
+ * starts the worker pool (NNG) and the HTTP server (civetweb), then waits
+ * for SIGTERM/SIGINT and shuts down in reverse order. It never links CUDA.
+ */
+#define WK_LOG_MODULE "controld"
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl_app.h"
+#include "ctl_auth.h"
+#include <libgen.h>
+#include "wk_cfg.h"
+#include "wk_log.h"
+
+static const wk_cfg_opt ctl_opts[] = {
+    {"host", WK_CFG_STR, "127.0.0.1", 0, 0,
+     "HTTP bind address; anything but loopback needs --api-keys"},
+    {"port", WK_CFG_U64, "8000", 1, 65535, "HTTP port"},
+    {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
+    {"worker-url", WK_CFG_STR, NULL, 0, 0,
+     "NNG URL workers dial (default ipc://DATA/controller.ipc; tcp://HOST:PORT across hosts)"},
+    {"model", WK_CFG_STR, NULL, 0, 0, "model directory every worker loads (none: empty workers)"},
+    {"slots", WK_CFG_U64, "16", 1, 65535, "state slots per worker (slot 0 is reserved extra)"},
+    {"workers", WK_CFG_U64, "1", 0, 1024, "workers that must be ready before /ready says 200"},
+    {"api-keys", WK_CFG_STR, NULL, 0, 0, "file of 'KEY USER [admin]' lines"},
+    {"http-threads", WK_CFG_U64, "32", 2, 1024, "HTTP request threads"},
+    {"max-body", WK_CFG_U64, "16777216", 1024, 1073741824, "largest request body in bytes"},
+    {"served-model-name", WK_CFG_STR, NULL, 0, 0, "model id in the API (default: model dir name)"},
+    {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default MODEL/rwkv_vocab_v20230424.txt)"},
+    {"step-tokens", WK_CFG_U64, "512", 1, 65536, "token budget of one step per worker"},
+    {"prefill-chunk", WK_CFG_U64, "256", 1, 16384, "most prefill tokens of one request per step"},
+    {"max-rows", WK_CFG_U64, "256", 1, 1024, "most rows in one step"},
+    {"queue-max", WK_CFG_U64, "1024", 0, 1000000, "requests waiting for a slot before 429"},
+    {"request-timeout-ms", WK_CFG_U64, "600000", 100, 86400000, "deadline of one request"},
+    {"max-tokens-default", WK_CFG_U64, "1024", 1, 1048576, "chat max_tokens when absent"},
+    {"max-tokens-limit", WK_CFG_U64, "65536", 1, 1048576, "largest max_tokens accepted"},
+    {"max-prompt-tokens", WK_CFG_U64, "262144", 1, 16777216, "largest prompt in tokens"},
+    {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
+    {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
+    {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
+};
+#define CTL_NOPTS (sizeof(ctl_opts) / sizeof(ctl_opts[0]))
+
+static wk_err
+ctl_auth_cb(const char *authorization, const char **user, bool *admin, void *arg)
+{
+    return ctl_auth_check(arg, authorization, user, admin);
+}
+
+static int
+ctl_mkdir_p(const char *path)
+{
+    char buf[4096];
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    }
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+        return -1;
+    return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    wk_cfg *cfg = NULL;
+    wk_diag d = {{0}};
+    if (wk_cfg_parse(ctl_opts, CTL_NOPTS, "WKVM", argc, argv, &cfg, &d) != WK_OK) {
+        fprintf(stderr, "wkvm-controld: %s\n", d.msg);
+        return 2;
+    }
+    if (wk_cfg_help_requested(cfg)) {
+        wk_cfg_print_help(ctl_opts, CTL_NOPTS, "wkvm-controld",
+                          "The wkvm control daemon: HTTP API, sessions, scheduling, storage.",
+                          "WKVM", stdout);
+        wk_cfg_free(cfg);
+        return 0;
+    }
+    if (wk_cfg_sample_requested(cfg)) {
+        wk_cfg_print_sample(ctl_opts, CTL_NOPTS, stdout);
+        wk_cfg_free(cfg);
+        return 0;
+    }
+    if (wk_cfg_npos(cfg) > 0) {
+        fprintf(stderr, "wkvm-controld: unexpected argument '%s'\n", wk_cfg_pos(cfg, 0));
+        wk_cfg_free(cfg);
+        return 2;
+    }
+    if (wk_log_set_level_name(wk_cfg_get_str(cfg, "log-level")) != WK_OK) {
+        fprintf(stderr, "wkvm-controld: unknown log level '%s'\n",
+                wk_cfg_get_str(cfg, "log-level"));
+        wk_cfg_free(cfg);
+        return 2;
+    }
+    char data_dir[2048];
+    if (wk_cfg_get_str(cfg, "data-dir") != NULL) {
+        snprintf(data_dir, sizeof(data_dir), "%s", wk_cfg_get_str(cfg, "data-dir"));
+    } else {
+        const char *home = getenv("HOME");
+        snprintf(data_dir, sizeof(data_dir), "%s/.local/share/wkvm", home ? home : ".");
+    }
+    if (ctl_mkdir_p(data_dir) != 0) {
+        fprintf(stderr, "wkvm-controld: cannot create data dir %s: %s\n", data_dir,
+                strerror(errno));
+        wk_cfg_free(cfg);
+        return 1;
+    }
+    char worker_url[2200];
+    if (wk_cfg_get_str(cfg, "worker-url") != NULL)
+        snprintf(worker_url, sizeof(worker_url), "%s", wk_cfg_get_str(cfg, "worker-url"));
+    else
+        snprintf(worker_url, sizeof(worker_url), "ipc://%s/controller.ipc", data_dir);
+
+    const char *host = wk_cfg_get_str(cfg, "host");
+    ctl_auth *auth = NULL;
+    if (ctl_auth_load(wk_cfg_get_str(cfg, "api-keys"), &auth, &d) != WK_OK) {
+        fprintf(stderr, "wkvm-controld: %s\n", d.msg);
+        wk_cfg_free(cfg);
+        return 2;
+    }
+    if (!ctl_http_host_is_loopback(host) && !ctl_auth_enabled(auth)) {
+        fprintf(stderr,
+                "wkvm-controld: refusing to bind %s without --api-keys (only loopback may run "
+                "without keys)\n",
+                host);
+        ctl_auth_free(auth);
+        wk_cfg_free(cfg);
+        return 2;
+    }
+
+    /* Signals are taken by sigwait() in this thread only. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    ctl_app app = {0};
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    app.start_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
+    app.expected_workers = (uint32_t)wk_cfg_get_u64(cfg, "workers");
+    app.model_dir = wk_cfg_get_str(cfg, "model");
+    app.data_dir = data_dir;
+    app.metrics = ctl_metrics_new();
+    app.default_max_tokens = (uint32_t)wk_cfg_get_u64(cfg, "max-tokens-default");
+    app.max_tokens_limit = (uint32_t)wk_cfg_get_u64(cfg, "max-tokens-limit");
+    app.max_prompt_tokens = (uint32_t)wk_cfg_get_u64(cfg, "max-prompt-tokens");
+    app.request_timeout_ms = wk_cfg_get_u64(cfg, "request-timeout-ms");
+    char model_name[256] = "";
+    if (app.model_dir != NULL) {
+        char vocab[4200];
+        if (wk_cfg_get_str(cfg, "vocab") != NULL)
+            snprintf(vocab, sizeof(vocab), "%s", wk_cfg_get_str(cfg, "vocab"));
+        else
+            snprintf(vocab, sizeof(vocab), "%s/rwkv_vocab_v20230424.txt", app.model_dir);
+        if (wk_tok_load(vocab, &app.tok, &d) != WK_OK) {
+            fprintf(stderr, "wkvm-controld: tokenizer: %s\n", d.msg);
+            goto out;
+        }
+        if (wk_cfg_get_str(cfg, "served-model-name") != NULL) {
+            snprintf(model_name, sizeof(model_name), "%s", wk_cfg_get_str(cfg, "served-model-name"));
+        } else {
+            char tmp[4096];
+            snprintf(tmp, sizeof(tmp), "%s", app.model_dir);
+            size_t tl = strlen(tmp);
+            while (tl > 1 && tmp[tl - 1] == '/')
+                tmp[--tl] = '\0';
+            snprintf(model_name, sizeof(model_name), "%s", basename(tmp));
+        }
+        app.model_id = model_name;
+    }
+    if (app.metrics == NULL || ctl_admin_metrics_declare(app.metrics) != WK_OK ||
+        ctl_openai_metrics_declare(app.metrics) != WK_OK) {
+        fprintf(stderr, "wkvm-controld: out of memory\n");
+        goto out;
+    }
+    ctl_pool_config pc = {
+        .listen_url = worker_url,
+        .model_dir = app.model_dir,
+        .slots = (uint32_t)wk_cfg_get_u64(cfg, "slots"),
+        .heartbeat_ms = (uint32_t)wk_cfg_get_u64(cfg, "heartbeat-ms"),
+        .load_timeout_ms = (uint32_t)wk_cfg_get_u64(cfg, "load-timeout-ms"),
+    };
+    if (ctl_pool_new(&pc, &app.pool, &d) != WK_OK) {
+        wk_log_error("%s", d.msg);
+        goto out;
+    }
+    ctl_sched_config sc = {
+        .step_tokens = (uint32_t)wk_cfg_get_u64(cfg, "step-tokens"),
+        .job_chunk = (uint32_t)wk_cfg_get_u64(cfg, "prefill-chunk"),
+        .max_rows = (uint32_t)wk_cfg_get_u64(cfg, "max-rows"),
+        .queue_max = (uint32_t)wk_cfg_get_u64(cfg, "queue-max"),
+        .step_timeout_ms = 120000,
+    };
+    if (ctl_sched_new(&sc, app.pool, app.metrics, &app.sched, &d) != WK_OK) {
+        wk_log_error("%s", d.msg);
+        goto out;
+    }
+    ctl_http_route routes[64];
+    size_t nr = ctl_admin_routes(&app, routes, 64);
+    if (app.tok != NULL)
+        nr += ctl_openai_routes(&app, routes + nr, 64 - nr);
+    ctl_http_config hc = {
+        .host = host,
+        .port = (unsigned)wk_cfg_get_u64(cfg, "port"),
+        .threads = (unsigned)wk_cfg_get_u64(cfg, "http-threads"),
+        .max_body = (size_t)wk_cfg_get_u64(cfg, "max-body"),
+        .timeout_ms = 600000,
+        .auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL,
+        .auth_arg = auth,
+    };
+    if (ctl_http_new(&hc, routes, nr, ctl_admin_http_observe, &app, &app.http, &d) != WK_OK) {
+        wk_log_error("%s", d.msg);
+        goto out;
+    }
+    wk_log_info("listening http=%s:%u workers=%s model=%s data=%s keys=%s", host, hc.port,
+                worker_url, app.model_dir ? app.model_dir : "-", data_dir,
+                ctl_auth_enabled(auth) ? "on" : "off");
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    wk_log_info("shutting down signal=%d", sig);
+    rc = 0;
+out:
+    ctl_http_free(app.http);
+    ctl_sched_free(app.sched);
+    ctl_pool_free(app.pool);
+    wk_tok_free(app.tok);
+    ctl_metrics_free(app.metrics);
+    ctl_auth_free(auth);
+    wk_cfg_free(cfg);
+    return rc;
+}

@@ -1,0 +1,140 @@
+/*
+ * wkvm-workerd: one process per GPU (or a CPU worker). Holds the model
+ * weights and the state arena, dials the controller and executes what it is
+ * told. Keeps no session logic. SIGTERM/SIGINT stop it cleanly.
+ */
+#define WK_LOG_MODULE "workerd"
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/be.h"
+#include "wk_cfg.h"
+#include "wk_log.h"
+#include "wrk_rpc.h"
+
+static const wk_cfg_opt wrk_opts[] = {
+    {"controller", WK_CFG_STR, NULL, 0, 0,
+     "controller URL (default ipc://DATA/controller.ipc; tcp://HOST:PORT across hosts)"},
+    {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
+    {"id", WK_CFG_STR, NULL, 0, 0, "worker id, unique per controller (default w<pid>)"},
+    {"model", WK_CFG_STR, NULL, 0, 0, "model directory to load at start (else the controller's)"},
+    {"slots", WK_CFG_U64, "16", 1, 65535, "usable state slots when --model is given"},
+    {"backend", WK_CFG_STR, "auto", 0, 0, "cpu, cuda or auto (cuda when a device answers)"},
+    {"device", WK_CFG_U64, "0", 0, 255, "CUDA device ordinal"},
+    {"threads", WK_CFG_U64, "0", 0, 1024, "CPU threads for the CPU backend (0 = all cores)"},
+    {"fp32", WK_CFG_BOOL, "false", 0, 0, "convert weights to fp32 at load"},
+    {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
+    {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
+};
+#define WRK_NOPTS (sizeof(wrk_opts) / sizeof(wrk_opts[0]))
+
+static volatile sig_atomic_t wrk_stop;
+
+static void
+wrk_on_signal(int sig)
+{
+    (void)sig;
+    wrk_stop = 1;
+}
+
+int
+main(int argc, char **argv)
+{
+    wk_cfg *cfg = NULL;
+    wk_diag d = {{0}};
+    if (wk_cfg_parse(wrk_opts, WRK_NOPTS, "WKVM_WORKER", argc, argv, &cfg, &d) != WK_OK) {
+        fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
+        return 2;
+    }
+    if (wk_cfg_help_requested(cfg)) {
+        wk_cfg_print_help(wrk_opts, WRK_NOPTS, "wkvm-workerd",
+                          "A wkvm worker: model weights, state arena, step execution.",
+                          "WKVM_WORKER", stdout);
+        wk_cfg_free(cfg);
+        return 0;
+    }
+    if (wk_cfg_sample_requested(cfg)) {
+        wk_cfg_print_sample(wrk_opts, WRK_NOPTS, stdout);
+        wk_cfg_free(cfg);
+        return 0;
+    }
+    int rc = 2;
+    wrk_worker *w = NULL;
+    if (wk_cfg_npos(cfg) > 0) {
+        fprintf(stderr, "wkvm-workerd: unexpected argument '%s'\n", wk_cfg_pos(cfg, 0));
+        goto out;
+    }
+    if (wk_log_set_level_name(wk_cfg_get_str(cfg, "log-level")) != WK_OK) {
+        fprintf(stderr, "wkvm-workerd: unknown log level '%s'\n",
+                wk_cfg_get_str(cfg, "log-level"));
+        goto out;
+    }
+    const be_ops *ops = be_ops_find(wk_cfg_get_str(cfg, "backend"));
+    if (ops == NULL) {
+        fprintf(stderr, "wkvm-workerd: backend '%s' is not available (built: cpu%s)\n",
+                wk_cfg_get_str(cfg, "backend"), be_cuda_ops_get() ? ", cuda" : "");
+        goto out;
+    }
+    char data_dir[2048], url[2200], id[64];
+    const char *home = getenv("HOME");
+    if (wk_cfg_get_str(cfg, "data-dir") != NULL)
+        snprintf(data_dir, sizeof(data_dir), "%s", wk_cfg_get_str(cfg, "data-dir"));
+    else
+        snprintf(data_dir, sizeof(data_dir), "%s/.local/share/wkvm", home ? home : ".");
+    if (wk_cfg_get_str(cfg, "controller") != NULL)
+        snprintf(url, sizeof(url), "%s", wk_cfg_get_str(cfg, "controller"));
+    else
+        snprintf(url, sizeof(url), "ipc://%s/controller.ipc", data_dir);
+    if (wk_cfg_get_str(cfg, "id") != NULL) {
+        const char *s = wk_cfg_get_str(cfg, "id");
+        if (strlen(s) == 0 || strlen(s) >= sizeof(id) || strspn(s,
+            "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") != strlen(s)) {
+            fprintf(stderr, "wkvm-workerd: --id must be 1..63 of [A-Za-z0-9._-]\n");
+            goto out;
+        }
+        snprintf(id, sizeof(id), "%s", s);
+    } else {
+        snprintf(id, sizeof(id), "w%d", (int)getpid());
+    }
+    wrk_rpc_config rc_cfg = {
+        .controller_url = url,
+        .worker_id = id,
+        .backend = ops,
+        .device = (int)wk_cfg_get_u64(cfg, "device"),
+        .threads = (uint32_t)wk_cfg_get_u64(cfg, "threads"),
+        .fp32 = wk_cfg_get_bool(cfg, "fp32"),
+        .vocab_path = wk_cfg_get_str(cfg, "vocab"),
+    };
+    rc = 1;
+    if (wrk_worker_new(&rc_cfg, &w, &d) != WK_OK) {
+        fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
+        goto out;
+    }
+    if (wk_cfg_get_str(cfg, "model") != NULL) {
+        uint32_t slots = (uint32_t)wk_cfg_get_u64(cfg, "slots") + 1;
+        if (wrk_worker_load(w, wk_cfg_get_str(cfg, "model"), slots, &d) != WK_OK) {
+            fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
+            goto out;
+        }
+        wk_log_info("model loaded model=%s slots=%u", wk_cfg_get_str(cfg, "model"), slots - 1);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = wrk_on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (wrk_worker_serve(w, &wrk_stop, &d) != WK_OK) {
+        fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
+        goto out;
+    }
+    wk_log_info("stopped worker=%s", id);
+    rc = 0;
+out:
+    wrk_worker_free(w);
+    wk_cfg_free(cfg);
+    return rc;
+}

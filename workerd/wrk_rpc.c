@@ -1,0 +1,609 @@
+/*
+ * wrk_rpc: the worker's request loop over NNG pair1. Requests are handled
+ * one at a time in arrival order on the calling thread, which is also the
+ * only thread that touches the backend. Replies echo the request id.
+ * Every incoming message is decoded and validated by wk_proto_decode()
+ * before a handler sees it; handlers check slot indices against the arena.
+ */
+#define WK_LOG_MODULE "rpc"
+#include "wrk_rpc.h"
+
+#include <limits.h>
+#include <nng/nng.h>
+#include <nng/protocol/pair1/pair.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wk_log.h"
+#include "wk_proto.h"
+#include "wrk_sample.h"
+
+struct wrk_worker {
+    wrk_rpc_config cfg;        /* copied; strings below owned */
+    char *controller_url;      /* owned */
+    char *worker_id;           /* owned */
+    char *vocab_path;          /* owned, may be NULL */
+    wrk_model *model;          /* loaded model, NULL = none */
+    be_ctx *be;                /* backend context for model */
+    char *model_dir;           /* dir of model, owned */
+    char device_name[128];     /* from probe */
+    uint64_t device_mem;       /* from probe */
+    nng_socket sock;           /* pair1 */
+    atomic_bool need_hello;    /* a pipe was added */
+    uint64_t steps;            /* steps run */
+    uint64_t step_us;          /* microseconds in steps */
+    uint64_t tokens;           /* tokens processed */
+    uint64_t start_ms;         /* monotonic start */
+    float *logits;             /* scratch, rows_cap * vocab */
+    size_t logits_cap;         /* floats in logits */
+};
+
+static uint64_t
+wrk_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+wk_err
+wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
+{
+    wrk_worker *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return WK_ENOMEM;
+    w->cfg = *cfg;
+    w->controller_url = strdup(cfg->controller_url);
+    w->worker_id = strdup(cfg->worker_id);
+    w->vocab_path = cfg->vocab_path ? strdup(cfg->vocab_path) : NULL;
+    atomic_init(&w->need_hello, false);
+    w->start_ms = wrk_now_us() / 1000u;
+    if (w->controller_url == NULL || w->worker_id == NULL ||
+        (cfg->vocab_path && w->vocab_path == NULL)) {
+        wrk_worker_free(w);
+        return WK_ENOMEM;
+    }
+    wk_err err = cfg->backend->probe(cfg->device, w->device_name, sizeof(w->device_name),
+                                     &w->device_mem);
+    if (err != WK_OK) {
+        wrk_worker_free(w);
+        return wk_diag_set(d, err, "backend %s: no device %d", cfg->backend->name,
+                           cfg->device);
+    }
+    *out = w;
+    return WK_OK;
+}
+
+void
+wrk_worker_free(wrk_worker *w)
+{
+    if (w == NULL)
+        return;
+    if (w->be != NULL)
+        w->cfg.backend->close(w->be);
+    wrk_model_free(w->model);
+    free(w->model_dir);
+    free(w->controller_url);
+    free(w->worker_id);
+    free(w->vocab_path);
+    free(w->logits);
+    free(w);
+}
+
+wk_err
+wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag *d)
+{
+    if (n_slots < 2)
+        return wk_diag_set(d, WK_EINVAL, "n_slots %u: need at least 2 (slot 0 is reserved)",
+                           n_slots);
+    if (w->model != NULL && strcmp(w->model_dir, model_dir) == 0 &&
+        w->cfg.backend->n_slots(w->be) == n_slots)
+        return WK_OK;
+    wrk_model_opts mo = {.fp32 = w->cfg.fp32, .vocab_path = w->vocab_path};
+    wrk_model *m = NULL;
+    wk_err err = wrk_model_load(model_dir, &mo, &m, d);
+    if (err != WK_OK)
+        return err;
+    be_config bc = {
+        .n_slots = n_slots,
+        .n_threads = w->cfg.threads,
+        .device = w->cfg.device,
+        .max_step_rows = WK_PROTO_ROWS_MAX,
+        .max_step_tokens = WK_PROTO_STEP_TOKENS_MAX,
+    };
+    be_ctx *be = NULL;
+    err = w->cfg.backend->open(&bc, m, &be, d);
+    if (err != WK_OK) {
+        wrk_model_free(m);
+        return err;
+    }
+    char *dir = strdup(model_dir);
+    if (dir == NULL) {
+        w->cfg.backend->close(be);
+        wrk_model_free(m);
+        return WK_ENOMEM;
+    }
+    if (w->be != NULL)
+        w->cfg.backend->close(w->be);
+    wrk_model_free(w->model);
+    free(w->model_dir);
+    w->model = m;
+    w->be = be;
+    w->model_dir = dir;
+    return WK_OK;
+}
+
+static void
+wrk_fill_model_info(const wrk_worker *w, Wkvm__ModelInfo *mi)
+{
+    const wrk_model_info *info = wrk_model_info_get(w->model);
+    wkvm__model_info__init(mi);
+    mi->family = (char *)info->family;
+    mi->name = (char *)info->name;
+    mi->n_layer = info->n_layer;
+    mi->n_embd = info->n_embd;
+    mi->n_head = info->n_head;
+    mi->head_size = info->head_size;
+    mi->ffn_dim = info->ffn_dim;
+    mi->vocab_size = info->vocab_size;
+    mi->dtype = (char *)wk_dtype_name(info->dtype);
+    mi->n_params = info->n_params;
+    mi->weight_bytes = info->weight_bytes;
+    mi->state_bytes = info->state_bytes;
+    mi->weights_digest = (char *)info->weights_digest;
+    mi->vocab_digest = (char *)info->vocab_digest;
+    mi->fingerprint = (char *)info->fingerprint;
+    mi->n_slots = w->cfg.backend->n_slots(w->be);
+}
+
+static void
+wrk_send(wrk_worker *w, const wk_msg *m)
+{
+    void *buf = NULL;
+    size_t len = 0;
+    if (wk_proto_encode(m, &buf, &len) != WK_OK) {
+        wk_log_error("cannot encode reply kind=%s", wk_proto_kind_name(m->kind));
+        return;
+    }
+    int rv = nng_send(w->sock, buf, len, 0);
+    free(buf);
+    if (rv != 0)
+        wk_log_warn("send failed kind=%s: %s", wk_proto_kind_name(m->kind), nng_strerror(rv));
+}
+
+static void
+wrk_reply_status(wrk_worker *w, const wk_msg *req, int kind, wk_err err, const char *detail)
+{
+    wk_msg r = WKVM__ENVELOPE__INIT;
+    r.id = req->id;
+    r.kind = kind;
+    r.status = (int32_t)err;
+    r.detail = (char *)(detail ? detail : "");
+    wrk_send(w, &r);
+}
+
+static void
+wrk_send_hello(wrk_worker *w)
+{
+    char host[128] = "";
+    gethostname(host, sizeof(host) - 1);
+    Wkvm__Hello h = WKVM__HELLO__INIT;
+    Wkvm__ModelInfo mi;
+    h.worker_id = w->worker_id;
+    h.backend = (char *)w->cfg.backend->name;
+    h.device = w->device_name;
+    h.device_mem_bytes = w->device_mem;
+    h.protocol_version = WK_PROTO_VERSION;
+    h.pid = (uint32_t)getpid();
+    h.hostname = host;
+    h.device_index = (uint32_t)(w->cfg.device < 0 ? 0 : w->cfg.device);
+    if (w->model != NULL) {
+        h.model_dir = w->model_dir;
+        h.model_loaded = true;
+        wrk_fill_model_info(w, &mi);
+        h.model = &mi;
+    }
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__HELLO;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_HELLO;
+    m.hello = &h;
+    wrk_send(w, &m);
+    wk_log_info("hello sent worker=%s backend=%s model=%s", w->worker_id, h.backend,
+                w->model_dir ? w->model_dir : "-");
+}
+
+static bool
+wrk_slot_ok(const wrk_worker *w, uint32_t slot)
+{
+    return w->be != NULL && slot > 0 && slot < w->cfg.backend->n_slots(w->be);
+}
+
+static void
+wrk_handle_load(wrk_worker *w, const wk_msg *req)
+{
+    wk_diag d = {{0}};
+    wk_log_info("load model=%s slots=%u", req->load_model->model_dir, req->load_model->n_slots);
+    if (req->load_model->vocab_path[0] != '\0') {
+        free(w->vocab_path);
+        w->vocab_path = strdup(req->load_model->vocab_path);
+    }
+    wk_err err = wrk_worker_load(w, req->load_model->model_dir, req->load_model->n_slots, &d);
+    if (err != WK_OK) {
+        wk_log_error("model load failed: %s", d.msg);
+        wrk_reply_status(w, req, WKVM__KIND__MODEL_INFO, err, d.msg);
+        return;
+    }
+    Wkvm__ModelInfo mi;
+    wrk_fill_model_info(w, &mi);
+    wk_msg r = WKVM__ENVELOPE__INIT;
+    r.id = req->id;
+    r.kind = WKVM__KIND__MODEL_INFO;
+    r.payload_case = WKVM__ENVELOPE__PAYLOAD_MODEL_INFO;
+    r.model_info = &mi;
+    wrk_send(w, &r);
+}
+
+static void
+wrk_handle_stats(wrk_worker *w, const wk_msg *req)
+{
+    Wkvm__StatsReply s = WKVM__STATS_REPLY__INIT;
+    s.slots_total = w->be ? w->cfg.backend->n_slots(w->be) - 1 : 0;
+    s.steps = w->steps;
+    s.step_us_total = w->step_us;
+    s.tokens = w->tokens;
+    s.model_loaded = w->model != NULL;
+    s.model_fingerprint = w->model ? (char *)wrk_model_info_get(w->model)->fingerprint : "";
+    s.uptime_ms = wrk_now_us() / 1000u - w->start_ms;
+    if (w->model != NULL) {
+        const wrk_model_info *mi = wrk_model_info_get(w->model);
+        s.host_mem_used = mi->weight_bytes + mi->state_bytes * (uint64_t)(s.slots_total + 1);
+    }
+    wk_msg r = WKVM__ENVELOPE__INIT;
+    r.id = req->id;
+    r.kind = WKVM__KIND__STATS_REPLY;
+    r.payload_case = WKVM__ENVELOPE__PAYLOAD_STATS_REPLY;
+    r.stats_reply = &s;
+    wrk_send(w, &r);
+}
+
+static void
+wrk_handle_slot_op(wrk_worker *w, const wk_msg *req)
+{
+    wk_err err = WK_OK;
+    char detail[128] = "";
+    const be_ops *ops = w->cfg.backend;
+    if (w->be == NULL) {
+        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_ESTATE, "no model loaded");
+        return;
+    }
+    switch (req->kind) {
+    case WKVM__KIND__SLOT_RESET:
+    case WKVM__KIND__SLOT_FREE: {
+        uint32_t s = req->kind == WKVM__KIND__SLOT_RESET ? req->slot_reset->slot
+                                                         : req->slot_free->slot;
+        if (!wrk_slot_ok(w, s))
+            err = WK_EINVAL;
+        else
+            err = ops->slot_reset(w->be, s);
+        snprintf(detail, sizeof(detail), "slot %u", s);
+        break;
+    }
+    case WKVM__KIND__SLOT_COPY:
+        if (!wrk_slot_ok(w, req->slot_copy->src) || !wrk_slot_ok(w, req->slot_copy->dst) ||
+            req->slot_copy->src == req->slot_copy->dst)
+            err = WK_EINVAL;
+        else
+            err = ops->slot_copy(w->be, req->slot_copy->dst, req->slot_copy->src);
+        snprintf(detail, sizeof(detail), "copy %u -> %u", req->slot_copy->src,
+                 req->slot_copy->dst);
+        break;
+    case WKVM__KIND__SLOT_WRITE: {
+        const Wkvm__SlotWrite *sw = req->slot_write;
+        uint64_t total = ops->slot_bytes(w->be);
+        if (!wrk_slot_ok(w, sw->slot) || sw->offset > total ||
+            sw->data.len > total - sw->offset)
+            err = WK_EINVAL;
+        else
+            err = ops->slot_write(w->be, sw->slot, sw->offset, sw->data.data, sw->data.len);
+        snprintf(detail, sizeof(detail), "slot %u write at %llu", sw->slot,
+                 (unsigned long long)sw->offset);
+        break;
+    }
+    default:
+        err = WK_EPROTO;
+    }
+    wrk_reply_status(w, req, WKVM__KIND__ACK, err, err == WK_OK ? "" : detail);
+}
+
+static void
+wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
+{
+    const Wkvm__SlotRead *sr = req->slot_read;
+    if (w->be == NULL || !wrk_slot_ok(w, sr->slot)) {
+        wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_EINVAL, "bad slot");
+        return;
+    }
+    uint64_t total = w->cfg.backend->slot_bytes(w->be);
+    if (sr->offset > total) {
+        wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_EINVAL, "offset past the state");
+        return;
+    }
+    size_t len = sr->length;
+    if (len > total - sr->offset)
+        len = (size_t)(total - sr->offset);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (buf == NULL) {
+        wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_ENOMEM, "out of memory");
+        return;
+    }
+    wk_err err = len ? w->cfg.backend->slot_read(w->be, sr->slot, sr->offset, buf, len) : WK_OK;
+    if (err != WK_OK) {
+        free(buf);
+        wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, err, "slot read failed");
+        return;
+    }
+    Wkvm__SlotData sd = WKVM__SLOT_DATA__INIT;
+    sd.slot = sr->slot;
+    sd.offset = sr->offset;
+    sd.data.data = buf;
+    sd.data.len = len;
+    sd.total_bytes = total;
+    wk_msg r = WKVM__ENVELOPE__INIT;
+    r.id = req->id;
+    r.kind = WKVM__KIND__SLOT_DATA;
+    r.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_DATA;
+    r.slot_data = &sd;
+    wrk_send(w, &r);
+    free(buf);
+}
+
+static void
+wrk_handle_step(wrk_worker *w, const wk_msg *req)
+{
+    const Wkvm__Step *st = req->step;
+    char detail[256] = "";
+    if (w->be == NULL) {
+        wrk_reply_status(w, req, WKVM__KIND__STEP_RESULT, WK_ESTATE, "no model loaded");
+        return;
+    }
+    uint32_t vocab = wrk_model_info_get(w->model)->vocab_size;
+    size_t n = st->n_rows;
+    be_row *rows = calloc(n ? n : 1, sizeof(*rows));
+    Wkvm__RowResult *res = calloc(n ? n : 1, sizeof(*res));
+    Wkvm__RowResult **resp = calloc(n ? n : 1, sizeof(*resp));
+    Wkvm__TopLogprob *tops = calloc((n ? n : 1) * WRK_SAMPLE_TOP_MAX, sizeof(*tops));
+    Wkvm__TopLogprob **topp = calloc((n ? n : 1) * WRK_SAMPLE_TOP_MAX, sizeof(*topp));
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++)
+        need += st->rows[i]->sample ? vocab : 0;
+    wk_err err = WK_OK;
+    if (rows == NULL || res == NULL || resp == NULL || tops == NULL || topp == NULL) {
+        err = WK_ENOMEM;
+        goto done;
+    }
+    if (need > w->logits_cap) {
+        float *nl = realloc(w->logits, need * sizeof(float));
+        if (nl == NULL) {
+            err = WK_ENOMEM;
+            goto done;
+        }
+        w->logits = nl;
+        w->logits_cap = need;
+    }
+    size_t off = 0, ntok = 0;
+    for (size_t i = 0; i < n; i++) {
+        const Wkvm__StepRow *sr = st->rows[i];
+        if (!wrk_slot_ok(w, sr->slot)) {
+            err = WK_EINVAL;
+            snprintf(detail, sizeof(detail), "row %zu: bad slot %u", i, sr->slot);
+            goto done;
+        }
+        for (size_t j = 0; j < i; j++) {
+            if (st->rows[j]->slot == sr->slot) {
+                err = WK_EINVAL;
+                snprintf(detail, sizeof(detail), "slot %u appears twice in one step", sr->slot);
+                goto done;
+            }
+        }
+        for (size_t t = 0; t < sr->n_tokens; t++) {
+            if (sr->tokens[t] < 0 || (uint32_t)sr->tokens[t] >= vocab) {
+                err = WK_EINVAL;
+                snprintf(detail, sizeof(detail), "row %zu: token %d outside vocab %u", i,
+                         sr->tokens[t], vocab);
+                goto done;
+            }
+        }
+        rows[i].slot = sr->slot;
+        rows[i].tokens = sr->tokens;
+        rows[i].n_tokens = (uint32_t)sr->n_tokens;
+        rows[i].logits_mode = sr->sample ? BE_LOGITS_LAST : BE_LOGITS_NONE;
+        rows[i].logits = sr->sample ? w->logits + off : NULL;
+        off += sr->sample ? vocab : 0;
+        ntok += sr->n_tokens;
+    }
+    uint64_t t0 = wrk_now_us();
+    for (size_t i = 0; i < n; i++) {
+        if (st->rows[i]->reset && (err = w->cfg.backend->slot_reset(w->be, rows[i].slot)) != WK_OK) {
+            snprintf(detail, sizeof(detail), "row %zu: slot reset failed", i);
+            goto done;
+        }
+    }
+    wk_diag d = {{0}};
+    err = w->cfg.backend->step(w->be, rows, n, &d);
+    uint64_t dt = wrk_now_us() - t0;
+    if (err != WK_OK) {
+        snprintf(detail, sizeof(detail), "step failed: %.200s", d.msg);
+        goto done;
+    }
+    w->steps++;
+    w->step_us += dt;
+    w->tokens += ntok;
+    for (size_t i = 0; i < n; i++) {
+        const Wkvm__StepRow *sr = st->rows[i];
+        wkvm__row_result__init(&res[i]);
+        resp[i] = &res[i];
+        res[i].slot = sr->slot;
+        if (!sr->sample)
+            continue;
+        const Wkvm__SampleParams *pp = sr->params;
+        wrk_sample_params sp = {0};
+        if (pp != NULL) {
+            sp.temperature = pp->temperature;
+            sp.top_p = pp->top_p;
+            sp.top_k = pp->top_k;
+            sp.min_p = pp->min_p;
+            sp.seed = pp->seed;
+            sp.presence_penalty = pp->presence_penalty;
+            sp.frequency_penalty = pp->frequency_penalty;
+            sp.top_logprobs = pp->top_logprobs;
+        }
+        sp.sample_index = sr->sample_index;
+        sp.history = sr->penalty_tokens;
+        sp.n_history = sr->n_penalty_tokens;
+        wrk_sample_result out;
+        err = wrk_sample(rows[i].logits, vocab, &sp, &out);
+        if (err != WK_OK) {
+            snprintf(detail, sizeof(detail), "row %zu: bad sampling parameters", i);
+            goto done;
+        }
+        res[i].sampled = true;
+        res[i].token = out.token;
+        res[i].logprob = out.logprob;
+        res[i].n_top = out.n_top;
+        res[i].top = &topp[i * WRK_SAMPLE_TOP_MAX];
+        for (uint32_t k = 0; k < out.n_top; k++) {
+            Wkvm__TopLogprob *tl = &tops[i * WRK_SAMPLE_TOP_MAX + k];
+            wkvm__top_logprob__init(tl);
+            tl->token = out.top_token[k];
+            tl->logprob = out.top_logprob[k];
+            topp[i * WRK_SAMPLE_TOP_MAX + k] = tl;
+        }
+    }
+    Wkvm__StepResult sres = WKVM__STEP_RESULT__INIT;
+    sres.rows = resp;
+    sres.n_rows = n;
+    sres.step_us = dt;
+    wk_msg r = WKVM__ENVELOPE__INIT;
+    r.id = req->id;
+    r.kind = WKVM__KIND__STEP_RESULT;
+    r.payload_case = WKVM__ENVELOPE__PAYLOAD_STEP_RESULT;
+    r.step_result = &sres;
+    wrk_send(w, &r);
+done:
+    if (err != WK_OK)
+        wrk_reply_status(w, req, WKVM__KIND__STEP_RESULT, err,
+                         detail[0] ? detail : wk_strerror(err));
+    free(rows);
+    free(res);
+    free(resp);
+    free(tops);
+    free(topp);
+}
+
+static void
+wrk_pipe_added(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)pipe;
+    (void)ev;
+    wrk_worker *w = arg;
+    atomic_store(&w->need_hello, true);
+}
+
+static void
+wrk_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg)
+{
+    (void)pipe;
+    (void)ev;
+    (void)arg;
+    wk_log_warn("controller connection lost; reconnecting");
+}
+
+wk_err
+wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
+{
+    int rv = nng_pair1_open(&w->sock);
+    if (rv != 0)
+        return wk_diag_set(d, WK_EIO, "nng socket: %s", nng_strerror(rv));
+    nng_socket_set_size(w->sock, NNG_OPT_RECVMAXSZ, WK_PROTO_MSG_MAX);
+    nng_socket_set_ms(w->sock, NNG_OPT_RECVTIMEO, 200);
+    nng_socket_set_ms(w->sock, NNG_OPT_SENDTIMEO, 10000);
+    nng_socket_set_ms(w->sock, NNG_OPT_RECONNMINT, 100);
+    nng_socket_set_ms(w->sock, NNG_OPT_RECONNMAXT, 1000);
+    nng_pipe_notify(w->sock, NNG_PIPE_EV_ADD_POST, wrk_pipe_added, w);
+    nng_pipe_notify(w->sock, NNG_PIPE_EV_REM_POST, wrk_pipe_removed, w);
+    rv = nng_dial(w->sock, w->controller_url, NULL, NNG_FLAG_NONBLOCK);
+    if (rv != 0) {
+        nng_close(w->sock);
+        return wk_diag_set(d, WK_EIO, "cannot dial %s: %s", w->controller_url,
+                           nng_strerror(rv));
+    }
+    wk_log_info("dialing controller=%s worker=%s", w->controller_url, w->worker_id);
+    wk_err result = WK_OK;
+    while (!*stop) {
+        if (atomic_exchange(&w->need_hello, false))
+            wrk_send_hello(w);
+        void *buf = NULL;
+        size_t len = 0;
+        rv = nng_recv(w->sock, &buf, &len, NNG_FLAG_ALLOC);
+        if (rv == NNG_ETIMEDOUT)
+            continue;
+        if (rv != 0) {
+            if (rv == NNG_ECLOSED)
+                break;
+            wk_log_warn("receive failed: %s", nng_strerror(rv));
+            continue;
+        }
+        wk_msg *m = NULL;
+        wk_diag pd = {{0}};
+        wk_err err = wk_proto_decode(buf, len, &m, &pd);
+        nng_free(buf, len);
+        if (err != WK_OK) {
+            wk_log_warn("bad message refused: %s", pd.msg);
+            continue;
+        }
+        switch (m->kind) {
+        case WKVM__KIND__HELLO_ACK:
+            if (m->status != 0) {
+                result = wk_diag_set(d, (m->status > 0 && m->status < WK_ERR__COUNT)
+                                            ? (wk_err)m->status
+                                            : WK_EPROTO,
+                                     "controller refused this worker: %s", m->detail);
+                *stop = 1;
+            }
+            break;
+        case WKVM__KIND__LOAD_MODEL:
+            wrk_handle_load(w, m);
+            break;
+        case WKVM__KIND__STATS:
+            wrk_handle_stats(w, m);
+            break;
+        case WKVM__KIND__SLOT_RESET:
+        case WKVM__KIND__SLOT_FREE:
+        case WKVM__KIND__SLOT_COPY:
+        case WKVM__KIND__SLOT_WRITE:
+            wrk_handle_slot_op(w, m);
+            break;
+        case WKVM__KIND__SLOT_READ:
+            wrk_handle_slot_read(w, m);
+            break;
+        case WKVM__KIND__STEP:
+            wrk_handle_step(w, m);
+            break;
+        case WKVM__KIND__SHUTDOWN:
+            wrk_reply_status(w, m, WKVM__KIND__ACK, WK_OK, "");
+            *stop = 1;
+            break;
+        default:
+            wrk_reply_status(w, m, WKVM__KIND__ACK, WK_ENOTSUP,
+                             "request kind not supported by this worker");
+        }
+        wk_proto_free(m);
+    }
+    nng_close(w->sock);
+    return result;
+}

@@ -1,0 +1,51 @@
+/*
+ * wrk_sample: per-row token sampling from a logits vector, deterministic
+ * from (seed, sample_index) so that a row's choice never depends on the
+ * batch it ran in, a restart, or a migration. Penalties follow OpenAI's
+ * definition: logit[t] -= presence * (count[t] > 0) + frequency * count[t].
+ * Never logs; never allocates more than O(vocab) scratch per call.
+ */
+#ifndef WRK_SAMPLE_H
+#define WRK_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wk_err.h"
+
+#define WRK_SAMPLE_TOP_MAX 20
+
+typedef struct wrk_sample_params {
+    float temperature;       /* 0 = greedy (argmax, lowest id on ties) */
+    float top_p;             /* nucleus mass in (0, 1]; 0 or 1 = off */
+    uint32_t top_k;          /* keep the k most likely; 0 = off */
+    float min_p;             /* keep tokens with p >= min_p * p_max; 0 = off */
+    uint64_t seed;           /* request seed */
+    uint64_t sample_index;   /* index of this token within the request */
+    float presence_penalty;  /* -2..2 */
+    float frequency_penalty; /* -2..2 */
+    const int32_t *history;  /* generated tokens so far (penalties), borrowed */
+    size_t n_history;        /* entries in history */
+    uint32_t top_logprobs;   /* alternatives to report, <= WRK_SAMPLE_TOP_MAX */
+} wrk_sample_params;
+
+typedef struct wrk_sample_result {
+    int32_t token;                          /* chosen token */
+    float logprob;                          /* its log-probability (after penalties, T=1) */
+    uint32_t n_top;                         /* entries in top */
+    int32_t top_token[WRK_SAMPLE_TOP_MAX];  /* most likely tokens, descending */
+    float top_logprob[WRK_SAMPLE_TOP_MAX];  /* their log-probabilities */
+} wrk_sample_result;
+
+/*
+ * Samples from logits[0..vocab). logits is used as scratch and modified.
+ * WK_EINVAL for bad parameters (vocab 0, NaN temperature, history ids out of
+ * range are ignored), WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p,
+                                wrk_sample_result *out);
+
+/* The deterministic uniform in [0, 1) used for (seed, index); exposed for tests. */
+double wrk_sample_uniform(uint64_t seed, uint64_t index);
+
+#endif /* WRK_SAMPLE_H */
