@@ -86,12 +86,12 @@
 #define CTL_SESSION_KEY_SIZE WK_SHA256_HEX_LEN /* 64 hex digits + NUL */
 
 /* Limits on a binding; commit refuses more (WK_ETOOBIG), decode refuses more (WK_ECORRUPT). */
-#define CTL_SESSION_MAX_MSGS 65536          /* canonical messages */
-#define CTL_SESSION_MAX_TOKENS (1u << 24)   /* prompt ids, and retained ids */
-#define CTL_SESSION_MAX_TEXT (64u << 20)    /* bytes in one message or the visible text */
-#define CTL_SESSION_MAX_USED_IDS 4096       /* message ids remembered; the oldest drop out */
-#define CTL_SESSION_MAX_REF 4096            /* bytes of the caller's opaque ref */
-#define CTL_SESSION_MAX_BLOB (1024u << 20)  /* bytes of an encoded binding */
+#define CTL_SESSION_MAX_MSGS 65536         /* canonical messages */
+#define CTL_SESSION_MAX_TOKENS (1u << 24)  /* prompt ids, and retained ids */
+#define CTL_SESSION_MAX_TEXT (64u << 20)   /* bytes in one message or the visible text */
+#define CTL_SESSION_MAX_USED_IDS 4096      /* message ids remembered; the oldest drop out */
+#define CTL_SESSION_MAX_REF 4096           /* bytes of the caller's opaque ref */
+#define CTL_SESSION_MAX_BLOB (1024u << 20) /* bytes of an encoded binding */
 
 /* The session headers of one request, stripped. Plain data, no fini. */
 typedef struct ctl_session_hdrs {
@@ -172,15 +172,15 @@ WK_MUST_CHECK wk_err ctl_session_key(const char *model, const char *api_user,
  * Returns WK_OK; WK_EINVAL for a bad role (from wk_chat_render()); WK_ENOMEM;
  * WK_ETOOBIG. Thread-safe on a shared tok.
  */
-WK_MUST_CHECK wk_err ctl_session_prompt_encode(const wk_tok *tok, const wk_chat_msg *msgs,
-                                               size_t n, int32_t **ids, size_t *n_ids,
-                                               wk_diag *d);
+WK_MUST_CHECK wk_err ctl_session_prompt_encode(const wk_tok *tok, const wk_chat_msg *msgs, size_t n,
+                                               int32_t **ids, size_t *n_ids, wk_diag *d);
 
 /*
  * visible_parent_history_digest of n input messages plus the assistant reply
  * (reply_len bytes; the form at the top of this file: contents cleaned, the
- * reply stripped). Returns WK_OK; WK_EINVAL when a role or content is NULL
- * or a text is not valid UTF-8 (it has no JSON form); WK_ENOMEM.
+ * reply stripped; a NULL content is "", as for wk_chat_render()). All
+ * borrowed for the call; thread-safe. Returns WK_OK; WK_EINVAL for a NULL
+ * role or a text that is not valid UTF-8 (it has no JSON form); WK_ENOMEM.
  */
 WK_MUST_CHECK wk_err ctl_session_history_digest(const wk_chat_msg *msgs, size_t n,
                                                 const char *reply, size_t reply_len,
@@ -308,13 +308,13 @@ const char *ctl_session_outcome_str(ctl_session_outcome o);
 
 /* A completed (or aborted) turn, for ctl_session_commit(). All borrowed for the call. */
 typedef struct ctl_session_turn {
-    const ctl_session_request *req;   /* the request, as validated */
-    const ctl_session_result *res;    /* its result, after ctl_session_result_unavailable() */
-    const ctl_session_binding *prev;  /* the binding continued on HIT/PREFIX_HIT, else NULL */
-    const int32_t *gen_ids;           /* sampled ids the parked state consumed, in order */
-    size_t n_gen;                     /* entries in gen_ids */
-    const char *visible;              /* text sent to the client; NULL: turn did not complete */
-    size_t visible_len;               /* bytes of visible */
+    const ctl_session_request *req;  /* the request, as validated */
+    const ctl_session_result *res;   /* its result, after ctl_session_result_unavailable() */
+    const ctl_session_binding *prev; /* the binding continued on HIT/PREFIX_HIT, else NULL */
+    const int32_t *gen_ids;          /* sampled ids the parked state consumed, in order */
+    size_t n_gen;                    /* entries in gen_ids */
+    const char *visible;             /* text sent to the client; NULL: turn did not complete */
+    size_t visible_len;              /* bytes of visible */
 } ctl_session_turn;
 
 /*
