@@ -5,6 +5,7 @@
  */
 #define WK_LOG_MODULE "admin"
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -23,9 +24,20 @@ ctl_admin_ready(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     size_t ready = ctl_pool_ready_count(app->pool);
-    ctl_worker_view views[64];
+    ctl_worker_view *views = calloc(64, sizeof(*views));
+    if (views == NULL) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        return;
+    }
+    /* With a model, a worker counts once the scheduler steps on it too. */
+    if (app->sched != NULL && app->model_dir != NULL) {
+        size_t sched_n = ctl_sched_worker_count(app->sched);
+        if (sched_n < ready)
+            ready = sched_n;
+    }
     size_t n = ctl_pool_list(app->pool, views, 64);
     if (ready >= app->expected_workers) {
+        free(views);
         ctl_http_send_json(req, 200,
                            json_pack("{s:s, s:I, s:I}", "status", "ready", "workers_ready",
                                      (json_int_t)ready, "workers_expected",
@@ -47,6 +59,7 @@ ctl_admin_ready(ctl_http_req *req, void *arg)
         snprintf(reason, sizeof(reason), "%zu of %u workers ready%s%.400s", ready,
                  app->expected_workers, why[0] ? "; model load failed: " : "", why);
     }
+    free(views);
     ctl_http_send_json(req, 503,
                        json_pack("{s:s, s:s, s:I, s:I}", "status", "not_ready", "reason", reason,
                                  "workers_ready", (json_int_t)ready, "workers_expected",
@@ -94,11 +107,16 @@ static void
 ctl_admin_workers(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
-    ctl_worker_view views[256];
+    ctl_worker_view *views = calloc(256, sizeof(*views));
+    if (views == NULL) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        return;
+    }
     size_t n = ctl_admin_views(app, views, 256);
     json_t *arr = json_array();
     for (size_t i = 0; i < n && i < 256; i++)
         json_array_append_new(arr, ctl_admin_worker_json(&views[i]));
+    free(views);
     ctl_http_send_json(req, 200, json_pack("{s:o}", "workers", arr));
 }
 
@@ -106,7 +124,9 @@ static void
 ctl_admin_metrics_snapshot(ctl_app *app)
 {
     ctl_metrics *m = app->metrics;
-    ctl_worker_view views[256];
+    ctl_worker_view *views = calloc(256, sizeof(*views));
+    if (views == NULL)
+        return;
     size_t n = ctl_admin_views(app, views, 256);
     ctl_metrics_clear(m, "wkvm_workers");
     ctl_metrics_clear(m, "wkvm_worker_up");
@@ -137,6 +157,7 @@ ctl_admin_metrics_snapshot(ctl_app *app)
         snprintf(lb, sizeof(lb), "state=\"%s\"", ctl_worker_state_name((ctl_worker_state)s));
         ctl_metrics_set(m, "wkvm_workers", lb, (double)by_state[s]);
     }
+    free(views);
     ctl_pool_stats st;
     ctl_pool_stats_get(app->pool, &st);
     ctl_metrics_set(m, "wkvm_worker_registrations_total", NULL, (double)st.registrations);

@@ -82,11 +82,9 @@ ctl_gen_emit(ctl_gen_state *g, size_t n)
 }
 
 wk_err
-ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
-            const ctl_gen_params *p, ctl_gen_sink_fn sink, void *sink_arg, ctl_gen_result *res,
-            wk_diag *d)
+ctl_gen_submit(ctl_sched *sched, const int32_t *input, size_t n, const ctl_gen_params *p,
+               ctl_job **job, wk_diag *d)
 {
-    memset(res, 0, sizeof(*res));
     if (p->max_tokens == 0 || p->n_stops > CTL_GEN_MAX_STOPS)
         return wk_diag_set(d, WK_EINVAL, "bad generation parameters");
     ctl_job_spec spec = {
@@ -99,10 +97,28 @@ ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
         .fresh = p->fresh,
         .deadline_ms = p->deadline_ms,
     };
+    return ctl_sched_submit(sched, &spec, job, d);
+}
+
+wk_err
+ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
+            const ctl_gen_params *p, ctl_gen_sink_fn sink, void *sink_arg, ctl_gen_result *res,
+            wk_diag *d)
+{
+    memset(res, 0, sizeof(*res));
     ctl_job *job = NULL;
-    wk_err err = ctl_sched_submit(sched, &spec, &job, d);
+    wk_err err = ctl_gen_submit(sched, input, n, p, &job, d);
     if (err != WK_OK)
         return err;
+    return ctl_gen_run_job(job, tok, p, sink, sink_arg, res, d);
+}
+
+wk_err
+ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_gen_sink_fn sink,
+                void *sink_arg, ctl_gen_result *res, wk_diag *d)
+{
+    memset(res, 0, sizeof(*res));
+    wk_err err = WK_OK;
     ctl_gen_state g = {.res = res, .sink = sink, .sink_arg = sink_arg};
     res->tokens = calloc(p->max_tokens, sizeof(*res->tokens));
     if (res->tokens == NULL) {

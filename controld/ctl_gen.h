@@ -64,6 +64,14 @@ typedef struct ctl_gen_result {
 } ctl_gen_result;
 
 /*
+ * Submits the generation's job without waiting for it, so that admission
+ * errors (queue full, no worker) can be answered before a stream starts.
+ * On success *job is passed to ctl_gen_run() (which consumes it).
+ */
+WK_MUST_CHECK wk_err ctl_gen_submit(ctl_sched *sched, const int32_t *input, size_t n,
+                                    const ctl_gen_params *p, ctl_job **job, wk_diag *d);
+
+/*
  * Runs one generation of input (n tokens, borrowed) through sched with
  * tokenizer tok. On success fills *res (caller frees with
  * ctl_gen_result_fini). Errors: the scheduler's (WK_EQUEUEFULL, WK_EUNAVAIL,
@@ -72,6 +80,11 @@ typedef struct ctl_gen_result {
 WK_MUST_CHECK wk_err ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input,
                                  size_t n, const ctl_gen_params *p, ctl_gen_sink_fn sink,
                                  void *sink_arg, ctl_gen_result *res, wk_diag *d);
+
+/* Like ctl_gen_run() for a job from ctl_gen_submit(); always consumes job. */
+WK_MUST_CHECK wk_err ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p,
+                                     ctl_gen_sink_fn sink, void *sink_arg, ctl_gen_result *res,
+                                     wk_diag *d);
 
 /* Frees what a result owns. NULL-safe. */
 void ctl_gen_result_fini(ctl_gen_result *res);

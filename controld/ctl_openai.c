@@ -639,8 +639,15 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
         ctl_gen_result_fini(&res);
         return;
     }
-    /* Streaming: errors before the first byte are plain JSON errors. */
+    /* Streaming: admission errors come before the first byte, as plain JSON errors. */
     ctl_oa_stream st = {.req = req, .app = app, .r = r};
+    ctl_job *job = NULL;
+    wk_err err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
+    if (err != WK_OK) {
+        ctl_oa_count(app, route, "error");
+        ctl_http_send_error(req, err, d.msg, NULL);
+        return;
+    }
     ctl_http_sse_begin(req);
     if (r->chat) {
         json_t *chunk = ctl_oa_chunk_base(r);
@@ -650,9 +657,12 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
                                       "finish_reason"));
         (void)ctl_oa_send_chunk(&st, chunk);
     }
-    wk_err err = st.broken ? WK_EIO
-                           : ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen,
-                                         ctl_oa_stream_sink, &st, &res, &d);
+    if (st.broken) {
+        ctl_job_free(job);
+        err = WK_EIO;
+    } else {
+        err = ctl_gen_run_job(job, app->tok, &r->gen, ctl_oa_stream_sink, &st, &res, &d);
+    }
     if (err != WK_OK) {
         ctl_oa_count(app, route, st.broken ? "cancelled" : "error");
         if (!st.broken) {

@@ -442,6 +442,11 @@ ctl_sched_worker_main(void *arg)
         } else {
             wk_log_warn("step failed worker=%s rows=%zu: %s", w->id, n, d.msg);
         }
+        if (err == WK_ENOENT || err == WK_EUNAVAIL) {
+            /* The worker's connection closed under the step. */
+            err = WK_EUNAVAIL;
+            snprintf(d.msg, sizeof(d.msg), "worker %s left during the request", w->id);
+        }
         pthread_mutex_lock(&s->mu);
         ctl_sched_apply_locked(s, w, rows, n, err, rep, d.msg);
         wk_proto_free(rep);
@@ -541,11 +546,24 @@ ctl_sched_mgr_main(void *arg)
             s->workers[hole] = w;
             wk_log_info("scheduling on worker=%s slots=%u", w->id, w->n_slots);
         }
-        /* Waiting jobs pinned to a worker that no longer exists fail now. */
+        /*
+         * Waiting jobs fail when no worker is ready at all, when the worker
+         * they are pinned to is gone, or when their deadline passed.
+         */
+        size_t ready = 0;
+        for (size_t k = 0; k < n; k++)
+            ready += views[k].state == CTL_WORKER_STATE_READY && views[k].model_loaded;
+        uint64_t now = ctl_mono_ms();
         for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
-            if (j->state == CTL_JOB_WAITING && j->want_worker[0] &&
-                ctl_sched_worker_locked(s, j->want_worker) == NULL && n == 0)
+            if (j->state != CTL_JOB_WAITING)
+                continue;
+            if (ready == 0)
                 ctl_job_fail(s, j, WK_EUNAVAIL, "no worker is available");
+            else if (j->want_worker[0] && ctl_sched_worker_locked(s, j->want_worker) == NULL &&
+                     now - j->submit_ms > 5000)
+                ctl_job_fail(s, j, WK_EUNAVAIL, "the requested worker is not available");
+            else if (j->deadline_ms && now > j->deadline_ms)
+                ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out waiting for a slot");
         }
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
@@ -647,6 +665,22 @@ ctl_sched_free(ctl_sched *s)
     free(s);
 }
 
+/* True when a worker (want, or any when "") has a free slot now. Caller holds mu. */
+static bool
+ctl_sched_free_slot_locked(ctl_sched *s, const char *want)
+{
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        ctl_sworker *w = s->workers[i];
+        if (w == NULL || w->dead || (want[0] && strcmp(want, w->id) != 0))
+            continue;
+        for (uint32_t k = 1; k <= w->n_slots; k++) {
+            if (w->gen[k] == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
 static uint32_t
 ctl_sched_live_workers_locked(ctl_sched *s)
 {
@@ -708,9 +742,10 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
             if (j->n_tokens == 0)
                 ctl_job_done(s, j);
         }
-    } else if (ctl_sched_live_workers_locked(s) == 0) {
+    } else if (ctl_sched_live_workers_locked(s) == 0 && ctl_pool_ready_count(s->pool) == 0) {
         err = wk_diag_set(d, WK_EUNAVAIL, "no worker is ready");
-    } else if (s->n_waiting >= s->cfg.queue_max) {
+    } else if (s->n_waiting >= s->cfg.queue_max &&
+               !(s->n_waiting == 0 && ctl_sched_free_slot_locked(s, j->want_worker))) {
         err = wk_diag_set(d, WK_EQUEUEFULL, "the wait queue is full (%u requests)",
                           s->cfg.queue_max);
     } else {
@@ -943,6 +978,15 @@ ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t
             *used += w->gen[k] != 0;
     }
     pthread_mutex_unlock(&s->mu);
+}
+
+uint32_t
+ctl_sched_worker_count(ctl_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint32_t n = ctl_sched_live_workers_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 void

@@ -150,6 +150,9 @@ bool ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref);
 /* Slots used and total on worker (for /admin/workers), 0/0 when unknown. */
 void ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
 
+/* Workers the scheduler is stepping on (ready in the pool and picked up). */
+uint32_t ctl_sched_worker_count(ctl_sched *s);
+
 /* Jobs waiting for admission and jobs running (for metrics). */
 void ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running);
 
