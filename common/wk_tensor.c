@@ -1,0 +1,482 @@
+/*
+ * wk_tensor: dtype helpers, element conversion, and the wk_tensor_set that
+ * fronts the container readers (wk_safetensors.c, wk_pth.c).
+ *
+ * wk_tensor_set_open() picks the reader from the path and the first bytes,
+ * lets it validate the file, then sorts the tensors by name and refuses
+ * duplicates so that lookups are a binary search. The set owns its mappings
+ * and names; it never copies tensor bytes, never writes to a file and never
+ * logs.
+ */
+#include "wk_tensor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "wk_pth.h"
+#include "wk_safetensors.h"
+#include "wk_tensor_priv.h"
+
+struct wk_tensor_set {
+    wk_map *maps;      /* mapped files backing the tensors */
+    size_t n_maps;     /* entries in maps */
+    wk_tensor *v;      /* tensors sorted by name; names owned here */
+    size_t n;          /* entries in v */
+};
+
+size_t
+wk_dtype_size(wk_dtype dtype)
+{
+    return dtype == WK_DTYPE_F32 ? 4 : 2;
+}
+
+const char *
+wk_dtype_name(wk_dtype dtype)
+{
+    switch (dtype) {
+    case WK_DTYPE_F32:
+        return "F32";
+    case WK_DTYPE_F16:
+        return "F16";
+    case WK_DTYPE_BF16:
+        return "BF16";
+    }
+    return "?";
+}
+
+wk_err
+wk_dtype_parse(const char *name, wk_dtype *out)
+{
+    if (name == NULL || out == NULL)
+        return WK_EINVAL;
+    if (strcmp(name, "F32") == 0)
+        *out = WK_DTYPE_F32;
+    else if (strcmp(name, "F16") == 0)
+        *out = WK_DTYPE_F16;
+    else if (strcmp(name, "BF16") == 0)
+        *out = WK_DTYPE_BF16;
+    else
+        return WK_ENOTSUP;
+    return WK_OK;
+}
+
+int64_t
+wk_tensor_numel(const wk_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+static uint32_t
+wk_f32_bits(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof(u));
+    return u;
+}
+
+static float
+wk_bits_f32(uint32_t u)
+{
+    float v;
+    memcpy(&v, &u, sizeof(v));
+    return v;
+}
+
+float
+wk_bf16_to_f32(uint16_t v)
+{
+    return wk_bits_f32((uint32_t)v << 16);
+}
+
+uint16_t
+wk_f32_to_bf16(float v)
+{
+    uint32_t u = wk_f32_bits(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and payload top, force quiet */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    /* round to nearest even; a carry into the exponent gives the right result up to inf */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float
+wk_f16_to_f32(uint16_t v)
+{
+    uint32_t sign = (uint32_t)(v & 0x8000u) << 16;
+    uint32_t exp = (v >> 10) & 0x1fu;
+    uint32_t man = v & 0x3ffu;
+    if (exp == 0x1f) /* inf or NaN, payload kept */
+        return wk_bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp != 0)
+        return wk_bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+    if (man == 0)
+        return wk_bits_f32(sign);
+    /* subnormal: man * 2^-24, renormalised */
+    int e = 113;
+    while ((man & 0x400u) == 0) {
+        man <<= 1;
+        e--;
+    }
+    return wk_bits_f32(sign | ((uint32_t)e << 23) | ((man & 0x3ffu) << 13));
+}
+
+uint16_t
+wk_f32_to_f16(float v)
+{
+    uint32_t u = wk_f32_bits(v);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t x = u & 0x7fffffffu;
+    if (x > 0x7f800000u) /* NaN: quiet, top payload bits kept */
+        return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+    if (x >= 0x477ff000u) /* >= 65520 rounds to inf (and inf itself) */
+        return (uint16_t)(sign | 0x7c00u);
+    if (x >= 0x38800000u) { /* normal half: exponent >= -14 */
+        uint32_t h = ((x >> 23) - 112) << 10 | ((x >> 13) & 0x3ffu);
+        uint32_t rem = x & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    if (x <= 0x33000000u) /* <= 2^-25: rounds to (signed) zero */
+        return sign;
+    /* subnormal half: value = m * 2^(e-150); result k = m >> (126 - e), rounded */
+    uint32_t e = x >> 23;
+    uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e; /* 14..24 for e in 102..112 */
+    uint32_t k = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (k & 1u)))
+        k++;
+    return (uint16_t)(sign | k);
+}
+
+wk_err
+wk_tensor_read_f32(const wk_tensor *t, size_t first, size_t n, float *out)
+{
+    if (t == NULL || (n > 0 && out == NULL))
+        return WK_EINVAL;
+    int64_t numel = wk_tensor_numel(t);
+    if (numel < 0 || first > (uint64_t)numel || n > (uint64_t)numel - first)
+        return WK_EINVAL;
+    const uint8_t *p = t->data;
+    size_t es = wk_dtype_size(t->dtype);
+    if (n > 0 && (p == NULL || first + n > t->nbytes / es))
+        return WK_EINVAL;
+    p += first * es;
+    switch (t->dtype) {
+    case WK_DTYPE_F32:
+        for (size_t i = 0; i < n; i++, p += 4)
+            out[i] = wk_bits_f32((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                 (uint32_t)p[3] << 24);
+        break;
+    case WK_DTYPE_F16:
+        for (size_t i = 0; i < n; i++, p += 2)
+            out[i] = wk_f16_to_f32((uint16_t)(p[0] | p[1] << 8));
+        break;
+    case WK_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++, p += 2)
+            out[i] = wk_bf16_to_f32((uint16_t)(p[0] | p[1] << 8));
+        break;
+    default:
+        return WK_EINVAL;
+    }
+    return WK_OK;
+}
+
+/* ---- wk_tensor_list (wk_tensor_priv.h) ---- */
+
+void
+wk_tensor_list_init(wk_tensor_list *l)
+{
+    l->v = NULL;
+    l->n = 0;
+    l->cap = 0;
+}
+
+void
+wk_tensor_list_fini(wk_tensor_list *l)
+{
+    if (l == NULL)
+        return;
+    for (size_t i = 0; i < l->n; i++)
+        free((char *)l->v[i].name);
+    free(l->v);
+    wk_tensor_list_init(l);
+}
+
+static wk_err
+wk_tensor_list_reserve(wk_tensor_list *l, size_t extra)
+{
+    if (extra <= l->cap - l->n)
+        return WK_OK;
+    if (extra > SIZE_MAX / sizeof(wk_tensor) - l->n)
+        return WK_ENOMEM;
+    size_t cap = l->cap <= SIZE_MAX / sizeof(wk_tensor) / 2 ? l->cap * 2 : l->n + extra;
+    if (cap < 16)
+        cap = 16;
+    if (cap < l->n + extra)
+        cap = l->n + extra;
+    wk_tensor *v = realloc(l->v, cap * sizeof(*v));
+    if (v == NULL)
+        return WK_ENOMEM;
+    l->v = v;
+    l->cap = cap;
+    return WK_OK;
+}
+
+wk_err
+wk_tensor_list_push(wk_tensor_list *l, const wk_tensor *t, const char *name, size_t name_len)
+{
+    if (name_len == SIZE_MAX || wk_tensor_list_reserve(l, 1) != WK_OK)
+        return WK_ENOMEM;
+    char *copy = malloc(name_len + 1);
+    if (copy == NULL)
+        return WK_ENOMEM;
+    memcpy(copy, name, name_len);
+    copy[name_len] = '\0';
+    l->v[l->n] = *t;
+    l->v[l->n].name = copy;
+    l->n++;
+    return WK_OK;
+}
+
+wk_err
+wk_tensor_list_take(wk_tensor_list *dst, wk_tensor_list *src)
+{
+    if (src->n == 0)
+        return WK_OK;
+    if (wk_tensor_list_reserve(dst, src->n) != WK_OK)
+        return WK_ENOMEM;
+    memcpy(dst->v + dst->n, src->v, src->n * sizeof(*src->v));
+    dst->n += src->n;
+    free(src->v);
+    wk_tensor_list_init(src);
+    return WK_OK;
+}
+
+wk_err
+wk_tensor_size(wk_dtype dtype, int ndim, const int64_t *shape, int64_t *numel, size_t *nbytes)
+{
+    if (ndim < 0 || ndim > WK_TENSOR_MAX_DIMS)
+        return WK_EINVAL;
+    uint64_t n = 1;
+    int zero = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return WK_EINVAL;
+        if (shape[i] == 0)
+            zero = 1;
+    }
+    if (!zero) {
+        for (int i = 0; i < ndim; i++) {
+            if ((uint64_t)shape[i] > (uint64_t)INT64_MAX / n)
+                return WK_EINVAL;
+            n *= (uint64_t)shape[i];
+        }
+    } else {
+        n = 0;
+    }
+    size_t es = wk_dtype_size(dtype);
+    if (n > SIZE_MAX / es || n > (uint64_t)INT64_MAX / es)
+        return WK_EINVAL;
+    if (numel)
+        *numel = (int64_t)n;
+    if (nbytes)
+        *nbytes = (size_t)n * es;
+    return WK_OK;
+}
+
+/* ---- wk_map (wk_tensor_priv.h) ---- */
+
+wk_err
+wk_map_open(const char *path, size_t max_len, wk_map *m, wk_diag *d)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR)
+            return wk_diag_set(d, WK_ENOENT, "%s: no such file", path);
+        if (e == EACCES || e == EPERM)
+            return wk_diag_set(d, WK_EPERM, "%s: permission denied", path);
+        return wk_diag_set(d, WK_EIO, "%s: open: %s", path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return wk_diag_set(d, WK_EIO, "%s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return wk_diag_set(d, WK_EINVAL, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > SIZE_MAX || (max_len && (uint64_t)st.st_size > max_len)) {
+        close(fd);
+        return wk_diag_set(d, WK_ETOOBIG, "%s: %lld bytes, over the limit of %zu", path,
+                           (long long)st.st_size, max_len);
+    }
+    wk_map r = {NULL, (size_t)st.st_size};
+    if (r.len > 0) {
+        void *p = mmap(NULL, r.len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return wk_diag_set(d, e == ENOMEM ? WK_ENOMEM : WK_EIO, "%s: mmap: %s", path,
+                               strerror(e));
+        }
+        r.data = p;
+    }
+    close(fd);
+    *m = r;
+    return WK_OK;
+}
+
+void
+wk_map_close(wk_map *m)
+{
+    if (m == NULL)
+        return;
+    if (m->data != NULL)
+        munmap((void *)m->data, m->len);
+    m->data = NULL;
+    m->len = 0;
+}
+
+/* ---- wk_tensor_set ---- */
+
+static int
+wk_tensor_cmp_name(const void *a, const void *b)
+{
+    return strcmp(((const wk_tensor *)a)->name, ((const wk_tensor *)b)->name);
+}
+
+static int
+wk_path_has_suffix(const char *path, const char *suffix)
+{
+    size_t n = strlen(path), k = strlen(suffix);
+    return n >= k && strcmp(path + n - k, suffix) == 0;
+}
+
+/* Reads one file (not an index) into maps[0] and l. */
+static wk_err
+wk_tensor_set_open_file(const char *path, wk_map *map, wk_tensor_list *l, wk_diag *d)
+{
+    wk_err err = wk_map_open(path, 0, map, d);
+    if (err != WK_OK)
+        return err;
+    const uint8_t *p = map->data;
+    if (map->len >= 4 && memcmp(p, "PK\x03\x04", 4) == 0) {
+        err = wk_pth_parse(p, map->len, l, d);
+    } else if (map->len >= 4 && memcmp(p, "\x80\x02\x8a\x0a", 4) == 0) {
+        /* PROTO 2, LONG1 of 10 bytes: the magic number legacy torch.save() pickles first */
+        err = wk_diag_set(d, WK_ENOTSUP,
+                          "legacy (pre-1.6, non-zip) torch serialization is not supported; "
+                          "re-save with torch.save() from torch >= 1.6");
+    } else {
+        err = wk_st_parse(p, map->len, l, d);
+    }
+    if (err != WK_OK) {
+        wk_diag_prefix(d, "%s", path);
+        wk_map_close(map);
+    }
+    return err;
+}
+
+wk_err
+wk_tensor_set_open(const char *path, wk_tensor_set **out, wk_diag *d)
+{
+    if (path == NULL || out == NULL)
+        return wk_diag_set(d, WK_EINVAL, "wk_tensor_set_open: NULL argument");
+    wk_tensor_set *set = calloc(1, sizeof(*set));
+    if (set == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    wk_tensor_list l;
+    wk_tensor_list_init(&l);
+    wk_err err;
+    if (wk_path_has_suffix(path, ".json")) {
+        err = wk_st_index_open(path, &set->maps, &set->n_maps, &l, d);
+    } else {
+        set->maps = calloc(1, sizeof(*set->maps));
+        if (set->maps == NULL) {
+            err = wk_diag_set(d, WK_ENOMEM, "out of memory");
+        } else {
+            err = wk_tensor_set_open_file(path, set->maps, &l, d);
+            if (err == WK_OK)
+                set->n_maps = 1;
+        }
+    }
+    if (err != WK_OK)
+        goto fail;
+    if (l.n > 1)
+        qsort(l.v, l.n, sizeof(*l.v), wk_tensor_cmp_name);
+    for (size_t i = 1; i < l.n; i++) {
+        if (strcmp(l.v[i - 1].name, l.v[i].name) == 0) {
+            err = wk_diag_set(d, WK_EINVAL, "%s: duplicate tensor name '%s'", path, l.v[i].name);
+            goto fail;
+        }
+    }
+    set->v = l.v;
+    set->n = l.n;
+    *out = set;
+    return WK_OK;
+fail:
+    wk_tensor_list_fini(&l);
+    wk_tensor_set_free(set);
+    return err;
+}
+
+void
+wk_tensor_set_free(wk_tensor_set *set)
+{
+    if (set == NULL)
+        return;
+    for (size_t i = 0; i < set->n; i++)
+        free((char *)set->v[i].name);
+    free(set->v);
+    for (size_t i = 0; i < set->n_maps; i++)
+        wk_map_close(&set->maps[i]);
+    free(set->maps);
+    free(set);
+}
+
+size_t
+wk_tensor_set_count(const wk_tensor_set *set)
+{
+    return set ? set->n : 0;
+}
+
+const wk_tensor *
+wk_tensor_set_at(const wk_tensor_set *set, size_t i)
+{
+    if (set == NULL || i >= set->n)
+        return NULL;
+    return &set->v[i];
+}
+
+const wk_tensor *
+wk_tensor_set_find(const wk_tensor_set *set, const char *name)
+{
+    if (set == NULL || name == NULL)
+        return NULL;
+    size_t lo = 0, hi = set->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(name, set->v[mid].name);
+        if (c == 0)
+            return &set->v[mid];
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
