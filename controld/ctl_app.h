@@ -11,6 +11,8 @@
 #include "ctl_metrics.h"
 #include "ctl_pool.h"
 #include "ctl_sched.h"
+#include "ctl_store.h"
+#include "ctl_vm.h"
 #include "wk_tok.h"
 
 typedef struct ctl_app {
@@ -18,6 +20,8 @@ typedef struct ctl_app {
     ctl_metrics *metrics;      /* Prometheus registry */
     ctl_http *http;            /* HTTP server */
     ctl_sched *sched;          /* admission and batching */
+    ctl_store *store;          /* LMDB records and blobs */
+    ctl_vm *vm;                /* hot cache of state bytes in slots */
     wk_tok *tok;               /* the model's tokenizer, NULL without a model */
     const char *model_id;      /* served model name, NULL without a model */
     uint32_t default_max_tokens; /* chat default when max_tokens is absent */
@@ -38,6 +42,9 @@ WK_MUST_CHECK wk_err ctl_admin_metrics_declare(ctl_metrics *m);
 
 /* Routes of the OpenAI module (/v1/models, /v1/chat/completions, /v1/completions). */
 size_t ctl_openai_routes(ctl_app *app, ctl_http_route *out, size_t cap);
+
+/* Routes of the Durable State API (/v1/states...) and /admin/states. */
+size_t ctl_states_routes(ctl_app *app, ctl_http_route *out, size_t cap);
 
 /* Declares the OpenAI module's metric families. */
 WK_MUST_CHECK wk_err ctl_openai_metrics_declare(ctl_metrics *m);

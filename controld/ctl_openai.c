@@ -15,6 +15,7 @@
 
 #include "ctl_app.h"
 #include "ctl_gen.h"
+#include "ctl_openai.h"
 #include "wk_chat.h"
 #include "wk_json.h"
 #include "wk_log.h"
@@ -24,24 +25,7 @@
 #define CTL_OA_MAX_TEXT (8u << 20)
 #define CTL_OA_MAX_STOP_LEN 256
 
-/* A parsed request, everything the generation needs. */
-typedef struct ctl_oa_req {
-    bool chat;                    /* chat.completions vs completions */
-    const char *model;            /* borrowed from the JSON */
-    bool stream;                  /* SSE */
-    bool include_usage;           /* stream_options.include_usage */
-    bool return_token_ids;        /* extension */
-    bool logprobs;                /* chat: logprobs */
-    uint32_t top_logprobs;        /* 0..20 */
-    bool ignore_eos;              /* extension: exactly max_tokens */
-    ctl_gen_params gen;           /* generation parameters */
-    int32_t *prompt;              /* tokens, owned */
-    size_t n_prompt;              /* entries */
-    char id[48];                  /* response id */
-    time_t created;               /* unix time */
-} ctl_oa_req;
-
-static void
+void
 ctl_oa_req_fini(ctl_oa_req *r)
 {
     free(r->prompt);
@@ -82,17 +66,18 @@ static const char *const ctl_oa_unsupported[] = {
 };
 
 /* Parses the common sampling fields. Sends the error and returns false on failure. */
-static bool
+bool
 ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
 {
     wk_diag d = {{0}};
     const char *model = NULL;
-    wk_err err = wk_json_get_str(body, "model", true, NULL, 256, &model, &d);
+    wk_err err = wk_json_get_str(body, "model", !r->model_optional, app->model_id, 256, &model,
+                                 &d);
     if (err != WK_OK) {
         ctl_oa_fail(req, WK_EINVAL, "model", "%s", d.msg);
         return false;
     }
-    if (app->model_id == NULL || strcmp(model, app->model_id) != 0) {
+    if (app->model_id == NULL || model == NULL || strcmp(model, app->model_id) != 0) {
         ctl_oa_fail(req, WK_ENOENT, "model", "The model '%s' does not exist", model);
         return false;
     }
@@ -264,7 +249,7 @@ ctl_oa_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
 }
 
 /* Renders and tokenizes the chat messages into r->prompt. */
-static bool
+bool
 ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
 {
     json_t *msgs = json_object_get(body, "messages");
@@ -334,7 +319,7 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
     return ok;
 }
 
-static bool
+bool
 ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
 {
     json_t *p = json_object_get(body, "prompt");
@@ -491,10 +476,11 @@ ctl_oa_logprobs_json(ctl_app *app, const ctl_gen_token *toks, size_t n, uint32_t
 static json_t *
 ctl_oa_usage_json(const ctl_oa_req *r, const ctl_gen_result *res)
 {
-    size_t cached = r->n_prompt > res->computed ? r->n_prompt - res->computed : 0;
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)r->n_prompt,
+    size_t np = r->n_prompt_report ? r->n_prompt_report : r->n_prompt;
+    size_t cached = np > res->computed ? np - res->computed : 0;
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)np,
                      "completion_tokens", (json_int_t)res->n_tokens, "total_tokens",
-                     (json_int_t)(r->n_prompt + res->n_tokens), "prompt_tokens_details",
+                     (json_int_t)(np + res->n_tokens), "prompt_tokens_details",
                      "cached_tokens", (json_int_t)cached);
 }
 
@@ -566,7 +552,7 @@ ctl_oa_count(ctl_app *app, const char *route, const char *status)
     ctl_metrics_add(app->metrics, "wkvm_requests_total", lb, 1);
 }
 
-static void
+void
 ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
 {
     const char *route = r->chat ? "chat" : "completions";
@@ -591,6 +577,8 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
     }
     if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS)
         r->gen.stops[r->gen.n_stops++] = "\n\n"; /* the template's turn end */
+    if (r->on_error_before != NULL && r->on_error_before(r, req))
+        return;
     r->gen.sample.logprobs = r->logprobs;
     r->gen.sample.top_logprobs = r->top_logprobs;
     struct timespec mono;
@@ -605,6 +593,8 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
                                  NULL, &res, &d);
         if (err != WK_OK) {
             ctl_oa_count(app, route, "error");
+            if (r->on_fail != NULL)
+                r->on_fail(r);
             ctl_http_send_error(req, err, d.msg, NULL);
             return;
         }
@@ -634,6 +624,8 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
                                  r->chat ? "chat.completion" : "text_completion", "created",
                                  (json_int_t)r->created, "model", r->model, "choices", choice,
                                  "usage", ctl_oa_usage_json(r, &res));
+        if (r->on_done != NULL)
+            r->on_done(r, &res, body);
         ctl_oa_count(app, route, "ok");
         ctl_http_send_json(req, 200, body);
         ctl_gen_result_fini(&res);
@@ -645,6 +637,8 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
     wk_err err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
     if (err != WK_OK) {
         ctl_oa_count(app, route, "error");
+        if (r->on_fail != NULL)
+            r->on_fail(r);
         ctl_http_send_error(req, err, d.msg, NULL);
         return;
     }
@@ -665,6 +659,8 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
     }
     if (err != WK_OK) {
         ctl_oa_count(app, route, st.broken ? "cancelled" : "error");
+        if (r->on_fail != NULL)
+            r->on_fail(r);
         if (!st.broken) {
             char *eb = wk_json_error_body(err, d.msg, NULL);
             if (eb != NULL) {
@@ -686,6 +682,8 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
     else
         json_object_set_new(choice, "text", json_string(""));
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
+    if (r->on_done != NULL)
+        r->on_done(r, &res, chunk);
     (void)ctl_oa_send_chunk(&st, chunk);
     if (r->include_usage) {
         chunk = ctl_oa_chunk_base(r);
@@ -699,7 +697,7 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
 }
 
 /* Reads and parses the body; sends the error and returns NULL on failure. */
-static json_t *
+json_t *
 ctl_oa_body(ctl_http_req *req)
 {
     const char *buf = NULL;

@@ -194,6 +194,11 @@ ctl_pool_copy_model(ctl_worker_view *v, const Wkvm__ModelInfo *mi)
     snprintf(v->model_name, sizeof(v->model_name), "%s", mi->name);
     snprintf(v->fingerprint, sizeof(v->fingerprint), "%s", mi->fingerprint);
     v->state_bytes = mi->state_bytes;
+    v->n_layer = mi->n_layer;
+    v->n_embd = mi->n_embd;
+    v->n_head = mi->n_head;
+    v->head_size = mi->head_size;
+    snprintf(v->vocab_digest, sizeof(v->vocab_digest), "%s", mi->vocab_digest);
     v->slots_total = mi->n_slots > 0 ? mi->n_slots - 1 : 0;
 }
 

@@ -45,6 +45,11 @@ typedef struct ctl_worker_view {
     char model_name[128];     /* model dir base name */
     char fingerprint[65];     /* model fingerprint */
     uint64_t state_bytes;     /* bytes per slot */
+    uint32_t n_layer;         /* model layers */
+    uint32_t n_embd;          /* model width C */
+    uint32_t n_head;          /* heads H */
+    uint32_t head_size;       /* head size N */
+    char vocab_digest[65];    /* tokenizer digest */
     uint64_t steps;           /* steps run (last Stats) */
     uint64_t tokens;          /* tokens processed (last Stats) */
     uint64_t connected_ms;    /* ms since epoch when this connection started */

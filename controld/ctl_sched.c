@@ -91,6 +91,8 @@ struct ctl_sched {
     uint64_t next_seq;                           /* submit counter */
     uint64_t next_gen;                           /* slot generations, global */
     atomic_bool stop;                            /* shut down */
+    ctl_sched_evict_fn evict;                    /* frees parked slots under pressure */
+    void *evict_arg;                             /* its argument */
     pthread_t mgr;                               /* syncs workers with the pool */
     bool mgr_started;                            /* mgr joinable */
 };
@@ -480,6 +482,8 @@ ctl_sworker_free(ctl_sworker *w)
     free(w);
 }
 
+static bool ctl_sched_free_slot_locked(ctl_sched *s, const char *want);
+
 static void *
 ctl_sched_mgr_main(void *arg)
 {
@@ -565,6 +569,10 @@ ctl_sched_mgr_main(void *arg)
             else if (j->deadline_ms && now > j->deadline_ms)
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out waiting for a slot");
         }
+        /* Requests wait and no slot is free anywhere: ask for a parked slot back. */
+        bool starving = s->n_waiting > 0 && !ctl_sched_free_slot_locked(s, "");
+        ctl_sched_evict_fn evict = s->evict;
+        void *evict_arg = s->evict_arg;
         pthread_cond_broadcast(&s->cv);
         pthread_mutex_unlock(&s->mu);
         for (size_t i = 0; i < nreap; i++) {
@@ -577,6 +585,12 @@ ctl_sched_mgr_main(void *arg)
             }
             pthread_mutex_unlock(&s->mu);
             ctl_sworker_free(reap[i]);
+        }
+        if (starving && evict != NULL && evict(evict_arg) == WK_OK) {
+            pthread_mutex_lock(&s->mu);
+            pthread_cond_broadcast(&s->cv);
+            pthread_mutex_unlock(&s->mu);
+            continue; /* look again at once */
         }
         struct timespec ts = {0, 50 * 1000000L};
         nanosleep(&ts, NULL);
@@ -977,6 +991,15 @@ ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t
         for (uint32_t k = 1; k <= w->n_slots; k++)
             *used += w->gen[k] != 0;
     }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void
+ctl_sched_set_evictor(ctl_sched *s, ctl_sched_evict_fn fn, void *arg)
+{
+    pthread_mutex_lock(&s->mu);
+    s->evict = fn;
+    s->evict_arg = arg;
     pthread_mutex_unlock(&s->mu);
 }
 

@@ -150,6 +150,14 @@ bool ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref);
 /* Slots used and total on worker (for /admin/workers), 0/0 when unknown. */
 void ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
 
+/*
+ * Called (from the scheduler's manager thread, no lock held) when requests
+ * wait for a slot and none is free: it should free one parked slot and
+ * return WK_OK, or WK_ENOENT when it has nothing to free.
+ */
+typedef wk_err (*ctl_sched_evict_fn)(void *arg);
+void ctl_sched_set_evictor(ctl_sched *s, ctl_sched_evict_fn fn, void *arg);
+
 /* Workers the scheduler is stepping on (ready in the pool and picked up). */
 uint32_t ctl_sched_worker_count(ctl_sched *s);
 

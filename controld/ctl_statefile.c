@@ -476,7 +476,7 @@ ctl_statefile_read(const void *buf, size_t len, ctl_statefile_hdr *h_out, const 
                    size_t *state_len, wk_diag *d)
 {
     const uint8_t *b = buf;
-    sf_fixed f;
+    sf_fixed f = {0, 0, 0, 0, 0};
     wk_err e;
     ctl_statefile_hdr h;
     uint8_t sum[WK_SHA256_LEN];

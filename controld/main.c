@@ -55,6 +55,12 @@ ctl_auth_cb(const char *authorization, const char **user, bool *admin, void *arg
     return ctl_auth_check(arg, authorization, user, admin);
 }
 
+static wk_err
+ctl_main_evict(void *arg)
+{
+    return ctl_vm_evict_one(arg);
+}
+
 static int
 ctl_mkdir_p(const char *path)
 {
@@ -212,10 +218,27 @@ main(int argc, char **argv)
         wk_log_error("%s", d.msg);
         goto out;
     }
+    ctl_store_open_stats sst;
+    if (ctl_store_open(data_dir, NULL, &app.store, &sst, &d) != WK_OK) {
+        wk_log_error("store: %s", d.msg);
+        goto out;
+    }
+    wk_log_info("store opened states=%llu blobs=%llu orphans_removed=%llu temps_removed=%llu "
+                "blobs_missing=%llu",
+                (unsigned long long)sst.states, (unsigned long long)sst.blobs,
+                (unsigned long long)sst.orphans_removed, (unsigned long long)sst.temps_removed,
+                (unsigned long long)sst.blobs_missing);
+    if (ctl_vm_new(app.pool, app.sched, app.store, &app.vm, &d) != WK_OK) {
+        wk_log_error("%s", d.msg);
+        goto out;
+    }
+    ctl_sched_set_evictor(app.sched, ctl_main_evict, app.vm);
     ctl_http_route routes[64];
     size_t nr = ctl_admin_routes(&app, routes, 64);
-    if (app.tok != NULL)
+    if (app.tok != NULL) {
         nr += ctl_openai_routes(&app, routes + nr, 64 - nr);
+        nr += ctl_states_routes(&app, routes + nr, 64 - nr);
+    }
     ctl_http_config hc = {
         .host = host,
         .port = (unsigned)wk_cfg_get_u64(cfg, "port"),
@@ -238,7 +261,13 @@ main(int argc, char **argv)
     rc = 0;
 out:
     ctl_http_free(app.http);
+    if (app.vm != NULL)
+        ctl_vm_flush(app.vm);
+    if (app.sched != NULL)
+        ctl_sched_set_evictor(app.sched, NULL, NULL);
     ctl_sched_free(app.sched);
+    ctl_vm_free(app.vm);
+    ctl_store_close(app.store);
     ctl_pool_free(app.pool);
     wk_tok_free(app.tok);
     ctl_metrics_free(app.metrics);

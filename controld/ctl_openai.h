@@ -1,0 +1,58 @@
+/*
+ * ctl_openai: request parsing and response shaping shared by the OpenAI
+ * routes and the Durable State API's generate route. A ctl_oa_req carries
+ * everything one generation needs; ctl_oa_generate() runs it and answers
+ * (blocking JSON or SSE), calling on_done so a caller can add fields (the
+ * saved state) to the final object.
+ */
+#ifndef CTL_OPENAI_H
+#define CTL_OPENAI_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <time.h>
+
+#include "ctl_app.h"
+#include "ctl_gen.h"
+
+typedef struct ctl_oa_req ctl_oa_req;
+
+struct ctl_oa_req {
+    bool chat;                    /* chat.completions vs completions */
+    bool model_optional;          /* "model" may be absent (state routes) */
+    const char *model;            /* borrowed from the JSON */
+    bool stream;                  /* SSE */
+    bool include_usage;           /* stream_options.include_usage */
+    bool return_token_ids;        /* extension */
+    bool logprobs;                /* logprobs requested */
+    uint32_t top_logprobs;        /* 0..20 */
+    bool ignore_eos;              /* extension: exactly max_tokens */
+    ctl_gen_params gen;           /* generation parameters */
+    int32_t *prompt;              /* tokens to feed, owned */
+    size_t n_prompt;              /* entries */
+    size_t n_prompt_report;       /* prompt tokens reported in usage (0: n_prompt) */
+    char id[48];                  /* response id */
+    time_t created;               /* unix time */
+    void *user;                   /* caller context for the hooks */
+    /* After a successful generation: may add fields to the final JSON object. */
+    void (*on_done)(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj);
+    /* After a failed or cancelled generation (kept slot cleanup). */
+    void (*on_fail)(ctl_oa_req *r);
+    /* Before generating: return true after sending an error to stop. */
+    bool (*on_error_before)(ctl_oa_req *r, ctl_http_req *req);
+};
+
+void ctl_oa_req_fini(ctl_oa_req *r);
+
+/* Reads the body as a JSON object; sends the error and returns NULL on failure. */
+json_t *ctl_oa_body(ctl_http_req *req);
+
+/* Parsers: each sends the error and returns false on failure. */
+bool ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
+bool ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
+bool ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
+
+/* Runs the generation and answers the request. */
+void ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r);
+
+#endif /* CTL_OPENAI_H */

@@ -1,0 +1,849 @@
+/*
+ * ctl_states: the Durable State API (/v1/states) and the admin state list.
+ *
+ * A state is an immutable version `name@version` of an owner: token ids and
+ * the recurrent state bytes after all tokens but the last (the last token is
+ * fed first by a generation, so its logits never need storing). Its bytes
+ * are a content-addressed blob written before its record (write-through),
+ * so every listed state survives a controller restart; a worker slot may
+ * hold the blob's bytes as a hot cache entry (ctl_vm). A generation copies
+ * the state into a scratch slot, so the source never changes.
+ * Users only ever see their own states: lookups are keyed by the owner.
+ */
+#define WK_LOG_MODULE "states"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctl_app.h"
+#include "ctl_openai.h"
+#include "ctl_statefile.h"
+#include "ctl_store.h"
+#include "ctl_vm.h"
+#include "wk_json.h"
+#include "wk_log.h"
+#include "wk_sha256.h"
+
+#define CTL_STATES_FORK_MAX 64
+
+/* Marks a state whose blob failed verification; logs once. */
+static void
+ctl_states_mark_damaged(ctl_app *app, const char *owner, const char *id, const wk_diag *why)
+{
+    ctl_store_update u = {.set = CTL_STORE_SET_DAMAGED, .damaged = true};
+    wk_diag d = {{0}};
+    if (ctl_store_state_update(app->store, owner, id, &u, &d) != WK_OK)
+        wk_log_warn("cannot mark state damaged id=%s: %s", id, d.msg);
+    wk_log_error("state damaged id=%s owner=%s: %s", id, owner, why->msg);
+}
+
+/* The served model as a ready worker reports it. WK_EUNAVAIL when none. */
+static wk_err
+ctl_states_model_view(ctl_app *app, ctl_worker_view *out)
+{
+    ctl_worker_view *v = calloc(64, sizeof(*v));
+    if (v == NULL)
+        return WK_ENOMEM;
+    size_t n = ctl_pool_list(app->pool, v, 64);
+    wk_err err = WK_EUNAVAIL;
+    for (size_t i = 0; i < n && i < 64; i++) {
+        if (v[i].model_loaded && v[i].state == CTL_WORKER_STATE_READY) {
+            *out = v[i];
+            err = WK_OK;
+            break;
+        }
+    }
+    free(v);
+    return err;
+}
+
+/* The served model's fingerprint (from a ready worker). WK_EUNAVAIL when none. */
+static wk_err
+ctl_states_model(ctl_app *app, char fp[WK_SHA256_HEX_LEN], uint64_t *state_bytes)
+{
+    ctl_worker_view *v = calloc(64, sizeof(*v));
+    if (v == NULL)
+        return WK_ENOMEM;
+    size_t n = ctl_pool_list(app->pool, v, 64);
+    wk_err err = WK_EUNAVAIL;
+    for (size_t i = 0; i < n && i < 64; i++) {
+        if (v[i].model_loaded && v[i].state == CTL_WORKER_STATE_READY) {
+            snprintf(fp, WK_SHA256_HEX_LEN, "%s", v[i].fingerprint);
+            if (state_bytes != NULL)
+                *state_bytes = v[i].state_bytes;
+            err = WK_OK;
+            break;
+        }
+    }
+    free(v);
+    return err;
+}
+
+static json_t *
+ctl_states_json(ctl_app *app, const ctl_store_state *st)
+{
+    bool hot = st->blob[0] && ctl_vm_cached(app->vm, st->blob);
+    return json_pack("{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:I, s:s, s:s, s:b, s:I, s:s}", "id",
+                     st->id, "object", "state", "name", st->name, "version",
+                     (json_int_t)st->version, "tokens", (json_int_t)st->n_tokens, "model",
+                     app->model_id ? app->model_id : "", "tier", hot ? "hot" : "cold",
+                     "created", (json_int_t)(st->created_ms / 1000), "parent", st->parent, "op",
+                     ctl_store_op_name(st->op), "damaged", st->damaged, "state_bytes",
+                     (json_int_t)st->state_bytes, "fingerprint", st->fingerprint);
+}
+
+/* Sends err with the store's diag; maps store codes to API statuses. */
+static void
+ctl_states_fail(ctl_http_req *req, wk_err err, const wk_diag *d)
+{
+    ctl_http_send_error(req, err, d->msg[0] ? d->msg : wk_strerror(err), NULL);
+}
+
+/* Feeds n tokens into a held slot (fresh: zeroed first); waits until done. */
+static wk_err
+ctl_states_prefill(ctl_app *app, const ctl_slot_ref *slot, const int32_t *tokens, size_t n,
+                   bool fresh, wk_diag *d)
+{
+    if (n == 0)
+        return fresh ? ctl_vm_slot_reset(app->vm, slot, d) : WK_OK;
+    ctl_job_spec spec = {.tokens = tokens, .n_tokens = n, .sample = false, .slot = slot,
+                         .fresh = fresh};
+    ctl_job *job = NULL;
+    wk_err err = ctl_sched_submit(app->sched, &spec, &job, d);
+    if (err != WK_OK)
+        return err;
+    for (;;) {
+        ctl_job_event ev;
+        if (ctl_job_next(job, 1000, &ev) == WK_ETIMEDOUT)
+            continue;
+        if (ev.type == CTL_JOB_EV_ERROR)
+            err = wk_diag_set(d, ev.err, "%s", ev.message);
+        if (ev.type != CTL_JOB_EV_TOKEN)
+            break;
+    }
+    ctl_job_free(job);
+    return err;
+}
+
+/*
+ * Stores the bytes of slot as a new version of (owner, name) with tokens;
+ * the slot becomes the hot cache entry of the blob (consumed on success).
+ */
+static wk_err
+ctl_states_save(ctl_app *app, const char *owner, const char *name, const int32_t *tokens,
+                size_t n, ctl_store_op op, const char *parent, const ctl_slot_ref *slot,
+                ctl_store_state *out, wk_diag *d)
+{
+    char fp[WK_SHA256_HEX_LEN];
+    wk_err err = ctl_states_model(app, fp, NULL);
+    if (err != WK_OK)
+        return wk_diag_set(d, err, "no worker has the model loaded");
+    void *bytes = NULL;
+    size_t len = 0;
+    err = ctl_vm_slot_read(app->vm, slot, &bytes, &len, d);
+    if (err != WK_OK)
+        return err;
+    ctl_store_state st;
+    memset(&st, 0, sizeof(st));
+    snprintf(st.owner, sizeof(st.owner), "%s", owner);
+    snprintf(st.name, sizeof(st.name), "%s", name);
+    snprintf(st.fingerprint, sizeof(st.fingerprint), "%s", fp);
+    snprintf(st.family, sizeof(st.family), "rwkv7");
+    snprintf(st.parent, sizeof(st.parent), "%s", parent ? parent : "");
+    st.tokens = (int32_t *)tokens;
+    st.n_tokens = n;
+    st.op = op;
+    st.tier = CTL_STORE_TIER_COLD;
+    st.state_bytes = len;
+    err = ctl_store_blob_put(app->store, bytes, len, st.blob, d);
+    if (err == WK_OK) {
+        st.blob_bytes = len;
+        uint64_t version = 0;
+        err = ctl_store_state_put(app->store, &st, NULL, 0, &version, d);
+        if (err == WK_OK) {
+            char ref[CTL_STORE_ID_MAX + 1];
+            snprintf(ref, sizeof(ref), "%s@%llu", name, (unsigned long long)version);
+            err = ctl_store_state_get(app->store, owner, ref, out, d);
+        }
+    }
+    if (err == WK_OK && ctl_vm_put(app->vm, out->blob, slot, false, NULL) != WK_OK)
+        (void)ctl_sched_slot_free(app->sched, slot);
+    free(bytes);
+    return err;
+}
+
+/* Tokens of a create/generate body: prompt (text), prompt_ids or messages. */
+static bool
+ctl_states_tokens(ctl_http_req *req, ctl_app *app, json_t *body, bool required, int32_t **ids,
+                  size_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    ctl_oa_req r = {.chat = true};
+    json_t *p = json_object_get(body, "prompt");
+    json_t *pi = json_object_get(body, "prompt_ids");
+    json_t *m = json_object_get(body, "messages");
+    int given = (p != NULL && !json_is_null(p)) + (pi != NULL && !json_is_null(pi)) +
+                (m != NULL && !json_is_null(m));
+    if (given > 1) {
+        ctl_http_send_error(req, WK_EINVAL, "give one of prompt, prompt_ids, messages", "prompt");
+        return false;
+    }
+    if (given == 0) {
+        if (required) {
+            ctl_http_send_error(req, WK_EINVAL, "one of prompt, prompt_ids, messages is required",
+                                "prompt");
+            return false;
+        }
+        return true;
+    }
+    bool ok;
+    if (m != NULL && !json_is_null(m)) {
+        ok = ctl_oa_parse_messages(req, app, body, &r);
+    } else {
+        json_t *tmp = json_pack("{s:O}", "prompt", p != NULL && !json_is_null(p) ? p : pi);
+        ok = tmp != NULL && ctl_oa_parse_prompt(req, app, tmp, &r);
+        json_decref(tmp);
+    }
+    if (!ok) {
+        ctl_oa_req_fini(&r);
+        return false;
+    }
+    *ids = r.prompt;
+    *n = r.n_prompt;
+    return true;
+}
+
+static void
+ctl_states_create(ctl_http_req *req, ctl_app *app)
+{
+    json_t *body = ctl_oa_body(req);
+    if (body == NULL)
+        return;
+    wk_diag d = {{0}};
+    const char *name = NULL, *model = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ctl_slot_ref slot;
+    memset(&slot, 0, sizeof(slot));
+    bool have_slot = false;
+    ctl_store_state st;
+    memset(&st, 0, sizeof(st));
+    if (wk_json_get_str(body, "name", true, NULL, CTL_STORE_NAME_MAX, &name, &d) != WK_OK ||
+        ctl_store_name_check(name, &d) != WK_OK) {
+        ctl_http_send_error(req, WK_EINVAL, d.msg, "name");
+        goto out;
+    }
+    if (wk_json_get_str(body, "model", false, app->model_id, 256, &model, &d) != WK_OK ||
+        model == NULL || app->model_id == NULL || strcmp(model, app->model_id) != 0) {
+        ctl_http_send_error(req, WK_ENOENT, "unknown model", "model");
+        goto out;
+    }
+    if (!ctl_states_tokens(req, app, body, true, &ids, &n))
+        goto out;
+    wk_err err = ctl_vm_slot_get(app->vm, NULL, &slot, &d);
+    if (err == WK_OK) {
+        have_slot = true;
+        err = ctl_states_prefill(app, &slot, ids, n - 1, true, &d);
+    }
+    if (err == WK_OK)
+        err = ctl_states_save(app, ctl_http_req_user(req), name, ids, n, CTL_STORE_OP_CREATE,
+                              NULL, &slot, &st, &d);
+    if (err != WK_OK) {
+        if (have_slot)
+            (void)ctl_sched_slot_free(app->sched, &slot);
+        ctl_states_fail(req, err, &d);
+        goto out;
+    }
+    wk_log_info("state created id=%s owner=%s tokens=%zu", st.id, st.owner, n);
+    ctl_http_send_json(req, 201, ctl_states_json(app, &st));
+out:
+    ctl_store_state_fini(&st);
+    free(ids);
+    json_decref(body);
+}
+
+/* Context of a state generation. */
+typedef struct ctl_states_gen {
+    ctl_app *app;             /* app */
+    const char *owner;        /* user */
+    ctl_store_state *src;     /* source state */
+    const char *save_as;      /* name to save under, NULL = none */
+    const int32_t *q;         /* new prompt tokens */
+    size_t n_q;               /* entries */
+    ctl_slot_ref slot;        /* scratch slot */
+    bool consumed;            /* the slot became a cache entry */
+} ctl_states_gen;
+
+static void
+ctl_states_gen_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
+{
+    ctl_states_gen *g = r->user;
+    if (g->save_as == NULL)
+        return;
+    /* New tokens: source + prompt + every sampled id (the last one is pending). */
+    size_t n = g->src->n_tokens + g->n_q + res->n_tokens;
+    int32_t *ids = malloc(n * sizeof(*ids));
+    wk_diag d = {{0}};
+    ctl_store_state st;
+    memset(&st, 0, sizeof(st));
+    wk_err err = ids ? WK_OK : WK_ENOMEM;
+    if (err == WK_OK) {
+        memcpy(ids, g->src->tokens, g->src->n_tokens * sizeof(*ids));
+        memcpy(ids + g->src->n_tokens, g->q, g->n_q * sizeof(*ids));
+        for (size_t i = 0; i < res->n_tokens; i++)
+            ids[g->src->n_tokens + g->n_q + i] = res->tokens[i].id;
+        err = ctl_states_save(g->app, g->owner, g->save_as, ids, n, CTL_STORE_OP_GENERATE,
+                              g->src->id, &g->slot, &st, &d);
+    }
+    if (err == WK_OK) {
+        g->consumed = true;
+        json_object_set_new(final_obj, "state", ctl_states_json(g->app, &st));
+    } else {
+        char *e = wk_json_error_body(err, d.msg, "save_as");
+        json_object_set_new(final_obj, "state_error", e ? json_loads(e, 0, NULL) : json_null());
+        free(e);
+    }
+    ctl_store_state_fini(&st);
+    free(ids);
+}
+
+static void
+ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
+{
+    json_t *body = ctl_oa_body(req);
+    if (body == NULL)
+        return;
+    wk_diag d = {{0}};
+    ctl_store_state src;
+    memset(&src, 0, sizeof(src));
+    ctl_oa_req r = {.chat = false, .model_optional = true};
+    ctl_states_gen g = {.app = app, .owner = ctl_http_req_user(req), .src = &src};
+    int32_t *q = NULL;
+    size_t nq = 0;
+    bool have_slot = false;
+    wk_err err = ctl_store_state_get(app->store, g.owner, ref, &src, &d);
+    if (err != WK_OK) {
+        ctl_states_fail(req, err, &d);
+        goto out;
+    }
+    char fp[WK_SHA256_HEX_LEN];
+    if (ctl_states_model(app, fp, NULL) == WK_OK && strcmp(fp, src.fingerprint) != 0) {
+        ctl_http_send_error(req, WK_ESTATE, "the state was made by another model", NULL);
+        goto out;
+    }
+    const char *save_as = NULL;
+    if (wk_json_get_str(body, "save_as", false, NULL, CTL_STORE_NAME_MAX, &save_as, &d) != WK_OK ||
+        (save_as != NULL && ctl_store_name_check(save_as, &d) != WK_OK)) {
+        ctl_http_send_error(req, WK_EINVAL, d.msg, "save_as");
+        goto out;
+    }
+    g.save_as = save_as;
+    if (!ctl_states_tokens(req, app, body, false, &q, &nq))
+        goto out;
+    json_object_del(body, "prompt");
+    if (!ctl_oa_parse_common(req, app, body, &r))
+        goto out;
+    g.q = q;
+    g.n_q = nq;
+    r.n_prompt = 1 + nq;
+    r.prompt = malloc(r.n_prompt * sizeof(*r.prompt));
+    if (r.prompt == NULL || src.n_tokens == 0) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        goto out;
+    }
+    r.prompt[0] = src.tokens[src.n_tokens - 1];
+    if (nq)
+        memcpy(r.prompt + 1, q, nq * sizeof(*q));
+    r.n_prompt_report = src.n_tokens + nq;
+    err = ctl_vm_slot_get(app->vm, NULL, &g.slot, &d);
+    if (err == WK_OK) {
+        have_slot = true;
+        err = ctl_vm_load_into(app->vm, src.blob, src.blob, &g.slot, &d);
+    }
+    if (err == WK_ECORRUPT)
+        ctl_states_mark_damaged(app, g.owner, src.id, &d);
+    if (err != WK_OK) {
+        ctl_states_fail(req, err, &d);
+        goto out;
+    }
+    r.gen.slot = &g.slot;
+    r.gen.fresh = false;
+    r.gen.sample_index = 0;
+    r.user = &g;
+    r.on_done = ctl_states_gen_done;
+    ctl_oa_generate(req, app, &r);
+out:
+    if (have_slot && !g.consumed)
+        (void)ctl_sched_slot_free(app->sched, &g.slot);
+    ctl_oa_req_fini(&r);
+    free(q);
+    ctl_store_state_fini(&src);
+    json_decref(body);
+}
+
+static void
+ctl_states_fork(ctl_http_req *req, ctl_app *app, const char *ref, bool snapshot)
+{
+    json_t *body = NULL;
+    const char *owner = ctl_http_req_user(req);
+    wk_diag d = {{0}};
+    ctl_store_state src;
+    memset(&src, 0, sizeof(src));
+    const char *name = NULL;
+    int64_t count = 1;
+    const char *buf;
+    size_t len;
+    if (ctl_http_req_body(req, &buf, &len) == WK_OK && len > 0) {
+        body = ctl_oa_body(req);
+        if (body == NULL)
+            return;
+    }
+    wk_err err = ctl_store_state_get(app->store, owner, ref, &src, &d);
+    if (err != WK_OK) {
+        ctl_states_fail(req, err, &d);
+        goto out;
+    }
+    if (!snapshot) {
+        if (body == NULL ||
+            wk_json_get_str(body, "name", true, NULL, CTL_STORE_NAME_MAX, &name, &d) != WK_OK ||
+            ctl_store_name_check(name, &d) != WK_OK) {
+            ctl_http_send_error(req, WK_EINVAL, body ? d.msg : "'name' is required", "name");
+            goto out;
+        }
+        if (wk_json_get_i64(body, "count", false, 1, 1, CTL_STATES_FORK_MAX, &count, &d) !=
+            WK_OK) {
+            ctl_http_send_error(req, WK_EINVAL, d.msg, "count");
+            goto out;
+        }
+    } else {
+        name = src.name;
+    }
+    if (src.blob[0] == '\0' || src.damaged) {
+        ctl_http_send_error(req, WK_ESTATE, "the source state's bytes are damaged", NULL);
+        goto out;
+    }
+    json_t *arr = json_array();
+    for (int64_t i = 0; i < count; i++) {
+        ctl_store_state st = src;
+        st.tokens = src.tokens;
+        snprintf(st.name, sizeof(st.name), "%s", name);
+        snprintf(st.parent, sizeof(st.parent), "%s", src.id);
+        st.op = snapshot ? CTL_STORE_OP_SNAPSHOT : CTL_STORE_OP_FORK;
+        st.tier = CTL_STORE_TIER_COLD;
+        st.token_digest[0] = '\0';
+        st.created_ms = 0;
+        st.used_ms = 0;
+        uint64_t version = 0;
+        err = ctl_store_state_put(app->store, &st, NULL, 0, &version, &d);
+        if (err != WK_OK)
+            break;
+        ctl_store_state child;
+        char cref[CTL_STORE_ID_MAX + 1];
+        snprintf(cref, sizeof(cref), "%s@%llu", name, (unsigned long long)version);
+        err = ctl_store_state_get(app->store, owner, cref, &child, &d);
+        if (err != WK_OK)
+            break;
+        json_array_append_new(arr, ctl_states_json(app, &child));
+        ctl_store_state_fini(&child);
+    }
+    if (err != WK_OK) {
+        json_decref(arr);
+        ctl_states_fail(req, err, &d);
+        goto out;
+    }
+    if (count == 1) {
+        json_t *one = json_incref(json_array_get(arr, 0));
+        json_decref(arr);
+        ctl_http_send_json(req, 201, one);
+    } else {
+        ctl_http_send_json(req, 201, json_pack("{s:s, s:o}", "object", "list", "data", arr));
+    }
+out:
+    ctl_store_state_fini(&src);
+    json_decref(body);
+}
+
+static void
+ctl_states_tier(ctl_http_req *req, ctl_app *app, const char *ref, bool resume)
+{
+    const char *owner = ctl_http_req_user(req);
+    wk_diag d = {{0}};
+    ctl_store_state st;
+    wk_err err = ctl_store_state_get(app->store, owner, ref, &st, &d);
+    if (err != WK_OK) {
+        ctl_states_fail(req, err, &d);
+        return;
+    }
+    if (!resume) {
+        ctl_vm_drop(app->vm, st.blob, false);
+    } else if (!ctl_vm_cached(app->vm, st.blob)) {
+        ctl_slot_ref slot;
+        err = ctl_vm_slot_get(app->vm, NULL, &slot, &d);
+        if (err == WK_OK) {
+            err = ctl_vm_load_into(app->vm, NULL, st.blob, &slot, &d);
+            if (err == WK_OK)
+                err = ctl_vm_put(app->vm, st.blob, &slot, false, &d);
+            if (err != WK_OK)
+                (void)ctl_sched_slot_free(app->sched, &slot);
+        }
+        if (err == WK_ECORRUPT)
+            ctl_states_mark_damaged(app, owner, st.id, &d);
+    }
+    if (err != WK_OK)
+        ctl_states_fail(req, err, &d);
+    else
+        ctl_http_send_json(req, 200, ctl_states_json(app, &st));
+    ctl_store_state_fini(&st);
+}
+
+/* Fills a state file header for st (len state bytes); tensors owned by h (free). */
+static wk_err
+ctl_states_fill_hdr(ctl_app *app, const ctl_store_state *st, size_t len, ctl_statefile_hdr *h,
+                    wk_diag *d)
+{
+    ctl_worker_view v;
+    wk_err err = ctl_states_model_view(app, &v);
+    if (err != WK_OK)
+        return wk_diag_set(d, err, "no worker has the model loaded");
+    uint64_t bytes = 0;
+    err = ctl_statefile_layout_rwkv7(v.n_layer, v.n_embd, v.n_head, v.head_size, &h->tensors,
+                                     &h->n_tensors, &bytes, d);
+    if (err != WK_OK)
+        return err;
+    if (bytes != len)
+        return wk_diag_set(d, WK_ECORRUPT, "state has %zu bytes, the model's layout %llu", len,
+                           (unsigned long long)bytes);
+    snprintf(h->family, sizeof(h->family), "%.15s", st->family);
+    snprintf(h->fingerprint, sizeof(h->fingerprint), "%s", st->fingerprint);
+    snprintf(h->tokenizer_digest, sizeof(h->tokenizer_digest), "%s", wk_tok_digest(app->tok));
+    snprintf(h->token_digest, sizeof(h->token_digest), "%s", st->token_digest);
+    h->tokens = st->tokens;
+    h->n_tokens = st->n_tokens;
+    h->state_bytes = len;
+    return WK_OK;
+}
+
+static void
+ctl_states_export(ctl_http_req *req, ctl_app *app, const char *ref)
+{
+    const char *owner = ctl_http_req_user(req);
+    wk_diag d = {{0}};
+    ctl_store_state st;
+    wk_err err = ctl_store_state_get(app->store, owner, ref, &st, &d);
+    if (err != WK_OK) {
+        ctl_states_fail(req, err, &d);
+        return;
+    }
+    void *bytes = NULL, *file = NULL;
+    size_t len = 0, flen = 0;
+    ctl_statefile_hdr h;
+    memset(&h, 0, sizeof(h));
+    err = ctl_store_blob_get(app->store, st.blob, &bytes, &len, &d);
+    if (err == WK_ECORRUPT)
+        ctl_states_mark_damaged(app, owner, st.id, &d);
+    if (err == WK_OK)
+        err = ctl_states_fill_hdr(app, &st, len, &h, &d);
+    if (err == WK_OK)
+        err = ctl_statefile_write(&h, bytes, len, &file, &flen, &d);
+    if (err != WK_OK) {
+        ctl_states_fail(req, err, &d);
+    } else {
+        ctl_http_send(req, 200, "application/octet-stream", file, flen);
+    }
+    free(h.tensors); /* tokens are borrowed from st */
+    free(file);
+    free(bytes);
+    ctl_store_state_fini(&st);
+}
+
+static void
+ctl_states_import(ctl_http_req *req, ctl_app *app)
+{
+    const char *buf = NULL;
+    size_t len = 0;
+    wk_diag d = {{0}};
+    wk_err err = ctl_http_req_body(req, &buf, &len);
+    if (err != WK_OK) {
+        ctl_http_send_error(req, err, err == WK_ETOOBIG ? "state file too large"
+                                                        : "cannot read the body", NULL);
+        return;
+    }
+    char name[CTL_STORE_NAME_MAX + 1] = "imported";
+    const char *q = ctl_http_req_query(req);
+    if (q != NULL && strncmp(q, "name=", 5) == 0) {
+        snprintf(name, sizeof(name), "%.*s", (int)strcspn(q + 5, "&"), q + 5);
+        if (ctl_store_name_check(name, &d) != WK_OK) {
+            ctl_http_send_error(req, WK_EINVAL, d.msg, "name");
+            return;
+        }
+    }
+    ctl_statefile_hdr h;
+    const void *state = NULL;
+    size_t slen = 0;
+    err = ctl_statefile_read(buf, len, &h, &state, &slen, &d);
+    if (err != WK_OK) {
+        char msg[600];
+        snprintf(msg, sizeof(msg), "not a valid state file: %s", d.msg);
+        ctl_http_send_error(req, WK_EINVAL, msg, NULL);
+        return;
+    }
+    ctl_worker_view v;
+    ctl_store_state st;
+    memset(&st, 0, sizeof(st));
+    if (ctl_states_model_view(app, &v) != WK_OK) {
+        ctl_http_send_error(req, WK_EUNAVAIL, "no worker has the model loaded", NULL);
+    } else if (strcmp(h.fingerprint, v.fingerprint) != 0) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "the state file is for model %.16s..., this server runs %.16s...",
+                 h.fingerprint, v.fingerprint);
+        ctl_http_send_error(req, WK_EINVAL, msg, NULL);
+    } else if (strcmp(h.tokenizer_digest, wk_tok_digest(app->tok)) != 0) {
+        ctl_http_send_error(req, WK_EINVAL, "the state file was made with another tokenizer",
+                            NULL);
+    } else if (slen != v.state_bytes || h.n_tokens == 0) {
+        ctl_http_send_error(req, WK_EINVAL, "the state file's size does not fit this model",
+                            NULL);
+    } else {
+        snprintf(st.owner, sizeof(st.owner), "%s", ctl_http_req_user(req));
+        snprintf(st.name, sizeof(st.name), "%s", name);
+        snprintf(st.fingerprint, sizeof(st.fingerprint), "%s", h.fingerprint);
+        snprintf(st.family, sizeof(st.family), "%s", h.family);
+        st.tokens = h.tokens;
+        st.n_tokens = h.n_tokens;
+        st.op = CTL_STORE_OP_IMPORT;
+        st.tier = CTL_STORE_TIER_COLD;
+        st.state_bytes = slen;
+        uint64_t version = 0;
+        err = ctl_store_state_put(app->store, &st, state, slen, &version, &d);
+        memset(&st, 0, sizeof(st));
+        if (err == WK_OK) {
+            char ref[CTL_STORE_ID_MAX + 1];
+            snprintf(ref, sizeof(ref), "%s@%llu", name, (unsigned long long)version);
+            err = ctl_store_state_get(app->store, ctl_http_req_user(req), ref, &st, &d);
+        }
+        if (err != WK_OK)
+            ctl_states_fail(req, err, &d);
+        else
+            ctl_http_send_json(req, 201, ctl_states_json(app, &st));
+    }
+    ctl_store_state_fini(&st);
+    ctl_statefile_hdr_fini(&h);
+}
+
+static void
+ctl_states_send_page(ctl_http_req *req, ctl_app *app, ctl_store_page *page, bool with_owner)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; i < page->n; i++) {
+        json_t *o = ctl_states_json(app, &page->items[i]);
+        if (with_owner)
+            json_object_set_new(o, "owner", json_string(page->items[i].owner));
+        json_array_append_new(arr, o);
+    }
+    json_t *body = json_pack("{s:s, s:o}", "object", "list", "data", arr);
+    if (page->next[0])
+        json_object_set_new(body, "next", json_string(page->next));
+    ctl_http_send_json(req, 200, body);
+}
+
+/* Reads ?after=CURSOR&limit=N from the query. */
+static void
+ctl_states_query(ctl_http_req *req, char *cursor, size_t cap, size_t *limit)
+{
+    const char *q = ctl_http_req_query(req);
+    cursor[0] = '\0';
+    *limit = 0;
+    while (q != NULL && *q) {
+        size_t n = strcspn(q, "&");
+        if (strncmp(q, "after=", 6) == 0 && n - 6 < cap)
+            snprintf(cursor, cap, "%.*s", (int)(n - 6), q + 6);
+        else if (strncmp(q, "limit=", 6) == 0)
+            *limit = (size_t)strtoul(q + 6, NULL, 10);
+        q += n;
+        if (*q == '&')
+            q++;
+    }
+}
+
+static void
+ctl_states_list(ctl_http_req *req, ctl_app *app, const char *owner, const char *name)
+{
+    char cursor[CTL_STORE_CURSOR_MAX];
+    size_t limit = 0;
+    ctl_states_query(req, cursor, sizeof(cursor), &limit);
+    ctl_store_page page;
+    memset(&page, 0, sizeof(page));
+    wk_diag d = {{0}};
+    wk_err err = name ? ctl_store_state_versions(app->store, owner, name, cursor, limit, &page, &d)
+                      : ctl_store_state_list(app->store, owner, cursor, limit, &page, &d);
+    if (err != WK_OK)
+        ctl_states_fail(req, err, &d);
+    else
+        ctl_states_send_page(req, app, &page, owner == NULL);
+    ctl_store_page_fini(&page);
+}
+
+static void
+ctl_states_get_one(ctl_http_req *req, ctl_app *app, const char *ref)
+{
+    wk_diag d = {{0}};
+    ctl_store_state st;
+    wk_err err = ctl_store_state_get(app->store, ctl_http_req_user(req), ref, &st, &d);
+    if (err != WK_OK) {
+        ctl_states_fail(req, err, &d);
+        return;
+    }
+    json_t *o = ctl_states_json(app, &st);
+    json_t *ids = json_array();
+    for (size_t i = 0; i < st.n_tokens; i++)
+        json_array_append_new(ids, json_integer(st.tokens[i]));
+    json_object_set_new(o, "token_ids", ids);
+    json_object_set_new(o, "token_digest", json_string(st.token_digest));
+    ctl_http_send_json(req, 200, o);
+    ctl_store_state_fini(&st);
+}
+
+static void
+ctl_states_delete(ctl_http_req *req, ctl_app *app, const char *ref)
+{
+    wk_diag d = {{0}};
+    uint64_t n = 0;
+    wk_err err = ctl_store_state_delete(app->store, ctl_http_req_user(req), ref, &n, &d);
+    if (err != WK_OK)
+        ctl_states_fail(req, err, &d);
+    else
+        ctl_http_send_json(req, 200, json_pack("{s:s, s:s, s:b, s:I}", "id", ref, "object",
+                                               "state.deleted", "deleted", 1, "versions",
+                                               (json_int_t)n));
+}
+
+static void
+ctl_states_rollback(ctl_http_req *req, ctl_app *app, const char *ref)
+{
+    wk_diag d = {{0}};
+    uint64_t version = 0;
+    const char *owner = ctl_http_req_user(req);
+    wk_err err = ctl_store_state_rollback(app->store, owner, ref, 0, &version, &d);
+    ctl_store_state st;
+    memset(&st, 0, sizeof(st));
+    if (err == WK_OK) {
+        char name[CTL_STORE_NAME_MAX + 1];
+        uint64_t v = 0;
+        err = ctl_store_id_parse(ref, name, &v, &d);
+        if (err == WK_OK) {
+            char nref[CTL_STORE_ID_MAX + 1];
+            snprintf(nref, sizeof(nref), "%s@%llu", name, (unsigned long long)version);
+            err = ctl_store_state_get(app->store, owner, nref, &st, &d);
+        }
+    }
+    if (err != WK_OK)
+        ctl_states_fail(req, err, &d);
+    else
+        ctl_http_send_json(req, 201, ctl_states_json(app, &st));
+    ctl_store_state_fini(&st);
+}
+
+/* Routes /v1/states, /v1/states/import, /v1/states/{id}[/{action}]. */
+static void
+ctl_states_route(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    const char *path = ctl_http_req_path(req) + strlen("/v1/states");
+    const char *m = ctl_http_req_method(req);
+    bool get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0;
+    if (*path == '\0' || strcmp(path, "/") == 0) {
+        if (get)
+            ctl_states_list(req, app, ctl_http_req_user(req), NULL);
+        else if (post)
+            ctl_states_create(req, app);
+        else
+            ctl_http_send_error_status(req, 405, WK_EINVAL, "use GET or POST", NULL);
+        return;
+    }
+    if (*path != '/') {
+        ctl_http_send_error(req, WK_ENOENT, "no such route", NULL);
+        return;
+    }
+    path++;
+    if (strcmp(path, "import") == 0) {
+        if (post)
+            ctl_states_import(req, app);
+        else
+            ctl_http_send_error_status(req, 405, WK_EINVAL, "use POST", NULL);
+        return;
+    }
+    char ref[CTL_STORE_ID_MAX + 1];
+    size_t rl = strcspn(path, "/");
+    if (rl == 0 || rl > CTL_STORE_ID_MAX) {
+        ctl_http_send_error(req, WK_ENOENT, "no such state", NULL);
+        return;
+    }
+    snprintf(ref, sizeof(ref), "%.*s", (int)rl, path);
+    const char *action = path[rl] == '/' ? path + rl + 1 : "";
+    static const struct {
+        const char *action;
+        const char *method;
+    } allowed[] = {{"", "GET"},          {"", "DELETE"},           {"generate", "POST"},
+                   {"fork", "POST"},     {"snapshot", "POST"},     {"hibernate", "POST"},
+                   {"resume", "POST"},   {"export", "GET"},        {"versions", "GET"},
+                   {"rollback", "POST"}};
+    bool known = false, ok = false;
+    for (size_t i = 0; i < sizeof(allowed) / sizeof(allowed[0]); i++) {
+        if (strcmp(allowed[i].action, action) == 0) {
+            known = true;
+            ok = ok || strcmp(allowed[i].method, m) == 0;
+        }
+    }
+    if (!known) {
+        ctl_http_send_error(req, WK_ENOENT, "no such state route", NULL);
+        return;
+    }
+    if (!ok) {
+        ctl_http_send_error_status(req, 405, WK_EINVAL, "method not allowed here", NULL);
+        return;
+    }
+    if (strcmp(action, "") == 0 && get)
+        ctl_states_get_one(req, app, ref);
+    else if (strcmp(action, "") == 0)
+        ctl_states_delete(req, app, ref);
+    else if (strcmp(action, "generate") == 0)
+        ctl_states_generate(req, app, ref);
+    else if (strcmp(action, "fork") == 0)
+        ctl_states_fork(req, app, ref, false);
+    else if (strcmp(action, "snapshot") == 0)
+        ctl_states_fork(req, app, ref, true);
+    else if (strcmp(action, "hibernate") == 0)
+        ctl_states_tier(req, app, ref, false);
+    else if (strcmp(action, "resume") == 0)
+        ctl_states_tier(req, app, ref, true);
+    else if (strcmp(action, "export") == 0)
+        ctl_states_export(req, app, ref);
+    else if (strcmp(action, "versions") == 0)
+        ctl_states_list(req, app, ctl_http_req_user(req), ref);
+    else
+        ctl_states_rollback(req, app, ref);
+}
+
+static void
+ctl_states_admin_list(ctl_http_req *req, void *arg)
+{
+    ctl_states_list(req, arg, NULL, NULL);
+}
+
+size_t
+ctl_states_routes(ctl_app *app, ctl_http_route *out, size_t cap)
+{
+    const ctl_http_route routes[] = {
+        {NULL, "/v1/states", false, ctl_states_route, app, "/v1/states", CTL_HTTP_ACCESS_USER},
+        {NULL, "/v1/states/", true, ctl_states_route, app, "/v1/states/{id}",
+         CTL_HTTP_ACCESS_USER},
+        {"GET", "/admin/states", false, ctl_states_admin_list, app, "/admin/states",
+         CTL_HTTP_ACCESS_ADMIN},
+    };
+    size_t n = sizeof(routes) / sizeof(routes[0]);
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = routes[i];
+    return n;
+}

@@ -1,0 +1,424 @@
+/*
+ * ctl_vm: the hot cache of state bytes in worker slots, LRU eviction with
+ * write-back for dirty entries, and chunked slot I/O over the pool.
+ */
+#define WK_LOG_MODULE "vm"
+#include "ctl_vm.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "wk_log.h"
+#include "wk_proto.h"
+
+#define CTL_VM_KEY_MAX 160
+#define CTL_VM_RPC_MS 60000
+
+typedef struct ctl_vm_entry {
+    char key[CTL_VM_KEY_MAX];    /* blob hex or session key */
+    ctl_slot_ref slot;           /* where the bytes are */
+    bool dirty;                  /* spill before eviction */
+    bool taken;                  /* a caller holds the slot */
+    uint64_t used;               /* LRU clock */
+    struct ctl_vm_entry *next;   /* list link */
+} ctl_vm_entry;
+
+struct ctl_vm {
+    ctl_pool *pool;          /* borrowed */
+    ctl_sched *sched;        /* borrowed */
+    ctl_store *store;        /* borrowed */
+    ctl_vm_spill_fn spill;   /* spill function for dirty entries */
+    void *spill_arg;         /* its argument */
+    pthread_mutex_t mu;      /* guards entries and clock */
+    ctl_vm_entry *entries;   /* cache */
+    uint64_t clock;          /* LRU counter */
+};
+
+wk_err
+ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store, ctl_vm **out, wk_diag *d)
+{
+    (void)d;
+    ctl_vm *vm = calloc(1, sizeof(*vm));
+    if (vm == NULL)
+        return WK_ENOMEM;
+    vm->pool = pool;
+    vm->sched = sched;
+    vm->store = store;
+    pthread_mutex_init(&vm->mu, NULL);
+    *out = vm;
+    return WK_OK;
+}
+
+void
+ctl_vm_free(ctl_vm *vm)
+{
+    if (vm == NULL)
+        return;
+    while (vm->entries != NULL) {
+        ctl_vm_entry *e = vm->entries;
+        vm->entries = e->next;
+        free(e);
+    }
+    pthread_mutex_destroy(&vm->mu);
+    free(vm);
+}
+
+void
+ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg)
+{
+    pthread_mutex_lock(&vm->mu);
+    vm->spill = fn;
+    vm->spill_arg = arg;
+    pthread_mutex_unlock(&vm->mu);
+}
+
+static wk_err
+ctl_vm_call(ctl_vm *vm, const char *worker, wk_msg *req, wk_msg **rep, wk_diag *d)
+{
+    return ctl_pool_call(vm->pool, worker, req, CTL_VM_RPC_MS, rep, d);
+}
+
+wk_err
+ctl_vm_slot_reset(ctl_vm *vm, const ctl_slot_ref *ref, wk_diag *d)
+{
+    Wkvm__SlotReset r = WKVM__SLOT_RESET__INIT;
+    r.slot = ref->slot;
+    wk_msg req = WKVM__ENVELOPE__INIT;
+    req.kind = WKVM__KIND__SLOT_RESET;
+    req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_RESET;
+    req.slot_reset = &r;
+    wk_msg *rep = NULL;
+    wk_err err = ctl_vm_call(vm, ref->worker, &req, &rep, d);
+    wk_proto_free(rep);
+    return err;
+}
+
+wk_err
+ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes, size_t *len, wk_diag *d)
+{
+    uint8_t *buf = NULL;
+    uint64_t total = 0, off = 0;
+    do {
+        Wkvm__SlotRead r = WKVM__SLOT_READ__INIT;
+        r.slot = ref->slot;
+        r.offset = off;
+        r.length = WK_PROTO_CHUNK_MAX;
+        wk_msg req = WKVM__ENVELOPE__INIT;
+        req.kind = WKVM__KIND__SLOT_READ;
+        req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_READ;
+        req.slot_read = &r;
+        wk_msg *rep = NULL;
+        wk_err err = ctl_vm_call(vm, ref->worker, &req, &rep, d);
+        if (err != WK_OK) {
+            free(buf);
+            return err;
+        }
+        const Wkvm__SlotData *sd = rep->slot_data;
+        if (buf == NULL) {
+            total = sd->total_bytes;
+            buf = malloc(total ? total : 1);
+            if (buf == NULL) {
+                wk_proto_free(rep);
+                return WK_ENOMEM;
+            }
+        }
+        if (sd->total_bytes != total || sd->offset != off || sd->data.len > total - off ||
+            (sd->data.len == 0 && off < total)) {
+            wk_proto_free(rep);
+            free(buf);
+            return wk_diag_set(d, WK_EPROTO, "worker %s: inconsistent slot data", ref->worker);
+        }
+        memcpy(buf + off, sd->data.data, sd->data.len);
+        off += sd->data.len;
+        wk_proto_free(rep);
+    } while (off < total);
+    *bytes = buf;
+    *len = (size_t)total;
+    return WK_OK;
+}
+
+wk_err
+ctl_vm_slot_write(ctl_vm *vm, const ctl_slot_ref *ref, const void *bytes, size_t len,
+                  wk_diag *d)
+{
+    size_t off = 0;
+    do {
+        size_t n = len - off < WK_PROTO_CHUNK_MAX ? len - off : WK_PROTO_CHUNK_MAX;
+        Wkvm__SlotWrite w = WKVM__SLOT_WRITE__INIT;
+        w.slot = ref->slot;
+        w.offset = off;
+        w.data.data = (uint8_t *)bytes + off;
+        w.data.len = n;
+        wk_msg req = WKVM__ENVELOPE__INIT;
+        req.kind = WKVM__KIND__SLOT_WRITE;
+        req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_WRITE;
+        req.slot_write = &w;
+        wk_msg *rep = NULL;
+        wk_err err = ctl_vm_call(vm, ref->worker, &req, &rep, d);
+        wk_proto_free(rep);
+        if (err != WK_OK)
+            return err;
+        off += n;
+    } while (off < len);
+    return WK_OK;
+}
+
+static wk_err
+ctl_vm_slot_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_diag *d)
+{
+    if (strcmp(src->worker, dst->worker) == 0) {
+        Wkvm__SlotCopy c = WKVM__SLOT_COPY__INIT;
+        c.src = src->slot;
+        c.dst = dst->slot;
+        wk_msg req = WKVM__ENVELOPE__INIT;
+        req.kind = WKVM__KIND__SLOT_COPY;
+        req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_COPY;
+        req.slot_copy = &c;
+        wk_msg *rep = NULL;
+        wk_err err = ctl_vm_call(vm, src->worker, &req, &rep, d);
+        wk_proto_free(rep);
+        return err;
+    }
+    void *bytes = NULL;
+    size_t len = 0;
+    wk_err err = ctl_vm_slot_read(vm, src, &bytes, &len, d);
+    if (err == WK_OK)
+        err = ctl_vm_slot_write(vm, dst, bytes, len, d);
+    free(bytes);
+    return err;
+}
+
+/* Unlinks e (caller holds mu). */
+static void
+ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e)
+{
+    for (ctl_vm_entry **pp = &vm->entries; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == e) {
+            *pp = e->next;
+            return;
+        }
+    }
+}
+
+static ctl_vm_entry *
+ctl_vm_find_locked(ctl_vm *vm, const char *key)
+{
+    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
+        if (strcmp(e->key, key) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* Spills (when dirty) and frees an entry already unlinked. */
+static wk_err
+ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
+{
+    wk_err err = WK_OK;
+    wk_diag d = {{0}};
+    if (e->dirty && spill && ctl_sched_slot_valid(vm->sched, &e->slot)) {
+        void *bytes = NULL;
+        size_t len = 0;
+        ctl_vm_spill_fn fn;
+        void *arg;
+        pthread_mutex_lock(&vm->mu);
+        fn = vm->spill;
+        arg = vm->spill_arg;
+        pthread_mutex_unlock(&vm->mu);
+        err = ctl_vm_slot_read(vm, &e->slot, &bytes, &len, &d);
+        if (err == WK_OK && fn != NULL)
+            err = fn(arg, e->key, bytes, len, &d);
+        free(bytes);
+        if (err != WK_OK)
+            wk_log_warn("spill failed key=%.16s: %s", e->key, d.msg);
+    }
+    (void)ctl_sched_slot_free(vm->sched, &e->slot);
+    free(e);
+    return err;
+}
+
+wk_err
+ctl_vm_evict_one(ctl_vm *vm)
+{
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *victim = NULL;
+    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
+        if (!e->taken && (victim == NULL || e->used < victim->used))
+            victim = e;
+    }
+    if (victim != NULL)
+        ctl_vm_unlink_locked(vm, victim);
+    pthread_mutex_unlock(&vm->mu);
+    if (victim == NULL)
+        return WK_ENOENT;
+    wk_log_debug("evicting key=%.16s dirty=%d worker=%s slot=%u", victim->key, victim->dirty,
+                 victim->slot.worker, victim->slot.slot);
+    wk_err err = ctl_vm_retire(vm, victim, true);
+    if (err != WK_OK)
+        wk_log_warn("evicted entry could not be spilled; its session restarts from the prompt");
+    return WK_OK;
+}
+
+wk_err
+ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out, wk_diag *d)
+{
+    for (int tries = 0; tries < 1024; tries++) {
+        if (ctl_sched_slot_alloc(vm->sched, worker, out, NULL) == WK_OK)
+            return WK_OK;
+        if (worker != NULL && ctl_sched_slot_alloc(vm->sched, NULL, out, NULL) == WK_OK)
+            return WK_OK;
+        if (ctl_vm_evict_one(vm) != WK_OK)
+            break;
+    }
+    return wk_diag_set(d, WK_ENOSPC, "no free state slot (all slots are running requests)");
+}
+
+wk_err
+ctl_vm_put(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool dirty, wk_diag *d)
+{
+    if (strlen(key) >= CTL_VM_KEY_MAX)
+        return wk_diag_set(d, WK_EINVAL, "cache key too long");
+    ctl_vm_entry *ne = calloc(1, sizeof(*ne));
+    if (ne == NULL)
+        return WK_ENOMEM;
+    snprintf(ne->key, sizeof(ne->key), "%s", key);
+    ne->slot = *slot;
+    ne->dirty = dirty;
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *old = ctl_vm_find_locked(vm, key);
+    if (old != NULL && !old->taken)
+        ctl_vm_unlink_locked(vm, old);
+    else
+        old = NULL;
+    ne->used = ++vm->clock;
+    ne->next = vm->entries;
+    vm->entries = ne;
+    pthread_mutex_unlock(&vm->mu);
+    if (old != NULL)
+        (void)ctl_vm_retire(vm, old, false);
+    return WK_OK;
+}
+
+wk_err
+ctl_vm_take(ctl_vm *vm, const char *key, ctl_slot_ref *slot)
+{
+    wk_err err = WK_ENOENT;
+    ctl_vm_entry *stale = NULL;
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
+    if (e != NULL && e->taken) {
+        err = WK_EBUSY;
+    } else if (e != NULL && !ctl_sched_slot_valid(vm->sched, &e->slot)) {
+        ctl_vm_unlink_locked(vm, e);
+        stale = e;
+    } else if (e != NULL) {
+        ctl_vm_unlink_locked(vm, e);
+        *slot = e->slot;
+        free(e);
+        err = WK_OK;
+    }
+    pthread_mutex_unlock(&vm->mu);
+    free(stale);
+    return err;
+}
+
+wk_err
+ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_slot_ref *dst,
+                 wk_diag *d)
+{
+    ctl_slot_ref src;
+    bool hit = false;
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *e = key ? ctl_vm_find_locked(vm, key) : NULL;
+    if (e != NULL && !e->taken) {
+        e->taken = true; /* pinned for the copy */
+        e->used = ++vm->clock;
+        src = e->slot;
+        hit = true;
+    }
+    pthread_mutex_unlock(&vm->mu);
+    if (hit) {
+        wk_err err = WK_ESTATE;
+        if (ctl_sched_slot_valid(vm->sched, &src))
+            err = ctl_vm_slot_copy(vm, &src, dst, d);
+        pthread_mutex_lock(&vm->mu);
+        e = ctl_vm_find_locked(vm, key);
+        if (e != NULL)
+            e->taken = false;
+        pthread_mutex_unlock(&vm->mu);
+        if (err == WK_OK)
+            return WK_OK;
+        ctl_vm_drop(vm, key, false); /* stale: fall back to the blob */
+    }
+    if (blob_hex == NULL || blob_hex[0] == '\0')
+        return wk_diag_set(d, WK_ENOENT, "the state's bytes are not available");
+    void *bytes = NULL;
+    size_t len = 0;
+    wk_err err = ctl_store_blob_get(vm->store, blob_hex, &bytes, &len, d);
+    if (err == WK_OK)
+        err = ctl_vm_slot_write(vm, dst, bytes, len, d);
+    free(bytes);
+    return err;
+}
+
+void
+ctl_vm_drop(ctl_vm *vm, const char *key, bool spill)
+{
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
+    if (e != NULL && !e->taken)
+        ctl_vm_unlink_locked(vm, e);
+    else
+        e = NULL;
+    pthread_mutex_unlock(&vm->mu);
+    if (e != NULL)
+        (void)ctl_vm_retire(vm, e, spill);
+}
+
+bool
+ctl_vm_cached(ctl_vm *vm, const char *key)
+{
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
+    ctl_slot_ref ref;
+    bool found = e != NULL;
+    if (found)
+        ref = e->slot;
+    pthread_mutex_unlock(&vm->mu);
+    return found && ctl_sched_slot_valid(vm->sched, &ref);
+}
+
+void
+ctl_vm_counts(ctl_vm *vm, uint32_t *clean, uint32_t *dirty)
+{
+    *clean = 0;
+    *dirty = 0;
+    pthread_mutex_lock(&vm->mu);
+    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
+        if (e->dirty)
+            (*dirty)++;
+        else
+            (*clean)++;
+    }
+    pthread_mutex_unlock(&vm->mu);
+}
+
+void
+ctl_vm_flush(ctl_vm *vm)
+{
+    for (;;) {
+        pthread_mutex_lock(&vm->mu);
+        ctl_vm_entry *e = vm->entries;
+        while (e != NULL && (!e->dirty || e->taken))
+            e = e->next;
+        if (e != NULL)
+            ctl_vm_unlink_locked(vm, e);
+        pthread_mutex_unlock(&vm->mu);
+        if (e == NULL)
+            return;
+        (void)ctl_vm_retire(vm, e, true);
+    }
+}

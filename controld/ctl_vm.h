@@ -1,0 +1,97 @@
+/*
+ * ctl_vm: state bytes and where they live. The hypervisor's memory manager.
+ *
+ * Durable states are immutable, content-addressed blobs in the store (cold
+ * tier). A worker slot holding a blob's bytes is a hot cache entry for it,
+ * keyed by the blob's hex digest, so fork, snapshot and rollback never copy
+ * bytes, and a generation copies the cached slot into a scratch slot on the
+ * worker (SlotCopy) before it runs. Chat sessions park in slots as dirty
+ * entries keyed by the session key: they are spilled to a blob only when
+ * evicted (write-back). Under slot pressure the least recently used idle
+ * entry is evicted (spilled first when dirty); the scheduler calls
+ * ctl_vm_evict_one() when requests wait for a slot.
+ *
+ * Slot I/O (read, write, copy, reset) goes through the pool as
+ * SlotRead/SlotWrite/SlotCopy/SlotReset RPCs in chunks of at most 4 MiB; the
+ * worker runs them between steps, never during one.
+ *
+ * Threading: all functions are thread-safe; the entry table has its own
+ * mutex, never held across an RPC.
+ */
+#ifndef CTL_VM_H
+#define CTL_VM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ctl_pool.h"
+#include "ctl_sched.h"
+#include "ctl_store.h"
+#include "wk_err.h"
+
+typedef struct ctl_vm ctl_vm;
+
+/* Called to spill a dirty entry: store bytes durably and record where. */
+typedef wk_err (*ctl_vm_spill_fn)(void *arg, const char *key, const void *bytes, size_t len,
+                                  wk_diag *d);
+
+WK_MUST_CHECK wk_err ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store,
+                                ctl_vm **out, wk_diag *d);
+void ctl_vm_free(ctl_vm *vm);
+
+/* Registers the spill function for dirty entries (sessions). */
+void ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg);
+
+/*
+ * Gets a free slot, evicting LRU idle entries when none is free. worker:
+ * preferred worker or NULL. WK_ENOSPC when nothing can be evicted.
+ */
+WK_MUST_CHECK wk_err ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out,
+                                     wk_diag *d);
+
+/* Evicts one LRU idle entry. Returns WK_OK when a slot was freed, WK_ENOENT when none. */
+wk_err ctl_vm_evict_one(ctl_vm *vm);
+
+/* Slot I/O. bytes: caller frees with free(). */
+WK_MUST_CHECK wk_err ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes,
+                                      size_t *len, wk_diag *d);
+WK_MUST_CHECK wk_err ctl_vm_slot_write(ctl_vm *vm, const ctl_slot_ref *ref, const void *bytes,
+                                       size_t len, wk_diag *d);
+WK_MUST_CHECK wk_err ctl_vm_slot_reset(ctl_vm *vm, const ctl_slot_ref *ref, wk_diag *d);
+
+/*
+ * Puts a copy of the bytes of entry key (or, when not cached, of blob hex,
+ * "" for none) into the scratch slot dst. WK_ENOENT when neither exists.
+ */
+WK_MUST_CHECK wk_err ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex,
+                                      const ctl_slot_ref *dst, wk_diag *d);
+
+/*
+ * Makes slot (held by the caller, consumed on success) the cache entry for
+ * key. dirty: the bytes exist nowhere else (spilled on eviction). Replaces
+ * an older entry for key (its slot is freed).
+ */
+WK_MUST_CHECK wk_err ctl_vm_put(ctl_vm *vm, const char *key, const ctl_slot_ref *slot,
+                                bool dirty, wk_diag *d);
+
+/*
+ * Takes the entry for key out of the cache: *slot is then held by the
+ * caller (to run on, then ctl_vm_put again). WK_ENOENT when not cached or
+ * its slot went stale (worker restarted), WK_EBUSY when taken already.
+ */
+WK_MUST_CHECK wk_err ctl_vm_take(ctl_vm *vm, const char *key, ctl_slot_ref *slot);
+
+/* Drops key from the cache (frees its slot; a dirty entry is spilled first). */
+void ctl_vm_drop(ctl_vm *vm, const char *key, bool spill);
+
+/* True when key is cached in a live slot. */
+bool ctl_vm_cached(ctl_vm *vm, const char *key);
+
+/* Entries by kind, for metrics: clean (state cache) and dirty (sessions). */
+void ctl_vm_counts(ctl_vm *vm, uint32_t *clean, uint32_t *dirty);
+
+/* Spills every dirty entry (shutdown). */
+void ctl_vm_flush(ctl_vm *vm);
+
+#endif /* CTL_VM_H */
