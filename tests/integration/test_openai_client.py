@@ -1,0 +1,259 @@
+"""The official OpenAI Python SDK against a real wkvm stack.
+
+Creates (once, cached as $WKVM_BUILD_DIR/venv-openai) a venv with
+`/usr/bin/python3 -m venv` and `pip install openai`, starts a controller and a
+CPU worker with a tiny model, and runs CLIENT_SCRIPT inside the venv against it.
+Exits 77 (skipped) when pip cannot reach a package index.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from wkvm_harness import BUILD, MKMODEL, Stack  # noqa: E402
+
+SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+MID = "tiny"
+
+# Runs inside the venv: argv[1] is the base URL, argv[2] the model id. Prints
+# "PASS name" / "FAIL name: why" per check.
+CLIENT_SCRIPT = r'''
+import sys
+import traceback
+
+import openai
+
+URL, MID = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=URL + "/v1", api_key="none", max_retries=0, timeout=120)
+MSGS = [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say something about state slots."}]
+PROMPT = [5, 77, 300, 12, 1, 499, 256, 42, 9, 10]
+shared = {}
+
+
+def models_list():
+    page = client.models.list()
+    ids = [m.id for m in page.data]
+    assert ids == [MID], ids
+    assert page.data[0].object == "model" and page.data[0].owned_by == "wkvm", page.data[0]
+
+
+def chat_blocking():
+    r = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=24, temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-"), r
+    assert r.model == MID, r.model
+    c = r.choices[0]
+    assert c.index == 0 and c.message.role == "assistant", c
+    assert isinstance(c.message.content, str), c.message
+    assert c.finish_reason in ("stop", "length"), c.finish_reason
+    u = r.usage
+    assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 24, u
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens, u
+    shared["chat"] = r
+
+
+def chat_stream():
+    want = shared.get("chat")
+    assert want is not None, "chat_blocking did not run"
+    stream = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=24,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert len(chunks) >= 3, chunks
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks), chunks
+    assert len({ch.id for ch in chunks}) == 1, [ch.id for ch in chunks]
+    assert chunks[0].choices[0].delta.role == "assistant", chunks[0]
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage is not None, usage
+    assert usage.usage.prompt_tokens == want.usage.prompt_tokens, (usage.usage, want.usage)
+    assert usage.usage.completion_tokens == want.usage.completion_tokens, (usage.usage, want.usage)
+    assert usage.usage.total_tokens == want.usage.total_tokens, (usage.usage, want.usage)
+    body = chunks[:-1]
+    assert all(ch.usage is None for ch in body), [ch.usage for ch in body]
+    text = "".join(ch.choices[0].delta.content or "" for ch in body)
+    assert text == want.choices[0].message.content, (text, want.choices[0].message.content)
+    finish = [ch.choices[0].finish_reason for ch in body]
+    assert finish[-1] == want.choices[0].finish_reason, finish
+    assert all(f is None for f in finish[:-1]), finish
+
+
+def completions_token_ids():
+    r = client.completions.create(model=MID, prompt=PROMPT, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert r.object == "text_completion" and r.model == MID, r
+    c = r.choices[0]
+    assert isinstance(c.text, str) and c.finish_reason == "length", c
+    assert r.usage.prompt_tokens == len(PROMPT), r.usage
+    assert r.usage.completion_tokens == 8, r.usage
+    ids = (c.model_extra or {}).get("token_ids")
+    assert isinstance(ids, list) and len(ids) == 8, c
+    # Streaming the same request gives the same text.
+    s = client.completions.create(model=MID, prompt=PROMPT, max_tokens=8, temperature=0,
+                                  stream=True, extra_body={"ignore_eos": True})
+    text = "".join(ch.choices[0].text for ch in s if ch.choices)
+    assert text == c.text, (text, c.text)
+
+
+def error_unknown_model():
+    try:
+        client.chat.completions.create(model="no-such-model", messages=MSGS, max_tokens=4)
+    except openai.NotFoundError as e:
+        assert e.status_code == 404, e
+        err = e.body if isinstance(e.body, dict) else {}
+        assert err.get("param") == "model", e.body
+        return
+    raise AssertionError("no NotFoundError for an unknown model")
+
+
+def error_tools():
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    try:
+        client.chat.completions.create(model=MID, messages=MSGS, max_tokens=4, tools=tools)
+    except openai.BadRequestError as e:
+        assert e.status_code == 400, e
+        err = e.body if isinstance(e.body, dict) else {}
+        assert err.get("param") == "tools", e.body
+        return
+    raise AssertionError("no BadRequestError for tools")
+
+
+for t in (models_list, chat_blocking, chat_stream, completions_token_ids, error_unknown_model,
+          error_tools):
+    try:
+        t()
+        print(f"PASS {t.__name__}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        detail = "".join(traceback.format_exception_only(type(e), e)).strip()
+        print(f"FAIL {t.__name__}: {detail[:2000]}", flush=True)
+'''
+
+NETWORK_HINTS = ("NewConnectionError", "Temporary failure in name resolution",
+                 "Name or service not known", "Network is unreachable", "Connection refused",
+                 "ConnectTimeoutError", "ReadTimeoutError", "No matching distribution found",
+                 "Could not find a version that satisfies", "ProxyError", "SSLError",
+                 "connection broken", "Max retries exceeded")
+
+
+def skip(why):
+    print(f"SKIP openai_client: {why}")
+    print("0 passed, 0 failed, 1 skipped")
+    sys.exit(77)
+
+
+def venv_python(venv):
+    return os.path.join(venv, "bin", "python")
+
+
+def venv_ok(venv):
+    py = venv_python(venv)
+    if not os.path.exists(py):
+        return False
+    r = subprocess.run([py, "-c", "import openai"], capture_output=True, timeout=120)
+    return r.returncode == 0
+
+
+def ensure_venv():
+    """Returns the path of a venv holding openai, cached under the build dir."""
+    cache_root = os.environ.get("WKVM_BUILD_DIR")
+    if cache_root and os.path.isdir(cache_root):
+        venv = os.path.join(os.path.abspath(cache_root), "venv-openai")
+    else:
+        venv = os.path.join(tempfile.gettempdir(), f"wkvm-venv-openai-{os.getuid()}")
+    if venv_ok(venv):
+        return venv
+    # Build next to the final place and rename: concurrent runs never see half a venv.
+    tmp = tempfile.mkdtemp(prefix="venv-openai.tmp-", dir=os.path.dirname(venv))
+    try:
+        r = subprocess.run([SYSTEM_PYTHON, "-m", "venv", tmp], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            raise AssertionError(f"{SYSTEM_PYTHON} -m venv failed (Debian needs python3-venv: "
+                                 f"deploy/install-deps):\n{r.stdout}{r.stderr}")
+        t0 = time.time()
+        r = subprocess.run([venv_python(tmp), "-m", "pip", "install", "--disable-pip-version-check",
+                            "--timeout", "30", "--retries", "2", "openai"],
+                           capture_output=True, text=True, timeout=540)
+        if r.returncode != 0:
+            out = r.stdout + r.stderr
+            if any(h.lower() in out.lower() for h in NETWORK_HINTS):
+                skip("pip could not install openai (no package index reachable?):\n" + out[-1500:])
+            raise AssertionError("pip install openai failed:\n" + out[-3000:])
+        print(f"venv: installed openai in {time.time() - t0:.1f}s", flush=True)
+        if os.path.exists(venv):
+            shutil.rmtree(venv, ignore_errors=True)
+        try:
+            os.rename(tmp, venv)
+        except OSError:
+            if not venv_ok(venv):  # someone else's rename won only if theirs works
+                raise
+        else:
+            tmp = None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if not venv_ok(venv):
+        raise AssertionError(f"the venv at {venv} cannot import openai")
+    return venv
+
+
+def main():
+    for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "workerd/wkvm-mkmodel"):
+        if not os.access(os.path.join(BUILD, exe), os.X_OK):
+            print(f"FAIL setup: {exe} is not built in {BUILD}")
+            print("0 passed, 1 failed")
+            return 1
+    try:
+        venv = ensure_venv()
+    except AssertionError as e:
+        print(f"FAIL venv: {e}")
+        print("0 passed, 1 failed")
+        return 1
+    ver = subprocess.run([venv_python(venv), "-c", "import openai; print(openai.__version__)"],
+                         capture_output=True, text=True, timeout=120).stdout.strip()
+    print(f"openai SDK {ver} in {venv}", flush=True)
+    passed = failed = 0
+    with tempfile.TemporaryDirectory(prefix="wkvm-openai-") as tmp:
+        model = os.path.join(tmp, MID)
+        subprocess.run([MKMODEL, "--out", model, "--layers", "2", "--embd", "64", "--head-size",
+                        "16", "--ffn", "128", "--vocab", "512", "--seed", "7"], check=True,
+                       capture_output=True, timeout=60)
+        script = os.path.join(tmp, "client.py")
+        with open(script, "w") as f:
+            f.write(CLIENT_SCRIPT)
+        with Stack(model=model, slots=4) as s:
+            try:
+                s.start_controller()
+                s.start_worker("w0")
+                s.wait(lambda: s.get("/ready").status == 200, "ready")
+                env = {k: v for k, v in os.environ.items()
+                       if not k.startswith(("OPENAI_", "PYTHON"))}
+                env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+                r = subprocess.run([venv_python(venv), script, s.url, MID], capture_output=True,
+                                   text=True, timeout=300, env=env)
+            except Exception as e:  # noqa: BLE001
+                print(f"FAIL stack: {e}")
+                print(f"{passed} passed, {failed + 1} failed")
+                return 1
+            lines = r.stdout.splitlines()
+            for line in lines:
+                print(line, flush=True)
+                if line.startswith("PASS "):
+                    passed += 1
+                elif line.startswith("FAIL "):
+                    failed += 1
+            if r.returncode != 0 or passed + failed == 0:
+                failed += 1
+                print(f"FAIL client script: exit {r.returncode}\n{r.stderr[-3000:]}")
+            if failed:
+                print(s.tail())
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Durable State API integration tests: every state operation continues
+bit-identically to the uninterrupted run, nothing is lost across restarts,
+users never see each other's states, and bad input is refused clearly."""
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from wkvm_harness import MKMODEL, Stack, http, run_tests  # noqa: E402
+
+TMP = tempfile.TemporaryDirectory(prefix="wkvm-states-")
+
+
+def mkmodel(name, seed):
+    d = os.path.join(TMP.name, name)
+    subprocess.run([MKMODEL, "--out", d, "--layers", "2", "--embd", "64", "--head-size", "16",
+                    "--ffn", "128", "--vocab", "512", "--seed", str(seed)], check=True,
+                   capture_output=True, timeout=60)
+    return d
+
+
+MODEL = mkmodel("tiny", 7)
+OTHER = mkmodel("other", 8)
+P = [5, 6, 7, 8, 9, 10, 11, 12, 300, 301, 17]
+Q = [40, 41, 42]
+SAMPLING = [dict(temperature=0), dict(temperature=0.8, top_p=0.95, seed=1234)]
+
+
+def up(s, workers=1):
+    s.start_controller()
+    for i in range(workers):
+        s.start_worker(f"w{i}")
+    s.wait(lambda: s.get("/ready").status == 200, "ready")
+
+
+def baseline(s, tokens, n=12, **samp):
+    body = {"model": "tiny", "prompt": tokens, "max_tokens": n, "return_token_ids": True,
+            "ignore_eos": True}
+    body.update(samp)
+    r = s.post("/v1/completions", body=body)
+    assert r.status == 200, r.body
+    return r.json()["choices"][0]["token_ids"]
+
+
+def gen(s, ref, prompt_ids=None, n=12, save_as=None, **samp):
+    body = {"max_tokens": n, "return_token_ids": True, "ignore_eos": True}
+    if prompt_ids:
+        body["prompt_ids"] = prompt_ids
+    if save_as:
+        body["save_as"] = save_as
+    body.update(samp)
+    r = s.post(f"/v1/states/{ref}/generate", body=body)
+    assert r.status == 200, r.body
+    return r.json()
+
+
+def create(s, name, tokens, expect=201, **kw):
+    r = s.post("/v1/states", body={"model": "tiny", "name": name, "prompt_ids": tokens}, **kw)
+    assert r.status == expect, r.body
+    return r.json()
+
+
+def check_continuations(s, ref):
+    for samp in SAMPLING:
+        want = baseline(s, P + Q, **samp)
+        got = gen(s, ref, Q, **samp)["choices"][0]["token_ids"]
+        assert got == want, (ref, samp, got, want)
+
+
+def test_create_generate_and_ops():
+    with Stack(model=MODEL, slots=3) as s:
+        up(s)
+        st = create(s, "base", P)
+        assert st["id"] == "base@1" and st["tokens"] == len(P) and st["tier"] == "hot", st
+        check_continuations(s, "base@1")
+        # The source is untouched by generation.
+        check_continuations(s, "base@1")
+        # Hibernate then resume.
+        r = s.post("/v1/states/base@1/hibernate")
+        assert r.status == 200 and r.json()["tier"] == "cold", r.body
+        check_continuations(s, "base@1")  # runs from the blob
+        r = s.post("/v1/states/base@1/resume")
+        assert r.status == 200 and r.json()["tier"] == "hot", r.body
+        check_continuations(s, "base@1")
+        # Fork: children continue identically; snapshot too.
+        kids = s.post("/v1/states/base@1/fork", body={"name": "kid", "count": 3}).json()["data"]
+        assert [k["id"] for k in kids] == ["kid@1", "kid@2", "kid@3"]
+        assert all(k["parent"] == "base@1" and k["op"] == "fork" for k in kids)
+        check_continuations(s, "kid@2")
+        snap = s.post("/v1/states/base@1/snapshot")
+        assert snap.status == 201 and snap.json()["id"] == "base@2", snap.body
+        check_continuations(s, "base@2")
+        # Generate with save_as, then continue from the saved state: equals one long run.
+        g = gen(s, "base@1", Q, n=6, save_as="cont", temperature=0)
+        saved = g["state"]
+        assert saved["id"] == "cont@1" and saved["tokens"] == len(P) + len(Q) + 6, saved
+        first = g["choices"][0]["token_ids"]
+        more = gen(s, "cont@1", None, n=6, temperature=0)["choices"][0]["token_ids"]
+        assert first + more == baseline(s, P + Q, n=12, temperature=0)
+        # Export, then import: a new id, the same continuation.
+        blob = http("GET", s.url + "/v1/states/base@1/export")
+        assert blob.status == 200 and blob.body[:8] == b"WKVMSTAT", blob.body[:16]
+        imp = http("POST", s.url + "/v1/states/import?name=again", body=blob.body)
+        assert imp.status == 201 and imp.json()["id"] == "again@1", imp.body
+        check_continuations(s, "again@1")
+        # Versions and rollback.
+        vs = s.get("/v1/states/base/versions").json()["data"]
+        assert [v["id"] for v in vs] == ["base@1", "base@2"]
+        rb = s.post("/v1/states/base@1/rollback")
+        assert rb.status == 201 and rb.json()["id"] == "base@3" and rb.json()["op"] == "rollback"
+        check_continuations(s, "base@3")
+        # Many states, few slots: LRU eviction keeps everything reachable.
+        for i in range(6):
+            create(s, f"many{i}", P[: 3 + i])
+        for i in range(6):
+            want = baseline(s, P[: 3 + i] + Q, n=6, temperature=0)
+            got = gen(s, f"many{i}@1", Q, n=6, temperature=0)["choices"][0]["token_ids"]
+            assert got == want, i
+        # Deleting a version keeps the counter: numbers are never reused.
+        assert http("DELETE", s.url + "/v1/states/base@3").status == 200
+        again = s.post("/v1/states/base@1/snapshot").json()
+        assert again["id"] == "base@4", again
+        assert s.get("/v1/states/base@3").status == 404
+
+
+def test_restarts():
+    with Stack(model=MODEL, slots=3) as s:
+        up(s)
+        create(s, "keep", P)
+        want = {json.dumps(x): baseline(s, P + Q, **x) for x in SAMPLING}
+        # The controller dies hard and comes back: the state is there (cold) and identical.
+        s.kill_controller()
+        s.start_controller()
+        s.wait(lambda: s.get("/ready").status == 200, "ready after controller restart")
+        st = s.get("/v1/states/keep@1").json()
+        assert st["tokens"] == len(P) and st["token_ids"] == P, st
+        for x in SAMPLING:
+            assert gen(s, "keep@1", Q, **x)["choices"][0]["token_ids"] == want[json.dumps(x)]
+        # The worker dies after a hibernate and comes back.
+        assert s.post("/v1/states/keep@1/hibernate").status == 200
+        s.kill_worker("w0")
+        s.start_worker("w0")
+        s.wait(lambda: s.get("/ready").status == 200, "ready after worker restart")
+        for x in SAMPLING:
+            assert gen(s, "keep@1", Q, **x)["choices"][0]["token_ids"] == want[json.dumps(x)]
+        # A hot state whose worker restarted falls back to its blob.
+        assert s.post("/v1/states/keep@1/resume").json()["tier"] == "hot"
+        s.kill_worker("w0")
+        s.start_worker("w0")
+        s.wait(lambda: s.get("/ready").status == 200, "ready after second worker restart")
+        assert gen(s, "keep@1", Q, temperature=0)["choices"][0]["token_ids"] == \
+            want[json.dumps(SAMPLING[0])]
+
+
+def test_bad_input_and_damage():
+    data = tempfile.mkdtemp(dir=TMP.name)
+    with Stack(model=MODEL, slots=2, data=data) as s:
+        up(s)
+        create(s, "x", P)
+        assert s.get("/v1/states/nope@1").status == 404
+        assert s.post("/v1/states/nope@1/generate", body={"max_tokens": 2}).status == 404
+        r = s.post("/v1/states", body={"name": "bad name!", "prompt_ids": [1]})
+        assert r.status == 400 and r.json()["error"]["param"] == "name", r.body
+        r = s.post("/v1/states", body={"name": "y"})
+        assert r.status == 400 and r.json()["error"]["param"] == "prompt"
+        r = s.post("/v1/states", body={"name": "y", "prompt_ids": [1, 99999]})
+        assert r.status == 400
+        r = s.post("/v1/states/x@1/fork", body={"count": 2})
+        assert r.status == 400 and r.json()["error"]["param"] == "name"
+        r = s.post("/v1/states/x@1/frobnicate")
+        assert r.status == 404
+        r = http("PUT", s.url + "/v1/states/x@1/generate", body={})
+        assert r.status == 405
+        # Import refusals: truncated, corrupted, another model's file.
+        good = http("GET", s.url + "/v1/states/x@1/export").body
+        for bad, why in ((good[:100], "truncated"), (good[:-1], "truncated"),
+                         (good[:60] + bytes([good[60] ^ 1]) + good[61:], "flipped"),
+                         (b"hello", "junk")):
+            r = http("POST", s.url + "/v1/states/import", body=bad)
+            assert r.status == 400 and "state file" in r.json()["error"]["message"], (why, r.body)
+    with Stack(model=OTHER, slots=2) as s2:
+        up(s2)
+        r = http("POST", s2.url + "/v1/states/import", body=good)
+        assert r.status == 400 and "model" in r.json()["error"]["message"], r.body
+    # A corrupted blob is detected on read: the state is reported damaged, nothing crashes.
+    with Stack(model=MODEL, slots=2, data=data) as s:
+        up(s)
+        assert s.post("/v1/states/x@1/hibernate").status == 200
+        blobs = glob.glob(os.path.join(data, "blobs", "*"))
+        assert len(blobs) == 1, blobs
+        with open(blobs[0], "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0xFF]))
+        r = s.post("/v1/states/x@1/generate", body={"max_tokens": 2})
+        assert r.status == 500 and r.json()["error"]["code"] == "corrupt_data", r.body
+        assert s.get("/v1/states/x@1").json()["damaged"] is True
+        assert s.get("/health").status == 200
+
+
+def test_owner_isolation():
+    keys = os.path.join(TMP.name, "keys")
+    with open(keys, "w") as f:
+        f.write("sk-alice-000000001 alice\nsk-bob-00000000002 bob\nsk-ops-00000000003 ops admin\n")
+    alice = {"Authorization": "Bearer sk-alice-000000001"}
+    bob = {"Authorization": "Bearer sk-bob-00000000002"}
+    ops = {"Authorization": "Bearer sk-ops-00000000003"}
+    with Stack(model=MODEL, slots=2, extra_ctl=["--api-keys", keys]) as s:
+        up(s)
+        assert s.get("/admin/workers", headers=ops).status == 200
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+        create(s, "mine", P, headers=alice)
+        create(s, "mine", P[:4], headers=bob)  # same name, another user: independent
+        assert s.get("/v1/states/mine@1", headers=alice).json()["tokens"] == len(P)
+        assert s.get("/v1/states/mine@1", headers=bob).json()["tokens"] == 4
+        assert s.get("/v1/states", headers=alice).json()["data"][0]["tokens"] == len(P)
+        create(s, "secret", P, headers=alice)
+        for path in ("/v1/states/secret@1", "/v1/states/secret@1/export"):
+            assert s.get(path, headers=bob).status == 404
+        assert s.post("/v1/states/secret@1/generate", body={"max_tokens": 1},
+                      headers=bob).status == 404
+        assert http("DELETE", s.url + "/v1/states/secret@1", headers=bob).status == 404
+        assert s.get("/v1/states").status == 401
+        everyone = s.get("/admin/states", headers=ops).json()["data"]
+        assert sorted((x["owner"], x["id"]) for x in everyone) == \
+            [("alice", "mine@1"), ("alice", "secret@1"), ("bob", "mine@1")]
+        assert s.get("/admin/states", headers=alice).status == 403
+
+
+if __name__ == "__main__":
+    rc = run_tests([test_create_generate_and_ops, test_restarts, test_bad_input_and_damage,
+                    test_owner_isolation])
+    TMP.cleanup()
+    sys.exit(rc)
