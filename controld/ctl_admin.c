@@ -158,6 +158,29 @@ ctl_admin_metrics_snapshot(ctl_app *app)
         ctl_metrics_set(m, "wkvm_workers", lb, (double)by_state[s]);
     }
     free(views);
+    if (app->vm != NULL && app->store != NULL) {
+        uint32_t clean = 0, dirty = 0;
+        ctl_vm_counts(app->vm, &clean, &dirty);
+        uint64_t total = 0;
+        char after[CTL_STORE_SESSION_KEY_MAX + 1] = "";
+        for (int pages = 0; pages < 1000; pages++) {
+            ctl_store_kv_page pg;
+            memset(&pg, 0, sizeof(pg));
+            if (ctl_store_session_list(app->store, "", after, CTL_STORE_PAGE_MAX, false, &pg,
+                                       NULL) != WK_OK)
+                break;
+            total += pg.n;
+            snprintf(after, sizeof(after), "%s", pg.next);
+            ctl_store_kv_page_fini(&pg);
+            if (after[0] == '\0')
+                break;
+        }
+        ctl_metrics_set(m, "wkvm_sessions", "tier=\"hot\"", dirty);
+        ctl_metrics_set(m, "wkvm_sessions", "tier=\"warm\"", 0);
+        ctl_metrics_set(m, "wkvm_sessions", "tier=\"cold\"",
+                        total > dirty ? (double)(total - dirty) : 0.0);
+        ctl_metrics_set(m, "wkvm_states_hot", NULL, clean);
+    }
     ctl_pool_stats st;
     ctl_pool_stats_get(app->pool, &st);
     ctl_metrics_set(m, "wkvm_worker_registrations_total", NULL, (double)st.registrations);

@@ -58,6 +58,11 @@ ctl_auth_load(const char *path, ctl_auth **out, wk_diag *d)
                               path, lineno);
             break;
         }
+        if (strncmp(user, "__", 2) == 0) {
+            err = wk_diag_set(d, WK_EINVAL, "api keys %s line %u: user names starting with "
+                              "'__' are reserved", path, lineno);
+            break;
+        }
         if (strlen(key) < 8 || strlen(key) >= CTL_AUTH_KEY_MAX || strlen(user) >= 128) {
             err = wk_diag_set(d, WK_EINVAL, "api keys %s line %u: key must be 8..255 bytes",
                               path, lineno);

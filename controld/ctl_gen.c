@@ -198,6 +198,8 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
             wk_diag_set(d, err, "the slot could not be kept");
     }
     res->computed = ctl_job_computed(job);
+    if (res->computed > ctl_job_n_input(job))
+        res->computed = ctl_job_n_input(job); /* input only: samples are not prompt */
     res->fed = ctl_job_fed(job);
     ctl_job_free(job);
     if (err != WK_OK) {

@@ -58,7 +58,7 @@ typedef struct ctl_gen_result {
     ctl_gen_token *tokens;      /* sampled tokens (incl. a stopping one), caller frees */
     size_t n_tokens;            /* entries */
     const char *finish_reason;  /* "stop" or "length" (static) */
-    size_t computed;            /* input tokens actually computed */
+    size_t computed;            /* input tokens computed (at most the input's length) */
     size_t fed;                 /* tokens fed into the slot (input + accepted) */
     ctl_slot_ref slot;          /* the kept slot, when keep_slot */
 } ctl_gen_result;

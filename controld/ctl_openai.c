@@ -28,6 +28,11 @@
 void
 ctl_oa_req_fini(ctl_oa_req *r)
 {
+    for (size_t i = 0; r->msg_texts != NULL && i < r->n_msgs; i++)
+        free(r->msg_texts[i]);
+    free(r->msg_texts);
+    free(r->msgs);
+    free(r->prompt_text);
     free(r->prompt);
 }
 
@@ -265,6 +270,10 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
     wk_chat_msg *cm = calloc(n, sizeof(*cm));
     char **texts = calloc(n, sizeof(*texts));
     bool ok = cm != NULL && texts != NULL;
+    /* The messages stay with the request (sessions validate against them). */
+    r->msgs = cm;
+    r->msg_texts = texts;
+    r->n_msgs = texts != NULL ? n : 0;
     for (size_t i = 0; ok && i < n; i++) {
         json_t *m = json_array_get(msgs, i);
         json_t *role = json_object_get(m, "role");
@@ -311,11 +320,8 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
         ctl_oa_fail(req, WK_EINVAL, "messages", "%s", d.msg);
         ok = false;
     }
-    free(prompt);
-    for (size_t i = 0; texts != NULL && i < n; i++)
-        free(texts[i]);
-    free(texts);
-    free(cm);
+    r->prompt_text = prompt;
+    r->prompt_len = plen;
     return ok;
 }
 
@@ -733,9 +739,12 @@ ctl_oa_chat(ctl_http_req *req, void *arg)
     if (body == NULL)
         return;
     ctl_oa_req r = {.chat = true};
+    ctl_chat_turn *turn = NULL;
     if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_chat_logprobs(req, body, &r) &&
-        ctl_oa_parse_messages(req, app, body, &r))
+        ctl_oa_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
         ctl_oa_generate(req, app, &r);
+        ctl_chat_end(turn);
+    }
     ctl_oa_req_fini(&r);
     json_decref(body);
 }

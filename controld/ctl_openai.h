@@ -14,6 +14,7 @@
 
 #include "ctl_app.h"
 #include "ctl_gen.h"
+#include "wk_chat.h"
 
 typedef struct ctl_oa_req ctl_oa_req;
 
@@ -40,7 +41,33 @@ struct ctl_oa_req {
     void (*on_fail)(ctl_oa_req *r);
     /* Before generating: return true after sending an error to stop. */
     bool (*on_error_before)(ctl_oa_req *r, ctl_http_req *req);
+    wk_chat_msg *msgs;            /* chat: the messages (roles/contents borrowed or owned) */
+    char **msg_texts;             /* chat: owned contents */
+    size_t n_msgs;                /* chat: entries */
+    char *prompt_text;            /* chat: the rendered prompt, owned */
+    size_t prompt_len;            /* chat: bytes */
 };
+
+typedef struct ctl_chat_turn ctl_chat_turn;
+
+/*
+ * Session glue for a chat request (ctl_chat.c): reads the parent-token-v1
+ * headers, and when the request belongs to a session, looks its binding up,
+ * validates it, and rewrites r to continue the parked state (only the delta
+ * is fed) or to start fresh, keeping the slot afterwards. Returns false after
+ * sending an error (bad headers 400, session busy 409). *turn (maybe NULL)
+ * must be passed to ctl_chat_end() after ctl_oa_generate().
+ */
+bool ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn);
+
+/* Commits or retires the session after the generation; frees turn. NULL-safe. */
+void ctl_chat_end(ctl_chat_turn *turn);
+
+/* Declares the session metric families. */
+WK_MUST_CHECK wk_err ctl_chat_metrics_declare(ctl_metrics *m);
+
+/* The vm spill function for parked sessions (arg: the app). */
+wk_err ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *d);
 
 void ctl_oa_req_fini(ctl_oa_req *r);
 

@@ -877,6 +877,12 @@ ctl_job_fed(const ctl_job *j)
 }
 
 size_t
+ctl_job_n_input(const ctl_job *j)
+{
+    return j->n_input; /* immutable after submit */
+}
+
+size_t
 ctl_job_computed(const ctl_job *j)
 {
     size_t n;

@@ -124,6 +124,9 @@ void ctl_job_stop(ctl_job *j, bool feed_last);
 /* Tokens fed into the slot by this job so far (input + accepted samples). */
 size_t ctl_job_fed(const ctl_job *j);
 
+/* Input tokens the job was submitted with. */
+size_t ctl_job_n_input(const ctl_job *j);
+
 /* Tokens this job computed itself (for usage accounting). */
 size_t ctl_job_computed(const ctl_job *j);
 

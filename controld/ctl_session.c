@@ -486,6 +486,43 @@ ctl_session_prefix_match(const int32_t *retained, size_t n_retained, const int32
     return true;
 }
 
+bool
+ctl_session_text_prefix(const wk_tok *tok, const int32_t *retained, size_t n, const char *text,
+                        size_t len, size_t *bytes)
+{
+    size_t off = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (retained[i] == WK_TOK_EOT)
+            continue; /* hidden: the template never renders end-of-text */
+        size_t pl = 0;
+        const uint8_t *p = wk_tok_piece(tok, retained[i], &pl);
+        if (p == NULL || pl > len - off || memcmp(text + off, p, pl) != 0)
+            return false;
+        off += pl;
+    }
+    *bytes = off;
+    return true;
+}
+
+/* The template-prefix check in token or text mode; *off counts tokens or bytes. */
+static bool
+session_prefix_ok(const ctl_session_request *req, const ctl_session_binding *b, size_t *off)
+{
+    if (req->tok != NULL && req->prompt_text != NULL)
+        return ctl_session_text_prefix(req->tok, b->retained, b->n_retained, req->prompt_text,
+                                       req->prompt_len, off);
+    return ctl_session_prefix_match(b->retained, b->n_retained, req->prompt_ids, req->n_prompt,
+                                    off);
+}
+
+/* Length of what the prefix check ran over: text bytes or prompt tokens. */
+static size_t
+session_prompt_extent(const ctl_session_request *req)
+{
+    return req->tok != NULL && req->prompt_text != NULL ? req->prompt_len : req->n_prompt;
+}
+
 /* True when id is one of b's used message ids. */
 static bool
 session_used(const ctl_session_binding *b, const char *id)
@@ -591,12 +628,11 @@ session_check_contract(const ctl_session_request *req, const ctl_session_binding
         *reason = CTL_SESSION_REASON_NEW_MESSAGES_MISSING;
         goto done;
     }
-    if (!ctl_session_prefix_match(b->retained, b->n_retained, req->prompt_ids, req->n_prompt,
-                                  off)) {
+    if (!session_prefix_ok(req, b, off)) {
         *reason = CTL_SESSION_REASON_TEMPLATE_PREFIX_MISMATCH;
         goto done;
     }
-    if (*off >= req->n_prompt)
+    if (*off >= session_prompt_extent(req))
         *reason = CTL_SESSION_REASON_CONTINUATION_EMPTY;
 done:
     session_texts_free(t, n_t);
@@ -620,10 +656,9 @@ session_check_prefix(const ctl_session_request *req, const ctl_session_binding *
         return err;
     if (!ok)
         *reason = CTL_SESSION_REASON_RETAINED_HISTORY_MISMATCH;
-    else if (!ctl_session_prefix_match(b->retained, b->n_retained, req->prompt_ids, req->n_prompt,
-                                       off))
+    else if (!session_prefix_ok(req, b, off))
         *reason = CTL_SESSION_REASON_TEMPLATE_PREFIX_MISMATCH;
-    else if (*off >= req->n_prompt)
+    else if (*off >= session_prompt_extent(req))
         *reason = CTL_SESSION_REASON_CONTINUATION_EMPTY;
     return WK_OK;
 }
@@ -675,8 +710,16 @@ ctl_session_validate(const ctl_session_request *req, const ctl_session_binding *
         break;
     }
     r.reason = reason;
-    if (r.outcome == CTL_SESSION_OUTCOME_HIT || r.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT)
+    if ((r.outcome == CTL_SESSION_OUTCOME_HIT || r.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT) &&
+        req->tok != NULL && req->prompt_text != NULL) {
+        r.reused_bytes = off;
+        r.reused_tokens = 0;
+        for (size_t i = 0; i < b->n_retained; i++)
+            r.reused_tokens += b->retained[i] != WK_TOK_EOT;
+    } else if (r.outcome == CTL_SESSION_OUTCOME_HIT ||
+               r.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT) {
         r.reused_tokens = off;
+    }
     else if (reason != CTL_SESSION_REASON_NONE)
         r.retire = true;
     *res = r;
@@ -707,6 +750,7 @@ ctl_session_result_unavailable(ctl_session_result *res)
         break;
     }
     res->reused_tokens = 0;
+    res->reused_bytes = 0;
     res->retire = true;
 }
 

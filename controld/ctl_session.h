@@ -259,6 +259,7 @@ typedef struct ctl_session_result {
     ctl_session_outcome outcome; /* see ctl_session_outcome */
     ctl_session_reason reason;   /* REJECTED: the first failed check; PREFIX_MISS: why */
     size_t reused_tokens;        /* HIT, PREFIX_HIT: prompt tokens the parked state covers */
+    size_t reused_bytes;         /* text mode: bytes of prompt_text the parked state covers */
     bool retire;                 /* delete the stored binding and free its parked state */
 } ctl_session_result;
 
@@ -272,6 +273,9 @@ typedef struct ctl_session_request {
     size_t n_msgs;                /* entries in msgs */
     const int32_t *prompt_ids;    /* full rendered prompt (ctl_session_prompt_encode()) */
     size_t n_prompt;              /* entries in prompt_ids */
+    const wk_tok *tok;            /* with prompt_text: match retained tokens on text */
+    const char *prompt_text;      /* the full rendered prompt text, or NULL */
+    size_t prompt_len;            /* bytes of prompt_text */
 } ctl_session_request;
 
 /*
@@ -299,6 +303,19 @@ WK_MUST_CHECK wk_err ctl_session_validate(const ctl_session_request *req,
  * and FIRST's outcome; sets reused_tokens to 0 and retire. NONE is left as is.
  */
 void ctl_session_result_unavailable(ctl_session_result *res);
+
+/*
+ * Text mode of the template-prefix check (a request with tok and
+ * prompt_text): the parked state's retained ids are kept exactly as the
+ * model produced them, never retokenized. The follow-up continues when the
+ * bytes of the retained ids (end-of-text skipped) are a prefix of the new
+ * rendered prompt text; *bytes receives that prefix's length, and the
+ * caller encodes only the rest (the delta) for prefill. This is the
+ * original's rule: noncanonical and hidden tokens survive, and a reply
+ * whose tokenization differs from a fresh encode still continues.
+ */
+bool ctl_session_text_prefix(const wk_tok *tok, const int32_t *retained, size_t n,
+                             const char *text, size_t len, size_t *bytes);
 
 /* The reason string ("parent_message_mismatch"), static; "" for NONE, "unknown" if invalid. */
 const char *ctl_session_reason_str(ctl_session_reason r);

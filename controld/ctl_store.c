@@ -1,6 +1,6 @@
 /*
  * ctl_store: LMDB metadata and content-addressed blobs (see ctl_store.h for
- * the layout and the contract). The only file in wkvm that includes lmdb.h.
+ * the layout and the contract). The only production file that includes lmdb.h.
  *
  * Locking. LMDB serializes write transactions itself. On top of it:
  *   map_lock (rwlock)  every transaction holds it shared; growing the map on

@@ -367,6 +367,13 @@ WK_MUST_CHECK wk_err ctl_store_blob_get(ctl_store *s, const char *hex, void **da
 /* ---- sessions --------------------------------------------------------------- */
 
 /*
+ * The session table holds opaque bytes: a blob hex kept only in a session
+ * value is not a reference, and the blob is collected. A session whose
+ * state must survive keeps it in a state record (op CTL_STORE_OP_SESSION)
+ * and stores that record's id in its value.
+ */
+
+/*
  * Sets key (1..CTL_STORE_SESSION_KEY_MAX bytes, NUL-terminated) to the len
  * bytes at val (at most CTL_STORE_SESSION_VALUE_MAX), replacing any value.
  * Returns WK_EINVAL, WK_ETOOBIG, WK_ENOSPC, WK_EIO. Thread-safe.

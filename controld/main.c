@@ -16,6 +16,7 @@
 
 #include "ctl_app.h"
 #include "ctl_auth.h"
+#include "ctl_openai.h"
 #include <libgen.h>
 #include "wk_cfg.h"
 #include "wk_log.h"
@@ -192,7 +193,8 @@ main(int argc, char **argv)
         app.model_id = model_name;
     }
     if (app.metrics == NULL || ctl_admin_metrics_declare(app.metrics) != WK_OK ||
-        ctl_openai_metrics_declare(app.metrics) != WK_OK) {
+        ctl_openai_metrics_declare(app.metrics) != WK_OK ||
+        ctl_chat_metrics_declare(app.metrics) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
@@ -233,6 +235,7 @@ main(int argc, char **argv)
         goto out;
     }
     ctl_sched_set_evictor(app.sched, ctl_main_evict, app.vm);
+    ctl_vm_set_spill(app.vm, ctl_chat_spill, &app);
     ctl_http_route routes[64];
     size_t nr = ctl_admin_routes(&app, routes, 64);
     if (app.tok != NULL) {

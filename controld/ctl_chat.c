@@ -1,0 +1,456 @@
+/*
+ * ctl_chat: sessions for the chat API. Glues the pure parent-token-v1 module
+ * (ctl_session) to the store (bindings), the state cache (parked slots) and
+ * the generation path. A parked chat is a dirty ctl_vm entry keyed by the
+ * session key: it stays hot until evicted, then its bytes are spilled to a
+ * blob and the binding's ref points at the blob, so slot pressure, idle time
+ * and a graceful controller restart never lose it. One turn per session at
+ * a time (409 session_busy). Every decision is counted in the metrics.
+ */
+#define WK_LOG_MODULE "chat"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl_openai.h"
+#include "ctl_session.h"
+#include "ctl_store.h"
+#include "ctl_vm.h"
+#include "wk_log.h"
+
+#define CTL_CHAT_ACTIVE_MAX 4096
+#define CTL_CHAT_REF_HOT "hot"
+#define CTL_CHAT_REF_SPILLED "spilled"
+/* Spilled sessions are state records of this owner, named by the session key. */
+#define CTL_CHAT_OWNER "__sessions"
+
+/* Keys of sessions with a turn in progress. */
+static pthread_mutex_t ctl_chat_mu = PTHREAD_MUTEX_INITIALIZER;
+static char ctl_chat_active[CTL_CHAT_ACTIVE_MAX][CTL_SESSION_KEY_SIZE];
+static size_t ctl_chat_n_active;
+
+struct ctl_chat_turn {
+    ctl_app *app;                 /* app */
+    ctl_oa_req *r;                /* the request */
+    ctl_session_hdrs hdrs;        /* parsed headers */
+    char key[CTL_SESSION_KEY_SIZE]; /* session key */
+    ctl_session_request sreq;     /* for validate */
+    ctl_session_request creq;     /* for commit: the delta as the prompt */
+    ctl_session_result cres;      /* for commit: reuse already applied */
+    int32_t *delta;               /* tokens fed this turn, owned */
+    size_t n_delta;               /* entries */
+    int32_t *full_prompt;         /* the full rendered prompt, owned */
+    size_t n_full;                /* entries */
+    ctl_session_result res;       /* decision */
+    ctl_session_binding *prev;    /* the binding continued (HIT), owned */
+    ctl_slot_ref slot;            /* the parked slot taken for a HIT */
+    bool have_slot;               /* slot is held by this turn */
+    bool committed;               /* on_done parked the new binding */
+};
+
+static bool
+ctl_chat_lock(const char *key)
+{
+    bool ok = true;
+    pthread_mutex_lock(&ctl_chat_mu);
+    for (size_t i = 0; i < ctl_chat_n_active; i++) {
+        if (strcmp(ctl_chat_active[i], key) == 0)
+            ok = false;
+    }
+    if (ok && ctl_chat_n_active < CTL_CHAT_ACTIVE_MAX)
+        snprintf(ctl_chat_active[ctl_chat_n_active++], CTL_SESSION_KEY_SIZE, "%s", key);
+    else
+        ok = false;
+    pthread_mutex_unlock(&ctl_chat_mu);
+    return ok;
+}
+
+static void
+ctl_chat_unlock(const char *key)
+{
+    pthread_mutex_lock(&ctl_chat_mu);
+    for (size_t i = 0; i < ctl_chat_n_active; i++) {
+        if (strcmp(ctl_chat_active[i], key) == 0) {
+            memmove(ctl_chat_active[i], ctl_chat_active[ctl_chat_n_active - 1],
+                    CTL_SESSION_KEY_SIZE);
+            ctl_chat_n_active--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&ctl_chat_mu);
+}
+
+static const char *
+ctl_chat_hdr_get(void *ctx, const char *name)
+{
+    return ctl_http_req_header(ctx, name);
+}
+
+/* Loads and decodes the binding of key; NULL when none or undecodable (*bad set). */
+static ctl_session_binding *
+ctl_chat_load(ctl_app *app, const char *key, bool *bad)
+{
+    void *val = NULL;
+    size_t len = 0;
+    *bad = false;
+    wk_err err = ctl_store_session_get(app->store, key, &val, &len, NULL);
+    if (err != WK_OK) {
+        *bad = err != WK_ENOENT;
+        return NULL;
+    }
+    ctl_session_binding *b = NULL;
+    wk_diag d = {{0}};
+    if (ctl_session_binding_decode(val, len, &b, &d) != WK_OK) {
+        wk_log_warn("session binding undecodable key=%.16s: %s", key, d.msg);
+        *bad = true;
+        b = NULL;
+    }
+    free(val);
+    return b;
+}
+
+/* Deletes the spilled copy of a session, if any. */
+static void
+ctl_chat_forget_spill(ctl_app *app, const char *key)
+{
+    wk_err err = ctl_store_state_delete(app->store, CTL_CHAT_OWNER, key, NULL, NULL);
+    if (err != WK_OK && err != WK_ENOENT)
+        wk_log_warn("cannot delete spilled session key=%.16s: %s", key, wk_strerror(err));
+}
+
+/* Deletes a retired session: binding and parked bytes. */
+static void
+ctl_chat_retire(ctl_app *app, const char *key)
+{
+    ctl_vm_drop(app->vm, key, false);
+    ctl_chat_forget_spill(app, key);
+    wk_err err = ctl_store_session_delete(app->store, key, NULL);
+    if (err != WK_OK && err != WK_ENOENT)
+        wk_log_warn("cannot delete session key=%.16s: %s", key, wk_strerror(err));
+}
+
+/* Stores binding b under key with ref; WK_OK on success. */
+static wk_err
+ctl_chat_store(ctl_app *app, const char *key, ctl_session_binding *b, const char *ref, wk_diag *d)
+{
+    wk_err err = ctl_session_binding_set_ref(b, ref, strlen(ref));
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (err == WK_OK)
+        err = ctl_session_binding_encode(b, &buf, &len, d);
+    if (err == WK_OK)
+        err = ctl_store_session_put(app->store, key, buf, len, d);
+    free(buf);
+    return err;
+}
+
+/* The served model's fingerprint from a ready worker. */
+static wk_err
+ctl_chat_fingerprint(ctl_app *app, char fp[WK_SHA256_HEX_LEN])
+{
+    ctl_worker_view *v = calloc(64, sizeof(*v));
+    if (v == NULL)
+        return WK_ENOMEM;
+    size_t n = ctl_pool_list(app->pool, v, 64);
+    wk_err err = WK_EUNAVAIL;
+    for (size_t i = 0; i < n && i < 64; i++) {
+        if (v[i].model_loaded) {
+            snprintf(fp, WK_SHA256_HEX_LEN, "%s", v[i].fingerprint);
+            err = WK_OK;
+            break;
+        }
+    }
+    free(v);
+    return err;
+}
+
+wk_err
+ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *d)
+{
+    ctl_app *app = arg;
+    bool bad = false;
+    ctl_session_binding *b = ctl_chat_load(app, key, &bad);
+    if (b == NULL)
+        return wk_diag_set(d, WK_ENOENT, "session binding gone");
+    /*
+     * The bytes become a state record (owner __sessions, name = key), so the
+     * store's blob collection keeps them; the previous spill is replaced.
+     */
+    size_t n = 0;
+    const int32_t *ids = ctl_session_binding_retained(b, &n);
+    ctl_store_state st;
+    memset(&st, 0, sizeof(st));
+    snprintf(st.owner, sizeof(st.owner), "%s", CTL_CHAT_OWNER);
+    snprintf(st.name, sizeof(st.name), "%s", key);
+    snprintf(st.family, sizeof(st.family), "rwkv7");
+    st.tokens = (int32_t *)ids;
+    st.n_tokens = n;
+    st.op = CTL_STORE_OP_SESSION;
+    st.tier = CTL_STORE_TIER_COLD;
+    st.state_bytes = len;
+    wk_err err = ctl_chat_fingerprint(app, st.fingerprint);
+    if (err == WK_OK) {
+        ctl_chat_forget_spill(app, key);
+        err = ctl_store_state_put(app->store, &st, bytes, len, NULL, d);
+    }
+    if (err == WK_OK)
+        err = ctl_chat_store(app, key, b, CTL_CHAT_REF_SPILLED, d);
+    ctl_session_binding_free(b);
+    return err;
+}
+
+static void
+ctl_chat_count(ctl_app *app, const ctl_session_result *res)
+{
+    char lb[128];
+    switch (res->outcome) {
+    case CTL_SESSION_OUTCOME_HIT:
+        ctl_metrics_add(app->metrics, "wkvm_parent_bound_continuation_hits_total", NULL, 1);
+        ctl_metrics_add(app->metrics, "wkvm_prefix_tokens_reused_total", NULL,
+                        (double)res->reused_tokens);
+        break;
+    case CTL_SESSION_OUTCOME_MISS:
+        ctl_metrics_add(app->metrics, "wkvm_parent_bound_continuation_misses_total", NULL, 1);
+        break;
+    case CTL_SESSION_OUTCOME_REJECTED:
+        snprintf(lb, sizeof(lb), "reason=\"%s\"", ctl_session_reason_str(res->reason));
+        ctl_metrics_add(app->metrics, "wkvm_parent_bound_continuation_rejections_total", lb, 1);
+        break;
+    case CTL_SESSION_OUTCOME_PREFIX_HIT:
+        ctl_metrics_add(app->metrics, "wkvm_chat_exact_prefix_reuse_hits_total", NULL, 1);
+        ctl_metrics_add(app->metrics, "wkvm_prefix_tokens_reused_total", NULL,
+                        (double)res->reused_tokens);
+        break;
+    default:
+        break;
+    }
+}
+
+/* After a successful generation: build, store and park the new binding. */
+static void
+ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
+{
+    (void)final_obj;
+    ctl_chat_turn *t = r->user;
+    ctl_app *app = t->app;
+    int32_t *gen = malloc((res->n_tokens ? res->n_tokens : 1) * sizeof(*gen));
+    if (gen == NULL)
+        return;
+    for (size_t i = 0; i < res->n_tokens; i++)
+        gen[i] = res->tokens[i].id;
+    ctl_session_turn st = {
+        .req = &t->creq,
+        .res = &t->cres,
+        .prev = t->prev,
+        .gen_ids = gen,
+        .n_gen = res->n_tokens, /* every sampled token was fed (feed_stop) */
+        .visible = res->text,
+        .visible_len = res->text_len,
+    };
+    ctl_session_binding *nb = NULL;
+    wk_diag d = {{0}};
+    wk_err err = ctl_session_commit(&st, &nb, &d);
+    if (err == WK_OK)
+        err = ctl_chat_store(app, t->key, nb, CTL_CHAT_REF_HOT, &d);
+    if (err == WK_OK)
+        err = ctl_vm_put(app->vm, t->key, &res->slot, true, &d);
+    if (err == WK_OK) {
+        t->committed = true;
+        t->have_slot = false;
+    } else {
+        wk_log_warn("session not parked key=%.16s: %s", t->key, d.msg);
+        (void)ctl_sched_slot_free(app->sched, &res->slot);
+        t->have_slot = false;
+        ctl_chat_retire(app, t->key);
+    }
+    ctl_session_binding_free(nb);
+    free(gen);
+}
+
+bool
+ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn)
+{
+    *turn = NULL;
+    ctl_session_hdrs hdrs;
+    wk_diag d = {{0}};
+    if (ctl_session_headers_parse(ctl_chat_hdr_get, req, &hdrs, &d) != WK_OK) {
+        ctl_http_send_error(req, WK_EINVAL, d.msg, NULL);
+        return false;
+    }
+    if (ctl_session_hdrs_mode(&hdrs) == CTL_SESSION_MODE_NONE)
+        return true;
+    ctl_chat_turn *t = calloc(1, sizeof(*t));
+    if (t == NULL) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        return false;
+    }
+    t->app = app;
+    t->r = r;
+    t->hdrs = hdrs;
+    if (ctl_session_key(app->model_id, ctl_http_req_user(req), &hdrs, t->key, &d) != WK_OK) {
+        ctl_http_send_error(req, WK_EINVAL, d.msg, NULL);
+        free(t);
+        return false;
+    }
+    if (!ctl_chat_lock(t->key)) {
+        ctl_http_send_error_status(req, 409, WK_EBUSY,
+                                   "another turn of this chat session is still running",
+                                   "session_busy");
+        free(t);
+        return false;
+    }
+    /* The full prompt is what r carries now; keep it for the session checks. */
+    t->full_prompt = r->prompt;
+    t->n_full = r->n_prompt;
+    r->prompt = NULL;
+    r->n_prompt = 0;
+    t->sreq = (ctl_session_request){.hdrs = &t->hdrs, .msgs = r->msgs, .n_msgs = r->n_msgs,
+                                    .prompt_ids = t->full_prompt, .n_prompt = t->n_full,
+                                    .tok = app->tok, .prompt_text = r->prompt_text,
+                                    .prompt_len = r->prompt_len};
+    bool bad = false;
+    t->prev = ctl_chat_load(app, t->key, &bad);
+    if (ctl_session_validate(&t->sreq, t->prev, &t->res, &d) != WK_OK) {
+        ctl_http_send_error(req, WK_EINVAL, d.msg, "messages");
+        ctl_chat_end(t);
+        return false;
+    }
+    if (bad)
+        ctl_session_result_unavailable(&t->res);
+    bool hit = t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
+               t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
+    if (hit) {
+        /* Take the parked state: hot in the cache, or from its spilled blob. */
+        size_t rl = 0;
+        const char *ref = ctl_session_binding_ref(t->prev, &rl);
+        char refs[128] = "";
+        if (ref != NULL && rl < sizeof(refs))
+            snprintf(refs, sizeof(refs), "%.*s", (int)rl, ref);
+        wk_err err = ctl_vm_take(app->vm, t->key, &t->slot);
+        ctl_store_state sp;
+        memset(&sp, 0, sizeof(sp));
+        char fp[WK_SHA256_HEX_LEN] = "";
+        if (err == WK_OK) {
+            t->have_slot = true;
+        } else if (strcmp(refs, CTL_CHAT_REF_SPILLED) == 0 &&
+                   ctl_store_state_get(app->store, CTL_CHAT_OWNER, t->key, &sp, NULL) == WK_OK &&
+                   ctl_chat_fingerprint(app, fp) == WK_OK && strcmp(fp, sp.fingerprint) == 0 &&
+                   ctl_vm_slot_get(app->vm, NULL, &t->slot, NULL) == WK_OK) {
+            t->have_slot = true;
+            if (ctl_vm_load_into(app->vm, NULL, sp.blob, &t->slot, NULL) != WK_OK) {
+                (void)ctl_sched_slot_free(app->sched, &t->slot);
+                t->have_slot = false;
+            }
+        }
+        ctl_store_state_fini(&sp);
+        if (!t->have_slot) {
+            ctl_session_result_unavailable(&t->res);
+            hit = false;
+        }
+    }
+    ctl_chat_count(app, &t->res);
+    if (t->res.retire || !hit) {
+        ctl_chat_retire(app, t->key);
+        if (!hit) {
+            ctl_session_binding_free(t->prev);
+            t->prev = NULL;
+        }
+    }
+    wk_log_debug("session key=%.16s outcome=%s reason=%s reused=%zu", t->key,
+                 ctl_session_outcome_str(t->res.outcome), ctl_session_reason_str(t->res.reason),
+                 t->res.reused_tokens);
+    /*
+     * Feed only what the parked state lacks: the text after the retained
+     * tokens' bytes, encoded on its own (the retained tokens stay exactly as
+     * generated). A fresh start feeds the whole prompt.
+     */
+    wk_err err = WK_OK;
+    if (hit) {
+        err = wk_tok_encode(app->tok, r->prompt_text + t->res.reused_bytes,
+                            r->prompt_len - t->res.reused_bytes, &t->delta, &t->n_delta, &d);
+    } else {
+        t->delta = malloc((t->n_full ? t->n_full : 1) * sizeof(*t->delta));
+        err = t->delta ? WK_OK : WK_ENOMEM;
+        if (err == WK_OK && t->n_full)
+            memcpy(t->delta, t->full_prompt, t->n_full * sizeof(*t->delta));
+        t->n_delta = t->n_full;
+    }
+    if (err != WK_OK || t->n_delta == 0) {
+        ctl_http_send_error(req, err != WK_OK ? err : WK_EINVAL,
+                            err != WK_OK ? d.msg : "nothing new to generate from", "messages");
+        ctl_chat_end(t);
+        return false;
+    }
+    r->n_prompt = t->n_delta;
+    r->prompt = malloc(t->n_delta * sizeof(*r->prompt));
+    if (r->prompt == NULL) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        ctl_chat_end(t);
+        return false;
+    }
+    memcpy(r->prompt, t->delta, t->n_delta * sizeof(*r->prompt));
+    r->n_prompt_report = (hit ? t->res.reused_tokens : 0) + t->n_delta;
+    t->creq = t->sreq;
+    t->creq.prompt_ids = t->delta;
+    t->creq.n_prompt = t->n_delta;
+    t->cres = t->res;
+    t->cres.reused_tokens = 0;
+    r->gen.slot = t->have_slot ? &t->slot : NULL;
+    r->gen.fresh = false;
+    r->gen.keep_slot = true;
+    r->gen.feed_stop = true;
+    r->user = t;
+    r->on_done = ctl_chat_on_done;
+    *turn = t;
+    return true;
+}
+
+void
+ctl_chat_end(ctl_chat_turn *t)
+{
+    if (t == NULL)
+        return;
+    ctl_app *app = t->app;
+    if (!t->committed) {
+        /* No committed turn: the parked state (if any was taken) moved on; retire it. */
+        if (t->have_slot)
+            (void)ctl_sched_slot_free(app->sched, &t->slot);
+        if (t->prev != NULL)
+            ctl_chat_retire(app, t->key);
+    }
+    ctl_session_binding_free(t->prev);
+    free(t->full_prompt);
+    free(t->delta);
+    ctl_chat_unlock(t->key);
+    free(t);
+}
+
+wk_err
+ctl_chat_metrics_declare(ctl_metrics *m)
+{
+    static const struct {
+        const char *name;
+        ctl_metric_type type;
+        const char *help;
+    } fams[] = {
+        {"wkvm_parent_bound_continuation_hits_total", CTL_METRIC_COUNTER,
+         "Chat turns that continued their parked state (parent-token-v1)."},
+        {"wkvm_parent_bound_continuation_misses_total", CTL_METRIC_COUNTER,
+         "Follow-up turns with no parked session."},
+        {"wkvm_parent_bound_continuation_rejections_total", CTL_METRIC_COUNTER,
+         "Follow-up turns whose binding failed a check, by reason."},
+        {"wkvm_chat_exact_prefix_reuse_hits_total", CTL_METRIC_COUNTER,
+         "Chat turns without the contract that continued by exact prefix."},
+        {"wkvm_prefix_tokens_reused_total", CTL_METRIC_COUNTER,
+         "Prompt tokens not recomputed thanks to a parked state."},
+        {"wkvm_sessions", CTL_METRIC_GAUGE, "Parked chat sessions by tier."},
+        {"wkvm_states_hot", CTL_METRIC_GAUGE, "Durable states cached hot in worker slots."},
+    };
+    for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+        wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, NULL, 0);
+        if (err != WK_OK)
+            return err;
+    }
+    return WK_OK;
+}

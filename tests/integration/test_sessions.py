@@ -1,0 +1,289 @@
+"""parent-token-v1 sessions through HTTP, the way Open WebUI drives them:
+follow-ups continue the parked state (only the delta is computed, the reply
+equals a fresh run), every rejection reason restarts safely and is counted,
+sessions survive slot pressure and a controller restart."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.dirname(__file__))
+from wkvm_harness import BUILD, MKMODEL, Stack, run_tests  # noqa: E402
+
+TMP = tempfile.TemporaryDirectory(prefix="wkvm-sessions-")
+INFER = os.path.join(BUILD, "workerd", "wkvm-infer")
+
+
+def infer(model, *args, stdin=None):
+    return subprocess.run([INFER, "--model", model, "--threads", "1", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def pick_model():
+    """A random-weight model whose first reply token starts with a space, as a
+    trained chat model's does: the template renders "Assistant: " + reply, so
+    only such replies can be continued token-exactly."""
+    for seed in range(11, 80):
+        d = os.path.join(TMP.name, f"tiny{seed}")
+        subprocess.run([MKMODEL, "--out", d, "--layers", "2", "--embd", "64", "--head-size",
+                        "16", "--ffn", "128", "--vocab", "512", "--seed", str(seed)],
+                       check=True, capture_output=True, timeout=60)
+        ids = infer(d, "--encode", stdin="User: hi\n\nAssistant:").split()
+        first = infer(d, "--tokens", ",".join(ids), "--generate", "1").split()
+        text = infer(d, "--decode", stdin=" ".join(first))
+        if text.startswith(" ") and text.strip():
+            final = os.path.join(TMP.name, "tiny")
+            os.rename(d, final)
+            return final
+    raise SystemExit("no suitable model seed")
+
+
+MODEL = pick_model()
+
+
+def up(s):
+    s.start_controller()
+    s.start_worker("w0")
+    s.wait(lambda: s.get("/ready").status == 200, "ready")
+
+
+class Chat:
+    """One Open WebUI chat: message ids and the visible history."""
+
+    def __init__(self, s, chat_id, user="u1", api_headers=None):
+        self.s, self.chat_id, self.user = s, chat_id, user
+        self.msgs = []
+        self.n = 0
+        self.last_assistant = ""
+        self.api = api_headers or {}
+
+    def headers(self, aid, uid, parent):
+        h = {"X-OpenWebUI-User-Id": self.user, "X-OpenWebUI-Chat-Id": self.chat_id,
+             "X-WKVM-Stateful-Chat": "parent-token-v1", "X-WKVM-Assistant-Message-ID": aid,
+             "X-WKVM-User-Message-ID": uid, "X-WKVM-Parent-Message-ID": parent}
+        h.update(self.api)
+        return h
+
+    def turn(self, text, parent=None, aid=None, uid=None, msgs=None, stream=False):
+        self.n += 1
+        aid = aid or f"{self.chat_id}-a{self.n}"
+        uid = uid or f"{self.chat_id}-u{self.n}"
+        parent = self.last_assistant if parent is None else parent
+        msgs = (self.msgs + [{"role": "user", "content": text}]) if msgs is None else msgs
+        body = {"model": "tiny", "messages": msgs, "max_tokens": 16, "temperature": 0,
+                "return_token_ids": True}
+        r = self.s.post("/v1/chat/completions", body=body, headers=self.headers(aid, uid, parent))
+        assert r.status == 200, r.body
+        j = r.json()
+        reply = j["choices"][0]["message"]["content"]
+        # Open WebUI persists the stripped reply.
+        self.msgs = msgs + [{"role": "assistant", "content": reply.strip()}]
+        self.last_assistant = aid
+        return j
+
+
+def clean_text(s, msgs, prefix):
+    """A user text whose greedy reply (run statelessly first) can round-trip
+    through the template: it starts with a space (the template renders
+    "Assistant: " before it) and carries no outer whitespace that Open WebUI
+    would strip. Random-weight models need the search; real ones rarely do."""
+    for k in range(60):
+        text = f"{prefix} {k}"
+        reply, _ = fresh_reply(s, msgs + [{"role": "user", "content": text}])
+        body = reply[1:]
+        if reply.startswith(" ") and body and body == body.strip() and "\n" not in reply:
+            return text
+    raise AssertionError("no clean reply found")
+
+
+def metric(s, name, labels=""):
+    text = s.get("/metrics").body.decode()
+    m = re.search(re.escape(name) + (r"\{" + re.escape(labels) + r"\}" if labels else "") +
+                  r" ([0-9.e+]+)", text)
+    return float(m.group(1)) if m else 0.0
+
+
+def fresh_reply(s, msgs):
+    r = s.post("/v1/chat/completions", body={"model": "tiny", "messages": msgs,
+                                              "max_tokens": 16, "temperature": 0})
+    return r.json()["choices"][0]["message"]["content"], r.json()["usage"]
+
+
+def encode(text):
+    out = infer(MODEL, "--encode", stdin=text).split()
+    return [int(x) for x in out]
+
+
+def decode(ids):
+    p = subprocess.run([INFER, "--model", MODEL, "--decode"],
+                       input=" ".join(map(str, ids)).encode(),
+                       capture_output=True, timeout=60, check=True)
+    return p.stdout.decode("utf-8", "replace")
+
+
+def render(msgs):
+    """The RWKV World chat template for simple one-line messages."""
+    out = ""
+    for m in msgs:
+        out += {"system": "System", "user": "User", "assistant": "Assistant"}[m["role"]]
+        out += ": " + m["content"].strip() + "\n\n"
+    return out + "Assistant:"
+
+
+def test_hits_and_delta():
+    """Follow-ups feed only the template delta after the retained tokens (kept
+    exactly as generated), and the reply equals a fresh run on exactly
+    retained + delta."""
+    with Stack(model=MODEL, slots=4) as s:
+        up(s)
+        c = Chat(s, "chat-1")
+        first = clean_text(s, [], "Hello there")
+        msgs = [{"role": "user", "content": first}]
+        j1 = c.turn(first)
+        assert j1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        retained = encode(render(msgs)) + j1["choices"][0]["token_ids"]
+        retained_text = render(msgs) + decode(j1["choices"][0]["token_ids"])
+        for k in range(3):
+            text = clean_text(s, c.msgs, f"And more {k}")
+            rendered = render(c.msgs + [{"role": "user", "content": text}])
+            assert rendered.startswith(retained_text), (rendered, retained_text)
+            delta = encode(rendered[len(retained_text):])
+            fresh = s.post("/v1/completions", body={
+                "model": "tiny", "prompt": retained + delta, "max_tokens": 16, "temperature": 0,
+                "stop": ["\n\n"], "return_token_ids": True}).json()
+            j = c.turn(text)
+            assert metric(s, "wkvm_parent_bound_continuation_hits_total") == k + 1
+            u = j["usage"]
+            assert u["prompt_tokens"] == len(retained) + len(delta), \
+                (u, len(retained), len(delta), repr(rendered), repr(retained_text))
+            assert u["prompt_tokens_details"]["cached_tokens"] == len(retained), (u, len(retained), j1["usage"], retained)
+            assert j["choices"][0]["token_ids"] == fresh["choices"][0]["token_ids"]
+            assert j["choices"][0]["message"]["content"] == fresh["choices"][0]["text"]
+            gen = j["choices"][0]["token_ids"]
+            retained = retained + delta + gen
+            retained_text = rendered + decode(gen)
+        assert metric(s, "wkvm_prefix_tokens_reused_total") > 0
+
+
+def test_rejections_restart_fresh():
+    cases = [
+        ("parent_message_mismatch", lambda c: c.turn("x", parent="bogus-parent")),
+        ("prior_assistant_mismatch",
+         lambda c: c.turn("x", msgs=c.msgs[:-1] + [{"role": "assistant", "content": "edited"},
+                                                   {"role": "user", "content": "x"}])),
+        ("prior_history_mismatch",
+         lambda c: c.turn("x", msgs=[{"role": "user", "content": "changed first"}] +
+                          c.msgs[1:] + [{"role": "user", "content": "x"}])),
+        ("assistant_message_reused", lambda c: c.turn("x", aid=c.last_assistant)),
+        ("user_message_reused", lambda c: c.turn("x", uid=f"{c.chat_id}-u1")),
+    ]
+    with Stack(model=MODEL, slots=4) as s:
+        up(s)
+        for i, (reason, provoke) in enumerate(cases):
+            c = Chat(s, f"rej-{i}")
+            c.turn("Hello there")
+            before = metric(s, "wkvm_parent_bound_continuation_rejections_total",
+                            f'reason="{reason}"')
+            j = provoke(c)  # still answered, from a fresh prefill
+            assert j["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, (reason, j)
+            after = metric(s, "wkvm_parent_bound_continuation_rejections_total",
+                           f'reason="{reason}"')
+            assert after == before + 1, reason
+        # A follow-up with no session at all is a miss.
+        c = Chat(s, "never-seen")
+        c.msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+        m0 = metric(s, "wkvm_parent_bound_continuation_misses_total")
+        c.turn("c", parent="some-old-assistant")
+        assert metric(s, "wkvm_parent_bound_continuation_misses_total") == m0 + 1
+        # Bad headers are a 400.
+        r = s.post("/v1/chat/completions", body={"model": "tiny", "messages": [
+            {"role": "user", "content": "x"}]}, headers={"X-WKVM-Stateful-Chat": "parent-token-v1"})
+        assert r.status == 400, r.body
+        r = s.post("/v1/chat/completions", body={"model": "tiny", "messages": [
+            {"role": "user", "content": "x"}]}, headers={"X-WKVM-Assistant-Message-ID": "a"})
+        assert r.status == 400, r.body
+        r = s.post("/v1/chat/completions", body={"model": "tiny", "messages": [
+            {"role": "user", "content": "x"}]}, headers={
+            "X-WKVM-Stateful-Chat": "parent-token-v1", "X-OpenWebUI-User-Id": "u",
+            "X-OpenWebUI-Chat-Id": "c" * 600, "X-WKVM-Assistant-Message-ID": "a",
+            "X-WKVM-User-Message-ID": "m"})
+        assert r.status == 400, r.body
+
+
+def test_users_pressure_restart_and_busy():
+    with Stack(model=MODEL, slots=2) as s:
+        up(s)
+        # Same chat id under two users: two sessions, each hits its own.
+        a, b = Chat(s, "shared", user="alice"), Chat(s, "shared", user="bob")
+        a.turn(clean_text(s, [], "I am alice"))
+        b.turn(clean_text(s, [], "I am bob"))
+        h0 = metric(s, "wkvm_parent_bound_continuation_hits_total")
+        a.turn(clean_text(s, a.msgs, "who am I"))
+        b.turn(clean_text(s, b.msgs, "who am I"))
+        assert metric(s, "wkvm_parent_bound_continuation_hits_total") == h0 + 2
+        # More chats than slots: parked sessions spill to disk and still hit.
+        chats = [Chat(s, f"many-{i}") for i in range(5)]
+        for c in chats:
+            c.turn(clean_text(s, [], f"start {c.chat_id}"))
+        nexts = [clean_text(s, c.msgs, "next") for c in chats]
+        h1 = metric(s, "wkvm_parent_bound_continuation_hits_total")
+        for c, text in zip(chats, nexts):
+            c.turn(text)
+        assert metric(s, "wkvm_parent_bound_continuation_hits_total") == h1 + 5
+        assert metric(s, "wkvm_sessions", 'tier="cold"') >= 1
+        # A controller restart (SIGTERM: sessions are flushed) between turns: still hits.
+        s.kill_controller(signal.SIGTERM)
+        s.start_controller()
+        s.wait(lambda: s.get("/ready").status == 200, "ready after restart")
+        afters = [clean_text(s, c.msgs, "after restart") for c in chats[:3]]
+        h2 = metric(s, "wkvm_parent_bound_continuation_hits_total")
+        for c, text in zip(chats[:3], afters):
+            c.turn(text)
+        assert metric(s, "wkvm_parent_bound_continuation_hits_total") == h2 + 3
+        # One turn per session at a time: an overlapping turn gets 409 session_busy.
+        c = chats[0]
+        codes = []
+
+        def overlapping():
+            r = s.post("/v1/chat/completions", body={
+                "model": "tiny", "messages": c.msgs + [{"role": "user", "content": "long"}],
+                "max_tokens": 4000, "ignore_eos": True, "temperature": 0},
+                headers=c.headers("busy-a", "busy-u", c.last_assistant))
+            codes.append(r.status)
+        t = threading.Thread(target=overlapping)
+        t.start()
+        import time
+        time.sleep(0.3)
+        r = s.post("/v1/chat/completions", body={
+            "model": "tiny", "messages": c.msgs + [{"role": "user", "content": "again"}],
+            "max_tokens": 4}, headers=c.headers("busy-a2", "busy-u2", c.last_assistant))
+        t.join(timeout=120)
+        assert r.status == 409 and r.json()["error"]["param"] == "session_busy", r.body
+        assert codes == [200]
+
+
+def test_exact_prefix_reuse():
+    with Stack(model=MODEL, slots=2) as s:
+        up(s)
+        h = {"X-OpenWebUI-Chat-Id": "plain-chat", "X-OpenWebUI-User-Id": "u"}
+        msgs = [{"role": "user", "content": clean_text(s, [], "Tell me about the sea")}]
+        r = s.post("/v1/chat/completions", body={"model": "tiny", "messages": msgs,
+                                                  "max_tokens": 12, "temperature": 0}, headers=h)
+        reply = r.json()["choices"][0]["message"]["content"]
+        msgs += [{"role": "assistant", "content": reply.strip()},
+                 {"role": "user", "content": "More."}]
+        r = s.post("/v1/chat/completions", body={"model": "tiny", "messages": msgs,
+                                                  "max_tokens": 12, "temperature": 0}, headers=h)
+        assert r.status == 200
+        assert metric(s, "wkvm_chat_exact_prefix_reuse_hits_total") == 1
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+if __name__ == "__main__":
+    rc = run_tests([test_hits_and_delta, test_rejections_restart_fresh,
+                    test_users_pressure_restart_and_busy, test_exact_prefix_reuse])
+    TMP.cleanup()
+    sys.exit(rc)
