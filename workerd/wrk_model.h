@@ -43,6 +43,80 @@ typedef struct wrk_model_info {
     char fingerprint[65];    /* hex SHA-256 binding family, shapes, dtype, both digests */
 } wrk_model_info;
 
+/* ------------------------------------------------------------------------ */
+/* Family views: what a backend reads to build its own copy of the weights.   */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A weight matrix mapping n_in features to n_out (y = x W), as stored.
+ * t is borrowed until wrk_model_free(); its dtype is F32, F16 or BF16.
+ * in_major: stored [n_in, n_out] (x @ W, BlinkDL LoRA w1/w2 ...);
+ * otherwise stored [n_out, n_in] (torch nn.Linear weight). NULL t: absent.
+ */
+typedef struct wrk_mat {
+    const wk_tensor *t; /* stored tensor, borrowed */
+    uint32_t n_in;      /* K: input features */
+    uint32_t n_out;     /* N: output features */
+    bool in_major;      /* true: [n_in, n_out]; false: [n_out, n_in] */
+} wrk_mat;
+
+/*
+ * One RWKV-7 layer. Vectors are tensors whose elements, in storage order,
+ * are the C (or H*N for r_k, stored [H, N]) values; their shape may carry
+ * leading 1s. All pointers borrowed until wrk_model_free().
+ */
+typedef struct wrk_rwkv7_layer {
+    const wk_tensor *ln1_w, *ln1_b; /* attention LayerNorm [C] */
+    const wk_tensor *ln2_w, *ln2_b; /* channel-mix LayerNorm [C] */
+    const wk_tensor *x_r, *x_w, *x_k, *x_v, *x_a, *x_g; /* token-shift mixes [C] */
+    const wk_tensor *w0, *a0, *v0;  /* LoRA biases [C]; v0 NULL on layer 0 */
+    wrk_mat w1, w2;                 /* decay LoRA C -> Dw -> C */
+    wrk_mat a1, a2;                 /* in-context learning rate LoRA C -> Da -> C */
+    wrk_mat v1, v2;                 /* value-residual LoRA C -> Dv -> C; .t NULL on layer 0 */
+    wrk_mat g1, g2;                 /* gate LoRA C -> Dg -> C */
+    const wk_tensor *k_k, *k_a;     /* key normalisation / ICLR mix [C] */
+    const wk_tensor *r_k;           /* bonus [H, N] */
+    wrk_mat wr, wk, wv, wo;         /* receptance, key, value, output C -> C */
+    const wk_tensor *lnx_w, *lnx_b; /* GroupNorm (ln_x / g_norm) [C] */
+    const wk_tensor *ffn_x_k;       /* channel-mix token shift [C] */
+    wrk_mat ffn_key;                /* C -> F */
+    wrk_mat ffn_value;              /* F -> C */
+} wrk_rwkv7_layer;
+
+typedef enum wrk_convention {
+    WRK_CONVENTION_BLINKDL = 0, /* emb.weight, blocks.N.att.* ... */
+    WRK_CONVENTION_HF = 1,      /* fla-hub rwkv7: model.embeddings.weight ... */
+} wrk_convention;
+
+/* An RWKV-7 model as loaded. Borrowed until wrk_model_free(). */
+typedef struct wrk_rwkv7 {
+    wrk_convention convention;       /* checkpoint naming */
+    uint32_t n_layer, n_embd;        /* L, C */
+    uint32_t n_head, head_size;      /* H, N (H * N == C) */
+    uint32_t ffn_dim, vocab_size;    /* F, V */
+    uint32_t lora_w, lora_a;         /* decay / ICLR LoRA ranks */
+    uint32_t lora_v, lora_g;         /* value-residual (0 when L == 1) / gate ranks */
+    const wk_tensor *emb;            /* embedding [V, C] */
+    const wk_tensor *ln0_w, *ln0_b;  /* LayerNorm on the embedding [C] */
+    const wk_tensor *lnout_w, *lnout_b; /* LayerNorm before the head [C] */
+    wrk_mat head;                    /* C -> V, stored [V, C] */
+    const wrk_rwkv7_layer *layers;   /* n_layer entries */
+} wrk_rwkv7;
+
+/* The RWKV-7 view of m, borrowed until wrk_model_free(); NULL for other families. */
+const wrk_rwkv7 *wrk_model_rwkv7(const wrk_model *m);
+
+/*
+ * Finds the checkpoint file in dir, by these rules in order:
+ * model.safetensors.index.json, model.safetensors, the only *.safetensors,
+ * the only *.pth. On success writes the path (NUL-terminated) to out.
+ * Returns WK_ENOENT (none; the diag says what was looked for), WK_EINVAL
+ * (several candidates: the diag names them), WK_ETOOBIG (path over out_len),
+ * WK_EIO (dir unreadable).
+ */
+WK_MUST_CHECK wk_err wrk_model_find_checkpoint(const char *dir, char *out, size_t out_len,
+                                               wk_diag *d);
+
 /*
  * Loads the model in dir. On success *out is owned by the caller (free with
  * wrk_model_free). Returns WK_ENOENT (no checkpoint), WK_EINVAL (malformed or

@@ -6,6 +6,18 @@
  *
  * Backends never log and never abort on bad input; they return wk_err.
  * Threading: one caller at a time per be_ctx (the worker's step loop).
+ *
+ * Slot state layout (RWKV-7), the same bytes on every backend, so a slot
+ * read on one worker can be written on another (hibernate, export, migrate).
+ * With L layers, C = n_embd, H heads of size N, all values IEEE binary32
+ * little-endian, one slot is L consecutive layer records of
+ * (2 * C + H * N * N) floats:
+ *     att_shift[C]      LN1 output of the last token (attention token shift)
+ *     ffn_shift[C]      LN2 output of the last token (channel-mix token shift)
+ *     wkv[H][N][N]      per head S[i][j], i = value index, j = key index
+ *                       (the BlinkDL reference layout; y = S r)
+ * slot_bytes = L * (2 * C + H * N * N) * 4 = wrk_model_info.state_bytes.
+ * A zeroed slot is a fresh sequence.
  */
 #ifndef BE_H
 #define BE_H
@@ -29,7 +41,10 @@ typedef struct be_config {
 
 /*
  * One row of a step: a decode token (n_tokens == 1) or a prefill chunk.
- * The row reads and writes its own slot's state.
+ * The row reads and writes its own slot's state. Rows on slot 0 are padding:
+ * any number of them may appear, their state is never read back, and their
+ * logits (when asked for) are unspecified (the CPU backend skips them and
+ * writes zeros).
  */
 typedef struct be_row {
     uint32_t slot;          /* arena slot, 1..n_slots-1 (0 allowed as padding) */
@@ -61,20 +76,34 @@ typedef struct be_ops {
     uint32_t (*n_slots)(const be_ctx *ctx);
     uint64_t (*slot_bytes)(const be_ctx *ctx);
 
-    /* Zeroes a slot (a fresh sequence). */
+    /* Zeroes a slot (a fresh sequence); 0..n_slots-1. WK_EINVAL out of range. */
     wk_err (*slot_reset)(be_ctx *ctx, uint32_t slot);
-    /* Copies slot src to dst on the device (fork). */
+    /* Copies slot src to dst on the device (fork); both 1..n_slots-1 (src == dst: no-op). */
     wk_err (*slot_copy)(be_ctx *ctx, uint32_t dst, uint32_t src);
-    /* Reads / writes len bytes of a slot's state at byte offset off. */
+    /*
+     * Reads / writes len bytes of a slot's state (layout above) at byte offset
+     * off; slot 1..n_slots-1, off + len <= slot_bytes, else WK_EINVAL.
+     */
     wk_err (*slot_read)(be_ctx *ctx, uint32_t slot, uint64_t off, void *buf, size_t len);
     wk_err (*slot_write)(be_ctx *ctx, uint32_t slot, uint64_t off, const void *buf,
                          size_t len);
 
     /*
      * Runs one step over n rows. Each slot appears at most once (except the
-     * padding slot 0). A row's results never depend on the other rows.
+     * padding slot 0). A row's results never depend on the other rows (bit
+     * for bit), and a prefill split into chunks over several steps ends in
+     * the same state as one token per step. Every row is checked before any
+     * state changes: WK_EINVAL (bad slot, duplicate slot, no tokens, token
+     * outside the vocab, missing logits buffer, bad logits_mode), WK_ETOOBIG
+     * (over max_step_rows / max_step_tokens); the diag names the row.
      */
     wk_err (*step)(be_ctx *ctx, be_row *rows, size_t n, wk_diag *d);
+
+    /*
+     * Optional (may be NULL): one line describing the context for logs and
+     * benchmarks ("cpu isa=avx512 threads=16"), NUL-terminated into buf.
+     */
+    void (*describe)(const be_ctx *ctx, char *buf, size_t len);
 } be_ops;
 
 /* The CPU backend, always built. */

@@ -1,0 +1,45 @@
+/*
+ * be: backend lookup. The CPU backend is always linked; the CUDA backend
+ * exists only when the build found a CUDA toolkit (WKVM_HAVE_CUDA).
+ * Never logs.
+ */
+#include "be.h"
+
+#include <stddef.h>
+#include <string.h>
+
+#ifdef WKVM_HAVE_CUDA
+extern const be_ops be_cuda_ops;
+#endif
+
+const be_ops *
+be_cuda_ops_get(void)
+{
+#ifdef WKVM_HAVE_CUDA
+    return &be_cuda_ops;
+#else
+    return NULL;
+#endif
+}
+
+const be_ops *
+be_ops_find(const char *name)
+{
+    if (name == NULL)
+        return NULL;
+    if (strcmp(name, "cpu") == 0)
+        return &be_cpu_ops;
+    if (strcmp(name, "cuda") == 0)
+        return be_cuda_ops_get();
+    if (strcmp(name, "auto") == 0) {
+        const be_ops *cu = be_cuda_ops_get();
+        if (cu != NULL && cu->probe != NULL) {
+            char dev[128];
+            uint64_t mem = 0;
+            if (cu->probe(0, dev, sizeof(dev), &mem) == WK_OK)
+                return cu;
+        }
+        return &be_cpu_ops;
+    }
+    return NULL;
+}

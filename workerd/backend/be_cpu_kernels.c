@@ -1,0 +1,704 @@
+/*
+ * be_cpu_kernels: packed-panel GEMM and the WKV head update, with AVX-512,
+ * AVX2+FMA and portable scalar paths chosen at run time.
+ *
+ * The GEMM invariant (see the header): each output element is one chain of
+ * fused multiply-adds over k in order, so the result does not depend on
+ * the blocking, the number of rows, the ISA path (AVX-512 and AVX2 give the
+ * same bits) or the thread split. Do not add k-unrolling with several
+ * partial sums, or a fast path that reorders k, without keeping that.
+ *
+ * Functions with a target attribute are only ever called after
+ * be_cpu_isa_detect() said the CPU has the features. Never allocates on the
+ * hot path, never logs.
+ */
+#include "be_cpu_kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define BE_CPU_X86 1
+#else
+#define BE_CPU_X86 0
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* ISA detection                                                             */
+/* ------------------------------------------------------------------------ */
+
+be_cpu_isa
+be_cpu_isa_detect(void)
+{
+    be_cpu_isa best = BE_CPU_ISA_SCALAR;
+#if BE_CPU_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        best = BE_CPU_ISA_AVX2;
+    if (best == BE_CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f"))
+        best = BE_CPU_ISA_AVX512;
+#endif
+    const char *env = getenv("WKVM_CPU_ISA");
+    if (env != NULL) {
+        be_cpu_isa want = best;
+        if (strcmp(env, "scalar") == 0)
+            want = BE_CPU_ISA_SCALAR;
+        else if (strcmp(env, "avx2") == 0)
+            want = BE_CPU_ISA_AVX2;
+        else if (strcmp(env, "avx512") == 0)
+            want = BE_CPU_ISA_AVX512;
+        if (want < best)
+            best = want;
+    }
+    return best;
+}
+
+const char *
+be_cpu_isa_name(be_cpu_isa isa)
+{
+    switch (isa) {
+    case BE_CPU_ISA_SCALAR:
+        return "scalar";
+    case BE_CPU_ISA_AVX2:
+        return "avx2";
+    case BE_CPU_ISA_AVX512:
+        return "avx512";
+    }
+    return "?";
+}
+
+/* ------------------------------------------------------------------------ */
+/* packing                                                                   */
+/* ------------------------------------------------------------------------ */
+
+wk_err
+be_cpu_mat_alloc(be_cpu_mat *dst, const wrk_mat *src)
+{
+    memset(dst, 0, sizeof(*dst));
+    if (src == NULL || src->t == NULL || src->n_in == 0 || src->n_out == 0)
+        return WK_EINVAL;
+    wk_dtype dt = src->t->dtype;
+    if (dt != WK_DTYPE_F32 && dt != WK_DTYPE_F16 && dt != WK_DTYPE_BF16)
+        return WK_EINVAL;
+    size_t es = wk_dtype_size(dt);
+    uint32_t np = (src->n_out + BE_CPU_NR - 1) / BE_CPU_NR;
+    size_t bytes = (size_t)np * src->n_in * BE_CPU_NR * es;
+    size_t alloc = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, alloc);
+    if (p == NULL)
+        return WK_ENOMEM;
+    dst->dtype = dt;
+    dst->k = src->n_in;
+    dst->n = src->n_out;
+    dst->n_panels = np;
+    dst->data = p;
+    dst->bytes = bytes;
+    return WK_OK;
+}
+
+void
+be_cpu_mat_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1)
+{
+    const size_t es = wk_dtype_size(dst->dtype);
+    const size_t K = dst->k, N = dst->n;
+    const uint8_t *s = src->t->data;
+    uint8_t *d = dst->data;
+
+    for (uint32_t p = p0; p < p1; p++) {
+        uint8_t *pd = d + (size_t)p * K * BE_CPU_NR * es;
+        size_t c0 = (size_t)p * BE_CPU_NR;
+        size_t nc = N - c0 < BE_CPU_NR ? N - c0 : BE_CPU_NR;
+        if (nc < BE_CPU_NR)
+            memset(pd, 0, K * BE_CPU_NR * es);
+        if (src->in_major) {
+            /* stored [K][N]: a row slice per k */
+            for (size_t k = 0; k < K; k++)
+                memcpy(pd + k * BE_CPU_NR * es, s + (k * N + c0) * es, nc * es);
+        } else {
+            /* stored [N][K]: transpose in blocks of k for locality */
+            for (size_t kb = 0; kb < K; kb += 64) {
+                size_t ke = kb + 64 < K ? kb + 64 : K;
+                for (size_t c = 0; c < nc; c++) {
+                    const uint8_t *row = s + (c0 + c) * K * es;
+                    if (es == 2) {
+                        for (size_t k = kb; k < ke; k++)
+                            memcpy(pd + (k * BE_CPU_NR + c) * 2, row + k * 2, 2);
+                    } else {
+                        for (size_t k = kb; k < ke; k++)
+                            memcpy(pd + (k * BE_CPU_NR + c) * 4, row + k * 4, 4);
+                    }
+                }
+            }
+        }
+    }
+}
+
+void
+be_cpu_mat_free(be_cpu_mat *dst)
+{
+    if (dst == NULL)
+        return;
+    free(dst->data);
+    memset(dst, 0, sizeof(*dst));
+}
+
+/* ------------------------------------------------------------------------ */
+/* GEMM: shared pieces                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Applies epi to one finished element. */
+static inline float
+be_cpu_epi_apply(be_cpu_epi epi, float acc, float old)
+{
+    switch (epi) {
+    case BE_CPU_EPI_STORE:
+        return acc;
+    case BE_CPU_EPI_ADD:
+        return old + acc;
+    case BE_CPU_EPI_RELU2: {
+        float r = acc > 0.0f ? acc : 0.0f;
+        return r * r;
+    }
+    case BE_CPU_EPI_TANH:
+        return tanhf(acc);
+    case BE_CPU_EPI_SIGMOID:
+        return 1.0f / (1.0f + expf(-acc));
+    }
+    return acc;
+}
+
+/*
+ * Writes a finished tile: mr rows of tile (row stride tw floats) into
+ * columns [col0, col0 + nvalid) of rows m0.. of y.
+ */
+static void
+be_cpu_tile_out(const float *tile, uint32_t mr, uint32_t tw, uint32_t col0, uint32_t nvalid,
+                float *y, size_t ldy, float *const *yrows, uint32_t m0, be_cpu_epi epi)
+{
+    for (uint32_t i = 0; i < mr; i++) {
+        float *yr = (yrows != NULL ? yrows[m0 + i] : y + (size_t)(m0 + i) * ldy) + col0;
+        const float *t = tile + (size_t)i * tw;
+        switch (epi) {
+        case BE_CPU_EPI_STORE:
+            memcpy(yr, t, nvalid * sizeof(float));
+            break;
+        case BE_CPU_EPI_ADD:
+            for (uint32_t c = 0; c < nvalid; c++)
+                yr[c] = yr[c] + t[c];
+            break;
+        case BE_CPU_EPI_RELU2:
+            for (uint32_t c = 0; c < nvalid; c++) {
+                float r = t[c] > 0.0f ? t[c] : 0.0f;
+                yr[c] = r * r;
+            }
+            break;
+        default:
+            for (uint32_t c = 0; c < nvalid; c++)
+                yr[c] = be_cpu_epi_apply(epi, t[c], 0.0f);
+            break;
+        }
+    }
+}
+
+/* How a microkernel writes its accumulators. */
+enum {
+    BE_CPU_OUT_STORE = 0, /* out = acc */
+    BE_CPU_OUT_ADD = 1,   /* out = out + acc (the same sum as the tile path's ADD) */
+};
+
+/* Balanced row blocks: nb blocks of size mr or mr - 1, mr <= mr_max. */
+static void
+be_cpu_row_blocks(uint32_t m, uint32_t mr_max, uint32_t *nb, uint32_t *base, uint32_t *extra)
+{
+    *nb = (m + mr_max - 1) / mr_max;
+    *base = m / *nb;
+    *extra = m % *nb;
+}
+
+/* ------------------------------------------------------------------------ */
+/* GEMM: scalar                                                              */
+/* ------------------------------------------------------------------------ */
+
+static float
+be_cpu_load1(wk_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case WK_DTYPE_F32:
+        return ((const float *)p)[i];
+    case WK_DTYPE_BF16:
+        return wk_bf16_to_f32(((const uint16_t *)p)[i]);
+    case WK_DTYPE_F16:
+        return wk_f16_to_f32(((const uint16_t *)p)[i]);
+    }
+    return 0.0f;
+}
+
+static void
+be_cpu_gemm_scalar(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
+                   size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi)
+{
+    const size_t K = w->k, es = wk_dtype_size(w->dtype);
+    float wrow[BE_CPU_NR];
+    float acc[BE_CPU_NR];
+    for (uint32_t p = p0; p < p1; p++) {
+        const uint8_t *pw = (const uint8_t *)w->data + (size_t)p * K * BE_CPU_NR * es;
+        uint32_t col0 = p * BE_CPU_NR;
+        uint32_t nvalid = w->n - col0 < BE_CPU_NR ? w->n - col0 : BE_CPU_NR;
+        for (uint32_t i = 0; i < m; i++) {
+            const float *xr = x + (size_t)i * ldx;
+            for (int c = 0; c < BE_CPU_NR; c++)
+                acc[c] = 0.0f;
+            for (size_t k = 0; k < K; k++) {
+                const float xv = xr[k];
+                for (int c = 0; c < BE_CPU_NR; c++)
+                    wrow[c] = be_cpu_load1(w->dtype, pw, k * BE_CPU_NR + (size_t)c);
+                for (int c = 0; c < BE_CPU_NR; c++)
+                    acc[c] = acc[c] + xv * wrow[c];
+            }
+            be_cpu_tile_out(acc, 1, BE_CPU_NR, col0, nvalid, y, ldy, yrows, i, epi);
+        }
+    }
+}
+
+#if BE_CPU_X86
+
+/* ------------------------------------------------------------------------ */
+/* GEMM: AVX-512 (16 floats per vector, 2 vectors per panel)                 */
+/* ------------------------------------------------------------------------ */
+
+#define BE_T512 __attribute__((target("avx512f,fma,f16c"), noinline))
+
+#define LD512_F32(p) _mm512_load_ps((const float *)(p))
+#define LD512_BF16(p)                                                                      \
+    _mm512_castsi512_ps(_mm512_slli_epi32(                                                 \
+        _mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)(const void *)(p))), 16))
+#define LD512_F16(p) _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(const void *)(p)))
+
+/*
+ * Microkernel: MR rows x NV vectors (16 columns each) starting at vector q0
+ * of the panel layout; writes the accumulators to tile[MR][NV*16].
+ */
+#define K512_DEF(DT, ET, MR, NV)                                                           \
+    static BE_T512 void k512_##DT##_##MR##_##NV(const float *x, size_t ldx, const ET *w,    \
+                                               size_t ps, uint32_t q0, uint32_t K,          \
+                                               float *out, size_t ldo, int mode)            \
+    {                                                                                      \
+        __m512 acc[MR][NV];                                                                \
+        const ET *wp[NV];                                                                  \
+        _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) wp[v] =                      \
+            w + (size_t)((q0 + v) >> 1) * ps + (size_t)((q0 + v) & 1) * 16;                \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) acc[i][v] =              \
+                _mm512_setzero_ps();                                                       \
+        for (uint32_t k = 0; k < K; k++) {                                                 \
+            __m512 wv[NV];                                                                 \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) wv[v] =                  \
+                LD512_##DT(wp[v] + (size_t)k * BE_CPU_NR);                                 \
+            _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                          \
+            {                                                                              \
+                const __m512 xb = _mm512_set1_ps(x[(size_t)i * ldx + k]);                  \
+                _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) acc[i][v] =          \
+                    _mm512_fmadd_ps(wv[v], xb, acc[i][v]);                                 \
+            }                                                                              \
+        }                                                                                  \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
+        {                                                                                  \
+            float *o = out + (size_t)i * ldo + (size_t)v * 16;                             \
+            _mm512_storeu_ps(o, mode == BE_CPU_OUT_ADD                                     \
+                                    ? _mm512_add_ps(_mm512_loadu_ps(o), acc[i][v])         \
+                                    : acc[i][v]);                                          \
+        }                                                                                  \
+    }
+
+typedef void (*k512_fn)(const float *, size_t, const void *, size_t, uint32_t, uint32_t,
+                        float *, size_t, int);
+
+/* rows 1..3: up to 8 vectors; 4..6: up to 4; 7..12: up to 2 (<= 24 accumulators) */
+#define K512_ROWS_8(DT, ET, MR)                                                            \
+    K512_DEF(DT, ET, MR, 1)                                                                \
+    K512_DEF(DT, ET, MR, 2)                                                                \
+    K512_DEF(DT, ET, MR, 3)                                                                \
+    K512_DEF(DT, ET, MR, 4)                                                                \
+    K512_DEF(DT, ET, MR, 5)                                                                \
+    K512_DEF(DT, ET, MR, 6)                                                                \
+    K512_DEF(DT, ET, MR, 7)                                                                \
+    K512_DEF(DT, ET, MR, 8)
+#define K512_ROWS_4(DT, ET, MR)                                                            \
+    K512_DEF(DT, ET, MR, 1)                                                                \
+    K512_DEF(DT, ET, MR, 2)                                                                \
+    K512_DEF(DT, ET, MR, 3)                                                                \
+    K512_DEF(DT, ET, MR, 4)
+#define K512_ROWS_2(DT, ET, MR)                                                            \
+    K512_DEF(DT, ET, MR, 1)                                                                \
+    K512_DEF(DT, ET, MR, 2)
+#define K512_ALL(DT, ET)                                                                   \
+    K512_ROWS_8(DT, ET, 1)                                                                 \
+    K512_ROWS_8(DT, ET, 2)                                                                 \
+    K512_ROWS_8(DT, ET, 3)                                                                 \
+    K512_ROWS_4(DT, ET, 4)                                                                 \
+    K512_ROWS_4(DT, ET, 5)                                                                 \
+    K512_ROWS_4(DT, ET, 6)                                                                 \
+    K512_ROWS_2(DT, ET, 7)                                                                 \
+    K512_ROWS_2(DT, ET, 8)                                                                 \
+    K512_ROWS_2(DT, ET, 9)                                                                 \
+    K512_ROWS_2(DT, ET, 10)                                                                \
+    K512_ROWS_2(DT, ET, 11)                                                                \
+    K512_ROWS_2(DT, ET, 12)
+
+K512_ALL(F32, float)
+K512_ALL(BF16, uint16_t)
+K512_ALL(F16, uint16_t)
+
+#define K512_T8(DT, MR)                                                                    \
+    {(k512_fn)k512_##DT##_##MR##_1, (k512_fn)k512_##DT##_##MR##_2,                         \
+     (k512_fn)k512_##DT##_##MR##_3, (k512_fn)k512_##DT##_##MR##_4,                         \
+     (k512_fn)k512_##DT##_##MR##_5, (k512_fn)k512_##DT##_##MR##_6,                         \
+     (k512_fn)k512_##DT##_##MR##_7, (k512_fn)k512_##DT##_##MR##_8}
+#define K512_T4(DT, MR)                                                                    \
+    {(k512_fn)k512_##DT##_##MR##_1, (k512_fn)k512_##DT##_##MR##_2,                         \
+     (k512_fn)k512_##DT##_##MR##_3, (k512_fn)k512_##DT##_##MR##_4}
+#define K512_T2(DT, MR) {(k512_fn)k512_##DT##_##MR##_1, (k512_fn)k512_##DT##_##MR##_2}
+#define K512_TAB(DT)                                                                       \
+    {{0}, K512_T8(DT, 1), K512_T8(DT, 2), K512_T8(DT, 3), K512_T4(DT, 4), K512_T4(DT, 5),     \
+     K512_T4(DT, 6), K512_T2(DT, 7), K512_T2(DT, 8), K512_T2(DT, 9), K512_T2(DT, 10),        \
+     K512_T2(DT, 11), K512_T2(DT, 12)}
+
+/* [dtype][rows][vectors - 1] */
+static const k512_fn k512_tab[3][13][8] = {
+    [WK_DTYPE_F32] = K512_TAB(F32),
+    [WK_DTYPE_F16] = K512_TAB(F16),
+    [WK_DTYPE_BF16] = K512_TAB(BF16),
+};
+
+static uint32_t
+k512_nv_max(uint32_t mr)
+{
+    return mr <= 3 ? 8 : mr <= 6 ? 4 : 2;
+}
+
+/* The generic driver for a vector ISA: VW floats per vector, VPP per panel. */
+static void
+be_cpu_gemm_vec(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
+                size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi,
+                uint32_t vw, uint32_t mr_max, uint32_t (*nv_max)(uint32_t),
+                void (*kern)(wk_dtype, uint32_t, uint32_t, const float *, size_t, const void *,
+                             size_t, uint32_t, uint32_t, float *, size_t, int))
+{
+    const uint32_t vpp = BE_CPU_NR / vw;
+    const size_t ps = (size_t)w->k * BE_CPU_NR;
+    float tile[24 * 16] __attribute__((aligned(64)));
+    uint32_t nb, base, extra;
+
+    if (m == 0 || p0 >= p1)
+        return;
+    be_cpu_row_blocks(m, mr_max, &nb, &base, &extra);
+    /* column chunks: a few panels whose weights stay in L2 across row blocks */
+    const uint32_t chunk = m <= 3 ? 4 : 2;
+    for (uint32_t pc = p0; pc < p1; pc += chunk) {
+        const uint32_t pe = pc + chunk < p1 ? pc + chunk : p1;
+        uint32_t row = 0;
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint32_t mr = base + (b < extra ? 1 : 0);
+            const uint32_t nvm = nv_max(mr);
+            uint32_t q = pc * vpp;
+            const uint32_t qe = pe * vpp;
+            while (q < qe) {
+                uint32_t nv = qe - q < nvm ? qe - q : nvm;
+                uint32_t col0 = q * vw;
+                if (col0 >= w->n)
+                    break;
+                const uint32_t ncol = nv * vw;
+                const uint32_t nvalid = w->n - col0 < ncol ? w->n - col0 : ncol;
+                const float *xr = x + (size_t)row * ldx;
+                if (nvalid == ncol && yrows == NULL &&
+                    (epi == BE_CPU_EPI_STORE || epi == BE_CPU_EPI_ADD)) {
+                    /* whole tile straight into y */
+                    kern(w->dtype, mr, nv, xr, ldx, w->data, ps, q, w->k,
+                         y + (size_t)row * ldy + col0, ldy,
+                         epi == BE_CPU_EPI_ADD ? BE_CPU_OUT_ADD : BE_CPU_OUT_STORE);
+                } else {
+                    kern(w->dtype, mr, nv, xr, ldx, w->data, ps, q, w->k, tile, ncol,
+                         BE_CPU_OUT_STORE);
+                    be_cpu_tile_out(tile, mr, ncol, col0, nvalid, y, ldy, yrows, row, epi);
+                }
+                q += nv;
+            }
+            row += mr;
+        }
+    }
+}
+
+static void
+k512_call(wk_dtype dt, uint32_t mr, uint32_t nv, const float *x, size_t ldx, const void *w,
+          size_t ps, uint32_t q0, uint32_t K, float *out, size_t ldo, int mode)
+{
+    k512_tab[dt][mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
+}
+
+/* ------------------------------------------------------------------------ */
+/* GEMM: AVX2 + FMA (8 floats per vector, 4 vectors per panel)               */
+/* ------------------------------------------------------------------------ */
+
+#define BE_T256 __attribute__((target("avx2,fma,f16c"), noinline))
+
+#define LD256_F32(p) _mm256_load_ps((const float *)(p))
+#define LD256_BF16(p)                                                                      \
+    _mm256_castsi256_ps(_mm256_slli_epi32(                                                 \
+        _mm256_cvtepu16_epi32(_mm_load_si128((const __m128i *)(const void *)(p))), 16))
+#define LD256_F16(p) _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(const void *)(p)))
+
+#define K256_DEF(DT, ET, MR, NV)                                                           \
+    static BE_T256 void k256_##DT##_##MR##_##NV(const float *x, size_t ldx, const ET *w,    \
+                                               size_t ps, uint32_t q0, uint32_t K,          \
+                                               float *out, size_t ldo, int mode)            \
+    {                                                                                      \
+        __m256 acc[MR][NV];                                                                \
+        const ET *wp[NV];                                                                  \
+        _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) wp[v] =                      \
+            w + (size_t)((q0 + v) >> 2) * ps + (size_t)((q0 + v) & 3) * 8;                 \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) acc[i][v] =              \
+                _mm256_setzero_ps();                                                       \
+        for (uint32_t k = 0; k < K; k++) {                                                 \
+            __m256 wv[NV];                                                                 \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) wv[v] =                  \
+                LD256_##DT(wp[v] + (size_t)k * BE_CPU_NR);                                 \
+            _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                          \
+            {                                                                              \
+                const __m256 xb = _mm256_broadcast_ss(x + (size_t)i * ldx + k);            \
+                _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) acc[i][v] =          \
+                    _mm256_fmadd_ps(wv[v], xb, acc[i][v]);                                 \
+            }                                                                              \
+        }                                                                                  \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
+        {                                                                                  \
+            float *o = out + (size_t)i * ldo + (size_t)v * 8;                              \
+            _mm256_storeu_ps(o, mode == BE_CPU_OUT_ADD                                     \
+                                    ? _mm256_add_ps(_mm256_loadu_ps(o), acc[i][v])         \
+                                    : acc[i][v]);                                          \
+        }                                                                                  \
+    }
+
+typedef void (*k256_fn)(const float *, size_t, const void *, size_t, uint32_t, uint32_t,
+                        float *, size_t, int);
+
+#define K256_ALL(DT, ET)                                                                   \
+    K256_DEF(DT, ET, 1, 1)                                                                 \
+    K256_DEF(DT, ET, 1, 2)                                                                 \
+    K256_DEF(DT, ET, 1, 3)                                                                 \
+    K256_DEF(DT, ET, 1, 4)                                                                 \
+    K256_DEF(DT, ET, 1, 5)                                                                 \
+    K256_DEF(DT, ET, 1, 6)                                                                 \
+    K256_DEF(DT, ET, 1, 7)                                                                 \
+    K256_DEF(DT, ET, 1, 8)                                                                 \
+    K256_DEF(DT, ET, 2, 1)                                                                 \
+    K256_DEF(DT, ET, 2, 2)                                                                 \
+    K256_DEF(DT, ET, 2, 3)                                                                 \
+    K256_DEF(DT, ET, 2, 4)                                                                 \
+    K256_DEF(DT, ET, 3, 1)                                                                 \
+    K256_DEF(DT, ET, 3, 2)                                                                 \
+    K256_DEF(DT, ET, 3, 3)                                                                 \
+    K256_DEF(DT, ET, 4, 1)                                                                 \
+    K256_DEF(DT, ET, 4, 2)                                                                 \
+    K256_DEF(DT, ET, 5, 1)                                                                 \
+    K256_DEF(DT, ET, 5, 2)                                                                 \
+    K256_DEF(DT, ET, 6, 1)                                                                 \
+    K256_DEF(DT, ET, 6, 2)
+
+K256_ALL(F32, float)
+K256_ALL(BF16, uint16_t)
+K256_ALL(F16, uint16_t)
+
+#define K256_TAB(DT)                                                                       \
+    {{0},                                                                                  \
+     {(k256_fn)k256_##DT##_1_1, (k256_fn)k256_##DT##_1_2, (k256_fn)k256_##DT##_1_3,         \
+      (k256_fn)k256_##DT##_1_4, (k256_fn)k256_##DT##_1_5, (k256_fn)k256_##DT##_1_6,         \
+      (k256_fn)k256_##DT##_1_7, (k256_fn)k256_##DT##_1_8},                                 \
+     {(k256_fn)k256_##DT##_2_1, (k256_fn)k256_##DT##_2_2, (k256_fn)k256_##DT##_2_3,         \
+      (k256_fn)k256_##DT##_2_4},                                                           \
+     {(k256_fn)k256_##DT##_3_1, (k256_fn)k256_##DT##_3_2, (k256_fn)k256_##DT##_3_3},        \
+     {(k256_fn)k256_##DT##_4_1, (k256_fn)k256_##DT##_4_2},                                 \
+     {(k256_fn)k256_##DT##_5_1, (k256_fn)k256_##DT##_5_2},                                 \
+     {(k256_fn)k256_##DT##_6_1, (k256_fn)k256_##DT##_6_2}}
+
+static const k256_fn k256_tab[3][7][8] = {
+    [WK_DTYPE_F32] = K256_TAB(F32),
+    [WK_DTYPE_F16] = K256_TAB(F16),
+    [WK_DTYPE_BF16] = K256_TAB(BF16),
+};
+
+static uint32_t
+k256_nv_max(uint32_t mr)
+{
+    return mr == 1 ? 8 : mr == 2 ? 4 : mr == 3 ? 3 : 2;
+}
+
+static void
+k256_call(wk_dtype dt, uint32_t mr, uint32_t nv, const float *x, size_t ldx, const void *w,
+          size_t ps, uint32_t q0, uint32_t K, float *out, size_t ldo, int mode)
+{
+    k256_tab[dt][mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
+}
+
+#endif /* BE_CPU_X86 */
+
+void
+be_cpu_gemm(be_cpu_isa isa, const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
+            size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi)
+{
+    if (p1 > w->n_panels)
+        p1 = w->n_panels;
+    if (m == 0 || p0 >= p1)
+        return;
+#if BE_CPU_X86
+    if (isa == BE_CPU_ISA_AVX512) {
+        be_cpu_gemm_vec(w, x, ldx, m, y, ldy, yrows, p0, p1, epi, 16, 12, k512_nv_max,
+                        k512_call);
+        return;
+    }
+    if (isa == BE_CPU_ISA_AVX2) {
+        be_cpu_gemm_vec(w, x, ldx, m, y, ldy, yrows, p0, p1, epi, 8, 6, k256_nv_max, k256_call);
+        return;
+    }
+#endif
+    (void)isa;
+    be_cpu_gemm_scalar(w, x, ldx, m, y, ldy, yrows, p0, p1, epi);
+}
+
+uint32_t
+be_cpu_gemm_panel_grain(be_cpu_isa isa, uint32_t m)
+{
+    if (isa == BE_CPU_ISA_SCALAR)
+        return 1;
+    if (isa == BE_CPU_ISA_AVX2)
+        return m <= 1 ? 2 : 1;
+    return m <= 3 ? 4 : m <= 6 ? 2 : 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* WKV                                                                       */
+/* ------------------------------------------------------------------------ */
+
+static void
+be_cpu_wkv_scalar(uint32_t n, float *s, const float *r, const float *w, const float *k,
+                  const float *v, const float *a, const float *b, float *y)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        float *row = s + (size_t)i * n;
+        float sa = 0.0f;
+        for (uint32_t j = 0; j < n; j++)
+            sa += row[j] * a[j];
+        float yi = 0.0f;
+        const float vi = v[i];
+        for (uint32_t j = 0; j < n; j++) {
+            float nv = row[j] * w[j] + (sa * b[j] + vi * k[j]);
+            row[j] = nv;
+            yi += nv * r[j];
+        }
+        y[i] = yi;
+    }
+}
+
+#if BE_CPU_X86
+
+static inline __attribute__((target("avx512f"), always_inline)) float
+be_cpu_hsum512(__m512 v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+/* n a multiple of 16, at most 256 */
+static __attribute__((target("avx512f,fma"))) void
+be_cpu_wkv_512(uint32_t n, float *s, const float *r, const float *w, const float *k,
+               const float *v, const float *a, const float *b, float *y)
+{
+    const uint32_t nv = n / 16;
+    __m512 wv[16], kv[16], av[16], bv[16], rv[16];
+    for (uint32_t q = 0; q < nv; q++) {
+        wv[q] = _mm512_loadu_ps(w + q * 16);
+        kv[q] = _mm512_loadu_ps(k + q * 16);
+        av[q] = _mm512_loadu_ps(a + q * 16);
+        bv[q] = _mm512_loadu_ps(b + q * 16);
+        rv[q] = _mm512_loadu_ps(r + q * 16);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        float *row = s + (size_t)i * n;
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(row), av[0]);
+        for (uint32_t q = 1; q < nv; q++)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(row + q * 16), av[q], acc);
+        const __m512 sa = _mm512_set1_ps(be_cpu_hsum512(acc));
+        const __m512 vi = _mm512_set1_ps(v[i]);
+        __m512 yacc = _mm512_setzero_ps();
+        for (uint32_t q = 0; q < nv; q++) {
+            __m512 t = _mm512_fmadd_ps(sa, bv[q], _mm512_mul_ps(vi, kv[q]));
+            __m512 nsv = _mm512_fmadd_ps(_mm512_loadu_ps(row + q * 16), wv[q], t);
+            _mm512_storeu_ps(row + q * 16, nsv);
+            yacc = _mm512_fmadd_ps(nsv, rv[q], yacc);
+        }
+        y[i] = be_cpu_hsum512(yacc);
+    }
+}
+
+static inline __attribute__((target("avx2"), always_inline)) float
+be_cpu_hsum256(__m256 v)
+{
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+/* n a multiple of 8, at most 128 */
+static __attribute__((target("avx2,fma"))) void
+be_cpu_wkv_256(uint32_t n, float *s, const float *r, const float *w, const float *k,
+               const float *v, const float *a, const float *b, float *y)
+{
+    const uint32_t nv = n / 8;
+    for (uint32_t i = 0; i < n; i++) {
+        float *row = s + (size_t)i * n;
+        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(row), _mm256_loadu_ps(a));
+        for (uint32_t q = 1; q < nv; q++)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(row + q * 8), _mm256_loadu_ps(a + q * 8), acc);
+        const __m256 sa = _mm256_set1_ps(be_cpu_hsum256(acc));
+        const __m256 vi = _mm256_set1_ps(v[i]);
+        __m256 yacc = _mm256_setzero_ps();
+        for (uint32_t q = 0; q < nv; q++) {
+            __m256 t = _mm256_fmadd_ps(sa, _mm256_loadu_ps(b + q * 8),
+                                       _mm256_mul_ps(vi, _mm256_loadu_ps(k + q * 8)));
+            __m256 nsv = _mm256_fmadd_ps(_mm256_loadu_ps(row + q * 8), _mm256_loadu_ps(w + q * 8),
+                                         t);
+            _mm256_storeu_ps(row + q * 8, nsv);
+            yacc = _mm256_fmadd_ps(nsv, _mm256_loadu_ps(r + q * 8), yacc);
+        }
+        y[i] = be_cpu_hsum256(yacc);
+    }
+}
+
+#endif /* BE_CPU_X86 */
+
+void
+be_cpu_wkv_head(be_cpu_isa isa, uint32_t n, float *s, const float *r, const float *w,
+                const float *k, const float *v, const float *a, const float *b, float *y)
+{
+#if BE_CPU_X86
+    if (isa == BE_CPU_ISA_AVX512 && n % 16 == 0 && n <= 256) {
+        be_cpu_wkv_512(n, s, r, w, k, v, a, b, y);
+        return;
+    }
+    if (isa >= BE_CPU_ISA_AVX2 && n % 8 == 0) {
+        be_cpu_wkv_256(n, s, r, w, k, v, a, b, y);
+        return;
+    }
+#endif
+    (void)isa;
+    be_cpu_wkv_scalar(n, s, r, w, k, v, a, b, y);
+}

@@ -1,0 +1,132 @@
+/*
+ * be_cpu_kernels: the CPU backend's numeric kernels and its thread pool.
+ *
+ * Weights are packed once into column panels of BE_CPU_NR outputs:
+ * data[panel][k][BE_CPU_NR] in the stored element type (F32, F16 or BF16),
+ * zero-padded past n. A GEMM computes y[m][n] = sum_k x[m][k] * W[k][n] for
+ * a range of panels, and every output element is one sequential fused
+ * multiply-add chain over k = 0..K-1 starting from 0, whatever the ISA path
+ * (AVX-512 or AVX2+FMA: identical bits), the blocking or the number of rows
+ * m. That is what makes a row's result independent of the batch it is in
+ * (batch invariance) and of the thread split. The scalar fallback (no FMA
+ * unit) keeps the per-element order but rounds the product separately.
+ *
+ * Kernels are selected at run time from the CPU's features; the baseline
+ * build runs anywhere. WKVM_CPU_ISA=scalar|avx2|avx512 in the environment
+ * forces a lower path (for tests and comparisons).
+ *
+ * Nothing here allocates on the hot path, logs or aborts.
+ */
+#ifndef BE_CPU_KERNELS_H
+#define BE_CPU_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wk_err.h"
+#include "wk_tensor.h"
+#include "wrk_model.h"
+
+#define BE_CPU_NR 32 /* output columns per packed panel */
+
+typedef enum be_cpu_isa {
+    BE_CPU_ISA_SCALAR = 0, /* portable C, no FMA */
+    BE_CPU_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    BE_CPU_ISA_AVX512 = 2, /* AVX-512F (+ FMA) */
+} be_cpu_isa;
+
+/* The best ISA this CPU supports, lowered by WKVM_CPU_ISA when set. */
+be_cpu_isa be_cpu_isa_detect(void);
+
+/* "scalar", "avx2", "avx512". */
+const char *be_cpu_isa_name(be_cpu_isa isa);
+
+/* A packed weight matrix (K inputs -> N outputs). */
+typedef struct be_cpu_mat {
+    wk_dtype dtype;    /* element type of data */
+    uint32_t k;        /* inputs */
+    uint32_t n;        /* outputs */
+    uint32_t n_panels; /* ceil(n / BE_CPU_NR) */
+    void *data;        /* [n_panels][k][BE_CPU_NR], 64-byte aligned, owned */
+    size_t bytes;      /* bytes at data */
+} be_cpu_mat;
+
+/*
+ * Allocates dst for src (same dtype; F32/F16/BF16). The panels are filled
+ * by be_cpu_mat_pack_panels. Returns WK_ENOMEM or WK_EINVAL (bad dtype).
+ */
+WK_MUST_CHECK wk_err be_cpu_mat_alloc(be_cpu_mat *dst, const wrk_mat *src);
+
+/* Fills panels [p0, p1) of dst from src. Thread-safe for disjoint ranges. */
+void be_cpu_mat_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1);
+
+/* Frees dst's data; leaves it zeroed. NULL-safe. */
+void be_cpu_mat_free(be_cpu_mat *dst);
+
+/* What a GEMM does with each finished element. */
+typedef enum be_cpu_epi {
+    BE_CPU_EPI_STORE = 0,   /* y = acc */
+    BE_CPU_EPI_ADD = 1,     /* y += acc */
+    BE_CPU_EPI_RELU2 = 2,   /* y = max(acc, 0)^2 */
+    BE_CPU_EPI_TANH = 3,    /* y = tanh(acc) */
+    BE_CPU_EPI_SIGMOID = 4, /* y = 1 / (1 + exp(-acc)) */
+} be_cpu_epi;
+
+/*
+ * y[i][c] (op)= sum_k x[i][k] * W[k][c] for rows i < m and the columns of
+ * panels [p0, p1) (clipped to w->n). x rows are ldx floats apart; output
+ * rows are y + i * ldy, or yrows[i] when yrows is not NULL.
+ */
+void be_cpu_gemm(be_cpu_isa isa, const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m,
+                 float *y, size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1,
+                 be_cpu_epi epi);
+
+/*
+ * Panels per GEMM work unit that keep the microkernel at full width for m
+ * rows (task ranges should be multiples of this).
+ */
+uint32_t be_cpu_gemm_panel_grain(be_cpu_isa isa, uint32_t m);
+
+/*
+ * One RWKV-7 WKV step for one head (N = head size), state S[i][j] with
+ * i the value index and j the key index (row-major N x N):
+ *   sa_i = sum_j S[i][j] a_j
+ *   S[i][j] = S[i][j] w_j + sa_i b_j + v_i k_j
+ *   y_i = sum_j S[i][j] r_j
+ * a = -kk, b = kk * iclr as the caller computed them.
+ */
+void be_cpu_wkv_head(be_cpu_isa isa, uint32_t n, float *s, const float *r, const float *w,
+                     const float *k, const float *v, const float *a, const float *b, float *y);
+
+/* ------------------------------------------------------------------------ */
+/* thread pool                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct be_cpu_pool be_cpu_pool;
+
+/* A task body: runs task index `task` of the current job. */
+typedef void (*be_cpu_pool_fn)(void *arg, uint32_t task);
+
+/*
+ * Starts n_threads - 1 workers (the caller is the n-th). n_threads 0 means
+ * the number of CPUs this process may run on. Caller frees with
+ * be_cpu_pool_free(). WK_ENOMEM / WK_EDEVICE (thread creation failed).
+ */
+WK_MUST_CHECK wk_err be_cpu_pool_new(uint32_t n_threads, be_cpu_pool **out);
+
+/* Stops and joins the workers. NULL-safe. */
+void be_cpu_pool_free(be_cpu_pool *p);
+
+/* Threads including the caller. */
+uint32_t be_cpu_pool_size(const be_cpu_pool *p);
+
+/*
+ * Runs fn(arg, t) for t in [0, n_tasks) on the pool and the calling thread,
+ * returns when all are done. Tasks are taken in order by whichever thread
+ * is free; a task must not depend on which thread runs it. One caller at a
+ * time.
+ */
+void be_cpu_pool_run(be_cpu_pool *p, be_cpu_pool_fn fn, void *arg, uint32_t n_tasks);
+
+#endif /* BE_CPU_KERNELS_H */

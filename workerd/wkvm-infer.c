@@ -1,0 +1,501 @@
+/*
+ * wkvm-infer: runs a model directory on one backend from the command line,
+ * without the controller: logits for a token list, greedy generation,
+ * tokenizer round trips, and a quick throughput measurement. Tests and
+ * benchmarks drive it, so its interface is fixed:
+ *
+ *   wkvm-infer --model DIR --tokens 1,2,3 --logits-out FILE
+ *       float32 little-endian logits, one row of vocab floats per position
+ *   wkvm-infer --model DIR --tokens 1,2,3 --generate N
+ *       N greedy token ids, space separated, newline at the end
+ *   wkvm-infer --model DIR --encode   (UTF-8 on stdin -> ids on stdout)
+ *   wkvm-infer --model DIR --decode   (ids on stdin -> text on stdout)
+ *
+ * Bad input gives one line on stderr and a non-zero exit (2 for usage, 1
+ * otherwise). It never writes a partial --logits-out under its final name.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "be.h"
+#include "wk_err.h"
+#include "wk_tok.h"
+#include "wrk_model.h"
+
+#define INFER_MAX_TOKENS (1u << 24) /* ids in --tokens or on stdin */
+#define INFER_MAX_GENERATE 1000000  /* --generate */
+#define INFER_MAX_BATCH 1024        /* --bench-batch */
+#define INFER_MAX_INPUT (256u << 20) /* bytes read from stdin */
+#define INFER_VOCAB_FILE "rwkv_vocab_v20230424.txt"
+
+typedef struct infer_opts {
+    const char *model;      /* --model DIR */
+    const char *tokens;     /* --tokens LIST */
+    const char *logits_out; /* --logits-out FILE */
+    const char *vocab;      /* --vocab FILE */
+    const char *backend;    /* --backend NAME */
+    long generate;          /* --generate N, -1 = not given */
+    long threads;           /* --threads N */
+    long chunk;             /* --prefill-chunk N */
+    long bench_batch;       /* --bench-batch B */
+    long bench_prefill;     /* --bench-prefill T */
+    int encode, decode;     /* modes */
+    int fp32, bench;        /* flags */
+} infer_opts;
+
+static void infer_die(int code, const char *fmt, ...) WK_PRINTF(2, 3);
+
+static void
+infer_die(int code, const char *fmt, ...)
+{
+    va_list ap;
+    fputs("wkvm-infer: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(code);
+}
+
+static void
+infer_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: wkvm-infer --model DIR [options]\n"
+            "Runs an RWKV-7 model directory without the controller.\n"
+            "  --model DIR          model directory (checkpoint + optional vocab)\n"
+            "  --tokens LIST        prompt token ids, comma or space separated (1,2,3)\n"
+            "  --logits-out FILE    write float32 LE logits: one row of vocab floats per\n"
+            "                       --tokens position\n"
+            "  --generate N         print N greedy token ids after the prompt, space\n"
+            "                       separated, newline at the end (token 0 does not stop)\n"
+            "  --encode             read text on stdin, print its token ids\n"
+            "  --decode             read token ids on stdin, print their text (no newline\n"
+            "                       added)\n"
+            "  --vocab FILE         vocab file (default DIR/" INFER_VOCAB_FILE ")\n"
+            "  --threads N          CPU threads, 0 = all cores (default 0)\n"
+            "  --backend NAME       cpu, cuda or auto (default cpu)\n"
+            "  --prefill-chunk N    prompt tokens per step (default 256)\n"
+            "  --fp32               convert the weights to fp32 at load\n"
+            "  --bench              print prefill and decode throughput (uses --tokens or\n"
+            "                       --bench-prefill synthetic tokens, and --generate steps)\n"
+            "  --bench-batch B      with --bench: decode B sequences per step (default 1)\n"
+            "  --bench-prefill T    with --bench and no --tokens: T prompt tokens (512)\n"
+            "  --help               this text\n");
+}
+
+static long
+infer_parse_long(const char *flag, const char *s, long min, long max)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
+        infer_die(2, "%s: '%s' is not an integer in [%ld, %ld]", flag, s, min, max);
+    return v;
+}
+
+/* Parses ids separated by commas and/or whitespace. Dies on bad input. */
+static int32_t *
+infer_parse_ids(const char *what, const char *s, size_t *n_out)
+{
+    size_t cap = 64, n = 0;
+    int32_t *ids = malloc(cap * sizeof(*ids));
+    if (ids == NULL)
+        infer_die(1, "out of memory");
+    const char *p = s;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        if (*p == '\0')
+            break;
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno != 0 || v < 0 || v > INT32_MAX ||
+            (*end != '\0' && *end != ',' && *end != ' ' && *end != '\t' && *end != '\n' &&
+             *end != '\r'))
+            infer_die(1, "%s: bad token id near '%.20s'", what, p);
+        if (n == cap) {
+            if (cap >= INFER_MAX_TOKENS)
+                infer_die(1, "%s: more than %u token ids", what, INFER_MAX_TOKENS);
+            cap *= 2;
+            int32_t *nid = realloc(ids, cap * sizeof(*ids));
+            if (nid == NULL)
+                infer_die(1, "out of memory");
+            ids = nid;
+        }
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    *n_out = n;
+    return ids;
+}
+
+static char *
+infer_read_stdin(size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    if (buf == NULL)
+        infer_die(1, "out of memory");
+    for (;;) {
+        if (n == cap) {
+            if (cap >= INFER_MAX_INPUT)
+                infer_die(1, "stdin: more than %u bytes", INFER_MAX_INPUT);
+            cap *= 2;
+            char *nb = realloc(buf, cap + 1);
+            if (nb == NULL)
+                infer_die(1, "out of memory");
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n, stdin);
+        n += r;
+        if (r == 0) {
+            if (ferror(stdin))
+                infer_die(1, "stdin: read error");
+            break;
+        }
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static double
+infer_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int32_t
+infer_argmax(const float *v, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (v[i] > v[best])
+            best = i;
+    return (int32_t)best;
+}
+
+/* --encode / --decode: only the tokenizer is loaded. */
+static int
+infer_tok_mode(const infer_opts *o)
+{
+    char path[4096];
+    const char *vp = o->vocab;
+    if (vp == NULL) {
+        if ((size_t)snprintf(path, sizeof(path), "%s/%s", o->model, INFER_VOCAB_FILE) >=
+            sizeof(path))
+            infer_die(1, "model path too long");
+        vp = path;
+    }
+    wk_diag d = {{0}};
+    wk_tok *tok = NULL;
+    wk_err e = wk_tok_load(vp, &tok, &d);
+    if (e != WK_OK)
+        infer_die(1, "%s: %s", vp, d.msg[0] ? d.msg : wk_strerror(e));
+    size_t len = 0;
+    char *in = infer_read_stdin(&len);
+    if (o->encode) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if ((e = wk_tok_encode(tok, in, len, &ids, &n, &d)) != WK_OK)
+            infer_die(1, "%s", d.msg[0] ? d.msg : wk_strerror(e));
+        for (size_t i = 0; i < n; i++)
+            printf("%s%" PRId32, i ? " " : "", ids[i]);
+        printf("\n");
+        free(ids);
+    } else {
+        size_t n = 0;
+        int32_t *ids = infer_parse_ids("stdin", in, &n);
+        char *out = NULL;
+        size_t olen = 0;
+        if ((e = wk_tok_decode(tok, ids, n, &out, &olen, &d)) != WK_OK)
+            infer_die(1, "%s", d.msg[0] ? d.msg : wk_strerror(e));
+        if (olen > 0 && fwrite(out, 1, olen, stdout) != olen)
+            infer_die(1, "stdout: write error");
+        free(out);
+        free(ids);
+    }
+    free(in);
+    wk_tok_free(tok);
+    if (fflush(stdout) != 0)
+        infer_die(1, "stdout: write error");
+    return 0;
+}
+
+typedef struct infer_run {
+    const be_ops *ops; /* backend */
+    be_ctx *ctx;       /* context */
+    uint32_t V;        /* vocab rows */
+} infer_run;
+
+static void
+infer_step(infer_run *r, be_row *rows, size_t n)
+{
+    wk_diag d = {{0}};
+    wk_err e = r->ops->step(r->ctx, rows, n, &d);
+    if (e != WK_OK)
+        infer_die(1, "step: %s", d.msg[0] ? d.msg : wk_strerror(e));
+}
+
+/*
+ * Prefills ids into slot in chunks. When lf is not NULL, every position's
+ * logits go to it; last (V floats) receives the last position's logits.
+ */
+static void
+infer_prefill(infer_run *r, uint32_t slot, const int32_t *ids, size_t n, uint32_t chunk, FILE *lf,
+              const char *lf_name, float *last)
+{
+    float *buf = NULL;
+    if (lf != NULL) {
+        buf = malloc((size_t)chunk * r->V * sizeof(float));
+        if (buf == NULL)
+            infer_die(1, "out of memory for %u logits rows", chunk);
+    }
+    for (size_t off = 0; off < n; off += chunk) {
+        uint32_t take = n - off < chunk ? (uint32_t)(n - off) : chunk;
+        bool is_last = off + take == n;
+        be_row row = {.slot = slot, .tokens = ids + off, .n_tokens = take};
+        if (lf != NULL) {
+            row.logits_mode = BE_LOGITS_ALL;
+            row.logits = buf;
+        } else if (is_last && last != NULL) {
+            row.logits_mode = BE_LOGITS_LAST;
+            row.logits = last;
+        }
+        infer_step(r, &row, 1);
+        if (lf != NULL) {
+            size_t cnt = (size_t)take * r->V;
+            if (fwrite(buf, sizeof(float), cnt, lf) != cnt)
+                infer_die(1, "%s: write error", lf_name);
+            if (is_last && last != NULL)
+                memcpy(last, buf + (size_t)(take - 1) * r->V, r->V * sizeof(float));
+        }
+    }
+    free(buf);
+}
+
+static void
+infer_bench(infer_run *r, const infer_opts *o, const int32_t *ids, size_t n, uint32_t chunk)
+{
+    const uint32_t B = (uint32_t)o->bench_batch;
+    const long steps = o->generate >= 0 ? o->generate : 64;
+    int32_t *syn = NULL;
+    if (n == 0) {
+        n = (size_t)o->bench_prefill;
+        syn = malloc(n * sizeof(*syn));
+        if (syn == NULL)
+            infer_die(1, "out of memory");
+        for (size_t i = 0; i < n; i++)
+            syn[i] = (int32_t)((i * 7919u + 13u) % r->V);
+        ids = syn;
+    }
+    float *logits = malloc((size_t)B * r->V * sizeof(float));
+    be_row *rows = calloc(B, sizeof(*rows));
+    int32_t *cur = calloc(B, sizeof(*cur));
+    if (logits == NULL || rows == NULL || cur == NULL)
+        infer_die(1, "out of memory");
+
+    /* prefill: one sequence, chunked, logits of the last position only */
+    if (r->ops->slot_reset(r->ctx, 1) != WK_OK)
+        infer_die(1, "slot reset failed");
+    double t0 = infer_now();
+    infer_prefill(r, 1, ids, n, chunk, NULL, NULL, logits);
+    double tp = infer_now() - t0;
+
+    /* decode: B sequences, one token each per step */
+    for (uint32_t b = 0; b < B; b++) {
+        if (r->ops->slot_reset(r->ctx, b + 1) != WK_OK)
+            infer_die(1, "slot reset failed");
+        cur[b] = (int32_t)((b * 104729u + 1u) % r->V);
+    }
+    double td = 0.0;
+    for (long s = -2; s < steps; s++) { /* two warm-up steps */
+        for (uint32_t b = 0; b < B; b++)
+            rows[b] = (be_row){.slot = b + 1, .tokens = &cur[b], .n_tokens = 1,
+                               .logits_mode = BE_LOGITS_LAST,
+                               .logits = logits + (size_t)b * r->V};
+        double ts = infer_now();
+        infer_step(r, rows, B);
+        if (s >= 0)
+            td += infer_now() - ts;
+        for (uint32_t b = 0; b < B; b++)
+            cur[b] = infer_argmax(logits + (size_t)b * r->V, r->V);
+    }
+    char desc[256] = "";
+    if (r->ops->describe != NULL)
+        r->ops->describe(r->ctx, desc, sizeof(desc));
+    printf("backend: %s\n", desc[0] ? desc : r->ops->name);
+    printf("prefill: %zu tokens, chunk %u: %.3f s, %.1f tok/s\n", n, chunk, tp,
+           tp > 0 ? (double)n / tp : 0.0);
+    printf("decode: batch %u, %ld steps: %.3f s, %.2f ms/step, %.1f tok/s\n", B, steps, td,
+           steps > 0 ? td * 1e3 / (double)steps : 0.0,
+           td > 0 ? (double)B * (double)steps / td : 0.0);
+    free(cur);
+    free(rows);
+    free(logits);
+    free(syn);
+}
+
+int
+main(int argc, char **argv)
+{
+    infer_opts o = {
+        .generate = -1, .threads = 0, .chunk = 256, .bench_batch = 1, .bench_prefill = 512,
+        .backend = "cpu",
+    };
+    enum {
+        O_MODEL = 1, O_TOKENS, O_LOGITS, O_GENERATE, O_ENCODE, O_DECODE, O_VOCAB, O_THREADS,
+        O_BACKEND, O_CHUNK, O_FP32, O_BENCH, O_BBATCH, O_BPREFILL, O_HELP,
+    };
+    static const struct option lopts[] = {
+        {"model", required_argument, NULL, O_MODEL},
+        {"tokens", required_argument, NULL, O_TOKENS},
+        {"logits-out", required_argument, NULL, O_LOGITS},
+        {"generate", required_argument, NULL, O_GENERATE},
+        {"encode", no_argument, NULL, O_ENCODE},
+        {"decode", no_argument, NULL, O_DECODE},
+        {"vocab", required_argument, NULL, O_VOCAB},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"backend", required_argument, NULL, O_BACKEND},
+        {"prefill-chunk", required_argument, NULL, O_CHUNK},
+        {"fp32", no_argument, NULL, O_FP32},
+        {"bench", no_argument, NULL, O_BENCH},
+        {"bench-batch", required_argument, NULL, O_BBATCH},
+        {"bench-prefill", required_argument, NULL, O_BPREFILL},
+        {"help", no_argument, NULL, O_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: o.model = optarg; break;
+        case O_TOKENS: o.tokens = optarg; break;
+        case O_LOGITS: o.logits_out = optarg; break;
+        case O_GENERATE:
+            o.generate = infer_parse_long("--generate", optarg, 0, INFER_MAX_GENERATE);
+            break;
+        case O_ENCODE: o.encode = 1; break;
+        case O_DECODE: o.decode = 1; break;
+        case O_VOCAB: o.vocab = optarg; break;
+        case O_THREADS: o.threads = infer_parse_long("--threads", optarg, 0, 1024); break;
+        case O_BACKEND: o.backend = optarg; break;
+        case O_CHUNK: o.chunk = infer_parse_long("--prefill-chunk", optarg, 1, 65536); break;
+        case O_FP32: o.fp32 = 1; break;
+        case O_BENCH: o.bench = 1; break;
+        case O_BBATCH:
+            o.bench_batch = infer_parse_long("--bench-batch", optarg, 1, INFER_MAX_BATCH);
+            break;
+        case O_BPREFILL:
+            o.bench_prefill = infer_parse_long("--bench-prefill", optarg, 1, 1 << 20);
+            break;
+        case O_HELP: infer_usage(stdout); return 0;
+        default:
+            if (optopt != 0 && optopt < O_MODEL)
+                infer_die(2, "unknown option '%c' (see --help)", optopt);
+            infer_die(2, "unknown option or missing value: '%s' (see --help)", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        infer_die(2, "unexpected argument '%s' (see --help)", argv[optind]);
+    if (o.model == NULL)
+        infer_die(2, "--model DIR is required (see --help)");
+    int modes = (o.encode != 0) + (o.decode != 0) +
+                (o.tokens != NULL || o.bench || o.generate >= 0 || o.logits_out != NULL);
+    if (modes != 1)
+        infer_die(2, "give exactly one of --encode, --decode, or --tokens with --logits-out / "
+                     "--generate / --bench");
+    if (o.encode || o.decode)
+        return infer_tok_mode(&o);
+    if (o.tokens == NULL && !o.bench)
+        infer_die(2, "--tokens LIST is required with --logits-out / --generate");
+    if (!o.bench && o.logits_out == NULL && o.generate < 0)
+        infer_die(2, "nothing to do: add --logits-out FILE, --generate N or --bench");
+
+    size_t n_ids = 0;
+    int32_t *ids = o.tokens != NULL ? infer_parse_ids("--tokens", o.tokens, &n_ids) : NULL;
+    if (o.tokens != NULL && n_ids == 0)
+        infer_die(1, "--tokens: no token ids");
+
+    const be_ops *ops = be_ops_find(o.backend);
+    if (ops == NULL)
+        infer_die(1, "--backend %s: not available in this build", o.backend);
+
+    wk_diag d = {{0}};
+    wrk_model_opts mo = {.fp32 = o.fp32 != 0, .vocab_path = o.vocab};
+    wrk_model *m = NULL;
+    wk_err e = wrk_model_load(o.model, &mo, &m, &d);
+    if (e != WK_OK)
+        infer_die(1, "%s", d.msg[0] ? d.msg : wk_strerror(e));
+    const wrk_model_info *info = wrk_model_info_get(m);
+    for (size_t i = 0; i < n_ids; i++)
+        if ((uint32_t)ids[i] >= info->vocab_size)
+            infer_die(1, "--tokens: id %" PRId32 " at position %zu outside vocab %u", ids[i], i,
+                      info->vocab_size);
+
+    be_config bc = {
+        .n_slots = (uint32_t)(o.bench ? o.bench_batch + 1 : 2),
+        .n_threads = (uint32_t)o.threads,
+        .device = 0,
+        .max_step_rows = (uint32_t)(o.bench ? o.bench_batch : 1),
+        .max_step_tokens = 0,
+    };
+    infer_run r = {.ops = ops, .V = info->vocab_size};
+    if ((e = ops->open(&bc, m, &r.ctx, &d)) != WK_OK)
+        infer_die(1, "%s", d.msg[0] ? d.msg : wk_strerror(e));
+
+    if (o.bench) {
+        infer_bench(&r, &o, ids, n_ids, (uint32_t)o.chunk);
+    } else {
+        float *last = malloc((size_t)r.V * sizeof(float));
+        if (last == NULL)
+            infer_die(1, "out of memory");
+        FILE *lf = NULL;
+        char tmp[4200];
+        if (o.logits_out != NULL) {
+            if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", o.logits_out) >= sizeof(tmp))
+                infer_die(1, "--logits-out: path too long");
+            lf = fopen(tmp, "wb");
+            if (lf == NULL)
+                infer_die(1, "%s: %s", tmp, strerror(errno));
+        }
+        infer_prefill(&r, 1, ids, n_ids, (uint32_t)o.chunk, lf, tmp, last);
+        if (lf != NULL) {
+            if (fclose(lf) != 0)
+                infer_die(1, "%s: write error", tmp);
+            if (rename(tmp, o.logits_out) != 0)
+                infer_die(1, "rename %s -> %s: %s", tmp, o.logits_out, strerror(errno));
+        }
+        if (o.generate >= 0) {
+            for (long i = 0; i < o.generate; i++) {
+                int32_t next = infer_argmax(last, r.V);
+                printf("%s%" PRId32, i ? " " : "", next);
+                if (i + 1 < o.generate) {
+                    be_row row = {.slot = 1, .tokens = &next, .n_tokens = 1,
+                                  .logits_mode = BE_LOGITS_LAST, .logits = last};
+                    infer_step(&r, &row, 1);
+                }
+            }
+            printf("\n");
+        }
+        free(last);
+    }
+    ops->close(r.ctx);
+    wrk_model_free(m);
+    free(ids);
+    if (fflush(stdout) != 0)
+        infer_die(1, "stdout: write error");
+    return 0;
+}

@@ -1,0 +1,954 @@
+/*
+ * wrk_model: loads an RWKV-7 ("x070") model directory into host memory.
+ *
+ * The checkpoint is found by fixed rules (wrk_model_find_checkpoint), opened
+ * through wk_tensor (safetensors, sharded index, .pth) and mapped onto one
+ * family view (wrk_rwkv7) whatever its naming convention: BlinkDL
+ * (emb.weight, blocks.N.att.*) or Hugging Face fla-hub rwkv7
+ * (model.embeddings.weight, model.layers.N.attn.*). Every dimension is read
+ * from tensor shapes; every tensor's presence and shape is checked, and an
+ * inconsistent checkpoint is refused with a diag that names the tensor.
+ * Unknown tensor names are refused too: a checkpoint we do not fully
+ * understand is not run.
+ *
+ * Weights stay where the tensor set maps them, in their stored dtype, unless
+ * fp32 is asked for (then owned fp32 copies are made). Backends build their
+ * own layouts from the view. This module never logs and never aborts on bad
+ * input.
+ */
+#include "wrk_model.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "wk_sha256.h"
+#include "wk_tok.h"
+
+#define WRK_VOCAB_FILE "rwkv_vocab_v20230424.txt"
+#define WRK_PATH_MAX 4096
+
+/* Limits on dimensions read from a (hostile) checkpoint. */
+#define WRK_MAX_LAYERS 4096u
+#define WRK_MAX_EMBD (1u << 17)
+#define WRK_MAX_FFN (1u << 20)
+#define WRK_MAX_VOCAB (1u << 22)
+#define WRK_MAX_LORA (1u << 16)
+
+struct wrk_model {
+    wrk_model_info info;     /* what the rest of the worker sees */
+    wk_tensor_set *set;      /* the opened checkpoint, owns the mappings */
+    wrk_rwkv7 rwkv7;         /* family view; points into set or owned */
+    wrk_rwkv7_layer *layers; /* n_layer entries, owned */
+    wk_tensor *owned;        /* fp32 copies (opts->fp32), owned; names borrowed */
+    size_t n_owned;          /* entries used in owned */
+    size_t cap_owned;        /* entries allocated in owned */
+    wk_tok *tok;             /* tokenizer, NULL when no vocab file */
+};
+
+/* ------------------------------------------------------------------------ */
+/* tensor specs: one table for both conventions                              */
+/* ------------------------------------------------------------------------ */
+
+typedef enum spec_kind {
+    SPEC_VEC,       /* C values, shape [..1.., C] */
+    SPEC_RK,        /* [H, N] */
+    SPEC_LINEAR,    /* C -> C, stored [C, C] (nn.Linear) */
+    SPEC_LORA_IN,   /* C -> D: BlinkDL [C, D] (x @ W), HF [D, C] (nn.Linear) */
+    SPEC_LORA_OUT,  /* D -> C: BlinkDL [D, C], HF [C, D] */
+    SPEC_FFN_KEY,   /* C -> F, stored [F, C] */
+    SPEC_FFN_VALUE, /* F -> C, stored [C, F] */
+} spec_kind;
+
+enum {
+    LORA_W = 0, /* decay */
+    LORA_A = 1, /* in-context learning rate */
+    LORA_V = 2, /* value residual */
+    LORA_G = 3, /* gate */
+};
+
+enum {
+    SPEC_F_VRES = 1u, /* value-residual tensor: absent (or ignored) on layer 0 */
+};
+
+typedef struct spec {
+    const char *blink; /* name after "blocks.<i>." */
+    const char *hf;    /* name after "model.layers.<i>." */
+    spec_kind kind;    /* shape rule */
+    int lora;          /* LORA_* for LoRA kinds */
+    size_t off;        /* offset of the field in wrk_rwkv7_layer */
+    unsigned flags;    /* SPEC_F_* */
+} spec;
+
+#define LOFF(f) offsetof(wrk_rwkv7_layer, f)
+
+/* The canonical order of a layer's tensors (also the digest order). */
+static const spec wrk_layer_specs[] = {
+    {"ln1.weight", "attn_norm.weight", SPEC_VEC, 0, LOFF(ln1_w), 0},
+    {"ln1.bias", "attn_norm.bias", SPEC_VEC, 0, LOFF(ln1_b), 0},
+    {"att.x_r", "attn.x_r", SPEC_VEC, 0, LOFF(x_r), 0},
+    {"att.x_w", "attn.x_w", SPEC_VEC, 0, LOFF(x_w), 0},
+    {"att.x_k", "attn.x_k", SPEC_VEC, 0, LOFF(x_k), 0},
+    {"att.x_v", "attn.x_v", SPEC_VEC, 0, LOFF(x_v), 0},
+    {"att.x_a", "attn.x_a", SPEC_VEC, 0, LOFF(x_a), 0},
+    {"att.x_g", "attn.x_g", SPEC_VEC, 0, LOFF(x_g), 0},
+    {"att.w0", "attn.w_lora.lora.2.bias", SPEC_VEC, 0, LOFF(w0), 0},
+    {"att.w1", "attn.w_lora.lora.0.weight", SPEC_LORA_IN, LORA_W, LOFF(w1), 0},
+    {"att.w2", "attn.w_lora.lora.2.weight", SPEC_LORA_OUT, LORA_W, LOFF(w2), 0},
+    {"att.a0", "attn.a_lora.lora.2.bias", SPEC_VEC, 0, LOFF(a0), 0},
+    {"att.a1", "attn.a_lora.lora.0.weight", SPEC_LORA_IN, LORA_A, LOFF(a1), 0},
+    {"att.a2", "attn.a_lora.lora.2.weight", SPEC_LORA_OUT, LORA_A, LOFF(a2), 0},
+    {"att.v0", "attn.v_lora.lora.2.bias", SPEC_VEC, 0, LOFF(v0), SPEC_F_VRES},
+    {"att.v1", "attn.v_lora.lora.0.weight", SPEC_LORA_IN, LORA_V, LOFF(v1), SPEC_F_VRES},
+    {"att.v2", "attn.v_lora.lora.2.weight", SPEC_LORA_OUT, LORA_V, LOFF(v2), SPEC_F_VRES},
+    {"att.g1", "attn.g_lora.lora.0.weight", SPEC_LORA_IN, LORA_G, LOFF(g1), 0},
+    {"att.g2", "attn.g_lora.lora.2.weight", SPEC_LORA_OUT, LORA_G, LOFF(g2), 0},
+    {"att.k_k", "attn.k_k", SPEC_VEC, 0, LOFF(k_k), 0},
+    {"att.k_a", "attn.k_a", SPEC_VEC, 0, LOFF(k_a), 0},
+    {"att.r_k", "attn.r_k", SPEC_RK, 0, LOFF(r_k), 0},
+    {"att.receptance.weight", "attn.r_proj.weight", SPEC_LINEAR, 0, LOFF(wr), 0},
+    {"att.key.weight", "attn.k_proj.weight", SPEC_LINEAR, 0, LOFF(wk), 0},
+    {"att.value.weight", "attn.v_proj.weight", SPEC_LINEAR, 0, LOFF(wv), 0},
+    {"att.output.weight", "attn.o_proj.weight", SPEC_LINEAR, 0, LOFF(wo), 0},
+    {"att.ln_x.weight", "attn.g_norm.weight", SPEC_VEC, 0, LOFF(lnx_w), 0},
+    {"att.ln_x.bias", "attn.g_norm.bias", SPEC_VEC, 0, LOFF(lnx_b), 0},
+    {"ln2.weight", "ffn_norm.weight", SPEC_VEC, 0, LOFF(ln2_w), 0},
+    {"ln2.bias", "ffn_norm.bias", SPEC_VEC, 0, LOFF(ln2_b), 0},
+    {"ffn.x_k", "ffn.x_k", SPEC_VEC, 0, LOFF(ffn_x_k), 0},
+    {"ffn.key.weight", "ffn.key.weight", SPEC_FFN_KEY, 0, LOFF(ffn_key), 0},
+    {"ffn.value.weight", "ffn.value.weight", SPEC_FFN_VALUE, 0, LOFF(ffn_value), 0},
+};
+#define WRK_N_LAYER_SPECS (sizeof(wrk_layer_specs) / sizeof(wrk_layer_specs[0]))
+
+/* Names outside the layers, per convention. */
+typedef struct wrk_names {
+    const char *layer_prefix; /* "blocks." */
+    const char *emb;          /* embedding */
+    const char *ln0_w, *ln0_b;     /* full names (layer 0) */
+    const char *lnout_w, *lnout_b; /* final LayerNorm */
+    const char *head;              /* head */
+} wrk_names;
+
+static const wrk_names wrk_names_blink = {
+    "blocks.", "emb.weight", "blocks.0.ln0.weight", "blocks.0.ln0.bias",
+    "ln_out.weight", "ln_out.bias", "head.weight",
+};
+static const wrk_names wrk_names_hf = {
+    "model.layers.", "model.embeddings.weight", "model.layers.0.pre_norm.weight",
+    "model.layers.0.pre_norm.bias", "model.norm.weight", "model.norm.bias", "lm_head.weight",
+};
+
+/* The dimensions being established / checked. */
+typedef struct wrk_dims {
+    uint32_t L, C, H, N, F, V;
+    uint32_t lora[4]; /* LORA_W, LORA_A, LORA_V, LORA_G; 0 = not yet known */
+} wrk_dims;
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                             */
+/* ------------------------------------------------------------------------ */
+
+static void
+wrk_shape_str(const wk_tensor *t, char *buf, size_t len)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, len - o, "[");
+    for (int i = 0; i < t->ndim && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%" PRId64, i ? "," : "", t->shape[i]);
+    if (o < len)
+        snprintf(buf + o, len - o, "]");
+}
+
+static wk_err
+wrk_shape_err(wk_diag *d, const char *name, const wk_tensor *t, int64_t e0, int64_t e1)
+{
+    char got[128];
+    wrk_shape_str(t, got, sizeof(got));
+    if (e1 < 0)
+        return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected [%" PRId64 "]", name, got, e0);
+    return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected [%" PRId64 ",%" PRId64 "]", name,
+                       got, e0, e1);
+}
+
+static bool
+wrk_is_vec(const wk_tensor *t, int64_t n)
+{
+    if (t->ndim < 1 || t->shape[t->ndim - 1] != n)
+        return false;
+    for (int i = 0; i + 1 < t->ndim; i++)
+        if (t->shape[i] != 1)
+            return false;
+    return true;
+}
+
+static bool
+wrk_is_mat(const wk_tensor *t, int64_t d0, int64_t d1)
+{
+    return t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1;
+}
+
+/* Parses "<digits>." at s; returns the number or -1. *rest points after the dot. */
+static long
+wrk_parse_layer(const char *s, const char **rest)
+{
+    long v = 0;
+    const char *p = s;
+    if (*p < '0' || *p > '9')
+        return -1;
+    if (*p == '0' && p[1] != '.')
+        return -1; /* no leading zeros: one spelling per layer */
+    while (*p >= '0' && *p <= '9') {
+        v = v * 10 + (*p - '0');
+        if (v > (long)WRK_MAX_LAYERS)
+            return -1;
+        p++;
+    }
+    if (*p != '.')
+        return -1;
+    *rest = p + 1;
+    return v;
+}
+
+static int
+wrk_cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* ------------------------------------------------------------------------ */
+/* finding the files                                                         */
+/* ------------------------------------------------------------------------ */
+
+static bool
+wrk_has_suffix(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+static bool
+wrk_is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static wk_err
+wrk_join(char *out, size_t len, const char *dir, const char *name, wk_diag *d)
+{
+    if ((size_t)snprintf(out, len, "%s/%s", dir, name) >= len)
+        return wk_diag_set(d, WK_ETOOBIG, "%s/%s: path too long", dir, name);
+    return WK_OK;
+}
+
+wk_err
+wrk_model_find_checkpoint(const char *dir, char *out, size_t out_len, wk_diag *d)
+{
+    char path[WRK_PATH_MAX];
+    wk_err e;
+    static const char *const fixed[] = {"model.safetensors.index.json", "model.safetensors"};
+
+    if (dir == NULL || out == NULL || out_len == 0)
+        return wk_diag_set(d, WK_EINVAL, "no model directory given");
+    for (size_t i = 0; i < 2; i++) {
+        if ((e = wrk_join(path, sizeof(path), dir, fixed[i], d)) != WK_OK)
+            return e;
+        if (wrk_is_file(path))
+            goto found;
+    }
+
+    DIR *dh = opendir(dir);
+    if (dh == NULL) {
+        int err = errno;
+        return wk_diag_set(d, err == ENOENT || err == ENOTDIR ? WK_ENOENT : WK_EIO,
+                           "model directory %s: %s", dir, strerror(err));
+    }
+    /* Up to 8 names per kind are kept for the message; all are counted. */
+    char *names[2][8] = {{0}};
+    size_t count[2] = {0, 0};
+    static const char *const sufs[2] = {".safetensors", ".pth"};
+    struct dirent *de;
+    e = WK_OK;
+    while ((de = readdir(dh)) != NULL) {
+        if (de->d_name[0] == '.')
+            continue;
+        for (int k = 0; k < 2; k++) {
+            if (!wrk_has_suffix(de->d_name, sufs[k]))
+                continue;
+            if (wrk_join(path, sizeof(path), dir, de->d_name, NULL) != WK_OK ||
+                !wrk_is_file(path))
+                continue;
+            if (count[k] < 8) {
+                names[k][count[k]] = strdup(de->d_name);
+                if (names[k][count[k]] == NULL)
+                    e = WK_ENOMEM;
+            }
+            count[k]++;
+        }
+    }
+    closedir(dh);
+    if (e == WK_OK) {
+        e = WK_ENOENT;
+        for (int k = 0; k < 2; k++) {
+            if (count[k] == 0)
+                continue;
+            size_t shown = count[k] < 8 ? count[k] : 8;
+            qsort(names[k], shown, sizeof(char *), wrk_cmp_str);
+            if (count[k] == 1) {
+                e = wrk_join(path, sizeof(path), dir, names[k][0], d);
+                break;
+            }
+            char list[400];
+            size_t o = 0;
+            for (size_t i = 0; i < shown && o < sizeof(list); i++)
+                o += (size_t)snprintf(list + o, sizeof(list) - o, "%s%s", i ? ", " : "",
+                                      names[k][i]);
+            if (count[k] > shown && o < sizeof(list))
+                snprintf(list + o, sizeof(list) - o, ", ...");
+            e = wk_diag_set(d, WK_EINVAL, "%s: %zu *%s checkpoints (%s); keep exactly one",
+                            dir, count[k], sufs[k], list);
+            break;
+        }
+        if (e == WK_ENOENT)
+            wk_diag_set(d, WK_ENOENT,
+                        "%s: no checkpoint (model.safetensors.index.json, model.safetensors, "
+                        "*.safetensors or *.pth)",
+                        dir);
+    } else {
+        wk_diag_set(d, e, "out of memory listing %s", dir);
+    }
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < 8; i++)
+            free(names[k][i]);
+    if (e != WK_OK)
+        return e;
+
+found:
+    if (strlen(path) + 1 > out_len)
+        return wk_diag_set(d, WK_ETOOBIG, "%s: path too long", path);
+    memcpy(out, path, strlen(path) + 1);
+    return WK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* mapping the tensors                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Checks that every tensor name is one we know; counts the layers. */
+static wk_err
+wrk_scan_names(const wk_tensor_set *set, const wrk_names *nm, uint32_t *n_layer, wk_diag *d)
+{
+    size_t n = wk_tensor_set_count(set);
+    size_t plen = strlen(nm->layer_prefix);
+    long max_layer = -1;
+
+    for (size_t i = 0; i < n; i++) {
+        const wk_tensor *t = wk_tensor_set_at(set, i);
+        const char *name = t->name;
+        if (strcmp(name, nm->emb) == 0 || strcmp(name, nm->lnout_w) == 0 ||
+            strcmp(name, nm->lnout_b) == 0 || strcmp(name, nm->head) == 0 ||
+            strcmp(name, nm->ln0_w) == 0 || strcmp(name, nm->ln0_b) == 0)
+            continue;
+        const char *rest = NULL;
+        long layer = -1;
+        if (strncmp(name, nm->layer_prefix, plen) == 0)
+            layer = wrk_parse_layer(name + plen, &rest);
+        bool known = false;
+        if (layer >= 0) {
+            for (size_t s = 0; s < WRK_N_LAYER_SPECS && !known; s++) {
+                const char *suf = nm == &wrk_names_blink ? wrk_layer_specs[s].blink
+                                                         : wrk_layer_specs[s].hf;
+                known = strcmp(rest, suf) == 0;
+            }
+        }
+        if (!known)
+            return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for an RWKV-7 checkpoint",
+                               name);
+        if (layer > max_layer)
+            max_layer = layer;
+    }
+    if (max_layer < 0)
+        return wk_diag_set(d, WK_EINVAL, "%s0.*: no layers in the checkpoint", nm->layer_prefix);
+    *n_layer = (uint32_t)max_layer + 1;
+    return WK_OK;
+}
+
+static const wk_tensor *
+wrk_find_layer(const wk_tensor_set *set, const wrk_names *nm, uint32_t layer, const char *suf,
+               char *name, size_t name_len)
+{
+    snprintf(name, name_len, "%s%u.%s", nm->layer_prefix, layer, suf);
+    return wk_tensor_set_find(set, name);
+}
+
+/* Reads a dimension-defining tensor's shape; fills dims. */
+static wk_err
+wrk_read_dims(const wk_tensor_set *set, const wrk_names *nm, bool hf, wrk_dims *dm, wk_diag *d)
+{
+    char name[256];
+    const wk_tensor *t;
+
+    /* H, N from layer 0 r_k [H, N] */
+    t = wrk_find_layer(set, nm, 0, hf ? "attn.r_k" : "att.r_k", name, sizeof(name));
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+    if (t->ndim != 2 || t->shape[0] < 1 || t->shape[1] < 1 ||
+        t->shape[0] * t->shape[1] != (int64_t)dm->C) {
+        char got[128];
+        wrk_shape_str(t, got, sizeof(got));
+        return wk_diag_set(d, WK_EINVAL,
+                           "%s: shape %s, expected [H,N] with H*N = n_embd %u", name, got, dm->C);
+    }
+    dm->H = (uint32_t)t->shape[0];
+    dm->N = (uint32_t)t->shape[1];
+
+    /* F from layer 0 ffn.key [F, C] */
+    t = wrk_find_layer(set, nm, 0, "ffn.key.weight", name, sizeof(name));
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+    if (t->ndim != 2 || t->shape[0] < 1 || t->shape[0] > (int64_t)WRK_MAX_FFN ||
+        t->shape[1] != (int64_t)dm->C) {
+        char got[128];
+        wrk_shape_str(t, got, sizeof(got));
+        return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected [F,%u]", name, got, dm->C);
+    }
+    dm->F = (uint32_t)t->shape[0];
+
+    /* LoRA ranks from the first layer that has each first-stage matrix */
+    for (size_t s = 0; s < WRK_N_LAYER_SPECS; s++) {
+        const spec *sp = &wrk_layer_specs[s];
+        if (sp->kind != SPEC_LORA_IN)
+            continue;
+        uint32_t first = (sp->flags & SPEC_F_VRES) && dm->L > 1 ? 1 : 0;
+        t = wrk_find_layer(set, nm, first, hf ? sp->hf : sp->blink, name, sizeof(name));
+        if (t == NULL) {
+            if (sp->flags & SPEC_F_VRES)
+                continue; /* single layer without a value LoRA: rank 0 */
+            return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+        }
+        int64_t D = -1;
+        if (t->ndim == 2) {
+            if (!hf && t->shape[0] == (int64_t)dm->C)
+                D = t->shape[1];
+            if (hf && t->shape[1] == (int64_t)dm->C)
+                D = t->shape[0];
+        }
+        if (D < 1 || D > (int64_t)WRK_MAX_LORA) {
+            char got[128];
+            wrk_shape_str(t, got, sizeof(got));
+            return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected %s", name, got,
+                               hf ? "[D,C] (LoRA down projection)" : "[C,D] (LoRA down)");
+        }
+        dm->lora[sp->lora] = (uint32_t)D;
+    }
+    return WK_OK;
+}
+
+/* Checks t against sp and the dims; fills the field at out. */
+static wk_err
+wrk_map_tensor(const spec *sp, bool hf, const wrk_dims *dm, const wk_tensor *t, const char *name,
+               void *field, wk_diag *d)
+{
+    const int64_t C = dm->C;
+    int64_t D = sp->kind == SPEC_LORA_IN || sp->kind == SPEC_LORA_OUT ? dm->lora[sp->lora] : 0;
+    wrk_mat *m = field;
+
+    switch (sp->kind) {
+    case SPEC_VEC:
+        if (!wrk_is_vec(t, C))
+            return wrk_shape_err(d, name, t, C, -1);
+        *(const wk_tensor **)field = t;
+        return WK_OK;
+    case SPEC_RK:
+        if (!wrk_is_mat(t, dm->H, dm->N))
+            return wrk_shape_err(d, name, t, dm->H, dm->N);
+        *(const wk_tensor **)field = t;
+        return WK_OK;
+    case SPEC_LINEAR:
+        if (!wrk_is_mat(t, C, C))
+            return wrk_shape_err(d, name, t, C, C);
+        *m = (wrk_mat){t, dm->C, dm->C, false};
+        return WK_OK;
+    case SPEC_LORA_IN:
+        if (hf ? !wrk_is_mat(t, D, C) : !wrk_is_mat(t, C, D))
+            return hf ? wrk_shape_err(d, name, t, D, C) : wrk_shape_err(d, name, t, C, D);
+        *m = (wrk_mat){t, dm->C, (uint32_t)D, !hf};
+        return WK_OK;
+    case SPEC_LORA_OUT:
+        if (hf ? !wrk_is_mat(t, C, D) : !wrk_is_mat(t, D, C))
+            return hf ? wrk_shape_err(d, name, t, C, D) : wrk_shape_err(d, name, t, D, C);
+        *m = (wrk_mat){t, (uint32_t)D, dm->C, !hf};
+        return WK_OK;
+    case SPEC_FFN_KEY:
+        if (!wrk_is_mat(t, dm->F, C))
+            return wrk_shape_err(d, name, t, dm->F, C);
+        *m = (wrk_mat){t, dm->C, dm->F, false};
+        return WK_OK;
+    case SPEC_FFN_VALUE:
+        if (!wrk_is_mat(t, C, dm->F))
+            return wrk_shape_err(d, name, t, C, dm->F);
+        *m = (wrk_mat){t, dm->F, dm->C, false};
+        return WK_OK;
+    }
+    return wk_diag_set(d, WK_EINVAL, "%s: internal: unknown spec", name);
+}
+
+static wk_err
+wrk_map_rwkv7(wrk_model *m, wk_diag *d)
+{
+    const wk_tensor_set *set = m->set;
+    wrk_rwkv7 *r = &m->rwkv7;
+    const wk_tensor *eb = wk_tensor_set_find(set, wrk_names_blink.emb);
+    const wk_tensor *eh = wk_tensor_set_find(set, wrk_names_hf.emb);
+    const wrk_names *nm;
+    bool hf;
+    wrk_dims dm;
+    wk_err e;
+    char name[256];
+
+    if (eb != NULL && eh != NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s and %s: both naming conventions in one checkpoint",
+                           wrk_names_blink.emb, wrk_names_hf.emb);
+    if (eb == NULL && eh == NULL)
+        return wk_diag_set(d, WK_EINVAL,
+                           "no embedding tensor (emb.weight or model.embeddings.weight): "
+                           "not an RWKV-7 checkpoint");
+    hf = eh != NULL;
+    nm = hf ? &wrk_names_hf : &wrk_names_blink;
+    r->convention = hf ? WRK_CONVENTION_HF : WRK_CONVENTION_BLINKDL;
+
+    memset(&dm, 0, sizeof(dm));
+    const wk_tensor *emb = hf ? eh : eb;
+    if (emb->ndim != 2 || emb->shape[0] < 1 || emb->shape[1] < 1 ||
+        emb->shape[0] > (int64_t)WRK_MAX_VOCAB || emb->shape[1] > (int64_t)WRK_MAX_EMBD) {
+        char got[128];
+        wrk_shape_str(emb, got, sizeof(got));
+        return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected [V,C] (V <= %u, C <= %u)",
+                           nm->emb, got, WRK_MAX_VOCAB, WRK_MAX_EMBD);
+    }
+    dm.V = (uint32_t)emb->shape[0];
+    dm.C = (uint32_t)emb->shape[1];
+    if ((e = wrk_scan_names(set, nm, &dm.L, d)) != WK_OK)
+        return e;
+    if ((e = wrk_read_dims(set, nm, hf, &dm, d)) != WK_OK)
+        return e;
+
+    m->layers = calloc(dm.L, sizeof(*m->layers));
+    if (m->layers == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory (%u layers)", dm.L);
+
+    for (uint32_t l = 0; l < dm.L; l++) {
+        wrk_rwkv7_layer *ly = &m->layers[l];
+        for (size_t s = 0; s < WRK_N_LAYER_SPECS; s++) {
+            const spec *sp = &wrk_layer_specs[s];
+            const wk_tensor *t =
+                wrk_find_layer(set, nm, l, hf ? sp->hf : sp->blink, name, sizeof(name));
+            if ((sp->flags & SPEC_F_VRES) && l == 0) {
+                /* layer 0 keeps v_first; a stored value LoRA is checked, then ignored */
+                if (t != NULL) {
+                    wrk_mat scratch; /* big enough for a tensor pointer too */
+                    if ((e = wrk_map_tensor(sp, hf, &dm, t, name, &scratch, d)) != WK_OK)
+                        return e;
+                }
+                continue;
+            }
+            if (t == NULL)
+                return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+            if ((e = wrk_map_tensor(sp, hf, &dm, t, name, (char *)ly + sp->off, d)) != WK_OK)
+                return e;
+        }
+    }
+
+    /* globals */
+    struct {
+        const char *name;
+        const wk_tensor **field;
+    } vecs[] = {
+        {nm->ln0_w, &r->ln0_w},
+        {nm->ln0_b, &r->ln0_b},
+        {nm->lnout_w, &r->lnout_w},
+        {nm->lnout_b, &r->lnout_b},
+    };
+    for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
+        const wk_tensor *t = wk_tensor_set_find(set, vecs[i].name);
+        if (t == NULL)
+            return wk_diag_set(d, WK_EINVAL, "%s: missing", vecs[i].name);
+        if (!wrk_is_vec(t, dm.C))
+            return wrk_shape_err(d, vecs[i].name, t, dm.C, -1);
+        *vecs[i].field = t;
+    }
+    const wk_tensor *head = wk_tensor_set_find(set, nm->head);
+    if (head == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", nm->head);
+    if (!wrk_is_mat(head, dm.V, dm.C))
+        return wrk_shape_err(d, nm->head, head, dm.V, dm.C);
+
+    r->emb = emb;
+    r->head = (wrk_mat){head, dm.C, dm.V, false};
+    r->n_layer = dm.L;
+    r->n_embd = dm.C;
+    r->n_head = dm.H;
+    r->head_size = dm.N;
+    r->ffn_dim = dm.F;
+    r->vocab_size = dm.V;
+    r->lora_w = dm.lora[LORA_W];
+    r->lora_a = dm.lora[LORA_A];
+    r->lora_v = dm.L > 1 ? dm.lora[LORA_V] : 0; /* layer 0 never uses its value LoRA */
+    r->lora_g = dm.lora[LORA_G];
+    r->layers = m->layers;
+    return WK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* visiting every used tensor in canonical order                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One used tensor, as the canonical (BlinkDL-orientation) form sees it:
+ * canonical name, the stored tensor, and whether its elements must be
+ * transposed (HF LoRA) to get the canonical element order.
+ */
+typedef struct wrk_visit {
+    char name[96];        /* canonical name ("blocks.3.att.w1") */
+    const wk_tensor **tp; /* where the model points at the tensor (replaceable) */
+    bool transpose;       /* stored [a, b], canonical [b, a] */
+    bool vec;             /* canonical shape is [numel] */
+} wrk_visit;
+
+typedef wk_err (*wrk_visit_fn)(wrk_model *m, const wrk_visit *v, void *arg);
+
+static wk_err
+wrk_visit_all(wrk_model *m, wrk_visit_fn fn, void *arg)
+{
+    wrk_rwkv7 *r = &m->rwkv7;
+    bool hf = r->convention == WRK_CONVENTION_HF;
+    wrk_visit v;
+    wk_err e;
+
+#define VISIT(ptr, nmfmt, ...)                                                 \
+    do {                                                                       \
+        snprintf(v.name, sizeof(v.name), nmfmt, __VA_ARGS__);                  \
+        v.tp = (ptr);                                                          \
+        if ((e = fn(m, &v, arg)) != WK_OK)                                     \
+            return e;                                                          \
+    } while (0)
+
+    v.transpose = false;
+    v.vec = false;
+    VISIT(&r->emb, "%s", "emb.weight");
+    v.vec = true;
+    VISIT(&r->ln0_w, "%s", "blocks.0.ln0.weight");
+    VISIT(&r->ln0_b, "%s", "blocks.0.ln0.bias");
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        wrk_rwkv7_layer *ly = &m->layers[l];
+        for (size_t s = 0; s < WRK_N_LAYER_SPECS; s++) {
+            const spec *sp = &wrk_layer_specs[s];
+            char *field = (char *)ly + sp->off;
+            if ((sp->flags & SPEC_F_VRES) && l == 0)
+                continue;
+            v.vec = sp->kind == SPEC_VEC;
+            v.transpose = hf && (sp->kind == SPEC_LORA_IN || sp->kind == SPEC_LORA_OUT);
+            const wk_tensor **tp = sp->kind == SPEC_VEC || sp->kind == SPEC_RK
+                                       ? (const wk_tensor **)field
+                                       : &((wrk_mat *)field)->t;
+            VISIT(tp, "blocks.%u.%s", l, sp->blink);
+        }
+    }
+    v.transpose = false;
+    v.vec = true;
+    VISIT(&r->lnout_w, "%s", "ln_out.weight");
+    VISIT(&r->lnout_b, "%s", "ln_out.bias");
+    v.vec = false;
+    VISIT(&r->head.t, "%s", "head.weight");
+#undef VISIT
+    return WK_OK;
+}
+
+/* counting */
+typedef struct wrk_count {
+    uint64_t params;           /* elements */
+    uint64_t bytes_by_dtype[3]; /* stored bytes per wk_dtype */
+    size_t n;                  /* tensors */
+} wrk_count;
+
+static wk_err
+wrk_visit_count(wrk_model *m, const wrk_visit *v, void *arg)
+{
+    wrk_count *c = arg;
+    const wk_tensor *t = *v->tp;
+    (void)m;
+    c->params += (uint64_t)wk_tensor_numel(t);
+    if ((unsigned)t->dtype < 3)
+        c->bytes_by_dtype[t->dtype] += t->nbytes;
+    c->n++;
+    return WK_OK;
+}
+
+/* digest */
+typedef struct wrk_digest {
+    wk_sha256 sha; /* running digest */
+    uint8_t *tmp;  /* transpose buffer */
+    size_t tmp_len; /* bytes in tmp */
+} wrk_digest;
+
+static wk_err
+wrk_visit_digest(wrk_model *m, const wrk_visit *v, void *arg)
+{
+    wrk_digest *g = arg;
+    const wk_tensor *t = *v->tp;
+    char hdr[256];
+    int64_t numel = wk_tensor_numel(t);
+    int n;
+    (void)m;
+
+    if (v->vec)
+        n = snprintf(hdr, sizeof(hdr), "%s|%s|[%" PRId64 "]|", v->name, wk_dtype_name(t->dtype),
+                     numel);
+    else if (v->transpose)
+        n = snprintf(hdr, sizeof(hdr), "%s|%s|[%" PRId64 ",%" PRId64 "]|", v->name,
+                     wk_dtype_name(t->dtype), t->shape[1], t->shape[0]);
+    else
+        n = snprintf(hdr, sizeof(hdr), "%s|%s|[%" PRId64 ",%" PRId64 "]|", v->name,
+                     wk_dtype_name(t->dtype), t->shape[0], t->shape[1]);
+    wk_sha256_update(&g->sha, hdr, (size_t)n);
+    if (!v->transpose) {
+        wk_sha256_update(&g->sha, t->data, t->nbytes);
+        return WK_OK;
+    }
+    /* stored [a, b] -> canonical [b, a] */
+    size_t a = (size_t)t->shape[0], b = (size_t)t->shape[1], es = wk_dtype_size(t->dtype);
+    if (t->nbytes > g->tmp_len) {
+        uint8_t *p = realloc(g->tmp, t->nbytes);
+        if (p == NULL)
+            return WK_ENOMEM;
+        g->tmp = p;
+        g->tmp_len = t->nbytes;
+    }
+    const uint8_t *src = t->data;
+    for (size_t i = 0; i < a; i++)
+        for (size_t j = 0; j < b; j++)
+            memcpy(g->tmp + (j * a + i) * es, src + (i * b + j) * es, es);
+    wk_sha256_update(&g->sha, g->tmp, t->nbytes);
+    return WK_OK;
+}
+
+/* fp32 conversion */
+static wk_err
+wrk_visit_fp32(wrk_model *m, const wrk_visit *v, void *arg)
+{
+    const wk_tensor *t = *v->tp;
+    (void)arg;
+    if (t->dtype == WK_DTYPE_F32)
+        return WK_OK;
+    if (m->n_owned == m->cap_owned)
+        return WK_EINVAL; /* counted beforehand; cannot happen */
+    size_t numel = (size_t)wk_tensor_numel(t);
+    float *buf = malloc(numel * sizeof(float) + 1);
+    if (buf == NULL)
+        return WK_ENOMEM;
+    wk_err e = wk_tensor_read_f32(t, 0, numel, buf);
+    if (e != WK_OK) {
+        free(buf);
+        return e;
+    }
+    wk_tensor *o = &m->owned[m->n_owned++];
+    *o = *t;
+    o->dtype = WK_DTYPE_F32;
+    o->data = buf;
+    o->nbytes = numel * sizeof(float);
+    *v->tp = o;
+    return WK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* public                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static wk_err
+wrk_model_fingerprint(wrk_model *m)
+{
+    const wrk_rwkv7 *r = &m->rwkv7;
+    wrk_model_info *in = &m->info;
+    char buf[1024];
+    int n = snprintf(buf, sizeof(buf),
+                     "wkvm-fingerprint-v1\nfamily=%s\nn_layer=%u\nn_embd=%u\nn_head=%u\n"
+                     "head_size=%u\nffn_dim=%u\nvocab_size=%u\nlora=%u,%u,%u,%u\ndtype=%s\n"
+                     "weights=%s\nvocab=%s\n",
+                     in->family, r->n_layer, r->n_embd, r->n_head, r->head_size, r->ffn_dim,
+                     r->vocab_size, r->lora_w, r->lora_a, r->lora_v, r->lora_g,
+                     wk_dtype_name(in->dtype), in->weights_digest, in->vocab_digest);
+    if (n < 0 || (size_t)n >= sizeof(buf))
+        return WK_EINVAL;
+    wk_sha256_hex(buf, (size_t)n, in->fingerprint);
+    return WK_OK;
+}
+
+static wk_err
+wrk_model_load_vocab(wrk_model *m, const char *dir, const wrk_model_opts *opts, wk_diag *d)
+{
+    char path[WRK_PATH_MAX];
+    const char *vp = opts != NULL ? opts->vocab_path : NULL;
+    wk_err e;
+
+    if (vp == NULL) {
+        if ((e = wrk_join(path, sizeof(path), dir, WRK_VOCAB_FILE, d)) != WK_OK)
+            return e;
+        if (!wrk_is_file(path))
+            return WK_OK; /* no vocab: token ids only */
+        vp = path;
+    }
+    if ((e = wk_tok_load(vp, &m->tok, d)) != WK_OK) {
+        wk_diag_prefix(d, "%s: ", vp);
+        return e;
+    }
+    if (wk_tok_vocab_size(m->tok) > m->rwkv7.vocab_size)
+        return wk_diag_set(d, WK_EINVAL, "%s: vocab defines ids up to %u but the model has %u rows",
+                           vp, wk_tok_vocab_size(m->tok) - 1, m->rwkv7.vocab_size);
+    snprintf(m->info.vocab_digest, sizeof(m->info.vocab_digest), "%s", wk_tok_digest(m->tok));
+    return WK_OK;
+}
+
+wk_err
+wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_diag *d)
+{
+    char path[WRK_PATH_MAX];
+    wrk_model *m;
+    wk_err e;
+
+    if (dir == NULL || out == NULL)
+        return wk_diag_set(d, WK_EINVAL, "wrk_model_load: no directory");
+    if ((e = wrk_model_find_checkpoint(dir, path, sizeof(path), d)) != WK_OK)
+        return e;
+    m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+
+    if ((e = wk_tensor_set_open(path, &m->set, d)) != WK_OK)
+        goto fail;
+    if ((e = wrk_map_rwkv7(m, d)) != WK_OK) {
+        wk_diag_prefix(d, "%s: ", path);
+        goto fail;
+    }
+
+    /* info */
+    wrk_model_info *in = &m->info;
+    const wrk_rwkv7 *r = &m->rwkv7;
+    snprintf(in->family, sizeof(in->family), "rwkv7");
+    {
+        size_t len = strlen(dir);
+        while (len > 1 && dir[len - 1] == '/')
+            len--;
+        size_t start = len;
+        while (start > 0 && dir[start - 1] != '/')
+            start--;
+        size_t nlen = len - start;
+        if (nlen >= sizeof(in->name))
+            nlen = sizeof(in->name) - 1;
+        memcpy(in->name, dir + start, nlen);
+        in->name[nlen] = '\0';
+    }
+    in->n_layer = r->n_layer;
+    in->n_embd = r->n_embd;
+    in->n_head = r->n_head;
+    in->head_size = r->head_size;
+    in->ffn_dim = r->ffn_dim;
+    in->vocab_size = r->vocab_size;
+    in->state_bytes = (uint64_t)r->n_layer *
+                      (2ull * r->n_embd + (uint64_t)r->n_head * r->head_size * r->head_size) * 4u;
+
+    wrk_count cnt;
+    memset(&cnt, 0, sizeof(cnt));
+    (void)wrk_visit_all(m, wrk_visit_count, &cnt);
+    in->n_params = cnt.params;
+
+    /* digest of the stored weights, in canonical order and orientation */
+    {
+        wrk_digest g;
+        memset(&g, 0, sizeof(g));
+        if ((e = wk_sha256_init(&g.sha)) != WK_OK) {
+            wk_diag_set(d, e, "sha256 init failed");
+            goto fail;
+        }
+        e = wrk_visit_all(m, wrk_visit_digest, &g);
+        free(g.tmp);
+        if (e != WK_OK) {
+            wk_sha256_fini(&g.sha);
+            wk_diag_set(d, e, "out of memory hashing the weights");
+            goto fail;
+        }
+        uint8_t dig[WK_SHA256_LEN];
+        wk_sha256_final(&g.sha, dig);
+        wk_sha256_to_hex(dig, in->weights_digest);
+    }
+
+    if (opts != NULL && opts->fp32) {
+        m->cap_owned = cnt.n;
+        m->owned = calloc(cnt.n ? cnt.n : 1, sizeof(*m->owned));
+        if (m->owned == NULL) {
+            e = wk_diag_set(d, WK_ENOMEM, "out of memory");
+            goto fail;
+        }
+        if ((e = wrk_visit_all(m, wrk_visit_fp32, NULL)) != WK_OK) {
+            wk_diag_set(d, e, "converting the weights to fp32: %s", wk_strerror(e));
+            goto fail;
+        }
+        in->dtype = WK_DTYPE_F32;
+        in->weight_bytes = cnt.params * 4u;
+    } else {
+        int best = 0;
+        for (int i = 1; i < 3; i++)
+            if (cnt.bytes_by_dtype[i] > cnt.bytes_by_dtype[best])
+                best = i;
+        in->dtype = (wk_dtype)best;
+        in->weight_bytes = cnt.bytes_by_dtype[0] + cnt.bytes_by_dtype[1] + cnt.bytes_by_dtype[2];
+    }
+
+    if ((e = wrk_model_load_vocab(m, dir, opts, d)) != WK_OK)
+        goto fail;
+    if ((e = wrk_model_fingerprint(m)) != WK_OK) {
+        wk_diag_set(d, e, "fingerprint text too long");
+        goto fail;
+    }
+    *out = m;
+    return WK_OK;
+
+fail:
+    wrk_model_free(m);
+    return e;
+}
+
+void
+wrk_model_free(wrk_model *m)
+{
+    if (m == NULL)
+        return;
+    for (size_t i = 0; i < m->n_owned; i++)
+        free((void *)m->owned[i].data);
+    free(m->owned);
+    free(m->layers);
+    wk_tok_free(m->tok);
+    wk_tensor_set_free(m->set);
+    free(m);
+}
+
+const wrk_model_info *
+wrk_model_info_get(const wrk_model *m)
+{
+    return &m->info;
+}
+
+const struct wk_tok *
+wrk_model_tokenizer(const wrk_model *m)
+{
+    return m->tok;
+}
+
+const wrk_rwkv7 *
+wrk_model_rwkv7(const wrk_model *m)
+{
+    return &m->rwkv7;
+}
