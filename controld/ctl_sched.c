@@ -406,6 +406,17 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
     (void)w;
 }
 
+/* True when a job on w waits for its consumer's decision. Caller holds mu. */
+static bool
+ctl_sched_paused_locked(ctl_sched *s, ctl_sworker *w)
+{
+    for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        if (j->state == CTL_JOB_PAUSED && strcmp(j->slot.worker, w->id) == 0)
+            return true;
+    }
+    return false;
+}
+
 static void *
 ctl_sched_worker_main(void *arg)
 {
@@ -452,6 +463,22 @@ ctl_sched_worker_main(void *arg)
         pthread_mutex_lock(&s->mu);
         ctl_sched_apply_locked(s, w, rows, n, err, rep, d.msg);
         wk_proto_free(rep);
+        /*
+         * The rows that just sampled wait for their consumers' decision
+         * (continue or stop), which comes within microseconds. Stepping at
+         * once would leave them out and split the decode batch in two
+         * alternating halves, so wait a moment for them first.
+         */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 2 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        while (!atomic_load(&s->stop) && ctl_sched_paused_locked(s, w) &&
+               pthread_cond_timedwait(&s->cv, &s->mu, &until) != ETIMEDOUT)
+            ;
     }
     pthread_mutex_unlock(&s->mu);
     free(rows);
@@ -850,6 +877,7 @@ ctl_job_stop(ctl_job *j, bool feed_last)
             pthread_cond_broadcast(&s->cv);
         } else {
             ctl_job_done(s, j);
+            pthread_cond_broadcast(&s->cv);
         }
     } else if (j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_WAITING) {
         /* Stop before any token: finish once the input is fed. */

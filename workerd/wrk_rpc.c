@@ -461,6 +461,7 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
             sp.presence_penalty = pp->presence_penalty;
             sp.frequency_penalty = pp->frequency_penalty;
             sp.top_logprobs = pp->top_logprobs;
+            sp.want_logprob = pp->want_logprobs;
         }
         sp.sample_index = sr->sample_index;
         sp.history = sr->penalty_tokens;

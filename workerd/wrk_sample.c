@@ -6,6 +6,7 @@
 #include "wrk_sample.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +73,36 @@ wrk_apply_penalties(float *logits, uint32_t vocab, const wrk_sample_params *p)
     free(h);
 }
 
+/*
+ * Candidates: tokens within 30 (in units of the temperature-scaled logit)
+ * of the maximum. Everything below weighs less than e^-30 of the top token
+ * each, so dropping it changes no practical outcome and keeps the result a
+ * pure function of the logits.
+ */
+#define WRK_SAMPLE_CUT 30.0f
+
+/* Keeps the k heaviest candidates (ties: lower id first), in id order. */
+static uint32_t
+wrk_keep_top_k(wrk_cand *c, uint32_t n, uint32_t k)
+{
+    if (k == 0 || k >= n)
+        return n;
+    wrk_cand *tmp = malloc((size_t)n * sizeof(*tmp));
+    if (tmp == NULL)
+        return n; /* no memory: do not filter (still a valid distribution) */
+    memcpy(tmp, c, (size_t)n * sizeof(*tmp));
+    qsort(tmp, n, sizeof(*tmp), wrk_cand_cmp);
+    float kth = tmp[k - 1].logit;
+    int32_t kth_id = tmp[k - 1].id;
+    free(tmp);
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (c[i].logit > kth || (c[i].logit == kth && c[i].id <= kth_id))
+            c[m++] = c[i];
+    }
+    return m;
+}
+
 wk_err
 wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample_result *out)
 {
@@ -79,7 +110,6 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
         return WK_EINVAL;
     wrk_apply_penalties(logits, vocab, p);
 
-    /* Log-softmax at T=1 for the reported logprobs. */
     float mx = -INFINITY;
     uint32_t best = 0;
     for (uint32_t i = 0; i < vocab; i++) {
@@ -88,12 +118,16 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
             best = i;
         }
     }
-    double z = 0.0;
-    for (uint32_t i = 0; i < vocab; i++)
-        z += exp((double)(logits[i] - mx));
-    float lse = mx + (float)log(z);
-
     memset(out, 0, sizeof(*out));
+    bool want_lp = p->want_logprob || p->top_logprobs > 0;
+    float lse = 0.0f;
+    if (want_lp) {
+        /* Log-softmax normaliser at T=1 for the reported logprobs (fixed order). */
+        float z = 0.0f;
+        for (uint32_t i = 0; i < vocab; i++)
+            z += expf(logits[i] - mx);
+        lse = mx + logf(z);
+    }
     if (p->top_logprobs > 0) {
         /* Partial selection of the top entries (k <= 20). */
         uint32_t k = p->top_logprobs < vocab ? p->top_logprobs : vocab;
@@ -119,58 +153,108 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
 
     int32_t chosen = (int32_t)best;
     if (p->temperature > 0.0f) {
-        uint32_t keep = vocab;
-        if (p->top_k > 0 && p->top_k < keep)
-            keep = p->top_k;
-        wrk_cand *c = malloc((size_t)vocab * sizeof(*c));
-        if (c == NULL)
+        float inv_t = 1.0f / p->temperature;
+        float cut = mx - WRK_SAMPLE_CUT * p->temperature;
+        uint32_t nc = 0;
+        for (uint32_t i = 0; i < vocab; i++)
+            nc += logits[i] >= cut;
+        wrk_cand *c = malloc((size_t)nc * sizeof(*c));
+        float *wt = malloc((size_t)nc * sizeof(*wt));
+        if (c == NULL || wt == NULL) {
+            free(c);
+            free(wt);
             return WK_ENOMEM;
+        }
+        nc = 0;
         for (uint32_t i = 0; i < vocab; i++) {
-            c[i].logit = logits[i] / p->temperature;
-            c[i].id = (int32_t)i;
+            if (logits[i] >= cut) {
+                c[nc].logit = logits[i];
+                c[nc].id = (int32_t)i;
+                nc++;
+            }
         }
-        qsort(c, vocab, sizeof(*c), wrk_cand_cmp);
-        double cmax = c[0].logit, sum = 0.0;
-        for (uint32_t i = 0; i < keep; i++)
-            sum += exp((double)c[i].logit - cmax);
-        if (p->min_p > 0.0f) {
-            /* c is sorted, so p_max is c[0]: keep while p_i / p_max >= min_p. */
-            double lim = log((double)p->min_p);
-            uint32_t i = 1;
-            while (i < keep && (double)c[i].logit - cmax >= lim)
-                i++;
-            keep = i;
-            sum = 0.0;
-            for (uint32_t k = 0; k < keep; k++)
-                sum += exp((double)c[k].logit - cmax);
-        }
+        nc = wrk_keep_top_k(c, nc, p->top_k);
+        /* Weights relative to the top token (which is always kept, weight 1). */
+        for (uint32_t i = 0; i < nc; i++)
+            wt[i] = expf((c[i].logit - mx) * inv_t);
+        float floor_w = 0.0f;
+        if (p->min_p > 0.0f)
+            floor_w = p->min_p;
         if (p->top_p > 0.0f && p->top_p < 1.0f) {
-            double acc = 0.0;
-            uint32_t i = 0;
-            for (; i < keep; i++) {
-                acc += exp((double)c[i].logit - cmax) / sum;
-                if (acc >= (double)p->top_p) {
-                    i++;
+            /*
+             * The nucleus is the heaviest candidates whose mass reaches top_p:
+             * every candidate at or above the weight w* of the one that
+             * crosses it (ties kept). Found with a histogram over the scaled
+             * logit distance to the top (bins are exact in logit space, so
+             * no log per token), then a sort of the one boundary bin.
+             */
+            enum { NB = 4096 };
+            double *mass = calloc(NB, sizeof(*mass));
+            if (mass == NULL) {
+                free(c);
+                free(wt);
+                return WK_ENOMEM;
+            }
+            double total = 0.0;
+            for (uint32_t i = 0; i < nc; i++) {
+                if (wt[i] < floor_w)
+                    continue;
+                int bin = (int)((mx - c[i].logit) * inv_t * (NB / WRK_SAMPLE_CUT));
+                bin = bin < 0 ? 0 : bin >= NB ? NB - 1 : bin;
+                mass[bin] += wt[i];
+                total += wt[i];
+            }
+            double target = (double)p->top_p * total, cum = 0.0;
+            int edge = 0;
+            while (edge < NB - 1 && cum + mass[edge] < target)
+                cum += mass[edge++];
+            free(mass);
+            uint32_t ne = 0;
+            for (uint32_t i = 0; i < nc; i++) {
+                int bin = (int)((mx - c[i].logit) * inv_t * (NB / WRK_SAMPLE_CUT));
+                bin = bin < 0 ? 0 : bin >= NB ? NB - 1 : bin;
+                if (bin == edge && wt[i] >= floor_w)
+                    ne++;
+            }
+            wrk_cand *e = malloc((size_t)(ne ? ne : 1) * sizeof(*e));
+            if (e == NULL) {
+                free(c);
+                free(wt);
+                return WK_ENOMEM;
+            }
+            ne = 0;
+            for (uint32_t i = 0; i < nc; i++) {
+                int bin = (int)((mx - c[i].logit) * inv_t * (NB / WRK_SAMPLE_CUT));
+                bin = bin < 0 ? 0 : bin >= NB ? NB - 1 : bin;
+                if (bin == edge && wt[i] >= floor_w)
+                    e[ne++] = c[i];
+            }
+            qsort(e, ne, sizeof(*e), wrk_cand_cmp);
+            for (uint32_t i = 0; i < ne; i++) {
+                cum += expf((e[i].logit - mx) * inv_t);
+                if (cum >= target || i + 1 == ne) {
+                    floor_w = expf((e[i].logit - mx) * inv_t);
                     break;
                 }
             }
-            keep = i > 0 ? i : 1;
-            sum = 0.0;
-            for (uint32_t j = 0; j < keep; j++)
-                sum += exp((double)c[j].logit - cmax);
+            free(e);
         }
+        double sum = 0.0;
+        for (uint32_t i = 0; i < nc; i++)
+            sum += wt[i] >= floor_w ? wt[i] : 0.0f;
         double u = wrk_sample_uniform(p->seed, p->sample_index) * sum, acc = 0.0;
-        chosen = c[keep - 1].id;
-        for (uint32_t i = 0; i < keep; i++) {
-            acc += exp((double)c[i].logit - cmax);
-            if (u < acc) {
-                chosen = c[i].id;
+        for (uint32_t i = 0; i < nc; i++) {
+            if (wt[i] < floor_w)
+                continue;
+            chosen = c[i].id;
+            acc += wt[i];
+            if (u < acc)
                 break;
-            }
         }
         free(c);
+        free(wt);
     }
     out->token = chosen;
-    out->logprob = logits[chosen] - lse;
+    out->logprob = want_lp ? logits[chosen] - lse : 0.0f;
     return WK_OK;
 }

@@ -8,6 +8,7 @@
 #ifndef WRK_SAMPLE_H
 #define WRK_SAMPLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,11 +28,13 @@ typedef struct wrk_sample_params {
     const int32_t *history;  /* generated tokens so far (penalties), borrowed */
     size_t n_history;        /* entries in history */
     uint32_t top_logprobs;   /* alternatives to report, <= WRK_SAMPLE_TOP_MAX */
+    bool want_logprob;       /* compute the chosen token's logprob (else reported as 0) */
 } wrk_sample_params;
 
 typedef struct wrk_sample_result {
     int32_t token;                          /* chosen token */
-    float logprob;                          /* its log-probability (after penalties, T=1) */
+    float logprob;                          /* its log-probability (after penalties, T=1),
+                                               0 unless want_logprob or top_logprobs */
     uint32_t n_top;                         /* entries in top */
     int32_t top_token[WRK_SAMPLE_TOP_MAX];  /* most likely tokens, descending */
     float top_logprob[WRK_SAMPLE_TOP_MAX];  /* their log-probabilities */

@@ -1,0 +1,181 @@
+/* Unit tests for wrk_sample: greedy, determinism, filters, penalties, logprobs, distribution. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wrk_sample.h"
+
+#define V 64
+
+static void
+fill(float *l, uint32_t seed)
+{
+    for (int i = 0; i < V; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        l[i] = (float)(seed >> 8) / (float)(1u << 24) * 6.0f - 3.0f;
+    }
+}
+
+static wrk_sample_result
+run(const float *l0, wrk_sample_params p)
+{
+    float l[V];
+    memcpy(l, l0, sizeof(l));
+    wrk_sample_result r;
+    assert_int_equal(wrk_sample(l, V, &p, &r), WK_OK);
+    return r;
+}
+
+static void
+test_greedy(void **state)
+{
+    (void)state;
+    float l[V];
+    fill(l, 1);
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best])
+            best = i;
+    wrk_sample_params p = {.want_logprob = true};
+    wrk_sample_result r = run(l, p);
+    assert_int_equal(r.token, best);
+    /* logprob equals the log-softmax computed directly. */
+    double z = 0;
+    for (int i = 0; i < V; i++)
+        z += exp((double)l[i]);
+    assert_true(fabs(r.logprob - (l[best] - log(z))) < 1e-4);
+    /* Ties go to the lowest id. */
+    l[3] = l[best];
+    l[best + 0] = l[3];
+    float t[V] = {0};
+    t[5] = 1.0f;
+    t[9] = 1.0f;
+    wrk_sample_params q = {0};
+    assert_int_equal(run(t, q).token, 5);
+}
+
+static void
+test_determinism_and_filters(void **state)
+{
+    (void)state;
+    float l[V];
+    fill(l, 7);
+    wrk_sample_params p = {.temperature = 0.9f, .top_p = 0.95f, .seed = 42, .sample_index = 3};
+    int32_t a = run(l, p).token;
+    for (int k = 0; k < 5; k++)
+        assert_int_equal(run(l, p).token, a);
+    /* top_k = 1 and a tiny top_p are greedy. */
+    wrk_sample_params g = {0};
+    int32_t greedy = run(l, g).token;
+    for (uint64_t i = 0; i < 50; i++) {
+        wrk_sample_params k1 = {.temperature = 1.0f, .top_k = 1, .seed = 9, .sample_index = i};
+        assert_int_equal(run(l, k1).token, greedy);
+        wrk_sample_params p0 = {.temperature = 1.0f, .top_p = 1e-6f, .seed = 9, .sample_index = i};
+        assert_int_equal(run(l, p0).token, greedy);
+        wrk_sample_params m1 = {.temperature = 1.0f, .min_p = 0.9999f, .seed = 9, .sample_index = i};
+        assert_int_equal(run(l, m1).token, greedy);
+    }
+    /* top_k = 3 only ever picks one of the three best. */
+    int order[V];
+    for (int i = 0; i < V; i++)
+        order[i] = i;
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (l[order[j]] > l[order[i]]) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    for (uint64_t i = 0; i < 200; i++) {
+        wrk_sample_params k3 = {.temperature = 2.0f, .top_k = 3, .seed = 5, .sample_index = i};
+        int32_t t = run(l, k3).token;
+        assert_true(t == order[0] || t == order[1] || t == order[2]);
+    }
+    /* Bad parameters. */
+    float x[V];
+    memcpy(x, l, sizeof(x));
+    wrk_sample_result r;
+    wrk_sample_params bad = {.temperature = NAN};
+    assert_int_equal(wrk_sample(x, V, &bad, &r), WK_EINVAL);
+    wrk_sample_params bad2 = {.top_logprobs = 21};
+    assert_int_equal(wrk_sample(x, V, &bad2, &r), WK_EINVAL);
+    assert_int_equal(wrk_sample(x, 0, &g, &r), WK_EINVAL);
+}
+
+static void
+test_distribution(void **state)
+{
+    (void)state;
+    /* Three tokens with probabilities 0.5, 0.3, 0.2 (others -inf-ish). */
+    float l[V];
+    for (int i = 0; i < V; i++)
+        l[i] = -1000.0f;
+    l[10] = logf(0.5f);
+    l[20] = logf(0.3f);
+    l[30] = logf(0.2f);
+    int count[3] = {0};
+    int n = 20000;
+    for (int i = 0; i < n; i++) {
+        wrk_sample_params p = {.temperature = 1.0f, .seed = 77, .sample_index = (uint64_t)i};
+        int32_t t = run(l, p).token;
+        count[t == 10 ? 0 : t == 20 ? 1 : 2]++;
+        assert_true(t == 10 || t == 20 || t == 30);
+    }
+    assert_true(fabs(count[0] / (double)n - 0.5) < 0.02);
+    assert_true(fabs(count[1] / (double)n - 0.3) < 0.02);
+    assert_true(fabs(count[2] / (double)n - 0.2) < 0.02);
+    /* top_p 0.7 keeps exactly the first two (0.5 + 0.3 reaches 0.7). */
+    int seen30 = 0;
+    for (int i = 0; i < 2000; i++) {
+        wrk_sample_params p = {.temperature = 1.0f, .top_p = 0.7f, .seed = 1,
+                               .sample_index = (uint64_t)i};
+        seen30 += run(l, p).token == 30;
+    }
+    assert_int_equal(seen30, 0);
+    /* The uniform is in [0, 1) and differs across indices. */
+    assert_true(wrk_sample_uniform(1, 1) != wrk_sample_uniform(1, 2));
+    for (int i = 0; i < 1000; i++) {
+        double u = wrk_sample_uniform(3, (uint64_t)i);
+        assert_true(u >= 0.0 && u < 1.0);
+    }
+}
+
+static void
+test_penalties_and_top_logprobs(void **state)
+{
+    (void)state;
+    float l[V] = {0};
+    l[4] = 2.0f;
+    l[8] = 1.9f;
+    int32_t hist[] = {4, 4};
+    wrk_sample_params p = {.presence_penalty = 0.5f, .history = hist, .n_history = 2};
+    assert_int_equal(run(l, p).token, 8); /* 2.0 - 0.5 < 1.9 */
+    wrk_sample_params f = {.frequency_penalty = 0.06f, .history = hist, .n_history = 2};
+    assert_int_equal(run(l, f).token, 8); /* 2.0 - 0.12 < 1.9 */
+    wrk_sample_params f2 = {.frequency_penalty = 0.06f, .history = hist, .n_history = 1};
+    assert_int_equal(run(l, f2).token, 4); /* 2.0 - 0.06 > 1.9 */
+    wrk_sample_params t = {.top_logprobs = 2};
+    wrk_sample_result r = run(l, t);
+    assert_int_equal(r.n_top, 2);
+    assert_int_equal(r.top_token[0], 4);
+    assert_int_equal(r.top_token[1], 8);
+    assert_true(r.top_logprob[0] > r.top_logprob[1] && r.top_logprob[0] < 0.0f);
+    assert_true(fabs(r.logprob - r.top_logprob[0]) < 1e-6);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_determinism_and_filters),
+        cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_penalties_and_top_logprobs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
