@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "ctl_http.h"
+#include "ctl_limits.h"
 #include "ctl_metrics.h"
 #include "ctl_pool.h"
 #include "ctl_sched.h"
@@ -32,7 +33,22 @@ typedef struct ctl_app {
     const char *model_dir;     /* model served, NULL = none (borrowed from config) */
     const char *data_dir;      /* data directory (borrowed from config) */
     uint64_t start_ms;         /* wall-clock start, ms */
+    ctl_limits *limits;        /* per-user concurrent generation requests */
+    uint32_t max_messages;     /* most chat messages in one request */
+    uint64_t max_message_bytes; /* most content bytes in one chat message */
+    uint32_t max_stop_bytes;   /* longest stop string, bytes */
+    uint64_t max_states_per_user; /* most state versions one user may store, 0 = no limit */
 } ctl_app;
+
+/*
+ * Takes one unit of the request user's concurrent-request budget (ctl_limits);
+ * on refusal sends 429 quota_exceeded and returns false. After true, the
+ * caller must call ctl_app_user_leave() once it has answered.
+ */
+bool ctl_app_user_enter(ctl_http_req *req, ctl_app *app);
+
+/* Gives back the unit taken by ctl_app_user_enter(). */
+void ctl_app_user_leave(ctl_http_req *req, ctl_app *app);
 
 /* Routes of the ops/admin module (health, ready, metrics, admin/workers). */
 size_t ctl_admin_routes(ctl_app *app, ctl_http_route *out, size_t cap);
@@ -45,6 +61,10 @@ size_t ctl_openai_routes(ctl_app *app, ctl_http_route *out, size_t cap);
 
 /* Routes of the Durable State API (/v1/states...) and /admin/states. */
 size_t ctl_states_routes(ctl_app *app, ctl_http_route *out, size_t cap);
+
+/* Routes of live migration and the slot admin API. */
+size_t ctl_migrate_routes(ctl_app *app, ctl_http_route *out, size_t cap);
+WK_MUST_CHECK wk_err ctl_migrate_metrics_declare(ctl_metrics *m);
 
 /* Declares the OpenAI module's metric families. */
 WK_MUST_CHECK wk_err ctl_openai_metrics_declare(ctl_metrics *m);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #define CTL_AUTH_MAX_KEYS 4096
 #define CTL_AUTH_KEY_MAX 256
@@ -40,6 +41,20 @@ ctl_auth_load(const char *path, ctl_auth **out, wk_diag *d)
         free(a);
         return wk_diag_set(d, errno == ENOENT ? WK_ENOENT : WK_EIO, "api keys %s: %s", path,
                            strerror(errno));
+    }
+    /* Checked on the open file, so that a swap after the check cannot matter. */
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        wk_err e = wk_diag_set(d, WK_EIO, "api keys %s: %s", path, strerror(errno));
+        fclose(f);
+        free(a);
+        return e;
+    }
+    if ((sb.st_mode & 077) != 0) {
+        fclose(f);
+        free(a);
+        return wk_diag_set(d, WK_EPERM, "api keys %s: mode %03o lets group or others read the "
+                           "keys; run 'chmod 600 %s'", path, (unsigned)(sb.st_mode & 0777), path);
     }
     wk_err err = WK_OK;
     char line[1024];
@@ -128,17 +143,10 @@ ctl_auth_equal(const char *a, size_t alen, const char *b, size_t blen)
     return diff == 0;
 }
 
-wk_err
-ctl_auth_check(const ctl_auth *a, const char *authorization, const char **user, bool *admin)
+/* The key tok names (surrounding blanks ignored), NULL when none; scans every key. */
+static const ctl_key *
+ctl_auth_lookup(const ctl_auth *a, const char *tok)
 {
-    if (!ctl_auth_enabled(a)) {
-        *user = "local";
-        *admin = true;
-        return WK_OK;
-    }
-    if (authorization == NULL || strncasecmp(authorization, "Bearer ", 7) != 0)
-        return WK_EAUTH;
-    const char *tok = authorization + 7;
     while (*tok == ' ')
         tok++;
     size_t len = strlen(tok);
@@ -149,6 +157,23 @@ ctl_auth_check(const ctl_auth *a, const char *authorization, const char **user, 
         if (ctl_auth_equal(a->keys[i].key, a->keys[i].key_len, tok, len))
             hit = &a->keys[i];
     }
+    return hit;
+}
+
+wk_err
+ctl_auth_check(const ctl_auth *a, const char *authorization, const char *api_key,
+               const char **user, bool *admin)
+{
+    if (!ctl_auth_enabled(a)) {
+        *user = "local";
+        *admin = true;
+        return WK_OK;
+    }
+    const ctl_key *hit = NULL;
+    if (authorization != NULL && strncasecmp(authorization, "Bearer ", 7) == 0)
+        hit = ctl_auth_lookup(a, authorization + 7);
+    if (hit == NULL && api_key != NULL)
+        hit = ctl_auth_lookup(a, api_key);
     if (hit == NULL)
         return WK_EAUTH;
     *user = hit->user;

@@ -293,8 +293,8 @@ ctl_http_dispatch(struct mg_connection *conn, void *cbdata)
     req.admin = true;
     wk_err aerr = WK_OK;
     if (r != NULL && r->access != CTL_HTTP_ACCESS_PUBLIC && h->auth != NULL)
-        aerr = h->auth(mg_get_header(conn, "Authorization"), &req.user, &req.admin,
-                       h->auth_arg);
+        aerr = h->auth(mg_get_header(conn, "Authorization"), mg_get_header(conn, "x-api-key"),
+                       &req.user, &req.admin, h->auth_arg);
     if (r != NULL && aerr != WK_OK) {
         label = r->label ? r->label : r->path;
         ctl_http_send_error(&req, WK_EAUTH, "missing or invalid API key", NULL);
@@ -363,12 +363,14 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
         snprintf(ports, sizeof(ports), "%s:%u", host, cfg->port);
     else
         snprintf(ports, sizeof(ports), "%s:%u", host, cfg->port);
-    char threads[16], timeout[16];
+    char threads[16], timeout[16], maxreq[24];
     snprintf(threads, sizeof(threads), "%u", cfg->threads ? cfg->threads : 16);
     snprintf(timeout, sizeof(timeout), "%u", cfg->timeout_ms ? cfg->timeout_ms : 600000);
+    snprintf(maxreq, sizeof(maxreq), "%zu", cfg->max_header ? cfg->max_header : 16384);
     const char *opts[] = {"listening_ports", ports,     "num_threads",        threads,
                           "request_timeout_ms", timeout, "enable_keep_alive", "yes",
-                          "tcp_nodelay",        "1",     NULL};
+                          "tcp_nodelay",        "1",     "max_request_size",  maxreq,
+                          NULL};
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof(cb));
     cb.log_message = ctl_http_log_message;

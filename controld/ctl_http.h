@@ -29,11 +29,11 @@ typedef enum ctl_http_access {
 } ctl_http_access;
 
 /*
- * Maps an Authorization header (may be NULL) to a user; WK_EAUTH when
- * missing/unknown. *user must stay valid for the server's life.
+ * Maps the Authorization and x-api-key headers (each may be NULL) to a user;
+ * WK_EAUTH when missing/unknown. *user must stay valid for the server's life.
  */
-typedef wk_err (*ctl_http_authorizer)(const char *authorization, const char **user,
-                                      bool *admin, void *arg);
+typedef wk_err (*ctl_http_authorizer)(const char *authorization, const char *api_key,
+                                      const char **user, bool *admin, void *arg);
 
 typedef struct ctl_http_route {
     const char *method;  /* "GET", "POST", ..., or NULL for any */
@@ -51,6 +51,7 @@ typedef struct ctl_http_config {
     unsigned threads;       /* request threads */
     size_t max_body;        /* largest request body accepted */
     unsigned timeout_ms;    /* request read/write timeout */
+    size_t max_header;      /* largest request line + headers (civetweb max_request_size) */
     ctl_http_authorizer auth; /* NULL: everyone is user "local", admin */
     void *auth_arg;         /* passed to auth */
 } ctl_http_config;

@@ -193,10 +193,11 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
             ctl_oa_fail(req, WK_EINVAL, "stop", "'stop' must be a string or up to 4 strings");
             return false;
         }
+        uint32_t max_stop = app->max_stop_bytes ? app->max_stop_bytes : CTL_OA_MAX_STOP_LEN;
         for (size_t i = 0; i < r->gen.n_stops; i++) {
-            if (strlen(r->gen.stops[i]) > CTL_OA_MAX_STOP_LEN) {
-                ctl_oa_fail(req, WK_EINVAL, "stop", "stop strings are limited to %d bytes",
-                            CTL_OA_MAX_STOP_LEN);
+            if (strlen(r->gen.stops[i]) > max_stop) {
+                ctl_oa_fail(req, WK_EINVAL, "stop", "stop strings are limited to %u bytes",
+                            max_stop);
                 return false;
             }
         }
@@ -263,8 +264,9 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
         return false;
     }
     size_t n = json_array_size(msgs);
-    if (n > CTL_OA_MAX_MESSAGES) {
-        ctl_oa_fail(req, WK_ETOOBIG, "messages", "at most %d messages", CTL_OA_MAX_MESSAGES);
+    uint32_t max_msgs = app->max_messages ? app->max_messages : CTL_OA_MAX_MESSAGES;
+    if (n > max_msgs) {
+        ctl_oa_fail(req, WK_ETOOBIG, "messages", "at most %u messages", max_msgs);
         return false;
     }
     wk_chat_msg *cm = calloc(n, sizeof(*cm));
@@ -301,6 +303,12 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
             break;
         }
         ok = ctl_oa_content(req, json_object_get(m, "content"), i, &texts[i]);
+        if (ok && app->max_message_bytes && strlen(texts[i]) > app->max_message_bytes) {
+            snprintf(param, sizeof(param), "messages[%zu].content", i);
+            ctl_oa_fail(req, WK_ETOOBIG, param, "a message's content is limited to %llu bytes",
+                        (unsigned long long)app->max_message_bytes);
+            ok = false;
+        }
         cm[i].role = rs;
         cm[i].content = texts[i];
     }
@@ -731,13 +739,40 @@ ctl_oa_body(ctl_http_req *req)
     return body;
 }
 
+bool
+ctl_app_user_enter(ctl_http_req *req, ctl_app *app)
+{
+    wk_err err = ctl_limits_acquire(app->limits, ctl_http_req_user(req));
+    if (err == WK_OK || app->limits == NULL)
+        return true;
+    if (err == WK_EQUOTA) {
+        ctl_metrics_add(app->metrics, "wkvm_quota_refusals_total", "limit=\"concurrent\"", 1);
+        ctl_oa_fail(req, WK_EQUOTA, NULL, "too many concurrent requests: at most %u per user",
+                    ctl_limits_max(app->limits));
+    } else {
+        ctl_oa_fail(req, err, NULL, "cannot account the request");
+    }
+    return false;
+}
+
+void
+ctl_app_user_leave(ctl_http_req *req, ctl_app *app)
+{
+    if (app->limits != NULL)
+        ctl_limits_release(app->limits, ctl_http_req_user(req));
+}
+
 static void
 ctl_oa_chat(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
-    json_t *body = ctl_oa_body(req);
-    if (body == NULL)
+    if (!ctl_app_user_enter(req, app))
         return;
+    json_t *body = ctl_oa_body(req);
+    if (body == NULL) {
+        ctl_app_user_leave(req, app);
+        return;
+    }
     ctl_oa_req r = {.chat = true};
     ctl_chat_turn *turn = NULL;
     if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_chat_logprobs(req, body, &r) &&
@@ -747,20 +782,26 @@ ctl_oa_chat(ctl_http_req *req, void *arg)
     }
     ctl_oa_req_fini(&r);
     json_decref(body);
+    ctl_app_user_leave(req, app);
 }
 
 static void
 ctl_oa_completions(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
-    json_t *body = ctl_oa_body(req);
-    if (body == NULL)
+    if (!ctl_app_user_enter(req, app))
         return;
+    json_t *body = ctl_oa_body(req);
+    if (body == NULL) {
+        ctl_app_user_leave(req, app);
+        return;
+    }
     ctl_oa_req r = {.chat = false};
     if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_prompt(req, app, body, &r))
         ctl_oa_generate(req, app, &r);
     ctl_oa_req_fini(&r);
     json_decref(body);
+    ctl_app_user_leave(req, app);
 }
 
 wk_err
@@ -776,6 +817,8 @@ ctl_openai_metrics_declare(ctl_metrics *m)
         {"wkvm_generation_tokens_total", CTL_METRIC_COUNTER, "Tokens generated."},
         {"wkvm_queue_depth", CTL_METRIC_GAUGE, "Requests waiting for a slot."},
         {"wkvm_running_requests", CTL_METRIC_GAUGE, "Requests holding a slot and running."},
+        {"wkvm_quota_refusals_total", CTL_METRIC_COUNTER,
+         "Requests refused by a per-user limit (429 quota_exceeded), by limit."},
     };
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
         wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, NULL, 0);

@@ -57,6 +57,7 @@ struct ctl_job {
     size_t in_flight;           /* tokens of this job in the step being run, 0 = none */
     bool cancelled;             /* the consumer freed it */
     bool kept;                  /* the consumer keeps the slot */
+    bool migrating;             /* left out of steps while its slot moves */
     uint64_t deadline_ms;       /* monotonic, 0 = none */
     uint64_t seq;               /* submit order */
     uint64_t submit_ms;         /* monotonic submit time */
@@ -75,6 +76,7 @@ struct ctl_sworker {
     uint64_t *gen;         /* per slot: allocation generation, 0 = free */
     ctl_job **busy;        /* per slot: job running on it, NULL = none */
     bool dead;             /* left the pool; the loop exits */
+    bool draining;         /* no new admissions or allocations */
     pthread_t thr;         /* step loop */
     ctl_sched *s;          /* back pointer */
 };
@@ -222,6 +224,8 @@ static void
 ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
 {
     uint64_t now = ctl_mono_ms();
+    if (w->draining)
+        return;
     for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
         if (j->state != CTL_JOB_WAITING)
             continue;
@@ -265,7 +269,7 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
     for (int pass = 0; pass < 2; pass++) {
         for (ctl_job *j = s->jobs; j != NULL && n < cap && budget > 0; j = j->next) {
             if ((j->state != CTL_JOB_RUNNING && j->state != CTL_JOB_STOPPING) ||
-                j->in_flight || strcmp(j->slot.worker, w->id) != 0)
+                j->in_flight || j->migrating || strcmp(j->slot.worker, w->id) != 0)
                 continue;
             if (j->deadline_ms && now > j->deadline_ms) {
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out");
@@ -404,6 +408,7 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
             ctl_job_destroy_locked(s, j);
     }
     (void)w;
+    pthread_cond_broadcast(&s->cv);
 }
 
 /* True when a job on w waits for its consumer's decision. Caller holds mu. */
@@ -712,7 +717,7 @@ ctl_sched_free_slot_locked(ctl_sched *s, const char *want)
 {
     for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
         ctl_sworker *w = s->workers[i];
-        if (w == NULL || w->dead || (want[0] && strcmp(want, w->id) != 0))
+        if (w == NULL || w->dead || w->draining || (want[0] && strcmp(want, w->id) != 0))
             continue;
         for (uint32_t k = 1; k <= w->n_slots; k++) {
             if (w->gen[k] == 0)
@@ -969,7 +974,8 @@ ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_slot_ref *out, wk_dia
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS && err != WK_OK; i++) {
         ctl_sworker *w = s->workers[i];
-        if (w == NULL || w->dead || (worker != NULL && strcmp(worker, w->id) != 0))
+        if (w == NULL || w->dead || (worker != NULL && strcmp(worker, w->id) != 0) ||
+            (worker == NULL && w->draining))
             continue;
         for (uint32_t k = 1; k <= w->n_slots; k++) {
             if (w->gen[k] == 0) {
@@ -1026,6 +1032,136 @@ ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t
             *used += w->gen[k] != 0;
     }
     pthread_mutex_unlock(&s->mu);
+}
+
+size_t
+ctl_sched_slots(ctl_sched *s, ctl_slot_info *out, size_t cap)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        ctl_sworker *w = s->workers[i];
+        if (w == NULL || w->dead)
+            continue;
+        for (uint32_t k = 1; k <= w->n_slots; k++) {
+            if (w->gen[k] == 0)
+                continue;
+            if (n < cap) {
+                ctl_slot_info *o = &out[n];
+                memset(o, 0, sizeof(*o));
+                snprintf(o->ref.worker, sizeof(o->ref.worker), "%s", w->id);
+                o->ref.slot = k;
+                o->ref.gen = w->gen[k];
+                ctl_job *j = w->busy[k];
+                if (j != NULL) {
+                    o->running = true;
+                    o->held = j->held;
+                    o->tokens = j->computed;
+                    o->last_used_ms = j->last_tok_ms;
+                }
+            }
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+wk_err
+ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
+                      ctl_sched_mover_fn mover, void *arg, ctl_slot_ref *dst_out, wk_diag *d)
+{
+    if (strcmp(src->worker, to) == 0)
+        return wk_diag_set(d, WK_EINVAL, "the slot is already on worker %s", to);
+    ctl_slot_ref dst;
+    wk_err err = ctl_sched_slot_alloc(s, to, &dst, NULL);
+    if (err != WK_OK)
+        return wk_diag_set(d, ctl_sched_known(s, to) ? WK_EBUSY : WK_EINVAL,
+                           ctl_sched_known(s, to) ? "no free slot on worker %s"
+                                                  : "no worker %s",
+                           to);
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, src->worker);
+    ctl_job *j = NULL;
+    if (w != NULL && src->slot >= 1 && src->slot <= w->n_slots && w->gen[src->slot] == src->gen)
+        j = w->busy[src->slot];
+    if (j == NULL || j->migrating || j->state == CTL_JOB_DONE || j->state == CTL_JOB_FAILED) {
+        pthread_mutex_unlock(&s->mu);
+        (void)ctl_sched_slot_free(s, &dst);
+        return wk_diag_set(d, WK_ENOENT, "no running request on %s:%u", src->worker, src->slot);
+    }
+    if (j->held) {
+        pthread_mutex_unlock(&s->mu);
+        (void)ctl_sched_slot_free(s, &dst);
+        return wk_diag_set(d, WK_ESTATE, "the slot is held by a state operation or chat turn; "
+                                         "it can be moved once parked");
+    }
+    j->migrating = true;
+    while (j->in_flight && !atomic_load(&s->stop))
+        pthread_cond_wait(&s->cv, &s->mu);
+    bool alive = j->state != CTL_JOB_DONE && j->state != CTL_JOB_FAILED && !j->cancelled;
+    pthread_mutex_unlock(&s->mu);
+
+    err = alive ? mover(arg, src, &dst, d) : wk_diag_set(d, WK_ENOENT, "the request ended");
+
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w_src = ctl_sched_worker_locked(s, src->worker);
+    ctl_sworker *w_dst = ctl_sched_worker_locked(s, dst.worker);
+    if (err == WK_OK && (w_dst == NULL || w_dst->gen[dst.slot] != dst.gen || j->cancelled ||
+                         j->state == CTL_JOB_DONE || j->state == CTL_JOB_FAILED))
+        err = wk_diag_set(d, WK_EUNAVAIL, "the destination or the request went away");
+    if (err == WK_OK) {
+        /* Commit: the job now lives on dst; the source slot is released. */
+        w_dst->busy[dst.slot] = j;
+        if (w_src != NULL && w_src->gen[src->slot] == src->gen) {
+            w_src->busy[src->slot] = NULL;
+            w_src->gen[src->slot] = 0;
+        }
+        j->slot = dst;
+        *dst_out = dst;
+    }
+    j->migrating = false;
+    if (j->cancelled && !j->in_flight)
+        ctl_job_destroy_locked(s, j);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (err != WK_OK)
+        (void)ctl_sched_slot_free(s, &dst);
+    return err;
+}
+
+bool
+ctl_sched_known(ctl_sched *s, const char *worker)
+{
+    pthread_mutex_lock(&s->mu);
+    bool ok = ctl_sched_worker_locked(s, worker) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+wk_err
+ctl_sched_set_draining(ctl_sched *s, const char *worker, bool draining)
+{
+    wk_err err = WK_ENOENT;
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
+    if (w != NULL) {
+        w->draining = draining;
+        err = WK_OK;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+bool
+ctl_sched_draining(ctl_sched *s, const char *worker)
+{
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
+    bool d = w != NULL && w->draining;
+    pthread_mutex_unlock(&s->mu);
+    return d;
 }
 
 void

@@ -161,6 +161,52 @@ void ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uin
 typedef wk_err (*ctl_sched_evict_fn)(void *arg);
 void ctl_sched_set_evictor(ctl_sched *s, ctl_sched_evict_fn fn, void *arg);
 
+/* One busy or allocated slot, for /admin/slots. */
+typedef struct ctl_slot_info {
+    ctl_slot_ref ref;        /* the slot */
+    bool running;            /* a job runs on it */
+    bool held;               /* the job runs on a caller-held slot (state op, chat turn) */
+    size_t tokens;           /* tokens fed so far (running jobs) */
+    uint64_t last_used_ms;   /* monotonic ms of the job's last token, 0 = none */
+} ctl_slot_info;
+
+/*
+ * Copies up to cap allocated slots into out; returns how many exist. Slots
+ * without a job are reported with running = false (held by the state cache
+ * or a caller).
+ */
+size_t ctl_sched_slots(ctl_sched *s, ctl_slot_info *out, size_t cap);
+
+/*
+ * Moves the bytes of src to dst (both allocated by the caller, src's job is
+ * paused). Returns WK_OK only when dst verifiably holds src's bytes.
+ */
+typedef wk_err (*ctl_sched_mover_fn)(void *arg, const ctl_slot_ref *src, const ctl_slot_ref *dst,
+                                     wk_diag *d);
+
+/*
+ * Live-migrates the running job on slot src to a fresh slot on worker to:
+ * the job is left out of steps from the next one on, its in-flight step
+ * finishes, mover copies and verifies the bytes, and on success the job's
+ * placement switches to the new slot (the old one is freed) before it is
+ * scheduled again; on any failure the new slot is freed and the job simply
+ * continues on src. WK_ENOENT (no running job there), WK_ESTATE (the job
+ * runs on a caller-held slot), WK_EBUSY (no free slot on to), WK_EINVAL
+ * (to is the same worker or unknown). *dst_out receives the new slot.
+ */
+WK_MUST_CHECK wk_err ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
+                                           ctl_sched_mover_fn mover, void *arg,
+                                           ctl_slot_ref *dst_out, wk_diag *d);
+
+/* Marks a worker as draining: no new admissions or allocations land there. */
+WK_MUST_CHECK wk_err ctl_sched_set_draining(ctl_sched *s, const char *worker, bool draining);
+
+/* True when the scheduler steps on worker. */
+bool ctl_sched_known(ctl_sched *s, const char *worker);
+
+/* True when worker exists and is draining. */
+bool ctl_sched_draining(ctl_sched *s, const char *worker);
+
 /* Workers the scheduler is stepping on (ready in the pool and picked up). */
 uint32_t ctl_sched_worker_count(ctl_sched *s);
 

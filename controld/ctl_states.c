@@ -100,6 +100,29 @@ ctl_states_fail(ctl_http_req *req, wk_err err, const wk_diag *d)
     ctl_http_send_error(req, err, d->msg[0] ? d->msg : wk_strerror(err), NULL);
 }
 
+/*
+ * The per-user state quota: WK_EQUOTA (429 quota_exceeded) when owner
+ * already stores max_states_per_user versions or adding more would pass it.
+ * A check, not a reservation: concurrent creations by one user may overshoot
+ * by at most the number of them in flight.
+ */
+static wk_err
+ctl_states_quota(ctl_app *app, const char *owner, uint64_t adding, wk_diag *d)
+{
+    if (app->max_states_per_user == 0)
+        return WK_OK;
+    uint64_t n = 0;
+    wk_err err = ctl_store_state_count(app->store, owner, &n, d);
+    if (err != WK_OK)
+        return err;
+    if (n + adding <= app->max_states_per_user)
+        return WK_OK;
+    ctl_metrics_add(app->metrics, "wkvm_quota_refusals_total", "limit=\"states\"", 1);
+    return wk_diag_set(d, WK_EQUOTA, "state quota exceeded: %llu state versions stored, the "
+                       "limit is %llu per user; delete some first", (unsigned long long)n,
+                       (unsigned long long)app->max_states_per_user);
+}
+
 /* Feeds n tokens into a held slot (fresh: zeroed first); waits until done. */
 static wk_err
 ctl_states_prefill(ctl_app *app, const ctl_slot_ref *slot, const int32_t *tokens, size_t n,
@@ -242,7 +265,9 @@ ctl_states_create(ctl_http_req *req, ctl_app *app)
     }
     if (!ctl_states_tokens(req, app, body, true, &ids, &n))
         goto out;
-    wk_err err = ctl_vm_slot_get(app->vm, NULL, &slot, &d);
+    wk_err err = ctl_states_quota(app, ctl_http_req_user(req), 1, &d);
+    if (err == WK_OK)
+        err = ctl_vm_slot_get(app->vm, NULL, &slot, &d);
     if (err == WK_OK) {
         have_slot = true;
         err = ctl_states_prefill(app, &slot, ids, n - 1, true, &d);
@@ -340,6 +365,10 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
         goto out;
     }
     g.save_as = save_as;
+    if (save_as != NULL && (err = ctl_states_quota(app, g.owner, 1, &d)) != WK_OK) {
+        ctl_states_fail(req, err, &d);
+        goto out;
+    }
     if (!ctl_states_tokens(req, app, body, false, &q, &nq))
         goto out;
     json_object_del(body, "prompt");
@@ -422,6 +451,10 @@ ctl_states_fork(ctl_http_req *req, ctl_app *app, const char *ref, bool snapshot)
     }
     if (src.blob[0] == '\0' || src.damaged) {
         ctl_http_send_error(req, WK_ESTATE, "the source state's bytes are damaged", NULL);
+        goto out;
+    }
+    if ((err = ctl_states_quota(app, owner, (uint64_t)count, &d)) != WK_OK) {
+        ctl_states_fail(req, err, &d);
         goto out;
     }
     json_t *arr = json_array();
@@ -605,6 +638,8 @@ ctl_states_import(ctl_http_req *req, ctl_app *app)
     } else if (slen != v.state_bytes || h.n_tokens == 0) {
         ctl_http_send_error(req, WK_EINVAL, "the state file's size does not fit this model",
                             NULL);
+    } else if ((err = ctl_states_quota(app, ctl_http_req_user(req), 1, &d)) != WK_OK) {
+        ctl_states_fail(req, err, &d);
     } else {
         snprintf(st.owner, sizeof(st.owner), "%s", ctl_http_req_user(req));
         snprintf(st.name, sizeof(st.name), "%s", name);
@@ -725,7 +760,9 @@ ctl_states_rollback(ctl_http_req *req, ctl_app *app, const char *ref)
     wk_diag d = {{0}};
     uint64_t version = 0;
     const char *owner = ctl_http_req_user(req);
-    wk_err err = ctl_store_state_rollback(app->store, owner, ref, 0, &version, &d);
+    wk_err err = ctl_states_quota(app, owner, 1, &d);
+    if (err == WK_OK)
+        err = ctl_store_state_rollback(app->store, owner, ref, 0, &version, &d);
     ctl_store_state st;
     memset(&st, 0, sizeof(st));
     if (err == WK_OK) {
@@ -754,12 +791,16 @@ ctl_states_route(ctl_http_req *req, void *arg)
     const char *m = ctl_http_req_method(req);
     bool get = strcmp(m, "GET") == 0, post = strcmp(m, "POST") == 0;
     if (*path == '\0' || strcmp(path, "/") == 0) {
-        if (get)
+        if (get) {
             ctl_states_list(req, app, ctl_http_req_user(req), NULL);
-        else if (post)
+        } else if (post) {
+            if (!ctl_app_user_enter(req, app))
+                return;
             ctl_states_create(req, app);
-        else
+            ctl_app_user_leave(req, app);
+        } else {
             ctl_http_send_error_status(req, 405, WK_EINVAL, "use GET or POST", NULL);
+        }
         return;
     }
     if (*path != '/') {
@@ -808,8 +849,11 @@ ctl_states_route(ctl_http_req *req, void *arg)
         ctl_states_get_one(req, app, ref);
     else if (strcmp(action, "") == 0)
         ctl_states_delete(req, app, ref);
-    else if (strcmp(action, "generate") == 0)
+    else if (strcmp(action, "generate") == 0 && ctl_app_user_enter(req, app)) {
         ctl_states_generate(req, app, ref);
+        ctl_app_user_leave(req, app);
+    } else if (strcmp(action, "generate") == 0)
+        return; /* refused by the per-user limit (answered) */
     else if (strcmp(action, "fork") == 0)
         ctl_states_fork(req, app, ref, false);
     else if (strcmp(action, "snapshot") == 0)

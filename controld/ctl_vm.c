@@ -13,6 +13,7 @@
 
 #include "wk_log.h"
 #include "wk_proto.h"
+#include "wk_sha256.h"
 
 #define CTL_VM_KEY_MAX 160
 #define CTL_VM_RPC_MS 60000
@@ -404,6 +405,132 @@ ctl_vm_counts(ctl_vm *vm, uint32_t *clean, uint32_t *dirty)
             (*clean)++;
     }
     pthread_mutex_unlock(&vm->mu);
+}
+
+wk_err
+ctl_vm_transfer(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst,
+                uint64_t *bytes_moved, wk_diag *d)
+{
+    void *bytes = NULL;
+    size_t len = 0;
+    wk_err err = ctl_vm_slot_read(vm, src, &bytes, &len, d);
+    if (err == WK_OK)
+        err = ctl_vm_slot_write(vm, dst, bytes, len, d);
+    char want[WK_SHA256_HEX_LEN];
+    if (err == WK_OK)
+        wk_sha256_hex(bytes, len, want);
+    free(bytes);
+    if (err != WK_OK)
+        return err;
+    Wkvm__MigrateRecv mr = WKVM__MIGRATE_RECV__INIT;
+    mr.migration_id = "";
+    mr.slot = dst->slot;
+    wk_msg req = WKVM__ENVELOPE__INIT;
+    req.kind = WKVM__KIND__MIGRATE_RECV;
+    req.payload_case = WKVM__ENVELOPE__PAYLOAD_MIGRATE_RECV;
+    req.migrate_recv = &mr;
+    wk_msg *rep = NULL;
+    err = ctl_vm_call(vm, dst->worker, &req, &rep, d);
+    if (err == WK_OK && strcmp(rep->detail, want) != 0)
+        err = wk_diag_set(d, WK_ECORRUPT, "destination checksum %.16s... differs from the "
+                          "source's %.16s...", rep->detail, want);
+    wk_proto_free(rep);
+    if (err == WK_OK && bytes_moved != NULL)
+        *bytes_moved = len;
+    return err;
+}
+
+static ctl_vm_entry *
+ctl_vm_find_slot_locked(ctl_vm *vm, const ctl_slot_ref *ref)
+{
+    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
+        if (strcmp(e->slot.worker, ref->worker) == 0 && e->slot.slot == ref->slot &&
+            e->slot.gen == ref->gen)
+            return e;
+    }
+    return NULL;
+}
+
+wk_err
+ctl_vm_move(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_slot_ref *dst_out,
+            uint64_t *bytes_moved, wk_diag *d)
+{
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *e = ctl_vm_find_slot_locked(vm, src);
+    wk_err err = e == NULL ? WK_ENOENT : e->taken ? WK_EBUSY : WK_OK;
+    if (err == WK_OK)
+        e->taken = true;
+    pthread_mutex_unlock(&vm->mu);
+    if (err != WK_OK)
+        return wk_diag_set(d, err, "%s:%u holds no parked state", src->worker, src->slot);
+    ctl_slot_ref dst;
+    err = ctl_sched_slot_alloc(vm->sched, to, &dst, NULL);
+    if (err != WK_OK) {
+        err = wk_diag_set(d, ctl_sched_known(vm->sched, to) ? WK_EBUSY : WK_EINVAL,
+                          ctl_sched_known(vm->sched, to) ? "no free slot on worker %s"
+                                                         : "no worker %s",
+                          to);
+    } else {
+        err = ctl_vm_transfer(vm, src, &dst, bytes_moved, d);
+        if (err != WK_OK)
+            (void)ctl_sched_slot_free(vm->sched, &dst);
+    }
+    pthread_mutex_lock(&vm->mu);
+    e = ctl_vm_find_slot_locked(vm, src);
+    if (e != NULL) {
+        e->taken = false;
+        if (err == WK_OK)
+            e->slot = dst;
+    }
+    pthread_mutex_unlock(&vm->mu);
+    if (err == WK_OK) {
+        (void)ctl_sched_slot_free(vm->sched, src);
+        *dst_out = dst;
+    }
+    return err;
+}
+
+wk_err
+ctl_vm_evict_slot(ctl_vm *vm, const ctl_slot_ref *ref)
+{
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *e = ctl_vm_find_slot_locked(vm, ref);
+    wk_err err = e == NULL ? WK_ENOENT : e->taken ? WK_EBUSY : WK_OK;
+    if (err == WK_OK)
+        ctl_vm_unlink_locked(vm, e);
+    pthread_mutex_unlock(&vm->mu);
+    if (err == WK_OK)
+        (void)ctl_vm_retire(vm, e, true);
+    return err;
+}
+
+size_t
+ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t cap)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&vm->mu);
+    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
+        if (strcmp(e->slot.worker, worker) != 0)
+            continue;
+        if (n < cap)
+            out[n] = e->slot;
+        n++;
+    }
+    pthread_mutex_unlock(&vm->mu);
+    return n;
+}
+
+bool
+ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age)
+{
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *e = ctl_vm_find_slot_locked(vm, ref);
+    if (e != NULL) {
+        *dirty = e->dirty;
+        *age = vm->clock - e->used;
+    }
+    pthread_mutex_unlock(&vm->mu);
+    return e != NULL;
 }
 
 void

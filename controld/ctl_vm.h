@@ -91,6 +91,32 @@ bool ctl_vm_cached(ctl_vm *vm, const char *key);
 /* Entries by kind, for metrics: clean (state cache) and dirty (sessions). */
 void ctl_vm_counts(ctl_vm *vm, uint32_t *clean, uint32_t *dirty);
 
+/*
+ * Copies src's bytes into dst and has the destination worker confirm them
+ * (MIGRATE_RECV: SHA-256 of its slot, compared with the bytes read from the
+ * source). Moves *bytes_moved. WK_ECORRUPT on a checksum mismatch.
+ */
+WK_MUST_CHECK wk_err ctl_vm_transfer(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst,
+                                     uint64_t *bytes_moved, wk_diag *d);
+
+/*
+ * Moves the cache entry held in slot src to a new slot on worker to
+ * (transfer + verify, then the entry points at the new slot and the old one
+ * is freed). WK_ENOENT when src holds no cache entry, WK_EBUSY when it is in
+ * use or to has no free slot, WK_EINVAL when to is unknown. *dst_out receives the new slot.
+ */
+WK_MUST_CHECK wk_err ctl_vm_move(ctl_vm *vm, const ctl_slot_ref *src, const char *to,
+                                 ctl_slot_ref *dst_out, uint64_t *bytes_moved, wk_diag *d);
+
+/* Slots of the cache entries on worker (cap entries); returns the count. */
+size_t ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t cap);
+
+/* Describes the entry in slot ref: dirty (session) or clean (state); false when none. */
+bool ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age);
+
+/* Evicts the entry in slot ref (spilled first when dirty). WK_ENOENT / WK_EBUSY. */
+wk_err ctl_vm_evict_slot(ctl_vm *vm, const ctl_slot_ref *ref);
+
 /* Spills every dirty entry (shutdown). */
 void ctl_vm_flush(ctl_vm *vm);
 

@@ -34,6 +34,18 @@ static const wk_cfg_opt ctl_opts[] = {
     {"api-keys", WK_CFG_STR, NULL, 0, 0, "file of 'KEY USER [admin]' lines"},
     {"http-threads", WK_CFG_U64, "32", 2, 1024, "HTTP request threads"},
     {"max-body", WK_CFG_U64, "16777216", 1024, 1073741824, "largest request body in bytes"},
+    {"max-header-bytes", WK_CFG_U64, "16384", 1024, 1048576,
+     "largest request line + headers in bytes (larger: 413, connection closed)"},
+    {"http-timeout-ms", WK_CFG_U64, "60000", 1000, 86400000,
+     "HTTP socket timeout: reading a request's headers, one body read or response write"},
+    {"max-messages", WK_CFG_U64, "4096", 1, 1000000, "most chat messages in one request"},
+    {"max-message-bytes", WK_CFG_U64, "4194304", 1, 1073741824,
+     "most content bytes in one chat message"},
+    {"max-stop-bytes", WK_CFG_U64, "256", 1, 65536, "longest stop string in bytes"},
+    {"max-states-per-user", WK_CFG_U64, "10000", 0, 1000000000,
+     "most state versions one user may store (0: no limit; over: 429 quota_exceeded)"},
+    {"max-concurrent-per-user", WK_CFG_U64, "64", 0, 1000000,
+     "generation requests one user may run at once (0: no limit; over: 429 quota_exceeded)"},
     {"served-model-name", WK_CFG_STR, NULL, 0, 0, "model id in the API (default: model dir name)"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default MODEL/rwkv_vocab_v20230424.txt)"},
     {"step-tokens", WK_CFG_U64, "512", 1, 65536, "token budget of one step per worker"},
@@ -51,9 +63,10 @@ static const wk_cfg_opt ctl_opts[] = {
 #define CTL_NOPTS (sizeof(ctl_opts) / sizeof(ctl_opts[0]))
 
 static wk_err
-ctl_auth_cb(const char *authorization, const char **user, bool *admin, void *arg)
+ctl_auth_cb(const char *authorization, const char *api_key, const char **user, bool *admin,
+            void *arg)
 {
-    return ctl_auth_check(arg, authorization, user, admin);
+    return ctl_auth_check(arg, authorization, api_key, user, admin);
 }
 
 static wk_err
@@ -169,6 +182,15 @@ main(int argc, char **argv)
     app.max_tokens_limit = (uint32_t)wk_cfg_get_u64(cfg, "max-tokens-limit");
     app.max_prompt_tokens = (uint32_t)wk_cfg_get_u64(cfg, "max-prompt-tokens");
     app.request_timeout_ms = wk_cfg_get_u64(cfg, "request-timeout-ms");
+    app.max_messages = (uint32_t)wk_cfg_get_u64(cfg, "max-messages");
+    app.max_message_bytes = wk_cfg_get_u64(cfg, "max-message-bytes");
+    app.max_stop_bytes = (uint32_t)wk_cfg_get_u64(cfg, "max-stop-bytes");
+    app.max_states_per_user = wk_cfg_get_u64(cfg, "max-states-per-user");
+    if (ctl_limits_new((uint32_t)wk_cfg_get_u64(cfg, "max-concurrent-per-user"), &app.limits) !=
+        WK_OK) {
+        fprintf(stderr, "wkvm-controld: out of memory\n");
+        goto out;
+    }
     char model_name[256] = "";
     if (app.model_dir != NULL) {
         char vocab[4200];
@@ -194,7 +216,8 @@ main(int argc, char **argv)
     }
     if (app.metrics == NULL || ctl_admin_metrics_declare(app.metrics) != WK_OK ||
         ctl_openai_metrics_declare(app.metrics) != WK_OK ||
-        ctl_chat_metrics_declare(app.metrics) != WK_OK) {
+        ctl_chat_metrics_declare(app.metrics) != WK_OK ||
+        ctl_migrate_metrics_declare(app.metrics) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
@@ -241,13 +264,15 @@ main(int argc, char **argv)
     if (app.tok != NULL) {
         nr += ctl_openai_routes(&app, routes + nr, 64 - nr);
         nr += ctl_states_routes(&app, routes + nr, 64 - nr);
+        nr += ctl_migrate_routes(&app, routes + nr, 64 - nr);
     }
     ctl_http_config hc = {
         .host = host,
         .port = (unsigned)wk_cfg_get_u64(cfg, "port"),
         .threads = (unsigned)wk_cfg_get_u64(cfg, "http-threads"),
         .max_body = (size_t)wk_cfg_get_u64(cfg, "max-body"),
-        .timeout_ms = 600000,
+        .timeout_ms = (unsigned)wk_cfg_get_u64(cfg, "http-timeout-ms"),
+        .max_header = (size_t)wk_cfg_get_u64(cfg, "max-header-bytes"),
         .auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL,
         .auth_arg = auth,
     };
@@ -274,6 +299,7 @@ out:
     ctl_pool_free(app.pool);
     wk_tok_free(app.tok);
     ctl_metrics_free(app.metrics);
+    ctl_limits_free(app.limits);
     ctl_auth_free(auth);
     wk_cfg_free(cfg);
     return rc;

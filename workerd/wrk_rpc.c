@@ -21,6 +21,7 @@
 
 #include "wk_log.h"
 #include "wk_proto.h"
+#include "wk_sha256.h"
 #include "wrk_sample.h"
 
 struct wrk_worker {
@@ -362,6 +363,46 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
     free(buf);
 }
 
+/*
+ * MIGRATE_RECV: the destination's verification of a migrated slot. Replies
+ * ACK with the hex SHA-256 of the slot's bytes in detail (the controller
+ * compares it with the source's before it commits).
+ */
+static void
+wrk_handle_migrate_recv(wrk_worker *w, const wk_msg *req)
+{
+    uint32_t slot = req->migrate_recv->slot;
+    if (w->be == NULL || !wrk_slot_ok(w, slot)) {
+        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_EINVAL, "bad slot");
+        return;
+    }
+    uint64_t total = w->cfg.backend->slot_bytes(w->be);
+    wk_sha256 h;
+    if (wk_sha256_init(&h) != WK_OK) {
+        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_ENOMEM, "out of memory");
+        return;
+    }
+    uint8_t *buf = malloc(WK_PROTO_CHUNK_MAX);
+    wk_err err = buf ? WK_OK : WK_ENOMEM;
+    for (uint64_t off = 0; err == WK_OK && off < total; off += WK_PROTO_CHUNK_MAX) {
+        size_t n = total - off < WK_PROTO_CHUNK_MAX ? (size_t)(total - off) : WK_PROTO_CHUNK_MAX;
+        err = w->cfg.backend->slot_read(w->be, slot, off, buf, n);
+        if (err == WK_OK)
+            wk_sha256_update(&h, buf, n);
+    }
+    free(buf);
+    if (err != WK_OK) {
+        wk_sha256_fini(&h);
+        wrk_reply_status(w, req, WKVM__KIND__ACK, err, "slot read failed");
+        return;
+    }
+    uint8_t dg[WK_SHA256_LEN];
+    char hex[WK_SHA256_HEX_LEN];
+    wk_sha256_final(&h, dg);
+    wk_sha256_to_hex(dg, hex);
+    wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, hex);
+}
+
 static void
 wrk_handle_step(wrk_worker *w, const wk_msg *req)
 {
@@ -594,6 +635,9 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
             break;
         case WKVM__KIND__STEP:
             wrk_handle_step(w, m);
+            break;
+        case WKVM__KIND__MIGRATE_RECV:
+            wrk_handle_migrate_recv(w, m);
             break;
         case WKVM__KIND__SHUTDOWN:
             wrk_reply_status(w, m, WKVM__KIND__ACK, WK_OK, "");

@@ -1,0 +1,372 @@
+/*
+ * ctl_migrate: live migration and the slot-level admin API.
+ *
+ *   GET  /admin/slots                      every allocated slot: running, parked or held
+ *   POST /admin/slots/{worker}:{slot}/migrate {"to": "w1"}
+ *   POST /admin/slots/{worker}:{slot}/evict  (parked only: spilled, slot freed)
+ *   POST /admin/workers/{id}/drain         {"undrain": false}
+ *
+ * A migration is prepare (reserve a slot on the destination), transfer
+ * (chunked SlotRead from the source, SlotWrite to the destination, relayed
+ * by the controller over NNG), verify (the destination hashes what it holds,
+ * MIGRATE_RECV, compared with the source bytes), commit (the request's or
+ * the cache entry's placement switches), release (the source slot is
+ * freed). The source is untouched until commit, so any failure before it
+ * leaves the request running on the source. A running request is left out
+ * of the steps while its bytes move and rejoins on the destination.
+ * GPU-to-GPU NCCL transfer is not built (no CUDA step yet); every migration
+ * uses the NNG transport, as the response and the metrics say.
+ */
+#define WK_LOG_MODULE "migrate"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctl_app.h"
+#include "ctl_openai.h"
+#include "wk_json.h"
+#include "wk_log.h"
+
+#define CTL_MIG_SLOTS_MAX 4096
+
+static double
+ctl_mig_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct ctl_mig_ctx {
+    ctl_app *app;          /* app */
+    uint64_t bytes;        /* bytes moved */
+    double transfer_s;     /* seconds in transfer + verify */
+} ctl_mig_ctx;
+
+static wk_err
+ctl_mig_mover(void *arg, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_diag *d)
+{
+    ctl_mig_ctx *m = arg;
+    double t0 = ctl_mig_now();
+    wk_err err = ctl_vm_transfer(m->app->vm, src, dst, &m->bytes, d);
+    m->transfer_s = ctl_mig_now() - t0;
+    return err;
+}
+
+/* Current allocation of worker:slot, from the scheduler. */
+static bool
+ctl_mig_lookup(ctl_app *app, const char *worker, uint32_t slot, ctl_slot_info *out)
+{
+    ctl_slot_info *all = calloc(CTL_MIG_SLOTS_MAX, sizeof(*all));
+    if (all == NULL)
+        return false;
+    size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
+    bool found = false;
+    for (size_t i = 0; i < n && i < CTL_MIG_SLOTS_MAX; i++) {
+        if (strcmp(all[i].ref.worker, worker) == 0 && all[i].ref.slot == slot) {
+            *out = all[i];
+            found = true;
+            break;
+        }
+    }
+    free(all);
+    return found;
+}
+
+static void
+ctl_mig_count(ctl_app *app, const char *result, double secs, uint64_t bytes)
+{
+    char lb[96];
+    snprintf(lb, sizeof(lb), "result=\"%s\",transport=\"nng\"", result);
+    ctl_metrics_add(app->metrics, "wkvm_migrations_total", lb, 1);
+    if (strcmp(result, "committed") == 0) {
+        ctl_metrics_observe(app->metrics, "wkvm_migration_seconds", NULL, secs);
+        ctl_metrics_add(app->metrics, "wkvm_migration_bytes_total", NULL, (double)bytes);
+    }
+}
+
+/* Migrates one slot; fills *out (a JSON report) on success or failure. */
+static wk_err
+ctl_mig_one(ctl_app *app, const ctl_slot_info *info, const char *to, json_t **out, wk_diag *d)
+{
+    ctl_mig_ctx m = {.app = app};
+    ctl_slot_ref dst;
+    memset(&dst, 0, sizeof(dst));
+    double t0 = ctl_mig_now();
+    wk_err err;
+    const char *kind;
+    if (info->running) {
+        kind = "running";
+        err = ctl_sched_migrate_job(app->sched, &info->ref, to, ctl_mig_mover, &m, &dst, d);
+    } else {
+        kind = "parked";
+        double t1 = ctl_mig_now();
+        err = ctl_vm_move(app->vm, &info->ref, to, &dst, &m.bytes, d);
+        m.transfer_s = ctl_mig_now() - t1;
+    }
+    double total = ctl_mig_now() - t0;
+    ctl_mig_count(app, err == WK_OK ? "committed" : "aborted", total, m.bytes);
+    char from[96], dest[96];
+    snprintf(from, sizeof(from), "%s:%u", info->ref.worker, info->ref.slot);
+    snprintf(dest, sizeof(dest), "%s:%u", dst.worker, dst.slot);
+    *out = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:{s:f, s:f}}", "result",
+                     err == WK_OK ? "committed" : "aborted", "kind", kind, "from", from, "to",
+                     err == WK_OK ? dest : to, "transport", "nng", "bytes", (json_int_t)m.bytes,
+                     "seconds", "transfer", m.transfer_s, "total", total);
+    if (err != WK_OK && *out != NULL)
+        json_object_set_new(*out, "error", json_string(d->msg));
+    wk_log_info("migration %s kind=%s from=%s to=%s bytes=%llu ms=%.2f%s%s",
+                err == WK_OK ? "committed" : "aborted", kind, from, to,
+                (unsigned long long)m.bytes, total * 1000.0, err == WK_OK ? "" : " error=",
+                err == WK_OK ? "" : d->msg);
+    return err;
+}
+
+static void
+ctl_mig_slots(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    ctl_slot_info *all = calloc(CTL_MIG_SLOTS_MAX, sizeof(*all));
+    if (all == NULL) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        return;
+    }
+    size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n && i < CTL_MIG_SLOTS_MAX; i++) {
+        bool dirty = false;
+        uint64_t age = 0;
+        bool cached = ctl_vm_describe(app->vm, &all[i].ref, &dirty, &age);
+        const char *state = all[i].running ? "running" : cached ? "parked" : "idle";
+        const char *what = all[i].running ? (all[i].held ? "state-op" : "request")
+                           : cached      ? (dirty ? "session" : "state")
+                                         : "reserved";
+        char id[96];
+        snprintf(id, sizeof(id), "%s:%u", all[i].ref.worker, all[i].ref.slot);
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:i, s:s, s:s, s:I, s:s, s:b}", "id",
+                                             id, "worker", all[i].ref.worker, "slot",
+                                             (int)all[i].ref.slot, "state", state, "holds",
+                                             what, "tokens", (json_int_t)all[i].tokens, "tier",
+                                             "hot", "draining",
+                                             ctl_sched_draining(app->sched, all[i].ref.worker)));
+    }
+    free(all);
+    ctl_http_send_json(req, 200, json_pack("{s:o}", "slots", arr));
+}
+
+static bool
+ctl_mig_parse_slot(const char *s, char *worker, size_t cap, uint32_t *slot)
+{
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || colon == s || (size_t)(colon - s) >= cap)
+        return false;
+    char *end = NULL;
+    unsigned long v = strtoul(colon + 1, &end, 10);
+    if (end == colon + 1 || *end != '\0' || v == 0 || v > 1000000)
+        return false;
+    snprintf(worker, cap, "%.*s", (int)(colon - s), s);
+    *slot = (uint32_t)v;
+    return true;
+}
+
+static void
+ctl_mig_slot_action(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    const char *path = ctl_http_req_path(req) + strlen("/admin/slots/");
+    const char *slash = strchr(path, '/');
+    char id[160], worker[96];
+    uint32_t slot = 0;
+    if (slash == NULL || (size_t)(slash - path) >= sizeof(id)) {
+        ctl_http_send_error(req, WK_ENOENT, "no such slot route", NULL);
+        return;
+    }
+    snprintf(id, sizeof(id), "%.*s", (int)(slash - path), path);
+    const char *action = slash + 1;
+    if (!ctl_mig_parse_slot(id, worker, sizeof(worker), &slot)) {
+        ctl_http_send_error(req, WK_EINVAL, "slot ids look like WORKER:SLOT (e.g. w0:3)", NULL);
+        return;
+    }
+    ctl_slot_info info;
+    if (!ctl_mig_lookup(app, worker, slot, &info)) {
+        ctl_http_send_error(req, WK_ENOENT, "that slot is not allocated", NULL);
+        return;
+    }
+    wk_diag d = {{0}};
+    if (strcmp(action, "evict") == 0) {
+        bool dirty = false;
+        uint64_t age = 0;
+        if (info.running || !ctl_vm_describe(app->vm, &info.ref, &dirty, &age)) {
+            ctl_http_send_error(req, WK_ESTATE, "only parked slots can be evicted", NULL);
+            return;
+        }
+        wk_err err = ctl_vm_evict_slot(app->vm, &info.ref);
+        if (err != WK_OK)
+            ctl_http_send_error(req, err, "the slot could not be evicted", NULL);
+        else
+            ctl_http_send_json(req, 200, json_pack("{s:s, s:s}", "id", id, "result", "evicted"));
+        return;
+    }
+    if (strcmp(action, "migrate") != 0) {
+        ctl_http_send_error(req, WK_ENOENT, "no such slot action (migrate, evict)", NULL);
+        return;
+    }
+    json_t *body = ctl_oa_body(req);
+    if (body == NULL)
+        return;
+    const char *to = NULL;
+    if (wk_json_get_str(body, "to", true, NULL, 64, &to, &d) != WK_OK) {
+        ctl_http_send_error(req, WK_EINVAL, d.msg, "to");
+        json_decref(body);
+        return;
+    }
+    json_t *report = NULL;
+    wk_err err = ctl_mig_one(app, &info, to, &report, &d);
+    if (err != WK_OK) {
+        json_decref(report);
+        ctl_http_send_error(req, err, d.msg, err == WK_EINVAL || err == WK_ENOSPC ? "to" : NULL);
+    } else {
+        ctl_http_send_json(req, 200, report);
+    }
+    json_decref(body);
+}
+
+/* Picks a destination other than from with a free slot; "" when none. */
+static void
+ctl_mig_pick(ctl_app *app, const char *from, char *out, size_t cap)
+{
+    out[0] = '\0';
+    ctl_worker_view *v = calloc(64, sizeof(*v));
+    if (v == NULL)
+        return;
+    size_t n = ctl_pool_list(app->pool, v, 64);
+    uint32_t best_free = 0;
+    for (size_t i = 0; i < n && i < 64; i++) {
+        if (strcmp(v[i].id, from) == 0 || !ctl_sched_known(app->sched, v[i].id) ||
+            ctl_sched_draining(app->sched, v[i].id))
+            continue;
+        uint32_t used = 0, total = 0;
+        ctl_sched_slot_counts(app->sched, v[i].id, &used, &total);
+        if (total > used && total - used > best_free) {
+            best_free = total - used;
+            snprintf(out, cap, "%s", v[i].id);
+        }
+    }
+    free(v);
+}
+
+static void
+ctl_mig_drain(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    const char *path = ctl_http_req_path(req) + strlen("/admin/workers/");
+    const char *slash = strchr(path, '/');
+    char worker[96];
+    if (slash == NULL || strcmp(slash, "/drain") != 0 || (size_t)(slash - path) >= sizeof(worker)) {
+        ctl_http_send_error(req, WK_ENOENT, "no such worker route (drain)", NULL);
+        return;
+    }
+    snprintf(worker, sizeof(worker), "%.*s", (int)(slash - path), path);
+    bool undrain = false;
+    const char *buf;
+    size_t len;
+    if (ctl_http_req_body(req, &buf, &len) == WK_OK && len > 0) {
+        json_t *body = ctl_oa_body(req);
+        if (body == NULL)
+            return;
+        wk_diag d = {{0}};
+        if (wk_json_get_bool(body, "undrain", false, &undrain, &d) != WK_OK) {
+            json_decref(body);
+            ctl_http_send_error(req, WK_EINVAL, d.msg, "undrain");
+            return;
+        }
+        json_decref(body);
+    }
+    if (ctl_sched_set_draining(app->sched, worker, !undrain) != WK_OK) {
+        ctl_http_send_error(req, WK_ENOENT, "no such worker", NULL);
+        return;
+    }
+    if (undrain) {
+        ctl_http_send_json(req, 200, json_pack("{s:s, s:b}", "worker", worker, "draining", 0));
+        return;
+    }
+    json_t *moved = json_array();
+    size_t failed = 0, remaining = 0;
+    ctl_slot_info *all = calloc(CTL_MIG_SLOTS_MAX, sizeof(*all));
+    for (int round = 0; all != NULL && round < 600; round++) {
+        size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
+        remaining = 0;
+        bool progress = false, waiting = false;
+        for (size_t i = 0; i < n && i < CTL_MIG_SLOTS_MAX; i++) {
+            if (strcmp(all[i].ref.worker, worker) != 0)
+                continue;
+            bool dirty = false;
+            uint64_t age = 0;
+            bool parked = !all[i].running && ctl_vm_describe(app->vm, &all[i].ref, &dirty, &age);
+            if (all[i].held || (!all[i].running && !parked)) {
+                waiting = true; /* a state operation or chat turn: it ends soon */
+                remaining++;
+                continue;
+            }
+            char to[96];
+            ctl_mig_pick(app, worker, to, sizeof(to));
+            if (to[0] == '\0') {
+                remaining++;
+                continue;
+            }
+            json_t *rep = NULL;
+            wk_diag d = {{0}};
+            if (ctl_mig_one(app, &all[i], to, &rep, &d) == WK_OK)
+                progress = true;
+            else
+                failed++;
+            if (rep != NULL)
+                json_array_append_new(moved, rep);
+        }
+        if (remaining == 0 || (!progress && !waiting))
+            break;
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    free(all);
+    int status = remaining == 0 ? 200 : 409;
+    ctl_http_send_json(req, status,
+                       json_pack("{s:s, s:b, s:o, s:I, s:I}", "worker", worker, "draining", 1,
+                                 "migrations", moved, "failed", (json_int_t)failed, "remaining",
+                                 (json_int_t)remaining));
+}
+
+wk_err
+ctl_migrate_metrics_declare(ctl_metrics *m)
+{
+    static const double secs[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                  0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+    wk_err err = ctl_metrics_declare(m, "wkvm_migrations_total", CTL_METRIC_COUNTER,
+                                     "Slot migrations by result and transport.", NULL, 0);
+    if (err == WK_OK)
+        err = ctl_metrics_declare(m, "wkvm_migration_seconds", CTL_METRIC_HISTOGRAM,
+                                  "Wall time of a committed migration.", secs,
+                                  sizeof(secs) / sizeof(secs[0]));
+    if (err == WK_OK)
+        err = ctl_metrics_declare(m, "wkvm_migration_bytes_total", CTL_METRIC_COUNTER,
+                                  "State bytes moved by committed migrations.", NULL, 0);
+    return err;
+}
+
+size_t
+ctl_migrate_routes(ctl_app *app, ctl_http_route *out, size_t cap)
+{
+    const ctl_http_route routes[] = {
+        {"GET", "/admin/slots", false, ctl_mig_slots, app, "/admin/slots",
+         CTL_HTTP_ACCESS_ADMIN},
+        {"POST", "/admin/slots/", true, ctl_mig_slot_action, app, "/admin/slots/{id}/{action}",
+         CTL_HTTP_ACCESS_ADMIN},
+        {"POST", "/admin/workers/", true, ctl_mig_drain, app, "/admin/workers/{id}/drain",
+         CTL_HTTP_ACCESS_ADMIN},
+    };
+    size_t n = sizeof(routes) / sizeof(routes[0]);
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = routes[i];
+    return n;
+}

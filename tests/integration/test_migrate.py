@@ -1,0 +1,146 @@
+"""Live migration between two CPU workers: a running stream moves mid-way and
+the client receives exactly the tokens of an unmigrated run; drain empties
+a worker; bad targets are refused clearly."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+from wkvm_harness import MKMODEL, Stack, run_tests  # noqa: E402
+
+TMP = tempfile.TemporaryDirectory(prefix="wkvm-migrate-")
+MODEL = os.path.join(TMP.name, "tiny")
+subprocess.run([MKMODEL, "--out", MODEL, "--layers", "2", "--embd", "64", "--head-size", "16",
+                "--ffn", "128", "--vocab", "512", "--seed", "5"], check=True,
+               capture_output=True, timeout=60)
+N = 4000  # long enough that the server blocks on the unread socket mid-stream
+
+
+def up(s):
+    s.start_controller()
+    s.start_worker("w0")
+    s.start_worker("w1")
+    s.wait(lambda: s.get("/ready").status == 200, "ready")
+
+
+def body(**samp):
+    b = {"model": "tiny", "prompt": [7, 8, 9, 10], "max_tokens": N, "ignore_eos": True,
+         "return_token_ids": True}
+    b.update(samp)
+    return b
+
+
+def open_stream(s, b):
+    req = urllib.request.Request(s.url + "/v1/completions", method="POST",
+                                 data=json.dumps(dict(b, stream=True)).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(req, timeout=120)
+
+
+def read_ids(stream):
+    ids = []
+    for line in stream:
+        line = line.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        assert "error" not in ev, ev
+        ids += ev["choices"][0].get("token_ids", [])
+    return ids
+
+
+def running_slot(s):
+    for sl in s.get("/admin/slots").json()["slots"]:
+        if sl["state"] == "running":
+            return sl
+    return None
+
+
+def test_migrate_running_stream():
+    with Stack(model=MODEL, slots=2, workers_expected=2) as s:
+        up(s)
+        for samp in (dict(temperature=0), dict(temperature=0.9, top_p=0.9, seed=77)):
+            want = s.post("/v1/completions", body=body(**samp)).json()["choices"][0]["token_ids"]
+            assert len(want) == N
+            st = open_stream(s, body(**samp))
+            head = [st.readline() for _ in range(4)]
+            assert all(h.startswith(b"data: ") or h == b"\n" for h in head), head
+            s.wait(lambda: running_slot(s) is not None, "a running slot")
+            time.sleep(0.5)  # the server fills the socket and waits for the reader
+            sl = running_slot(s)
+            src = sl["worker"]
+            dst = "w1" if src == "w0" else "w0"
+            r = s.post(f"/admin/slots/{sl['id']}/migrate", body={"to": dst})
+            assert r.status == 200, r.body
+            rep = r.json()
+            assert rep["result"] == "committed" and rep["to"].startswith(dst + ":"), rep
+            assert rep["transport"] == "nng" and rep["bytes"] > 0, rep
+            after = running_slot(s)
+            assert after is not None and after["worker"] == dst, after
+            ids = []
+            for h in head:
+                h = h.strip()
+                if h.startswith(b"data: ") and h != b"data: [DONE]":
+                    ids += json.loads(h[6:])["choices"][0].get("token_ids", [])
+            ids += read_ids(st)
+            assert ids == want, (samp, len(ids), len(want))
+        m = s.get("/metrics").body.decode()
+        assert 'wkvm_migrations_total{result="committed",transport="nng"} 2' in m, m[-2000:]
+
+
+def test_bad_targets_and_parked_and_drain():
+    with Stack(model=MODEL, slots=2, workers_expected=2) as s:
+        up(s)
+        st = open_stream(s, body(temperature=0))
+        st.readline()
+        s.wait(lambda: running_slot(s) is not None, "a running slot")
+        sl = running_slot(s)
+        r = s.post(f"/admin/slots/{sl['id']}/migrate", body={"to": "nope"})
+        assert r.status == 400 and r.json()["error"]["param"] == "to", r.body
+        r = s.post(f"/admin/slots/{sl['id']}/migrate", body={"to": sl["worker"]})
+        assert r.status == 400, r.body
+        r = s.post("/admin/slots/bogus/migrate", body={"to": "w1"})
+        assert r.status == 400
+        r = s.post("/admin/slots/w0:99/migrate", body={"to": "w1"})
+        assert r.status == 404
+        st.close()
+        s.wait(lambda: running_slot(s) is None, "stream cancelled")
+        # Parked states move too, and keep continuing exactly.
+        s.post("/v1/states", body={"name": "p", "prompt_ids": [3, 4, 5]})
+        parked = [x for x in s.get("/admin/slots").json()["slots"] if x["state"] == "parked"]
+        assert len(parked) == 1, parked
+        want = s.post("/v1/states/p@1/generate", body={"max_tokens": 8, "temperature": 0,
+                                                       "return_token_ids": True}).json()
+        other = "w1" if parked[0]["worker"] == "w0" else "w0"
+        r = s.post(f"/admin/slots/{parked[0]['id']}/migrate", body={"to": other})
+        assert r.status == 200 and r.json()["kind"] == "parked", r.body
+        got = s.post("/v1/states/p@1/generate", body={"max_tokens": 8, "temperature": 0,
+                                                      "return_token_ids": True}).json()
+        assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+        # Drain the worker holding the parked state and a running stream.
+        holder = [x for x in s.get("/admin/slots").json()["slots"] if x["state"] == "parked"]
+        victim = holder[0]["worker"]
+        full = s.post("/v1/completions", body=body(temperature=0)).json()["choices"][0]["token_ids"]
+        st = open_stream(s, body(temperature=0))
+        first = st.readline().strip()
+        head = json.loads(first[6:])["choices"][0].get("token_ids", [])
+        time.sleep(0.5)
+        r = s.post(f"/admin/workers/{victim}/drain")
+        assert r.status == 200 and r.json()["remaining"] == 0, r.body
+        assert not [x for x in s.get("/admin/slots").json()["slots"] if x["worker"] == victim]
+        assert head + read_ids(st) == full
+        # New work avoids the drained worker; undrain brings it back.
+        got = s.post("/v1/states/p@1/generate", body={"max_tokens": 8, "temperature": 0,
+                                                      "return_token_ids": True}).json()
+        assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+        assert s.post(f"/admin/workers/{victim}/drain", body={"undrain": True}).status == 200
+
+
+if __name__ == "__main__":
+    rc = run_tests([test_migrate_running_stream, test_bad_targets_and_parked_and_drain])
+    TMP.cleanup()
+    sys.exit(rc)
