@@ -24,6 +24,9 @@
 #define CTL_CHAT_REF_SPILLED "spilled"
 /* Spilled sessions are state records of this owner, named by the session key. */
 #define CTL_CHAT_OWNER "__sessions"
+/* Key prefix of a session's pre-reply snapshot (regenerate / edit the last turn). */
+#define CTL_CHAT_SNAP_PREFIX "p:"
+#define CTL_CHAT_SNAPKEY_SIZE (CTL_SESSION_KEY_SIZE + 2)
 
 /* Keys of sessions with a turn in progress. */
 static pthread_mutex_t ctl_chat_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -46,6 +49,10 @@ struct ctl_chat_turn {
     ctl_session_binding *prev;    /* the binding continued (HIT), owned */
     ctl_slot_ref slot;            /* the parked slot taken for a HIT */
     bool have_slot;               /* slot is held by this turn */
+    char snapkey[CTL_CHAT_SNAPKEY_SIZE]; /* "p:" + key */
+    ctl_slot_ref snap;            /* copy of the state before this turn (HIT) */
+    bool have_snap;               /* snap is held by this turn */
+    bool regen;                   /* continued from the pre-reply snapshot */
     bool committed;               /* on_done parked the new binding */
 };
 
@@ -110,11 +117,26 @@ ctl_chat_load(ctl_app *app, const char *key, bool *bad)
     return b;
 }
 
+/*
+ * The state-record name of a parked entry: the session key itself (64 hex),
+ * or for a pre-reply snapshot ("p:" + key) "p" + the key's first 63 digits.
+ */
+static void
+ctl_chat_record_name(const char *key, char out[CTL_STORE_NAME_MAX + 1])
+{
+    if (strncmp(key, CTL_CHAT_SNAP_PREFIX, 2) == 0)
+        snprintf(out, CTL_STORE_NAME_MAX + 1, "p%.63s", key + 2);
+    else
+        snprintf(out, CTL_STORE_NAME_MAX + 1, "%.64s", key);
+}
+
 /* Deletes the spilled copy of a session, if any. */
 static void
 ctl_chat_forget_spill(ctl_app *app, const char *key)
 {
-    wk_err err = ctl_store_state_delete(app->store, CTL_CHAT_OWNER, key, NULL, NULL);
+    char name[CTL_STORE_NAME_MAX + 1];
+    ctl_chat_record_name(key, name);
+    wk_err err = ctl_store_state_delete(app->store, CTL_CHAT_OWNER, name, NULL, NULL);
     if (err != WK_OK && err != WK_ENOENT)
         wk_log_warn("cannot delete spilled session key=%.16s: %s", key, wk_strerror(err));
 }
@@ -182,7 +204,7 @@ ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_dia
     ctl_store_state st;
     memset(&st, 0, sizeof(st));
     snprintf(st.owner, sizeof(st.owner), "%s", CTL_CHAT_OWNER);
-    snprintf(st.name, sizeof(st.name), "%s", key);
+    ctl_chat_record_name(key, st.name);
     snprintf(st.family, sizeof(st.family), "rwkv7");
     st.tokens = (int32_t *)ids;
     st.n_tokens = n;
@@ -258,6 +280,24 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
     if (err == WK_OK) {
         t->committed = true;
         t->have_slot = false;
+        /* The pre-reply snapshot of a regular hit becomes the regenerate point. */
+        if (t->have_snap && t->prev != NULL && !t->regen) {
+            wk_diag sd = {{0}};
+            ctl_session_binding *pcopy = NULL;
+            uint8_t *buf = NULL;
+            size_t blen = 0;
+            wk_err e2 = ctl_session_binding_encode(t->prev, &buf, &blen, &sd);
+            if (e2 == WK_OK)
+                e2 = ctl_session_binding_decode(buf, blen, &pcopy, &sd);
+            free(buf);
+            if (e2 == WK_OK)
+                e2 = ctl_chat_store(app, t->snapkey, pcopy, CTL_CHAT_REF_HOT, &sd);
+            if (e2 == WK_OK)
+                e2 = ctl_vm_put(app->vm, t->snapkey, &t->snap, true, &sd);
+            if (e2 == WK_OK)
+                t->have_snap = false;
+            ctl_session_binding_free(pcopy);
+        }
     } else {
         wk_log_warn("session not parked key=%.16s: %s", t->key, d.msg);
         (void)ctl_sched_slot_free(app->sched, &res->slot);
@@ -266,6 +306,43 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
     }
     ctl_session_binding_free(nb);
     free(gen);
+}
+
+/*
+ * Puts the parked state of cache key `key` (binding b) into *slot: moved
+ * out of the cache, or with copy, copied (the entry stays). Falls back to
+ * the spilled state record. False when the state is gone.
+ */
+static bool
+ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, bool copy,
+                 ctl_slot_ref *slot)
+{
+    if (!copy && ctl_vm_take(app->vm, key, slot) == WK_OK)
+        return true;
+    if (copy && ctl_vm_cached(app->vm, key) && ctl_vm_slot_get(app->vm, NULL, slot, NULL) == WK_OK) {
+        if (ctl_vm_load_into(app->vm, key, NULL, slot, NULL) == WK_OK)
+            return true;
+        (void)ctl_sched_slot_free(app->sched, slot);
+    }
+    size_t rl = 0;
+    const char *ref = ctl_session_binding_ref(b, &rl);
+    if (ref == NULL || rl != strlen(CTL_CHAT_REF_SPILLED) ||
+        memcmp(ref, CTL_CHAT_REF_SPILLED, rl) != 0)
+        return false;
+    char name[CTL_STORE_NAME_MAX + 1], fp[WK_SHA256_HEX_LEN] = "";
+    ctl_chat_record_name(key, name);
+    ctl_store_state sp;
+    memset(&sp, 0, sizeof(sp));
+    bool ok = false;
+    if (ctl_store_state_get(app->store, CTL_CHAT_OWNER, name, &sp, NULL) == WK_OK &&
+        ctl_chat_fingerprint(app, fp) == WK_OK && strcmp(fp, sp.fingerprint) == 0 &&
+        ctl_vm_slot_get(app->vm, NULL, slot, NULL) == WK_OK) {
+        ok = ctl_vm_load_into(app->vm, NULL, sp.blob, slot, NULL) == WK_OK;
+        if (!ok)
+            (void)ctl_sched_slot_free(app->sched, slot);
+    }
+    ctl_store_state_fini(&sp);
+    return ok;
 }
 
 bool
@@ -320,42 +397,60 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
         ctl_session_result_unavailable(&t->res);
     bool hit = t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
                t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
-    if (hit) {
-        /* Take the parked state: hot in the cache, or from its spilled blob. */
-        size_t rl = 0;
-        const char *ref = ctl_session_binding_ref(t->prev, &rl);
-        char refs[128] = "";
-        if (ref != NULL && rl < sizeof(refs))
-            snprintf(refs, sizeof(refs), "%.*s", (int)rl, ref);
-        wk_err err = ctl_vm_take(app->vm, t->key, &t->slot);
-        ctl_store_state sp;
-        memset(&sp, 0, sizeof(sp));
-        char fp[WK_SHA256_HEX_LEN] = "";
-        if (err == WK_OK) {
+    snprintf(t->snapkey, sizeof(t->snapkey), CTL_CHAT_SNAP_PREFIX "%s", t->key);
+    if (!hit && t->res.outcome == CTL_SESSION_OUTCOME_REJECTED &&
+        ctl_session_hdrs_mode(&t->hdrs) == CTL_SESSION_MODE_PARENT_TOKEN) {
+        /*
+         * A regenerate or an edit of the last user message continues from
+         * the state as it was before the last reply (the pre-reply snapshot),
+         * validated against the binding it had then.
+         */
+        bool pbad = false;
+        ctl_session_binding *pb = ctl_chat_load(app, t->snapkey, &pbad);
+        ctl_session_result r2;
+        if (pb != NULL && ctl_session_validate(&t->sreq, pb, &r2, NULL) == WK_OK &&
+            r2.outcome == CTL_SESSION_OUTCOME_HIT &&
+            ctl_chat_acquire(app, t->snapkey, pb, true, &t->slot)) {
             t->have_slot = true;
-        } else if (strcmp(refs, CTL_CHAT_REF_SPILLED) == 0 &&
-                   ctl_store_state_get(app->store, CTL_CHAT_OWNER, t->key, &sp, NULL) == WK_OK &&
-                   ctl_chat_fingerprint(app, fp) == WK_OK && strcmp(fp, sp.fingerprint) == 0 &&
-                   ctl_vm_slot_get(app->vm, NULL, &t->slot, NULL) == WK_OK) {
-            t->have_slot = true;
-            if (ctl_vm_load_into(app->vm, NULL, sp.blob, &t->slot, NULL) != WK_OK) {
-                (void)ctl_sched_slot_free(app->sched, &t->slot);
-                t->have_slot = false;
-            }
+            t->regen = true;
+            hit = true;
+            t->res = r2;
+            ctl_session_binding_free(t->prev);
+            t->prev = pb;
+            pb = NULL;
+            ctl_metrics_add(app->metrics, "wkvm_parent_bound_regenerate_hits_total", NULL, 1);
+            ctl_metrics_add(app->metrics, "wkvm_prefix_tokens_reused_total", NULL,
+                            (double)r2.reused_tokens);
         }
-        ctl_store_state_fini(&sp);
+        ctl_session_binding_free(pb);
+    }
+    if (hit && !t->regen) {
+        t->have_slot = ctl_chat_acquire(app, t->key, t->prev, false, &t->slot);
         if (!t->have_slot) {
             ctl_session_result_unavailable(&t->res);
             hit = false;
         }
     }
-    ctl_chat_count(app, &t->res);
+    if (hit) {
+        /* Keep the state before this turn's reply for a regenerate or an edit. */
+        if (ctl_vm_slot_get(app->vm, t->slot.worker, &t->snap, NULL) == WK_OK) {
+            t->have_snap = ctl_vm_copy(app->vm, &t->slot, &t->snap, NULL) == WK_OK;
+            if (!t->have_snap)
+                (void)ctl_sched_slot_free(app->sched, &t->snap);
+        }
+    }
+    if (!t->regen)
+        ctl_chat_count(app, &t->res);
     if (t->res.retire || !hit) {
         ctl_chat_retire(app, t->key);
+        if (t->res.outcome == CTL_SESSION_OUTCOME_FIRST)
+            ctl_chat_retire(app, t->snapkey);
         if (!hit) {
             ctl_session_binding_free(t->prev);
             t->prev = NULL;
         }
+    } else if (t->regen) {
+        ctl_chat_retire(app, t->key);
     }
     wk_log_debug("session key=%.16s outcome=%s reason=%s reused=%zu", t->key,
                  ctl_session_outcome_str(t->res.outcome), ctl_session_reason_str(t->res.reason),
@@ -416,9 +511,11 @@ ctl_chat_end(ctl_chat_turn *t)
         /* No committed turn: the parked state (if any was taken) moved on; retire it. */
         if (t->have_slot)
             (void)ctl_sched_slot_free(app->sched, &t->slot);
-        if (t->prev != NULL)
+        if (t->prev != NULL && !t->regen)
             ctl_chat_retire(app, t->key);
     }
+    if (t->have_snap)
+        (void)ctl_sched_slot_free(app->sched, &t->snap);
     ctl_session_binding_free(t->prev);
     free(t->full_prompt);
     free(t->delta);
@@ -440,6 +537,8 @@ ctl_chat_metrics_declare(ctl_metrics *m)
          "Follow-up turns with no parked session."},
         {"wkvm_parent_bound_continuation_rejections_total", CTL_METRIC_COUNTER,
          "Follow-up turns whose binding failed a check, by reason."},
+        {"wkvm_parent_bound_regenerate_hits_total", CTL_METRIC_COUNTER,
+         "Regenerates and last-message edits continued from the pre-reply snapshot."},
         {"wkvm_chat_exact_prefix_reuse_hits_total", CTL_METRIC_COUNTER,
          "Chat turns without the contract that continued by exact prefix."},
         {"wkvm_prefix_tokens_reused_total", CTL_METRIC_COUNTER,

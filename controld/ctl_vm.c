@@ -491,6 +491,12 @@ ctl_vm_move(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_slot_ref *d
 }
 
 wk_err
+ctl_vm_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_diag *d)
+{
+    return ctl_vm_slot_copy(vm, src, dst, d);
+}
+
+wk_err
 ctl_vm_evict_slot(ctl_vm *vm, const ctl_slot_ref *ref)
 {
     pthread_mutex_lock(&vm->mu);

@@ -114,6 +114,10 @@ size_t ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t
 /* Describes the entry in slot ref: dirty (session) or clean (state); false when none. */
 bool ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age);
 
+/* Copies the bytes of slot src into slot dst (SlotCopy on one worker, else relayed). */
+WK_MUST_CHECK wk_err ctl_vm_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst,
+                                 wk_diag *d);
+
 /* Evicts the entry in slot ref (spilled first when dirty). WK_ENOENT / WK_EBUSY. */
 wk_err ctl_vm_evict_slot(ctl_vm *vm, const ctl_slot_ref *ref);
 
