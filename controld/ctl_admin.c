@@ -169,7 +169,8 @@ ctl_admin_metrics_snapshot(ctl_app *app)
             if (ctl_store_session_list(app->store, "", after, CTL_STORE_PAGE_MAX, false, &pg,
                                        NULL) != WK_OK)
                 break;
-            total += pg.n;
+            for (size_t k = 0; k < pg.n; k++)
+                total += strncmp(pg.items[k].key, "p:", 2) != 0; /* not pre-reply snapshots */
             snprintf(after, sizeof(after), "%s", pg.next);
             ctl_store_kv_page_fini(&pg);
             if (after[0] == '\0')

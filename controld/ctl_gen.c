@@ -9,8 +9,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "wk_chat.h"
+
+static uint64_t
+ctl_gen_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 typedef struct ctl_gen_buf {
     char *p;      /* bytes */
@@ -132,8 +141,23 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
     res->finish_reason = "length";
     while (err == WK_OK) {
         ctl_job_event ev;
-        if (ctl_job_next(job, 1000, &ev) == WK_ETIMEDOUT)
+        /*
+         * The deadline is also checked here, not only by the scheduler: a
+         * worker that stops answering (SIGSTOP, a hung device) leaves the
+         * step RPC pending and the scheduler silent until the step timeout.
+         * Freeing the job cancels it; its slot comes back when the step ends.
+         */
+        uint32_t wait_ms = 1000;
+        uint64_t now = ctl_gen_mono_ms();
+        if (p->deadline_ms && now >= p->deadline_ms)
+            wait_ms = 1;
+        else if (p->deadline_ms && p->deadline_ms - now < wait_ms)
+            wait_ms = (uint32_t)(p->deadline_ms - now) + 1;
+        if (ctl_job_next(job, wait_ms, &ev) == WK_ETIMEDOUT) {
+            if (p->deadline_ms && ctl_gen_mono_ms() > p->deadline_ms)
+                err = wk_diag_set(d, WK_ETIMEDOUT, "request timed out");
             continue;
+        }
         if (ev.type == CTL_JOB_EV_ERROR) {
             err = wk_diag_set(d, ev.err, "%s", ev.message);
             break;

@@ -22,6 +22,7 @@ struct ctl_http {
     ctl_http_route *routes;   /* owned copy */
     size_t n_routes;          /* entries */
     size_t max_body;          /* body limit */
+    size_t max_header;        /* request line + headers limit (civetweb's) */
     ctl_http_observer obs;    /* metrics hook, may be NULL */
     void *obs_arg;            /* passed to obs */
     ctl_http_authorizer auth; /* may be NULL */
@@ -326,6 +327,31 @@ ctl_http_dispatch(struct mg_connection *conn, void *cbdata)
     return req.status;
 }
 
+/*
+ * civetweb's own refusals (a malformed request, a request line + headers
+ * over max_request_size, ...) get an OpenAI error body instead of text/plain.
+ */
+static int
+ctl_http_civetweb_error(struct mg_connection *conn, int status, const char *errmsg)
+{
+    const ctl_http *h = mg_get_user_data(mg_get_context(conn));
+    char msg[400];
+    snprintf(msg, sizeof(msg), "%.200s (request line and headers are limited to %zu bytes)",
+             errmsg != NULL && errmsg[0] ? errmsg : "bad request", h ? h->max_header : 0);
+    wk_err err = status == 413 || status == 431 ? WK_ETOOBIG
+                 : status >= 500                 ? WK_EIO
+                                                 : WK_EINVAL;
+    char *body = wk_json_error_body(err, msg, NULL);
+    if (body == NULL)
+        return 1; /* civetweb's plain page */
+    mg_printf(conn,
+              "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+              "Cache-Control: no-store\r\nConnection: close\r\n\r\n%s",
+              status, ctl_http_reason(status), strlen(body), body);
+    free(body);
+    return 0;
+}
+
 static int
 ctl_http_log_message(const struct mg_connection *conn, const char *message)
 {
@@ -353,6 +379,7 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
     memcpy(h->routes, routes, n_routes * sizeof(*routes));
     h->n_routes = n_routes;
     h->max_body = cfg->max_body;
+    h->max_header = cfg->max_header ? cfg->max_header : 16384;
     h->obs = obs;
     h->obs_arg = obs_arg;
     h->auth = cfg->auth;
@@ -366,7 +393,7 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
     char threads[16], timeout[16], maxreq[24];
     snprintf(threads, sizeof(threads), "%u", cfg->threads ? cfg->threads : 16);
     snprintf(timeout, sizeof(timeout), "%u", cfg->timeout_ms ? cfg->timeout_ms : 600000);
-    snprintf(maxreq, sizeof(maxreq), "%zu", cfg->max_header ? cfg->max_header : 16384);
+    snprintf(maxreq, sizeof(maxreq), "%zu", h->max_header);
     const char *opts[] = {"listening_ports", ports,     "num_threads",        threads,
                           "request_timeout_ms", timeout, "enable_keep_alive", "yes",
                           "tcp_nodelay",        "1",     "max_request_size",  maxreq,
@@ -374,6 +401,7 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
     struct mg_callbacks cb;
     memset(&cb, 0, sizeof(cb));
     cb.log_message = ctl_http_log_message;
+    cb.http_error = ctl_http_civetweb_error;
     struct mg_init_data init = {.callbacks = &cb, .user_data = h, .configuration_options = opts};
     struct mg_error_data err = {0};
     char errtext[256] = "";

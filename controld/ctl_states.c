@@ -673,8 +673,10 @@ ctl_states_send_page(ctl_http_req *req, ctl_app *app, ctl_store_page *page, bool
     json_t *arr = json_array();
     for (size_t i = 0; i < page->n; i++) {
         json_t *o = ctl_states_json(app, &page->items[i]);
-        if (with_owner)
+        if (with_owner) { /* the admin listing: owner and blob, for audits */
             json_object_set_new(o, "owner", json_string(page->items[i].owner));
+            json_object_set_new(o, "blob", json_string(page->items[i].blob));
+        }
         json_array_append_new(arr, o);
     }
     json_t *body = json_pack("{s:s, s:o}", "object", "list", "data", arr);

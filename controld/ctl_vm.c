@@ -24,6 +24,7 @@ typedef struct ctl_vm_entry {
     bool dirty;                  /* spill before eviction */
     bool taken;                  /* a caller holds the slot */
     uint64_t used;               /* LRU clock */
+    uint64_t used_ms;            /* monotonic ms of the last use */
     struct ctl_vm_entry *next;   /* list link */
 } ctl_vm_entry;
 
@@ -36,7 +37,21 @@ struct ctl_vm {
     pthread_mutex_t mu;      /* guards entries and clock */
     ctl_vm_entry *entries;   /* cache */
     uint64_t clock;          /* LRU counter */
+    uint64_t idle_ms;        /* spill dirty entries idle this long, 0 = never */
+    uint32_t max_dirty;      /* most dirty entries kept hot, 0 = no cap */
+    pthread_t janitor;       /* idle spiller */
+    bool janitor_started;    /* janitor joinable */
+    bool stop;               /* janitor exits */
+    pthread_cond_t cv;       /* wakes the janitor early on shutdown */
 };
+
+static uint64_t
+ctl_vm_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 wk_err
 ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store, ctl_vm **out, wk_diag *d)
@@ -49,6 +64,7 @@ ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store, ctl_vm **out, wk_
     vm->sched = sched;
     vm->store = store;
     pthread_mutex_init(&vm->mu, NULL);
+    pthread_cond_init(&vm->cv, NULL);
     *out = vm;
     return WK_OK;
 }
@@ -58,6 +74,14 @@ ctl_vm_free(ctl_vm *vm)
 {
     if (vm == NULL)
         return;
+    if (vm->janitor_started) {
+        pthread_mutex_lock(&vm->mu);
+        vm->stop = true;
+        pthread_cond_broadcast(&vm->cv);
+        pthread_mutex_unlock(&vm->mu);
+        pthread_join(vm->janitor, NULL);
+    }
+    pthread_cond_destroy(&vm->cv);
     while (vm->entries != NULL) {
         ctl_vm_entry *e = vm->entries;
         vm->entries = e->next;
@@ -65,6 +89,76 @@ ctl_vm_free(ctl_vm *vm)
     }
     pthread_mutex_destroy(&vm->mu);
     free(vm);
+}
+
+static wk_err ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill);
+static void ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e);
+
+/* Picks a dirty entry to spill (idle too long, or over the cap); unlinks it. */
+static ctl_vm_entry *
+ctl_vm_janitor_pick_locked(ctl_vm *vm, uint64_t now)
+{
+    ctl_vm_entry *oldest = NULL;
+    uint32_t n_dirty = 0;
+    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
+        if (!e->dirty)
+            continue;
+        n_dirty++;
+        if (!e->taken && (oldest == NULL || e->used < oldest->used))
+            oldest = e;
+    }
+    if (oldest == NULL)
+        return NULL;
+    bool idle = vm->idle_ms > 0 && now - oldest->used_ms >= vm->idle_ms;
+    bool over = vm->max_dirty > 0 && n_dirty > vm->max_dirty;
+    if (!idle && !over)
+        return NULL;
+    ctl_vm_unlink_locked(vm, oldest);
+    return oldest;
+}
+
+static void *
+ctl_vm_janitor_main(void *arg)
+{
+    ctl_vm *vm = arg;
+    pthread_mutex_lock(&vm->mu);
+    while (!vm->stop) {
+        ctl_vm_entry *e = ctl_vm_janitor_pick_locked(vm, ctl_vm_mono_ms());
+        if (e != NULL) {
+            pthread_mutex_unlock(&vm->mu);
+            wk_log_info("spilling idle session key=%.16s worker=%s slot=%u", e->key,
+                        e->slot.worker, e->slot.slot);
+            (void)ctl_vm_retire(vm, e, true);
+            pthread_mutex_lock(&vm->mu);
+            continue;
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 200 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&vm->cv, &vm->mu, &until);
+    }
+    pthread_mutex_unlock(&vm->mu);
+    return NULL;
+}
+
+wk_err
+ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty)
+{
+    pthread_mutex_lock(&vm->mu);
+    vm->idle_ms = idle_ms;
+    vm->max_dirty = max_dirty;
+    bool start = !vm->janitor_started && (idle_ms > 0 || max_dirty > 0);
+    pthread_mutex_unlock(&vm->mu);
+    if (start) {
+        if (pthread_create(&vm->janitor, NULL, ctl_vm_janitor_main, vm) != 0)
+            return WK_ENOMEM;
+        vm->janitor_started = true;
+    }
+    return WK_OK;
 }
 
 void
@@ -295,6 +389,7 @@ ctl_vm_put(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool dirty, wk
     else
         old = NULL;
     ne->used = ++vm->clock;
+    ne->used_ms = ctl_vm_mono_ms();
     ne->next = vm->entries;
     vm->entries = ne;
     pthread_mutex_unlock(&vm->mu);
@@ -337,6 +432,7 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
     if (e != NULL && !e->taken) {
         e->taken = true; /* pinned for the copy */
         e->used = ++vm->clock;
+        e->used_ms = ctl_vm_mono_ms();
         src = e->slot;
         hit = true;
     }

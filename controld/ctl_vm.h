@@ -40,6 +40,14 @@ WK_MUST_CHECK wk_err ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *sto
                                 ctl_vm **out, wk_diag *d);
 void ctl_vm_free(ctl_vm *vm);
 
+/*
+ * Spills dirty entries (parked sessions) idle for longer than idle_ms to the
+ * store and frees their slots, from a background thread; 0 disables. Also
+ * keeps at most max_dirty dirty entries hot (0 = no cap), spilling the least
+ * recently used beyond it. Spilled sessions are moved to disk, not lost.
+ */
+WK_MUST_CHECK wk_err ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty);
+
 /* Registers the spill function for dirty entries (sessions). */
 void ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg);
 

@@ -56,6 +56,10 @@ static const wk_cfg_opt ctl_opts[] = {
     {"max-tokens-default", WK_CFG_U64, "1024", 1, 1048576, "chat max_tokens when absent"},
     {"max-tokens-limit", WK_CFG_U64, "65536", 1, 1048576, "largest max_tokens accepted"},
     {"max-prompt-tokens", WK_CFG_U64, "262144", 1, 16777216, "largest prompt in tokens"},
+    {"session-idle-ms", WK_CFG_U64, "600000", 0, 604800000,
+     "spill a parked chat session to disk after this idle time (0 = only under pressure)"},
+    {"max-hot-sessions", WK_CFG_U64, "0", 0, 1000000,
+     "most parked chat sessions kept in slots; more are spilled to disk (0 = no cap)"},
     {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
     {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -259,6 +263,11 @@ main(int argc, char **argv)
     }
     ctl_sched_set_evictor(app.sched, ctl_main_evict, app.vm);
     ctl_vm_set_spill(app.vm, ctl_chat_spill, &app);
+    if (ctl_vm_set_idle_spill(app.vm, wk_cfg_get_u64(cfg, "session-idle-ms"),
+                              (uint32_t)wk_cfg_get_u64(cfg, "max-hot-sessions")) != WK_OK) {
+        wk_log_error("cannot start the session spiller");
+        goto out;
+    }
     ctl_http_route routes[64];
     size_t nr = ctl_admin_routes(&app, routes, 64);
     if (app.tok != NULL) {

@@ -282,8 +282,23 @@ def test_exact_prefix_reuse():
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
+def test_idle_sessions_move_to_disk():
+    with Stack(model=MODEL, slots=4, extra_ctl=["--session-idle-ms", "300"]) as s:
+        up(s)
+        c = Chat(s, "idle")
+        c.turn(clean_text(s, [], "Hello there"))
+        nxt = clean_text(s, c.msgs, "later")
+        s.wait(lambda: metric(s, "wkvm_sessions", 'tier="cold"') >= 1 and
+               metric(s, "wkvm_sessions", 'tier="hot"') == 0, "idle session spilled")
+        # Spilled means moved to disk, not forgotten: the next turn still continues.
+        h = metric(s, "wkvm_parent_bound_continuation_hits_total")
+        c.turn(nxt)
+        assert metric(s, "wkvm_parent_bound_continuation_hits_total") == h + 1
+
+
 if __name__ == "__main__":
     rc = run_tests([test_hits_and_delta, test_rejections_restart_fresh,
-                    test_users_pressure_restart_and_busy, test_exact_prefix_reuse])
+                    test_users_pressure_restart_and_busy, test_exact_prefix_reuse,
+                    test_idle_sessions_move_to_disk])
     TMP.cleanup()
     sys.exit(rc)
