@@ -44,7 +44,8 @@ wctl_url_parse(const char *text, wctl_url *out, wk_diag *d)
     }
     const char *p = text;
     if (strncasecmp(p, "https://", 8) == 0)
-        return wk_diag_set(d, WK_ENOTSUP, "https is not supported; use http:// (loopback) or a "
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "https is not supported; use http:// (loopback) or a "
                            "local TLS proxy");
     if (strncasecmp(p, "http://", 7) != 0) {
         if (strstr(p, "://") != NULL)
@@ -107,8 +108,8 @@ wctl_http_escape(const char *s, char *out, size_t cap)
         return WK_ETOOBIG;
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        bool plain = isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || c == '@' ||
-                     c == ':';
+        bool plain =
+            isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~' || c == '@' || c == ':';
         size_t need = plain ? 1 : 3;
         if (n + need >= cap) {
             out[n] = '\0';
@@ -153,7 +154,9 @@ typedef struct wctl_http_buf {
 } wctl_http_buf;
 
 /* Appends formatted text; on ENOMEM sets b->oom and leaves b as it was. */
-static void WK_PRINTF(2, 3)
+static void wctl_http_buf_add(wctl_http_buf *b, const char *fmt, ...) WK_PRINTF(2, 3);
+
+static void
 wctl_http_buf_add(wctl_http_buf *b, const char *fmt, ...)
 {
     if (b->oom)
@@ -212,14 +215,14 @@ wctl_http_send(struct mg_connection *conn, const wctl_http_opts *o, const wctl_h
     uint64_t body_len = r->body_file != NULL ? r->body_file_len : r->body_len;
     wctl_http_buf h = {0};
     wctl_http_buf_add(&h, "%s %s%s HTTP/1.1\r\n", r->method, u->base, r->path);
-    wctl_http_buf_add(&h, "Host: %s%s%s:%d\r\n", u->ipv6 ? "[" : "", u->host,
-                      u->ipv6 ? "]" : "", u->port);
+    wctl_http_buf_add(&h, "Host: %s%s%s:%d\r\n", u->ipv6 ? "[" : "", u->host, u->ipv6 ? "]" : "",
+                      u->port);
     wctl_http_buf_add(&h, "User-Agent: wkvmctl\r\nConnection: close\r\n");
     if (o->key != NULL && o->key[0] != '\0')
         wctl_http_buf_add(&h, "Authorization: Bearer %s\r\n", o->key);
     if (has_body)
-        wctl_http_buf_add(&h, "Content-Type: %s\r\nContent-Length: %llu\r\n",
-                          r->content_type, (unsigned long long)body_len);
+        wctl_http_buf_add(&h, "Content-Type: %s\r\nContent-Length: %llu\r\n", r->content_type,
+                          (unsigned long long)body_len);
     else if (strcmp(r->method, "GET") != 0 && strcmp(r->method, "HEAD") != 0)
         wctl_http_buf_add(&h, "Content-Length: 0\r\n");
     wctl_http_buf_add(&h, "\r\n");
@@ -270,8 +273,8 @@ wctl_http_read_body(struct mg_connection *conn, const wctl_http_req *r, long lon
     bool to_sink = r->sink != NULL && out->status >= 200 && out->status < 300;
     uint64_t total = clen > 0 ? (uint64_t)clen : 0;
     if (!to_sink && clen > (long long)WCTL_HTTP_BODY_MAX)
-        return wk_diag_set(d, WK_ETOOBIG, "the response is %lld bytes, over the %u MiB limit",
-                           clen, WCTL_HTTP_BODY_MAX >> 20);
+        return wk_diag_set(d, WK_ETOOBIG, "the response is %lld bytes, over the %u MiB limit", clen,
+                           WCTL_HTTP_BODY_MAX >> 20);
     size_t cap = to_sink ? WCTL_HTTP_CHUNK : (clen >= 0 ? (size_t)clen + 1 : 4096);
     char *buf = malloc(cap);
     if (buf == NULL)
@@ -349,8 +352,8 @@ wctl_http_do(const wctl_http_opts *o, const wctl_http_req *r, wctl_http_resp *ou
     if (r->content_type != NULL && !wctl_http_clean(r->content_type))
         return wk_diag_set(d, WK_EINVAL, "bad content type");
     char ebuf[256] = "";
-    struct mg_connection *conn = mg_connect_client(o->url->host, o->url->port, 0, ebuf,
-                                                   sizeof(ebuf));
+    struct mg_connection *conn =
+        mg_connect_client(o->url->host, o->url->port, 0, ebuf, sizeof(ebuf));
     if (conn == NULL)
         return wk_diag_set(d, WK_EUNAVAIL, "%s", ebuf[0] ? ebuf : "connection failed");
     bool sent = true;
@@ -360,9 +363,7 @@ wctl_http_do(const wctl_http_opts *o, const wctl_http_req *r, wctl_http_resp *ou
         return err;
     }
     /* Even when the send broke off, the server may have answered (413, 401). */
-    int tmo = o->timeout_ms == 0 ? -1
-              : o->timeout_ms > INT_MAX ? INT_MAX
-                                        : (int)o->timeout_ms;
+    int tmo = o->timeout_ms == 0 ? -1 : o->timeout_ms > INT_MAX ? INT_MAX : (int)o->timeout_ms;
     double t0 = wctl_http_now();
     ebuf[0] = '\0';
     if (mg_get_response(conn, ebuf, sizeof(ebuf), tmo) < 0) {
@@ -371,8 +372,10 @@ wctl_http_do(const wctl_http_opts *o, const wctl_http_req *r, wctl_http_resp *ou
         if (tmo > 0 && waited * 1000.0 >= (double)tmo - 50.0)
             return wk_diag_set(d, WK_ETIMEDOUT, "no response within %.0f s", tmo / 1000.0);
         if (!sent)
-            return wk_diag_set(d, WK_EPROTO, "the server closed the connection while the "
-                               "request was sent%s%s", ebuf[0] ? ": " : "", ebuf);
+            return wk_diag_set(d, WK_EPROTO,
+                               "the server closed the connection while the "
+                               "request was sent%s%s",
+                               ebuf[0] ? ": " : "", ebuf);
         return wk_diag_set(d, WK_EPROTO, "%s", ebuf[0] ? ebuf : "no valid HTTP response");
     }
     const struct mg_response_info *ri = mg_get_response_info(conn);

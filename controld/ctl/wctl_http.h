@@ -36,31 +36,31 @@ typedef void (*wctl_http_progress_fn)(void *arg, uint64_t done, uint64_t total);
 
 /* Where and how to talk; borrowed by every call. */
 typedef struct wctl_http_opts {
-    const wctl_url *url;  /* the server */
-    const char *key;      /* bearer key; NULL or "" sends no Authorization header */
-    unsigned timeout_ms;  /* wait for the response headers at most this long; 0 = forever */
+    const wctl_url *url; /* the server */
+    const char *key;     /* bearer key; NULL or "" sends no Authorization header */
+    unsigned timeout_ms; /* wait for the response headers at most this long; 0 = forever */
 } wctl_http_opts;
 
 /* One request. Strings and buffers are borrowed for the call. */
 typedef struct wctl_http_req {
-    const char *method;          /* "GET", "POST", "DELETE" */
-    const char *path;            /* escaped path and query, starting with '/' */
-    const char *content_type;    /* body type; NULL when there is no body */
-    const void *body;            /* in-memory body, or NULL */
-    size_t body_len;             /* bytes in body */
-    FILE *body_file;             /* or a body read from this file, or NULL */
-    uint64_t body_file_len;      /* bytes to send from body_file */
-    FILE *sink;                  /* a 2xx response body is written here; NULL keeps it */
+    const char *method;             /* "GET", "POST", "DELETE" */
+    const char *path;               /* escaped path and query, starting with '/' */
+    const char *content_type;       /* body type; NULL when there is no body */
+    const void *body;               /* in-memory body, or NULL */
+    size_t body_len;                /* bytes in body */
+    FILE *body_file;                /* or a body read from this file, or NULL */
+    uint64_t body_file_len;         /* bytes to send from body_file */
+    FILE *sink;                     /* a 2xx response body is written here; NULL keeps it */
     wctl_http_progress_fn progress; /* called while sending body_file and filling sink */
-    void *progress_arg;          /* passed to progress */
+    void *progress_arg;             /* passed to progress */
 } wctl_http_req;
 
 /* A response. */
 typedef struct wctl_http_resp {
-    int status;      /* HTTP status code */
-    char *body;      /* the body, NUL-terminated, owned (wctl_http_resp_fini); "" if streamed */
-    size_t len;      /* bytes in body */
-    uint64_t sunk;   /* bytes written to the request's sink */
+    int status;    /* HTTP status code */
+    char *body;    /* the body, NUL-terminated, owned (wctl_http_resp_fini); "" if streamed */
+    size_t len;    /* bytes in body */
+    uint64_t sunk; /* bytes written to the request's sink */
 } wctl_http_resp;
 
 /* Initialises the HTTP library; call once before any request. */

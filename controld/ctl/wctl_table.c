@@ -8,10 +8,10 @@
 #include <string.h>
 
 struct wctl_table {
-    size_t ncols;  /* columns per row */
-    size_t nrows;  /* rows, the header included */
-    size_t cap;    /* rows allocated */
-    char **cells;  /* nrows * ncols owned strings, row-major; row 0 is the header */
+    size_t ncols; /* columns per row */
+    size_t nrows; /* rows, the header included */
+    size_t cap;   /* rows allocated */
+    char **cells; /* nrows * ncols owned strings, row-major; row 0 is the header */
 };
 
 /* Copies s with control characters replaced by '?'. NULL on ENOMEM. */

@@ -334,7 +334,9 @@ wctl_help_print(const wctl_cmd *cmd, FILE *f)
 }
 
 /* Reports a usage error about cmd (may be NULL) and returns WCTL_EXIT_USAGE. */
-static int WK_PRINTF(2, 3)
+static int wctl_usage_fail(const wctl_cmd *cmd, const char *fmt, ...) WK_PRINTF(2, 3);
+
+static int
 wctl_usage_fail(const wctl_cmd *cmd, const char *fmt, ...)
 {
     va_list ap;
@@ -361,8 +363,7 @@ wctl_arg_set(const wctl_cmd *cmd, wctl_args *a, size_t i, const char *value)
         errno = 0;
         unsigned long long v = value[0] >= '0' && value[0] <= '9' ? strtoull(value, &end, 10) : 0;
         if (end == NULL || *end != '\0' || errno != 0 || v > (unsigned long long)INT64_MAX)
-            return wctl_usage_fail(cmd, "option --%s: '%s' is not a whole number", o->name,
-                                   value);
+            return wctl_usage_fail(cmd, "option --%s: '%s' is not a whole number", o->name, value);
         a->u64[i] = v;
     } else if (o->type == WCTL_OPT_NUM) {
         char *end = NULL;
@@ -527,8 +528,8 @@ wctl_transport_fail(const wctl_ctx *c, wk_err err, const wk_diag *d)
         fprintf(stderr, "wkvmctl: cannot connect to %s: %s\n", c->url_text, why);
         return WCTL_EXIT_CONNECT;
     case WK_ETIMEDOUT:
-        fprintf(stderr, "wkvmctl: no response from %s within %u s (see --timeout)\n",
-                c->url_text, c->timeout_s);
+        fprintf(stderr, "wkvmctl: no response from %s within %u s (see --timeout)\n", c->url_text,
+                c->timeout_s);
         return WCTL_EXIT_CONNECT;
     case WK_EPROTO:
         fprintf(stderr, "wkvmctl: no valid response from %s: %s\n", c->url_text, why);
@@ -550,8 +551,8 @@ wctl_server_fail(int status, const char *raw, size_t len, const json_t *body)
         wctl_one_line(json_string_value(m), json_string_length(m), line, sizeof(line));
     } else if (len > 0 && raw != NULL) {
         size_t first = strcspn(raw, "\r\n");
-        wctl_one_line(raw, first < len ? first : len, line, sizeof(line) < 200 ? sizeof(line)
-                                                                               : 200);
+        wctl_one_line(raw, first < len ? first : len, line,
+                      sizeof(line) < 200 ? sizeof(line) : 200);
     } else {
         snprintf(line, sizeof(line), "the server gave no reason");
     }
@@ -764,14 +765,15 @@ wctl_cmd_workers(wctl_ctx *c, const wctl_args *a)
     bool oom = false;
     size_t i;
     json_t *w;
-    json_array_foreach(json_object_get(r.json, "workers"), i, w) {
+    json_array_foreach(json_object_get(r.json, "workers"), i, w)
+    {
         char used[32], total[32], slots[72];
         snprintf(slots, sizeof(slots), "%s/%s", wctl_jtext(w, "slots_used", "?", used, 32),
                  wctl_jtext(w, "slots_total", "?", total, 32));
-        const char *cells[] = {wctl_jstr(w, "id", "-"),     wctl_jstr(w, "backend", "-"),
-                               wctl_jstr(w, "device", "-"), slots,
-                               wctl_jstr(w, "state", "-"),
-                               wctl_jstr(json_object_get(w, "model"), "name", "-")};
+        const char *cells[] = {
+            wctl_jstr(w, "id", "-"),     wctl_jstr(w, "backend", "-"),
+            wctl_jstr(w, "device", "-"), slots,
+            wctl_jstr(w, "state", "-"),  wctl_jstr(json_object_get(w, "model"), "name", "-")};
         oom = oom || t == NULL || wctl_table_add(t, cells) != WK_OK;
     }
     wctl_reply_fini(&r);
@@ -796,10 +798,13 @@ wctl_cmd_slots(wctl_ctx *c, const wctl_args *a)
     bool oom = false;
     size_t i;
     json_t *s;
-    json_array_foreach(json_object_get(r.json, "slots"), i, s) {
+    json_array_foreach(json_object_get(r.json, "slots"), i, s)
+    {
         char tk[32];
-        const char *cells[] = {wctl_jstr(s, "id", "-"),    wctl_jstr(s, "worker", "-"),
-                               wctl_jstr(s, "state", "-"), wctl_jstr(s, "holds", "-"),
+        const char *cells[] = {wctl_jstr(s, "id", "-"),
+                               wctl_jstr(s, "worker", "-"),
+                               wctl_jstr(s, "state", "-"),
+                               wctl_jstr(s, "holds", "-"),
                                wctl_jtext(s, "tokens", "-", tk, sizeof(tk)),
                                wctl_jstr(s, "tier", "-")};
         oom = oom || t == NULL || wctl_table_add(t, cells) != WK_OK;
@@ -869,19 +874,20 @@ wctl_cmd_states(wctl_ctx *c, const wctl_args *a)
         free(text);
         return WCTL_EXIT_OK;
     }
-    static const char *const hdr_all[] = {"OWNER", "ID", "TOKENS", "TIER", "OP", "PARENT",
-                                          "CREATED"};
+    static const char *const hdr_all[] = {"OWNER", "ID",     "TOKENS", "TIER",
+                                          "OP",    "PARENT", "CREATED"};
     const char *const *hdr = all ? hdr_all : hdr_all + 1;
     size_t ncols = all ? 7 : 6;
     wctl_table *t = wctl_table_new(ncols, hdr);
     bool oom = false;
     size_t i;
     json_t *s;
-    json_array_foreach(items, i, s) {
+    json_array_foreach(items, i, s)
+    {
         char tk[32], when[32];
         const char *parent = wctl_jstr(s, "parent", "");
-        const char *tier = json_is_true(json_object_get(s, "damaged")) ? "damaged"
-                                                                      : wctl_jstr(s, "tier", "-");
+        const char *tier =
+            json_is_true(json_object_get(s, "damaged")) ? "damaged" : wctl_jstr(s, "tier", "-");
         const char *cells[] = {wctl_jstr(s, "owner", "-"),
                                wctl_jstr(s, "id", "-"),
                                wctl_jtext(s, "tokens", "-", tk, sizeof(tk)),
@@ -908,9 +914,9 @@ wctl_cmd_state(wctl_ctx *c, const wctl_args *a)
         wctl_reply_fini(&r);
         return rc;
     }
-    static const char *const keys[] = {"id",     "name",        "version",     "tokens",
-                                       "tier",   "op",          "parent",      "damaged",
-                                       "model",  "state_bytes", "fingerprint", "token_digest"};
+    static const char *const keys[] = {"id",    "name",        "version",     "tokens",
+                                       "tier",  "op",          "parent",      "damaged",
+                                       "model", "state_bytes", "fingerprint", "token_digest"};
     static const char *const hdr[] = {"KEY", "VALUE"};
     wctl_table *t = wctl_table_new(2, hdr);
     bool oom = false;
@@ -932,8 +938,7 @@ wctl_cmd_state(wctl_ctx *c, const wctl_args *a)
         for (size_t i = 0; i < n && i < WCTL_TOKEN_IDS_SHOWN; i++) {
             json_t *v = json_array_get(ids, i);
             used += (size_t)snprintf(line + used, sizeof(line) - used, "%s%lld", i ? " " : "",
-                                     json_is_integer(v) ? (long long)json_integer_value(v)
-                                                        : -1LL);
+                                     json_is_integer(v) ? (long long)json_integer_value(v) : -1LL);
         }
         if (n > WCTL_TOKEN_IDS_SHOWN)
             snprintf(line + used, sizeof(line) - used, " ... (%zu more; --json has all)",
@@ -976,11 +981,13 @@ wctl_prompt_put(const wctl_args *a, json_t *body, bool required)
         char *end = NULL;
         errno = 0;
         unsigned long long v = *p >= '0' && *p <= '9' ? strtoull(p, &end, 10) : 0;
-        if (end == NULL || errno != 0 || v > INT32_MAX || (*end != '\0' && *end != ',' &&
-                                                           *end != ' ')) {
+        if (end == NULL || errno != 0 || v > INT32_MAX ||
+            (*end != '\0' && *end != ',' && *end != ' ')) {
             json_decref(arr);
-            return wctl_usage_fail(a->cmd, "--prompt-ids: '%s' is not a list of token ids "
-                                   "like 1,2,3", ids);
+            return wctl_usage_fail(a->cmd,
+                                   "--prompt-ids: '%s' is not a list of token ids "
+                                   "like 1,2,3",
+                                   ids);
         }
         json_array_append_new(arr, json_integer((json_int_t)v));
         p = end;
@@ -1057,9 +1064,8 @@ wctl_cmd_generate(wctl_ctx *c, const wctl_args *a)
     } else if (ids) {
         size_t i;
         json_t *v;
-        json_array_foreach(json_object_get(choice, "token_ids"), i, v)
-            printf("%s%lld", i ? " " : "", json_is_integer(v) ? (long long)json_integer_value(v)
-                                                              : -1LL);
+        json_array_foreach(json_object_get(choice, "token_ids"), i, v) printf(
+            "%s%lld", i ? " " : "", json_is_integer(v) ? (long long)json_integer_value(v) : -1LL);
         putchar('\n');
     } else {
         json_t *text = json_object_get(choice, "text");
@@ -1072,12 +1078,15 @@ wctl_cmd_generate(wctl_ctx *c, const wctl_args *a)
     if (!c->json && json_is_object(json_object_get(r.json, "state"))) {
         json_t *st = json_object_get(r.json, "state");
         char tk[32];
-        fprintf(stderr, "wkvmctl: saved as %s (%s tokens)\n", wctl_jstr(st, "id", "?"),
-                wctl_jtext(st, "tokens", "?", tk, sizeof(tk)));
+        char line[400], clean[400];
+        snprintf(line, sizeof(line), "saved as %s (%s tokens)", wctl_jstr(st, "id", "?"),
+                 wctl_jtext(st, "tokens", "?", tk, sizeof(tk)));
+        wctl_one_line(line, strlen(line), clean, sizeof(clean));
+        fprintf(stderr, "wkvmctl: %s\n", clean);
     }
     if (state_error != NULL && !json_is_null(state_error)) {
-        const char *msg = wctl_jstr(json_object_get(state_error, "error"), "message",
-                                    "unknown error");
+        const char *msg =
+            wctl_jstr(json_object_get(state_error, "error"), "message", "unknown error");
         char line[600];
         wctl_one_line(msg, strlen(msg), line, sizeof(line));
         fprintf(stderr, "wkvmctl: generated, but not saved: %s\n", line);
@@ -1102,8 +1111,7 @@ wctl_state_action(wctl_ctx *c, const wctl_args *a, const char *action, const jso
     } else if (json_is_array(json_object_get(r.json, "data"))) {
         size_t i;
         json_t *st;
-        json_array_foreach(json_object_get(r.json, "data"), i, st)
-            wctl_state_line(verb, st);
+        json_array_foreach(json_object_get(r.json, "data"), i, st) wctl_state_line(verb, st);
     } else {
         wctl_state_line(verb, r.json);
     }
@@ -1177,12 +1185,12 @@ wctl_cmd_delete(wctl_ctx *c, const wctl_args *a)
 
 /* Progress of a body transfer on stderr. */
 typedef struct wctl_progress {
-    const char *verb;   /* "received", "sent" */
-    bool force;         /* report even small bodies (--progress) */
-    bool tty;           /* stderr is a terminal: one line rewritten in place */
-    bool shown;         /* something was printed */
-    int last_step;      /* last quarter (non-tty) reported */
-    double last_t;      /* monotonic seconds of the last tty update */
+    const char *verb; /* "received", "sent" */
+    bool force;       /* report even small bodies (--progress) */
+    bool tty;         /* stderr is a terminal: one line rewritten in place */
+    bool shown;       /* something was printed */
+    int last_step;    /* last quarter (non-tty) reported */
+    double last_t;    /* monotonic seconds of the last tty update */
 } wctl_progress;
 
 static double
@@ -1254,8 +1262,7 @@ wctl_cmd_export(wctl_ctx *c, const wctl_args *a)
     int fd = mkstemp(tmp);
     FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (f == NULL) {
-        fprintf(stderr, "wkvmctl: cannot create %s: %s\n", fd >= 0 ? tmp : file,
-                strerror(errno));
+        fprintf(stderr, "wkvmctl: cannot create %s: %s\n", fd >= 0 ? tmp : file, strerror(errno));
         if (fd >= 0) {
             close(fd);
             unlink(tmp);
@@ -1263,10 +1270,15 @@ wctl_cmd_export(wctl_ctx *c, const wctl_args *a)
         free(tmp);
         return WCTL_EXIT_SERVER;
     }
-    wctl_progress prog = {.verb = "received", .force = wctl_arg_bool(a, "progress"),
-                          .tty = isatty(STDERR_FILENO) == 1, .last_step = -1};
-    wctl_http_req req = {.method = "GET", .path = path, .sink = f,
-                         .progress = wctl_progress_cb, .progress_arg = &prog};
+    wctl_progress prog = {.verb = "received",
+                          .force = wctl_arg_bool(a, "progress"),
+                          .tty = isatty(STDERR_FILENO) == 1,
+                          .last_step = -1};
+    wctl_http_req req = {.method = "GET",
+                         .path = path,
+                         .sink = f,
+                         .progress = wctl_progress_cb,
+                         .progress_arg = &prog};
     wctl_reply r;
     rc = wctl_send(c, &req, 0, false, &r);
     wctl_progress_end(&prog);
@@ -1293,8 +1305,8 @@ wctl_cmd_export(wctl_ctx *c, const wctl_args *a)
     free(tmp);
     if (rc == WCTL_EXIT_OK) {
         if (c->json) {
-            json_t *o = json_pack("{s:s, s:s, s:I}", "id", id, "file", file, "bytes",
-                                  (json_int_t)bytes);
+            json_t *o =
+                json_pack("{s:s, s:s, s:I}", "id", id, "file", file, "bytes", (json_int_t)bytes);
             char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
             if (text != NULL)
                 puts(text);
@@ -1329,11 +1341,16 @@ wctl_cmd_import(wctl_ctx *c, const wctl_args *a)
             fclose(f);
         return WCTL_EXIT_SERVER;
     }
-    wctl_progress prog = {.verb = "sent", .force = wctl_arg_bool(a, "progress"),
-                          .tty = isatty(STDERR_FILENO) == 1, .last_step = -1};
-    wctl_http_req req = {.method = "POST", .path = path,
-                         .content_type = "application/octet-stream", .body_file = f,
-                         .body_file_len = (uint64_t)sb.st_size, .progress = wctl_progress_cb,
+    wctl_progress prog = {.verb = "sent",
+                          .force = wctl_arg_bool(a, "progress"),
+                          .tty = isatty(STDERR_FILENO) == 1,
+                          .last_step = -1};
+    wctl_http_req req = {.method = "POST",
+                         .path = path,
+                         .content_type = "application/octet-stream",
+                         .body_file = f,
+                         .body_file_len = (uint64_t)sb.st_size,
+                         .progress = wctl_progress_cb,
                          .progress_arg = &prog};
     wctl_reply r;
     rc = wctl_send(c, &req, 0, true, &r);
@@ -1364,8 +1381,7 @@ wctl_migration_line(const json_t *m, const char *indent)
              wctl_human_bytes(wctl_jnum(m, "bytes", 0), hb, sizeof(hb)),
              1000.0 * wctl_jnum(json_object_get(m, "seconds"), "transfer", 0),
              1000.0 * wctl_jnum(json_object_get(m, "seconds"), "total", 0),
-             json_is_string(json_object_get(m, "error")) ? ": " : "",
-             wctl_jstr(m, "error", ""));
+             json_is_string(json_object_get(m, "error")) ? ": " : "", wctl_jstr(m, "error", ""));
     wctl_one_line(line, strlen(line), clean, sizeof(clean));
     puts(clean);
 }
@@ -1374,8 +1390,7 @@ static int
 wctl_cmd_migrate(wctl_ctx *c, const wctl_args *a)
 {
     char path[WCTL_PATH_MAX];
-    int rc = wctl_path(a, path, sizeof(path), "/admin/slots/", wctl_arg_str(a, "SLOT"),
-                       "/migrate");
+    int rc = wctl_path(a, path, sizeof(path), "/admin/slots/", wctl_arg_str(a, "SLOT"), "/migrate");
     if (rc != 0)
         return rc;
     json_t *body = json_pack("{s:s}", "to", wctl_arg_str(a, "to"));
@@ -1414,8 +1429,10 @@ wctl_cmd_migrate(wctl_ctx *c, const wctl_args *a)
         rc = wctl_table_done(t, oom, false);
     }
     if (rc == WCTL_EXIT_OK && strcmp(result, "committed") != 0) {
-        fprintf(stderr, "wkvmctl: the migration was not committed: %s\n",
-                wctl_jstr(r.json, "error", result));
+        const char *why = wctl_jstr(r.json, "error", result);
+        char clean[600];
+        wctl_one_line(why, strlen(why), clean, sizeof(clean));
+        fprintf(stderr, "wkvmctl: the migration was not committed: %s\n", clean);
         rc = WCTL_EXIT_SERVER;
     }
     wctl_reply_fini(&r);
@@ -1426,8 +1443,7 @@ static int
 wctl_cmd_evict(wctl_ctx *c, const wctl_args *a)
 {
     char path[WCTL_PATH_MAX];
-    int rc = wctl_path(a, path, sizeof(path), "/admin/slots/", wctl_arg_str(a, "SLOT"),
-                       "/evict");
+    int rc = wctl_path(a, path, sizeof(path), "/admin/slots/", wctl_arg_str(a, "SLOT"), "/evict");
     wctl_reply r;
     if (rc != 0 || (rc = wctl_call(c, "POST", path, NULL, 0, &r)) != WCTL_EXIT_OK)
         return rc;
@@ -1469,7 +1485,8 @@ wctl_cmd_drain(wctl_ctx *c, const wctl_args *a)
     } else {
         size_t i, ok = 0;
         json_t *m;
-        json_array_foreach(moves, i, m) {
+        json_array_foreach(moves, i, m)
+        {
             wctl_migration_line(m, "  ");
             ok += strcmp(wctl_jstr(m, "result", ""), "committed") == 0;
         }
@@ -1477,8 +1494,8 @@ wctl_cmd_drain(wctl_ctx *c, const wctl_args *a)
                remaining);
     }
     if (r.status == 409 || remaining > 0) {
-        fprintf(stderr, "wkvmctl: %s is draining but %lld slot(s) remain on it (HTTP %d)\n",
-                worker, remaining, r.status);
+        fprintf(stderr, "wkvmctl: %s is draining but %lld slot(s) remain on it (HTTP %d)\n", worker,
+                remaining, r.status);
         rc = WCTL_EXIT_SERVER;
     }
     wctl_reply_fini(&r);
@@ -1508,8 +1525,8 @@ static const wctl_cmd wctl_cmds[] = {
     {"state", wctl_cmd_state, wctl_opts_id, "Show one state", "GET /v1/states/{id}"},
     {"create", wctl_cmd_create, wctl_opts_create, "Create a state from a prompt",
      "POST /v1/states"},
-    {"generate", wctl_cmd_generate, wctl_opts_generate,
-     "Generate from a state and print the text", "POST /v1/states/{id}/generate"},
+    {"generate", wctl_cmd_generate, wctl_opts_generate, "Generate from a state and print the text",
+     "POST /v1/states/{id}/generate"},
     {"snapshot", wctl_cmd_snapshot, wctl_opts_id, "Store a new version of a state's name",
      "POST /v1/states/{id}/snapshot"},
     {"fork", wctl_cmd_fork, wctl_opts_fork, "Copy a state under a new name",
@@ -1519,8 +1536,7 @@ static const wctl_cmd wctl_cmds[] = {
     {"resume", wctl_cmd_resume, wctl_opts_id, "Load a state into a worker slot",
      "POST /v1/states/{id}/resume"},
     {"rollback", wctl_cmd_rollback, wctl_opts_id,
-     "Make an older version the newest again (as a new version)",
-     "POST /v1/states/{id}/rollback"},
+     "Make an older version the newest again (as a new version)", "POST /v1/states/{id}/rollback"},
     {"delete", wctl_cmd_delete, wctl_opts_id, "Delete a state version (or every version of a name)",
      "DELETE /v1/states/{id}"},
     {"export", wctl_cmd_export, wctl_opts_export, "Write a state to a portable state file",
