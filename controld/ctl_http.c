@@ -77,6 +77,15 @@ ctl_http_req_remote(const ctl_http_req *req)
     return req->ri->remote_addr;
 }
 
+bool
+ctl_http_req_query_get(const ctl_http_req *req, const char *name, char *buf, size_t cap)
+{
+    const char *q = req->ri->query_string;
+    if (q == NULL || cap == 0)
+        return false;
+    return mg_get_var(q, strlen(q), name, buf, cap) >= 0;
+}
+
 const char *
 ctl_http_req_user(const ctl_http_req *req)
 {

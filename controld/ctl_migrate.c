@@ -224,8 +224,16 @@ ctl_mig_slot_action(ctl_http_req *req, void *arg)
     json_t *report = NULL;
     wk_err err = ctl_mig_one(app, &info, to, &report, &d);
     if (err != WK_OK) {
-        json_decref(report);
-        ctl_http_send_error(req, err, d.msg, err == WK_EINVAL || err == WK_ENOSPC ? "to" : NULL);
+        /* An OpenAI-style error, with the aborted migration's report beside it. */
+        char *eb = wk_json_error_body(err, d.msg, err == WK_EINVAL || err == WK_EBUSY ? "to"
+                                                                                     : NULL);
+        json_t *ebody = eb ? json_loads(eb, 0, NULL) : NULL;
+        free(eb);
+        if (ebody != NULL && report != NULL)
+            json_object_set_new(ebody, "migration", report);
+        else
+            json_decref(report);
+        ctl_http_send_json(req, wk_err_http_status(err), ebody);
     } else {
         ctl_http_send_json(req, 200, report);
     }

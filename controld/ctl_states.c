@@ -603,14 +603,11 @@ ctl_states_import(ctl_http_req *req, ctl_app *app)
                                                         : "cannot read the body", NULL);
         return;
     }
-    char name[CTL_STORE_NAME_MAX + 1] = "imported";
-    const char *q = ctl_http_req_query(req);
-    if (q != NULL && strncmp(q, "name=", 5) == 0) {
-        snprintf(name, sizeof(name), "%.*s", (int)strcspn(q + 5, "&"), q + 5);
-        if (ctl_store_name_check(name, &d) != WK_OK) {
-            ctl_http_send_error(req, WK_EINVAL, d.msg, "name");
-            return;
-        }
+    char name[CTL_STORE_NAME_MAX + 2] = "imported";
+    if (ctl_http_req_query_get(req, "name", name, sizeof(name)) &&
+        ctl_store_name_check(name, &d) != WK_OK) {
+        ctl_http_send_error(req, WK_EINVAL, d.msg, "name");
+        return;
     }
     ctl_statefile_hdr h;
     const void *state = NULL;
@@ -689,19 +686,12 @@ ctl_states_send_page(ctl_http_req *req, ctl_app *app, ctl_store_page *page, bool
 static void
 ctl_states_query(ctl_http_req *req, char *cursor, size_t cap, size_t *limit)
 {
-    const char *q = ctl_http_req_query(req);
-    cursor[0] = '\0';
-    *limit = 0;
-    while (q != NULL && *q) {
-        size_t n = strcspn(q, "&");
-        if (strncmp(q, "after=", 6) == 0 && n - 6 < cap)
-            snprintf(cursor, cap, "%.*s", (int)(n - 6), q + 6);
-        else if (strncmp(q, "limit=", 6) == 0)
-            *limit = (size_t)strtoul(q + 6, NULL, 10);
-        q += n;
-        if (*q == '&')
-            q++;
-    }
+    char lim[32];
+    if (!ctl_http_req_query_get(req, "after", cursor, cap))
+        cursor[0] = '\0';
+    *limit = ctl_http_req_query_get(req, "limit", lim, sizeof(lim))
+                 ? (size_t)strtoul(lim, NULL, 10)
+                 : 0;
 }
 
 static void
