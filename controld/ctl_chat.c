@@ -54,6 +54,7 @@ struct ctl_chat_turn {
     bool have_snap;               /* snap is held by this turn */
     bool regen;                   /* continued from the pre-reply snapshot */
     bool committed;               /* on_done parked the new binding */
+    bool unlocked;                /* the session key was released */
 };
 
 static bool
@@ -306,6 +307,13 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
     }
     ctl_session_binding_free(nb);
     free(gen);
+    /*
+     * The turn is parked before the reply's last bytes go out, so release
+     * the session now: a client may send its next turn the moment it has
+     * read the reply.
+     */
+    ctl_chat_unlock(t->key);
+    t->unlocked = true;
 }
 
 /*
@@ -351,6 +359,14 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
     *turn = NULL;
     ctl_session_hdrs hdrs;
     wk_diag d = {{0}};
+    /*
+     * Open WebUI's background tasks (title, tags, follow-ups) carry the chat
+     * headers too; with `X-WKVM-Task: {{TASK}}` configured they say so, and
+     * are served without touching the session.
+     */
+    const char *task = ctl_http_req_header(req, "X-WKVM-Task");
+    if (task != NULL && task[strspn(task, " \t")] != '\0')
+        return true;
     if (ctl_session_headers_parse(ctl_chat_hdr_get, req, &hdrs, &d) != WK_OK) {
         ctl_http_send_error(req, WK_EINVAL, d.msg, NULL);
         return false;
@@ -519,7 +535,8 @@ ctl_chat_end(ctl_chat_turn *t)
     ctl_session_binding_free(t->prev);
     free(t->full_prompt);
     free(t->delta);
-    ctl_chat_unlock(t->key);
+    if (!t->unlocked)
+        ctl_chat_unlock(t->key);
     free(t);
 }
 

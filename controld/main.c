@@ -28,6 +28,9 @@ static const wk_cfg_opt ctl_opts[] = {
     {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
     {"worker-url", WK_CFG_STR, NULL, 0, 0,
      "NNG URL workers dial (default ipc://DATA/controller.ipc; tcp://HOST:PORT across hosts)"},
+    {"allow-remote-workers", WK_CFG_BOOL, "false", 0, 0,
+     "let --worker-url listen on a non-loopback tcp:// address (the worker link has no "
+     "authentication: firewall it)"},
     {"model", WK_CFG_STR, NULL, 0, 0, "model directory every worker loads (none: empty workers)"},
     {"slots", WK_CFG_U64, "16", 1, 65535, "state slots per worker (slot 0 is reserved extra)"},
     {"workers", WK_CFG_U64, "1", 0, 1024, "workers that must be ready before /ready says 200"},
@@ -148,6 +151,20 @@ main(int argc, char **argv)
     else
         snprintf(worker_url, sizeof(worker_url), "ipc://%s/controller.ipc", data_dir);
 
+    if (strncmp(worker_url, "tcp://", 6) == 0 && !wk_cfg_get_bool(cfg, "allow-remote-workers")) {
+        const char *wh = worker_url + 6;
+        bool lo = strncmp(wh, "127.", 4) == 0 || strncmp(wh, "localhost:", 10) == 0 ||
+                  strncmp(wh, "[::1]:", 6) == 0;
+        if (!lo) {
+            fprintf(stderr,
+                    "wkvm-controld: refusing to listen for workers on %s: the worker link carries "
+                    "prompts and state bytes without authentication; pass "
+                    "--allow-remote-workers once it is firewalled (docs/OPERATIONS.md)\n",
+                    worker_url);
+            wk_cfg_free(cfg);
+            return 2;
+        }
+    }
     const char *host = wk_cfg_get_str(cfg, "host");
     ctl_auth *auth = NULL;
     if (ctl_auth_load(wk_cfg_get_str(cfg, "api-keys"), &auth, &d) != WK_OK) {
