@@ -97,6 +97,7 @@ struct be_ctx {
     const float *lnout_w, *lnout_b; /* into vecs */
     cpu_layer *layers;      /* L entries, owned */
     be_cpu_mat head;        /* C -> V */
+    void *weights;          /* one block holding every packed matrix, owned */
     uint64_t weight_bytes;  /* packed bytes */
 
     uint32_t n_slots;       /* arena slots incl. 0 */
@@ -648,6 +649,7 @@ cpu_close(be_ctx *c)
     }
     free(c->layers);
     be_cpu_mat_free(&c->head);
+    free(c->weights);
     free(c->vecs);
     free(c->arena);
     free(c->slot_mark);
@@ -822,13 +824,33 @@ cpu_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         packs[np].src = &rw->head;
         packs[np].dst = &c->head;
         np++;
+        /* one block for all packed weights (huge pages: decode streams all of it) */
+        size_t total = 0;
         for (size_t i = 0; i < np; i++) {
-            if ((e = be_cpu_mat_alloc(packs[i].dst, packs[i].src)) != WK_OK) {
-                wk_diag_set(d, e, "cpu backend: cannot allocate packed weights (%s)",
-                            packs[i].src->t->name);
+            size_t b = be_cpu_mat_bytes(packs[i].src);
+            if (b == 0) {
+                e = wk_diag_set(d, WK_EINVAL, "cpu backend: %s: cannot pack (dtype %s)",
+                                packs[i].src->t->name, wk_dtype_name(packs[i].src->t->dtype));
                 free(packs);
                 goto fail;
             }
+            total += b;
+        }
+        c->weights = be_cpu_big_alloc(total);
+        if (c->weights == NULL) {
+            e = wk_diag_set(d, WK_ENOMEM, "cpu backend: cannot allocate %zu bytes of packed "
+                                          "weights", total);
+            free(packs);
+            goto fail;
+        }
+        uint8_t *wp = c->weights;
+        for (size_t i = 0; i < np; i++) {
+            if ((e = be_cpu_mat_init(packs[i].dst, packs[i].src, wp)) != WK_OK) {
+                wk_diag_set(d, e, "cpu backend: cannot pack %s", packs[i].src->t->name);
+                free(packs);
+                goto fail;
+            }
+            wp += packs[i].dst->bytes;
             c->weight_bytes += packs[i].dst->bytes;
             ntask += (packs[i].dst->n_panels + 15) / 16;
         }
@@ -858,7 +880,7 @@ cpu_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         e = wk_diag_set(d, WK_ENOMEM, "cpu backend: arena of %u slots too large", c->n_slots);
         goto fail;
     }
-    c->arena = cpu_alloc_f(c->slot_floats * c->n_slots);
+    c->arena = be_cpu_big_alloc(c->slot_floats * c->n_slots * sizeof(float));
     c->slot_mark = calloc(c->n_slots, sizeof(uint32_t));
     if (c->arena == NULL || c->slot_mark == NULL) {
         e = wk_diag_set(d, WK_ENOMEM, "cpu backend: cannot allocate %u slots of %zu bytes",

@@ -48,15 +48,33 @@ typedef struct be_cpu_mat {
     uint32_t k;        /* inputs */
     uint32_t n;        /* outputs */
     uint32_t n_panels; /* ceil(n / BE_CPU_NR) */
-    void *data;        /* [n_panels][k][BE_CPU_NR], 64-byte aligned, owned */
+    void *data;        /* [n_panels][k][BE_CPU_NR], 64-byte aligned */
     size_t bytes;      /* bytes at data */
+    bool owned;        /* data is freed by be_cpu_mat_free */
 } be_cpu_mat;
 
+/* Bytes (a multiple of 64) the packed form of src takes; 0 when src is unusable. */
+size_t be_cpu_mat_bytes(const wrk_mat *src);
+
 /*
- * Allocates dst for src (same dtype; F32/F16/BF16). The panels are filled
- * by be_cpu_mat_pack_panels. Returns WK_ENOMEM or WK_EINVAL (bad dtype).
+ * Sets dst up for src over mem (64-byte aligned, be_cpu_mat_bytes(src)
+ * bytes, borrowed for dst's life). Returns WK_EINVAL for a bad src (no
+ * tensor, empty, dtype not F32/F16/BF16).
+ */
+WK_MUST_CHECK wk_err be_cpu_mat_init(be_cpu_mat *dst, const wrk_mat *src, void *mem);
+
+/*
+ * Like be_cpu_mat_init over its own allocation (freed by be_cpu_mat_free).
+ * Returns WK_ENOMEM or WK_EINVAL.
  */
 WK_MUST_CHECK wk_err be_cpu_mat_alloc(be_cpu_mat *dst, const wrk_mat *src);
+
+/*
+ * A large buffer for weights or state: 2 MiB aligned, with transparent huge
+ * pages requested (fewer TLB misses when streaming). Free with free().
+ * NULL when out of memory.
+ */
+void *be_cpu_big_alloc(size_t bytes);
 
 /* Fills panels [p0, p1) of dst from src. Thread-safe for disjoint ranges. */
 void be_cpu_mat_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1);

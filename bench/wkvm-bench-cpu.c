@@ -1,0 +1,577 @@
+/*
+ * wkvm-bench-cpu: throughput of the CPU backend next to this machine's
+ * roofs, all measured in the same run:
+ *   - memory bandwidth: a multi-threaded streaming read (sum) and a STREAM
+ *     triad over buffers far larger than the caches;
+ *   - sgemm peak: OpenBLAS cblas_sgemm on large square fp32 matrices;
+ *   - decode tok/s at each --batches size (one token per row per step) and
+ *     prefill tok/s for one --prefill-token prompt.
+ * Each model figure is printed as a fraction of its roof:
+ *   decode batch 1: BW_read / (streamed weight bytes + 2 * state bytes)
+ *   batched decode, prefill: sgemm peak / (matmul FLOP per token)
+ * Every figure, the roofs included, is the best of --rounds rounds, so that
+ * other work on a shared machine (which only slows a measurement) drops out.
+ * Output is a Markdown table (docs/PERFORMANCE.md takes it as is).
+ *
+ * A benchmark, not a test: it assumes a quiet machine and says so when the
+ * load average says otherwise.
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "be.h"
+#include "be_cpu_kernels.h"
+#include "wrk_model.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+void openblas_set_num_threads(int n);
+
+#define BENCH_MAX_BATCHES 16
+
+static double
+bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void
+bench_die(const char *msg, const char *detail)
+{
+    fprintf(stderr, "wkvm-bench-cpu: %s%s%s\n", msg, detail ? ": " : "", detail ? detail : "");
+    exit(1);
+}
+
+/* ------------------------------------------------------------------------ */
+/* memory bandwidth                                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct bw_arg {
+    float *a, *b, *c; /* arrays */
+    size_t n;         /* elements of this thread's part */
+    int triad;        /* 0: read (sum), 1: a = b + s * c */
+    int streams;      /* read: interleaved streams per thread */
+    double sum;       /* result, keeps the read alive */
+    pthread_barrier_t *bar; /* start line */
+    double t0, t1;    /* this thread's run */
+} bw_arg;
+
+/*
+ * The read kernel walks its part as `streams` interleaved sequential streams
+ * (1 or 8): a GEMV over several weight panels reads several streams at once,
+ * and on some cores one stream leaves the prefetchers underused. The roof is
+ * the better of the two.
+ */
+#define BW_STREAMS_MAX 8
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static double
+bw_read_avx2(const float *p, size_t n, int streams)
+{
+    const size_t part = n / (size_t)streams / 16 * 16;
+    __m256 acc[BW_STREAMS_MAX];
+    for (int s = 0; s < BW_STREAMS_MAX; s++)
+        acc[s] = _mm256_setzero_ps();
+    for (size_t i = 0; i < part; i += 16)
+        for (int s = 0; s < streams; s++) {
+            const float *q = p + (size_t)s * part + i;
+            acc[s] = _mm256_add_ps(acc[s], _mm256_add_ps(_mm256_load_ps(q), _mm256_load_ps(q + 8)));
+        }
+    float t[8];
+    __m256 a = acc[0];
+    for (int s = 1; s < BW_STREAMS_MAX; s++)
+        a = _mm256_add_ps(a, acc[s]);
+    _mm256_storeu_ps(t, a);
+    double sum = 0;
+    for (int j = 0; j < 8; j++)
+        sum += t[j];
+    for (size_t i = part * (size_t)streams; i < n; i++)
+        sum += p[i];
+    return sum;
+}
+#endif
+
+static double
+bw_read(const float *p, size_t n, int streams)
+{
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx2"))
+        return bw_read_avx2(p, n, streams);
+#endif
+    (void)streams;
+    float s[8] = {0};
+    for (size_t i = 0; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            s[j] += p[i + j];
+    return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
+static void *
+bw_thread(void *vp)
+{
+    bw_arg *a = vp;
+    pthread_barrier_wait(a->bar);
+    a->t0 = bench_now();
+    if (a->triad) {
+        const float s = 3.0f;
+        for (size_t i = 0; i < a->n; i++)
+            a->a[i] = a->b[i] + s * a->c[i];
+    } else {
+        a->sum = bw_read(a->a, a->n, a->streams);
+    }
+    a->t1 = bench_now();
+    return NULL;
+}
+
+/*
+ * Best of reps: bytes moved / wall time, GB/s (1e9). Buffers come from
+ * be_cpu_big_alloc, like the backend's packed weights (huge pages).
+ */
+static double
+bench_bw(int threads, int triad, int streams, size_t bytes_per_array, int reps)
+{
+    size_t n = bytes_per_array / sizeof(float);
+    n -= n % ((size_t)threads * 64);
+    float *a = be_cpu_big_alloc(n * sizeof(float));
+    float *b = triad ? be_cpu_big_alloc(n * sizeof(float)) : NULL;
+    float *c = triad ? be_cpu_big_alloc(n * sizeof(float)) : NULL;
+    if (a == NULL || (triad && (b == NULL || c == NULL)))
+        bench_die("out of memory for the bandwidth buffers", NULL);
+    for (size_t i = 0; i < n; i++) {
+        a[i] = 1.0f;
+        if (triad) {
+            b[i] = 2.0f;
+            c[i] = 0.5f;
+        }
+    }
+    double best = 0;
+    pthread_t th[256];
+    bw_arg args[256];
+    pthread_barrier_t bar;
+    for (int r = 0; r < reps; r++) {
+        pthread_barrier_init(&bar, NULL, (unsigned)threads);
+        size_t part = n / (size_t)threads;
+        for (int t = 0; t < threads; t++) {
+            args[t] = (bw_arg){a + part * t, b ? b + part * t : NULL, c ? c + part * t : NULL,
+                               part, triad, streams, 0, &bar, 0, 0};
+            if (pthread_create(&th[t], NULL, bw_thread, &args[t]) != 0)
+                bench_die("pthread_create failed", NULL);
+        }
+        double t0 = 1e300, t1 = 0;
+        for (int t = 0; t < threads; t++) {
+            pthread_join(th[t], NULL);
+            if (args[t].t0 < t0)
+                t0 = args[t].t0;
+            if (args[t].t1 > t1)
+                t1 = args[t].t1;
+        }
+        pthread_barrier_destroy(&bar);
+        double moved = (double)n * sizeof(float) * (triad ? 3.0 : 1.0);
+        double gbs = moved / (t1 - t0) / 1e9;
+        if (gbs > best)
+            best = gbs;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+/* ------------------------------------------------------------------------ */
+/* sgemm peak                                                                */
+/* ------------------------------------------------------------------------ */
+
+static double
+bench_sgemm(int threads, int n, int reps)
+{
+    openblas_set_num_threads(threads);
+    float *a = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    float *b = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    float *c = aligned_alloc(64, (size_t)n * n * sizeof(float));
+    if (a == NULL || b == NULL || c == NULL)
+        bench_die("out of memory for sgemm", NULL);
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        a[i] = (float)(i % 7) * 0.1f;
+        b[i] = (float)(i % 5) * 0.1f;
+        c[i] = 0;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                n); /* warm-up */
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = bench_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+                    c, n);
+        double g = 2.0 * n * (double)n * n / (bench_now() - t0) / 1e9;
+        if (g > best)
+            best = g;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the backend's own GEMM kernel alone                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kern_job {
+    be_cpu_isa isa;       /* kernel path */
+    const be_cpu_mat *w;  /* packed weights */
+    const float *x;       /* input rows */
+    float *y;             /* output rows */
+    uint32_t m;           /* rows */
+    uint32_t per;         /* panels per task */
+} kern_job;
+
+static void
+kern_task(void *arg, uint32_t t)
+{
+    kern_job *j = arg;
+    uint32_t p0 = t * j->per, p1 = p0 + j->per;
+    be_cpu_gemm(j->isa, j->w, j->x, j->w->k, j->m, j->y, j->w->n, NULL, p0, p1,
+                BE_CPU_EPI_STORE);
+}
+
+/* GFLOP/s of be_cpu_gemm on bf16 weights [K -> N] for M rows, threads as the backend. */
+static double
+bench_kernel(int threads, uint32_t M, uint32_t K, uint32_t N)
+{
+    uint16_t *wd = malloc((size_t)K * N * 2);
+    float *x = malloc((size_t)M * K * sizeof(float));
+    float *y = malloc((size_t)M * N * sizeof(float));
+    if (wd == NULL || x == NULL || y == NULL)
+        bench_die("out of memory", NULL);
+    for (size_t i = 0; i < (size_t)K * N; i++)
+        wd[i] = wk_f32_to_bf16((float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f);
+    for (size_t i = 0; i < (size_t)M * K; i++)
+        x[i] = (float)(i % 13) * 0.01f;
+    wk_tensor t = {.name = "w", .dtype = WK_DTYPE_BF16, .ndim = 2, .shape = {N, K},
+                   .data = wd, .nbytes = (size_t)K * N * 2};
+    wrk_mat wm = {&t, K, N, false};
+    be_cpu_mat pm;
+    be_cpu_pool *pool = NULL;
+    if (be_cpu_mat_alloc(&pm, &wm) != WK_OK || be_cpu_pool_new((uint32_t)threads, &pool) != WK_OK)
+        bench_die("kernel bench setup failed", NULL);
+    be_cpu_mat_pack_panels(&pm, &wm, 0, pm.n_panels);
+    kern_job j = {be_cpu_isa_detect(), &pm, x, y, M, 0};
+    uint32_t ntask = 4 * (uint32_t)threads;
+    j.per = (pm.n_panels + ntask - 1) / ntask;
+    ntask = (pm.n_panels + j.per - 1) / j.per;
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double t0 = bench_now();
+        int reps = 0;
+        do {
+            be_cpu_pool_run(pool, kern_task, &j, ntask);
+            reps++;
+        } while (bench_now() - t0 < 0.2);
+        double g = 2.0 * M * (double)K * N * reps / (bench_now() - t0) / 1e9;
+        if (g > best)
+            best = g;
+    }
+    be_cpu_pool_free(pool);
+    be_cpu_mat_free(&pm);
+    free(wd);
+    free(x);
+    free(y);
+    return best;
+}
+
+/* ------------------------------------------------------------------------ */
+/* model                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static uint64_t
+mat_elems(const wrk_mat *m)
+{
+    return m->t != NULL ? (uint64_t)m->n_in * m->n_out : 0;
+}
+
+static uint64_t
+mat_bytes(const wrk_mat *m)
+{
+    return m->t != NULL ? m->t->nbytes : 0;
+}
+
+typedef struct model_cost {
+    uint64_t layer_params; /* matmul weights in the layers */
+    uint64_t head_params;  /* head */
+    uint64_t stream_bytes; /* weight bytes a decode step reads (layers + head) */
+} model_cost;
+
+static model_cost
+bench_cost(const wrk_rwkv7 *rw)
+{
+    model_cost mc = {0, 0, 0};
+    for (uint32_t l = 0; l < rw->n_layer; l++) {
+        const wrk_rwkv7_layer *s = &rw->layers[l];
+        const wrk_mat *ms[] = {&s->wr, &s->wk, &s->wv, &s->wo, &s->w1, &s->w2, &s->a1,
+                               &s->a2, &s->v1, &s->v2, &s->g1, &s->g2, &s->ffn_key,
+                               &s->ffn_value};
+        for (size_t i = 0; i < sizeof(ms) / sizeof(ms[0]); i++) {
+            mc.layer_params += mat_elems(ms[i]);
+            mc.stream_bytes += mat_bytes(ms[i]);
+        }
+    }
+    mc.head_params = mat_elems(&rw->head);
+    mc.stream_bytes += mat_bytes(&rw->head);
+    return mc;
+}
+
+static void
+bench_step(const be_ops *ops, be_ctx *ctx, be_row *rows, size_t n)
+{
+    wk_diag d = {{0}};
+    wk_err e = ops->step(ctx, rows, n, &d);
+    if (e != WK_OK)
+        bench_die("step failed", d.msg);
+}
+
+/*
+ * Decode tok/s at batch B: after 2 warm-up steps, 6 windows of at least 3
+ * steps and total_s / 6 seconds each; the best window counts (a shared
+ * machine only ever makes a window slower).
+ */
+static double
+bench_decode(const be_ops *ops, be_ctx *ctx, uint32_t B, uint32_t V, double total_s)
+{
+    be_row *rows = calloc(B, sizeof(*rows));
+    int32_t *tok = calloc(B, sizeof(*tok));
+    float *logits = malloc((size_t)B * V * sizeof(float));
+    if (rows == NULL || tok == NULL || logits == NULL)
+        bench_die("out of memory", NULL);
+    for (uint32_t b = 0; b < B; b++) {
+        if (ops->slot_reset(ctx, b + 1) != WK_OK)
+            bench_die("slot reset failed", NULL);
+        tok[b] = (int32_t)((b * 104729u + 11u) % V);
+    }
+    double best = 0;
+    for (int w = -1; w < 6; w++) { /* window -1: warm-up */
+        double t = 0;
+        long steps = 0;
+        while (w < 0 ? steps < 2 : (steps < 3 || t < total_s / 6)) {
+            for (uint32_t b = 0; b < B; b++)
+                rows[b] = (be_row){.slot = b + 1, .tokens = &tok[b], .n_tokens = 1,
+                                   .logits_mode = BE_LOGITS_LAST,
+                                   .logits = logits + (size_t)b * V};
+            double t0 = bench_now();
+            bench_step(ops, ctx, rows, B);
+            t += bench_now() - t0;
+            steps++;
+            for (uint32_t b = 0; b < B; b++) /* next token: cheap, not argmax */
+                tok[b] = (int32_t)(((uint32_t)tok[b] * 31u + 7u + b) % V);
+        }
+        double v = (double)B * (double)steps / t;
+        if (w >= 0 && v > best)
+            best = v;
+    }
+    free(rows);
+    free(tok);
+    free(logits);
+    return best;
+}
+
+static double
+bench_prefill(const be_ops *ops, be_ctx *ctx, uint32_t T, uint32_t V, int reps)
+{
+    int32_t *tok = malloc(T * sizeof(*tok));
+    float *logits = malloc((size_t)V * sizeof(float));
+    if (tok == NULL || logits == NULL)
+        bench_die("out of memory", NULL);
+    for (uint32_t i = 0; i < T; i++)
+        tok[i] = (int32_t)((i * 7919u + 13u) % V);
+    double best = 0;
+    for (int r = 0; r < reps + 1; r++) {
+        if (ops->slot_reset(ctx, 1) != WK_OK)
+            bench_die("slot reset failed", NULL);
+        be_row row = {.slot = 1, .tokens = tok, .n_tokens = T, .logits_mode = BE_LOGITS_LAST,
+                      .logits = logits};
+        double t0 = bench_now();
+        bench_step(ops, ctx, &row, 1);
+        double v = T / (bench_now() - t0);
+        if (r > 0 && v > best) /* the first run warms up */
+            best = v;
+    }
+    free(tok);
+    free(logits);
+    return best;
+}
+
+static void
+bench_usage(FILE *f)
+{
+    fprintf(f, "usage: wkvm-bench-cpu --model DIR [--threads N] [--batches 1,8,32,64]\n"
+               "                      [--prefill T] [--seconds S] [--bw-mib M] [--sgemm-n N]\n"
+               "                      [--rounds R] [--fp32]\n"
+               "Every figure is the best of R rounds (default 3); --seconds is the decode\n"
+               "time per batch size per round.\n");
+}
+
+int
+main(int argc, char **argv)
+{
+    const char *model = NULL;
+    int threads = 0, prefill = 512, bw_mib = 1024, sgemm_n = 3072, fp32 = 0;
+    double seconds = 1.5;
+    int rounds = 3;
+    uint32_t batches[BENCH_MAX_BATCHES] = {1, 8, 32, 64};
+    int n_batches = 4;
+    static const struct option lo[] = {
+        {"model", required_argument, NULL, 'm'},   {"threads", required_argument, NULL, 't'},
+        {"batches", required_argument, NULL, 'b'}, {"prefill", required_argument, NULL, 'p'},
+        {"seconds", required_argument, NULL, 's'}, {"bw-mib", required_argument, NULL, 'w'},
+        {"sgemm-n", required_argument, NULL, 'g'}, {"fp32", no_argument, NULL, 'f'},
+        {"rounds", required_argument, NULL, 'r'},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 't': threads = atoi(optarg); break;
+        case 'p': prefill = atoi(optarg); break;
+        case 's': seconds = atof(optarg); break;
+        case 'w': bw_mib = atoi(optarg); break;
+        case 'g': sgemm_n = atoi(optarg); break;
+        case 'f': fp32 = 1; break;
+        case 'r': rounds = atoi(optarg); break;
+        case 'b': {
+            n_batches = 0;
+            char *save = NULL, *dup = strdup(optarg);
+            for (char *p = strtok_r(dup, ",", &save); p && n_batches < BENCH_MAX_BATCHES;
+                 p = strtok_r(NULL, ",", &save)) {
+                int v = atoi(p);
+                if (v < 1 || v > 1024)
+                    bench_die("--batches: each batch must be 1..1024", p);
+                batches[n_batches++] = (uint32_t)v;
+            }
+            free(dup);
+            break;
+        }
+        case 'h': bench_usage(stdout); return 0;
+        default: bench_usage(stderr); return 2;
+        }
+    }
+    if (model == NULL || prefill < 1 || bw_mib < 16 || sgemm_n < 256 || n_batches == 0 ||
+        rounds < 1 || rounds > 100) {
+        bench_usage(stderr);
+        return 2;
+    }
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    double load = 0;
+    if (getloadavg(&load, 1) == 1 && load > 0.5)
+        printf("> note: load average %.2f at start; figures are lower on a busy machine\n\n",
+               load);
+
+    /* model */
+    wk_diag d = {{0}};
+    wrk_model_opts mo = {.fp32 = fp32 != 0};
+    wrk_model *m = NULL;
+    if (wrk_model_load(model, &mo, &m, &d) != WK_OK)
+        bench_die("load failed", d.msg);
+    const wrk_model_info *in = wrk_model_info_get(m);
+    const wrk_rwkv7 *rw = wrk_model_rwkv7(m);
+    model_cost mc = bench_cost(rw);
+    uint32_t maxb = 1;
+    for (int i = 0; i < n_batches; i++)
+        if (batches[i] > maxb)
+            maxb = batches[i];
+    be_config bc = {.n_slots = maxb + 1, .n_threads = (uint32_t)threads,
+                    .max_step_rows = maxb, .max_step_tokens = 0};
+    const be_ops *ops = &be_cpu_ops;
+    be_ctx *ctx = NULL;
+    if (ops->open(&bc, m, &ctx, &d) != WK_OK)
+        bench_die("open failed", d.msg);
+    char desc[256] = "";
+    ops->describe(ctx, desc, sizeof(desc));
+
+    /*
+     * Rounds: every figure (roofs included) is measured once per round and
+     * the best round counts, so that other work on a shared machine, which
+     * only ever slows a measurement, drops out.
+     */
+    double bw_read = 0, bw_triad = 0, peak = 0, kern = 0, pv = 0;
+    double dec[BENCH_MAX_BATCHES] = {0};
+    for (int r = 0; r < rounds; r++) {
+        double v;
+        if ((v = bench_bw(threads, 0, 1, (size_t)bw_mib << 20, 4)) > bw_read)
+            bw_read = v;
+        if ((v = bench_bw(threads, 0, BW_STREAMS_MAX, (size_t)bw_mib << 20, 4)) > bw_read)
+            bw_read = v;
+        if ((v = bench_bw(threads, 1, 1, ((size_t)bw_mib << 20) / 2, 4)) > bw_triad)
+            bw_triad = v;
+        if ((v = bench_sgemm(threads, sgemm_n, 3)) > peak)
+            peak = v;
+        if ((v = bench_kernel(threads, 256, 768, 3072)) > kern)
+            kern = v;
+        for (int i = 0; i < n_batches; i++)
+            if ((v = bench_decode(ops, ctx, batches[i], in->vocab_size, seconds)) > dec[i])
+                dec[i] = v;
+        if ((v = bench_prefill(ops, ctx, (uint32_t)prefill, in->vocab_size, 2)) > pv)
+            pv = v;
+        fprintf(stderr, "wkvm-bench-cpu: round %d/%d done\n", r + 1, rounds);
+    }
+
+    printf("model: %s, L%u C%u H%u N%u F%u V%u, %s, %.1f M params (%.1f M in layer "
+           "matmuls, %.1f M head)\n",
+           in->name, in->n_layer, in->n_embd, in->n_head, in->head_size, in->ffn_dim,
+           in->vocab_size, wk_dtype_name(in->dtype), in->n_params / 1e6, mc.layer_params / 1e6,
+           mc.head_params / 1e6);
+    printf("backend: %s\n", desc);
+    printf("best of %d rounds\n", rounds);
+    printf("roofs: read bandwidth %.1f GB/s, triad %.1f GB/s, OpenBLAS sgemm %.1f GFLOP/s "
+           "(n=%d, %d threads)\n",
+           bw_read, bw_triad, peak, sgemm_n, threads);
+    const double dec_bytes = (double)mc.stream_bytes + 2.0 * (double)in->state_bytes;
+    printf("own bf16 GEMM kernel alone (M=256, K=768, N=3072, %d threads): %.1f GFLOP/s = %.0f%% "
+           "of sgemm peak\n",
+           threads, kern, 100.0 * kern / peak);
+    printf("decode step streams %.1f MB of weights + 2 x %.2f MB state; matmul FLOP per "
+           "token: decode %.1f M, prefill %.1f M\n\n",
+           mc.stream_bytes / 1e6, in->state_bytes / 1e6,
+           2.0 * (mc.layer_params + mc.head_params) / 1e6, 2.0 * mc.layer_params / 1e6);
+
+    printf("| workload | tok/s | roof tok/s | fraction of roof | roof |\n");
+    printf("|---|---:|---:|---:|---|\n");
+    for (int i = 0; i < n_batches; i++) {
+        uint32_t B = batches[i];
+        double v = dec[i];
+        double flop = 2.0 * (double)(mc.layer_params + mc.head_params);
+        double roof_bw = bw_read * 1e9 / dec_bytes * B; /* weights once per step */
+        double roof_fl = peak * 1e9 / flop;
+        if (B == 1)
+            printf("| decode batch 1 | %.1f | %.1f | %.0f%% | bandwidth: %.1f GB/s / %.1f MB "
+                   "per step |\n",
+                   v, roof_bw, 100.0 * v / roof_bw, bw_read, dec_bytes / 1e6);
+        else {
+            double roof = roof_bw < roof_fl ? roof_bw : roof_fl;
+            printf("| decode batch %u | %.1f | %.1f | %.0f%% | %s (sgemm %.0f%%) |\n", B, v, roof,
+                   100.0 * v / roof, roof_bw < roof_fl ? "bandwidth" : "sgemm peak",
+                   100.0 * v / roof_fl);
+        }
+    }
+    double proof = peak * 1e9 / (2.0 * (double)mc.layer_params);
+    printf("| prefill %d tokens | %.1f | %.1f | %.0f%% | sgemm peak |\n", prefill, pv, proof,
+           100.0 * pv / proof);
+    ops->close(ctx);
+    wrk_model_free(m);
+    return 0;
+}
