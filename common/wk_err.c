@@ -43,6 +43,7 @@ static const wk_err_row wk_err_rows[WK_ERR__COUNT] = {
     [WK_EUNAVAIL] = {"WK_EUNAVAIL", "service unavailable", 503, "server_error",
                      "unavailable"},
     [WK_ECORRUPT] = {"WK_ECORRUPT", "data corrupt", 500, "server_error", "corrupt_data"},
+    [WK_EQUOTA] = {"WK_EQUOTA", "quota exceeded", 429, "rate_limit_error", "quota_exceeded"},
 };
 
 static const wk_err_row *

@@ -33,6 +33,7 @@ typedef enum wk_err {
     WK_EQUEUEFULL, /* admission queue full */
     WK_EUNAVAIL,   /* no worker / service unavailable */
     WK_ECORRUPT,   /* stored data failed a checksum or format check */
+    WK_EQUOTA,     /* a per-user quota or concurrency limit is reached */
     WK_ERR__COUNT
 } wk_err;
 

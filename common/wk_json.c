@@ -6,6 +6,7 @@
 #include "wk_json.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -282,13 +283,56 @@ wk_json_dump_canonical(const json_t *v)
     return b.p;
 }
 
+/*
+ * A copy of s (caller frees) with every byte that does not belong to a
+ * well-formed UTF-8 sequence replaced by '?': messages quote client input
+ * and may be cut inside a character, and jansson refuses invalid UTF-8.
+ */
+static char *
+wk_json_utf8_scrub(const char *s)
+{
+    size_t n = strlen(s);
+    char *o = malloc(n + 1);
+    if (o == NULL)
+        return NULL;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t len = c < 0x80 ? 1
+                     : c >= 0xc2 && c <= 0xdf ? 2
+                     : c >= 0xe0 && c <= 0xef ? 3
+                     : c >= 0xf0 && c <= 0xf4 ? 4
+                                              : 0;
+        bool ok = len > 0 && i + len <= n;
+        for (size_t k = 1; ok && k < len; k++)
+            ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
+        if (ok && len >= 3) {
+            unsigned char c1 = (unsigned char)s[i + 1];
+            ok = !(c == 0xe0 && c1 < 0xa0) && !(c == 0xed && c1 > 0x9f) && /* overlong, UTF-16 */
+                 !(c == 0xf0 && c1 < 0x90) && !(c == 0xf4 && c1 > 0x8f);   /* overlong, > U+10FFFF */
+        }
+        if (!ok) {
+            o[i++] = '?';
+            continue;
+        }
+        memcpy(o + i, s + i, len);
+        i += len;
+    }
+    o[n] = '\0';
+    return o;
+}
+
 char *
 wk_json_error_body(wk_err err, const char *message, const char *param)
 {
-    json_t *inner = json_pack("{s:s, s:s, s:o, s:s}", "message", message ? message : "",
-                              "type", wk_err_openai_type(err), "param",
-                              param ? json_string(param) : json_null(), "code",
-                              wk_err_openai_code(err));
+    char *msg = wk_json_utf8_scrub(message ? message : "");
+    char *par = param ? wk_json_utf8_scrub(param) : NULL;
+    json_t *inner = NULL;
+    if (msg != NULL && (param == NULL || par != NULL))
+        inner = json_pack("{s:s, s:s, s:o, s:s}", "message", msg, "type",
+                          wk_err_openai_type(err), "param",
+                          par ? json_string(par) : json_null(), "code", wk_err_openai_code(err));
+    free(msg);
+    free(par);
     if (inner == NULL)
         return NULL;
     json_t *body = json_pack("{s:o}", "error", inner);

@@ -55,7 +55,9 @@ char *wk_json_dump_canonical(const json_t *v);
 
 /*
  * OpenAI error body {"error":{"message","type","param","code"}} for err.
- * param may be NULL (-> null). Caller frees. NULL on ENOMEM.
+ * param may be NULL (-> null). Bytes of message or param that are not
+ * well-formed UTF-8 (a quote of client input cut inside a character) become
+ * '?'. Caller frees. NULL on ENOMEM.
  */
 char *wk_json_error_body(wk_err err, const char *message, const char *param);
 

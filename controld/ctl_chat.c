@@ -332,10 +332,15 @@ ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, bo
             return true;
         (void)ctl_sched_slot_free(app->sched, slot);
     }
+    /* The entry may have been spilled since b was read: look at the stored ref. */
+    bool bad = false;
+    ctl_session_binding *now = ctl_chat_load(app, key, &bad);
     size_t rl = 0;
-    const char *ref = ctl_session_binding_ref(b, &rl);
-    if (ref == NULL || rl != strlen(CTL_CHAT_REF_SPILLED) ||
-        memcmp(ref, CTL_CHAT_REF_SPILLED, rl) != 0)
+    const char *ref = ctl_session_binding_ref(now != NULL ? now : b, &rl);
+    bool spilled = ref != NULL && rl == strlen(CTL_CHAT_REF_SPILLED) &&
+                   memcmp(ref, CTL_CHAT_REF_SPILLED, rl) == 0;
+    ctl_session_binding_free(now);
+    if (!spilled)
         return false;
     char name[CTL_STORE_NAME_MAX + 1], fp[WK_SHA256_HEX_LEN] = "";
     ctl_chat_record_name(key, name);

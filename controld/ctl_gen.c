@@ -129,7 +129,9 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
     memset(res, 0, sizeof(*res));
     wk_err err = WK_OK;
     ctl_gen_state g = {.res = res, .sink = sink, .sink_arg = sink_arg};
-    res->tokens = calloc(p->max_tokens, sizeof(*res->tokens));
+    /* Grown as tokens come: max_tokens is the client's, up to 11 MiB of records at 65536. */
+    size_t tok_cap = p->max_tokens < 64 ? p->max_tokens : 64;
+    res->tokens = calloc(tok_cap ? tok_cap : 1, sizeof(*res->tokens));
     if (res->tokens == NULL) {
         ctl_job_free(job);
         return WK_ENOMEM;
@@ -168,6 +170,16 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
         if (finished) {
             ctl_job_stop(job, false);
             continue;
+        }
+        if (res->n_tokens == tok_cap) {
+            size_t ncap = tok_cap * 2 < p->max_tokens ? tok_cap * 2 : p->max_tokens;
+            ctl_gen_token *nt = realloc(res->tokens, ncap * sizeof(*nt));
+            if (nt == NULL) {
+                err = wk_diag_set(d, WK_ENOMEM, "out of memory");
+                break;
+            }
+            res->tokens = nt;
+            tok_cap = ncap;
         }
         ctl_gen_token *t = &res->tokens[res->n_tokens++];
         t->id = ev.token;

@@ -23,6 +23,13 @@
 #include "wk_log.h"
 
 #define CTL_POOL_MAX_WORKERS 256
+/*
+ * Requests outstanding to one worker at a time. NNG's polyamorous pair1
+ * drops (silently) a message sent while the pipe's send queue is full, and
+ * a worker busy with a long step reads nothing; bounding what is in flight
+ * keeps the queue from ever filling. Callers beyond it wait their turn.
+ */
+#define CTL_POOL_INFLIGHT_MAX 2
 
 typedef struct ctl_worker {
     ctl_worker_view v;    /* the public record */
@@ -31,6 +38,7 @@ typedef struct ctl_worker {
     bool busy;            /* the manager is talking to it */
     uint64_t last_beat;   /* monotonic ms of the last good Stats */
     uint32_t missed;      /* consecutive failed heartbeats */
+    uint32_t inflight;    /* requests sent and not yet answered or given up */
 } ctl_worker;
 
 typedef struct ctl_pending {
@@ -339,12 +347,30 @@ ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req, uint32_t timeout_
               wk_msg **reply, wk_diag *d)
 {
     ctl_pending c = {0};
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&p->mu);
     ctl_worker *w = ctl_pool_find_locked(p, worker_id);
+    while (w != NULL && nng_pipe_id(w->pipe) > 0 && w->inflight >= CTL_POOL_INFLIGHT_MAX) {
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT) {
+            p->stats.rpc_errors++;
+            pthread_mutex_unlock(&p->mu);
+            return wk_diag_set(d, WK_ETIMEDOUT, "worker %s: %s timed out waiting to be sent",
+                               worker_id, wk_proto_kind_name(req->kind));
+        }
+        w = ctl_pool_find_locked(p, worker_id);
+    }
     if (w == NULL || nng_pipe_id(w->pipe) <= 0) {
         pthread_mutex_unlock(&p->mu);
         return wk_diag_set(d, WK_ENOENT, "no worker '%s'", worker_id);
     }
+    w->inflight++;
     nng_pipe pipe = w->pipe;
     c.id = atomic_fetch_add(&p->next_id, 1);
     c.pipe_id = (uint32_t)nng_pipe_id(pipe);
@@ -355,14 +381,6 @@ ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req, uint32_t timeout_
 
     req->id = c.id;
     wk_err err = ctl_pool_send(p, pipe, req);
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
     pthread_mutex_lock(&p->mu);
     while (err == WK_OK && !c.done) {
         if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT)
@@ -376,6 +394,15 @@ ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req, uint32_t timeout_
     }
     if (err == WK_OK && c.reply == NULL)
         err = c.done ? WK_EUNAVAIL : WK_ETIMEDOUT;
+    /* Give the in-flight place back (the record may have been replaced or freed). */
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *x = p->workers[i];
+        if (x != NULL && (uint32_t)nng_pipe_id(x->pipe) == c.pipe_id && x->inflight > 0) {
+            x->inflight--;
+            break;
+        }
+    }
+    pthread_cond_broadcast(&p->cv);
     if (err != WK_OK)
         p->stats.rpc_errors++;
     pthread_mutex_unlock(&p->mu);

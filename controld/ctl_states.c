@@ -235,6 +235,8 @@ ctl_states_tokens(ctl_http_req *req, ctl_app *app, json_t *body, bool required, 
     }
     *ids = r.prompt;
     *n = r.n_prompt;
+    r.prompt = NULL; /* given to the caller; the messages and rendered text are not */
+    ctl_oa_req_fini(&r);
     return true;
 }
 

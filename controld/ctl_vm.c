@@ -23,6 +23,7 @@ typedef struct ctl_vm_entry {
     ctl_slot_ref slot;           /* where the bytes are */
     bool dirty;                  /* spill before eviction */
     bool taken;                  /* a caller holds the slot */
+    bool spilling;               /* being written to the store before eviction */
     uint64_t used;               /* LRU clock */
     uint64_t used_ms;            /* monotonic ms of the last use */
     struct ctl_vm_entry *next;   /* list link */
@@ -92,6 +93,8 @@ ctl_vm_free(ctl_vm *vm)
 }
 
 static wk_err ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill);
+static wk_err ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e);
+static void ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e);
 static void ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e);
 
 /* Picks a dirty entry to spill (idle too long, or over the cap); unlinks it. */
@@ -113,7 +116,8 @@ ctl_vm_janitor_pick_locked(ctl_vm *vm, uint64_t now)
     bool over = vm->max_dirty > 0 && n_dirty > vm->max_dirty;
     if (!idle && !over)
         return NULL;
-    ctl_vm_unlink_locked(vm, oldest);
+    oldest->taken = true;
+    oldest->spilling = true;
     return oldest;
 }
 
@@ -128,7 +132,7 @@ ctl_vm_janitor_main(void *arg)
             pthread_mutex_unlock(&vm->mu);
             wk_log_info("spilling idle session key=%.16s worker=%s slot=%u", e->key,
                         e->slot.worker, e->slot.slot);
-            (void)ctl_vm_retire(vm, e, true);
+            ctl_vm_evict_visible(vm, e);
             pthread_mutex_lock(&vm->mu);
             continue;
         }
@@ -308,13 +312,13 @@ ctl_vm_find_locked(ctl_vm *vm, const char *key)
     return NULL;
 }
 
-/* Spills (when dirty) and frees an entry already unlinked. */
+/* Writes a dirty entry's bytes through the spill function. */
 static wk_err
-ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
+ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e)
 {
     wk_err err = WK_OK;
     wk_diag d = {{0}};
-    if (e->dirty && spill && ctl_sched_slot_valid(vm->sched, &e->slot)) {
+    if (ctl_sched_slot_valid(vm->sched, &e->slot)) {
         void *bytes = NULL;
         size_t len = 0;
         ctl_vm_spill_fn fn;
@@ -330,6 +334,33 @@ ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
         if (err != WK_OK)
             wk_log_warn("spill failed key=%.16s: %s", e->key, d.msg);
     }
+    return err;
+}
+
+/*
+ * Spills an entry that the caller marked taken + spilling under the lock
+ * (it stays findable meanwhile, so lookups wait for the spill instead of
+ * missing the session), then unlinks and frees it. Called without the lock.
+ */
+static void
+ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e)
+{
+    (void)ctl_vm_spill_entry(vm, e);
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_unlink_locked(vm, e);
+    pthread_cond_broadcast(&vm->cv);
+    pthread_mutex_unlock(&vm->mu);
+    (void)ctl_sched_slot_free(vm->sched, &e->slot);
+    free(e);
+}
+
+/* Spills (when dirty) and frees an entry already unlinked. */
+static wk_err
+ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
+{
+    wk_err err = WK_OK;
+    if (e->dirty && spill)
+        err = ctl_vm_spill_entry(vm, e);
     (void)ctl_sched_slot_free(vm->sched, &e->slot);
     free(e);
     return err;
@@ -343,6 +374,18 @@ ctl_vm_evict_one(ctl_vm *vm)
     for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
         if (!e->taken && (victim == NULL || e->used < victim->used))
             victim = e;
+    }
+    if (victim != NULL && victim->dirty) {
+        /*
+         * Keep a dirty entry visible while its bytes go to the store, so a
+         * turn arriving meanwhile waits for the spill and then resumes from
+         * it, instead of finding the session nowhere.
+         */
+        victim->taken = true;
+        victim->spilling = true;
+        pthread_mutex_unlock(&vm->mu);
+        ctl_vm_evict_visible(vm, victim);
+        return WK_OK;
     }
     if (victim != NULL)
         ctl_vm_unlink_locked(vm, victim);
@@ -405,6 +448,10 @@ ctl_vm_take(ctl_vm *vm, const char *key, ctl_slot_ref *slot)
     ctl_vm_entry *stale = NULL;
     pthread_mutex_lock(&vm->mu);
     ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
+    while (e != NULL && e->spilling) {
+        pthread_cond_wait(&vm->cv, &vm->mu);
+        e = ctl_vm_find_locked(vm, key);
+    }
     if (e != NULL && e->taken) {
         err = WK_EBUSY;
     } else if (e != NULL && !ctl_sched_slot_valid(vm->sched, &e->slot)) {
@@ -480,6 +527,10 @@ ctl_vm_cached(ctl_vm *vm, const char *key)
 {
     pthread_mutex_lock(&vm->mu);
     ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
+    while (e != NULL && e->spilling) {
+        pthread_cond_wait(&vm->cv, &vm->mu);
+        e = ctl_vm_find_locked(vm, key);
+    }
     ctl_slot_ref ref;
     bool found = e != NULL;
     if (found)

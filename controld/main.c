@@ -38,7 +38,7 @@ static const wk_cfg_opt ctl_opts[] = {
     {"http-threads", WK_CFG_U64, "32", 2, 1024, "HTTP request threads"},
     {"max-body", WK_CFG_U64, "16777216", 1024, 1073741824, "largest request body in bytes"},
     {"max-header-bytes", WK_CFG_U64, "16384", 1024, 1048576,
-     "largest request line + headers in bytes (larger: 413, connection closed)"},
+     "largest request line + headers in bytes (larger: a 4xx JSON error, connection closed)"},
     {"http-timeout-ms", WK_CFG_U64, "60000", 1000, 86400000,
      "HTTP socket timeout: reading a request's headers, one body read or response write"},
     {"max-messages", WK_CFG_U64, "4096", 1, 1000000, "most chat messages in one request"},

@@ -5,6 +5,7 @@
  */
 #include "wk_proto.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -135,8 +136,14 @@ wk_proto_validate(const wk_msg *m, wk_diag *d)
     if (m->kind <= WKVM__KIND__KIND_UNSPECIFIED || (size_t)m->kind >= WK_PROTO_NKINDS)
         return wk_diag_set(d, WK_EPROTO, "unknown message kind %d", (int)m->kind);
     Wkvm__Envelope__PayloadCase want = wk_proto_kind_payload(m->kind);
-    /* Error replies may omit the payload; otherwise kind and payload agree. */
-    if (m->payload_case != want && !(m->status != 0 && m->payload_case == 0))
+    /*
+     * Error replies may omit the payload; otherwise kind and payload agree.
+     * Requests (and Hello) always carry theirs: handlers dereference it.
+     */
+    bool reply = m->kind == WKVM__KIND__HELLO_ACK || m->kind == WKVM__KIND__MODEL_INFO ||
+                 m->kind == WKVM__KIND__STEP_RESULT || m->kind == WKVM__KIND__SLOT_DATA ||
+                 m->kind == WKVM__KIND__STATS_REPLY;
+    if (m->payload_case != want && !(reply && m->status != 0 && m->payload_case == 0))
         return wk_diag_set(d, WK_EPROTO, "kind %s carries payload %d, expected %d",
                            wk_proto_kind_name(m->kind), (int)m->payload_case, (int)want);
     CHECK_STR(m->detail, "detail");

@@ -93,6 +93,7 @@ def test_api_keys_and_bind_rules():
         keys = os.path.join(d, "keys")
         with open(keys, "w") as f:
             f.write("# key user [admin]\nsk-user-0123456789 alice\nsk-admin-0123456789 ops admin\n")
+        os.chmod(keys, 0o600)  # the controller refuses a key file others may read
         with Stack(extra_ctl=["--api-keys", keys], data=d) as s:
             s.start_controller()
             assert s.get("/health").status == 200  # public
@@ -106,6 +107,7 @@ def test_api_keys_and_bind_rules():
         bad = os.path.join(d, "badkeys")
         with open(bad, "w") as f:
             f.write("short alice\n")
+        os.chmod(bad, 0o600)
         p = subprocess.run([CONTROLD, "--port", str(free_port()), "--data-dir", d,
                             "--api-keys", bad], capture_output=True, text=True, timeout=20)
         assert p.returncode == 2 and "line 1" in p.stderr, p.stderr

@@ -206,6 +206,7 @@ def test_owner_isolation():
     keys = os.path.join(TMP.name, "keys")
     with open(keys, "w") as f:
         f.write("sk-alice-000000001 alice\nsk-bob-00000000002 bob\nsk-ops-00000000003 ops admin\n")
+    os.chmod(keys, 0o600)  # the controller refuses a key file others may read
     alice = {"Authorization": "Bearer sk-alice-000000001"}
     bob = {"Authorization": "Bearer sk-bob-00000000002"}
     ops = {"Authorization": "Bearer sk-ops-00000000003"}

@@ -100,6 +100,21 @@ test_error_body(void **state)
     assert_true(json_is_null(json_object_get(json_object_get(v, "error"), "param")));
     json_decref(v);
     free(s);
+    /*
+     * A message quoting client input cut inside a character (vsnprintf at 512
+     * bytes) used to give NULL, answered as 500 "{}"; found by fuzz_chat_body.
+     * Bad bytes become '?', good characters stay.
+     */
+    s = wk_json_error_body(WK_EINVAL, "role '\xc3\xa9\xc3' \xff\xed\xa0\x80 \xf0\x9f\x98\x80",
+                           "p\xc3");
+    assert_non_null(s);
+    v = parse(s);
+    e = json_object_get(v, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "message")),
+                        "role '\xc3\xa9?' ???? \xf0\x9f\x98\x80");
+    assert_string_equal(json_string_value(json_object_get(e, "param")), "p?");
+    json_decref(v);
+    free(s);
 }
 
 int

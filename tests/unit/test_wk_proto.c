@@ -68,6 +68,20 @@ test_kind_payload_mismatch(void **state)
     wk_msg *o = roundtrip(&e, WK_OK);
     assert_string_equal(o->detail, "bad model");
     wk_proto_free(o);
+    /* A request or Hello never may: handlers dereference it (a 6-byte HELLO with
+     * status 1 and no payload crashed the controller; found by fuzz_proto). */
+    static const int requests[] = {WKVM__KIND__HELLO, WKVM__KIND__LOAD_MODEL,
+                                   WKVM__KIND__SLOT_RESET, WKVM__KIND__SLOT_COPY,
+                                   WKVM__KIND__SLOT_FREE, WKVM__KIND__STEP,
+                                   WKVM__KIND__SLOT_READ, WKVM__KIND__SLOT_WRITE,
+                                   WKVM__KIND__MIGRATE_PREPARE, WKVM__KIND__MIGRATE_SEND,
+                                   WKVM__KIND__MIGRATE_RECV, WKVM__KIND__MIGRATE_COMMIT};
+    for (size_t i = 0; i < sizeof(requests) / sizeof(requests[0]); i++) {
+        wk_msg q = WKVM__ENVELOPE__INIT;
+        q.kind = requests[i];
+        q.status = WK_EINVAL;
+        roundtrip(&q, WK_EPROTO);
+    }
     /* Unknown and unspecified kinds. */
     wk_msg u = WKVM__ENVELOPE__INIT;
     roundtrip(&u, WK_EPROTO);

@@ -1,0 +1,447 @@
+/*
+ * libFuzzer harness for what a client sends to the generation routes: the
+ * real request handlers of controld/ctl_openai.c (/v1/chat/completions and
+ * /v1/completions, reached through ctl_openai_routes()) run on the input as
+ * an HTTP request, with everything below them stubbed: ctl_http (the request
+ * and the response are plain memory here, no civetweb), the generation
+ * (ctl_gen: a deterministic fake result derived from the prompt, streamed
+ * through the real sink when the request streams), metrics and the session
+ * glue (ctl_chat_begin runs the real parent-token-v1 header parser,
+ * ctl_session_headers_parse_pairs, on the input's headers).
+ *
+ * Input: byte 0 picks the route (bit 0: chat or completions); when byte 1 is
+ * '@', "Name: value" lines follow up to a blank line and become the request
+ * headers; the rest is the request body. Invariants: the handler answers
+ * exactly once; a JSON answer parses; an error answer is an OpenAI error
+ * object with a 4xx status (nothing a client sends may cause a 5xx: the fake
+ * generation never fails); a success has one choice and coherent usage; a
+ * stream ends with [DONE]; every per-user unit is given back.
+ */
+/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_chat.c controld/ctl_openai.c controld/ctl_limits.c controld/ctl_session.c gen/wkvm.pb-c.c */
+/* fuzz-protoc: proto/wkvm.proto */
+/* fuzz-libs: -lprotobuf-c */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "ctl_app.h"
+#include "ctl_openai.h"
+#include "ctl_session.h"
+#include "wk_json.h"
+#include "wk_log.h"
+#include "wk_tok.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void
+fuzz_check(int ok, const char *what)
+{
+    if (!ok) {
+        fprintf(stderr, "fuzz_chat_body: invariant failed: %s\n", what);
+        abort();
+    }
+}
+
+/* ---- ctl_http stub: the request and the response as memory ---- */
+
+#define FUZZ_MAX_HDRS 16
+
+struct ctl_http_req {
+    const char *body;                    /* request body (NUL-terminated copy) */
+    size_t body_len;                     /* bytes */
+    ctl_session_hdr hdrs[FUZZ_MAX_HDRS]; /* request headers */
+    size_t n_hdrs;                       /* entries */
+    int status;                          /* response status, 0 = none yet */
+    int n_responses;                     /* ctl_http_send* calls that answered */
+    char *resp;                          /* response body (JSON), owned */
+    bool sse;                            /* the response is an event stream */
+    size_t n_events;                     /* SSE events */
+    bool done;                           /* [DONE] was sent */
+    bool after_done;                     /* an event came after [DONE] */
+};
+
+static void
+fuzz_answer(ctl_http_req *req, int status, const char *body, size_t len)
+{
+    req->n_responses++;
+    if (req->status != 0)
+        return;
+    req->status = status;
+    req->resp = strndup(body, len);
+}
+
+const char *
+ctl_http_req_user(const ctl_http_req *req)
+{
+    (void)req;
+    return "fuzz";
+}
+
+const char *
+ctl_http_req_header(const ctl_http_req *req, const char *name)
+{
+    for (size_t i = 0; i < req->n_hdrs; i++)
+        if (strcasecmp(req->hdrs[i].name, name) == 0)
+            return req->hdrs[i].value;
+    return NULL;
+}
+
+wk_err
+ctl_http_req_body(ctl_http_req *req, const char **buf, size_t *len)
+{
+    *buf = req->body;
+    *len = req->body_len;
+    return WK_OK;
+}
+
+void
+ctl_http_send(ctl_http_req *req, int status, const char *content_type, const char *body,
+              size_t len)
+{
+    (void)content_type;
+    fuzz_answer(req, status, body, len);
+}
+
+void
+ctl_http_send_json(ctl_http_req *req, int status, json_t *v)
+{
+    char *s = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    json_decref(v);
+    fuzz_check(s != NULL, "send_json got a value");
+    fuzz_answer(req, status, s, strlen(s));
+    free(s);
+}
+
+void
+ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const char *message,
+                           const char *param)
+{
+    char *s = wk_json_error_body(err, message, param);
+    fuzz_check(s != NULL, "error body");
+    fuzz_answer(req, status, s, strlen(s));
+    free(s);
+}
+
+void
+ctl_http_send_error(ctl_http_req *req, wk_err err, const char *message, const char *param)
+{
+    ctl_http_send_error_status(req, wk_err_http_status(err), err, message, param);
+}
+
+void
+ctl_http_sse_begin(ctl_http_req *req)
+{
+    fuzz_check(req->status == 0, "stream begins before any answer");
+    req->status = 200;
+    req->n_responses++;
+    req->sse = true;
+}
+
+wk_err
+ctl_http_sse_data(ctl_http_req *req, const char *payload)
+{
+    fuzz_check(req->sse, "event without a stream");
+    if (req->done)
+        req->after_done = true;
+    if (strcmp(payload, "[DONE]") == 0) {
+        req->done = true;
+    } else {
+        json_error_t je;
+        json_t *v = json_loads(payload, JSON_ALLOW_NUL, &je); /* text may hold U+0000 */
+        fuzz_check(json_is_object(v), "every event is a JSON object");
+        json_decref(v);
+    }
+    req->n_events++;
+    return WK_OK;
+}
+
+/* ---- metrics, sessions, generation: stubs ---- */
+
+wk_err
+ctl_metrics_declare(ctl_metrics *m, const char *name, ctl_metric_type type, const char *help,
+                    const double *buckets, size_t n_buckets)
+{
+    (void)m, (void)name, (void)type, (void)help, (void)buckets, (void)n_buckets;
+    return WK_OK;
+}
+
+void
+ctl_metrics_add(ctl_metrics *m, const char *name, const char *labels, double delta)
+{
+    (void)m, (void)name, (void)labels, (void)delta;
+}
+
+bool
+ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn)
+{
+    (void)app, (void)r;
+    *turn = NULL;
+    ctl_session_hdrs h;
+    wk_diag d = {{0}};
+    wk_err err = ctl_session_headers_parse_pairs(req->hdrs, req->n_hdrs, &h, &d);
+    fuzz_check(err == WK_OK || err == WK_EINVAL, "header parse error code");
+    if (err != WK_OK) {
+        fuzz_check(d.msg[0] != '\0', "header parse says why");
+        ctl_http_send_error(req, err, d.msg, NULL);
+        return false;
+    }
+    ctl_session_mode mode = ctl_session_hdrs_mode(&h);
+    fuzz_check(mode != CTL_SESSION_MODE_PARENT_TOKEN || h.contract, "contract mode");
+    fuzz_check(strlen(h.chat_id) <= CTL_SESSION_HDR_MAX, "chat id bounded");
+    return true;
+}
+
+void
+ctl_chat_end(ctl_chat_turn *turn)
+{
+    fuzz_check(turn == NULL, "no turn from the stub");
+}
+
+static int fuzz_job_token; /* the address is the fake job handle */
+/* The fake generation's input: the prompt of the last submit. */
+static const int32_t *fuzz_input;
+static size_t fuzz_n_input;
+
+wk_err
+ctl_gen_submit(ctl_sched *sched, const int32_t *input, size_t n, const ctl_gen_params *p,
+               ctl_job **job, wk_diag *d)
+{
+    (void)sched, (void)d;
+    fuzz_check(n > 0 && p->max_tokens > 0 && p->n_stops <= CTL_GEN_MAX_STOPS, "gen params");
+    fuzz_input = input;
+    fuzz_n_input = n;
+    *job = (ctl_job *)&fuzz_job_token;
+    return WK_OK;
+}
+
+void
+ctl_job_free(ctl_job *j)
+{
+    fuzz_check(j == (ctl_job *)&fuzz_job_token, "job handle");
+}
+
+void
+ctl_gen_result_fini(ctl_gen_result *res)
+{
+    free(res->text);
+    free(res->tokens);
+    memset(res, 0, sizeof(*res));
+}
+
+/* A fake generation: up to 4 tokens derived from the prompt, decoded as ctl_gen would. */
+wk_err
+ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_gen_sink_fn sink,
+                void *sink_arg, ctl_gen_result *res, wk_diag *d)
+{
+    (void)d;
+    ctl_job_free(job);
+    memset(res, 0, sizeof(*res));
+    size_t n = p->max_tokens < 4 ? p->max_tokens : 4;
+    res->tokens = calloc(n ? n : 1, sizeof(*res->tokens));
+    res->text = calloc(1, n * WK_TOK_STREAM_OUT_MAX + WK_TOK_STREAM_FLUSH_MAX + 1);
+    fuzz_check(res->tokens != NULL && res->text != NULL, "alloc");
+    uint32_t vocab = wk_tok_vocab_size(tok);
+    wk_tok_stream ts; /* as ctl_gen does: the text is always valid UTF-8 */
+    wk_tok_stream_init(&ts, tok);
+    for (size_t i = 0; i < n; i++) {
+        ctl_gen_token *t = &res->tokens[i];
+        t->id = (int32_t)((uint32_t)fuzz_input[i % fuzz_n_input] % vocab);
+        t->logprob = -0.5f * (float)i;
+        t->n_top = p->sample.top_logprobs;
+        for (uint32_t k = 0; k < t->n_top && k < 20; k++) {
+            t->top_id[k] = (int32_t)((uint32_t)(t->id + (int32_t)k) % vocab);
+            t->top_logprob[k] = -(float)k;
+        }
+        size_t pl = 0;
+        fuzz_check(wk_tok_stream_push(&ts, t->id, res->text + res->text_len,
+                                      WK_TOK_STREAM_OUT_MAX, &pl, NULL) == WK_OK,
+                   "stream push");
+        res->text_len += pl;
+    }
+    res->text_len += wk_tok_stream_flush(&ts, res->text + res->text_len);
+    res->n_tokens = n;
+    res->finish_reason = n == p->max_tokens ? "length" : "stop";
+    res->computed = fuzz_n_input;
+    res->fed = fuzz_n_input + n;
+    if (sink != NULL) {
+        wk_err err = sink(sink_arg, res->text, res->text_len, res->tokens, res->n_tokens);
+        if (err != WK_OK) {
+            ctl_gen_result_fini(res);
+            return err;
+        }
+    }
+    return WK_OK;
+}
+
+wk_err
+ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
+            const ctl_gen_params *p, ctl_gen_sink_fn sink, void *sink_arg, ctl_gen_result *res,
+            wk_diag *d)
+{
+    ctl_job *job = NULL;
+    wk_err err = ctl_gen_submit(sched, input, n, p, &job, d);
+    if (err != WK_OK)
+        return err;
+    return ctl_gen_run_job(job, tok, p, sink, sink_arg, res, d);
+}
+
+/* ---- the harness ---- */
+
+static ctl_app fuzz_app;
+static ctl_http_route fuzz_routes[8];
+
+/* A small World-format vocab: the 256 bytes and a few words. */
+static void
+fuzz_init(void)
+{
+    static bool done;
+    if (done)
+        return;
+    done = true;
+    fuzz_check(wk_log_set_level_name("error") == WK_OK, "log level");
+    static const char *const words[] = {"User", "Assistant", "System", ": ", "\\n\\n", "the",
+                                        " the", "hello", " world", "\\u00e9t\\u00e9"};
+    size_t cap = 256 * 24 + 1024, len = 0;
+    char *v = malloc(cap);
+    fuzz_check(v != NULL, "alloc");
+    for (int b = 0; b < 256; b++)
+        len += (size_t)snprintf(v + len, cap - len, "%d b'\\x%02x' 1\n", b + 1, b);
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++) {
+        /* The byte length as the file states it: escapes count as one byte each. */
+        size_t bl = 0;
+        for (const char *p = words[i]; *p; p++) {
+            if (p[0] == '\\' && p[1] == 'n') {
+                p++;
+            } else if (p[0] == '\\' && p[1] == 'u') {
+                p += 5;
+                bl++; /* two-byte UTF-8 (U+00E9) */
+            }
+            bl++;
+        }
+        len += (size_t)snprintf(v + len, cap - len, "%zu '%s' %zu\n", 257 + i, words[i], bl);
+    }
+    wk_diag d = {{0}};
+    wk_tok *tok = NULL;
+    if (wk_tok_load_mem(v, len, &tok, &d) != WK_OK) {
+        fprintf(stderr, "fuzz_chat_body: vocab: %s\n", d.msg);
+        abort();
+    }
+    free(v);
+    fuzz_app.tok = tok;
+    fuzz_app.model_id = "tiny";
+    fuzz_app.default_max_tokens = 16;
+    fuzz_app.max_tokens_limit = 64;
+    fuzz_app.max_prompt_tokens = 2048;
+    fuzz_app.request_timeout_ms = 1000;
+    fuzz_app.max_messages = 32;
+    fuzz_app.max_message_bytes = 4096;
+    fuzz_app.max_stop_bytes = 16;
+    fuzz_check(ctl_limits_new(1, &fuzz_app.limits) == WK_OK, "limits");
+    size_t n = ctl_openai_routes(&fuzz_app, fuzz_routes, 8);
+    fuzz_check(n == 3, "three OpenAI routes");
+}
+
+/* Splits "Name: value" lines (up to a blank line) into req->hdrs; returns bytes used. */
+static size_t
+fuzz_headers(const char *p, size_t n, ctl_http_req *req, char *store, size_t cap)
+{
+    size_t used = 0, off = 0;
+    while (used < n) {
+        const char *nl = memchr(p + used, '\n', n - used);
+        size_t ll = nl ? (size_t)(nl - (p + used)) : n - used;
+        if (ll == 0) {
+            used++;
+            break;
+        }
+        const char *line = p + used;
+        used += ll + (nl != NULL);
+        const char *colon = memchr(line, ':', ll);
+        if (colon == NULL || req->n_hdrs == FUZZ_MAX_HDRS || off + ll + 2 > cap)
+            continue;
+        size_t nl_len = (size_t)(colon - line), vl = ll - nl_len - 1;
+        char *name = store + off;
+        memcpy(name, line, nl_len);
+        name[nl_len] = '\0';
+        off += nl_len + 1;
+        char *value = store + off;
+        memcpy(value, colon + 1, vl);
+        value[vl] = '\0';
+        off += vl + 1;
+        if (strlen(name) != nl_len || strlen(value) != vl)
+            continue; /* NUL inside: not expressible as an HTTP header */
+        req->hdrs[req->n_hdrs].name = name;
+        req->hdrs[req->n_hdrs].value = value;
+        req->n_hdrs++;
+    }
+    return used;
+}
+
+static void
+fuzz_check_answer(ctl_http_req *req)
+{
+    fuzz_check(req->n_responses == 1, "exactly one answer");
+    if (req->sse) {
+        fuzz_check(req->done && !req->after_done, "a stream ends with [DONE], once");
+        return;
+    }
+    json_error_t je;
+    json_t *v = json_loads(req->resp, JSON_ALLOW_NUL, &je);
+    fuzz_check(json_is_object(v), "the answer is a JSON object");
+    if (req->status != 200) {
+        fuzz_check(req->status >= 400 && req->status < 500, "refusals are 4xx");
+        json_t *e = json_object_get(v, "error");
+        fuzz_check(json_is_object(e) && json_object_size(e) == 4, "OpenAI error shape");
+        fuzz_check(json_is_string(json_object_get(e, "message")) &&
+                       json_string_length(json_object_get(e, "message")) > 0,
+                   "an error says why");
+    } else {
+        json_t *ch = json_object_get(v, "choices");
+        fuzz_check(json_is_array(ch) && json_array_size(ch) == 1, "one choice");
+        json_t *u = json_object_get(v, "usage");
+        json_int_t pt = json_integer_value(json_object_get(u, "prompt_tokens"));
+        json_int_t ct = json_integer_value(json_object_get(u, "completion_tokens"));
+        json_int_t tt = json_integer_value(json_object_get(u, "total_tokens"));
+        fuzz_check(pt >= 1 && ct >= 1 && tt == pt + ct, "usage adds up");
+        fuzz_check(pt <= (json_int_t)fuzz_app.max_prompt_tokens, "prompt limit held");
+    }
+    json_decref(v);
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    fuzz_init();
+    if (size < 1)
+        return 0;
+    ctl_http_req req;
+    memset(&req, 0, sizeof(req));
+    const char *p = (const char *)data + 1;
+    size_t n = size - 1;
+    char *hstore = NULL;
+    if (n > 0 && p[0] == '@') {
+        hstore = malloc(n + 2 * FUZZ_MAX_HDRS + 1);
+        fuzz_check(hstore != NULL, "alloc");
+        size_t used = 1 + fuzz_headers(p + 1, n - 1, &req, hstore, n + 2 * FUZZ_MAX_HDRS);
+        p += used;
+        n -= used;
+    }
+    char *body = malloc(n + 1);
+    fuzz_check(body != NULL, "alloc");
+    memcpy(body, p, n);
+    body[n] = '\0';
+    req.body = body;
+    req.body_len = n;
+    const ctl_http_route *r = &fuzz_routes[(data[0] & 1) ? 1 : 2];
+    fuzz_input = NULL;
+    fuzz_n_input = 0;
+    r->fn(&req, r->arg);
+    fuzz_check_answer(&req);
+    fuzz_check(ctl_limits_active_users(fuzz_app.limits) == 0, "per-user unit given back");
+    free(req.resp);
+    free(body);
+    free(hstore);
+    return 0;
+}
