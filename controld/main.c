@@ -55,6 +55,8 @@ static const wk_cfg_opt ctl_opts[] = {
     {"prefill-chunk", WK_CFG_U64, "256", 1, 16384, "most prefill tokens of one request per step"},
     {"max-rows", WK_CFG_U64, "256", 1, 1024, "most rows in one step"},
     {"queue-max", WK_CFG_U64, "1024", 0, 1000000, "requests waiting for a slot before 429"},
+    {"step-timeout-ms", WK_CFG_U64, "120000", 100, 3600000,
+     "deadline of one step on a worker; past it the step's requests fail"},
     {"request-timeout-ms", WK_CFG_U64, "600000", 100, 86400000, "deadline of one request"},
     {"max-tokens-default", WK_CFG_U64, "1024", 1, 1048576, "chat max_tokens when absent"},
     {"max-tokens-limit", WK_CFG_U64, "65536", 1, 1048576, "largest max_tokens accepted"},
@@ -258,7 +260,7 @@ main(int argc, char **argv)
         .job_chunk = (uint32_t)wk_cfg_get_u64(cfg, "prefill-chunk"),
         .max_rows = (uint32_t)wk_cfg_get_u64(cfg, "max-rows"),
         .queue_max = (uint32_t)wk_cfg_get_u64(cfg, "queue-max"),
-        .step_timeout_ms = 120000,
+        .step_timeout_ms = (uint32_t)wk_cfg_get_u64(cfg, "step-timeout-ms"),
     };
     if (ctl_sched_new(&sc, app.pool, app.metrics, &app.sched, &d) != WK_OK) {
         wk_log_error("%s", d.msg);
