@@ -172,19 +172,10 @@ ctl_chat_store(ctl_app *app, const char *key, ctl_session_binding *b, const char
 static wk_err
 ctl_chat_fingerprint(ctl_app *app, char fp[WK_SHA256_HEX_LEN])
 {
-    ctl_worker_view *v = calloc(64, sizeof(*v));
-    if (v == NULL)
-        return WK_ENOMEM;
-    size_t n = ctl_pool_list(app->pool, v, 64);
-    wk_err err = WK_EUNAVAIL;
-    for (size_t i = 0; i < n && i < 64; i++) {
-        if (v[i].model_loaded) {
-            snprintf(fp, WK_SHA256_HEX_LEN, "%s", v[i].fingerprint);
-            err = WK_OK;
-            break;
-        }
-    }
-    free(v);
+    ctl_worker_view v;
+    wk_err err = ctl_pool_model_view(app->pool, &v);
+    if (err == WK_OK)
+        snprintf(fp, WK_SHA256_HEX_LEN, "%s", v.fingerprint);
     return err;
 }
 

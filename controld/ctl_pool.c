@@ -656,6 +656,24 @@ ctl_pool_list(ctl_pool *p, ctl_worker_view *out, size_t cap)
     return n;
 }
 
+wk_err
+ctl_pool_model_view(ctl_pool *p, ctl_worker_view *out)
+{
+    wk_err err = WK_EUNAVAIL;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *w = p->workers[i];
+        if (w != NULL && nng_pipe_id(w->pipe) > 0 && w->v.model_loaded &&
+            w->v.state == CTL_WORKER_STATE_READY) {
+            *out = w->v;
+            err = WK_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
 size_t
 ctl_pool_ready_count(ctl_pool *p)
 {

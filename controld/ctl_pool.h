@@ -78,6 +78,12 @@ void ctl_pool_free(ctl_pool *p);
  */
 size_t ctl_pool_list(ctl_pool *p, ctl_worker_view *out, size_t cap);
 
+/*
+ * The served model as a worker reports it: a copy of the first ready worker
+ * with a model loaded. WK_EUNAVAIL when there is none.
+ */
+WK_MUST_CHECK wk_err ctl_pool_model_view(ctl_pool *p, ctl_worker_view *out);
+
 /* Number of workers in CTL_WORKER_STATE_READY. */
 size_t ctl_pool_ready_count(ctl_pool *p);
 

@@ -42,42 +42,21 @@ ctl_states_mark_damaged(ctl_app *app, const char *owner, const char *id, const w
 static wk_err
 ctl_states_model_view(ctl_app *app, ctl_worker_view *out)
 {
-    ctl_worker_view *v = calloc(64, sizeof(*v));
-    if (v == NULL)
-        return WK_ENOMEM;
-    size_t n = ctl_pool_list(app->pool, v, 64);
-    wk_err err = WK_EUNAVAIL;
-    for (size_t i = 0; i < n && i < 64; i++) {
-        if (v[i].model_loaded && v[i].state == CTL_WORKER_STATE_READY) {
-            *out = v[i];
-            err = WK_OK;
-            break;
-        }
-    }
-    free(v);
-    return err;
+    return ctl_pool_model_view(app->pool, out);
 }
 
 /* The served model's fingerprint (from a ready worker). WK_EUNAVAIL when none. */
 static wk_err
 ctl_states_model(ctl_app *app, char fp[WK_SHA256_HEX_LEN], uint64_t *state_bytes)
 {
-    ctl_worker_view *v = calloc(64, sizeof(*v));
-    if (v == NULL)
-        return WK_ENOMEM;
-    size_t n = ctl_pool_list(app->pool, v, 64);
-    wk_err err = WK_EUNAVAIL;
-    for (size_t i = 0; i < n && i < 64; i++) {
-        if (v[i].model_loaded && v[i].state == CTL_WORKER_STATE_READY) {
-            snprintf(fp, WK_SHA256_HEX_LEN, "%s", v[i].fingerprint);
-            if (state_bytes != NULL)
-                *state_bytes = v[i].state_bytes;
-            err = WK_OK;
-            break;
-        }
-    }
-    free(v);
-    return err;
+    ctl_worker_view v;
+    wk_err err = ctl_pool_model_view(app->pool, &v);
+    if (err != WK_OK)
+        return err;
+    snprintf(fp, WK_SHA256_HEX_LEN, "%s", v.fingerprint);
+    if (state_bytes != NULL)
+        *state_bytes = v.state_bytes;
+    return WK_OK;
 }
 
 static json_t *
