@@ -48,7 +48,8 @@ static const wk_cfg_opt ctl_opts[] = {
     {"max-states-per-user", WK_CFG_U64, "10000", 0, 1000000000,
      "most state versions one user may store (0: no limit; over: 429 quota_exceeded)"},
     {"max-concurrent-per-user", WK_CFG_U64, "64", 0, 1000000,
-     "generation requests one user may run at once (0: no limit; over: 429 quota_exceeded)"},
+     "generation requests one API user may run at once (0: no limit; over: 429 "
+     "quota_exceeded; without --api-keys only when set explicitly)"},
     {"served-model-name", WK_CFG_STR, NULL, 0, 0, "model id in the API (default: model dir name)"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default MODEL/rwkv_vocab_v20230424.txt)"},
     {"step-tokens", WK_CFG_U64, "512", 1, 65536, "token budget of one step per worker"},
@@ -209,7 +210,15 @@ main(int argc, char **argv)
     app.max_message_bytes = wk_cfg_get_u64(cfg, "max-message-bytes");
     app.max_stop_bytes = (uint32_t)wk_cfg_get_u64(cfg, "max-stop-bytes");
     app.max_states_per_user = wk_cfg_get_u64(cfg, "max-states-per-user");
-    if (ctl_limits_new((uint32_t)wk_cfg_get_u64(cfg, "max-concurrent-per-user"), &app.limits) !=
+    /*
+     * Without keys every client is the one user "local": a per-user cap would
+     * be a server-wide cap on top of --queue-max, so it applies only when set
+     * explicitly there.
+     */
+    uint32_t per_user = (uint32_t)wk_cfg_get_u64(cfg, "max-concurrent-per-user");
+    if (!ctl_auth_enabled(auth) && !wk_cfg_is_set(cfg, "max-concurrent-per-user"))
+        per_user = 0;
+    if (ctl_limits_new(per_user, &app.limits) !=
         WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
