@@ -50,14 +50,19 @@ ctl_admin_ready(ctl_http_req *req, void *arg)
                  app->expected_workers);
     } else {
         const char *why = "";
+        char loading[200] = "";
         for (size_t i = 0; i < n && i < 64; i++) {
             if (views[i].state == CTL_WORKER_STATE_FAILED) {
                 why = views[i].detail;
                 break;
             }
+            if (views[i].state == CTL_WORKER_STATE_LOADING && loading[0] == '\0')
+                snprintf(loading, sizeof(loading), "; %.64s loading the model: %.31s %u%%",
+                         views[i].id, views[i].load_phase[0] ? views[i].load_phase : "starting",
+                         views[i].load_permille / 10);
         }
-        snprintf(reason, sizeof(reason), "%zu of %u workers ready%s%.400s", ready,
-                 app->expected_workers, why[0] ? "; model load failed: " : "", why);
+        snprintf(reason, sizeof(reason), "%zu of %u workers ready%s%.300s%s", ready,
+                 app->expected_workers, why[0] ? "; model load failed: " : "", why, loading);
     }
     free(views);
     ctl_http_send_json(req, 503,

@@ -290,6 +290,20 @@ static void
 ctl_pool_on_reply(ctl_pool *p, nng_pipe pipe, wk_msg *m)
 {
     pthread_mutex_lock(&p->mu);
+    if (m->id == 0 && m->kind == WKVM__KIND__STATS_REPLY && m->stats_reply != NULL) {
+        /* Unsolicited model-load progress. */
+        for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+            ctl_worker *w = p->workers[i];
+            if (w != NULL && nng_pipe_id(w->pipe) == nng_pipe_id(pipe)) {
+                w->v.load_permille = m->stats_reply->load_permille;
+                snprintf(w->v.load_phase, sizeof(w->v.load_phase), "%s",
+                         m->stats_reply->load_phase);
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        wk_proto_free(m);
+        return;
+    }
     for (ctl_pending *c = p->pending; c != NULL; c = c->next) {
         if (c->id == m->id && c->pipe_id == (uint32_t)nng_pipe_id(pipe) && !c->done) {
             c->reply = m;

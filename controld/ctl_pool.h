@@ -50,6 +50,8 @@ typedef struct ctl_worker_view {
     uint32_t n_head;          /* heads H */
     uint32_t head_size;       /* head size N */
     char vocab_digest[65];    /* tokenizer digest */
+    uint32_t load_permille;   /* model load progress while loading, 0..1000 */
+    char load_phase[32];      /* what the load is doing */
     uint64_t steps;           /* steps run (last Stats) */
     uint64_t tokens;          /* tokens processed (last Stats) */
     uint64_t connected_ms;    /* ms since epoch when this connection started */

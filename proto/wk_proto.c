@@ -216,6 +216,9 @@ wk_proto_validate(const wk_msg *m, wk_diag *d)
         return WK_OK;
     case WKVM__ENVELOPE__PAYLOAD_STATS_REPLY:
         CHECK_STR(m->stats_reply->model_fingerprint, "stats_reply.model_fingerprint");
+        CHECK_STR(m->stats_reply->load_phase, "stats_reply.load_phase");
+        if (m->stats_reply->load_permille > 1000)
+            return wk_diag_set(d, WK_EPROTO, "stats_reply.load_permille over 1000");
         return WK_OK;
     default:
         return WK_OK;

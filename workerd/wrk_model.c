@@ -693,6 +693,9 @@ typedef struct wrk_digest {
     wk_sha256 sha; /* running digest */
     uint8_t *tmp;  /* transpose buffer */
     size_t tmp_len; /* bytes in tmp */
+    const wrk_model_opts *opts; /* progress callback, may be NULL */
+    uint64_t total;  /* weight bytes to read */
+    uint64_t done;   /* weight bytes read */
 } wrk_digest;
 
 static wk_err
@@ -715,6 +718,10 @@ wrk_visit_digest(wrk_model *m, const wrk_visit *v, void *arg)
         n = snprintf(hdr, sizeof(hdr), "%s|%s|[%" PRId64 ",%" PRId64 "]|", v->name,
                      wk_dtype_name(t->dtype), t->shape[0], t->shape[1]);
     wk_sha256_update(&g->sha, hdr, (size_t)n);
+    g->done += t->nbytes;
+    if (g->opts != NULL && g->opts->progress != NULL && g->total > 0)
+        g->opts->progress(g->opts->progress_arg, "reading weights",
+                          (double)g->done / (double)g->total);
     if (!v->transpose) {
         wk_sha256_update(&g->sha, t->data, t->nbytes);
         return WK_OK;
@@ -869,6 +876,8 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
     {
         wrk_digest g;
         memset(&g, 0, sizeof(g));
+        g.opts = opts;
+        g.total = cnt.bytes_by_dtype[0] + cnt.bytes_by_dtype[1] + cnt.bytes_by_dtype[2];
         if ((e = wk_sha256_init(&g.sha)) != WK_OK) {
             wk_diag_set(d, e, "sha256 init failed");
             goto fail;

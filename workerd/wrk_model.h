@@ -22,6 +22,9 @@ typedef struct wrk_model wrk_model;
 typedef struct wrk_model_opts {
     bool fp32;              /* convert all weights to fp32 at load */
     const char *vocab_path; /* vocab file, NULL: look in the model dir */
+    /* Optional: called as the weights are read (frac 0..1), from the loading thread. */
+    void (*progress)(void *arg, const char *phase, double frac);
+    void *progress_arg;     /* passed to progress */
 } wrk_model_opts;
 
 /* What the rest of the worker (and the controller, via ModelInfo) sees. */

@@ -41,6 +41,8 @@ struct wrk_worker {
     uint64_t tokens;           /* tokens processed */
     uint64_t start_ms;         /* monotonic start */
     float *logits;             /* scratch, rows_cap * vocab */
+    uint32_t load_permille;    /* last model-load progress reported */
+    bool connected;            /* the socket is set up (progress may be sent) */
     size_t logits_cap;         /* floats in logits */
 };
 
@@ -96,6 +98,33 @@ wrk_worker_free(wrk_worker *w)
     free(w);
 }
 
+static void wrk_send(wrk_worker *w, const wk_msg *m);
+
+/* Model-load progress: logged every 10% and sent to the controller (id 0). */
+static void
+wrk_load_progress(void *arg, const char *phase, double frac)
+{
+    wrk_worker *w = arg;
+    uint32_t permille = frac >= 1.0 ? 1000u : frac <= 0.0 ? 0u : (uint32_t)(frac * 1000.0);
+    if (permille / 100 == w->load_permille / 100 && permille != 1000 && w->load_permille != 0)
+        return;
+    if (permille == w->load_permille && permille == 1000)
+        return;
+    w->load_permille = permille;
+    wk_log_info("model load progress=%u%% phase=\"%s\"", permille / 10, phase);
+    if (!w->connected)
+        return;
+    Wkvm__StatsReply s = WKVM__STATS_REPLY__INIT;
+    s.load_permille = permille;
+    s.load_phase = (char *)phase;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.id = 0;
+    m.kind = WKVM__KIND__STATS_REPLY;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_STATS_REPLY;
+    m.stats_reply = &s;
+    wrk_send(w, &m);
+}
+
 wk_err
 wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag *d)
 {
@@ -105,7 +134,9 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
     if (w->model != NULL && strcmp(w->model_dir, model_dir) == 0 &&
         w->cfg.backend->n_slots(w->be) == n_slots)
         return WK_OK;
-    wrk_model_opts mo = {.fp32 = w->cfg.fp32, .vocab_path = w->vocab_path};
+    wrk_model_opts mo = {.fp32 = w->cfg.fp32, .vocab_path = w->vocab_path,
+                         .progress = wrk_load_progress, .progress_arg = w};
+    w->load_permille = 0;
     wrk_model *m = NULL;
     wk_err err = wrk_model_load(model_dir, &mo, &m, d);
     if (err != WK_OK)
@@ -118,6 +149,7 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
         .max_step_tokens = WK_PROTO_STEP_TOKENS_MAX,
     };
     be_ctx *be = NULL;
+    wrk_load_progress(w, "packing weights", 0.999);
     err = w->cfg.backend->open(&bc, m, &be, d);
     if (err != WK_OK) {
         wrk_model_free(m);
@@ -585,6 +617,7 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
                            nng_strerror(rv));
     }
     wk_log_info("dialing controller=%s worker=%s", w->controller_url, w->worker_id);
+    w->connected = true;
     wk_err result = WK_OK;
     while (!*stop) {
         if (atomic_exchange(&w->need_hello, false))
@@ -649,6 +682,7 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
         }
         wk_proto_free(m);
     }
+    w->connected = false;
     nng_close(w->sock);
     return result;
 }

@@ -134,6 +134,11 @@ def test_model_load_through_controller():
             w = s.workers_list()[0]
             assert w["slots_total"] == 3 and w["model"]["name"] == "m", w
             assert len(w["model"]["fingerprint"]) == 64
+            # Loading reports its progress in the worker's log (and in /ready meanwhile).
+            with open(os.path.join(s.data, "worker-w0.log")) as f:
+                log = f.read()
+            assert 'model load progress=100% phase="reading weights"' in log, log[-2000:]
+            assert 'phase="packing weights"' in log
         # A broken model: the worker reports the failure, /ready says why.
         os.remove(os.path.join(model, "model.safetensors"))
         with Stack(model=model) as s:
