@@ -16,7 +16,7 @@
 #include "wk_sha256.h"
 
 #define CTL_VM_KEY_MAX 160
-#define CTL_VM_RPC_MS 60000
+#define CTL_VM_RPC_MS 60000 /* default deadline of one slot I/O request */
 
 typedef struct ctl_vm_entry {
     char key[CTL_VM_KEY_MAX];    /* blob hex or session key */
@@ -38,6 +38,7 @@ struct ctl_vm {
     pthread_mutex_t mu;      /* guards entries and clock */
     ctl_vm_entry *entries;   /* cache */
     uint64_t clock;          /* LRU counter */
+    uint32_t rpc_ms;         /* deadline of one slot I/O request */
     uint64_t idle_ms;        /* spill dirty entries idle this long, 0 = never */
     uint32_t max_dirty;      /* most dirty entries kept hot, 0 = no cap */
     pthread_t janitor;       /* idle spiller */
@@ -64,6 +65,7 @@ ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store, ctl_vm **out, wk_
     vm->pool = pool;
     vm->sched = sched;
     vm->store = store;
+    vm->rpc_ms = CTL_VM_RPC_MS;
     pthread_mutex_init(&vm->mu, NULL);
     pthread_cond_init(&vm->cv, NULL);
     *out = vm;
@@ -166,6 +168,12 @@ ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty)
 }
 
 void
+ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms)
+{
+    vm->rpc_ms = ms ? ms : CTL_VM_RPC_MS; /* set once at startup, before any use */
+}
+
+void
 ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg)
 {
     pthread_mutex_lock(&vm->mu);
@@ -177,7 +185,7 @@ ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg)
 static wk_err
 ctl_vm_call(ctl_vm *vm, const char *worker, wk_msg *req, wk_msg **rep, wk_diag *d)
 {
-    return ctl_pool_call(vm->pool, worker, req, CTL_VM_RPC_MS, rep, d);
+    return ctl_pool_call(vm->pool, worker, req, vm->rpc_ms, rep, d);
 }
 
 wk_err

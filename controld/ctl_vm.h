@@ -48,6 +48,13 @@ void ctl_vm_free(ctl_vm *vm);
  */
 WK_MUST_CHECK wk_err ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty);
 
+/*
+ * Deadline of one slot I/O request (read, write, copy, verify) in ms; a
+ * migration or spill to a worker that does not answer aborts after it.
+ * Call once at startup. 0 restores the default (60 s).
+ */
+void ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms);
+
 /* Registers the spill function for dirty entries (sessions). */
 void ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg);
 

@@ -56,6 +56,9 @@ static const wk_cfg_opt ctl_opts[] = {
     {"prefill-chunk", WK_CFG_U64, "256", 1, 16384, "most prefill tokens of one request per step"},
     {"max-rows", WK_CFG_U64, "256", 1, 1024, "most rows in one step"},
     {"queue-max", WK_CFG_U64, "1024", 0, 1000000, "requests waiting for a slot before 429"},
+    {"slot-io-timeout-ms", WK_CFG_U64, "60000", 100, 3600000,
+     "deadline of one slot transfer request (migration, spill, resume); past it the "
+     "operation aborts and the source stays as it was"},
     {"step-timeout-ms", WK_CFG_U64, "120000", 100, 3600000,
      "deadline of one step on a worker; past it the step's requests fail"},
     {"request-timeout-ms", WK_CFG_U64, "600000", 100, 86400000, "deadline of one request"},
@@ -291,6 +294,7 @@ main(int argc, char **argv)
     }
     ctl_sched_set_evictor(app.sched, ctl_main_evict, app.vm);
     ctl_vm_set_spill(app.vm, ctl_chat_spill, &app);
+    ctl_vm_set_rpc_timeout(app.vm, (uint32_t)wk_cfg_get_u64(cfg, "slot-io-timeout-ms"));
     if (ctl_vm_set_idle_spill(app.vm, wk_cfg_get_u64(cfg, "session-idle-ms"),
                               (uint32_t)wk_cfg_get_u64(cfg, "max-hot-sessions")) != WK_OK) {
         wk_log_error("cannot start the session spiller");

@@ -3,6 +3,7 @@ the client receives exactly the tokens of an unmigrated run; drain empties
 a worker; bad targets are refused clearly."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -140,7 +141,37 @@ def test_bad_targets_and_parked_and_drain():
         assert s.post(f"/admin/workers/{victim}/drain", body={"undrain": True}).status == 200
 
 
+def test_destination_dies_during_transfer():
+    """The destination stops answering mid-transfer and then dies: the
+    migration aborts after --slot-io-timeout-ms and the request finishes on
+    the source with exactly the tokens of an unmigrated run."""
+    with Stack(model=MODEL, slots=2, workers_expected=2,
+               extra_ctl=["--slot-io-timeout-ms", "1000"]) as s:
+        up(s)
+        want = s.post("/v1/completions", body=body(temperature=0)).json()["choices"][0]["token_ids"]
+        st = open_stream(s, body(temperature=0))
+        first = st.readline().strip()
+        head = json.loads(first[6:])["choices"][0].get("token_ids", [])
+        s.wait(lambda: running_slot(s) is not None, "a running slot")
+        time.sleep(0.3)
+        sl = running_slot(s)
+        dst = "w1" if sl["worker"] == "w0" else "w0"
+        s.workers[dst].send_signal(signal.SIGSTOP)
+        t0 = time.time()
+        r = s.post(f"/admin/slots/{sl['id']}/migrate", body={"to": dst})
+        took = time.time() - t0
+        assert r.status in (503, 504), (r.status, r.body)
+        assert r.json()["migration"]["result"] == "aborted", r.body
+        assert took < 10, took
+        s.kill_worker(dst)  # SIGKILL a stopped process: it dies at once
+        assert running_slot(s)["worker"] == sl["worker"]
+        assert head + read_ids(st) == want
+        m = s.get("/metrics").body.decode()
+        assert 'wkvm_migrations_total{result="aborted",transport="nng"} 1' in m
+
+
 if __name__ == "__main__":
-    rc = run_tests([test_migrate_running_stream, test_bad_targets_and_parked_and_drain])
+    rc = run_tests([test_migrate_running_stream, test_bad_targets_and_parked_and_drain,
+                    test_destination_dies_during_transfer])
     TMP.cleanup()
     sys.exit(rc)
