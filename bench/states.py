@@ -347,7 +347,13 @@ def main():
     rows = []
     try:
         stack.start_controller()
-        stack.start_worker("w0", extra=["--threads", str(ARGS.threads)])
+        # The worker's warm tier holds exactly one state, so that hibernating
+        # "coldst" then "warmst" leaves one of each (the second put evicts the first).
+        cfg = json.load(open(os.path.join(model, "config.json")))
+        L, C, N = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["head_dim"]
+        sb_expect = L * (2 * C + (C // N) * N * N) * 4
+        stack.start_worker("w0", extra=["--threads", str(ARGS.threads),
+                                        "--host-cache-bytes", str(sb_expect)])
         stack.wait(lambda: stack.get("/ready").status == 200, "ready", timeout=600)
         w = stack.get("/admin/workers").json()["workers"][0]
         sb = int(w["model"]["state_bytes"])
@@ -395,12 +401,17 @@ def main():
         dt, out = c.timed("POST", "/v1/states", {"model": model_id, "name": "coldst",
                                                  "prompt_ids": [299] + prompt[1:]})
         c.timed("POST", "/v1/states/coldst@1/hibernate")
+        c.timed("POST", "/v1/states", {"model": model_id, "name": "warmst",
+                                       "prompt_ids": [298] + prompt[1:]})
+        c.timed("POST", "/v1/states/warmst@1/hibernate")
         gen_body = {"max_tokens": 1, "temperature": 0, "return_token_ids": True}
         _, out = c.timed("POST", "/v1/states/base@1/generate", gen_body)
         first_tok = json.loads(out)["choices"][0]["token_ids"]
         _, out = c.timed("POST", "/v1/states/coldst@1/generate", gen_body)
         cold_tok = json.loads(out)["choices"][0]["token_ids"]
-        plain, hot, cold = [], [], []
+        _, out = c.timed("POST", "/v1/states/warmst@1/generate", gen_body)
+        warm_tok = json.loads(out)["choices"][0]["token_ids"]
+        plain, hot, cold, warm = [], [], [], []
         m0 = scrape(stack)
         for i in range(N):
             dt, _ = c.timed("POST", "/v1/completions", {"model": model_id, "prompt": [prompt[-1]],
@@ -412,18 +423,23 @@ def main():
             dt, out = c.timed("POST", "/v1/states/coldst@1/generate", gen_body)
             assert json.loads(out)["choices"][0]["token_ids"] == cold_tok
             cold.append(dt)
+            dt, out = c.timed("POST", "/v1/states/warmst@1/generate", gen_body)
+            assert json.loads(out)["choices"][0]["token_ids"] == warm_tok
+            warm.append(dt)
         m1 = scrape(stack)
-        for ref_id, tier in (("base@1", "hot"), ("coldst@1", "cold")):
+        for ref_id, tier in (("base@1", "hot"), ("coldst@1", "cold"), ("warmst@1", "warm")):
             st = json.loads(c.req("GET", f"/v1/states/{ref_id}")[1])
             assert st["tier"] == tier, st
         rows.append(stat_row("1-token completion, no state (baseline)", plain, 0, ref,
                              "fresh slot + 1 token"))
         rows.append(stat_row("resume hot: generate max_tokens 1", hot, sb, ref,
                              "slot copy + 1 token"))
+        rows.append(stat_row("resume warm (worker host memory): generate max_tokens 1", warm, sb,
+                             ref, "HOST_GET copy in the worker + 1 token"))
         rows.append(stat_row("resume cold, blob in page cache: generate max_tokens 1", cold, sb,
                              ref, "blob read + SHA-256 + SlotWrite + 1 token"))
         result["step_seconds_per_request"] = (m1.get("wkvm_step_seconds_sum", 0) -
-                                              m0.get("wkvm_step_seconds_sum", 0)) / (3 * N)
+                                              m0.get("wkvm_step_seconds_sum", 0)) / (4 * N)
 
         # cold, evicted from the page cache first (paired with a page-cached one)
         blobs = os.path.join(data, "blobs")
@@ -446,19 +462,19 @@ def main():
                                  cold2, sb, ref, "disk read + SHA-256 + SlotWrite + 1 token"))
             result["cold_drop"]["drop_p50_s"] = percentile(drop_s, 50)
 
-        # hibernate / resume pairs (blob -> slot without a token)
+        # hibernate / resume pairs (slot -> warm copy in the worker -> slot, no token)
         hib, res = [], []
         for i in range(N):
             dt, out = c.timed("POST", "/v1/states/base@1/hibernate")
-            assert json.loads(out)["tier"] == "cold"
+            assert json.loads(out)["tier"] == "warm"
             hib.append(dt)
             dt, out = c.timed("POST", "/v1/states/base@1/resume")
             assert json.loads(out)["tier"] == "hot"
             res.append(dt)
-        rows.append(stat_row("hibernate (drop the cache entry; bytes already on disk)", hib, 0,
-                             ref, "write-through: no I/O"))
-        rows.append(stat_row("resume, no token (blob in page cache -> slot)", res, sb, ref,
-                             "read + SHA-256 + SlotWrite"))
+        rows.append(stat_row("hibernate (slot -> worker host memory; bytes already on disk)", hib,
+                             sb, ref, "HOST_PUT copy in the worker, slot freed"))
+        rows.append(stat_row("resume from warm, no token (host memory -> slot)", res, sb, ref,
+                             "HOST_GET copy in the worker"))
 
         # fork and snapshot (metadata only: the child shares the blob), interleaved
         f1, f16, snap = [], [], []

@@ -1130,6 +1130,16 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     return err;
 }
 
+uint64_t
+ctl_sched_worker_epoch(ctl_sched *s, const char *worker)
+{
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
+    uint64_t e = w != NULL ? w->epoch : 0;
+    pthread_mutex_unlock(&s->mu);
+    return e;
+}
+
 bool
 ctl_sched_known(ctl_sched *s, const char *worker)
 {

@@ -201,6 +201,9 @@ WK_MUST_CHECK wk_err ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src
 /* Marks a worker as draining: no new admissions or allocations land there. */
 WK_MUST_CHECK wk_err ctl_sched_set_draining(ctl_sched *s, const char *worker, bool draining);
 
+/* The connection epoch of worker (changes when its process restarts), 0 when unknown. */
+uint64_t ctl_sched_worker_epoch(ctl_sched *s, const char *worker);
+
 /* True when the scheduler steps on worker. */
 bool ctl_sched_known(ctl_sched *s, const char *worker);
 

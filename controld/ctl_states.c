@@ -63,10 +63,13 @@ static json_t *
 ctl_states_json(ctl_app *app, const ctl_store_state *st)
 {
     bool hot = st->blob[0] && ctl_vm_cached(app->vm, st->blob);
+    char wbuf[65];
+    bool warm = !hot && st->blob[0] && ctl_vm_warm_worker(app->vm, st->blob, wbuf, sizeof(wbuf));
     return json_pack("{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:I, s:s, s:s, s:b, s:I, s:s}", "id",
                      st->id, "object", "state", "name", st->name, "version",
                      (json_int_t)st->version, "tokens", (json_int_t)st->n_tokens, "model",
-                     app->model_id ? app->model_id : "", "tier", hot ? "hot" : "cold",
+                     app->model_id ? app->model_id : "", "tier",
+                     hot ? "hot" : warm ? "warm" : "cold",
                      "created", (json_int_t)(st->created_ms / 1000), "parent", st->parent, "op",
                      ctl_store_op_name(st->op), "damaged", st->damaged, "state_bytes",
                      (json_int_t)st->state_bytes, "fingerprint", st->fingerprint);
@@ -367,7 +370,11 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     if (nq)
         memcpy(r.prompt + 1, q, nq * sizeof(*q));
     r.n_prompt_report = src.n_tokens + nq;
-    err = ctl_vm_slot_get(app->vm, NULL, &g.slot, &d);
+    char wbuf[65];
+    const char *near = ctl_vm_cached(app->vm, src.blob)
+                           ? NULL
+                           : ctl_vm_warm_worker(app->vm, src.blob, wbuf, sizeof(wbuf));
+    err = ctl_vm_slot_get(app->vm, near, &g.slot, &d);
     if (err == WK_OK) {
         have_slot = true;
         err = ctl_vm_load_into(app->vm, src.blob, src.blob, &g.slot, &d);
@@ -491,12 +498,14 @@ ctl_states_tier(ctl_http_req *req, ctl_app *app, const char *ref, bool resume)
         return;
     }
     if (!resume) {
-        ctl_vm_drop(app->vm, st.blob, false);
+        ctl_vm_hibernate(app->vm, st.blob);
     } else if (!ctl_vm_cached(app->vm, st.blob)) {
         ctl_slot_ref slot;
-        err = ctl_vm_slot_get(app->vm, NULL, &slot, &d);
+        char wbuf[65];
+        const char *near = ctl_vm_warm_worker(app->vm, st.blob, wbuf, sizeof(wbuf));
+        err = ctl_vm_slot_get(app->vm, near, &slot, &d);
         if (err == WK_OK) {
-            err = ctl_vm_load_into(app->vm, NULL, st.blob, &slot, &d);
+            err = ctl_vm_load_into(app->vm, st.blob, st.blob, &slot, &d);
             if (err == WK_OK)
                 err = ctl_vm_put(app->vm, st.blob, &slot, false, &d);
             if (err != WK_OK)

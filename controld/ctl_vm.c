@@ -29,6 +29,15 @@ typedef struct ctl_vm_entry {
     struct ctl_vm_entry *next;   /* list link */
 } ctl_vm_entry;
 
+/* A warm-tier copy: a clean entry's bytes kept in a worker's host memory. */
+typedef struct ctl_vm_warm {
+    char key[CTL_VM_KEY_MAX];   /* blob hex */
+    char worker[65];            /* worker holding the copy */
+    uint64_t epoch;             /* that worker process's epoch (its copies die with it) */
+    uint64_t used;              /* LRU clock */
+    struct ctl_vm_warm *next;   /* list link */
+} ctl_vm_warm;
+
 struct ctl_vm {
     ctl_pool *pool;          /* borrowed */
     ctl_sched *sched;        /* borrowed */
@@ -39,6 +48,7 @@ struct ctl_vm {
     ctl_vm_entry *entries;   /* cache */
     uint64_t clock;          /* LRU counter */
     uint32_t rpc_ms;         /* deadline of one slot I/O request */
+    ctl_vm_warm *warm;       /* the warm tier's index */
     uint64_t idle_ms;        /* spill dirty entries idle this long, 0 = never */
     uint32_t max_dirty;      /* most dirty entries kept hot, 0 = no cap */
     pthread_t janitor;       /* idle spiller */
@@ -89,6 +99,11 @@ ctl_vm_free(ctl_vm *vm)
         ctl_vm_entry *e = vm->entries;
         vm->entries = e->next;
         free(e);
+    }
+    while (vm->warm != NULL) {
+        ctl_vm_warm *w = vm->warm;
+        vm->warm = w->next;
+        free(w);
     }
     pthread_mutex_destroy(&vm->mu);
     free(vm);
@@ -320,6 +335,83 @@ ctl_vm_find_locked(ctl_vm *vm, const char *key)
     return NULL;
 }
 
+/* One HOST_* request. */
+static wk_err
+ctl_vm_host(ctl_vm *vm, int kind, const char *worker, const char *key, uint32_t slot, wk_diag *d)
+{
+    Wkvm__HostRef h = WKVM__HOST_REF__INIT;
+    h.key = (char *)key;
+    h.slot = slot;
+    wk_msg req = WKVM__ENVELOPE__INIT;
+    req.kind = kind;
+    req.payload_case = WKVM__ENVELOPE__PAYLOAD_HOST_REF;
+    req.host_ref = &h;
+    wk_msg *rep = NULL;
+    wk_err err = ctl_vm_call(vm, worker, &req, &rep, d);
+    wk_proto_free(rep);
+    return err;
+}
+
+/* Removes and returns the warm index entry of key, NULL when none. Caller holds mu. */
+static ctl_vm_warm *
+ctl_vm_warm_take_locked(ctl_vm *vm, const char *key)
+{
+    for (ctl_vm_warm **pp = &vm->warm; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->key, key) == 0) {
+            ctl_vm_warm *w = *pp;
+            *pp = w->next;
+            return w;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * Keeps a copy of a clean entry's bytes in its worker's host memory before
+ * its slot is freed (the warm tier). When the worker's budget is full, its
+ * least recently used warm copy is dropped and the put retried once.
+ */
+static void
+ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
+{
+    if (!ctl_sched_slot_valid(vm->sched, &e->slot))
+        return;
+    wk_err err = ctl_vm_host(vm, WKVM__KIND__HOST_PUT, e->slot.worker, e->key, e->slot.slot, NULL);
+    if (err == WK_ENOSPC) {
+        ctl_vm_warm *oldest = NULL;
+        pthread_mutex_lock(&vm->mu);
+        for (ctl_vm_warm *w = vm->warm; w != NULL; w = w->next) {
+            if (strcmp(w->worker, e->slot.worker) == 0 && (oldest == NULL || w->used < oldest->used))
+                oldest = w;
+        }
+        if (oldest != NULL)
+            oldest = ctl_vm_warm_take_locked(vm, oldest->key);
+        pthread_mutex_unlock(&vm->mu);
+        if (oldest == NULL)
+            return;
+        (void)ctl_vm_host(vm, WKVM__KIND__HOST_DROP, oldest->worker, oldest->key, 0, NULL);
+        free(oldest);
+        err = ctl_vm_host(vm, WKVM__KIND__HOST_PUT, e->slot.worker, e->key, e->slot.slot, NULL);
+    }
+    if (err != WK_OK)
+        return;
+    ctl_vm_warm *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return;
+    snprintf(w->key, sizeof(w->key), "%s", e->key);
+    snprintf(w->worker, sizeof(w->worker), "%s", e->slot.worker);
+    w->epoch = ctl_sched_worker_epoch(vm->sched, e->slot.worker);
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_warm *old = ctl_vm_warm_take_locked(vm, e->key);
+    w->used = ++vm->clock;
+    w->next = vm->warm;
+    vm->warm = w;
+    pthread_mutex_unlock(&vm->mu);
+    if (old != NULL && strcmp(old->worker, w->worker) != 0)
+        (void)ctl_vm_host(vm, WKVM__KIND__HOST_DROP, old->worker, old->key, 0, NULL);
+    free(old);
+}
+
 /* Writes a dirty entry's bytes through the spill function. */
 static wk_err
 ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e)
@@ -369,6 +461,8 @@ ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
     wk_err err = WK_OK;
     if (e->dirty && spill)
         err = ctl_vm_spill_entry(vm, e);
+    else if (!e->dirty && spill)
+        ctl_vm_to_warm(vm, e);
     (void)ctl_sched_slot_free(vm->sched, &e->slot);
     free(e);
     return err;
@@ -505,6 +599,25 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
             return WK_OK;
         ctl_vm_drop(vm, key, false); /* stale: fall back to the blob */
     }
+    /* Warm: a copy in the destination worker's host memory. */
+    if (key != NULL) {
+        bool warm = false;
+        pthread_mutex_lock(&vm->mu);
+        for (ctl_vm_warm *w = vm->warm; w != NULL; w = w->next) {
+            if (strcmp(w->key, key) == 0 && strcmp(w->worker, dst->worker) == 0) {
+                w->used = ++vm->clock;
+                warm = true;
+            }
+        }
+        pthread_mutex_unlock(&vm->mu);
+        if (warm && ctl_vm_host(vm, WKVM__KIND__HOST_GET, dst->worker, key, dst->slot, NULL) == WK_OK)
+            return WK_OK;
+        if (warm) { /* the worker restarted or dropped it: forget the copy */
+            pthread_mutex_lock(&vm->mu);
+            free(ctl_vm_warm_take_locked(vm, key));
+            pthread_mutex_unlock(&vm->mu);
+        }
+    }
     if (blob_hex == NULL || blob_hex[0] == '\0')
         return wk_diag_set(d, WK_ENOENT, "the state's bytes are not available");
     void *bytes = NULL;
@@ -528,6 +641,47 @@ ctl_vm_drop(ctl_vm *vm, const char *key, bool spill)
     pthread_mutex_unlock(&vm->mu);
     if (e != NULL)
         (void)ctl_vm_retire(vm, e, spill);
+}
+
+const char *
+ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t cap)
+{
+    char worker[65] = "";
+    uint64_t epoch = 0;
+    pthread_mutex_lock(&vm->mu);
+    for (ctl_vm_warm *w = vm->warm; w != NULL; w = w->next) {
+        if (strcmp(w->key, key) == 0) {
+            snprintf(worker, sizeof(worker), "%s", w->worker);
+            epoch = w->epoch;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&vm->mu);
+    if (worker[0] == '\0')
+        return NULL;
+    if (epoch == 0 || ctl_sched_worker_epoch(vm->sched, worker) != epoch) {
+        /* The worker restarted: its host memory, and the copy, are gone. */
+        pthread_mutex_lock(&vm->mu);
+        free(ctl_vm_warm_take_locked(vm, key));
+        pthread_mutex_unlock(&vm->mu);
+        return NULL;
+    }
+    snprintf(buf, cap, "%s", worker);
+    return buf;
+}
+
+void
+ctl_vm_hibernate(ctl_vm *vm, const char *key)
+{
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
+    if (e != NULL && !e->taken && !e->dirty)
+        ctl_vm_unlink_locked(vm, e);
+    else
+        e = NULL;
+    pthread_mutex_unlock(&vm->mu);
+    if (e != NULL)
+        (void)ctl_vm_retire(vm, e, true); /* clean: a warm copy, then the slot is freed */
 }
 
 bool

@@ -100,6 +100,15 @@ WK_MUST_CHECK wk_err ctl_vm_take(ctl_vm *vm, const char *key, ctl_slot_ref *slot
 /* Drops key from the cache (frees its slot; a dirty entry is spilled first). */
 void ctl_vm_drop(ctl_vm *vm, const char *key, bool spill);
 
+/*
+ * Frees the hot slot of clean entry key, keeping a warm copy in its worker's
+ * host memory when the worker has room (else only the blob remains).
+ */
+void ctl_vm_hibernate(ctl_vm *vm, const char *key);
+
+/* The worker holding a warm copy of key into buf, or NULL when none. */
+const char *ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t cap);
+
 /* True when key is cached in a live slot. */
 bool ctl_vm_cached(ctl_vm *vm, const char *key);
 

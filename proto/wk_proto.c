@@ -36,6 +36,9 @@ static const wk_proto_kind_row wk_proto_kinds[] = {
     [WKVM__KIND__STATS_REPLY] = {"STATS_REPLY", WKVM__ENVELOPE__PAYLOAD_STATS_REPLY},
     [WKVM__KIND__ACK] = {"ACK", WKVM__ENVELOPE__PAYLOAD__NOT_SET},
     [WKVM__KIND__SHUTDOWN] = {"SHUTDOWN", WKVM__ENVELOPE__PAYLOAD__NOT_SET},
+    [WKVM__KIND__HOST_PUT] = {"HOST_PUT", WKVM__ENVELOPE__PAYLOAD_HOST_REF},
+    [WKVM__KIND__HOST_GET] = {"HOST_GET", WKVM__ENVELOPE__PAYLOAD_HOST_REF},
+    [WKVM__KIND__HOST_DROP] = {"HOST_DROP", WKVM__ENVELOPE__PAYLOAD_HOST_REF},
 };
 #define WK_PROTO_NKINDS (sizeof(wk_proto_kinds) / sizeof(wk_proto_kinds[0]))
 
@@ -213,6 +216,10 @@ wk_proto_validate(const wk_msg *m, wk_diag *d)
     case WKVM__ENVELOPE__PAYLOAD_MIGRATE_COMMIT:
         CHECK_STR(m->migrate_commit->migration_id, "migrate_commit.migration_id");
         CHECK_STR(m->migrate_commit->checksum, "migrate_commit.checksum");
+        return WK_OK;
+    case WKVM__ENVELOPE__PAYLOAD_HOST_REF:
+        if (m->host_ref->key[0] == '\0' || strlen(m->host_ref->key) > 128)
+            return wk_diag_set(d, WK_EPROTO, "host_ref.key must be 1..128 bytes");
         return WK_OK;
     case WKVM__ENVELOPE__PAYLOAD_STATS_REPLY:
         CHECK_STR(m->stats_reply->model_fingerprint, "stats_reply.model_fingerprint");

@@ -24,6 +24,14 @@
 #include "wk_sha256.h"
 #include "wrk_sample.h"
 
+/* One warm-tier entry: a copy of a slot's bytes in host memory. */
+typedef struct wrk_host_entry {
+    char key[129];                 /* controller-chosen name */
+    uint8_t *bytes;                /* slot bytes, owned */
+    size_t len;                    /* bytes */
+    struct wrk_host_entry *next;   /* list link */
+} wrk_host_entry;
+
 struct wrk_worker {
     wrk_rpc_config cfg;        /* copied; strings below owned */
     char *controller_url;      /* owned */
@@ -42,6 +50,8 @@ struct wrk_worker {
     uint64_t start_ms;         /* monotonic start */
     float *logits;             /* scratch, rows_cap * vocab */
     uint32_t load_permille;    /* last model-load progress reported */
+    wrk_host_entry *host;      /* the warm tier */
+    uint64_t host_bytes;       /* bytes held in host */
     bool connected;            /* the socket is set up (progress may be sent) */
     size_t logits_cap;         /* floats in logits */
 };
@@ -95,6 +105,12 @@ wrk_worker_free(wrk_worker *w)
     free(w->worker_id);
     free(w->vocab_path);
     free(w->logits);
+    while (w->host != NULL) {
+        wrk_host_entry *e = w->host;
+        w->host = e->next;
+        free(e->bytes);
+        free(e);
+    }
     free(w);
 }
 
@@ -163,6 +179,13 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
     }
     if (w->be != NULL)
         w->cfg.backend->close(w->be);
+    while (w->host != NULL) { /* warm copies belong to the old model */
+        wrk_host_entry *e = w->host;
+        w->host = e->next;
+        free(e->bytes);
+        free(e);
+    }
+    w->host_bytes = 0;
     wrk_model_free(w->model);
     free(w->model_dir);
     w->model = m;
@@ -294,7 +317,8 @@ wrk_handle_stats(wrk_worker *w, const wk_msg *req)
     s.uptime_ms = wrk_now_us() / 1000u - w->start_ms;
     if (w->model != NULL) {
         const wrk_model_info *mi = wrk_model_info_get(w->model);
-        s.host_mem_used = mi->weight_bytes + mi->state_bytes * (uint64_t)(s.slots_total + 1);
+        s.host_mem_used = mi->weight_bytes + mi->state_bytes * (uint64_t)(s.slots_total + 1) +
+                          w->host_bytes;
     }
     wk_msg r = WKVM__ENVELOPE__INIT;
     r.id = req->id;
@@ -433,6 +457,83 @@ wrk_handle_migrate_recv(wrk_worker *w, const wk_msg *req)
     wk_sha256_final(&h, dg);
     wk_sha256_to_hex(dg, hex);
     wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, hex);
+}
+
+/* Unlinks and returns the host entry key, NULL when absent. */
+static wrk_host_entry *
+wrk_host_take(wrk_worker *w, const char *key)
+{
+    for (wrk_host_entry **pp = &w->host; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->key, key) == 0) {
+            wrk_host_entry *e = *pp;
+            *pp = e->next;
+            w->host_bytes -= e->len;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* HOST_PUT / HOST_GET / HOST_DROP: the warm tier in this process's memory. */
+static void
+wrk_handle_host(wrk_worker *w, const wk_msg *req)
+{
+    const Wkvm__HostRef *h = req->host_ref;
+    if (w->be == NULL) {
+        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_ESTATE, "no model loaded");
+        return;
+    }
+    if (req->kind == WKVM__KIND__HOST_DROP) {
+        wrk_host_entry *e = wrk_host_take(w, h->key);
+        if (e != NULL) {
+            free(e->bytes);
+            free(e);
+        }
+        wrk_reply_status(w, req, WKVM__KIND__ACK, e ? WK_OK : WK_ENOENT, e ? "" : "no such key");
+        return;
+    }
+    if (!wrk_slot_ok(w, h->slot)) {
+        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_EINVAL, "bad slot");
+        return;
+    }
+    uint64_t len = w->cfg.backend->slot_bytes(w->be);
+    if (req->kind == WKVM__KIND__HOST_GET) {
+        wrk_host_entry *e = NULL;
+        for (e = w->host; e != NULL && strcmp(e->key, h->key) != 0; e = e->next)
+            ;
+        wk_err err = e == NULL ? WK_ENOENT
+                     : e->len != len
+                         ? WK_ECORRUPT
+                         : w->cfg.backend->slot_write(w->be, h->slot, 0, e->bytes, e->len);
+        wrk_reply_status(w, req, WKVM__KIND__ACK, err, err == WK_OK ? "" : wk_strerror(err));
+        return;
+    }
+    /* HOST_PUT: replace any entry of that key; refuse past the budget. */
+    wrk_host_entry *old = wrk_host_take(w, h->key);
+    if (old != NULL) {
+        free(old->bytes);
+        free(old);
+    }
+    if (w->host_bytes + len > w->cfg.host_cache_bytes) {
+        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_ENOSPC, "host cache full");
+        return;
+    }
+    wrk_host_entry *e = calloc(1, sizeof(*e));
+    uint8_t *bytes = malloc(len ? len : 1);
+    wk_err err = e && bytes ? w->cfg.backend->slot_read(w->be, h->slot, 0, bytes, len) : WK_ENOMEM;
+    if (err != WK_OK) {
+        free(e);
+        free(bytes);
+        wrk_reply_status(w, req, WKVM__KIND__ACK, err, wk_strerror(err));
+        return;
+    }
+    snprintf(e->key, sizeof(e->key), "%s", h->key);
+    e->bytes = bytes;
+    e->len = len;
+    e->next = w->host;
+    w->host = e;
+    w->host_bytes += len;
+    wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, "");
 }
 
 static void
@@ -671,6 +772,11 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
             break;
         case WKVM__KIND__MIGRATE_RECV:
             wrk_handle_migrate_recv(w, m);
+            break;
+        case WKVM__KIND__HOST_PUT:
+        case WKVM__KIND__HOST_GET:
+        case WKVM__KIND__HOST_DROP:
+            wrk_handle_host(w, m);
             break;
         case WKVM__KIND__SHUTDOWN:
             wrk_reply_status(w, m, WKVM__KIND__ACK, WK_OK, "");

@@ -23,6 +23,7 @@ typedef struct wrk_rpc_config {
     uint32_t threads;           /* CPU threads, 0 = all */
     bool fp32;                  /* keep weights in fp32 */
     const char *vocab_path;     /* vocab override, NULL = model dir */
+    uint64_t host_cache_bytes;  /* warm tier budget in host memory, 0 = none */
 } wrk_rpc_config;
 
 typedef struct wrk_worker wrk_worker;

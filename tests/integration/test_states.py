@@ -80,8 +80,8 @@ def test_create_generate_and_ops():
         check_continuations(s, "base@1")
         # Hibernate then resume.
         r = s.post("/v1/states/base@1/hibernate")
-        assert r.status == 200 and r.json()["tier"] == "cold", r.body
-        check_continuations(s, "base@1")  # runs from the blob
+        assert r.status == 200 and r.json()["tier"] == "warm", r.body  # slot freed, copy in RAM
+        check_continuations(s, "base@1")  # runs from the worker's host memory
         r = s.post("/v1/states/base@1/resume")
         assert r.status == 200 and r.json()["tier"] == "hot", r.body
         check_continuations(s, "base@1")
@@ -139,11 +139,15 @@ def test_restarts():
         assert st["tokens"] == len(P) and st["token_ids"] == P, st
         for x in SAMPLING:
             assert gen(s, "keep@1", Q, **x)["choices"][0]["token_ids"] == want[json.dumps(x)]
-        # The worker dies after a hibernate and comes back.
-        assert s.post("/v1/states/keep@1/hibernate").status == 200
+        # The worker dies after a hibernate and comes back: the warm copy died
+        # with it, and the state runs from its blob.
+        assert s.post("/v1/states/keep@1/resume").json()["tier"] == "hot"
+        r = s.post("/v1/states/keep@1/hibernate")
+        assert r.status == 200 and r.json()["tier"] == "warm", r.body
         s.kill_worker("w0")
         s.start_worker("w0")
         s.wait(lambda: s.get("/ready").status == 200, "ready after worker restart")
+        assert s.get("/v1/states/keep@1").json()["tier"] == "cold"
         for x in SAMPLING:
             assert gen(s, "keep@1", Q, **x)["choices"][0]["token_ids"] == want[json.dumps(x)]
         # A hot state whose worker restarted falls back to its blob.
@@ -153,6 +157,19 @@ def test_restarts():
         s.wait(lambda: s.get("/ready").status == 200, "ready after second worker restart")
         assert gen(s, "keep@1", Q, temperature=0)["choices"][0]["token_ids"] == \
             want[json.dumps(SAMPLING[0])]
+
+
+def test_cold_without_host_cache():
+    """A worker without a host cache hibernates states straight to disk."""
+    with Stack(model=MODEL, slots=2) as s:
+        s.start_controller()
+        s.start_worker("w0", extra=["--host-cache-bytes", "0"])
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+        create(s, "c", P)
+        r = s.post("/v1/states/c@1/hibernate")
+        assert r.status == 200 and r.json()["tier"] == "cold", r.body
+        check_continuations(s, "c@1")
+        assert s.post("/v1/states/c@1/resume").json()["tier"] == "hot"
 
 
 def test_bad_input_and_damage():
@@ -233,7 +250,7 @@ def test_owner_isolation():
 
 
 if __name__ == "__main__":
-    rc = run_tests([test_create_generate_and_ops, test_restarts, test_bad_input_and_damage,
-                    test_owner_isolation])
+    rc = run_tests([test_create_generate_and_ops, test_restarts, test_cold_without_host_cache,
+                    test_bad_input_and_damage, test_owner_isolation])
     TMP.cleanup()
     sys.exit(rc)
