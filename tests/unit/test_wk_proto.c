@@ -209,6 +209,33 @@ test_long_string(void **state)
 }
 
 static void
+test_host_ref(void **state)
+{
+    (void)state;
+    Wkvm__HostRef h = WKVM__HOST_REF__INIT;
+    h.key = "abc";
+    h.slot = 3;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__HOST_PUT;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_HOST_REF;
+    m.host_ref = &h;
+    wk_msg *o = roundtrip(&m, WK_OK);
+    assert_string_equal(o->host_ref->key, "abc");
+    wk_proto_free(o);
+    h.key = ""; /* keys are 1..128 bytes */
+    roundtrip(&m, WK_EPROTO);
+    char big[200];
+    memset(big, 'k', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    h.key = big;
+    roundtrip(&m, WK_EPROTO);
+    m.kind = WKVM__KIND__HOST_GET; /* same payload for get and drop */
+    h.key = "x";
+    o = roundtrip(&m, WK_OK);
+    wk_proto_free(o);
+}
+
+static void
 test_garbage(void **state)
 {
     (void)state;
@@ -244,6 +271,7 @@ main(void)
         cmocka_unit_test(test_step_limits),
         cmocka_unit_test(test_chunk_limits),
         cmocka_unit_test(test_long_string),
+        cmocka_unit_test(test_host_ref),
         cmocka_unit_test(test_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
