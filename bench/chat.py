@@ -32,9 +32,7 @@ is printed). See bench/README.md ("Stateful chat: chat.py").
 import argparse
 import http.client
 import json
-import math
 import os
-import platform
 import random
 import re
 import shutil
@@ -43,6 +41,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import machine, percentile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
@@ -102,29 +103,6 @@ WORDS = ("state slot model token worker request session chat turn reply history 
          "work long get here between both life being under never day same another know "
          "while last might us great old year off come since against go came right used "
          "take three river mountain garden letter window table market engine signal").split()
-
-
-def percentile(xs, p):
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def machine():
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() == "Model name":
-                info["cpu"] = v.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    info["loadavg_start"] = list(os.getloadavg())
-    return info
 
 
 def infer(model, *args, stdin=None):

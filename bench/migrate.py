@@ -34,15 +34,16 @@ import argparse
 import hashlib
 import http.client
 import json
-import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import machine, percentile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
@@ -81,29 +82,6 @@ os.environ["WKVM_BUILD_DIR"] = os.path.abspath(ARGS.build)
 sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
 import wkvm_harness  # noqa: E402
 from wkvm_harness import MKMODEL, Stack  # noqa: E402
-
-
-def percentile(xs, p):
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def machine():
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() == "Model name":
-                info["cpu"] = v.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    info["loadavg_start"] = list(os.getloadavg())
-    return info
 
 
 def memcpy_dram(n):

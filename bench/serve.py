@@ -22,9 +22,7 @@ Stdlib only. See bench/README.md ("Serving: serve.py").
 import argparse
 import http.client
 import json
-import math
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -76,15 +74,8 @@ sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
 import wkvm_harness  # noqa: E402
 from wkvm_harness import MKMODEL, Stack  # noqa: E402
 
-
-def percentile(xs, p):
-    """Linear interpolation between closest ranks; None for an empty list."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import machine, percentile  # noqa: E402
 
 
 def scrape(stack):
@@ -252,23 +243,6 @@ def run_level(stack, model_id, vocab, conc):
                                  d("wkvm_time_per_output_token_seconds_count"))
         if d("wkvm_time_per_output_token_seconds_count") else None,
     }
-
-
-def machine():
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() == "Model name":
-                info["cpu"] = v.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        info["loadavg_start"] = list(os.getloadavg())
-    except OSError:
-        pass
-    return info
 
 
 def fmt(x, nd=1):

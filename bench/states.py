@@ -35,9 +35,7 @@ Stdlib only. See bench/README.md ("Durable states: states.py").
 import argparse
 import http.client
 import json
-import math
 import os
-import platform
 import random
 import shutil
 import struct
@@ -46,6 +44,9 @@ import sys
 import tempfile
 import time
 import hashlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import machine, percentile  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.dirname(HERE)
@@ -89,29 +90,6 @@ import wkvm_harness  # noqa: E402
 from wkvm_harness import MKMODEL, Stack  # noqa: E402
 
 MiB = 1024 * 1024
-
-
-def percentile(xs, p):
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def machine():
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() == "Model name":
-                info["cpu"] = v.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    info["loadavg_start"] = list(os.getloadavg())
-    return info
 
 
 class Conn:

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "wk_log.h"
+#include "wk_time.h"
 
 #define CTL_POOL_MAX_WORKERS 256
 /*
@@ -68,14 +69,6 @@ struct ctl_pool {
     bool recv_started;                          /* recv_thr joinable */
     bool mgr_started;                           /* mgr_thr joinable */
 };
-
-static uint64_t
-ctl_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static uint64_t
 ctl_wall_ms(void)
@@ -271,7 +264,7 @@ ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
     v->detail[0] = '\0';
     ctl_pool_copy_model(v, h->model_loaded ? h->model : NULL);
     w->pipe = pipe;
-    w->last_beat = ctl_now_ms();
+    w->last_beat = wk_mono_ms();
     w->missed = 0;
     bool model_ok = p->model_dir == NULL ||
                     (h->model_loaded && strcmp(h->model_dir, p->model_dir) == 0 &&
@@ -362,13 +355,7 @@ ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req, uint32_t timeout_
 {
     ctl_pending c = {0};
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    wk_deadline_after_ms(&until, timeout_ms);
     pthread_mutex_lock(&p->mu);
     ctl_worker *w = ctl_pool_find_locked(p, worker_id);
     while (w != NULL && nng_pipe_id(w->pipe) > 0 && w->inflight >= CTL_POOL_INFLIGHT_MAX) {
@@ -490,7 +477,7 @@ ctl_pool_beat(ctl_pool *p, const char *id)
     ctl_worker *w = ctl_pool_find_locked(p, id);
     if (w != NULL) {
         if (err == WK_OK && rep->payload_case == WKVM__ENVELOPE__PAYLOAD_STATS_REPLY) {
-            w->last_beat = ctl_now_ms();
+            w->last_beat = wk_mono_ms();
             w->missed = 0;
             w->v.steps = rep->stats_reply->steps;
             w->v.tokens = rep->stats_reply->tokens;
@@ -550,11 +537,11 @@ ctl_pool_mgr_main(void *arg)
         char id[65];
         pthread_mutex_lock(&p->mu);
         ctl_pool_reap_locked(p);
-        ctl_worker *w = ctl_pool_next_job_locked(p, ctl_now_ms(), &load);
+        ctl_worker *w = ctl_pool_next_job_locked(p, wk_mono_ms(), &load);
         if (w != NULL) {
             w->busy = true;
             if (!load)
-                w->last_beat = ctl_now_ms(); /* do not re-pick while in flight */
+                w->last_beat = wk_mono_ms(); /* do not re-pick while in flight */
             snprintf(id, sizeof(id), "%s", w->v.id);
         }
         pthread_mutex_unlock(&p->mu);

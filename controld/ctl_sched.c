@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "wk_log.h"
+#include "wk_time.h"
 #include "wk_proto.h"
 
 #define CTL_SCHED_MAX_WORKERS 64
@@ -98,14 +99,6 @@ struct ctl_sched {
     pthread_t mgr;                               /* syncs workers with the pool */
     bool mgr_started;                            /* mgr joinable */
 };
-
-static uint64_t
-ctl_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static void
 ctl_observe(ctl_sched *s, const char *name, double v)
@@ -223,7 +216,7 @@ ctl_job_push_token(ctl_job *j, int32_t tok)
 static void
 ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
 {
-    uint64_t now = ctl_mono_ms();
+    uint64_t now = wk_mono_ms();
     if (w->draining)
         return;
     for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
@@ -264,7 +257,7 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
 {
     size_t n = 0;
     uint32_t budget = s->cfg.step_tokens;
-    uint64_t now = ctl_mono_ms();
+    uint64_t now = wk_mono_ms();
     /* Pass 0: decode-phase rows (their input is fed); pass 1: prefill, FIFO. */
     for (int pass = 0; pass < 2; pass++) {
         for (ctl_job *j = s->jobs; j != NULL && n < cap && budget > 0; j = j->next) {
@@ -362,7 +355,7 @@ static void
 ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, wk_err err,
                        const wk_msg *rep, const char *errmsg)
 {
-    uint64_t now = ctl_mono_ms();
+    uint64_t now = wk_mono_ms();
     for (size_t i = 0; i < n; i++) {
         ctl_job *j = rows[i].job;
         size_t take = j->in_flight;
@@ -435,12 +428,7 @@ ctl_sched_worker_main(void *arg)
         size_t n = ctl_sched_pick_locked(s, w, rows, cap);
         if (n == 0) {
             struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 100 * 1000000L;
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec++;
-                until.tv_nsec -= 1000000000L;
-            }
+            wk_deadline_after_ms(&until, 100);
             pthread_cond_timedwait(&s->cv, &s->mu, &until);
             continue;
         }
@@ -475,12 +463,7 @@ ctl_sched_worker_main(void *arg)
          * alternating halves, so wait a moment for them first.
          */
         struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 2 * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        wk_deadline_after_ms(&until, 2);
         while (!atomic_load(&s->stop) && ctl_sched_paused_locked(s, w) &&
                pthread_cond_timedwait(&s->cv, &s->mu, &until) != ETIMEDOUT)
             ;
@@ -589,7 +572,7 @@ ctl_sched_mgr_main(void *arg)
         size_t ready = 0;
         for (size_t k = 0; k < n; k++)
             ready += views[k].state == CTL_WORKER_STATE_READY && views[k].model_loaded;
-        uint64_t now = ctl_mono_ms();
+        uint64_t now = wk_mono_ms();
         for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
             if (j->state != CTL_JOB_WAITING)
                 continue;
@@ -763,7 +746,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     j->params = spec->params;
     j->sample_index = spec->sample_index;
     j->deadline_ms = spec->deadline_ms;
-    j->submit_ms = ctl_mono_ms();
+    j->submit_ms = wk_mono_ms();
     pthread_cond_init(&j->cv, NULL);
     if (spec->worker != NULL)
         snprintf(j->want_worker, sizeof(j->want_worker), "%s", spec->worker);
@@ -828,13 +811,7 @@ ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev)
         return WK_OK;
     }
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    wk_deadline_after_ms(&until, timeout_ms);
     pthread_mutex_lock(&s->mu);
     while (j->ev_len == 0) {
         if (pthread_cond_timedwait(&j->cv, &s->mu, &until) == ETIMEDOUT)

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "wk_log.h"
+#include "wk_time.h"
 #include "wk_proto.h"
 #include "wk_sha256.h"
 
@@ -56,14 +57,6 @@ struct ctl_vm {
     bool stop;               /* janitor exits */
     pthread_cond_t cv;       /* wakes the janitor early on shutdown */
 };
-
-static uint64_t
-ctl_vm_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 wk_err
 ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store, ctl_vm **out, wk_diag *d)
@@ -144,7 +137,7 @@ ctl_vm_janitor_main(void *arg)
     ctl_vm *vm = arg;
     pthread_mutex_lock(&vm->mu);
     while (!vm->stop) {
-        ctl_vm_entry *e = ctl_vm_janitor_pick_locked(vm, ctl_vm_mono_ms());
+        ctl_vm_entry *e = ctl_vm_janitor_pick_locked(vm, wk_mono_ms());
         if (e != NULL) {
             pthread_mutex_unlock(&vm->mu);
             wk_log_info("spilling idle session key=%.16s worker=%s slot=%u", e->key,
@@ -154,12 +147,7 @@ ctl_vm_janitor_main(void *arg)
             continue;
         }
         struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 200 * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        wk_deadline_after_ms(&until, 200);
         pthread_cond_timedwait(&vm->cv, &vm->mu, &until);
     }
     pthread_mutex_unlock(&vm->mu);
@@ -534,7 +522,7 @@ ctl_vm_put(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool dirty, wk
     else
         old = NULL;
     ne->used = ++vm->clock;
-    ne->used_ms = ctl_vm_mono_ms();
+    ne->used_ms = wk_mono_ms();
     ne->next = vm->entries;
     vm->entries = ne;
     pthread_mutex_unlock(&vm->mu);
@@ -581,7 +569,7 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
     if (e != NULL && !e->taken) {
         e->taken = true; /* pinned for the copy */
         e->used = ++vm->clock;
-        e->used_ms = ctl_vm_mono_ms();
+        e->used_ms = wk_mono_ms();
         src = e->slot;
         hit = true;
     }

@@ -92,6 +92,19 @@ wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
     return WK_OK;
 }
 
+/* Drops every warm-tier copy. */
+static void
+wrk_host_clear(wrk_worker *w)
+{
+    while (w->host != NULL) {
+        wrk_host_entry *e = w->host;
+        w->host = e->next;
+        free(e->bytes);
+        free(e);
+    }
+    w->host_bytes = 0;
+}
+
 void
 wrk_worker_free(wrk_worker *w)
 {
@@ -105,12 +118,7 @@ wrk_worker_free(wrk_worker *w)
     free(w->worker_id);
     free(w->vocab_path);
     free(w->logits);
-    while (w->host != NULL) {
-        wrk_host_entry *e = w->host;
-        w->host = e->next;
-        free(e->bytes);
-        free(e);
-    }
+    wrk_host_clear(w);
     free(w);
 }
 
@@ -179,13 +187,7 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
     }
     if (w->be != NULL)
         w->cfg.backend->close(w->be);
-    while (w->host != NULL) { /* warm copies belong to the old model */
-        wrk_host_entry *e = w->host;
-        w->host = e->next;
-        free(e->bytes);
-        free(e);
-    }
-    w->host_bytes = 0;
+    wrk_host_clear(w); /* warm copies belong to the old model */
     wrk_model_free(w->model);
     free(w->model_dir);
     w->model = m;
