@@ -1,5 +1,10 @@
 /*
- * wrk_model: loads an RWKV-7 ("x070") model directory into host memory.
+ * wrk_model: loads a model directory into host memory, for any family.
+ *
+ * RWKV-7 ("x070") is mapped here; other families plug in through
+ * wrk_family.h (wrk_fam_*.c) and this module does the generic parts for
+ * them: config.json, family detection, the unknown-tensor check, the
+ * parameter count, the weights digest, --fp32 and the tokenizer.
  *
  * The checkpoint is found by fixed rules (wrk_model_find_checkpoint), opened
  * through wk_tensor (safetensors, sharded index, .pth) and mapped onto one
@@ -28,6 +33,7 @@
 
 #include "wk_sha256.h"
 #include "wk_tok.h"
+#include "wrk_family.h"
 
 #define WRK_VOCAB_FILE "rwkv_vocab_v20230424.txt"
 #define WRK_PATH_MAX 4096
@@ -48,6 +54,11 @@ struct wrk_model {
     size_t n_owned;          /* entries used in owned */
     size_t cap_owned;        /* entries allocated in owned */
     wk_tok *tok;             /* tokenizer, NULL when no vocab file */
+    const wrk_family *fam;   /* the family, NULL for RWKV-7 (mapped here) */
+    void *view;              /* the family's view, owned via fam->free_view */
+    json_t *config;          /* config.json, NULL when absent; owned */
+    struct wrk_use *uses;    /* tensors the family declared, owned */
+    size_t n_uses, cap_uses; /* entries used / allocated in uses */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -152,7 +163,7 @@ typedef struct wrk_dims {
 /* small helpers                                                             */
 /* ------------------------------------------------------------------------ */
 
-static void
+void
 wrk_shape_str(const wk_tensor *t, char *buf, size_t len)
 {
     size_t o = 0;
@@ -621,9 +632,50 @@ typedef struct wrk_visit {
 
 typedef wk_err (*wrk_visit_fn)(wrk_model *m, const wrk_visit *v, void *arg);
 
+/* A tensor a family declared with wrk_model_use(). */
+typedef struct wrk_use {
+    wrk_visit v; /* name, field, orientation */
+    bool dup;    /* the same tensor was declared before under another field */
+} wrk_use;
+
+wk_err
+wrk_model_use(wrk_model *m, const wk_tensor **field, const char *name, bool transpose, bool vec,
+              wk_diag *d)
+{
+    if (field == NULL || *field == NULL || name == NULL)
+        return wk_diag_set(d, WK_EINVAL, "wrk_model_use: NULL tensor");
+    if (m->n_uses == m->cap_uses) {
+        size_t cap = m->cap_uses ? 2 * m->cap_uses : 64;
+        wrk_use *u = realloc(m->uses, cap * sizeof(*u));
+        if (u == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory declaring %s", name);
+        m->uses = u;
+        m->cap_uses = cap;
+    }
+    wrk_use *u = &m->uses[m->n_uses];
+    memset(u, 0, sizeof(*u));
+    snprintf(u->v.name, sizeof(u->v.name), "%s", name);
+    u->v.tp = field;
+    u->v.transpose = transpose;
+    u->v.vec = vec;
+    for (size_t i = 0; i < m->n_uses; i++)
+        if (*m->uses[i].v.tp == *field)
+            u->dup = true;
+    m->n_uses++;
+    return WK_OK;
+}
+
 static wk_err
 wrk_visit_all(wrk_model *m, wrk_visit_fn fn, void *arg)
 {
+    if (m->fam != NULL) {
+        for (size_t i = 0; i < m->n_uses; i++) {
+            wk_err e;
+            if (!m->uses[i].dup && (e = fn(m, &m->uses[i].v, arg)) != WK_OK)
+                return e;
+        }
+        return WK_OK;
+    }
     wrk_rwkv7 *r = &m->rwkv7;
     bool hf = r->convention == WRK_CONVENTION_HF;
     wrk_visit v;
@@ -778,44 +830,169 @@ wrk_visit_fp32(wrk_model *m, const wrk_visit *v, void *arg)
 static wk_err
 wrk_model_fingerprint(wrk_model *m)
 {
-    const wrk_rwkv7 *r = &m->rwkv7;
     wrk_model_info *in = &m->info;
-    char buf[1024];
-    int n = snprintf(buf, sizeof(buf),
+    char buf[2048], extra[512] = "";
+    int n;
+    if (m->fam == NULL) {
+        const wrk_rwkv7 *r = &m->rwkv7;
+        n = snprintf(buf, sizeof(buf),
                      "wkvm-fingerprint-v1\nfamily=%s\nn_layer=%u\nn_embd=%u\nn_head=%u\n"
                      "head_size=%u\nffn_dim=%u\nvocab_size=%u\nlora=%u,%u,%u,%u\ndtype=%s\n"
                      "weights=%s\nvocab=%s\n",
                      in->family, r->n_layer, r->n_embd, r->n_head, r->head_size, r->ffn_dim,
                      r->vocab_size, r->lora_w, r->lora_a, r->lora_v, r->lora_g,
                      wk_dtype_name(in->dtype), in->weights_digest, in->vocab_digest);
+    } else {
+        if (m->fam->fingerprint_extra != NULL)
+            m->fam->fingerprint_extra(m->view, extra, sizeof(extra));
+        n = snprintf(buf, sizeof(buf),
+                     "wkvm-fingerprint-v1\nfamily=%s\nn_layer=%u\nn_embd=%u\nn_head=%u\n"
+                     "head_size=%u\nffn_dim=%u\nvocab_size=%u\nstate_bytes=%llu\n%s\ndtype=%s\n"
+                     "weights=%s\nvocab=%s\n",
+                     in->family, in->n_layer, in->n_embd, in->n_head, in->head_size, in->ffn_dim,
+                     in->vocab_size, (unsigned long long)in->state_bytes, extra,
+                     wk_dtype_name(in->dtype), in->weights_digest, in->vocab_digest);
+    }
     if (n < 0 || (size_t)n >= sizeof(buf))
         return WK_EINVAL;
     wk_sha256_hex(buf, (size_t)n, in->fingerprint);
     return WK_OK;
 }
 
+/* TEMP until wk_tok_load_dir lands in common/ */
 static wk_err
-wrk_model_load_vocab(wrk_model *m, const char *dir, const wrk_model_opts *opts, wk_diag *d)
+wk_tok_load_dir_tmp(const char *dir, const char *vp, wk_tok **out, wk_diag *d)
 {
     char path[WRK_PATH_MAX];
-    const char *vp = opts != NULL ? opts->vocab_path : NULL;
     wk_err e;
-
     if (vp == NULL) {
         if ((e = wrk_join(path, sizeof(path), dir, WRK_VOCAB_FILE, d)) != WK_OK)
             return e;
         if (!wrk_is_file(path))
-            return WK_OK; /* no vocab: token ids only */
+            return WK_ENOENT;
         vp = path;
     }
-    if ((e = wk_tok_load(vp, &m->tok, d)) != WK_OK) {
+    if ((e = wk_tok_load(vp, out, d)) != WK_OK)
         wk_diag_prefix(d, "%s: ", vp);
-        return e;
+    return e;
+}
+#define wk_tok_load_dir wk_tok_load_dir_tmp
+
+static wk_err
+wrk_model_load_vocab(wrk_model *m, const char *dir, const wrk_model_opts *opts, wk_diag *d)
+{
+    const char *vp = opts != NULL ? opts->vocab_path : NULL;
+    wk_err e = wk_tok_load_dir(dir, vp, &m->tok, d);
+    if (e == WK_ENOENT && vp == NULL) {
+        m->tok = NULL;
+        return WK_OK; /* no tokenizer: token ids only */
     }
-    if (wk_tok_vocab_size(m->tok) > m->rwkv7.vocab_size)
-        return wk_diag_set(d, WK_EINVAL, "%s: vocab defines ids up to %u but the model has %u rows",
-                           vp, wk_tok_vocab_size(m->tok) - 1, m->rwkv7.vocab_size);
+    if (e != WK_OK)
+        return e;
+    if (wk_tok_vocab_size(m->tok) > m->info.vocab_size)
+        return wk_diag_set(d, WK_EINVAL,
+                           "%s: the tokenizer defines ids up to %u but the model has %u rows",
+                           vp != NULL ? vp : dir, wk_tok_vocab_size(m->tok) - 1,
+                           m->info.vocab_size);
     snprintf(m->info.vocab_digest, sizeof(m->info.vocab_digest), "%s", wk_tok_digest(m->tok));
+    return WK_OK;
+}
+
+/* Reads dir/config.json into *out (NULL when there is none). */
+static wk_err
+wrk_model_read_config(const char *dir, json_t **out, wk_diag *d)
+{
+    char path[WRK_PATH_MAX];
+    wk_err e;
+    *out = NULL;
+    if ((e = wrk_join(path, sizeof(path), dir, "config.json", d)) != WK_OK)
+        return e;
+    if (!wrk_is_file(path))
+        return WK_OK;
+    json_error_t je;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (j == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: line %d: %s", path, je.line, je.text);
+    if (!json_is_object(j)) {
+        json_decref(j);
+        return wk_diag_set(d, WK_EINVAL, "%s: not a JSON object", path);
+    }
+    *out = j;
+    return WK_OK;
+}
+
+static const wrk_family *const wrk_families[] = {&wrk_family_mamba2, &wrk_family_gdn};
+#define WRK_N_FAMILIES (sizeof(wrk_families) / sizeof(wrk_families[0]))
+
+/*
+ * Picks the family: config.json's model_type when it names one (an unknown
+ * model_type is refused), else the first family whose tensor names match,
+ * else RWKV-7 (*out NULL), whose mapper explains what it did not find.
+ */
+static wk_err
+wrk_model_pick_family(const wk_tensor_set *set, const json_t *config, const wrk_family **out,
+                      wk_diag *d)
+{
+    *out = NULL;
+    const json_t *mt = config != NULL ? json_object_get(config, "model_type") : NULL;
+    if (mt != NULL && json_is_string(mt)) {
+        const char *t = json_string_value(mt);
+        if (strcmp(t, "rwkv7") == 0)
+            return WK_OK;
+        for (size_t i = 0; i < WRK_N_FAMILIES; i++)
+            for (const char *const *p = wrk_families[i]->model_types; *p != NULL; p++)
+                if (strcmp(*p, t) == 0) {
+                    *out = wrk_families[i];
+                    return WK_OK;
+                }
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "config.json: model_type \"%.64s\" is not supported (rwkv7, "
+                           "mamba2, gated_deltanet)",
+                           t);
+    }
+    for (size_t i = 0; i < WRK_N_FAMILIES; i++)
+        if (wrk_families[i]->detect(set)) {
+            *out = wrk_families[i];
+            return WK_OK;
+        }
+    return WK_OK;
+}
+
+/* Refuses a checkpoint holding a tensor the family did not declare. */
+static wk_err
+wrk_model_check_unused(const wrk_model *m, wk_diag *d)
+{
+    size_t n = wk_tensor_set_count(m->set);
+    for (size_t i = 0; i < n; i++) {
+        const wk_tensor *t = wk_tensor_set_at(m->set, i);
+        bool used = false;
+        for (size_t u = 0; u < m->n_uses && !used; u++)
+            used = *m->uses[u].v.tp == t;
+        if (!used)
+            return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s checkpoint", t->name,
+                               m->fam->name);
+    }
+    return WK_OK;
+}
+
+/* Maps the RWKV-7 view and fills the info's dimensions. */
+static wk_err
+wrk_model_map_rwkv7_info(wrk_model *m, wk_diag *d)
+{
+    wk_err e = wrk_map_rwkv7(m, d);
+    if (e != WK_OK)
+        return e;
+    wrk_model_info *in = &m->info;
+    const wrk_rwkv7 *r = &m->rwkv7;
+    snprintf(in->family, sizeof(in->family), "rwkv7");
+    in->n_layer = r->n_layer;
+    in->n_embd = r->n_embd;
+    in->n_head = r->n_head;
+    in->head_size = r->head_size;
+    in->ffn_dim = r->ffn_dim;
+    in->vocab_size = r->vocab_size;
+    in->state_bytes = (uint64_t)r->n_layer *
+                      (2ull * r->n_embd + (uint64_t)r->n_head * r->head_size * r->head_size) * 4u;
     return WK_OK;
 }
 
@@ -836,15 +1013,24 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
 
     if ((e = wk_tensor_set_open(path, &m->set, d)) != WK_OK)
         goto fail;
-    if ((e = wrk_map_rwkv7(m, d)) != WK_OK) {
+    if ((e = wrk_model_read_config(dir, &m->config, d)) != WK_OK)
+        goto fail;
+    if ((e = wrk_model_pick_family(m->set, m->config, &m->fam, d)) != WK_OK)
+        goto fail;
+    wrk_model_info *in = &m->info;
+    if (m->fam == NULL) {
+        e = wrk_model_map_rwkv7_info(m, d);
+    } else {
+        snprintf(in->family, sizeof(in->family), "%s", m->fam->name);
+        e = m->fam->map(m, m->set, m->config, &m->view, in, d);
+        if (e == WK_OK)
+            e = wrk_model_check_unused(m, d);
+    }
+    if (e != WK_OK) {
         wk_diag_prefix(d, "%s: ", path);
         goto fail;
     }
 
-    /* info */
-    wrk_model_info *in = &m->info;
-    const wrk_rwkv7 *r = &m->rwkv7;
-    snprintf(in->family, sizeof(in->family), "rwkv7");
     {
         size_t len = strlen(dir);
         while (len > 1 && dir[len - 1] == '/')
@@ -858,14 +1044,6 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
         memcpy(in->name, dir + start, nlen);
         in->name[nlen] = '\0';
     }
-    in->n_layer = r->n_layer;
-    in->n_embd = r->n_embd;
-    in->n_head = r->n_head;
-    in->head_size = r->head_size;
-    in->ffn_dim = r->ffn_dim;
-    in->vocab_size = r->vocab_size;
-    in->state_bytes = (uint64_t)r->n_layer *
-                      (2ull * r->n_embd + (uint64_t)r->n_head * r->head_size * r->head_size) * 4u;
 
     wrk_count cnt;
     memset(&cnt, 0, sizeof(cnt));
@@ -939,6 +1117,10 @@ wrk_model_free(wrk_model *m)
         free((void *)m->owned[i].data);
     free(m->owned);
     free(m->layers);
+    if (m->fam != NULL && m->fam->free_view != NULL)
+        m->fam->free_view(m->view);
+    free(m->uses);
+    json_decref(m->config);
     wk_tok_free(m->tok);
     wk_tensor_set_free(m->set);
     free(m);
@@ -959,5 +1141,84 @@ wrk_model_tokenizer(const wrk_model *m)
 const wrk_rwkv7 *
 wrk_model_rwkv7(const wrk_model *m)
 {
-    return &m->rwkv7;
+    return m->fam == NULL ? &m->rwkv7 : NULL;
+}
+
+const void *
+wrk_model_view(const wrk_model *m, const char *family)
+{
+    if (m->fam == NULL || family == NULL || strcmp(m->fam->name, family) != 0)
+        return NULL;
+    return m->view;
+}
+
+size_t
+wrk_model_state_layout(const wrk_model *m, wrk_state_tensor *out, size_t cap)
+{
+    if (m->fam != NULL)
+        return m->fam->state_layout(m->view, out, cap);
+    const wrk_rwkv7 *r = &m->rwkv7;
+    size_t n = (size_t)r->n_layer * 3;
+    for (uint32_t l = 0; out != NULL && l < r->n_layer; l++) {
+        static const char *const nm[3] = {"att_shift", "ffn_shift", "wkv"};
+        for (uint32_t k = 0; k < 3 && 3 * (size_t)l + k < cap; k++) {
+            wrk_state_tensor *t = &out[3 * l + k];
+            memset(t, 0, sizeof(*t));
+            snprintf(t->name, sizeof(t->name), "layers.%u.%s", l, nm[k]);
+            if (k < 2) {
+                t->ndim = 1;
+                t->shape[0] = r->n_embd;
+            } else {
+                t->ndim = 3;
+                t->shape[0] = r->n_head;
+                t->shape[1] = r->head_size;
+                t->shape[2] = r->head_size;
+            }
+        }
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* config.json helpers for the families                                      */
+/* ------------------------------------------------------------------------ */
+
+wk_err
+wrk_config_u32(const json_t *config, const char *key, uint32_t def, uint32_t *out, wk_diag *d)
+{
+    const json_t *v = config != NULL ? json_object_get(config, key) : NULL;
+    *out = def;
+    if (v == NULL || json_is_null(v))
+        return WK_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) > (json_int_t)UINT32_MAX)
+        return wk_diag_set(d, WK_EINVAL, "config.json: %s must be a non-negative integer", key);
+    *out = (uint32_t)json_integer_value(v);
+    return WK_OK;
+}
+
+wk_err
+wrk_config_f64(const json_t *config, const char *key, double def, double *out, wk_diag *d)
+{
+    const json_t *v = config != NULL ? json_object_get(config, key) : NULL;
+    *out = def;
+    if (v == NULL || json_is_null(v))
+        return WK_OK;
+    if (!json_is_number(v))
+        return wk_diag_set(d, WK_EINVAL, "config.json: %s must be a number", key);
+    *out = json_number_value(v);
+    return WK_OK;
+}
+
+wk_err
+wrk_config_bool(const json_t *config, const char *key, bool def, bool *out, wk_diag *d)
+{
+    const json_t *v = config != NULL ? json_object_get(config, key) : NULL;
+    *out = def;
+    if (v == NULL || json_is_null(v))
+        return WK_OK;
+    if (!json_is_boolean(v))
+        return wk_diag_set(d, WK_EINVAL, "config.json: %s must be true or false", key);
+    *out = json_is_true(v);
+    return WK_OK;
 }

@@ -29,7 +29,7 @@ typedef struct wrk_model_opts {
 
 /* What the rest of the worker (and the controller, via ModelInfo) sees. */
 typedef struct wrk_model_info {
-    char family[16];         /* "rwkv7" */
+    char family[16];         /* "rwkv7", "mamba2", "gdn" */
     char name[128];          /* directory base name */
     uint32_t n_layer;        /* layers */
     uint32_t n_embd;         /* C */
@@ -108,6 +108,27 @@ typedef struct wrk_rwkv7 {
 
 /* The RWKV-7 view of m, borrowed until wrk_model_free(); NULL for other families. */
 const wrk_rwkv7 *wrk_model_rwkv7(const wrk_model *m);
+
+/*
+ * The family view of m (wrk_mamba2, wrk_gdn ... from the family's header)
+ * when m's family is `family`, else NULL. Borrowed until wrk_model_free().
+ */
+const void *wrk_model_view(const wrk_model *m, const char *family);
+
+/* One fp32 tensor of a slot's state, in slot order (see wrk_model_state_layout). */
+#define WRK_STATE_MAX_DIMS 4
+typedef struct wrk_state_tensor {
+    char name[48];                      /* "layers.3.ssm" */
+    uint32_t ndim;                      /* 1..WRK_STATE_MAX_DIMS */
+    uint64_t shape[WRK_STATE_MAX_DIMS]; /* elements per dimension */
+} wrk_state_tensor;
+
+/*
+ * The slot layout of m's family: the fp32 tensors that tile one slot's
+ * state_bytes, in byte order. Writes up to cap entries (out may be NULL) and
+ * returns how many there are.
+ */
+size_t wrk_model_state_layout(const wrk_model *m, wrk_state_tensor *out, size_t cap);
 
 /*
  * Finds the checkpoint file in dir, by these rules in order:

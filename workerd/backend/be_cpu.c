@@ -1,5 +1,6 @@
 /*
- * be_cpu: the CPU backend, always built, and the numeric reference the other
+ * be_cpu: the CPU backend's RWKV-7 family (be_cpu_rwkv7_ops; be_cpu_ops in
+ * be_cpu_family.c dispatches to it), and the numeric reference the other
  * backends are checked against.
  *
  * At open it packs every weight matrix into column panels in its stored
@@ -1044,7 +1045,8 @@ cpu_describe(const be_ctx *c, char *buf, size_t len)
              (unsigned long long)c->weight_bytes);
 }
 
-const be_ops be_cpu_ops = {
+extern const be_ops be_cpu_rwkv7_ops; /* be_cpu_common.h; not included (names overlap) */
+const be_ops be_cpu_rwkv7_ops = {
     .name = "cpu",
     .probe = cpu_probe,
     .open = cpu_open,

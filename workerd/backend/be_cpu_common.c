@@ -1,0 +1,413 @@
+/*
+ * be_cpu_common: the slot arena, step validation, pass splitting and GEMM
+ * regions shared by the family CPU backends (see be_cpu_common.h).
+ */
+#include "be_cpu_common.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BE_CPU_PASS_TOKENS 256u  /* tokens per pass */
+#define BE_CPU_DEF_ROWS 1024u    /* max_step_rows when the config says 0 */
+#define BE_CPU_DEF_TOKENS 65536u /* max_step_tokens when the config says 0 */
+
+float *
+be_cpu_alloc_f(size_t n)
+{
+    return aligned_alloc(64, ((n ? n : 1) * sizeof(float) + 63) & ~(size_t)63);
+}
+
+wk_err
+be_cpu_base_open(be_cpu_base *b, const be_config *cfg, const wrk_model *m, size_t slot_floats,
+                 wk_diag *d)
+{
+    memset(b, 0, sizeof(*b));
+    if (cfg == NULL || m == NULL)
+        return wk_diag_set(d, WK_EINVAL, "cpu backend: missing config or model");
+    if (cfg->n_slots < 2)
+        return wk_diag_set(d, WK_EINVAL,
+                           "cpu backend: n_slots %u, need at least 2 (slot 0 is reserved)",
+                           cfg->n_slots);
+    b->model = m;
+    b->isa = be_cpu_isa_detect();
+    b->V = wrk_model_info_get(m)->vocab_size;
+    b->max_rows = cfg->max_step_rows ? cfg->max_step_rows : BE_CPU_DEF_ROWS;
+    b->max_tokens = cfg->max_step_tokens ? cfg->max_step_tokens : BE_CPU_DEF_TOKENS;
+    b->cap = BE_CPU_PASS_TOKENS;
+    const char *pt = getenv("WKVM_CPU_PASS_TOKENS");
+    if (pt != NULL) {
+        long v = strtol(pt, NULL, 10);
+        if (v >= 1 && v <= 4096)
+            b->cap = (uint32_t)v;
+    }
+    wk_err e = be_cpu_pool_new(cfg->n_threads, &b->pool);
+    if (e != WK_OK)
+        return wk_diag_set(d, e, "cpu backend: cannot start threads");
+    b->n_threads = be_cpu_pool_size(b->pool);
+
+    b->n_slots = cfg->n_slots;
+    b->slot_floats = slot_floats;
+    if (slot_floats > SIZE_MAX / sizeof(float) / b->n_slots)
+        return wk_diag_set(d, WK_ENOMEM, "cpu backend: arena of %u slots does not fit",
+                           b->n_slots);
+    size_t arena_bytes = (size_t)b->n_slots * slot_floats * sizeof(float);
+    b->arena = be_cpu_big_alloc(arena_bytes);
+    b->slot_mark = calloc(b->n_slots, sizeof(uint32_t));
+    b->tok = calloc(b->cap, sizeof(int32_t));
+    b->tseg = calloc(b->cap, sizeof(uint32_t));
+    b->segs = calloc(b->cap, sizeof(be_cpu_seg));
+    b->lrows = calloc(b->cap, sizeof(float *));
+    b->lpos = calloc(b->cap, sizeof(uint32_t));
+    b->tasks_cap = 64 * b->n_threads + BE_CPU_MAX_JOBS;
+    b->tasks = calloc(b->tasks_cap, sizeof(be_cpu_task));
+    if (b->arena == NULL || b->slot_mark == NULL || b->tok == NULL || b->tseg == NULL ||
+        b->segs == NULL || b->lrows == NULL || b->lpos == NULL || b->tasks == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory (arena %zu bytes)",
+                           arena_bytes);
+    memset(b->arena, 0, arena_bytes);
+    return WK_OK;
+}
+
+void
+be_cpu_base_close(be_cpu_base *b)
+{
+    if (b == NULL)
+        return;
+    be_cpu_pool_free(b->pool);
+    free(b->arena);
+    free(b->slot_mark);
+    free(b->tok);
+    free(b->tseg);
+    free(b->segs);
+    free(b->lrows);
+    free(b->lpos);
+    free(b->tasks);
+    memset(b, 0, sizeof(*b));
+}
+
+float *
+be_cpu_base_slot(const be_cpu_base *b, uint32_t slot)
+{
+    return b->arena + (size_t)slot * b->slot_floats;
+}
+
+wk_err
+be_cpu_base_slot_reset(be_cpu_base *b, uint32_t slot)
+{
+    if (b == NULL || slot >= b->n_slots)
+        return WK_EINVAL;
+    memset(be_cpu_base_slot(b, slot), 0, b->slot_floats * sizeof(float));
+    return WK_OK;
+}
+
+wk_err
+be_cpu_base_slot_copy(be_cpu_base *b, uint32_t dst, uint32_t src)
+{
+    if (b == NULL || dst == 0 || src == 0 || dst >= b->n_slots || src >= b->n_slots)
+        return WK_EINVAL;
+    if (dst != src)
+        memcpy(be_cpu_base_slot(b, dst), be_cpu_base_slot(b, src),
+               b->slot_floats * sizeof(float));
+    return WK_OK;
+}
+
+static bool
+be_cpu_range_ok(const be_cpu_base *b, uint32_t slot, uint64_t off, size_t len)
+{
+    uint64_t total = (uint64_t)b->slot_floats * sizeof(float);
+    return slot != 0 && slot < b->n_slots && off <= total && len <= total - off;
+}
+
+wk_err
+be_cpu_base_slot_read(be_cpu_base *b, uint32_t slot, uint64_t off, void *buf, size_t len)
+{
+    if (b == NULL || (buf == NULL && len > 0) || !be_cpu_range_ok(b, slot, off, len))
+        return WK_EINVAL;
+    if (len > 0)
+        memcpy(buf, (const uint8_t *)be_cpu_base_slot(b, slot) + off, len);
+    return WK_OK;
+}
+
+wk_err
+be_cpu_base_slot_write(be_cpu_base *b, uint32_t slot, uint64_t off, const void *buf, size_t len)
+{
+    if (b == NULL || (buf == NULL && len > 0) || !be_cpu_range_ok(b, slot, off, len))
+        return WK_EINVAL;
+    if (len > 0)
+        memcpy((uint8_t *)be_cpu_base_slot(b, slot) + off, buf, len);
+    return WK_OK;
+}
+
+static wk_err
+be_cpu_step_check(be_cpu_base *b, const be_row *rows, size_t n, wk_diag *d)
+{
+    uint64_t total = 0;
+    if (n > b->max_rows)
+        return wk_diag_set(d, WK_ETOOBIG, "step has %zu rows, at most %u", n, b->max_rows);
+    if (n > 0 && rows == NULL)
+        return wk_diag_set(d, WK_EINVAL, "step rows missing");
+    if (++b->mark_gen == 0) {
+        memset(b->slot_mark, 0, sizeof(uint32_t) * b->n_slots);
+        b->mark_gen = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const be_row *r = &rows[i];
+        if (r->slot >= b->n_slots)
+            return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u outside the arena (%u slots)", i,
+                               r->slot, b->n_slots);
+        if (r->slot != 0) {
+            if (b->slot_mark[r->slot] == b->mark_gen)
+                return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u appears twice in one step",
+                                   i, r->slot);
+            b->slot_mark[r->slot] = b->mark_gen;
+        }
+        if (r->n_tokens == 0 || r->tokens == NULL)
+            return wk_diag_set(d, WK_EINVAL, "row %zu: no tokens", i);
+        if (r->logits_mode > BE_LOGITS_ALL)
+            return wk_diag_set(d, WK_EINVAL, "row %zu: bad logits_mode %u", i, r->logits_mode);
+        if (r->logits_mode != BE_LOGITS_NONE && r->logits == NULL)
+            return wk_diag_set(d, WK_EINVAL, "row %zu: logits requested without a buffer", i);
+        for (uint32_t t = 0; t < r->n_tokens; t++)
+            if (r->tokens[t] < 0 || (uint32_t)r->tokens[t] >= b->V)
+                return wk_diag_set(d, WK_EINVAL, "row %zu: token %d at %u outside vocab %u", i,
+                                   r->tokens[t], t, b->V);
+        total += r->n_tokens;
+    }
+    if (total > b->max_tokens)
+        return wk_diag_set(d, WK_ETOOBIG, "step has %llu tokens, at most %u",
+                           (unsigned long long)total, b->max_tokens);
+    return WK_OK;
+}
+
+static void
+be_cpu_pass_flush(be_cpu_base *b, be_cpu_pass_fn pass)
+{
+    if (b->T > 0)
+        pass(b);
+    b->T = 0;
+    b->n_segs = 0;
+    b->n_logits = 0;
+}
+
+wk_err
+be_cpu_base_step(be_cpu_base *b, be_row *rows, size_t n, be_cpu_pass_fn pass, wk_diag *d)
+{
+    wk_err e = be_cpu_step_check(b, rows, n, d);
+    if (e != WK_OK)
+        return e;
+    b->T = 0;
+    b->n_segs = 0;
+    b->n_logits = 0;
+    for (size_t i = 0; i < n; i++) {
+        be_row *r = &rows[i];
+        if (r->slot == 0) {
+            if (r->logits_mode == BE_LOGITS_LAST)
+                memset(r->logits, 0, sizeof(float) * b->V);
+            else if (r->logits_mode == BE_LOGITS_ALL)
+                memset(r->logits, 0, sizeof(float) * b->V * r->n_tokens);
+            continue;
+        }
+        uint32_t off = 0;
+        while (off < r->n_tokens) {
+            uint32_t room = b->cap - b->T;
+            uint32_t take = r->n_tokens - off < room ? r->n_tokens - off : room;
+            be_cpu_seg *sg = &b->segs[b->n_segs];
+            sg->row = (uint32_t)i;
+            sg->slot = r->slot;
+            sg->t0 = b->T;
+            sg->n = take;
+            sg->off = off;
+            for (uint32_t j = 0; j < take; j++) {
+                b->tok[b->T + j] = r->tokens[off + j];
+                b->tseg[b->T + j] = b->n_segs;
+                if (r->logits_mode == BE_LOGITS_ALL ||
+                    (r->logits_mode == BE_LOGITS_LAST && off + j == r->n_tokens - 1)) {
+                    b->lpos[b->n_logits] = b->T + j;
+                    b->lrows[b->n_logits] =
+                        r->logits +
+                        (r->logits_mode == BE_LOGITS_ALL ? (size_t)(off + j) * b->V : 0);
+                    b->n_logits++;
+                }
+            }
+            b->n_segs++;
+            b->T += take;
+            off += take;
+            if (b->T == b->cap)
+                be_cpu_pass_flush(b, pass);
+        }
+    }
+    be_cpu_pass_flush(b, pass);
+    return WK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* parallel regions                                                          */
+/* ------------------------------------------------------------------------ */
+
+void
+be_cpu_job_add_ld(be_cpu_base *b, const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m,
+                  float *y, size_t ldy, be_cpu_epi epi)
+{
+    if (b->n_jobs == BE_CPU_MAX_JOBS)
+        be_cpu_jobs_run(b);
+    be_cpu_job *j = &b->jobs[b->n_jobs++];
+    j->w = w;
+    j->x = x;
+    j->ldx = ldx;
+    j->m = m;
+    j->y = y;
+    j->ldy = ldy;
+    j->yrows = NULL;
+    j->epi = epi;
+}
+
+void
+be_cpu_job_add(be_cpu_base *b, const be_cpu_mat *w, const float *x, uint32_t m, float *y,
+               float *const *yrows, be_cpu_epi epi)
+{
+    be_cpu_job_add_ld(b, w, x, w->k, m, y, w->n, epi);
+    b->jobs[b->n_jobs - 1].yrows = yrows;
+}
+
+static void
+be_cpu_gemm_task(void *arg, uint32_t t)
+{
+    be_cpu_base *b = arg;
+    const be_cpu_task *tk = &b->tasks[t];
+    const be_cpu_job *j = &b->jobs[tk->job];
+    be_cpu_gemm(b->isa, j->w, j->x, j->ldx, j->m, j->y, j->ldy, j->yrows, tk->p0, tk->p1, j->epi);
+}
+
+void
+be_cpu_jobs_run(be_cpu_base *b)
+{
+    uint32_t total = 0, m = 0;
+    for (uint32_t i = 0; i < b->n_jobs; i++) {
+        total += b->jobs[i].w->n_panels;
+        if (b->jobs[i].m > m)
+            m = b->jobs[i].m;
+    }
+    const uint32_t grain = be_cpu_gemm_panel_grain(b->isa, m);
+    uint32_t chunk = (total + 4 * b->n_threads - 1) / (4 * b->n_threads);
+    chunk = (chunk + grain - 1) / grain * grain;
+    if (chunk == 0)
+        chunk = grain;
+    if (b->n_threads == 1)
+        chunk = UINT32_MAX / 2;
+    b->n_tasks = 0;
+    for (uint32_t i = 0; i < b->n_jobs; i++) {
+        const uint32_t np = b->jobs[i].w->n_panels;
+        for (uint32_t p = 0; p < np; p += chunk) {
+            if (b->n_tasks == b->tasks_cap) {
+                /* cannot happen: 4 * threads chunks per region plus one per job */
+                be_cpu_task *last = &b->tasks[b->n_tasks - 1];
+                last->p1 = np;
+                break;
+            }
+            be_cpu_task *tk = &b->tasks[b->n_tasks++];
+            tk->job = i;
+            tk->p0 = p;
+            tk->p1 = p + chunk < np ? p + chunk : np;
+        }
+    }
+    be_cpu_pool_run(b->pool, be_cpu_gemm_task, b, b->n_tasks);
+    b->n_jobs = 0;
+}
+
+void
+be_cpu_tok_range(const be_cpu_base *b, uint32_t task, uint32_t *t0, uint32_t *t1)
+{
+    uint32_t n = b->tok_tasks;
+    *t0 = (uint32_t)((uint64_t)b->T * task / n);
+    *t1 = (uint32_t)((uint64_t)b->T * (task + 1) / n);
+}
+
+void
+be_cpu_tok_run(be_cpu_base *b, be_cpu_pool_fn fn, void *arg)
+{
+    uint32_t n = b->T < 8 ? 1 : b->n_threads * 2;
+    if (n > b->T)
+        n = b->T;
+    if (n == 0)
+        return;
+    b->tok_tasks = n;
+    be_cpu_pool_run(b->pool, fn, arg, n);
+}
+
+/* ------------------------------------------------------------------------ */
+/* packing                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct be_cpu_pack_job {
+    be_cpu_mat *const *dst;
+    const wrk_mat *const *src;
+    be_cpu_task *tasks;
+} be_cpu_pack_job;
+
+static void
+be_cpu_pack_task(void *arg, uint32_t t)
+{
+    be_cpu_pack_job *j = arg;
+    const be_cpu_task *tk = &j->tasks[t];
+    be_cpu_mat_pack_panels(j->dst[tk->job], j->src[tk->job], tk->p0, tk->p1);
+}
+
+wk_err
+be_cpu_pack_mats(be_cpu_base *b, be_cpu_mat *const *dst, const wrk_mat *const *src, size_t n,
+                 wk_diag *d)
+{
+    size_t n_tasks = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t bytes = be_cpu_mat_bytes(src[i]);
+        if (bytes == 0)
+            return wk_diag_set(d, WK_EINVAL, "cpu backend: matrix %zu (%s) unusable", i,
+                               src[i]->t != NULL ? src[i]->t->name : "absent");
+        void *mem = be_cpu_big_alloc(bytes);
+        if (mem == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory packing %s",
+                               src[i]->t->name);
+        if (be_cpu_mat_init(dst[i], src[i], mem) != WK_OK) {
+            free(mem);
+            return wk_diag_set(d, WK_EINVAL, "cpu backend: cannot pack %s", src[i]->t->name);
+        }
+        dst[i]->owned = true;
+        n_tasks += (dst[i]->n_panels + 15) / 16;
+    }
+    be_cpu_task *tasks = calloc(n_tasks ? n_tasks : 1, sizeof(*tasks));
+    if (tasks == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t p = 0; p < dst[i]->n_panels; p += 16) {
+            tasks[k].job = (uint32_t)i;
+            tasks[k].p0 = p;
+            tasks[k].p1 = p + 16 < dst[i]->n_panels ? p + 16 : dst[i]->n_panels;
+            k++;
+        }
+    be_cpu_pack_job j = {dst, src, tasks};
+    be_cpu_pool_run(b->pool, be_cpu_pack_task, &j, (uint32_t)k);
+    free(tasks);
+    return WK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* math                                                                      */
+/* ------------------------------------------------------------------------ */
+
+void
+be_cpu_rmsnorm(const float *x, const float *w, uint32_t n, double eps, float *y)
+{
+    double ps[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            ps[j] += (double)x[i + j] * x[i + j];
+    double s = ((ps[0] + ps[1]) + (ps[2] + ps[3])) + ((ps[4] + ps[5]) + (ps[6] + ps[7]));
+    for (; i < n; i++)
+        s += (double)x[i] * x[i];
+    const float inv = (float)(1.0 / sqrt(s / n + eps));
+    for (i = 0; i < n; i++)
+        y[i] = w != NULL ? x[i] * inv * w[i] : x[i] * inv;
+}

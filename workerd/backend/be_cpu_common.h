@@ -1,0 +1,157 @@
+/*
+ * be_cpu_common: what every family's CPU backend shares.
+ *
+ * be_cpu_ops (be_cpu_family.c) picks the family implementation at open:
+ * be_cpu_rwkv7_ops (be_cpu.c), be_cpu_mamba2_ops, be_cpu_gdn_ops. A family
+ * context starts with a be_cpu_base, which owns the thread pool, the slot
+ * arena (one fp32 block per slot, in the family's wrk_model_state_layout),
+ * the step's validation, the split of a step into passes of at most `cap`
+ * tokens, and the parallel GEMM regions. The family supplies one function
+ * that runs the whole network over the tokens of the current pass.
+ *
+ * The same rules as be_cpu.c hold for every family: a row's bits never
+ * depend on the other rows, on how its prefill is split or on the thread
+ * count; a refused step changes no slot. Never logs, never aborts.
+ */
+#ifndef BE_CPU_COMMON_H
+#define BE_CPU_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "be.h"
+#include "be_cpu_kernels.h"
+
+#define BE_CPU_MAX_JOBS 8 /* GEMMs in one parallel region */
+
+/* The family CPU backends (be_cpu_ops dispatches to them). */
+extern const be_ops be_cpu_rwkv7_ops;
+extern const be_ops be_cpu_mamba2_ops;
+extern const be_ops be_cpu_gdn_ops;
+
+/* One contiguous run of a row's tokens inside a pass. */
+typedef struct be_cpu_seg {
+    uint32_t row;  /* index into the step's rows */
+    uint32_t slot; /* arena slot */
+    uint32_t t0;   /* first token's index in the pass buffers */
+    uint32_t n;    /* tokens */
+    uint32_t off;  /* index of the first token within the row */
+} be_cpu_seg;
+
+typedef struct be_cpu_job {
+    const be_cpu_mat *w; /* weights */
+    const float *x;      /* input rows, w->k floats apart unless ldx */
+    size_t ldx;          /* floats between input rows */
+    uint32_t m;          /* rows */
+    float *y;            /* output rows, ldy floats apart */
+    size_t ldy;          /* floats between output rows */
+    float *const *yrows; /* per-row outputs or NULL */
+    be_cpu_epi epi;      /* epilogue */
+} be_cpu_job;
+
+typedef struct be_cpu_task {
+    uint32_t job;    /* index into jobs */
+    uint32_t p0, p1; /* panel range */
+} be_cpu_task;
+
+typedef struct be_cpu_base {
+    const wrk_model *model; /* borrowed for the context's life */
+    be_cpu_isa isa;         /* kernel path */
+    be_cpu_pool *pool;      /* threads */
+    uint32_t n_threads;     /* pool size */
+    uint32_t V;             /* vocab (token ids and logits width) */
+    uint32_t max_rows, max_tokens; /* step limits */
+
+    uint32_t n_slots;       /* arena slots incl. 0 */
+    size_t slot_floats;     /* floats per slot */
+    float *arena;           /* n_slots * slot_floats, owned */
+    uint32_t *slot_mark;    /* duplicate detection */
+    uint32_t mark_gen;      /* current mark value */
+
+    /* the current pass */
+    uint32_t cap;           /* tokens per pass */
+    uint32_t T;             /* tokens in the pass */
+    int32_t *tok;           /* token ids [cap] */
+    uint32_t *tseg;         /* segment of each token [cap] */
+    be_cpu_seg *segs;       /* [cap] */
+    uint32_t n_segs;        /* segments in the pass */
+    float **lrows;          /* logits destinations [cap] */
+    uint32_t *lpos;         /* pass token index of each logits row [cap] */
+    uint32_t n_logits;      /* logits rows in the pass */
+
+    /* the current GEMM region */
+    be_cpu_job jobs[BE_CPU_MAX_JOBS];
+    uint32_t n_jobs;
+    be_cpu_task *tasks;
+    uint32_t tasks_cap;
+    uint32_t n_tasks;
+    uint32_t tok_tasks;     /* tasks of the current token-parallel region */
+} be_cpu_base;
+
+/* Runs the network over b->T tokens of the pass (segments, logits rows set). */
+typedef void (*be_cpu_pass_fn)(be_cpu_base *b);
+
+/*
+ * Sets b up: pool, arena of cfg->n_slots zeroed slots of slot_floats floats,
+ * pass buffers (WKVM_CPU_PASS_TOKENS or 256 tokens). Returns WK_EINVAL
+ * (fewer than 2 slots), WK_ENOMEM, WK_EDEVICE (threads); b is then ready for
+ * be_cpu_base_close either way.
+ */
+WK_MUST_CHECK wk_err be_cpu_base_open(be_cpu_base *b, const be_config *cfg, const wrk_model *m,
+                                      size_t slot_floats, wk_diag *d);
+void be_cpu_base_close(be_cpu_base *b);
+
+/* Slot pointer (slot < n_slots, unchecked). */
+float *be_cpu_base_slot(const be_cpu_base *b, uint32_t slot);
+
+/* The be_ops slot operations over b (same contracts as be.h). */
+wk_err be_cpu_base_slot_reset(be_cpu_base *b, uint32_t slot);
+wk_err be_cpu_base_slot_copy(be_cpu_base *b, uint32_t dst, uint32_t src);
+wk_err be_cpu_base_slot_read(be_cpu_base *b, uint32_t slot, uint64_t off, void *buf, size_t len);
+wk_err be_cpu_base_slot_write(be_cpu_base *b, uint32_t slot, uint64_t off, const void *buf,
+                              size_t len);
+
+/*
+ * The be_ops step: validates every row (be.h), then cuts the rows into
+ * passes and calls pass for each. Padding rows get zero logits.
+ */
+WK_MUST_CHECK wk_err be_cpu_base_step(be_cpu_base *b, be_row *rows, size_t n, be_cpu_pass_fn pass,
+                                      wk_diag *d);
+
+/* The previous token of pass token t within its row, or -1 when t starts its segment. */
+static inline int64_t
+be_cpu_prev_tok(const be_cpu_base *b, uint32_t t)
+{
+    return t > b->segs[b->tseg[t]].t0 ? (int64_t)t - 1 : -1;
+}
+
+/* Queues y (op)= x W for m rows (ldx = w->k, ldy = w->n unless yrows). */
+void be_cpu_job_add(be_cpu_base *b, const be_cpu_mat *w, const float *x, uint32_t m, float *y,
+                    float *const *yrows, be_cpu_epi epi);
+/* Same with explicit row strides. */
+void be_cpu_job_add_ld(be_cpu_base *b, const be_cpu_mat *w, const float *x, size_t ldx,
+                       uint32_t m, float *y, size_t ldy, be_cpu_epi epi);
+/* Runs the queued GEMMs as one parallel region. */
+void be_cpu_jobs_run(be_cpu_base *b);
+
+/* Runs fn over the pass's tokens split in ranges (be_cpu_tok_range gives a task's range). */
+void be_cpu_tok_run(be_cpu_base *b, be_cpu_pool_fn fn, void *arg);
+void be_cpu_tok_range(const be_cpu_base *b, uint32_t task, uint32_t *t0, uint32_t *t1);
+
+/*
+ * Packs n matrices (src[i] -> dst[i], each its own allocation) on the pool.
+ * Returns WK_EINVAL naming the index of a bad source, WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err be_cpu_pack_mats(be_cpu_base *b, be_cpu_mat *const *dst,
+                                      const wrk_mat *const *src, size_t n, wk_diag *d);
+
+/* 64-byte aligned float buffer (n >= 0), free with free(). */
+float *be_cpu_alloc_f(size_t n);
+
+/*
+ * RMSNorm over n values: y = x / sqrt(mean(x^2) + eps) * w (w NULL: no
+ * weight). Sum of squares in double, 8 partial sums in a fixed order. y may be x.
+ */
+void be_cpu_rmsnorm(const float *x, const float *w, uint32_t n, double eps, float *y);
+
+#endif /* BE_CPU_COMMON_H */

@@ -1,0 +1,14 @@
+/* be_cpu_mamba2: PLACEHOLDER being written. */
+#include "be_cpu_common.h"
+
+static wk_err
+op_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
+{
+    (void)cfg, (void)m, (void)out;
+    return wk_diag_set(d, WK_ENOTSUP, "cpu backend: mamba2 not built yet");
+}
+
+const be_ops be_cpu_mamba2_ops = {
+    .name = "cpu",
+    .open = op_open,
+};

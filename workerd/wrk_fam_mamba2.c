@@ -1,0 +1,34 @@
+/* wrk_fam_mamba2: PLACEHOLDER being written. */
+#include "wrk_family.h"
+
+static const char *const types[] = {"mamba2", NULL};
+
+static bool
+detect(const wk_tensor_set *set)
+{
+    (void)set;
+    return false;
+}
+
+static wk_err
+map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **view,
+    wrk_model_info *info, wk_diag *d)
+{
+    (void)m, (void)set, (void)config, (void)view, (void)info;
+    return wk_diag_set(d, WK_ENOTSUP, "mamba2: not built yet");
+}
+
+static size_t
+layout(const void *view, wrk_state_tensor *out, size_t cap)
+{
+    (void)view, (void)out, (void)cap;
+    return 0;
+}
+
+const wrk_family wrk_family_mamba2 = {
+    .name = "mamba2",
+    .model_types = types,
+    .detect = detect,
+    .map = map,
+    .state_layout = layout,
+};

@@ -1,0 +1,96 @@
+/*
+ * wrk_family: how a model family plugs into wrk_model (internal to workerd).
+ *
+ * wrk_model finds and opens the checkpoint, reads config.json when there is
+ * one, and asks each family in turn whether the checkpoint is its own: by
+ * config.json's "model_type" first, then by tensor names. The chosen family
+ * maps the tensor set onto its view (a struct of its own, declared in its
+ * header, e.g. wrk_mamba2.h), fills the dimensions in wrk_model_info, and
+ * declares every tensor it uses with wrk_model_use(); wrk_model then refuses
+ * a checkpoint holding tensors no family declared, counts parameters, hashes
+ * the weights and, for --fp32, replaces the declared tensors by fp32 copies
+ * (the view's fields are updated in place, so a view must keep its tensor
+ * pointers in fields it passed to wrk_model_use and never copy them before
+ * map returns).
+ *
+ * The state layout is the family's too: an ordered list of fp32 tensors that
+ * tile one slot's bytes exactly (state_layout). Every backend stores a slot
+ * in this layout, so the bytes move between backends and workers unchanged,
+ * and the state file's tensor table is built from it.
+ *
+ * RWKV-7 predates this interface and is mapped inside wrk_model.c; the other
+ * families live in wrk_fam_<name>.c.
+ */
+#ifndef WRK_FAMILY_H
+#define WRK_FAMILY_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "wk_err.h"
+#include "wk_tensor.h"
+#include "wrk_model.h"
+
+typedef struct wrk_family {
+    const char *name; /* reported as wrk_model_info.family ("mamba2") */
+
+    /* config.json "model_type" values this family accepts; NULL-terminated. */
+    const char *const *model_types;
+
+    /* True when the tensor names look like this family (no config.json, or no model_type). */
+    bool (*detect)(const wk_tensor_set *set);
+
+    /*
+     * Maps set onto a new view (*view, freed with free_view), with config the
+     * parsed config.json object or NULL. Fills info's n_layer, n_embd,
+     * n_head, head_size, ffn_dim (0 when none), vocab_size and state_bytes,
+     * and calls wrk_model_use() for every tensor it will read. Returns WK_OK;
+     * WK_EINVAL with a diag naming the tensor or config key; WK_ENOMEM.
+     */
+    wk_err (*map)(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **view,
+                  wrk_model_info *info, wk_diag *d);
+
+    /* Frees a view (NULL-safe). */
+    void (*free_view)(void *view);
+
+    /*
+     * Writes the slot layout: up to cap entries into out (when out is not
+     * NULL), returns the number of entries. The entries tile
+     * info.state_bytes in order, with no gaps.
+     */
+    size_t (*state_layout)(const void *view, wrk_state_tensor *out, size_t cap);
+
+    /* Extra fingerprint text (hyperparameters not visible in shapes), NUL-terminated. */
+    void (*fingerprint_extra)(const void *view, char *buf, size_t len);
+} wrk_family;
+
+/*
+ * Declares a tensor the family uses. field points into the family's view;
+ * name is the canonical name hashed into the weights digest; transpose says
+ * the canonical element order is the transpose of the stored 2-D tensor; vec
+ * says the canonical shape is [numel]. The same tensor may be declared under
+ * two fields (tied embeddings): it is counted once. Returns WK_OK or WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wrk_model_use(wrk_model *m, const wk_tensor **field, const char *name,
+                                   bool transpose, bool vec, wk_diag *d);
+
+/* Families other than RWKV-7 (wrk_fam_*.c). */
+extern const wrk_family wrk_family_mamba2;
+extern const wrk_family wrk_family_gdn;
+
+/*
+ * config.json helpers: an integer / number / boolean member, or def when the
+ * member is absent or config is NULL. A present member of the wrong type
+ * fails with WK_EINVAL naming the key.
+ */
+WK_MUST_CHECK wk_err wrk_config_u32(const json_t *config, const char *key, uint32_t def,
+                                    uint32_t *out, wk_diag *d);
+WK_MUST_CHECK wk_err wrk_config_f64(const json_t *config, const char *key, double def, double *out,
+                                    wk_diag *d);
+WK_MUST_CHECK wk_err wrk_config_bool(const json_t *config, const char *key, bool def, bool *out,
+                                     wk_diag *d);
+
+/* Shape of t as "[a,b,c]" into buf, for diags. */
+void wrk_shape_str(const wk_tensor *t, char *buf, size_t len);
+
+#endif /* WRK_FAMILY_H */
