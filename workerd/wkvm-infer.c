@@ -8,6 +8,8 @@
  *       float32 little-endian logits, one row of vocab floats per position
  *   wkvm-infer --model DIR --tokens 1,2,3 --generate N
  *       N greedy token ids, space separated, newline at the end
+ *   wkvm-infer --model DIR --tokens 1,2,3 --batch-check 5 [--generate N]
+ *     (exit 1 unless the row's bits are the same alone and in a batch)
  *   wkvm-infer --model DIR --encode   (UTF-8 on stdin -> ids on stdout)
  *   wkvm-infer --model DIR --decode   (ids on stdin -> text on stdout)
  *
@@ -46,6 +48,7 @@ typedef struct infer_opts {
     long chunk;             /* --prefill-chunk N */
     long bench_batch;       /* --bench-batch B */
     long bench_prefill;     /* --bench-prefill T */
+    long batch_check;       /* --batch-check B, 0 = off */
     int encode, decode;     /* modes */
     int fp32, bench;        /* flags */
 } infer_opts;
@@ -88,6 +91,9 @@ infer_usage(FILE *f)
             "                       --bench-prefill synthetic tokens, and --generate steps)\n"
             "  --bench-batch B      with --bench: decode B sequences per step (default 1)\n"
             "  --bench-prefill T    with --bench and no --tokens: T prompt tokens (512)\n"
+            "  --batch-check B      run the prompt (and --generate steps) alone, then again\n"
+            "                       with B-1 random rows in every step; exit 1 unless every\n"
+            "                       logit and the final state are bit-identical\n"
             "  --help               this text\n");
 }
 
@@ -286,6 +292,106 @@ infer_prefill(infer_run *r, uint32_t slot, const int32_t *ids, size_t n, uint32_
     free(buf);
 }
 
+/* A small deterministic generator for --batch-check's companion rows. */
+static uint32_t
+infer_rand(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 33);
+}
+
+/*
+ * --batch-check: the prompt in chunks of `chunk`, then `gen` greedy steps,
+ * first alone (slot 1), then with B-1 companion rows (random prefill chunks
+ * and decode tokens on slots 2..B, the checked row at a varying position).
+ * Every logit of the checked row and its final state must match bit for bit.
+ */
+static int
+infer_batch_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, uint32_t B, long gen)
+{
+    const size_t V = r->V;
+    size_t n_pos = n + (size_t)(gen > 0 ? gen : 0);
+    uint64_t sbytes = r->ops->slot_bytes(r->ctx);
+    float *ref = malloc(n_pos * V * sizeof(float));
+    float *got = malloc(n_pos * V * sizeof(float));
+    float *other = malloc((size_t)chunk * V * sizeof(float) * (B > 1 ? B - 1 : 1));
+    int32_t *seq = malloc(n_pos * sizeof(int32_t));
+    int32_t *otok = malloc((size_t)chunk * (B > 1 ? B - 1 : 1) * sizeof(int32_t));
+    be_row *rows = calloc(B, sizeof(*rows));
+    uint8_t *st_ref = malloc(sbytes), *st_got = malloc(sbytes);
+    if (!ref || !got || !other || !seq || !otok || !rows || !st_ref || !st_got)
+        infer_die(1, "out of memory for --batch-check");
+    memcpy(seq, ids, n * sizeof(int32_t));
+
+    for (int pass = 0; pass < 2; pass++) {
+        float *out = pass == 0 ? ref : got;
+        uint64_t rng = 0x9e3779b97f4a7c15ull;
+        for (uint32_t s = 1; s <= B; s++)
+            if (r->ops->slot_reset(r->ctx, s) != WK_OK)
+                infer_die(1, "--batch-check: slot reset failed");
+        size_t pos = 0;
+        while (pos < n_pos) {
+            uint32_t take = 1;
+            if (pos < n)
+                take = n - pos < chunk ? (uint32_t)(n - pos) : chunk;
+            else /* greedy: the argmax of the previous position */
+                seq[pos] = infer_argmax(out + (pos - 1) * V, r->V);
+            size_t nr = 0;
+            uint32_t at = pass == 0 ? 0 : infer_rand(&rng) % B;
+            for (uint32_t k = 0; k < B; k++) {
+                if (pass == 0 && k > 0)
+                    break;
+                if (k == at) {
+                    rows[nr++] = (be_row){.slot = 1, .tokens = seq + pos, .n_tokens = take,
+                                          .logits_mode = BE_LOGITS_ALL, .logits = out + pos * V};
+                    continue;
+                }
+                uint32_t j = k < at ? k : k - 1; /* companion index 0..B-2 */
+                uint32_t ot = 1 + infer_rand(&rng) % chunk;
+                for (uint32_t t = 0; t < ot; t++)
+                    otok[(size_t)j * chunk + t] = (int32_t)(infer_rand(&rng) % r->V);
+                uint32_t mode = infer_rand(&rng) % 3;
+                rows[nr++] = (be_row){.slot = 2 + j, .tokens = otok + (size_t)j * chunk,
+                                      .n_tokens = ot, .logits_mode = mode,
+                                      .logits = other + (size_t)j * chunk * V};
+            }
+            infer_step(r, rows, nr);
+            pos += take;
+        }
+        if (r->ops->slot_read(r->ctx, 1, 0, pass == 0 ? st_ref : st_got, sbytes) != WK_OK)
+            infer_die(1, "--batch-check: slot read failed");
+    }
+    int rc = 0;
+    for (size_t p = 0; p < n_pos && rc == 0; p++)
+        if (memcmp(ref + p * V, got + p * V, V * sizeof(float)) != 0) {
+            for (size_t v = 0; v < V; v++)
+                if (memcmp(&ref[p * V + v], &got[p * V + v], sizeof(float)) != 0) {
+                    fprintf(stderr,
+                            "wkvm-infer: --batch-check: position %zu id %zu differs: alone "
+                            "%.9g, in a batch of %u %.9g\n",
+                            p, v, ref[p * V + v], B, got[p * V + v]);
+                    break;
+                }
+            rc = 1;
+        }
+    if (rc == 0 && memcmp(st_ref, st_got, sbytes) != 0) {
+        fprintf(stderr, "wkvm-infer: --batch-check: the final state differs\n");
+        rc = 1;
+    }
+    if (rc == 0)
+        printf("batch-check: identical (batch %u, %zu positions, chunk %u, %llu state bytes)\n",
+               B, n_pos, chunk, (unsigned long long)sbytes);
+    free(ref);
+    free(got);
+    free(other);
+    free(seq);
+    free(otok);
+    free(rows);
+    free(st_ref);
+    free(st_got);
+    return rc;
+}
+
 static void
 infer_bench(infer_run *r, const infer_opts *o, const int32_t *ids, size_t n, uint32_t chunk)
 {
@@ -357,7 +463,7 @@ main(int argc, char **argv)
     };
     enum {
         O_MODEL = 1, O_TOKENS, O_LOGITS, O_GENERATE, O_ENCODE, O_DECODE, O_VOCAB, O_THREADS,
-        O_BACKEND, O_CHUNK, O_FP32, O_BENCH, O_BBATCH, O_BPREFILL, O_HELP,
+        O_BACKEND, O_CHUNK, O_FP32, O_BENCH, O_BBATCH, O_BPREFILL, O_BCHECK, O_HELP,
     };
     static const struct option lopts[] = {
         {"model", required_argument, NULL, O_MODEL},
@@ -374,6 +480,7 @@ main(int argc, char **argv)
         {"bench", no_argument, NULL, O_BENCH},
         {"bench-batch", required_argument, NULL, O_BBATCH},
         {"bench-prefill", required_argument, NULL, O_BPREFILL},
+        {"batch-check", required_argument, NULL, O_BCHECK},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -401,6 +508,9 @@ main(int argc, char **argv)
         case O_BPREFILL:
             o.bench_prefill = infer_parse_long("--bench-prefill", optarg, 1, 1 << 20);
             break;
+        case O_BCHECK:
+            o.batch_check = infer_parse_long("--batch-check", optarg, 2, INFER_MAX_BATCH);
+            break;
         case O_HELP: infer_usage(stdout); return 0;
         default:
             if (optopt != 0 && optopt < O_MODEL)
@@ -421,8 +531,12 @@ main(int argc, char **argv)
         return infer_tok_mode(&o);
     if (o.tokens == NULL && !o.bench)
         infer_die(2, "--tokens LIST is required with --logits-out / --generate");
-    if (!o.bench && o.logits_out == NULL && o.generate < 0)
-        infer_die(2, "nothing to do: add --logits-out FILE, --generate N or --bench");
+    if (!o.bench && o.logits_out == NULL && o.generate < 0 && o.batch_check == 0)
+        infer_die(2, "nothing to do: add --logits-out FILE, --generate N, --batch-check B or "
+                     "--bench");
+    if (o.batch_check > 0 && (o.bench || o.logits_out != NULL))
+        infer_die(2, "--batch-check goes with --tokens (and --generate), not --bench or "
+                     "--logits-out");
 
     size_t n_ids = 0;
     int32_t *ids = o.tokens != NULL ? infer_parse_ids("--tokens", o.tokens, &n_ids) : NULL;
@@ -446,18 +560,22 @@ main(int argc, char **argv)
                       info->vocab_size);
 
     be_config bc = {
-        .n_slots = (uint32_t)(o.bench ? o.bench_batch + 1 : 2),
+        .n_slots = (uint32_t)(o.bench ? o.bench_batch + 1 : o.batch_check ? o.batch_check + 1 : 2),
         .n_threads = (uint32_t)o.threads,
         .device = 0,
-        .max_step_rows = (uint32_t)(o.bench ? o.bench_batch : 1),
+        .max_step_rows = (uint32_t)(o.bench ? o.bench_batch : o.batch_check ? o.batch_check : 1),
         .max_step_tokens = 0,
     };
     infer_run r = {.ops = ops, .V = info->vocab_size};
     if ((e = ops->open(&bc, m, &r.ctx, &d)) != WK_OK)
         infer_die(1, "%s", d.msg[0] ? d.msg : wk_strerror(e));
 
+    int rc = 0;
     if (o.bench) {
         infer_bench(&r, &o, ids, n_ids, (uint32_t)o.chunk);
+    } else if (o.batch_check > 0) {
+        rc = infer_batch_check(&r, ids, n_ids, (uint32_t)o.chunk, (uint32_t)o.batch_check,
+                               o.generate);
     } else {
         float *last = malloc((size_t)r.V * sizeof(float));
         if (last == NULL)
@@ -497,5 +615,5 @@ main(int argc, char **argv)
     free(ids);
     if (fflush(stdout) != 0)
         infer_die(1, "stdout: write error");
-    return 0;
+    return rc;
 }
