@@ -85,8 +85,8 @@ ctl_admin_worker_json(const ctl_worker_view *v)
         return NULL;
     if (v->model_loaded)
         json_object_set_new(o, "model",
-                            json_pack("{s:s, s:s, s:I}", "name", v->model_name, "fingerprint",
-                                      v->fingerprint, "state_bytes",
+                            json_pack("{s:s, s:s, s:s, s:I}", "name", v->model_name, "family",
+                                      v->family, "fingerprint", v->fingerprint, "state_bytes",
                                       (json_int_t)v->state_bytes));
     else
         json_object_set_new(o, "model", json_null());

@@ -197,7 +197,13 @@ ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_dia
     memset(&st, 0, sizeof(st));
     snprintf(st.owner, sizeof(st.owner), "%s", CTL_CHAT_OWNER);
     ctl_chat_record_name(key, st.name);
-    snprintf(st.family, sizeof(st.family), "rwkv7");
+    {
+        ctl_worker_view v;
+        if (ctl_pool_model_view(app->pool, &v) == WK_OK && v.family[0] != '\0')
+            snprintf(st.family, sizeof(st.family), "%s", v.family);
+        else
+            snprintf(st.family, sizeof(st.family), "rwkv7");
+    }
     st.tokens = (int32_t *)ids;
     st.n_tokens = n;
     st.op = CTL_STORE_OP_SESSION;

@@ -138,6 +138,8 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
     }
     wk_tok_stream ts;
     wk_tok_stream_init(&ts, tok);
+    /* The tokenizer's end-of-text id; < 0: none, never stop on it. */
+    const int32_t eos = tok != NULL ? wk_tok_eos(tok) : WK_TOK_EOT;
     char piece[WK_TOK_STREAM_OUT_MAX];
     bool finished = false;
     res->finish_reason = "length";
@@ -188,7 +190,7 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
         memcpy(t->top_id, ev.top_token, sizeof(t->top_id));
         memcpy(t->top_logprob, ev.top_logprob, sizeof(t->top_logprob));
         bool stop = false;
-        if (ev.token == 0 && p->stop_on_eot) {
+        if (ev.token == eos && eos >= 0 && p->stop_on_eot) {
             res->finish_reason = "stop";
             stop = true;
         } else {

@@ -56,11 +56,21 @@ ctl_oa_models(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     json_t *data = json_array();
-    if (app->model_id != NULL)
-        json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s}", "id", app->model_id,
-                                              "object", "model", "created",
-                                              (json_int_t)(app->start_ms / 1000), "owned_by",
-                                              "wkvm"));
+    if (app->model_id != NULL) {
+        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", app->model_id, "object", "model",
+                              "created", (json_int_t)(app->start_ms / 1000), "owned_by", "wkvm");
+        /* wkvm extensions: what one state slot of this model is (null until a worker is ready) */
+        ctl_worker_view v;
+        if (m != NULL && ctl_pool_model_view(app->pool, &v) == WK_OK) {
+            json_object_set_new(m, "family", json_string(v.family[0] ? v.family : "rwkv7"));
+            json_object_set_new(m, "state_bytes_per_slot", json_integer((json_int_t)v.state_bytes));
+            json_object_set_new(m, "n_layer", json_integer(v.n_layer));
+        } else if (m != NULL) {
+            json_object_set_new(m, "family", json_null());
+            json_object_set_new(m, "state_bytes_per_slot", json_null());
+        }
+        json_array_append_new(data, m);
+    }
     ctl_http_send_json(req, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 

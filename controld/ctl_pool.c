@@ -40,7 +40,17 @@ typedef struct ctl_worker {
     uint64_t last_beat;   /* monotonic ms of the last good Stats */
     uint32_t missed;      /* consecutive failed heartbeats */
     uint32_t inflight;    /* requests sent and not yet answered or given up */
+    ctl_state_tensor *layout; /* the model's slot layout (ModelInfo), owned; NULL: none */
+    uint32_t n_layout;    /* entries in layout */
 } ctl_worker;
+
+static void
+ctl_worker_free(ctl_worker *w)
+{
+    if (w != NULL)
+        free(w->layout);
+    free(w);
+}
 
 typedef struct ctl_pending {
     uint64_t id;              /* request id */
@@ -147,7 +157,7 @@ ctl_pool_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg)
                 w->v.state = CTL_WORKER_STATE_UNHEALTHY;
                 snprintf(w->v.detail, sizeof(w->v.detail), "connection closed");
             } else {
-                free(w);
+                ctl_worker_free(w);
                 p->workers[i] = NULL;
             }
         }
@@ -187,11 +197,30 @@ ctl_pool_send(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
 }
 
 static void
-ctl_pool_copy_model(ctl_worker_view *v, const Wkvm__ModelInfo *mi)
+ctl_pool_copy_model(ctl_worker *w, const Wkvm__ModelInfo *mi)
 {
+    ctl_worker_view *v = &w->v;
     v->model_loaded = mi != NULL;
+    free(w->layout);
+    w->layout = NULL;
+    w->n_layout = 0;
     if (mi == NULL)
         return;
+    snprintf(v->family, sizeof(v->family), "%s", mi->family);
+    if (mi->n_state_tensors > 0) {
+        /* validated by wk_proto_decode: count, names, dims */
+        w->layout = calloc(mi->n_state_tensors, sizeof(*w->layout));
+        if (w->layout != NULL) {
+            for (size_t i = 0; i < mi->n_state_tensors; i++) {
+                const Wkvm__StateTensor *t = mi->state_tensors[i];
+                snprintf(w->layout[i].name, sizeof(w->layout[i].name), "%s", t->name);
+                w->layout[i].ndim = (uint32_t)t->n_shape;
+                for (size_t k = 0; k < t->n_shape && k < 4; k++)
+                    w->layout[i].shape[k] = t->shape[k];
+            }
+            w->n_layout = (uint32_t)mi->n_state_tensors;
+        }
+    }
     snprintf(v->model_name, sizeof(v->model_name), "%s", mi->name);
     snprintf(v->fingerprint, sizeof(v->fingerprint), "%s", mi->fingerprint);
     v->state_bytes = mi->state_bytes;
@@ -262,7 +291,7 @@ ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
     v->device_mem = h->device_mem_bytes;
     v->connected_ms = ctl_wall_ms();
     v->detail[0] = '\0';
-    ctl_pool_copy_model(v, h->model_loaded ? h->model : NULL);
+    ctl_pool_copy_model(w, h->model_loaded ? h->model : NULL);
     w->pipe = pipe;
     w->last_beat = wk_mono_ms();
     w->missed = 0;
@@ -446,7 +475,7 @@ ctl_pool_load(ctl_pool *p, const char *id)
     if (w != NULL) {
         w->need_load = false;
         if (err == WK_OK && rep->payload_case == WKVM__ENVELOPE__PAYLOAD_MODEL_INFO) {
-            ctl_pool_copy_model(&w->v, rep->model_info);
+            ctl_pool_copy_model(w, rep->model_info);
             w->v.state = CTL_WORKER_STATE_READY;
             w->v.detail[0] = '\0';
         } else {
@@ -522,7 +551,7 @@ ctl_pool_reap_locked(ctl_pool *p)
     for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
         ctl_worker *w = p->workers[i];
         if (w != NULL && !w->busy && nng_pipe_id(w->pipe) <= 0) {
-            free(w);
+            ctl_worker_free(w);
             p->workers[i] = NULL;
         }
     }
@@ -626,7 +655,7 @@ ctl_pool_free(ctl_pool *p)
     if (p->recv_started)
         pthread_join(p->recv_thr, NULL);
     for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++)
-        free(p->workers[i]);
+        ctl_worker_free(p->workers[i]);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
     free(p->model_dir);
@@ -668,6 +697,33 @@ ctl_pool_model_view(ctl_pool *p, ctl_worker_view *out)
             w->v.state == CTL_WORKER_STATE_READY) {
             *out = w->v;
             err = WK_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return err;
+}
+
+wk_err
+ctl_pool_model_layout(ctl_pool *p, ctl_state_tensor **out, uint32_t *n)
+{
+    wk_err err = WK_EUNAVAIL;
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *w = p->workers[i];
+        if (w != NULL && nng_pipe_id(w->pipe) > 0 && w->v.model_loaded &&
+            w->v.state == CTL_WORKER_STATE_READY) {
+            err = WK_ENOENT;
+            if (w->n_layout > 0) {
+                *out = malloc(w->n_layout * sizeof(**out));
+                err = *out == NULL ? WK_ENOMEM : WK_OK;
+                if (err == WK_OK) {
+                    memcpy(*out, w->layout, w->n_layout * sizeof(**out));
+                    *n = w->n_layout;
+                }
+            }
             break;
         }
     }

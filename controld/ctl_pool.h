@@ -44,6 +44,7 @@ typedef struct ctl_worker_view {
     bool model_loaded;        /* the worker has a model */
     char model_name[128];     /* model dir base name */
     char fingerprint[65];     /* model fingerprint */
+    char family[16];          /* model family ("rwkv7", "mamba2", "gdn") */
     uint64_t state_bytes;     /* bytes per slot */
     uint32_t n_layer;         /* model layers */
     uint32_t n_embd;          /* model width C */
@@ -88,6 +89,20 @@ WK_MUST_CHECK wk_err ctl_pool_model_view(ctl_pool *p, ctl_worker_view *out);
 
 /* Number of workers in CTL_WORKER_STATE_READY. */
 size_t ctl_pool_ready_count(ctl_pool *p);
+
+/* One fp32 tensor of the served model's slot layout (ModelInfo.state_tensors). */
+typedef struct ctl_state_tensor {
+    char name[128];     /* "layers.3.ssm" */
+    uint32_t ndim;      /* 1..4 */
+    uint64_t shape[4];  /* elements per dimension */
+} ctl_state_tensor;
+
+/*
+ * A malloc'd copy of the slot layout of a ready worker with the model (*n
+ * entries; caller frees *out). WK_EUNAVAIL: no such worker; WK_ENOENT: it
+ * sent no layout (an older worker: RWKV-7); WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err ctl_pool_model_layout(ctl_pool *p, ctl_state_tensor **out, uint32_t *n);
 
 /*
  * Sends req (borrowed; its id is assigned here) to worker_id and waits up to

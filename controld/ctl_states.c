@@ -154,7 +154,13 @@ ctl_states_save(ctl_app *app, const char *owner, const char *name, const int32_t
     snprintf(st.owner, sizeof(st.owner), "%s", owner);
     snprintf(st.name, sizeof(st.name), "%s", name);
     snprintf(st.fingerprint, sizeof(st.fingerprint), "%s", fp);
-    snprintf(st.family, sizeof(st.family), "rwkv7");
+    {
+        ctl_worker_view v;
+        if (ctl_states_model_view(app, &v) == WK_OK && v.family[0] != '\0')
+            snprintf(st.family, sizeof(st.family), "%s", v.family);
+        else
+            snprintf(st.family, sizeof(st.family), "rwkv7");
+    }
     snprintf(st.parent, sizeof(st.parent), "%s", parent ? parent : "");
     st.tokens = (int32_t *)tokens;
     st.n_tokens = n;
@@ -521,6 +527,46 @@ ctl_states_tier(ctl_http_req *req, ctl_app *app, const char *ref, bool resume)
     ctl_store_state_fini(&st);
 }
 
+/* The state file's tensor table for a slot layout (heap array in *out). */
+static wk_err
+ctl_states_layout(const ctl_state_tensor *lay, uint32_t n, ctl_statefile_tensor **out,
+                  uint32_t *n_out, uint64_t *state_bytes, wk_diag *d)
+{
+    if (n == 0 || n > CTL_STATEFILE_MAX_TENSORS)
+        return wk_diag_set(d, WK_ETOOBIG, "slot layout has %u tensors (1..%u)", n,
+                           CTL_STATEFILE_MAX_TENSORS);
+    ctl_statefile_tensor *t = calloc(n, sizeof(*t));
+    if (t == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory for %u tensors", n);
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t elems = 1;
+        snprintf(t[i].name, sizeof(t[i].name), "%s", lay[i].name);
+        t[i].dtype = CTL_STATEFILE_DTYPE_F32;
+        t[i].ndim = lay[i].ndim;
+        for (uint32_t k = 0; k < lay[i].ndim && k < CTL_STATEFILE_MAX_DIMS; k++) {
+            t[i].shape[k] = lay[i].shape[k];
+            if (lay[i].shape[k] > CTL_STATEFILE_MAX_STATE_BYTES / 4 / elems) {
+                free(t);
+                return wk_diag_set(d, WK_ETOOBIG, "slot layout: %s is over the state limit",
+                                   lay[i].name);
+            }
+            elems *= lay[i].shape[k];
+        }
+        t[i].offset = off;
+        t[i].nbytes = elems * 4;
+        off += t[i].nbytes;
+        if (off > CTL_STATEFILE_MAX_STATE_BYTES) {
+            free(t);
+            return wk_diag_set(d, WK_ETOOBIG, "slot layout is over the state limit");
+        }
+    }
+    *out = t;
+    *n_out = n;
+    *state_bytes = off;
+    return WK_OK;
+}
+
 /* Fills a state file header for st (len state bytes); tensors owned by h (free). */
 static wk_err
 ctl_states_fill_hdr(ctl_app *app, const ctl_store_state *st, size_t len, ctl_statefile_hdr *h,
@@ -531,8 +577,18 @@ ctl_states_fill_hdr(ctl_app *app, const ctl_store_state *st, size_t len, ctl_sta
     if (err != WK_OK)
         return wk_diag_set(d, err, "no worker has the model loaded");
     uint64_t bytes = 0;
-    err = ctl_statefile_layout_rwkv7(v.n_layer, v.n_embd, v.n_head, v.head_size, &h->tensors,
-                                     &h->n_tensors, &bytes, d);
+    ctl_state_tensor *lay = NULL;
+    uint32_t n_lay = 0;
+    err = ctl_pool_model_layout(app->pool, &lay, &n_lay);
+    if (err == WK_OK) {
+        err = ctl_states_layout(lay, n_lay, &h->tensors, &h->n_tensors, &bytes, d);
+        free(lay);
+    } else if (err == WK_ENOENT) { /* a worker that predates ModelInfo.state_tensors */
+        err = ctl_statefile_layout_rwkv7(v.n_layer, v.n_embd, v.n_head, v.head_size, &h->tensors,
+                                         &h->n_tensors, &bytes, d);
+    } else {
+        err = wk_diag_set(d, err, "no slot layout for the model");
+    }
     if (err != WK_OK)
         return err;
     if (bytes != len)

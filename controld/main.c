@@ -51,7 +51,9 @@ static const wk_cfg_opt ctl_opts[] = {
      "generation requests one API user may run at once (0: no limit; over: 429 "
      "quota_exceeded; without --api-keys only when set explicitly)"},
     {"served-model-name", WK_CFG_STR, NULL, 0, 0, "model id in the API (default: model dir name)"},
-    {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default MODEL/rwkv_vocab_v20230424.txt)"},
+    {"vocab", WK_CFG_STR, NULL, 0, 0,
+     "tokenizer: a .json is HF tokenizer.json, else World vocab (default MODEL/tokenizer.json, "
+     "else MODEL/rwkv_vocab_v20230424.txt)"},
     {"step-tokens", WK_CFG_U64, "512", 1, 65536, "token budget of one step per worker"},
     {"prefill-chunk", WK_CFG_U64, "256", 1, 16384, "most prefill tokens of one request per step"},
     {"max-rows", WK_CFG_U64, "256", 1, 1024, "most rows in one step"},
@@ -228,12 +230,8 @@ main(int argc, char **argv)
     }
     char model_name[256] = "";
     if (app.model_dir != NULL) {
-        char vocab[4200];
-        if (wk_cfg_get_str(cfg, "vocab") != NULL)
-            snprintf(vocab, sizeof(vocab), "%s", wk_cfg_get_str(cfg, "vocab"));
-        else
-            snprintf(vocab, sizeof(vocab), "%s/rwkv_vocab_v20230424.txt", app.model_dir);
-        if (wk_tok_load(vocab, &app.tok, &d) != WK_OK) {
+        /* --vocab: a .json is a tokenizer.json, else a World vocab; without it, the dir's. */
+        if (wk_tok_load_dir(app.model_dir, wk_cfg_get_str(cfg, "vocab"), &app.tok, &d) != WK_OK) {
             fprintf(stderr, "wkvm-controld: tokenizer: %s\n", d.msg);
             goto out;
         }

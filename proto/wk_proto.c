@@ -130,6 +130,22 @@ wk_proto_check_model_info(const Wkvm__ModelInfo *mi, wk_diag *d)
     CHECK_STR(mi->weights_digest, "model_info.weights_digest");
     CHECK_STR(mi->vocab_digest, "model_info.vocab_digest");
     CHECK_STR(mi->fingerprint, "model_info.fingerprint");
+    if (mi->n_state_tensors > WK_PROTO_STATE_TENSORS_MAX)
+        return wk_diag_set(d, WK_EPROTO, "model_info has %zu state tensors, max %u",
+                           mi->n_state_tensors, WK_PROTO_STATE_TENSORS_MAX);
+    for (size_t i = 0; i < mi->n_state_tensors; i++) {
+        const Wkvm__StateTensor *t = mi->state_tensors[i];
+        if (t == NULL || t->name == NULL || t->name[0] == '\0' ||
+            strlen(t->name) > WK_PROTO_STATE_NAME_MAX)
+            return wk_diag_set(d, WK_EPROTO, "model_info state tensor %zu: name missing or over "
+                                             "%u bytes", i, WK_PROTO_STATE_NAME_MAX);
+        if (t->n_shape < 1 || t->n_shape > 4)
+            return wk_diag_set(d, WK_EPROTO, "model_info state tensor %zu: %zu dims (1..4)", i,
+                               t->n_shape);
+        for (size_t k = 0; k < t->n_shape; k++)
+            if (t->shape[k] == 0 || t->shape[k] > ((uint64_t)1 << 34))
+                return wk_diag_set(d, WK_EPROTO, "model_info state tensor %zu: bad extent", i);
+    }
     return WK_OK;
 }
 

@@ -21,6 +21,8 @@
 #define WK_PROTO_TOP_MAX 20u
 #define WK_PROTO_CHUNK_MAX (4u << 20)
 #define WK_PROTO_MSG_MAX (64u << 20)
+#define WK_PROTO_STATE_TENSORS_MAX 4096u /* ModelInfo.state_tensors entries */
+#define WK_PROTO_STATE_NAME_MAX 127u     /* bytes of a state tensor name */
 #define WK_PROTO_NCCL_ID_LEN 128u
 
 typedef Wkvm__Envelope wk_msg;

@@ -54,7 +54,57 @@ struct wrk_worker {
     uint64_t host_bytes;       /* bytes held in host */
     bool connected;            /* the socket is set up (progress may be sent) */
     size_t logits_cap;         /* floats in logits */
+    Wkvm__StateTensor *st;     /* the model's slot layout for ModelInfo, owned */
+    Wkvm__StateTensor **st_ptrs; /* pointers into st */
+    wrk_state_tensor *st_src;  /* names and shapes st points into, owned */
+    uint64_t *st_shapes;       /* shapes st points into, owned */
+    size_t n_st;               /* entries */
 };
+
+/* Drops the ModelInfo copy of the slot layout. */
+static void
+wrk_layout_free(wrk_worker *w)
+{
+    free(w->st);
+    free(w->st_ptrs);
+    free(w->st_src);
+    free(w->st_shapes);
+    w->st = NULL;
+    w->st_ptrs = NULL;
+    w->st_src = NULL;
+    w->st_shapes = NULL;
+    w->n_st = 0;
+}
+
+/* Builds the ModelInfo copy of m's slot layout. */
+static wk_err
+wrk_layout_build(wrk_worker *w, const wrk_model *m)
+{
+    size_t n = wrk_model_state_layout(m, NULL, 0);
+    wrk_layout_free(w);
+    if (n == 0)
+        return WK_OK;
+    w->st_src = calloc(n, sizeof(*w->st_src));
+    w->st = calloc(n, sizeof(*w->st));
+    w->st_ptrs = calloc(n, sizeof(*w->st_ptrs));
+    w->st_shapes = calloc(n * WRK_STATE_MAX_DIMS, sizeof(uint64_t));
+    if (w->st_src == NULL || w->st == NULL || w->st_ptrs == NULL || w->st_shapes == NULL) {
+        wrk_layout_free(w);
+        return WK_ENOMEM;
+    }
+    (void)wrk_model_state_layout(m, w->st_src, n);
+    for (size_t i = 0; i < n; i++) {
+        wkvm__state_tensor__init(&w->st[i]);
+        w->st[i].name = w->st_src[i].name;
+        w->st[i].n_shape = w->st_src[i].ndim;
+        w->st[i].shape = w->st_shapes + i * WRK_STATE_MAX_DIMS;
+        for (uint32_t k = 0; k < w->st_src[i].ndim; k++)
+            w->st[i].shape[k] = w->st_src[i].shape[k];
+        w->st_ptrs[i] = &w->st[i];
+    }
+    w->n_st = n;
+    return WK_OK;
+}
 
 static uint64_t
 wrk_now_us(void)
@@ -113,6 +163,7 @@ wrk_worker_free(wrk_worker *w)
     if (w->be != NULL)
         w->cfg.backend->close(w->be);
     wrk_model_free(w->model);
+    wrk_layout_free(w);
     free(w->model_dir);
     free(w->controller_url);
     free(w->worker_id);
@@ -185,6 +236,12 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
         wrk_model_free(m);
         return WK_ENOMEM;
     }
+    if (wrk_layout_build(w, m) != WK_OK) { /* (the old model's layout is gone too) */
+        w->cfg.backend->close(be);
+        wrk_model_free(m);
+        free(dir);
+        return WK_ENOMEM;
+    }
     if (w->be != NULL)
         w->cfg.backend->close(w->be);
     wrk_host_clear(w); /* warm copies belong to the old model */
@@ -217,6 +274,8 @@ wrk_fill_model_info(const wrk_worker *w, Wkvm__ModelInfo *mi)
     mi->vocab_digest = (char *)info->vocab_digest;
     mi->fingerprint = (char *)info->fingerprint;
     mi->n_slots = w->cfg.backend->n_slots(w->be);
+    mi->n_state_tensors = w->n_st;
+    mi->state_tensors = w->st_ptrs;
 }
 
 static void

@@ -209,6 +209,43 @@ test_long_string(void **state)
 }
 
 static void
+test_state_layout(void **state)
+{
+    (void)state;
+    uint64_t shp[5] = {4, 16, 16, 1, 1};
+    Wkvm__StateTensor t0 = WKVM__STATE_TENSOR__INIT, t1 = WKVM__STATE_TENSOR__INIT;
+    t0.name = "layers.0.conv";
+    t0.n_shape = 2;
+    t0.shape = shp;
+    t1.name = "layers.0.ssm";
+    t1.n_shape = 3;
+    t1.shape = shp;
+    Wkvm__StateTensor *ts[2] = {&t0, &t1};
+    Wkvm__ModelInfo mi = WKVM__MODEL_INFO__INIT;
+    mi.family = "mamba2";
+    mi.n_state_tensors = 2;
+    mi.state_tensors = ts;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__MODEL_INFO;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_MODEL_INFO;
+    m.model_info = &mi;
+    wk_msg *o = roundtrip(&m, WK_OK);
+    assert_int_equal(o->model_info->n_state_tensors, 2);
+    assert_string_equal(o->model_info->state_tensors[1]->name, "layers.0.ssm");
+    assert_int_equal(o->model_info->state_tensors[1]->shape[2], 16);
+    wk_proto_free(o);
+    /* five dimensions, a zero extent, an empty name: each refused */
+    t1.n_shape = 5;
+    roundtrip(&m, WK_EPROTO);
+    t1.n_shape = 3;
+    shp[1] = 0;
+    roundtrip(&m, WK_EPROTO);
+    shp[1] = 16;
+    t0.name = "";
+    roundtrip(&m, WK_EPROTO);
+}
+
+static void
 test_host_ref(void **state)
 {
     (void)state;
@@ -271,6 +308,7 @@ main(void)
         cmocka_unit_test(test_step_limits),
         cmocka_unit_test(test_chunk_limits),
         cmocka_unit_test(test_long_string),
+        cmocka_unit_test(test_state_layout),
         cmocka_unit_test(test_host_ref),
         cmocka_unit_test(test_garbage),
     };
