@@ -1,6 +1,9 @@
 /*
  * wk_tok: RWKV World vocab parsing, greedy longest-match encoding on a byte
- * trie, decoding, and the UTF-8-safe stream decoder.
+ * trie, decoding, the UTF-8-safe stream decoder, and the dispatch to wk_bpe
+ * for Hugging Face tokenizer.json files (kind "hf-bpe"): a wk_tok of that
+ * kind holds a wk_bpe, the digest and the end-of-text id, and every
+ * function that differs by kind branches on t->bpe.
  *
  * The vocab parser is a strict subset of Python's literal syntax: it accepts
  * everything repr() writes for str and bytes and refuses what it can't decode
@@ -13,6 +16,7 @@
 #include "wk_tok.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -20,6 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "wk_bpe.h"
 #include "wk_sha256.h"
 
 #define TOK_NO_ID (-1)
@@ -48,6 +53,8 @@ struct wk_tok {
     uint32_t n_nodes;               /* nodes used */
     uint32_t root_kid[256];         /* root's child per byte, 0 if none */
     char digest[WK_SHA256_HEX_LEN]; /* hex SHA-256 of the file */
+    wk_bpe *bpe;                    /* HF tokenizer; NULL for World (then the rest is World) */
+    int32_t eos;                    /* end-of-text id, -1 if none */
 };
 
 /* Parser state shared by the line helpers. */
@@ -605,6 +612,7 @@ wk_tok_load_mem(const void *buf, size_t len, wk_tok **out, wk_diag *d)
     if ((err = tok_build(t, ent, n_ent, total, d)) != WK_OK)
         goto fail;
     wk_sha256_hex(src, len, t->digest);
+    t->eos = WK_TOK_EOT;
     free(ent);
     free(id_line);
     *out = t;
@@ -619,47 +627,226 @@ fail:
     return err;
 }
 
-wk_err
-wk_tok_load(const char *path, wk_tok **out, wk_diag *d)
+/*
+ * Reads the regular file at path, at most max bytes. *buf is malloc'd (a NUL
+ * is added after the *len bytes); what names the file in diags.
+ */
+static wk_err
+tok_read_file(const char *path, const char *what, size_t max, uint8_t **buf, size_t *len,
+              wk_diag *d)
 {
     FILE *f;
     struct stat st;
-    uint8_t *buf;
+    uint8_t *b;
     size_t got;
-    wk_err err;
 
     f = fopen(path, "rb");
     if (f == NULL) {
         int e = errno;
-        return wk_diag_set(d, e == ENOENT ? WK_ENOENT : WK_EIO, "vocab %s: %s", path,
+        return wk_diag_set(d, e == ENOENT ? WK_ENOENT : WK_EIO, "%s %s: %s", what, path,
                            strerror(e));
     }
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return wk_diag_set(d, WK_EIO, "vocab %s: not a regular file", path);
+        return wk_diag_set(d, WK_EIO, "%s %s: not a regular file", what, path);
     }
-    if ((uint64_t)st.st_size > WK_TOK_MAX_FILE) {
+    if ((uint64_t)st.st_size > max) {
         fclose(f);
-        return wk_diag_set(d, WK_ETOOBIG, "vocab %s: %lld bytes, over the %u byte limit", path,
-                           (long long)st.st_size, WK_TOK_MAX_FILE);
+        return wk_diag_set(d, WK_ETOOBIG, "%s %s: %lld bytes, over the %zu byte limit", what,
+                           path, (long long)st.st_size, max);
     }
-    buf = malloc((size_t)st.st_size + 1);
-    if (buf == NULL) {
+    b = malloc((size_t)st.st_size + 1);
+    if (b == NULL) {
         fclose(f);
-        return wk_diag_set(d, WK_ENOMEM, "vocab %s: out of memory", path);
+        return wk_diag_set(d, WK_ENOMEM, "%s %s: out of memory", what, path);
     }
     /* Read one byte more than stat said, to notice a file that grew. */
-    got = fread(buf, 1, (size_t)st.st_size + 1, f);
+    got = fread(b, 1, (size_t)st.st_size + 1, f);
     if (ferror(f) || got != (size_t)st.st_size) {
-        free(buf);
+        free(b);
         fclose(f);
-        return wk_diag_set(d, WK_EIO, "vocab %s: read error or file changed while reading", path);
+        return wk_diag_set(d, WK_EIO, "%s %s: read error or file changed while reading", what,
+                           path);
     }
     fclose(f);
+    b[got] = 0;
+    *buf = b;
+    *len = got;
+    return WK_OK;
+}
+
+wk_err
+wk_tok_load(const char *path, wk_tok **out, wk_diag *d)
+{
+    uint8_t *buf;
+    size_t got;
+    wk_err err;
+
+    if ((err = tok_read_file(path, "vocab", WK_TOK_MAX_FILE, &buf, &got, d)) != WK_OK)
+        return err;
     err = wk_tok_load_mem(buf, got, out, d);
     free(buf);
     if (err != WK_OK)
         wk_diag_prefix(d, "%s", path);
+    return err;
+}
+
+/* Sets t->eos from tokenizer_config.json (cfg may be NULL) or the defaults. */
+static wk_err
+tok_hf_eos(wk_tok *t, const void *cfg, size_t cfg_len, const char *cfg_label, wk_diag *d)
+{
+    json_error_t je;
+    json_t *root, *eos;
+
+    if (cfg != NULL) {
+        if (cfg_len > WK_BPE_MAX_FILE)
+            return wk_diag_set(d, WK_ETOOBIG, "%s: %zu bytes, over the %u byte limit", cfg_label,
+                               cfg_len, WK_BPE_MAX_FILE);
+        root = json_loadb(cfg, cfg_len, JSON_REJECT_DUPLICATES, &je);
+        if (root == NULL)
+            return wk_diag_set(d, WK_EINVAL, "%s: line %d column %d: %s", cfg_label, je.line,
+                               je.column, je.text);
+        if (!json_is_object(root)) {
+            json_decref(root);
+            return wk_diag_set(d, WK_EINVAL, "%s: the top level is not an object", cfg_label);
+        }
+        eos = json_object_get(root, "eos_token");
+        if (json_is_object(eos))
+            eos = json_object_get(eos, "content");
+        if (eos != NULL && json_is_null(eos)) {
+            json_decref(root);
+            t->eos = -1;
+            return WK_OK;
+        }
+        if (eos != NULL && !json_is_string(eos)) {
+            json_decref(root);
+            return wk_diag_set(d, WK_EINVAL,
+                               "%s: eos_token is neither a string nor {\"content\": string}",
+                               cfg_label);
+        }
+        if (eos != NULL) {
+            int32_t id = wk_bpe_find(t->bpe, json_string_value(eos), json_string_length(eos));
+            if (id < 0) {
+                wk_err e = wk_diag_set(d, WK_EINVAL,
+                                       "%s: eos_token \"%.64s\" is not a token of the tokenizer",
+                                       cfg_label, json_string_value(eos));
+                json_decref(root);
+                return e;
+            }
+            t->eos = id;
+            json_decref(root);
+            return WK_OK;
+        }
+        json_decref(root);
+    }
+    /* No config, or no eos_token in it: the usual names, first found wins. */
+    static const char *const defaults[] = {"<|endoftext|>", "</s>"};
+    t->eos = -1;
+    for (size_t i = 0; i < 2 && t->eos < 0; i++)
+        t->eos = wk_bpe_find(t->bpe, defaults[i], strlen(defaults[i]));
+    return WK_OK;
+}
+
+/* The HF loader behind both entry points; label and cfg_label name the files in diags. */
+static wk_err
+tok_hf_load(const void *buf, size_t len, const char *label, const void *cfg, size_t cfg_len,
+            const char *cfg_label, wk_tok **out, wk_diag *d)
+{
+    wk_tok *t = calloc(1, sizeof(*t));
+    wk_err err;
+
+    if (t == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "%s: out of memory", label);
+    if ((err = wk_bpe_load_mem(buf, len, label, &t->bpe, d)) != WK_OK ||
+        (err = tok_hf_eos(t, cfg, cfg_len, cfg_label, d)) != WK_OK) {
+        wk_tok_free(t);
+        return err;
+    }
+    t->vocab_size = wk_bpe_vocab_size(t->bpe);
+    t->count = wk_bpe_count(t->bpe);
+    wk_sha256_hex(buf, len, t->digest);
+    *out = t;
+    return WK_OK;
+}
+
+wk_err
+wk_tok_load_hf_mem(const void *buf, size_t len, const void *cfg, size_t cfg_len, wk_tok **out,
+                   wk_diag *d)
+{
+    return tok_hf_load(buf, len, "tokenizer.json", cfg, cfg_len, "tokenizer_config.json", out,
+                       d);
+}
+
+wk_err
+wk_tok_load_hf(const char *path, wk_tok **out, wk_diag *d)
+{
+    uint8_t *buf = NULL, *cfg = NULL;
+    size_t len = 0, cfg_len = 0;
+    char *cfg_path = NULL;
+    const char *slash = strrchr(path, '/');
+    size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
+    wk_err err;
+
+    if ((err = tok_read_file(path, "tokenizer", WK_BPE_MAX_FILE, &buf, &len, d)) != WK_OK)
+        return err;
+    cfg_path = malloc(dir_len + sizeof("tokenizer_config.json"));
+    if (cfg_path == NULL) {
+        free(buf);
+        return wk_diag_set(d, WK_ENOMEM, "%s: out of memory", path);
+    }
+    memcpy(cfg_path, path, dir_len);
+    memcpy(cfg_path + dir_len, "tokenizer_config.json", sizeof("tokenizer_config.json"));
+    err = tok_read_file(cfg_path, "tokenizer config", WK_BPE_MAX_FILE, &cfg, &cfg_len, d);
+    if (err == WK_ENOENT) {
+        cfg = NULL;
+        err = WK_OK;
+    }
+    if (err == WK_OK)
+        err = tok_hf_load(buf, len, path, cfg, cfg_len, cfg_path, out, d);
+    free(buf);
+    free(cfg);
+    free(cfg_path);
+    return err;
+}
+
+/* Whether path ends in ".json". */
+static bool
+tok_is_json(const char *path)
+{
+    size_t n = strlen(path);
+    return n >= 5 && strcmp(path + n - 5, ".json") == 0;
+}
+
+wk_err
+wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_diag *d)
+{
+    size_t dn = strlen(dir);
+    char *hf, *world;
+    struct stat st;
+    wk_err err;
+
+    if (override_path != NULL)
+        return tok_is_json(override_path) ? wk_tok_load_hf(override_path, out, d)
+                                          : wk_tok_load(override_path, out, d);
+    hf = malloc(dn + sizeof("/tokenizer.json"));
+    world = malloc(dn + sizeof("/rwkv_vocab_v20230424.txt"));
+    if (hf == NULL || world == NULL) {
+        free(hf);
+        free(world);
+        return wk_diag_set(d, WK_ENOMEM, "tokenizer: out of memory");
+    }
+    snprintf(hf, dn + sizeof("/tokenizer.json"), "%s/tokenizer.json", dir);
+    snprintf(world, dn + sizeof("/rwkv_vocab_v20230424.txt"), "%s/rwkv_vocab_v20230424.txt",
+             dir);
+    if (stat(hf, &st) == 0)
+        err = wk_tok_load_hf(hf, out, d);
+    else if (stat(world, &st) == 0)
+        err = wk_tok_load(world, out, d);
+    else
+        err = wk_diag_set(d, WK_ENOENT, "no tokenizer in %s: neither %s nor %s exists", dir, hf,
+                          world);
+    free(hf);
+    free(world);
     return err;
 }
 
@@ -672,7 +859,20 @@ wk_tok_free(wk_tok *t)
     free(t->piece_off);
     free(t->piece_len);
     free(t->nodes);
+    wk_bpe_free(t->bpe);
     free(t);
+}
+
+const char *
+wk_tok_kind(const wk_tok *t)
+{
+    return t->bpe != NULL ? "hf-bpe" : "world";
+}
+
+int32_t
+wk_tok_eos(const wk_tok *t)
+{
+    return t->eos;
 }
 
 uint32_t
@@ -697,6 +897,8 @@ const uint8_t *
 wk_tok_piece(const wk_tok *t, int32_t id, size_t *len)
 {
     *len = 0;
+    if (t->bpe != NULL)
+        return wk_bpe_piece(t->bpe, id, len);
     if (id == WK_TOK_EOT)
         return (const uint8_t *)"";
     if (id < 0 || (uint32_t)id >= t->vocab_size || t->piece_len[id] == 0)
@@ -733,6 +935,8 @@ wk_tok_encode(const wk_tok *t, const char *text, size_t len, int32_t **ids, size
     int32_t *v;
     size_t n = 0, i = 0;
 
+    if (t->bpe != NULL)
+        return wk_bpe_encode(t->bpe, text, len, ids, n_ids, d);
     if (len > SIZE_MAX / sizeof(*v) - 1)
         return wk_diag_set(d, WK_ETOOBIG, "encode: input of %zu bytes is too large", len);
     v = malloc((len ? len : 1) * sizeof(*v));

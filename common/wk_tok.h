@@ -1,15 +1,21 @@
 /*
- * wk_tok: the RWKV "World" tokenizer. Loads a vocab file in the format of
- * rwkv_vocab_v20230424.txt (one `<id> <python str or bytes literal> <byte
- * length>` per line), encodes bytes to token ids by greedy longest match on a
- * byte trie (exactly what the reference TRIE_TOKENIZER does), decodes ids back
- * to bytes, and turns a stream of token ids into text that never ends in half
- * a UTF-8 character.
+ * wk_tok: the tokenizer, of one of two kinds behind the same functions:
+ *  - "world": the RWKV World tokenizer. Loads a vocab file in the format of
+ *    rwkv_vocab_v20230424.txt (one `<id> <python str or bytes literal> <byte
+ *    length>` per line), encodes bytes to token ids by greedy longest match on
+ *    a byte trie (exactly what the reference TRIE_TOKENIZER does). Id 0 is
+ *    end-of-text and decodes to nothing.
+ *  - "hf-bpe": a Hugging Face tokenizer.json with a byte-level BPE model
+ *    (GPT-NeoX for Mamba2, GPT-2/Llama-3 style), see wk_bpe.h for what is
+ *    supported. Every id is an ordinary token; end-of-text is wk_tok_eos().
+ * Both decode ids back to bytes, and turn a stream of token ids into text
+ * that never ends in half a UTF-8 character.
  *
- * The vocab file is treated as hostile input: every line is checked, every
- * size is bounded (WK_TOK_MAX_*), and a bad file is refused with a diag that
- * names the line. A loaded wk_tok is immutable, so any number of threads may
- * encode and decode with it at once. This module never logs.
+ * Tokenizer files are treated as hostile input: everything is checked, every
+ * size is bounded (WK_TOK_MAX_*, WK_BPE_MAX_*), and a bad file is refused
+ * with a diag that names the line or the JSON path. A loaded wk_tok is
+ * immutable, so any number of threads may encode and decode with it at once.
+ * This module never logs.
  */
 #ifndef WK_TOK_H
 #define WK_TOK_H
@@ -19,7 +25,7 @@
 
 #include "wk_err.h"
 
-#define WK_TOK_EOT 0                /* end-of-text token id: decodes to nothing */
+#define WK_TOK_EOT 0                /* World end-of-text token id: decodes to nothing */
 #define WK_TOK_MAX_LINE 8192        /* bytes per vocab line, line ending excluded */
 #define WK_TOK_MAX_PIECE 1024       /* bytes in one token */
 #define WK_TOK_MAX_ID 1048575       /* largest token id, so vocab size <= 2^20 */
@@ -60,28 +66,71 @@ WK_MUST_CHECK wk_err wk_tok_load(const char *path, wk_tok **out, wk_diag *d);
  */
 WK_MUST_CHECK wk_err wk_tok_load_mem(const void *buf, size_t len, wk_tok **out, wk_diag *d);
 
+/*
+ * Loads a Hugging Face tokenizer.json at path (at most WK_BPE_MAX_FILE bytes)
+ * as an "hf-bpe" tokenizer. The end-of-text id comes from the `eos_token` of
+ * a tokenizer_config.json in the same directory when that file exists (a
+ * string or {"content": ...}; null: none), else from the token
+ * `<|endoftext|>`, else `</s>`, else there is none (wk_tok_eos() < 0).
+ * On success *out is freed with wk_tok_free(). Returns WK_OK; WK_ENOENT /
+ * WK_EIO when a file can't be read; WK_ETOOBIG; WK_EINVAL for a malformed
+ * file (also an eos_token that is no token); WK_ENOTSUP for an unsupported
+ * component, each with d naming the file and the JSON path; WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_tok_load_hf(const char *path, wk_tok **out, wk_diag *d);
+
+/*
+ * Same as wk_tok_load_hf() over len bytes of tokenizer.json at buf, with the
+ * optional tokenizer_config.json as cfg/cfg_len (cfg NULL: no such file).
+ * Both are borrowed for the call only. The digest is that of buf.
+ */
+WK_MUST_CHECK wk_err wk_tok_load_hf_mem(const void *buf, size_t len, const void *cfg,
+                                        size_t cfg_len, wk_tok **out, wk_diag *d);
+
+/*
+ * Loads the tokenizer of a model directory. With override_path (borrowed,
+ * may be NULL): a path ending in ".json" is loaded with wk_tok_load_hf(),
+ * any other with wk_tok_load(). Without: DIR/tokenizer.json if it exists,
+ * else DIR/rwkv_vocab_v20230424.txt, else WK_ENOENT with a diag naming both.
+ * Returns what the loader returns.
+ */
+WK_MUST_CHECK wk_err wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out,
+                                     wk_diag *d);
+
 /* Frees a tokenizer. NULL-safe. */
 void wk_tok_free(wk_tok *t);
+
+/* "world" or "hf-bpe", static. */
+const char *wk_tok_kind(const wk_tok *t);
+
+/*
+ * The end-of-text id a generation stops at: WK_TOK_EOT for World; for HF as
+ * described at wk_tok_load_hf(); -1 when the tokenizer has none (never stop
+ * on end-of-text).
+ */
+int32_t wk_tok_eos(const wk_tok *t);
 
 /* Largest defined id + 1 (so ids are < this; some below may be undefined). */
 uint32_t wk_tok_vocab_size(const wk_tok *t);
 
-/* Number of tokens defined by the file (end-of-text not counted). */
+/* Number of tokens defined by the file (World: end-of-text not counted). */
 uint32_t wk_tok_count(const wk_tok *t);
 
 /*
  * Encodes len bytes of text (any bytes, not only UTF-8; NUL is an ordinary
- * byte) by greedy longest match: at each position the longest token whose
- * bytes match is taken. On success *ids is a malloc'd array of *n_ids ids
- * (never NULL, even for empty input), caller frees with free(). Never emits
- * end-of-text. Returns WK_OK, WK_ENOMEM, or WK_ETOOBIG when len is too large
+ * byte). World: by greedy longest match, at each position the longest token
+ * whose bytes match is taken. HF: as `tokenizers` does without special tokens
+ * added (wk_bpe_encode()). On success *ids is a malloc'd array of *n_ids ids
+ * (never NULL, even for empty input), caller frees with free(). World never
+ * emits end-of-text; HF emits an added token (end-of-text included) wherever
+ * its content appears verbatim in text. Returns WK_OK, WK_ENOMEM, or WK_ETOOBIG when len is too large
  * to index. Thread-safe on a shared t.
  */
 WK_MUST_CHECK wk_err wk_tok_encode(const wk_tok *t, const char *text, size_t len, int32_t **ids,
                                    size_t *n_ids, wk_diag *d);
 
 /*
- * Concatenates the bytes of n ids (end-of-text adds nothing). On success
+ * Concatenates the bytes of n ids (World end-of-text adds nothing). On success
  * *out is malloc'd, *out_len bytes plus a NUL terminator (the bytes may hold
  * NULs or invalid UTF-8), caller frees with free(). Returns WK_OK; WK_EINVAL
  * naming the index of an id the vocab doesn't define; WK_ENOMEM.
@@ -90,12 +139,17 @@ WK_MUST_CHECK wk_err wk_tok_decode(const wk_tok *t, const int32_t *ids, size_t n
                                    size_t *out_len, wk_diag *d);
 
 /*
- * Bytes of one token, borrowed until wk_tok_free(t); *len is set. End-of-text
- * gives a non-NULL pointer and *len = 0. An undefined id gives NULL, *len = 0.
+ * Bytes of one token, borrowed until wk_tok_free(t); *len is set. World
+ * end-of-text gives a non-NULL pointer and *len = 0. HF: a vocab token's
+ * bytes through the byte-level alphabet, an added token's content. An
+ * undefined id gives NULL, *len = 0.
  */
 const uint8_t *wk_tok_piece(const wk_tok *t, int32_t id, size_t *len);
 
-/* Lowercase hex SHA-256 of the vocab file bytes, borrowed until wk_tok_free(t). */
+/*
+ * Lowercase hex SHA-256 of the vocab file (World) or tokenizer.json (HF)
+ * bytes, borrowed until wk_tok_free(t).
+ */
 const char *wk_tok_digest(const wk_tok *t);
 
 /*
@@ -122,8 +176,8 @@ void wk_tok_stream_init(wk_tok_stream *s, const wk_tok *t);
 /*
  * Feeds token id. Writes the text completed so far to out (cap bytes, no NUL
  * added) and sets *out_len. At most 3 * (held + piece length) bytes are
- * written, so cap >= WK_TOK_STREAM_OUT_MAX always suffices. End-of-text adds
- * nothing (call flush at the end of generation). Returns WK_OK; WK_EINVAL for
+ * written, so cap >= WK_TOK_STREAM_OUT_MAX always suffices. World end-of-text
+ * adds nothing (call flush at the end of generation). Returns WK_OK; WK_EINVAL for
  * an id the vocab doesn't define; WK_ETOOBIG when cap might be too small; the
  * stream is unchanged on failure.
  */

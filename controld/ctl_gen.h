@@ -32,7 +32,7 @@ typedef struct ctl_gen_token {
 
 typedef struct ctl_gen_params {
     uint32_t max_tokens;        /* most tokens to sample (>= 1) */
-    bool stop_on_eot;           /* token 0 ends the generation */
+    bool stop_on_eot;           /* the tokenizer's end-of-text id ends the generation */
     const char *stops[CTL_GEN_MAX_STOPS]; /* stop strings, borrowed */
     size_t n_stops;             /* entries in stops */
     ctl_sample_spec sample;     /* sampling */

@@ -491,9 +491,10 @@ ctl_session_text_prefix(const wk_tok *tok, const int32_t *retained, size_t n, co
                         size_t len, size_t *bytes)
 {
     size_t off = 0;
+    const int32_t eos = wk_tok_eos(tok);
 
     for (size_t i = 0; i < n; i++) {
-        if (retained[i] == WK_TOK_EOT)
+        if (retained[i] == eos && eos >= 0)
             continue; /* hidden: the template never renders end-of-text */
         size_t pl = 0;
         const uint8_t *p = wk_tok_piece(tok, retained[i], &pl);
@@ -714,8 +715,9 @@ ctl_session_validate(const ctl_session_request *req, const ctl_session_binding *
         req->tok != NULL && req->prompt_text != NULL) {
         r.reused_bytes = off;
         r.reused_tokens = 0;
+        const int32_t eos = wk_tok_eos(req->tok);
         for (size_t i = 0; i < b->n_retained; i++)
-            r.reused_tokens += b->retained[i] != WK_TOK_EOT;
+            r.reused_tokens += eos < 0 || b->retained[i] != eos;
     } else if (r.outcome == CTL_SESSION_OUTCOME_HIT ||
                r.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT) {
         r.reused_tokens = off;

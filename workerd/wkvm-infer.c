@@ -35,7 +35,6 @@
 #define INFER_MAX_GENERATE 1000000  /* --generate */
 #define INFER_MAX_BATCH 1024        /* --bench-batch */
 #define INFER_MAX_INPUT (256u << 20) /* bytes read from stdin */
-#define INFER_VOCAB_FILE "rwkv_vocab_v20230424.txt"
 
 typedef struct infer_opts {
     const char *model;      /* --model DIR */
@@ -82,7 +81,8 @@ infer_usage(FILE *f)
             "  --encode             read text on stdin, print its token ids\n"
             "  --decode             read token ids on stdin, print their text (no newline\n"
             "                       added)\n"
-            "  --vocab FILE         vocab file (default DIR/" INFER_VOCAB_FILE ")\n"
+            "  --vocab FILE         tokenizer file (default DIR/tokenizer.json, else\n"
+            "                       DIR/rwkv_vocab_v20230424.txt)\n"
             "  --threads N          CPU threads, 0 = all cores (default 0)\n"
             "  --backend NAME       cpu, cuda or auto (default cpu)\n"
             "  --prefill-chunk N    prompt tokens per step (default 256)\n"
@@ -197,19 +197,11 @@ infer_argmax(const float *v, uint32_t n)
 static int
 infer_tok_mode(const infer_opts *o)
 {
-    char path[4096];
-    const char *vp = o->vocab;
-    if (vp == NULL) {
-        if ((size_t)snprintf(path, sizeof(path), "%s/%s", o->model, INFER_VOCAB_FILE) >=
-            sizeof(path))
-            infer_die(1, "model path too long");
-        vp = path;
-    }
     wk_diag d = {{0}};
     wk_tok *tok = NULL;
-    wk_err e = wk_tok_load(vp, &tok, &d);
+    wk_err e = wk_tok_load_dir(o->model, o->vocab, &tok, &d);
     if (e != WK_OK)
-        infer_die(1, "%s: %s", vp, d.msg[0] ? d.msg : wk_strerror(e));
+        infer_die(1, "%s", d.msg[0] ? d.msg : wk_strerror(e));
     size_t len = 0;
     char *in = infer_read_stdin(&len);
     if (o->encode) {

@@ -17,7 +17,7 @@
  * generation never fails); a success has one choice and coherent usage; a
  * stream ends with [DONE]; every per-user unit is given back.
  */
-/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_chat.c controld/ctl_openai.c controld/ctl_limits.c controld/ctl_session.c gen/wkvm.pb-c.c */
+/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_bpe.c common/wk_chat.c controld/ctl_openai.c controld/ctl_limits.c controld/ctl_session.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
 /* fuzz-libs: -lprotobuf-c */
 #include <jansson.h>
@@ -158,7 +158,14 @@ ctl_http_sse_data(ctl_http_req *req, const char *payload)
     return WK_OK;
 }
 
-/* ---- metrics, sessions, generation: stubs ---- */
+/* ---- metrics, pool, sessions, generation: stubs ---- */
+
+wk_err
+ctl_pool_model_view(ctl_pool *p, ctl_worker_view *out)
+{
+    (void)p, (void)out;
+    return WK_EUNAVAIL;
+}
 
 wk_err
 ctl_metrics_declare(ctl_metrics *m, const char *name, ctl_metric_type type, const char *help,

@@ -1,0 +1,754 @@
+/*
+ * Unit tests for wk_bpe and the "hf-bpe" kind of wk_tok: small hand-written
+ * tokenizer.json files for merge order, both merge formats, added tokens
+ * (leftmost-longest), the prefix space, the GPT-2 split (contractions,
+ * numbers, whitespace runs, non-ASCII letters, invalid UTF-8), NFC, empty
+ * input, decode round trips, hostile files refused with their diags, the
+ * end-of-text rules and wk_tok_load_dir(). tests/reference/check_bpe.py
+ * compares against the real `tokenizers` library.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "wk_bpe.h"
+#include "wk_sha256.h"
+#include "wk_tok.h"
+
+/* A growable test string. */
+typedef struct tbuf {
+    char *p;    /* bytes */
+    size_t len; /* used */
+    size_t cap; /* allocated */
+} tbuf;
+
+static void
+tbuf_add(tbuf *b, const void *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void WK_PRINTF(2, 3)
+tbuf_fmt(tbuf *b, const char *fmt, ...)
+{
+    char tmp[4096];
+    va_list ap;
+
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    va_end(ap);
+    assert_true(n >= 0 && (size_t)n < sizeof(tmp));
+    tbuf_add(b, tmp, (size_t)n);
+}
+
+/* GPT-2 bytes_to_unicode. */
+static unsigned
+byte_cp(unsigned b)
+{
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)
+        return b;
+    if (b <= 32)
+        return 256 + b;
+    if (b <= 160)
+        return 256 + 33 + (b - 127);
+    return 256 + 67;
+}
+
+/* Appends s through the byte-level alphabet as JSON \u escapes (no quotes). */
+static void
+tbuf_esc(tbuf *b, const char *s)
+{
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        tbuf_fmt(b, "\\u%04x", byte_cp(*c));
+}
+
+/* Appends the JSON string (quotes included) of the byte-level key of s. */
+static void
+tbuf_key(tbuf *b, const char *s)
+{
+    tbuf_add(b, "\"", 1);
+    tbuf_esc(b, s);
+    tbuf_add(b, "\"", 1);
+}
+
+/*
+ * Components of a test tokenizer.json. The vocab always has the 256 bytes
+ * (byte b has id b) unless no_bytes; `words` are extra keys (plain text,
+ * written through the byte-level alphabet) with ids 256, 257, ...
+ */
+typedef struct spec {
+    const char *words[24];   /* extra vocab entries, NULL-terminated */
+    const char *merges[24];  /* "a|b" in plain text, NULL-terminated */
+    bool merge_arrays;       /* write merges as ["a", "b"] */
+    const char *added;       /* raw JSON of added_tokens, NULL: [] */
+    const char *normalizer;  /* raw JSON, NULL: null */
+    const char *pre;         /* raw JSON, NULL: ByteLevel without prefix space */
+    const char *decoder;     /* raw JSON, NULL: ByteLevel */
+    const char *model_extra; /* raw JSON members added to model, with leading comma */
+    const char *vocab_extra; /* raw JSON members added to vocab, with leading comma */
+    int skip_byte;           /* a byte left out of the vocab, -1 for none */
+} spec;
+
+static char *
+spec_json(const spec *sp, size_t *len)
+{
+    tbuf b = {0};
+
+    tbuf_fmt(&b, "{\"version\": \"1.0\", \"truncation\": null, \"padding\": null,\n");
+    tbuf_fmt(&b, "\"added_tokens\": %s,\n", sp->added ? sp->added : "[]");
+    tbuf_fmt(&b, "\"normalizer\": %s,\n", sp->normalizer ? sp->normalizer : "null");
+    tbuf_fmt(&b, "\"pre_tokenizer\": %s,\n",
+             sp->pre ? sp->pre
+                     : "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+                       "\"trim_offsets\": true, \"use_regex\": true}");
+    tbuf_fmt(&b, "\"post_processor\": null,\n\"decoder\": %s,\n",
+             sp->decoder ? sp->decoder : "{\"type\": \"ByteLevel\"}");
+    tbuf_fmt(&b,
+             "\"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, "
+             "\"fuse_unk\": false, \"byte_fallback\": false%s,\n\"vocab\": {",
+             sp->model_extra ? sp->model_extra : "");
+    bool first = true;
+    for (int c = 0; c < 256; c++) {
+        char one[2] = {(char)c, 0};
+        if (c == sp->skip_byte)
+            continue;
+        if (!first)
+            tbuf_add(&b, ", ", 2);
+        first = false;
+        if (c == 0)
+            tbuf_fmt(&b, "\"\\u%04x\"", byte_cp(0));
+        else
+            tbuf_key(&b, one);
+        tbuf_fmt(&b, ": %d", c);
+    }
+    for (int i = 0; sp->words[i]; i++) {
+        tbuf_add(&b, ", ", 2);
+        tbuf_key(&b, sp->words[i]);
+        tbuf_fmt(&b, ": %d", 256 + i);
+    }
+    tbuf_fmt(&b, "%s},\n\"merges\": [", sp->vocab_extra ? sp->vocab_extra : "");
+    for (int i = 0; sp->merges[i]; i++) {
+        char l[64], r[64];
+        const char *bar = strchr(sp->merges[i], '|');
+        assert_non_null(bar);
+        snprintf(l, sizeof(l), "%.*s", (int)(bar - sp->merges[i]), sp->merges[i]);
+        snprintf(r, sizeof(r), "%s", bar + 1);
+        if (i)
+            tbuf_add(&b, ", ", 2);
+        if (sp->merge_arrays) {
+            tbuf_add(&b, "[", 1);
+            tbuf_key(&b, l);
+            tbuf_add(&b, ", ", 2);
+            tbuf_key(&b, r);
+            tbuf_add(&b, "]", 1);
+        } else {
+            tbuf_add(&b, "\"", 1);
+            tbuf_esc(&b, l);
+            tbuf_add(&b, " ", 1);
+            tbuf_esc(&b, r);
+            tbuf_add(&b, "\"", 1);
+        }
+    }
+    tbuf_fmt(&b, "]}}\n");
+    *len = b.len;
+    return b.p;
+}
+
+static wk_tok *
+spec_load(const spec *sp, const char *cfg)
+{
+    size_t len;
+    char *j = spec_json(sp, &len);
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+
+    if (wk_tok_load_hf_mem(j, len, cfg, cfg ? strlen(cfg) : 0, &t, &d) != WK_OK)
+        fail_msg("load failed: %s\n%s", d.msg, j);
+    free(j);
+    return t;
+}
+
+/* Expects the load of sp to fail with err and a diag containing want. */
+static void
+spec_refused(const spec *sp, wk_err err, const char *want)
+{
+    size_t len;
+    char *j = spec_json(sp, &len);
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+    wk_err got = wk_tok_load_hf_mem(j, len, NULL, 0, &t, &d);
+
+    if (got != err || strstr(d.msg, want) == NULL)
+        fail_msg("want %s \"%s\", got %s \"%s\"", wk_err_name(err), want, wk_err_name(got), d.msg);
+    assert_null(t);
+    free(j);
+}
+
+/* Encodes s and compares with the n ids that follow. */
+static void
+enc_eq(const wk_tok *t, const char *s, size_t slen, size_t n, ...)
+{
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    wk_diag d = {""};
+    va_list ap;
+
+    assert_int_equal(wk_tok_encode(t, s, slen, &ids, &n_ids, &d), WK_OK);
+    assert_non_null(ids);
+    va_start(ap, n);
+    bool ok = n_ids == n;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = ids[i] == va_arg(ap, int);
+    va_end(ap);
+    if (!ok) {
+        char got[1024] = "";
+        size_t o = 0;
+        for (size_t i = 0; i < n_ids && o < 1000; i++)
+            o += (size_t)snprintf(got + o, sizeof(got) - o, " %d", (int)ids[i]);
+        fail_msg("encode \"%.*s\": got [%s ], want %zu ids", (int)slen, s, got, n);
+    }
+    free(ids);
+}
+
+#define ENC(t, s, ...)                                                                             \
+    enc_eq((t), (s), sizeof(s) - 1, sizeof((int[]){__VA_ARGS__}) / sizeof(int), __VA_ARGS__)
+
+static void
+test_merge_order(void **state)
+{
+    (void)state;
+    /* bc (rank 0) before ab (rank 1): "abc" -> a + bc */
+    spec a = {.words = {"ab", "bc", "aa"}, .merges = {"b|c", "a|b", "a|a"}, .skip_byte = -1};
+    /* ab first: "abc" -> ab + c */
+    spec b = {.words = {"ab", "bc", "aa"}, .merges = {"a|b", "b|c", "a|a"}, .skip_byte = -1};
+    wk_tok *ta = spec_load(&a, NULL), *tb = spec_load(&b, NULL);
+
+    ENC(ta, "abc", 'a', 257);
+    ENC(tb, "abc", 256, 'c');
+    /* all occurrences, left to right */
+    ENC(ta, "aaaa", 258, 258);
+    ENC(ta, "aaa", 258, 'a');
+    ENC(ta, "abcabc", 'a', 257, 'a', 257);
+    assert_string_equal(wk_tok_kind(ta), "hf-bpe");
+    assert_int_equal(wk_tok_vocab_size(ta), 259);
+    assert_int_equal(wk_tok_count(ta), 259);
+    wk_tok_free(ta);
+    wk_tok_free(tb);
+}
+
+static void
+test_merge_chain(void **state)
+{
+    (void)state;
+    /* A long word merges down to one token; both merge formats agree. */
+    spec s = {.words = {"he", "ll", "hell", "hello", "lo"},
+              .merges = {"h|e", "l|l", "he|ll", "hell|o", "l|o"},
+              .skip_byte = -1};
+    wk_tok *t1 = spec_load(&s, NULL);
+    s.merge_arrays = true;
+    wk_tok *t2 = spec_load(&s, NULL);
+
+    ENC(t1, "hello", 259);
+    ENC(t2, "hello", 259);
+    ENC(t1, "hellohello", 259, 259);
+    ENC(t1, "hel", 256, 'l');
+    ENC(t2, "llo", 257, 'o');
+    wk_tok_free(t1);
+    wk_tok_free(t2);
+}
+
+static void
+test_long_word(void **state)
+{
+    (void)state;
+    /* 200k 'a's: one word, every pair merges; the heap keeps this fast. */
+    spec s = {.words = {"aa", "aaaa"}, .merges = {"a|a", "aa|aa"}, .skip_byte = -1};
+    wk_tok *t = spec_load(&s, NULL);
+    size_t n = 200000;
+    char *txt = malloc(n);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+
+    memset(txt, 'a', n);
+    assert_int_equal(wk_tok_encode(t, txt, n, &ids, &n_ids, NULL), WK_OK);
+    assert_int_equal(n_ids, n / 4);
+    for (size_t i = 0; i < n_ids; i++)
+        assert_int_equal(ids[i], 257);
+    free(ids);
+    free(txt);
+    wk_tok_free(t);
+}
+
+static const char *const ADDED =
+    "[{\"id\": 300, \"content\": \"<|endoftext|>\", \"single_word\": false, \"lstrip\": false, "
+    "\"rstrip\": false, \"normalized\": false, \"special\": true},"
+    " {\"id\": 301, \"content\": \"<a>\", \"special\": true},"
+    " {\"id\": 302, \"content\": \"<a><b>\", \"special\": true},"
+    " {\"id\": 303, \"content\": \"  \", \"special\": false, \"normalized\": true}]";
+
+static void
+test_added_tokens(void **state)
+{
+    (void)state;
+    spec s = {.words = {"xy"}, .merges = {"x|y"}, .added = ADDED, .skip_byte = -1};
+    wk_tok *t = spec_load(&s, NULL);
+    size_t len;
+    const uint8_t *p;
+
+    ENC(t, "xy<|endoftext|>xy", 256, 300, 256);
+    ENC(t, "<|endoftext|><|endoftext|>", 300, 300);
+    ENC(t, "<a><b>", 302); /* longest */
+    ENC(t, "<a><a><b>", 301, 302);
+    ENC(t, "<a>x<b>", 301, 'x', '<', 'b', '>');
+    ENC(t, "x  y", 'x', 303, 'y'); /* a plain added token, matched verbatim */
+    ENC(t, "<|endoftext", '<', '|', 'e', 'n', 'd', 'o', 'f', 't', 'e', 'x', 't');
+    p = wk_tok_piece(t, 300, &len);
+    assert_int_equal(len, 13);
+    assert_memory_equal(p, "<|endoftext|>", 13);
+    assert_null(wk_tok_piece(t, 299, &len)); /* a hole between the vocab and the added ids */
+    assert_int_equal(wk_tok_vocab_size(t), 304);
+    assert_int_equal(wk_tok_count(t), 257 + 4);
+    assert_int_equal(wk_tok_eos(t), 300);
+    wk_tok_free(t);
+}
+
+static void
+test_prefix_space(void **state)
+{
+    (void)state;
+    spec s = {.words = {" h", " hi", "hi"},
+              .merges = {" |h", " h|i", "h|i"},
+              .added = ADDED,
+              .pre = "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}",
+              .skip_byte = -1};
+    wk_tok *t = spec_load(&s, NULL);
+
+    ENC(t, "hi", 257);
+    ENC(t, " hi", 257);
+    ENC(t, "hi hi", 257, 257);
+    /* every piece between added tokens gets its own space */
+    ENC(t, "hi<|endoftext|>hi", 257, 300, 257);
+    {
+        int32_t *ids = NULL;
+        size_t n = 99;
+        assert_int_equal(wk_tok_encode(t, "", 0, &ids, &n, NULL), WK_OK);
+        assert_non_null(ids);
+        assert_int_equal(n, 0);
+        free(ids);
+    }
+    wk_tok_free(t);
+}
+
+static void
+test_regex_split(void **state)
+{
+    (void)state;
+    /* ignore_merges: a word that is a vocab key is one token, so splits show. */
+    spec s = {.words = {"don", "'t", "'m", " we", "'re", " b", "   \n", "123", "abc",
+                        " \xc3\xbc"
+                        "ber",
+                        "\xe6\x97\xa5\xe6\x9c\xac", "\xc2\xb2", "!!?", "\xff\xfe", " '", "\n\n",
+                        "  "},
+              .model_extra = ", \"ignore_merges\": true",
+              .skip_byte = -1};
+    wk_tok *t = spec_load(&s, NULL);
+
+    ENC(t, "don't", 256, 257);
+    ENC(t, "I'm we're", 'I', 258, 259, 260);
+    ENC(t, "a  b", 'a', ' ', 261); /* \s+(?!\S) leaves the last space to " b" */
+    ENC(t, "x   \n", 'x', 262);    /* trailing whitespace run is one word */
+    ENC(t, "123abc", 263, 264);    /* numbers and letters split */
+    ENC(t,
+        " \xc3\xbc"
+        "ber",
+        265);                                /* non-ASCII letters */
+    ENC(t, "\xe6\x97\xa5\xe6\x9c\xac", 266); /* CJK letters */
+    ENC(t, "x\xc2\xb2", 'x', 267);           /* superscript two is \p{N} */
+    ENC(t, "!!?", 268);                      /* punctuation run */
+    ENC(t, "\xff\xfe", 269);                 /* invalid UTF-8: "other" bytes */
+    ENC(t,
+        "a\xff"
+        "b",
+        'a', 0xff, 'b');
+    ENC(t, " 'x", 270, 'x');                /* ' ?[^\s\p{L}\p{N}]+' then x */
+    ENC(t, "a\n\nb", 'a', '\n', '\n', 'b'); /* a run of 2 before \S: 1 + 1 */
+    ENC(t, "a\n\n", 'a', 271);
+    ENC(t, "a   b", 'a', 272, 261);
+    ENC(t, "'S", '\'', 'S'); /* contractions are case-sensitive */
+    wk_tok_free(t);
+}
+
+static void
+test_nfc(void **state)
+{
+    (void)state;
+    spec s = {.words = {"caf\xc3\xa9"},
+              .normalizer = "{\"type\": \"NFC\"}",
+              .skip_byte = -1,
+              .model_extra = ", \"ignore_merges\": true"};
+    wk_tok *t = spec_load(&s, NULL);
+    int32_t *ids = NULL;
+    size_t n = 0, blen = 0;
+    char *back = NULL;
+    static const struct {
+        const char *in, *out;
+    } v[] = {
+        {"cafe\xcc\x81", "caf\xc3\xa9"},                          /* e + U+0301 -> U+00E9 */
+        {"A\xcc\x8a", "\xc3\x85"},                                /* A + ring -> U+00C5 */
+        {"\xe2\x84\xab", "\xc3\x85"},                             /* U+212B ANGSTROM (singleton) */
+        {"a\xcc\x81\xcc\x96", "\xc3\xa1\xcc\x96"},                /* reorder 0301/0316, compose */
+        {"\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81"}, /* Hangul L V T */
+        {"\xcc\x81x", "\xcc\x81x"},                               /* leading combining mark */
+        {"\xff\xcc\x81", "\xff\xcc\x81"}, /* raw byte is no starter to compose */
+    };
+
+    ENC(t, "cafe\xcc\x81", 256);
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        assert_int_equal(wk_tok_encode(t, v[i].in, strlen(v[i].in), &ids, &n, NULL), WK_OK);
+        assert_int_equal(wk_tok_decode(t, ids, n, &back, &blen, NULL), WK_OK);
+        if (blen != strlen(v[i].out) || memcmp(back, v[i].out, blen) != 0)
+            fail_msg("NFC case %zu", i);
+        free(ids);
+        free(back);
+    }
+    wk_tok_free(t);
+}
+
+static void
+test_round_trip(void **state)
+{
+    (void)state;
+    spec s = {.words = {" t", "he", " the", "in", "\xc3\xa9", "  "},
+              .merges = {" |t", "h|e", " t|he", "i|n", "\xc3|\xa9", " | "},
+              .added = ADDED,
+              .skip_byte = -1};
+    wk_tok *t = spec_load(&s, NULL);
+    uint64_t x = 88172645463325252ull;
+    static const char alpha[] = "the in  \n\t'sxyz0123\xc3\xa9\xe6\x97\xa5<|>a";
+
+    for (int iter = 0; iter < 3000; iter++) {
+        char buf[96];
+        size_t n = (size_t)(iter % 90);
+        int32_t *ids = NULL;
+        size_t n_ids = 0, blen = 0;
+        char *back = NULL;
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            buf[i] = (iter & 1) ? (char)(x & 0xff) : alpha[x % (sizeof(alpha) - 1)];
+        }
+        assert_int_equal(wk_tok_encode(t, buf, n, &ids, &n_ids, NULL), WK_OK);
+        assert_int_equal(wk_tok_decode(t, ids, n_ids, &back, &blen, NULL), WK_OK);
+        if (blen != n || memcmp(back, buf, n) != 0)
+            fail_msg("round trip of \"%.*s\" gave \"%.*s\"", (int)n, buf, (int)blen, back);
+        /* the stream decoder agrees with a one-shot decode */
+        wk_tok_stream st;
+        wk_tok_stream_init(&st, t);
+        size_t o = 0;
+        char *out = malloc(n_ids * WK_TOK_STREAM_OUT_MAX + WK_TOK_STREAM_FLUSH_MAX + 1);
+        for (size_t i = 0; i < n_ids; i++) {
+            size_t w = 0;
+            assert_int_equal(
+                wk_tok_stream_push(&st, ids[i], out + o, WK_TOK_STREAM_OUT_MAX, &w, NULL), WK_OK);
+            o += w;
+        }
+        o += wk_tok_stream_flush(&st, out + o);
+        {
+            char *one = malloc(3 * (n + 3) + WK_TOK_STREAM_FLUSH_MAX);
+            size_t on = 0;
+            wk_tok_stream_init(&st, t);
+            assert_int_equal(
+                wk_tok_stream_push_bytes(&st, (const uint8_t *)buf, n, one, 3 * (n + 3), &on),
+                WK_OK);
+            on += wk_tok_stream_flush(&st, one + on);
+            assert_int_equal(o, on);
+            assert_memory_equal(out, one, on);
+            free(one);
+        }
+        free(out);
+        free(ids);
+        free(back);
+    }
+    wk_tok_free(t);
+}
+
+static void
+test_hostile(void **state)
+{
+    (void)state;
+    spec ok = {.words = {"ab"}, .merges = {"a|b"}, .skip_byte = -1};
+    spec s;
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+
+    assert_int_equal(wk_tok_load_hf_mem("{\"model\": ", 10, NULL, 0, &t, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "tokenizer.json: line 1"));
+    assert_int_equal(wk_tok_load_hf_mem("[]", 2, NULL, 0, &t, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "top level"));
+    assert_int_equal(wk_tok_load_hf_mem("", 0, NULL, 0, &t, &d), WK_EINVAL);
+    {
+        size_t big = (size_t)WK_BPE_MAX_FILE + 1;
+        char *huge = calloc(1, big);
+        assert_int_equal(wk_tok_load_hf_mem(huge, big, NULL, 0, &t, &d), WK_ETOOBIG);
+        free(huge);
+    }
+    assert_null(t);
+
+    s = ok;
+    s.pre = "{\"type\": \"Whitespace\"}";
+    spec_refused(&s, WK_ENOTSUP,
+                 "tokenizer.json: pre_tokenizer.type \"Whitespace\" is not "
+                 "supported");
+    s = ok;
+    s.pre = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}]}";
+    spec_refused(&s, WK_ENOTSUP, "pre_tokenizer.pretokenizers[0].type \"Digits\"");
+    s = ok;
+    s.pre = "null";
+    spec_refused(&s, WK_ENOTSUP, "pre_tokenizer is null");
+    s = ok;
+    s.normalizer = "{\"type\": \"NFKC\"}";
+    spec_refused(&s, WK_ENOTSUP, "normalizer.type \"NFKC\" is not supported");
+    s = ok;
+    s.decoder = "{\"type\": \"WordPiece\"}";
+    spec_refused(&s, WK_ENOTSUP, "decoder.type \"WordPiece\"");
+    s = ok;
+    s.model_extra = ", \"continuing_subword_prefix\": \"##\"";
+    spec_refused(&s, WK_ENOTSUP, "model.continuing_subword_prefix");
+    s = ok;
+    s.added = "[{\"id\": 300, \"content\": \"<x>\", \"lstrip\": true}]";
+    spec_refused(&s, WK_ENOTSUP, "added_tokens[0].lstrip true is not supported");
+    s = ok;
+    s.added = "[{\"id\": 300, \"content\": \"<x>\"}, {\"id\": 300, \"content\": \"<y>\"}]";
+    spec_refused(&s, WK_EINVAL, "added_tokens[1]: duplicate id 300");
+    s = ok;
+    s.added = "[{\"id\": 300, \"content\": \"<x>\"}, {\"id\": 301, \"content\": \"<x>\"}]";
+    spec_refused(&s, WK_EINVAL, "is also id 300");
+    s = ok;
+    s.added = "[{\"id\": 1048576, \"content\": \"<x>\"}]";
+    spec_refused(&s, WK_EINVAL, "added_tokens[0].id is not an integer in 0..1048575");
+    s = ok;
+    s.added = "[{\"id\": 300, \"content\": \"\"}]";
+    spec_refused(&s, WK_EINVAL, "added_tokens[0].content has 0 bytes");
+    s = ok;
+    s.vocab_extra = ", \"zz\": 5";
+    spec_refused(&s, WK_EINVAL, "duplicate id 5");
+    s = ok;
+    s.vocab_extra = ", \"zz\": -1";
+    spec_refused(&s, WK_EINVAL, "model.vocab \"zz\": id is not an integer");
+    s = ok;
+    s.vocab_extra = ", \"a b\": 400";
+    spec_refused(&s, WK_EINVAL, "model.vocab \"a b\" (id 400): character outside the byte-level");
+    s = ok;
+    s.vocab_extra = ", \"\\u0101\": 400"; /* byte 0x01's key again: JSON duplicate */
+    spec_refused(&s, WK_EINVAL, "duplicate object key");
+    s = ok;
+    s.merges[0] = "a|c";
+    spec_refused(&s, WK_EINVAL, "model.merges[0]: merged \"ac\" is not in the vocab");
+    s = ok;
+    s.merges[0] = "a|xyz";
+    spec_refused(&s, WK_EINVAL, "model.merges[0]: \"xyz\" is not in the vocab");
+    s = ok;
+    s.skip_byte = 'q';
+    spec_refused(&s, WK_EINVAL, "no token \"q\" for byte 0x71");
+    s = ok;
+    s.normalizer = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, "
+                   "{\"type\": \"Lowercase\"}]}";
+    spec_refused(&s, WK_ENOTSUP, "Sequence of 2 normalizers");
+    s = ok;
+    s.normalizer = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}";
+    t = spec_load(&s, NULL);
+    wk_tok_free(t);
+    t = NULL;
+
+    /* model type and merge shape, written by hand */
+    static const char *const bad[][2] = {
+        {"{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}",
+         "model.type \"WordPiece\" is not supported"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b c\"]}, "
+         "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}}",
+         "model.merges[0] is neither"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [[\"a\"]]}, "
+         "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}}",
+         "model.merges[0] is neither"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], "
+         "\"byte_fallback\": true}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
+         "\"decoder\": {\"type\": \"ByteLevel\"}}",
+         "model.byte_fallback true is not supported"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], "
+         "\"dropout\": 0.5}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, "
+         "\"decoder\": {\"type\": \"ByteLevel\"}}",
+         "model.dropout is not supported"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}, "
+         "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"ByteLevel\"}}",
+         "model.vocab is empty"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": [], \"merges\": []}}",
+         "model.vocab is missing or not an object"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+         "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": 1}, "
+         "\"decoder\": {\"type\": \"ByteLevel\"}}",
+         "pre_tokenizer.add_prefix_space is not a boolean"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        d.msg[0] = '\0';
+        assert_int_not_equal(wk_tok_load_hf_mem(bad[i][0], strlen(bad[i][0]), NULL, 0, &t, &d),
+                             WK_OK);
+        if (strstr(d.msg, bad[i][1]) == NULL)
+            fail_msg("case %zu: want \"%s\", got \"%s\"", i, bad[i][1], d.msg);
+        assert_null(t);
+    }
+}
+
+static void
+test_eos_and_digest(void **state)
+{
+    (void)state;
+    spec s = {.words = {"</s>"}, .skip_byte = -1};
+    wk_tok *t = spec_load(&s, NULL);
+    char hex[WK_SHA256_HEX_LEN];
+    size_t len;
+    char *j = spec_json(&s, &len);
+    wk_diag d = {""};
+
+    assert_int_equal(wk_tok_eos(t), 256); /* no <|endoftext|>: </s> */
+    wk_sha256_hex(j, len, hex);
+    assert_string_equal(wk_tok_digest(t), hex);
+    wk_tok_free(t);
+
+    t = spec_load(&s, "{\"eos_token\": \"a\"}");
+    assert_int_equal(wk_tok_eos(t), 'a');
+    wk_tok_free(t);
+    t = spec_load(&s, "{\"eos_token\": {\"content\": \"</s>\", \"lstrip\": false}}");
+    assert_int_equal(wk_tok_eos(t), 256);
+    wk_tok_free(t);
+    t = spec_load(&s, "{\"eos_token\": null}");
+    assert_int_equal(wk_tok_eos(t), -1);
+    wk_tok_free(t);
+    t = spec_load(&s, "{\"bos_token\": \"a\"}"); /* no eos_token: the defaults */
+    assert_int_equal(wk_tok_eos(t), 256);
+    wk_tok_free(t);
+    t = NULL;
+    assert_int_equal(wk_tok_load_hf_mem(j, len, "{\"eos_token\": \"<nope>\"}", 23, &t, &d),
+                     WK_EINVAL);
+    assert_non_null(strstr(d.msg, "tokenizer_config.json: eos_token \"<nope>\""));
+    assert_int_equal(wk_tok_load_hf_mem(j, len, "{\"eos_token\": 5}", 16, &t, &d), WK_EINVAL);
+    assert_int_equal(wk_tok_load_hf_mem(j, len, "nope", 4, &t, &d), WK_EINVAL);
+    assert_null(t);
+    free(j);
+
+    spec none = {.words = {"xy"}, .skip_byte = -1};
+    t = spec_load(&none, NULL);
+    assert_int_equal(wk_tok_eos(t), -1);
+    wk_tok_free(t);
+}
+
+static void
+write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void
+test_load_dir(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/wk_bpe_test.XXXXXX";
+    char path[256], vocab[4096];
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+    spec s = {.words = {"ab"}, .merges = {"a|b"}, .added = ADDED, .skip_byte = -1};
+    size_t len;
+    char *j = spec_json(&s, &len);
+    const char *src = getenv("WKVM_SOURCE_DIR");
+
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(wk_tok_load_dir(dir, NULL, &t, &d), WK_ENOENT);
+    assert_non_null(strstr(d.msg, "tokenizer.json"));
+    assert_non_null(strstr(d.msg, "rwkv_vocab_v20230424.txt"));
+
+    /* World only */
+    snprintf(vocab, sizeof(vocab), "%s/tests/fixtures/vocab_small.txt", src ? src : ".");
+    FILE *f = fopen(vocab, "rb");
+    assert_non_null(f);
+    char *vb = malloc(1 << 20);
+    size_t vn = fread(vb, 1, 1 << 20, f);
+    fclose(f);
+    snprintf(path, sizeof(path), "%s/rwkv_vocab_v20230424.txt", dir);
+    write_file(path, vb, vn);
+    assert_int_equal(wk_tok_load_dir(dir, NULL, &t, &d), WK_OK);
+    assert_string_equal(wk_tok_kind(t), "world");
+    assert_int_equal(wk_tok_eos(t), 0);
+    wk_tok_free(t);
+
+    /* tokenizer.json wins, with tokenizer_config.json next to it */
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    write_file(path, j, len);
+    assert_int_equal(wk_tok_load_dir(dir, NULL, &t, &d), WK_OK);
+    assert_string_equal(wk_tok_kind(t), "hf-bpe");
+    assert_int_equal(wk_tok_eos(t), 300);
+    wk_tok_free(t);
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+    write_file(path, "{\"eos_token\": \"<a>\"}", 20);
+    assert_int_equal(wk_tok_load_dir(dir, NULL, &t, &d), WK_OK);
+    assert_int_equal(wk_tok_eos(t), 301);
+    wk_tok_free(t);
+
+    /* overrides: .json is HF, anything else World */
+    snprintf(path, sizeof(path), "%s/rwkv_vocab_v20230424.txt", dir);
+    assert_int_equal(wk_tok_load_dir(dir, path, &t, &d), WK_OK);
+    assert_string_equal(wk_tok_kind(t), "world");
+    wk_tok_free(t);
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    assert_int_equal(wk_tok_load_dir("/nonexistent", path, &t, &d), WK_OK);
+    assert_string_equal(wk_tok_kind(t), "hf-bpe");
+    wk_tok_free(t);
+    snprintf(path, sizeof(path), "%s/other.json", dir);
+    write_file(path, "{", 1);
+    t = NULL;
+    assert_int_equal(wk_tok_load_dir(dir, path, &t, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "other.json: line 1"));
+    assert_null(t);
+
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/rwkv_vocab_v20230424.txt", dir);
+    unlink(path);
+    rmdir(dir);
+    free(vb);
+    free(j);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_merge_order),  cmocka_unit_test(test_merge_chain),
+        cmocka_unit_test(test_long_word),    cmocka_unit_test(test_added_tokens),
+        cmocka_unit_test(test_prefix_space), cmocka_unit_test(test_regex_split),
+        cmocka_unit_test(test_nfc),          cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_hostile),      cmocka_unit_test(test_eos_and_digest),
+        cmocka_unit_test(test_load_dir),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
