@@ -489,7 +489,20 @@ main(int argc, char **argv)
         bench_die("load failed", d.msg);
     const wrk_model_info *in = wrk_model_info_get(m);
     const wrk_rwkv7 *rw = wrk_model_rwkv7(m);
-    model_cost mc = bench_cost(rw);
+    model_cost mc;
+    if (rw != NULL) {
+        mc = bench_cost(rw);
+    } else {
+        /*
+         * Other families: every weight byte is streamed per decode step and
+         * the head is the V x C matrix (exact for a tied head, as the bench
+         * models of bench/bench_families.sh have; an untied model's
+         * embedding table is counted as if streamed too).
+         */
+        mc.head_params = (uint64_t)in->vocab_size * in->n_embd;
+        mc.layer_params = in->n_params > mc.head_params ? in->n_params - mc.head_params : 0;
+        mc.stream_bytes = in->weight_bytes;
+    }
     uint32_t maxb = 1;
     for (int i = 0; i < n_batches; i++)
         if (batches[i] > maxb)

@@ -1,34 +1,586 @@
-/* wrk_fam_gdn: PLACEHOLDER being written. */
+/*
+ * wrk_fam_gdn: the Gated DeltaNet family (flash-linear-attention
+ * `gated_deltanet` checkpoints) for wrk_model: detection, the mapping of the
+ * tensors onto wrk_gdn (wrk_gdn.h), the slot layout and the fingerprint.
+ *
+ * Dimensions come from tensor shapes where they show (C, V, L, KD, VD, HV,
+ * F, W); config.json supplies what shapes cannot (num_heads / head_dim
+ * split, use_gate, allow_neg_eigval, norm_eps) and every config value that
+ * shapes also show is checked against them. Every tensor's presence and
+ * shape is checked; a mismatch is refused with a diag naming the tensor or
+ * the config key. What this family cannot run is refused up front: hybrid
+ * attention layers (config "attn"), other attn_mode values, activations
+ * other than swish, use_short_conv false, attention residuals.
+ *
+ * Never logs, never aborts on bad input.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "wrk_family.h"
+#include "wrk_gdn.h"
+
+#define GDN_MAX_LAYERS 4096u
+#define GDN_MAX_EMBD (1u << 17)
+#define GDN_MAX_DIM (1u << 20) /* KD, VD, F */
+#define GDN_MAX_VOCAB (1u << 22)
+#define GDN_MAX_HEADS 4096u
+#define GDN_MAX_CONV 64u
+#define GDN_PREFIX "model.layers."
 
 static const char *const types[] = {"gated_deltanet", NULL};
 
+/* The view and the storage it points into (one allocation, never moved). */
+typedef struct gdn_view {
+    wrk_gdn g;             /* what the backends read */
+    wrk_gdn_layer *layers; /* n_layer entries, owned */
+} gdn_view;
+
+/* Which dimension a spec's size refers to. */
+typedef enum gdn_dim { GDN_C = 0, GDN_KD, GDN_VD, GDN_HV, GDN_VH, GDN_F, GDN_N_DIMS } gdn_dim;
+
+typedef enum gdn_kind {
+    GDN_VEC,  /* [.., n] with leading 1s */
+    GDN_MAT,  /* nn.Linear [out, in] */
+    GDN_CONV, /* nn.Conv1d depthwise [D, 1, W] */
+} gdn_kind;
+
+typedef struct gdn_spec {
+    const char *suf; /* name after "model.layers.<i>." */
+    gdn_kind kind;   /* shape rule */
+    gdn_dim d0, d1;  /* VEC: n = d0; MAT: out = d0, in = d1; CONV: D = d0 */
+    size_t off;      /* field in wrk_gdn_layer */
+    bool gate;       /* only with use_gate */
+} gdn_spec;
+
+#define GOFF(f) offsetof(wrk_gdn_layer, f)
+
+/* The canonical order of a layer's tensors (also the digest order). */
+static const gdn_spec gdn_specs[] = {
+    {"attn_norm.weight", GDN_VEC, GDN_C, 0, GOFF(attn_norm), false},
+    {"attn.q_proj.weight", GDN_MAT, GDN_KD, GDN_C, GOFF(q_proj), false},
+    {"attn.k_proj.weight", GDN_MAT, GDN_KD, GDN_C, GOFF(k_proj), false},
+    {"attn.v_proj.weight", GDN_MAT, GDN_VD, GDN_C, GOFF(v_proj), false},
+    {"attn.a_proj.weight", GDN_MAT, GDN_HV, GDN_C, GOFF(a_proj), false},
+    {"attn.b_proj.weight", GDN_MAT, GDN_HV, GDN_C, GOFF(b_proj), false},
+    {"attn.g_proj.weight", GDN_MAT, GDN_VD, GDN_C, GOFF(g_proj), true},
+    {"attn.q_conv1d.weight", GDN_CONV, GDN_KD, 0, GOFF(q_conv), false},
+    {"attn.k_conv1d.weight", GDN_CONV, GDN_KD, 0, GOFF(k_conv), false},
+    {"attn.v_conv1d.weight", GDN_CONV, GDN_VD, 0, GOFF(v_conv), false},
+    {"attn.A_log", GDN_VEC, GDN_HV, 0, GOFF(A_log), false},
+    {"attn.dt_bias", GDN_VEC, GDN_HV, 0, GOFF(dt_bias), false},
+    {"attn.o_norm.weight", GDN_VEC, GDN_VH, 0, GOFF(o_norm), false},
+    {"attn.o_proj.weight", GDN_MAT, GDN_C, GDN_VD, GOFF(o_proj), false},
+    {"mlp_norm.weight", GDN_VEC, GDN_C, 0, GOFF(mlp_norm), false},
+    {"mlp.gate_proj.weight", GDN_MAT, GDN_F, GDN_C, GOFF(gate_proj), false},
+    {"mlp.up_proj.weight", GDN_MAT, GDN_F, GDN_C, GOFF(up_proj), false},
+    {"mlp.down_proj.weight", GDN_MAT, GDN_C, GDN_F, GOFF(down_proj), false},
+};
+#define GDN_N_SPECS (sizeof(gdn_specs) / sizeof(gdn_specs[0]))
+
+/* ------------------------------------------------------------------------ */
+/* helpers                                                                   */
+/* ------------------------------------------------------------------------ */
+
 static bool
-detect(const wk_tensor_set *set)
+gdn_is_vec(const wk_tensor *t, int64_t n)
 {
-    (void)set;
-    return false;
+    if (t->ndim < 1 || t->shape[t->ndim - 1] != n)
+        return false;
+    for (int i = 0; i + 1 < t->ndim; i++)
+        if (t->shape[i] != 1)
+            return false;
+    return true;
 }
 
 static wk_err
-map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **view,
-    wrk_model_info *info, wk_diag *d)
+gdn_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want)
 {
-    (void)m, (void)set, (void)config, (void)view, (void)info;
-    return wk_diag_set(d, WK_ENOTSUP, "gdn: not built yet");
+    char got[128];
+    wrk_shape_str(t, got, sizeof(got));
+    return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected %s", name, got, want);
+}
+
+static const wk_tensor *
+gdn_find(const wk_tensor_set *set, uint32_t layer, const char *suf, char *name, size_t len)
+{
+    snprintf(name, len, GDN_PREFIX "%u.%s", layer, suf);
+    return wk_tensor_set_find(set, name);
+}
+
+/* A 2-D [rows, cols] tensor with cols == want_cols: returns rows, or -1. */
+static int64_t
+gdn_rows(const wk_tensor *t, int64_t want_cols, int64_t max_rows)
+{
+    if (t == NULL || t->ndim != 2 || t->shape[1] != want_cols || t->shape[0] < 1 ||
+        t->shape[0] > max_rows)
+        return -1;
+    return t->shape[0];
+}
+
+/* Parses "<digits>." at s (no leading zeros); returns the number or -1. */
+static long
+gdn_parse_layer(const char *s)
+{
+    long v = 0;
+    const char *p = s;
+    if (*p < '0' || *p > '9' || (*p == '0' && p[1] != '.'))
+        return -1;
+    while (*p >= '0' && *p <= '9') {
+        v = v * 10 + (*p - '0');
+        if (v >= (long)GDN_MAX_LAYERS)
+            return -1;
+        p++;
+    }
+    return *p == '.' ? v : -1;
+}
+
+/* A config string member, def when absent or null; WK_EINVAL when not a string. */
+static wk_err
+gdn_config_str(const json_t *config, const char *key, const char *def, const char **out, wk_diag *d)
+{
+    const json_t *v = config != NULL ? json_object_get(config, key) : NULL;
+    *out = def;
+    if (v == NULL || json_is_null(v))
+        return WK_OK;
+    if (!json_is_string(v))
+        return wk_diag_set(d, WK_EINVAL, "config.json: %s must be a string", key);
+    *out = json_string_value(v);
+    return WK_OK;
+}
+
+/* A config integer that shapes also show: absent/null is fine, else it must equal got. */
+static wk_err
+gdn_config_match(const json_t *config, const char *key, uint32_t got, const char *what, wk_diag *d)
+{
+    uint32_t v;
+    wk_err e = wrk_config_u32(config, key, got, &v, d);
+    if (e != WK_OK)
+        return e;
+    if (v != got)
+        return wk_diag_set(d, WK_EINVAL, "config.json: %s is %u but %s is %u", key, v, what, got);
+    return WK_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* family ops                                                                */
+/* ------------------------------------------------------------------------ */
+
+static bool
+gdn_detect(const wk_tensor_set *set)
+{
+    return wk_tensor_set_find(set, "model.embeddings.weight") != NULL &&
+           wk_tensor_set_find(set, GDN_PREFIX "0.attn.b_proj.weight") != NULL &&
+           wk_tensor_set_find(set, GDN_PREFIX "0.attn.a_proj.weight") != NULL &&
+           wk_tensor_set_find(set, GDN_PREFIX "0.attn.A_log") != NULL;
+}
+
+static void
+gdn_free_view(void *view)
+{
+    gdn_view *v = view;
+    if (v == NULL)
+        return;
+    free(v->layers);
+    free(v);
+}
+
+/* The config switches this family refuses or reads; fills g's flags and eps. */
+static wk_err
+gdn_read_switches(const json_t *config, wrk_gdn *g, wk_diag *d)
+{
+    wk_err e;
+    const char *s;
+    bool b;
+
+    const json_t *attn = config != NULL ? json_object_get(config, "attn") : NULL;
+    if (attn != NULL && !json_is_null(attn))
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "config.json: attn: hybrid models with attention layers are not "
+                           "supported yet");
+    const json_t *ar = config != NULL ? json_object_get(config, "attnres_block_size") : NULL;
+    if (ar != NULL && !json_is_null(ar))
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "config.json: attnres_block_size: attention residuals are not "
+                           "supported");
+    if ((e = gdn_config_str(config, "attn_mode", "chunk", &s, d)) != WK_OK)
+        return e;
+    if (strcmp(s, "chunk") != 0 && strcmp(s, "fused_recurrent") != 0)
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "config.json: attn_mode \"%.64s\" is not supported (chunk, "
+                           "fused_recurrent)",
+                           s);
+    if ((e = gdn_config_str(config, "hidden_act", "swish", &s, d)) != WK_OK)
+        return e;
+    if (strcmp(s, "swish") != 0 && strcmp(s, "silu") != 0)
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "config.json: hidden_act \"%.64s\" is not supported (swish)", s);
+    if ((e = wrk_config_bool(config, "use_short_conv", true, &b, d)) != WK_OK)
+        return e;
+    if (!b)
+        return wk_diag_set(d, WK_ENOTSUP, "config.json: use_short_conv false is not supported");
+    if ((e = wrk_config_bool(config, "use_gate", true, &g->use_gate, d)) != WK_OK)
+        return e;
+    if ((e = wrk_config_bool(config, "allow_neg_eigval", false, &g->allow_neg_eigval, d)) != WK_OK)
+        return e;
+    if ((e = wrk_config_f64(config, "norm_eps", 1e-6, &g->norm_eps, d)) != WK_OK)
+        return e;
+    if (!(g->norm_eps > 0.0 && g->norm_eps < 1.0))
+        return wk_diag_set(d, WK_EINVAL, "config.json: norm_eps %g outside (0, 1)", g->norm_eps);
+    return WK_OK;
+}
+
+/* Reads the dimensions from layer 0's shapes and config.json. */
+static wk_err
+gdn_read_dims(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, uint32_t dim[],
+              wk_diag *d)
+{
+    char name[256];
+    const wk_tensor *t;
+    wk_err e;
+    const int64_t C = g->n_embd;
+
+    t = gdn_find(set, 0, "attn.q_proj.weight", name, sizeof(name));
+    int64_t KD = gdn_rows(t, C, GDN_MAX_DIM);
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+    if (KD < 0)
+        return gdn_shape_err(d, name, t, "[key_dim, hidden_size]");
+    t = gdn_find(set, 0, "attn.v_proj.weight", name, sizeof(name));
+    int64_t VD = gdn_rows(t, C, GDN_MAX_DIM);
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+    if (VD < 0)
+        return gdn_shape_err(d, name, t, "[value_dim, hidden_size]");
+    t = gdn_find(set, 0, "mlp.gate_proj.weight", name, sizeof(name));
+    int64_t F = gdn_rows(t, C, GDN_MAX_DIM);
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+    if (F < 0)
+        return gdn_shape_err(d, name, t, "[intermediate_size, hidden_size]");
+    t = gdn_find(set, 0, "attn.A_log", name, sizeof(name));
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+    int64_t HV = t->ndim >= 1 ? t->shape[t->ndim - 1] : 0;
+    if (HV < 1 || HV > (int64_t)GDN_MAX_HEADS || !gdn_is_vec(t, HV))
+        return gdn_shape_err(d, name, t, "[num_v_heads]");
+    t = gdn_find(set, 0, "attn.q_conv1d.weight", name, sizeof(name));
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+    if (t->ndim != 3 || t->shape[0] != KD || t->shape[1] != 1 || t->shape[2] < 1 ||
+        t->shape[2] > (int64_t)GDN_MAX_CONV)
+        return gdn_shape_err(d, name, t, "[key_dim, 1, conv_size]");
+    int64_t W = t->shape[2];
+    if (W < 2)
+        return wk_diag_set(d, WK_ENOTSUP, "%s: conv_size %" PRId64 " (need at least 2)", name, W);
+
+    /* what shapes cannot show: the split of KD into heads */
+    uint32_t nv_cfg, H, K;
+    if ((e = wrk_config_u32(config, "num_v_heads", 0, &nv_cfg, d)) != WK_OK)
+        return e;
+    if ((e = wrk_config_u32(config, "num_heads", nv_cfg ? 0 : (uint32_t)HV, &H, d)) != WK_OK)
+        return e;
+    if (H == 0)
+        return wk_diag_set(d, WK_EINVAL, "config.json: num_heads is required with num_v_heads");
+    if ((e = wrk_config_u32(config, "head_dim", (uint32_t)(KD / H), &K, d)) != WK_OK)
+        return e;
+    if (K == 0 || (int64_t)H * K != KD)
+        return wk_diag_set(d, WK_EINVAL,
+                           "config.json: num_heads %u x head_dim %u does not match the %" PRId64
+                           " rows of " GDN_PREFIX "0.attn.q_proj.weight",
+                           H, K, KD);
+    uint32_t HVc = nv_cfg ? nv_cfg : H;
+    if ((int64_t)HVc != HV)
+        return wk_diag_set(d, WK_EINVAL,
+                           "config.json: %s is %u but " GDN_PREFIX "0.attn.A_log has %" PRId64
+                           " value heads",
+                           nv_cfg ? "num_v_heads" : "num_heads (num_v_heads absent)", HVc, HV);
+    if (HV % H != 0)
+        return wk_diag_set(d, WK_EINVAL,
+                           "config.json: num_v_heads %" PRId64 " is not a multiple of num_heads "
+                           "%u",
+                           HV, H);
+    if (VD % HV != 0)
+        return wk_diag_set(d, WK_EINVAL,
+                           GDN_PREFIX "0.attn.v_proj.weight: %" PRId64
+                                      " rows do not split into %" PRId64 " value heads",
+                           VD, HV);
+    const int64_t Vh = VD / HV;
+    double ev;
+    if ((e = wrk_config_f64(config, "expand_v", (double)Vh / K, &ev, d)) != WK_OK)
+        return e;
+    if (fabs(ev * K - (double)Vh) > 1e-6 * (double)Vh)
+        return wk_diag_set(d, WK_EINVAL,
+                           "config.json: expand_v %g x head_dim %u does not match the value "
+                           "head size %" PRId64 " of " GDN_PREFIX "0.attn.v_proj.weight",
+                           ev, K, Vh);
+    if ((e = gdn_config_match(config, "intermediate_size", (uint32_t)F,
+                              GDN_PREFIX "0.mlp.gate_proj.weight's row count", d)) != WK_OK)
+        return e;
+    if ((e = gdn_config_match(config, "conv_size", (uint32_t)W,
+                              GDN_PREFIX "0.attn.q_conv1d.weight's kernel size", d)) != WK_OK)
+        return e;
+
+    g->n_head = H;
+    g->head_k = K;
+    g->n_v_head = (uint32_t)HV;
+    g->head_v = (uint32_t)Vh;
+    g->conv = (uint32_t)W;
+    g->ffn_dim = (uint32_t)F;
+    dim[GDN_C] = g->n_embd;
+    dim[GDN_KD] = (uint32_t)KD;
+    dim[GDN_VD] = (uint32_t)VD;
+    dim[GDN_HV] = (uint32_t)HV;
+    dim[GDN_VH] = (uint32_t)Vh;
+    dim[GDN_F] = (uint32_t)F;
+    return WK_OK;
+}
+
+/* Checks t against sp; fills the layer field. */
+static wk_err
+gdn_map_tensor(const gdn_spec *sp, const uint32_t dim[], uint32_t W, const wk_tensor *t,
+               const char *name, wrk_gdn_layer *ly, wk_diag *d)
+{
+    char want[96];
+    void *field = (char *)ly + sp->off;
+    switch (sp->kind) {
+    case GDN_VEC:
+        if (!gdn_is_vec(t, dim[sp->d0])) {
+            snprintf(want, sizeof(want), "[%u]", dim[sp->d0]);
+            return gdn_shape_err(d, name, t, want);
+        }
+        *(const wk_tensor **)field = t;
+        return WK_OK;
+    case GDN_MAT:
+        if (t->ndim != 2 || t->shape[0] != dim[sp->d0] || t->shape[1] != dim[sp->d1]) {
+            snprintf(want, sizeof(want), "[%u,%u]", dim[sp->d0], dim[sp->d1]);
+            return gdn_shape_err(d, name, t, want);
+        }
+        *(wrk_mat *)field = (wrk_mat){t, dim[sp->d1], dim[sp->d0], false};
+        return WK_OK;
+    case GDN_CONV:
+        if (t->ndim != 3 || t->shape[0] != dim[sp->d0] || t->shape[1] != 1 || t->shape[2] != W) {
+            snprintf(want, sizeof(want), "[%u,1,%u]", dim[sp->d0], W);
+            return gdn_shape_err(d, name, t, want);
+        }
+        *(const wk_tensor **)field = t;
+        return WK_OK;
+    }
+    return wk_diag_set(d, WK_EINVAL, "%s: internal: unknown spec", name);
+}
+
+static wk_err
+gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out,
+        wrk_model_info *info, wk_diag *d)
+{
+    char name[256];
+    wk_err e;
+    uint32_t dim[GDN_N_DIMS];
+    gdn_view *v = calloc(1, sizeof(*v));
+    if (v == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    wrk_gdn *g = &v->g;
+
+    if ((e = gdn_read_switches(config, g, d)) != WK_OK)
+        goto fail;
+
+    const wk_tensor *emb = wk_tensor_set_find(set, "model.embeddings.weight");
+    if (emb == NULL) {
+        e = wk_diag_set(d, WK_EINVAL, "model.embeddings.weight: missing");
+        goto fail;
+    }
+    if (emb->ndim != 2 || emb->shape[0] < 1 || emb->shape[1] < 1 ||
+        emb->shape[0] > (int64_t)GDN_MAX_VOCAB || emb->shape[1] > (int64_t)GDN_MAX_EMBD) {
+        e = gdn_shape_err(d, "model.embeddings.weight", emb, "[vocab_size, hidden_size]");
+        goto fail;
+    }
+    g->vocab_size = (uint32_t)emb->shape[0];
+    g->n_embd = (uint32_t)emb->shape[1];
+
+    /* layers: the highest index among model.layers.<i>.* names */
+    long max_layer = -1;
+    for (size_t i = 0; i < wk_tensor_set_count(set); i++) {
+        const char *nm = wk_tensor_set_at(set, i)->name;
+        if (strncmp(nm, GDN_PREFIX, strlen(GDN_PREFIX)) != 0)
+            continue;
+        long l = gdn_parse_layer(nm + strlen(GDN_PREFIX));
+        if (l < 0) {
+            e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a gdn checkpoint", nm);
+            goto fail;
+        }
+        if (l > max_layer)
+            max_layer = l;
+    }
+    if (max_layer < 0) {
+        e = wk_diag_set(d, WK_EINVAL, GDN_PREFIX "0.*: no layers in the checkpoint");
+        goto fail;
+    }
+    g->n_layer = (uint32_t)max_layer + 1;
+
+    if ((e = gdn_config_match(config, "hidden_size", g->n_embd, "model.embeddings.weight's width",
+                              d)) != WK_OK ||
+        (e = gdn_config_match(config, "vocab_size", g->vocab_size,
+                              "model.embeddings.weight's row count", d)) != WK_OK ||
+        (e = gdn_config_match(config, "num_hidden_layers", g->n_layer,
+                              "the number of layers in the checkpoint", d)) != WK_OK)
+        goto fail;
+    if ((e = gdn_read_dims(set, config, g, dim, d)) != WK_OK)
+        goto fail;
+
+    v->layers = calloc(g->n_layer, sizeof(*v->layers));
+    if (v->layers == NULL) {
+        e = wk_diag_set(d, WK_ENOMEM, "out of memory (%u layers)", g->n_layer);
+        goto fail;
+    }
+    g->layers = v->layers;
+    for (uint32_t l = 0; l < g->n_layer; l++) {
+        for (size_t s = 0; s < GDN_N_SPECS; s++) {
+            const gdn_spec *sp = &gdn_specs[s];
+            const wk_tensor *t = gdn_find(set, l, sp->suf, name, sizeof(name));
+            if (sp->gate && !g->use_gate) {
+                if (t != NULL) {
+                    e = wk_diag_set(d, WK_EINVAL, "%s: present but config.json use_gate is false",
+                                    name);
+                    goto fail;
+                }
+                continue;
+            }
+            if (t == NULL) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+                goto fail;
+            }
+            if ((e = gdn_map_tensor(sp, dim, g->conv, t, name, &v->layers[l], d)) != WK_OK)
+                goto fail;
+        }
+    }
+
+    g->norm = wk_tensor_set_find(set, "model.norm.weight");
+    if (g->norm == NULL) {
+        e = wk_diag_set(d, WK_EINVAL, "model.norm.weight: missing");
+        goto fail;
+    }
+    if (!gdn_is_vec(g->norm, g->n_embd)) {
+        snprintf(name, sizeof(name), "[%u]", g->n_embd);
+        e = gdn_shape_err(d, "model.norm.weight", g->norm, name);
+        goto fail;
+    }
+
+    /* the head: tie_word_embeddings decides; without config.json, its absence */
+    const wk_tensor *head = wk_tensor_set_find(set, "lm_head.weight");
+    bool tied;
+    if ((e = wrk_config_bool(config, "tie_word_embeddings", head == NULL, &tied, d)) != WK_OK)
+        goto fail;
+    if (tied && head != NULL) {
+        e = wk_diag_set(d, WK_EINVAL,
+                        "lm_head.weight: present but config.json tie_word_embeddings is true");
+        goto fail;
+    }
+    if (!tied && head == NULL) {
+        e = wk_diag_set(d, WK_EINVAL,
+                        "lm_head.weight: missing (config.json tie_word_embeddings is false)");
+        goto fail;
+    }
+    if (head != NULL &&
+        (head->ndim != 2 || head->shape[0] != g->vocab_size || head->shape[1] != g->n_embd)) {
+        snprintf(name, sizeof(name), "[%u,%u] (as model.embeddings.weight)", g->vocab_size,
+                 g->n_embd);
+        e = gdn_shape_err(d, "lm_head.weight", head, name);
+        goto fail;
+    }
+    g->tied = tied;
+    g->emb = emb;
+    g->head = (wrk_mat){tied ? emb : head, g->n_embd, g->vocab_size, false};
+
+    /* declare every tensor, canonical (fla) names, in checkpoint order */
+    if ((e = wrk_model_use(m, &g->emb, "model.embeddings.weight", false, false, d)) != WK_OK)
+        goto fail;
+    for (uint32_t l = 0; l < g->n_layer; l++) {
+        wrk_gdn_layer *ly = &v->layers[l];
+        for (size_t s = 0; s < GDN_N_SPECS; s++) {
+            const gdn_spec *sp = &gdn_specs[s];
+            if (sp->gate && !g->use_gate)
+                continue;
+            char *field = (char *)ly + sp->off;
+            const wk_tensor **tp =
+                sp->kind == GDN_MAT ? &((wrk_mat *)field)->t : (const wk_tensor **)field;
+            snprintf(name, sizeof(name), GDN_PREFIX "%u.%s", l, sp->suf);
+            if ((e = wrk_model_use(m, tp, name, false, sp->kind != GDN_MAT, d)) != WK_OK)
+                goto fail;
+        }
+    }
+    if ((e = wrk_model_use(m, &g->norm, "model.norm.weight", false, true, d)) != WK_OK)
+        goto fail;
+    /* tied: the same tensor again, counted once (backends take the head from emb) */
+    if ((e = wrk_model_use(m, &g->head.t, "lm_head.weight", false, false, d)) != WK_OK)
+        goto fail;
+
+    info->n_layer = g->n_layer;
+    info->n_embd = g->n_embd;
+    info->n_head = g->n_head;
+    info->head_size = g->head_k;
+    info->ffn_dim = g->ffn_dim;
+    info->vocab_size = g->vocab_size;
+    const uint64_t KD = dim[GDN_KD], VD = dim[GDN_VD];
+    info->state_bytes =
+        (uint64_t)g->n_layer *
+        ((uint64_t)(g->conv - 1) * (2 * KD + VD) + (uint64_t)g->n_v_head * g->head_k * g->head_v) *
+        sizeof(float);
+    *out = v;
+    return WK_OK;
+
+fail:
+    gdn_free_view(v);
+    return e;
 }
 
 static size_t
-layout(const void *view, wrk_state_tensor *out, size_t cap)
+gdn_layout(const void *view, wrk_state_tensor *out, size_t cap)
 {
-    (void)view, (void)out, (void)cap;
-    return 0;
+    const wrk_gdn *g = &((const gdn_view *)view)->g;
+    const uint64_t KD = (uint64_t)g->n_head * g->head_k;
+    const uint64_t VD = (uint64_t)g->n_v_head * g->head_v;
+    size_t n = (size_t)g->n_layer * 4;
+    for (uint32_t l = 0; out != NULL && l < g->n_layer; l++) {
+        static const char *const nm[4] = {"q_conv", "k_conv", "v_conv", "S"};
+        for (uint32_t k = 0; k < 4 && 4 * (size_t)l + k < cap; k++) {
+            wrk_state_tensor *t = &out[4 * (size_t)l + k];
+            memset(t, 0, sizeof(*t));
+            snprintf(t->name, sizeof(t->name), "layers.%u.%s", l, nm[k]);
+            if (k < 3) {
+                t->ndim = 2;
+                t->shape[0] = g->conv - 1;
+                t->shape[1] = k < 2 ? KD : VD;
+            } else {
+                t->ndim = 3;
+                t->shape[0] = g->n_v_head;
+                t->shape[1] = g->head_k;
+                t->shape[2] = g->head_v;
+            }
+        }
+    }
+    return n;
+}
+
+static void
+gdn_fingerprint_extra(const void *view, char *buf, size_t len)
+{
+    const wrk_gdn *g = &((const gdn_view *)view)->g;
+    snprintf(buf, len,
+             "gdn.n_v_head=%u\ngdn.head_v=%u\ngdn.conv=%u\ngdn.use_gate=%d\n"
+             "gdn.allow_neg_eigval=%d\ngdn.tied=%d\ngdn.norm_eps=%.17g",
+             g->n_v_head, g->head_v, g->conv, g->use_gate, g->allow_neg_eigval, g->tied,
+             g->norm_eps);
 }
 
 const wrk_family wrk_family_gdn = {
     .name = "gdn",
     .model_types = types,
-    .detect = detect,
-    .map = map,
-    .state_layout = layout,
+    .detect = gdn_detect,
+    .map = gdn_map,
+    .free_view = gdn_free_view,
+    .state_layout = gdn_layout,
+    .fingerprint_extra = gdn_fingerprint_extra,
 };

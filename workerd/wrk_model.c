@@ -35,8 +35,8 @@
 #include "wk_tok.h"
 #include "wrk_family.h"
 
-#define WRK_VOCAB_FILE "rwkv_vocab_v20230424.txt"
 #define WRK_PATH_MAX 4096
+#define WRK_CONFIG_MAX (1u << 20) /* bytes of a config.json */
 
 /* Limits on dimensions read from a (hostile) checkpoint. */
 #define WRK_MAX_LAYERS 4096u
@@ -634,8 +634,9 @@ typedef wk_err (*wrk_visit_fn)(wrk_model *m, const wrk_visit *v, void *arg);
 
 /* A tensor a family declared with wrk_model_use(). */
 typedef struct wrk_use {
-    wrk_visit v; /* name, field, orientation */
-    bool dup;    /* the same tensor was declared before under another field */
+    wrk_visit v;            /* name, field, orientation */
+    const wk_tensor *orig;  /* the stored tensor declared */
+    bool dup;               /* the same tensor was declared before under another field */
 } wrk_use;
 
 wk_err
@@ -658,6 +659,7 @@ wrk_model_use(wrk_model *m, const wk_tensor **field, const char *name, bool tran
     u->v.tp = field;
     u->v.transpose = transpose;
     u->v.vec = vec;
+    u->orig = *field;
     for (size_t i = 0; i < m->n_uses; i++)
         if (*m->uses[i].v.tp == *field)
             u->dup = true;
@@ -859,25 +861,6 @@ wrk_model_fingerprint(wrk_model *m)
     return WK_OK;
 }
 
-/* TEMP until wk_tok_load_dir lands in common/ */
-static wk_err
-wk_tok_load_dir_tmp(const char *dir, const char *vp, wk_tok **out, wk_diag *d)
-{
-    char path[WRK_PATH_MAX];
-    wk_err e;
-    if (vp == NULL) {
-        if ((e = wrk_join(path, sizeof(path), dir, WRK_VOCAB_FILE, d)) != WK_OK)
-            return e;
-        if (!wrk_is_file(path))
-            return WK_ENOENT;
-        vp = path;
-    }
-    if ((e = wk_tok_load(vp, out, d)) != WK_OK)
-        wk_diag_prefix(d, "%s: ", vp);
-    return e;
-}
-#define wk_tok_load_dir wk_tok_load_dir_tmp
-
 static wk_err
 wrk_model_load_vocab(wrk_model *m, const char *dir, const wrk_model_opts *opts, wk_diag *d)
 {
@@ -909,8 +892,56 @@ wrk_model_read_config(const char *dir, json_t **out, wk_diag *d)
         return e;
     if (!wrk_is_file(path))
         return WK_OK;
+    /*
+     * transformers writes Python's float('inf') as a bare Infinity (not
+     * JSON): such tokens outside strings become +-1e308, NaN becomes null.
+     */
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return wk_diag_set(d, WK_EIO, "%s: cannot open", path);
+    char *raw = malloc(WRK_CONFIG_MAX + 1);
+    size_t n = raw != NULL ? fread(raw, 1, WRK_CONFIG_MAX + 1, f) : 0;
+    fclose(f);
+    if (raw == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory reading %s", path);
+    if (n > WRK_CONFIG_MAX) {
+        free(raw);
+        return wk_diag_set(d, WK_ETOOBIG, "%s: over %u bytes", path, WRK_CONFIG_MAX);
+    }
+    char *txt = malloc(2 * n + 1); /* "NaN" -> "null", "Infinity" -> "1e308": never longer x2 */
+    if (txt == NULL) {
+        free(raw);
+        return wk_diag_set(d, WK_ENOMEM, "out of memory reading %s", path);
+    }
+    size_t o = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = raw[i];
+        if (in_str) {
+            txt[o++] = c;
+            if (c == '\\' && i + 1 < n)
+                txt[o++] = raw[++i];
+            else if (c == '"')
+                in_str = false;
+        } else if (c == '"') {
+            in_str = true;
+            txt[o++] = c;
+        } else if (n - i >= 8 && memcmp(raw + i, "Infinity", 8) == 0) {
+            memcpy(txt + o, "1e308", 5);
+            o += 5;
+            i += 7;
+        } else if (n - i >= 3 && memcmp(raw + i, "NaN", 3) == 0) {
+            memcpy(txt + o, "null", 4);
+            o += 4;
+            i += 2;
+        } else {
+            txt[o++] = c;
+        }
+    }
+    free(raw);
     json_error_t je;
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *j = json_loadb(txt, o, JSON_REJECT_DUPLICATES, &je);
+    free(txt);
     if (j == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: line %d: %s", path, je.line, je.text);
     if (!json_is_object(j)) {
@@ -1027,7 +1058,7 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
             e = wrk_model_check_unused(m, d);
     }
     if (e != WK_OK) {
-        wk_diag_prefix(d, "%s: ", path);
+        wk_diag_prefix(d, "%s", path);
         goto fail;
     }
 
@@ -1083,6 +1114,13 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
             wk_diag_set(d, e, "converting the weights to fp32: %s", wk_strerror(e));
             goto fail;
         }
+        /* a tensor declared under two fields (tied): both see the fp32 copy */
+        for (size_t i = 0; i < m->n_uses; i++)
+            for (size_t j = 0; m->uses[i].dup && j < i; j++)
+                if (!m->uses[j].dup && m->uses[j].orig == m->uses[i].orig) {
+                    *m->uses[i].v.tp = *m->uses[j].v.tp;
+                    break;
+                }
         in->dtype = WK_DTYPE_F32;
         in->weight_bytes = cnt.params * 4u;
     } else {

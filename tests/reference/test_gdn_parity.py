@@ -1,0 +1,312 @@
+#!/usr/bin/python3
+"""Gated DeltaNet parity: wkvm-infer (the C CPU backend) against gdn_ref.py.
+
+For a matrix of small random fla `gated_deltanet` models (F32 / BF16 / F16,
+one .safetensors or two shards, tied and untied head, use_gate on and off,
+allow_neg_eigval, grouped value heads, value heads wider than one
+recurrence column block, conv sizes 2..4, a prompt longer than one pass)
+this runner:
+  1. generates the model into a temp dir (gen_gdn.py),
+  2. runs `wkvm-infer --model DIR --tokens ... --logits-out F --generate 16`
+     and the numpy reference, and requires max|diff| / std(ref logits) < 1e-3
+     over every position and the reference's greedy ids,
+  3. repeats 2 with `--prefill-chunk` 1, 7 and 64 (and --fp32 for 16-bit
+     weights),
+  4. requires the logits bit-identical with --threads 1, with a pass of 5
+     tokens (WKVM_CPU_PASS_TOKENS=5: rows split across passes), and the
+     AVX2 and AVX-512 paths to agree bit for bit (WKVM_CPU_ISA; on a CPU
+     without AVX-512 both run the same path),
+  5. runs `--batch-check 5` (the row alone and in a batch of random rows
+     must give the same bits, logits and final state),
+and checks that broken checkpoints (wrong shape, missing tensor, unexpected
+tensor, config.json that contradicts the shapes or asks for what is not
+supported) make wkvm-infer exit non-zero naming the tensor or key.
+
+Exit 0 when everything passes, 1 on any failure, 77 (meson's skip) when
+numpy or wkvm-infer is missing. Environment: WKVM_BUILD_DIR (default
+../../build), WKVM_PARITY_KEEP=1 keeps the temp dir, WKVM_PARITY_ONLY=substr
+runs only matching cases.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import numpy as np
+except ImportError:
+    print("SKIP: numpy is not installed for %s" % sys.executable)
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gdn_ref  # noqa: E402
+import gen_gdn  # noqa: E402
+from test_parity import (CHUNKS, N_GEN, N_PROMPT, RUN_TIMEOUT, TOL, Result,  # noqa: E402
+                         build_dir, compare_logits, first_diff, parse_ids, prompt_tokens,
+                         run_infer)
+
+MATRIX = [
+    ("f32-st-gate", dict(seed=401)),
+    ("bf16-st-tied", dict(seed=402, dtype="bf16", tied=True)),
+    ("f16-shard-nogate", dict(seed=403, dtype="f16", format="sharded", use_gate=False)),
+    ("f32-gva-conv3", dict(seed=404, heads=2, v_heads=4, head_dim=16, expand_v=1.5, conv=3)),
+    ("bf16-neg-L3C128K32", dict(seed=405, dtype="bf16", allow_neg_eigval=True, layers=3,
+                                hidden=128, heads=2, head_dim=32, ffn=352, vocab=1000)),
+    ("f32-odd-Vd96-conv2", dict(seed=406, hidden=72, heads=3, head_dim=48, expand_v=2.0,
+                                ffn=200, vocab=613, conv=2)),
+    ("bf16-shard-tied-nogate-gva", dict(seed=407, dtype="bf16", format="sharded", tied=True,
+                                        use_gate=False, heads=1, v_heads=3, head_dim=32,
+                                        expand_v=1.0, hidden=96, ffn=256, vocab=500)),
+    ("f32-long300", dict(seed=408, hidden=128, heads=4, head_dim=16, ffn=256, vocab=500,
+                         prompt=300)),
+]
+BATCH_CHECK = ("f32-st-gate", "bf16-neg-L3C128K32", "f32-odd-Vd96-conv2",
+               "bf16-shard-tied-nogate-gva")
+
+
+def run(cmd, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=RUN_TIMEOUT, env=e)
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out after %ds: %s" % (RUN_TIMEOUT, " ".join(cmd))
+    return (p.returncode, p.stdout.decode("utf-8", "replace"),
+            p.stderr.decode("utf-8", "replace"))
+
+
+def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check):
+    res = Result(name)
+    ref = gdn_ref.GDN.load(mdir)
+    ref_ids, ref_logits, _ = ref.generate(tokens, N_GEN)
+    base = os.path.join(tmp, re.sub(r"\W+", "_", name))
+    runs = [("default", None, False)] + [("chunk %d" % c, c, False) for c in CHUNKS]
+    if dtype != "f32":
+        runs.append(("--fp32", None, True))
+    default_path = None
+    for label, ch, fp32 in runs:
+        lpath = "%s.%s.logits" % (base, re.sub(r"\W+", "_", label))
+        rc, out, err = run_infer(exe, mdir, tokens, logits_out=lpath, generate=N_GEN,
+                                 chunk=ch, fp32=fp32)
+        if rc != 0:
+            res.add("run " + label, False, "wkvm-infer exit %d: %s" % (rc, err.strip()[-400:]))
+            continue
+        if label == "default":
+            default_path = lpath
+        try:
+            got = gdn_ref.read_logits(lpath, ref.V)
+        except (OSError, ValueError) as e:
+            res.add("logits " + label, False, str(e))
+            got = None
+        if got is not None:
+            compare_logits(res, "logits " + label, ref_logits, got)
+        ids = parse_ids(out, N_GEN)
+        if ids is None:
+            res.add("greedy " + label, False, "no line of %d ids: %r" % (N_GEN, out[-200:]))
+            continue
+        k = first_diff(ids, ref_ids)
+        res.add("greedy " + label, k < 0,
+                "" if k < 0 else "first differs at step %d: got %s, reference %s"
+                % (k, ids, ref_ids))
+
+    # the same bits whatever the thread count, the pass size or the vector width
+    toks = ",".join(str(t) for t in tokens)
+
+    def bits(label, extra, env):
+        lpath = "%s.%s.logits" % (base, re.sub(r"\W+", "_", label))
+        rc, out, err = run([exe, "--model", mdir, "--tokens", toks, "--logits-out", lpath]
+                           + extra, env)
+        if rc != 0:
+            res.add("bits " + label, False, "exit %d: %s" % (rc, err.strip()[-300:]))
+            return None
+        with open(lpath, "rb") as f:
+            return f.read()
+
+    if default_path is not None:
+        with open(default_path, "rb") as f:
+            want = f.read()
+        for label, extra, env in (("--threads 1", ["--threads", "1"], None),
+                                  ("pass 5 tokens", [], {"WKVM_CPU_PASS_TOKENS": "5"})):
+            got = bits(label, extra, env)
+            if got is not None:
+                res.add("bits " + label, got == want, "logits differ from the default run")
+    a512 = bits("isa avx512", [], {"WKVM_CPU_ISA": "avx512"})
+    a2 = bits("isa avx2", [], {"WKVM_CPU_ISA": "avx2"})
+    if a512 is not None and a2 is not None:
+        res.add("bits avx2 vs avx512", a512 == a2, "logits differ between the two paths")
+
+    if batch_check:
+        for ch in (7, 64):
+            rc, out, err = run([exe, "--model", mdir, "--tokens",
+                                ",".join(str(t) for t in tokens), "--batch-check", "5",
+                                "--prefill-chunk", str(ch), "--generate", "8"])
+            res.add("batch-check chunk %d" % ch, rc == 0,
+                    "exit %d: %s" % (rc, (err + out).strip()[-300:]))
+    return res
+
+
+def negative_cases(tmp):
+    """(name, model dir, strings the message must contain one of)."""
+    cases = []
+    base = gen_gdn.default_cfg(seed=501)
+
+    def mk(label, cfg, edit_named=None, edit_config=None):
+        named = gen_gdn.make_params(cfg)
+        conf = gen_gdn.config_json(cfg)
+        accept = []
+        if edit_named:
+            accept += edit_named(named)
+        if edit_config:
+            accept += edit_config(conf)
+        d = os.path.join(tmp, "neg-" + label)
+        gen_gdn.write_model(d, cfg, named=named, config=conf)
+        cases.append(("neg " + label, d, accept))
+
+    def wrong_kproj(named):
+        n = "model.layers.1.attn.k_proj.weight"
+        named[n] = np.zeros((32, 65))
+        return [n]
+
+    def wrong_conv(named):
+        n = "model.layers.0.attn.v_conv1d.weight"
+        named[n] = np.zeros((64, 4))  # [D, W]: missing the middle 1
+        return [n]
+
+    def missing_dt_bias(named):
+        n = "model.layers.1.attn.dt_bias"
+        del named[n]
+        return [n]
+
+    def missing_head(named):
+        del named["lm_head.weight"]
+        return ["lm_head.weight"]
+
+    def extra_bias(named):
+        n = "model.layers.0.attn.q_conv1d.bias"
+        named[n] = np.zeros(32)
+        return [n]
+
+    def cfg_heads(conf):
+        conf["num_heads"] = 3
+        conf["head_dim"] = 16
+        return ["num_heads"]
+
+    def cfg_hidden(conf):
+        conf["hidden_size"] = 96
+        return ["hidden_size"]
+
+    def cfg_attn(conf):
+        conf["attn"] = {"layers": [1], "num_heads": 4}
+        return ["attn:", "attention layers"]
+
+    def cfg_act(conf):
+        conf["hidden_act"] = "gelu"
+        return ["hidden_act"]
+
+    def cfg_nogate(conf):
+        conf["use_gate"] = False
+        return ["g_proj", "use_gate"]
+
+    def cfg_tied(conf):
+        conf["tie_word_embeddings"] = True
+        return ["lm_head.weight"]
+
+    def cfg_expand(conf):
+        conf["expand_v"] = 1.0
+        return ["expand_v"]
+
+    def cfg_mode(conf):
+        conf["attn_mode"] = "parallel"
+        return ["attn_mode"]
+
+    mk("k_proj-shape", base, wrong_kproj)
+    mk("v_conv-2d", dict(base, dtype="bf16"), wrong_conv)
+    mk("dt_bias-missing", dict(base, format="sharded"), missing_dt_bias)
+    mk("lm_head-missing", base, missing_head)
+    mk("conv-bias-unexpected", base, extra_bias)
+    mk("cfg-num_heads", base, edit_config=cfg_heads)
+    mk("cfg-hidden_size", base, edit_config=cfg_hidden)
+    mk("cfg-hybrid-attn", base, edit_config=cfg_attn)
+    mk("cfg-hidden_act", base, edit_config=cfg_act)
+    mk("cfg-use_gate-vs-g_proj", base, edit_config=cfg_nogate)
+    mk("cfg-tied-vs-lm_head", base, edit_config=cfg_tied)
+    mk("cfg-expand_v", base, edit_config=cfg_expand)
+    mk("cfg-attn_mode", base, edit_config=cfg_mode)
+    return cases
+
+
+def main():
+    build = build_dir()
+    exe = os.path.join(build, "workerd", "wkvm-infer")
+    if not os.access(exe, os.X_OK):
+        print("SKIP: %s is not built" % exe)
+        return 77
+    only = os.environ.get("WKVM_PARITY_ONLY", "")
+    keep = os.environ.get("WKVM_PARITY_KEEP") == "1"
+    tmp = tempfile.mkdtemp(prefix="wkvm-gdn-parity-")
+    t0 = time.time()
+    results = []
+    rng = np.random.default_rng(2025)
+    try:
+        for name, kw in MATRIX:
+            if only and only not in name:
+                continue
+            kw = dict(kw)
+            n_prompt = kw.pop("prompt", N_PROMPT)
+            cfg = gen_gdn.default_cfg(**kw)
+            d = os.path.join(tmp, name)
+            gen_gdn.write_model(d, cfg)
+            toks = prompt_tokens(rng, cfg["vocab"], n_prompt)
+            res = check_model(exe, name, d, toks, tmp, cfg["dtype"], name in BATCH_CHECK)
+            results.append(res)
+            print("%-4s %s" % ("ok" if res.ok else "FAIL", name), flush=True)
+        if not only or only in "negative":
+            for name, d, accept in negative_cases(tmp):
+                res = Result(name)
+                rc, out, err = run_infer(exe, d, [1, 2, 3], generate=1)
+                msg = (err + out).strip()
+                res.message = msg
+                crashed = rc < 0 or rc >= 128
+                res.add("refused", rc != 0 and not crashed,
+                        "exit %d%s" % (rc, " (signal)" if crashed else ""))
+                res.add("names it", any(a in msg for a in accept),
+                        "wanted one of %s in: %r" % (accept, msg[-300:]))
+                results.append(res)
+                print("%-4s %s" % ("ok" if res.ok else "FAIL", name), flush=True)
+    finally:
+        if keep:
+            print("kept %s" % tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    print("\n=== Gated DeltaNet parity summary (tolerance max|diff|/std < %g, %d prompt "
+          "tokens, %d greedy) ===" % (TOL, N_PROMPT, N_GEN))
+    nfail = 0
+    for r in results:
+        print("%-4s %s" % ("ok" if r.ok else "FAIL", r.name))
+        worst = None
+        for what, ok, detail in r.checks:
+            if not ok:
+                print("       FAIL %-20s %s" % (what, detail))
+            elif what.startswith("logits"):
+                m = re.match(r"max\|d\|/std (\S+)", detail)
+                if m and (worst is None or float(m.group(1)) > worst[0]):
+                    worst = (float(m.group(1)), what, detail)
+        if worst:
+            print("            worst %-13s %s" % (worst[1][7:], worst[2]))
+        if getattr(r, "message", None):
+            print("            message: %s" % r.message.splitlines()[-1][-200:])
+        nfail += not r.ok
+    print("%d/%d cases passed in %.1fs" % (len(results) - nfail, len(results), time.time() - t0))
+    return 1 if nfail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

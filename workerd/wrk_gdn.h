@@ -1,0 +1,68 @@
+/*
+ * wrk_gdn: the Gated DeltaNet view of a model (fla-hub `gated_deltanet`
+ * checkpoints), as wrk_fam_gdn.c maps it and the backends read it.
+ *
+ * Dimensions: C = hidden_size, H query/key heads of K = head_dim, HV value
+ * heads (num_v_heads, a multiple of H: value head j reads key head
+ * j / (HV / H)) of Vd = head_dim * expand_v, KD = H * K, VD = HV * Vd, W =
+ * conv_size, F = intermediate_size, V = vocab rows.
+ *
+ * Slot state layout (fp32, little-endian), per layer l in order:
+ *     layers.l.q_conv [W-1, KD]   the last W-1 q_proj outputs, oldest first
+ *     layers.l.k_conv [W-1, KD]   the same for k_proj
+ *     layers.l.v_conv [W-1, VD]   the same for v_proj
+ *     layers.l.S      [HV, K, Vd] per value head S[key index][value index]
+ *                                 (fla's naive / state_v_first=False order;
+ *                                 fla's current layer caches the transpose)
+ * slot_bytes = L * ((W-1) * (2 KD + VD) + HV K Vd) * 4 = info.state_bytes.
+ * A zeroed slot is a fresh sequence.
+ *
+ * Everything is borrowed until wrk_model_free().
+ */
+#ifndef WRK_GDN_H
+#define WRK_GDN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wk_tensor.h"
+#include "wrk_model.h"
+
+/* One layer. Vectors may carry leading 1s in their stored shape. */
+typedef struct wrk_gdn_layer {
+    const wk_tensor *attn_norm;       /* RMSNorm weight [C] */
+    wrk_mat q_proj, k_proj;           /* C -> KD */
+    wrk_mat v_proj;                   /* C -> VD */
+    wrk_mat a_proj, b_proj;           /* C -> HV (decay input, beta) */
+    wrk_mat g_proj;                   /* C -> VD output gate; .t NULL without use_gate */
+    const wk_tensor *q_conv, *k_conv; /* depthwise taps [KD, 1, W] */
+    const wk_tensor *v_conv;          /* depthwise taps [VD, 1, W] */
+    const wk_tensor *A_log, *dt_bias; /* [HV] */
+    const wk_tensor *o_norm;          /* per-head RMSNorm weight [Vd] */
+    wrk_mat o_proj;                   /* VD -> C */
+    const wk_tensor *mlp_norm;        /* RMSNorm weight [C] */
+    wrk_mat gate_proj, up_proj;       /* C -> F */
+    wrk_mat down_proj;                /* F -> C */
+} wrk_gdn_layer;
+
+typedef struct wrk_gdn {
+    uint32_t n_layer;            /* L */
+    uint32_t n_embd;             /* C */
+    uint32_t n_head;             /* H: query / key heads */
+    uint32_t head_k;             /* K */
+    uint32_t n_v_head;           /* HV: value heads */
+    uint32_t head_v;             /* Vd */
+    uint32_t conv;               /* W: short convolution taps (>= 2) */
+    uint32_t ffn_dim;            /* F */
+    uint32_t vocab_size;         /* V */
+    bool use_gate;               /* o_norm gated by SiLU(g_proj x) */
+    bool allow_neg_eigval;       /* beta = 2 sigmoid(.) */
+    bool tied;                   /* the head is the embedding */
+    double norm_eps;             /* every RMSNorm's epsilon */
+    const wk_tensor *emb;        /* model.embeddings.weight [V, C] */
+    const wk_tensor *norm;       /* model.norm.weight [C] */
+    wrk_mat head;                /* C -> V, stored [V, C]; over emb when tied */
+    const wrk_gdn_layer *layers; /* n_layer entries */
+} wrk_gdn;
+
+#endif /* WRK_GDN_H */
