@@ -68,7 +68,26 @@ struct wk_bpe {
     bool add_prefix_space; /* ByteLevel add_prefix_space */
     bool use_regex;        /* ByteLevel use_regex (the GPT-2 split) */
     bool ignore_merges;    /* a word that is a vocab key is one token */
+    bool spm;              /* SentencePiece-style ("hf-spm") mode, see wk_bpe.h */
+    uint8_t spm_prepend;   /* BPE_SPM_*: where a "\u2581" is put in front */
+    bool spm_split;        /* Metaspace split: every "\u2581" starts a new word */
+    bool byte_fallback;    /* model.byte_fallback: unknown characters become <0xXX> */
+    bool fuse_unk;         /* model.fuse_unk: consecutive unknowns are one unk */
+    bool strip_lead;       /* the decoder strips one leading space of the text */
+    int32_t unk_id;        /* model.unk_token's id, BPE_NO_ID for none */
+    int32_t fb_id[256];    /* "<0xXX>" vocab token of each byte, BPE_NO_ID for none */
 };
+
+/* How the SentencePiece-style modes put the word-boundary mark in front of text. */
+enum {
+    BPE_SPM_NEVER = 0, /* Metaspace prepend_scheme "never" */
+    BPE_SPM_NORM,      /* normalizer Prepend: every normalized piece, unconditionally */
+    BPE_SPM_ALWAYS,    /* Metaspace "always": every piece not already starting with it */
+    BPE_SPM_FIRST,     /* Metaspace "first": only the piece at input offset 0, same condition */
+};
+
+#define BPE_MS "\xe2\x96\x81" /* U+2581, the SentencePiece space, in UTF-8 */
+#define BPE_MS_LEN 3
 
 /* Load-time context. */
 typedef struct bpe_ld {
@@ -592,6 +611,163 @@ bpe_check_decoder(bpe_ld *c, const json_t *p)
     return WK_OK;
 }
 
+/* ---- SentencePiece-style (Llama / Mistral) components ---- */
+
+/* True when o is an object whose "type" is ty. */
+static bool
+bpe_is(const json_t *o, const char *ty)
+{
+    const char *t = json_is_object(o) ? bpe_type(o) : NULL;
+    return t != NULL && strcmp(t, ty) == 0;
+}
+
+/* True when member key of o is the string want. */
+static bool
+bpe_str_is(const json_t *o, const char *key, const char *want)
+{
+    const json_t *v = json_object_get(o, key);
+    return json_is_string(v) && json_string_length(v) == strlen(want) &&
+           strcmp(json_string_value(v), want) == 0;
+}
+
+/* True when o is {"type": "Replace", "pattern": {"String": from}, "content": to}. */
+static bool
+bpe_is_replace(const json_t *o, const char *from, const char *to)
+{
+    const json_t *pat = json_object_get(o, "pattern");
+    return bpe_is(o, "Replace") && json_is_object(pat) && json_object_size(pat) == 1 &&
+           bpe_str_is(pat, "String", from) && bpe_str_is(o, "content", to);
+}
+
+/* True when member key of o is the integer want. */
+static bool
+bpe_int_is(const json_t *o, const char *key, json_int_t want)
+{
+    const json_t *v = json_object_get(o, key);
+    return json_is_integer(v) && json_integer_value(v) == want;
+}
+
+/*
+ * Reads a Metaspace component's prepend rule (pre-tokenizer or decoder, at
+ * path): replacement must be U+2581; prepend_scheme "first", "always"
+ * (the default) or "never"; the older add_prefix_space must agree with it,
+ * as the library requires.
+ */
+static wk_err
+bpe_check_metaspace(bpe_ld *c, const json_t *o, const char *path, uint8_t *scheme)
+{
+    const json_t *ps = json_object_get(o, "prepend_scheme");
+    const json_t *aps = json_object_get(o, "add_prefix_space");
+    char sh[72];
+
+    if (!bpe_str_is(o, "replacement", BPE_MS))
+        return bpe_fail(c, WK_ENOTSUP, "%s.replacement must be \"\\u2581\"", path);
+    if (ps == NULL || json_is_null(ps)) {
+        *scheme = aps != NULL && json_is_false(aps) ? BPE_SPM_NEVER : BPE_SPM_ALWAYS;
+    } else if (!json_is_string(ps)) {
+        return bpe_fail(c, WK_EINVAL, "%s.prepend_scheme is not a string", path);
+    } else if (strcmp(json_string_value(ps), "first") == 0) {
+        *scheme = BPE_SPM_FIRST;
+    } else if (strcmp(json_string_value(ps), "always") == 0) {
+        *scheme = BPE_SPM_ALWAYS;
+    } else if (strcmp(json_string_value(ps), "never") == 0) {
+        *scheme = BPE_SPM_NEVER;
+    } else {
+        return bpe_fail(c, WK_EINVAL, "%s.prepend_scheme \"%s\" is not first, always or never",
+                        path, bpe_show(json_string_value(ps), json_string_length(ps), sh));
+    }
+    if (aps != NULL && !json_is_null(aps)) {
+        if (!json_is_boolean(aps))
+            return bpe_fail(c, WK_EINVAL, "%s.add_prefix_space is not a boolean", path);
+        if (json_is_true(aps) != (*scheme != BPE_SPM_NEVER))
+            return bpe_fail(c, WK_EINVAL, "%s.add_prefix_space does not match prepend_scheme",
+                            path);
+    }
+    return WK_OK;
+}
+
+/*
+ * The decoder of the SentencePiece-style mode: Sequence[Replace("\u2581" ->
+ * " "), ByteFallback, Fuse, Strip(" ", 1, 0)] (Strip optional) or Metaspace.
+ * Sets strip_lead: whether decoding drops one leading space of the text.
+ */
+static wk_err
+bpe_check_spm_decoder(bpe_ld *c, wk_bpe *b, const json_t *p)
+{
+    const char *ty;
+    char sh[72];
+
+    if (p == NULL || json_is_null(p))
+        return bpe_fail(c, WK_ENOTSUP,
+                        "decoder is null; only Metaspace or the Llama Sequence "
+                        "is supported with this pre_tokenizer");
+    if (!json_is_object(p) || (ty = bpe_type(p)) == NULL)
+        return bpe_fail(c, WK_EINVAL, "decoder is not an object with a \"type\"");
+    if (strcmp(ty, "Metaspace") == 0) {
+        uint8_t scheme;
+        wk_err err = bpe_check_metaspace(c, p, "decoder", &scheme);
+        b->strip_lead = scheme != BPE_SPM_NEVER;
+        return err;
+    }
+    if (strcmp(ty, "Sequence") != 0)
+        return bpe_fail(c, WK_ENOTSUP,
+                        "decoder.type \"%s\" is not supported (only Metaspace or "
+                        "Sequence[Replace, ByteFallback, Fuse, Strip])",
+                        bpe_show(ty, strlen(ty), sh));
+    const json_t *arr = json_object_get(p, "decoders");
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr))
+        return bpe_fail(c, WK_EINVAL, "decoder.decoders is not an array");
+    if ((n != 3 && n != 4) || !bpe_is_replace(json_array_get(arr, 0), BPE_MS, " ") ||
+        !bpe_is(json_array_get(arr, 1), "ByteFallback") || !bpe_is(json_array_get(arr, 2), "Fuse"))
+        return bpe_fail(c, WK_ENOTSUP,
+                        "decoder: only the Sequence [Replace(\"\\u2581\", \" \"), ByteFallback, "
+                        "Fuse, Strip(\" \", 1, 0)] is supported (Strip optional)");
+    if (n == 4) {
+        const json_t *st = json_array_get(arr, 3);
+        if (!bpe_is(st, "Strip") || !bpe_str_is(st, "content", " ") ||
+            !bpe_int_is(st, "start", 1) || !bpe_int_is(st, "stop", 0))
+            return bpe_fail(c, WK_ENOTSUP,
+                            "decoder.decoders[3]: only Strip(\" \", start 1, stop 0) is supported");
+        b->strip_lead = true;
+    }
+    return WK_OK;
+}
+
+/*
+ * The SentencePiece-style pipeline: either the Llama-2 conversion (normalizer
+ * Sequence[Prepend("\u2581"), Replace(" " -> "\u2581")], pre_tokenizer null)
+ * or a Metaspace pre_tokenizer with normalizer null; then the decoder.
+ */
+static wk_err
+bpe_check_spm(bpe_ld *c, wk_bpe *b, const json_t *norm, const json_t *pre, const json_t *dec)
+{
+    wk_err err;
+
+    if (pre == NULL || json_is_null(pre)) {
+        const json_t *arr = json_object_get(norm, "normalizers");
+        const json_t *pp = json_array_get(arr, 0);
+        if (!bpe_is(norm, "Sequence") || json_array_size(arr) != 2 || !bpe_is(pp, "Prepend") ||
+            !bpe_str_is(pp, "prepend", BPE_MS) ||
+            !bpe_is_replace(json_array_get(arr, 1), " ", BPE_MS))
+            return bpe_fail(c, WK_ENOTSUP,
+                            "pre_tokenizer is null, which is supported only with the normalizer "
+                            "Sequence[Prepend(\"\\u2581\"), Replace(\" \", \"\\u2581\")] "
+                            "(else use ByteLevel or Metaspace)");
+        b->spm_prepend = BPE_SPM_NORM;
+        b->spm_split = false;
+    } else {
+        if (norm != NULL && !json_is_null(norm))
+            return bpe_fail(c, WK_ENOTSUP,
+                            "normalizer must be null with a Metaspace pre_tokenizer");
+        if ((err = bpe_check_metaspace(c, pre, "pre_tokenizer", &b->spm_prepend)) != WK_OK)
+            return err;
+        if (!bpe_json_bool(pre, "split", true, &b->spm_split))
+            return bpe_fail(c, WK_EINVAL, "pre_tokenizer.split is not a boolean");
+    }
+    return bpe_check_spm_decoder(c, b, dec);
+}
+
 /* Reads an id field: an integer in 0..WK_TOK_MAX_ID. */
 static bool
 bpe_json_id(const json_t *v, int32_t *id)
@@ -678,12 +854,85 @@ bpe_key_bytes(const char *s, size_t n, uint8_t *out, size_t *out_len)
     return true;
 }
 
+/* Value of hex digit c, -1 if it is none. */
+static int
+bpe_hex(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/*
+ * Byte of a byte-fallback key "<0xXX>" (either case, as the ByteFallback
+ * decoder reads it), -1 if s is none; *upper: the digits are uppercase, the
+ * form the model looks up when it falls back.
+ */
+static int
+bpe_fb_byte(const char *s, size_t n, bool *upper)
+{
+    int hi, lo;
+
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || (hi = bpe_hex(s[3])) < 0 ||
+        (lo = bpe_hex(s[4])) < 0)
+        return -1;
+    *upper = !(s[3] >= 'a' && s[3] <= 'f') && !(s[4] >= 'a' && s[4] <= 'f');
+    return hi * 16 + lo;
+}
+
+/* Copies n bytes of s to out with every "\u2581" as a space; returns the length (<= n). */
+static size_t
+bpe_spm_unmark(const char *s, size_t n, uint8_t *out)
+{
+    size_t k = 0;
+
+    for (size_t i = 0; i < n;) {
+        if (n - i >= BPE_MS_LEN && memcmp(s + i, BPE_MS, BPE_MS_LEN) == 0) {
+            out[k++] = ' ';
+            i += BPE_MS_LEN;
+        } else {
+            out[k++] = (uint8_t)s[i++];
+        }
+    }
+    return k;
+}
+
+/*
+ * Writes n bytes of s to out with every space as "\u2581", after a leading
+ * "\u2581" if prepend; out holds 3 * n + 3 bytes. Returns the length.
+ */
+static size_t
+bpe_spm_mark(const uint8_t *s, size_t n, bool prepend, uint8_t *out)
+{
+    size_t k = 0;
+
+    if (prepend) {
+        memcpy(out, BPE_MS, BPE_MS_LEN);
+        k = BPE_MS_LEN;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(out + k, BPE_MS, BPE_MS_LEN);
+            k += BPE_MS_LEN;
+        } else {
+            out[k++] = s[i];
+        }
+    }
+    return k;
+}
+
 static wk_err
 bpe_load_added(bpe_ld *c, wk_bpe *b, const json_t *added, uint8_t *is_added, size_t *pool_len)
 {
     size_t i;
     json_t *t;
     char sh[72];
+
+    char scratch[3 * WK_TOK_MAX_PIECE + BPE_MS_LEN];
 
     json_array_foreach(added, i, t) {
         int32_t id;
@@ -717,15 +966,36 @@ bpe_load_added(bpe_ld *c, wk_bpe *b, const json_t *added, uint8_t *is_added, siz
         }
         if (is_added[id])
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu]: duplicate id %d", i, (int)id);
+        /*
+         * A normalized token is matched in normalized text, so the Llama-2
+         * normalizer applies to its content too (the library does the same);
+         * in the SentencePiece-style mode its piece is that content with
+         * "\u2581" read as a space, which is what the decoder makes of it.
+         */
+        const char *key = content;
+        size_t kn = n;
+        if (b->spm && b->spm_prepend == BPE_SPM_NORM && normalized) {
+            kn = bpe_spm_mark((const uint8_t *)content, n, true, (uint8_t *)scratch);
+            key = scratch;
+        }
         /* The same content twice would make matching ambiguous. */
         int32_t other = BPE_NO_ID;
-        if (bpe_trie_match(b, 0, (const uint8_t *)content, n, &other) == n ||
-            bpe_trie_match(b, 1, (const uint8_t *)content, n, &other) == n)
+        if (bpe_trie_match(b, 0, (const uint8_t *)key, kn, &other) == kn ||
+            bpe_trie_match(b, 1, (const uint8_t *)key, kn, &other) == kn)
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu]: content \"%s\" is also id %d", i,
                             bpe_show(content, n, sh), (int)other);
         is_added[id] = 1;
-        bpe_trie_add(b, normalized ? 1 : 0, content, n, id);
-        bpe_piece_set(b, pool_len, id, (const uint8_t *)content, n);
+        bpe_trie_add(b, normalized ? 1 : 0, key, kn, id);
+        if (b->spm) {
+            size_t pn = bpe_spm_unmark(key, kn, b->bytes + *pool_len);
+            if (pn > WK_TOK_MAX_PIECE)
+                return bpe_fail(c, WK_EINVAL,
+                                "added_tokens[%zu].content has %zu bytes once normalized (1..%d)",
+                                i, pn, WK_TOK_MAX_PIECE);
+            bpe_piece_set(b, pool_len, id, b->bytes + *pool_len, pn);
+        } else {
+            bpe_piece_set(b, pool_len, id, (const uint8_t *)content, n);
+        }
     }
     return WK_OK;
 }
@@ -764,9 +1034,22 @@ bpe_load_vocab(bpe_ld *c, wk_bpe *b, const json_t *vocab, const uint8_t *is_adde
                              .hash = (uint32_t)bpe_hash(key, n),
                              .id = id};
         key_off += n;
-        if (is_added[id])
+        if (b->spm) {
+            bool upper = false;
+            int by = bpe_fb_byte(key, n, &upper);
+            if (by >= 0 && upper)
+                b->fb_id[by] = id;
+            if (is_added[id])
+                continue;
+            if (by >= 0) {
+                piece[0] = (uint8_t)by;
+                plen = 1;
+            } else {
+                plen = bpe_spm_unmark(key, n, piece);
+            }
+        } else if (is_added[id]) {
             continue; /* the added token's content is its piece */
-        if (!bpe_key_bytes(key, n, piece, &plen))
+        } else if (!bpe_key_bytes(key, n, piece, &plen))
             return bpe_fail(c, WK_EINVAL,
                             "model.vocab \"%s\" (id %d): character outside the byte-level "
                             "alphabet",
@@ -908,13 +1191,52 @@ bpe_check_model(bpe_ld *c, wk_bpe *b, const json_t *model)
     }
     if (!bpe_json_bool(model, "byte_fallback", false, &fb))
         return bpe_fail(c, WK_EINVAL, "model.byte_fallback is not a boolean");
-    if (fb)
-        return bpe_fail(c, WK_ENOTSUP, "model.byte_fallback true is not supported");
+    if (fb && !b->spm)
+        return bpe_fail(c, WK_ENOTSUP,
+                        "model.byte_fallback true is not supported with a ByteLevel "
+                        "pre_tokenizer");
+    b->byte_fallback = fb;
+    if (!bpe_json_bool(model, "fuse_unk", false, &b->fuse_unk))
+        return bpe_fail(c, WK_EINVAL, "model.fuse_unk is not a boolean");
     if (!bpe_json_bool(model, "ignore_merges", false, &b->ignore_merges))
         return bpe_fail(c, WK_EINVAL, "model.ignore_merges is not a boolean");
     json_t *unk = json_object_get(model, "unk_token");
     if (unk != NULL && !json_is_null(unk) && !json_is_string(unk))
         return bpe_fail(c, WK_EINVAL, "model.unk_token is not a string");
+    return WK_OK;
+}
+
+/*
+ * SentencePiece-style mode: resolves model.unk_token (a vocab key) and checks
+ * that every input can be encoded: either byte_fallback with all 256 "<0xXX>"
+ * tokens, or an unk_token (the library silently drops what neither covers).
+ */
+static wk_err
+bpe_check_spm_cover(bpe_ld *c, wk_bpe *b, const json_t *unk)
+{
+    char sh[72];
+    int missing = -1;
+
+    if (json_is_string(unk)) {
+        b->unk_id = bpe_str_get(b, json_string_value(unk), json_string_length(unk));
+        if (b->unk_id < 0)
+            return bpe_fail(c, WK_EINVAL, "model.unk_token \"%s\" is not in model.vocab",
+                            bpe_show(json_string_value(unk), json_string_length(unk), sh));
+    }
+    for (int by = 0; by < 256 && missing < 0; by++) {
+        if (b->fb_id[by] < 0)
+            missing = by;
+    }
+    if (b->unk_id < 0 && (!b->byte_fallback || missing >= 0)) {
+        if (!b->byte_fallback)
+            return bpe_fail(c, WK_EINVAL,
+                            "model has neither byte_fallback nor an unk_token, so some inputs "
+                            "could not be encoded");
+        return bpe_fail(c, WK_EINVAL,
+                        "model.vocab has no token \"<0x%02X>\" for byte_fallback and model has "
+                        "no unk_token, so some inputs could not be encoded",
+                        missing);
+    }
     return WK_OK;
 }
 
@@ -932,15 +1254,27 @@ bpe_build(bpe_ld *c, wk_bpe *b, const json_t *root)
 
     if (!json_is_object(root))
         return bpe_fail(c, WK_EINVAL, "the top level is not an object");
+    const json_t *pre = json_object_get(root, "pre_tokenizer");
+    /* No pre-tokenizer, or Metaspace: the SentencePiece-style mode. */
+    b->spm = pre == NULL || json_is_null(pre) || bpe_is(pre, "Metaspace");
+    b->unk_id = BPE_NO_ID;
+    for (int by = 0; by < 256; by++)
+        b->fb_id[by] = BPE_NO_ID;
     if ((err = bpe_check_model(c, b, model)) != WK_OK)
         return err;
-    if ((err = bpe_check_normalizer(c, b, json_object_get(root, "normalizer"), "normalizer")) !=
-        WK_OK)
-        return err;
-    if ((err = bpe_check_pretok(c, b, json_object_get(root, "pre_tokenizer"))) != WK_OK)
-        return err;
-    if ((err = bpe_check_decoder(c, json_object_get(root, "decoder"))) != WK_OK)
-        return err;
+    if (b->spm) {
+        if ((err = bpe_check_spm(c, b, json_object_get(root, "normalizer"), pre,
+                                 json_object_get(root, "decoder"))) != WK_OK)
+            return err;
+    } else {
+        if ((err = bpe_check_normalizer(c, b, json_object_get(root, "normalizer"),
+                                        "normalizer")) != WK_OK)
+            return err;
+        if ((err = bpe_check_pretok(c, b, pre)) != WK_OK)
+            return err;
+        if ((err = bpe_check_decoder(c, json_object_get(root, "decoder"))) != WK_OK)
+            return err;
+    }
     vocab = json_object_get(model, "vocab");
     merges = json_object_get(model, "merges");
     added = json_object_get(root, "added_tokens");
@@ -963,7 +1297,9 @@ bpe_build(bpe_ld *c, wk_bpe *b, const json_t *root)
         key_bytes += strlen(key);
     }
     json_array_foreach(added, i, v) {
-        added_bytes += json_string_length(json_object_get(v, "content"));
+        size_t n = json_string_length(json_object_get(v, "content"));
+        /* SentencePiece-style: a normalized content may grow to "\u2581" + 3 bytes a space. */
+        added_bytes += b->spm ? 3 * n + BPE_MS_LEN : n;
     }
 
     b->vocab_size = (uint32_t)max_id + 1;
@@ -1000,6 +1336,10 @@ bpe_build(bpe_ld *c, wk_bpe *b, const json_t *root)
         b->count += is_added[id] || in_vocab[id];
     if ((err = bpe_load_merges(c, b, merges)) != WK_OK)
         goto out;
+    if (b->spm) {
+        err = bpe_check_spm_cover(c, b, json_object_get(model, "unk_token"));
+        goto out;
+    }
     for (int by = 0; by < 256; by++) {
         uint8_t u[4];
         size_t n = bpe_utf8_enc(bpe_byte_cp((uint8_t)by), u);
@@ -1075,6 +1415,18 @@ wk_bpe_count(const wk_bpe *b)
     return b->count;
 }
 
+const char *
+wk_bpe_kind(const wk_bpe *b)
+{
+    return b->spm ? "hf-spm" : "hf-bpe";
+}
+
+bool
+wk_bpe_strips_space(const wk_bpe *b)
+{
+    return b->strip_lead;
+}
+
 const uint8_t *
 wk_bpe_piece(const wk_bpe *b, int32_t id, size_t *len)
 {
@@ -1111,6 +1463,9 @@ typedef struct bpe_enc {
     int32_t *next;  /* next live symbol or -1 */
     uint64_t *heap; /* candidate merges: rank << 32 | position */
     size_t scratch; /* bytes the per-word arrays hold */
+    const uint8_t *text; /* start of the input (Metaspace "first" looks for offset 0) */
+    uint8_t *mark;       /* SentencePiece-style: a piece with spaces as "\u2581" */
+    size_t mark_cap;     /* bytes mark holds */
 } bpe_enc;
 
 static bool
@@ -1207,23 +1562,13 @@ bpe_cand(const wk_bpe *b, bpe_enc *e, size_t *hn, int32_t i)
         bpe_heap_push(e->heap, hn, ((uint64_t)m->rank << 32) | (uint32_t)i);
 }
 
-/* BPE over one word of n > 0 bytes in e->word; appends its ids. */
+/* Merges the n > 0 symbols in e->sym (by rank, then leftmost) and appends the result. */
 static bool
-bpe_word(const wk_bpe *b, bpe_enc *e, size_t n)
+bpe_merge_run(const wk_bpe *b, bpe_enc *e, size_t n)
 {
-    const uint8_t *w = e->word;
     size_t hn = 0;
 
-    if (b->ignore_merges) {
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++)
-            k += bpe_utf8_enc(bpe_byte_cp(w[i]), (uint8_t *)e->key + k);
-        int32_t id = bpe_str_get(b, e->key, k);
-        if (id >= 0)
-            return bpe_emit(e, id);
-    }
     for (size_t i = 0; i < n; i++) {
-        e->sym[i] = b->byte_id[w[i]];
         e->prev[i] = (int32_t)i - 1;
         e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     }
@@ -1253,6 +1598,134 @@ bpe_word(const wk_bpe *b, bpe_enc *e, size_t n)
             return false;
     }
     return true;
+}
+
+/* BPE over one word of n > 0 bytes in e->word; appends its ids. */
+static bool
+bpe_word(const wk_bpe *b, bpe_enc *e, size_t n)
+{
+    const uint8_t *w = e->word;
+
+    if (b->ignore_merges) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            k += bpe_utf8_enc(bpe_byte_cp(w[i]), (uint8_t *)e->key + k);
+        int32_t id = bpe_str_get(b, e->key, k);
+        if (id >= 0)
+            return bpe_emit(e, id);
+    }
+    for (size_t i = 0; i < n; i++)
+        e->sym[i] = b->byte_id[w[i]];
+    return bpe_merge_run(b, e, n);
+}
+
+/*
+ * SentencePiece-style BPE over one word of n bytes at w (spaces already
+ * "\u2581"). Each character that is a vocab key is a symbol; any other
+ * becomes its bytes' "<0xXX>" tokens (byte_fallback, when all exist), else
+ * unk, consecutive unks fused into one when fuse_unk. As in the library, a
+ * pending unk is written only when a vocab character or the end comes, so
+ * byte-fallback tokens can precede it. A byte outside well-formed UTF-8 is a
+ * character of its own. Then the merges run over the symbols.
+ */
+static bool
+bpe_spm_word(const wk_bpe *b, bpe_enc *e, const uint8_t *w, size_t n)
+{
+    size_t ns = 0;
+    bool unk = false;
+
+    if (n == 0)
+        return true;
+    if (!bpe_scratch(e, n))
+        return false;
+    if (b->ignore_merges) {
+        int32_t id = bpe_str_get(b, (const char *)w, n);
+        if (id >= 0)
+            return bpe_emit(e, id);
+    }
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t l = bpe_utf8_dec(w + i, n - i, &cp);
+        int32_t id = l > 0 ? bpe_str_get(b, (const char *)w + i, l) : BPE_NO_ID;
+        bool fb = b->byte_fallback;
+        if (l == 0)
+            l = 1;
+        if (id >= 0) {
+            if (unk)
+                e->sym[ns++] = b->unk_id;
+            unk = false;
+            e->sym[ns++] = id;
+        } else {
+            for (size_t k = 0; k < l && fb; k++)
+                fb = b->fb_id[w[i + k]] >= 0;
+            if (fb) {
+                for (size_t k = 0; k < l; k++)
+                    e->sym[ns++] = b->fb_id[w[i + k]];
+            } else if (b->unk_id >= 0) {
+                if (unk && !b->fuse_unk)
+                    e->sym[ns++] = b->unk_id;
+                unk = true;
+            }
+        }
+        i += l;
+    }
+    if (unk)
+        e->sym[ns++] = b->unk_id;
+    return ns == 0 || bpe_merge_run(b, e, ns);
+}
+
+/* Makes room for m bytes in e->mark. */
+static bool
+bpe_mark_room(bpe_enc *e, size_t m)
+{
+    if (m <= e->mark_cap)
+        return true;
+    uint8_t *nb = realloc(e->mark, m);
+    if (nb == NULL)
+        return false;
+    e->mark = nb;
+    e->mark_cap = m;
+    return true;
+}
+
+/*
+ * SentencePiece-style encoding of a piece of n bytes with no added token in
+ * it. Llama-2 form: already normalized, one word. Metaspace form: spaces
+ * become "\u2581", one is put in front by the prepend scheme (never when the
+ * piece already starts with one; "first" only for the piece at input offset
+ * 0), and with split each "\u2581" starts a new word.
+ */
+static bool
+bpe_spm_plain(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n)
+{
+    size_t m, start = 0;
+    bool pre;
+
+    if (n == 0)
+        return true;
+    if (b->spm_prepend == BPE_SPM_NORM)
+        return bpe_spm_word(b, e, s, n);
+    if (!bpe_mark_room(e, 3 * n + BPE_MS_LEN))
+        return false;
+    m = bpe_spm_mark(s, n, false, e->mark);
+    pre = (b->spm_prepend == BPE_SPM_ALWAYS || (b->spm_prepend == BPE_SPM_FIRST && s == e->text)) &&
+          !(m >= BPE_MS_LEN && memcmp(e->mark, BPE_MS, BPE_MS_LEN) == 0);
+    if (pre) {
+        memmove(e->mark + BPE_MS_LEN, e->mark, m);
+        memcpy(e->mark, BPE_MS, BPE_MS_LEN);
+        m += BPE_MS_LEN;
+    }
+    if (!b->spm_split)
+        return bpe_spm_word(b, e, e->mark, m);
+    for (size_t i = 1; i + BPE_MS_LEN <= m; i++) {
+        if (memcmp(e->mark + i, BPE_MS, BPE_MS_LEN) == 0) {
+            if (!bpe_spm_word(b, e, e->mark + start, i - start))
+                return false;
+            start = i;
+            i += BPE_MS_LEN - 1;
+        }
+    }
+    return bpe_spm_word(b, e, e->mark + start, m - start);
 }
 
 /* End of the GPT-2 pattern's match at cps[i] (i < n). */
@@ -1316,6 +1789,8 @@ bpe_plain(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n)
 
     if (n == 0)
         return true;
+    if (b->spm)
+        return bpe_spm_plain(b, e, s, n);
     if (!bpe_scratch(e, n + 1))
         return false;
     if (b->add_prefix_space && s[0] != ' ') {
@@ -1335,6 +1810,15 @@ bpe_span(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n, uint32_t root)
 
     if (n == 0)
         return true;
+    if (root == 1 && b->spm && b->spm_prepend == BPE_SPM_NORM) {
+        /* Normalize the gap (Prepend, Replace), then match normalized added tokens in it. */
+        uint8_t *u = malloc(3 * n + BPE_MS_LEN);
+        if (u == NULL)
+            return false;
+        bool ok = bpe_span(b, e, u, bpe_spm_mark(s, n, true, u), 2);
+        free(u);
+        return ok;
+    }
     if (root == 1 && b->nfc) {
         /* NFC the gap, then look for normalized added tokens in the result. */
         bool ascii = true;
@@ -1384,9 +1868,12 @@ wk_bpe_encode(const wk_bpe *b, const char *text, size_t len, int32_t **ids, size
     bpe_enc e = {0};
     bool ok;
 
-    if (len > (SIZE_MAX / 16) - 16 || len > INT32_MAX - 16)
+    /* SentencePiece-style normalization makes a piece up to 3 times longer (+ 3). */
+    if (len > (SIZE_MAX / 16) - 16 || len > (b->spm ? INT32_MAX / 3 - 16 : INT32_MAX - 16))
         return wk_diag_set(d, WK_ETOOBIG, "encode: input of %zu bytes is too large", len);
+    e.text = (const uint8_t *)text;
     ok = bpe_span(b, &e, (const uint8_t *)text, len, 0);
+    free(e.mark);
     free(e.cps);
     free(e.word);
     free(e.key);

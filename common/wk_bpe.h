@@ -1,37 +1,71 @@
 /*
- * wk_bpe: the byte-level BPE tokenizer of Hugging Face `tokenizer.json`
- * files (GPT-2, GPT-NeoX, Llama-3 style), encoding exactly as the
- * `tokenizers` library does with add_special_tokens=False.
+ * wk_bpe: the BPE tokenizers of Hugging Face `tokenizer.json` files, in two
+ * modes, encoding exactly as the `tokenizers` library does with
+ * add_special_tokens=False.
  *
- * Supported, and checked on load: model.type "BPE" with vocab, merges (both
- * the "a b" string and the ["a", "b"] array forms), ignore_merges; added
- * tokens (matched verbatim in the input before anything else, leftmost then
+ * Byte-level mode ("hf-bpe": GPT-2, GPT-NeoX, Llama-3 style). Supported, and
+ * checked on load: model.type "BPE" with vocab, merges (both the "a b"
+ * string and the ["a", "b"] array forms), ignore_merges; added tokens
+ * (matched verbatim in the input before anything else, leftmost then
  * longest, non-normalized ones first as the library does); normalizer null or
  * NFC (a real NFC, from tables generated out of Python's unicodedata, see
  * tools/gen_unicode_tables.py); pre_tokenizer ByteLevel (add_prefix_space,
  * use_regex with the GPT-2 pattern), alone or as the only member of a
- * Sequence; decoder ByteLevel. The post_processor is ignored: encode never
- * adds BOS/EOS. Everything else (other model types, normalizers,
- * pre-tokenizers, decoders, dropout, subword prefixes, byte_fallback,
- * lstrip/rstrip/single_word added tokens) is refused with a diag naming the
- * JSON path, e.g. `tokenizer.json: pre_tokenizer.type "Whitespace" is not
- * supported`.
+ * Sequence; decoder ByteLevel.
  *
- * Input text is any bytes: valid UTF-8 is handled as Unicode; a byte that is
- * not part of a well-formed UTF-8 character is kept as that raw byte, counts
- * as "other" (neither letter, number nor space) for the pre-tokenizer, and
- * passes NFC unchanged, so decode(encode(x)) == x whenever NFC(x) == x.
+ * SentencePiece-style mode ("hf-spm": Llama-1/2, Mistral, and models that
+ * reuse their tokenizer such as fla-hub's), chosen when pre_tokenizer is
+ * null or Metaspace. Two forms: the Llama-2 conversion (normalizer
+ * Sequence[Prepend("\u2581"), Replace(" " -> "\u2581")], pre_tokenizer null:
+ * every piece of text between added tokens gets a leading "\u2581", even one
+ * that starts with a space, and is one word with no pre-tokenizer split), or
+ * normalizer null with pre_tokenizer Metaspace (replacement "\u2581";
+ * prepend_scheme "always", "first" (only the text at input offset 0) or
+ * "never", or the older add_prefix_space; a piece already starting with a
+ * space gets none; split true makes every "\u2581" start a word). Decoder
+ * Sequence[Replace("\u2581" -> " "), ByteFallback, Fuse, Strip(" ", 1, 0)]
+ * (Strip optional) or Metaspace. The model: characters (not bytes) are the
+ * initial symbols; a character that is not a vocab key becomes the "<0xXX>"
+ * tokens of its UTF-8 bytes when byte_fallback is set and all of them exist,
+ * else model.unk_token (fuse_unk: a run of them is one unk); a byte that is
+ * not part of well-formed UTF-8 is a character of its own (so it falls back
+ * to its "<0xXX>"). The load refuses a file where some input could be
+ * encoded to nothing (the library drops such characters): it needs
+ * byte_fallback with all 256 byte tokens, or an unk_token in the vocab.
+ * Normalized added tokens are matched in the normalized text, their content
+ * normalized the same way. A piece (wk_bpe_piece) is the token's real bytes:
+ * "\u2581" reads as a space and "<0xXX>" as that byte, so the pieces of
+ * encode(x) concatenate to x with a space added in front of each piece of
+ * text (Llama-2 form: also before one that already starts with a space);
+ * wk_bpe_strips_space() says when decoders drop the first one.
+ *
+ * Both modes ignore the post_processor: encode never adds BOS/EOS (the
+ * Llama files' TemplateProcessing would put "<s>" first; callers that want
+ * it, e.g. a chat template, write it). Everything else (other model types,
+ * normalizers, pre-tokenizers, decoders, dropout, subword prefixes,
+ * byte_fallback in byte-level mode, lstrip/rstrip/single_word added tokens)
+ * is refused with a diag naming the JSON path, e.g. `tokenizer.json:
+ * pre_tokenizer.type "Whitespace" is not supported`.
+ *
+ * Input text is any bytes: valid UTF-8 is handled as Unicode; in byte-level
+ * mode a byte that is not part of a well-formed UTF-8 character is kept as
+ * that raw byte, counts as "other" (neither letter, number nor space) for
+ * the pre-tokenizer, and passes NFC unchanged, so decode(encode(x)) == x
+ * whenever NFC(x) == x.
  *
  * The file is hostile input: its size, every id (unique, <= WK_TOK_MAX_ID),
- * every token (maps back to bytes through the byte-level alphabet, at most
- * WK_TOK_MAX_PIECE bytes), every merge (both halves and their concatenation
- * in the vocab) and every byte of the alphabet (each needs a token) are
- * checked. A loaded wk_bpe is immutable: any number of threads may encode
- * with it at once. Nothing here logs or keeps global state.
+ * every token (maps back to bytes through the byte-level alphabet, or in
+ * hf-spm as described above, at most WK_TOK_MAX_PIECE bytes), every merge
+ * (both halves and their concatenation in the vocab), every byte of the
+ * alphabet (each needs a token; hf-spm: the fallback/unk cover rule above)
+ * and every component's parameters are checked. A loaded wk_bpe is
+ * immutable: any number of threads may encode with it at once. Nothing here
+ * logs or keeps global state.
  */
 #ifndef WK_BPE_H
 #define WK_BPE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,16 +97,29 @@ uint32_t wk_bpe_vocab_size(const wk_bpe *b);
 /* Number of distinct ids defined (vocab and added tokens together). */
 uint32_t wk_bpe_count(const wk_bpe *b);
 
+/* "hf-bpe" (byte-level mode) or "hf-spm" (SentencePiece-style mode), static. */
+const char *wk_bpe_kind(const wk_bpe *b);
+
 /*
- * Bytes of token id, borrowed until wk_bpe_free(b): a vocab token's bytes
- * through the byte-level alphabet, an added token's content. *len is set.
- * An undefined id gives NULL and *len = 0.
+ * True when the file's decoder drops one leading space of the decoded text
+ * (hf-spm with Strip(" ", 1, 0), or Metaspace with a prepend scheme), undoing
+ * the "\u2581" put in front at encode. Always false in byte-level mode.
+ */
+bool wk_bpe_strips_space(const wk_bpe *b);
+
+/*
+ * Bytes of token id, borrowed until wk_bpe_free(b): byte-level mode, a vocab
+ * token's bytes through the byte-level alphabet; hf-spm, the vocab key with
+ * "\u2581" as a space, or the byte of a "<0xXX>" key. An added token's
+ * content (hf-spm: normalized if it is a normalized one, "\u2581" as a
+ * space). *len is set. An undefined id gives NULL and *len = 0.
  */
 const uint8_t *wk_bpe_piece(const wk_bpe *b, int32_t id, size_t *len);
 
 /*
  * Id of the token written s (n bytes) in the file: an added token's content
- * first, else a vocab key (as written in the JSON, byte-level alphabet).
+ * first (hf-spm Llama-2 form: a normalized one by its normalized content),
+ * else a vocab key (as written in the JSON: byte-level alphabet, or "\u2581").
  * -1 when there is none.
  */
 int32_t wk_bpe_find(const wk_bpe *b, const char *s, size_t n);

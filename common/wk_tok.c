@@ -1,9 +1,9 @@
 /*
  * wk_tok: RWKV World vocab parsing, greedy longest-match encoding on a byte
  * trie, decoding, the UTF-8-safe stream decoder, and the dispatch to wk_bpe
- * for Hugging Face tokenizer.json files (kind "hf-bpe"): a wk_tok of that
- * kind holds a wk_bpe, the digest and the end-of-text id, and every
- * function that differs by kind branches on t->bpe.
+ * for Hugging Face tokenizer.json files (kinds "hf-bpe" and "hf-spm"): a
+ * wk_tok of those kinds holds a wk_bpe, the digest and the end-of-text id,
+ * and every function that differs by kind branches on t->bpe.
  *
  * The vocab parser is a strict subset of Python's literal syntax: it accepts
  * everything repr() writes for str and bytes and refuses what it can't decode
@@ -866,7 +866,7 @@ wk_tok_free(wk_tok *t)
 const char *
 wk_tok_kind(const wk_tok *t)
 {
-    return t->bpe != NULL ? "hf-bpe" : "world";
+    return t->bpe != NULL ? wk_bpe_kind(t->bpe) : "world";
 }
 
 int32_t
@@ -995,6 +995,11 @@ wk_tok_decode(const wk_tok *t, const int32_t *ids, size_t n, char **out, size_t 
         const uint8_t *pc = wk_tok_piece(t, ids[i], &len);
         memcpy(buf + total, pc, len);
         total += len;
+    }
+    /* hf-spm: the decoder drops the space the encoder put in front (Strip / Metaspace). */
+    if (t->bpe != NULL && wk_bpe_strips_space(t->bpe) && total > 0 && buf[0] == ' ') {
+        memmove(buf, buf + 1, total - 1);
+        total--;
     }
     buf[total] = '\0';
     *out = buf;

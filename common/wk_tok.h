@@ -1,5 +1,5 @@
 /*
- * wk_tok: the tokenizer, of one of two kinds behind the same functions:
+ * wk_tok: the tokenizer, of one of three kinds behind the same functions:
  *  - "world": the RWKV World tokenizer. Loads a vocab file in the format of
  *    rwkv_vocab_v20230424.txt (one `<id> <python str or bytes literal> <byte
  *    length>` per line), encodes bytes to token ids by greedy longest match on
@@ -8,6 +8,13 @@
  *  - "hf-bpe": a Hugging Face tokenizer.json with a byte-level BPE model
  *    (GPT-NeoX for Mamba2, GPT-2/Llama-3 style), see wk_bpe.h for what is
  *    supported. Every id is an ordinary token; end-of-text is wk_tok_eos().
+ *  - "hf-spm": a Hugging Face tokenizer.json with a SentencePiece-style BPE
+ *    model (Llama-2 / Mistral: "\u2581" for spaces, byte fallback to
+ *    "<0xXX>", unk), see wk_bpe.h. As hf-bpe otherwise; BOS ("<s>") is
+ *    never added by encode. Pieces are real bytes ("\u2581" is a space,
+ *    "<0xXX>" that byte), and encode puts a space in front of each piece of
+ *    text (between added tokens), which wk_tok_decode() drops again at the
+ *    very start but the stream decoder does not, see there.
  * Both decode ids back to bytes, and turn a stream of token ids into text
  * that never ends in half a UTF-8 character.
  *
@@ -68,9 +75,9 @@ WK_MUST_CHECK wk_err wk_tok_load_mem(const void *buf, size_t len, wk_tok **out, 
 
 /*
  * Loads a Hugging Face tokenizer.json at path (at most WK_BPE_MAX_FILE bytes)
- * as an "hf-bpe" tokenizer. The end-of-text id comes from the `eos_token` of
- * a tokenizer_config.json in the same directory when that file exists (a
- * string or {"content": ...}; null: none), else from the token
+ * as an "hf-bpe" or "hf-spm" tokenizer. The end-of-text id comes from the
+ * `eos_token` of a tokenizer_config.json in the same directory when that
+ * file exists (a string or {"content": ...}; null: none), else from the token
  * `<|endoftext|>`, else `</s>`, else there is none (wk_tok_eos() < 0).
  * On success *out is freed with wk_tok_free(). Returns WK_OK; WK_ENOENT /
  * WK_EIO when a file can't be read; WK_ETOOBIG; WK_EINVAL for a malformed
@@ -100,7 +107,7 @@ WK_MUST_CHECK wk_err wk_tok_load_dir(const char *dir, const char *override_path,
 /* Frees a tokenizer. NULL-safe. */
 void wk_tok_free(wk_tok *t);
 
-/* "world" or "hf-bpe", static. */
+/* "world", "hf-bpe" or "hf-spm" (wk_bpe_kind()), static. */
 const char *wk_tok_kind(const wk_tok *t);
 
 /*
@@ -130,7 +137,13 @@ WK_MUST_CHECK wk_err wk_tok_encode(const wk_tok *t, const char *text, size_t len
                                    size_t *n_ids, wk_diag *d);
 
 /*
- * Concatenates the bytes of n ids (World end-of-text adds nothing). On success
+ * Concatenates the bytes of n ids (World end-of-text adds nothing); hf-spm
+ * whose decoder strips (wk_bpe_strips_space()) then drops one leading space
+ * of the whole text, as the `tokenizers` decoder does, so decode(encode(x))
+ * == x for text that has no added token in it (Llama-2 form: any such text;
+ * Metaspace form: text not starting with a space, whose space is lost as in
+ * the library). Text after an added token keeps the space encode put in
+ * front of it ("a<s>b" comes back "a<s> b", as in the library). On success
  * *out is malloc'd, *out_len bytes plus a NUL terminator (the bytes may hold
  * NULs or invalid UTF-8), caller frees with free(). Returns WK_OK; WK_EINVAL
  * naming the index of an id the vocab doesn't define; WK_ENOMEM.
@@ -141,7 +154,8 @@ WK_MUST_CHECK wk_err wk_tok_decode(const wk_tok *t, const int32_t *ids, size_t n
 /*
  * Bytes of one token, borrowed until wk_tok_free(t); *len is set. World
  * end-of-text gives a non-NULL pointer and *len = 0. HF: a vocab token's
- * bytes through the byte-level alphabet, an added token's content. An
+ * bytes through the byte-level alphabet, an added token's content; hf-spm:
+ * "\u2581" as a space, "<0xXX>" as that byte (see wk_bpe_piece()). An
  * undefined id gives NULL, *len = 0.
  */
 const uint8_t *wk_tok_piece(const wk_tok *t, int32_t id, size_t *len);
@@ -160,7 +174,13 @@ const char *wk_tok_digest(const wk_tok *t);
  * and what Python's bytes.decode('utf-8', 'replace') does): the concatenated
  * output of pushes and the final flush equals that of decoding all bytes at
  * once with replacement. A byte that can neither start nor continue a
- * character is replaced at once, so nothing stalls. The struct is plain
+ * character is replaced at once, so nothing stalls. hf-spm: pieces are
+ * streamed as they are, no leading space is stripped (a generation
+ * continues a prompt, where the space of its first "\u2581word" token is
+ * real text: HF's incremental detokenizers keep it too); only
+ * wk_tok_decode() strips, and a caller streaming from the very start of a
+ * text would see the encoder's leading space as the first output byte.
+ * The struct is plain
  * data: no fini needed; one stream per generation, not shared by threads.
  */
 typedef struct wk_tok_stream {

@@ -15,6 +15,19 @@ digest must be the file's SHA-256, and many strings (fixed ones, random
 mixes, random bytes decoded with 'replace') must encode to the same ids with
 `TOKDUMP FILE encode` as with Tokenizer.encode(s, add_special_tokens=False).
 
+Then the SentencePiece-style ("hf-spm", Llama-2 / Mistral) mode: a BPE with
+byte_fallback, unk_token "<unk>" and fuse_unk, trained with a small alphabet
+(so rarer characters take the byte fallback), with <unk> <s> </s> and the 256
+<0xXX> tokens in front, saved in the Llama-2 form (normalizer
+Sequence[Prepend, Replace], no pre-tokenizer, decoder Sequence[Replace,
+ByteFallback, Fuse, Strip]) and in Metaspace forms (prepend_scheme first /
+always (old add_prefix_space spelling, split) / never), plus variants without
+byte_fallback and unfused unk, and with only the ASCII byte tokens (unk for
+the rest). Pieces must be the real bytes ("\u2581" a space, <0xXX> the byte),
+ids must match on the same strings, and wk_tok_decode's text (the pieces, one
+leading space stripped) must equal Tokenizer.decode where that is valid UTF-8
+(the Metaspace decoder keeps "<0xXX>" as text, so those are left out there).
+
 `tokenizers` comes from the running interpreter when it has it, else from a
 venv cached as $WKVM_BUILD_DIR/venv-tokenizers (`pip install tokenizers`,
 as tests/integration/test_openai_client.py does for openai). Exits 77 (skip)
@@ -218,7 +231,122 @@ def variants(tmp, rng):
             yield full, path, Tokenizer.from_file(path), nfc
 
 
-def check_pieces(tokdump, name, path, tok):
+SPM_MARK = "\u2581"
+
+
+def spm_decoder(kind):
+    from tokenizers import decoders
+    if kind == "metaspace":
+        return decoders.Metaspace(replacement=SPM_MARK, prepend_scheme="first", split=False)
+    return decoders.Sequence([decoders.Replace(SPM_MARK, " "), decoders.ByteFallback(),
+                              decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+
+
+def train_spm(rng):
+    """A SentencePiece-style (Llama-2) BPE: vocab and merges as trained, no byte tokens yet."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPM_MARK, prepend_scheme="always")
+    # A small alphabet, so that rarer characters (CJK, emoji, ...) take the byte fallback.
+    trainer = trainers.BpeTrainer(vocab_size=1000, min_frequency=2, limit_alphabet=90,
+                                  special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    corpus = [gen_text(rng, 200) for _ in range(200)]
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return json.loads(tok.to_str())
+
+
+def spm_json(trained, form, byte_fallback=True, fuse_unk=True, bytes_kept=range(256),
+             merge_strings=False):
+    """Builds a Llama-style tokenizer.json: <unk> <s> </s>, the <0xXX> tokens, then the rest."""
+    old = trained["model"]["vocab"]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in bytes_kept:  # contiguous ids: the library renumbers added tokens past holes
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    nxt = len(vocab)
+    for k, _ in sorted(old.items(), key=lambda kv: kv[1]):
+        if k not in vocab:
+            vocab[k] = nxt
+            nxt += 1
+    merges = trained["model"]["merges"]
+    if merge_strings:
+        merges = [" ".join(m) if isinstance(m, list) else m for m in merges]
+    added = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True}
+             for i, c in enumerate(["<unk>", "<s>", "</s>"])]
+    nid = max(vocab.values()) + 1
+    added.append({"id": nid, "content": "hello world", "single_word": False, "lstrip": False,
+                  "rstrip": False, "normalized": True, "special": False})
+    added.append({"id": nid + 1, "content": "<tag>", "single_word": False, "lstrip": False,
+                  "rstrip": False, "normalized": False, "special": False})
+    j = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+         "post_processor": {"type": "TemplateProcessing",
+                            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                       {"Sequence": {"id": "A", "type_id": 0}}],
+                            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                            "special_tokens": {"<s>": {"id": "<s>", "ids": [1],
+                                                       "tokens": ["<s>"]}}},
+         "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                   "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                   "fuse_unk": fuse_unk, "byte_fallback": byte_fallback,
+                   "ignore_merges": False, "vocab": vocab, "merges": merges}}
+    dec_seq = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": SPM_MARK}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    if form == "llama2":
+        j["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SPM_MARK},
+            {"type": "Replace", "pattern": {"String": " "}, "content": SPM_MARK}]}
+        j["pre_tokenizer"] = None
+        j["decoder"] = dec_seq
+    else:
+        scheme, split = form.split("-")[1:]
+        j["normalizer"] = None
+        j["pre_tokenizer"] = {"type": "Metaspace", "replacement": SPM_MARK,
+                              "prepend_scheme": scheme, "split": split == "split"}
+        j["decoder"] = {"type": "Metaspace", "replacement": SPM_MARK,
+                        "prepend_scheme": scheme, "split": split == "split"}
+        if scheme == "first":
+            j["decoder"] = dec_seq
+        if scheme == "always" and split == "split":
+            # the older spelling of the same thing
+            for k in ("pre_tokenizer", "decoder"):
+                del j[k]["prepend_scheme"]
+                del j[k]["split"]
+                j[k]["add_prefix_space"] = True
+    return j
+
+
+def spm_variants(tmp, rng):
+    """Yields (name, path, tokenizer) for each SentencePiece-style variant."""
+    from tokenizers import Tokenizer
+    trained = train_spm(rng)
+    vs = {
+        "llama2": spm_json(trained, "llama2"),
+        "llama2,merge-strings": spm_json(trained, "llama2", merge_strings=True),
+        "llama2,no-byte-fallback,unfused-unk": spm_json(trained, "llama2", byte_fallback=False,
+                                                       fuse_unk=False),
+        "llama2,ascii-bytes-only": spm_json(trained, "llama2", bytes_kept=range(128)),
+        "metaspace-first-nosplit": spm_json(trained, "metaspace-first-nosplit"),
+        "metaspace-always-split": spm_json(trained, "metaspace-always-split"),
+        "metaspace-never-split": spm_json(trained, "metaspace-never-split"),
+    }
+    for name, j in vs.items():
+        path = os.path.join(tmp, f"spm-{len(name)}-{abs(hash(name))}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=rng.random() < 0.5)
+        yield "spm:" + name, path, Tokenizer.from_file(path)
+
+
+def spm_piece(tok, i, added):
+    """The bytes wk_tok_piece must give for id i of a SentencePiece-style tokenizer."""
+    s = tok.id_to_token(i)
+    if i not in added and len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+        return bytes([int(s[3:5], 16)])
+    return s.replace(SPM_MARK, " ").encode("utf-8")
+
+
+def check_pieces(tokdump, name, path, tok, spm=False):
     res = subprocess.run([tokdump, path], capture_output=True)
     if res.returncode != 0:
         print(f"FAIL {name}: tokdump: {res.stderr.decode(errors='replace')}")
@@ -234,18 +362,30 @@ def check_pieces(tokdump, name, path, tok):
     added = {t.content for t in tok.get_added_tokens_decoder().values()}
     vocab = tok.get_vocab(with_added_tokens=True)
     if int(head["vocab_size"]) != max(vocab.values()) + 1 or int(head["count"]) != len(vocab):
-        print(f"FAIL {name}: size/count {head} vs {len(vocab)}")
+        print(f"FAIL {name}: size/count {head} vs {max(vocab.values()) + 1}/{len(vocab)}")
         return 1
     got = {int(i): bytes.fromhex(h) for i, h in (l.split(" ") for l in lines[3:])}
+    added_ids = set(tok.get_added_tokens_decoder())
     for s, i in vocab.items():
-        want = s.encode("utf-8") if s in added else bytes(dec[c] for c in s)
+        if spm:
+            want = spm_piece(tok, i, added_ids)
+        else:
+            want = s.encode("utf-8") if s in added else bytes(dec[c] for c in s)
         if got.get(i) != want:
             print(f"FAIL {name}: piece {i} {got.get(i)!r} != {want!r}")
             return 1
     return 0
 
 
-def check_encode(tokdump, name, path, tok, texts):
+def tok_pieces(tokdump, path):
+    res = subprocess.run([tokdump, path], capture_output=True, check=True)
+    lines = res.stdout.decode("ascii").splitlines()
+    return {int(i): bytes.fromhex(h) for i, h in (l.split(" ") for l in lines[3:])}
+
+
+def check_encode(tokdump, name, path, tok, texts, pieces=None, metaspace_dec=False,
+                 strip=True):
+    """Compares ids; with pieces (SentencePiece-style), also wk_tok_decode's text with HF's."""
     stdin = "".join(t.encode("utf-8", "surrogatepass").hex() + "\n" for t in texts)
     res = subprocess.run([tokdump, path, "encode"], input=stdin.encode("ascii"),
                          capture_output=True)
@@ -261,6 +401,24 @@ def check_encode(tokdump, name, path, tok, texts):
             bad += 1
             if bad <= 5:
                 print(f"FAIL {name}: {t!r}:\n  C:  {got}\n  HF: {want}")
+        elif pieces is not None:
+            # wk_tok_decode: the pieces, one leading space stripped (Strip / Metaspace
+            # unless prepend_scheme is "never").
+            raw = b"".join(pieces[i] for i in got)
+            ours = raw[1:] if raw.startswith(b" ") and strip else raw
+            try:
+                ours_s = ours.decode("utf-8")
+            except UnicodeDecodeError:
+                continue  # HF's ByteFallback writes U+FFFD per token there; streams differ
+            hf = tok.decode(got, skip_special_tokens=False)
+            first_multi = got and tok.id_to_token(got[0]).count(SPM_MARK) > 1
+            # The Metaspace decoder leaves "<0xXX>" as text and drops every mark of
+            # the first token; pieces are real bytes, and decode strips one space.
+            byte_tok = any(tok.id_to_token(i).startswith("<0x") for i in got)
+            if ours_s != hf and not (metaspace_dec and (first_multi or byte_tok)):
+                bad += 1
+                if bad <= 5:
+                    print(f"FAIL {name}: decode {t!r}:\n  C:  {ours_s!r}\n  HF: {hf!r}")
     return 1 if bad else 0
 
 
@@ -278,6 +436,18 @@ def main():
         for name, path, tok, _nfc in variants(tmp, rng):
             f = check_pieces(tokdump, name, path, tok) + \
                 check_encode(tokdump, name, path, tok, texts)
+            if f:
+                failed += 1
+            else:
+                passed += 1
+                print(f"PASS {name} ({len(texts)} strings, tokenizers {tokenizers.__version__})")
+        for name, path, tok in spm_variants(tmp, rng):
+            meta = "metaspace" in name
+            f = check_pieces(tokdump, name, path, tok, spm=True)
+            if not f:
+                f = check_encode(tokdump, name, path, tok, texts, tok_pieces(tokdump, path),
+                                 metaspace_dec=meta and "first" not in name,
+                                 strip="never" not in name)
             if f:
                 failed += 1
             else:

@@ -4,8 +4,12 @@
  * (leftmost-longest), the prefix space, the GPT-2 split (contractions,
  * numbers, whitespace runs, non-ASCII letters, invalid UTF-8), NFC, empty
  * input, decode round trips, hostile files refused with their diags, the
- * end-of-text rules and wk_tok_load_dir(). tests/reference/check_bpe.py
- * compares against the real `tokenizers` library.
+ * end-of-text rules and wk_tok_load_dir(); then the SentencePiece-style
+ * ("hf-spm", Llama-2 / Mistral) mode: Prepend/Replace and Metaspace forms,
+ * byte fallback, unk (fused or not), added tokens, pieces, decode, the
+ * stream, a long single word, and hostile variants.
+ * tests/reference/check_bpe.py compares against the real `tokenizers`
+ * library.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -739,6 +743,370 @@ test_load_dir(void **state)
     free(j);
 }
 
+/* ---- SentencePiece-style (Llama / Mistral) mode ---- */
+
+#define MS "\xe2\x96\x81" /* U+2581 in UTF-8 */
+#define MSJ "\\u2581"     /* and as a JSON escape */
+#define FB(b) (3 + (b))   /* id of "<0xXX>" in spm files */
+
+/*
+ * Components of a Llama-style tokenizer.json: <unk> <s> </s> (ids 0..2), the
+ * 256 "<0xXX>" tokens (3..258) from byte 0 to bytes - 1, then 259 "▁", 260
+ * "a", 261 "b", 262 "h", 263 "i", 264 "▁a", 265 "▁h", 266 "hi", 267 "▁hi",
+ * 268 "é", 269 "x", 270 "▁▁"; merges ▁+a, ▁+h, h+i, ▁h+i, ▁+▁. Added:
+ * the three specials and the normalized "hi b" (271).
+ */
+typedef struct spm_spec {
+    const char *normalizer; /* raw JSON, NULL: the Llama-2 Sequence[Prepend, Replace] */
+    const char *pre;        /* raw JSON, NULL: null */
+    const char *decoder;    /* raw JSON, NULL: Sequence[Replace, ByteFallback, Fuse, Strip] */
+    const char *model;      /* raw JSON model flags, NULL: byte_fallback, unk, fuse_unk */
+    int bytes;              /* byte tokens 0..bytes-1; 0 means all 256 */
+} spm_spec;
+
+#define SPM_NORM                                                                                   \
+    "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"" MSJ      \
+    "\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"" MSJ "\"}]}"
+#define SPM_DEC                                                                                    \
+    "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": "  \
+    "\"" MSJ "\"}, \"content\": \" \"}, {\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}, "     \
+    "{\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]}"
+#define SPM_META(scheme, split)                                                                    \
+    "{\"type\": \"Metaspace\", \"replacement\": \"" MSJ "\", \"prepend_scheme\": \"" scheme       \
+    "\", \"split\": " split "}"
+
+static char *
+spm_json(const spm_spec *sp, size_t *len)
+{
+    tbuf b = {0};
+    static const char *const words[] = {MS,      "a",     "b",      "h",         "i",
+                                         MS "a", MS "h",  "hi",     MS "hi",     "\xc3\xa9",
+                                         "x",    MS MS};
+    int nb = sp->bytes ? sp->bytes : 256;
+
+    tbuf_fmt(&b, "{\"version\": \"1.0\", \"truncation\": null, \"padding\": null,\n");
+    tbuf_fmt(&b, "\"added_tokens\": [");
+    static const char *const sp_tok[] = {"<unk>", "<s>", "</s>"};
+    for (int i = 0; i < 3; i++)
+        tbuf_fmt(&b,
+                 "{\"id\": %d, \"content\": \"%s\", \"single_word\": false, \"lstrip\": false, "
+                 "\"rstrip\": false, \"normalized\": false, \"special\": true}, ",
+                 i, sp_tok[i]);
+    tbuf_fmt(&b,
+             "{\"id\": 271, \"content\": \"hi b\", \"normalized\": true, \"special\": false}],\n");
+    tbuf_fmt(&b, "\"normalizer\": %s,\n", sp->normalizer ? sp->normalizer : SPM_NORM);
+    tbuf_fmt(&b, "\"pre_tokenizer\": %s,\n", sp->pre ? sp->pre : "null");
+    tbuf_fmt(&b,
+             "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [], \"pair\": [], "
+             "\"special_tokens\": {}},\n\"decoder\": %s,\n",
+             sp->decoder ? sp->decoder : SPM_DEC);
+    tbuf_fmt(&b, "\"model\": {\"type\": \"BPE\", \"dropout\": null, %s, \"vocab\": {",
+             sp->model ? sp->model
+                       : "\"unk_token\": \"<unk>\", \"fuse_unk\": true, \"byte_fallback\": true");
+    tbuf_fmt(&b, "\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2");
+    for (int c = 0; c < nb; c++)
+        tbuf_fmt(&b, ", \"<0x%02X>\": %d", c, FB(c));
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+        tbuf_fmt(&b, ", \"%s\": %zu", words[i], 259 + i);
+    tbuf_fmt(&b, "},\n\"merges\": [\"" MS " a\", [\"" MS "\", \"h\"], \"h i\", \"" MS "h i\", "
+                 "\"" MS " " MS "\"]}}\n");
+    *len = b.len;
+    return b.p;
+}
+
+static wk_tok *
+spm_load(const spm_spec *sp, const char *cfg)
+{
+    size_t len;
+    char *j = spm_json(sp, &len);
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+
+    if (wk_tok_load_hf_mem(j, len, cfg, cfg ? strlen(cfg) : 0, &t, &d) != WK_OK)
+        fail_msg("load failed: %s\n%s", d.msg, j);
+    free(j);
+    return t;
+}
+
+static void
+spm_refused(const spm_spec *sp, wk_err err, const char *want)
+{
+    size_t len;
+    char *j = spm_json(sp, &len);
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+    wk_err got = wk_tok_load_hf_mem(j, len, NULL, 0, &t, &d);
+
+    if (got != err || strstr(d.msg, want) == NULL)
+        fail_msg("want %s \"%s\", got %s \"%s\"", wk_err_name(err), want, wk_err_name(got), d.msg);
+    assert_null(t);
+    free(j);
+}
+
+/* Expects wk_tok_piece(t, id) to be want. */
+static void
+piece_eq(const wk_tok *t, int32_t id, const char *want)
+{
+    size_t n = 0;
+    const uint8_t *p = wk_tok_piece(t, id, &n);
+    assert_non_null(p);
+    if (n != strlen(want) || memcmp(p, want, n) != 0)
+        fail_msg("piece %d: got \"%.*s\", want \"%s\"", (int)id, (int)n, p, want);
+}
+
+/* Expects decode(encode(s)) to be want. */
+static void
+round_trip_eq(const wk_tok *t, const char *s, const char *want)
+{
+    int32_t *ids = NULL;
+    size_t n = 0, bl = 0;
+    char *back = NULL;
+
+    assert_int_equal(wk_tok_encode(t, s, strlen(s), &ids, &n, NULL), WK_OK);
+    assert_int_equal(wk_tok_decode(t, ids, n, &back, &bl, NULL), WK_OK);
+    if (bl != strlen(want) || memcmp(back, want, bl) != 0)
+        fail_msg("round trip \"%s\": got \"%.*s\", want \"%s\"", s, (int)bl, back, want);
+    free(ids);
+    free(back);
+}
+
+static void
+test_spm_llama2(void **state)
+{
+    (void)state;
+    spm_spec sp = {0};
+    wk_tok *t = spm_load(&sp, "{\"eos_token\": \"</s>\"}");
+
+    assert_string_equal(wk_tok_kind(t), "hf-spm");
+    assert_int_equal(wk_tok_eos(t), 2);
+    assert_int_equal(wk_tok_vocab_size(t), 272);
+    assert_int_equal(wk_tok_count(t), 272);
+    /* Prepend + Replace, then merges by rank over the one word */
+    ENC(t, "hi", 267);
+    ENC(t, "a hi", 264, 267);
+    enc_eq(t, "", 0, 0);
+    /* a leading space is kept: "▁▁hi" -> ▁ + ▁hi (▁h outranks ▁▁) */
+    ENC(t, " hi", 259, 267);
+    /* space runs: "▁▁▁a" -> ▁a first, then ▁▁ */
+    ENC(t, "  a", 270, 264);
+    ENC(t, "a   ", 264, 270, 259);
+    /* byte fallback: "c" and "€" are no vocab characters; é is */
+    ENC(t, "c", 259, FB('c'));
+    ENC(t, "\xe2\x82\xac", 259, FB(0xe2), FB(0x82), FB(0xac));
+    ENC(t, "\xc3\xa9", 259, 268);
+    /* a byte outside UTF-8 is a character of its own, falling back to itself */
+    ENC(t, "\xff" "a", 259, FB(0xff), 260);
+    /* a literal U+2581 in the text is the same as a space */
+    ENC(t, MS "hi", 259, 267);
+    /* special tokens split the text; each piece of text gets its own ▁ */
+    ENC(t, "<s>hi", 1, 267);
+    ENC(t, "a<s>hi</s>", 264, 1, 267, 2);
+    ENC(t, "</s>", 2);
+    ENC(t, "<unk>", 0);
+    /* a normalized added token is matched in normalized text: "hi b" is "▁hi▁b" */
+    ENC(t, "x hi b", 259, 269, 271);
+    ENC(t, "hi b", 271);
+    ENC(t, "xhi b", 259, 269, 266, 259, 261);
+
+    /* pieces are real bytes */
+    piece_eq(t, 259, " ");
+    piece_eq(t, 267, " hi");
+    piece_eq(t, 270, "  ");
+    piece_eq(t, FB('c'), "c");
+    {
+        size_t n0 = 0;
+        const uint8_t *p0 = wk_tok_piece(t, FB(0), &n0);
+        assert_non_null(p0);
+        assert_int_equal(n0, 1);
+        assert_int_equal(p0[0], 0);
+    }
+    piece_eq(t, 1, "<s>");
+    piece_eq(t, 0, "<unk>");
+    piece_eq(t, 271, " hi b");
+
+    /* decode drops the one leading space encode put in front */
+    round_trip_eq(t, "hi", "hi");
+    round_trip_eq(t, "a hi \xe2\x82\xac c", "a hi \xe2\x82\xac c");
+    round_trip_eq(t, " hi", " hi");
+    round_trip_eq(t, "  a", "  a");
+    round_trip_eq(t, "x hi b", "x hi b");
+    round_trip_eq(t, "\xff" "ab", "\xff" "ab");
+    /* after a special token the added space stays, as in the library */
+    round_trip_eq(t, "a<s>hi", "a<s> hi");
+
+    /* the stream decoder does not strip: the first piece's space shows */
+    {
+        int32_t ids[] = {264, FB(0xe2), FB(0x82), FB(0xac)};
+        wk_tok_stream st;
+        char out[WK_TOK_STREAM_OUT_MAX], all[64];
+        size_t o = 0, got;
+        wk_tok_stream_init(&st, t);
+        for (size_t i = 0; i < 4; i++) {
+            assert_int_equal(wk_tok_stream_push(&st, ids[i], out, sizeof(out), &got, NULL), WK_OK);
+            if (i == 1 || i == 2)
+                assert_int_equal(got, 0); /* half a character is held back */
+            memcpy(all + o, out, got);
+            o += got;
+        }
+        o += wk_tok_stream_flush(&st, all + o);
+        assert_int_equal(o, 5);
+        assert_memory_equal(all, " a\xe2\x82\xac", 5);
+    }
+    wk_tok_free(t);
+}
+
+static void
+test_spm_unk(void **state)
+{
+    (void)state;
+    /* no byte fallback: unknown characters are <unk>, fused or not */
+    spm_spec fused = {.model = "\"unk_token\": \"<unk>\", \"fuse_unk\": true, "
+                               "\"byte_fallback\": false"};
+    spm_spec apart = {.model = "\"unk_token\": \"<unk>\", \"fuse_unk\": false, "
+                               "\"byte_fallback\": false"};
+    /* fallback only for ASCII: other characters are unk; as in the library, a
+     * pending unk waits for the next vocab character, so fallback bytes pass it */
+    spm_spec ascii = {.bytes = 128};
+    wk_tok *tf = spm_load(&fused, NULL), *ta = spm_load(&apart, NULL), *tb = spm_load(&ascii, NULL);
+
+    ENC(tf, "cc", 259, 0);
+    ENC(tf, "acca", 264, 0, 260);
+    ENC(ta, "cc", 259, 0, 0);
+    ENC(ta, "acca", 264, 0, 0, 260);
+    ENC(tb, "c", 259, FB('c'));
+    ENC(tb, "\xe2\x82\xac" "c" "\xe2\x82\xac\xe2\x82\xac", 259, FB('c'), 0);
+    ENC(tb, "\xe2\x82\xac" "a", 259, 0, 260);
+    /* eos without a config: </s> */
+    assert_int_equal(wk_tok_eos(tb), 2);
+    wk_tok_free(tf);
+    wk_tok_free(ta);
+    wk_tok_free(tb);
+}
+
+static void
+test_spm_metaspace(void **state)
+{
+    (void)state;
+    spm_spec first = {.normalizer = "null", .pre = SPM_META("first", "false")};
+    spm_spec always = {.normalizer = "null",
+                       .pre = "{\"type\": \"Metaspace\", \"replacement\": \"" MSJ
+                              "\", \"add_prefix_space\": true}",
+                       .decoder = SPM_META("always", "true")};
+    spm_spec never = {.normalizer = "null", .pre = SPM_META("never", "true"),
+                      .decoder = SPM_META("never", "true")};
+    wk_tok *tf = spm_load(&first, NULL), *ta = spm_load(&always, NULL),
+           *tn = spm_load(&never, NULL);
+
+    assert_string_equal(wk_tok_kind(tf), "hf-spm");
+    /* "first": only the text at offset 0 gets the mark, and not when it has one */
+    ENC(tf, "hi", 267);
+    ENC(tf, " hi", 267);
+    ENC(tf, "<s>hi", 1, 266);
+    ENC(tf, "a<s>hi", 264, 1, 266);
+    /* no split: "hi b" (normalized added token) is matched in the raw text */
+    ENC(tf, "x hi b", 259, 269, 259, 271);
+    /* "always" (old add_prefix_space spelling), split at every mark */
+    ENC(ta, "<s>hi", 1, 267);
+    ENC(ta, "a  hi", 264, 259, 267);
+    /* "never" */
+    ENC(tn, "hi", 266);
+    ENC(tn, "a hi", 260, 267);
+    round_trip_eq(tf, "hi a", "hi a");
+    round_trip_eq(tf, " hi", "hi"); /* the library loses it too */
+    round_trip_eq(tn, " hi", " hi");
+    wk_tok_free(tf);
+    wk_tok_free(ta);
+    wk_tok_free(tn);
+}
+
+static void
+test_spm_hostile(void **state)
+{
+    (void)state;
+    static const struct {
+        spm_spec sp;
+        wk_err err;
+        const char *want;
+    } cases[] = {
+        {{.normalizer = "null"}, WK_ENOTSUP, "pre_tokenizer is null, which is supported only"},
+        {{.normalizer = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+                        "\"prepend\": \"_\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": "
+                        "\" \"}, \"content\": \"" MSJ "\"}]}"},
+         WK_ENOTSUP, "pre_tokenizer is null"},
+        {{.normalizer = "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+                        "\"prepend\": \"" MSJ "\"}, {\"type\": \"Replace\", \"pattern\": "
+                        "{\"Regex\": \" \"}, \"content\": \"" MSJ "\"}]}"},
+         WK_ENOTSUP, "pre_tokenizer is null"},
+        {{.normalizer = "{\"type\": \"NFC\"}", .pre = SPM_META("first", "false")},
+         WK_ENOTSUP, "normalizer must be null with a Metaspace"},
+        {{.normalizer = "null",
+          .pre = "{\"type\": \"Metaspace\", \"replacement\": \"_\", "
+                 "\"prepend_scheme\": \"first\"}"},
+         WK_ENOTSUP, "pre_tokenizer.replacement must be"},
+        {{.normalizer = "null", .pre = SPM_META("sometimes", "false")},
+         WK_EINVAL, "pre_tokenizer.prepend_scheme \"sometimes\""},
+        {{.normalizer = "null",
+          .pre = "{\"type\": \"Metaspace\", \"replacement\": \"" MSJ
+                 "\", \"prepend_scheme\": \"first\", \"add_prefix_space\": false}"},
+         WK_EINVAL, "add_prefix_space does not match"},
+        {{.normalizer = "null", .pre = SPM_META("first", "1")},
+         WK_EINVAL, "pre_tokenizer.split is not a boolean"},
+        {{.decoder = "{\"type\": \"ByteLevel\"}"}, WK_ENOTSUP, "decoder.type \"ByteLevel\""},
+        {{.decoder = "null"}, WK_ENOTSUP, "decoder is null"},
+        {{.decoder = "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"}, "
+                     "{\"type\": \"Fuse\"}]}"},
+         WK_ENOTSUP, "only the Sequence"},
+        {{.decoder = "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", "
+                     "\"pattern\": {\"String\": \"" MSJ "\"}, \"content\": \" \"}, {\"type\": "
+                     "\"ByteFallback\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", "
+                     "\"content\": \" \", \"start\": 2, \"stop\": 0}]}"},
+         WK_ENOTSUP, "decoder.decoders[3]"},
+        {{.model = "\"unk_token\": \"<nope>\", \"byte_fallback\": true"},
+         WK_EINVAL, "model.unk_token \"<nope>\" is not in model.vocab"},
+        {{.model = "\"unk_token\": null, \"byte_fallback\": false"},
+         WK_EINVAL, "neither byte_fallback nor an unk_token"},
+        {{.model = "\"unk_token\": null, \"byte_fallback\": true", .bytes = 128},
+         WK_EINVAL, "no token \"<0x80>\" for byte_fallback"},
+        {{.model = "\"unk_token\": \"<unk>\", \"fuse_unk\": 1"},
+         WK_EINVAL, "model.fuse_unk is not a boolean"},
+        {{.model = "\"unk_token\": 7"}, WK_EINVAL, "model.unk_token is not a string"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        spm_refused(&cases[i].sp, cases[i].err, cases[i].want);
+
+    /* all byte tokens, no unk: fine */
+    spm_spec ok = {.model = "\"unk_token\": null, \"byte_fallback\": true"};
+    wk_tok *t = spm_load(&ok, NULL);
+    ENC(t, "c", 259, FB('c'));
+    wk_tok_free(t);
+}
+
+/* A long text is one word in the Llama-2 form: the heap keeps it O(n log n). */
+static void
+test_spm_long(void **state)
+{
+    (void)state;
+    spm_spec sp = {0};
+    wk_tok *t = spm_load(&sp, NULL);
+    size_t n = 1 << 20;
+    char *s = malloc(n);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+
+    assert_non_null(s);
+    for (size_t i = 0; i < n; i += 3)
+        memcpy(s + i, "hi ", i + 3 <= n ? 3 : n - i);
+    assert_int_equal(wk_tok_encode(t, s, n, &ids, &n_ids, NULL), WK_OK);
+    /* "▁hi" per "hi ", the last one cut to "h" (2^20 = 3 * 349525 + 1): "▁h" */
+    assert_int_equal(n_ids, (n + 2) / 3);
+    for (size_t i = 0; i + 1 < n_ids; i++)
+        assert_int_equal(ids[i], 267);
+    assert_int_equal(ids[n_ids - 1], 265);
+    free(ids);
+    free(s);
+    wk_tok_free(t);
+}
+
 int
 main(void)
 {
@@ -748,7 +1116,9 @@ main(void)
         cmocka_unit_test(test_prefix_space), cmocka_unit_test(test_regex_split),
         cmocka_unit_test(test_nfc),          cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_hostile),      cmocka_unit_test(test_eos_and_digest),
-        cmocka_unit_test(test_load_dir),
+        cmocka_unit_test(test_load_dir),     cmocka_unit_test(test_spm_llama2),
+        cmocka_unit_test(test_spm_unk),      cmocka_unit_test(test_spm_metaspace),
+        cmocka_unit_test(test_spm_hostile),  cmocka_unit_test(test_spm_long),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
