@@ -83,6 +83,10 @@ ctl_admin_worker_json(const ctl_worker_view *v)
                           (json_int_t)v->tokens);
     if (o == NULL)
         return NULL;
+    /* what the migration transport choice reads (docs/OPERATIONS.md) */
+    json_object_set_new(o, "nccl", json_boolean(v->nccl));
+    json_object_set_new(o, "device_index", json_integer(v->device_index));
+    json_object_set_new(o, "device_uuid", json_string(v->device_uuid));
     if (v->model_loaded)
         json_object_set_new(o, "model",
                             json_pack("{s:s, s:s, s:s, s:I}", "name", v->model_name, "family",

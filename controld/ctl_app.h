@@ -13,6 +13,7 @@
 #include "ctl_pool.h"
 #include "ctl_sched.h"
 #include "ctl_store.h"
+#include "ctl_transport.h"
 #include "ctl_vm.h"
 #include "wk_tok.h"
 
@@ -38,6 +39,7 @@ typedef struct ctl_app {
     uint64_t max_message_bytes; /* most content bytes in one chat message */
     uint32_t max_stop_bytes;   /* longest stop string, bytes */
     uint64_t max_states_per_user; /* most state versions one user may store, 0 = no limit */
+    ctl_transport_opts migrate; /* migration transport: NCCL between hosts, deadlines */
 } ctl_app;
 
 /*

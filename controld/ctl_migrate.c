@@ -5,6 +5,7 @@
  *   POST /admin/slots/{worker}:{slot}/migrate {"to": "w1"}
  *   POST /admin/slots/{worker}:{slot}/evict  (parked only: spilled, slot freed)
  *   POST /admin/workers/{id}/drain         {"undrain": false}
+ *   GET  /admin/workers/{id}/drain         progress of a drain: {state, total, done, ...}
  *
  * A migration is prepare (reserve a slot on the destination), transfer
  * (chunked SlotRead from the source, SlotWrite to the destination, relayed
@@ -14,10 +15,20 @@
  * freed). The source is untouched until commit, so any failure before it
  * leaves the request running on the source. A running request is left out
  * of the steps while its bytes move and rejoins on the destination.
- * GPU-to-GPU NCCL transfer is not built (no CUDA step yet); every migration
- * uses the NNG transport, as the response and the metrics say.
+ * The bytes move by ctl_transport_move(): NCCL point-to-point between two
+ * CUDA workers with NCCL on different devices (the workers' arenas talk
+ * directly; the controller only relays the ncclUniqueId and drives the
+ * phases), else NNG relayed by the controller; a failed NCCL attempt is
+ * aborted on both sides and the same migration retried once over NNG. The
+ * response (transport, transport_reason, nccl_fallback), the log and the
+ * metrics' transport label say which moved the bytes.
+ *
+ * A drain records its progress in a small table (one entry per worker,
+ * guarded by its own mutex) that GET /admin/workers/{id}/drain reads while
+ * the POST is still working.
  */
 #define WK_LOG_MODULE "migrate"
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,9 +50,11 @@ ctl_mig_now(void)
 }
 
 typedef struct ctl_mig_ctx {
-    ctl_app *app;          /* app */
-    uint64_t bytes;        /* bytes moved */
-    double transfer_s;     /* seconds in transfer + verify */
+    ctl_app *app;              /* app */
+    uint64_t bytes;            /* bytes moved */
+    double transfer_s;         /* seconds in transfer + verify */
+    bool moved;                /* the mover ran (rep is filled) */
+    ctl_transport_report rep;  /* transport used, why, NCCL fallback */
 } ctl_mig_ctx;
 
 static wk_err
@@ -49,7 +62,10 @@ ctl_mig_mover(void *arg, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_di
 {
     ctl_mig_ctx *m = arg;
     double t0 = ctl_mig_now();
-    wk_err err = ctl_vm_transfer(m->app->vm, src, dst, &m->bytes, d);
+    wk_err err = ctl_transport_move(m->app->pool, m->app->vm, src, dst, &m->app->migrate, &m->rep,
+                                    d);
+    m->moved = true;
+    m->bytes = err == WK_OK ? m->rep.bytes : 0;
     m->transfer_s = ctl_mig_now() - t0;
     return err;
 }
@@ -75,10 +91,11 @@ ctl_mig_lookup(ctl_app *app, const char *worker, uint32_t slot, ctl_slot_info *o
 }
 
 static void
-ctl_mig_count(ctl_app *app, const char *result, double secs, uint64_t bytes)
+ctl_mig_count(ctl_app *app, const char *result, const char *transport, double secs,
+              uint64_t bytes)
 {
     char lb[96];
-    snprintf(lb, sizeof(lb), "result=\"%s\",transport=\"nng\"", result);
+    snprintf(lb, sizeof(lb), "result=\"%s\",transport=\"%s\"", result, transport);
     ctl_metrics_add(app->metrics, "wkvm_migrations_total", lb, 1);
     if (strcmp(result, "committed") == 0) {
         ctl_metrics_observe(app->metrics, "wkvm_migration_seconds", NULL, secs);
@@ -101,25 +118,34 @@ ctl_mig_one(ctl_app *app, const ctl_slot_info *info, const char *to, json_t **ou
         err = ctl_sched_migrate_job(app->sched, &info->ref, to, ctl_mig_mover, &m, &dst, d);
     } else {
         kind = "parked";
-        double t1 = ctl_mig_now();
-        err = ctl_vm_move(app->vm, &info->ref, to, &dst, &m.bytes, d);
-        m.transfer_s = ctl_mig_now() - t1;
+        err = ctl_vm_move_with(app->vm, &info->ref, to, ctl_mig_mover, &m, &dst, d);
     }
     double total = ctl_mig_now() - t0;
-    ctl_mig_count(app, err == WK_OK ? "committed" : "aborted", total, m.bytes);
+    /* Refused before any byte moved (bad target, no room): no transport was chosen. */
+    const char *transport = ctl_transport_kind_name(m.rep.kind);
+    const char *reason = m.moved ? m.rep.reason : "not started";
+    ctl_mig_count(app, err == WK_OK ? "committed" : "aborted", transport, total, m.bytes);
     char from[96], dest[96];
     snprintf(from, sizeof(from), "%s:%u", info->ref.worker, info->ref.slot);
     snprintf(dest, sizeof(dest), "%s:%u", dst.worker, dst.slot);
-    *out = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:{s:f, s:f}}", "result",
+    *out = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:{s:f, s:f}}", "result",
                      err == WK_OK ? "committed" : "aborted", "kind", kind, "from", from, "to",
-                     err == WK_OK ? dest : to, "transport", "nng", "bytes", (json_int_t)m.bytes,
-                     "seconds", "transfer", m.transfer_s, "total", total);
+                     err == WK_OK ? dest : to, "transport", transport, "transport_reason",
+                     reason, "bytes", (json_int_t)m.bytes, "seconds", "transfer", m.transfer_s,
+                     "total", total);
+    if (*out != NULL && m.rep.fallback[0] != '\0') {
+        json_object_set_new(*out, "nccl_fallback", json_string(m.rep.fallback));
+        json_object_set_new(*out, "nccl_failed_phase",
+                            json_string(ctl_nccl_phase_name(m.rep.failed_phase)));
+    }
     if (err != WK_OK && *out != NULL)
         json_object_set_new(*out, "error", json_string(d->msg));
-    wk_log_info("migration %s kind=%s from=%s to=%s bytes=%llu ms=%.2f%s%s",
-                err == WK_OK ? "committed" : "aborted", kind, from, to,
-                (unsigned long long)m.bytes, total * 1000.0, err == WK_OK ? "" : " error=",
-                err == WK_OK ? "" : d->msg);
+    wk_log_info("migration %s kind=%s from=%s to=%s transport=%s reason=\"%s\"%s%s%s bytes=%llu "
+                "ms=%.2f%s%s",
+                err == WK_OK ? "committed" : "aborted", kind, from, to, transport, reason,
+                m.rep.fallback[0] ? " nccl_fallback=\"" : "", m.rep.fallback,
+                m.rep.fallback[0] ? "\"" : "", (unsigned long long)m.bytes, total * 1000.0,
+                err == WK_OK ? "" : " error=", err == WK_OK ? "" : d->msg);
     return err;
 }
 
@@ -264,18 +290,164 @@ ctl_mig_pick(ctl_app *app, const char *from, char *out, size_t cap)
     free(v);
 }
 
+/* Progress of one worker's drain, readable while the POST works. */
+typedef struct ctl_mig_drain_rec {
+    char worker[65];    /* worker id, "" = unused entry */
+    bool running;       /* the POST is still migrating */
+    uint32_t total;     /* slots on the worker when the drain began (grows if more appear) */
+    uint32_t done;      /* migrations committed */
+    uint32_t failed;    /* migrations aborted */
+    uint32_t remaining; /* slots still on the worker after the last round */
+    char current[200];  /* "w0:3 -> w1" while one moves, "" between */
+    double started;     /* monotonic seconds */
+    double finished;    /* monotonic seconds, 0 while running */
+} ctl_mig_drain_rec;
+
+#define CTL_MIG_DRAINS_MAX 64
+static pthread_mutex_t ctl_mig_drain_mu = PTHREAD_MUTEX_INITIALIZER;
+static ctl_mig_drain_rec ctl_mig_drains[CTL_MIG_DRAINS_MAX]; /* guarded by ctl_mig_drain_mu */
+
+/* The entry of worker, NULL when none. Called with ctl_mig_drain_mu held. */
+static ctl_mig_drain_rec *
+ctl_mig_drain_find_locked(const char *worker)
+{
+    for (size_t i = 0; i < CTL_MIG_DRAINS_MAX; i++)
+        if (strcmp(ctl_mig_drains[i].worker, worker) == 0)
+            return &ctl_mig_drains[i];
+    return NULL;
+}
+
+/*
+ * Starts the record of worker's drain: reuses its entry, a free one or the
+ * longest finished. WK_EBUSY when a drain of worker is running already,
+ * WK_ENOSPC when every entry belongs to a running drain.
+ */
+static wk_err
+ctl_mig_drain_begin(const char *worker, uint32_t total)
+{
+    pthread_mutex_lock(&ctl_mig_drain_mu);
+    ctl_mig_drain_rec *p = ctl_mig_drain_find_locked(worker), *r = p;
+    wk_err err = WK_OK;
+    if (p != NULL && p->running)
+        err = WK_EBUSY;
+    for (size_t i = 0; err == WK_OK && p == NULL && i < CTL_MIG_DRAINS_MAX; i++) {
+        ctl_mig_drain_rec *c = &ctl_mig_drains[i];
+        if (c->worker[0] == '\0') {
+            r = c;
+            break;
+        }
+        if (!c->running && (r == NULL || c->finished < r->finished))
+            r = c;
+    }
+    if (err == WK_OK && r == NULL)
+        err = WK_ENOSPC;
+    if (err == WK_OK) {
+        memset(r, 0, sizeof(*r));
+        snprintf(r->worker, sizeof(r->worker), "%.64s", worker);
+        r->running = true;
+        r->total = total;
+        r->started = ctl_mig_now();
+    }
+    pthread_mutex_unlock(&ctl_mig_drain_mu);
+    return err;
+}
+
+/* Updates worker's record: what moves now ("" none), counts, the end. */
+static void
+ctl_mig_drain_note(const char *worker, const char *current, uint32_t done, uint32_t failed,
+                   uint32_t remaining, bool finished)
+{
+    pthread_mutex_lock(&ctl_mig_drain_mu);
+    ctl_mig_drain_rec *r = ctl_mig_drain_find_locked(worker);
+    if (r != NULL) {
+        snprintf(r->current, sizeof(r->current), "%s", current);
+        r->done = done;
+        r->failed = failed;
+        r->remaining = remaining;
+        if (done + remaining > r->total)
+            r->total = done + remaining;
+        if (finished) {
+            r->running = false;
+            r->finished = ctl_mig_now();
+        }
+    }
+    pthread_mutex_unlock(&ctl_mig_drain_mu);
+}
+
+/* Slots the scheduler has allocated on worker. */
+static uint32_t
+ctl_mig_count_on(ctl_app *app, const char *worker, ctl_slot_info *all)
+{
+    size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
+    uint32_t c = 0;
+    for (size_t i = 0; i < n && i < CTL_MIG_SLOTS_MAX; i++)
+        c += strcmp(all[i].ref.worker, worker) == 0;
+    return c;
+}
+
+/* The worker id of /admin/workers/{id}/drain into worker; false when the path is not that. */
+static bool
+ctl_mig_drain_path(ctl_http_req *req, char *worker, size_t cap)
+{
+    const char *path = ctl_http_req_path(req) + strlen("/admin/workers/");
+    const char *slash = strchr(path, '/');
+    if (slash == NULL || slash == path || strcmp(slash, "/drain") != 0 ||
+        (size_t)(slash - path) >= cap)
+        return false;
+    snprintf(worker, cap, "%.*s", (int)(slash - path), path);
+    return true;
+}
+
+/*
+ * GET /admin/workers/{id}/drain: {worker, draining, state, total, done,
+ * failed, remaining, current, seconds}. state: "running" while the POST
+ * works, "done" (nothing left), "incomplete" (slots remained), "none" (no
+ * drain since the controller started).
+ */
+static void
+ctl_mig_drain_status(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    char worker[96];
+    if (!ctl_mig_drain_path(req, worker, sizeof(worker))) {
+        ctl_http_send_error(req, WK_ENOENT, "no such worker route (drain)", NULL);
+        return;
+    }
+    pthread_mutex_lock(&ctl_mig_drain_mu);
+    ctl_mig_drain_rec *p = ctl_mig_drain_find_locked(worker);
+    ctl_mig_drain_rec r;
+    memset(&r, 0, sizeof(r));
+    if (p != NULL)
+        r = *p;
+    pthread_mutex_unlock(&ctl_mig_drain_mu);
+    if (p == NULL && !ctl_sched_known(app->sched, worker)) {
+        ctl_http_send_error(req, WK_ENOENT, "no such worker", NULL);
+        return;
+    }
+    const char *state = p == NULL      ? "none"
+                        : r.running    ? "running"
+                        : r.remaining  ? "incomplete"
+                                       : "done";
+    double secs = p == NULL ? 0.0 : (r.running ? ctl_mig_now() : r.finished) - r.started;
+    json_t *o = json_pack("{s:s, s:b, s:s, s:I, s:I, s:I, s:I, s:f}", "worker", worker,
+                          "draining", ctl_sched_draining(app->sched, worker), "state", state,
+                          "total", (json_int_t)r.total, "done", (json_int_t)r.done, "failed",
+                          (json_int_t)r.failed, "remaining", (json_int_t)r.remaining, "seconds",
+                          secs);
+    if (o != NULL)
+        json_object_set_new(o, "current", r.current[0] ? json_string(r.current) : json_null());
+    ctl_http_send_json(req, 200, o);
+}
+
 static void
 ctl_mig_drain(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
-    const char *path = ctl_http_req_path(req) + strlen("/admin/workers/");
-    const char *slash = strchr(path, '/');
     char worker[96];
-    if (slash == NULL || strcmp(slash, "/drain") != 0 || (size_t)(slash - path) >= sizeof(worker)) {
+    if (!ctl_mig_drain_path(req, worker, sizeof(worker))) {
         ctl_http_send_error(req, WK_ENOENT, "no such worker route (drain)", NULL);
         return;
     }
-    snprintf(worker, sizeof(worker), "%.*s", (int)(slash - path), path);
     bool undrain = false;
     const char *buf;
     size_t len;
@@ -299,10 +471,22 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
         ctl_http_send_json(req, 200, json_pack("{s:s, s:b}", "worker", worker, "draining", 0));
         return;
     }
-    json_t *moved = json_array();
-    size_t failed = 0, remaining = 0;
     ctl_slot_info *all = calloc(CTL_MIG_SLOTS_MAX, sizeof(*all));
-    for (int round = 0; all != NULL && round < 600; round++) {
+    if (all == NULL) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        return;
+    }
+    wk_err berr = ctl_mig_drain_begin(worker, ctl_mig_count_on(app, worker, all));
+    if (berr != WK_OK) {
+        free(all);
+        ctl_http_send_error(req, berr, berr == WK_EBUSY ? "a drain of this worker is in progress "
+                                                         "(GET this route for its progress)"
+                                                       : "too many drains at once", NULL);
+        return;
+    }
+    json_t *moved = json_array();
+    size_t failed = 0, remaining = 0, done = 0;
+    for (int round = 0; round < 600; round++) {
         size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
         remaining = 0;
         bool progress = false, waiting = false;
@@ -325,24 +509,35 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
             }
             json_t *rep = NULL;
             wk_diag d = {{0}};
-            if (ctl_mig_one(app, &all[i], to, &rep, &d) == WK_OK)
+            char cur[200];
+            snprintf(cur, sizeof(cur), "%s:%u -> %s", worker, all[i].ref.slot, to);
+            ctl_mig_drain_note(worker, cur, (uint32_t)done, (uint32_t)failed,
+                               (uint32_t)remaining, false);
+            if (ctl_mig_one(app, &all[i], to, &rep, &d) == WK_OK) {
                 progress = true;
-            else
+                done++;
+            } else {
                 failed++;
+            }
             if (rep != NULL)
                 json_array_append_new(moved, rep);
+            ctl_mig_drain_note(worker, "", (uint32_t)done, (uint32_t)failed,
+                               (uint32_t)remaining, false);
         }
+        ctl_mig_drain_note(worker, "", (uint32_t)done, (uint32_t)failed, (uint32_t)remaining,
+                           false);
         if (remaining == 0 || (!progress && !waiting))
             break;
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);
     }
     free(all);
+    ctl_mig_drain_note(worker, "", (uint32_t)done, (uint32_t)failed, (uint32_t)remaining, true);
     int status = remaining == 0 ? 200 : 409;
     ctl_http_send_json(req, status,
-                       json_pack("{s:s, s:b, s:o, s:I, s:I}", "worker", worker, "draining", 1,
-                                 "migrations", moved, "failed", (json_int_t)failed, "remaining",
-                                 (json_int_t)remaining));
+                       json_pack("{s:s, s:b, s:o, s:I, s:I, s:I}", "worker", worker, "draining",
+                                 1, "migrations", moved, "failed", (json_int_t)failed,
+                                 "remaining", (json_int_t)remaining, "done", (json_int_t)done));
 }
 
 wk_err
@@ -371,6 +566,8 @@ ctl_migrate_routes(ctl_app *app, ctl_http_route *out, size_t cap)
         {"POST", "/admin/slots/", true, ctl_mig_slot_action, app, "/admin/slots/{id}/{action}",
          CTL_HTTP_ACCESS_ADMIN},
         {"POST", "/admin/workers/", true, ctl_mig_drain, app, "/admin/workers/{id}/drain",
+         CTL_HTTP_ACCESS_ADMIN},
+        {"GET", "/admin/workers/", true, ctl_mig_drain_status, app, "/admin/workers/{id}/drain",
          CTL_HTTP_ACCESS_ADMIN},
     };
     size_t n = sizeof(routes) / sizeof(routes[0]);

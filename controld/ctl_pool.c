@@ -289,6 +289,10 @@ ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
     snprintf(v->hostname, sizeof(v->hostname), "%s", h->hostname);
     v->pid = h->pid;
     v->device_mem = h->device_mem_bytes;
+    v->device_index = h->device_index;
+    snprintf(v->device_uuid, sizeof(v->device_uuid), "%s", h->device_uuid);
+    snprintf(v->pci_bus_id, sizeof(v->pci_bus_id), "%s", h->pci_bus_id);
+    v->nccl = h->nccl;
     v->connected_ms = ctl_wall_ms();
     v->detail[0] = '\0';
     ctl_pool_copy_model(w, h->model_loaded ? h->model : NULL);
@@ -302,8 +306,8 @@ ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
     v->state = model_ok ? CTL_WORKER_STATE_READY : CTL_WORKER_STATE_LOADING;
     p->stats.registrations++;
     pthread_mutex_unlock(&p->mu);
-    wk_log_info("worker registered worker=%s backend=%s device=\"%s\" pid=%u model=%s",
-                h->worker_id, h->backend, h->device, h->pid,
+    wk_log_info("worker registered worker=%s backend=%s device=\"%s\" pid=%u nccl=%s model=%s",
+                h->worker_id, h->backend, h->device, h->pid, h->nccl ? "yes" : "no",
                 h->model_loaded ? h->model_dir : "-");
     (void)ctl_pool_send(p, pipe, &r);
 }

@@ -56,6 +56,10 @@ typedef struct ctl_worker_view {
     uint64_t steps;           /* steps run (last Stats) */
     uint64_t tokens;          /* tokens processed (last Stats) */
     uint64_t connected_ms;    /* ms since epoch when this connection started */
+    uint32_t device_index;    /* CUDA ordinal (0 for cpu) */
+    char device_uuid[65];     /* "GPU-<uuid>", "" when unknown (cpu, older worker) */
+    char pci_bus_id[65];      /* "0000:3b:00.0", "" when unknown */
+    bool nccl;                /* the worker can move slots with NCCL (Hello.nccl) */
 } ctl_worker_view;
 
 typedef struct ctl_pool_config {

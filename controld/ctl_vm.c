@@ -748,9 +748,9 @@ ctl_vm_find_slot_locked(ctl_vm *vm, const ctl_slot_ref *ref)
     return NULL;
 }
 
-wk_err
-ctl_vm_move(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_slot_ref *dst_out,
-            uint64_t *bytes_moved, wk_diag *d)
+static wk_err
+ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_mover_fn mover,
+                 void *arg, ctl_slot_ref *dst_out, uint64_t *bytes_moved, wk_diag *d)
 {
     pthread_mutex_lock(&vm->mu);
     ctl_vm_entry *e = ctl_vm_find_slot_locked(vm, src);
@@ -768,7 +768,8 @@ ctl_vm_move(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_slot_ref *d
                                                          : "no worker %s",
                           to);
     } else {
-        err = ctl_vm_transfer(vm, src, &dst, bytes_moved, d);
+        err = mover != NULL ? mover(arg, src, &dst, d)
+                            : ctl_vm_transfer(vm, src, &dst, bytes_moved, d);
         if (err != WK_OK)
             (void)ctl_sched_slot_free(vm->sched, &dst);
     }
@@ -785,6 +786,20 @@ ctl_vm_move(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_slot_ref *d
         *dst_out = dst;
     }
     return err;
+}
+
+wk_err
+ctl_vm_move(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_slot_ref *dst_out,
+            uint64_t *bytes_moved, wk_diag *d)
+{
+    return ctl_vm_move_impl(vm, src, to, NULL, NULL, dst_out, bytes_moved, d);
+}
+
+wk_err
+ctl_vm_move_with(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_mover_fn mover,
+                 void *arg, ctl_slot_ref *dst_out, wk_diag *d)
+{
+    return ctl_vm_move_impl(vm, src, to, mover, arg, dst_out, NULL, d);
 }
 
 wk_err

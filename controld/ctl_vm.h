@@ -132,6 +132,16 @@ WK_MUST_CHECK wk_err ctl_vm_transfer(ctl_vm *vm, const ctl_slot_ref *src, const 
 WK_MUST_CHECK wk_err ctl_vm_move(ctl_vm *vm, const ctl_slot_ref *src, const char *to,
                                  ctl_slot_ref *dst_out, uint64_t *bytes_moved, wk_diag *d);
 
+/*
+ * ctl_vm_move() with the transfer done by mover (arg passed through; it
+ * must leave src intact and return WK_OK only when dst holds verified
+ * bytes, e.g. ctl_transport_move): the NCCL-capable path. mover NULL is
+ * ctl_vm_move() without the byte count.
+ */
+WK_MUST_CHECK wk_err ctl_vm_move_with(ctl_vm *vm, const ctl_slot_ref *src, const char *to,
+                                      ctl_sched_mover_fn mover, void *arg,
+                                      ctl_slot_ref *dst_out, wk_diag *d);
+
 /* Slots of the cache entries on worker (cap entries); returns the count. */
 size_t ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t cap);
 

@@ -61,6 +61,9 @@ static const wk_cfg_opt ctl_opts[] = {
     {"slot-io-timeout-ms", WK_CFG_U64, "60000", 100, 3600000,
      "deadline of one slot transfer request (migration, spill, resume); past it the "
      "operation aborts and the source stays as it was"},
+    {"nccl-net", WK_CFG_BOOL, "false", 0, 0,
+     "migrate between GPU workers on different hosts with NCCL (its network transport must "
+     "reach between them); otherwise such migrations relay bytes over NNG"},
     {"step-timeout-ms", WK_CFG_U64, "120000", 100, 3600000,
      "deadline of one step on a worker; past it the step's requests fail"},
     {"request-timeout-ms", WK_CFG_U64, "600000", 100, 86400000, "deadline of one request"},
@@ -215,6 +218,11 @@ main(int argc, char **argv)
     app.max_message_bytes = wk_cfg_get_u64(cfg, "max-message-bytes");
     app.max_stop_bytes = (uint32_t)wk_cfg_get_u64(cfg, "max-stop-bytes");
     app.max_states_per_user = wk_cfg_get_u64(cfg, "max-states-per-user");
+    app.migrate.nccl_net = wk_cfg_get_bool(cfg, "nccl-net");
+    app.migrate.transfer_timeout_ms = (uint32_t)(wk_cfg_get_u64(cfg, "slot-io-timeout-ms") >
+                                                         WK_PROTO_NCCL_TIMEOUT_MAX
+                                                     ? WK_PROTO_NCCL_TIMEOUT_MAX
+                                                     : wk_cfg_get_u64(cfg, "slot-io-timeout-ms"));
     /*
      * Without keys every client is the one user "local": a per-user cap would
      * be a server-wide cap on top of --queue-max, so it applies only when set

@@ -39,6 +39,9 @@ static const wk_proto_kind_row wk_proto_kinds[] = {
     [WKVM__KIND__HOST_PUT] = {"HOST_PUT", WKVM__ENVELOPE__PAYLOAD_HOST_REF},
     [WKVM__KIND__HOST_GET] = {"HOST_GET", WKVM__ENVELOPE__PAYLOAD_HOST_REF},
     [WKVM__KIND__HOST_DROP] = {"HOST_DROP", WKVM__ENVELOPE__PAYLOAD_HOST_REF},
+    [WKVM__KIND__MIGRATE_NCCL_ID] = {"MIGRATE_NCCL_ID", WKVM__ENVELOPE__PAYLOAD_MIGRATE_NCCL_ID},
+    [WKVM__KIND__MIGRATE_NCCL_ID_REPLY] = {"MIGRATE_NCCL_ID_REPLY",
+                                           WKVM__ENVELOPE__PAYLOAD_MIGRATE_NCCL_ID},
 };
 #define WK_PROTO_NKINDS (sizeof(wk_proto_kinds) / sizeof(wk_proto_kinds[0]))
 
@@ -161,7 +164,8 @@ wk_proto_validate(const wk_msg *m, wk_diag *d)
      */
     bool reply = m->kind == WKVM__KIND__HELLO_ACK || m->kind == WKVM__KIND__MODEL_INFO ||
                  m->kind == WKVM__KIND__STEP_RESULT || m->kind == WKVM__KIND__SLOT_DATA ||
-                 m->kind == WKVM__KIND__STATS_REPLY;
+                 m->kind == WKVM__KIND__STATS_REPLY ||
+                 m->kind == WKVM__KIND__MIGRATE_NCCL_ID_REPLY;
     if (m->payload_case != want && !(reply && m->status != 0 && m->payload_case == 0))
         return wk_diag_set(d, WK_EPROTO, "kind %s carries payload %d, expected %d",
                            wk_proto_kind_name(m->kind), (int)m->payload_case, (int)want);
@@ -175,6 +179,10 @@ wk_proto_validate(const wk_msg *m, wk_diag *d)
         CHECK_STR(m->hello->model_dir, "hello.model_dir");
         if (m->hello->worker_id[0] == '\0' || strlen(m->hello->worker_id) > 64)
             return wk_diag_set(d, WK_EPROTO, "hello.worker_id must be 1..64 bytes");
+        if (strlen(m->hello->device_uuid) > WK_PROTO_DEVICE_ID_MAX ||
+            strlen(m->hello->pci_bus_id) > WK_PROTO_DEVICE_ID_MAX)
+            return wk_diag_set(d, WK_EPROTO, "hello.device_uuid and hello.pci_bus_id are at most "
+                               "%u bytes", WK_PROTO_DEVICE_ID_MAX);
         return wk_proto_check_model_info(m->hello->model, d);
     case WKVM__ENVELOPE__PAYLOAD_HELLO_ACK:
         CHECK_STR(m->hello_ack->controller_id, "hello_ack.controller_id");
@@ -222,6 +230,19 @@ wk_proto_validate(const wk_msg *m, wk_diag *d)
                                "bytes", WK_PROTO_NCCL_ID_LEN);
         if (strcmp(m->migrate_prepare->role, "send") && strcmp(m->migrate_prepare->role, "recv"))
             return wk_diag_set(d, WK_EPROTO, "migrate_prepare.role must be send or recv");
+        if (m->migrate_prepare->chunk_bytes > WK_PROTO_NCCL_CHUNK_MAX)
+            return wk_diag_set(d, WK_EPROTO, "migrate_prepare.chunk_bytes %u over %u",
+                               m->migrate_prepare->chunk_bytes, WK_PROTO_NCCL_CHUNK_MAX);
+        if (m->migrate_prepare->timeout_ms > WK_PROTO_NCCL_TIMEOUT_MAX)
+            return wk_diag_set(d, WK_EPROTO, "migrate_prepare.timeout_ms %u over %u",
+                               m->migrate_prepare->timeout_ms, WK_PROTO_NCCL_TIMEOUT_MAX);
+        return WK_OK;
+    case WKVM__ENVELOPE__PAYLOAD_MIGRATE_NCCL_ID:
+        CHECK_STR(m->migrate_nccl_id->migration_id, "migrate_nccl_id.migration_id");
+        if (m->migrate_nccl_id->unique_id.len != 0 &&
+            m->migrate_nccl_id->unique_id.len != WK_PROTO_NCCL_ID_LEN)
+            return wk_diag_set(d, WK_EPROTO, "migrate_nccl_id.unique_id must be 0 or %u bytes",
+                               WK_PROTO_NCCL_ID_LEN);
         return WK_OK;
     case WKVM__ENVELOPE__PAYLOAD_MIGRATE_SEND:
         CHECK_STR(m->migrate_send->migration_id, "migrate_send.migration_id");

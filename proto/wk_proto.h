@@ -24,6 +24,9 @@
 #define WK_PROTO_STATE_TENSORS_MAX 4096u /* ModelInfo.state_tensors entries */
 #define WK_PROTO_STATE_NAME_MAX 127u     /* bytes of a state tensor name */
 #define WK_PROTO_NCCL_ID_LEN 128u
+#define WK_PROTO_NCCL_CHUNK_MAX (256u << 20) /* MigratePrepare.chunk_bytes */
+#define WK_PROTO_NCCL_TIMEOUT_MAX 600000u    /* MigratePrepare.timeout_ms */
+#define WK_PROTO_DEVICE_ID_MAX 64u           /* Hello.device_uuid, Hello.pci_bus_id */
 
 typedef Wkvm__Envelope wk_msg;
 

@@ -4,6 +4,13 @@
  * only thread that touches the backend. Replies echo the request id.
  * Every incoming message is decoded and validated by wk_proto_decode()
  * before a handler sees it; handlers check slot indices against the arena.
+ *
+ * NCCL migration (MIGRATE_NCCL_ID / PREPARE / SEND / RECV / COMMIT) keeps at
+ * most one migration per worker in w->mig; its blocking waits (communicator
+ * setup, the transfer) carry the controller's deadline, and a migration
+ * left half-done (controller gone) is aborted by the next PREPARE once it
+ * is stale. Without NCCL (CPU backend, CPU-only build) these answer
+ * WK_ENOTSUP and Hello says nccl = false.
  */
 #define WK_LOG_MODULE "rpc"
 #include "wrk_rpc.h"
@@ -22,7 +29,22 @@
 #include "wk_log.h"
 #include "wk_proto.h"
 #include "wk_sha256.h"
+#include "wrk_nccl.h"
 #include "wrk_sample.h"
+
+#define WRK_MIG_STALE_MS 60000u /* a prepared migration older than its deadline plus this is dropped */
+
+/* The NCCL migration this worker takes part in, if any. */
+typedef struct wrk_mig {
+    char id[129];          /* migration id, "" = none */
+    bool send;             /* role: source (rank 0) or destination (rank 1) */
+    uint32_t slot;         /* arena slot */
+    uint64_t state_bytes;  /* bytes to move */
+    uint32_t chunk;        /* bytes per ncclSend/ncclRecv, 0 = default */
+    uint32_t timeout_ms;   /* deadline of each blocking wait, 0 = default */
+    uint64_t since_ms;     /* monotonic ms when prepared */
+    wrk_nccl *comm;        /* the pair's communicator, owned */
+} wrk_mig;
 
 /* One warm-tier entry: a copy of a slot's bytes in host memory. */
 typedef struct wrk_host_entry {
@@ -59,6 +81,10 @@ struct wrk_worker {
     wrk_state_tensor *st_src;  /* names and shapes st points into, owned */
     uint64_t *st_shapes;       /* shapes st points into, owned */
     size_t n_st;               /* entries */
+    bool nccl;                 /* NCCL migration possible (cuda backend, NCCL, device) */
+    char device_uuid[65];      /* "GPU-<uuid>" for Hello, "" when unknown */
+    char pci_bus_id[65];       /* PCI bus id for Hello, "" when unknown */
+    wrk_mig mig;               /* the NCCL migration in progress */
 };
 
 /* Drops the ModelInfo copy of the slot layout. */
@@ -138,8 +164,23 @@ wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
         return wk_diag_set(d, err, "backend %s: no device %d", cfg->backend->name,
                            cfg->device);
     }
+    if (strcmp(cfg->backend->name, "cuda") == 0) {
+        /* Unknown ids stay "": the controller then compares host and ordinal. */
+        if (wrk_nccl_device_ids(cfg->device, w->device_uuid, sizeof(w->device_uuid),
+                                w->pci_bus_id, sizeof(w->pci_bus_id)) != WK_OK)
+            w->device_uuid[0] = w->pci_bus_id[0] = '\0';
+        w->nccl = wrk_nccl_available(cfg->device);
+    }
     *out = w;
     return WK_OK;
+}
+
+/* Ends the NCCL migration in progress (aborting its communicator when abort). */
+static void
+wrk_mig_end(wrk_worker *w, bool abort)
+{
+    wrk_nccl_close(w->mig.comm, abort);
+    memset(&w->mig, 0, sizeof(w->mig));
 }
 
 /* Drops every warm-tier copy. */
@@ -160,6 +201,7 @@ wrk_worker_free(wrk_worker *w)
 {
     if (w == NULL)
         return;
+    wrk_mig_end(w, true);
     if (w->be != NULL)
         w->cfg.backend->close(w->be);
     wrk_model_free(w->model);
@@ -242,6 +284,7 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
         free(dir);
         return WK_ENOMEM;
     }
+    wrk_mig_end(w, true); /* its slot pointers belong to the old arena */
     if (w->be != NULL)
         w->cfg.backend->close(w->be);
     wrk_host_clear(w); /* warm copies belong to the old model */
@@ -319,6 +362,9 @@ wrk_send_hello(wrk_worker *w)
     h.pid = (uint32_t)getpid();
     h.hostname = host;
     h.device_index = (uint32_t)(w->cfg.device < 0 ? 0 : w->cfg.device);
+    h.device_uuid = w->device_uuid;
+    h.pci_bus_id = w->pci_bus_id;
+    h.nccl = w->nccl;
     if (w->model != NULL) {
         h.model_dir = w->model_dir;
         h.model_loaded = true;
@@ -330,8 +376,8 @@ wrk_send_hello(wrk_worker *w)
     m.payload_case = WKVM__ENVELOPE__PAYLOAD_HELLO;
     m.hello = &h;
     wrk_send(w, &m);
-    wk_log_info("hello sent worker=%s backend=%s model=%s", w->worker_id, h.backend,
-                w->model_dir ? w->model_dir : "-");
+    wk_log_info("hello sent worker=%s backend=%s nccl=%s model=%s", w->worker_id, h.backend,
+                w->nccl ? "yes" : "no", w->model_dir ? w->model_dir : "-");
 }
 
 static bool
@@ -485,20 +531,14 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
  * ACK with the hex SHA-256 of the slot's bytes in detail (the controller
  * compares it with the source's before it commits).
  */
-static void
-wrk_handle_migrate_recv(wrk_worker *w, const wk_msg *req)
+/* The hex SHA-256 of slot's bytes (read back in chunks) into hex. */
+static wk_err
+wrk_slot_sha256(wrk_worker *w, uint32_t slot, char hex[WK_SHA256_HEX_LEN])
 {
-    uint32_t slot = req->migrate_recv->slot;
-    if (w->be == NULL || !wrk_slot_ok(w, slot)) {
-        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_EINVAL, "bad slot");
-        return;
-    }
     uint64_t total = w->cfg.backend->slot_bytes(w->be);
     wk_sha256 h;
-    if (wk_sha256_init(&h) != WK_OK) {
-        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_ENOMEM, "out of memory");
-        return;
-    }
+    if (wk_sha256_init(&h) != WK_OK)
+        return WK_ENOMEM;
     uint8_t *buf = malloc(WK_PROTO_CHUNK_MAX);
     wk_err err = buf ? WK_OK : WK_ENOMEM;
     for (uint64_t off = 0; err == WK_OK && off < total; off += WK_PROTO_CHUNK_MAX) {
@@ -510,14 +550,228 @@ wrk_handle_migrate_recv(wrk_worker *w, const wk_msg *req)
     free(buf);
     if (err != WK_OK) {
         wk_sha256_fini(&h);
-        wrk_reply_status(w, req, WKVM__KIND__ACK, err, "slot read failed");
-        return;
+        return err;
     }
     uint8_t dg[WK_SHA256_LEN];
-    char hex[WK_SHA256_HEX_LEN];
     wk_sha256_final(&h, dg);
     wk_sha256_to_hex(dg, hex);
+    return WK_OK;
+}
+
+/* The device address of slot for an NCCL transfer. */
+static wk_err
+wrk_slot_device_ptr(wrk_worker *w, uint32_t slot, void **ptr)
+{
+    if (w->cfg.backend->slot_device_ptr == NULL)
+        return WK_ENOTSUP;
+    return w->cfg.backend->slot_device_ptr(w->be, slot, ptr);
+}
+
+/*
+ * MIGRATE_RECV: the destination's side of a migration. With the id of a
+ * prepared NCCL "recv", first receives the slot's bytes from the source
+ * (ncclRecv into the arena). Then (and on the NNG path, id "", only)
+ * replies ACK with the hex SHA-256 of the slot's bytes in detail (the
+ * controller compares it with the source's before it commits).
+ */
+static void
+wrk_handle_migrate_recv(wrk_worker *w, const wk_msg *req)
+{
+    const Wkvm__MigrateRecv *mr = req->migrate_recv;
+    uint32_t slot = mr->slot;
+    if (w->be == NULL || !wrk_slot_ok(w, slot)) {
+        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_EINVAL, "bad slot");
+        return;
+    }
+    if (mr->migration_id[0] != '\0') {
+        wk_diag d = {{0}};
+        void *dev = NULL;
+        wk_err err = WK_OK;
+        if (strcmp(w->mig.id, mr->migration_id) != 0 || w->mig.send || w->mig.slot != slot ||
+            w->mig.comm == NULL)
+            err = wk_diag_set(&d, WK_ENOENT, "no NCCL receive prepared for migration %.128s "
+                              "slot %u", mr->migration_id, slot);
+        if (err == WK_OK && (err = wrk_slot_device_ptr(w, slot, &dev)) != WK_OK)
+            wk_diag_set(&d, err, "slot %u has no device address", slot);
+        if (err == WK_OK)
+            err = wrk_nccl_recv(w->mig.comm, dev, w->mig.state_bytes, w->mig.chunk,
+                                w->mig.timeout_ms, &d);
+        if (err != WK_OK) {
+            if (w->mig.id[0] != '\0' && strcmp(w->mig.id, mr->migration_id) == 0)
+                wrk_mig_end(w, true);
+            wk_log_warn("nccl receive failed migration=%s slot=%u: %s", mr->migration_id, slot,
+                        d.msg);
+            wrk_reply_status(w, req, WKVM__KIND__ACK, err, d.msg);
+            return;
+        }
+    }
+    char hex[WK_SHA256_HEX_LEN];
+    wk_err err = wrk_slot_sha256(w, slot, hex);
+    if (err != WK_OK) {
+        wrk_reply_status(w, req, WKVM__KIND__ACK, err,
+                         err == WK_ENOMEM ? "out of memory" : "slot read failed");
+        return;
+    }
     wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, hex);
+}
+
+/* MIGRATE_NCCL_ID: a fresh ncclUniqueId for a migration this worker will send. */
+static void
+wrk_handle_migrate_nccl_id(wrk_worker *w, const wk_msg *req)
+{
+    wk_diag d = {{0}};
+    uint8_t id[WRK_NCCL_ID_LEN];
+    wk_err err = w->nccl ? wrk_nccl_unique_id(id, &d)
+                         : wk_diag_set(&d, WK_ENOTSUP, "this worker cannot use NCCL");
+    if (err != WK_OK) {
+        wrk_reply_status(w, req, WKVM__KIND__MIGRATE_NCCL_ID_REPLY, err, d.msg);
+        return;
+    }
+    Wkvm__MigrateNcclId ni = WKVM__MIGRATE_NCCL_ID__INIT;
+    ni.migration_id = req->migrate_nccl_id->migration_id;
+    ni.unique_id.data = id;
+    ni.unique_id.len = WRK_NCCL_ID_LEN;
+    wk_msg r = WKVM__ENVELOPE__INIT;
+    r.id = req->id;
+    r.kind = WKVM__KIND__MIGRATE_NCCL_ID_REPLY;
+    r.payload_case = WKVM__ENVELOPE__PAYLOAD_MIGRATE_NCCL_ID;
+    r.migrate_nccl_id = &ni;
+    wrk_send(w, &r);
+}
+
+/*
+ * MIGRATE_PREPARE: joins the pair's communicator (blocks until the peer
+ * joins or the deadline). One migration at a time; a stale one is aborted.
+ */
+static void
+wrk_handle_migrate_prepare(wrk_worker *w, const wk_msg *req)
+{
+    const Wkvm__MigratePrepare *mp = req->migrate_prepare;
+    wk_diag d = {{0}};
+    wk_err err = WK_OK;
+    bool send = strcmp(mp->role, "send") == 0;
+    if (!w->nccl)
+        err = wk_diag_set(&d, WK_ENOTSUP, "this worker cannot use NCCL");
+    else if (w->be == NULL)
+        err = wk_diag_set(&d, WK_ESTATE, "no model loaded");
+    else if (!wrk_slot_ok(w, mp->slot))
+        err = wk_diag_set(&d, WK_EINVAL, "bad slot %u", mp->slot);
+    else if (mp->nccl_unique_id.len != WRK_NCCL_ID_LEN)
+        err = wk_diag_set(&d, WK_EINVAL, "an NCCL prepare needs the 128-byte ncclUniqueId");
+    else if (mp->state_bytes != w->cfg.backend->slot_bytes(w->be))
+        err = wk_diag_set(&d, WK_EINVAL, "state_bytes %llu, this worker's slots hold %llu",
+                          (unsigned long long)mp->state_bytes,
+                          (unsigned long long)w->cfg.backend->slot_bytes(w->be));
+    else if (mp->migration_id[0] == '\0' || strlen(mp->migration_id) >= sizeof(w->mig.id))
+        err = wk_diag_set(&d, WK_EINVAL, "migration_id must be 1..128 bytes");
+    if (err == WK_OK && w->mig.id[0] != '\0') {
+        uint64_t age = wrk_now_us() / 1000u - w->mig.since_ms;
+        uint64_t limit = (uint64_t)(w->mig.timeout_ms ? w->mig.timeout_ms
+                                                       : WRK_NCCL_TIMEOUT_DEFAULT_MS) +
+                         WRK_MIG_STALE_MS;
+        if (age < limit) {
+            err = wk_diag_set(&d, WK_EBUSY, "migration %.128s is in progress on this worker",
+                              w->mig.id);
+        } else {
+            wk_log_warn("stale nccl migration aborted migration=%s age_ms=%llu", w->mig.id,
+                        (unsigned long long)age);
+            wrk_mig_end(w, true);
+        }
+    }
+    int device = w->cfg.backend->device_index ? w->cfg.backend->device_index(w->be)
+                                              : w->cfg.device;
+    wrk_nccl *comm = NULL;
+    uint64_t t0 = wrk_now_us();
+    if (err == WK_OK)
+        err = wrk_nccl_open(mp->nccl_unique_id.data, send ? 0 : 1, device, mp->timeout_ms, &comm,
+                            &d);
+    if (err != WK_OK) {
+        wk_log_warn("nccl prepare failed migration=%s role=%s slot=%u peer=%s: %s",
+                    mp->migration_id, mp->role, mp->slot, mp->peer_worker, d.msg);
+        wrk_reply_status(w, req, WKVM__KIND__ACK, err, d.msg);
+        return;
+    }
+    snprintf(w->mig.id, sizeof(w->mig.id), "%s", mp->migration_id);
+    w->mig.send = send;
+    w->mig.slot = mp->slot;
+    w->mig.state_bytes = mp->state_bytes;
+    w->mig.chunk = mp->chunk_bytes;
+    w->mig.timeout_ms = mp->timeout_ms;
+    w->mig.since_ms = wrk_now_us() / 1000u;
+    w->mig.comm = comm;
+    wk_log_info("nccl communicator ready migration=%s role=%s slot=%u peer=%s device=%d ms=%.1f",
+                mp->migration_id, mp->role, mp->slot, mp->peer_worker, device,
+                (double)(wrk_now_us() - t0) / 1000.0);
+    wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, "");
+}
+
+/*
+ * MIGRATE_SEND: the source's side: hashes the slot, then ncclSend of its
+ * bytes to the destination. Replies ACK with the hex SHA-256 in detail.
+ * Never writes the slot.
+ */
+static void
+wrk_handle_migrate_send(wrk_worker *w, const wk_msg *req)
+{
+    const Wkvm__MigrateSend *ms = req->migrate_send;
+    wk_diag d = {{0}};
+    wk_err err = WK_OK;
+    char hex[WK_SHA256_HEX_LEN] = "";
+    void *dev = NULL;
+    if (!w->nccl)
+        err = wk_diag_set(&d, WK_ENOTSUP, "this worker cannot use NCCL");
+    else if (w->be == NULL || ms->migration_id[0] == '\0' ||
+             strcmp(w->mig.id, ms->migration_id) != 0 || !w->mig.send ||
+             w->mig.slot != ms->slot || w->mig.comm == NULL)
+        err = wk_diag_set(&d, WK_ENOENT, "no NCCL send prepared for migration %.128s slot %u",
+                          ms->migration_id, ms->slot);
+    if (err == WK_OK && (err = wrk_slot_sha256(w, ms->slot, hex)) != WK_OK)
+        wk_diag_set(&d, err, "slot %u read failed", ms->slot);
+    if (err == WK_OK && (err = wrk_slot_device_ptr(w, ms->slot, &dev)) != WK_OK)
+        wk_diag_set(&d, err, "slot %u has no device address", ms->slot);
+    uint64_t t0 = wrk_now_us();
+    if (err == WK_OK)
+        err = wrk_nccl_send(w->mig.comm, dev, w->mig.state_bytes, w->mig.chunk,
+                            w->mig.timeout_ms, &d);
+    if (err != WK_OK) {
+        if (w->mig.id[0] != '\0' && strcmp(w->mig.id, ms->migration_id) == 0)
+            wrk_mig_end(w, true);
+        wk_log_warn("nccl send failed migration=%s slot=%u: %s", ms->migration_id, ms->slot,
+                    d.msg);
+        wrk_reply_status(w, req, WKVM__KIND__ACK, err, d.msg);
+        return;
+    }
+    double secs = (double)(wrk_now_us() - t0) / 1e6;
+    wk_log_info("nccl send done migration=%s slot=%u bytes=%llu ms=%.2f GB/s=%.2f",
+                ms->migration_id, ms->slot, (unsigned long long)w->mig.state_bytes, secs * 1e3,
+                secs > 0 ? (double)w->mig.state_bytes / secs / 1e9 : 0.0);
+    wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, hex);
+}
+
+/*
+ * MIGRATE_COMMIT: ends this worker's part of NCCL migration id: the
+ * communicator is destroyed (commit) or aborted (abort). An abort of a
+ * migration this worker does not hold is a no-op (it never got that far,
+ * or already aborted itself).
+ */
+static void
+wrk_handle_migrate_commit(wrk_worker *w, const wk_msg *req)
+{
+    const Wkvm__MigrateCommit *mc = req->migrate_commit;
+    bool mine = w->mig.id[0] != '\0' && strcmp(w->mig.id, mc->migration_id) == 0;
+    if (!mine) {
+        if (mc->abort)
+            wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, "");
+        else
+            wrk_reply_status(w, req, WKVM__KIND__ACK, w->nccl ? WK_ENOENT : WK_ENOTSUP,
+                             w->nccl ? "no such migration" : "this worker cannot use NCCL");
+        return;
+    }
+    wk_log_info("nccl migration %s migration=%s role=%s slot=%u",
+                mc->abort ? "aborted" : "committed", w->mig.id, w->mig.send ? "send" : "recv",
+                w->mig.slot);
+    wrk_mig_end(w, mc->abort);
+    wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, "");
 }
 
 /* Unlinks and returns the host entry key, NULL when absent. */
@@ -833,6 +1087,18 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
             break;
         case WKVM__KIND__MIGRATE_RECV:
             wrk_handle_migrate_recv(w, m);
+            break;
+        case WKVM__KIND__MIGRATE_NCCL_ID:
+            wrk_handle_migrate_nccl_id(w, m);
+            break;
+        case WKVM__KIND__MIGRATE_PREPARE:
+            wrk_handle_migrate_prepare(w, m);
+            break;
+        case WKVM__KIND__MIGRATE_SEND:
+            wrk_handle_migrate_send(w, m);
+            break;
+        case WKVM__KIND__MIGRATE_COMMIT:
+            wrk_handle_migrate_commit(w, m);
             break;
         case WKVM__KIND__HOST_PUT:
         case WKVM__KIND__HOST_GET:

@@ -22,7 +22,9 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -1420,6 +1422,8 @@ wctl_cmd_migrate(wctl_ctx *c, const wctl_args *a)
             {"from", wctl_jstr(r.json, "from", "-")},
             {"to", wctl_jstr(r.json, "to", "-")},
             {"transport", wctl_jstr(r.json, "transport", "-")},
+            {"reason", wctl_jstr(r.json, "transport_reason", "-")},
+            {"fallback", wctl_jstr(r.json, "nccl_fallback", "-")},
             {"bytes", bytes},
             {"transfer", tr},
             {"total", tot},
@@ -1460,6 +1464,63 @@ wctl_cmd_evict(wctl_ctx *c, const wctl_args *a)
     return WCTL_EXIT_OK;
 }
 
+/* The drain POST, run on a thread while the main thread polls its progress. */
+typedef struct wctl_drain_job {
+    wctl_ctx *c;       /* borrowed */
+    const char *path;  /* borrowed */
+    json_t *body;      /* borrowed */
+    wctl_reply r;      /* the reply when rc is 0 */
+    int rc;            /* wctl_call's result */
+    atomic_bool done;  /* the POST returned */
+} wctl_drain_job;
+
+static void *
+wctl_drain_post(void *arg)
+{
+    wctl_drain_job *j = arg;
+    j->rc = wctl_call(j->c, "POST", j->path, j->body, 409, &j->r);
+    atomic_store(&j->done, true);
+    return NULL;
+}
+
+/*
+ * One GET of the drain's progress; prints a line to stderr when done/failed changed
+ * (last_done, last_failed). Quiet on any failure (an older controller has
+ * no such route): progress is a courtesy, the POST's answer is the result.
+ */
+static void
+wctl_drain_progress(wctl_ctx *c, const char *path, const char *worker, long long *last_done,
+                    long long *last_failed, bool final)
+{
+    wctl_http_req req = {.method = "GET", .path = path};
+    wctl_http_resp resp;
+    wk_diag d = {{0}};
+    wk_err err = wctl_http_do(&c->http, &req, &resp, &d);
+    json_t *o = NULL;
+    if (err == WK_OK && resp.status == 200 && resp.len > 0 &&
+        wk_json_parse(resp.body, resp.len, &o, NULL) != WK_OK)
+        o = NULL;
+    wctl_http_resp_fini(&resp);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return;
+    }
+    const char *state = wctl_jstr(o, "state", "");
+    long long done = wctl_jint(o, "done", 0), failed = wctl_jint(o, "failed", 0);
+    long long total = wctl_jint(o, "total", 0);
+    if ((strcmp(state, "running") == 0 || final) && (done != *last_done || failed != *last_failed)) {
+        char line[400], clean[400];
+        const char *cur = wctl_jstr(o, "current", "");
+        snprintf(line, sizeof(line), "draining %s: %lld/%lld migrated, %lld failed%s%s", worker,
+                 done, total, failed, cur[0] ? ", moving " : "", cur);
+        wctl_one_line(line, strlen(line), clean, sizeof(clean));
+        fprintf(stderr, "%s\n", clean); /* progress on stderr: stdout stays the result */
+        *last_done = done;
+        *last_failed = failed;
+    }
+    json_decref(o);
+}
+
 static int
 wctl_cmd_drain(wctl_ctx *c, const wctl_args *a)
 {
@@ -1471,7 +1532,33 @@ wctl_cmd_drain(wctl_ctx *c, const wctl_args *a)
         return rc;
     json_t *body = json_pack("{s:b}", "undrain", undrain);
     wctl_reply r;
-    rc = body ? wctl_call(c, "POST", path, body, 409, &r) : WCTL_EXIT_SERVER;
+    if (body == NULL) {
+        rc = WCTL_EXIT_SERVER;
+    } else if (undrain || c->json) {
+        rc = wctl_call(c, "POST", path, body, 409, &r);
+    } else {
+        /* POST on a thread; poll GET .../drain for progress lines meanwhile. */
+        wctl_drain_job j = {.c = c, .path = path, .body = body};
+        atomic_init(&j.done, false);
+        pthread_t thr;
+        if (pthread_create(&thr, NULL, wctl_drain_post, &j) != 0) {
+            wctl_drain_post(&j);
+        } else {
+            long long last_done = 0, last_failed = 0;
+            int ticks = 0;
+            while (!atomic_load(&j.done)) {
+                struct timespec ts = {0, 50 * 1000000L};
+                nanosleep(&ts, NULL);
+                if (++ticks % 5 == 0 && !atomic_load(&j.done))
+                    wctl_drain_progress(c, path, worker, &last_done, &last_failed, false);
+            }
+            pthread_join(thr, NULL);
+            if (j.rc == WCTL_EXIT_OK)
+                wctl_drain_progress(c, path, worker, &last_done, &last_failed, true);
+        }
+        rc = j.rc;
+        r = j.r;
+    }
     json_decref(body);
     if (rc != WCTL_EXIT_OK)
         return rc;

@@ -1,17 +1,21 @@
 """Live migration between two CPU workers: a running stream moves mid-way and
 the client receives exactly the tokens of an unmigrated run; drain empties
-a worker; bad targets are refused clearly."""
+a worker (and reports progress while it runs); bad targets are refused
+clearly. CPU workers always use the NNG transport, and say why."""
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from wkvm_harness import MKMODEL, Stack, run_tests  # noqa: E402
+from wkvm_harness import BUILD, MKMODEL, Stack, run_tests  # noqa: E402
+
+WKVMCTL = os.path.join(BUILD, "controld", "wkvmctl")
 
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-migrate-")
 MODEL = os.path.join(TMP.name, "tiny")
@@ -80,6 +84,8 @@ def test_migrate_running_stream():
             rep = r.json()
             assert rep["result"] == "committed" and rep["to"].startswith(dst + ":"), rep
             assert rep["transport"] == "nng" and rep["bytes"] > 0, rep
+            assert rep["transport_reason"] == "cpu workers", rep
+            assert "nccl_fallback" not in rep, rep
             after = running_slot(s)
             assert after is not None and after["worker"] == dst, after
             ids = []
@@ -170,8 +176,77 @@ def test_destination_dies_during_transfer():
         assert 'wkvm_migrations_total{result="aborted",transport="nng"} 1' in m
 
 
+def parked_on(s):
+    by = {}
+    for x in s.get("/admin/slots").json()["slots"]:
+        if x["state"] == "parked":
+            by.setdefault(x["worker"], []).append(x)
+    return by
+
+
+def test_drain_progress():
+    """GET /admin/workers/{id}/drain follows a drain of several parked
+    sessions while the POST works: done only goes up, and reaches total at the end;
+    wkvmctl drain prints progress lines from it (on stderr)."""
+    with Stack(model=MODEL, slots=8, workers_expected=2) as s:
+        up(s)
+        assert s.get("/admin/workers/w0/drain").json()["state"] == "none"
+        assert s.get("/admin/workers/nope/drain").status == 404
+        for i in range(6):  # parked chat sessions (dirty entries stay hot)
+            h = {"X-OpenWebUI-User-Id": "u1", "X-OpenWebUI-Chat-Id": f"c{i}",
+                 "X-WKVM-Stateful-Chat": "parent-token-v1",
+                 "X-WKVM-Assistant-Message-ID": f"c{i}-a1",
+                 "X-WKVM-User-Message-ID": f"c{i}-u1", "X-WKVM-Parent-Message-ID": ""}
+            r = s.post("/v1/chat/completions", headers=h,
+                       body={"model": "tiny", "max_tokens": 4, "temperature": 0,
+                             "messages": [{"role": "user", "content": f"hello {i}"}]})
+            assert r.status == 200, r.body
+        by = parked_on(s)
+        victim = max(by, key=lambda w: len(by[w]))
+        n = len(by[victim])
+        assert n >= 3, by
+        samples, result = [], {}
+
+        def drain():
+            result["r"] = s.post(f"/admin/workers/{victim}/drain")
+
+        t = threading.Thread(target=drain)
+        t.start()
+        while t.is_alive():
+            g = s.get(f"/admin/workers/{victim}/drain")
+            if g.status == 200:
+                samples.append(g.json())
+            time.sleep(0.002)
+        t.join()
+        r = result["r"]
+        assert r.status == 200 and r.json()["remaining"] == 0 and r.json()["done"] == n, r.body
+        fin = s.get(f"/admin/workers/{victim}/drain").json()
+        assert fin["state"] == "done" and fin["done"] == fin["total"] == n, fin
+        assert fin["failed"] == 0 and fin["current"] is None and fin["draining"], fin
+        running = [x for x in samples if x["state"] == "running"]
+        dones = [x["done"] for x in running] + [fin["done"]]
+        assert dones == sorted(dones), dones
+        assert all(x["total"] == n and 0 <= x["done"] <= n for x in running), running
+        for m in r.json()["migrations"]:
+            assert m["transport"] == "nng" and m["transport_reason"] == "cpu workers", m
+        # A second drain while one runs would be refused; this one is over: undrain.
+        assert s.post(f"/admin/workers/{victim}/drain", body={"undrain": True}).status == 200
+        # wkvmctl drain polls the same route and prints progress lines.
+        other = "w1" if victim == "w0" else "w0"
+        by = parked_on(s)
+        k = len(by.get(other, []))
+        assert k >= n, by  # the victim's states moved here
+        p = subprocess.run([WKVMCTL, "--url", s.url, "drain", other], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, (p.stdout, p.stderr)
+        assert f"draining {other}: {k}/{k} migrated, 0 failed" in p.stderr, p.stderr
+        assert "draining" not in p.stdout, p.stdout  # progress on stderr, results on stdout
+        assert f"drained {other}: {k} migrated, 0 failed, 0 remaining" in p.stdout, p.stdout
+        assert "nng" in p.stdout, p.stdout
+
+
 if __name__ == "__main__":
     rc = run_tests([test_migrate_running_stream, test_bad_targets_and_parked_and_drain,
-                    test_destination_dies_during_transfer])
+                    test_destination_dies_during_transfer, test_drain_progress])
     TMP.cleanup()
     sys.exit(rc)

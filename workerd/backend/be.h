@@ -104,6 +104,18 @@ typedef struct be_ops {
      * benchmarks ("cpu isa=avx512 threads=16"), NUL-terminated into buf.
      */
     void (*describe)(const be_ctx *ctx, char *buf, size_t len);
+
+    /*
+     * Optional (NULL on backends without device memory, e.g. the CPU): the
+     * device address of slot's state bytes (slot_bytes long) in *ptr, for
+     * device-to-device transfers (NCCL migration). Valid until close();
+     * the caller must not use it concurrently with a step. slot
+     * 1..n_slots-1, else WK_EINVAL. Callers treat NULL as WK_ENOTSUP.
+     */
+    wk_err (*slot_device_ptr)(be_ctx *ctx, uint32_t slot, void **ptr);
+
+    /* Optional (NULL = 0): the device ordinal the context runs on. */
+    int (*device_index)(const be_ctx *ctx);
 } be_ops;
 
 /* The CPU backend, always built. */

@@ -1,7 +1,8 @@
 /*
  * be_cuda: the CUDA backend's device side as built so far: device probe,
  * the state arena in device memory (slot reset, fork copy, chunked
- * read/write for hibernate/resume/migration) and the checksum kernel.
+ * read/write for hibernate/resume/migration, and the device address of a
+ * slot for NCCL migration) and the checksum kernel.
  * The RWKV-7 step on the GPU is not written yet: step() answers WK_ENOTSUP
  * with a clear message, and "auto" backend selection never picks CUDA until
  * it is (see be.c). Compiled only when nvcc is found; never logs.
@@ -154,6 +155,21 @@ be_cuda_step(be_ctx *ctx, be_row *rows, size_t n, wk_diag *d)
                        "--backend cpu");
 }
 
+static wk_err
+be_cuda_slot_device_ptr(be_ctx *ctx, uint32_t slot, void **ptr)
+{
+    if (slot == 0 || slot >= ctx->n_slots)
+        return WK_EINVAL;
+    *ptr = be_cuda_slot_ptr(ctx, slot);
+    return WK_OK;
+}
+
+static int
+be_cuda_device_index(const be_ctx *ctx)
+{
+    return ctx->device;
+}
+
 const be_ops be_cuda_ops = {
     .name = "cuda",
     .probe = be_cuda_probe,
@@ -166,4 +182,6 @@ const be_ops be_cuda_ops = {
     .slot_read = be_cuda_slot_read,
     .slot_write = be_cuda_slot_write,
     .step = be_cuda_step,
+    .slot_device_ptr = be_cuda_slot_device_ptr,
+    .device_index = be_cuda_device_index,
 };
