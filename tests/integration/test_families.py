@@ -31,7 +31,7 @@ TMP = tempfile.TemporaryDirectory(prefix="wkvm-families-")
 P = [5, 6, 7, 8, 9, 10, 11, 12, 200, 201, 17]
 Q = [40, 41, 42]
 SAMPLING = [dict(temperature=0), dict(temperature=0.8, top_p=0.95, seed=1234)]
-N_STREAM = 3000  # long enough that the server blocks on the unread socket mid-stream
+N_STREAM = 10000  # long enough to be still running (socket buffers full) when migrated
 
 
 def make_model(family):
@@ -105,8 +105,8 @@ def migrate_stream(s, f, samp):
     st = urllib.request.urlopen(req, timeout=120)
     head = [st.readline() for _ in range(4)]
     s.wait(lambda: running_slot(s) is not None, "a running slot")
-    time.sleep(0.5)
     sl = running_slot(s)
+    assert sl is not None, "the stream ended before it could be migrated"
     dst = "w1" if sl["worker"] == "w0" else "w0"
     r = s.post(f"/admin/slots/{sl['id']}/migrate", body={"to": dst})
     assert r.status == 200 and r.json()["result"] == "committed", r.body
