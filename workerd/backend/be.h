@@ -37,7 +37,26 @@ typedef struct be_config {
     int device;             /* device ordinal (CUDA), ignored by CPU */
     uint32_t max_step_rows; /* most rows in one step */
     uint32_t max_step_tokens; /* most tokens (sum over rows) in one step */
+    uint32_t kv_pages;      /* hybrid models: KV pool pages, 0 = the backend's default */
 } be_config;
+
+/*
+ * Hybrid models (recurrent layers plus a few full-attention layers): a slot
+ * is a fixed recurrent part (slot_bytes, the family's layout) followed by
+ * the attention layers' KV for every token the slot has seen, token-major:
+ *     for t in 0..n_ctx-1, for each attention layer a (in layer order):
+ *         K[n_kv_heads][head_dim], V[n_kv_heads][head_dim]   (fp32)
+ * so slot_size = slot_bytes + n_ctx * kv_token_bytes, and the image grows by
+ * appending. On the device the KV lives in a paged pool (page_tokens
+ * tokens per page) owned by the backend; a slot holds ceil(n_ctx /
+ * page_tokens) pages. Recurrent-only families have kv_token_bytes 0.
+ */
+typedef struct be_kv_info {
+    uint64_t kv_token_bytes; /* bytes of KV per token (all attention layers), 0: none */
+    uint32_t page_tokens;    /* tokens per page */
+    uint32_t pages_total;    /* pages in the pool */
+    uint32_t pages_free;     /* pages not held by any slot */
+} be_kv_info;
 
 /*
  * One row of a step: a decode token (n_tokens == 1) or a prefill chunk.
@@ -116,6 +135,29 @@ typedef struct be_ops {
 
     /* Optional (NULL = 0): the device ordinal the context runs on. */
     int (*device_index)(const be_ctx *ctx);
+
+    /*
+     * Optional (NULL: every slot is slot_bytes, no KV): the bytes of slot's
+     * state image now (see be_kv_info). slot_read / slot_write ranges are
+     * checked against it; slot 0 or out of range gives 0.
+     */
+    uint64_t (*slot_size)(const be_ctx *ctx, uint32_t slot);
+
+    /*
+     * Optional (NULL: sizes never change): sets slot's image to bytes =
+     * slot_bytes + k * kv_token_bytes before the whole image is written
+     * (resume, import, migration). Pages are taken from or given back to the
+     * pool; the contents are unspecified until written. WK_EINVAL (bad slot
+     * or size), WK_EQUOTA (not enough free pages: nothing changed).
+     * slot_reset frees a slot's pages; slot_copy copies them (WK_EQUOTA when
+     * the pool can't hold the copy); a step takes the pages its rows' new
+     * tokens need and is refused whole, before any change, with WK_EQUOTA
+     * naming the row when the pool can't supply them.
+     */
+    wk_err (*slot_resize)(be_ctx *ctx, uint32_t slot, uint64_t bytes);
+
+    /* Optional (NULL: no KV, all zero): the KV pool's geometry and occupancy. */
+    void (*kv_info)(const be_ctx *ctx, be_kv_info *out);
 } be_ops;
 
 /* The CPU backend, always built. */
