@@ -76,6 +76,14 @@ struct wk_bpe {
     bool strip_lead;       /* the decoder strips one leading space of the text */
     int32_t unk_id;        /* model.unk_token's id, BPE_NO_ID for none */
     int32_t fb_id[256];    /* "<0xXX>" vocab token of each byte, BPE_NO_ID for none */
+    uint8_t *added;        /* by id: BPE_ADDED_* (which trie an added token is in) */
+};
+
+/* What wk_bpe.added says of an id. */
+enum {
+    BPE_ADDED_NONE = 0, /* not an added token */
+    BPE_ADDED_RAW,      /* non-normalized: matched in the raw input (trie root 0) */
+    BPE_ADDED_NORM,     /* normalized: matched in the normalized gaps (trie root 1) */
 };
 
 /* How the SentencePiece-style modes put the word-boundary mark in front of text. */
@@ -984,7 +992,7 @@ bpe_load_added(bpe_ld *c, wk_bpe *b, const json_t *added, uint8_t *is_added, siz
             bpe_trie_match(b, 1, (const uint8_t *)key, kn, &other) == kn)
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu]: content \"%s\" is also id %d", i,
                             bpe_show(content, n, sh), (int)other);
-        is_added[id] = 1;
+        is_added[id] = normalized ? BPE_ADDED_NORM : BPE_ADDED_RAW;
         bpe_trie_add(b, normalized ? 1 : 0, key, kn, id);
         if (b->spm) {
             size_t pn = bpe_spm_unmark(key, kn, b->bytes + *pool_len);
@@ -1354,7 +1362,7 @@ bpe_build(bpe_ld *c, wk_bpe *b, const json_t *root)
         }
     }
 out:
-    free(is_added);
+    b->added = is_added; /* kept: the text-prefix match asks which ids are added tokens */
     free(in_vocab);
     return err;
 }
@@ -1400,6 +1408,7 @@ wk_bpe_free(wk_bpe *b)
     free(b->str);
     free(b->merge);
     free(b->trie);
+    free(b->added);
     free(b);
 }
 
@@ -1464,6 +1473,7 @@ typedef struct bpe_enc {
     uint64_t *heap; /* candidate merges: rank << 32 | position */
     size_t scratch; /* bytes the per-word arrays hold */
     const uint8_t *text; /* start of the input (Metaspace "first" looks for offset 0) */
+    const uint8_t *cont; /* hf-spm: where the text continues a run (no mark put there), or NULL */
     uint8_t *mark;       /* SentencePiece-style: a piece with spaces as "\u2581" */
     size_t mark_cap;     /* bytes mark holds */
 } bpe_enc;
@@ -1709,7 +1719,7 @@ bpe_spm_plain(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n)
         return false;
     m = bpe_spm_mark(s, n, false, e->mark);
     pre = (b->spm_prepend == BPE_SPM_ALWAYS || (b->spm_prepend == BPE_SPM_FIRST && s == e->text)) &&
-          !(m >= BPE_MS_LEN && memcmp(e->mark, BPE_MS, BPE_MS_LEN) == 0);
+          s != e->cont && !(m >= BPE_MS_LEN && memcmp(e->mark, BPE_MS, BPE_MS_LEN) == 0);
     if (pre) {
         memmove(e->mark + BPE_MS_LEN, e->mark, m);
         memcpy(e->mark, BPE_MS, BPE_MS_LEN);
@@ -1811,11 +1821,14 @@ bpe_span(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n, uint32_t root)
     if (n == 0)
         return true;
     if (root == 1 && b->spm && b->spm_prepend == BPE_SPM_NORM) {
-        /* Normalize the gap (Prepend, Replace), then match normalized added tokens in it. */
+        /*
+         * Normalize the gap (Prepend, Replace; no Prepend where the text
+         * continues a run), then match normalized added tokens in it.
+         */
         uint8_t *u = malloc(3 * n + BPE_MS_LEN);
         if (u == NULL)
             return false;
-        bool ok = bpe_span(b, e, u, bpe_spm_mark(s, n, true, u), 2);
+        bool ok = bpe_span(b, e, u, bpe_spm_mark(s, n, s != e->cont, u), 2);
         free(u);
         return ok;
     }
@@ -1861,18 +1874,59 @@ bpe_span(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n, uint32_t root)
                      : bpe_plain(b, e, s + start, n - start);
 }
 
-wk_err
-wk_bpe_encode(const wk_bpe *b, const char *text, size_t len, int32_t **ids, size_t *n_ids,
-              wk_diag *d)
+/*
+ * True when text[start..] begins a run that gets the "\u2581" mark in the
+ * whole text's encoding (hf-spm): the input start, or (Llama-2 form, and
+ * Metaspace "always") the end of an added token found in text[0..start),
+ * found as bpe_span() finds them: leftmost then longest, the non-normalized
+ * ones in the raw text, the normalized ones in the gaps between them. An
+ * added token cut by start is no token, as for any BPE boundary.
+ */
+static bool
+bpe_run_starts(const wk_bpe *b, const uint8_t *s, size_t start)
+{
+    size_t gap = 0;
+    bool hit = false;
+
+    if (start == 0)
+        return true;
+    if (b->spm_prepend != BPE_SPM_NORM && b->spm_prepend != BPE_SPM_ALWAYS)
+        return false;
+    for (uint32_t root = 0; root < 2 && !hit; root++) {
+        for (size_t i = gap; i < start;) {
+            int32_t id;
+            size_t m = bpe_trie_match(b, root, s + i, start - i, &id);
+            if (m == 0) {
+                i++;
+                continue;
+            }
+            i += m;
+            gap = i;
+            hit = i == start;
+        }
+        /* Llama-2 form: a normalized token is part of its normalized gap, no run of its own. */
+        if (b->spm_prepend == BPE_SPM_NORM)
+            break;
+    }
+    return hit;
+}
+
+/* Encodes text[start..len); cont: it continues text[0..start) (see wk_bpe_encode_continue). */
+static wk_err
+bpe_encode(const wk_bpe *b, const char *text, size_t start, size_t len, bool cont, int32_t **ids,
+           size_t *n_ids, wk_diag *d)
 {
     bpe_enc e = {0};
+    size_t n = len - start;
     bool ok;
 
     /* SentencePiece-style normalization makes a piece up to 3 times longer (+ 3). */
-    if (len > (SIZE_MAX / 16) - 16 || len > (b->spm ? INT32_MAX / 3 - 16 : INT32_MAX - 16))
-        return wk_diag_set(d, WK_ETOOBIG, "encode: input of %zu bytes is too large", len);
+    if (n > (SIZE_MAX / 16) - 16 || n > (b->spm ? INT32_MAX / 3 - 16 : INT32_MAX - 16))
+        return wk_diag_set(d, WK_ETOOBIG, "encode: input of %zu bytes is too large", n);
     e.text = (const uint8_t *)text;
-    ok = bpe_span(b, &e, (const uint8_t *)text, len, 0);
+    if (cont && b->spm && !bpe_run_starts(b, e.text, start))
+        e.cont = e.text + start;
+    ok = bpe_span(b, &e, (const uint8_t *)text + start, n, 0);
     free(e.mark);
     free(e.cps);
     free(e.word);
@@ -1885,9 +1939,80 @@ wk_bpe_encode(const wk_bpe *b, const char *text, size_t len, int32_t **ids, size
         ok = (e.ids = malloc(sizeof(*e.ids))) != NULL;
     if (!ok) {
         free(e.ids);
-        return wk_diag_set(d, WK_ENOMEM, "encode: out of memory for %zu bytes", len);
+        return wk_diag_set(d, WK_ENOMEM, "encode: out of memory for %zu bytes", n);
     }
     *ids = e.ids;
     *n_ids = e.n;
     return WK_OK;
+}
+
+wk_err
+wk_bpe_encode(const wk_bpe *b, const char *text, size_t len, int32_t **ids, size_t *n_ids,
+              wk_diag *d)
+{
+    return bpe_encode(b, text, 0, len, false, ids, n_ids, d);
+}
+
+wk_err
+wk_bpe_encode_continue(const wk_bpe *b, const char *text, size_t len, size_t start,
+                       int32_t **ids, size_t *n_ids, wk_diag *d)
+{
+    if (start > len)
+        return wk_diag_set(d, WK_EINVAL, "encode: start %zu is past the %zu bytes of text", start,
+                           len);
+    if (!b->spm)
+        return bpe_encode(b, text + start, 0, len - start, false, ids, n_ids, d);
+    return bpe_encode(b, text, start, len, true, ids, n_ids, d);
+}
+
+/* ---- text prefix ---- */
+
+/*
+ * Whether the text after token prev (BPE_NO_ID: the input start) begins a
+ * run the encoder marks: see bpe_run_starts(), by token.
+ */
+static bool
+bpe_run_after(const wk_bpe *b, int32_t prev)
+{
+    if (!b->spm || b->spm_prepend == BPE_SPM_NEVER)
+        return false;
+    if (prev < 0)
+        return true;
+    if (b->spm_prepend == BPE_SPM_FIRST || (uint32_t)prev >= b->vocab_size)
+        return false;
+    return b->added[prev] == BPE_ADDED_RAW ||
+           (b->added[prev] == BPE_ADDED_NORM && b->spm_prepend == BPE_SPM_ALWAYS);
+}
+
+bool
+wk_bpe_text_prefix(const wk_bpe *b, const int32_t *ids, size_t n, int32_t hidden,
+                   const char *text, size_t len, size_t *bytes)
+{
+    size_t off = 0;
+    bool run = bpe_run_after(b, BPE_NO_ID);
+
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] == hidden && hidden >= 0)
+            continue; /* not in the text, and no boundary: the text goes on past it */
+        size_t pl = 0;
+        const uint8_t *p = wk_bpe_piece(b, ids[i], &pl);
+        if (p == NULL)
+            return false;
+        /*
+         * The mark put in front of a run reads as a space the text lacks:
+         * always there in the Llama-2 form, and in the Metaspace form unless
+         * the run began with a space of its own (then the text has it).
+         */
+        if (run && pl > 0 && p[0] == ' ' &&
+            (b->spm_prepend == BPE_SPM_NORM || off == len || text[off] != ' ')) {
+            p++;
+            pl--;
+        }
+        if (pl > len - off || memcmp(text + off, p, pl) != 0)
+            return false;
+        off += pl;
+        run = bpe_run_after(b, ids[i]);
+    }
+    *bytes = off;
+    return true;
 }

@@ -133,4 +133,45 @@ int32_t wk_bpe_find(const wk_bpe *b, const char *s, size_t n);
 WK_MUST_CHECK wk_err wk_bpe_encode(const wk_bpe *b, const char *text, size_t len, int32_t **ids,
                                    size_t *n_ids, wk_diag *d);
 
+/*
+ * Encodes text[start..len) as the continuation of text[0..start), for a
+ * caller that keeps the tokens of text[0..start) and feeds only the rest.
+ * Byte-level mode: exactly wk_bpe_encode(text + start, len - start). hf-spm:
+ * as wk_bpe_encode() except for the "\u2581" mark in front of the first
+ * piece, which is put there only when the whole text's encoding would put
+ * one there: start == 0 (the input start), or, in the Llama-2 form, right
+ * after a non-normalized added token in text[0..start), and with Metaspace
+ * "always", right after any added token (and then, as always, not before a
+ * space). Otherwise the text continues a run, spaces still become "\u2581",
+ * and nothing is prepended; "first" never prepends when start > 0. Added
+ * tokens are found in text[0..start) and in the rest separately: one that
+ * straddles start is none, and the tokens may differ from a whole-text
+ * encoding at start as they may for any BPE split. text is borrowed for the
+ * call. On success *ids is malloc'd (*n_ids ids, never NULL), caller frees
+ * with free(). Returns WK_OK; WK_EINVAL when start > len; WK_ENOMEM;
+ * WK_ETOOBIG. Thread-safe on a shared b.
+ */
+WK_MUST_CHECK wk_err wk_bpe_encode_continue(const wk_bpe *b, const char *text, size_t len,
+                                            size_t start, int32_t **ids, size_t *n_ids,
+                                            wk_diag *d);
+
+/*
+ * Whether n ids (borrowed) are an encoding of the first bytes of text (len
+ * bytes, borrowed), as kept tokens followed by wk_bpe_encode_continue()
+ * produce it: the pieces of the ids, in order, must be the start of text,
+ * except that the space the hf-spm mark reads as, at the start of a run the
+ * encoder marks, is not in the text: a run starts at ids[0] and, as at
+ * wk_bpe_encode_continue(), after a non-normalized added token (Llama-2
+ * form) or any added token (Metaspace "always"). There the first piece's
+ * leading space is dropped, always in the Llama-2 form (its Prepend is
+ * unconditional), and in the Metaspace form when the text has no space at
+ * that point (a run that began with a space got no mark). Byte-level mode:
+ * the pieces, unchanged. Ids equal to hidden (when >= 0; the end-of-text a
+ * template never renders) are skipped and do not end a run. On a match sets
+ * *bytes to the bytes of text covered and returns true; false when an id is
+ * undefined or a piece differs. Thread-safe.
+ */
+bool wk_bpe_text_prefix(const wk_bpe *b, const int32_t *ids, size_t n, int32_t hidden,
+                        const char *text, size_t len, size_t *bytes);
+
 #endif /* WK_BPE_H */

@@ -975,6 +975,39 @@ wk_tok_encode(const wk_tok *t, const char *text, size_t len, int32_t **ids, size
 }
 
 wk_err
+wk_tok_encode_continue(const wk_tok *t, const char *text, size_t len, size_t start,
+                       int32_t **ids, size_t *n_ids, wk_diag *d)
+{
+    if (t->bpe != NULL)
+        return wk_bpe_encode_continue(t->bpe, text, len, start, ids, n_ids, d);
+    if (start > len)
+        return wk_diag_set(d, WK_EINVAL, "encode: start %zu is past the %zu bytes of text", start,
+                           len);
+    return wk_tok_encode(t, text + start, len - start, ids, n_ids, d);
+}
+
+bool
+wk_tok_text_prefix(const wk_tok *t, const int32_t *ids, size_t n, int32_t hidden,
+                   const char *text, size_t len, size_t *bytes)
+{
+    size_t off = 0;
+
+    if (t->bpe != NULL)
+        return wk_bpe_text_prefix(t->bpe, ids, n, hidden, text, len, bytes);
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] == hidden && hidden >= 0)
+            continue;
+        size_t pl = 0;
+        const uint8_t *p = wk_tok_piece(t, ids[i], &pl);
+        if (p == NULL || pl > len - off || memcmp(text + off, p, pl) != 0)
+            return false;
+        off += pl;
+    }
+    *bytes = off;
+    return true;
+}
+
+wk_err
 wk_tok_decode(const wk_tok *t, const int32_t *ids, size_t n, char **out, size_t *out_len,
               wk_diag *d)
 {

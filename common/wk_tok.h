@@ -14,7 +14,10 @@
  *    never added by encode. Pieces are real bytes ("\u2581" is a space,
  *    "<0xXX>" that byte), and encode puts a space in front of each piece of
  *    text (between added tokens), which wk_tok_decode() drops again at the
- *    very start but the stream decoder does not, see there.
+ *    very start but the stream decoder does not, see there. A caller that
+ *    keeps tokens and feeds only new text matches kept tokens with
+ *    wk_tok_text_prefix() (which knows that space is no text) and encodes
+ *    the rest with wk_tok_encode_continue() (no space put in front mid-text).
  * Both decode ids back to bytes, and turn a stream of token ids into text
  * that never ends in half a UTF-8 character.
  *
@@ -27,6 +30,7 @@
 #ifndef WK_TOK_H
 #define WK_TOK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -135,6 +139,38 @@ uint32_t wk_tok_count(const wk_tok *t);
  */
 WK_MUST_CHECK wk_err wk_tok_encode(const wk_tok *t, const char *text, size_t len, int32_t **ids,
                                    size_t *n_ids, wk_diag *d);
+
+/*
+ * Encodes text[start..len) as the continuation of text[0..start), whose
+ * tokens the caller already has (a parked state), so that the kept tokens
+ * plus these read as the whole text (wk_tok_text_prefix()). World and
+ * hf-bpe: exactly wk_tok_encode(text + start, len - start). hf-spm: no
+ * "\u2581" is put in front unless the whole text's encoding would put one
+ * at start (the text start; after an added token in the Llama-2 form and
+ * with Metaspace "always"), spaces still become "\u2581"; see
+ * wk_bpe_encode_continue(). Tokens at the boundary may differ from encoding
+ * the whole text, as for any BPE split. text is borrowed for the call;
+ * ownership, returns and threading as wk_tok_encode(), plus WK_EINVAL when
+ * start > len.
+ */
+WK_MUST_CHECK wk_err wk_tok_encode_continue(const wk_tok *t, const char *text, size_t len,
+                                            size_t start, int32_t **ids, size_t *n_ids,
+                                            wk_diag *d);
+
+/*
+ * Whether the n ids (borrowed) read as the first bytes of text (len bytes,
+ * borrowed): the text the encoder saw, not the decoded text. World and
+ * hf-bpe: the pieces of the ids concatenated are a prefix of text. hf-spm:
+ * the same, except that the space of the "\u2581" the encoder puts in front
+ * of a run (at ids[0], and after an added token where the tokenizer's form
+ * marks again) is not in the text; see wk_bpe_text_prefix() for the rules.
+ * Ids equal to hidden (when >= 0, e.g. wk_tok_eos(): an end-of-text the
+ * text never shows) are skipped. On a match sets *bytes to the bytes of
+ * text covered and returns true; false on a mismatch or an undefined id.
+ * Thread-safe.
+ */
+bool wk_tok_text_prefix(const wk_tok *t, const int32_t *ids, size_t n, int32_t hidden,
+                        const char *text, size_t len, size_t *bytes);
 
 /*
  * Concatenates the bytes of n ids (World end-of-text adds nothing); hf-spm

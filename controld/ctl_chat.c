@@ -475,13 +475,14 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
                  t->res.reused_tokens);
     /*
      * Feed only what the parked state lacks: the text after the retained
-     * tokens' bytes, encoded on its own (the retained tokens stay exactly as
-     * generated). A fresh start feeds the whole prompt.
+     * tokens' bytes, encoded as the continuation of the text before it (the
+     * retained tokens stay exactly as generated; hf-spm puts no "\u2581" in
+     * front of it mid-text). A fresh start feeds the whole prompt.
      */
     wk_err err = WK_OK;
     if (hit) {
-        err = wk_tok_encode(app->tok, r->prompt_text + t->res.reused_bytes,
-                            r->prompt_len - t->res.reused_bytes, &t->delta, &t->n_delta, &d);
+        err = wk_tok_encode_continue(app->tok, r->prompt_text, r->prompt_len,
+                                     t->res.reused_bytes, &t->delta, &t->n_delta, &d);
     } else {
         t->delta = malloc((t->n_full ? t->n_full : 1) * sizeof(*t->delta));
         err = t->delta ? WK_OK : WK_ENOMEM;

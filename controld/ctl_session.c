@@ -490,20 +490,8 @@ bool
 ctl_session_text_prefix(const wk_tok *tok, const int32_t *retained, size_t n, const char *text,
                         size_t len, size_t *bytes)
 {
-    size_t off = 0;
-    const int32_t eos = wk_tok_eos(tok);
-
-    for (size_t i = 0; i < n; i++) {
-        if (retained[i] == eos && eos >= 0)
-            continue; /* hidden: the template never renders end-of-text */
-        size_t pl = 0;
-        const uint8_t *p = wk_tok_piece(tok, retained[i], &pl);
-        if (p == NULL || pl > len - off || memcmp(text + off, p, pl) != 0)
-            return false;
-        off += pl;
-    }
-    *bytes = off;
-    return true;
+    /* End-of-text is hidden: the template never renders it. */
+    return wk_tok_text_prefix(tok, retained, n, wk_tok_eos(tok), text, len, bytes);
 }
 
 /* The template-prefix check in token or text mode; *off counts tokens or bytes. */

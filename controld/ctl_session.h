@@ -312,7 +312,13 @@ void ctl_session_result_unavailable(ctl_session_result *res);
  * rendered prompt text; *bytes receives that prefix's length, and the
  * caller encodes only the rest (the delta) for prefill. This is the
  * original's rule: noncanonical and hidden tokens survive, and a reply
- * whose tokenization differs from a fresh encode still continues.
+ * whose tokenization differs from a fresh encode still continues. The
+ * bytes are those the encoder saw (wk_tok_text_prefix()): with an hf-spm
+ * tokenizer the space of the "\u2581" its encoder put in front of the
+ * text (and after an added token, where its form does so) is not counted,
+ * and the caller encodes the delta with wk_tok_encode_continue(), which puts
+ * none at its start unless the whole text would have one there. World and
+ * hf-bpe: the plain pieces.
  */
 bool ctl_session_text_prefix(const wk_tok *tok, const int32_t *retained, size_t n,
                              const char *text, size_t len, size_t *bytes);

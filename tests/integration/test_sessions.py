@@ -11,6 +11,8 @@ import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
+import bpe_json  # noqa: E402
 from wkvm_harness import BUILD, MKMODEL, Stack, run_tests  # noqa: E402
 
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-sessions-")
@@ -67,13 +69,14 @@ class Chat:
         h.update(self.api)
         return h
 
-    def turn(self, text, parent=None, aid=None, uid=None, msgs=None, stream=False):
+    def turn(self, text, parent=None, aid=None, uid=None, msgs=None, stream=False,
+             max_tokens=16):
         self.n += 1
         aid = aid or f"{self.chat_id}-a{self.n}"
         uid = uid or f"{self.chat_id}-u{self.n}"
         parent = self.last_assistant if parent is None else parent
         msgs = (self.msgs + [{"role": "user", "content": text}]) if msgs is None else msgs
-        body = {"model": "tiny", "messages": msgs, "max_tokens": 16, "temperature": 0,
+        body = {"model": "tiny", "messages": msgs, "max_tokens": max_tokens, "temperature": 0,
                 "return_token_ids": True}
         r = self.s.post("/v1/chat/completions", body=body, headers=self.headers(aid, uid, parent))
         assert r.status == 200, r.body
@@ -106,9 +109,9 @@ def metric(s, name, labels=""):
     return float(m.group(1)) if m else 0.0
 
 
-def fresh_reply(s, msgs):
+def fresh_reply(s, msgs, max_tokens=16):
     r = s.post("/v1/chat/completions", body={"model": "tiny", "messages": msgs,
-                                              "max_tokens": 16, "temperature": 0})
+                                              "max_tokens": max_tokens, "temperature": 0})
     return r.json()["choices"][0]["message"]["content"], r.json()["usage"]
 
 
@@ -296,9 +299,102 @@ def test_idle_sessions_move_to_disk():
         assert metric(s, "wkvm_parent_bound_continuation_hits_total") == h + 1
 
 
+SPM_VOCAB = 512
+
+
+def spm_piece_bytes():
+    """id -> bytes of the test Llama tokenizer's pieces ("\u2581" a space, "<0xXX>" that byte)."""
+    vocab, _ = bpe_json.spm_build(SPM_VOCAB)
+    out = {}
+    for k, i in vocab.items():
+        if len(k) == 6 and k.startswith("<0x") and k.endswith(">"):
+            out[i] = bytes([int(k[3:5], 16)])
+        else:
+            out[i] = k.replace(bpe_json.SPM_MS, " ").encode("utf-8")
+    out[2] = b""  # </s>: end-of-text, never rendered by the template
+    return out
+
+
+def pick_spm_model():
+    """The demo RWKV model with a Llama-2 style (hf-spm) tokenizer.json instead
+    of its World vocab, and a seed whose first reply token starts with "\u2581"
+    (the template renders "Assistant: " + reply)."""
+    pieces = spm_piece_bytes()
+    for seed in range(11, 80):
+        d = os.path.join(TMP.name, f"spm{seed}", "tiny")
+        subprocess.run([MKMODEL, "--out", d, "--layers", "2", "--embd", "64", "--head-size",
+                        "16", "--ffn", "128", "--vocab", str(SPM_VOCAB), "--seed", str(seed)],
+                       check=True, capture_output=True, timeout=60)
+        os.remove(os.path.join(d, "rwkv_vocab_v20230424.txt"))
+        bpe_json.write_spm_tokenizer_json(os.path.join(d, "tokenizer.json"), SPM_VOCAB)
+        text = "User: hi\n\nAssistant:"
+        ids = [int(x) for x in infer(d, "--encode", stdin=text).split()]
+        # the C encoder agrees with the reference one (Prepend + Replace + BPE)
+        assert ids == bpe_json.spm_encode(SPM_VOCAB, text), ids
+        first = infer(d, "--tokens", ",".join(map(str, ids)), "--generate", "1").split()
+        if pieces[int(first[0])].startswith(b" ") and pieces[int(first[0])].strip():
+            return d, pieces
+    raise SystemExit("no suitable hf-spm model seed")
+
+
+def test_spm_continuation():
+    """hf-spm (Llama-2 tokenizer.json): the space the encoder prepends is not
+    text, so a follow-up whose rendered prompt extends the previous turn's
+    text continues the parked state; the delta is encoded as a continuation
+    (no "\u2581" in front) and the reply equals a stateless run on exactly
+    retained + delta."""
+    model, pieces = pick_spm_model()
+    mt = 6  # short replies: a random model often samples raw bytes
+
+    def text_of(ids):
+        return b"".join(pieces[i] for i in ids).decode("utf-8")
+
+    def clean(s, msgs, prefix):
+        for k in range(80):
+            text = f"{prefix} {k}"
+            reply, _ = fresh_reply(s, msgs + [{"role": "user", "content": text}], mt)
+            body = reply[1:]
+            if reply.startswith(" ") and body and body == body.strip() and \
+                    not any(c in reply for c in "\n\r\x00\ufffd"):
+                return text
+        raise AssertionError("no clean reply found")
+
+    with Stack(model=model, slots=4) as s:
+        up(s)
+        c = Chat(s, "spm-chat")
+        first = clean(s, [], "Hello there")
+        msgs = [{"role": "user", "content": first}]
+        j1 = c.turn(first, max_tokens=mt)
+        gen = j1["choices"][0]["token_ids"]
+        retained = bpe_json.spm_encode(SPM_VOCAB, render(msgs)) + gen
+        retained_text = render(msgs) + text_of(gen)
+        for k in range(2):
+            text = clean(s, c.msgs, f"And more {k}")
+            rendered = render(c.msgs + [{"role": "user", "content": text}])
+            assert rendered.startswith(retained_text), (rendered, retained_text)
+            delta = bpe_json.spm_encode(SPM_VOCAB, rendered[len(retained_text):], prepend=False)
+            fresh = s.post("/v1/completions", body={
+                "model": "tiny", "prompt": retained + delta, "max_tokens": mt,
+                "temperature": 0, "stop": ["\n\n"], "return_token_ids": True}).json()
+            j = c.turn(text, max_tokens=mt)
+            assert metric(s, "wkvm_parent_bound_continuation_hits_total") == k + 1, \
+                s.get("/metrics").body.decode()
+            reused = len([i for i in retained if i != 2])  # </s> is hidden, not a prompt token
+            u = j["usage"]
+            assert u["prompt_tokens"] == reused + len(delta), (u, reused, len(delta))
+            assert u["prompt_tokens_details"]["cached_tokens"] == reused, (u, reused)
+            assert j["choices"][0]["token_ids"] == fresh["choices"][0]["token_ids"]
+            assert j["choices"][0]["message"]["content"] == fresh["choices"][0]["text"]
+            gen = j["choices"][0]["token_ids"]
+            retained = retained + delta + gen
+            retained_text = rendered + text_of(gen)
+        assert metric(s, "wkvm_parent_bound_continuation_rejections_total",
+                      'reason="template_prefix_mismatch"') == 0
+
+
 if __name__ == "__main__":
     rc = run_tests([test_hits_and_delta, test_rejections_restart_fresh,
                     test_users_pressure_restart_and_busy, test_exact_prefix_reuse,
-                    test_idle_sessions_move_to_disk])
+                    test_idle_sessions_move_to_disk, test_spm_continuation])
     TMP.cleanup()
     sys.exit(rc)

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Writes small byte-level BPE tokenizer.json files (the Hugging Face
 `tokenizers` format used by GPT-NeoX / Mamba2 / fla checkpoints) for the test
-models of the non-RWKV families.
+models of the non-RWKV families, and small Llama-2 style (SentencePiece BPE,
+"hf-spm") ones with a reference encoder (write_spm_tokenizer_json,
+spm_encode).
 
 Layout: id 0 is the special token <|endoftext|> (as in GPT-NeoX), ids 1..256
 are the 256 byte symbols of the GPT-2 byte-level alphabet, and the remaining
@@ -119,6 +121,110 @@ def write_tokenizer_json(path, vocab_size):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(tj, f, ensure_ascii=False, indent=1)
     return len(tj["model"]["vocab"])
+
+
+SPM_MS = "\u2581"  # the SentencePiece space mark
+
+
+def spm_build(vocab_size):
+    """(vocab dict, merges list) of a Llama-2 style tokenizer: <unk>=0, <s>=1,
+    </s>=2, "<0x00>".."<0xFF>" = 3..258, then "\u2581" and the corpus's
+    characters, then merges learnt on the corpus words written "\u2581word",
+    in rank order, until vocab_size ids exist or no pair is left."""
+    if vocab_size < 300:
+        raise ValueError("vocab_size %d < 300" % vocab_size)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = 3 + b
+    words = collections.Counter(tuple(SPM_MS + w) for w in _CORPUS.split(" "))
+    for ch in sorted({c for w in words for c in w}, key=lambda c: (c != SPM_MS, c)):
+        vocab[ch] = len(vocab)
+    merges = []
+    while len(vocab) < vocab_size:
+        pairs = collections.Counter()
+        for w, c in words.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] += c
+        if not pairs:
+            break
+        best = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        tok = best[0] + best[1]
+        merges.append(best)
+        if tok not in vocab:
+            vocab[tok] = len(vocab)
+        nw = collections.Counter()
+        for w, c in words.items():
+            out, i = [], 0
+            while i < len(w):
+                if i + 1 < len(w) and (w[i], w[i + 1]) == best:
+                    out.append(tok)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            nw[tuple(out)] += c
+        words = nw
+    return vocab, merges
+
+
+def spm_tokenizer_json(vocab_size):
+    """The tokenizer.json of the Llama-2 conversion: normalizer Prepend +
+    Replace, no pre-tokenizer, byte fallback, Llama decoder."""
+    vocab, merges = spm_build(vocab_size)
+    special = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True}
+               for i, c in enumerate(["<unk>", "<s>", "</s>"])]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": special,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SPM_MS},
+            {"type": "Replace", "pattern": {"String": " "}, "content": SPM_MS}]},
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": SPM_MS}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [a + " " + b for a, b in merges]},
+    }
+
+
+def write_spm_tokenizer_json(path, vocab_size):
+    """Writes a Llama-2 style tokenizer.json (and returns the number of ids it defines)."""
+    tj = spm_tokenizer_json(vocab_size)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(tj, f, ensure_ascii=False, indent=1)
+    return len(tj["model"]["vocab"])
+
+
+def spm_encode(vocab_size, text, prepend=True):
+    """Reference encoding of text (no added tokens in it) with the tokenizer
+    of spm_build(vocab_size), as `tokenizers` does: Prepend (when prepend;
+    False is a continuation of earlier text), spaces to "\u2581", characters
+    as symbols or their UTF-8 bytes' "<0xXX>", then the lowest-rank merge,
+    leftmost first, until none applies."""
+    vocab, merges = spm_build(vocab_size)
+    rank = {m: i for i, m in enumerate(merges)}
+    norm = (SPM_MS if prepend and text else "") + text.replace(" ", SPM_MS)
+    syms = []
+    for ch in norm:
+        if ch in vocab:
+            syms.append(ch)
+        else:
+            syms.extend("<0x%02X>" % b for b in ch.encode("utf-8"))
+    while len(syms) > 1:
+        best = min(range(len(syms) - 1),
+                   key=lambda i: (rank.get((syms[i], syms[i + 1]), 1 << 30), i))
+        if (syms[best], syms[best + 1]) not in rank:
+            break
+        syms[best:best + 2] = [syms[best] + syms[best + 1]]
+    return [vocab[s] for s in syms]
 
 
 if __name__ == "__main__":

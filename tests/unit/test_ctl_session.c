@@ -4,7 +4,9 @@
  * chat template: header rules, session keys, multi-turn hits with their
  * exact deltas, every rejection reason provoked on purpose, the strip rule,
  * exact-prefix reuse, the binding's byte format against hostile input, and
- * the history digest against tests/reference/session_digest.py.
+ * the history digest against tests/reference/session_digest.py; then the
+ * text mode (the glue's rule) with a Llama-style hf-spm tokenizer.json
+ * written here: hits that feed only the new text, misses that stay misses.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -893,6 +895,315 @@ test_exact_prefix(void **state)
     ctl_session_binding_free(bc);
 }
 
+/* ------------------------------------------------- hf-spm text mode ---- */
+
+#define MS "\xe2\x96\x81" /* U+2581 in UTF-8 */
+
+/*
+ * A Llama-2 style tokenizer.json (normalizer Prepend("▁") + Replace(" ",
+ * "▁"), byte fallback, decoder with Strip): <unk> <s> </s>, the 256
+ * "<0xXX>" tokens, "▁" and the characters of the test texts, and merges
+ * making "▁U", "▁A", "▁H", "▁h", "▁m" and "▁hi". Caller frees with wk_tok_free().
+ */
+static wk_tok *
+spm_tok(void)
+{
+    static const char *const chars[] = {MS,      "U",     "s",      "e",      "r",  ":", "h",
+                                         "i",     "A",     "t",      "n",      "H",  "l", "o",
+                                         "m",     "a",     "b",      MS "U",   MS "A", MS "H",
+                                         MS "h",  MS "m",  MS "hi"};
+    static const char *const merges[] = {MS " U", MS " A", MS " H", MS " h", MS " m", MS "h i"};
+    char *j = malloc(64 * 1024);
+    size_t o = 0;
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+
+    assert_non_null(j);
+    o += (size_t)snprintf(
+        j + o, 64 * 1024 - o,
+        "{\"version\": \"1.0\", \"added_tokens\": ["
+        "{\"id\": 0, \"content\": \"<unk>\", \"normalized\": false, \"special\": true},"
+        "{\"id\": 1, \"content\": \"<s>\", \"normalized\": false, \"special\": true},"
+        "{\"id\": 2, \"content\": \"</s>\", \"normalized\": false, \"special\": true}],"
+        "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
+        "{\"type\": \"Prepend\", \"prepend\": \"\\u2581\"}, {\"type\": \"Replace\", "
+        "\"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}]},"
+        "\"pre_tokenizer\": null, \"post_processor\": null,"
+        "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Replace\", "
+        "\"pattern\": {\"String\": \"\\u2581\"}, \"content\": \" \"}, {\"type\": "
+        "\"ByteFallback\"}, {\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", "
+        "\"start\": 1, \"stop\": 0}]},"
+        "\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": true, "
+        "\"byte_fallback\": true, \"vocab\": {\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2");
+    for (int c = 0; c < 256; c++)
+        o += (size_t)snprintf(j + o, 64 * 1024 - o, ", \"<0x%02X>\": %d", c, 3 + c);
+    for (size_t i = 0; i < N_OF(chars); i++)
+        o += (size_t)snprintf(j + o, 64 * 1024 - o, ", \"%s\": %zu", chars[i], 259 + i);
+    o += (size_t)snprintf(j + o, 64 * 1024 - o, "}, \"merges\": [");
+    for (size_t i = 0; i < N_OF(merges); i++)
+        o += (size_t)snprintf(j + o, 64 * 1024 - o, "%s\"%s\"", i ? ", " : "", merges[i]);
+    o += (size_t)snprintf(j + o, 64 * 1024 - o, "]}}");
+    assert_true(o < 64 * 1024 - 1);
+    if (wk_tok_load_hf_mem(j, o, "{\"eos_token\": \"</s>\"}", 21, &t, &d) != WK_OK)
+        fail_msg("spm tokenizer: %s", d.msg);
+    assert_string_equal(wk_tok_kind(t), "hf-spm");
+    assert_int_equal(wk_tok_eos(t), 2);
+    free(j);
+    return t;
+}
+
+/* One text-mode turn as ctl_chat runs it. */
+typedef struct spm_turn {
+    char *text;             /* rendered prompt, owned */
+    size_t len;             /* bytes */
+    int32_t *prompt;        /* full prompt ids, owned */
+    int32_t *delta;         /* ids fed this turn, owned */
+    size_t n_delta;         /* entries */
+    ctl_session_request req; /* validate's request */
+    ctl_session_result res; /* its decision */
+} spm_turn;
+
+/* Renders and encodes msgs, validates against prev, and encodes what a HIT feeds. */
+static void
+spm_turn_validate(spm_turn *t, wk_tok *tok, const ctl_session_hdrs *h, const wk_chat_msg *msgs,
+                  size_t n, const ctl_session_binding *prev)
+{
+    wk_diag d = {""};
+    size_t np = 0;
+
+    memset(t, 0, sizeof(*t));
+    assert_int_equal(wk_chat_render(msgs, n, true, &t->text, &t->len, NULL), WK_OK);
+    assert_int_equal(ctl_session_prompt_encode(tok, msgs, n, &t->prompt, &np, &d), WK_OK);
+    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, tok, t->text, t->len};
+    if (ctl_session_validate(&t->req, prev, &t->res, &d) != WK_OK)
+        fail_msg("validate: %s", d.msg);
+    if (t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
+        t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT) {
+        assert_int_equal(wk_tok_encode_continue(tok, t->text, t->len, t->res.reused_bytes,
+                                                &t->delta, &t->n_delta, &d),
+                         WK_OK);
+    } else {
+        t->delta = malloc((np ? np : 1) * sizeof(*t->delta));
+        assert_non_null(t->delta);
+        memcpy(t->delta, t->prompt, np * sizeof(*t->delta));
+        t->n_delta = np;
+    }
+}
+
+/* Commits t (the delta as the prompt, as ctl_chat does) with gen and visible; new binding. */
+static ctl_session_binding *
+spm_turn_commit(const spm_turn *t, const ctl_session_binding *prev, const int32_t *gen,
+                size_t n_gen, const char *visible)
+{
+    ctl_session_request creq = t->req;
+    ctl_session_result cres = t->res;
+    creq.prompt_ids = t->delta;
+    creq.n_prompt = t->n_delta;
+    cres.reused_tokens = 0;
+    bool hit = t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
+               t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
+    ctl_session_turn ct = {&creq, &cres, hit ? prev : NULL, gen, n_gen, visible, strlen(visible)};
+    ctl_session_binding *b = NULL;
+    wk_diag d = {""};
+    if (ctl_session_commit(&ct, &b, &d) != WK_OK)
+        fail_msg("commit: %s", d.msg);
+    return b;
+}
+
+static void
+spm_turn_fini(spm_turn *t)
+{
+    free(t->text);
+    free(t->prompt);
+    free(t->delta);
+}
+
+/* The bytes of n ids, pieces concatenated (no strip), into a malloc'd string. */
+static char *
+spm_pieces(const wk_tok *tok, const int32_t *ids, size_t n)
+{
+    char *s = malloc(4096);
+    size_t o = 0;
+    assert_non_null(s);
+    for (size_t i = 0; i < n; i++) {
+        size_t pl = 0;
+        const uint8_t *p = wk_tok_piece(tok, ids[i], &pl);
+        assert_non_null(p);
+        assert_true(o + pl < 4096);
+        memcpy(s + o, p, pl);
+        o += pl;
+    }
+    s[o] = '\0';
+    return s;
+}
+
+/* Generated ids of text, as a model continuing mid-text would emit them. */
+static int32_t *
+spm_gen(const wk_tok *tok, const char *text, bool eos, size_t *n)
+{
+    int32_t *ids = NULL;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "x%s", text);
+    assert_int_equal(wk_tok_encode_continue(tok, buf, strlen(buf), 1, &ids, n, NULL), WK_OK);
+    int32_t *g = realloc(ids, (*n + 1) * sizeof(*g));
+    assert_non_null(g);
+    if (eos)
+        g[(*n)++] = wk_tok_eos(tok);
+    return g;
+}
+
+/*
+ * hf-spm (Llama-2 normalizer): the encoder's "▁" in front of the prompt
+ * is not text, so a follow-up that extends the previous turn's text is a
+ * HIT and feeds exactly the tokens of the new text, without a "▁" at its
+ * start; a follow-up that does not extend it is still a miss.
+ */
+static void
+test_spm_text_mode(void **state)
+{
+    (void)state;
+    wk_tok *tok = spm_tok();
+    spm_turn t;
+    size_t ng = 0, nr = 0, cover = 0;
+
+    /* turn 1: fresh; the first token's piece starts with the Prepend's space */
+    ctl_session_hdrs h1 = hdrs_pt("a1", "m1", "");
+    wk_chat_msg m1[] = {msg("user", "hi")};
+    spm_turn_validate(&t, tok, &h1, m1, 1, NULL);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_FIRST);
+    char *p = spm_pieces(tok, t.prompt, t.req.n_prompt);
+    assert_string_equal(p, " User: hi\n\nAssistant:");
+    free(p);
+    /* the plain byte rule misses it from byte 0; the encoder-aware one covers it */
+    size_t plain = 0, k = 0;
+    for (; k < t.req.n_prompt; k++) {
+        size_t pl = 0;
+        const uint8_t *pc = wk_tok_piece(tok, t.prompt[k], &pl);
+        if (pl > t.len - plain || memcmp(t.text + plain, pc, pl) != 0)
+            break;
+        plain += pl;
+    }
+    assert_int_equal(k, 0);
+    assert_true(ctl_session_text_prefix(tok, t.prompt, t.req.n_prompt, t.text, t.len, &cover));
+    assert_int_equal(cover, t.len);
+    int32_t *g1 = spm_gen(tok, " Hello\n\n", false, &ng);
+    ctl_session_binding *b1 = spm_turn_commit(&t, NULL, g1, ng, " Hello");
+    free(g1);
+    spm_turn_fini(&t);
+
+    /* turn 2: a HIT; only "User: more\n\nAssistant:" is fed, with no "▁" in front */
+    ctl_session_hdrs h2 = hdrs_pt("a2", "m2", "a1");
+    wk_chat_msg m2[] = {msg("user", "hi"), msg("assistant", "Hello"), msg("user", "more")};
+    spm_turn_validate(&t, tok, &h2, m2, N_OF(m2), b1);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_HIT);
+    assert_int_equal(t.res.reason, CTL_SESSION_REASON_NONE);
+    assert_false(t.res.retire);
+    assert_int_equal(t.res.reused_bytes, strlen("User: hi\n\nAssistant: Hello\n\n"));
+    const int32_t *r1 = ctl_session_binding_retained(b1, &nr);
+    assert_int_equal(t.res.reused_tokens, nr);
+    p = spm_pieces(tok, t.delta, t.n_delta);
+    assert_string_equal(p, "User: more\n\nAssistant:");
+    free(p);
+    /* the whole text splits there too: retained + delta == encode(whole text) */
+    assert_int_equal(t.req.n_prompt, nr + t.n_delta);
+    assert_memory_equal(t.prompt, r1, nr * sizeof(*r1));
+    assert_memory_equal(t.prompt + nr, t.delta, t.n_delta * sizeof(*t.delta));
+    int32_t *g2 = spm_gen(tok, " The", true, &ng); /* ends on a hidden </s> */
+    ctl_session_binding *b2 = spm_turn_commit(&t, b1, g2, ng, " The");
+    free(g2);
+    spm_turn_fini(&t);
+
+    /* turn 3: continues past the hidden </s>, which starts no new run */
+    ctl_session_hdrs h3 = hdrs_pt("a3", "m3", "a2");
+    wk_chat_msg m3[] = {msg("user", "hi"), msg("assistant", "Hello"), msg("user", "more"),
+                        msg("assistant", "The"), msg("user", "a<s>b")};
+    spm_turn_validate(&t, tok, &h3, m3, N_OF(m3), b2);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_HIT);
+    p = spm_pieces(tok, t.delta, t.n_delta);
+    assert_string_equal(p, "\n\nUser: a<s> b\n\nAssistant:"); /* the run after <s> is marked */
+    free(p);
+    int32_t *g3 = spm_gen(tok, " Hi\n\n", false, &ng);
+    ctl_session_binding *b3 = spm_turn_commit(&t, b2, g3, ng, " Hi");
+    free(g3);
+    spm_turn_fini(&t);
+
+    /* turn 4: the "▁b" after the user's <s> is matched as "b" */
+    ctl_session_hdrs h4 = hdrs_pt("a4", "m4", "a3");
+    wk_chat_msg m4[] = {msg("user", "hi"),    msg("assistant", "Hello"), msg("user", "more"),
+                        msg("assistant", "The"), msg("user", "a<s>b"),    msg("assistant", "Hi"),
+                        msg("user", "ah")};
+    spm_turn_validate(&t, tok, &h4, m4, N_OF(m4), b3);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_HIT);
+    p = spm_pieces(tok, t.delta, t.n_delta);
+    assert_string_equal(p, "User: ah\n\nAssistant:");
+    free(p);
+    spm_turn_fini(&t);
+
+    /* a real miss: the kept reply " Hello!" is not in the new text */
+    int32_t *gx = NULL;
+    spm_turn_validate(&t, tok, &h1, m1, 1, NULL);
+    gx = spm_gen(tok, " Hello!", false, &ng);
+    ctl_session_binding *bx = spm_turn_commit(&t, NULL, gx, ng, " Hello");
+    free(gx);
+    spm_turn_fini(&t);
+    spm_turn_validate(&t, tok, &h2, m2, N_OF(m2), bx);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_REJECTED);
+    assert_int_equal(t.res.reason, CTL_SESSION_REASON_TEMPLATE_PREFIX_MISMATCH);
+    assert_true(t.res.retire);
+    spm_turn_fini(&t);
+    /* the Prepend is undone once, at the start: "▁" + "▁U" reads " U", never "U" */
+    const int32_t lead[] = {259, 259 + 17}; /* "▁", "▁U": " " + " U" */
+    assert_true(ctl_session_text_prefix(tok, lead, 2, " User", 5, &cover));
+    assert_int_equal(cover, 2);
+    assert_false(ctl_session_text_prefix(tok, lead, 2, "User", 4, &cover));
+
+    /* exact-prefix reuse (no contract) hits the same way */
+    ctl_session_hdrs hp = hdrs_prefix();
+    spm_turn_validate(&t, tok, &hp, m1, 1, NULL);
+    g1 = spm_gen(tok, " Hello\n\n", false, &ng);
+    ctl_session_binding *bp = spm_turn_commit(&t, NULL, g1, ng, " Hello");
+    free(g1);
+    spm_turn_fini(&t);
+    spm_turn_validate(&t, tok, &hp, m2, N_OF(m2), bp);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_PREFIX_HIT);
+    p = spm_pieces(tok, t.delta, t.n_delta);
+    assert_string_equal(p, "User: more\n\nAssistant:");
+    free(p);
+    spm_turn_fini(&t);
+
+    ctl_session_binding_free(b1);
+    ctl_session_binding_free(b2);
+    ctl_session_binding_free(b3);
+    ctl_session_binding_free(bx);
+    ctl_session_binding_free(bp);
+    wk_tok_free(tok);
+}
+
+/* World keeps the plain byte rule in text mode. */
+static void
+test_world_text_mode(void **state)
+{
+    (void)state;
+    size_t n = 0, cover = 0;
+    const char *text = "User: hi\n\nAssistant: Hello";
+    int32_t *ids = enc("User: hi\n\nAssistant:", 20, &n);
+    int32_t *more = realloc(ids, (n + 1) * sizeof(*ids));
+    assert_non_null(more);
+    more[n] = WK_TOK_EOT;
+    assert_true(ctl_session_text_prefix(g_tok, more, n + 1, text, strlen(text), &cover));
+    assert_int_equal(cover, 20);
+    assert_false(ctl_session_text_prefix(g_tok, more, n, "User: ho", 8, &cover));
+    int32_t *d1 = NULL, *d2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    assert_int_equal(wk_tok_encode_continue(g_tok, text, strlen(text), 20, &d1, &n1, NULL), WK_OK);
+    d2 = enc(text + 20, strlen(text) - 20, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(d1, d2, n1 * sizeof(*d1));
+    free(d1);
+    free(d2);
+    free(more);
+}
+
 static void
 test_commit_limits(void **state)
 {
@@ -1339,6 +1650,8 @@ main(void)
         cmocka_unit_test(test_reason_order),
         cmocka_unit_test(test_strip_rule),
         cmocka_unit_test(test_exact_prefix),
+        cmocka_unit_test(test_spm_text_mode),
+        cmocka_unit_test(test_world_text_mode),
         cmocka_unit_test(test_commit_limits),
         cmocka_unit_test(test_encode_round_trip),
         cmocka_unit_test(test_decode_malformed),

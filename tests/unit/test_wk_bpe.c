@@ -7,7 +7,9 @@
  * end-of-text rules and wk_tok_load_dir(); then the SentencePiece-style
  * ("hf-spm", Llama-2 / Mistral) mode: Prepend/Replace and Metaspace forms,
  * byte fallback, unk (fused or not), added tokens, pieces, decode, the
- * stream, a long single word, and hostile variants.
+ * stream, a long single word, and hostile variants; last, continuations
+ * (wk_tok_encode_continue) and the text-prefix match of kept tokens
+ * (wk_tok_text_prefix) in every form.
  * tests/reference/check_bpe.py compares against the real `tokenizers`
  * library.
  */
@@ -1107,6 +1109,243 @@ test_spm_long(void **state)
     wk_tok_free(t);
 }
 
+/* ---- continuation: wk_tok_encode_continue and wk_tok_text_prefix ---- */
+
+/* Encodes text[start..] as a continuation (wk_tok_encode_continue) and compares with n ids. */
+static void
+cont_eq(const wk_tok *t, const char *s, size_t slen, size_t start, size_t n, ...)
+{
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    wk_diag d = {""};
+    va_list ap;
+
+    assert_int_equal(wk_tok_encode_continue(t, s, slen, start, &ids, &n_ids, &d), WK_OK);
+    assert_non_null(ids);
+    va_start(ap, n);
+    bool ok = n_ids == n;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = ids[i] == va_arg(ap, int);
+    va_end(ap);
+    if (!ok) {
+        char got[1024] = "";
+        size_t o = 0;
+        for (size_t i = 0; i < n_ids && o < 1000; i++)
+            o += (size_t)snprintf(got + o, sizeof(got) - o, " %d", (int)ids[i]);
+        fail_msg("continue \"%.*s\" at %zu: got [%s ], want %zu ids", (int)slen, s, start, got,
+                 n);
+    }
+    free(ids);
+}
+
+#define CONT(t, s, start, ...)                                                                     \
+    cont_eq((t), (s), sizeof(s) - 1, (start), sizeof((int[]){__VA_ARGS__}) / sizeof(int),         \
+            __VA_ARGS__)
+#define CONT0(t, s, start) cont_eq((t), (s), sizeof(s) - 1, (start), 0, 0)
+
+/* Expects wk_tok_text_prefix(ids, text) to cover want bytes (-1: no match). */
+static void
+tp_eq(const wk_tok *t, const int32_t *ids, size_t n, int32_t hidden, const char *text, long want)
+{
+    size_t got = 12345;
+    bool ok = wk_tok_text_prefix(t, ids, n, hidden, text, strlen(text), &got);
+    if (want < 0 && ok)
+        fail_msg("text prefix of \"%s\": matched %zu bytes, want a mismatch", text, got);
+    if (want >= 0 && (!ok || got != (size_t)want))
+        fail_msg("text prefix of \"%s\": %s %zu, want %ld bytes", text, ok ? "got" : "no match",
+                 ok ? got : 0, want);
+    if (!ok)
+        assert_int_equal(got, 12345); /* untouched on a mismatch */
+}
+
+#define TP(t, hidden, text, want, ...)                                                             \
+    tp_eq((t), (const int32_t[]){__VA_ARGS__}, sizeof((int32_t[]){__VA_ARGS__}) / sizeof(int32_t), \
+          (hidden), (text), (want))
+
+/*
+ * The contract's round trip: encode a first part, then for every split point
+ * k after it the kept tokens cover exactly text[0..k) (text_prefix), and
+ * kept + continue(text, k) read as the whole text; when the split falls
+ * where the whole encoding splits too, the tokens equal the whole encoding.
+ */
+static void
+cont_round_trip(const wk_tok *t, const char *text, size_t k, bool same_as_whole)
+{
+    int32_t *kept = NULL, *rest = NULL, *whole = NULL;
+    size_t nk = 0, nr = 0, nw = 0, covered = 0, len = strlen(text);
+
+    assert_int_equal(wk_tok_encode(t, text, k, &kept, &nk, NULL), WK_OK);
+    if (!wk_tok_text_prefix(t, kept, nk, -1, text, len, &covered) || covered != k)
+        fail_msg("\"%s\": kept tokens of %zu bytes cover %zu", text, k, covered);
+    assert_int_equal(wk_tok_encode_continue(t, text, len, k, &rest, &nr, NULL), WK_OK);
+    int32_t *all = malloc((nk + nr + 1) * sizeof(*all));
+    assert_non_null(all);
+    memcpy(all, kept, nk * sizeof(*all));
+    memcpy(all + nk, rest, nr * sizeof(*all));
+    if (!wk_tok_text_prefix(t, all, nk + nr, -1, text, len, &covered) || covered != len)
+        fail_msg("\"%s\" split at %zu: kept + continuation cover %zu of %zu", text, k, covered,
+                 len);
+    assert_int_equal(wk_tok_encode(t, text, len, &whole, &nw, NULL), WK_OK);
+    if (same_as_whole && (nw != nk + nr || memcmp(whole, all, nw * sizeof(*all)) != 0))
+        fail_msg("\"%s\" split at %zu: kept + continuation differ from the whole encoding", text,
+                 k);
+    free(all);
+    free(kept);
+    free(rest);
+    free(whole);
+}
+
+static void
+test_spm_continue_llama2(void **state)
+{
+    (void)state;
+    spm_spec sp = {0};
+    wk_tok *t = spm_load(&sp, "{\"eos_token\": \"</s>\"}");
+
+    /* start 0 is a plain encode */
+    CONT(t, "hi", 0, 267);
+    CONT(t, "a hi", 0, 264, 267);
+    /* mid-text: no Prepend, spaces still become ▁ */
+    CONT(t, "a hi", 1, 267);
+    CONT(t, "ahi", 1, 266);
+    CONT(t, "hi  a", 2, 259, 264); /* "▁▁a": ▁a outranks ▁▁ */
+    ENC(t, "ahi", 264, 266); /* the whole text splits the same way */
+    CONT0(t, "hi", 2);
+    /* after a non-normalized added token the whole text starts a new run: Prepend */
+    CONT(t, "a<s>hi", 4, 267);
+    CONT(t, "a</s>hi", 5, 267);
+    ENC(t, "a</s>hi", 264, 2, 267);
+    /* a delta that starts with an added token, and one inside the delta */
+    CONT(t, "ab<s>hi", 2, 1, 267);
+    CONT(t, "ahi<s>hi", 1, 266, 1, 267);
+    /* a normalized added token is part of its gap in this form: no new run after it */
+    CONT(t, "x hi bhi", 6, 266);
+    /* ...and is matched in the delta's normalized text without a ▁ in front */
+    CONT(t, "ax hi b", 1, 269, 271);
+    CONT(t, "a hi b", 1, 271);
+    /* an added token cut by start is none (a boundary effect, as for any split) */
+    CONT(t, "a<s>hi", 2, FB('s'), FB('>'), 266);
+    {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        wk_diag d = {""};
+        assert_int_equal(wk_tok_encode_continue(t, "hi", 2, 3, &ids, &n, &d), WK_EINVAL);
+        assert_null(ids);
+    }
+
+    /* text prefix: the Prepend's space at the start of the text is not in it */
+    TP(t, -1, "hi there", 2, 267);
+    TP(t, -1, "a hi b", 4, 264, 267);
+    TP(t, -1, " hi", 3, 259, 267); /* encode(" hi"): "▁▁hi", the first ▁ is the Prepend */
+    TP(t, -1, " hi", -1, 267);     /* "▁hi" at the start means "hi", not " hi" */
+    /* nor after a non-normalized added token */
+    TP(t, -1, "<s>hi", 5, 1, 267);
+    TP(t, -1, "a<s>hi!", 6, 264, 1, 267);
+    TP(t, -1, "a<s> hi", -1, 264, 1, 267);
+    /* a normalized added token at the start carries the Prepend; mid-run its space is real */
+    TP(t, -1, "hi b", 4, 271);
+    TP(t, -1, "x hi b", 6, 259, 269, 271);
+    /* a hidden end-of-text is skipped and the text goes on: its next space is real */
+    TP(t, 2, "a hi", 4, 264, 2, 267);
+    TP(t, 2, "ahi", -1, 264, 2, 267);
+    TP(t, -1, "a hi", -1, 264, 2, 267); /* not hidden: "</s>" is text */
+    /* real misses stay misses */
+    TP(t, -1, "b", -1, 264);
+    TP(t, -1, "ab", -1, 264, 261, 260);
+    TP(t, -1, "a", -1, 264, 267);
+    TP(t, -1, "hi", -1, 9999);
+    TP(t, -1, "", 0, 259); /* "▁" alone at the start: the Prepend of an empty-looking text */
+    {
+        size_t got = 7;
+        assert_true(wk_tok_text_prefix(t, NULL, 0, -1, "x", 1, &got));
+        assert_int_equal(got, 0);
+    }
+
+    /* round trips: split after the first part, and the delta is the rest */
+    cont_round_trip(t, "a hi", 1, true);
+    cont_round_trip(t, "a hi", 2, false);
+    cont_round_trip(t, "hi hi a", 2, true);
+    cont_round_trip(t, "hi hi a", 3, false); /* "▁hi▁" + "hi▁a": a BPE boundary */
+    cont_round_trip(t, "hi<s>hi", 5, true);
+    cont_round_trip(t, "hi<s> hi", 5, true);
+    cont_round_trip(t, "x \xe2\x82\xac c", 2, true);
+    cont_round_trip(t, "x \xe2\x82\xac c", 5, true);
+    wk_tok_free(t);
+}
+
+static void
+test_spm_continue_metaspace(void **state)
+{
+    (void)state;
+    spm_spec first = {.normalizer = "null", .pre = SPM_META("first", "false")};
+    spm_spec always = {.normalizer = "null", .pre = SPM_META("always", "true"),
+                       .decoder = SPM_META("always", "true")};
+    spm_spec never = {.normalizer = "null", .pre = SPM_META("never", "true"),
+                      .decoder = SPM_META("never", "true")};
+    wk_tok *tf = spm_load(&first, NULL), *ta = spm_load(&always, NULL),
+           *tn = spm_load(&never, NULL);
+
+    /* "first": only offset 0 is marked, so a continuation never is */
+    CONT(tf, "hi", 0, 267);
+    CONT(tf, "a hi", 1, 267);
+    CONT(tf, "ahi", 1, 266);
+    CONT(tf, "a<s>hi", 4, 266);
+    ENC(tf, "a<s>hi", 264, 1, 266);
+    TP(tf, -1, "hi", 2, 267);
+    TP(tf, -1, " hi", 3, 267); /* the text's own space: Metaspace marked nothing */
+    TP(tf, -1, "<s>hi", 5, 1, 266);
+    TP(tf, -1, "<s>hi", -1, 1, 267);
+    cont_round_trip(tf, "hi a hi", 2, true);
+    cont_round_trip(tf, "hi<s>hi", 2, true);
+
+    /* "always": a new run after every added token, normalized ones too */
+    CONT(ta, "ahi", 1, 266);
+    CONT(ta, "a hi", 1, 267);
+    CONT(ta, "a<s>hi", 4, 267);
+    CONT(ta, "a<s> hi", 4, 267);
+    CONT(ta, "xhi bhi", 5, 267);
+    ENC(ta, "xhi bhi", 259, 269, 271, 267);
+    TP(ta, -1, "<s>hi", 5, 1, 267);
+    TP(ta, -1, "<s> hi", 6, 1, 267);
+    TP(ta, -1, "xhi bhi", 7, 259, 269, 271, 267);
+    TP(ta, -1, "xhi b hi", 8, 259, 269, 271, 267);
+    TP(ta, 2, "ahi", -1, 264, 2, 267); /* a hidden end-of-text starts no run */
+    cont_round_trip(ta, "a<s>hi", 4, true);
+    cont_round_trip(ta, "xhi bhi", 5, true);
+
+    /* "never": nothing to undo */
+    CONT(tn, "hi", 0, 266);
+    CONT(tn, "a hi", 1, 267);
+    TP(tn, -1, "hi", 2, 266);
+    TP(tn, -1, "hi", -1, 267);
+    TP(tn, -1, " hi", 3, 267);
+    wk_tok_free(tf);
+    wk_tok_free(ta);
+    wk_tok_free(tn);
+}
+
+/* World-like kinds keep the plain rule: hf-bpe continues as a separate encode. */
+static void
+test_bpe_continue_plain(void **state)
+{
+    (void)state;
+    spec s = {.words = {" h", " hi", "hi"},
+              .merges = {" |h", " h|i", "h|i"},
+              .added = ADDED,
+              .pre = "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}",
+              .skip_byte = -1};
+    wk_tok *t = spec_load(&s, NULL);
+
+    /* add_prefix_space applies to the delta, exactly as wk_tok_encode() of it */
+    CONT(t, "ahi", 1, 257);
+    ENC(t, "hi", 257);
+    CONT(t, "a hi", 1, 257);
+    TP(t, -1, "hi", -1, 257); /* pieces as they are: " hi" */
+    TP(t, -1, " hi!", 3, 257);
+    TP(t, 300, " hi", 3, 257, 300);
+    wk_tok_free(t);
+}
+
 int
 main(void)
 {
@@ -1119,6 +1358,9 @@ main(void)
         cmocka_unit_test(test_load_dir),     cmocka_unit_test(test_spm_llama2),
         cmocka_unit_test(test_spm_unk),      cmocka_unit_test(test_spm_metaspace),
         cmocka_unit_test(test_spm_hostile),  cmocka_unit_test(test_spm_long),
+        cmocka_unit_test(test_spm_continue_llama2),
+        cmocka_unit_test(test_spm_continue_metaspace),
+        cmocka_unit_test(test_bpe_continue_plain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
