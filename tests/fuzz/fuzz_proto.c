@@ -87,7 +87,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* Only an error reply may come without its payload; a request never (handlers use it). */
     bool reply = m->kind == WKVM__KIND__HELLO_ACK || m->kind == WKVM__KIND__MODEL_INFO ||
                  m->kind == WKVM__KIND__STEP_RESULT || m->kind == WKVM__KIND__SLOT_DATA ||
-                 m->kind == WKVM__KIND__STATS_REPLY;
+                 m->kind == WKVM__KIND__STATS_REPLY ||
+                 m->kind == WKVM__KIND__MIGRATE_NCCL_ID_REPLY;
     fuzz_check(m->payload_case == wk_proto_kind_payload((int)m->kind) ||
                    (reply && m->status != 0 &&
                     m->payload_case == WKVM__ENVELOPE__PAYLOAD__NOT_SET),
