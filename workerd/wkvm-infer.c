@@ -10,6 +10,8 @@
  *       N greedy token ids, space separated, newline at the end
  *   wkvm-infer --model DIR --tokens 1,2,3 --batch-check 5 [--generate N]
  *     (exit 1 unless the row's bits are the same alone and in a batch)
+ *   wkvm-infer --model DIR --tokens 1,2,3 --slot-check [--generate N]
+ *     (exit 1 unless fork, hibernate/resume and KV-pool refusals behave; be.h)
  *   wkvm-infer --model DIR --encode   (UTF-8 on stdin -> ids on stdout)
  *   wkvm-infer --model DIR --decode   (ids on stdin -> text on stdout)
  *
@@ -48,6 +50,8 @@ typedef struct infer_opts {
     long bench_batch;       /* --bench-batch B */
     long bench_prefill;     /* --bench-prefill T */
     long batch_check;       /* --batch-check B, 0 = off */
+    long kv_pages;          /* --kv-pages N, 0 = the backend's default */
+    int slot_check;         /* --slot-check */
     int encode, decode;     /* modes */
     int fp32, bench;        /* flags */
 } infer_opts;
@@ -89,11 +93,18 @@ infer_usage(FILE *f)
             "  --fp32               convert the weights to fp32 at load\n"
             "  --bench              print prefill and decode throughput (uses --tokens or\n"
             "                       --bench-prefill synthetic tokens, and --generate steps)\n"
-            "  --bench-batch B      with --bench: decode B sequences per step (default 1)\n"
+            "  --bench-batch B      with --bench: decode B sequences per step (default 1),\n"
+            "                       each continuing the prefilled prompt\n"
             "  --bench-prefill T    with --bench and no --tokens: T prompt tokens (512)\n"
             "  --batch-check B      run the prompt (and --generate steps) alone, then again\n"
             "                       with B-1 random rows in every step; exit 1 unless every\n"
             "                       logit and the final state are bit-identical\n"
+            "  --slot-check         run the prompt (and --generate steps) once, then check\n"
+            "                       fork (slot_copy), hibernate/resume (slot_read, reset,\n"
+            "                       slot_resize, slot_write) and migration to another slot\n"
+            "                       continue bit-identically, image sizes, and (hybrid\n"
+            "                       models) WK_EQUOTA / WK_EINVAL refusals that change nothing\n"
+            "  --kv-pages N         hybrid models: KV pool pages (default: the backend's)\n"
             "  --help               this text\n");
 }
 
@@ -284,6 +295,14 @@ infer_prefill(infer_run *r, uint32_t slot, const int32_t *ids, size_t n, uint32_
     free(buf);
 }
 
+/* slot_size, or slot_bytes for backends without it. */
+static uint64_t
+infer_slot_size(const infer_run *r, uint32_t slot)
+{
+    return r->ops->slot_size != NULL ? r->ops->slot_size(r->ctx, slot)
+                                     : r->ops->slot_bytes(r->ctx);
+}
+
 /* A small deterministic generator for --batch-check's companion rows. */
 static uint32_t
 infer_rand(uint64_t *s)
@@ -303,7 +322,13 @@ infer_batch_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, ui
 {
     const size_t V = r->V;
     size_t n_pos = n + (size_t)(gen > 0 ? gen : 0);
+    /* the whole image: the fixed part, then (hybrid models) the KV of every position */
     uint64_t sbytes = r->ops->slot_bytes(r->ctx);
+    if (r->ops->kv_info != NULL) {
+        be_kv_info kv;
+        r->ops->kv_info(r->ctx, &kv);
+        sbytes += kv.kv_token_bytes * n_pos;
+    }
     float *ref = malloc(n_pos * V * sizeof(float));
     float *got = malloc(n_pos * V * sizeof(float));
     float *other = malloc((size_t)chunk * V * sizeof(float) * (B > 1 ? B - 1 : 1));
@@ -350,7 +375,8 @@ infer_batch_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, ui
             infer_step(r, rows, nr);
             pos += take;
         }
-        if (r->ops->slot_read(r->ctx, 1, 0, pass == 0 ? st_ref : st_got, sbytes) != WK_OK)
+        if (infer_slot_size(r, 1) != sbytes ||
+            r->ops->slot_read(r->ctx, 1, 0, pass == 0 ? st_ref : st_got, sbytes) != WK_OK)
             infer_die(1, "--batch-check: slot read failed");
     }
     int rc = 0;
@@ -384,6 +410,246 @@ infer_batch_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, ui
     return rc;
 }
 
+/* --slot-check: a failed expectation (message on stderr); counts into *fails. */
+static void
+infer_expect(int *fails, bool ok, const char *what)
+{
+    if (!ok) {
+        fprintf(stderr, "wkvm-infer: --slot-check: %s\n", what);
+        (*fails)++;
+    }
+}
+
+/*
+ * Feeds seq[a..b) to slot in chunks, every position's logits into
+ * out + a * V; returns the first refused step's wk_err.
+ */
+static wk_err
+infer_feed(infer_run *r, uint32_t slot, const int32_t *seq, size_t a, size_t b, uint32_t chunk,
+           float *out)
+{
+    for (size_t p = a; p < b;) {
+        uint32_t take = b - p < chunk ? (uint32_t)(b - p) : chunk;
+        be_row row = {.slot = slot, .tokens = seq + p, .n_tokens = take,
+                      .logits_mode = BE_LOGITS_ALL, .logits = out + p * r->V};
+        wk_diag d = {{0}};
+        wk_err e = r->ops->step(r->ctx, &row, 1, &d);
+        if (e != WK_OK)
+            return e;
+        p += take;
+    }
+    return WK_OK;
+}
+
+/* Reads slot's whole image into a new buffer (*len bytes); dies on failure. */
+static uint8_t *
+infer_image(infer_run *r, uint32_t slot, uint64_t *len)
+{
+    *len = infer_slot_size(r, slot);
+    uint8_t *img = malloc(*len ? *len : 1);
+    if (img == NULL)
+        infer_die(1, "out of memory for a slot image");
+    if (r->ops->slot_read(r->ctx, slot, 0, img, *len) != WK_OK)
+        infer_die(1, "--slot-check: slot_read of %llu bytes failed", (unsigned long long)*len);
+    return img;
+}
+
+/*
+ * --slot-check (slots 1..3): the reference run of prompt + greedy steps in
+ * slot 1, then the same sequence interrupted at the middle by (a) a fork
+ * into slot 2 with both continuing, (b) hibernation: image read, slot
+ * reset, slot_resize + slot_write back into slot 1 and (migration) into
+ * slot 3. Every continued position's logits must equal the reference bit
+ * for bit; image sizes must be slot_bytes + n_ctx * kv_token_bytes. With a
+ * KV pool, the pool is then filled and a step, a copy and a resize must be
+ * refused with WK_EQUOTA leaving every image and the free count unchanged;
+ * bad sizes and ranges must give WK_EINVAL.
+ */
+static int
+infer_slot_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, long gen)
+{
+    const size_t V = r->V, n_pos = n + (size_t)(gen > 0 ? gen : 0), mid = n_pos / 2;
+    const uint64_t sb = r->ops->slot_bytes(r->ctx);
+    be_kv_info kv = {0};
+    if (r->ops->kv_info != NULL)
+        r->ops->kv_info(r->ctx, &kv);
+    const uint64_t tb = kv.kv_token_bytes;
+    float *ref = malloc(n_pos * V * sizeof(float));
+    float *got = malloc(n_pos * V * sizeof(float));
+    float *got2 = malloc(n_pos * V * sizeof(float));
+    int32_t *seq = malloc(n_pos * sizeof(int32_t));
+    if (!ref || !got || !got2 || !seq)
+        infer_die(1, "out of memory for --slot-check");
+    memcpy(seq, ids, n * sizeof(int32_t));
+    int fails = 0;
+    char what[256];
+
+    /* the reference: prompt, then greedy, in slot 1 */
+    for (uint32_t s = 1; s <= 3; s++)
+        if (r->ops->slot_reset(r->ctx, s) != WK_OK)
+            infer_die(1, "--slot-check: slot reset failed");
+    if (infer_feed(r, 1, seq, 0, n, chunk, ref) != WK_OK)
+        infer_die(1, "--slot-check: reference prefill refused");
+    for (size_t p = n; p < n_pos; p++) {
+        seq[p] = infer_argmax(ref + (p - 1) * V, r->V);
+        if (infer_feed(r, 1, seq, p, p + 1, 1, ref) != WK_OK)
+            infer_die(1, "--slot-check: reference decode refused");
+    }
+    snprintf(what, sizeof(what), "slot_size after %zu tokens is %llu, want %llu", n_pos,
+             (unsigned long long)infer_slot_size(r, 1),
+             (unsigned long long)(sb + n_pos * tb));
+    infer_expect(&fails, infer_slot_size(r, 1) == sb + n_pos * tb, what);
+
+#define SAME(buf, label)                                                                          \
+    do {                                                                                          \
+        bool same_ = memcmp((buf) + mid * V, ref + mid * V, (n_pos - mid) * V * sizeof(float)) == \
+                     0;                                                                           \
+        infer_expect(&fails, same_, label ": logits after the interruption differ");              \
+    } while (0)
+
+    /* (a) fork at mid: both continue identically */
+    for (uint32_t s = 1; s <= 3; s++)
+        if (r->ops->slot_reset(r->ctx, s) != WK_OK)
+            infer_die(1, "--slot-check: slot reset failed");
+    if (infer_feed(r, 1, seq, 0, mid, chunk, got) != WK_OK ||
+        r->ops->slot_copy(r->ctx, 2, 1) != WK_OK)
+        infer_die(1, "--slot-check: fork failed");
+    infer_expect(&fails, infer_slot_size(r, 2) == sb + mid * tb, "fork: slot_size of the copy");
+    if (infer_feed(r, 2, seq, mid, n_pos, chunk, got2) != WK_OK ||
+        infer_feed(r, 1, seq, mid, n_pos, 1, got) != WK_OK)
+        infer_die(1, "--slot-check: continuing after the fork refused");
+    SAME(got, "fork (source)");
+    SAME(got2, "fork (copy)");
+
+    /* (b) hibernate at mid: read, reset, resize + write, continue; also into slot 3 */
+    for (uint32_t s = 1; s <= 3; s++)
+        if (r->ops->slot_reset(r->ctx, s) != WK_OK)
+            infer_die(1, "--slot-check: slot reset failed");
+    if (infer_feed(r, 1, seq, 0, mid, chunk, got) != WK_OK)
+        infer_die(1, "--slot-check: prefill refused");
+    uint64_t ilen;
+    uint8_t *img = infer_image(r, 1, &ilen);
+    infer_expect(&fails, ilen == sb + mid * tb, "hibernate: image size");
+    be_kv_info k0 = {0}, k1 = {0};
+    if (r->ops->kv_info != NULL)
+        r->ops->kv_info(r->ctx, &k0);
+    if (r->ops->slot_reset(r->ctx, 1) != WK_OK)
+        infer_die(1, "--slot-check: slot reset failed");
+    if (r->ops->kv_info != NULL)
+        r->ops->kv_info(r->ctx, &k1);
+    infer_expect(&fails, infer_slot_size(r, 1) == sb, "reset: slot_size is not slot_bytes");
+    infer_expect(&fails, k1.pages_free == k1.pages_total && (tb == 0 || k0.pages_free < k1.pages_free),
+                 "reset: the slot's KV pages did not go back to the pool");
+    for (uint32_t s = 1; s <= 3; s += 2) {
+        wk_err e = r->ops->slot_resize != NULL ? r->ops->slot_resize(r->ctx, s, ilen) : WK_OK;
+        if (e != WK_OK || r->ops->slot_write(r->ctx, s, 0, img, ilen) != WK_OK)
+            infer_die(1, "--slot-check: resume into slot %u failed (%s)", s, wk_strerror(e));
+    }
+    if (infer_feed(r, 1, seq, mid, n_pos, chunk, got) != WK_OK ||
+        infer_feed(r, 3, seq, mid, n_pos, 1, got2) != WK_OK)
+        infer_die(1, "--slot-check: continuing after resume refused");
+    SAME(got, "hibernate/resume");
+    SAME(got2, "migrate to another slot");
+    free(img);
+
+    /* bad sizes and ranges */
+    if (r->ops->slot_resize != NULL) {
+        infer_expect(&fails, r->ops->slot_resize(r->ctx, 2, sb - 4) == WK_EINVAL,
+                     "resize below slot_bytes accepted");
+        infer_expect(&fails, r->ops->slot_resize(r->ctx, 0, sb) == WK_EINVAL,
+                     "resize of slot 0 accepted");
+        infer_expect(&fails, r->ops->slot_resize(r->ctx, 4, sb) == WK_EINVAL,
+                     "resize outside the arena accepted");
+        if (tb > 0)
+            infer_expect(&fails, r->ops->slot_resize(r->ctx, 2, sb + tb + 4) == WK_EINVAL,
+                         "resize to a partial token accepted");
+        else
+            infer_expect(&fails, r->ops->slot_resize(r->ctx, 2, sb + 4) == WK_EINVAL,
+                         "resize of a fixed-size slot accepted");
+    }
+    uint8_t byte[8];
+    uint64_t sz1 = infer_slot_size(r, 1);
+    infer_expect(&fails, r->ops->slot_read(r->ctx, 1, sz1 - 4, byte, 8) == WK_EINVAL,
+                 "read past slot_size accepted");
+    infer_expect(&fails, r->ops->slot_write(r->ctx, 1, sz1, byte, 1) == WK_EINVAL,
+                 "write past slot_size accepted");
+    infer_expect(&fails, r->ops->slot_copy(r->ctx, 0, 1) == WK_EINVAL, "copy into slot 0 accepted");
+
+    /* (c) a full pool: a step, a copy and a resize are refused and change nothing */
+    if (tb > 0 && r->ops->slot_resize != NULL) {
+        for (uint32_t s = 1; s <= 3; s++)
+            if (r->ops->slot_reset(r->ctx, s) != WK_OK)
+                infer_die(1, "--slot-check: slot reset failed");
+        if (infer_feed(r, 1, seq, 0, mid, chunk, got) != WK_OK)
+            infer_die(1, "--slot-check: prefill refused");
+        r->ops->kv_info(r->ctx, &k0);
+        uint64_t fill = (uint64_t)k0.pages_free * k0.page_tokens;
+        if (r->ops->slot_resize(r->ctx, 2, sb + (fill + 1) * tb) != WK_EQUOTA)
+            infer_expect(&fails, false, "resize over the free pages not refused with WK_EQUOTA");
+        if (r->ops->slot_resize(r->ctx, 2, sb + fill * tb) != WK_OK)
+            infer_die(1, "--slot-check: resize to fill the pool failed");
+        img = infer_image(r, 1, &ilen);
+        r->ops->kv_info(r->ctx, &k0);
+        infer_expect(&fails, k0.pages_free == 0, "the pool is not full");
+        /*
+         * Row 0 fits in slot 1's last page (when it has room), row 1 needs a
+         * page for slot 3: the whole step is refused, naming row 1, and row
+         * 0 must not have run either.
+         */
+        uint32_t room = (k0.page_tokens - (uint32_t)(mid % k0.page_tokens)) % k0.page_tokens;
+        int32_t *row_toks = calloc(k0.page_tokens, sizeof(int32_t));
+        float *lg = malloc(V * sizeof(float));
+        if (row_toks == NULL || lg == NULL)
+            infer_die(1, "out of memory");
+        be_row rows[2] = {
+            {.slot = 1, .tokens = row_toks, .n_tokens = room, .logits_mode = BE_LOGITS_LAST,
+             .logits = lg},
+            {.slot = 3, .tokens = seq, .n_tokens = 1, .logits_mode = BE_LOGITS_NONE},
+        };
+        const size_t first = room > 0 ? 0 : 1;
+        wk_diag d = {{0}};
+        wk_err e = r->ops->step(r->ctx, rows + first, 2 - first, &d);
+        snprintf(what, sizeof(what), "row %zu", 1 - first);
+        infer_expect(&fails, e == WK_EQUOTA, "a step over the pool not refused with WK_EQUOTA");
+        infer_expect(&fails, e != WK_EQUOTA || strstr(d.msg, what) != NULL,
+                     "the WK_EQUOTA diag does not name the row");
+        if (e == WK_EQUOTA)
+            printf("slot-check: full pool step refused: %s\n", d.msg);
+        infer_expect(&fails, r->ops->slot_copy(r->ctx, 3, 1) == WK_EQUOTA,
+                     "a copy over the pool not refused with WK_EQUOTA");
+        infer_expect(&fails, r->ops->slot_resize(r->ctx, 3, sb + tb) == WK_EQUOTA,
+                     "a resize over the pool not refused with WK_EQUOTA");
+        r->ops->kv_info(r->ctx, &k1);
+        uint64_t l2;
+        uint8_t *img2 = infer_image(r, 1, &l2);
+        infer_expect(&fails, l2 == ilen && memcmp(img, img2, ilen) == 0,
+                     "a refused operation changed slot 1");
+        infer_expect(&fails, infer_slot_size(r, 3) == sb, "a refused operation changed slot 3");
+        infer_expect(&fails, k1.pages_free == 0, "a refused operation changed the free pages");
+        free(img2);
+        free(img);
+        free(row_toks);
+        free(lg);
+        /* give slot 2's pages back: slot 1 continues as if nothing happened */
+        if (r->ops->slot_reset(r->ctx, 2) != WK_OK)
+            infer_die(1, "--slot-check: slot reset failed");
+        if (infer_feed(r, 1, seq, mid, n_pos, chunk, got) != WK_OK)
+            infer_die(1, "--slot-check: continuing after the refusals refused");
+        SAME(got, "after refusals");
+    }
+#undef SAME
+    if (fails == 0)
+        printf("slot-check: ok (%zu positions, interrupted at %zu, slot_bytes %llu, "
+               "kv_token_bytes %llu, page_tokens %u, pages %u)\n",
+               n_pos, mid, (unsigned long long)sb, (unsigned long long)tb, kv.page_tokens,
+               kv.pages_total);
+    free(ref);
+    free(got);
+    free(got2);
+    free(seq);
+    return fails ? 1 : 0;
+}
+
 static void
 infer_bench(infer_run *r, const infer_opts *o, const int32_t *ids, size_t n, uint32_t chunk)
 {
@@ -412,10 +678,16 @@ infer_bench(infer_run *r, const infer_opts *o, const int32_t *ids, size_t n, uin
     infer_prefill(r, 1, ids, n, chunk, NULL, NULL, logits);
     double tp = infer_now() - t0;
 
-    /* decode: B sequences, one token each per step */
+    /*
+     * decode: B sequences, one token each per step, each continuing the
+     * prefilled prompt (slot 1, forked into the others), so a hybrid
+     * model's attention reads a context of the prompt's length
+     */
     for (uint32_t b = 0; b < B; b++) {
-        if (r->ops->slot_reset(r->ctx, b + 1) != WK_OK)
-            infer_die(1, "slot reset failed");
+        wk_err e = b == 0 ? WK_OK : r->ops->slot_copy(r->ctx, b + 1, 1);
+        if (e != WK_OK)
+            infer_die(1, "slot copy failed: %s (hybrid models: raise --kv-pages)",
+                      wk_strerror(e));
         cur[b] = (int32_t)((b * 104729u + 1u) % r->V);
     }
     double td = 0.0;
@@ -455,7 +727,8 @@ main(int argc, char **argv)
     };
     enum {
         O_MODEL = 1, O_TOKENS, O_LOGITS, O_GENERATE, O_ENCODE, O_DECODE, O_VOCAB, O_THREADS,
-        O_BACKEND, O_CHUNK, O_FP32, O_BENCH, O_BBATCH, O_BPREFILL, O_BCHECK, O_HELP,
+        O_BACKEND, O_CHUNK, O_FP32, O_BENCH, O_BBATCH, O_BPREFILL, O_BCHECK, O_SCHECK,
+        O_KVPAGES, O_HELP,
     };
     static const struct option lopts[] = {
         {"model", required_argument, NULL, O_MODEL},
@@ -473,6 +746,8 @@ main(int argc, char **argv)
         {"bench-batch", required_argument, NULL, O_BBATCH},
         {"bench-prefill", required_argument, NULL, O_BPREFILL},
         {"batch-check", required_argument, NULL, O_BCHECK},
+        {"slot-check", no_argument, NULL, O_SCHECK},
+        {"kv-pages", required_argument, NULL, O_KVPAGES},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -503,6 +778,10 @@ main(int argc, char **argv)
         case O_BCHECK:
             o.batch_check = infer_parse_long("--batch-check", optarg, 2, INFER_MAX_BATCH);
             break;
+        case O_SCHECK: o.slot_check = 1; break;
+        case O_KVPAGES:
+            o.kv_pages = infer_parse_long("--kv-pages", optarg, 1, 1L << 28);
+            break;
         case O_HELP: infer_usage(stdout); return 0;
         default:
             if (optopt != 0 && optopt < O_MODEL)
@@ -515,7 +794,8 @@ main(int argc, char **argv)
     if (o.model == NULL)
         infer_die(2, "--model DIR is required (see --help)");
     int modes = (o.encode != 0) + (o.decode != 0) +
-                (o.tokens != NULL || o.bench || o.generate >= 0 || o.logits_out != NULL);
+                (o.tokens != NULL || o.bench || o.generate >= 0 || o.logits_out != NULL ||
+                 o.slot_check);
     if (modes != 1)
         infer_die(2, "give exactly one of --encode, --decode, or --tokens with --logits-out / "
                      "--generate / --bench");
@@ -523,12 +803,15 @@ main(int argc, char **argv)
         return infer_tok_mode(&o);
     if (o.tokens == NULL && !o.bench)
         infer_die(2, "--tokens LIST is required with --logits-out / --generate");
-    if (!o.bench && o.logits_out == NULL && o.generate < 0 && o.batch_check == 0)
-        infer_die(2, "nothing to do: add --logits-out FILE, --generate N, --batch-check B or "
-                     "--bench");
-    if (o.batch_check > 0 && (o.bench || o.logits_out != NULL))
-        infer_die(2, "--batch-check goes with --tokens (and --generate), not --bench or "
-                     "--logits-out");
+    if (!o.bench && o.logits_out == NULL && o.generate < 0 && o.batch_check == 0 &&
+        !o.slot_check)
+        infer_die(2, "nothing to do: add --logits-out FILE, --generate N, --batch-check B, "
+                     "--slot-check or --bench");
+    if ((o.batch_check > 0 || o.slot_check) && (o.bench || o.logits_out != NULL))
+        infer_die(2, "--batch-check / --slot-check go with --tokens (and --generate), not "
+                     "--bench or --logits-out");
+    if (o.batch_check > 0 && o.slot_check)
+        infer_die(2, "give one of --batch-check and --slot-check");
 
     size_t n_ids = 0;
     int32_t *ids = o.tokens != NULL ? infer_parse_ids("--tokens", o.tokens, &n_ids) : NULL;
@@ -552,11 +835,16 @@ main(int argc, char **argv)
                       info->vocab_size);
 
     be_config bc = {
-        .n_slots = (uint32_t)(o.bench ? o.bench_batch + 1 : o.batch_check ? o.batch_check + 1 : 2),
+        .n_slots = (uint32_t)(o.bench         ? o.bench_batch + 1
+                              : o.batch_check ? o.batch_check + 1
+                              : o.slot_check  ? 4
+                                              : 2),
         .n_threads = (uint32_t)o.threads,
         .device = 0,
-        .max_step_rows = (uint32_t)(o.bench ? o.bench_batch : o.batch_check ? o.batch_check : 1),
+        .max_step_rows =
+            (uint32_t)(o.bench ? o.bench_batch : o.batch_check ? o.batch_check : o.slot_check ? 2 : 1),
         .max_step_tokens = 0,
+        .kv_pages = (uint32_t)o.kv_pages,
     };
     infer_run r = {.ops = ops, .V = info->vocab_size};
     if ((e = ops->open(&bc, m, &r.ctx, &d)) != WK_OK)
@@ -565,6 +853,8 @@ main(int argc, char **argv)
     int rc = 0;
     if (o.bench) {
         infer_bench(&r, &o, ids, n_ids, (uint32_t)o.chunk);
+    } else if (o.slot_check) {
+        rc = infer_slot_check(&r, ids, n_ids, (uint32_t)o.chunk, o.generate);
     } else if (o.batch_check > 0) {
         rc = infer_batch_check(&r, ids, n_ids, (uint32_t)o.chunk, (uint32_t)o.batch_check,
                                o.generate);

@@ -8,9 +8,17 @@
  * split, use_gate, allow_neg_eigval, norm_eps) and every config value that
  * shapes also show is checked against them. Every tensor's presence and
  * shape is checked; a mismatch is refused with a diag naming the tensor or
- * the config key. What this family cannot run is refused up front: hybrid
- * attention layers (config "attn"), other attn_mode values, activations
- * other than swish, use_short_conv false, attention residuals.
+ * the config key. What this family cannot run is refused up front: other
+ * attn_mode values, activations other than swish, use_short_conv false,
+ * attention residuals, and in "attn" a sliding window, unknown keys or a
+ * model with no Gated DeltaNet layer left.
+ *
+ * Hybrid models (config "attn", fla's GatedDeltaNetConfig): the listed
+ * layers run fla's Attention (q/k/v/o_proj, optional qkv biases and q/k
+ * RMSNorm, RoPE, causal GQA softmax attention); their shapes give the
+ * attention head dim (q_proj rows / num_heads). The slot layout covers the
+ * Gated DeltaNet layers only (wrk_gdn.h); info.kv_token_bytes and
+ * info.n_attn_layer describe the attention layers' KV.
  *
  * Never logs, never aborts on bad input.
  */
@@ -30,6 +38,7 @@
 #define GDN_MAX_HEADS 4096u
 #define GDN_MAX_CONV 64u
 #define GDN_PREFIX "model.layers."
+#define GDN_MAX_ATTN_DIM 1024u /* attention head dim */
 
 static const char *const types[] = {"gated_deltanet", NULL};
 
@@ -40,7 +49,26 @@ typedef struct gdn_view {
 } gdn_view;
 
 /* Which dimension a spec's size refers to. */
-typedef enum gdn_dim { GDN_C = 0, GDN_KD, GDN_VD, GDN_HV, GDN_VH, GDN_F, GDN_N_DIMS } gdn_dim;
+typedef enum gdn_dim {
+    GDN_C = 0,
+    GDN_KD,
+    GDN_VD,
+    GDN_HV,
+    GDN_VH,
+    GDN_F,
+    GDN_QD,  /* attention: Hq * Da */
+    GDN_KVD, /* attention: Hkv * Da */
+    GDN_AD,  /* attention: Da */
+    GDN_N_DIMS
+} gdn_dim;
+
+/* When a spec's tensor is present. */
+typedef enum gdn_need {
+    GDN_NEED_ALWAYS = 0,
+    GDN_NEED_GATE,   /* use_gate */
+    GDN_NEED_BIAS,   /* attn.qkv_bias */
+    GDN_NEED_QKNORM, /* attn.qk_norm */
+} gdn_need;
 
 typedef enum gdn_kind {
     GDN_VEC,  /* [.., n] with leading 1s */
@@ -53,33 +81,52 @@ typedef struct gdn_spec {
     gdn_kind kind;   /* shape rule */
     gdn_dim d0, d1;  /* VEC: n = d0; MAT: out = d0, in = d1; CONV: D = d0 */
     size_t off;      /* field in wrk_gdn_layer */
-    bool gate;       /* only with use_gate */
+    gdn_need need;   /* when it is present */
 } gdn_spec;
 
 #define GOFF(f) offsetof(wrk_gdn_layer, f)
 
 /* The canonical order of a layer's tensors (also the digest order). */
 static const gdn_spec gdn_specs[] = {
-    {"attn_norm.weight", GDN_VEC, GDN_C, 0, GOFF(attn_norm), false},
-    {"attn.q_proj.weight", GDN_MAT, GDN_KD, GDN_C, GOFF(q_proj), false},
-    {"attn.k_proj.weight", GDN_MAT, GDN_KD, GDN_C, GOFF(k_proj), false},
-    {"attn.v_proj.weight", GDN_MAT, GDN_VD, GDN_C, GOFF(v_proj), false},
-    {"attn.a_proj.weight", GDN_MAT, GDN_HV, GDN_C, GOFF(a_proj), false},
-    {"attn.b_proj.weight", GDN_MAT, GDN_HV, GDN_C, GOFF(b_proj), false},
-    {"attn.g_proj.weight", GDN_MAT, GDN_VD, GDN_C, GOFF(g_proj), true},
-    {"attn.q_conv1d.weight", GDN_CONV, GDN_KD, 0, GOFF(q_conv), false},
-    {"attn.k_conv1d.weight", GDN_CONV, GDN_KD, 0, GOFF(k_conv), false},
-    {"attn.v_conv1d.weight", GDN_CONV, GDN_VD, 0, GOFF(v_conv), false},
-    {"attn.A_log", GDN_VEC, GDN_HV, 0, GOFF(A_log), false},
-    {"attn.dt_bias", GDN_VEC, GDN_HV, 0, GOFF(dt_bias), false},
-    {"attn.o_norm.weight", GDN_VEC, GDN_VH, 0, GOFF(o_norm), false},
-    {"attn.o_proj.weight", GDN_MAT, GDN_C, GDN_VD, GOFF(o_proj), false},
-    {"mlp_norm.weight", GDN_VEC, GDN_C, 0, GOFF(mlp_norm), false},
-    {"mlp.gate_proj.weight", GDN_MAT, GDN_F, GDN_C, GOFF(gate_proj), false},
-    {"mlp.up_proj.weight", GDN_MAT, GDN_F, GDN_C, GOFF(up_proj), false},
-    {"mlp.down_proj.weight", GDN_MAT, GDN_C, GDN_F, GOFF(down_proj), false},
+    {"attn_norm.weight", GDN_VEC, GDN_C, 0, GOFF(attn_norm), GDN_NEED_ALWAYS},
+    {"attn.q_proj.weight", GDN_MAT, GDN_KD, GDN_C, GOFF(q_proj), GDN_NEED_ALWAYS},
+    {"attn.k_proj.weight", GDN_MAT, GDN_KD, GDN_C, GOFF(k_proj), GDN_NEED_ALWAYS},
+    {"attn.v_proj.weight", GDN_MAT, GDN_VD, GDN_C, GOFF(v_proj), GDN_NEED_ALWAYS},
+    {"attn.a_proj.weight", GDN_MAT, GDN_HV, GDN_C, GOFF(a_proj), GDN_NEED_ALWAYS},
+    {"attn.b_proj.weight", GDN_MAT, GDN_HV, GDN_C, GOFF(b_proj), GDN_NEED_ALWAYS},
+    {"attn.g_proj.weight", GDN_MAT, GDN_VD, GDN_C, GOFF(g_proj), GDN_NEED_GATE},
+    {"attn.q_conv1d.weight", GDN_CONV, GDN_KD, 0, GOFF(q_conv), GDN_NEED_ALWAYS},
+    {"attn.k_conv1d.weight", GDN_CONV, GDN_KD, 0, GOFF(k_conv), GDN_NEED_ALWAYS},
+    {"attn.v_conv1d.weight", GDN_CONV, GDN_VD, 0, GOFF(v_conv), GDN_NEED_ALWAYS},
+    {"attn.A_log", GDN_VEC, GDN_HV, 0, GOFF(A_log), GDN_NEED_ALWAYS},
+    {"attn.dt_bias", GDN_VEC, GDN_HV, 0, GOFF(dt_bias), GDN_NEED_ALWAYS},
+    {"attn.o_norm.weight", GDN_VEC, GDN_VH, 0, GOFF(o_norm), GDN_NEED_ALWAYS},
+    {"attn.o_proj.weight", GDN_MAT, GDN_C, GDN_VD, GOFF(o_proj), GDN_NEED_ALWAYS},
+    {"mlp_norm.weight", GDN_VEC, GDN_C, 0, GOFF(mlp_norm), GDN_NEED_ALWAYS},
+    {"mlp.gate_proj.weight", GDN_MAT, GDN_F, GDN_C, GOFF(gate_proj), GDN_NEED_ALWAYS},
+    {"mlp.up_proj.weight", GDN_MAT, GDN_F, GDN_C, GOFF(up_proj), GDN_NEED_ALWAYS},
+    {"mlp.down_proj.weight", GDN_MAT, GDN_C, GDN_F, GOFF(down_proj), GDN_NEED_ALWAYS},
 };
 #define GDN_N_SPECS (sizeof(gdn_specs) / sizeof(gdn_specs[0]))
+
+/* An attention layer's tensors (fla Attention), canonical order. */
+static const gdn_spec attn_specs[] = {
+    {"attn_norm.weight", GDN_VEC, GDN_C, 0, GOFF(attn_norm), GDN_NEED_ALWAYS},
+    {"attn.q_proj.weight", GDN_MAT, GDN_QD, GDN_C, GOFF(q_proj), GDN_NEED_ALWAYS},
+    {"attn.q_proj.bias", GDN_VEC, GDN_QD, 0, GOFF(q_bias), GDN_NEED_BIAS},
+    {"attn.k_proj.weight", GDN_MAT, GDN_KVD, GDN_C, GOFF(k_proj), GDN_NEED_ALWAYS},
+    {"attn.k_proj.bias", GDN_VEC, GDN_KVD, 0, GOFF(k_bias), GDN_NEED_BIAS},
+    {"attn.v_proj.weight", GDN_MAT, GDN_KVD, GDN_C, GOFF(v_proj), GDN_NEED_ALWAYS},
+    {"attn.v_proj.bias", GDN_VEC, GDN_KVD, 0, GOFF(v_bias), GDN_NEED_BIAS},
+    {"attn.o_proj.weight", GDN_MAT, GDN_C, GDN_QD, GOFF(o_proj), GDN_NEED_ALWAYS},
+    {"attn.q_norm.weight", GDN_VEC, GDN_AD, 0, GOFF(q_norm), GDN_NEED_QKNORM},
+    {"attn.k_norm.weight", GDN_VEC, GDN_AD, 0, GOFF(k_norm), GDN_NEED_QKNORM},
+    {"mlp_norm.weight", GDN_VEC, GDN_C, 0, GOFF(mlp_norm), GDN_NEED_ALWAYS},
+    {"mlp.gate_proj.weight", GDN_MAT, GDN_F, GDN_C, GOFF(gate_proj), GDN_NEED_ALWAYS},
+    {"mlp.up_proj.weight", GDN_MAT, GDN_F, GDN_C, GOFF(up_proj), GDN_NEED_ALWAYS},
+    {"mlp.down_proj.weight", GDN_MAT, GDN_C, GDN_F, GOFF(down_proj), GDN_NEED_ALWAYS},
+};
+#define GDN_N_ATTN_SPECS (sizeof(attn_specs) / sizeof(attn_specs[0]))
 
 /* ------------------------------------------------------------------------ */
 /* helpers                                                                   */
@@ -165,6 +212,40 @@ gdn_config_match(const json_t *config, const char *key, uint32_t got, const char
     return WK_OK;
 }
 
+/* Whether sp's tensor is part of g's checkpoint. */
+static bool
+gdn_spec_on(const wrk_gdn *g, const gdn_spec *sp)
+{
+    switch (sp->need) {
+    case GDN_NEED_GATE:
+        return g->use_gate;
+    case GDN_NEED_BIAS:
+        return g->qkv_bias;
+    case GDN_NEED_QKNORM:
+        return g->qk_norm;
+    case GDN_NEED_ALWAYS:
+        break;
+    }
+    return true;
+}
+
+/* The config key behind a need, for diags. */
+static const char *
+gdn_need_key(gdn_need need)
+{
+    switch (need) {
+    case GDN_NEED_GATE:
+        return "use_gate";
+    case GDN_NEED_BIAS:
+        return "attn.qkv_bias";
+    case GDN_NEED_QKNORM:
+        return "attn.qk_norm";
+    case GDN_NEED_ALWAYS:
+        break;
+    }
+    return "?";
+}
+
 /* ------------------------------------------------------------------------ */
 /* family ops                                                                */
 /* ------------------------------------------------------------------------ */
@@ -196,11 +277,6 @@ gdn_read_switches(const json_t *config, wrk_gdn *g, wk_diag *d)
     const char *s;
     bool b;
 
-    const json_t *attn = config != NULL ? json_object_get(config, "attn") : NULL;
-    if (attn != NULL && !json_is_null(attn))
-        return wk_diag_set(d, WK_ENOTSUP,
-                           "config.json: attn: hybrid models with attention layers are not "
-                           "supported yet");
     const json_t *ar = config != NULL ? json_object_get(config, "attnres_block_size") : NULL;
     if (ar != NULL && !json_is_null(ar))
         return wk_diag_set(d, WK_ENOTSUP,
@@ -233,41 +309,180 @@ gdn_read_switches(const json_t *config, wrk_gdn *g, wk_diag *d)
     return WK_OK;
 }
 
-/* Reads the dimensions from layer 0's shapes and config.json. */
+/* attn.<key>: an integer >= min, def when absent or null. */
 static wk_err
-gdn_read_dims(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, uint32_t dim[],
-              wk_diag *d)
+gdn_attn_u32(const json_t *attn, const char *key, uint32_t def, uint32_t min, uint32_t max,
+             uint32_t *out, wk_diag *d)
+{
+    const json_t *v = json_object_get(attn, key);
+    *out = def;
+    if (v == NULL || json_is_null(v))
+        return WK_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < (json_int_t)min ||
+        json_integer_value(v) > (json_int_t)max)
+        return wk_diag_set(d, WK_EINVAL, "config.json: attn.%s must be an integer in [%u, %u]", key,
+                           min, max);
+    *out = (uint32_t)json_integer_value(v);
+    return WK_OK;
+}
+
+/* attn.<key>: a boolean, false when absent or null (fla passes None on). */
+static wk_err
+gdn_attn_bool(const json_t *attn, const char *key, bool *out, wk_diag *d)
+{
+    const json_t *v = json_object_get(attn, key);
+    *out = false;
+    if (v == NULL || json_is_null(v))
+        return WK_OK;
+    if (!json_is_boolean(v))
+        return wk_diag_set(d, WK_EINVAL, "config.json: attn.%s must be a boolean", key);
+    *out = json_is_true(v);
+    return WK_OK;
+}
+
+/*
+ * config.json "attn" (fla's hybrid layers): fills g's attention settings
+ * and is_attn[l] for the listed layers (n_layer entries, zeroed by the
+ * caller). Absent or null: no attention layer. Refuses what this family
+ * cannot run (window_size, unknown keys, no Gated DeltaNet layer left).
+ */
+static wk_err
+gdn_read_attn(const json_t *config, wrk_gdn *g, bool *is_attn, wk_diag *d)
+{
+    static const char *const known[] = {"layers",  "num_heads",   "num_kv_heads", "qkv_bias",
+                                        "qk_norm", "window_size", "rope_theta",   NULL};
+    const json_t *attn = config != NULL ? json_object_get(config, "attn") : NULL;
+    wk_err e;
+    g->n_attn = 0;
+    if (attn == NULL || json_is_null(attn))
+        return WK_OK;
+    if (!json_is_object(attn))
+        return wk_diag_set(d, WK_EINVAL, "config.json: attn must be an object or null");
+    const char *key;
+    const json_t *val;
+    json_object_foreach((json_t *)attn, key, val)
+    {
+        size_t i = 0;
+        while (known[i] != NULL && strcmp(known[i], key) != 0)
+            i++;
+        if (known[i] == NULL)
+            return wk_diag_set(d, WK_ENOTSUP, "config.json: attn.%.64s is not supported", key);
+    }
+    const json_t *ws = json_object_get(attn, "window_size");
+    if (ws != NULL && !json_is_null(ws))
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "config.json: attn.window_size: sliding-window attention is not "
+                           "supported (only null, full attention)");
+    const json_t *ls = json_object_get(attn, "layers");
+    if (ls == NULL || !json_is_array(ls) || json_array_size(ls) == 0)
+        return wk_diag_set(d, WK_EINVAL,
+                           "config.json: attn.layers must be a non-empty array of "
+                           "layer indices");
+    for (size_t i = 0; i < json_array_size(ls); i++) {
+        const json_t *v = json_array_get(ls, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= (json_int_t)g->n_layer)
+            return wk_diag_set(d, WK_EINVAL,
+                               "config.json: attn.layers[%zu] is not a layer index in [0, %u)", i,
+                               g->n_layer);
+        is_attn[json_integer_value(v)] = true; /* fla tests membership: repeats are harmless */
+    }
+    for (uint32_t l = 0; l < g->n_layer; l++)
+        g->n_attn += is_attn[l];
+    if (g->n_attn == g->n_layer)
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "config.json: attn.layers lists every layer: no Gated DeltaNet layer "
+                           "left (not a hybrid model)");
+    if (json_object_get(attn, "num_heads") == NULL)
+        return wk_diag_set(d, WK_EINVAL, "config.json: attn.num_heads is required");
+    if ((e = gdn_attn_u32(attn, "num_heads", 0, 1, GDN_MAX_HEADS, &g->attn_heads, d)) != WK_OK)
+        return e;
+    if ((e = gdn_attn_u32(attn, "num_kv_heads", g->attn_heads, 1, GDN_MAX_HEADS, &g->attn_kv_heads,
+                          d)) != WK_OK)
+        return e;
+    if (g->attn_heads % g->attn_kv_heads != 0)
+        return wk_diag_set(d, WK_EINVAL,
+                           "config.json: attn.num_heads %u is not a multiple of "
+                           "attn.num_kv_heads %u",
+                           g->attn_heads, g->attn_kv_heads);
+    if ((e = gdn_attn_bool(attn, "qkv_bias", &g->qkv_bias, d)) != WK_OK ||
+        (e = gdn_attn_bool(attn, "qk_norm", &g->qk_norm, d)) != WK_OK)
+        return e;
+    const json_t *rt = json_object_get(attn, "rope_theta");
+    g->rope_theta = 10000.0;
+    if (rt != NULL) {
+        if (!json_is_number(rt) || !(json_number_value(rt) > 1.0) ||
+            !(json_number_value(rt) < 1e12))
+            return wk_diag_set(d, WK_EINVAL,
+                               "config.json: attn.rope_theta must be a number in (1, 1e12)");
+        g->rope_theta = json_number_value(rt);
+    }
+    g->attn_norm_eps = 1e-5; /* fla's RMSNorm default: q_norm / k_norm get no eps */
+    return WK_OK;
+}
+
+/* Reads the attention dims from layer la's shapes (la an attention layer). */
+static wk_err
+gdn_read_attn_dims(const wk_tensor_set *set, uint32_t la, wrk_gdn *g, uint32_t dim[], wk_diag *d)
 {
     char name[256];
+    const wk_tensor *t = gdn_find(set, la, "attn.q_proj.weight", name, sizeof(name));
+    int64_t QD = gdn_rows(t, g->n_embd, GDN_MAX_DIM);
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+    if (QD < 0)
+        return gdn_shape_err(d, name, t, "[attn.num_heads * head_dim, hidden_size]");
+    if (QD % g->attn_heads != 0 || (QD / g->attn_heads) % 2 != 0 ||
+        QD / g->attn_heads > (int64_t)GDN_MAX_ATTN_DIM)
+        return wk_diag_set(d, WK_EINVAL,
+                           "%s: %" PRId64 " rows do not split into attn.num_heads %u heads of an "
+                           "even size up to %u",
+                           name, QD, g->attn_heads, GDN_MAX_ATTN_DIM);
+    g->attn_head_dim = (uint32_t)(QD / g->attn_heads);
+    dim[GDN_QD] = (uint32_t)QD;
+    dim[GDN_KVD] = g->attn_kv_heads * g->attn_head_dim;
+    dim[GDN_AD] = g->attn_head_dim;
+    return WK_OK;
+}
+
+/* Reads the dimensions from layer l0's shapes (the first Gated DeltaNet layer) and config.json. */
+static wk_err
+gdn_read_dims(const wk_tensor_set *set, const json_t *config, uint32_t l0, wrk_gdn *g,
+              uint32_t dim[], wk_diag *d)
+{
+    char name[256], qname[256], aname[256], vname[256];
     const wk_tensor *t;
     wk_err e;
     const int64_t C = g->n_embd;
 
-    t = gdn_find(set, 0, "attn.q_proj.weight", name, sizeof(name));
+    t = gdn_find(set, l0, "attn.q_proj.weight", name, sizeof(name));
+    snprintf(qname, sizeof(qname), "%s", name);
     int64_t KD = gdn_rows(t, C, GDN_MAX_DIM);
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (KD < 0)
         return gdn_shape_err(d, name, t, "[key_dim, hidden_size]");
-    t = gdn_find(set, 0, "attn.v_proj.weight", name, sizeof(name));
+    t = gdn_find(set, l0, "attn.v_proj.weight", name, sizeof(name));
+    snprintf(vname, sizeof(vname), "%s", name);
     int64_t VD = gdn_rows(t, C, GDN_MAX_DIM);
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (VD < 0)
         return gdn_shape_err(d, name, t, "[value_dim, hidden_size]");
-    t = gdn_find(set, 0, "mlp.gate_proj.weight", name, sizeof(name));
+    t = gdn_find(set, l0, "mlp.gate_proj.weight", name, sizeof(name));
     int64_t F = gdn_rows(t, C, GDN_MAX_DIM);
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (F < 0)
         return gdn_shape_err(d, name, t, "[intermediate_size, hidden_size]");
-    t = gdn_find(set, 0, "attn.A_log", name, sizeof(name));
+    t = gdn_find(set, l0, "attn.A_log", name, sizeof(name));
+    snprintf(aname, sizeof(aname), "%s", name);
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     int64_t HV = t->ndim >= 1 ? t->shape[t->ndim - 1] : 0;
     if (HV < 1 || HV > (int64_t)GDN_MAX_HEADS || !gdn_is_vec(t, HV))
         return gdn_shape_err(d, name, t, "[num_v_heads]");
-    t = gdn_find(set, 0, "attn.q_conv1d.weight", name, sizeof(name));
+    t = gdn_find(set, l0, "attn.q_conv1d.weight", name, sizeof(name));
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (t->ndim != 3 || t->shape[0] != KD || t->shape[1] != 1 || t->shape[2] < 1 ||
@@ -290,14 +505,13 @@ gdn_read_dims(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, uint32
     if (K == 0 || (int64_t)H * K != KD)
         return wk_diag_set(d, WK_EINVAL,
                            "config.json: num_heads %u x head_dim %u does not match the %" PRId64
-                           " rows of " GDN_PREFIX "0.attn.q_proj.weight",
-                           H, K, KD);
+                           " rows of %s",
+                           H, K, KD, qname);
     uint32_t HVc = nv_cfg ? nv_cfg : H;
     if ((int64_t)HVc != HV)
-        return wk_diag_set(d, WK_EINVAL,
-                           "config.json: %s is %u but " GDN_PREFIX "0.attn.A_log has %" PRId64
-                           " value heads",
-                           nv_cfg ? "num_v_heads" : "num_heads (num_v_heads absent)", HVc, HV);
+        return wk_diag_set(d, WK_EINVAL, "config.json: %s is %u but %s has %" PRId64 " value heads",
+                           nv_cfg ? "num_v_heads" : "num_heads (num_v_heads absent)", HVc, aname,
+                           HV);
     if (HV % H != 0)
         return wk_diag_set(d, WK_EINVAL,
                            "config.json: num_v_heads %" PRId64 " is not a multiple of num_heads "
@@ -305,8 +519,7 @@ gdn_read_dims(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, uint32
                            HV, H);
     if (VD % HV != 0)
         return wk_diag_set(d, WK_EINVAL,
-                           GDN_PREFIX "0.attn.v_proj.weight: %" PRId64
-                                      " rows do not split into %" PRId64 " value heads",
+                           "%s: %" PRId64 " rows do not split into %" PRId64 " value heads", vname,
                            VD, HV);
     const int64_t Vh = VD / HV;
     double ev;
@@ -315,13 +528,13 @@ gdn_read_dims(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, uint32
     if (fabs(ev * K - (double)Vh) > 1e-6 * (double)Vh)
         return wk_diag_set(d, WK_EINVAL,
                            "config.json: expand_v %g x head_dim %u does not match the value "
-                           "head size %" PRId64 " of " GDN_PREFIX "0.attn.v_proj.weight",
-                           ev, K, Vh);
+                           "head size %" PRId64 " of %s",
+                           ev, K, Vh, vname);
     if ((e = gdn_config_match(config, "intermediate_size", (uint32_t)F,
-                              GDN_PREFIX "0.mlp.gate_proj.weight's row count", d)) != WK_OK)
+                              "the row count of mlp.gate_proj.weight", d)) != WK_OK)
         return e;
     if ((e = gdn_config_match(config, "conv_size", (uint32_t)W,
-                              GDN_PREFIX "0.attn.q_conv1d.weight's kernel size", d)) != WK_OK)
+                              "the kernel size of attn.q_conv1d.weight", d)) != WK_OK)
         return e;
 
     g->n_head = H;
@@ -427,29 +640,49 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
         (e = gdn_config_match(config, "num_hidden_layers", g->n_layer,
                               "the number of layers in the checkpoint", d)) != WK_OK)
         goto fail;
-    if ((e = gdn_read_dims(set, config, g, dim, d)) != WK_OK)
-        goto fail;
-
     v->layers = calloc(g->n_layer, sizeof(*v->layers));
-    if (v->layers == NULL) {
+    bool *is_attn = calloc(g->n_layer, sizeof(bool));
+    if (v->layers == NULL || is_attn == NULL) {
+        free(is_attn);
         e = wk_diag_set(d, WK_ENOMEM, "out of memory (%u layers)", g->n_layer);
         goto fail;
     }
     g->layers = v->layers;
+    e = gdn_read_attn(config, g, is_attn, d);
+    uint32_t l0 = 0, la = 0;
+    while (l0 < g->n_layer && is_attn[l0])
+        l0++;
+    while (la < g->n_layer && !is_attn[la])
+        la++;
+    for (uint32_t l = 0; l < g->n_layer; l++)
+        v->layers[l].is_attn = is_attn[l];
+    free(is_attn);
+    if (e != WK_OK)
+        goto fail;
+    if ((e = gdn_read_dims(set, config, l0, g, dim, d)) != WK_OK)
+        goto fail;
+    dim[GDN_QD] = dim[GDN_KVD] = dim[GDN_AD] = 0;
+    if (g->n_attn > 0 && (e = gdn_read_attn_dims(set, la, g, dim, d)) != WK_OK)
+        goto fail;
+
     for (uint32_t l = 0; l < g->n_layer; l++) {
-        for (size_t s = 0; s < GDN_N_SPECS; s++) {
-            const gdn_spec *sp = &gdn_specs[s];
+        const bool at = v->layers[l].is_attn;
+        const gdn_spec *specs = at ? attn_specs : gdn_specs;
+        const size_t n_specs = at ? GDN_N_ATTN_SPECS : GDN_N_SPECS;
+        for (size_t s = 0; s < n_specs; s++) {
+            const gdn_spec *sp = &specs[s];
             const wk_tensor *t = gdn_find(set, l, sp->suf, name, sizeof(name));
-            if (sp->gate && !g->use_gate) {
+            if (!gdn_spec_on(g, sp)) {
                 if (t != NULL) {
-                    e = wk_diag_set(d, WK_EINVAL, "%s: present but config.json use_gate is false",
-                                    name);
+                    e = wk_diag_set(d, WK_EINVAL, "%s: present but config.json %s is false", name,
+                                    gdn_need_key(sp->need));
                     goto fail;
                 }
                 continue;
             }
             if (t == NULL) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: missing", name);
+                e = wk_diag_set(d, WK_EINVAL, "%s: missing%s", name,
+                                at ? " (an attention layer in config.json attn.layers)" : "");
                 goto fail;
             }
             if ((e = gdn_map_tensor(sp, dim, g->conv, t, name, &v->layers[l], d)) != WK_OK)
@@ -499,9 +732,11 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
         goto fail;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         wrk_gdn_layer *ly = &v->layers[l];
-        for (size_t s = 0; s < GDN_N_SPECS; s++) {
-            const gdn_spec *sp = &gdn_specs[s];
-            if (sp->gate && !g->use_gate)
+        const gdn_spec *specs = ly->is_attn ? attn_specs : gdn_specs;
+        const size_t n_specs = ly->is_attn ? GDN_N_ATTN_SPECS : GDN_N_SPECS;
+        for (size_t s = 0; s < n_specs; s++) {
+            const gdn_spec *sp = &specs[s];
+            if (!gdn_spec_on(g, sp))
                 continue;
             char *field = (char *)ly + sp->off;
             const wk_tensor **tp =
@@ -525,9 +760,12 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
     info->vocab_size = g->vocab_size;
     const uint64_t KD = dim[GDN_KD], VD = dim[GDN_VD];
     info->state_bytes =
-        (uint64_t)g->n_layer *
+        (uint64_t)(g->n_layer - g->n_attn) *
         ((uint64_t)(g->conv - 1) * (2 * KD + VD) + (uint64_t)g->n_v_head * g->head_k * g->head_v) *
         sizeof(float);
+    info->n_attn_layer = g->n_attn;
+    info->kv_token_bytes =
+        (uint64_t)g->n_attn * 2 * g->attn_kv_heads * g->attn_head_dim * sizeof(float);
     *out = v;
     return WK_OK;
 
@@ -536,17 +774,21 @@ fail:
     return e;
 }
 
+/* The slot layout: the Gated DeltaNet layers only (attention layers keep their KV in the pool). */
 static size_t
 gdn_layout(const void *view, wrk_state_tensor *out, size_t cap)
 {
     const wrk_gdn *g = &((const gdn_view *)view)->g;
     const uint64_t KD = (uint64_t)g->n_head * g->head_k;
     const uint64_t VD = (uint64_t)g->n_v_head * g->head_v;
-    size_t n = (size_t)g->n_layer * 4;
+    size_t n = (size_t)(g->n_layer - g->n_attn) * 4;
+    size_t gi = 0; /* index among the Gated DeltaNet layers */
     for (uint32_t l = 0; out != NULL && l < g->n_layer; l++) {
         static const char *const nm[4] = {"q_conv", "k_conv", "v_conv", "S"};
-        for (uint32_t k = 0; k < 4 && 4 * (size_t)l + k < cap; k++) {
-            wrk_state_tensor *t = &out[4 * (size_t)l + k];
+        if (g->layers[l].is_attn)
+            continue;
+        for (uint32_t k = 0; k < 4 && 4 * gi + k < cap; k++) {
+            wrk_state_tensor *t = &out[4 * gi + k];
             memset(t, 0, sizeof(*t));
             snprintf(t->name, sizeof(t->name), "layers.%u.%s", l, nm[k]);
             if (k < 3) {
@@ -560,6 +802,7 @@ gdn_layout(const void *view, wrk_state_tensor *out, size_t cap)
                 t->shape[2] = g->head_v;
             }
         }
+        gi++;
     }
     return n;
 }
@@ -568,11 +811,27 @@ static void
 gdn_fingerprint_extra(const void *view, char *buf, size_t len)
 {
     const wrk_gdn *g = &((const gdn_view *)view)->g;
-    snprintf(buf, len,
-             "gdn.n_v_head=%u\ngdn.head_v=%u\ngdn.conv=%u\ngdn.use_gate=%d\n"
-             "gdn.allow_neg_eigval=%d\ngdn.tied=%d\ngdn.norm_eps=%.17g",
-             g->n_v_head, g->head_v, g->conv, g->use_gate, g->allow_neg_eigval, g->tied,
-             g->norm_eps);
+    int n = snprintf(buf, len,
+                     "gdn.n_v_head=%u\ngdn.head_v=%u\ngdn.conv=%u\ngdn.use_gate=%d\n"
+                     "gdn.allow_neg_eigval=%d\ngdn.tied=%d\ngdn.norm_eps=%.17g",
+                     g->n_v_head, g->head_v, g->conv, g->use_gate, g->allow_neg_eigval, g->tied,
+                     g->norm_eps);
+    if (g->n_attn == 0 || n < 0 || (size_t)n >= len)
+        return;
+    /* hybrid: the attention config (the layer set as a hash, so any count fits) */
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the attention layer indices */
+    for (uint32_t l = 0; l < g->n_layer; l++)
+        if (g->layers[l].is_attn)
+            for (int b = 0; b < 4; b++) {
+                h ^= (l >> (8 * b)) & 0xffu;
+                h *= 1099511628211ull;
+            }
+    snprintf(buf + n, len - (size_t)n,
+             "\ngdn.attn.n=%u\ngdn.attn.layers_fnv=%016llx\ngdn.attn.heads=%u\n"
+             "gdn.attn.kv_heads=%u\ngdn.attn.head_dim=%u\ngdn.attn.qkv_bias=%d\n"
+             "gdn.attn.qk_norm=%d\ngdn.attn.rope_theta=%.17g\ngdn.attn.norm_eps=%.17g",
+             g->n_attn, (unsigned long long)h, g->attn_heads, g->attn_kv_heads, g->attn_head_dim,
+             g->qkv_bias, g->qk_norm, g->rope_theta, g->attn_norm_eps);
 }
 
 const wrk_family wrk_family_gdn = {

@@ -14,8 +14,24 @@
  *     layers.l.S      [HV, K, Vd] per value head S[key index][value index]
  *                                 (fla's naive / state_v_first=False order;
  *                                 fla's current layer caches the transpose)
- * slot_bytes = L * ((W-1) * (2 KD + VD) + HV K Vd) * 4 = info.state_bytes.
+ * slot_bytes = Lg * ((W-1) * (2 KD + VD) + HV K Vd) * 4 = info.state_bytes,
+ * with Lg the number of Gated DeltaNet layers.
  * A zeroed slot is a fresh sequence.
+ *
+ * Hybrid models (config.json "attn": {"layers": [...], ...}, fla's
+ * Attention in the listed layers): an attention layer has attn_norm, the
+ * MLP and mlp_norm like every layer, but its mixer is causal softmax
+ * attention with RoPE (GPT-NeoX rotate-half, rotary dim = head dim,
+ * base rope_theta) and grouped KV heads. Attention layers hold NO
+ * recurrent state: the slot layout above lists only the Gated DeltaNet
+ * layers (in layer order, named by their real layer index), and their KV
+ * lives in the backend's paged pool (be.h, be_kv_info). Per token the KV
+ * image holds, for each attention layer in layer order, K [Hkv, Da] then
+ * V [Hkv, Da] (fp32, K after q/k norm and RoPE), so
+ * info.kv_token_bytes = n_attn * 2 * Hkv * Da * 4.
+ * Attention layers reuse the q_proj / k_proj / v_proj / o_proj fields with
+ * their own shapes (C -> Hq Da, C -> Hkv Da, C -> Hkv Da, Hq Da -> C) and
+ * leave the Gated DeltaNet-only fields NULL.
  *
  * Everything is borrowed until wrk_model_free().
  */
@@ -30,6 +46,7 @@
 
 /* One layer. Vectors may carry leading 1s in their stored shape. */
 typedef struct wrk_gdn_layer {
+    bool is_attn;                     /* a softmax attention layer (hybrid models) */
     const wk_tensor *attn_norm;       /* RMSNorm weight [C] */
     wrk_mat q_proj, k_proj;           /* C -> KD */
     wrk_mat v_proj;                   /* C -> VD */
@@ -43,6 +60,9 @@ typedef struct wrk_gdn_layer {
     const wk_tensor *mlp_norm;        /* RMSNorm weight [C] */
     wrk_mat gate_proj, up_proj;       /* C -> F */
     wrk_mat down_proj;                /* F -> C */
+    /* attention layers only (is_attn) */
+    const wk_tensor *q_bias, *k_bias, *v_bias; /* [Hq Da], [Hkv Da], [Hkv Da]; qkv_bias only */
+    const wk_tensor *q_norm, *k_norm;          /* per-head RMSNorm weight [Da]; qk_norm only */
 } wrk_gdn_layer;
 
 typedef struct wrk_gdn {
@@ -63,6 +83,15 @@ typedef struct wrk_gdn {
     const wk_tensor *norm;       /* model.norm.weight [C] */
     wrk_mat head;                /* C -> V, stored [V, C]; over emb when tied */
     const wrk_gdn_layer *layers; /* n_layer entries */
+    /* hybrid attention layers (config "attn"); n_attn 0 without */
+    uint32_t n_attn;        /* attention layers */
+    uint32_t attn_heads;    /* Hq: query heads */
+    uint32_t attn_kv_heads; /* Hkv: key / value heads (divides Hq) */
+    uint32_t attn_head_dim; /* Da: even */
+    double rope_theta;      /* RoPE base */
+    double attn_norm_eps;   /* q_norm / k_norm epsilon (fla RMSNorm default 1e-5) */
+    bool qkv_bias;          /* q / k / v projections carry a bias */
+    bool qk_norm;           /* per-head RMSNorm on q and k before RoPE */
 } wrk_gdn;
 
 #endif /* WRK_GDN_H */

@@ -40,7 +40,9 @@ typedef struct wrk_model_info {
     wk_dtype dtype;          /* weight dtype kept in memory */
     uint64_t n_params;       /* parameter count */
     uint64_t weight_bytes;   /* bytes of weights as kept */
-    uint64_t state_bytes;    /* bytes of one slot's state */
+    uint64_t state_bytes;    /* bytes of one slot's state (the fixed, recurrent part) */
+    uint32_t n_attn_layer;   /* hybrid models: full-attention layers, 0 for recurrent-only */
+    uint64_t kv_token_bytes; /* hybrid models: KV bytes per token (all attention layers), else 0 */
     char weights_digest[65]; /* hex SHA-256 over tensor names, shapes, dtypes, bytes */
     char vocab_digest[65];   /* hex SHA-256 of the vocab file, "" when none */
     char fingerprint[65];    /* hex SHA-256 binding family, shapes, dtype, both digests */

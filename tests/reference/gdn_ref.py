@@ -23,6 +23,18 @@ State per layer (what a slot holds): q_conv [W-1, KD], k_conv [W-1, KD],
 v_conv [W-1, VD] (the last W-1 projection outputs, oldest first) and
 S [HV, K, Vd].
 
+Hybrid models (config.json "attn": {layers, num_heads, num_kv_heads,
+qkv_bias, qk_norm, rope_theta}, fla's Attention in the listed layers), per
+token at absolute position p (the tokens seen before it):
+  h = RMSNorm(x); q = q_proj h (+ bias), k, v likewise, split in heads of
+  Da = q rows / num_heads; with qk_norm q, k = RMSNorm_head(.) * w (eps 1e-5)
+  RoPE, rotate-half (GPT-NeoX): for i < Da/2, f_i = theta^(-2i/Da), a = p f_i
+    (x_i, x_{i+Da/2}) -> (x_i cos a - x_{i+Da/2} sin a, x_i sin a + x_{i+Da/2} cos a)
+  append k, v to the layer's cache; query head j reads KV head j // (Hq/Hkv)
+  o_j = softmax_t(q_j . k_t / sqrt(Da)) v_t over t = 0..p
+  x = x + o_proj o
+Such layers keep no recurrent state: their cache is the list of k, v.
+
 CLI:
   gdn_ref.py --model DIR --tokens 1,2,3 [--logits-out F] [--generate N]
 --logits-out writes float32 little-endian, one row of V floats per input
@@ -68,11 +80,16 @@ class State:
         self.k_conv = np.zeros((n, m.W - 1, m.KD))
         self.v_conv = np.zeros((n, m.W - 1, m.VD))
         self.S = np.zeros((n, m.HV, m.K, m.Vd))
+        # attention layers: per layer index, lists of K / V [Hkv, Da] per position
+        self.kv = {i: ([], []) for i in m.attn_layers}
 
     def copy(self):
         s = State.__new__(State)
         for k, v in self.__dict__.items():
-            setattr(s, k, v.copy())
+            if k == "kv":
+                s.kv = {i: (list(a), list(b)) for i, (a, b) in v.items()}
+            else:
+                setattr(s, k, v.copy())
         return s
 
 
@@ -88,10 +105,22 @@ class GDN:
             self.n_layer += 1
         if self.n_layer == 0:
             raise ValueError("no layers")
-        q = g("model.layers.0.attn.q_proj.weight")
-        v = g("model.layers.0.attn.v_proj.weight")
+        ac = cfg.get("attn") or None
+        self.attn_layers = set(int(i) for i in ac["layers"]) if ac else set()
+        if ac:
+            if ac.get("window_size") is not None:
+                raise ValueError("sliding-window attention is not modelled")
+            self.Hq = int(ac["num_heads"])
+            self.Hkv = int(ac.get("num_kv_heads") or self.Hq)
+            self.qkv_bias = bool(ac.get("qkv_bias") or False)
+            self.qk_norm = bool(ac.get("qk_norm") or False)
+            self.theta = float(ac.get("rope_theta", 10000.0))
+        l0 = min(i for i in range(self.n_layer) if i not in self.attn_layers)
+        b0 = "model.layers.%d." % l0
+        q = g(b0 + "attn.q_proj.weight")
+        v = g(b0 + "attn.v_proj.weight")
         self.KD, self.VD = q.shape[0], v.shape[0]
-        self.HV = g("model.layers.0.attn.A_log").size
+        self.HV = g(b0 + "attn.A_log").size
         self.H = int(cfg.get("num_heads") or self.HV)
         self.K = int(cfg.get("head_dim") or self.KD // self.H)
         if self.H * self.K != self.KD:
@@ -99,7 +128,7 @@ class GDN:
         if self.HV % self.H or self.VD % self.HV:
             raise ValueError("value heads do not divide")
         self.Vd = self.VD // self.HV
-        self.W = g("model.layers.0.attn.q_conv1d.weight").shape[-1]
+        self.W = g(b0 + "attn.q_conv1d.weight").shape[-1]
         self.eps = float(cfg.get("norm_eps", 1e-6))
         self.use_gate = bool(cfg.get("use_gate", True))
         self.neg = bool(cfg.get("allow_neg_eigval", False))
@@ -108,6 +137,22 @@ class GDN:
         self.layers = []
         for i in range(self.n_layer):
             b = "model.layers.%d." % i
+            if i in self.attn_layers:
+                L = {"attn_norm": g(b + "attn_norm.weight"),
+                     "Wq": g(b + "attn.q_proj.weight"), "Wk": g(b + "attn.k_proj.weight"),
+                     "Wv": g(b + "attn.v_proj.weight"), "Wo": g(b + "attn.o_proj.weight"),
+                     "mlp_norm": g(b + "mlp_norm.weight"),
+                     "Wgate": g(b + "mlp.gate_proj.weight"), "Wup": g(b + "mlp.up_proj.weight"),
+                     "Wdown": g(b + "mlp.down_proj.weight")}
+                self.Da = L["Wq"].shape[0] // self.Hq
+                for nm in ("q", "k", "v"):
+                    L["b" + nm] = (g(b + "attn.%s_proj.bias" % nm) if self.qkv_bias
+                                   else np.zeros(L["W" + nm].shape[0]))
+                if self.qk_norm:
+                    L["nq"] = g(b + "attn.q_norm.weight").reshape(-1)
+                    L["nk"] = g(b + "attn.k_norm.weight").reshape(-1)
+                self.layers.append(L)
+                continue
             L = {
                 "attn_norm": g(b + "attn_norm.weight"),
                 "Wq": g(b + "attn.q_proj.weight"), "Wk": g(b + "attn.k_proj.weight"),
@@ -181,6 +226,39 @@ class GDN:
             o = o * _silu((L["Wg"] @ h).reshape(HV, Vd))
         return x + L["Wo"] @ o.reshape(-1)
 
+    def _rope(self, x, pos):
+        """Rotate-half RoPE of x [n, Da] at position pos (float64)."""
+        half = self.Da // 2
+        f = self.theta ** (-np.arange(half) * 2.0 / self.Da)
+        c, s = np.cos(pos * f), np.sin(pos * f)
+        x1, x2 = x[:, :half], x[:, half:]
+        return np.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=1)
+
+    def _softmax_attn(self, i, L, x, st):
+        Hq, Hkv, Da = self.Hq, self.Hkv, self.Da
+        h = _rms(x, L["attn_norm"], self.eps)
+        q = (L["Wq"] @ h + L["bq"]).reshape(Hq, Da)
+        k = (L["Wk"] @ h + L["bk"]).reshape(Hkv, Da)
+        v = (L["Wv"] @ h + L["bv"]).reshape(Hkv, Da)
+        if self.qk_norm:
+            q = q / np.sqrt(np.mean(q * q, axis=1, keepdims=True) + 1e-5) * L["nq"]
+            k = k / np.sqrt(np.mean(k * k, axis=1, keepdims=True) + 1e-5) * L["nk"]
+        ks, vs = st.kv[i]
+        pos = len(ks)
+        q = self._rope(q, pos)
+        k = self._rope(k, pos)
+        ks.append(k)
+        vs.append(v)
+        K = np.stack(ks)  # [p+1, Hkv, Da]
+        Vv = np.stack(vs)
+        o = np.zeros((Hq, Da))
+        grp = Hq // Hkv
+        for j in range(Hq):
+            sc = K[:, j // grp, :] @ q[j] / np.sqrt(Da)
+            w = np.exp(sc - sc.max())
+            o[j] = (w / w.sum()) @ Vv[:, j // grp, :]
+        return x + L["Wo"] @ o.reshape(-1)
+
     def _mlp(self, L, x):
         h = _rms(x, L["mlp_norm"], self.eps)
         return x + L["Wdown"] @ (_silu(L["Wgate"] @ h) * (L["Wup"] @ h))
@@ -191,7 +269,10 @@ class GDN:
             raise ValueError("token %d out of range (vocab %d)" % (token, self.V))
         x = self.named["model.embeddings.weight"][token].copy()
         for i, L in enumerate(self.layers):
-            x = self._attn(i, L, x, st)
+            if i in self.attn_layers:
+                x = self._softmax_attn(i, L, x, st)
+            else:
+                x = self._attn(i, L, x, st)
             x = self._mlp(L, x)
         return self.head @ _rms(x, self.norm, self.eps)
 

@@ -8,6 +8,16 @@ model.layers.N.attn.{q,k,v,a,b,g,o}_proj.weight, attn.{q,k,v}_conv1d.weight
 [D, 1, W], attn.A_log, attn.dt_bias, attn.o_norm.weight, attn_norm, mlp_norm,
 mlp.{gate,up,down}_proj, model.norm.weight, lm_head.weight unless tied).
 
+Hybrid models (--attn-layers 1,3): the listed layers are fla's Attention
+(config "attn" = {layers, num_heads, num_kv_heads, qkv_bias, window_size
+null, rope_theta[, qk_norm]} as GatedDeltaNetConfig fills it), with
+attn.{q,k,v,o}_proj.weight (q/o [C, C], k/v [Hkv * C / H, C]; head dim
+C / num_heads as fla's Attention derives it), attn.{q,k,v}_proj.bias with
+--qkv-bias, attn.{q,k}_norm.weight [head dim] with --qk-norm, plus
+attn_norm, mlp_norm and the MLP like every layer. Their scores have a
+standard deviation of about 2 (neither uniform nor one-hot), so the
+attention output depends on the whole context.
+
 The weights are random but scaled to be numerically meaningful: RMSNorm
 weights near 1, per-head decays exp(g) spread over roughly (0.4, 1), write
 strengths beta spread over (0, 1), logits with a standard deviation of a few
@@ -21,7 +31,9 @@ test compares against (gdn_ref.py does).
 Usage:
   gen_gdn.py --out DIR [--seed S --dtype f32|bf16|f16 --format safetensors|sharded
              --layers L --hidden C --heads H --head-dim K --expand-v E
-             --v-heads HV --ffn F --vocab V --conv W --no-gate --neg-eigval --tied]
+             --v-heads HV --ffn F --vocab V --conv W --no-gate --neg-eigval --tied
+             --attn-layers 1,3 --attn-heads H --attn-kv-heads Hkv --qk-norm --qkv-bias
+             --rope-theta T]
 """
 
 import argparse
@@ -43,7 +55,8 @@ def default_cfg(**kw):
     cfg = dict(layers=2, hidden=64, heads=2, head_dim=16, expand_v=2.0, v_heads=None,
                ffn=160, vocab=300, conv=4, use_gate=True, allow_neg_eigval=False,
                tied=False, norm_eps=1e-6, dtype="f32", format="safetensors", seed=1,
-               attn_mode="chunk")
+               attn_mode="chunk", attn_layers=(), attn_heads=4, attn_kv_heads=None,
+               qk_norm=False, qkv_bias=False, rope_theta=10000.0)
     for k in kw:
         if k not in cfg:
             raise KeyError("unknown gen_gdn option %r" % k)
@@ -57,6 +70,15 @@ def dims(cfg):
     HV = cfg["v_heads"] or H
     Vd = int(round(K * cfg["expand_v"]))
     return C, H, K, HV, Vd, H * K, HV * Vd, cfg["ffn"], cfg["vocab"], cfg["conv"]
+
+
+def attn_dims(cfg):
+    """(Hq, Hkv, Da) of cfg's attention layers (fla: head dim = hidden / num_heads)."""
+    Hq = cfg["attn_heads"]
+    Hkv = cfg["attn_kv_heads"] or Hq
+    if cfg["hidden"] % Hq or Hq % Hkv or (cfg["hidden"] // Hq) % 2:
+        raise ValueError("attention heads do not divide hidden / each other, or odd head dim")
+    return Hq, Hkv, cfg["hidden"] // Hq
 
 
 def make_params(cfg):
@@ -79,6 +101,26 @@ def make_params(cfg):
     put("model.embeddings.weight", rng.standard_normal((V, C)) * 3.0 / np.sqrt(C))
     for i in range(cfg["layers"]):
         b = "model.layers.%d." % i
+        if i in cfg["attn_layers"]:
+            Hq, Hkv, Da = attn_dims(cfg)
+            put(b + "attn_norm.weight", normw(C))
+            # q, k rows of norm ~sqrt(Da) * 1.4: scores q.k / sqrt(Da) with std ~2
+            put(b + "attn.q_proj.weight", lin(Hq * Da, C, 1.4))
+            put(b + "attn.k_proj.weight", lin(Hkv * Da, C, 1.4))
+            put(b + "attn.v_proj.weight", lin(Hkv * Da, C))
+            if cfg["qkv_bias"]:
+                put(b + "attn.q_proj.bias", 0.3 * rng.standard_normal(Hq * Da))
+                put(b + "attn.k_proj.bias", 0.3 * rng.standard_normal(Hkv * Da))
+                put(b + "attn.v_proj.bias", 0.3 * rng.standard_normal(Hkv * Da))
+            put(b + "attn.o_proj.weight", lin(C, Hq * Da))
+            if cfg["qk_norm"]:
+                put(b + "attn.q_norm.weight", 1.4 * normw(Da))
+                put(b + "attn.k_norm.weight", 1.4 * normw(Da))
+            put(b + "mlp_norm.weight", normw(C))
+            put(b + "mlp.gate_proj.weight", lin(F, C))
+            put(b + "mlp.up_proj.weight", lin(F, C))
+            put(b + "mlp.down_proj.weight", lin(C, F))
+            continue
         put(b + "attn_norm.weight", normw(C))
         put(b + "attn.q_proj.weight", lin(KD, C))
         put(b + "attn.k_proj.weight", lin(KD, C))
@@ -109,6 +151,19 @@ def make_params(cfg):
     return p
 
 
+def attn_config(cfg):
+    """config.json's "attn" (None without attention layers), as fla fills it."""
+    if not cfg["attn_layers"]:
+        return None
+    Hq, Hkv, _ = attn_dims(cfg)
+    a = {"layers": sorted(int(i) for i in cfg["attn_layers"]), "num_heads": Hq,
+         "num_kv_heads": Hkv, "qkv_bias": cfg["qkv_bias"], "window_size": None,
+         "rope_theta": cfg["rope_theta"]}
+    if cfg["qk_norm"]:
+        a["qk_norm"] = True
+    return a
+
+
 def config_json(cfg):
     C, H, K, HV, Vd, KD, VD, F, V, W = dims(cfg)
     conf = {
@@ -128,7 +183,8 @@ def config_json(cfg):
         "intermediate_size": F,
         "hidden_act": "swish",
         "norm_eps": cfg["norm_eps"],
-        "attn": None,
+        "attn": attn_config(cfg),
+        "max_position_embeddings": 2048,
         "vocab_size": V,
         "tie_word_embeddings": cfg["tied"],
         "fuse_norm": True,
@@ -193,12 +249,21 @@ def main(argv=None):
     ap.add_argument("--no-gate", action="store_true")
     ap.add_argument("--neg-eigval", action="store_true")
     ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--attn-layers", default="", help="comma-separated attention layer indices")
+    ap.add_argument("--attn-heads", type=int, default=4)
+    ap.add_argument("--attn-kv-heads", type=int, default=None)
+    ap.add_argument("--qk-norm", action="store_true")
+    ap.add_argument("--qkv-bias", action="store_true")
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
     a = ap.parse_args(argv)
+    al = tuple(int(x) for x in a.attn_layers.replace(" ", "").split(",") if x != "")
     cfg = default_cfg(seed=a.seed, dtype=a.dtype, format=a.format, layers=a.layers,
                       hidden=a.hidden, heads=a.heads, head_dim=a.head_dim,
                       expand_v=a.expand_v, v_heads=a.v_heads, ffn=a.ffn, vocab=a.vocab,
                       conv=a.conv, use_gate=not a.no_gate, allow_neg_eigval=a.neg_eigval,
-                      tied=a.tied)
+                      tied=a.tied, attn_layers=al, attn_heads=a.attn_heads,
+                      attn_kv_heads=a.attn_kv_heads, qk_norm=a.qk_norm, qkv_bias=a.qkv_bias,
+                      rope_theta=a.rope_theta)
     write_model(a.out, cfg)
     return 0
 

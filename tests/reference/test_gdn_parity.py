@@ -18,6 +18,12 @@ this runner:
      without AVX-512 both run the same path),
   5. runs `--batch-check 5` (the row alone and in a batch of random rows
      must give the same bits, logits and final state),
+  6. for the hybrid models (attention layers with the paged KV pool:
+     GQA / MQA, qk_norm, qkv_bias, prompts of many 16-token pages, one
+     longer than a pass), runs `--slot-check` (fork, hibernate/resume,
+     migration to another slot continue bit-identically; image sizes;
+     WK_EQUOTA / WK_EINVAL refusals that change nothing) with the default
+     pool and with a pool of a few pages more than the prompt needs,
 and checks that broken checkpoints (wrong shape, missing tensor, unexpected
 tensor, config.json that contradicts the shapes or asks for what is not
 supported) make wkvm-infer exit non-zero naming the tensor or key.
@@ -65,9 +71,19 @@ MATRIX = [
                                         expand_v=1.0, hidden=96, ffn=256, vocab=500)),
     ("f32-long300", dict(seed=408, hidden=128, heads=4, head_dim=16, ffn=256, vocab=500,
                          prompt=300)),
+    # hybrid: attention layers (fla Attention) with the paged KV pool (16-token pages)
+    ("hyb-f32-gqa-L4", dict(seed=411, layers=4, attn_layers=(1, 3), attn_heads=4,
+                            attn_kv_heads=2, prompt=150)),
+    ("hyb-bf16-qknorm-bias-tied", dict(seed=412, dtype="bf16", layers=3, attn_layers=(0,),
+                                       attn_heads=8, attn_kv_heads=4, qk_norm=True,
+                                       qkv_bias=True, rope_theta=500000.0, tied=True,
+                                       prompt=150)),
+    ("hyb-f16-shard-mqa-long300", dict(seed=413, dtype="f16", format="sharded", layers=3,
+                                       attn_layers=(2,), hidden=128, attn_heads=2,
+                                       attn_kv_heads=1, ffn=256, vocab=500, prompt=300)),
 ]
 BATCH_CHECK = ("f32-st-gate", "bf16-neg-L3C128K32", "f32-odd-Vd96-conv2",
-               "bf16-shard-tied-nogate-gva")
+               "bf16-shard-tied-nogate-gva", "hyb-f32-gqa-L4", "hyb-bf16-qknorm-bias-tied")
 
 
 def run(cmd, env=None):
@@ -82,7 +98,7 @@ def run(cmd, env=None):
             p.stderr.decode("utf-8", "replace"))
 
 
-def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check):
+def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check, slot_check=False):
     res = Result(name)
     ref = gdn_ref.GDN.load(mdir)
     ref_ids, ref_logits, _ = ref.generate(tokens, N_GEN)
@@ -149,6 +165,18 @@ def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check):
                                 "--prefill-chunk", str(ch), "--generate", "8"])
             res.add("batch-check chunk %d" % ch, rc == 0,
                     "exit %d: %s" % (rc, (err + out).strip()[-300:]))
+
+    if slot_check:
+        # the default pool, then one a few pages over what the fork needs (two copies)
+        n_pages = 2 * ((len(tokens) + 8 + 15) // 16) + 2
+        for label, extra in (("default pool", []), ("%d pages" % n_pages,
+                                                    ["--kv-pages", str(n_pages)])):
+            for ch in (1, 7, 64):
+                rc, out, err = run([exe, "--model", mdir, "--tokens", toks, "--slot-check",
+                                    "--generate", "8", "--prefill-chunk", str(ch)] + extra)
+                res.add("slot-check %s chunk %d" % (label, ch),
+                        rc == 0 and "slot-check: ok" in out,
+                        "exit %d: %s" % (rc, (err + out).strip()[-300:]))
     return res
 
 
@@ -202,9 +230,53 @@ def negative_cases(tmp):
         conf["hidden_size"] = 96
         return ["hidden_size"]
 
-    def cfg_attn(conf):
-        conf["attn"] = {"layers": [1], "num_heads": 4}
-        return ["attn:", "attention layers"]
+    def cfg_attn_window(conf):
+        conf["attn"] = {"layers": [1], "num_heads": 4, "window_size": 512}
+        return ["attn.window_size"]
+
+    def cfg_attn_unknown(conf):
+        conf["attn"]["rope_scaling"] = {"type": "linear", "factor": 2.0}
+        return ["attn.rope_scaling"]
+
+    def cfg_attn_kv(conf):
+        conf["attn"]["num_kv_heads"] = 3
+        return ["attn.num_kv_heads"]
+
+    def cfg_attn_layer(conf):
+        conf["attn"]["layers"] = [1, 7]
+        return ["attn.layers"]
+
+    def cfg_attn_all(conf):
+        conf["attn"]["layers"] = [0, 1, 2, 3]
+        return ["attn.layers"]
+
+    def cfg_attn_theta(conf):
+        conf["attn"]["rope_theta"] = None
+        return ["attn.rope_theta"]
+
+    def cfg_attn_qknorm(conf):
+        conf["attn"]["qk_norm"] = True
+        return ["q_norm.weight"]
+
+    def missing_attn_k(named):
+        n = "model.layers.1.attn.k_proj.weight"
+        del named[n]
+        return [n]
+
+    def wrong_attn_v(named):
+        n = "model.layers.3.attn.v_proj.weight"
+        named[n] = np.zeros((64, 64))  # GQA: 2 KV heads of 16 -> [32, 64]
+        return [n]
+
+    def gdn_tensor_in_attn(named):
+        n = "model.layers.1.attn.A_log"
+        named[n] = np.zeros(2)
+        return [n]
+
+    def extra_bias_attn(named):
+        n = "model.layers.3.attn.q_proj.bias"
+        named[n] = np.zeros(64)
+        return [n]
 
     def cfg_act(conf):
         conf["hidden_act"] = "gelu"
@@ -233,7 +305,19 @@ def negative_cases(tmp):
     mk("conv-bias-unexpected", base, extra_bias)
     mk("cfg-num_heads", base, edit_config=cfg_heads)
     mk("cfg-hidden_size", base, edit_config=cfg_hidden)
-    mk("cfg-hybrid-attn", base, edit_config=cfg_attn)
+    mk("cfg-attn-window_size", base, edit_config=cfg_attn_window)
+    hyb = gen_gdn.default_cfg(seed=502, layers=4, attn_layers=(1, 3), attn_heads=4,
+                              attn_kv_heads=2)
+    mk("hyb-cfg-unknown-key", hyb, edit_config=cfg_attn_unknown)
+    mk("hyb-cfg-num_kv_heads", hyb, edit_config=cfg_attn_kv)
+    mk("hyb-cfg-layer-range", hyb, edit_config=cfg_attn_layer)
+    mk("hyb-cfg-all-attention", hyb, edit_config=cfg_attn_all)
+    mk("hyb-cfg-rope_theta-null", hyb, edit_config=cfg_attn_theta)
+    mk("hyb-cfg-qk_norm-without-weights", hyb, edit_config=cfg_attn_qknorm)
+    mk("hyb-k_proj-missing", hyb, missing_attn_k)
+    mk("hyb-v_proj-shape", dict(hyb, dtype="bf16"), wrong_attn_v)
+    mk("hyb-gdn-tensor-in-attention-layer", hyb, gdn_tensor_in_attn)
+    mk("hyb-bias-without-qkv_bias", hyb, extra_bias_attn)
     mk("cfg-hidden_act", base, edit_config=cfg_act)
     mk("cfg-use_gate-vs-g_proj", base, edit_config=cfg_nogate)
     mk("cfg-tied-vs-lm_head", base, edit_config=cfg_tied)
@@ -264,7 +348,8 @@ def main():
             d = os.path.join(tmp, name)
             gen_gdn.write_model(d, cfg)
             toks = prompt_tokens(rng, cfg["vocab"], n_prompt)
-            res = check_model(exe, name, d, toks, tmp, cfg["dtype"], name in BATCH_CHECK)
+            res = check_model(exe, name, d, toks, tmp, cfg["dtype"], name in BATCH_CHECK,
+                              slot_check=bool(cfg["attn_layers"]))
             results.append(res)
             print("%-4s %s" % ("ok" if res.ok else "FAIL", name), flush=True)
         if not only or only in "negative":

@@ -197,6 +197,8 @@ be_cpu_base_step(be_cpu_base *b, be_row *rows, size_t n, be_cpu_pass_fn pass, wk
     wk_err e = be_cpu_step_check(b, rows, n, d);
     if (e != WK_OK)
         return e;
+    if (b->pre_step != NULL && (e = b->pre_step(b, rows, n, d)) != WK_OK)
+        return e;
     b->T = 0;
     b->n_segs = 0;
     b->n_logits = 0;

@@ -54,7 +54,17 @@ typedef struct be_cpu_task {
     uint32_t p0, p1; /* panel range */
 } be_cpu_task;
 
-typedef struct be_cpu_base {
+typedef struct be_cpu_base be_cpu_base;
+
+/*
+ * Optional: called by be_cpu_base_step after every row is validated and
+ * before any pass, with the same rows; a refusal (its wk_err, diag naming
+ * the row) refuses the whole step, so it must change nothing when it fails
+ * (hybrid models take their KV pages here).
+ */
+typedef wk_err (*be_cpu_pre_step_fn)(be_cpu_base *b, const be_row *rows, size_t n, wk_diag *d);
+
+struct be_cpu_base {
     const wrk_model *model; /* borrowed for the context's life */
     be_cpu_isa isa;         /* kernel path */
     be_cpu_pool *pool;      /* threads */
@@ -86,7 +96,9 @@ typedef struct be_cpu_base {
     uint32_t tasks_cap;
     uint32_t n_tasks;
     uint32_t tok_tasks;     /* tasks of the current token-parallel region */
-} be_cpu_base;
+
+    be_cpu_pre_step_fn pre_step; /* optional, set by the family after open */
+};
 
 /* Runs the network over b->T tokens of the pass (segments, logits rows set). */
 typedef void (*be_cpu_pass_fn)(be_cpu_base *b);

@@ -108,6 +108,39 @@ fam_step(be_ctx *c, be_row *rows, size_t n, wk_diag *d)
     return c->impl->step(c->inner, rows, n, d);
 }
 
+/* Optional ops: forwarded when the family has them, else their be.h NULL meaning. */
+static uint64_t
+fam_slot_size(const be_ctx *c, uint32_t slot)
+{
+    if (c == NULL)
+        return 0;
+    if (c->impl->slot_size != NULL)
+        return c->impl->slot_size(c->inner, slot);
+    return slot != 0 && slot < c->impl->n_slots(c->inner) ? c->impl->slot_bytes(c->inner) : 0;
+}
+
+static wk_err
+fam_slot_resize(be_ctx *c, uint32_t slot, uint64_t bytes)
+{
+    if (c == NULL)
+        return WK_EINVAL;
+    if (c->impl->slot_resize != NULL)
+        return c->impl->slot_resize(c->inner, slot, bytes);
+    if (slot == 0 || slot >= c->impl->n_slots(c->inner))
+        return WK_EINVAL;
+    return bytes == c->impl->slot_bytes(c->inner) ? WK_OK : WK_EINVAL; /* sizes never change */
+}
+
+static void
+fam_kv_info(const be_ctx *c, be_kv_info *out)
+{
+    if (out == NULL)
+        return;
+    memset(out, 0, sizeof(*out));
+    if (c != NULL && c->impl->kv_info != NULL)
+        c->impl->kv_info(c->inner, out);
+}
+
 static void
 fam_describe(const be_ctx *c, char *buf, size_t len)
 {
@@ -130,4 +163,7 @@ const be_ops be_cpu_ops = {
     .slot_write = fam_slot_write,
     .step = fam_step,
     .describe = fam_describe,
+    .slot_size = fam_slot_size,
+    .slot_resize = fam_slot_resize,
+    .kv_info = fam_kv_info,
 };

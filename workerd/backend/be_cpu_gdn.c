@@ -14,7 +14,27 @@
  * residual), the gated MLP and, for the logits positions, the final norm
  * and the head.
  *
- * Slot layout: wrk_gdn.h (conv histories, then S [HV, K, Vd] per layer).
+ * Slot layout: wrk_gdn.h (conv histories, then S [HV, K, Vd] per Gated
+ * DeltaNet layer).
+ *
+ * Hybrid models (attention layers, wrk_gdn.h): a slot's image is the fixed
+ * part above (in the base arena) followed by its KV, token-major, which
+ * lives in a be_cpu_kv page pool (be_cpu_kv.h) of be_config.kv_pages pages
+ * of GDN_KV_PAGE_TOKENS tokens (default: enough for every slot to hold
+ * GDN_KV_DEF_CTX tokens at once; pool memory is reserved, and only the
+ * pages in use are ever touched). A step takes its rows' pages first
+ * (gdn_pre_step: refused whole with WK_EQUOTA naming the row), so the pass
+ * knows each token's absolute position (the slot's n_ctx before it). An
+ * attention layer runs, per pass: one GEMM region for q / k / v, then per
+ * token the biases, q / k RMSNorm, RoPE at the token's position and the
+ * append of K / V to its slot's pages (every token of the pass is appended
+ * before any attends), then per (token, query head) softmax attention over
+ * positions 0..pos in ascending order: scores (8 partial fp32 sums over the
+ * head dim, fixed order) into a per-task scratch, the max, then exp and
+ * the sum in double and the fp32 weighted sum of V, in position order. A
+ * token reads only its own slot's pages and its own projections, so
+ * chunked prefill equals token by token and a row's bits never depend on
+ * the batch, bit for bit.
  *
  * Batch invariance: per-token stages read only that token's (and its row's
  * earlier tokens') data; every reduction has a fixed order (RMSNorm and the
@@ -33,10 +53,23 @@
 #include <string.h>
 
 #include "be_cpu_common.h"
+#include "be_cpu_kv.h"
 #include "wrk_gdn.h"
 
 #define GDN_L2_EPS 1e-6 /* fla's in-kernel q / k L2 normalisation */
 #define GDN_COLS 64u    /* value columns per recurrence task */
+/*
+ * KV page size: 16 tokens keeps the waste per slot small (half a page on
+ * average) while a page of a 340M-class hybrid (2 attention layers, 16 KV
+ * heads of 64) is 256 KiB, so page-table lookups are negligible beside the
+ * attention's reads.
+ */
+#define GDN_KV_PAGE_TOKENS 16u
+#define GDN_KV_DEF_CTX 2048u  /* default pool: this many tokens for every slot */
+#define GDN_ATT_MAX_DIM 1024u /* attention head dim (checked at map) */
+
+/* One (token, query head) of an attention layer (gdn_att_body). */
+typedef void (*gdn_att_fn)(const be_ctx *c, uint32_t t, uint32_t h, float *scr);
 
 /* One token's recurrence over a full column block (gdn_delta_block). */
 typedef void (*gdn_delta_fn)(float *S, size_t ld, uint32_t K, const float *q, const float *k,
@@ -51,6 +84,11 @@ typedef struct gdn_layer {
     be_cpu_mat wq, wk, wv, wa, wb, wg; /* input projections (wg: use_gate only) */
     be_cpu_mat wo;                     /* VD -> C */
     be_cpu_mat gate, up, down;         /* MLP */
+    /* attention layers (wq, wk, wv, wo are the attention projections) */
+    bool is_attn;              /* softmax attention layer */
+    uint32_t idx;              /* index among its kind (slot layer / KV layer) */
+    const float *bq, *bk, *bv; /* qkv biases [QD], [KVD], [KVD]; NULL without */
+    const float *nq, *nk;      /* q / k RMSNorm weights [Da]; NULL without */
 } gdn_layer;
 
 struct be_ctx {
@@ -78,6 +116,20 @@ struct be_ctx {
     float *gr;           /* g_proj [cap][VD] */
     float *o;            /* recurrence output [cap][VD] */
     float *hg, *hu;      /* MLP hidden [cap][F] */
+
+    /* hybrid attention layers (n_attn 0: none of this is allocated) */
+    uint32_t n_attn;          /* attention layers */
+    uint32_t Hq, Hkv, Da;     /* query heads, KV heads, head dim */
+    uint32_t QD, KVD;         /* Hq * Da, Hkv * Da */
+    float att_scale;          /* Da^-0.5 */
+    double *inv_freq;         /* RoPE theta^(-2i/Da) [Da/2], owned */
+    be_cpu_kv kv;             /* the KV page pool */
+    float *aq, *ak, *av, *ao; /* [cap][QD|KVD|KVD|QD] */
+    uint32_t *tpos;           /* absolute position of each pass token [cap] */
+    uint32_t att_tasks;       /* tasks of the attention region (scratch rows) */
+    size_t scr_len;           /* floats per scratch row (>= the longest context) */
+    float *scr;               /* [att_tasks][scr_len] attention scores */
+    gdn_att_fn att;           /* attention of one (token, head) for the ISA */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -119,10 +171,11 @@ gdn_l2norm(float *x, uint32_t n, float scale)
         x[i] *= inv;
 }
 
+/* The slot state of Gated DeltaNet layer `layer` (never an attention layer). */
 static inline float *
 gdn_slot_layer(const be_ctx *c, uint32_t slot, uint32_t layer)
 {
-    return be_cpu_base_slot(&c->b, slot) + (size_t)layer * c->layer_floats;
+    return be_cpu_base_slot(&c->b, slot) + (size_t)c->layers[layer].idx * c->layer_floats;
 }
 
 /* Offsets of a layer's state tensors (floats). */
@@ -475,8 +528,284 @@ gdn_stage_final_norm(void *arg, uint32_t task)
 }
 
 /* ------------------------------------------------------------------------ */
+/* attention layers (hybrid models)                                          */
+/* ------------------------------------------------------------------------ */
+
+/* RoPE (GPT-NeoX rotate-half) of n heads of Da at position pos, in place. */
+static void
+gdn_rope(const be_ctx *c, float *x, uint32_t n, uint32_t pos)
+{
+    const uint32_t half = c->Da / 2;
+    for (uint32_t i = 0; i < half; i++) {
+        const double ang = (double)pos * c->inv_freq[i];
+        const float cs = (float)cos(ang), sn = (float)sin(ang);
+        for (uint32_t h = 0; h < n; h++) {
+            float *p = x + (size_t)h * c->Da;
+            const float x1 = p[i], x2 = p[i + half];
+            p[i] = x1 * cs - x2 * sn;
+            p[i + half] = x1 * sn + x2 * cs;
+        }
+    }
+}
+
+/* Per token: biases, q / k norm, RoPE, then K / V appended to the slot's pages. */
+static void
+gdn_stage_att_prep(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    const gdn_layer *ly = &c->layers[c->layer];
+    uint32_t t0, t1;
+    be_cpu_tok_range(&c->b, task, &t0, &t1);
+    for (uint32_t t = t0; t < t1; t++) {
+        float *q = c->aq + (size_t)t * c->QD;
+        float *k = c->ak + (size_t)t * c->KVD;
+        const float *v = c->av + (size_t)t * c->KVD;
+        if (ly->bq != NULL) {
+            float *vv = c->av + (size_t)t * c->KVD;
+            for (uint32_t i = 0; i < c->QD; i++)
+                q[i] += ly->bq[i];
+            for (uint32_t i = 0; i < c->KVD; i++) {
+                k[i] += ly->bk[i];
+                vv[i] += ly->bv[i];
+            }
+        }
+        if (ly->nq != NULL) {
+            for (uint32_t h = 0; h < c->Hq; h++)
+                be_cpu_rmsnorm(q + (size_t)h * c->Da, ly->nq, c->Da, c->g->attn_norm_eps,
+                               q + (size_t)h * c->Da);
+            for (uint32_t h = 0; h < c->Hkv; h++)
+                be_cpu_rmsnorm(k + (size_t)h * c->Da, ly->nk, c->Da, c->g->attn_norm_eps,
+                               k + (size_t)h * c->Da);
+        }
+        const uint32_t pos = c->tpos[t];
+        gdn_rope(c, q, c->Hq, pos);
+        gdn_rope(c, k, c->Hkv, pos);
+        float *dst =
+            be_cpu_kv_tok(&c->kv, c->b.segs[c->b.tseg[t]].slot, pos) + (size_t)ly->idx * 2 * c->KVD;
+        memcpy(dst, k, sizeof(float) * c->KVD);
+        memcpy(dst + c->KVD, v, sizeof(float) * c->KVD);
+    }
+}
+
+typedef float gdn_v8 __attribute__((vector_size(32)));
+
+/*
+ * q . k over n values: 8 lanes of partial fp32 sums (lane j sums the
+ * elements j mod 8, in order), combined in a fixed tree, then the tail in
+ * order. Plain multiplies and adds (C11 mode: no FMA contraction), so every
+ * ISA path gives the same bits.
+ */
+static inline __attribute__((always_inline)) float
+gdn_dot(const float *a, const float *b, uint32_t n)
+{
+    gdn_v8 acc = {0};
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        gdn_v8 x, y;
+        memcpy(&x, a + i, sizeof(x));
+        memcpy(&y, b + i, sizeof(y));
+        acc = acc + x * y;
+    }
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* o[d] += e * v[d] for d < n (elementwise: the vector width changes no bit). */
+static inline __attribute__((always_inline)) void
+gdn_axpy(float *o, float e, const float *v, uint32_t n)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        gdn_v8 x, y;
+        memcpy(&x, o + i, sizeof(x));
+        memcpy(&y, v + i, sizeof(y));
+        x = x + y * e;
+        memcpy(o + i, &x, sizeof(x));
+    }
+    for (; i < n; i++)
+        o[i] += e * v[i];
+}
+
+/*
+ * Causal softmax attention of (pass token t, query head h) over positions
+ * 0..pos of its slot, into ao. Two passes in position order: scores and
+ * their max, then exp(s - max), the sum in double and the weighted sum of
+ * V in fp32; the output is scaled by 1 / sum at the end.
+ */
+static inline __attribute__((always_inline)) void
+gdn_att_body(const be_ctx *c, uint32_t t, uint32_t h, float *scr)
+{
+    const uint32_t Da = c->Da, PT = c->kv.page_tokens;
+    const uint32_t slot = c->b.segs[c->b.tseg[t]].slot;
+    const uint32_t n = c->tpos[t] + 1;
+    const float *q = c->aq + (size_t)t * c->QD + (size_t)h * Da;
+    const size_t koff =
+        (size_t)c->layers[c->layer].idx * 2 * c->KVD + (size_t)(h / (c->Hq / c->Hkv)) * Da;
+    const size_t voff = koff + c->KVD, tf = c->kv.tok_floats;
+    const uint32_t *pages = c->kv.slots[slot].pages;
+    const size_t page_floats = (size_t)PT * tf;
+    float mx = -INFINITY;
+    for (uint32_t j0 = 0; j0 < n; j0 += PT) {
+        const float *base = c->kv.pool + (size_t)pages[j0 / PT] * page_floats + koff;
+        const uint32_t m = n - j0 < PT ? n - j0 : PT;
+        for (uint32_t r = 0; r < m; r++) {
+            const float sc = gdn_dot(q, base + (size_t)r * tf, Da) * c->att_scale;
+            scr[j0 + r] = sc;
+            mx = sc > mx ? sc : mx;
+        }
+    }
+    float *o = c->ao + (size_t)t * c->QD + (size_t)h * Da;
+    for (uint32_t d = 0; d < Da; d++)
+        o[d] = 0.0f;
+    double sum = 0.0;
+    for (uint32_t j0 = 0; j0 < n; j0 += PT) {
+        const float *base = c->kv.pool + (size_t)pages[j0 / PT] * page_floats + voff;
+        const uint32_t m = n - j0 < PT ? n - j0 : PT;
+        for (uint32_t r = 0; r < m; r++) {
+            const float e = expf(scr[j0 + r] - mx);
+            sum += e;
+            gdn_axpy(o, e, base + (size_t)r * tf, Da);
+        }
+    }
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t d = 0; d < Da; d++)
+        o[d] *= inv;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f"))) static void
+gdn_att_avx512(const be_ctx *c, uint32_t t, uint32_t h, float *scr)
+{
+    gdn_att_body(c, t, h, scr);
+}
+
+__attribute__((target("avx2,fma"))) static void
+gdn_att_avx2(const be_ctx *c, uint32_t t, uint32_t h, float *scr)
+{
+    gdn_att_body(c, t, h, scr);
+}
+#endif
+
+static void
+gdn_att_generic(const be_ctx *c, uint32_t t, uint32_t h, float *scr)
+{
+    gdn_att_body(c, t, h, scr);
+}
+
+static gdn_att_fn
+gdn_att_pick(be_cpu_isa isa)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (isa == BE_CPU_ISA_AVX512)
+        return gdn_att_avx512;
+    if (isa == BE_CPU_ISA_AVX2)
+        return gdn_att_avx2;
+#endif
+    (void)isa;
+    return gdn_att_generic;
+}
+
+/* A contiguous range of the pass's (token, query head) items; scratch row = task. */
+static void
+gdn_stage_att(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    const uint64_t items = (uint64_t)c->b.T * c->Hq;
+    const uint32_t n = c->b.tok_tasks;
+    const uint64_t i0 = items * task / n, i1 = items * (task + 1) / n;
+    float *scr = c->scr + (size_t)task * c->scr_len;
+    for (uint64_t i = i0; i < i1; i++)
+        c->att(c, (uint32_t)(i / c->Hq), (uint32_t)(i % c->Hq), scr);
+}
+
+/* The absolute position of every pass token: its slot's n_ctx before the step + its index. */
+static void
+gdn_att_positions(be_ctx *c)
+{
+    const be_cpu_base *b = &c->b;
+    for (uint32_t t = 0; t < b->T; t++) {
+        const be_cpu_seg *sg = &b->segs[b->tseg[t]];
+        c->tpos[t] = c->kv.slots[sg->slot].pos0 + sg->off + (t - sg->t0);
+    }
+}
+
+static void
+gdn_layer_attention(be_ctx *c, const gdn_layer *ly)
+{
+    be_cpu_base *b = &c->b;
+    const uint32_t T = b->T;
+    be_cpu_job_add(b, &ly->wq, c->xn, T, c->aq, NULL, BE_CPU_EPI_STORE);
+    be_cpu_job_add(b, &ly->wk, c->xn, T, c->ak, NULL, BE_CPU_EPI_STORE);
+    be_cpu_job_add(b, &ly->wv, c->xn, T, c->av, NULL, BE_CPU_EPI_STORE);
+    be_cpu_jobs_run(b);
+    be_cpu_tok_run(b, gdn_stage_att_prep, c); /* every K / V of the pass is in the pool ... */
+    const uint64_t items = (uint64_t)T * c->Hq;
+    uint32_t n = items < c->att_tasks ? (uint32_t)items : c->att_tasks;
+    b->tok_tasks = n;
+    be_cpu_pool_run(b->pool, gdn_stage_att, c, n); /* ... before any token attends */
+    be_cpu_job_add(b, &ly->wo, c->ao, T, c->x, NULL, BE_CPU_EPI_ADD);
+    be_cpu_jobs_run(b);
+}
+
+/*
+ * The step's KV pages (be_cpu_base pre_step): the attention scratch first
+ * (an allocation, not a state change), then every row's pages, refused
+ * whole when the pool can't supply them.
+ */
+static wk_err
+gdn_pre_step(be_cpu_base *base, const be_row *rows, size_t n, wk_diag *d)
+{
+    be_ctx *c = (be_ctx *)base;
+    uint64_t longest = 0;
+    const uint64_t cap = (uint64_t)c->kv.pages_total * c->kv.page_tokens;
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].slot != 0) {
+            uint64_t ctx = (uint64_t)c->kv.slots[rows[i].slot].n_ctx + rows[i].n_tokens;
+            longest = ctx > longest ? ctx : longest;
+        }
+    if (longest > cap)
+        longest = cap; /* such a row is refused below */
+    if (longest > c->scr_len) {
+        size_t len = ((size_t)longest + 255) / 256 * 256;
+        float *p = be_cpu_alloc_f((size_t)c->att_tasks * len);
+        if (p == NULL)
+            return wk_diag_set(
+                d, WK_ENOMEM, "cpu backend: out of memory for attention scratch (%zu tokens)", len);
+        free(c->scr);
+        c->scr = p;
+        c->scr_len = len;
+    }
+    return be_cpu_kv_reserve(&c->kv, rows, n, d);
+}
+
+/* ------------------------------------------------------------------------ */
 /* a pass                                                                    */
 /* ------------------------------------------------------------------------ */
+
+/* A Gated DeltaNet mixer over the pass (xn holds attn_norm's output), added into x. */
+static void
+gdn_layer_delta(be_ctx *c, const gdn_layer *ly)
+{
+    be_cpu_base *b = &c->b;
+    const uint32_t T = b->T;
+    be_cpu_job_add(b, &ly->wq, c->xn, T, c->qr, NULL, BE_CPU_EPI_STORE);
+    be_cpu_job_add(b, &ly->wk, c->xn, T, c->kr, NULL, BE_CPU_EPI_STORE);
+    be_cpu_job_add(b, &ly->wv, c->xn, T, c->vr, NULL, BE_CPU_EPI_STORE);
+    be_cpu_job_add(b, &ly->wa, c->xn, T, c->ar, NULL, BE_CPU_EPI_STORE);
+    be_cpu_job_add(b, &ly->wb, c->xn, T, c->br, NULL, BE_CPU_EPI_STORE);
+    if (c->g->use_gate)
+        be_cpu_job_add(b, &ly->wg, c->xn, T, c->gr, NULL, BE_CPU_EPI_STORE);
+    be_cpu_jobs_run(b);
+
+    be_cpu_tok_run(b, gdn_stage_conv, c);
+    gdn_save_conv(c); /* after every token read the old history */
+    be_cpu_pool_run(b->pool, gdn_stage_delta, c, b->n_segs * c->HV * c->ncb);
+    be_cpu_tok_run(b, gdn_stage_onorm, c);
+    be_cpu_job_add(b, &ly->wo, c->o, T, c->x, NULL, BE_CPU_EPI_ADD);
+    be_cpu_jobs_run(b);
+}
 
 static void
 gdn_pass(be_cpu_base *base)
@@ -486,26 +815,17 @@ gdn_pass(be_cpu_base *base)
     const uint32_t T = b->T;
 
     be_cpu_tok_run(b, gdn_stage_embed, c);
+    if (c->n_attn > 0)
+        gdn_att_positions(c);
     for (uint32_t l = 0; l < c->L; l++) {
         const gdn_layer *ly = &c->layers[l];
         c->layer = l;
 
         be_cpu_tok_run(b, gdn_stage_attn_norm, c);
-        be_cpu_job_add(b, &ly->wq, c->xn, T, c->qr, NULL, BE_CPU_EPI_STORE);
-        be_cpu_job_add(b, &ly->wk, c->xn, T, c->kr, NULL, BE_CPU_EPI_STORE);
-        be_cpu_job_add(b, &ly->wv, c->xn, T, c->vr, NULL, BE_CPU_EPI_STORE);
-        be_cpu_job_add(b, &ly->wa, c->xn, T, c->ar, NULL, BE_CPU_EPI_STORE);
-        be_cpu_job_add(b, &ly->wb, c->xn, T, c->br, NULL, BE_CPU_EPI_STORE);
-        if (c->g->use_gate)
-            be_cpu_job_add(b, &ly->wg, c->xn, T, c->gr, NULL, BE_CPU_EPI_STORE);
-        be_cpu_jobs_run(b);
-
-        be_cpu_tok_run(b, gdn_stage_conv, c);
-        gdn_save_conv(c); /* after every token read the old history */
-        be_cpu_pool_run(b->pool, gdn_stage_delta, c, b->n_segs * c->HV * c->ncb);
-        be_cpu_tok_run(b, gdn_stage_onorm, c);
-        be_cpu_job_add(b, &ly->wo, c->o, T, c->x, NULL, BE_CPU_EPI_ADD);
-        be_cpu_jobs_run(b);
+        if (ly->is_attn)
+            gdn_layer_attention(c, ly);
+        else
+            gdn_layer_delta(c, ly);
 
         be_cpu_tok_run(b, gdn_stage_mlp_norm, c);
         be_cpu_job_add(b, &ly->gate, c->xn, T, c->hg, NULL, BE_CPU_EPI_STORE);
@@ -549,10 +869,14 @@ gdn_close(be_ctx *c)
     be_cpu_mat_free(&c->head);
     free(c->layers);
     free(c->vecs);
-    float *bufs[] = {c->x, c->xn, c->qr, c->kr, c->vr, c->q,  c->k,
-                     c->v, c->ar, c->br, c->gr, c->o,  c->hg, c->hu};
+    float *bufs[] = {c->x,  c->xn, c->qr, c->kr, c->vr, c->q,  c->k,  c->v,  c->ar,
+                     c->br, c->gr, c->o,  c->hg, c->hu, c->aq, c->ak, c->av, c->ao};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
+    be_cpu_kv_fini(&c->kv);
+    free(c->inv_freq);
+    free(c->tpos);
+    free(c->scr);
     free(c);
 }
 
@@ -590,7 +914,9 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
     const wrk_gdn *g = c->g;
     const size_t C = c->C, HV = c->HV, KD = c->KD, VD = c->VD, W = c->W;
     const size_t per_layer = 2 * C + c->Vd + 2 * HV + W * (2 * KD + VD);
-    c->vecs = be_cpu_alloc_f(C + per_layer * c->L);
+    const size_t per_attn = 2 * C + (g->qkv_bias ? c->QD + 2 * (size_t)c->KVD : 0) +
+                            (g->qk_norm ? 2 * (size_t)c->Da : 0);
+    c->vecs = be_cpu_alloc_f(C + per_layer * (c->L - c->n_attn) + per_attn * c->n_attn);
     float *tmp = be_cpu_alloc_f(W * (KD > VD ? KD : VD));
     c->layers = calloc(c->L, sizeof(*c->layers));
     if (c->vecs == NULL || tmp == NULL || c->layers == NULL) {
@@ -599,9 +925,25 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
     }
     float *vp = c->vecs;
     wk_err e = gdn_vec(g->norm, C, &vp, &c->norm);
+    uint32_t n_delta = 0, n_att = 0;
     for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
         gdn_layer *ly = &c->layers[l];
+        ly->is_attn = s->is_attn;
+        ly->idx = s->is_attn ? n_att++ : n_delta++;
+        if (s->is_attn) {
+            if ((e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK ||
+                (e = gdn_vec(s->mlp_norm, C, &vp, &ly->mlp_norm)) != WK_OK)
+                break;
+            if (g->qkv_bias && ((e = gdn_vec(s->q_bias, c->QD, &vp, &ly->bq)) != WK_OK ||
+                                (e = gdn_vec(s->k_bias, c->KVD, &vp, &ly->bk)) != WK_OK ||
+                                (e = gdn_vec(s->v_bias, c->KVD, &vp, &ly->bv)) != WK_OK))
+                break;
+            if (g->qk_norm && ((e = gdn_vec(s->q_norm, c->Da, &vp, &ly->nq)) != WK_OK ||
+                               (e = gdn_vec(s->k_norm, c->Da, &vp, &ly->nk)) != WK_OK))
+                break;
+            continue;
+        }
         if ((e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK ||
             (e = gdn_vec(s->mlp_norm, C, &vp, &ly->mlp_norm)) != WK_OK ||
             (e = gdn_vec(s->o_norm, c->Vd, &vp, &ly->o_norm)) != WK_OK ||
@@ -663,6 +1005,39 @@ gdn_pack(be_ctx *c, wk_diag *d)
     return e;
 }
 
+/* The hybrid parts: KV pool (cfg->kv_pages, else GDN_KV_DEF_CTX tokens a slot), RoPE, buffers. */
+static wk_err
+gdn_open_attention(be_ctx *c, const be_config *cfg, wk_diag *d)
+{
+    const uint64_t def = ((uint64_t)(c->b.n_slots - 1) * GDN_KV_DEF_CTX + GDN_KV_PAGE_TOKENS - 1) /
+                         GDN_KV_PAGE_TOKENS;
+    uint64_t pages = cfg->kv_pages ? cfg->kv_pages : def;
+    if (pages > UINT32_MAX / GDN_KV_PAGE_TOKENS)
+        return wk_diag_set(d, WK_EINVAL, "cpu backend: kv_pages %llu over %u",
+                           (unsigned long long)pages, UINT32_MAX / GDN_KV_PAGE_TOKENS);
+    wk_err e = be_cpu_kv_init(&c->kv, c->b.n_slots, (size_t)c->n_attn * 2 * c->KVD,
+                              GDN_KV_PAGE_TOKENS, (uint32_t)pages, d);
+    if (e != WK_OK)
+        return e;
+    c->att_scale = (float)(1.0 / sqrt((double)c->Da));
+    c->inv_freq = malloc(sizeof(double) * (c->Da / 2));
+    c->tpos = calloc(c->b.cap, sizeof(uint32_t));
+    c->att_tasks = 4 * c->b.n_threads;
+    if (c->inv_freq == NULL || c->tpos == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < c->Da / 2; i++)
+        c->inv_freq[i] = pow(c->g->rope_theta, -(double)(2 * i) / (double)c->Da);
+    const size_t cap = c->b.cap;
+    if ((c->aq = be_cpu_alloc_f(cap * c->QD)) == NULL ||
+        (c->ak = be_cpu_alloc_f(cap * c->KVD)) == NULL ||
+        (c->av = be_cpu_alloc_f(cap * c->KVD)) == NULL ||
+        (c->ao = be_cpu_alloc_f(cap * c->QD)) == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
+    c->att = gdn_att_pick(c->b.isa);
+    c->b.pre_step = gdn_pre_step;
+    return WK_OK;
+}
+
 static wk_err
 gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
 {
@@ -692,14 +1067,30 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     c->q_scale = (float)(1.0 / sqrt((double)c->K));
     c->layer_floats =
         (size_t)(c->W - 1) * (2 * (size_t)c->KD + c->VD) + (size_t)c->HV * c->K * c->Vd;
+    c->n_attn = g->n_attn;
+    c->Hq = g->attn_heads;
+    c->Hkv = g->attn_kv_heads;
+    c->Da = g->attn_head_dim;
+    c->QD = c->Hq * c->Da;
+    c->KVD = c->Hkv * c->Da;
 
-    const uint64_t sb = wrk_model_info_get(m)->state_bytes;
+    const wrk_model_info *info = wrk_model_info_get(m);
+    const uint64_t sb = info->state_bytes;
     wk_err e;
-    if (sb != (uint64_t)c->L * c->layer_floats * sizeof(float)) {
+    if (sb != (uint64_t)(c->L - c->n_attn) * c->layer_floats * sizeof(float) ||
+        info->kv_token_bytes != (uint64_t)c->n_attn * 2 * c->KVD * sizeof(float)) {
         e = wk_diag_set(d, WK_EINVAL, "cpu backend: gdn state size mismatch");
         goto fail;
     }
-    if ((e = be_cpu_base_open(&c->b, cfg, m, (size_t)c->L * c->layer_floats, d)) != WK_OK)
+    if (c->n_attn > 0 && (c->Da == 0 || c->Da % 2 != 0 || c->Da > GDN_ATT_MAX_DIM || c->Hkv == 0 ||
+                          c->Hq % c->Hkv != 0)) {
+        e = wk_diag_set(d, WK_EINVAL, "cpu backend: bad gdn attention geometry");
+        goto fail;
+    }
+    if ((e = be_cpu_base_open(&c->b, cfg, m, (size_t)(c->L - c->n_attn) * c->layer_floats, d)) !=
+        WK_OK)
+        goto fail;
+    if (c->n_attn > 0 && (e = gdn_open_attention(c, cfg, d)) != WK_OK)
         goto fail;
     c->delta = gdn_delta_pick(c->b.isa);
     if ((e = gdn_load_vectors(c, d)) != WK_OK)
@@ -745,28 +1136,108 @@ gdn_slot_bytes(const be_ctx *c)
     return (uint64_t)c->b.slot_floats * sizeof(float);
 }
 
+/* Bytes of KV per token (0 without attention layers). */
+static uint64_t
+gdn_kv_token_bytes(const be_ctx *c)
+{
+    return c->n_attn > 0 ? (uint64_t)c->kv.tok_floats * sizeof(float) : 0;
+}
+
+static uint64_t
+gdn_slot_size(const be_ctx *c, uint32_t slot)
+{
+    if (c == NULL || slot == 0 || slot >= c->b.n_slots)
+        return 0;
+    return gdn_slot_bytes(c) +
+           (c->n_attn > 0 ? (uint64_t)c->kv.slots[slot].n_ctx * gdn_kv_token_bytes(c) : 0);
+}
+
+static wk_err
+gdn_slot_resize(be_ctx *c, uint32_t slot, uint64_t bytes)
+{
+    if (c == NULL || slot == 0 || slot >= c->b.n_slots)
+        return WK_EINVAL;
+    const uint64_t sb = gdn_slot_bytes(c), tb = gdn_kv_token_bytes(c);
+    if (bytes < sb)
+        return WK_EINVAL;
+    if (tb == 0)
+        return bytes == sb ? WK_OK : WK_EINVAL;
+    if ((bytes - sb) % tb != 0)
+        return WK_EINVAL;
+    return be_cpu_kv_set_ctx(&c->kv, slot, (bytes - sb) / tb);
+}
+
+static void
+gdn_kv_info(const be_ctx *c, be_kv_info *out)
+{
+    if (out == NULL)
+        return;
+    memset(out, 0, sizeof(*out));
+    if (c != NULL && c->n_attn > 0)
+        be_cpu_kv_info(&c->kv, out);
+}
+
 static wk_err
 gdn_slot_reset(be_ctx *c, uint32_t slot)
 {
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_reset(&c->b, slot);
+    if (c == NULL)
+        return WK_EINVAL;
+    wk_err e = be_cpu_base_slot_reset(&c->b, slot);
+    if (e == WK_OK && c->n_attn > 0)
+        be_cpu_kv_reset(&c->kv, slot);
+    return e;
 }
 
 static wk_err
 gdn_slot_copy(be_ctx *c, uint32_t dst, uint32_t src)
 {
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_copy(&c->b, dst, src);
+    if (c == NULL || dst == 0 || src == 0 || dst >= c->b.n_slots || src >= c->b.n_slots)
+        return WK_EINVAL;
+    if (dst == src)
+        return WK_OK;
+    if (c->n_attn > 0) {
+        wk_err e = be_cpu_kv_copy(&c->kv, dst, src); /* first: it may refuse */
+        if (e != WK_OK)
+            return e;
+    }
+    return be_cpu_base_slot_copy(&c->b, dst, src);
+}
+
+/* Reads or writes [off, off + len) of slot's image: the arena, then the KV pages. */
+static wk_err
+gdn_slot_rw(be_ctx *c, uint32_t slot, uint64_t off, void *buf, size_t len, bool write)
+{
+    if (c == NULL || (buf == NULL && len > 0))
+        return WK_EINVAL;
+    const uint64_t total = gdn_slot_size(c, slot), sb = gdn_slot_bytes(c);
+    if (total == 0 || off > total || len > total - off)
+        return WK_EINVAL;
+    uint8_t *p = buf;
+    if (off < sb) {
+        size_t n = sb - off < len ? (size_t)(sb - off) : len;
+        wk_err e = write ? be_cpu_base_slot_write(&c->b, slot, off, p, n)
+                         : be_cpu_base_slot_read(&c->b, slot, off, p, n);
+        if (e != WK_OK)
+            return e;
+        p += n;
+        off += n;
+        len -= n;
+    }
+    if (len > 0)
+        be_cpu_kv_rw(&c->kv, slot, off - sb, p, len, write);
+    return WK_OK;
 }
 
 static wk_err
 gdn_slot_read(be_ctx *c, uint32_t slot, uint64_t off, void *buf, size_t len)
 {
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_read(&c->b, slot, off, buf, len);
+    return gdn_slot_rw(c, slot, off, buf, len, false);
 }
 
 static wk_err
 gdn_slot_write(be_ctx *c, uint32_t slot, uint64_t off, const void *buf, size_t len)
 {
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_write(&c->b, slot, off, buf, len);
+    return gdn_slot_rw(c, slot, off, (void *)buf, len, true);
 }
 
 static wk_err
@@ -782,10 +1253,14 @@ gdn_describe(const be_ctx *c, char *buf, size_t len)
 {
     if (buf == NULL || len == 0)
         return;
-    snprintf(
+    int n = snprintf(
         buf, len, "cpu family=gdn isa=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
         be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
         wk_dtype_name(wrk_model_info_get(c->b.model)->dtype), (unsigned long long)c->packed_bytes);
+    if (c->n_attn > 0 && n > 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n,
+                 " attn_layers=%u kv_token_bytes=%llu kv_pages=%u page_tokens=%u", c->n_attn,
+                 (unsigned long long)gdn_kv_token_bytes(c), c->kv.pages_total, c->kv.page_tokens);
 }
 
 const be_ops be_cpu_gdn_ops = {
@@ -800,4 +1275,7 @@ const be_ops be_cpu_gdn_ops = {
     .slot_write = gdn_slot_write,
     .step = gdn_step,
     .describe = gdn_describe,
+    .slot_size = gdn_slot_size,
+    .slot_resize = gdn_slot_resize,
+    .kv_info = gdn_kv_info,
 };
