@@ -324,13 +324,20 @@ wk_json_utf8_scrub(const char *s)
 char *
 wk_json_error_body(wk_err err, const char *message, const char *param)
 {
+    return wk_json_error_body_code(err, message, param, NULL);
+}
+
+char *
+wk_json_error_body_code(wk_err err, const char *message, const char *param, const char *code)
+{
     char *msg = wk_json_utf8_scrub(message ? message : "");
     char *par = param ? wk_json_utf8_scrub(param) : NULL;
     json_t *inner = NULL;
     if (msg != NULL && (param == NULL || par != NULL))
         inner = json_pack("{s:s, s:s, s:o, s:s}", "message", msg, "type",
                           wk_err_openai_type(err), "param",
-                          par ? json_string(par) : json_null(), "code", wk_err_openai_code(err));
+                          par ? json_string(par) : json_null(), "code",
+                          code != NULL ? code : wk_err_openai_code(err));
     free(msg);
     free(par);
     if (inner == NULL)

@@ -61,4 +61,8 @@ char *wk_json_dump_canonical(const json_t *v);
  */
 char *wk_json_error_body(wk_err err, const char *message, const char *param);
 
+/* Same with an explicit OpenAI code ("context_length_exceeded"); NULL code: err's. */
+char *wk_json_error_body_code(wk_err err, const char *message, const char *param,
+                              const char *code);
+
 #endif /* WK_JSON_H */

@@ -94,6 +94,21 @@ ctl_admin_worker_json(const ctl_worker_view *v)
                                       (json_int_t)v->state_bytes));
     else
         json_object_set_new(o, "model", json_null());
+    /*
+     * Hybrid models: the KV pool. pages_free is what the worker reported
+     * (pages no slot holds); pages_reserved what the scheduler handed out
+     * (held plus reserved for running requests' final context). Absent for
+     * recurrent-only models (their shape is unchanged).
+     */
+    if (v->model_loaded && v->kv_token_bytes > 0)
+        json_object_set_new(o, "kv",
+                            json_pack("{s:I, s:i, s:i, s:i, s:i}", "bytes_per_token",
+                                      (json_int_t)v->kv_token_bytes, "page_tokens",
+                                      (int)v->kv_page_tokens, "pages_total", (int)v->kv_pages,
+                                      "pages_free", (int)v->kv_pages_free, "pages_reserved",
+                                      (int)v->kv_pages_reserved));
+    if (v->model_loaded && v->kv_token_bytes > 0)
+        json_object_set_new(o, "kv_bytes_per_token", json_integer((json_int_t)v->kv_token_bytes));
     return o;
 }
 
@@ -108,6 +123,8 @@ ctl_admin_views(ctl_app *app, ctl_worker_view *views, size_t cap)
         uint32_t used = 0, total = 0;
         ctl_sched_slot_counts(app->sched, views[i].id, &used, &total);
         views[i].slots_used = used;
+        ctl_sched_kv_counts(app->sched, views[i].id, &used, &total);
+        views[i].kv_pages_reserved = used;
     }
     return n;
 }
@@ -148,6 +165,8 @@ ctl_admin_metrics_snapshot(ctl_app *app)
     ctl_metrics_set(m, "wkvm_queue_depth", NULL, waiting);
     ctl_metrics_set(m, "wkvm_running_requests", NULL, running);
     ctl_metrics_clear(m, "wkvm_worker_slots_free");
+    ctl_metrics_clear(m, "wkvm_kv_pages_free");
+    ctl_metrics_clear(m, "wkvm_kv_pages_total");
     for (size_t i = 0; i < n && i < 256; i++) {
         char id[160], lb[200];
         ctl_metrics_escape(views[i].id, id, sizeof(id));
@@ -158,6 +177,12 @@ ctl_admin_metrics_snapshot(ctl_app *app)
         ctl_metrics_set(m, "wkvm_worker_slots_used", lb, views[i].slots_used);
         ctl_metrics_set(m, "wkvm_worker_slots_free", lb,
                         (double)(views[i].slots_total - views[i].slots_used));
+        if (views[i].model_loaded && views[i].kv_token_bytes > 0) {
+            /* free for admission: the pool minus what the scheduler holds or reserved */
+            uint32_t tot = views[i].kv_pages, res = views[i].kv_pages_reserved;
+            ctl_metrics_set(m, "wkvm_kv_pages_total", lb, tot);
+            ctl_metrics_set(m, "wkvm_kv_pages_free", lb, res < tot ? (double)(tot - res) : 0.0);
+        }
         if ((unsigned)views[i].state < 4)
             by_state[views[i].state]++;
     }
@@ -248,6 +273,9 @@ ctl_admin_metrics_declare(ctl_metrics *m)
         {"wkvm_worker_slots_total", CTL_METRIC_GAUGE, "Usable state slots on the worker."},
         {"wkvm_worker_slots_used", CTL_METRIC_GAUGE, "State slots bound on the worker."},
         {"wkvm_worker_slots_free", CTL_METRIC_GAUGE, "State slots free on the worker."},
+        {"wkvm_kv_pages_total", CTL_METRIC_GAUGE, "Hybrid models: pages in the worker's KV pool."},
+        {"wkvm_kv_pages_free", CTL_METRIC_GAUGE,
+         "Hybrid models: KV pages neither held by a slot nor reserved for a running request."},
         {"wkvm_worker_registrations_total", CTL_METRIC_COUNTER, "Worker Hello messages accepted."},
         {"wkvm_worker_departures_total", CTL_METRIC_COUNTER, "Worker connections closed."},
         {"wkvm_worker_rpc_calls_total", CTL_METRIC_COUNTER, "Requests sent to workers."},

@@ -105,6 +105,7 @@ ctl_gen_submit(ctl_sched *sched, const int32_t *input, size_t n, const ctl_gen_p
         .slot = p->slot,
         .fresh = p->fresh,
         .deadline_ms = p->deadline_ms,
+        .max_new = (uint64_t)p->max_tokens + 1, /* (the last sampled token may be fed too) */
     };
     return ctl_sched_submit(sched, &spec, job, d);
 }

@@ -102,6 +102,13 @@ void ctl_http_send_json(ctl_http_req *req, int status, json_t *v);
 /* Sends an OpenAI error body with the status that err maps to. */
 void ctl_http_send_error(ctl_http_req *req, wk_err err, const char *message, const char *param);
 
+/*
+ * Like ctl_http_send_error_status() with an explicit OpenAI error code
+ * ("context_length_exceeded") in place of the one err maps to.
+ */
+void ctl_http_send_error_code(ctl_http_req *req, int status, wk_err err, const char *message,
+                              const char *param, const char *code);
+
 /* Like ctl_http_send_error() with an explicit status. */
 void ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const char *message,
                                 const char *param);

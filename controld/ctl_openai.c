@@ -51,6 +51,21 @@ ctl_oa_fail(ctl_http_req *req, wk_err err, const char *param, const char *fmt, .
     ctl_http_send_error(req, err, msg, param);
 }
 
+/*
+ * An admission or generation error. WK_ETOOBIG from the scheduler is a
+ * request whose context (input + max_tokens, plus a session's or state's
+ * tokens) can never fit a hybrid model's KV pool: a 400
+ * context_length_exceeded, as OpenAI answers an over-long prompt.
+ */
+static void
+ctl_oa_send_gen_error(ctl_http_req *req, wk_err err, const char *msg)
+{
+    if (err == WK_ETOOBIG)
+        ctl_http_send_error_code(req, 400, err, msg, "max_tokens", "context_length_exceeded");
+    else
+        ctl_http_send_error(req, err, msg, NULL);
+}
+
 static void
 ctl_oa_models(ctl_http_req *req, void *arg)
 {
@@ -65,6 +80,15 @@ ctl_oa_models(ctl_http_req *req, void *arg)
             json_object_set_new(m, "family", json_string(v.family[0] ? v.family : "rwkv7"));
             json_object_set_new(m, "state_bytes_per_slot", json_integer((json_int_t)v.state_bytes));
             json_object_set_new(m, "n_layer", json_integer(v.n_layer));
+            /*
+             * hybrid models: a slot also holds this many KV bytes per token of
+             * context (absent for recurrent-only families: nothing grows)
+             */
+            if (v.kv_token_bytes > 0) {
+                json_object_set_new(m, "kv_bytes_per_token",
+                                    json_integer((json_int_t)v.kv_token_bytes));
+                json_object_set_new(m, "kv_page_tokens", json_integer(v.kv_page_tokens));
+            }
         } else if (m != NULL) {
             json_object_set_new(m, "family", json_null());
             json_object_set_new(m, "state_bytes_per_slot", json_null());
@@ -619,7 +643,7 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
             ctl_oa_count(app, route, "error");
             if (r->on_fail != NULL)
                 r->on_fail(r);
-            ctl_http_send_error(req, err, d.msg, NULL);
+            ctl_oa_send_gen_error(req, err, d.msg);
             return;
         }
         ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL,
@@ -663,7 +687,7 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
         ctl_oa_count(app, route, "error");
         if (r->on_fail != NULL)
             r->on_fail(r);
-        ctl_http_send_error(req, err, d.msg, NULL);
+        ctl_oa_send_gen_error(req, err, d.msg);
         return;
     }
     ctl_http_sse_begin(req);

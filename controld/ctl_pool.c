@@ -224,6 +224,10 @@ ctl_pool_copy_model(ctl_worker *w, const Wkvm__ModelInfo *mi)
     snprintf(v->model_name, sizeof(v->model_name), "%s", mi->name);
     snprintf(v->fingerprint, sizeof(v->fingerprint), "%s", mi->fingerprint);
     v->state_bytes = mi->state_bytes;
+    v->kv_token_bytes = mi->kv_token_bytes;
+    v->kv_page_tokens = mi->kv_page_tokens;
+    v->kv_pages = mi->kv_pages;
+    v->kv_pages_free = mi->kv_pages;
     v->n_layer = mi->n_layer;
     v->n_embd = mi->n_embd;
     v->n_head = mi->n_head;
@@ -514,6 +518,7 @@ ctl_pool_beat(ctl_pool *p, const char *id)
             w->missed = 0;
             w->v.steps = rep->stats_reply->steps;
             w->v.tokens = rep->stats_reply->tokens;
+            w->v.kv_pages_free = rep->stats_reply->kv_pages_free;
             if (w->v.state == CTL_WORKER_STATE_UNHEALTHY)
                 w->v.state = w->v.model_loaded || p->model_dir == NULL
                                  ? CTL_WORKER_STATE_READY

@@ -45,7 +45,12 @@ typedef struct ctl_worker_view {
     char model_name[128];     /* model dir base name */
     char fingerprint[65];     /* model fingerprint */
     char family[16];          /* model family ("rwkv7", "mamba2", "gdn") */
-    uint64_t state_bytes;     /* bytes per slot */
+    uint64_t state_bytes;     /* bytes per slot (hybrid: the fixed recurrent part) */
+    uint64_t kv_token_bytes;  /* hybrid models: KV bytes per token, 0 = none */
+    uint32_t kv_page_tokens;  /* hybrid models: tokens per KV page */
+    uint32_t kv_pages;        /* hybrid models: pages in the worker's KV pool */
+    uint32_t kv_pages_free;   /* hybrid models: pages no slot holds (last Stats) */
+    uint32_t kv_pages_reserved; /* hybrid models: pages the scheduler has handed out (admin only) */
     uint32_t n_layer;         /* model layers */
     uint32_t n_embd;          /* model width C */
     uint32_t n_head;          /* heads H */

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ctl_kv.h"
 #include "wk_log.h"
 #include "wk_time.h"
 #include "wk_proto.h"
@@ -45,6 +46,8 @@ struct ctl_job {
     size_t own_computed;        /* tokens computed by this job (usage) */
     size_t n_input;             /* input length at submit */
     bool sample;                /* sample after the input */
+    uint64_t max_new;           /* most tokens it may sample (KV admission) */
+    uint64_t ctx0;              /* tokens in the slot's state when it started */
     ctl_sample_spec params;     /* sampling parameters */
     uint64_t sample_index;      /* RNG position of the next sample */
     int32_t *gen;               /* accepted samples (penalties), shares tokens' tail */
@@ -76,6 +79,11 @@ struct ctl_sworker {
     uint32_t n_slots;      /* usable slots 1..n_slots */
     uint64_t *gen;         /* per slot: allocation generation, 0 = free */
     ctl_job **busy;        /* per slot: job running on it, NULL = none */
+    ctl_kv_geom geom;      /* hybrid models: KV geometry, zero otherwise */
+    uint32_t *pages;       /* per slot: KV pages held or reserved (0 for recurrent models) */
+    uint64_t *ctx;         /* per slot: tokens in its state, when known */
+    bool *stale;           /* per slot (hybrid): freed here, its pages not yet freed on the
+                            * worker (SLOT_FREE pending); not allocatable until then */
     bool dead;             /* left the pool; the loop exits */
     bool draining;         /* no new admissions or allocations */
     pthread_t thr;         /* step loop */
@@ -119,6 +127,45 @@ ctl_sched_worker_locked(ctl_sched *s, const char *id)
     return NULL;
 }
 
+/* Pages held or reserved by w's allocated slots. Caller holds mu. */
+static uint32_t
+ctl_sworker_pages_used(const ctl_sworker *w)
+{
+    uint64_t used = 0;
+    for (uint32_t k = 1; k <= w->n_slots; k++)
+        used += w->gen[k] != 0 ? w->pages[k] : 0;
+    return used > UINT32_MAX ? UINT32_MAX : (uint32_t)used;
+}
+
+/* Marks slot k of w free (its pages go back to the pool). Caller holds mu. */
+static void
+ctl_sworker_slot_clear(ctl_sworker *w, uint32_t k)
+{
+    if (ctl_kv_hybrid(&w->geom) && w->ctx[k] + w->pages[k] > 0)
+        w->stale[k] = true; /* the step loop frees its pages on the worker */
+    w->gen[k] = 0;
+    w->pages[k] = 0;
+    w->ctx[k] = 0;
+}
+
+/*
+ * A job's slot after it stopped feeding: its state holds ctx0 + computed
+ * tokens, and it keeps exactly the pages those need (a reservation for
+ * tokens never fed goes back). Caller holds mu.
+ */
+static void
+ctl_job_settle_pages(ctl_sched *s, ctl_job *j)
+{
+    if (j->slot.worker[0] == '\0')
+        return;
+    ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
+    uint32_t k = j->slot.slot;
+    if (w == NULL || k < 1 || k > w->n_slots || w->gen[k] != j->slot.gen)
+        return;
+    w->ctx[k] = j->ctx0 + j->computed;
+    w->pages[k] = ctl_kv_pages(&w->geom, w->ctx[k]);
+}
+
 /* Caller holds mu. */
 static void
 ctl_job_post(ctl_job *j, const ctl_job_event *ev)
@@ -145,7 +192,9 @@ ctl_job_release_slot(ctl_sched *s, ctl_job *j)
         if (w->busy[j->slot.slot] == j)
             w->busy[j->slot.slot] = NULL;
         if (!j->held && !j->kept)
-            w->gen[j->slot.slot] = 0;
+            ctl_sworker_slot_clear(w, j->slot.slot);
+        else
+            ctl_job_settle_pages(s, j);
     }
 }
 
@@ -169,6 +218,7 @@ static void
 ctl_job_done(ctl_sched *s, ctl_job *j)
 {
     j->state = CTL_JOB_DONE;
+    ctl_job_settle_pages(s, j);
     if (j->slot.worker[0] != '\0') {
         ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
         if (w != NULL && w->busy[j->slot.slot] == j)
@@ -212,28 +262,59 @@ ctl_job_push_token(ctl_job *j, int32_t tok)
     return WK_OK;
 }
 
-/* Admits waiting jobs onto w while slots are free. Caller holds mu. */
+/* KV pages job j needs on w at its end (0 for recurrent models). Caller holds mu. */
+static uint32_t
+ctl_job_pages_need(const ctl_sworker *w, const ctl_job *j)
+{
+    return ctl_kv_job_pages(&w->geom, j->ctx0, j->n_input, j->max_new);
+}
+
+/*
+ * Admits waiting jobs onto w, FIFO, while a slot and the KV pages the job
+ * needs at its end are free (the pages are reserved until the job ends or
+ * its slot is freed). A job waiting only for pages on a slot it already
+ * holds needs no free slot. Caller holds mu.
+ */
 static void
 ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
 {
     uint64_t now = wk_mono_ms();
-    if (w->draining)
-        return;
     for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
         if (j->state != CTL_JOB_WAITING)
             continue;
+        if (j->held) {
+            if (strcmp(j->slot.worker, w->id) != 0)
+                continue;
+            uint32_t k = j->slot.slot;
+            uint32_t need = ctl_job_pages_need(w, j);
+            if (!ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), w->pages[k], need))
+                return; /* FIFO on this worker */
+            if (need > w->pages[k])
+                w->pages[k] = need;
+            j->state = CTL_JOB_RUNNING;
+            s->n_waiting--;
+            ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
+            continue;
+        }
+        if (w->draining)
+            return;
         if (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0)
             continue;
         uint32_t free_slot = 0;
         for (uint32_t i = 1; i <= w->n_slots; i++) {
-            if (w->gen[i] == 0) {
+            if (w->gen[i] == 0 && !w->stale[i]) {
                 free_slot = i;
                 break;
             }
         }
         if (free_slot == 0)
             return; /* FIFO: nobody behind it may jump ahead on this worker */
+        uint32_t need = ctl_job_pages_need(w, j);
+        if (!ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), 0, need))
+            return; /* waits for pages (the manager evicts idle parked slots meanwhile) */
         w->gen[free_slot] = ++s->next_gen;
+        w->pages[free_slot] = need;
+        w->ctx[free_slot] = 0;
         w->busy[free_slot] = j;
         snprintf(j->slot.worker, sizeof(j->slot.worker), "%s", w->id);
         j->slot.slot = free_slot;
@@ -415,6 +496,36 @@ ctl_sched_paused_locked(ctl_sched *s, ctl_sworker *w)
     return false;
 }
 
+/*
+ * Hybrid models: slots freed here still hold KV pages on the worker until
+ * reset; SLOT_FREE them (this loop is the worker's only stepper, so no step
+ * runs meanwhile) and make them allocatable again. Drops and retakes mu.
+ */
+static void
+ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
+{
+    for (uint32_t k = 1; k <= w->n_slots; k++) {
+        if (!w->stale[k] || w->gen[k] != 0)
+            continue;
+        pthread_mutex_unlock(&s->mu);
+        Wkvm__SlotFree f = WKVM__SLOT_FREE__INIT;
+        f.slot = k;
+        wk_msg req = WKVM__ENVELOPE__INIT;
+        req.kind = WKVM__KIND__SLOT_FREE;
+        req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_FREE;
+        req.slot_free = &f;
+        wk_msg *rep = NULL;
+        wk_diag d = {{0}};
+        wk_err err = ctl_pool_call(s->pool, w->id, &req, s->cfg.step_timeout_ms, &rep, &d);
+        wk_proto_free(rep);
+        if (err != WK_OK)
+            wk_log_warn("slot free failed worker=%s slot=%u: %s", w->id, k, d.msg);
+        pthread_mutex_lock(&s->mu);
+        w->stale[k] = false; /* (a failed free: the next fresh use resets it) */
+        pthread_cond_broadcast(&s->cv);
+    }
+}
+
 static void *
 ctl_sched_worker_main(void *arg)
 {
@@ -424,6 +535,7 @@ ctl_sched_worker_main(void *arg)
     ctl_step_row *rows = calloc(cap, sizeof(*rows));
     pthread_mutex_lock(&s->mu);
     while (!atomic_load(&s->stop) && !w->dead && rows != NULL) {
+        ctl_sched_free_stale_locked(s, w);
         ctl_sched_admit_locked(s, w);
         size_t n = ctl_sched_pick_locked(s, w, rows, cap);
         if (n == 0) {
@@ -494,10 +606,66 @@ ctl_sworker_free(ctl_sworker *w)
         return;
     free(w->gen);
     free(w->busy);
+    free(w->pages);
+    free(w->ctx);
+    free(w->stale);
     free(w);
 }
 
 static bool ctl_sched_free_slot_locked(ctl_sched *s, const char *want);
+
+/*
+ * True when the first waiting job can't get its KV pages on any worker it
+ * may run on (page pressure: the evictor should free an idle parked slot).
+ * Caller holds mu.
+ */
+static bool
+ctl_sched_page_starved_locked(ctl_sched *s)
+{
+    ctl_job *j = s->jobs;
+    while (j != NULL && j->state != CTL_JOB_WAITING)
+        j = j->next;
+    if (j == NULL)
+        return false;
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        ctl_sworker *w = s->workers[i];
+        if (w == NULL || w->dead)
+            continue;
+        if (j->held) {
+            if (strcmp(j->slot.worker, w->id) != 0)
+                continue;
+            return !ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), w->pages[j->slot.slot],
+                                ctl_job_pages_need(w, j));
+        }
+        if (w->draining || (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0))
+            continue;
+        if (ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), 0, ctl_job_pages_need(w, j)))
+            return false;
+    }
+    return !j->held;
+}
+
+/*
+ * The largest KV pool of the live workers job j could run on, and whether
+ * any of them is hybrid. Caller holds mu.
+ */
+static bool
+ctl_sched_kv_pool_max_locked(ctl_sched *s, const char *want, ctl_kv_geom *out)
+{
+    bool hybrid = false;
+    memset(out, 0, sizeof(*out));
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        ctl_sworker *w = s->workers[i];
+        if (w == NULL || w->dead || (want[0] && strcmp(want, w->id) != 0))
+            continue;
+        if (!ctl_kv_hybrid(&w->geom))
+            return false; /* a worker without KV limits can take anything */
+        hybrid = true;
+        if (w->geom.pages_total >= out->pages_total)
+            *out = w->geom;
+    }
+    return hybrid;
+}
 
 static void *
 ctl_sched_mgr_main(void *arg)
@@ -556,14 +724,22 @@ ctl_sched_mgr_main(void *arg)
             w->n_slots = v->slots_total;
             w->gen = calloc(w->n_slots + 1, sizeof(*w->gen));
             w->busy = calloc(w->n_slots + 1, sizeof(*w->busy));
+            w->pages = calloc(w->n_slots + 1, sizeof(*w->pages));
+            w->ctx = calloc(w->n_slots + 1, sizeof(*w->ctx));
+            w->stale = calloc(w->n_slots + 1, sizeof(*w->stale));
+            w->geom = (ctl_kv_geom){.state_bytes = v->state_bytes,
+                                    .kv_token_bytes = v->kv_token_bytes,
+                                    .page_tokens = v->kv_page_tokens,
+                                    .pages_total = v->kv_pages};
             w->s = s;
-            if (w->gen == NULL || w->busy == NULL ||
+            if (w->gen == NULL || w->busy == NULL || w->pages == NULL || w->ctx == NULL || w->stale == NULL ||
                 pthread_create(&w->thr, NULL, ctl_sched_worker_main, w) != 0) {
                 ctl_sworker_free(w);
                 continue;
             }
             s->workers[hole] = w;
-            wk_log_info("scheduling on worker=%s slots=%u", w->id, w->n_slots);
+            wk_log_info("scheduling on worker=%s slots=%u kv_pages=%u page_tokens=%u", w->id,
+                        w->n_slots, w->geom.pages_total, w->geom.page_tokens);
         }
         /*
          * Waiting jobs fail when no worker is ready at all, when the worker
@@ -585,7 +761,8 @@ ctl_sched_mgr_main(void *arg)
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out waiting for a slot");
         }
         /* Requests wait and no slot is free anywhere: ask for a parked slot back. */
-        bool starving = s->n_waiting > 0 && !ctl_sched_free_slot_locked(s, "");
+        bool starving = s->n_waiting > 0 &&
+                        (!ctl_sched_free_slot_locked(s, "") || ctl_sched_page_starved_locked(s));
         ctl_sched_evict_fn evict = s->evict;
         void *evict_arg = s->evict_arg;
         pthread_cond_broadcast(&s->cv);
@@ -703,7 +880,7 @@ ctl_sched_free_slot_locked(ctl_sched *s, const char *want)
         if (w == NULL || w->dead || w->draining || (want[0] && strcmp(want, w->id) != 0))
             continue;
         for (uint32_t k = 1; k <= w->n_slots; k++) {
-            if (w->gen[k] == 0)
+            if (w->gen[k] == 0 && !w->stale[k])
                 return true;
         }
     }
@@ -743,6 +920,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     j->n_tokens = spec->n_tokens;
     j->n_input = spec->n_tokens;
     j->sample = spec->sample;
+    j->max_new = spec->sample ? spec->max_new : 0;
     j->params = spec->params;
     j->sample_index = spec->sample_index;
     j->deadline_ms = spec->deadline_ms;
@@ -753,6 +931,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
 
     pthread_mutex_lock(&s->mu);
     wk_err err = WK_OK;
+    ctl_kv_geom geom;
     if (spec->slot != NULL) {
         ctl_sworker *w = ctl_sched_worker_locked(s, spec->slot->worker);
         if (w == NULL || spec->slot->slot < 1 || spec->slot->slot > w->n_slots ||
@@ -763,16 +942,54 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
             err = wk_diag_set(d, WK_EBUSY, "slot %s/%u is in use", spec->slot->worker,
                               spec->slot->slot);
         } else {
-            w->busy[spec->slot->slot] = j;
-            j->slot = *spec->slot;
-            j->held = true;
-            j->fresh = spec->fresh;
-            j->state = CTL_JOB_RUNNING;
-            if (j->n_tokens == 0)
-                ctl_job_done(s, j);
+            uint32_t k = spec->slot->slot;
+            j->ctx0 = spec->fresh ? 0 : w->ctx[k];
+            uint32_t need = ctl_job_pages_need(w, j);
+            if (j->n_tokens > 0 && ctl_kv_hybrid(&w->geom) && need > w->geom.pages_total) {
+                err = wk_diag_set(d, WK_ETOOBIG,
+                                  "this request needs %llu tokens of context (%llu in the state, "
+                                  "%zu input, up to %llu to generate), more than the KV pool of "
+                                  "worker %s holds (%u pages of %u tokens: %llu tokens)",
+                                  (unsigned long long)(j->ctx0 + j->n_input + j->max_new),
+                                  (unsigned long long)j->ctx0, j->n_input,
+                                  (unsigned long long)j->max_new, w->id, w->geom.pages_total,
+                                  w->geom.page_tokens,
+                                  (unsigned long long)w->geom.pages_total * w->geom.page_tokens);
+            } else {
+                w->busy[k] = j;
+                j->slot = *spec->slot;
+                j->held = true;
+                j->fresh = spec->fresh;
+                if (spec->fresh) {
+                    w->ctx[k] = 0;
+                    w->pages[k] = 0;
+                }
+                if (j->n_tokens == 0) {
+                    j->state = CTL_JOB_RUNNING;
+                    ctl_job_done(s, j);
+                } else if (ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), w->pages[k], need)) {
+                    if (need > w->pages[k])
+                        w->pages[k] = need;
+                    j->state = CTL_JOB_RUNNING;
+                } else {
+                    /* Its slot is held; it waits (FIFO) for the pages to grow into. */
+                    snprintf(j->want_worker, sizeof(j->want_worker), "%s", w->id);
+                    j->state = CTL_JOB_WAITING;
+                    s->n_waiting++;
+                }
+            }
         }
     } else if (ctl_sched_live_workers_locked(s) == 0 && ctl_pool_ready_count(s->pool) == 0) {
         err = wk_diag_set(d, WK_EUNAVAIL, "no worker is ready");
+    } else if (ctl_sched_kv_pool_max_locked(s, j->want_worker, &geom) &&
+               ctl_kv_job_pages(&geom, 0, j->n_input, j->max_new) > geom.pages_total) {
+        err = wk_diag_set(d, WK_ETOOBIG,
+                          "this request needs %llu tokens of context (%zu input, up to %llu to "
+                          "generate), more than the largest KV pool holds (%u pages of %u "
+                          "tokens: %llu tokens)",
+                          (unsigned long long)(j->n_input + j->max_new), j->n_input,
+                          (unsigned long long)j->max_new, geom.pages_total, geom.page_tokens,
+                          (unsigned long long)geom.pages_total * geom.page_tokens);
     } else if (s->n_waiting >= s->cfg.queue_max &&
                !(s->n_waiting == 0 && ctl_sched_free_slot_locked(s, j->want_worker))) {
         err = wk_diag_set(d, WK_EQUEUEFULL, "the wait queue is full (%u requests)",
@@ -955,8 +1172,10 @@ ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_slot_ref *out, wk_dia
             (worker == NULL && w->draining))
             continue;
         for (uint32_t k = 1; k <= w->n_slots; k++) {
-            if (w->gen[k] == 0) {
+            if (w->gen[k] == 0 && !w->stale[k]) {
                 w->gen[k] = ++s->next_gen;
+                w->pages[k] = 0;
+                w->ctx[k] = 0;
                 snprintf(out->worker, sizeof(out->worker), "%s", w->id);
                 out->slot = k;
                 out->gen = w->gen[k];
@@ -977,7 +1196,7 @@ ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
     if (w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots && w->gen[ref->slot] == ref->gen &&
         w->busy[ref->slot] == NULL) {
-        w->gen[ref->slot] = 0;
+        ctl_sworker_slot_clear(w, ref->slot);
         err = WK_OK;
         pthread_cond_broadcast(&s->cv);
     }
@@ -1091,8 +1310,11 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
         /* Commit: the job now lives on dst; the source slot is released. */
         w_dst->busy[dst.slot] = j;
         if (w_src != NULL && w_src->gen[src->slot] == src->gen) {
+            /* The job's reservation moves with it (workers of one model share a geometry). */
+            w_dst->pages[dst.slot] = w_src->pages[src->slot];
+            w_dst->ctx[dst.slot] = w_src->ctx[src->slot];
             w_src->busy[src->slot] = NULL;
-            w_src->gen[src->slot] = 0;
+            ctl_sworker_slot_clear(w_src, src->slot);
         }
         j->slot = dst;
         *dst_out = dst;
@@ -1178,5 +1400,79 @@ ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running)
     for (ctl_job *j = s->jobs; j != NULL; j = j->next)
         *running += j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_PAUSED ||
                     j->state == CTL_JOB_STOPPING;
+    pthread_mutex_unlock(&s->mu);
+}
+
+wk_err
+ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx, wk_diag *d)
+{
+    wk_err err = WK_OK;
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
+    uint32_t k = ref->slot;
+    if (w == NULL || k < 1 || k > w->n_slots || w->gen[k] != ref->gen) {
+        err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", ref->worker, k);
+    } else {
+        uint32_t need = ctl_kv_pages(&w->geom, n_ctx);
+        uint32_t used = ctl_sworker_pages_used(w);
+        if (w->busy[k] == NULL && !ctl_kv_fits(&w->geom, used, w->pages[k], need)) {
+            err = wk_diag_set(d, WK_EQUOTA, "KV pool full on worker %s: %llu tokens need %u "
+                              "pages, %u of %u free", w->id, (unsigned long long)n_ctx, need,
+                              w->geom.pages_total - (used < w->geom.pages_total ? used
+                                                                               : w->geom.pages_total),
+                              w->geom.pages_total);
+        } else {
+            w->ctx[k] = n_ctx;
+            if (w->busy[k] == NULL || need > w->pages[k])
+                w->pages[k] = need;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return err;
+}
+
+wk_err
+ctl_sched_slot_set_bytes(ctl_sched *s, const ctl_slot_ref *ref, uint64_t bytes, wk_diag *d)
+{
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
+    ctl_kv_geom g = w != NULL ? w->geom : (ctl_kv_geom){0};
+    pthread_mutex_unlock(&s->mu);
+    if (w == NULL)
+        return wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", ref->worker, ref->slot);
+    uint64_t n_ctx = 0;
+    if (!ctl_kv_hybrid(&g))
+        return WK_OK; /* fixed-size slots: nothing to account */
+    if (ctl_kv_image_ctx(&g, bytes, &n_ctx) != WK_OK)
+        return wk_diag_set(d, WK_EINVAL, "a state of %llu bytes is not an image of this model "
+                           "(%llu recurrent bytes + %llu per token)",
+                           (unsigned long long)bytes, (unsigned long long)g.state_bytes,
+                           (unsigned long long)g.kv_token_bytes);
+    return ctl_sched_slot_set_ctx(s, ref, n_ctx, d);
+}
+
+uint64_t
+ctl_sched_slot_ctx(ctl_sched *s, const ctl_slot_ref *ref)
+{
+    uint64_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
+    if (w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots && w->gen[ref->slot] == ref->gen)
+        n = w->ctx[ref->slot];
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void
+ctl_sched_kv_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total)
+{
+    *used = 0;
+    *total = 0;
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
+    if (w != NULL && ctl_kv_hybrid(&w->geom)) {
+        *used = ctl_sworker_pages_used(w);
+        *total = w->geom.pages_total;
+    }
     pthread_mutex_unlock(&s->mu);
 }

@@ -74,6 +74,8 @@ typedef struct ctl_job_spec {
     bool fresh;                 /* zero the slot before feeding (always for new slots) */
     const char *worker;         /* with slot == NULL: prefer this worker, NULL = any */
     uint64_t deadline_ms;       /* monotonic ms after which the job fails, 0 = none */
+    uint64_t max_new;           /* with sample: most tokens it may sample (hybrid models
+                                 * reserve KV pages for them at admission), 0 = none */
 } ctl_job_spec;
 
 typedef enum ctl_job_ev {
@@ -212,6 +214,38 @@ bool ctl_sched_draining(ctl_sched *s, const char *worker);
 
 /* Workers the scheduler is stepping on (ready in the pool and picked up). */
 uint32_t ctl_sched_worker_count(ctl_sched *s);
+
+/*
+ * Hybrid models (a KV pool per worker): each allocated slot holds or reserves
+ * ceil(n_ctx / page_tokens) pages. A job is admitted FIFO only when a slot
+ * and the pages for its final context (tokens already in its state + input
+ * + max_new) are free; the reservation shrinks to what the state holds when
+ * it ends and goes back when the slot is freed. A job that could never fit
+ * the largest pool fails at submit with WK_ETOOBIG. Recurrent models: 0.
+ */
+
+/*
+ * Records that slot ref (held, no job running) now holds n_ctx tokens of
+ * context (an image was written or copied into it): its pages become
+ * ceil(n_ctx / page_tokens). WK_EQUOTA when the pool has no room for the
+ * growth (nothing changed), WK_ESTATE for a stale handle.
+ */
+WK_MUST_CHECK wk_err ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx,
+                                            wk_diag *d);
+
+/*
+ * ctl_sched_slot_set_ctx() from an image's size (state_bytes + n_ctx *
+ * kv_token_bytes). WK_OK without doing anything on recurrent models;
+ * WK_EINVAL when bytes is no image of the model.
+ */
+WK_MUST_CHECK wk_err ctl_sched_slot_set_bytes(ctl_sched *s, const ctl_slot_ref *ref,
+                                              uint64_t bytes, wk_diag *d);
+
+/* Tokens of context slot ref holds as far as the scheduler knows (0 when stale). */
+uint64_t ctl_sched_slot_ctx(ctl_sched *s, const ctl_slot_ref *ref);
+
+/* KV pages held or reserved and the pool size on worker; 0/0 for recurrent models. */
+void ctl_sched_kv_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
 
 /* Jobs waiting for admission and jobs running (for metrics). */
 void ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running);

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_kv.h"
 #include "ctl_openai.h"
 #include "ctl_statefile.h"
 #include "ctl_store.h"
@@ -591,9 +592,34 @@ ctl_states_fill_hdr(ctl_app *app, const ctl_store_state *st, size_t len, ctl_sta
     }
     if (err != WK_OK)
         return err;
-    if (bytes != len)
-        return wk_diag_set(d, WK_ECORRUPT, "state has %zu bytes, the model's layout %llu", len,
-                           (unsigned long long)bytes);
+    /*
+     * Hybrid models: the recurrent layout is followed by the attention
+     * layers' KV, token-major (workerd/backend/be.h), written as one tensor
+     * "kv" [n_ctx, kv_token_bytes / 4] (docs/STATE_FORMAT.md).
+     */
+    ctl_kv_geom g = {.state_bytes = bytes, .kv_token_bytes = v.kv_token_bytes};
+    uint64_t n_ctx = 0;
+    if (ctl_kv_image_ctx(&g, len, &n_ctx) != WK_OK)
+        return wk_diag_set(d, WK_ECORRUPT, "state has %zu bytes, the model's layout %llu%s", len,
+                           (unsigned long long)bytes,
+                           v.kv_token_bytes ? " + a multiple of its KV bytes per token" : "");
+    if (n_ctx > 0) {
+        if (h->n_tensors + 1 > CTL_STATEFILE_MAX_TENSORS || v.kv_token_bytes % 4 != 0)
+            return wk_diag_set(d, WK_ETOOBIG, "no room for the kv tensor in the state file");
+        ctl_statefile_tensor *t = realloc(h->tensors, (h->n_tensors + 1) * sizeof(*t));
+        if (t == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        h->tensors = t;
+        ctl_statefile_tensor *kv = &t[h->n_tensors++];
+        memset(kv, 0, sizeof(*kv));
+        snprintf(kv->name, sizeof(kv->name), "kv");
+        kv->dtype = CTL_STATEFILE_DTYPE_F32;
+        kv->ndim = 2;
+        kv->shape[0] = n_ctx;
+        kv->shape[1] = v.kv_token_bytes / 4;
+        kv->offset = bytes;
+        kv->nbytes = n_ctx * v.kv_token_bytes;
+    }
     snprintf(h->family, sizeof(h->family), "%.15s", st->family);
     snprintf(h->fingerprint, sizeof(h->fingerprint), "%s", st->fingerprint);
     snprintf(h->tokenizer_digest, sizeof(h->tokenizer_digest), "%s", wk_tok_digest(app->tok));
@@ -678,7 +704,10 @@ ctl_states_import(ctl_http_req *req, ctl_app *app)
     } else if (strcmp(h.tokenizer_digest, wk_tok_digest(app->tok)) != 0) {
         ctl_http_send_error(req, WK_EINVAL, "the state file was made with another tokenizer",
                             NULL);
-    } else if (slen != v.state_bytes || h.n_tokens == 0) {
+    } else if (ctl_kv_image_ctx(&(ctl_kv_geom){.state_bytes = v.state_bytes,
+                                               .kv_token_bytes = v.kv_token_bytes},
+                                slen, &(uint64_t){0}) != WK_OK ||
+               h.n_tokens == 0) {
         ctl_http_send_error(req, WK_EINVAL, "the state file's size does not fit this model",
                             NULL);
     } else if ((err = ctl_states_quota(app, ctl_http_req_user(req), 1, &d)) != WK_OK) {

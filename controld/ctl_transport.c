@@ -56,6 +56,11 @@ ctl_transport_choose(const ctl_transport_peer *src, const ctl_transport_peer *ds
                      bool nccl_net, ctl_transport_choice *out)
 {
     out->kind = CTL_TRANSPORT_KIND_NNG;
+    if (src->hybrid || dst->hybrid) {
+        /* A slot's image grows with its context and lives partly in KV pages: over NNG. */
+        snprintf(out->reason, sizeof(out->reason), "hybrid state (KV pages)");
+        return;
+    }
     bool src_cuda = strcmp(ctl_transport_str(src->backend), "cuda") == 0;
     bool dst_cuda = strcmp(ctl_transport_str(dst->backend), "cuda") == 0;
     if (!src_cuda || !dst_cuda) {
@@ -398,6 +403,7 @@ ctl_transport_peer_of(const ctl_worker_view *v, ctl_transport_peer *p)
     p->device_uuid = v->device_uuid;
     p->pci_bus_id = v->pci_bus_id;
     p->nccl = v->nccl;
+    p->hybrid = v->kv_token_bytes > 0;
 }
 
 wk_err

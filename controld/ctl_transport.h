@@ -55,6 +55,7 @@ typedef struct ctl_transport_peer {
     const char *device_uuid; /* "GPU-<uuid>", "" when unknown */
     const char *pci_bus_id;  /* "0000:3b:00.0", "" when unknown */
     bool nccl;               /* built with NCCL and a device present */
+    bool hybrid;             /* its model's slots carry KV pages (variable size): NNG only */
 } ctl_transport_peer;
 
 typedef struct ctl_transport_choice {

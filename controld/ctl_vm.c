@@ -34,6 +34,7 @@ typedef struct ctl_vm_entry {
 typedef struct ctl_vm_warm {
     char key[CTL_VM_KEY_MAX];   /* blob hex */
     char worker[65];            /* worker holding the copy */
+    uint64_t ctx;               /* tokens of context in it (hybrid: its KV) */
     uint64_t epoch;             /* that worker process's epoch (its copies die with it) */
     uint64_t used;              /* LRU clock */
     struct ctl_vm_warm *next;   /* list link */
@@ -106,6 +107,8 @@ static wk_err ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill);
 static wk_err ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e);
 static void ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e);
 static void ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e);
+/* Evicts the least recently used idle entry (on worker, or anywhere when NULL). */
+static wk_err ctl_vm_evict_lru(ctl_vm *vm, const char *worker);
 
 /* Picks a dirty entry to spill (idle too long, or over the cap); unlinks it. */
 static ctl_vm_entry *
@@ -203,6 +206,9 @@ ctl_vm_slot_reset(ctl_vm *vm, const ctl_slot_ref *ref, wk_diag *d)
     wk_msg *rep = NULL;
     wk_err err = ctl_vm_call(vm, ref->worker, &req, &rep, d);
     wk_proto_free(rep);
+    if (err == WK_OK && vm->sched != NULL &&
+        ctl_sched_slot_set_ctx(vm->sched, ref, 0, NULL) != WK_OK)
+        wk_log_debug("slot reset: %s/%u went stale", ref->worker, ref->slot); /* a zeroed slot holds no KV pages */
     return err;
 }
 
@@ -250,10 +256,39 @@ ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes, size_t *len,
     return WK_OK;
 }
 
+/*
+ * Accounts n_ctx tokens of context (bytes: an image's size, when n_ctx is
+ * UINT64_MAX) in slot ref before its image is written: on a hybrid model
+ * the slot's KV pages come from the worker's pool, and under page pressure
+ * idle entries are evicted (LRU) to make room. WK_EQUOTA ("KV pool full")
+ * when nothing more can be evicted.
+ */
+static wk_err
+ctl_vm_kv_reserve(ctl_vm *vm, const ctl_slot_ref *ref, uint64_t n_ctx, uint64_t bytes,
+                  wk_diag *d)
+{
+    if (vm->sched == NULL) /* (unit tests drive slot I/O without a scheduler) */
+        return WK_OK;
+    for (int tries = 0;; tries++) {
+        wk_diag ed = {{0}};
+        wk_err err = n_ctx == UINT64_MAX ? ctl_sched_slot_set_bytes(vm->sched, ref, bytes, &ed)
+                                         : ctl_sched_slot_set_ctx(vm->sched, ref, n_ctx, &ed);
+        if (err != WK_EQUOTA || tries >= 1024 ||
+            ctl_vm_evict_lru(vm, ref->worker) != WK_OK) {
+            if (err != WK_OK)
+                wk_diag_set(d, err, "%s", ed.msg);
+            return err;
+        }
+    }
+}
+
 wk_err
 ctl_vm_slot_write(ctl_vm *vm, const ctl_slot_ref *ref, const void *bytes, size_t len,
                   wk_diag *d)
 {
+    wk_err kerr = ctl_vm_kv_reserve(vm, ref, UINT64_MAX, len, d);
+    if (kerr != WK_OK)
+        return kerr;
     size_t off = 0;
     do {
         size_t n = len - off < WK_PROTO_CHUNK_MAX ? len - off : WK_PROTO_CHUNK_MAX;
@@ -262,6 +297,7 @@ ctl_vm_slot_write(ctl_vm *vm, const ctl_slot_ref *ref, const void *bytes, size_t
         w.offset = off;
         w.data.data = (uint8_t *)bytes + off;
         w.data.len = n;
+        w.total_bytes = off == 0 ? len : 0; /* the worker sizes the slot (hybrid: KV pages) */
         wk_msg req = WKVM__ENVELOPE__INIT;
         req.kind = WKVM__KIND__SLOT_WRITE;
         req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_WRITE;
@@ -280,6 +316,10 @@ static wk_err
 ctl_vm_slot_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_diag *d)
 {
     if (strcmp(src->worker, dst->worker) == 0) {
+        wk_err kerr = ctl_vm_kv_reserve(vm, dst, vm->sched ? ctl_sched_slot_ctx(vm->sched, src) : 0,
+                                        0, d);
+        if (kerr != WK_OK)
+            return kerr;
         Wkvm__SlotCopy c = WKVM__SLOT_COPY__INIT;
         c.src = src->slot;
         c.dst = dst->slot;
@@ -388,6 +428,7 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
         return;
     snprintf(w->key, sizeof(w->key), "%s", e->key);
     snprintf(w->worker, sizeof(w->worker), "%s", e->slot.worker);
+    w->ctx = ctl_sched_slot_ctx(vm->sched, &e->slot);
     w->epoch = ctl_sched_worker_epoch(vm->sched, e->slot.worker);
     pthread_mutex_lock(&vm->mu);
     ctl_vm_warm *old = ctl_vm_warm_take_locked(vm, e->key);
@@ -459,9 +500,17 @@ ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
 wk_err
 ctl_vm_evict_one(ctl_vm *vm)
 {
+    return ctl_vm_evict_lru(vm, NULL);
+}
+
+static wk_err
+ctl_vm_evict_lru(ctl_vm *vm, const char *worker)
+{
     pthread_mutex_lock(&vm->mu);
     ctl_vm_entry *victim = NULL;
     for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
+        if (worker != NULL && strcmp(e->slot.worker, worker) != 0)
+            continue;
         if (!e->taken && (victim == NULL || e->used < victim->used))
             victim = e;
     }
@@ -590,14 +639,21 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
     /* Warm: a copy in the destination worker's host memory. */
     if (key != NULL) {
         bool warm = false;
+        uint64_t warm_ctx = 0;
         pthread_mutex_lock(&vm->mu);
         for (ctl_vm_warm *w = vm->warm; w != NULL; w = w->next) {
             if (strcmp(w->key, key) == 0 && strcmp(w->worker, dst->worker) == 0) {
                 w->used = ++vm->clock;
                 warm = true;
+                warm_ctx = w->ctx;
             }
         }
         pthread_mutex_unlock(&vm->mu);
+        if (warm) {
+            wk_err kerr = ctl_vm_kv_reserve(vm, dst, warm_ctx, 0, d);
+            if (kerr != WK_OK)
+                return kerr;
+        }
         if (warm && ctl_vm_host(vm, WKVM__KIND__HOST_GET, dst->worker, key, dst->slot, NULL) == WK_OK)
             return WK_OK;
         if (warm) { /* the worker restarted or dropped it: forget the copy */
@@ -770,6 +826,8 @@ ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_
     } else {
         err = mover != NULL ? mover(arg, src, &dst, d)
                             : ctl_vm_transfer(vm, src, &dst, bytes_moved, d);
+        if (err == WK_OK && mover != NULL) /* (the NNG path accounted it with the write) */
+            err = ctl_vm_kv_reserve(vm, &dst, ctl_sched_slot_ctx(vm->sched, src), 0, d);
         if (err != WK_OK)
             (void)ctl_sched_slot_free(vm->sched, &dst);
     }

@@ -29,6 +29,8 @@ static const wk_cfg_opt wrk_opts[] = {
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
     {"host-cache-bytes", WK_CFG_U64, "1073741824", 0, 1099511627776ull,
      "warm tier: host memory for copies of evicted states (0 = none)"},
+    {"kv-pages", WK_CFG_U64, "0", 0, 16777216,
+     "hybrid models: pages in the KV pool (0 = the backend's default; a worker-local choice)"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
 };
 #define WRK_NOPTS (sizeof(wrk_opts) / sizeof(wrk_opts[0]))
@@ -110,6 +112,7 @@ main(int argc, char **argv)
         .fp32 = wk_cfg_get_bool(cfg, "fp32"),
         .vocab_path = wk_cfg_get_str(cfg, "vocab"),
         .host_cache_bytes = wk_cfg_get_u64(cfg, "host-cache-bytes"),
+        .kv_pages = (uint32_t)wk_cfg_get_u64(cfg, "kv-pages"),
     };
     rc = 1;
     if (wrk_worker_new(&rc_cfg, &w, &d) != WK_OK) {

@@ -264,6 +264,7 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
         .device = w->cfg.device,
         .max_step_rows = WK_PROTO_ROWS_MAX,
         .max_step_tokens = WK_PROTO_STEP_TOKENS_MAX,
+        .kv_pages = w->cfg.kv_pages,
     };
     be_ctx *be = NULL;
     wrk_load_progress(w, "packing weights", 0.999);
@@ -319,6 +320,13 @@ wrk_fill_model_info(const wrk_worker *w, Wkvm__ModelInfo *mi)
     mi->n_slots = w->cfg.backend->n_slots(w->be);
     mi->n_state_tensors = w->n_st;
     mi->state_tensors = w->st_ptrs;
+    if (w->cfg.backend->kv_info != NULL) {
+        be_kv_info kv = {0};
+        w->cfg.backend->kv_info(w->be, &kv);
+        mi->kv_token_bytes = kv.kv_token_bytes;
+        mi->kv_page_tokens = kv.page_tokens;
+        mi->kv_pages = kv.pages_total;
+    }
 }
 
 static void
@@ -386,6 +394,53 @@ wrk_slot_ok(const wrk_worker *w, uint32_t slot)
     return w->be != NULL && slot > 0 && slot < w->cfg.backend->n_slots(w->be);
 }
 
+/* The bytes of slot's image now: slot_size, or slot_bytes for fixed-size families. */
+static uint64_t
+wrk_slot_size(const wrk_worker *w, uint32_t slot)
+{
+    const be_ops *ops = w->cfg.backend;
+    return ops->slot_size ? ops->slot_size(w->be, slot) : ops->slot_bytes(w->be);
+}
+
+/* The KV pool's geometry and occupancy (all zero without KV or without a model). */
+static void
+wrk_kv_info(const wrk_worker *w, be_kv_info *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (w->be != NULL && w->cfg.backend->kv_info != NULL)
+        w->cfg.backend->kv_info(w->be, out);
+}
+
+/*
+ * Sets slot's image size to bytes before a whole image is written (SlotWrite
+ * at offset 0 with total_bytes, HOST_GET). Without slot_resize only the
+ * fixed size is accepted. WK_EQUOTA (the KV pool can't hold it) and
+ * WK_EINVAL carry a detail for the controller.
+ */
+static wk_err
+wrk_slot_resize(wrk_worker *w, uint32_t slot, uint64_t bytes, char *detail, size_t dlen)
+{
+    const be_ops *ops = w->cfg.backend;
+    if (ops->slot_resize == NULL) {
+        if (bytes == ops->slot_bytes(w->be))
+            return WK_OK;
+        snprintf(detail, dlen, "slot %u: image of %llu bytes, this model's slots hold %llu", slot,
+                 (unsigned long long)bytes, (unsigned long long)ops->slot_bytes(w->be));
+        return WK_EINVAL;
+    }
+    wk_err err = ops->slot_resize(w->be, slot, bytes);
+    if (err == WK_EQUOTA) {
+        be_kv_info kv;
+        wrk_kv_info(w, &kv);
+        snprintf(detail, dlen, "KV pool full: slot %u needs %llu bytes, %u of %u pages free",
+                 slot, (unsigned long long)bytes, kv.pages_free, kv.pages_total);
+    } else if (err != WK_OK) {
+        snprintf(detail, dlen, "slot %u: cannot size the image to %llu bytes (%s)", slot,
+                 (unsigned long long)bytes, wk_strerror(err));
+    }
+    return err;
+}
+
 static void
 wrk_handle_load(wrk_worker *w, const wk_msg *req)
 {
@@ -426,6 +481,9 @@ wrk_handle_stats(wrk_worker *w, const wk_msg *req)
         const wrk_model_info *mi = wrk_model_info_get(w->model);
         s.host_mem_used = mi->weight_bytes + mi->state_bytes * (uint64_t)(s.slots_total + 1) +
                           w->host_bytes;
+        be_kv_info kv;
+        wrk_kv_info(w, &kv);
+        s.kv_pages_free = kv.pages_free;
     }
     wk_msg r = WKVM__ENVELOPE__INIT;
     r.id = req->id;
@@ -463,19 +521,30 @@ wrk_handle_slot_op(wrk_worker *w, const wk_msg *req)
             err = WK_EINVAL;
         else
             err = ops->slot_copy(w->be, req->slot_copy->dst, req->slot_copy->src);
-        snprintf(detail, sizeof(detail), "copy %u -> %u", req->slot_copy->src,
-                 req->slot_copy->dst);
+        if (err == WK_EQUOTA)
+            snprintf(detail, sizeof(detail), "KV pool full: copy %u -> %u", req->slot_copy->src,
+                     req->slot_copy->dst);
+        else
+            snprintf(detail, sizeof(detail), "copy %u -> %u", req->slot_copy->src,
+                     req->slot_copy->dst);
         break;
     case WKVM__KIND__SLOT_WRITE: {
         const Wkvm__SlotWrite *sw = req->slot_write;
-        uint64_t total = ops->slot_bytes(w->be);
-        if (!wrk_slot_ok(w, sw->slot) || sw->offset > total ||
-            sw->data.len > total - sw->offset)
+        snprintf(detail, sizeof(detail), "slot %u write at %llu", sw->slot,
+                 (unsigned long long)sw->offset);
+        if (!wrk_slot_ok(w, sw->slot)) {
+            err = WK_EINVAL;
+            break;
+        }
+        /* The first chunk of a whole image sizes the slot (hybrid: its KV pages). */
+        if (sw->offset == 0 && sw->total_bytes != 0 &&
+            (err = wrk_slot_resize(w, sw->slot, sw->total_bytes, detail, sizeof(detail))) != WK_OK)
+            break;
+        uint64_t total = wrk_slot_size(w, sw->slot);
+        if (sw->offset > total || sw->data.len > total - sw->offset)
             err = WK_EINVAL;
         else
             err = ops->slot_write(w->be, sw->slot, sw->offset, sw->data.data, sw->data.len);
-        snprintf(detail, sizeof(detail), "slot %u write at %llu", sw->slot,
-                 (unsigned long long)sw->offset);
         break;
     }
     default:
@@ -492,7 +561,7 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_EINVAL, "bad slot");
         return;
     }
-    uint64_t total = w->cfg.backend->slot_bytes(w->be);
+    uint64_t total = wrk_slot_size(w, sr->slot);
     if (sr->offset > total) {
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_EINVAL, "offset past the state");
         return;
@@ -535,7 +604,7 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
 static wk_err
 wrk_slot_sha256(wrk_worker *w, uint32_t slot, char hex[WK_SHA256_HEX_LEN])
 {
-    uint64_t total = w->cfg.backend->slot_bytes(w->be);
+    uint64_t total = wrk_slot_size(w, slot);
     wk_sha256 h;
     if (wk_sha256_init(&h) != WK_OK)
         return WK_ENOMEM;
@@ -658,6 +727,9 @@ wrk_handle_migrate_prepare(wrk_worker *w, const wk_msg *req)
         err = wk_diag_set(&d, WK_EINVAL, "bad slot %u", mp->slot);
     else if (mp->nccl_unique_id.len != WRK_NCCL_ID_LEN)
         err = wk_diag_set(&d, WK_EINVAL, "an NCCL prepare needs the 128-byte ncclUniqueId");
+    else if (w->cfg.backend->slot_size != NULL &&
+             w->cfg.backend->slot_size(w->be, mp->slot) != w->cfg.backend->slot_bytes(w->be))
+        err = wk_diag_set(&d, WK_ENOTSUP, "hybrid state (KV pages) moves over NNG");
     else if (mp->state_bytes != w->cfg.backend->slot_bytes(w->be))
         err = wk_diag_set(&d, WK_EINVAL, "state_bytes %llu, this worker's slots hold %llu",
                           (unsigned long long)mp->state_bytes,
@@ -811,16 +883,19 @@ wrk_handle_host(wrk_worker *w, const wk_msg *req)
         wrk_reply_status(w, req, WKVM__KIND__ACK, WK_EINVAL, "bad slot");
         return;
     }
-    uint64_t len = w->cfg.backend->slot_bytes(w->be);
+    uint64_t len = wrk_slot_size(w, h->slot);
     if (req->kind == WKVM__KIND__HOST_GET) {
         wrk_host_entry *e = NULL;
+        char detail[160] = "";
         for (e = w->host; e != NULL && strcmp(e->key, h->key) != 0; e = e->next)
             ;
+        /* Entries keep their own size (hybrid images differ per entry). */
         wk_err err = e == NULL ? WK_ENOENT
-                     : e->len != len
-                         ? WK_ECORRUPT
-                         : w->cfg.backend->slot_write(w->be, h->slot, 0, e->bytes, e->len);
-        wrk_reply_status(w, req, WKVM__KIND__ACK, err, err == WK_OK ? "" : wk_strerror(err));
+                               : wrk_slot_resize(w, h->slot, e->len, detail, sizeof(detail));
+        if (err == WK_OK)
+            err = w->cfg.backend->slot_write(w->be, h->slot, 0, e->bytes, e->len);
+        wrk_reply_status(w, req, WKVM__KIND__ACK, err,
+                         err == WK_OK ? "" : detail[0] ? detail : wk_strerror(err));
         return;
     }
     /* HOST_PUT: replace any entry of that key; refuse past the budget. */

@@ -24,6 +24,7 @@ typedef struct wrk_rpc_config {
     bool fp32;                  /* keep weights in fp32 */
     const char *vocab_path;     /* vocab override, NULL = model dir */
     uint64_t host_cache_bytes;  /* warm tier budget in host memory, 0 = none */
+    uint32_t kv_pages;          /* hybrid models: KV pool pages, 0 = the backend's default */
 } wrk_rpc_config;
 
 typedef struct wrk_worker wrk_worker;

@@ -11,7 +11,12 @@ the family and the state bytes per slot, and a chat turn must work through
 the family's tokenizer (tokenizer.json for Mamba2/GDN, the World vocab for
 RWKV-7).
 
-WKVM_FAMILIES=rwkv7,mamba2 limits the families (all three by default).
+"gdn-hybrid" is a Gated DeltaNet with two full-attention layers
+(gen_gdn.py --attn-layers): its slot images grow with context (recurrent
+bytes + KV per token), and every operation must carry the KV too;
+migration goes over NNG with the reason "hybrid state (KV pages)".
+
+WKVM_FAMILIES=rwkv7,mamba2 limits the families (all four by default).
 """
 import json
 import os
@@ -43,6 +48,10 @@ def make_model(family):
         cmd = [PY, os.path.join(REF, "gen_mamba2.py"), "--out", d, "--seed", "12"]
     elif family == "gdn":
         cmd = [PY, os.path.join(REF, "gen_gdn.py"), "--out", d, "--seed", "13"]
+    elif family == "gdn-hybrid":
+        # Hybrid-linear: GDN layers with full-attention layers 1 and 3 (a paged KV pool).
+        cmd = [PY, os.path.join(REF, "gen_gdn.py"), "--out", d, "--seed", "14", "--layers", "4",
+               "--attn-layers", "1,3", "--attn-heads", "4", "--attn-kv-heads", "2"]
     else:
         raise ValueError(family)
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
@@ -51,7 +60,8 @@ def make_model(family):
 
 class Fam:
     def __init__(self, family):
-        self.family = family
+        self.hybrid = family.endswith("-hybrid")
+        self.family = family[:-len("-hybrid")] if self.hybrid else family
         self.dir = make_model(family)
         self.name = os.path.basename(self.dir)
 
@@ -95,7 +105,11 @@ def running_slot(s):
 
 
 def migrate_stream(s, f, samp):
-    b = {"model": f.name, "prompt": [7, 8, 9, 10], "max_tokens": N_STREAM, "ignore_eos": True,
+    n = N_STREAM
+    if f.hybrid:  # the context must fit the KV pool (on both workers): half of it
+        kv = s.workers_list()[0]["kv"]
+        n = min(n, kv["pages_total"] * kv["page_tokens"] // 2 - 8)
+    b = {"model": f.name, "prompt": [7, 8, 9, 10], "max_tokens": n, "ignore_eos": True,
          "return_token_ids": True}
     b.update(samp)
     want = s.post("/v1/completions", body=b).json()["choices"][0]["token_ids"]
@@ -110,6 +124,8 @@ def migrate_stream(s, f, samp):
     dst = "w1" if sl["worker"] == "w0" else "w0"
     r = s.post(f"/admin/slots/{sl['id']}/migrate", body={"to": dst})
     assert r.status == 200 and r.json()["result"] == "committed", r.body
+    if f.hybrid:
+        assert r.json().get("transport_reason") == "hybrid state (KV pages)", r.body
     ids = []
     for line in head + list(st):
         line = line.strip()
@@ -130,6 +146,10 @@ def run_family(f):
         sb = ws[0]["model"]["state_bytes"]
         assert ws[0]["model"]["family"] == f.family and sb > 0, ws
         assert models[0]["state_bytes_per_slot"] == sb, models
+        # Hybrid models: a slot also holds KV per token of context (0 for recurrent ones).
+        kvb = models[0].get("kv_bytes_per_token", 0)
+        assert (kvb > 0) == f.hybrid, models
+        assert ws[0].get("kv_bytes_per_token", 0) == kvb, ws
         # A chat turn through the family's tokenizer.
         r = s.post("/v1/chat/completions", body={
             "model": f.name, "max_tokens": 8, "temperature": 0,
@@ -175,7 +195,7 @@ def run_family(f):
 
 def families():
     env = os.environ.get("WKVM_FAMILIES")
-    return env.split(",") if env else ["rwkv7", "mamba2", "gdn"]
+    return env.split(",") if env else ["rwkv7", "mamba2", "gdn", "gdn-hybrid"]
 
 
 def make_tests():

@@ -310,6 +310,12 @@ test_transport_choose(void **state)
     ctl_transport_choose(&a, &b, false, &c);
     assert_int_equal(c.kind, CTL_TRANSPORT_KIND_NCCL);
     assert_non_null(strstr(c.reason, "GPU to GPU"));
+    /* Hybrid models (slots with KV pages) always move over NNG. */
+    ctl_transport_peer ha = a, hb = b;
+    ha.hybrid = hb.hybrid = true;
+    ctl_transport_choose(&ha, &hb, true, &c);
+    assert_int_equal(c.kind, CTL_TRANSPORT_KIND_NNG);
+    assert_string_equal(c.reason, "hybrid state (KV pages)");
     /* Two workers on one GPU: by UUID, even with different ordinals (CUDA_VISIBLE_DEVICES). */
     ctl_transport_peer s = b;
     s.device_uuid = "GPU-aaaa";
