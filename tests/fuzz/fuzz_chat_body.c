@@ -126,6 +126,16 @@ ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const char
 }
 
 void
+ctl_http_send_error_code(ctl_http_req *req, int status, wk_err err, const char *message,
+                         const char *param, const char *code)
+{
+    char *s = wk_json_error_body_code(err, message, param, code);
+    fuzz_check(s != NULL, "error body");
+    fuzz_answer(req, status, s, strlen(s));
+    free(s);
+}
+
+void
 ctl_http_send_error(ctl_http_req *req, wk_err err, const char *message, const char *param)
 {
     ctl_http_send_error_status(req, wk_err_http_status(err), err, message, param);
