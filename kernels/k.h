@@ -29,6 +29,110 @@ int k_f16_to_f32(const uint16_t *in, float *out, size_t n, void *stream);
  */
 int k_state_checksum(const void *state, size_t bytes, uint64_t *out, void *stream);
 
+/* ------------------------------------------------------------------------ */
+/* RWKV-7 step (k_rwkv7.cu). Every pointer is device memory unless it says  */
+/* otherwise; rows of C (or K, N) floats are stored tight, row t at t * C.  */
+/* ------------------------------------------------------------------------ */
+
+/* Element types of device tensors (the numeric values of wk_dtype). */
+enum { K_DT_F32 = 0, K_DT_F16 = 1, K_DT_BF16 = 2 };
+
+/* GEMM epilogues (the same meaning as be_cpu_epi). */
+enum {
+    K_EPI_STORE = 0,   /* dst = acc */
+    K_EPI_ADD = 1,     /* dst += acc (residual) */
+    K_EPI_RELU2 = 2,   /* dst = max(acc, 0)^2 */
+    K_EPI_TANH = 3,    /* dst = tanh(acc) */
+    K_EPI_SIGMOID = 4, /* dst = 1 / (1 + exp(-acc)) */
+};
+
+/*
+ * x[t] = LayerNorm(emb[tok[t]]) with weight w, bias b (C floats each) and
+ * epsilon eps, for t < T. emb is [V][C] of dtype K_DT_*; the tokens must
+ * already be checked against V (no bounds check here).
+ */
+int k_rwkv7_embed(const void *emb, int dtype, const uint32_t *tok, uint32_t T, uint32_t C,
+                  const float *w, const float *b, float eps, float *x, void *stream);
+
+/*
+ * y[i] = LayerNorm(x[idx ? idx[i] : i]) for i < n rows of C floats (idx is a
+ * device array of row indices or NULL). y must not alias x.
+ */
+int k_layernorm_rows(const float *x, const uint32_t *idx, uint32_t n, uint32_t C,
+                     const float *w, const float *b, float eps, float *y, void *stream);
+
+/*
+ * Token shift for a pass of T tokens laid out as segments (a segment is a
+ * contiguous run of one slot's tokens): prev(t) is xln[t - 1] inside a
+ * segment and, for its first token, the C floats at
+ * arena + seg_slot[s] * slot_floats + shift_off. For j < n_mix:
+ * out[j * out_stride + t * C + i] = x + (prev - x) * mix[j * C + i].
+ * tseg[t] is t's segment, seg_t0[s] its first token.
+ */
+int k_rwkv7_shift_mix(const float *xln, uint32_t T, uint32_t C, const uint32_t *tseg,
+                      const uint32_t *seg_t0, const uint32_t *seg_slot, const float *arena,
+                      size_t slot_floats, size_t shift_off, const float *mix, uint32_t n_mix,
+                      float *out, size_t out_stride, void *stream);
+
+/*
+ * Stores each segment's last xln row into its slot's shift state
+ * (arena + seg_slot[s] * slot_floats + shift_off). Segments must name
+ * distinct slots. Enqueue after every reader of the old shift state.
+ */
+int k_rwkv7_save_shift(const float *xln, uint32_t C, uint32_t n_segs, const uint32_t *seg_t0,
+                       const uint32_t *seg_n, const uint32_t *seg_slot, float *arena,
+                       size_t slot_floats, size_t shift_off, void *stream);
+
+/*
+ * GEMM input split for 16-bit weights (dtype K_DT_BF16 or K_DT_F16): for
+ * each of T rows of K floats, a power-of-two scale s (so the row's largest
+ * magnitude lands in [2^13, 2^14): binary16 cannot overflow) and
+ * out[t] = hi = round16(x * s), out[T + t] = lo = round16(x * s - hi)
+ * (out is [2T][K] 16-bit), inv_scale[t] = 1 / s. hi + lo carries about 16
+ * significant bits of x (22 for F16), so a GEMM over both halves with fp32
+ * accumulation loses almost nothing against fp32 activations.
+ */
+int k_split16(const float *x, uint32_t T, uint32_t K, int dtype, uint16_t *out,
+              float *inv_scale, void *stream);
+
+/*
+ * GEMM epilogue: y is the GEMM output column-major N x T (split: N x 2T,
+ * hi columns then lo columns); acc = (y[t] (+ y[T + t])) (* inv_scale[t]
+ * when inv_scale is not NULL); dst[t * ldd + n] gets epi (K_EPI_*) of acc.
+ */
+int k_gemm_epi(const float *y, uint32_t T, uint32_t N, int split, const float *inv_scale,
+               int epi, float *dst, size_t ldd, void *stream);
+
+/*
+ * The RWKV-7 per-token attention prologue after the LoRAs, for T tokens of
+ * C = H * N channels (the CPU's cpu_stage_att). In: dw (w2 out), da (a2
+ * out), dv (v2 out; unused on layer 0), k, v, vf (layer > 0).
+ * Out: dw = decay exp(-e^-0.5 sigmoid(w0 + dw)), da = b = kk * iclr,
+ * kk = a = -kk with kk = normalize(k * k_k) per head, k *= 1 + (iclr - 1) * k_a,
+ * and layer 0: vf = v; else v += (vf - v) * sigmoid(v0 + dv).
+ */
+int k_rwkv7_att(uint32_t T, uint32_t C, uint32_t H, uint32_t N, int layer0, const float *w0,
+                const float *a0, const float *v0, const float *k_k, const float *k_a, float *dw,
+                float *da, const float *dv, float *kk, float *k, float *v, float *vf,
+                void *stream);
+
+/*
+ * The WKV recurrence per (segment, head), tokens in order, on the slot's
+ * fp32 state S[H][N][N] at arena + seg_slot[s] * slot_floats + state_off
+ * (S[i][j]: i value, j key; S = S diag(w) + (S a) b^T + v k^T, y = S r),
+ * then GroupNorm per head (lnx_w, lnx_b, gn_eps), the bonus
+ * sum(r * k * r_k) * v and the gate: y[t] = (GN(y) + bonus * v) * g.
+ * One block per (segment, head); N <= 1024 (N in {16, 32, 64, 128} keeps
+ * the state in registers). Segments must name distinct slots; the state
+ * must be 16-byte aligned when N is a multiple of 4.
+ */
+int k_rwkv7_wkv(float *arena, size_t slot_floats, size_t state_off, uint32_t n_segs,
+                const uint32_t *seg_t0, const uint32_t *seg_n, const uint32_t *seg_slot,
+                uint32_t H, uint32_t N, uint32_t C, const float *r, const float *w,
+                const float *k, const float *v, const float *a, const float *b, const float *g,
+                const float *r_k, const float *lnx_w, const float *lnx_b, float gn_eps, float *y,
+                void *stream);
+
 #ifdef __cplusplus
 }
 #endif

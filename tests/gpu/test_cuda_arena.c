@@ -1,8 +1,9 @@
 /*
  * GPU suite: the CUDA backend's device arena on a real device. Exits 77
  * (meson's skip) when the build has no CUDA backend or no device answers.
- * Checks slot reset, write/read round trips in odd pieces, copy (fork) and
- * that the step refuses clearly until the CUDA RWKV-7 step exists.
+ * Checks slot reset, write/read round trips in odd pieces, copy (fork),
+ * range checks (slot 0 is not readable), and that a step runs and a bad
+ * step is refused (test_cuda_step checks the step's numbers).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,7 +70,10 @@ main(void)
     float *logits = calloc(wrk_model_info_get(m)->vocab_size, sizeof(float));
     be_row row = {.slot = 1, .tokens = &tok, .n_tokens = 1, .logits_mode = BE_LOGITS_LAST,
                   .logits = logits};
-    CHECK(cu->step(ctx, &row, 1, &d) == WK_ENOTSUP, "step refuses until it exists");
+    CHECK(cu->slot_read(ctx, 0, 0, b, 8) == WK_EINVAL, "slot 0 refused");
+    CHECK(cu->step(ctx, &row, 1, &d) == WK_OK, "step: %s", d.msg);
+    row.slot = 9;
+    CHECK(cu->step(ctx, &row, 1, &d) == WK_EINVAL, "bad slot step refused");
     cu->close(ctx);
     wrk_model_free(m);
     free(logits);

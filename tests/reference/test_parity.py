@@ -17,7 +17,8 @@ and finally checks that broken checkpoints (a tensor of the wrong shape, a
 missing tensor) make wkvm-infer exit non-zero naming the tensor.
 
 Exit 0 when everything passes, 1 on any failure, 77 (meson's skip) when
-numpy or the wkvm-infer binary is missing. Environment: WKVM_BUILD_DIR (the
+numpy or the wkvm-infer binary is missing, or (WKVM_PARITY_BACKEND=cuda)
+when the build has no CUDA backend or no CUDA device answers. Environment: WKVM_BUILD_DIR (the
 meson build dir; default: ../../build next to this file), WKVM_PARITY_KEEP=1
 keeps the temp dir, WKVM_PARITY_ONLY=substr runs only matching cases,
 WKVM_PARITY_BACKEND=cuda passes --backend cuda (the GPU parity run).
@@ -281,12 +282,35 @@ def mkmodel_case(build, tmp):
     return d, p.stdout.decode().strip()
 
 
+def cuda_skip_reason(exe):
+    """Why the CUDA parity run cannot happen here (no CUDA backend in the
+    build, no device), or None. Any other failure is left to the cases,
+    which then fail with the real message."""
+    tmp = tempfile.mkdtemp(prefix="wkvm-parity-probe-")
+    try:
+        d = os.path.join(tmp, "probe")
+        gen_model.write_model(d, gen_model.default_cfg(layers=1, embd=64, head_size=16,
+                                                       ffn=128, vocab=300, seed=1))
+        rc, out, err = run_infer(exe, d, [1, 2, 3], generate=1)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    msg = (err + out).strip()
+    if rc != 0 and ("no CUDA device" in msg or "not available in this build" in msg):
+        return msg.splitlines()[-1]
+    return None
+
+
 def main():
     build = build_dir()
     exe = os.path.join(build, "workerd", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         print("SKIP: %s is not built" % exe)
         return 77
+    if os.environ.get("WKVM_PARITY_BACKEND") == "cuda":
+        why = cuda_skip_reason(exe)
+        if why is not None:
+            print("SKIP: CUDA parity needs a CUDA build and device: %s" % why)
+            return 77
     only = os.environ.get("WKVM_PARITY_ONLY", "")
     keep = os.environ.get("WKVM_PARITY_KEEP") == "1"
     tmp = tempfile.mkdtemp(prefix="wkvm-parity-")

@@ -304,8 +304,8 @@ static void
 test_transport_choose(void **state)
 {
     (void)state;
-    ctl_transport_peer a = {"g0", "cuda", "h1", 0, "GPU-aaaa", "0000:01:00.0", true};
-    ctl_transport_peer b = {"g1", "cuda", "h1", 1, "GPU-bbbb", "0000:02:00.0", true};
+    ctl_transport_peer a = {"g0", "cuda", "h1", 0, "GPU-aaaa", "0000:01:00.0", true, false};
+    ctl_transport_peer b = {"g1", "cuda", "h1", 1, "GPU-bbbb", "0000:02:00.0", true, false};
     ctl_transport_choice c;
     ctl_transport_choose(&a, &b, false, &c);
     assert_int_equal(c.kind, CTL_TRANSPORT_KIND_NCCL);
@@ -337,7 +337,7 @@ test_transport_choose(void **state)
     ctl_transport_choose(&nu_a, &nu_b, false, &c);
     assert_int_equal(c.kind, CTL_TRANSPORT_KIND_NCCL);
     /* CPU workers, one or both. */
-    ctl_transport_peer cpu = {"c0", "cpu", "h1", 0, "", "", false};
+    ctl_transport_peer cpu = {"c0", "cpu", "h1", 0, "", "", false, false};
     ctl_transport_choose(&cpu, &b, true, &c);
     assert_int_equal(c.kind, CTL_TRANSPORT_KIND_NNG);
     assert_string_equal(c.reason, "cpu worker c0");
@@ -361,7 +361,7 @@ test_transport_choose(void **state)
     assert_int_equal(c.kind, CTL_TRANSPORT_KIND_NCCL);
     assert_string_equal(c.reason, "different hosts with --nccl-net");
     /* NULL strings are tolerated (treated as ""). */
-    ctl_transport_peer empty = {NULL, NULL, NULL, 0, NULL, NULL, false};
+    ctl_transport_peer empty = {NULL, NULL, NULL, 0, NULL, NULL, false, false};
     ctl_transport_choose(&empty, &empty, false, &c);
     assert_int_equal(c.kind, CTL_TRANSPORT_KIND_NNG);
     assert_string_equal(ctl_transport_kind_name(CTL_TRANSPORT_KIND_NCCL), "nccl");

@@ -33,9 +33,10 @@ be_ops_find(const char *name)
         return be_cuda_ops_get();
     if (strcmp(name, "auto") == 0) {
         /*
-         * The CUDA backend has the device arena and slot operations but not
-         * the RWKV-7 step yet, so "auto" stays on the CPU until it does;
-         * "cuda" still selects it explicitly (its step answers WK_ENOTSUP).
+         * The CUDA backend's RWKV-7 step is written but has never run on a
+         * device (no GPU so far), so "auto" stays on the CPU until the gpu
+         * suite (cuda_step, cuda_parity) has passed on one; "cuda" still
+         * selects it explicitly (other families' steps answer WK_ENOTSUP).
          */
         return &be_cpu_ops;
     }

@@ -1,34 +1,37 @@
 /*
- * be_cuda: the CUDA backend's device side as built so far: device probe,
- * the state arena in device memory (slot reset, fork copy, chunked
- * read/write for hibernate/resume/migration, and the device address of a
- * slot for NCCL migration) and the checksum kernel.
- * The RWKV-7 step on the GPU is not written yet: step() answers WK_ENOTSUP
- * with a clear message, and "auto" backend selection never picks CUDA until
- * it is (see be.c). Compiled only when nvcc is found; never logs.
+ * be_cuda: the CUDA backend: device probe, the state arena in device memory
+ * (slot reset, fork copy, chunked read/write for hibernate/resume/migration,
+ * the device address of a slot for NCCL migration) and the step, which for
+ * the RWKV-7 family lives in be_cuda_rwkv7.c (weights on the device, cuBLAS
+ * GEMMs, kernels/k_rwkv7.cu). Other families open (the slot operations
+ * work) but their step answers WK_ENOTSUP naming the family.
+ *
+ * Numerics: the step matches the CPU reference to GEMM rounding, not bit
+ * for bit, and a row's bits may change with the batch shape (cuBLAS picks
+ * algorithms by shape; see be_cuda_rwkv7.c). So "auto" backend selection
+ * stays on the CPU (be.c) until the GPU parity suite (cuda_parity,
+ * cuda_step) has passed on a device. Compiled only when nvcc is found;
+ * never logs.
  */
 #include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "be.h"
+#include "be_cuda_rwkv7.h"
 #include "k.h"
-
-/* Funnel for CUDA calls: on failure, records expr, function, file and line. */
-#define WK_CUDA_CHECK(expr, d)                                                                     \
-    do {                                                                                           \
-        cudaError_t ce_ = (expr);                                                                  \
-        if (ce_ != cudaSuccess)                                                                    \
-            return wk_diag_set((d), WK_EDEVICE, "%s failed: %s (%s at %s:%d)", #expr,             \
-                               cudaGetErrorString(ce_), __func__, __FILE__, __LINE__);            \
-    } while (0)
 
 struct be_ctx {
     int device;          /* CUDA ordinal */
     uint32_t n_slots;    /* arena slots including slot 0 */
     uint64_t slot_bytes; /* bytes per slot */
     uint8_t *arena;      /* device memory, n_slots * slot_bytes */
+    char family[16];     /* the model's family (for messages) */
+    char dev_name[256];  /* device name (describe) */
+    be_cuda_rwkv7 *rw;   /* the RWKV-7 step, owned; NULL for other families */
 };
 
 static wk_err
@@ -50,25 +53,43 @@ be_cuda_close(be_ctx *ctx)
 {
     if (ctx == NULL)
         return;
-    if (ctx->arena != NULL) {
-        cudaSetDevice(ctx->device);
-        cudaFree(ctx->arena);
-    }
+    (void)cudaSetDevice(ctx->device);
+    be_cuda_rwkv7_free(ctx->rw);
+    if (ctx->arena != NULL)
+        (void)cudaFree(ctx->arena);
     free(ctx);
 }
 
 static wk_err
 be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
 {
+    if (cfg == NULL || m == NULL || out == NULL)
+        return wk_diag_set(d, WK_EINVAL, "cuda backend: missing config or model");
     if (cfg->n_slots < 2)
         return wk_diag_set(d, WK_EINVAL, "need at least 2 slots (slot 0 is reserved)");
+    /* a clear "no device" first: the GPU tests and the parity script skip on it */
+    int n_dev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&n_dev);
+    if (ce != cudaSuccess || n_dev == 0)
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: no CUDA device (%s)",
+                           ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+    if (cfg->device < 0 || cfg->device >= n_dev)
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: no CUDA device %d (%d present)",
+                           cfg->device, n_dev);
+    const wrk_model_info *info = wrk_model_info_get(m);
     be_ctx *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
-        return WK_ENOMEM;
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
     ctx->device = cfg->device;
     ctx->n_slots = cfg->n_slots;
-    ctx->slot_bytes = wrk_model_info_get(m)->state_bytes;
-    cudaError_t ce = cudaSetDevice(cfg->device);
+    ctx->slot_bytes = info->state_bytes;
+    snprintf(ctx->family, sizeof(ctx->family), "%s", info->family);
+    struct cudaDeviceProp prop;
+    ce = cudaSetDevice(cfg->device);
+    if (ce == cudaSuccess && cudaGetDeviceProperties(&prop, cfg->device) == cudaSuccess)
+        snprintf(ctx->dev_name, sizeof(ctx->dev_name), "%s", prop.name);
+    if (ce == cudaSuccess && ctx->slot_bytes > SIZE_MAX / cfg->n_slots)
+        ce = cudaErrorMemoryAllocation;
     if (ce == cudaSuccess)
         ce = cudaMalloc((void **)&ctx->arena, (size_t)ctx->slot_bytes * cfg->n_slots);
     if (ce == cudaSuccess)
@@ -79,6 +100,15 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         return wk_diag_set(d, WK_EDEVICE, "device %d arena of %u x %llu bytes: %s",
                            cfg->device, cfg->n_slots, (unsigned long long)bytes,
                            cudaGetErrorString(ce));
+    }
+    const wrk_rwkv7 *rw = wrk_model_rwkv7(m);
+    if (rw != NULL) {
+        wk_err e = be_cuda_rwkv7_new(cfg, rw, (float *)(void *)ctx->arena, ctx->n_slots,
+                                     ctx->slot_bytes, &ctx->rw, d);
+        if (e != WK_OK) {
+            be_cuda_close(ctx);
+            return e;
+        }
     }
     *out = ctx;
     return WK_OK;
@@ -102,31 +132,55 @@ be_cuda_slot_ptr(be_ctx *ctx, uint32_t slot)
     return ctx->arena + (size_t)slot * ctx->slot_bytes;
 }
 
+/*
+ * The slot operations run on the legacy default stream and complete before
+ * they return (cudaMemset and device-to-device or pageable host-to-device
+ * copies may return early): the step runs on its own non-blocking stream,
+ * which does not wait for the default one. The step, in turn, completes
+ * before it returns.
+ */
 static wk_err
 be_cuda_slot_reset(be_ctx *ctx, uint32_t slot)
 {
-    if (slot >= ctx->n_slots)
+    if (ctx == NULL || slot >= ctx->n_slots)
         return WK_EINVAL;
+    WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
     WK_CUDA_CHECK(cudaMemset(be_cuda_slot_ptr(ctx, slot), 0, ctx->slot_bytes), NULL);
+    WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
     return WK_OK;
 }
 
 static wk_err
 be_cuda_slot_copy(be_ctx *ctx, uint32_t dst, uint32_t src)
 {
-    if (dst >= ctx->n_slots || src >= ctx->n_slots)
+    if (ctx == NULL || dst == 0 || src == 0 || dst >= ctx->n_slots || src >= ctx->n_slots)
         return WK_EINVAL;
+    if (dst == src)
+        return WK_OK;
+    WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
     WK_CUDA_CHECK(cudaMemcpy(be_cuda_slot_ptr(ctx, dst), be_cuda_slot_ptr(ctx, src),
                              ctx->slot_bytes, cudaMemcpyDeviceToDevice),
                   NULL);
+    WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
     return WK_OK;
+}
+
+/* slot 1..n_slots-1 and off + len inside the slot (be.h), as the CPU backend checks. */
+static bool
+be_cuda_slot_range_ok(const be_ctx *ctx, uint32_t slot, uint64_t off, size_t len)
+{
+    return slot != 0 && slot < ctx->n_slots && off <= ctx->slot_bytes &&
+           len <= ctx->slot_bytes - off;
 }
 
 static wk_err
 be_cuda_slot_read(be_ctx *ctx, uint32_t slot, uint64_t off, void *buf, size_t len)
 {
-    if (slot >= ctx->n_slots || off > ctx->slot_bytes || len > ctx->slot_bytes - off)
+    if (ctx == NULL || (buf == NULL && len > 0) || !be_cuda_slot_range_ok(ctx, slot, off, len))
         return WK_EINVAL;
+    if (len == 0)
+        return WK_OK;
+    WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
     WK_CUDA_CHECK(cudaMemcpy(buf, be_cuda_slot_ptr(ctx, slot) + off, len,
                              cudaMemcpyDeviceToHost),
                   NULL);
@@ -136,23 +190,39 @@ be_cuda_slot_read(be_ctx *ctx, uint32_t slot, uint64_t off, void *buf, size_t le
 static wk_err
 be_cuda_slot_write(be_ctx *ctx, uint32_t slot, uint64_t off, const void *buf, size_t len)
 {
-    if (slot >= ctx->n_slots || off > ctx->slot_bytes || len > ctx->slot_bytes - off)
+    if (ctx == NULL || (buf == NULL && len > 0) || !be_cuda_slot_range_ok(ctx, slot, off, len))
         return WK_EINVAL;
+    if (len == 0)
+        return WK_OK;
+    WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
     WK_CUDA_CHECK(cudaMemcpy(be_cuda_slot_ptr(ctx, slot) + off, buf, len,
                              cudaMemcpyHostToDevice),
                   NULL);
+    WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
     return WK_OK;
 }
 
 static wk_err
 be_cuda_step(be_ctx *ctx, be_row *rows, size_t n, wk_diag *d)
 {
-    (void)ctx;
-    (void)rows;
-    (void)n;
-    return wk_diag_set(d, WK_ENOTSUP,
-                       "the CUDA RWKV-7 step is not built yet; run this worker with "
-                       "--backend cpu");
+    if (ctx->rw == NULL)
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "cuda backend: no CUDA step for the %s family yet; run this worker "
+                           "with --backend cpu",
+                           ctx->family);
+    return be_cuda_rwkv7_step(ctx->rw, rows, n, d);
+}
+
+static void
+be_cuda_describe(const be_ctx *ctx, char *buf, size_t len)
+{
+    if (buf == NULL || len == 0)
+        return;
+    char rest[256] = "";
+    if (ctx->rw != NULL)
+        be_cuda_rwkv7_describe(ctx->rw, rest, sizeof(rest));
+    snprintf(buf, len, "cuda device=%d name=\"%s\" family=%s%s%s", ctx->device, ctx->dev_name,
+             ctx->family, rest[0] ? " " : "", rest);
 }
 
 static wk_err
@@ -182,6 +252,7 @@ const be_ops be_cuda_ops = {
     .slot_read = be_cuda_slot_read,
     .slot_write = be_cuda_slot_write,
     .step = be_cuda_step,
+    .describe = be_cuda_describe,
     .slot_device_ptr = be_cuda_slot_device_ptr,
     .device_index = be_cuda_device_index,
 };

@@ -1,0 +1,61 @@
+/*
+ * be_cuda_rwkv7: the CUDA backend's internal seam between be_cuda.c (device
+ * probe, arena, slot ops, the ops table) and be_cuda_rwkv7.c (the RWKV-7
+ * weights on the device and the step). Only those two files include it.
+ * Never logs.
+ */
+#ifndef BE_CUDA_RWKV7_H
+#define BE_CUDA_RWKV7_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "be.h"
+#include "wk_err.h"
+#include "wrk_model.h"
+
+/*
+ * Funnel for CUDA runtime calls (and kernel launchers, whose int result is a
+ * cudaError_t): on failure returns WK_EDEVICE from the calling function with
+ * expr, error, function, file and line in the diag d (may be NULL).
+ */
+#define WK_CUDA_CHECK(expr, d)                                                                     \
+    do {                                                                                           \
+        cudaError_t ce_ = (cudaError_t)(expr);                                                     \
+        if (ce_ != cudaSuccess)                                                                    \
+            return wk_diag_set((d), WK_EDEVICE, "%s failed: %s (%s at %s:%d)", #expr,              \
+                               cudaGetErrorString(ce_), __func__, __FILE__, __LINE__);             \
+    } while (0)
+
+typedef struct be_cuda_rwkv7 be_cuda_rwkv7;
+
+/*
+ * Uploads rw's weights to the current device (cudaSetDevice(device) done by
+ * the caller) and allocates the step scratch. arena (device memory,
+ * n_slots slots of slot_bytes, the be.h layout) is borrowed for the
+ * object's life. On success *out is owned by the caller (free with
+ * be_cuda_rwkv7_free). Returns WK_EINVAL (config or shapes), WK_ENOTSUP
+ * (head size over 1024), WK_ENOMEM (host), WK_EDEVICE (device memory or
+ * a CUDA/cuBLAS error); the diag says which.
+ */
+WK_MUST_CHECK wk_err be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena,
+                                       uint32_t n_slots, uint64_t slot_bytes, be_cuda_rwkv7 **out,
+                                       wk_diag *d);
+
+/* Frees everything new() made; NULL-safe and safe on a half-built object. */
+void be_cuda_rwkv7_free(be_cuda_rwkv7 *c);
+
+/*
+ * One step (be.h's step contract): every row is checked first, with the
+ * CPU backend's errors and messages, and nothing changes on refusal.
+ * Returns when every state write and logits row is complete.
+ * WK_EDEVICE on a device error (slot states of the step's rows are then
+ * unspecified).
+ */
+WK_MUST_CHECK wk_err be_cuda_rwkv7_step(be_cuda_rwkv7 *c, be_row *rows, size_t n, wk_diag *d);
+
+/* Writes "pass_tokens=... weights=... weight_bytes=..." into buf (NUL-terminated). */
+void be_cuda_rwkv7_describe(const be_cuda_rwkv7 *c, char *buf, size_t len);
+
+#endif /* BE_CUDA_RWKV7_H */
