@@ -133,6 +133,116 @@ int k_rwkv7_wkv(float *arena, size_t slot_floats, size_t state_off, uint32_t n_s
                 const float *r_k, const float *lnx_w, const float *lnx_b, float gn_eps, float *y,
                 void *stream);
 
+/* ------------------------------------------------------------------------ */
+/* Shared by the Mamba2 and Gated DeltaNet steps (k_common.cu).             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * x[t] = (float)emb[tok[t]] for t < T rows of C; emb is [V][C] of dtype
+ * K_DT_*; the tokens must already be checked against V.
+ */
+int k_embed_rows(const void *emb, int dtype, const uint32_t *tok, uint32_t T, uint32_t C,
+                 float *x, void *stream);
+
+/*
+ * y[i] = RMSNorm(x[idx ? idx[i] : i]) * w for i < n rows of D floats:
+ * y = x * (float)(1 / sqrt(sum(x^2) / D + eps)) * w, the sum of squares in
+ * double in a fixed order (the CPU's be_cpu_rmsnorm up to the summation
+ * order). w NULL: no weight. y may equal x only when idx is NULL.
+ */
+int k_rmsnorm_rows(const float *x, const uint32_t *idx, uint32_t n, uint32_t D, const float *w,
+                   double eps, float *y, void *stream);
+
+/* g[i] = silu(g[i]) * u[i] for i < n (the gated MLP). */
+int k_swiglu(float *g, const float *u, size_t n, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Mamba2 step (k_mamba2.cu); layout and math: workerd/wrk_mamba2.h.        */
+/* Segments as in k_rwkv7_shift_mix; segments must name distinct slots.     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Causal depthwise conv + SiLU per (segment, channel), tokens in order:
+ * out[t][ch] = silu(b[ch] + sum_k w[ch][k] in_{t-K+1+k}) with in_t =
+ * xbc[t * ldx + ch] and, before the segment, the slot's conv state
+ * [CD][K-1] at arena + seg_slot[s] * slot_floats + conv_off (oldest
+ * first), which then gets the segment's last K-1 inputs. K in 2..64.
+ * out is [T][CD].
+ */
+int k_mamba2_conv(const float *xbc, size_t ldx, uint32_t CD, uint32_t K, const float *w,
+                  const float *b, uint32_t n_segs, const uint32_t *seg_t0, const uint32_t *seg_n,
+                  const uint32_t *seg_slot, float *arena, size_t slot_floats, size_t conv_off,
+                  float *out, void *stream);
+
+/*
+ * The SSM scan per (segment, head), tokens in order, over the slot's state
+ * S [H][P][N] at arena + seg_slot[s] * slot_floats + ssm_off:
+ * dt = softplus(dt_raw[t * ld_dt + h] + dt_bias[h]) (x when over 20),
+ * S_h = S_h * exp(dt A_h) + (x_h dt) B_g^T, y_h = S_h C_g + D_h x_h, with
+ * x_h = xbc[t][h P ..], B_g = xbc[t][DI + g N ..], C_g = xbc[t][DI + G N +
+ * g N ..], g = h / (H / G); xbc rows CD floats apart, y rows DI.
+ */
+int k_mamba2_scan(float *arena, size_t slot_floats, size_t ssm_off, uint32_t n_segs,
+                  const uint32_t *seg_t0, const uint32_t *seg_n, const uint32_t *seg_slot,
+                  uint32_t H, uint32_t P, uint32_t N, uint32_t G, const float *xbc, uint32_t CD,
+                  const float *dt_raw, size_t ld_dt, const float *dt_bias, const float *A,
+                  const float *D, float *y, void *stream);
+
+/*
+ * In place for T rows of DI = G groups: y = RMSNorm_group(y * silu(z)) * w
+ * (w [DI], z rows ldz floats apart), eps as k_rmsnorm_rows.
+ */
+int k_mamba2_gate_norm(float *y, const float *z, size_t ldz, uint32_t T, uint32_t DI, uint32_t G,
+                       const float *w, double eps, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Gated DeltaNet step (k_gdn.cu); layout and math: workerd/wrk_gdn.h.      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * SiLU(causal depthwise conv) per (segment, channel), tokens in order, no
+ * bias: out[t][d] = silu(sum_{j<W} taps[d][j] in_{t-W+1+j}[d]) with in_t =
+ * raw[t * D + d] and, before the segment, the slot's history [W-1][D] at
+ * arena + seg_slot[s] * slot_floats + hist_off (oldest first), which then
+ * gets the segment's last W-1 inputs. W in 2..64; taps [D][W].
+ */
+int k_gdn_conv(const float *raw, uint32_t D, uint32_t W, const float *taps, uint32_t n_segs,
+               const uint32_t *seg_t0, const uint32_t *seg_n, const uint32_t *seg_slot,
+               float *arena, size_t slot_floats, size_t hist_off, float *out, void *stream);
+
+/*
+ * In place, T rows of H heads of K: x_h *= (float)(1 / sqrt(sum(x_h^2) +
+ * 1e-6)) * scale (sum of squares in double).
+ */
+int k_gdn_l2norm(float *x, uint32_t T, uint32_t H, uint32_t K, float scale, void *stream);
+
+/*
+ * In place for n = T * HV values (j = i % HV): a = exp(neg_A[j] *
+ * softplus(a + dt_bias[j])) (the decay), b = sigmoid(b) * beta_scale.
+ */
+int k_gdn_gates(float *a, float *b, size_t n, uint32_t HV, const float *neg_A,
+                const float *dt_bias, float beta_scale, void *stream);
+
+/*
+ * The gated delta rule per (segment, value head j, 32-column tile), tokens
+ * in order, over S_j [K][Vd] at arena + seg_slot[s] * slot_floats + S_off +
+ * j K Vd (key head kh = j / (HV / H)); per column i (independent):
+ * S *= decay; kv = sum_r S[r][i] k[r]; u = beta (v_i - kv);
+ * S[r][i] += u k[r]; o_i = sum_r S[r][i] q[r] (sums in r order).
+ * q, k rows H K floats; v, o rows HV Vd; decay, beta rows HV.
+ */
+int k_gdn_delta(float *arena, size_t slot_floats, size_t S_off, uint32_t n_segs,
+                const uint32_t *seg_t0, const uint32_t *seg_n, const uint32_t *seg_slot,
+                uint32_t H, uint32_t HV, uint32_t K, uint32_t Vd, const float *q, const float *k,
+                const float *v, const float *decay, const float *beta, float *o, void *stream);
+
+/*
+ * In place for T rows of HV heads of Vd: o_j = RMSNorm(o_j) * w (w [Vd]),
+ * then (g not NULL) * silu(g), eps as k_rmsnorm_rows.
+ */
+int k_gdn_onorm(float *o, const float *g, uint32_t T, uint32_t HV, uint32_t Vd, const float *w,
+                double eps, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -36,7 +36,7 @@ be_ops_find(const char *name)
          * The CUDA backend's RWKV-7 step is written but has never run on a
          * device (no GPU so far), so "auto" stays on the CPU until the gpu
          * suite (cuda_step, cuda_parity) has passed on one; "cuda" still
-         * selects it explicitly (other families' steps answer WK_ENOTSUP).
+         * selects it explicitly.
          */
         return &be_cpu_ops;
     }

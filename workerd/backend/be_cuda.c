@@ -1,17 +1,22 @@
 /*
  * be_cuda: the CUDA backend: device probe, the state arena in device memory
  * (slot reset, fork copy, chunked read/write for hibernate/resume/migration,
- * the device address of a slot for NCCL migration) and the step, which for
- * the RWKV-7 family lives in be_cuda_rwkv7.c (weights on the device, cuBLAS
- * GEMMs, kernels/k_rwkv7.cu). Other families open (the slot operations
- * work) but their step answers WK_ENOTSUP naming the family.
+ * the device address of a slot for NCCL migration) and the step, which a
+ * family supplies through a be_cuda_family (be_cuda_common.h) chosen by the
+ * model's family at open: RWKV-7 (be_cuda_rwkv7.c), Mamba2
+ * (be_cuda_mamba2.c), Gated DeltaNet (be_cuda_gdn.c), each over the shared
+ * be_cuda_core (weights on the device, cuBLAS GEMMs, kernels/k_*.cu). A
+ * family without one opens (the slot operations work) but its step answers
+ * WK_ENOTSUP naming the family. Hybrid models (attention layers with a
+ * paged KV, kv_token_bytes > 0) are refused at open with WK_ENOTSUP: there
+ * is no device KV pool yet.
  *
  * Numerics: the step matches the CPU reference to GEMM rounding, not bit
  * for bit, and a row's bits may change with the batch shape (cuBLAS picks
  * algorithms by shape; see be_cuda_rwkv7.c). So "auto" backend selection
- * stays on the CPU (be.c) until the GPU parity suite (cuda_parity,
- * cuda_step) has passed on a device. Compiled only when nvcc is found;
- * never logs.
+ * stays on the CPU (be.c) until the GPU suite (cuda_parity, cuda_step,
+ * cuda_families, cuda_mamba2_parity, cuda_gdn_parity) has passed on a
+ * device. Compiled only when nvcc is found; never logs.
  */
 #include <cuda_runtime.h>
 #include <stdbool.h>
@@ -21,18 +26,35 @@
 #include <string.h>
 
 #include "be.h"
-#include "be_cuda_rwkv7.h"
+#include "be_cuda_common.h"
 #include "k.h"
 
 struct be_ctx {
-    int device;          /* CUDA ordinal */
-    uint32_t n_slots;    /* arena slots including slot 0 */
-    uint64_t slot_bytes; /* bytes per slot */
-    uint8_t *arena;      /* device memory, n_slots * slot_bytes */
-    char family[16];     /* the model's family (for messages) */
-    char dev_name[256];  /* device name (describe) */
-    be_cuda_rwkv7 *rw;   /* the RWKV-7 step, owned; NULL for other families */
+    int device;                /* CUDA ordinal */
+    uint32_t n_slots;          /* arena slots including slot 0 */
+    uint64_t slot_bytes;       /* bytes per slot */
+    uint8_t *arena;            /* device memory, n_slots * slot_bytes */
+    char family[16];           /* the model's family (for messages) */
+    char dev_name[256];        /* device name (describe) */
+    const be_cuda_family *fam; /* the family's step; NULL: none for this family */
+    void *impl;                /* fam's step object, owned */
 };
+
+/* The families with a CUDA step. */
+static const be_cuda_family *const be_cuda_families[] = {
+    &be_cuda_rwkv7_family,
+    &be_cuda_mamba2_family,
+    &be_cuda_gdn_family,
+};
+
+static const be_cuda_family *
+be_cuda_family_find(const char *family)
+{
+    for (size_t i = 0; i < sizeof(be_cuda_families) / sizeof(be_cuda_families[0]); i++)
+        if (strcmp(be_cuda_families[i]->name, family) == 0)
+            return be_cuda_families[i];
+    return NULL;
+}
 
 static wk_err
 be_cuda_probe(int device, char *name, size_t name_len, uint64_t *mem_bytes)
@@ -54,7 +76,8 @@ be_cuda_close(be_ctx *ctx)
     if (ctx == NULL)
         return;
     (void)cudaSetDevice(ctx->device);
-    be_cuda_rwkv7_free(ctx->rw);
+    if (ctx->fam != NULL)
+        ctx->fam->destroy(ctx->impl);
     if (ctx->arena != NULL)
         (void)cudaFree(ctx->arena);
     free(ctx);
@@ -77,6 +100,12 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         return wk_diag_set(d, WK_EDEVICE, "cuda backend: no CUDA device %d (%d present)",
                            cfg->device, n_dev);
     const wrk_model_info *info = wrk_model_info_get(m);
+    if (info->kv_token_bytes > 0)
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "cuda backend: hybrid %s models (attention layers, %llu KV bytes a "
+                           "token) need a device KV pool, not written yet; run this worker with "
+                           "--backend cpu",
+                           info->family, (unsigned long long)info->kv_token_bytes);
     be_ctx *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
@@ -97,18 +126,18 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     if (ce != cudaSuccess) {
         uint64_t bytes = ctx->slot_bytes;
         be_cuda_close(ctx);
-        return wk_diag_set(d, WK_EDEVICE, "device %d arena of %u x %llu bytes: %s",
-                           cfg->device, cfg->n_slots, (unsigned long long)bytes,
-                           cudaGetErrorString(ce));
+        return wk_diag_set(d, WK_EDEVICE, "device %d arena of %u x %llu bytes: %s", cfg->device,
+                           cfg->n_slots, (unsigned long long)bytes, cudaGetErrorString(ce));
     }
-    const wrk_rwkv7 *rw = wrk_model_rwkv7(m);
-    if (rw != NULL) {
-        wk_err e = be_cuda_rwkv7_new(cfg, rw, (float *)(void *)ctx->arena, ctx->n_slots,
-                                     ctx->slot_bytes, &ctx->rw, d);
+    const be_cuda_family *fam = be_cuda_family_find(info->family);
+    if (fam != NULL) {
+        wk_err e = fam->create(cfg, m, (float *)(void *)ctx->arena, ctx->n_slots, ctx->slot_bytes,
+                               &ctx->impl, d);
         if (e != WK_OK) {
             be_cuda_close(ctx);
             return e;
         }
+        ctx->fam = fam;
     }
     *out = ctx;
     return WK_OK;
@@ -181,8 +210,7 @@ be_cuda_slot_read(be_ctx *ctx, uint32_t slot, uint64_t off, void *buf, size_t le
     if (len == 0)
         return WK_OK;
     WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
-    WK_CUDA_CHECK(cudaMemcpy(buf, be_cuda_slot_ptr(ctx, slot) + off, len,
-                             cudaMemcpyDeviceToHost),
+    WK_CUDA_CHECK(cudaMemcpy(buf, be_cuda_slot_ptr(ctx, slot) + off, len, cudaMemcpyDeviceToHost),
                   NULL);
     return WK_OK;
 }
@@ -195,8 +223,7 @@ be_cuda_slot_write(be_ctx *ctx, uint32_t slot, uint64_t off, const void *buf, si
     if (len == 0)
         return WK_OK;
     WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
-    WK_CUDA_CHECK(cudaMemcpy(be_cuda_slot_ptr(ctx, slot) + off, buf, len,
-                             cudaMemcpyHostToDevice),
+    WK_CUDA_CHECK(cudaMemcpy(be_cuda_slot_ptr(ctx, slot) + off, buf, len, cudaMemcpyHostToDevice),
                   NULL);
     WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
     return WK_OK;
@@ -205,12 +232,14 @@ be_cuda_slot_write(be_ctx *ctx, uint32_t slot, uint64_t off, const void *buf, si
 static wk_err
 be_cuda_step(be_ctx *ctx, be_row *rows, size_t n, wk_diag *d)
 {
-    if (ctx->rw == NULL)
+    if (ctx == NULL)
+        return wk_diag_set(d, WK_EINVAL, "cuda backend: no context");
+    if (ctx->fam == NULL)
         return wk_diag_set(d, WK_ENOTSUP,
                            "cuda backend: no CUDA step for the %s family yet; run this worker "
                            "with --backend cpu",
                            ctx->family);
-    return be_cuda_rwkv7_step(ctx->rw, rows, n, d);
+    return ctx->fam->step(ctx->impl, rows, n, d);
 }
 
 static void
@@ -219,8 +248,8 @@ be_cuda_describe(const be_ctx *ctx, char *buf, size_t len)
     if (buf == NULL || len == 0)
         return;
     char rest[256] = "";
-    if (ctx->rw != NULL)
-        be_cuda_rwkv7_describe(ctx->rw, rest, sizeof(rest));
+    if (ctx->fam != NULL)
+        ctx->fam->describe(ctx->impl, rest, sizeof(rest));
     snprintf(buf, len, "cuda device=%d name=\"%s\" family=%s%s%s", ctx->device, ctx->dev_name,
              ctx->family, rest[0] ? " " : "", rest);
 }

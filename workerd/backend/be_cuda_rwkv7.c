@@ -39,7 +39,6 @@
  */
 #include "be_cuda_rwkv7.h"
 
-#include <cublas_v2.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,23 +46,7 @@
 
 #include "k.h"
 
-#define CU_PASS_TOKENS 512u      /* tokens per pass by default */
-#define CU_PASS_TOKENS_MAX 4096u /* WKVM_CUDA_PASS_TOKENS upper bound */
-#define CU_LOGIT_ROWS 64u        /* logits rows per head GEMM (bounds the staging) */
-#define CU_DEF_ROWS 1024u        /* max_step_rows when the config says 0 */
-#define CU_DEF_TOKENS 65536u     /* max_step_tokens when the config says 0 */
-#define CU_WORKSPACE (32u << 20) /* cuBLAS workspace bytes (fixed: deterministic) */
-#define CU_LN_EPS 1e-5f          /* LayerNorm epsilon */
-#define CU_ALIGN 256u            /* device offset alignment of each matrix */
-
-/* cuBLAS status funnel, as WK_CUDA_CHECK. */
-#define WK_CUBLAS_CHECK(expr, d)                                                                   \
-    do {                                                                                           \
-        cublasStatus_t bs_ = (expr);                                                               \
-        if (bs_ != CUBLAS_STATUS_SUCCESS)                                                          \
-            return wk_diag_set((d), WK_EDEVICE, "%s failed: %s (%s at %s:%d)", #expr,              \
-                               cublasGetStatusString(bs_), __func__, __FILE__, __LINE__);          \
-    } while (0)
+#define CU_LN_EPS 1e-5f /* LayerNorm epsilon */
 
 /* Indices of the token-shift mixes (the order of their vectors on the device). */
 enum { MIX_R = 0, MIX_W, MIX_K, MIX_V, MIX_A, MIX_G, MIX_N };
@@ -88,16 +71,7 @@ enum {
     V_PER_LAYER
 };
 
-/* Offsets into the pinned / device per-pass metadata, in units of cap uint32. */
-enum { M_TOK = 0, M_TSEG, M_SEG_T0, M_SEG_N, M_SEG_SLOT, M_LPOS, M_N };
-
-/* A weight matrix on the device, as stored. */
-typedef struct cu_mat {
-    const void *w; /* device bytes, NULL: absent */
-    int dtype;     /* K_DT_* */
-    uint32_t k, n; /* input / output features */
-    bool in_major; /* stored [k][n] (x @ W); else [n][k] (nn.Linear) */
-} cu_mat;
+typedef be_cuda_mat cu_mat;
 
 typedef struct cu_layer {
     cu_mat wr, wk, wv, wo; /* C -> C projections */
@@ -107,55 +81,33 @@ typedef struct cu_layer {
 } cu_layer;
 
 struct be_cuda_rwkv7 {
-    int device;                    /* CUDA ordinal */
-    uint32_t L, C, H, N, F, V;     /* dimensions */
-    uint32_t Dw, Da, Dv, Dg;       /* LoRA ranks */
-    uint32_t max_rows, max_tokens; /* step limits */
-    wk_dtype dtype;                /* the model's weight dtype (describe) */
-    uint32_t n_slots;              /* arena slots incl. 0 */
-    size_t layer_floats;           /* 2C + H N N */
-    size_t slot_floats;            /* L * layer_floats */
-    float *arena;                  /* device, borrowed from be_cuda */
+    be_cuda_core core;         /* stream, cuBLAS, weights, GEMM scratch, passes */
+    uint32_t L, C, H, N, F, V; /* dimensions */
+    uint32_t Dw, Da, Dv, Dg;   /* LoRA ranks */
+    wk_dtype dtype;            /* the model's weight dtype (describe) */
+    size_t layer_floats;       /* 2C + H N N */
+    size_t slot_floats;        /* L * layer_floats */
+    float *arena;              /* device, borrowed from be_cuda */
 
-    cudaStream_t stream;   /* every enqueue of a step, NULL until created */
-    cublasHandle_t blas;   /* bound to stream, NULL until created */
-    void *blas_ws;         /* cuBLAS workspace, device */
-    uint8_t *weights;      /* device block: every matrix and the embedding */
-    uint64_t weight_bytes; /* bytes in weights */
-    const void *emb;       /* into weights: [V][C] as stored */
-    int emb_dtype;         /* K_DT_* */
-    float *vecs;           /* device fp32 vectors (G_N + V_PER_LAYER * L) * C */
-    cu_layer *layers;      /* host array of L, owned */
-    cu_mat head;           /* C -> V */
+    cu_mat emb;       /* [V][C] as stored (gathered, never multiplied) */
+    float *vecs;      /* device fp32 vectors (G_N + V_PER_LAYER * L) * C */
+    cu_layer *layers; /* host array of L, owned */
+    cu_mat head;      /* C -> V */
 
-    uint32_t cap;  /* tokens per pass */
-    uint32_t lcap; /* logits rows per head GEMM */
-    /* device scratch (fp32 unless noted) */
+    /* device scratch (fp32), cap tokens unless noted */
     float *x;                 /* residual [cap][C] */
     float *xln;               /* LayerNorm output [cap][C] */
     float *mx;                /* MIX_N buffers [MIX_N][cap][C] */
     float *r, *k, *v, *vf;    /* [cap][C] */
     float *lw, *la, *lv, *lg; /* LoRA hidden [cap][D*] */
     float *hf;                /* channel-mix hidden [cap][F] */
-    float *y2;                /* raw GEMM output, column-major N x (2T) */
-    uint16_t *act;            /* 16-bit GEMM input halves [2T][K] */
-    float *rscale;            /* per-row inverse input scale [cap] */
     float *xo;                /* ln_out rows [lcap][C] */
-    float *dlog;              /* logits [lcap][V] */
-    uint32_t *dmeta;          /* per-pass metadata [M_N][cap] */
-    /* host */
-    uint32_t *hmeta;              /* pinned [M_N][cap] */
-    float *hlog;                  /* pinned [lcap][V] */
-    float **lrows;                /* destination of each logits row of the pass [cap] */
-    uint32_t *slot_mark;          /* duplicate detection [n_slots] */
-    uint32_t mark_gen;            /* current mark value */
-    uint32_t T, n_segs, n_logits; /* the pass being built */
 };
 
 static inline float *
 cu_mixbuf(const be_cuda_rwkv7 *c, int j)
 {
-    return c->mx + (size_t)j * c->cap * c->C;
+    return c->mx + (size_t)j * c->core.cap * c->C;
 }
 
 static inline const float *
@@ -170,89 +122,47 @@ cu_lvec(const be_cuda_rwkv7 *c, uint32_t l, int idx)
     return c->vecs + ((size_t)G_N + (size_t)l * V_PER_LAYER + (size_t)idx) * c->C;
 }
 
-static int
-cu_dtype(wk_dtype dt)
-{
-    return dt == WK_DTYPE_BF16 ? K_DT_BF16 : dt == WK_DTYPE_F16 ? K_DT_F16 : K_DT_F32;
-}
-
-static cudaDataType_t
-cu_blas_type(int dt)
-{
-    return dt == K_DT_BF16 ? CUDA_R_16BF : dt == K_DT_F16 ? CUDA_R_16F : CUDA_R_32F;
-}
-
 /* ------------------------------------------------------------------------ */
 /* GEMM                                                                      */
 /* ------------------------------------------------------------------------ */
 
-/*
- * dst[t * ldd + j] (epi) = sum_i x[t * K + i] W[i][j] for t < T, j < N.
- * In cuBLAS's column-major terms: Y (N x cols) = op(A) (N x K) * X (K x cols)
- * where X is the row-major activations seen as K x cols (ld K) and A the
- * stored matrix: [k][n] row-major is N x K column-major (op N, ld N);
- * [n][k] row-major is K x N column-major (op T, ld K).
- */
+/* dst[t * ldd + j] (epi) = sum_i x[t * K + i] W[i][j] for t < T (be_cuda_gemm). */
 static wk_err
 cu_gemm(be_cuda_rwkv7 *c, const cu_mat *w, const float *x, uint32_t T, float *dst, size_t ldd,
         int epi, wk_diag *d)
 {
-    if (T == 0)
-        return WK_OK;
-    const bool split = w->dtype != K_DT_F32;
-    const void *B = x;
-    int cols = (int)T;
-    if (split) {
-        WK_CUDA_CHECK(k_split16(x, T, w->k, w->dtype, c->act, c->rscale, c->stream), d);
-        B = c->act;
-        cols = 2 * (int)T;
-    }
-    const float one = 1.0f, zero = 0.0f;
-    const cudaDataType_t at = cu_blas_type(w->dtype);
-    WK_CUBLAS_CHECK(cublasGemmEx(c->blas, w->in_major ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N,
-                                 (int)w->n, cols, (int)w->k, &one, w->w, at,
-                                 w->in_major ? (int)w->n : (int)w->k, B, at, (int)w->k, &zero,
-                                 c->y2, CUDA_R_32F, (int)w->n, CUBLAS_COMPUTE_32F,
-                                 CUBLAS_GEMM_DEFAULT),
-                    d);
-    WK_CUDA_CHECK(
-        k_gemm_epi(c->y2, T, w->n, split, split ? c->rscale : NULL, epi, dst, ldd, c->stream), d);
-    return WK_OK;
+    return be_cuda_gemm(&c->core, w, x, T, dst, ldd, epi, d);
 }
 
 /* ------------------------------------------------------------------------ */
 /* a pass                                                                    */
 /* ------------------------------------------------------------------------ */
 
-#define CU_TRY(expr)                                                                               \
-    do {                                                                                           \
-        wk_err te_ = (expr);                                                                       \
-        if (te_ != WK_OK)                                                                          \
-            return te_;                                                                            \
-    } while (0)
+#define CU_TRY(expr) BE_CUDA_TRY(expr)
 
 /* The time mix of layer l: x += W_o(...) */
 static wk_err
 cu_time_mix(be_cuda_rwkv7 *c, uint32_t l, wk_diag *d)
 {
     const cu_layer *ly = &c->layers[l];
-    const uint32_t T = c->T, C = c->C;
-    const size_t cap = c->cap;
-    const uint32_t *dm = c->dmeta;
+    const uint32_t T = c->core.T, C = c->C;
+    const size_t cap = c->core.cap;
+    const uint32_t *dm = c->core.dmeta;
     const size_t lay_off = (size_t)l * c->layer_floats;
     float *mx0 = cu_mixbuf(c, 0), *mx1 = cu_mixbuf(c, 1), *mx2 = cu_mixbuf(c, 2);
     float *mx3 = cu_mixbuf(c, 3), *mx4 = cu_mixbuf(c, 4), *mx5 = cu_mixbuf(c, 5);
 
     WK_CUDA_CHECK(k_layernorm_rows(c->x, NULL, T, C, cu_lvec(c, l, V_LN1_W), cu_lvec(c, l, V_LN1_B),
-                                   CU_LN_EPS, c->xln, c->stream),
+                                   CU_LN_EPS, c->xln, c->core.stream),
                   d);
-    WK_CUDA_CHECK(k_rwkv7_shift_mix(c->xln, T, C, dm + M_TSEG * cap, dm + M_SEG_T0 * cap,
-                                    dm + M_SEG_SLOT * cap, c->arena, c->slot_floats, lay_off,
-                                    cu_lvec(c, l, V_MIX), MIX_N, c->mx, cap * C, c->stream),
+    WK_CUDA_CHECK(k_rwkv7_shift_mix(c->xln, T, C, dm + BE_CUDA_M_TSEG * cap,
+                                    dm + BE_CUDA_M_SEG_T0 * cap, dm + BE_CUDA_M_SEG_SLOT * cap,
+                                    c->arena, c->slot_floats, lay_off, cu_lvec(c, l, V_MIX), MIX_N,
+                                    c->mx, cap * C, c->core.stream),
                   d);
-    WK_CUDA_CHECK(k_rwkv7_save_shift(c->xln, C, c->n_segs, dm + M_SEG_T0 * cap, dm + M_SEG_N * cap,
-                                     dm + M_SEG_SLOT * cap, c->arena, c->slot_floats, lay_off,
-                                     c->stream),
+    WK_CUDA_CHECK(k_rwkv7_save_shift(c->xln, C, c->core.n_segs, dm + BE_CUDA_M_SEG_T0 * cap,
+                                     dm + BE_CUDA_M_SEG_N * cap, dm + BE_CUDA_M_SEG_SLOT * cap,
+                                     c->arena, c->slot_floats, lay_off, c->core.stream),
                   d);
 
     CU_TRY(cu_gemm(c, &ly->wr, cu_mixbuf(c, MIX_R), T, c->r, C, K_EPI_STORE, d));
@@ -273,13 +183,14 @@ cu_time_mix(be_cuda_rwkv7 *c, uint32_t l, wk_diag *d)
     /* mx0 = decay, mx1 = b, mx4 = a, k and v updated (layer 0: vf = v) */
     WK_CUDA_CHECK(k_rwkv7_att(T, C, c->H, c->N, l == 0, cu_lvec(c, l, V_W0), cu_lvec(c, l, V_A0),
                               cu_lvec(c, l, V_V0), cu_lvec(c, l, V_K_K), cu_lvec(c, l, V_K_A), mx0,
-                              mx1, mx2, mx4, c->k, c->v, c->vf, c->stream),
+                              mx1, mx2, mx4, c->k, c->v, c->vf, c->core.stream),
                   d);
-    WK_CUDA_CHECK(k_rwkv7_wkv(c->arena, c->slot_floats, lay_off + 2 * (size_t)C, c->n_segs,
-                              dm + M_SEG_T0 * cap, dm + M_SEG_N * cap, dm + M_SEG_SLOT * cap, c->H,
-                              c->N, C, c->r, mx0, c->k, c->v, mx4, mx1, mx3, cu_lvec(c, l, V_R_K),
-                              cu_lvec(c, l, V_LNX_W), cu_lvec(c, l, V_LNX_B),
-                              (float)((double)c->N * 1e-5), mx5, c->stream),
+    WK_CUDA_CHECK(k_rwkv7_wkv(c->arena, c->slot_floats, lay_off + 2 * (size_t)C, c->core.n_segs,
+                              dm + BE_CUDA_M_SEG_T0 * cap, dm + BE_CUDA_M_SEG_N * cap,
+                              dm + BE_CUDA_M_SEG_SLOT * cap, c->H, c->N, C, c->r, mx0, c->k, c->v,
+                              mx4, mx1, mx3, cu_lvec(c, l, V_R_K), cu_lvec(c, l, V_LNX_W),
+                              cu_lvec(c, l, V_LNX_B), (float)((double)c->N * 1e-5), mx5,
+                              c->core.stream),
                   d);
     CU_TRY(cu_gemm(c, &ly->wo, mx5, T, c->x, C, K_EPI_ADD, d));
     return WK_OK;
@@ -290,187 +201,61 @@ static wk_err
 cu_channel_mix(be_cuda_rwkv7 *c, uint32_t l, wk_diag *d)
 {
     const cu_layer *ly = &c->layers[l];
-    const uint32_t T = c->T, C = c->C;
-    const size_t cap = c->cap;
-    const uint32_t *dm = c->dmeta;
+    const uint32_t T = c->core.T, C = c->C;
+    const size_t cap = c->core.cap;
+    const uint32_t *dm = c->core.dmeta;
     const size_t shift_off = (size_t)l * c->layer_floats + C;
 
     WK_CUDA_CHECK(k_layernorm_rows(c->x, NULL, T, C, cu_lvec(c, l, V_LN2_W), cu_lvec(c, l, V_LN2_B),
-                                   CU_LN_EPS, c->xln, c->stream),
+                                   CU_LN_EPS, c->xln, c->core.stream),
                   d);
-    WK_CUDA_CHECK(k_rwkv7_shift_mix(c->xln, T, C, dm + M_TSEG * cap, dm + M_SEG_T0 * cap,
-                                    dm + M_SEG_SLOT * cap, c->arena, c->slot_floats, shift_off,
-                                    cu_lvec(c, l, V_FFN_X_K), 1, c->mx, cap * C, c->stream),
+    WK_CUDA_CHECK(k_rwkv7_shift_mix(c->xln, T, C, dm + BE_CUDA_M_TSEG * cap,
+                                    dm + BE_CUDA_M_SEG_T0 * cap, dm + BE_CUDA_M_SEG_SLOT * cap,
+                                    c->arena, c->slot_floats, shift_off, cu_lvec(c, l, V_FFN_X_K),
+                                    1, c->mx, cap * C, c->core.stream),
                   d);
-    WK_CUDA_CHECK(k_rwkv7_save_shift(c->xln, C, c->n_segs, dm + M_SEG_T0 * cap, dm + M_SEG_N * cap,
-                                     dm + M_SEG_SLOT * cap, c->arena, c->slot_floats, shift_off,
-                                     c->stream),
+    WK_CUDA_CHECK(k_rwkv7_save_shift(c->xln, C, c->core.n_segs, dm + BE_CUDA_M_SEG_T0 * cap,
+                                     dm + BE_CUDA_M_SEG_N * cap, dm + BE_CUDA_M_SEG_SLOT * cap,
+                                     c->arena, c->slot_floats, shift_off, c->core.stream),
                   d);
     CU_TRY(cu_gemm(c, &ly->fk, cu_mixbuf(c, 0), T, c->hf, c->F, K_EPI_RELU2, d));
     CU_TRY(cu_gemm(c, &ly->fv, c->hf, T, c->x, C, K_EPI_ADD, d));
     return WK_OK;
 }
 
-/* ln_out and the head for the pass's logits rows, copied to the callers' buffers. */
+/* ln_out of the logits rows lpos[0..n-1] into out (be_cuda_norm_fn). */
 static wk_err
-cu_logits(be_cuda_rwkv7 *c, wk_diag *d)
+cu_norm_out(void *arg, const uint32_t *lpos, uint32_t n, float *out, wk_diag *d)
 {
-    const size_t V = c->V;
-    for (uint32_t i0 = 0; i0 < c->n_logits; i0 += c->lcap) {
-        const uint32_t nl = c->n_logits - i0 < c->lcap ? c->n_logits - i0 : c->lcap;
-        WK_CUDA_CHECK(k_layernorm_rows(c->x, c->dmeta + (size_t)M_LPOS * c->cap + i0, nl, c->C,
-                                       cu_gvec(c, G_LNOUT_W), cu_gvec(c, G_LNOUT_B), CU_LN_EPS,
-                                       c->xo, c->stream),
-                      d);
-        CU_TRY(cu_gemm(c, &c->head, c->xo, nl, c->dlog, V, K_EPI_STORE, d));
-        WK_CUDA_CHECK(cudaMemcpyAsync(c->hlog, c->dlog, sizeof(float) * V * nl,
-                                      cudaMemcpyDeviceToHost, c->stream),
-                      d);
-        WK_CUDA_CHECK(cudaStreamSynchronize(c->stream), d);
-        for (uint32_t i = 0; i < nl; i++)
-            memcpy(c->lrows[i0 + i], c->hlog + V * i, sizeof(float) * V);
-    }
+    be_cuda_rwkv7 *c = arg;
+    WK_CUDA_CHECK(k_layernorm_rows(c->x, lpos, n, c->C, cu_gvec(c, G_LNOUT_W),
+                                   cu_gvec(c, G_LNOUT_B), CU_LN_EPS, out, c->core.stream),
+                  d);
     return WK_OK;
 }
 
-/* Runs the pass described by hmeta (T tokens, n_segs segments, n_logits rows). */
+/* Runs the pass the core describes (be_cuda_pass_fn). */
 static wk_err
-cu_pass_run(be_cuda_rwkv7 *c, wk_diag *d)
+cu_pass(void *arg, wk_diag *d)
 {
-    const size_t cap = c->cap;
-    WK_CUDA_CHECK(cudaMemcpyAsync(c->dmeta, c->hmeta, sizeof(uint32_t) * M_N * cap,
-                                  cudaMemcpyHostToDevice, c->stream),
-                  d);
-    WK_CUDA_CHECK(k_rwkv7_embed(c->emb, c->emb_dtype, c->dmeta + M_TOK * cap, c->T, c->C,
-                                cu_gvec(c, G_LN0_W), cu_gvec(c, G_LN0_B), CU_LN_EPS, c->x,
-                                c->stream),
+    be_cuda_rwkv7 *c = arg;
+    WK_CUDA_CHECK(k_rwkv7_embed(c->emb.w, c->emb.dtype, be_cuda_meta(&c->core, BE_CUDA_M_TOK),
+                                c->core.T, c->C, cu_gvec(c, G_LN0_W), cu_gvec(c, G_LN0_B),
+                                CU_LN_EPS, c->x, c->core.stream),
                   d);
     for (uint32_t l = 0; l < c->L; l++) {
         CU_TRY(cu_time_mix(c, l, d));
         CU_TRY(cu_channel_mix(c, l, d));
     }
-    if (c->n_logits > 0)
-        CU_TRY(cu_logits(c, d));
-    /* the pass is complete (and hmeta free for the next one) only after this */
-    WK_CUDA_CHECK(cudaStreamSynchronize(c->stream), d);
-    return WK_OK;
-}
-
-/* ------------------------------------------------------------------------ */
-/* step                                                                      */
-/* ------------------------------------------------------------------------ */
-
-/* The CPU backend's cpu_step_check: same order, same errors, same messages. */
-static wk_err
-cu_step_check(be_cuda_rwkv7 *c, const be_row *rows, size_t n, wk_diag *d)
-{
-    uint64_t total = 0;
-    if (n > c->max_rows)
-        return wk_diag_set(d, WK_ETOOBIG, "step has %zu rows, at most %u", n, c->max_rows);
-    if (n > 0 && rows == NULL)
-        return wk_diag_set(d, WK_EINVAL, "step rows missing");
-    if (++c->mark_gen == 0) {
-        memset(c->slot_mark, 0, sizeof(uint32_t) * c->n_slots);
-        c->mark_gen = 1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const be_row *r = &rows[i];
-        if (r->slot >= c->n_slots)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u outside the arena (%u slots)", i,
-                               r->slot, c->n_slots);
-        if (r->slot != 0) {
-            if (c->slot_mark[r->slot] == c->mark_gen)
-                return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u appears twice in one step", i,
-                                   r->slot);
-            c->slot_mark[r->slot] = c->mark_gen;
-        }
-        if (r->n_tokens == 0 || r->tokens == NULL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: no tokens", i);
-        if (r->logits_mode > BE_LOGITS_ALL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: bad logits_mode %u", i, r->logits_mode);
-        if (r->logits_mode != BE_LOGITS_NONE && r->logits == NULL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: logits requested without a buffer", i);
-        for (uint32_t t = 0; t < r->n_tokens; t++)
-            if (r->tokens[t] < 0 || (uint32_t)r->tokens[t] >= c->V)
-                return wk_diag_set(d, WK_EINVAL, "row %zu: token %d at %u outside vocab %u", i,
-                                   r->tokens[t], t, c->V);
-        total += r->n_tokens;
-    }
-    if (total > c->max_tokens)
-        return wk_diag_set(d, WK_ETOOBIG, "step has %llu tokens, at most %u",
-                           (unsigned long long)total, c->max_tokens);
-    return WK_OK;
-}
-
-static wk_err
-cu_step_rows(be_cuda_rwkv7 *c, be_row *rows, size_t n, wk_diag *d)
-{
-    const size_t cap = c->cap;
-    uint32_t *tok = c->hmeta + M_TOK * cap, *tseg = c->hmeta + M_TSEG * cap;
-    uint32_t *seg_t0 = c->hmeta + M_SEG_T0 * cap, *seg_n = c->hmeta + M_SEG_N * cap;
-    uint32_t *seg_slot = c->hmeta + M_SEG_SLOT * cap, *lpos = c->hmeta + M_LPOS * cap;
-    c->T = 0;
-    c->n_segs = 0;
-    c->n_logits = 0;
-    for (size_t i = 0; i < n; i++) {
-        be_row *r = &rows[i];
-        if (r->slot == 0) {
-            /* padding: skipped; its logits are zeros */
-            if (r->logits_mode == BE_LOGITS_LAST)
-                memset(r->logits, 0, sizeof(float) * c->V);
-            else if (r->logits_mode == BE_LOGITS_ALL)
-                memset(r->logits, 0, sizeof(float) * c->V * r->n_tokens);
-            continue;
-        }
-        uint32_t off = 0;
-        while (off < r->n_tokens) {
-            const uint32_t room = c->cap - c->T;
-            const uint32_t take = r->n_tokens - off < room ? r->n_tokens - off : room;
-            seg_t0[c->n_segs] = c->T;
-            seg_n[c->n_segs] = take;
-            seg_slot[c->n_segs] = r->slot;
-            for (uint32_t j = 0; j < take; j++) {
-                tok[c->T + j] = (uint32_t)r->tokens[off + j];
-                tseg[c->T + j] = c->n_segs;
-                if (r->logits_mode == BE_LOGITS_ALL ||
-                    (r->logits_mode == BE_LOGITS_LAST && off + j == r->n_tokens - 1)) {
-                    lpos[c->n_logits] = c->T + j;
-                    c->lrows[c->n_logits] =
-                        r->logits +
-                        (r->logits_mode == BE_LOGITS_ALL ? (size_t)(off + j) * c->V : 0);
-                    c->n_logits++;
-                }
-            }
-            c->n_segs++;
-            c->T += take;
-            off += take;
-            if (c->T == c->cap) {
-                CU_TRY(cu_pass_run(c, d));
-                c->T = 0;
-                c->n_segs = 0;
-                c->n_logits = 0;
-            }
-        }
-    }
-    if (c->T > 0)
-        CU_TRY(cu_pass_run(c, d));
+    if (c->core.n_logits > 0)
+        CU_TRY(be_cuda_core_logits(&c->core, &c->head, c->xo, cu_norm_out, c, d));
     return WK_OK;
 }
 
 wk_err
 be_cuda_rwkv7_step(be_cuda_rwkv7 *c, be_row *rows, size_t n, wk_diag *d)
 {
-    wk_err e = cu_step_check(c, rows, n, d);
-    if (e != WK_OK)
-        return e;
-    WK_CUDA_CHECK(cudaSetDevice(c->device), d);
-    e = cu_step_rows(c, rows, n, d);
-    if (e != WK_OK)
-        (void)cudaStreamSynchronize(c->stream); /* drain what was enqueued; the error stands */
-    c->T = 0;
-    c->n_segs = 0;
-    c->n_logits = 0;
-    return e;
+    return be_cuda_core_step(&c->core, rows, n, cu_pass, c, d);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -482,142 +267,65 @@ be_cuda_rwkv7_free(be_cuda_rwkv7 *c)
 {
     if (c == NULL)
         return;
-    if (c->stream != NULL)
-        (void)cudaStreamSynchronize(c->stream);
-    if (c->blas != NULL)
-        (void)cublasDestroy(c->blas);
-    if (c->stream != NULL)
-        (void)cudaStreamDestroy(c->stream);
-    void *dev[] = {c->blas_ws, c->weights, c->vecs, c->x,      c->xln, c->mx,   c->r,
-                   c->k,       c->v,       c->vf,   c->lw,     c->la,  c->lv,   c->lg,
-                   c->hf,      c->y2,      c->act,  c->rscale, c->xo,  c->dlog, c->dmeta};
+    be_cuda_core_fini(&c->core); /* waits for the stream first */
+    void *dev[] = {c->vecs, c->x,  c->xln, c->mx, c->r,  c->k,  c->v,
+                   c->vf,   c->lw, c->la,  c->lv, c->lg, c->hf, c->xo};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         if (dev[i] != NULL)
             (void)cudaFree(dev[i]);
-    if (c->hmeta != NULL)
-        (void)cudaFreeHost(c->hmeta);
-    if (c->hlog != NULL)
-        (void)cudaFreeHost(c->hlog);
     free(c->layers);
-    free(c->lrows);
-    free(c->slot_mark);
     free(c);
 }
-
-/* Bytes of a stored matrix, 0 when its tensor does not hold exactly k * n elements. */
-static size_t
-cu_mat_bytes(const wrk_mat *m)
-{
-    if (m->t == NULL)
-        return 0;
-    const size_t b = (size_t)m->n_in * m->n_out * wk_dtype_size(m->t->dtype);
-    return b == m->t->nbytes ? b : 0;
-}
-
-static size_t
-cu_align(size_t n)
-{
-    return (n + CU_ALIGN - 1) / CU_ALIGN * CU_ALIGN;
-}
-
-/* Device memory for n bytes (at least 1), WK_EDEVICE when it cannot be had. */
-static wk_err
-cu_dalloc(void **p, size_t n, const char *what, wk_diag *d)
-{
-    cudaError_t ce = cudaMalloc(p, n ? n : 1);
-    if (ce != cudaSuccess) {
-        *p = NULL;
-        return wk_diag_set(d, WK_EDEVICE, "cuda backend: cannot allocate %zu bytes for %s: %s", n,
-                           what, cudaGetErrorString(ce));
-    }
-    return WK_OK;
-}
-
-/* The matrices to upload: (source, destination) pairs. */
-typedef struct cu_upload {
-    const wrk_mat *src; /* stored */
-    cu_mat *dst;        /* device view */
-} cu_upload;
 
 static wk_err
 cu_upload_weights(be_cuda_rwkv7 *c, const wrk_rwkv7 *rw, wk_diag *d)
 {
-    const size_t max_up = (size_t)c->L * 14 + 1;
-    cu_upload *ups = calloc(max_up, sizeof(*ups));
-    if (ups == NULL)
+    const size_t max_up = (size_t)c->L * 14 + 2;
+    const wrk_mat **src = calloc(max_up, sizeof(*src));
+    cu_mat **dst = calloc(max_up, sizeof(*dst));
+    if (src == NULL || dst == NULL) {
+        free(src);
+        free(dst);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    }
+    /* the embedding [V][C], stored like an nn.Linear C -> V: gathered by row on the device */
+    const wrk_mat emb = {rw->emb, c->C, c->V, false};
     size_t nu = 0;
-    for (uint32_t l = 0; l < c->L; l++) {
+    wk_err e = WK_OK;
+    src[nu] = &emb;
+    dst[nu++] = &c->emb;
+    for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_rwkv7_layer *s = &rw->layers[l];
         cu_layer *ly = &c->layers[l];
-        const wrk_mat *src[] = {&s->wr, &s->wk, &s->wv, &s->wo, &s->w1, &s->w2,      &s->a1,
-                                &s->a2, &s->v1, &s->v2, &s->g1, &s->g2, &s->ffn_key, &s->ffn_value};
-        cu_mat *dst[] = {&ly->wr, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w2, &ly->a1,
-                         &ly->a2, &ly->v1, &ly->v2, &ly->g1, &ly->g2, &ly->fk, &ly->fv};
+        const wrk_mat *ls[] = {&s->wr, &s->wk, &s->wv, &s->wo, &s->w1, &s->w2,      &s->a1,
+                               &s->a2, &s->v1, &s->v2, &s->g1, &s->g2, &s->ffn_key, &s->ffn_value};
+        cu_mat *ld[] = {&ly->wr, &ly->wk, &ly->wv, &ly->wo, &ly->w1, &ly->w2, &ly->a1,
+                        &ly->a2, &ly->v1, &ly->v2, &ly->g1, &ly->g2, &ly->fk, &ly->fv};
         for (size_t i = 0; i < 14; i++) {
             const bool vlora = i == 8 || i == 9;
             if (vlora && l == 0)
                 continue; /* layer 0 keeps v_first = v: its value LoRA (if any) is unused */
-            if (src[i]->t == NULL) {
-                free(ups);
-                return wk_diag_set(d, WK_EINVAL,
-                                   "cuda backend: layer %u: a weight matrix "
-                                   "(#%zu) is missing",
-                                   l, i);
+            if (ls[i]->t == NULL) {
+                e = wk_diag_set(d, WK_EINVAL,
+                                "cuda backend: layer %u: a weight matrix "
+                                "(#%zu) is missing",
+                                l, i);
+                break;
             }
-            ups[nu].src = src[i];
-            ups[nu].dst = dst[i];
-            nu++;
+            src[nu] = ls[i];
+            dst[nu++] = ld[i];
         }
     }
-    ups[nu].src = &rw->head;
-    ups[nu].dst = &c->head;
-    nu++;
-
-    const size_t emb_bytes = (size_t)c->V * c->C * wk_dtype_size(rw->emb->dtype);
-    if (rw->emb->nbytes != emb_bytes) {
-        free(ups);
-        return wk_diag_set(d, WK_EINVAL, "cuda backend: %s: %zu bytes, expected %zu", rw->emb->name,
-                           rw->emb->nbytes, emb_bytes);
+    if (e == WK_OK && (rw->emb == NULL || rw->head.t == NULL))
+        e = wk_diag_set(d, WK_EINVAL, "cuda backend: the embedding or the head is missing");
+    if (e == WK_OK) {
+        src[nu] = &rw->head;
+        dst[nu++] = &c->head;
+        e = be_cuda_core_upload(&c->core, src, dst, nu, d);
     }
-    size_t total = cu_align(emb_bytes);
-    for (size_t i = 0; i < nu; i++) {
-        const size_t b = cu_mat_bytes(ups[i].src);
-        if (b == 0) {
-            wk_err e = wk_diag_set(d, WK_EINVAL, "cuda backend: %s: size does not match %u x %u",
-                                   ups[i].src->t->name, ups[i].src->n_in, ups[i].src->n_out);
-            free(ups);
-            return e;
-        }
-        total += cu_align(b);
-    }
-    wk_err e = cu_dalloc((void **)&c->weights, total, "weights", d);
-    if (e != WK_OK) {
-        free(ups);
-        return e;
-    }
-    c->weight_bytes = total;
-    uint8_t *wp = c->weights;
-    cudaError_t ce = cudaMemcpy(wp, rw->emb->data, emb_bytes, cudaMemcpyHostToDevice);
-    c->emb = wp;
-    c->emb_dtype = cu_dtype(rw->emb->dtype);
-    wp += cu_align(emb_bytes);
-    for (size_t i = 0; i < nu && ce == cudaSuccess; i++) {
-        const wrk_mat *s = ups[i].src;
-        const size_t b = cu_mat_bytes(s);
-        ce = cudaMemcpy(wp, s->t->data, b, cudaMemcpyHostToDevice);
-        *ups[i].dst = (cu_mat){.w = wp,
-                               .dtype = cu_dtype(s->t->dtype),
-                               .k = s->n_in,
-                               .n = s->n_out,
-                               .in_major = s->in_major};
-        wp += cu_align(b);
-    }
-    free(ups);
-    if (ce != cudaSuccess)
-        return wk_diag_set(d, WK_EDEVICE, "cuda backend: weight upload: %s",
-                           cudaGetErrorString(ce));
-    return WK_OK;
+    free(src);
+    free(dst);
+    return e;
 }
 
 /* Reads one [C] vector tensor into dst (fp32). */
@@ -676,13 +384,7 @@ cu_upload_vecs(be_cuda_rwkv7 *c, const wrk_rwkv7 *rw, wk_diag *d)
 #undef HV
 #undef LV
     if (e == WK_OK)
-        e = cu_dalloc((void **)&c->vecs, nvec * C * sizeof(float), "vectors", d);
-    if (e == WK_OK) {
-        cudaError_t ce = cudaMemcpy(c->vecs, h, nvec * C * sizeof(float), cudaMemcpyHostToDevice);
-        if (ce != cudaSuccess)
-            e = wk_diag_set(d, WK_EDEVICE, "cuda backend: vector upload: %s",
-                            cudaGetErrorString(ce));
-    }
+        e = be_cuda_upload_f32(h, nvec * C, &c->vecs, "vectors", d);
     free(h);
     return e;
 }
@@ -697,15 +399,11 @@ cu_max3(uint32_t a, uint32_t b, uint32_t c)
 static wk_err
 cu_alloc_scratch(be_cuda_rwkv7 *c, wk_diag *d)
 {
-    const size_t cap = c->cap, C = c->C, lcap = c->lcap;
+    const size_t cap = c->core.cap, C = c->C, lcap = c->core.lcap;
     const uint32_t maxD = cu_max3(c->Dw, c->Da, cu_max3(c->Dv, c->Dg, 1));
     /* widest GEMM input and output of a layer: C, F or a LoRA rank */
-    const size_t maxK = cu_max3(c->C, c->F, maxD), maxN = maxK;
-    size_t y2 = 2 * cap * maxN, act = 2 * cap * maxK;
-    if (y2 < 2 * lcap * c->V)
-        y2 = 2 * lcap * c->V;
-    if (act < 2 * lcap * C)
-        act = 2 * lcap * C;
+    const uint32_t maxK = cu_max3(c->C, c->F, maxD);
+    CU_TRY(be_cuda_core_scratch(&c->core, maxK, maxK, c->C, d));
     struct {
         void **p;
         size_t bytes;
@@ -723,27 +421,12 @@ cu_alloc_scratch(be_cuda_rwkv7 *c, wk_diag *d)
         {(void **)&c->lv, cap * c->Dv * 4, "lora v"},
         {(void **)&c->lg, cap * c->Dg * 4, "lora g"},
         {(void **)&c->hf, cap * c->F * 4, "ffn hidden"},
-        {(void **)&c->y2, y2 * 4, "gemm out"},
-        {(void **)&c->act, act * 2, "gemm in"},
-        {(void **)&c->rscale, cap * 4, "row scales"},
         {(void **)&c->xo, lcap * C * 4, "ln_out"},
-        {(void **)&c->dlog, lcap * c->V * 4, "logits"},
-        {(void **)&c->dmeta, M_N * cap * 4, "pass metadata"},
     };
     for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++)
-        CU_TRY(cu_dalloc(a[i].p, a[i].bytes, a[i].what, d));
+        CU_TRY(be_cuda_dalloc(a[i].p, a[i].bytes, a[i].what, d));
     /* v_first is read on layer 1+ for every token: keep it defined */
     WK_CUDA_CHECK(cudaMemset(c->vf, 0, cap * C * 4), d);
-    void *hm = NULL, *hl = NULL; /* assigned only on success: free() must see NULL otherwise */
-    WK_CUDA_CHECK(cudaHostAlloc(&hm, M_N * cap * 4, cudaHostAllocDefault), d);
-    c->hmeta = hm;
-    WK_CUDA_CHECK(cudaHostAlloc(&hl, lcap * c->V * 4, cudaHostAllocDefault), d);
-    c->hlog = hl;
-    memset(c->hmeta, 0, M_N * cap * 4);
-    c->lrows = calloc(cap, sizeof(float *));
-    c->slot_mark = calloc(c->n_slots, sizeof(uint32_t));
-    if (c->lrows == NULL || c->slot_mark == NULL)
-        return wk_diag_set(d, WK_ENOMEM, "out of memory");
     return WK_OK;
 }
 
@@ -762,7 +445,6 @@ be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena, uint3
     if (c == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     wk_err e = WK_OK;
-    c->device = cfg->device;
     c->L = rw->n_layer;
     c->C = rw->n_embd;
     c->H = rw->n_head;
@@ -774,9 +456,6 @@ be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena, uint3
     c->Dv = rw->lora_v;
     c->Dg = rw->lora_g;
     c->dtype = rw->head.t != NULL ? rw->head.t->dtype : WK_DTYPE_F32;
-    c->max_rows = cfg->max_step_rows ? cfg->max_step_rows : CU_DEF_ROWS;
-    c->max_tokens = cfg->max_step_tokens ? cfg->max_step_tokens : CU_DEF_TOKENS;
-    c->n_slots = n_slots;
     c->arena = arena;
     c->layer_floats = 2 * (size_t)c->C + (size_t)c->H * c->N * c->N;
     c->slot_floats = (size_t)c->L * c->layer_floats;
@@ -787,42 +466,13 @@ be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena, uint3
                         (unsigned long long)slot_bytes, c->slot_floats * sizeof(float));
         goto fail;
     }
-    c->cap = CU_PASS_TOKENS;
-    const char *pt = getenv("WKVM_CUDA_PASS_TOKENS"); /* tuning and tests: 1..4096 */
-    if (pt != NULL && atoi(pt) >= 1 && atoi(pt) <= (int)CU_PASS_TOKENS_MAX)
-        c->cap = (uint32_t)atoi(pt);
-    if (c->cap > c->max_tokens)
-        c->cap = c->max_tokens;
-    c->lcap = c->cap < CU_LOGIT_ROWS ? c->cap : CU_LOGIT_ROWS;
-
     c->layers = calloc(c->L ? c->L : 1, sizeof(*c->layers));
     if (c->layers == NULL) {
         e = wk_diag_set(d, WK_ENOMEM, "out of memory");
         goto fail;
     }
-    cudaError_t ce = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-    if (ce != cudaSuccess) {
-        c->stream = NULL;
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: stream: %s", cudaGetErrorString(ce));
+    if ((e = be_cuda_core_init(&c->core, cfg, c->V, n_slots, d)) != WK_OK)
         goto fail;
-    }
-    cublasStatus_t bs = cublasCreate(&c->blas);
-    if (bs != CUBLAS_STATUS_SUCCESS) {
-        c->blas = NULL;
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: cublasCreate: %s", cublasGetStatusString(bs));
-        goto fail;
-    }
-    if ((e = cu_dalloc(&c->blas_ws, CU_WORKSPACE, "the cuBLAS workspace", d)) != WK_OK)
-        goto fail;
-    bs = cublasSetStream(c->blas, c->stream);
-    if (bs == CUBLAS_STATUS_SUCCESS)
-        bs = cublasSetWorkspace(c->blas, c->blas_ws, CU_WORKSPACE);
-    if (bs == CUBLAS_STATUS_SUCCESS)
-        bs = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH); /* no TF32 */
-    if (bs != CUBLAS_STATUS_SUCCESS) {
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: cuBLAS setup: %s", cublasGetStatusString(bs));
-        goto fail;
-    }
     if ((e = cu_upload_weights(c, rw, d)) != WK_OK)
         goto fail;
     if ((e = cu_upload_vecs(c, rw, d)) != WK_OK)
@@ -830,7 +480,7 @@ be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena, uint3
     if ((e = cu_alloc_scratch(c, d)) != WK_OK)
         goto fail;
     /* the arena and scratch memsets ran on the legacy stream; the step's stream does not wait */
-    ce = cudaDeviceSynchronize();
+    cudaError_t ce = cudaDeviceSynchronize();
     if (ce != cudaSuccess) {
         e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", cudaGetErrorString(ce));
         goto fail;
@@ -848,6 +498,49 @@ be_cuda_rwkv7_describe(const be_cuda_rwkv7 *c, char *buf, size_t len)
 {
     if (buf == NULL || len == 0)
         return;
-    snprintf(buf, len, "pass_tokens=%u weights=%s weight_bytes=%llu gemm=cublas-split16", c->cap,
-             wk_dtype_name(c->dtype), (unsigned long long)c->weight_bytes);
+    snprintf(buf, len, "pass_tokens=%u weights=%s weight_bytes=%llu gemm=cublas-split16",
+             c->core.cap, wk_dtype_name(c->dtype), (unsigned long long)c->core.weight_bytes);
 }
+
+/* ------------------------------------------------------------------------ */
+/* the family seam                                                           */
+/* ------------------------------------------------------------------------ */
+
+static wk_err
+cu_fam_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slots,
+              uint64_t slot_bytes, void **out, wk_diag *d)
+{
+    const wrk_rwkv7 *rw = wrk_model_rwkv7(m);
+    if (rw == NULL)
+        return wk_diag_set(d, WK_EINVAL, "cuda backend: not an rwkv7 model");
+    be_cuda_rwkv7 *c = NULL;
+    CU_TRY(be_cuda_rwkv7_new(cfg, rw, arena, n_slots, slot_bytes, &c, d));
+    *out = c;
+    return WK_OK;
+}
+
+static void
+cu_fam_destroy(void *impl)
+{
+    be_cuda_rwkv7_free(impl);
+}
+
+static wk_err
+cu_fam_step(void *impl, be_row *rows, size_t n, wk_diag *d)
+{
+    return be_cuda_rwkv7_step(impl, rows, n, d);
+}
+
+static void
+cu_fam_describe(const void *impl, char *buf, size_t len)
+{
+    be_cuda_rwkv7_describe(impl, buf, len);
+}
+
+const be_cuda_family be_cuda_rwkv7_family = {
+    .name = "rwkv7",
+    .create = cu_fam_create,
+    .destroy = cu_fam_destroy,
+    .step = cu_fam_step,
+    .describe = cu_fam_describe,
+};

@@ -1,32 +1,19 @@
 /*
- * be_cuda_rwkv7: the CUDA backend's internal seam between be_cuda.c (device
- * probe, arena, slot ops, the ops table) and be_cuda_rwkv7.c (the RWKV-7
- * weights on the device and the step). Only those two files include it.
+ * be_cuda_rwkv7: the RWKV-7 step on a CUDA device (be_cuda_rwkv7.c), which
+ * be_cuda.c reaches through be_cuda_rwkv7_family (be_cuda_common.h); these
+ * functions are the same step for tests and tools that want it directly.
  * Never logs.
  */
 #ifndef BE_CUDA_RWKV7_H
 #define BE_CUDA_RWKV7_H
 
-#include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "be.h"
+#include "be_cuda_common.h"
 #include "wk_err.h"
 #include "wrk_model.h"
-
-/*
- * Funnel for CUDA runtime calls (and kernel launchers, whose int result is a
- * cudaError_t): on failure returns WK_EDEVICE from the calling function with
- * expr, error, function, file and line in the diag d (may be NULL).
- */
-#define WK_CUDA_CHECK(expr, d)                                                                     \
-    do {                                                                                           \
-        cudaError_t ce_ = (cudaError_t)(expr);                                                     \
-        if (ce_ != cudaSuccess)                                                                    \
-            return wk_diag_set((d), WK_EDEVICE, "%s failed: %s (%s at %s:%d)", #expr,              \
-                               cudaGetErrorString(ce_), __func__, __FILE__, __LINE__);             \
-    } while (0)
 
 typedef struct be_cuda_rwkv7 be_cuda_rwkv7;
 

@@ -1,0 +1,97 @@
+#!/usr/bin/python3
+"""GPU suite: the CUDA Mamba2 and Gated DeltaNet steps against the CPU
+backend (test_cuda_families.c) on small random models from
+tests/reference/gen_mamba2.py and gen_gdn.py.
+
+Usage: run_cuda_families.py TEST_CUDA_FAMILIES_EXE
+
+Asks the test binary first (`--probe`) and exits 77 (meson's skip) without
+a CUDA backend or device, before generating anything; then 77 without
+numpy. Otherwise writes the models into a temp dir and runs the binary on
+all of them (plus a hybrid GDN model the CUDA backend must refuse with
+WK_ENOTSUP), passing its exit status on. WKVM_PARITY_KEEP=1 keeps the dir.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REF = os.path.join(HERE, "..", "reference")
+
+# (name, generator module name, generator config)
+MAMBA2 = [
+    ("m2-hf-bf16-G2-N32", dict(convention="hf", dtype="bf16", layers=2, d_model=64, d_state=32,
+                               headdim=16, ngroups=2, vocab=500, seed=601)),
+    ("m2-ssm-f16-tied-N24-K3", dict(convention="ssm", dtype="f16", layers=2, d_model=48,
+                                    d_state=24, headdim=12, ngroups=2, d_conv=3, vocab=613,
+                                    seed=602)),
+    # the scan's state in shared memory (P 64, N 128: 32 KiB) ...
+    ("m2-hf-f32-P64-N128", dict(convention="hf", dtype="f32", layers=2, d_model=128,
+                                d_state=128, headdim=64, vocab=300, seed=603)),
+    # ... and in global memory (P 64, N 256: 64 KiB)
+    ("m2-hf-bf16-P64-N256-K5", dict(convention="hf", dtype="bf16", layers=1, d_model=64,
+                                    d_state=256, headdim=64, d_conv=5, vocab=300, seed=604)),
+]
+GDN = [
+    ("gdn-f32-gate", dict(seed=701)),
+    ("gdn-bf16-tied-neg", dict(seed=702, dtype="bf16", tied=True, allow_neg_eigval=True)),
+    ("gdn-f16-nogate-gva-conv3", dict(seed=703, dtype="f16", use_gate=False, heads=2, v_heads=4,
+                                      head_dim=16, expand_v=1.5, conv=3)),
+    # Vd 80: a partial 32-column tile; conv 2
+    ("gdn-f32-Vd80-conv2", dict(seed=704, hidden=72, heads=3, head_dim=40, expand_v=2.0,
+                                ffn=200, vocab=613, conv=2)),
+    # K 384: the delta rule's state tile in global memory
+    ("gdn-bf16-K384", dict(seed=705, dtype="bf16", layers=1, hidden=64, heads=1, head_dim=384,
+                           expand_v=0.25, ffn=128, vocab=300)),
+]
+REFUSE = [
+    ("gdn-hybrid", dict(seed=711, layers=3, attn_layers=(1,), attn_heads=4, attn_kv_heads=2)),
+]
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: run_cuda_families.py TEST_CUDA_FAMILIES_EXE", file=sys.stderr)
+        return 2
+    exe = sys.argv[1]
+    rc = subprocess.run([exe, "--probe"]).returncode
+    if rc != 0:
+        return 77 if rc == 77 else rc
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        print("SKIP: numpy is not installed for %s" % sys.executable)
+        return 77
+    sys.path.insert(0, REF)
+    import gen_gdn
+    import gen_mamba2
+
+    keep = os.environ.get("WKVM_PARITY_KEEP") == "1"
+    tmp = tempfile.mkdtemp(prefix="wkvm-cuda-families-")
+    try:
+        args = []
+        for name, kw in MAMBA2:
+            d = os.path.join(tmp, name)
+            gen_mamba2.write_model(d, gen_mamba2.default_cfg(**kw))
+            args.append(d)
+        for name, kw in GDN:
+            d = os.path.join(tmp, name)
+            gen_gdn.write_model(d, gen_gdn.default_cfg(**kw))
+            args.append(d)
+        for name, kw in REFUSE:
+            d = os.path.join(tmp, name)
+            gen_gdn.write_model(d, gen_gdn.default_cfg(**kw))
+            args.append("refuse:" + d)
+        return subprocess.run([exe] + args).returncode
+    finally:
+        if keep:
+            print("kept %s" % tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
