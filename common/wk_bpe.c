@@ -373,6 +373,72 @@ bpe_compose(uint32_t a, uint32_t b)
 }
 
 /*
+ * Canonical ordering (UAX #15): each run of non-starters is sorted by
+ * combining class, stably. A bottom-up merge sort on (class, code point)
+ * pairs: O(n log n) however long a run is (an insertion sort is quadratic
+ * on a hostile run of alternating marks). Runs of one mark cost nothing.
+ */
+typedef struct bpe_mark {
+    uint32_t cp;
+    uint32_t cc;
+} bpe_mark;
+
+static wk_err
+bpe_nfc_order(uint32_t *v, size_t k)
+{
+    bpe_mark *a = NULL, *b = NULL;
+    size_t cap = 0;
+    for (size_t i = 0; i < k;) {
+        if (bpe_ccc(v[i]) == 0) {
+            i++;
+            continue;
+        }
+        size_t e = i;
+        while (e < k && bpe_ccc(v[e]) != 0)
+            e++;
+        size_t n = e - i;
+        if (n > 1) {
+            if (n > cap) {
+                free(a);
+                free(b);
+                a = malloc(n * sizeof(*a));
+                b = malloc(n * sizeof(*b));
+                if (a == NULL || b == NULL) {
+                    free(a);
+                    free(b);
+                    return WK_ENOMEM;
+                }
+                cap = n;
+            }
+            for (size_t j = 0; j < n; j++)
+                a[j] = (bpe_mark){.cp = v[i + j], .cc = (uint32_t)bpe_ccc(v[i + j])};
+            for (size_t w = 1; w < n; w *= 2) {
+                for (size_t lo = 0; lo < n; lo += 2 * w) {
+                    size_t mid = lo + w < n ? lo + w : n;
+                    size_t hi = lo + 2 * w < n ? lo + 2 * w : n;
+                    size_t x = lo, y = mid, o = lo;
+                    while (x < mid && y < hi)
+                        b[o++] = a[y].cc < a[x].cc ? a[y++] : a[x++]; /* ties: left first */
+                    while (x < mid)
+                        b[o++] = a[x++];
+                    while (y < hi)
+                        b[o++] = a[y++];
+                }
+                bpe_mark *t = a;
+                a = b;
+                b = t;
+            }
+            for (size_t j = 0; j < n; j++)
+                v[i + j] = a[j].cp;
+        }
+        i = e;
+    }
+    free(a);
+    free(b);
+    return WK_OK;
+}
+
+/*
  * NFC of n code points at in (raw bytes pass through as starters). On
  * success *out is malloc'd with *n_out code points. Returns WK_OK or WK_ENOMEM.
  */
@@ -397,20 +463,12 @@ bpe_nfc(const uint32_t *in, size_t n, uint32_t **out, size_t *n_out)
             v = nv;
             cap = nc;
         }
-        for (size_t j = 0; j < m; j++) {
-            /* Canonical ordering: insertion sort within runs of non-starters. */
-            uint32_t c = tmp[j];
-            int cc = bpe_ccc(c);
-            size_t p = k;
-            if (cc != 0) {
-                while (p > 0 && bpe_ccc(v[p - 1]) > cc) {
-                    v[p] = v[p - 1];
-                    p--;
-                }
-            }
-            v[p] = c;
-            k++;
-        }
+        memcpy(v + k, tmp, m * sizeof(*v));
+        k += m;
+    }
+    if (bpe_nfc_order(v, k) != WK_OK) {
+        free(v);
+        return WK_ENOMEM;
     }
     /* Canonical composition (UAX #15). */
     if (k > 0) {

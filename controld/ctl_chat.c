@@ -355,6 +355,32 @@ ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, bo
     return ok;
 }
 
+/*
+ * Keeps the state before this turn's reply (a copy of t->slot) for a
+ * regenerate or an edit. On a hybrid model the copy holds the KV pages of
+ * the context while the turn's job grows the original to its end: when both
+ * can't fit the worker's pool together the turn would wait for its own
+ * snapshot's pages forever, so it takes none (a regenerate after this reply
+ * then recomputes from the prompt).
+ */
+static void
+ctl_chat_snapshot(ctl_app *app, ctl_chat_turn *t, uint32_t max_tokens)
+{
+    ctl_kv_geom g;
+    if (ctl_sched_kv_geom(app->sched, t->slot.worker, &g) &&
+        !ctl_kv_snap_fits(&g, ctl_sched_slot_ctx(app->sched, &t->slot), t->n_delta,
+                          (uint64_t)max_tokens + 1)) {
+        wk_log_debug("session key=%.16s: no pre-reply snapshot (KV pool too small for both)",
+                     t->key);
+        return;
+    }
+    if (ctl_vm_slot_get(app->vm, t->slot.worker, &t->snap, NULL) == WK_OK) {
+        t->have_snap = ctl_vm_copy(app->vm, &t->slot, &t->snap, NULL) == WK_OK;
+        if (!t->have_snap)
+            (void)ctl_sched_slot_free(app->sched, &t->snap);
+    }
+}
+
 bool
 ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn)
 {
@@ -449,14 +475,6 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
             hit = false;
         }
     }
-    if (hit) {
-        /* Keep the state before this turn's reply for a regenerate or an edit. */
-        if (ctl_vm_slot_get(app->vm, t->slot.worker, &t->snap, NULL) == WK_OK) {
-            t->have_snap = ctl_vm_copy(app->vm, &t->slot, &t->snap, NULL) == WK_OK;
-            if (!t->have_snap)
-                (void)ctl_sched_slot_free(app->sched, &t->snap);
-        }
-    }
     if (!t->regen)
         ctl_chat_count(app, &t->res);
     if (t->res.retire || !hit) {
@@ -496,6 +514,8 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
         ctl_chat_end(t);
         return false;
     }
+    if (hit)
+        ctl_chat_snapshot(app, t, r->gen.max_tokens);
     r->n_prompt = t->n_delta;
     r->prompt = malloc(t->n_delta * sizeof(*r->prompt));
     if (r->prompt == NULL) {

@@ -34,6 +34,16 @@ ctl_kv_fits(const ctl_kv_geom *g, uint32_t used, uint32_t held, uint32_t need)
     return after <= g->pages_total;
 }
 
+bool
+ctl_kv_snap_fits(const ctl_kv_geom *g, uint64_t ctx, uint64_t input, uint64_t max_new)
+{
+    if (!ctl_kv_hybrid(g))
+        return true;
+    uint64_t snap = ctl_kv_pages(g, ctx);
+    uint64_t job = ctl_kv_job_pages(g, ctx, input, max_new);
+    return snap + job <= g->pages_total;
+}
+
 uint64_t
 ctl_kv_image_bytes(const ctl_kv_geom *g, uint64_t n_ctx)
 {

@@ -43,6 +43,14 @@ uint32_t ctl_kv_job_pages(const ctl_kv_geom *g, uint64_t ctx, uint64_t input, ui
  */
 bool ctl_kv_fits(const ctl_kv_geom *g, uint32_t used, uint32_t held, uint32_t need);
 
+/*
+ * True when a copy of a slot holding ctx tokens (ceil pages) fits the pool
+ * alongside a job on the original that grows it by input + max_new tokens:
+ * pages(ctx) + pages(ctx + input + max_new) <= pages_total. Always true
+ * without KV. (A chat turn's pre-reply snapshot is taken only then.)
+ */
+bool ctl_kv_snap_fits(const ctl_kv_geom *g, uint64_t ctx, uint64_t input, uint64_t max_new);
+
 /* Bytes of an image holding n_ctx tokens. */
 uint64_t ctl_kv_image_bytes(const ctl_kv_geom *g, uint64_t n_ctx);
 

@@ -83,7 +83,9 @@ struct ctl_sworker {
     uint32_t *pages;       /* per slot: KV pages held or reserved (0 for recurrent models) */
     uint64_t *ctx;         /* per slot: tokens in its state, when known */
     bool *stale;           /* per slot (hybrid): freed here, its pages not yet freed on the
-                            * worker (SLOT_FREE pending); not allocatable until then */
+                            * worker (SLOT_FREE pending); not allocatable until then, and
+                            * its pages[] still count as used */
+    uint64_t stale_retry_ms; /* monotonic ms before which a failed SLOT_FREE is not retried */
     bool dead;             /* left the pool; the loop exits */
     bool draining;         /* no new admissions or allocations */
     pthread_t thr;         /* step loop */
@@ -127,24 +129,33 @@ ctl_sched_worker_locked(ctl_sched *s, const char *id)
     return NULL;
 }
 
-/* Pages held or reserved by w's allocated slots. Caller holds mu. */
+/*
+ * Pages held or reserved by w's allocated slots, and those of freed slots
+ * whose SLOT_FREE has not reached the worker yet (it still holds them).
+ * Caller holds mu.
+ */
 static uint32_t
 ctl_sworker_pages_used(const ctl_sworker *w)
 {
     uint64_t used = 0;
     for (uint32_t k = 1; k <= w->n_slots; k++)
-        used += w->gen[k] != 0 ? w->pages[k] : 0;
+        used += w->gen[k] != 0 || w->stale[k] ? w->pages[k] : 0;
     return used > UINT32_MAX ? UINT32_MAX : (uint32_t)used;
 }
 
-/* Marks slot k of w free (its pages go back to the pool). Caller holds mu. */
+/*
+ * Marks slot k of w free. Its pages go back to the pool once the worker
+ * freed them: a slot holding KV turns stale and keeps counting its pages
+ * until the step loop's SLOT_FREE returns. Caller holds mu.
+ */
 static void
 ctl_sworker_slot_clear(ctl_sworker *w, uint32_t k)
 {
     if (ctl_kv_hybrid(&w->geom) && w->ctx[k] + w->pages[k] > 0)
         w->stale[k] = true; /* the step loop frees its pages on the worker */
+    else
+        w->pages[k] = 0;
     w->gen[k] = 0;
-    w->pages[k] = 0;
     w->ctx[k] = 0;
 }
 
@@ -162,6 +173,8 @@ ctl_job_settle_pages(ctl_sched *s, ctl_job *j)
     uint32_t k = j->slot.slot;
     if (w == NULL || k < 1 || k > w->n_slots || w->gen[k] != j->slot.gen)
         return;
+    if (j->fresh)
+        return; /* its reset never ran: the slot still holds what it held */
     w->ctx[k] = j->ctx0 + j->computed;
     w->pages[k] = ctl_kv_pages(&w->geom, w->ctx[k]);
 }
@@ -286,6 +299,11 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
             if (strcmp(j->slot.worker, w->id) != 0)
                 continue;
             uint32_t k = j->slot.slot;
+            if (k < 1 || k > w->n_slots || w->gen[k] != j->slot.gen) {
+                /* (its worker restarted under it: the slot is gone) */
+                ctl_job_fail(s, j, WK_EUNAVAIL, "the slot's worker restarted");
+                continue;
+            }
             uint32_t need = ctl_job_pages_need(w, j);
             if (!ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), w->pages[k], need))
                 return; /* FIFO on this worker */
@@ -444,8 +462,15 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
         if (err != WK_OK) {
             ctl_job_fail(s, j, err, errmsg);
         } else {
-            if (j->fresh && j->computed == 0)
+            if (j->fresh && j->computed == 0) {
+                /* The reset ran: the slot holds nothing but this job's reservation. */
                 j->fresh = false;
+                uint32_t k = j->slot.slot;
+                if (k >= 1 && k <= w->n_slots && w->gen[k] == j->slot.gen) {
+                    w->ctx[k] = 0;
+                    w->pages[k] = ctl_job_pages_need(w, j);
+                }
+            }
             j->computed += take;
             j->own_computed += take;
             const Wkvm__RowResult *rr = NULL;
@@ -481,7 +506,6 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
         if (j->cancelled)
             ctl_job_destroy_locked(s, j);
     }
-    (void)w;
     pthread_cond_broadcast(&s->cv);
 }
 
@@ -504,7 +528,9 @@ ctl_sched_paused_locked(ctl_sched *s, ctl_sworker *w)
 static void
 ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
 {
-    for (uint32_t k = 1; k <= w->n_slots; k++) {
+    if (wk_mono_ms() < w->stale_retry_ms)
+        return;
+    for (uint32_t k = 1; k <= w->n_slots && !w->dead; k++) {
         if (!w->stale[k] || w->gen[k] != 0)
             continue;
         pthread_mutex_unlock(&s->mu);
@@ -518,10 +544,15 @@ ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
         wk_diag d = {{0}};
         wk_err err = ctl_pool_call(s->pool, w->id, &req, s->cfg.step_timeout_ms, &rep, &d);
         wk_proto_free(rep);
-        if (err != WK_OK)
-            wk_log_warn("slot free failed worker=%s slot=%u: %s", w->id, k, d.msg);
         pthread_mutex_lock(&s->mu);
-        w->stale[k] = false; /* (a failed free: the next fresh use resets it) */
+        if (err != WK_OK) {
+            /* The worker still holds the pages: keep them counted, retry in a second. */
+            wk_log_warn("slot free failed worker=%s slot=%u: %s", w->id, k, d.msg);
+            w->stale_retry_ms = wk_mono_ms() + 1000;
+            return;
+        }
+        w->stale[k] = false;
+        w->pages[k] = 0;
         pthread_cond_broadcast(&s->cv);
     }
 }
@@ -585,16 +616,30 @@ ctl_sched_worker_main(void *arg)
     return NULL;
 }
 
-/* Fails every job on w and marks it dead. Caller holds mu. */
+/*
+ * True when job j runs (or waits, on a held slot) on a slot of this very
+ * worker process (generations are global, so a process that replaced w
+ * under the same id never matches). Caller holds mu.
+ */
+static bool
+ctl_job_on_locked(const ctl_job *j, const ctl_sworker *w)
+{
+    uint32_t k = j->slot.slot;
+    return strcmp(j->slot.worker, w->id) == 0 && k >= 1 && k <= w->n_slots &&
+           w->gen[k] == j->slot.gen;
+}
+
+/*
+ * Fails every job on w (waiting held-slot jobs included) and marks it dead.
+ * Caller holds mu.
+ */
 static void
 ctl_sched_worker_gone_locked(ctl_sched *s, ctl_sworker *w, const char *why)
 {
     w->dead = true;
     for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
-        if (strcmp(j->slot.worker, w->id) == 0 && j->state != CTL_JOB_WAITING) {
-            if (!j->in_flight)
-                ctl_job_fail(s, j, WK_EUNAVAIL, why);
-        }
+        if (ctl_job_on_locked(j, w) && !j->in_flight)
+            ctl_job_fail(s, j, WK_EUNAVAIL, why);
     }
     pthread_cond_broadcast(&s->cv);
 }
@@ -615,34 +660,70 @@ ctl_sworker_free(ctl_sworker *w)
 static bool ctl_sched_free_slot_locked(ctl_sched *s, const char *want);
 
 /*
- * True when the first waiting job can't get its KV pages on any worker it
- * may run on (page pressure: the evictor should free an idle parked slot).
+ * Pages job j still lacks on w (holding `held` of them already): what the
+ * pool can't give it now, counting the pages of stale slots (on their way
+ * back) as free. 0 when it fits or will once those come back. Caller holds mu.
+ */
+static uint32_t
+ctl_sched_pages_missing_locked(const ctl_sworker *w, const ctl_job *j, uint32_t held)
+{
+    if (!ctl_kv_hybrid(&w->geom))
+        return 0;
+    uint64_t need = ctl_job_pages_need(w, j);
+    uint64_t used = ctl_sworker_pages_used(w);
+    for (uint32_t k = 1; k <= w->n_slots; k++)
+        used -= w->gen[k] == 0 && w->stale[k] ? w->pages[k] : 0;
+    used -= held <= used ? held : used;
+    if (need <= held || used + (need - held) <= w->geom.pages_total)
+        return 0;
+    uint64_t miss = used + (need - held) - w->geom.pages_total;
+    return miss > UINT32_MAX ? UINT32_MAX : (uint32_t)miss;
+}
+
+/*
+ * Page pressure: when the first waiting job can't get its KV pages on any
+ * worker it may run on, names the worker where it lacks the fewest
+ * (want, 65 bytes) and how many it lacks (evicting idle parked slots there
+ * can help; elsewhere it can't). False when it isn't starved for pages.
  * Caller holds mu.
  */
 static bool
-ctl_sched_page_starved_locked(ctl_sched *s)
+ctl_sched_page_starved_locked(ctl_sched *s, char *want, uint32_t *missing)
 {
     ctl_job *j = s->jobs;
     while (j != NULL && j->state != CTL_JOB_WAITING)
         j = j->next;
     if (j == NULL)
         return false;
+    uint32_t best = 0;
     for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
         ctl_sworker *w = s->workers[i];
         if (w == NULL || w->dead)
             continue;
+        uint32_t miss;
         if (j->held) {
             if (strcmp(j->slot.worker, w->id) != 0)
                 continue;
-            return !ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), w->pages[j->slot.slot],
-                                ctl_job_pages_need(w, j));
+            uint32_t k = j->slot.slot;
+            if (k < 1 || k > w->n_slots || w->gen[k] != j->slot.gen)
+                return false; /* (admission fails it) */
+            miss = ctl_sched_pages_missing_locked(w, j, w->pages[k]);
+        } else {
+            if (w->draining || (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0))
+                continue;
+            miss = ctl_sched_pages_missing_locked(w, j, 0);
         }
-        if (w->draining || (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0))
-            continue;
-        if (ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), 0, ctl_job_pages_need(w, j)))
+        if (miss == 0)
             return false;
+        if (best == 0 || miss < best) {
+            best = miss;
+            snprintf(want, 65, "%s", w->id);
+        }
     }
-    return !j->held;
+    if (best == 0)
+        return false;
+    *missing = best;
+    return true;
 }
 
 /*
@@ -760,9 +841,17 @@ ctl_sched_mgr_main(void *arg)
             else if (j->deadline_ms && now > j->deadline_ms)
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out waiting for a slot");
         }
-        /* Requests wait and no slot is free anywhere: ask for a parked slot back. */
+        /*
+         * Requests wait and no slot is free anywhere: ask for a parked slot
+         * back (anywhere). Or the first waits for KV pages: ask for parked
+         * slots on the worker where it lacks the fewest (the evictor frees
+         * only what can make up the shortfall there).
+         */
+        char starved_on[65] = "";
+        uint32_t missing = 0;
         bool starving = s->n_waiting > 0 &&
-                        (!ctl_sched_free_slot_locked(s, "") || ctl_sched_page_starved_locked(s));
+                        (!ctl_sched_free_slot_locked(s, "") ||
+                         ctl_sched_page_starved_locked(s, starved_on, &missing));
         ctl_sched_evict_fn evict = s->evict;
         void *evict_arg = s->evict_arg;
         pthread_cond_broadcast(&s->cv);
@@ -772,13 +861,14 @@ ctl_sched_mgr_main(void *arg)
             pthread_mutex_lock(&s->mu);
             /* Jobs that were in flight when the worker died fail now. */
             for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
-                if (strcmp(j->slot.worker, reap[i]->id) == 0 && j->state != CTL_JOB_WAITING)
+                if (ctl_job_on_locked(j, reap[i]))
                     ctl_job_fail(s, j, WK_EUNAVAIL, "worker left during the request");
             }
             pthread_mutex_unlock(&s->mu);
             ctl_sworker_free(reap[i]);
         }
-        if (starving && evict != NULL && evict(evict_arg) == WK_OK) {
+        if (starving && evict != NULL &&
+            evict(evict_arg, starved_on[0] ? starved_on : NULL, missing) == WK_OK) {
             pthread_mutex_lock(&s->mu);
             pthread_cond_broadcast(&s->cv);
             pthread_mutex_unlock(&s->mu);
@@ -960,10 +1050,10 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
                 j->slot = *spec->slot;
                 j->held = true;
                 j->fresh = spec->fresh;
-                if (spec->fresh) {
-                    w->ctx[k] = 0;
-                    w->pages[k] = 0;
-                }
+                /*
+                 * (fresh: the slot's pages stay counted until the reset step
+                 * ran, then shrink to the job's reservation)
+                 */
                 if (j->n_tokens == 0) {
                     j->state = CTL_JOB_RUNNING;
                     ctl_job_done(s, j);
@@ -1296,9 +1386,30 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     while (j->in_flight && !atomic_load(&s->stop))
         pthread_cond_wait(&s->cv, &s->mu);
     bool alive = j->state != CTL_JOB_DONE && j->state != CTL_JOB_FAILED && !j->cancelled;
+    /*
+     * The job's reservation moves with it (workers of one model share a
+     * geometry): reserve it on the destination before any byte moves, so
+     * a full pool there fails the migration and the job stays where it is.
+     */
+    ctl_sworker *w_to = ctl_sched_worker_locked(s, dst.worker);
+    ctl_sworker *w_from = ctl_sched_worker_locked(s, src->worker);
+    err = WK_OK;
+    if (alive && w_to != NULL && w_to->gen[dst.slot] == dst.gen && w_from != NULL &&
+        w_from->gen[src->slot] == src->gen) {
+        uint32_t need = w_from->pages[src->slot];
+        uint32_t used = ctl_sworker_pages_used(w_to);
+        if (!ctl_kv_fits(&w_to->geom, used, w_to->pages[dst.slot], need))
+            err = wk_diag_set(d, WK_EQUOTA, "KV pool full on worker %s: the request holds %u "
+                              "pages, %u of %u free", to, need,
+                              used < w_to->geom.pages_total ? w_to->geom.pages_total - used : 0,
+                              w_to->geom.pages_total);
+        else if (need > w_to->pages[dst.slot])
+            w_to->pages[dst.slot] = need;
+    }
     pthread_mutex_unlock(&s->mu);
 
-    err = alive ? mover(arg, src, &dst, d) : wk_diag_set(d, WK_ENOENT, "the request ended");
+    if (err == WK_OK)
+        err = alive ? mover(arg, src, &dst, d) : wk_diag_set(d, WK_ENOENT, "the request ended");
 
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w_src = ctl_sched_worker_locked(s, src->worker);
@@ -1310,8 +1421,9 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
         /* Commit: the job now lives on dst; the source slot is released. */
         w_dst->busy[dst.slot] = j;
         if (w_src != NULL && w_src->gen[src->slot] == src->gen) {
-            /* The job's reservation moves with it (workers of one model share a geometry). */
-            w_dst->pages[dst.slot] = w_src->pages[src->slot];
+            /* (dst holds the job's reservation since before the move) */
+            if (w_src->pages[src->slot] > w_dst->pages[dst.slot])
+                w_dst->pages[dst.slot] = w_src->pages[src->slot];
             w_dst->ctx[dst.slot] = w_src->ctx[src->slot];
             w_src->busy[src->slot] = NULL;
             ctl_sworker_slot_clear(w_src, src->slot);
@@ -1415,7 +1527,12 @@ ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx, wk
     } else {
         uint32_t need = ctl_kv_pages(&w->geom, n_ctx);
         uint32_t used = ctl_sworker_pages_used(w);
-        if (w->busy[k] == NULL && !ctl_kv_fits(&w->geom, used, w->pages[k], need)) {
+        if (w->busy[k] == NULL && ctl_kv_hybrid(&w->geom) && need > w->geom.pages_total) {
+            err = wk_diag_set(d, WK_ETOOBIG, "%llu tokens of context need %u KV pages, more "
+                              "than the pool of worker %s holds (%u pages of %u tokens)",
+                              (unsigned long long)n_ctx, need, w->id, w->geom.pages_total,
+                              w->geom.page_tokens);
+        } else if (w->busy[k] == NULL && !ctl_kv_fits(&w->geom, used, w->pages[k], need)) {
             err = wk_diag_set(d, WK_EQUOTA, "KV pool full on worker %s: %llu tokens need %u "
                               "pages, %u of %u free", w->id, (unsigned long long)n_ctx, need,
                               w->geom.pages_total - (used < w->geom.pages_total ? used
@@ -1475,4 +1592,27 @@ ctl_sched_kv_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *
         *total = w->geom.pages_total;
     }
     pthread_mutex_unlock(&s->mu);
+}
+
+bool
+ctl_sched_kv_geom(ctl_sched *s, const char *worker, ctl_kv_geom *out)
+{
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
+    bool hybrid = w != NULL && ctl_kv_hybrid(&w->geom);
+    *out = hybrid ? w->geom : (ctl_kv_geom){0};
+    pthread_mutex_unlock(&s->mu);
+    return hybrid;
+}
+
+uint32_t
+ctl_sched_slot_pages(ctl_sched *s, const ctl_slot_ref *ref)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
+    if (w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots && w->gen[ref->slot] == ref->gen)
+        n = w->pages[ref->slot];
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }

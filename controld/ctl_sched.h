@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ctl_kv.h"
 #include "ctl_metrics.h"
 #include "ctl_pool.h"
 #include "wk_err.h"
@@ -156,11 +157,15 @@ bool ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref);
 void ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
 
 /*
- * Called (from the scheduler's manager thread, no lock held) when requests
- * wait for a slot and none is free: it should free one parked slot and
- * return WK_OK, or WK_ENOENT when it has nothing to free.
+ * Called (from the scheduler's manager thread, no lock held) under pressure:
+ * worker NULL: requests wait for a slot and none is free anywhere; it should
+ * free one parked slot (any worker). worker set: the first waiting request
+ * lacks `pages` KV pages on that worker; it should free one parked slot
+ * there that holds pages, and only when the idle parked slots there hold at
+ * least `pages` together (else eviction can't help). WK_OK when it freed
+ * one, WK_ENOENT when it has nothing (useful) to free.
  */
-typedef wk_err (*ctl_sched_evict_fn)(void *arg);
+typedef wk_err (*ctl_sched_evict_fn)(void *arg, const char *worker, uint32_t pages);
 void ctl_sched_set_evictor(ctl_sched *s, ctl_sched_evict_fn fn, void *arg);
 
 /* One busy or allocated slot, for /admin/slots. */
@@ -193,8 +198,10 @@ typedef wk_err (*ctl_sched_mover_fn)(void *arg, const ctl_slot_ref *src, const c
  * placement switches to the new slot (the old one is freed) before it is
  * scheduled again; on any failure the new slot is freed and the job simply
  * continues on src. WK_ENOENT (no running job there), WK_ESTATE (the job
- * runs on a caller-held slot), WK_EBUSY (no free slot on to), WK_EINVAL
- * (to is the same worker or unknown). *dst_out receives the new slot.
+ * runs on a caller-held slot), WK_EBUSY (no free slot on to), WK_EQUOTA
+ * (hybrid: the job's KV pages don't fit to's pool; they are reserved there
+ * before mover runs), WK_EINVAL (to is the same worker or unknown).
+ * *dst_out receives the new slot.
  */
 WK_MUST_CHECK wk_err ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
                                            ctl_sched_mover_fn mover, void *arg,
@@ -228,7 +235,9 @@ uint32_t ctl_sched_worker_count(ctl_sched *s);
  * Records that slot ref (held, no job running) now holds n_ctx tokens of
  * context (an image was written or copied into it): its pages become
  * ceil(n_ctx / page_tokens). WK_EQUOTA when the pool has no room for the
- * growth (nothing changed), WK_ESTATE for a stale handle.
+ * growth now (nothing changed; evicting idle slots may help), WK_ETOOBIG
+ * when n_ctx needs more pages than the whole pool has (nothing helps),
+ * WK_ESTATE for a stale handle.
  */
 WK_MUST_CHECK wk_err ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx,
                                             wk_diag *d);
@@ -244,8 +253,17 @@ WK_MUST_CHECK wk_err ctl_sched_slot_set_bytes(ctl_sched *s, const ctl_slot_ref *
 /* Tokens of context slot ref holds as far as the scheduler knows (0 when stale). */
 uint64_t ctl_sched_slot_ctx(ctl_sched *s, const ctl_slot_ref *ref);
 
-/* KV pages held or reserved and the pool size on worker; 0/0 for recurrent models. */
+/*
+ * KV pages held or reserved and the pool size on worker; 0/0 for recurrent
+ * models. Pages of freed slots count until the worker has freed them.
+ */
 void ctl_sched_kv_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
+
+/* Worker's KV geometry into *out; false (and zeros) for recurrent models or an unknown worker. */
+bool ctl_sched_kv_geom(ctl_sched *s, const char *worker, ctl_kv_geom *out);
+
+/* KV pages slot ref holds or reserves (0 when stale or on recurrent models). */
+uint32_t ctl_sched_slot_pages(ctl_sched *s, const ctl_slot_ref *ref);
 
 /* Jobs waiting for admission and jobs running (for metrics). */
 void ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running);

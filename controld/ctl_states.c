@@ -663,6 +663,27 @@ ctl_states_export(ctl_http_req *req, ctl_app *app, const char *ref)
     ctl_store_state_fini(&st);
 }
 
+/*
+ * Hybrid models: true (with d's message) when a state image of slen bytes
+ * holds more context than the KV pool of the model's worker v can ever
+ * hold; such a state could never be loaded into a slot.
+ */
+static bool
+ctl_states_import_too_big(const ctl_worker_view *v, size_t slen, wk_diag *d)
+{
+    ctl_kv_geom g = {.state_bytes = v->state_bytes, .kv_token_bytes = v->kv_token_bytes,
+                     .page_tokens = v->kv_page_tokens, .pages_total = v->kv_pages};
+    uint64_t n_ctx = 0;
+    if (!ctl_kv_hybrid(&g) || ctl_kv_image_ctx(&g, slen, &n_ctx) != WK_OK ||
+        ctl_kv_pages(&g, n_ctx) <= g.pages_total)
+        return false;
+    wk_diag_set(d, WK_EINVAL, "the state holds %llu tokens of context, more than the KV pool "
+                "of worker %s holds (%u pages of %u tokens: %llu tokens)",
+                (unsigned long long)n_ctx, v->id, g.pages_total, g.page_tokens,
+                (unsigned long long)g.pages_total * g.page_tokens);
+    return true;
+}
+
 static void
 ctl_states_import(ctl_http_req *req, ctl_app *app)
 {
@@ -710,6 +731,8 @@ ctl_states_import(ctl_http_req *req, ctl_app *app)
                h.n_tokens == 0) {
         ctl_http_send_error(req, WK_EINVAL, "the state file's size does not fit this model",
                             NULL);
+    } else if (ctl_states_import_too_big(&v, slen, &d)) {
+        ctl_http_send_error(req, WK_EINVAL, d.msg, NULL);
     } else if ((err = ctl_states_quota(app, ctl_http_req_user(req), 1, &d)) != WK_OK) {
         ctl_states_fail(req, err, &d);
     } else {

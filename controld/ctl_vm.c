@@ -107,8 +107,12 @@ static wk_err ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill);
 static wk_err ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e);
 static void ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e);
 static void ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e);
-/* Evicts the least recently used idle entry (on worker, or anywhere when NULL). */
-static wk_err ctl_vm_evict_lru(ctl_vm *vm, const char *worker);
+/*
+ * Evicts the least recently used idle entry (on worker, or anywhere when
+ * NULL). pages > 0 (with worker): only entries holding KV pages, and only
+ * when the idle entries there hold at least `pages` together.
+ */
+static wk_err ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages);
 
 /* Picks a dirty entry to spill (idle too long, or over the cap); unlinks it. */
 static ctl_vm_entry *
@@ -256,6 +260,26 @@ ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes, size_t *len,
     return WK_OK;
 }
 
+/* KV pages slot ref lacks to hold n_ctx tokens (or an image of bytes when n_ctx is UINT64_MAX). */
+static uint32_t
+ctl_vm_kv_missing(ctl_vm *vm, const ctl_slot_ref *ref, uint64_t n_ctx, uint64_t bytes)
+{
+    ctl_kv_geom g;
+    if (!ctl_sched_kv_geom(vm->sched, ref->worker, &g))
+        return 0;
+    if (n_ctx == UINT64_MAX && ctl_kv_image_ctx(&g, bytes, &n_ctx) != WK_OK)
+        return 0;
+    uint32_t used = 0, total = 0;
+    ctl_sched_kv_counts(vm->sched, ref->worker, &used, &total);
+    uint64_t need = ctl_kv_pages(&g, n_ctx);
+    uint64_t held = ctl_sched_slot_pages(vm->sched, ref);
+    uint64_t others = used > held ? used - held : 0;
+    if (need <= held || others + need <= total)
+        return 0;
+    uint64_t miss = others + need - total;
+    return miss > UINT32_MAX ? UINT32_MAX : (uint32_t)miss;
+}
+
 /*
  * Accounts n_ctx tokens of context (bytes: an image's size, when n_ctx is
  * UINT64_MAX) in slot ref before its image is written: on a hybrid model
@@ -273,8 +297,10 @@ ctl_vm_kv_reserve(ctl_vm *vm, const ctl_slot_ref *ref, uint64_t n_ctx, uint64_t 
         wk_diag ed = {{0}};
         wk_err err = n_ctx == UINT64_MAX ? ctl_sched_slot_set_bytes(vm->sched, ref, bytes, &ed)
                                          : ctl_sched_slot_set_ctx(vm->sched, ref, n_ctx, &ed);
-        if (err != WK_EQUOTA || tries >= 1024 ||
-            ctl_vm_evict_lru(vm, ref->worker) != WK_OK) {
+        /* Only a pool full now can be helped by evicting (never WK_ETOOBIG). */
+        uint32_t missing = err == WK_EQUOTA ? ctl_vm_kv_missing(vm, ref, n_ctx, bytes) : 0;
+        if (err != WK_EQUOTA || tries >= 1024 || missing == 0 ||
+            ctl_vm_evict_lru(vm, ref->worker, missing) != WK_OK) {
             if (err != WK_OK)
                 wk_diag_set(d, err, "%s", ed.msg);
             return err;
@@ -467,6 +493,24 @@ ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e)
 }
 
 /*
+ * Frees an entry's slot. On a hybrid worker the slot is reset first (it is
+ * idle, so in no step): its KV pages are back on the worker and in the
+ * scheduler's count when this returns, so a write that evicted it to make
+ * room finds them free. (Were the reset to fail, the scheduler's step loop
+ * frees them later.)
+ */
+static void
+ctl_vm_slot_release(ctl_vm *vm, const ctl_slot_ref *ref)
+{
+    if (vm->sched == NULL)
+        return;
+    if ((ctl_sched_slot_pages(vm->sched, ref) > 0 || ctl_sched_slot_ctx(vm->sched, ref) > 0) &&
+        ctl_vm_slot_reset(vm, ref, NULL) != WK_OK)
+        wk_log_debug("slot reset before free failed worker=%s slot=%u", ref->worker, ref->slot);
+    (void)ctl_sched_slot_free(vm->sched, ref);
+}
+
+/*
  * Spills an entry that the caller marked taken + spilling under the lock
  * (it stays findable meanwhile, so lookups wait for the spill instead of
  * missing the session), then unlinks and frees it. Called without the lock.
@@ -479,7 +523,7 @@ ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e)
     ctl_vm_unlink_locked(vm, e);
     pthread_cond_broadcast(&vm->cv);
     pthread_mutex_unlock(&vm->mu);
-    (void)ctl_sched_slot_free(vm->sched, &e->slot);
+    ctl_vm_slot_release(vm, &e->slot);
     free(e);
 }
 
@@ -492,7 +536,7 @@ ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
         err = ctl_vm_spill_entry(vm, e);
     else if (!e->dirty && spill)
         ctl_vm_to_warm(vm, e);
-    (void)ctl_sched_slot_free(vm->sched, &e->slot);
+    ctl_vm_slot_release(vm, &e->slot);
     free(e);
     return err;
 }
@@ -500,20 +544,58 @@ ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
 wk_err
 ctl_vm_evict_one(ctl_vm *vm)
 {
-    return ctl_vm_evict_lru(vm, NULL);
+    return ctl_vm_evict_lru(vm, NULL, 0);
+}
+
+wk_err
+ctl_vm_evict_pages(ctl_vm *vm, const char *worker, uint32_t pages)
+{
+    return ctl_vm_evict_lru(vm, worker, worker != NULL ? pages : 0);
 }
 
 static wk_err
-ctl_vm_evict_lru(ctl_vm *vm, const char *worker)
+ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages)
 {
+    /* (pages per entry are read before taking mu: the scheduler's lock is never taken under it) */
+    size_t n = 0;
+    ctl_slot_ref *refs = NULL;
+    uint32_t *held = NULL;
+    if (pages > 0) {
+        n = ctl_vm_slots_on(vm, worker, NULL, 0);
+        refs = calloc(n ? n : 1, sizeof(*refs));
+        held = calloc(n ? n : 1, sizeof(*held));
+        if (refs == NULL || held == NULL) {
+            free(refs);
+            free(held);
+            return WK_ENOMEM;
+        }
+        n = ctl_vm_slots_on(vm, worker, refs, n);
+        for (size_t i = 0; i < n; i++)
+            held[i] = ctl_sched_slot_pages(vm->sched, &refs[i]);
+    }
     pthread_mutex_lock(&vm->mu);
     ctl_vm_entry *victim = NULL;
+    uint64_t idle_pages = 0;
     for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
         if (worker != NULL && strcmp(e->slot.worker, worker) != 0)
             continue;
-        if (!e->taken && (victim == NULL || e->used < victim->used))
+        if (e->taken)
+            continue;
+        uint32_t p = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (refs[i].slot == e->slot.slot && refs[i].gen == e->slot.gen)
+                p = held[i];
+        }
+        if (pages > 0 && p == 0)
+            continue; /* evicting it frees no page */
+        idle_pages += p;
+        if (victim == NULL || e->used < victim->used)
             victim = e;
     }
+    free(refs);
+    free(held);
+    if (pages > 0 && idle_pages < pages)
+        victim = NULL; /* evicting all of them would not make room: keep them */
     if (victim != NULL && victim->dirty) {
         /*
          * Keep a dirty entry visible while its bytes go to the store, so a
@@ -824,10 +906,16 @@ ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_
                                                          : "no worker %s",
                           to);
     } else {
-        err = mover != NULL ? mover(arg, src, &dst, d)
-                            : ctl_vm_transfer(vm, src, &dst, bytes_moved, d);
-        if (err == WK_OK && mover != NULL) /* (the NNG path accounted it with the write) */
+        /*
+         * An external mover writes dst behind the scheduler's back: reserve
+         * its KV pages first, so a failed move gives them back when dst is
+         * freed. (The NNG path accounts them with its write.)
+         */
+        if (mover != NULL)
             err = ctl_vm_kv_reserve(vm, &dst, ctl_sched_slot_ctx(vm->sched, src), 0, d);
+        if (err == WK_OK)
+            err = mover != NULL ? mover(arg, src, &dst, d)
+                                : ctl_vm_transfer(vm, src, &dst, bytes_moved, d);
         if (err != WK_OK)
             (void)ctl_sched_slot_free(vm->sched, &dst);
     }

@@ -88,9 +88,9 @@ ctl_auth_cb(const char *authorization, const char *api_key, const char **user, b
 }
 
 static wk_err
-ctl_main_evict(void *arg)
+ctl_main_evict(void *arg, const char *worker, uint32_t pages)
 {
-    return ctl_vm_evict_one(arg);
+    return ctl_vm_evict_pages(arg, worker, pages);
 }
 
 static int

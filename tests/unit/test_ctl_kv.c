@@ -57,6 +57,18 @@ test_fits(void **state)
 }
 
 static void
+test_snap_fits(void **state)
+{
+    (void)state;
+    /* A chat turn on a slot of 40 tokens (3 pages): its snapshot holds 3 more. */
+    assert_true(ctl_kv_snap_fits(&hyb, 40, 10, 62));  /* 3 + ceil(112/16)=7 = 10 */
+    assert_false(ctl_kv_snap_fits(&hyb, 40, 10, 63)); /* 3 + 8 = 11: would wait forever */
+    assert_true(ctl_kv_snap_fits(&hyb, 0, 10, 150));  /* an empty state: no pages */
+    assert_false(ctl_kv_snap_fits(&hyb, 100, 0, UINT64_MAX));
+    assert_true(ctl_kv_snap_fits(&rec, 1000000, 10, 1000000));
+}
+
+static void
 test_images(void **state)
 {
     (void)state;
@@ -82,6 +94,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pages),
         cmocka_unit_test(test_fits),
+        cmocka_unit_test(test_snap_fits),
         cmocka_unit_test(test_images),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

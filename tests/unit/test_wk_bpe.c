@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -432,6 +433,71 @@ test_nfc(void **state)
         free(ids);
         free(back);
     }
+    wk_tok_free(t);
+}
+
+/* Encodes in with an NFC tokenizer and decodes it back into *back (caller frees). */
+static void
+nfc_round(wk_tok *t, const char *in, size_t len, char **back, size_t *blen)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(wk_tok_encode(t, in, len, &ids, &n, NULL), WK_OK);
+    assert_int_equal(wk_tok_decode(t, ids, n, back, blen, NULL), WK_OK);
+    free(ids);
+}
+
+static void
+test_nfc_long_run(void **state)
+{
+    (void)state;
+    spec s = {.words = {"caf\xc3\xa9"},
+              .normalizer = "{\"type\": \"NFC\"}",
+              .skip_byte = -1,
+              .model_extra = ", \"ignore_merges\": true"};
+    wk_tok *t = spec_load(&s, NULL);
+    char *back = NULL;
+    size_t blen = 0;
+    /* A small reference: classes 240 230 220 216 202 230 sort stably to 202 216 220 230 230 240. */
+    static const char mix[] = "x\xcd\x85\xcc\x81\xcc\x96\xcc\x9b\xcc\xa7\xcc\x81";
+    static const char mix_nfc[] = "x\xcc\xa7\xcc\x9b\xcc\x96\xcc\x81\xcc\x81\xcd\x85";
+    nfc_round(t, mix, strlen(mix), &back, &blen);
+    assert_int_equal(blen, strlen(mix_nfc));
+    assert_memory_equal(back, mix_nfc, blen);
+    free(back);
+    /* Ties keep their order and the first unblocked mark composes: a 0301 0316 0301 0316. */
+    static const char tie[] = "a\xcc\x81\xcc\x96\xcc\x81\xcc\x96";
+    static const char tie_nfc[] = "\xc3\xa1\xcc\x96\xcc\x96\xcc\x81";
+    nfc_round(t, tie, strlen(tie), &back, &blen);
+    assert_int_equal(blen, strlen(tie_nfc));
+    assert_memory_equal(back, tie_nfc, blen);
+    free(back);
+    /*
+     * 200k alternating marks (230, 220, ...): all the 220s move in front of
+     * all the 230s. Quadratic canonical ordering took minutes here.
+     */
+    enum { PAIRS = 100000 };
+    char *in = malloc(1 + 4 * (size_t)PAIRS), *want = malloc(1 + 4 * (size_t)PAIRS);
+    assert_non_null(in);
+    assert_non_null(want);
+    in[0] = want[0] = 'x';
+    for (size_t i = 0; i < PAIRS; i++) {
+        memcpy(in + 1 + 4 * i, "\xcc\x81\xcc\x96", 4);
+        memcpy(want + 1 + 2 * i, "\xcc\x96", 2);
+        memcpy(want + 1 + 2 * (PAIRS + i), "\xcc\x81", 2);
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    nfc_round(t, in, 1 + 4 * (size_t)PAIRS, &back, &blen);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    assert_int_equal(blen, 1 + 4 * (size_t)PAIRS);
+    assert_memory_equal(back, want, blen);
+    if (secs > 5.0)
+        fail_msg("NFC of a 200k-mark run took %.1f s", secs);
+    free(back);
+    free(in);
+    free(want);
     wk_tok_free(t);
 }
 
@@ -1353,7 +1419,8 @@ main(void)
         cmocka_unit_test(test_merge_order),  cmocka_unit_test(test_merge_chain),
         cmocka_unit_test(test_long_word),    cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_prefix_space), cmocka_unit_test(test_regex_split),
-        cmocka_unit_test(test_nfc),          cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_nfc),          cmocka_unit_test(test_nfc_long_run),
+        cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_hostile),      cmocka_unit_test(test_eos_and_digest),
         cmocka_unit_test(test_load_dir),     cmocka_unit_test(test_spm_llama2),
         cmocka_unit_test(test_spm_unk),      cmocka_unit_test(test_spm_metaspace),
