@@ -243,6 +243,42 @@ int k_gdn_delta(float *arena, size_t slot_floats, size_t S_off, uint32_t n_segs,
 int k_gdn_onorm(float *o, const float *g, uint32_t T, uint32_t HV, uint32_t Vd, const float *w,
                 double eps, void *stream);
 
+/* ------------------------------------------------------------------------ */
+/* Softmax attention over a paged KV pool (k_attn.cu; hybrid models).       */
+/* Pass token t of segment s = tseg[t] is at position seg_pos[s] + t -      */
+/* seg_t0[s] of its slot; its slot's pages for the pass are pages[seg_pg[s] */
+/* ..]; position j lives at pool + (pages[seg_pg[s] + j / PT] * PT + j % PT)*/
+/* * tok_floats, its K [Hkv][D] then V [Hkv][D] kv_off floats in.           */
+/* Segments must name distinct slots.                                       */
+/* ------------------------------------------------------------------------ */
+
+/* x[t * N + i] += b[i] for T rows of N floats. */
+int k_add_rows(float *x, const float *b, uint32_t T, uint32_t N, void *stream);
+
+/*
+ * In place, per token: GPT-NeoX rotate-half RoPE of q [T][Hq][D] and k
+ * [T][Hkv][D] at the token's position (angle pos * inv_freq[i] in double,
+ * inv_freq [D/2] doubles), then the token's K (rotated) and V [T][Hkv][D]
+ * stored into its page row. D even. Enqueue after every reader of the
+ * rows it overwrites.
+ */
+int k_attn_rope_store(float *q, float *k, const float *v, uint32_t T, uint32_t Hq, uint32_t Hkv,
+                      uint32_t D, const double *inv_freq, const uint32_t *tseg,
+                      const uint32_t *seg_t0, const uint32_t *seg_pos, const uint32_t *seg_pg,
+                      const uint32_t *pages, float *pool, uint32_t PT, size_t tok_floats,
+                      size_t kv_off, void *stream);
+
+/*
+ * o [T][Hq][D] = causal softmax(q k^T * scale) V per (token, query head h)
+ * over positions 0..pos of the token's slot (K / V head h / (Hq / Hkv)),
+ * fp32 with an online max. D <= 1024, Hq a multiple of Hkv, T <= 65535.
+ * Every position's K / V must be stored (k_attn_rope_store) first.
+ */
+int k_attn(const float *q, uint32_t T, uint32_t Hq, uint32_t Hkv, uint32_t D, float scale,
+           const uint32_t *tseg, const uint32_t *seg_t0, const uint32_t *seg_pos,
+           const uint32_t *seg_pg, const uint32_t *pages, const float *pool, uint32_t PT,
+           size_t tok_floats, size_t kv_off, float *o, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,8 +8,8 @@ Usage: run_cuda_families.py TEST_CUDA_FAMILIES_EXE
 Asks the test binary first (`--probe`) and exits 77 (meson's skip) without
 a CUDA backend or device, before generating anything; then 77 without
 numpy. Otherwise writes the models into a temp dir and runs the binary on
-all of them (plus a hybrid GDN model the CUDA backend must refuse with
-WK_ENOTSUP), passing its exit status on. WKVM_PARITY_KEEP=1 keeps the dir.
+all of them (hybrid GDN models with attention layers and the paged KV
+pool included), passing its exit status on. WKVM_PARITY_KEEP=1 keeps the dir.
 """
 
 import os
@@ -46,10 +46,17 @@ GDN = [
     # K 384: the delta rule's state tile in global memory
     ("gdn-bf16-K384", dict(seed=705, dtype="bf16", layers=1, hidden=64, heads=1, head_dim=384,
                            expand_v=0.25, ffn=128, vocab=300)),
+    # hybrid: attention layers over the paged KV pool (GQA; q/k norm + qkv bias; head dim 64
+    # over two attention layers)
+    ("gdn-hybrid-gqa", dict(seed=711, layers=3, attn_layers=(1,), attn_heads=4, attn_kv_heads=2)),
+    ("gdn-hybrid-bf16-qknorm-bias", dict(seed=712, dtype="bf16", layers=3, attn_layers=(0, 2),
+                                         attn_heads=8, attn_kv_heads=4, qk_norm=True,
+                                         qkv_bias=True, tied=True)),
+    ("gdn-hybrid-f16-D64", dict(seed=713, dtype="f16", layers=2, attn_layers=(1,), hidden=128,
+                                attn_heads=2, attn_kv_heads=1, ffn=256, vocab=500)),
 ]
-REFUSE = [
-    ("gdn-hybrid", dict(seed=711, layers=3, attn_layers=(1,), attn_heads=4, attn_kv_heads=2)),
-]
+# (name, generator config) of models the CUDA backend must refuse with WK_ENOTSUP
+REFUSE = []
 
 
 def main():

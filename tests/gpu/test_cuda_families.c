@@ -16,8 +16,15 @@
  *     logits buffer, too many rows or tokens) change no slot;
  *   - small passes (WKVM_CUDA_PASS_TOKENS=5: rows cut across passes) give
  *     the CPU's results.
+ * Hybrid models (attention layers, kv_token_bytes > 0) run the same checks
+ * on whole slot images (the fixed part, then the KV through the page
+ * table; both backends must report the same sizes and pool geometry), the
+ * resumed image is resized and written in odd-sized chunks (starting mid
+ * token) and read back the same way, a device slot copy is bit-identical,
+ * and a context with a 4-page pool refuses a step, a copy and a resize it
+ * cannot hold with WK_EQUOTA, changing nothing.
  * An argument `refuse:DIR` instead requires the CUDA backend to refuse
- * opening DIR's model with WK_ENOTSUP (hybrid models: no device KV pool).
+ * opening DIR's model with WK_ENOTSUP.
  * `test_cuda_families --probe` exits 0 when a CUDA backend and device
  * answer and 77 (meson's skip) otherwise; so does a run without one.
  */
@@ -51,7 +58,8 @@ typedef struct pair {
     const be_ops *cpu, *cu; /* backends */
     be_ctx *a, *b;          /* CPU and CUDA contexts */
     uint32_t V;             /* vocab */
-    uint64_t sb;            /* slot bytes */
+    uint64_t sb;            /* slot bytes (the fixed part) */
+    bool hybrid;            /* attention layers: slot images carry KV */
 } pair;
 
 /* max|got - ref| / std(ref) over n values. */
@@ -88,14 +96,25 @@ step(const be_ops *ops, be_ctx *ctx, be_row *rows, size_t n, const char *what)
     return e;
 }
 
-static float *
-slot_get(const be_ops *ops, be_ctx *ctx, uint32_t slot, uint64_t sb)
+/* The bytes of slot's image now (slot_size, or slot_bytes for fixed-size families). */
+static uint64_t
+img_size(const be_ops *ops, be_ctx *ctx, uint32_t slot)
 {
-    float *s = malloc(sb);
-    if (s != NULL && ops->slot_read(ctx, slot, 0, s, sb) != WK_OK) {
+    return ops->slot_size != NULL ? ops->slot_size(ctx, slot) : ops->slot_bytes(ctx);
+}
+
+/* The whole image of slot (its size in *n when n is not NULL); caller frees. */
+static float *
+slot_get_n(const be_ops *ops, be_ctx *ctx, uint32_t slot, uint64_t *n)
+{
+    const uint64_t len = img_size(ops, ctx, slot);
+    float *s = malloc(len ? len : 1);
+    if (s != NULL && ops->slot_read(ctx, slot, 0, s, len) != WK_OK) {
         free(s);
         return NULL;
     }
+    if (n != NULL)
+        *n = len;
     return s;
 }
 
@@ -103,11 +122,14 @@ slot_get(const be_ops *ops, be_ctx *ctx, uint32_t slot, uint64_t sb)
 static void
 check_states(pair *p, uint32_t slot_a, uint32_t slot_b, const char *what)
 {
-    float *sa = slot_get(p->cpu, p->a, slot_a, p->sb);
-    float *sb = slot_get(p->cu, p->b, slot_b, p->sb);
+    uint64_t na = 0, nb = 0;
+    float *sa = slot_get_n(p->cpu, p->a, slot_a, &na);
+    float *sb = slot_get_n(p->cu, p->b, slot_b, &nb);
     CHECK(sa != NULL && sb != NULL, "%s: slot read", what);
-    if (sa != NULL && sb != NULL) {
-        double r = rel_diff(sa, sb, p->sb / 4);
+    CHECK(na == nb, "%s: image sizes cpu slot %u %llu vs cuda slot %u %llu", what, slot_a,
+          (unsigned long long)na, slot_b, (unsigned long long)nb);
+    if (sa != NULL && sb != NULL && na == nb) {
+        double r = rel_diff(sa, sb, na / 4);
         CHECK(r < TOL, "%s: state cpu slot %u vs cuda slot %u: max|d|/std %.3e", what, slot_a,
               slot_b, r);
     }
@@ -191,6 +213,71 @@ open_ctx(const be_ops *ops, const wrk_model *m, uint32_t max_rows, uint32_t max_
     return e == WK_OK ? ctx : NULL;
 }
 
+/*
+ * Hybrid models: a 4-page pool (64 tokens). Slot 1 takes 3 pages; a step
+ * whose rows need 2 more is refused whole with WK_EQUOTA naming row 1, and
+ * so are a copy of slot 1 and a resize past the pool; nothing changes.
+ */
+static void
+pool_full(const be_ops *cu, const wrk_model *m, const char *name)
+{
+    be_config bc = {.n_slots = N_SLOTS,
+                    .n_threads = 2,
+                    .device = 0,
+                    .max_step_rows = 8,
+                    .max_step_tokens = 512,
+                    .kv_pages = 4};
+    be_ctx *c = NULL;
+    wk_diag d = {{0}};
+    wk_err e = cu->open(&bc, m, &c, &d);
+    CHECK(e == WK_OK, "%s: pool-full open: %s: %s", name, wk_err_name(e), d.msg);
+    if (e != WK_OK)
+        return;
+    const uint32_t V = wrk_model_info_get(m)->vocab_size;
+    be_kv_info ki = {0};
+    cu->kv_info(c, &ki);
+    CHECK(ki.pages_total == 4 && ki.page_tokens == 16, "%s: pool of %u pages of %u", name,
+          ki.pages_total, ki.page_tokens);
+    int32_t t[40];
+    for (uint32_t i = 0; i < 40; i++)
+        t[i] = tok_at(V, 5, i);
+    be_row r1 = {.slot = 1, .tokens = t, .n_tokens = 40};
+    step(cu, c, &r1, 1, "pool fill");
+    cu->kv_info(c, &ki);
+    CHECK(ki.pages_free == 1, "%s: %u pages free after 40 tokens, want 1", name, ki.pages_free);
+    uint64_t n1 = 0, n1b = 0;
+    float *before = slot_get_n(cu, c, 1, &n1);
+    be_row rows[2] = {{.slot = 2, .tokens = t, .n_tokens = 10},
+                      {.slot = 3, .tokens = t, .n_tokens = 5}};
+    d.msg[0] = '\0';
+    e = cu->step(c, rows, 2, &d);
+    CHECK(e == WK_EQUOTA && strstr(d.msg, "row 1") != NULL, "%s: full pool step gave %s (%s)", name,
+          wk_err_name(e), d.msg);
+    const uint64_t sb = cu->slot_bytes(c);
+    CHECK(cu->slot_size(c, 2) == sb && cu->slot_size(c, 3) == sb, "%s: refused step grew a slot",
+          name);
+    CHECK(cu->slot_copy(c, 2, 1) == WK_EQUOTA, "%s: copy into a full pool", name);
+    CHECK(cu->slot_size(c, 2) == sb, "%s: refused copy grew slot 2", name);
+    const uint64_t tb = ki.kv_token_bytes;
+    CHECK(cu->slot_resize(c, 2, sb + 17 * tb) == WK_EQUOTA, "%s: resize past the pool", name);
+    CHECK(cu->slot_resize(c, 2, sb + 65 * tb) == WK_EINVAL, "%s: resize past the whole pool", name);
+    CHECK(cu->slot_resize(c, 2, sb + 3) == WK_EINVAL, "%s: resize to a partial token", name);
+    cu->kv_info(c, &ki);
+    CHECK(ki.pages_free == 1, "%s: refusals took pages (%u free)", name, ki.pages_free);
+    float *after = slot_get_n(cu, c, 1, &n1b);
+    CHECK(before != NULL && after != NULL && n1 == n1b && memcmp(before, after, n1) == 0,
+          "%s: refusals changed slot 1", name);
+    /* what fits still runs, and a reset gives every page back */
+    be_row ok = {.slot = 2, .tokens = t, .n_tokens = 16};
+    step(cu, c, &ok, 1, "pool last page");
+    CHECK(cu->slot_reset(c, 1) == WK_OK && cu->slot_reset(c, 2) == WK_OK, "%s: resets", name);
+    cu->kv_info(c, &ki);
+    CHECK(ki.pages_free == 4, "%s: %u pages free after resets, want 4", name, ki.pages_free);
+    free(before);
+    free(after);
+    cu->close(c);
+}
+
 static void
 run_model(const be_ops *cu, const char *dir)
 {
@@ -205,7 +292,8 @@ run_model(const be_ops *cu, const char *dir)
     pair p = {.cpu = &be_cpu_ops,
               .cu = cu,
               .V = wrk_model_info_get(m)->vocab_size,
-              .sb = wrk_model_info_get(m)->state_bytes};
+              .sb = wrk_model_info_get(m)->state_bytes,
+              .hybrid = wrk_model_info_get(m)->kv_token_bytes > 0};
     const uint32_t V = p.V;
     unsetenv("WKVM_CUDA_PASS_TOKENS");
     p.a = open_ctx(&be_cpu_ops, m, 8, 512);
@@ -216,6 +304,20 @@ run_model(const be_ops *cu, const char *dir)
     if (cu->describe != NULL)
         cu->describe(p.b, desc, sizeof(desc));
     printf("%s: %s\n", name, desc);
+    if (p.hybrid) {
+        be_kv_info ka = {0}, kb = {0};
+        CHECK(cu->slot_size != NULL && cu->slot_resize != NULL && cu->kv_info != NULL,
+              "%s: cuda hybrid ops missing", name);
+        if (cu->kv_info != NULL)
+            cu->kv_info(p.b, &kb);
+        be_cpu_ops.kv_info(p.a, &ka);
+        CHECK(kb.kv_token_bytes == wrk_model_info_get(m)->kv_token_bytes &&
+                  kb.page_tokens == ka.page_tokens && kb.pages_total == ka.pages_total &&
+                  kb.pages_free == kb.pages_total,
+              "%s: kv_info cuda %llu/%u/%u/%u vs cpu %llu/%u/%u", name,
+              (unsigned long long)kb.kv_token_bytes, kb.page_tokens, kb.pages_total, kb.pages_free,
+              (unsigned long long)ka.kv_token_bytes, ka.page_tokens, ka.pages_total);
+    }
 
     float *cpu_out[4] = {0}, *cu_out[4] = {0}, *cu_again[4] = {0};
 
@@ -309,8 +411,35 @@ run_model(const be_ops *cu, const char *dir)
             check_states(&p, s, s, "after decode");
 
         /* 6. a CPU slot image resumed on the device continues like the CPU */
-        float *img = slot_get(&be_cpu_ops, p.a, 2, p.sb);
-        CHECK(img != NULL && cu->slot_write(p.b, 6, 0, img, p.sb) == WK_OK, "image write");
+        uint64_t in = 0;
+        float *img = slot_get_n(&be_cpu_ops, p.a, 2, &in);
+        CHECK(img != NULL, "cpu image read");
+        if (img != NULL && cu->slot_resize != NULL)
+            CHECK(cu->slot_resize(p.b, 6, in) == WK_OK, "resize slot 6 to %llu",
+                  (unsigned long long)in);
+        CHECK(img_size(cu, p.b, 6) == in, "slot 6 size %llu, want %llu",
+              (unsigned long long)img_size(cu, p.b, 6), (unsigned long long)in);
+        if (img != NULL && p.hybrid) {
+            /* odd chunks: every write after the first starts inside a token */
+            const uint8_t *b = (const uint8_t *)img;
+            for (uint64_t off = 0; off < in; off += 997) {
+                size_t n = in - off < 997 ? (size_t)(in - off) : 997;
+                CHECK(cu->slot_write(p.b, 6, off, b + off, n) == WK_OK, "chunk write at %llu",
+                      (unsigned long long)off);
+            }
+            uint8_t *back = malloc(in);
+            for (uint64_t off = 0; back != NULL && off < in; off += 333) {
+                size_t n = in - off < 333 ? (size_t)(in - off) : 333;
+                CHECK(cu->slot_read(p.b, 6, off, back + off, n) == WK_OK, "chunk read at %llu",
+                      (unsigned long long)off);
+            }
+            CHECK(back != NULL && memcmp(back, img, in) == 0, "%s: chunked image round trip", name);
+            free(back);
+            uint8_t one;
+            CHECK(cu->slot_read(p.b, 6, in, &one, 1) == WK_EINVAL, "read past the image");
+        } else if (img != NULL) {
+            CHECK(cu->slot_write(p.b, 6, 0, img, in) == WK_OK, "image write");
+        }
         int32_t tk = tok_at(V, 99, 0);
         be_row ra = {.slot = 2,
                      .tokens = &tk,
@@ -326,6 +455,16 @@ run_model(const be_ops *cu, const char *dir)
         step(cu, p.b, &rb, 1, "resume");
         CHECK(rel_diff(la[0], lb[0], V) < TOL, "%s: resumed image %.3e", name,
               rel_diff(la[0], lb[0], V));
+        check_states(&p, 2, 6, "resumed");
+
+        /* a device fork is the same image, bit for bit */
+        CHECK(cu->slot_copy(p.b, 7, 6) == WK_OK, "slot copy 6 -> 7");
+        uint64_t n6 = 0, n7 = 0;
+        float *i6 = slot_get_n(cu, p.b, 6, &n6), *i7 = slot_get_n(cu, p.b, 7, &n7);
+        CHECK(i6 != NULL && i7 != NULL && n6 == n7 && memcmp(i6, i7, n6) == 0,
+              "%s: slot copy differs", name);
+        free(i6);
+        free(i7);
         free(img);
         for (int i = 0; i < 3; i++) {
             free(la[i]);
@@ -335,7 +474,8 @@ run_model(const be_ops *cu, const char *dir)
 
     /* 7. refusals change nothing */
     {
-        float *before = slot_get(cu, p.b, 1, p.sb), *after = NULL;
+        uint64_t nbefore = 0, nafter = 0;
+        float *before = slot_get_n(cu, p.b, 1, &nbefore), *after = NULL;
         int32_t good = 5, bad = (int32_t)V;
         float *lg = calloc(V, sizeof(float));
         be_row dup[2] = {{.slot = 1,
@@ -363,8 +503,9 @@ run_model(const be_ops *cu, const char *dir)
         be_row big = {.slot = 1, .tokens = lots, .n_tokens = 513};
         CHECK(cu->step(p.b, &big, 1, &d) == WK_ETOOBIG, "too many tokens refused");
         free(lots);
-        after = slot_get(cu, p.b, 1, p.sb);
-        CHECK(before != NULL && after != NULL && memcmp(before, after, p.sb) == 0,
+        after = slot_get_n(cu, p.b, 1, &nafter);
+        CHECK(before != NULL && after != NULL && nbefore == nafter &&
+                  memcmp(before, after, nbefore) == 0,
               "%s: refused steps changed slot 1", name);
         free(before);
         free(after);
@@ -386,8 +527,10 @@ run_model(const be_ops *cu, const char *dir)
             CHECK(rel_diff(cpu_out[3], sm_out[3], V) < TOL, "%s: small passes long %.3e", name,
                   rel_diff(cpu_out[3], sm_out[3], V));
             for (uint32_t s = 1; s <= 3; s++) {
-                float *sa = slot_get(&be_cpu_ops, p.a, s, p.sb), *sb = slot_get(cu, small, s, p.sb);
-                CHECK(sa != NULL && sb != NULL && rel_diff(sa, sb, p.sb / 4) < TOL,
+                uint64_t na = 0, nb = 0;
+                float *sa = slot_get_n(&be_cpu_ops, p.a, s, &na);
+                float *sb = slot_get_n(cu, small, s, &nb);
+                CHECK(sa != NULL && sb != NULL && na == nb && rel_diff(sa, sb, na / 4) < TOL,
                       "%s: small passes state slot %u", name, s);
                 free(sa);
                 free(sb);
@@ -397,6 +540,9 @@ run_model(const be_ops *cu, const char *dir)
             cu->close(small);
         }
     }
+
+    if (p.hybrid)
+        pool_full(cu, m, name);
 
     for (int i = 0; i < 4; i++) {
         free(cpu_out[i]);

@@ -115,8 +115,8 @@ typedef struct be_ops {
      * state changes: WK_EINVAL (bad slot, duplicate slot, no tokens, token
      * outside the vocab, missing logits buffer, bad logits_mode), WK_ETOOBIG
      * (over max_step_rows / max_step_tokens); the diag names the row.
-     * Exception, for now: the CUDA steps (RWKV-7, Mamba2, Gated DeltaNet;
-     * not yet run on a device) are repeatable for one step composition,
+     * Exception, for now: the CUDA steps (RWKV-7, Mamba2, Gated DeltaNet
+     * incl. hybrid; not yet run on a device) are repeatable for one step composition,
      * but across batch compositions and chunkings they agree only to GEMM
      * rounding (cuBLAS picks its algorithm by shape); see be_cuda_rwkv7.c.
      */

@@ -7,9 +7,18 @@
  * (be_cuda_mamba2.c), Gated DeltaNet (be_cuda_gdn.c), each over the shared
  * be_cuda_core (weights on the device, cuBLAS GEMMs, kernels/k_*.cu). A
  * family without one opens (the slot operations work) but its step answers
- * WK_ENOTSUP naming the family. Hybrid models (attention layers with a
- * paged KV, kv_token_bytes > 0) are refused at open with WK_ENOTSUP: there
- * is no device KV pool yet.
+ * WK_ENOTSUP naming the family.
+ *
+ * Hybrid models (attention layers, kv_token_bytes > 0; be.h, be_kv_info):
+ * the family owns a paged device KV pool (be_cuda_kv.h) and hands it out
+ * through be_cuda_family.kv; a family without one refuses such a model at
+ * open with WK_ENOTSUP. A slot's image is then its fixed part in the arena
+ * followed by its KV, token-major, through the slot's page table: slot_size
+ * / slot_resize / kv_info answer from the pool, slot_reset frees a slot's
+ * pages, slot_copy copies them first (WK_EQUOTA when the pool can't hold
+ * the copy: nothing changed), slot_read / slot_write cover the whole image
+ * (a chunk may start or end inside a token), and slot_device_ptr gives only
+ * the fixed part (NCCL migration of the KV part is not written).
  *
  * Numerics: the step matches the CPU reference to GEMM rounding, not bit
  * for bit, and a row's bits may change with the batch shape (cuBLAS picks
@@ -27,6 +36,7 @@
 
 #include "be.h"
 #include "be_cuda_common.h"
+#include "be_cuda_kv.h"
 #include "k.h"
 
 struct be_ctx {
@@ -38,6 +48,7 @@ struct be_ctx {
     char dev_name[256];        /* device name (describe) */
     const be_cuda_family *fam; /* the family's step; NULL: none for this family */
     void *impl;                /* fam's step object, owned */
+    be_cuda_kv *kv;            /* hybrid models: fam's KV pool (borrowed from impl); else NULL */
 };
 
 /* The families with a CUDA step. */
@@ -100,10 +111,11 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         return wk_diag_set(d, WK_EDEVICE, "cuda backend: no CUDA device %d (%d present)",
                            cfg->device, n_dev);
     const wrk_model_info *info = wrk_model_info_get(m);
-    if (info->kv_token_bytes > 0)
+    const be_cuda_family *fam = be_cuda_family_find(info->family);
+    if (info->kv_token_bytes > 0 && (fam == NULL || fam->kv == NULL))
         return wk_diag_set(d, WK_ENOTSUP,
                            "cuda backend: hybrid %s models (attention layers, %llu KV bytes a "
-                           "token) need a device KV pool, not written yet; run this worker with "
+                           "token) have no CUDA KV pool for this family; run this worker with "
                            "--backend cpu",
                            info->family, (unsigned long long)info->kv_token_bytes);
     be_ctx *ctx = calloc(1, sizeof(*ctx));
@@ -129,7 +141,6 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         return wk_diag_set(d, WK_EDEVICE, "device %d arena of %u x %llu bytes: %s", cfg->device,
                            cfg->n_slots, (unsigned long long)bytes, cudaGetErrorString(ce));
     }
-    const be_cuda_family *fam = be_cuda_family_find(info->family);
     if (fam != NULL) {
         wk_err e = fam->create(cfg, m, (float *)(void *)ctx->arena, ctx->n_slots, ctx->slot_bytes,
                                &ctx->impl, d);
@@ -138,6 +149,17 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
             return e;
         }
         ctx->fam = fam;
+        if (info->kv_token_bytes > 0) {
+            ctx->kv = fam->kv(ctx->impl);
+            if (ctx->kv == NULL || ctx->kv->n_slots != ctx->n_slots ||
+                be_cuda_kv_token_bytes(ctx->kv) != info->kv_token_bytes) {
+                be_cuda_close(ctx);
+                return wk_diag_set(d, WK_EINVAL,
+                                   "cuda backend: the %s step's KV pool does not match the "
+                                   "model's %llu KV bytes a token",
+                                   info->family, (unsigned long long)info->kv_token_bytes);
+            }
+        }
     }
     *out = ctx;
     return WK_OK;
@@ -176,6 +198,8 @@ be_cuda_slot_reset(be_ctx *ctx, uint32_t slot)
     WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
     WK_CUDA_CHECK(cudaMemset(be_cuda_slot_ptr(ctx, slot), 0, ctx->slot_bytes), NULL);
     WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
+    if (ctx->kv != NULL)
+        be_cuda_kv_reset(ctx->kv, slot);
     return WK_OK;
 }
 
@@ -187,6 +211,11 @@ be_cuda_slot_copy(be_ctx *ctx, uint32_t dst, uint32_t src)
     if (dst == src)
         return WK_OK;
     WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
+    if (ctx->kv != NULL) {
+        wk_err e = be_cuda_kv_copy(ctx->kv, dst, src); /* first: it may refuse */
+        if (e != WK_OK)
+            return e;
+    }
     WK_CUDA_CHECK(cudaMemcpy(be_cuda_slot_ptr(ctx, dst), be_cuda_slot_ptr(ctx, src),
                              ctx->slot_bytes, cudaMemcpyDeviceToDevice),
                   NULL);
@@ -194,39 +223,92 @@ be_cuda_slot_copy(be_ctx *ctx, uint32_t dst, uint32_t src)
     return WK_OK;
 }
 
-/* slot 1..n_slots-1 and off + len inside the slot (be.h), as the CPU backend checks. */
-static bool
-be_cuda_slot_range_ok(const be_ctx *ctx, uint32_t slot, uint64_t off, size_t len)
+/* Bytes of KV per token (0: not a hybrid model). */
+static uint64_t
+be_cuda_kv_tb(const be_ctx *ctx)
 {
-    return slot != 0 && slot < ctx->n_slots && off <= ctx->slot_bytes &&
-           len <= ctx->slot_bytes - off;
+    return ctx->kv != NULL ? be_cuda_kv_token_bytes(ctx->kv) : 0;
+}
+
+static uint64_t
+be_cuda_slot_size(const be_ctx *ctx, uint32_t slot)
+{
+    if (ctx == NULL || slot == 0 || slot >= ctx->n_slots)
+        return 0;
+    return ctx->slot_bytes +
+           (ctx->kv != NULL ? (uint64_t)ctx->kv->slots[slot].n_ctx * be_cuda_kv_tb(ctx) : 0);
+}
+
+static wk_err
+be_cuda_slot_resize(be_ctx *ctx, uint32_t slot, uint64_t bytes)
+{
+    if (ctx == NULL || slot == 0 || slot >= ctx->n_slots || bytes < ctx->slot_bytes)
+        return WK_EINVAL;
+    const uint64_t tb = be_cuda_kv_tb(ctx);
+    if (tb == 0)
+        return bytes == ctx->slot_bytes ? WK_OK : WK_EINVAL;
+    if ((bytes - ctx->slot_bytes) % tb != 0)
+        return WK_EINVAL;
+    return be_cuda_kv_set_ctx(ctx->kv, slot, (bytes - ctx->slot_bytes) / tb);
+}
+
+static void
+be_cuda_kv_info_op(const be_ctx *ctx, be_kv_info *out)
+{
+    if (out == NULL)
+        return;
+    memset(out, 0, sizeof(*out));
+    if (ctx != NULL && ctx->kv != NULL)
+        be_cuda_kv_info(ctx->kv, out);
+}
+
+/*
+ * Reads or writes [off, off + len) of slot's image (slot 1..n_slots-1,
+ * inside slot_size, as the CPU backend checks): the arena part, then the
+ * KV pages. Complete on return (the arena write synchronises the legacy
+ * stream; be_cuda_kv_rw does the same).
+ */
+static wk_err
+be_cuda_slot_rw(be_ctx *ctx, uint32_t slot, uint64_t off, void *buf, size_t len, bool write)
+{
+    if (ctx == NULL || (buf == NULL && len > 0))
+        return WK_EINVAL;
+    const uint64_t total = be_cuda_slot_size(ctx, slot), sb = ctx->slot_bytes;
+    if (total == 0 || off > total || len > total - off)
+        return WK_EINVAL;
+    if (len == 0)
+        return WK_OK;
+    WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
+    uint8_t *p = buf;
+    if (off < sb) {
+        const size_t n = sb - off < len ? (size_t)(sb - off) : len;
+        if (write) {
+            WK_CUDA_CHECK(
+                cudaMemcpy(be_cuda_slot_ptr(ctx, slot) + off, p, n, cudaMemcpyHostToDevice), NULL);
+            WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
+        } else {
+            WK_CUDA_CHECK(
+                cudaMemcpy(p, be_cuda_slot_ptr(ctx, slot) + off, n, cudaMemcpyDeviceToHost), NULL);
+        }
+        p += n;
+        off += n;
+        len -= n;
+    }
+    if (len > 0) /* only a hybrid slot's image goes past slot_bytes */
+        return be_cuda_kv_rw(ctx->kv, slot, off - sb, p, len, write);
+    return WK_OK;
 }
 
 static wk_err
 be_cuda_slot_read(be_ctx *ctx, uint32_t slot, uint64_t off, void *buf, size_t len)
 {
-    if (ctx == NULL || (buf == NULL && len > 0) || !be_cuda_slot_range_ok(ctx, slot, off, len))
-        return WK_EINVAL;
-    if (len == 0)
-        return WK_OK;
-    WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
-    WK_CUDA_CHECK(cudaMemcpy(buf, be_cuda_slot_ptr(ctx, slot) + off, len, cudaMemcpyDeviceToHost),
-                  NULL);
-    return WK_OK;
+    return be_cuda_slot_rw(ctx, slot, off, buf, len, false);
 }
 
 static wk_err
 be_cuda_slot_write(be_ctx *ctx, uint32_t slot, uint64_t off, const void *buf, size_t len)
 {
-    if (ctx == NULL || (buf == NULL && len > 0) || !be_cuda_slot_range_ok(ctx, slot, off, len))
-        return WK_EINVAL;
-    if (len == 0)
-        return WK_OK;
-    WK_CUDA_CHECK(cudaSetDevice(ctx->device), NULL);
-    WK_CUDA_CHECK(cudaMemcpy(be_cuda_slot_ptr(ctx, slot) + off, buf, len, cudaMemcpyHostToDevice),
-                  NULL);
-    WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
-    return WK_OK;
+    return be_cuda_slot_rw(ctx, slot, off, (void *)buf, len, true);
 }
 
 static wk_err
@@ -284,4 +366,7 @@ const be_ops be_cuda_ops = {
     .describe = be_cuda_describe,
     .slot_device_ptr = be_cuda_slot_device_ptr,
     .device_index = be_cuda_device_index,
+    .slot_size = be_cuda_slot_size,
+    .slot_resize = be_cuda_slot_resize,
+    .kv_info = be_cuda_kv_info_op,
 };

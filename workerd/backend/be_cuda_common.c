@@ -389,6 +389,8 @@ be_cuda_core_step(be_cuda_core *c, be_row *rows, size_t n, be_cuda_pass_fn pass,
     wk_err e = cu_step_check(c, rows, n, d);
     if (e != WK_OK)
         return e;
+    if (c->pre_step != NULL && (e = c->pre_step(arg, rows, n, d)) != WK_OK)
+        return e;
     WK_CUDA_CHECK(cudaSetDevice(c->device), d);
     e = cu_step_rows(c, rows, n, pass, arg, d);
     if (e != WK_OK)

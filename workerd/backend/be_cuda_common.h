@@ -74,7 +74,10 @@
  * destroy() is NULL-safe. step() follows be.h's step contract (every row
  * checked first, nothing changed on refusal; returns when every state
  * write and logits row is complete). describe() writes a NUL-terminated
- * "key=value ..." line.
+ * "key=value ..." line. kv() is optional (NULL: the family serves no
+ * hybrid models): the family's paged KV pool (be_cuda_kv.h), borrowed for
+ * impl's life, or NULL when the model has no attention layers; be_cuda.c
+ * runs the slot operations on the KV part of a slot image through it.
  */
 typedef struct be_cuda_family {
     const char *name; /* wrk_model_info.family this step serves */
@@ -83,6 +86,7 @@ typedef struct be_cuda_family {
     void (*destroy)(void *impl);
     wk_err (*step)(void *impl, be_row *rows, size_t n, wk_diag *d);
     void (*describe)(const void *impl, char *buf, size_t len);
+    struct be_cuda_kv *(*kv)(void *impl);
 } be_cuda_family;
 
 extern const be_cuda_family be_cuda_rwkv7_family;  /* be_cuda_rwkv7.c */
@@ -139,6 +143,9 @@ typedef struct be_cuda_core {
     uint32_t *slot_mark;          /* duplicate detection [n_slots] */
     uint32_t mark_gen;            /* current mark value */
     uint32_t T, n_segs, n_logits; /* the pass being built / run */
+
+    /* optional, set by the family: runs after the row checks, before any device call */
+    wk_err (*pre_step)(void *arg, const be_row *rows, size_t n, wk_diag *d);
 } be_cuda_core;
 
 /*
@@ -205,7 +212,8 @@ typedef wk_err (*be_cuda_pass_fn)(void *arg, wk_diag *d);
 
 /*
  * The be.h step over c: checks every row (the CPU backend's errors and
- * messages, nothing changes on refusal), then cuts the rows into passes,
+ * messages, nothing changes on refusal), then c->pre_step(arg, rows, n)
+ * when set (a refusal there must change nothing either), then cuts the rows into passes,
  * copies each pass's metadata to the device and calls pass(arg); padding
  * rows (slot 0) get zero logits. Returns when every pass is complete.
  */
