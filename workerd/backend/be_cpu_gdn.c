@@ -9,7 +9,7 @@
  * the whole network over all its tokens: one GEMM region for the q, k, v,
  * a, b, g projections of every token, the short convolutions per token
  * (the inputs before the segment come from the slot's conv state), the
- * delta-rule recurrence per (segment, value head, column block) in token
+ * delta-rule recurrence per (segment, value head, column span) in token
  * order, the gated per-head RMSNorm per token, then o_proj (added into the
  * residual), the gated MLP and, for the logits positions, the final norm
  * and the head.
@@ -40,9 +40,11 @@
  * earlier tokens') data; every reduction has a fixed order (RMSNorm and the
  * L2 norms sum in double in a fixed order; the recurrence works column by
  * column of S, each column a fixed sequence over the key index); the GEMM
- * kernels give each element one FMA chain in k order. The column blocks
- * are a fixed width, so a row's bits never depend on the other rows, on
- * how its prefill is split or on the thread count.
+ * kernels give each element one FMA chain in k order. Each value column of
+ * S is computed on its own (how many columns a recurrence task takes varies
+ * with the batch and the thread count, never a column's operations), so a
+ * row's bits never depend on the other rows, on how its prefill is split or
+ * on the thread count.
  *
  * Must never: log, abort on bad input, or change a slot when a step is
  * refused (be_cpu_base_step validates before any pass).
@@ -56,8 +58,10 @@
 #include "be_cpu_kv.h"
 #include "wrk_gdn.h"
 
-#define GDN_L2_EPS 1e-6 /* fla's in-kernel q / k L2 normalisation */
-#define GDN_COLS 64u    /* value columns per recurrence task */
+#define GDN_L2_EPS 1e-6  /* fla's in-kernel q / k L2 normalisation */
+#define GDN_CONV_MAX 64u /* most conv taps (checked at open) */
+#define GDN_SPAN 512u    /* most value columns per recurrence task */
+#define GDN_TILE 8u      /* key rows per tile of the recurrence (gdn_delta_body) */
 /*
  * KV page size: 16 tokens keeps the waste per slot small (half a page on
  * average) while a page of a 340M-class hybrid (2 attention layers, 16 KV
@@ -71,9 +75,9 @@
 /* One (token, query head) of an attention layer (gdn_att_body). */
 typedef void (*gdn_att_fn)(const be_ctx *c, uint32_t t, uint32_t h, float *scr);
 
-/* One token's recurrence over a full column block (gdn_delta_block). */
-typedef void (*gdn_delta_fn)(float *S, size_t ld, uint32_t K, const float *q, const float *k,
-                             const float *v, float decay, float beta, float *o);
+/* One token's recurrence over n <= GDN_SPAN value columns of a head (gdn_delta_body). */
+typedef void (*gdn_delta_fn)(float *S, size_t ld, uint32_t K, uint32_t n, const float *q,
+                             const float *k, const float *v, float decay, float beta, float *o);
 
 typedef struct gdn_layer {
     const float *attn_norm, *mlp_norm; /* [C] */
@@ -95,7 +99,7 @@ struct be_ctx {
     be_cpu_base b;                             /* must be first: the pass gets &ctx->b */
     const wrk_gdn *g;                          /* the model's view, borrowed */
     uint32_t L, C, H, K, HV, Vd, KD, VD, W, F; /* dimensions (wrk_gdn.h) */
-    uint32_t ncb;                              /* column blocks per value head */
+    uint32_t span, nspan;                      /* recurrence columns per task, tasks per head */
     float beta_scale;                          /* 1 or 2 (allow_neg_eigval) */
     float q_scale;                             /* K^-0.5 */
     size_t layer_floats;                       /* floats per layer in a slot */
@@ -105,7 +109,7 @@ struct be_ctx {
     be_cpu_mat head;                           /* C -> V */
     uint64_t packed_bytes;                     /* bytes of packed weights */
     uint32_t layer;                            /* the layer a stage runs */
-    gdn_delta_fn delta;                        /* full-block recurrence for the ISA */
+    gdn_delta_fn delta;                        /* the recurrence for the ISA */
 
     /* pass scratch, cap tokens each */
     float *x;            /* residual [cap][C] */
@@ -248,7 +252,7 @@ gdn_conv_token(const be_ctx *c, const float *taps, const float *raw, const float
                uint32_t t, uint32_t t0, float *out)
 {
     const uint32_t W = c->W;
-    const float *src[GDN_COLS]; /* W <= 64 (checked at map) */
+    const float *src[GDN_CONV_MAX]; /* W <= GDN_CONV_MAX (checked at open) */
     for (uint32_t j = 0; j < W; j++) {
         int64_t p = (int64_t)t - (W - 1) + j;
         src[j] = p >= (int64_t)t0 ? raw + (size_t)p * D
@@ -330,81 +334,151 @@ gdn_save_conv(be_ctx *c)
 }
 
 /*
- * The recurrence over one full block of GDN_COLS value columns of one head
- * for one token. S points at the block's column 0 of key row 0 (rows ld
- * floats apart). Written with GCC vector extensions; compiled for three
- * targets below. Every element sees the same operations in the same order
- * as the scalar loop in gdn_stage_delta (a rounded product, then a rounded
- * sum: ISO C mode keeps -ffp-contract=off), so every path gives the same
- * bits.
+ * The recurrence of one token over n value columns (n <= GDN_SPAN) of one
+ * head, per column i:
+ *   kv = sum_r (S[r][i] decay) k[r];  u = beta (v[i] - kv)
+ *   S[r][i] = S[r][i] decay + u k[r];  o[i] = sum_r S[r][i] q[r]
+ * S points at column 0 of key row 0 (rows ld floats apart). Two passes
+ * over the columns, each in tiles of GDN_TILE key rows across all n
+ * columns, so memory is walked row by row in long contiguous runs: the
+ * first only reads S (the decayed value is recomputed in the second, the
+ * same product, so the same bits), the second updates it, by then in
+ * cache. Within a tile the columns go in groups of nv 16-float vectors
+ * whose sums stay in registers; between tiles the sums live in acc / o.
+ * Every column's sums run over r = 0..K-1 in order and see the same
+ * operations (a rounded product, then a rounded sum: ISO C mode keeps
+ * -ffp-contract=off) whatever the group, tile or vector width, so which
+ * columns share a task, the ISA path and the scalar tail never change a
+ * bit. Written with GCC vector extensions; compiled for three targets
+ * below with the group width that fits each one's registers.
  */
 typedef float gdn_v16 __attribute__((vector_size(64)));
-#define GDN_NV ((int)(GDN_COLS / 16))
+#define GDN_NV_MAX 4 /* 16-float vectors per column group, at most */
 
 /* Unaligned 16-float load / store (the slot's rows need not be 64-byte aligned). */
 #define GDN_LD(v, p) memcpy(&(v), (p), sizeof(gdn_v16))
 #define GDN_ST(p, v) memcpy((p), &(v), sizeof(gdn_v16))
 
+/* Pass 1 over rows [r0, r1) of nv vectors at column c: acc += (S decay) k. */
 static inline __attribute__((always_inline)) void
-gdn_delta_block(float *S, size_t ld, uint32_t K, const float *q, const float *k, const float *v,
-                float decay, float beta, float *o)
+gdn_tile_kv(const float *S, size_t ld, uint32_t r0, uint32_t r1, uint32_t c, const float *k,
+            float decay, float *acc, const int nv)
 {
-    gdn_v16 kv[GDN_NV], u[GDN_NV], acc[GDN_NV];
-    for (int b = 0; b < GDN_NV; b++)
-        kv[b] = (gdn_v16){0};
-    for (uint32_t r = 0; r < K; r++) {
-        float *row = S + (size_t)r * ld;
+    gdn_v16 a[GDN_NV_MAX];
+#pragma GCC unroll 4
+    for (int b = 0; b < nv; b++)
+        GDN_LD(a[b], acc + c + 16 * b);
+    for (uint32_t r = r0; r < r1; r++) {
+        const float *row = S + (size_t)r * ld + c;
         const float kr = k[r];
-        for (int b = 0; b < GDN_NV; b++) {
+#pragma GCC unroll 4
+        for (int b = 0; b < nv; b++) {
             gdn_v16 x;
             GDN_LD(x, row + 16 * b);
             x = x * decay;
-            GDN_ST(row + 16 * b, x);
-            kv[b] = kv[b] + x * kr;
+            a[b] = a[b] + x * kr;
         }
     }
-    for (int b = 0; b < GDN_NV; b++) {
-        gdn_v16 x;
-        GDN_LD(x, v + 16 * b);
-        u[b] = (x - kv[b]) * beta;
-        acc[b] = (gdn_v16){0};
+#pragma GCC unroll 4
+    for (int b = 0; b < nv; b++)
+        GDN_ST(acc + c + 16 * b, a[b]);
+}
+
+/* Pass 2 over rows [r0, r1) of nv vectors at column c: S = S decay + u k, o += S q. */
+static inline __attribute__((always_inline)) void
+gdn_tile_upd(float *S, size_t ld, uint32_t r0, uint32_t r1, uint32_t c, const float *q,
+             const float *k, const float *u, float decay, float *o, const int nv)
+{
+    gdn_v16 a[GDN_NV_MAX], uv[GDN_NV_MAX];
+#pragma GCC unroll 4
+    for (int b = 0; b < nv; b++) {
+        GDN_LD(a[b], o + c + 16 * b);
+        GDN_LD(uv[b], u + c + 16 * b);
     }
-    for (uint32_t r = 0; r < K; r++) {
-        float *row = S + (size_t)r * ld;
+    for (uint32_t r = r0; r < r1; r++) {
+        float *row = S + (size_t)r * ld + c;
         const float kr = k[r], qr = q[r];
-        for (int b = 0; b < GDN_NV; b++) {
+#pragma GCC unroll 4
+        for (int b = 0; b < nv; b++) {
             gdn_v16 x;
             GDN_LD(x, row + 16 * b);
-            x = x + u[b] * kr;
+            x = x * decay;
+            x = x + uv[b] * kr;
             GDN_ST(row + 16 * b, x);
-            acc[b] = acc[b] + x * qr;
+            a[b] = a[b] + x * qr;
         }
     }
-    for (int b = 0; b < GDN_NV; b++)
-        GDN_ST(o + 16 * b, acc[b]);
+#pragma GCC unroll 4
+    for (int b = 0; b < nv; b++)
+        GDN_ST(o + c + 16 * b, a[b]);
+}
+
+static inline __attribute__((always_inline)) void
+gdn_delta_body(float *S, size_t ld, uint32_t K, uint32_t n, const float *q, const float *k,
+               const float *v, float decay, float beta, float *o, const int nv)
+{
+    float acc[GDN_SPAN] __attribute__((aligned(64)));
+    float u[GDN_SPAN] __attribute__((aligned(64)));
+    const uint32_t nvec = n / 16 * 16, ngrp = nvec / (16 * (uint32_t)nv) * (16 * (uint32_t)nv);
+
+    for (uint32_t i = 0; i < n; i++)
+        acc[i] = 0.0f;
+    for (uint32_t r0 = 0; r0 < K; r0 += GDN_TILE) {
+        const uint32_t r1 = K - r0 < GDN_TILE ? K : r0 + GDN_TILE;
+        uint32_t c = 0;
+        for (; c < ngrp; c += 16 * (uint32_t)nv)
+            gdn_tile_kv(S, ld, r0, r1, c, k, decay, acc, nv);
+        for (; c < nvec; c += 16)
+            gdn_tile_kv(S, ld, r0, r1, c, k, decay, acc, 1);
+        for (; c < n; c++)
+            for (uint32_t r = r0; r < r1; r++) {
+                const float x = S[(size_t)r * ld + c] * decay;
+                acc[c] = acc[c] + x * k[r];
+            }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        u[i] = (v[i] - acc[i]) * beta;
+        o[i] = 0.0f;
+    }
+    for (uint32_t r0 = 0; r0 < K; r0 += GDN_TILE) {
+        const uint32_t r1 = K - r0 < GDN_TILE ? K : r0 + GDN_TILE;
+        uint32_t c = 0;
+        for (; c < ngrp; c += 16 * (uint32_t)nv)
+            gdn_tile_upd(S, ld, r0, r1, c, q, k, u, decay, o, nv);
+        for (; c < nvec; c += 16)
+            gdn_tile_upd(S, ld, r0, r1, c, q, k, u, decay, o, 1);
+        for (; c < n; c++)
+            for (uint32_t r = r0; r < r1; r++) {
+                float *s = S + (size_t)r * ld + c;
+                float x = *s * decay;
+                x = x + u[c] * k[r];
+                *s = x;
+                o[c] = o[c] + x * q[r];
+            }
+    }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx512f"))) static void
-gdn_delta_avx512(float *S, size_t ld, uint32_t K, const float *q, const float *k, const float *v,
-                 float decay, float beta, float *o)
+gdn_delta_avx512(float *S, size_t ld, uint32_t K, uint32_t n, const float *q, const float *k,
+                 const float *v, float decay, float beta, float *o)
 {
-    gdn_delta_block(S, ld, K, q, k, v, decay, beta, o);
+    gdn_delta_body(S, ld, K, n, q, k, v, decay, beta, o, 4);
 }
 
 __attribute__((target("avx2,fma"))) static void
-gdn_delta_avx2(float *S, size_t ld, uint32_t K, const float *q, const float *k, const float *v,
-               float decay, float beta, float *o)
+gdn_delta_avx2(float *S, size_t ld, uint32_t K, uint32_t n, const float *q, const float *k,
+               const float *v, float decay, float beta, float *o)
 {
-    gdn_delta_block(S, ld, K, q, k, v, decay, beta, o);
+    gdn_delta_body(S, ld, K, n, q, k, v, decay, beta, o, 2);
 }
 #endif
 
 static void
-gdn_delta_generic(float *S, size_t ld, uint32_t K, const float *q, const float *k, const float *v,
-                  float decay, float beta, float *o)
+gdn_delta_generic(float *S, size_t ld, uint32_t K, uint32_t n, const float *q, const float *k,
+                  const float *v, float decay, float beta, float *o)
 {
-    gdn_delta_block(S, ld, K, q, k, v, decay, beta, o);
+    gdn_delta_body(S, ld, K, n, q, k, v, decay, beta, o, 1);
 }
 
 static gdn_delta_fn
@@ -421,61 +495,46 @@ gdn_delta_pick(be_cpu_isa isa)
 }
 
 /*
- * The recurrence for one (segment, value head, column block), tokens in
- * order. S [K][Vd] row-major for the head; the block's columns are
- * independent of each other:
- *   S *= exp(g);  kv = S^T k;  u = beta (v - kv);  S += k u^T;  o = S^T q
- * A full block goes through c->delta; a narrower last block runs the same
- * per-element operations here.
+ * Columns per recurrence task for this pass: a whole value head (up to
+ * GDN_SPAN) while there are at least two tasks per thread, else halved
+ * (a multiple of 16, at least 64) until there are. Only speed depends on
+ * it (see gdn_delta_body).
+ */
+static void
+gdn_delta_split(be_ctx *c)
+{
+    const uint64_t want = 2 * (uint64_t)c->b.n_threads;
+    uint32_t span = c->Vd < GDN_SPAN ? c->Vd : GDN_SPAN;
+    while (span > 64 && (uint64_t)c->b.n_segs * c->HV * ((c->Vd + span - 1) / span) < want)
+        span = (span / 2 + 15) / 16 * 16;
+    c->span = span;
+    c->nspan = (c->Vd + span - 1) / span;
+}
+
+/*
+ * The recurrence for one (segment, value head, column span), tokens in
+ * order; S [K][Vd] row-major for the head, the span's columns independent
+ * of the others (gdn_delta_body).
  */
 static void
 gdn_stage_delta(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
     const uint32_t K = c->K, Vd = c->Vd, HV = c->HV;
-    const uint32_t per_seg = HV * c->ncb;
+    const uint32_t per_seg = HV * c->nspan;
     const be_cpu_seg *sg = &c->b.segs[task / per_seg];
-    const uint32_t j = (task % per_seg) / c->ncb;
-    const uint32_t c0 = (task % c->ncb) * GDN_COLS;
-    const uint32_t nc = Vd - c0 < GDN_COLS ? Vd - c0 : GDN_COLS;
+    const uint32_t j = (task % per_seg) / c->nspan;
+    const uint32_t c0 = (task % c->nspan) * c->span;
+    const uint32_t nc = Vd - c0 < c->span ? Vd - c0 : c->span;
     const uint32_t kh = j / (HV / c->H);
     float *S = gdn_slot_layer(c, sg->slot, c->layer) + gdn_off_S(c) + (size_t)j * K * Vd + c0;
-    float kv[GDN_COLS], u[GDN_COLS], o[GDN_COLS];
 
     for (uint32_t t = sg->t0; t < sg->t0 + sg->n; t++) {
         const float *q = c->q + (size_t)t * c->KD + (size_t)kh * K;
         const float *k = c->k + (size_t)t * c->KD + (size_t)kh * K;
         const float *v = c->v + (size_t)t * c->VD + (size_t)j * Vd + c0;
-        const float decay = c->ar[(size_t)t * HV + j];
-        const float beta = c->br[(size_t)t * HV + j];
         float *out = c->o + (size_t)t * c->VD + (size_t)j * Vd + c0;
-        if (nc == GDN_COLS) {
-            c->delta(S, Vd, K, q, k, v, decay, beta, out);
-            continue;
-        }
-        for (uint32_t i = 0; i < nc; i++)
-            kv[i] = 0.0f;
-        for (uint32_t r = 0; r < K; r++) {
-            float *row = S + (size_t)r * Vd;
-            const float kr = k[r];
-            for (uint32_t i = 0; i < nc; i++) {
-                row[i] = row[i] * decay;
-                kv[i] = kv[i] + row[i] * kr;
-            }
-        }
-        for (uint32_t i = 0; i < nc; i++) {
-            u[i] = (v[i] - kv[i]) * beta;
-            o[i] = 0.0f;
-        }
-        for (uint32_t r = 0; r < K; r++) {
-            float *row = S + (size_t)r * Vd;
-            const float kr = k[r], qr = q[r];
-            for (uint32_t i = 0; i < nc; i++) {
-                row[i] = row[i] + u[i] * kr;
-                o[i] = o[i] + row[i] * qr;
-            }
-        }
-        memcpy(out, o, sizeof(float) * nc);
+        c->delta(S, Vd, K, nc, q, k, v, c->ar[(size_t)t * HV + j], c->br[(size_t)t * HV + j], out);
     }
 }
 
@@ -801,7 +860,8 @@ gdn_layer_delta(be_ctx *c, const gdn_layer *ly)
 
     be_cpu_tok_run(b, gdn_stage_conv, c);
     gdn_save_conv(c); /* after every token read the old history */
-    be_cpu_pool_run(b->pool, gdn_stage_delta, c, b->n_segs * c->HV * c->ncb);
+    gdn_delta_split(c);
+    be_cpu_pool_run(b->pool, gdn_stage_delta, c, b->n_segs * c->HV * c->nspan);
     be_cpu_tok_run(b, gdn_stage_onorm, c);
     be_cpu_job_add(b, &ly->wo, c->o, T, c->x, NULL, BE_CPU_EPI_ADD);
     be_cpu_jobs_run(b);
@@ -1046,8 +1106,9 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     const wrk_gdn *g = wrk_model_view(m, "gdn");
     if (g == NULL)
         return wk_diag_set(d, WK_EINVAL, "cpu backend: not a gdn model");
-    if (g->conv > GDN_COLS)
-        return wk_diag_set(d, WK_ENOTSUP, "cpu backend: conv_size %u over %u", g->conv, GDN_COLS);
+    if (g->conv > GDN_CONV_MAX)
+        return wk_diag_set(d, WK_ENOTSUP, "cpu backend: conv_size %u over %u", g->conv,
+                           GDN_CONV_MAX);
     be_ctx *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
@@ -1062,7 +1123,6 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     c->VD = c->HV * c->Vd;
     c->W = g->conv;
     c->F = g->ffn_dim;
-    c->ncb = (c->Vd + GDN_COLS - 1) / GDN_COLS;
     c->beta_scale = g->allow_neg_eigval ? 2.0f : 1.0f;
     c->q_scale = (float)(1.0 / sqrt((double)c->K));
     c->layer_floats =

@@ -156,7 +156,8 @@ m2_stage_conv(void *arg, uint32_t task)
             for (uint32_t k = 0; k < K; k++)
                 acc += w[k] * win[k];
             c->xbc[(size_t)t * c->CD + ch] = m2_silu(acc);
-            memmove(win, win + 1, sizeof(float) * km);
+            for (uint32_t k = 0; k < km; k++) /* a few floats: no memmove call */
+                win[k] = win[k + 1];
         }
         memcpy(hist, win, sizeof(float) * km);
     }
