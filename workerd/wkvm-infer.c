@@ -462,8 +462,10 @@ infer_image(infer_run *r, uint32_t slot, uint64_t *len)
  * slot 3. Every continued position's logits must equal the reference bit
  * for bit; image sizes must be slot_bytes + n_ctx * kv_token_bytes. With a
  * KV pool, the pool is then filled and a step, a copy and a resize must be
- * refused with WK_EQUOTA leaving every image and the free count unchanged;
- * bad sizes and ranges must give WK_EINVAL.
+ * refused with WK_EQUOTA leaving every image and the free count unchanged,
+ * and so must a step with a reset row (be_row.reset) plus a refused row;
+ * the reset row alone then runs on pages only its reset freed, as on a
+ * fresh slot. Bad sizes and ranges must give WK_EINVAL.
  */
 static int
 infer_slot_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, long gen)
@@ -584,6 +586,7 @@ infer_slot_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, lon
             infer_die(1, "--slot-check: prefill refused");
         r->ops->kv_info(r->ctx, &k0);
         uint64_t fill = (uint64_t)k0.pages_free * k0.page_tokens;
+        const uint32_t p2 = k0.pages_free; /* the pages slot 2 takes below */
         if (r->ops->slot_resize(r->ctx, 2, sb + (fill + 1) * tb) != WK_EQUOTA)
             infer_expect(&fails, false, "resize over the free pages not refused with WK_EQUOTA");
         if (r->ops->slot_resize(r->ctx, 2, sb + fill * tb) != WK_OK)
@@ -630,8 +633,80 @@ infer_slot_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, lon
         free(img);
         free(row_toks);
         free(lg);
-        /* give slot 2's pages back: slot 1 continues as if nothing happened */
-        if (r->ops->slot_reset(r->ctx, 2) != WK_OK)
+
+        /*
+         * (d) a reset is part of its step. Slot 2 holds every page left
+         * (p2) and, written from slot 1, a recurrent state that is not
+         * zero. A reset row on it next to a row that needs one page more
+         * than the reset gives back is refused (WK_EQUOTA naming row 1),
+         * and so is a reset row next to a token outside the vocab
+         * (WK_EINVAL); neither changes a byte or a page. Then the reset
+         * row alone runs on a page only its own reset gave back, exactly
+         * as on a fresh slot (slot 3, same row shape).
+         */
+        uint64_t la, lb;
+        uint8_t *ia = infer_image(r, 1, &la);
+        if (r->ops->slot_write(r->ctx, 2, 0, ia, sb) != WK_OK)
+            infer_die(1, "--slot-check: slot_write failed");
+        uint8_t *ib = infer_image(r, 2, &lb);
+        const uint64_t big = (uint64_t)p2 * k0.page_tokens; /* all of slot 2's pages */
+        int32_t *ztoks = calloc(big + 1, sizeof(int32_t));
+        float *lr = malloc(V * sizeof(float)), *lf = malloc(V * sizeof(float));
+        if (ztoks == NULL || lr == NULL || lf == NULL)
+            infer_die(1, "out of memory");
+        const int32_t bad = (int32_t)r->V;
+        be_row rr[2] = {
+            {.slot = 2, .tokens = ztoks, .n_tokens = (uint32_t)big, .reset = true},
+            {.slot = 3, .tokens = ztoks, .n_tokens = 1},
+        };
+        d = (wk_diag){{0}};
+        e = r->ops->step(r->ctx, rr, 2, &d);
+        infer_expect(&fails, e == WK_EQUOTA && strstr(d.msg, "row 1") != NULL,
+                     "reset + a row over the freed pages: not refused with WK_EQUOTA on row 1");
+        rr[0] = (be_row){.slot = 2, .tokens = seq, .n_tokens = 1, .logits_mode = BE_LOGITS_LAST,
+                         .logits = lr, .reset = true};
+        rr[1] = (be_row){.slot = 1, .tokens = &bad, .n_tokens = 1};
+        infer_expect(&fails, r->ops->step(r->ctx, rr, 2, &d) == WK_EINVAL,
+                     "reset + a token outside the vocab: not refused with WK_EINVAL");
+        r->ops->kv_info(r->ctx, &k1);
+        uint64_t l1, l2b;
+        uint8_t *ja = infer_image(r, 1, &l1), *jb = infer_image(r, 2, &l2b);
+        infer_expect(&fails,
+                     l1 == la && memcmp(ia, ja, la) == 0 && l2b == lb && memcmp(ib, jb, lb) == 0,
+                     "a refused step with a reset row changed a slot image");
+        infer_expect(&fails, infer_slot_size(r, 3) == sb && k1.pages_free == 0,
+                     "a refused step with a reset row changed slot 3 or the free pages");
+        e = r->ops->step(r->ctx, rr, 1, &d);
+        snprintf(what, sizeof(what), "a reset row needing its own freed pages refused (%s: %.150s)",
+                 wk_strerror(e), d.msg);
+        infer_expect(&fails, e == WK_OK, what);
+        r->ops->kv_info(r->ctx, &k1);
+        infer_expect(&fails, infer_slot_size(r, 2) == sb + tb && k1.pages_free == p2 - 1,
+                     "after a reset row: slot 2's size or the free pages are wrong");
+        if (e == WK_OK && p2 >= 2) {
+            /* the same row on a fresh slot: same logits, same image */
+            if (infer_feed(r, 3, seq, 0, 1, 1, lf) != WK_OK)
+                infer_die(1, "--slot-check: a fresh one-token row refused");
+            uint64_t l3;
+            free(jb);
+            jb = infer_image(r, 2, &l2b);
+            uint8_t *jc = infer_image(r, 3, &l3);
+            infer_expect(&fails, memcmp(lr, lf, V * sizeof(float)) == 0,
+                         "a reset row's logits differ from a fresh slot's");
+            infer_expect(&fails, l2b == l3 && memcmp(jb, jc, l3) == 0,
+                         "a reset row's image differs from a fresh slot's");
+            free(jc);
+        }
+        free(ia);
+        free(ib);
+        free(ja);
+        free(jb);
+        free(ztoks);
+        free(lr);
+        free(lf);
+
+        /* give slot 2's (and 3's) pages back: slot 1 continues as if nothing happened */
+        if (r->ops->slot_reset(r->ctx, 2) != WK_OK || r->ops->slot_reset(r->ctx, 3) != WK_OK)
             infer_die(1, "--slot-check: slot reset failed");
         if (infer_feed(r, 1, seq, mid, n_pos, chunk, got) != WK_OK)
             infer_die(1, "--slot-check: continuing after the refusals refused");

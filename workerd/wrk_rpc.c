@@ -987,16 +987,11 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
         rows[i].n_tokens = (uint32_t)sr->n_tokens;
         rows[i].logits_mode = sr->sample ? BE_LOGITS_LAST : BE_LOGITS_NONE;
         rows[i].logits = sr->sample ? w->logits + off : NULL;
+        rows[i].reset = sr->reset; /* part of the step: a refused step resets nothing */
         off += sr->sample ? vocab : 0;
         ntok += sr->n_tokens;
     }
     uint64_t t0 = wrk_now_us();
-    for (size_t i = 0; i < n; i++) {
-        if (st->rows[i]->reset && (err = w->cfg.backend->slot_reset(w->be, rows[i].slot)) != WK_OK) {
-            snprintf(detail, sizeof(detail), "row %zu: slot reset failed", i);
-            goto done;
-        }
-    }
     wk_diag d = {{0}};
     err = w->cfg.backend->step(w->be, rows, n, &d);
     uint64_t dt = wrk_now_us() - t0;

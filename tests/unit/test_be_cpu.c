@@ -3,8 +3,9 @@
  * reference, and the properties the worker relies on: a row's logits and
  * state are bit-identical whatever else is in the step (batch invariance),
  * whatever the thread count, and whether a prompt is prefilled at once, in
- * chunks or token by token; slot copy/read/write/reset round trips; and
- * every bad request is refused without touching any slot. Each property is
+ * chunks or token by token; slot copy/read/write/reset round trips; a
+ * reset inside a step (be_row.reset) is applied only when the step is
+ * accepted; and every bad request is refused without touching any slot. Each property is
  * checked on every kernel path the CPU has (scalar, AVX2, AVX-512).
  */
 #include <math.h>
@@ -706,6 +707,68 @@ test_step_errors(void **state)
     be_cpu_ops.close(NULL);
 }
 
+/*
+ * be_row.reset is part of the step: a step with a reset row and a refused
+ * row changes no byte of the reset row's slot; accepted, the reset row runs
+ * exactly as on a fresh slot (logits and state), next to other rows too.
+ */
+static void
+test_step_reset(void **state)
+{
+    (void)state;
+    be_ctx *ctx = ctx_open(5, 2, 3, 20);
+    int32_t toks[16];
+    for (uint32_t i = 0; i < 16; i++)
+        toks[i] = tok_at(11, i);
+    float *lg = malloc(sizeof(float) * g_V), *lf = malloc(sizeof(float) * g_V);
+    be_row fill = {.slot = 1, .tokens = toks, .n_tokens = 8};
+    step_ok(ctx, &fill, 1); /* slot 1 now has a non-zero state */
+    fill.slot = 2;
+    step_ok(ctx, &fill, 1);
+
+    int32_t bad = (int32_t)g_V;
+    be_row rows[3] = {
+        {.slot = 1, .tokens = toks, .n_tokens = 3, .logits_mode = BE_LOGITS_LAST, .logits = lg,
+         .reset = true},
+        {.slot = 2, .tokens = &bad, .n_tokens = 1},
+        {.slot = 3, .tokens = toks, .n_tokens = 1},
+    };
+    expect_step_err(ctx, rows, 2, WK_EINVAL, "row 1: token"); /* slot 1 unchanged */
+    rows[1] = (be_row){.slot = 2, .tokens = toks, .n_tokens = 8, .reset = true};
+    rows[2].n_tokens = 10; /* 3 + 8 + 10 > 20 */
+    expect_step_err(ctx, rows, 3, WK_ETOOBIG, "tokens");
+    rows[2].slot = 1; /* a duplicate after the reset row */
+    rows[2].n_tokens = 1;
+    expect_step_err(ctx, rows, 3, WK_EINVAL, "twice");
+
+    /* accepted: slot 1 runs as fresh slot 4 does, next to a reset and a plain row */
+    rows[1] = (be_row){.slot = 2, .tokens = toks + 3, .n_tokens = 2, .reset = true};
+    rows[2] = (be_row){.slot = 0, .tokens = toks, .n_tokens = 1, .reset = true}; /* padding */
+    step_ok(ctx, rows, 3);
+    be_row fresh = rows[0];
+    fresh.slot = 4;
+    fresh.reset = false;
+    fresh.logits = lf;
+    step_ok(ctx, &fresh, 1);
+    assert_memory_equal(lg, lf, sizeof(float) * g_V);
+    uint8_t *a = slot_dump(ctx, 1), *b = slot_dump(ctx, 4);
+    assert_memory_equal(a, b, g_slot_bytes);
+    free(a);
+    free(b);
+    /* slot 2: reset then 2 tokens, as slot 3 (never used) fed the same */
+    be_row r3 = {.slot = 3, .tokens = toks + 3, .n_tokens = 2};
+    step_ok(ctx, &r3, 1);
+    a = slot_dump(ctx, 2);
+    b = slot_dump(ctx, 3);
+    assert_memory_equal(a, b, g_slot_bytes);
+    free(a);
+    free(b);
+
+    free(lg);
+    free(lf);
+    be_cpu_ops.close(ctx);
+}
+
 static void
 test_ops_lookup(void **state)
 {
@@ -737,6 +800,7 @@ main(void)
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_slot_ops),
         cmocka_unit_test(test_step_errors),
+        cmocka_unit_test(test_step_reset),
         cmocka_unit_test(test_ops_lookup),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

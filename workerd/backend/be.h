@@ -71,6 +71,10 @@ typedef struct be_row {
     uint32_t n_tokens;      /* >= 1 */
     uint32_t logits_mode;   /* BE_LOGITS_* */
     float *logits;          /* out: caller-owned; LAST: vocab floats; ALL: n_tokens*vocab */
+    bool reset;             /* the row starts a fresh sequence: its slot's state is zeroed
+                               (and, on hybrid models, its KV pages released) as part of this
+                               step, after every row has been checked, before its tokens run;
+                               a refused step resets nothing. Ignored on padding rows. */
 } be_row;
 
 enum {
@@ -114,7 +118,12 @@ typedef struct be_ops {
      * the same state as one token per step. Every row is checked before any
      * state changes: WK_EINVAL (bad slot, duplicate slot, no tokens, token
      * outside the vocab, missing logits buffer, bad logits_mode), WK_ETOOBIG
-     * (over max_step_rows / max_step_tokens); the diag names the row.
+     * (over max_step_rows / max_step_tokens), WK_EQUOTA (hybrid KV pages, see
+     * slot_resize); the diag names the row. Resets (be_row.reset) are part of
+     * the step: applied only once every row has passed, so a refused step
+     * leaves every slot, reset rows included, exactly as it was; a reset row
+     * then runs as on a fresh slot (its released KV pages count as free when
+     * the step's pages are checked).
      * Exception, for now: the CUDA steps (RWKV-7, Mamba2, Gated DeltaNet
      * incl. hybrid; not yet run on a device) are repeatable for one step composition,
      * but across batch compositions and chunkings they agree only to GEMM
@@ -155,8 +164,9 @@ typedef struct be_ops {
      * or size), WK_EQUOTA (not enough free pages: nothing changed).
      * slot_reset frees a slot's pages; slot_copy copies them (WK_EQUOTA when
      * the pool can't hold the copy); a step takes the pages its rows' new
-     * tokens need and is refused whole, before any change, with WK_EQUOTA
-     * naming the row when the pool can't supply them.
+     * tokens need (a reset row: its old pages given back first) and is
+     * refused whole, before any change, with WK_EQUOTA naming the row when
+     * the pool can't supply them.
      */
     wk_err (*slot_resize)(be_ctx *ctx, uint32_t slot, uint64_t bytes);
 

@@ -574,6 +574,10 @@ cpu_step(be_ctx *c, be_row *rows, size_t n, wk_diag *d)
     wk_err e = cpu_step_check(c, rows, n, d);
     if (e != WK_OK)
         return e;
+    /* the step is accepted: reset rows start from a zeroed slot */
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].reset && rows[i].slot != 0)
+            memset(cpu_slot_layer(c, rows[i].slot, 0), 0, c->slot_floats * sizeof(float));
 
     c->T = 0;
     c->n_segs = 0;

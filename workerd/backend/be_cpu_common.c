@@ -199,6 +199,10 @@ be_cpu_base_step(be_cpu_base *b, be_row *rows, size_t n, be_cpu_pass_fn pass, wk
         return e;
     if (b->pre_step != NULL && (e = b->pre_step(b, rows, n, d)) != WK_OK)
         return e;
+    /* the step is accepted: reset rows start from a zeroed slot (their KV went in pre_step) */
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].reset && rows[i].slot != 0)
+            memset(be_cpu_base_slot(b, rows[i].slot), 0, b->slot_floats * sizeof(float));
     b->T = 0;
     b->n_segs = 0;
     b->n_logits = 0;

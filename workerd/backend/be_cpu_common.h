@@ -60,7 +60,9 @@ typedef struct be_cpu_base be_cpu_base;
  * Optional: called by be_cpu_base_step after every row is validated and
  * before any pass, with the same rows; a refusal (its wk_err, diag naming
  * the row) refuses the whole step, so it must change nothing when it fails
- * (hybrid models take their KV pages here).
+ * (hybrid models take their KV pages here, giving back a reset row's pages
+ * first: be_cpu_kv_reserve). The slots' fixed parts are still untouched
+ * when it runs; be_cpu_base_step zeroes the reset rows' after it succeeds.
  */
 typedef wk_err (*be_cpu_pre_step_fn)(be_cpu_base *b, const be_row *rows, size_t n, wk_diag *d);
 
@@ -124,8 +126,10 @@ wk_err be_cpu_base_slot_write(be_cpu_base *b, uint32_t slot, uint64_t off, const
                               size_t len);
 
 /*
- * The be_ops step: validates every row (be.h), then cuts the rows into
- * passes and calls pass for each. Padding rows get zero logits.
+ * The be_ops step: validates every row (be.h), runs pre_step, zeroes the
+ * slots of reset rows (be_row.reset; only once nothing can refuse the
+ * step any more), then cuts the rows into passes and calls pass for each.
+ * Padding rows get zero logits (a reset on one is ignored).
  */
 WK_MUST_CHECK wk_err be_cpu_base_step(be_cpu_base *b, be_row *rows, size_t n, be_cpu_pass_fn pass,
                                       wk_diag *d);

@@ -810,8 +810,9 @@ gdn_layer_attention(be_ctx *c, const gdn_layer *ly)
 
 /*
  * The step's KV pages (be_cpu_base pre_step): the attention scratch first
- * (an allocation, not a state change), then every row's pages, refused
- * whole when the pool can't supply them.
+ * (an allocation, not a state change), then every row's pages (a reset
+ * row's old ones given back first), refused whole when the pool can't
+ * supply them.
  */
 static wk_err
 gdn_pre_step(be_cpu_base *base, const be_row *rows, size_t n, wk_diag *d)
@@ -821,7 +822,8 @@ gdn_pre_step(be_cpu_base *base, const be_row *rows, size_t n, wk_diag *d)
     const uint64_t cap = (uint64_t)c->kv.pages_total * c->kv.page_tokens;
     for (size_t i = 0; i < n; i++)
         if (rows[i].slot != 0) {
-            uint64_t ctx = (uint64_t)c->kv.slots[rows[i].slot].n_ctx + rows[i].n_tokens;
+            uint64_t ctx =
+                (rows[i].reset ? 0 : (uint64_t)c->kv.slots[rows[i].slot].n_ctx) + rows[i].n_tokens;
             longest = ctx > longest ? ctx : longest;
         }
     if (longest > cap)

@@ -5,8 +5,8 @@
  * the CPU backend's (be_cpu_common.c), so a step is refused with the same
  * error and message on both backends and cut into the same passes.
  *
- * Must never: log, abort on bad input, or make a device call before every
- * row of a step has been checked.
+ * Must never: log, abort on bad input, or make a device call (a reset
+ * row's memset included) before every row of a step has been checked.
  */
 #include "be_cuda_common.h"
 
@@ -68,12 +68,15 @@ be_cuda_upload_f32(const float *h, size_t n, float **out, const char *what, wk_d
 /* ------------------------------------------------------------------------ */
 
 wk_err
-be_cuda_core_init(be_cuda_core *c, const be_config *cfg, uint32_t V, uint32_t n_slots, wk_diag *d)
+be_cuda_core_init(be_cuda_core *c, const be_config *cfg, uint32_t V, void *arena, uint32_t n_slots,
+                  uint64_t slot_bytes, wk_diag *d)
 {
     memset(c, 0, sizeof(*c));
     c->device = cfg->device;
     c->V = V;
+    c->arena = arena;
     c->n_slots = n_slots;
+    c->slot_bytes = slot_bytes;
     c->max_rows = cfg->max_step_rows ? cfg->max_step_rows : CU_DEF_ROWS;
     c->max_tokens = cfg->max_step_tokens ? cfg->max_step_tokens : CU_DEF_TOKENS;
     c->cap = CU_PASS_TOKENS;
@@ -392,7 +395,18 @@ be_cuda_core_step(be_cuda_core *c, be_row *rows, size_t n, be_cuda_pass_fn pass,
     if (c->pre_step != NULL && (e = c->pre_step(arg, rows, n, d)) != WK_OK)
         return e;
     WK_CUDA_CHECK(cudaSetDevice(c->device), d);
-    e = cu_step_rows(c, rows, n, pass, arg, d);
+    /* the step is accepted: reset rows start from a zeroed slot, ordered before the passes */
+    for (size_t i = 0; i < n && e == WK_OK; i++) {
+        if (!rows[i].reset || rows[i].slot == 0)
+            continue;
+        cudaError_t ce = cudaMemsetAsync(c->arena + (size_t)rows[i].slot * c->slot_bytes, 0,
+                                         c->slot_bytes, c->stream);
+        if (ce != cudaSuccess)
+            e = wk_diag_set(d, WK_EDEVICE, "cuda backend: row %zu: slot %u reset: %s", i,
+                            rows[i].slot, cudaGetErrorString(ce));
+    }
+    if (e == WK_OK)
+        e = cu_step_rows(c, rows, n, pass, arg, d);
     if (e != WK_OK)
         (void)cudaStreamSynchronize(c->stream); /* drain what was enqueued; the error stands */
     c->T = 0;

@@ -120,6 +120,8 @@ typedef struct be_cuda_core {
     int device;                    /* CUDA ordinal */
     uint32_t V;                    /* vocab: token ids and logits width */
     uint32_t n_slots;              /* arena slots incl. 0 */
+    uint8_t *arena;                /* device, n_slots * slot_bytes, borrowed (reset rows) */
+    uint64_t slot_bytes;           /* bytes of one slot's fixed part in arena */
     uint32_t max_rows, max_tokens; /* step limits */
     uint32_t cap;                  /* tokens per pass */
     uint32_t lcap;                 /* logits rows per head GEMM */
@@ -144,12 +146,18 @@ typedef struct be_cuda_core {
     uint32_t mark_gen;            /* current mark value */
     uint32_t T, n_segs, n_logits; /* the pass being built / run */
 
-    /* optional, set by the family: runs after the row checks, before any device call */
+    /*
+     * optional, set by the family: runs after the row checks, before any
+     * device call (hybrid KV pages, a reset row's given back first); the
+     * reset rows' slots are zeroed after it succeeds
+     */
     wk_err (*pre_step)(void *arg, const be_row *rows, size_t n, wk_diag *d);
 } be_cuda_core;
 
 /*
- * Sets c up on the current device: limits from cfg (0 = the defaults),
+ * Sets c up on the current device for the arena (device memory of n_slots
+ * slots of slot_bytes, borrowed for c's life; the step zeroes reset rows'
+ * slots in it): limits from cfg (0 = the defaults),
  * cap from WKVM_CUDA_PASS_TOKENS (1..4096, default 512, at most
  * max_tokens), the stream, cuBLAS (workspace fixed, no TF32), the pass
  * metadata, logits staging and duplicate marks. The GEMM scratch comes
@@ -157,7 +165,8 @@ typedef struct be_cuda_core {
  * WK_ENOMEM, WK_EDEVICE.
  */
 WK_MUST_CHECK wk_err be_cuda_core_init(be_cuda_core *c, const be_config *cfg, uint32_t V,
-                                       uint32_t n_slots, wk_diag *d);
+                                       void *arena, uint32_t n_slots, uint64_t slot_bytes,
+                                       wk_diag *d);
 
 /*
  * Allocates the GEMM scratch for layer GEMMs of up to cap rows with at most
@@ -213,9 +222,11 @@ typedef wk_err (*be_cuda_pass_fn)(void *arg, wk_diag *d);
 /*
  * The be.h step over c: checks every row (the CPU backend's errors and
  * messages, nothing changes on refusal), then c->pre_step(arg, rows, n)
- * when set (a refusal there must change nothing either), then cuts the rows into passes,
- * copies each pass's metadata to the device and calls pass(arg); padding
- * rows (slot 0) get zero logits. Returns when every pass is complete.
+ * when set (a refusal there must change nothing either), then zeroes the
+ * slot of every reset row (be_row.reset, not padding) with cudaMemsetAsync
+ * on c->stream, then cuts the rows into passes, copies each pass's
+ * metadata to the device and calls pass(arg); padding rows (slot 0) get
+ * zero logits. Returns when every pass is complete.
  */
 WK_MUST_CHECK wk_err be_cuda_core_step(be_cuda_core *c, be_row *rows, size_t n,
                                        be_cuda_pass_fn pass, void *arg, wk_diag *d);

@@ -27,7 +27,7 @@
  * be_cuda_gdn_family.kv for the slot operations. A step takes its rows'
  * pages after the row checks and before any device call (gdn_pre_step:
  * refused whole with WK_EQUOTA naming the row), which fixes each row's
- * first position (its slot's n_ctx before the step). Each pass uploads,
+ * first position (its slot's n_ctx before the step, 0 for a reset row). Each pass uploads,
  * per segment, the segment's first position and its slot's page table
  * (the pass's slots are distinct, so the tables fit in pages_total
  * entries). An attention layer runs: the q / k / v GEMMs, the biases, the
@@ -604,7 +604,8 @@ gdn_open_attention(be_cuda_gdn *c, const be_config *cfg, uint32_t n_slots, wk_di
 /*
  * The step's KV pages (be_cuda_core.pre_step: after the row checks, before
  * any device call): refused whole with WK_EQUOTA naming the row; then each
- * row's slot starts at its old n_ctx.
+ * row's slot starts at its old n_ctx (0 for a reset row, whose pages went
+ * back first).
  */
 static wk_err
 gdn_pre_step(void *arg, const be_row *rows, size_t n, wk_diag *d)
@@ -696,7 +697,7 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
                         n_att, c->n_attn);
         goto fail;
     }
-    if ((e = be_cuda_core_init(&c->core, cfg, c->V, n_slots, d)) != WK_OK ||
+    if ((e = be_cuda_core_init(&c->core, cfg, c->V, c->arena, n_slots, slot_bytes, d)) != WK_OK ||
         (e = gdn_upload_mats(c, g, d)) != WK_OK || (e = gdn_upload_vecs(c, g, d)) != WK_OK ||
         (e = gdn_alloc_scratch(c, d)) != WK_OK)
         goto fail;

@@ -190,32 +190,42 @@ be_cuda_kv_rw(be_cuda_kv *kv, uint32_t slot, uint64_t off, void *buf, size_t len
 wk_err
 be_cuda_kv_reserve(be_cuda_kv *kv, const be_row *rows, size_t n, wk_diag *d)
 {
+    /* a reset row starts from n_ctx 0: its pages count as given back before any is taken */
+    uint64_t avail = kv->n_free;
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].slot != 0 && rows[i].reset)
+            avail += kv->slots[rows[i].slot].n_pages;
     uint64_t need = 0;
     for (size_t i = 0; i < n; i++) {
         const be_row *r = &rows[i];
         if (r->slot == 0)
             continue;
         const be_cuda_kv_slot *s = &kv->slots[r->slot];
-        const uint64_t ctx = (uint64_t)s->n_ctx + r->n_tokens;
+        const uint64_t ctx = (r->reset ? 0 : (uint64_t)s->n_ctx) + r->n_tokens;
         if (ctx > UINT32_MAX)
             return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u would hold over %u tokens", i,
                                r->slot, UINT32_MAX);
-        need += be_cuda_kv_pages_for(kv, ctx) - s->n_pages;
-        if (need > kv->n_free)
+        need += be_cuda_kv_pages_for(kv, ctx) - (r->reset ? 0 : s->n_pages);
+        if (need > avail)
             return wk_diag_set(d, WK_EQUOTA,
                                "row %zu: slot %u needs KV pages for %llu tokens; the pool has "
-                               "%u of %u pages free (%u tokens each) for this step",
-                               i, r->slot, (unsigned long long)ctx, kv->n_free, kv->pages_total,
-                               kv->page_tokens);
+                               "%llu of %u pages free (%u tokens each) for this step",
+                               i, r->slot, (unsigned long long)ctx, (unsigned long long)avail,
+                               kv->pages_total, kv->page_tokens);
     }
     for (size_t i = 0; i < n; i++) {
         const be_row *r = &rows[i];
         if (r->slot == 0)
             continue;
         be_cuda_kv_slot *s = &kv->slots[r->slot];
-        if (be_cuda_kv_grow(s, be_cuda_kv_pages_for(kv, (uint64_t)s->n_ctx + r->n_tokens)) != WK_OK)
+        const uint64_t ctx = (r->reset ? 0 : (uint64_t)s->n_ctx) + r->n_tokens;
+        if (be_cuda_kv_grow(s, be_cuda_kv_pages_for(kv, ctx)) != WK_OK)
             return wk_diag_set(d, WK_ENOMEM, "row %zu: out of memory for a KV page table", i);
     }
+    /* nothing can fail from here: the resets' pages go back first, in row order */
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].slot != 0 && rows[i].reset)
+            be_cuda_kv_reset(kv, rows[i].slot);
     for (size_t i = 0; i < n; i++) {
         const be_row *r = &rows[i];
         if (r->slot == 0)

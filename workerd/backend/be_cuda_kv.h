@@ -107,11 +107,14 @@ WK_MUST_CHECK wk_err be_cuda_kv_rw(be_cuda_kv *kv, uint32_t slot, uint64_t off, 
 
 /*
  * A step's pages: every row on a slot other than 0 grows its slot by
- * n_tokens. Checks that the pool can supply all of them (WK_EQUOTA naming
- * the first row that does not fit; WK_EINVAL when a slot would pass
- * UINT32_MAX tokens; WK_ENOMEM), and only then takes them: each slot's
- * pos0 becomes its old n_ctx, n_ctx the new one. Rows have been validated
- * (slots in range, no duplicates). Host only: no device call.
+ * n_tokens; a reset row (be_row.reset) starts from n_ctx 0, its pages
+ * counted as free for the check. Checks that the pool can supply all of
+ * them (WK_EQUOTA naming the first row that does not fit; WK_EINVAL when a
+ * slot would pass UINT32_MAX tokens; WK_ENOMEM; nothing changed on
+ * failure), and only then gives back the reset rows' pages (in row order)
+ * and takes the new ones: each slot's pos0 becomes its old n_ctx (0 after
+ * a reset), n_ctx the new one. Rows have been validated (slots in range,
+ * no duplicates). Host only: no device call.
  */
 WK_MUST_CHECK wk_err be_cuda_kv_reserve(be_cuda_kv *kv, const be_row *rows, size_t n, wk_diag *d);
 

@@ -337,7 +337,7 @@ m2_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slo
         e = wk_diag_set(d, WK_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((e = be_cuda_core_init(&c->core, cfg, c->V, n_slots, d)) != WK_OK ||
+    if ((e = be_cuda_core_init(&c->core, cfg, c->V, c->arena, n_slots, slot_bytes, d)) != WK_OK ||
         (e = m2_upload_mats(c, v, d)) != WK_OK || (e = m2_upload_vecs(c, v, d)) != WK_OK ||
         (e = m2_alloc_scratch(c, d)) != WK_OK)
         goto fail;

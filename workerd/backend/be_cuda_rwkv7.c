@@ -471,7 +471,7 @@ be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena, uint3
         e = wk_diag_set(d, WK_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((e = be_cuda_core_init(&c->core, cfg, c->V, n_slots, d)) != WK_OK)
+    if ((e = be_cuda_core_init(&c->core, cfg, c->V, c->arena, n_slots, slot_bytes, d)) != WK_OK)
         goto fail;
     if ((e = cu_upload_weights(c, rw, d)) != WK_OK)
         goto fail;
