@@ -364,7 +364,6 @@ wk_err
 be_cpu_pack_mats(be_cpu_base *b, be_cpu_mat *const *dst, const wrk_mat *const *src, size_t n,
                  wk_diag *d)
 {
-    size_t n_tasks = 0;
     for (size_t i = 0; i < n; i++) {
         size_t bytes = be_cpu_mat_bytes(src[i]);
         if (bytes == 0)
@@ -379,8 +378,17 @@ be_cpu_pack_mats(be_cpu_base *b, be_cpu_mat *const *dst, const wrk_mat *const *s
             return wk_diag_set(d, WK_EINVAL, "cpu backend: cannot pack %s", src[i]->t->name);
         }
         dst[i]->owned = true;
-        n_tasks += (dst[i]->n_panels + 15) / 16;
     }
+    return be_cpu_pack_run(b, dst, src, n, d);
+}
+
+wk_err
+be_cpu_pack_run(be_cpu_base *b, be_cpu_mat *const *dst, const wrk_mat *const *src, size_t n,
+                wk_diag *d)
+{
+    size_t n_tasks = 0;
+    for (size_t i = 0; i < n; i++)
+        n_tasks += (dst[i]->n_panels + 15) / 16;
     be_cpu_task *tasks = calloc(n_tasks ? n_tasks : 1, sizeof(*tasks));
     if (tasks == NULL)
         return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");

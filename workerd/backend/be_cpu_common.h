@@ -160,6 +160,14 @@ void be_cpu_tok_range(const be_cpu_base *b, uint32_t task, uint32_t *t0, uint32_
  */
 WK_MUST_CHECK wk_err be_cpu_pack_mats(be_cpu_base *b, be_cpu_mat *const *dst,
                                       const wrk_mat *const *src, size_t n, wk_diag *d);
+/*
+ * The packing half of be_cpu_pack_mats, for matrices the caller already set
+ * up with be_cpu_mat_init (dst[i] over src[i], memory the caller's): fills
+ * their panels on the pool, 16 panels a task. Returns WK_ENOMEM (nothing
+ * packed).
+ */
+WK_MUST_CHECK wk_err be_cpu_pack_run(be_cpu_base *b, be_cpu_mat *const *dst,
+                                     const wrk_mat *const *src, size_t n, wk_diag *d);
 
 /* 64-byte aligned float buffer (n >= 0), free with free(). */
 float *be_cpu_alloc_f(size_t n);
