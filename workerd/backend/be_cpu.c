@@ -311,9 +311,8 @@ static void
 cpu_stage_lnout(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
-    uint32_t n = c->b.tok_tasks;
-    uint32_t i0 = (uint32_t)((uint64_t)c->b.n_logits * task / n);
-    uint32_t i1 = (uint32_t)((uint64_t)c->b.n_logits * (task + 1) / n);
+    uint32_t i0, i1;
+    be_cpu_logits_range(&c->b, task, &i0, &i1);
     for (uint32_t i = i0; i < i1; i++)
         cpu_layernorm(c->x + (size_t)c->b.lpos[i] * c->C, c->lnout_w, c->lnout_b, c->C,
                       BE_CPU_LN_EPS, c->xln + (size_t)i * c->C);
@@ -382,15 +381,7 @@ cpu_pass_run(be_cpu_base *b)
         be_cpu_jobs_run(b);
     }
 
-    if (b->n_logits > 0) {
-        uint32_t n = b->n_logits < 8 ? 1 : b->n_threads * 2;
-        if (n > b->n_logits)
-            n = b->n_logits;
-        b->tok_tasks = n;
-        be_cpu_pool_run(b->pool, cpu_stage_lnout, c, n);
-        be_cpu_job_add(b, &c->head, c->xln, b->n_logits, NULL, b->lrows, BE_CPU_EPI_STORE);
-        be_cpu_jobs_run(b);
-    }
+    be_cpu_logits_run(b, cpu_stage_lnout, c, &c->head, c->xln);
 }
 
 /* ------------------------------------------------------------------------ */

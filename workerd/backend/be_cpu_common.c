@@ -323,6 +323,29 @@ be_cpu_jobs_run(be_cpu_base *b)
 }
 
 void
+be_cpu_logits_range(const be_cpu_base *b, uint32_t task, uint32_t *i0, uint32_t *i1)
+{
+    uint32_t n = b->tok_tasks;
+    *i0 = (uint32_t)((uint64_t)b->n_logits * task / n);
+    *i1 = (uint32_t)((uint64_t)b->n_logits * (task + 1) / n);
+}
+
+void
+be_cpu_logits_run(be_cpu_base *b, be_cpu_pool_fn norm, void *arg, const be_cpu_mat *head,
+                  const float *xn)
+{
+    if (b->n_logits == 0)
+        return;
+    uint32_t n = b->n_logits < 8 ? 1 : b->n_threads * 2;
+    if (n > b->n_logits)
+        n = b->n_logits;
+    b->tok_tasks = n;
+    be_cpu_pool_run(b->pool, norm, arg, n);
+    be_cpu_job_add(b, head, xn, b->n_logits, NULL, b->lrows, BE_CPU_EPI_STORE);
+    be_cpu_jobs_run(b);
+}
+
+void
 be_cpu_tok_range(const be_cpu_base *b, uint32_t task, uint32_t *t0, uint32_t *t1)
 {
     uint32_t n = b->tok_tasks;

@@ -155,6 +155,17 @@ void be_cpu_tok_run(be_cpu_base *b, be_cpu_pool_fn fn, void *arg);
 void be_cpu_tok_range(const be_cpu_base *b, uint32_t task, uint32_t *t0, uint32_t *t1);
 
 /*
+ * The end of a pass that asked for logits: norm (task bodies that take
+ * their rows from be_cpu_logits_range) writes the final-normed row of each
+ * logits position i (token b->lpos[i]) to xn + i * head->k, then the head
+ * GEMM writes each row to b->lrows[i]. No-op without logits rows.
+ */
+void be_cpu_logits_run(be_cpu_base *b, be_cpu_pool_fn norm, void *arg, const be_cpu_mat *head,
+                       const float *xn);
+/* Logits rows [*i0, *i1) of task `task` of be_cpu_logits_run's norm region. */
+void be_cpu_logits_range(const be_cpu_base *b, uint32_t task, uint32_t *i0, uint32_t *i1);
+
+/*
  * Packs n matrices (src[i] -> dst[i], each its own allocation) on the pool.
  * Returns WK_EINVAL naming the index of a bad source, WK_ENOMEM.
  */

@@ -578,9 +578,8 @@ static void
 gdn_stage_final_norm(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
-    const uint32_t n = c->b.tok_tasks;
-    const uint32_t i0 = (uint32_t)((uint64_t)c->b.n_logits * task / n);
-    const uint32_t i1 = (uint32_t)((uint64_t)c->b.n_logits * (task + 1) / n);
+    uint32_t i0, i1;
+    be_cpu_logits_range(&c->b, task, &i0, &i1);
     for (uint32_t i = i0; i < i1; i++)
         be_cpu_rmsnorm(c->x + (size_t)c->b.lpos[i] * c->C, c->norm, c->C, c->g->norm_eps,
                        c->xn + (size_t)i * c->C);
@@ -898,15 +897,7 @@ gdn_pass(be_cpu_base *base)
         be_cpu_jobs_run(b);
     }
 
-    if (b->n_logits > 0) {
-        uint32_t n = b->n_logits < 8 ? 1 : b->n_threads * 2;
-        if (n > b->n_logits)
-            n = b->n_logits;
-        b->tok_tasks = n;
-        be_cpu_pool_run(b->pool, gdn_stage_final_norm, c, n);
-        be_cpu_job_add(b, &c->head, c->xn, b->n_logits, NULL, b->lrows, BE_CPU_EPI_STORE);
-        be_cpu_jobs_run(b);
-    }
+    be_cpu_logits_run(b, gdn_stage_final_norm, c, &c->head, c->xn);
 }
 
 /* ------------------------------------------------------------------------ */
