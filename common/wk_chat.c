@@ -129,6 +129,13 @@ wk_err
 wk_chat_render(const wk_chat_msg *msgs, size_t n, bool add_generation_prompt, char **out,
                size_t *len, wk_diag *d)
 {
+    return wk_chat_render_spans(msgs, n, add_generation_prompt, out, len, NULL, d);
+}
+
+wk_err
+wk_chat_render_spans(const wk_chat_msg *msgs, size_t n, bool add_generation_prompt, char **out,
+                     size_t *len, wk_chat_span *spans, wk_diag *d)
+{
     chat_buf b = {0};
     wk_err err = WK_OK;
 
@@ -152,11 +159,19 @@ wk_chat_render(const wk_chat_msg *msgs, size_t n, bool add_generation_prompt, ch
 
         if ((err = wk_chat_clean(content, clen, &clean)) != WK_OK)
             break;
+        if (spans != NULL)
+            spans[i].start = b.len;
         err = chat_buf_put(&b, prefix, strlen(prefix));
+        if (spans != NULL)
+            spans[i].content = b.len;
         if (err == WK_OK)
             err = chat_buf_put(&b, clean, strlen(clean));
+        if (spans != NULL)
+            spans[i].content_end = b.len;
         if (err == WK_OK)
             err = chat_buf_put(&b, "\n\n", 2);
+        if (spans != NULL)
+            spans[i].end = b.len;
         free(clean);
     }
     if (err == WK_OK && add_generation_prompt)

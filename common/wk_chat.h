@@ -51,6 +51,23 @@ WK_MUST_CHECK wk_err wk_chat_clean(const char *in, size_t len, char **out);
 WK_MUST_CHECK wk_err wk_chat_render(const wk_chat_msg *msgs, size_t n, bool add_generation_prompt,
                                     char **out, size_t *len, wk_diag *d);
 
+/* Where one rendered message lies in the rendered text (byte offsets). */
+typedef struct wk_chat_span {
+    size_t start;       /* its role prefix ("User: ") begins */
+    size_t content;     /* its cleaned content begins */
+    size_t content_end; /* its cleaned content ends ("\n\n" follows) */
+    size_t end;         /* after its "\n\n": the next message (or the generation prompt) */
+} wk_chat_span;
+
+/*
+ * wk_chat_render() that also writes each message's span into spans (n
+ * entries, caller memory; NULL: none). Same returns; spans are written only
+ * as far as rendering got, and are meaningful only on WK_OK.
+ */
+WK_MUST_CHECK wk_err wk_chat_render_spans(const wk_chat_msg *msgs, size_t n,
+                                          bool add_generation_prompt, char **out, size_t *len,
+                                          wk_chat_span *spans, wk_diag *d);
+
 /* Result of wk_chat_stop_scan(). */
 typedef struct wk_chat_stop {
     bool found;        /* a stop string occurs in the text */

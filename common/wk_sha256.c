@@ -40,6 +40,20 @@ wk_sha256_final(wk_sha256 *s, uint8_t out[WK_SHA256_LEN])
     wk_sha256_fini(s);
 }
 
+wk_err
+wk_sha256_copy(wk_sha256 *dst, const wk_sha256 *src)
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    if (c == NULL)
+        return WK_ENOMEM;
+    if (EVP_MD_CTX_copy_ex(c, (const EVP_MD_CTX *)src->evp) != 1) {
+        EVP_MD_CTX_free(c);
+        return WK_ENOMEM;
+    }
+    dst->evp = c;
+    return WK_OK;
+}
+
 void
 wk_sha256_fini(wk_sha256 *s)
 {

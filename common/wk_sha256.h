@@ -24,6 +24,9 @@ WK_MUST_CHECK wk_err wk_sha256_init(wk_sha256 *s);
 /* Adds len bytes. */
 void wk_sha256_update(wk_sha256 *s, const void *data, size_t len);
 
+/* Starts dst as a copy of src's running digest (src goes on). WK_ENOMEM. */
+WK_MUST_CHECK wk_err wk_sha256_copy(wk_sha256 *dst, const wk_sha256 *src);
+
 /* Writes the digest and frees the context. */
 void wk_sha256_final(wk_sha256 *s, uint8_t out[WK_SHA256_LEN]);
 

@@ -10,6 +10,8 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_ckpt.h"
+#include "wk_json.h"
 #include "wk_log.h"
 
 static void
@@ -293,6 +295,55 @@ ctl_admin_metrics_declare(ctl_metrics *m)
     return WK_OK;
 }
 
+/* The ?owner= filter of the cache routes; false after answering 400. */
+static bool
+ctl_admin_cache_owner(ctl_http_req *req, char owner[CTL_STORE_OWNER_MAX + 1], bool *have)
+{
+    char buf[CTL_STORE_OWNER_MAX + 2] = "";
+    *have = ctl_http_req_query_get(req, "owner", buf, sizeof(buf));
+    if (!*have)
+        return true;
+    if (ctl_store_owner_check(buf, NULL) != WK_OK) {
+        ctl_http_send_error(req, WK_EINVAL, "owner must be 1..128 printable ASCII bytes",
+                            "owner");
+        return false;
+    }
+    snprintf(owner, CTL_STORE_OWNER_MAX + 1, "%s", buf);
+    return true;
+}
+
+/* GET /admin/cache[?owner=]: checkpoints per tier and owner, budgets, hit rate. */
+static void
+ctl_admin_cache(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    char owner[CTL_STORE_OWNER_MAX + 1];
+    bool have = false;
+    if (!ctl_admin_cache_owner(req, owner, &have))
+        return;
+    json_t *o = ctl_ckpt_admin_json(app->ckpt, have ? owner : NULL);
+    if (o == NULL) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        return;
+    }
+    ctl_http_send_json(req, 200, o);
+}
+
+/* POST /admin/cache/clear[?owner=] and DELETE /admin/cache[?owner=]: drop checkpoints. */
+static void
+ctl_admin_cache_clear(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    char owner[CTL_STORE_OWNER_MAX + 1];
+    bool have = false;
+    if (!ctl_admin_cache_owner(req, owner, &have))
+        return;
+    size_t n = 0;
+    ctl_ckpt_clear(app->ckpt, have ? owner : NULL, &n);
+    wk_log_info("cache cleared owner=%s entries=%zu", have ? owner : "*", n);
+    ctl_http_send_json(req, 200, json_pack("{s:I}", "cleared", (json_int_t)n));
+}
+
 size_t
 ctl_admin_routes(ctl_app *app, ctl_http_route *out, size_t cap)
 {
@@ -301,6 +352,12 @@ ctl_admin_routes(ctl_app *app, ctl_http_route *out, size_t cap)
         {"GET", "/ready", false, ctl_admin_ready, app, "/ready", CTL_HTTP_ACCESS_PUBLIC},
         {"GET", "/metrics", false, ctl_admin_metrics, app, "/metrics", CTL_HTTP_ACCESS_ADMIN},
         {"GET", "/admin/workers", false, ctl_admin_workers, app, "/admin/workers",
+         CTL_HTTP_ACCESS_ADMIN},
+        {"GET", "/admin/cache", false, ctl_admin_cache, app, "/admin/cache",
+         CTL_HTTP_ACCESS_ADMIN},
+        {"POST", "/admin/cache/clear", false, ctl_admin_cache_clear, app, "/admin/cache/clear",
+         CTL_HTTP_ACCESS_ADMIN},
+        {"DELETE", "/admin/cache", false, ctl_admin_cache_clear, app, "/admin/cache",
          CTL_HTTP_ACCESS_ADMIN},
     };
     size_t n = sizeof(routes) / sizeof(routes[0]);

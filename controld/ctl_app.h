@@ -24,6 +24,7 @@ typedef struct ctl_app {
     ctl_sched *sched;          /* admission and batching */
     ctl_store *store;          /* LMDB records and blobs */
     ctl_vm *vm;                /* hot cache of state bytes in slots */
+    struct ctl_ckpt *ckpt;     /* checkpoints and the prefix index, NULL = off */
     wk_tok *tok;               /* the model's tokenizer, NULL without a model */
     const char *model_id;      /* served model name, NULL without a model */
     uint32_t default_max_tokens; /* chat default when max_tokens is absent */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl_ckpt.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"
 #include "ctl_store.h"
@@ -49,10 +50,6 @@ struct ctl_chat_turn {
     ctl_session_binding *prev;    /* the binding continued (HIT), owned */
     ctl_slot_ref slot;            /* the parked slot taken for a HIT */
     bool have_slot;               /* slot is held by this turn */
-    char snapkey[CTL_CHAT_SNAPKEY_SIZE]; /* "p:" + key */
-    ctl_slot_ref snap;            /* copy of the state before this turn (HIT) */
-    bool have_snap;               /* snap is held by this turn */
-    bool regen;                   /* continued from the pre-reply snapshot */
     bool committed;               /* on_done parked the new binding */
     bool unlocked;                /* the session key was released */
 };
@@ -227,8 +224,7 @@ ctl_chat_count(ctl_app *app, const ctl_session_result *res)
     switch (res->outcome) {
     case CTL_SESSION_OUTCOME_HIT:
         ctl_metrics_add(app->metrics, "wkvm_parent_bound_continuation_hits_total", NULL, 1);
-        ctl_metrics_add(app->metrics, "wkvm_prefix_tokens_reused_total", NULL,
-                        (double)res->reused_tokens);
+        ctl_ckpt_count_hit(app->ckpt, CTL_CKPT_HIT_PARENT_BOUND, res->reused_tokens);
         break;
     case CTL_SESSION_OUTCOME_MISS:
         ctl_metrics_add(app->metrics, "wkvm_parent_bound_continuation_misses_total", NULL, 1);
@@ -239,8 +235,7 @@ ctl_chat_count(ctl_app *app, const ctl_session_result *res)
         break;
     case CTL_SESSION_OUTCOME_PREFIX_HIT:
         ctl_metrics_add(app->metrics, "wkvm_chat_exact_prefix_reuse_hits_total", NULL, 1);
-        ctl_metrics_add(app->metrics, "wkvm_prefix_tokens_reused_total", NULL,
-                        (double)res->reused_tokens);
+        ctl_ckpt_count_hit(app->ckpt, CTL_CKPT_HIT_PREFIX, res->reused_tokens);
         break;
     default:
         break;
@@ -278,24 +273,10 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
     if (err == WK_OK) {
         t->committed = true;
         t->have_slot = false;
-        /* The pre-reply snapshot of a regular hit becomes the regenerate point. */
-        if (t->have_snap && t->prev != NULL && !t->regen) {
-            wk_diag sd = {{0}};
-            ctl_session_binding *pcopy = NULL;
-            uint8_t *buf = NULL;
-            size_t blen = 0;
-            wk_err e2 = ctl_session_binding_encode(t->prev, &buf, &blen, &sd);
-            if (e2 == WK_OK)
-                e2 = ctl_session_binding_decode(buf, blen, &pcopy, &sd);
-            free(buf);
-            if (e2 == WK_OK)
-                e2 = ctl_chat_store(app, t->snapkey, pcopy, CTL_CHAT_REF_HOT, &sd);
-            if (e2 == WK_OK)
-                e2 = ctl_vm_put(app->vm, t->snapkey, &t->snap, true, &sd);
-            if (e2 == WK_OK)
-                t->have_snap = false;
-            ctl_session_binding_free(pcopy);
-        }
+        /* A regenerate of a contract turn: the prefix index resumed the previous prompt. */
+        if (r->reused && r->reuse_kind == CTL_CKPT_HIT_REGENERATE &&
+            ctl_session_hdrs_mode(&t->hdrs) == CTL_SESSION_MODE_PARENT_TOKEN)
+            ctl_metrics_add(app->metrics, "wkvm_parent_bound_regenerate_hits_total", NULL, 1);
     } else {
         wk_log_warn("session not parked key=%.16s: %s", t->key, d.msg);
         (void)ctl_sched_slot_free(app->sched, &res->slot);
@@ -353,32 +334,6 @@ ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, bo
     }
     ctl_store_state_fini(&sp);
     return ok;
-}
-
-/*
- * Keeps the state before this turn's reply (a copy of t->slot) for a
- * regenerate or an edit. On a hybrid model the copy holds the KV pages of
- * the context while the turn's job grows the original to its end: when both
- * can't fit the worker's pool together the turn would wait for its own
- * snapshot's pages forever, so it takes none (a regenerate after this reply
- * then recomputes from the prompt).
- */
-static void
-ctl_chat_snapshot(ctl_app *app, ctl_chat_turn *t, uint32_t max_tokens)
-{
-    ctl_kv_geom g;
-    if (ctl_sched_kv_geom(app->sched, t->slot.worker, &g) &&
-        !ctl_kv_snap_fits(&g, ctl_sched_slot_ctx(app->sched, &t->slot), t->n_delta,
-                          (uint64_t)max_tokens + 1)) {
-        wk_log_debug("session key=%.16s: no pre-reply snapshot (KV pool too small for both)",
-                     t->key);
-        return;
-    }
-    if (ctl_vm_slot_get(app->vm, t->slot.worker, &t->snap, NULL) == WK_OK) {
-        t->have_snap = ctl_vm_copy(app->vm, &t->slot, &t->snap, NULL) == WK_OK;
-        if (!t->have_snap)
-            (void)ctl_sched_slot_free(app->sched, &t->snap);
-    }
 }
 
 bool
@@ -441,61 +396,32 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
         ctl_session_result_unavailable(&t->res);
     bool hit = t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
                t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
-    snprintf(t->snapkey, sizeof(t->snapkey), CTL_CHAT_SNAP_PREFIX "%s", t->key);
-    if (!hit && t->res.outcome == CTL_SESSION_OUTCOME_REJECTED &&
-        ctl_session_hdrs_mode(&t->hdrs) == CTL_SESSION_MODE_PARENT_TOKEN) {
-        /*
-         * A regenerate or an edit of the last user message continues from
-         * the state as it was before the last reply (the pre-reply snapshot),
-         * validated against the binding it had then.
-         */
-        bool pbad = false;
-        ctl_session_binding *pb = ctl_chat_load(app, t->snapkey, &pbad);
-        ctl_session_result r2;
-        if (pb != NULL && ctl_session_validate(&t->sreq, pb, &r2, NULL) == WK_OK &&
-            r2.outcome == CTL_SESSION_OUTCOME_HIT &&
-            ctl_chat_acquire(app, t->snapkey, pb, true, &t->slot)) {
-            t->have_slot = true;
-            t->regen = true;
-            hit = true;
-            t->res = r2;
-            ctl_session_binding_free(t->prev);
-            t->prev = pb;
-            pb = NULL;
-            ctl_metrics_add(app->metrics, "wkvm_parent_bound_regenerate_hits_total", NULL, 1);
-            ctl_metrics_add(app->metrics, "wkvm_prefix_tokens_reused_total", NULL,
-                            (double)r2.reused_tokens);
-        }
-        ctl_session_binding_free(pb);
-    }
-    if (hit && !t->regen) {
+    if (hit) {
         t->have_slot = ctl_chat_acquire(app, t->key, t->prev, false, &t->slot);
         if (!t->have_slot) {
             ctl_session_result_unavailable(&t->res);
             hit = false;
         }
     }
-    if (!t->regen)
-        ctl_chat_count(app, &t->res);
+    ctl_chat_count(app, &t->res);
     if (t->res.retire || !hit) {
         ctl_chat_retire(app, t->key);
-        if (t->res.outcome == CTL_SESSION_OUTCOME_FIRST)
-            ctl_chat_retire(app, t->snapkey);
         if (!hit) {
             ctl_session_binding_free(t->prev);
             t->prev = NULL;
         }
-    } else if (t->regen) {
-        ctl_chat_retire(app, t->key);
     }
     wk_log_debug("session key=%.16s outcome=%s reason=%s reused=%zu", t->key,
                  ctl_session_outcome_str(t->res.outcome), ctl_session_reason_str(t->res.reason),
                  t->res.reused_tokens);
     /*
-     * Feed only what the parked state lacks: the text after the retained
-     * tokens' bytes, encoded as the continuation of the text before it (the
+     * Feed only what the parked state lacks: the text after the parked
+     * reply, encoded as the continuation of the text before it (the
      * retained tokens stay exactly as generated; hf-spm puts no "\u2581" in
-     * front of it mid-text). A fresh start feeds the whole prompt.
+     * front of it mid-text). Anything else feeds the prompt as the OpenAI
+     * route built it (a reply record's exact tokens where one matches), and
+     * the prefix index resumes its longest checkpoint: never a full
+     * recompute while one exists.
      */
     wk_err err = WK_OK;
     if (hit) {
@@ -514,8 +440,6 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
         ctl_chat_end(t);
         return false;
     }
-    if (hit)
-        ctl_chat_snapshot(app, t, r->gen.max_tokens);
     r->n_prompt = t->n_delta;
     r->prompt = malloc(t->n_delta * sizeof(*r->prompt));
     if (r->prompt == NULL) {
@@ -531,6 +455,14 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
     t->cres = t->res;
     t->cres.reused_tokens = 0;
     r->gen.slot = t->have_slot ? &t->slot : NULL;
+    if (hit) {
+        size_t nr = 0;
+        r->plan_prefix = ctl_session_binding_retained(t->prev, &nr);
+        r->n_plan_prefix = nr;
+        r->bounds[0] = 0;
+        r->n_bounds = 0;
+        r->aligned_tokens = 0;
+    }
     r->gen.fresh = false;
     r->gen.keep_slot = true;
     r->gen.feed_stop = true;
@@ -550,11 +482,9 @@ ctl_chat_end(ctl_chat_turn *t)
         /* No committed turn: the parked state (if any was taken) moved on; retire it. */
         if (t->have_slot)
             (void)ctl_sched_slot_free(app->sched, &t->slot);
-        if (t->prev != NULL && !t->regen)
+        if (t->prev != NULL)
             ctl_chat_retire(app, t->key);
     }
-    if (t->have_snap)
-        (void)ctl_sched_slot_free(app->sched, &t->snap);
     ctl_session_binding_free(t->prev);
     free(t->full_prompt);
     free(t->delta);
@@ -578,7 +508,7 @@ ctl_chat_metrics_declare(ctl_metrics *m)
         {"wkvm_parent_bound_continuation_rejections_total", CTL_METRIC_COUNTER,
          "Follow-up turns whose binding failed a check, by reason."},
         {"wkvm_parent_bound_regenerate_hits_total", CTL_METRIC_COUNTER,
-         "Regenerates and last-message edits continued from the pre-reply snapshot."},
+         "parent-token-v1 regenerates that resumed the previous prompt's checkpoint."},
         {"wkvm_chat_exact_prefix_reuse_hits_total", CTL_METRIC_COUNTER,
          "Chat turns without the contract that continued by exact prefix."},
         {"wkvm_prefix_tokens_reused_total", CTL_METRIC_COUNTER,

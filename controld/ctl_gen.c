@@ -106,6 +106,8 @@ ctl_gen_submit(ctl_sched *sched, const int32_t *input, size_t n, const ctl_gen_p
         .fresh = p->fresh,
         .deadline_ms = p->deadline_ms,
         .max_new = (uint64_t)p->max_tokens + 1, /* (the last sampled token may be fed too) */
+        .reuse = p->reuse,
+        .worker = p->slot == NULL ? p->worker : NULL,
     };
     return ctl_sched_submit(sched, &spec, job, d);
 }
@@ -236,10 +238,13 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
         if (err != WK_OK)
             wk_diag_set(d, err, "the slot could not be kept");
     }
-    res->computed = ctl_job_computed(job);
-    if (res->computed > ctl_job_n_input(job))
-        res->computed = ctl_job_n_input(job); /* input only: samples are not prompt */
+    /* Input tokens computed: what the job computed less the samples it fed. */
     res->fed = ctl_job_fed(job);
+    size_t n_in = ctl_job_n_input(job), own = ctl_job_computed(job);
+    size_t gen_fed = res->fed > n_in ? res->fed - n_in : 0;
+    res->computed = own > gen_fed ? own - gen_fed : 0;
+    if (res->computed > n_in)
+        res->computed = n_in;
     ctl_job_free(job);
     if (err != WK_OK) {
         free(g.out.p);

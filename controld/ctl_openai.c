@@ -14,8 +14,10 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_ckpt.h"
 #include "ctl_gen.h"
 #include "ctl_openai.h"
+#include "ctl_session.h"
 #include "wk_chat.h"
 #include "wk_json.h"
 #include "wk_log.h"
@@ -34,6 +36,111 @@ ctl_oa_req_fini(ctl_oa_req *r)
     free(r->msgs);
     free(r->prompt_text);
     free(r->prompt);
+}
+
+void
+ctl_oa_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1])
+{
+    const char *user = ctl_http_req_user(req);
+    const char *ow = ctl_http_req_header(req, CTL_SESSION_HDR_USER_ID);
+    if (user == NULL || user[0] == '\0')
+        user = "local";
+    while (ow != NULL && (*ow == ' ' || *ow == '\t'))
+        ow++;
+    size_t n = ow != NULL ? strlen(ow) : 0;
+    while (n > 0 && (ow[n - 1] == ' ' || ow[n - 1] == '\t'))
+        n--;
+    if (n == 0) {
+        snprintf(out, CTL_STORE_OWNER_MAX + 1, "%.128s", user);
+        return;
+    }
+    /* Open WebUI's user within the API user: printable ids as they are, others hashed. */
+    bool plain = n <= 64;
+    for (size_t i = 0; plain && i < n; i++)
+        plain = (unsigned char)ow[i] > 0x20 && (unsigned char)ow[i] < 0x7f;
+    char hex[WK_SHA256_HEX_LEN];
+    if (!plain)
+        wk_sha256_hex(ow, n, hex);
+    snprintf(out, CTL_STORE_OWNER_MAX + 1, "%.56s/owui:%.*s", user, plain ? (int)n : 32,
+             plain ? ow : hex);
+}
+
+/*
+ * The chat prompt's tokens. When the history's last assistant message (or
+ * one of the three before it) is a reply wkvm produced for this owner (a
+ * reply record), the tokens are that reply's exact retained tokens plus the
+ * rest of the rendered text encoded as their continuation: the state
+ * consumed what the model generated, whatever its bytes were, and only what
+ * follows is new. Otherwise the rendered text encoded whole. Also the token
+ * positions where messages end (checkpoint boundaries). sp: the spans of the
+ * rendered messages.
+ */
+static wk_err
+ctl_oa_chat_tokens(ctl_app *app, ctl_oa_req *r, const wk_chat_span *sp, wk_diag *d)
+{
+    int32_t *ret = NULL, *rest = NULL;
+    size_t n_ret = 0, n_rest = 0, off = 0;
+    ctl_worker_view v;
+    if (app->ckpt != NULL && r->cache && ctl_ckpt_get_config(app->ckpt).enabled &&
+        ctl_pool_model_view(app->pool, &v) == WK_OK) {
+        unsigned tries = 0;
+        for (size_t k = r->n_msgs; k-- > 0 && tries < 4;) {
+            if (strcmp(r->msgs[k].role, "assistant") != 0)
+                continue;
+            tries++;
+            char key[WK_SHA256_HEX_LEN];
+            ctl_ckpt_reply_key(v.fingerprint, r->owner, r->prompt_text, sp[k].end, key);
+            if (ctl_ckpt_reply_tokens(app->ckpt, key, &ret, &n_ret)) {
+                off = ctl_session_retained_terminated(app->tok, ret, n_ret) ? sp[k].end
+                                                                            : sp[k].content_end;
+                break;
+            }
+        }
+    }
+    wk_err err = ret != NULL ? wk_tok_encode_continue(app->tok, r->prompt_text, r->prompt_len,
+                                                      off, &rest, &n_rest, d)
+                             : wk_tok_encode(app->tok, r->prompt_text, r->prompt_len, &rest,
+                                             &n_rest, d);
+    if (err == WK_OK && (r->prompt = malloc((n_ret + n_rest + 1) * sizeof(*r->prompt))) == NULL)
+        err = WK_ENOMEM;
+    if (err != WK_OK) {
+        free(ret);
+        free(rest);
+        return err;
+    }
+    if (n_ret)
+        memcpy(r->prompt, ret, n_ret * sizeof(*ret));
+    if (n_rest)
+        memcpy(r->prompt + n_ret, rest, n_rest * sizeof(*rest));
+    r->n_prompt = n_ret + n_rest;
+    r->aligned_tokens = n_ret;
+    /*
+     * Message ends after off, as token positions: the last token boundary at
+     * or before each end (a token across it belongs to what follows).
+     */
+    size_t acc = off, pos = n_ret, mi = 0;
+    while (mi < r->n_msgs && sp[mi].end <= off)
+        mi++;
+    for (size_t i = 0; i <= n_rest && mi < r->n_msgs && r->n_bounds < CTL_CKPT_MAX_BOUNDS; i++) {
+        size_t pl = 0;
+        if (i < n_rest) {
+            const uint8_t *pc = wk_tok_piece(app->tok, rest[i], &pl);
+            if (i == 0 && pc != NULL && pl > 0 && pc[0] == ' ' && off < r->prompt_len &&
+                r->prompt_text[off] != ' ')
+                pl--; /* (an hf-spm "\u2581" put in front is no text) */
+        }
+        while (mi < r->n_msgs && (i == n_rest || acc + pl > sp[mi].end)) {
+            if (pos > 0 && (r->n_bounds == 0 || r->bounds[r->n_bounds - 1] < pos) &&
+                r->n_bounds < CTL_CKPT_MAX_BOUNDS)
+                r->bounds[r->n_bounds++] = pos;
+            mi++;
+        }
+        acc += pl;
+        pos++;
+    }
+    free(ret);
+    free(rest);
+    return WK_OK;
 }
 
 static void
@@ -153,6 +260,10 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
         }                                                                                          \
         dst = b;                                                                                   \
     } while (0)
+    GETB("cache", r->cache, true);
+    if (r->cache)
+        GETB("cache_prompt", r->cache, true); /* (llama.cpp's name for the same switch) */
+    ctl_oa_owner(req, r->owner);
     GETB("stream", r->stream, false);
     GETB("ignore_eos", r->ignore_eos, false);
     GETB("return_token_ids", r->return_token_ids, false);
@@ -349,7 +460,12 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
     char *prompt = NULL;
     size_t plen = 0;
     wk_diag d = {{0}};
-    if (ok && wk_chat_render(cm, n, true, &prompt, &plen, &d) != WK_OK) {
+    wk_chat_span *sp = ok ? calloc(n ? n : 1, sizeof(*sp)) : NULL;
+    if (ok && sp == NULL) {
+        ctl_oa_fail(req, WK_ENOMEM, NULL, "out of memory");
+        ok = false;
+    }
+    if (ok && wk_chat_render_spans(cm, n, true, &prompt, &plen, sp, &d) != WK_OK) {
         ctl_oa_fail(req, WK_EINVAL, "messages", "%s", d.msg);
         ok = false;
     }
@@ -358,12 +474,13 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
                     CTL_OA_MAX_TEXT);
         ok = false;
     }
-    if (ok && wk_tok_encode(app->tok, prompt, plen, &r->prompt, &r->n_prompt, &d) != WK_OK) {
+    r->prompt_text = prompt;
+    r->prompt_len = plen;
+    if (ok && ctl_oa_chat_tokens(app, r, sp, &d) != WK_OK) {
         ctl_oa_fail(req, WK_EINVAL, "messages", "%s", d.msg);
         ok = false;
     }
-    r->prompt_text = prompt;
-    r->prompt_len = plen;
+    free(sp);
     return ok;
 }
 
@@ -600,8 +717,110 @@ ctl_oa_count(ctl_app *app, const char *route, const char *status)
     ctl_metrics_add(app->metrics, "wkvm_requests_total", lb, 1);
 }
 
+/*
+ * Plans the request's checkpoints and the lookup (ctl_ckpt): the job resumes
+ * the longest checkpoint of the owner that prefixes its prompt, leaves new
+ * ones, and keeps its slot so that the end-of-reply checkpoint can be taken.
+ */
+static void
+ctl_oa_reuse_begin(ctl_app *app, ctl_oa_req *r, ctl_ckpt_plan *plan, bool *free_slot)
+{
+    *free_slot = false;
+    r->plan = NULL;
+    ctl_worker_view v;
+    if (!r->reuse || !r->cache || app->ckpt == NULL || r->n_prompt == 0 ||
+        ctl_pool_model_view(app->pool, &v) != WK_OK)
+        return;
+    bool held = r->gen.slot != NULL;
+    if (held && r->plan_prefix == NULL)
+        return; /* (a held slot of unknown content: nothing to key checkpoints by) */
+    wk_diag d = {{0}};
+    if (ctl_ckpt_plan_begin(app->ckpt, plan, r->owner, v.fingerprint, r->plan_prefix,
+                            held ? r->n_plan_prefix : 0, r->prompt, r->n_prompt, r->bounds,
+                            r->n_bounds, !held, &d) != WK_OK || plan->c == NULL) {
+        ctl_ckpt_plan_end(plan);
+        return;
+    }
+    r->plan = plan;
+    r->gen.reuse = &plan->reuse;
+    r->gen.worker = plan->worker[0] ? plan->worker : NULL;
+    if (!r->gen.keep_slot) {
+        r->gen.keep_slot = true;
+        *free_slot = true;
+    }
+    if (r->chat)
+        r->gen.feed_stop = true; /* the reply's state holds every token the client sees */
+}
+
+/*
+ * After a generation: counts the reuse and leaves the end-of-reply
+ * checkpoint (a chat's with its reply record), then frees the slot when
+ * only the checkpoint wanted it.
+ */
+static void
+ctl_oa_reuse_done(ctl_app *app, ctl_oa_req *r, const ctl_gen_result *res, bool free_slot)
+{
+    ctl_ckpt_plan *p = r->plan;
+    if (p == NULL)
+        return;
+    if (p->loaded) {
+        r->reused = true;
+        r->reused_tokens = p->hit_len;
+        r->reuse_kind = p->hit_len + 1 == p->n_all ? CTL_CKPT_HIT_REGENERATE
+                        : r->aligned_tokens > 0 && p->hit_len >= r->aligned_tokens
+                            ? CTL_CKPT_HIT_CHECKPOINT
+                            : CTL_CKPT_HIT_PREFIX;
+        ctl_ckpt_count_hit(app->ckpt, r->reuse_kind, p->hit_len);
+    }
+    size_t n_gen = res->fed > r->n_prompt ? res->fed - r->n_prompt : 0;
+    if (n_gen > res->n_tokens)
+        n_gen = res->n_tokens;
+    int32_t *gen = malloc((n_gen ? n_gen : 1) * sizeof(*gen));
+    char key[WK_SHA256_HEX_LEN] = "";
+    if (gen != NULL) {
+        for (size_t i = 0; i < n_gen; i++)
+            gen[i] = res->tokens[i].id;
+        if (r->chat && r->msgs != NULL) {
+            /* The reply record: the history as the client will send it back. */
+            wk_chat_msg *hm = malloc((r->n_msgs + 1) * sizeof(*hm));
+            char *text = NULL;
+            size_t tl = 0;
+            if (hm != NULL) {
+                memcpy(hm, r->msgs, r->n_msgs * sizeof(*hm));
+                hm[r->n_msgs] = (wk_chat_msg){.role = "assistant", .content = res->text,
+                                              .content_len = res->text_len};
+                if (res->text_len == 0)
+                    hm[r->n_msgs].content = "";
+                if (wk_chat_render(hm, r->n_msgs + 1, false, &text, &tl, NULL) == WK_OK)
+                    ctl_ckpt_reply_key(p->fp, p->owner, text, tl, key);
+            }
+            free(text);
+            free(hm);
+        }
+        ctl_ckpt_plan_reply(p, &res->slot, gen, n_gen, key[0] ? key : NULL);
+    }
+    free(gen);
+    if (free_slot)
+        (void)ctl_sched_slot_free(app->sched, &res->slot);
+}
+
+static void ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot);
+
 void
 ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
+{
+    ctl_ckpt_plan *plan = calloc(1, sizeof(*plan));
+    bool free_slot = false;
+    if (plan != NULL)
+        ctl_oa_reuse_begin(app, r, plan, &free_slot);
+    ctl_oa_generate_run(req, app, r, free_slot);
+    ctl_ckpt_plan_end(plan);
+    free(plan);
+    r->plan = NULL;
+}
+
+static void
+ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot)
 {
     const char *route = r->chat ? "chat" : "completions";
     struct timespec ts;
@@ -672,6 +891,7 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
                                  r->chat ? "chat.completion" : "text_completion", "created",
                                  (json_int_t)r->created, "model", r->model, "choices", choice,
                                  "usage", ctl_oa_usage_json(r, &res));
+        ctl_oa_reuse_done(app, r, &res, free_slot);
         if (r->on_done != NULL)
             r->on_done(r, &res, body);
         ctl_oa_count(app, route, "ok");
@@ -730,6 +950,7 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
     else
         json_object_set_new(choice, "text", json_string(""));
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
+    ctl_oa_reuse_done(app, r, &res, free_slot);
     if (r->on_done != NULL)
         r->on_done(r, &res, chunk);
     (void)ctl_oa_send_chunk(&st, chunk);
@@ -807,7 +1028,7 @@ ctl_oa_chat(ctl_http_req *req, void *arg)
         ctl_app_user_leave(req, app);
         return;
     }
-    ctl_oa_req r = {.chat = true};
+    ctl_oa_req r = {.chat = true, .reuse = true, .cache = true};
     ctl_chat_turn *turn = NULL;
     if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_chat_logprobs(req, body, &r) &&
         ctl_oa_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
@@ -830,7 +1051,7 @@ ctl_oa_completions(ctl_http_req *req, void *arg)
         ctl_app_user_leave(req, app);
         return;
     }
-    ctl_oa_req r = {.chat = false};
+    ctl_oa_req r = {.chat = false, .reuse = true, .cache = true};
     if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_prompt(req, app, body, &r))
         ctl_oa_generate(req, app, &r);
     ctl_oa_req_fini(&r);

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_ckpt.h"
 #include "ctl_gen.h"
 #include "wk_chat.h"
 
@@ -46,7 +47,23 @@ struct ctl_oa_req {
     size_t n_msgs;                /* chat: entries */
     char *prompt_text;            /* chat: the rendered prompt, owned */
     size_t prompt_len;            /* chat: bytes */
+    /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
+    bool reuse;                   /* plan checkpoints and look them up for this request */
+    bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */
+    char owner[CTL_STORE_OWNER_MAX + 1]; /* whose checkpoints (never shared) */
+    size_t bounds[CTL_CKPT_MAX_BOUNDS]; /* chat: token positions in prompt where a message ends */
+    size_t n_bounds;              /* entries */
+    size_t aligned_tokens;        /* chat: leading prompt tokens that are a reply's exact tokens */
+    const int32_t *plan_prefix;   /* tokens already in gen.slot (a continued session), borrowed */
+    size_t n_plan_prefix;         /* entries */
+    ctl_ckpt_plan *plan;          /* during ctl_oa_generate(), NULL otherwise */
+    bool reused;                  /* a checkpoint was resumed */
+    ctl_ckpt_hit reuse_kind;      /* how, when reused */
+    size_t reused_tokens;         /* tokens it covered */
 };
+
+/* The owner of a request's checkpoints (the API user, narrowed by Open WebUI's user id). */
+void ctl_oa_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1]);
 
 typedef struct ctl_chat_turn ctl_chat_turn;
 

@@ -66,6 +66,12 @@ struct ctl_job {
     uint64_t seq;               /* submit order */
     uint64_t submit_ms;         /* monotonic submit time */
     uint64_t last_tok_ms;       /* monotonic time of the last sampled token */
+    ctl_sched_reuse reuse;      /* hooks (ckpt_at points at ckpt below) */
+    size_t *ckpt;               /* checkpoint positions, owned */
+    size_t next_ckpt;           /* first position not yet reached */
+    bool load_pending;          /* admitted; the load hook has not run yet */
+    bool resumed;               /* the load hook succeeded */
+    bool in_hook;               /* a hook runs (the job is also marked in_flight) */
     ctl_job_event evq[CTL_JOB_EVQ]; /* events for the consumer */
     unsigned ev_head;           /* next event to read */
     unsigned ev_len;            /* events queued */
@@ -257,6 +263,7 @@ ctl_job_destroy_locked(ctl_sched *s, ctl_job *j)
         ctl_job_release_slot(s, j);
     pthread_cond_destroy(&j->cv);
     free(j->tokens);
+    free(j->ckpt);
     free(j);
 }
 
@@ -338,6 +345,7 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         j->slot.slot = free_slot;
         j->slot.gen = w->gen[free_slot];
         j->fresh = true;
+        j->load_pending = j->reuse.load != NULL;
         j->state = CTL_JOB_RUNNING;
         s->n_waiting--;
         ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
@@ -361,7 +369,8 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
     for (int pass = 0; pass < 2; pass++) {
         for (ctl_job *j = s->jobs; j != NULL && n < cap && budget > 0; j = j->next) {
             if ((j->state != CTL_JOB_RUNNING && j->state != CTL_JOB_STOPPING) ||
-                j->in_flight || j->migrating || strcmp(j->slot.worker, w->id) != 0)
+                j->in_flight || j->migrating || j->load_pending ||
+                strcmp(j->slot.worker, w->id) != 0)
                 continue;
             if (j->deadline_ms && now > j->deadline_ms) {
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out");
@@ -380,6 +389,10 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
                 take = budget;
             if (take > WK_PROTO_ROW_TOKENS_MAX)
                 take = WK_PROTO_ROW_TOKENS_MAX;
+            /* A checkpoint position ends the chunk: the state there is copied. */
+            if (j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] > j->computed &&
+                j->computed + take > j->ckpt[j->next_ckpt])
+                take = j->ckpt[j->next_ckpt] - j->computed;
             rows[n].job = j;
             rows[n].take = take;
             rows[n].sample = j->sample && j->state == CTL_JOB_RUNNING &&
@@ -509,6 +522,75 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
     pthread_cond_broadcast(&s->cv);
 }
 
+/*
+ * Runs job j's hook fn (mu dropped and retaken): j is marked in flight so no
+ * step picks it and ctl_job_free() waits. Returns false when the consumer
+ * freed j meanwhile (it is destroyed here then). Caller holds mu.
+ */
+static bool
+ctl_job_hook_locked(ctl_sched *s, ctl_job *j, bool load, size_t pos, wk_err *err)
+{
+    ctl_slot_ref slot = j->slot;
+    j->in_flight = 1;
+    j->in_hook = true;
+    pthread_mutex_unlock(&s->mu);
+    wk_diag d = {{0}};
+    if (load)
+        *err = j->reuse.load(j->reuse.arg, &slot, &d);
+    else
+        j->reuse.ckpt(j->reuse.arg, &slot, pos);
+    pthread_mutex_lock(&s->mu);
+    j->in_flight = 0;
+    j->in_hook = false;
+    pthread_cond_broadcast(&s->cv);
+    if (j->cancelled) {
+        ctl_job_destroy_locked(s, j);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * Runs the pending hooks of the jobs on w: loads of freshly admitted jobs,
+ * then checkpoints whose position a job's state just reached. Returns after
+ * one hook (the job list may have changed); the loop calls it until it
+ * finds nothing. Caller holds mu; dropped and retaken.
+ */
+static bool
+ctl_sched_hooks_locked(ctl_sched *s, ctl_sworker *w)
+{
+    for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        if (j->in_flight || strcmp(j->slot.worker, w->id) != 0 ||
+            (j->state != CTL_JOB_RUNNING && j->state != CTL_JOB_STOPPING &&
+             j->state != CTL_JOB_PAUSED))
+            continue;
+        if (j->load_pending) {
+            j->load_pending = false;
+            wk_err err = WK_EINVAL;
+            if (!ctl_job_hook_locked(s, j, true, 0, &err))
+                return true;
+            uint32_t k = j->slot.slot;
+            bool live = k >= 1 && k <= w->n_slots && w->gen[k] == j->slot.gen;
+            if (err == WK_OK && live && j->state == CTL_JOB_RUNNING) {
+                j->computed = j->reuse.resume_at;
+                j->fresh = false;
+                j->resumed = true;
+                w->ctx[k] = j->reuse.resume_at;
+                while (j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] <= j->computed)
+                    j->next_ckpt++;
+            }
+            return true;
+        }
+        if (j->next_ckpt < j->reuse.n_ckpt && j->computed == j->ckpt[j->next_ckpt]) {
+            size_t pos = j->ckpt[j->next_ckpt++];
+            wk_err unused = WK_OK;
+            (void)ctl_job_hook_locked(s, j, false, pos, &unused);
+            return true;
+        }
+    }
+    return false;
+}
+
 /* True when a job on w waits for its consumer's decision. Caller holds mu. */
 static bool
 ctl_sched_paused_locked(ctl_sched *s, ctl_sworker *w)
@@ -568,6 +650,8 @@ ctl_sched_worker_main(void *arg)
     while (!atomic_load(&s->stop) && !w->dead && rows != NULL) {
         ctl_sched_free_stale_locked(s, w);
         ctl_sched_admit_locked(s, w);
+        if (ctl_sched_hooks_locked(s, w))
+            continue;
         size_t n = ctl_sched_pick_locked(s, w, rows, cap);
         if (n == 0) {
             struct timespec until;
@@ -1018,6 +1102,32 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     pthread_cond_init(&j->cv, NULL);
     if (spec->worker != NULL)
         snprintf(j->want_worker, sizeof(j->want_worker), "%s", spec->worker);
+    if (spec->reuse != NULL) {
+        const ctl_sched_reuse *ru = spec->reuse;
+        bool bad = ru->n_ckpt > CTL_SCHED_CKPT_MAX || (ru->n_ckpt && ru->ckpt_at == NULL) ||
+                   (ru->load != NULL && (spec->slot != NULL || ru->resume_at >= spec->n_tokens));
+        for (size_t i = 0; !bad && i < ru->n_ckpt; i++)
+            bad = ru->ckpt_at[i] >= spec->n_tokens || (i && ru->ckpt_at[i] <= ru->ckpt_at[i - 1]);
+        j->reuse = *ru;
+        j->reuse.ckpt_at = NULL;
+        if (ru->ckpt == NULL)
+            j->reuse.n_ckpt = 0;
+        if (!bad && j->reuse.n_ckpt) {
+            j->ckpt = malloc(j->reuse.n_ckpt * sizeof(*j->ckpt));
+            bad = j->ckpt == NULL;
+            if (!bad)
+                memcpy(j->ckpt, ru->ckpt_at, j->reuse.n_ckpt * sizeof(*j->ckpt));
+        }
+        while (!bad && j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] == 0)
+            j->next_ckpt++; /* position 0: nothing to copy */
+        if (bad) {
+            pthread_cond_destroy(&j->cv);
+            free(j->tokens);
+            free(j->ckpt);
+            free(j);
+            return wk_diag_set(d, WK_EINVAL, "bad reuse hooks");
+        }
+    }
 
     pthread_mutex_lock(&s->mu);
     wk_err err = WK_OK;
@@ -1092,6 +1202,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
         pthread_mutex_unlock(&s->mu);
         pthread_cond_destroy(&j->cv);
         free(j->tokens);
+        free(j->ckpt);
         free(j);
         return err;
     }
@@ -1199,6 +1310,18 @@ ctl_job_n_input(const ctl_job *j)
     return j->n_input; /* immutable after submit */
 }
 
+bool
+ctl_job_resumed(const ctl_job *j)
+{
+    bool r;
+    if (j->s == NULL)
+        return j->resumed;
+    pthread_mutex_lock(&j->s->mu);
+    r = j->resumed;
+    pthread_mutex_unlock(&j->s->mu);
+    return r;
+}
+
 size_t
 ctl_job_computed(const ctl_job *j)
 {
@@ -1242,6 +1365,8 @@ ctl_job_free(ctl_job *j)
         return;
     }
     pthread_mutex_lock(&s->mu);
+    while (j->in_hook)
+        pthread_cond_wait(&s->cv, &s->mu); /* a hook uses the caller's argument */
     if (j->in_flight) {
         j->cancelled = true; /* the step loop destroys it when the step returns */
     } else {

@@ -65,6 +65,34 @@ typedef struct ctl_sample_spec {
     bool logprobs;           /* report the chosen token's logprob */
 } ctl_sample_spec;
 
+/*
+ * Reuse hooks of one job (ctl_ckpt plans them). Both callbacks run on the
+ * step loop thread of the job's worker, between two steps (no step runs on
+ * that worker meanwhile), with no scheduler lock held; ctl_job_free() waits
+ * for a running callback, so arg only has to outlive the job.
+ *
+ * load: the job was admitted onto a fresh slot; put the bytes of the state
+ * after input[0..resume_at) into it (e.g. HOST_GET of a warm checkpoint).
+ * WK_OK: the job feeds input[resume_at..] only; any error: the slot is reset
+ * and the job feeds its whole input (a recompute, never a failure).
+ *
+ * ckpt: the slot's state now covers input[0..pos) exactly (pos is one of
+ * ckpt_at); the callback may copy it (HOST_PUT). Its failure is its own.
+ */
+typedef wk_err (*ctl_sched_load_fn)(void *arg, const ctl_slot_ref *slot, wk_diag *d);
+typedef void (*ctl_sched_ckpt_fn)(void *arg, const ctl_slot_ref *slot, size_t pos);
+
+typedef struct ctl_sched_reuse {
+    size_t resume_at;        /* with load: input tokens the loaded state covers (< n_tokens) */
+    ctl_sched_load_fn load;  /* NULL: nothing to load */
+    const size_t *ckpt_at;   /* strictly increasing input positions, each < n_tokens, copied */
+    size_t n_ckpt;           /* entries in ckpt_at (at most CTL_SCHED_CKPT_MAX) */
+    ctl_sched_ckpt_fn ckpt;  /* NULL: no checkpoints */
+    void *arg;               /* passed to both */
+} ctl_sched_reuse;
+
+#define CTL_SCHED_CKPT_MAX 256 /* checkpoint positions of one job */
+
 typedef struct ctl_job_spec {
     const int32_t *tokens;      /* input to feed, copied; may be 0 only with a held slot */
     size_t n_tokens;            /* entries */
@@ -77,6 +105,8 @@ typedef struct ctl_job_spec {
     uint64_t deadline_ms;       /* monotonic ms after which the job fails, 0 = none */
     uint64_t max_new;           /* with sample: most tokens it may sample (hybrid models
                                  * reserve KV pages for them at admission), 0 = none */
+    const ctl_sched_reuse *reuse; /* reuse hooks, borrowed for the call; NULL = none
+                                   * (load only for jobs without a held slot) */
 } ctl_job_spec;
 
 typedef enum ctl_job_ev {
@@ -129,6 +159,9 @@ size_t ctl_job_fed(const ctl_job *j);
 
 /* Input tokens the job was submitted with. */
 size_t ctl_job_n_input(const ctl_job *j);
+
+/* True when the job's load hook succeeded (it started at resume_at). */
+bool ctl_job_resumed(const ctl_job *j);
 
 /* Tokens this job computed itself (for usage accounting). */
 size_t ctl_job_computed(const ctl_job *j);

@@ -138,6 +138,31 @@ ctl_session_text_strip(const char *s, size_t len, size_t *off, size_t *n)
     *n = b - a;
 }
 
+/*
+ * The visible form of a reply as a client persists it: NUL bytes removed
+ * (Open WebUI's sanitize_text_for_db), then outer Unicode whitespace
+ * stripped (str.strip()). *out is malloc'd (NUL-terminated, *n bytes).
+ */
+static wk_err
+session_visible_dup(const char *s, size_t len, char **out, size_t *n)
+{
+    char *buf = malloc(len + 1);
+    if (buf == NULL)
+        return WK_ENOMEM;
+    size_t m = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] != '\0')
+            buf[m++] = s[i];
+    }
+    size_t off = 0, vn = 0;
+    ctl_session_text_strip(buf, m, &off, &vn);
+    memmove(buf, buf + off, vn);
+    buf[vn] = '\0';
+    *out = buf;
+    *n = vn;
+    return WK_OK;
+}
+
 /* True when s (len bytes) is valid UTF-8 as jansson accepts it (no overlongs, no surrogates). */
 static bool
 session_utf8_valid(const char *s, size_t len)
@@ -375,20 +400,27 @@ static wk_err
 session_digest(const session_text *msgs, size_t n, const char *reply, size_t reply_len,
                char out[WK_SHA256_HEX_LEN], wk_diag *d)
 {
-    size_t off, rn;
+    size_t off = 0, rn;
     wk_err err = WK_OK;
+    char *vis = NULL;
 
-    ctl_session_text_strip(reply, reply_len, &off, &rn);
     for (size_t i = 0; i < n; i++) {
         if (!session_utf8_valid(msgs[i].role, strlen(msgs[i].role)) ||
             !session_utf8_valid(msgs[i].s, msgs[i].len))
             return wk_diag_set(d, WK_EINVAL, "message %zu is not valid UTF-8", i);
     }
-    if (!session_utf8_valid(reply + off, rn))
-        return wk_diag_set(d, WK_EINVAL, "the assistant reply is not valid UTF-8");
-    json_t *arr = json_array();
-    if (arr == NULL)
+    if (session_visible_dup(reply, reply_len, &vis, &rn) != WK_OK)
         return WK_ENOMEM;
+    reply = vis;
+    if (!session_utf8_valid(reply + off, rn)) {
+        free(vis);
+        return wk_diag_set(d, WK_EINVAL, "the assistant reply is not valid UTF-8");
+    }
+    json_t *arr = json_array();
+    if (arr == NULL) {
+        free(vis);
+        return WK_ENOMEM;
+    }
     for (size_t i = 0; i <= n && err == WK_OK; i++) {
         const char *role = i < n ? msgs[i].role : "assistant";
         const char *s = i < n ? msgs[i].s : reply + off;
@@ -399,6 +431,7 @@ session_digest(const session_text *msgs, size_t n, const char *reply, size_t rep
     }
     char *js = err == WK_OK ? wk_json_dump_canonical(arr) : NULL;
     json_decref(arr);
+    free(vis);
     if (err != WK_OK)
         return err;
     if (js == NULL)
@@ -505,6 +538,64 @@ session_prefix_ok(const ctl_session_request *req, const ctl_session_binding *b, 
                                     off);
 }
 
+bool
+ctl_session_retained_terminated(const wk_tok *tok, const int32_t *ids, size_t n)
+{
+    /* The last bytes the state consumed, from the last tokens' pieces. */
+    uint8_t tail[2];
+    size_t have = 0;
+    int32_t eos = tok != NULL ? wk_tok_eos(tok) : -1;
+    if (tok == NULL || n == 0 || ids[n - 1] == eos)
+        return false;
+    for (size_t i = n; i > 0 && have < 2; i--) {
+        size_t pl = 0;
+        const uint8_t *p = wk_tok_piece(tok, ids[i - 1], &pl);
+        if (ids[i - 1] == eos)
+            return false; /* an end-of-text inside the last bytes: the turn was ended by it */
+        for (size_t j = pl; j > 0 && have < 2 && p != NULL; j--)
+            tail[1 - have++] = p[j - 1];
+    }
+    return have == 2 && tail[0] == '\n' && tail[1] == '\n';
+}
+
+wk_err
+ctl_session_align(const wk_tok *tok, const int32_t *retained, size_t n, const wk_chat_msg *msgs,
+                  size_t n_msgs, size_t k, size_t *off, wk_diag *d)
+{
+    if (msgs == NULL || k >= n_msgs)
+        return wk_diag_set(d, WK_EINVAL, "align: no message %zu", k);
+    wk_chat_span *sp = calloc(n_msgs, sizeof(*sp));
+    char *text = NULL;
+    size_t len = 0;
+    if (sp == NULL)
+        return WK_ENOMEM;
+    wk_err err = wk_chat_render_spans(msgs, n_msgs, true, &text, &len, sp, d);
+    if (err == WK_OK)
+        *off = ctl_session_retained_terminated(tok, retained, n) ? sp[k].end : sp[k].content_end;
+    free(text);
+    free(sp);
+    return err;
+}
+
+/*
+ * The template check of a follow-up whose message k is the parked turn's
+ * reply. Text mode: the retained ids stand for the rendered text up to that
+ * reply's end, whatever their bytes were (the visible-history checks before
+ * this one proved the client saw what was sent); *off is where the delta
+ * starts (ctl_session_align()). Token mode: the original token-prefix rule.
+ */
+static bool
+session_align_ok(const ctl_session_request *req, const ctl_session_binding *b, size_t k,
+                 size_t *off)
+{
+    if (req->tok == NULL || req->prompt_text == NULL)
+        return session_prefix_ok(req, b, off);
+    if (ctl_session_align(req->tok, b->retained, b->n_retained, req->msgs, req->n_msgs, k, off,
+                          NULL) != WK_OK)
+        return false;
+    return *off <= req->prompt_len;
+}
+
 /* Length of what the prefix check ran over: text bytes or prompt tokens. */
 static size_t
 session_prompt_extent(const ctl_session_request *req)
@@ -543,7 +634,7 @@ session_check_contract(const ctl_session_request *req, const ctl_session_binding
     session_text *t = NULL;
     size_t k = b->n_msgs, n_t = 0;
     const char *reply;
-    size_t reply_len, a_off, a_n, v_off, v_n;
+    size_t reply_len, a_n, v_n;
     char hex[WK_SHA256_HEX_LEN];
     bool ok;
     wk_err err;
@@ -599,11 +690,20 @@ session_check_contract(const ctl_session_request *req, const ctl_session_binding
         goto done;
     }
     session_msg_text(&req->msgs[k], &reply, &reply_len);
-    ctl_session_text_strip(reply, reply_len, &a_off, &a_n);
-    ctl_session_text_strip(b->visible, b->visible_len, &v_off, &v_n);
-    if (a_n != v_n || memcmp(reply + a_off, b->visible + v_off, a_n) != 0) {
-        *reason = CTL_SESSION_REASON_PRIOR_ASSISTANT_MISMATCH;
-        goto done;
+    {
+        char *av = NULL, *vv = NULL;
+        err = session_visible_dup(reply, reply_len, &av, &a_n);
+        if (err == WK_OK)
+            err = session_visible_dup(b->visible, b->visible_len, &vv, &v_n);
+        bool same = err == WK_OK && a_n == v_n && memcmp(av, vv, a_n) == 0;
+        free(av);
+        free(vv);
+        if (err != WK_OK)
+            goto done;
+        if (!same) {
+            *reason = CTL_SESSION_REASON_PRIOR_ASSISTANT_MISMATCH;
+            goto done;
+        }
     }
     err = session_digest(t, k, reply, reply_len, hex, NULL);
     if (err == WK_ENOMEM)
@@ -617,7 +717,7 @@ session_check_contract(const ctl_session_request *req, const ctl_session_binding
         *reason = CTL_SESSION_REASON_NEW_MESSAGES_MISSING;
         goto done;
     }
-    if (!session_prefix_ok(req, b, off)) {
+    if (!session_align_ok(req, b, k, off)) {
         *reason = CTL_SESSION_REASON_TEMPLATE_PREFIX_MISMATCH;
         goto done;
     }

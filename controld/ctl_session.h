@@ -323,6 +323,31 @@ void ctl_session_result_unavailable(ctl_session_result *res);
 bool ctl_session_text_prefix(const wk_tok *tok, const int32_t *retained, size_t n,
                              const char *text, size_t len, size_t *bytes);
 
+/*
+ * True when the state after the n ids (borrowed) has ended the template's
+ * turn: their last bytes are "\n\n" (the default stop string, fed) and no
+ * end-of-text is among the tokens that make them. A reply cut by max_tokens,
+ * by another stop string, or ended by end-of-text is not.
+ */
+bool ctl_session_retained_terminated(const wk_tok *tok, const int32_t *ids, size_t n);
+
+/*
+ * Where the template delta starts after a parked turn, in the text of msgs
+ * rendered with the generation prompt: msgs[k] is that turn's reply as the
+ * client shows it, and the retained ids (n, borrowed) are what the state
+ * consumed up to its end. The retained ids stand for the rendered text up
+ * to the reply's content end whatever their bytes were (invalid UTF-8, a
+ * cut character, other whitespace: the visible-history checks compare what
+ * the client shows); when they ended the turn (ctl_session_retained_terminated())
+ * the template's "\n\n" after the reply is theirs too. *off: a byte offset
+ * into that rendered text; the caller encodes text[*off..] with
+ * wk_tok_encode_continue(). WK_OK; WK_EINVAL (k out of range, a bad role),
+ * WK_ENOMEM. Pure and thread-safe.
+ */
+WK_MUST_CHECK wk_err ctl_session_align(const wk_tok *tok, const int32_t *retained, size_t n,
+                                       const wk_chat_msg *msgs, size_t n_msgs, size_t k,
+                                       size_t *off, wk_diag *d);
+
 /* The reason string ("parent_message_mismatch"), static; "" for NONE, "unknown" if invalid. */
 const char *ctl_session_reason_str(ctl_session_reason r);
 

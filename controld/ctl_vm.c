@@ -216,14 +216,17 @@ ctl_vm_slot_reset(ctl_vm *vm, const ctl_slot_ref *ref, wk_diag *d)
     return err;
 }
 
-wk_err
-ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes, size_t *len, wk_diag *d)
+/* Reads a slot's bytes, or with host_key those of that warm-tier entry. */
+static wk_err
+ctl_vm_read(ctl_vm *vm, const ctl_slot_ref *ref, const char *host_key, void **bytes, size_t *len,
+            wk_diag *d)
 {
     uint8_t *buf = NULL;
     uint64_t total = 0, off = 0;
     do {
         Wkvm__SlotRead r = WKVM__SLOT_READ__INIT;
         r.slot = ref->slot;
+        r.host_key = host_key != NULL ? (char *)host_key : (char *)"";
         r.offset = off;
         r.length = WK_PROTO_CHUNK_MAX;
         wk_msg req = WKVM__ENVELOPE__INIT;
@@ -258,6 +261,21 @@ ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes, size_t *len,
     *bytes = buf;
     *len = (size_t)total;
     return WK_OK;
+}
+
+wk_err
+ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes, size_t *len, wk_diag *d)
+{
+    return ctl_vm_read(vm, ref, NULL, bytes, len, d);
+}
+
+wk_err
+ctl_vm_host_read(ctl_vm *vm, const char *worker, const char *key, void **bytes, size_t *len,
+                 wk_diag *d)
+{
+    ctl_slot_ref ref = {.slot = 0};
+    snprintf(ref.worker, sizeof(ref.worker), "%s", worker);
+    return ctl_vm_read(vm, &ref, key, bytes, len, d);
 }
 
 /* KV pages slot ref lacks to hold n_ctx tokens (or an image of bytes when n_ctx is UINT64_MAX). */
@@ -315,6 +333,13 @@ ctl_vm_slot_write(ctl_vm *vm, const ctl_slot_ref *ref, const void *bytes, size_t
     wk_err kerr = ctl_vm_kv_reserve(vm, ref, UINT64_MAX, len, d);
     if (kerr != WK_OK)
         return kerr;
+    return ctl_vm_slot_write_raw(vm, ref, bytes, len, d);
+}
+
+wk_err
+ctl_vm_slot_write_raw(ctl_vm *vm, const ctl_slot_ref *ref, const void *bytes, size_t len,
+                      wk_diag *d)
+{
     size_t off = 0;
     do {
         size_t n = len - off < WK_PROTO_CHUNK_MAX ? len - off : WK_PROTO_CHUNK_MAX;
@@ -392,6 +417,13 @@ ctl_vm_find_locked(ctl_vm *vm, const char *key)
 /* One HOST_* request. */
 static wk_err
 ctl_vm_host(ctl_vm *vm, int kind, const char *worker, const char *key, uint32_t slot, wk_diag *d)
+{
+    return ctl_vm_host_call(vm, kind, worker, key, slot, d);
+}
+
+wk_err
+ctl_vm_host_call(ctl_vm *vm, int kind, const char *worker, const char *key, uint32_t slot,
+                 wk_diag *d)
 {
     Wkvm__HostRef h = WKVM__HOST_REF__INIT;
     h.key = (char *)key;

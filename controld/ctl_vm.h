@@ -85,6 +85,26 @@ WK_MUST_CHECK wk_err ctl_vm_slot_write(ctl_vm *vm, const ctl_slot_ref *ref, cons
 WK_MUST_CHECK wk_err ctl_vm_slot_reset(ctl_vm *vm, const ctl_slot_ref *ref, wk_diag *d);
 
 /*
+ * ctl_vm_slot_write() without the KV page accounting: for a slot whose job
+ * already reserved the pages of its whole context (a scheduler load hook).
+ */
+WK_MUST_CHECK wk_err ctl_vm_slot_write_raw(ctl_vm *vm, const ctl_slot_ref *ref, const void *bytes,
+                                           size_t len, wk_diag *d);
+
+/*
+ * One warm-tier request to worker: kind WKVM__KIND__HOST_PUT (slot -> entry
+ * key), HOST_GET (entry -> slot) or HOST_DROP (slot ignored). Keys are
+ * 1..128 bytes; callers other than ctl_vm use their own prefix. Returns the
+ * worker's status (WK_ENOSPC: its host cache is full; WK_ENOENT: no entry).
+ */
+WK_MUST_CHECK wk_err ctl_vm_host_call(ctl_vm *vm, int kind, const char *worker, const char *key,
+                                      uint32_t slot, wk_diag *d);
+
+/* Reads the bytes of warm-tier entry key on worker. bytes: caller frees with free(). */
+WK_MUST_CHECK wk_err ctl_vm_host_read(ctl_vm *vm, const char *worker, const char *key,
+                                      void **bytes, size_t *len, wk_diag *d);
+
+/*
  * Puts a copy of the bytes of entry key (or, when not cached, of blob hex,
  * "" for none) into the scratch slot dst. WK_ENOENT when neither exists.
  */

@@ -18,6 +18,7 @@
 #include "ctl_auth.h"
 #include "ctl_openai.h"
 #include <libgen.h>
+#include "ctl_ckpt.h"
 #include "wk_cfg.h"
 #include "wk_log.h"
 
@@ -74,6 +75,16 @@ static const wk_cfg_opt ctl_opts[] = {
      "spill a parked chat session to disk after this idle time (0 = only under pressure)"},
     {"max-hot-sessions", WK_CFG_U64, "0", 0, 1000000,
      "most parked chat sessions kept in slots; more are spilled to disk (0 = no cap)"},
+    {"prefix-cache", WK_CFG_BOOL, "true", 0, 0,
+     "automatic reuse: every request leaves state checkpoints and resumes the longest one "
+     "of its owner that prefixes its prompt"},
+    {"state-cache-bytes", WK_CFG_U64, "8589934592", 0, UINT64_MAX,
+     "warm checkpoint budget per worker, bytes of its host memory (unset: 25% of this host's "
+     "RAM, at most 8 GiB; 0 = no warm tier)"},
+    {"state-cache-disk-bytes", WK_CFG_U64, "8589934592", 0, UINT64_MAX,
+     "disk checkpoint budget, bytes in the data dir (0 = no disk tier)"},
+    {"checkpoint-interval", WK_CFG_U64, "0", 0, 16777216,
+     "also checkpoint long prefills every this many tokens (0 = off)"},
     {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
     {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -258,7 +269,8 @@ main(int argc, char **argv)
     if (app.metrics == NULL || ctl_admin_metrics_declare(app.metrics) != WK_OK ||
         ctl_openai_metrics_declare(app.metrics) != WK_OK ||
         ctl_chat_metrics_declare(app.metrics) != WK_OK ||
-        ctl_migrate_metrics_declare(app.metrics) != WK_OK) {
+        ctl_migrate_metrics_declare(app.metrics) != WK_OK ||
+        ctl_ckpt_metrics_declare(app.metrics) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
@@ -306,6 +318,26 @@ main(int argc, char **argv)
         wk_log_error("cannot start the session spiller");
         goto out;
     }
+    ctl_ckpt_config kc = {
+        .enabled = wk_cfg_get_bool(cfg, "prefix-cache"),
+        .warm_bytes = wk_cfg_get_u64(cfg, "state-cache-bytes"),
+        .disk_bytes = wk_cfg_get_u64(cfg, "state-cache-disk-bytes"),
+        .interval = (uint32_t)wk_cfg_get_u64(cfg, "checkpoint-interval"),
+    };
+    if (!wk_cfg_is_set(cfg, "state-cache-bytes")) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        uint64_t quarter = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 4 : 0;
+        if (quarter > 0 && quarter < kc.warm_bytes)
+            kc.warm_bytes = quarter;
+    }
+    if (ctl_ckpt_new(&kc, app.pool, app.sched, app.vm, app.store, app.metrics, &app.ckpt, &d) !=
+        WK_OK) {
+        wk_log_error("%s", d.msg);
+        goto out;
+    }
+    wk_log_info("prefix cache %s warm_bytes_per_worker=%llu disk_bytes=%llu interval=%u",
+                kc.enabled ? "on" : "off", (unsigned long long)kc.warm_bytes,
+                (unsigned long long)kc.disk_bytes, kc.interval);
     ctl_http_route routes[64];
     size_t nr = ctl_admin_routes(&app, routes, 64);
     if (app.tok != NULL) {
@@ -336,8 +368,10 @@ main(int argc, char **argv)
     rc = 0;
 out:
     ctl_http_free(app.http);
+    ctl_ckpt_flush(app.ckpt);
     if (app.vm != NULL)
         ctl_vm_flush(app.vm);
+    ctl_ckpt_free(app.ckpt);
     if (app.sched != NULL)
         ctl_sched_set_evictor(app.sched, NULL, NULL);
     ctl_sched_free(app.sched);

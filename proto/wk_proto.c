@@ -209,6 +209,9 @@ wk_proto_validate(const wk_msg *m, wk_diag *d)
         if (m->slot_read->length > WK_PROTO_CHUNK_MAX)
             return wk_diag_set(d, WK_EPROTO, "slot_read.length %u over %u",
                                m->slot_read->length, WK_PROTO_CHUNK_MAX);
+        CHECK_STR(m->slot_read->host_key, "slot_read.host_key");
+        if (strlen(m->slot_read->host_key) > 128)
+            return wk_diag_set(d, WK_EPROTO, "slot_read.host_key over 128 bytes");
         return WK_OK;
     case WKVM__ENVELOPE__PAYLOAD_SLOT_DATA:
         if (m->slot_data->data.len > WK_PROTO_CHUNK_MAX)

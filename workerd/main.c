@@ -27,8 +27,9 @@ static const wk_cfg_opt wrk_opts[] = {
     {"threads", WK_CFG_U64, "0", 0, 1024, "CPU threads for the CPU backend (0 = all cores)"},
     {"fp32", WK_CFG_BOOL, "false", 0, 0, "convert weights to fp32 at load"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
-    {"host-cache-bytes", WK_CFG_U64, "1073741824", 0, 1099511627776ull,
-     "warm tier: host memory for copies of evicted states (0 = none)"},
+    {"host-cache-bytes", WK_CFG_U64, "12884901888", 0, 1099511627776ull,
+     "warm tier: host memory for copies of evicted states and checkpoints, a hard limit "
+     "(unset: 3/8 of RAM, at least 1 GiB, at most 12 GiB; 0 = none)"},
     {"kv-pages", WK_CFG_U64, "0", 0, 16777216,
      "hybrid models: pages in the KV pool (0 = the backend's default; a worker-local choice)"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -103,6 +104,16 @@ main(int argc, char **argv)
     } else {
         snprintf(id, sizeof(id), "w%d", (int)getpid());
     }
+    uint64_t host_cache = wk_cfg_get_u64(cfg, "host-cache-bytes");
+    if (!wk_cfg_is_set(cfg, "host-cache-bytes")) {
+        /* Above the controller's default checkpoint budget (25%): room for hibernated states. */
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        uint64_t part = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 8 * 3 : 0;
+        if (part < (1ull << 30))
+            part = 1ull << 30;
+        if (part < host_cache)
+            host_cache = part;
+    }
     wrk_rpc_config rc_cfg = {
         .controller_url = url,
         .worker_id = id,
@@ -111,7 +122,7 @@ main(int argc, char **argv)
         .threads = (uint32_t)wk_cfg_get_u64(cfg, "threads"),
         .fp32 = wk_cfg_get_bool(cfg, "fp32"),
         .vocab_path = wk_cfg_get_str(cfg, "vocab"),
-        .host_cache_bytes = wk_cfg_get_u64(cfg, "host-cache-bytes"),
+        .host_cache_bytes = host_cache,
         .kv_pages = (uint32_t)wk_cfg_get_u64(cfg, "kv-pages"),
     };
     rc = 1;

@@ -557,11 +557,20 @@ static void
 wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
 {
     const Wkvm__SlotRead *sr = req->slot_read;
-    if (w->be == NULL || !wrk_slot_ok(w, sr->slot)) {
+    const wrk_host_entry *he = NULL;
+    if (w->be != NULL && sr->host_key[0] != '\0') {
+        /* A warm-tier entry (the controller spills it to disk before dropping it). */
+        for (he = w->host; he != NULL && strcmp(he->key, sr->host_key) != 0; he = he->next)
+            ;
+        if (he == NULL) {
+            wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_ENOENT, "no such host entry");
+            return;
+        }
+    } else if (w->be == NULL || !wrk_slot_ok(w, sr->slot)) {
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_EINVAL, "bad slot");
         return;
     }
-    uint64_t total = wrk_slot_size(w, sr->slot);
+    uint64_t total = he != NULL ? he->len : wrk_slot_size(w, sr->slot);
     if (sr->offset > total) {
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_EINVAL, "offset past the state");
         return;
@@ -574,7 +583,11 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_ENOMEM, "out of memory");
         return;
     }
-    wk_err err = len ? w->cfg.backend->slot_read(w->be, sr->slot, sr->offset, buf, len) : WK_OK;
+    wk_err err = WK_OK;
+    if (he != NULL && len)
+        memcpy(buf, he->bytes + sr->offset, len);
+    else if (len)
+        err = w->cfg.backend->slot_read(w->be, sr->slot, sr->offset, buf, len);
     if (err != WK_OK) {
         free(buf);
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, err, "slot read failed");

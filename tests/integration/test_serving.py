@@ -104,7 +104,13 @@ def test_stream_equals_blocking_and_framing():
         assert len({c["id"] for c in chunks}) == 1
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         usage = chunks[-1]
-        assert usage["choices"] == [] and usage["usage"] == blocking["usage"]
+        # The same prompt again: all but its last token come from the checkpoint the
+        # blocking request left (an exact repeat computes one token).
+        bu, su = blocking["usage"], usage["usage"]
+        assert usage["choices"] == [], usage
+        assert (su["prompt_tokens"], su["completion_tokens"]) == \
+            (bu["prompt_tokens"], bu["completion_tokens"]), (su, bu)
+        assert su["prompt_tokens_details"]["cached_tokens"] == bu["prompt_tokens"] - 1, (su, bu)
         final = chunks[-2]["choices"][0]
         assert final["finish_reason"] == blocking["choices"][0]["finish_reason"]
         assert final["delta"] == {}

@@ -5,7 +5,9 @@ Prints one line per fixed conversation: "<name> <hex digest>". The digest is
 SHA-256 of json.dumps(msgs, sort_keys=True, separators=(",", ":"),
 ensure_ascii=False) encoded as UTF-8, where msgs is the turn's input messages
 as [{"role", "content"}] with each content cleaned as the chat template
-renders it, followed by {"role": "assistant", "content": reply.strip()}.
+renders it, followed by {"role": "assistant", "content": visible(reply)}: the reply as a
+client persists it, NUL removed (Open WebUI's sanitize_text_for_db) and
+stripped.
 tests/unit/test_ctl_session.c holds the same conversations and compares
 ctl_session_history_digest() with these lines. Standard library only.
 """
@@ -23,7 +25,7 @@ def clean(text):
 
 def digest(messages, reply):
     msgs = [{"role": m["role"], "content": clean(m["content"])} for m in messages]
-    msgs.append({"role": "assistant", "content": reply.strip()})
+    msgs.append({"role": "assistant", "content": reply.replace("\x00", "").strip()})
     blob = json.dumps(msgs, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

@@ -1,0 +1,1353 @@
+/*
+ * ctl_ckpt: checkpoints, the per-owner prefix index and the checkpoint tiers
+ * (see ctl_ckpt.h). It must never hold its mutex across an RPC or disk I/O,
+ * never give one owner's checkpoint to another, and never drop an entry
+ * silently: only a budget (counted), a clear or a restarted worker (its warm
+ * copies are gone with its memory) removes one.
+ */
+#define WK_LOG_MODULE "ckpt"
+#include "ctl_ckpt.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wk_log.h"
+#include "wk_proto.h"
+#include "wk_time.h"
+
+#define CKPT_BUCKETS 16384u
+#define CKPT_HOST_PREFIX "ck:"
+#define CKPT_KV_PREFIX "ckpt:"
+#define CKPT_META_VERSION "wkvm-ckpt-meta-v1"
+
+static const char *const ckpt_kind_names[CTL_CKPT_KIND__COUNT] = {"prompt", "boundary",
+                                                                  "interval", "reply"};
+static const char *const ckpt_hit_names[CTL_CKPT_HIT__COUNT] = {"parent_bound", "prefix",
+                                                                "checkpoint", "regenerate"};
+
+typedef struct ckpt_entry {
+    char key[WK_SHA256_HEX_LEN];        /* SHA-256 of (fp, owner, ids) */
+    char owner[CTL_STORE_OWNER_MAX + 1]; /* whose */
+    char fp[WK_SHA256_HEX_LEN];         /* model fingerprint */
+    int32_t *ids;                       /* tokens the state covers, owned */
+    size_t n;                           /* entries in ids */
+    uint8_t kind;                       /* ctl_ckpt_kind it was made as */
+    char reply[WK_SHA256_HEX_LEN];      /* reply key, "" = none */
+    uint64_t bytes;                     /* size of the state image */
+    bool warm;                          /* a copy in worker's host memory */
+    char worker[65];                    /* that worker */
+    uint64_t epoch;                     /* its connection epoch at the put */
+    bool cold;                          /* a disk record exists */
+    bool saving;                        /* being written: not usable yet */
+    bool busy;                          /* the tier thread moves it */
+    bool doomed;                        /* cleared while pinned: removed at the last unpin */
+    uint32_t pins;                      /* lookups using it */
+    uint64_t used;                      /* LRU clock at the last use */
+    struct ckpt_entry *next;            /* all entries */
+    struct ckpt_entry *hnext;           /* key hash chain */
+    struct ckpt_entry *rnext;           /* reply hash chain */
+} ckpt_entry;
+
+struct ctl_ckpt {
+    ctl_ckpt_config cfg;              /* copied */
+    ctl_pool *pool;                   /* borrowed */
+    ctl_sched *sched;                 /* borrowed */
+    ctl_vm *vm;                       /* borrowed: slot and warm-tier I/O */
+    ctl_store *store;                 /* borrowed: the disk tier */
+    ctl_metrics *metrics;             /* borrowed, may be NULL */
+    pthread_mutex_t mu;               /* guards everything below */
+    pthread_cond_t cv;                /* wakes the tier thread */
+    ckpt_entry *entries;              /* all entries */
+    ckpt_entry *by_key[CKPT_BUCKETS]; /* key hash */
+    ckpt_entry *by_reply[CKPT_BUCKETS]; /* reply hash */
+    size_t n_entries;                 /* entries */
+    uint64_t clock;                   /* LRU clock */
+    uint64_t warm_total;              /* bytes of warm entries, all workers */
+    uint64_t disk_total;              /* bytes of disk entries */
+    size_t n_warm, n_disk;            /* entries per tier */
+    uint64_t lookups, hits, misses;   /* lookup outcomes */
+    uint64_t evicted[2];              /* by the warm / disk budget */
+    bool stop;                        /* the tier thread exits */
+    bool kick;                        /* work for the tier thread */
+    pthread_t thr;                    /* tier thread */
+    bool thr_started;                 /* thr joinable */
+};
+
+/* A best-effort cleanup's result: logged at debug level, never fatal. */
+static void
+ckpt_cleanup(wk_err err, const char *what)
+{
+    if (err != WK_OK && err != WK_ENOENT)
+        wk_log_debug("checkpoint cleanup %s: %s", what, wk_strerror(err));
+}
+
+/* ------------------------------------------------------------ keys ---- */
+
+static uint32_t
+ckpt_bucket(const char *hex)
+{
+    uint32_t h = 0;
+    for (int i = 0; i < 8 && hex[i]; i++) {
+        char c = hex[i];
+        h = h << 4 | (uint32_t)(c >= 'a' ? c - 'a' + 10 : c - '0');
+    }
+    return h % CKPT_BUCKETS;
+}
+
+static void
+ckpt_put_str(wk_sha256 *s, const char *str)
+{
+    uint8_t le[8];
+    uint64_t n = strlen(str);
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)(n >> (8 * i));
+    wk_sha256_update(s, le, 8);
+    wk_sha256_update(s, str, n);
+}
+
+static void
+ckpt_put_ids(wk_sha256 *s, const int32_t *ids, size_t n)
+{
+    uint8_t buf[8 * 256];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = (uint64_t)(int64_t)ids[i];
+        for (int b = 0; b < 8; b++)
+            buf[k++] = (uint8_t)(v >> (8 * b));
+        if (k == sizeof(buf)) {
+            wk_sha256_update(s, buf, k);
+            k = 0;
+        }
+    }
+    if (k)
+        wk_sha256_update(s, buf, k);
+}
+
+static wk_err
+ckpt_key_start(wk_sha256 *s, const char *fp, const char *owner)
+{
+    wk_err err = wk_sha256_init(s);
+    if (err != WK_OK)
+        return err;
+    static const char tag[] = "wkvm-ckpt-v1";
+    wk_sha256_update(s, tag, sizeof(tag));
+    ckpt_put_str(s, fp);
+    ckpt_put_str(s, owner);
+    return WK_OK;
+}
+
+/* hex of s's running digest; s goes on. */
+static wk_err
+ckpt_key_peek(const wk_sha256 *s, char out[WK_SHA256_HEX_LEN])
+{
+    wk_sha256 c;
+    wk_err err = wk_sha256_copy(&c, s);
+    if (err != WK_OK)
+        return err;
+    uint8_t dg[WK_SHA256_LEN];
+    wk_sha256_final(&c, dg);
+    wk_sha256_to_hex(dg, out);
+    return WK_OK;
+}
+
+static wk_err
+ckpt_key(const char *fp, const char *owner, const int32_t *ids, size_t n,
+         char out[WK_SHA256_HEX_LEN])
+{
+    wk_sha256 s;
+    wk_err err = ckpt_key_start(&s, fp, owner);
+    if (err != WK_OK)
+        return err;
+    ckpt_put_ids(&s, ids, n);
+    uint8_t dg[WK_SHA256_LEN];
+    wk_sha256_final(&s, dg);
+    wk_sha256_to_hex(dg, out);
+    return WK_OK;
+}
+
+/*
+ * Keys of ids[0..len[i]) for the m increasing lengths len[] into keys[],
+ * hashing ids once.
+ */
+static wk_err
+ckpt_keys_at(const char *fp, const char *owner, const int32_t *ids, const size_t *len, size_t m,
+             char (*keys)[WK_SHA256_HEX_LEN])
+{
+    wk_sha256 s;
+    wk_err err = ckpt_key_start(&s, fp, owner);
+    size_t at = 0;
+    for (size_t i = 0; i < m && err == WK_OK; i++) {
+        ckpt_put_ids(&s, ids + at, len[i] - at);
+        at = len[i];
+        err = ckpt_key_peek(&s, keys[i]);
+    }
+    wk_sha256_fini(&s);
+    return err;
+}
+
+void
+ctl_ckpt_reply_key(const char *fp, const char *owner, const char *rendered, size_t len,
+                   char out[WK_SHA256_HEX_LEN])
+{
+    wk_sha256 s;
+    out[0] = '\0';
+    if (wk_sha256_init(&s) != WK_OK)
+        return;
+    static const char tag[] = "wkvm-reply-v1";
+    wk_sha256_update(&s, tag, sizeof(tag));
+    ckpt_put_str(&s, fp);
+    ckpt_put_str(&s, owner);
+    wk_sha256_update(&s, rendered, len);
+    uint8_t dg[WK_SHA256_LEN];
+    wk_sha256_final(&s, dg);
+    wk_sha256_to_hex(dg, out);
+}
+
+/* ----------------------------------------------------------- index ---- */
+
+static ckpt_entry *
+ckpt_find_locked(ctl_ckpt *c, const char *key)
+{
+    for (ckpt_entry *e = c->by_key[ckpt_bucket(key)]; e != NULL; e = e->hnext) {
+        if (strcmp(e->key, key) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+static ckpt_entry *
+ckpt_find_reply_locked(ctl_ckpt *c, const char *reply)
+{
+    for (ckpt_entry *e = c->by_reply[ckpt_bucket(reply)]; e != NULL; e = e->rnext) {
+        if (strcmp(e->reply, reply) == 0 && !e->saving && (e->warm || e->cold))
+            return e;
+    }
+    return NULL;
+}
+
+static void
+ckpt_reply_link_locked(ctl_ckpt *c, ckpt_entry *e)
+{
+    uint32_t b = ckpt_bucket(e->reply);
+    e->rnext = c->by_reply[b];
+    c->by_reply[b] = e;
+}
+
+static void
+ckpt_link_locked(ctl_ckpt *c, ckpt_entry *e)
+{
+    uint32_t b = ckpt_bucket(e->key);
+    e->hnext = c->by_key[b];
+    c->by_key[b] = e;
+    if (e->reply[0])
+        ckpt_reply_link_locked(c, e);
+    e->next = c->entries;
+    c->entries = e;
+    c->n_entries++;
+}
+
+static void
+ckpt_unlink_locked(ctl_ckpt *c, ckpt_entry *e)
+{
+    for (ckpt_entry **pp = &c->by_key[ckpt_bucket(e->key)]; *pp; pp = &(*pp)->hnext) {
+        if (*pp == e) {
+            *pp = e->hnext;
+            break;
+        }
+    }
+    if (e->reply[0]) {
+        for (ckpt_entry **pp = &c->by_reply[ckpt_bucket(e->reply)]; *pp; pp = &(*pp)->rnext) {
+            if (*pp == e) {
+                *pp = e->rnext;
+                break;
+            }
+        }
+    }
+    for (ckpt_entry **pp = &c->entries; *pp; pp = &(*pp)->next) {
+        if (*pp == e) {
+            *pp = e->next;
+            break;
+        }
+    }
+    c->n_entries--;
+    if (e->warm) {
+        c->warm_total -= e->bytes;
+        c->n_warm--;
+    }
+    if (e->cold) {
+        c->disk_total -= e->bytes;
+        c->n_disk--;
+    }
+}
+
+static void
+ckpt_entry_free(ckpt_entry *e)
+{
+    if (e == NULL)
+        return;
+    free(e->ids);
+    free(e);
+}
+
+static void
+ckpt_host_key(const ckpt_entry *e, char out[8 + WK_SHA256_HEX_LEN])
+{
+    snprintf(out, 8 + WK_SHA256_HEX_LEN, CKPT_HOST_PREFIX "%s", e->key);
+}
+
+/* State-record name of a disk entry: "c" + the key's first 63 digits (64 bytes). */
+static void
+ckpt_record_name(const char *key, char out[CTL_STORE_NAME_MAX + 1])
+{
+    snprintf(out, CTL_STORE_NAME_MAX + 1, "c%.63s", key);
+}
+
+static void
+ckpt_gauges_locked(ctl_ckpt *c)
+{
+    if (c->metrics == NULL)
+        return;
+    ctl_metrics_set(c->metrics, "wkvm_state_cache_bytes", "tier=\"warm\"", (double)c->warm_total);
+    ctl_metrics_set(c->metrics, "wkvm_state_cache_bytes", "tier=\"disk\"", (double)c->disk_total);
+    ctl_metrics_set(c->metrics, "wkvm_state_cache_entries", "tier=\"warm\"", (double)c->n_warm);
+    ctl_metrics_set(c->metrics, "wkvm_state_cache_entries", "tier=\"disk\"", (double)c->n_disk);
+}
+
+/*
+ * Deletes what an unlinked entry still has on a worker and on disk, then
+ * frees it. No lock held.
+ */
+static void
+ckpt_finalize(ctl_ckpt *c, ckpt_entry *e, bool drop_warm, bool drop_cold)
+{
+    if (drop_warm) {
+        char hk[8 + WK_SHA256_HEX_LEN];
+        ckpt_host_key(e, hk);
+        ckpt_cleanup(ctl_vm_host_call(c->vm, WKVM__KIND__HOST_DROP, e->worker, hk, 0, NULL), "ctl_vm_host_call");
+    }
+    if (drop_cold) {
+        char name[CTL_STORE_NAME_MAX + 1], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
+        ckpt_record_name(e->key, name);
+        snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", e->key);
+        wk_err err = ctl_store_state_delete(c->store, CTL_CKPT_OWNER, name, NULL, NULL);
+        if (err != WK_OK && err != WK_ENOENT)
+            wk_log_warn("cannot delete checkpoint record key=%.16s: %s", e->key,
+                        wk_strerror(err));
+        ckpt_cleanup(ctl_store_session_delete(c->store, kv, NULL), "ctl_store_session_delete");
+    }
+    ckpt_entry_free(e);
+}
+
+/* Unlinks e and finalizes it (drops its tiers). Caller holds mu; dropped and retaken. */
+static void
+ckpt_remove_locked(ctl_ckpt *c, ckpt_entry *e)
+{
+    bool w = e->warm, k = e->cold;
+    ckpt_unlink_locked(c, e);
+    ckpt_gauges_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    ckpt_finalize(c, e, w, k);
+    pthread_mutex_lock(&c->mu);
+}
+
+/* True when the warm copy of e is still in its worker's memory. Caller holds mu. */
+static bool
+ckpt_warm_live_locked(ctl_ckpt *c, const ckpt_entry *e)
+{
+    return e->warm && e->epoch != 0 && ctl_sched_worker_epoch(c->sched, e->worker) == e->epoch;
+}
+
+/* -------------------------------------------------------- disk tier ---- */
+
+/*
+ * Makes room for need bytes on disk by deleting least recently used disk
+ * entries other than self. False when it can't. Caller holds mu (dropped
+ * and retaken).
+ */
+static bool
+ckpt_disk_room_locked(ctl_ckpt *c, uint64_t need, const ckpt_entry *self)
+{
+    if (need > c->cfg.disk_bytes)
+        return false;
+    while (c->disk_total + need > c->cfg.disk_bytes) {
+        ckpt_entry *lru = NULL;
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (e->cold && e != self && e->pins == 0 && !e->busy && !e->saving &&
+                (lru == NULL || e->used < lru->used))
+                lru = e;
+        }
+        if (lru == NULL)
+            return false;
+        c->evicted[1]++;
+        if (c->metrics != NULL)
+            ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total", "tier=\"disk\"", 1);
+        if (!lru->warm) {
+            ckpt_remove_locked(c, lru);
+            continue;
+        }
+        /* Still warm: only its disk copy goes. */
+        lru->busy = true;
+        lru->cold = false;
+        c->disk_total -= lru->bytes;
+        c->n_disk--;
+        char name[CTL_STORE_NAME_MAX + 1], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
+        ckpt_record_name(lru->key, name);
+        snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", lru->key);
+        pthread_mutex_unlock(&c->mu);
+        ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, name, NULL, NULL), "ctl_store_state_delete");
+        ckpt_cleanup(ctl_store_session_delete(c->store, kv, NULL), "ctl_store_session_delete");
+        pthread_mutex_lock(&c->mu);
+        lru->busy = false;
+    }
+    return true;
+}
+
+/* The meta value of a disk entry: version, kind, bytes, owner, fp, reply, one per line. */
+static int
+ckpt_meta_format(const ckpt_entry *e, char *out, size_t cap)
+{
+    return snprintf(out, cap, CKPT_META_VERSION "\n%u\n%llu\n%s\n%s\n%s\n", e->kind,
+                    (unsigned long long)e->bytes, e->owner, e->fp, e->reply[0] ? e->reply : "-");
+}
+
+/*
+ * Writes e's bytes (read from its warm copy, or given) to the disk tier.
+ * Caller holds mu and has set e->busy; dropped and retaken. WK_OK when e is
+ * cold afterwards.
+ */
+static wk_err
+ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_len)
+{
+    if (e->cold)
+        return WK_OK;
+    if (c->cfg.disk_bytes == 0 || !ckpt_disk_room_locked(c, e->bytes, e))
+        return WK_ENOSPC;
+    /* Reserve the room now so two spills can't both take it. */
+    c->disk_total += e->bytes;
+    char hk[8 + WK_SHA256_HEX_LEN], worker[65];
+    ckpt_host_key(e, hk);
+    snprintf(worker, sizeof(worker), "%s", e->worker);
+    pthread_mutex_unlock(&c->mu);
+
+    void *bytes = (void *)given;
+    size_t len = given_len;
+    wk_diag d = {{0}};
+    wk_err err = WK_OK;
+    if (bytes == NULL)
+        err = ctl_vm_host_read(c->vm, worker, hk, &bytes, &len, &d);
+    ctl_store_state st;
+    memset(&st, 0, sizeof(st));
+    snprintf(st.owner, sizeof(st.owner), "%s", CTL_CKPT_OWNER);
+    ckpt_record_name(e->key, st.name);
+    snprintf(st.fingerprint, sizeof(st.fingerprint), "%s", e->fp);
+    ctl_worker_view v;
+    if (ctl_pool_model_view(c->pool, &v) == WK_OK && v.family[0] != '\0')
+        snprintf(st.family, sizeof(st.family), "%s", v.family);
+    else
+        snprintf(st.family, sizeof(st.family), "rwkv7");
+    st.tokens = e->ids; /* (immutable while busy) */
+    st.n_tokens = e->n;
+    st.op = CTL_STORE_OP_SESSION;
+    st.tier = CTL_STORE_TIER_COLD;
+    st.state_bytes = len;
+    if (err == WK_OK) {
+        ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, st.name, NULL, NULL), "ctl_store_state_delete");
+        err = ctl_store_state_put(c->store, &st, bytes, len, NULL, &d);
+    }
+    if (err == WK_OK) {
+        char meta[512], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
+        int ml = ckpt_meta_format(e, meta, sizeof(meta));
+        snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", e->key);
+        err = ctl_store_session_put(c->store, kv, meta, (size_t)ml, &d);
+        if (err != WK_OK)
+            ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, st.name, NULL, NULL), "ctl_store_state_delete");
+    }
+    if (bytes != given)
+        free(bytes);
+    if (err != WK_OK)
+        wk_log_warn("checkpoint not written to disk key=%.16s: %s", e->key, d.msg);
+    pthread_mutex_lock(&c->mu);
+    c->disk_total -= e->bytes;
+    if (err == WK_OK) {
+        if (len != e->bytes) { /* (the image's real size) */
+            if (e->warm)
+                c->warm_total = c->warm_total - e->bytes + len;
+            e->bytes = len;
+        }
+        e->cold = true;
+        c->disk_total += e->bytes;
+        c->n_disk++;
+    }
+    return err;
+}
+
+/* Reads the disk tier back (startup). */
+static void
+ckpt_restore(ctl_ckpt *c)
+{
+    char after[CTL_STORE_SESSION_KEY_MAX + 1] = "";
+    size_t restored = 0, dropped = 0;
+    for (;;) {
+        ctl_store_kv_page page;
+        memset(&page, 0, sizeof(page));
+        if (ctl_store_session_list(c->store, CKPT_KV_PREFIX, after, 0, true, &page, NULL) !=
+            WK_OK)
+            break;
+        for (size_t i = 0; i < page.n; i++) {
+            const char *key = page.items[i].key + strlen(CKPT_KV_PREFIX);
+            char meta[512];
+            size_t ml = page.items[i].len < sizeof(meta) - 1 ? page.items[i].len : sizeof(meta) - 1;
+            if (page.items[i].val != NULL)
+                memcpy(meta, page.items[i].val, ml);
+            else
+                ml = 0;
+            meta[ml] = '\0';
+            char ver[32] = "", owner[CTL_STORE_OWNER_MAX + 1] = "", fp[WK_SHA256_HEX_LEN] = "",
+                 reply[WK_SHA256_HEX_LEN] = "";
+            unsigned kind = 0;
+            unsigned long long bytes = 0;
+            ckpt_entry *e = NULL;
+            ctl_store_state st;
+            memset(&st, 0, sizeof(st));
+            char name[CTL_STORE_NAME_MAX + 1];
+            ckpt_record_name(key, name);
+            bool ok = strlen(key) == WK_SHA256_HEX_LEN - 1 &&
+                      sscanf(meta, "%31[^\n]\n%u\n%llu\n%128[^\n]\n%64[^\n]\n%64[^\n]\n", ver,
+                             &kind, &bytes, owner, fp, reply) == 6 &&
+                      strcmp(ver, CKPT_META_VERSION) == 0 && kind < CTL_CKPT_KIND__COUNT &&
+                      ctl_store_state_get(c->store, CTL_CKPT_OWNER, name, &st, NULL) == WK_OK &&
+                      st.n_tokens > 0 && st.tokens != NULL;
+            if (ok) {
+                char check[WK_SHA256_HEX_LEN];
+                ok = ckpt_key(fp, owner, st.tokens, st.n_tokens, check) == WK_OK &&
+                     strcmp(check, key) == 0;
+            }
+            if (ok && (e = calloc(1, sizeof(*e))) != NULL) {
+                snprintf(e->key, sizeof(e->key), "%s", key);
+                snprintf(e->owner, sizeof(e->owner), "%s", owner);
+                snprintf(e->fp, sizeof(e->fp), "%s", fp);
+                if (strcmp(reply, "-") != 0)
+                    snprintf(e->reply, sizeof(e->reply), "%s", reply);
+                e->kind = (uint8_t)kind;
+                e->bytes = st.state_bytes ? st.state_bytes : bytes;
+                e->ids = st.tokens;
+                e->n = st.n_tokens;
+                st.tokens = NULL;
+                e->cold = true;
+                pthread_mutex_lock(&c->mu);
+                if (ckpt_find_locked(c, key) == NULL) {
+                    e->used = ++c->clock;
+                    ckpt_link_locked(c, e);
+                    c->disk_total += e->bytes;
+                    c->n_disk++;
+                    e = NULL;
+                    restored++;
+                }
+                pthread_mutex_unlock(&c->mu);
+                ckpt_entry_free(e);
+            } else if (!ok) {
+                dropped++;
+                ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, name, NULL, NULL), "ctl_store_state_delete");
+                ckpt_cleanup(ctl_store_session_delete(c->store, page.items[i].key, NULL), "ctl_store_session_delete");
+            }
+            ctl_store_state_fini(&st);
+        }
+        bool more = page.n > 0 && page.next[0] != '\0';
+        if (more)
+            snprintf(after, sizeof(after), "%s", page.next);
+        ctl_store_kv_page_fini(&page);
+        if (!more)
+            break;
+    }
+    if (restored || dropped)
+        wk_log_info("checkpoints restored from disk entries=%zu dropped=%zu", restored, dropped);
+}
+
+/* -------------------------------------------------------- tier thread ---- */
+
+/* Bytes of warm entries on worker. Caller holds mu. */
+static uint64_t
+ckpt_warm_on_locked(ctl_ckpt *c, const char *worker)
+{
+    uint64_t b = 0;
+    for (ckpt_entry *e = c->entries; e != NULL; e = e->next)
+        b += e->warm && strcmp(e->worker, worker) == 0 ? e->bytes : 0;
+    return b;
+}
+
+/*
+ * Moves e out of the warm tier (to disk when the disk budget allows, else it
+ * is gone), counted. Caller holds mu and set e->busy; dropped and retaken.
+ */
+static void
+ckpt_demote_locked(ctl_ckpt *c, ckpt_entry *e)
+{
+    (void)ckpt_spill_locked(c, e, NULL, 0);
+    char hk[8 + WK_SHA256_HEX_LEN], worker[65];
+    ckpt_host_key(e, hk);
+    snprintf(worker, sizeof(worker), "%s", e->worker);
+    pthread_mutex_unlock(&c->mu);
+    ckpt_cleanup(ctl_vm_host_call(c->vm, WKVM__KIND__HOST_DROP, worker, hk, 0, NULL), "ctl_vm_host_call");
+    pthread_mutex_lock(&c->mu);
+    if (e->warm) {
+        e->warm = false;
+        c->warm_total -= e->bytes;
+        c->n_warm--;
+    }
+    c->evicted[0]++;
+    if (c->metrics != NULL)
+        ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total", "tier=\"warm\"", 1);
+    e->busy = false;
+    if (!e->cold && e->pins == 0)
+        ckpt_remove_locked(c, e);
+}
+
+void
+ctl_ckpt_maintain(ctl_ckpt *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    /* Warm copies on a worker that restarted are gone with its memory. */
+    for (bool again = true; again;) {
+        again = false;
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (e->warm && !e->busy && !e->saving && !ckpt_warm_live_locked(c, e)) {
+                e->warm = false;
+                c->warm_total -= e->bytes;
+                c->n_warm--;
+                if (!e->cold && e->pins == 0) {
+                    ckpt_unlink_locked(c, e);
+                    ckpt_entry_free(e);
+                    again = true;
+                    break;
+                }
+            }
+        }
+    }
+    /* Each worker's warm budget: least recently used first. */
+    for (bool again = true; again && !c->stop;) {
+        again = false;
+        for (ckpt_entry *e = c->entries; e != NULL && !again; e = e->next) {
+            if (!e->warm || ckpt_warm_on_locked(c, e->worker) <= c->cfg.warm_bytes)
+                continue;
+            ckpt_entry *lru = NULL;
+            for (ckpt_entry *x = c->entries; x != NULL; x = x->next) {
+                if (x->warm && !x->busy && !x->saving && strcmp(x->worker, e->worker) == 0 &&
+                    (lru == NULL || (x->pins == 0) > (lru->pins == 0) ||
+                     ((x->pins == 0) == (lru->pins == 0) && x->used < lru->used)))
+                    lru = x;
+            }
+            if (lru == NULL)
+                continue;
+            lru->busy = true;
+            ckpt_demote_locked(c, lru);
+            again = true;
+        }
+    }
+    /* The entry count. */
+    uint32_t max = c->cfg.max_entries ? c->cfg.max_entries : CTL_CKPT_MAX_ENTRIES_DEFAULT;
+    while (c->n_entries > max) {
+        ckpt_entry *lru = NULL;
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (e->pins == 0 && !e->busy && !e->saving && (lru == NULL || e->used < lru->used))
+                lru = e;
+        }
+        if (lru == NULL)
+            break;
+        c->evicted[lru->warm ? 0 : 1]++;
+        if (c->metrics != NULL)
+            ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total",
+                            lru->warm ? "tier=\"warm\"" : "tier=\"disk\"", 1);
+        ckpt_remove_locked(c, lru);
+    }
+    ckpt_gauges_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void *
+ckpt_thread_main(void *arg)
+{
+    ctl_ckpt *c = arg;
+    pthread_mutex_lock(&c->mu);
+    while (!c->stop) {
+        if (!c->kick) {
+            struct timespec until;
+            wk_deadline_after_ms(&until, 1000);
+            pthread_cond_timedwait(&c->cv, &c->mu, &until);
+        }
+        c->kick = false;
+        if (c->stop)
+            break;
+        pthread_mutex_unlock(&c->mu);
+        ctl_ckpt_maintain(c);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ save ---- */
+
+/* Bytes of a slot image holding n tokens of context. */
+static uint64_t
+ckpt_image_bytes(ctl_ckpt *c, size_t n)
+{
+    ctl_worker_view v;
+    if (ctl_pool_model_view(c->pool, &v) != WK_OK)
+        return 0;
+    return v.state_bytes + v.kv_token_bytes * (uint64_t)n;
+}
+
+/*
+ * Leaves a checkpoint of slot (its state covers ids[0..n) exactly) unless
+ * one exists. Runs between steps of slot's worker.
+ */
+static void
+ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
+          const ctl_slot_ref *slot, ctl_ckpt_kind kind, const char *reply)
+{
+    char key[WK_SHA256_HEX_LEN];
+    if (n == 0 || ckpt_key(fp, owner, ids, n, key) != WK_OK)
+        return;
+    pthread_mutex_lock(&c->mu);
+    ckpt_entry *e = ckpt_find_locked(c, key);
+    if (e != NULL) {
+        e->used = ++c->clock;
+        if (reply != NULL && reply[0] && e->reply[0] == '\0' && !e->busy) {
+            snprintf(e->reply, sizeof(e->reply), "%s", reply);
+            ckpt_reply_link_locked(c, e);
+            if (e->cold) { /* keep the disk meta in step */
+                e->busy = true;
+                e->cold = false;
+                c->disk_total -= e->bytes;
+                c->n_disk--;
+                pthread_mutex_unlock(&c->mu);
+                char name[CTL_STORE_NAME_MAX + 1];
+                ckpt_record_name(e->key, name);
+                ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, name, NULL, NULL), "ctl_store_state_delete");
+                pthread_mutex_lock(&c->mu);
+                e->busy = false;
+                if (!e->warm && e->pins == 0)
+                    ckpt_remove_locked(c, e);
+                c->kick = true;
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    e = calloc(1, sizeof(*e));
+    int32_t *copy = malloc(n * sizeof(*copy));
+    if (e == NULL || copy == NULL) {
+        pthread_mutex_unlock(&c->mu);
+        free(e);
+        free(copy);
+        return;
+    }
+    memcpy(copy, ids, n * sizeof(*copy));
+    snprintf(e->key, sizeof(e->key), "%s", key);
+    snprintf(e->owner, sizeof(e->owner), "%s", owner);
+    snprintf(e->fp, sizeof(e->fp), "%s", fp);
+    if (reply != NULL)
+        snprintf(e->reply, sizeof(e->reply), "%s", reply);
+    e->ids = copy;
+    e->n = n;
+    e->kind = (uint8_t)kind;
+    e->saving = true;
+    e->used = ++c->clock;
+    snprintf(e->worker, sizeof(e->worker), "%s", slot->worker);
+    ckpt_link_locked(c, e);
+    pthread_mutex_unlock(&c->mu);
+
+    uint64_t bytes = ckpt_image_bytes(c, n);
+    uint64_t epoch = ctl_sched_worker_epoch(c->sched, slot->worker);
+    wk_err err = WK_ENOSPC;
+    void *direct = NULL;
+    size_t direct_len = 0;
+    char hk[8 + WK_SHA256_HEX_LEN];
+    ckpt_host_key(e, hk);
+    if (c->cfg.warm_bytes > 0) {
+        err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot, NULL);
+    } else if (c->cfg.disk_bytes > 0) {
+        /* No warm tier: straight to disk (the slot's bytes, read between two steps). */
+        err = ctl_vm_slot_read(c->vm, slot, &direct, &direct_len, NULL);
+    }
+    pthread_mutex_lock(&c->mu);
+    e->saving = false;
+    if (err == WK_OK && c->cfg.warm_bytes > 0) {
+        e->warm = true;
+        e->epoch = epoch;
+        e->bytes = bytes;
+        c->warm_total += bytes;
+        c->n_warm++;
+        if (ckpt_warm_on_locked(c, e->worker) > c->cfg.warm_bytes) {
+            c->kick = true;
+            pthread_cond_broadcast(&c->cv);
+        }
+    } else if (err == WK_OK) {
+        e->bytes = direct_len;
+        e->busy = true;
+        err = ckpt_spill_locked(c, e, direct, direct_len);
+        e->busy = false;
+    }
+    if (err == WK_OK) {
+        if (c->metrics != NULL) {
+            char lb[48];
+            snprintf(lb, sizeof(lb), "kind=\"%s\"", ckpt_kind_names[kind]);
+            ctl_metrics_add(c->metrics, "wkvm_checkpoints_total", lb, 1);
+        }
+    } else {
+        if (err == WK_ENOSPC) { /* the worker's host cache is full: make room for the next */
+            c->kick = true;
+            pthread_cond_broadcast(&c->cv);
+        }
+        if (c->metrics != NULL)
+            ctl_metrics_add(c->metrics, "wkvm_checkpoints_skipped_total", NULL, 1);
+        if (e->pins == 0) {
+            ckpt_unlink_locked(c, e);
+            ckpt_entry_free(e);
+        }
+    }
+    ckpt_gauges_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    free(direct);
+}
+
+/* ------------------------------------------------------------ plans ---- */
+
+static int
+ckpt_cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * The longest usable checkpoint of (owner, fp) whose ids are a prefix of
+ * ids[0..n) with at least one token after it: pinned, key and length out.
+ */
+static bool
+ckpt_lookup(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
+            char key_out[WK_SHA256_HEX_LEN], size_t *len_out, char worker_out[65])
+{
+    size_t cap = 64, m = 0;
+    size_t *lens = malloc(cap * sizeof(*lens));
+    if (lens == NULL)
+        return false;
+    pthread_mutex_lock(&c->mu);
+    c->lookups++;
+    for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+        if (e->n == 0 || e->n >= n || e->saving || (!e->warm && !e->cold) ||
+            strcmp(e->owner, owner) != 0 || strcmp(e->fp, fp) != 0)
+            continue;
+        if (m == cap) {
+            size_t *nl = realloc(lens, 2 * cap * sizeof(*nl));
+            if (nl == NULL)
+                break;
+            lens = nl;
+            cap *= 2;
+        }
+        lens[m++] = e->n;
+    }
+    pthread_mutex_unlock(&c->mu);
+    qsort(lens, m, sizeof(*lens), ckpt_cmp_size);
+    size_t u = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (u == 0 || lens[u - 1] != lens[i])
+            lens[u++] = lens[i];
+    }
+    char(*keys)[WK_SHA256_HEX_LEN] = u ? malloc(u * sizeof(*keys)) : NULL;
+    bool found = false;
+    if (u > 0 && keys != NULL && ckpt_keys_at(fp, owner, ids, lens, u, keys) == WK_OK) {
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = u; i > 0 && !found; i--) {
+            ckpt_entry *e = ckpt_find_locked(c, keys[i - 1]);
+            if (e == NULL || e->saving || e->doomed || (!e->warm && !e->cold) ||
+                e->n != lens[i - 1] || strcmp(e->owner, owner) != 0 ||
+                memcmp(e->ids, ids, e->n * sizeof(*ids)) != 0)
+                continue;
+            e->pins++;
+            e->used = ++c->clock;
+            snprintf(key_out, WK_SHA256_HEX_LEN, "%s", e->key);
+            *len_out = e->n;
+            snprintf(worker_out, 65, "%s", ckpt_warm_live_locked(c, e) ? e->worker : "");
+            found = true;
+        }
+        if (found)
+            c->hits++;
+        else
+            c->misses++;
+        pthread_mutex_unlock(&c->mu);
+    } else {
+        pthread_mutex_lock(&c->mu);
+        c->misses++;
+        pthread_mutex_unlock(&c->mu);
+    }
+    free(keys);
+    free(lens);
+    if (c->metrics != NULL) {
+        ctl_metrics_add(c->metrics, "wkvm_reuse_lookups_total", NULL, 1);
+        if (!found)
+            ctl_metrics_add(c->metrics, "wkvm_reuse_misses_total", NULL, 1);
+    }
+    return found;
+}
+
+static void
+ckpt_unpin(ctl_ckpt *c, const char *key)
+{
+    pthread_mutex_lock(&c->mu);
+    ckpt_entry *e = ckpt_find_locked(c, key);
+    if (e != NULL && e->pins > 0 && --e->pins == 0 && !e->busy &&
+        (e->doomed || (!e->warm && !e->cold)))
+        ckpt_remove_locked(c, e);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The scheduler's load hook: the pinned checkpoint into the fresh slot. */
+static wk_err
+ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
+{
+    ctl_ckpt_plan *p = arg;
+    ctl_ckpt *c = p->c;
+    pthread_mutex_lock(&c->mu);
+    ckpt_entry *e = ckpt_find_locked(c, p->hit_key);
+    bool warm_here = false, warm_else = false, cold = false;
+    char worker[65] = "", hk[8 + WK_SHA256_HEX_LEN] = "";
+    if (e != NULL) {
+        bool live = ckpt_warm_live_locked(c, e);
+        warm_here = live && strcmp(e->worker, slot->worker) == 0;
+        warm_else = live && !warm_here;
+        cold = e->cold;
+        snprintf(worker, sizeof(worker), "%s", e->worker);
+        ckpt_host_key(e, hk);
+        e->used = ++c->clock;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (e == NULL)
+        return wk_diag_set(d, WK_ENOENT, "checkpoint gone");
+    wk_err err = WK_ENOENT;
+    if (warm_here)
+        err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_GET, slot->worker, hk, slot->slot, d);
+    if (err != WK_OK && warm_else) {
+        void *bytes = NULL;
+        size_t len = 0;
+        err = ctl_vm_host_read(c->vm, worker, hk, &bytes, &len, d);
+        if (err == WK_OK)
+            err = ctl_vm_slot_write_raw(c->vm, slot, bytes, len, d);
+        free(bytes);
+    }
+    if (err != WK_OK && cold) {
+        char name[CTL_STORE_NAME_MAX + 1];
+        ckpt_record_name(p->hit_key, name);
+        ctl_store_state st;
+        memset(&st, 0, sizeof(st));
+        err = ctl_store_state_get(c->store, CTL_CKPT_OWNER, name, &st, d);
+        void *bytes = NULL;
+        size_t len = 0;
+        if (err == WK_OK)
+            err = ctl_store_blob_get(c->store, st.blob, &bytes, &len, d);
+        if (err == WK_OK)
+            err = ctl_vm_slot_write_raw(c->vm, slot, bytes, len, d);
+        free(bytes);
+        ctl_store_state_fini(&st);
+    }
+    if (err == WK_OK)
+        p->loaded = true;
+    else
+        wk_log_warn("checkpoint not loaded key=%.16s: %s (recomputing)", p->hit_key,
+                    d != NULL ? d->msg : wk_strerror(err));
+    return err;
+}
+
+/* The scheduler's checkpoint hook: the state covers all[0..base + pos). */
+static void
+ckpt_plan_ckpt(void *arg, const ctl_slot_ref *slot, size_t pos)
+{
+    ctl_ckpt_plan *p = arg;
+    ctl_ckpt_kind kind = CTL_CKPT_KIND_PROMPT;
+    for (size_t i = 0; i < p->n_pos; i++) {
+        if (p->pos[i] == pos)
+            kind = (ctl_ckpt_kind)p->kind[i];
+    }
+    ckpt_save(p->c, p->owner, p->fp, p->all, p->base + pos, slot, kind, NULL);
+}
+
+wk_err
+ctl_ckpt_plan_begin(ctl_ckpt *c, ctl_ckpt_plan *p, const char *owner, const char *fp,
+                    const int32_t *prefix, size_t n_prefix, const int32_t *input, size_t n_input,
+                    const size_t *bounds, size_t n_bounds, bool lookup, wk_diag *d)
+{
+    memset(p, 0, sizeof(*p));
+    if (c == NULL || !c->cfg.enabled || n_input == 0 || owner == NULL || fp == NULL ||
+        fp[0] == '\0' || (c->cfg.warm_bytes == 0 && c->cfg.disk_bytes == 0))
+        return WK_OK;
+    p->all = malloc((n_prefix + n_input) * sizeof(*p->all));
+    if (p->all == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    if (n_prefix)
+        memcpy(p->all, prefix, n_prefix * sizeof(*p->all));
+    memcpy(p->all + n_prefix, input, n_input * sizeof(*p->all));
+    p->c = c;
+    p->n_all = n_prefix + n_input;
+    p->base = n_prefix;
+    snprintf(p->owner, sizeof(p->owner), "%s", owner);
+    snprintf(p->fp, sizeof(p->fp), "%s", fp);
+    if (lookup && n_prefix == 0 &&
+        ckpt_lookup(c, owner, fp, p->all, p->n_all, p->hit_key, &p->hit_len, p->worker)) {
+        p->reuse.resume_at = p->hit_len;
+        p->reuse.load = ckpt_plan_load;
+    }
+    /* Candidate positions (job-relative), then sorted, deduplicated, capped. */
+    size_t cand[CTL_SCHED_CKPT_MAX + CTL_CKPT_MAX_BOUNDS + 1];
+    uint8_t ckind[CTL_SCHED_CKPT_MAX + CTL_CKPT_MAX_BOUNDS + 1];
+    size_t nc = 0, floor = p->hit_len > n_prefix ? p->hit_len - n_prefix : 0;
+    for (size_t i = 0; i < n_bounds && i < CTL_CKPT_MAX_BOUNDS; i++) {
+        if (bounds[i] > floor && bounds[i] < n_input) {
+            cand[nc] = bounds[i];
+            ckind[nc++] = CTL_CKPT_KIND_BOUNDARY;
+        }
+    }
+    if (c->cfg.interval > 0) {
+        size_t first = (p->base + floor) / c->cfg.interval + 1;
+        for (size_t k = first * c->cfg.interval; k < p->n_all && nc < CTL_SCHED_CKPT_MAX;
+             k += c->cfg.interval) {
+            cand[nc] = k - p->base;
+            ckind[nc++] = CTL_CKPT_KIND_INTERVAL;
+        }
+    }
+    if (n_input - 1 > floor) {
+        cand[nc] = n_input - 1;
+        ckind[nc++] = CTL_CKPT_KIND_PROMPT;
+    }
+    /* Sort by position (insertion: nc is small), the prompt kind wins on a tie. */
+    for (size_t i = 1; i < nc; i++) {
+        size_t v = cand[i];
+        uint8_t kv = ckind[i];
+        size_t j = i;
+        while (j > 0 && cand[j - 1] > v) {
+            cand[j] = cand[j - 1];
+            ckind[j] = ckind[j - 1];
+            j--;
+        }
+        cand[j] = v;
+        ckind[j] = kv;
+    }
+    size_t u = 0;
+    for (size_t i = 0; i < nc; i++) {
+        if (u > 0 && cand[u - 1] == cand[i]) {
+            if (ckind[i] == CTL_CKPT_KIND_PROMPT)
+                ckind[u - 1] = ckind[i];
+            continue;
+        }
+        cand[u] = cand[i];
+        ckind[u++] = ckind[i];
+    }
+    size_t skip = u > CTL_SCHED_CKPT_MAX ? u - CTL_SCHED_CKPT_MAX : 0;
+    /* Leave out positions that already have a checkpoint (touching them). */
+    size_t lens[CTL_SCHED_CKPT_MAX];
+    size_t m = u - skip;
+    for (size_t i = 0; i < m; i++)
+        lens[i] = p->base + cand[skip + i];
+    char(*keys)[WK_SHA256_HEX_LEN] = m ? malloc(m * sizeof(*keys)) : NULL;
+    bool have_keys = keys != NULL && ckpt_keys_at(fp, owner, p->all, lens, m, keys) == WK_OK;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < m; i++) {
+        ckpt_entry *e = have_keys ? ckpt_find_locked(c, keys[i]) : NULL;
+        if (e != NULL) {
+            e->used = ++c->clock;
+            continue;
+        }
+        p->pos[p->n_pos] = cand[skip + i];
+        p->kind[p->n_pos++] = ckind[skip + i];
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(keys);
+    if (p->n_pos > 0) {
+        p->reuse.ckpt_at = p->pos;
+        p->reuse.n_ckpt = p->n_pos;
+        p->reuse.ckpt = ckpt_plan_ckpt;
+    }
+    p->reuse.arg = p;
+    return WK_OK;
+}
+
+void
+ctl_ckpt_plan_reply(ctl_ckpt_plan *p, const ctl_slot_ref *slot, const int32_t *gen, size_t n_gen,
+                    const char *reply_key)
+{
+    if (p == NULL || p->c == NULL || slot == NULL || slot->worker[0] == '\0')
+        return;
+    int32_t *ids = malloc((p->n_all + n_gen + 1) * sizeof(*ids));
+    if (ids == NULL)
+        return;
+    memcpy(ids, p->all, p->n_all * sizeof(*ids));
+    if (n_gen)
+        memcpy(ids + p->n_all, gen, n_gen * sizeof(*ids));
+    ckpt_save(p->c, p->owner, p->fp, ids, p->n_all + n_gen, slot, CTL_CKPT_KIND_REPLY, reply_key);
+    free(ids);
+}
+
+void
+ctl_ckpt_plan_end(ctl_ckpt_plan *p)
+{
+    if (p == NULL)
+        return;
+    if (p->c != NULL && p->hit_key[0] != '\0')
+        ckpt_unpin(p->c, p->hit_key);
+    free(p->all);
+    memset(p, 0, sizeof(*p));
+}
+
+bool
+ctl_ckpt_reply_tokens(ctl_ckpt *c, const char *reply_key, int32_t **ids, size_t *n)
+{
+    if (c == NULL || !c->cfg.enabled || reply_key == NULL || reply_key[0] == '\0')
+        return false;
+    bool ok = false;
+    pthread_mutex_lock(&c->mu);
+    ckpt_entry *e = ckpt_find_reply_locked(c, reply_key);
+    if (e != NULL && (*ids = malloc(e->n * sizeof(**ids))) != NULL) {
+        memcpy(*ids, e->ids, e->n * sizeof(**ids));
+        *n = e->n;
+        e->used = ++c->clock;
+        ok = true;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return ok;
+}
+
+/* ------------------------------------------------------------ admin ---- */
+
+void
+ctl_ckpt_count_hit(ctl_ckpt *c, ctl_ckpt_hit kind, size_t tokens)
+{
+    if (c == NULL || c->metrics == NULL || kind >= CTL_CKPT_HIT__COUNT)
+        return;
+    char lb[48];
+    snprintf(lb, sizeof(lb), "kind=\"%s\"", ckpt_hit_names[kind]);
+    ctl_metrics_add(c->metrics, "wkvm_reuse_hits_total", lb, 1);
+    ctl_metrics_add(c->metrics, "wkvm_prefix_tokens_reused_total", NULL, (double)tokens);
+}
+
+ctl_ckpt_config
+ctl_ckpt_get_config(const ctl_ckpt *c)
+{
+    ctl_ckpt_config none = {0};
+    return c != NULL ? c->cfg : none;
+}
+
+json_t *
+ctl_ckpt_admin_json(ctl_ckpt *c, const char *owner)
+{
+    json_t *o = json_object();
+    json_t *owners = json_object();
+    if (o == NULL || owners == NULL) {
+        json_decref(o);
+        json_decref(owners);
+        return NULL;
+    }
+    ctl_ckpt_config cfg = ctl_ckpt_get_config(c);
+    uint64_t lookups = 0, hits = 0, warm = 0, disk = 0, ev_w = 0, ev_d = 0;
+    size_t n_warm = 0, n_disk = 0, n = 0;
+    if (c != NULL) {
+        pthread_mutex_lock(&c->mu);
+        lookups = c->lookups;
+        hits = c->hits;
+        ev_w = c->evicted[0];
+        ev_d = c->evicted[1];
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (e->saving || (owner != NULL && strcmp(e->owner, owner) != 0))
+                continue;
+            n++;
+            warm += e->warm ? e->bytes : 0;
+            disk += e->cold ? e->bytes : 0;
+            n_warm += e->warm;
+            n_disk += e->cold;
+            json_t *ow = json_object_get(owners, e->owner);
+            if (ow == NULL) {
+                ow = json_pack("{s:I, s:I, s:I, s:I, s:I}", "entries", (json_int_t)0, "warm",
+                               (json_int_t)0, "disk", (json_int_t)0, "bytes", (json_int_t)0,
+                               "tokens", (json_int_t)0);
+                json_object_set_new(owners, e->owner, ow);
+            }
+            if (ow == NULL)
+                continue;
+            json_object_set_new(ow, "entries",
+                                json_integer(json_integer_value(json_object_get(ow, "entries")) + 1));
+            json_object_set_new(ow, "warm", json_integer(json_integer_value(json_object_get(ow, "warm")) + e->warm));
+            json_object_set_new(ow, "disk", json_integer(json_integer_value(json_object_get(ow, "disk")) + e->cold));
+            json_object_set_new(ow, "bytes", json_integer(json_integer_value(json_object_get(ow, "bytes")) + (json_int_t)e->bytes));
+            json_object_set_new(ow, "tokens", json_integer(json_integer_value(json_object_get(ow, "tokens")) + (json_int_t)e->n));
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    json_object_set_new(o, "enabled", json_boolean(cfg.enabled));
+    json_object_set_new(o, "checkpoint_interval", json_integer(cfg.interval));
+    json_object_set_new(o, "entries", json_integer((json_int_t)n));
+    json_object_set_new(o, "tiers",
+                        json_pack("{s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "warm",
+                                  "bytes", (json_int_t)warm, "entries", (json_int_t)n_warm,
+                                  "budget_bytes_per_worker", (json_int_t)cfg.warm_bytes,
+                                  "evictions", (json_int_t)ev_w, "disk", "bytes",
+                                  (json_int_t)disk, "entries", (json_int_t)n_disk,
+                                  "budget_bytes", (json_int_t)cfg.disk_bytes, "evictions",
+                                  (json_int_t)ev_d));
+    json_object_set_new(o, "lookups", json_integer((json_int_t)lookups));
+    json_object_set_new(o, "hits", json_integer((json_int_t)hits));
+    json_object_set_new(o, "hit_rate", json_real(lookups ? (double)hits / (double)lookups : 0.0));
+    json_object_set_new(o, "owners", owners);
+    return o;
+}
+
+void
+ctl_ckpt_clear(ctl_ckpt *c, const char *owner, size_t *n)
+{
+    size_t cleared = 0;
+    if (c != NULL) {
+        pthread_mutex_lock(&c->mu);
+        for (bool again = true; again;) {
+            again = false;
+            for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+                if (e->doomed || (owner != NULL && strcmp(e->owner, owner) != 0))
+                    continue;
+                cleared++;
+                if (e->pins > 0 || e->busy || e->saving) {
+                    e->doomed = true; /* (removed at the last unpin, or by the tier thread) */
+                    continue;
+                }
+                ckpt_remove_locked(c, e);
+                again = true;
+                break;
+            }
+        }
+        ckpt_gauges_locked(c);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (n != NULL)
+        *n = cleared;
+}
+
+/* ------------------------------------------------------------ life ---- */
+
+wk_err
+ctl_ckpt_metrics_declare(ctl_metrics *m)
+{
+    static const struct {
+        const char *name;
+        ctl_metric_type type;
+        const char *help;
+    } fams[] = {
+        {"wkvm_reuse_hits_total", CTL_METRIC_COUNTER,
+         "Requests that reused a state instead of recomputing their prompt, by kind "
+         "(parent_bound, prefix, checkpoint, regenerate)."},
+        {"wkvm_reuse_lookups_total", CTL_METRIC_COUNTER, "Prefix-index lookups."},
+        {"wkvm_reuse_misses_total", CTL_METRIC_COUNTER,
+         "Prefix-index lookups that found no checkpoint of the owner prefixing the prompt."},
+        {"wkvm_checkpoints_total", CTL_METRIC_COUNTER,
+         "Checkpoints left, by kind (prompt, boundary, interval, reply)."},
+        {"wkvm_checkpoints_skipped_total", CTL_METRIC_COUNTER,
+         "Checkpoints not left because no tier had room."},
+        {"wkvm_state_cache_bytes", CTL_METRIC_GAUGE, "Bytes of checkpoints by tier (warm, disk)."},
+        {"wkvm_state_cache_entries", CTL_METRIC_GAUGE, "Checkpoints by tier (warm, disk)."},
+        {"wkvm_state_cache_evictions_total", CTL_METRIC_COUNTER,
+         "Checkpoints removed from a tier by its byte budget (warm: moved to disk or gone; "
+         "disk: gone)."},
+    };
+    for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+        wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, NULL, 0);
+        if (err != WK_OK)
+            return err;
+    }
+    return WK_OK;
+}
+
+wk_err
+ctl_ckpt_new(const ctl_ckpt_config *cfg, ctl_pool *pool, ctl_sched *sched, ctl_vm *vm,
+             ctl_store *store, ctl_metrics *metrics, ctl_ckpt **out, wk_diag *d)
+{
+    ctl_ckpt *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    c->cfg = *cfg;
+    c->pool = pool;
+    c->sched = sched;
+    c->vm = vm;
+    c->store = store;
+    c->metrics = metrics;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (store != NULL)
+        ckpt_restore(c);
+    pthread_mutex_lock(&c->mu);
+    ckpt_gauges_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    if (pthread_create(&c->thr, NULL, ckpt_thread_main, c) != 0) {
+        ctl_ckpt_free(c);
+        return wk_diag_set(d, WK_ENOMEM, "cannot start the checkpoint tier thread");
+    }
+    c->thr_started = true;
+    *out = c;
+    return WK_OK;
+}
+
+void
+ctl_ckpt_flush(ctl_ckpt *c)
+{
+    if (c == NULL || c->cfg.disk_bytes == 0)
+        return;
+    size_t moved = 0;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        /* Most recently used first: the disk budget keeps what matters most. */
+        ckpt_entry *mru = NULL;
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (e->warm && !e->cold && !e->busy && !e->saving && !e->doomed &&
+                ckpt_warm_live_locked(c, e) && (mru == NULL || e->used > mru->used))
+                mru = e;
+        }
+        if (mru == NULL || mru->bytes > c->cfg.disk_bytes)
+            break;
+        uint64_t oldest_disk = UINT64_MAX;
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (e->cold && e->pins == 0 && e->used < oldest_disk)
+                oldest_disk = e->used;
+        }
+        if (c->disk_total + mru->bytes > c->cfg.disk_bytes && oldest_disk > mru->used)
+            break; /* (never evict a more recently used disk entry for an older one) */
+        mru->busy = true;
+        wk_err err = ckpt_spill_locked(c, mru, NULL, 0);
+        mru->busy = false;
+        if (err != WK_OK)
+            break;
+        moved++;
+    }
+    ckpt_gauges_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    if (moved)
+        wk_log_info("checkpoints written to disk at shutdown entries=%zu", moved);
+}
+
+void
+ctl_ckpt_free(ctl_ckpt *c)
+{
+    if (c == NULL)
+        return;
+    if (c->thr_started) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = true;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->thr, NULL);
+    }
+    for (ckpt_entry *e = c->entries, *next; e != NULL; e = next) {
+        next = e->next;
+        ckpt_entry_free(e);
+    }
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
