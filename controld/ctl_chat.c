@@ -51,6 +51,7 @@ struct ctl_chat_turn {
     ctl_slot_ref slot;            /* the parked slot taken for a HIT */
     bool have_slot;               /* slot is held by this turn */
     bool committed;               /* on_done parked the new binding */
+    bool count_pending;           /* a rejection, counted at the end unless it regenerated */
     bool unlocked;                /* the session key was released */
 };
 
@@ -274,9 +275,10 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
         t->committed = true;
         t->have_slot = false;
         /* A regenerate of a contract turn: the prefix index resumed the previous prompt. */
-        if (r->reused && r->reuse_kind == CTL_CKPT_HIT_REGENERATE &&
-            ctl_session_hdrs_mode(&t->hdrs) == CTL_SESSION_MODE_PARENT_TOKEN)
+        if (t->count_pending && r->reused && r->reuse_kind == CTL_CKPT_HIT_REGENERATE) {
             ctl_metrics_add(app->metrics, "wkvm_parent_bound_regenerate_hits_total", NULL, 1);
+            t->count_pending = false;
+        }
     } else {
         wk_log_warn("session not parked key=%.16s: %s", t->key, d.msg);
         (void)ctl_sched_slot_free(app->sched, &res->slot);
@@ -403,7 +405,16 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
             hit = false;
         }
     }
-    ctl_chat_count(app, &t->res);
+    /*
+     * A rejected contract request whose prompt repeats the previous one (a
+     * regenerate: same user message, a new assistant id) is counted as a
+     * regenerate hit when the prefix index resumes that prompt, as before the
+     * index existed; any other rejection as the rejection it is.
+     */
+    if (t->res.outcome == CTL_SESSION_OUTCOME_REJECTED)
+        t->count_pending = true;
+    else
+        ctl_chat_count(app, &t->res);
     if (t->res.retire || !hit) {
         ctl_chat_retire(app, t->key);
         if (!hit) {
@@ -478,6 +489,8 @@ ctl_chat_end(ctl_chat_turn *t)
     if (t == NULL)
         return;
     ctl_app *app = t->app;
+    if (t->count_pending)
+        ctl_chat_count(app, &t->res);
     if (!t->committed) {
         /* No committed turn: the parked state (if any was taken) moved on; retire it. */
         if (t->have_slot)

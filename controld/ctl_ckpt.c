@@ -237,6 +237,20 @@ ckpt_reply_link_locked(ctl_ckpt *c, ckpt_entry *e)
 }
 
 static void
+ckpt_reply_unlink_locked(ctl_ckpt *c, ckpt_entry *e)
+{
+    if (e->reply[0] == '\0')
+        return;
+    for (ckpt_entry **pp = &c->by_reply[ckpt_bucket(e->reply)]; *pp; pp = &(*pp)->rnext) {
+        if (*pp == e) {
+            *pp = e->rnext;
+            break;
+        }
+    }
+    e->rnext = NULL;
+}
+
+static void
 ckpt_link_locked(ctl_ckpt *c, ckpt_entry *e)
 {
     uint32_t b = ckpt_bucket(e->key);
@@ -258,14 +272,7 @@ ckpt_unlink_locked(ctl_ckpt *c, ckpt_entry *e)
             break;
         }
     }
-    if (e->reply[0]) {
-        for (ckpt_entry **pp = &c->by_reply[ckpt_bucket(e->reply)]; *pp; pp = &(*pp)->rnext) {
-            if (*pp == e) {
-                *pp = e->rnext;
-                break;
-            }
-        }
-    }
+    ckpt_reply_unlink_locked(c, e);
     for (ckpt_entry **pp = &c->entries; *pp; pp = &(*pp)->next) {
         if (*pp == e) {
             *pp = e->next;
@@ -717,23 +724,22 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     ckpt_entry *e = ckpt_find_locked(c, key);
     if (e != NULL) {
         e->used = ++c->clock;
-        if (reply != NULL && reply[0] && e->reply[0] == '\0' && !e->busy) {
+        if (reply != NULL && reply[0] && strcmp(e->reply, reply) != 0) {
+            /*
+             * The same tokens ended a reply the client sees differently (another
+             * stop string): the most recent reply record wins.
+             */
+            ckpt_reply_unlink_locked(c, e);
             snprintf(e->reply, sizeof(e->reply), "%s", reply);
             ckpt_reply_link_locked(c, e);
-            if (e->cold) { /* keep the disk meta in step */
-                e->busy = true;
-                e->cold = false;
-                c->disk_total -= e->bytes;
-                c->n_disk--;
+            if (e->cold) {
+                char meta[512], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
+                int ml = ckpt_meta_format(e, meta, sizeof(meta));
+                snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", e->key);
                 pthread_mutex_unlock(&c->mu);
-                char name[CTL_STORE_NAME_MAX + 1];
-                ckpt_record_name(e->key, name);
-                ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, name, NULL, NULL), "ctl_store_state_delete");
-                pthread_mutex_lock(&c->mu);
-                e->busy = false;
-                if (!e->warm && e->pins == 0)
-                    ckpt_remove_locked(c, e);
-                c->kick = true;
+                ckpt_cleanup(ctl_store_session_put(c->store, kv, meta, (size_t)ml, NULL),
+                             "ctl_store_session_put");
+                return;
             }
         }
         pthread_mutex_unlock(&c->mu);

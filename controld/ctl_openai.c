@@ -804,6 +804,21 @@ ctl_oa_reuse_done(ctl_app *app, ctl_oa_req *r, const ctl_gen_result *res, bool f
         (void)ctl_sched_slot_free(app->sched, &res->slot);
 }
 
+/*
+ * Extension (with return_token_ids): every token the request's state holds
+ * before its reply, a continued session's retained tokens included.
+ */
+static json_t *
+ctl_oa_prompt_ids_json(const ctl_oa_req *r)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < r->n_plan_prefix && r->plan_prefix != NULL; i++)
+        json_array_append_new(a, json_integer(r->plan_prefix[i]));
+    for (size_t i = 0; a != NULL && i < r->n_prompt; i++)
+        json_array_append_new(a, json_integer(r->prompt[i]));
+    return a;
+}
+
 static void ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot);
 
 void
@@ -891,6 +906,8 @@ ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
                                  r->chat ? "chat.completion" : "text_completion", "created",
                                  (json_int_t)r->created, "model", r->model, "choices", choice,
                                  "usage", ctl_oa_usage_json(r, &res));
+        if (r->return_token_ids)
+            json_object_set_new(body, "prompt_token_ids", ctl_oa_prompt_ids_json(r));
         ctl_oa_reuse_done(app, r, &res, free_slot);
         if (r->on_done != NULL)
             r->on_done(r, &res, body);
@@ -950,6 +967,8 @@ ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
     else
         json_object_set_new(choice, "text", json_string(""));
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
+    if (r->return_token_ids)
+        json_object_set_new(chunk, "prompt_token_ids", ctl_oa_prompt_ids_json(r));
     ctl_oa_reuse_done(app, r, &res, free_slot);
     if (r->on_done != NULL)
         r->on_done(r, &res, chunk);

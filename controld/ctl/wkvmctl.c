@@ -210,6 +210,12 @@ static const wctl_opt wctl_opts_drain[] = {
     {NULL, 0, 0, false, NULL, NULL},
 };
 
+static const wctl_opt wctl_opts_cache[] = {
+    {"ACTION", 0, WCTL_OPT_ARG, false, NULL, "nothing to show the cache, or clear"},
+    {"owner", 0, WCTL_OPT_STR, false, "OWNER", "only this owner's checkpoints"},
+    {NULL, 0, 0, false, NULL, NULL},
+};
+
 static const wctl_opt wctl_opts_help[] = {
     {"COMMAND", 0, WCTL_OPT_ARG, false, NULL, "command to describe"},
     {NULL, 0, 0, false, NULL, NULL},
@@ -1589,6 +1595,75 @@ wctl_cmd_drain(wctl_ctx *c, const wctl_args *a)
     return rc;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Commands: the checkpoint cache                                           */
+/* ------------------------------------------------------------------------ */
+
+static int
+wctl_cmd_cache(wctl_ctx *c, const wctl_args *a)
+{
+    const char *action = wctl_arg_str(a, "ACTION");
+    const char *owner = wctl_arg_str(a, "owner");
+    bool clear = action != NULL && strcmp(action, "clear") == 0;
+    if (action != NULL && !clear)
+        return wctl_usage_fail(a->cmd, "unknown cache action '%s' (clear, or none to show)",
+                               action);
+    char path[WCTL_PATH_MAX];
+    int n = snprintf(path, sizeof(path), "%s", clear ? "/admin/cache/clear" : "/admin/cache");
+    if (owner != NULL) {
+        n += snprintf(path + n, sizeof(path) - (size_t)n, "?owner=");
+        for (const unsigned char *p = (const unsigned char *)owner; *p && n < (int)sizeof(path) - 4;
+             p++) {
+            bool plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                         (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.';
+            n += snprintf(path + n, sizeof(path) - (size_t)n, plain ? "%c" : "%%%02X", *p);
+        }
+        if (n >= (int)sizeof(path) - 4)
+            return wctl_usage_fail(a->cmd, "--owner is too long");
+    }
+    wctl_reply r;
+    int rc = wctl_call(c, clear ? "POST" : "GET", path, NULL, 0, &r);
+    if (rc != WCTL_EXIT_OK)
+        return rc;
+    if (c->json) {
+        rc = wctl_print_raw(&r);
+        wctl_reply_fini(&r);
+        return rc;
+    }
+    if (clear) {
+        printf("cleared %lld checkpoint(s)\n", wctl_jint(r.json, "cleared", 0));
+        wctl_reply_fini(&r);
+        return WCTL_EXIT_OK;
+    }
+    json_t *tiers = json_object_get(r.json, "tiers");
+    json_t *warm = json_object_get(tiers, "warm"), *disk = json_object_get(tiers, "disk");
+    printf("prefix cache %s: %lld lookups, %lld hits (%.0f%%)\n",
+           json_is_true(json_object_get(r.json, "enabled")) ? "on" : "off",
+           wctl_jint(r.json, "lookups", 0), wctl_jint(r.json, "hits", 0),
+           100.0 * json_number_value(json_object_get(r.json, "hit_rate")));
+    printf("warm: %lld entries, %lld bytes (budget %lld per worker), %lld evicted\n",
+           wctl_jint(warm, "entries", 0), wctl_jint(warm, "bytes", 0),
+           wctl_jint(warm, "budget_bytes_per_worker", 0), wctl_jint(warm, "evictions", 0));
+    printf("disk: %lld entries, %lld bytes (budget %lld), %lld evicted\n",
+           wctl_jint(disk, "entries", 0), wctl_jint(disk, "bytes", 0),
+           wctl_jint(disk, "budget_bytes", 0), wctl_jint(disk, "evictions", 0));
+    static const char *const hdr[] = {"OWNER", "ENTRIES", "WARM", "DISK", "BYTES"};
+    wctl_table *t = wctl_table_new(5, hdr);
+    bool oom = false;
+    const char *name;
+    json_t *o;
+    json_object_foreach(json_object_get(r.json, "owners"), name, o)
+    {
+        char e[32], w[32], k[32], b[32];
+        const char *cells[] = {name, wctl_jtext(o, "entries", "0", e, 32),
+                               wctl_jtext(o, "warm", "0", w, 32), wctl_jtext(o, "disk", "0", k, 32),
+                               wctl_jtext(o, "bytes", "0", b, 32)};
+        oom = oom || t == NULL || wctl_table_add(t, cells) != WK_OK;
+    }
+    wctl_reply_fini(&r);
+    return wctl_table_done(t, oom, true);
+}
+
 static int
 wctl_cmd_help(wctl_ctx *c, const wctl_args *a)
 {
@@ -1637,6 +1712,9 @@ static const wctl_cmd wctl_cmds[] = {
     {"drain", wctl_cmd_drain, wctl_opts_drain,
      "Move every slot off a worker and keep new work away (--undrain: undo)",
      "POST /admin/workers/{id}/drain"},
+    {"cache", wctl_cmd_cache, wctl_opts_cache,
+     "Show the checkpoint cache (tiers, owners, hit rate), or clear it",
+     "GET /admin/cache[?owner=], POST /admin/cache/clear[?owner=]"},
     {"help", wctl_cmd_help, wctl_opts_help, "Describe wkvmctl or one command", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -122,8 +122,35 @@ def error_tools():
     raise AssertionError("no BadRequestError for tools")
 
 
+def chat_reuse_without_headers():
+    """Follow-ups through the SDK, no extra headers, the whole history each time, the
+    reply sent back exactly as received (raw bytes of a random model included): every
+    follow-up reuses the previous reply's state, and a regenerate computes one token."""
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Tell me a long story about slots. " * 20}]
+    prev_total = None
+    for turn in range(4):
+        r = client.chat.completions.create(model=MID, messages=msgs, max_tokens=12,
+                                           temperature=0)
+        u = r.usage
+        cached = u.prompt_tokens_details.cached_tokens
+        if prev_total is not None:
+            # Everything the previous turn's state held (its prompt and every reply
+            # token) is reused; only the new user message is computed.
+            assert cached == prev_total, (turn, cached, prev_total, u)
+            assert u.prompt_tokens - cached < 40, (turn, u)
+        prev_total = u.prompt_tokens + u.completion_tokens
+        again = client.chat.completions.create(model=MID, messages=msgs, max_tokens=12,
+                                               temperature=0)
+        assert again.choices[0].message.content == r.choices[0].message.content, turn
+        assert again.usage.prompt_tokens_details.cached_tokens == u.prompt_tokens - 1, \
+            (turn, again.usage)
+        msgs = msgs + [{"role": "assistant", "content": r.choices[0].message.content},
+                       {"role": "user", "content": f"and then {turn}?"}]
+
+
 for t in (models_list, chat_blocking, chat_stream, completions_token_ids, error_unknown_model,
-          error_tools):
+          error_tools, chat_reuse_without_headers):
     try:
         t()
         print(f"PASS {t.__name__}", flush=True)
