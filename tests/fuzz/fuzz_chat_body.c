@@ -191,6 +191,70 @@ ctl_metrics_add(ctl_metrics *m, const char *name, const char *labels, double del
     (void)m, (void)name, (void)labels, (void)delta;
 }
 
+/* The checkpoint module is off here (app.ckpt is NULL): a disabled one's answers. */
+ctl_ckpt_config
+ctl_ckpt_get_config(const ctl_ckpt *c)
+{
+    (void)c;
+    ctl_ckpt_config none = {0};
+    return none;
+}
+
+void
+ctl_ckpt_reply_key(const char *fp, const char *owner, const char *rendered, size_t len,
+                   char out[WK_SHA256_HEX_LEN])
+{
+    (void)fp, (void)owner, (void)rendered, (void)len;
+    out[0] = '\0';
+}
+
+bool
+ctl_ckpt_reply_tokens(ctl_ckpt *c, const char *reply_key, int32_t **ids, size_t *n)
+{
+    (void)c, (void)reply_key, (void)ids, (void)n;
+    return false;
+}
+
+wk_err
+ctl_ckpt_plan_begin(ctl_ckpt *c, ctl_ckpt_plan *p, const char *owner, const char *fp,
+                    const int32_t *prefix, size_t n_prefix, const int32_t *input, size_t n_input,
+                    const size_t *bounds, size_t n_bounds, bool lookup, wk_diag *d)
+{
+    (void)c, (void)owner, (void)fp, (void)prefix, (void)n_prefix, (void)input, (void)n_input;
+    (void)bounds, (void)n_bounds, (void)lookup, (void)d;
+    memset(p, 0, sizeof(*p));
+    return WK_OK;
+}
+
+void
+ctl_ckpt_plan_reply(ctl_ckpt_plan *p, const ctl_slot_ref *slot, const int32_t *gen, size_t n_gen,
+                    const char *reply_key)
+{
+    (void)p, (void)slot, (void)gen, (void)n_gen, (void)reply_key;
+    fuzz_check(0, "no plan exists without a checkpoint module");
+}
+
+void
+ctl_ckpt_plan_end(ctl_ckpt_plan *p)
+{
+    if (p != NULL)
+        memset(p, 0, sizeof(*p));
+}
+
+void
+ctl_ckpt_count_hit(ctl_ckpt *c, ctl_ckpt_hit kind, size_t tokens)
+{
+    (void)c, (void)kind, (void)tokens;
+}
+
+wk_err
+ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
+{
+    (void)s, (void)ref;
+    fuzz_check(0, "no slot is kept without a checkpoint plan");
+    return WK_OK;
+}
+
 bool
 ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn)
 {

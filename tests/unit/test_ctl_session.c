@@ -1211,6 +1211,42 @@ test_world_text_mode(void **state)
     free(more);
 }
 
+/*
+ * Alignment: the retained ids stand for the reply as the client shows it,
+ * whatever their bytes; the template's "\n\n" after the reply is theirs only
+ * when they ended the turn.
+ */
+static void
+test_align_visible(void **state)
+{
+    (void)state;
+    size_t n = 0, off = 0;
+    /* the state consumed " He\x01llo\xff \n\n" (raw bytes), the client shows "He?llo" */
+    const char *raw = "User: hi\n\nAssistant: He\x01llo\xff \n\n";
+    int32_t *ids = enc(raw, strlen(raw), &n);
+    wk_chat_msg m[] = {msg("user", "hi"), msg("assistant", " He\xef\xbf\xbdllo "),
+                       msg("user", "more")};
+    const char *want = "User: hi\n\nAssistant: He\xef\xbf\xbdllo\n\n";
+    assert_true(ctl_session_retained_terminated(g_tok, ids, n));
+    assert_int_equal(ctl_session_align(g_tok, ids, n, m, 3, 1, &off, NULL), WK_OK);
+    assert_int_equal(off, strlen(want)); /* the delta is "User: more\n\nAssistant:" */
+    /* cut by max_tokens (no "\n\n" consumed): the template's "\n\n" is fed */
+    size_t n2 = 0;
+    int32_t *cut = enc("User: hi\n\nAssistant: He\xc3", 24, &n2);
+    assert_false(ctl_session_retained_terminated(g_tok, cut, n2));
+    assert_int_equal(ctl_session_align(g_tok, cut, n2, m, 3, 1, &off, NULL), WK_OK);
+    assert_int_equal(off, strlen(want) - 2);
+    /* ended by end-of-text: the template's "\n\n" is fed too */
+    int32_t *eot = realloc(ids, (n + 1) * sizeof(*ids));
+    assert_non_null(eot);
+    eot[n] = WK_TOK_EOT;
+    assert_false(ctl_session_retained_terminated(g_tok, eot, n + 1));
+    assert_false(ctl_session_retained_terminated(g_tok, eot, 0));
+    assert_int_equal(ctl_session_align(g_tok, eot, n + 1, m, 3, 3, &off, NULL), WK_EINVAL);
+    free(eot);
+    free(cut);
+}
+
 static void
 test_commit_limits(void **state)
 {
@@ -1659,6 +1695,7 @@ main(void)
         cmocka_unit_test(test_exact_prefix),
         cmocka_unit_test(test_spm_text_mode),
         cmocka_unit_test(test_world_text_mode),
+        cmocka_unit_test(test_align_visible),
         cmocka_unit_test(test_commit_limits),
         cmocka_unit_test(test_encode_round_trip),
         cmocka_unit_test(test_decode_malformed),

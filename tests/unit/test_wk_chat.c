@@ -254,12 +254,41 @@ test_stop_stream(void **state)
     }
 }
 
+static void
+test_render_spans(void **state)
+{
+    (void)state;
+    wk_chat_msg m[] = {{"system", " Be\r\n\n brief ", 0}, {"user", "hi", 0},
+                       {"assistant", "\x00 yo \n", 6}};
+    wk_chat_span sp[3];
+    char *out = NULL, *plain = NULL;
+    size_t len = 0, plen = 0;
+    assert_int_equal(wk_chat_render_spans(m, 3, true, &out, &len, sp, NULL), WK_OK);
+    assert_int_equal(wk_chat_render(m, 3, true, &plain, &plen, NULL), WK_OK);
+    assert_int_equal(len, plen);
+    assert_memory_equal(out, plain, len);
+    assert_string_equal(out, "System: Be\n brief\n\nUser: hi\n\nAssistant: yo\n\nAssistant:");
+    size_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(sp[i].start, at);
+        assert_true(sp[i].start < sp[i].content && sp[i].content <= sp[i].content_end);
+        assert_int_equal(sp[i].end, sp[i].content_end + 2);
+        assert_memory_equal(out + sp[i].content_end, "\n\n", 2);
+        at = sp[i].end;
+    }
+    assert_memory_equal(out + sp[2].content, "yo", 2);
+    assert_string_equal(out + sp[2].end, "Assistant:");
+    free(out);
+    free(plain);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean),
         cmocka_unit_test(test_render),
+        cmocka_unit_test(test_render_spans),
         cmocka_unit_test(test_render_bad_role),
         cmocka_unit_test(test_stop_scan),
         cmocka_unit_test(test_stop_stream),

@@ -87,11 +87,33 @@ test_file(void **state)
     assert_non_null(strstr(d.msg, path));
 }
 
+/* A copy goes on independently: two digests from one common prefix. */
+static void
+test_copy(void **state)
+{
+    (void)state;
+    wk_sha256 a, b;
+    uint8_t da[WK_SHA256_LEN], db[WK_SHA256_LEN];
+    char ha[WK_SHA256_HEX_LEN], hb[WK_SHA256_HEX_LEN], want[WK_SHA256_HEX_LEN];
+    assert_int_equal(wk_sha256_init(&a), WK_OK);
+    wk_sha256_update(&a, "ab", 2);
+    assert_int_equal(wk_sha256_copy(&b, &a), WK_OK);
+    wk_sha256_update(&a, "c", 1);
+    wk_sha256_final(&a, da);
+    wk_sha256_final(&b, db);
+    wk_sha256_to_hex(da, ha);
+    wk_sha256_to_hex(db, hb);
+    assert_string_equal(ha, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    wk_sha256_hex("ab", 2, want);
+    assert_string_equal(hb, want);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_vectors),
+        cmocka_unit_test(test_copy),
         cmocka_unit_test(test_incremental),
         cmocka_unit_test(test_token_ids),
         cmocka_unit_test(test_file),
