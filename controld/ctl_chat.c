@@ -285,6 +285,11 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
         t->have_slot = false;
         ctl_chat_retire(app, t->key);
     }
+    if (t->count_pending) {
+        /* (counted before the reply's last bytes go out, as every other decision) */
+        ctl_chat_count(app, &t->res);
+        t->count_pending = false;
+    }
     ctl_session_binding_free(nb);
     free(gen);
     /*
@@ -406,12 +411,14 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
         }
     }
     /*
-     * A rejected contract request whose prompt repeats the previous one (a
-     * regenerate: same user message, a new assistant id) is counted as a
-     * regenerate hit when the prefix index resumes that prompt, as before the
-     * index existed; any other rejection as the rejection it is.
+     * A contract request rejected for its parent whose prompt repeats the
+     * previous one (a regenerate: same user message and parent, a new
+     * assistant id) is counted as a regenerate hit when the prefix index
+     * resumes that prompt, as before the index existed; any other rejection
+     * as the rejection it is.
      */
-    if (t->res.outcome == CTL_SESSION_OUTCOME_REJECTED)
+    if (t->res.outcome == CTL_SESSION_OUTCOME_REJECTED &&
+        t->res.reason == CTL_SESSION_REASON_PARENT_MESSAGE_MISMATCH)
         t->count_pending = true;
     else
         ctl_chat_count(app, &t->res);

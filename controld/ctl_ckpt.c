@@ -222,7 +222,7 @@ static ckpt_entry *
 ckpt_find_reply_locked(ctl_ckpt *c, const char *reply)
 {
     for (ckpt_entry *e = c->by_reply[ckpt_bucket(reply)]; e != NULL; e = e->rnext) {
-        if (strcmp(e->reply, reply) == 0 && !e->saving && (e->warm || e->cold))
+        if (strcmp(e->reply, reply) == 0 && !e->saving && !e->doomed && (e->warm || e->cold))
             return e;
     }
     return NULL;
@@ -635,6 +635,17 @@ ctl_ckpt_maintain(ctl_ckpt *c)
             }
         }
     }
+    /* Entries cleared while in use go once released. */
+    for (bool again = true; again;) {
+        again = false;
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (e->doomed && e->pins == 0 && !e->busy && !e->saving) {
+                ckpt_remove_locked(c, e);
+                again = true;
+                break;
+            }
+        }
+    }
     /* Each worker's warm budget: least recently used first. */
     for (bool again = true; again && !c->stop;) {
         again = false;
@@ -846,7 +857,7 @@ ckpt_lookup(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, 
     pthread_mutex_lock(&c->mu);
     c->lookups++;
     for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
-        if (e->n == 0 || e->n >= n || e->saving || (!e->warm && !e->cold) ||
+        if (e->n == 0 || e->n >= n || e->saving || e->doomed || (!e->warm && !e->cold) ||
             strcmp(e->owner, owner) != 0 || strcmp(e->fp, fp) != 0)
             continue;
         if (m == cap) {
@@ -1166,7 +1177,7 @@ ctl_ckpt_admin_json(ctl_ckpt *c, const char *owner)
         ev_w = c->evicted[0];
         ev_d = c->evicted[1];
         for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
-            if (e->saving || (owner != NULL && strcmp(e->owner, owner) != 0))
+            if (e->saving || e->doomed || (owner != NULL && strcmp(e->owner, owner) != 0))
                 continue;
             n++;
             warm += e->warm ? e->bytes : 0;
@@ -1230,6 +1241,8 @@ ctl_ckpt_clear(ctl_ckpt *c, const char *owner, size_t *n)
                 break;
             }
         }
+        c->kick = true; /* (the doomed ones) */
+        pthread_cond_broadcast(&c->cv);
         ckpt_gauges_locked(c);
         pthread_mutex_unlock(&c->mu);
     }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Sets up the peer a user would pick instead of wkvm, for bench/chat.py --modes ...,llama:
+# llama.cpp's llama-server built CPU-only from the source that the PyPI sdist of
+# llama-cpp-python carries (vendor/llama.cpp), and a Python venv with what its
+# convert_hf_to_gguf.py needs (transformers; torch and numpy from Debian) plus the
+# PyPI `rwkv` package, whose rwkv_vocab_v20230424.txt is the real RWKV World vocab.
+# Idempotent; everything lands in DIR (default build/peer):
+#   DIR/llama.cpp/                   the source (its git commit is in DIR/llama.cpp.commit)
+#   DIR/llama.cpp/build/bin/llama-server
+#   DIR/venv/                        python for the converter
+#   DIR/rwkv_vocab_v20230424.txt     the real World vocab
+# Usage: bench/peer-setup.sh [DIR]   (needs cmake and a C++ compiler: apt-get install cmake g++)
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+dir=${1:-$src/build/peer}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+command -v cmake >/dev/null || { echo "peer-setup: cmake not found (apt-get install cmake)" >&2; exit 1; }
+
+if [ ! -x "$dir/venv/bin/python" ]; then
+    /usr/bin/python3 -m venv --system-site-packages "$dir/venv"
+fi
+"$dir/venv/bin/python" -c "import transformers, rwkv" 2>/dev/null ||
+    "$dir/venv/bin/pip" install -q "transformers>=4.40" rwkv sentencepiece
+
+if [ ! -f "$dir/rwkv_vocab_v20230424.txt" ]; then
+    vocab=$("$dir/venv/bin/python" -c \
+        "import os, rwkv; print(os.path.join(os.path.dirname(rwkv.__file__), 'rwkv_vocab_v20230424.txt'))")
+    cp "$vocab" "$dir/rwkv_vocab_v20230424.txt"
+fi
+
+if [ ! -f "$dir/llama.cpp/CMakeLists.txt" ]; then
+    tmp=$(mktemp -d)
+    "$dir/venv/bin/pip" download -q --no-deps --no-binary :all: llama-cpp-python -d "$tmp"
+    tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
+    rm -rf "$dir/llama.cpp"
+    mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp "$dir/llama.cpp"
+    basename "$tmp"/llama_cpp_python-*.tar.gz >"$dir/llama-cpp-python.sdist"
+    (cd "$dir/llama.cpp" && git rev-parse HEAD 2>/dev/null || echo unknown) >"$dir/llama.cpp.commit"
+    rm -rf "$tmp"
+fi
+
+if [ ! -x "$dir/llama.cpp/build/bin/llama-server" ]; then
+    cmake -S "$dir/llama.cpp" -B "$dir/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
+    cmake --build "$dir/llama.cpp/build" --target llama-server -j"$(nproc)" >/dev/null
+fi
+echo "peer-setup: llama-server $(cat "$dir/llama.cpp.commit") in $dir"
