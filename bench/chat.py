@@ -124,8 +124,10 @@ def make_gguf(model, tmp):
     out = os.path.join(tmp, "model-bf16.gguf")
     py = os.path.join(ARGS.peer, "venv", "bin", "python")
     conv = os.path.join(ARGS.peer, "llama.cpp", "convert_hf_to_gguf.py")
-    subprocess.run([py, conv, model, "--outtype", "bf16", "--outfile", out], check=True,
-                   capture_output=True, timeout=1800)
+    p = subprocess.run([py, os.path.join(HERE, "gguf-convert.py"), conv, model, "--outtype",
+                        "bf16", "--outfile", out], capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise SystemExit(f"chat.py: convert_hf_to_gguf.py failed:\n{p.stderr[-3000:]}")
     return out
 
 
