@@ -19,6 +19,7 @@
 #include "wk_time.h"
 
 #define CKPT_BUCKETS 16384u
+#define CKPT_MAX_WORKERS 64 /* workers whose warm tiers are budgeted (the scheduler's maximum) */
 #define CKPT_HOST_PREFIX "ck:"
 #define CKPT_KV_PREFIX "ckpt:"
 #define CKPT_META_VERSION "wkvm-ckpt-meta-v1"
@@ -434,9 +435,10 @@ ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_le
         return WK_ENOSPC;
     /* Reserve the room now so two spills can't both take it. */
     c->disk_total += e->bytes;
-    char hk[8 + WK_SHA256_HEX_LEN], worker[65];
+    char hk[8 + WK_SHA256_HEX_LEN], worker[65], meta[512];
     ckpt_host_key(e, hk);
     snprintf(worker, sizeof(worker), "%s", e->worker);
+    int ml = ckpt_meta_format(e, meta, sizeof(meta)); /* (the reply key may change meanwhile) */
     pthread_mutex_unlock(&c->mu);
 
     void *bytes = (void *)given;
@@ -465,8 +467,7 @@ ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_le
         err = ctl_store_state_put(c->store, &st, bytes, len, NULL, &d);
     }
     if (err == WK_OK) {
-        char meta[512], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
-        int ml = ckpt_meta_format(e, meta, sizeof(meta));
+        char kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
         snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", e->key);
         err = ctl_store_session_put(c->store, kv, meta, (size_t)ml, &d);
         if (err != WK_OK)
@@ -646,24 +647,32 @@ ctl_ckpt_maintain(ctl_ckpt *c)
             }
         }
     }
-    /* Each worker's warm budget: least recently used first. */
-    for (bool again = true; again && !c->stop;) {
-        again = false;
-        for (ckpt_entry *e = c->entries; e != NULL && !again; e = e->next) {
-            if (!e->warm || ckpt_warm_on_locked(c, e->worker) <= c->cfg.warm_bytes)
-                continue;
+    /*
+     * Each worker's warm budget: least recently used first, entries in use
+     * last. The workers holding warm entries are few: one pass per worker.
+     */
+    char workers[CKPT_MAX_WORKERS][65];
+    size_t nw = 0;
+    for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+        bool seen = !e->warm;
+        for (size_t i = 0; !seen && i < nw; i++)
+            seen = strcmp(workers[i], e->worker) == 0;
+        if (!seen && nw < sizeof(workers) / sizeof(workers[0]))
+            snprintf(workers[nw++], sizeof(workers[0]), "%s", e->worker);
+    }
+    for (size_t i = 0; i < nw && !c->stop; i++) {
+        while (!c->stop && ckpt_warm_on_locked(c, workers[i]) > c->cfg.warm_bytes) {
             ckpt_entry *lru = NULL;
             for (ckpt_entry *x = c->entries; x != NULL; x = x->next) {
-                if (x->warm && !x->busy && !x->saving && strcmp(x->worker, e->worker) == 0 &&
+                if (x->warm && !x->busy && !x->saving && strcmp(x->worker, workers[i]) == 0 &&
                     (lru == NULL || (x->pins == 0) > (lru->pins == 0) ||
                      ((x->pins == 0) == (lru->pins == 0) && x->used < lru->used)))
                     lru = x;
             }
             if (lru == NULL)
-                continue;
+                break;
             lru->busy = true;
             ckpt_demote_locked(c, lru);
-            again = true;
         }
     }
     /* The entry count. */

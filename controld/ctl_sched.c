@@ -25,6 +25,9 @@
 
 #define CTL_SCHED_MAX_WORKERS 64
 #define CTL_JOB_EVQ 4
+#define CTL_SCHED_AGING_MS 2000 /* a job waiting this long goes before shorter ones */
+
+typedef struct ctl_job_rank ctl_job_rank;
 
 typedef enum ctl_job_state {
     CTL_JOB_WAITING = 0, /* queued for a slot */
@@ -110,6 +113,8 @@ struct ctl_sched {
     uint64_t next_seq;                           /* submit counter */
     uint64_t next_gen;                           /* slot generations, global */
     atomic_bool stop;                            /* shut down */
+    ctl_job_rank *rank;                          /* ctl_sched_order_locked()'s buffer */
+    size_t rank_cap;                             /* its entries */
     ctl_sched_evict_fn evict;                    /* frees parked slots under pressure */
     void *evict_arg;                             /* its argument */
     pthread_t mgr;                               /* syncs workers with the pool */
@@ -289,17 +294,83 @@ ctl_job_pages_need(const ctl_sworker *w, const ctl_job *j)
     return ctl_kv_job_pages(&w->geom, j->ctx0, j->n_input, j->max_new);
 }
 
+/* A job's place in the admission and prefill order (ctl_sched_order_locked()). */
+struct ctl_job_rank {
+    ctl_job *job;     /* the job */
+    bool aged;        /* submitted at least CTL_SCHED_AGING_MS ago */
+    size_t todo;      /* input tokens left to compute */
+    uint64_t seq;     /* submit order */
+};
+
+static int
+ctl_job_rank_cmp(const void *a, const void *b)
+{
+    const ctl_job_rank *x = a, *y = b;
+    if (x->aged != y->aged)
+        return x->aged ? -1 : 1;
+    if (!x->aged && x->todo != y->todo)
+        return x->todo < y->todo ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
 /*
- * Admits waiting jobs onto w, FIFO, while a slot and the KV pages the job
- * needs at its end are free (the pages are reserved until the job ends or
- * its slot is freed). A job waiting only for pages on a slot it already
- * holds needs no free slot. Caller holds mu.
+ * The jobs in state (or, with state < 0, the running and stopping ones)
+ * in the order they get slots and prefill budget: jobs that waited past
+ * CTL_SCHED_AGING_MS first, in submit order, then the others by the input
+ * they still have to compute, fewest first (a follow-up that resumed a
+ * checkpoint needs a few dozen tokens: it does not wait behind long
+ * prompts), ties in submit order. Returns the count; *out is s->rank.
+ * Caller holds mu.
+ */
+static size_t
+ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
+{
+    uint64_t now = wk_mono_ms();
+    size_t n = 0;
+    for (ctl_job *j = s->jobs; j != NULL; j = j->next)
+        n++;
+    if (n > s->rank_cap) {
+        ctl_job_rank *nr = realloc(s->rank, n * sizeof(*nr));
+        if (nr == NULL) {
+            *out = s->rank;
+            return 0;
+        }
+        s->rank = nr;
+        s->rank_cap = n;
+    }
+    size_t m = 0;
+    for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        bool want = state >= 0 ? (int)j->state == state
+                               : j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_STOPPING;
+        if (!want)
+            continue;
+        size_t from = j->state == CTL_JOB_WAITING && j->reuse.load != NULL ? j->reuse.resume_at
+                                                                            : j->computed;
+        s->rank[m++] = (ctl_job_rank){.job = j, .aged = now - j->submit_ms >= CTL_SCHED_AGING_MS,
+                                      .todo = j->n_input > from ? j->n_input - from : 0,
+                                      .seq = j->seq};
+    }
+    qsort(s->rank, m, sizeof(*s->rank), ctl_job_rank_cmp);
+    *out = s->rank;
+    return m;
+}
+
+/*
+ * Admits waiting jobs onto w in ctl_sched_order_locked()'s order while a
+ * slot and the KV pages the job needs at its end are free (the pages are
+ * reserved until the job ends or its slot is freed): nobody behind the first
+ * job that can't be admitted jumps ahead of it on this worker. A job
+ * waiting only for pages on a slot it already holds needs no free slot.
+ * Caller holds mu.
  */
 static void
 ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
 {
     uint64_t now = wk_mono_ms();
-    for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
+    ctl_job_rank *rank = NULL;
+    size_t n_rank = ctl_sched_order_locked(s, CTL_JOB_WAITING, &rank);
+    for (size_t ri = 0; ri < n_rank; ri++) {
+        ctl_job *j = rank[ri].job;
         if (j->state != CTL_JOB_WAITING)
             continue;
         if (j->held) {
@@ -358,50 +429,64 @@ typedef struct ctl_step_row {
     bool sample;   /* a token is sampled */
 } ctl_step_row;
 
-/* Picks the rows of the next step on w. Caller holds mu. Returns the row count. */
+/*
+ * Adds job j's row to the step being picked on w when it belongs there:
+ * decode rows (input fed) in the decode pass, prefill rows otherwise.
+ * Caller holds mu.
+ */
+static void
+ctl_sched_pick_row_locked(ctl_sched *s, ctl_sworker *w, ctl_job *j, bool decode_pass,
+                          ctl_step_row *rows, size_t *n, uint32_t *budget, uint64_t now)
+{
+    if ((j->state != CTL_JOB_RUNNING && j->state != CTL_JOB_STOPPING) || j->in_flight ||
+        j->migrating || j->load_pending || strcmp(j->slot.worker, w->id) != 0)
+        return;
+    if (j->deadline_ms && now > j->deadline_ms) {
+        ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out");
+        return;
+    }
+    bool decode = j->computed >= j->n_input;
+    size_t gap = j->n_tokens - j->computed;
+    if (decode_pass != decode || gap == 0)
+        return;
+    size_t take = gap;
+    if (take > s->cfg.job_chunk)
+        take = s->cfg.job_chunk;
+    if (take > *budget)
+        take = *budget;
+    if (take > WK_PROTO_ROW_TOKENS_MAX)
+        take = WK_PROTO_ROW_TOKENS_MAX;
+    /* A checkpoint position ends the chunk: the state there is copied. */
+    if (j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] > j->computed &&
+        j->computed + take > j->ckpt[j->next_ckpt])
+        take = j->ckpt[j->next_ckpt] - j->computed;
+    rows[*n].job = j;
+    rows[*n].take = take;
+    rows[*n].sample = j->sample && j->state == CTL_JOB_RUNNING && j->computed + take == j->n_tokens;
+    j->in_flight = take;
+    *budget -= (uint32_t)take;
+    (*n)++;
+}
+
+/*
+ * Picks the rows of the next step on w: decode rows (their input is fed)
+ * first, in submit order; then prefill chunks in ctl_sched_order_locked()'s
+ * order (the least left to compute first, jobs older than
+ * CTL_SCHED_AGING_MS before all), under the step's token budget. Caller
+ * holds mu. Returns the row count.
+ */
 static size_t
 ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t cap)
 {
     size_t n = 0;
     uint32_t budget = s->cfg.step_tokens;
     uint64_t now = wk_mono_ms();
-    /* Pass 0: decode-phase rows (their input is fed); pass 1: prefill, FIFO. */
-    for (int pass = 0; pass < 2; pass++) {
-        for (ctl_job *j = s->jobs; j != NULL && n < cap && budget > 0; j = j->next) {
-            if ((j->state != CTL_JOB_RUNNING && j->state != CTL_JOB_STOPPING) ||
-                j->in_flight || j->migrating || j->load_pending ||
-                strcmp(j->slot.worker, w->id) != 0)
-                continue;
-            if (j->deadline_ms && now > j->deadline_ms) {
-                ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out");
-                continue;
-            }
-            bool decode = j->computed >= j->n_input;
-            if ((pass == 0) != decode)
-                continue;
-            size_t gap = j->n_tokens - j->computed;
-            if (gap == 0)
-                continue;
-            size_t take = gap;
-            if (take > s->cfg.job_chunk)
-                take = s->cfg.job_chunk;
-            if (take > budget)
-                take = budget;
-            if (take > WK_PROTO_ROW_TOKENS_MAX)
-                take = WK_PROTO_ROW_TOKENS_MAX;
-            /* A checkpoint position ends the chunk: the state there is copied. */
-            if (j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] > j->computed &&
-                j->computed + take > j->ckpt[j->next_ckpt])
-                take = j->ckpt[j->next_ckpt] - j->computed;
-            rows[n].job = j;
-            rows[n].take = take;
-            rows[n].sample = j->sample && j->state == CTL_JOB_RUNNING &&
-                             j->computed + take == j->n_tokens;
-            j->in_flight = take;
-            budget -= (uint32_t)take;
-            n++;
-        }
-    }
+    for (ctl_job *j = s->jobs; j != NULL && n < cap && budget > 0; j = j->next)
+        ctl_sched_pick_row_locked(s, w, j, true, rows, &n, &budget, now);
+    ctl_job_rank *rank = NULL;
+    size_t n_rank = ctl_sched_order_locked(s, -1, &rank);
+    for (size_t i = 0; i < n_rank && n < cap && budget > 0; i++)
+        ctl_sched_pick_row_locked(s, w, rank[i].job, false, rows, &n, &budget, now);
     return n;
 }
 
@@ -1042,6 +1127,7 @@ ctl_sched_free(ctl_sched *s)
         ctl_sworker_free(s->workers[i]);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    free(s->rank);
     free(s);
 }
 

@@ -4,9 +4,13 @@
  * A job is one generation: input tokens to feed into a slot, then tokens
  * sampled one at a time. Each job has one integer, `computed`, converging to
  * its token count; every step feeds part of the gap under a per-step token
- * budget and a per-job cap (decode rows first, then prefill chunks FIFO).
+ * budget and a per-job cap (decode rows first, then prefill chunks).
  * Admission is exact: a job needs one free slot on a worker; waiting jobs are
- * admitted FIFO while a slot is free; the wait queue is bounded (WK_EQUEUEFULL).
+ * admitted while a slot is free; the wait queue is bounded (WK_EQUEUEFULL).
+ * Order, of admission and of prefill chunks: jobs that waited 2 s or more
+ * first, in submit order, then the others by the input they still have to
+ * compute, fewest first (a request that resumed a checkpoint does not wait
+ * behind long prompts; aging keeps long ones from starving).
  *
  * Every worker has its own step loop (a thread), so workers step concurrently.
  * A sampled token is handed to the job's consumer and the row pauses until
@@ -257,7 +261,7 @@ uint32_t ctl_sched_worker_count(ctl_sched *s);
 
 /*
  * Hybrid models (a KV pool per worker): each allocated slot holds or reserves
- * ceil(n_ctx / page_tokens) pages. A job is admitted FIFO only when a slot
+ * ceil(n_ctx / page_tokens) pages. A job is admitted (in order) only when a slot
  * and the pages for its final context (tokens already in its state + input
  * + max_new) are free; the reservation shrinks to what the state holds when
  * it ends and goes back when the slot is freed. A job that could never fit
