@@ -51,7 +51,8 @@ struct ctl_chat_turn {
     ctl_slot_ref slot;            /* the parked slot taken for a HIT */
     bool have_slot;               /* slot is held by this turn */
     bool committed;               /* on_done parked the new binding */
-    bool count_pending;           /* a rejection, counted at the end unless it regenerated */
+    bool count_pending;           /* decided by the generation: see ctl_chat_decide() */
+    bool fallback;                /* a hit whose parked slot was gone: resumed by the index */
     bool unlocked;                /* the session key was released */
 };
 
@@ -243,6 +244,30 @@ ctl_chat_count(ctl_app *app, const ctl_session_result *res)
     }
 }
 
+/*
+ * Counts a decision the generation settled: a parent mismatch whose prompt
+ * the index resumed but for its last token is a regenerate hit; a hit whose
+ * parked slot was gone is a hit when the index resumed at least the retained
+ * tokens (the same state), else session_unavailable (ctl_chat_on_done()).
+ */
+static void
+ctl_chat_decide(ctl_chat_turn *t, const ctl_oa_req *r)
+{
+    ctl_app *app = t->app;
+    if (!t->count_pending)
+        return;
+    size_t n_ret = 0;
+    if (t->prev != NULL)
+        (void)ctl_session_binding_retained(t->prev, &n_ret);
+    if (t->fallback && r->reused && r->reused_tokens >= n_ret) {
+        ctl_metrics_add(app->metrics, "wkvm_parent_bound_continuation_hits_total", NULL, 1);
+        t->count_pending = false;
+    } else if (!t->fallback && r->reused && r->reuse_kind == CTL_CKPT_HIT_REGENERATE) {
+        ctl_metrics_add(app->metrics, "wkvm_parent_bound_regenerate_hits_total", NULL, 1);
+        t->count_pending = false;
+    }
+}
+
 /* After a successful generation: build, store and park the new binding. */
 static void
 ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
@@ -274,11 +299,7 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
     if (err == WK_OK) {
         t->committed = true;
         t->have_slot = false;
-        /* A regenerate of a contract turn: the prefix index resumed the previous prompt. */
-        if (t->count_pending && r->reused && r->reuse_kind == CTL_CKPT_HIT_REGENERATE) {
-            ctl_metrics_add(app->metrics, "wkvm_parent_bound_regenerate_hits_total", NULL, 1);
-            t->count_pending = false;
-        }
+        ctl_chat_decide(t, r);
     } else {
         wk_log_warn("session not parked key=%.16s: %s", t->key, d.msg);
         (void)ctl_sched_slot_free(app->sched, &res->slot);
@@ -287,6 +308,8 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
     }
     if (t->count_pending) {
         /* (counted before the reply's last bytes go out, as every other decision) */
+        if (t->fallback)
+            ctl_session_result_unavailable(&t->res);
         ctl_chat_count(app, &t->res);
         t->count_pending = false;
     }
@@ -405,7 +428,16 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
                t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
     if (hit) {
         t->have_slot = ctl_chat_acquire(app, t->key, t->prev, false, &t->slot);
-        if (!t->have_slot) {
+        if (!t->have_slot && app->ckpt != NULL && r->cache &&
+            ctl_ckpt_get_config(app->ckpt).enabled) {
+            /*
+             * The parked slot is gone (evicted and not spilled yet, a worker
+             * restart): the turn's end-of-reply checkpoint holds the same state.
+             * The whole prompt goes to the prefix index; the turn counts as a
+             * hit when it resumed at least the retained tokens.
+             */
+            t->fallback = true;
+        } else if (!t->have_slot) {
             ctl_session_result_unavailable(&t->res);
             hit = false;
         }
@@ -417,8 +449,9 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
      * resumes that prompt, as before the index existed; any other rejection
      * as the rejection it is.
      */
-    if (t->res.outcome == CTL_SESSION_OUTCOME_REJECTED &&
-        t->res.reason == CTL_SESSION_REASON_PARENT_MESSAGE_MISMATCH)
+    if ((t->res.outcome == CTL_SESSION_OUTCOME_REJECTED &&
+         t->res.reason == CTL_SESSION_REASON_PARENT_MESSAGE_MISMATCH) ||
+        t->fallback)
         t->count_pending = true;
     else
         ctl_chat_count(app, &t->res);
@@ -458,22 +491,30 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
         ctl_chat_end(t);
         return false;
     }
-    r->n_prompt = t->n_delta;
-    r->prompt = malloc(t->n_delta * sizeof(*r->prompt));
+    size_t n_ret = 0;
+    const int32_t *ret = t->fallback ? ctl_session_binding_retained(t->prev, &n_ret) : NULL;
+    r->n_prompt = n_ret + t->n_delta;
+    r->prompt = malloc(r->n_prompt * sizeof(*r->prompt));
     if (r->prompt == NULL) {
         ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
         ctl_chat_end(t);
         return false;
     }
-    memcpy(r->prompt, t->delta, t->n_delta * sizeof(*r->prompt));
-    r->n_prompt_report = (hit ? t->res.reused_tokens : 0) + t->n_delta;
+    if (n_ret)
+        memcpy(r->prompt, ret, n_ret * sizeof(*r->prompt));
+    memcpy(r->prompt + n_ret, t->delta, t->n_delta * sizeof(*r->prompt));
+    if (t->fallback) {
+        r->aligned_tokens = n_ret;
+        r->n_bounds = 0;
+    }
+    r->n_prompt_report = t->fallback ? r->n_prompt : (hit ? t->res.reused_tokens : 0) + t->n_delta;
     t->creq = t->sreq;
     t->creq.prompt_ids = t->delta;
     t->creq.n_prompt = t->n_delta;
     t->cres = t->res;
     t->cres.reused_tokens = 0;
     r->gen.slot = t->have_slot ? &t->slot : NULL;
-    if (hit) {
+    if (hit && t->have_slot) {
         size_t nr = 0;
         r->plan_prefix = ctl_session_binding_retained(t->prev, &nr);
         r->n_plan_prefix = nr;
@@ -496,8 +537,11 @@ ctl_chat_end(ctl_chat_turn *t)
     if (t == NULL)
         return;
     ctl_app *app = t->app;
-    if (t->count_pending)
+    if (t->count_pending) {
+        if (t->fallback)
+            ctl_session_result_unavailable(&t->res);
         ctl_chat_count(app, &t->res);
+    }
     if (!t->committed) {
         /* No committed turn: the parked state (if any was taken) moved on; retire it. */
         if (t->have_slot)
