@@ -89,16 +89,9 @@ wk_sha256_hex(const void *data, size_t len, char out[WK_SHA256_HEX_LEN])
     wk_sha256_to_hex(dg, out);
 }
 
-wk_err
-wk_sha256_token_ids_hex(const int32_t *ids, size_t n, char out[WK_SHA256_HEX_LEN])
+void
+wk_sha256_update_token_ids(wk_sha256 *s, const int32_t *ids, size_t n)
 {
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    uint8_t dg[WK_SHA256_LEN];
-    unsigned int dn = 0;
-    if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-        EVP_MD_CTX_free(ctx);
-        return WK_ENOMEM;
-    }
     uint8_t buf[8 * 256];
     size_t fill = 0;
     for (size_t i = 0; i < n; i++) {
@@ -106,14 +99,23 @@ wk_sha256_token_ids_hex(const int32_t *ids, size_t n, char out[WK_SHA256_HEX_LEN
         for (int b = 0; b < 8; b++)
             buf[fill++] = (uint8_t)(v >> (8 * b));
         if (fill == sizeof(buf)) {
-            EVP_DigestUpdate(ctx, buf, fill);
+            wk_sha256_update(s, buf, fill);
             fill = 0;
         }
     }
     if (fill)
-        EVP_DigestUpdate(ctx, buf, fill);
-    EVP_DigestFinal_ex(ctx, dg, &dn);
-    EVP_MD_CTX_free(ctx);
+        wk_sha256_update(s, buf, fill);
+}
+
+wk_err
+wk_sha256_token_ids_hex(const int32_t *ids, size_t n, char out[WK_SHA256_HEX_LEN])
+{
+    wk_sha256 s;
+    if (wk_sha256_init(&s) != WK_OK)
+        return WK_ENOMEM;
+    wk_sha256_update_token_ids(&s, ids, n);
+    uint8_t dg[WK_SHA256_LEN];
+    wk_sha256_final(&s, dg);
     wk_sha256_to_hex(dg, out);
     return WK_OK;
 }

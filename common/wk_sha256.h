@@ -45,6 +45,9 @@ void wk_sha256_to_hex(const uint8_t digest[WK_SHA256_LEN], char out[WK_SHA256_HE
 /* SHA-256 over each id as int64 little-endian, as hex (parent-token-v1). WK_ENOMEM. */
 WK_MUST_CHECK wk_err wk_sha256_token_ids_hex(const int32_t *ids, size_t n, char out[WK_SHA256_HEX_LEN]);
 
+/* Adds n ids to a running digest in the form wk_sha256_token_ids_hex() hashes (int64 LE each). */
+void wk_sha256_update_token_ids(wk_sha256 *s, const int32_t *ids, size_t n);
+
 /* SHA-256 of a whole file as hex. WK_ENOENT / WK_EIO on failure. */
 WK_MUST_CHECK wk_err wk_sha256_file_hex(const char *path, char out[WK_SHA256_HEX_LEN],
                                         wk_diag *d);

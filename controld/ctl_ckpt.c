@@ -109,23 +109,6 @@ ckpt_put_str(wk_sha256 *s, const char *str)
     wk_sha256_update(s, str, n);
 }
 
-static void
-ckpt_put_ids(wk_sha256 *s, const int32_t *ids, size_t n)
-{
-    uint8_t buf[8 * 256];
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t v = (uint64_t)(int64_t)ids[i];
-        for (int b = 0; b < 8; b++)
-            buf[k++] = (uint8_t)(v >> (8 * b));
-        if (k == sizeof(buf)) {
-            wk_sha256_update(s, buf, k);
-            k = 0;
-        }
-    }
-    if (k)
-        wk_sha256_update(s, buf, k);
-}
 
 static wk_err
 ckpt_key_start(wk_sha256 *s, const char *fp, const char *owner)
@@ -162,7 +145,7 @@ ckpt_key(const char *fp, const char *owner, const int32_t *ids, size_t n,
     wk_err err = ckpt_key_start(&s, fp, owner);
     if (err != WK_OK)
         return err;
-    ckpt_put_ids(&s, ids, n);
+    wk_sha256_update_token_ids(&s, ids, n);
     uint8_t dg[WK_SHA256_LEN];
     wk_sha256_final(&s, dg);
     wk_sha256_to_hex(dg, out);
@@ -181,7 +164,7 @@ ckpt_keys_at(const char *fp, const char *owner, const int32_t *ids, const size_t
     wk_err err = ckpt_key_start(&s, fp, owner);
     size_t at = 0;
     for (size_t i = 0; i < m && err == WK_OK; i++) {
-        ckpt_put_ids(&s, ids + at, len[i] - at);
+        wk_sha256_update_token_ids(&s, ids + at, len[i] - at);
         at = len[i];
         err = ckpt_key_peek(&s, keys[i]);
     }
