@@ -207,9 +207,58 @@ ctl_oa_models(ctl_http_req *req, void *arg)
 
 /* Fields we refuse rather than silently ignore. */
 static const char *const ctl_oa_unsupported[] = {
-    "tools", "tool_choice", "functions", "function_call", "audio", "modalities",
-    "prediction", "web_search_options", "parallel_tool_calls",
+    "audio", "modalities", "prediction", "web_search_options",
 };
+
+/*
+ * Tools. A server may answer a request that offers tools with a plain message
+ * when the client lets the model choose (OpenAI's semantics): wkvm's models
+ * never call a tool, so `tools` / `functions` are validated and ignored with
+ * tool_choice absent, "auto" or "none" (function_call absent, "auto" or
+ * "none"), and a request that requires a call ("required", or a named
+ * function) is a 400 naming the field. Sends the error and returns false.
+ */
+static bool
+ctl_oa_parse_tools(ctl_http_req *req, json_t *body)
+{
+    static const char *const lists[] = {"tools", "functions"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = json_object_get(body, lists[i]);
+        if (v == NULL || json_is_null(v))
+            continue;
+        bool ok = json_is_array(v);
+        size_t k;
+        json_t *t;
+        json_array_foreach(v, k, t) ok = ok && json_is_object(t);
+        if (!ok) {
+            ctl_oa_fail(req, WK_EINVAL, lists[i], "'%s' must be an array of objects", lists[i]);
+            return false;
+        }
+    }
+    static const char *const choices[] = {"tool_choice", "function_call"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = json_object_get(body, choices[i]);
+        const char *c = json_is_string(v) ? json_string_value(v) : NULL;
+        if (v == NULL || json_is_null(v) || (c != NULL && (strcmp(c, "auto") == 0 ||
+                                                           strcmp(c, "none") == 0)))
+            continue;
+        if ((c != NULL && strcmp(c, "required") == 0) || json_is_object(v))
+            ctl_oa_fail(req, WK_EINVAL, choices[i], "wkvm's models never call tools: '%s' "
+                        "cannot require one (use \"auto\" or \"none\", or leave it out)",
+                        choices[i]);
+        else
+            ctl_oa_fail(req, WK_EINVAL, choices[i], "'%s' must be \"auto\", \"none\", "
+                        "\"required\" or a function", choices[i]);
+        return false;
+    }
+    json_t *p = json_object_get(body, "parallel_tool_calls");
+    if (p != NULL && !json_is_null(p) && !json_is_boolean(p)) {
+        ctl_oa_fail(req, WK_EINVAL, "parallel_tool_calls", "'parallel_tool_calls' must be a "
+                    "boolean");
+        return false;
+    }
+    return true;
+}
 
 /* Parses the common sampling fields. Sends the error and returns false on failure. */
 bool
@@ -237,6 +286,8 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
             return false;
         }
     }
+    if (!ctl_oa_parse_tools(req, body))
+        return false;
     int64_t n = 1;
     if ((err = wk_json_get_i64(body, "n", false, 1, 1, 128, &n, &d)) != WK_OK || n != 1) {
         ctl_oa_fail(req, WK_EINVAL, "n", "only n=1 is supported");

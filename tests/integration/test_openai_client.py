@@ -109,17 +109,23 @@ def error_unknown_model():
 
 
 def error_tools():
+    """Tools offered (as Open WebUI 0.12 does with its built-in tools): a plain message;
+    a required tool call: BadRequestError naming tool_choice."""
     tools = [{"type": "function", "function": {
         "name": "get_weather", "description": "weather of a city",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    r = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=4, tools=tools)
+    assert r.choices[0].message.tool_calls in (None, []), r.choices[0].message
+    assert isinstance(r.choices[0].message.content, str), r.choices[0].message
     try:
-        client.chat.completions.create(model=MID, messages=MSGS, max_tokens=4, tools=tools)
+        client.chat.completions.create(model=MID, messages=MSGS, max_tokens=4, tools=tools,
+                                       tool_choice="required")
     except openai.BadRequestError as e:
         assert e.status_code == 400, e
         err = e.body if isinstance(e.body, dict) else {}
-        assert err.get("param") == "tools", e.body
+        assert err.get("param") == "tool_choice", e.body
         return
-    raise AssertionError("no BadRequestError for tools")
+    raise AssertionError("no BadRequestError for tool_choice required")
 
 
 def chat_reuse_without_headers():

@@ -160,7 +160,28 @@ def test_errors():
         err({"model": "nope", "messages": ok_msgs}, 404, "model")
         err({"model": MID}, 400, "messages")
         err({"model": MID, "messages": []}, 400, "messages")
-        err({"model": MID, "messages": ok_msgs, "tools": [{"type": "function"}]}, 400, "tools")
+        # Tools offered with the choice left to the model: a plain answer (the model never
+        # calls one); a call that is required, or a malformed field: a 400 naming it.
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        for choice in (None, "auto", "none"):
+            body = {"model": MID, "messages": ok_msgs, "tools": [tool], "max_tokens": 2}
+            if choice is not None:
+                body["tool_choice"] = choice
+            r = http("POST", s.url + "/v1/chat/completions", body=body)
+            assert r.status == 200, (choice, r.body)
+            msg = r.json()["choices"][0]["message"]
+            assert "tool_calls" not in msg and isinstance(msg["content"], str), msg
+        err({"model": MID, "messages": ok_msgs, "tools": [tool], "tool_choice": "required"}, 400,
+            "tool_choice")
+        err({"model": MID, "messages": ok_msgs, "tools": [tool],
+             "tool_choice": {"type": "function", "function": {"name": "f"}}}, 400, "tool_choice")
+        err({"model": MID, "messages": ok_msgs, "tools": {"type": "function"}}, 400, "tools")
+        err({"model": MID, "messages": ok_msgs, "tools": [tool], "tool_choice": "maybe"}, 400,
+            "tool_choice")
+        err({"model": MID, "messages": ok_msgs, "function_call": {"name": "f"}}, 400,
+            "function_call")
+        err({"model": MID, "messages": ok_msgs, "parallel_tool_calls": "yes"}, 400,
+            "parallel_tool_calls")
         err({"model": MID, "messages": ok_msgs, "n": 2}, 400, "n")
         err({"model": MID, "messages": ok_msgs, "temperature": 5}, 400, "temperature")
         err({"model": MID, "messages": ok_msgs, "max_tokens": 0}, 400, "max_tokens")
