@@ -260,7 +260,11 @@ ctl_chat_decide(ctl_chat_turn *t, const ctl_oa_req *r)
     if (t->prev != NULL)
         (void)ctl_session_binding_retained(t->prev, &n_ret);
     if (t->fallback && r->reused && r->reused_tokens >= n_ret) {
-        ctl_metrics_add(app->metrics, "wkvm_parent_bound_continuation_hits_total", NULL, 1);
+        ctl_metrics_add(app->metrics,
+                        t->res.outcome == CTL_SESSION_OUTCOME_HIT
+                            ? "wkvm_parent_bound_continuation_hits_total"
+                            : "wkvm_chat_exact_prefix_reuse_hits_total",
+                        NULL, 1);
         t->count_pending = false;
     } else if (!t->fallback && r->reused && r->reuse_kind == CTL_CKPT_HIT_REGENERATE) {
         ctl_metrics_add(app->metrics, "wkvm_parent_bound_regenerate_hits_total", NULL, 1);
@@ -325,21 +329,15 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
 }
 
 /*
- * Puts the parked state of cache key `key` (binding b) into *slot: moved
- * out of the cache, or with copy, copied (the entry stays). Falls back to
- * the spilled state record. False when the state is gone.
+ * Puts the parked state of cache key `key` (binding b) into *slot, moved out
+ * of the cache, or loaded from the spilled state record. False when the
+ * state is gone.
  */
 static bool
-ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, bool copy,
-                 ctl_slot_ref *slot)
+ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, ctl_slot_ref *slot)
 {
-    if (!copy && ctl_vm_take(app->vm, key, slot) == WK_OK)
+    if (ctl_vm_take(app->vm, key, slot) == WK_OK)
         return true;
-    if (copy && ctl_vm_cached(app->vm, key) && ctl_vm_slot_get(app->vm, NULL, slot, NULL) == WK_OK) {
-        if (ctl_vm_load_into(app->vm, key, NULL, slot, NULL) == WK_OK)
-            return true;
-        (void)ctl_sched_slot_free(app->sched, slot);
-    }
     /* The entry may have been spilled since b was read: look at the stored ref. */
     bool bad = false;
     ctl_session_binding *now = ctl_chat_load(app, key, &bad);
@@ -427,7 +425,7 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
     bool hit = t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
                t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
     if (hit) {
-        t->have_slot = ctl_chat_acquire(app, t->key, t->prev, false, &t->slot);
+        t->have_slot = ctl_chat_acquire(app, t->key, t->prev, &t->slot);
         if (!t->have_slot && app->ckpt != NULL && r->cache &&
             ctl_ckpt_get_config(app->ckpt).enabled) {
             /*
