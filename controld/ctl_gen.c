@@ -107,7 +107,7 @@ ctl_gen_submit(ctl_sched *sched, const int32_t *input, size_t n, const ctl_gen_p
         .deadline_ms = p->deadline_ms,
         .max_new = (uint64_t)p->max_tokens + 1, /* (the last sampled token may be fed too) */
         .reuse = p->reuse,
-        .worker = p->slot == NULL ? p->worker : NULL,
+        .prefer = p->slot == NULL ? p->worker : NULL,
     };
     return ctl_sched_submit(sched, &spec, job, d);
 }

@@ -43,7 +43,8 @@ typedef struct ctl_gen_params {
     bool keep_slot;             /* keep the slot at the end (result.slot) */
     bool feed_stop;             /* feed the final sampled token into the state too */
     const ctl_sched_reuse *reuse; /* checkpoint hooks (ctl_ckpt_plan), NULL = none */
-    const char *worker;         /* without slot: preferred worker (a warm checkpoint), NULL */
+    const char *worker;         /* without slot: preferred worker while it has a free slot
+                                 * (a warm checkpoint's), NULL = none */
 } ctl_gen_params;
 
 /*

@@ -59,7 +59,8 @@ struct ctl_job {
     bool held;                  /* the slot belongs to the caller */
     bool fresh;                 /* reset the slot with the first chunk */
     ctl_slot_ref slot;          /* the slot, once admitted */
-    char want_worker[65];       /* placement preference, "" = any */
+    char want_worker[65];       /* placement: only this worker, "" = any */
+    char prefer_worker[65];     /* placement: this worker while it has a free slot, "" = none */
     ctl_job_state state;        /* lifecycle */
     size_t in_flight;           /* tokens of this job in the step being run, 0 = none */
     bool cancelled;             /* the consumer freed it */
@@ -294,6 +295,17 @@ ctl_job_pages_need(const ctl_sworker *w, const ctl_job *j)
     return ctl_kv_job_pages(&w->geom, j->ctx0, j->n_input, j->max_new);
 }
 
+/* The first allocatable slot of w, 0 when none. Caller holds mu. */
+static uint32_t
+ctl_sworker_free_slot(const ctl_sworker *w)
+{
+    for (uint32_t i = 1; i <= w->n_slots; i++) {
+        if (w->gen[i] == 0 && !w->stale[i])
+            return i;
+    }
+    return 0;
+}
+
 /* A job's place in the admission and prefill order (ctl_sched_order_locked()). */
 struct ctl_job_rank {
     ctl_job *job;     /* the job */
@@ -396,13 +408,13 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
             return;
         if (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0)
             continue;
-        uint32_t free_slot = 0;
-        for (uint32_t i = 1; i <= w->n_slots; i++) {
-            if (w->gen[i] == 0 && !w->stale[i]) {
-                free_slot = i;
-                break;
-            }
+        if (j->prefer_worker[0] && strcmp(j->prefer_worker, w->id) != 0) {
+            /* Elsewhere only while the preferred worker has no free slot. */
+            ctl_sworker *pw = ctl_sched_worker_locked(s, j->prefer_worker);
+            if (pw != NULL && !pw->draining && ctl_sworker_free_slot(pw) != 0)
+                continue;
         }
+        uint32_t free_slot = ctl_sworker_free_slot(w);
         if (free_slot == 0)
             return; /* FIFO: nobody behind it may jump ahead on this worker */
         uint32_t need = ctl_job_pages_need(w, j);
@@ -1188,6 +1200,8 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     pthread_cond_init(&j->cv, NULL);
     if (spec->worker != NULL)
         snprintf(j->want_worker, sizeof(j->want_worker), "%s", spec->worker);
+    else if (spec->prefer != NULL)
+        snprintf(j->prefer_worker, sizeof(j->prefer_worker), "%s", spec->prefer);
     if (spec->reuse != NULL) {
         const ctl_sched_reuse *ru = spec->reuse;
         bool bad = ru->n_ckpt > CTL_SCHED_CKPT_MAX || (ru->n_ckpt && ru->ckpt_at == NULL) ||

@@ -105,7 +105,9 @@ typedef struct ctl_job_spec {
     uint64_t sample_index;      /* RNG position of the first sampled token */
     const ctl_slot_ref *slot;   /* run on this held slot (NULL: allocate at admission) */
     bool fresh;                 /* zero the slot before feeding (always for new slots) */
-    const char *worker;         /* with slot == NULL: prefer this worker, NULL = any */
+    const char *worker;         /* with slot == NULL: only this worker, NULL = any */
+    const char *prefer;         /* with slot == NULL and no worker: this one while it has a
+                                 * free slot, else any (a warm checkpoint's worker), NULL */
     uint64_t deadline_ms;       /* monotonic ms after which the job fails, 0 = none */
     uint64_t max_new;           /* with sample: most tokens it may sample (hybrid models
                                  * reserve KV pages for them at admission), 0 = none */
