@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from wkvm_harness import BUILD, MKMODEL, Stack, http, run_tests  # noqa: E402
@@ -318,10 +319,45 @@ def test_budgets_switches_and_admin():
         assert s.get("/admin/cache").json()["enabled"] is False
 
 
+def test_busy_preferred_worker():
+    """A checkpoint warm on a worker whose slots are all held goes to another worker
+    (its bytes relayed) instead of waiting for that worker."""
+    with Stack(model=MODEL, slots=1) as s:
+        s.start_controller()
+        s.start_worker("w0")
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+        prompt = [(i * 17) % 500 + 1 for i in range(70)]
+        body = {"model": MID, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+                "return_token_ids": True}
+        first = s.post("/v1/completions", body=body).json()  # its checkpoints: warm on w0
+        s.start_worker("w1")
+        s.wait(lambda: sum(w["state"] == "ready" for w in s.workers_list()) == 2, "two workers")
+        # A hot state in each worker's only slot (the scheduler may pick w1 up a moment
+        # after the pool reports it ready: create until both hold one).
+        slots = []
+        for i in range(40):
+            r = s.post("/v1/states", body={"name": f"s{i}", "prompt": f"state {i}"})
+            assert r.status == 201, r.body
+            slots = s.get("/admin/slots").json()["slots"]
+            if sorted(x["worker"] for x in slots) == ["w0", "w1"]:
+                break
+            time.sleep(0.1)
+        assert sorted(x["worker"] for x in slots) == ["w0", "w1"], slots
+        on_w1 = [x["id"] for x in slots if x["worker"] == "w1"][0]
+        ev = s.post(f"/admin/slots/{on_w1}/evict")
+        assert ev.status == 200, ev.body
+        r = http("POST", s.url + "/v1/completions", body=body, timeout=20)
+        assert r.status == 200, r.body
+        j = r.json()
+        assert j["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt) - 1, j["usage"]
+        assert j["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
+
+
 if __name__ == "__main__":
     rc = run_tests([test_every_follow_up_reuses_for_every_client,
                     test_cut_characters_stops_and_regenerate,
                     test_pressure_restart_and_owners,
-                    test_budgets_switches_and_admin])
+                    test_budgets_switches_and_admin,
+                    test_busy_preferred_worker])
     TMP.cleanup()
     sys.exit(rc)
