@@ -137,21 +137,6 @@ ckpt_key_peek(const wk_sha256 *s, char out[WK_SHA256_HEX_LEN])
     return WK_OK;
 }
 
-static wk_err
-ckpt_key(const char *fp, const char *owner, const int32_t *ids, size_t n,
-         char out[WK_SHA256_HEX_LEN])
-{
-    wk_sha256 s;
-    wk_err err = ckpt_key_start(&s, fp, owner);
-    if (err != WK_OK)
-        return err;
-    wk_sha256_update_token_ids(&s, ids, n);
-    uint8_t dg[WK_SHA256_LEN];
-    wk_sha256_final(&s, dg);
-    wk_sha256_to_hex(dg, out);
-    return WK_OK;
-}
-
 /*
  * Keys of ids[0..len[i]) for the m increasing lengths len[] into keys[],
  * hashing ids once.
@@ -160,7 +145,7 @@ static wk_err
 ckpt_keys_at(const char *fp, const char *owner, const int32_t *ids, const size_t *len, size_t m,
              char (*keys)[WK_SHA256_HEX_LEN])
 {
-    wk_sha256 s;
+    wk_sha256 s = {0};
     wk_err err = ckpt_key_start(&s, fp, owner);
     size_t at = 0;
     for (size_t i = 0; i < m && err == WK_OK; i++) {
@@ -170,6 +155,14 @@ ckpt_keys_at(const char *fp, const char *owner, const int32_t *ids, const size_t
     }
     wk_sha256_fini(&s);
     return err;
+}
+
+/* The key of ids[0..n). */
+static wk_err
+ckpt_key(const char *fp, const char *owner, const int32_t *ids, size_t n,
+         char out[WK_SHA256_HEX_LEN])
+{
+    return ckpt_keys_at(fp, owner, ids, &n, 1, (char(*)[WK_SHA256_HEX_LEN])out);
 }
 
 void
@@ -792,7 +785,9 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
         e->bytes = bytes;
         c->warm_total += bytes;
         c->n_warm++;
-        if (ckpt_warm_on_locked(c, e->worker) > c->cfg.warm_bytes) {
+        /* (all workers' total first: the per-worker sum is a walk over the index) */
+        if (c->warm_total > c->cfg.warm_bytes &&
+            ckpt_warm_on_locked(c, e->worker) > c->cfg.warm_bytes) {
             c->kick = true;
             pthread_cond_broadcast(&c->cv);
         }

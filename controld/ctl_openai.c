@@ -91,8 +91,7 @@ ctl_oa_chat_tokens(ctl_app *app, ctl_oa_req *r, const wk_chat_span *sp, wk_diag 
             char key[WK_SHA256_HEX_LEN];
             ctl_ckpt_reply_key(v.fingerprint, r->owner, r->prompt_text, sp[k].end, key);
             if (ctl_ckpt_reply_tokens(app->ckpt, key, &ret, &n_ret)) {
-                off = ctl_session_retained_terminated(app->tok, ret, n_ret) ? sp[k].end
-                                                                            : sp[k].content_end;
+                off = ctl_session_align_at(app->tok, ret, n_ret, &sp[k]);
                 break;
             }
         }

@@ -74,7 +74,6 @@ struct ctl_job {
     size_t *ckpt;               /* checkpoint positions, owned */
     size_t next_ckpt;           /* first position not yet reached */
     bool load_pending;          /* admitted; the load hook has not run yet */
-    bool resumed;               /* the load hook succeeded */
     bool in_hook;               /* a hook runs (the job is also marked in_flight) */
     ctl_job_event evq[CTL_JOB_EVQ]; /* events for the consumer */
     unsigned ev_head;           /* next event to read */
@@ -310,7 +309,7 @@ ctl_sworker_free_slot(const ctl_sworker *w)
 struct ctl_job_rank {
     ctl_job *job;     /* the job */
     bool aged;        /* submitted at least CTL_SCHED_AGING_MS ago */
-    size_t todo;      /* input tokens left to compute */
+    size_t left;      /* input tokens left to compute */
     uint64_t seq;     /* submit order */
 };
 
@@ -320,8 +319,8 @@ ctl_job_rank_cmp(const void *a, const void *b)
     const ctl_job_rank *x = a, *y = b;
     if (x->aged != y->aged)
         return x->aged ? -1 : 1;
-    if (!x->aged && x->todo != y->todo)
-        return x->todo < y->todo ? -1 : 1;
+    if (!x->aged && x->left != y->left)
+        return x->left < y->left ? -1 : 1;
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
@@ -359,7 +358,7 @@ ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
         size_t from = j->state == CTL_JOB_WAITING && j->reuse.load != NULL ? j->reuse.resume_at
                                                                             : j->computed;
         s->rank[m++] = (ctl_job_rank){.job = j, .aged = now - j->submit_ms >= CTL_SCHED_AGING_MS,
-                                      .todo = j->n_input > from ? j->n_input - from : 0,
+                                      .left = j->n_input > from ? j->n_input - from : 0,
                                       .seq = j->seq};
     }
     qsort(s->rank, m, sizeof(*s->rank), ctl_job_rank_cmp);
@@ -671,7 +670,6 @@ ctl_sched_hooks_locked(ctl_sched *s, ctl_sworker *w)
             if (err == WK_OK && live && j->state == CTL_JOB_RUNNING) {
                 j->computed = j->reuse.resume_at;
                 j->fresh = false;
-                j->resumed = true;
                 w->ctx[k] = j->reuse.resume_at;
                 while (j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] <= j->computed)
                     j->next_ckpt++;
@@ -1408,18 +1406,6 @@ size_t
 ctl_job_n_input(const ctl_job *j)
 {
     return j->n_input; /* immutable after submit */
-}
-
-bool
-ctl_job_resumed(const ctl_job *j)
-{
-    bool r;
-    if (j->s == NULL)
-        return j->resumed;
-    pthread_mutex_lock(&j->s->mu);
-    r = j->resumed;
-    pthread_mutex_unlock(&j->s->mu);
-    return r;
 }
 
 size_t

@@ -166,9 +166,6 @@ size_t ctl_job_fed(const ctl_job *j);
 /* Input tokens the job was submitted with. */
 size_t ctl_job_n_input(const ctl_job *j);
 
-/* True when the job's load hook succeeded (it started at resume_at). */
-bool ctl_job_resumed(const ctl_job *j);
-
 /* Tokens this job computed itself (for usage accounting). */
 size_t ctl_job_computed(const ctl_job *j);
 

@@ -400,7 +400,7 @@ static wk_err
 session_digest(const session_text *msgs, size_t n, const char *reply, size_t reply_len,
                char out[WK_SHA256_HEX_LEN], wk_diag *d)
 {
-    size_t off = 0, rn;
+    size_t rn;
     wk_err err = WK_OK;
     char *vis = NULL;
 
@@ -411,8 +411,7 @@ session_digest(const session_text *msgs, size_t n, const char *reply, size_t rep
     }
     if (session_visible_dup(reply, reply_len, &vis, &rn) != WK_OK)
         return WK_ENOMEM;
-    reply = vis;
-    if (!session_utf8_valid(reply + off, rn)) {
+    if (!session_utf8_valid(vis, rn)) {
         free(vis);
         return wk_diag_set(d, WK_EINVAL, "the assistant reply is not valid UTF-8");
     }
@@ -423,7 +422,7 @@ session_digest(const session_text *msgs, size_t n, const char *reply, size_t rep
     }
     for (size_t i = 0; i <= n && err == WK_OK; i++) {
         const char *role = i < n ? msgs[i].role : "assistant";
-        const char *s = i < n ? msgs[i].s : reply + off;
+        const char *s = i < n ? msgs[i].s : vis;
         size_t len = i < n ? msgs[i].len : rn;
         json_t *o = json_pack("{s:s, s:s%}", "role", role, "content", s, len);
         if (o == NULL || json_array_append_new(arr, o) != 0)
@@ -558,6 +557,13 @@ ctl_session_retained_terminated(const wk_tok *tok, const int32_t *ids, size_t n)
     return have == 2 && tail[0] == '\n' && tail[1] == '\n';
 }
 
+size_t
+ctl_session_align_at(const wk_tok *tok, const int32_t *retained, size_t n,
+                     const wk_chat_span *reply)
+{
+    return ctl_session_retained_terminated(tok, retained, n) ? reply->end : reply->content_end;
+}
+
 wk_err
 ctl_session_align(const wk_tok *tok, const int32_t *retained, size_t n, const wk_chat_msg *msgs,
                   size_t n_msgs, size_t k, size_t *off, wk_diag *d)
@@ -571,7 +577,7 @@ ctl_session_align(const wk_tok *tok, const int32_t *retained, size_t n, const wk
         return WK_ENOMEM;
     wk_err err = wk_chat_render_spans(msgs, n_msgs, true, &text, &len, sp, d);
     if (err == WK_OK)
-        *off = ctl_session_retained_terminated(tok, retained, n) ? sp[k].end : sp[k].content_end;
+        *off = ctl_session_align_at(tok, retained, n, &sp[k]);
     free(text);
     free(sp);
     return err;

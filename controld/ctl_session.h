@@ -344,6 +344,13 @@ bool ctl_session_retained_terminated(const wk_tok *tok, const int32_t *ids, size
  * wk_tok_encode_continue(). WK_OK; WK_EINVAL (k out of range, a bad role),
  * WK_ENOMEM. Pure and thread-safe.
  */
+/*
+ * ctl_session_align()'s rule for a reply already rendered at span reply:
+ * its end when the retained ids ended the turn, else its content's end.
+ */
+size_t ctl_session_align_at(const wk_tok *tok, const int32_t *retained, size_t n,
+                            const wk_chat_span *reply);
+
 WK_MUST_CHECK wk_err ctl_session_align(const wk_tok *tok, const int32_t *retained, size_t n,
                                        const wk_chat_msg *msgs, size_t n_msgs, size_t k,
                                        size_t *off, wk_diag *d);

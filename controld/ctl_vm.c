@@ -415,12 +415,6 @@ ctl_vm_find_locked(ctl_vm *vm, const char *key)
 }
 
 /* One HOST_* request. */
-static wk_err
-ctl_vm_host(ctl_vm *vm, int kind, const char *worker, const char *key, uint32_t slot, wk_diag *d)
-{
-    return ctl_vm_host_call(vm, kind, worker, key, slot, d);
-}
-
 wk_err
 ctl_vm_host_call(ctl_vm *vm, int kind, const char *worker, const char *key, uint32_t slot,
                  wk_diag *d)
@@ -436,6 +430,16 @@ ctl_vm_host_call(ctl_vm *vm, int kind, const char *worker, const char *key, uint
     wk_err err = ctl_vm_call(vm, worker, &req, &rep, d);
     wk_proto_free(rep);
     return err;
+}
+
+/* Forgets a warm copy on worker; best effort (a restarted worker has none). */
+static void
+ctl_vm_host_drop(ctl_vm *vm, const char *worker, const char *key)
+{
+    wk_err err = ctl_vm_host_call(vm, WKVM__KIND__HOST_DROP, worker, key, 0, NULL);
+    if (err != WK_OK && err != WK_ENOENT)
+        wk_log_debug("warm copy not dropped worker=%s key=%.16s: %s", worker, key,
+                     wk_strerror(err));
 }
 
 /* Removes and returns the warm index entry of key, NULL when none. Caller holds mu. */
@@ -462,7 +466,7 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
 {
     if (!ctl_sched_slot_valid(vm->sched, &e->slot))
         return;
-    wk_err err = ctl_vm_host(vm, WKVM__KIND__HOST_PUT, e->slot.worker, e->key, e->slot.slot, NULL);
+    wk_err err = ctl_vm_host_call(vm, WKVM__KIND__HOST_PUT, e->slot.worker, e->key, e->slot.slot, NULL);
     if (err == WK_ENOSPC) {
         ctl_vm_warm *oldest = NULL;
         pthread_mutex_lock(&vm->mu);
@@ -475,9 +479,9 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
         pthread_mutex_unlock(&vm->mu);
         if (oldest == NULL)
             return;
-        (void)ctl_vm_host(vm, WKVM__KIND__HOST_DROP, oldest->worker, oldest->key, 0, NULL);
+        ctl_vm_host_drop(vm, oldest->worker, oldest->key);
         free(oldest);
-        err = ctl_vm_host(vm, WKVM__KIND__HOST_PUT, e->slot.worker, e->key, e->slot.slot, NULL);
+        err = ctl_vm_host_call(vm, WKVM__KIND__HOST_PUT, e->slot.worker, e->key, e->slot.slot, NULL);
     }
     if (err != WK_OK)
         return;
@@ -495,7 +499,7 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
     vm->warm = w;
     pthread_mutex_unlock(&vm->mu);
     if (old != NULL && strcmp(old->worker, w->worker) != 0)
-        (void)ctl_vm_host(vm, WKVM__KIND__HOST_DROP, old->worker, old->key, 0, NULL);
+        ctl_vm_host_drop(vm, old->worker, old->key);
     free(old);
 }
 
@@ -768,7 +772,7 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
             if (kerr != WK_OK)
                 return kerr;
         }
-        if (warm && ctl_vm_host(vm, WKVM__KIND__HOST_GET, dst->worker, key, dst->slot, NULL) == WK_OK)
+        if (warm && ctl_vm_host_call(vm, WKVM__KIND__HOST_GET, dst->worker, key, dst->slot, NULL) == WK_OK)
             return WK_OK;
         if (warm) { /* the worker restarted or dropped it: forget the copy */
             pthread_mutex_lock(&vm->mu);
