@@ -49,14 +49,53 @@ test_greedy(void **state)
     for (int i = 0; i < V; i++)
         z += exp((double)l[i]);
     assert_true(fabs(r.logprob - (l[best] - log(z))) < 1e-4);
-    /* Ties go to the lowest id. */
-    l[3] = l[best];
-    l[best + 0] = l[3];
-    float t[V] = {0};
-    t[5] = 1.0f;
-    t[9] = 1.0f;
-    wrk_sample_params q = {0};
-    assert_int_equal(run(t, q).token, 5);
+}
+
+/* Ties go to the lowest id: greedy, top_k = 1 and the top_logprobs order. */
+static void
+test_ties(void **state)
+{
+    (void)state;
+    float l[V];
+    fill(l, 1);
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best])
+            best = i;
+    assert_true(best > 0 && best < V - 1); /* room for a tie on either side */
+    wrk_sample_params g = {0};
+    float t[V];
+    /* a higher id tying the maximum leaves the choice alone */
+    memcpy(t, l, sizeof(t));
+    t[V - 1] = t[best];
+    assert_int_equal(run(t, g).token, best);
+    /* a lower id tying the maximum wins */
+    memcpy(t, l, sizeof(t));
+    t[best / 2] = t[best];
+    assert_int_equal(run(t, g).token, best / 2);
+    memcpy(t, l, sizeof(t));
+    t[0] = t[best];
+    assert_int_equal(run(t, g).token, 0);
+    /* three tied maxima, the rest flat */
+    float u[V] = {0};
+    u[9] = 1.0f;
+    u[40] = 1.0f;
+    u[5] = 1.0f;
+    assert_int_equal(run(u, g).token, 5);
+    /* top_k = 1 keeps the lowest id of a tie, so sampling is greedy */
+    for (uint64_t i = 0; i < 50; i++) {
+        wrk_sample_params k1 = {.temperature = 1.0f, .top_k = 1, .seed = 3, .sample_index = i};
+        assert_int_equal(run(u, k1).token, 5);
+    }
+    /* top_logprobs lists tied entries by increasing id, with equal logprobs */
+    wrk_sample_params tl = {.top_logprobs = 3};
+    wrk_sample_result r = run(u, tl);
+    assert_int_equal(r.n_top, 3);
+    assert_int_equal(r.top_token[0], 5);
+    assert_int_equal(r.top_token[1], 9);
+    assert_int_equal(r.top_token[2], 40);
+    assert_true(r.top_logprob[0] == r.top_logprob[1] && r.top_logprob[1] == r.top_logprob[2]);
+    assert_int_equal(r.token, 5);
 }
 
 static void
@@ -173,6 +212,7 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_ties),
         cmocka_unit_test(test_determinism_and_filters),
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_penalties_and_top_logprobs),
