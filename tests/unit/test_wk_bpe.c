@@ -493,8 +493,10 @@ test_nfc_long_run(void **state)
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     assert_int_equal(blen, 1 + 4 * (size_t)PAIRS);
     assert_memory_equal(back, want, blen);
-    if (secs > 5.0)
-        fail_msg("NFC of a 200k-mark run took %.1f s", secs);
+    /* a safety limit, not a speed test (bench/ measures speed): linear ordering
+     * takes well under a second, the quadratic one minutes */
+    if (secs > 60.0)
+        fail_msg("NFC of a 200k-mark run took %.1f s (quadratic ordering?)", secs);
     free(back);
     free(in);
     free(want);
