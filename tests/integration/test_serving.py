@@ -1,5 +1,10 @@
 """Serving integration tests: the real controller and CPU workers with a tiny
-model, talked to over HTTP like an OpenAI client would."""
+model, talked to over HTTP like an OpenAI client would.
+
+wkvm-infer runs the same CPU backend as the worker, so comparing the server
+with it is a consistency check (scheduling, batching, chunked prefill and the
+protocol change nothing), not a check of the model's numbers: those are the
+reference tests' (tests/reference, against numpy and torch)."""
 import json
 import os
 import subprocess
@@ -50,6 +55,8 @@ def sse(url, body, timeout=60):
 
 
 def infer_generate(tokens, n):
+    """Greedy ids from wkvm-infer: the same backend without the server, a
+    consistency oracle (not an independent one)."""
     p = subprocess.run([INFER, "--model", MODEL, "--tokens", ",".join(map(str, tokens)),
                         "--generate", str(n), "--threads", "1"], capture_output=True, text=True,
                        timeout=120, check=True)
@@ -125,7 +132,9 @@ def test_stream_equals_blocking_and_framing():
         assert t2 == b2["choices"][0]["text"]
 
 
-def test_greedy_ids_equal_wkvm_infer():
+def test_greedy_ids_consistent_with_wkvm_infer_same_backend():
+    """Consistency with wkvm-infer (same backend): the server's greedy ids equal
+    the stand-alone run's, for a short prompt and a long chunked one."""
     prompt = [5, 77, 300, 12, 1, 499, 256, 42]
     want = infer_generate(prompt, 20)
     with stack() as s:
@@ -294,7 +303,7 @@ if __name__ == "__main__":
     rc = run_tests([
         test_models_and_shapes,
         test_stream_equals_blocking_and_framing,
-        test_greedy_ids_equal_wkvm_infer,
+        test_greedy_ids_consistent_with_wkvm_infer_same_backend,
         test_errors,
         test_no_worker_queue_full_timeout,
         test_concurrency_batch_invariance_and_seeds,
