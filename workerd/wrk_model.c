@@ -592,14 +592,48 @@ wrk_map_rwkv7(wrk_model *m, wk_diag *d)
             return wrk_shape_err(d, vecs[i].name, t, dm.C, -1);
         *vecs[i].field = t;
     }
+    /*
+     * The head. BlinkDL checkpoints always store head.weight. HF (fla rwkv7):
+     * config.json's tie_word_embeddings decides (default: false, as fla's
+     * RWKV7Config; without config.json, the head's absence); tied, the head
+     * is the embedding, as transformers ties lm_head to it.
+     */
     const wk_tensor *head = wk_tensor_set_find(set, nm->head);
-    if (head == NULL)
-        return wk_diag_set(d, WK_EINVAL, "%s: missing", nm->head);
-    if (!wrk_is_mat(head, dm.V, dm.C))
+    bool tied = false;
+    if (hf && (e = wrk_config_bool(m->config, "tie_word_embeddings",
+                                   m->config == NULL && head == NULL, &tied, d)) != WK_OK)
+        return e;
+    if (tied && head != NULL)
+        return wk_diag_set(d, WK_EINVAL,
+                           "%s: present but config.json tie_word_embeddings is true", nm->head);
+    if (!tied && head == NULL)
+        return wk_diag_set(d, WK_EINVAL, hf ? "%s: missing (config.json tie_word_embeddings is "
+                                              "false)"
+                                            : "%s: missing",
+                           nm->head);
+    if (head != NULL && !wrk_is_mat(head, dm.V, dm.C))
         return wrk_shape_err(d, nm->head, head, dm.V, dm.C);
 
+    /*
+     * Epsilons. BlinkDL: LayerNorm 1e-5, GroupNorm 64e-5 whatever the head
+     * size (its training code divides by head_size_divisor 8 before the
+     * GroupNorm of eps 1e-5, which inference folds into eps 1e-5 * 8^2).
+     * HF (fla rwkv7): LayerNorms norm_eps, g_norm head_dim * norm_eps.
+     */
+    r->ln_eps = 1e-5;
+    r->gn_eps = 64e-5;
+    if (hf) {
+        if ((e = wrk_config_f64(m->config, "norm_eps", 1e-5, &r->ln_eps, d)) != WK_OK)
+            return e;
+        if (!(r->ln_eps > 0.0 && r->ln_eps < 1.0))
+            return wk_diag_set(d, WK_EINVAL, "config.json: norm_eps %g outside (0, 1)",
+                               r->ln_eps);
+        r->gn_eps = (double)dm.N * r->ln_eps;
+    }
+
     r->emb = emb;
-    r->head = (wrk_mat){head, dm.C, dm.V, false};
+    r->tied = tied;
+    r->head = (wrk_mat){tied ? emb : head, dm.C, dm.V, false};
     r->n_layer = dm.L;
     r->n_embd = dm.C;
     r->n_head = dm.H;
@@ -717,7 +751,8 @@ wrk_visit_all(wrk_model *m, wrk_visit_fn fn, void *arg)
     VISIT(&r->lnout_w, "%s", "ln_out.weight");
     VISIT(&r->lnout_b, "%s", "ln_out.bias");
     v.vec = false;
-    VISIT(&r->head.t, "%s", "head.weight");
+    if (!r->tied) /* tied: the head is emb.weight, visited above */
+        VISIT(&r->head.t, "%s", "head.weight");
 #undef VISIT
     return WK_OK;
 }
@@ -837,12 +872,20 @@ wrk_model_fingerprint(wrk_model *m)
     int n;
     if (m->fam == NULL) {
         const wrk_rwkv7 *r = &m->rwkv7;
+        /*
+         * What changes the math beyond shapes and weights, only where it
+         * differs from what every fingerprint before it implied (untied,
+         * LayerNorm 1e-5, GroupNorm N * 1e-5), so those stay valid.
+         */
+        if (r->tied || r->ln_eps != 1e-5 || r->gn_eps != (double)r->head_size * 1e-5)
+            snprintf(extra, sizeof(extra), "rwkv7.tied=%d\nrwkv7.ln_eps=%.17g\n"
+                     "rwkv7.gn_eps=%.17g\n", r->tied, r->ln_eps, r->gn_eps);
         n = snprintf(buf, sizeof(buf),
                      "wkvm-fingerprint-v1\nfamily=%s\nn_layer=%u\nn_embd=%u\nn_head=%u\n"
-                     "head_size=%u\nffn_dim=%u\nvocab_size=%u\nlora=%u,%u,%u,%u\ndtype=%s\n"
+                     "head_size=%u\nffn_dim=%u\nvocab_size=%u\nlora=%u,%u,%u,%u\n%sdtype=%s\n"
                      "weights=%s\nvocab=%s\n",
                      in->family, r->n_layer, r->n_embd, r->n_head, r->head_size, r->ffn_dim,
-                     r->vocab_size, r->lora_w, r->lora_a, r->lora_v, r->lora_g,
+                     r->vocab_size, r->lora_w, r->lora_a, r->lora_v, r->lora_g, extra,
                      wk_dtype_name(in->dtype), in->weights_digest, in->vocab_digest);
     } else {
         if (m->fam->fingerprint_extra != NULL)
@@ -1114,6 +1157,8 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
             wk_diag_set(d, e, "converting the weights to fp32: %s", wk_strerror(e));
             goto fail;
         }
+        if (m->fam == NULL && m->rwkv7.tied)
+            m->rwkv7.head.t = m->rwkv7.emb; /* tied: the head sees the fp32 embedding */
         /* a tensor declared under two fields (tied): both see the fp32 copy */
         for (size_t i = 0; i < m->n_uses; i++)
             for (size_t j = 0; m->uses[i].dup && j < i; j++)

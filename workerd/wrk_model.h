@@ -104,7 +104,12 @@ typedef struct wrk_rwkv7 {
     const wk_tensor *emb;            /* embedding [V, C] */
     const wk_tensor *ln0_w, *ln0_b;  /* LayerNorm on the embedding [C] */
     const wk_tensor *lnout_w, *lnout_b; /* LayerNorm before the head [C] */
-    wrk_mat head;                    /* C -> V, stored [V, C] */
+    wrk_mat head;                    /* C -> V, stored [V, C]; .t == emb when tied */
+    bool tied;                       /* HF tie_word_embeddings: no lm_head, the head is emb */
+    double ln_eps;                   /* LayerNorm epsilon: BlinkDL 1e-5, HF config norm_eps */
+    double gn_eps;                   /* per-head GroupNorm (ln_x / g_norm) epsilon: BlinkDL
+                                        64e-5 (1e-5 * head_size_divisor 8 squared, any N),
+                                        HF head_dim * norm_eps (fla's g_norm) */
     const wrk_rwkv7_layer *layers;   /* n_layer entries */
 } wrk_rwkv7;
 

@@ -18,7 +18,7 @@ Usage:
   gen_model.py --out DIR [--layers L --embd C --head-size N --ffn F --vocab V
                --lora-w D --lora-a D --lora-v D --lora-g D --convention hf|blink
                --dtype f32|bf16|f16 --format safetensors|pth|sharded
-               --layer0-v yes|no --seed S]
+               --layer0-v yes|no --tied --seed S]
 """
 
 import argparse
@@ -82,8 +82,10 @@ def default_cfg(**kw):
     cfg = dict(layers=2, embd=64, head_size=16, ffn=256, vocab=300,
                lora_w=16, lora_a=16, lora_v=8, lora_g=32,
                convention="hf", dtype="f32", format="safetensors",
-               layer0_v=False, seed=1)
+               layer0_v=False, tied=False, seed=1)
     cfg.update(kw)
+    if cfg["tied"] and cfg["convention"] != "hf":
+        raise ValueError("tied needs the hf convention (BlinkDL always stores head.weight)")
     if cfg["embd"] % cfg["head_size"] != 0:
         raise ValueError("embd must be a multiple of head-size")
     return cfg
@@ -122,6 +124,8 @@ def make_params(cfg):
         "head": nrm((V, C), 2.0 / np.sqrt(C)),
         "layers": [],
     }
+    if cfg.get("tied"):
+        p["head"] = p["emb"]  # HF tie_word_embeddings: no lm_head.weight is written
     for i in range(cfg["layers"]):
         L = {
             "ln1_w": lnw(), "ln1_b": nrm((C,), 0.05),
@@ -241,7 +245,8 @@ def to_named(p, convention):
             out[b + "ffn.value.weight"] = L["ffn_value"]
         out["model.norm.weight"] = p["ln_out_w"]
         out["model.norm.bias"] = p["ln_out_b"]
-        out["lm_head.weight"] = p["head"]
+        if p["head"] is not p["emb"]:  # tied: transformers ties lm_head to the embedding
+            out["lm_head.weight"] = p["head"]
     else:
         raise ValueError("unknown convention %r" % convention)
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -322,10 +327,10 @@ def write_config(dirpath, cfg):
         "a_low_rank_dim": cfg["lora_a"],
         "v_low_rank_dim": cfg["lora_v"],
         "gate_low_rank_dim": cfg["lora_g"],
-        "norm_eps": 1e-5,
+        "norm_eps": cfg.get("norm_eps", 1e-5),
         "hidden_act": "sqrelu",
         "torch_dtype": {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[cfg["dtype"]],
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": bool(cfg.get("tied", False)),
     }
     with open(os.path.join(dirpath, "config.json"), "w") as f:
         json.dump(conf, f, indent=2)
@@ -438,6 +443,8 @@ def main(argv=None):
     ap.add_argument("--dtype", choices=DTYPES, default="f32")
     ap.add_argument("--format", choices=("safetensors", "pth", "sharded"), default="safetensors")
     ap.add_argument("--layer0-v", choices=("yes", "no"), default="no")
+    ap.add_argument("--tied", action="store_true",
+                    help="HF only: no lm_head.weight, tie_word_embeddings true")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
     # the layouts the loader accepts: HF = config.json + model.safetensors
@@ -449,7 +456,8 @@ def main(argv=None):
     cfg = default_cfg(layers=a.layers, embd=a.embd, head_size=a.head_size, ffn=a.ffn,
                       vocab=a.vocab, lora_w=a.lora_w, lora_a=a.lora_a, lora_v=a.lora_v,
                       lora_g=a.lora_g, convention=a.convention, dtype=a.dtype,
-                      format=a.format, layer0_v=(a.layer0_v == "yes"), seed=a.seed)
+                      format=a.format, layer0_v=(a.layer0_v == "yes"), tied=a.tied,
+                      seed=a.seed)
     write_model(a.out, cfg)
     return 0
 

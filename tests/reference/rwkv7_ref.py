@@ -34,8 +34,9 @@ import sys
 
 import numpy as np
 
-LN_EPS = 1e-5
-GN_EPS_PER_N = 1e-5  # GroupNorm eps = head_size * 1e-5 (64e-5 for N = 64)
+LN_EPS = 1e-5       # LayerNorm eps: BlinkDL; HF config.json norm_eps (default 1e-5)
+BLINK_GN_EPS = 64e-5  # BlinkDL GroupNorm eps, any head size (1e-5 * head_size_divisor 8 ** 2)
+# HF (fla rwkv7) GroupNorm (g_norm) eps: head_dim * norm_eps
 
 # ---------------------------------------------------------------------------
 # checkpoint reading
@@ -134,8 +135,12 @@ def _need(named, name):
     return named[name]
 
 
-def to_internal(named):
-    """Maps either convention to the internal dict (see gen_model.make_params)."""
+def to_internal(named, config=None):
+    """Maps either convention to the internal dict (see gen_model.make_params),
+    plus "convention", "ln_eps" and "gn_eps" (see above); config is the HF
+    config.json as a dict (None when absent). An HF head is tied to the
+    embedding when config says tie_word_embeddings (without config.json: when
+    lm_head.weight is absent), as transformers does."""
     flat = lambda a: np.asarray(a).reshape(-1)
     p = {"layers": []}
     if "emb.weight" in named:
@@ -144,6 +149,7 @@ def to_internal(named):
         p["ln0_w"], p["ln0_b"] = g("blocks.0.ln0.weight"), g("blocks.0.ln0.bias")
         p["ln_out_w"], p["ln_out_b"] = g("ln_out.weight"), g("ln_out.bias")
         p["head"] = g("head.weight")
+        p["convention"], p["ln_eps"], p["gn_eps"] = "blink", LN_EPS, BLINK_GN_EPS
         i = 0
         while "blocks.%d.ln1.weight" % i in named:
             b = "blocks.%d." % i
@@ -172,7 +178,13 @@ def to_internal(named):
         p["ln0_w"] = g("model.layers.0.pre_norm.weight")
         p["ln0_b"] = g("model.layers.0.pre_norm.bias")
         p["ln_out_w"], p["ln_out_b"] = g("model.norm.weight"), g("model.norm.bias")
-        p["head"] = g("lm_head.weight")
+        tied = (config or {}).get("tie_word_embeddings",
+                                  config is None and "lm_head.weight" not in named)
+        if tied and "lm_head.weight" in named:
+            raise ValueError("lm_head.weight present but tie_word_embeddings is true")
+        p["head"] = p["emb"] if tied else g("lm_head.weight")
+        p["convention"], p["tied"] = "hf", bool(tied)
+        p["ln_eps"] = float((config or {}).get("norm_eps", LN_EPS))
         i = 0
         while "model.layers.%d.attn_norm.weight" % i in named:
             b = "model.layers.%d." % i
@@ -202,7 +214,19 @@ def to_internal(named):
         raise ValueError("unknown checkpoint convention (no emb.weight or model.embeddings.weight)")
     if not p["layers"]:
         raise ValueError("no layers found")
+    if p["convention"] == "hf":
+        p["gn_eps"] = p["layers"][0]["r_k"].shape[1] * p["ln_eps"]
     return p
+
+
+def read_config(path):
+    """config.json beside the checkpoint as a dict, None when there is none."""
+    d = path if os.path.isdir(path) else os.path.dirname(path)
+    fn = os.path.join(d, "config.json")
+    if not os.path.isfile(fn):
+        return None
+    with open(fn) as f:
+        return json.load(f)
 
 
 # ---------------------------------------------------------------------------
@@ -236,12 +260,15 @@ class State:
 
 
 class RWKV7:
-    def __init__(self, params, gn_eps=None):
+    def __init__(self, params, gn_eps=None, ln_eps=None):
+        """gn_eps / ln_eps override the checkpoint's (see to_internal); params
+        without them (gen_model.make_params) get BlinkDL's."""
         self.p = params
         self.V, self.C = params["emb"].shape
         self.H, self.N = params["layers"][0]["r_k"].shape
         self.n_layer = len(params["layers"])
-        self.gn_eps = gn_eps if gn_eps is not None else self.N * GN_EPS_PER_N
+        self.gn_eps = gn_eps if gn_eps is not None else params.get("gn_eps", BLINK_GN_EPS)
+        self.ln_eps = ln_eps if ln_eps is not None else params.get("ln_eps", LN_EPS)
         self._check()
 
     def _check(self):
@@ -263,14 +290,14 @@ class RWKV7:
 
     @classmethod
     def load(cls, path, **kw):
-        return cls(to_internal(read_checkpoint(path)), **kw)
+        return cls(to_internal(read_checkpoint(path), read_config(path)), **kw)
 
     def new_state(self):
         return State(self.n_layer, self.C, self.H, self.N)
 
     def _att(self, i, L, x, st, v_first):
         H, N = self.H, self.N
-        a = _ln(x, L["ln1_w"], L["ln1_b"])
+        a = _ln(x, L["ln1_w"], L["ln1_b"], self.ln_eps)
         xx = st.att_shift[i] - a
         st.att_shift[i] = a
         xr, xw, xk = a + xx * L["x_r"], a + xx * L["x_w"], a + xx * L["x_k"]
@@ -304,7 +331,7 @@ class RWKV7:
         return x + L["Wo"] @ (y * g), v_first
 
     def _ffn(self, i, L, x, st):
-        b = _ln(x, L["ln2_w"], L["ln2_b"])
+        b = _ln(x, L["ln2_w"], L["ln2_b"], self.ln_eps)
         kx = b + (st.ffn_shift[i] - b) * L["ffn_x_k"]
         st.ffn_shift[i] = b
         h = np.maximum(L["ffn_key"] @ kx, 0.0) ** 2
@@ -315,12 +342,12 @@ class RWKV7:
         p = self.p
         if not (0 <= token < self.V):
             raise ValueError("token %d out of range (vocab %d)" % (token, self.V))
-        x = _ln(p["emb"][token], p["ln0_w"], p["ln0_b"])
+        x = _ln(p["emb"][token], p["ln0_w"], p["ln0_b"], self.ln_eps)
         v_first = None
         for i, L in enumerate(p["layers"]):
             x, v_first = self._att(i, L, x, st, v_first)
             x = self._ffn(i, L, x, st)
-        x = _ln(x, p["ln_out_w"], p["ln_out_b"])
+        x = _ln(x, p["ln_out_w"], p["ln_out_b"], self.ln_eps)
         return p["head"] @ x
 
     def forward(self, tokens, state=None):
@@ -364,7 +391,7 @@ def main(argv=None):
     ap.add_argument("--generate", type=int, default=0, help="print N greedy ids")
     ap.add_argument("--state-out", help="write the final state (.npz)")
     ap.add_argument("--gn-eps", type=float, default=None,
-                    help="GroupNorm eps (default head_size * 1e-5)")
+                    help="GroupNorm eps (default: the checkpoint's; BlinkDL 64e-5, HF head_dim * norm_eps)")
     a = ap.parse_args(argv)
     toks = [int(t) for t in a.tokens.replace(" ", "").split(",") if t != ""]
     if not toks:

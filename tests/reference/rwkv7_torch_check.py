@@ -28,7 +28,9 @@ import gen_model  # noqa: E402
 import rwkv7_ref  # noqa: E402
 
 
-def torch_forward(p, tokens):
+def torch_forward(p, tokens, gn_eps):
+    """gn_eps: the GroupNorm epsilon of the checkpoint's convention (BlinkDL
+    64e-5 at any head size, HF head_dim * norm_eps), given by the caller."""
     T = lambda a: torch.tensor(np.asarray(a), dtype=torch.float64)
     emb, head = T(p["emb"]), T(p["head"])
     V, C = emb.shape
@@ -66,7 +68,7 @@ def torch_forward(p, tokens):
             wkv[i] = s
             y = (s @ r.view(H, N, 1)).view(1, C)
             y = F.group_norm(y, num_groups=H, weight=L["lnx_w"], bias=L["lnx_b"],
-                             eps=N * 1e-5).view(C)
+                             eps=gn_eps).view(C)
             y = y + ((r * k * L["r_k"].view(C)).view(H, N).sum(dim=-1, keepdim=True)
                      * v.view(H, N)).view(C)
             x = x + L["Wo"] @ (y * g)
@@ -102,7 +104,8 @@ def main():
             toks = [int(t) for t in rng.integers(0, cfg["vocab"], 20)]
             ref = rwkv7_ref.RWKV7.load(d)
             lr, st = ref.forward(toks)
-            lt, (ax, fx, wkv) = torch_forward(p, toks)
+            gn_eps = 64e-5 if cfg["convention"] == "blink" else cfg["head_size"] * 1e-5
+            lt, (ax, fx, wkv) = torch_forward(p, toks, gn_eps)
             std = lr.std()
             err = np.abs(lr - lt).max() / std
             serr = max(np.abs(st.att_shift - ax).max(), np.abs(st.ffn_shift - fx).max(),

@@ -81,6 +81,13 @@ MATRIX = [
     ("blink-bf16-st-L4C128N64", dict(convention="blink", dtype="bf16", format="safetensors",
                                      layers=4, embd=128, head_size=64, ffn=448, vocab=1000,
                                      seed=205)),
+    # HF tie_word_embeddings (no lm_head.weight: the head is the embedding),
+    # and a norm_eps other than 1e-5 (LayerNorms norm_eps, g_norm N * norm_eps)
+    ("hf-f32-st-tied", dict(convention="hf", dtype="f32", format="safetensors", tied=True,
+                            layers=2, embd=64, head_size=32, ffn=256, vocab=400, seed=108)),
+    ("hf-bf16-st-N16-eps1e-3", dict(convention="hf", dtype="bf16", format="safetensors",
+                                    norm_eps=1e-3, layers=2, embd=64, head_size=16, ffn=256,
+                                    vocab=300, seed=109)),
     # a long prompt: several chunks of 64 and 7, state carried across them
     ("hf-f32-st-long150", dict(convention="hf", dtype="f32", format="safetensors",
                                layers=2, embd=128, head_size=64, ffn=256, vocab=500,

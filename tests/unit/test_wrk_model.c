@@ -1,6 +1,8 @@
 /*
  * test_wrk_model: loading RWKV-7 model directories. Both naming conventions
- * must load to the same model (same digest, bit-identical logits); every
+ * must load to the same model at head size 64 (same digest, bit-identical
+ * logits; at other head sizes their GroupNorm epsilons differ); an HF head
+ * tied to the embedding loads, and the epsilons follow the convention; every
  * malformed checkpoint must be refused with a diag naming the tensor; the
  * checkpoint-finding rules and the fingerprint inputs are checked.
  */
@@ -72,6 +74,7 @@ test_conventions_identical(void **state)
     synth_tmpdir(db, sizeof(db), "blink");
     synth_cfg c = synth_default();
     c.L = 3;
+    c.N = 64; /* GroupNorm eps: BlinkDL 64e-5, HF N * 1e-5: the same only at N = 64 */
     c.hf = true;
     assert_int_equal(synth_write(dh, &c), 0);
     c.hf = false;
@@ -84,12 +87,12 @@ test_conventions_identical(void **state)
     assert_string_equal(ih.family, "rwkv7");
     assert_int_equal(ih.n_layer, 3);
     assert_int_equal(ih.n_embd, 64);
-    assert_int_equal(ih.n_head, 4);
-    assert_int_equal(ih.head_size, 16);
+    assert_int_equal(ih.n_head, 1);
+    assert_int_equal(ih.head_size, 64);
     assert_int_equal(ih.ffn_dim, 128);
     assert_int_equal(ih.vocab_size, 300);
     assert_int_equal(ih.dtype, WK_DTYPE_BF16);
-    assert_int_equal(ih.state_bytes, 3ull * (2 * 64 + 4 * 16 * 16) * 4);
+    assert_int_equal(ih.state_bytes, 3ull * (2 * 64 + 1 * 64 * 64) * 4);
     assert_int_equal(ih.n_params, ib.n_params);
     assert_int_equal(ih.weight_bytes, ih.n_params * 2);
     /* canonical digest: independent of the naming convention */
@@ -100,7 +103,7 @@ test_conventions_identical(void **state)
         assert_true(lh[i] == lh[i]); /* no NaN */
 
     /* n_params by hand: emb + head + 4 LN vectors + per layer */
-    uint64_t C = 64, F = 128, V = 300, H = 4, N = 16;
+    uint64_t C = 64, F = 128, V = 300, H = 1, N = 64;
     uint64_t per = 4 * C /* ln1, ln2 */ + 6 * C /* mixes */ + 2 * C /* w0, a0 */ +
                    2 * C /* k_k, k_a */ + H * N /* r_k */ + 4 * C * C /* r k v o */ +
                    2 * C /* ln_x */ + C /* ffn x_k */ + 2 * C * F + 2 * C * (8 + 12 + 16);
@@ -122,6 +125,138 @@ test_conventions_identical(void **state)
     free(lb);
     synth_rmdir(dh);
     synth_rmdir(db);
+}
+
+/* Writes dir/config.json with body json. */
+static void
+write_config(const char *dir, const char *json)
+{
+    char p[300];
+    snprintf(p, sizeof(p), "%s/config.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(json, f);
+    fclose(f);
+}
+
+/* Expects loading dir to fail with WK_EINVAL and a diag containing s. */
+static void
+expect_dir_refused(const char *dir, const char *s)
+{
+    wk_diag d = {{0}};
+    wrk_model *m = NULL;
+    wk_err e = wrk_model_load(dir, NULL, &m, &d);
+    if (e != WK_EINVAL || strstr(d.msg, s) == NULL)
+        fail_msg("expected WK_EINVAL with '%s', got %s: %s", s, wk_err_name(e), d.msg);
+    assert_null(m);
+}
+
+static void
+test_tied_head(void **state)
+{
+    (void)state;
+    char dt[256], du[256];
+    wk_diag d = {{0}};
+    wrk_model *m = NULL;
+    wrk_model_info it, iu;
+    synth_cfg c = synth_default(); /* HF names */
+
+    /* tie_word_embeddings: no lm_head.weight, the head is the embedding */
+    synth_tmpdir(dt, sizeof(dt), "tied");
+    c.drop = "lm_head.weight";
+    assert_int_equal(synth_write(dt, &c), 0);
+    write_config(dt, "{\"model_type\": \"rwkv7\", \"tie_word_embeddings\": true}");
+    if (wrk_model_load(dt, NULL, &m, &d) != WK_OK)
+        fail_msg("tied: %s", d.msg);
+    const wrk_rwkv7 *r = wrk_model_rwkv7(m);
+    assert_true(r->tied);
+    assert_ptr_equal(r->head.t, r->emb);
+    assert_int_equal(r->head.n_in, 64);
+    assert_int_equal(r->head.n_out, 300);
+    wrk_model_free(m);
+    /* fp32: the head follows the converted embedding */
+    wrk_model_opts o32 = {.fp32 = true};
+    m = NULL;
+    assert_int_equal(wrk_model_load(dt, &o32, &m, &d), WK_OK);
+    r = wrk_model_rwkv7(m);
+    assert_ptr_equal(r->head.t, r->emb);
+    assert_int_equal(r->emb->dtype, WK_DTYPE_F32);
+    wrk_model_free(m);
+    float *lt = logits_of(dt, NULL, &it);
+    float *lt32 = logits_of(dt, &o32, NULL);
+    for (size_t i = 0; i < it.vocab_size * N_TEST_TOKENS; i++)
+        assert_float_equal(lt32[i], lt[i], 1e-4);
+
+    /* the untied checkpoint: one [V, C] matrix more, other digest and logits */
+    synth_tmpdir(du, sizeof(du), "untied");
+    c.drop = NULL;
+    assert_int_equal(synth_write(du, &c), 0);
+    float *lu = logits_of(du, NULL, &iu);
+    assert_int_equal(iu.n_params, it.n_params + 300 * 64);
+    assert_string_not_equal(iu.weights_digest, it.weights_digest);
+    assert_string_not_equal(iu.fingerprint, it.fingerprint);
+    assert_memory_not_equal(lu, lt, sizeof(float) * it.vocab_size * N_TEST_TOKENS);
+
+    /* config.json and the tensors must agree */
+    write_config(dt, "{\"model_type\": \"rwkv7\", \"tie_word_embeddings\": false}");
+    expect_dir_refused(dt, "lm_head.weight: missing (config.json tie_word_embeddings is false)");
+    write_config(du, "{\"model_type\": \"rwkv7\", \"tie_word_embeddings\": true}");
+    expect_dir_refused(du, "lm_head.weight: present but config.json tie_word_embeddings is true");
+    write_config(du, "{\"model_type\": \"rwkv7\", \"tie_word_embeddings\": 1}");
+    expect_dir_refused(du, "tie_word_embeddings must be true or false");
+    free(lt);
+    free(lt32);
+    free(lu);
+    synth_rmdir(dt);
+    synth_rmdir(du);
+}
+
+static void
+test_norm_eps(void **state)
+{
+    (void)state;
+    char db[256], dh[256];
+    wk_diag d = {{0}};
+    wrk_model *m = NULL;
+    wrk_model_info ia, ib;
+
+    /* BlinkDL: GroupNorm 64e-5 at any head size (here 16), LayerNorm 1e-5 */
+    synth_cfg c = synth_default();
+    c.hf = false;
+    synth_tmpdir(db, sizeof(db), "blink");
+    assert_int_equal(synth_write(db, &c), 0);
+    assert_int_equal(wrk_model_load(db, NULL, &m, &d), WK_OK);
+    assert_true(wrk_model_rwkv7(m)->gn_eps == 64e-5);
+    assert_true(wrk_model_rwkv7(m)->ln_eps == 1e-5);
+    wrk_model_free(m);
+
+    /* HF: LayerNorms norm_eps (default 1e-5), g_norm head_dim * norm_eps */
+    c = synth_default();
+    synth_tmpdir(dh, sizeof(dh), "hf");
+    assert_int_equal(synth_write(dh, &c), 0);
+    m = NULL;
+    assert_int_equal(wrk_model_load(dh, NULL, &m, &d), WK_OK);
+    assert_true(wrk_model_rwkv7(m)->ln_eps == 1e-5);
+    assert_true(wrk_model_rwkv7(m)->gn_eps == 16 * 1e-5);
+    wrk_model_free(m);
+    float *la = logits_of(dh, NULL, &ia);
+    write_config(dh, "{\"model_type\": \"rwkv7\", \"norm_eps\": 0.001}");
+    m = NULL;
+    assert_int_equal(wrk_model_load(dh, NULL, &m, &d), WK_OK);
+    assert_true(wrk_model_rwkv7(m)->ln_eps == 0.001);
+    assert_true(wrk_model_rwkv7(m)->gn_eps == 16 * 0.001);
+    wrk_model_free(m);
+    /* the backend uses them: other logits, other fingerprint, same weights */
+    float *lb = logits_of(dh, NULL, &ib);
+    assert_memory_not_equal(la, lb, sizeof(float) * ia.vocab_size * N_TEST_TOKENS);
+    assert_string_equal(ia.weights_digest, ib.weights_digest);
+    assert_string_not_equal(ia.fingerprint, ib.fingerprint);
+    write_config(dh, "{\"model_type\": \"rwkv7\", \"norm_eps\": 0}");
+    expect_dir_refused(dh, "norm_eps 0 outside (0, 1)");
+    free(la);
+    free(lb);
+    synth_rmdir(db);
+    synth_rmdir(dh);
 }
 
 static void
@@ -358,6 +493,8 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conventions_identical),
+        cmocka_unit_test(test_tied_head),
+        cmocka_unit_test(test_norm_eps),
         cmocka_unit_test(test_dtypes_and_digest_inputs),
         cmocka_unit_test(test_missing_tensor),
         cmocka_unit_test(test_wrong_shape),

@@ -37,7 +37,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define BE_CPU_LN_EPS 1e-5        /* LayerNorm epsilon */
 #define BE_CPU_DECAY_SCALE 0.6065306597126334f /* exp(-0.5) */
 
 /* Indices of the token-shift mixes. */
@@ -148,7 +147,7 @@ cpu_stage_embed(void *arg, uint32_t task)
         /* the row exists: validated against the vocab before the pass */
         if (wk_tensor_read_f32(c->rw->emb, (size_t)c->b.tok[t] * c->C, c->C, x) != WK_OK)
             memset(x, 0, sizeof(float) * c->C);
-        cpu_layernorm(x, c->ln0_w, c->ln0_b, c->C, BE_CPU_LN_EPS, x);
+        cpu_layernorm(x, c->ln0_w, c->ln0_b, c->C, c->rw->ln_eps, x);
     }
 }
 
@@ -160,7 +159,7 @@ cpu_stage_ln1(void *arg, uint32_t task)
     uint32_t t0, t1;
     be_cpu_tok_range(&c->b, task, &t0, &t1);
     for (uint32_t t = t0; t < t1; t++)
-        cpu_layernorm(c->x + (size_t)t * c->C, ly->ln1_w, ly->ln1_b, c->C, BE_CPU_LN_EPS,
+        cpu_layernorm(c->x + (size_t)t * c->C, ly->ln1_w, ly->ln1_b, c->C, c->rw->ln_eps,
                       c->xln + (size_t)t * c->C);
 }
 
@@ -172,7 +171,7 @@ cpu_stage_ln2(void *arg, uint32_t task)
     uint32_t t0, t1;
     be_cpu_tok_range(&c->b, task, &t0, &t1);
     for (uint32_t t = t0; t < t1; t++)
-        cpu_layernorm(c->x + (size_t)t * c->C, ly->ln2_w, ly->ln2_b, c->C, BE_CPU_LN_EPS,
+        cpu_layernorm(c->x + (size_t)t * c->C, ly->ln2_w, ly->ln2_b, c->C, c->rw->ln_eps,
                       c->xln + (size_t)t * c->C);
 }
 
@@ -288,7 +287,7 @@ cpu_stage_wkv(void *arg, uint32_t task)
     const be_cpu_seg *sg = &c->b.segs[task / c->H];
     const uint32_t h = task % c->H;
     float *S = cpu_slot_layer(c, sg->slot, l) + 2 * (size_t)C + (size_t)h * N * N;
-    const double gn_eps = (double)N * 1e-5;
+    const double gn_eps = c->rw->gn_eps; /* BlinkDL 64e-5, HF head_dim * norm_eps */
     const size_t ho = (size_t)h * N;
 
     for (uint32_t t = sg->t0; t < sg->t0 + sg->n; t++) {
@@ -315,7 +314,7 @@ cpu_stage_lnout(void *arg, uint32_t task)
     be_cpu_logits_range(&c->b, task, &i0, &i1);
     for (uint32_t i = i0; i < i1; i++)
         cpu_layernorm(c->x + (size_t)c->b.lpos[i] * c->C, c->lnout_w, c->lnout_b, c->C,
-                      BE_CPU_LN_EPS, c->xln + (size_t)i * c->C);
+                      c->rw->ln_eps, c->xln + (size_t)i * c->C);
 }
 
 /* ------------------------------------------------------------------------ */
