@@ -2,13 +2,14 @@
 follow-ups continue the parked state (only the delta is computed, the reply
 equals a fresh run), every rejection reason restarts safely and is counted,
 sessions survive slot pressure and a controller restart."""
+import http.client
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
@@ -251,25 +252,42 @@ def test_users_pressure_restart_and_busy():
             c.turn(text)
         assert metric(s, "wkvm_parent_bound_continuation_hits_total") == h2 + 3
         # One turn per session at a time: an overlapping turn gets 409 session_busy.
+        # The long turn streams; once its first token has arrived it holds the
+        # session (a condition, not a sleep), and it holds it to its last token.
         c = chats[0]
-        codes = []
-
-        def overlapping():
-            r = s.post("/v1/chat/completions", body={
-                "model": "tiny", "messages": c.msgs + [{"role": "user", "content": "long"}],
-                "max_tokens": 4000, "ignore_eos": True, "temperature": 0},
-                headers=c.headers("busy-a", "busy-u", c.last_assistant))
-            codes.append(r.status)
-        t = threading.Thread(target=overlapping)
-        t.start()
-        import time
-        time.sleep(0.3)
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+        hdrs = dict(c.headers("busy-a", "busy-u", c.last_assistant),
+                    **{"Content-Type": "application/json"})
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({
+            "model": "tiny", "messages": c.msgs + [{"role": "user", "content": "long"}],
+            "max_tokens": 4000, "ignore_eos": True, "temperature": 0, "stream": True}),
+            headers=hdrs)
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        events = []
+        for line in resp:
+            line = line.decode().rstrip("\n")
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                    break  # generating: the session is held
         r = s.post("/v1/chat/completions", body={
             "model": "tiny", "messages": c.msgs + [{"role": "user", "content": "again"}],
             "max_tokens": 4}, headers=c.headers("busy-a2", "busy-u2", c.last_assistant))
-        t.join(timeout=120)
+        for line in resp:
+            line = line.decode().rstrip("\n")
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if line == "data: [DONE]":
+                    break
+        conn.close()
         assert r.status == 409 and r.json()["error"]["param"] == "session_busy", r.body
-        assert codes == [200]
+        # the long turn was not disturbed: it ran to its length, no error event
+        assert events[-1] == "[DONE]", events[-3:]
+        finals = [json.loads(e)["choices"][0].get("finish_reason") for e in events[:-1]
+                  if "choices" in json.loads(e) and json.loads(e)["choices"]]
+        assert "length" in finals, events[-3:]
+        assert not any("error" in json.loads(e) for e in events[:-1]), events[-3:]
 
 
 def test_exact_prefix_reuse():
