@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -134,10 +133,11 @@ def test_usage_and_connection():
         ls.bind(("127.0.0.1", 0))
         ls.listen(4)
         url = f"http://127.0.0.1:{ls.getsockname()[1]}"
-        t0 = time.time()
-        p = run("--timeout", "1", "workers", url=url)
+        # the message says which limit ended the wait; the subprocess timeout
+        # is only a hang guard (wkvmctl's default wait is far longer)
+        p = run("--timeout", "1", "workers", url=url, timeout=60)
         assert p.returncode == 3 and "no response from" in p.stderr, p
-        assert time.time() - t0 < 10
+        assert "within 1 s" in p.stderr, p.stderr
 
 
 def test_states_commands():
