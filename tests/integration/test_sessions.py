@@ -290,6 +290,53 @@ def test_users_pressure_restart_and_busy():
         assert not any("error" in json.loads(e) for e in events[:-1]), events[-3:]
 
 
+def session_counters(s):
+    """Every parent-token-v1 counter and the sessions gauge, as one dict."""
+    text = s.get("/metrics").body.decode()
+    return {ln.rsplit(" ", 1)[0]: ln.rsplit(" ", 1)[1] for ln in text.splitlines()
+            if ln.startswith(("wkvm_parent_bound_", "wkvm_sessions"))}
+
+
+def test_task_header_bypasses_the_session():
+    """X-WKVM-Task (docs/OPEN_WEBUI.md): Open WebUI sends it with the task's
+    name on background requests (title, tags, follow-ups: the chat headers with
+    an empty assistant id, which the contract refuses) and empty on chat turns.
+    A non-empty value is served statelessly, without reading or touching the
+    session; an empty or blank one leaves the contract in force."""
+    with Stack(model=MODEL, slots=4) as s:
+        up(s)
+        c = Chat(s, "tasks", api_headers={"X-WKVM-Task": ""})  # as on every turn
+        c.turn(clean_text(s, [], "Hello there"))
+        uid = f"{c.chat_id}-u{c.n}"
+        task_msgs = [{"role": "user", "content": "### Task:\nGenerate a concise title for: "
+                      + c.msgs[0]["content"]}]
+        body = {"model": "tiny", "messages": task_msgs, "max_tokens": 8, "temperature": 0}
+        want, _ = fresh_reply(s, task_msgs, 8)
+        plain = {k: v for k, v in c.headers("", uid, "").items() if k != "X-WKVM-Task"}
+        nxt = clean_text(s, c.msgs, "next")
+        before = session_counters(s)
+        # The control: without the header, or with an empty or blank one, the
+        # contract refuses a request with no assistant message id.
+        for extra in ({}, {"X-WKVM-Task": ""}, {"X-WKVM-Task": " \t"}):
+            r = s.post("/v1/chat/completions", body=body, headers=dict(plain, **extra))
+            assert r.status == 400, (extra, r.status, r.body)
+            assert r.json()["error"]["type"] == "invalid_request_error", r.body
+        # With the task's name it is served, like a request without chat headers.
+        for task in ("title_generation", "tags_generation", "follow_up_generation"):
+            r = s.post("/v1/chat/completions", body=body,
+                       headers=dict(plain, **{"X-WKVM-Task": task}))
+            assert r.status == 200, (task, r.status, r.body)
+            got = r.json()["choices"][0]["message"]["content"]
+            assert got == want, (task, got, want)
+        # The session was neither read nor touched: no counter moved ...
+        assert session_counters(s) == before, (before, session_counters(s))
+        # ... and the chat goes on from its parked state.
+        c.turn(nxt)
+        after = session_counters(s)
+        hits = "wkvm_parent_bound_continuation_hits_total"
+        assert float(after[hits]) == float(before[hits]) + 1, (before, after)
+
+
 def test_exact_prefix_reuse():
     with Stack(model=MODEL, slots=2) as s:
         up(s)
@@ -416,7 +463,8 @@ def test_spm_continuation():
 
 if __name__ == "__main__":
     rc = run_tests([test_hits_and_delta, test_rejections_restart_fresh,
-                    test_users_pressure_restart_and_busy, test_exact_prefix_reuse,
+                    test_users_pressure_restart_and_busy, test_task_header_bypasses_the_session,
+                    test_exact_prefix_reuse,
                     test_idle_sessions_move_to_disk, test_spm_continuation])
     TMP.cleanup()
     sys.exit(rc)
