@@ -22,6 +22,7 @@
 #include <math.h>
 
 #include "k_dev.cuh"
+#include "k_launch.cuh"
 
 #define KA_THREADS 128u                    /* threads of an attention block (4 warps) */
 #define KA_MAX_D 1024u                     /* head dim limit (k.h) */
@@ -54,6 +55,7 @@ k_add_rows_kernel(float *x, const float *b, size_t n, uint32_t N)
 extern "C" int
 k_add_rows(float *x, const float *b, uint32_t T, uint32_t N, void *stream)
 {
+    k_launch_begin();
     const size_t n = (size_t)T * N;
     if (n == 0)
         return (int)cudaSuccess;
@@ -61,7 +63,7 @@ k_add_rows(float *x, const float *b, uint32_t T, uint32_t N, void *stream)
     if (blocks > 65535u * 16u)
         blocks = 65535u * 16u;
     k_add_rows_kernel<<<(unsigned)blocks, K_THREADS, 0, (cudaStream_t)stream>>>(x, b, n, N);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* One block per token: RoPE on its q and k heads, then K / V into its page row. */
@@ -100,6 +102,7 @@ k_attn_rope_store(float *q, float *k, const float *v, uint32_t T, uint32_t Hq, u
                   const uint32_t *seg_pos, const uint32_t *seg_pg, const uint32_t *pages,
                   float *pool, uint32_t PT, size_t tok_floats, size_t kv_off, void *stream)
 {
+    k_launch_begin();
     if (T == 0)
         return (int)cudaSuccess;
     if (D == 0 || D % 2 != 0 || Hkv == 0 || PT == 0)
@@ -107,7 +110,7 @@ k_attn_rope_store(float *q, float *k, const float *v, uint32_t T, uint32_t Hq, u
     k_attn_rope_store_kernel<<<T, K_THREADS, 0, (cudaStream_t)stream>>>(
         q, k, v, Hq, Hkv, D, inv_freq, tseg, seg_t0, seg_pos, seg_pg, pages, pool, PT, tok_floats,
         kv_off);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /*
@@ -198,6 +201,7 @@ k_attn(const float *q, uint32_t T, uint32_t Hq, uint32_t Hkv, uint32_t D, float 
        const uint32_t *seg_pg, const uint32_t *pages, const float *pool, uint32_t PT,
        size_t tok_floats, size_t kv_off, float *o, void *stream)
 {
+    k_launch_begin();
     if (T == 0 || Hq == 0)
         return (int)cudaSuccess;
     if (D == 0 || D > KA_MAX_D || Hkv == 0 || Hq % Hkv != 0 || PT == 0 || T > 65535u)
@@ -205,5 +209,5 @@ k_attn(const float *q, uint32_t T, uint32_t Hq, uint32_t Hkv, uint32_t D, float 
     k_attn_kernel<<<dim3(Hq, T), KA_THREADS, 0, (cudaStream_t)stream>>>(
         q, Hq, Hkv, D, scale, tseg, seg_t0, seg_pos, seg_pg, pages, pool, PT, tok_floats, kv_off,
         o);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }

@@ -2,9 +2,10 @@
  * k_common: kernels the Mamba2 and Gated DeltaNet steps share (embedding
  * gather, RMSNorm of rows, the gated MLP's SiLU product). The math is the
  * CPU backend's (be_cpu_common.c, be_cpu_gdn.c). Must never allocate or
- * synchronise: launchers only enqueue and return cudaGetLastError().
+ * synchronise: launchers only enqueue and return their own launch error (k_launch.cuh).
  */
 #include "k_dev.cuh"
+#include "k_launch.cuh"
 
 /* grid (ceil(C / 256), T) */
 static __global__ void
@@ -21,13 +22,14 @@ extern "C" int
 k_embed_rows(const void *emb, int dtype, const uint32_t *tok, uint32_t T, uint32_t C, float *x,
              void *stream)
 {
+    k_launch_begin();
     if (T == 0 || C == 0)
         return (int)cudaSuccess;
     if (T > 65535u)
         return (int)cudaErrorInvalidValue;
     dim3 grid((C + K_THREADS - 1) / K_THREADS, T);
     k_embed_rows_kernel<<<grid, K_THREADS, 0, (cudaStream_t)stream>>>(emb, dtype, tok, C, x);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* one block per row; each thread touches only i = threadIdx.x + j * blockDim.x */
@@ -52,10 +54,11 @@ extern "C" int
 k_rmsnorm_rows(const float *x, const uint32_t *idx, uint32_t n, uint32_t D, const float *w,
                double eps, float *y, void *stream)
 {
+    k_launch_begin();
     if (n == 0 || D == 0)
         return (int)cudaSuccess;
     k_rmsnorm_rows_kernel<<<n, K_THREADS, 0, (cudaStream_t)stream>>>(x, idx, D, w, eps, y);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 static __global__ void
@@ -70,11 +73,12 @@ k_swiglu_kernel(float *g, const float *u, size_t n)
 extern "C" int
 k_swiglu(float *g, const float *u, size_t n, void *stream)
 {
+    k_launch_begin();
     if (n == 0)
         return (int)cudaSuccess;
     size_t blocks = (n + K_THREADS - 1) / K_THREADS;
     if (blocks > 65535u * 16u)
         blocks = 65535u * 16u;
     k_swiglu_kernel<<<(unsigned)blocks, K_THREADS, 0, (cudaStream_t)stream>>>(g, u, n);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }

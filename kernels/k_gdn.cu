@@ -11,9 +11,10 @@
  * thread one column, summing over the key index in order as the CPU does.
  * Recurrences run per segment with tokens in order; segments of one launch
  * must name distinct slots. Must never allocate or synchronise: launchers
- * only enqueue and return cudaGetLastError().
+ * only enqueue and return their own launch error (k_launch.cuh).
  */
 #include "k_dev.cuh"
+#include "k_launch.cuh"
 
 #define K_GDN_CONV_THREADS 128u /* channels per conv block */
 #define K_GDN_CONV_MAX_W 64u    /* longest conv (the CPU's limit) */
@@ -56,6 +57,7 @@ k_gdn_conv(const float *raw, uint32_t D, uint32_t W, const float *taps, uint32_t
            const uint32_t *seg_t0, const uint32_t *seg_n, const uint32_t *seg_slot, float *arena,
            size_t slot_floats, size_t hist_off, float *out, void *stream)
 {
+    k_launch_begin();
     if (n_segs == 0 || D == 0)
         return (int)cudaSuccess;
     if (W < 2 || W > K_GDN_CONV_MAX_W || n_segs > 65535u)
@@ -63,7 +65,7 @@ k_gdn_conv(const float *raw, uint32_t D, uint32_t W, const float *taps, uint32_t
     dim3 grid((D + K_GDN_CONV_THREADS - 1) / K_GDN_CONV_THREADS, n_segs);
     k_gdn_conv_kernel<<<grid, K_GDN_CONV_THREADS, 0, (cudaStream_t)stream>>>(
         raw, D, W, taps, seg_t0, seg_n, seg_slot, arena, slot_floats, hist_off, out);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* one block per (token, head) */
@@ -84,12 +86,13 @@ k_gdn_l2norm_kernel(float *x, uint32_t K, float scale)
 extern "C" int
 k_gdn_l2norm(float *x, uint32_t T, uint32_t H, uint32_t K, float scale, void *stream)
 {
+    k_launch_begin();
     if (T == 0 || H == 0 || K == 0)
         return (int)cudaSuccess;
     if ((size_t)T * H > 0x7fffffffu)
         return (int)cudaErrorInvalidValue;
     k_gdn_l2norm_kernel<<<T * H, 128, 0, (cudaStream_t)stream>>>(x, K, scale);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 static __global__ void
@@ -109,6 +112,7 @@ extern "C" int
 k_gdn_gates(float *a, float *b, size_t n, uint32_t HV, const float *neg_A, const float *dt_bias,
             float beta_scale, void *stream)
 {
+    k_launch_begin();
     if (n == 0)
         return (int)cudaSuccess;
     if (HV == 0)
@@ -118,7 +122,7 @@ k_gdn_gates(float *a, float *b, size_t n, uint32_t HV, const float *neg_A, const
         blocks = 65535u * 16u;
     k_gdn_gates_kernel<<<(unsigned)blocks, K_THREADS, 0, (cudaStream_t)stream>>>(
         a, b, n, HV, neg_A, dt_bias, beta_scale);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /*
@@ -187,6 +191,7 @@ k_gdn_delta(float *arena, size_t slot_floats, size_t S_off, uint32_t n_segs,
             uint32_t HV, uint32_t K, uint32_t Vd, const float *q, const float *k, const float *v,
             const float *decay, const float *beta, float *o, void *stream)
 {
+    k_launch_begin();
     if (n_segs == 0 || HV == 0)
         return (int)cudaSuccess;
     if (H == 0 || K == 0 || Vd == 0 || HV % H != 0)
@@ -208,7 +213,7 @@ k_gdn_delta(float *arena, size_t slot_floats, size_t S_off, uint32_t n_segs,
             o);
     else
         return (int)cudaErrorInvalidValue;
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* one block per (token, value head); each thread touches only its own elements */
@@ -235,10 +240,11 @@ extern "C" int
 k_gdn_onorm(float *o, const float *g, uint32_t T, uint32_t HV, uint32_t Vd, const float *w,
             double eps, void *stream)
 {
+    k_launch_begin();
     if (T == 0 || HV == 0 || Vd == 0)
         return (int)cudaSuccess;
     if ((size_t)T * HV > 0x7fffffffu)
         return (int)cudaErrorInvalidValue;
     k_gdn_onorm_kernel<<<T * HV, 128, 0, (cudaStream_t)stream>>>(o, g, Vd, w, eps);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }

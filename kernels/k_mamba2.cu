@@ -9,9 +9,10 @@
  * order, each reduction in a fixed order, so a row's bits depend only on its
  * own tokens and state. Segments of one launch must name distinct slots
  * (the step's row checks guarantee it). Must never allocate or
- * synchronise: launchers only enqueue and return cudaGetLastError().
+ * synchronise: launchers only enqueue and return their own launch error (k_launch.cuh).
  */
 #include "k_dev.cuh"
+#include "k_launch.cuh"
 
 #define K_M2_CONV_THREADS 128u /* channels per conv block */
 #define K_M2_CONV_MAX_K 64u    /* longest conv kernel (wrk_fam_mamba2.c and the CPU: 64) */
@@ -54,6 +55,7 @@ k_mamba2_conv(const float *xbc, size_t ldx, uint32_t CD, uint32_t K, const float
               const uint32_t *seg_slot, float *arena, size_t slot_floats, size_t conv_off,
               float *out, void *stream)
 {
+    k_launch_begin();
     if (n_segs == 0 || CD == 0)
         return (int)cudaSuccess;
     if (K < 2 || K > K_M2_CONV_MAX_K || n_segs > 65535u)
@@ -61,7 +63,7 @@ k_mamba2_conv(const float *xbc, size_t ldx, uint32_t CD, uint32_t K, const float
     dim3 grid((CD + K_M2_CONV_THREADS - 1) / K_M2_CONV_THREADS, n_segs);
     k_m2_conv_kernel<<<grid, K_M2_CONV_THREADS, 0, (cudaStream_t)stream>>>(
         xbc, ldx, CD, K, w, b, seg_t0, seg_n, seg_slot, arena, slot_floats, conv_off, out);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /*
@@ -130,6 +132,7 @@ k_mamba2_scan(float *arena, size_t slot_floats, size_t ssm_off, uint32_t n_segs,
               const float *dt_raw, size_t ld_dt, const float *dt_bias, const float *A,
               const float *D, float *y, void *stream)
 {
+    k_launch_begin();
     if (n_segs == 0 || H == 0)
         return (int)cudaSuccess;
     if (P == 0 || N == 0 || G == 0 || H % G != 0 || (size_t)n_segs * H > 0x7fffffffu ||
@@ -149,7 +152,7 @@ k_mamba2_scan(float *arena, size_t slot_floats, size_t ssm_off, uint32_t n_segs,
             ld_dt, dt_bias, A, D, y);
     else
         return (int)cudaErrorInvalidValue;
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* one block per (token, group); each thread touches only its own elements */
@@ -178,11 +181,12 @@ extern "C" int
 k_mamba2_gate_norm(float *y, const float *z, size_t ldz, uint32_t T, uint32_t DI, uint32_t G,
                    const float *w, double eps, void *stream)
 {
+    k_launch_begin();
     if (T == 0 || DI == 0)
         return (int)cudaSuccess;
     if (G == 0 || DI % G != 0 || (size_t)T * G > 0x7fffffffu)
         return (int)cudaErrorInvalidValue;
     k_m2_gate_norm_kernel<<<T * G, K_THREADS, 0, (cudaStream_t)stream>>>(y, z, ldz, DI, G, w,
                                                                         eps);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }

@@ -10,13 +10,14 @@
  * length and the (fixed) block size, never on how many rows a launch has,
  * so these kernels give a row the same bits whatever else is in the pass.
  * Must never allocate or synchronise: launchers only enqueue and return
- * cudaGetLastError().
+ * their own launch error (k_launch.cuh).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "k.h"
+#include "k_launch.cuh"
 
 #define K_ROW_THREADS 256u /* threads of a per-row block (a multiple of 32) */
 #define K_DECAY_SCALE 0.6065306597126334f /* exp(-0.5) */
@@ -120,11 +121,12 @@ extern "C" int
 k_rwkv7_embed(const void *emb, int dtype, const uint32_t *tok, uint32_t T, uint32_t C,
               const float *w, const float *b, float eps, float *x, void *stream)
 {
+    k_launch_begin();
     if (T == 0)
         return (int)cudaSuccess;
     k_rwkv7_embed_kernel<<<T, K_ROW_THREADS, 0, (cudaStream_t)stream>>>(emb, dtype, tok, C, w, b,
                                                                        eps, x);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 static __global__ void
@@ -141,11 +143,12 @@ extern "C" int
 k_layernorm_rows(const float *x, const uint32_t *idx, uint32_t n, uint32_t C, const float *w,
                  const float *b, float eps, float *y, void *stream)
 {
+    k_launch_begin();
     if (n == 0)
         return (int)cudaSuccess;
     k_layernorm_rows_kernel<<<n, K_ROW_THREADS, 0, (cudaStream_t)stream>>>(x, idx, C, w, b, eps,
                                                                           y);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* grid (ceil(C / 256), T) */
@@ -173,6 +176,7 @@ k_rwkv7_shift_mix(const float *xln, uint32_t T, uint32_t C, const uint32_t *tseg
                   size_t slot_floats, size_t shift_off, const float *mix, uint32_t n_mix,
                   float *out, size_t out_stride, void *stream)
 {
+    k_launch_begin();
     if (T == 0 || C == 0)
         return (int)cudaSuccess;
     if (T > 65535u)
@@ -181,7 +185,7 @@ k_rwkv7_shift_mix(const float *xln, uint32_t T, uint32_t C, const uint32_t *tseg
     k_rwkv7_shift_mix_kernel<<<grid, K_ROW_THREADS, 0, (cudaStream_t)stream>>>(
         xln, C, tseg, seg_t0, seg_slot, arena, slot_floats, shift_off, mix, n_mix, out,
         out_stride);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* grid (ceil(C / 256), n_segs) */
@@ -203,6 +207,7 @@ k_rwkv7_save_shift(const float *xln, uint32_t C, uint32_t n_segs, const uint32_t
                    const uint32_t *seg_n, const uint32_t *seg_slot, float *arena,
                    size_t slot_floats, size_t shift_off, void *stream)
 {
+    k_launch_begin();
     if (n_segs == 0 || C == 0)
         return (int)cudaSuccess;
     if (n_segs > 65535u)
@@ -210,7 +215,7 @@ k_rwkv7_save_shift(const float *xln, uint32_t C, uint32_t n_segs, const uint32_t
     dim3 grid((C + K_ROW_THREADS - 1) / K_ROW_THREADS, n_segs);
     k_rwkv7_save_shift_kernel<<<grid, K_ROW_THREADS, 0, (cudaStream_t)stream>>>(
         xln, C, seg_t0, seg_n, seg_slot, arena, slot_floats, shift_off);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -258,13 +263,14 @@ extern "C" int
 k_split16(const float *x, uint32_t T, uint32_t K, int dtype, uint16_t *out, float *inv_scale,
           void *stream)
 {
+    k_launch_begin();
     if (dtype != K_DT_BF16 && dtype != K_DT_F16)
         return (int)cudaErrorInvalidValue;
     if (T == 0)
         return (int)cudaSuccess;
     k_split16_kernel<<<T, K_ROW_THREADS, 0, (cudaStream_t)stream>>>(x, T, K, dtype, out,
                                                                    inv_scale);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* grid (ceil(N / 256), T) */
@@ -307,6 +313,7 @@ extern "C" int
 k_gemm_epi(const float *y, uint32_t T, uint32_t N, int split, const float *inv_scale, int epi,
            float *dst, size_t ldd, void *stream)
 {
+    k_launch_begin();
     if (T == 0 || N == 0)
         return (int)cudaSuccess;
     if (T > 65535u)
@@ -314,7 +321,7 @@ k_gemm_epi(const float *y, uint32_t T, uint32_t N, int split, const float *inv_s
     dim3 grid((N + K_ROW_THREADS - 1) / K_ROW_THREADS, T);
     k_gemm_epi_kernel<<<grid, K_ROW_THREADS, 0, (cudaStream_t)stream>>>(y, T, N, split,
                                                                        inv_scale, epi, dst, ldd);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -360,6 +367,7 @@ k_rwkv7_att(uint32_t T, uint32_t C, uint32_t H, uint32_t N, int layer0, const fl
             const float *a0, const float *v0, const float *k_k, const float *k_a, float *dw,
             float *da, const float *dv, float *kk, float *k, float *v, float *vf, void *stream)
 {
+    k_launch_begin();
     if (T == 0 || H == 0)
         return (int)cudaSuccess;
     if (T > 65535u || (size_t)H * N != C)
@@ -367,7 +375,7 @@ k_rwkv7_att(uint32_t T, uint32_t C, uint32_t H, uint32_t N, int layer0, const fl
     dim3 grid(H, T);
     k_rwkv7_att_kernel<<<grid, 32, 0, (cudaStream_t)stream>>>(C, N, layer0, w0, a0, v0, k_k, k_a,
                                                              dw, da, dv, kk, k, v, vf);
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -507,6 +515,7 @@ k_rwkv7_wkv(float *arena, size_t slot_floats, size_t state_off, uint32_t n_segs,
             const float *v, const float *a, const float *b, const float *g, const float *r_k,
             const float *lnx_w, const float *lnx_b, float gn_eps, float *y, void *stream)
 {
+    k_launch_begin();
     if (n_segs == 0 || H == 0)
         return (int)cudaSuccess;
     if (N == 0 || N > 1024 || (size_t)H * N != C || (size_t)n_segs * H > 0x7fffffffu)
@@ -531,5 +540,5 @@ k_rwkv7_wkv(float *arena, size_t slot_floats, size_t state_off, uint32_t n_segs,
         break;
     }
 #undef K_WKV_REG
-    return (int)cudaGetLastError();
+    return k_launch_end();
 }

@@ -22,7 +22,9 @@ static const wk_cfg_opt wrk_opts[] = {
     {"id", WK_CFG_STR, NULL, 0, 0, "worker id, unique per controller (default w<pid>)"},
     {"model", WK_CFG_STR, NULL, 0, 0, "model directory to load at start (else the controller's)"},
     {"slots", WK_CFG_U64, "16", 1, 65535, "usable state slots when --model is given"},
-    {"backend", WK_CFG_STR, "auto", 0, 0, "cpu, cuda or auto (cuda when a device answers)"},
+    {"backend", WK_CFG_STR, "auto", 0, 0,
+     "cpu, cuda or auto (auto = cpu until the CUDA backend has passed its gpu suite on a "
+     "device; cuda selects it)"},
     {"device", WK_CFG_U64, "0", 0, 255, "CUDA device ordinal"},
     {"threads", WK_CFG_U64, "0", 0, 1024, "CPU threads for the CPU backend (0 = all cores)"},
     {"fp32", WK_CFG_BOOL, "false", 0, 0, "convert weights to fp32 at load"},

@@ -47,6 +47,14 @@ wrk_nccl_nap(void)
     nanosleep(&ts, NULL);
 }
 
+/* A runtime failure handled here: clears the runtime's last error, returns ce's message. */
+static const char *
+wrk_nccl_cuda_handled(cudaError_t ce)
+{
+    (void)cudaGetLastError();
+    return cudaGetErrorString(ce);
+}
+
 /* Waits until comm's asynchronous state leaves ncclInProgress or the deadline passes. */
 static ncclResult_t
 wrk_nccl_settle(ncclComm_t comm, uint64_t deadline_ms, bool *timed_out)
@@ -71,7 +79,11 @@ bool
 wrk_nccl_available(int device)
 {
     int n = 0, version = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n)
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    if (device < 0 || device >= n)
         return false;
     return ncclGetVersion(&version) == ncclSuccess && version > 0;
 }
@@ -84,8 +96,10 @@ wrk_nccl_device_ids(int device, char *uuid, size_t uuid_cap, char *pci, size_t p
     if (pci_cap > 0)
         pci[0] = '\0';
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();
         return WK_EDEVICE;
+    }
     const unsigned char *u = (const unsigned char *)prop.uuid.bytes;
     snprintf(uuid, uuid_cap,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
@@ -94,6 +108,8 @@ wrk_nccl_device_ids(int device, char *uuid, size_t uuid_cap, char *pci, size_t p
     char bus[32];
     if (cudaDeviceGetPCIBusId(bus, (int)sizeof(bus), device) == cudaSuccess)
         snprintf(pci, pci_cap, "%s", bus);
+    else
+        (void)cudaGetLastError();
     return WK_OK;
 }
 
@@ -118,16 +134,16 @@ wrk_nccl_open(const uint8_t id[WRK_NCCL_ID_LEN], int rank, int device, uint32_t 
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess)
         return wk_diag_set(d, WK_EDEVICE, "cudaSetDevice(%d): %s", device,
-                           cudaGetErrorString(ce));
+                           wrk_nccl_cuda_handled(ce));
     wrk_nccl *c = calloc(1, sizeof(*c));
     if (c == NULL)
-        return WK_ENOMEM;
+        return wk_diag_set(d, WK_ENOMEM, "out of memory for an NCCL pair");
     c->device = device;
     c->rank = rank;
     ce = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
         free(c);
-        return wk_diag_set(d, WK_EDEVICE, "cudaStreamCreate: %s", cudaGetErrorString(ce));
+        return wk_diag_set(d, WK_EDEVICE, "cudaStreamCreate: %s", wrk_nccl_cuda_handled(ce));
     }
     ncclUniqueId uid;
     memcpy(uid.internal, id, WRK_NCCL_ID_LEN);
@@ -167,7 +183,7 @@ wrk_nccl_move(wrk_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t tim
     cudaError_t ce = cudaSetDevice(c->device);
     if (ce != cudaSuccess)
         return wk_diag_set(d, WK_EDEVICE, "cudaSetDevice(%d): %s", c->device,
-                           cudaGetErrorString(ce));
+                           wrk_nccl_cuda_handled(ce));
     bool timed_out = false;
     ncclResult_t r = ncclSuccess;
     for (uint64_t off = 0; off < len && r == ncclSuccess; off += step) {
@@ -178,11 +194,17 @@ wrk_nccl_move(wrk_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t tim
         if (r == ncclInProgress)
             r = wrk_nccl_settle(c->comm, deadline, &timed_out);
     }
-    /* Wait for the stream, watching for asynchronous errors (a dead peer). */
+    /*
+     * Wait for the stream, watching for asynchronous errors (a dead peer).
+     * Every answer of cudaStreamQuery but cudaSuccess, cudaErrorNotReady
+     * included, is also left as the runtime's last error: cleared here, where
+     * it is handled, or the next kernel launch of this thread would report it.
+     */
     while (r == ncclSuccess) {
         ce = cudaStreamQuery(c->stream);
         if (ce == cudaSuccess)
             break;
+        (void)cudaGetLastError();
         if (ce != cudaErrorNotReady) {
             ncclCommAbort(c->comm);
             c->comm = NULL;

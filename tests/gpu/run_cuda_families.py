@@ -55,8 +55,14 @@ GDN = [
     ("gdn-hybrid-f16-D64", dict(seed=713, dtype="f16", layers=2, attn_layers=(1,), hidden=128,
                                 attn_heads=2, attn_kv_heads=1, ffn=256, vocab=500)),
 ]
-# (name, generator config) of models the CUDA backend must refuse with WK_ENOTSUP
-REFUSE = []
+# (name, generator module, config) of models the CPU backend serves and the
+# CUDA backend must refuse with WK_ENOTSUP: an RWKV-7 head over the WKV
+# kernels' 1024 (one head of 2048)
+REFUSE = [
+    ("rwkv7-head2048", "gen_model", dict(layers=1, embd=2048, head_size=2048, ffn=64,
+                                         vocab=300, lora_w=8, lora_a=8, lora_v=8, lora_g=8,
+                                         seed=901)),
+]
 
 
 def main():
@@ -70,8 +76,10 @@ def main():
     try:
         import numpy  # noqa: F401
     except ImportError:
-        print("SKIP: numpy is not installed for %s" % sys.executable)
-        return 77
+        # the binary found a device: the gpu suite runs whole or fails, never skips quietly
+        print("FAIL: numpy is not installed for %s (deploy/install-deps installs it)"
+              % sys.executable)
+        return 1
     sys.path.insert(0, REF)
     import gen_gdn
     import gen_mamba2
@@ -88,9 +96,10 @@ def main():
             d = os.path.join(tmp, name)
             gen_gdn.write_model(d, gen_gdn.default_cfg(**kw))
             args.append(d)
-        for name, kw in REFUSE:
+        for name, module, kw in REFUSE:
+            gen = __import__(module)
             d = os.path.join(tmp, name)
-            gen_gdn.write_model(d, gen_gdn.default_cfg(**kw))
+            gen.write_model(d, gen.default_cfg(**kw))
             args.append("refuse:" + d)
         return subprocess.run([exe] + args).returncode
     finally:

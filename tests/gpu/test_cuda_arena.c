@@ -11,6 +11,7 @@
 
 #include "../unit/rwkv7_synth.h"
 #include "be.h"
+#include "gpu_gate.h"
 #include "wrk_model.h"
 
 #define CHECK(cond, ...)                                                                           \
@@ -29,9 +30,14 @@ main(void)
     const be_ops *cu = be_cuda_ops_get();
     char dev[128];
     uint64_t mem = 0;
-    if (cu == NULL || cu->probe(0, dev, sizeof(dev), &mem) != WK_OK) {
-        printf("no CUDA backend or device: skipped\n");
-        return 77;
+    const int gate = gpu_gate(0);
+    if (gate >= 0)
+        return gate;
+    wk_err pe = cu != NULL ? cu->probe(0, dev, sizeof(dev), &mem) : WK_ENOENT;
+    if (pe != WK_OK) {
+        fprintf(stderr, "FAIL: device 0 answers the check but not the probe: %s\n",
+                wk_err_name(pe));
+        return 1;
     }
     printf("device: %s, %llu MiB\n", dev, (unsigned long long)(mem >> 20));
     char dir[] = "/tmp/wkvm-gpu-XXXXXX";

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "be.h"
+#include "gpu_gate.h"
 #include "wrk_model.h"
 
 #define TOL 1e-3  /* max|diff| / std(reference), as the parity test */
@@ -585,9 +586,14 @@ main(int argc, char **argv)
     const be_ops *cu = be_cuda_ops_get();
     char dev[128];
     uint64_t mem = 0;
-    if (cu == NULL || cu->probe(0, dev, sizeof(dev), &mem) != WK_OK) {
-        printf("no CUDA backend or device: skipped\n");
-        return 77;
+    const int gate = gpu_gate(0);
+    if (gate >= 0)
+        return gate;
+    wk_err pe = cu != NULL ? cu->probe(0, dev, sizeof(dev), &mem) : WK_ENOENT;
+    if (pe != WK_OK) {
+        fprintf(stderr, "FAIL: device 0 answers the check but not the probe: %s\n",
+                wk_err_name(pe));
+        return 1;
     }
     if (argc > 1 && strcmp(argv[1], "--probe") == 0) {
         printf("device: %s, %llu MiB\n", dev, (unsigned long long)(mem >> 20));

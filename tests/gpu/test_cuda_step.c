@@ -2,7 +2,7 @@
  * GPU suite: the CUDA RWKV-7 step against the CPU reference backend on small
  * synthetic models (tests/unit/rwkv7_synth.h): BF16, F16 and F32 weights,
  * both checkpoint conventions, head sizes on the register WKV kernel (16,
- * 32, 64) and on the generic one (24). For each model:
+ * 32, 64, 128) and on the generic one (24). For each model:
  *   - one mixed step (a prefill with every position's logits, a one-token
  *     row, a padding row, a long prefill) gives the CPU's logits and slot
  *     states within max|diff|/std < 1e-3; padding logits are zeros;
@@ -15,9 +15,16 @@
  *   - a CPU slot image written into a CUDA slot continues identically
  *     (the layout is shared: hibernate on one backend, resume on another);
  *   - refused steps (duplicate slot, token outside the vocab, too many rows
- *     or tokens) change no slot.
- * Exits 77 (meson's skip) without a CUDA backend or device.
+ *     or tokens) change no slot;
+ *   - a reset row (be_row.reset) on a used slot runs as on a fresh one, and
+ *     a refused step resets nothing;
+ *   - a CUDA error the backend handled (out of device memory) does not
+ *     fail the next step.
+ * Then one model on the last device when there are several (ordinals other
+ * than 0). Exits 77 (meson's skip) only without a CUDA device
+ * (tests/gpu/gpu_gate.h); a device that does not answer is a failure.
  */
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +32,7 @@
 
 #include "../unit/rwkv7_synth.h"
 #include "be.h"
+#include "gpu_gate.h"
 #include "wrk_model.h"
 
 #define TOL 1e-3  /* max|diff| / std(reference), as the parity test */
@@ -33,6 +41,7 @@
 
 static int g_fail;
 static int g_checks;
+static int g_device; /* the CUDA ordinal the contexts open on */
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -184,7 +193,7 @@ open_ctx(const be_ops *ops, const wrk_model *m, uint32_t max_rows, uint32_t max_
 {
     be_config bc = {.n_slots = N_SLOTS,
                     .n_threads = 2,
-                    .device = 0,
+                    .device = g_device,
                     .max_step_rows = max_rows,
                     .max_step_tokens = max_tokens};
     be_ctx *ctx = NULL;
@@ -378,6 +387,61 @@ run_model(const be_ops *cu, const model_case *mc)
         free(lg);
     }
 
+    /* 8. a reset row starts from a zeroed slot, inside the step (be_row.reset) */
+    {
+        int32_t t1[13];
+        for (uint32_t i = 0; i < 13; i++)
+            t1[i] = tok_at(V, 1, i);
+        float *lr = calloc((size_t)13 * V, sizeof(float));
+        int32_t good = 5;
+        /* slot 1 holds a used state; a refused step with a reset row changes nothing */
+        float *before = slot_get(cu, p.b, 1, p.sb), *after = NULL;
+        be_row refused[2] = {{.slot = 1, .tokens = t1, .n_tokens = 13, .reset = true},
+                             {.slot = 1, .tokens = &good, .n_tokens = 1}};
+        CHECK(cu->step(p.b, refused, 2, &d) == WK_EINVAL, "duplicate slot with a reset refused");
+        after = slot_get(cu, p.b, 1, p.sb);
+        CHECK(before != NULL && after != NULL && memcmp(before, after, p.sb) == 0,
+              "%s: a refused step reset slot 1", mc->name);
+        be_row rr = {.slot = 1,
+                     .tokens = t1,
+                     .n_tokens = 13,
+                     .logits_mode = BE_LOGITS_ALL,
+                     .logits = lr,
+                     .reset = true};
+        step(cu, p.b, &rr, 1, "reset row");
+        CHECK(rel_diff(cpu_out[0], lr, (size_t)13 * V) < TOL,
+              "%s: a reset row on a used slot vs a fresh CPU slot %.3e", mc->name,
+              rel_diff(cpu_out[0], lr, (size_t)13 * V));
+        free(before);
+        free(after);
+        free(lr);
+    }
+
+    /* 9. a handled CUDA error (out of device memory) does not fail the next step */
+    {
+        void *huge = NULL;
+        cudaError_t ce = cudaMalloc(&huge, (size_t)1 << 62);
+        CHECK(ce != cudaSuccess, "a 4 EiB cudaMalloc succeeded");
+        if (ce == cudaSuccess)
+            cudaFree(huge);
+        be_config hb = {.n_slots = 1u << 30, .n_threads = 1, .device = g_device};
+        be_ctx *none = NULL;
+        wk_diag hd = {{0}};
+        wk_err he = cu->open(&hb, m, &none, &hd);
+        CHECK(he != WK_OK && none == NULL, "%s: a 2^30-slot arena opened", mc->name);
+        if (he == WK_OK)
+            cu->close(none);
+        int32_t tk = tok_at(V, 77, 0);
+        float *lg = calloc(V, sizeof(float));
+        be_row r = {.slot = 2,
+                    .tokens = &tk,
+                    .n_tokens = 1,
+                    .logits_mode = BE_LOGITS_LAST,
+                    .logits = lg};
+        step(cu, p.b, &r, 1, "step after a handled error");
+        free(lg);
+    }
+
     /* 5. small passes: rows split across passes of 5 tokens */
     {
         setenv("WKVM_CUDA_PASS_TOKENS", "5", 1);
@@ -424,13 +488,18 @@ main(void)
     const be_ops *cu = be_cuda_ops_get();
     char dev[128];
     uint64_t mem = 0;
-    if (cu == NULL || cu->probe(0, dev, sizeof(dev), &mem) != WK_OK) {
-        printf("no CUDA backend or device: skipped\n");
-        return 77;
+    const int gate = gpu_gate(0);
+    if (gate >= 0)
+        return gate;
+    wk_err pe = cu != NULL ? cu->probe(0, dev, sizeof(dev), &mem) : WK_ENOENT;
+    if (pe != WK_OK) {
+        fprintf(stderr, "FAIL: device 0 answers the check but not the probe: %s\n",
+                wk_err_name(pe));
+        return 1;
     }
     printf("device: %s, %llu MiB\n", dev, (unsigned long long)(mem >> 20));
 
-    model_case cases[5];
+    model_case cases[6];
     size_t nc = 0;
     synth_cfg c = synth_default(); /* BF16, HF names, L2 C64 N16 */
     c.L = 3;
@@ -463,9 +532,28 @@ main(void)
     c.hf = false;
     c.seed = 5;
     cases[nc++] = (model_case){"f32-blink-L1", c};
+    c = synth_default();
+    c.C = 256;
+    c.N = 128; /* the register WKV kernel's largest head */
+    c.F = 512;
+    c.seed = 6;
+    cases[nc++] = (model_case){"bf16-hf-C256N128", c};
 
     for (size_t i = 0; i < nc; i++)
         run_model(cu, &cases[i]);
+
+    /* an ordinal other than 0: the first model again on the last device */
+    int last = 0;
+    while (last < 63 && be_cuda_device_check(last + 1, NULL) == WK_OK)
+        last++;
+    if (last > 0) {
+        g_device = last;
+        printf("device %d:\n", last);
+        run_model(cu, &cases[0]);
+        g_device = 0;
+    } else {
+        printf("one CUDA device: ordinals other than 0 not tested (needs two)\n");
+    }
     printf("%d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu_gate.h"
+#include "k.h"
 #include "wk_sha256.h"
 #include "wrk_nccl.h"
 
@@ -38,6 +40,7 @@ typedef struct rank_arg {
     wk_err err;                      /* result */
     wk_diag d;                       /* detail */
     double secs;                     /* transfer time */
+    int after;                       /* a kernel launch on this thread after the transfer */
 } rank_arg;
 
 static double
@@ -61,17 +64,36 @@ rank_main(void *p)
                           : wrk_nccl_recv(c, a->arena, SLOT_BYTES, CHUNK, 30000, &a->d);
     a->secs = now_s() - t0;
     wrk_nccl_close(c, a->err != WK_OK);
+    /*
+     * The first launch after a transfer must succeed: the transfer's polls
+     * (cudaStreamQuery answering cudaErrorNotReady) leave nothing behind
+     * that the next launch on this thread would report as its own.
+     */
+    float *g = NULL;
+    a->after = (int)cudaMalloc((void **)&g, 2 * 64 * sizeof(float));
+    if (a->after == 0) {
+        (void)cudaMemset(g, 0, 2 * 64 * sizeof(float));
+        a->after = k_swiglu(g, g + 64, 64, NULL);
+        if (a->after == 0)
+            a->after = (int)cudaDeviceSynchronize();
+        cudaFree(g);
+    }
     return NULL;
 }
 
 int
 main(void)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
-        printf("fewer than two CUDA devices (%d): skipped\n", n);
+    const int gate = gpu_gate(0);
+    if (gate >= 0)
+        return gate;
+    wk_diag gd = {{0}};
+    wk_err ge = be_cuda_device_check(1, &gd);
+    if (ge == WK_ENOENT) {
+        printf("fewer than two CUDA devices (%s): skipped\n", gd.msg);
         return 77;
     }
+    CHECK(ge == WK_OK, "device 1: %s", gd.msg);
     CHECK(wrk_nccl_available(0) && wrk_nccl_available(1), "NCCL not available");
     char uuid[2][65], pci[2][65];
     for (int i = 0; i < 2; i++) {
@@ -107,6 +129,9 @@ main(void)
         pthread_join(thr[i], NULL);
     CHECK(ra[0].err == WK_OK, "rank 0: %s", ra[0].d.msg);
     CHECK(ra[1].err == WK_OK, "rank 1: %s", ra[1].d.msg);
+    for (int i = 0; i < 2; i++)
+        CHECK(ra[i].after == 0, "rank %d: the first kernel launch after the transfer failed: %s",
+              i, cudaGetErrorString((cudaError_t)ra[i].after));
     CHECK(cudaSetDevice(1) == cudaSuccess &&
               cudaMemcpy(back, arena[1], SLOT_BYTES, cudaMemcpyDeviceToHost) == cudaSuccess,
           "read back");

@@ -36,6 +36,7 @@ runs only matching cases, WKVM_PARITY_BACKEND=cuda passes --backend cuda
 hybrid models run 1-3 on the CUDA KV pool).
 """
 
+import glob
 import json
 import os
 import re
@@ -48,6 +49,11 @@ import time
 try:
     import numpy as np
 except ImportError:
+    if os.environ.get("WKVM_PARITY_BACKEND") == "cuda" and glob.glob("/dev/nvidia*"):
+        # a GPU is here: the gpu suite runs whole or fails, it never skips quietly
+        print("FAIL: numpy is not installed for %s (deploy/install-deps installs it)"
+              % sys.executable)
+        sys.exit(1)
     print("SKIP: numpy is not installed for %s" % sys.executable)
     sys.exit(77)
 
@@ -56,8 +62,8 @@ sys.path.insert(0, HERE)
 import gdn_ref  # noqa: E402
 import gen_gdn  # noqa: E402
 from test_parity import (CHUNKS, N_GEN, N_PROMPT, RUN_TIMEOUT, TOL, Result,  # noqa: E402
-                         build_dir, compare_logits, cuda_skip_reason, first_diff, parse_ids,
-                         prompt_tokens, run_infer)
+                         build_dir, check_greedy, compare_logits, cuda_skip_reason,
+                         parse_ids, prompt_tokens, run_infer)
 
 MATRIX = [
     ("f32-st-gate", dict(seed=401)),
@@ -129,10 +135,7 @@ def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check, slot_check=Fal
         if ids is None:
             res.add("greedy " + label, False, "no line of %d ids: %r" % (N_GEN, out[-200:]))
             continue
-        k = first_diff(ids, ref_ids)
-        res.add("greedy " + label, k < 0,
-                "" if k < 0 else "first differs at step %d: got %s, reference %s"
-                % (k, ids, ref_ids))
+        check_greedy(res, label, ids, ref_ids, ref, tokens, ref_logits.std())
 
     if os.environ.get("WKVM_PARITY_BACKEND"):
         return res  # the checks below are the CPU backend's (threads, ISA, bits, KV pool)
@@ -391,6 +394,8 @@ def main():
         for what, ok, detail in r.checks:
             if not ok:
                 print("       FAIL %-20s %s" % (what, detail))
+            elif detail.startswith("near tie"):
+                print("       note %-20s %s" % (what, detail))
             elif what.startswith("logits"):
                 m = re.match(r"max\|d\|/std (\S+)", detail)
                 if m and (worst is None or float(m.group(1)) > worst[0]):

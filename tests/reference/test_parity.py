@@ -24,6 +24,7 @@ keeps the temp dir, WKVM_PARITY_ONLY=substr runs only matching cases,
 WKVM_PARITY_BACKEND=cuda passes --backend cuda (the GPU parity run).
 """
 
+import glob
 import os
 import re
 import shutil
@@ -35,6 +36,11 @@ import time
 try:
     import numpy as np
 except ImportError:
+    if os.environ.get("WKVM_PARITY_BACKEND") == "cuda" and glob.glob("/dev/nvidia*"):
+        # a GPU is here: the gpu suite runs whole or fails, it never skips quietly
+        print("FAIL: numpy is not installed for %s (deploy/install-deps installs it)"
+              % sys.executable)
+        sys.exit(1)
     print("SKIP: numpy is not installed for %s" % sys.executable)
     sys.exit(77)
 
@@ -159,6 +165,43 @@ def first_diff(a, b):
     return min(len(a), len(b)) if len(a) != len(b) else -1
 
 
+# A greedy id that differs from the reference's is accepted on the CUDA
+# backend only at a near tie: where, given the same history, the reference's
+# logit of its own pick exceeds its logit of the CUDA pick by less than
+# NEAR_TIE standard deviations of the reference's prompt logits. Each side's
+# logits are within TOL std of the reference, so a flip needs a gap under
+# 2 * TOL; anything wider is a bug. Later ids follow a different history and
+# are not compared. The CPU backend gets no such slack.
+NEAR_TIE = 2 * TOL
+
+
+def check_greedy(res, label, ids, ref_ids, ref, tokens, std):
+    """Adds the "greedy LABEL" check of ids (wkvm-infer's) against ref_ids
+    (ref.generate(tokens)); ref is the family's reference model (forward /
+    step), std the spread of its prompt logits."""
+    k = first_diff(ids, ref_ids)
+    if k < 0:
+        res.add("greedy " + label, True)
+        return
+    detail = "first differs at step %d: got %s, reference %s" % (k, ids, ref_ids)
+    if (os.environ.get("WKVM_PARITY_BACKEND") != "cuda" or k >= min(len(ids), len(ref_ids))
+            or not 0 <= ids[k] < ref.V):
+        res.add("greedy " + label, False, detail)
+        return
+    logits, st = ref.forward(tokens)
+    last = logits[-1]
+    for t in ref_ids[:k]:
+        last = ref.step(t, st)
+    gap = float(last[ref_ids[k]] - last[ids[k]]) / std
+    ok = gap < NEAR_TIE
+    note = "%s; reference gap %.2e std between %d and %d (near-tie bound %.0e)" % (
+        detail, gap, ref_ids[k], ids[k], NEAR_TIE)
+    if ok:
+        note = "near tie accepted: " + note
+        print("       note greedy %s: %s" % (label, note), flush=True)
+    res.add("greedy " + label, ok, note)
+
+
 def compare_logits(res, what, ref, got):
     if got.shape != ref.shape:
         res.add(what, False, "shape %s, reference %s" % (got.shape, ref.shape))
@@ -204,10 +247,7 @@ def check_model(exe, name, mdir, tokens, tmp, dtype):
             res.add("greedy " + label, False,
                     "no line of %d ids in stdout: %r" % (N_GEN, out[-200:]))
             continue
-        k = first_diff(ids, ref_ids)
-        res.add("greedy " + label, k < 0,
-                "" if k < 0 else "first differs at step %d: got %s, reference %s"
-                % (k, ids, ref_ids))
+        check_greedy(res, label, ids, ref_ids, ref, tokens, ref_logits.std())
     return res, ref
 
 
@@ -368,6 +408,8 @@ def main():
         for what, ok, detail in r.checks:
             if not ok:
                 print("       FAIL %-16s %s" % (what, detail))
+            elif detail.startswith("near tie"):
+                print("       note %-16s %s" % (what, detail))
             elif what.startswith("logits"):
                 m = re.match(r"max\|d\|/std (\S+)", detail)
                 if m and (worst is None or float(m.group(1)) > float(worst[1].split()[1])):

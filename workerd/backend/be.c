@@ -10,6 +10,7 @@
 
 #ifdef WKVM_HAVE_CUDA
 extern const be_ops be_cuda_ops;
+wk_err be_cuda_device_check_impl(int device, wk_diag *d); /* be_cuda.c */
 #endif
 
 const be_ops *
@@ -19,6 +20,17 @@ be_cuda_ops_get(void)
     return &be_cuda_ops;
 #else
     return NULL;
+#endif
+}
+
+wk_err
+be_cuda_device_check(int device, wk_diag *d)
+{
+#ifdef WKVM_HAVE_CUDA
+    return be_cuda_device_check_impl(device, d);
+#else
+    (void)device;
+    return wk_diag_set(d, WK_ENOENT, "this build has no CUDA backend (nvcc was not found)");
 #endif
 }
 
@@ -33,10 +45,9 @@ be_ops_find(const char *name)
         return be_cuda_ops_get();
     if (strcmp(name, "auto") == 0) {
         /*
-         * The CUDA backend's RWKV-7 step is written but has never run on a
-         * device (no GPU so far), so "auto" stays on the CPU until the gpu
-         * suite (cuda_step, cuda_parity) has passed on one; "cuda" still
-         * selects it explicitly.
+         * The CUDA steps are written but have never run on a device (no GPU
+         * so far), so "auto" stays on the CPU until the gpu suite has passed
+         * on one (bench/gpu.sh runs it); "cuda" selects it explicitly.
          */
         return &be_cpu_ops;
     }

@@ -86,7 +86,11 @@ enum {
 typedef struct be_ops {
     const char *name; /* "cpu", "cuda" */
 
-    /* Probes the device; fills name and total memory. WK_EDEVICE when none. */
+    /*
+     * Probes the device; fills name and total memory. WK_ENOENT when there
+     * is none, WK_EDEVICE when it is there but does not answer (the CUDA
+     * backend: be_cuda_device_check()).
+     */
     wk_err (*probe)(int device, char *name, size_t name_len, uint64_t *mem_bytes);
 
     /*
@@ -180,7 +184,25 @@ extern const be_ops be_cpu_ops;
 /* The CUDA backend, or NULL when not built. */
 const be_ops *be_cuda_ops_get(void);
 
-/* Backend by name ("cpu", "cuda", "auto": cuda when a device answers). */
+/*
+ * Whether CUDA device `device` can be used here:
+ *   WK_OK      it answers;
+ *   WK_ENOENT  there is none to use: this build has no CUDA backend, no
+ *              /dev/nvidia* node exists, the runtime answers
+ *              cudaErrorNoDevice, or fewer than device + 1 devices answer;
+ *   WK_EDEVICE anything else: a driver older than the runtime needs, a
+ *              device in a bad state... (a failure, never a reason to skip).
+ * d (may be NULL) gets the reason with the runtime's message on every
+ * result but WK_OK. The gpu suite skips (exit 77) on WK_ENOENT only.
+ * Thread-safe; never logs.
+ */
+wk_err be_cuda_device_check(int device, wk_diag *d);
+
+/*
+ * Backend by name: "cpu", "cuda", or "auto". "auto" is the CPU for now: the
+ * CUDA backend has not yet passed its gpu suite on a device (docs/
+ * PERFORMANCE.md, bench/gpu.sh); "cuda" selects it explicitly.
+ */
 const be_ops *be_ops_find(const char *name);
 
 #endif /* BE_H */

@@ -28,6 +28,7 @@
  * device. Compiled only when nvcc is found; never logs.
  */
 #include <cuda_runtime.h>
+#include <glob.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,7 +38,10 @@
 #include "be.h"
 #include "be_cuda_common.h"
 #include "be_cuda_kv.h"
+#include "be_cuda_priv.h"
 #include "k.h"
+
+wk_err be_cuda_device_check_impl(int device, wk_diag *d); /* be.c's be_cuda_device_check */
 
 struct be_ctx {
     int device;                /* CUDA ordinal */
@@ -67,16 +71,65 @@ be_cuda_family_find(const char *family)
     return NULL;
 }
 
+wk_err
+be_cuda_device_classify(bool have_nodes, int ce, int n_dev, int device, wk_diag *d)
+{
+    if (!have_nodes)
+        return wk_diag_set(d, WK_ENOENT, "no CUDA device: no /dev/nvidia* device node");
+    if ((cudaError_t)ce == cudaErrorNoDevice)
+        return wk_diag_set(d, WK_ENOENT, "no CUDA device: %s",
+                           cudaGetErrorString((cudaError_t)ce));
+    if ((cudaError_t)ce != cudaSuccess)
+        return wk_diag_set(d, WK_EDEVICE,
+                           "CUDA devices do not answer: cudaGetDeviceCount: %s (%s, error %d)",
+                           cudaGetErrorString((cudaError_t)ce), cudaGetErrorName((cudaError_t)ce),
+                           ce);
+    if (device < 0 || device >= n_dev)
+        return wk_diag_set(d, WK_ENOENT, "no CUDA device %d (%d present)", device, n_dev);
+    return WK_OK;
+}
+
+/* Whether a /dev/nvidia* node exists (the driver's device files). */
+static bool
+be_cuda_have_nodes(void)
+{
+    glob_t g;
+    int r = glob("/dev/nvidia*", GLOB_NOSORT, NULL, &g);
+    bool have = r == 0 && g.gl_pathc > 0;
+    if (r == 0)
+        globfree(&g);
+    return have;
+}
+
+wk_err
+be_cuda_device_check_impl(int device, wk_diag *d)
+{
+    const bool nodes = be_cuda_have_nodes();
+    int n = 0;
+    cudaError_t ce = cudaSuccess;
+    if (nodes) {
+        ce = cudaGetDeviceCount(&n);
+        if (ce != cudaSuccess)
+            (void)cudaGetLastError(); /* handled here: not the next launch's error */
+    }
+    return be_cuda_device_classify(nodes, (int)ce, n, device, d);
+}
+
 static wk_err
 be_cuda_probe(int device, char *name, size_t name_len, uint64_t *mem_bytes)
 {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n)
-        return WK_EDEVICE;
+    if (name == NULL || mem_bytes == NULL)
+        return WK_EINVAL;
+    wk_err e = be_cuda_device_check_impl(device, NULL);
+    if (e != WK_OK)
+        return e;
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();
         return WK_EDEVICE;
-    snprintf(name, name_len, "%s", prop.name);
+    }
+    if (name_len > 0)
+        snprintf(name, name_len, "%s", prop.name);
     *mem_bytes = prop.totalGlobalMem;
     return WK_OK;
 }
@@ -101,15 +154,15 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         return wk_diag_set(d, WK_EINVAL, "cuda backend: missing config or model");
     if (cfg->n_slots < 2)
         return wk_diag_set(d, WK_EINVAL, "need at least 2 slots (slot 0 is reserved)");
-    /* a clear "no device" first: the GPU tests and the parity script skip on it */
-    int n_dev = 0;
-    cudaError_t ce = cudaGetDeviceCount(&n_dev);
-    if (ce != cudaSuccess || n_dev == 0)
-        return wk_diag_set(d, WK_EDEVICE, "cuda backend: no CUDA device (%s)",
-                           ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
-    if (cfg->device < 0 || cfg->device >= n_dev)
-        return wk_diag_set(d, WK_EDEVICE, "cuda backend: no CUDA device %d (%d present)",
-                           cfg->device, n_dev);
+    /* a clear "no CUDA device" first: the GPU tests and parity scripts skip on it alone */
+    wk_diag cd = {{0}};
+    wk_err ce_chk = be_cuda_device_check_impl(cfg->device, &cd);
+    if (ce_chk == WK_ENOENT)
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: %s", cd.msg);
+    if (ce_chk != WK_OK)
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: device %d unusable: %s", cfg->device,
+                           cd.msg);
+    cudaError_t ce;
     const wrk_model_info *info = wrk_model_info_get(m);
     const be_cuda_family *fam = be_cuda_family_find(info->family);
     if (info->kv_token_bytes > 0 && (fam == NULL || fam->kv == NULL))
@@ -127,8 +180,12 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     snprintf(ctx->family, sizeof(ctx->family), "%s", info->family);
     struct cudaDeviceProp prop;
     ce = cudaSetDevice(cfg->device);
-    if (ce == cudaSuccess && cudaGetDeviceProperties(&prop, cfg->device) == cudaSuccess)
-        snprintf(ctx->dev_name, sizeof(ctx->dev_name), "%s", prop.name);
+    if (ce == cudaSuccess) {
+        if (cudaGetDeviceProperties(&prop, cfg->device) == cudaSuccess)
+            snprintf(ctx->dev_name, sizeof(ctx->dev_name), "%s", prop.name);
+        else
+            (void)cudaGetLastError(); /* the name is only for describe() */
+    }
     if (ce == cudaSuccess && ctx->slot_bytes > SIZE_MAX / cfg->n_slots)
         ce = cudaErrorMemoryAllocation;
     if (ce == cudaSuccess)
@@ -139,7 +196,7 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         uint64_t bytes = ctx->slot_bytes;
         be_cuda_close(ctx);
         return wk_diag_set(d, WK_EDEVICE, "device %d arena of %u x %llu bytes: %s", cfg->device,
-                           cfg->n_slots, (unsigned long long)bytes, cudaGetErrorString(ce));
+                           cfg->n_slots, (unsigned long long)bytes, be_cuda_handled(ce));
     }
     if (fam != NULL) {
         wk_err e = fam->create(cfg, m, (float *)(void *)ctx->arena, ctx->n_slots, ctx->slot_bytes,
@@ -329,6 +386,10 @@ be_cuda_describe(const be_ctx *ctx, char *buf, size_t len)
 {
     if (buf == NULL || len == 0)
         return;
+    if (ctx == NULL) {
+        snprintf(buf, len, "cuda (no context)");
+        return;
+    }
     char rest[256] = "";
     if (ctx->fam != NULL)
         ctx->fam->describe(ctx->impl, rest, sizeof(rest));
@@ -339,7 +400,7 @@ be_cuda_describe(const be_ctx *ctx, char *buf, size_t len)
 static wk_err
 be_cuda_slot_device_ptr(be_ctx *ctx, uint32_t slot, void **ptr)
 {
-    if (slot == 0 || slot >= ctx->n_slots)
+    if (ctx == NULL || ptr == NULL || slot == 0 || slot >= ctx->n_slots)
         return WK_EINVAL;
     *ptr = be_cuda_slot_ptr(ctx, slot);
     return WK_OK;
@@ -348,7 +409,7 @@ be_cuda_slot_device_ptr(be_ctx *ctx, uint32_t slot, void **ptr)
 static int
 be_cuda_device_index(const be_ctx *ctx)
 {
-    return ctx->device;
+    return ctx != NULL ? ctx->device : 0;
 }
 
 const be_ops be_cuda_ops = {

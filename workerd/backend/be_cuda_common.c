@@ -43,7 +43,7 @@ be_cuda_dalloc(void **p, size_t n, const char *what, wk_diag *d)
     if (ce != cudaSuccess) {
         *p = NULL;
         return wk_diag_set(d, WK_EDEVICE, "cuda backend: cannot allocate %zu bytes for %s: %s", n,
-                           what, cudaGetErrorString(ce));
+                           what, be_cuda_handled(ce));
     }
     return WK_OK;
 }
@@ -57,7 +57,7 @@ be_cuda_upload_f32(const float *h, size_t n, float **out, const char *what, wk_d
     if (ce != cudaSuccess) {
         (void)cudaFree(p);
         return wk_diag_set(d, WK_EDEVICE, "cuda backend: %s upload: %s", what,
-                           cudaGetErrorString(ce));
+                           be_cuda_handled(ce));
     }
     *out = p;
     return WK_OK;
@@ -90,7 +90,7 @@ be_cuda_core_init(be_cuda_core *c, const be_config *cfg, uint32_t V, void *arena
     cudaError_t ce = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
         c->stream = NULL;
-        return wk_diag_set(d, WK_EDEVICE, "cuda backend: stream: %s", cudaGetErrorString(ce));
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: stream: %s", be_cuda_handled(ce));
     }
     cublasStatus_t bs = cublasCreate(&c->blas);
     if (bs != CUBLAS_STATUS_SUCCESS) {
@@ -217,7 +217,7 @@ be_cuda_core_upload(be_cuda_core *c, const wrk_mat *const *src, be_cuda_mat *con
         cudaError_t ce = cudaMemcpy(wp, s->t->data, b, cudaMemcpyHostToDevice);
         if (ce != cudaSuccess)
             return wk_diag_set(d, WK_EDEVICE, "cuda backend: weight upload (%s): %s", s->t->name,
-                               cudaGetErrorString(ce));
+                               be_cuda_handled(ce));
         *dst[i] = (be_cuda_mat){.w = wp,
                                 .dtype = be_cuda_dtype(s->t->dtype),
                                 .k = s->n_in,
@@ -403,7 +403,7 @@ be_cuda_core_step(be_cuda_core *c, be_row *rows, size_t n, be_cuda_pass_fn pass,
                                          c->slot_bytes, c->stream);
         if (ce != cudaSuccess)
             e = wk_diag_set(d, WK_EDEVICE, "cuda backend: row %zu: slot %u reset: %s", i,
-                            rows[i].slot, cudaGetErrorString(ce));
+                            rows[i].slot, be_cuda_handled(ce));
     }
     if (e == WK_OK)
         e = cu_step_rows(c, rows, n, pass, arg, d);

@@ -34,15 +34,31 @@
 /*
  * Funnel for CUDA runtime calls (and kernel launchers, whose int result is a
  * cudaError_t): on failure returns WK_EDEVICE from the calling function with
- * expr, error, function, file and line in the diag d (may be NULL).
+ * expr, error, function, file and line in the diag d (may be NULL). The
+ * failure is handled here, so the runtime's last error is cleared: the next
+ * launch must not report it again (kernels/k_launch.cuh).
  */
 #define WK_CUDA_CHECK(expr, d)                                                                     \
     do {                                                                                           \
         cudaError_t ce_ = (cudaError_t)(expr);                                                     \
-        if (ce_ != cudaSuccess)                                                                    \
+        if (ce_ != cudaSuccess) {                                                                  \
+            (void)cudaGetLastError();                                                              \
             return wk_diag_set((d), WK_EDEVICE, "%s failed: %s (%s at %s:%d)", #expr,              \
                                cudaGetErrorString(ce_), __func__, __FILE__, __LINE__);             \
+        }                                                                                          \
     } while (0)
+
+/*
+ * For a runtime failure the caller handles by hand (outside WK_CUDA_CHECK):
+ * clears the runtime's last error, as WK_CUDA_CHECK does, and returns ce's
+ * message for the diag.
+ */
+static inline const char *
+be_cuda_handled(cudaError_t ce)
+{
+    (void)cudaGetLastError();
+    return cudaGetErrorString(ce);
+}
 
 /* cuBLAS status funnel, as WK_CUDA_CHECK. */
 #define WK_CUBLAS_CHECK(expr, d)                                                                   \

@@ -585,7 +585,7 @@ gdn_open_attention(be_cuda_gdn *c, const be_config *cfg, uint32_t n_slots, wk_di
         cudaError_t ce =
             cudaMemcpy(c->inv_freq, fr, sizeof(double) * (c->Da / 2), cudaMemcpyHostToDevice);
         if (ce != cudaSuccess)
-            e = wk_diag_set(d, WK_EDEVICE, "cuda backend: rope upload: %s", cudaGetErrorString(ce));
+            e = wk_diag_set(d, WK_EDEVICE, "cuda backend: rope upload: %s", be_cuda_handled(ce));
     }
     free(fr);
     if (e != WK_OK)
@@ -596,7 +596,7 @@ gdn_open_attention(be_cuda_gdn *c, const be_config *cfg, uint32_t n_slots, wk_di
     if (ce != cudaSuccess) {
         c->hkv = NULL;
         return wk_diag_set(d, WK_EDEVICE, "cuda backend: pinned KV metadata (%zu entries): %s",
-                           meta, cudaGetErrorString(ce));
+                           meta, be_cuda_handled(ce));
     }
     return WK_OK;
 }
@@ -709,7 +709,7 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     /* uploads and the arena's memset ran on the legacy stream; the step's stream does not wait */
     cudaError_t ce = cudaDeviceSynchronize();
     if (ce != cudaSuccess) {
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", cudaGetErrorString(ce));
+        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
         goto fail;
     }
     *out = c;

@@ -39,7 +39,7 @@ be_cuda_kv_init(be_cuda_kv *kv, uint32_t n_slots, size_t tok_floats, uint32_t pa
         return wk_diag_set(d, WK_EDEVICE,
                            "cuda backend: KV pool of %u pages x %u tokens (%zu bytes): %s; set "
                            "a smaller kv_pages",
-                           pages_total, page_tokens, bytes, cudaGetErrorString(ce));
+                           pages_total, page_tokens, bytes, be_cuda_handled(ce));
     }
     /* page 0 on top: a fresh pool hands pages out in ascending order */
     for (uint32_t i = 0; i < pages_total; i++)

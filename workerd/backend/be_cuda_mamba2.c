@@ -344,7 +344,7 @@ m2_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slo
     /* uploads and the arena's memset ran on the legacy stream; the step's stream does not wait */
     cudaError_t ce = cudaDeviceSynchronize();
     if (ce != cudaSuccess) {
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", cudaGetErrorString(ce));
+        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
         goto fail;
     }
     *out = c;

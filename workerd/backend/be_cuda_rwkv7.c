@@ -482,7 +482,7 @@ be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena, uint3
     /* the arena and scratch memsets ran on the legacy stream; the step's stream does not wait */
     cudaError_t ce = cudaDeviceSynchronize();
     if (ce != cudaSuccess) {
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", cudaGetErrorString(ce));
+        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
         goto fail;
     }
     *out = c;
