@@ -988,6 +988,15 @@ main(int argc, char **argv)
     infer_run r = {.ops = ops, .V = info->vocab_size, .tol = o.check_tol};
     if ((e = ops->open(&bc, m, &r.ctx, &d)) != WK_OK)
         infer_die(1, "%s", d.msg[0] ? d.msg : wk_strerror(e));
+    /*
+     * What runs, on stderr: the backend's own description, with the CPU path
+     * actually chosen (isa=avx2 when WKVM_CPU_ISA=avx512 asks for more than
+     * the CPU has), so a comparison of paths can tell what it compared.
+     */
+    char be_desc[256] = "";
+    if (ops->describe != NULL)
+        ops->describe(r.ctx, be_desc, sizeof(be_desc));
+    fprintf(stderr, "wkvm-infer: backend: %s\n", be_desc[0] ? be_desc : ops->name);
 
     int rc = 0;
     if (o.bench) {

@@ -456,6 +456,11 @@ wrk_handle_load(wrk_worker *w, const wk_msg *req)
         wrk_reply_status(w, req, WKVM__KIND__MODEL_INFO, err, d.msg);
         return;
     }
+    if (w->cfg.backend->describe != NULL) { /* what runs (the CPU path really chosen) */
+        char desc[256] = "";
+        w->cfg.backend->describe(w->be, desc, sizeof(desc));
+        wk_log_info("backend worker=%s %s", w->worker_id, desc);
+    }
     Wkvm__ModelInfo mi;
     wrk_fill_model_info(w, &mi);
     wk_msg r = WKVM__ENVELOPE__INIT;

@@ -14,8 +14,11 @@ this runner:
      weights),
   4. requires the logits bit-identical with --threads 1, with a pass of 5
      tokens (WKVM_CPU_PASS_TOKENS=5: rows split across passes), and the
-     AVX2 and AVX-512 paths to agree bit for bit (WKVM_CPU_ISA; on a CPU
-     without AVX-512 both run the same path),
+     AVX2 and AVX-512 paths to agree bit for bit (WKVM_CPU_ISA; the ISA
+     that really ran is read from wkvm-infer's "backend: ... isa=" line and
+     checked against /proc/cpuinfo: on a CPU without AVX-512 the comparison
+     is skipped by name, "avx512 comparison skipped: CPU has no AVX-512",
+     never passed by comparing AVX2 with itself),
   5. runs `--batch-check 5` (the row alone and in a batch of random rows
      must give the same bits, logits and final state),
   6. for the hybrid models (attention layers with the paged KV pool:
@@ -106,6 +109,27 @@ def run(cmd, env=None):
             p.stderr.decode("utf-8", "replace"))
 
 
+SKIPPED = []  # comparisons skipped, by name, printed in the summary
+
+
+def skip(what):
+    if what not in SKIPPED:
+        SKIPPED.append(what)
+        print("SKIP " + what, flush=True)
+
+
+def cpu_flags():
+    """The CPU's feature flags from /proc/cpuinfo; None where there is none."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
 def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check, slot_check=False):
     res = Result(name)
     ref = gdn_ref.GDN.load(mdir)
@@ -143,6 +167,8 @@ def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check, slot_check=Fal
     # the same bits whatever the thread count, the pass size or the vector width
     toks = ",".join(str(t) for t in tokens)
 
+    ran_isa = {}  # label -> the ISA wkvm-infer says it ran
+
     def bits(label, extra, env):
         lpath = "%s.%s.logits" % (base, re.sub(r"\W+", "_", label))
         rc, out, err = run([exe, "--model", mdir, "--tokens", toks, "--logits-out", lpath]
@@ -150,6 +176,8 @@ def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check, slot_check=Fal
         if rc != 0:
             res.add("bits " + label, False, "exit %d: %s" % (rc, err.strip()[-300:]))
             return None
+        m = re.search(r"^wkvm-infer: backend: .*\bisa=(\w+)", err, re.M)
+        ran_isa[label] = m.group(1) if m else None
         with open(lpath, "rb") as f:
             return f.read()
 
@@ -164,7 +192,28 @@ def check_model(exe, name, mdir, tokens, tmp, dtype, batch_check, slot_check=Fal
     a512 = bits("isa avx512", [], {"WKVM_CPU_ISA": "avx512"})
     a2 = bits("isa avx2", [], {"WKVM_CPU_ISA": "avx2"})
     if a512 is not None and a2 is not None:
-        res.add("bits avx2 vs avx512", a512 == a2, "logits differ between the two paths")
+        isa512, isa2 = ran_isa["isa avx512"], ran_isa["isa avx2"]
+        flags = cpu_flags()
+        order = ["scalar", "avx2", "avx512"]
+        if flags is not None:  # what each request must run: min(request, the CPU's best)
+            hw = 2 if "avx512f" in flags else 1 if {"avx2", "fma"} <= flags else 0
+            want512, want2 = order[min(2, hw)], order[min(1, hw)]
+        else:
+            want512, want2 = isa512, isa2
+        if isa512 is None or isa2 is None:
+            res.add("isa reported", False, "wkvm-infer printed no 'backend: ... isa=' line")
+        elif (isa512, isa2) != (want512, want2):
+            res.add("isa reported", False, "WKVM_CPU_ISA=avx512 ran isa=%s, =avx2 ran isa=%s; "
+                    "this CPU (/proc/cpuinfo) should run %s and %s"
+                    % (isa512, isa2, want512, want2))
+        elif isa2 != "avx2":
+            skip("avx2 comparison skipped: CPU has no AVX2 (WKVM_CPU_ISA=avx2 ran isa=%s)"
+                 % isa2)
+        elif isa512 != "avx512":
+            skip("avx512 comparison skipped: CPU has no AVX-512 (WKVM_CPU_ISA=avx512 ran "
+                 "isa=%s)" % isa512)
+        else:
+            res.add("bits avx2 vs avx512", a512 == a2, "logits differ between the two paths")
 
     if batch_check:
         for ch in (7, 64):
@@ -405,6 +454,8 @@ def main():
         if getattr(r, "message", None):
             print("            message: %s" % r.message.splitlines()[-1][-200:])
         nfail += not r.ok
+    for what in SKIPPED:
+        print("SKIP " + what)
     print("%d/%d cases passed in %.1fs" % (len(results) - nfail, len(results), time.time() - t0))
     return 1 if nfail else 0
 
