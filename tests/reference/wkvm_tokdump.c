@@ -11,6 +11,9 @@
  *   wkvm-tokdump FILE encode   reads lines of hex bytes on stdin and prints
  *                              each line's token ids, space separated
  *   wkvm-tokdump FILE info     "kind <world|hf-bpe>", "eos <id>"
+ *   wkvm-tokdump FILE decode   reads lines of space-separated token ids on
+ *                              stdin and prints each line's wk_tok_decode()
+ *                              bytes as hex (an empty line for none)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +102,50 @@ tokdump_encode(const wk_tok *t)
     return 0;
 }
 
+static int
+tokdump_decode(const wk_tok *t)
+{
+    char *line = NULL;
+    size_t cap = 0;
+    int32_t *ids = NULL;
+    size_t n_cap = 0;
+
+    while (getline(&line, &cap, stdin) >= 0) {
+        size_t n_ids = 0;
+        char *p = line, *end;
+        for (;;) {
+            long v = strtol(p, &end, 10);
+            if (end == p)
+                break;
+            if (n_ids == n_cap) {
+                n_cap = n_cap ? 2 * n_cap : 256;
+                int32_t *g = realloc(ids, n_cap * sizeof(*ids));
+                if (g == NULL) {
+                    fprintf(stderr, "tokdump: out of memory\n");
+                    return 1;
+                }
+                ids = g;
+            }
+            ids[n_ids++] = (int32_t)v;
+            p = end;
+        }
+        char *out = NULL;
+        size_t out_len = 0;
+        wk_diag d = {""};
+        if (wk_tok_decode(t, ids, n_ids, &out, &out_len, &d) != WK_OK) {
+            fprintf(stderr, "tokdump: %s\n", d.msg);
+            return 1;
+        }
+        for (size_t i = 0; i < out_len; i++)
+            printf("%02x", (unsigned char)out[i]);
+        putchar('\n');
+        free(out);
+    }
+    free(ids);
+    free(line);
+    return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -107,8 +154,9 @@ main(int argc, char **argv)
     int rc;
 
     if (argc < 2 || argc > 3 ||
-        (argc == 3 && strcmp(argv[2], "encode") != 0 && strcmp(argv[2], "info") != 0)) {
-        fprintf(stderr, "usage: wkvm-tokdump FILE [encode|info]\n");
+        (argc == 3 && strcmp(argv[2], "encode") != 0 && strcmp(argv[2], "info") != 0 &&
+         strcmp(argv[2], "decode") != 0)) {
+        fprintf(stderr, "usage: wkvm-tokdump FILE [encode|decode|info]\n");
         return 2;
     }
     size_t n = strlen(argv[1]);
@@ -122,7 +170,8 @@ main(int argc, char **argv)
         printf("kind %s\neos %d\n", wk_tok_kind(t), (int)wk_tok_eos(t));
         rc = 0;
     } else {
-        rc = argc == 3 ? tokdump_encode(t) : tokdump_list(t);
+        rc = argc == 3 ? (strcmp(argv[2], "decode") == 0 ? tokdump_decode(t) : tokdump_encode(t))
+                       : tokdump_list(t);
     }
     wk_tok_free(t);
     return rc;

@@ -1,0 +1,78 @@
+"""Runs an upstream reference test under the venv deploy/install-ref-venv makes.
+
+The upstream tests (upstream_*.py) compare wkvm with the implementations the
+checkpoints come from (BlinkDL's rwkv package, transformers). They need
+packages Debian does not ship; deploy/install-ref-venv installs pinned
+versions into a venv cached outside the clone. A test calls
+enter(name, modules) first thing:
+  - when the running interpreter already imports every module, it returns;
+  - else it runs deploy/install-ref-venv (which builds the venv when needed)
+    and re-executes the test under the venv's python;
+  - when that cannot be had it prints "skipped: pip could not install ...:
+    <error>" (or the reason) and exits 77, meson's skip.
+A test that runs and disagrees exits 1: installed packages never skip.
+"""
+import importlib.util
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.environ.get("WKVM_SOURCE_DIR") or os.path.normpath(os.path.join(HERE, "..", ".."))
+INSTALL = os.path.join(SRC, "deploy", "install-ref-venv")
+SKIP = 77
+INSTALL_TIMEOUT = 900  # seconds: a cold install is about a minute
+
+
+def _has(modules):
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def skip(name, why):
+    print("skipped: %s" % why)
+    print("%s: 0 passed, 0 failed, 1 skipped" % name)
+    sys.exit(SKIP)
+
+
+def enter(name, modules):
+    """Returns when modules import here; else re-executes under the venv or
+    exits 77 naming why it cannot."""
+    if _has(modules):
+        return
+    if os.environ.get("WKVM_IN_REF_VENV"):
+        skip(name, "%s cannot import %s" % (sys.executable, ", ".join(modules)))
+    try:
+        p = subprocess.run([INSTALL], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=INSTALL_TIMEOUT)
+    except FileNotFoundError:
+        skip(name, "%s not found" % INSTALL)
+    except subprocess.TimeoutExpired:
+        skip(name, "%s did not finish in %d s" % (INSTALL, INSTALL_TIMEOUT))
+    err = p.stderr.decode("utf-8", "replace").strip()
+    if p.returncode == 2:
+        skip(name, "pip could not install the upstream packages: " + err[-2000:])
+    if p.returncode != 0:
+        skip(name, "deploy/install-ref-venv exit %d: %s" % (p.returncode, err[-2000:]))
+    if err:
+        print(err, flush=True)
+    py = p.stdout.decode().strip().splitlines()[-1]
+    env = dict(os.environ, WKVM_IN_REF_VENV="1")
+    sys.stdout.flush()
+    os.execve(py, [py, os.path.abspath(sys.argv[0])] + sys.argv[1:], env)
+
+
+def build_dir():
+    d = os.environ.get("WKVM_BUILD_DIR")
+    if d:
+        return d
+    return os.path.normpath(os.path.join(HERE, "..", "..", "build"))
+
+
+def rel_err(ref, got):
+    """max |got - ref| / std(ref), the figure every upstream test reports."""
+    import numpy as np
+    ref = np.asarray(ref, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64)
+    if ref.shape != got.shape:
+        raise ValueError("shape %s, reference %s" % (got.shape, ref.shape))
+    return float(np.abs(got - ref).max() / ref.std())
