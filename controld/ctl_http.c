@@ -16,6 +16,7 @@
 
 #include "wk_json.h"
 #include "wk_log.h"
+#include "wk_net.h"
 
 struct ctl_http {
     struct mg_context *ctx;   /* civetweb server */
@@ -43,8 +44,7 @@ struct ctl_http_req {
 bool
 ctl_http_host_is_loopback(const char *host)
 {
-    return strncmp(host, "127.", 4) == 0 || strcmp(host, "::1") == 0 ||
-           strcmp(host, "[::1]") == 0 || strcmp(host, "localhost") == 0;
+    return wk_net_host_is_loopback(host);
 }
 
 const char *

@@ -119,7 +119,10 @@ void ctl_http_sse_begin(ctl_http_req *req);
 /* Sends one "data: <payload>\n\n" event. WK_EIO when the client went away. */
 wk_err ctl_http_sse_data(ctl_http_req *req, const char *payload);
 
-/* True when the loopback-only rule allows binding host (127.0.0.0/8, ::1, localhost). */
+/*
+ * True when the loopback-only rule allows binding host: every address it
+ * stands for is loopback (wk_net_host_is_loopback: parsed, names resolved).
+ */
 bool ctl_http_host_is_loopback(const char *host);
 
 #endif /* CTL_HTTP_H */

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <nng/nng.h>
 #include <nng/protocol/pair1/pair.h>
+#include <nng/supplemental/tls/tls.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "wk_file.h"
 #include "wk_log.h"
 #include "wk_time.h"
 
@@ -603,6 +605,48 @@ ctl_pool_mgr_main(void *arg)
     return NULL;
 }
 
+#define CTL_POOL_PEM_MAX (1u << 20) /* largest certificate or key file */
+
+/*
+ * Gives the listener lst mutual TLS: the controller's certificate and key,
+ * and a worker is accepted only when its certificate chains to the CA
+ * (NNG_TLS_AUTH_MODE_REQUIRED: the handshake fails otherwise, and the worker
+ * never gets a pipe). WK_EINVAL / file errors with a diag naming the file.
+ */
+static wk_err
+ctl_pool_tls(nng_listener lst, const ctl_pool_config *cfg, wk_diag *d)
+{
+    char *cert = NULL, *key = NULL;
+    size_t n = 0;
+    nng_tls_config *tc = NULL;
+    wk_err err = wk_file_read(cfg->tls_cert, CTL_POOL_PEM_MAX, &cert, &n, d);
+    if (err == WK_OK)
+        err = wk_file_read(cfg->tls_key, CTL_POOL_PEM_MAX, &key, &n, d);
+    if (err != WK_OK)
+        goto out;
+    int rv = nng_tls_config_alloc(&tc, NNG_TLS_MODE_SERVER);
+    const char *what = "tls config";
+    if (rv == 0 && (rv = nng_tls_config_auth_mode(tc, NNG_TLS_AUTH_MODE_REQUIRED)) != 0)
+        what = "tls auth mode";
+    if (rv == 0 && (rv = nng_tls_config_ca_file(tc, cfg->tls_ca)) != 0)
+        what = cfg->tls_ca;
+    if (rv == 0 && (rv = nng_tls_config_own_cert(tc, cert, key, NULL)) != 0)
+        what = cfg->tls_cert;
+    if (rv == 0 && (rv = nng_listener_set_ptr(lst, NNG_OPT_TLS_CONFIG, tc)) != 0)
+        what = "tls listener";
+    if (rv != 0)
+        err = wk_diag_set(d, WK_EINVAL, "worker link TLS: %s: %s", what, nng_strerror(rv));
+out:
+    if (tc != NULL)
+        nng_tls_config_free(tc); /* the listener holds its own reference */
+    free(cert);
+    if (key != NULL) {
+        memset(key, 0, n);
+        free(key);
+    }
+    return err;
+}
+
 wk_err
 ctl_pool_new(const ctl_pool_config *cfg, ctl_pool **out, wk_diag *d)
 {
@@ -629,6 +673,10 @@ ctl_pool_new(const ctl_pool_config *cfg, ctl_pool **out, wk_diag *d)
     nng_socket_set_ms(p->sock, NNG_OPT_SENDTIMEO, 5000);
     nng_pipe_notify(p->sock, NNG_PIPE_EV_REM_POST, ctl_pool_pipe_removed, p);
     rv = nng_listener_create(&p->lst, p->sock, cfg->listen_url);
+    if (rv == 0 && strncmp(cfg->listen_url, "tls+", 4) == 0) {
+        if ((err = ctl_pool_tls(p->lst, cfg, d)) != WK_OK)
+            goto fail;
+    }
     if (rv == 0) {
         nng_listener_set_size(p->lst, NNG_OPT_RECVMAXSZ, WK_PROTO_MSG_MAX);
         rv = nng_listener_start(p->lst, 0);

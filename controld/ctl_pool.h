@@ -68,7 +68,10 @@ typedef struct ctl_worker_view {
 } ctl_worker_view;
 
 typedef struct ctl_pool_config {
-    const char *listen_url;  /* "ipc:///path" or "tcp://127.0.0.1:7070" */
+    const char *listen_url;  /* "ipc:///path", "tcp://127.0.0.1:7070", "tls+tcp://0.0.0.0:7443" */
+    const char *tls_ca;      /* tls+tcp: CA file (PEM) a worker's certificate must chain to */
+    const char *tls_cert;    /* tls+tcp: the controller's certificate file (PEM) */
+    const char *tls_key;     /* tls+tcp: the controller's private key file (PEM) */
     const char *model_dir;   /* model every worker should run, NULL = none */
     uint32_t slots;          /* arena slots per worker (usable), when loading a model */
     uint32_t heartbeat_ms;   /* Stats poll period */

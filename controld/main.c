@@ -21,6 +21,7 @@
 #include "ctl_ckpt.h"
 #include "wk_cfg.h"
 #include "wk_log.h"
+#include "wk_net.h"
 
 static const wk_cfg_opt ctl_opts[] = {
     {"host", WK_CFG_STR, "127.0.0.1", 0, 0,
@@ -28,10 +29,18 @@ static const wk_cfg_opt ctl_opts[] = {
     {"port", WK_CFG_U64, "8000", 1, 65535, "HTTP port"},
     {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
     {"worker-url", WK_CFG_STR, NULL, 0, 0,
-     "NNG URL workers dial (default ipc://DATA/controller.ipc; tcp://HOST:PORT across hosts)"},
+     "NNG URL workers dial (default ipc://DATA/controller.ipc; across hosts "
+     "tls+tcp://HOST:PORT with --worker-tls-*)"},
+    {"worker-tls-ca", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// worker link: CA certificate file (PEM); only workers whose certificate "
+     "chains to it are accepted"},
+    {"worker-tls-cert", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// worker link: the controller's certificate file (PEM)"},
+    {"worker-tls-key", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// worker link: the controller's private key file (PEM)"},
     {"allow-remote-workers", WK_CFG_BOOL, "false", 0, 0,
-     "let --worker-url listen on a non-loopback tcp:// address (the worker link has no "
-     "authentication: firewall it)"},
+     "force a plain tcp:// --worker-url on a non-loopback address (no encryption, no "
+     "authentication: prompts and states in clear; use tls+tcp:// instead)"},
     {"model", WK_CFG_STR, NULL, 0, 0, "model directory every worker loads (none: empty workers)"},
     {"slots", WK_CFG_U64, "16", 1, 65535, "state slots per worker (slot 0 is reserved extra)"},
     {"workers", WK_CFG_U64, "1", 0, 1024, "workers that must be ready before /ready says 200"},
@@ -122,6 +131,51 @@ ctl_mkdir_p(const char *path)
     return 0;
 }
 
+/*
+ * The worker link's address rules (0: fine; else a one-line message has been
+ * printed). Plain tcp:// carries prompts and state bytes in clear without
+ * authentication: on a non-loopback address (checked by parsing it, names
+ * resolved) it needs --allow-remote-workers. tls+tcp:// needs the CA, the
+ * certificate and the key; the TLS files make no sense on another scheme.
+ */
+static int
+ctl_main_check_worker_url(const wk_cfg *cfg, const char *url)
+{
+    wk_net_scheme sc;
+    char host[256];
+    wk_diag d = {{0}};
+    if (wk_net_url_parse(url, &sc, host, sizeof(host), &d) != WK_OK) {
+        fprintf(stderr, "wkvm-controld: --worker-url %s\n", d.msg);
+        return 2;
+    }
+    const char *tls[3] = {wk_cfg_get_str(cfg, "worker-tls-ca"),
+                          wk_cfg_get_str(cfg, "worker-tls-cert"),
+                          wk_cfg_get_str(cfg, "worker-tls-key")};
+    const bool any_tls = tls[0] != NULL || tls[1] != NULL || tls[2] != NULL;
+    if (sc == WK_NET_SCHEME_TLS && (tls[0] == NULL || tls[1] == NULL || tls[2] == NULL)) {
+        fprintf(stderr, "wkvm-controld: --worker-url %s needs --worker-tls-ca, --worker-tls-cert "
+                        "and --worker-tls-key (docs/OPERATIONS.md, \"Workers on other hosts\")\n",
+                url);
+        return 2;
+    }
+    if (sc != WK_NET_SCHEME_TLS && any_tls) {
+        fprintf(stderr, "wkvm-controld: --worker-tls-* need a tls+tcp:// --worker-url (got %s)\n",
+                url);
+        return 2;
+    }
+    if (sc == WK_NET_SCHEME_TCP && !wk_net_host_is_loopback(host) &&
+        !wk_cfg_get_bool(cfg, "allow-remote-workers")) {
+        fprintf(stderr,
+                "wkvm-controld: refusing to listen for workers on %s: plain tcp:// on a "
+                "non-loopback address carries prompts and state bytes in clear without "
+                "authentication; use tls+tcp:// with --worker-tls-ca/-cert/-key, or force it "
+                "with --allow-remote-workers (docs/OPERATIONS.md)\n",
+                url);
+        return 2;
+    }
+    return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -173,19 +227,9 @@ main(int argc, char **argv)
     else
         snprintf(worker_url, sizeof(worker_url), "ipc://%s/controller.ipc", data_dir);
 
-    if (strncmp(worker_url, "tcp://", 6) == 0 && !wk_cfg_get_bool(cfg, "allow-remote-workers")) {
-        const char *wh = worker_url + 6;
-        bool lo = strncmp(wh, "127.", 4) == 0 || strncmp(wh, "localhost:", 10) == 0 ||
-                  strncmp(wh, "[::1]:", 6) == 0;
-        if (!lo) {
-            fprintf(stderr,
-                    "wkvm-controld: refusing to listen for workers on %s: the worker link carries "
-                    "prompts and state bytes without authentication; pass "
-                    "--allow-remote-workers once it is firewalled (docs/OPERATIONS.md)\n",
-                    worker_url);
-            wk_cfg_free(cfg);
-            return 2;
-        }
+    if (ctl_main_check_worker_url(cfg, worker_url) != 0) {
+        wk_cfg_free(cfg);
+        return 2;
     }
     const char *host = wk_cfg_get_str(cfg, "host");
     ctl_auth *auth = NULL;
@@ -276,6 +320,9 @@ main(int argc, char **argv)
     }
     ctl_pool_config pc = {
         .listen_url = worker_url,
+        .tls_ca = wk_cfg_get_str(cfg, "worker-tls-ca"),
+        .tls_cert = wk_cfg_get_str(cfg, "worker-tls-cert"),
+        .tls_key = wk_cfg_get_str(cfg, "worker-tls-key"),
         .model_dir = app.model_dir,
         .slots = (uint32_t)wk_cfg_get_u64(cfg, "slots"),
         .heartbeat_ms = (uint32_t)wk_cfg_get_u64(cfg, "heartbeat-ms"),

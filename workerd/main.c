@@ -13,11 +13,23 @@
 #include "backend/be.h"
 #include "wk_cfg.h"
 #include "wk_log.h"
+#include "wk_net.h"
 #include "wrk_rpc.h"
 
 static const wk_cfg_opt wrk_opts[] = {
     {"controller", WK_CFG_STR, NULL, 0, 0,
-     "controller URL (default ipc://DATA/controller.ipc; tcp://HOST:PORT across hosts)"},
+     "controller URL (default ipc://DATA/controller.ipc; across hosts tls+tcp://HOST:PORT "
+     "with --tls-*)"},
+    {"tls-ca", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// controller: CA certificate file (PEM) the controller's certificate must "
+     "chain to"},
+    {"tls-cert", WK_CFG_STR, NULL, 0, 0, "tls+tcp:// controller: this worker's certificate (PEM)"},
+    {"tls-key", WK_CFG_STR, NULL, 0, 0, "tls+tcp:// controller: this worker's private key (PEM)"},
+    {"tls-server-name", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// controller: the name its certificate must carry (default: the URL's host)"},
+    {"allow-plain-tcp", WK_CFG_BOOL, "false", 0, 0,
+     "force a plain tcp:// --controller on a non-loopback address (no encryption, no "
+     "authentication: prompts and states in clear; use tls+tcp:// instead)"},
     {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
     {"id", WK_CFG_STR, NULL, 0, 0, "worker id, unique per controller (default w<pid>)"},
     {"model", WK_CFG_STR, NULL, 0, 0, "model directory to load at start (else the controller's)"},
@@ -45,6 +57,48 @@ wrk_on_signal(int sig)
 {
     (void)sig;
     wrk_stop = 1;
+}
+
+/*
+ * The controller link's address rules (0: fine; else a one-line message has
+ * been printed): plain tcp:// to a non-loopback address (parsed, names
+ * resolved) needs --allow-plain-tcp; tls+tcp:// needs --tls-ca, --tls-cert
+ * and --tls-key, which make no sense on another scheme.
+ */
+static int
+wrk_main_check_url(const wk_cfg *cfg, const char *url)
+{
+    wk_net_scheme sc;
+    char host[256];
+    wk_diag d = {{0}};
+    if (wk_net_url_parse(url, &sc, host, sizeof(host), &d) != WK_OK) {
+        fprintf(stderr, "wkvm-workerd: --controller %s\n", d.msg);
+        return 2;
+    }
+    const char *tls[3] = {wk_cfg_get_str(cfg, "tls-ca"), wk_cfg_get_str(cfg, "tls-cert"),
+                          wk_cfg_get_str(cfg, "tls-key")};
+    const bool any_tls = tls[0] != NULL || tls[1] != NULL || tls[2] != NULL ||
+                         wk_cfg_get_str(cfg, "tls-server-name") != NULL;
+    if (sc == WK_NET_SCHEME_TLS && (tls[0] == NULL || tls[1] == NULL || tls[2] == NULL)) {
+        fprintf(stderr, "wkvm-workerd: --controller %s needs --tls-ca, --tls-cert and --tls-key "
+                        "(docs/OPERATIONS.md, \"Workers on other hosts\")\n",
+                url);
+        return 2;
+    }
+    if (sc != WK_NET_SCHEME_TLS && any_tls) {
+        fprintf(stderr, "wkvm-workerd: --tls-* need a tls+tcp:// --controller (got %s)\n", url);
+        return 2;
+    }
+    if (sc == WK_NET_SCHEME_TCP && !wk_net_host_is_loopback(host) &&
+        !wk_cfg_get_bool(cfg, "allow-plain-tcp")) {
+        fprintf(stderr,
+                "wkvm-workerd: refusing to dial %s: plain tcp:// to a non-loopback address "
+                "carries prompts and state bytes in clear without authentication; use "
+                "tls+tcp:// with --tls-ca/-cert/-key, or force it with --allow-plain-tcp\n",
+                url);
+        return 2;
+    }
+    return 0;
 }
 
 int
@@ -95,6 +149,8 @@ main(int argc, char **argv)
         snprintf(url, sizeof(url), "%s", wk_cfg_get_str(cfg, "controller"));
     else
         snprintf(url, sizeof(url), "ipc://%s/controller.ipc", data_dir);
+    if (wrk_main_check_url(cfg, url) != 0)
+        goto out;
     if (wk_cfg_get_str(cfg, "id") != NULL) {
         const char *s = wk_cfg_get_str(cfg, "id");
         if (strlen(s) == 0 || strlen(s) >= sizeof(id) || strspn(s,
@@ -118,6 +174,10 @@ main(int argc, char **argv)
     }
     wrk_rpc_config rc_cfg = {
         .controller_url = url,
+        .tls_ca = wk_cfg_get_str(cfg, "tls-ca"),
+        .tls_cert = wk_cfg_get_str(cfg, "tls-cert"),
+        .tls_key = wk_cfg_get_str(cfg, "tls-key"),
+        .tls_server_name = wk_cfg_get_str(cfg, "tls-server-name"),
         .worker_id = id,
         .backend = ops,
         .device = (int)wk_cfg_get_u64(cfg, "device"),

@@ -18,6 +18,7 @@
 #include <limits.h>
 #include <nng/nng.h>
 #include <nng/protocol/pair1/pair.h>
+#include <nng/supplemental/tls/tls.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,7 +27,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "wk_file.h"
 #include "wk_log.h"
+#include "wk_net.h"
 #include "wk_proto.h"
 #include "wk_sha256.h"
 #include "wrk_nccl.h"
@@ -66,6 +69,7 @@ struct wrk_worker {
     uint64_t device_mem;       /* from probe */
     nng_socket sock;           /* pair1 */
     atomic_bool need_hello;    /* a pipe was added */
+    atomic_int pipes;          /* controller connections up now */
     uint64_t steps;            /* steps run */
     uint64_t step_us;          /* microseconds in steps */
     uint64_t tokens;           /* tokens processed */
@@ -151,6 +155,7 @@ wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
     w->worker_id = strdup(cfg->worker_id);
     w->vocab_path = cfg->vocab_path ? strdup(cfg->vocab_path) : NULL;
     atomic_init(&w->need_hello, false);
+    atomic_init(&w->pipes, 0);
     w->start_ms = wrk_now_us() / 1000u;
     if (w->controller_url == NULL || w->worker_id == NULL ||
         (cfg->vocab_path && w->vocab_path == NULL)) {
@@ -1089,6 +1094,7 @@ wrk_pipe_added(nng_pipe pipe, nng_pipe_ev ev, void *arg)
     (void)pipe;
     (void)ev;
     wrk_worker *w = arg;
+    atomic_fetch_add(&w->pipes, 1);
     atomic_store(&w->need_hello, true);
 }
 
@@ -1097,8 +1103,66 @@ wrk_pipe_removed(nng_pipe pipe, nng_pipe_ev ev, void *arg)
 {
     (void)pipe;
     (void)ev;
-    (void)arg;
+    wrk_worker *w = arg;
+    atomic_fetch_sub(&w->pipes, 1);
     wk_log_warn("controller connection lost; reconnecting");
+}
+
+#define WRK_PEM_MAX (1u << 20) /* largest certificate or key file */
+
+/*
+ * Dials w's tls+tcp:// controller URL with mutual TLS: this worker's
+ * certificate and key, and the controller's certificate must chain to the
+ * CA and carry the expected name (the URL's host or tls_server_name).
+ * Non-blocking: the dialer keeps retrying as nng_dial does.
+ */
+static wk_err
+wrk_dial_tls(wrk_worker *w, wk_diag *d)
+{
+    char *cert = NULL, *key = NULL, host[256];
+    size_t n = 0;
+    nng_tls_config *tc = NULL;
+    nng_dialer dl;
+    wk_net_scheme sc;
+    wk_err err = wk_net_url_parse(w->controller_url, &sc, host, sizeof(host), d);
+    if (err == WK_OK)
+        err = wk_file_read(w->cfg.tls_cert, WRK_PEM_MAX, &cert, &n, d);
+    if (err == WK_OK)
+        err = wk_file_read(w->cfg.tls_key, WRK_PEM_MAX, &key, &n, d);
+    if (err != WK_OK)
+        goto out;
+    const char *name = w->cfg.tls_server_name ? w->cfg.tls_server_name : host;
+    const char *what = "dialer";
+    int rv = nng_dialer_create(&dl, w->sock, w->controller_url);
+    if (rv == 0 && (rv = nng_tls_config_alloc(&tc, NNG_TLS_MODE_CLIENT)) != 0)
+        what = "tls config";
+    if (rv == 0 && (rv = nng_tls_config_auth_mode(tc, NNG_TLS_AUTH_MODE_REQUIRED)) != 0)
+        what = "tls auth mode";
+    if (rv == 0 && (rv = nng_tls_config_ca_file(tc, w->cfg.tls_ca)) != 0)
+        what = w->cfg.tls_ca;
+    if (rv == 0 && (rv = nng_tls_config_own_cert(tc, cert, key, NULL)) != 0)
+        what = w->cfg.tls_cert;
+    if (rv == 0 && (rv = nng_tls_config_server_name(tc, name)) != 0)
+        what = "server name";
+    if (rv == 0 && (rv = nng_dialer_set_ptr(dl, NNG_OPT_TLS_CONFIG, tc)) != 0)
+        what = "tls dialer";
+    if (rv == 0) {
+        nng_dialer_set_size(dl, NNG_OPT_RECVMAXSZ, WK_PROTO_MSG_MAX);
+        if ((rv = nng_dialer_start(dl, NNG_FLAG_NONBLOCK)) != 0)
+            what = "dial";
+    }
+    if (rv != 0)
+        err = wk_diag_set(d, WK_EIO, "cannot dial %s: %s: %s", w->controller_url, what,
+                          nng_strerror(rv));
+out:
+    if (tc != NULL)
+        nng_tls_config_free(tc); /* the dialer holds its own reference */
+    free(cert);
+    if (key != NULL) {
+        memset(key, 0, n);
+        free(key);
+    }
+    return err;
 }
 
 wk_err
@@ -1114,8 +1178,13 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
     nng_socket_set_ms(w->sock, NNG_OPT_RECONNMAXT, 1000);
     nng_pipe_notify(w->sock, NNG_PIPE_EV_ADD_POST, wrk_pipe_added, w);
     nng_pipe_notify(w->sock, NNG_PIPE_EV_REM_POST, wrk_pipe_removed, w);
-    rv = nng_dial(w->sock, w->controller_url, NULL, NNG_FLAG_NONBLOCK);
-    if (rv != 0) {
+    if (strncmp(w->controller_url, "tls+", 4) == 0) {
+        wk_err te = wrk_dial_tls(w, d);
+        if (te != WK_OK) {
+            nng_close(w->sock);
+            return te;
+        }
+    } else if ((rv = nng_dial(w->sock, w->controller_url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
         nng_close(w->sock);
         return wk_diag_set(d, WK_EIO, "cannot dial %s: %s", w->controller_url,
                            nng_strerror(rv));
@@ -1123,9 +1192,28 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
     wk_log_info("dialing controller=%s worker=%s", w->controller_url, w->worker_id);
     w->connected = true;
     wk_err result = WK_OK;
+    uint64_t unlinked_since = wrk_now_us() / 1000u, warned_at = 0;
     while (!*stop) {
         if (atomic_exchange(&w->need_hello, false))
             wrk_send_hello(w);
+        /*
+         * A link that never comes up says so: NNG retries quietly, and a TLS
+         * handshake the controller refused (a certificate from another CA, a
+         * wrong server name) looks like a controller that is not there.
+         */
+        const uint64_t now_ms = wrk_now_us() / 1000u;
+        if (atomic_load(&w->pipes) > 0) {
+            unlinked_since = now_ms;
+        } else if (now_ms - unlinked_since >= 10000 && now_ms - warned_at >= 30000) {
+            warned_at = now_ms;
+            wk_log_warn("no controller connection for %llu s controller=%s%s",
+                        (unsigned long long)((now_ms - unlinked_since) / 1000u),
+                        w->controller_url,
+                        strncmp(w->controller_url, "tls+", 4) == 0
+                            ? " (TLS: check --tls-ca, this worker's certificate and "
+                              "--tls-server-name against the controller's)"
+                            : "");
+        }
         void *buf = NULL;
         size_t len = 0;
         rv = nng_recv(w->sock, &buf, &len, NNG_FLAG_ALLOC);

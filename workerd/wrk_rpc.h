@@ -16,7 +16,13 @@
 #include "wrk_model.h"
 
 typedef struct wrk_rpc_config {
-    const char *controller_url; /* ipc:// or tcp:// */
+    const char *controller_url; /* ipc://, tcp:// or tls+tcp:// */
+    const char *tls_ca;         /* tls+tcp: CA file (PEM) the controller's certificate must
+                                   chain to; borrowed for the worker's life, as the next three */
+    const char *tls_cert;       /* tls+tcp: this worker's certificate file (PEM) */
+    const char *tls_key;        /* tls+tcp: this worker's private key file (PEM) */
+    const char *tls_server_name; /* tls+tcp: the name the controller's certificate must carry,
+                                    NULL = the URL's host */
     const char *worker_id;      /* stable id ("w0") */
     const be_ops *backend;      /* backend used for models */
     int device;                 /* CUDA ordinal */
