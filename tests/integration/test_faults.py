@@ -94,6 +94,12 @@ def read_events(resp):
     return out
 
 
+def running_tokens(s):
+    """Tokens held by the running requests' slots (/admin/slots)."""
+    return sum(sl["tokens"] for sl in s.get("/admin/slots").json()["slots"]
+               if sl["state"] == "running")
+
+
 def slots_used(s):
     return sum(w["slots_used"] for w in s.workers_list())
 
@@ -121,7 +127,9 @@ def test_worker_kill9_mid_step():
         assert resp.status == 200
         assert resp.readline().startswith(b"data: ")
         s.wait(lambda: slots_used(s) == base_used + 3, "three requests running", timeout=30)
-        time.sleep(0.2)  # mid-step, for sure
+        # mid-generation, for sure: tokens keep coming after all three are running
+        tok0 = running_tokens(s)
+        s.wait(lambda: running_tokens(s) >= tok0 + 3, "tokens generated", timeout=30)
         t0 = time.time()
         s.kill_worker("w0")
         FIGURES["faults_injected"] += 1
