@@ -10,6 +10,9 @@ enter(name, modules) first thing:
     and re-executes the test under the venv's python;
   - when that cannot be had it prints "skipped: pip could not install ...:
     <error>" (or the reason) and exits 77, meson's skip.
+enter(name, modules, fla=True) does the same with the fla venv
+(install-ref-venv --fla: torch and triton from PyPI, several GB); setting
+WKVM_REF_FLA=0 skips those tests instead of installing it.
 A test that runs and disagrees exits 1: installed packages never skip.
 """
 import importlib.util
@@ -34,16 +37,19 @@ def skip(name, why):
     sys.exit(SKIP)
 
 
-def enter(name, modules):
-    """Returns when modules import here; else re-executes under the venv or
-    exits 77 naming why it cannot."""
+def enter(name, modules, fla=False):
+    """Returns when modules import here; else re-executes under the venv (the
+    fla one when fla) or exits 77 naming why it cannot."""
     if _has(modules):
         return
     if os.environ.get("WKVM_IN_REF_VENV"):
         skip(name, "%s cannot import %s" % (sys.executable, ", ".join(modules)))
+    if fla and os.environ.get("WKVM_REF_FLA") == "0":
+        skip(name, "WKVM_REF_FLA=0: the fla venv (torch + triton from PyPI, 5.6 GB with "
+             "the CUDA libraries its torch wheel depends on) is not installed")
     try:
-        p = subprocess.run([INSTALL], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=INSTALL_TIMEOUT)
+        p = subprocess.run([INSTALL] + (["--fla"] if fla else []), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, timeout=INSTALL_TIMEOUT)
     except FileNotFoundError:
         skip(name, "%s not found" % INSTALL)
     except subprocess.TimeoutExpired:
@@ -51,6 +57,8 @@ def enter(name, modules):
     err = p.stderr.decode("utf-8", "replace").strip()
     if p.returncode == 2:
         skip(name, "pip could not install the upstream packages: " + err[-2000:])
+    if p.returncode == 4:
+        skip(name, "not enough disk for the fla venv: " + err[-500:])
     if p.returncode != 0:
         skip(name, "deploy/install-ref-venv exit %d: %s" % (p.returncode, err[-2000:]))
     if err:
