@@ -10,7 +10,11 @@
  * a CPU runs it fast. Each tensor draws from its own stream (seed + name), so
  * a tensor's values do not depend on the others. The vocab has exactly
  * vocab-1 tokens: the 256 single bytes, then English words and pieces, so a
- * decoded continuation looks like (nonsense) text.
+ * decoded continuation looks like (nonsense) text. With --vocab-file a real
+ * World vocab (rwkv_vocab_v20230424.txt, as the `rwkv` Python package ships
+ * it) is checked with wk_tok and copied instead, and the model gets as many
+ * rows as it needs (rounded up to 64: 65536 for the World vocab), so the
+ * demo tokenizes text as the released RWKV models do.
  *
  * It must never overwrite a non-empty directory unless --force is given, and
  * never leaves a half-written file under a final name: each file is written
@@ -32,6 +36,7 @@
 #include <unistd.h>
 
 #include "wk_err.h"
+#include "wk_tok.h"
 
 #define MK_PATH_MAX 4096
 
@@ -41,6 +46,7 @@
 #define MK_MAX_FFN 16384
 #define MK_MAX_VOCAB 262144
 #define MK_MAX_LORA 1024
+#define MK_MAX_VOCAB_FILE (64u << 20) /* bytes of a --vocab-file (the World vocab: ~1 MiB) */
 
 typedef enum mk_dtype {
     MK_DTYPE_F32 = 0, /* IEEE binary32 */
@@ -61,6 +67,9 @@ typedef struct mk_cfg {
     mk_dtype dtype;     /* stored weight type */
     uint64_t seed;      /* PRNG seed */
     bool force;         /* allow a non-empty output directory */
+    const char *vocab_file;  /* --vocab-file: World vocab to copy, NULL: generate one */
+    unsigned char *vocab_buf; /* its bytes, read and checked before anything is written */
+    size_t vocab_len;         /* bytes in vocab_buf */
 } mk_cfg;
 
 /* How a tensor's values are drawn. */
@@ -807,6 +816,58 @@ fail:
     return e;
 }
 
+/*
+ * Reads c->vocab_file into c->vocab_buf and checks it with wk_tok; fills
+ * *rows with the rows the model needs (the largest id + 1). Writes nothing.
+ */
+WK_MUST_CHECK static wk_err
+mk_read_vocab_file(mk_cfg *c, uint32_t *rows, wk_diag *d)
+{
+    FILE *f = fopen(c->vocab_file, "rb");
+    if (!f)
+        return wk_diag_set(d, WK_EIO, "%s: %s", c->vocab_file, strerror(errno));
+    unsigned char *buf = malloc(MK_MAX_VOCAB_FILE + 1);
+    size_t n = buf ? fread(buf, 1, MK_MAX_VOCAB_FILE + 1, f) : 0;
+    int bad = buf ? ferror(f) : 0;
+    fclose(f);
+    if (!buf)
+        return wk_diag_set(d, WK_ENOMEM, "reading %s", c->vocab_file);
+    if (bad || n > MK_MAX_VOCAB_FILE) {
+        free(buf);
+        return wk_diag_set(d, bad ? WK_EIO : WK_ETOOBIG, "%s: %s", c->vocab_file,
+                           bad ? "read error" : "over 64 MiB");
+    }
+    wk_tok *t = NULL;
+    wk_err e = wk_tok_load_mem(buf, n, &t, d);
+    if (e != WK_OK) {
+        free(buf);
+        wk_diag_prefix(d, "%s", c->vocab_file);
+        return e;
+    }
+    *rows = wk_tok_vocab_size(t);
+    wk_tok_free(t);
+    c->vocab_buf = buf;
+    c->vocab_len = n;
+    return WK_OK;
+}
+
+/* Writes c->vocab_buf as the model's rwkv_vocab_v20230424.txt. */
+WK_MUST_CHECK static wk_err
+mk_copy_vocab(const mk_cfg *c, wk_diag *d)
+{
+    char tmp[MK_PATH_MAX];
+    FILE *f = NULL;
+    wk_err e = mk_file_open(c->out, "rwkv_vocab_v20230424.txt", tmp, sizeof(tmp), &f, d);
+    if (e != WK_OK)
+        return e;
+    if (fwrite(c->vocab_buf, 1, c->vocab_len, f) != c->vocab_len) {
+        fclose(f);
+        unlink(tmp);
+        return wk_diag_set(d, WK_EIO, "%s: write failed", tmp);
+    }
+    return mk_file_commit(f, tmp, c->out, "rwkv_vocab_v20230424.txt", d);
+}
+
 /* ------------------------------------------------------------------------ */
 /* command line                                                              */
 
@@ -822,7 +883,10 @@ mk_usage(FILE *f)
             "  --embd C          hidden size (default 256, max %d)\n"
             "  --head-size N     head size, divides C (default 64)\n"
             "  --ffn F           channel-mix width (default 4*C, max %d)\n"
-            "  --vocab V         vocab rows incl. token 0 (default 4096, 257..%d)\n"
+            "  --vocab V         vocab rows incl. token 0 (default 4096, 257..%d; with\n"
+            "                    --vocab-file: its largest id + 1 rounded up to 64)\n"
+            "  --vocab-file F    copy this World vocab (rwkv_vocab_v20230424.txt)\n"
+            "                    instead of generating one\n"
             "  --lora-w D        decay LoRA rank (default from C)\n"
             "  --lora-a D        in-context learning rate LoRA rank (default from C)\n"
             "  --lora-v D        value-residual LoRA rank (default from C)\n"
@@ -866,7 +930,8 @@ main(int argc, char **argv)
         .dtype = MK_DTYPE_BF16, .seed = 1,
     };
     enum { O_OUT = 256, O_LAYERS, O_EMBD, O_HEAD, O_FFN, O_VOCAB, O_LW, O_LA, O_LV, O_LG,
-           O_DTYPE, O_SEED, O_FORCE, O_HELP };
+           O_DTYPE, O_SEED, O_FORCE, O_HELP, O_VOCAB_FILE };
+    bool vocab_set = false;
     static const struct option opts[] = {
         {"out", required_argument, NULL, O_OUT},
         {"layers", required_argument, NULL, O_LAYERS},
@@ -881,6 +946,7 @@ main(int argc, char **argv)
         {"dtype", required_argument, NULL, O_DTYPE},
         {"seed", required_argument, NULL, O_SEED},
         {"force", no_argument, NULL, O_FORCE},
+        {"vocab-file", required_argument, NULL, O_VOCAB_FILE},
         {"help", no_argument, NULL, O_HELP},
         {NULL, 0, NULL, 0},
     };
@@ -892,7 +958,11 @@ main(int argc, char **argv)
         case O_EMBD: rc |= mk_parse_int("--embd", optarg, 1, MK_MAX_EMBD, &c.embd); break;
         case O_HEAD: rc |= mk_parse_int("--head-size", optarg, 1, MK_MAX_EMBD, &c.head_size); break;
         case O_FFN: rc |= mk_parse_int("--ffn", optarg, 1, MK_MAX_FFN, &c.ffn); break;
-        case O_VOCAB: rc |= mk_parse_int("--vocab", optarg, 257, MK_MAX_VOCAB, &c.vocab); break;
+        case O_VOCAB:
+            rc |= mk_parse_int("--vocab", optarg, 257, MK_MAX_VOCAB, &c.vocab);
+            vocab_set = true;
+            break;
+        case O_VOCAB_FILE: c.vocab_file = optarg; break;
         case O_LW: rc |= mk_parse_int("--lora-w", optarg, 1, MK_MAX_LORA, &c.lora_w); break;
         case O_LA: rc |= mk_parse_int("--lora-a", optarg, 1, MK_MAX_LORA, &c.lora_a); break;
         case O_LV: rc |= mk_parse_int("--lora-v", optarg, 1, MK_MAX_LORA, &c.lora_v); break;
@@ -953,7 +1023,31 @@ main(int argc, char **argv)
 
     wk_diag d = {{0}};
     mk_plan plan = {0};
-    wk_err e = mk_dir_prepare(c.out, c.force, &d);
+    wk_err e = WK_OK;
+    if (c.vocab_file != NULL) {
+        uint32_t rows = 0;
+        if ((e = mk_read_vocab_file(&c, &rows, &d)) != WK_OK) {
+            fprintf(stderr, "wkvm-mkmodel: --vocab-file: %s\n", d.msg);
+            return 1;
+        }
+        uint32_t want = rows < 257 ? 257 : (rows + 63u) / 64u * 64u;
+        if (!vocab_set) {
+            c.vocab = (int)want;
+        } else if ((uint32_t)c.vocab < rows) {
+            fprintf(stderr, "wkvm-mkmodel: --vocab %d is under the %u rows %s needs\n", c.vocab,
+                    rows, c.vocab_file);
+            free(c.vocab_buf);
+            return 2;
+        }
+        if (c.vocab > MK_MAX_VOCAB) {
+            fprintf(stderr, "wkvm-mkmodel: %s needs %d rows, over %d\n", c.vocab_file, c.vocab,
+                    MK_MAX_VOCAB);
+            free(c.vocab_buf);
+            return 2;
+        }
+    }
+    if (e == WK_OK)
+        e = mk_dir_prepare(c.out, c.force, &d);
     if (e == WK_OK)
         e = mk_plan_build(&c, &plan);
     if (e == WK_OK)
@@ -961,7 +1055,8 @@ main(int argc, char **argv)
     if (e == WK_OK)
         e = mk_write_config(&c, &d);
     if (e == WK_OK)
-        e = mk_write_vocab(&c, &d);
+        e = c.vocab_file != NULL ? mk_copy_vocab(&c, &d) : mk_write_vocab(&c, &d);
+    free(c.vocab_buf);
     if (e != WK_OK) {
         fprintf(stderr, "wkvm-mkmodel: %s%s%s\n", wk_strerror(e), d.msg[0] ? ": " : "", d.msg);
         free(plan.t);

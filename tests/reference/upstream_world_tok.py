@@ -21,6 +21,9 @@ wkvm_tokdump.c), and requires:
      sequences between tokens. (TRIE_TOKENIZER.decode turns a whole text
      with any invalid byte into one U+FFFD; wkvm's streaming decoder replaces
      each invalid sequence instead, so the bytes are what is compared.)
+  4. wkvm-mkmodel --vocab-file (the demo model deploy/wkvm up makes when this
+     vocab is installed) to copy the vocab byte for byte, size the model to
+     65536 rows, and wkvm-infer --encode on that model to give the same ids.
 
 Exit 0 when everything matches, 1 on a mismatch, 77 (skip) when the package
 cannot be installed (deploy/install-ref-venv) or TOKDUMP is missing.
@@ -209,9 +212,53 @@ def main():
     if n_dec_bad:
         fails.append("decode: %d of %d sequences differ" % (n_dec_bad, len(seqs)))
 
+    # 4. the demo model with this vocab
+    n_mk_bad = 0
+    build = upstream_venv.build_dir()
+    mk = os.path.join(build, "workerd", "wkvm-mkmodel")
+    infer = os.path.join(build, "workerd", "wkvm-infer")
+    if os.access(mk, os.X_OK) and os.access(infer, os.X_OK):
+        import json
+        import shutil
+        import tempfile
+        tmp = tempfile.mkdtemp(prefix="wkvm-up-tok-")
+        try:
+            d = os.path.join(tmp, "demo")
+            p = subprocess.run([mk, "--out", d, "--vocab-file", VOCAB, "--layers", "1",
+                                "--embd", "64"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=120)
+            why = None
+            if p.returncode != 0:
+                why = "wkvm-mkmodel --vocab-file exit %d: %s" % (p.returncode, p.stderr[-300:])
+            else:
+                with open(os.path.join(d, "rwkv_vocab_v20230424.txt"), "rb") as f, \
+                        open(VOCAB, "rb") as g:
+                    if f.read() != g.read():
+                        why = "the demo's vocab is not a copy of %s" % VOCAB
+                with open(os.path.join(d, "config.json")) as f:
+                    if json.load(f).get("vocab_size") != 65536:
+                        why = "the demo model's vocab_size is not 65536"
+            for s in texts[:40] if why is None else []:
+                q = subprocess.run([infer, "--model", d, "--encode"], input=s.encode("utf-8"),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+                if [int(x) for x in q.stdout.split()] != tok.encode(s):
+                    why = "wkvm-infer --encode %r on the demo model: %s, rwkv %s" % (
+                        s[:30], q.stdout[:60], tok.encode(s)[:8])
+                    break
+            if why:
+                n_mk_bad = 1
+                fails.append(why)
+            print("%-4s wkvm-mkmodel --vocab-file: copy, 65536 rows, wkvm-infer --encode on 40 texts"
+                  % ("FAIL" if why else "ok"))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print("skip wkvm-mkmodel --vocab-file: %s or %s not built" % (mk, infer))
+
     for f in fails:
         print("FAIL " + f)
-    groups = [bool(bad or extra), bool(n_enc_bad), bool(n_dec_bad), bool(n_rt_bad)]
+    groups = [bool(bad or extra), bool(n_enc_bad), bool(n_dec_bad), bool(n_rt_bad),
+              bool(n_mk_bad)]
     print("upstream_world_tok: %d passed, %d failed in %.1fs (%d strings and sequences)"
           % (groups.count(False), groups.count(True), time.time() - t0, n_checks))
     return 1 if fails else 0
