@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""deploy/wkvm up keeps its processes alive, as a user sees it.
+
+`up` runs on a temporary data dir; its build dir is a copy of the real
+one's binaries except wkvm-workerd, a wrapper that runs the real worker
+unless a flag file says to fail at start-up (a crash the test can switch
+on). Checked:
+  - a worker killed with SIGKILL is restarted, counted in `status`, and the
+    stack is ready again; `status` shows /ready's 503 and reason while the
+    worker is away, not "no answer";
+  - the controller killed with SIGKILL is restarted; a state created before
+    is still there and continues identically;
+  - a worker that fails at every start is given up on after 5 failures
+    within 60 s, and `status` says so with its last log lines;
+  - `down` stops everything (nothing is restarted behind it).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from wkvm_harness import CONTROLD, MKMODEL, WORKERD, free_port, http, run_tests  # noqa: E402
+
+WKVM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "wkvm")
+ROOT = tempfile.mkdtemp(prefix="wkvm-supervise-")
+FAKE = os.path.join(ROOT, "build")
+CRASH = os.path.join(ROOT, "crash-at-start")
+DATA = os.path.join(ROOT, "data")
+PORT = free_port()
+URL = "http://127.0.0.1:%d" % PORT
+
+
+def fake_build():
+    os.makedirs(os.path.join(FAKE, "controld"))
+    os.makedirs(os.path.join(FAKE, "workerd"))
+    open(os.path.join(FAKE, "build.ninja"), "w").close()  # "an existing build": used as is
+    os.symlink(os.path.abspath(CONTROLD), os.path.join(FAKE, "controld", "wkvm-controld"))
+    os.symlink(os.path.abspath(MKMODEL), os.path.join(FAKE, "workerd", "wkvm-mkmodel"))
+    w = os.path.join(FAKE, "workerd", "wkvm-workerd")
+    with open(w, "w") as f:
+        f.write("#!/bin/sh\nif [ -e '%s' ]; then echo 'injected start-up crash' >&2; exit 3; fi\n"
+                "exec '%s' \"$@\"\n" % (CRASH, os.path.abspath(WORKERD)))
+    os.chmod(w, 0o755)
+
+
+def wkvm(*args, timeout=300):
+    env = dict(os.environ, WKVM_BUILD_DIR=FAKE, WKVM_UP_TIMEOUT="120")
+    return subprocess.run([WKVM] + list(args), capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def status():
+    return wkvm("status", "--data", DATA)
+
+
+def pid(name):
+    with open(os.path.join(DATA, "run", name + ".pid")) as f:
+        return int(f.read())
+
+
+def wait(cond, what, timeout=90):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            if cond():
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for %s\n%s" % (what, status().stdout))
+
+
+def ready():
+    try:
+        return http("GET", URL + "/ready", timeout=5).status == 200
+    except OSError:
+        return False
+
+
+def gen(state):
+    r = http("POST", URL + "/v1/states/%s/generate" % state,
+             body={"prompt_ids": [5, 6, 7], "max_tokens": 8, "temperature": 0,
+                   "return_token_ids": True, "ignore_eos": True})
+    assert r.status == 200, r.body
+    return r.json()["choices"][0]["token_ids"]
+
+
+def test_up_restarts_and_gives_up():
+    p = wkvm("up", "--data", DATA, "--port", str(PORT), "--slots", "4")
+    assert p.returncode == 0, p.stdout + p.stderr
+    st = status()
+    assert st.returncode == 0, st.stdout
+    assert "worker-0: running" in st.stdout and "restarts 0" in st.stdout, st.stdout
+    assert "(HTTP 200)" in st.stdout, st.stdout
+    r = http("POST", URL + "/v1/states",
+             body={"model": "wkvm-demo", "name": "keep", "prompt_ids": [1, 2, 3, 4]})
+    assert r.status == 201, r.body
+    want = gen("keep@1")
+
+    # the worker dies: restarted, counted, ready again
+    old = pid("worker-0")
+    os.kill(old, signal.SIGKILL)
+    seen = {}
+
+    def away():  # /ready's answer while the worker is away, as status prints it
+        out = status().stdout
+        if "(HTTP 503)" in out:
+            seen["503"] = out
+        return "503" in seen or ready()
+    wait(away, "status while the worker is away")
+    wait(lambda: ready() and pid("worker-0") != old, "the restarted worker")
+    st = status()
+    assert "worker-0: running" in st.stdout and "restarts 1" in st.stdout, st.stdout
+    if "503" in seen:  # usually seen; a very fast restart may beat the poll
+        assert "no worker registered" in seen["503"] and "no answer" not in seen["503"], seen
+    assert gen("keep@1") == want
+
+    # the controller dies: restarted; the state is there and continues the same
+    old = pid("controld")
+    os.kill(old, signal.SIGKILL)
+    wait(lambda: ready() and pid("controld") != old, "the restarted controller")
+    assert "controld: running" in status().stdout
+    got = http("GET", URL + "/v1/states/keep@1")
+    assert got.status == 200 and got.json()["token_ids"] == [1, 2, 3, 4], got.body
+    assert gen("keep@1") == want
+
+    # a worker that fails at every start is given up on, and status says why
+    open(CRASH, "w").close()
+    os.kill(pid("worker-0"), signal.SIGKILL)
+    wait(lambda: os.path.exists(os.path.join(DATA, "run", "worker-0.gaveup")),
+         "the supervisor giving up", timeout=120)
+    st = status()
+    assert st.returncode == 1, st.stdout
+    assert "worker-0: given up after 4 restarts" in st.stdout, st.stdout
+    assert "injected start-up crash" in st.stdout, st.stdout
+    assert "controld: running" in st.stdout, st.stdout
+    sup = open(os.path.join(DATA, "logs", "supervisor.log")).read()
+    assert "failed 5 times within 60 s: given up" in sup, sup[-800:]
+
+    # down stops everything; nothing comes back
+    os.unlink(CRASH)
+    pids = [pid("controld"), pid("supervisor")]
+    d = wkvm("down", "--data", DATA)
+    assert d.returncode == 0, d.stdout + d.stderr
+    time.sleep(2)
+    for p_ in pids:
+        try:
+            os.kill(p_, 0)
+            raise AssertionError("pid %d still alive after down" % p_)
+        except ProcessLookupError:
+            pass
+    assert not ready()
+    assert "not running" in status().stdout
+
+
+def main():
+    fake_build()
+    try:
+        return run_tests([test_up_restarts_and_gives_up])
+    finally:
+        wkvm("down", "--data", DATA, timeout=200)
+        shutil.rmtree(ROOT, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
