@@ -166,6 +166,10 @@ wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
                                      &w->device_mem);
     if (err != WK_OK) {
         wrk_worker_free(w);
+        wk_diag cd = {{0}};
+        if (strcmp(cfg->backend->name, "cuda") == 0 &&
+            be_cuda_device_check(cfg->device, &cd) != WK_OK)
+            return wk_diag_set(d, err, "backend cuda: %s", cd.msg); /* the runtime's reason */
         return wk_diag_set(d, err, "backend %s: no device %d", cfg->backend->name,
                            cfg->device);
     }
