@@ -2,11 +2,16 @@
 # Open WebUI in front of wkvm, on loopback, offline, with parent-token-v1
 # stateful chat configured. See docs/OPEN_WEBUI.md.
 #
-#   deploy/open-webui/demo.sh install   venv + pinned Open WebUI from PyPI, build wkvm, demo model
-#   deploy/open-webui/demo.sh doctor    check everything start needs, fail early and clearly
+#   deploy/open-webui/demo.sh install   venv + Open WebUI from PyPI, build wkvm, demo model
+#   deploy/open-webui/demo.sh doctor    check everything start needs (and which Open WebUI
+#                                       version the venv holds), fail early and clearly
 #   deploy/open-webui/demo.sh start     wkvm on 127.0.0.1:8000, Open WebUI on 127.0.0.1:3000
-#   deploy/open-webui/demo.sh smoke     a real two-turn chat through Open WebUI's API; checks
-#                                       streaming, persistence and a wkvm continuation hit
+#   deploy/open-webui/demo.sh smoke     a real three-turn chat and a "Try Again" through Open
+#                                       WebUI's API; checks streaming, persistence and that
+#                                       wkvm reused state for turns 2, 3 and the regenerate
+#   deploy/open-webui/demo.sh browser-smoke
+#                                       the same in a real browser (Debian's chromium driven
+#                                       by playwright), with screenshots; not for CI
 #   deploy/open-webui/demo.sh stop      stop both; nothing is left running
 #   deploy/open-webui/demo.sh status    what runs, health of both
 #   deploy/open-webui/demo.sh logs [-f] wkvm's and Open WebUI's logs
@@ -18,10 +23,14 @@
 #   WKVM_MODEL_DIR       model to serve (default: the helper's random-weight demo model)
 #   WKVM_PORT            wkvm's HTTP port (default 8000)
 #   WEBUI_PORT           Open WebUI's port (default 3000)
-#   OPEN_WEBUI_VERSION   pinned Open WebUI version (default 0.10.2)
+#   OPEN_WEBUI_VERSION   Open WebUI version for install: 0.10.2 (the default for a new venv),
+#                        0.12.4, or latest (the newest on PyPI); an existing venv keeps its
+#                        version unless this is set (a downgrade is refused without
+#                        OPEN_WEBUI_DOWNGRADE=1)
 #   PYTHON               interpreter for the venv (default: python3.12, python3.11 or python3, 3.11/3.12)
 #   WKVM_BUILD_DIR       wkvm build dir (default ./build; passed to deploy/wkvm)
 #   WKVM_OWUI_VENV       use this existing Open WebUI venv instead of DATA/venv
+#   CHROMIUM             browser-smoke's browser (default: chromium from PATH)
 #
 # Layout of DATA: venv/ (Open WebUI), wkvm/ (wkvm's data dir: store, blobs,
 # logs, pids, via deploy/wkvm --data), models/wkvm-demo/ (demo model),
@@ -33,7 +42,11 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SRC=$(cd "$HERE/../.." && pwd)
 LAUNCHER=$SRC/deploy/wkvm
-OWUI_VERSION=${OPEN_WEBUI_VERSION:-0.10.2}
+# The versions this kit is checked against (docs/OPEN_WEBUI.md): the pinned
+# default and the newest release at the time of writing.
+OWUI_PINNED=0.10.2
+OWUI_TESTED="0.10.2 0.12.4"
+OWUI_VERSION=${OPEN_WEBUI_VERSION:-}
 
 die() { echo "demo: $*" >&2; exit 1; }
 say() { echo "demo: $*"; }
@@ -118,34 +131,72 @@ ensure_demo_model() {
     say "demo model: wkvm-mkmodel --seed $seed (first seed whose greedy replies to the smoke chat are clean; see pick_demo_model.py)"
 }
 
+# venv_version [VENV]: the open-webui version installed in the venv, or nothing.
+venv_version() {
+    local v=${1:-$VENV}
+    [ -x "$v/bin/python" ] || return 0
+    "$v/bin/python" -c 'import importlib.metadata as m; print(m.version("open-webui"))' 2>/dev/null || true
+}
+
+# ver_lt A B: true when version A sorts before version B.
+ver_lt() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" = "$1" ]; }
+
+# tested V: true when this kit was checked against Open WebUI V.
+tested() { case " $OWUI_TESTED " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# index_versions PY: open-webui's versions on the package index, newest first.
+index_versions() {
+    "$1" -m pip index versions open-webui 2>/dev/null | sed -n 's/^Available versions: //p' |
+        tr -d ' ' | tr ',' '\n'
+}
+
 cmd_install() {
     local py
     py=$(pick_python)
-    [ -n "$py" ] || die "no Python 3.11 or 3.12 found (Open WebUI $OWUI_VERSION needs >=3.11,<3.13); on Debian 12: deploy/install-deps (python3 is 3.11)"
+    [ -n "$py" ] || die "no Python 3.11 or 3.12 found (Open WebUI needs >=3.11,<3.13); on Debian 12: deploy/install-deps (python3 is 3.11)"
     mkdir -p "$LOGS"
     if [ ! -x "$VENV/bin/python" ]; then
         say "creating the venv $VENV with $py ($("$py" --version 2>&1))"
         "$py" -m venv "$VENV" || die "python -m venv failed: on Debian install python3-venv (deploy/install-deps does)"
     fi
     py_ok "$VENV/bin/python" || die "$VENV uses $("$VENV/bin/python" --version 2>&1); Open WebUI needs 3.11 or 3.12: remove $VENV and run install again"
-    local have
-    have=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("open-webui"))' 2>/dev/null || true)
-    if [ "$have" = "$OWUI_VERSION" ]; then
+    local have want versions
+    have=$(venv_version)
+    want=$OWUI_VERSION
+    if [ -z "$want" ]; then
+        # No version asked for: an existing install is kept as it is (never
+        # replaced, never downgraded); a new venv gets the pinned one.
+        if [ -n "$have" ]; then
+            want=$have
+            tested "$have" || say "note: Open WebUI $have in $VENV is not a version this kit was checked against ($OWUI_TESTED); kept (set OPEN_WEBUI_VERSION to change it)"
+        else
+            want=$OWUI_PINNED
+        fi
+    fi
+    if [ "$want" = latest ]; then
+        want=$(index_versions "$VENV/bin/python" | head -1)
+        [ -n "$want" ] || die "could not read open-webui's versions from the package index ('$VENV/bin/pip index versions open-webui' failed)"
+        say "newest Open WebUI on the package index: $want"
+    fi
+    if [ "$have" = "$want" ]; then
         say "Open WebUI $have already installed in $VENV"
     else
-        say "checking PyPI for open-webui==$OWUI_VERSION"
-        local versions
-        versions=$("$VENV/bin/pip" index versions open-webui 2>/dev/null | sed -n 's/^Available versions: //p') ||
-            true
-        if [ -n "$versions" ] && ! tr -d ' ' <<<"$versions" | tr ',' '\n' | grep -qx "$OWUI_VERSION"; then
-            die "open-webui $OWUI_VERSION is not on the package index (available: $(cut -c1-200 <<<"$versions")...); set OPEN_WEBUI_VERSION"
+        if [ -n "$have" ] && ver_lt "$want" "$have" && [ "${OPEN_WEBUI_DOWNGRADE:-}" != 1 ]; then
+            die "$VENV holds Open WebUI $have, newer than the requested $want; not downgrading it (its database migrations only run forward): use another venv (WKVM_OWUI_VENV, --data), or set OPEN_WEBUI_DOWNGRADE=1"
         fi
-        say "installing open-webui==$OWUI_VERSION into $VENV (several GB: torch and friends; log: $LOGS/install.log)"
-        if ! "$VENV/bin/pip" install --progress-bar off "open-webui==$OWUI_VERSION" >"$LOGS/install.log" 2>&1; then
+        say "checking the package index for open-webui==$want"
+        versions=$(index_versions "$VENV/bin/python") || true
+        if [ -n "$versions" ] && ! grep -qx -- "$want" <<<"$versions"; then
+            die "open-webui $want is not on the package index (newest: $(head -5 <<<"$versions" | tr '\n' ' ')...); set OPEN_WEBUI_VERSION"
+        fi
+        tested "$want" || say "note: Open WebUI $want is not a version this kit was checked against ($OWUI_TESTED); run '$0 smoke' after start"
+        if [ -n "$have" ]; then say "replacing Open WebUI $have with $want in $VENV"; fi
+        say "installing open-webui==$want into $VENV (several GB: torch and friends; log: $LOGS/install.log)"
+        if ! "$VENV/bin/pip" install --progress-bar off "open-webui==$want" >"$LOGS/install.log" 2>&1; then
             tail -n 25 "$LOGS/install.log" >&2
-            die "pip could not install open-webui==$OWUI_VERSION (full log: $LOGS/install.log)"
+            die "pip could not install open-webui==$want (full log: $LOGS/install.log)"
         fi
-        have=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("open-webui"))')
+        have=$(venv_version)
         say "installed Open WebUI $have"
     fi
     say "building wkvm in $BUILD"
@@ -182,7 +233,7 @@ cmd_doctor() {
     local py
     py=$(pick_python)
     if [ -n "$py" ]; then ok "python $("$py" --version 2>&1 | cut -d' ' -f2) ($py)"
-    else bad "no Python 3.11/3.12 (Open WebUI $OWUI_VERSION needs >=3.11,<3.13): deploy/install-deps"; fi
+    else bad "no Python 3.11/3.12 (Open WebUI needs >=3.11,<3.13): deploy/install-deps"; fi
     if command -v curl >/dev/null; then ok "curl"; else bad "curl missing: deploy/install-deps"; fi
     if [ -x "$VENV/bin/python" ]; then
         local v
@@ -190,8 +241,10 @@ cmd_doctor() {
         if ! py_ok "$VENV/bin/python"; then bad "venv $VENV uses $("$VENV/bin/python" --version 2>&1), not 3.11/3.12"
         elif [ -z "$v" ]; then bad "Open WebUI is not installed in $VENV: run '$0 install'"
         elif [ ! -x "$VENV/bin/open-webui" ]; then bad "$VENV/bin/open-webui missing: run '$0 install'"
-        elif [ "$v" != "$OWUI_VERSION" ]; then warn "Open WebUI $v in $VENV (pinned: $OWUI_VERSION)"
-        else ok "Open WebUI $v ($VENV)"; fi
+        elif [ -n "$OWUI_VERSION" ] && [ "$OWUI_VERSION" != latest ] && [ "$v" != "$OWUI_VERSION" ]; then
+            bad "Open WebUI $v in $VENV, but OPEN_WEBUI_VERSION=$OWUI_VERSION: run '$0 install' (or unset it to use $v)"
+        elif tested "$v"; then ok "Open WebUI $v ($VENV; checked versions: $OWUI_TESTED)"
+        else warn "Open WebUI $v in $VENV is not a version this kit was checked against ($OWUI_TESTED); '$0 smoke' tells whether it works"; fi
     else
         bad "no venv at $VENV: run '$0 install'"
     fi
@@ -357,6 +410,30 @@ cmd_smoke() {
         --creds "$DATA/smoke-admin.json"
 }
 
+# ---------------------------------------------------------------- browser-smoke
+# A real browser: Debian's chromium driven by the playwright package in the
+# Open WebUI venv (installed here on first use; its browser download is
+# never used: executable_path points at chromium). Screenshots go to
+# DATA/browser-smoke/. Not part of CI (see docs/OPEN_WEBUI.md).
+cmd_browser_smoke() {
+    http_ok "$WKVM_URL/ready" || die "wkvm is not ready at $WKVM_URL: run '$0 start'"
+    http_ok "$WEBUI_URL/health" || die "Open WebUI is not up at $WEBUI_URL: run '$0 start'"
+    local chrome=${CHROMIUM:-}
+    [ -n "$chrome" ] || chrome=$(command -v chromium || command -v chromium-browser || true)
+    [ -n "$chrome" ] && [ -x "$chrome" ] ||
+        die "no chromium found: on Debian 'apt-get install chromium' (or set CHROMIUM=/path/to/chromium)"
+    if ! "$VENV/bin/python" -c 'import playwright.sync_api' 2>/dev/null; then
+        mkdir -p "$LOGS"
+        say "installing the playwright package into $VENV (no browser download; log: $LOGS/install.log)"
+        PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$VENV/bin/pip" install --progress-bar off playwright \
+            >>"$LOGS/install.log" 2>&1 || { tail -n 20 "$LOGS/install.log" >&2; die "pip could not install playwright"; }
+    fi
+    mkdir -p "$DATA/browser-smoke"
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$VENV/bin/python" "$HERE/browser_smoke.py" \
+        --webui "$WEBUI_URL" --wkvm "$WKVM_URL" --creds "$DATA/smoke-admin.json" \
+        --chromium "$chrome" --out "$DATA/browser-smoke"
+}
+
 # ---------------------------------------------------------------- stop/status/logs
 stop_owui() {
     [ -f "$OWPID" ] || return 0
@@ -410,9 +487,10 @@ case $VERB in
     doctor) cmd_doctor ;;
     start) cmd_start ;;
     smoke) cmd_smoke ;;
+    browser-smoke) cmd_browser_smoke ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
     logs) cmd_logs ;;
     env) owui_env redact ;;
-    *) echo "usage: deploy/open-webui/demo.sh install|doctor|start|smoke|stop|status|logs|env [--data DIR] [--wkvm-port N] [--webui-port N]" >&2; exit 2 ;;
+    *) echo "usage: deploy/open-webui/demo.sh install|doctor|start|smoke|browser-smoke|stop|status|logs|env [--data DIR] [--wkvm-port N] [--webui-port N]" >&2; exit 2 ;;
 esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end smoke test of Open WebUI in front of wkvm, driven the way the
-browser drives Open WebUI 0.10.x (src/lib/components/chat/Chat.svelte,
-sendMessageSocket()):
+browser drives Open WebUI (src/lib/components/chat/Chat.svelte,
+sendMessageSocket(); 0.10.2 and 0.12.4 are checked, see OPEN_WEBUI.md):
 
   1. sign up the first user (it becomes admin) or sign in again,
   2. list models (GET /api/models) and pick wkvm's,
@@ -9,16 +9,25 @@ sendMessageSocket()):
   4. turn 1: POST /api/chat/completions with session_id, the assistant
      message id, parent_id null and the user message object; Open WebUI
      creates the chat, runs the completion as a background task against
-     wkvm (streaming) and pushes `events` (chat:completion deltas) over the
-     socket,
-  5. turn 2: same with chat_id and parent_id = turn 1's assistant id,
-  6. read the chat back (GET /api/v1/chats/ID) and check the persisted
-     messages, and read wkvm's /metrics.
+     wkvm (streaming) and pushes `events` over the socket: the reply's
+     deltas as `chat:completion` events (0.10.x) or as `response:completion`
+     events of type `response.output_text.delta` (0.12.x), then one
+     `chat:completion` with done; 0.12.x also sends `chat:title` (its data
+     a plain string: the title) and `chat:active`,
+  5. turns 2 and 3: same with chat_id and parent_id = the previous
+     assistant id (0.12.x sends no `messages`: it loads the history from its
+     database),
+  6. "Try Again" on turn 3: the same user message again (same id and
+     parent), a new assistant id,
+  7. after each step: the chat read back (GET /api/v1/chats/ID) and wkvm's
+     /metrics.
 
-Passes (exit 0) only when both replies streamed (several chat:completion
-events before done), both persisted replies are non-empty, the message tree
-is u1 -> a1 -> u2 -> a2, and wkvm counted turn 2 as a parent-bound
-continuation hit (wkvm_parent_bound_continuation_hits_total grew by >= 1).
+Passes (exit 0) only when every reply streamed (several delta events before
+done), every persisted reply is non-empty and hangs under its user message,
+turns 2 and 3 were parent-bound continuation hits
+(wkvm_parent_bound_continuation_hits_total +1 each), the regenerate was a
+regenerate hit (wkvm_parent_bound_regenerate_hits_total +1), and
+wkvm_reuse_hits_total grew by one for each of the three.
 
 Runs with the Open WebUI venv's python (aiohttp and python-socketio come with
 Open WebUI). Usage:
@@ -38,7 +47,7 @@ import aiohttp
 import socketio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_common import PARAMS, TURNS  # noqa: E402
+from demo_common import PARAMS, TURN3, TURNS, event_kind, is_delta, version_tuple  # noqa: E402
 
 TIMEOUT = 300  # seconds for one turn (the demo model on a CPU answers in about one)
 
@@ -48,14 +57,19 @@ def log(msg):
 
 
 def metrics(text):
-    """The parent-token-v1 counters from wkvm's Prometheus text."""
+    """wkvm's reuse counters from its Prometheus text, by full series name."""
     out = {}
     for line in text.splitlines():
         m = re.match(r"^(wkvm_(?:parent_bound_\w+|chat_exact_prefix_reuse_hits_total|"
-                     r"prefix_tokens_reused_total))(\{[^}]*\})? ([0-9.e+-]+)$", line)
+                     r"prefix_tokens_reused_total|reuse_\w+))(\{[^}]*\})? ([0-9.e+-]+)$", line)
         if m:
             out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
     return out
+
+
+def total(c, name):
+    """A counter summed over its labels."""
+    return sum(v for k, v in c.items() if k == name or k.startswith(name + "{"))
 
 
 class Smoke:
@@ -63,17 +77,26 @@ class Smoke:
         self.a = a
         self.http = None
         self.token = None
-        self.events = {}   # message id -> list of event payloads (data)
+        self.version = (0,)
+        self.events = {}   # message id -> list of event data ({type, data})
+        self.other = []    # events without a message id
         self.done = {}     # message id -> asyncio.Event
+        self.title = None  # the last chat:title seen
         self.sio = socketio.AsyncClient(reconnection=False)
         self.sio.on("events", self.on_event)
 
     async def on_event(self, payload):
+        if not isinstance(payload, dict):
+            self.other.append(payload)
+            return
         mid = payload.get("message_id")
-        data = payload.get("data") or {}
+        data = payload.get("data")
+        typ, inner = event_kind(data)
+        if mid is None:
+            self.other.append(data)
         self.events.setdefault(mid, []).append(data)
-        typ = data.get("type")
-        inner = data.get("data") or {}
+        if typ == "chat:title" and isinstance(inner, str):
+            self.title = inner
         if typ == "chat:completion" and isinstance(inner, dict) and (inner.get("done") or inner.get("error")):
             self.done.setdefault(mid, asyncio.Event()).set()
         if typ in ("chat:message:error", "chat:tasks:cancel"):
@@ -123,14 +146,17 @@ class Smoke:
         if j.get("role") != "admin":
             raise SystemExit("smoke: FAIL the first user is not admin")
 
-    async def turn(self, model, chat_id, parent_id, text, history):
-        uid, aid = str(uuid.uuid4()), str(uuid.uuid4())
-        user_message = {"id": uid, "parentId": parent_id, "childrenIds": [aid], "role": "user",
-                        "content": text, "timestamp": int(time.time()), "models": [model["id"]]}
+    def body(self, model, chat_id, user_message, aid, first):
+        """The browser's POST /api/chat/completions body (Chat.svelte,
+        sendMessageSocket()) for a chat kept on the server."""
+        new12 = self.version >= (0, 11)
+        params = dict(PARAMS)
+        if new12:
+            params["model_controls"] = {}  # 0.12.x: $settings.params.model_controls ?? {}
         body = {
             "stream": True,
             "model": model["id"],
-            "params": dict(PARAMS),
+            "params": params,
             "tool_servers": [],
             "features": {"voice": False, "image_generation": False, "code_interpreter": False,
                          "web_search": False},
@@ -140,18 +166,28 @@ class Smoke:
             "model_item": model,
             "session_id": self.sio.get_sid(namespace="/"),
             "id": aid,
-            "parent_id": parent_id,
+            "parent_id": user_message["parentId"],
             "user_message": user_message,
             # What the browser asks for by default; the server-side config
             # (ENABLE_TITLE/TAGS/FOLLOW_UP_GENERATION=false) turns them off.
             "background_tasks": ({"title_generation": True, "tags_generation": True}
-                                 if chat_id is None else {}) | {"follow_up_generation": True},
+                                 if first else {}) | {"follow_up_generation": True},
         }
+        if new12:
+            body["tool_ids"] = []
         if chat_id is not None:
             body["chat_id"] = chat_id
+        return body
+
+    async def ask(self, model, chat_id, user_message, first=False):
+        """One completion for user_message under a new assistant id; returns
+        (chat id, assistant id, persisted reply, counts of delta events by kind)."""
+        aid = str(uuid.uuid4())
+        user_message["childrenIds"] = user_message.get("childrenIds", []) + [aid]
         self.done[aid] = asyncio.Event()
         t0 = time.time()
-        res = await self.req("POST", "/api/chat/completions", body)
+        res = await self.req("POST", "/api/chat/completions",
+                             self.body(model, chat_id, user_message, aid, first))
         if not isinstance(res, dict) or not res.get("status") or not res.get("chat_id"):
             raise SystemExit(f"smoke: FAIL chat completion was not accepted: {res}")
         chat_id = res["chat_id"]
@@ -159,12 +195,22 @@ class Smoke:
             await asyncio.wait_for(self.done[aid].wait(), TIMEOUT)
         except asyncio.TimeoutError:
             raise SystemExit(f"smoke: FAIL no completion for message {aid} in {TIMEOUT}s")
-        evs = [e for e in self.events.get(aid, []) if e.get("type") == "chat:completion"]
-        errs = [e for e in self.events.get(aid, [])
-                if e.get("type") == "chat:message:error" or (e.get("data") or {}).get("error")]
+        evs = self.events.get(aid, [])
+        errs = []
+        kinds = {}
+        for e in evs:
+            typ, inner = event_kind(e)
+            kinds.setdefault(typ, 0)
+            kinds[typ] += 1
+            if typ == "chat:message:error" or (isinstance(inner, dict) and inner.get("error")):
+                errs.append(e)
         if errs:
             raise SystemExit(f"smoke: FAIL Open WebUI reported an error: {errs[0]}")
-        deltas = [e for e in evs if not (e.get("data") or {}).get("done")]
+        deltas = {}
+        for e in evs:
+            typ, inner = event_kind(e)
+            if is_delta(typ, inner):
+                deltas[typ] = deltas.get(typ, 0) + 1
         # Read the chat back as the browser does when it reopens it.
         chat = (await self.req("GET", f"/api/v1/chats/{chat_id}"))["chat"]
         msgs = chat["history"]["messages"]
@@ -173,23 +219,25 @@ class Smoke:
         if not reply and a.get("output"):
             reply = "\n".join(p.get("text", "") for item in a["output"] if item.get("type") == "message"
                               for p in item.get("content", []) if p.get("type") == "output_text")
-        log(f"turn {len(history) // 2 + 1}: {len(deltas)} streamed chat:completion events, "
+        log(f"  {sum(deltas.values())} delta events {deltas}, events {kinds}, "
             f"{time.time() - t0:.1f}s, done={a.get('done')}")
-        log(f"  user      {text!r}")
+        log(f"  user      {user_message['content']!r}")
         log(f"  assistant {reply!r}")
-        if len(deltas) < 2:
-            raise SystemExit(f"smoke: FAIL the reply did not stream ({len(deltas)} delta events)")
+        if sum(deltas.values()) < 2:
+            raise SystemExit(f"smoke: FAIL the reply did not stream (delta events {deltas}, "
+                             f"all events {kinds})")
         if not a.get("done") or not reply.strip():
             raise SystemExit(f"smoke: FAIL the persisted reply is empty or not done: {a}")
-        if msgs.get(uid, {}).get("parentId") != parent_id or a.get("parentId") != uid:
+        if msgs.get(user_message["id"], {}).get("parentId") != user_message["parentId"] or \
+                a.get("parentId") != user_message["id"]:
             raise SystemExit("smoke: FAIL the persisted message tree is not user -> assistant")
-        history += [user_message, a]
-        return chat_id, aid
+        return chat_id, aid, reply, chat
 
     async def run(self):
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as http:
             self.http = http
             cfg = await self.req("GET", "/api/config")
+            self.version = version_tuple(cfg.get("version"))
             log(f"Open WebUI {cfg.get('version')} at {self.a.webui}")
             wk_models = (await self.req("GET", "/v1/models", base=self.a.wkvm))["data"]
             want = wk_models[0]["id"]
@@ -208,28 +256,60 @@ class Smoke:
             finally:
                 await self.sio.disconnect()
 
-    async def chat(self, model):
-        """Turns 1 and 2, then the verdict from wkvm's counters."""
+    def user_message(self, model, parent, text):
+        return {"id": str(uuid.uuid4()), "parentId": parent, "childrenIds": [], "role": "user",
+                "content": text, "timestamp": int(time.time()), "models": [model["id"]]}
+
+    async def step(self, name, model, chat_id, um, first=False):
         before = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
-        history = []
-        chat_id, a1 = await self.turn(model, None, None, TURNS[0], history)
-        log(f"chat {chat_id} created by Open WebUI")
-        mid = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
-        await self.turn(model, chat_id, a1, TURNS[1], history)
+        log(f"{name}:")
+        chat_id, aid, reply, chat = await self.ask(model, chat_id, um, first)
         after = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
         diff = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-        log(f"wkvm counters during the smoke: {json.dumps(diff, sort_keys=True)}")
-        hits1 = mid.get("wkvm_parent_bound_continuation_hits_total", 0) - \
-            before.get("wkvm_parent_bound_continuation_hits_total", 0)
-        hits2 = after.get("wkvm_parent_bound_continuation_hits_total", 0) - \
-            mid.get("wkvm_parent_bound_continuation_hits_total", 0)
-        total = after.get("wkvm_parent_bound_continuation_hits_total", 0)
-        if hits2 < 1:
-            rej = {k: v for k, v in diff.items() if "rejections" in k or "misses" in k}
-            raise SystemExit(f"smoke: FAIL turn 2 was not a parent-bound continuation hit "
-                             f"(misses/rejections: {rej}); see docs/OPEN_WEBUI.md, troubleshooting")
-        log(f"turn 1 hits {hits1:g} (a first turn is never a hit), turn 2 hits {hits2:g}; "
-            f"wkvm_parent_bound_continuation_hits_total = {total:g}")
+        log(f"  wkvm counters: {json.dumps(diff, sort_keys=True)}")
+        return chat_id, aid, diff, chat
+
+    async def chat(self, model):
+        """Turns 1-3 and Try Again on turn 3, each judged by wkvm's counters."""
+        start = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
+        u1 = self.user_message(model, None, TURNS[0])
+        chat_id, a1, d1, chat = await self.step("turn 1", model, None, u1, first=True)
+        log(f"chat {chat_id} created by Open WebUI, title {chat.get('title')!r}"
+            + (f" (chat:title event {self.title!r})" if self.title is not None else ""))
+        u2 = self.user_message(model, a1, TURNS[1])
+        _, a2, d2, _ = await self.step("turn 2", model, chat_id, u2)
+        u3 = self.user_message(model, a2, TURN3)
+        _, a3, d3, _ = await self.step("turn 3", model, chat_id, u3)
+        # "Try Again": regenerateResponse() sends the same user message (id,
+        # parentId) with a new assistant id; Open WebUI answers it from the
+        # history up to that user message.
+        _, a3b, dr, chat = await self.step("Try Again on turn 3", model, chat_id, u3)
+        end = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
+        msgs = chat["history"]["messages"]
+        if sorted(msgs.get(u3["id"], {}).get("childrenIds", [])) != sorted([a3, a3b]):
+            raise SystemExit(f"smoke: FAIL the regenerated reply is not a sibling of turn 3's: "
+                             f"{msgs.get(u3['id'])}")
+        fails = []
+        reuse = {}
+        for name, d, key in (("turn 2", d2, "wkvm_parent_bound_continuation_hits_total"),
+                             ("turn 3", d3, "wkvm_parent_bound_continuation_hits_total"),
+                             ("Try Again", dr, "wkvm_parent_bound_regenerate_hits_total")):
+            reuse[name] = total(d, "wkvm_reuse_hits_total")
+            if d.get(key, 0) != 1 or reuse[name] != 1:
+                rej = {k: v for k, v in d.items() if "rejections" in k or "misses" in k}
+                fails.append(f"{name}: {key} +{d.get(key, 0):g}, wkvm_reuse_hits_total "
+                             f"+{reuse[name]:g} (misses/rejections: {rej})")
+        if total(d1, "wkvm_parent_bound_continuation_hits_total"):
+            fails.append("turn 1 counted as a continuation hit")
+        whole = {k: v - start.get(k, 0) for k, v in end.items() if v != start.get(k, 0)}
+        log(f"wkvm counters during the smoke: {json.dumps(whole, sort_keys=True)}")
+        log(f"hits: turn 2 {reuse['turn 2']:g}, turn 3 {reuse['turn 3']:g}, Try Again "
+            f"{reuse['Try Again']:g} (wkvm_reuse_hits_total by kind: "
+            f"{ {k[len('wkvm_reuse_hits_total'):]: v for k, v in whole.items() if k.startswith('wkvm_reuse_hits_total')} }); "
+            f"tokens reused {whole.get('wkvm_prefix_tokens_reused_total', 0):g}")
+        if fails:
+            raise SystemExit("smoke: FAIL " + "; ".join(fails) +
+                             "; see docs/OPEN_WEBUI.md, troubleshooting")
         log("PASS")
 
 

@@ -1,7 +1,8 @@
-"""Open WebUI 0.10.x, as wkvm sees it: every request below is byte-for-byte
-the shape Open WebUI 0.10.2 sends to an OpenAI connection configured the way
-deploy/open-webui/demo.sh configures it, so CI covers the integration without
-installing Open WebUI (deploy/open-webui/demo.sh smoke drives the real one).
+"""Open WebUI 0.10.2 and 0.12.4, as wkvm sees them: every request below is
+byte-for-byte the shape those versions send to an OpenAI connection
+configured the way deploy/open-webui/demo.sh configures it, so CI covers the
+integration without installing Open WebUI (deploy/open-webui/demo.sh smoke
+and browser-smoke drive the real ones).
 
 Where the shape comes from (open-webui 0.10.2 from PyPI, open_webui/...):
 - routers/openai.py, generate_chat_completion(): POSTs {url}/chat/completions
@@ -41,6 +42,33 @@ Where the shape comes from (open-webui 0.10.2 from PyPI, open_webui/...):
 - GET {url}/models is sent with the same headers and empty ids.
 All of this was checked against a capture of a live Open WebUI 0.10.2.
 
+What 0.12.4 (open-webui 0.12.4 from PyPI) does differently:
+- utils/headers.py include_user_info_headers(): X-OpenWebUI-Auth-Type
+  (request.state.auth_type: "jwt" for the browser's login token, "api_key"
+  for an API key) right after Content-Type, before the user headers;
+  parse_custom_headers() URL-quotes every custom header value after the
+  template substitution (quote(value, safe=punctuation + ' \\t'): ASCII ids
+  unchanged, non-ASCII percent-encoded).
+- utils/json_codec.py JSONCodec.dumps(): orjson, compact (no spaces), UTF-8
+  (no \\u escapes).
+- The browser sends no "messages" for a saved chat (Chat.svelte: "persisted
+  chats load from DB"); utils/middleware.py load_messages_from_db() rebuilds
+  them, assistant replies from their stored output items
+  (process_messages_with_output(): {"role", "content"} only), the last
+  output_text stripped as in 0.10.2 and every stored string passed through
+  utils/misc.py sanitize_text_for_db() (NUL and lone surrogates removed).
+- Regenerate menu (ResponseMessage/RegenerateMenu.svelte): "Try Again" is a
+  plain regenerate (same user message, new assistant id) in both versions;
+  "Add Details", "More Concise" or a typed suggestion send
+  regeneration_prompt, which process_chat_payload() appends as a user
+  message: 0.10.2 after the user message being answered, 0.12.4 after that
+  user message AND the reply being regenerated (regeneration_message_id).
+- Title: with title generation off the chat is titled with the first user
+  message (chat:title event, its data a plain string), not "New Chat".
+- Socket events: the reply streams as response:completion events of type
+  response.output_text.delta (0.10.2: chat:completion with the content so
+  far); both end with chat:completion {"done": true, ...}.
+
 The replies of a random-weight model are arbitrary; like test_sessions.py,
 each user text is chosen (by a stateless preview) so that the greedy reply
 looks like a trained model's (leading space, no outer whitespace, valid
@@ -57,10 +85,17 @@ import threading
 import time
 import uuid
 import zlib
+from string import punctuation
 from urllib.parse import quote, urlsplit
 
 sys.path.insert(0, os.path.dirname(__file__))
 from wkvm_harness import MKMODEL, WORKERD, BUILD, Stack, free_port, run_tests  # noqa: E402
+
+SRC = os.environ.get("WKVM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
+sys.path.insert(0, os.path.join(SRC, "deploy/open-webui"))
+from demo_common import event_kind, is_delta  # noqa: E402
+
+VERSIONS = ("0.10.2", "0.12.4")
 
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-owui-")
 INFER = os.path.join(BUILD, "workerd", "wkvm-infer")
@@ -95,17 +130,27 @@ MODEL_ID = "tiny"
 
 
 class OpenWebUI:
-    """One Open WebUI 0.10.2 user talking to one wkvm connection."""
+    """One Open WebUI user (of the given version, signed in in the browser)
+    talking to one wkvm connection."""
 
-    def __init__(self, s, name="Zoë Müller", email=" zoe@example.org ", role="user", key="none"):
+    def __init__(self, s, name="Zoë Müller", email=" zoe@example.org ", role="user", key="none",
+                 version="0.10.2"):
+        assert version in VERSIONS, version
         self.s = s
         self.user_id = str(uuid.uuid4())
         self.name, self.email, self.role, self.key = name, email, role, key
+        self.version = version
+
+    def custom(self, value):
+        # 0.12.4 parse_custom_headers(): quoted after the substitution.
+        return quote(value, safe=punctuation + " \t") if self.version == "0.12.4" else value
 
     def headers(self, chat_id=None, message_id="", user_message_id="", parent_id=""):
         # get_headers_and_cookies(): order as Open WebUI builds the dict.
-        h = [("Content-Type", "application/json"),
-             ("X-OpenWebUI-User-Name", quote(self.name.strip(), safe=" ")),
+        h = [("Content-Type", "application/json")]
+        if self.version == "0.12.4":  # the browser's login token is a JWT
+            h.append(("X-OpenWebUI-Auth-Type", "jwt"))
+        h += [("X-OpenWebUI-User-Name", quote(self.name.strip(), safe=" ")),
              ("X-OpenWebUI-User-Id", self.user_id),
              ("X-OpenWebUI-User-Email", self.email.strip()),
              ("X-OpenWebUI-User-Role", self.role)]
@@ -113,10 +158,10 @@ class OpenWebUI:
             h.append(("X-OpenWebUI-Chat-Id", chat_id))
         h.append(("Authorization", f"Bearer {self.key}"))
         # OPENAI_API_CONFIGS["0"]["headers"] after get_custom_headers().
-        h += [("X-WKVM-Stateful-Chat", "parent-token-v1"),
-              ("X-WKVM-Assistant-Message-ID", message_id),
-              ("X-WKVM-User-Message-ID", user_message_id),
-              ("X-WKVM-Parent-Message-ID", parent_id)]
+        h += [("X-WKVM-Stateful-Chat", self.custom("parent-token-v1")),
+              ("X-WKVM-Assistant-Message-ID", self.custom(message_id)),
+              ("X-WKVM-User-Message-ID", self.custom(user_message_id)),
+              ("X-WKVM-Parent-Message-ID", self.custom(parent_id))]
         # aiohttp's own.
         h += [("Accept", "*/*"), ("Accept-Encoding", "gzip, deflate, br"),
               ("User-Agent", "Python/3.11 aiohttp/3.13.5")]
@@ -126,7 +171,11 @@ class OpenWebUI:
         u = urlsplit(self.s.url)
         c = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
         c.putrequest(method, "/v1" + path, skip_accept_encoding=True)
-        data = json.dumps(body).encode() if body is not None else None  # json.dumps(payload)
+        data = None
+        if body is not None and self.version == "0.12.4":  # JSONCodec.dumps(): orjson
+            data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        elif body is not None:  # json.dumps(payload)
+            data = json.dumps(body).encode()
         for k, v in headers:
             c.putheader(k, v.encode("utf-8"))
         if data is not None:
@@ -165,17 +214,24 @@ class Chat:
         b["messages"] = msgs
         return b
 
-    def send(self, text, branch=None, user_id=None, extra=None):
+    def send(self, text, branch=None, user_id=None, extra=None, suggestion=None, old_reply=None):
         """One turn: a new assistant message under a (new or given) user
-        message whose parent is the last assistant message of branch."""
+        message whose parent is the last assistant message of branch. With
+        suggestion: the regenerate menu's "Add Details", "More Concise" or
+        a typed change (regeneration_prompt) for the reply old_reply."""
         branch = self.branch if branch is None else branch
         aid = str(uuid.uuid4())
         uid = user_id or str(uuid.uuid4())
         parent = branch[-1][2] if branch else ""
+        msgs = self.messages(branch, text)
+        if suggestion is not None:
+            if self.ui.version == "0.12.4":  # regeneration_message_id: the old reply first
+                msgs.append({"role": "assistant", "content": old_reply})
+            msgs.append({"role": "user", "content": suggestion})
         for attempt in range(3):
             st, ctype, raw = self.ui.request(
                 "POST", "/chat/completions", self.ui.headers(self.id, aid, uid, parent),
-                self.body(self.messages(branch, text), extra))
+                self.body(msgs, extra))
             # wkvm releases a chat's session lock only after the previous
             # turn's last bytes were sent (ctl_chat_end() runs after
             # ctl_oa_generate() returns), so a client as fast as this one can
@@ -251,22 +307,42 @@ def pick_text(s, chat, prefix, branch=None):
 def counters(s):
     text = s.get("/metrics").body.decode()
     out = {}
-    for m in re.finditer(r"^(wkvm_parent_bound_\w+)(\{[^}]*\})? ([0-9.e+]+)$", text, re.M):
+    for m in re.finditer(r"^(wkvm_(?:parent_bound_\w+|reuse_hits_total|prefix_tokens_reused_total))"
+                         r"(\{[^}]*\})? ([0-9.e+]+)$", text, re.M):
         out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
     return out
+
+
+def moved(before, after):
+    """The decision and reuse counters that changed (prefix_tokens left out)."""
+    return {k: v - before.get(k, 0) for k, v in after.items()
+            if v != before.get(k, 0) and k != "wkvm_prefix_tokens_reused_total"}
 
 
 def hits(c):
     return c.get("wkvm_parent_bound_continuation_hits_total", 0)
 
 
-def decided(c):
-    """Follow-ups that got a decision: a hit, a regenerate hit (the state kept
-    from before the last reply), a miss or a rejection of any reason."""
-    return sum(v for k, v in c.items() if k.startswith((
-        "wkvm_parent_bound_continuation_hits_total", "wkvm_parent_bound_regenerate_hits_total",
-        "wkvm_parent_bound_continuation_misses_total",
-        "wkvm_parent_bound_continuation_rejections_total")))
+# An edit of the last user message, "Add Details"/"More Concise": the parent
+# id is not the session's last reply and the user message is not the one it
+# answered, so parent-token-v1 rejects the turn (parent_message_mismatch)
+# and the prefix index resumes the longest checkpoint of the prompt.
+EDIT = {'wkvm_parent_bound_continuation_rejections_total{reason="parent_message_mismatch"}': 1,
+        'wkvm_reuse_hits_total{kind="checkpoint"}': 1}
+SUGGESTION = {"0.10.2": EDIT, "0.12.4": EDIT}
+# The turn after a suggestion: the parked state consumed the suggestion
+# message, which Open WebUI does not store (its history is user message ->
+# new reply), so the earlier history differs (prior_history_mismatch) and the
+# index resumes the checkpoint before the regenerated reply.
+AFTER_SUGGESTION = {"0.10.2": {
+    'wkvm_parent_bound_continuation_rejections_total{reason="prior_history_mismatch"}': 1,
+    'wkvm_reuse_hits_total{kind="checkpoint"}': 1}}
+AFTER_SUGGESTION["0.12.4"] = AFTER_SUGGESTION["0.10.2"]
+# What wkvm answers a background task that carries the contract without an
+# assistant message id.
+TASK_ERROR = {"type": "invalid_request_error", "code": "invalid_request",
+              "message": "header X-WKVM-Assistant-Message-ID is required with "
+                         "X-WKVM-Stateful-Chat: parent-token-v1"}
 
 
 def up(s):
@@ -289,15 +365,108 @@ def test_models_with_open_webui_headers():
     """Open WebUI lists models with the connection's headers and empty ids."""
     with Stack(model=MODEL, slots=4) as s:
         up(s)
-        st, _, raw = OpenWebUI(s).models()
-        assert st == 200, raw
-        assert [m["id"] for m in json.loads(raw)["data"]] == [MODEL_ID], raw
+        for version in VERSIONS:
+            st, _, raw = OpenWebUI(s, version=version).models()
+            assert st == 200, (version, raw)
+            assert [m["id"] for m in json.loads(raw)["data"]] == [MODEL_ID], raw
 
 
-def test_three_turns_regenerate_edit_and_tasks():
+# Open WebUI 0.12.4's builtin tools (utils/tools.py get_builtin_tools()), as
+# native function calling offers them when function_calling is not "legacy":
+# 28 with the default features; no tool_choice is sent.
+BUILTIN_TOOLS_0_12_4 = [
+    "get_current_timestamp", "calculate_timestamp", "ask_user", "list_chat_files",
+    "query_chat_files", "grep_chat_files", "view_file", "kb_exec", "query_knowledge_files",
+    "view_note", "query_knowledge_bases", "search_knowledge_bases", "view_knowledge_file",
+    "search_chats", "view_chat", "delegate_task", "timer", "search_web", "fetch_url",
+    "generate_image", "edit_image", "execute_code", "search_notes", "write_note",
+    "replace_note_content", "view_skill", "read_skill_file", "grep_skill_files"]
+
+
+def test_native_tools_0_12_4():
+    """Without DEFAULT_MODEL_PARAMS function_calling "legacy", 0.12.4 sends
+    its builtin tools with every turn and no tool_choice: wkvm answers with a
+    plain message (its models never call a tool) and the chat continues."""
+    assert len(BUILTIN_TOOLS_0_12_4) == 28
+    tools = [{"type": "function", "function": {
+        "name": n, "description": f"{n} (Open WebUI builtin)",
+        "parameters": {"type": "object", "properties": {}, "required": []}}}
+        for n in BUILTIN_TOOLS_0_12_4]
     with Stack(model=MODEL, slots=4) as s:
         up(s)
-        ui = OpenWebUI(s)
+        chat = Chat(OpenWebUI(s, version="0.12.4"))
+        chat.send(pick_text(s, chat, "Hello there"), extra={"tools": tools})
+        text = pick_text(s, chat, "Tell me more")
+        before = counters(s)
+        reply, _ = chat.send(text, extra={"tools": tools})
+        assert reply.strip()
+        expect("turn 2 with tools", before, counters(s), HIT)
+
+
+# The socket events of one reply as Open WebUI pushes them to the browser
+# (the `events` message's data), per version: utils/middleware.py, the
+# streaming handler and background_tasks_handler().
+EVENTS = {
+    "0.10.2": [
+        {"type": "chat:active", "data": {"active": True}},
+        {"type": "chat:completion", "data": {"content": " Hel"}},
+        {"type": "chat:completion", "data": {"content": " Hello"}},
+        {"type": "chat:completion", "data": {"done": True, "content": "Hello", "title": ""}},
+        {"type": "chat:title", "data": ""},
+    ],
+    "0.12.4": [
+        {"type": "chat:active", "data": {"active": True, "folder_id": None}},
+        {"type": "chat:title", "data": "Hello! What is a state slot?"},
+        {"type": "response:completion", "data": {
+            "type": "response.output_item.added", "output_index": 0,
+            "item": {"type": "message", "id": "msg_1", "status": "in_progress",
+                     "role": "assistant", "content": []}}},
+        {"type": "response:completion", "data": {
+            "type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+            "content_index": 0, "delta": " Hel"}},
+        {"type": "response:completion", "data": {
+            "type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+            "content_index": 0, "delta": "lo"}},
+        {"type": "chat:completion", "data": {
+            "done": True, "title": "Hello! What is a state slot?",
+            "output": [{"type": "message", "id": "msg_1", "status": "completed",
+                        "role": "assistant",
+                        "content": [{"type": "output_text", "text": "Hello"}]}]}},
+        {"type": "chat:list", "data": {}},
+    ],
+}
+
+
+def test_socket_event_kinds():
+    """smoke.py's reading of both versions' events (demo_common): two deltas
+    each, a plain-string chat:title is no completion, done is seen."""
+    for version, evs in EVENTS.items():
+        deltas = [e for e in evs if is_delta(*event_kind(e))]
+        assert len(deltas) == 2, (version, deltas)
+        done = [e for e in evs if event_kind(e)[0] == "chat:completion"
+                and isinstance(event_kind(e)[1], dict) and event_kind(e)[1].get("done")]
+        assert len(done) == 1, version
+        titles = [event_kind(e)[1] for e in evs if event_kind(e)[0] == "chat:title"]
+        assert titles and all(isinstance(t, str) for t in titles), version
+    assert event_kind("not a dict") == (None, "not a dict")
+
+
+HIT = {"wkvm_parent_bound_continuation_hits_total": 1,
+       'wkvm_reuse_hits_total{kind="parent_bound"}': 1}
+REGENERATE_HIT = {"wkvm_parent_bound_regenerate_hits_total": 1,
+                  'wkvm_reuse_hits_total{kind="regenerate"}': 1}
+
+
+def expect(step, before, after, want):
+    got = moved(before, after)
+    print(f"  {step}: {json.dumps(got, sort_keys=True)}", flush=True)
+    assert got == want, (step, got, want)
+
+
+def three_turns_regenerate_edit_and_tasks(version):
+    with Stack(model=MODEL, slots=4) as s:
+        up(s)
+        ui = OpenWebUI(s, version=version)
         chat = Chat(ui)
         # Turn 1, with the title task running concurrently as Open WebUI does
         # for a new chat (main.py: run_initial_title_generation()).
@@ -310,60 +479,104 @@ def test_three_turns_regenerate_edit_and_tasks():
         c0 = counters(s)
         chat.send(t1, user_id=uid1)
         th.join(timeout=120)
-        st, ctype, raw = title["r"]
         # The task carries the contract without an assistant id: refused
-        # before any session is touched, or (with a task-aware wkvm) answered.
-        assert st in (200, 400), (st, raw[:300])
-        if st == 400:
-            assert ctype.startswith("application/json") and "error" in json.loads(raw), raw
+        # before any session is touched (demo.sh turns the tasks off;
+        # X-WKVM-Task is the way to keep them, see test_background_task_header).
+        task_refused(*title["r"])
         # Tags and follow-ups after turn 1 (non-streaming, no assistant id).
         for prompt in (TAGS.format(u=t1), FOLLOW.format(u=t1, a="")):
-            st, _, raw = chat.task(prompt)
-            assert st in (200, 400), (st, raw[:300])
-        assert hits(counters(s)) == hits(c0)  # a first turn is never a hit
+            task_refused(*chat.task(prompt))
+        expect("turn 1", c0, counters(s), {})  # a first turn is never a hit
         # Turns 2 and 3 continue the parked state; a follow-up task after each.
         for n, prefix in ((2, "Tell me more"), (3, "And then")):
             text = pick_text(s, chat, prefix)
             before = counters(s)
             extra = {"stream_options": {"include_usage": True}} if n == 3 else None
             reply, usage = chat.send(text, extra=extra)
-            after = counters(s)
-            assert hits(after) == hits(before) + 1, (n, before, after)
+            expect(f"turn {n}", before, counters(s), HIT)
             if n == 3:  # the "usage" capability: a usage chunk before [DONE]
                 assert usage and usage["prompt_tokens_details"]["cached_tokens"] > 0, usage
-            st, _, raw = chat.task(FOLLOW.format(u=text, a=reply.strip()),
-                                   parent=chat.branch[-2][2])
-            assert st in (200, 400), (st, raw[:300])
-        # Regenerate the last reply: same user message (id and parent), a new
-        # assistant id. Answered; decided by the rules (a restart from the
-        # prompt, or a hit where wkvm reuses the parent snapshot).
+            task_refused(*chat.task(FOLLOW.format(u=text, a=reply.strip()),
+                                    parent=chat.branch[-2][2]))
+        # "Try Again": same user message (id and parent), a new assistant id.
+        # The parent check fails against the latest reply; the state kept
+        # from the end of the previous prompt answers it.
         last_uid, last_text = chat.branch[-1][0], chat.branch[-1][1]
         parent_branch = chat.branch[:-1]
         before = counters(s)
         reply, _ = chat.send(last_text, branch=parent_branch, user_id=last_uid)
         assert reply.strip(), "regenerate got an empty reply"
-        assert decided(counters(s)) == decided(before) + 1, (before, counters(s))
+        expect("Try Again", before, counters(s), REGENERATE_HIT)
         # Edit the last user message: a new user message (new id) under the
-        # same parent, a new assistant id.
+        # same parent, a new assistant id: a parent mismatch, answered from
+        # the checkpoint at the end of the previous reply.
         edited = pick_text(s, chat, "Edited question", branch=parent_branch)
         before = counters(s)
         reply, _ = chat.send(edited, branch=parent_branch)
         assert reply.strip(), "edit got an empty reply"
-        assert decided(counters(s)) == decided(before) + 1, (before, counters(s))
+        expect("edit", before, counters(s), EDIT)
         # The conversation goes on from the edited branch: a hit again.
         text = pick_text(s, chat, "After the edit")
         before = counters(s)
         chat.send(text)
-        assert hits(counters(s)) == hits(before) + 1, (before, counters(s))
+        expect("after the edit", before, counters(s), HIT)
         # Two Open WebUI users with the same chat id never share a session.
-        other = Chat(OpenWebUI(s, name="Ada", email="ada@example.org"))
+        other = Chat(OpenWebUI(s, name="Ada", email="ada@example.org", version=version))
         other.id = chat.id
         t = pick_text(s, other, "Hi, I am Ada")
         other.send(t)
         t = pick_text(s, other, "Go on")
         before = counters(s)
         other.send(t)
-        assert hits(counters(s)) == hits(before) + 1, (before, counters(s))
+        expect("other user", before, counters(s), HIT)
+
+
+def test_three_turns_regenerate_edit_and_tasks_0_10_2():
+    three_turns_regenerate_edit_and_tasks("0.10.2")
+
+
+def test_three_turns_regenerate_edit_and_tasks_0_12_4():
+    three_turns_regenerate_edit_and_tasks("0.12.4")
+
+
+def regenerate_menu(version):
+    """The regenerate menu's "Add Details" and "More Concise" (and a typed
+    suggestion: the same request), then the next turn."""
+    with Stack(model=MODEL, slots=4) as s:
+        up(s)
+        chat = Chat(OpenWebUI(s, version=version))
+        chat.send(pick_text(s, chat, "Hello there"))
+        chat.send(pick_text(s, chat, "Tell me more"))
+        for suggestion in ("Add Details", "More Concise"):
+            uid, text, _, old = chat.branch[-1]
+            before = counters(s)
+            reply, usage = chat.send(text, branch=chat.branch[:-1], user_id=uid,
+                                     suggestion=suggestion, old_reply=old,
+                                     extra={"stream_options": {"include_usage": True}})
+            assert reply.strip(), (suggestion, reply)
+            print(f"  {suggestion}: prompt {usage['prompt_tokens']}, cached "
+                  f"{usage['prompt_tokens_details']['cached_tokens']}", flush=True)
+            expect(suggestion, before, counters(s), SUGGESTION[version])
+        text = pick_text(s, chat, "And then")
+        before = counters(s)
+        chat.send(text)
+        expect("after More Concise", before, counters(s), AFTER_SUGGESTION[version])
+
+
+def test_regenerate_menu_0_10_2():
+    regenerate_menu("0.10.2")
+
+
+def test_regenerate_menu_0_12_4():
+    regenerate_menu("0.12.4")
+
+
+def task_refused(st, ctype, raw):
+    assert st == 400, (st, raw[:300])
+    assert ctype.startswith("application/json"), ctype
+    err = json.loads(raw)["error"]
+    print(f"  task: {err}", flush=True)
+    assert TASK_ERROR.items() <= err.items(), err
 
 
 def test_remote_worker_over_tcp():
@@ -396,7 +609,7 @@ def test_remote_worker_over_tcp():
 
 def test_compose_matches_demo():
     """deploy/open-webui/compose.yaml sets what demo.sh start sets."""
-    src = os.environ.get("WKVM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
+    src = SRC
     env = {k: v for k, v in os.environ.items()
            if k not in ("WKVM_PORT", "WEBUI_PORT", "WKVM_MODEL_DIR", "WKVM_DATA")}
     out = subprocess.run(["bash", os.path.join(src, "deploy/open-webui/demo.sh"), "env", "--data",
@@ -408,11 +621,7 @@ def test_compose_matches_demo():
                        "X-WKVM-Assistant-Message-ID": "{{MESSAGE_ID}}",
                        "X-WKVM-User-Message-ID": "{{USER_MESSAGE_ID}}",
                        "X-WKVM-Parent-Message-ID": "{{USER_MESSAGE_PARENT_ID}}"}, headers
-    try:
-        import yaml
-    except ImportError:
-        print("test_compose_matches_demo: no PyYAML (python3-yaml), compose.yaml not compared")
-        return
+    import yaml  # python3-yaml (deploy/install-deps)
     with open(os.path.join(src, "deploy/open-webui/compose.yaml")) as f:
         svc = yaml.safe_load(f)["services"]["open-webui"]
     assert svc["network_mode"] == "host", svc
@@ -428,7 +637,10 @@ def test_compose_matches_demo():
 
 if __name__ == "__main__":
     rc = run_tests([test_compose_matches_demo, test_models_with_open_webui_headers,
-                    test_three_turns_regenerate_edit_and_tasks,
+                    test_three_turns_regenerate_edit_and_tasks_0_10_2,
+                    test_three_turns_regenerate_edit_and_tasks_0_12_4,
+                    test_regenerate_menu_0_10_2, test_regenerate_menu_0_12_4,
+                    test_native_tools_0_12_4, test_socket_event_kinds,
                     test_remote_worker_over_tcp])
     TMP.cleanup()
     sys.exit(rc)
