@@ -9,10 +9,10 @@ Random checkpoints in the fla-hub layout (gen_model.py --convention hf,
 gen_gdn.py) are loaded with fla's own models (RWKV7ForCausalLM,
 GatedDeltaNetForCausalLM through transformers' AutoModelForCausalLM.
 from_pretrained, float32) and wkvm-infer --fp32 must give the same logits at
-every position, max |diff| / std(logits) < TOL, against
-  - the whole sequence at once (under 64 tokens, so both layers take their
-    fused-recurrent Triton kernels), and
-  - one token at a time through fla's cache.
+every position, max |diff| / std(logits) < TOL:
+  - its whole-prompt prefill against the whole sequence at once (under 64
+    tokens, so both layers take their fused-recurrent Triton kernels), and
+  - its --prefill-chunk 1 against one token at a time through fla's cache.
 fla's kernels are Triton; they run on the CPU under TRITON_INTERPRET=1 (the
 fused-recurrent path; the chunk path does not run in the interpreter). The
 interpreter has no device to benchmark autotune candidates on, so each
@@ -77,7 +77,6 @@ import rwkv7_ref  # noqa: E402
 
 TOL = 1e-3        # max |diff| / std(logits); see the note above
 N_TOKENS = 24     # < 64: fla's fused-recurrent path
-RUN_TIMEOUT = 120
 
 RWKV7_CASES = [
     ("hf-f32-N64", dict(dtype="f32", layers=2, embd=128, head_size=64, ffn=256, vocab=500,
@@ -125,15 +124,6 @@ def upstream(model, tokens):
     return seq, np.stack(rows)
 
 
-def run_wkvm(exe, mdir, tokens, out, vocab):
-    cmd = [exe, "--model", mdir, "--fp32", "--tokens", ",".join(map(str, tokens)),
-           "--logits-out", out]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=RUN_TIMEOUT)
-    if p.returncode != 0:
-        raise RuntimeError("wkvm-infer exit %d: %s" % (p.returncode,
-                                                       p.stderr.decode(errors="replace")[-500:]))
-    return rwkv7_ref.read_logits(out, vocab)
-
 
 def main():
     build = upstream_venv.build_dir()
@@ -161,9 +151,11 @@ def main():
             seq, one = upstream(model, toks)
             figures = {}
             try:
-                got = run_wkvm(exe, d, toks, os.path.join(tmp, name + ".logits"), V)
+                lp = os.path.join(tmp, name + ".logits")
+                got = upstream_venv.run_wkvm(exe, d, toks, lp, V)
+                got1 = upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=1)
                 figures["wkvm vs fla sequence"] = upstream_venv.rel_err(seq, got)
-                figures["wkvm vs fla one-by-one"] = upstream_venv.rel_err(one, got)
+                figures["wkvm vs fla one-by-one"] = upstream_venv.rel_err(one, got1)
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
                 figures["wkvm"] = None
                 print("FAIL %s: %s" % (name, e))

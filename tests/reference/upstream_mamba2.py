@@ -6,9 +6,10 @@ C code. This test loads random Hugging Face `mamba2` checkpoints
 (gen_mamba2.py) with transformers itself (Mamba2ForCausalLM.from_pretrained,
 pinned in deploy/install-ref-venv, float32, torch_forward: mamba_ssm and
 causal_conv1d are not installed) and requires wkvm-infer --fp32 to give the
-same logits at every position, max |diff| / std(logits) < TOL, against
-  - the whole sequence at once (the chunked SSD scan), and
-  - one token at a time from a zero cache (the recurrent decode path; the
+same logits at every position, max |diff| / std(logits) < TOL:
+  - its whole-prompt prefill against the whole sequence at once (the
+    chunked SSD scan), and
+  - its --prefill-chunk 1 against one token at a time from a zero cache (the recurrent decode path; the
     cache is made by hand with seqlen_offset 1 because transformers 4.46.3
     cannot prefill a single token: torch_forward squeezes its time axis),
 for tied and untied heads.
@@ -53,11 +54,9 @@ from transformers.models.mamba2 import modeling_mamba2  # noqa: E402
 
 import gen_mamba2  # noqa: E402
 import mamba2_ref  # noqa: E402
-from rwkv7_ref import read_logits  # noqa: E402
 
 TOL = 1e-4        # max |diff| / std(logits); measured ~1e-6 .. 1e-5
 N_TOKENS = 40
-RUN_TIMEOUT = 120
 
 CASES = [
     ("hf-f32-G1-untied", dict(dtype="f32", layers=2, d_model=64, d_state=16, headdim=16,
@@ -110,15 +109,6 @@ def upstream_one_by_one(model, tokens):
     return np.stack(rows)
 
 
-def run_wkvm(exe, mdir, tokens, out, vocab):
-    cmd = [exe, "--model", mdir, "--fp32", "--tokens", ",".join(map(str, tokens)),
-           "--logits-out", out]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=RUN_TIMEOUT)
-    if p.returncode != 0:
-        raise RuntimeError("wkvm-infer exit %d: %s" % (p.returncode,
-                                                       p.stderr.decode(errors="replace")[-500:]))
-    return read_logits(out, vocab)
-
 
 def main():
     build = upstream_venv.build_dir()
@@ -147,7 +137,9 @@ def main():
             tied = model.lm_head.weight is model.backbone.embeddings.weight
             figures = {}
             try:
-                got = run_wkvm(exe, d, toks, os.path.join(tmp, name + ".logits"), V)
+                lp = os.path.join(tmp, name + ".logits")
+                got = upstream_venv.run_wkvm(exe, d, toks, lp, V)
+                got1 = upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=1)
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
                 got = None
                 figures["wkvm"] = None
@@ -157,17 +149,17 @@ def main():
                 one = upstream_one_by_one(model, toks)
                 if got is not None:
                     figures["wkvm vs transformers sequence"] = upstream_venv.rel_err(seq, got)
-                    figures["wkvm vs transformers one-by-one"] = upstream_venv.rel_err(one, got)
+                    figures["wkvm vs transformers one-by-one"] = upstream_venv.rel_err(one, got1)
             else:
                 if got is not None:
                     stock["G%d sequence" % G] = upstream_venv.rel_err(
                         upstream_sequence(model, toks), got)
                     stock["G%d one-by-one" % G] = upstream_venv.rel_err(
-                        upstream_one_by_one(model, toks), got)
+                        upstream_one_by_one(model, toks), got1)
                 per_group_norms(model, G)
                 one = upstream_one_by_one(model, toks)
                 if got is not None:
-                    figures["wkvm vs per-group one-by-one"] = upstream_venv.rel_err(one, got)
+                    figures["wkvm vs per-group one-by-one"] = upstream_venv.rel_err(one, got1)
             ref, _ = mamba2_ref.Mamba2.load(d).forward(toks)
             figures["numpy ref vs upstream one-by-one"] = upstream_venv.rel_err(one, ref)
             if tied != bool(cfg["tied"]):

@@ -76,6 +76,23 @@ def build_dir():
     return os.path.normpath(os.path.join(HERE, "..", "..", "build"))
 
 
+def run_wkvm(exe, mdir, tokens, out, vocab, chunk=None, timeout=120):
+    """Logits [T, V] (float64) of `wkvm-infer --fp32` on tokens from the zero
+    state; chunk=1 prefills one token at a time. Raises RuntimeError on a
+    non-zero exit."""
+    import subprocess
+    from rwkv7_ref import read_logits
+    cmd = [exe, "--model", mdir, "--fp32", "--tokens", ",".join(map(str, tokens)),
+           "--logits-out", out]
+    if chunk is not None:
+        cmd += ["--prefill-chunk", str(chunk)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError("wkvm-infer exit %d: %s" % (p.returncode,
+                                                       p.stderr.decode(errors="replace")[-500:]))
+    return read_logits(out, vocab)
+
+
 def rel_err(ref, got):
     """max |got - ref| / std(ref), the figure every upstream test reports."""
     import numpy as np
