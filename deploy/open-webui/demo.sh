@@ -242,7 +242,11 @@ cmd_doctor() {
         elif [ -z "$v" ]; then bad "Open WebUI is not installed in $VENV: run '$0 install'"
         elif [ ! -x "$VENV/bin/open-webui" ]; then bad "$VENV/bin/open-webui missing: run '$0 install'"
         elif [ -n "$OWUI_VERSION" ] && [ "$OWUI_VERSION" != latest ] && [ "$v" != "$OWUI_VERSION" ]; then
-            bad "Open WebUI $v in $VENV, but OPEN_WEBUI_VERSION=$OWUI_VERSION: run '$0 install' (or unset it to use $v)"
+            if ver_lt "$OWUI_VERSION" "$v"; then
+                bad "Open WebUI $v in $VENV, but OPEN_WEBUI_VERSION=$OWUI_VERSION (older: install does not downgrade a venv; unset it to use $v, or use another venv)"
+            else
+                bad "Open WebUI $v in $VENV, but OPEN_WEBUI_VERSION=$OWUI_VERSION: run '$0 install' (or unset it to use $v)"
+            fi
         elif tested "$v"; then ok "Open WebUI $v ($VENV; checked versions: $OWUI_TESTED)"
         else warn "Open WebUI $v in $VENV is not a version this kit was checked against ($OWUI_TESTED); '$0 smoke' tells whether it works"; fi
     else
