@@ -78,6 +78,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -371,6 +372,30 @@ def test_models_with_open_webui_headers():
             assert [m["id"] for m in json.loads(raw)["data"]] == [MODEL_ID], raw
 
 
+def test_try_again_and_next_turn_after_restart():
+    """A graceful wkvm restart between turns (SIGTERM: parked sessions and
+    warm checkpoints go to disk): Try Again on the last reply and the next
+    turn still reuse, as Open WebUI 0.12.4 sends them."""
+    with Stack(model=MODEL, slots=4) as s:
+        up(s)
+        chat = Chat(OpenWebUI(s, version="0.12.4"))
+        chat.send(pick_text(s, chat, "Hello there"))
+        chat.send(pick_text(s, chat, "Tell me more"))
+        s.kill_controller(signal.SIGTERM)
+        s.start_controller()
+        s.wait(lambda: s.get("/ready").status == 200, "ready after the restart")
+        uid, text = chat.branch[-1][0], chat.branch[-1][1]
+        before = counters(s)
+        reply, _ = chat.send(text, branch=chat.branch[:-1], user_id=uid)
+        assert reply.strip()
+        # the checkpoint before the prompt's last token, written at shutdown
+        expect("Try Again after a restart", before, counters(s), REGENERATE_HIT)
+        text = pick_text(s, chat, "And then")
+        before = counters(s)
+        chat.send(text)
+        expect("the next turn", before, counters(s), HIT)
+
+
 # Open WebUI 0.12.4's builtin tools (utils/tools.py get_builtin_tools()), as
 # native function calling offers them when function_calling is not "legacy":
 # 28 with the default features; no tool_choice is sent.
@@ -641,6 +666,7 @@ if __name__ == "__main__":
                     test_three_turns_regenerate_edit_and_tasks_0_12_4,
                     test_regenerate_menu_0_10_2, test_regenerate_menu_0_12_4,
                     test_native_tools_0_12_4, test_socket_event_kinds,
+                    test_try_again_and_next_turn_after_restart,
                     test_remote_worker_over_tcp])
     TMP.cleanup()
     sys.exit(rc)
