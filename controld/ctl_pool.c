@@ -407,8 +407,9 @@ ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req, uint32_t timeout_
         w = ctl_pool_find_locked(p, worker_id);
     }
     if (w == NULL || nng_pipe_id(w->pipe) <= 0) {
+        /* gone (died, restarting): a transient 503 for the request, never a 404 */
         pthread_mutex_unlock(&p->mu);
-        return wk_diag_set(d, WK_ENOENT, "no worker '%s'", worker_id);
+        return wk_diag_set(d, WK_EUNAVAIL, "worker '%s' is not connected", worker_id);
     }
     w->inflight++;
     nng_pipe pipe = w->pipe;

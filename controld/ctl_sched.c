@@ -1232,8 +1232,10 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     ctl_kv_geom geom;
     if (spec->slot != NULL) {
         ctl_sworker *w = ctl_sched_worker_locked(s, spec->slot->worker);
-        if (w == NULL || spec->slot->slot < 1 || spec->slot->slot > w->n_slots ||
-            w->gen[spec->slot->slot] != spec->slot->gen) {
+        if (w == NULL) {
+            err = wk_diag_set(d, WK_EUNAVAIL, "worker %s left", spec->slot->worker);
+        } else if (spec->slot->slot < 1 || spec->slot->slot > w->n_slots ||
+                   w->gen[spec->slot->slot] != spec->slot->gen) {
             err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", spec->slot->worker,
                               spec->slot->slot);
         } else if (w->busy[spec->slot->slot] != NULL) {
@@ -1733,7 +1735,9 @@ ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx, wk
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
     uint32_t k = ref->slot;
-    if (w == NULL || k < 1 || k > w->n_slots || w->gen[k] != ref->gen) {
+    if (w == NULL) {
+        err = wk_diag_set(d, WK_EUNAVAIL, "worker %s left", ref->worker);
+    } else if (k < 1 || k > w->n_slots || w->gen[k] != ref->gen) {
         err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", ref->worker, k);
     } else {
         uint32_t need = ctl_kv_pages(&w->geom, n_ctx);
@@ -1767,7 +1771,7 @@ ctl_sched_slot_set_bytes(ctl_sched *s, const ctl_slot_ref *ref, uint64_t bytes, 
     ctl_kv_geom g = w != NULL ? w->geom : (ctl_kv_geom){0};
     pthread_mutex_unlock(&s->mu);
     if (w == NULL)
-        return wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", ref->worker, ref->slot);
+        return wk_diag_set(d, WK_EUNAVAIL, "worker %s left", ref->worker);
     uint64_t n_ctx = 0;
     if (!ctl_kv_hybrid(&g))
         return WK_OK; /* fixed-size slots: nothing to account */

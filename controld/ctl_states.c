@@ -381,10 +381,26 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     const char *near = ctl_vm_cached(app->vm, src.blob)
                            ? NULL
                            : ctl_vm_warm_worker(app->vm, src.blob, wbuf, sizeof(wbuf));
-    err = ctl_vm_slot_get(app->vm, near, &g.slot, &d);
-    if (err == WK_OK) {
+    /*
+     * A worker that dies between the slot's allocation and the load fails the
+     * load with WK_EUNAVAIL: take a slot elsewhere (the scheduler has dropped
+     * the dead worker by then) and load from the blob; a few times at most.
+     */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (attempt > 0) {
+            (void)ctl_sched_slot_free(app->sched, &g.slot);
+            have_slot = false;
+            near = NULL;
+            struct timespec nap = {0, 50 * 1000000L};
+            nanosleep(&nap, NULL);
+        }
+        err = ctl_vm_slot_get(app->vm, near, &g.slot, &d);
+        if (err != WK_OK)
+            break;
         have_slot = true;
         err = ctl_vm_load_into(app->vm, src.blob, src.blob, &g.slot, &d);
+        if (err != WK_EUNAVAIL)
+            break;
     }
     if (err == WK_ECORRUPT)
         ctl_states_mark_damaged(app, g.owner, src.id, &d);

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -380,6 +381,22 @@ st_mdb_err(st_txn *t, int rc, const char *what, wk_diag *d)
     }
 }
 
+/*
+ * True when the filesystem under the LMDB file has (almost) no room left:
+ * LMDB turns a short write, which is what a full disk gives it, into EIO,
+ * and the caller must be told "no space" (a transient 503 that frees up),
+ * not "I/O error".
+ */
+static bool
+st_disk_full(ctl_store *s)
+{
+    int fd = -1;
+    struct statvfs v;
+    if (mdb_env_get_fd(s->env, &fd) != 0 || fd < 0 || fstatvfs(fd, &v) != 0)
+        return false;
+    return (uint64_t)v.f_bavail * v.f_frsize < (4u << 20); /* under 4 MiB: full */
+}
+
 /* Rereads the map size LMDB uses (it may round a requested size up). */
 static uint64_t
 st_env_map_size(MDB_env *env)
@@ -437,6 +454,8 @@ st_write(ctl_store *s, st_write_op fn, void *arg, wk_diag *d)
             e = fn(&t, arg, &ld);
             if (e == WK_OK) {
                 rc = mdb_txn_commit(t.txn);
+                if (rc == EIO && st_disk_full(s))
+                    rc = ENOSPC; /* LMDB reports a short write as EIO */
                 if (rc != 0)
                     e = st_mdb_err(&t, rc, "commit", &ld);
             } else {
