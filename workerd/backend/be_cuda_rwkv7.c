@@ -46,7 +46,6 @@
 
 #include "k.h"
 
-#define CU_LN_EPS 1e-5f /* LayerNorm epsilon */
 
 /* Indices of the token-shift mixes (the order of their vectors on the device). */
 enum { MIX_R = 0, MIX_W, MIX_K, MIX_V, MIX_A, MIX_G, MIX_N };
@@ -83,6 +82,8 @@ typedef struct cu_layer {
 struct be_cuda_rwkv7 {
     be_cuda_core core;         /* stream, cuBLAS, weights, GEMM scratch, passes */
     uint32_t L, C, H, N, F, V; /* dimensions */
+    float ln_eps;              /* LayerNorm epsilon (the model's: BlinkDL 1e-5, HF norm_eps) */
+    float gn_eps;              /* per-head GroupNorm epsilon (BlinkDL 64e-5, HF N * norm_eps) */
     uint32_t Dw, Da, Dv, Dg;   /* LoRA ranks */
     wk_dtype dtype;            /* the model's weight dtype (describe) */
     size_t layer_floats;       /* 2C + H N N */
@@ -153,7 +154,7 @@ cu_time_mix(be_cuda_rwkv7 *c, uint32_t l, wk_diag *d)
     float *mx3 = cu_mixbuf(c, 3), *mx4 = cu_mixbuf(c, 4), *mx5 = cu_mixbuf(c, 5);
 
     WK_CUDA_CHECK(k_layernorm_rows(c->x, NULL, T, C, cu_lvec(c, l, V_LN1_W), cu_lvec(c, l, V_LN1_B),
-                                   CU_LN_EPS, c->xln, c->core.stream),
+                                   c->ln_eps, c->xln, c->core.stream),
                   d);
     WK_CUDA_CHECK(k_rwkv7_shift_mix(c->xln, T, C, dm + BE_CUDA_M_TSEG * cap,
                                     dm + BE_CUDA_M_SEG_T0 * cap, dm + BE_CUDA_M_SEG_SLOT * cap,
@@ -189,7 +190,7 @@ cu_time_mix(be_cuda_rwkv7 *c, uint32_t l, wk_diag *d)
                               dm + BE_CUDA_M_SEG_T0 * cap, dm + BE_CUDA_M_SEG_N * cap,
                               dm + BE_CUDA_M_SEG_SLOT * cap, c->H, c->N, C, c->r, mx0, c->k, c->v,
                               mx4, mx1, mx3, cu_lvec(c, l, V_R_K), cu_lvec(c, l, V_LNX_W),
-                              cu_lvec(c, l, V_LNX_B), (float)((double)c->N * 1e-5), mx5,
+                              cu_lvec(c, l, V_LNX_B), c->gn_eps, mx5,
                               c->core.stream),
                   d);
     CU_TRY(cu_gemm(c, &ly->wo, mx5, T, c->x, C, K_EPI_ADD, d));
@@ -207,7 +208,7 @@ cu_channel_mix(be_cuda_rwkv7 *c, uint32_t l, wk_diag *d)
     const size_t shift_off = (size_t)l * c->layer_floats + C;
 
     WK_CUDA_CHECK(k_layernorm_rows(c->x, NULL, T, C, cu_lvec(c, l, V_LN2_W), cu_lvec(c, l, V_LN2_B),
-                                   CU_LN_EPS, c->xln, c->core.stream),
+                                   c->ln_eps, c->xln, c->core.stream),
                   d);
     WK_CUDA_CHECK(k_rwkv7_shift_mix(c->xln, T, C, dm + BE_CUDA_M_TSEG * cap,
                                     dm + BE_CUDA_M_SEG_T0 * cap, dm + BE_CUDA_M_SEG_SLOT * cap,
@@ -229,7 +230,7 @@ cu_norm_out(void *arg, const uint32_t *lpos, uint32_t n, float *out, wk_diag *d)
 {
     be_cuda_rwkv7 *c = arg;
     WK_CUDA_CHECK(k_layernorm_rows(c->x, lpos, n, c->C, cu_gvec(c, G_LNOUT_W),
-                                   cu_gvec(c, G_LNOUT_B), CU_LN_EPS, out, c->core.stream),
+                                   cu_gvec(c, G_LNOUT_B), c->ln_eps, out, c->core.stream),
                   d);
     return WK_OK;
 }
@@ -241,7 +242,7 @@ cu_pass(void *arg, wk_diag *d)
     be_cuda_rwkv7 *c = arg;
     WK_CUDA_CHECK(k_rwkv7_embed(c->emb.w, c->emb.dtype, be_cuda_meta(&c->core, BE_CUDA_M_TOK),
                                 c->core.T, c->C, cu_gvec(c, G_LN0_W), cu_gvec(c, G_LN0_B),
-                                CU_LN_EPS, c->x, c->core.stream),
+                                c->ln_eps, c->x, c->core.stream),
                   d);
     for (uint32_t l = 0; l < c->L; l++) {
         CU_TRY(cu_time_mix(c, l, d));
@@ -449,6 +450,8 @@ be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena, uint3
     c->C = rw->n_embd;
     c->H = rw->n_head;
     c->N = rw->head_size;
+    c->ln_eps = (float)rw->ln_eps;
+    c->gn_eps = (float)rw->gn_eps;
     c->F = rw->ffn_dim;
     c->V = rw->vocab_size;
     c->Dw = rw->lora_w;
