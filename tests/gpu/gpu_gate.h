@@ -29,4 +29,24 @@ gpu_gate(int device)
     return 1;
 }
 
+/*
+ * The gate for device 0, then the CUDA backend's probe of it: -1 with its
+ * name and memory in dev / *mem to go on, else the exit code (a device
+ * that passes the check must also answer the probe).
+ */
+static inline int
+gpu_gate_probe(const be_ops *cu, char *dev, size_t dev_len, uint64_t *mem)
+{
+    const int gate = gpu_gate(0);
+    if (gate >= 0)
+        return gate;
+    wk_err pe = cu != NULL ? cu->probe(0, dev, dev_len, mem) : WK_ENOENT;
+    if (pe != WK_OK) {
+        fprintf(stderr, "FAIL: device 0 answers the check but not the probe: %s\n",
+                wk_err_name(pe));
+        return 1;
+    }
+    return -1;
+}
+
 #endif /* GPU_GATE_H */
