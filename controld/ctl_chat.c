@@ -516,8 +516,8 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
         size_t nr = 0;
         r->plan_prefix = ctl_session_binding_retained(t->prev, &nr);
         r->n_plan_prefix = nr;
-        r->bounds[0] = 0;
-        r->n_bounds = 0;
+        r->n_bounds = 0; /* where the new messages end, in the delta */
+        ctl_oa_chat_bounds(app->tok, r, t->res.reused_bytes, t->delta, t->n_delta, 0);
         r->aligned_tokens = 0;
     }
     r->gen.fresh = false;

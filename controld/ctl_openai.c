@@ -36,6 +36,7 @@ ctl_oa_req_fini(ctl_oa_req *r)
     free(r->msgs);
     free(r->prompt_text);
     free(r->prompt);
+    free(r->msg_ends);
 }
 
 void
@@ -113,22 +114,44 @@ ctl_oa_chat_tokens(ctl_app *app, ctl_oa_req *r, const wk_chat_span *sp, wk_diag 
         memcpy(r->prompt + n_ret, rest, n_rest * sizeof(*rest));
     r->n_prompt = n_ret + n_rest;
     r->aligned_tokens = n_ret;
+    free(r->msg_ends);
+    r->msg_ends = malloc((r->n_msgs ? r->n_msgs : 1) * sizeof(*r->msg_ends));
+    if (r->msg_ends == NULL) {
+        free(ret);
+        free(rest);
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < r->n_msgs; i++)
+        r->msg_ends[i] = sp[i].end;
+    r->n_bounds = 0;
+    ctl_oa_chat_bounds(app->tok, r, off, rest, n_rest, n_ret);
+    free(ret);
+    free(rest);
+    return WK_OK;
+}
+
+void
+ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int32_t *rest,
+                   size_t n_rest, size_t pos0)
+{
     /*
      * Message ends after off, as token positions: the last token boundary at
      * or before each end (a token across it belongs to what follows).
      */
-    size_t acc = off, pos = n_ret, mi = 0;
-    while (mi < r->n_msgs && sp[mi].end <= off)
+    if (r->msg_ends == NULL)
+        return;
+    size_t acc = off, pos = pos0, mi = 0;
+    while (mi < r->n_msgs && r->msg_ends[mi] <= off)
         mi++;
     for (size_t i = 0; i <= n_rest && mi < r->n_msgs && r->n_bounds < CTL_CKPT_MAX_BOUNDS; i++) {
         size_t pl = 0;
         if (i < n_rest) {
-            const uint8_t *pc = wk_tok_piece(app->tok, rest[i], &pl);
+            const uint8_t *pc = wk_tok_piece(tok, rest[i], &pl);
             if (i == 0 && pc != NULL && pl > 0 && pc[0] == ' ' && off < r->prompt_len &&
                 r->prompt_text[off] != ' ')
                 pl--; /* (an hf-spm "\u2581" put in front is no text) */
         }
-        while (mi < r->n_msgs && (i == n_rest || acc + pl > sp[mi].end)) {
+        while (mi < r->n_msgs && (i == n_rest || acc + pl > r->msg_ends[mi])) {
             if (pos > 0 && (r->n_bounds == 0 || r->bounds[r->n_bounds - 1] < pos) &&
                 r->n_bounds < CTL_CKPT_MAX_BOUNDS)
                 r->bounds[r->n_bounds++] = pos;
@@ -137,9 +160,6 @@ ctl_oa_chat_tokens(ctl_app *app, ctl_oa_req *r, const wk_chat_span *sp, wk_diag 
         acc += pl;
         pos++;
     }
-    free(ret);
-    free(rest);
-    return WK_OK;
 }
 
 static void

@@ -47,6 +47,7 @@ struct ctl_oa_req {
     size_t n_msgs;                /* chat: entries */
     char *prompt_text;            /* chat: the rendered prompt, owned */
     size_t prompt_len;            /* chat: bytes */
+    size_t *msg_ends;             /* chat: byte offset in prompt_text where each message ends, owned */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
     bool reuse;                   /* plan checkpoints and look them up for this request */
     bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */
@@ -87,6 +88,19 @@ WK_MUST_CHECK wk_err ctl_chat_metrics_declare(ctl_metrics *m);
 wk_err ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *d);
 
 void ctl_oa_req_fini(ctl_oa_req *r);
+
+/*
+ * Appends to r->bounds the checkpoint boundaries of a chat prompt: the
+ * token positions where r's messages end after byte offset off of
+ * r->prompt_text, for the tokens rest (n_rest) that encode the text from
+ * off (the last token boundary at or before each end; a token across it
+ * belongs to what follows), counted from pos0. The chat route calls it for
+ * the whole prompt, the session glue for the delta a continued session
+ * feeds (pos0 0), so a turn continued from a parked state still leaves a
+ * checkpoint where its new user message ends. Needs r->msg_ends.
+ */
+void ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int32_t *rest,
+                        size_t n_rest, size_t pos0);
 
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
 json_t *ctl_oa_body(ctl_http_req *req);

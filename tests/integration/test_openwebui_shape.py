@@ -579,8 +579,16 @@ def regenerate_menu(version):
                                      suggestion=suggestion, old_reply=old,
                                      extra={"stream_options": {"include_usage": True}})
             assert reply.strip(), (suggestion, reply)
-            print(f"  {suggestion}: prompt {usage['prompt_tokens']}, cached "
-                  f"{usage['prompt_tokens_details']['cached_tokens']}", flush=True)
+            fresh = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+            print(f"  {suggestion}: prompt {usage['prompt_tokens']}, computed {fresh}", flush=True)
+            if suggestion == "Add Details":
+                # Only the suggestion is computed: 0.12.4 resumes the old
+                # reply's end, 0.10.2 the end of the user message (a
+                # boundary checkpoint the continued turn 2 left). (The
+                # second suggestion revises a reply that was generated
+                # after the first one: that reply is computed again.)
+                tail = f"\n\nUser: {suggestion}\n\nAssistant:".encode()
+                assert fresh <= len(tail), (suggestion, usage)
             expect(suggestion, before, counters(s), SUGGESTION[version])
         text = pick_text(s, chat, "And then")
         before = counters(s)
