@@ -131,8 +131,8 @@ ctl_oa_chat_tokens(ctl_app *app, ctl_oa_req *r, const wk_chat_span *sp, wk_diag 
 }
 
 void
-ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int32_t *rest,
-                   size_t n_rest, size_t pos0)
+ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int32_t *rest, size_t n_rest,
+                   size_t pos0)
 {
     /*
      * Message ends after off, as token positions: the last token boundary at

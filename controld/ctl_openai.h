@@ -47,7 +47,7 @@ struct ctl_oa_req {
     size_t n_msgs;                /* chat: entries */
     char *prompt_text;            /* chat: the rendered prompt, owned */
     size_t prompt_len;            /* chat: bytes */
-    size_t *msg_ends;             /* chat: byte offset in prompt_text where each message ends, owned */
+    size_t *msg_ends;             /* chat: where each message ends in prompt_text, owned */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
     bool reuse;                   /* plan checkpoints and look them up for this request */
     bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */
@@ -97,7 +97,10 @@ void ctl_oa_req_fini(ctl_oa_req *r);
  * belongs to what follows), counted from pos0. The chat route calls it for
  * the whole prompt, the session glue for the delta a continued session
  * feeds (pos0 0), so a turn continued from a parked state still leaves a
- * checkpoint where its new user message ends. Needs r->msg_ends.
+ * checkpoint where its new user message ends. Reads r->msg_ends,
+ * r->prompt_text and r->n_msgs (nothing without msg_ends), writes only
+ * r->bounds and r->n_bounds; tok and rest are borrowed for the call. Same
+ * thread as the request's other uses.
  */
 void ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int32_t *rest,
                         size_t n_rest, size_t pos0);
