@@ -18,7 +18,9 @@ sendMessageSocket(); 0.10.2 and 0.12.4 are checked, see OPEN_WEBUI.md):
      assistant id (0.12.x sends no `messages`: it loads the history from its
      database),
   6. "Try Again" on turn 3: the same user message again (same id and
-     parent), a new assistant id,
+     parent), a new assistant id; then "More Concise" the same way with
+     regeneration_prompt (the browser's history is not sent: Open WebUI
+     loads it from its database in both versions),
   7. after each step: the chat read back (GET /api/v1/chats/ID) and wkvm's
      /metrics.
 
@@ -27,7 +29,9 @@ done), every persisted reply is non-empty and hangs under its user message,
 turns 2 and 3 were parent-bound continuation hits
 (wkvm_parent_bound_continuation_hits_total +1 each), the regenerate was a
 regenerate hit (wkvm_parent_bound_regenerate_hits_total +1), and
-wkvm_reuse_hits_total grew by one for each of the three.
+wkvm_reuse_hits_total grew by one for each of the three; then "More Concise"
+on turn 3 (regeneration_prompt; 0.12.x also regeneration_message_id) must be
+a parent_message_mismatch answered from a checkpoint (kind="checkpoint").
 
 Runs with the Open WebUI venv's python (aiohttp and python-socketio come with
 Open WebUI). Usage:
@@ -146,7 +150,7 @@ class Smoke:
         if j.get("role") != "admin":
             raise SystemExit("smoke: FAIL the first user is not admin")
 
-    def body(self, model, chat_id, user_message, aid, first):
+    def body(self, model, chat_id, user_message, aid, first, suggestion=None, old=None):
         """The browser's POST /api/chat/completions body (Chat.svelte,
         sendMessageSocket()) for a chat kept on the server."""
         new12 = self.version >= (0, 11)
@@ -177,17 +181,21 @@ class Smoke:
             body["tool_ids"] = []
         if chat_id is not None:
             body["chat_id"] = chat_id
+        if suggestion is not None:  # the regenerate menu's Add Details / More Concise
+            body["regeneration_prompt"] = suggestion
+            if new12:  # 0.12.x: the reply to revise goes to the model too
+                body["regeneration_message_id"] = old
         return body
 
-    async def ask(self, model, chat_id, user_message, first=False):
+    async def ask(self, model, chat_id, user_message, first=False, suggestion=None, old=None):
         """One completion for user_message under a new assistant id; returns
-        (chat id, assistant id, persisted reply, counts of delta events by kind)."""
+        (chat id, assistant id, persisted reply, the chat read back)."""
         aid = str(uuid.uuid4())
         user_message["childrenIds"] = user_message.get("childrenIds", []) + [aid]
         self.done[aid] = asyncio.Event()
         t0 = time.time()
         res = await self.req("POST", "/api/chat/completions",
-                             self.body(model, chat_id, user_message, aid, first))
+                             self.body(model, chat_id, user_message, aid, first, suggestion, old))
         if not isinstance(res, dict) or not res.get("status") or not res.get("chat_id"):
             raise SystemExit(f"smoke: FAIL chat completion was not accepted: {res}")
         chat_id = res["chat_id"]
@@ -260,10 +268,10 @@ class Smoke:
         return {"id": str(uuid.uuid4()), "parentId": parent, "childrenIds": [], "role": "user",
                 "content": text, "timestamp": int(time.time()), "models": [model["id"]]}
 
-    async def step(self, name, model, chat_id, um, first=False):
+    async def step(self, name, model, chat_id, um, first=False, suggestion=None, old=None):
         before = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
         log(f"{name}:")
-        chat_id, aid, reply, chat = await self.ask(model, chat_id, um, first)
+        chat_id, aid, reply, chat = await self.ask(model, chat_id, um, first, suggestion, old)
         after = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
         diff = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         log(f"  wkvm counters: {json.dumps(diff, sort_keys=True)}")
@@ -284,9 +292,14 @@ class Smoke:
         # parentId) with a new assistant id; Open WebUI answers it from the
         # history up to that user message.
         _, a3b, dr, chat = await self.step("Try Again on turn 3", model, chat_id, u3)
+        # "More Concise": regenerateResponse(message, "More Concise"); Open
+        # WebUI adds the suggestion as one more user message (0.12.x after
+        # the reply being revised), wkvm resumes the longest checkpoint.
+        _, a3c, dc, chat = await self.step("More Concise on turn 3", model, chat_id, u3,
+                                           suggestion="More Concise", old=a3b)
         end = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
         msgs = chat["history"]["messages"]
-        if sorted(msgs.get(u3["id"], {}).get("childrenIds", [])) != sorted([a3, a3b]):
+        if sorted(msgs.get(u3["id"], {}).get("childrenIds", [])) != sorted([a3, a3b, a3c]):
             raise SystemExit(f"smoke: FAIL the regenerated reply is not a sibling of turn 3's: "
                              f"{msgs.get(u3['id'])}")
         fails = []
@@ -299,6 +312,10 @@ class Smoke:
                 rej = {k: v for k, v in d.items() if "rejections" in k or "misses" in k}
                 fails.append(f"{name}: {key} +{d.get(key, 0):g}, wkvm_reuse_hits_total "
                              f"+{reuse[name]:g} (misses/rejections: {rej})")
+        mc = 'wkvm_parent_bound_continuation_rejections_total{reason="parent_message_mismatch"}'
+        ck = 'wkvm_reuse_hits_total{kind="checkpoint"}'
+        if dc.get(mc, 0) != 1 or dc.get(ck, 0) != 1:
+            fails.append(f"More Concise: {mc} +{dc.get(mc, 0):g}, {ck} +{dc.get(ck, 0):g}")
         if total(d1, "wkvm_parent_bound_continuation_hits_total"):
             fails.append("turn 1 counted as a continuation hit")
         whole = {k: v - start.get(k, 0) for k, v in end.items() if v != start.get(k, 0)}
