@@ -278,7 +278,7 @@ cmd_doctor() {
         check_model_dir "$MODEL"
     fi
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-        info "GPU: $(nvidia-smi -L | head -1) (wkvm's --backend auto uses CUDA when built with it)"
+        info "GPU: $(nvidia-smi -L | head -1) (wkvm serves on the CPU unless started with --backend cuda: auto means cpu until the CUDA backend has passed its gpu suite on a device)"
     else
         info "no NVIDIA GPU visible: wkvm runs on the CPU backend"
     fi
