@@ -651,6 +651,28 @@ ctl_ckpt_maintain(ctl_ckpt *c)
             ckpt_demote_locked(c, lru);
         }
     }
+    /*
+     * Write-through: every end-of-reply checkpoint also goes to disk, newest
+     * first, keeping its warm copy, so that a session survives its worker's
+     * death (the warm copy dies with it). The scan restarts after each write
+     * (mu was dropped); a write that fails waits for the next pass.
+     */
+    while (c->cfg.write_through && c->cfg.disk_bytes > 0 && !c->stop) {
+        ckpt_entry *pick = NULL;
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (e->kind == CTL_CKPT_KIND_REPLY && e->warm && !e->cold && !e->busy &&
+                !e->saving && !e->doomed && ckpt_warm_live_locked(c, e) &&
+                (pick == NULL || e->used > pick->used))
+                pick = e;
+        }
+        if (pick == NULL)
+            break;
+        pick->busy = true;
+        wk_err err = ckpt_spill_locked(c, pick, NULL, 0);
+        pick->busy = false;
+        if (err != WK_OK)
+            break;
+    }
     /* The entry count. */
     uint32_t max = c->cfg.max_entries ? c->cfg.max_entries : CTL_CKPT_MAX_ENTRIES_DEFAULT;
     while (c->n_entries > max) {
@@ -798,6 +820,10 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
         e->busy = false;
     }
     if (err == WK_OK) {
+        if (c->cfg.write_through && kind == CTL_CKPT_KIND_REPLY && !e->cold) {
+            c->kick = true; /* to disk now, not at the next tick */
+            pthread_cond_broadcast(&c->cv);
+        }
         if (c->metrics != NULL) {
             char lb[48];
             snprintf(lb, sizeof(lb), "kind=\"%s\"", ckpt_kind_names[kind]);
@@ -1191,6 +1217,7 @@ ctl_ckpt_admin_json(ctl_ckpt *c, const char *owner)
     }
     json_object_set_new(o, "enabled", json_boolean(cfg.enabled));
     json_object_set_new(o, "checkpoint_interval", json_integer(cfg.interval));
+    json_object_set_new(o, "write_through", json_boolean(cfg.write_through));
     json_object_set_new(o, "entries", json_integer((json_int_t)n));
     json_object_set_new(o, "tiers",
                         json_pack("{s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "warm",

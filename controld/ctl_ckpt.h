@@ -61,6 +61,9 @@ typedef struct ctl_ckpt_config {
     uint64_t disk_bytes;   /* --state-cache-disk-bytes: disk budget, 0 = no disk tier */
     uint32_t interval;     /* --checkpoint-interval: prefill checkpoints every K tokens, 0 = off */
     uint32_t max_entries;  /* entries in the index (0 = CTL_CKPT_MAX_ENTRIES_DEFAULT) */
+    bool write_through;    /* --checkpoint-write-through: every end-of-reply checkpoint
+                              also goes to disk (in the background), so a session
+                              outlives its worker's memory */
 } ctl_ckpt_config;
 
 typedef enum ctl_ckpt_kind {

@@ -94,6 +94,10 @@ static const wk_cfg_opt ctl_opts[] = {
      "disk checkpoint budget, bytes in the data dir (0 = no disk tier)"},
     {"checkpoint-interval", WK_CFG_U64, "0", 0, 16777216,
      "also checkpoint long prefills every this many tokens (0 = off)"},
+    {"checkpoint-write-through", WK_CFG_BOOL, "false", 0, 0,
+     "also write every reply's end-of-reply checkpoint to disk (in the background), so "
+     "chat sessions resume after their worker dies (costs a state image of disk writes "
+     "per turn)"},
     {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
     {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -370,6 +374,7 @@ main(int argc, char **argv)
         .warm_bytes = wk_cfg_get_u64(cfg, "state-cache-bytes"),
         .disk_bytes = wk_cfg_get_u64(cfg, "state-cache-disk-bytes"),
         .interval = (uint32_t)wk_cfg_get_u64(cfg, "checkpoint-interval"),
+        .write_through = wk_cfg_get_bool(cfg, "checkpoint-write-through"),
     };
     if (!wk_cfg_is_set(cfg, "state-cache-bytes")) {
         long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);

@@ -381,7 +381,8 @@ def run(clients, rounds, seed=2026):
     t_start = time.time()
     rng = random.Random(seed)
     s = ChaosStack(logs, model=model, slots=8, workers_expected=2, data=data,
-                   extra_ctl=["--request-timeout-ms", "4000", "--served-model-name", MID])
+                   extra_ctl=["--request-timeout-ms", "4000", "--served-model-name", MID,
+                              "--checkpoint-write-through", "true"])
     try:
         s.start_controller()
         s.start_worker("w0")
@@ -460,6 +461,39 @@ def run(clients, rounds, seed=2026):
                      {"role": "user", "content": "again %d" % turn}]
         audit(s, world, figs, "the end")
 
+        # a session outlives its worker (--checkpoint-write-through): its reply
+        # checkpoint reaches the disk, every worker dies, the next turn resumes it
+        def disk_entries():
+            return s.get("/admin/cache").json()["tiers"]["disk"]["entries"]
+        before = disk_entries()
+        msgs = [{"role": "user", "content": "survive the workers"}]
+        res = cl.call("POST", "/v1/chat/completions", chat_body(msgs), stream=True)
+        if res is None:
+            figs.fail("the survival chat's first turn failed")
+        else:
+            text, ids, prompt, _ = reply_of(res[1])
+            s.wait(lambda: disk_entries() > before, "the reply checkpoint on disk")
+            w = faults.open("worker_kill")
+            for wid in ("w0", "w1"):
+                s.kill_worker(wid)
+            for wid in ("w0", "w1"):
+                s.start_worker(wid)
+            s.wait(lambda: s.get("/ready").status == 200, "workers back", timeout=120)
+            faults.close(w)
+            msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "and?"}]
+            res = cl.call("POST", "/v1/chat/completions", chat_body(msgs), stream=True)
+            if res is None:
+                figs.fail("the survival chat's second turn failed")
+            else:
+                _, _, _, usage = reply_of(res[1])
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                if cached < len(prompt) + len(ids):
+                    figs.fail("after every worker died, the next turn reused %d tokens, "
+                              "not the %d its disk checkpoint holds" %
+                              (cached, len(prompt) + len(ids)))
+                else:
+                    figs.add("sessions_survived_worker_death")
+
         def settled():
             slots = s.get("/admin/slots").json()["slots"]
             if any(x["state"] == "running" for x in slots):
@@ -484,6 +518,7 @@ def run(clients, rounds, seed=2026):
            "continuations_verified": figs.c["continuations_verified"],
            "chat_turns_verified": figs.c["turns_verified"],
            "followups": figs.c["followups"], "followups_reused": figs.c["followups_reused"],
+           "sessions_survived_worker_death": figs.c["sessions_survived_worker_death"],
            "disk_fault": "run" if no_disk is None else "skipped: " + no_disk,
            "problems": len(figs.bad)}
     return out, figs.bad, tail, figs.notes
