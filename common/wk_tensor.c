@@ -1,6 +1,6 @@
 /*
  * wk_tensor: dtype helpers, element conversion, and the wk_tensor_set that
- * fronts the container readers (wk_safetensors.c, wk_pth.c).
+ * fronts the container readers (wk_safetensors.c, wk_pth.c, wk_gguf.c).
  *
  * wk_tensor_set_open() picks the reader from the path and the first bytes,
  * lets it validate the file, then sorts the tensors by name and refuses
@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "wk_gguf.h"
 #include "wk_pth.h"
 #include "wk_safetensors.h"
 #include "wk_tensor_priv.h"
@@ -27,6 +28,8 @@ struct wk_tensor_set {
     size_t n_maps;     /* entries in maps */
     wk_tensor *v;      /* tensors sorted by name; names owned here */
     size_t n;          /* entries in v */
+    void *owner;                 /* wk_tensor_set_new(): what backs the data, owned */
+    void (*owner_free)(void *);  /* frees owner, NULL when there is none */
 };
 
 size_t
@@ -376,6 +379,17 @@ wk_tensor_set_open_file(const char *path, wk_map *map, wk_tensor_list *l, wk_dia
     const uint8_t *p = map->data;
     if (map->len >= 4 && memcmp(p, "PK\x03\x04", 4) == 0) {
         err = wk_pth_parse(p, map->len, l, d);
+    } else if (map->len >= 4 && memcmp(p, "GGUF", 4) == 0) {
+        wk_gguf *g = NULL;
+        err = wk_gguf_parse(p, map->len, &g, d);
+        for (size_t i = 0; err == WK_OK && i < wk_gguf_tensor_count(g); i++) {
+            const wk_tensor *t = wk_gguf_tensor_at(g, i);
+            if ((err = wk_tensor_list_push(l, t, t->name, strlen(t->name))) != WK_OK)
+                wk_diag_set(d, err, "out of memory");
+        }
+        wk_gguf_free(g);
+        if (err != WK_OK)
+            wk_tensor_list_fini(l);
     } else if (map->len >= 4 && memcmp(p, "\x80\x02\x8a\x0a", 4) == 0) {
         /* PROTO 2, LONG1 of 10 bytes: the magic number legacy torch.save() pickles first */
         err = wk_diag_set(d, WK_ENOTSUP,
@@ -434,11 +448,58 @@ fail:
     return err;
 }
 
+wk_err
+wk_tensor_set_new(const wk_tensor *v, size_t n, void *owner, void (*owner_free)(void *),
+                  wk_tensor_set **out, wk_diag *d)
+{
+    if ((v == NULL && n > 0) || out == NULL)
+        return wk_diag_set(d, WK_EINVAL, "wk_tensor_set_new: NULL argument");
+    wk_tensor_set *set = calloc(1, sizeof(*set));
+    if (set == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    wk_tensor_list l;
+    wk_tensor_list_init(&l);
+    wk_err err = WK_OK;
+    for (size_t i = 0; i < n; i++) {
+        size_t nb;
+        if (v[i].name == NULL || wk_tensor_size(v[i].dtype, v[i].ndim, v[i].shape, NULL, &nb) !=
+                                     WK_OK || nb != v[i].nbytes) {
+            err = wk_diag_set(d, WK_EINVAL, "tensor '%s': bad view",
+                              v[i].name ? v[i].name : "(null)");
+            goto fail;
+        }
+        if ((err = wk_tensor_list_push(&l, &v[i], v[i].name, strlen(v[i].name))) != WK_OK) {
+            wk_diag_set(d, err, "out of memory");
+            goto fail;
+        }
+    }
+    if (l.n > 1)
+        qsort(l.v, l.n, sizeof(*l.v), wk_tensor_cmp_name);
+    for (size_t i = 1; i < l.n; i++) {
+        if (strcmp(l.v[i - 1].name, l.v[i].name) == 0) {
+            err = wk_diag_set(d, WK_EINVAL, "duplicate tensor name '%s'", l.v[i].name);
+            goto fail;
+        }
+    }
+    set->v = l.v;
+    set->n = l.n;
+    set->owner = owner;
+    set->owner_free = owner_free;
+    *out = set;
+    return WK_OK;
+fail:
+    wk_tensor_list_fini(&l);
+    free(set);
+    return err;
+}
+
 void
 wk_tensor_set_free(wk_tensor_set *set)
 {
     if (set == NULL)
         return;
+    if (set->owner_free != NULL)
+        set->owner_free(set->owner);
     for (size_t i = 0; i < set->n; i++)
         free((char *)set->v[i].name);
     free(set->v);

@@ -66,7 +66,9 @@ WK_MUST_CHECK wk_err wk_tensor_read_f32(const wk_tensor *t, size_t first, size_t
  * Opens a checkpoint. path may be:
  *   - a .safetensors file,
  *   - a model.safetensors.index.json (all shards it names are opened),
- *   - a torch .pth / .pt zip archive (the pickle is interpreted, never executed).
+ *   - a torch .pth / .pt zip archive (the pickle is interpreted, never executed),
+ *   - a GGUF file (F32/F16/BF16 tensors under their GGUF names, shapes row-major;
+ *     wk_gguf.h reads its metadata too).
  * On success *out owns the mappings; free with wk_tensor_set_free().
  * Returns WK_ENOENT, WK_EIO, WK_EINVAL (malformed: the diag names the tensor
  * or the offending field), WK_ENOTSUP (valid file, unsupported dtype/feature),
@@ -77,7 +79,19 @@ WK_MUST_CHECK wk_err wk_tensor_read_f32(const wk_tensor *t, size_t first, size_t
  */
 WK_MUST_CHECK wk_err wk_tensor_set_open(const char *path, wk_tensor_set **out, wk_diag *d);
 
-/* Frees the set and unmaps its files. NULL-safe. */
+/*
+ * Builds a set of n views (name, dtype, shape, data, nbytes) that another
+ * reader produced, e.g. tensors of a wk_gguf renamed or split by a model
+ * loader. Names are copied; data stays borrowed from owner, which the set
+ * takes over on success only (owner_free(owner) runs in wk_tensor_set_free();
+ * owner_free may be NULL). Returns WK_EINVAL (NULL name, nbytes not matching
+ * the shape, duplicate name), WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_tensor_set_new(const wk_tensor *v, size_t n, void *owner,
+                                       void (*owner_free)(void *), wk_tensor_set **out,
+                                       wk_diag *d);
+
+/* Frees the set, its owner (wk_tensor_set_new) and unmaps its files. NULL-safe. */
 void wk_tensor_set_free(wk_tensor_set *set);
 
 /* Number of tensors in the set. */

@@ -7,7 +7,8 @@
  * parameter count, the weights digest, --fp32 and the tokenizer.
  *
  * The checkpoint is found by fixed rules (wrk_model_find_checkpoint), opened
- * through wk_tensor (safetensors, sharded index, .pth) and mapped onto one
+ * through wk_tensor (safetensors, sharded index, .pth) or wrk_gguf (a
+ * llama.cpp RWKV-7 .gguf, presented under the HF names) and mapped onto one
  * family view (wrk_rwkv7) whatever its naming convention: BlinkDL
  * (emb.weight, blocks.N.att.*) or Hugging Face fla-hub rwkv7
  * (model.embeddings.weight, model.layers.N.attn.*). Every dimension is read
@@ -34,6 +35,7 @@
 #include "wk_sha256.h"
 #include "wk_tok.h"
 #include "wrk_family.h"
+#include "wrk_gguf.h"
 
 #define WRK_PATH_MAX 4096
 #define WRK_CONFIG_MAX (1u << 20) /* bytes of a config.json */
@@ -279,15 +281,15 @@ wrk_model_find_checkpoint(const char *dir, char *out, size_t out_len, wk_diag *d
                            "model directory %s: %s", dir, strerror(err));
     }
     /* Up to 8 names per kind are kept for the message; all are counted. */
-    char *names[2][8] = {{0}};
-    size_t count[2] = {0, 0};
-    static const char *const sufs[2] = {".safetensors", ".pth"};
+    char *names[3][8] = {{0}};
+    size_t count[3] = {0, 0, 0};
+    static const char *const sufs[3] = {".safetensors", ".pth", ".gguf"};
     struct dirent *de;
     e = WK_OK;
     while ((de = readdir(dh)) != NULL) {
         if (de->d_name[0] == '.')
             continue;
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             if (!wrk_has_suffix(de->d_name, sufs[k]))
                 continue;
             if (wrk_join(path, sizeof(path), dir, de->d_name, NULL) != WK_OK ||
@@ -304,7 +306,7 @@ wrk_model_find_checkpoint(const char *dir, char *out, size_t out_len, wk_diag *d
     closedir(dh);
     if (e == WK_OK) {
         e = WK_ENOENT;
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             if (count[k] == 0)
                 continue;
             size_t shown = count[k] < 8 ? count[k] : 8;
@@ -327,12 +329,12 @@ wrk_model_find_checkpoint(const char *dir, char *out, size_t out_len, wk_diag *d
         if (e == WK_ENOENT)
             wk_diag_set(d, WK_ENOENT,
                         "%s: no checkpoint (model.safetensors.index.json, model.safetensors, "
-                        "*.safetensors or *.pth)",
+                        "*.safetensors, *.pth or *.gguf)",
                         dir);
     } else {
         wk_diag_set(d, e, "out of memory listing %s", dir);
     }
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (size_t i = 0; i < 8; i++)
             free(names[k][i]);
     if (e != WK_OK)
@@ -1085,9 +1087,21 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
     if (m == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
 
-    if ((e = wk_tensor_set_open(path, &m->set, d)) != WK_OK)
+    /* a GGUF file brings the config.json its metadata implies, used when dir has none */
+    json_t *gguf_config = NULL;
+    if (wrk_has_suffix(path, ".gguf"))
+        e = wrk_gguf_open(path, &m->set, &gguf_config, d);
+    else
+        e = wk_tensor_set_open(path, &m->set, d);
+    if (e != WK_OK)
         goto fail;
-    if ((e = wrk_model_read_config(dir, &m->config, d)) != WK_OK)
+    e = wrk_model_read_config(dir, &m->config, d);
+    if (e == WK_OK && m->config == NULL) {
+        m->config = gguf_config;
+        gguf_config = NULL;
+    }
+    json_decref(gguf_config);
+    if (e != WK_OK)
         goto fail;
     if ((e = wrk_model_pick_family(m->set, m->config, &m->fam, d)) != WK_OK)
         goto fail;
