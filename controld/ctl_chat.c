@@ -29,10 +29,35 @@
 #define CTL_CHAT_SNAP_PREFIX "p:"
 #define CTL_CHAT_SNAPKEY_SIZE (CTL_SESSION_KEY_SIZE + 2)
 
-/* Keys of sessions with a turn in progress. */
-static pthread_mutex_t ctl_chat_mu = PTHREAD_MUTEX_INITIALIZER;
-static char ctl_chat_active[CTL_CHAT_ACTIVE_MAX][CTL_SESSION_KEY_SIZE];
-static size_t ctl_chat_n_active;
+/* Keys of sessions with a turn in progress (one per app: ctl_app.chat_active). */
+struct ctl_chat_active {
+    pthread_mutex_t mu;                                  /* guards the rest */
+    char keys[CTL_CHAT_ACTIVE_MAX][CTL_SESSION_KEY_SIZE]; /* the keys, unordered */
+    size_t n;                                            /* entries in keys */
+};
+
+wk_err
+ctl_chat_active_new(ctl_chat_active **out)
+{
+    ctl_chat_active *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return WK_ENOMEM;
+    if (pthread_mutex_init(&a->mu, NULL) != 0) {
+        free(a);
+        return WK_ENOMEM;
+    }
+    *out = a;
+    return WK_OK;
+}
+
+void
+ctl_chat_active_free(ctl_chat_active *a)
+{
+    if (a == NULL)
+        return;
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}
 
 struct ctl_chat_turn {
     ctl_app *app;                 /* app */
@@ -57,35 +82,34 @@ struct ctl_chat_turn {
 };
 
 static bool
-ctl_chat_lock(const char *key)
+ctl_chat_lock(ctl_chat_active *a, const char *key)
 {
     bool ok = true;
-    pthread_mutex_lock(&ctl_chat_mu);
-    for (size_t i = 0; i < ctl_chat_n_active; i++) {
-        if (strcmp(ctl_chat_active[i], key) == 0)
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->n; i++) {
+        if (strcmp(a->keys[i], key) == 0)
             ok = false;
     }
-    if (ok && ctl_chat_n_active < CTL_CHAT_ACTIVE_MAX)
-        snprintf(ctl_chat_active[ctl_chat_n_active++], CTL_SESSION_KEY_SIZE, "%s", key);
+    if (ok && a->n < CTL_CHAT_ACTIVE_MAX)
+        snprintf(a->keys[a->n++], CTL_SESSION_KEY_SIZE, "%s", key);
     else
         ok = false;
-    pthread_mutex_unlock(&ctl_chat_mu);
+    pthread_mutex_unlock(&a->mu);
     return ok;
 }
 
 static void
-ctl_chat_unlock(const char *key)
+ctl_chat_unlock(ctl_chat_active *a, const char *key)
 {
-    pthread_mutex_lock(&ctl_chat_mu);
-    for (size_t i = 0; i < ctl_chat_n_active; i++) {
-        if (strcmp(ctl_chat_active[i], key) == 0) {
-            memmove(ctl_chat_active[i], ctl_chat_active[ctl_chat_n_active - 1],
-                    CTL_SESSION_KEY_SIZE);
-            ctl_chat_n_active--;
+    pthread_mutex_lock(&a->mu);
+    for (size_t i = 0; i < a->n; i++) {
+        if (strcmp(a->keys[i], key) == 0) {
+            memmove(a->keys[i], a->keys[a->n - 1], CTL_SESSION_KEY_SIZE);
+            a->n--;
             break;
         }
     }
-    pthread_mutex_unlock(&ctl_chat_mu);
+    pthread_mutex_unlock(&a->mu);
 }
 
 static const char *
@@ -324,7 +348,7 @@ ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
      * the session now: a client may send its next turn the moment it has
      * read the reply.
      */
-    ctl_chat_unlock(t->key);
+    ctl_chat_unlock(t->app->chat_active, t->key);
     t->unlocked = true;
 }
 
@@ -397,7 +421,7 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
         free(t);
         return false;
     }
-    if (!ctl_chat_lock(t->key)) {
+    if (!ctl_chat_lock(app->chat_active, t->key)) {
         ctl_http_send_error_status(req, 409, WK_EBUSY,
                                    "another turn of this chat session is still running",
                                    "session_busy");
@@ -551,7 +575,7 @@ ctl_chat_end(ctl_chat_turn *t)
     free(t->full_prompt);
     free(t->delta);
     if (!t->unlocked)
-        ctl_chat_unlock(t->key);
+        ctl_chat_unlock(t->app->chat_active, t->key);
     free(t);
 }
 

@@ -304,16 +304,41 @@ typedef struct ctl_mig_drain_rec {
 } ctl_mig_drain_rec;
 
 #define CTL_MIG_DRAINS_MAX 64
-static pthread_mutex_t ctl_mig_drain_mu = PTHREAD_MUTEX_INITIALIZER;
-static ctl_mig_drain_rec ctl_mig_drains[CTL_MIG_DRAINS_MAX]; /* guarded by ctl_mig_drain_mu */
+struct ctl_mig_drains {
+    pthread_mutex_t mu;                        /* guards rec */
+    ctl_mig_drain_rec rec[CTL_MIG_DRAINS_MAX]; /* "" worker = unused */
+};
 
-/* The entry of worker, NULL when none. Called with ctl_mig_drain_mu held. */
+wk_err
+ctl_mig_drains_new(ctl_mig_drains **out)
+{
+    ctl_mig_drains *dr = calloc(1, sizeof(*dr));
+    if (dr == NULL)
+        return WK_ENOMEM;
+    if (pthread_mutex_init(&dr->mu, NULL) != 0) {
+        free(dr);
+        return WK_ENOMEM;
+    }
+    *out = dr;
+    return WK_OK;
+}
+
+void
+ctl_mig_drains_free(ctl_mig_drains *dr)
+{
+    if (dr == NULL)
+        return;
+    pthread_mutex_destroy(&dr->mu);
+    free(dr);
+}
+
+/* The entry of worker, NULL when none. Called with dr->mu held. */
 static ctl_mig_drain_rec *
-ctl_mig_drain_find_locked(const char *worker)
+ctl_mig_drain_find_locked(ctl_mig_drains *dr, const char *worker)
 {
     for (size_t i = 0; i < CTL_MIG_DRAINS_MAX; i++)
-        if (strcmp(ctl_mig_drains[i].worker, worker) == 0)
-            return &ctl_mig_drains[i];
+        if (strcmp(dr->rec[i].worker, worker) == 0)
+            return &dr->rec[i];
     return NULL;
 }
 
@@ -323,15 +348,15 @@ ctl_mig_drain_find_locked(const char *worker)
  * WK_ENOSPC when every entry belongs to a running drain.
  */
 static wk_err
-ctl_mig_drain_begin(const char *worker, uint32_t total)
+ctl_mig_drain_begin(ctl_mig_drains *dr, const char *worker, uint32_t total)
 {
-    pthread_mutex_lock(&ctl_mig_drain_mu);
-    ctl_mig_drain_rec *p = ctl_mig_drain_find_locked(worker), *r = p;
+    pthread_mutex_lock(&dr->mu);
+    ctl_mig_drain_rec *p = ctl_mig_drain_find_locked(dr, worker), *r = p;
     wk_err err = WK_OK;
     if (p != NULL && p->running)
         err = WK_EBUSY;
     for (size_t i = 0; err == WK_OK && p == NULL && i < CTL_MIG_DRAINS_MAX; i++) {
-        ctl_mig_drain_rec *c = &ctl_mig_drains[i];
+        ctl_mig_drain_rec *c = &dr->rec[i];
         if (c->worker[0] == '\0') {
             r = c;
             break;
@@ -348,17 +373,17 @@ ctl_mig_drain_begin(const char *worker, uint32_t total)
         r->total = total;
         r->started = ctl_mig_now();
     }
-    pthread_mutex_unlock(&ctl_mig_drain_mu);
+    pthread_mutex_unlock(&dr->mu);
     return err;
 }
 
 /* Updates worker's record: what moves now ("" none), counts, the end. */
 static void
-ctl_mig_drain_note(const char *worker, const char *current, uint32_t done, uint32_t failed,
-                   uint32_t remaining, bool finished)
+ctl_mig_drain_note(ctl_mig_drains *dr, const char *worker, const char *current, uint32_t done,
+                   uint32_t failed, uint32_t remaining, bool finished)
 {
-    pthread_mutex_lock(&ctl_mig_drain_mu);
-    ctl_mig_drain_rec *r = ctl_mig_drain_find_locked(worker);
+    pthread_mutex_lock(&dr->mu);
+    ctl_mig_drain_rec *r = ctl_mig_drain_find_locked(dr, worker);
     if (r != NULL) {
         snprintf(r->current, sizeof(r->current), "%s", current);
         r->done = done;
@@ -371,7 +396,7 @@ ctl_mig_drain_note(const char *worker, const char *current, uint32_t done, uint3
             r->finished = ctl_mig_now();
         }
     }
-    pthread_mutex_unlock(&ctl_mig_drain_mu);
+    pthread_mutex_unlock(&dr->mu);
 }
 
 /* Slots the scheduler has allocated on worker. */
@@ -413,13 +438,14 @@ ctl_mig_drain_status(ctl_http_req *req, void *arg)
         ctl_http_send_error(req, WK_ENOENT, "no such worker route (drain)", NULL);
         return;
     }
-    pthread_mutex_lock(&ctl_mig_drain_mu);
-    ctl_mig_drain_rec *p = ctl_mig_drain_find_locked(worker);
+    ctl_mig_drains *dr = app->drains;
+    pthread_mutex_lock(&dr->mu);
+    ctl_mig_drain_rec *p = ctl_mig_drain_find_locked(dr, worker);
     ctl_mig_drain_rec r;
     memset(&r, 0, sizeof(r));
     if (p != NULL)
         r = *p;
-    pthread_mutex_unlock(&ctl_mig_drain_mu);
+    pthread_mutex_unlock(&dr->mu);
     if (p == NULL && !ctl_sched_known(app->sched, worker)) {
         ctl_http_send_error(req, WK_ENOENT, "no such worker", NULL);
         return;
@@ -476,7 +502,7 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
         ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
         return;
     }
-    wk_err berr = ctl_mig_drain_begin(worker, ctl_mig_count_on(app, worker, all));
+    wk_err berr = ctl_mig_drain_begin(app->drains, worker, ctl_mig_count_on(app, worker, all));
     if (berr != WK_OK) {
         free(all);
         ctl_http_send_error(req, berr, berr == WK_EBUSY ? "a drain of this worker is in progress "
@@ -511,7 +537,7 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
             wk_diag d = {{0}};
             char cur[200];
             snprintf(cur, sizeof(cur), "%s:%u -> %s", worker, all[i].ref.slot, to);
-            ctl_mig_drain_note(worker, cur, (uint32_t)done, (uint32_t)failed,
+            ctl_mig_drain_note(app->drains, worker, cur, (uint32_t)done, (uint32_t)failed,
                                (uint32_t)remaining, false);
             if (ctl_mig_one(app, &all[i], to, &rep, &d) == WK_OK) {
                 progress = true;
@@ -521,10 +547,10 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
             }
             if (rep != NULL)
                 json_array_append_new(moved, rep);
-            ctl_mig_drain_note(worker, "", (uint32_t)done, (uint32_t)failed,
+            ctl_mig_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed,
                                (uint32_t)remaining, false);
         }
-        ctl_mig_drain_note(worker, "", (uint32_t)done, (uint32_t)failed, (uint32_t)remaining,
+        ctl_mig_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed, (uint32_t)remaining,
                            false);
         if (remaining == 0 || (!progress && !waiting))
             break;
@@ -532,7 +558,7 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
         nanosleep(&ts, NULL);
     }
     free(all);
-    ctl_mig_drain_note(worker, "", (uint32_t)done, (uint32_t)failed, (uint32_t)remaining, true);
+    ctl_mig_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed, (uint32_t)remaining, true);
     int status = remaining == 0 ? 200 : 409;
     ctl_http_send_json(req, status,
                        json_pack("{s:s, s:b, s:o, s:I, s:I, s:I}", "worker", worker, "draining",

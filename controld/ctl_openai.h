@@ -81,6 +81,15 @@ bool ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_tur
 /* Commits or retires the session after the generation; frees turn. NULL-safe. */
 void ctl_chat_end(ctl_chat_turn *turn);
 
+/*
+ * The set of chat sessions with a turn in progress (a second turn of the same
+ * session answers 409 while the first runs): one per ctl_app, created before
+ * the HTTP server starts and freed after it stopped. Thread-safe.
+ * ctl_chat_active_new() returns WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err ctl_chat_active_new(ctl_chat_active **out);
+void ctl_chat_active_free(ctl_chat_active *a); /* NULL-safe */
+
 /* Declares the session metric families. */
 WK_MUST_CHECK wk_err ctl_chat_metrics_declare(ctl_metrics *m);
 

@@ -63,6 +63,7 @@ struct ctl_store {
     int blob_dirfd;           /* <data>/blobs, O_DIRECTORY; -1 when not open */
     int lock_fd;              /* <data>/store/ctl_store.lock, flock'ed; -1 when not open */
     atomic_uint tmp_seq;      /* distinguishes temp files of one process */
+    ctl_store_write_fn write_fn; /* blob writes go through it: write(2), or a test's hook */
 };
 
 /* ---- write hook (ctl_store_priv.h) ---------------------------------------- */
@@ -73,12 +74,10 @@ st_sys_write(int fd, const void *buf, size_t len)
     return write(fd, buf, len);
 }
 
-static ctl_store_write_fn st_write_hook = st_sys_write;
-
 void
-ctl_store_priv_set_write(ctl_store_write_fn fn)
+ctl_store_priv_set_write(ctl_store *s, ctl_store_write_fn fn)
 {
-    st_write_hook = fn != NULL ? fn : st_sys_write;
+    s->write_fn = fn != NULL ? fn : st_sys_write;
 }
 
 /* ---- small helpers --------------------------------------------------------- */
@@ -824,14 +823,14 @@ st_hash_fd(int fd, const char *hex, char out[WK_SHA256_HEX_LEN], uint64_t *size,
     return WK_OK;
 }
 
-/* Writes all of [data, data + len) to fd through the write hook; errno on failure. */
+/* Writes all of [data, data + len) to fd through s's write hook; errno on failure. */
 static int
-st_write_all(int fd, const void *data, size_t len)
+st_write_all(ctl_store *s, int fd, const void *data, size_t len)
 {
     const uint8_t *p = data;
     while (len > 0) {
         size_t chunk = len < ((size_t)1 << 30) ? len : ((size_t)1 << 30);
-        ssize_t n = st_write_hook(fd, p, chunk);
+        ssize_t n = s->write_fn(fd, p, chunk);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -871,7 +870,7 @@ st_blob_write(ctl_store *s, const void *data, size_t len, const char *hex, wk_di
     fd = openat(s->blob_dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0)
         return st_errno(errno, "creating blob", tmp, d);
-    int err = st_write_all(fd, data, len);
+    int err = st_write_all(s, fd, data, len);
     const char *what = "writing blob";
     if (err == 0 && fsync(fd) != 0) {
         err = errno;
@@ -2488,6 +2487,7 @@ ctl_store_open(const char *data_dir, const ctl_store_config *cfg, ctl_store **ou
     s->blob_dirfd = -1;
     s->lock_fd = -1;
     s->map_size_max = max;
+    s->write_fn = st_sys_write;
     atomic_init(&s->tmp_seq, 0u);
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);

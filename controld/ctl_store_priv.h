@@ -9,13 +9,15 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "ctl_store.h"
+
 /* Signature of write(2); the store writes blob bytes through one of these. */
 typedef ssize_t (*ctl_store_write_fn)(int fd, const void *buf, size_t len);
 
 /*
- * Replaces the function blob writes go through (process-wide); NULL restores
- * write(2). Not thread-safe: call it while no store operation is in flight.
+ * Replaces the function s's blob writes go through; NULL restores write(2).
+ * Not thread-safe: call it while no operation on s is in flight.
  */
-void ctl_store_priv_set_write(ctl_store_write_fn fn);
+void ctl_store_priv_set_write(ctl_store *s, ctl_store_write_fn fn);
 
 #endif /* CTL_STORE_PRIV_H */

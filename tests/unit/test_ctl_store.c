@@ -87,7 +87,6 @@ static int
 teardown(void **state)
 {
     fx *f = *state;
-    ctl_store_priv_set_write(NULL);
     ctl_store_close(f->s);
     rm_tree(f->dir);
     free(f);
@@ -1053,7 +1052,7 @@ test_write_failures(void **state)
         hook_errno = cases[i].err;
         hook_after = cases[i].after;
         hook_done = 0;
-        ctl_store_priv_set_write(failing_write);
+        ctl_store_priv_set_write(f->s, failing_write);
         expect_err(ctl_store_blob_put(f->s, data, sizeof(data), hex, &d), &d, cases[i].want,
                    NULL);
         assert_int_equal(blob_dir_count(f->dir), 0);
@@ -1066,16 +1065,16 @@ test_write_failures(void **state)
         expect_err(ctl_store_state_put(f->s, &in, data, sizeof(data), NULL, &d), &d,
                    cases[i].want, NULL);
         assert_int_equal(blob_dir_count(f->dir), 0);
-        ctl_store_priv_set_write(NULL);
+        ctl_store_priv_set_write(f->s, NULL);
     }
     ctl_store_page pg;
     assert_int_equal(ctl_store_state_list(f->s, NULL, NULL, 0, &pg, NULL), WK_OK);
     assert_int_equal(pg.n, 0);
     ctl_store_page_fini(&pg);
     /* short writes are carried on */
-    ctl_store_priv_set_write(trickle_write);
+    ctl_store_priv_set_write(f->s, trickle_write);
     assert_int_equal(ctl_store_blob_put(f->s, data, 1000, hex, NULL), WK_OK);
-    ctl_store_priv_set_write(NULL);
+    ctl_store_priv_set_write(f->s, NULL);
     void *got;
     size_t len;
     assert_int_equal(ctl_store_blob_get(f->s, hex, &got, &len, NULL), WK_OK);
