@@ -82,7 +82,7 @@ const char *ctl_http_req_remote(const ctl_http_req *req);
  * The URL-decoded query parameter name into buf (cap bytes, NUL-terminated).
  * Returns true when present and it fit.
  */
-bool ctl_http_req_query_get(const ctl_http_req *req, const char *name, char *buf, size_t cap);
+WK_MUST_CHECK bool ctl_http_req_query_get(const ctl_http_req *req, const char *name, char *buf, size_t cap);
 const char *ctl_http_req_user(const ctl_http_req *req); /* the authenticated user */
 bool ctl_http_req_admin(const ctl_http_req *req);       /* the key has admin rights */
 
@@ -117,7 +117,7 @@ void ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const
 void ctl_http_sse_begin(ctl_http_req *req);
 
 /* Sends one "data: <payload>\n\n" event. WK_EIO when the client went away. */
-wk_err ctl_http_sse_data(ctl_http_req *req, const char *payload);
+WK_MUST_CHECK wk_err ctl_http_sse_data(ctl_http_req *req, const char *payload);
 
 /*
  * True when the loopback-only rule allows binding host: every address it

@@ -1018,11 +1018,11 @@ ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
             r->on_fail(r);
         if (!st.broken) {
             char *eb = wk_json_error_body(err, d.msg, NULL);
-            if (eb != NULL) {
-                (void)ctl_http_sse_data(req, eb);
-                free(eb);
-            }
-            (void)ctl_http_sse_data(req, "[DONE]");
+            bool sent = eb != NULL && ctl_http_sse_data(req, eb) == WK_OK &&
+                        ctl_http_sse_data(req, "[DONE]") == WK_OK;
+            free(eb);
+            if (!sent)
+                wk_log_info("the error event did not reach the client id=%s", r->id);
         } else {
             wk_log_info("client went away id=%s", r->id);
         }
@@ -1049,7 +1049,8 @@ ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
         json_object_set_new(chunk, "usage", ctl_oa_usage_json(r, &res));
         (void)ctl_oa_send_chunk(&st, chunk);
     }
-    (void)ctl_http_sse_data(req, "[DONE]");
+    if (!st.broken && ctl_http_sse_data(req, "[DONE]") != WK_OK)
+        wk_log_info("client went away before [DONE] id=%s", r->id);
     ctl_oa_count(app, route, st.broken ? "cancelled" : "ok");
     ctl_gen_result_fini(&res);
 }

@@ -76,7 +76,7 @@ typedef struct ctl_chat_turn ctl_chat_turn;
  * sending an error (bad headers 400, session busy 409). *turn (maybe NULL)
  * must be passed to ctl_chat_end() after ctl_oa_generate().
  */
-bool ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn);
+WK_MUST_CHECK bool ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn);
 
 /* Commits or retires the session after the generation; frees turn. NULL-safe. */
 void ctl_chat_end(ctl_chat_turn *turn);
@@ -94,7 +94,7 @@ void ctl_chat_active_free(ctl_chat_active *a); /* NULL-safe */
 WK_MUST_CHECK wk_err ctl_chat_metrics_declare(ctl_metrics *m);
 
 /* The vm spill function for parked sessions (arg: the app). */
-wk_err ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *d);
+WK_MUST_CHECK wk_err ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *d);
 
 void ctl_oa_req_fini(ctl_oa_req *r);
 
@@ -118,9 +118,9 @@ void ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int3
 json_t *ctl_oa_body(ctl_http_req *req);
 
 /* Parsers: each sends the error and returns false on failure. */
-bool ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
-bool ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
-bool ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
+WK_MUST_CHECK bool ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
+WK_MUST_CHECK bool ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
+WK_MUST_CHECK bool ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
 
 /* Runs the generation and answers the request. */
 void ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r);

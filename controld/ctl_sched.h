@@ -183,7 +183,11 @@ void ctl_job_free(ctl_job *j);
 WK_MUST_CHECK wk_err ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_slot_ref *out,
                                           wk_diag *d);
 
-/* Frees a held slot. Stale handles are ignored (returns WK_ESTATE). */
+/*
+ * Frees a held slot. A stale handle (the slot was freed or its worker left)
+ * is nothing to free: WK_ESTATE, which callers releasing what they hold may
+ * ignore; WK_OK otherwise.
+ */
 wk_err ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref);
 
 /* True when ref still names a live allocation. */
@@ -296,7 +300,7 @@ uint64_t ctl_sched_slot_ctx(ctl_sched *s, const ctl_slot_ref *ref);
 void ctl_sched_kv_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
 
 /* Worker's KV geometry into *out; false (and zeros) for recurrent models or an unknown worker. */
-bool ctl_sched_kv_geom(ctl_sched *s, const char *worker, ctl_kv_geom *out);
+WK_MUST_CHECK bool ctl_sched_kv_geom(ctl_sched *s, const char *worker, ctl_kv_geom *out);
 
 /* KV pages slot ref holds or reserves (0 when stale or on recurrent models). */
 uint32_t ctl_sched_slot_pages(ctl_sched *s, const ctl_slot_ref *ref);

@@ -66,7 +66,7 @@ WK_MUST_CHECK wk_err ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_re
                                      wk_diag *d);
 
 /* Evicts one LRU idle entry. Returns WK_OK when a slot was freed, WK_ENOENT when none. */
-wk_err ctl_vm_evict_one(ctl_vm *vm);
+WK_MUST_CHECK wk_err ctl_vm_evict_one(ctl_vm *vm);
 
 /*
  * Page pressure on a hybrid worker that lacks `pages` KV pages: evicts the
@@ -75,7 +75,7 @@ wk_err ctl_vm_evict_one(ctl_vm *vm);
  * room). Its pages are free when this returns. worker NULL: ctl_vm_evict_one().
  * WK_OK when one was evicted, WK_ENOENT when none (usefully) could be.
  */
-wk_err ctl_vm_evict_pages(ctl_vm *vm, const char *worker, uint32_t pages);
+WK_MUST_CHECK wk_err ctl_vm_evict_pages(ctl_vm *vm, const char *worker, uint32_t pages);
 
 /* Slot I/O. bytes: caller frees with free(). */
 WK_MUST_CHECK wk_err ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes,
@@ -175,14 +175,14 @@ WK_MUST_CHECK wk_err ctl_vm_move_with(ctl_vm *vm, const ctl_slot_ref *src, const
 size_t ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t cap);
 
 /* Describes the entry in slot ref: dirty (session) or clean (state); false when none. */
-bool ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age);
+WK_MUST_CHECK bool ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age);
 
 /* Copies the bytes of slot src into slot dst (SlotCopy on one worker, else relayed). */
 WK_MUST_CHECK wk_err ctl_vm_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst,
                                  wk_diag *d);
 
 /* Evicts the entry in slot ref (spilled first when dirty). WK_ENOENT / WK_EBUSY. */
-wk_err ctl_vm_evict_slot(ctl_vm *vm, const ctl_slot_ref *ref);
+WK_MUST_CHECK wk_err ctl_vm_evict_slot(ctl_vm *vm, const ctl_slot_ref *ref);
 
 /* Spills every dirty entry (shutdown). */
 void ctl_vm_flush(ctl_vm *vm);
