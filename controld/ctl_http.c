@@ -60,21 +60,9 @@ ctl_http_req_path(const ctl_http_req *req)
 }
 
 const char *
-ctl_http_req_query(const ctl_http_req *req)
-{
-    return req->ri->query_string;
-}
-
-const char *
 ctl_http_req_header(const ctl_http_req *req, const char *name)
 {
     return mg_get_header(req->conn, name);
-}
-
-const char *
-ctl_http_req_remote(const ctl_http_req *req)
-{
-    return req->ri->remote_addr;
 }
 
 bool
@@ -90,12 +78,6 @@ const char *
 ctl_http_req_user(const ctl_http_req *req)
 {
     return req->user;
-}
-
-bool
-ctl_http_req_admin(const ctl_http_req *req)
-{
-    return req->admin;
 }
 
 wk_err

@@ -74,17 +74,15 @@ void ctl_http_free(ctl_http *h);
 /* Request accessors; strings borrowed for the handler call. */
 const char *ctl_http_req_method(const ctl_http_req *req);
 const char *ctl_http_req_path(const ctl_http_req *req);
-const char *ctl_http_req_query(const ctl_http_req *req); /* NULL when none */
 const char *ctl_http_req_header(const ctl_http_req *req, const char *name); /* case-insensitive */
-const char *ctl_http_req_remote(const ctl_http_req *req);
 
 /*
  * The URL-decoded query parameter name into buf (cap bytes, NUL-terminated).
  * Returns true when present and it fit.
  */
-WK_MUST_CHECK bool ctl_http_req_query_get(const ctl_http_req *req, const char *name, char *buf, size_t cap);
+WK_MUST_CHECK bool ctl_http_req_query_get(const ctl_http_req *req, const char *name, char *buf,
+                                          size_t cap);
 const char *ctl_http_req_user(const ctl_http_req *req); /* the authenticated user */
-bool ctl_http_req_admin(const ctl_http_req *req);       /* the key has admin rights */
 
 /*
  * Reads the whole body (at most the configured max_body). *buf is owned by

@@ -100,9 +100,9 @@ ctl_metrics_declare(ctl_metrics *m, const char *name, ctl_metric_type type, cons
     return err;
 }
 
-/* Caller holds mu. NULL when the family is full. */
+/* The series of f with labels, created when absent. Caller holds mu. NULL when f is full. */
 static ctl_series *
-ctl_metrics_series(ctl_family *f, const char *labels, bool create)
+ctl_metrics_series(ctl_family *f, const char *labels)
 {
     if (labels == NULL)
         labels = "";
@@ -110,7 +110,7 @@ ctl_metrics_series(ctl_family *f, const char *labels, bool create)
         if (strcmp(f->series[i].labels, labels) == 0)
             return &f->series[i];
     }
-    if (!create || f->n_series >= CTL_METRICS_SERIES || strlen(labels) >= CTL_METRICS_LABELS)
+    if (f->n_series >= CTL_METRICS_SERIES || strlen(labels) >= CTL_METRICS_LABELS)
         return NULL;
     ctl_series *s = &f->series[f->n_series++];
     memset(s, 0, sizeof(*s));
@@ -123,7 +123,7 @@ ctl_metrics_add(ctl_metrics *m, const char *name, const char *labels, double del
 {
     pthread_mutex_lock(&m->mu);
     ctl_family *f = ctl_metrics_family(m, name);
-    ctl_series *s = f ? ctl_metrics_series(f, labels, true) : NULL;
+    ctl_series *s = f ? ctl_metrics_series(f, labels) : NULL;
     if (s != NULL)
         s->value += delta;
     pthread_mutex_unlock(&m->mu);
@@ -134,7 +134,7 @@ ctl_metrics_set(ctl_metrics *m, const char *name, const char *labels, double val
 {
     pthread_mutex_lock(&m->mu);
     ctl_family *f = ctl_metrics_family(m, name);
-    ctl_series *s = f ? ctl_metrics_series(f, labels, true) : NULL;
+    ctl_series *s = f ? ctl_metrics_series(f, labels) : NULL;
     if (s != NULL)
         s->value = value;
     pthread_mutex_unlock(&m->mu);
@@ -145,8 +145,7 @@ ctl_metrics_observe(ctl_metrics *m, const char *name, const char *labels, double
 {
     pthread_mutex_lock(&m->mu);
     ctl_family *f = ctl_metrics_family(m, name);
-    ctl_series *s = f && f->type == CTL_METRIC_HISTOGRAM ? ctl_metrics_series(f, labels, true)
-                                                         : NULL;
+    ctl_series *s = f && f->type == CTL_METRIC_HISTOGRAM ? ctl_metrics_series(f, labels) : NULL;
     if (s != NULL) {
         s->value += value;
         s->count++;
@@ -166,19 +165,6 @@ ctl_metrics_clear(ctl_metrics *m, const char *name)
     if (f != NULL)
         f->n_series = 0;
     pthread_mutex_unlock(&m->mu);
-}
-
-double
-ctl_metrics_get(ctl_metrics *m, const char *name, const char *labels)
-{
-    double v = 0;
-    pthread_mutex_lock(&m->mu);
-    ctl_family *f = ctl_metrics_family(m, name);
-    ctl_series *s = f ? ctl_metrics_series(f, labels, false) : NULL;
-    if (s != NULL)
-        v = f->type == CTL_METRIC_HISTOGRAM ? (double)s->count : s->value;
-    pthread_mutex_unlock(&m->mu);
-    return v;
 }
 
 void

@@ -48,9 +48,6 @@ void ctl_metrics_observe(ctl_metrics *m, const char *name, const char *labels, d
 /* Removes every series of a gauge family (before re-setting a snapshot). */
 void ctl_metrics_clear(ctl_metrics *m, const char *name);
 
-/* Current value of a counter/gauge series (0 when absent); for tests and JSON stats. */
-double ctl_metrics_get(ctl_metrics *m, const char *name, const char *labels);
-
 /* Renders the registry; caller frees *out with free(). */
 WK_MUST_CHECK wk_err ctl_metrics_render(ctl_metrics *m, char **out, size_t *len);
 

@@ -53,8 +53,7 @@ struct ctl_store {
     MDB_dbi db_names;         /* (owner\0name\0) -> next version (u64 LE) */
     MDB_dbi db_refs;          /* blob sha256 (32 raw bytes) -> reference count (u64 LE) */
     MDB_dbi db_sessions;      /* session key -> bytes */
-    MDB_dbi db_journal;       /* seq (u64 BE) -> bytes */
-    MDB_dbi db_meta;          /* "schema" -> u32 LE, "journal_next" -> u64 LE */
+    MDB_dbi db_meta;          /* "schema" -> u32 LE */
     pthread_rwlock_t map_lock; /* shared by transactions, exclusive to resize */
     pthread_mutex_t blob_mu;  /* orders blob reference-taking against collection */
     bool locks_ready;         /* map_lock and blob_mu are initialized */
@@ -1972,168 +1971,6 @@ out:
     return WK_OK;
 }
 
-/* ---- journal ---------------------------------------------------------------------------- */
-
-static const char st_meta_schema[] = "schema";             /* meta key: u32 LE schema version */
-static const char st_meta_journal_next[] = "journal_next"; /* meta key: u64 LE next seq */
-
-/* Argument of st_journal_append_op. */
-typedef struct st_jrn_arg {
-    const void *data; /* entry bytes */
-    size_t len;       /* bytes of data */
-    uint64_t seq;     /* out: sequence assigned (append); in: bound (trim) */
-    uint64_t n;       /* out: entries removed (trim) */
-} st_jrn_arg;
-
-static wk_err
-st_journal_append_op(st_txn *t, void *arg, wk_diag *d)
-{
-    st_jrn_arg *a = arg;
-    MDB_val mk = {sizeof(st_meta_journal_next) - 1, (void *)st_meta_journal_next}, mv;
-    uint64_t seq = 1;
-    int rc = mdb_get(t->txn, t->s->db_meta, &mk, &mv);
-    if (rc == 0 && mv.mv_size == 8)
-        seq = st_get_le64(mv.mv_data);
-    else if (rc == 0)
-        return wk_diag_set(d, WK_ECORRUPT, "store: journal counter is malformed");
-    else if (rc != MDB_NOTFOUND)
-        return st_mdb_err(t, rc, "reading the journal counter", d);
-    uint8_t kb[8], nb[8];
-    st_put_be64(kb, seq);
-    MDB_val k = {8, kb}, v = {a->len, (void *)a->data};
-    if ((rc = mdb_put(t->txn, t->s->db_journal, &k, &v, MDB_APPEND)) != 0)
-        return st_mdb_err(t, rc, "appending to the journal", d);
-    st_put_le64(nb, seq + 1);
-    mv.mv_size = 8;
-    mv.mv_data = nb;
-    if ((rc = mdb_put(t->txn, t->s->db_meta, &mk, &mv, 0)) != 0)
-        return st_mdb_err(t, rc, "writing the journal counter", d);
-    a->seq = seq;
-    return WK_OK;
-}
-
-wk_err
-ctl_store_journal_append(ctl_store *s, const void *data, size_t len, uint64_t *seq_out,
-                         wk_diag *d)
-{
-    st_jrn_arg a = {data != NULL ? data : "", len, 0, 0};
-    if (s == NULL || (data == NULL && len > 0))
-        return wk_diag_set(d, WK_EINVAL, "store: journal append: NULL argument");
-    if (len > CTL_STORE_JOURNAL_VALUE_MAX)
-        return wk_diag_set(d, WK_ETOOBIG, "a journal entry of %zu bytes is over the limit of %zu",
-                           len, CTL_STORE_JOURNAL_VALUE_MAX);
-    wk_err e = st_write(s, st_journal_append_op, &a, d);
-    if (e == WK_OK && seq_out != NULL)
-        *seq_out = a.seq;
-    return e;
-}
-
-void
-ctl_store_journal_page_fini(ctl_store_journal_page *page)
-{
-    if (page == NULL)
-        return;
-    for (size_t i = 0; i < page->n; i++)
-        free(page->items[i].data);
-    free(page->items);
-    memset(page, 0, sizeof(*page));
-}
-
-wk_err
-ctl_store_journal_read(ctl_store *s, uint64_t from_seq, size_t limit,
-                       ctl_store_journal_page *page, wk_diag *d)
-{
-    MDB_txn *txn;
-    MDB_cursor *c;
-    wk_err e;
-    if (s == NULL || page == NULL)
-        return wk_diag_set(d, WK_EINVAL, "store: journal read: NULL argument");
-    if (limit == 0)
-        limit = CTL_STORE_PAGE_DEFAULT;
-    if (limit > CTL_STORE_PAGE_MAX)
-        limit = CTL_STORE_PAGE_MAX;
-    ctl_store_journal_page pg = {calloc(limit, sizeof(ctl_store_journal_entry)), 0, from_seq,
-                                 false};
-    if (pg.items == NULL)
-        return wk_diag_set(d, WK_ENOMEM, "store: out of memory for a page of %zu", limit);
-    if ((e = st_read_begin(s, &txn, d)) != WK_OK) {
-        free(pg.items);
-        return e;
-    }
-    uint8_t kb[8];
-    st_put_be64(kb, from_seq);
-    MDB_val k = {8, kb}, v;
-    int rc = mdb_cursor_open(txn, s->db_journal, &c);
-    if (rc == 0) {
-        for (rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE); rc == 0;
-             rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
-            if (k.mv_size != 8) {
-                e = wk_diag_set(d, WK_ECORRUPT, "store: journal key is malformed");
-                break;
-            }
-            if (pg.n == limit) {
-                pg.more = true;
-                break;
-            }
-            ctl_store_journal_entry *it = &pg.items[pg.n];
-            if ((it->data = st_dup_val(&v)) == NULL) {
-                e = wk_diag_set(d, WK_ENOMEM, "store: out of memory reading the journal");
-                break;
-            }
-            it->seq = st_get_be64(k.mv_data);
-            it->len = v.mv_size;
-            pg.next_seq = it->seq + 1;
-            pg.n++;
-        }
-        mdb_cursor_close(c);
-    }
-    if (e == WK_OK && rc != 0 && rc != MDB_NOTFOUND)
-        e = st_mdb_err(NULL, rc, "reading the journal", d);
-    st_read_end(s, txn);
-    if (e != WK_OK) {
-        ctl_store_journal_page_fini(&pg);
-        return e;
-    }
-    *page = pg;
-    return WK_OK;
-}
-
-static wk_err
-st_journal_trim_op(st_txn *t, void *arg, wk_diag *d)
-{
-    st_jrn_arg *a = arg;
-    MDB_cursor *c;
-    MDB_val k, v;
-    a->n = 0;
-    int rc = mdb_cursor_open(t->txn, t->s->db_journal, &c);
-    if (rc != 0)
-        return st_mdb_err(t, rc, "opening a cursor", d);
-    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
-         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
-        if (k.mv_size != 8 || st_get_be64(k.mv_data) >= a->seq)
-            break;
-        if ((rc = mdb_cursor_del(c, 0)) != 0)
-            break;
-        a->n++;
-    }
-    mdb_cursor_close(c);
-    if (rc != 0 && rc != MDB_NOTFOUND)
-        return st_mdb_err(t, rc, "trimming the journal", d);
-    return WK_OK;
-}
-
-wk_err
-ctl_store_journal_trim(ctl_store *s, uint64_t before_seq, uint64_t *n_removed, wk_diag *d)
-{
-    st_jrn_arg a = {NULL, 0, before_seq, 0};
-    if (s == NULL)
-        return wk_diag_set(d, WK_EINVAL, "store: journal trim: NULL store");
-    wk_err e = st_write(s, st_journal_trim_op, &a, d);
-    if (e == WK_OK && n_removed != NULL)
-        *n_removed = a.n;
-    return e;
-}
-
 /* ---- verify ------------------------------------------------------------------------------ */
 
 static int
@@ -2317,7 +2154,13 @@ st_mkdir(const char *path, wk_diag *d)
     return st_errno(errno, "creating", path, d);
 }
 
-/* Opens the named databases and checks (or writes) the schema version. */
+static const char st_meta_schema[] = "schema"; /* meta key: u32 LE schema version */
+
+/*
+ * Opens the named databases and checks (or writes) the schema version. A
+ * "journal" database and a "journal_next" meta key that earlier builds may
+ * have left are never opened nor read (see ctl_store.h).
+ */
 static wk_err
 st_init_op(st_txn *t, void *arg, wk_diag *d)
 {
@@ -2328,7 +2171,7 @@ st_init_op(st_txn *t, void *arg, wk_diag *d)
         MDB_dbi *dbi;     /* where its handle goes */
     } dbs[] = {
         {"states", &s->db_states},     {"names", &s->db_names},     {"blobrefs", &s->db_refs},
-        {"sessions", &s->db_sessions}, {"journal", &s->db_journal}, {"meta", &s->db_meta},
+        {"sessions", &s->db_sessions}, {"meta", &s->db_meta},
     };
     for (size_t i = 0; i < sizeof(dbs) / sizeof(dbs[0]); i++) {
         int rc = mdb_dbi_open(t->txn, dbs[i].name, MDB_CREATE, dbs[i].dbi);

@@ -7,8 +7,7 @@
  *                   names    (owner, name) -> next version counter
  *                   blobrefs blob SHA-256 -> number of records referencing it
  *                   sessions key -> bytes (the chat-session module's table)
- *                   journal  64-bit sequence -> bytes (migrations)
- *                   meta     schema version and counters
+ *                   meta     schema version
  *                   plus ctl_store.lock, which one process holds while open
  *   <data>/blobs/   content-addressed state blobs named by their SHA-256 hex
  *
@@ -33,6 +32,11 @@
  * Threading: after ctl_store_open() returns, every function may be called
  * from any thread concurrently; ctl_store_close() must not race with them.
  * One process at a time may open a data directory (WK_EBUSY otherwise).
+ *
+ * Compatibility: stores written by earlier builds may also hold a named
+ * database "journal" and a meta key "journal_next" (a migration journal that
+ * nothing wrote). This module never opens that database nor reads that key:
+ * they are left alone, untouched, and such a store opens as any other.
  */
 #ifndef CTL_STORE_H
 #define CTL_STORE_H
@@ -55,7 +59,6 @@
 #define CTL_STORE_PAGE_MAX 1000u                         /* largest list page */
 #define CTL_STORE_SESSION_KEY_MAX 511u                   /* session key bytes (LMDB's key max) */
 #define CTL_STORE_SESSION_VALUE_MAX ((size_t)64 << 20)   /* session value bytes (64 MiB) */
-#define CTL_STORE_JOURNAL_VALUE_MAX ((size_t)1 << 20)    /* journal entry bytes (1 MiB) */
 #define CTL_STORE_BLOB_MAX ((uint64_t)1 << 32)           /* blob bytes (4 GiB) */
 #define CTL_STORE_MAP_SIZE_DEFAULT ((uint64_t)1 << 30)   /* initial LMDB map (1 GiB) */
 #define CTL_STORE_MAP_SIZE_MAX_DEFAULT ((uint64_t)1 << 36) /* growth ceiling (64 GiB) */
@@ -161,21 +164,6 @@ typedef struct ctl_store_kv_page {
     size_t n;                                 /* entries in items */
     char next[CTL_STORE_SESSION_KEY_MAX + 1]; /* pass as `after` for the next page, "" at end */
 } ctl_store_kv_page;
-
-/* One journal entry. */
-typedef struct ctl_store_journal_entry {
-    uint64_t seq; /* sequence number, >= 1, increasing */
-    void *data;   /* entry bytes, heap */
-    size_t len;   /* bytes at data */
-} ctl_store_journal_entry;
-
-/* One page of journal entries. */
-typedef struct ctl_store_journal_page {
-    ctl_store_journal_entry *items; /* heap array of n entries, in seq order */
-    size_t n;                       /* entries in items */
-    uint64_t next_seq;              /* pass as from_seq to continue */
-    bool more;                      /* entries at or after next_seq existed at read time */
-} ctl_store_journal_page;
 
 /* Result of ctl_store_verify(); every count but states/blobs is a problem. */
 typedef struct ctl_store_verify_report {
@@ -405,31 +393,6 @@ WK_MUST_CHECK wk_err ctl_store_session_list(ctl_store *s, const char *prefix, co
 
 /* Frees a session page and zeroes it. NULL-safe, idempotent. */
 void ctl_store_kv_page_fini(ctl_store_kv_page *page);
-
-/* ---- journal ------------------------------------------------------------------ */
-
-/*
- * Appends len bytes (at most CTL_STORE_JOURNAL_VALUE_MAX) under the next
- * sequence number (1, 2, ...; never reused, even after a trim), written to
- * *seq_out (optional). WK_ETOOBIG, WK_ENOSPC, WK_EIO. Thread-safe.
- */
-WK_MUST_CHECK wk_err ctl_store_journal_append(ctl_store *s, const void *data, size_t len,
-                                              uint64_t *seq_out, wk_diag *d);
-
-/*
- * Reads up to limit (0 = CTL_STORE_PAGE_DEFAULT, capped at
- * CTL_STORE_PAGE_MAX) entries with seq >= from_seq, in order. Release with
- * ctl_store_journal_page_fini(). WK_EIO, WK_ENOMEM. Thread-safe.
- */
-WK_MUST_CHECK wk_err ctl_store_journal_read(ctl_store *s, uint64_t from_seq, size_t limit,
-                                            ctl_store_journal_page *page, wk_diag *d);
-
-/* Deletes entries with seq < before_seq; *n_removed optional. WK_EIO. Thread-safe. */
-WK_MUST_CHECK wk_err ctl_store_journal_trim(ctl_store *s, uint64_t before_seq,
-                                            uint64_t *n_removed, wk_diag *d);
-
-/* Frees a journal page and zeroes it. NULL-safe, idempotent. */
-void ctl_store_journal_page_fini(ctl_store_journal_page *page);
 
 /* ---- checking ---------------------------------------------------------------- */
 

@@ -86,12 +86,6 @@ wctl_table_add(wctl_table *t, const char *const *cells)
     return wctl_table_push(t, cells);
 }
 
-size_t
-wctl_table_rows(const wctl_table *t)
-{
-    return t->nrows - 1;
-}
-
 void
 wctl_table_print(const wctl_table *t, FILE *f, bool header)
 {

@@ -27,9 +27,6 @@ wctl_table *wctl_table_new(size_t ncols, const char *const *headers);
 /* Appends a row of ncols cells (copied; NULL prints "-"). WK_ENOMEM. */
 WK_MUST_CHECK wk_err wctl_table_add(wctl_table *t, const char *const *cells);
 
-/* Number of rows added (without the header). */
-size_t wctl_table_rows(const wctl_table *t);
-
 /*
  * Writes the header and rows to f, columns two spaces apart, the last one
  * unpadded. header false leaves the header out (key/value listings).

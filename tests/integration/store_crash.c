@@ -7,31 +7,31 @@
  * over random operations (create with a blob, fork by blob reference, a hot
  * create then its hibernation with new bytes, blob replacement, rollback,
  * delete of a version or of a name, a stand-alone blob put then maybe a
- * record referencing it, session puts and deletes, journal appends), with
- * blob contents drawn from a small pool so that blobs are shared, a third of
- * them salted so that fresh blob writes (temp file, fsync, rename) happen
- * too. Around every store call the child writes to an acknowledgement log:
- * a BEGIN record saying what it is about to do before the call, an ACK
- * record with what the store answered (version, sequence, count) after it
- * returned WK_OK. Each record is one write() of a fixed-size struct to a
- * file, in the kernel before the next store call starts, so the SIGKILL that
- * the parent sends after a random delay cannot lose it.
+ * record referencing it, session puts and deletes), with blob contents
+ * drawn from a small pool so that blobs are shared, a third of them salted
+ * so that fresh blob writes (temp file, fsync, rename) happen too. Around
+ * every store call the child writes to an acknowledgement log: a BEGIN
+ * record saying what it is about to do before the call, an ACK record with
+ * what the store answered (version, count) after it returned WK_OK. Each
+ * record is one write() of a fixed-size struct to a file, in the kernel
+ * before the next store call starts, so the SIGKILL that the parent sends
+ * after a random delay cannot lose it.
  *
  * The parent replays the log into its own model of the store (each state
- * version with the exact bytes of its blob, sessions, journal), reopens the
- * store and judges it by the model and by reading blobs/ directly, not by
+ * version with the exact bytes of its blob, sessions), reopens the store
+ * and judges it by the model and by reading blobs/ directly, not by
  * ctl_store's own checker:
  *  - every acknowledged state version is listed with the fields it was
  *    written with, its tokens read back, and its blob file holds exactly
  *    the bytes written; every acknowledged delete is gone; every
- *    acknowledged session value and journal entry reads back bit-identical;
+ *    acknowledged session value reads back bit-identical;
  *  - the one call in flight at the kill (a BEGIN without its ACK) is wholly
  *    there or wholly absent: a new version with all its fields and bytes or
  *    none; an update's old blob or its new one; a name's versions all
  *    deleted or all present;
- *  - nothing else is there: no unacknowledged record, session or journal
- *    entry, and blobs/ holds exactly the blobs the model references (no
- *    orphan, no temp file, none missing);
+ *  - nothing else is there: no unacknowledged record or session, and
+ *    blobs/ holds exactly the blobs the model references (no orphan, no
+ *    temp file, none missing);
  *  - version numbers are never reused (the next version of every name is
  *    above every version ever acknowledged).
  * ctl_store_verify() runs too, as a consistency check of the module with
@@ -127,7 +127,6 @@ enum {
     K_BLOB_REF,   /* put, cold, referencing a blob put just before */
     K_SESS_PUT,   /* session (owner, name) := bytes */
     K_SESS_DEL,   /* delete session (owner, name) (count 0: it was absent) */
-    K_JOURNAL,    /* journal append (count: its sequence number) */
 };
 
 /* One log record: a store call about to start (BEGIN) or done (ACK). */
@@ -138,7 +137,7 @@ typedef struct ack_rec {
     uint32_t owner;                 /* owner index */
     uint32_t name;                  /* name index (of a new version, a session, a delete) */
     uint32_t n_tokens;              /* tokens of a new version */
-    content c;                      /* bytes written (blob, session value, journal entry) */
+    content c;                      /* bytes written (blob, session value) */
     uint64_t version;               /* ACK: the version created */
     uint64_t count;                 /* ACK: see the K_* list */
     char ref[CTL_STORE_ID_MAX + 1]; /* the id operated on ("" when none) */
@@ -322,7 +321,7 @@ child_run(const char *dir, unsigned seed, int logfd)
                 logged = 1;
                 e = ctl_store_state_put(s, &st, NULL, 0, &v, &d);
             }
-        } else if (op < 96) { /* sessions */
+        } else { /* sessions */
             snprintf(key, sizeof(key), "m/%s/%s", owner, name);
             if (rnd(&seed) % 3 == 0) {
                 r.kind = K_SESS_DEL;
@@ -339,11 +338,6 @@ child_run(const char *dir, unsigned seed, int logfd)
                 ack_write(logfd, &r);
                 e = ctl_store_session_put(s, key, data, r.c.len, &d);
             }
-        } else { /* journal */
-            r.kind = K_JOURNAL;
-            r.c.len = 100;
-            ack_write(logfd, &r);
-            e = ctl_store_journal_append(s, data, 100, &n, &d);
         }
         free(data);
         if (e != WK_OK) {
@@ -386,13 +380,6 @@ static struct {
     int live;
     content c;
 } g_sess[N_OWNERS][N_NAMES];
-
-/* Journal entries, in seq order. */
-static struct jent {
-    uint64_t seq;
-    content c;
-} *g_j;
-static size_t g_jn, g_jcap;
 
 static int
 name_index(const char *name, size_t len)
@@ -569,22 +556,6 @@ m_apply(int round, const ack_rec *r, uint64_t version)
             return 1;
         }
         g_sess[r->owner][r->name].live = 0;
-        return 0;
-    case K_JOURNAL:
-        if (g_jn > 0 && version <= g_j[g_jn - 1].seq) {
-            fprintf(stderr, "round %d: journal seq %llu after %llu\n", round,
-                    (unsigned long long)version, (unsigned long long)g_j[g_jn - 1].seq);
-            return 1;
-        }
-        if (g_jn == g_jcap) {
-            g_jcap = g_jcap ? 2 * g_jcap : 64;
-            g_j = realloc(g_j, g_jcap * sizeof(*g_j));
-            if (g_j == NULL)
-                abort();
-        }
-        g_j[g_jn].seq = version;
-        g_j[g_jn].c = r->c;
-        g_jn++;
         return 0;
     }
     fprintf(stderr, "round %d: unknown log record kind %u\n", round, r->kind);
@@ -800,17 +771,6 @@ inflight_apply(const char *dir, int round, const ack_rec *r, actual *a, ctl_stor
         free(val);
         return applied ? m_apply(round, r, 0) : 0;
     }
-    case K_JOURNAL: {
-        uint64_t from = g_jn ? g_j[g_jn - 1].seq + 1 : 1;
-        ctl_store_journal_page pg;
-        int rc = 0;
-        if (ctl_store_journal_read(s, from, 10, &pg, &d) != WK_OK)
-            return 1;
-        if (pg.n > 0)
-            rc = m_apply(round, r, pg.items[0].seq);
-        ctl_store_journal_page_fini(&pg);
-        return rc;
-    }
     }
     (void)dir;
     return 1;
@@ -842,8 +802,7 @@ check_store(const char *dir, const char *logpath, int round, ctl_store_open_stat
         } else {
             have_inflight = 0;
             n_acked++;
-            uint64_t v = r.kind == K_JOURNAL ? r.count : r.version;
-            if (m_apply(round, &r, v) != 0)
+            if (m_apply(round, &r, r.version) != 0)
                 bad = 1;
         }
     }
@@ -914,7 +873,7 @@ check_store(const char *dir, const char *logpath, int round, ctl_store_open_stat
         closedir(bd);
     }
 
-    /* 5. sessions and journal, bit for bit, both ways */
+    /* 5. sessions, bit for bit, both ways */
     ctl_store_kv_page kp;
     size_t n_sess = 0;
     if (ctl_store_session_list(s, "", NULL, 1000, true, &kp, &d) != WK_OK) {
@@ -953,41 +912,6 @@ check_store(const char *dir, const char *logpath, int round, ctl_store_open_stat
                     n_sess);
             bad = 1;
         }
-    }
-    size_t jn = 0;
-    for (uint64_t from = 1;;) {
-        ctl_store_journal_page jp;
-        if (ctl_store_journal_read(s, from, 500, &jp, &d) != WK_OK) {
-            fprintf(stderr, "round %d: journal: %s\n", round, d.msg);
-            bad = 1;
-            break;
-        }
-        for (size_t i = 0; i < jp.n; i++, jn++) {
-            if (jn >= g_jn || jp.items[i].seq != g_j[jn].seq) {
-                fprintf(stderr, "round %d: journal seq %llu is there, never acknowledged\n",
-                        round, (unsigned long long)jp.items[i].seq);
-                bad = 1;
-                break;
-            }
-            unsigned char *want = content_bytes(&g_j[jn].c);
-            if (jp.items[i].len != g_j[jn].c.len ||
-                memcmp(jp.items[i].data, want, jp.items[i].len) != 0) {
-                fprintf(stderr, "round %d: journal seq %llu: not the bytes written\n", round,
-                        (unsigned long long)jp.items[i].seq);
-                bad = 1;
-            }
-            free(want);
-        }
-        int more = jp.more && jp.n > 0 && !bad;
-        from = jp.next_seq;
-        ctl_store_journal_page_fini(&jp);
-        if (!more)
-            break;
-    }
-    if (!bad && jn != g_jn) {
-        fprintf(stderr, "round %d: %zu acknowledged journal entries, %zu there\n", round, g_jn,
-                jn);
-        bad = 1;
     }
 
     /* 6. the module's view of itself agrees (a consistency check, not the judge) */
@@ -1031,8 +955,8 @@ check_store(const char *dir, const char *logpath, int round, ctl_store_open_stat
     }
     if (getenv("STORE_CRASH_VERBOSE") != NULL)
         printf("round %d: %zu acknowledged calls, in flight: %s; %zu states, %zu blob files, "
-               "%zu sessions, %zu journal entries\n",
-               round, n_acked, have_inflight ? "one" : "none", g_mn, files, n_sess, jn);
+               "%zu sessions\n",
+               round, n_acked, have_inflight ? "one" : "none", g_mn, files, n_sess);
     ctl_store_close(s);
     return bad;
 }
@@ -1104,13 +1028,12 @@ main(int argc, char **argv)
             for (int n = 0; n < N_NAMES; n++)
                 sessions += (size_t)g_sess[o][n].live;
         printf("store_crash: %d rounds passed; the store holds exactly what was acknowledged: "
-               "%zu states, %zu sessions, %zu journal entries (%llu blobs); open collected %llu "
-               "orphan blobs and %llu temp files in all\n",
-               rounds, g_mn, sessions, g_jn, (unsigned long long)st.blobs, orphans, temps);
+               "%zu states, %zu sessions (%llu blobs); open collected %llu orphan blobs and %llu "
+               "temp files in all\n",
+               rounds, g_mn, sessions, (unsigned long long)st.blobs, orphans, temps);
     }
     (void)nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     (void)remove(logpath);
     free(g_m);
-    free(g_j);
     return failed;
 }

@@ -3,12 +3,13 @@
  * append-only and never reused after a delete; owner isolation (another
  * owner's state is WK_ENOENT everywhere); blobs that are corrupted,
  * truncated or missing; reference-counted blob collection on delete and
- * update; pagination with cursors; rollback; the session and journal tables;
- * persistence across reopen and the single-process lock; collection of
- * orphans and temp files on open; map growth from a tiny map and the map
- * ceiling; ENOSPC and other write failures through the write hook and, when
- * the sandbox allows a private mount namespace, on a real full tmpfs; a
- * schema from the future; concurrent writers; and ctl_store_verify().
+ * update; pagination with cursors; rollback; the session table; a store
+ * left with an earlier build's journal database; persistence across reopen
+ * and the single-process lock; collection of orphans and temp files on
+ * open; map growth from a tiny map and the map ceiling; ENOSPC and other
+ * write failures through the write hook and, when the sandbox allows a
+ * private mount namespace, on a real full tmpfs; a schema from the future;
+ * concurrent writers; and ctl_store_verify().
  * Every test works in its own temp directory.
  */
 #include <setjmp.h>
@@ -827,52 +828,61 @@ test_sessions(void **state)
     free(v);
 }
 
+/*
+ * A store written by an earlier build holds a "journal" database and a
+ * "journal_next" meta key: it opens and verifies as any other, and both are
+ * left as they were.
+ */
 static void
-test_journal(void **state)
+test_legacy_journal(void **state)
 {
     fx *f = *state;
-    ctl_store_journal_page pg;
-    uint64_t seq, n;
-    wk_diag d = {""};
-    char e[32];
-    for (int i = 1; i <= 5; i++) {
-        snprintf(e, sizeof(e), "entry %d", i);
-        assert_int_equal(ctl_store_journal_append(f->s, e, strlen(e), &seq, NULL), WK_OK);
-        assert_int_equal(seq, (uint64_t)i);
-    }
-    assert_int_equal(ctl_store_journal_read(f->s, 0, 2, &pg, NULL), WK_OK);
-    assert_int_equal(pg.n, 2);
-    assert_int_equal(pg.items[0].seq, 1);
-    assert_memory_equal(pg.items[1].data, "entry 2", 7);
-    assert_true(pg.more);
-    uint64_t next = pg.next_seq;
-    ctl_store_journal_page_fini(&pg);
-    assert_int_equal(next, 3);
-    assert_int_equal(ctl_store_journal_read(f->s, next, 10, &pg, NULL), WK_OK);
-    assert_int_equal(pg.n, 3);
-    assert_false(pg.more);
-    assert_int_equal(pg.next_seq, 6);
-    ctl_store_journal_page_fini(&pg);
-    assert_int_equal(ctl_store_journal_trim(f->s, 3, &n, NULL), WK_OK);
-    assert_int_equal(n, 2);
-    assert_int_equal(ctl_store_journal_read(f->s, 0, 0, &pg, NULL), WK_OK);
-    assert_int_equal(pg.n, 3);
-    assert_int_equal(pg.items[0].seq, 3);
-    ctl_store_journal_page_fini(&pg);
-    /* trim everything: numbers are still not reused, across a reopen too */
-    assert_int_equal(ctl_store_journal_trim(f->s, 100, &n, NULL), WK_OK);
-    assert_int_equal(n, 3);
-    reopen(f, NULL);
-    assert_int_equal(ctl_store_journal_append(f->s, "x", 1, &seq, NULL), WK_OK);
-    assert_int_equal(seq, 6);
-    assert_int_equal(ctl_store_journal_read(f->s, 7, 0, &pg, NULL), WK_OK);
-    assert_int_equal(pg.n, 0);
-    assert_int_equal(pg.next_seq, 7);
-    ctl_store_journal_page_fini(&pg);
-    ctl_store_journal_page_fini(NULL);
-    assert_int_equal(ctl_store_journal_append(f->s, NULL, 0, &seq, NULL), WK_OK);
-    expect_err(ctl_store_journal_append(f->s, "x", CTL_STORE_JOURNAL_VALUE_MAX + 1, &seq, &d), &d,
-               WK_ETOOBIG, "over the limit");
+    char p[512];
+    uint64_t v1 = put_hot(f->s, "alice", "old");
+    ctl_store_close(f->s);
+    f->s = NULL;
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi jdb, meta;
+    uint8_t seq1[8] = {0, 0, 0, 0, 0, 0, 0, 1}, next[8] = {2, 0, 0, 0, 0, 0, 0, 0};
+    MDB_val jk = {8, seq1}, jv = {5, "entry"};
+    MDB_val mk = {12, "journal_next"}, mv = {8, next}, got;
+    snprintf(p, sizeof(p), "%s/store", f->dir);
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 8), 0);
+    assert_int_equal(mdb_env_open(env, p, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "journal", MDB_CREATE, &jdb), 0);
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+    assert_int_equal(mdb_put(txn, jdb, &jk, &jv, 0), 0);
+    assert_int_equal(mdb_put(txn, meta, &mk, &mv, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+
+    f->s = open_store(f->dir, NULL, NULL);
+    assert_verified(f->s);
+    ctl_store_state st;
+    assert_int_equal(ctl_store_state_get(f->s, "alice", "old@1", &st, NULL), WK_OK);
+    ctl_store_state_fini(&st);
+    assert_int_equal(put_hot(f->s, "alice", "old"), v1 + 1);
+    ctl_store_close(f->s);
+    f->s = NULL;
+
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 8), 0);
+    assert_int_equal(mdb_env_open(env, p, MDB_RDONLY, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "journal", 0, &jdb), 0);
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+    assert_int_equal(mdb_get(txn, jdb, &jk, &got), 0);
+    assert_int_equal(got.mv_size, 5);
+    assert_memory_equal(got.mv_data, "entry", 5);
+    assert_int_equal(mdb_get(txn, meta, &mk, &got), 0);
+    assert_int_equal(got.mv_size, 8);
+    assert_memory_equal(got.mv_data, next, 8);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    f->s = open_store(f->dir, NULL, NULL);
 }
 
 static void
@@ -1262,7 +1272,7 @@ main(void)
         T(test_rollback),
         T(test_update_and_blob_gc),
         T(test_sessions),
-        T(test_journal),
+        T(test_legacy_journal),
         T(test_reopen_and_lock),
         T(test_open_gc),
         T(test_map_growth),
