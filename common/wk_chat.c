@@ -48,12 +48,26 @@ chat_ws_len_back(const unsigned char *s, size_t n)
     return 0;
 }
 
+void
+wk_chat_strip(const char *s, size_t len, size_t *off, size_t *n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t a = 0, b = len, k;
+
+    while (a < b && (k = chat_ws_len(u + a, b - a)) > 0)
+        a += k;
+    while (b > a && (k = chat_ws_len_back(u + a, b - a)) > 0)
+        b -= k;
+    *off = a;
+    *n = b - a;
+}
+
 wk_err
 wk_chat_clean(const char *in, size_t len, char **out)
 {
     const unsigned char *s = (const unsigned char *)in;
     unsigned char *buf;
-    size_t o = 0, a = 0, b, k;
+    size_t o = 0, a, n;
 
     if (len == SIZE_MAX)
         return WK_ENOMEM;
@@ -73,13 +87,9 @@ wk_chat_clean(const char *in, size_t len, char **out)
             continue;
         buf[o++] = c;
     }
-    b = o;
-    while (a < b && (k = chat_ws_len(buf + a, b - a)) > 0)
-        a += k;
-    while (b > a && (k = chat_ws_len_back(buf + a, b - a)) > 0)
-        b -= k;
-    memmove(buf, buf + a, b - a);
-    buf[b - a] = '\0';
+    wk_chat_strip((const char *)buf, o, &a, &n);
+    memmove(buf, buf + a, n);
+    buf[n] = '\0';
     *out = (char *)buf;
     return WK_OK;
 }

@@ -31,13 +31,22 @@ typedef struct wk_chat_msg {
 } wk_chat_msg;
 
 /*
+ * Python's str.strip() on UTF-8: sets *off and *n to the part of s (len
+ * bytes) without leading and trailing whitespace, the characters
+ * str.isspace() accepts: ASCII whitespace, U+001C..U+001F, U+0085, U+00A0,
+ * U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000. Invalid
+ * UTF-8 is never stripped. The one definition of the rule: wk_chat_clean()
+ * and the chat-session module (which must agree with the template) both use
+ * it. s is borrowed for the call; pure, thread-safe.
+ */
+void wk_chat_strip(const char *s, size_t len, size_t *off, size_t *n);
+
+/*
  * Cleans message text: CRLF and lone CR become LF, every run of two or more
  * LFs becomes one LF (regex "\n\n+" -> "\n"), NUL bytes are dropped, and
- * leading and trailing whitespace is stripped (the characters Python's
- * str.strip() removes: ASCII whitespace, U+001C..U+001F, U+0085, U+00A0,
- * U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000; invalid
- * UTF-8 is kept as is and never stripped). On success *out is a malloc'd
- * NUL-terminated string, caller frees with free(). Returns WK_OK or WK_ENOMEM.
+ * leading and trailing whitespace is stripped (wk_chat_strip()). On success
+ * *out is a malloc'd NUL-terminated string, caller frees with free().
+ * Returns WK_OK or WK_ENOMEM.
  */
 WK_MUST_CHECK wk_err wk_chat_clean(const char *in, size_t len, char **out);
 

@@ -88,57 +88,6 @@ typedef struct session_text {
 /* ------------------------------------------------------------ text ---- */
 
 /*
- * Length of the whitespace character (Python's str.isspace) starting at s
- * with n bytes available, or 0. The same set wk_chat_clean() strips.
- */
-static size_t
-session_ws_len(const unsigned char *s, size_t n)
-{
-    if (n == 0)
-        return 0;
-    if ((s[0] >= 0x09 && s[0] <= 0x0d) || (s[0] >= 0x1c && s[0] <= 0x20))
-        return 1;
-    if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0))
-        return 2; /* U+0085, U+00A0 */
-    if (n < 3)
-        return 0;
-    if (s[0] == 0xe1 && s[1] == 0x9a && s[2] == 0x80)
-        return 3; /* U+1680 */
-    if (s[0] == 0xe2 && s[1] == 0x80 &&
-        ((s[2] >= 0x80 && s[2] <= 0x8a) || s[2] == 0xa8 || s[2] == 0xa9 || s[2] == 0xaf))
-        return 3; /* U+2000..U+200A, U+2028, U+2029, U+202F */
-    if (s[0] == 0xe2 && s[1] == 0x81 && s[2] == 0x9f)
-        return 3; /* U+205F */
-    if (s[0] == 0xe3 && s[1] == 0x80 && s[2] == 0x80)
-        return 3; /* U+3000 */
-    return 0;
-}
-
-void
-ctl_session_text_strip(const char *s, size_t len, size_t *off, size_t *n)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t a = 0, b = len, k;
-
-    while (a < b && (k = session_ws_len(u + a, b - a)) > 0)
-        a += k;
-    while (b > a) {
-        size_t back = 0;
-        for (k = 1; k <= 3 && k <= b - a; k++) {
-            if (session_ws_len(u + b - k, k) == k) {
-                back = k;
-                break;
-            }
-        }
-        if (back == 0)
-            break;
-        b -= back;
-    }
-    *off = a;
-    *n = b - a;
-}
-
-/*
  * The visible form of a reply as a client persists it: NUL bytes removed
  * (Open WebUI's sanitize_text_for_db), then outer Unicode whitespace
  * stripped (str.strip()). *out is malloc'd (NUL-terminated, *n bytes).
@@ -155,7 +104,7 @@ session_visible_dup(const char *s, size_t len, char **out, size_t *n)
             buf[m++] = s[i];
     }
     size_t off = 0, vn = 0;
-    ctl_session_text_strip(buf, m, &off, &vn);
+    wk_chat_strip(buf, m, &off, &vn);
     memmove(buf, buf + off, vn);
     buf[vn] = '\0';
     *out = buf;
@@ -260,7 +209,7 @@ ctl_session_headers_parse(ctl_session_hdr_get_fn get, void *ctx, ctl_session_hdr
         const char *raw = get(ctx, session_hdr_names[i]);
         size_t off = 0, n = 0;
         if (raw != NULL)
-            ctl_session_text_strip(raw, strlen(raw), &off, &n);
+            wk_chat_strip(raw, strlen(raw), &off, &n);
         val[i] = raw != NULL ? raw + off : "";
         len[i] = n;
         if (n > CTL_SESSION_HDR_MAX)

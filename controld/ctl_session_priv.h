@@ -45,13 +45,6 @@ struct ctl_session_binding {
 };
 
 /*
- * Python's str.strip() on UTF-8: sets *off and *n to the part of s (len
- * bytes) without leading and trailing Unicode whitespace. Invalid UTF-8 is
- * never stripped.
- */
-void ctl_session_text_strip(const char *s, size_t len, size_t *off, size_t *n);
-
-/*
  * The hidden-terminal prefix rule: true when retained, with every end-of-text
  * id skipped, is a prefix of prompt; then *off is the number of prompt ids it
  * covers (the delta starts there).

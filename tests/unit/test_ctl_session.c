@@ -772,15 +772,15 @@ test_strip_rule(void **state)
 
     /* Python str.strip(): ASCII and Unicode whitespace, never inner, never invalid UTF-8 */
     const char *s1 = " \t\xe3\x80\x80\xc2\xa0" "A B\xe2\x80\xa8\n\x1f\xc2\x85";
-    ctl_session_text_strip(s1, strlen(s1), &off, &n);
+    wk_chat_strip(s1, strlen(s1), &off, &n);
     assert_int_equal(n, 3);
     assert_memory_equal(s1 + off, "A B", 3);
-    ctl_session_text_strip("\xa0x\xa0", 3, &off, &n); /* a lone 0xa0 byte is not U+00A0 */
+    wk_chat_strip("\xa0x\xa0", 3, &off, &n); /* a lone 0xa0 byte is not U+00A0 */
     assert_int_equal(off, 0);
     assert_int_equal(n, 3);
-    ctl_session_text_strip("\xe2\x80\x8b" "x", 4, &off, &n); /* U+200B is not whitespace */
+    wk_chat_strip("\xe2\x80\x8b" "x", 4, &off, &n); /* U+200B is not whitespace */
     assert_int_equal(n, 4);
-    ctl_session_text_strip(" \xe2\x80\x83 ", 5, &off, &n);
+    wk_chat_strip(" \xe2\x80\x83 ", 5, &off, &n);
     assert_int_equal(n, 0);
 
     /* reply " A \n" (stopped by end-of-text), the client persists "A": the assistant
