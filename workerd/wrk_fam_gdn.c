@@ -168,23 +168,6 @@ gdn_rows(const wk_tensor *t, int64_t want_cols, int64_t max_rows)
     return t->shape[0];
 }
 
-/* Parses "<digits>." at s (no leading zeros); returns the number or -1. */
-static long
-gdn_parse_layer(const char *s)
-{
-    long v = 0;
-    const char *p = s;
-    if (*p < '0' || *p > '9' || (*p == '0' && p[1] != '.'))
-        return -1;
-    while (*p >= '0' && *p <= '9') {
-        v = v * 10 + (*p - '0');
-        if (v >= (long)GDN_MAX_LAYERS)
-            return -1;
-        p++;
-    }
-    return *p == '.' ? v : -1;
-}
-
 /* A config string member, def when absent or null; WK_EINVAL when not a string. */
 static wk_err
 gdn_config_str(const json_t *config, const char *key, const char *def, const char **out, wk_diag *d)
@@ -619,7 +602,7 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
         const char *nm = wk_tensor_set_at(set, i)->name;
         if (strncmp(nm, GDN_PREFIX, strlen(GDN_PREFIX)) != 0)
             continue;
-        long l = gdn_parse_layer(nm + strlen(GDN_PREFIX));
+        long l = wrk_layer_parse(nm + strlen(GDN_PREFIX), GDN_MAX_LAYERS, NULL);
         if (l < 0) {
             e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a gdn checkpoint", nm);
             goto fail;

@@ -262,23 +262,6 @@ m2_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want)
     return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected %s", name, got, want);
 }
 
-/* Parses "<digits>." at s (no leading zeros); returns the number or -1. */
-static long
-m2_parse_layer(const char *s)
-{
-    long v = 0;
-    const char *p = s;
-    if (*p < '0' || *p > '9' || (*p == '0' && p[1] != '.'))
-        return -1;
-    while (*p >= '0' && *p <= '9') {
-        v = v * 10 + (*p - '0');
-        if (v >= (long)M2_MAX_LAYERS)
-            return -1;
-        p++;
-    }
-    return *p == '.' ? v : -1;
-}
-
 /* Layer count: one more than the largest N in backbone.layers.N.* names. */
 static wk_err
 m2_count_layers(const wk_tensor_set *set, uint32_t *out, wk_diag *d)
@@ -289,7 +272,7 @@ m2_count_layers(const wk_tensor_set *set, uint32_t *out, wk_diag *d)
         const char *name = wk_tensor_set_at(set, i)->name;
         if (strncmp(name, M2_PREFIX, plen) != 0)
             continue;
-        long l = m2_parse_layer(name + plen);
+        long l = wrk_layer_parse(name + plen, M2_MAX_LAYERS, NULL);
         if (l < 0)
             return wk_diag_set(d, WK_EINVAL,
                                "%s: unexpected tensor for a mamba2 checkpoint "

@@ -90,6 +90,13 @@ WK_MUST_CHECK wk_err wrk_config_f64(const json_t *config, const char *key, doubl
 WK_MUST_CHECK wk_err wrk_config_bool(const json_t *config, const char *key, bool def, bool *out,
                                      wk_diag *d);
 
+/*
+ * Parses the layer number of a tensor name at s, "<digits>." with no leading
+ * zeros (one spelling per layer); returns it, or -1 when s does not start so
+ * or the number is >= limit. *rest (optional) points after the dot.
+ */
+long wrk_layer_parse(const char *s, long limit, const char **rest);
+
 /* Shape of t as "[a,b,c]" into buf, for diags. */
 void wrk_shape_str(const wk_tensor *t, char *buf, size_t len);
 

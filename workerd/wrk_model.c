@@ -204,9 +204,8 @@ wrk_is_mat(const wk_tensor *t, int64_t d0, int64_t d1)
     return t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1;
 }
 
-/* Parses "<digits>." at s; returns the number or -1. *rest points after the dot. */
-static long
-wrk_parse_layer(const char *s, const char **rest)
+long
+wrk_layer_parse(const char *s, long limit, const char **rest)
 {
     long v = 0;
     const char *p = s;
@@ -216,13 +215,14 @@ wrk_parse_layer(const char *s, const char **rest)
         return -1; /* no leading zeros: one spelling per layer */
     while (*p >= '0' && *p <= '9') {
         v = v * 10 + (*p - '0');
-        if (v > (long)WRK_MAX_LAYERS)
+        if (v >= limit)
             return -1;
         p++;
     }
     if (*p != '.')
         return -1;
-    *rest = p + 1;
+    if (rest != NULL)
+        *rest = p + 1;
     return v;
 }
 
@@ -369,7 +369,8 @@ wrk_scan_names(const wk_tensor_set *set, const wrk_names *nm, uint32_t *n_layer,
         const char *rest = NULL;
         long layer = -1;
         if (strncmp(name, nm->layer_prefix, plen) == 0)
-            layer = wrk_parse_layer(name + plen, &rest);
+            /* index WRK_MAX_LAYERS itself has always passed here (the families stop below) */
+            layer = wrk_layer_parse(name + plen, (long)WRK_MAX_LAYERS + 1, &rest);
         bool known = false;
         if (layer >= 0) {
             for (size_t s = 0; s < WRK_N_LAYER_SPECS && !known; s++) {
