@@ -65,7 +65,7 @@ wk_gguf_ggml_type_name(uint32_t type)
 }
 
 /* GGML type numbers of the element types read as such. */
-enum { WK_GGML_F32 = 0, WK_GGML_F16 = 1, WK_GGML_BF16 = 30 };
+enum { WK_GGML_F32 = 0, WK_GGML_F16 = 1, WK_GGML_Q8_0 = 8, WK_GGML_BF16 = 30 };
 
 static size_t
 wk_gguf_left(const wk_gguf_cur *c)
@@ -388,10 +388,20 @@ wk_gguf_read_tensors(wk_gguf_cur *c, wk_gguf *g, uint64_t n_t, wk_diag *d)
             t.dtype = WK_DTYPE_F16;
         } else if (type == WK_GGML_BF16) {
             t.dtype = WK_DTYPE_BF16;
+        } else if (type == WK_GGML_Q8_0) {
+            t.dtype = WK_DTYPE_Q8_0;
+            if (nd == 0 || dims[0] % WK_Q8_0_BLOCK != 0) {
+                e = wk_diag_set(d, WK_EINVAL,
+                                "tensor '%.*s': Q8_0 rows of %llu elements are not whole "
+                                "blocks of %d",
+                                (int)nl, nm, nd > 0 ? (unsigned long long)dims[0] : 0ull,
+                                WK_Q8_0_BLOCK);
+                goto out;
+            }
         } else {
             e = wk_diag_set(d, WK_ENOTSUP,
-                            "tensor '%.*s': GGML type %s (%u) is not supported (F32, F16 and "
-                            "BF16 only; convert with --outtype f32, f16 or bf16)",
+                            "tensor '%.*s': GGML type %s (%u) is not supported (F32, F16, "
+                            "BF16 and Q8_0 only; convert with --outtype f32, f16, bf16 or q8_0)",
                             (int)nl, nm, wk_gguf_ggml_type_name(type), (unsigned)type);
             goto out;
         }

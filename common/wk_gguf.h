@@ -8,9 +8,10 @@
  * offsets index. Everything in it is hostile: every count, length and offset
  * is checked against the buffer and the limits below before it is used, and
  * the diagnostic names the tensor or key at fault. Tensor shapes are reported
- * row-major (torch order: GGUF dims reversed). F32, F16 and BF16 tensors are
- * exposed; any other GGML type (Q8_0, Q4_K, ...) is refused with WK_ENOTSUP
- * naming the tensor and type. It never copies tensor bytes and never logs.
+ * row-major (torch order: GGUF dims reversed). F32, F16, BF16 and Q8_0
+ * tensors are exposed (Q8_0: blocks along the last row-major dim, which must
+ * be a multiple of 32); any other GGML type (Q4_K, ...) is refused with
+ * WK_ENOTSUP naming the tensor and type. It never copies tensor bytes and never logs.
  */
 #ifndef WK_GGUF_H
 #define WK_GGUF_H

@@ -11,6 +11,7 @@
 #include "wk_tensor.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +36,28 @@ struct wk_tensor_set {
 size_t
 wk_dtype_size(wk_dtype dtype)
 {
-    return dtype == WK_DTYPE_F32 ? 4 : 2;
+    switch (dtype) {
+    case WK_DTYPE_F32:
+        return 4;
+    case WK_DTYPE_F16:
+    case WK_DTYPE_BF16:
+        return 2;
+    case WK_DTYPE_Q8_0:
+        return 0;
+    }
+    return 0;
+}
+
+size_t
+wk_dtype_block_len(wk_dtype dtype)
+{
+    return dtype == WK_DTYPE_Q8_0 ? WK_Q8_0_BLOCK : 1;
+}
+
+size_t
+wk_dtype_block_bytes(wk_dtype dtype)
+{
+    return dtype == WK_DTYPE_Q8_0 ? WK_Q8_0_BYTES : wk_dtype_size(dtype);
 }
 
 const char *
@@ -48,6 +70,8 @@ wk_dtype_name(wk_dtype dtype)
         return "F16";
     case WK_DTYPE_BF16:
         return "BF16";
+    case WK_DTYPE_Q8_0:
+        return "Q8_0";
     }
     return "?";
 }
@@ -171,10 +195,18 @@ wk_tensor_read_f32(const wk_tensor *t, size_t first, size_t n, float *out)
     if (numel < 0 || first > (uint64_t)numel || n > (uint64_t)numel - first)
         return WK_EINVAL;
     const uint8_t *p = t->data;
-    size_t es = wk_dtype_size(t->dtype);
-    if (n > 0 && (p == NULL || first + n > t->nbytes / es))
+    size_t bl = wk_dtype_block_len(t->dtype), bb = wk_dtype_block_bytes(t->dtype);
+    if (bb == 0 || (n > 0 && (p == NULL || first + n > t->nbytes / bb * bl)))
         return WK_EINVAL;
-    p += first * es;
+    if (t->dtype == WK_DTYPE_Q8_0) {
+        for (size_t i = 0; i < n; i++) {
+            const uint8_t *blk = p + (first + i) / WK_Q8_0_BLOCK * WK_Q8_0_BYTES;
+            float dv = wk_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+            out[i] = dv * (float)(int8_t)blk[2 + (first + i) % WK_Q8_0_BLOCK];
+        }
+        return WK_OK;
+    }
+    p += first * bb;
     switch (t->dtype) {
     case WK_DTYPE_F32:
         for (size_t i = 0; i < n; i++, p += 4)
@@ -288,13 +320,47 @@ wk_tensor_size(wk_dtype dtype, int ndim, const int64_t *shape, int64_t *numel, s
     } else {
         n = 0;
     }
-    size_t es = wk_dtype_size(dtype);
-    if (n > SIZE_MAX / es || n > (uint64_t)INT64_MAX / es)
+    size_t bl = wk_dtype_block_len(dtype), bb = wk_dtype_block_bytes(dtype);
+    if (bb == 0)
+        return WK_EINVAL;
+    if (bl > 1) {
+        /* blocks run along the last dim: it must hold whole blocks */
+        if (ndim < 1 || shape[ndim - 1] % (int64_t)bl != 0)
+            return WK_EINVAL;
+    }
+    uint64_t nb = n / bl;
+    if (nb > SIZE_MAX / bb || nb > (uint64_t)INT64_MAX / bb)
         return WK_EINVAL;
     if (numel)
         *numel = (int64_t)n;
     if (nbytes)
-        *nbytes = (size_t)n * es;
+        *nbytes = (size_t)nb * bb;
+    return WK_OK;
+}
+
+wk_err
+wk_q8_0_quantize_row(const float *x, size_t n, uint8_t *out)
+{
+    if (n % WK_Q8_0_BLOCK != 0 || (n > 0 && (x == NULL || out == NULL)))
+        return WK_EINVAL;
+    for (size_t b = 0; b < n / WK_Q8_0_BLOCK; b++) {
+        const float *xb = x + b * WK_Q8_0_BLOCK;
+        uint8_t *ob = out + b * WK_Q8_0_BYTES;
+        float amax = 0.0f;
+        for (int j = 0; j < WK_Q8_0_BLOCK; j++) {
+            float v = fabsf(xb[j]);
+            amax = amax > v ? amax : v; /* ggml's MAX(amax, fabsf(v)): NaN never wins */
+        }
+        const float dv = amax / 127.0f;
+        const float id = dv != 0.0f ? 1.0f / dv : 0.0f;
+        uint16_t dh = wk_f32_to_f16(dv);
+        ob[0] = (uint8_t)(dh & 0xff);
+        ob[1] = (uint8_t)(dh >> 8);
+        for (int j = 0; j < WK_Q8_0_BLOCK; j++) {
+            float q = roundf(xb[j] * id); /* |q| <= 127: |x| <= amax, x * id rounds to <= 127 */
+            ob[2 + j] = (uint8_t)(int8_t)q;
+        }
+    }
     return WK_OK;
 }
 

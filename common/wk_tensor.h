@@ -19,7 +19,13 @@ typedef enum wk_dtype {
     WK_DTYPE_F32 = 0, /* IEEE binary32 */
     WK_DTYPE_F16,     /* IEEE binary16 */
     WK_DTYPE_BF16,    /* bfloat16 */
+    WK_DTYPE_Q8_0,    /* GGML Q8_0: blocks of 32 along the last dim, fp16 scale d then
+                         32 int8 q (34 bytes), value = d * q */
 } wk_dtype;
+
+#define WK_DTYPE_COUNT 4     /* number of wk_dtype values */
+#define WK_Q8_0_BLOCK 32     /* elements per Q8_0 block */
+#define WK_Q8_0_BYTES 34     /* bytes per Q8_0 block (fp16 d + 32 int8) */
 
 #define WK_TENSOR_MAX_DIMS 8
 
@@ -29,21 +35,32 @@ typedef struct wk_tensor {
     int ndim;                          /* number of dimensions, 0..WK_TENSOR_MAX_DIMS */
     int64_t shape[WK_TENSOR_MAX_DIMS]; /* row-major shape */
     const void *data;                  /* contiguous little-endian elements, borrowed */
-    size_t nbytes;                     /* bytes at data == numel * dtype size */
+    size_t nbytes;                     /* bytes at data == numel * dtype size (Q8_0: numel /
+                                          32 * 34, the last dim a multiple of 32) */
 } wk_tensor;
 
 typedef struct wk_tensor_set wk_tensor_set;
 
-/* Size in bytes of one element of dtype (4 or 2). */
+/*
+ * Size in bytes of one element of dtype (4 or 2); 0 for the block type Q8_0,
+ * whose size is only defined per block (wk_dtype_block_len/bytes).
+ */
 size_t wk_dtype_size(wk_dtype dtype);
 
-/* "F32", "F16", "BF16". */
+/* Elements per storage block: 1, or WK_Q8_0_BLOCK for Q8_0. */
+size_t wk_dtype_block_len(wk_dtype dtype);
+
+/* Bytes per storage block: 4, 2, or WK_Q8_0_BYTES for Q8_0. */
+size_t wk_dtype_block_bytes(wk_dtype dtype);
+
+/* "F32", "F16", "BF16", "Q8_0". */
 const char *wk_dtype_name(wk_dtype dtype);
 
 /*
  * Parses a dtype name as wk_dtype_name() spells it ("F32", "F16", "BF16";
- * exact, case-sensitive). Writes *out on success. Returns WK_ENOTSUP for any
- * other name, WK_EINVAL for NULL arguments.
+ * exact, case-sensitive; "Q8_0" is not a safetensors dtype and is refused
+ * here). Writes *out on success. Returns WK_ENOTSUP for any other name,
+ * WK_EINVAL for NULL arguments.
  */
 WK_MUST_CHECK wk_err wk_dtype_parse(const char *name, wk_dtype *out);
 
@@ -57,10 +74,21 @@ float wk_f16_to_f32(uint16_t v);
 uint16_t wk_f32_to_f16(float v); /* round to nearest even */
 
 /*
- * Converts n elements of t starting at element `first` to fp32 into out.
- * Returns WK_EINVAL when the range is outside the tensor.
+ * Converts n elements of t starting at element `first` to fp32 into out
+ * (Q8_0: dequantized, fp32(d) * q, any range). Returns WK_EINVAL when the
+ * range is outside the tensor.
  */
 WK_MUST_CHECK wk_err wk_tensor_read_f32(const wk_tensor *t, size_t first, size_t n, float *out);
+
+/*
+ * Quantizes one row of n floats (n a multiple of 32) to n / 32 Q8_0 blocks
+ * at out (n / 32 * 34 bytes), exactly as ggml's quantize_row_q8_0_ref: per
+ * block d = amax / 127, id = 1 / d (0 when d is 0), q = roundf(x * id),
+ * d stored as fp16 (round to nearest even). The same f32 input gives the
+ * same bytes as llama.cpp's convert/quantize. Returns WK_EINVAL when n is
+ * not a multiple of 32.
+ */
+WK_MUST_CHECK wk_err wk_q8_0_quantize_row(const float *x, size_t n, uint8_t *out);
 
 /*
  * Opens a checkpoint. path may be:

@@ -492,9 +492,43 @@ test_offsets(void **state)
     wk_gguf_free(g);
     one_tensor(&b, 24, 0, 2, 0, 48);
     expect_bad(&b, WK_EINVAL, "general.alignment");
-    one_tensor(&b, 8, 8 /* Q8_0 */, 32, 0, 64);
-    expect_bad(&b, WK_ENOTSUP, "tensor 'blk.0.t': GGML type Q8_0 (8)");
-    seed_write("unsupported_q8_0.gguf", &b);
+    /* Q8_0: one block of 32 (34 bytes) is exposed, dequantized by wk_tensor_read_f32 */
+    b.n = 0;
+    gb_header(&b, 3, 1, 0);
+    uint64_t qd[2] = {32, 2};
+    gb_tinfo(&b, "blk.0.q", 2, qd, 8 /* Q8_0 */, 0);
+    gb_pad(&b, 32);
+    for (int r = 0; r < 2; r++) {
+        gb_u16(&b, wk_f32_to_f16(r == 0 ? 0.5f : -0.25f));
+        for (int j = 0; j < 32; j++)
+            gb_u8(&b, (uint8_t)(int8_t)(j - 16));
+    }
+    assert_int_equal(wk_gguf_parse(b.p, b.n, &g, NULL), WK_OK);
+    {
+        const wk_tensor *q = wk_gguf_tensor_find(g, "blk.0.q");
+        assert_non_null(q);
+        assert_int_equal(q->dtype, WK_DTYPE_Q8_0);
+        assert_int_equal(q->ndim, 2);
+        assert_int_equal(q->shape[0], 2);
+        assert_int_equal(q->shape[1], 32);
+        assert_int_equal(q->nbytes, 68);
+        float f[64];
+        assert_int_equal(wk_tensor_read_f32(q, 0, 64, f), WK_OK);
+        for (int j = 0; j < 32; j++) {
+            assert_true(f[j] == 0.5f * (float)(j - 16));
+            assert_true(f[32 + j] == -0.25f * (float)(j - 16));
+        }
+        assert_int_equal(wk_tensor_read_f32(q, 40, 3, f), WK_OK); /* inside a block */
+        assert_true(f[0] == -0.25f * (float)(8 - 16));
+        assert_int_equal(wk_tensor_read_f32(q, 60, 5, f), WK_EINVAL);
+    }
+    wk_gguf_free(g);
+    seed_write("good_q8_0.gguf", &b);
+    one_tensor(&b, 8, 8 /* Q8_0 */, 33, 0, 64); /* 33 elements: not whole blocks */
+    expect_bad(&b, WK_EINVAL, "tensor 'blk.0.t': Q8_0 rows of 33 elements");
+    seed_write("regress_q8_0_partial_block.gguf", &b);
+    one_tensor(&b, 8, 8 /* Q8_0 */, 64, 0, 64); /* 2 blocks need 68 bytes */
+    expect_bad(&b, WK_EINVAL, "blk.0.t");
     one_tensor(&b, 0, 12 /* Q4_K */, 256, 0, 256);
     expect_bad(&b, WK_ENOTSUP, "Q4_K");
     one_tensor(&b, 0, 99, 4, 0, 32);

@@ -590,11 +590,62 @@ test_map(void **state)
     tdir_free(&td);
 }
 
+/*
+ * wk_q8_0_quantize_row: ggml's quantize_row_q8_0_ref by hand. Block 0 has
+ * amax 127 (d = 1, q = roundf(x), halves away from zero), block 1 is all
+ * zero (d = 0, q = 0), block 2 has amax 1 (d = 1/127 stored as fp16 0x2008,
+ * q = roundf(x * 127) with id computed from the fp32 d, not the fp16 one).
+ */
+static void
+test_q8_0_quantize(void **state)
+{
+    (void)state;
+    float x[96] = {0};
+    x[0] = 127.0f;
+    x[1] = -63.5f;
+    x[2] = 0.5f;
+    x[3] = -0.49f;
+    x[4] = 2.5f;
+    x[64] = 1.0f;
+    x[65] = -0.5f;
+    x[66] = 0.25f;
+    uint8_t q[3 * 34];
+    assert_int_equal(wk_q8_0_quantize_row(x, 96, q), WK_OK);
+    assert_int_equal(q[0] | q[1] << 8, 0x3c00); /* d = 1.0 */
+    assert_int_equal((int8_t)q[2], 127);
+    assert_int_equal((int8_t)q[3], -64);
+    assert_int_equal((int8_t)q[4], 1);
+    assert_int_equal((int8_t)q[5], 0);
+    assert_int_equal((int8_t)q[6], 3);
+    for (int j = 0; j < 34; j++)
+        assert_int_equal(q[34 + j], 0);
+    float dv = 1.0f / 127.0f, id = 1.0f / dv;
+    assert_int_equal(q[68] | q[69] << 8, wk_f32_to_f16(dv));
+    assert_int_equal(wk_f32_to_f16(dv), 0x2008);
+    assert_int_equal((int8_t)q[70], 127);
+    assert_int_equal((int8_t)q[71], (int)roundf(-0.5f * id));
+    assert_int_equal((int8_t)q[72], (int)roundf(0.25f * id));
+    assert_int_equal(wk_q8_0_quantize_row(x, 33, q), WK_EINVAL);
+    /* read back: d(fp16) * q */
+    wk_tensor t = {.name = "q", .dtype = WK_DTYPE_Q8_0, .ndim = 1, .shape = {96},
+                   .data = q, .nbytes = 3 * 34};
+    float r[96];
+    assert_int_equal(wk_tensor_read_f32(&t, 0, 96, r), WK_OK);
+    assert_true(r[1] == -64.0f && r[64] == 127.0f * wk_f16_to_f32(0x2008));
+    size_t nb = 0;
+    int64_t shp[2] = {3, 64}, odd[2] = {3, 48};
+    assert_int_equal(wk_tensor_size(WK_DTYPE_Q8_0, 2, shp, NULL, &nb), WK_OK);
+    assert_int_equal(nb, 3 * 2 * 34);
+    assert_int_equal(wk_tensor_size(WK_DTYPE_Q8_0, 2, odd, NULL, &nb), WK_EINVAL);
+    assert_string_equal(wk_dtype_name(WK_DTYPE_Q8_0), "Q8_0");
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_helpers),
+        cmocka_unit_test(test_q8_0_quantize),
         cmocka_unit_test(test_tensor_size),
         cmocka_unit_test(test_f16_to_f32_exhaustive),
         cmocka_unit_test(test_bf16_exhaustive),

@@ -81,9 +81,16 @@ be_cpu_mat_bytes(const wrk_mat *src)
     if (src == NULL || src->t == NULL || src->n_in == 0 || src->n_out == 0)
         return 0;
     wk_dtype dt = src->t->dtype;
+    size_t np = (src->n_out + BE_CPU_NR - 1) / BE_CPU_NR;
+    if (dt == WK_DTYPE_Q8_0) {
+        /* blocks must run along k: stored [n_out][n_in], n_in whole blocks */
+        if (src->in_major || src->n_in % BE_CPU_Q8_K != 0 ||
+            src->t->nbytes != (size_t)src->n_out * (src->n_in / BE_CPU_Q8_K) * WK_Q8_0_BYTES)
+            return 0;
+        return np * (src->n_in / BE_CPU_Q8_K) * BE_CPU_Q8_BLOCK_BYTES;
+    }
     if (dt != WK_DTYPE_F32 && dt != WK_DTYPE_F16 && dt != WK_DTYPE_BF16)
         return 0;
-    size_t np = (src->n_out + BE_CPU_NR - 1) / BE_CPU_NR;
     size_t bytes = np * src->n_in * BE_CPU_NR * wk_dtype_size(dt);
     return (bytes + 63) & ~(size_t)63;
 }
@@ -137,9 +144,41 @@ be_cpu_big_alloc(size_t bytes)
     return p;
 }
 
+/* Q8_0 panels: per block of 32 k, 32 fp16 scales then [32 k][32 n] int8 (see the header). */
+static void
+be_cpu_mat_pack_q8(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1)
+{
+    const size_t K = dst->k, N = dst->n, nblk = K / BE_CPU_Q8_K;
+    const size_t row_bytes = nblk * WK_Q8_0_BYTES;
+    const uint8_t *s = src->t->data;
+    uint8_t *d = dst->data;
+
+    for (uint32_t p = p0; p < p1; p++) {
+        uint8_t *pd = d + (size_t)p * nblk * BE_CPU_Q8_BLOCK_BYTES;
+        size_t c0 = (size_t)p * BE_CPU_NR;
+        size_t nc = N - c0 < BE_CPU_NR ? N - c0 : BE_CPU_NR;
+        if (nc < BE_CPU_NR)
+            memset(pd, 0, nblk * BE_CPU_Q8_BLOCK_BYTES); /* padding: scale 0, q 0 */
+        for (size_t c = 0; c < nc; c++) {
+            const uint8_t *row = s + (c0 + c) * row_bytes;
+            for (size_t b = 0; b < nblk; b++) {
+                const uint8_t *blk = row + b * WK_Q8_0_BYTES;
+                uint8_t *bd = pd + b * BE_CPU_Q8_BLOCK_BYTES;
+                memcpy(bd + c * 2, blk, 2);
+                for (size_t j = 0; j < BE_CPU_Q8_K; j++)
+                    bd[BE_CPU_Q8_SCALE_BYTES + j * BE_CPU_NR + c] = blk[2 + j];
+            }
+        }
+    }
+}
+
 void
 be_cpu_mat_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1)
 {
+    if (dst->dtype == WK_DTYPE_Q8_0) {
+        be_cpu_mat_pack_q8(dst, src, p0, p1);
+        return;
+    }
     const size_t es = wk_dtype_size(dst->dtype);
     const size_t K = dst->k, N = dst->n;
     const uint8_t *s = src->t->data;
@@ -272,14 +311,60 @@ be_cpu_load1(wk_dtype dt, const void *p, size_t i)
         return wk_bf16_to_f32(((const uint16_t *)p)[i]);
     case WK_DTYPE_F16:
         return wk_f16_to_f32(((const uint16_t *)p)[i]);
+    case WK_DTYPE_Q8_0:
+        break; /* be_cpu_gemm_scalar_q8 */
     }
     return 0.0f;
+}
+
+/*
+ * Q8_0, portable: the same chains as the vector paths, with fmaf, so the
+ * scalar path gives the same bits as AVX2 and AVX-512 for Q8_0 weights:
+ * per block part = fma(x_k, q_k, part) over its 32 k in order from +0,
+ * then acc = fma(d, part, acc) over the blocks in order from +0.
+ */
+static void
+be_cpu_gemm_scalar_q8(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
+                      size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi)
+{
+    const size_t nblk = w->k / BE_CPU_Q8_K;
+    float acc[BE_CPU_NR], part[BE_CPU_NR], dv[BE_CPU_NR];
+    for (uint32_t p = p0; p < p1; p++) {
+        const uint8_t *pw = (const uint8_t *)w->data + (size_t)p * nblk * BE_CPU_Q8_BLOCK_BYTES;
+        uint32_t col0 = p * BE_CPU_NR;
+        uint32_t nvalid = w->n - col0 < BE_CPU_NR ? w->n - col0 : BE_CPU_NR;
+        for (uint32_t i = 0; i < m; i++) {
+            const float *xr = x + (size_t)i * ldx;
+            for (int c = 0; c < BE_CPU_NR; c++)
+                acc[c] = 0.0f;
+            for (size_t b = 0; b < nblk; b++) {
+                const uint8_t *bp = pw + b * BE_CPU_Q8_BLOCK_BYTES;
+                const int8_t *qp = (const int8_t *)(bp + BE_CPU_Q8_SCALE_BYTES);
+                for (int c = 0; c < BE_CPU_NR; c++)
+                    part[c] = 0.0f;
+                for (size_t j = 0; j < BE_CPU_Q8_K; j++) {
+                    const float xv = xr[b * BE_CPU_Q8_K + j];
+                    for (int c = 0; c < BE_CPU_NR; c++)
+                        part[c] = fmaf(xv, (float)qp[j * BE_CPU_NR + (size_t)c], part[c]);
+                }
+                for (int c = 0; c < BE_CPU_NR; c++)
+                    dv[c] = wk_f16_to_f32((uint16_t)(bp[2 * c] | bp[2 * c + 1] << 8));
+                for (int c = 0; c < BE_CPU_NR; c++)
+                    acc[c] = fmaf(dv[c], part[c], acc[c]);
+            }
+            be_cpu_tile_out(acc, 1, BE_CPU_NR, col0, nvalid, y, ldy, yrows, i, epi);
+        }
+    }
 }
 
 static void
 be_cpu_gemm_scalar(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
                    size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi)
 {
+    if (w->dtype == WK_DTYPE_Q8_0) {
+        be_cpu_gemm_scalar_q8(w, x, ldx, m, y, ldy, yrows, p0, p1, epi);
+        return;
+    }
     const size_t K = w->k, es = wk_dtype_size(w->dtype);
     float wrow[BE_CPU_NR];
     float acc[BE_CPU_NR];
@@ -443,6 +528,96 @@ k512_nv_max(uint32_t mr)
     return mr <= 3 ? 8 : mr <= 6 ? 4 : 2;
 }
 
+/*
+ * Q8_0 microkernel: MR rows x NV vectors of 16 columns from vector q0. w is
+ * the packed block (bytes), ps the panel stride in bytes. Per block of 32 k
+ * each element's partial is one FMA chain over the block's k in order from
+ * +0 (int8 widened exactly to fp32), then acc = fma(d, partial, acc), blocks
+ * in order from +0: the AVX2 and scalar paths do the same operations.
+ */
+#define K512Q_DEF(MR, NV)                                                                  \
+    static BE_T512 void k512_Q8_##MR##_##NV(const float *x, size_t ldx, const uint8_t *w,   \
+                                           size_t ps, uint32_t q0, uint32_t K, float *out, \
+                                           size_t ldo, int mode)                           \
+    {                                                                                      \
+        __m512 acc[MR][NV];                                                                \
+        const uint8_t *wp[NV];                                                             \
+        _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) wp[v] =                      \
+            w + (size_t)((q0 + v) >> 1) * ps + (size_t)((q0 + v) & 1) * 16;                \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) acc[i][v] =              \
+                _mm512_setzero_ps();                                                       \
+        const uint32_t nblk = K / BE_CPU_Q8_K;                                             \
+        for (uint32_t b = 0; b < nblk; b++) {                                              \
+            __m512 part[MR][NV];                                                           \
+            const size_t bo = (size_t)b * BE_CPU_Q8_BLOCK_BYTES;                           \
+            const float *xb = x + (size_t)b * BE_CPU_Q8_K;                                 \
+            _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                          \
+                _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) part[i][v] =         \
+                    _mm512_setzero_ps();                                                   \
+            if (MR >= 4)                                                                   \
+                _Pragma("GCC unroll 16") for (int v = 0; v < NV; v += 2)                   \
+                    for (int l = 0; l < BE_CPU_Q8_BLOCK_BYTES; l += 64)                    \
+                        _mm_prefetch((const char *)(wp[v] + bo + 2 * BE_CPU_Q8_BLOCK_BYTES \
+                                                    + l), _MM_HINT_T0);                    \
+            _Pragma("GCC unroll 4") for (int j = 0; j < BE_CPU_Q8_K; j++)                  \
+            {                                                                              \
+                __m512 wv[NV];                                                             \
+                _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) wv[v] =              \
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(               \
+                        (const __m128i *)(const void *)(wp[v] + bo + BE_CPU_Q8_SCALE_BYTES \
+                                                        + (size_t)j * BE_CPU_NR))));       \
+                _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                      \
+                {                                                                          \
+                    const __m512 xv = _mm512_set1_ps(xb[(size_t)i * ldx + j]);             \
+                    _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) part[i][v] =     \
+                        _mm512_fmadd_ps(xv, wv[v], part[i][v]);                            \
+                }                                                                          \
+            }                                                                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
+            {                                                                              \
+                const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256(                      \
+                    (const __m256i *)(const void *)(wp[v] - (size_t)((q0 + v) & 1) * 16 +  \
+                                                    bo + (size_t)((q0 + v) & 1) * 32)));   \
+                _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc[i][v] =          \
+                    _mm512_fmadd_ps(dv, part[i][v], acc[i][v]);                            \
+            }                                                                              \
+        }                                                                                  \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
+        {                                                                                  \
+            float *o = out + (size_t)i * ldo + (size_t)v * 16;                             \
+            __m512 r = acc[i][v];                                                          \
+            if (mode == BE_CPU_OUT_ADD)                                                    \
+                r = _mm512_add_ps(_mm512_loadu_ps(o), r);                                  \
+            else if (mode == BE_CPU_OUT_RELU2) {                                           \
+                r = _mm512_max_ps(r, _mm512_setzero_ps());                                 \
+                r = _mm512_mul_ps(r, r);                                                   \
+            }                                                                              \
+            _mm512_storeu_ps(o, r);                                                        \
+        }                                                                                  \
+    }
+
+#define K512Q_ROWS_8(MR)                                                                   \
+    K512Q_DEF(MR, 1) K512Q_DEF(MR, 2) K512Q_DEF(MR, 3) K512Q_DEF(MR, 4) K512Q_DEF(MR, 5)     \
+        K512Q_DEF(MR, 6) K512Q_DEF(MR, 7) K512Q_DEF(MR, 8)
+#define K512Q_ROWS_4(MR) K512Q_DEF(MR, 1) K512Q_DEF(MR, 2) K512Q_DEF(MR, 3) K512Q_DEF(MR, 4)
+#define K512Q_ROWS_2(MR) K512Q_DEF(MR, 1) K512Q_DEF(MR, 2)
+K512Q_ROWS_8(1)
+K512Q_ROWS_8(2)
+K512Q_ROWS_8(3)
+K512Q_ROWS_4(4)
+K512Q_ROWS_4(5)
+K512Q_ROWS_4(6)
+K512Q_ROWS_2(7)
+K512Q_ROWS_2(8)
+K512Q_ROWS_2(9)
+K512Q_ROWS_2(10)
+K512Q_ROWS_2(11)
+K512Q_ROWS_2(12)
+
+static const k512_fn k512_q8_tab[13][8] = K512_TAB(Q8);
+
 /* The generic driver for a vector ISA: VW floats per vector, VPP per panel. */
 static void
 be_cpu_gemm_vec(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
@@ -452,7 +627,10 @@ be_cpu_gemm_vec(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
                              size_t, uint32_t, uint32_t, float *, size_t, int))
 {
     const uint32_t vpp = BE_CPU_NR / vw;
-    const size_t ps = (size_t)w->k * BE_CPU_NR;
+    /* panel stride: elements, or bytes for Q8_0 */
+    const size_t ps = w->dtype == WK_DTYPE_Q8_0
+                          ? (size_t)(w->k / BE_CPU_Q8_K) * BE_CPU_Q8_BLOCK_BYTES
+                          : (size_t)w->k * BE_CPU_NR;
     float tile[24 * 16] __attribute__((aligned(64)));
     uint32_t nb, base, extra;
 
@@ -502,7 +680,10 @@ static void
 k512_call(wk_dtype dt, uint32_t mr, uint32_t nv, const float *x, size_t ldx, const void *w,
           size_t ps, uint32_t q0, uint32_t K, float *out, size_t ldo, int mode)
 {
-    k512_tab[dt][mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
+    if (dt == WK_DTYPE_Q8_0)
+        k512_q8_tab[mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
+    else
+        k512_tab[dt][mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -589,6 +770,90 @@ K256_ALL(F32, float)
 K256_ALL(BF16, uint16_t)
 K256_ALL(F16, uint16_t)
 
+/* Q8_0 for AVX2: the same operations as K512Q_DEF, 8 columns per vector. */
+#define K256Q_DEF(MR, NV)                                                                  \
+    static BE_T256 void k256_Q8_##MR##_##NV(const float *x, size_t ldx, const uint8_t *w,   \
+                                           size_t ps, uint32_t q0, uint32_t K, float *out, \
+                                           size_t ldo, int mode)                           \
+    {                                                                                      \
+        __m256 acc[MR][NV];                                                                \
+        const uint8_t *wp[NV];                                                             \
+        size_t co[NV];                                                                     \
+        _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                              \
+        {                                                                                  \
+            co[v] = (size_t)((q0 + v) & 3) * 8;                                            \
+            wp[v] = w + (size_t)((q0 + v) >> 2) * ps;                                      \
+        }                                                                                  \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) acc[i][v] =              \
+                _mm256_setzero_ps();                                                       \
+        const uint32_t nblk = K / BE_CPU_Q8_K;                                             \
+        for (uint32_t b = 0; b < nblk; b++) {                                              \
+            __m256 part[MR][NV];                                                           \
+            const size_t bo = (size_t)b * BE_CPU_Q8_BLOCK_BYTES;                           \
+            const float *xb = x + (size_t)b * BE_CPU_Q8_K;                                 \
+            _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                          \
+                _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) part[i][v] =         \
+                    _mm256_setzero_ps();                                                   \
+            _Pragma("GCC unroll 4") for (int j = 0; j < BE_CPU_Q8_K; j++)                  \
+            {                                                                              \
+                __m256 wv[NV];                                                             \
+                _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) wv[v] =              \
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(               \
+                        (const __m128i *)(const void *)(wp[v] + bo + BE_CPU_Q8_SCALE_BYTES \
+                                                        + (size_t)j * BE_CPU_NR + co[v])))); \
+                _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                      \
+                {                                                                          \
+                    const __m256 xv = _mm256_broadcast_ss(xb + (size_t)i * ldx + j);       \
+                    _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++) part[i][v] =     \
+                        _mm256_fmadd_ps(xv, wv[v], part[i][v]);                            \
+                }                                                                          \
+            }                                                                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
+            {                                                                              \
+                const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128(                         \
+                    (const __m128i *)(const void *)(wp[v] + bo + co[v] * 2)));             \
+                _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc[i][v] =          \
+                    _mm256_fmadd_ps(dv, part[i][v], acc[i][v]);                            \
+            }                                                                              \
+        }                                                                                  \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
+            _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
+        {                                                                                  \
+            float *o = out + (size_t)i * ldo + (size_t)v * 8;                              \
+            __m256 r = acc[i][v];                                                          \
+            if (mode == BE_CPU_OUT_ADD)                                                    \
+                r = _mm256_add_ps(_mm256_loadu_ps(o), r);                                  \
+            else if (mode == BE_CPU_OUT_RELU2) {                                           \
+                r = _mm256_max_ps(r, _mm256_setzero_ps());                                 \
+                r = _mm256_mul_ps(r, r);                                                   \
+            }                                                                              \
+            _mm256_storeu_ps(o, r);                                                        \
+        }                                                                                  \
+    }
+
+K256Q_DEF(1, 1)
+K256Q_DEF(1, 2)
+K256Q_DEF(1, 3)
+K256Q_DEF(1, 4)
+K256Q_DEF(1, 5)
+K256Q_DEF(1, 6)
+K256Q_DEF(1, 7)
+K256Q_DEF(1, 8)
+K256Q_DEF(2, 1)
+K256Q_DEF(2, 2)
+K256Q_DEF(2, 3)
+K256Q_DEF(2, 4)
+K256Q_DEF(3, 1)
+K256Q_DEF(3, 2)
+K256Q_DEF(3, 3)
+K256Q_DEF(4, 1)
+K256Q_DEF(4, 2)
+K256Q_DEF(5, 1)
+K256Q_DEF(5, 2)
+K256Q_DEF(6, 1)
+K256Q_DEF(6, 2)
+
 #define K256_TAB(DT)                                                                       \
     {{0},                                                                                  \
      {(k256_fn)k256_##DT##_1_1, (k256_fn)k256_##DT##_1_2, (k256_fn)k256_##DT##_1_3,         \
@@ -606,6 +871,7 @@ static const k256_fn k256_tab[3][7][8] = {
     [WK_DTYPE_F16] = K256_TAB(F16),
     [WK_DTYPE_BF16] = K256_TAB(BF16),
 };
+static const k256_fn k256_q8_tab[7][8] = K256_TAB(Q8);
 
 static uint32_t
 k256_nv_max(uint32_t mr)
@@ -617,7 +883,10 @@ static void
 k256_call(wk_dtype dt, uint32_t mr, uint32_t nv, const float *x, size_t ldx, const void *w,
           size_t ps, uint32_t q0, uint32_t K, float *out, size_t ldo, int mode)
 {
-    k256_tab[dt][mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
+    if (dt == WK_DTYPE_Q8_0)
+        k256_q8_tab[mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
+    else
+        k256_tab[dt][mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
 }
 
 #endif /* BE_CPU_X86 */

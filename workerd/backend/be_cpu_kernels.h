@@ -11,6 +11,16 @@
  * (batch invariance) and of the thread split. The scalar fallback (no FMA
  * unit) keeps the per-element order but rounds the product separately.
  *
+ * Q8_0 weights (GGML blocks of 32 int8 along k with one fp16 scale per
+ * output) keep 1.0625 bytes per weight in their panel: per panel, per block
+ * of 32 k, the 32 outputs' fp16 scales (64 bytes) then the int8 values
+ * [32 k][32 n] (1024 bytes). Activations stay fp32: each int8 is widened
+ * exactly to fp32 and each output element is, per block, one FMA chain over
+ * the block's 32 k in order from +0 (the block partial), then
+ * acc = fma(d, partial, acc) over the blocks in order from +0. The scalar
+ * path does the same with fmaf, so for Q8_0 all three paths give the same
+ * bits (and, as for the other dtypes, independent of m and the threads).
+ *
  * Kernels are selected at run time from the CPU's features; the baseline
  * build runs anywhere. WKVM_CPU_ISA=scalar|avx2|avx512 in the environment
  * forces a lower path (for tests and comparisons).
@@ -29,6 +39,9 @@
 #include "wrk_model.h"
 
 #define BE_CPU_NR 32 /* output columns per packed panel */
+#define BE_CPU_Q8_K 32 /* k per Q8_0 block */
+#define BE_CPU_Q8_SCALE_BYTES (BE_CPU_NR * 2) /* fp16 scales at the head of a panel block */
+#define BE_CPU_Q8_BLOCK_BYTES (BE_CPU_Q8_SCALE_BYTES + BE_CPU_Q8_K * BE_CPU_NR) /* 1088 */
 
 typedef enum be_cpu_isa {
     BE_CPU_ISA_SCALAR = 0, /* portable C, no FMA */
@@ -48,7 +61,8 @@ typedef struct be_cpu_mat {
     uint32_t k;        /* inputs */
     uint32_t n;        /* outputs */
     uint32_t n_panels; /* ceil(n / BE_CPU_NR) */
-    void *data;        /* [n_panels][k][BE_CPU_NR], 64-byte aligned */
+    void *data;        /* [n_panels][k][BE_CPU_NR], 64-byte aligned (Q8_0: [n_panels][k / 32]
+                          blocks of BE_CPU_Q8_BLOCK_BYTES) */
     size_t bytes;      /* bytes at data */
     bool owned;        /* data is freed by be_cpu_mat_free */
 } be_cpu_mat;
@@ -59,7 +73,8 @@ size_t be_cpu_mat_bytes(const wrk_mat *src);
 /*
  * Sets dst up for src over mem (64-byte aligned, be_cpu_mat_bytes(src)
  * bytes, borrowed for dst's life). Returns WK_EINVAL for a bad src (no
- * tensor, empty, dtype not F32/F16/BF16).
+ * tensor, empty, dtype not F32/F16/BF16/Q8_0, or Q8_0 whose blocks do not
+ * run along k: in_major, or n_in not a multiple of 32).
  */
 WK_MUST_CHECK wk_err be_cpu_mat_init(be_cpu_mat *dst, const wrk_mat *src, void *mem);
 
