@@ -825,9 +825,13 @@ wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_dia
     struct stat st;
     wk_err err;
 
-    if (override_path != NULL)
+    if (override_path != NULL) {
+        size_t on = strlen(override_path);
+        if (on >= 5 && strcmp(override_path + on - 5, ".gguf") == 0)
+            return wk_tok_load_gguf(override_path, out, d);
         return tok_is_json(override_path) ? wk_tok_load_hf(override_path, out, d)
                                           : wk_tok_load(override_path, out, d);
+    }
     hf = malloc(dn + sizeof("/tokenizer.json"));
     world = malloc(dn + sizeof("/rwkv_vocab_v20230424.txt"));
     if (hf == NULL || world == NULL) {
@@ -842,9 +846,22 @@ wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_dia
         err = wk_tok_load_hf(hf, out, d);
     else if (stat(world, &st) == 0)
         err = wk_tok_load(world, out, d);
-    else
-        err = wk_diag_set(d, WK_ENOENT, "no tokenizer in %s: neither %s nor %s exists", dir, hf,
-                          world);
+    else {
+        /* a directory holding one .gguf: the World token list in its metadata */
+        char *gguf = NULL;
+        wk_diag gd = {""};
+        err = wk_tok_find_gguf(dir, &gguf, &gd);
+        if (err == WK_OK) {
+            err = wk_tok_load_gguf(gguf, out, d);
+            free(gguf);
+        } else if (err == WK_ENOENT) {
+            err = wk_diag_set(d, WK_ENOENT,
+                              "no tokenizer in %s: neither %s nor %s nor a *.gguf exists", dir,
+                              hf, world);
+        } else {
+            err = wk_diag_set(d, err, "%s", gd.msg);
+        }
+    }
     free(hf);
     free(world);
     return err;

@@ -99,11 +99,37 @@ WK_MUST_CHECK wk_err wk_tok_load_hf_mem(const void *buf, size_t len, const void 
                                         size_t cfg_len, wk_tok **out, wk_diag *d);
 
 /*
+ * Loads the RWKV World tokenizer stored in the metadata of the GGUF file at
+ * path, as llama.cpp's convert_hf_to_gguf.py writes it (tokenizer.ggml.model
+ * "rwkv", tokenizer.ggml.tokens: "<s>" at id 0, then the vocab file's tokens
+ * as the body of Python's repr() of their bytes, then "[PAD<id>]" fillers up
+ * to the model's vocab size). The result is the tokenizer wk_tok_load()
+ * builds from the vocab file the converter read (same ids, bytes and
+ * encoding); id 0 and the fillers are not tokens. Its digest is that of the
+ * equivalent vocab text (one `<id> b'\xHH..' <length>` line per token), not
+ * of the GGUF file. On success *out is freed with wk_tok_free(). Returns the
+ * codes of wk_gguf_open(), WK_ENOENT (no tokenizer.ggml.model), WK_ENOTSUP
+ * (another tokenizer model, e.g. "gpt2"), WK_EINVAL (a token the converter
+ * cannot have written, named by its index; or a vocab wk_tok_load_mem()
+ * refuses), WK_ENOMEM; the diag starts with path.
+ */
+WK_MUST_CHECK wk_err wk_tok_load_gguf(const char *path, wk_tok **out, wk_diag *d);
+
+/*
+ * Finds the one regular *.gguf file in dir. On success *path is malloc'd
+ * (caller frees with free()). Returns WK_ENOENT (dir unreadable or no such
+ * file), WK_EINVAL (more than one), WK_EIO, WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_tok_find_gguf(const char *dir, char **path, wk_diag *d);
+
+/*
  * Loads the tokenizer of a model directory. With override_path (borrowed,
  * may be NULL): a path ending in ".json" is loaded with wk_tok_load_hf(),
- * any other with wk_tok_load(). Without: DIR/tokenizer.json if it exists,
- * else DIR/rwkv_vocab_v20230424.txt, else WK_ENOENT with a diag naming both.
- * Returns what the loader returns.
+ * one ending in ".gguf" with wk_tok_load_gguf(), any other with
+ * wk_tok_load(). Without: DIR/tokenizer.json if it exists, else
+ * DIR/rwkv_vocab_v20230424.txt, else the token list in the metadata of the
+ * one DIR/ *.gguf when there is one (wk_tok_load_gguf()), else WK_ENOENT
+ * with a diag naming the files looked for. Returns what the loader returns.
  */
 WK_MUST_CHECK wk_err wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out,
                                      wk_diag *d);

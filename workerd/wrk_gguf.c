@@ -241,7 +241,8 @@ wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d
                 if (hf == NULL) {
                     if ((e = wrk_gguf_split_lerp(&vs, t, layer, d)) != WK_OK)
                         goto fail;
-                } else if (layer == 0 && strncmp(rest, "time_mix_v", 10) == 0) {
+                } else if (layer == 0 && strncmp(rest, "time_mix_v", 10) == 0 &&
+                           rest[10] >= '0' && rest[10] <= '2' && rest[11] == '.') {
                     /* the converter's dummy layer-0 value LoRA: unused, dropped */
                 } else {
                     wk_tensor *o = wrk_gguf_view_add(&vs, t, layer, hf);
