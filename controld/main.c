@@ -5,8 +5,11 @@
  */
 #define WK_LOG_MODULE "controld"
 #include <errno.h>
+#include <libgen.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +19,8 @@
 
 #include "ctl_app.h"
 #include "ctl_auth.h"
-#include "ctl_openai.h"
-#include <libgen.h>
 #include "ctl_ckpt.h"
+#include "ctl_openai.h"
 #include "wk_cfg.h"
 #include "wk_log.h"
 #include "wk_net.h"
@@ -104,6 +106,177 @@ static const wk_cfg_opt ctl_opts[] = {
 };
 #define CTL_NOPTS (sizeof(ctl_opts) / sizeof(ctl_opts[0]))
 
+/*
+ * Everything the options fill in: the structs main() hands to the modules
+ * and the values it uses itself. ctl_binds names fields by offset in here.
+ */
+typedef struct ctl_main_conf {
+    ctl_app app;                  /* the controller; main() owns it */
+    ctl_pool_config pool;         /* for ctl_pool_new() */
+    ctl_sched_config sched;       /* for ctl_sched_new() */
+    ctl_ckpt_config ckpt;         /* for ctl_ckpt_new() */
+    ctl_http_config http;         /* for ctl_http_new() */
+    const char *data_dir;         /* --data-dir, NULL: ~/.local/share/wkvm */
+    const char *worker_url;       /* --worker-url, NULL: ipc://DATA/controller.ipc */
+    bool allow_remote_workers;    /* --allow-remote-workers */
+    const char *api_keys;         /* --api-keys, NULL: none */
+    const char *vocab;            /* --vocab, NULL: the model dir's */
+    const char *served_model_name; /* --served-model-name, NULL: the model dir's name */
+    const char *log_level;        /* --log-level */
+    uint32_t max_concurrent_per_user; /* --max-concurrent-per-user */
+    uint64_t slot_io_timeout_ms;  /* --slot-io-timeout-ms */
+    uint64_t session_idle_ms;     /* --session-idle-ms */
+    uint32_t max_hot_sessions;    /* --max-hot-sessions */
+} ctl_main_conf;
+
+/* The C type of a ctl_main_conf field an option is copied into. */
+typedef enum ctl_main_field {
+    CTL_MAIN_FIELD_STR,  /* const char * (borrowed from the wk_cfg), WK_CFG_STR */
+    CTL_MAIN_FIELD_BOOL, /* bool, WK_CFG_BOOL */
+    CTL_MAIN_FIELD_U32,  /* uint32_t, WK_CFG_U64 whose max fits */
+    CTL_MAIN_FIELD_UINT, /* unsigned, WK_CFG_U64 whose max fits */
+    CTL_MAIN_FIELD_SIZE, /* size_t, WK_CFG_U64 whose max fits */
+    CTL_MAIN_FIELD_U64,  /* uint64_t, WK_CFG_U64 */
+} ctl_main_field;
+
+/* One option -> field copy. An option may go to several fields. */
+typedef struct ctl_main_bind {
+    const char *opt;     /* name in ctl_opts */
+    ctl_main_field type; /* the field's type */
+    size_t off;          /* offsetof(ctl_main_conf, field) */
+} ctl_main_bind;
+
+#define CTL_BIND(opt, type, field) {opt, CTL_MAIN_FIELD_##type, offsetof(ctl_main_conf, field)}
+static const ctl_main_bind ctl_binds[] = {
+    CTL_BIND("host", STR, http.host),
+    CTL_BIND("port", UINT, http.port),
+    CTL_BIND("data-dir", STR, data_dir),
+    CTL_BIND("worker-url", STR, worker_url),
+    CTL_BIND("worker-tls-ca", STR, pool.tls_ca),
+    CTL_BIND("worker-tls-cert", STR, pool.tls_cert),
+    CTL_BIND("worker-tls-key", STR, pool.tls_key),
+    CTL_BIND("allow-remote-workers", BOOL, allow_remote_workers),
+    CTL_BIND("model", STR, app.model_dir),
+    CTL_BIND("model", STR, pool.model_dir),
+    CTL_BIND("slots", U32, pool.slots),
+    CTL_BIND("workers", U32, app.expected_workers),
+    CTL_BIND("api-keys", STR, api_keys),
+    CTL_BIND("http-threads", UINT, http.threads),
+    CTL_BIND("max-body", SIZE, http.max_body),
+    CTL_BIND("max-header-bytes", SIZE, http.max_header),
+    CTL_BIND("http-timeout-ms", UINT, http.timeout_ms),
+    CTL_BIND("max-messages", U32, app.max_messages),
+    CTL_BIND("max-message-bytes", U64, app.max_message_bytes),
+    CTL_BIND("max-stop-bytes", U32, app.max_stop_bytes),
+    CTL_BIND("max-states-per-user", U64, app.max_states_per_user),
+    CTL_BIND("max-concurrent-per-user", U32, max_concurrent_per_user),
+    CTL_BIND("served-model-name", STR, served_model_name),
+    CTL_BIND("vocab", STR, vocab),
+    CTL_BIND("step-tokens", U32, sched.step_tokens),
+    CTL_BIND("prefill-chunk", U32, sched.job_chunk),
+    CTL_BIND("max-rows", U32, sched.max_rows),
+    CTL_BIND("queue-max", U32, sched.queue_max),
+    CTL_BIND("slot-io-timeout-ms", U64, slot_io_timeout_ms),
+    CTL_BIND("nccl-net", BOOL, app.migrate.nccl_net),
+    CTL_BIND("step-timeout-ms", U32, sched.step_timeout_ms),
+    CTL_BIND("request-timeout-ms", U64, app.request_timeout_ms),
+    CTL_BIND("max-tokens-default", U32, app.default_max_tokens),
+    CTL_BIND("max-tokens-limit", U32, app.max_tokens_limit),
+    CTL_BIND("max-prompt-tokens", U32, app.max_prompt_tokens),
+    CTL_BIND("session-idle-ms", U64, session_idle_ms),
+    CTL_BIND("max-hot-sessions", U32, max_hot_sessions),
+    CTL_BIND("prefix-cache", BOOL, ckpt.enabled),
+    CTL_BIND("state-cache-bytes", U64, ckpt.warm_bytes),
+    CTL_BIND("state-cache-disk-bytes", U64, ckpt.disk_bytes),
+    CTL_BIND("checkpoint-interval", U32, ckpt.interval),
+    CTL_BIND("checkpoint-write-through", BOOL, ckpt.write_through),
+    CTL_BIND("heartbeat-ms", U32, pool.heartbeat_ms),
+    CTL_BIND("load-timeout-ms", U32, pool.load_timeout_ms),
+    CTL_BIND("log-level", STR, log_level),
+};
+#undef CTL_BIND
+#define CTL_NBINDS (sizeof(ctl_binds) / sizeof(ctl_binds[0]))
+
+/*
+ * True when the two tables agree: every binding names an option of a
+ * matching type whose largest value fits its field, and every option is
+ * bound. A mismatch is a programming error (main() aborts).
+ */
+static bool
+ctl_main_binds_valid(void)
+{
+    for (size_t i = 0; i < CTL_NBINDS; i++) {
+        const ctl_main_bind *b = &ctl_binds[i];
+        const wk_cfg_opt *o = NULL;
+        for (size_t j = 0; j < CTL_NOPTS && o == NULL; j++)
+            if (strcmp(ctl_opts[j].name, b->opt) == 0)
+                o = &ctl_opts[j];
+        if (o == NULL)
+            return false;
+        switch (b->type) {
+        case CTL_MAIN_FIELD_STR:
+            if (o->type != WK_CFG_STR)
+                return false;
+            break;
+        case CTL_MAIN_FIELD_BOOL:
+            if (o->type != WK_CFG_BOOL)
+                return false;
+            break;
+        case CTL_MAIN_FIELD_U32:
+        case CTL_MAIN_FIELD_UINT:
+            if (o->type != WK_CFG_U64 || o->max > UINT32_MAX || o->max > UINT_MAX)
+                return false;
+            break;
+        case CTL_MAIN_FIELD_SIZE:
+            if (o->type != WK_CFG_U64 || o->max > SIZE_MAX)
+                return false;
+            break;
+        case CTL_MAIN_FIELD_U64:
+            if (o->type != WK_CFG_U64)
+                return false;
+            break;
+        }
+    }
+    for (size_t j = 0; j < CTL_NOPTS; j++) {
+        bool bound = false;
+        for (size_t i = 0; i < CTL_NBINDS && !bound; i++)
+            bound = strcmp(ctl_binds[i].opt, ctl_opts[j].name) == 0;
+        if (!bound)
+            return false;
+    }
+    return true;
+}
+
+/* Copies every bound option's value from cfg into c (strings borrowed from cfg). */
+static void
+ctl_main_conf_fill(const wk_cfg *cfg, ctl_main_conf *c)
+{
+    for (size_t i = 0; i < CTL_NBINDS; i++) {
+        const ctl_main_bind *b = &ctl_binds[i];
+        char *field = (char *)c + b->off;
+        switch (b->type) {
+        case CTL_MAIN_FIELD_STR:
+            *(const char **)(void *)field = wk_cfg_get_str(cfg, b->opt);
+            break;
+        case CTL_MAIN_FIELD_BOOL:
+            *(bool *)(void *)field = wk_cfg_get_bool(cfg, b->opt);
+            break;
+        case CTL_MAIN_FIELD_U32:
+            *(uint32_t *)(void *)field = (uint32_t)wk_cfg_get_u64(cfg, b->opt);
+            break;
+        case CTL_MAIN_FIELD_UINT:
+            *(unsigned *)(void *)field = (unsigned)wk_cfg_get_u64(cfg, b->opt);
+            break;
+        case CTL_MAIN_FIELD_SIZE:
+            *(size_t *)(void *)field = (size_t)wk_cfg_get_u64(cfg, b->opt);
+            break;
+        case CTL_MAIN_FIELD_U64:
+            *(uint64_t *)(void *)field = wk_cfg_get_u64(cfg, b->opt);
+            break;
+        }
+    }
+}
+
 static wk_err
 ctl_auth_cb(const char *authorization, const char *api_key, const char **user, bool *admin,
             void *arg)
@@ -143,7 +316,7 @@ ctl_mkdir_p(const char *path)
  * certificate and the key; the TLS files make no sense on another scheme.
  */
 static int
-ctl_main_check_worker_url(const wk_cfg *cfg, const char *url)
+ctl_main_check_worker_url(const ctl_main_conf *c, const char *url)
 {
     wk_net_scheme sc;
     char host[256];
@@ -152,9 +325,7 @@ ctl_main_check_worker_url(const wk_cfg *cfg, const char *url)
         fprintf(stderr, "wkvm-controld: --worker-url %s\n", d.msg);
         return 2;
     }
-    const char *tls[3] = {wk_cfg_get_str(cfg, "worker-tls-ca"),
-                          wk_cfg_get_str(cfg, "worker-tls-cert"),
-                          wk_cfg_get_str(cfg, "worker-tls-key")};
+    const char *tls[3] = {c->pool.tls_ca, c->pool.tls_cert, c->pool.tls_key};
     const bool any_tls = tls[0] != NULL || tls[1] != NULL || tls[2] != NULL;
     if (sc == WK_NET_SCHEME_TLS && (tls[0] == NULL || tls[1] == NULL || tls[2] == NULL)) {
         fprintf(stderr, "wkvm-controld: --worker-url %s needs --worker-tls-ca, --worker-tls-cert "
@@ -167,8 +338,7 @@ ctl_main_check_worker_url(const wk_cfg *cfg, const char *url)
                 url);
         return 2;
     }
-    if (sc == WK_NET_SCHEME_TCP && !wk_net_host_is_loopback(host) &&
-        !wk_cfg_get_bool(cfg, "allow-remote-workers")) {
+    if (sc == WK_NET_SCHEME_TCP && !wk_net_host_is_loopback(host) && !c->allow_remote_workers) {
         fprintf(stderr,
                 "wkvm-controld: refusing to listen for workers on %s: plain tcp:// on a "
                 "non-loopback address carries prompts and state bytes in clear without "
@@ -185,6 +355,10 @@ main(int argc, char **argv)
 {
     wk_cfg *cfg = NULL;
     wk_diag d = {{0}};
+    if (!ctl_main_binds_valid()) { /* a programming error: the two tables disagree */
+        fprintf(stderr, "wkvm-controld: ctl_binds does not match ctl_opts\n");
+        abort();
+    }
     if (wk_cfg_parse(ctl_opts, CTL_NOPTS, "WKVM", argc, argv, &cfg, &d) != WK_OK) {
         fprintf(stderr, "wkvm-controld: %s\n", d.msg);
         return 2;
@@ -206,15 +380,17 @@ main(int argc, char **argv)
         wk_cfg_free(cfg);
         return 2;
     }
-    if (wk_log_set_level_name(wk_cfg_get_str(cfg, "log-level")) != WK_OK) {
-        fprintf(stderr, "wkvm-controld: unknown log level '%s'\n",
-                wk_cfg_get_str(cfg, "log-level"));
+    ctl_main_conf c = {0};
+    ctl_app *app = &c.app;
+    ctl_main_conf_fill(cfg, &c);
+    if (wk_log_set_level_name(c.log_level) != WK_OK) {
+        fprintf(stderr, "wkvm-controld: unknown log level '%s'\n", c.log_level);
         wk_cfg_free(cfg);
         return 2;
     }
     char data_dir[2048];
-    if (wk_cfg_get_str(cfg, "data-dir") != NULL) {
-        snprintf(data_dir, sizeof(data_dir), "%s", wk_cfg_get_str(cfg, "data-dir"));
+    if (c.data_dir != NULL) {
+        snprintf(data_dir, sizeof(data_dir), "%s", c.data_dir);
     } else {
         const char *home = getenv("HOME");
         snprintf(data_dir, sizeof(data_dir), "%s/.local/share/wkvm", home ? home : ".");
@@ -226,18 +402,18 @@ main(int argc, char **argv)
         return 1;
     }
     char worker_url[2200];
-    if (wk_cfg_get_str(cfg, "worker-url") != NULL)
-        snprintf(worker_url, sizeof(worker_url), "%s", wk_cfg_get_str(cfg, "worker-url"));
+    if (c.worker_url != NULL)
+        snprintf(worker_url, sizeof(worker_url), "%s", c.worker_url);
     else
         snprintf(worker_url, sizeof(worker_url), "ipc://%s/controller.ipc", data_dir);
 
-    if (ctl_main_check_worker_url(cfg, worker_url) != 0) {
+    if (ctl_main_check_worker_url(&c, worker_url) != 0) {
         wk_cfg_free(cfg);
         return 2;
     }
-    const char *host = wk_cfg_get_str(cfg, "host");
+    const char *host = c.http.host;
     ctl_auth *auth = NULL;
-    if (ctl_auth_load(wk_cfg_get_str(cfg, "api-keys"), &auth, &d) != WK_OK) {
+    if (ctl_auth_load(c.api_keys, &auth, &d) != WK_OK) {
         fprintf(stderr, "wkvm-controld: %s\n", d.msg);
         wk_cfg_free(cfg);
         return 2;
@@ -261,99 +437,69 @@ main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     int rc = 1;
-    ctl_app app = {0};
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    app.start_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
-    app.expected_workers = (uint32_t)wk_cfg_get_u64(cfg, "workers");
-    app.model_dir = wk_cfg_get_str(cfg, "model");
-    app.data_dir = data_dir;
-    app.metrics = ctl_metrics_new();
-    app.default_max_tokens = (uint32_t)wk_cfg_get_u64(cfg, "max-tokens-default");
-    app.max_tokens_limit = (uint32_t)wk_cfg_get_u64(cfg, "max-tokens-limit");
-    app.max_prompt_tokens = (uint32_t)wk_cfg_get_u64(cfg, "max-prompt-tokens");
-    app.request_timeout_ms = wk_cfg_get_u64(cfg, "request-timeout-ms");
-    app.max_messages = (uint32_t)wk_cfg_get_u64(cfg, "max-messages");
-    app.max_message_bytes = wk_cfg_get_u64(cfg, "max-message-bytes");
-    app.max_stop_bytes = (uint32_t)wk_cfg_get_u64(cfg, "max-stop-bytes");
-    app.max_states_per_user = wk_cfg_get_u64(cfg, "max-states-per-user");
-    app.migrate.nccl_net = wk_cfg_get_bool(cfg, "nccl-net");
-    app.migrate.transfer_timeout_ms = (uint32_t)(wk_cfg_get_u64(cfg, "slot-io-timeout-ms") >
-                                                         WK_PROTO_NCCL_TIMEOUT_MAX
-                                                     ? WK_PROTO_NCCL_TIMEOUT_MAX
-                                                     : wk_cfg_get_u64(cfg, "slot-io-timeout-ms"));
+    app->start_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u;
+    app->data_dir = data_dir;
+    app->metrics = ctl_metrics_new();
+    app->migrate.transfer_timeout_ms =
+        (uint32_t)(c.slot_io_timeout_ms > WK_PROTO_NCCL_TIMEOUT_MAX ? WK_PROTO_NCCL_TIMEOUT_MAX
+                                                                    : c.slot_io_timeout_ms);
     /*
      * Without keys every client is the one user "local": a per-user cap would
      * be a server-wide cap on top of --queue-max, so it applies only when set
      * explicitly there.
      */
-    uint32_t per_user = (uint32_t)wk_cfg_get_u64(cfg, "max-concurrent-per-user");
+    uint32_t per_user = c.max_concurrent_per_user;
     if (!ctl_auth_enabled(auth) && !wk_cfg_is_set(cfg, "max-concurrent-per-user"))
         per_user = 0;
-    if (ctl_limits_new(per_user, &app.limits) !=
-        WK_OK) {
+    if (ctl_limits_new(per_user, &app->limits) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
     char model_name[256] = "";
-    if (app.model_dir != NULL) {
+    if (app->model_dir != NULL) {
         /* --vocab: a .json is a tokenizer.json, else a World vocab; without it, the dir's. */
-        if (wk_tok_load_dir(app.model_dir, wk_cfg_get_str(cfg, "vocab"), &app.tok, &d) != WK_OK) {
+        if (wk_tok_load_dir(app->model_dir, c.vocab, &app->tok, &d) != WK_OK) {
             fprintf(stderr, "wkvm-controld: tokenizer: %s\n", d.msg);
             goto out;
         }
-        if (wk_cfg_get_str(cfg, "served-model-name") != NULL) {
-            snprintf(model_name, sizeof(model_name), "%s", wk_cfg_get_str(cfg, "served-model-name"));
+        if (c.served_model_name != NULL) {
+            snprintf(model_name, sizeof(model_name), "%s", c.served_model_name);
         } else {
             char tmp[4096];
-            snprintf(tmp, sizeof(tmp), "%s", app.model_dir);
+            snprintf(tmp, sizeof(tmp), "%s", app->model_dir);
             size_t tl = strlen(tmp);
             while (tl > 1 && tmp[tl - 1] == '/')
                 tmp[--tl] = '\0';
             snprintf(model_name, sizeof(model_name), "%s", basename(tmp));
         }
-        app.model_id = model_name;
+        app->model_id = model_name;
     }
-    if (ctl_chat_active_new(&app.chat_active) != WK_OK ||
-        ctl_mig_drains_new(&app.drains) != WK_OK) {
+    if (ctl_chat_active_new(&app->chat_active) != WK_OK ||
+        ctl_mig_drains_new(&app->drains) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
-    if (app.metrics == NULL || ctl_admin_metrics_declare(app.metrics) != WK_OK ||
-        ctl_openai_metrics_declare(app.metrics) != WK_OK ||
-        ctl_chat_metrics_declare(app.metrics) != WK_OK ||
-        ctl_migrate_metrics_declare(app.metrics) != WK_OK ||
-        ctl_ckpt_metrics_declare(app.metrics) != WK_OK) {
+    if (app->metrics == NULL || ctl_admin_metrics_declare(app->metrics) != WK_OK ||
+        ctl_openai_metrics_declare(app->metrics) != WK_OK ||
+        ctl_chat_metrics_declare(app->metrics) != WK_OK ||
+        ctl_migrate_metrics_declare(app->metrics) != WK_OK ||
+        ctl_ckpt_metrics_declare(app->metrics) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
-    ctl_pool_config pc = {
-        .listen_url = worker_url,
-        .tls_ca = wk_cfg_get_str(cfg, "worker-tls-ca"),
-        .tls_cert = wk_cfg_get_str(cfg, "worker-tls-cert"),
-        .tls_key = wk_cfg_get_str(cfg, "worker-tls-key"),
-        .model_dir = app.model_dir,
-        .slots = (uint32_t)wk_cfg_get_u64(cfg, "slots"),
-        .heartbeat_ms = (uint32_t)wk_cfg_get_u64(cfg, "heartbeat-ms"),
-        .load_timeout_ms = (uint32_t)wk_cfg_get_u64(cfg, "load-timeout-ms"),
-    };
-    if (ctl_pool_new(&pc, &app.pool, &d) != WK_OK) {
+    c.pool.listen_url = worker_url;
+    if (ctl_pool_new(&c.pool, &app->pool, &d) != WK_OK) {
         wk_log_error("%s", d.msg);
         goto out;
     }
-    ctl_sched_config sc = {
-        .step_tokens = (uint32_t)wk_cfg_get_u64(cfg, "step-tokens"),
-        .job_chunk = (uint32_t)wk_cfg_get_u64(cfg, "prefill-chunk"),
-        .max_rows = (uint32_t)wk_cfg_get_u64(cfg, "max-rows"),
-        .queue_max = (uint32_t)wk_cfg_get_u64(cfg, "queue-max"),
-        .step_timeout_ms = (uint32_t)wk_cfg_get_u64(cfg, "step-timeout-ms"),
-    };
-    if (ctl_sched_new(&sc, app.pool, app.metrics, &app.sched, &d) != WK_OK) {
+    if (ctl_sched_new(&c.sched, app->pool, app->metrics, &app->sched, &d) != WK_OK) {
         wk_log_error("%s", d.msg);
         goto out;
     }
     ctl_store_open_stats sst;
-    if (ctl_store_open(data_dir, NULL, &app.store, &sst, &d) != WK_OK) {
+    if (ctl_store_open(data_dir, NULL, &app->store, &sst, &d) != WK_OK) {
         wk_log_error("store: %s", d.msg);
         goto out;
     }
@@ -362,84 +508,69 @@ main(int argc, char **argv)
                 (unsigned long long)sst.states, (unsigned long long)sst.blobs,
                 (unsigned long long)sst.orphans_removed, (unsigned long long)sst.temps_removed,
                 (unsigned long long)sst.blobs_missing);
-    if (ctl_vm_new(app.pool, app.sched, app.store, &app.vm, &d) != WK_OK) {
+    if (ctl_vm_new(app->pool, app->sched, app->store, &app->vm, &d) != WK_OK) {
         wk_log_error("%s", d.msg);
         goto out;
     }
-    ctl_sched_set_evictor(app.sched, ctl_main_evict, app.vm);
-    ctl_vm_set_spill(app.vm, ctl_chat_spill, &app);
-    ctl_vm_set_rpc_timeout(app.vm, (uint32_t)wk_cfg_get_u64(cfg, "slot-io-timeout-ms"));
-    if (ctl_vm_set_idle_spill(app.vm, wk_cfg_get_u64(cfg, "session-idle-ms"),
-                              (uint32_t)wk_cfg_get_u64(cfg, "max-hot-sessions")) != WK_OK) {
+    ctl_sched_set_evictor(app->sched, ctl_main_evict, app->vm);
+    ctl_vm_set_spill(app->vm, ctl_chat_spill, app);
+    ctl_vm_set_rpc_timeout(app->vm, (uint32_t)c.slot_io_timeout_ms);
+    if (ctl_vm_set_idle_spill(app->vm, c.session_idle_ms, c.max_hot_sessions) != WK_OK) {
         wk_log_error("cannot start the session spiller");
         goto out;
     }
-    ctl_ckpt_config kc = {
-        .enabled = wk_cfg_get_bool(cfg, "prefix-cache"),
-        .warm_bytes = wk_cfg_get_u64(cfg, "state-cache-bytes"),
-        .disk_bytes = wk_cfg_get_u64(cfg, "state-cache-disk-bytes"),
-        .interval = (uint32_t)wk_cfg_get_u64(cfg, "checkpoint-interval"),
-        .write_through = wk_cfg_get_bool(cfg, "checkpoint-write-through"),
-    };
+    ctl_ckpt_config *kc = &c.ckpt;
     if (!wk_cfg_is_set(cfg, "state-cache-bytes")) {
         long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
         uint64_t quarter = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 4 : 0;
-        if (quarter > 0 && quarter < kc.warm_bytes)
-            kc.warm_bytes = quarter;
+        if (quarter > 0 && quarter < kc->warm_bytes)
+            kc->warm_bytes = quarter;
     }
-    if (ctl_ckpt_new(&kc, app.pool, app.sched, app.vm, app.store, app.metrics, &app.ckpt, &d) !=
-        WK_OK) {
+    if (ctl_ckpt_new(kc, app->pool, app->sched, app->vm, app->store, app->metrics, &app->ckpt,
+                     &d) != WK_OK) {
         wk_log_error("%s", d.msg);
         goto out;
     }
     wk_log_info("prefix cache %s warm_bytes_per_worker=%llu disk_bytes=%llu interval=%u",
-                kc.enabled ? "on" : "off", (unsigned long long)kc.warm_bytes,
-                (unsigned long long)kc.disk_bytes, kc.interval);
+                kc->enabled ? "on" : "off", (unsigned long long)kc->warm_bytes,
+                (unsigned long long)kc->disk_bytes, kc->interval);
     ctl_http_route routes[64];
-    size_t nr = ctl_admin_routes(&app, routes, 64);
-    if (app.tok != NULL) {
-        nr += ctl_openai_routes(&app, routes + nr, 64 - nr);
-        nr += ctl_states_routes(&app, routes + nr, 64 - nr);
-        nr += ctl_migrate_routes(&app, routes + nr, 64 - nr);
+    size_t nr = ctl_admin_routes(app, routes, 64);
+    if (app->tok != NULL) {
+        nr += ctl_openai_routes(app, routes + nr, 64 - nr);
+        nr += ctl_states_routes(app, routes + nr, 64 - nr);
+        nr += ctl_migrate_routes(app, routes + nr, 64 - nr);
     }
-    ctl_http_config hc = {
-        .host = host,
-        .port = (unsigned)wk_cfg_get_u64(cfg, "port"),
-        .threads = (unsigned)wk_cfg_get_u64(cfg, "http-threads"),
-        .max_body = (size_t)wk_cfg_get_u64(cfg, "max-body"),
-        .timeout_ms = (unsigned)wk_cfg_get_u64(cfg, "http-timeout-ms"),
-        .max_header = (size_t)wk_cfg_get_u64(cfg, "max-header-bytes"),
-        .auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL,
-        .auth_arg = auth,
-    };
-    if (ctl_http_new(&hc, routes, nr, ctl_admin_http_observe, &app, &app.http, &d) != WK_OK) {
+    c.http.auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL;
+    c.http.auth_arg = auth;
+    if (ctl_http_new(&c.http, routes, nr, ctl_admin_http_observe, app, &app->http, &d) != WK_OK) {
         wk_log_error("%s", d.msg);
         goto out;
     }
-    wk_log_info("listening http=%s:%u workers=%s model=%s data=%s keys=%s", host, hc.port,
-                worker_url, app.model_dir ? app.model_dir : "-", data_dir,
+    wk_log_info("listening http=%s:%u workers=%s model=%s data=%s keys=%s", host, c.http.port,
+                worker_url, app->model_dir ? app->model_dir : "-", data_dir,
                 ctl_auth_enabled(auth) ? "on" : "off");
     int sig = 0;
     sigwait(&sigs, &sig);
     wk_log_info("shutting down signal=%d", sig);
     rc = 0;
 out:
-    ctl_http_free(app.http);
-    ctl_ckpt_flush(app.ckpt);
-    if (app.vm != NULL)
-        ctl_vm_flush(app.vm);
-    ctl_ckpt_free(app.ckpt);
-    if (app.sched != NULL)
-        ctl_sched_set_evictor(app.sched, NULL, NULL);
-    ctl_sched_free(app.sched);
-    ctl_vm_free(app.vm);
-    ctl_store_close(app.store);
-    ctl_pool_free(app.pool);
-    wk_tok_free(app.tok);
-    ctl_metrics_free(app.metrics);
-    ctl_limits_free(app.limits);
-    ctl_mig_drains_free(app.drains);
-    ctl_chat_active_free(app.chat_active);
+    ctl_http_free(app->http);
+    ctl_ckpt_flush(app->ckpt);
+    if (app->vm != NULL)
+        ctl_vm_flush(app->vm);
+    ctl_ckpt_free(app->ckpt);
+    if (app->sched != NULL)
+        ctl_sched_set_evictor(app->sched, NULL, NULL);
+    ctl_sched_free(app->sched);
+    ctl_vm_free(app->vm);
+    ctl_store_close(app->store);
+    ctl_pool_free(app->pool);
+    wk_tok_free(app->tok);
+    ctl_metrics_free(app->metrics);
+    ctl_limits_free(app->limits);
+    ctl_mig_drains_free(app->drains);
+    ctl_chat_active_free(app->chat_active);
     ctl_auth_free(auth);
     wk_cfg_free(cfg);
     return rc;
