@@ -417,7 +417,7 @@ bench_usage(FILE *f)
 {
     fprintf(f, "usage: wkvm-bench-cpu --model DIR [--threads N] [--batches 1,8,32,64]\n"
                "                      [--prefill T] [--seconds S] [--bw-mib M] [--sgemm-n N]\n"
-               "                      [--rounds R] [--fp32]\n"
+               "                      [--rounds R] [--fp32] [--quantize q8_0]\n"
                "Every figure is the best of R rounds (default 3); --seconds is the decode\n"
                "time per batch size per round.\n");
 }
@@ -426,7 +426,7 @@ int
 main(int argc, char **argv)
 {
     const char *model = NULL;
-    int threads = 0, prefill = 512, bw_mib = 1024, sgemm_n = 3072, fp32 = 0;
+    int threads = 0, prefill = 512, bw_mib = 1024, sgemm_n = 3072, fp32 = 0, q8_0 = 0;
     double seconds = 1.5;
     int rounds = 3;
     uint32_t batches[BENCH_MAX_BATCHES] = {1, 8, 32, 64};
@@ -437,6 +437,7 @@ main(int argc, char **argv)
         {"seconds", required_argument, NULL, 's'}, {"bw-mib", required_argument, NULL, 'w'},
         {"sgemm-n", required_argument, NULL, 'g'}, {"fp32", no_argument, NULL, 'f'},
         {"rounds", required_argument, NULL, 'r'},  {"help", no_argument, NULL, 'h'},
+        {"quantize", required_argument, NULL, 'q'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -449,6 +450,13 @@ main(int argc, char **argv)
         case 'w': bw_mib = atoi(optarg); break;
         case 'g': sgemm_n = atoi(optarg); break;
         case 'f': fp32 = 1; break;
+        case 'q':
+            if (strcmp(optarg, "q8_0") != 0 && strcmp(optarg, "none") != 0) {
+                fprintf(stderr, "wkvm-bench-cpu: --quantize %s: none or q8_0\n", optarg);
+                return 2;
+            }
+            q8_0 = strcmp(optarg, "q8_0") == 0;
+            break;
         case 'r': rounds = atoi(optarg); break;
         case 'b': {
             n_batches = 0;
@@ -483,7 +491,7 @@ main(int argc, char **argv)
 
     /* model */
     wk_diag d = {{0}};
-    wrk_model_opts mo = {.fp32 = fp32 != 0};
+    wrk_model_opts mo = {.fp32 = fp32 != 0, .quantize_q8_0 = q8_0 != 0};
     wrk_model *m = NULL;
     if (wrk_model_load(model, &mo, &m, &d) != WK_OK)
         bench_die("load failed", d.msg);

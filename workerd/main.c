@@ -40,6 +40,9 @@ static const wk_cfg_opt wrk_opts[] = {
     {"device", WK_CFG_U64, "0", 0, 255, "CUDA device ordinal"},
     {"threads", WK_CFG_U64, "0", 0, 1024, "CPU threads for the CPU backend (0 = all cores)"},
     {"fp32", WK_CFG_BOOL, "false", 0, 0, "convert weights to fp32 at load"},
+    {"quantize", WK_CFG_STR, "none", 0, 0,
+     "none or q8_0: quantize an RWKV-7 checkpoint's matrices to Q8_0 at load (CPU backend; "
+     "states made under Q8_0 only load into Q8_0 workers: the fingerprint differs)"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
     {"host-cache-bytes", WK_CFG_U64, "12884901888", 0, 1099511627776ull,
      "warm tier: host memory for copies of evicted states and checkpoints, a hard limit "
@@ -128,6 +131,11 @@ main(int argc, char **argv)
         fprintf(stderr, "wkvm-workerd: unexpected argument '%s'\n", wk_cfg_pos(cfg, 0));
         goto out;
     }
+    const char *quant = wk_cfg_get_str(cfg, "quantize");
+    if (quant == NULL || (strcmp(quant, "none") != 0 && strcmp(quant, "q8_0") != 0)) {
+        fprintf(stderr, "wkvm-workerd: --quantize %s: none or q8_0\n", quant ? quant : "");
+        goto out;
+    }
     if (wk_log_set_level_name(wk_cfg_get_str(cfg, "log-level")) != WK_OK) {
         fprintf(stderr, "wkvm-workerd: unknown log level '%s'\n",
                 wk_cfg_get_str(cfg, "log-level"));
@@ -183,6 +191,7 @@ main(int argc, char **argv)
         .device = (int)wk_cfg_get_u64(cfg, "device"),
         .threads = (uint32_t)wk_cfg_get_u64(cfg, "threads"),
         .fp32 = wk_cfg_get_bool(cfg, "fp32"),
+        .quantize_q8_0 = strcmp(quant, "q8_0") == 0,
         .vocab_path = wk_cfg_get_str(cfg, "vocab"),
         .host_cache_bytes = host_cache,
         .kv_pages = (uint32_t)wk_cfg_get_u64(cfg, "kv-pages"),

@@ -58,6 +58,7 @@ typedef struct infer_opts {
     double check_tol;       /* --check-tolerance T, 0 = bit for bit */
     int encode, decode;     /* modes */
     int fp32, bench;        /* flags */
+    int q8_0;               /* --quantize q8_0 */
 } infer_opts;
 
 static void infer_die(int code, const char *fmt, ...) WK_PRINTF(2, 3);
@@ -95,6 +96,7 @@ infer_usage(FILE *f)
             "  --backend NAME       cpu, cuda or auto (= cpu for now; default cpu)\n"
             "  --prefill-chunk N    prompt tokens per step (default 256)\n"
             "  --fp32               convert the weights to fp32 at load\n"
+            "  --quantize q8_0      quantize an RWKV-7 checkpoint's matrices to Q8_0 at load\n"
             "  --bench              print prefill and decode throughput (uses --tokens or\n"
             "                       --bench-prefill synthetic tokens, and --generate steps)\n"
             "  --bench-batch B      with --bench: decode B sequences per step (default 1),\n"
@@ -857,7 +859,7 @@ main(int argc, char **argv)
     enum {
         O_MODEL = 1, O_TOKENS, O_LOGITS, O_GENERATE, O_ENCODE, O_DECODE, O_VOCAB, O_THREADS,
         O_BACKEND, O_CHUNK, O_FP32, O_BENCH, O_BBATCH, O_BPREFILL, O_BCHECK, O_SCHECK,
-        O_KVPAGES, O_CHECKTOL, O_HELP,
+        O_KVPAGES, O_CHECKTOL, O_QUANT, O_HELP,
     };
     static const struct option lopts[] = {
         {"model", required_argument, NULL, O_MODEL},
@@ -871,6 +873,7 @@ main(int argc, char **argv)
         {"backend", required_argument, NULL, O_BACKEND},
         {"prefill-chunk", required_argument, NULL, O_CHUNK},
         {"fp32", no_argument, NULL, O_FP32},
+        {"quantize", required_argument, NULL, O_QUANT},
         {"bench", no_argument, NULL, O_BENCH},
         {"bench-batch", required_argument, NULL, O_BBATCH},
         {"bench-prefill", required_argument, NULL, O_BPREFILL},
@@ -898,6 +901,12 @@ main(int argc, char **argv)
         case O_BACKEND: o.backend = optarg; break;
         case O_CHUNK: o.chunk = infer_parse_long("--prefill-chunk", optarg, 1, 65536); break;
         case O_FP32: o.fp32 = 1; break;
+        case O_QUANT:
+            if (strcmp(optarg, "q8_0") == 0)
+                o.q8_0 = 1;
+            else if (strcmp(optarg, "none") != 0)
+                infer_die(2, "--quantize %s: none or q8_0", optarg);
+            break;
         case O_BENCH: o.bench = 1; break;
         case O_BBATCH:
             o.bench_batch = infer_parse_long("--bench-batch", optarg, 1, INFER_MAX_BATCH);
@@ -962,7 +971,8 @@ main(int argc, char **argv)
         infer_die(1, "--backend %s: not available in this build", o.backend);
 
     wk_diag d = {{0}};
-    wrk_model_opts mo = {.fp32 = o.fp32 != 0, .vocab_path = o.vocab};
+    wrk_model_opts mo = {.fp32 = o.fp32 != 0, .quantize_q8_0 = o.q8_0 != 0,
+                         .vocab_path = o.vocab};
     wrk_model *m = NULL;
     wk_err e = wrk_model_load(o.model, &mo, &m, &d);
     if (e != WK_OK)

@@ -18,7 +18,11 @@
  * understand is not run.
  *
  * Weights stay where the tensor set maps them, in their stored dtype, unless
- * fp32 is asked for (then owned fp32 copies are made). Backends build their
+ * fp32 is asked for (then owned fp32 copies are made) or Q8_0 (then owned
+ * Q8_0 copies of the RWKV-7 matrices are made, stored [n_out][n_in] so the
+ * blocks run along the input dim, with wk_q8_0_quantize_row, the bytes
+ * llama.cpp's converter writes for the same fp32 values; which matrices:
+ * wrk_quantize_q8_0). Q8_0 tensors from a GGUF stay Q8_0. Backends build their
  * own layouts from the view. This module never logs and never aborts on bad
  * input.
  */
@@ -52,7 +56,7 @@ struct wrk_model {
     wk_tensor_set *set;      /* the opened checkpoint, owns the mappings */
     wrk_rwkv7 rwkv7;         /* family view; points into set or owned */
     wrk_rwkv7_layer *layers; /* n_layer entries, owned */
-    wk_tensor *owned;        /* fp32 copies (opts->fp32), owned; names borrowed */
+    wk_tensor *owned;        /* fp32 or Q8_0 copies (opts), owned; names borrowed */
     size_t n_owned;          /* entries used in owned */
     size_t cap_owned;        /* entries allocated in owned */
     wk_tok *tok;             /* tokenizer, NULL when no vocab file */
@@ -763,7 +767,7 @@ wrk_visit_all(wrk_model *m, wrk_visit_fn fn, void *arg)
 /* counting */
 typedef struct wrk_count {
     uint64_t params;           /* elements */
-    uint64_t bytes_by_dtype[3]; /* stored bytes per wk_dtype */
+    uint64_t bytes_by_dtype[WK_DTYPE_COUNT]; /* stored bytes per wk_dtype */
     size_t n;                  /* tensors */
 } wrk_count;
 
@@ -774,7 +778,7 @@ wrk_visit_count(wrk_model *m, const wrk_visit *v, void *arg)
     const wk_tensor *t = *v->tp;
     (void)m;
     c->params += (uint64_t)wk_tensor_numel(t);
-    if ((unsigned)t->dtype < 3)
+    if ((unsigned)t->dtype < WK_DTYPE_COUNT)
         c->bytes_by_dtype[t->dtype] += t->nbytes;
     c->n++;
     return WK_OK;
@@ -800,10 +804,12 @@ wrk_visit_digest(wrk_model *m, const wrk_visit *v, void *arg)
     int n;
     (void)m;
 
+    /* Q8_0 blocks cannot be transposed element by element: hashed as stored */
+    const bool transpose = v->transpose && t->dtype != WK_DTYPE_Q8_0;
     if (v->vec)
         n = snprintf(hdr, sizeof(hdr), "%s|%s|[%" PRId64 "]|", v->name, wk_dtype_name(t->dtype),
                      numel);
-    else if (v->transpose)
+    else if (transpose)
         n = snprintf(hdr, sizeof(hdr), "%s|%s|[%" PRId64 ",%" PRId64 "]|", v->name,
                      wk_dtype_name(t->dtype), t->shape[1], t->shape[0]);
     else
@@ -814,7 +820,7 @@ wrk_visit_digest(wrk_model *m, const wrk_visit *v, void *arg)
     if (g->opts != NULL && g->opts->progress != NULL && g->total > 0)
         g->opts->progress(g->opts->progress_arg, "reading weights",
                           (double)g->done / (double)g->total);
-    if (!v->transpose) {
+    if (!transpose) {
         wk_sha256_update(&g->sha, t->data, t->nbytes);
         return WK_OK;
     }
@@ -861,6 +867,92 @@ wrk_visit_fp32(wrk_model *m, const wrk_visit *v, void *arg)
     o->nbytes = numel * sizeof(float);
     *v->tp = o;
     return WK_OK;
+}
+
+/*
+ * --quantize q8_0: replaces one matrix by an owned Q8_0 copy stored
+ * [n_out][n_in] (in_major cleared). Skips a matrix already Q8_0 or whose
+ * n_in is not a multiple of 32 (it stays in its dtype).
+ */
+static wk_err
+wrk_quantize_mat(wrk_model *m, wrk_mat *w, wk_diag *d)
+{
+    const wk_tensor *t = w->t;
+    if (t == NULL || t->dtype == WK_DTYPE_Q8_0 || w->n_in % WK_Q8_0_BLOCK != 0)
+        return WK_OK;
+    if (m->n_owned == m->cap_owned)
+        return wk_diag_set(d, WK_EINVAL, "%s: more matrices than counted", t->name);
+    const size_t K = w->n_in, N = w->n_out, row_bytes = K / WK_Q8_0_BLOCK * WK_Q8_0_BYTES;
+    uint8_t *q = malloc(N * row_bytes);
+    float *row = malloc(K * sizeof(float));
+    if (q == NULL || row == NULL) {
+        free(q);
+        free(row);
+        return wk_diag_set(d, WK_ENOMEM, "out of memory quantizing %s", t->name);
+    }
+    wk_err e = WK_OK;
+    for (size_t c = 0; c < N && e == WK_OK; c++) {
+        if (w->in_major) {
+            for (size_t k = 0; k < K && e == WK_OK; k++)
+                e = wk_tensor_read_f32(t, k * N + c, 1, row + k);
+        } else {
+            e = wk_tensor_read_f32(t, c * K, K, row);
+        }
+        if (e == WK_OK)
+            e = wk_q8_0_quantize_row(row, K, q + c * row_bytes);
+    }
+    free(row);
+    if (e != WK_OK) {
+        free(q);
+        return wk_diag_set(d, e, "%s: cannot quantize to Q8_0", t->name);
+    }
+    wk_tensor *o = &m->owned[m->n_owned++];
+    *o = *t;
+    o->dtype = WK_DTYPE_Q8_0;
+    o->ndim = 2;
+    o->shape[0] = (int64_t)N;
+    o->shape[1] = (int64_t)K;
+    o->data = q;
+    o->nbytes = N * row_bytes;
+    w->t = o;
+    w->in_major = false;
+    return WK_OK;
+}
+
+/*
+ * Quantizes the RWKV-7 matrices to Q8_0 as llama.cpp's convert_hf_to_gguf.py
+ * --outtype q8_0 does: the projections (r, k, v, o), the channel mix (key,
+ * value), the ICLR, value-residual and gate LoRAs and the head. Kept in
+ * their dtype, as llama.cpp keeps them in F32: the decay LoRA (w1, w2: the
+ * decay is exp(-exp(..)), sensitive to every bit), vectors and norms. The
+ * embedding stays too (llama.cpp quantizes token_embd, but wkvm only reads
+ * one row of it per token, so it costs no bandwidth). Other families:
+ * WK_ENOTSUP.
+ */
+static wk_err
+wrk_quantize_q8_0(wrk_model *m, wk_diag *d)
+{
+    if (m->fam != NULL)
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "--quantize q8_0: only RWKV-7 checkpoints (this one is %s); a Q8_0 "
+                           "GGUF loads as it is",
+                           m->fam->name);
+    wrk_rwkv7 *r = &m->rwkv7;
+    m->cap_owned = (size_t)r->n_layer * 12 + 1;
+    m->owned = calloc(m->cap_owned, sizeof(*m->owned));
+    if (m->owned == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    wk_err e;
+    for (uint32_t l = 0; l < r->n_layer; l++) {
+        wrk_rwkv7_layer *ly = &m->layers[l];
+        wrk_mat *mats[] = {&ly->wr, &ly->wk,     &ly->wv,        &ly->wo, &ly->a1, &ly->a2,
+                           &ly->v1, &ly->v2,     &ly->g1,        &ly->g2, &ly->ffn_key,
+                           &ly->ffn_value};
+        for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
+            if ((e = wrk_quantize_mat(m, mats[i], d)) != WK_OK)
+                return e;
+    }
+    return wrk_quantize_mat(m, &r->head, d);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1144,7 +1236,8 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
         wrk_digest g;
         memset(&g, 0, sizeof(g));
         g.opts = opts;
-        g.total = cnt.bytes_by_dtype[0] + cnt.bytes_by_dtype[1] + cnt.bytes_by_dtype[2];
+        for (int i = 0; i < WK_DTYPE_COUNT; i++)
+            g.total += cnt.bytes_by_dtype[i];
         if ((e = wk_sha256_init(&g.sha)) != WK_OK) {
             wk_diag_set(d, e, "sha256 init failed");
             goto fail;
@@ -1161,6 +1254,18 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
         wk_sha256_to_hex(dig, in->weights_digest);
     }
 
+    if (opts != NULL && opts->fp32 && opts->quantize_q8_0) {
+        e = wk_diag_set(d, WK_EINVAL, "--fp32 and --quantize q8_0 exclude each other");
+        goto fail;
+    }
+    if (opts != NULL && opts->quantize_q8_0) {
+        if ((e = wrk_quantize_q8_0(m, d)) != WK_OK)
+            goto fail;
+        /* what is kept now: recount (the matrices point at the Q8_0 copies) */
+        memset(&cnt, 0, sizeof(cnt));
+        (void)wrk_visit_all(m, wrk_visit_count, &cnt);
+        cnt.params = in->n_params;
+    }
     if (opts != NULL && opts->fp32) {
         m->cap_owned = cnt.n;
         m->owned = calloc(cnt.n ? cnt.n : 1, sizeof(*m->owned));
@@ -1185,11 +1290,14 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
         in->weight_bytes = cnt.params * 4u;
     } else {
         int best = 0;
-        for (int i = 1; i < 3; i++)
+        in->weight_bytes = 0;
+        for (int i = 0; i < WK_DTYPE_COUNT; i++) {
             if (cnt.bytes_by_dtype[i] > cnt.bytes_by_dtype[best])
                 best = i;
-        in->dtype = (wk_dtype)best;
-        in->weight_bytes = cnt.bytes_by_dtype[0] + cnt.bytes_by_dtype[1] + cnt.bytes_by_dtype[2];
+            in->weight_bytes += cnt.bytes_by_dtype[i];
+        }
+        /* the fingerprint binds it: a state made under Q8_0 never loads into BF16 weights */
+        in->dtype = opts != NULL && opts->quantize_q8_0 ? WK_DTYPE_Q8_0 : (wk_dtype)best;
     }
 
     if ((e = wrk_model_load_vocab(m, dir, opts, d)) != WK_OK)

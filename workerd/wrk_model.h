@@ -21,6 +21,7 @@ typedef struct wrk_model wrk_model;
 
 typedef struct wrk_model_opts {
     bool fp32;              /* convert all weights to fp32 at load */
+    bool quantize_q8_0;     /* quantize the matrices to Q8_0 at load (RWKV-7; see wrk_model.c) */
     const char *vocab_path; /* vocab file, NULL: look in the model dir */
     /* Optional: called as the weights are read (frac 0..1), from the loading thread. */
     void (*progress)(void *arg, const char *phase, double frac);
@@ -54,7 +55,8 @@ typedef struct wrk_model_info {
 
 /*
  * A weight matrix mapping n_in features to n_out (y = x W), as stored.
- * t is borrowed until wrk_model_free(); its dtype is F32, F16 or BF16.
+ * t is borrowed until wrk_model_free(); its dtype is F32, F16, BF16 or Q8_0
+ * (Q8_0: blocks along the last stored dim).
  * in_major: stored [n_in, n_out] (x @ W, BlinkDL LoRA w1/w2 ...);
  * otherwise stored [n_out, n_in] (torch nn.Linear weight). NULL t: absent.
  */

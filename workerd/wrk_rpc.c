@@ -260,7 +260,8 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
     if (w->model != NULL && strcmp(w->model_dir, model_dir) == 0 &&
         w->cfg.backend->n_slots(w->be) == n_slots)
         return WK_OK;
-    wrk_model_opts mo = {.fp32 = w->cfg.fp32, .vocab_path = w->vocab_path,
+    wrk_model_opts mo = {.fp32 = w->cfg.fp32, .quantize_q8_0 = w->cfg.quantize_q8_0,
+                         .vocab_path = w->vocab_path,
                          .progress = wrk_load_progress, .progress_arg = w};
     w->load_permille = 0;
     wrk_model *m = NULL;

@@ -28,6 +28,7 @@ typedef struct wrk_rpc_config {
     int device;                 /* CUDA ordinal */
     uint32_t threads;           /* CPU threads, 0 = all */
     bool fp32;                  /* keep weights in fp32 */
+    bool quantize_q8_0;         /* quantize the matrices to Q8_0 at load */
     const char *vocab_path;     /* vocab override, NULL = model dir */
     uint64_t host_cache_bytes;  /* warm tier budget in host memory, 0 = none */
     uint32_t kv_pages;          /* hybrid models: KV pool pages, 0 = the backend's default */

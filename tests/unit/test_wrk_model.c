@@ -120,6 +120,37 @@ test_conventions_identical(void **state)
     assert_string_not_equal(i32.fingerprint, ih.fingerprint);
     for (size_t i = 0; i < ih.vocab_size * N_TEST_TOKENS; i++)
         assert_float_equal(l32[i], lh[i], 1e-4);
+
+    /*
+     * --quantize q8_0: same digest (of the stored weights), dtype Q8_0, a
+     * fingerprint of its own (a state made under Q8_0 never loads into the
+     * BF16 or F32 model, nor the reverse), fewer bytes; both conventions
+     * quantize the same canonical values along k, so the same logits.
+     */
+    wrk_model_opts oq = {.quantize_q8_0 = true};
+    wrk_model_info iqh, iqb;
+    float *lqh = logits_of(dh, &oq, &iqh);
+    float *lqb = logits_of(db, &oq, &iqb);
+    assert_int_equal(iqh.dtype, WK_DTYPE_Q8_0);
+    assert_string_equal(iqh.weights_digest, ih.weights_digest);
+    assert_string_not_equal(iqh.fingerprint, ih.fingerprint);
+    assert_string_not_equal(iqh.fingerprint, i32.fingerprint);
+    assert_string_equal(iqh.fingerprint, iqb.fingerprint);
+    assert_true(iqh.weight_bytes < ih.weight_bytes);
+    assert_memory_equal(lqh, lqb, sizeof(float) * ih.vocab_size * N_TEST_TOKENS);
+    bool differs = false;
+    for (size_t i = 0; i < ih.vocab_size * N_TEST_TOKENS; i++) {
+        assert_float_equal(lqh[i], lh[i], 0.1);
+        differs |= lqh[i] != lh[i];
+    }
+    assert_true(differs);
+    wrk_model_opts both = {.fp32 = true, .quantize_q8_0 = true};
+    wrk_model *mb = NULL;
+    wk_diag dg = {{0}};
+    assert_int_equal(wrk_model_load(dh, &both, &mb, &dg), WK_EINVAL);
+    assert_non_null(strstr(dg.msg, "--quantize q8_0"));
+    free(lqh);
+    free(lqb);
     free(l32);
     free(lh);
     free(lb);
