@@ -7,13 +7,26 @@
 # prints decode tok/s at batch 1/8/32/64 and prefill tok/s at 512 tokens as
 # fractions of their roofs (Markdown table on stdout).
 #
-# Usage: bench/bench_cpu.sh [BUILD_DIR] [-- extra wkvm-bench-cpu flags]
+# Then the same with the matrices quantized to Q8_0 at load (--quantize q8_0):
+# the Q8_0 rows (WKVM_BENCH_Q8=0 skips them).
+#
+# Peer mode (--peer DIR, DIR from bench/peer-setup.sh): wkvm Q8_0 and BF16
+# against llama.cpp's llama-bench / llama-batched-bench on the same Q8_0 GGUF
+# file (converted by llama.cpp's convert_hf_to_gguf.py), CPU, 2 threads,
+# alternating rounds (bench/peer_cpu.py; WKVM_BENCH_ROUNDS rounds, default 3).
+#
+# Usage: bench/bench_cpu.sh [--peer DIR] [BUILD_DIR] [-- extra wkvm-bench-cpu flags]
 #   BUILD_DIR  meson build directory (default: build)
 #   WKVM_BENCH_ROUNDS     rounds; each figure is the best round (default 5)
 #   WKVM_BENCH_MODEL_DIR  where the model is generated/reused
 #                         (default: $BUILD_DIR/bench-models/rwkv7-0.1b-bf16)
 set -euo pipefail
 
+peer=""
+if [ "${1:-}" = "--peer" ]; then
+    peer="${2:?bench_cpu.sh: --peer needs the directory of bench/peer-setup.sh}"
+    shift 2
+fi
 build="${1:-build}"
 shift || true
 if [ "${1:-}" = "--" ]; then
@@ -37,6 +50,19 @@ fi
 
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs," \
      "$(free -g | awk '/^Mem:/ {print $2}') GiB RAM, $(uname -r)"
+if [ -n "$peer" ]; then
+    echo "command: $0 --peer $peer $build $*"
+    echo
+    exec python3 "$(dirname "$0")/peer_cpu.py" --build "$build" --peer "$peer" --model "$model" \
+        --rounds "${WKVM_BENCH_ROUNDS:-3}"
+fi
 echo "command: $0 $build $*"
 echo
-exec "$bench" --model "$model" --batches 1,8,32,64 --prefill 512 --rounds "${WKVM_BENCH_ROUNDS:-5}" "$@"
+"$bench" --model "$model" --batches 1,8,32,64 --prefill 512 --rounds "${WKVM_BENCH_ROUNDS:-5}" "$@"
+if [ "${WKVM_BENCH_Q8:-1}" != 0 ]; then
+    echo
+    echo "Q8_0 (--quantize q8_0):"
+    echo
+    "$bench" --model "$model" --batches 1,8,32,64 --prefill 512 \
+        --rounds "${WKVM_BENCH_ROUNDS:-5}" --quantize q8_0 "$@"
+fi

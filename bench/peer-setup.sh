@@ -6,15 +6,21 @@
 # PyPI `rwkv` package, whose rwkv_vocab_v20230424.txt is the real RWKV World vocab.
 # Idempotent; everything lands in DIR (default build/peer):
 #   DIR/llama.cpp/                   the source (its git commit is in DIR/llama.cpp.commit)
-#   DIR/llama.cpp/build/bin/llama-server
+#   DIR/llama.cpp/build/bin/llama-server, llama-bench, llama-batched-bench (bench_cpu.sh --peer)
 #   DIR/venv/                        python for the converter
 #   DIR/rwkv_vocab_v20230424.txt     the real World vocab
-# Usage: bench/peer-setup.sh [DIR]   (needs cmake and a C++ compiler: apt-get install cmake g++)
+# Usage: bench/peer-setup.sh [DIR]   (needs cmake and a C++ compiler: apt-get install cmake g++;
+# when they are missing and this runs as root, it installs them with apt-get)
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-$src/build/peer}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
+if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get install -y -q cmake g++ >/dev/null
+    fi
+fi
 command -v cmake >/dev/null || { echo "peer-setup: cmake not found (apt-get install cmake)" >&2; exit 1; }
 
 if [ ! -x "$dir/venv/bin/python" ]; then
@@ -40,10 +46,15 @@ if [ ! -f "$dir/llama.cpp/CMakeLists.txt" ]; then
     rm -rf "$tmp"
 fi
 
-if [ ! -x "$dir/llama.cpp/build/bin/llama-server" ]; then
+bin=$dir/llama.cpp/build/bin
+if [ ! -x "$bin/llama-server" ] || [ ! -x "$bin/llama-bench" ] ||
+    [ ! -x "$bin/llama-batched-bench" ]; then
+    # CPU only (no CUDA/Vulkan/BLAS), tuned for this CPU like wkvm's run-time ISA choice
     cmake -S "$dir/llama.cpp" -B "$dir/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON >/dev/null
-    cmake --build "$dir/llama.cpp/build" --target llama-server -j"$(nproc)" >/dev/null
+        -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
+        -DLLAMA_BUILD_SERVER=ON >/dev/null
+    cmake --build "$dir/llama.cpp/build" --target llama-server llama-bench llama-batched-bench \
+        -j"$(nproc)" >/dev/null
 fi
 echo "peer-setup: llama-server $(cat "$dir/llama.cpp.commit") in $dir"

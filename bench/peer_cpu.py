@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""wkvm's CPU backend against llama.cpp on the SAME Q8_0 GGUF file.
+
+bench/bench_cpu.sh --peer runs this. The model is the 0.1B-shaped random
+RWKV-7 of bench_cpu.sh (BF16 safetensors, HF layout), converted once by
+llama.cpp's own convert_hf_to_gguf.py --outtype q8_0 (through
+bench/gguf-convert.py). Then, in R rounds that alternate the engines (so a
+busy spell of this shared machine hits both alike):
+  - wkvm Q8_0:  wkvm-bench-cpu --model <dir holding the GGUF> (--rounds 1)
+  - wkvm BF16:  wkvm-bench-cpu on the BF16 safetensors (the 1.7x target)
+  - llama.cpp:  llama-bench -t 2 on the GGUF (tg64 = decode batch 1, pp512 =
+                prefill), llama-batched-bench -t 2 -npp 32 -ntg 32 -npl B
+                (S_TG = decode tok/s with B sequences; the prompt part of its
+                run is not counted)
+Every figure is the best of its R rounds; ratios are taken from them. Prints
+a Markdown table and the commands. Stdlib only.
+
+usage: peer_cpu.py --build BUILD --peer PEER_DIR --model BF16_DIR [--rounds R]
+                   [--batches 8,32] [--threads 2]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import benchlib  # noqa: E402
+
+
+def sh(cmd, timeout=1800):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise SystemExit("peer_cpu: %s failed (%d):\n%s" % (" ".join(cmd), p.returncode,
+                                                            (p.stderr or p.stdout)[-3000:]))
+    return p.stdout
+
+
+def make_gguf(a):
+    """The Q8_0 GGUF of the BF16 model, and a wkvm model dir holding (a link to) it."""
+    gdir = os.path.join(a.peer, "gguf")
+    gguf = os.path.join(gdir, "rwkv7-0.1b-q8_0.gguf")
+    wdir = os.path.join(gdir, "rwkv7-0.1b-q8_0")
+    if not os.path.exists(gguf):
+        # the converter reads the real World vocab (peer-setup.sh's copy) next to the weights
+        src = os.path.join(gdir, "rwkv7-0.1b-src")
+        os.makedirs(src, exist_ok=True)
+        for name, frm in (("config.json", a.model), ("model.safetensors", a.model),
+                          ("rwkv_vocab_v20230424.txt", a.peer)):
+            dst = os.path.join(src, name)
+            if not os.path.lexists(dst):
+                os.symlink(os.path.abspath(os.path.join(frm, name)), dst)
+        sh([os.path.join(a.peer, "venv", "bin", "python"), os.path.join(HERE, "gguf-convert.py"),
+            os.path.join(a.peer, "llama.cpp", "convert_hf_to_gguf.py"), src, "--outtype", "q8_0",
+            "--outfile", gguf])
+    if not os.path.isdir(wdir):
+        os.makedirs(wdir)
+        os.symlink(os.path.abspath(gguf), os.path.join(wdir, "model.gguf"))
+    return gguf, wdir
+
+
+WKVM_ROW = re.compile(r"^\| (decode batch (\d+)|prefill (\d+) tokens) \| ([0-9.]+) \|")
+
+
+def wkvm(a, model, extra=()):
+    cmd = [os.path.join(a.build, "bench", "wkvm-bench-cpu"), "--model", model, "--threads",
+           str(a.threads), "--batches", ",".join(["1"] + a.batches), "--prefill", "512",
+           "--rounds", "1", "--bw-mib", "64", "--sgemm-n", "256"] + list(extra)
+    out = sh(cmd)
+    r = {}
+    for line in out.splitlines():
+        m = WKVM_ROW.match(line)
+        if m:
+            key = "b" + m.group(2) if m.group(2) else "pp" + m.group(3)
+            r[key] = float(m.group(4))
+    return r, " ".join(cmd)
+
+
+def llama(a, gguf):
+    bin_ = os.path.join(a.peer, "llama.cpp", "build", "bin")
+    r = {}
+    cmd1 = [os.path.join(bin_, "llama-bench"), "-m", gguf, "-t", str(a.threads), "-p", "512",
+            "-n", "64", "-r", "1", "-o", "json"]
+    for res in json.loads(sh(cmd1)):
+        if res.get("n_gen", 0) > 0 and res.get("n_prompt", 0) == 0:
+            r["b1"] = float(res["avg_ts"])
+        elif res.get("n_prompt", 0) > 0 and res.get("n_gen", 0) == 0:
+            r["pp512"] = float(res["avg_ts"])
+    pls = [int(b) for b in a.batches]
+    cmd2 = [os.path.join(bin_, "llama-batched-bench"), "-m", gguf, "-t", str(a.threads), "-tb",
+            str(a.threads), "-c", str(max(pls) * 64), "-npp", "32", "-ntg", "32", "-npl",
+            ",".join(a.batches), "--output-format", "jsonl"]
+    for line in sh(cmd2).splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            j = json.loads(line)
+            r["b%d" % j["pl"]] = float(j["speed_tg"])
+    return r, [" ".join(cmd1), " ".join(cmd2)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--peer", required=True)
+    ap.add_argument("--model", required=True, help="the BF16 model dir (bench_cpu.sh's)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", default="8,32")
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    a.batches = [b for b in a.batches.split(",") if b]
+    gguf, wdir = make_gguf(a)
+    mach = benchlib.machine()
+    best = {"q8": {}, "bf16": {}, "llama": {}}
+    cmds = {}
+    for rnd in range(a.rounds):
+        for eng in ("q8", "llama", "bf16"):
+            if eng == "q8":
+                r, cmds["q8"] = wkvm(a, wdir)
+            elif eng == "bf16":
+                r, cmds["bf16"] = wkvm(a, a.model)
+            else:
+                r, cmds["llama"] = llama(a, gguf)
+            for k, v in r.items():
+                best[eng][k] = max(best[eng].get(k, 0.0), v)
+        print("peer_cpu: round %d/%d done, load %.2f" % (rnd + 1, a.rounds, os.getloadavg()[0]),
+              file=sys.stderr)
+    commit = "unknown"
+    cpath = os.path.join(a.peer, "llama.cpp.commit")
+    if os.path.exists(cpath):
+        commit = open(cpath).read().strip()
+    sdist = ""
+    spath = os.path.join(a.peer, "llama-cpp-python.sdist")
+    if os.path.exists(spath):
+        sdist = open(spath).read().strip()
+    print("machine: %s, %s CPUs, load average at start %s, after %.2f" % (
+        mach.get("cpu"), mach.get("cores"),
+        " ".join("%.2f" % x for x in mach.get("loadavg_start", [])), os.getloadavg()[0]))
+    print("llama.cpp: %s (commit %s), CPU only, %d threads" % (sdist, commit, a.threads))
+    print("GGUF: %s (%.1f MB, Q8_0 by convert_hf_to_gguf.py)" % (gguf, os.path.getsize(gguf) / 1e6))
+    print("best of %d alternating rounds\n" % a.rounds)
+    print("| workload | wkvm Q8_0 tok/s | wkvm BF16 tok/s | llama.cpp Q8_0 tok/s | "
+          "Q8_0 / BF16 | wkvm / llama.cpp |")
+    print("|---|---:|---:|---:|---:|---:|")
+    rows = [("decode batch 1", "b1")] + [("decode batch %s" % b, "b" + b) for b in a.batches] + \
+        [("prefill 512 tokens", "pp512")]
+    for label, k in rows:
+        q, b, l = best["q8"].get(k), best["bf16"].get(k), best["llama"].get(k)
+        f = lambda x: "%.1f" % x if x else "-"
+        rq = "%.2fx" % (q / b) if q and b else "-"
+        rl = "%.2fx" % (q / l) if q and l else "-"
+        print("| %s | %s | %s | %s | %s | %s |" % (label, f(q), f(b), f(l), rq, rl))
+    print("\ncommands (each round):")
+    print("  " + cmds["q8"])
+    print("  " + cmds["bf16"])
+    for c in cmds["llama"]:
+        print("  " + c)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
