@@ -395,6 +395,19 @@ st_disk_full(ctl_store *s)
     return (uint64_t)v.f_bavail * v.f_frsize < (4u << 20); /* under 4 MiB: full */
 }
 
+wk_err
+ctl_store_fs_space(ctl_store *s, uint64_t *avail, uint64_t *total)
+{
+    int fd = -1;
+    struct statvfs v;
+    if (s == NULL || s->env == NULL || mdb_env_get_fd(s->env, &fd) != 0 || fd < 0 ||
+        fstatvfs(fd, &v) != 0)
+        return WK_EIO;
+    *avail = (uint64_t)v.f_bavail * v.f_frsize;
+    *total = (uint64_t)v.f_blocks * v.f_frsize;
+    return WK_OK;
+}
+
 /* Rereads the map size LMDB uses (it may round a requested size up). */
 static uint64_t
 st_env_map_size(MDB_env *env)
@@ -1996,115 +2009,130 @@ st_file_classify(const char *name)
     return ST_FILE_OTHER;
 }
 
-wk_err
-ctl_store_verify(ctl_store *s, bool hash_blobs, ctl_store_verify_report *r, wk_diag *d)
-{
-    MDB_txn *txn;
-    MDB_cursor *c = NULL;
-    MDB_val k, v;
-    wk_err e;
-    ctl_store_verify_report rep;
-    uint8_t(*refs)[WK_SHA256_LEN] = NULL;
-    size_t nrefs = 0, cap = 0;
-    int rc;
+/* The blob references of every record, sorted (a multiset: shared blobs repeat). */
+typedef struct st_refs {
+    uint8_t (*h)[WK_SHA256_LEN]; /* heap array of n raw digests */
+    size_t n;                    /* digests in h */
+    size_t cap;                  /* digests allocated */
+} st_refs;
 
-    if (s == NULL || r == NULL)
-        return wk_diag_set(d, WK_EINVAL, "store: verify: NULL argument");
-    memset(&rep, 0, sizeof(rep));
-    if ((e = st_read_begin(s, &txn, d)) != WK_OK)
-        return e;
-    /* 1. every record decodes; collect its blob */
-    if ((rc = mdb_cursor_open(txn, s->db_states, &c)) != 0)
-        goto mdb_fail;
+/* Verify step 1: every record decodes (counting states, bad records); collects its blob. */
+static wk_err
+st_verify_records(ctl_store *s, MDB_txn *txn, st_refs *refs, ctl_store_verify_report *rep,
+                  wk_diag *d)
+{
+    MDB_cursor *c;
+    MDB_val k, v;
+    wk_err e = WK_OK;
+    int rc = mdb_cursor_open(txn, s->db_states, &c);
+    if (rc != 0)
+        return st_mdb_err(NULL, rc, "verifying", d);
     for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
          rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
         st_rec rec;
-        rep.states++;
+        rep->states++;
         if (st_rec_decode(v.mv_data, v.mv_size, &rec, NULL) != WK_OK) {
-            rep.bad_records++;
+            rep->bad_records++;
             continue;
         }
         if (!rec.has_blob)
             continue;
-        if (nrefs == cap) {
-            size_t nc = cap ? 2 * cap : 64;
-            void *p = realloc(refs, nc * sizeof(*refs));
+        if (refs->n == refs->cap) {
+            size_t nc = refs->cap ? 2 * refs->cap : 64;
+            void *p = realloc(refs->h, nc * sizeof(*refs->h));
             if (p == NULL) {
                 e = wk_diag_set(d, WK_ENOMEM, "store: out of memory verifying");
-                goto out;
+                break;
             }
-            refs = p;
-            cap = nc;
+            refs->h = p;
+            refs->cap = nc;
         }
-        memcpy(refs[nrefs++], rec.blob, WK_SHA256_LEN);
+        memcpy(refs->h[refs->n++], rec.blob, WK_SHA256_LEN);
     }
     mdb_cursor_close(c);
-    c = NULL;
+    if (e != WK_OK)
+        return e;
     if (rc != MDB_NOTFOUND)
-        goto mdb_fail;
-    if (nrefs > 0)
-        qsort(refs, nrefs, sizeof(*refs), st_hash_cmp);
+        return st_mdb_err(NULL, rc, "verifying", d);
+    if (refs->n > 0)
+        qsort(refs->h, refs->n, sizeof(*refs->h), st_hash_cmp);
+    return WK_OK;
+}
 
-    /* 2. blobrefs equals the multiset of record references */
-    if ((rc = mdb_cursor_open(txn, s->db_refs, &c)) != 0)
-        goto mdb_fail;
+/*
+ * Verify step 2: the blobrefs table equals the multiset of record
+ * references, and every referenced blob is in blobs/ (and, with hash_blobs,
+ * hashes to its name).
+ */
+static wk_err
+st_verify_refcounts(ctl_store *s, MDB_txn *txn, const st_refs *refs, bool hash_blobs,
+                    ctl_store_verify_report *rep, wk_diag *d)
+{
+    MDB_cursor *c;
+    MDB_val k, v;
+    int rc = mdb_cursor_open(txn, s->db_refs, &c);
+    if (rc != 0)
+        return st_mdb_err(NULL, rc, "verifying", d);
     size_t i = 0;
     rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
-    while (rc == 0 || i < nrefs) {
+    while (rc == 0 || i < refs->n) {
         int cmp;
         if (rc != 0)
             cmp = 1; /* refs left, table exhausted */
-        else if (i >= nrefs)
+        else if (i >= refs->n)
             cmp = -1;
         else if (k.mv_size != WK_SHA256_LEN)
             cmp = -1;
         else
-            cmp = memcmp(k.mv_data, refs[i], WK_SHA256_LEN);
+            cmp = memcmp(k.mv_data, refs->h[i], WK_SHA256_LEN);
         if (cmp < 0) { /* a count with no record */
-            rep.refs_mismatched++;
+            rep->refs_mismatched++;
             rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
             continue;
         }
         size_t j = i;
-        while (j < nrefs && memcmp(refs[j], refs[i], WK_SHA256_LEN) == 0)
+        while (j < refs->n && memcmp(refs->h[j], refs->h[i], WK_SHA256_LEN) == 0)
             j++;
         if (cmp > 0) {
-            rep.refs_mismatched++;
+            rep->refs_mismatched++;
         } else {
             if (v.mv_size != 8 || st_get_le64(v.mv_data) != j - i)
-                rep.refs_mismatched++;
+                rep->refs_mismatched++;
             rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
         }
-        rep.blobs++;
+        rep->blobs++;
         char hex[WK_SHA256_HEX_LEN];
-        wk_sha256_to_hex(refs[i], hex);
+        wk_sha256_to_hex(refs->h[i], hex);
         int fd = openat(s->blob_dirfd, hex, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
-            rep.blobs_missing++;
+            rep->blobs_missing++;
         } else {
             if (hash_blobs) {
                 char got[WK_SHA256_HEX_LEN];
                 uint64_t size;
                 if (st_hash_fd(fd, hex, got, &size, NULL) != WK_OK || strcmp(got, hex) != 0)
-                    rep.blobs_corrupt++;
+                    rep->blobs_corrupt++;
             }
             close(fd);
         }
         i = j;
     }
     mdb_cursor_close(c);
-    c = NULL;
     if (rc != MDB_NOTFOUND && rc != 0)
-        goto mdb_fail;
+        return st_mdb_err(NULL, rc, "verifying", d);
+    return WK_OK;
+}
 
-    /* 3. blobs/ holds only referenced blobs */
+/* Verify step 3: blobs/ holds only referenced blobs (counting orphans and temp files). */
+static wk_err
+st_verify_blob_dir(ctl_store *s, const st_refs *refs, ctl_store_verify_report *rep, wk_diag *d)
+{
     int dfd = dup(s->blob_dirfd);
     DIR *dir = dfd >= 0 ? fdopendir(dfd) : NULL;
     if (dir == NULL) {
         if (dfd >= 0)
             close(dfd);
-        e = st_errno(errno, "listing", "blobs/", d);
-        goto out;
+        return st_errno(errno, "listing", "blobs/", d);
     }
     rewinddir(dir);
     struct dirent *ent;
@@ -2113,24 +2141,37 @@ ctl_store_verify(ctl_store *s, bool hash_blobs, ctl_store_verify_report *r, wk_d
             continue;
         st_file_kind kind = st_file_classify(ent->d_name);
         if (kind == ST_FILE_TEMP) {
-            rep.temps++;
+            rep->temps++;
         } else if (kind == ST_FILE_BLOB) {
             uint8_t raw[WK_SHA256_LEN];
             st_hex_to_raw(ent->d_name, raw);
-            if (nrefs == 0 || bsearch(raw, refs, nrefs, sizeof(*refs), st_hash_cmp) == NULL)
-                rep.orphans++;
+            if (refs->n == 0 ||
+                bsearch(raw, refs->h, refs->n, sizeof(*refs->h), st_hash_cmp) == NULL)
+                rep->orphans++;
         }
     }
     closedir(dir);
-    goto out;
+    return WK_OK;
+}
 
-mdb_fail:
-    e = st_mdb_err(NULL, rc, "verifying", d);
-out:
-    if (c != NULL)
-        mdb_cursor_close(c);
+wk_err
+ctl_store_verify(ctl_store *s, bool hash_blobs, ctl_store_verify_report *r, wk_diag *d)
+{
+    MDB_txn *txn;
+    wk_err e;
+    ctl_store_verify_report rep;
+    st_refs refs = {NULL, 0, 0};
+
+    if (s == NULL || r == NULL)
+        return wk_diag_set(d, WK_EINVAL, "store: verify: NULL argument");
+    memset(&rep, 0, sizeof(rep));
+    if ((e = st_read_begin(s, &txn, d)) != WK_OK)
+        return e;
+    if ((e = st_verify_records(s, txn, &refs, &rep, d)) == WK_OK &&
+        (e = st_verify_refcounts(s, txn, &refs, hash_blobs, &rep, d)) == WK_OK)
+        e = st_verify_blob_dir(s, &refs, &rep, d);
     st_read_end(s, txn);
-    free(refs);
+    free(refs.h);
     if (e != WK_OK)
         return e;
     rep.problems = rep.bad_records + rep.refs_mismatched + rep.blobs_missing + rep.blobs_corrupt +
