@@ -388,6 +388,133 @@ ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, ct
     return ok;
 }
 
+/*
+ * Settles a validated turn's outcome: on a hit takes the parked state into
+ * t->slot (or, when it is gone and the prefix index is on, marks the turn a
+ * checkpoint fallback; otherwise the session is unavailable); counts the
+ * outcome, or leaves it pending for ctl_chat_on_done(); retires the binding
+ * when the outcome says so. Returns true when the turn continues the parked
+ * session (its retained tokens are not fed again).
+ */
+static bool
+ctl_chat_settle(ctl_app *app, ctl_chat_turn *t)
+{
+    bool hit = t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
+               t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
+    if (hit) {
+        t->have_slot = ctl_chat_acquire(app, t->key, t->prev, &t->slot);
+        if (!t->have_slot && app->ckpt != NULL && t->r->cache &&
+            ctl_ckpt_get_config(app->ckpt).enabled) {
+            /*
+             * The parked slot is gone (evicted and not spilled yet, a worker
+             * restart): the turn's end-of-reply checkpoint holds the same state.
+             * The whole prompt goes to the prefix index; the turn counts as a
+             * hit when it resumed at least the retained tokens.
+             */
+            t->fallback = true;
+        } else if (!t->have_slot) {
+            ctl_session_result_unavailable(&t->res);
+            hit = false;
+        }
+    }
+    /*
+     * A contract request rejected for its parent whose prompt repeats the
+     * previous one (a regenerate: same user message and parent, a new
+     * assistant id) is counted as a regenerate hit when the prefix index
+     * resumes that prompt, as before the index existed; any other rejection
+     * as the rejection it is.
+     */
+    if ((t->res.outcome == CTL_SESSION_OUTCOME_REJECTED &&
+         t->res.reason == CTL_SESSION_REASON_PARENT_MESSAGE_MISMATCH) ||
+        t->fallback)
+        t->count_pending = true;
+    else
+        ctl_chat_count(app, &t->res);
+    if (t->res.retire || !hit) {
+        ctl_chat_retire(app, t->key);
+        if (!hit) {
+            ctl_session_binding_free(t->prev);
+            t->prev = NULL;
+        }
+    }
+    wk_log_debug("session key=%.16s outcome=%s reason=%s reused=%zu", t->key,
+                 ctl_session_outcome_str(t->res.outcome), ctl_session_reason_str(t->res.reason),
+                 t->res.reused_tokens);
+    return hit;
+}
+
+/*
+ * What the turn feeds, into t->delta. A hit feeds only what the parked
+ * state lacks: the text after the parked reply, encoded as the continuation
+ * of the text before it (the retained tokens stay exactly as generated;
+ * hf-spm puts no "\u2581" in front of it mid-text). Anything else feeds the
+ * prompt as the OpenAI route built it (a reply record's exact tokens where
+ * one matches), and the prefix index resumes its longest checkpoint: never
+ * a full recompute while one exists. Returns WK_OK, WK_ENOMEM or the
+ * tokenizer's error (detail in d).
+ */
+static wk_err
+ctl_chat_delta_make(ctl_app *app, ctl_chat_turn *t, bool hit, wk_diag *d)
+{
+    wk_err err;
+    if (hit) {
+        err = wk_tok_encode_continue(app->tok, t->r->prompt_text, t->r->prompt_len,
+                                     t->res.reused_bytes, &t->delta, &t->n_delta, d);
+    } else {
+        t->delta = malloc((t->n_full ? t->n_full : 1) * sizeof(*t->delta));
+        err = t->delta ? WK_OK : WK_ENOMEM;
+        if (err == WK_OK && t->n_full)
+            memcpy(t->delta, t->full_prompt, t->n_full * sizeof(*t->delta));
+        t->n_delta = t->n_full;
+    }
+    return err;
+}
+
+/*
+ * Points the generation request at the turn: its prompt becomes the delta
+ * (after the retained tokens on a checkpoint fallback), the reported prompt
+ * length and the checks of the completed turn follow, and on a hit the
+ * parked slot is resumed with the retained tokens as the plan's prefix.
+ * False when out of memory.
+ */
+static bool
+ctl_chat_request_set(ctl_app *app, ctl_chat_turn *t, bool hit)
+{
+    ctl_oa_req *r = t->r;
+    size_t n_ret = 0;
+    const int32_t *ret = t->fallback ? ctl_session_binding_retained(t->prev, &n_ret) : NULL;
+    r->n_prompt = n_ret + t->n_delta;
+    r->prompt = malloc(r->n_prompt * sizeof(*r->prompt));
+    if (r->prompt == NULL)
+        return false;
+    if (n_ret)
+        memcpy(r->prompt, ret, n_ret * sizeof(*r->prompt));
+    memcpy(r->prompt + n_ret, t->delta, t->n_delta * sizeof(*r->prompt));
+    if (t->fallback) {
+        r->aligned_tokens = n_ret;
+        r->n_bounds = 0;
+    }
+    r->n_prompt_report = t->fallback ? r->n_prompt : (hit ? t->res.reused_tokens : 0) + t->n_delta;
+    t->creq = t->sreq;
+    t->creq.prompt_ids = t->delta;
+    t->creq.n_prompt = t->n_delta;
+    t->cres = t->res;
+    t->cres.reused_tokens = 0;
+    r->gen.slot = t->have_slot ? &t->slot : NULL;
+    if (hit && t->have_slot) {
+        size_t nr = 0;
+        r->plan_prefix = ctl_session_binding_retained(t->prev, &nr);
+        r->n_plan_prefix = nr;
+        r->n_bounds = 0; /* where the new messages end, in the delta */
+        ctl_oa_chat_bounds(app->tok, r, t->res.reused_bytes, t->delta, t->n_delta, 0);
+        r->aligned_tokens = 0;
+    }
+    r->gen.fresh = false;
+    r->gen.keep_slot = true;
+    r->gen.feed_stop = true;
+    return true;
+}
+
 bool
 ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn)
 {
@@ -446,107 +573,19 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **t
     }
     if (bad)
         ctl_session_result_unavailable(&t->res);
-    bool hit = t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
-               t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
-    if (hit) {
-        t->have_slot = ctl_chat_acquire(app, t->key, t->prev, &t->slot);
-        if (!t->have_slot && app->ckpt != NULL && r->cache &&
-            ctl_ckpt_get_config(app->ckpt).enabled) {
-            /*
-             * The parked slot is gone (evicted and not spilled yet, a worker
-             * restart): the turn's end-of-reply checkpoint holds the same state.
-             * The whole prompt goes to the prefix index; the turn counts as a
-             * hit when it resumed at least the retained tokens.
-             */
-            t->fallback = true;
-        } else if (!t->have_slot) {
-            ctl_session_result_unavailable(&t->res);
-            hit = false;
-        }
-    }
-    /*
-     * A contract request rejected for its parent whose prompt repeats the
-     * previous one (a regenerate: same user message and parent, a new
-     * assistant id) is counted as a regenerate hit when the prefix index
-     * resumes that prompt, as before the index existed; any other rejection
-     * as the rejection it is.
-     */
-    if ((t->res.outcome == CTL_SESSION_OUTCOME_REJECTED &&
-         t->res.reason == CTL_SESSION_REASON_PARENT_MESSAGE_MISMATCH) ||
-        t->fallback)
-        t->count_pending = true;
-    else
-        ctl_chat_count(app, &t->res);
-    if (t->res.retire || !hit) {
-        ctl_chat_retire(app, t->key);
-        if (!hit) {
-            ctl_session_binding_free(t->prev);
-            t->prev = NULL;
-        }
-    }
-    wk_log_debug("session key=%.16s outcome=%s reason=%s reused=%zu", t->key,
-                 ctl_session_outcome_str(t->res.outcome), ctl_session_reason_str(t->res.reason),
-                 t->res.reused_tokens);
-    /*
-     * Feed only what the parked state lacks: the text after the parked
-     * reply, encoded as the continuation of the text before it (the
-     * retained tokens stay exactly as generated; hf-spm puts no "\u2581" in
-     * front of it mid-text). Anything else feeds the prompt as the OpenAI
-     * route built it (a reply record's exact tokens where one matches), and
-     * the prefix index resumes its longest checkpoint: never a full
-     * recompute while one exists.
-     */
-    wk_err err = WK_OK;
-    if (hit) {
-        err = wk_tok_encode_continue(app->tok, r->prompt_text, r->prompt_len,
-                                     t->res.reused_bytes, &t->delta, &t->n_delta, &d);
-    } else {
-        t->delta = malloc((t->n_full ? t->n_full : 1) * sizeof(*t->delta));
-        err = t->delta ? WK_OK : WK_ENOMEM;
-        if (err == WK_OK && t->n_full)
-            memcpy(t->delta, t->full_prompt, t->n_full * sizeof(*t->delta));
-        t->n_delta = t->n_full;
-    }
+    bool hit = ctl_chat_settle(app, t);
+    wk_err err = ctl_chat_delta_make(app, t, hit, &d);
     if (err != WK_OK || t->n_delta == 0) {
         ctl_http_send_error(req, err != WK_OK ? err : WK_EINVAL,
                             err != WK_OK ? d.msg : "nothing new to generate from", "messages");
         ctl_chat_end(t);
         return false;
     }
-    size_t n_ret = 0;
-    const int32_t *ret = t->fallback ? ctl_session_binding_retained(t->prev, &n_ret) : NULL;
-    r->n_prompt = n_ret + t->n_delta;
-    r->prompt = malloc(r->n_prompt * sizeof(*r->prompt));
-    if (r->prompt == NULL) {
+    if (!ctl_chat_request_set(app, t, hit)) {
         ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
         ctl_chat_end(t);
         return false;
     }
-    if (n_ret)
-        memcpy(r->prompt, ret, n_ret * sizeof(*r->prompt));
-    memcpy(r->prompt + n_ret, t->delta, t->n_delta * sizeof(*r->prompt));
-    if (t->fallback) {
-        r->aligned_tokens = n_ret;
-        r->n_bounds = 0;
-    }
-    r->n_prompt_report = t->fallback ? r->n_prompt : (hit ? t->res.reused_tokens : 0) + t->n_delta;
-    t->creq = t->sreq;
-    t->creq.prompt_ids = t->delta;
-    t->creq.n_prompt = t->n_delta;
-    t->cres = t->res;
-    t->cres.reused_tokens = 0;
-    r->gen.slot = t->have_slot ? &t->slot : NULL;
-    if (hit && t->have_slot) {
-        size_t nr = 0;
-        r->plan_prefix = ctl_session_binding_retained(t->prev, &nr);
-        r->n_plan_prefix = nr;
-        r->n_bounds = 0; /* where the new messages end, in the delta */
-        ctl_oa_chat_bounds(app->tok, r, t->res.reused_bytes, t->delta, t->n_delta, 0);
-        r->aligned_tokens = 0;
-    }
-    r->gen.fresh = false;
-    r->gen.keep_slot = true;
-    r->gen.feed_stop = true;
     r->user = t;
     r->on_done = ctl_chat_on_done;
     *turn = t;
