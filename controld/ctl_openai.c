@@ -904,10 +904,10 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
     r->plan = NULL;
 }
 
+/* Names the response: r->created now, r->id "chatcmpl-"/"cmpl-" and 24 random hex digits. */
 static void
-ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot)
+ctl_oa_id_make(ctl_oa_req *r)
 {
-    const char *route = r->chat ? "chat" : "completions";
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     r->created = ts.tv_sec;
@@ -921,72 +921,66 @@ ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
     for (int i = 0; i < 12; i++)
         snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
     snprintf(r->id, sizeof(r->id), "%s-%s", r->chat ? "chatcmpl" : "cmpl", hex);
-    if (r->n_prompt > app->max_prompt_tokens) {
-        ctl_oa_fail(req, WK_ETOOBIG, r->chat ? "messages" : "prompt",
-                    "the prompt has %zu tokens, more than the limit of %u", r->n_prompt,
-                    app->max_prompt_tokens);
-        return;
-    }
-    if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS)
-        r->gen.stops[r->gen.n_stops++] = "\n\n"; /* the template's turn end */
-    if (r->on_error_before != NULL && r->on_error_before(r, req))
-        return;
-    r->gen.sample.logprobs = r->logprobs;
-    r->gen.sample.top_logprobs = r->top_logprobs;
-    struct timespec mono;
-    clock_gettime(CLOCK_MONOTONIC, &mono);
-    r->gen.deadline_ms = (uint64_t)mono.tv_sec * 1000u + (uint64_t)mono.tv_nsec / 1000000u +
-                         app->request_timeout_ms;
+}
+
+/* Generates and answers r as one JSON body (no streaming). */
+static void
+ctl_oa_answer_whole(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot)
+{
+    const char *route = r->chat ? "chat" : "completions";
     ctl_gen_result res;
     wk_diag d = {{0}};
-    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)r->n_prompt);
-    if (!r->stream) {
-        wk_err err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL,
-                                 NULL, &res, &d);
-        if (err != WK_OK) {
-            ctl_oa_count(app, route, "error");
-            if (r->on_fail != NULL)
-                r->on_fail(r);
-            ctl_oa_send_gen_error(req, err, d.msg);
-            return;
-        }
-        ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL,
-                        (double)res.n_tokens);
-        json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason",
-                                   res.finish_reason);
-        json_t *lp = r->logprobs ? json_pack("{s:o}", "content",
-                                             ctl_oa_logprobs_json(app, res.tokens, res.n_tokens,
-                                                                  r->top_logprobs))
-                                 : json_null();
-        json_object_set_new(choice, "logprobs", lp);
-        if (r->chat) {
-            json_object_set_new(choice, "message",
-                                json_pack("{s:s, s:s%}", "role", "assistant", "content",
-                                          res.text, res.text_len));
-        } else {
-            json_object_set_new(choice, "text", json_stringn(res.text, res.text_len));
-        }
-        if (r->return_token_ids) {
-            json_t *ids = json_array();
-            for (size_t i = 0; i < res.n_tokens; i++)
-                json_array_append_new(ids, json_integer(res.tokens[i].id));
-            json_object_set_new(choice, "token_ids", ids);
-        }
-        json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", r->id, "object",
-                                 r->chat ? "chat.completion" : "text_completion", "created",
-                                 (json_int_t)r->created, "model", r->model, "choices", choice,
-                                 "usage", ctl_oa_usage_json(r, &res));
-        if (r->return_token_ids)
-            json_object_set_new(body, "prompt_token_ids", ctl_oa_prompt_ids_json(r));
-        ctl_oa_reuse_done(app, r, &res, free_slot);
-        if (r->on_done != NULL)
-            r->on_done(r, &res, body);
-        ctl_oa_count(app, route, "ok");
-        ctl_http_send_json(req, 200, body);
-        ctl_gen_result_fini(&res);
+    wk_err err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL,
+                             NULL, &res, &d);
+    if (err != WK_OK) {
+        ctl_oa_count(app, route, "error");
+        if (r->on_fail != NULL)
+            r->on_fail(r);
+        ctl_oa_send_gen_error(req, err, d.msg);
         return;
     }
-    /* Streaming: admission errors come before the first byte, as plain JSON errors. */
+    ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
+    json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", res.finish_reason);
+    json_t *lp = r->logprobs ? json_pack("{s:o}", "content",
+                                         ctl_oa_logprobs_json(app, res.tokens, res.n_tokens,
+                                                              r->top_logprobs))
+                             : json_null();
+    json_object_set_new(choice, "logprobs", lp);
+    if (r->chat) {
+        json_object_set_new(choice, "message",
+                            json_pack("{s:s, s:s%}", "role", "assistant", "content",
+                                      res.text, res.text_len));
+    } else {
+        json_object_set_new(choice, "text", json_stringn(res.text, res.text_len));
+    }
+    if (r->return_token_ids) {
+        json_t *ids = json_array();
+        for (size_t i = 0; i < res.n_tokens; i++)
+            json_array_append_new(ids, json_integer(res.tokens[i].id));
+        json_object_set_new(choice, "token_ids", ids);
+    }
+    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", r->id, "object",
+                             r->chat ? "chat.completion" : "text_completion", "created",
+                             (json_int_t)r->created, "model", r->model, "choices", choice,
+                             "usage", ctl_oa_usage_json(r, &res));
+    if (r->return_token_ids)
+        json_object_set_new(body, "prompt_token_ids", ctl_oa_prompt_ids_json(r));
+    ctl_oa_reuse_done(app, r, &res, free_slot);
+    if (r->on_done != NULL)
+        r->on_done(r, &res, body);
+    ctl_oa_count(app, route, "ok");
+    ctl_http_send_json(req, 200, body);
+    ctl_gen_result_fini(&res);
+}
+
+/* Generates r and streams it as server-sent events (chunks, then [DONE]). */
+static void
+ctl_oa_answer_stream(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot)
+{
+    const char *route = r->chat ? "chat" : "completions";
+    ctl_gen_result res;
+    wk_diag d = {{0}};
+    /* Admission errors come before the first byte, as plain JSON errors. */
     ctl_oa_stream st = {.req = req, .app = app, .r = r};
     ctl_job *job = NULL;
     wk_err err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
@@ -1053,6 +1047,33 @@ ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
         wk_log_info("client went away before [DONE] id=%s", r->id);
     ctl_oa_count(app, route, st.broken ? "cancelled" : "ok");
     ctl_gen_result_fini(&res);
+}
+
+static void
+ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot)
+{
+    ctl_oa_id_make(r);
+    if (r->n_prompt > app->max_prompt_tokens) {
+        ctl_oa_fail(req, WK_ETOOBIG, r->chat ? "messages" : "prompt",
+                    "the prompt has %zu tokens, more than the limit of %u", r->n_prompt,
+                    app->max_prompt_tokens);
+        return;
+    }
+    if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS)
+        r->gen.stops[r->gen.n_stops++] = "\n\n"; /* the template's turn end */
+    if (r->on_error_before != NULL && r->on_error_before(r, req))
+        return;
+    r->gen.sample.logprobs = r->logprobs;
+    r->gen.sample.top_logprobs = r->top_logprobs;
+    struct timespec mono;
+    clock_gettime(CLOCK_MONOTONIC, &mono);
+    r->gen.deadline_ms = (uint64_t)mono.tv_sec * 1000u + (uint64_t)mono.tv_nsec / 1000000u +
+                         app->request_timeout_ms;
+    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)r->n_prompt);
+    if (!r->stream)
+        ctl_oa_answer_whole(req, app, r, free_slot);
+    else
+        ctl_oa_answer_stream(req, app, r, free_slot);
 }
 
 /* Reads and parses the body; sends the error and returns NULL on failure. */
