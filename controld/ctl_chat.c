@@ -8,6 +8,7 @@
  * a time (409 session_busy). Every decision is counted in the metrics.
  */
 #define WK_LOG_MODULE "chat"
+#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,11 +10,12 @@
 #ifndef CTL_HTTP_H
 #define CTL_HTTP_H
 
-#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 
 #include "wk_err.h"
+
+typedef struct json_t json_t; /* jansson's value, opaque here */
 
 typedef struct ctl_http ctl_http;
 typedef struct ctl_http_req ctl_http_req;

@@ -8,7 +8,6 @@
 #ifndef CTL_OPENAI_H
 #define CTL_OPENAI_H
 
-#include <jansson.h>
 #include <stdbool.h>
 #include <time.h>
 
