@@ -1,6 +1,6 @@
 /*
  * wk_chat: the RWKV World chat template, message cleaning, and stop-string
- * scanning for streamed output (DESIGN.md section 8).
+ * scanning for streamed output.
  *
  * Rendered prompt, byte for byte (<clean> is wk_chat_clean() of the content):
  *   system message     "System: <clean>\n\n"

@@ -1,6 +1,6 @@
 /*
  * ctl_ckpt: automatic state checkpoints and the per-owner prefix index
- * (DESIGN.md section 5b). Every request leaves exact checkpoints (the state
+ * (docs/OPERATIONS.md, "Reuse"). Every request leaves exact checkpoints (the state
  * just before its prompt's last token, at chat message boundaries, every
  * --checkpoint-interval prefill tokens, and at the end of its reply); a new
  * request resumes the longest checkpoint whose tokens are a prefix of its

@@ -1,5 +1,5 @@
 /*
- * ctl_sched: admission and continuous batching (DESIGN.md section 6).
+ * ctl_sched: admission and continuous batching.
  *
  * A job is one generation: input tokens to feed into a slot, then tokens
  * sampled one at a time. Each job has one integer, `computed`, converging to

@@ -1,5 +1,5 @@
 /*
- * ctl_session: the parent-token-v1 contract (DESIGN.md section 5) as a pure
+ * ctl_session: the parent-token-v1 contract (docs/OPEN_WEBUI.md) as a pure
  * decision module. For an incoming chat request it parses the contract
  * headers, names the session, decides whether the request continues a parked
  * session exactly (and which delta tokens to prefill) or starts fresh (and

@@ -1,4 +1,4 @@
-"""Automatic reuse (DESIGN.md 5b, docs/OPERATIONS.md "Reuse"): checkpoints, the per-owner
+"""Automatic reuse (docs/OPERATIONS.md "Reuse"): checkpoints, the per-owner
 prefix index and the parent-token-v1 path, against real processes.
 
 The model has random weights and a World vocab whose ids 1..256 are raw single
