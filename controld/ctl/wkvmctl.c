@@ -85,6 +85,8 @@ typedef struct wctl_cmd {
     const wctl_opt *opts; /* options and positionals, ended by an entry with a NULL name */
     const char *summary;  /* one line for the command list */
     const char *route;    /* the HTTP route(s) it calls, for --help; NULL: none */
+    const char *action;   /* wctl_cmd_state_action: the path after /v1/states/ID */
+    const char *verb;     /* wctl_cmd_state_action: the word before each state printed */
 } wctl_cmd;
 
 struct wctl_args {
@@ -755,12 +757,24 @@ wctl_state_line(const char *verb, const json_t *st)
 /* Commands: workers and slots                                              */
 /* ------------------------------------------------------------------------ */
 
+/* Text a row function may point cells at; lives until the row is added. */
+typedef struct wctl_row_buf {
+    char b[4][72]; /* scratch strings */
+} wctl_row_buf;
+
+/* Fills ncols cells for one array item (strings borrowed from item or buf). */
+typedef void (*wctl_row_fn)(const json_t *item, const char **cells, wctl_row_buf *buf);
+
+/*
+ * GET path; with --json prints the body, else a table of the array under
+ * key: the header hdr (ncols columns), one row per item made by row.
+ */
 static int
-wctl_cmd_workers(wctl_ctx *c, const wctl_args *a)
+wctl_list(wctl_ctx *c, const char *path, const char *key, size_t ncols, const char *const *hdr,
+          wctl_row_fn row)
 {
-    (void)a;
     wctl_reply r;
-    int rc = wctl_call(c, "GET", "/admin/workers", NULL, 0, &r);
+    int rc = wctl_call(c, "GET", path, NULL, 0, &r);
     if (rc != WCTL_EXIT_OK)
         return rc;
     if (c->json) {
@@ -768,57 +782,59 @@ wctl_cmd_workers(wctl_ctx *c, const wctl_args *a)
         wctl_reply_fini(&r);
         return rc;
     }
-    static const char *const hdr[] = {"ID", "BACKEND", "DEVICE", "SLOTS", "STATE", "MODEL"};
-    wctl_table *t = wctl_table_new(6, hdr);
+    wctl_table *t = wctl_table_new(ncols, hdr);
     bool oom = false;
     size_t i;
-    json_t *w;
-    json_array_foreach(json_object_get(r.json, "workers"), i, w)
+    json_t *item;
+    json_array_foreach(json_object_get(r.json, key), i, item)
     {
-        char used[32], total[32], slots[72];
-        snprintf(slots, sizeof(slots), "%s/%s", wctl_jtext(w, "slots_used", "?", used, 32),
-                 wctl_jtext(w, "slots_total", "?", total, 32));
-        const char *cells[] = {
-            wctl_jstr(w, "id", "-"),     wctl_jstr(w, "backend", "-"),
-            wctl_jstr(w, "device", "-"), slots,
-            wctl_jstr(w, "state", "-"),  wctl_jstr(json_object_get(w, "model"), "name", "-")};
+        const char *cells[WCTL_TABLE_COLS_MAX];
+        wctl_row_buf buf;
+        row(item, cells, &buf);
         oom = oom || t == NULL || wctl_table_add(t, cells) != WK_OK;
     }
     wctl_reply_fini(&r);
     return wctl_table_done(t, oom, true);
 }
 
+static void
+wctl_worker_row(const json_t *w, const char **cells, wctl_row_buf *buf)
+{
+    snprintf(buf->b[2], sizeof(buf->b[2]), "%s/%s", wctl_jtext(w, "slots_used", "?", buf->b[0], 32),
+             wctl_jtext(w, "slots_total", "?", buf->b[1], 32));
+    cells[0] = wctl_jstr(w, "id", "-");
+    cells[1] = wctl_jstr(w, "backend", "-");
+    cells[2] = wctl_jstr(w, "device", "-");
+    cells[3] = buf->b[2];
+    cells[4] = wctl_jstr(w, "state", "-");
+    cells[5] = wctl_jstr(json_object_get(w, "model"), "name", "-");
+}
+
+static int
+wctl_cmd_workers(wctl_ctx *c, const wctl_args *a)
+{
+    (void)a;
+    static const char *const hdr[] = {"ID", "BACKEND", "DEVICE", "SLOTS", "STATE", "MODEL"};
+    return wctl_list(c, "/admin/workers", "workers", 6, hdr, wctl_worker_row);
+}
+
+static void
+wctl_slot_row(const json_t *s, const char **cells, wctl_row_buf *buf)
+{
+    cells[0] = wctl_jstr(s, "id", "-");
+    cells[1] = wctl_jstr(s, "worker", "-");
+    cells[2] = wctl_jstr(s, "state", "-");
+    cells[3] = wctl_jstr(s, "holds", "-");
+    cells[4] = wctl_jtext(s, "tokens", "-", buf->b[0], 32);
+    cells[5] = wctl_jstr(s, "tier", "-");
+}
+
 static int
 wctl_cmd_slots(wctl_ctx *c, const wctl_args *a)
 {
     (void)a;
-    wctl_reply r;
-    int rc = wctl_call(c, "GET", "/admin/slots", NULL, 0, &r);
-    if (rc != WCTL_EXIT_OK)
-        return rc;
-    if (c->json) {
-        rc = wctl_print_raw(&r);
-        wctl_reply_fini(&r);
-        return rc;
-    }
     static const char *const hdr[] = {"ID", "WORKER", "STATE", "HOLDS", "TOKENS", "TIER"};
-    wctl_table *t = wctl_table_new(6, hdr);
-    bool oom = false;
-    size_t i;
-    json_t *s;
-    json_array_foreach(json_object_get(r.json, "slots"), i, s)
-    {
-        char tk[32];
-        const char *cells[] = {wctl_jstr(s, "id", "-"),
-                               wctl_jstr(s, "worker", "-"),
-                               wctl_jstr(s, "state", "-"),
-                               wctl_jstr(s, "holds", "-"),
-                               wctl_jtext(s, "tokens", "-", tk, sizeof(tk)),
-                               wctl_jstr(s, "tier", "-")};
-        oom = oom || t == NULL || wctl_table_add(t, cells) != WK_OK;
-    }
-    wctl_reply_fini(&r);
-    return wctl_table_done(t, oom, true);
+    return wctl_list(c, "/admin/slots", "slots", 6, hdr, wctl_slot_row);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1127,10 +1143,11 @@ wctl_state_action(wctl_ctx *c, const wctl_args *a, const char *action, const jso
     return WCTL_EXIT_OK;
 }
 
+/* The body-less state actions: the command table names the action and the verb. */
 static int
-wctl_cmd_snapshot(wctl_ctx *c, const wctl_args *a)
+wctl_cmd_state_action(wctl_ctx *c, const wctl_args *a)
 {
-    return wctl_state_action(c, a, "/snapshot", NULL, "snapshot");
+    return wctl_state_action(c, a, a->cmd->action, NULL, a->cmd->verb);
 }
 
 static int
@@ -1144,24 +1161,6 @@ wctl_cmd_fork(wctl_ctx *c, const wctl_args *a)
     int rc = wctl_state_action(c, a, "/fork", body, "forked");
     json_decref(body);
     return rc;
-}
-
-static int
-wctl_cmd_hibernate(wctl_ctx *c, const wctl_args *a)
-{
-    return wctl_state_action(c, a, "/hibernate", NULL, "hibernated");
-}
-
-static int
-wctl_cmd_resume(wctl_ctx *c, const wctl_args *a)
-{
-    return wctl_state_action(c, a, "/resume", NULL, "resumed");
-}
-
-static int
-wctl_cmd_rollback(wctl_ctx *c, const wctl_args *a)
-{
-    return wctl_state_action(c, a, "/rollback", NULL, "rolled back: new version");
 }
 
 static int
@@ -1678,45 +1677,46 @@ wctl_cmd_help(wctl_ctx *c, const wctl_args *a)
 
 static const wctl_cmd wctl_cmds[] = {
     {"workers", wctl_cmd_workers, wctl_opts_none, "List workers with slot use and model",
-     "GET /admin/workers"},
+     "GET /admin/workers", NULL, NULL},
     {"slots", wctl_cmd_slots, wctl_opts_none, "List allocated slots: running, parked, idle",
-     "GET /admin/slots"},
+     "GET /admin/slots", NULL, NULL},
     {"states", wctl_cmd_states, wctl_opts_states,
      "List your states (--all: every user's), following the list cursor",
-     "GET /v1/states?after=CURSOR, or GET /admin/states with --all"},
-    {"state", wctl_cmd_state, wctl_opts_id, "Show one state", "GET /v1/states/{id}"},
-    {"create", wctl_cmd_create, wctl_opts_create, "Create a state from a prompt",
-     "POST /v1/states"},
+     "GET /v1/states?after=CURSOR, or GET /admin/states with --all", NULL, NULL},
+    {"state", wctl_cmd_state, wctl_opts_id, "Show one state", "GET /v1/states/{id}", NULL, NULL},
+    {"create", wctl_cmd_create, wctl_opts_create, "Create a state from a prompt", "POST /v1/states",
+     NULL, NULL},
     {"generate", wctl_cmd_generate, wctl_opts_generate, "Generate from a state and print the text",
-     "POST /v1/states/{id}/generate"},
-    {"snapshot", wctl_cmd_snapshot, wctl_opts_id, "Store a new version of a state's name",
-     "POST /v1/states/{id}/snapshot"},
+     "POST /v1/states/{id}/generate", NULL, NULL},
+    {"snapshot", wctl_cmd_state_action, wctl_opts_id, "Store a new version of a state's name",
+     "POST /v1/states/{id}/snapshot", "/snapshot", "snapshot"},
     {"fork", wctl_cmd_fork, wctl_opts_fork, "Copy a state under a new name",
-     "POST /v1/states/{id}/fork"},
-    {"hibernate", wctl_cmd_hibernate, wctl_opts_id, "Drop a state's hot copy from the workers",
-     "POST /v1/states/{id}/hibernate"},
-    {"resume", wctl_cmd_resume, wctl_opts_id, "Load a state into a worker slot",
-     "POST /v1/states/{id}/resume"},
-    {"rollback", wctl_cmd_rollback, wctl_opts_id,
-     "Make an older version the newest again (as a new version)", "POST /v1/states/{id}/rollback"},
+     "POST /v1/states/{id}/fork", NULL, NULL},
+    {"hibernate", wctl_cmd_state_action, wctl_opts_id, "Drop a state's hot copy from the workers",
+     "POST /v1/states/{id}/hibernate", "/hibernate", "hibernated"},
+    {"resume", wctl_cmd_state_action, wctl_opts_id, "Load a state into a worker slot",
+     "POST /v1/states/{id}/resume", "/resume", "resumed"},
+    {"rollback", wctl_cmd_state_action, wctl_opts_id,
+     "Make an older version the newest again (as a new version)", "POST /v1/states/{id}/rollback",
+     "/rollback", "rolled back: new version"},
     {"delete", wctl_cmd_delete, wctl_opts_id, "Delete a state version (or every version of a name)",
-     "DELETE /v1/states/{id}"},
+     "DELETE /v1/states/{id}", NULL, NULL},
     {"export", wctl_cmd_export, wctl_opts_export, "Write a state to a portable state file",
-     "GET /v1/states/{id}/export"},
+     "GET /v1/states/{id}/export", NULL, NULL},
     {"import", wctl_cmd_import, wctl_opts_import, "Store a state file as a new state",
-     "POST /v1/states/import?name=NAME"},
+     "POST /v1/states/import?name=NAME", NULL, NULL},
     {"migrate", wctl_cmd_migrate, wctl_opts_migrate, "Move a slot to another worker",
-     "POST /admin/slots/{worker}:{slot}/migrate"},
+     "POST /admin/slots/{worker}:{slot}/migrate", NULL, NULL},
     {"evict", wctl_cmd_evict, wctl_opts_slot, "Free a parked slot (its state stays stored)",
-     "POST /admin/slots/{worker}:{slot}/evict"},
+     "POST /admin/slots/{worker}:{slot}/evict", NULL, NULL},
     {"drain", wctl_cmd_drain, wctl_opts_drain,
      "Move every slot off a worker and keep new work away (--undrain: undo)",
-     "POST /admin/workers/{id}/drain"},
+     "POST /admin/workers/{id}/drain", NULL, NULL},
     {"cache", wctl_cmd_cache, wctl_opts_cache,
      "Show the checkpoint cache (tiers, owners, hit rate), or clear it",
-     "GET /admin/cache[?owner=], POST /admin/cache/clear[?owner=]"},
-    {"help", wctl_cmd_help, wctl_opts_help, "Describe wkvmctl or one command", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
+     "GET /admin/cache[?owner=], POST /admin/cache/clear[?owner=]", NULL, NULL},
+    {"help", wctl_cmd_help, wctl_opts_help, "Describe wkvmctl or one command", NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };
 
 int
