@@ -22,6 +22,7 @@
 #include "wrk_gguf.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,12 +107,6 @@ wrk_gguf_layer(const char *name, const char **rest)
     return v;
 }
 
-static void
-wrk_gguf_free_owner(void *g)
-{
-    wk_gguf_free(g);
-}
-
 /* The views being built: tensors with names in a parallel array. */
 typedef struct wrk_gguf_views {
     wk_tensor *v;       /* views; v[i].name points at names[i] */
@@ -162,59 +157,94 @@ wrk_gguf_split_lerp(wrk_gguf_views *vs, const wk_tensor *t, long layer, wk_diag 
     return WK_OK;
 }
 
-wk_err
-wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d)
+/*
+ * The epsilon the HF config.json had: the metadata holds it as float32, so
+ * the shortest decimal that rounds to the same float is taken (1e-05 for
+ * 9.99999975e-06), as the double the safetensors run reads.
+ */
+static double
+wrk_gguf_eps(double stored)
 {
-    wk_gguf *g = NULL;
-    wrk_gguf_views vs = {0};
-    json_t *cfg = NULL;
-    wk_err e = wk_gguf_open(path, &g, d);
-    if (e != WK_OK)
-        return e;
+    float f = (float)stored;
+    for (int prec = 1; prec <= 9; prec++) {
+        char buf[32];
+        snprintf(buf, sizeof(buf), "%.*g", prec, (double)f);
+        double v = strtod(buf, NULL);
+        if ((float)v == f)
+            return v;
+    }
+    return stored;
+}
 
-    const char *arch;
-    size_t arch_len;
-    if ((e = wk_gguf_get_str(g, "general.architecture", &arch, &arch_len, d)) != WK_OK)
-        goto fail;
-    if (arch_len != 5 || memcmp(arch, "rwkv7", 5) != 0) {
-        e = wk_diag_set(d, WK_ENOTSUP,
-                        "general.architecture \"%.*s\": only rwkv7 GGUF files are supported",
-                        (int)(arch_len > 64 ? 64 : arch_len), arch);
-        goto fail;
-    }
-    uint64_t n_layer, head_size;
-    if ((e = wk_gguf_get_u64(g, "rwkv7.block_count", &n_layer, d)) != WK_OK ||
-        (e = wk_gguf_get_u64(g, "rwkv7.wkv.head_size", &head_size, d)) != WK_OK)
-        goto fail;
-    if (n_layer < 1 || n_layer > WRK_GGUF_MAX_LAYERS || head_size < 1 || head_size > 65536) {
-        e = wk_diag_set(d, WK_EINVAL, "rwkv7.block_count %" PRIu64 " or rwkv7.wkv.head_size %"
-                                      PRIu64 " out of range",
-                        n_layer, head_size);
-        goto fail;
-    }
+/* Reads <arch>.<key> (u64) into *out; the diag names the key. */
+static wk_err
+wrk_gguf_u64(const wk_gguf *g, const char *arch, const char *key, uint64_t *out, wk_diag *d)
+{
+    char k[96];
+    snprintf(k, sizeof(k), "%s.%s", arch, key);
+    return wk_gguf_get_u64(g, k, out, d);
+}
+
+/* Reads the optional float <arch>.<key> (default def when absent) into *out. */
+static wk_err
+wrk_gguf_eps_key(const wk_gguf *g, const char *arch, const char *key, double *out, wk_diag *d)
+{
+    char k[96];
+    snprintf(k, sizeof(k), "%s.%s", arch, key);
     double eps = 1e-5;
     wk_diag ed = {""};
-    e = wk_gguf_get_f64(g, "rwkv7.attention.layer_norm_epsilon", &eps, &ed);
-    if (e == WK_ENOENT) {
+    wk_err e = wk_gguf_get_f64(g, k, &eps, &ed);
+    if (e == WK_ENOENT)
         eps = 1e-5; /* the converter always writes it; llama.cpp's default */
-    } else if (e != WK_OK) {
-        e = wk_diag_set(d, e, "%s", ed.msg);
-        goto fail;
-    }
-    if (!(eps > 0.0 && eps < 1.0)) {
-        e = wk_diag_set(d, WK_EINVAL, "rwkv7.attention.layer_norm_epsilon %g outside (0, 1)",
-                        eps);
-        goto fail;
-    }
+    else if (e != WK_OK)
+        return wk_diag_set(d, e, "%s", ed.msg);
+    if (!(eps > 0.0 && eps < 1.0))
+        return wk_diag_set(d, WK_EINVAL, "%s %g outside (0, 1)", k, eps);
+    *out = wrk_gguf_eps(eps);
+    return WK_OK;
+}
+
+/* What the set owns besides the views: the GGUF mapping and computed tensors. */
+typedef struct wrk_gguf_owner {
+    wk_gguf *g;   /* the parsed, mapped file */
+    float *extra; /* tensors computed at open (Mamba2 A_log), or NULL */
+} wrk_gguf_owner;
+
+static void
+wrk_gguf_owner_free(void *p)
+{
+    wrk_gguf_owner *o = p;
+    if (o == NULL)
+        return;
+    wk_gguf_free(o->g);
+    free(o->extra);
+    free(o);
+}
+
+/* Maps the tensors of an rwkv7 file and builds its config. */
+static wk_err
+wrk_gguf_rwkv7(const wk_gguf *g, wrk_gguf_views *vs, json_t **config, wk_diag *d)
+{
+    uint64_t n_layer, head_size;
+    wk_err e;
+    if ((e = wk_gguf_get_u64(g, "rwkv7.block_count", &n_layer, d)) != WK_OK ||
+        (e = wk_gguf_get_u64(g, "rwkv7.wkv.head_size", &head_size, d)) != WK_OK)
+        return e;
+    if (n_layer < 1 || n_layer > WRK_GGUF_MAX_LAYERS || head_size < 1 || head_size > 65536)
+        return wk_diag_set(d, WK_EINVAL,
+                           "rwkv7.block_count %" PRIu64 " or rwkv7.wkv.head_size %" PRIu64
+                           " out of range",
+                           n_layer, head_size);
+    double eps;
+    if ((e = wrk_gguf_eps_key(g, "rwkv7", "attention.layer_norm_epsilon", &eps, d)) != WK_OK)
+        return e;
 
     size_t nt = wk_gguf_tensor_count(g);
-    vs.cap = nt + 5 * n_layer; /* the fused lerp grows from 1 to 6 per layer */
-    vs.v = calloc(vs.cap ? vs.cap : 1, sizeof(*vs.v));
-    vs.names = calloc(vs.cap ? vs.cap : 1, sizeof(*vs.names));
-    if (vs.v == NULL || vs.names == NULL) {
-        e = wk_diag_set(d, WK_ENOMEM, "out of memory");
-        goto fail;
-    }
+    vs->cap = nt + 5 * n_layer; /* the fused lerp grows from 1 to 6 per layer */
+    vs->v = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->v));
+    vs->names = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->names));
+    if (vs->v == NULL || vs->names == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
     for (size_t i = 0; i < nt; i++) {
         const wk_tensor *t = wk_gguf_tensor_at(g, i);
         const char *rest = NULL;
@@ -225,36 +255,32 @@ wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d
                 if (strcmp(t->name, wrk_gguf_global_names[k].gguf) != 0)
                     continue;
                 known = true;
-                (void)wrk_gguf_view_add(&vs, t, -1, wrk_gguf_global_names[k].hf);
+                (void)wrk_gguf_view_add(vs, t, -1, wrk_gguf_global_names[k].hf);
             }
         } else {
-            if ((uint64_t)layer >= n_layer) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: layer past rwkv7.block_count %" PRIu64,
-                                t->name, n_layer);
-                goto fail;
-            }
+            if ((uint64_t)layer >= n_layer)
+                return wk_diag_set(d, WK_EINVAL, "%s: layer past rwkv7.block_count %" PRIu64,
+                                   t->name, n_layer);
             for (size_t k = 0; k < WRK_GGUF_N_LAYER_NAMES && !known; k++) {
                 if (strcmp(rest, wrk_gguf_layer_names[k].gguf) != 0)
                     continue;
                 known = true;
                 const char *hf = wrk_gguf_layer_names[k].hf;
                 if (hf == NULL) {
-                    if ((e = wrk_gguf_split_lerp(&vs, t, layer, d)) != WK_OK)
-                        goto fail;
+                    if ((e = wrk_gguf_split_lerp(vs, t, layer, d)) != WK_OK)
+                        return e;
                 } else if (layer == 0 && strncmp(rest, "time_mix_v", 10) == 0 &&
                            rest[10] >= '0' && rest[10] <= '2' && rest[11] == '.') {
                     /* the converter's dummy layer-0 value LoRA: unused, dropped */
                 } else {
-                    wk_tensor *o = wrk_gguf_view_add(&vs, t, layer, hf);
+                    wk_tensor *o = wrk_gguf_view_add(vs, t, layer, hf);
                     if (strcmp(hf, "attn.r_k") == 0) {
                         int64_t c = wk_tensor_numel(t);
-                        if (t->ndim != 1 || c % (int64_t)head_size != 0) {
-                            e = wk_diag_set(d, WK_EINVAL,
-                                            "%s: expected [C] with C a multiple of "
-                                            "rwkv7.wkv.head_size %" PRIu64,
-                                            t->name, head_size);
-                            goto fail;
-                        }
+                        if (t->ndim != 1 || c % (int64_t)head_size != 0)
+                            return wk_diag_set(d, WK_EINVAL,
+                                               "%s: expected [C] with C a multiple of "
+                                               "rwkv7.wkv.head_size %" PRIu64,
+                                               t->name, head_size);
                         o->ndim = 2;
                         o->shape[0] = c / (int64_t)head_size;
                         o->shape[1] = (int64_t)head_size;
@@ -262,20 +288,245 @@ wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d
                 }
             }
         }
-        if (!known) {
-            e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for an RWKV-7 GGUF file",
-                            t->name);
-            goto fail;
+        if (!known)
+            return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for an RWKV-7 GGUF file",
+                               t->name);
+    }
+    *config = json_pack("{s:s, s:f, s:b}", "model_type", "rwkv7", "norm_eps", eps,
+                        "tie_word_embeddings", 0);
+    return *config != NULL ? WK_OK : wk_diag_set(d, WK_ENOMEM, "out of memory");
+}
+
+/* blk.N.<gguf> -> backbone.layers.N.<hf> for mamba2 */
+static const struct {
+    const char *gguf; /* suffix after "blk.N." */
+    const char *hf;   /* suffix after "backbone.layers.N." */
+} wrk_gguf_m2_layer_names[] = {
+    {"attn_norm.weight", "norm.weight"},
+    {"ssm_in.weight", "mixer.in_proj.weight"},
+    {"ssm_conv1d.weight", "mixer.conv1d.weight"}, /* [CD,K] -> [CD,1,K] */
+    {"ssm_conv1d.bias", "mixer.conv1d.bias"},
+    {"ssm_dt.bias", "mixer.dt_bias"},
+    {"ssm_a", "mixer.A_log"}, /* A = -exp(A_log) [H,1] -> A_log [H], see wrk_gguf_a_log */
+    {"ssm_d", "mixer.D"},     /* [H,1] -> [H] */
+    {"ssm_norm.weight", "mixer.norm.weight"}, /* [G, d_inner/G] -> [d_inner] */
+    {"ssm_out.weight", "mixer.out_proj.weight"},
+};
+#define WRK_GGUF_N_M2_LAYER_NAMES (sizeof(wrk_gguf_m2_layer_names) / sizeof(wrk_gguf_m2_layer_names[0]))
+
+static const struct {
+    const char *gguf; /* full GGUF name */
+    const char *hf;   /* full HF name */
+} wrk_gguf_m2_global_names[] = {
+    {"token_embd.weight", "backbone.embeddings.weight"},
+    {"output_norm.weight", "backbone.norm_f.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+#define WRK_GGUF_N_M2_GLOBAL_NAMES                                                                  \
+    (sizeof(wrk_gguf_m2_global_names) / sizeof(wrk_gguf_m2_global_names[0]))
+
+/*
+ * The float x with -expf(x) == A, which wrk_fam_mamba2's backends compute
+ * from A_log: the converter stored A = -exp(A_log) (torch, float32), and
+ * this hands the engine an A_log that gives back exactly that A when a float
+ * does (expf is monotonic: the floats around logf(-A) are searched), else
+ * the one whose -expf is nearest (|error| under one step of expf there,
+ * about |A_log| ulps of A). *exact says which.
+ */
+static float
+wrk_gguf_a_log(float A, bool *exact)
+{
+    const float y = -A;
+    float x = logf(y);
+    float best = x;
+    float best_err = fabsf(expf(x) - y);
+    /* walk towards y; expf steps over at most a few floats per ulp of x */
+    float dir = expf(x) < y ? INFINITY : -INFINITY;
+    for (int i = 0; i < 256 && best_err != 0.0f; i++) {
+        float nx = nextafterf(x, dir);
+        float ny = expf(nx);
+        float err = fabsf(ny - y);
+        if (err < best_err) {
+            best = nx;
+            best_err = err;
         }
+        if ((dir > 0 && ny > y) || (dir < 0 && ny < y))
+            break; /* crossed y */
+        x = nx;
+    }
+    *exact = best_err == 0.0f;
+    return best;
+}
+
+/* Maps the tensors of a mamba2 file (computing A_log into *extra) and builds its config. */
+static wk_err
+wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **config,
+                wk_diag *d)
+{
+    uint64_t n_layer, n_embd, d_inner, d_state, d_conv, n_head, n_group;
+    wk_err e;
+    if ((e = wrk_gguf_u64(g, "mamba2", "block_count", &n_layer, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, "mamba2", "embedding_length", &n_embd, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, "mamba2", "ssm.inner_size", &d_inner, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, "mamba2", "ssm.state_size", &d_state, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, "mamba2", "ssm.conv_kernel", &d_conv, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, "mamba2", "ssm.time_step_rank", &n_head, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, "mamba2", "ssm.group_count", &n_group, d)) != WK_OK)
+        return e;
+    if (n_layer < 1 || n_layer > WRK_GGUF_MAX_LAYERS || n_embd < 1 || n_embd > (1u << 17) ||
+        d_inner < 1 || d_inner > (1u << 17) || d_state < 1 || d_state > 4096 || d_conv < 1 ||
+        d_conv > 64 || n_head < 1 || d_inner % n_head != 0 || n_group < 1 ||
+        n_head % n_group != 0)
+        return wk_diag_set(d, WK_EINVAL,
+                           "mamba2.block_count %" PRIu64 ", embedding_length %" PRIu64
+                           ", ssm.inner_size %" PRIu64 ", ssm.state_size %" PRIu64
+                           ", ssm.conv_kernel %" PRIu64 ", ssm.time_step_rank %" PRIu64
+                           ", ssm.group_count %" PRIu64 ": out of range or inconsistent",
+                           n_layer, n_embd, d_inner, d_state, d_conv, n_head, n_group);
+    double eps;
+    if ((e = wrk_gguf_eps_key(g, "mamba2", "attention.layer_norm_rms_epsilon", &eps, d)) !=
+        WK_OK)
+        return e;
+
+    size_t nt = wk_gguf_tensor_count(g);
+    vs->cap = nt;
+    vs->v = calloc(nt ? nt : 1, sizeof(*vs->v));
+    vs->names = calloc(nt ? nt : 1, sizeof(*vs->names));
+    *extra = calloc((size_t)n_layer * n_head, sizeof(float));
+    if (vs->v == NULL || vs->names == NULL || *extra == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    bool have_output = false, conv_bias = false;
+    for (size_t i = 0; i < nt; i++) {
+        const wk_tensor *t = wk_gguf_tensor_at(g, i);
+        const char *rest = NULL;
+        long layer = wrk_gguf_layer(t->name, &rest);
+        const char *hf = NULL;
+        if (layer < 0) {
+            for (size_t k = 0; k < WRK_GGUF_N_M2_GLOBAL_NAMES && hf == NULL; k++)
+                if (strcmp(t->name, wrk_gguf_m2_global_names[k].gguf) == 0)
+                    hf = wrk_gguf_m2_global_names[k].hf;
+        } else {
+            if ((uint64_t)layer >= n_layer)
+                return wk_diag_set(d, WK_EINVAL, "%s: layer past mamba2.block_count %" PRIu64,
+                                   t->name, n_layer);
+            for (size_t k = 0; k < WRK_GGUF_N_M2_LAYER_NAMES && hf == NULL; k++)
+                if (strcmp(rest, wrk_gguf_m2_layer_names[k].gguf) == 0)
+                    hf = wrk_gguf_m2_layer_names[k].hf;
+        }
+        if (hf == NULL)
+            return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a Mamba2 GGUF file",
+                               t->name);
+        char full[128];
+        if (layer < 0)
+            snprintf(full, sizeof(full), "%s", hf);
+        else
+            snprintf(full, sizeof(full), "backbone.layers.%ld.%s", layer, hf);
+        wk_tensor *o = wrk_gguf_view_add(vs, t, -1, full);
+        if (o == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+        if (layer < 0) {
+            have_output = have_output || strcmp(hf, "lm_head.weight") == 0;
+            continue;
+        }
+        int64_t numel = wk_tensor_numel(t);
+        if (strcmp(hf, "mixer.conv1d.weight") == 0) {
+            if (t->ndim != 2)
+                return wk_diag_set(d, WK_EINVAL,
+                                   "%s: expected [conv_dim, %" PRIu64 "] (the converter "
+                                   "squeezes [conv_dim, 1, K])",
+                                   t->name, d_conv);
+            o->ndim = 3;
+            o->shape[0] = t->shape[0];
+            o->shape[1] = 1;
+            o->shape[2] = t->shape[1];
+        } else if (strcmp(hf, "mixer.conv1d.bias") == 0) {
+            conv_bias = true;
+        } else if (strcmp(hf, "mixer.D") == 0 || strcmp(hf, "mixer.A_log") == 0) {
+            if (numel != (int64_t)n_head || t->ndim < 1 || t->shape[0] != (int64_t)n_head)
+                return wk_diag_set(d, WK_EINVAL,
+                                   "%s: expected [%" PRIu64 ", 1] (mamba2.ssm.time_step_rank "
+                                   "heads)",
+                                   t->name, n_head);
+            o->ndim = 1;
+            if (strcmp(hf, "mixer.A_log") == 0) {
+                float *a_log = *extra + (size_t)layer * n_head;
+                for (uint64_t h = 0; h < n_head; h++) {
+                    float A;
+                    bool exact;
+                    if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK)
+                        return wk_diag_set(d, WK_EINVAL, "%s: cannot read it as float32",
+                                           t->name);
+                    if (!(A < 0.0f) || !isfinite(A))
+                        return wk_diag_set(d, WK_EINVAL,
+                                           "%s[%" PRIu64 "] = %g: expected A = -exp(A_log) < 0",
+                                           t->name, h, (double)A);
+                    a_log[h] = wrk_gguf_a_log(A, &exact);
+                }
+                o->dtype = WK_DTYPE_F32;
+                o->data = a_log;
+                o->nbytes = (size_t)n_head * sizeof(float);
+            }
+        } else if (strcmp(hf, "mixer.norm.weight") == 0) {
+            if (t->ndim != 2 || t->shape[0] != (int64_t)n_group)
+                return wk_diag_set(d, WK_EINVAL,
+                                   "%s: expected [%" PRIu64 ", d_inner / %" PRIu64
+                                   "] (mamba2.ssm.group_count groups)",
+                                   t->name, n_group, n_group);
+            o->ndim = 1;
+        }
+        if (o->ndim == 1)
+            o->shape[0] = numel;
+    }
+    /* every other shape is checked by wrk_fam_mamba2 against these keys */
+    json_t *c = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:b}",
+                          "model_type", "mamba2", "hidden_size", (json_int_t)n_embd,
+                          "num_hidden_layers", (json_int_t)n_layer, "state_size",
+                          (json_int_t)d_state, "conv_kernel", (json_int_t)d_conv, "n_groups",
+                          (json_int_t)n_group, "head_dim", (json_int_t)(d_inner / n_head),
+                          "num_heads", (json_int_t)n_head, "layer_norm_epsilon", eps,
+                          "tie_word_embeddings", !have_output, "use_conv_bias", conv_bias);
+    if (c == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    if (d_inner % n_embd == 0 &&
+        json_object_set_new(c, "expand", json_integer((json_int_t)(d_inner / n_embd))) != 0) {
+        json_decref(c);
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    }
+    *config = c;
+    return WK_OK;
+}
+
+wk_err
+wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d)
+{
+    wrk_gguf_owner *own = calloc(1, sizeof(*own));
+    wrk_gguf_views vs = {0};
+    json_t *cfg = NULL;
+    if (own == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "%s: out of memory", path);
+    wk_err e = wk_gguf_open(path, &own->g, d);
+    if (e != WK_OK) {
+        free(own);
+        return e;
     }
 
-    cfg = json_pack("{s:s, s:f, s:b}", "model_type", "rwkv7", "norm_eps", eps,
-                    "tie_word_embeddings", 0);
-    if (cfg == NULL) {
-        e = wk_diag_set(d, WK_ENOMEM, "out of memory");
+    const char *arch;
+    size_t arch_len;
+    if ((e = wk_gguf_get_str(own->g, "general.architecture", &arch, &arch_len, d)) != WK_OK)
         goto fail;
+    if (arch_len == 5 && memcmp(arch, "rwkv7", 5) == 0) {
+        e = wrk_gguf_rwkv7(own->g, &vs, &cfg, d);
+    } else if (arch_len == 6 && memcmp(arch, "mamba2", 6) == 0) {
+        e = wrk_gguf_mamba2(own->g, &vs, &own->extra, &cfg, d);
+    } else {
+        e = wk_diag_set(d, WK_ENOTSUP,
+                        "general.architecture \"%.*s\": only rwkv7 and mamba2 GGUF files are "
+                        "supported",
+                        (int)(arch_len > 64 ? 64 : arch_len), arch);
     }
-    if ((e = wk_tensor_set_new(vs.v, vs.n, g, wrk_gguf_free_owner, set, d)) != WK_OK)
+    if (e != WK_OK)
+        goto fail;
+    if ((e = wk_tensor_set_new(vs.v, vs.n, own, wrk_gguf_owner_free, set, d)) != WK_OK)
         goto fail;
     free(vs.v);
     free(vs.names);
@@ -286,6 +537,85 @@ fail:
     json_decref(cfg);
     free(vs.v);
     free(vs.names);
-    wk_gguf_free(g);
+    wrk_gguf_owner_free(own);
     return e;
+}
+
+/* The GGUF name of the HF layer tensor suffix hf (after "<prefix>N."), or NULL. */
+static const char *
+wrk_gguf_layer_gguf_name(bool mamba2, const char *hf, size_t len)
+{
+    if (!mamba2) {
+        for (size_t k = 0; k < WRK_GGUF_N_LAYER_NAMES; k++) {
+            const char *h = wrk_gguf_layer_names[k].hf;
+            if (h != NULL && strlen(h) == len && memcmp(h, hf, len) == 0)
+                return wrk_gguf_layer_names[k].gguf;
+        }
+        for (int k = 0; k < 6; k++)
+            if (strlen(wrk_gguf_lerp[k]) == len && memcmp(wrk_gguf_lerp[k], hf, len) == 0)
+                return "time_mix_lerp_fused.weight";
+        return NULL;
+    }
+    for (size_t k = 0; k < WRK_GGUF_N_M2_LAYER_NAMES; k++) {
+        const char *h = wrk_gguf_m2_layer_names[k].hf;
+        if (strlen(h) == len && memcmp(h, hf, len) == 0)
+            return wrk_gguf_m2_layer_names[k].gguf;
+    }
+    return NULL;
+}
+
+static bool
+wrk_gguf_name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '.';
+}
+
+void
+wrk_gguf_diag_names(wk_diag *d)
+{
+    if (d == NULL)
+        return;
+    const char *msg = d->msg;
+    char hint[160] = "";
+    /* the first tensor name in the message that this module made */
+    for (const char *p = msg; *p != '\0' && hint[0] == '\0'; p++) {
+        if (p > msg && wrk_gguf_name_char(p[-1]))
+            continue; /* only at the start of a name */
+        size_t n = 0;
+        while (wrk_gguf_name_char(p[n]))
+            n++;
+        if (n == 0)
+            continue;
+        while (n > 0 && p[n - 1] == '.')
+            n--; /* a sentence's full stop */
+        for (size_t k = 0; k < WRK_GGUF_N_GLOBAL_NAMES && hint[0] == '\0'; k++)
+            if (strlen(wrk_gguf_global_names[k].hf) == n &&
+                memcmp(wrk_gguf_global_names[k].hf, p, n) == 0)
+                snprintf(hint, sizeof(hint), "%s", wrk_gguf_global_names[k].gguf);
+        for (size_t k = 0; k < WRK_GGUF_N_M2_GLOBAL_NAMES && hint[0] == '\0'; k++)
+            if (strlen(wrk_gguf_m2_global_names[k].hf) == n &&
+                memcmp(wrk_gguf_m2_global_names[k].hf, p, n) == 0)
+                snprintf(hint, sizeof(hint), "%s", wrk_gguf_m2_global_names[k].gguf);
+        static const char *const prefixes[2] = {"model.layers.", "backbone.layers."};
+        for (int m = 0; m < 2 && hint[0] == '\0'; m++) {
+            size_t pl = strlen(prefixes[m]);
+            if (n <= pl || memcmp(p, prefixes[m], pl) != 0)
+                continue;
+            size_t i = pl;
+            unsigned long layer = 0;
+            while (i < n && p[i] >= '0' && p[i] <= '9' && layer < WRK_GGUF_MAX_LAYERS)
+                layer = layer * 10 + (unsigned long)(p[i++] - '0');
+            if (i == pl || i >= n || p[i] != '.')
+                continue;
+            const char *g = wrk_gguf_layer_gguf_name(m == 1, p + i + 1, n - i - 1);
+            if (g != NULL)
+                snprintf(hint, sizeof(hint), "blk.%lu.%s", layer, g);
+        }
+        p += n > 0 ? n - 1 : 0;
+    }
+    if (hint[0] == '\0')
+        return;
+    size_t used = strlen(msg);
+    snprintf(d->msg + used, sizeof(d->msg) - used, " (GGUF %s)", hint);
 }

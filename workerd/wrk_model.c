@@ -1310,6 +1310,8 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
     return WK_OK;
 
 fail:
+    if (wrk_has_suffix(path, ".gguf"))
+        wrk_gguf_diag_names(d); /* name the tensor as the GGUF file does, too */
     wrk_model_free(m);
     return e;
 }

@@ -1,6 +1,7 @@
 /*
  * wkvm-tokdump: prints what wk_tok makes of a vocab file (World) or a
- * tokenizer.json (HF, any path ending in .json), for comparison with Python
+ * tokenizer.json (HF, any path ending in .json) or the World token list in
+ * a GGUF file's metadata (any path ending in .gguf), for comparison with Python
  * (tests/reference/check_vocab_parse.py, tests/reference/check_bpe.py). A
  * test tool only: it trusts its arguments and exits non-zero on the first
  * problem.
@@ -160,8 +161,9 @@ main(int argc, char **argv)
         return 2;
     }
     size_t n = strlen(argv[1]);
-    wk_err err = n >= 5 && strcmp(argv[1] + n - 5, ".json") == 0 ? wk_tok_load_hf(argv[1], &t, &d)
-                                                                 : wk_tok_load(argv[1], &t, &d);
+    wk_err err = n >= 5 && strcmp(argv[1] + n - 5, ".json") == 0   ? wk_tok_load_hf(argv[1], &t, &d)
+                 : n >= 5 && strcmp(argv[1] + n - 5, ".gguf") == 0 ? wk_tok_load_gguf(argv[1], &t, &d)
+                                                                   : wk_tok_load(argv[1], &t, &d);
     if (err != WK_OK) {
         fprintf(stderr, "wkvm-tokdump: %s\n", d.msg);
         return 1;
