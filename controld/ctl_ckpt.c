@@ -23,6 +23,8 @@
 #define CKPT_HOST_PREFIX "ck:"
 #define CKPT_KV_PREFIX "ckpt:"
 #define CKPT_META_VERSION "wkvm-ckpt-meta-v1"
+#define CKPT_FS_RESERVE_PCT 10u      /* disk checkpoints leave this much of the filesystem free */
+#define CKPT_WT_RETRY_MS 5000u       /* write-through pauses this long after a failed write */
 
 static const char *const ckpt_kind_names[CTL_CKPT_KIND__COUNT] = {"prompt", "boundary",
                                                                   "interval", "reply"};
@@ -73,6 +75,8 @@ struct ctl_ckpt {
     uint64_t evicted[2];              /* by the warm / disk budget */
     bool stop;                        /* the tier thread exits */
     bool kick;                        /* work for the tier thread */
+    uint64_t wt_retry_ms;             /* write-through waits until this monotonic ms after a
+                                         failed write (a full disk is not retried every tick) */
     pthread_t thr;                    /* tier thread */
     bool thr_started;                 /* thr joinable */
 };
@@ -347,9 +351,65 @@ ckpt_warm_live_locked(ctl_ckpt *c, const ckpt_entry *e)
 /* -------------------------------------------------------- disk tier ---- */
 
 /*
+ * Deletes the disk copy of the least recently used disk entry other than
+ * self (the whole entry when it has no warm copy). False when there is none
+ * to delete. Caller holds mu (dropped and retaken).
+ */
+static bool
+ckpt_disk_evict_lru_locked(ctl_ckpt *c, const ckpt_entry *self)
+{
+    ckpt_entry *lru = NULL;
+    for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+        if (e->cold && e != self && e->pins == 0 && !e->busy && !e->saving &&
+            (lru == NULL || e->used < lru->used))
+            lru = e;
+    }
+    if (lru == NULL)
+        return false;
+    c->evicted[1]++;
+    if (c->metrics != NULL)
+        ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total", "tier=\"disk\"", 1);
+    if (!lru->warm) {
+        ckpt_remove_locked(c, lru);
+        return true;
+    }
+    /* Still warm: only its disk copy goes. */
+    lru->busy = true;
+    lru->cold = false;
+    c->disk_total -= lru->bytes;
+    c->n_disk--;
+    char name[CTL_STORE_NAME_MAX + 1], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
+    ckpt_record_name(lru->key, name);
+    snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", lru->key);
+    pthread_mutex_unlock(&c->mu);
+    ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, name, NULL, NULL),
+                 "ctl_store_state_delete");
+    ckpt_cleanup(ctl_store_session_delete(c->store, kv, NULL), "ctl_store_session_delete");
+    pthread_mutex_lock(&c->mu);
+    lru->busy = false;
+    return true;
+}
+
+/*
+ * True when writing need more bytes leaves the data filesystem at least
+ * CKPT_FS_RESERVE_PCT percent free: checkpoints are a cache, and the last
+ * of the disk belongs to the states and sessions users asked to keep. True
+ * when the space can't be read (the write itself then tells).
+ */
+static bool
+ckpt_fs_fits(ctl_ckpt *c, uint64_t need)
+{
+    uint64_t avail = 0, total = 0;
+    if (ctl_store_fs_space(c->store, &avail, &total) != WK_OK)
+        return true;
+    return avail >= need && avail - need >= total / 100u * CKPT_FS_RESERVE_PCT;
+}
+
+/*
  * Makes room for need bytes on disk by deleting least recently used disk
- * entries other than self. False when it can't. Caller holds mu (dropped
- * and retaken).
+ * entries other than self, within the budget and the filesystem reserve
+ * (ckpt_fs_fits). False when it can't. Caller holds mu (dropped and
+ * retaken).
  */
 static bool
 ckpt_disk_room_locked(ctl_ckpt *c, uint64_t need, const ckpt_entry *self)
@@ -357,34 +417,12 @@ ckpt_disk_room_locked(ctl_ckpt *c, uint64_t need, const ckpt_entry *self)
     if (need > c->cfg.disk_bytes)
         return false;
     while (c->disk_total + need > c->cfg.disk_bytes) {
-        ckpt_entry *lru = NULL;
-        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
-            if (e->cold && e != self && e->pins == 0 && !e->busy && !e->saving &&
-                (lru == NULL || e->used < lru->used))
-                lru = e;
-        }
-        if (lru == NULL)
+        if (!ckpt_disk_evict_lru_locked(c, self))
             return false;
-        c->evicted[1]++;
-        if (c->metrics != NULL)
-            ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total", "tier=\"disk\"", 1);
-        if (!lru->warm) {
-            ckpt_remove_locked(c, lru);
-            continue;
-        }
-        /* Still warm: only its disk copy goes. */
-        lru->busy = true;
-        lru->cold = false;
-        c->disk_total -= lru->bytes;
-        c->n_disk--;
-        char name[CTL_STORE_NAME_MAX + 1], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
-        ckpt_record_name(lru->key, name);
-        snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", lru->key);
-        pthread_mutex_unlock(&c->mu);
-        ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, name, NULL, NULL), "ctl_store_state_delete");
-        ckpt_cleanup(ctl_store_session_delete(c->store, kv, NULL), "ctl_store_session_delete");
-        pthread_mutex_lock(&c->mu);
-        lru->busy = false;
+    }
+    while (!ckpt_fs_fits(c, need)) {
+        if (!ckpt_disk_evict_lru_locked(c, self))
+            return false;
     }
     return true;
 }
@@ -657,7 +695,8 @@ ctl_ckpt_maintain(ctl_ckpt *c)
      * death (the warm copy dies with it). The scan restarts after each write
      * (mu was dropped); a write that fails waits for the next pass.
      */
-    while (c->cfg.write_through && c->cfg.disk_bytes > 0 && !c->stop) {
+    while (c->cfg.write_through && c->cfg.disk_bytes > 0 && !c->stop &&
+           wk_mono_ms() >= c->wt_retry_ms) {
         ckpt_entry *pick = NULL;
         for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
             if (e->kind == CTL_CKPT_KIND_REPLY && e->warm && !e->cold && !e->busy &&
@@ -670,8 +709,10 @@ ctl_ckpt_maintain(ctl_ckpt *c)
         pick->busy = true;
         wk_err err = ckpt_spill_locked(c, pick, NULL, 0);
         pick->busy = false;
-        if (err != WK_OK)
+        if (err != WK_OK) {
+            c->wt_retry_ms = wk_mono_ms() + CKPT_WT_RETRY_MS;
             break;
+        }
     }
     /* The entry count. */
     uint32_t max = c->cfg.max_entries ? c->cfg.max_entries : CTL_CKPT_MAX_ENTRIES_DEFAULT;

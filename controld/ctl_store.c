@@ -395,6 +395,19 @@ st_disk_full(ctl_store *s)
     return (uint64_t)v.f_bavail * v.f_frsize < (4u << 20); /* under 4 MiB: full */
 }
 
+wk_err
+ctl_store_fs_space(ctl_store *s, uint64_t *avail, uint64_t *total)
+{
+    int fd = -1;
+    struct statvfs v;
+    if (s == NULL || s->env == NULL || mdb_env_get_fd(s->env, &fd) != 0 || fd < 0 ||
+        fstatvfs(fd, &v) != 0)
+        return WK_EIO;
+    *avail = (uint64_t)v.f_bavail * v.f_frsize;
+    *total = (uint64_t)v.f_blocks * v.f_frsize;
+    return WK_OK;
+}
+
 /* Rereads the map size LMDB uses (it may round a requested size up). */
 static uint64_t
 st_env_map_size(MDB_env *env)

@@ -407,4 +407,11 @@ void ctl_store_kv_page_fini(ctl_store_kv_page *page);
 WK_MUST_CHECK wk_err ctl_store_verify(ctl_store *s, bool hash_blobs, ctl_store_verify_report *r,
                                       wk_diag *d);
 
+/*
+ * Space of the filesystem that holds the data directory: bytes available to
+ * this process (*avail) and its size (*total). WK_EIO when it can't be read.
+ * Thread-safe.
+ */
+WK_MUST_CHECK wk_err ctl_store_fs_space(ctl_store *s, uint64_t *avail, uint64_t *total);
+
 #endif /* CTL_STORE_H */

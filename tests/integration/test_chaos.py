@@ -43,7 +43,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wkvm_harness import MKMODEL, Stack  # noqa: E402
+from wkvm_harness import MKMODEL, Stack, http as http_request  # noqa: E402
 
 MID = "tiny"
 DEADLINE = 90.0  # seconds: a client request that takes longer is a hang
@@ -461,6 +461,17 @@ def run(clients, rounds, seed=2026):
                      {"role": "user", "content": "again %d" % turn}]
         audit(s, world, figs, "the end")
 
+        # every state goes: each delete answered 200 and the state then gone
+        # (this also gives the data tmpfs back for the check below)
+        with world.mu:
+            sids = list(world.states)
+        for sid in sids:
+            r = http_request("DELETE", s.url + "/v1/states/%s" % sid)
+            if r.status != 200 or s.get("/v1/states/%s" % sid).status != 404:
+                figs.fail("deleting acknowledged state %s: %d %r" % (sid, r.status, r.body[:200]))
+            else:
+                figs.add("states_deleted")
+
         # a session outlives its worker (--checkpoint-write-through): its reply
         # checkpoint reaches the disk, every worker dies, the next turn resumes it
         def disk_entries():
@@ -518,6 +529,7 @@ def run(clients, rounds, seed=2026):
            "continuations_verified": figs.c["continuations_verified"],
            "chat_turns_verified": figs.c["turns_verified"],
            "followups": figs.c["followups"], "followups_reused": figs.c["followups_reused"],
+           "states_deleted": figs.c["states_deleted"],
            "sessions_survived_worker_death": figs.c["sessions_survived_worker_death"],
            "disk_fault": "run" if no_disk is None else "skipped: " + no_disk,
            "problems": len(figs.bad)}
