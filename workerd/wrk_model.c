@@ -373,8 +373,11 @@ wrk_scan_names(const wk_tensor_set *set, const wrk_names *nm, uint32_t *n_layer,
         const char *rest = NULL;
         long layer = -1;
         if (strncmp(name, nm->layer_prefix, plen) == 0)
-            /* index WRK_MAX_LAYERS itself has always passed here (the families stop below) */
-            layer = wrk_layer_parse(name + plen, (long)WRK_MAX_LAYERS + 1, &rest);
+            layer = wrk_layer_parse(name + plen, (long)WRK_MAX_LAYERS, &rest);
+        if (layer < 0 && strncmp(name, nm->layer_prefix, plen) == 0 && name[plen] >= '1' &&
+            name[plen] <= '9' && strtol(name + plen, NULL, 10) >= (long)WRK_MAX_LAYERS)
+            return wk_diag_set(d, WK_EINVAL, "%s: layer index over %u (at most %u layers)", name,
+                               WRK_MAX_LAYERS - 1, WRK_MAX_LAYERS);
         bool known = false;
         if (layer >= 0) {
             for (size_t s = 0; s < WRK_N_LAYER_SPECS && !known; s++) {

@@ -433,6 +433,9 @@ test_unexpected_and_mixed(void **state)
     /* a layer index past the others: layer 2 has only one tensor */
     c.extra = "model.layers.2.attn.k_k";
     expect_refused(&c, WK_EINVAL, "model.layers.2.", "missing");
+    /* 4096 layers at most (indices 0..4095), as the other families */
+    c.extra = "model.layers.4096.attn.k_k";
+    expect_refused(&c, WK_EINVAL, "model.layers.4096.attn.k_k", "layer index over 4095");
 }
 
 static void
