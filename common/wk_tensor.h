@@ -95,7 +95,7 @@ WK_MUST_CHECK wk_err wk_q8_0_quantize_row(const float *x, size_t n, uint8_t *out
  *   - a .safetensors file,
  *   - a model.safetensors.index.json (all shards it names are opened),
  *   - a torch .pth / .pt zip archive (the pickle is interpreted, never executed),
- *   - a GGUF file (F32/F16/BF16 tensors under their GGUF names, shapes row-major;
+ *   - a GGUF file (F32/F16/BF16/Q8_0 tensors under their GGUF names, shapes row-major;
  *     wk_gguf.h reads its metadata too).
  * On success *out owns the mappings; free with wk_tensor_set_free().
  * Returns WK_ENOENT, WK_EIO, WK_EINVAL (malformed: the diag names the tensor
