@@ -840,8 +840,7 @@ wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_dia
         return wk_diag_set(d, WK_ENOMEM, "tokenizer: out of memory");
     }
     snprintf(hf, dn + sizeof("/tokenizer.json"), "%s/tokenizer.json", dir);
-    snprintf(world, dn + sizeof("/rwkv_vocab_v20230424.txt"), "%s/rwkv_vocab_v20230424.txt",
-             dir);
+    snprintf(world, dn + sizeof("/rwkv_vocab_v20230424.txt"), "%s/rwkv_vocab_v20230424.txt", dir);
     if (stat(hf, &st) == 0)
         err = wk_tok_load_hf(hf, out, d);
     else if (stat(world, &st) == 0)
@@ -856,8 +855,8 @@ wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_dia
             free(gguf);
         } else if (err == WK_ENOENT) {
             err = wk_diag_set(d, WK_ENOENT,
-                              "no tokenizer in %s: neither %s nor %s nor a *.gguf exists", dir,
-                              hf, world);
+                              "no tokenizer in %s: neither %s nor %s nor a *.gguf exists", dir, hf,
+                              world);
         } else {
             err = wk_diag_set(d, err, "%s", gd.msg);
         }

@@ -228,8 +228,8 @@ wk_tok_find_gguf(const char *dir, char **path, wk_diag *d)
     DIR *dh = opendir(dir);
     if (dh == NULL) {
         int err = errno;
-        return wk_diag_set(d, err == ENOENT || err == ENOTDIR ? WK_ENOENT : WK_EIO, "%s: %s",
-                           dir, strerror(err));
+        return wk_diag_set(d, err == ENOENT || err == ENOTDIR ? WK_ENOENT : WK_EIO, "%s: %s", dir,
+                           strerror(err));
     }
     char *found = NULL;
     size_t count = 0;

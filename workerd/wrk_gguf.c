@@ -142,8 +142,7 @@ wrk_gguf_split_lerp(wrk_gguf_views *vs, const wk_tensor *t, long layer, wk_diag 
         ok = t->shape[i] == 1;
     if (!ok)
         return wk_diag_set(d, WK_EINVAL,
-                           "%s: expected shape [6,1,1,C] (x_r, x_w, x_k, x_v, x_a, x_g)",
-                           t->name);
+                           "%s: expected shape [6,1,1,C] (x_r, x_w, x_k, x_v, x_a, x_g)", t->name);
     size_t part = t->nbytes / 6;
     for (int k = 0; k < 6; k++) {
         wk_tensor *o = wrk_gguf_view_add(vs, t, layer, wrk_gguf_lerp[k]);
@@ -269,8 +268,8 @@ wrk_gguf_rwkv7(const wk_gguf *g, wrk_gguf_views *vs, json_t **config, wk_diag *d
                 if (hf == NULL) {
                     if ((e = wrk_gguf_split_lerp(vs, t, layer, d)) != WK_OK)
                         return e;
-                } else if (layer == 0 && strncmp(rest, "time_mix_v", 10) == 0 &&
-                           rest[10] >= '0' && rest[10] <= '2' && rest[11] == '.') {
+                } else if (layer == 0 && strncmp(rest, "time_mix_v", 10) == 0 && rest[10] >= '0' &&
+                           rest[10] <= '2' && rest[11] == '.') {
                     /* the converter's dummy layer-0 value LoRA: unused, dropped */
                 } else {
                     wk_tensor *o = wrk_gguf_view_add(vs, t, layer, hf);
@@ -312,7 +311,8 @@ static const struct {
     {"ssm_norm.weight", "mixer.norm.weight"}, /* [G, d_inner/G] -> [d_inner] */
     {"ssm_out.weight", "mixer.out_proj.weight"},
 };
-#define WRK_GGUF_N_M2_LAYER_NAMES (sizeof(wrk_gguf_m2_layer_names) / sizeof(wrk_gguf_m2_layer_names[0]))
+#define WRK_GGUF_N_M2_LAYER_NAMES                                                                  \
+    (sizeof(wrk_gguf_m2_layer_names) / sizeof(wrk_gguf_m2_layer_names[0]))
 
 static const struct {
     const char *gguf; /* full GGUF name */
@@ -322,7 +322,7 @@ static const struct {
     {"output_norm.weight", "backbone.norm_f.weight"},
     {"output.weight", "lm_head.weight"},
 };
-#define WRK_GGUF_N_M2_GLOBAL_NAMES                                                                  \
+#define WRK_GGUF_N_M2_GLOBAL_NAMES                                                                 \
     (sizeof(wrk_gguf_m2_global_names) / sizeof(wrk_gguf_m2_global_names[0]))
 
 /*
@@ -360,8 +360,7 @@ wrk_gguf_a_log(float A, bool *exact)
 
 /* Maps the tensors of a mamba2 file (computing A_log into *extra) and builds its config. */
 static wk_err
-wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **config,
-                wk_diag *d)
+wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **config, wk_diag *d)
 {
     uint64_t n_layer, n_embd, d_inner, d_state, d_conv, n_head, n_group;
     wk_err e;
@@ -375,8 +374,7 @@ wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **co
         return e;
     if (n_layer < 1 || n_layer > WRK_GGUF_MAX_LAYERS || n_embd < 1 || n_embd > (1u << 17) ||
         d_inner < 1 || d_inner > (1u << 17) || d_state < 1 || d_state > 4096 || d_conv < 1 ||
-        d_conv > 64 || n_head < 1 || d_inner % n_head != 0 || n_group < 1 ||
-        n_head % n_group != 0)
+        d_conv > 64 || n_head < 1 || d_inner % n_head != 0 || n_group < 1 || n_head % n_group != 0)
         return wk_diag_set(d, WK_EINVAL,
                            "mamba2.block_count %" PRIu64 ", embedding_length %" PRIu64
                            ", ssm.inner_size %" PRIu64 ", ssm.state_size %" PRIu64
@@ -384,8 +382,7 @@ wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **co
                            ", ssm.group_count %" PRIu64 ": out of range or inconsistent",
                            n_layer, n_embd, d_inner, d_state, d_conv, n_head, n_group);
     double eps;
-    if ((e = wrk_gguf_eps_key(g, "mamba2", "attention.layer_norm_rms_epsilon", &eps, d)) !=
-        WK_OK)
+    if ((e = wrk_gguf_eps_key(g, "mamba2", "attention.layer_norm_rms_epsilon", &eps, d)) != WK_OK)
         return e;
 
     size_t nt = wk_gguf_tensor_count(g);
@@ -454,8 +451,7 @@ wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **co
                     float A;
                     bool exact;
                     if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK)
-                        return wk_diag_set(d, WK_EINVAL, "%s: cannot read it as float32",
-                                           t->name);
+                        return wk_diag_set(d, WK_EINVAL, "%s: cannot read it as float32", t->name);
                     if (!(A < 0.0f) || !isfinite(A))
                         return wk_diag_set(d, WK_EINVAL,
                                            "%s[%" PRIu64 "] = %g: expected A = -exp(A_log) < 0",
@@ -478,13 +474,12 @@ wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **co
             o->shape[0] = numel;
     }
     /* every other shape is checked by wrk_fam_mamba2 against these keys */
-    json_t *c = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:b}",
-                          "model_type", "mamba2", "hidden_size", (json_int_t)n_embd,
-                          "num_hidden_layers", (json_int_t)n_layer, "state_size",
-                          (json_int_t)d_state, "conv_kernel", (json_int_t)d_conv, "n_groups",
-                          (json_int_t)n_group, "head_dim", (json_int_t)(d_inner / n_head),
-                          "num_heads", (json_int_t)n_head, "layer_norm_epsilon", eps,
-                          "tie_word_embeddings", !have_output, "use_conv_bias", conv_bias);
+    json_t *c = json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:b}", "model_type", "mamba2",
+        "hidden_size", (json_int_t)n_embd, "num_hidden_layers", (json_int_t)n_layer, "state_size",
+        (json_int_t)d_state, "conv_kernel", (json_int_t)d_conv, "n_groups", (json_int_t)n_group,
+        "head_dim", (json_int_t)(d_inner / n_head), "num_heads", (json_int_t)n_head,
+        "layer_norm_epsilon", eps, "tie_word_embeddings", !have_output, "use_conv_bias", conv_bias);
     if (c == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     if (d_inner % n_embd == 0 &&
@@ -567,8 +562,8 @@ wrk_gguf_layer_gguf_name(bool mamba2, const char *hf, size_t len)
 static bool
 wrk_gguf_name_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.';
 }
 
 void

@@ -81,7 +81,7 @@ write_gguf(const char *model, const char *const *extra, size_t n_extra)
     b.len = 0;
     g_put(&b, "GGUF", 4);
     g_u32(&b, 3);
-    g_u64(&b, 0);                    /* tensors */
+    g_u64(&b, 0);                     /* tensors */
     g_u64(&b, model != NULL ? 2 : 1); /* key/values */
     if (model != NULL) {
         g_str(&b, "tokenizer.ggml.model");
