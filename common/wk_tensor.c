@@ -95,9 +95,15 @@ wk_dtype_parse(const char *name, wk_dtype *out)
 int64_t
 wk_tensor_numel(const wk_tensor *t)
 {
+    /* a zero dim first: the product of the others may not fit (a shape
+       wk_tensor_size() accepts, [0, 2^42, 2^56], found by fuzz_gguf) */
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0)
+            return 0;
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++)
-        n *= t->shape[i];
+        if (__builtin_mul_overflow(n, t->shape[i], &n))
+            return INT64_MAX;
     return n;
 }
 

@@ -64,7 +64,11 @@ const char *wk_dtype_name(wk_dtype dtype);
  */
 WK_MUST_CHECK wk_err wk_dtype_parse(const char *name, wk_dtype *out);
 
-/* Number of elements of t (product of its shape; 1 for a scalar). */
+/*
+ * Number of elements of t (product of its shape; 1 for a scalar; 0 when a
+ * dim is 0, whatever the others). INT64_MAX when the product does not fit,
+ * which wk_tensor_size() refuses for every tensor a reader exposes.
+ */
 int64_t wk_tensor_numel(const wk_tensor *t);
 
 /* Element conversions. */
