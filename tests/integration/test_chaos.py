@@ -372,7 +372,9 @@ def run(clients, rounds, seed=2026):
     data, logs = os.path.join(root, "data"), os.path.join(root, "logs")
     os.makedirs(data)
     os.makedirs(logs)
-    no_disk = mount_tmpfs(data, 64)
+    # room for what the clients keep (parked sessions, states, checkpoints):
+    # 64 MB was full of 50 clients' spilled sessions after 40 minutes
+    no_disk = mount_tmpfs(data, max(64, 8 * clients))
     model = os.path.join(root, "tiny")
     subprocess.run([MKMODEL, "--out", model, "--layers", "2", "--embd", "64", "--head-size", "16",
                     "--ffn", "128", "--vocab", "512", "--seed", "11"], check=True,
@@ -483,7 +485,11 @@ def run(clients, rounds, seed=2026):
             figs.fail("the survival chat's first turn failed")
         else:
             text, ids, prompt, _ = reply_of(res[1])
-            s.wait(lambda: disk_entries() > before, "the reply checkpoint on disk")
+            try:
+                s.wait(lambda: disk_entries() > before, "the reply checkpoint on disk")
+            except AssertionError:
+                figs.fail("the survival chat's reply checkpoint never reached the disk "
+                          "(/admin/cache: %r)" % s.get("/admin/cache").body[:400])
             w = faults.open("worker_kill")
             for wid in ("w0", "w1"):
                 s.kill_worker(wid)
