@@ -112,6 +112,7 @@ struct ctl_sched {
     uint32_t n_waiting;                          /* jobs in CTL_JOB_WAITING */
     uint64_t next_seq;                           /* submit counter */
     uint64_t next_gen;                           /* slot generations, global */
+    uint64_t slot_epoch;                         /* bumped when a slot may have become free */
     atomic_bool stop;                            /* shut down */
     ctl_job_rank *rank;                          /* ctl_sched_order_locked()'s buffer */
     size_t rank_cap;                             /* its entries */
@@ -168,6 +169,8 @@ ctl_sworker_slot_clear(ctl_sworker *w, uint32_t k)
         w->pages[k] = 0;
     w->gen[k] = 0;
     w->ctx[k] = 0;
+    w->s->slot_epoch++;
+    pthread_cond_broadcast(&w->s->cv);
 }
 
 /*
@@ -730,6 +733,7 @@ ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
         }
         w->stale[k] = false;
         w->pages[k] = 0;
+        s->slot_epoch++;
         pthread_cond_broadcast(&s->cv);
     }
 }
@@ -998,6 +1002,7 @@ ctl_sched_mgr_main(void *arg)
                 continue;
             }
             s->workers[hole] = w;
+            s->slot_epoch++;
             wk_log_info("scheduling on worker=%s slots=%u kv_pages=%u page_tokens=%u", w->id,
                         w->n_slots, w->geom.pages_total, w->geom.page_tokens);
         }
@@ -1505,6 +1510,32 @@ ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
     }
     pthread_mutex_unlock(&s->mu);
     return err;
+}
+
+uint64_t
+ctl_sched_slot_epoch(ctl_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t e = s->slot_epoch;
+    pthread_mutex_unlock(&s->mu);
+    return e;
+}
+
+bool
+ctl_sched_slot_wait(ctl_sched *s, uint64_t epoch, uint64_t until_ms)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->slot_epoch == epoch && !atomic_load(&s->stop)) {
+        uint64_t now = wk_mono_ms();
+        if (now >= until_ms)
+            break;
+        struct timespec until;
+        wk_deadline_after_ms(&until, until_ms - now);
+        (void)pthread_cond_timedwait(&s->cv, &s->mu, &until);
+    }
+    bool changed = s->slot_epoch != epoch;
+    pthread_mutex_unlock(&s->mu);
+    return changed;
 }
 
 bool

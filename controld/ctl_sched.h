@@ -190,6 +190,14 @@ WK_MUST_CHECK wk_err ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_
  */
 wk_err ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref);
 
+/*
+ * Waiting for a slot: take the epoch, try to allocate, and on WK_ENOSPC wait
+ * until the epoch moves (a slot was freed or a worker joined) or until the
+ * monotonic ms until_ms. ctl_sched_slot_wait() returns true when it moved.
+ */
+uint64_t ctl_sched_slot_epoch(ctl_sched *s);
+bool ctl_sched_slot_wait(ctl_sched *s, uint64_t epoch, uint64_t until_ms);
+
 /* True when ref still names a live allocation. */
 bool ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref);
 

@@ -50,6 +50,7 @@ struct ctl_vm {
     ctl_vm_entry *entries;   /* cache */
     uint64_t clock;          /* LRU counter */
     uint32_t rpc_ms;         /* deadline of one slot I/O request */
+    uint64_t slot_wait_ms;   /* ctl_vm_slot_get() waits this long for a slot */
     ctl_vm_warm *warm;       /* the warm tier's index */
     uint64_t idle_ms;        /* spill dirty entries idle this long, 0 = never */
     uint32_t max_dirty;      /* most dirty entries kept hot, 0 = no cap */
@@ -181,6 +182,12 @@ void
 ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms)
 {
     vm->rpc_ms = ms ? ms : CTL_VM_RPC_MS; /* set once at startup, before any use */
+}
+
+void
+ctl_vm_set_slot_wait(ctl_vm *vm, uint64_t ms)
+{
+    vm->slot_wait_ms = ms; /* set once at startup, before any use */
 }
 
 void
@@ -657,8 +664,9 @@ ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages)
     return WK_OK;
 }
 
-wk_err
-ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out, wk_diag *d)
+/* One try: a free slot (worker first), else evict LRU idle entries. */
+static wk_err
+ctl_vm_slot_try(ctl_vm *vm, const char *worker, ctl_slot_ref *out)
 {
     for (int tries = 0; tries < 1024; tries++) {
         if (ctl_sched_slot_alloc(vm->sched, worker, out, NULL) == WK_OK)
@@ -667,6 +675,28 @@ ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out, wk_diag *d)
             return WK_OK;
         if (ctl_vm_evict_one(vm) != WK_OK)
             break;
+    }
+    return WK_ENOSPC;
+}
+
+/*
+ * When every slot runs a request, waits for one to end (as a chat request
+ * waits in the scheduler's queue) for up to slot_wait_ms: woken when a slot
+ * is freed, and every 50 ms, since a request that ends parks its slot as an
+ * idle entry, which frees nothing until it is evicted.
+ */
+wk_err
+ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out, wk_diag *d)
+{
+    uint64_t until = wk_mono_ms() + vm->slot_wait_ms;
+    for (;;) {
+        uint64_t epoch = ctl_sched_slot_epoch(vm->sched);
+        if (ctl_vm_slot_try(vm, worker, out) == WK_OK)
+            return WK_OK;
+        uint64_t now = wk_mono_ms();
+        if (now >= until)
+            break;
+        (void)ctl_sched_slot_wait(vm->sched, epoch, now + 50 < until ? now + 50 : until);
     }
     return wk_diag_set(d, WK_ENOSPC, "no free state slot (all slots are running requests)");
 }

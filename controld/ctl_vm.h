@@ -55,12 +55,16 @@ WK_MUST_CHECK wk_err ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_
  */
 void ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms);
 
+/* How long ctl_vm_slot_get() waits for a running request to free a slot (0 = not at all). */
+void ctl_vm_set_slot_wait(ctl_vm *vm, uint64_t ms);
+
 /* Registers the spill function for dirty entries (sessions). */
 void ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg);
 
 /*
  * Gets a free slot, evicting LRU idle entries when none is free. worker:
- * preferred worker or NULL. WK_ENOSPC when nothing can be evicted.
+ * preferred worker or NULL. When every slot runs a request, waits up to the
+ * slot wait (ctl_vm_set_slot_wait) for one to end; WK_ENOSPC past it.
  */
 WK_MUST_CHECK wk_err ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out,
                                      wk_diag *d);

@@ -70,6 +70,10 @@ static const wk_cfg_opt ctl_opts[] = {
     {"prefill-chunk", WK_CFG_U64, "256", 1, 16384, "most prefill tokens of one request per step"},
     {"max-rows", WK_CFG_U64, "256", 1, 1024, "most rows in one step"},
     {"queue-max", WK_CFG_U64, "1024", 0, 1000000, "requests waiting for a slot before 429"},
+    {"slot-wait-ms", WK_CFG_U64, "30000", 0, 3600000,
+     "how long a state operation (create, generate, resume) or a spilled session's resume "
+     "waits for a slot while every slot runs a request (at most --request-timeout-ms); past "
+     "it 503 no_capacity"},
     {"slot-io-timeout-ms", WK_CFG_U64, "60000", 100, 3600000,
      "deadline of one slot transfer request (migration, spill, resume); past it the "
      "operation aborts and the source stays as it was"},
@@ -125,6 +129,7 @@ typedef struct ctl_main_conf {
     const char *log_level;        /* --log-level */
     uint32_t max_concurrent_per_user; /* --max-concurrent-per-user */
     uint64_t slot_io_timeout_ms;  /* --slot-io-timeout-ms */
+    uint64_t slot_wait_ms;        /* --slot-wait-ms */
     uint64_t session_idle_ms;     /* --session-idle-ms */
     uint32_t max_hot_sessions;    /* --max-hot-sessions */
 } ctl_main_conf;
@@ -177,6 +182,7 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("max-rows", U32, sched.max_rows),
     CTL_BIND("queue-max", U32, sched.queue_max),
     CTL_BIND("slot-io-timeout-ms", U64, slot_io_timeout_ms),
+    CTL_BIND("slot-wait-ms", U64, slot_wait_ms),
     CTL_BIND("nccl-net", BOOL, app.migrate.nccl_net),
     CTL_BIND("step-timeout-ms", U32, sched.step_timeout_ms),
     CTL_BIND("request-timeout-ms", U64, app.request_timeout_ms),
@@ -515,6 +521,10 @@ main(int argc, char **argv)
     ctl_sched_set_evictor(app->sched, ctl_main_evict, app->vm);
     ctl_vm_set_spill(app->vm, ctl_chat_spill, app);
     ctl_vm_set_rpc_timeout(app->vm, (uint32_t)c.slot_io_timeout_ms);
+    /* a state operation's wait for a slot is part of its request's time */
+    ctl_vm_set_slot_wait(app->vm, c.slot_wait_ms < app->request_timeout_ms
+                                      ? c.slot_wait_ms
+                                      : app->request_timeout_ms);
     if (ctl_vm_set_idle_spill(app->vm, c.session_idle_ms, c.max_hot_sessions) != WK_OK) {
         wk_log_error("cannot start the session spiller");
         goto out;

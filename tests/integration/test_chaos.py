@@ -34,6 +34,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,12 @@ from wkvm_harness import MKMODEL, Stack, http as http_request  # noqa: E402
 MID = "tiny"
 DEADLINE = 90.0  # seconds: a client request that takes longer is a hang
 GRACE = 15.0     # seconds after a fault during which a 5xx is still its doing
+REQUEST_S = 4.0  # the controller's --request-timeout-ms, in seconds
+# Saturation (50 clients on 16 slots) may answer these without a fault, but
+# only once the request waited its documented time: a state operation waits
+# --slot-wait-ms (capped at the request deadline) for a slot, a queued chat
+# its request deadline.
+SATURATION = {(503, "no_capacity"): REQUEST_S, (504, "timeout"): REQUEST_S}
 DOCUMENTED = {
     400: {"invalid_request", "unsupported"},
     404: {"not_found"},
@@ -183,6 +190,8 @@ class Client:
             self.figs.note("%d %s on %s %s: %s" % (status, code, method, path, err.get("message")))
         if status not in DOCUMENTED or code not in DOCUMENTED[status] or not err.get("message"):
             self.figs.fail("%s %s: undocumented error %d %r" % (method, path, status, err))
+        elif (status, code) in SATURATION and t1 - t0 >= 0.95 * SATURATION[(status, code)]:
+            self.figs.add("saturation_%d_%s" % (status, code))
         elif status >= 500 and not self.faults.explains(t0, t1):
             self.figs.fail("%s %s: %d %s with no fault to cause it: %s"
                            % (method, path, status, code, err.get("message")))
@@ -383,7 +392,7 @@ def run(clients, rounds, seed=2026):
     t_start = time.time()
     rng = random.Random(seed)
     s = ChaosStack(logs, model=model, slots=8, workers_expected=2, data=data,
-                   extra_ctl=["--request-timeout-ms", "4000", "--served-model-name", MID,
+                   extra_ctl=["--request-timeout-ms", str(int(REQUEST_S * 1000)), "--served-model-name", MID,
                               "--checkpoint-write-through", "true"])
     try:
         s.start_controller()
@@ -536,6 +545,8 @@ def run(clients, rounds, seed=2026):
            "chat_turns_verified": figs.c["turns_verified"],
            "followups": figs.c["followups"], "followups_reused": figs.c["followups_reused"],
            "states_deleted": figs.c["states_deleted"],
+           "saturation_after_waiting": {k[len("saturation_"):]: v for k, v in figs.c.items()
+                                        if k.startswith("saturation_")},
            "sessions_survived_worker_death": figs.c["sessions_survived_worker_death"],
            "disk_fault": "run" if no_disk is None else "skipped: " + no_disk,
            "problems": len(figs.bad)}
@@ -555,6 +566,10 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
+    kinds = collections.Counter(re.sub(r"[0-9a-f]{8,}|[0-9]+(\.[0-9]+)?", "N", b)[:100]
+                                for b in bad)
+    for k, n in kinds.most_common():
+        print("problems of a kind: %6d  %s" % (n, k))
     for b in bad[:20]:
         print("FAIL " + b)
     if bad and tail:

@@ -2,11 +2,13 @@
 bit-identically to the uninterrupted run, nothing is lost across restarts,
 users never see each other's states, and bad input is refused clearly."""
 import glob
+import http.client as http_client
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from wkvm_harness import MKMODEL, Stack, http, run_tests  # noqa: E402
@@ -249,8 +251,48 @@ def test_owner_isolation():
         assert s.get("/admin/states", headers=alice).status == 403
 
 
+def long_stream(s, n):
+    """A streamed completion that keeps the stack's only slot busy: (connection, response)."""
+    c = http_client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+    c.request("POST", "/v1/completions", body=json.dumps(
+        {"model": "tiny", "prompt": P, "max_tokens": n, "ignore_eos": True, "stream": True}),
+        headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, r.status
+    s.wait(lambda: s.workers_list()[0]["slots_used"] == 1, "the request runs")
+    return c, r
+
+
+def test_slot_wait():
+    """A state operation waits for a running request's slot (as a chat waits in
+    the queue) instead of failing at once; --slot-wait-ms 0 answers 503."""
+    with Stack(model=MODEL, slots=1) as s:
+        up(s)
+        c, r = long_stream(s, 1500)
+        t0 = time.time()
+        created = create(s, "waited", P)  # 503 no_capacity before slot waiting existed
+        assert created["tokens"] == len(P)
+        body = r.read()  # the stream had ended: the create took its slot afterwards
+        assert body.rstrip().endswith(b"data: [DONE]"), body[-200:]
+        c.close()
+        check_continuations(s, "waited@1")
+        print("slot wait: create answered after %.2f s" % (time.time() - t0))
+    with Stack(model=MODEL, slots=1, extra_ctl=["--slot-wait-ms", "0"]) as s:
+        up(s)
+        c, r = long_stream(s, 60000)
+        r2 = s.post("/v1/states", body={"model": "tiny", "name": "x", "prompt_ids": P})
+        r.close()  # the client goes: its request is cancelled
+        c.close()
+        assert r2.status == 503 and r2.json()["error"]["code"] == "no_capacity", r2.body
+        assert s.get("/v1/states/x").status == 404
+        # The cancelled request's slot is parked or free again: the name is still free.
+        s.wait(lambda: s.post("/v1/states", body={"model": "tiny", "name": "x",
+                                                  "prompt_ids": P}).status == 201, "a slot again")
+        check_continuations(s, "x@1")
+
+
 if __name__ == "__main__":
     rc = run_tests([test_create_generate_and_ops, test_restarts, test_cold_without_host_cache,
-                    test_bad_input_and_damage, test_owner_isolation])
+                    test_bad_input_and_damage, test_owner_isolation, test_slot_wait])
     TMP.cleanup()
     sys.exit(rc)
