@@ -1583,10 +1583,11 @@ ctl_sched_slots(ctl_sched *s, ctl_slot_info *out, size_t cap)
                 o->ref.slot = k;
                 o->ref.gen = w->gen[k];
                 ctl_job *j = w->busy[k];
+                o->tokens = w->ctx[k]; /* what the slot holds between jobs */
                 if (j != NULL) {
                     o->running = true;
                     o->held = j->held;
-                    o->tokens = j->computed;
+                    o->tokens = j->ctx0 + j->computed;
                     o->last_used_ms = j->last_tok_ms;
                 }
             }

@@ -221,7 +221,7 @@ typedef struct ctl_slot_info {
     ctl_slot_ref ref;        /* the slot */
     bool running;            /* a job runs on it */
     bool held;               /* the job runs on a caller-held slot (state op, chat turn) */
-    size_t tokens;           /* tokens fed so far (running jobs) */
+    size_t tokens;           /* tokens fed into the slot's state (running jobs: so far) */
     uint64_t last_used_ms;   /* monotonic ms of the job's last token, 0 = none */
 } ctl_slot_info;
 

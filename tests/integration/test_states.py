@@ -275,6 +275,10 @@ def test_slot_wait():
         body = r.read()  # the stream had ended: the create took its slot afterwards
         assert body.rstrip().endswith(b"data: [DONE]"), body[-200:]
         c.close()
+        # /admin/slots says what a parked state's slot holds: every token but
+        # the last, which the state's next generation feeds first
+        parked = [x for x in s.get("/admin/slots").json()["slots"] if x["holds"] == "state"]
+        assert [x["tokens"] for x in parked] == [len(P) - 1], parked
         check_continuations(s, "waited@1")
         print("slot wait: create answered after %.2f s" % (time.time() - t0))
     with Stack(model=MODEL, slots=1, extra_ctl=["--slot-wait-ms", "0"]) as s:
