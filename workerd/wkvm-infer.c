@@ -524,70 +524,91 @@ infer_image(infer_run *r, uint32_t slot, uint64_t *len)
  * the reset row alone then runs on pages only its reset freed, as on a
  * fresh slot. Bad sizes and ranges must give WK_EINVAL.
  */
-static int
-infer_slot_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, long gen)
-{
-    const size_t V = r->V, n_pos = n + (size_t)(gen > 0 ? gen : 0), mid = n_pos / 2;
-    const uint64_t sb = r->ops->slot_bytes(r->ctx);
-    be_kv_info kv = {0};
-    if (r->ops->kv_info != NULL)
-        r->ops->kv_info(r->ctx, &kv);
-    const uint64_t tb = kv.kv_token_bytes;
-    float *ref = malloc(n_pos * V * sizeof(float));
-    float *got = malloc(n_pos * V * sizeof(float));
-    float *got2 = malloc(n_pos * V * sizeof(float));
-    int32_t *seq = malloc(n_pos * sizeof(int32_t));
-    if (!ref || !got || !got2 || !seq)
-        infer_die(1, "out of memory for --slot-check");
-    memcpy(seq, ids, n * sizeof(int32_t));
-    int fails = 0;
-    char what[256];
+/* What the --slot-check phases share: the run, the sequence, the buffers. */
+typedef struct infer_sc {
+    infer_run *r;           /* the model and backend */
+    int32_t *seq;           /* prompt, then the reference's greedy tokens */
+    size_t n;               /* prompt tokens */
+    size_t n_pos;           /* positions checked */
+    size_t mid;             /* where the run is interrupted */
+    uint32_t chunk;         /* prefill chunk */
+    size_t V;               /* vocab */
+    uint64_t sb;            /* slot_bytes */
+    uint64_t tb;            /* kv_token_bytes (0: no KV) */
+    float *ref;             /* reference logits, n_pos x V */
+    float *got, *got2;      /* logits of the interrupted runs */
+    int fails;              /* failed expectations */
+} infer_sc;
 
-    /* the reference: prompt, then greedy, in slot 1 */
+static void
+infer_sc_reset3(infer_sc *c)
+{
     for (uint32_t s = 1; s <= 3; s++)
-        if (r->ops->slot_reset(r->ctx, s) != WK_OK)
+        if (c->r->ops->slot_reset(c->r->ctx, s) != WK_OK)
             infer_die(1, "--slot-check: slot reset failed");
-    if (infer_feed(r, 1, seq, 0, n, chunk, ref) != WK_OK)
+}
+
+/* The logits after the interruption equal the reference's bit for bit. */
+static void
+infer_sc_same(infer_sc *c, const float *buf, const char *label)
+{
+    char what[128];
+    snprintf(what, sizeof(what), "%s: logits after the interruption differ", label);
+    bool same = infer_match(c->ref + c->mid * c->V, buf + c->mid * c->V,
+                            (c->n_pos - c->mid) * c->V, c->r->tol, NULL);
+    infer_expect(&c->fails, same, what);
+}
+
+/* The reference: prompt, then greedy, in slot 1. */
+static void
+infer_sc_reference(infer_sc *c)
+{
+    infer_run *r = c->r;
+    char what[256];
+    infer_sc_reset3(c);
+    if (infer_feed(r, 1, c->seq, 0, c->n, c->chunk, c->ref) != WK_OK)
         infer_die(1, "--slot-check: reference prefill refused");
-    for (size_t p = n; p < n_pos; p++) {
-        seq[p] = infer_argmax(ref + (p - 1) * V, r->V);
-        if (infer_feed(r, 1, seq, p, p + 1, 1, ref) != WK_OK)
+    for (size_t p = c->n; p < c->n_pos; p++) {
+        c->seq[p] = infer_argmax(c->ref + (p - 1) * c->V, r->V);
+        if (infer_feed(r, 1, c->seq, p, p + 1, 1, c->ref) != WK_OK)
             infer_die(1, "--slot-check: reference decode refused");
     }
-    snprintf(what, sizeof(what), "slot_size after %zu tokens is %llu, want %llu", n_pos,
+    snprintf(what, sizeof(what), "slot_size after %zu tokens is %llu, want %llu", c->n_pos,
              (unsigned long long)infer_slot_size(r, 1),
-             (unsigned long long)(sb + n_pos * tb));
-    infer_expect(&fails, infer_slot_size(r, 1) == sb + n_pos * tb, what);
+             (unsigned long long)(c->sb + c->n_pos * c->tb));
+    infer_expect(&c->fails, infer_slot_size(r, 1) == c->sb + c->n_pos * c->tb, what);
+}
 
-#define SAME(buf, label)                                                                          \
-    do {                                                                                          \
-        bool same_ = infer_match(ref + mid * V, (buf) + mid * V, (n_pos - mid) * V, r->tol, NULL); \
-        infer_expect(&fails, same_, label ": logits after the interruption differ");              \
-    } while (0)
-
-    /* (a) fork at mid: both continue identically */
-    for (uint32_t s = 1; s <= 3; s++)
-        if (r->ops->slot_reset(r->ctx, s) != WK_OK)
-            infer_die(1, "--slot-check: slot reset failed");
-    if (infer_feed(r, 1, seq, 0, mid, chunk, got) != WK_OK ||
+/* (a) Fork at mid: both continue identically. */
+static void
+infer_sc_fork(infer_sc *c)
+{
+    infer_run *r = c->r;
+    infer_sc_reset3(c);
+    if (infer_feed(r, 1, c->seq, 0, c->mid, c->chunk, c->got) != WK_OK ||
         r->ops->slot_copy(r->ctx, 2, 1) != WK_OK)
         infer_die(1, "--slot-check: fork failed");
-    infer_expect(&fails, infer_slot_size(r, 2) == sb + mid * tb, "fork: slot_size of the copy");
-    if (infer_feed(r, 2, seq, mid, n_pos, chunk, got2) != WK_OK ||
-        infer_feed(r, 1, seq, mid, n_pos, 1, got) != WK_OK)
+    infer_expect(&c->fails, infer_slot_size(r, 2) == c->sb + c->mid * c->tb,
+                 "fork: slot_size of the copy");
+    if (infer_feed(r, 2, c->seq, c->mid, c->n_pos, c->chunk, c->got2) != WK_OK ||
+        infer_feed(r, 1, c->seq, c->mid, c->n_pos, 1, c->got) != WK_OK)
         infer_die(1, "--slot-check: continuing after the fork refused");
-    SAME(got, "fork (source)");
-    SAME(got2, "fork (copy)");
+    infer_sc_same(c, c->got, "fork (source)");
+    infer_sc_same(c, c->got2, "fork (copy)");
+}
 
-    /* (b) hibernate at mid: read, reset, resize + write, continue; also into slot 3 */
-    for (uint32_t s = 1; s <= 3; s++)
-        if (r->ops->slot_reset(r->ctx, s) != WK_OK)
-            infer_die(1, "--slot-check: slot reset failed");
-    if (infer_feed(r, 1, seq, 0, mid, chunk, got) != WK_OK)
+/* (b) Hibernate at mid: read, reset, resize + write, continue; also into slot 3. */
+static void
+infer_sc_hibernate(infer_sc *c)
+{
+    infer_run *r = c->r;
+    const uint64_t sb = c->sb, tb = c->tb;
+    infer_sc_reset3(c);
+    if (infer_feed(r, 1, c->seq, 0, c->mid, c->chunk, c->got) != WK_OK)
         infer_die(1, "--slot-check: prefill refused");
     uint64_t ilen;
     uint8_t *img = infer_image(r, 1, &ilen);
-    infer_expect(&fails, ilen == sb + mid * tb, "hibernate: image size");
+    infer_expect(&c->fails, ilen == sb + c->mid * tb, "hibernate: image size");
     be_kv_info k0 = {0}, k1 = {0};
     if (r->ops->kv_info != NULL)
         r->ops->kv_info(r->ctx, &k0);
@@ -595,190 +616,254 @@ infer_slot_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, lon
         infer_die(1, "--slot-check: slot reset failed");
     if (r->ops->kv_info != NULL)
         r->ops->kv_info(r->ctx, &k1);
-    infer_expect(&fails, infer_slot_size(r, 1) == sb, "reset: slot_size is not slot_bytes");
-    infer_expect(&fails, k1.pages_free == k1.pages_total && (tb == 0 || k0.pages_free < k1.pages_free),
+    infer_expect(&c->fails, infer_slot_size(r, 1) == sb, "reset: slot_size is not slot_bytes");
+    infer_expect(&c->fails,
+                 k1.pages_free == k1.pages_total && (tb == 0 || k0.pages_free < k1.pages_free),
                  "reset: the slot's KV pages did not go back to the pool");
     for (uint32_t s = 1; s <= 3; s += 2) {
         wk_err e = r->ops->slot_resize != NULL ? r->ops->slot_resize(r->ctx, s, ilen) : WK_OK;
         if (e != WK_OK || r->ops->slot_write(r->ctx, s, 0, img, ilen) != WK_OK)
             infer_die(1, "--slot-check: resume into slot %u failed (%s)", s, wk_strerror(e));
     }
-    if (infer_feed(r, 1, seq, mid, n_pos, chunk, got) != WK_OK ||
-        infer_feed(r, 3, seq, mid, n_pos, 1, got2) != WK_OK)
+    if (infer_feed(r, 1, c->seq, c->mid, c->n_pos, c->chunk, c->got) != WK_OK ||
+        infer_feed(r, 3, c->seq, c->mid, c->n_pos, 1, c->got2) != WK_OK)
         infer_die(1, "--slot-check: continuing after resume refused");
-    SAME(got, "hibernate/resume");
-    SAME(got2, "migrate to another slot");
+    infer_sc_same(c, c->got, "hibernate/resume");
+    infer_sc_same(c, c->got2, "migrate to another slot");
     free(img);
+}
 
-    /* bad sizes and ranges */
+/* Bad sizes and ranges are refused with WK_EINVAL. */
+static void
+infer_sc_bad_ranges(infer_sc *c)
+{
+    infer_run *r = c->r;
+    const uint64_t sb = c->sb, tb = c->tb;
+    int *fails = &c->fails;
     if (r->ops->slot_resize != NULL) {
-        infer_expect(&fails, r->ops->slot_resize(r->ctx, 2, sb - 4) == WK_EINVAL,
+        infer_expect(fails, r->ops->slot_resize(r->ctx, 2, sb - 4) == WK_EINVAL,
                      "resize below slot_bytes accepted");
-        infer_expect(&fails, r->ops->slot_resize(r->ctx, 0, sb) == WK_EINVAL,
+        infer_expect(fails, r->ops->slot_resize(r->ctx, 0, sb) == WK_EINVAL,
                      "resize of slot 0 accepted");
-        infer_expect(&fails, r->ops->slot_resize(r->ctx, 4, sb) == WK_EINVAL,
+        infer_expect(fails, r->ops->slot_resize(r->ctx, 4, sb) == WK_EINVAL,
                      "resize outside the arena accepted");
         if (tb > 0)
-            infer_expect(&fails, r->ops->slot_resize(r->ctx, 2, sb + tb + 4) == WK_EINVAL,
+            infer_expect(fails, r->ops->slot_resize(r->ctx, 2, sb + tb + 4) == WK_EINVAL,
                          "resize to a partial token accepted");
         else
-            infer_expect(&fails, r->ops->slot_resize(r->ctx, 2, sb + 4) == WK_EINVAL,
+            infer_expect(fails, r->ops->slot_resize(r->ctx, 2, sb + 4) == WK_EINVAL,
                          "resize of a fixed-size slot accepted");
     }
     uint8_t byte[8];
     uint64_t sz1 = infer_slot_size(r, 1);
-    infer_expect(&fails, r->ops->slot_read(r->ctx, 1, sz1 - 4, byte, 8) == WK_EINVAL,
+    infer_expect(fails, r->ops->slot_read(r->ctx, 1, sz1 - 4, byte, 8) == WK_EINVAL,
                  "read past slot_size accepted");
-    infer_expect(&fails, r->ops->slot_write(r->ctx, 1, sz1, byte, 1) == WK_EINVAL,
+    infer_expect(fails, r->ops->slot_write(r->ctx, 1, sz1, byte, 1) == WK_EINVAL,
                  "write past slot_size accepted");
-    infer_expect(&fails, r->ops->slot_copy(r->ctx, 0, 1) == WK_EINVAL, "copy into slot 0 accepted");
+    infer_expect(fails, r->ops->slot_copy(r->ctx, 0, 1) == WK_EINVAL, "copy into slot 0 accepted");
 
-    /* (c) a full pool: a step, a copy and a resize are refused and change nothing */
-    if (tb > 0 && r->ops->slot_resize != NULL) {
-        for (uint32_t s = 1; s <= 3; s++)
-            if (r->ops->slot_reset(r->ctx, s) != WK_OK)
-                infer_die(1, "--slot-check: slot reset failed");
-        if (infer_feed(r, 1, seq, 0, mid, chunk, got) != WK_OK)
-            infer_die(1, "--slot-check: prefill refused");
-        r->ops->kv_info(r->ctx, &k0);
-        uint64_t fill = (uint64_t)k0.pages_free * k0.page_tokens;
-        const uint32_t p2 = k0.pages_free; /* the pages slot 2 takes below */
-        if (r->ops->slot_resize(r->ctx, 2, sb + (fill + 1) * tb) != WK_EQUOTA)
-            infer_expect(&fails, false, "resize over the free pages not refused with WK_EQUOTA");
-        if (r->ops->slot_resize(r->ctx, 2, sb + fill * tb) != WK_OK)
-            infer_die(1, "--slot-check: resize to fill the pool failed");
-        img = infer_image(r, 1, &ilen);
-        r->ops->kv_info(r->ctx, &k0);
-        infer_expect(&fails, k0.pages_free == 0, "the pool is not full");
-        /*
-         * Row 0 fits in slot 1's last page (when it has room), row 1 needs a
-         * page for slot 3: the whole step is refused, naming row 1, and row
-         * 0 must not have run either.
-         */
-        uint32_t room = (k0.page_tokens - (uint32_t)(mid % k0.page_tokens)) % k0.page_tokens;
-        int32_t *row_toks = calloc(k0.page_tokens, sizeof(int32_t));
-        float *lg = malloc(V * sizeof(float));
-        if (row_toks == NULL || lg == NULL)
-            infer_die(1, "out of memory");
-        be_row rows[2] = {
-            {.slot = 1, .tokens = row_toks, .n_tokens = room, .logits_mode = BE_LOGITS_LAST,
-             .logits = lg},
-            {.slot = 3, .tokens = seq, .n_tokens = 1, .logits_mode = BE_LOGITS_NONE},
-        };
-        const size_t first = room > 0 ? 0 : 1;
-        wk_diag d = {{0}};
-        wk_err e = r->ops->step(r->ctx, rows + first, 2 - first, &d);
-        snprintf(what, sizeof(what), "row %zu", 1 - first);
-        infer_expect(&fails, e == WK_EQUOTA, "a step over the pool not refused with WK_EQUOTA");
-        infer_expect(&fails, e != WK_EQUOTA || strstr(d.msg, what) != NULL,
-                     "the WK_EQUOTA diag does not name the row");
-        if (e == WK_EQUOTA)
-            printf("slot-check: full pool step refused: %s\n", d.msg);
-        infer_expect(&fails, r->ops->slot_copy(r->ctx, 3, 1) == WK_EQUOTA,
-                     "a copy over the pool not refused with WK_EQUOTA");
-        infer_expect(&fails, r->ops->slot_resize(r->ctx, 3, sb + tb) == WK_EQUOTA,
-                     "a resize over the pool not refused with WK_EQUOTA");
-        r->ops->kv_info(r->ctx, &k1);
-        uint64_t l2;
-        uint8_t *img2 = infer_image(r, 1, &l2);
-        infer_expect(&fails, l2 == ilen && memcmp(img, img2, ilen) == 0,
-                     "a refused operation changed slot 1");
-        infer_expect(&fails, infer_slot_size(r, 3) == sb, "a refused operation changed slot 3");
-        infer_expect(&fails, k1.pages_free == 0, "a refused operation changed the free pages");
-        free(img2);
-        free(img);
-        free(row_toks);
-        free(lg);
+}
 
-        /*
-         * (d) a reset is part of its step. Slot 2 holds every page left
-         * (p2) and, written from slot 1, a recurrent state that is not
-         * zero. A reset row on it next to a row that needs one page more
-         * than the reset gives back is refused (WK_EQUOTA naming row 1),
-         * and so is a reset row next to a token outside the vocab
-         * (WK_EINVAL); neither changes a byte or a page. Then the reset
-         * row alone runs on a page only its own reset gave back, exactly
-         * as on a fresh slot (slot 3, same row shape).
-         */
-        uint64_t la, lb;
-        uint8_t *ia = infer_image(r, 1, &la);
-        if (r->ops->slot_write(r->ctx, 2, 0, ia, sb) != WK_OK)
-            infer_die(1, "--slot-check: slot_write failed");
-        uint8_t *ib = infer_image(r, 2, &lb);
-        const uint64_t big = (uint64_t)p2 * k0.page_tokens; /* all of slot 2's pages */
-        int32_t *ztoks = calloc(big + 1, sizeof(int32_t));
-        float *lr = malloc(V * sizeof(float)), *lf = malloc(V * sizeof(float));
-        if (ztoks == NULL || lr == NULL || lf == NULL)
-            infer_die(1, "out of memory");
-        const int32_t bad = (int32_t)r->V;
-        be_row rr[2] = {
-            {.slot = 2, .tokens = ztoks, .n_tokens = (uint32_t)big, .reset = true},
-            {.slot = 3, .tokens = ztoks, .n_tokens = 1},
-        };
-        d = (wk_diag){{0}};
-        e = r->ops->step(r->ctx, rr, 2, &d);
-        infer_expect(&fails, e == WK_EQUOTA && strstr(d.msg, "row 1") != NULL,
-                     "reset + a row over the freed pages: not refused with WK_EQUOTA on row 1");
-        rr[0] = (be_row){.slot = 2, .tokens = seq, .n_tokens = 1, .logits_mode = BE_LOGITS_LAST,
-                         .logits = lr, .reset = true};
-        rr[1] = (be_row){.slot = 1, .tokens = &bad, .n_tokens = 1};
-        infer_expect(&fails, r->ops->step(r->ctx, rr, 2, &d) == WK_EINVAL,
-                     "reset + a token outside the vocab: not refused with WK_EINVAL");
-        r->ops->kv_info(r->ctx, &k1);
-        uint64_t l1, l2b;
-        uint8_t *ja = infer_image(r, 1, &l1), *jb = infer_image(r, 2, &l2b);
-        infer_expect(&fails,
-                     l1 == la && memcmp(ia, ja, la) == 0 && l2b == lb && memcmp(ib, jb, lb) == 0,
-                     "a refused step with a reset row changed a slot image");
-        infer_expect(&fails, infer_slot_size(r, 3) == sb && k1.pages_free == 0,
-                     "a refused step with a reset row changed slot 3 or the free pages");
-        e = r->ops->step(r->ctx, rr, 1, &d);
-        snprintf(what, sizeof(what), "a reset row needing its own freed pages refused (%s: %.150s)",
-                 wk_strerror(e), d.msg);
-        infer_expect(&fails, e == WK_OK, what);
-        r->ops->kv_info(r->ctx, &k1);
-        infer_expect(&fails, infer_slot_size(r, 2) == sb + tb && k1.pages_free == p2 - 1,
-                     "after a reset row: slot 2's size or the free pages are wrong");
-        if (e == WK_OK && p2 >= 2) {
-            /* the same row on a fresh slot: same logits, same image */
-            if (infer_feed(r, 3, seq, 0, 1, 1, lf) != WK_OK)
-                infer_die(1, "--slot-check: a fresh one-token row refused");
-            uint64_t l3;
-            free(jb);
-            jb = infer_image(r, 2, &l2b);
-            uint8_t *jc = infer_image(r, 3, &l3);
-            infer_expect(&fails, memcmp(lr, lf, V * sizeof(float)) == 0,
-                         "a reset row's logits differ from a fresh slot's");
-            infer_expect(&fails, l2b == l3 && memcmp(jb, jc, l3) == 0,
-                         "a reset row's image differs from a fresh slot's");
-            free(jc);
-        }
-        free(ia);
-        free(ib);
-        free(ja);
+/*
+ * (c) A full pool: a step, a copy and a resize are refused and change
+ * nothing. Leaves slot 1 at mid and slot 2 holding every page left;
+ * returns that count (the pages slot 2 took).
+ */
+static uint32_t
+infer_sc_full_pool(infer_sc *c)
+{
+    infer_run *r = c->r;
+    const size_t V = c->V, mid = c->mid;
+    const uint64_t sb = c->sb, tb = c->tb;
+    int32_t *seq = c->seq;
+    int *fails = &c->fails;
+    char what[256];
+    be_kv_info k0 = {0}, k1 = {0};
+    uint64_t ilen;
+    uint8_t *img;
+    infer_sc_reset3(c);
+    if (infer_feed(r, 1, seq, 0, mid, c->chunk, c->got) != WK_OK)
+        infer_die(1, "--slot-check: prefill refused");
+    r->ops->kv_info(r->ctx, &k0);
+    uint64_t fill = (uint64_t)k0.pages_free * k0.page_tokens;
+    const uint32_t p2 = k0.pages_free; /* the pages slot 2 takes below */
+    if (r->ops->slot_resize(r->ctx, 2, sb + (fill + 1) * tb) != WK_EQUOTA)
+        infer_expect(fails, false, "resize over the free pages not refused with WK_EQUOTA");
+    if (r->ops->slot_resize(r->ctx, 2, sb + fill * tb) != WK_OK)
+        infer_die(1, "--slot-check: resize to fill the pool failed");
+    img = infer_image(r, 1, &ilen);
+    r->ops->kv_info(r->ctx, &k0);
+    infer_expect(fails, k0.pages_free == 0, "the pool is not full");
+    /*
+     * Row 0 fits in slot 1's last page (when it has room), row 1 needs a
+     * page for slot 3: the whole step is refused, naming row 1, and row
+     * 0 must not have run either.
+     */
+    uint32_t room = (k0.page_tokens - (uint32_t)(mid % k0.page_tokens)) % k0.page_tokens;
+    int32_t *row_toks = calloc(k0.page_tokens, sizeof(int32_t));
+    float *lg = malloc(V * sizeof(float));
+    if (row_toks == NULL || lg == NULL)
+        infer_die(1, "out of memory");
+    be_row rows[2] = {
+        {.slot = 1, .tokens = row_toks, .n_tokens = room, .logits_mode = BE_LOGITS_LAST,
+         .logits = lg},
+        {.slot = 3, .tokens = seq, .n_tokens = 1, .logits_mode = BE_LOGITS_NONE},
+    };
+    const size_t first = room > 0 ? 0 : 1;
+    wk_diag d = {{0}};
+    wk_err e = r->ops->step(r->ctx, rows + first, 2 - first, &d);
+    snprintf(what, sizeof(what), "row %zu", 1 - first);
+    infer_expect(fails, e == WK_EQUOTA, "a step over the pool not refused with WK_EQUOTA");
+    infer_expect(fails, e != WK_EQUOTA || strstr(d.msg, what) != NULL,
+                 "the WK_EQUOTA diag does not name the row");
+    if (e == WK_EQUOTA)
+        printf("slot-check: full pool step refused: %s\n", d.msg);
+    infer_expect(fails, r->ops->slot_copy(r->ctx, 3, 1) == WK_EQUOTA,
+                 "a copy over the pool not refused with WK_EQUOTA");
+    infer_expect(fails, r->ops->slot_resize(r->ctx, 3, sb + tb) == WK_EQUOTA,
+                 "a resize over the pool not refused with WK_EQUOTA");
+    r->ops->kv_info(r->ctx, &k1);
+    uint64_t l2;
+    uint8_t *img2 = infer_image(r, 1, &l2);
+    infer_expect(fails, l2 == ilen && memcmp(img, img2, ilen) == 0,
+                 "a refused operation changed slot 1");
+    infer_expect(fails, infer_slot_size(r, 3) == sb, "a refused operation changed slot 3");
+    infer_expect(fails, k1.pages_free == 0, "a refused operation changed the free pages");
+    free(img2);
+    free(img);
+    free(row_toks);
+    free(lg);
+
+    return p2;
+}
+
+/*
+ * (d) A reset is part of its step. Slot 2 holds every page left (p2) and,
+ * written from slot 1, a recurrent state that is not zero. A reset row on
+ * it next to a row that needs one page more than the reset gives back is
+ * refused (WK_EQUOTA naming row 1), and so is a reset row next to a token
+ * outside the vocab (WK_EINVAL); neither changes a byte or a page. Then the
+ * reset row alone runs on a page only its own reset gave back, exactly as
+ * on a fresh slot (slot 3, same row shape).
+ */
+static void
+infer_sc_reset_in_step(infer_sc *c, uint32_t p2)
+{
+    infer_run *r = c->r;
+    const size_t V = c->V;
+    const uint64_t sb = c->sb, tb = c->tb;
+    int32_t *seq = c->seq;
+    int *fails = &c->fails;
+    char what[256];
+    be_kv_info k0 = {0}, k1 = {0};
+    r->ops->kv_info(r->ctx, &k0);
+    wk_diag d = {{0}};
+    wk_err e;
+    uint64_t la, lb;
+    uint8_t *ia = infer_image(r, 1, &la);
+    if (r->ops->slot_write(r->ctx, 2, 0, ia, sb) != WK_OK)
+        infer_die(1, "--slot-check: slot_write failed");
+    uint8_t *ib = infer_image(r, 2, &lb);
+    const uint64_t big = (uint64_t)p2 * k0.page_tokens; /* all of slot 2's pages */
+    int32_t *ztoks = calloc(big + 1, sizeof(int32_t));
+    float *lr = malloc(V * sizeof(float)), *lf = malloc(V * sizeof(float));
+    if (ztoks == NULL || lr == NULL || lf == NULL)
+        infer_die(1, "out of memory");
+    const int32_t bad = (int32_t)r->V;
+    be_row rr[2] = {
+        {.slot = 2, .tokens = ztoks, .n_tokens = (uint32_t)big, .reset = true},
+        {.slot = 3, .tokens = ztoks, .n_tokens = 1},
+    };
+    e = r->ops->step(r->ctx, rr, 2, &d);
+    infer_expect(fails, e == WK_EQUOTA && strstr(d.msg, "row 1") != NULL,
+                 "reset + a row over the freed pages: not refused with WK_EQUOTA on row 1");
+    rr[0] = (be_row){.slot = 2, .tokens = seq, .n_tokens = 1, .logits_mode = BE_LOGITS_LAST,
+                     .logits = lr, .reset = true};
+    rr[1] = (be_row){.slot = 1, .tokens = &bad, .n_tokens = 1};
+    infer_expect(fails, r->ops->step(r->ctx, rr, 2, &d) == WK_EINVAL,
+                 "reset + a token outside the vocab: not refused with WK_EINVAL");
+    r->ops->kv_info(r->ctx, &k1);
+    uint64_t l1, l2b;
+    uint8_t *ja = infer_image(r, 1, &l1), *jb = infer_image(r, 2, &l2b);
+    infer_expect(fails,
+                 l1 == la && memcmp(ia, ja, la) == 0 && l2b == lb && memcmp(ib, jb, lb) == 0,
+                 "a refused step with a reset row changed a slot image");
+    infer_expect(fails, infer_slot_size(r, 3) == sb && k1.pages_free == 0,
+                 "a refused step with a reset row changed slot 3 or the free pages");
+    e = r->ops->step(r->ctx, rr, 1, &d);
+    snprintf(what, sizeof(what), "a reset row needing its own freed pages refused (%s: %.150s)",
+             wk_strerror(e), d.msg);
+    infer_expect(fails, e == WK_OK, what);
+    r->ops->kv_info(r->ctx, &k1);
+    infer_expect(fails, infer_slot_size(r, 2) == sb + tb && k1.pages_free == p2 - 1,
+                 "after a reset row: slot 2's size or the free pages are wrong");
+    if (e == WK_OK && p2 >= 2) {
+        /* the same row on a fresh slot: same logits, same image */
+        if (infer_feed(r, 3, seq, 0, 1, 1, lf) != WK_OK)
+            infer_die(1, "--slot-check: a fresh one-token row refused");
+        uint64_t l3;
         free(jb);
-        free(ztoks);
-        free(lr);
-        free(lf);
+        jb = infer_image(r, 2, &l2b);
+        uint8_t *jc = infer_image(r, 3, &l3);
+        infer_expect(fails, memcmp(lr, lf, V * sizeof(float)) == 0,
+                     "a reset row's logits differ from a fresh slot's");
+        infer_expect(fails, l2b == l3 && memcmp(jb, jc, l3) == 0,
+                     "a reset row's image differs from a fresh slot's");
+        free(jc);
+    }
+    free(ia);
+    free(ib);
+    free(ja);
+    free(jb);
+    free(ztoks);
+    free(lr);
+    free(lf);
 
+}
+
+static int
+infer_slot_check(infer_run *r, const int32_t *ids, size_t n, uint32_t chunk, long gen)
+{
+    infer_sc c = {.r = r, .n = n, .chunk = chunk, .V = r->V};
+    c.n_pos = n + (size_t)(gen > 0 ? gen : 0);
+    c.mid = c.n_pos / 2;
+    c.sb = r->ops->slot_bytes(r->ctx);
+    be_kv_info kv = {0};
+    if (r->ops->kv_info != NULL)
+        r->ops->kv_info(r->ctx, &kv);
+    c.tb = kv.kv_token_bytes;
+    c.ref = malloc(c.n_pos * c.V * sizeof(float));
+    c.got = malloc(c.n_pos * c.V * sizeof(float));
+    c.got2 = malloc(c.n_pos * c.V * sizeof(float));
+    c.seq = malloc(c.n_pos * sizeof(int32_t));
+    if (!c.ref || !c.got || !c.got2 || !c.seq)
+        infer_die(1, "out of memory for --slot-check");
+    memcpy(c.seq, ids, n * sizeof(int32_t));
+
+    infer_sc_reference(&c);
+    infer_sc_fork(&c);
+    infer_sc_hibernate(&c);
+    infer_sc_bad_ranges(&c);
+    if (c.tb > 0 && r->ops->slot_resize != NULL) {
+        uint32_t p2 = infer_sc_full_pool(&c);
+        infer_sc_reset_in_step(&c, p2);
         /* give slot 2's (and 3's) pages back: slot 1 continues as if nothing happened */
         if (r->ops->slot_reset(r->ctx, 2) != WK_OK || r->ops->slot_reset(r->ctx, 3) != WK_OK)
             infer_die(1, "--slot-check: slot reset failed");
-        if (infer_feed(r, 1, seq, mid, n_pos, chunk, got) != WK_OK)
+        if (infer_feed(r, 1, c.seq, c.mid, c.n_pos, c.chunk, c.got) != WK_OK)
             infer_die(1, "--slot-check: continuing after the refusals refused");
-        SAME(got, "after refusals");
+        infer_sc_same(&c, c.got, "after refusals");
     }
-#undef SAME
-    if (fails == 0)
+    if (c.fails == 0)
         printf("slot-check: ok (%zu positions, interrupted at %zu, slot_bytes %llu, "
                "kv_token_bytes %llu, page_tokens %u, pages %u)\n",
-               n_pos, mid, (unsigned long long)sb, (unsigned long long)tb, kv.page_tokens,
-               kv.pages_total);
-    free(ref);
-    free(got);
-    free(got2);
-    free(seq);
-    return fails ? 1 : 0;
+               c.n_pos, c.mid, (unsigned long long)c.sb, (unsigned long long)c.tb,
+               kv.page_tokens, kv.pages_total);
+    free(c.ref);
+    free(c.got);
+    free(c.got2);
+    free(c.seq);
+    return c.fails ? 1 : 0;
 }
 
 static void

@@ -68,6 +68,7 @@ struct wrk_worker {
     char device_name[128];     /* from probe */
     uint64_t device_mem;       /* from probe */
     nng_socket sock;           /* pair1 */
+    nng_dialer dialer;         /* the controller link's dialer (replaced by a redial) */
     atomic_bool need_hello;    /* a pipe was added */
     atomic_int pipes;          /* controller connections up now */
     uint64_t steps;            /* steps run */
@@ -1155,6 +1156,8 @@ wrk_dial_tls(wrk_worker *w, wk_diag *d)
         nng_dialer_set_size(dl, NNG_OPT_RECVMAXSZ, WK_PROTO_MSG_MAX);
         if ((rv = nng_dialer_start(dl, NNG_FLAG_NONBLOCK)) != 0)
             what = "dial";
+        else
+            w->dialer = dl;
     }
     if (rv != 0)
         err = wk_diag_set(d, WK_EIO, "cannot dial %s: %s: %s", w->controller_url, what,
@@ -1170,6 +1173,26 @@ out:
     return err;
 }
 
+/* Starts w->dialer towards the controller (mutual TLS for tls+tcp:// URLs). */
+static wk_err
+wrk_dial(wrk_worker *w, wk_diag *d)
+{
+    if (strncmp(w->controller_url, "tls+", 4) == 0)
+        return wrk_dial_tls(w, d);
+    int rv = nng_dial(w->sock, w->controller_url, &w->dialer, NNG_FLAG_NONBLOCK);
+    if (rv != 0)
+        return wk_diag_set(d, WK_EIO, "cannot dial %s: %s", w->controller_url, nng_strerror(rv));
+    return WK_OK;
+}
+
+/*
+ * libnng 1.5.2 (Debian 12's) has a dialer that stops retrying when the
+ * controller dies while a connection is being negotiated (a controller
+ * restarted right after this worker dialed): no pipe ever comes back. A
+ * link down this long gets a new dialer.
+ */
+#define WRK_REDIAL_MS 3000
+
 wk_err
 wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
 {
@@ -1183,21 +1206,15 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
     nng_socket_set_ms(w->sock, NNG_OPT_RECONNMAXT, 1000);
     nng_pipe_notify(w->sock, NNG_PIPE_EV_ADD_POST, wrk_pipe_added, w);
     nng_pipe_notify(w->sock, NNG_PIPE_EV_REM_POST, wrk_pipe_removed, w);
-    if (strncmp(w->controller_url, "tls+", 4) == 0) {
-        wk_err te = wrk_dial_tls(w, d);
-        if (te != WK_OK) {
-            nng_close(w->sock);
-            return te;
-        }
-    } else if ((rv = nng_dial(w->sock, w->controller_url, NULL, NNG_FLAG_NONBLOCK)) != 0) {
+    wk_err de = wrk_dial(w, d);
+    if (de != WK_OK) {
         nng_close(w->sock);
-        return wk_diag_set(d, WK_EIO, "cannot dial %s: %s", w->controller_url,
-                           nng_strerror(rv));
+        return de;
     }
     wk_log_info("dialing controller=%s worker=%s", w->controller_url, w->worker_id);
     w->connected = true;
     wk_err result = WK_OK;
-    uint64_t unlinked_since = wrk_now_us() / 1000u, warned_at = 0;
+    uint64_t unlinked_since = wrk_now_us() / 1000u, warned_at = 0, dialed_at = unlinked_since;
     while (!*stop) {
         if (atomic_exchange(&w->need_hello, false))
             wrk_send_hello(w);
@@ -1209,7 +1226,19 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
         const uint64_t now_ms = wrk_now_us() / 1000u;
         if (atomic_load(&w->pipes) > 0) {
             unlinked_since = now_ms;
-        } else if (now_ms - unlinked_since >= 10000 && now_ms - warned_at >= 30000) {
+        } else if (now_ms - unlinked_since >= WRK_REDIAL_MS &&
+                   now_ms - dialed_at >= WRK_REDIAL_MS) {
+            wk_diag rd = {{0}};
+            dialed_at = now_ms;
+            nng_dialer_close(w->dialer);
+            if (wrk_dial(w, &rd) != WK_OK)
+                wk_log_warn("redial failed: %s", rd.msg);
+            else
+                wk_log_debug("no controller link for %llu ms: redialing",
+                             (unsigned long long)(now_ms - unlinked_since));
+        }
+        if (atomic_load(&w->pipes) == 0 && now_ms - unlinked_since >= 10000 &&
+            now_ms - warned_at >= 30000) {
             warned_at = now_ms;
             wk_log_warn("no controller connection for %llu s controller=%s%s",
                         (unsigned long long)((now_ms - unlinked_since) / 1000u),
