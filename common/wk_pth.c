@@ -947,6 +947,131 @@ pth_op_build(pth_vm *vm)
 }
 
 /* Runs the pickle to STOP; *result is its top value. */
+/* Opcodes that push one scalar: None, bools, ints, floats, strings. */
+static wk_err
+pth_op_scalar(pth_vm *vm, uint8_t op)
+{
+    wk_err err;
+    pth_val *v;
+    switch (op) {
+    case 'N': /* NONE */
+        err = pth_new(vm, PTH_NONE, &v);
+        if (err == WK_OK)
+            err = pth_push(vm, v);
+        break;
+    case 0x88: /* NEWTRUE */
+    case 0x89: /* NEWFALSE */
+        err = pth_push_int(vm, PTH_BOOL, op == 0x88);
+        break;
+    case 'K': /* BININT1 */
+        if ((err = pth_need(vm, 1)) != WK_OK)
+            return err;
+        err = pth_push_int(vm, PTH_INT, *vm->p);
+        vm->p += 1;
+        break;
+    case 'M': /* BININT2 */
+        if ((err = pth_need(vm, 2)) != WK_OK)
+            return err;
+        err = pth_push_int(vm, PTH_INT, pth_le16(vm->p));
+        vm->p += 2;
+        break;
+    case 'J': /* BININT */
+        if ((err = pth_need(vm, 4)) != WK_OK)
+            return err;
+        err = pth_push_int(vm, PTH_INT, (int32_t)pth_le32(vm->p));
+        vm->p += 4;
+        break;
+    case 0x8a: { /* LONG1 */
+        if ((err = pth_need(vm, 1)) != WK_OK)
+            return err;
+        size_t n = *vm->p++;
+        if (n > 8)
+            return pth_fail(vm, WK_ENOTSUP, "integer of %zu bytes", n);
+        if ((err = pth_need(vm, n)) != WK_OK)
+            return err;
+        uint64_t u = 0;
+        for (size_t i = 0; i < n; i++)
+            u |= (uint64_t)vm->p[i] << (8 * i);
+        if (n > 0 && n < 8 && (vm->p[n - 1] & 0x80))
+            u |= ~(uint64_t)0 << (8 * n);
+        vm->p += n;
+        int64_t s;
+        memcpy(&s, &u, sizeof(s));
+        err = pth_push_int(vm, PTH_INT, s);
+        break;
+    }
+    case 'G': { /* BINFLOAT, big-endian */
+        if ((err = pth_need(vm, 8)) != WK_OK)
+            return err;
+        uint64_t u = 0;
+        for (int i = 0; i < 8; i++)
+            u = u << 8 | vm->p[i];
+        vm->p += 8;
+        err = pth_new(vm, PTH_FLOAT, &v);
+        if (err == WK_OK) {
+            memcpy(&v->u.f, &u, sizeof(v->u.f));
+            err = pth_push(vm, v);
+        }
+        break;
+    }
+    case 'X': /* BINUNICODE */
+        if ((err = pth_need(vm, 4)) != WK_OK)
+            return err;
+        vm->p += 4;
+        err = pth_push_str(vm, pth_le32(vm->p - 4));
+        break;
+    case 0x8c: /* SHORT_BINUNICODE */
+        if ((err = pth_need(vm, 1)) != WK_OK)
+            return err;
+        vm->p += 1;
+        err = pth_push_str(vm, vm->p[-1]);
+        break;
+    case 0x8d: /* BINUNICODE8 */
+        if ((err = pth_need(vm, 8)) != WK_OK)
+            return err;
+        vm->p += 8;
+        err = pth_push_str(vm, pth_le64(vm->p - 8));
+        break;
+    default:
+        return pth_fail(vm, WK_ENOTSUP, "unsupported pickle opcode 0x%02x", op);
+    }
+    return err;
+}
+
+/* The memo: BINPUT, LONG_BINPUT, MEMOIZE, BINGET, LONG_BINGET. */
+static wk_err
+pth_op_memo(pth_vm *vm, uint8_t op)
+{
+    wk_err err;
+    switch (op) {
+    case 'q': /* BINPUT */
+        if ((err = pth_need(vm, 1)) != WK_OK)
+            return err;
+        err = pth_memo_put(vm, *vm->p++);
+        break;
+    case 'r': /* LONG_BINPUT */
+        if ((err = pth_need(vm, 4)) != WK_OK)
+            return err;
+        vm->p += 4;
+        err = pth_memo_put(vm, pth_le32(vm->p - 4));
+        break;
+    case 0x94: /* MEMOIZE */
+        err = pth_memo_put(vm, vm->memo_count);
+        break;
+    case 'h': /* BINGET */
+        if ((err = pth_need(vm, 1)) != WK_OK)
+            return err;
+        err = pth_memo_get(vm, *vm->p++);
+        break;
+    default: /* 'j': LONG_BINGET */
+        if ((err = pth_need(vm, 4)) != WK_OK)
+            return err;
+        vm->p += 4;
+        return pth_memo_get(vm, pth_le32(vm->p - 4));
+    }
+    return err;
+}
+
 static wk_err
 pth_run(pth_vm *vm, pth_val **result)
 {
@@ -986,108 +1111,12 @@ pth_run(pth_vm *vm, pth_val **result)
                 return pth_fail(vm, WK_ETOOBIG, "more than %zu nested MARKs", WK_PTH_MAX_MARKS);
             vm->marks[vm->n_marks++] = vm->sp;
             break;
-        case 'N': /* NONE */
-            err = pth_new(vm, PTH_NONE, &v);
-            if (err == WK_OK)
-                err = pth_push(vm, v);
-            break;
-        case 0x88: /* NEWTRUE */
-        case 0x89: /* NEWFALSE */
-            err = pth_push_int(vm, PTH_BOOL, op == 0x88);
-            break;
-        case 'K': /* BININT1 */
-            if ((err = pth_need(vm, 1)) != WK_OK)
-                return err;
-            err = pth_push_int(vm, PTH_INT, *vm->p);
-            vm->p += 1;
-            break;
-        case 'M': /* BININT2 */
-            if ((err = pth_need(vm, 2)) != WK_OK)
-                return err;
-            err = pth_push_int(vm, PTH_INT, pth_le16(vm->p));
-            vm->p += 2;
-            break;
-        case 'J': /* BININT */
-            if ((err = pth_need(vm, 4)) != WK_OK)
-                return err;
-            err = pth_push_int(vm, PTH_INT, (int32_t)pth_le32(vm->p));
-            vm->p += 4;
-            break;
-        case 0x8a: { /* LONG1 */
-            if ((err = pth_need(vm, 1)) != WK_OK)
-                return err;
-            size_t n = *vm->p++;
-            if (n > 8)
-                return pth_fail(vm, WK_ENOTSUP, "integer of %zu bytes", n);
-            if ((err = pth_need(vm, n)) != WK_OK)
-                return err;
-            uint64_t u = 0;
-            for (size_t i = 0; i < n; i++)
-                u |= (uint64_t)vm->p[i] << (8 * i);
-            if (n > 0 && n < 8 && (vm->p[n - 1] & 0x80))
-                u |= ~(uint64_t)0 << (8 * n);
-            vm->p += n;
-            int64_t s;
-            memcpy(&s, &u, sizeof(s));
-            err = pth_push_int(vm, PTH_INT, s);
-            break;
-        }
-        case 'G': { /* BINFLOAT, big-endian */
-            if ((err = pth_need(vm, 8)) != WK_OK)
-                return err;
-            uint64_t u = 0;
-            for (int i = 0; i < 8; i++)
-                u = u << 8 | vm->p[i];
-            vm->p += 8;
-            err = pth_new(vm, PTH_FLOAT, &v);
-            if (err == WK_OK) {
-                memcpy(&v->u.f, &u, sizeof(v->u.f));
-                err = pth_push(vm, v);
-            }
-            break;
-        }
-        case 'X': /* BINUNICODE */
-            if ((err = pth_need(vm, 4)) != WK_OK)
-                return err;
-            vm->p += 4;
-            err = pth_push_str(vm, pth_le32(vm->p - 4));
-            break;
-        case 0x8c: /* SHORT_BINUNICODE */
-            if ((err = pth_need(vm, 1)) != WK_OK)
-                return err;
-            vm->p += 1;
-            err = pth_push_str(vm, vm->p[-1]);
-            break;
-        case 0x8d: /* BINUNICODE8 */
-            if ((err = pth_need(vm, 8)) != WK_OK)
-                return err;
-            vm->p += 8;
-            err = pth_push_str(vm, pth_le64(vm->p - 8));
-            break;
         case 'q': /* BINPUT */
-            if ((err = pth_need(vm, 1)) != WK_OK)
-                return err;
-            err = pth_memo_put(vm, *vm->p++);
-            break;
         case 'r': /* LONG_BINPUT */
-            if ((err = pth_need(vm, 4)) != WK_OK)
-                return err;
-            vm->p += 4;
-            err = pth_memo_put(vm, pth_le32(vm->p - 4));
-            break;
         case 0x94: /* MEMOIZE */
-            err = pth_memo_put(vm, vm->memo_count);
-            break;
         case 'h': /* BINGET */
-            if ((err = pth_need(vm, 1)) != WK_OK)
-                return err;
-            err = pth_memo_get(vm, *vm->p++);
-            break;
         case 'j': /* LONG_BINGET */
-            if ((err = pth_need(vm, 4)) != WK_OK)
-                return err;
-            vm->p += 4;
-            err = pth_memo_get(vm, pth_le32(vm->p - 4));
+            err = pth_op_memo(vm, op);
             break;
         case 'c': /* GLOBAL */
             err = pth_op_global(vm);
@@ -1121,7 +1150,8 @@ pth_run(pth_vm *vm, pth_val **result)
             err = pth_op_build(vm);
             break;
         default:
-            return pth_fail(vm, WK_ENOTSUP, "unsupported pickle opcode 0x%02x", op);
+            err = pth_op_scalar(vm, op);
+            break;
         }
         if (err != WK_OK)
             return err;
