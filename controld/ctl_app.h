@@ -17,7 +17,7 @@
 #include "ctl_vm.h"
 #include "wk_tok.h"
 
-/* Chat sessions with a turn in progress (ctl_chat.c, ctl_openai.h). */
+/* Chat sessions with a turn in progress (ctl_chat.h). */
 typedef struct ctl_chat_active ctl_chat_active;
 /* Progress of worker drains (ctl_migrate.c). */
 typedef struct ctl_mig_drains ctl_mig_drains;

@@ -19,6 +19,7 @@
 
 #include "ctl_app.h"
 #include "ctl_auth.h"
+#include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_openai.h"
 #include "wk_cfg.h"

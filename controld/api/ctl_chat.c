@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"

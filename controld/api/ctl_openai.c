@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_gen.h"
 #include "ctl_openai.h"

@@ -28,6 +28,7 @@
 #include <strings.h>
 
 #include "ctl_app.h"
+#include "ctl_chat.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"
 #include "wk_json.h"
