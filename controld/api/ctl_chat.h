@@ -26,9 +26,10 @@ typedef struct ctl_chat_turn ctl_chat_turn;
  * it, and rewrites r to continue the parked state (only the delta is fed)
  * or to start fresh, keeping the slot afterwards. Returns false after
  * sending an error (bad headers 400, session busy 409). *turn (maybe NULL)
- * must be passed to ctl_chat_end() after ctl_oa_generate().
+ * must be passed to ctl_chat_end() after ctl_openai_generate().
  */
-WK_MUST_CHECK bool ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn);
+WK_MUST_CHECK bool ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r,
+                                  ctl_chat_turn **turn);
 
 /* Commits or retires the session after the generation; frees turn. NULL-safe. */
 void ctl_chat_end(ctl_chat_turn *turn);
@@ -46,6 +47,7 @@ void ctl_chat_active_free(ctl_chat_active *a); /* NULL-safe */
 WK_MUST_CHECK wk_err ctl_chat_metrics_declare(ctl_metrics *m);
 
 /* The vm spill function for parked sessions (arg: the app). */
-WK_MUST_CHECK wk_err ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *d);
+WK_MUST_CHECK wk_err ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len,
+                                    wk_diag *d);
 
 #endif /* CTL_CHAT_H */

@@ -257,7 +257,7 @@ ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
 }
 
 bool
-ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn)
+ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn **turn)
 {
     (void)app, (void)r;
     *turn = NULL;
