@@ -1112,29 +1112,6 @@ ctl_openai_body(ctl_http_req *req)
     return body;
 }
 
-bool
-ctl_app_user_enter(ctl_http_req *req, ctl_app *app)
-{
-    wk_err err = ctl_limits_acquire(app->limits, ctl_http_req_user(req));
-    if (err == WK_OK || app->limits == NULL)
-        return true;
-    if (err == WK_EQUOTA) {
-        ctl_metrics_add(app->metrics, "wkvm_quota_refusals_total", "limit=\"concurrent\"", 1);
-        ctl_openai_fail(req, WK_EQUOTA, NULL, "too many concurrent requests: at most %u per user",
-                        ctl_limits_max(app->limits));
-    } else {
-        ctl_openai_fail(req, err, NULL, "cannot account the request");
-    }
-    return false;
-}
-
-void
-ctl_app_user_leave(ctl_http_req *req, ctl_app *app)
-{
-    if (app->limits != NULL)
-        ctl_limits_release(app->limits, ctl_http_req_user(req));
-}
-
 static void
 ctl_openai_chat(ctl_http_req *req, void *arg)
 {
