@@ -17,10 +17,10 @@
 #include "ctl_vm.h"
 #include "wk_tok.h"
 
-/* Chat sessions with a turn in progress (ctl_chat.c, ctl_openai.h). */
+/* Chat sessions with a turn in progress (ctl_chat.h). */
 typedef struct ctl_chat_active ctl_chat_active;
 /* Progress of worker drains (ctl_migrate.c). */
-typedef struct ctl_mig_drains ctl_mig_drains;
+typedef struct ctl_migrate_drains ctl_migrate_drains;
 
 typedef struct ctl_app {
     ctl_pool *pool;            /* worker registry */
@@ -47,7 +47,7 @@ typedef struct ctl_app {
     uint64_t max_states_per_user; /* most state versions one user may store, 0 = no limit */
     ctl_transport_opts migrate; /* migration transport: NCCL between hosts, deadlines */
     ctl_chat_active *chat_active; /* sessions with a turn running (ctl_chat_active_new) */
-    ctl_mig_drains *drains;    /* worker drains, running and finished (ctl_mig_drains_new) */
+    ctl_migrate_drains *drains;   /* worker drains, running and finished (ctl_migrate_drains_new) */
 } ctl_app;
 
 /*
@@ -75,10 +75,10 @@ size_t ctl_states_routes(ctl_app *app, ctl_http_route *out, size_t cap);
 /*
  * The drain records of one controller (POST /admin/workers/{id}/drain and its
  * GET): created before the HTTP server starts, freed after it stopped.
- * Thread-safe. ctl_mig_drains_new() returns WK_ENOMEM.
+ * Thread-safe. ctl_migrate_drains_new() returns WK_ENOMEM.
  */
-WK_MUST_CHECK wk_err ctl_mig_drains_new(ctl_mig_drains **out);
-void ctl_mig_drains_free(ctl_mig_drains *dr); /* NULL-safe */
+WK_MUST_CHECK wk_err ctl_migrate_drains_new(ctl_migrate_drains **out);
+void ctl_migrate_drains_free(ctl_migrate_drains *dr); /* NULL-safe */
 
 /* Routes of live migration and the slot admin API. */
 size_t ctl_migrate_routes(ctl_app *app, ctl_http_route *out, size_t cap);

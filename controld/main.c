@@ -19,6 +19,7 @@
 
 #include "ctl_app.h"
 #include "ctl_auth.h"
+#include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_openai.h"
 #include "wk_cfg.h"
@@ -483,7 +484,7 @@ main(int argc, char **argv)
         app->model_id = model_name;
     }
     if (ctl_chat_active_new(&app->chat_active) != WK_OK ||
-        ctl_mig_drains_new(&app->drains) != WK_OK) {
+        ctl_migrate_drains_new(&app->drains) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
@@ -579,7 +580,7 @@ out:
     wk_tok_free(app->tok);
     ctl_metrics_free(app->metrics);
     ctl_limits_free(app->limits);
-    ctl_mig_drains_free(app->drains);
+    ctl_migrate_drains_free(app->drains);
     ctl_chat_active_free(app->chat_active);
     ctl_auth_free(auth);
     wk_cfg_free(cfg);

@@ -1,6 +1,6 @@
 /*
  * libFuzzer harness for what a client sends to the generation routes: the
- * real request handlers of controld/ctl_openai.c (/v1/chat/completions and
+ * real request handlers of controld/api/ctl_openai.c (/v1/chat/completions and
  * /v1/completions, reached through ctl_openai_routes()) run on the input as
  * an HTTP request, with everything below them stubbed: ctl_http (the request
  * and the response are plain memory here, no civetweb), the generation
@@ -17,7 +17,7 @@
  * generation never fails); a success has one choice and coherent usage; a
  * stream ends with [DONE]; every per-user unit is given back.
  */
-/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_chat.c controld/ctl_openai.c controld/ctl_limits.c controld/ctl_session.c gen/wkvm.pb-c.c */
+/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_chat.c controld/ctl_app.c controld/api/ctl_openai.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
 /* fuzz-libs: -lprotobuf-c */
 #include <jansson.h>
@@ -28,6 +28,7 @@
 #include <strings.h>
 
 #include "ctl_app.h"
+#include "ctl_chat.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"
 #include "wk_json.h"
@@ -256,7 +257,7 @@ ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
 }
 
 bool
-ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn)
+ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn **turn)
 {
     (void)app, (void)r;
     *turn = NULL;

@@ -7,13 +7,13 @@
  * order, the token digest matches, and writing the header and state back
  * gives the input byte for byte (the encoding is canonical).
  */
-/* fuzz-sources: common/wk_err.c common/wk_sha256.c controld/ctl_statefile.c */
+/* fuzz-sources: common/wk_err.c common/wk_sha256.c controld/store/ctl_statefile.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../controld/ctl_statefile.h"
+#include "ctl_statefile.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -235,7 +235,7 @@ class Chat:
                 self.body(msgs, extra))
             # wkvm releases a chat's session lock only after the previous
             # turn's last bytes were sent (ctl_chat_end() runs after
-            # ctl_oa_generate() returns), so a client as fast as this one can
+            # ctl_openai_generate() returns), so a client as fast as this one can
             # get 409 session_busy for the next turn (about 1 in 60). A person
             # typing in Open WebUI never does; retry rather than flake, and
             # say so. Remove once the lock is released before the reply ends.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Independent numpy reference for the RWKV-7 ("x070") forward pass.
 
-Written from the math in DESIGN.md section 8, not from the C backend. All
+Written from the RWKV-7 equations (BlinkDL's "x070"), not from the C backend. All
 arithmetic is float64; weights are read exactly as stored (F32, F16, BF16 are
 widened without rounding), so a backend that computes in fp32 on the same
 stored weights should match to ~1e-6 relative.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference visible_parent_history_digest for parent-token-v1 (DESIGN.md section 5).
+"""Reference visible_parent_history_digest for parent-token-v1 (controld/session/ctl_session.h).
 
 Prints one line per fixed conversation: "<name> <hex digest>". The digest is
 SHA-256 of json.dumps(msgs, sort_keys=True, separators=(",", ":"),

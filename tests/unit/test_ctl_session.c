@@ -1,5 +1,5 @@
 /*
- * test_ctl_session: the parent-token-v1 contract (controld/ctl_session.c)
+ * test_ctl_session: the parent-token-v1 contract (controld/session/ctl_session.c)
  * with the real tokenizer on tests/fixtures/vocab_small.txt and the real
  * chat template: header rules, session keys, multi-turn hits with their
  * exact deltas, every rejection reason provoked on purpose, the strip rule,

@@ -36,7 +36,6 @@
 #ifndef CTL_CKPT_H
 #define CTL_CKPT_H
 
-#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -177,12 +176,43 @@ void ctl_ckpt_plan_reply(ctl_ckpt_plan *p, const ctl_slot_ref *slot, const int32
 /* Releases what the plan holds. NULL-safe, idempotent. */
 void ctl_ckpt_plan_end(ctl_ckpt_plan *p);
 
+/* One owner's checkpoints in a ctl_ckpt_stats. */
+typedef struct ctl_ckpt_owner_stats {
+    char owner[CTL_STORE_OWNER_MAX + 1]; /* the owner */
+    uint64_t entries;                    /* checkpoints */
+    uint64_t warm;                       /* of them with a warm copy */
+    uint64_t disk;                       /* of them on disk */
+    uint64_t bytes;                      /* their state bytes */
+    uint64_t tokens;                     /* tokens they cover */
+} ctl_ckpt_owner_stats;
+
+/* What GET /admin/cache reports. */
+typedef struct ctl_ckpt_stats {
+    ctl_ckpt_config config;        /* the configuration */
+    uint64_t entries;              /* checkpoints counted (the owner's, or all) */
+    uint64_t warm_bytes;           /* bytes with a warm copy */
+    uint64_t warm_entries;         /* entries with a warm copy */
+    uint64_t warm_evictions;       /* removals by the warm budget (all owners) */
+    uint64_t disk_bytes;           /* bytes on disk */
+    uint64_t disk_entries;         /* entries on disk */
+    uint64_t disk_evictions;       /* removals by the disk budget (all owners) */
+    uint64_t lookups;              /* prefix lookups (all owners) */
+    uint64_t hits;                 /* of them that found a checkpoint */
+    ctl_ckpt_owner_stats *owners;  /* per owner, in index order; owned, ctl_ckpt_stats_fini() */
+    size_t n_owners;               /* entries in owners */
+} ctl_ckpt_stats;
+
 /*
  * The cache for GET /admin/cache: budgets, bytes and entries per tier,
- * per-owner entries, lookups and hit rate. owner NULL: all owners. New
- * reference, caller decrefs; NULL on allocation failure.
+ * per-owner entries, lookups and hits. owner NULL: all owners; c NULL: the
+ * zero configuration and no entries. Entries being saved or cleared are not
+ * counted. *out is written on WK_OK only; the caller releases it with
+ * ctl_ckpt_stats_fini(). Returns WK_ENOMEM.
  */
-json_t *ctl_ckpt_admin_json(ctl_ckpt *c, const char *owner);
+WK_MUST_CHECK wk_err ctl_ckpt_stats_get(ctl_ckpt *c, const char *owner, ctl_ckpt_stats *out);
+
+/* Frees what s owns; NULL-safe, and safe on a zeroed s. */
+void ctl_ckpt_stats_fini(ctl_ckpt_stats *s);
 
 /*
  * Drops every checkpoint of owner (NULL: all) from every tier. *n (optional)

@@ -1,7 +1,7 @@
 /*
  * ctl_openai: request parsing and response shaping shared by the OpenAI
- * routes and the Durable State API's generate route. A ctl_oa_req carries
- * everything one generation needs; ctl_oa_generate() runs it and answers
+ * routes and the Durable State API's generate route. A ctl_openai_req carries
+ * everything one generation needs; ctl_openai_generate() runs it and answers
  * (blocking JSON or SSE), calling on_done so a caller can add fields (the
  * saved state) to the final object.
  */
@@ -16,9 +16,9 @@
 #include "ctl_gen.h"
 #include "wk_chat.h"
 
-typedef struct ctl_oa_req ctl_oa_req;
+typedef struct ctl_openai_req ctl_openai_req;
 
-struct ctl_oa_req {
+struct ctl_openai_req {
     bool chat;                    /* chat.completions vs completions */
     bool model_optional;          /* "model" may be absent (state routes) */
     const char *model;            /* borrowed from the JSON */
@@ -36,11 +36,11 @@ struct ctl_oa_req {
     time_t created;               /* unix time */
     void *user;                   /* caller context for the hooks */
     /* After a successful generation: may add fields to the final JSON object. */
-    void (*on_done)(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj);
+    void (*on_done)(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj);
     /* After a failed or cancelled generation (kept slot cleanup). */
-    void (*on_fail)(ctl_oa_req *r);
+    void (*on_fail)(ctl_openai_req *r);
     /* Before generating: return true after sending an error to stop. */
-    bool (*on_error_before)(ctl_oa_req *r, ctl_http_req *req);
+    bool (*on_error_before)(ctl_openai_req *r, ctl_http_req *req);
     wk_chat_msg *msgs;            /* chat: the messages (roles/contents borrowed or owned) */
     char **msg_texts;             /* chat: owned contents */
     size_t n_msgs;                /* chat: entries */
@@ -56,46 +56,17 @@ struct ctl_oa_req {
     size_t aligned_tokens;        /* chat: leading prompt tokens that are a reply's exact tokens */
     const int32_t *plan_prefix;   /* tokens already in gen.slot (a continued session), borrowed */
     size_t n_plan_prefix;         /* entries */
-    ctl_ckpt_plan *plan;          /* during ctl_oa_generate(), NULL otherwise */
+    ctl_ckpt_plan *plan;          /* during ctl_openai_generate(), NULL otherwise */
     bool reused;                  /* a checkpoint was resumed */
     ctl_ckpt_hit reuse_kind;      /* how, when reused */
     size_t reused_tokens;         /* tokens it covered */
 };
 
 /* The owner of a request's checkpoints (the API user, narrowed by Open WebUI's user id). */
-void ctl_oa_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1]);
+void ctl_openai_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1]);
 
-typedef struct ctl_chat_turn ctl_chat_turn;
-
-/*
- * Session glue for a chat request (ctl_chat.c): reads the parent-token-v1
- * headers, and when the request belongs to a session, looks its binding up,
- * validates it, and rewrites r to continue the parked state (only the delta
- * is fed) or to start fresh, keeping the slot afterwards. Returns false after
- * sending an error (bad headers 400, session busy 409). *turn (maybe NULL)
- * must be passed to ctl_chat_end() after ctl_oa_generate().
- */
-WK_MUST_CHECK bool ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn);
-
-/* Commits or retires the session after the generation; frees turn. NULL-safe. */
-void ctl_chat_end(ctl_chat_turn *turn);
-
-/*
- * The set of chat sessions with a turn in progress (a second turn of the same
- * session answers 409 while the first runs): one per ctl_app, created before
- * the HTTP server starts and freed after it stopped. Thread-safe.
- * ctl_chat_active_new() returns WK_ENOMEM.
- */
-WK_MUST_CHECK wk_err ctl_chat_active_new(ctl_chat_active **out);
-void ctl_chat_active_free(ctl_chat_active *a); /* NULL-safe */
-
-/* Declares the session metric families. */
-WK_MUST_CHECK wk_err ctl_chat_metrics_declare(ctl_metrics *m);
-
-/* The vm spill function for parked sessions (arg: the app). */
-WK_MUST_CHECK wk_err ctl_chat_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *d);
-
-void ctl_oa_req_fini(ctl_oa_req *r);
+/* Frees what r owns (tokens, messages, the rendered prompt), not r itself. */
+void ctl_openai_req_fini(ctl_openai_req *r);
 
 /*
  * Appends to r->bounds the checkpoint boundaries of a chat prompt: the
@@ -110,18 +81,21 @@ void ctl_oa_req_fini(ctl_oa_req *r);
  * r->bounds and r->n_bounds; tok and rest are borrowed for the call. Same
  * thread as the request's other uses.
  */
-void ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int32_t *rest,
-                        size_t n_rest, size_t pos0);
+void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, const int32_t *rest,
+                            size_t n_rest, size_t pos0);
 
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
-json_t *ctl_oa_body(ctl_http_req *req);
+json_t *ctl_openai_body(ctl_http_req *req);
 
 /* Parsers: each sends the error and returns false on failure. */
-WK_MUST_CHECK bool ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
-WK_MUST_CHECK bool ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
-WK_MUST_CHECK bool ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r);
+WK_MUST_CHECK bool ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body,
+                                           ctl_openai_req *r);
+WK_MUST_CHECK bool ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body,
+                                           ctl_openai_req *r);
+WK_MUST_CHECK bool ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body,
+                                             ctl_openai_req *r);
 
 /* Runs the generation and answers the request. */
-void ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r);
+void ctl_openai_generate(ctl_http_req *req, ctl_app *app, ctl_openai_req *r);
 
 #endif /* CTL_OPENAI_H */

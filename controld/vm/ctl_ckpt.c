@@ -1211,68 +1211,98 @@ ctl_ckpt_get_config(const ctl_ckpt *c)
     return c != NULL ? c->cfg : none;
 }
 
-json_t *
-ctl_ckpt_admin_json(ctl_ckpt *c, const char *owner)
+/* Rows of a ctl_ckpt_stats being filled, with an owner -> row hash (open addressing). */
+typedef struct ckpt_stats_fill {
+    ctl_ckpt_stats *s; /* the stats */
+    size_t cap;        /* rows allocated in s->owners */
+    uint32_t *rows;    /* row index + 1 per hash slot, 0 = empty */
+    size_t n_rows;     /* hash slots, a power of two above twice the entries */
+} ckpt_stats_fill;
+
+/* The row of owner, appended when new; NULL on allocation failure. */
+static ctl_ckpt_owner_stats *
+ckpt_stats_owner(ckpt_stats_fill *f, const char *owner)
 {
-    json_t *o = json_object();
-    json_t *owners = json_object();
-    if (o == NULL || owners == NULL) {
-        json_decref(o);
-        json_decref(owners);
-        return NULL;
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const char *p = owner; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    size_t i = h & (f->n_rows - 1);
+    for (; f->rows[i] != 0; i = (i + 1) & (f->n_rows - 1))
+        if (strcmp(f->s->owners[f->rows[i] - 1].owner, owner) == 0)
+            return &f->s->owners[f->rows[i] - 1];
+    if (f->s->n_owners == f->cap) {
+        size_t ncap = f->cap ? 2 * f->cap : 8;
+        ctl_ckpt_owner_stats *o = realloc(f->s->owners, ncap * sizeof(*o));
+        if (o == NULL)
+            return NULL;
+        f->s->owners = o;
+        f->cap = ncap;
     }
-    ctl_ckpt_config cfg = ctl_ckpt_get_config(c);
-    uint64_t lookups = 0, hits = 0, warm = 0, disk = 0, ev_w = 0, ev_d = 0;
-    size_t n_warm = 0, n_disk = 0, n = 0;
+    ctl_ckpt_owner_stats *o = &f->s->owners[f->s->n_owners++];
+    memset(o, 0, sizeof(*o));
+    snprintf(o->owner, sizeof(o->owner), "%s", owner);
+    f->rows[i] = (uint32_t)f->s->n_owners;
+    return o;
+}
+
+wk_err
+ctl_ckpt_stats_get(ctl_ckpt *c, const char *owner, ctl_ckpt_stats *out)
+{
+    ctl_ckpt_stats s = {.config = ctl_ckpt_get_config(c)};
+    ckpt_stats_fill f = {.s = &s};
+    wk_err err = WK_OK;
     if (c != NULL) {
         pthread_mutex_lock(&c->mu);
-        lookups = c->lookups;
-        hits = c->hits;
-        ev_w = c->evicted[0];
-        ev_d = c->evicted[1];
+        f.n_rows = 16;
+        while (f.n_rows < 2 * c->n_entries)
+            f.n_rows *= 2;
+        f.rows = calloc(f.n_rows, sizeof(*f.rows));
+        if (f.rows == NULL) {
+            pthread_mutex_unlock(&c->mu);
+            return WK_ENOMEM;
+        }
+        s.lookups = c->lookups;
+        s.hits = c->hits;
+        s.warm_evictions = c->evicted[0];
+        s.disk_evictions = c->evicted[1];
         for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
             if (e->saving || e->doomed || (owner != NULL && strcmp(e->owner, owner) != 0))
                 continue;
-            n++;
-            warm += e->warm ? e->bytes : 0;
-            disk += e->cold ? e->bytes : 0;
-            n_warm += e->warm;
-            n_disk += e->cold;
-            json_t *ow = json_object_get(owners, e->owner);
-            if (ow == NULL) {
-                ow = json_pack("{s:I, s:I, s:I, s:I, s:I}", "entries", (json_int_t)0, "warm",
-                               (json_int_t)0, "disk", (json_int_t)0, "bytes", (json_int_t)0,
-                               "tokens", (json_int_t)0);
-                json_object_set_new(owners, e->owner, ow);
+            s.entries++;
+            s.warm_bytes += e->warm ? e->bytes : 0;
+            s.disk_bytes += e->cold ? e->bytes : 0;
+            s.warm_entries += e->warm;
+            s.disk_entries += e->cold;
+            ctl_ckpt_owner_stats *o = ckpt_stats_owner(&f, e->owner);
+            if (o == NULL) {
+                err = WK_ENOMEM;
+                break;
             }
-            if (ow == NULL)
-                continue;
-            json_object_set_new(ow, "entries",
-                                json_integer(json_integer_value(json_object_get(ow, "entries")) + 1));
-            json_object_set_new(ow, "warm", json_integer(json_integer_value(json_object_get(ow, "warm")) + e->warm));
-            json_object_set_new(ow, "disk", json_integer(json_integer_value(json_object_get(ow, "disk")) + e->cold));
-            json_object_set_new(ow, "bytes", json_integer(json_integer_value(json_object_get(ow, "bytes")) + (json_int_t)e->bytes));
-            json_object_set_new(ow, "tokens", json_integer(json_integer_value(json_object_get(ow, "tokens")) + (json_int_t)e->n));
+            o->entries++;
+            o->warm += e->warm;
+            o->disk += e->cold;
+            o->bytes += e->bytes;
+            o->tokens += e->n;
         }
         pthread_mutex_unlock(&c->mu);
+        free(f.rows);
     }
-    json_object_set_new(o, "enabled", json_boolean(cfg.enabled));
-    json_object_set_new(o, "checkpoint_interval", json_integer(cfg.interval));
-    json_object_set_new(o, "write_through", json_boolean(cfg.write_through));
-    json_object_set_new(o, "entries", json_integer((json_int_t)n));
-    json_object_set_new(o, "tiers",
-                        json_pack("{s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "warm",
-                                  "bytes", (json_int_t)warm, "entries", (json_int_t)n_warm,
-                                  "budget_bytes_per_worker", (json_int_t)cfg.warm_bytes,
-                                  "evictions", (json_int_t)ev_w, "disk", "bytes",
-                                  (json_int_t)disk, "entries", (json_int_t)n_disk,
-                                  "budget_bytes", (json_int_t)cfg.disk_bytes, "evictions",
-                                  (json_int_t)ev_d));
-    json_object_set_new(o, "lookups", json_integer((json_int_t)lookups));
-    json_object_set_new(o, "hits", json_integer((json_int_t)hits));
-    json_object_set_new(o, "hit_rate", json_real(lookups ? (double)hits / (double)lookups : 0.0));
-    json_object_set_new(o, "owners", owners);
-    return o;
+    if (err != WK_OK) {
+        ctl_ckpt_stats_fini(&s);
+        return err;
+    }
+    *out = s;
+    return WK_OK;
+}
+
+void
+ctl_ckpt_stats_fini(ctl_ckpt_stats *s)
+{
+    if (s == NULL)
+        return;
+    free(s->owners);
+    s->owners = NULL;
+    s->n_owners = 0;
 }
 
 void

@@ -39,47 +39,47 @@
 #include "wk_json.h"
 #include "wk_log.h"
 
-#define CTL_MIG_SLOTS_MAX 4096
+#define CTL_MIGRATE_SLOTS_MAX 4096
 
 static double
-ctl_mig_now(void)
+ctl_migrate_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-typedef struct ctl_mig_ctx {
+typedef struct ctl_migrate_ctx {
     ctl_app *app;              /* app */
     uint64_t bytes;            /* bytes moved */
     double transfer_s;         /* seconds in transfer + verify */
     bool moved;                /* the mover ran (rep is filled) */
     ctl_transport_report rep;  /* transport used, why, NCCL fallback */
-} ctl_mig_ctx;
+} ctl_migrate_ctx;
 
 static wk_err
-ctl_mig_mover(void *arg, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_diag *d)
+ctl_migrate_mover(void *arg, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_diag *d)
 {
-    ctl_mig_ctx *m = arg;
-    double t0 = ctl_mig_now();
+    ctl_migrate_ctx *m = arg;
+    double t0 = ctl_migrate_now();
     wk_err err = ctl_transport_move(m->app->pool, m->app->vm, src, dst, &m->app->migrate, &m->rep,
                                     d);
     m->moved = true;
     m->bytes = err == WK_OK ? m->rep.bytes : 0;
-    m->transfer_s = ctl_mig_now() - t0;
+    m->transfer_s = ctl_migrate_now() - t0;
     return err;
 }
 
 /* Current allocation of worker:slot, from the scheduler. */
 static bool
-ctl_mig_lookup(ctl_app *app, const char *worker, uint32_t slot, ctl_slot_info *out)
+ctl_migrate_lookup(ctl_app *app, const char *worker, uint32_t slot, ctl_slot_info *out)
 {
-    ctl_slot_info *all = calloc(CTL_MIG_SLOTS_MAX, sizeof(*all));
+    ctl_slot_info *all = calloc(CTL_MIGRATE_SLOTS_MAX, sizeof(*all));
     if (all == NULL)
         return false;
-    size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
+    size_t n = ctl_sched_slots(app->sched, all, CTL_MIGRATE_SLOTS_MAX);
     bool found = false;
-    for (size_t i = 0; i < n && i < CTL_MIG_SLOTS_MAX; i++) {
+    for (size_t i = 0; i < n && i < CTL_MIGRATE_SLOTS_MAX; i++) {
         if (strcmp(all[i].ref.worker, worker) == 0 && all[i].ref.slot == slot) {
             *out = all[i];
             found = true;
@@ -91,8 +91,8 @@ ctl_mig_lookup(ctl_app *app, const char *worker, uint32_t slot, ctl_slot_info *o
 }
 
 static void
-ctl_mig_count(ctl_app *app, const char *result, const char *transport, double secs,
-              uint64_t bytes)
+ctl_migrate_count(ctl_app *app, const char *result, const char *transport, double secs,
+                  uint64_t bytes)
 {
     char lb[96];
     snprintf(lb, sizeof(lb), "result=\"%s\",transport=\"%s\"", result, transport);
@@ -105,26 +105,26 @@ ctl_mig_count(ctl_app *app, const char *result, const char *transport, double se
 
 /* Migrates one slot; fills *out (a JSON report) on success or failure. */
 static wk_err
-ctl_mig_one(ctl_app *app, const ctl_slot_info *info, const char *to, json_t **out, wk_diag *d)
+ctl_migrate_one(ctl_app *app, const ctl_slot_info *info, const char *to, json_t **out, wk_diag *d)
 {
-    ctl_mig_ctx m = {.app = app};
+    ctl_migrate_ctx m = {.app = app};
     ctl_slot_ref dst;
     memset(&dst, 0, sizeof(dst));
-    double t0 = ctl_mig_now();
+    double t0 = ctl_migrate_now();
     wk_err err;
     const char *kind;
     if (info->running) {
         kind = "running";
-        err = ctl_sched_migrate_job(app->sched, &info->ref, to, ctl_mig_mover, &m, &dst, d);
+        err = ctl_sched_migrate_job(app->sched, &info->ref, to, ctl_migrate_mover, &m, &dst, d);
     } else {
         kind = "parked";
-        err = ctl_vm_move_with(app->vm, &info->ref, to, ctl_mig_mover, &m, &dst, d);
+        err = ctl_vm_move_with(app->vm, &info->ref, to, ctl_migrate_mover, &m, &dst, d);
     }
-    double total = ctl_mig_now() - t0;
+    double total = ctl_migrate_now() - t0;
     /* Refused before any byte moved (bad target, no room): no transport was chosen. */
     const char *transport = ctl_transport_kind_name(m.rep.kind);
     const char *reason = m.moved ? m.rep.reason : "not started";
-    ctl_mig_count(app, err == WK_OK ? "committed" : "aborted", transport, total, m.bytes);
+    ctl_migrate_count(app, err == WK_OK ? "committed" : "aborted", transport, total, m.bytes);
     char from[96], dest[96];
     snprintf(from, sizeof(from), "%s:%u", info->ref.worker, info->ref.slot);
     snprintf(dest, sizeof(dest), "%s:%u", dst.worker, dst.slot);
@@ -150,17 +150,17 @@ ctl_mig_one(ctl_app *app, const ctl_slot_info *info, const char *to, json_t **ou
 }
 
 static void
-ctl_mig_slots(ctl_http_req *req, void *arg)
+ctl_migrate_slots(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
-    ctl_slot_info *all = calloc(CTL_MIG_SLOTS_MAX, sizeof(*all));
+    ctl_slot_info *all = calloc(CTL_MIGRATE_SLOTS_MAX, sizeof(*all));
     if (all == NULL) {
         ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
         return;
     }
-    size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
+    size_t n = ctl_sched_slots(app->sched, all, CTL_MIGRATE_SLOTS_MAX);
     json_t *arr = json_array();
-    for (size_t i = 0; i < n && i < CTL_MIG_SLOTS_MAX; i++) {
+    for (size_t i = 0; i < n && i < CTL_MIGRATE_SLOTS_MAX; i++) {
         bool dirty = false;
         uint64_t age = 0;
         bool cached = ctl_vm_describe(app->vm, &all[i].ref, &dirty, &age);
@@ -182,7 +182,7 @@ ctl_mig_slots(ctl_http_req *req, void *arg)
 }
 
 static bool
-ctl_mig_parse_slot(const char *s, char *worker, size_t cap, uint32_t *slot)
+ctl_migrate_parse_slot(const char *s, char *worker, size_t cap, uint32_t *slot)
 {
     const char *colon = strrchr(s, ':');
     if (colon == NULL || colon == s || (size_t)(colon - s) >= cap)
@@ -197,7 +197,7 @@ ctl_mig_parse_slot(const char *s, char *worker, size_t cap, uint32_t *slot)
 }
 
 static void
-ctl_mig_slot_action(ctl_http_req *req, void *arg)
+ctl_migrate_slot_action(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     const char *path = ctl_http_req_path(req) + strlen("/admin/slots/");
@@ -210,12 +210,12 @@ ctl_mig_slot_action(ctl_http_req *req, void *arg)
     }
     snprintf(id, sizeof(id), "%.*s", (int)(slash - path), path);
     const char *action = slash + 1;
-    if (!ctl_mig_parse_slot(id, worker, sizeof(worker), &slot)) {
+    if (!ctl_migrate_parse_slot(id, worker, sizeof(worker), &slot)) {
         ctl_http_send_error(req, WK_EINVAL, "slot ids look like WORKER:SLOT (e.g. w0:3)", NULL);
         return;
     }
     ctl_slot_info info;
-    if (!ctl_mig_lookup(app, worker, slot, &info)) {
+    if (!ctl_migrate_lookup(app, worker, slot, &info)) {
         ctl_http_send_error(req, WK_ENOENT, "that slot is not allocated", NULL);
         return;
     }
@@ -238,7 +238,7 @@ ctl_mig_slot_action(ctl_http_req *req, void *arg)
         ctl_http_send_error(req, WK_ENOENT, "no such slot action (migrate, evict)", NULL);
         return;
     }
-    json_t *body = ctl_oa_body(req);
+    json_t *body = ctl_openai_body(req);
     if (body == NULL)
         return;
     const char *to = NULL;
@@ -248,7 +248,7 @@ ctl_mig_slot_action(ctl_http_req *req, void *arg)
         return;
     }
     json_t *report = NULL;
-    wk_err err = ctl_mig_one(app, &info, to, &report, &d);
+    wk_err err = ctl_migrate_one(app, &info, to, &report, &d);
     if (err != WK_OK) {
         /* An OpenAI-style error, with the aborted migration's report beside it. */
         char *eb = wk_json_error_body(err, d.msg, err == WK_EINVAL || err == WK_EBUSY ? "to"
@@ -268,7 +268,7 @@ ctl_mig_slot_action(ctl_http_req *req, void *arg)
 
 /* Picks a destination other than from with a free slot; "" when none. */
 static void
-ctl_mig_pick(ctl_app *app, const char *from, char *out, size_t cap)
+ctl_migrate_pick(ctl_app *app, const char *from, char *out, size_t cap)
 {
     out[0] = '\0';
     ctl_worker_view *v = calloc(64, sizeof(*v));
@@ -291,7 +291,7 @@ ctl_mig_pick(ctl_app *app, const char *from, char *out, size_t cap)
 }
 
 /* Progress of one worker's drain, readable while the POST works. */
-typedef struct ctl_mig_drain_rec {
+typedef struct ctl_migrate_drain_rec {
     char worker[65];    /* worker id, "" = unused entry */
     bool running;       /* the POST is still migrating */
     uint32_t total;     /* slots on the worker when the drain began (grows if more appear) */
@@ -301,18 +301,18 @@ typedef struct ctl_mig_drain_rec {
     char current[200];  /* "w0:3 -> w1" while one moves, "" between */
     double started;     /* monotonic seconds */
     double finished;    /* monotonic seconds, 0 while running */
-} ctl_mig_drain_rec;
+} ctl_migrate_drain_rec;
 
-#define CTL_MIG_DRAINS_MAX 64
-struct ctl_mig_drains {
+#define CTL_MIGRATE_DRAINS_MAX 64
+struct ctl_migrate_drains {
     pthread_mutex_t mu;                        /* guards rec */
-    ctl_mig_drain_rec rec[CTL_MIG_DRAINS_MAX]; /* "" worker = unused */
+    ctl_migrate_drain_rec rec[CTL_MIGRATE_DRAINS_MAX]; /* "" worker = unused */
 };
 
 wk_err
-ctl_mig_drains_new(ctl_mig_drains **out)
+ctl_migrate_drains_new(ctl_migrate_drains **out)
 {
-    ctl_mig_drains *dr = calloc(1, sizeof(*dr));
+    ctl_migrate_drains *dr = calloc(1, sizeof(*dr));
     if (dr == NULL)
         return WK_ENOMEM;
     if (pthread_mutex_init(&dr->mu, NULL) != 0) {
@@ -324,7 +324,7 @@ ctl_mig_drains_new(ctl_mig_drains **out)
 }
 
 void
-ctl_mig_drains_free(ctl_mig_drains *dr)
+ctl_migrate_drains_free(ctl_migrate_drains *dr)
 {
     if (dr == NULL)
         return;
@@ -333,10 +333,10 @@ ctl_mig_drains_free(ctl_mig_drains *dr)
 }
 
 /* The entry of worker, NULL when none. Called with dr->mu held. */
-static ctl_mig_drain_rec *
-ctl_mig_drain_find_locked(ctl_mig_drains *dr, const char *worker)
+static ctl_migrate_drain_rec *
+ctl_migrate_drain_find_locked(ctl_migrate_drains *dr, const char *worker)
 {
-    for (size_t i = 0; i < CTL_MIG_DRAINS_MAX; i++)
+    for (size_t i = 0; i < CTL_MIGRATE_DRAINS_MAX; i++)
         if (strcmp(dr->rec[i].worker, worker) == 0)
             return &dr->rec[i];
     return NULL;
@@ -348,15 +348,15 @@ ctl_mig_drain_find_locked(ctl_mig_drains *dr, const char *worker)
  * WK_ENOSPC when every entry belongs to a running drain.
  */
 static wk_err
-ctl_mig_drain_begin(ctl_mig_drains *dr, const char *worker, uint32_t total)
+ctl_migrate_drain_begin(ctl_migrate_drains *dr, const char *worker, uint32_t total)
 {
     pthread_mutex_lock(&dr->mu);
-    ctl_mig_drain_rec *p = ctl_mig_drain_find_locked(dr, worker), *r = p;
+    ctl_migrate_drain_rec *p = ctl_migrate_drain_find_locked(dr, worker), *r = p;
     wk_err err = WK_OK;
     if (p != NULL && p->running)
         err = WK_EBUSY;
-    for (size_t i = 0; err == WK_OK && p == NULL && i < CTL_MIG_DRAINS_MAX; i++) {
-        ctl_mig_drain_rec *c = &dr->rec[i];
+    for (size_t i = 0; err == WK_OK && p == NULL && i < CTL_MIGRATE_DRAINS_MAX; i++) {
+        ctl_migrate_drain_rec *c = &dr->rec[i];
         if (c->worker[0] == '\0') {
             r = c;
             break;
@@ -371,7 +371,7 @@ ctl_mig_drain_begin(ctl_mig_drains *dr, const char *worker, uint32_t total)
         snprintf(r->worker, sizeof(r->worker), "%.64s", worker);
         r->running = true;
         r->total = total;
-        r->started = ctl_mig_now();
+        r->started = ctl_migrate_now();
     }
     pthread_mutex_unlock(&dr->mu);
     return err;
@@ -379,11 +379,11 @@ ctl_mig_drain_begin(ctl_mig_drains *dr, const char *worker, uint32_t total)
 
 /* Updates worker's record: what moves now ("" none), counts, the end. */
 static void
-ctl_mig_drain_note(ctl_mig_drains *dr, const char *worker, const char *current, uint32_t done,
-                   uint32_t failed, uint32_t remaining, bool finished)
+ctl_migrate_drain_note(ctl_migrate_drains *dr, const char *worker, const char *current,
+                       uint32_t done, uint32_t failed, uint32_t remaining, bool finished)
 {
     pthread_mutex_lock(&dr->mu);
-    ctl_mig_drain_rec *r = ctl_mig_drain_find_locked(dr, worker);
+    ctl_migrate_drain_rec *r = ctl_migrate_drain_find_locked(dr, worker);
     if (r != NULL) {
         snprintf(r->current, sizeof(r->current), "%s", current);
         r->done = done;
@@ -393,7 +393,7 @@ ctl_mig_drain_note(ctl_mig_drains *dr, const char *worker, const char *current, 
             r->total = done + remaining;
         if (finished) {
             r->running = false;
-            r->finished = ctl_mig_now();
+            r->finished = ctl_migrate_now();
         }
     }
     pthread_mutex_unlock(&dr->mu);
@@ -401,18 +401,18 @@ ctl_mig_drain_note(ctl_mig_drains *dr, const char *worker, const char *current, 
 
 /* Slots the scheduler has allocated on worker. */
 static uint32_t
-ctl_mig_count_on(ctl_app *app, const char *worker, ctl_slot_info *all)
+ctl_migrate_count_on(ctl_app *app, const char *worker, ctl_slot_info *all)
 {
-    size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
+    size_t n = ctl_sched_slots(app->sched, all, CTL_MIGRATE_SLOTS_MAX);
     uint32_t c = 0;
-    for (size_t i = 0; i < n && i < CTL_MIG_SLOTS_MAX; i++)
+    for (size_t i = 0; i < n && i < CTL_MIGRATE_SLOTS_MAX; i++)
         c += strcmp(all[i].ref.worker, worker) == 0;
     return c;
 }
 
 /* The worker id of /admin/workers/{id}/drain into worker; false when the path is not that. */
 static bool
-ctl_mig_drain_path(ctl_http_req *req, char *worker, size_t cap)
+ctl_migrate_drain_path(ctl_http_req *req, char *worker, size_t cap)
 {
     const char *path = ctl_http_req_path(req) + strlen("/admin/workers/");
     const char *slash = strchr(path, '/');
@@ -430,18 +430,18 @@ ctl_mig_drain_path(ctl_http_req *req, char *worker, size_t cap)
  * drain since the controller started).
  */
 static void
-ctl_mig_drain_status(ctl_http_req *req, void *arg)
+ctl_migrate_drain_status(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     char worker[96];
-    if (!ctl_mig_drain_path(req, worker, sizeof(worker))) {
+    if (!ctl_migrate_drain_path(req, worker, sizeof(worker))) {
         ctl_http_send_error(req, WK_ENOENT, "no such worker route (drain)", NULL);
         return;
     }
-    ctl_mig_drains *dr = app->drains;
+    ctl_migrate_drains *dr = app->drains;
     pthread_mutex_lock(&dr->mu);
-    ctl_mig_drain_rec *p = ctl_mig_drain_find_locked(dr, worker);
-    ctl_mig_drain_rec r;
+    ctl_migrate_drain_rec *p = ctl_migrate_drain_find_locked(dr, worker);
+    ctl_migrate_drain_rec r;
     memset(&r, 0, sizeof(r));
     if (p != NULL)
         r = *p;
@@ -454,7 +454,7 @@ ctl_mig_drain_status(ctl_http_req *req, void *arg)
                         : r.running    ? "running"
                         : r.remaining  ? "incomplete"
                                        : "done";
-    double secs = p == NULL ? 0.0 : (r.running ? ctl_mig_now() : r.finished) - r.started;
+    double secs = p == NULL ? 0.0 : (r.running ? ctl_migrate_now() : r.finished) - r.started;
     json_t *o = json_pack("{s:s, s:b, s:s, s:I, s:I, s:I, s:I, s:f}", "worker", worker,
                           "draining", ctl_sched_draining(app->sched, worker), "state", state,
                           "total", (json_int_t)r.total, "done", (json_int_t)r.done, "failed",
@@ -466,11 +466,11 @@ ctl_mig_drain_status(ctl_http_req *req, void *arg)
 }
 
 static void
-ctl_mig_drain(ctl_http_req *req, void *arg)
+ctl_migrate_drain(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     char worker[96];
-    if (!ctl_mig_drain_path(req, worker, sizeof(worker))) {
+    if (!ctl_migrate_drain_path(req, worker, sizeof(worker))) {
         ctl_http_send_error(req, WK_ENOENT, "no such worker route (drain)", NULL);
         return;
     }
@@ -478,7 +478,7 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
     const char *buf;
     size_t len;
     if (ctl_http_req_body(req, &buf, &len) == WK_OK && len > 0) {
-        json_t *body = ctl_oa_body(req);
+        json_t *body = ctl_openai_body(req);
         if (body == NULL)
             return;
         wk_diag d = {{0}};
@@ -497,12 +497,13 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
         ctl_http_send_json(req, 200, json_pack("{s:s, s:b}", "worker", worker, "draining", 0));
         return;
     }
-    ctl_slot_info *all = calloc(CTL_MIG_SLOTS_MAX, sizeof(*all));
+    ctl_slot_info *all = calloc(CTL_MIGRATE_SLOTS_MAX, sizeof(*all));
     if (all == NULL) {
         ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
         return;
     }
-    wk_err berr = ctl_mig_drain_begin(app->drains, worker, ctl_mig_count_on(app, worker, all));
+    wk_err berr =
+        ctl_migrate_drain_begin(app->drains, worker, ctl_migrate_count_on(app, worker, all));
     if (berr != WK_OK) {
         free(all);
         ctl_http_send_error(req, berr, berr == WK_EBUSY ? "a drain of this worker is in progress "
@@ -513,10 +514,10 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
     json_t *moved = json_array();
     size_t failed = 0, remaining = 0, done = 0;
     for (int round = 0; round < 600; round++) {
-        size_t n = ctl_sched_slots(app->sched, all, CTL_MIG_SLOTS_MAX);
+        size_t n = ctl_sched_slots(app->sched, all, CTL_MIGRATE_SLOTS_MAX);
         remaining = 0;
         bool progress = false, waiting = false;
-        for (size_t i = 0; i < n && i < CTL_MIG_SLOTS_MAX; i++) {
+        for (size_t i = 0; i < n && i < CTL_MIGRATE_SLOTS_MAX; i++) {
             if (strcmp(all[i].ref.worker, worker) != 0)
                 continue;
             bool dirty = false;
@@ -528,7 +529,7 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
                 continue;
             }
             char to[96];
-            ctl_mig_pick(app, worker, to, sizeof(to));
+            ctl_migrate_pick(app, worker, to, sizeof(to));
             if (to[0] == '\0') {
                 remaining++;
                 continue;
@@ -537,9 +538,9 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
             wk_diag d = {{0}};
             char cur[200];
             snprintf(cur, sizeof(cur), "%s:%u -> %s", worker, all[i].ref.slot, to);
-            ctl_mig_drain_note(app->drains, worker, cur, (uint32_t)done, (uint32_t)failed,
-                               (uint32_t)remaining, false);
-            if (ctl_mig_one(app, &all[i], to, &rep, &d) == WK_OK) {
+            ctl_migrate_drain_note(app->drains, worker, cur, (uint32_t)done, (uint32_t)failed,
+                                   (uint32_t)remaining, false);
+            if (ctl_migrate_one(app, &all[i], to, &rep, &d) == WK_OK) {
                 progress = true;
                 done++;
             } else {
@@ -547,18 +548,19 @@ ctl_mig_drain(ctl_http_req *req, void *arg)
             }
             if (rep != NULL)
                 json_array_append_new(moved, rep);
-            ctl_mig_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed,
-                               (uint32_t)remaining, false);
+            ctl_migrate_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed,
+                                   (uint32_t)remaining, false);
         }
-        ctl_mig_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed, (uint32_t)remaining,
-                           false);
+        ctl_migrate_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed,
+                               (uint32_t)remaining, false);
         if (remaining == 0 || (!progress && !waiting))
             break;
         struct timespec ts = {0, 100 * 1000000L};
         nanosleep(&ts, NULL);
     }
     free(all);
-    ctl_mig_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed, (uint32_t)remaining, true);
+    ctl_migrate_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed,
+                           (uint32_t)remaining, true);
     int status = remaining == 0 ? 200 : 409;
     ctl_http_send_json(req, status,
                        json_pack("{s:s, s:b, s:o, s:I, s:I, s:I}", "worker", worker, "draining",
@@ -587,13 +589,13 @@ size_t
 ctl_migrate_routes(ctl_app *app, ctl_http_route *out, size_t cap)
 {
     const ctl_http_route routes[] = {
-        {"GET", "/admin/slots", false, ctl_mig_slots, app, "/admin/slots",
+        {"GET", "/admin/slots", false, ctl_migrate_slots, app, "/admin/slots",
          CTL_HTTP_ACCESS_ADMIN},
-        {"POST", "/admin/slots/", true, ctl_mig_slot_action, app, "/admin/slots/{id}/{action}",
+        {"POST", "/admin/slots/", true, ctl_migrate_slot_action, app, "/admin/slots/{id}/{action}",
          CTL_HTTP_ACCESS_ADMIN},
-        {"POST", "/admin/workers/", true, ctl_mig_drain, app, "/admin/workers/{id}/drain",
+        {"POST", "/admin/workers/", true, ctl_migrate_drain, app, "/admin/workers/{id}/drain",
          CTL_HTTP_ACCESS_ADMIN},
-        {"GET", "/admin/workers/", true, ctl_mig_drain_status, app, "/admin/workers/{id}/drain",
+        {"GET", "/admin/workers/", true, ctl_migrate_drain_status, app, "/admin/workers/{id}/drain",
          CTL_HTTP_ACCESS_ADMIN},
     };
     size_t n = sizeof(routes) / sizeof(routes[0]);

@@ -312,6 +312,53 @@ ctl_admin_cache_owner(ctl_http_req *req, char owner[CTL_STORE_OWNER_MAX + 1], bo
     return true;
 }
 
+/*
+ * The body of GET /admin/cache from st (borrowed): budgets, bytes and entries
+ * per tier, per-owner entries, lookups and hit rate. New reference, caller
+ * decrefs; NULL on allocation failure.
+ */
+static json_t *
+ctl_admin_cache_json(const ctl_ckpt_stats *st)
+{
+    json_t *o = json_object();
+    json_t *owners = json_object();
+    if (o == NULL || owners == NULL) {
+        json_decref(o);
+        json_decref(owners);
+        return NULL;
+    }
+    for (size_t i = 0; i < st->n_owners; i++) {
+        const ctl_ckpt_owner_stats *os = &st->owners[i];
+        json_object_set_new(owners, os->owner,
+                            json_pack("{s:I, s:I, s:I, s:I, s:I}", "entries",
+                                      (json_int_t)os->entries, "warm", (json_int_t)os->warm,
+                                      "disk", (json_int_t)os->disk, "bytes",
+                                      (json_int_t)os->bytes, "tokens", (json_int_t)os->tokens));
+    }
+    const ctl_ckpt_config *cfg = &st->config;
+    json_object_set_new(o, "enabled", json_boolean(cfg->enabled));
+    json_object_set_new(o, "checkpoint_interval", json_integer(cfg->interval));
+    json_object_set_new(o, "write_through", json_boolean(cfg->write_through));
+    json_object_set_new(o, "entries", json_integer((json_int_t)st->entries));
+    json_object_set_new(o, "tiers",
+                        json_pack("{s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "warm",
+                                  "bytes", (json_int_t)st->warm_bytes, "entries",
+                                  (json_int_t)st->warm_entries, "budget_bytes_per_worker",
+                                  (json_int_t)cfg->warm_bytes, "evictions",
+                                  (json_int_t)st->warm_evictions, "disk", "bytes",
+                                  (json_int_t)st->disk_bytes, "entries",
+                                  (json_int_t)st->disk_entries, "budget_bytes",
+                                  (json_int_t)cfg->disk_bytes, "evictions",
+                                  (json_int_t)st->disk_evictions));
+    json_object_set_new(o, "lookups", json_integer((json_int_t)st->lookups));
+    json_object_set_new(o, "hits", json_integer((json_int_t)st->hits));
+    json_object_set_new(o, "hit_rate", json_real(st->lookups ? (double)st->hits /
+                                                                   (double)st->lookups
+                                                             : 0.0));
+    json_object_set_new(o, "owners", owners);
+    return o;
+}
+
 /* GET /admin/cache[?owner=]: checkpoints per tier and owner, budgets, hit rate. */
 static void
 ctl_admin_cache(ctl_http_req *req, void *arg)
@@ -321,7 +368,13 @@ ctl_admin_cache(ctl_http_req *req, void *arg)
     bool have = false;
     if (!ctl_admin_cache_owner(req, owner, &have))
         return;
-    json_t *o = ctl_ckpt_admin_json(app->ckpt, have ? owner : NULL);
+    ctl_ckpt_stats st;
+    if (ctl_ckpt_stats_get(app->ckpt, have ? owner : NULL, &st) != WK_OK) {
+        ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
+        return;
+    }
+    json_t *o = ctl_admin_cache_json(&st);
+    ctl_ckpt_stats_fini(&st);
     if (o == NULL) {
         ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
         return;

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_gen.h"
 #include "ctl_openai.h"
@@ -23,12 +24,12 @@
 #include "wk_log.h"
 #include "wk_sha256.h"
 
-#define CTL_OA_MAX_MESSAGES 4096
-#define CTL_OA_MAX_TEXT (8u << 20)
-#define CTL_OA_MAX_STOP_LEN 256
+#define CTL_OPENAI_MAX_MESSAGES 4096
+#define CTL_OPENAI_MAX_TEXT (8u << 20)
+#define CTL_OPENAI_MAX_STOP_LEN 256
 
 void
-ctl_oa_req_fini(ctl_oa_req *r)
+ctl_openai_req_fini(ctl_openai_req *r)
 {
     for (size_t i = 0; r->msg_texts != NULL && i < r->n_msgs; i++)
         free(r->msg_texts[i]);
@@ -40,7 +41,7 @@ ctl_oa_req_fini(ctl_oa_req *r)
 }
 
 void
-ctl_oa_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1])
+ctl_openai_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1])
 {
     const char *user = ctl_http_req_user(req);
     const char *ow = ctl_http_req_header(req, CTL_SESSION_HDR_USER_ID);
@@ -77,7 +78,7 @@ ctl_oa_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1])
  * rendered messages.
  */
 static wk_err
-ctl_oa_chat_tokens(ctl_app *app, ctl_oa_req *r, const wk_chat_span *sp, wk_diag *d)
+ctl_openai_chat_tokens(ctl_app *app, ctl_openai_req *r, const wk_chat_span *sp, wk_diag *d)
 {
     int32_t *ret = NULL, *rest = NULL;
     size_t n_ret = 0, n_rest = 0, off = 0;
@@ -124,15 +125,15 @@ ctl_oa_chat_tokens(ctl_app *app, ctl_oa_req *r, const wk_chat_span *sp, wk_diag 
     for (size_t i = 0; i < r->n_msgs; i++)
         r->msg_ends[i] = sp[i].end;
     r->n_bounds = 0;
-    ctl_oa_chat_bounds(app->tok, r, off, rest, n_rest, n_ret);
+    ctl_openai_chat_bounds(app->tok, r, off, rest, n_rest, n_ret);
     free(ret);
     free(rest);
     return WK_OK;
 }
 
 void
-ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int32_t *rest, size_t n_rest,
-                   size_t pos0)
+ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, const int32_t *rest,
+                       size_t n_rest, size_t pos0)
 {
     /*
      * Message ends after off, as token positions: the last token boundary at
@@ -163,11 +164,11 @@ ctl_oa_chat_bounds(const wk_tok *tok, ctl_oa_req *r, size_t off, const int32_t *
 }
 
 static void
-ctl_oa_fail(ctl_http_req *req, wk_err err, const char *param, const char *fmt, ...)
+ctl_openai_fail(ctl_http_req *req, wk_err err, const char *param, const char *fmt, ...)
     WK_PRINTF(4, 5);
 
 static void
-ctl_oa_fail(ctl_http_req *req, wk_err err, const char *param, const char *fmt, ...)
+ctl_openai_fail(ctl_http_req *req, wk_err err, const char *param, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -184,7 +185,7 @@ ctl_oa_fail(ctl_http_req *req, wk_err err, const char *param, const char *fmt, .
  * context_length_exceeded, as OpenAI answers an over-long prompt.
  */
 static void
-ctl_oa_send_gen_error(ctl_http_req *req, wk_err err, const char *msg)
+ctl_openai_send_gen_error(ctl_http_req *req, wk_err err, const char *msg)
 {
     if (err == WK_ETOOBIG)
         ctl_http_send_error_code(req, 400, err, msg, "max_tokens", "context_length_exceeded");
@@ -193,7 +194,7 @@ ctl_oa_send_gen_error(ctl_http_req *req, wk_err err, const char *msg)
 }
 
 static void
-ctl_oa_models(ctl_http_req *req, void *arg)
+ctl_openai_models(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     json_t *data = json_array();
@@ -225,7 +226,7 @@ ctl_oa_models(ctl_http_req *req, void *arg)
 }
 
 /* Fields we refuse rather than silently ignore. */
-static const char *const ctl_oa_unsupported[] = {
+static const char *const ctl_openai_unsupported[] = {
     "audio", "modalities", "prediction", "web_search_options",
 };
 
@@ -238,7 +239,7 @@ static const char *const ctl_oa_unsupported[] = {
  * function) is a 400 naming the field. Sends the error and returns false.
  */
 static bool
-ctl_oa_parse_tools(ctl_http_req *req, json_t *body)
+ctl_openai_parse_tools(ctl_http_req *req, json_t *body)
 {
     static const char *const lists[] = {"tools", "functions"};
     for (size_t i = 0; i < 2; i++) {
@@ -250,7 +251,7 @@ ctl_oa_parse_tools(ctl_http_req *req, json_t *body)
         json_t *t;
         json_array_foreach(v, k, t) ok = ok && json_is_object(t);
         if (!ok) {
-            ctl_oa_fail(req, WK_EINVAL, lists[i], "'%s' must be an array of objects", lists[i]);
+            ctl_openai_fail(req, WK_EINVAL, lists[i], "'%s' must be an array of objects", lists[i]);
             return false;
         }
     }
@@ -262,18 +263,20 @@ ctl_oa_parse_tools(ctl_http_req *req, json_t *body)
                                                            strcmp(c, "none") == 0)))
             continue;
         if ((c != NULL && strcmp(c, "required") == 0) || json_is_object(v))
-            ctl_oa_fail(req, WK_EINVAL, choices[i], "wkvm's models never call tools: '%s' "
-                        "cannot require one (use \"auto\" or \"none\", or leave it out)",
-                        choices[i]);
+            ctl_openai_fail(req, WK_EINVAL, choices[i],
+                            "wkvm's models never call tools: '%s' "
+                            "cannot require one (use \"auto\" or \"none\", or leave it out)",
+                            choices[i]);
         else
-            ctl_oa_fail(req, WK_EINVAL, choices[i], "'%s' must be \"auto\", \"none\", "
-                        "\"required\" or a function", choices[i]);
+            ctl_openai_fail(req, WK_EINVAL, choices[i],
+                            "'%s' must be \"auto\", \"none\", \"required\" or a function",
+                            choices[i]);
         return false;
     }
     json_t *p = json_object_get(body, "parallel_tool_calls");
     if (p != NULL && !json_is_null(p) && !json_is_boolean(p)) {
-        ctl_oa_fail(req, WK_EINVAL, "parallel_tool_calls", "'parallel_tool_calls' must be a "
-                    "boolean");
+        ctl_openai_fail(req, WK_EINVAL, "parallel_tool_calls",
+                        "'parallel_tool_calls' must be a boolean");
         return false;
     }
     return true;
@@ -281,43 +284,44 @@ ctl_oa_parse_tools(ctl_http_req *req, json_t *body)
 
 /* Parses the common sampling fields. Sends the error and returns false on failure. */
 bool
-ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
+ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai_req *r)
 {
     wk_diag d = {{0}};
     const char *model = NULL;
     wk_err err = wk_json_get_str(body, "model", !r->model_optional, app->model_id, 256, &model,
                                  &d);
     if (err != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, "model", "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, "model", "%s", d.msg);
         return false;
     }
     if (app->model_id == NULL || model == NULL || strcmp(model, app->model_id) != 0) {
-        ctl_oa_fail(req, WK_ENOENT, "model", "The model '%s' does not exist", model);
+        ctl_openai_fail(req, WK_ENOENT, "model", "The model '%s' does not exist", model);
         return false;
     }
     r->model = model;
-    for (size_t i = 0; i < sizeof(ctl_oa_unsupported) / sizeof(ctl_oa_unsupported[0]); i++) {
-        json_t *v = json_object_get(body, ctl_oa_unsupported[i]);
+    for (size_t i = 0; i < sizeof(ctl_openai_unsupported) / sizeof(ctl_openai_unsupported[0]);
+         i++) {
+        json_t *v = json_object_get(body, ctl_openai_unsupported[i]);
         if (v != NULL && !json_is_null(v) &&
             !(json_is_array(v) && json_array_size(v) == 0)) {
-            ctl_oa_fail(req, WK_EINVAL, ctl_oa_unsupported[i], "'%s' is not supported by wkvm",
-                        ctl_oa_unsupported[i]);
+            ctl_openai_fail(req, WK_EINVAL, ctl_openai_unsupported[i],
+                            "'%s' is not supported by wkvm", ctl_openai_unsupported[i]);
             return false;
         }
     }
-    if (!ctl_oa_parse_tools(req, body))
+    if (!ctl_openai_parse_tools(req, body))
         return false;
     int64_t n = 1;
     if ((err = wk_json_get_i64(body, "n", false, 1, 1, 128, &n, &d)) != WK_OK || n != 1) {
-        ctl_oa_fail(req, WK_EINVAL, "n", "only n=1 is supported");
+        ctl_openai_fail(req, WK_EINVAL, "n", "only n=1 is supported");
         return false;
     }
     json_t *rf = json_object_get(body, "response_format");
     if (rf != NULL && !json_is_null(rf)) {
         json_t *t = json_object_get(rf, "type");
         if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
-            ctl_oa_fail(req, WK_EINVAL, "response_format",
-                        "only response_format {\"type\":\"text\"} is supported");
+            ctl_openai_fail(req, WK_EINVAL, "response_format",
+                            "only response_format {\"type\":\"text\"} is supported");
             return false;
         }
     }
@@ -325,7 +329,7 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
 #define GETB(key, dst, def)                                                                        \
     do {                                                                                           \
         if (wk_json_get_bool(body, key, def, &b, &d) != WK_OK) {                                   \
-            ctl_oa_fail(req, WK_EINVAL, key, "%s", d.msg);                                         \
+            ctl_openai_fail(req, WK_EINVAL, key, "%s", d.msg);                                     \
             return false;                                                                          \
         }                                                                                          \
         dst = b;                                                                                   \
@@ -333,7 +337,7 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
     GETB("cache", r->cache, true);
     if (r->cache)
         GETB("cache_prompt", r->cache, true); /* (llama.cpp's name for the same switch) */
-    ctl_oa_owner(req, r->owner);
+    ctl_openai_owner(req, r->owner);
     GETB("stream", r->stream, false);
     GETB("ignore_eos", r->ignore_eos, false);
     GETB("return_token_ids", r->return_token_ids, false);
@@ -341,8 +345,8 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
     json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {
         if (!json_is_object(so) || wk_json_get_bool(so, "include_usage", false, &b, &d) != WK_OK) {
-            ctl_oa_fail(req, WK_EINVAL, "stream_options", "stream_options.include_usage must "
-                        "be a boolean");
+            ctl_openai_fail(req, WK_EINVAL, "stream_options",
+                            "stream_options.include_usage must be a boolean");
             return false;
         }
         r->include_usage = b;
@@ -352,7 +356,7 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
 #define GETN(key, dst, def, lo, hi)                                                                \
     do {                                                                                           \
         if (wk_json_get_num(body, key, false, def, lo, hi, &x, &d) != WK_OK) {                     \
-            ctl_oa_fail(req, WK_EINVAL, key, "%s", d.msg);                                         \
+            ctl_openai_fail(req, WK_EINVAL, key, "%s", d.msg);                                     \
             return false;                                                                          \
         }                                                                                          \
         dst = (float)x;                                                                            \
@@ -365,12 +369,12 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
 #undef GETN
     int64_t v = 0;
     if (wk_json_get_i64(body, "top_k", false, 0, -1, 1 << 20, &v, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, "top_k", "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, "top_k", "%s", d.msg);
         return false;
     }
     sp->top_k = v < 0 ? 0 : (uint32_t)v;
     if (wk_json_get_i64(body, "seed", false, 0, INT64_MIN, INT64_MAX, &v, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, "seed", "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, "seed", "%s", d.msg);
         return false;
     }
     if (json_object_get(body, "seed") != NULL && !json_is_null(json_object_get(body, "seed"))) {
@@ -385,7 +389,7 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
                                                                       : "max_tokens";
     int64_t def_max = r->chat ? (int64_t)app->default_max_tokens : 16;
     if (wk_json_get_i64(body, mk, false, def_max, 1, app->max_tokens_limit, &v, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, mk, "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, mk, "%s", d.msg);
         return false;
     }
     r->gen.max_tokens = (uint32_t)v;
@@ -399,20 +403,20 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
             json_t *e;
             json_array_foreach(st, i, e) {
                 if (!json_is_string(e)) {
-                    ctl_oa_fail(req, WK_EINVAL, "stop", "'stop' entries must be strings");
+                    ctl_openai_fail(req, WK_EINVAL, "stop", "'stop' entries must be strings");
                     return false;
                 }
                 r->gen.stops[r->gen.n_stops++] = json_string_value(e);
             }
         } else {
-            ctl_oa_fail(req, WK_EINVAL, "stop", "'stop' must be a string or up to 4 strings");
+            ctl_openai_fail(req, WK_EINVAL, "stop", "'stop' must be a string or up to 4 strings");
             return false;
         }
-        uint32_t max_stop = app->max_stop_bytes ? app->max_stop_bytes : CTL_OA_MAX_STOP_LEN;
+        uint32_t max_stop = app->max_stop_bytes ? app->max_stop_bytes : CTL_OPENAI_MAX_STOP_LEN;
         for (size_t i = 0; i < r->gen.n_stops; i++) {
             if (strlen(r->gen.stops[i]) > max_stop) {
-                ctl_oa_fail(req, WK_EINVAL, "stop", "stop strings are limited to %u bytes",
-                            max_stop);
+                ctl_openai_fail(req, WK_EINVAL, "stop", "stop strings are limited to %u bytes",
+                                max_stop);
                 return false;
             }
         }
@@ -423,7 +427,7 @@ ctl_oa_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
 
 /* Reads the text of a message's content (string or text parts) into *out (caller frees). */
 static bool
-ctl_oa_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
+ctl_openai_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
 {
     char param[64];
     snprintf(param, sizeof(param), "messages[%zu].content", idx);
@@ -436,7 +440,7 @@ ctl_oa_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
         return *out != NULL;
     }
     if (!json_is_array(content)) {
-        ctl_oa_fail(req, WK_EINVAL, param, "content must be a string or an array of parts");
+        ctl_openai_fail(req, WK_EINVAL, param, "content must be a string or an array of parts");
         return false;
     }
     size_t total = 0, i;
@@ -444,13 +448,13 @@ ctl_oa_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
     json_array_foreach(content, i, part) {
         json_t *type = json_object_get(part, "type");
         if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0) {
-            ctl_oa_fail(req, WK_EINVAL, param, "only text content parts are supported (got %s)",
-                        json_is_string(type) ? json_string_value(type) : "no type");
+            ctl_openai_fail(req, WK_EINVAL, param, "only text content parts are supported (got %s)",
+                            json_is_string(type) ? json_string_value(type) : "no type");
             return false;
         }
         json_t *t = json_object_get(part, "text");
         if (!json_is_string(t)) {
-            ctl_oa_fail(req, WK_EINVAL, param, "a text part needs a string 'text'");
+            ctl_openai_fail(req, WK_EINVAL, param, "a text part needs a string 'text'");
             return false;
         }
         total += json_string_length(t);
@@ -471,17 +475,17 @@ ctl_oa_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
 
 /* Renders and tokenizes the chat messages into r->prompt. */
 bool
-ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
+ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai_req *r)
 {
     json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
-        ctl_oa_fail(req, WK_EINVAL, "messages", "'messages' must be a non-empty array");
+        ctl_openai_fail(req, WK_EINVAL, "messages", "'messages' must be a non-empty array");
         return false;
     }
     size_t n = json_array_size(msgs);
-    uint32_t max_msgs = app->max_messages ? app->max_messages : CTL_OA_MAX_MESSAGES;
+    uint32_t max_msgs = app->max_messages ? app->max_messages : CTL_OPENAI_MAX_MESSAGES;
     if (n > max_msgs) {
-        ctl_oa_fail(req, WK_ETOOBIG, "messages", "at most %u messages", max_msgs);
+        ctl_openai_fail(req, WK_ETOOBIG, "messages", "at most %u messages", max_msgs);
         return false;
     }
     wk_chat_msg *cm = calloc(n, sizeof(*cm));
@@ -497,7 +501,7 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
         char param[48];
         snprintf(param, sizeof(param), "messages[%zu].role", i);
         if (!json_is_string(role)) {
-            ctl_oa_fail(req, WK_EINVAL, param, "each message needs a string 'role'");
+            ctl_openai_fail(req, WK_EINVAL, param, "each message needs a string 'role'");
             ok = false;
             break;
         }
@@ -505,23 +509,24 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
         if (strcmp(rs, "developer") == 0)
             rs = "system";
         if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
-            ctl_oa_fail(req, WK_EINVAL, param, "role '%s' is not supported (system, developer, "
-                        "user, assistant)", json_string_value(role));
+            ctl_openai_fail(req, WK_EINVAL, param,
+                            "role '%s' is not supported (system, developer, user, assistant)",
+                            json_string_value(role));
             ok = false;
             break;
         }
         json_t *tc = json_object_get(m, "tool_calls");
         if (tc != NULL && !json_is_null(tc) && !(json_is_array(tc) && json_array_size(tc) == 0)) {
             snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
-            ctl_oa_fail(req, WK_EINVAL, param, "tool calls are not supported");
+            ctl_openai_fail(req, WK_EINVAL, param, "tool calls are not supported");
             ok = false;
             break;
         }
-        ok = ctl_oa_content(req, json_object_get(m, "content"), i, &texts[i]);
+        ok = ctl_openai_content(req, json_object_get(m, "content"), i, &texts[i]);
         if (ok && app->max_message_bytes && strlen(texts[i]) > app->max_message_bytes) {
             snprintf(param, sizeof(param), "messages[%zu].content", i);
-            ctl_oa_fail(req, WK_ETOOBIG, param, "a message's content is limited to %llu bytes",
-                        (unsigned long long)app->max_message_bytes);
+            ctl_openai_fail(req, WK_ETOOBIG, param, "a message's content is limited to %llu bytes",
+                            (unsigned long long)app->max_message_bytes);
             ok = false;
         }
         cm[i].role = rs;
@@ -532,22 +537,22 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
     wk_diag d = {{0}};
     wk_chat_span *sp = ok ? calloc(n ? n : 1, sizeof(*sp)) : NULL;
     if (ok && sp == NULL) {
-        ctl_oa_fail(req, WK_ENOMEM, NULL, "out of memory");
+        ctl_openai_fail(req, WK_ENOMEM, NULL, "out of memory");
         ok = false;
     }
     if (ok && wk_chat_render_spans(cm, n, true, &prompt, &plen, sp, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, "messages", "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, "messages", "%s", d.msg);
         ok = false;
     }
-    if (ok && plen > CTL_OA_MAX_TEXT) {
-        ctl_oa_fail(req, WK_ETOOBIG, "messages", "the prompt is longer than %u bytes",
-                    CTL_OA_MAX_TEXT);
+    if (ok && plen > CTL_OPENAI_MAX_TEXT) {
+        ctl_openai_fail(req, WK_ETOOBIG, "messages", "the prompt is longer than %u bytes",
+                        CTL_OPENAI_MAX_TEXT);
         ok = false;
     }
     r->prompt_text = prompt;
     r->prompt_len = plen;
-    if (ok && ctl_oa_chat_tokens(app, r, sp, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, "messages", "%s", d.msg);
+    if (ok && ctl_openai_chat_tokens(app, r, sp, &d) != WK_OK) {
+        ctl_openai_fail(req, WK_EINVAL, "messages", "%s", d.msg);
         ok = false;
     }
     free(sp);
@@ -555,29 +560,29 @@ ctl_oa_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req 
 }
 
 bool
-ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r)
+ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai_req *r)
 {
     json_t *p = json_object_get(body, "prompt");
     wk_diag d = {{0}};
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
         p = json_array_get(p, 0);
     if (json_is_string(p)) {
-        if (json_string_length(p) > CTL_OA_MAX_TEXT) {
-            ctl_oa_fail(req, WK_ETOOBIG, "prompt", "the prompt is longer than %u bytes",
-                        CTL_OA_MAX_TEXT);
+        if (json_string_length(p) > CTL_OPENAI_MAX_TEXT) {
+            ctl_openai_fail(req, WK_ETOOBIG, "prompt", "the prompt is longer than %u bytes",
+                            CTL_OPENAI_MAX_TEXT);
             return false;
         }
         if (wk_tok_encode(app->tok, json_string_value(p), json_string_length(p), &r->prompt,
                           &r->n_prompt, &d) != WK_OK) {
-            ctl_oa_fail(req, WK_EINVAL, "prompt", "%s", d.msg);
+            ctl_openai_fail(req, WK_EINVAL, "prompt", "%s", d.msg);
             return false;
         }
     } else if (json_is_array(p) && json_array_size(p) > 0) {
         size_t n = json_array_size(p);
         uint32_t vocab = wk_tok_vocab_size(app->tok);
         if (n > app->max_prompt_tokens) {
-            ctl_oa_fail(req, WK_ETOOBIG, "prompt", "at most %u prompt tokens",
-                        app->max_prompt_tokens);
+            ctl_openai_fail(req, WK_ETOOBIG, "prompt", "at most %u prompt tokens",
+                            app->max_prompt_tokens);
             return false;
         }
         r->prompt = malloc(n * sizeof(*r->prompt));
@@ -587,36 +592,36 @@ ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
             json_t *e = json_array_get(p, i);
             if (!json_is_integer(e) || json_integer_value(e) < 0 ||
                 json_integer_value(e) >= (json_int_t)vocab) {
-                ctl_oa_fail(req, WK_EINVAL, "prompt", "prompt[%zu] is not a token id in [0, %u)",
-                            i, vocab);
+                ctl_openai_fail(req, WK_EINVAL, "prompt",
+                                "prompt[%zu] is not a token id in [0, %u)", i, vocab);
                 return false;
             }
             r->prompt[i] = (int32_t)json_integer_value(e);
         }
         r->n_prompt = n;
     } else {
-        ctl_oa_fail(req, WK_EINVAL, "prompt",
-                    "'prompt' must be a non-empty string or a non-empty array of token ids");
+        ctl_openai_fail(req, WK_EINVAL, "prompt",
+                        "'prompt' must be a non-empty string or a non-empty array of token ids");
         return false;
     }
     if (r->n_prompt == 0) {
-        ctl_oa_fail(req, WK_EINVAL, "prompt", "the prompt encodes to no tokens");
+        ctl_openai_fail(req, WK_EINVAL, "prompt", "the prompt encodes to no tokens");
         return false;
     }
     json_t *echo = json_object_get(body, "echo");
     if (json_is_true(echo)) {
-        ctl_oa_fail(req, WK_EINVAL, "echo", "'echo' is not supported");
+        ctl_openai_fail(req, WK_EINVAL, "echo", "'echo' is not supported");
         return false;
     }
     json_t *suffix = json_object_get(body, "suffix");
     if (suffix != NULL && !json_is_null(suffix)) {
-        ctl_oa_fail(req, WK_EINVAL, "suffix", "'suffix' is not supported");
+        ctl_openai_fail(req, WK_EINVAL, "suffix", "'suffix' is not supported");
         return false;
     }
     /* Legacy logprobs: an integer count of alternatives. */
     int64_t lp = 0;
     if (wk_json_get_i64(body, "logprobs", false, 0, 0, 20, &lp, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, "logprobs", "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, "logprobs", "%s", d.msg);
         return false;
     }
     if (json_object_get(body, "logprobs") != NULL && !json_is_null(json_object_get(body, "logprobs"))) {
@@ -628,21 +633,21 @@ ctl_oa_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_oa_req *r
 
 /* Parses the chat-only logprobs fields. */
 static bool
-ctl_oa_parse_chat_logprobs(ctl_http_req *req, json_t *body, ctl_oa_req *r)
+ctl_openai_parse_chat_logprobs(ctl_http_req *req, json_t *body, ctl_openai_req *r)
 {
     wk_diag d = {{0}};
     bool b = false;
     int64_t v = 0;
     if (wk_json_get_bool(body, "logprobs", false, &b, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, "logprobs", "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, "logprobs", "%s", d.msg);
         return false;
     }
     if (wk_json_get_i64(body, "top_logprobs", false, 0, 0, 20, &v, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, "top_logprobs", "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, "top_logprobs", "%s", d.msg);
         return false;
     }
     if (v > 0 && !b) {
-        ctl_oa_fail(req, WK_EINVAL, "top_logprobs", "top_logprobs needs logprobs: true");
+        ctl_openai_fail(req, WK_EINVAL, "top_logprobs", "top_logprobs needs logprobs: true");
         return false;
     }
     r->logprobs = b;
@@ -651,7 +656,7 @@ ctl_oa_parse_chat_logprobs(ctl_http_req *req, json_t *body, ctl_oa_req *r)
 }
 
 static json_t *
-ctl_oa_bytes_json(const uint8_t *p, size_t n)
+ctl_openai_bytes_json(const uint8_t *p, size_t n)
 {
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++)
@@ -661,7 +666,7 @@ ctl_oa_bytes_json(const uint8_t *p, size_t n)
 
 /* Text of a single token for logprobs: its bytes, invalid UTF-8 replaced. */
 static json_t *
-ctl_oa_piece_json(const wk_tok *tok, int32_t id)
+ctl_openai_piece_json(const wk_tok *tok, int32_t id)
 {
     size_t n = 0;
     const uint8_t *p = wk_tok_piece(tok, id, &n);
@@ -683,7 +688,7 @@ ctl_oa_piece_json(const wk_tok *tok, int32_t id)
 
 /* The chat "logprobs.content" entries for toks. */
 static json_t *
-ctl_oa_logprobs_json(ctl_app *app, const ctl_gen_token *toks, size_t n, uint32_t top)
+ctl_openai_logprobs_json(ctl_app *app, const ctl_gen_token *toks, size_t n, uint32_t top)
 {
     json_t *content = json_array();
     for (size_t i = 0; i < n; i++) {
@@ -693,23 +698,23 @@ ctl_oa_logprobs_json(ctl_app *app, const ctl_gen_token *toks, size_t n, uint32_t
         for (uint32_t k = 0; k < toks[i].n_top && k < top; k++) {
             size_t tl = 0;
             const uint8_t *tp = wk_tok_piece(app->tok, toks[i].top_id[k], &tl);
-            json_array_append_new(tops, json_pack("{s:o, s:f, s:o}", "token",
-                                                  ctl_oa_piece_json(app->tok, toks[i].top_id[k]),
-                                                  "logprob", (double)toks[i].top_logprob[k],
-                                                  "bytes", ctl_oa_bytes_json(tp, tp ? tl : 0)));
+            json_array_append_new(tops,
+                                  json_pack("{s:o, s:f, s:o}", "token",
+                                            ctl_openai_piece_json(app->tok, toks[i].top_id[k]),
+                                            "logprob", (double)toks[i].top_logprob[k], "bytes",
+                                            ctl_openai_bytes_json(tp, tp ? tl : 0)));
         }
-        json_array_append_new(content,
-                              json_pack("{s:o, s:f, s:o, s:o}", "token",
-                                        ctl_oa_piece_json(app->tok, toks[i].id), "logprob",
-                                        (double)toks[i].logprob, "bytes",
-                                        ctl_oa_bytes_json(bp, bp ? bl : 0), "top_logprobs",
-                                        tops));
+        json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token",
+                                                 ctl_openai_piece_json(app->tok, toks[i].id),
+                                                 "logprob", (double)toks[i].logprob, "bytes",
+                                                 ctl_openai_bytes_json(bp, bp ? bl : 0),
+                                                 "top_logprobs", tops));
     }
     return content;
 }
 
 static json_t *
-ctl_oa_usage_json(const ctl_oa_req *r, const ctl_gen_result *res)
+ctl_openai_usage_json(const ctl_openai_req *r, const ctl_gen_result *res)
 {
     size_t np = r->n_prompt_report ? r->n_prompt_report : r->n_prompt;
     size_t cached = np > res->computed ? np - res->computed : 0;
@@ -720,15 +725,15 @@ ctl_oa_usage_json(const ctl_oa_req *r, const ctl_gen_result *res)
 }
 
 /* Streaming state for the sink. */
-typedef struct ctl_oa_stream {
+typedef struct ctl_openai_stream {
     ctl_http_req *req;      /* the HTTP request */
     ctl_app *app;           /* app */
-    ctl_oa_req *r;          /* parsed request */
+    ctl_openai_req *r;      /* parsed request */
     bool broken;            /* the client went away */
-} ctl_oa_stream;
+} ctl_openai_stream;
 
 static json_t *
-ctl_oa_chunk_base(const ctl_oa_req *r)
+ctl_openai_chunk_base(const ctl_openai_req *r)
 {
     return json_pack("{s:s, s:s, s:I, s:s}", "id", r->id, "object",
                      r->chat ? "chat.completion.chunk" : "text_completion", "created",
@@ -736,7 +741,7 @@ ctl_oa_chunk_base(const ctl_oa_req *r)
 }
 
 static wk_err
-ctl_oa_send_chunk(ctl_oa_stream *st, json_t *chunk)
+ctl_openai_send_chunk(ctl_openai_stream *st, json_t *chunk)
 {
     char *s = wk_json_dump_compact(chunk);
     json_decref(chunk);
@@ -750,19 +755,19 @@ ctl_oa_send_chunk(ctl_oa_stream *st, json_t *chunk)
 }
 
 static wk_err
-ctl_oa_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks,
-                   size_t n_toks)
+ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks,
+                       size_t n_toks)
 {
-    ctl_oa_stream *st = arg;
-    ctl_oa_req *r = st->r;
+    ctl_openai_stream *st = arg;
+    ctl_openai_req *r = st->r;
     if (len == 0 && !(r->logprobs && n_toks > 0) && !(r->return_token_ids && n_toks > 0))
         return WK_OK;
-    json_t *chunk = ctl_oa_chunk_base(r);
+    json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:n}", "index", 0, "finish_reason");
-    json_t *lp = r->logprobs ? json_pack("{s:o}", "content",
-                                         ctl_oa_logprobs_json(st->app, toks, n_toks,
-                                                              r->top_logprobs))
-                             : json_null();
+    json_t *lp = r->logprobs
+                     ? json_pack("{s:o}", "content",
+                                 ctl_openai_logprobs_json(st->app, toks, n_toks, r->top_logprobs))
+                     : json_null();
     json_object_set_new(choice, "logprobs", lp);
     if (r->chat) {
         json_object_set_new(choice, "delta", json_pack("{s:s%}", "content", text, len));
@@ -776,11 +781,11 @@ ctl_oa_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token 
         }
     }
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
-    return ctl_oa_send_chunk(st, chunk);
+    return ctl_openai_send_chunk(st, chunk);
 }
 
 static void
-ctl_oa_count(ctl_app *app, const char *route, const char *status)
+ctl_openai_count(ctl_app *app, const char *route, const char *status)
 {
     char lb[128];
     snprintf(lb, sizeof(lb), "route=\"%s\",status=\"%s\"", route, status);
@@ -793,7 +798,7 @@ ctl_oa_count(ctl_app *app, const char *route, const char *status)
  * ones, and keeps its slot so that the end-of-reply checkpoint can be taken.
  */
 static void
-ctl_oa_reuse_begin(ctl_app *app, ctl_oa_req *r, ctl_ckpt_plan *plan, bool *free_slot)
+ctl_openai_reuse_begin(ctl_app *app, ctl_openai_req *r, ctl_ckpt_plan *plan, bool *free_slot)
 {
     *free_slot = false;
     r->plan = NULL;
@@ -828,7 +833,7 @@ ctl_oa_reuse_begin(ctl_app *app, ctl_oa_req *r, ctl_ckpt_plan *plan, bool *free_
  * only the checkpoint wanted it.
  */
 static void
-ctl_oa_reuse_done(ctl_app *app, ctl_oa_req *r, const ctl_gen_result *res, bool free_slot)
+ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res, bool free_slot)
 {
     ctl_ckpt_plan *p = r->plan;
     if (p == NULL)
@@ -879,7 +884,7 @@ ctl_oa_reuse_done(ctl_app *app, ctl_oa_req *r, const ctl_gen_result *res, bool f
  * before its reply, a continued session's retained tokens included.
  */
 static json_t *
-ctl_oa_prompt_ids_json(const ctl_oa_req *r)
+ctl_openai_prompt_ids_json(const ctl_openai_req *r)
 {
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < r->n_plan_prefix && r->plan_prefix != NULL; i++)
@@ -889,16 +894,17 @@ ctl_oa_prompt_ids_json(const ctl_oa_req *r)
     return a;
 }
 
-static void ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot);
+static void ctl_openai_generate_run(ctl_http_req *req, ctl_app *app, ctl_openai_req *r,
+                                    bool free_slot);
 
 void
-ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
+ctl_openai_generate(ctl_http_req *req, ctl_app *app, ctl_openai_req *r)
 {
     ctl_ckpt_plan *plan = calloc(1, sizeof(*plan));
     bool free_slot = false;
     if (plan != NULL)
-        ctl_oa_reuse_begin(app, r, plan, &free_slot);
-    ctl_oa_generate_run(req, app, r, free_slot);
+        ctl_openai_reuse_begin(app, r, plan, &free_slot);
+    ctl_openai_generate_run(req, app, r, free_slot);
     ctl_ckpt_plan_end(plan);
     free(plan);
     r->plan = NULL;
@@ -906,7 +912,7 @@ ctl_oa_generate(ctl_http_req *req, ctl_app *app, ctl_oa_req *r)
 
 /* Names the response: r->created now, r->id "chatcmpl-"/"cmpl-" and 24 random hex digits. */
 static void
-ctl_oa_id_make(ctl_oa_req *r)
+ctl_openai_id_make(ctl_openai_req *r)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -925,7 +931,7 @@ ctl_oa_id_make(ctl_oa_req *r)
 
 /* Generates and answers r as one JSON body (no streaming). */
 static void
-ctl_oa_answer_whole(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot)
+ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool free_slot)
 {
     const char *route = r->chat ? "chat" : "completions";
     ctl_gen_result res;
@@ -933,18 +939,19 @@ ctl_oa_answer_whole(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
     wk_err err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL,
                              NULL, &res, &d);
     if (err != WK_OK) {
-        ctl_oa_count(app, route, "error");
+        ctl_openai_count(app, route, "error");
         if (r->on_fail != NULL)
             r->on_fail(r);
-        ctl_oa_send_gen_error(req, err, d.msg);
+        ctl_openai_send_gen_error(req, err, d.msg);
         return;
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
     json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", res.finish_reason);
-    json_t *lp = r->logprobs ? json_pack("{s:o}", "content",
-                                         ctl_oa_logprobs_json(app, res.tokens, res.n_tokens,
-                                                              r->top_logprobs))
-                             : json_null();
+    json_t *lp =
+        r->logprobs
+            ? json_pack("{s:o}", "content",
+                        ctl_openai_logprobs_json(app, res.tokens, res.n_tokens, r->top_logprobs))
+            : json_null();
     json_object_set_new(choice, "logprobs", lp);
     if (r->chat) {
         json_object_set_new(choice, "message",
@@ -961,53 +968,53 @@ ctl_oa_answer_whole(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
     }
     json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", r->id, "object",
                              r->chat ? "chat.completion" : "text_completion", "created",
-                             (json_int_t)r->created, "model", r->model, "choices", choice,
-                             "usage", ctl_oa_usage_json(r, &res));
+                             (json_int_t)r->created, "model", r->model, "choices", choice, "usage",
+                             ctl_openai_usage_json(r, &res));
     if (r->return_token_ids)
-        json_object_set_new(body, "prompt_token_ids", ctl_oa_prompt_ids_json(r));
-    ctl_oa_reuse_done(app, r, &res, free_slot);
+        json_object_set_new(body, "prompt_token_ids", ctl_openai_prompt_ids_json(r));
+    ctl_openai_reuse_done(app, r, &res, free_slot);
     if (r->on_done != NULL)
         r->on_done(r, &res, body);
-    ctl_oa_count(app, route, "ok");
+    ctl_openai_count(app, route, "ok");
     ctl_http_send_json(req, 200, body);
     ctl_gen_result_fini(&res);
 }
 
 /* Generates r and streams it as server-sent events (chunks, then [DONE]). */
 static void
-ctl_oa_answer_stream(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot)
+ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool free_slot)
 {
     const char *route = r->chat ? "chat" : "completions";
     ctl_gen_result res;
     wk_diag d = {{0}};
     /* Admission errors come before the first byte, as plain JSON errors. */
-    ctl_oa_stream st = {.req = req, .app = app, .r = r};
+    ctl_openai_stream st = {.req = req, .app = app, .r = r};
     ctl_job *job = NULL;
     wk_err err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
     if (err != WK_OK) {
-        ctl_oa_count(app, route, "error");
+        ctl_openai_count(app, route, "error");
         if (r->on_fail != NULL)
             r->on_fail(r);
-        ctl_oa_send_gen_error(req, err, d.msg);
+        ctl_openai_send_gen_error(req, err, d.msg);
         return;
     }
     ctl_http_sse_begin(req);
     if (r->chat) {
-        json_t *chunk = ctl_oa_chunk_base(r);
+        json_t *chunk = ctl_openai_chunk_base(r);
         json_object_set_new(chunk, "choices",
                             json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta",
                                       "role", "assistant", "content", "", "logprobs",
                                       "finish_reason"));
-        (void)ctl_oa_send_chunk(&st, chunk);
+        (void)ctl_openai_send_chunk(&st, chunk);
     }
     if (st.broken) {
         ctl_job_free(job);
         err = WK_EIO;
     } else {
-        err = ctl_gen_run_job(job, app->tok, &r->gen, ctl_oa_stream_sink, &st, &res, &d);
+        err = ctl_gen_run_job(job, app->tok, &r->gen, ctl_openai_stream_sink, &st, &res, &d);
     }
     if (err != WK_OK) {
-        ctl_oa_count(app, route, st.broken ? "cancelled" : "error");
+        ctl_openai_count(app, route, st.broken ? "cancelled" : "error");
         if (r->on_fail != NULL)
             r->on_fail(r);
         if (!st.broken) {
@@ -1023,7 +1030,7 @@ ctl_oa_answer_stream(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_s
         return;
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
-    json_t *chunk = ctl_oa_chunk_base(r);
+    json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", res.finish_reason,
                                "logprobs");
     if (r->chat)
@@ -1032,31 +1039,31 @@ ctl_oa_answer_stream(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_s
         json_object_set_new(choice, "text", json_string(""));
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
     if (r->return_token_ids)
-        json_object_set_new(chunk, "prompt_token_ids", ctl_oa_prompt_ids_json(r));
-    ctl_oa_reuse_done(app, r, &res, free_slot);
+        json_object_set_new(chunk, "prompt_token_ids", ctl_openai_prompt_ids_json(r));
+    ctl_openai_reuse_done(app, r, &res, free_slot);
     if (r->on_done != NULL)
         r->on_done(r, &res, chunk);
-    (void)ctl_oa_send_chunk(&st, chunk);
+    (void)ctl_openai_send_chunk(&st, chunk);
     if (r->include_usage) {
-        chunk = ctl_oa_chunk_base(r);
+        chunk = ctl_openai_chunk_base(r);
         json_object_set_new(chunk, "choices", json_array());
-        json_object_set_new(chunk, "usage", ctl_oa_usage_json(r, &res));
-        (void)ctl_oa_send_chunk(&st, chunk);
+        json_object_set_new(chunk, "usage", ctl_openai_usage_json(r, &res));
+        (void)ctl_openai_send_chunk(&st, chunk);
     }
     if (!st.broken && ctl_http_sse_data(req, "[DONE]") != WK_OK)
         wk_log_info("client went away before [DONE] id=%s", r->id);
-    ctl_oa_count(app, route, st.broken ? "cancelled" : "ok");
+    ctl_openai_count(app, route, st.broken ? "cancelled" : "ok");
     ctl_gen_result_fini(&res);
 }
 
 static void
-ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_slot)
+ctl_openai_generate_run(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool free_slot)
 {
-    ctl_oa_id_make(r);
+    ctl_openai_id_make(r);
     if (r->n_prompt > app->max_prompt_tokens) {
-        ctl_oa_fail(req, WK_ETOOBIG, r->chat ? "messages" : "prompt",
-                    "the prompt has %zu tokens, more than the limit of %u", r->n_prompt,
-                    app->max_prompt_tokens);
+        ctl_openai_fail(req, WK_ETOOBIG, r->chat ? "messages" : "prompt",
+                        "the prompt has %zu tokens, more than the limit of %u", r->n_prompt,
+                        app->max_prompt_tokens);
         return;
     }
     if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS)
@@ -1071,101 +1078,79 @@ ctl_oa_generate_run(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, bool free_sl
                          app->request_timeout_ms;
     ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)r->n_prompt);
     if (!r->stream)
-        ctl_oa_answer_whole(req, app, r, free_slot);
+        ctl_openai_answer_whole(req, app, r, free_slot);
     else
-        ctl_oa_answer_stream(req, app, r, free_slot);
+        ctl_openai_answer_stream(req, app, r, free_slot);
 }
 
 /* Reads and parses the body; sends the error and returns NULL on failure. */
 json_t *
-ctl_oa_body(ctl_http_req *req)
+ctl_openai_body(ctl_http_req *req)
 {
     const char *buf = NULL;
     size_t len = 0;
     wk_err err = ctl_http_req_body(req, &buf, &len);
     if (err == WK_ETOOBIG) {
-        ctl_oa_fail(req, WK_ETOOBIG, NULL, "request body too large");
+        ctl_openai_fail(req, WK_ETOOBIG, NULL, "request body too large");
         return NULL;
     }
     if (err != WK_OK) {
-        ctl_oa_fail(req, err, NULL, "cannot read the request body");
+        ctl_openai_fail(req, err, NULL, "cannot read the request body");
         return NULL;
     }
     json_t *body = NULL;
     wk_diag d = {{0}};
     if (wk_json_parse(buf, len, &body, &d) != WK_OK) {
-        ctl_oa_fail(req, WK_EINVAL, NULL, "%s", d.msg);
+        ctl_openai_fail(req, WK_EINVAL, NULL, "%s", d.msg);
         return NULL;
     }
     if (!json_is_object(body)) {
         json_decref(body);
-        ctl_oa_fail(req, WK_EINVAL, NULL, "the request body must be a JSON object");
+        ctl_openai_fail(req, WK_EINVAL, NULL, "the request body must be a JSON object");
         return NULL;
     }
     return body;
 }
 
-bool
-ctl_app_user_enter(ctl_http_req *req, ctl_app *app)
-{
-    wk_err err = ctl_limits_acquire(app->limits, ctl_http_req_user(req));
-    if (err == WK_OK || app->limits == NULL)
-        return true;
-    if (err == WK_EQUOTA) {
-        ctl_metrics_add(app->metrics, "wkvm_quota_refusals_total", "limit=\"concurrent\"", 1);
-        ctl_oa_fail(req, WK_EQUOTA, NULL, "too many concurrent requests: at most %u per user",
-                    ctl_limits_max(app->limits));
-    } else {
-        ctl_oa_fail(req, err, NULL, "cannot account the request");
-    }
-    return false;
-}
-
-void
-ctl_app_user_leave(ctl_http_req *req, ctl_app *app)
-{
-    if (app->limits != NULL)
-        ctl_limits_release(app->limits, ctl_http_req_user(req));
-}
-
 static void
-ctl_oa_chat(ctl_http_req *req, void *arg)
+ctl_openai_chat(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     if (!ctl_app_user_enter(req, app))
         return;
-    json_t *body = ctl_oa_body(req);
+    json_t *body = ctl_openai_body(req);
     if (body == NULL) {
         ctl_app_user_leave(req, app);
         return;
     }
-    ctl_oa_req r = {.chat = true, .reuse = true, .cache = true};
+    ctl_openai_req r = {.chat = true, .reuse = true, .cache = true};
     ctl_chat_turn *turn = NULL;
-    if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_chat_logprobs(req, body, &r) &&
-        ctl_oa_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
-        ctl_oa_generate(req, app, &r);
+    if (ctl_openai_parse_common(req, app, body, &r) &&
+        ctl_openai_parse_chat_logprobs(req, body, &r) &&
+        ctl_openai_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
+        ctl_openai_generate(req, app, &r);
         ctl_chat_end(turn);
     }
-    ctl_oa_req_fini(&r);
+    ctl_openai_req_fini(&r);
     json_decref(body);
     ctl_app_user_leave(req, app);
 }
 
 static void
-ctl_oa_completions(ctl_http_req *req, void *arg)
+ctl_openai_completions(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     if (!ctl_app_user_enter(req, app))
         return;
-    json_t *body = ctl_oa_body(req);
+    json_t *body = ctl_openai_body(req);
     if (body == NULL) {
         ctl_app_user_leave(req, app);
         return;
     }
-    ctl_oa_req r = {.chat = false, .reuse = true, .cache = true};
-    if (ctl_oa_parse_common(req, app, body, &r) && ctl_oa_parse_prompt(req, app, body, &r))
-        ctl_oa_generate(req, app, &r);
-    ctl_oa_req_fini(&r);
+    ctl_openai_req r = {.chat = false, .reuse = true, .cache = true};
+    if (ctl_openai_parse_common(req, app, body, &r) && ctl_openai_parse_prompt(req, app, body, &r))
+        ctl_openai_generate(req, app, &r);
+    ctl_openai_req_fini(&r);
     json_decref(body);
     ctl_app_user_leave(req, app);
 }
@@ -1198,10 +1183,10 @@ size_t
 ctl_openai_routes(ctl_app *app, ctl_http_route *out, size_t cap)
 {
     const ctl_http_route routes[] = {
-        {"GET", "/v1/models", false, ctl_oa_models, app, "/v1/models", CTL_HTTP_ACCESS_USER},
-        {"POST", "/v1/chat/completions", false, ctl_oa_chat, app, "/v1/chat/completions",
+        {"GET", "/v1/models", false, ctl_openai_models, app, "/v1/models", CTL_HTTP_ACCESS_USER},
+        {"POST", "/v1/chat/completions", false, ctl_openai_chat, app, "/v1/chat/completions",
          CTL_HTTP_ACCESS_USER},
-        {"POST", "/v1/completions", false, ctl_oa_completions, app, "/v1/completions",
+        {"POST", "/v1/completions", false, ctl_openai_completions, app, "/v1/completions",
          CTL_HTTP_ACCESS_USER},
     };
     size_t n = sizeof(routes) / sizeof(routes[0]);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"
@@ -62,7 +63,7 @@ ctl_chat_active_free(ctl_chat_active *a)
 
 struct ctl_chat_turn {
     ctl_app *app;                 /* app */
-    ctl_oa_req *r;                /* the request */
+    ctl_openai_req *r;            /* the request */
     ctl_session_hdrs hdrs;        /* parsed headers */
     char key[CTL_SESSION_KEY_SIZE]; /* session key */
     ctl_session_request sreq;     /* for validate */
@@ -276,7 +277,7 @@ ctl_chat_count(ctl_app *app, const ctl_session_result *res)
  * tokens (the same state), else session_unavailable (ctl_chat_on_done()).
  */
 static void
-ctl_chat_decide(ctl_chat_turn *t, const ctl_oa_req *r)
+ctl_chat_decide(ctl_chat_turn *t, const ctl_openai_req *r)
 {
     ctl_app *app = t->app;
     if (!t->count_pending)
@@ -299,7 +300,7 @@ ctl_chat_decide(ctl_chat_turn *t, const ctl_oa_req *r)
 
 /* After a successful generation: build, store and park the new binding. */
 static void
-ctl_chat_on_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
+ctl_chat_on_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj)
 {
     (void)final_obj;
     ctl_chat_turn *t = r->user;
@@ -481,7 +482,7 @@ ctl_chat_delta_make(ctl_app *app, ctl_chat_turn *t, bool hit, wk_diag *d)
 static bool
 ctl_chat_request_set(ctl_app *app, ctl_chat_turn *t, bool hit)
 {
-    ctl_oa_req *r = t->r;
+    ctl_openai_req *r = t->r;
     size_t n_ret = 0;
     const int32_t *ret = t->fallback ? ctl_session_binding_retained(t->prev, &n_ret) : NULL;
     r->n_prompt = n_ret + t->n_delta;
@@ -507,7 +508,7 @@ ctl_chat_request_set(ctl_app *app, ctl_chat_turn *t, bool hit)
         r->plan_prefix = ctl_session_binding_retained(t->prev, &nr);
         r->n_plan_prefix = nr;
         r->n_bounds = 0; /* where the new messages end, in the delta */
-        ctl_oa_chat_bounds(app->tok, r, t->res.reused_bytes, t->delta, t->n_delta, 0);
+        ctl_openai_chat_bounds(app->tok, r, t->res.reused_bytes, t->delta, t->n_delta, 0);
         r->aligned_tokens = 0;
     }
     r->gen.fresh = false;
@@ -517,7 +518,7 @@ ctl_chat_request_set(ctl_app *app, ctl_chat_turn *t, bool hit)
 }
 
 bool
-ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_oa_req *r, ctl_chat_turn **turn)
+ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn **turn)
 {
     *turn = NULL;
     ctl_session_hdrs hdrs;

@@ -192,7 +192,7 @@ ctl_states_tokens(ctl_http_req *req, ctl_app *app, json_t *body, bool required, 
 {
     *ids = NULL;
     *n = 0;
-    ctl_oa_req r = {.chat = true};
+    ctl_openai_req r = {.chat = true};
     json_t *p = json_object_get(body, "prompt");
     json_t *pi = json_object_get(body, "prompt_ids");
     json_t *m = json_object_get(body, "messages");
@@ -212,27 +212,27 @@ ctl_states_tokens(ctl_http_req *req, ctl_app *app, json_t *body, bool required, 
     }
     bool ok;
     if (m != NULL && !json_is_null(m)) {
-        ok = ctl_oa_parse_messages(req, app, body, &r);
+        ok = ctl_openai_parse_messages(req, app, body, &r);
     } else {
         json_t *tmp = json_pack("{s:O}", "prompt", p != NULL && !json_is_null(p) ? p : pi);
-        ok = tmp != NULL && ctl_oa_parse_prompt(req, app, tmp, &r);
+        ok = tmp != NULL && ctl_openai_parse_prompt(req, app, tmp, &r);
         json_decref(tmp);
     }
     if (!ok) {
-        ctl_oa_req_fini(&r);
+        ctl_openai_req_fini(&r);
         return false;
     }
     *ids = r.prompt;
     *n = r.n_prompt;
     r.prompt = NULL; /* given to the caller; the messages and rendered text are not */
-    ctl_oa_req_fini(&r);
+    ctl_openai_req_fini(&r);
     return true;
 }
 
 static void
 ctl_states_create(ctl_http_req *req, ctl_app *app)
 {
-    json_t *body = ctl_oa_body(req);
+    json_t *body = ctl_openai_body(req);
     if (body == NULL)
         return;
     wk_diag d = {{0}};
@@ -293,7 +293,7 @@ typedef struct ctl_states_gen {
 } ctl_states_gen;
 
 static void
-ctl_states_gen_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
+ctl_states_gen_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj)
 {
     ctl_states_gen *g = r->user;
     if (g->save_as == NULL)
@@ -328,13 +328,13 @@ ctl_states_gen_done(ctl_oa_req *r, const ctl_gen_result *res, json_t *final_obj)
 static void
 ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
 {
-    json_t *body = ctl_oa_body(req);
+    json_t *body = ctl_openai_body(req);
     if (body == NULL)
         return;
     wk_diag d = {{0}};
     ctl_store_state src;
     memset(&src, 0, sizeof(src));
-    ctl_oa_req r = {.chat = false, .model_optional = true};
+    ctl_openai_req r = {.chat = false, .model_optional = true};
     ctl_states_gen g = {.app = app, .owner = ctl_http_req_user(req), .src = &src};
     int32_t *q = NULL;
     size_t nq = 0;
@@ -363,7 +363,7 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     if (!ctl_states_tokens(req, app, body, false, &q, &nq))
         goto out;
     json_object_del(body, "prompt");
-    if (!ctl_oa_parse_common(req, app, body, &r))
+    if (!ctl_openai_parse_common(req, app, body, &r))
         goto out;
     g.q = q;
     g.n_q = nq;
@@ -413,11 +413,11 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     r.gen.sample_index = 0;
     r.user = &g;
     r.on_done = ctl_states_gen_done;
-    ctl_oa_generate(req, app, &r);
+    ctl_openai_generate(req, app, &r);
 out:
     if (have_slot && !g.consumed)
         (void)ctl_sched_slot_free(app->sched, &g.slot);
-    ctl_oa_req_fini(&r);
+    ctl_openai_req_fini(&r);
     free(q);
     ctl_store_state_fini(&src);
     json_decref(body);
@@ -436,7 +436,7 @@ ctl_states_fork(ctl_http_req *req, ctl_app *app, const char *ref, bool snapshot)
     const char *buf;
     size_t len;
     if (ctl_http_req_body(req, &buf, &len) == WK_OK && len > 0) {
-        body = ctl_oa_body(req);
+        body = ctl_openai_body(req);
         if (body == NULL)
             return;
     }

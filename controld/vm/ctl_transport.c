@@ -9,10 +9,12 @@
 #include "ctl_transport.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "wk_log.h"
@@ -165,15 +167,23 @@ ctl_nccl_pair_err(const ctl_nccl_call *a, const ctl_nccl_call *b, ctl_nccl_phase
                        f == a ? "source" : "destination", f->worker, f->d.msg);
 }
 
+/*
+ * A fresh migration id: the wall clock in ns and 64 random bits, so two
+ * migrations (of this controller or another) never share one without a
+ * process-wide counter. Without getrandom() the bits come from the caller's
+ * stack address and thread, which still differ between concurrent calls.
+ */
 static void
 ctl_nccl_new_id(char *out, size_t cap)
 {
-    static atomic_uint_fast64_t seq;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t rnd = 0;
+    if (getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) != (ssize_t)sizeof(rnd))
+        rnd = (uint64_t)(uintptr_t)&ts ^ (uint64_t)pthread_self();
     snprintf(out, cap, "mig-%llx-%llu", (unsigned long long)ts.tv_sec * 1000000000ull +
                                             (unsigned long long)ts.tv_nsec,
-             (unsigned long long)atomic_fetch_add(&seq, 1));
+             (unsigned long long)rnd);
 }
 
 static bool
