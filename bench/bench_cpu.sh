@@ -18,6 +18,8 @@
 # Usage: bench/bench_cpu.sh [--peer DIR] [BUILD_DIR] [-- extra wkvm-bench-cpu flags]
 #   BUILD_DIR  meson build directory (default: build)
 #   WKVM_BENCH_ROUNDS     rounds; each figure is the best round (default 5)
+#   WKVM_BENCH_BASE       peer mode: a baseline build directory whose wkvm Q8_0 runs in
+#                         the same alternating rounds (e.g. the commit before a change)
 #   WKVM_BENCH_MODEL_DIR  where the model is generated/reused
 #                         (default: $BUILD_DIR/bench-models/rwkv7-0.1b-bf16)
 set -euo pipefail
@@ -54,7 +56,7 @@ if [ -n "$peer" ]; then
     echo "command: $0 --peer $peer $build $*"
     echo
     exec python3 "$(dirname "$0")/peer_cpu.py" --build "$build" --peer "$peer" --model "$model" \
-        --rounds "${WKVM_BENCH_ROUNDS:-3}"
+        --rounds "${WKVM_BENCH_ROUNDS:-3}" ${WKVM_BENCH_BASE:+--base-build "$WKVM_BENCH_BASE"}
 fi
 echo "command: $0 $build $*"
 echo

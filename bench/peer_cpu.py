@@ -13,15 +13,20 @@ busy spell of this shared machine hits both alike):
                 (S_TG = decode tok/s with B sequences; the prompt part of its
                 run is not counted)
 Every figure is the best of its R rounds; ratios are taken from them. Prints
-a Markdown table and the commands. Stdlib only.
+a Markdown table (best of R), the same table of medians, and the commands.
+With --base-build BASE, a fourth engine (BASE's wkvm-bench-cpu on the same
+GGUF, e.g. a build of the previous commit) runs in the same rounds, so a
+change and its baseline are measured alternately in one session (column
+"before"). Stdlib only.
 
 usage: peer_cpu.py --build BUILD --peer PEER_DIR --model BF16_DIR [--rounds R]
-                   [--batches 8,32] [--threads 2]
+                   [--batches 8,32] [--threads 2] [--base-build BASE]
 """
 import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -64,8 +69,8 @@ def make_gguf(a):
 WKVM_ROW = re.compile(r"^\| (decode batch (\d+)|prefill (\d+) tokens) \| ([0-9.]+) \|")
 
 
-def wkvm(a, model, extra=()):
-    cmd = [os.path.join(a.build, "bench", "wkvm-bench-cpu"), "--model", model, "--threads",
+def wkvm(a, model, extra=(), build=None):
+    cmd = [os.path.join(build or a.build, "bench", "wkvm-bench-cpu"), "--model", model, "--threads",
            str(a.threads), "--batches", ",".join(["1"] + a.batches), "--prefill", "512",
            "--rounds", "1", "--bw-mib", "64", "--sgemm-n", "256"] + list(extra)
     out = sh(cmd)
@@ -108,22 +113,29 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", default="8,32")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--base-build", default=None,
+                    help="a second build whose wkvm Q8_0 runs alternately as the baseline")
     a = ap.parse_args()
     a.batches = [b for b in a.batches.split(",") if b]
     gguf, wdir = make_gguf(a)
     mach = benchlib.machine()
-    best = {"q8": {}, "bf16": {}, "llama": {}}
+    engines = ("q8", "llama", "bf16") + (("q8base",) if a.base_build else ())
+    best = {e: {} for e in engines}
+    vals = {e: {} for e in engines}
     cmds = {}
     for rnd in range(a.rounds):
-        for eng in ("q8", "llama", "bf16"):
+        for eng in engines:
             if eng == "q8":
                 r, cmds["q8"] = wkvm(a, wdir)
+            elif eng == "q8base":
+                r, cmds["q8base"] = wkvm(a, wdir, build=a.base_build)
             elif eng == "bf16":
                 r, cmds["bf16"] = wkvm(a, a.model)
             else:
                 r, cmds["llama"] = llama(a, gguf)
             for k, v in r.items():
                 best[eng][k] = max(best[eng].get(k, 0.0), v)
+                vals[eng].setdefault(k, []).append(v)
         print("peer_cpu: round %d/%d done, load %.2f" % (rnd + 1, a.rounds, os.getloadavg()[0]),
               file=sys.stderr)
     commit = "unknown"
@@ -140,19 +152,32 @@ def main():
     print("llama.cpp: %s (commit %s), CPU only, %d threads" % (sdist, commit, a.threads))
     print("GGUF: %s (%.1f MB, Q8_0 by convert_hf_to_gguf.py)" % (gguf, os.path.getsize(gguf) / 1e6))
     print("best of %d alternating rounds\n" % a.rounds)
-    print("| workload | wkvm Q8_0 tok/s | wkvm BF16 tok/s | llama.cpp Q8_0 tok/s | "
-          "Q8_0 / BF16 | wkvm / llama.cpp |")
-    print("|---|---:|---:|---:|---:|---:|")
     rows = [("decode batch 1", "b1")] + [("decode batch %s" % b, "b" + b) for b in a.batches] + \
         [("prefill 512 tokens", "pp512")]
-    for label, k in rows:
-        q, b, l = best["q8"].get(k), best["bf16"].get(k), best["llama"].get(k)
-        f = lambda x: "%.1f" % x if x else "-"
-        rq = "%.2fx" % (q / b) if q and b else "-"
-        rl = "%.2fx" % (q / l) if q and l else "-"
-        print("| %s | %s | %s | %s | %s | %s |" % (label, f(q), f(b), f(l), rq, rl))
+    med = {e: {k: statistics.median(v) for k, v in vals[e].items()} for e in engines}
+    for title, fig in (("best of %d rounds" % a.rounds, best),
+                       ("median of %d rounds" % a.rounds, med)):
+        if fig is med:
+            print("\n" + title + ":\n")
+        before = a.base_build is not None
+        print("| workload | wkvm Q8_0 tok/s | wkvm BF16 tok/s | llama.cpp Q8_0 tok/s | "
+              "Q8_0 / BF16 | wkvm / llama.cpp |" + (" Q8_0 before tok/s | before / BF16 |"
+                                                   if before else ""))
+        print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else ""))
+        for label, k in rows:
+            q, b, l = fig["q8"].get(k), fig["bf16"].get(k), fig["llama"].get(k)
+            f = lambda x: "%.1f" % x if x else "-"
+            rq = "%.2fx" % (q / b) if q and b else "-"
+            rl = "%.2fx" % (q / l) if q and l else "-"
+            line = "| %s | %s | %s | %s | %s | %s |" % (label, f(q), f(b), f(l), rq, rl)
+            if before:
+                o = fig["q8base"].get(k)
+                line += " %s | %s |" % (f(o), "%.2fx" % (o / b) if o and b else "-")
+            print(line)
     print("\ncommands (each round):")
     print("  " + cmds["q8"])
+    if "q8base" in cmds:
+        print("  " + cmds["q8base"])
     print("  " + cmds["bf16"])
     for c in cmds["llama"]:
         print("  " + c)
