@@ -1,8 +1,6 @@
 /*
- * be_cuda_kv: the paged KV pool of the CUDA backend (see be_cuda_kv.h).
- * The page-table logic is be_cpu_kv.c's, step for step, so both backends
- * hand out the same pages for the same sequence of operations; only the
- * pool's bytes live on the device.
+ * be_cuda_kv: the KV pool's bytes on the device (see be_cuda_kv.h); the
+ * page accounting is be_kv.c's, so both backends hand out the same pages.
  */
 #include "be_cuda_kv.h"
 
@@ -13,26 +11,12 @@
 #include "be_cuda_common.h"
 
 wk_err
-be_cuda_kv_init(be_cuda_kv *kv, uint32_t n_slots, size_t tok_floats, uint32_t page_tokens,
+be_cuda_kv_init(be_kv *kv, uint32_t n_slots, size_t tok_floats, uint32_t page_tokens,
                 uint32_t pages_total, wk_diag *d)
 {
-    memset(kv, 0, sizeof(*kv));
-    if (n_slots == 0 || tok_floats == 0 || page_tokens == 0 || pages_total == 0)
-        return wk_diag_set(d, WK_EINVAL, "cuda backend: empty KV pool geometry");
-    const size_t page_floats = (size_t)page_tokens * tok_floats;
-    if (page_floats / page_tokens != tok_floats ||
-        (size_t)pages_total > SIZE_MAX / sizeof(float) / page_floats)
-        return wk_diag_set(d, WK_ENOMEM, "cuda backend: a KV pool of %u pages does not fit",
-                           pages_total);
-    kv->tok_floats = tok_floats;
-    kv->page_tokens = page_tokens;
-    kv->pages_total = pages_total;
-    kv->n_slots = n_slots;
-    kv->free_pages = malloc(sizeof(uint32_t) * pages_total);
-    kv->slots = calloc(n_slots, sizeof(*kv->slots));
-    if (kv->free_pages == NULL || kv->slots == NULL)
-        return wk_diag_set(d, WK_ENOMEM, "cuda backend: out of memory for KV page tables");
-    const size_t bytes = (size_t)pages_total * page_floats * sizeof(float);
+    size_t bytes = 0;
+    BE_CUDA_TRY(be_kv_init(kv, n_slots, tok_floats, page_tokens, pages_total, "cuda backend",
+                           &bytes, d));
     cudaError_t ce = cudaMalloc((void **)&kv->pool, bytes);
     if (ce != cudaSuccess) {
         kv->pool = NULL;
@@ -41,211 +25,56 @@ be_cuda_kv_init(be_cuda_kv *kv, uint32_t n_slots, size_t tok_floats, uint32_t pa
                            "a smaller kv_pages",
                            pages_total, page_tokens, bytes, be_cuda_handled(ce));
     }
-    /* page 0 on top: a fresh pool hands pages out in ascending order */
-    for (uint32_t i = 0; i < pages_total; i++)
-        kv->free_pages[i] = pages_total - 1 - i;
-    kv->n_free = pages_total;
     return WK_OK;
 }
 
 void
-be_cuda_kv_fini(be_cuda_kv *kv)
+be_cuda_kv_fini(be_kv *kv)
 {
     if (kv == NULL)
         return;
-    if (kv->slots != NULL)
-        for (uint32_t s = 0; s < kv->n_slots; s++)
-            free(kv->slots[s].pages);
-    free(kv->slots);
-    free(kv->free_pages);
     if (kv->pool != NULL)
         (void)cudaFree(kv->pool);
-    memset(kv, 0, sizeof(*kv));
+    kv->pool = NULL;
+    be_kv_fini(kv);
 }
 
-/* Grows slot's page table to hold n entries; nothing else changes. */
+/* be_kv_copy_fn over the device pool (enqueued on the legacy stream). */
 static wk_err
-be_cuda_kv_grow(be_cuda_kv_slot *s, uint32_t n)
+be_cuda_kv_move(void *arg, uint64_t dst, uint64_t src, size_t bytes)
 {
-    if (n <= s->cap)
-        return WK_OK;
-    uint32_t cap = s->cap ? s->cap : 8;
-    while (cap < n)
-        cap = cap > UINT32_MAX / 2 ? n : cap * 2;
-    uint32_t *p = realloc(s->pages, sizeof(uint32_t) * cap);
-    if (p == NULL)
-        return WK_ENOMEM;
-    s->pages = p;
-    s->cap = cap;
-    return WK_OK;
-}
-
-/* Gives back pages beyond the first keep. */
-static void
-be_cuda_kv_shrink(be_cuda_kv *kv, be_cuda_kv_slot *s, uint32_t keep)
-{
-    while (s->n_pages > keep)
-        kv->free_pages[kv->n_free++] = s->pages[--s->n_pages];
-}
-
-/* Takes pages until the slot holds want (the caller checked n_free and cap). */
-static void
-be_cuda_kv_take(be_cuda_kv *kv, be_cuda_kv_slot *s, uint32_t want)
-{
-    while (s->n_pages < want)
-        s->pages[s->n_pages++] = kv->free_pages[--kv->n_free];
-}
-
-void
-be_cuda_kv_reset(be_cuda_kv *kv, uint32_t slot)
-{
-    if (kv == NULL || kv->slots == NULL || slot >= kv->n_slots)
-        return;
-    be_cuda_kv_slot *s = &kv->slots[slot];
-    be_cuda_kv_shrink(kv, s, 0);
-    s->n_ctx = 0;
-    s->pos0 = 0;
-}
-
-wk_err
-be_cuda_kv_set_ctx(be_cuda_kv *kv, uint32_t slot, uint64_t n_ctx)
-{
-    if (slot >= kv->n_slots || n_ctx > (uint64_t)kv->pages_total * kv->page_tokens ||
-        n_ctx > UINT32_MAX)
-        return WK_EINVAL;
-    be_cuda_kv_slot *s = &kv->slots[slot];
-    const uint32_t want = be_cuda_kv_pages_for(kv, n_ctx);
-    if (want > s->n_pages) {
-        if (want - s->n_pages > kv->n_free)
-            return WK_EQUOTA;
-        if (be_cuda_kv_grow(s, want) != WK_OK)
-            return WK_ENOMEM;
-        be_cuda_kv_take(kv, s, want);
-    } else {
-        be_cuda_kv_shrink(kv, s, want);
-    }
-    s->n_ctx = (uint32_t)n_ctx;
-    s->pos0 = s->n_ctx;
+    uint8_t *pool = arg;
+    WK_CUDA_CHECK(cudaMemcpyAsync(pool + dst, pool + src, bytes, cudaMemcpyDeviceToDevice, NULL),
+                  NULL);
     return WK_OK;
 }
 
 wk_err
-be_cuda_kv_copy(be_cuda_kv *kv, uint32_t dst, uint32_t src)
+be_cuda_kv_copy(be_kv *kv, uint32_t dst, uint32_t src)
 {
-    if (dst >= kv->n_slots || src >= kv->n_slots || dst == src)
-        return WK_EINVAL;
-    be_cuda_kv_slot *sd = &kv->slots[dst];
-    const be_cuda_kv_slot *ss = &kv->slots[src];
-    const uint32_t want = ss->n_pages;
-    if (want > sd->n_pages && want - sd->n_pages > kv->n_free)
-        return WK_EQUOTA;
-    if (be_cuda_kv_grow(sd, want) != WK_OK)
-        return WK_ENOMEM;
-    /* keep dst's first pages, give back or take the difference */
-    if (want > sd->n_pages)
-        be_cuda_kv_take(kv, sd, want);
-    else
-        be_cuda_kv_shrink(kv, sd, want);
-    sd->n_ctx = ss->n_ctx;
-    sd->pos0 = sd->n_ctx;
-    const size_t page_floats = (size_t)kv->page_tokens * kv->tok_floats;
-    for (uint32_t i = 0; i < want; i++) {
-        /* the last page only up to the tokens src holds */
-        size_t toks = i + 1 < want ? kv->page_tokens : ss->n_ctx - (size_t)i * kv->page_tokens;
-        WK_CUDA_CHECK(cudaMemcpyAsync(kv->pool + (size_t)sd->pages[i] * page_floats,
-                                      kv->pool + (size_t)ss->pages[i] * page_floats,
-                                      toks * kv->tok_floats * sizeof(float),
-                                      cudaMemcpyDeviceToDevice, NULL),
-                      NULL);
-    }
+    BE_CUDA_TRY(be_kv_copy(kv, dst, src, be_cuda_kv_move, kv->pool));
     WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
     return WK_OK;
 }
 
-wk_err
-be_cuda_kv_rw(be_cuda_kv *kv, uint32_t slot, uint64_t off, void *buf, size_t len, bool write)
+/* be_kv_rw_fn between the device pool and host memory. */
+static wk_err
+be_cuda_kv_piece(void *arg, uint64_t at, uint8_t *buf, size_t n, bool write)
 {
-    const be_cuda_kv_slot *s = &kv->slots[slot];
-    const uint64_t page_bytes = (uint64_t)kv->page_tokens * kv->tok_floats * sizeof(float);
-    uint8_t *b = buf;
-    while (len > 0) {
-        /* the piece of page pi from byte po: may start and end inside a token */
-        const uint64_t pi = off / page_bytes, po = off % page_bytes;
-        const size_t n = page_bytes - po < len ? (size_t)(page_bytes - po) : len;
-        uint8_t *p = (uint8_t *)kv->pool + (uint64_t)s->pages[pi] * page_bytes + po;
-        if (write)
-            WK_CUDA_CHECK(cudaMemcpy(p, b, n, cudaMemcpyHostToDevice), NULL);
-        else
-            WK_CUDA_CHECK(cudaMemcpy(b, p, n, cudaMemcpyDeviceToHost), NULL);
-        b += n;
-        off += n;
-        len -= n;
-    }
+    uint8_t *p = (uint8_t *)arg + at;
+    if (write)
+        WK_CUDA_CHECK(cudaMemcpy(p, buf, n, cudaMemcpyHostToDevice), NULL);
+    else
+        WK_CUDA_CHECK(cudaMemcpy(buf, p, n, cudaMemcpyDeviceToHost), NULL);
+    return WK_OK;
+}
+
+wk_err
+be_cuda_kv_rw(be_kv *kv, uint32_t slot, uint64_t off, void *buf, size_t len, bool write)
+{
+    BE_CUDA_TRY(be_kv_rw(kv, slot, off, buf, len, write, be_cuda_kv_piece, kv->pool));
     /* pageable host-to-device copies may return before the DMA is done */
     if (write)
         WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
     return WK_OK;
-}
-
-wk_err
-be_cuda_kv_reserve(be_cuda_kv *kv, const be_row *rows, size_t n, wk_diag *d)
-{
-    /* a reset row starts from n_ctx 0: its pages count as given back before any is taken */
-    uint64_t avail = kv->n_free;
-    for (size_t i = 0; i < n; i++)
-        if (rows[i].slot != 0 && rows[i].reset)
-            avail += kv->slots[rows[i].slot].n_pages;
-    uint64_t need = 0;
-    for (size_t i = 0; i < n; i++) {
-        const be_row *r = &rows[i];
-        if (r->slot == 0)
-            continue;
-        const be_cuda_kv_slot *s = &kv->slots[r->slot];
-        const uint64_t ctx = (r->reset ? 0 : (uint64_t)s->n_ctx) + r->n_tokens;
-        if (ctx > UINT32_MAX)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u would hold over %u tokens", i,
-                               r->slot, UINT32_MAX);
-        need += be_cuda_kv_pages_for(kv, ctx) - (r->reset ? 0 : s->n_pages);
-        if (need > avail)
-            return wk_diag_set(d, WK_EQUOTA,
-                               "row %zu: slot %u needs KV pages for %llu tokens; the pool has "
-                               "%llu of %u pages free (%u tokens each) for this step",
-                               i, r->slot, (unsigned long long)ctx, (unsigned long long)avail,
-                               kv->pages_total, kv->page_tokens);
-    }
-    for (size_t i = 0; i < n; i++) {
-        const be_row *r = &rows[i];
-        if (r->slot == 0)
-            continue;
-        be_cuda_kv_slot *s = &kv->slots[r->slot];
-        const uint64_t ctx = (r->reset ? 0 : (uint64_t)s->n_ctx) + r->n_tokens;
-        if (be_cuda_kv_grow(s, be_cuda_kv_pages_for(kv, ctx)) != WK_OK)
-            return wk_diag_set(d, WK_ENOMEM, "row %zu: out of memory for a KV page table", i);
-    }
-    /* nothing can fail from here: the resets' pages go back first, in row order */
-    for (size_t i = 0; i < n; i++)
-        if (rows[i].slot != 0 && rows[i].reset)
-            be_cuda_kv_reset(kv, rows[i].slot);
-    for (size_t i = 0; i < n; i++) {
-        const be_row *r = &rows[i];
-        if (r->slot == 0)
-            continue;
-        be_cuda_kv_slot *s = &kv->slots[r->slot];
-        s->pos0 = s->n_ctx;
-        s->n_ctx += r->n_tokens;
-        be_cuda_kv_take(kv, s, be_cuda_kv_pages_for(kv, s->n_ctx));
-    }
-    return WK_OK;
-}
-
-void
-be_cuda_kv_info(const be_cuda_kv *kv, be_kv_info *out)
-{
-    memset(out, 0, sizeof(*out));
-    if (kv == NULL || kv->pool == NULL)
-        return;
-    out->kv_token_bytes = be_cuda_kv_token_bytes(kv);
-    out->page_tokens = kv->page_tokens;
-    out->pages_total = kv->pages_total;
-    out->pages_free = kv->n_free;
 }

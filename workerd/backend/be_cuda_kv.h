@@ -1,23 +1,13 @@
 /*
- * be_cuda_kv: the CUDA backend's paged KV pool for hybrid models (recurrent
- * layers plus a few full-attention layers; be.h, be_kv_info), the device
- * twin of be_cpu_kv.h.
- *
- * One device allocation of pages_total pages, each page_tokens tokens of
- * tok_floats fp32 values laid out exactly like the slot image's KV part
- * (token-major; what a token holds is the family's business), plus one
- * host-side page table per slot. Slot s holds the first n_ctx tokens of its
- * sequence in ceil(n_ctx / page_tokens) pages; token t lives in page
- * pages[t / page_tokens] at row t % page_tokens. Free pages are a stack
- * (page 0 handed out first), as on the CPU; reused pages are not cleared
- * (only a slot's first n_ctx tokens are ever read).
- *
- * Every operation that can fail checks first and changes nothing on
- * failure (WK_EQUOTA: too few free pages; WK_ENOMEM: a page table could not
- * grow); device copies (be_cuda_kv_copy, be_cuda_kv_rw) run on the legacy
- * default stream and complete before they return. Not thread-safe: the
- * backend's one caller at a time. Never logs, never aborts on bad input.
- * Only the CUDA backend's .c files include this header.
+ * be_cuda_kv: the CUDA backend's side of the paged KV pool for hybrid
+ * models (be_kv.h keeps the page tables, the same for every backend, so
+ * both backends hand out the same pages for the same sequence of
+ * operations): the pool's bytes in one device allocation, and the byte
+ * moves over them. Device copies (be_cuda_kv_copy, be_cuda_kv_rw) run on
+ * the legacy default stream and complete before they return. Not
+ * thread-safe: the backend's one caller at a time. Never logs, never
+ * aborts on bad input. Only the CUDA backend's .c files include this
+ * header.
  */
 #ifndef BE_CUDA_KV_H
 #define BE_CUDA_KV_H
@@ -26,99 +16,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "be.h"
-
-/* One slot's page table (host memory). */
-typedef struct be_cuda_kv_slot {
-    uint32_t n_ctx;   /* tokens held */
-    uint32_t n_pages; /* pages held: ceil(n_ctx / page_tokens) */
-    uint32_t cap;     /* entries allocated in pages */
-    uint32_t *pages;  /* page ids [cap], owned */
-    uint32_t pos0;    /* n_ctx before the current step (be_cuda_kv_reserve) */
-} be_cuda_kv_slot;
-
-typedef struct be_cuda_kv {
-    size_t tok_floats;      /* floats per token */
-    uint32_t page_tokens;   /* tokens per page */
-    uint32_t pages_total;   /* pages in the pool */
-    uint32_t n_free;        /* entries on the free stack */
-    uint32_t *free_pages;   /* free stack [pages_total], host, owned */
-    float *pool;            /* device: pages_total * page_tokens * tok_floats, owned */
-    uint32_t n_slots;       /* slots (incl. the padding slot 0) */
-    be_cuda_kv_slot *slots; /* [n_slots], host, owned */
-} be_cuda_kv;
+#include "be_kv.h"
 
 /*
- * Sets kv up on the current device: n_slots empty slots, pages_total pages
- * of page_tokens tokens of tok_floats floats (all >= 1), the pool allocated
- * (not cleared). WK_EINVAL (a zero size), WK_ENOMEM (host tables, or a size
- * that overflows), WK_EDEVICE (cudaMalloc; the diag gives the bytes); kv is
- * ready for be_cuda_kv_fini either way.
+ * Sets kv up (be_kv_init) on the current device, the pool allocated (not
+ * cleared). WK_EINVAL (a zero size), WK_ENOMEM (host tables, or a size
+ * that overflows), WK_EDEVICE (cudaMalloc; the diag gives the bytes); kv
+ * is ready for be_cuda_kv_fini either way.
  */
-WK_MUST_CHECK wk_err be_cuda_kv_init(be_cuda_kv *kv, uint32_t n_slots, size_t tok_floats,
+WK_MUST_CHECK wk_err be_cuda_kv_init(be_kv *kv, uint32_t n_slots, size_t tok_floats,
                                      uint32_t page_tokens, uint32_t pages_total, wk_diag *d);
 
-/* Frees everything (NULL-safe, and safe on a zeroed or half-built kv). */
-void be_cuda_kv_fini(be_cuda_kv *kv);
-
-/* Pages that n_ctx tokens need. */
-static inline uint32_t
-be_cuda_kv_pages_for(const be_cuda_kv *kv, uint64_t n_ctx)
-{
-    return (uint32_t)((n_ctx + kv->page_tokens - 1) / kv->page_tokens);
-}
-
-/* Bytes of KV per token. */
-static inline uint64_t
-be_cuda_kv_token_bytes(const be_cuda_kv *kv)
-{
-    return (uint64_t)kv->tok_floats * sizeof(float);
-}
-
-/* Frees slot's pages; n_ctx becomes 0. slot < n_slots (else no-op). */
-void be_cuda_kv_reset(be_cuda_kv *kv, uint32_t slot);
+/* Frees the pool and the tables (NULL-safe, and safe on a zeroed or half-built kv). */
+void be_cuda_kv_fini(be_kv *kv);
 
 /*
- * Sets slot's n_ctx, taking pages from or giving them back to the pool
- * (contents of new tokens unspecified). WK_EINVAL (slot out of range, or
- * n_ctx over what the whole pool can hold), WK_EQUOTA, WK_ENOMEM; nothing
- * changed on failure.
+ * be_kv_copy with device copies, complete before it returns. WK_EINVAL,
+ * WK_EQUOTA, WK_ENOMEM (nothing changed), WK_EDEVICE (the page table has
+ * changed, the contents are unspecified).
  */
-WK_MUST_CHECK wk_err be_cuda_kv_set_ctx(be_cuda_kv *kv, uint32_t slot, uint64_t n_ctx);
+WK_MUST_CHECK wk_err be_cuda_kv_copy(be_kv *kv, uint32_t dst, uint32_t src);
 
 /*
- * Makes dst hold a copy of src's tokens (dst's old pages are given back
- * first, so they count as available); the device copies complete before
- * it returns. dst != src, both < n_slots. WK_EINVAL, WK_EQUOTA, WK_ENOMEM
- * (nothing changed), WK_EDEVICE (the page table has changed, the contents
- * are unspecified).
+ * be_kv_rw between the device pool and host memory buf, complete on
+ * return; WK_EDEVICE.
  */
-WK_MUST_CHECK wk_err be_cuda_kv_copy(be_cuda_kv *kv, uint32_t dst, uint32_t src);
-
-/*
- * Reads (write false) or writes len bytes of slot's KV image (token-major,
- * n_ctx * tok_floats * 4 bytes) at byte offset off, page piece by page
- * piece (off may fall inside a token). buf is host memory. The caller has
- * checked off + len against the image size. Complete on return;
- * WK_EDEVICE.
- */
-WK_MUST_CHECK wk_err be_cuda_kv_rw(be_cuda_kv *kv, uint32_t slot, uint64_t off, void *buf,
-                                   size_t len, bool write);
-
-/*
- * A step's pages: every row on a slot other than 0 grows its slot by
- * n_tokens; a reset row (be_row.reset) starts from n_ctx 0, its pages
- * counted as free for the check. Checks that the pool can supply all of
- * them (WK_EQUOTA naming the first row that does not fit; WK_EINVAL when a
- * slot would pass UINT32_MAX tokens; WK_ENOMEM; nothing changed on
- * failure), and only then gives back the reset rows' pages (in row order)
- * and takes the new ones: each slot's pos0 becomes its old n_ctx (0 after
- * a reset), n_ctx the new one. Rows have been validated (slots in range,
- * no duplicates). Host only: no device call.
- */
-WK_MUST_CHECK wk_err be_cuda_kv_reserve(be_cuda_kv *kv, const be_row *rows, size_t n, wk_diag *d);
-
-/* The pool's geometry and occupancy (all zero for NULL or an empty kv). */
-void be_cuda_kv_info(const be_cuda_kv *kv, be_kv_info *out);
+WK_MUST_CHECK wk_err be_cuda_kv_rw(be_kv *kv, uint32_t slot, uint64_t off, void *buf, size_t len,
+                                   bool write);
 
 #endif /* BE_CUDA_KV_H */
