@@ -125,6 +125,24 @@ be_cuda_core_init(be_cuda_core *c, const be_config *cfg, uint32_t V, void *arena
 }
 
 wk_err
+be_cuda_open_sync(wk_diag *d)
+{
+    /* uploads and memsets ran on the legacy stream; the step's stream does not wait for them */
+    cudaError_t ce = cudaDeviceSynchronize();
+    if (ce != cudaSuccess)
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
+    return WK_OK;
+}
+
+void
+be_cuda_free_all(void *const *dev, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (dev[i] != NULL)
+            (void)cudaFree(dev[i]);
+}
+
+wk_err
 be_cuda_core_scratch(be_cuda_core *c, uint32_t max_k, uint32_t max_n, uint32_t head_k, wk_diag *d)
 {
     size_t y2 = 2 * (size_t)c->cap * max_n, act = 2 * (size_t)c->cap * max_k;
@@ -151,9 +169,7 @@ be_cuda_core_fini(be_cuda_core *c)
     if (c->stream != NULL)
         (void)cudaStreamDestroy(c->stream);
     void *dev[] = {c->blas_ws, c->weights, c->act, c->rscale, c->y2, c->dlog, c->dmeta};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-        if (dev[i] != NULL)
-            (void)cudaFree(dev[i]);
+    be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     if (c->hmeta != NULL)
         (void)cudaFreeHost(c->hmeta);
     if (c->hlog != NULL)

@@ -190,6 +190,16 @@ WK_MUST_CHECK wk_err be_cuda_core_init(be_cuda_core *c, const be_config *cfg, ui
 WK_MUST_CHECK wk_err be_cuda_core_scratch(be_cuda_core *c, uint32_t max_k, uint32_t max_n,
                                           uint32_t head_k, wk_diag *d);
 
+/*
+ * The last step of a family's create(): waits for the device, since the
+ * weight uploads and memsets ran on the legacy stream, which the core's
+ * stream does not wait for. WK_EDEVICE ("cuda backend: open: ...").
+ */
+WK_MUST_CHECK wk_err be_cuda_open_sync(wk_diag *d);
+
+/* cudaFree of each non-NULL pointer of dev[0..n-1] (a family's destroy()). */
+void be_cuda_free_all(void *const *dev, size_t n);
+
 /* Waits for the stream and frees everything c holds; safe on a half-set-up or zeroed core. */
 void be_cuda_core_fini(be_cuda_core *c);
 

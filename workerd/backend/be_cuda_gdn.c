@@ -348,9 +348,7 @@ gdn_destroy(void *impl)
     void *dev[] = {c->vecs, c->x,  c->xn, c->qr, c->kr,  c->vr,      c->q,  c->k,
                    c->v,    c->ar, c->br, c->gr, c->o,   c->hg,      c->hu, c->xo,
                    c->aq,   c->ak, c->av, c->ao, c->dkv, c->inv_freq};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-        if (dev[i] != NULL)
-            (void)cudaFree(dev[i]);
+    be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     if (c->hkv != NULL)
         (void)cudaFreeHost(c->hkv);
     be_cuda_kv_fini(&c->kv);
@@ -706,12 +704,8 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
             goto fail;
         c->core.pre_step = gdn_pre_step;
     }
-    /* uploads and the arena's memset ran on the legacy stream; the step's stream does not wait */
-    cudaError_t ce = cudaDeviceSynchronize();
-    if (ce != cudaSuccess) {
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
+    if ((e = be_cuda_open_sync(d)) != WK_OK)
         goto fail;
-    }
     *out = c;
     return WK_OK;
 
