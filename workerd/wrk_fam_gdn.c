@@ -23,6 +23,7 @@
  * Never logs, never aborts on bad input.
  */
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -17,6 +17,7 @@
  * write *view on failure, log.
  */
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

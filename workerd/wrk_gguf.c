@@ -22,6 +22,7 @@
 #include "wrk_gguf.h"
 
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>

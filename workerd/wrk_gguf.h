@@ -18,10 +18,10 @@
 #ifndef WRK_GGUF_H
 #define WRK_GGUF_H
 
-#include <jansson.h>
-
 #include "wk_err.h"
 #include "wk_tensor.h"
+
+struct json_t; /* jansson's json_t, declared only (jansson.h stays in the .c files) */
 
 /*
  * Opens the GGUF file at path. On success *set (free with wk_tensor_set_free();
@@ -39,7 +39,7 @@
  * key), WK_ENOMEM. Other shapes and missing tensors are found by wrk_model
  * and the family under the HF names (see wrk_gguf_diag_names()).
  */
-WK_MUST_CHECK wk_err wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config,
+WK_MUST_CHECK wk_err wrk_gguf_open(const char *path, wk_tensor_set **set, struct json_t **config,
                                    wk_diag *d);
 
 /*
