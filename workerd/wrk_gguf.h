@@ -29,7 +29,7 @@ struct json_t; /* jansson's json_t, declared only (jansson.h stays in the .c fil
  * (json_decref() it) is the config.json that the GGUF metadata implies
  * (rwkv7: model_type, norm_eps from rwkv7.attention.layer_norm_epsilon,
  * tie_word_embeddings false; mamba2: model_type, every dimension from the
- * mamba2.* keys for wrk_fam_mamba2 to check against the shapes,
+ * mamba2.* keys for family/wrk_mamba2.c to check against the shapes,
  * layer_norm_epsilon, tie_word_embeddings when output.weight is absent,
  * use_conv_bias; epsilons as the shortest decimal that rounds to the
  * stored float32); wrk_model uses it when the directory has no

@@ -1,6 +1,6 @@
 /*
  * be_cpu_gdn: the CPU backend's Gated DeltaNet family (be_cpu_gdn_ops;
- * be_cpu_ops in be_cpu_family.c dispatches to it), over the shared
+ * be_cpu_ops in be_cpu.c dispatches to it), over the shared
  * be_cpu_base (arena, step validation, passes, GEMM regions).
  *
  * At open it packs every projection and the head in their stored dtype

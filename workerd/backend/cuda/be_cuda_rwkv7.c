@@ -1,6 +1,6 @@
 /*
  * be_cuda_rwkv7: the RWKV-7 step on a CUDA device, host side. The math and
- * the stage order are the CPU reference's (be_cpu.c); the kernels are in
+ * the stage order are the CPU reference's (be_cpu_rwkv7.c); the kernels are in
  * kernels/k_rwkv7.cu behind the C launchers of kernels/k.h.
  *
  * At creation every weight matrix is copied to the device as stored (BF16,

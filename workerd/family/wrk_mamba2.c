@@ -1,5 +1,5 @@
 /*
- * wrk_fam_mamba2: maps a Mamba2 checkpoint onto wrk_mamba2 (wrk_mamba2.h).
+ * wrk_mamba2: maps a Mamba2 checkpoint onto wrk_mamba2 (wrk_mamba2.h).
  *
  * Accepts the Hugging Face transformers names (backbone.embeddings.weight,
  * lm_head.weight) and the mamba_ssm / state-spaces names

@@ -19,7 +19,7 @@
  * and the state file's tensor table is built from it.
  *
  * RWKV-7 predates this interface and is mapped inside wrk_model.c; the other
- * families live in wrk_fam_<name>.c.
+ * families live in family/wrk_<name>.c (with their view in wrk_<name>.h).
  */
 #ifndef WRK_FAMILY_H
 #define WRK_FAMILY_H
@@ -79,7 +79,7 @@ typedef struct wrk_family {
 WK_MUST_CHECK wk_err wrk_model_use(wrk_model *m, const wk_tensor **field, const char *name,
                                    bool transpose, bool vec, wk_diag *d);
 
-/* Families other than RWKV-7 (wrk_fam_*.c). */
+/* Families other than RWKV-7 (family/wrk_<name>.c). */
 extern const wrk_family wrk_family_mamba2;
 extern const wrk_family wrk_family_gdn;
 

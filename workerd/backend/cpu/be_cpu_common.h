@@ -1,8 +1,8 @@
 /*
  * be_cpu_common: what every family's CPU backend shares.
  *
- * be_cpu_ops (be_cpu_family.c) picks the family implementation at open:
- * be_cpu_rwkv7_ops (be_cpu.c), be_cpu_mamba2_ops, be_cpu_gdn_ops. A family
+ * be_cpu_ops (be_cpu.c) picks the family implementation at open:
+ * be_cpu_rwkv7_ops (be_cpu_rwkv7.c), be_cpu_mamba2_ops, be_cpu_gdn_ops. A family
  * context starts with a be_cpu_base, which owns the thread pool, the slot
  * arena (one fp32 block per slot, in the family's wrk_model_state_layout),
  * the step (the row checks and the split into passes of at most `cap`
@@ -10,7 +10,7 @@
  * GEMM regions. The family supplies one function
  * that runs the whole network over the tokens of the current pass.
  *
- * The same rules as be_cpu.c hold for every family: a row's bits never
+ * The same rules as be_cpu_rwkv7.c hold for every family: a row's bits never
  * depend on the other rows, on how its prefill is split or on the thread
  * count; a refused step changes no slot. Never logs, never aborts.
  */
