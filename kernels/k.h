@@ -144,7 +144,7 @@ int k_rmsnorm_rows(const float *x, const uint32_t *idx, uint32_t n, uint32_t D, 
 int k_swiglu(float *g, const float *u, size_t n, void *stream);
 
 /* ------------------------------------------------------------------------ */
-/* Mamba2 step (k_mamba2.cu); layout and math: workerd/wrk_mamba2.h.        */
+/* Mamba2 step (k_mamba2.cu); layout, math: workerd/family/wrk_mamba2.h.    */
 /* Segments as in k_rwkv7_shift_mix; segments must name distinct slots.     */
 /* ------------------------------------------------------------------------ */
 
@@ -183,7 +183,7 @@ int k_mamba2_gate_norm(float *y, const float *z, size_t ldz, uint32_t T, uint32_
                        const float *w, double eps, void *stream);
 
 /* ------------------------------------------------------------------------ */
-/* Gated DeltaNet step (k_gdn.cu); layout and math: workerd/wrk_gdn.h.      */
+/* Gated DeltaNet step (k_gdn.cu); layout, math: workerd/family/wrk_gdn.h.  */
 /* ------------------------------------------------------------------------ */
 
 /*

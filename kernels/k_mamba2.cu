@@ -15,7 +15,7 @@
 #include "k_launch.cuh"
 
 #define K_M2_CONV_THREADS 128u /* channels per conv block */
-#define K_M2_CONV_MAX_K 64u    /* longest conv kernel (wrk_fam_mamba2.c and the CPU: 64) */
+#define K_M2_CONV_MAX_K 64u    /* longest conv kernel (family/wrk_mamba2.c, the CPU: 64) */
 #define K_M2_SMEM_MAX 49152u   /* dynamic shared memory without an opt-in */
 
 /* grid (ceil(CD / 128), n_segs): one thread per (segment, channel) */

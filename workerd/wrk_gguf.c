@@ -22,6 +22,7 @@
 #include "wrk_gguf.h"
 
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -326,7 +327,7 @@ static const struct {
     (sizeof(wrk_gguf_m2_global_names) / sizeof(wrk_gguf_m2_global_names[0]))
 
 /*
- * The float x with -expf(x) == A, which wrk_fam_mamba2's backends compute
+ * The float x with -expf(x) == A, which the Mamba2 backends compute
  * from A_log: the converter stored A = -exp(A_log) (torch, float32), and
  * this hands the engine an A_log that gives back exactly that A when a float
  * does (expf is monotonic: the floats around logf(-A) are searched), else
@@ -473,7 +474,7 @@ wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **co
         if (o->ndim == 1)
             o->shape[0] = numel;
     }
-    /* every other shape is checked by wrk_fam_mamba2 against these keys */
+    /* every other shape is checked by family/wrk_mamba2.c against these keys */
     json_t *c = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:b}", "model_type", "mamba2",
         "hidden_size", (json_int_t)n_embd, "num_hidden_layers", (json_int_t)n_layer, "state_size",

@@ -18,10 +18,10 @@
 #ifndef WRK_GGUF_H
 #define WRK_GGUF_H
 
-#include <jansson.h>
-
 #include "wk_err.h"
 #include "wk_tensor.h"
+
+struct json_t; /* jansson's json_t, declared only (jansson.h stays in the .c files) */
 
 /*
  * Opens the GGUF file at path. On success *set (free with wk_tensor_set_free();
@@ -29,7 +29,7 @@
  * (json_decref() it) is the config.json that the GGUF metadata implies
  * (rwkv7: model_type, norm_eps from rwkv7.attention.layer_norm_epsilon,
  * tie_word_embeddings false; mamba2: model_type, every dimension from the
- * mamba2.* keys for wrk_fam_mamba2 to check against the shapes,
+ * mamba2.* keys for family/wrk_mamba2.c to check against the shapes,
  * layer_norm_epsilon, tie_word_embeddings when output.weight is absent,
  * use_conv_bias; epsilons as the shortest decimal that rounds to the
  * stored float32); wrk_model uses it when the directory has no
@@ -39,7 +39,7 @@
  * key), WK_ENOMEM. Other shapes and missing tensors are found by wrk_model
  * and the family under the HF names (see wrk_gguf_diag_names()).
  */
-WK_MUST_CHECK wk_err wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config,
+WK_MUST_CHECK wk_err wrk_gguf_open(const char *path, wk_tensor_set **set, struct json_t **config,
                                    wk_diag *d);
 
 /*

@@ -2,7 +2,7 @@
  * wrk_model: loads a model directory into host memory, for any family.
  *
  * RWKV-7 ("x070") is mapped here; other families plug in through
- * wrk_family.h (wrk_fam_*.c) and this module does the generic parts for
+ * family/wrk_family.h (family/wrk_<name>.c) and this module does the generic parts for
  * them: config.json, family detection, the unknown-tensor check, the
  * parameter count, the weights digest, --fp32 and the tokenizer.
  *
@@ -31,6 +31,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

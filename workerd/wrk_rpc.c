@@ -27,12 +27,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "be_nccl.h"
 #include "wk_file.h"
 #include "wk_log.h"
 #include "wk_net.h"
 #include "wk_proto.h"
 #include "wk_sha256.h"
-#include "wrk_nccl.h"
 #include "wrk_sample.h"
 
 #define WRK_MIG_STALE_MS 60000u /* a prepared migration older than its deadline plus this is dropped */
@@ -46,7 +46,7 @@ typedef struct wrk_mig {
     uint32_t chunk;        /* bytes per ncclSend/ncclRecv, 0 = default */
     uint32_t timeout_ms;   /* deadline of each blocking wait, 0 = default */
     uint64_t since_ms;     /* monotonic ms when prepared */
-    wrk_nccl *comm;        /* the pair's communicator, owned */
+    be_nccl *comm;         /* the pair's communicator, owned */
 } wrk_mig;
 
 /* One warm-tier entry: a copy of a slot's bytes in host memory. */
@@ -176,10 +176,10 @@ wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
     }
     if (strcmp(cfg->backend->name, "cuda") == 0) {
         /* Unknown ids stay "": the controller then compares host and ordinal. */
-        if (wrk_nccl_device_ids(cfg->device, w->device_uuid, sizeof(w->device_uuid),
+        if (be_nccl_device_ids(cfg->device, w->device_uuid, sizeof(w->device_uuid),
                                 w->pci_bus_id, sizeof(w->pci_bus_id)) != WK_OK)
             w->device_uuid[0] = w->pci_bus_id[0] = '\0';
-        w->nccl = wrk_nccl_available(cfg->device);
+        w->nccl = be_nccl_available(cfg->device);
     }
     *out = w;
     return WK_OK;
@@ -189,7 +189,7 @@ wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
 static void
 wrk_mig_end(wrk_worker *w, bool abort)
 {
-    wrk_nccl_close(w->mig.comm, abort);
+    be_nccl_close(w->mig.comm, abort);
     memset(&w->mig, 0, sizeof(w->mig));
 }
 
@@ -692,7 +692,7 @@ wrk_handle_migrate_recv(wrk_worker *w, const wk_msg *req)
         if (err == WK_OK && (err = wrk_slot_device_ptr(w, slot, &dev)) != WK_OK)
             wk_diag_set(&d, err, "slot %u has no device address", slot);
         if (err == WK_OK)
-            err = wrk_nccl_recv(w->mig.comm, dev, w->mig.state_bytes, w->mig.chunk,
+            err = be_nccl_recv(w->mig.comm, dev, w->mig.state_bytes, w->mig.chunk,
                                 w->mig.timeout_ms, &d);
         if (err != WK_OK) {
             if (w->mig.id[0] != '\0' && strcmp(w->mig.id, mr->migration_id) == 0)
@@ -718,8 +718,8 @@ static void
 wrk_handle_migrate_nccl_id(wrk_worker *w, const wk_msg *req)
 {
     wk_diag d = {{0}};
-    uint8_t id[WRK_NCCL_ID_LEN];
-    wk_err err = w->nccl ? wrk_nccl_unique_id(id, &d)
+    uint8_t id[BE_NCCL_ID_LEN];
+    wk_err err = w->nccl ? be_nccl_unique_id(id, &d)
                          : wk_diag_set(&d, WK_ENOTSUP, "this worker cannot use NCCL");
     if (err != WK_OK) {
         wrk_reply_status(w, req, WKVM__KIND__MIGRATE_NCCL_ID_REPLY, err, d.msg);
@@ -728,7 +728,7 @@ wrk_handle_migrate_nccl_id(wrk_worker *w, const wk_msg *req)
     Wkvm__MigrateNcclId ni = WKVM__MIGRATE_NCCL_ID__INIT;
     ni.migration_id = req->migrate_nccl_id->migration_id;
     ni.unique_id.data = id;
-    ni.unique_id.len = WRK_NCCL_ID_LEN;
+    ni.unique_id.len = BE_NCCL_ID_LEN;
     wk_msg r = WKVM__ENVELOPE__INIT;
     r.id = req->id;
     r.kind = WKVM__KIND__MIGRATE_NCCL_ID_REPLY;
@@ -754,7 +754,7 @@ wrk_handle_migrate_prepare(wrk_worker *w, const wk_msg *req)
         err = wk_diag_set(&d, WK_ESTATE, "no model loaded");
     else if (!wrk_slot_ok(w, mp->slot))
         err = wk_diag_set(&d, WK_EINVAL, "bad slot %u", mp->slot);
-    else if (mp->nccl_unique_id.len != WRK_NCCL_ID_LEN)
+    else if (mp->nccl_unique_id.len != BE_NCCL_ID_LEN)
         err = wk_diag_set(&d, WK_EINVAL, "an NCCL prepare needs the 128-byte ncclUniqueId");
     else if (w->cfg.backend->slot_size != NULL &&
              w->cfg.backend->slot_size(w->be, mp->slot) != w->cfg.backend->slot_bytes(w->be))
@@ -768,7 +768,7 @@ wrk_handle_migrate_prepare(wrk_worker *w, const wk_msg *req)
     if (err == WK_OK && w->mig.id[0] != '\0') {
         uint64_t age = wrk_now_us() / 1000u - w->mig.since_ms;
         uint64_t limit = (uint64_t)(w->mig.timeout_ms ? w->mig.timeout_ms
-                                                       : WRK_NCCL_TIMEOUT_DEFAULT_MS) +
+                                                       : BE_NCCL_TIMEOUT_DEFAULT_MS) +
                          WRK_MIG_STALE_MS;
         if (age < limit) {
             err = wk_diag_set(&d, WK_EBUSY, "migration %.128s is in progress on this worker",
@@ -781,10 +781,10 @@ wrk_handle_migrate_prepare(wrk_worker *w, const wk_msg *req)
     }
     int device = w->cfg.backend->device_index ? w->cfg.backend->device_index(w->be)
                                               : w->cfg.device;
-    wrk_nccl *comm = NULL;
+    be_nccl *comm = NULL;
     uint64_t t0 = wrk_now_us();
     if (err == WK_OK)
-        err = wrk_nccl_open(mp->nccl_unique_id.data, send ? 0 : 1, device, mp->timeout_ms, &comm,
+        err = be_nccl_open(mp->nccl_unique_id.data, send ? 0 : 1, device, mp->timeout_ms, &comm,
                             &d);
     if (err != WK_OK) {
         wk_log_warn("nccl prepare failed migration=%s role=%s slot=%u peer=%s: %s",
@@ -832,7 +832,7 @@ wrk_handle_migrate_send(wrk_worker *w, const wk_msg *req)
         wk_diag_set(&d, err, "slot %u has no device address", ms->slot);
     uint64_t t0 = wrk_now_us();
     if (err == WK_OK)
-        err = wrk_nccl_send(w->mig.comm, dev, w->mig.state_bytes, w->mig.chunk,
+        err = be_nccl_send(w->mig.comm, dev, w->mig.state_bytes, w->mig.chunk,
                             w->mig.timeout_ms, &d);
     if (err != WK_OK) {
         if (w->mig.id[0] != '\0' && strcmp(w->mig.id, ms->migration_id) == 0)

@@ -1,5 +1,5 @@
 /*
- * GPU suite: the NCCL migration transport (wrk_nccl) between two devices in
+ * GPU suite: the NCCL migration transport (be_nccl) between two devices in
  * one process: two threads, ranks 0 and 1, one device each, join a pair
  * communicator from one ncclUniqueId, and move a 33 MiB slot-sized pattern
  * from device arena to device arena in chunks. Checks the bytes and their
@@ -14,10 +14,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "be_nccl.h"
 #include "gpu_gate.h"
 #include "k.h"
 #include "wk_sha256.h"
-#include "wrk_nccl.h"
 
 #define SLOT_BYTES (33u << 20) /* a slot-sized transfer */
 #define CHUNK (4u << 20)
@@ -55,15 +55,15 @@ static void *
 rank_main(void *p)
 {
     rank_arg *a = p;
-    wrk_nccl *c = NULL;
-    a->err = wrk_nccl_open(a->id, a->rank, a->device, 30000, &c, &a->d);
+    be_nccl *c = NULL;
+    a->err = be_nccl_open(a->id, a->rank, a->device, 30000, &c, &a->d);
     if (a->err != WK_OK)
         return NULL;
     double t0 = now_s();
-    a->err = a->rank == 0 ? wrk_nccl_send(c, a->arena, SLOT_BYTES, CHUNK, 30000, &a->d)
-                          : wrk_nccl_recv(c, a->arena, SLOT_BYTES, CHUNK, 30000, &a->d);
+    a->err = a->rank == 0 ? be_nccl_send(c, a->arena, SLOT_BYTES, CHUNK, 30000, &a->d)
+                          : be_nccl_recv(c, a->arena, SLOT_BYTES, CHUNK, 30000, &a->d);
     a->secs = now_s() - t0;
-    wrk_nccl_close(c, a->err != WK_OK);
+    be_nccl_close(c, a->err != WK_OK);
     /*
      * The first launch after a transfer must succeed: the transfer's polls
      * (cudaStreamQuery answering cudaErrorNotReady) leave nothing behind
@@ -94,10 +94,10 @@ main(void)
         return 77;
     }
     CHECK(ge == WK_OK, "device 1: %s", gd.msg);
-    CHECK(wrk_nccl_available(0) && wrk_nccl_available(1), "NCCL not available");
+    CHECK(be_nccl_available(0) && be_nccl_available(1), "NCCL not available");
     char uuid[2][65], pci[2][65];
     for (int i = 0; i < 2; i++) {
-        CHECK(wrk_nccl_device_ids(i, uuid[i], sizeof(uuid[i]), pci[i], sizeof(pci[i])) == WK_OK,
+        CHECK(be_nccl_device_ids(i, uuid[i], sizeof(uuid[i]), pci[i], sizeof(pci[i])) == WK_OK,
               "device ids of %d", i);
         printf("device %d: %s %s\n", i, uuid[i], pci[i]);
     }
@@ -117,9 +117,9 @@ main(void)
               cudaMemcpy(arena[0], host, SLOT_BYTES, cudaMemcpyHostToDevice) == cudaSuccess,
           "pattern upload");
 
-    uint8_t id[WRK_NCCL_ID_LEN];
+    uint8_t id[BE_NCCL_ID_LEN];
     wk_diag d = {{0}};
-    CHECK(wrk_nccl_unique_id(id, &d) == WK_OK, "unique id: %s", d.msg);
+    CHECK(be_nccl_unique_id(id, &d) == WK_OK, "unique id: %s", d.msg);
     rank_arg ra[2] = {{.rank = 0, .device = 0, .id = id, .arena = arena[0]},
                       {.rank = 1, .device = 1, .id = id, .arena = arena[1]}};
     pthread_t thr[2];
@@ -145,10 +145,10 @@ main(void)
            secs * 1e3, secs > 0 ? (double)SLOT_BYTES / secs / 1e9 : 0.0, h1);
 
     /* A rank whose peer never joins times out and aborts instead of hanging. */
-    CHECK(wrk_nccl_unique_id(id, &d) == WK_OK, "unique id: %s", d.msg);
-    wrk_nccl *lonely = NULL;
+    CHECK(be_nccl_unique_id(id, &d) == WK_OK, "unique id: %s", d.msg);
+    be_nccl *lonely = NULL;
     double t0 = now_s();
-    wk_err err = wrk_nccl_open(id, 1, 1, 1500, &lonely, &d);
+    wk_err err = be_nccl_open(id, 1, 1, 1500, &lonely, &d);
     CHECK(err == WK_ETIMEDOUT, "lonely rank: %d (%s)", (int)err, d.msg);
     CHECK(now_s() - t0 < 10.0, "the timeout took %.1f s", now_s() - t0);
 

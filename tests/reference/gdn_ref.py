@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Independent numpy reference for the Gated DeltaNet (fla `gated_deltanet`) forward.
 
-Written from the math (the fla model's definition, summarised below), not
-from the C backend: float64 throughout, one token at a time, weights read
-exactly as stored (F32 / F16 / BF16 widen without rounding), so a backend
-computing in fp32 on the same weights matches to ~1e-6 relative.
+Written from the math (the fla model's definition, written out below; slot
+layout in docs/FAMILIES.md, "Slot layouts"), not from the C backend: float64
+throughout, one token at a time, weights read exactly as stored (F32 / F16 /
+BF16 widen without rounding), so a backend computing in fp32 on the same
+weights matches to ~1e-6 relative.
 
 Per token, per layer (RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w):
   h = RMSNorm(x)

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """Independent numpy reference for the Mamba2 forward pass.
 
-Written from the math (the Mamba-2 paper's recurrent form, summarised below),
-not from the C backend: float64 throughout, one token at a time, the
-sequential scan. Weights are read exactly as stored (F32, F16 and BF16 widen
-without rounding), so a backend computing in fp32 on the same weights should
-agree to ~1e-6 relative.
+Written from the math (the Mamba-2 paper's recurrent form, written out
+below; slot layout in docs/FAMILIES.md, "Slot layouts"), not from the C
+backend: float64 throughout, one token at a time, the sequential scan.
+Weights are read exactly as stored (F32, F16 and BF16 widen without
+rounding), so a backend computing in fp32 on the same weights should agree
+to ~1e-6 relative.
 
 Per layer, with x the residual stream:
   x += mixer(rmsnorm(x) * norm.weight)

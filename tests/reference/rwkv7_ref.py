@@ -1,10 +1,26 @@
 #!/usr/bin/python3
 """Independent numpy reference for the RWKV-7 ("x070") forward pass.
 
-Written from the RWKV-7 equations (BlinkDL's "x070"), not from the C backend. All
-arithmetic is float64; weights are read exactly as stored (F32, F16, BF16 are
-widened without rounding), so a backend that computes in fp32 on the same
-stored weights should match to ~1e-6 relative.
+Written from the math of BlinkDL's x070 reference model (RWKV-LM, RWKV-v7),
+written out below, not from the C backend. All arithmetic is float64;
+weights are read exactly as stored (F32, F16, BF16 are widened without
+rounding), so a backend that computes in fp32 on the same stored weights
+should match to ~1e-6 relative.
+
+Per token (LN = LayerNorm, x the residual stream, x = LN0(emb[token]) first):
+  time mix of layer i: a = LN1(x); xx = att_shift - a; att_shift = a
+    x_* = a + xx * mu_*   for * in r, w, k, v, a, g
+    r, k, v = Wr x_r, Wk x_k, Wv x_v
+    w = exp(-e^-0.5 sigmoid(w0 + tanh(x_w w1) w2))      (per-channel decay)
+    iclr = sigmoid(a0 + x_a a1 a2);  g = sigmoid(x_g g1) g2
+    kk = L2-normalise per head (k * k_k);  k = k * (1 + (iclr - 1) k_a)
+    layer 0: v_first = v; later: v += (v_first - v) sigmoid(v0 + x_v v1 v2)
+    per head, S [N v, N k]:  S = S diag(w) + (S (-kk)) (kk * iclr)^T + v k^T
+    y = GroupNorm_head(S r) * lnx_w + lnx_b + (sum(r * k * r_k) per head) v
+    x = x + Wo (y * g)
+  channel mix: b = LN2(x); kx = b + (ffn_shift - b) ffn_x_k; ffn_shift = b
+    x = x + ffn_value relu(ffn_key kx)^2
+then logits = head LN_out(x).
 
 Loads a model directory in any layout the worker accepts:
   - Hugging Face (fla rwkv7): config.json + model.safetensors, or
@@ -15,7 +31,8 @@ data); .pth goes through torch.load. Both name conventions are mapped to one
 internal form (BlinkDL orientation, vectors flattened).
 
 State per layer (what a slot holds): att_shift [C], ffn_shift [C],
-wkv [H, N, N] float64 laid out S[h, v_index, k_index].
+wkv [H, N, N] float64 laid out S[h, v_index, k_index] (the slot layout of
+workerd/backend/be.h and docs/STATE_FORMAT.md).
 
 CLI:
   rwkv7_ref.py --model DIR --tokens 1,2,3 [--logits-out F] [--generate N]

@@ -1,6 +1,6 @@
 /*
  * wrk_gdn: the Gated DeltaNet view of a model (fla-hub `gated_deltanet`
- * checkpoints), as wrk_fam_gdn.c maps it and the backends read it.
+ * checkpoints), as wrk_gdn.c maps it and the backends read it.
  *
  * Dimensions: C = hidden_size, H query/key heads of K = head_dim, HV value
  * heads (num_v_heads, a multiple of H: value head j reads key head

@@ -20,7 +20,7 @@
  *
  * Hybrid models (attention layers, wrk_gdn.h): the slot layout lists only
  * the Gated DeltaNet layers (layer l's state at its delta index), and the
- * attention layers' K / V live in a paged device pool (be_cuda_kv.h) of
+ * attention layers' K / V live in a paged device pool (be_kv.h, be_cuda_kv.h) of
  * be_config.kv_pages pages of GDN_KV_PAGE_TOKENS tokens (default, as the
  * CPU: every slot can hold GDN_KV_DEF_CTX tokens at once; unlike the CPU
  * the device memory is allocated at open), handed to be_cuda.c through
@@ -132,7 +132,7 @@ typedef struct be_cuda_gdn {
     double rope_theta;    /* RoPE base */
     float att_scale;      /* Da^-0.5 */
     double *inv_freq;     /* RoPE inverse frequencies [Da / 2], device */
-    be_cuda_kv kv;        /* the KV page pool */
+    be_kv kv;             /* the KV page pool */
     uint32_t *pos_next;   /* next position of each slot in the running step [n_slots], host */
     uint32_t *hkv;        /* pinned pass KV metadata: seg_pos [cap], seg_pg [cap], pages */
     uint32_t *dkv;        /* its device copy [2 cap + pages_total] */
@@ -269,9 +269,9 @@ gdn_kv_meta(be_cuda_gdn *c, wk_diag *d)
     size_t np = 0;
     for (uint32_t s = 0; s < co->n_segs; s++) {
         const uint32_t slot = seg_slot[s];
-        const be_cuda_kv_slot *ks = &c->kv.slots[slot];
+        const be_kv_slot *ks = &c->kv.slots[slot];
         const uint32_t pos = c->pos_next[slot], end = pos + seg_n[s];
-        const uint32_t need = be_cuda_kv_pages_for(&c->kv, end);
+        const uint32_t need = be_kv_pages_for(&c->kv, end);
         if (end > ks->n_ctx || np + need > c->kv.pages_total)
             return wk_diag_set(d, WK_ESTATE,
                                "cuda backend: segment %u: slot %u tokens %u..%u past its %u KV "
@@ -348,9 +348,7 @@ gdn_destroy(void *impl)
     void *dev[] = {c->vecs, c->x,  c->xn, c->qr, c->kr,  c->vr,      c->q,  c->k,
                    c->v,    c->ar, c->br, c->gr, c->o,   c->hg,      c->hu, c->xo,
                    c->aq,   c->ak, c->av, c->ao, c->dkv, c->inv_freq};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-        if (dev[i] != NULL)
-            (void)cudaFree(dev[i]);
+    be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     if (c->hkv != NULL)
         (void)cudaFreeHost(c->hkv);
     be_cuda_kv_fini(&c->kv);
@@ -611,7 +609,7 @@ static wk_err
 gdn_pre_step(void *arg, const be_row *rows, size_t n, wk_diag *d)
 {
     be_cuda_gdn *c = arg;
-    BE_CUDA_TRY(be_cuda_kv_reserve(&c->kv, rows, n, d));
+    BE_CUDA_TRY(be_kv_reserve(&c->kv, rows, n, d));
     for (size_t i = 0; i < n; i++)
         if (rows[i].slot != 0)
             c->pos_next[rows[i].slot] = c->kv.slots[rows[i].slot].pos0;
@@ -706,12 +704,8 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
             goto fail;
         c->core.pre_step = gdn_pre_step;
     }
-    /* uploads and the arena's memset ran on the legacy stream; the step's stream does not wait */
-    cudaError_t ce = cudaDeviceSynchronize();
-    if (ce != cudaSuccess) {
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
+    if ((e = be_cuda_open_sync(d)) != WK_OK)
         goto fail;
-    }
     *out = c;
     return WK_OK;
 
@@ -740,12 +734,12 @@ gdn_describe(const void *impl, char *buf, size_t len)
     if (c->n_attn > 0 && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n,
                  " attn_layers=%u kv_token_bytes=%llu kv_pages=%u page_tokens=%u", c->n_attn,
-                 (unsigned long long)be_cuda_kv_token_bytes(&c->kv), c->kv.pages_total,
+                 (unsigned long long)be_kv_token_bytes(&c->kv), c->kv.pages_total,
                  c->kv.page_tokens);
 }
 
 /* The KV pool of a hybrid model (be_cuda_family.kv), NULL without attention layers. */
-static be_cuda_kv *
+static be_kv *
 gdn_kv(void *impl)
 {
     be_cuda_gdn *c = impl;

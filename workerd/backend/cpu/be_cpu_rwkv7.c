@@ -1,6 +1,6 @@
 /*
- * be_cpu: the CPU backend's RWKV-7 family (be_cpu_rwkv7_ops; be_cpu_ops in
- * be_cpu_family.c dispatches to it), and the numeric reference the other
+ * be_cpu_rwkv7: the CPU backend's RWKV-7 family (be_cpu_rwkv7_ops; be_cpu_ops in
+ * be_cpu.c dispatches to it), and the numeric reference the other
  * backends are checked against.
  *
  * The context starts with a be_cpu_base (be_cpu_common.h), which owns the

@@ -1,6 +1,7 @@
 /*
- * be_cpu_common: the slot arena, step validation, pass splitting and GEMM
- * regions shared by the family CPU backends (see be_cpu_common.h).
+ * be_cpu_common: the slot arena, the step (row checks and pass split are
+ * be_rows.c's) and GEMM regions shared by the family CPU backends (see
+ * be_cpu_common.h).
  */
 #include "be_cpu_common.h"
 
@@ -10,8 +11,6 @@
 #include <string.h>
 
 #define BE_CPU_PASS_TOKENS 256u  /* tokens per pass */
-#define BE_CPU_DEF_ROWS 1024u    /* max_step_rows when the config says 0 */
-#define BE_CPU_DEF_TOKENS 65536u /* max_step_tokens when the config says 0 */
 
 float *
 be_cpu_alloc_f(size_t n)
@@ -33,8 +32,8 @@ be_cpu_base_open(be_cpu_base *b, const be_config *cfg, const wrk_model *m, size_
     b->model = m;
     b->isa = be_cpu_isa_detect();
     b->V = wrk_model_info_get(m)->vocab_size;
-    b->max_rows = cfg->max_step_rows ? cfg->max_step_rows : BE_CPU_DEF_ROWS;
-    b->max_tokens = cfg->max_step_tokens ? cfg->max_step_tokens : BE_CPU_DEF_TOKENS;
+    b->max_rows = cfg->max_step_rows ? cfg->max_step_rows : BE_ROWS_DEF_ROWS;
+    b->max_tokens = cfg->max_step_tokens ? cfg->max_step_tokens : BE_ROWS_DEF_TOKENS;
     b->cap = BE_CPU_PASS_TOKENS;
     const char *pt = getenv("WKVM_CPU_PASS_TOKENS");
     if (pt != NULL) {
@@ -140,61 +139,62 @@ be_cpu_base_slot_write(be_cpu_base *b, uint32_t slot, uint64_t off, const void *
     return WK_OK;
 }
 
-static wk_err
-be_cpu_step_check(be_cpu_base *b, const be_row *rows, size_t n, wk_diag *d)
+/* What the be_rows_pass_ops of be_cpu_base_step get as arg. */
+typedef struct be_cpu_pass_arg {
+    be_cpu_base *b;      /* the context */
+    be_cpu_pass_fn pass; /* the family's network */
+} be_cpu_pass_arg;
+
+/* be_rows_pass_ops.seg: segment s and its tokens into the pass buffers. */
+static void
+be_cpu_pass_seg(void *arg, uint32_t s, const be_rows_seg *sg, const int32_t *tokens)
 {
-    uint64_t total = 0;
-    if (n > b->max_rows)
-        return wk_diag_set(d, WK_ETOOBIG, "step has %zu rows, at most %u", n, b->max_rows);
-    if (n > 0 && rows == NULL)
-        return wk_diag_set(d, WK_EINVAL, "step rows missing");
-    if (++b->mark_gen == 0) {
-        memset(b->slot_mark, 0, sizeof(uint32_t) * b->n_slots);
-        b->mark_gen = 1;
+    be_cpu_base *b = ((be_cpu_pass_arg *)arg)->b;
+    b->segs[s] = *sg;
+    for (uint32_t j = 0; j < sg->n; j++) {
+        b->tok[sg->t0 + j] = tokens[j];
+        b->tseg[sg->t0 + j] = s;
     }
-    for (size_t i = 0; i < n; i++) {
-        const be_row *r = &rows[i];
-        if (r->slot >= b->n_slots)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u outside the arena (%u slots)", i,
-                               r->slot, b->n_slots);
-        if (r->slot != 0) {
-            if (b->slot_mark[r->slot] == b->mark_gen)
-                return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u appears twice in one step",
-                                   i, r->slot);
-            b->slot_mark[r->slot] = b->mark_gen;
-        }
-        if (r->n_tokens == 0 || r->tokens == NULL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: no tokens", i);
-        if (r->logits_mode > BE_LOGITS_ALL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: bad logits_mode %u", i, r->logits_mode);
-        if (r->logits_mode != BE_LOGITS_NONE && r->logits == NULL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: logits requested without a buffer", i);
-        for (uint32_t t = 0; t < r->n_tokens; t++)
-            if (r->tokens[t] < 0 || (uint32_t)r->tokens[t] >= b->V)
-                return wk_diag_set(d, WK_EINVAL, "row %zu: token %d at %u outside vocab %u", i,
-                                   r->tokens[t], t, b->V);
-        total += r->n_tokens;
-    }
-    if (total > b->max_tokens)
-        return wk_diag_set(d, WK_ETOOBIG, "step has %llu tokens, at most %u",
-                           (unsigned long long)total, b->max_tokens);
-    return WK_OK;
 }
 
+/* be_rows_pass_ops.logits: logits row i of the pass. */
 static void
-be_cpu_pass_flush(be_cpu_base *b, be_cpu_pass_fn pass)
+be_cpu_pass_logits(void *arg, uint32_t i, uint32_t pos, float *dst)
 {
-    if (b->T > 0)
-        pass(b);
+    be_cpu_base *b = ((be_cpu_pass_arg *)arg)->b;
+    b->lpos[i] = pos;
+    b->lrows[i] = dst;
+}
+
+/* be_rows_pass_ops.run: the family's network over the pass (cannot fail). */
+static wk_err
+be_cpu_pass_run(void *arg, uint32_t T, uint32_t n_segs, uint32_t n_logits, wk_diag *d)
+{
+    (void)d;
+    be_cpu_pass_arg *pa = arg;
+    be_cpu_base *b = pa->b;
+    b->T = T;
+    b->n_segs = n_segs;
+    b->n_logits = n_logits;
+    pa->pass(b);
     b->T = 0;
     b->n_segs = 0;
     b->n_logits = 0;
+    return WK_OK;
 }
+
+static const be_rows_pass_ops be_cpu_pass_ops = {
+    .seg = be_cpu_pass_seg,
+    .logits = be_cpu_pass_logits,
+    .run = be_cpu_pass_run,
+};
 
 wk_err
 be_cpu_base_step(be_cpu_base *b, be_row *rows, size_t n, be_cpu_pass_fn pass, wk_diag *d)
 {
-    wk_err e = be_cpu_step_check(b, rows, n, d);
+    const be_rows_limits lim = {
+        .n_slots = b->n_slots, .vocab = b->V, .max_rows = b->max_rows, .max_tokens = b->max_tokens};
+    wk_err e = be_rows_check(rows, n, &lim, b->slot_mark, &b->mark_gen, d);
     if (e != WK_OK)
         return e;
     if (b->pre_step != NULL && (e = b->pre_step(b, rows, n, d)) != WK_OK)
@@ -206,46 +206,8 @@ be_cpu_base_step(be_cpu_base *b, be_row *rows, size_t n, be_cpu_pass_fn pass, wk
     b->T = 0;
     b->n_segs = 0;
     b->n_logits = 0;
-    for (size_t i = 0; i < n; i++) {
-        be_row *r = &rows[i];
-        if (r->slot == 0) {
-            if (r->logits_mode == BE_LOGITS_LAST)
-                memset(r->logits, 0, sizeof(float) * b->V);
-            else if (r->logits_mode == BE_LOGITS_ALL)
-                memset(r->logits, 0, sizeof(float) * b->V * r->n_tokens);
-            continue;
-        }
-        uint32_t off = 0;
-        while (off < r->n_tokens) {
-            uint32_t room = b->cap - b->T;
-            uint32_t take = r->n_tokens - off < room ? r->n_tokens - off : room;
-            be_cpu_seg *sg = &b->segs[b->n_segs];
-            sg->row = (uint32_t)i;
-            sg->slot = r->slot;
-            sg->t0 = b->T;
-            sg->n = take;
-            sg->off = off;
-            for (uint32_t j = 0; j < take; j++) {
-                b->tok[b->T + j] = r->tokens[off + j];
-                b->tseg[b->T + j] = b->n_segs;
-                if (r->logits_mode == BE_LOGITS_ALL ||
-                    (r->logits_mode == BE_LOGITS_LAST && off + j == r->n_tokens - 1)) {
-                    b->lpos[b->n_logits] = b->T + j;
-                    b->lrows[b->n_logits] =
-                        r->logits +
-                        (r->logits_mode == BE_LOGITS_ALL ? (size_t)(off + j) * b->V : 0);
-                    b->n_logits++;
-                }
-            }
-            b->n_segs++;
-            b->T += take;
-            off += take;
-            if (b->T == b->cap)
-                be_cpu_pass_flush(b, pass);
-        }
-    }
-    be_cpu_pass_flush(b, pass);
-    return WK_OK;
+    be_cpu_pass_arg pa = {b, pass};
+    return be_rows_split(rows, n, b->cap, b->V, &be_cpu_pass_ops, &pa, d);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -1,5 +1,5 @@
 /*
- * wrk_fam_gdn: the Gated DeltaNet family (flash-linear-attention
+ * wrk_gdn: the Gated DeltaNet family (flash-linear-attention
  * `gated_deltanet` checkpoints) for wrk_model: detection, the mapping of the
  * tensors onto wrk_gdn (wrk_gdn.h), the slot layout and the fingerprint.
  *
@@ -23,6 +23,7 @@
  * Never logs, never aborts on bad input.
  */
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * be_cpu_gdn: the CPU backend's Gated DeltaNet family (be_cpu_gdn_ops;
- * be_cpu_ops in be_cpu_family.c dispatches to it), over the shared
+ * be_cpu_ops in be_cpu.c dispatches to it), over the shared
  * be_cpu_base (arena, step validation, passes, GEMM regions).
  *
  * At open it packs every projection and the head in their stored dtype
@@ -19,7 +19,7 @@
  *
  * Hybrid models (attention layers, wrk_gdn.h): a slot's image is the fixed
  * part above (in the base arena) followed by its KV, token-major, which
- * lives in a be_cpu_kv page pool (be_cpu_kv.h) of be_config.kv_pages pages
+ * lives in a paged pool (be_kv.h, be_cpu_kv.h) of be_config.kv_pages pages
  * of GDN_KV_PAGE_TOKENS tokens (default: enough for every slot to hold
  * GDN_KV_DEF_CTX tokens at once; pool memory is reserved, and only the
  * pages in use are ever touched). A step takes its rows' pages first
@@ -127,7 +127,7 @@ struct be_ctx {
     uint32_t QD, KVD;         /* Hq * Da, Hkv * Da */
     float att_scale;          /* Da^-0.5 */
     double *inv_freq;         /* RoPE theta^(-2i/Da) [Da/2], owned */
-    be_cpu_kv kv;             /* the KV page pool */
+    be_kv kv;                 /* the KV page pool */
     float *aq, *ak, *av, *ao; /* [cap][QD|KVD|KVD|QD] */
     uint32_t *tpos;           /* absolute position of each pass token [cap] */
     uint32_t att_tasks;       /* tasks of the attention region (scratch rows) */
@@ -837,7 +837,7 @@ gdn_pre_step(be_cpu_base *base, const be_row *rows, size_t n, wk_diag *d)
         c->scr = p;
         c->scr_len = len;
     }
-    return be_cpu_kv_reserve(&c->kv, rows, n, d);
+    return be_kv_reserve(&c->kv, rows, n, d);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1217,7 +1217,7 @@ gdn_slot_resize(be_ctx *c, uint32_t slot, uint64_t bytes)
         return bytes == sb ? WK_OK : WK_EINVAL;
     if ((bytes - sb) % tb != 0)
         return WK_EINVAL;
-    return be_cpu_kv_set_ctx(&c->kv, slot, (bytes - sb) / tb);
+    return be_kv_set_ctx(&c->kv, slot, (bytes - sb) / tb);
 }
 
 static void
@@ -1227,7 +1227,7 @@ gdn_kv_info(const be_ctx *c, be_kv_info *out)
         return;
     memset(out, 0, sizeof(*out));
     if (c != NULL && c->n_attn > 0)
-        be_cpu_kv_info(&c->kv, out);
+        be_kv_usage(&c->kv, out);
 }
 
 static wk_err
@@ -1237,7 +1237,7 @@ gdn_slot_reset(be_ctx *c, uint32_t slot)
         return WK_EINVAL;
     wk_err e = be_cpu_base_slot_reset(&c->b, slot);
     if (e == WK_OK && c->n_attn > 0)
-        be_cpu_kv_reset(&c->kv, slot);
+        be_kv_reset(&c->kv, slot);
     return e;
 }
 

@@ -1,5 +1,5 @@
 /*
- * wrk_mamba2: the Mamba2 family view (wrk_fam_mamba2.c maps a checkpoint
+ * wrk_mamba2: the Mamba2 family view (wrk_mamba2.c maps a checkpoint
  * onto it; backends read it through wrk_model_view(m, "mamba2")).
  *
  * Checkpoints: Hugging Face transformers `mamba2` (backbone.embeddings.weight,

@@ -8,10 +8,8 @@
  * matrix as stored: BF16, F16 or F32 in its stored orientation, cuBLAS
  * transposes), the split-halves GEMM (be_cuda_gemm: fp32 compute, 16-bit
  * weights multiplied by the hi + lo 16-bit halves of the fp32 activations),
- * the step's row checks (the CPU backend's errors and messages), the split
- * of a step into passes of at most `cap` tokens exactly as the CPU does
- * (segments: contiguous runs of one slot's tokens; a row longer than the
- * room left continues in the next pass from its slot state) and the logits
+ * the step (row checks and the split into passes of at most `cap` tokens
+ * are be_rows.h's, the same code as the CPU backend's) and the logits
  * copy-back through pinned memory.
  *
  * Only the CUDA backend's .c files include this header. Never logs, never
@@ -91,7 +89,7 @@ be_cuda_handled(cudaError_t ce)
  * checked first, nothing changed on refusal; returns when every state
  * write and logits row is complete). describe() writes a NUL-terminated
  * "key=value ..." line. kv() is optional (NULL: the family serves no
- * hybrid models): the family's paged KV pool (be_cuda_kv.h), borrowed for
+ * hybrid models): the family's paged KV pool (be_kv.h, be_cuda_kv.h), borrowed for
  * impl's life, or NULL when the model has no attention layers; be_cuda.c
  * runs the slot operations on the KV part of a slot image through it.
  */
@@ -102,7 +100,7 @@ typedef struct be_cuda_family {
     void (*destroy)(void *impl);
     wk_err (*step)(void *impl, be_row *rows, size_t n, wk_diag *d);
     void (*describe)(const void *impl, char *buf, size_t len);
-    struct be_cuda_kv *(*kv)(void *impl);
+    struct be_kv *(*kv)(void *impl);
 } be_cuda_family;
 
 extern const be_cuda_family be_cuda_rwkv7_family;  /* be_cuda_rwkv7.c */
@@ -191,6 +189,16 @@ WK_MUST_CHECK wk_err be_cuda_core_init(be_cuda_core *c, const be_config *cfg, ui
  */
 WK_MUST_CHECK wk_err be_cuda_core_scratch(be_cuda_core *c, uint32_t max_k, uint32_t max_n,
                                           uint32_t head_k, wk_diag *d);
+
+/*
+ * The last step of a family's create(): waits for the device, since the
+ * weight uploads and memsets ran on the legacy stream, which the core's
+ * stream does not wait for. WK_EDEVICE ("cuda backend: open: ...").
+ */
+WK_MUST_CHECK wk_err be_cuda_open_sync(wk_diag *d);
+
+/* cudaFree of each non-NULL pointer of dev[0..n-1] (a family's destroy()). */
+void be_cuda_free_all(void *const *dev, size_t n);
 
 /* Waits for the stream and frees everything c holds; safe on a half-set-up or zeroed core. */
 void be_cuda_core_fini(be_cuda_core *c);

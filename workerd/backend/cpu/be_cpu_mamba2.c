@@ -1,6 +1,6 @@
 /*
  * be_cpu_mamba2: the CPU backend's Mamba2 family (be_cpu_mamba2_ops; be_cpu_ops
- * in be_cpu_family.c dispatches to it). Math and slot layout: wrk_mamba2.h.
+ * in be_cpu.c dispatches to it). Math and slot layout: wrk_mamba2.h.
  *
  * At open it packs in_proj, out_proj and the head (the embedding when tied)
  * into column panels in their stored dtype, converts the small tensors to
@@ -144,7 +144,7 @@ m2_stage_conv(void *arg, uint32_t task)
     const uint32_t c0 = (task % c->conv_blocks) * M2_CONV_BLOCK;
     const uint32_t c1 = c0 + M2_CONV_BLOCK < c->CD ? c0 + M2_CONV_BLOCK : c->CD;
     float *state = m2_slot_layer(c, sg->slot, c->layer); /* [CD][K-1] */
-    float win[64];                                       /* K <= 64 (wrk_fam_mamba2.c) */
+    float win[64];                                       /* K <= 64 (family/wrk_mamba2.c) */
 
     for (uint32_t ch = c0; ch < c1; ch++) {
         const float *w = ly->conv_w + (size_t)ch * K;

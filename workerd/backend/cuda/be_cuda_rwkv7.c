@@ -1,6 +1,6 @@
 /*
  * be_cuda_rwkv7: the RWKV-7 step on a CUDA device, host side. The math and
- * the stage order are the CPU reference's (be_cpu.c); the kernels are in
+ * the stage order are the CPU reference's (be_cpu_rwkv7.c); the kernels are in
  * kernels/k_rwkv7.cu behind the C launchers of kernels/k.h.
  *
  * At creation every weight matrix is copied to the device as stored (BF16,
@@ -271,9 +271,7 @@ be_cuda_rwkv7_free(be_cuda_rwkv7 *c)
     be_cuda_core_fini(&c->core); /* waits for the stream first */
     void *dev[] = {c->vecs, c->x,  c->xln, c->mx, c->r,  c->k,  c->v,
                    c->vf,   c->lw, c->la,  c->lv, c->lg, c->hf, c->xo};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-        if (dev[i] != NULL)
-            (void)cudaFree(dev[i]);
+    be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     free(c->layers);
     free(c);
 }
@@ -482,12 +480,8 @@ be_cuda_rwkv7_new(const be_config *cfg, const wrk_rwkv7 *rw, float *arena, uint3
         goto fail;
     if ((e = cu_alloc_scratch(c, d)) != WK_OK)
         goto fail;
-    /* the arena and scratch memsets ran on the legacy stream; the step's stream does not wait */
-    cudaError_t ce = cudaDeviceSynchronize();
-    if (ce != cudaSuccess) {
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
+    if ((e = be_cuda_open_sync(d)) != WK_OK)
         goto fail;
-    }
     *out = c;
     return WK_OK;
 

@@ -1,5 +1,5 @@
 /*
- * wrk_fam_mamba2: maps a Mamba2 checkpoint onto wrk_mamba2 (wrk_mamba2.h).
+ * wrk_mamba2: maps a Mamba2 checkpoint onto wrk_mamba2 (wrk_mamba2.h).
  *
  * Accepts the Hugging Face transformers names (backbone.embeddings.weight,
  * lm_head.weight) and the mamba_ssm / state-spaces names
@@ -17,6 +17,7 @@
  * write *view on failure, log.
  */
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

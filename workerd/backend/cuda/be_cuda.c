@@ -10,7 +10,7 @@
  * WK_ENOTSUP naming the family.
  *
  * Hybrid models (attention layers, kv_token_bytes > 0; be.h, be_kv_info):
- * the family owns a paged device KV pool (be_cuda_kv.h) and hands it out
+ * the family owns a paged device KV pool (be_kv.h, be_cuda_kv.h) and hands it out
  * through be_cuda_family.kv; a family without one refuses such a model at
  * open with WK_ENOTSUP. A slot's image is then its fixed part in the arena
  * followed by its KV, token-major, through the slot's page table: slot_size
@@ -52,7 +52,7 @@ struct be_ctx {
     char dev_name[256];        /* device name (describe) */
     const be_cuda_family *fam; /* the family's step; NULL: none for this family */
     void *impl;                /* fam's step object, owned */
-    be_cuda_kv *kv;            /* hybrid models: fam's KV pool (borrowed from impl); else NULL */
+    be_kv *kv;                 /* hybrid models: fam's KV pool (borrowed from impl); else NULL */
 };
 
 /* The families with a CUDA step. */
@@ -209,7 +209,7 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         if (info->kv_token_bytes > 0) {
             ctx->kv = fam->kv(ctx->impl);
             if (ctx->kv == NULL || ctx->kv->n_slots != ctx->n_slots ||
-                be_cuda_kv_token_bytes(ctx->kv) != info->kv_token_bytes) {
+                be_kv_token_bytes(ctx->kv) != info->kv_token_bytes) {
                 be_cuda_close(ctx);
                 return wk_diag_set(d, WK_EINVAL,
                                    "cuda backend: the %s step's KV pool does not match the "
@@ -256,7 +256,7 @@ be_cuda_slot_reset(be_ctx *ctx, uint32_t slot)
     WK_CUDA_CHECK(cudaMemset(be_cuda_slot_ptr(ctx, slot), 0, ctx->slot_bytes), NULL);
     WK_CUDA_CHECK(cudaStreamSynchronize(NULL), NULL);
     if (ctx->kv != NULL)
-        be_cuda_kv_reset(ctx->kv, slot);
+        be_kv_reset(ctx->kv, slot);
     return WK_OK;
 }
 
@@ -284,7 +284,7 @@ be_cuda_slot_copy(be_ctx *ctx, uint32_t dst, uint32_t src)
 static uint64_t
 be_cuda_kv_tb(const be_ctx *ctx)
 {
-    return ctx->kv != NULL ? be_cuda_kv_token_bytes(ctx->kv) : 0;
+    return ctx->kv != NULL ? be_kv_token_bytes(ctx->kv) : 0;
 }
 
 static uint64_t
@@ -306,7 +306,7 @@ be_cuda_slot_resize(be_ctx *ctx, uint32_t slot, uint64_t bytes)
         return bytes == ctx->slot_bytes ? WK_OK : WK_EINVAL;
     if ((bytes - ctx->slot_bytes) % tb != 0)
         return WK_EINVAL;
-    return be_cuda_kv_set_ctx(ctx->kv, slot, (bytes - ctx->slot_bytes) / tb);
+    return be_kv_set_ctx(ctx->kv, slot, (bytes - ctx->slot_bytes) / tb);
 }
 
 static void
@@ -316,7 +316,7 @@ be_cuda_kv_info_op(const be_ctx *ctx, be_kv_info *out)
         return;
     memset(out, 0, sizeof(*out));
     if (ctx != NULL && ctx->kv != NULL)
-        be_cuda_kv_info(ctx->kv, out);
+        be_kv_usage(ctx->kv, out);
 }
 
 /*

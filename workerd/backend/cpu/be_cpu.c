@@ -1,5 +1,5 @@
 /*
- * be_cpu_family: be_cpu_ops, the CPU backend as the worker sees it. open()
+ * be_cpu: be_cpu_ops, the CPU backend as the worker sees it. open()
  * picks the family implementation from the model (RWKV-7, Mamba2, Gated
  * DeltaNet) and every other call is forwarded to it, so the rest of the
  * worker never knows which family runs. Never logs.

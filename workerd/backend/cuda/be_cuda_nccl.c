@@ -1,12 +1,13 @@
 /*
- * wrk_nccl: NCCL point-to-point slot transfer between two workers' device
- * arenas (see wrk_nccl.h). The only NCCL user in the worker. Communicators
- * are non-blocking (ncclConfig_t.blocking = 0) so that every wait can be
- * polled against a deadline; a deadline that passes, or an asynchronous
- * NCCL error (a dead peer), aborts the communicator. Must never block
- * without a deadline and never logs.
+ * be_cuda_nccl: the CUDA backend's NCCL point-to-point slot transfer
+ * between two workers' device arenas (the be_nccl.h seam); the worker's
+ * only NCCL user, and its CUDA runtime calls are the backend's. The
+ * communicators are non-blocking (ncclConfig_t.blocking = 0) so that every
+ * wait can be polled against a deadline; a deadline that passes, or an
+ * asynchronous NCCL error (a dead peer), aborts the communicator. Must
+ * never block without a deadline and never logs.
  */
-#include "wrk_nccl.h"
+#include "be_nccl.h"
 
 #include <cuda_runtime.h>
 /* nccl.h declares a few functions as f() (third-party header, not ours to fix). */
@@ -19,12 +20,12 @@
 #include <string.h>
 #include <time.h>
 
-_Static_assert(sizeof(ncclUniqueId) == WRK_NCCL_ID_LEN, "ncclUniqueId is 128 bytes");
+_Static_assert(sizeof(ncclUniqueId) == BE_NCCL_ID_LEN, "ncclUniqueId is 128 bytes");
 
-#define WRK_NCCL_POLL_NS 50000L           /* sleep between polls: 50 us */
-#define WRK_NCCL_FINALIZE_MS 5000u        /* deadline of the clean teardown */
+#define BE_NCCL_POLL_NS 50000L           /* sleep between polls: 50 us */
+#define BE_NCCL_FINALIZE_MS 5000u        /* deadline of the clean teardown */
 
-struct wrk_nccl {
+struct be_nccl {
     ncclComm_t comm;     /* two-rank communicator */
     cudaStream_t stream; /* where the sends/receives run */
     int device;          /* CUDA ordinal */
@@ -33,7 +34,7 @@ struct wrk_nccl {
 };
 
 static uint64_t
-wrk_nccl_now_ms(void)
+be_nccl_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -41,15 +42,15 @@ wrk_nccl_now_ms(void)
 }
 
 static void
-wrk_nccl_nap(void)
+be_nccl_nap(void)
 {
-    struct timespec ts = {0, WRK_NCCL_POLL_NS};
+    struct timespec ts = {0, BE_NCCL_POLL_NS};
     nanosleep(&ts, NULL);
 }
 
 /* A runtime failure handled here: clears the runtime's last error, returns ce's message. */
 static const char *
-wrk_nccl_cuda_handled(cudaError_t ce)
+be_nccl_cuda_handled(cudaError_t ce)
 {
     (void)cudaGetLastError();
     return cudaGetErrorString(ce);
@@ -57,7 +58,7 @@ wrk_nccl_cuda_handled(cudaError_t ce)
 
 /* Waits until comm's asynchronous state leaves ncclInProgress or the deadline passes. */
 static ncclResult_t
-wrk_nccl_settle(ncclComm_t comm, uint64_t deadline_ms, bool *timed_out)
+be_nccl_settle(ncclComm_t comm, uint64_t deadline_ms, bool *timed_out)
 {
     ncclResult_t st = ncclInProgress;
     *timed_out = false;
@@ -67,16 +68,16 @@ wrk_nccl_settle(ncclComm_t comm, uint64_t deadline_ms, bool *timed_out)
             return r;
         if (st != ncclInProgress)
             return st;
-        if (wrk_nccl_now_ms() >= deadline_ms) {
+        if (be_nccl_now_ms() >= deadline_ms) {
             *timed_out = true;
             return ncclInProgress;
         }
-        wrk_nccl_nap();
+        be_nccl_nap();
     }
 }
 
 bool
-wrk_nccl_available(int device)
+be_nccl_available(int device)
 {
     int n = 0, version = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -89,7 +90,7 @@ wrk_nccl_available(int device)
 }
 
 wk_err
-wrk_nccl_device_ids(int device, char *uuid, size_t uuid_cap, char *pci, size_t pci_cap)
+be_nccl_device_ids(int device, char *uuid, size_t uuid_cap, char *pci, size_t pci_cap)
 {
     if (uuid_cap > 0)
         uuid[0] = '\0';
@@ -114,28 +115,28 @@ wrk_nccl_device_ids(int device, char *uuid, size_t uuid_cap, char *pci, size_t p
 }
 
 wk_err
-wrk_nccl_unique_id(uint8_t id[WRK_NCCL_ID_LEN], wk_diag *d)
+be_nccl_unique_id(uint8_t id[BE_NCCL_ID_LEN], wk_diag *d)
 {
     ncclUniqueId uid;
     ncclResult_t r = ncclGetUniqueId(&uid);
     if (r != ncclSuccess)
         return wk_diag_set(d, WK_EDEVICE, "ncclGetUniqueId: %s", ncclGetErrorString(r));
-    memcpy(id, uid.internal, WRK_NCCL_ID_LEN);
+    memcpy(id, uid.internal, BE_NCCL_ID_LEN);
     return WK_OK;
 }
 
 wk_err
-wrk_nccl_open(const uint8_t id[WRK_NCCL_ID_LEN], int rank, int device, uint32_t timeout_ms,
-              wrk_nccl **out, wk_diag *d)
+be_nccl_open(const uint8_t id[BE_NCCL_ID_LEN], int rank, int device, uint32_t timeout_ms,
+              be_nccl **out, wk_diag *d)
 {
     if (rank != 0 && rank != 1)
         return wk_diag_set(d, WK_EINVAL, "rank %d: a pair has ranks 0 and 1", rank);
-    uint64_t deadline = wrk_nccl_now_ms() + (timeout_ms ? timeout_ms : WRK_NCCL_TIMEOUT_DEFAULT_MS);
+    uint64_t deadline = be_nccl_now_ms() + (timeout_ms ? timeout_ms : BE_NCCL_TIMEOUT_DEFAULT_MS);
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess)
         return wk_diag_set(d, WK_EDEVICE, "cudaSetDevice(%d): %s", device,
-                           wrk_nccl_cuda_handled(ce));
-    wrk_nccl *c = calloc(1, sizeof(*c));
+                           be_nccl_cuda_handled(ce));
+    be_nccl *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory for an NCCL pair");
     c->device = device;
@@ -143,25 +144,25 @@ wrk_nccl_open(const uint8_t id[WRK_NCCL_ID_LEN], int rank, int device, uint32_t 
     ce = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
         free(c);
-        return wk_diag_set(d, WK_EDEVICE, "cudaStreamCreate: %s", wrk_nccl_cuda_handled(ce));
+        return wk_diag_set(d, WK_EDEVICE, "cudaStreamCreate: %s", be_nccl_cuda_handled(ce));
     }
     ncclUniqueId uid;
-    memcpy(uid.internal, id, WRK_NCCL_ID_LEN);
+    memcpy(uid.internal, id, BE_NCCL_ID_LEN);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&c->comm, 2, uid, rank, &cfg);
     bool timed_out = false;
     if ((r == ncclSuccess || r == ncclInProgress) && c->comm != NULL)
-        r = wrk_nccl_settle(c->comm, deadline, &timed_out);
+        r = be_nccl_settle(c->comm, deadline, &timed_out);
     if (r != ncclSuccess) {
         wk_err err = timed_out ? wk_diag_set(d, WK_ETIMEDOUT, "ncclCommInitRank rank %d: the "
                                              "peer did not join within %u ms", rank,
                                              timeout_ms ? timeout_ms
-                                                        : WRK_NCCL_TIMEOUT_DEFAULT_MS)
+                                                        : BE_NCCL_TIMEOUT_DEFAULT_MS)
                                : wk_diag_set(d, WK_EDEVICE, "ncclCommInitRank rank %d: %s",
                                              rank, ncclGetErrorString(r));
         c->aborted = true;
-        wrk_nccl_close(c, true);
+        be_nccl_close(c, true);
         return err;
     }
     *out = c;
@@ -170,20 +171,20 @@ wrk_nccl_open(const uint8_t id[WRK_NCCL_ID_LEN], int rank, int device, uint32_t 
 
 /* Enqueues the chunks of one direction, then waits for the stream with a deadline. */
 static wk_err
-wrk_nccl_move(wrk_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t timeout_ms,
+be_nccl_move(be_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t timeout_ms,
               bool send, wk_diag *d)
 {
     const char *what = send ? "ncclSend" : "ncclRecv";
     if (c == NULL || c->aborted)
         return wk_diag_set(d, WK_ESTATE, "%s on an aborted communicator", what);
-    uint32_t ms = timeout_ms ? timeout_ms : WRK_NCCL_TIMEOUT_DEFAULT_MS;
-    uint64_t deadline = wrk_nccl_now_ms() + ms;
-    uint64_t step = chunk ? chunk : WRK_NCCL_CHUNK_DEFAULT;
+    uint32_t ms = timeout_ms ? timeout_ms : BE_NCCL_TIMEOUT_DEFAULT_MS;
+    uint64_t deadline = be_nccl_now_ms() + ms;
+    uint64_t step = chunk ? chunk : BE_NCCL_CHUNK_DEFAULT;
     int peer = 1 - c->rank;
     cudaError_t ce = cudaSetDevice(c->device);
     if (ce != cudaSuccess)
         return wk_diag_set(d, WK_EDEVICE, "cudaSetDevice(%d): %s", c->device,
-                           wrk_nccl_cuda_handled(ce));
+                           be_nccl_cuda_handled(ce));
     bool timed_out = false;
     ncclResult_t r = ncclSuccess;
     for (uint64_t off = 0; off < len && r == ncclSuccess; off += step) {
@@ -192,7 +193,7 @@ wrk_nccl_move(wrk_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t tim
         r = send ? ncclSend(p, n, ncclUint8, peer, c->comm, c->stream)
                  : ncclRecv(p, n, ncclUint8, peer, c->comm, c->stream);
         if (r == ncclInProgress)
-            r = wrk_nccl_settle(c->comm, deadline, &timed_out);
+            r = be_nccl_settle(c->comm, deadline, &timed_out);
     }
     /*
      * Wait for the stream, watching for asynchronous errors (a dead peer).
@@ -215,12 +216,12 @@ wrk_nccl_move(wrk_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t tim
         r = ncclCommGetAsyncError(c->comm, &st);
         if (r == ncclSuccess && st != ncclSuccess && st != ncclInProgress)
             r = st;
-        if (r == ncclSuccess && wrk_nccl_now_ms() >= deadline) {
+        if (r == ncclSuccess && be_nccl_now_ms() >= deadline) {
             timed_out = true;
             r = ncclInProgress;
         }
         if (r == ncclSuccess)
-            wrk_nccl_nap();
+            be_nccl_nap();
     }
     if (r == ncclSuccess)
         return WK_OK;
@@ -236,21 +237,21 @@ wrk_nccl_move(wrk_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t tim
 }
 
 wk_err
-wrk_nccl_send(wrk_nccl *c, const void *buf, uint64_t len, uint32_t chunk, uint32_t timeout_ms,
+be_nccl_send(be_nccl *c, const void *buf, uint64_t len, uint32_t chunk, uint32_t timeout_ms,
               wk_diag *d)
 {
-    return wrk_nccl_move(c, (void *)buf, len, chunk, timeout_ms, true, d);
+    return be_nccl_move(c, (void *)buf, len, chunk, timeout_ms, true, d);
 }
 
 wk_err
-wrk_nccl_recv(wrk_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t timeout_ms,
+be_nccl_recv(be_nccl *c, void *buf, uint64_t len, uint32_t chunk, uint32_t timeout_ms,
               wk_diag *d)
 {
-    return wrk_nccl_move(c, buf, len, chunk, timeout_ms, false, d);
+    return be_nccl_move(c, buf, len, chunk, timeout_ms, false, d);
 }
 
 void
-wrk_nccl_close(wrk_nccl *c, bool abort)
+be_nccl_close(be_nccl *c, bool abort)
 {
     if (c == NULL)
         return;
@@ -261,7 +262,7 @@ wrk_nccl_close(wrk_nccl *c, bool abort)
             bool timed_out = false;
             ncclResult_t r = ncclCommFinalize(c->comm);
             if (r == ncclSuccess || r == ncclInProgress)
-                r = wrk_nccl_settle(c->comm, wrk_nccl_now_ms() + WRK_NCCL_FINALIZE_MS,
+                r = be_nccl_settle(c->comm, be_nccl_now_ms() + BE_NCCL_FINALIZE_MS,
                                     &timed_out);
             if (r == ncclSuccess) {
                 ncclResult_t dr = ncclCommDestroy(c->comm);

@@ -144,9 +144,7 @@ m2_destroy(void *impl)
         return;
     be_cuda_core_fini(&c->core); /* waits for the stream first */
     void *dev[] = {c->vecs, c->x, c->xn, c->proj, c->xbc, c->y, c->xo};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-        if (dev[i] != NULL)
-            (void)cudaFree(dev[i]);
+    be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     free(c->layers);
     free(c);
 }
@@ -341,12 +339,8 @@ m2_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slo
         (e = m2_upload_mats(c, v, d)) != WK_OK || (e = m2_upload_vecs(c, v, d)) != WK_OK ||
         (e = m2_alloc_scratch(c, d)) != WK_OK)
         goto fail;
-    /* uploads and the arena's memset ran on the legacy stream; the step's stream does not wait */
-    cudaError_t ce = cudaDeviceSynchronize();
-    if (ce != cudaSuccess) {
-        e = wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
+    if ((e = be_cuda_open_sync(d)) != WK_OK)
         goto fail;
-    }
     *out = c;
     return WK_OK;
 

@@ -19,17 +19,22 @@
  * and the state file's tensor table is built from it.
  *
  * RWKV-7 predates this interface and is mapped inside wrk_model.c; the other
- * families live in wrk_fam_<name>.c.
+ * families live in family/wrk_<name>.c (with their view in wrk_<name>.h).
  */
 #ifndef WRK_FAMILY_H
 #define WRK_FAMILY_H
 
-#include <jansson.h>
 #include <stdbool.h>
 
 #include "wk_err.h"
 #include "wk_tensor.h"
 #include "wrk_model.h"
+
+/*
+ * A parsed config.json object (jansson's json_t, declared only: jansson.h
+ * stays inside the .c files that read it).
+ */
+struct json_t;
 
 typedef struct wrk_family {
     const char *name; /* reported as wrk_model_info.family ("mamba2") */
@@ -47,8 +52,8 @@ typedef struct wrk_family {
      * and calls wrk_model_use() for every tensor it will read. Returns WK_OK;
      * WK_EINVAL with a diag naming the tensor or config key; WK_ENOMEM.
      */
-    wk_err (*map)(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **view,
-                  wrk_model_info *info, wk_diag *d);
+    wk_err (*map)(wrk_model *m, const wk_tensor_set *set, const struct json_t *config,
+                  void **view, wrk_model_info *info, wk_diag *d);
 
     /* Frees a view (NULL-safe). */
     void (*free_view)(void *view);
@@ -74,7 +79,7 @@ typedef struct wrk_family {
 WK_MUST_CHECK wk_err wrk_model_use(wrk_model *m, const wk_tensor **field, const char *name,
                                    bool transpose, bool vec, wk_diag *d);
 
-/* Families other than RWKV-7 (wrk_fam_*.c). */
+/* Families other than RWKV-7 (family/wrk_<name>.c). */
 extern const wrk_family wrk_family_mamba2;
 extern const wrk_family wrk_family_gdn;
 
@@ -83,12 +88,12 @@ extern const wrk_family wrk_family_gdn;
  * member is absent or config is NULL. A present member of the wrong type
  * fails with WK_EINVAL naming the key.
  */
-WK_MUST_CHECK wk_err wrk_config_u32(const json_t *config, const char *key, uint32_t def,
+WK_MUST_CHECK wk_err wrk_config_u32(const struct json_t *config, const char *key, uint32_t def,
                                     uint32_t *out, wk_diag *d);
-WK_MUST_CHECK wk_err wrk_config_f64(const json_t *config, const char *key, double def, double *out,
-                                    wk_diag *d);
-WK_MUST_CHECK wk_err wrk_config_bool(const json_t *config, const char *key, bool def, bool *out,
-                                     wk_diag *d);
+WK_MUST_CHECK wk_err wrk_config_f64(const struct json_t *config, const char *key, double def,
+                                    double *out, wk_diag *d);
+WK_MUST_CHECK wk_err wrk_config_bool(const struct json_t *config, const char *key, bool def,
+                                     bool *out, wk_diag *d);
 
 /*
  * Parses the layer number of a tensor name at s, "<digits>." with no leading

@@ -1,15 +1,16 @@
 /*
  * be_cpu_common: what every family's CPU backend shares.
  *
- * be_cpu_ops (be_cpu_family.c) picks the family implementation at open:
- * be_cpu_rwkv7_ops (be_cpu.c), be_cpu_mamba2_ops, be_cpu_gdn_ops. A family
+ * be_cpu_ops (be_cpu.c) picks the family implementation at open:
+ * be_cpu_rwkv7_ops (be_cpu_rwkv7.c), be_cpu_mamba2_ops, be_cpu_gdn_ops. A family
  * context starts with a be_cpu_base, which owns the thread pool, the slot
  * arena (one fp32 block per slot, in the family's wrk_model_state_layout),
- * the step's validation, the split of a step into passes of at most `cap`
- * tokens, and the parallel GEMM regions. The family supplies one function
+ * the step (the row checks and the split into passes of at most `cap`
+ * tokens are be_rows.h's, shared with the CUDA backend), and the parallel
+ * GEMM regions. The family supplies one function
  * that runs the whole network over the tokens of the current pass.
  *
- * The same rules as be_cpu.c hold for every family: a row's bits never
+ * The same rules as be_cpu_rwkv7.c hold for every family: a row's bits never
  * depend on the other rows, on how its prefill is split or on the thread
  * count; a refused step changes no slot. Never logs, never aborts.
  */
@@ -21,6 +22,7 @@
 
 #include "be.h"
 #include "be_cpu_kernels.h"
+#include "be_rows.h"
 
 #define BE_CPU_MAX_JOBS 8 /* GEMMs in one parallel region */
 
@@ -29,14 +31,8 @@ extern const be_ops be_cpu_rwkv7_ops;
 extern const be_ops be_cpu_mamba2_ops;
 extern const be_ops be_cpu_gdn_ops;
 
-/* One contiguous run of a row's tokens inside a pass. */
-typedef struct be_cpu_seg {
-    uint32_t row;  /* index into the step's rows */
-    uint32_t slot; /* arena slot */
-    uint32_t t0;   /* first token's index in the pass buffers */
-    uint32_t n;    /* tokens */
-    uint32_t off;  /* index of the first token within the row */
-} be_cpu_seg;
+/* One contiguous run of a row's tokens inside a pass (be_rows.h). */
+typedef be_rows_seg be_cpu_seg;
 
 typedef struct be_cpu_job {
     const be_cpu_mat *w; /* weights */
@@ -61,7 +57,7 @@ typedef struct be_cpu_base be_cpu_base;
  * before any pass, with the same rows; a refusal (its wk_err, diag naming
  * the row) refuses the whole step, so it must change nothing when it fails
  * (hybrid models take their KV pages here, giving back a reset row's pages
- * first: be_cpu_kv_reserve). The slots' fixed parts are still untouched
+ * first: be_kv_reserve). The slots' fixed parts are still untouched
  * when it runs; be_cpu_base_step zeroes the reset rows' after it succeeds.
  */
 typedef wk_err (*be_cpu_pre_step_fn)(be_cpu_base *b, const be_row *rows, size_t n, wk_diag *d);

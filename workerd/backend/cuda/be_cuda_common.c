@@ -1,9 +1,9 @@
 /*
  * be_cuda_common: the shared core of the CUDA family steps (stream, cuBLAS,
  * weight block, split-halves GEMM, row checks, pass segmentation, logits
- * copy-back); see be_cuda_common.h. The segmentation and the checks are
- * the CPU backend's (be_cpu_common.c), so a step is refused with the same
- * error and message on both backends and cut into the same passes.
+ * copy-back); see be_cuda_common.h. The row checks and the segmentation
+ * are be_rows.c's, shared with the CPU backend, so a step is refused with
+ * the same error and message on both backends and cut into the same passes.
  *
  * Must never: log, abort on bad input, or make a device call (a reset
  * row's memset included) before every row of a step has been checked.
@@ -14,13 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "be_rows.h"
 #include "k.h"
 
 #define CU_PASS_TOKENS 512u      /* tokens per pass by default */
 #define CU_PASS_TOKENS_MAX 4096u /* WKVM_CUDA_PASS_TOKENS upper bound */
 #define CU_LOGIT_ROWS 64u        /* logits rows per head GEMM (bounds the staging) */
-#define CU_DEF_ROWS 1024u        /* max_step_rows when the config says 0 */
-#define CU_DEF_TOKENS 65536u     /* max_step_tokens when the config says 0 */
 #define CU_WORKSPACE (32u << 20) /* cuBLAS workspace bytes (fixed: deterministic) */
 #define CU_ALIGN 256u            /* device offset alignment of each matrix */
 
@@ -77,8 +76,8 @@ be_cuda_core_init(be_cuda_core *c, const be_config *cfg, uint32_t V, void *arena
     c->arena = arena;
     c->n_slots = n_slots;
     c->slot_bytes = slot_bytes;
-    c->max_rows = cfg->max_step_rows ? cfg->max_step_rows : CU_DEF_ROWS;
-    c->max_tokens = cfg->max_step_tokens ? cfg->max_step_tokens : CU_DEF_TOKENS;
+    c->max_rows = cfg->max_step_rows ? cfg->max_step_rows : BE_ROWS_DEF_ROWS;
+    c->max_tokens = cfg->max_step_tokens ? cfg->max_step_tokens : BE_ROWS_DEF_TOKENS;
     c->cap = CU_PASS_TOKENS;
     const char *pt = getenv("WKVM_CUDA_PASS_TOKENS"); /* tuning and tests: 1..4096 */
     if (pt != NULL && atoi(pt) >= 1 && atoi(pt) <= (int)CU_PASS_TOKENS_MAX)
@@ -126,6 +125,24 @@ be_cuda_core_init(be_cuda_core *c, const be_config *cfg, uint32_t V, void *arena
 }
 
 wk_err
+be_cuda_open_sync(wk_diag *d)
+{
+    /* uploads and memsets ran on the legacy stream; the step's stream does not wait for them */
+    cudaError_t ce = cudaDeviceSynchronize();
+    if (ce != cudaSuccess)
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: open: %s", be_cuda_handled(ce));
+    return WK_OK;
+}
+
+void
+be_cuda_free_all(void *const *dev, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (dev[i] != NULL)
+            (void)cudaFree(dev[i]);
+}
+
+wk_err
 be_cuda_core_scratch(be_cuda_core *c, uint32_t max_k, uint32_t max_n, uint32_t head_k, wk_diag *d)
 {
     size_t y2 = 2 * (size_t)c->cap * max_n, act = 2 * (size_t)c->cap * max_k;
@@ -152,9 +169,7 @@ be_cuda_core_fini(be_cuda_core *c)
     if (c->stream != NULL)
         (void)cudaStreamDestroy(c->stream);
     void *dev[] = {c->blas_ws, c->weights, c->act, c->rscale, c->y2, c->dlog, c->dmeta};
-    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-        if (dev[i] != NULL)
-            (void)cudaFree(dev[i]);
+    be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     if (c->hmeta != NULL)
         (void)cudaFreeHost(c->hmeta);
     if (c->hlog != NULL)
@@ -273,48 +288,6 @@ be_cuda_gemm(be_cuda_core *c, const be_cuda_mat *w, const float *x, uint32_t T, 
 /* step                                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* The CPU backend's row checks: same order, same errors, same messages. */
-static wk_err
-cu_step_check(be_cuda_core *c, const be_row *rows, size_t n, wk_diag *d)
-{
-    uint64_t total = 0;
-    if (n > c->max_rows)
-        return wk_diag_set(d, WK_ETOOBIG, "step has %zu rows, at most %u", n, c->max_rows);
-    if (n > 0 && rows == NULL)
-        return wk_diag_set(d, WK_EINVAL, "step rows missing");
-    if (++c->mark_gen == 0) {
-        memset(c->slot_mark, 0, sizeof(uint32_t) * c->n_slots);
-        c->mark_gen = 1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const be_row *r = &rows[i];
-        if (r->slot >= c->n_slots)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u outside the arena (%u slots)", i,
-                               r->slot, c->n_slots);
-        if (r->slot != 0) {
-            if (c->slot_mark[r->slot] == c->mark_gen)
-                return wk_diag_set(d, WK_EINVAL, "row %zu: slot %u appears twice in one step", i,
-                                   r->slot);
-            c->slot_mark[r->slot] = c->mark_gen;
-        }
-        if (r->n_tokens == 0 || r->tokens == NULL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: no tokens", i);
-        if (r->logits_mode > BE_LOGITS_ALL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: bad logits_mode %u", i, r->logits_mode);
-        if (r->logits_mode != BE_LOGITS_NONE && r->logits == NULL)
-            return wk_diag_set(d, WK_EINVAL, "row %zu: logits requested without a buffer", i);
-        for (uint32_t t = 0; t < r->n_tokens; t++)
-            if (r->tokens[t] < 0 || (uint32_t)r->tokens[t] >= c->V)
-                return wk_diag_set(d, WK_EINVAL, "row %zu: token %d at %u outside vocab %u", i,
-                                   r->tokens[t], t, c->V);
-        total += r->n_tokens;
-    }
-    if (total > c->max_tokens)
-        return wk_diag_set(d, WK_ETOOBIG, "step has %llu tokens, at most %u",
-                           (unsigned long long)total, c->max_tokens);
-    return WK_OK;
-}
-
 /* Copies the pass's metadata to the device, runs it and waits for it. */
 static wk_err
 cu_pass_run(be_cuda_core *c, be_cuda_pass_fn pass, void *arg, wk_diag *d)
@@ -328,68 +301,67 @@ cu_pass_run(be_cuda_core *c, be_cuda_pass_fn pass, void *arg, wk_diag *d)
     return WK_OK;
 }
 
-static wk_err
-cu_step_rows(be_cuda_core *c, be_row *rows, size_t n, be_cuda_pass_fn pass, void *arg, wk_diag *d)
+/* What the be_rows_pass_ops of be_cuda_core_step get as arg. */
+typedef struct cu_pass_arg {
+    be_cuda_core *c;      /* the core */
+    be_cuda_pass_fn pass; /* the family's network */
+    void *arg;            /* pass's argument */
+} cu_pass_arg;
+
+/* be_rows_pass_ops.seg: segment s and its tokens into the pinned pass metadata. */
+static void
+cu_pass_seg(void *arg, uint32_t s, const be_rows_seg *sg, const int32_t *tokens)
 {
+    be_cuda_core *c = ((cu_pass_arg *)arg)->c;
     const size_t cap = c->cap;
     uint32_t *tok = c->hmeta + BE_CUDA_M_TOK * cap, *tseg = c->hmeta + BE_CUDA_M_TSEG * cap;
-    uint32_t *seg_t0 = c->hmeta + BE_CUDA_M_SEG_T0 * cap;
-    uint32_t *seg_n = c->hmeta + BE_CUDA_M_SEG_N * cap;
-    uint32_t *seg_slot = c->hmeta + BE_CUDA_M_SEG_SLOT * cap;
-    uint32_t *lpos = c->hmeta + BE_CUDA_M_LPOS * cap;
+    c->hmeta[BE_CUDA_M_SEG_T0 * cap + s] = sg->t0;
+    c->hmeta[BE_CUDA_M_SEG_N * cap + s] = sg->n;
+    c->hmeta[BE_CUDA_M_SEG_SLOT * cap + s] = sg->slot;
+    for (uint32_t j = 0; j < sg->n; j++) {
+        tok[sg->t0 + j] = (uint32_t)tokens[j];
+        tseg[sg->t0 + j] = s;
+    }
+}
+
+/* be_rows_pass_ops.logits: logits row i of the pass. */
+static void
+cu_pass_logits(void *arg, uint32_t i, uint32_t pos, float *dst)
+{
+    be_cuda_core *c = ((cu_pass_arg *)arg)->c;
+    c->hmeta[BE_CUDA_M_LPOS * (size_t)c->cap + i] = pos;
+    c->lrows[i] = dst;
+}
+
+/* be_rows_pass_ops.run: the family's network over the pass, waited for. */
+static wk_err
+cu_pass_split_run(void *arg, uint32_t T, uint32_t n_segs, uint32_t n_logits, wk_diag *d)
+{
+    cu_pass_arg *pa = arg;
+    be_cuda_core *c = pa->c;
+    c->T = T;
+    c->n_segs = n_segs;
+    c->n_logits = n_logits;
+    BE_CUDA_TRY(cu_pass_run(c, pa->pass, pa->arg, d));
     c->T = 0;
     c->n_segs = 0;
     c->n_logits = 0;
-    for (size_t i = 0; i < n; i++) {
-        be_row *r = &rows[i];
-        if (r->slot == 0) {
-            /* padding: skipped; its logits are zeros */
-            if (r->logits_mode == BE_LOGITS_LAST)
-                memset(r->logits, 0, sizeof(float) * c->V);
-            else if (r->logits_mode == BE_LOGITS_ALL)
-                memset(r->logits, 0, sizeof(float) * c->V * r->n_tokens);
-            continue;
-        }
-        uint32_t off = 0;
-        while (off < r->n_tokens) {
-            const uint32_t room = c->cap - c->T;
-            const uint32_t take = r->n_tokens - off < room ? r->n_tokens - off : room;
-            seg_t0[c->n_segs] = c->T;
-            seg_n[c->n_segs] = take;
-            seg_slot[c->n_segs] = r->slot;
-            for (uint32_t j = 0; j < take; j++) {
-                tok[c->T + j] = (uint32_t)r->tokens[off + j];
-                tseg[c->T + j] = c->n_segs;
-                if (r->logits_mode == BE_LOGITS_ALL ||
-                    (r->logits_mode == BE_LOGITS_LAST && off + j == r->n_tokens - 1)) {
-                    lpos[c->n_logits] = c->T + j;
-                    c->lrows[c->n_logits] =
-                        r->logits +
-                        (r->logits_mode == BE_LOGITS_ALL ? (size_t)(off + j) * c->V : 0);
-                    c->n_logits++;
-                }
-            }
-            c->n_segs++;
-            c->T += take;
-            off += take;
-            if (c->T == c->cap) {
-                BE_CUDA_TRY(cu_pass_run(c, pass, arg, d));
-                c->T = 0;
-                c->n_segs = 0;
-                c->n_logits = 0;
-            }
-        }
-    }
-    if (c->T > 0)
-        BE_CUDA_TRY(cu_pass_run(c, pass, arg, d));
     return WK_OK;
 }
+
+static const be_rows_pass_ops cu_pass_ops = {
+    .seg = cu_pass_seg,
+    .logits = cu_pass_logits,
+    .run = cu_pass_split_run,
+};
 
 wk_err
 be_cuda_core_step(be_cuda_core *c, be_row *rows, size_t n, be_cuda_pass_fn pass, void *arg,
                   wk_diag *d)
 {
-    wk_err e = cu_step_check(c, rows, n, d);
+    const be_rows_limits lim = {
+        .n_slots = c->n_slots, .vocab = c->V, .max_rows = c->max_rows, .max_tokens = c->max_tokens};
+    wk_err e = be_rows_check(rows, n, &lim, c->slot_mark, &c->mark_gen, d);
     if (e != WK_OK)
         return e;
     if (c->pre_step != NULL && (e = c->pre_step(arg, rows, n, d)) != WK_OK)
@@ -405,8 +377,13 @@ be_cuda_core_step(be_cuda_core *c, be_row *rows, size_t n, be_cuda_pass_fn pass,
             e = wk_diag_set(d, WK_EDEVICE, "cuda backend: row %zu: slot %u reset: %s", i,
                             rows[i].slot, be_cuda_handled(ce));
     }
-    if (e == WK_OK)
-        e = cu_step_rows(c, rows, n, pass, arg, d);
+    if (e == WK_OK) {
+        cu_pass_arg pa = {c, pass, arg};
+        c->T = 0;
+        c->n_segs = 0;
+        c->n_logits = 0;
+        e = be_rows_split(rows, n, c->cap, c->V, &cu_pass_ops, &pa, d);
+    }
     if (e != WK_OK)
         (void)cudaStreamSynchronize(c->stream); /* drain what was enqueued; the error stands */
     c->T = 0;
