@@ -569,31 +569,17 @@ gdn_map_tensor(const gdn_spec *sp, const uint32_t dim[], uint32_t W, const wk_te
     return wk_diag_set(d, WK_EINVAL, "%s: internal: unknown spec", name);
 }
 
+/* The embedding and the layer count, checked against config.json. */
 static wk_err
-gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out,
-        wrk_model_info *info, wk_diag *d)
+gdn_map_embd(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, wk_diag *d)
 {
-    char name[256];
-    wk_err e;
-    uint32_t dim[GDN_N_DIMS];
-    gdn_view *v = calloc(1, sizeof(*v));
-    if (v == NULL)
-        return wk_diag_set(d, WK_ENOMEM, "out of memory");
-    wrk_gdn *g = &v->g;
-
-    if ((e = gdn_read_switches(config, g, d)) != WK_OK)
-        goto fail;
-
     const wk_tensor *emb = wk_tensor_set_find(set, "model.embeddings.weight");
-    if (emb == NULL) {
-        e = wk_diag_set(d, WK_EINVAL, "model.embeddings.weight: missing");
-        goto fail;
-    }
+    if (emb == NULL)
+        return wk_diag_set(d, WK_EINVAL, "model.embeddings.weight: missing");
     if (emb->ndim != 2 || emb->shape[0] < 1 || emb->shape[1] < 1 ||
-        emb->shape[0] > (int64_t)GDN_MAX_VOCAB || emb->shape[1] > (int64_t)GDN_MAX_EMBD) {
-        e = gdn_shape_err(d, "model.embeddings.weight", emb, "[vocab_size, hidden_size]");
-        goto fail;
-    }
+        emb->shape[0] > (int64_t)GDN_MAX_VOCAB || emb->shape[1] > (int64_t)GDN_MAX_EMBD)
+        return gdn_shape_err(d, "model.embeddings.weight", emb, "[vocab_size, hidden_size]");
+    g->emb = emb;
     g->vocab_size = (uint32_t)emb->shape[0];
     g->n_embd = (uint32_t)emb->shape[1];
 
@@ -604,51 +590,60 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
         if (strncmp(nm, GDN_PREFIX, strlen(GDN_PREFIX)) != 0)
             continue;
         long l = wrk_layer_parse(nm + strlen(GDN_PREFIX), GDN_MAX_LAYERS, NULL);
-        if (l < 0) {
-            e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a gdn checkpoint", nm);
-            goto fail;
-        }
+        if (l < 0)
+            return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a gdn checkpoint", nm);
         if (l > max_layer)
             max_layer = l;
     }
-    if (max_layer < 0) {
-        e = wk_diag_set(d, WK_EINVAL, GDN_PREFIX "0.*: no layers in the checkpoint");
-        goto fail;
-    }
+    if (max_layer < 0)
+        return wk_diag_set(d, WK_EINVAL, GDN_PREFIX "0.*: no layers in the checkpoint");
     g->n_layer = (uint32_t)max_layer + 1;
 
+    wk_err e;
     if ((e = gdn_config_match(config, "hidden_size", g->n_embd, "model.embeddings.weight's width",
                               d)) != WK_OK ||
         (e = gdn_config_match(config, "vocab_size", g->vocab_size,
                               "model.embeddings.weight's row count", d)) != WK_OK ||
         (e = gdn_config_match(config, "num_hidden_layers", g->n_layer,
                               "the number of layers in the checkpoint", d)) != WK_OK)
-        goto fail;
+        return e;
+    return WK_OK;
+}
+
+/*
+ * Which layers are attention layers (config.json attn.layers); l0 and la:
+ * the first Gated DeltaNet and the first attention layer (n_layer if none).
+ */
+static wk_err
+gdn_map_kinds(gdn_view *v, const json_t *config, uint32_t *l0, uint32_t *la, wk_diag *d)
+{
+    wrk_gdn *g = &v->g;
     v->layers = calloc(g->n_layer, sizeof(*v->layers));
     bool *is_attn = calloc(g->n_layer, sizeof(bool));
     if (v->layers == NULL || is_attn == NULL) {
         free(is_attn);
-        e = wk_diag_set(d, WK_ENOMEM, "out of memory (%u layers)", g->n_layer);
-        goto fail;
+        return wk_diag_set(d, WK_ENOMEM, "out of memory (%u layers)", g->n_layer);
     }
     g->layers = v->layers;
-    e = gdn_read_attn(config, g, is_attn, d);
-    uint32_t l0 = 0, la = 0;
-    while (l0 < g->n_layer && is_attn[l0])
-        l0++;
-    while (la < g->n_layer && !is_attn[la])
-        la++;
+    wk_err e = gdn_read_attn(config, g, is_attn, d);
+    *l0 = *la = 0;
+    while (*l0 < g->n_layer && is_attn[*l0])
+        (*l0)++;
+    while (*la < g->n_layer && !is_attn[*la])
+        (*la)++;
     for (uint32_t l = 0; l < g->n_layer; l++)
         v->layers[l].is_attn = is_attn[l];
     free(is_attn);
-    if (e != WK_OK)
-        goto fail;
-    if ((e = gdn_read_dims(set, config, l0, g, dim, d)) != WK_OK)
-        goto fail;
-    dim[GDN_QD] = dim[GDN_KVD] = dim[GDN_AD] = 0;
-    if (g->n_attn > 0 && (e = gdn_read_attn_dims(set, la, g, dim, d)) != WK_OK)
-        goto fail;
+    return e;
+}
 
+/* Every layer's tensors, each checked against its spec (switched off: absent). */
+static wk_err
+gdn_map_layers(gdn_view *v, const wk_tensor_set *set, const uint32_t dim[], wk_diag *d)
+{
+    wrk_gdn *g = &v->g;
+    char name[256];
+    wk_err e;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         const bool at = v->layers[l].is_attn;
         const gdn_spec *specs = at ? attn_specs : gdn_specs;
@@ -657,63 +652,64 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
             const gdn_spec *sp = &specs[s];
             const wk_tensor *t = gdn_find(set, l, sp->suf, name, sizeof(name));
             if (!gdn_spec_on(g, sp)) {
-                if (t != NULL) {
-                    e = wk_diag_set(d, WK_EINVAL, "%s: present but config.json %s is false", name,
-                                    gdn_need_key(sp->need));
-                    goto fail;
-                }
+                if (t != NULL)
+                    return wk_diag_set(d, WK_EINVAL, "%s: present but config.json %s is false",
+                                       name, gdn_need_key(sp->need));
                 continue;
             }
-            if (t == NULL) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: missing%s", name,
-                                at ? " (an attention layer in config.json attn.layers)" : "");
-                goto fail;
-            }
+            if (t == NULL)
+                return wk_diag_set(d, WK_EINVAL, "%s: missing%s", name,
+                                   at ? " (an attention layer in config.json attn.layers)" : "");
             if ((e = gdn_map_tensor(sp, dim, g->conv, t, name, &v->layers[l], d)) != WK_OK)
-                goto fail;
+                return e;
         }
     }
+    return WK_OK;
+}
 
+/* The final norm and the head: tie_word_embeddings decides; without config.json, its absence. */
+static wk_err
+gdn_map_head(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, wk_diag *d)
+{
+    char want[96];
     g->norm = wk_tensor_set_find(set, "model.norm.weight");
-    if (g->norm == NULL) {
-        e = wk_diag_set(d, WK_EINVAL, "model.norm.weight: missing");
-        goto fail;
-    }
+    if (g->norm == NULL)
+        return wk_diag_set(d, WK_EINVAL, "model.norm.weight: missing");
     if (!gdn_is_vec(g->norm, g->n_embd)) {
-        snprintf(name, sizeof(name), "[%u]", g->n_embd);
-        e = gdn_shape_err(d, "model.norm.weight", g->norm, name);
-        goto fail;
+        snprintf(want, sizeof(want), "[%u]", g->n_embd);
+        return gdn_shape_err(d, "model.norm.weight", g->norm, want);
     }
-
-    /* the head: tie_word_embeddings decides; without config.json, its absence */
     const wk_tensor *head = wk_tensor_set_find(set, "lm_head.weight");
     bool tied;
-    if ((e = wrk_config_bool(config, "tie_word_embeddings", head == NULL, &tied, d)) != WK_OK)
-        goto fail;
-    if (tied && head != NULL) {
-        e = wk_diag_set(d, WK_EINVAL,
-                        "lm_head.weight: present but config.json tie_word_embeddings is true");
-        goto fail;
-    }
-    if (!tied && head == NULL) {
-        e = wk_diag_set(d, WK_EINVAL,
-                        "lm_head.weight: missing (config.json tie_word_embeddings is false)");
-        goto fail;
-    }
+    wk_err e = wrk_config_bool(config, "tie_word_embeddings", head == NULL, &tied, d);
+    if (e != WK_OK)
+        return e;
+    if (tied && head != NULL)
+        return wk_diag_set(d, WK_EINVAL,
+                           "lm_head.weight: present but config.json tie_word_embeddings is true");
+    if (!tied && head == NULL)
+        return wk_diag_set(d, WK_EINVAL,
+                           "lm_head.weight: missing (config.json tie_word_embeddings is false)");
     if (head != NULL &&
         (head->ndim != 2 || head->shape[0] != g->vocab_size || head->shape[1] != g->n_embd)) {
-        snprintf(name, sizeof(name), "[%u,%u] (as model.embeddings.weight)", g->vocab_size,
+        snprintf(want, sizeof(want), "[%u,%u] (as model.embeddings.weight)", g->vocab_size,
                  g->n_embd);
-        e = gdn_shape_err(d, "lm_head.weight", head, name);
-        goto fail;
+        return gdn_shape_err(d, "lm_head.weight", head, want);
     }
     g->tied = tied;
-    g->emb = emb;
-    g->head = (wrk_mat){tied ? emb : head, g->n_embd, g->vocab_size, false};
+    g->head = (wrk_mat){tied ? g->emb : head, g->n_embd, g->vocab_size, false};
+    return WK_OK;
+}
 
-    /* declare every tensor, canonical (fla) names, in checkpoint order */
+/* Declares every tensor to the model, canonical (fla) names, in checkpoint order. */
+static wk_err
+gdn_declare(wrk_model *m, gdn_view *v, wk_diag *d)
+{
+    wrk_gdn *g = &v->g;
+    char name[256];
+    wk_err e;
     if ((e = wrk_model_use(m, &g->emb, "model.embeddings.weight", false, false, d)) != WK_OK)
-        goto fail;
+        return e;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         wrk_gdn_layer *ly = &v->layers[l];
         const gdn_spec *specs = ly->is_attn ? attn_specs : gdn_specs;
@@ -727,13 +723,35 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
                 sp->kind == GDN_MAT ? &((wrk_mat *)field)->t : (const wk_tensor **)field;
             snprintf(name, sizeof(name), GDN_PREFIX "%u.%s", l, sp->suf);
             if ((e = wrk_model_use(m, tp, name, false, sp->kind != GDN_MAT, d)) != WK_OK)
-                goto fail;
+                return e;
         }
     }
     if ((e = wrk_model_use(m, &g->norm, "model.norm.weight", false, true, d)) != WK_OK)
-        goto fail;
+        return e;
     /* tied: the same tensor again, counted once (backends take the head from emb) */
-    if ((e = wrk_model_use(m, &g->head.t, "lm_head.weight", false, false, d)) != WK_OK)
+    return wrk_model_use(m, &g->head.t, "lm_head.weight", false, false, d);
+}
+
+static wk_err
+gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out,
+        wrk_model_info *info, wk_diag *d)
+{
+    wk_err e;
+    uint32_t dim[GDN_N_DIMS], l0 = 0, la = 0;
+    gdn_view *v = calloc(1, sizeof(*v));
+    if (v == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    wrk_gdn *g = &v->g;
+
+    if ((e = gdn_read_switches(config, g, d)) != WK_OK ||
+        (e = gdn_map_embd(set, config, g, d)) != WK_OK ||
+        (e = gdn_map_kinds(v, config, &l0, &la, d)) != WK_OK ||
+        (e = gdn_read_dims(set, config, l0, g, dim, d)) != WK_OK)
+        goto fail;
+    dim[GDN_QD] = dim[GDN_KVD] = dim[GDN_AD] = 0;
+    if ((g->n_attn > 0 && (e = gdn_read_attn_dims(set, la, g, dim, d)) != WK_OK) ||
+        (e = gdn_map_layers(v, set, dim, d)) != WK_OK ||
+        (e = gdn_map_head(set, config, g, d)) != WK_OK || (e = gdn_declare(m, v, d)) != WK_OK)
         goto fail;
 
     info->n_layer = g->n_layer;
