@@ -973,6 +973,90 @@ static const k256_fn k256_tab[3][7][8] = {
 };
 static const k256_fn k256_q8_tab[7][8] = K256_TAB(Q8);
 
+/* Q8_0, one row, AVX2: k512_q8_row's walk and operations, 8 columns per vector. */
+static inline __attribute__((target("avx2"), always_inline)) __m256
+k256_q8_widen(const uint8_t *p)
+{
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)));
+}
+
+static BE_T256 void
+k256_q8_row(const float *x, const uint8_t *w, size_t ps, uint32_t q0, uint32_t nv, uint32_t K,
+            float *out, int mode)
+{
+    const uint32_t nblk = K / BE_CPU_Q8_K;
+    for (uint32_t v = 0; v < nv; v += 4) {
+        const uint8_t *pw = w + (size_t)((q0 + v) >> 2) * ps;
+        __m256 acc[4];
+        for (int h = 0; h < 4; h++)
+            acc[h] = _mm256_setzero_ps();
+        uint32_t b = 0;
+        for (; b + 2 <= nblk; b += 2) {
+            __m256 p0[4], p1[4];
+            const uint8_t *bp = pw + (size_t)b * BE_CPU_Q8_BLOCK_BYTES;
+            const uint8_t *bq = bp + BE_CPU_Q8_BLOCK_BYTES;
+            const float *xb = x + (size_t)b * BE_CPU_Q8_K;
+            for (int l = 0; l < 2 * BE_CPU_Q8_BLOCK_BYTES; l += 64)
+                _mm_prefetch((const char *)(bp + BE_CPU_Q8_ROW_PF * BE_CPU_Q8_BLOCK_BYTES + l),
+                             _MM_HINT_T0);
+            for (int h = 0; h < 4; h++) {
+                p0[h] = _mm256_setzero_ps();
+                p1[h] = _mm256_setzero_ps();
+            }
+            _Pragma("GCC unroll 2") for (int j = 0; j < BE_CPU_Q8_K; j++)
+            {
+                const uint8_t *q = bp + BE_CPU_Q8_SCALE_BYTES + (size_t)j * BE_CPU_NR;
+                const uint8_t *r = bq + BE_CPU_Q8_SCALE_BYTES + (size_t)j * BE_CPU_NR;
+                const __m256 x0 = _mm256_broadcast_ss(xb + j);
+                const __m256 x1 = _mm256_broadcast_ss(xb + BE_CPU_Q8_K + j);
+                _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++)
+                {
+                    p0[h] = _mm256_fmadd_ps(x0, k256_q8_widen(q + h * 8), p0[h]);
+                    p1[h] = _mm256_fmadd_ps(x1, k256_q8_widen(r + h * 8), p1[h]);
+                }
+            }
+            _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++)
+            {
+                acc[h] = _mm256_fmadd_ps(
+                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(bp + h * 16))),
+                    p0[h], acc[h]);
+                acc[h] = _mm256_fmadd_ps(
+                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(bq + h * 16))),
+                    p1[h], acc[h]);
+            }
+        }
+        for (; b < nblk; b++) {
+            const uint8_t *bp = pw + (size_t)b * BE_CPU_Q8_BLOCK_BYTES;
+            const float *xb = x + (size_t)b * BE_CPU_Q8_K;
+            __m256 p0[4];
+            for (int h = 0; h < 4; h++)
+                p0[h] = _mm256_setzero_ps();
+            _Pragma("GCC unroll 4") for (int j = 0; j < BE_CPU_Q8_K; j++)
+            {
+                const uint8_t *q = bp + BE_CPU_Q8_SCALE_BYTES + (size_t)j * BE_CPU_NR;
+                const __m256 x0 = _mm256_broadcast_ss(xb + j);
+                _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) p0[h] =
+                    _mm256_fmadd_ps(x0, k256_q8_widen(q + h * 8), p0[h]);
+            }
+            _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) acc[h] = _mm256_fmadd_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(bp + h * 16))),
+                p0[h], acc[h]);
+        }
+        for (int h = 0; h < 4; h++) {
+            float *o = out + (size_t)(v + h) * 8;
+            __m256 r = acc[h];
+            if (mode == BE_CPU_OUT_ADD)
+                r = _mm256_add_ps(_mm256_loadu_ps(o), r);
+            else if (mode == BE_CPU_OUT_RELU2) {
+                r = _mm256_max_ps(r, _mm256_setzero_ps());
+                r = _mm256_mul_ps(r, r);
+            }
+            _mm256_storeu_ps(o, r);
+        }
+    }
+}
+
 static uint32_t
 k256_nv_max(uint32_t mr)
 {
@@ -983,7 +1067,9 @@ static void
 k256_call(wk_dtype dt, uint32_t mr, uint32_t nv, const float *x, size_t ldx, const void *w,
           size_t ps, uint32_t q0, uint32_t K, float *out, size_t ldo, int mode)
 {
-    if (dt == WK_DTYPE_Q8_0)
+    if (dt == WK_DTYPE_Q8_0 && mr == 1 && q0 % 4 == 0 && nv % 4 == 0)
+        k256_q8_row(x, w, ps, q0, nv, K, out, mode);
+    else if (dt == WK_DTYPE_Q8_0)
         k256_q8_tab[mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
     else
         k256_tab[dt][mr][nv - 1](x, ldx, w, ps, q0, K, out, ldo, mode);
