@@ -41,7 +41,7 @@ static const wk_cfg_opt wrk_opts[] = {
     {"threads", WK_CFG_U64, "0", 0, 1024, "CPU threads for the CPU backend (0 = all cores)"},
     {"fp32", WK_CFG_BOOL, "false", 0, 0, "convert weights to fp32 at load"},
     {"quantize", WK_CFG_STR, "none", 0, 0,
-     "none or q8_0: quantize an RWKV-7 checkpoint's matrices to Q8_0 at load (CPU backend; "
+     "none or q8_0: quantize the checkpoint's matrices to Q8_0 at load (CPU backend; "
      "states made under Q8_0 only load into Q8_0 workers: the fingerprint differs)"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
     {"host-cache-bytes", WK_CFG_U64, "12884901888", 0, 1099511627776ull,

@@ -96,7 +96,7 @@ infer_usage(FILE *f)
             "  --backend NAME       cpu, cuda or auto (= cpu for now; default cpu)\n"
             "  --prefill-chunk N    prompt tokens per step (default 256)\n"
             "  --fp32               convert the weights to fp32 at load\n"
-            "  --quantize q8_0      quantize an RWKV-7 checkpoint's matrices to Q8_0 at load\n"
+            "  --quantize q8_0      quantize the checkpoint's matrices to Q8_0 at load\n"
             "  --bench              print prefill and decode throughput (uses --tokens or\n"
             "                       --bench-prefill synthetic tokens, and --generate steps)\n"
             "  --bench-batch B      with --bench: decode B sequences per step (default 1),\n"

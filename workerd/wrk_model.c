@@ -930,23 +930,40 @@ wrk_quantize_mat(wrk_model *m, wrk_mat *w, wk_diag *d)
  * their dtype, as llama.cpp keeps them in F32: the decay LoRA (w1, w2: the
  * decay is exp(-exp(..)), sensitive to every bit), vectors and norms. The
  * embedding stays too (llama.cpp quantizes token_embd, but wkvm only reads
- * one row of it per token, so it costs no bandwidth). Other families:
- * WK_ENOTSUP.
+ * one row of it per token, so it costs no bandwidth). Other families: the
+ * matrices their quant_mats hook names (projections and the head).
  */
 static wk_err
 wrk_quantize_q8_0(wrk_model *m, wk_diag *d)
 {
-    if (m->fam != NULL)
-        return wk_diag_set(d, WK_ENOTSUP,
-                           "--quantize q8_0: only RWKV-7 checkpoints (this one is %s); a Q8_0 "
-                           "GGUF loads as it is",
-                           m->fam->name);
-    wrk_rwkv7 *r = &m->rwkv7;
-    m->cap_owned = (size_t)r->n_layer * 12 + 1;
-    m->owned = calloc(m->cap_owned, sizeof(*m->owned));
-    if (m->owned == NULL)
+    wrk_mat **fam_mats = NULL;
+    size_t n_fam = 0;
+    if (m->fam != NULL) {
+        if (m->fam->quant_mats == NULL)
+            return wk_diag_set(d, WK_ENOTSUP, "--quantize q8_0: not for %s checkpoints",
+                               m->fam->name);
+        n_fam = m->fam->quant_mats(m->view, NULL, 0);
+        fam_mats = calloc(n_fam ? n_fam : 1, sizeof(*fam_mats));
+        if (fam_mats == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        n_fam = m->fam->quant_mats(m->view, fam_mats, n_fam);
+        m->cap_owned = n_fam;
+    } else {
+        m->cap_owned = (size_t)m->rwkv7.n_layer * 12 + 1;
+    }
+    m->owned = calloc(m->cap_owned ? m->cap_owned : 1, sizeof(*m->owned));
+    if (m->owned == NULL) {
+        free(fam_mats);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
-    wk_err e;
+    }
+    wk_err e = WK_OK;
+    if (m->fam != NULL) {
+        for (size_t i = 0; i < n_fam && e == WK_OK; i++)
+            e = wrk_quantize_mat(m, fam_mats[i], d);
+        free(fam_mats);
+        return e;
+    }
+    wrk_rwkv7 *r = &m->rwkv7;
     for (uint32_t l = 0; l < r->n_layer; l++) {
         wrk_rwkv7_layer *ly = &m->layers[l];
         wrk_mat *mats[] = {&ly->wr, &ly->wk,     &ly->wv,        &ly->wo, &ly->a1, &ly->a2,

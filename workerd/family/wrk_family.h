@@ -67,6 +67,14 @@ typedef struct wrk_family {
 
     /* Extra fingerprint text (hyperparameters not visible in shapes), NUL-terminated. */
     void (*fingerprint_extra)(const void *view, char *buf, size_t len);
+
+    /*
+     * The matrices --quantize q8_0 converts: the projections and the head
+     * (not the embedding, vectors, norms or convolution taps). Writes up to
+     * cap pointers into the view (out may be NULL) and returns how many
+     * there are. NULL: the family cannot be quantized at load.
+     */
+    size_t (*quant_mats)(void *view, wrk_mat **out, size_t cap);
 } wrk_family;
 
 /*

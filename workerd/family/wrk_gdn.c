@@ -836,6 +836,38 @@ gdn_fingerprint_extra(const void *view, char *buf, size_t len)
              g->qkv_bias, g->qk_norm, g->rope_theta, g->attn_norm_eps);
 }
 
+/*
+ * --quantize q8_0: every layer's projections (Gated DeltaNet and attention
+ * layers alike: q, k, v, a, b, g, o) and MLP, and an untied head (a tied
+ * head is the embedding, which stays in its dtype: backends pack it from
+ * the embedding).
+ */
+static size_t
+gdn_quant_mats(void *view, wrk_mat **out, size_t cap)
+{
+    gdn_view *v = view;
+    size_t n = 0;
+    for (uint32_t l = 0; l < v->g.n_layer; l++) {
+        wrk_gdn_layer *ly = &v->layers[l];
+        wrk_mat *mats[] = {&ly->q_proj, &ly->k_proj,    &ly->v_proj,  &ly->a_proj,
+                           &ly->b_proj, &ly->g_proj,    &ly->o_proj,  &ly->gate_proj,
+                           &ly->up_proj, &ly->down_proj};
+        for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++) {
+            if (mats[i]->t == NULL)
+                continue;
+            if (out != NULL && n < cap)
+                out[n] = mats[i];
+            n++;
+        }
+    }
+    if (!v->g.tied) {
+        if (out != NULL && n < cap)
+            out[n] = &v->g.head;
+        n++;
+    }
+    return n;
+}
+
 const wrk_family wrk_family_gdn = {
     .name = "gdn",
     .model_types = types,
@@ -844,4 +876,5 @@ const wrk_family wrk_family_gdn = {
     .free_view = gdn_free_view,
     .state_layout = gdn_layout,
     .fingerprint_extra = gdn_fingerprint_extra,
+    .quant_mats = gdn_quant_mats,
 };

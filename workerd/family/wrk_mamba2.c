@@ -668,6 +668,26 @@ m2_fingerprint_extra(const void *view, char *buf, size_t len)
              v->d_state, v->d_conv, v->layers[0].conv_b != NULL, v->eps);
 }
 
+/* --quantize q8_0: in_proj and out_proj of every layer, and an untied head. */
+static size_t
+m2_quant_mats(void *view, wrk_mat **out, size_t cap)
+{
+    wrk_mamba2 *v = view;
+    size_t n = 0;
+    for (uint32_t l = 0; l < v->n_layer; l++) {
+        wrk_mat *mats[] = {&v->layers[l].in_proj, &v->layers[l].out_proj};
+        for (size_t i = 0; i < 2; i++, n++)
+            if (out != NULL && n < cap)
+                out[n] = mats[i];
+    }
+    if (v->lm_head.t != NULL) {
+        if (out != NULL && n < cap)
+            out[n] = &v->lm_head;
+        n++;
+    }
+    return n;
+}
+
 const wrk_family wrk_family_mamba2 = {
     .name = "mamba2",
     .model_types = m2_types,
@@ -676,4 +696,5 @@ const wrk_family wrk_family_mamba2 = {
     .free_view = m2_free_view,
     .state_layout = m2_layout,
     .fingerprint_extra = m2_fingerprint_extra,
+    .quant_mats = m2_quant_mats,
 };
