@@ -566,6 +566,8 @@ main(int argc, char **argv)
     wk_log_info("shutting down signal=%d", sig);
     rc = 0;
 out:
+    if (app->vm != NULL)
+        ctl_vm_end_waits(app->vm); /* a state operation waiting for a slot answers now */
     ctl_http_free(app->http);
     ctl_ckpt_flush(app->ckpt);
     if (app->vm != NULL)

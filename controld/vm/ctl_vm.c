@@ -6,6 +6,7 @@
 #include "ctl_vm.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,7 @@ struct ctl_vm {
     uint64_t clock;          /* LRU counter */
     uint32_t rpc_ms;         /* deadline of one slot I/O request */
     uint64_t slot_wait_ms;   /* ctl_vm_slot_get() waits this long for a slot */
+    atomic_bool no_wait;     /* shutting down: slot waits end at once */
     ctl_vm_warm *warm;       /* the warm tier's index */
     uint64_t idle_ms;        /* spill dirty entries idle this long, 0 = never */
     uint32_t max_dirty;      /* most dirty entries kept hot, 0 = no cap */
@@ -71,6 +73,7 @@ ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store, ctl_vm **out, wk_
     vm->sched = sched;
     vm->store = store;
     vm->rpc_ms = CTL_VM_RPC_MS;
+    atomic_init(&vm->no_wait, false);
     pthread_mutex_init(&vm->mu, NULL);
     pthread_cond_init(&vm->cv, NULL);
     *out = vm;
@@ -188,6 +191,12 @@ void
 ctl_vm_set_slot_wait(ctl_vm *vm, uint64_t ms)
 {
     vm->slot_wait_ms = ms; /* set once at startup, before any use */
+}
+
+void
+ctl_vm_end_waits(ctl_vm *vm)
+{
+    atomic_store(&vm->no_wait, true);
 }
 
 void
@@ -694,9 +703,11 @@ ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out, wk_diag *d)
         if (ctl_vm_slot_try(vm, worker, out) == WK_OK)
             return WK_OK;
         uint64_t now = wk_mono_ms();
-        if (now >= until)
+        if (now >= until || atomic_load(&vm->no_wait))
             break;
         (void)ctl_sched_slot_wait(vm->sched, epoch, now + 50 < until ? now + 50 : until);
+        if (atomic_load(&vm->no_wait))
+            break; /* shutting down: no new work, even on a slot freed meanwhile */
     }
     return wk_diag_set(d, WK_ENOSPC, "no free state slot (all slots are running requests)");
 }

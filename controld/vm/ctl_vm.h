@@ -58,6 +58,9 @@ void ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms);
 /* How long ctl_vm_slot_get() waits for a running request to free a slot (0 = not at all). */
 void ctl_vm_set_slot_wait(ctl_vm *vm, uint64_t ms);
 
+/* Shutdown: slot waits end (within 50 ms) and no new one starts. */
+void ctl_vm_end_waits(ctl_vm *vm);
+
 /* Registers the spill function for dirty entries (sessions). */
 void ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg);
 

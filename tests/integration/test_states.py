@@ -5,9 +5,11 @@ import glob
 import http.client as http_client
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -293,6 +295,33 @@ def test_slot_wait():
         s.wait(lambda: s.post("/v1/states", body={"model": "tiny", "name": "x",
                                                   "prompt_ids": P}).status == 201, "a slot again")
         check_continuations(s, "x@1")
+    # A graceful shutdown ends a slot wait at once and starts no new work,
+    # even on the slot the shutdown frees (the stream it cancels).
+    with Stack(model=MODEL, slots=1) as s:
+        up(s)
+        c, r = long_stream(s, 60000)
+        got = {}
+
+        def waiting_create():
+            try:
+                got["r"] = s.post("/v1/states", body={"model": "tiny", "name": "late",
+                                                      "prompt_ids": P}, timeout=60).status
+            except OSError as e:  # the connection closes with the server
+                got["r"] = repr(e)
+        th = threading.Thread(target=waiting_create)
+        th.start()
+        time.sleep(1.0)
+        t0 = time.time()
+        s.kill_controller(signal.SIGTERM)
+        took = time.time() - t0
+        th.join(timeout=60)
+        r.close()
+        c.close()
+        assert took < 10, "shutdown took %.1f s with a state operation waiting" % took
+        assert got.get("r") != 201, got
+        s.start_controller()
+        s.wait(lambda: s.get("/ready").status == 200, "ready after restart")
+        assert s.get("/v1/states/late").status == 404, "a create was run during shutdown"
 
 
 if __name__ == "__main__":
