@@ -383,7 +383,9 @@ ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, ct
         ctl_chat_fingerprint(app, fp) == WK_OK && strcmp(fp, sp.fingerprint) == 0 &&
         ctl_vm_slot_get(app->vm, NULL, slot, NULL) == WK_OK) {
         ok = ctl_vm_load_into(app->vm, NULL, sp.blob, slot, NULL) == WK_OK;
-        if (!ok)
+        if (ok) /* a spilled session holds every token it retained */
+            ctl_sched_slot_note_ctx(app->sched, slot, sp.n_tokens);
+        else
             (void)ctl_sched_slot_free(app->sched, slot);
     }
     ctl_store_state_fini(&sp);

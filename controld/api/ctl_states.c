@@ -402,6 +402,8 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
         if (err != WK_EUNAVAIL)
             break;
     }
+    if (err == WK_OK) /* a state holds all its tokens but the last, fed first below */
+        ctl_sched_slot_note_ctx(app->sched, &g.slot, src.n_tokens ? src.n_tokens - 1 : 0);
     if (err == WK_ECORRUPT)
         ctl_states_mark_damaged(app, g.owner, src.id, &d);
     if (err != WK_OK) {
@@ -529,8 +531,10 @@ ctl_states_tier(ctl_http_req *req, ctl_app *app, const char *ref, bool resume)
         err = ctl_vm_slot_get(app->vm, near, &slot, &d);
         if (err == WK_OK) {
             err = ctl_vm_load_into(app->vm, st.blob, st.blob, &slot, &d);
-            if (err == WK_OK)
+            if (err == WK_OK) {
+                ctl_sched_slot_note_ctx(app->sched, &slot, st.n_tokens ? st.n_tokens - 1 : 0);
                 err = ctl_vm_put(app->vm, st.blob, &slot, false, &d);
+            }
             if (err != WK_OK)
                 (void)ctl_sched_slot_free(app->sched, &slot);
         }

@@ -1795,6 +1795,17 @@ ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx, wk
     return err;
 }
 
+void
+ctl_sched_slot_note_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx)
+{
+    pthread_mutex_lock(&s->mu);
+    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
+    if (w != NULL && !ctl_kv_hybrid(&w->geom) && ref->slot >= 1 && ref->slot <= w->n_slots &&
+        w->gen[ref->slot] == ref->gen && w->busy[ref->slot] == NULL)
+        w->ctx[ref->slot] = n_ctx;
+    pthread_mutex_unlock(&s->mu);
+}
+
 wk_err
 ctl_sched_slot_set_bytes(ctl_sched *s, const ctl_slot_ref *ref, uint64_t bytes, wk_diag *d)
 {

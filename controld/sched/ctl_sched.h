@@ -291,6 +291,14 @@ WK_MUST_CHECK wk_err ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *re
                                             wk_diag *d);
 
 /*
+ * Records that held slot ref's state holds n_ctx tokens after its bytes were
+ * written from a stored image (what /admin/slots shows; a job on it starts
+ * from it). Only recurrent models: a hybrid's context is accounted from the
+ * image's size (ctl_sched_slot_set_bytes), so nothing is done there.
+ */
+void ctl_sched_slot_note_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx);
+
+/*
  * ctl_sched_slot_set_ctx() from an image's size (state_bytes + n_ctx *
  * kv_token_bytes). WK_OK without doing anything on recurrent models;
  * WK_EINVAL when bytes is no image of the model.

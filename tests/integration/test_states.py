@@ -173,7 +173,11 @@ def test_cold_without_host_cache():
         r = s.post("/v1/states/c@1/hibernate")
         assert r.status == 200 and r.json()["tier"] == "cold", r.body
         check_continuations(s, "c@1")
+        assert s.post("/v1/states/c@1/hibernate").json()["tier"] == "cold"
         assert s.post("/v1/states/c@1/resume").json()["tier"] == "hot"
+        # read back from the disk, the slot holds all its tokens but the last
+        parked = [x for x in s.get("/admin/slots").json()["slots"] if x["holds"] == "state"]
+        assert [x["tokens"] for x in parked] == [len(P) - 1], parked
 
 
 def test_bad_input_and_damage():
@@ -279,6 +283,11 @@ def test_slot_wait():
         c.close()
         # /admin/slots says what a parked state's slot holds: every token but
         # the last, which the state's next generation feeds first
+        parked = [x for x in s.get("/admin/slots").json()["slots"] if x["holds"] == "state"]
+        assert [x["tokens"] for x in parked] == [len(P) - 1], parked
+        # the same after the bytes come back from the store
+        assert s.post("/v1/states/waited@1/hibernate").status == 200
+        assert s.post("/v1/states/waited@1/resume").status == 200
         parked = [x for x in s.get("/admin/slots").json()["slots"] if x["holds"] == "state"]
         assert [x["tokens"] for x in parked] == [len(P) - 1], parked
         check_continuations(s, "waited@1")
