@@ -396,6 +396,19 @@ be_cpu_gemm_scalar(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, 
 
 #define BE_T512 __attribute__((target("avx512f,fma,f16c"), noinline))
 
+/* Writes one finished vector of 16 outputs as mode says (BE_CPU_OUT_*). */
+static inline __attribute__((target("avx512f"), always_inline)) void
+k512_store(float *o, __m512 r, int mode)
+{
+    if (mode == BE_CPU_OUT_ADD)
+        r = _mm512_add_ps(_mm512_loadu_ps(o), r);
+    else if (mode == BE_CPU_OUT_RELU2) {
+        r = _mm512_max_ps(r, _mm512_setzero_ps());
+        r = _mm512_mul_ps(r, r);
+    }
+    _mm512_storeu_ps(o, r);
+}
+
 /*
  * Software prefetch distance in weight rows (k), used by the kernels that
  * walk a single panel (7..12 rows here, 4..6 in AVX2): one weight stream
@@ -449,17 +462,7 @@ be_cpu_gemm_scalar(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, 
         }                                                                                  \
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
             _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
-        {                                                                                  \
-            float *o = out + (size_t)i * ldo + (size_t)v * 16;                             \
-            __m512 r = acc[i][v];                                                          \
-            if (mode == BE_CPU_OUT_ADD)                                                    \
-                r = _mm512_add_ps(_mm512_loadu_ps(o), r);                                  \
-            else if (mode == BE_CPU_OUT_RELU2) {                                           \
-                r = _mm512_max_ps(r, _mm512_setzero_ps());                                 \
-                r = _mm512_mul_ps(r, r);                                                   \
-            }                                                                              \
-            _mm512_storeu_ps(o, r);                                                        \
-        }                                                                                  \
+            k512_store(out + (size_t)i * ldo + (size_t)v * 16, acc[i][v], mode);           \
     }
 
 typedef void (*k512_fn)(const float *, size_t, const void *, size_t, uint32_t, uint32_t,
@@ -585,17 +588,7 @@ k512_nv_max(uint32_t mr)
         }                                                                                  \
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
             _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
-        {                                                                                  \
-            float *o = out + (size_t)i * ldo + (size_t)v * 16;                             \
-            __m512 r = acc[i][v];                                                          \
-            if (mode == BE_CPU_OUT_ADD)                                                    \
-                r = _mm512_add_ps(_mm512_loadu_ps(o), r);                                  \
-            else if (mode == BE_CPU_OUT_RELU2) {                                           \
-                r = _mm512_max_ps(r, _mm512_setzero_ps());                                 \
-                r = _mm512_mul_ps(r, r);                                                   \
-            }                                                                              \
-            _mm512_storeu_ps(o, r);                                                        \
-        }                                                                                  \
+            k512_store(out + (size_t)i * ldo + (size_t)v * 16, acc[i][v], mode);           \
     }
 
 #define K512Q_ROWS_8(MR)                                                                   \
@@ -642,6 +635,42 @@ k512_q8_widen(const uint8_t *p)
         _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)));
 }
 
+/*
+ * n (1 or BE_CPU_Q8_ROW_BLOCKS) consecutive blocks at bp of one panel pair
+ * against x at xb: each block's partials from +0, side by side, then folded
+ * into acc0/acc1 in block order.
+ */
+static inline __attribute__((target("avx512f,fma,f16c"), always_inline)) void
+k512_q8_blocks(const uint8_t *bp, const float *xb, int n, __m512 *acc0, __m512 *acc1)
+{
+    __m512 p0[BE_CPU_Q8_ROW_BLOCKS], p1[BE_CPU_Q8_ROW_BLOCKS];
+    _Pragma("GCC unroll 8") for (int u = 0; u < n; u++)
+    {
+        p0[u] = _mm512_setzero_ps();
+        p1[u] = _mm512_setzero_ps();
+    }
+    _Pragma("GCC unroll 2") for (int j = 0; j < BE_CPU_Q8_K; j++)
+    {
+        _Pragma("GCC unroll 8") for (int u = 0; u < n; u++)
+        {
+            const uint8_t *qp = bp + (size_t)u * BE_CPU_Q8_BLOCK_BYTES + BE_CPU_Q8_SCALE_BYTES +
+                                (size_t)j * BE_CPU_NR;
+            const __m512 xv = _mm512_set1_ps(xb[(size_t)u * BE_CPU_Q8_K + j]);
+            p0[u] = _mm512_fmadd_ps(xv, k512_q8_widen(qp), p0[u]);
+            p1[u] = _mm512_fmadd_ps(xv, k512_q8_widen(qp + 16), p1[u]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int u = 0; u < n; u++)
+    {
+        const uint8_t *sp = bp + (size_t)u * BE_CPU_Q8_BLOCK_BYTES;
+        *acc0 = _mm512_fmadd_ps(
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)sp)), p0[u], *acc0);
+        *acc1 = _mm512_fmadd_ps(
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sp + 32))), p1[u],
+            *acc1);
+    }
+}
+
 static BE_T512 void
 k512_q8_row(const float *x, const uint8_t *w, size_t ps, uint32_t q0, uint32_t nv, uint32_t K,
             float *out, int mode)
@@ -652,67 +681,17 @@ k512_q8_row(const float *x, const uint8_t *w, size_t ps, uint32_t q0, uint32_t n
         __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
         uint32_t b = 0;
         for (; b + BE_CPU_Q8_ROW_BLOCKS <= nblk; b += BE_CPU_Q8_ROW_BLOCKS) {
-            __m512 p0[BE_CPU_Q8_ROW_BLOCKS], p1[BE_CPU_Q8_ROW_BLOCKS];
             const uint8_t *bp = pw + (size_t)b * BE_CPU_Q8_BLOCK_BYTES;
-            const float *xb = x + (size_t)b * BE_CPU_Q8_K;
             for (int l = 0; l < BE_CPU_Q8_ROW_BLOCKS * BE_CPU_Q8_BLOCK_BYTES; l += 64)
                 _mm_prefetch((const char *)(bp + BE_CPU_Q8_ROW_PF * BE_CPU_Q8_BLOCK_BYTES + l),
                              _MM_HINT_T0);
-            _Pragma("GCC unroll 8") for (int u = 0; u < BE_CPU_Q8_ROW_BLOCKS; u++)
-            {
-                p0[u] = _mm512_setzero_ps();
-                p1[u] = _mm512_setzero_ps();
-            }
-            _Pragma("GCC unroll 2") for (int j = 0; j < BE_CPU_Q8_K; j++)
-            {
-                _Pragma("GCC unroll 8") for (int u = 0; u < BE_CPU_Q8_ROW_BLOCKS; u++)
-                {
-                    const uint8_t *qp = bp + (size_t)u * BE_CPU_Q8_BLOCK_BYTES +
-                                        BE_CPU_Q8_SCALE_BYTES + (size_t)j * BE_CPU_NR;
-                    const __m512 xv = _mm512_set1_ps(xb[(size_t)u * BE_CPU_Q8_K + j]);
-                    p0[u] = _mm512_fmadd_ps(xv, k512_q8_widen(qp), p0[u]);
-                    p1[u] = _mm512_fmadd_ps(xv, k512_q8_widen(qp + 16), p1[u]);
-                }
-            }
-            _Pragma("GCC unroll 8") for (int u = 0; u < BE_CPU_Q8_ROW_BLOCKS; u++)
-            {
-                const uint8_t *sp = bp + (size_t)u * BE_CPU_Q8_BLOCK_BYTES;
-                acc0 = _mm512_fmadd_ps(
-                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)sp)), p0[u],
-                    acc0);
-                acc1 = _mm512_fmadd_ps(
-                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(sp + 32))),
-                    p1[u], acc1);
-            }
+            k512_q8_blocks(bp, x + (size_t)b * BE_CPU_Q8_K, BE_CPU_Q8_ROW_BLOCKS, &acc0, &acc1);
         }
-        for (; b < nblk; b++) {
-            const uint8_t *bp = pw + (size_t)b * BE_CPU_Q8_BLOCK_BYTES;
-            const float *xb = x + (size_t)b * BE_CPU_Q8_K;
-            __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
-            _Pragma("GCC unroll 4") for (int j = 0; j < BE_CPU_Q8_K; j++)
-            {
-                const uint8_t *qp = bp + BE_CPU_Q8_SCALE_BYTES + (size_t)j * BE_CPU_NR;
-                const __m512 xv = _mm512_set1_ps(xb[j]);
-                p0 = _mm512_fmadd_ps(xv, k512_q8_widen(qp), p0);
-                p1 = _mm512_fmadd_ps(xv, k512_q8_widen(qp + 16), p1);
-            }
-            acc0 = _mm512_fmadd_ps(
-                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)bp)), p0, acc0);
-            acc1 = _mm512_fmadd_ps(
-                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(bp + 32))), p1,
-                acc1);
-        }
-        __m512 r[2] = {acc0, acc1};
-        for (int h = 0; h < 2; h++) {
-            float *o = out + (size_t)(v + h) * 16;
-            if (mode == BE_CPU_OUT_ADD)
-                r[h] = _mm512_add_ps(_mm512_loadu_ps(o), r[h]);
-            else if (mode == BE_CPU_OUT_RELU2) {
-                r[h] = _mm512_max_ps(r[h], _mm512_setzero_ps());
-                r[h] = _mm512_mul_ps(r[h], r[h]);
-            }
-            _mm512_storeu_ps(o, r[h]);
-        }
+        for (; b < nblk; b++)
+            k512_q8_blocks(pw + (size_t)b * BE_CPU_Q8_BLOCK_BYTES, x + (size_t)b * BE_CPU_Q8_K, 1,
+                           &acc0, &acc1);
+        k512_store(out + (size_t)v * 16, acc0, mode);
+        k512_store(out + (size_t)(v + 1) * 16, acc1, mode);
     }
 }
 
@@ -792,6 +771,19 @@ k512_call(wk_dtype dt, uint32_t mr, uint32_t nv, const float *x, size_t ldx, con
 
 #define BE_T256 __attribute__((target("avx2,fma,f16c"), noinline))
 
+/* Writes one finished vector of 8 outputs as mode says (BE_CPU_OUT_*). */
+static inline __attribute__((target("avx2"), always_inline)) void
+k256_store(float *o, __m256 r, int mode)
+{
+    if (mode == BE_CPU_OUT_ADD)
+        r = _mm256_add_ps(_mm256_loadu_ps(o), r);
+    else if (mode == BE_CPU_OUT_RELU2) {
+        r = _mm256_max_ps(r, _mm256_setzero_ps());
+        r = _mm256_mul_ps(r, r);
+    }
+    _mm256_storeu_ps(o, r);
+}
+
 #define LD256_F32(p) _mm256_load_ps((const float *)(p))
 #define LD256_BF16(p)                                                                      \
     _mm256_castsi256_ps(_mm256_slli_epi32(                                                 \
@@ -827,17 +819,7 @@ k512_call(wk_dtype dt, uint32_t mr, uint32_t nv, const float *x, size_t ldx, con
         }                                                                                  \
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
             _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
-        {                                                                                  \
-            float *o = out + (size_t)i * ldo + (size_t)v * 8;                              \
-            __m256 r = acc[i][v];                                                          \
-            if (mode == BE_CPU_OUT_ADD)                                                    \
-                r = _mm256_add_ps(_mm256_loadu_ps(o), r);                                  \
-            else if (mode == BE_CPU_OUT_RELU2) {                                           \
-                r = _mm256_max_ps(r, _mm256_setzero_ps());                                 \
-                r = _mm256_mul_ps(r, r);                                                   \
-            }                                                                              \
-            _mm256_storeu_ps(o, r);                                                        \
-        }                                                                                  \
+            k256_store(out + (size_t)i * ldo + (size_t)v * 8, acc[i][v], mode);            \
     }
 
 typedef void (*k256_fn)(const float *, size_t, const void *, size_t, uint32_t, uint32_t,
@@ -919,17 +901,7 @@ K256_ALL(F16, uint16_t)
         }                                                                                  \
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                              \
             _Pragma("GCC unroll 16") for (int v = 0; v < NV; v++)                          \
-        {                                                                                  \
-            float *o = out + (size_t)i * ldo + (size_t)v * 8;                              \
-            __m256 r = acc[i][v];                                                          \
-            if (mode == BE_CPU_OUT_ADD)                                                    \
-                r = _mm256_add_ps(_mm256_loadu_ps(o), r);                                  \
-            else if (mode == BE_CPU_OUT_RELU2) {                                           \
-                r = _mm256_max_ps(r, _mm256_setzero_ps());                                 \
-                r = _mm256_mul_ps(r, r);                                                   \
-            }                                                                              \
-            _mm256_storeu_ps(o, r);                                                        \
-        }                                                                                  \
+            k256_store(out + (size_t)i * ldo + (size_t)v * 8, acc[i][v], mode);            \
     }
 
 K256Q_DEF(1, 1)
@@ -981,6 +953,33 @@ k256_q8_widen(const uint8_t *p)
         _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)p)));
 }
 
+/* k512_q8_blocks for AVX2: n (1 or 2) blocks of one group of 4 panels into acc[4]. */
+static inline __attribute__((target("avx2,fma,f16c"), always_inline)) void
+k256_q8_blocks(const uint8_t *bp, const float *xb, int n, __m256 *acc)
+{
+    __m256 p[2][4];
+    _Pragma("GCC unroll 2") for (int u = 0; u < n; u++)
+        _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) p[u][h] = _mm256_setzero_ps();
+    _Pragma("GCC unroll 2") for (int j = 0; j < BE_CPU_Q8_K; j++)
+    {
+        _Pragma("GCC unroll 2") for (int u = 0; u < n; u++)
+        {
+            const uint8_t *q = bp + (size_t)u * BE_CPU_Q8_BLOCK_BYTES + BE_CPU_Q8_SCALE_BYTES +
+                               (size_t)j * BE_CPU_NR;
+            const __m256 xv = _mm256_broadcast_ss(xb + (size_t)u * BE_CPU_Q8_K + j);
+            _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) p[u][h] =
+                _mm256_fmadd_ps(xv, k256_q8_widen(q + h * 8), p[u][h]);
+        }
+    }
+    _Pragma("GCC unroll 2") for (int u = 0; u < n; u++)
+    {
+        const uint8_t *sp = bp + (size_t)u * BE_CPU_Q8_BLOCK_BYTES;
+        _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) acc[h] = _mm256_fmadd_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(sp + h * 16))),
+            p[u][h], acc[h]);
+    }
+}
+
 static BE_T256 void
 k256_q8_row(const float *x, const uint8_t *w, size_t ps, uint32_t q0, uint32_t nv, uint32_t K,
             float *out, int mode)
@@ -993,67 +992,17 @@ k256_q8_row(const float *x, const uint8_t *w, size_t ps, uint32_t q0, uint32_t n
             acc[h] = _mm256_setzero_ps();
         uint32_t b = 0;
         for (; b + 2 <= nblk; b += 2) {
-            __m256 p0[4], p1[4];
             const uint8_t *bp = pw + (size_t)b * BE_CPU_Q8_BLOCK_BYTES;
-            const uint8_t *bq = bp + BE_CPU_Q8_BLOCK_BYTES;
-            const float *xb = x + (size_t)b * BE_CPU_Q8_K;
             for (int l = 0; l < 2 * BE_CPU_Q8_BLOCK_BYTES; l += 64)
                 _mm_prefetch((const char *)(bp + BE_CPU_Q8_ROW_PF * BE_CPU_Q8_BLOCK_BYTES + l),
                              _MM_HINT_T0);
-            for (int h = 0; h < 4; h++) {
-                p0[h] = _mm256_setzero_ps();
-                p1[h] = _mm256_setzero_ps();
-            }
-            _Pragma("GCC unroll 2") for (int j = 0; j < BE_CPU_Q8_K; j++)
-            {
-                const uint8_t *q = bp + BE_CPU_Q8_SCALE_BYTES + (size_t)j * BE_CPU_NR;
-                const uint8_t *r = bq + BE_CPU_Q8_SCALE_BYTES + (size_t)j * BE_CPU_NR;
-                const __m256 x0 = _mm256_broadcast_ss(xb + j);
-                const __m256 x1 = _mm256_broadcast_ss(xb + BE_CPU_Q8_K + j);
-                _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++)
-                {
-                    p0[h] = _mm256_fmadd_ps(x0, k256_q8_widen(q + h * 8), p0[h]);
-                    p1[h] = _mm256_fmadd_ps(x1, k256_q8_widen(r + h * 8), p1[h]);
-                }
-            }
-            _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++)
-            {
-                acc[h] = _mm256_fmadd_ps(
-                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(bp + h * 16))),
-                    p0[h], acc[h]);
-                acc[h] = _mm256_fmadd_ps(
-                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(bq + h * 16))),
-                    p1[h], acc[h]);
-            }
+            k256_q8_blocks(bp, x + (size_t)b * BE_CPU_Q8_K, 2, acc);
         }
-        for (; b < nblk; b++) {
-            const uint8_t *bp = pw + (size_t)b * BE_CPU_Q8_BLOCK_BYTES;
-            const float *xb = x + (size_t)b * BE_CPU_Q8_K;
-            __m256 p0[4];
-            for (int h = 0; h < 4; h++)
-                p0[h] = _mm256_setzero_ps();
-            _Pragma("GCC unroll 4") for (int j = 0; j < BE_CPU_Q8_K; j++)
-            {
-                const uint8_t *q = bp + BE_CPU_Q8_SCALE_BYTES + (size_t)j * BE_CPU_NR;
-                const __m256 x0 = _mm256_broadcast_ss(xb + j);
-                _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) p0[h] =
-                    _mm256_fmadd_ps(x0, k256_q8_widen(q + h * 8), p0[h]);
-            }
-            _Pragma("GCC unroll 4") for (int h = 0; h < 4; h++) acc[h] = _mm256_fmadd_ps(
-                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(bp + h * 16))),
-                p0[h], acc[h]);
-        }
-        for (int h = 0; h < 4; h++) {
-            float *o = out + (size_t)(v + h) * 8;
-            __m256 r = acc[h];
-            if (mode == BE_CPU_OUT_ADD)
-                r = _mm256_add_ps(_mm256_loadu_ps(o), r);
-            else if (mode == BE_CPU_OUT_RELU2) {
-                r = _mm256_max_ps(r, _mm256_setzero_ps());
-                r = _mm256_mul_ps(r, r);
-            }
-            _mm256_storeu_ps(o, r);
-        }
+        for (; b < nblk; b++)
+            k256_q8_blocks(pw + (size_t)b * BE_CPU_Q8_BLOCK_BYTES, x + (size_t)b * BE_CPU_Q8_K, 1,
+                           acc);
+        for (int h = 0; h < 4; h++)
+            k256_store(out + (size_t)(v + h) * 8, acc[h], mode);
     }
 }
 
