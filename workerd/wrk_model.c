@@ -192,7 +192,7 @@ wrk_shape_err(wk_diag *d, const char *name, const wk_tensor *t, int64_t e0, int6
                        got, e0, e1);
 }
 
-static bool
+bool
 wrk_is_vec(const wk_tensor *t, int64_t n)
 {
     if (t->ndim < 1 || t->shape[t->ndim - 1] != n)
@@ -203,7 +203,7 @@ wrk_is_vec(const wk_tensor *t, int64_t n)
     return true;
 }
 
-static bool
+bool
 wrk_is_mat(const wk_tensor *t, int64_t d0, int64_t d1)
 {
     return t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1;

@@ -108,6 +108,12 @@ WK_MUST_CHECK wk_err wrk_config_bool(const struct json_t *config, const char *ke
  * zeros (one spelling per layer); returns it, or -1 when s does not start so
  * or the number is >= limit. *rest (optional) points after the dot.
  */
+/* True when t's shape is [n] with any leading 1s (how checkpoints store vectors). */
+bool wrk_is_vec(const wk_tensor *t, int64_t n);
+
+/* True when t's shape is exactly [d0, d1]. */
+bool wrk_is_mat(const wk_tensor *t, int64_t d0, int64_t d1);
+
 long wrk_layer_parse(const char *s, long limit, const char **rest);
 
 /* Shape of t as "[a,b,c]" into buf, for diags. */

@@ -133,17 +133,6 @@ static const gdn_spec attn_specs[] = {
 /* helpers                                                                   */
 /* ------------------------------------------------------------------------ */
 
-static bool
-gdn_is_vec(const wk_tensor *t, int64_t n)
-{
-    if (t->ndim < 1 || t->shape[t->ndim - 1] != n)
-        return false;
-    for (int i = 0; i + 1 < t->ndim; i++)
-        if (t->shape[i] != 1)
-            return false;
-    return true;
-}
-
 static wk_err
 gdn_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want)
 {
@@ -464,7 +453,7 @@ gdn_read_dims(const wk_tensor_set *set, const json_t *config, uint32_t l0, wrk_g
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     int64_t HV = t->ndim >= 1 ? t->shape[t->ndim - 1] : 0;
-    if (HV < 1 || HV > (int64_t)GDN_MAX_HEADS || !gdn_is_vec(t, HV))
+    if (HV < 1 || HV > (int64_t)GDN_MAX_HEADS || !wrk_is_vec(t, HV))
         return gdn_shape_err(d, name, t, "[num_v_heads]");
     t = gdn_find(set, l0, "attn.q_conv1d.weight", name, sizeof(name));
     if (t == NULL)
@@ -545,7 +534,7 @@ gdn_map_tensor(const gdn_spec *sp, const uint32_t dim[], uint32_t W, const wk_te
     void *field = (char *)ly + sp->off;
     switch (sp->kind) {
     case GDN_VEC:
-        if (!gdn_is_vec(t, dim[sp->d0])) {
+        if (!wrk_is_vec(t, dim[sp->d0])) {
             snprintf(want, sizeof(want), "[%u]", dim[sp->d0]);
             return gdn_shape_err(d, name, t, want);
         }
@@ -675,7 +664,7 @@ gdn_map_head(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, wk_diag
     g->norm = wk_tensor_set_find(set, "model.norm.weight");
     if (g->norm == NULL)
         return wk_diag_set(d, WK_EINVAL, "model.norm.weight: missing");
-    if (!gdn_is_vec(g->norm, g->n_embd)) {
+    if (!wrk_is_vec(g->norm, g->n_embd)) {
         snprintf(want, sizeof(want), "[%u]", g->n_embd);
         return gdn_shape_err(d, "model.norm.weight", g->norm, want);
     }

@@ -237,24 +237,6 @@ m2_cfg_variants(const m2_cfg *c, wk_diag *d)
 /* shapes                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* Shape of t is [n] with any leading 1s. */
-static bool
-m2_is_vec(const wk_tensor *t, int64_t n)
-{
-    if (t->ndim < 1 || t->shape[t->ndim - 1] != n)
-        return false;
-    for (int i = 0; i + 1 < t->ndim; i++)
-        if (t->shape[i] != 1)
-            return false;
-    return true;
-}
-
-static bool
-m2_is_mat(const wk_tensor *t, int64_t d0, int64_t d1)
-{
-    return t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1;
-}
-
 static wk_err
 m2_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want)
 {
@@ -328,7 +310,7 @@ m2_read_dims(const wk_tensor_set *set, const m2_cfg *c, wrk_mamba2 *v, wk_diag *
     if ((e = m2_layer_need(set, 0, "mixer.A_log", &t, name, sizeof(name), d)) != WK_OK)
         return e;
     int64_t H = t->ndim >= 1 ? t->shape[t->ndim - 1] : 0;
-    if (H < 1 || !m2_is_vec(t, H) || v->d_inner % (uint64_t)H != 0 ||
+    if (H < 1 || !wrk_is_vec(t, H) || v->d_inner % (uint64_t)H != 0 ||
         v->d_inner / (uint64_t)H > M2_MAX_STATE) {
         snprintf(want, sizeof(want), "[H] with H dividing d_inner %u (head_dim <= %u)", v->d_inner,
                  M2_MAX_STATE);
@@ -393,7 +375,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
     for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
         if ((e = m2_layer_need(set, l, vecs[i].suf, &t, name, sizeof(name), d)) != WK_OK)
             return e;
-        if (!m2_is_vec(t, vecs[i].n)) {
+        if (!wrk_is_vec(t, vecs[i].n)) {
             snprintf(want, sizeof(want), "[%u]", vecs[i].n);
             return m2_shape_err(d, name, t, want);
         }
@@ -402,7 +384,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
 
     if ((e = m2_layer_need(set, l, "mixer.in_proj.weight", &t, name, sizeof(name), d)) != WK_OK)
         return e;
-    if (!m2_is_mat(t, v->d_in_proj, v->d_model)) {
+    if (!wrk_is_mat(t, v->d_in_proj, v->d_model)) {
         snprintf(want, sizeof(want), "[%u,%u] (2*d_inner + 2*n_groups*d_state + n_heads, d_model)",
                  v->d_in_proj, v->d_model);
         return m2_shape_err(d, name, t, want);
@@ -411,7 +393,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
 
     if ((e = m2_layer_need(set, l, "mixer.out_proj.weight", &t, name, sizeof(name), d)) != WK_OK)
         return e;
-    if (!m2_is_mat(t, v->d_model, v->d_inner)) {
+    if (!wrk_is_mat(t, v->d_model, v->d_inner)) {
         snprintf(want, sizeof(want), "[%u,%u]", v->d_model, v->d_inner);
         return m2_shape_err(d, name, t, want);
     }
@@ -433,7 +415,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
     if (t != NULL && !conv_bias)
         return wk_diag_set(d, WK_EINVAL, "%s: present but config.json use_conv_bias is false",
                            name);
-    if (t != NULL && !m2_is_vec(t, v->conv_dim)) {
+    if (t != NULL && !wrk_is_vec(t, v->conv_dim)) {
         snprintf(want, sizeof(want), "[%u]", v->conv_dim);
         return m2_shape_err(d, name, t, want);
     }
@@ -592,7 +574,7 @@ m2_map_into(wrk_model *m, const wk_tensor_set *set, const json_t *config, wrk_ma
     const wk_tensor *t = wk_tensor_set_find(set, M2_NORM_F);
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", M2_NORM_F);
-    if (!m2_is_vec(t, v->d_model)) {
+    if (!wrk_is_vec(t, v->d_model)) {
         snprintf(want, sizeof(want), "[%u]", v->d_model);
         return m2_shape_err(d, M2_NORM_F, t, want);
     }
@@ -600,7 +582,7 @@ m2_map_into(wrk_model *m, const wk_tensor_set *set, const json_t *config, wrk_ma
     t = wk_tensor_set_find(set, M2_HEAD);
     if (t == NULL && !tied)
         return wk_diag_set(d, WK_EINVAL, "%s: missing (config.json %s is false)", M2_HEAD, key);
-    if (t != NULL && !m2_is_mat(t, v->vocab_size, v->d_model)) {
+    if (t != NULL && !wrk_is_mat(t, v->vocab_size, v->d_model)) {
         snprintf(want, sizeof(want), "[%u,%u] (the rows of %s)", v->vocab_size, v->d_model,
                  emb_name);
         return m2_shape_err(d, M2_HEAD, t, want);
