@@ -177,7 +177,7 @@ wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
     if (strcmp(cfg->backend->name, "cuda") == 0) {
         /* Unknown ids stay "": the controller then compares host and ordinal. */
         if (be_nccl_device_ids(cfg->device, w->device_uuid, sizeof(w->device_uuid),
-                                w->pci_bus_id, sizeof(w->pci_bus_id)) != WK_OK)
+                               w->pci_bus_id, sizeof(w->pci_bus_id)) != WK_OK)
             w->device_uuid[0] = w->pci_bus_id[0] = '\0';
         w->nccl = be_nccl_available(cfg->device);
     }
@@ -693,7 +693,7 @@ wrk_handle_migrate_recv(wrk_worker *w, const wk_msg *req)
             wk_diag_set(&d, err, "slot %u has no device address", slot);
         if (err == WK_OK)
             err = be_nccl_recv(w->mig.comm, dev, w->mig.state_bytes, w->mig.chunk,
-                                w->mig.timeout_ms, &d);
+                               w->mig.timeout_ms, &d);
         if (err != WK_OK) {
             if (w->mig.id[0] != '\0' && strcmp(w->mig.id, mr->migration_id) == 0)
                 wrk_mig_end(w, true);
@@ -785,7 +785,7 @@ wrk_handle_migrate_prepare(wrk_worker *w, const wk_msg *req)
     uint64_t t0 = wrk_now_us();
     if (err == WK_OK)
         err = be_nccl_open(mp->nccl_unique_id.data, send ? 0 : 1, device, mp->timeout_ms, &comm,
-                            &d);
+                           &d);
     if (err != WK_OK) {
         wk_log_warn("nccl prepare failed migration=%s role=%s slot=%u peer=%s: %s",
                     mp->migration_id, mp->role, mp->slot, mp->peer_worker, d.msg);
@@ -833,7 +833,7 @@ wrk_handle_migrate_send(wrk_worker *w, const wk_msg *req)
     uint64_t t0 = wrk_now_us();
     if (err == WK_OK)
         err = be_nccl_send(w->mig.comm, dev, w->mig.state_bytes, w->mig.chunk,
-                            w->mig.timeout_ms, &d);
+                           w->mig.timeout_ms, &d);
     if (err != WK_OK) {
         if (w->mig.id[0] != '\0' && strcmp(w->mig.id, ms->migration_id) == 0)
             wrk_mig_end(w, true);
