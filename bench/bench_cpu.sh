@@ -8,7 +8,11 @@
 # fractions of their roofs (Markdown table on stdout).
 #
 # Then the same with the matrices quantized to Q8_0 at load (--quantize q8_0):
-# the Q8_0 rows (WKVM_BENCH_Q8=0 skips them).
+# the Q8_0 rows (WKVM_BENCH_Q8=0 skips them), and decode batch 1 of Q8_0
+# against the stored BF16 weights in one process (--pair q8_0: both models
+# open, WKVM_BENCH_PAIRS pairs of alternating windows, default 20; the median
+# of the per-pair ratios), which is the Q8_0 / BF16 figure to quote on a
+# shared machine, where best-of rounds in two processes swing by 15%.
 #
 # Peer mode (--peer DIR, DIR from bench/peer-setup.sh): wkvm Q8_0 and BF16
 # against llama.cpp's llama-bench / llama-batched-bench on the same Q8_0 GGUF
@@ -67,4 +71,8 @@ if [ "${WKVM_BENCH_Q8:-1}" != 0 ]; then
     echo
     "$bench" --model "$model" --batches 1,8,32,64 --prefill 512 \
         --rounds "${WKVM_BENCH_ROUNDS:-5}" --quantize q8_0 "$@"
+    echo
+    echo "Q8_0 against BF16, decode batch 1, one process (--pair q8_0):"
+    echo
+    "$bench" --model "$model" --pair q8_0 --pairs "${WKVM_BENCH_PAIRS:-20}" "$@"
 fi

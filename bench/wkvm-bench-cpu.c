@@ -386,6 +386,88 @@ bench_decode(const be_ops *ops, be_ctx *ctx, uint32_t B, uint32_t V, double tota
     return best;
 }
 
+/*
+ * Q8_0 against the same model's stored weights, in one process: both
+ * models open side by side (two backend contexts, each its own threads, one
+ * running at a time), then `pairs` pairs of decode batch 1 windows of
+ * `window_s` seconds, the order alternating (ABBA) so that a drift in the
+ * machine's speed (other tenants) falls on both sides alike. Each pair gives
+ * one ratio; the median of the ratios is the figure, printed with the range
+ * and each side's median tok/s.
+ */
+static int
+bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double
+bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void
+bench_pair(const char *model, int threads, int pairs, double window_s, int fp32)
+{
+    wk_diag d = {{0}};
+    wrk_model *m[2] = {NULL, NULL};
+    be_ctx *ctx[2] = {NULL, NULL};
+    const be_ops *ops = &be_cpu_ops;
+    char desc[2][256] = {"", ""};
+    for (int i = 0; i < 2; i++) {
+        wrk_model_opts mo = {.fp32 = fp32 != 0, .quantize_q8_0 = i == 1};
+        if (wrk_model_load(model, &mo, &m[i], &d) != WK_OK)
+            bench_die("load failed", d.msg);
+        be_config bc = {.n_slots = 2, .n_threads = (uint32_t)threads, .max_step_rows = 1,
+                        .max_step_tokens = 0};
+        if (ops->open(&bc, m[i], &ctx[i], &d) != WK_OK)
+            bench_die("open failed", d.msg);
+        ops->describe(ctx[i], desc[i], sizeof(desc[i]));
+    }
+    const wrk_model_info *in = wrk_model_info_get(m[0]);
+    double *tps[2], *ratio;
+    tps[0] = calloc((size_t)pairs, sizeof(double));
+    tps[1] = calloc((size_t)pairs, sizeof(double));
+    ratio = calloc((size_t)pairs, sizeof(double));
+    if (tps[0] == NULL || tps[1] == NULL || ratio == NULL)
+        bench_die("out of memory", NULL);
+    for (int i = 0; i < 2; i++) /* warm-up: page in, caches, pools */
+        (void)bench_decode(ops, ctx[i], 1, in->vocab_size, window_s);
+    for (int p = 0; p < pairs; p++) {
+        for (int s = 0; s < 2; s++) {
+            const int i = (p % 2) ^ s; /* ABBA */
+            /* bench_decode's best of 6 sub-windows of window_s / 6 */
+            tps[i][p] = bench_decode(ops, ctx[i], 1, in->vocab_size, window_s);
+        }
+        ratio[p] = tps[1][p] / tps[0][p];
+        fprintf(stderr, "wkvm-bench-cpu: pair %d/%d: %s %.1f, Q8_0 %.1f tok/s, %.3fx\n", p + 1,
+                pairs, wk_dtype_name(in->dtype), tps[0][p], tps[1][p], ratio[p]);
+    }
+    printf("model: %s, L%u C%u H%u N%u F%u V%u, %s\n", in->name, in->n_layer, in->n_embd,
+           in->n_head, in->head_size, in->ffn_dim, in->vocab_size, wk_dtype_name(in->dtype));
+    printf("backends: %s | %s\n", desc[0], desc[1]);
+    printf("%d pairs of decode batch 1 windows (%.2f s each, order alternating), one process\n\n",
+           pairs, window_s);
+    const double rmed = bench_median(ratio, pairs), rmin = ratio[0], rmax = ratio[pairs - 1];
+    printf("| decode batch 1 | %s tok/s (median) | Q8_0 tok/s (median) | Q8_0 / %s per pair: "
+           "median | min | max |\n",
+           wk_dtype_name(in->dtype), wk_dtype_name(in->dtype));
+    printf("|---|---:|---:|---:|---:|---:|\n");
+    const double m0 = bench_median(tps[0], pairs), m1 = bench_median(tps[1], pairs);
+    printf("| %d threads | %.1f | %.1f | %.3fx | %.3fx | %.3fx |\n", threads, m0, m1, rmed, rmin,
+           rmax);
+    free(tps[0]);
+    free(tps[1]);
+    free(ratio);
+    for (int i = 0; i < 2; i++) {
+        ops->close(ctx[i]);
+        wrk_model_free(m[i]);
+    }
+}
+
 static double
 bench_prefill(const be_ops *ops, be_ctx *ctx, uint32_t T, uint32_t V, int reps)
 {
@@ -418,8 +500,12 @@ bench_usage(FILE *f)
     fprintf(f, "usage: wkvm-bench-cpu --model DIR [--threads N] [--batches 1,8,32,64]\n"
                "                      [--prefill T] [--seconds S] [--bw-mib M] [--sgemm-n N]\n"
                "                      [--rounds R] [--fp32] [--quantize q8_0]\n"
+               "       wkvm-bench-cpu --model DIR --pair q8_0 [--pairs P] [--seconds S]\n"
+               "                      [--threads N] [--fp32]\n"
                "Every figure is the best of R rounds (default 3); --seconds is the decode\n"
-               "time per batch size per round.\n");
+               "time per batch size per round. --pair: decode batch 1 of the stored weights\n"
+               "and of Q8_0 in one process, P pairs (default 20) of alternating S-second\n"
+               "windows (default 0.6), the median of the per-pair ratios.\n");
 }
 
 int
@@ -428,7 +514,8 @@ main(int argc, char **argv)
     const char *model = NULL;
     int threads = 0, prefill = 512, bw_mib = 1024, sgemm_n = 3072, fp32 = 0, q8_0 = 0;
     double seconds = 1.5;
-    int rounds = 3;
+    int rounds = 3, pair = 0, pairs = 20;
+    double pair_s = 0.6;
     uint32_t batches[BENCH_MAX_BATCHES] = {1, 8, 32, 64};
     int n_batches = 4;
     static const struct option lo[] = {
@@ -438,6 +525,7 @@ main(int argc, char **argv)
         {"sgemm-n", required_argument, NULL, 'g'}, {"fp32", no_argument, NULL, 'f'},
         {"rounds", required_argument, NULL, 'r'},  {"help", no_argument, NULL, 'h'},
         {"quantize", required_argument, NULL, 'q'},
+        {"pair", required_argument, NULL, 'P'},    {"pairs", required_argument, NULL, 'n'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -446,7 +534,15 @@ main(int argc, char **argv)
         case 'm': model = optarg; break;
         case 't': threads = atoi(optarg); break;
         case 'p': prefill = atoi(optarg); break;
-        case 's': seconds = atof(optarg); break;
+        case 's': seconds = pair_s = atof(optarg); break;
+        case 'P':
+            if (strcmp(optarg, "q8_0") != 0) {
+                fprintf(stderr, "wkvm-bench-cpu: --pair %s: only q8_0\n", optarg);
+                return 2;
+            }
+            pair = 1;
+            break;
+        case 'n': pairs = atoi(optarg); break;
         case 'w': bw_mib = atoi(optarg); break;
         case 'g': sgemm_n = atoi(optarg); break;
         case 'f': fp32 = 1; break;
@@ -476,7 +572,7 @@ main(int argc, char **argv)
         }
     }
     if (model == NULL || prefill < 1 || bw_mib < 16 || sgemm_n < 256 || n_batches == 0 ||
-        rounds < 1 || rounds > 100) {
+        rounds < 1 || rounds > 100 || pairs < 1 || pairs > 1000 || !(seconds > 0)) {
         bench_usage(stderr);
         return 2;
     }
@@ -488,6 +584,10 @@ main(int argc, char **argv)
     if (getloadavg(&load, 1) == 1 && load > 0.5)
         printf("> note: load average %.2f at start; figures are lower on a busy machine\n\n",
                load);
+    if (pair) {
+        bench_pair(model, threads, pairs, pair_s, fp32);
+        return 0;
+    }
 
     /* model */
     wk_diag d = {{0}};
