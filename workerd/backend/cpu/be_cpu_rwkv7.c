@@ -10,9 +10,10 @@
  * every weight matrix into column panels in its stored dtype
  * (be_cpu_kernels.h), one block for all of them, and converts the small
  * vectors to fp32. Each pass runs the whole network over all its tokens at
- * once: one batched GEMM per projection for all tokens of all rows, the WKV
- * recurrence per (row, head) in token order, and the LayerNorm/mix/gate math
- * per token. A row longer than what is left of a
+ * once: one batched GEMM per projection for all tokens of all rows, the
+ * LayerNorm/mix math per token, and per (row, head) one task that runs the
+ * head's columns of the LoRA up-projections, the decay/ICLR/gate math and
+ * the WKV recurrence in token order. A row longer than what is left of a
  * pass continues in the next pass from its slot state, which is exactly
  * where a token-by-token run would be.
  *
@@ -62,6 +63,7 @@ struct be_ctx {
     const wrk_rwkv7 *rw;    /* the model's RWKV-7 view */
     uint32_t L, C, H, N, F;         /* dimensions (vocab: b.V) */
     uint32_t Dw, Da, Dv, Dg;        /* LoRA ranks */
+    uint32_t head_panels;   /* panels per head when N % BE_CPU_NR == 0, else 0 */
     float *vecs;            /* every small fp32 vector, one block, owned */
     const float *ln0_w, *ln0_b;     /* into vecs */
     const float *lnout_w, *lnout_b; /* into vecs */
@@ -224,61 +226,81 @@ cpu_stage_fmix(void *arg, uint32_t task)
 }
 
 /*
- * After the LoRAs: decay, ICLR, kk, the key update, the value residual.
- * In: mx0 = w2 out, mx1 = a2 out, mx2 = v2 out, k, v.
+ * After the LoRAs, token t, the channels of head h: decay, ICLR, kk, the
+ * key update, the value residual. Every value is per channel except kk's
+ * norm, which is per head, so a head's channels need nothing from the
+ * others. In: mx0 = w2 out, mx1 = a2 out, mx2 = v2 out, k, v.
  * Out: mx0 = decay w, mx1 = b = kk * iclr, mx4 = a = -kk, k updated, v
  * mixed (layer 0: vf = v).
  */
 static void
-cpu_stage_att(void *arg, uint32_t task)
+cpu_att_head(be_ctx *c, const cpu_layer *ly, uint32_t t, uint32_t h)
 {
-    be_ctx *c = arg;
-    const uint32_t l = c->layer;
-    const cpu_layer *ly = &c->layers[l];
-    const uint32_t C = c->C, H = c->H, N = c->N;
-    uint32_t t0, t1;
-    be_cpu_tok_range(&c->b, task, &t0, &t1);
-    for (uint32_t t = t0; t < t1; t++) {
-        const size_t o = (size_t)t * C;
-        float *dw = c->mx[0] + o, *da = c->mx[1] + o, *dv = c->mx[2] + o, *kk = c->mx[4] + o;
-        float *k = c->k + o, *v = c->v + o, *vf = c->vf + o;
-        for (uint32_t i = 0; i < C; i++) {
-            dw[i] = expf(-BE_CPU_DECAY_SCALE * cpu_sigmoid(ly->w0[i] + dw[i]));
-            da[i] = cpu_sigmoid(ly->a0[i] + da[i]);
-            kk[i] = k[i] * ly->k_k[i];
-        }
-        for (uint32_t h = 0; h < H; h++) {
-            float *q = kk + (size_t)h * N;
-            float ss = 0.0f;
-            for (uint32_t j = 0; j < N; j++)
-                ss += q[j] * q[j];
-            float nrm = sqrtf(ss);
-            if (nrm < 1e-12f)
-                nrm = 1e-12f;
-            for (uint32_t j = 0; j < N; j++)
-                q[j] = q[j] / nrm;
-        }
-        for (uint32_t i = 0; i < C; i++) {
-            const float ic = da[i], kv = kk[i];
-            k[i] = k[i] * (1.0f + (ic - 1.0f) * ly->k_a[i]);
-            da[i] = kv * ic;
-            kk[i] = -kv;
-        }
-        if (l == 0) {
-            memcpy(vf, v, sizeof(float) * C);
-        } else {
-            for (uint32_t i = 0; i < C; i++)
-                v[i] = v[i] + (vf[i] - v[i]) * cpu_sigmoid(ly->v0[i] + dv[i]);
-        }
+    const uint32_t N = c->N;
+    const size_t o = (size_t)t * c->C + (size_t)h * N;
+    float *dw = c->mx[0] + o, *da = c->mx[1] + o, *dv = c->mx[2] + o, *kk = c->mx[4] + o;
+    float *k = c->k + o, *v = c->v + o, *vf = c->vf + o;
+    const size_t ch = (size_t)h * N; /* into the per-channel vectors */
+    for (uint32_t i = 0; i < N; i++) {
+        dw[i] = expf(-BE_CPU_DECAY_SCALE * cpu_sigmoid(ly->w0[ch + i] + dw[i]));
+        da[i] = cpu_sigmoid(ly->a0[ch + i] + da[i]);
+        kk[i] = k[i] * ly->k_k[ch + i];
+    }
+    float ss = 0.0f;
+    for (uint32_t j = 0; j < N; j++)
+        ss += kk[j] * kk[j];
+    float nrm = sqrtf(ss);
+    if (nrm < 1e-12f)
+        nrm = 1e-12f;
+    for (uint32_t j = 0; j < N; j++)
+        kk[j] = kk[j] / nrm;
+    for (uint32_t i = 0; i < N; i++) {
+        const float ic = da[i], kv = kk[i];
+        k[i] = k[i] * (1.0f + (ic - 1.0f) * ly->k_a[ch + i]);
+        da[i] = kv * ic;
+        kk[i] = -kv;
+    }
+    if (c->layer == 0) {
+        memcpy(vf, v, sizeof(float) * N);
+    } else {
+        for (uint32_t i = 0; i < N; i++)
+            v[i] = v[i] + (vf[i] - v[i]) * cpu_sigmoid(ly->v0[ch + i] + dv[i]);
     }
 }
 
 /*
- * WKV per (segment, head), tokens in order; then GroupNorm, the bonus and
- * the gate for that head. Out: mx5 = (GN(y) + bonus) * g, with g in mx3.
+ * The LoRA up-projections (w2, a2, v2, g2) of rows [t0, t0 + n), the
+ * columns of panels [p0, p1) (a head's channels, in cpu_stage_head). The
+ * kernels compute each element alone, so these are the bits a GEMM over all
+ * columns and rows gives.
  */
 static void
-cpu_stage_wkv(void *arg, uint32_t task)
+cpu_lora_up(be_ctx *c, const cpu_layer *ly, uint32_t t0, uint32_t n, uint32_t p0, uint32_t p1)
+{
+    const be_cpu_isa isa = c->b.isa;
+    const size_t C = c->C;
+    be_cpu_gemm(isa, &ly->w2, c->lw + (size_t)t0 * c->Dw, c->Dw, n, c->mx[0] + t0 * C, C, NULL,
+                p0, p1, BE_CPU_EPI_STORE);
+    be_cpu_gemm(isa, &ly->a2, c->la + (size_t)t0 * c->Da, c->Da, n, c->mx[1] + t0 * C, C, NULL,
+                p0, p1, BE_CPU_EPI_STORE);
+    if (c->layer > 0)
+        be_cpu_gemm(isa, &ly->v2, c->lv + (size_t)t0 * c->Dv, c->Dv, n, c->mx[2] + t0 * C, C,
+                    NULL, p0, p1, BE_CPU_EPI_STORE);
+    be_cpu_gemm(isa, &ly->g2, c->lg + (size_t)t0 * c->Dg, c->Dg, n, c->mx[3] + t0 * C, C, NULL,
+                p0, p1, BE_CPU_EPI_STORE);
+}
+
+/*
+ * One (segment, head) task: when a head's channels are whole panels
+ * (c->head_panels), the LoRA up-projections of those channels for the
+ * segment's tokens first; then per token in order cpu_att_head, the WKV
+ * step, GroupNorm, the bonus and the gate for that head. Out: mx5 =
+ * (GN(y) + bonus) * g, with g in mx3. Folding the per-head work into one
+ * region spares a decode step two fork-joins per layer and runs the
+ * per-channel exp/sigmoid math on every thread (it ran on the caller alone).
+ */
+static void
+cpu_stage_head(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
     const uint32_t l = c->layer;
@@ -290,10 +312,13 @@ cpu_stage_wkv(void *arg, uint32_t task)
     const double gn_eps = c->rw->gn_eps; /* BlinkDL 64e-5, HF head_dim * norm_eps */
     const size_t ho = (size_t)h * N;
 
+    if (c->head_panels != 0)
+        cpu_lora_up(c, ly, sg->t0, sg->n, h * c->head_panels, (h + 1) * c->head_panels);
     for (uint32_t t = sg->t0; t < sg->t0 + sg->n; t++) {
         const size_t o = (size_t)t * C + ho;
         const float *r = c->r + o, *k = c->k + o, *v = c->v + o;
         float *y = c->mx[5] + o;
+        cpu_att_head(c, ly, t, h);
         be_cpu_wkv_head(c->b.isa, N, S, r, c->mx[0] + o, k, v, c->mx[4] + o, c->mx[1] + o, y);
         cpu_layernorm(y, ly->lnx_w + ho, ly->lnx_b + ho, N, gn_eps, y);
         float bonus = 0.0f;
@@ -357,15 +382,15 @@ cpu_pass_run(be_cpu_base *b)
         be_cpu_job_add(b, &ly->g1, c->mx[MIX_G], T, c->lg, NULL, BE_CPU_EPI_SIGMOID);
         be_cpu_jobs_run(b);
 
-        be_cpu_job_add(b, &ly->w2, c->lw, T, c->mx[0], NULL, BE_CPU_EPI_STORE);
-        be_cpu_job_add(b, &ly->a2, c->la, T, c->mx[1], NULL, BE_CPU_EPI_STORE);
-        if (l > 0)
-            be_cpu_job_add(b, &ly->v2, c->lv, T, c->mx[2], NULL, BE_CPU_EPI_STORE);
-        be_cpu_job_add(b, &ly->g2, c->lg, T, c->mx[3], NULL, BE_CPU_EPI_STORE);
-        be_cpu_jobs_run(b);
-
-        be_cpu_tok_run(b, cpu_stage_att, c);
-        be_cpu_pool_run(b->pool, cpu_stage_wkv, c, b->n_segs * c->H);
+        if (c->head_panels == 0) {
+            be_cpu_job_add(b, &ly->w2, c->lw, T, c->mx[0], NULL, BE_CPU_EPI_STORE);
+            be_cpu_job_add(b, &ly->a2, c->la, T, c->mx[1], NULL, BE_CPU_EPI_STORE);
+            if (l > 0)
+                be_cpu_job_add(b, &ly->v2, c->lv, T, c->mx[2], NULL, BE_CPU_EPI_STORE);
+            be_cpu_job_add(b, &ly->g2, c->lg, T, c->mx[3], NULL, BE_CPU_EPI_STORE);
+            be_cpu_jobs_run(b);
+        }
+        be_cpu_pool_run(b->pool, cpu_stage_head, c, b->n_segs * c->H);
 
         be_cpu_job_add(b, &ly->wo, c->mx[5], T, c->x, NULL, BE_CPU_EPI_ADD);
         be_cpu_jobs_run(b);
@@ -536,6 +561,7 @@ cpu_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     c->Da = rw->lora_a;
     c->Dv = rw->lora_v;
     c->Dg = rw->lora_g;
+    c->head_panels = c->N % BE_CPU_NR == 0 ? c->N / BE_CPU_NR : 0;
     const uint32_t C = c->C, L = c->L;
     c->layer_floats = 2 * (size_t)C + (size_t)c->H * c->N * c->N;
 
