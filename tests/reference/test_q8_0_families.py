@@ -6,10 +6,11 @@ dequantized.
 For small random models of both families (F32 and BF16, tied and untied
 heads, a hybrid GDN with attention layers), this runner:
   1. quantizes, in numpy, the matrices wkvm quantizes (Mamba2: in_proj,
-     out_proj and an untied head; GDN: every q/k/v/a/b/g/o projection, the
-     MLP and an untied head; each when its input dim is a multiple of 32)
-     with ggml's quantize_row_q8_0_ref arithmetic (test_q8_0_parity.q8_0_rows)
-     and runs the family's reference on d * q;
+     out_proj and the head; GDN: every q/k/v/a/b/g/o projection, the MLP
+     and the head; each when its input dim is a multiple of 32; a tied head
+     is quantized as the head's own copy while the embedding lookup stays
+     unquantized) with ggml's quantize_row_q8_0_ref arithmetic
+     (test_q8_0_parity.q8_0_rows) and runs the family's reference on d * q;
   2. requires wkvm's logits within max|diff| / std(ref) < 1e-3 and its
      greedy ids equal;
   3. requires --prefill-chunk 7 bit-identical to the whole-prompt run and
@@ -80,7 +81,10 @@ def load_ref(family, mdir, quant):
             named, n = quantized(named, M2_QUANT)
             assert n > 0, "no Mamba2 matrix to quantize"
         G, eps = mamba2_ref.read_config(mdir)
-        return mamba2_ref.Mamba2(named, n_groups=G, eps=eps), mamba2_ref.read_logits
+        ref = mamba2_ref.Mamba2(named, n_groups=G, eps=eps)
+        if quant and ref.head is ref.emb:
+            ref.head = q8_0_rows(ref.emb)  # tied: the head's own copy
+        return ref, mamba2_ref.read_logits
     conf = None
     cp = os.path.join(mdir, "config.json")
     if os.path.isfile(cp):
@@ -91,7 +95,10 @@ def load_ref(family, mdir, quant):
     if quant:
         named, n = quantized(named, GDN_QUANT)
         assert n > 0, "no GDN matrix to quantize"
-    return gdn_ref.GDN(named, conf), gdn_ref.read_logits
+    ref = gdn_ref.GDN(named, conf)
+    if quant and ref.tied:
+        ref.head = q8_0_rows(ref.head)  # the embedding's rows; the lookup keeps them
+    return ref, gdn_ref.read_logits
 
 
 def infer(exe, mdir, tokens, lpath, extra=()):

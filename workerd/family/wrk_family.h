@@ -70,9 +70,11 @@ typedef struct wrk_family {
 
     /*
      * The matrices --quantize q8_0 converts: the projections and the head
-     * (not the embedding, vectors, norms or convolution taps). Writes up to
-     * cap pointers into the view (out may be NULL) and returns how many
-     * there are. NULL: the family cannot be quantized at load.
+     * (not the embedding, vectors, norms or convolution taps; a tied head
+     * is named as a field pointing at the embedding, which the quantization
+     * repoints at the head's own copy). Writes up to cap pointers into the
+     * view (out may be NULL) and returns how many there are. NULL: the
+     * family cannot be quantized at load.
      */
     size_t (*quant_mats)(void *view, wrk_mat **out, size_t cap);
 } wrk_family;

@@ -827,9 +827,10 @@ gdn_fingerprint_extra(const void *view, char *buf, size_t len)
 
 /*
  * --quantize q8_0: every layer's projections (Gated DeltaNet and attention
- * layers alike: q, k, v, a, b, g, o) and MLP, and an untied head (a tied
- * head is the embedding, which stays in its dtype: backends pack it from
- * the embedding).
+ * layers alike: q, k, v, a, b, g, o) and MLP, and the head. A tied head's
+ * field points at the embedding; its quantization becomes the head's own
+ * Q8_0 copy while the embedding stays (a token reads one row of it; the
+ * head streams all of it every step).
  */
 static size_t
 gdn_quant_mats(void *view, wrk_mat **out, size_t cap)
@@ -849,12 +850,9 @@ gdn_quant_mats(void *view, wrk_mat **out, size_t cap)
             n++;
         }
     }
-    if (!v->g.tied) {
-        if (out != NULL && n < cap)
-            out[n] = &v->g.head;
-        n++;
-    }
-    return n;
+    if (out != NULL && n < cap)
+        out[n] = &v->g.head;
+    return n + 1;
 }
 
 const wrk_family wrk_family_gdn = {

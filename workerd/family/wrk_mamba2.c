@@ -650,7 +650,12 @@ m2_fingerprint_extra(const void *view, char *buf, size_t len)
              v->d_state, v->d_conv, v->layers[0].conv_b != NULL, v->eps);
 }
 
-/* --quantize q8_0: in_proj and out_proj of every layer, and an untied head. */
+/*
+ * --quantize q8_0: in_proj and out_proj of every layer, and the head. A tied
+ * head is named as head_q8, set here to the embedding: the quantization
+ * gives the head its own Q8_0 copy while the embedding stays (a token reads
+ * one row of it; the head streams all of it every step).
+ */
 static size_t
 m2_quant_mats(void *view, wrk_mat **out, size_t cap)
 {
@@ -662,12 +667,12 @@ m2_quant_mats(void *view, wrk_mat **out, size_t cap)
             if (out != NULL && n < cap)
                 out[n] = mats[i];
     }
-    if (v->lm_head.t != NULL) {
-        if (out != NULL && n < cap)
-            out[n] = &v->lm_head;
-        n++;
+    if (out != NULL && n < cap) {
+        if (v->lm_head.t == NULL)
+            v->head_q8 = (wrk_mat){v->emb, v->d_model, v->vocab_size, false};
+        out[n] = v->lm_head.t != NULL ? &v->lm_head : &v->head_q8;
     }
-    return n;
+    return n + 1;
 }
 
 const wrk_family wrk_family_mamba2 = {

@@ -71,6 +71,8 @@ typedef struct wrk_mamba2 {
     const wk_tensor *emb;             /* embedding [V, C] */
     const wk_tensor *norm_f;          /* final RMSNorm weight [C] */
     wrk_mat lm_head;                  /* C -> V, stored [V, C]; .t NULL when tied to emb */
+    wrk_mat head_q8;                  /* tied and --quantize q8_0: the head's own Q8_0
+                                         copy of emb (emb stays); .t NULL otherwise */
     wrk_mamba2_layer *layers;         /* n_layer entries */
 } wrk_mamba2;
 

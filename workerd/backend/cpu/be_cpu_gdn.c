@@ -1045,7 +1045,11 @@ gdn_pack(be_ctx *c, wk_diag *d)
             n++;
         }
     }
-    if (g->tied) /* after --fp32 the embedding field holds the converted copy */
+    /*
+     * Tied: after --fp32 the embedding field holds the converted copy; after
+     * --quantize q8_0 the head field holds its own Q8_0 copy.
+     */
+    if (g->tied && g->head.t->dtype != WK_DTYPE_Q8_0)
         head = (wrk_mat){g->emb, c->C, g->vocab_size, false};
     src[n] = &head;
     dst[n] = &c->head;

@@ -413,7 +413,9 @@ m2_open_mats(be_ctx *c, wk_diag *d)
         src[2 * l + 1] = &v->layers[l].out_proj;
     }
     dst[n - 1] = &c->head;
-    src[n - 1] = v->lm_head.t != NULL ? &v->lm_head : &tied;
+    src[n - 1] = v->lm_head.t != NULL   ? &v->lm_head
+                 : v->head_q8.t != NULL ? &v->head_q8 /* tied, quantized at load */
+                                        : &tied;
     wk_err e = be_cpu_pack_mats(&c->b, dst, src, n, d);
     for (size_t i = 0; e == WK_OK && i < n; i++)
         c->weight_bytes += dst[i]->bytes;
