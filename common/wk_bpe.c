@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wk_hex.h"
 #include "wk_tok.h"
 #include "wk_unicode_tables.h"
 
@@ -921,18 +922,6 @@ bpe_key_bytes(const char *s, size_t n, uint8_t *out, size_t *out_len)
 }
 
 /* Value of hex digit c, -1 if it is none. */
-static int
-bpe_hex(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /*
  * Byte of a byte-fallback key "<0xXX>" (either case, as the ByteFallback
  * decoder reads it), -1 if s is none; *upper: the digits are uppercase, the
@@ -943,8 +932,8 @@ bpe_fb_byte(const char *s, size_t n, bool *upper)
 {
     int hi, lo;
 
-    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || (hi = bpe_hex(s[3])) < 0 ||
-        (lo = bpe_hex(s[4])) < 0)
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>' || (hi = wk_hex_digit((unsigned char)s[3])) < 0 ||
+        (lo = wk_hex_digit((unsigned char)s[4])) < 0)
         return -1;
     *upper = !(s[3] >= 'a' && s[3] <= 'f') && !(s[4] >= 'a' && s[4] <= 'f');
     return hi * 16 + lo;

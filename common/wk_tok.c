@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 
 #include "wk_bpe.h"
+#include "wk_hex.h"
 #include "wk_sha256.h"
 
 #define TOK_NO_ID (-1)
@@ -183,18 +184,6 @@ tok_utf8_len(const uint8_t *s, size_t n)
     return need;
 }
 
-static int
-tok_hex_val(uint8_t c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Reads exactly n hex digits at s[*i]; returns false if they aren't there. */
 static bool
 tok_hex_digits(const uint8_t *s, size_t len, size_t *i, size_t n, uint32_t *val)
@@ -204,7 +193,7 @@ tok_hex_digits(const uint8_t *s, size_t len, size_t *i, size_t n, uint32_t *val)
     if (len - *i < n)
         return false;
     for (size_t k = 0; k < n; k++) {
-        int h = tok_hex_val(s[*i + k]);
+        int h = wk_hex_digit(s[*i + k]);
         if (h < 0)
             return false;
         v = (v << 4) | (uint32_t)h;

@@ -25,22 +25,11 @@
 #include <sys/stat.h>
 
 #include "wk_gguf.h"
+#include "wk_hex.h"
 #include "wk_tok.h"
 
 #define TOKG_KEY_MODEL "tokenizer.ggml.model"
 #define TOKG_KEY_TOKENS "tokenizer.ggml.tokens"
-
-static int
-tokg_hex(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 /*
  * Decodes the repr() body s[0..n) into out (at least n bytes); *out_len is
@@ -80,8 +69,8 @@ tokg_unescape(const char *s, size_t n, uint8_t *out, size_t *out_len, const char
             out[o++] = '\r';
             break;
         case 'x': {
-            int hi = i + 2 < n ? tokg_hex(s[i + 1]) : -1;
-            int lo = i + 2 < n ? tokg_hex(s[i + 2]) : -1;
+            int hi = i + 2 < n ? wk_hex_digit((unsigned char)s[i + 1]) : -1;
+            int lo = i + 2 < n ? wk_hex_digit((unsigned char)s[i + 2]) : -1;
             if (hi < 0 || lo < 0) {
                 *why = "\\x not followed by two hex digits";
                 return false;

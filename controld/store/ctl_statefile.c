@@ -10,6 +10,7 @@
  * size from the file, and never log.
  */
 #include "ctl_statefile.h"
+#include "wk_hex.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -87,16 +88,6 @@ sf_name_char(char c)
            c == '_' || c == '-' || c == '.';
 }
 
-static int
-sf_hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* Parses exactly 64 lowercase hex digits into 32 bytes. */
 static wk_err
 sf_hex_decode(const char *hex, const char *what, uint8_t out[WK_SHA256_LEN], wk_diag *d)
@@ -105,12 +96,8 @@ sf_hex_decode(const char *hex, const char *what, uint8_t out[WK_SHA256_LEN], wk_
     if (n != 2 * WK_SHA256_LEN)
         return wk_diag_set(d, WK_EINVAL, "%s must be 64 lowercase hex digits (got %zu chars)", what,
                            n);
-    for (size_t i = 0; i < WK_SHA256_LEN; i++) {
-        int hi = sf_hexval(hex[2 * i]), lo = sf_hexval(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return wk_diag_set(d, WK_EINVAL, "%s must be 64 lowercase hex digits", what);
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
+    if (!wk_hex_decode_lower(hex, WK_SHA256_LEN, out))
+        return wk_diag_set(d, WK_EINVAL, "%s must be 64 lowercase hex digits", what);
     return WK_OK;
 }
 

@@ -21,6 +21,7 @@
  */
 #include "ctl_store.h"
 #include "ctl_store_priv.h"
+#include "wk_hex.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -121,16 +122,6 @@ st_get_be64(const uint8_t *p)
     return v;
 }
 
-static int
-st_hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
 /* True when s is exactly 64 lowercase hex digits. */
 static bool
 st_is_hex64(const char *s)
@@ -138,7 +129,7 @@ st_is_hex64(const char *s)
     if (s == NULL)
         return false;
     for (int i = 0; i < 64; i++)
-        if (st_hexval(s[i]) < 0)
+        if (wk_hex_digit_lower((unsigned char)s[i]) < 0)
             return false;
     return s[64] == '\0';
 }
@@ -147,8 +138,7 @@ st_is_hex64(const char *s)
 static void
 st_hex_to_raw(const char *hex, uint8_t raw[WK_SHA256_LEN])
 {
-    for (int i = 0; i < WK_SHA256_LEN; i++)
-        raw[i] = (uint8_t)(st_hexval(hex[2 * i]) << 4 | st_hexval(hex[2 * i + 1]));
+    (void)wk_hex_decode_lower(hex, WK_SHA256_LEN, raw);
 }
 
 /* Maps an errno from file I/O to a wk_err with a message. */
@@ -1296,12 +1286,8 @@ st_cursor_decode(const char *cur, const uint8_t *prefix, size_t plen, st_key *k,
     size_t n = strnlen(cur, CTL_STORE_CURSOR_MAX);
     if (n == 0 || n % 2 != 0 || n / 2 > ST_KEY_MAX)
         return wk_diag_set(d, WK_EINVAL, "malformed list cursor");
-    for (size_t i = 0; i < n / 2; i++) {
-        int hi = st_hexval(cur[2 * i]), lo = st_hexval(cur[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return wk_diag_set(d, WK_EINVAL, "malformed list cursor");
-        k->b[i] = (uint8_t)(hi << 4 | lo);
-    }
+    if (!wk_hex_decode_lower(cur, n / 2, k->b))
+        return wk_diag_set(d, WK_EINVAL, "malformed list cursor");
     k->n = n / 2;
     if (k->n <= plen || memcmp(k->b, prefix, plen) != 0)
         return wk_diag_set(d, WK_EINVAL, "list cursor does not belong to this listing");

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wk_hex.h"
 #include "wk_tok.h"
 
 static int
@@ -39,18 +40,6 @@ tokdump_list(const wk_tok *t)
         putchar('\n');
     }
     return 0;
-}
-
-static int
-tokdump_hex(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 static int
@@ -75,7 +64,7 @@ tokdump_encode(const wk_tok *t)
             return 1;
         }
         for (ssize_t i = 0; i < n; i += 2) {
-            int hi = tokdump_hex(line[i]), lo = tokdump_hex(line[i + 1]);
+            int hi = wk_hex_digit((unsigned char)line[i]), lo = wk_hex_digit((unsigned char)line[i + 1]);
             if (hi < 0 || lo < 0) {
                 fprintf(stderr, "tokdump: bad hex\n");
                 return 1;
