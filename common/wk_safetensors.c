@@ -10,6 +10,7 @@
  * follow a shard name out of the index's directory, and never log.
  */
 #include "wk_safetensors.h"
+#include "wk_bytes.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -24,15 +25,6 @@ typedef struct wk_st_rec {
     uint64_t end;      /* one past the last byte */
     wk_tensor t;       /* dtype and shape; data/nbytes set once offsets check out */
 } wk_st_rec;
-
-static uint64_t
-wk_st_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* Reads a JSON integer >= 0 into *out. */
 static int
@@ -153,7 +145,7 @@ wk_st_parse(const void *buf, size_t len, wk_tensor_list *out, wk_diag *d)
     if (len < 8)
         return wk_diag_set(d, WK_EINVAL, "truncated: %zu bytes, the header length alone needs 8",
                            len);
-    uint64_t hlen = wk_st_le64(p);
+    uint64_t hlen = wk_le64_get(p);
     if (hlen > WK_ST_MAX_HEADER)
         return wk_diag_set(d, WK_ETOOBIG, "header length %llu over the limit of %zu bytes",
                            (unsigned long long)hlen, WK_ST_MAX_HEADER);

@@ -10,6 +10,7 @@
  * size from the file, and never log.
  */
 #include "ctl_statefile.h"
+#include "wk_bytes.h"
 #include "wk_hex.h"
 
 #include <stdbool.h>
@@ -35,38 +36,6 @@ enum {
 };
 
 #define SF_FAMILY_FIELD 16u /* bytes of the family field */
-
-static void
-sf_put_u32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void
-sf_put_u64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t
-sf_get_u32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static uint64_t
-sf_get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
 
 /* Rounds v up to a multiple of CTL_STATEFILE_ALIGN; v is far below overflow. */
 static uint64_t
@@ -297,20 +266,20 @@ ctl_statefile_write(const ctl_statefile_hdr *h, const void *state, size_t state_
                            (unsigned long long)total);
 
     memcpy(b + SF_OFF_MAGIC, CTL_STATEFILE_MAGIC, 8);
-    sf_put_u32(b + SF_OFF_VERSION, CTL_STATEFILE_VERSION);
-    sf_put_u32(b + SF_OFF_FLAGS, 0);
-    sf_put_u64(b + SF_OFF_FILE_BYTES, total);
-    sf_put_u64(b + SF_OFF_DATA_OFFSET, data_off);
-    sf_put_u64(b + SF_OFF_STATE_BYTES, state_len);
-    sf_put_u64(b + SF_OFF_TOKEN_COUNT, h->n_tokens);
-    sf_put_u32(b + SF_OFF_TENSOR_COUNT, h->n_tensors);
-    sf_put_u32(b + SF_OFF_RESERVED, 0);
+    wk_le32_put(b + SF_OFF_VERSION, CTL_STATEFILE_VERSION);
+    wk_le32_put(b + SF_OFF_FLAGS, 0);
+    wk_le64_put(b + SF_OFF_FILE_BYTES, total);
+    wk_le64_put(b + SF_OFF_DATA_OFFSET, data_off);
+    wk_le64_put(b + SF_OFF_STATE_BYTES, state_len);
+    wk_le64_put(b + SF_OFF_TOKEN_COUNT, h->n_tokens);
+    wk_le32_put(b + SF_OFF_TENSOR_COUNT, h->n_tensors);
+    wk_le32_put(b + SF_OFF_RESERVED, 0);
     memcpy(b + SF_OFF_FAMILY, h->family, fam_len);
     memcpy(b + SF_OFF_FINGERPRINT, fp, WK_SHA256_LEN);
     memcpy(b + SF_OFF_TOKENIZER, tz, WK_SHA256_LEN);
     memcpy(b + SF_OFF_TOKEN_DIGEST, td, WK_SHA256_LEN);
     for (uint64_t i = 0; i < h->n_tokens; i++)
-        sf_put_u32(b + tok_off + 4 * i, (uint32_t)h->tokens[i]);
+        wk_le32_put(b + tok_off + 4 * i, (uint32_t)h->tokens[i]);
     uint8_t *p = b + tab_off;
     for (uint32_t i = 0; i < h->n_tensors; i++) {
         const ctl_statefile_tensor *t = &h->tensors[i];
@@ -321,8 +290,8 @@ ctl_statefile_write(const ctl_statefile_hdr *h, const void *state, size_t state_
         *p++ = (uint8_t)t->dtype;
         *p++ = (uint8_t)t->ndim;
         for (uint32_t k = 0; k < t->ndim; k++, p += 8)
-            sf_put_u64(p, t->shape[k]);
-        sf_put_u64(p, t->offset);
+            wk_le64_put(p, t->shape[k]);
+        wk_le64_put(p, t->offset);
         p += 8;
     }
     if (state_len > 0)
@@ -353,17 +322,17 @@ sf_read_fixed(const uint8_t *b, size_t len, sf_fixed *f, wk_diag *d)
     if (len < min)
         return wk_diag_set(d, WK_EINVAL, "truncated: %zu bytes, a state file has at least %llu",
                            len, (unsigned long long)min);
-    uint32_t ver = sf_get_u32(b + SF_OFF_VERSION);
+    uint32_t ver = wk_le32_get(b + SF_OFF_VERSION);
     if (ver != CTL_STATEFILE_VERSION)
         return wk_diag_set(d, WK_EINVAL,
                            "unsupported state file format version %u (this build reads %u)", ver,
                            CTL_STATEFILE_VERSION);
-    uint32_t flags = sf_get_u32(b + SF_OFF_FLAGS);
+    uint32_t flags = wk_le32_get(b + SF_OFF_FLAGS);
     if (flags != 0)
         return wk_diag_set(d, WK_EINVAL, "reserved flags 0x%08x are set", flags);
-    if (sf_get_u32(b + SF_OFF_RESERVED) != 0)
+    if (wk_le32_get(b + SF_OFF_RESERVED) != 0)
         return wk_diag_set(d, WK_EINVAL, "reserved header field is not zero");
-    f->file_bytes = sf_get_u64(b + SF_OFF_FILE_BYTES);
+    f->file_bytes = wk_le64_get(b + SF_OFF_FILE_BYTES);
     if (f->file_bytes > len)
         return wk_diag_set(d, WK_EINVAL, "truncated: header says %llu bytes, %zu present",
                            (unsigned long long)f->file_bytes, len);
@@ -371,21 +340,21 @@ sf_read_fixed(const uint8_t *b, size_t len, sf_fixed *f, wk_diag *d)
         return wk_diag_set(d, WK_EINVAL, "%llu trailing bytes after the %llu-byte state file",
                            (unsigned long long)(len - f->file_bytes),
                            (unsigned long long)f->file_bytes);
-    f->n_tokens = sf_get_u64(b + SF_OFF_TOKEN_COUNT);
+    f->n_tokens = wk_le64_get(b + SF_OFF_TOKEN_COUNT);
     if (f->n_tokens > CTL_STATEFILE_MAX_TOKENS)
         return wk_diag_set(d, WK_EINVAL, "token count %llu is over the limit of %llu",
                            (unsigned long long)f->n_tokens,
                            (unsigned long long)CTL_STATEFILE_MAX_TOKENS);
-    f->n_tensors = sf_get_u32(b + SF_OFF_TENSOR_COUNT);
+    f->n_tensors = wk_le32_get(b + SF_OFF_TENSOR_COUNT);
     if (f->n_tensors == 0 || f->n_tensors > CTL_STATEFILE_MAX_TENSORS)
         return wk_diag_set(d, WK_EINVAL, "tensor count %u is outside 1..%u", f->n_tensors,
                            CTL_STATEFILE_MAX_TENSORS);
-    f->state_bytes = sf_get_u64(b + SF_OFF_STATE_BYTES);
+    f->state_bytes = wk_le64_get(b + SF_OFF_STATE_BYTES);
     if (f->state_bytes > CTL_STATEFILE_MAX_STATE_BYTES)
         return wk_diag_set(d, WK_EINVAL, "state byte count %llu is over the limit of %llu",
                            (unsigned long long)f->state_bytes,
                            (unsigned long long)CTL_STATEFILE_MAX_STATE_BYTES);
-    f->data_off = sf_get_u64(b + SF_OFF_DATA_OFFSET);
+    f->data_off = wk_le64_get(b + SF_OFF_DATA_OFFSET);
     if (f->data_off % CTL_STATEFILE_ALIGN != 0)
         return wk_diag_set(d, WK_EINVAL, "data offset %llu is not a multiple of %u",
                            (unsigned long long)f->data_off, CTL_STATEFILE_ALIGN);
@@ -446,8 +415,8 @@ sf_read_tensor(sf_cur *c, uint32_t idx, uint64_t running, uint64_t state_bytes,
         return wk_diag_set(d, WK_EINVAL, "tensor %u: shape runs into the state bytes", idx);
     uint64_t shape[CTL_STATEFILE_MAX_DIMS] = {0};
     for (uint32_t k = 0; k < ndim; k++)
-        shape[k] = sf_get_u64(q + 8 * k);
-    uint64_t off = sf_get_u64(q + 8 * ndim), nb;
+        shape[k] = wk_le64_get(q + 8 * k);
+    uint64_t off = wk_le64_get(q + 8 * ndim), nb;
     if ((e = sf_tensor_check(idx, dtype, ndim, shape, off, running, state_bytes, &nb, d)) != WK_OK)
         return e;
     t->dtype = (ctl_statefile_dtype)dtype;
@@ -501,7 +470,7 @@ ctl_statefile_read(const void *buf, size_t len, ctl_statefile_hdr *h_out, const 
             return wk_diag_set(d, WK_ENOMEM, "out of memory for %llu token ids",
                                (unsigned long long)f.n_tokens);
         for (uint64_t i = 0; i < f.n_tokens; i++) {
-            uint32_t v = sf_get_u32(b + CTL_STATEFILE_FIXED_BYTES + 4 * i);
+            uint32_t v = wk_le32_get(b + CTL_STATEFILE_FIXED_BYTES + 4 * i);
             if (v > INT32_MAX) {
                 e = wk_diag_set(d, WK_EINVAL, "token %llu is negative (%d)",
                                 (unsigned long long)i, (int)(int32_t)v);

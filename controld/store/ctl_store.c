@@ -21,6 +21,7 @@
  */
 #include "ctl_store.h"
 #include "ctl_store_priv.h"
+#include "wk_bytes.h"
 #include "wk_hex.h"
 
 #include <dirent.h>
@@ -88,38 +89,6 @@ st_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void
-st_put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t
-st_get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
-}
-
-static void
-st_put_be64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (56 - 8 * i));
-}
-
-static uint64_t
-st_get_be64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | p[i];
-    return v;
 }
 
 /* True when s is exactly 64 lowercase hex digits. */
@@ -318,7 +287,7 @@ static void
 st_key_state(st_key *k, const char *owner, const char *name, uint64_t version)
 {
     st_key_name(k, owner, name);
-    st_put_be64(k->b + k->n, version);
+    wk_be64_put(k->b + k->n, version);
     k->n += 8;
 }
 
@@ -562,11 +531,11 @@ st_rec_encode(const st_rec *r, size_t *len)
     *p++ = (uint8_t)((r->damaged ? ST_FLAG_DAMAGED : 0) | (r->has_blob ? ST_FLAG_BLOB : 0));
     *p++ = r->tier;
     *p++ = r->op;
-    st_put_le64(p, r->version);
-    st_put_le64(p + 8, (uint64_t)r->created_ms);
-    st_put_le64(p + 16, (uint64_t)r->used_ms);
-    st_put_le64(p + 24, r->blob_bytes);
-    st_put_le64(p + 32, r->state_bytes);
+    wk_le64_put(p, r->version);
+    wk_le64_put(p + 8, (uint64_t)r->created_ms);
+    wk_le64_put(p + 16, (uint64_t)r->used_ms);
+    wk_le64_put(p + 24, r->blob_bytes);
+    wk_le64_put(p + 32, r->state_bytes);
     p += 40;
     memcpy(p, r->fp, WK_SHA256_LEN);
     memcpy(p + 32, r->td, WK_SHA256_LEN);
@@ -617,11 +586,11 @@ st_rec_decode(const void *buf, size_t len, st_rec *r, wk_diag *d)
     if (r->tier >= ST_N_TIERS || r->op >= ST_N_OPS || (p[1] & ~3u) != 0)
         return wk_diag_set(d, WK_ECORRUPT, "store: state record has a bad tier, op or flag");
     p += 4;
-    r->version = st_get_le64(p);
-    r->created_ms = (int64_t)st_get_le64(p + 8);
-    r->used_ms = (int64_t)st_get_le64(p + 16);
-    r->blob_bytes = st_get_le64(p + 24);
-    r->state_bytes = st_get_le64(p + 32);
+    r->version = wk_le64_get(p);
+    r->created_ms = (int64_t)wk_le64_get(p + 8);
+    r->used_ms = (int64_t)wk_le64_get(p + 16);
+    r->blob_bytes = wk_le64_get(p + 24);
+    r->state_bytes = wk_le64_get(p + 32);
     p += 40;
     memcpy(r->fp, p, WK_SHA256_LEN);
     memcpy(r->td, p + 32, WK_SHA256_LEN);
@@ -718,7 +687,7 @@ st_ref_add(st_txn *t, const uint8_t blob[WK_SHA256_LEN], int delta, bool *now_ze
     if (rc == 0) {
         if (v.mv_size != 8)
             return wk_diag_set(d, WK_ECORRUPT, "store: blob reference count is malformed");
-        c = st_get_le64(v.mv_data);
+        c = wk_le64_get(v.mv_data);
     } else if (rc != MDB_NOTFOUND) {
         return st_mdb_err(t, rc, "reading a blob reference count", d);
     }
@@ -732,7 +701,7 @@ st_ref_add(st_txn *t, const uint8_t blob[WK_SHA256_LEN], int delta, bool *now_ze
         return WK_OK;
     }
     uint8_t cb[8];
-    st_put_le64(cb, c);
+    wk_le64_put(cb, c);
     v.mv_size = 8;
     v.mv_data = cb;
     if ((rc = mdb_put(t->txn, t->s->db_refs, &k, &v, 0)) != 0)
@@ -1072,7 +1041,7 @@ st_append(st_txn *t, st_rec *r, wk_diag *d)
     if (rc == 0) {
         if (v.mv_size != 8)
             return wk_diag_set(d, WK_ECORRUPT, "store: version counter of %s is malformed", name);
-        next = st_get_le64(v.mv_data);
+        next = wk_le64_get(v.mv_data);
     } else if (rc != MDB_NOTFOUND) {
         return st_mdb_err(t, rc, "reading a version counter", d);
     }
@@ -1082,7 +1051,7 @@ st_append(st_txn *t, st_rec *r, wk_diag *d)
     if (enc == NULL)
         return wk_diag_set(d, WK_ENOMEM, "store: out of memory encoding a record");
     uint8_t nb[8];
-    st_put_le64(nb, next + 1);
+    wk_le64_put(nb, next + 1);
     v.mv_size = 8;
     v.mv_data = nb;
     if ((rc = mdb_put(t->txn, t->s->db_names, &k, &v, 0)) != 0) {
@@ -1232,7 +1201,7 @@ st_lookup(ctl_store *s, MDB_txn *txn, st_txn *t, const char *owner, const char *
         return st_mdb_err(t, rc, "reading a state record", d);
     if (rc == MDB_NOTFOUND || mk.mv_size != plen + 8 || !st_has_prefix(&mk, k.b, plen))
         return wk_diag_set(d, WK_ENOENT, "no state '%s'", name);
-    *ver_out = st_get_be64((const uint8_t *)mk.mv_data + plen);
+    *ver_out = wk_be64_get((const uint8_t *)mk.mv_data + plen);
     return WK_OK;
 }
 
@@ -1660,7 +1629,7 @@ st_delete_op(st_txn *t, void *arg, wk_diag *d)
             vers = p;
             cap = nc;
         }
-        vers[nv++] = st_get_be64((const uint8_t *)mk.mv_data + k.n);
+        vers[nv++] = wk_be64_get((const uint8_t *)mk.mv_data + k.n);
     }
     mdb_cursor_close(c);
     if (e == WK_OK && rc != 0 && rc != MDB_NOTFOUND)
@@ -2082,7 +2051,7 @@ st_verify_refcounts(ctl_store *s, MDB_txn *txn, const st_refs *refs, bool hash_b
         if (cmp > 0) {
             rep->refs_mismatched++;
         } else {
-            if (v.mv_size != 8 || st_get_le64(v.mv_data) != j - i)
+            if (v.mv_size != 8 || wk_le64_get(v.mv_data) != j - i)
                 rep->refs_mismatched++;
             rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
         }
