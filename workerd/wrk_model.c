@@ -66,6 +66,8 @@ struct wrk_model {
     json_t *config;          /* config.json, NULL when absent; owned */
     struct wrk_use *uses;    /* tensors the family declared, owned */
     size_t n_uses, cap_uses; /* entries used / allocated in uses */
+    const wk_tensor **skips; /* tensors the family skipped (wrk_model_skip), owned array */
+    size_t n_skips, cap_skips; /* entries used / allocated in skips */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -681,6 +683,7 @@ typedef wk_err (*wrk_visit_fn)(wrk_model *m, const wrk_visit *v, void *arg);
 typedef struct wrk_use {
     wrk_visit v;            /* name, field, orientation */
     const wk_tensor *orig;  /* the stored tensor declared */
+    const wk_tensor *parent; /* the stored tensor orig is a part of (wrk_model_use_part), or NULL */
     bool dup;               /* the same tensor was declared before under another field */
 } wrk_use;
 
@@ -709,6 +712,36 @@ wrk_model_use(wrk_model *m, const wk_tensor **field, const char *name, bool tran
         if (*m->uses[i].v.tp == *field)
             u->dup = true;
     m->n_uses++;
+    return WK_OK;
+}
+
+wk_err
+wrk_model_use_part(wrk_model *m, const wk_tensor **field, const char *name, bool vec,
+                   const wk_tensor *parent, wk_diag *d)
+{
+    if (parent == NULL)
+        return wk_diag_set(d, WK_EINVAL, "wrk_model_use_part: NULL parent");
+    wk_err e = wrk_model_use(m, field, name, false, vec, d);
+    if (e == WK_OK)
+        m->uses[m->n_uses - 1].parent = parent;
+    return e;
+}
+
+wk_err
+wrk_model_skip(wrk_model *m, const wk_tensor *t, wk_diag *d)
+{
+    if (t == NULL)
+        return wk_diag_set(d, WK_EINVAL, "wrk_model_skip: NULL tensor");
+    if (m->n_skips == m->cap_skips) {
+        size_t cap = m->cap_skips ? 2 * m->cap_skips : 64;
+        const wk_tensor **p = realloc(m->skips, cap * sizeof(*p));
+        if (p == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory skipping %s", t->name);
+        m->skips = p;
+        m->cap_skips = cap;
+    }
+    m->skips[m->n_skips++] = t;
+    m->info.n_skipped++;
     return WK_OK;
 }
 
@@ -1111,7 +1144,8 @@ wrk_model_read_config(const char *dir, json_t **out, wk_diag *d)
     return WK_OK;
 }
 
-static const wrk_family *const wrk_families[] = {&wrk_family_mamba2, &wrk_family_gdn};
+static const wrk_family *const wrk_families[] = {&wrk_family_mamba2, &wrk_family_gdn,
+                                                 &wrk_family_qwen3_5};
 #define WRK_N_FAMILIES (sizeof(wrk_families) / sizeof(wrk_families[0]))
 
 /*
@@ -1137,7 +1171,7 @@ wrk_model_pick_family(const wk_tensor_set *set, const json_t *config, const wrk_
                 }
         return wk_diag_set(d, WK_ENOTSUP,
                            "config.json: model_type \"%.64s\" is not supported (rwkv7, "
-                           "mamba2, gated_deltanet)",
+                           "mamba2, gated_deltanet, qwen3_5, qwen3_5_text)",
                            t);
     }
     for (size_t i = 0; i < WRK_N_FAMILIES; i++)
@@ -1157,7 +1191,9 @@ wrk_model_check_unused(const wrk_model *m, wk_diag *d)
         const wk_tensor *t = wk_tensor_set_at(m->set, i);
         bool used = false;
         for (size_t u = 0; u < m->n_uses && !used; u++)
-            used = *m->uses[u].v.tp == t;
+            used = *m->uses[u].v.tp == t || m->uses[u].parent == t;
+        for (size_t u = 0; u < m->n_skips && !used; u++)
+            used = m->skips[u] == t;
         if (!used)
             return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s checkpoint", t->name,
                                m->fam->name);
@@ -1349,6 +1385,7 @@ wrk_model_free(wrk_model *m)
     if (m->fam != NULL && m->fam->free_view != NULL)
         m->fam->free_view(m->view);
     free(m->uses);
+    free(m->skips);
     json_decref(m->config);
     wk_tok_free(m->tok);
     wk_tensor_set_free(m->set);
@@ -1376,9 +1413,17 @@ wrk_model_rwkv7(const wrk_model *m)
 const void *
 wrk_model_view(const wrk_model *m, const char *family)
 {
-    if (m->fam == NULL || family == NULL || strcmp(m->fam->name, family) != 0)
+    if (m->fam == NULL || family == NULL || strcmp(wrk_model_view_kind(m), family) != 0)
         return NULL;
     return m->view;
+}
+
+const char *
+wrk_model_view_kind(const wrk_model *m)
+{
+    if (m->fam == NULL)
+        return "rwkv7";
+    return m->fam->view != NULL ? m->fam->view : m->fam->name;
 }
 
 size_t

@@ -30,7 +30,7 @@ typedef struct wrk_model_opts {
 
 /* What the rest of the worker (and the controller, via ModelInfo) sees. */
 typedef struct wrk_model_info {
-    char family[16];         /* "rwkv7", "mamba2", "gdn" */
+    char family[16];         /* "rwkv7", "mamba2", "gdn", "qwen3_5" ... (the checkpoint's) */
     char name[128];          /* directory base name */
     uint32_t n_layer;        /* layers */
     uint32_t n_embd;         /* C */
@@ -44,6 +44,7 @@ typedef struct wrk_model_info {
     uint64_t state_bytes;    /* bytes of one slot's state (the fixed, recurrent part) */
     uint32_t n_attn_layer;   /* hybrid models: full-attention layers, 0 for recurrent-only */
     uint64_t kv_token_bytes; /* hybrid models: KV bytes per token (all attention layers), else 0 */
+    uint32_t n_skipped;      /* tensors present but not served (a vision tower, MTP layers) */
     char weights_digest[65]; /* hex SHA-256 over tensor names, shapes, dtypes, bytes */
     char vocab_digest[65];   /* hex SHA-256 of the vocab file, "" when none */
     char fingerprint[65];    /* hex SHA-256 binding family, shapes, dtype, both digests */
@@ -123,6 +124,13 @@ const wrk_rwkv7 *wrk_model_rwkv7(const wrk_model *m);
  * when m's family is `family`, else NULL. Borrowed until wrk_model_free().
  */
 const void *wrk_model_view(const wrk_model *m, const char *family);
+
+/*
+ * The kind of view m's family maps onto, which names the backend
+ * implementation: "rwkv7", "mamba2" or "gdn" (Qwen3.5 checkpoints, family
+ * "qwen3_5", are served through the "gdn" view). Static string.
+ */
+const char *wrk_model_view_kind(const wrk_model *m);
 
 /* One fp32 tensor of a slot's state, in slot order (see wrk_model_state_layout). */
 #define WRK_STATE_MAX_DIMS 4

@@ -467,6 +467,10 @@ wrk_handle_load(wrk_worker *w, const wk_msg *req)
         wrk_reply_status(w, req, WKVM__KIND__MODEL_INFO, err, d.msg);
         return;
     }
+    const wrk_model_info *li = wrk_model_info_get(w->model);
+    if (li->n_skipped > 0) /* a vision tower, MTP layers: present, not served */
+        wk_log_info("model family=%s skipped=%u tensors (not served: vision tower, MTP layers)",
+                    li->family, li->n_skipped);
     if (w->cfg.backend->describe != NULL) { /* what runs (the CPU path really chosen) */
         char desc[256] = "";
         w->cfg.backend->describe(w->be, desc, sizeof(desc));

@@ -15,8 +15,12 @@ RWKV-7).
 (gen_gdn.py --attn-layers): its slot images grow with context (recurrent
 bytes + KV per token), and every operation must carry the KV too;
 migration goes over NNG with the reason "hybrid state (KV pages)".
+"qwen3_5-hybrid" is a Qwen3.5 checkpoint (tests/reference/gen_qwen35.py:
+transformers' multimodal layout, gated attention in layers 1 and 3, BF16
+shards, a vision tower and MTP layer that are skipped), served through the
+same Gated DeltaNet backend with its KV in the pool.
 
-WKVM_FAMILIES=rwkv7,mamba2 limits the families (all four by default).
+WKVM_FAMILIES=rwkv7,mamba2 limits the families (all five by default).
 """
 import json
 import os
@@ -52,6 +56,12 @@ def make_model(family):
         # Hybrid-linear: GDN layers with full-attention layers 1 and 3 (a paged KV pool).
         cmd = [PY, os.path.join(REF, "gen_gdn.py"), "--out", d, "--seed", "14", "--layers", "4",
                "--attn-layers", "1,3", "--attn-heads", "4", "--attn-kv-heads", "2"]
+    elif family == "qwen3_5-hybrid":
+        # Qwen3.5 (transformers' qwen3_5 layout, multimodal: the text model under
+        # model.language_model.*, a vision tower and MTP layer skipped), layers 1 and 3
+        # gated attention over the paged KV pool, BF16 sharded.
+        cmd = [PY, os.path.join(REF, "gen_qwen35.py"), "--out", d, "--seed", "15", "--layers",
+               "4", "--interval", "2", "--multimodal", "--dtype", "bf16", "--format", "sharded"]
     else:
         raise ValueError(family)
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
@@ -195,7 +205,7 @@ def run_family(f):
 
 def families():
     env = os.environ.get("WKVM_FAMILIES")
-    return env.split(",") if env else ["rwkv7", "mamba2", "gdn", "gdn-hybrid"]
+    return env.split(",") if env else ["rwkv7", "mamba2", "gdn", "gdn-hybrid", "qwen3_5-hybrid"]
 
 
 def make_tests():

@@ -38,6 +38,7 @@ struct json_t;
 
 typedef struct wrk_family {
     const char *name; /* reported as wrk_model_info.family ("mamba2") */
+    const char *view; /* the view struct it maps onto and the backends read ("gdn"); NULL: name */
 
     /* config.json "model_type" values this family accepts; NULL-terminated. */
     const char *const *model_types;
@@ -89,9 +90,29 @@ typedef struct wrk_family {
 WK_MUST_CHECK wk_err wrk_model_use(wrk_model *m, const wk_tensor **field, const char *name,
                                    bool transpose, bool vec, wk_diag *d);
 
+/*
+ * Declares a view the family made of part of a stored tensor (rows of a
+ * fused projection, e.g. Qwen3.5's in_proj_qkv split into q, k and v):
+ * *field is the family's own wk_tensor (owned by its view, data pointing
+ * into parent's), counted, hashed and converted like any declared tensor
+ * under name; parent counts as used for the unknown-tensor check. The parts
+ * of one parent must tile it. Returns WK_OK, WK_EINVAL, WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wrk_model_use_part(wrk_model *m, const wk_tensor **field, const char *name,
+                                        bool vec, const wk_tensor *parent, wk_diag *d);
+
+/*
+ * Marks a stored tensor the family knows and does not serve (a vision tower,
+ * multi-token-prediction layers): not refused as unknown, not counted,
+ * hashed or loaded; counted in info.n_skipped (the worker logs it once).
+ * Returns WK_OK or WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wrk_model_skip(wrk_model *m, const wk_tensor *t, wk_diag *d);
+
 /* Families other than RWKV-7 (family/wrk_<name>.c). */
 extern const wrk_family wrk_family_mamba2;
 extern const wrk_family wrk_family_gdn;
+extern const wrk_family wrk_family_qwen3_5;
 
 /*
  * config.json helpers: an integer / number / boolean member, or def when the

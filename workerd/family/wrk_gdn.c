@@ -412,6 +412,7 @@ gdn_read_attn_dims(const wk_tensor_set *set, uint32_t la, wrk_gdn *g, uint32_t d
                            "even size up to %u",
                            name, QD, g->attn_heads, GDN_MAX_ATTN_DIM);
     g->attn_head_dim = (uint32_t)(QD / g->attn_heads);
+    g->rope_dim = g->attn_head_dim; /* fla rotates the whole head */
     dim[GDN_QD] = (uint32_t)QD;
     dim[GDN_KVD] = g->attn_kv_heads * g->attn_head_dim;
     dim[GDN_AD] = g->attn_head_dim;
@@ -765,11 +766,9 @@ fail:
     return e;
 }
 
-/* The slot layout: the Gated DeltaNet layers only (attention layers keep their KV in the pool). */
-static size_t
-gdn_layout(const void *view, wrk_state_tensor *out, size_t cap)
+size_t
+wrk_gdn_state_layout(const wrk_gdn *g, wrk_state_tensor *out, size_t cap)
 {
-    const wrk_gdn *g = &((const gdn_view *)view)->g;
     const uint64_t KD = (uint64_t)g->n_head * g->head_k;
     const uint64_t VD = (uint64_t)g->n_v_head * g->head_v;
     size_t n = (size_t)(g->n_layer - g->n_attn) * 4;
@@ -796,6 +795,13 @@ gdn_layout(const void *view, wrk_state_tensor *out, size_t cap)
         gi++;
     }
     return n;
+}
+
+/* The slot layout: the Gated DeltaNet layers only (attention layers keep their KV in the pool). */
+static size_t
+gdn_layout(const void *view, wrk_state_tensor *out, size_t cap)
+{
+    return wrk_gdn_state_layout(&((const gdn_view *)view)->g, out, cap);
 }
 
 static void
@@ -832,13 +838,12 @@ gdn_fingerprint_extra(const void *view, char *buf, size_t len)
  * Q8_0 copy while the embedding stays (a token reads one row of it; the
  * head streams all of it every step).
  */
-static size_t
-gdn_quant_mats(void *view, wrk_mat **out, size_t cap)
+size_t
+wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size_t cap)
 {
-    gdn_view *v = view;
     size_t n = 0;
-    for (uint32_t l = 0; l < v->g.n_layer; l++) {
-        wrk_gdn_layer *ly = &v->layers[l];
+    for (uint32_t l = 0; l < g->n_layer; l++) {
+        wrk_gdn_layer *ly = &layers[l];
         wrk_mat *mats[] = {&ly->q_proj, &ly->k_proj,    &ly->v_proj,  &ly->a_proj,
                            &ly->b_proj, &ly->g_proj,    &ly->o_proj,  &ly->gate_proj,
                            &ly->up_proj, &ly->down_proj};
@@ -851,8 +856,15 @@ gdn_quant_mats(void *view, wrk_mat **out, size_t cap)
         }
     }
     if (out != NULL && n < cap)
-        out[n] = &v->g.head;
+        out[n] = &g->head;
     return n + 1;
+}
+
+static size_t
+gdn_quant_mats(void *view, wrk_mat **out, size_t cap)
+{
+    gdn_view *v = view;
+    return wrk_gdn_quant_mats(&v->g, v->layers, out, cap);
 }
 
 const wrk_family wrk_family_gdn = {

@@ -33,6 +33,12 @@
  * their own shapes (C -> Hq Da, C -> Hkv Da, C -> Hkv Da, Hq Da -> C) and
  * leave the Gated DeltaNet-only fields NULL.
  *
+ * Qwen3.5 checkpoints (family/wrk_qwen35.c) map onto this view too: their
+ * fused projections become views of rows (q, k, v of in_proj_qkv and of the
+ * conv taps), their norms use (1 + weight) (norm_offset 1), their attention
+ * carries an output gate in q_proj (attn_gate, q_proj C -> 2 Hq Da) and
+ * rotates only the first rope_dim dims of each head.
+ *
  * Everything is borrowed until wrk_model_free().
  */
 #ifndef WRK_GDN_H
@@ -92,6 +98,25 @@ typedef struct wrk_gdn {
     double attn_norm_eps;   /* q_norm / k_norm epsilon (fla RMSNorm default 1e-5) */
     bool qkv_bias;          /* q / k / v projections carry a bias */
     bool qk_norm;           /* per-head RMSNorm on q and k before RoPE */
+    bool attn_gate;         /* q_proj rows are [Hq][2 Da]: per head the query, then a gate;
+                               the attention output is multiplied by sigmoid(gate) (Qwen3.5) */
+    uint32_t rope_dim;      /* rotary dims: the first rope_dim of each head (even, <= Da) */
+    float norm_offset;      /* added to every RMSNorm weight but o_norm's: 0, or 1 for the
+                               (1 + weight) convention of Qwen3.5 */
 } wrk_gdn;
+
+/*
+ * The slot layout of g (wrk_family.state_layout for every family mapping
+ * onto this view): up to cap entries into out (NULL: count only); returns
+ * the number of entries.
+ */
+size_t wrk_gdn_state_layout(const wrk_gdn *g, wrk_state_tensor *out, size_t cap);
+
+/*
+ * The matrices --quantize q8_0 converts (wrk_family.quant_mats for every
+ * family mapping onto this view): every layer's projections and MLP, and
+ * the head. layers is g's layer array, writable.
+ */
+size_t wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size_t cap);
 
 #endif /* WRK_GDN_H */

@@ -17,7 +17,7 @@ struct be_ctx {
 static const be_ops *
 fam_ops(const wrk_model *m)
 {
-    const char *f = wrk_model_info_get(m)->family;
+    const char *f = wrk_model_view_kind(m);
     if (strcmp(f, "rwkv7") == 0)
         return &be_cpu_rwkv7_ops;
     if (strcmp(f, "mamba2") == 0)

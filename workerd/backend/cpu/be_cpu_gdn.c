@@ -126,9 +126,11 @@ struct be_ctx {
     uint32_t Hq, Hkv, Da;     /* query heads, KV heads, head dim */
     uint32_t QD, KVD;         /* Hq * Da, Hkv * Da */
     float att_scale;          /* Da^-0.5 */
-    double *inv_freq;         /* RoPE theta^(-2i/Da) [Da/2], owned */
+    uint32_t rope_half;       /* rotary pairs per head: rope_dim / 2 */
+    double *inv_freq;         /* RoPE theta^(-2i/rope_dim) [rope_half], owned */
     be_kv kv;                 /* the KV page pool */
     float *aq, *ak, *av, *ao; /* [cap][QD|KVD|KVD|QD] */
+    float *aqg, *ag;          /* attn_gate: q_proj output [cap][2 QD], the gates [cap][QD] */
     uint32_t *tpos;           /* absolute position of each pass token [cap] */
     uint32_t att_tasks;       /* tasks of the attention region (scratch rows) */
     size_t scr_len;           /* floats per scratch row (>= the longest context) */
@@ -589,11 +591,14 @@ gdn_stage_final_norm(void *arg, uint32_t task)
 /* attention layers (hybrid models)                                          */
 /* ------------------------------------------------------------------------ */
 
-/* RoPE (GPT-NeoX rotate-half) of n heads of Da at position pos, in place. */
+/*
+ * RoPE (GPT-NeoX rotate-half over the first rope_dim dims of each head;
+ * the rest pass through) of n heads of Da at position pos, in place.
+ */
 static void
 gdn_rope(const be_ctx *c, float *x, uint32_t n, uint32_t pos)
 {
-    const uint32_t half = c->Da / 2;
+    const uint32_t half = c->rope_half;
     for (uint32_t i = 0; i < half; i++) {
         const double ang = (double)pos * c->inv_freq[i];
         const float cs = (float)cos(ang), sn = (float)sin(ang);
@@ -618,6 +623,15 @@ gdn_stage_att_prep(void *arg, uint32_t task)
         float *q = c->aq + (size_t)t * c->QD;
         float *k = c->ak + (size_t)t * c->KVD;
         const float *v = c->av + (size_t)t * c->KVD;
+        if (c->aqg != NULL) { /* per head: the query, then its gate */
+            const float *src = c->aqg + (size_t)t * 2 * c->QD;
+            float *gt = c->ag + (size_t)t * c->QD;
+            for (uint32_t h = 0; h < c->Hq; h++) {
+                memcpy(q + (size_t)h * c->Da, src + (size_t)h * 2 * c->Da, sizeof(float) * c->Da);
+                memcpy(gt + (size_t)h * c->Da, src + ((size_t)h * 2 + 1) * c->Da,
+                       sizeof(float) * c->Da);
+            }
+        }
         if (ly->bq != NULL) {
             float *vv = c->av + (size_t)t * c->KVD;
             for (uint32_t i = 0; i < c->QD; i++)
@@ -778,6 +792,21 @@ gdn_stage_att(void *arg, uint32_t task)
         c->att(c, (uint32_t)(i / c->Hq), (uint32_t)(i % c->Hq), scr);
 }
 
+/* attn_gate: the attention output times sigmoid(gate), per token. */
+static void
+gdn_stage_att_gate(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    uint32_t t0, t1;
+    be_cpu_tok_range(&c->b, task, &t0, &t1);
+    for (uint32_t t = t0; t < t1; t++) {
+        float *o = c->ao + (size_t)t * c->QD;
+        const float *g = c->ag + (size_t)t * c->QD;
+        for (uint32_t i = 0; i < c->QD; i++)
+            o[i] *= gdn_sigmoid(g[i]);
+    }
+}
+
 /* The absolute position of every pass token: its slot's n_ctx before the step + its index. */
 static void
 gdn_att_positions(be_ctx *c)
@@ -794,7 +823,7 @@ gdn_layer_attention(be_ctx *c, const gdn_layer *ly)
 {
     be_cpu_base *b = &c->b;
     const uint32_t T = b->T;
-    be_cpu_job_add(b, &ly->wq, c->xn, T, c->aq, NULL, BE_CPU_EPI_STORE);
+    be_cpu_job_add(b, &ly->wq, c->xn, T, c->aqg != NULL ? c->aqg : c->aq, NULL, BE_CPU_EPI_STORE);
     be_cpu_job_add(b, &ly->wk, c->xn, T, c->ak, NULL, BE_CPU_EPI_STORE);
     be_cpu_job_add(b, &ly->wv, c->xn, T, c->av, NULL, BE_CPU_EPI_STORE);
     be_cpu_jobs_run(b);
@@ -803,6 +832,8 @@ gdn_layer_attention(be_ctx *c, const gdn_layer *ly)
     uint32_t n = items < c->att_tasks ? (uint32_t)items : c->att_tasks;
     b->tok_tasks = n;
     be_cpu_pool_run(b->pool, gdn_stage_att, c, n); /* ... before any token attends */
+    if (c->aqg != NULL)
+        be_cpu_tok_run(b, gdn_stage_att_gate, c);
     be_cpu_job_add(b, &ly->wo, c->ao, T, c->x, NULL, BE_CPU_EPI_ADD);
     be_cpu_jobs_run(b);
 }
@@ -923,7 +954,8 @@ gdn_close(be_ctx *c)
     free(c->layers);
     free(c->vecs);
     float *bufs[] = {c->x,  c->xn, c->qr, c->kr, c->vr, c->q,  c->k,  c->v,  c->ar,
-                     c->br, c->gr, c->o,  c->hg, c->hu, c->aq, c->ak, c->av, c->ao};
+                     c->br, c->gr, c->o,  c->hg, c->hu, c->aq, c->ak, c->av, c->ao,
+                     c->aqg, c->ag};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     be_cpu_kv_fini(&c->kv);
@@ -961,6 +993,19 @@ gdn_taps(const wk_tensor *t, uint32_t D, uint32_t W, float *tmp, float **vp, con
     return WK_OK;
 }
 
+/*
+ * w += off over n weights (the (1 + weight) RMSNorm convention; fp32, as
+ * transformers computes 1.0 + weight.float()). Nothing when off is 0.
+ */
+static void
+gdn_offset(float *w, size_t n, float off)
+{
+    if (off == 0.0f)
+        return;
+    for (size_t i = 0; i < n; i++)
+        w[i] = off + w[i];
+}
+
 static wk_err
 gdn_load_vectors(be_ctx *c, wk_diag *d)
 {
@@ -978,6 +1023,8 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
     }
     float *vp = c->vecs;
     wk_err e = gdn_vec(g->norm, C, &vp, &c->norm);
+    if (e == WK_OK)
+        gdn_offset((float *)c->norm, C, g->norm_offset);
     uint32_t n_delta = 0, n_att = 0;
     for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
@@ -995,6 +1042,12 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
             if (g->qk_norm && ((e = gdn_vec(s->q_norm, c->Da, &vp, &ly->nq)) != WK_OK ||
                                (e = gdn_vec(s->k_norm, c->Da, &vp, &ly->nk)) != WK_OK))
                 break;
+            gdn_offset((float *)ly->attn_norm, C, g->norm_offset);
+            gdn_offset((float *)ly->mlp_norm, C, g->norm_offset);
+            if (g->qk_norm) {
+                gdn_offset((float *)ly->nq, c->Da, g->norm_offset);
+                gdn_offset((float *)ly->nk, c->Da, g->norm_offset);
+            }
             continue;
         }
         if ((e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK ||
@@ -1009,6 +1062,8 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
         float *na = (float *)ly->neg_A;
         for (size_t j = 0; j < HV; j++)
             na[j] = -expf(na[j]);
+        gdn_offset((float *)ly->attn_norm, C, g->norm_offset);
+        gdn_offset((float *)ly->mlp_norm, C, g->norm_offset);
     }
     free(tmp);
     if (e != WK_OK)
@@ -1077,18 +1132,21 @@ gdn_open_attention(be_ctx *c, const be_config *cfg, wk_diag *d)
     if (e != WK_OK)
         return e;
     c->att_scale = (float)(1.0 / sqrt((double)c->Da));
-    c->inv_freq = malloc(sizeof(double) * (c->Da / 2));
+    c->rope_half = c->g->rope_dim / 2;
+    c->inv_freq = malloc(sizeof(double) * (c->rope_half ? c->rope_half : 1));
     c->tpos = calloc(c->b.cap, sizeof(uint32_t));
     c->att_tasks = 4 * c->b.n_threads;
     if (c->inv_freq == NULL || c->tpos == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
-    for (uint32_t i = 0; i < c->Da / 2; i++)
-        c->inv_freq[i] = pow(c->g->rope_theta, -(double)(2 * i) / (double)c->Da);
+    for (uint32_t i = 0; i < c->rope_half; i++)
+        c->inv_freq[i] = pow(c->g->rope_theta, -(double)(2 * i) / (double)c->g->rope_dim);
     const size_t cap = c->b.cap;
     if ((c->aq = be_cpu_alloc_f(cap * c->QD)) == NULL ||
         (c->ak = be_cpu_alloc_f(cap * c->KVD)) == NULL ||
         (c->av = be_cpu_alloc_f(cap * c->KVD)) == NULL ||
-        (c->ao = be_cpu_alloc_f(cap * c->QD)) == NULL)
+        (c->ao = be_cpu_alloc_f(cap * c->QD)) == NULL ||
+        (c->g->attn_gate && ((c->aqg = be_cpu_alloc_f(cap * 2 * c->QD)) == NULL ||
+                             (c->ag = be_cpu_alloc_f(cap * c->QD)) == NULL)))
         return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
     c->att = gdn_att_pick(c->b.isa);
     c->b.pre_step = gdn_pre_step;
@@ -1140,7 +1198,7 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         goto fail;
     }
     if (c->n_attn > 0 && (c->Da == 0 || c->Da % 2 != 0 || c->Da > GDN_ATT_MAX_DIM || c->Hkv == 0 ||
-                          c->Hq % c->Hkv != 0)) {
+                          c->Hq % c->Hkv != 0 || g->rope_dim % 2 != 0 || g->rope_dim > c->Da)) {
         e = wk_diag_set(d, WK_EINVAL, "cpu backend: bad gdn attention geometry");
         goto fail;
     }

@@ -164,7 +164,7 @@ be_cuda_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
                            cd.msg);
     cudaError_t ce;
     const wrk_model_info *info = wrk_model_info_get(m);
-    const be_cuda_family *fam = be_cuda_family_find(info->family);
+    const be_cuda_family *fam = be_cuda_family_find(wrk_model_view_kind(m));
     if (info->kv_token_bytes > 0 && (fam == NULL || fam->kv == NULL))
         return wk_diag_set(d, WK_ENOTSUP,
                            "cuda backend: hybrid %s models (attention layers, %llu KV bytes a "

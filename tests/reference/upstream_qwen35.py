@@ -1,0 +1,260 @@
+#!/usr/bin/python3
+"""wkvm-infer against transformers' own Qwen3.5 modeling code (models/qwen3_5,
+transformers 5.x on CPU torch): the family wkvm serves as `qwen3_5`.
+
+Random checkpoints are built by transformers itself (Qwen3_5ForCausalLM,
+model_type qwen3_5_text, weights under model.*; and
+Qwen3_5ForConditionalGeneration, model_type qwen3_5, the text model under
+model.language_model.* with a vision tower wkvm skips), their parameters
+drawn so that every convention shows (norm weights away from 0 for the
+(1 + weight) RMSNorms and away from 1 for the gated norm, A_log and
+dt_bias spread), saved with save_pretrained, and loaded back by transformers
+for the reference. wkvm-infer --fp32 must give the same logits at every
+position, max |diff| / std(logits) < TOL:
+  - its whole-prompt prefill against the whole sequence at once
+    (use_cache=False: transformers' chunked gated delta rule, chunk 64), and
+  - its --prefill-chunk 1 against one token at a time through transformers'
+    cache (the recurrent gated delta rule and causal_conv1d_update).
+The greedy ids (argmax per position) must be equal too, except where the
+reference's top two logits are within 1e-4 std of each other; prefill in
+chunks of 1 and 7 must be bit-identical to the whole prompt, and
+--batch-check (the row alone and among random rows) and --slot-check (fork,
+hibernate/resume, KV pages) must pass.
+
+Tolerance: transformers' own float32 path differs from the float64 run of
+the same code by up to ~9e-5 std on these models (its two float32 paths from
+each other by up to 1e-4), so wkvm is held to 1e-4 against float64 (it lands
+at 1.7e-5 to 4.1e-5, the same size as transformers' float32 error) and
+3e-4 against float32; a misread model (e.g. full instead of partial
+rotary) is off by 0.5 or more.
+
+fla and causal_conv1d are kept from loading (transformers would take fla's
+Triton kernels, which need a GPU), so transformers runs its torch fallbacks,
+the code its docs call the reference implementation.
+
+Cases: Qwen3.5 layer pattern (3 Gated DeltaNet : 1 attention), grouped key
+heads (linear_num_value_heads > linear_num_key_heads), GQA attention, partial
+rotary 0.25 and 0.5, an explicit layer_types with two attention layers,
+conv 3, a tied head, the multimodal layout (vision tower skipped), BF16
+weights, and one case at Qwen3.5's real widths (transformers' defaults:
+hidden 1024 here with 128-wide linear heads, 16 key heads and 32 value heads,
+attention head_dim 256) for 4 layers.
+
+The packages come from `deploy/install-ref-venv --fla` (transformers 5.24,
+torch 2.15 CPU); WKVM_REF_FLA=0 skips. Exit 0 when every case agrees, 1 on a
+disagreement, 77 (skip) when the venv cannot be had or wkvm-infer is not
+built.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import upstream_venv  # noqa: E402
+
+NAME = "upstream_qwen35"
+upstream_venv.enter(NAME, ["transformers", "torch", "numpy", "safetensors"], fla=True)
+
+# transformers picks fla's / causal_conv1d's kernels when they import: keep them out
+sys.modules["fla"] = None
+sys.modules["causal_conv1d"] = None
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM,  # noqa: E402
+                          Qwen3_5ForConditionalGeneration, Qwen3_5TextConfig)
+
+TOL = 1e-4      # max |diff| / std(logits) against the float64 run of the same code
+TOL_F32 = 3e-4  # against the stock float32 run (its own two paths differ by up to ~1e-4)
+N_TOKENS = 40
+
+
+def f64_classes():
+    """transformers' modeling_qwen3_5 with its float32 casts made float64 (the
+    same code, evaluated in double precision), as a module of its own."""
+    import importlib.util
+    import transformers.models.qwen3_5.modeling_qwen3_5 as mq
+    src = open(mq.__file__).read()
+    for a, b in (("torch.float32", "torch.float64"), (".float()", ".double()"),
+                 ("dtype=torch.float)", "dtype=torch.float64)")):
+        src = src.replace(a, b)
+    name = "transformers.models.qwen3_5.modeling_qwen3_5_f64"
+    spec = importlib.util.spec_from_loader(name, loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "transformers.models.qwen3_5"
+    mod.__file__ = mq.__file__
+    sys.modules[name] = mod
+    exec(compile(src, mq.__file__, "exec"), mod.__dict__)
+    return {Qwen3_5ForCausalLM: mod.Qwen3_5ForCausalLM,
+            Qwen3_5ForConditionalGeneration: mod.Qwen3_5ForConditionalGeneration}
+
+SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_key_head_dim=16,
+             linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+             linear_conv_kernel_dim=4)
+
+CASES = [
+    ("text-f32", dict(SMALL), {}),
+    ("text-f32-gqa1-rope0.5-conv3-2attn",
+     dict(SMALL, num_key_value_heads=1, linear_conv_kernel_dim=3, num_hidden_layers=5,
+          layer_types=["linear_attention", "full_attention", "linear_attention",
+                       "linear_attention", "full_attention"],
+          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                           "partial_rotary_factor": 0.5}), {}),
+    ("text-f32-tied-eqheads",
+     dict(SMALL, tie_word_embeddings=True, linear_num_value_heads=2, linear_value_head_dim=24),
+     {}),
+    ("multimodal-f32", dict(SMALL), {"multimodal": True}),
+    ("text-bf16", dict(SMALL), {"dtype": "bf16"}),
+    ("text-real-width-L4",
+     dict(vocab_size=512, hidden_size=1024, intermediate_size=3584, num_hidden_layers=4,
+          num_attention_heads=8, num_key_value_heads=2), {"tokens": 20}),
+]
+
+
+def randomize(model, seed):
+    """Parameters drawn so that every convention matters (see the docstring)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "visual" in name:
+                continue
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(0.1, 2.5, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5 + 0.5)
+            elif "linear_attn.norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:  # the (1 + weight) RMSNorms
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            elif "conv1d" in name:
+                p.copy_(0.4 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) * (0.5 / fan_in ** 0.5))
+
+
+def write_case(tmp, name, cfg_kw, opt, seed):
+    d = os.path.join(tmp, name)
+    torch.manual_seed(seed)
+    if opt.get("multimodal"):
+        cfg = Qwen3_5Config(
+            text_config=cfg_kw,
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=cfg_kw["hidden_size"], patch_size=4,
+                               num_position_embeddings=16),
+            tie_word_embeddings=cfg_kw.get("tie_word_embeddings", False))
+        model = Qwen3_5ForConditionalGeneration(cfg)
+    else:
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**cfg_kw))
+    randomize(model, seed)
+    if opt.get("dtype") == "bf16":
+        model = model.to(torch.bfloat16)
+    model.save_pretrained(d)
+    # the references run the stored weights (bf16 values exactly) in float32 and float64
+    cls = type(model)
+    ref = cls.from_pretrained(d, dtype=torch.float32).eval()
+    ref64 = F64[cls].from_pretrained(d, dtype=torch.float64).eval()
+    return d, cfg_kw["vocab_size"], ref, ref64
+
+
+def upstream(model, tokens):
+    """(whole sequence [T, V], one token at a time [T, V]) in float64."""
+    rows, cache = [], None
+    with torch.no_grad():
+        seq = model(input_ids=torch.tensor([tokens]), use_cache=False).logits[0].double().numpy()
+        for t in tokens:
+            o = model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True)
+            cache = o.past_key_values
+            rows.append(o.logits[0, -1].double().numpy())
+    return seq, np.stack(rows)
+
+
+def greedy_mismatch(ref, got):
+    """Positions where argmax differs and the reference's top two are not a near tie."""
+    bad = 0
+    std = ref.std()
+    for r, g in zip(ref, got):
+        a, b = int(np.argmax(r)), int(np.argmax(g))
+        if a != b and abs(r[a] - r[b]) > 1e-4 * std:
+            bad += 1
+    return bad
+
+
+def main():
+    build = upstream_venv.build_dir()
+    exe = os.path.join(build, "workerd", "wkvm-infer")
+    if not os.access(exe, os.X_OK):
+        upstream_venv.skip(NAME, "%s is not built" % exe)
+    print("transformers %s, torch %s (torch fallbacks of the gated delta rule and conv)"
+          % (transformers.__version__, torch.__version__), flush=True)
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    global F64
+    F64 = f64_classes()
+    rng = np.random.default_rng(35)
+    tmp = tempfile.mkdtemp(prefix="wkvm-up-q35-")
+    worst = {}
+    fails = 0
+    t0 = time.time()
+    try:
+        for i, (name, kw, opt) in enumerate(CASES):
+            d, V, model, model64 = write_case(tmp, name, kw, opt, 3500 + i)
+            n = opt.get("tokens", N_TOKENS)
+            toks = [int(x) for x in rng.integers(0, V, n)]
+            toks[1] = V - 1
+            seq, one = upstream(model, toks)
+            seq64, one64 = upstream(model64, toks)
+            figures, bounds = {}, {}
+            greedy = 0
+            try:
+                lp = os.path.join(tmp, name + ".logits")
+                got = upstream_venv.run_wkvm(exe, d, toks, lp, V)
+                got1 = upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=1)
+                figures["wkvm vs tf64 sequence"] = upstream_venv.rel_err(seq64, got)
+                figures["wkvm vs tf64 one-by-one"] = upstream_venv.rel_err(one64, got1)
+                figures["wkvm vs tf32 sequence"] = upstream_venv.rel_err(seq, got)
+                figures["wkvm vs tf32 one-by-one"] = upstream_venv.rel_err(one, got1)
+                greedy = greedy_mismatch(seq64, got) + greedy_mismatch(one64, got1)
+                got7 = upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=7)
+                if not (np.array_equal(got, got1) and np.array_equal(got, got7)):
+                    raise ValueError("chunked prefill (1, 7) is not bit-identical to whole")
+                ids = ",".join(map(str, toks[:17]))
+                for flag in (["--batch-check", "5"], ["--slot-check"]):
+                    p = subprocess.run([exe, "--model", d, "--tokens", ids] + flag,
+                                       capture_output=True, text=True, timeout=120)
+                    if p.returncode != 0 or ": ok" not in p.stdout + p.stderr and \
+                            "identical" not in p.stdout + p.stderr:
+                        raise ValueError("%s: %s" % (flag[0], (p.stdout + p.stderr)[-300:]))
+            except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+                figures["wkvm"] = None
+                print("FAIL %s: %s" % (name, e))
+            figures["tf32 sequence vs tf64"] = upstream_venv.rel_err(seq64, seq)
+            for k in figures:
+                bounds[k] = TOL if "tf64" in k and k.startswith("wkvm") else TOL_F32
+            ok = all(v is not None and v < bounds[k] for k, v in figures.items()) and greedy == 0
+            fails += not ok
+            print("%-4s %-34s %s  greedy mismatches %d" % ("ok" if ok else "FAIL", name, "  ".join(
+                "%s %s" % (k, "error" if v is None else "%.2e" % v)
+                for k, v in figures.items()), greedy), flush=True)
+            for k, v in figures.items():
+                if v is not None:
+                    worst[k] = max(worst.get(k, 0.0), v)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("\n=== Qwen3.5 vs transformers (max|diff|/std < %g against float64, < %g against "
+          "float32) ===" % (TOL, TOL_F32))
+    for k, v in worst.items():
+        print("worst %-30s %.2e" % (k, v))
+    print("%s: %d passed, %d failed in %.1fs" % (NAME, len(CASES) - fails, fails,
+                                                 time.time() - t0))
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
