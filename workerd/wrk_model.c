@@ -183,15 +183,16 @@ wrk_shape_str(const wk_tensor *t, char *buf, size_t len)
         snprintf(buf + o, len - o, "]");
 }
 
+/* wrk_shape_err with the expected shape [e0] (e1 < 0) or [e0,e1]. */
 static wk_err
-wrk_shape_err(wk_diag *d, const char *name, const wk_tensor *t, int64_t e0, int64_t e1)
+wrk_shape_err_dims(wk_diag *d, const char *name, const wk_tensor *t, int64_t e0, int64_t e1)
 {
-    char got[128];
-    wrk_shape_str(t, got, sizeof(got));
+    char want[64];
     if (e1 < 0)
-        return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected [%" PRId64 "]", name, got, e0);
-    return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected [%" PRId64 ",%" PRId64 "]", name,
-                       got, e0, e1);
+        snprintf(want, sizeof(want), "[%" PRId64 "]", e0);
+    else
+        snprintf(want, sizeof(want), "[%" PRId64 ",%" PRId64 "]", e0, e1);
+    return wrk_shape_err(d, name, t, want);
 }
 
 bool
@@ -484,37 +485,37 @@ wrk_map_tensor(const spec *sp, bool hf, const wrk_dims *dm, const wk_tensor *t, 
     switch (sp->kind) {
     case SPEC_VEC:
         if (!wrk_is_vec(t, C))
-            return wrk_shape_err(d, name, t, C, -1);
+            return wrk_shape_err_dims(d, name, t, C, -1);
         *(const wk_tensor **)field = t;
         return WK_OK;
     case SPEC_RK:
         if (!wrk_is_mat(t, dm->H, dm->N))
-            return wrk_shape_err(d, name, t, dm->H, dm->N);
+            return wrk_shape_err_dims(d, name, t, dm->H, dm->N);
         *(const wk_tensor **)field = t;
         return WK_OK;
     case SPEC_LINEAR:
         if (!wrk_is_mat(t, C, C))
-            return wrk_shape_err(d, name, t, C, C);
+            return wrk_shape_err_dims(d, name, t, C, C);
         *m = (wrk_mat){t, dm->C, dm->C, false};
         return WK_OK;
     case SPEC_LORA_IN:
         if (hf ? !wrk_is_mat(t, D, C) : !wrk_is_mat(t, C, D))
-            return hf ? wrk_shape_err(d, name, t, D, C) : wrk_shape_err(d, name, t, C, D);
+            return hf ? wrk_shape_err_dims(d, name, t, D, C) : wrk_shape_err_dims(d, name, t, C, D);
         *m = (wrk_mat){t, dm->C, (uint32_t)D, !hf};
         return WK_OK;
     case SPEC_LORA_OUT:
         if (hf ? !wrk_is_mat(t, C, D) : !wrk_is_mat(t, D, C))
-            return hf ? wrk_shape_err(d, name, t, C, D) : wrk_shape_err(d, name, t, D, C);
+            return hf ? wrk_shape_err_dims(d, name, t, C, D) : wrk_shape_err_dims(d, name, t, D, C);
         *m = (wrk_mat){t, (uint32_t)D, dm->C, !hf};
         return WK_OK;
     case SPEC_FFN_KEY:
         if (!wrk_is_mat(t, dm->F, C))
-            return wrk_shape_err(d, name, t, dm->F, C);
+            return wrk_shape_err_dims(d, name, t, dm->F, C);
         *m = (wrk_mat){t, dm->C, dm->F, false};
         return WK_OK;
     case SPEC_FFN_VALUE:
         if (!wrk_is_mat(t, C, dm->F))
-            return wrk_shape_err(d, name, t, C, dm->F);
+            return wrk_shape_err_dims(d, name, t, C, dm->F);
         *m = (wrk_mat){t, dm->F, dm->C, false};
         return WK_OK;
     }
@@ -602,7 +603,7 @@ wrk_map_rwkv7(wrk_model *m, wk_diag *d)
         if (t == NULL)
             return wk_diag_set(d, WK_EINVAL, "%s: missing", vecs[i].name);
         if (!wrk_is_vec(t, dm.C))
-            return wrk_shape_err(d, vecs[i].name, t, dm.C, -1);
+            return wrk_shape_err_dims(d, vecs[i].name, t, dm.C, -1);
         *vecs[i].field = t;
     }
     /*
@@ -625,7 +626,7 @@ wrk_map_rwkv7(wrk_model *m, wk_diag *d)
                                             : "%s: missing",
                            nm->head);
     if (head != NULL && !wrk_is_mat(head, dm.V, dm.C))
-        return wrk_shape_err(d, nm->head, head, dm.V, dm.C);
+        return wrk_shape_err_dims(d, nm->head, head, dm.V, dm.C);
 
     /*
      * Epsilons. BlinkDL: LayerNorm 1e-5, GroupNorm 64e-5 whatever the head
@@ -1482,6 +1483,28 @@ wrk_config_f64(const json_t *config, const char *key, double def, double *out, w
         return wk_diag_set(d, WK_EINVAL, "config.json: %s must be a number", key);
     *out = json_number_value(v);
     return WK_OK;
+}
+
+wk_err
+wrk_config_str(const json_t *config, const char *key, const char *def, const char **out,
+               wk_diag *d)
+{
+    const json_t *v = config != NULL ? json_object_get(config, key) : NULL;
+    *out = def;
+    if (v == NULL || json_is_null(v))
+        return WK_OK;
+    if (!json_is_string(v))
+        return wk_diag_set(d, WK_EINVAL, "config.json: %s must be a string", key);
+    *out = json_string_value(v);
+    return WK_OK;
+}
+
+wk_err
+wrk_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want)
+{
+    char got[128];
+    wrk_shape_str(t, got, sizeof(got));
+    return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected %s", name, got, want);
 }
 
 wk_err

@@ -125,6 +125,12 @@ WK_MUST_CHECK wk_err wrk_config_f64(const struct json_t *config, const char *key
                                     double *out, wk_diag *d);
 WK_MUST_CHECK wk_err wrk_config_bool(const struct json_t *config, const char *key, bool def,
                                      bool *out, wk_diag *d);
+/* A string member (borrowed from config), def when absent or null. */
+WK_MUST_CHECK wk_err wrk_config_str(const struct json_t *config, const char *key, const char *def,
+                                    const char **out, wk_diag *d);
+
+/* Fails with WK_EINVAL: "<name>: shape [..], expected <want>". */
+wk_err wrk_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want);
 
 /*
  * Parses the layer number of a tensor name at s, "<digits>." with no leading

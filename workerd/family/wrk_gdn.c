@@ -133,14 +133,6 @@ static const gdn_spec attn_specs[] = {
 /* helpers                                                                   */
 /* ------------------------------------------------------------------------ */
 
-static wk_err
-gdn_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want)
-{
-    char got[128];
-    wrk_shape_str(t, got, sizeof(got));
-    return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected %s", name, got, want);
-}
-
 static const wk_tensor *
 gdn_find(const wk_tensor_set *set, uint32_t layer, const char *suf, char *name, size_t len)
 {
@@ -156,20 +148,6 @@ gdn_rows(const wk_tensor *t, int64_t want_cols, int64_t max_rows)
         t->shape[0] > max_rows)
         return -1;
     return t->shape[0];
-}
-
-/* A config string member, def when absent or null; WK_EINVAL when not a string. */
-static wk_err
-gdn_config_str(const json_t *config, const char *key, const char *def, const char **out, wk_diag *d)
-{
-    const json_t *v = config != NULL ? json_object_get(config, key) : NULL;
-    *out = def;
-    if (v == NULL || json_is_null(v))
-        return WK_OK;
-    if (!json_is_string(v))
-        return wk_diag_set(d, WK_EINVAL, "config.json: %s must be a string", key);
-    *out = json_string_value(v);
-    return WK_OK;
 }
 
 /* A config integer that shapes also show: absent/null is fine, else it must equal got. */
@@ -255,14 +233,14 @@ gdn_read_switches(const json_t *config, wrk_gdn *g, wk_diag *d)
         return wk_diag_set(d, WK_ENOTSUP,
                            "config.json: attnres_block_size: attention residuals are not "
                            "supported");
-    if ((e = gdn_config_str(config, "attn_mode", "chunk", &s, d)) != WK_OK)
+    if ((e = wrk_config_str(config, "attn_mode", "chunk", &s, d)) != WK_OK)
         return e;
     if (strcmp(s, "chunk") != 0 && strcmp(s, "fused_recurrent") != 0)
         return wk_diag_set(d, WK_ENOTSUP,
                            "config.json: attn_mode \"%.64s\" is not supported (chunk, "
                            "fused_recurrent)",
                            s);
-    if ((e = gdn_config_str(config, "hidden_act", "swish", &s, d)) != WK_OK)
+    if ((e = wrk_config_str(config, "hidden_act", "swish", &s, d)) != WK_OK)
         return e;
     if (strcmp(s, "swish") != 0 && strcmp(s, "silu") != 0)
         return wk_diag_set(d, WK_ENOTSUP,
@@ -404,7 +382,7 @@ gdn_read_attn_dims(const wk_tensor_set *set, uint32_t la, wrk_gdn *g, uint32_t d
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (QD < 0)
-        return gdn_shape_err(d, name, t, "[attn.num_heads * head_dim, hidden_size]");
+        return wrk_shape_err(d, name, t, "[attn.num_heads * head_dim, hidden_size]");
     if (QD % g->attn_heads != 0 || (QD / g->attn_heads) % 2 != 0 ||
         QD / g->attn_heads > (int64_t)GDN_MAX_ATTN_DIM)
         return wk_diag_set(d, WK_EINVAL,
@@ -435,33 +413,33 @@ gdn_read_dims(const wk_tensor_set *set, const json_t *config, uint32_t l0, wrk_g
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (KD < 0)
-        return gdn_shape_err(d, name, t, "[key_dim, hidden_size]");
+        return wrk_shape_err(d, name, t, "[key_dim, hidden_size]");
     t = gdn_find(set, l0, "attn.v_proj.weight", name, sizeof(name));
     snprintf(vname, sizeof(vname), "%s", name);
     int64_t VD = gdn_rows(t, C, GDN_MAX_DIM);
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (VD < 0)
-        return gdn_shape_err(d, name, t, "[value_dim, hidden_size]");
+        return wrk_shape_err(d, name, t, "[value_dim, hidden_size]");
     t = gdn_find(set, l0, "mlp.gate_proj.weight", name, sizeof(name));
     int64_t F = gdn_rows(t, C, GDN_MAX_DIM);
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (F < 0)
-        return gdn_shape_err(d, name, t, "[intermediate_size, hidden_size]");
+        return wrk_shape_err(d, name, t, "[intermediate_size, hidden_size]");
     t = gdn_find(set, l0, "attn.A_log", name, sizeof(name));
     snprintf(aname, sizeof(aname), "%s", name);
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     int64_t HV = t->ndim >= 1 ? t->shape[t->ndim - 1] : 0;
     if (HV < 1 || HV > (int64_t)GDN_MAX_HEADS || !wrk_is_vec(t, HV))
-        return gdn_shape_err(d, name, t, "[num_v_heads]");
+        return wrk_shape_err(d, name, t, "[num_v_heads]");
     t = gdn_find(set, l0, "attn.q_conv1d.weight", name, sizeof(name));
     if (t == NULL)
         return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
     if (t->ndim != 3 || t->shape[0] != KD || t->shape[1] != 1 || t->shape[2] < 1 ||
         t->shape[2] > (int64_t)GDN_MAX_CONV)
-        return gdn_shape_err(d, name, t, "[key_dim, 1, conv_size]");
+        return wrk_shape_err(d, name, t, "[key_dim, 1, conv_size]");
     int64_t W = t->shape[2];
     if (W < 2)
         return wk_diag_set(d, WK_ENOTSUP, "%s: conv_size %" PRId64 " (need at least 2)", name, W);
@@ -537,21 +515,21 @@ gdn_map_tensor(const gdn_spec *sp, const uint32_t dim[], uint32_t W, const wk_te
     case GDN_VEC:
         if (!wrk_is_vec(t, dim[sp->d0])) {
             snprintf(want, sizeof(want), "[%u]", dim[sp->d0]);
-            return gdn_shape_err(d, name, t, want);
+            return wrk_shape_err(d, name, t, want);
         }
         *(const wk_tensor **)field = t;
         return WK_OK;
     case GDN_MAT:
         if (t->ndim != 2 || t->shape[0] != dim[sp->d0] || t->shape[1] != dim[sp->d1]) {
             snprintf(want, sizeof(want), "[%u,%u]", dim[sp->d0], dim[sp->d1]);
-            return gdn_shape_err(d, name, t, want);
+            return wrk_shape_err(d, name, t, want);
         }
         *(wrk_mat *)field = (wrk_mat){t, dim[sp->d1], dim[sp->d0], false};
         return WK_OK;
     case GDN_CONV:
         if (t->ndim != 3 || t->shape[0] != dim[sp->d0] || t->shape[1] != 1 || t->shape[2] != W) {
             snprintf(want, sizeof(want), "[%u,1,%u]", dim[sp->d0], W);
-            return gdn_shape_err(d, name, t, want);
+            return wrk_shape_err(d, name, t, want);
         }
         *(const wk_tensor **)field = t;
         return WK_OK;
@@ -568,7 +546,7 @@ gdn_map_embd(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, wk_diag
         return wk_diag_set(d, WK_EINVAL, "model.embeddings.weight: missing");
     if (emb->ndim != 2 || emb->shape[0] < 1 || emb->shape[1] < 1 ||
         emb->shape[0] > (int64_t)GDN_MAX_VOCAB || emb->shape[1] > (int64_t)GDN_MAX_EMBD)
-        return gdn_shape_err(d, "model.embeddings.weight", emb, "[vocab_size, hidden_size]");
+        return wrk_shape_err(d, "model.embeddings.weight", emb, "[vocab_size, hidden_size]");
     g->emb = emb;
     g->vocab_size = (uint32_t)emb->shape[0];
     g->n_embd = (uint32_t)emb->shape[1];
@@ -667,7 +645,7 @@ gdn_map_head(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, wk_diag
         return wk_diag_set(d, WK_EINVAL, "model.norm.weight: missing");
     if (!wrk_is_vec(g->norm, g->n_embd)) {
         snprintf(want, sizeof(want), "[%u]", g->n_embd);
-        return gdn_shape_err(d, "model.norm.weight", g->norm, want);
+        return wrk_shape_err(d, "model.norm.weight", g->norm, want);
     }
     const wk_tensor *head = wk_tensor_set_find(set, "lm_head.weight");
     bool tied;
@@ -684,7 +662,7 @@ gdn_map_head(const wk_tensor_set *set, const json_t *config, wrk_gdn *g, wk_diag
         (head->ndim != 2 || head->shape[0] != g->vocab_size || head->shape[1] != g->n_embd)) {
         snprintf(want, sizeof(want), "[%u,%u] (as model.embeddings.weight)", g->vocab_size,
                  g->n_embd);
-        return gdn_shape_err(d, "lm_head.weight", head, want);
+        return wrk_shape_err(d, "lm_head.weight", head, want);
     }
     g->tied = tied;
     g->head = (wrk_mat){tied ? g->emb : head, g->n_embd, g->vocab_size, false};

@@ -237,14 +237,6 @@ m2_cfg_variants(const m2_cfg *c, wk_diag *d)
 /* shapes                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static wk_err
-m2_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want)
-{
-    char got[128];
-    wrk_shape_str(t, got, sizeof(got));
-    return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected %s", name, got, want);
-}
-
 /* Layer count: one more than the largest N in backbone.layers.N.* names. */
 static wk_err
 m2_count_layers(const wk_tensor_set *set, uint32_t *out, wk_diag *d)
@@ -302,7 +294,7 @@ m2_read_dims(const wk_tensor_set *set, const m2_cfg *c, wrk_mamba2 *v, wk_diag *
     if (t->ndim != 2 || t->shape[0] != (int64_t)v->d_model || t->shape[1] < 1 ||
         t->shape[1] > (int64_t)M2_MAX_DIM) {
         snprintf(want, sizeof(want), "[%u,d_inner] (d_inner <= %u)", v->d_model, M2_MAX_DIM);
-        return m2_shape_err(d, name, t, want);
+        return wrk_shape_err(d, name, t, want);
     }
     v->d_inner = (uint32_t)t->shape[1];
 
@@ -314,7 +306,7 @@ m2_read_dims(const wk_tensor_set *set, const m2_cfg *c, wrk_mamba2 *v, wk_diag *
         v->d_inner / (uint64_t)H > M2_MAX_STATE) {
         snprintf(want, sizeof(want), "[H] with H dividing d_inner %u (head_dim <= %u)", v->d_inner,
                  M2_MAX_STATE);
-        return m2_shape_err(d, name, t, want);
+        return wrk_shape_err(d, name, t, want);
     }
     v->n_head = (uint32_t)H;
     v->head_dim = v->d_inner / v->n_head;
@@ -327,7 +319,7 @@ m2_read_dims(const wk_tensor_set *set, const m2_cfg *c, wrk_mamba2 *v, wk_diag *
         snprintf(want, sizeof(want),
                  "[conv_dim,1,K] with d_inner %u < conv_dim <= %u, 2 <= K <= %u", v->d_inner,
                  M2_MAX_DIM, M2_MAX_CONV);
-        return m2_shape_err(d, name, t, want);
+        return wrk_shape_err(d, name, t, want);
     }
     v->conv_dim = (uint32_t)t->shape[0];
     v->d_conv = (uint32_t)t->shape[2];
@@ -377,7 +369,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
             return e;
         if (!wrk_is_vec(t, vecs[i].n)) {
             snprintf(want, sizeof(want), "[%u]", vecs[i].n);
-            return m2_shape_err(d, name, t, want);
+            return wrk_shape_err(d, name, t, want);
         }
         *vecs[i].field = t;
     }
@@ -387,7 +379,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
     if (!wrk_is_mat(t, v->d_in_proj, v->d_model)) {
         snprintf(want, sizeof(want), "[%u,%u] (2*d_inner + 2*n_groups*d_state + n_heads, d_model)",
                  v->d_in_proj, v->d_model);
-        return m2_shape_err(d, name, t, want);
+        return wrk_shape_err(d, name, t, want);
     }
     ly->in_proj = (wrk_mat){t, v->d_model, v->d_in_proj, false};
 
@@ -395,7 +387,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
         return e;
     if (!wrk_is_mat(t, v->d_model, v->d_inner)) {
         snprintf(want, sizeof(want), "[%u,%u]", v->d_model, v->d_inner);
-        return m2_shape_err(d, name, t, want);
+        return wrk_shape_err(d, name, t, want);
     }
     ly->out_proj = (wrk_mat){t, v->d_inner, v->d_model, false};
 
@@ -404,7 +396,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
     if (t->ndim != 3 || t->shape[0] != (int64_t)v->conv_dim || t->shape[1] != 1 ||
         t->shape[2] != (int64_t)v->d_conv) {
         snprintf(want, sizeof(want), "[%u,1,%u]", v->conv_dim, v->d_conv);
-        return m2_shape_err(d, name, t, want);
+        return wrk_shape_err(d, name, t, want);
     }
     ly->conv_w = t;
 
@@ -417,7 +409,7 @@ m2_map_layer(const wk_tensor_set *set, const wrk_mamba2 *v, bool conv_bias, uint
                            name);
     if (t != NULL && !wrk_is_vec(t, v->conv_dim)) {
         snprintf(want, sizeof(want), "[%u]", v->conv_dim);
-        return m2_shape_err(d, name, t, want);
+        return wrk_shape_err(d, name, t, want);
     }
     ly->conv_b = t;
     return WK_OK;
@@ -494,7 +486,7 @@ m2_map_into(wrk_model *m, const wk_tensor_set *set, const json_t *config, wrk_ma
     if (emb->ndim != 2 || emb->shape[0] < 1 || emb->shape[1] < 1 ||
         emb->shape[0] > (int64_t)M2_MAX_VOCAB || emb->shape[1] > (int64_t)M2_MAX_DIM) {
         snprintf(want, sizeof(want), "[V,C] (V <= %u, C <= %u)", M2_MAX_VOCAB, M2_MAX_DIM);
-        return m2_shape_err(d, emb_name, emb, want);
+        return wrk_shape_err(d, emb_name, emb, want);
     }
     v->emb = emb;
     v->vocab_size = (uint32_t)emb->shape[0];
@@ -576,7 +568,7 @@ m2_map_into(wrk_model *m, const wk_tensor_set *set, const json_t *config, wrk_ma
         return wk_diag_set(d, WK_EINVAL, "%s: missing", M2_NORM_F);
     if (!wrk_is_vec(t, v->d_model)) {
         snprintf(want, sizeof(want), "[%u]", v->d_model);
-        return m2_shape_err(d, M2_NORM_F, t, want);
+        return wrk_shape_err(d, M2_NORM_F, t, want);
     }
     v->norm_f = t;
     t = wk_tensor_set_find(set, M2_HEAD);
@@ -585,7 +577,7 @@ m2_map_into(wrk_model *m, const wk_tensor_set *set, const json_t *config, wrk_ma
     if (t != NULL && !wrk_is_mat(t, v->vocab_size, v->d_model)) {
         snprintf(want, sizeof(want), "[%u,%u] (the rows of %s)", v->vocab_size, v->d_model,
                  emb_name);
-        return m2_shape_err(d, M2_HEAD, t, want);
+        return wrk_shape_err(d, M2_HEAD, t, want);
     }
     v->lm_head = (wrk_mat){t, v->d_model, v->vocab_size, false};
     return m2_declare(m, v, d);

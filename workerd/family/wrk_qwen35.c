@@ -93,20 +93,6 @@ q35_u32(const json_t *c, const char *key, uint32_t def, uint32_t min, uint32_t m
     return WK_OK;
 }
 
-/* A string key, def when absent or null; WK_EINVAL when not a string. */
-static wk_err
-q35_str(const json_t *c, const char *key, const char *def, const char **out, wk_diag *d)
-{
-    const json_t *v = c != NULL ? json_object_get(c, key) : NULL;
-    *out = def;
-    if (v == NULL || json_is_null(v))
-        return WK_OK;
-    if (!json_is_string(v))
-        return wk_diag_set(d, WK_EINVAL, "config.json: %s must be a string", key);
-    *out = json_string_value(v);
-    return WK_OK;
-}
-
 /*
  * RoPE: rope_parameters {rope_type, rope_theta, partial_rotary_factor}
  * (transformers 5), else the older top-level rope_theta /
@@ -124,7 +110,7 @@ q35_read_rope(const json_t *tc, q35_view *v, wk_diag *d)
     if (rp != NULL && json_is_null(rp))
         rp = NULL;
     const char *type;
-    wk_err e = q35_str(rp, "rope_type", "default", &type, d);
+    wk_err e = wrk_config_str(rp, "rope_type", "default", &type, d);
     if (e == WK_OK && strcmp(type, "default") != 0)
         e = wk_diag_set(d, WK_ENOTSUP,
                         "config.json: rope_parameters.rope_type \"%.32s\" is not supported "
@@ -160,7 +146,7 @@ q35_read_switches(const json_t *tc, q35_view *v, wk_diag *d)
     bool bias;
     double eps;
     wk_err e;
-    if ((e = q35_str(tc, "hidden_act", "silu", &act, d)) != WK_OK)
+    if ((e = wrk_config_str(tc, "hidden_act", "silu", &act, d)) != WK_OK)
         return e;
     if (strcmp(act, "silu") != 0)
         return wk_diag_set(d, WK_ENOTSUP,
@@ -238,14 +224,6 @@ q35_read_kinds(const json_t *tc, q35_view *v, wk_diag *d)
 /* tensors                                                                   */
 /* ------------------------------------------------------------------------ */
 
-static wk_err
-q35_shape_err(wk_diag *d, const char *name, const wk_tensor *t, const char *want)
-{
-    char got[128];
-    wrk_shape_str(t, got, sizeof(got));
-    return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected %s", name, got, want);
-}
-
 /* The tensor prefix + suffix (layer < 0: no layer part), into name; NULL when absent. */
 static const wk_tensor *
 q35_find(const wk_tensor_set *set, const q35_view *v, long layer, const char *suf, char *name)
@@ -272,7 +250,7 @@ q35_need(const wk_tensor_set *set, const q35_view *v, long layer, const char *su
             snprintf(want, sizeof(want), "[%" PRId64 "]", d0);
         else
             snprintf(want, sizeof(want), "[%" PRId64 ",%" PRId64 "]", d0, d1);
-        return q35_shape_err(d, name, t, want);
+        return wrk_shape_err(d, name, t, want);
     }
     *out = t;
     return WK_OK;
@@ -314,7 +292,7 @@ q35_map_embd(const wk_tensor_set *set, const json_t *tc, q35_view *v, wk_diag *d
                            "model.embed_tokens.weight)");
     if (emb->ndim != 2 || emb->shape[0] < 1 || emb->shape[0] > Q35_MAX_VOCAB || emb->shape[1] < 1 ||
         emb->shape[1] > Q35_MAX_EMBD)
-        return q35_shape_err(d, name, emb, "[vocab_size, hidden_size]");
+        return wrk_shape_err(d, name, emb, "[vocab_size, hidden_size]");
     g->emb = emb;
     g->vocab_size = (uint32_t)emb->shape[0];
     g->n_embd = (uint32_t)emb->shape[1];
@@ -411,7 +389,7 @@ q35_map_linear(const wk_tensor_set *set, q35_view *v, uint32_t l, wk_diag *d)
     if (conv->ndim != 3 || conv->shape[0] != CD || conv->shape[1] != 1 ||
         conv->shape[2] != g->conv) {
         snprintf(want, sizeof(want), "[%" PRId64 ",1,%u]", CD, g->conv);
-        return q35_shape_err(d, name, conv, want);
+        return wrk_shape_err(d, name, conv, want);
     }
     if (q35_find(set, v, l, "linear_attn.conv1d.bias", name) != NULL)
         return wk_diag_set(d, WK_ENOTSUP, "%s: a conv bias is not supported", name);
@@ -493,7 +471,7 @@ q35_map_head(const wk_tensor_set *set, const json_t *config, const json_t *tc, q
     if (head != NULL && !wrk_is_mat(head, g->vocab_size, g->n_embd)) {
         char want[64];
         snprintf(want, sizeof(want), "[%u,%u] (as the embedding)", g->vocab_size, g->n_embd);
-        return q35_shape_err(d, "lm_head.weight", head, want);
+        return wrk_shape_err(d, "lm_head.weight", head, want);
     }
     g->tied = tied;
     g->head = (wrk_mat){tied ? g->emb : head, g->n_embd, g->vocab_size, false};
