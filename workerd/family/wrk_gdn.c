@@ -832,6 +832,22 @@ wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size_t cap)
                 out[n] = mats[i];
             n++;
         }
+        wrk_moe *mo = ly->moe; /* the experts; the routers stay as stored (C x E, tiny) */
+        for (uint32_t e = 0; mo != NULL && e < mo->n_experts + 1; e++) {
+            wrk_mat *em[3];
+            if (e < mo->n_experts) {
+                em[0] = &mo->gate[e], em[1] = &mo->up[e], em[2] = &mo->down[e];
+            } else if (mo->shared_ffn > 0) {
+                em[0] = &mo->sh_gate, em[1] = &mo->sh_up, em[2] = &mo->sh_down;
+            } else {
+                break;
+            }
+            for (int i = 0; i < 3; i++) {
+                if (out != NULL && n < cap)
+                    out[n] = em[i];
+                n++;
+            }
+        }
     }
     if (out != NULL && n < cap)
         out[n] = &g->head;

@@ -50,6 +50,25 @@
 #include "wk_tensor.h"
 #include "wrk_model.h"
 
+/*
+ * A sparse mixture-of-experts MLP (Qwen3.5-MoE, Qwen3-Next): per token the
+ * router's softmax over n_experts, the top_k of them (renormalised to sum 1
+ * when norm_topk), each a SwiGLU MLP C -> ffn -> C, summed with those
+ * weights in ascending expert order; plus, when shared_ffn > 0, a shared
+ * SwiGLU expert C -> shared_ffn -> C times sigmoid(shared_gate x).
+ */
+typedef struct wrk_moe {
+    uint32_t n_experts;            /* E */
+    uint32_t top_k;                /* experts per token (<= E) */
+    uint32_t ffn;                  /* Fe: an expert's width */
+    bool norm_topk;                /* renormalise the top_k weights */
+    wrk_mat router;                /* C -> E */
+    wrk_mat *gate, *up, *down;     /* E entries each: C -> Fe, C -> Fe, Fe -> C */
+    uint32_t shared_ffn;           /* Fs, 0: no shared expert */
+    wrk_mat sh_gate, sh_up, sh_down; /* C -> Fs, C -> Fs, Fs -> C */
+    wrk_mat sh_router;             /* C -> 1: the shared expert's gate */
+} wrk_moe;
+
 /* One layer. Vectors may carry leading 1s in their stored shape. */
 typedef struct wrk_gdn_layer {
     bool is_attn;                     /* a softmax attention layer (hybrid models) */
@@ -64,8 +83,9 @@ typedef struct wrk_gdn_layer {
     const wk_tensor *o_norm;          /* per-head RMSNorm weight [Vd] */
     wrk_mat o_proj;                   /* VD -> C */
     const wk_tensor *mlp_norm;        /* RMSNorm weight [C] */
-    wrk_mat gate_proj, up_proj;       /* C -> F */
+    wrk_mat gate_proj, up_proj;       /* C -> F; .t NULL with moe */
     wrk_mat down_proj;                /* F -> C */
+    wrk_moe *moe;                     /* the MLP is a mixture of experts; NULL: dense */
     /* attention layers only (is_attn) */
     const wk_tensor *q_bias, *k_bias, *v_bias; /* [Hq Da], [Hkv Da], [Hkv Da]; qkv_bias only */
     const wk_tensor *q_norm, *k_norm;          /* per-head RMSNorm weight [Da]; qk_norm only */

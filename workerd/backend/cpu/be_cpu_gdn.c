@@ -79,6 +79,15 @@ typedef void (*gdn_att_fn)(const be_ctx *c, uint32_t t, uint32_t h, float *scr);
 typedef void (*gdn_delta_fn)(float *S, size_t ld, uint32_t K, uint32_t n, const float *q,
                              const float *k, const float *v, float decay, float beta, float *o);
 
+/* A mixture-of-experts MLP (wrk_gdn.h wrk_moe), packed. */
+typedef struct gdn_moe {
+    uint32_t E, k, Fe, Fs;         /* experts, per token, expert width, shared width (0: none) */
+    bool norm_topk;                /* renormalise the top-k weights */
+    be_cpu_mat router;             /* C -> E */
+    be_cpu_mat *gate, *up, *down;  /* E each, owned arrays */
+    be_cpu_mat sg, su, sd, sr;     /* shared expert C -> Fs -> C, its gate C -> 1 */
+} gdn_moe;
+
 typedef struct gdn_layer {
     const float *attn_norm, *mlp_norm; /* [C] */
     const float *o_norm;               /* [Vd] */
@@ -87,7 +96,8 @@ typedef struct gdn_layer {
     const float *cq, *ck, *cv;         /* conv taps [W][KD], [W][KD], [W][VD] */
     be_cpu_mat wq, wk, wv, wa, wb, wg; /* input projections (wg: use_gate only) */
     be_cpu_mat wo;                     /* VD -> C */
-    be_cpu_mat gate, up, down;         /* MLP */
+    be_cpu_mat gate, up, down;         /* MLP (dense) */
+    gdn_moe *moe;                      /* the MLP is a mixture of experts; NULL: dense */
     /* attention layers (wq, wk, wv, wo are the attention projections) */
     bool is_attn;              /* softmax attention layer */
     uint32_t idx;              /* index among its kind (slot layer / KV layer) */
@@ -120,6 +130,20 @@ struct be_ctx {
     float *gr;           /* g_proj [cap][VD] */
     float *o;            /* recurrence output [cap][VD] */
     float *hg, *hu;      /* MLP hidden [cap][F] */
+
+    /* mixture-of-experts layers (moe_k 0: none of this is allocated) */
+    uint32_t moe_E, moe_k, moe_Fe, moe_Fs; /* the largest E, k, Fe, Fs of any layer */
+    float *rl;           /* router logits [cap][E] */
+    uint32_t *sel;       /* each token's experts, ascending [cap][k] */
+    float *sw;           /* their weights [cap][k] */
+    uint32_t *trow;      /* each token's rows in xe, by ascending expert [cap][k] */
+    uint32_t *ecnt;      /* rows per expert, then offsets [E + 1] */
+    float *xe;           /* the gathered inputs, expert-major [cap k][C] */
+    float *he, *hue;     /* expert hidden [cap k][Fe] */
+    float *oe;           /* expert outputs [cap k][C] */
+    float *hs, *hsu;     /* shared expert hidden [cap][Fs] */
+    float *os, *sgv;     /* shared expert output [cap][C], its gate [cap] */
+    uint32_t moe_rows;   /* rows in xe this layer */
 
     /* hybrid attention layers (n_attn 0: none of this is allocated) */
     uint32_t n_attn;          /* attention layers */
@@ -899,6 +923,184 @@ gdn_layer_delta(be_ctx *c, const gdn_layer *ly)
     be_cpu_jobs_run(b);
 }
 
+/* ------------------------------------------------------------------------ */
+/* mixture-of-experts MLP                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Per token: softmax of the router logits (max first, exp sum in double,
+ * fp32 probabilities), the top k (the larger first; equal ones by lower
+ * index), renormalised to sum 1 with norm_topk; stored by ascending
+ * expert. Then the shared expert's SwiGLU.
+ */
+static void
+gdn_stage_route(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    const gdn_moe *mo = c->layers[c->layer].moe;
+    const uint32_t E = mo->E, k = mo->k;
+    uint32_t t0, t1;
+    be_cpu_tok_range(&c->b, task, &t0, &t1);
+    for (uint32_t t = t0; t < t1; t++) {
+        float *p = c->rl + (size_t)t * c->moe_E;
+        float mx = -INFINITY;
+        for (uint32_t e = 0; e < E; e++)
+            mx = p[e] > mx ? p[e] : mx;
+        double sum = 0.0;
+        for (uint32_t e = 0; e < E; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (uint32_t e = 0; e < E; e++)
+            p[e] *= inv;
+        uint32_t *sel = c->sel + (size_t)t * c->moe_k;
+        float *w = c->sw + (size_t)t * c->moe_k;
+        float tot = 0.0f;
+        for (uint32_t j = 0; j < k; j++) { /* k passes: the next largest not yet taken */
+            uint32_t best = UINT32_MAX;
+            for (uint32_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (uint32_t i = 0; i < j && !taken; i++)
+                    taken = sel[i] == e;
+                if (!taken && (best == UINT32_MAX || p[e] > p[best]))
+                    best = e;
+            }
+            sel[j] = best;
+            w[j] = p[best];
+            tot += w[j];
+        }
+        if (mo->norm_topk)
+            for (uint32_t j = 0; j < k; j++)
+                w[j] /= tot;
+        for (uint32_t j = 1; j < k; j++) /* ascending expert order (insertion sort) */
+            for (uint32_t i = j; i > 0 && sel[i - 1] > sel[i]; i--) {
+                uint32_t ts = sel[i];
+                float tw = w[i];
+                sel[i] = sel[i - 1], w[i] = w[i - 1];
+                sel[i - 1] = ts, w[i - 1] = tw;
+            }
+        if (mo->Fs > 0) {
+            float *hg = c->hs + (size_t)t * c->moe_Fs;
+            const float *hu = c->hsu + (size_t)t * c->moe_Fs;
+            for (uint32_t i = 0; i < mo->Fs; i++)
+                hg[i] = gdn_silu(hg[i]) * hu[i];
+        }
+    }
+}
+
+/* SwiGLU over a range of the gathered expert rows. */
+static void
+gdn_stage_expert_swiglu(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    const uint32_t Fe = c->layers[c->layer].moe->Fe, n = c->b.tok_tasks;
+    const uint32_t r0 = (uint32_t)((uint64_t)c->moe_rows * task / n);
+    const uint32_t r1 = (uint32_t)((uint64_t)c->moe_rows * (task + 1) / n);
+    for (uint32_t r = r0; r < r1; r++) {
+        float *hg = c->he + (size_t)r * c->moe_Fe;
+        const float *hu = c->hue + (size_t)r * c->moe_Fe;
+        for (uint32_t i = 0; i < Fe; i++)
+            hg[i] = gdn_silu(hg[i]) * hu[i];
+    }
+}
+
+/*
+ * Per token: its experts' outputs times their weights summed in ascending
+ * expert order from zero, plus sigmoid(gate) times the shared expert's,
+ * added into the residual (transformers' order of operations).
+ */
+static void
+gdn_stage_combine(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    const gdn_moe *mo = c->layers[c->layer].moe;
+    const uint32_t C = c->C;
+    uint32_t t0, t1;
+    be_cpu_tok_range(&c->b, task, &t0, &t1);
+    for (uint32_t t = t0; t < t1; t++) {
+        float *acc = c->os + (size_t)t * C; /* the shared output (or zeros) is read first */
+        float *x = c->x + (size_t)t * C;
+        const float sg = mo->Fs > 0 ? c->sgv[t] : 0.0f;
+        float *tmp = c->xn + (size_t)t * C; /* xn is free again: the layer's input is gathered */
+        for (uint32_t i = 0; i < C; i++)
+            tmp[i] = 0.0f;
+        for (uint32_t j = 0; j < mo->k; j++) {
+            const float w = c->sw[(size_t)t * c->moe_k + j];
+            const float *o = c->oe + (size_t)c->trow[(size_t)t * c->moe_k + j] * C;
+            for (uint32_t i = 0; i < C; i++)
+                tmp[i] += o[i] * w;
+        }
+        if (mo->Fs > 0)
+            for (uint32_t i = 0; i < C; i++)
+                tmp[i] += sg * acc[i];
+        for (uint32_t i = 0; i < C; i++)
+            x[i] += tmp[i];
+    }
+}
+
+/* A mixture-of-experts MLP over the pass (xn holds mlp_norm's output), added into x. */
+static void
+gdn_layer_moe(be_ctx *c, const gdn_moe *mo)
+{
+    be_cpu_base *b = &c->b;
+    const uint32_t T = b->T, C = c->C, k = mo->k;
+    /* the router and the shared expert, one region */
+    be_cpu_job_add_ld(b, &mo->router, c->xn, C, T, c->rl, c->moe_E, BE_CPU_EPI_STORE);
+    if (mo->Fs > 0) {
+        be_cpu_job_add_ld(b, &mo->sg, c->xn, C, T, c->hs, c->moe_Fs, BE_CPU_EPI_STORE);
+        be_cpu_job_add_ld(b, &mo->su, c->xn, C, T, c->hsu, c->moe_Fs, BE_CPU_EPI_STORE);
+        be_cpu_job_add_ld(b, &mo->sr, c->xn, C, T, c->sgv, 1, BE_CPU_EPI_SIGMOID);
+    }
+    be_cpu_jobs_run(b);
+    be_cpu_tok_run(b, gdn_stage_route, c);
+    if (mo->Fs > 0)
+        be_cpu_job_add_ld(b, &mo->sd, c->hs, c->moe_Fs, T, c->os, C, BE_CPU_EPI_STORE);
+    else
+        memset(c->os, 0, sizeof(float) * (size_t)T * C);
+
+    /* the rows of each expert, expert-major, tokens ascending: a counting sort */
+    uint32_t *cnt = c->ecnt;
+    memset(cnt, 0, sizeof(uint32_t) * (mo->E + 1));
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t j = 0; j < k; j++)
+            cnt[c->sel[(size_t)t * c->moe_k + j] + 1]++;
+    for (uint32_t e = 0; e < mo->E; e++)
+        cnt[e + 1] += cnt[e];
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t j = 0; j < k; j++) {
+            const uint32_t e = c->sel[(size_t)t * c->moe_k + j];
+            const uint32_t r = cnt[e]++;
+            c->trow[(size_t)t * c->moe_k + j] = r;
+            memcpy(c->xe + (size_t)r * C, c->xn + (size_t)t * C, sizeof(float) * C);
+        }
+    /* cnt[e] is now the end of expert e's rows, its start cnt[e - 1] (0 for e = 0) */
+    c->moe_rows = T * k;
+    for (uint32_t e = 0; e < mo->E; e++) {
+        const uint32_t r0 = e ? cnt[e - 1] : 0, n = cnt[e] - r0;
+        if (n == 0)
+            continue;
+        /* a full region runs before the next job is queued (be_cpu_job_add_ld) */
+        be_cpu_job_add_ld(b, &mo->gate[e], c->xe + (size_t)r0 * C, C, n,
+                          c->he + (size_t)r0 * c->moe_Fe, c->moe_Fe, BE_CPU_EPI_STORE);
+        be_cpu_job_add_ld(b, &mo->up[e], c->xe + (size_t)r0 * C, C, n,
+                          c->hue + (size_t)r0 * c->moe_Fe, c->moe_Fe, BE_CPU_EPI_STORE);
+    }
+    be_cpu_jobs_run(b);
+    uint32_t n_tasks = c->moe_rows < b->n_threads ? c->moe_rows : b->n_threads;
+    b->tok_tasks = n_tasks;
+    be_cpu_pool_run(b->pool, gdn_stage_expert_swiglu, c, n_tasks);
+    for (uint32_t e = 0; e < mo->E; e++) {
+        const uint32_t r0 = e ? cnt[e - 1] : 0, n = cnt[e] - r0;
+        if (n == 0)
+            continue;
+        be_cpu_job_add_ld(b, &mo->down[e], c->he + (size_t)r0 * c->moe_Fe, c->moe_Fe, n,
+                          c->oe + (size_t)r0 * C, C, BE_CPU_EPI_STORE);
+    }
+    be_cpu_jobs_run(b);
+    be_cpu_tok_run(b, gdn_stage_combine, c);
+}
+
 static void
 gdn_pass(be_cpu_base *base)
 {
@@ -920,6 +1122,10 @@ gdn_pass(be_cpu_base *base)
             gdn_layer_delta(c, ly);
 
         be_cpu_tok_run(b, gdn_stage_mlp_norm, c);
+        if (ly->moe != NULL) {
+            gdn_layer_moe(c, ly->moe);
+            continue;
+        }
         be_cpu_job_add(b, &ly->gate, c->xn, T, c->hg, NULL, BE_CPU_EPI_STORE);
         be_cpu_job_add(b, &ly->up, c->xn, T, c->hu, NULL, BE_CPU_EPI_STORE);
         be_cpu_jobs_run(b);
@@ -948,6 +1154,21 @@ gdn_close(be_ctx *c)
                                   &ly->wg, &ly->wo, &ly->gate, &ly->up, &ly->down};
             for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
                 be_cpu_mat_free(mats[i]);
+            gdn_moe *mo = ly->moe;
+            if (mo == NULL)
+                continue;
+            for (uint32_t e = 0; e < mo->E && mo->gate != NULL; e++) {
+                be_cpu_mat_free(&mo->gate[e]);
+                be_cpu_mat_free(&mo->up[e]);
+                be_cpu_mat_free(&mo->down[e]);
+            }
+            be_cpu_mat *sm[] = {&mo->router, &mo->sg, &mo->su, &mo->sd, &mo->sr};
+            for (size_t i = 0; i < sizeof(sm) / sizeof(sm[0]); i++)
+                be_cpu_mat_free(sm[i]);
+            free(mo->gate);
+            free(mo->up);
+            free(mo->down);
+            free(mo);
         }
     }
     be_cpu_mat_free(&c->head);
@@ -958,6 +1179,12 @@ gdn_close(be_ctx *c)
                      c->aqg, c->ag};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
+    float *moe_bufs[] = {c->rl, c->sw, c->xe, c->he, c->hue, c->oe, c->hs, c->hsu, c->os, c->sgv};
+    for (size_t i = 0; i < sizeof(moe_bufs) / sizeof(moe_bufs[0]); i++)
+        free(moe_bufs[i]);
+    free(c->sel);
+    free(c->trow);
+    free(c->ecnt);
     be_cpu_kv_fini(&c->kv);
     free(c->inv_freq);
     free(c->tpos);
@@ -1075,7 +1302,10 @@ static wk_err
 gdn_pack(be_ctx *c, wk_diag *d)
 {
     const wrk_gdn *g = c->g;
-    const size_t max = (size_t)c->L * 10 + 1;
+    size_t max = (size_t)c->L * 10 + 1;
+    for (uint32_t l = 0; l < c->L; l++)
+        if (g->layers[l].moe != NULL)
+            max += 3 * (size_t)g->layers[l].moe->n_experts + 5;
     be_cpu_mat **dst = calloc(max, sizeof(*dst));
     const wrk_mat **src = calloc(max, sizeof(*src));
     wrk_mat head = g->head;
@@ -1094,10 +1324,26 @@ gdn_pack(be_ctx *c, wk_diag *d)
                             &ly->wg, &ly->wo, &ly->gate, &ly->up, &ly->down};
         for (size_t i = 0; i < 10; i++) {
             if (sm[i]->t == NULL)
-                continue; /* g_proj without use_gate */
+                continue; /* g_proj without use_gate, the dense MLP of a MoE layer */
             src[n] = sm[i];
             dst[n] = dm[i];
             n++;
+        }
+        const wrk_moe *wm = s->moe;
+        gdn_moe *mo = ly->moe;
+        if (wm == NULL)
+            continue;
+        src[n] = &wm->router, dst[n] = &mo->router, n++;
+        for (uint32_t e = 0; e < wm->n_experts; e++) {
+            src[n] = &wm->gate[e], dst[n] = &mo->gate[e], n++;
+            src[n] = &wm->up[e], dst[n] = &mo->up[e], n++;
+            src[n] = &wm->down[e], dst[n] = &mo->down[e], n++;
+        }
+        if (wm->shared_ffn > 0) {
+            src[n] = &wm->sh_gate, dst[n] = &mo->sg, n++;
+            src[n] = &wm->sh_up, dst[n] = &mo->su, n++;
+            src[n] = &wm->sh_down, dst[n] = &mo->sd, n++;
+            src[n] = &wm->sh_router, dst[n] = &mo->sr, n++;
         }
     }
     /*
@@ -1115,6 +1361,58 @@ gdn_pack(be_ctx *c, wk_diag *d)
     free(dst);
     free(src);
     return e;
+}
+
+/*
+ * The mixture-of-experts layers: their packed-matrix holders (filled by
+ * gdn_pack) and the pass scratch, sized by the largest E, k, Fe, Fs.
+ */
+static wk_err
+gdn_open_moe(be_ctx *c, wk_diag *d)
+{
+    const wrk_gdn *g = c->g;
+    for (uint32_t l = 0; l < c->L; l++) {
+        const wrk_moe *wm = g->layers[l].moe;
+        if (wm == NULL)
+            continue;
+        if (wm->n_experts == 0 || wm->top_k == 0 || wm->top_k > wm->n_experts)
+            return wk_diag_set(d, WK_EINVAL, "cpu backend: layer %u: bad experts (%u, top %u)", l,
+                               wm->n_experts, wm->top_k);
+        gdn_moe *mo = calloc(1, sizeof(*mo));
+        if (mo == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");
+        c->layers[l].moe = mo;
+        mo->E = wm->n_experts;
+        mo->k = wm->top_k;
+        mo->Fe = wm->ffn;
+        mo->Fs = wm->shared_ffn;
+        mo->norm_topk = wm->norm_topk;
+        mo->gate = calloc(mo->E, sizeof(*mo->gate));
+        mo->up = calloc(mo->E, sizeof(*mo->up));
+        mo->down = calloc(mo->E, sizeof(*mo->down));
+        if (mo->gate == NULL || mo->up == NULL || mo->down == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");
+        c->moe_E = mo->E > c->moe_E ? mo->E : c->moe_E;
+        c->moe_k = mo->k > c->moe_k ? mo->k : c->moe_k;
+        c->moe_Fe = mo->Fe > c->moe_Fe ? mo->Fe : c->moe_Fe;
+        c->moe_Fs = mo->Fs > c->moe_Fs ? mo->Fs : c->moe_Fs;
+    }
+    if (c->moe_k == 0)
+        return WK_OK;
+    const size_t cap = c->b.cap, rows = cap * c->moe_k;
+    if ((c->rl = be_cpu_alloc_f(cap * c->moe_E)) == NULL ||
+        (c->sw = be_cpu_alloc_f(rows)) == NULL || (c->xe = be_cpu_alloc_f(rows * c->C)) == NULL ||
+        (c->he = be_cpu_alloc_f(rows * c->moe_Fe)) == NULL ||
+        (c->hue = be_cpu_alloc_f(rows * c->moe_Fe)) == NULL ||
+        (c->oe = be_cpu_alloc_f(rows * c->C)) == NULL ||
+        (c->hs = be_cpu_alloc_f(cap * (c->moe_Fs ? c->moe_Fs : 1))) == NULL ||
+        (c->hsu = be_cpu_alloc_f(cap * (c->moe_Fs ? c->moe_Fs : 1))) == NULL ||
+        (c->os = be_cpu_alloc_f(cap * c->C)) == NULL || (c->sgv = be_cpu_alloc_f(cap)) == NULL ||
+        (c->sel = calloc(rows, sizeof(uint32_t))) == NULL ||
+        (c->trow = calloc(rows, sizeof(uint32_t))) == NULL ||
+        (c->ecnt = calloc((size_t)c->moe_E + 1, sizeof(uint32_t))) == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for expert buffers");
+    return WK_OK;
 }
 
 /* The hybrid parts: KV pool (cfg->kv_pages, else GDN_KV_DEF_CTX tokens a slot), RoPE, buffers. */
@@ -1209,6 +1507,8 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         goto fail;
     c->delta = gdn_delta_pick(c->b.isa);
     if ((e = gdn_load_vectors(c, d)) != WK_OK)
+        goto fail;
+    if ((e = gdn_open_moe(c, d)) != WK_OK)
         goto fail;
     if ((e = gdn_pack(c, d)) != WK_OK)
         goto fail;
