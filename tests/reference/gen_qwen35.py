@@ -18,7 +18,9 @@ models transformers writes; this generator is for the tests that need no
 transformers (the serving and state-operation tests).
 
   gen_qwen35.py --out DIR [--seed S --dtype f32|bf16 --layers L --interval N
-                --hidden C --vocab V --tied --multimodal --format safetensors|sharded]
+                --hidden C --vocab V --ffn F --heads H --kv-heads H --head-dim D
+                --lin-k-heads H --lin-v-heads H --lin-dim D --tied --multimodal
+                --format safetensors|sharded --no-tokenizer]
 """
 import argparse
 import json
@@ -137,7 +139,7 @@ def config_json(cfg):
             "tie_word_embeddings": cfg["tied"], "image_token_id": 248056}
 
 
-def write_model(out, cfg):
+def write_model(out, cfg, tokenizer=True):
     os.makedirs(out, exist_ok=True)
     named = make_params(cfg)
     if cfg["format"] == "sharded":
@@ -147,7 +149,8 @@ def write_model(out, cfg):
                                     {"format": "pt"})
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config_json(cfg), f, indent=2)
-    gen_gdn.write_tokenizer(out, cfg["vocab"])
+    if tokenizer:
+        gen_gdn.write_tokenizer(out, cfg["vocab"])
     return named
 
 
@@ -163,10 +166,21 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=300)
     ap.add_argument("--tied", action="store_true")
     ap.add_argument("--multimodal", action="store_true")
+    ap.add_argument("--ffn", type=int, default=160)
+    ap.add_argument("--heads", type=int, default=4, help="attention query heads")
+    ap.add_argument("--kv-heads", type=int, default=2)
+    ap.add_argument("--head-dim", type=int, default=32, help="attention head dim")
+    ap.add_argument("--lin-k-heads", type=int, default=2)
+    ap.add_argument("--lin-v-heads", type=int, default=4)
+    ap.add_argument("--lin-dim", type=int, default=16, help="linear key and value head dim")
+    ap.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer.json")
     a = ap.parse_args(argv)
-    write_model(a.out, default_cfg(seed=a.seed, dtype=a.dtype, format=a.format, layers=a.layers,
-                                   interval=a.interval, hidden=a.hidden, vocab=a.vocab,
-                                   tied=a.tied, multimodal=a.multimodal))
+    cfg = default_cfg(seed=a.seed, dtype=a.dtype, format=a.format, layers=a.layers,
+                      interval=a.interval, hidden=a.hidden, vocab=a.vocab, tied=a.tied,
+                      multimodal=a.multimodal, ffn=a.ffn, heads=a.heads, kv_heads=a.kv_heads,
+                      head_dim=a.head_dim, lin_k_heads=a.lin_k_heads, lin_v_heads=a.lin_v_heads,
+                      lin_k_dim=a.lin_dim, lin_v_dim=a.lin_dim)
+    write_model(a.out, cfg, tokenizer=not a.no_tokenizer)
     return 0
 
 

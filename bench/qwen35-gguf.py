@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Converts a Qwen3.5 checkpoint directory (config.json + safetensors, e.g. from
+tests/reference/gen_qwen35.py) to GGUF with llama.cpp's own converter, for the
+benchmarks that run llama.cpp on the same weights as wkvm.
+
+A random benchmark model has no tokenizer of its own, and the converter needs
+one: this writes a Hugging Face tokenizer.json / tokenizer_config.json built
+from llama.cpp's test vocabulary models/ggml-vocab-qwen35.gguf (a Qwen
+byte-level BPE vocabulary with the Qwen3.5 pre-tokenizer: tokens, merges,
+control tokens) beside links to the checkpoint's files, and tells the
+converter that the pre-tokenizer is "qwen35" (its hash check only knows the
+released tokenizers). The vocabulary is padded to the model's vocab_size by
+the converter, as for a real model. Token ids are all a benchmark feeds.
+
+    PYTHON bench/qwen35-gguf.py CONVERTER_DIR MODEL_DIR OUT.gguf [--outtype bf16|f32|f16|q8_0]
+
+CONVERTER_DIR: deploy/install-gguf-converter's directory (convert_hf_to_gguf.py,
+gguf-py, models/ggml-vocab-qwen35.gguf). PYTHON needs torch, transformers 5
+and numpy (deploy/install-ref-venv --fla's venv).
+"""
+import json
+import os
+import runpy
+import shutil
+import sys
+import tempfile
+
+
+def write_tokenizer(conv_dir, out_dir):
+    sys.path.insert(0, os.path.join(conv_dir, "gguf-py"))
+    import gguf
+    r = gguf.GGUFReader(os.path.join(conv_dir, "models", "ggml-vocab-qwen35.gguf"))
+
+    def strings(key):
+        f = r.fields[key]
+        return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+
+    def ints(key):
+        f = r.fields[key]
+        return [int(f.parts[i][0]) for i in f.data]
+
+    tokens = strings("tokenizer.ggml.tokens")
+    merges = strings("tokenizer.ggml.merges")
+    types = ints("tokenizer.ggml.token_type")
+    eos = ints("tokenizer.ggml.eos_token_id")[0]
+    pattern = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?"
+               "[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True}
+             for i, t in enumerate(tokens) if types[i] == 3]
+    tok = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated",
+             "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+             "use_regex": False}]},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                    "use_regex": False},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": "", "end_of_word_suffix": "",
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {t: i for i, t in enumerate(tokens) if types[i] != 3},
+                  "merges": [m.split(" ", 1) for m in merges]},
+    }
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "Qwen2Tokenizer", "eos_token": tokens[eos],
+                   "pad_token": tokens[eos], "model_max_length": 262144}, f)
+
+
+def main():
+    if len(sys.argv) < 4:
+        raise SystemExit(__doc__)
+    conv_dir, model_dir, out = (os.path.abspath(a) for a in sys.argv[1:4])
+    outtype = "bf16"
+    if len(sys.argv) >= 6 and sys.argv[4] == "--outtype":
+        outtype = sys.argv[5]
+    tmp = tempfile.mkdtemp(prefix="wkvm-q35-gguf-")
+    try:
+        for name in os.listdir(model_dir):
+            if name.endswith((".safetensors", ".json")) and not name.startswith("tokenizer"):
+                os.symlink(os.path.join(model_dir, name), os.path.join(tmp, name))
+        write_tokenizer(conv_dir, tmp)
+        sys.path.insert(0, conv_dir)
+        sys.path.insert(0, os.path.join(conv_dir, "gguf-py"))
+        from conversion import base
+        base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen35"
+        sys.argv = ["convert_hf_to_gguf.py", tmp, "--outtype", outtype, "--outfile", out,
+                    "--no-mtp"]  # a benchmark model has no MTP layers
+        runpy.run_path(os.path.join(conv_dir, "convert_hf_to_gguf.py"), run_name="__main__")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
