@@ -41,8 +41,19 @@ def make_model():
 MODEL = make_model()
 
 
-def infer_greedy(tokens, n):
-    out = subprocess.run([INFER, "--model", MODEL, "--threads", "1", "--tokens",
+def make_qwen35():
+    """A Qwen3.5 layout (gated attention in layers 1 and 3 over the KV pool, GDN elsewhere)."""
+    d = os.path.join(TMP.name, "tiny-qwen35")
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    ref = os.path.join(os.path.dirname(__file__), "..", "reference")
+    subprocess.run([py, os.path.join(ref, "gen_qwen35.py"), "--out", d, "--seed", "21",
+                    "--layers", "4", "--interval", "2", "--vocab", "512"],
+                   check=True, capture_output=True, timeout=120)
+    return d
+
+
+def infer_greedy(tokens, n, model=None):
+    out = subprocess.run([INFER, "--model", model or MODEL, "--threads", "1", "--tokens",
                           ",".join(map(str, tokens)), "--generate", str(n)],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     return [int(x) for x in out.split()]
@@ -62,8 +73,8 @@ def metric(s, name, labels=""):
     return float(m.group(1)) if m else 0.0
 
 
-def chat(s, msgs, headers=None, max_tokens=12, **extra):
-    body = {"model": MID, "messages": msgs, "max_tokens": max_tokens, "temperature": 0,
+def chat(s, msgs, headers=None, max_tokens=12, mid=MID, **extra):
+    body = {"model": mid, "messages": msgs, "max_tokens": max_tokens, "temperature": 0,
             "return_token_ids": True}
     body.update(extra)
     r = s.post("/v1/chat/completions", body=body, headers=headers or {}, timeout=120)
@@ -104,7 +115,7 @@ class OwuiChat:
 
 
 def converse(s, client, turns, owui=None, first="Read this document. " * 12, check_infer=True,
-             max_tokens=12):
+             max_tokens=12, model=None):
     """Runs a chat; checks every follow-up continues the exact retained tokens.
     Returns the per-turn (prompt ids, reply ids, cached) and the messages."""
     msgs = [{"role": "system", "content": "You answer in bytes."},
@@ -112,14 +123,15 @@ def converse(s, client, turns, owui=None, first="Read this document. " * 12, che
     out, prev = [], None
     odd = 0
     for t in range(turns):
-        j = chat(s, msgs, headers=owui.next() if owui else None, max_tokens=max_tokens)
+        j = chat(s, msgs, headers=owui.next() if owui else None, max_tokens=max_tokens,
+                 mid=os.path.basename(model) if model else MID)
         P, G, text, cached = parts(j)
         if prev is not None:
             held = prev[0] + prev[1]  # everything the previous state consumed
             assert P[:len(held)] == held, (client, t, P[:len(held)], held)
             assert cached == len(held), (client, t, cached, len(held), j["usage"])
         if check_infer:
-            assert G == infer_greedy(P, len(G)), (client, t)
+            assert G == infer_greedy(P, len(G), model), (client, t)
         try:
             text.encode("utf-8").decode("ascii")
         except UnicodeDecodeError:
@@ -151,6 +163,22 @@ def test_every_follow_up_reuses_for_every_client():
         # No contract turn fell back because of a reply's bytes.
         assert metric(s, "wkvm_parent_bound_continuation_rejections_total",
                       'reason="template_prefix_mismatch"') == 0
+
+
+def test_hybrid_qwen35_follow_ups_reuse():
+    """The same on a Qwen3.5 layout: GDN states plus attention KV pages; every
+    follow-up resumes the previous turn's state (cached = all it consumed), and
+    the reply equals a recompute. Prints the reused fraction of each prompt."""
+    model = make_qwen35()
+    with Stack(model=model, slots=4) as s:
+        up(s)
+        for client in ("raw", "owui"):
+            out, _, _ = converse(s, client, 4, first=f"Read this {client} text. " * 10,
+                                 model=model)
+            fr = ["%.2f" % (c / len(P)) for P, _, c in out[1:]]
+            print("qwen3_5 %s client: reused fraction of each follow-up's prompt %s"
+                  % (client, " ".join(fr)), flush=True)
+            assert all(c > 0 for _, _, c in out[1:]), out
 
 
 def test_cut_characters_stops_and_regenerate():
@@ -355,6 +383,7 @@ def test_busy_preferred_worker():
 
 if __name__ == "__main__":
     rc = run_tests([test_every_follow_up_reuses_for_every_client,
+                    test_hybrid_qwen35_follow_ups_reuse,
                     test_cut_characters_stops_and_regenerate,
                     test_pressure_restart_and_owners,
                     test_budgets_switches_and_admin,
