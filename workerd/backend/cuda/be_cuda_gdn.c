@@ -628,11 +628,15 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     if (g->conv < 2 || g->conv > GDN_MAX_CONV)
         return wk_diag_set(d, WK_ENOTSUP, "cuda backend: conv_size %u outside 2..%u", g->conv,
                            GDN_MAX_CONV);
-    /* Qwen3.5's conventions have no CUDA path yet: refused, never run as fla's */
-    if (g->attn_gate || g->norm_offset != 0.0f || (g->n_attn > 0 && g->rope_dim != g->attn_head_dim))
+    /* Qwen3.5's conventions and experts have no CUDA path yet: refused, never run as fla's */
+    bool experts = false;
+    for (uint32_t l = 0; l < g->n_layer; l++)
+        experts = experts || g->layers[l].moe != NULL;
+    if (experts || g->attn_gate || g->norm_offset != 0.0f ||
+        (g->n_attn > 0 && g->rope_dim != g->attn_head_dim))
         return wk_diag_set(d, WK_ENOTSUP,
                            "cuda backend: %s (gated attention, partial rotary, (1 + weight) "
-                           "norms) runs on the cpu backend only",
+                           "norms, experts) runs on the cpu backend only",
                            wrk_model_info_get(m)->family);
     if (g->n_attn < g->n_layer &&
         (g->n_head == 0 || g->head_k == 0 || g->head_v == 0 || g->n_v_head % g->n_head != 0))
