@@ -14,6 +14,11 @@ busy spell of this shared machine hits both alike):
                 run is not counted)
 Every figure is the best of its R rounds; ratios are taken from them. Prints
 a Markdown table (best of R), the same table of medians, and the commands.
+With --gguf Q8_0_FILE (a model wkvm reads as safetensors only, e.g. a
+Qwen3.5 converted by bench/qwen35-gguf.py), that file is llama.cpp's and
+wkvm's Q8_0 is --quantize q8_0 of the BF16 model at load (the same Q8_0
+blocks as llama.cpp's converter writes); --gguf-bf16 BF16_FILE adds llama.cpp
+on the BF16 file as a fifth engine (column "llama.cpp BF16").
 With --base-build BASE, a fourth engine (BASE's wkvm-bench-cpu on the same
 GGUF, e.g. a build of the previous commit) runs in the same rounds, so a
 change and its baseline are measured alternately in one session (column
@@ -21,6 +26,7 @@ change and its baseline are measured alternately in one session (column
 
 usage: peer_cpu.py --build BUILD --peer PEER_DIR --model BF16_DIR [--rounds R]
                    [--batches 8,32] [--threads 2] [--base-build BASE]
+                   [--gguf Q8_0_FILE [--gguf-bf16 BF16_FILE]]
 """
 import argparse
 import json
@@ -115,22 +121,31 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--base-build", default=None,
                     help="a second build whose wkvm Q8_0 runs alternately as the baseline")
+    ap.add_argument("--gguf", default=None,
+                    help="llama.cpp's Q8_0 file of the model; wkvm quantizes the BF16 model")
+    ap.add_argument("--gguf-bf16", default=None, help="llama.cpp's BF16 file of the model")
     a = ap.parse_args()
     a.batches = [b for b in a.batches.split(",") if b]
-    gguf, wdir = make_gguf(a)
+    if a.gguf:
+        gguf, wdir, q8extra = a.gguf, a.model, ("--quantize", "q8_0")
+    else:
+        (gguf, wdir), q8extra = make_gguf(a), ()
     mach = benchlib.machine()
-    engines = ("q8", "llama", "bf16") + (("q8base",) if a.base_build else ())
+    engines = ("q8", "llama", "bf16") + (("q8base",) if a.base_build else ()) + \
+        (("llamabf16",) if a.gguf_bf16 else ())
     best = {e: {} for e in engines}
     vals = {e: {} for e in engines}
     cmds = {}
     for rnd in range(a.rounds):
         for eng in engines:
             if eng == "q8":
-                r, cmds["q8"] = wkvm(a, wdir)
+                r, cmds["q8"] = wkvm(a, wdir, q8extra)
             elif eng == "q8base":
-                r, cmds["q8base"] = wkvm(a, wdir, build=a.base_build)
+                r, cmds["q8base"] = wkvm(a, wdir, q8extra, build=a.base_build)
             elif eng == "bf16":
                 r, cmds["bf16"] = wkvm(a, a.model)
+            elif eng == "llamabf16":
+                r, cmds["llamabf16"] = llama(a, a.gguf_bf16)
             else:
                 r, cmds["llama"] = llama(a, gguf)
             for k, v in r.items():
@@ -150,7 +165,9 @@ def main():
         mach.get("cpu"), mach.get("cores"),
         " ".join("%.2f" % x for x in mach.get("loadavg_start", [])), os.getloadavg()[0]))
     print("llama.cpp: %s (commit %s), CPU only, %d threads" % (sdist, commit, a.threads))
-    print("GGUF: %s (%.1f MB, Q8_0 by convert_hf_to_gguf.py)" % (gguf, os.path.getsize(gguf) / 1e6))
+    print("GGUF: %s (%.1f MB, Q8_0 by convert_hf_to_gguf.py)%s" % (
+        gguf, os.path.getsize(gguf) / 1e6,
+        "; wkvm Q8_0: --quantize q8_0 of %s" % a.model if a.gguf else ""))
     print("best of %d alternating rounds\n" % a.rounds)
     rows = [("decode batch 1", "b1")] + [("decode batch %s" % b, "b" + b) for b in a.batches] + \
         [("prefill 512 tokens", "pp512")]
@@ -160,10 +177,13 @@ def main():
         if fig is med:
             print("\n" + title + ":\n")
         before = a.base_build is not None
+        lb = a.gguf_bf16 is not None
         print("| workload | wkvm Q8_0 tok/s | wkvm BF16 tok/s | llama.cpp Q8_0 tok/s | "
               "Q8_0 / BF16 | wkvm / llama.cpp |" + (" Q8_0 before tok/s | before / BF16 |"
-                                                   if before else ""))
-        print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else ""))
+                                                   if before else "") +
+              (" llama.cpp BF16 tok/s | wkvm / llama.cpp BF16 |" if lb else ""))
+        print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if before else "") +
+              ("---:|---:|" if lb else ""))
         for label, k in rows:
             q, b, l = fig["q8"].get(k), fig["bf16"].get(k), fig["llama"].get(k)
             f = lambda x: "%.1f" % x if x else "-"
@@ -173,13 +193,16 @@ def main():
             if before:
                 o = fig["q8base"].get(k)
                 line += " %s | %s |" % (f(o), "%.2fx" % (o / b) if o and b else "-")
+            if lb:
+                o = fig["llamabf16"].get(k)
+                line += " %s | %s |" % (f(o), "%.2fx" % (b / o) if o and b else "-")
             print(line)
     print("\ncommands (each round):")
     print("  " + cmds["q8"])
     if "q8base" in cmds:
         print("  " + cmds["q8base"])
     print("  " + cmds["bf16"])
-    for c in cmds["llama"]:
+    for c in cmds["llama"] + cmds.get("llamabf16", []):
         print("  " + c)
     return 0
 
