@@ -22,6 +22,7 @@
 #include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_openai.h"
+#include "ctl_responses.h"
 #include "wk_cfg.h"
 #include "wk_log.h"
 #include "wk_net.h"
@@ -105,6 +106,9 @@ static const wk_cfg_opt ctl_opts[] = {
      "also write every reply's end-of-reply checkpoint to disk (in the background), so "
      "chat sessions resume after their worker dies (costs a state image of disk writes "
      "per turn)"},
+    {"responses-ttl", WK_CFG_U64, "2592000", 0, 3153600000,
+     "seconds a stored response (POST /v1/responses, store: true) and its state are kept "
+     "(0 = until deleted); expired ones answer 404 and are counted as evictions"},
     {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
     {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -197,6 +201,7 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("state-cache-disk-bytes", U64, ckpt.disk_bytes),
     CTL_BIND("checkpoint-interval", U32, ckpt.interval),
     CTL_BIND("checkpoint-write-through", BOOL, ckpt.write_through),
+    CTL_BIND("responses-ttl", U64, app.responses_ttl_s),
     CTL_BIND("heartbeat-ms", U32, pool.heartbeat_ms),
     CTL_BIND("load-timeout-ms", U32, pool.load_timeout_ms),
     CTL_BIND("log-level", STR, log_level),
@@ -492,7 +497,8 @@ main(int argc, char **argv)
         ctl_openai_metrics_declare(app->metrics) != WK_OK ||
         ctl_chat_metrics_declare(app->metrics) != WK_OK ||
         ctl_migrate_metrics_declare(app->metrics) != WK_OK ||
-        ctl_ckpt_metrics_declare(app->metrics) != WK_OK) {
+        ctl_ckpt_metrics_declare(app->metrics) != WK_OK ||
+        ctl_responses_metrics_declare(app->metrics) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
@@ -550,6 +556,7 @@ main(int argc, char **argv)
     if (app->tok != NULL) {
         nr += ctl_openai_routes(app, routes + nr, 64 - nr);
         nr += ctl_states_routes(app, routes + nr, 64 - nr);
+        nr += ctl_responses_routes(app, routes + nr, 64 - nr);
         nr += ctl_migrate_routes(app, routes + nr, 64 - nr);
     }
     c.http.auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL;
