@@ -179,6 +179,17 @@ resp_decode(const void *val, size_t len)
 }
 
 /*
+ * True when rec outlived --responses-ttl as it is now (a changed TTL applies
+ * to records stored before; 0 keeps them).
+ */
+static bool
+resp_expired(const ctl_app *app, const json_t *rec, int64_t now)
+{
+    json_int_t created = json_integer_value(json_object_get(rec, "created_at"));
+    return app->responses_ttl_s > 0 && now >= created + (json_int_t)app->responses_ttl_s;
+}
+
+/*
  * The record of owner's response id: *rec (caller decrefs) on WK_OK. An
  * expired record is removed (counted) and answers WK_ENOENT with *expired.
  */
@@ -201,8 +212,7 @@ resp_load(ctl_app *app, const char *owner, const char *id, json_t **rec, bool *e
         wk_log_warn("response record undecodable id=%s", id);
         return WK_ENOENT;
     }
-    json_int_t exp = json_integer_value(json_object_get(r, "expires_at"));
-    if (exp > 0 && resp_now_s() >= exp) {
+    if (resp_expired(app, r, resp_now_s())) {
         resp_drop(app, key, r);
         json_decref(r);
         ctl_metrics_add(app->metrics, "wkvm_responses_evictions_total", NULL, 1);
@@ -260,12 +270,28 @@ resp_sweep(ctl_app *app)
             const char *rest = strlen(k) > 17 ? k + 17 : "";
             char key[RESP_KEY_MAX];
             snprintf(key, sizeof(key), RESP_KEY_PREFIX "%s", rest);
-            if (ctl_store_session_delete(app->store, key, NULL) == WK_OK) {
-                removed++;
-                ctl_metrics_add(app->metrics, "wkvm_responses_evictions_total", NULL, 1);
-            }
+            void *val = NULL;
+            size_t len = 0;
+            json_t *rec = NULL;
+            if (ctl_store_session_get(app->store, key, &val, &len, NULL) == WK_OK)
+                rec = resp_decode(val, len);
+            free(val);
             resp_cleanup(ctl_store_session_delete(app->store, page.items[i].key, NULL),
                          "expiry key");
+            if (rec != NULL && resp_expired(app, rec, now)) {
+                resp_drop(app, key, rec);
+                removed++;
+                ctl_metrics_add(app->metrics, "wkvm_responses_evictions_total", NULL, 1);
+            } else if (rec != NULL) {
+                /* the TTL grew (or is off) since: a new expiry, or none */
+                json_int_t created = json_integer_value(json_object_get(rec, "created_at"));
+                json_object_set_new(rec, "expires_at",
+                                    json_integer(app->responses_ttl_s > 0
+                                                     ? created + (json_int_t)app->responses_ttl_s
+                                                     : 0));
+                resp_cleanup(resp_save(app, rec, NULL), "re-expiry");
+            }
+            json_decref(rec);
         }
         snprintf(after, sizeof(after), "%s", page.next);
         ctl_store_kv_page_fini(&page);
@@ -1145,18 +1171,24 @@ resp_each(ctl_app *app, void (*fn)(void *arg, const char *key, json_t *rec), voi
 }
 
 typedef struct resp_list_ctx {
+    ctl_app *app;      /* app */
     const char *owner; /* filter, NULL all */
     json_t *data;      /* rows */
+    int64_t now;       /* the listing's time */
 } resp_list_ctx;
 
 static void
 resp_list_one(void *arg, const char *key, json_t *rec)
 {
-    (void)key;
     resp_list_ctx *x = arg;
     const char *owner = json_string_value(json_object_get(rec, "owner"));
     if (owner == NULL)
         return;
+    if (resp_expired(x->app, rec, x->now)) { /* (one stored before a shorter TTL) */
+        resp_drop(x->app, key, rec);
+        ctl_metrics_add(x->app->metrics, "wkvm_responses_evictions_total", NULL, 1);
+        return;
+    }
     if (x->owner != NULL) {
         size_t ol = strlen(x->owner);
         /* the API user, and the Open WebUI users within it ("user/owui:...") */
@@ -1205,7 +1237,8 @@ resp_admin(ctl_http_req *req, void *arg)
         resp_sweep(app);
         char owner[CTL_STORE_OWNER_MAX + 1];
         bool has = ctl_http_req_query_get(req, "owner", owner, sizeof(owner)) && owner[0];
-        resp_list_ctx x = {.owner = has ? owner : NULL, .data = json_array()};
+        resp_list_ctx x = {.app = app, .owner = has ? owner : NULL, .data = json_array(),
+                           .now = resp_now_s()};
         resp_each(app, resp_list_one, &x);
         ctl_http_send_json(req, 200, json_pack("{s:s, s:o}", "object", "list", "data", x.data));
         return;

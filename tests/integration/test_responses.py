@@ -267,8 +267,29 @@ def other_model():
         assert e.body["param"] == "previous_response_id", e.body
 
 
+def ttl():
+    """--responses-ttl 2: a fresh response lives, then it and the old ones answer 404."""
+    import time
+    r = client.responses.create(model=MID, input="short-lived", max_output_tokens=2)
+    assert client.responses.retrieve(r.id).id == r.id
+    time.sleep(2.2)
+    for rid in (r.id, st["prev"]):
+        try:
+            client.responses.retrieve(rid)
+            raise AssertionError("an expired response is still there")
+        except openai.NotFoundError:
+            pass
+    try:
+        client.responses.create(model=MID, input="x", previous_response_id=st["turns"][0],
+                                max_output_tokens=2)
+        raise AssertionError("continued an expired response")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "previous_response_not_found", e.body
+        assert "expired" in e.body["message"], e.body
+
+
 TESTS = {"a": [conversation_a, fork, streaming, retrieve_delete, bad_inputs],
-         "b": [conversation_b], "c": [other_model]}
+         "b": [conversation_b], "c": [other_model], "d": [ttl]}
 for t in TESTS[PHASE]:
     try:
         t()
@@ -366,6 +387,20 @@ def main():
                 print(r.stdout, end="", flush=True)
                 passed += r.stdout.count("PASS ")
                 failed += r.stdout.count("FAIL ") + (r.returncode != 0)
+                # a short TTL: expired responses answer 404, the sweep counts evictions
+                restart(["--responses-ttl", "2"])
+                run("d")
+                ops = {"Authorization": f"Bearer {OPS}"}
+                left = s.get("/admin/responses", headers=ops).json()["data"]
+                m = s.get("/metrics", headers=ops).body.decode()
+                ev = [ln for ln in m.splitlines()
+                      if ln.startswith("wkvm_responses_evictions_total")]
+                if left or not ev or float(ev[0].split()[-1]) < 10:
+                    failed += 1
+                    print(f"FAIL ttl sweep: left={len(left)} {ev}")
+                else:
+                    passed += 1
+                    print(f"PASS ttl_sweep ({ev[0]})", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"FAIL stack: {e}")
                 failed += 1
