@@ -280,7 +280,7 @@ def ttl():
         except openai.NotFoundError:
             pass
     try:
-        client.responses.create(model=MID, input="x", previous_response_id=st["turns"][0],
+        client.responses.create(model=MID, input="x", previous_response_id=st["turns"][1],
                                 max_output_tokens=2)
         raise AssertionError("continued an expired response")
     except openai.NotFoundError as e:
@@ -380,6 +380,26 @@ def main():
                 else:
                     passed += 1
                     print("PASS admin_list", flush=True)
+                # wkvmctl lists and deletes them (an admin key)
+                ctl = [os.path.join(BUILD, "controld", "wkvmctl"), "--url", s.url, "--key", OPS]
+                victim = json.load(open(state))["turns"][0]
+                out = subprocess.run(ctl + ["responses", "--owner", "alice"], capture_output=True,
+                                     text=True, timeout=30)
+                gone = subprocess.run(ctl + ["responses", "delete", victim], capture_output=True,
+                                      text=True, timeout=30)
+                again = subprocess.run(ctl + ["responses", "delete", victim],
+                                       capture_output=True, text=True, timeout=30)
+                bob = subprocess.run(ctl + ["responses", "--owner", "bob"], capture_output=True,
+                                     text=True, timeout=30)
+                if (out.returncode != 0 or victim not in out.stdout or gone.returncode != 0
+                        or again.returncode == 0 or victim in bob.stdout or "resp_" in bob.stdout):
+                    failed += 1
+                    print(f"FAIL wkvmctl responses: {out.returncode} {out.stdout[:400]}"
+                          f"{out.stderr[:400]} / {gone.returncode} {gone.stderr[:300]} / "
+                          f"{again.returncode} / {bob.stdout[:300]}")
+                else:
+                    passed += 1
+                    print("PASS wkvmctl_responses", flush=True)
                 # served under another name, the stored ids belong to another model
                 restart(["--served-model-name", "tiny-b"])
                 r = subprocess.run([venv_python(venv), script, s.url, "tiny-b", "c", state, ALICE,
