@@ -644,7 +644,7 @@ resp_event(resp_call *c, const char *type, json_t *ev)
     json_decref(ev);
     if (s == NULL)
         return;
-    if (ctl_http_sse_data(c->req, s) != WK_OK)
+    if (ctl_http_sse_event(c->req, type, s) != WK_OK)
         c->broken = true;
     free(s);
 }
