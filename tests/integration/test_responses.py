@@ -140,6 +140,20 @@ def fork():
         recompute(gids, n_prompt, g.output_text)
 
 
+def fallback():
+    """Other instructions re-render the history differently: no exact resume, the longest
+    prefix checkpoint (here none past the start), and still the recomputed output."""
+    base, base_ids, _ = turn(None, "fallback root", instructions="Be brief.")
+    r, ids, n_prompt = turn(base.id, "next", instructions="Be verbose.")
+    assert r.usage.input_tokens_details.cached_tokens < len(base_ids), r.usage
+    assert ids[:len(base_ids)] != base_ids
+    recompute(ids, n_prompt, r.output_text)
+    # the history is the API's all the same: the previous input and output come first
+    items = client.responses.input_items.list(r.id, order="asc")
+    assert [i.role for i in items.data] == ["user", "assistant", "user"], items
+    assert items.data[1].content[0].text == base.output_text, items
+
+
 def streaming():
     base, base_ids, _ = turn(None, "stream root")
     want, _, _ = turn(base.id, "stream me")
@@ -288,7 +302,7 @@ def ttl():
         assert "expired" in e.body["message"], e.body
 
 
-TESTS = {"a": [conversation_a, fork, streaming, retrieve_delete, bad_inputs],
+TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs],
          "b": [conversation_b], "c": [other_model], "d": [ttl]}
 for t in TESTS[PHASE]:
     try:
