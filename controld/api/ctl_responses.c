@@ -554,11 +554,13 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
         json_array_foreach(lists[l], i, m) {
             const char *role = json_string_value(json_object_get(m, "role"));
             json_t *t = json_object_get(m, "text");
+            if (role == NULL)
+                role = "user";
             cm[k].role = strcmp(role, "assistant") == 0 ? "assistant"
                          : strcmp(role, "system") == 0  ? "system"
                                                         : "user";
-            cm[k].content = json_string_value(t);
-            cm[k++].content_len = json_string_length(t);
+            cm[k].content = json_is_string(t) ? json_string_value(t) : "";
+            cm[k++].content_len = json_is_string(t) ? json_string_length(t) : 0;
         }
     }
     /* (content_len 0 means NUL-terminated: an empty text is "" either way) */

@@ -127,10 +127,15 @@ def conversation_b():
 
 def fork():
     base, base_ids, _ = turn(None, "a root to fork", instructions="Be brief.")
+    # two continuations of one response at once: each from its own copy of the state
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as ex:
+        futs = [ex.submit(turn, base.id, f"go {w}", instructions="Be brief.")
+                for w in ("left", "right")]
+        branches = [f.result() for f in futs]
     kids = []
-    for word in ("left", "right"):
-        r, ids, n_prompt = turn(base.id, f"go {word}", instructions="Be brief.")
-        resumed(r, ids, n_prompt, base_ids, fork=bool(kids))
+    for r, ids, n_prompt in branches:
+        resumed(r, ids, n_prompt, base_ids, fork=True)
         recompute(ids, n_prompt, r.output_text)
         kids.append((r, ids))
     # each branch continues from its own state: neither disturbed the other
@@ -375,17 +380,27 @@ def main():
                 s.start_worker("w0")
                 s.wait(lambda: s.get("/ready").status == 200, "ready")
                 run("a")
+                m = s.get("/metrics", headers={"Authorization": f"Bearer {OPS}"}).body.decode()
+                forks = [ln for ln in m.splitlines()
+                         if ln.startswith("wkvm_responses_forks_total ")]
+                misses = [ln for ln in m.splitlines()
+                          if ln.startswith('wkvm_responses_misses_total{reason="not_found"}')]
+                if not forks or float(forks[0].split()[-1]) < 2 or not misses:
+                    failed += 1
+                    print(f"FAIL fork/miss metrics: {forks} {misses}")
                 # the worker dies (its warm copies with it), then the controller restarts
                 s.kill_worker("w0")
                 s.start_worker("w0")
                 restart()
                 run("b")
                 m = s.get("/metrics", headers={"Authorization": f"Bearer {OPS}"}).body.decode()
-                for fam in ("wkvm_responses_stored_total", "wkvm_responses_resumes_total",
-                            "wkvm_responses_misses_total"):
-                    if fam not in m:
+                # (counters of this controller's life: phase b only)
+                for series in ("wkvm_responses_stored_total ",
+                               'wkvm_responses_resumes_total{result="exact"} '):
+                    v = [ln for ln in m.splitlines() if ln.startswith(series)]
+                    if not v or float(v[0].split()[-1]) < 4:
                         failed += 1
-                        print(f"FAIL metrics: no {fam}")
+                        print(f"FAIL metrics: {series}{v}")
                 listing = s.get("/admin/responses?owner=alice",
                                 headers={"Authorization": f"Bearer {OPS}"})
                 if listing.status != 200 or len(listing.json()["data"]) < 10:
