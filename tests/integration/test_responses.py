@@ -28,11 +28,13 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from wkvm_harness import BUILD, MKMODEL, Stack  # noqa: E402
 from test_openai_client import SYSTEM_PYTHON, ensure_venv, venv_python  # noqa: E402,F401
+import test_golden  # noqa: E402
 
 MID = "tiny"
 ALICE = "sk-alice-000000001"
 BOB = "sk-bob-00000000002"
 OPS = "sk-ops-00000000003"
+CAROL = "sk-carol-0000000004"  # only the golden shapes: an owner without checkpoints
 
 CLIENT_SCRIPT = r'''
 import json
@@ -320,6 +322,61 @@ json.dump(st, open(STATE, "w"))
 '''
 
 
+def golden_mask(v, key=None):
+    """test_golden's masking plus this API's varying fields (times, generated deltas, hex)."""
+    if isinstance(v, dict):
+        return {k: golden_mask(x, k) for k, x in v.items()}
+    if isinstance(v, list):
+        return [golden_mask(x) for x in v]
+    if key in ("created_at", "expires_at"):
+        assert isinstance(v, int) and abs(v - time.time()) < 86400 * 31, (key, v)
+        return "<timestamp>"
+    if key in ("item_id", "previous_response_id", "first_id", "last_id") and isinstance(v, str):
+        return test_golden.HEX.sub("<hex>", v)
+    if key == "delta" and isinstance(v, str):
+        return "<text>"
+    return v
+
+
+def golden(name, r, status):
+    """The HTTP status and the JSON shape of r against tests/fixtures/golden/NAME.json."""
+    assert r.status == status, f"{name}: HTTP {r.status}, expected {status}: {r.body[:300]!r}"
+    test_golden.check_value(name, golden_mask(r.json()))
+
+
+def golden_shapes(s):
+    """The Responses shapes as files (WKVM_GOLDEN_REGEN=1 rewrites them; review the diff)."""
+    hdr = {"Authorization": f"Bearer {CAROL}"}
+    body = {"model": MID, "input": "hi", "max_output_tokens": 3, "temperature": 0,
+            "instructions": "Be brief.", "metadata": {"k": "v"}}
+    r = s.post("/v1/responses", body=body, headers=hdr)
+    golden("responses_create", r, 200)
+    rid = r.json()["id"]
+    golden("responses_get", s.get(f"/v1/responses/{rid}", headers=hdr), 200)
+    follow = dict(body, input=[{"role": "user", "content": [{"type": "input_text",
+                                                              "text": "more"}]}],
+                  previous_response_id=rid, stream=True)
+    r = test_golden.http("POST", s.url + "/v1/responses", body=follow, headers=hdr)
+    assert r.status == 200, r.body
+    events = []
+    for block in r.body.decode().split("\n\n"):
+        lines = block.split("\n")
+        if len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "):
+            ev = json.loads(lines[1][6:])
+            assert ev["type"] == lines[0][7:], (lines[0], ev["type"])
+            events.append(ev)
+    test_golden.check_value("responses_stream", golden_mask(events))
+    last = events[-1]["response"]["id"]
+    golden("responses_input_items", s.get(f"/v1/responses/{last}/input_items?order=asc",
+                                          headers=hdr), 200)
+    golden("responses_error_param", s.post("/v1/responses", body=dict(body, frob=1),
+                                           headers=hdr), 400)
+    golden("responses_error_previous", s.post("/v1/responses", body=dict(
+        body, previous_response_id="resp_00"), headers=hdr), 404)
+    golden("responses_deleted", test_golden.http("DELETE", f"{s.url}/v1/responses/{rid}",
+                                                 headers=hdr), 200)
+
+
 def main():
     t_start = time.time()
     for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "workerd/wkvm-mkmodel"):
@@ -344,7 +401,7 @@ def main():
             f.write(CLIENT_SCRIPT)
         keys = os.path.join(tmp, "keys")
         with open(keys, "w") as f:
-            f.write(f"{ALICE} alice\n{BOB} bob\n{OPS} ops admin\n")
+            f.write(f"{ALICE} alice\n{BOB} bob\n{OPS} ops admin\n{CAROL} carol\n")
         os.chmod(keys, 0o600)
         state = os.path.join(tmp, "state.json")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PYTHON"))}
@@ -380,6 +437,13 @@ def main():
                 s.start_worker("w0")
                 s.wait(lambda: s.get("/ready").status == 200, "ready")
                 run("a")
+                try:
+                    golden_shapes(s)
+                    passed += 1
+                    print("PASS golden_shapes", flush=True)
+                except AssertionError as e:
+                    failed += 1
+                    print(f"FAIL golden_shapes: {e}")
                 m = s.get("/metrics", headers={"Authorization": f"Bearer {OPS}"}).body.decode()
                 forks = [ln for ln in m.splitlines()
                          if ln.startswith("wkvm_responses_forks_total ")]
