@@ -2,8 +2,9 @@
 
 A controller (with API keys) and one CPU worker serve a random-weight model
 whose tokens are raw single bytes. CLIENT_SCRIPT runs in the SDK venv of
-test_openai_client.py in two phases around a controller restart and a worker
-SIGKILL:
+test_openai_client.py in phases around a SIGKILL of the worker and of the
+controller (nothing flushed: the stored states were written through), then
+restarts under another model name and under a short TTL:
 
   a  a 10-turn conversation by previous_response_id, turns 1..6: every turn's
      cached_tokens is the previous state's token count and its prompt starts
@@ -12,8 +13,9 @@ SIGKILL:
      of one response, each continued once more); streaming (create(stream=True)
      and responses.stream()) reassembled equal to the blocking response;
      retrieve / input_items / delete; another key's id is 404; bad inputs 4xx.
-  b  after the restart and the worker's death: turns 7..10 continue, the
-     first of them from the stored state (cached_tokens as before).
+  b  after both died: turns 7..10 continue, the first of them from the stored
+     state on disk (cached_tokens as before); wkvmctl lists and deletes.
+  c  a previous id of another model is 400.   d  expired ids are 404, counted.
 
 Costs a few seconds: 2 layers, 64 wide, at most 8 tokens a reply.
 """
@@ -426,8 +428,8 @@ def main():
                     failed += 1
                     print(f"FAIL client phase {phase}: exit {r.returncode}\n{r.stderr[-3000:]}")
 
-            def restart(extra=()):
-                s.kill_controller(signal.SIGTERM)
+            def restart(extra=(), sig=signal.SIGTERM):
+                s.kill_controller(sig)
                 s.extra_ctl = base + list(extra)
                 s.start_controller()
                 s.wait(lambda: s.get("/ready").status == 200, "ready after restart")
@@ -452,10 +454,11 @@ def main():
                 if not forks or float(forks[0].split()[-1]) < 2 or not misses:
                     failed += 1
                     print(f"FAIL fork/miss metrics: {forks} {misses}")
-                # the worker dies (its warm copies with it), then the controller restarts
+                # the worker dies (its warm copies with it), then the controller (SIGKILL both:
+                # nothing is flushed; the stored states were written through)
                 s.kill_worker("w0")
                 s.start_worker("w0")
-                restart()
+                restart(sig=signal.SIGKILL)
                 run("b")
                 m = s.get("/metrics", headers={"Authorization": f"Bearer {OPS}"}).body.decode()
                 # (counters of this controller's life: phase b only)
