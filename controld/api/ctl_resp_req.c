@@ -281,18 +281,38 @@ resp_num(const json_t *body, const char *key, double lo, double hi, bool *has, d
 
 /* The parameters wkvm accepts only in their neutral form. */
 static wk_err
-resp_neutral(const json_t *body, ctl_resp_err *e)
+resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
 {
+    /*
+     * Tools, as the chat route treats them: wkvm's models never call one yet, so
+     * offered tools are validated and the model answers with a message, which
+     * OpenAI's semantics allow while the model may choose; requiring a call is
+     * refused.
+     */
     const json_t *v = json_object_get(body, "tools");
-    if (!resp_absent(v) && !(json_is_array(v) && json_array_size(v) == 0))
-        return resp_fail(e, WK_EINVAL, "tools", "invalid_value",
-                         "tools are not supported yet by wkvm's Responses API (function tools "
-                         "come with the tool-call templates)");
+    if (!resp_absent(v)) {
+        bool ok = json_is_array(v);
+        size_t i;
+        json_t *t;
+        json_array_foreach(v, i, t) ok = ok && json_is_object(t) &&
+                                         json_is_string(json_object_get(t, "type"));
+        if (!ok)
+            return resp_fail(e, WK_EINVAL, "tools", "invalid_type",
+                             "'tools' must be an array of objects with a string 'type'");
+        r->tools = v;
+    }
     v = json_object_get(body, "tool_choice");
     if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "auto") == 0 ||
                                                    strcmp(json_string_value(v), "none") == 0)))
         return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
-                         "'tool_choice' must be \"auto\" or \"none\" (no tools are supported)");
+                         json_is_string(v) && strcmp(json_string_value(v), "required") == 0
+                             ? "wkvm's models never call tools yet: 'tool_choice' cannot "
+                               "require one (use \"auto\" or \"none\")"
+                             : json_is_object(v)
+                                   ? "wkvm's models never call tools yet: 'tool_choice' cannot "
+                                     "name one (use \"auto\" or \"none\")"
+                                   : "'tool_choice' must be \"auto\", \"none\", \"required\" "
+                                     "or a tool");
     v = json_object_get(body, "parallel_tool_calls");
     if (!resp_absent(v) && !json_is_boolean(v))
         return resp_fail(e, WK_EINVAL, "parallel_tool_calls", "invalid_type",
@@ -447,7 +467,7 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
         return resp_fail(e, WK_EINVAL, "model", "missing_required_parameter",
                          "'model' is required (a string of at most 256 bytes)");
     r->model = json_string_value(model);
-    if ((err = resp_neutral(body, e)) != WK_OK || (err = resp_text(body, e)) != WK_OK ||
+    if ((err = resp_neutral(body, r, e)) != WK_OK || (err = resp_text(body, e)) != WK_OK ||
         (err = resp_metadata(body, r, e)) != WK_OK)
         return err;
     if ((err = resp_str(body, "instructions", lim->max_item_bytes, &r->instructions,

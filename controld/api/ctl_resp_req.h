@@ -57,6 +57,8 @@ typedef struct ctl_resp_req {
     int64_t seed;                      /* extension: sampling seed */
     bool return_token_ids;             /* extension: the state's token ids in the answer */
     const json_t *metadata;            /* borrowed object of string values; NULL: none */
+    const json_t *tools;               /* borrowed array of tool objects (echoed, never
+                                          called); NULL: none */
     const char *user;                  /* borrowed; NULL: none */
 } ctl_resp_req;
 

@@ -379,7 +379,8 @@ resp_object(const json_t *rec)
     json_object_set_new(o, "temperature", resp_or_null(rec, "temperature"));
     json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
     json_object_set_new(o, "tool_choice", json_string("auto"));
-    json_object_set_new(o, "tools", json_array());
+    json_t *tools = json_object_get(rec, "tools");
+    json_object_set_new(o, "tools", json_is_array(tools) ? json_deep_copy(tools) : json_array());
     json_object_set_new(o, "top_p", resp_or_null(rec, "top_p"));
     json_object_set_new(o, "truncation", json_string("disabled"));
     json_t *u = json_object_get(rec, "usage");
@@ -956,6 +957,8 @@ resp_create(ctl_http_req *req, ctl_app *app)
                                                ? json_deep_copy(c.q.metadata)
                                                : json_object());
     json_object_set_new(c.rec, "user", c.q.user != NULL ? json_string(c.q.user) : json_null());
+    if (c.q.tools != NULL)
+        json_object_set_new(c.rec, "tools", json_deep_copy(c.q.tools));
     json_object_set_new(c.rec, "temperature", json_real(c.q.temperature));
     json_object_set_new(c.rec, "top_p", json_real(c.q.top_p));
     json_object_set_new(c.rec, "max_output_tokens",

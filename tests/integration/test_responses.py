@@ -237,6 +237,11 @@ def retrieve_delete():
         raise AssertionError("deleted response continued")
     except openai.NotFoundError as e:
         assert e.body["code"] == "previous_response_not_found", e.body
+    # offered tools: the model answers with a message (it never calls one yet)
+    tools = [{"type": "function", "name": "f", "description": "d",
+              "parameters": {"type": "object", "properties": {}}}]
+    r, _, _ = turn(None, "use a tool if you like", tools=tools, tool_choice="auto")
+    assert r.output[0].type == "message" and r.tools[0].name == "f", r
     # store: false answers but keeps nothing
     r, _, _ = turn(None, "forget me", store=False)
     try:
@@ -256,7 +261,8 @@ def bad_inputs():
         (dict(input=[{"role": "tool", "content": "x"}]), "input[0].role"),
         (dict(input="x", text={"format": {"type": "json_object"}}), "text.format"),
         (dict(input="x", extra_body={"frobnicate": 1}), "frobnicate"),
-        (dict(input="x", tools=[{"type": "function", "name": "f", "parameters": {}}]), "tools"),
+        (dict(input="x", tools=[{"type": "function", "name": "f", "parameters": {}}],
+              tool_choice="required"), "tool_choice"),
         (dict(input="x", max_output_tokens=0), "max_output_tokens"),
         (dict(input="x", temperature=3), "temperature"),
         (dict(input=[]), "input"),

@@ -79,7 +79,8 @@ test_items_and_parameters(void **state)
         "{\"model\":\"m\",\"instructions\":\"Be brief.\",\"previous_response_id\":\"resp_ab\","
         "\"store\":false,\"stream\":true,\"max_output_tokens\":16,\"temperature\":0,"
         "\"top_p\":0.5,\"text\":{\"format\":{\"type\":\"text\"},\"verbosity\":\"low\"},"
-        "\"metadata\":{\"k\":\"v\"},\"user\":\"u\",\"tools\":[],\"tool_choice\":\"auto\","
+        "\"metadata\":{\"k\":\"v\"},\"user\":\"u\",\"tools\":[{\"type\":\"function\","
+        "\"name\":\"f\",\"parameters\":{}}],\"tool_choice\":\"auto\","
         "\"parallel_tool_calls\":true,\"truncation\":\"disabled\",\"include\":[],"
         "\"background\":false,\"service_tier\":\"auto\",\"prompt_cache_key\":\"p\","
         "\"safety_identifier\":\"s\",\"stream_options\":{},\"seed\":7,"
@@ -172,7 +173,11 @@ test_refusals(void **state)
             "text.format", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"text\":{\"bogus\":1}}", "text.bogus",
             "unknown_parameter");
-    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}", "tools", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[7]}", "tools", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":{}}", "tools", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}],"
+            "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+            "tool_choice", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"low\"}}", "reasoning",
             NULL);
