@@ -18,6 +18,7 @@
  */
 #define WK_LOG_MODULE "responses"
 #include <jansson.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -48,6 +49,8 @@
 #define RESP_ITEMS_LIMIT_MAX 100    /* input_items page size limit */
 
 static _Atomic uint64_t resp_last_sweep_ms;
+/* Serializes the parent's read-modify-write of "children" (fork counting). */
+static pthread_mutex_t resp_children_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* ------------------------------------------------------------ keys ---- */
 
@@ -720,14 +723,16 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
         json_t *p = NULL;
         bool expired = false;
         const char *pid = json_string_value(json_object_get(c->prev, "id"));
+        pthread_mutex_lock(&resp_children_mu);
         if (resp_load(app, c->r.owner, pid, &p, &expired) == WK_OK) {
             json_int_t kids = json_integer_value(json_object_get(p, "children"));
             if (kids >= 1)
                 ctl_metrics_add(app->metrics, "wkvm_responses_forks_total", NULL, 1);
             json_object_set_new(p, "children", json_integer(kids + 1));
-            (void)resp_save(app, p, NULL);
+            resp_cleanup(resp_save(app, p, NULL), "children");
             json_decref(p);
         }
+        pthread_mutex_unlock(&resp_children_mu);
     }
 }
 
