@@ -17,9 +17,8 @@
 #define CTL_RESP_ITEM_BYTES_DEFAULT ((uint64_t)4 << 20)
 #define CTL_RESP_TOKENS_DEFAULT 65536u
 
-static wk_err
-resp_fail(ctl_resp_err *e, wk_err err, const char *param, const char *code, const char *fmt, ...)
-    WK_PRINTF(5, 6);
+static wk_err resp_fail(ctl_resp_err *e, wk_err err, const char *param, const char *code,
+                        const char *fmt, ...) WK_PRINTF(5, 6);
 
 static wk_err
 resp_fail(ctl_resp_err *e, wk_err err, const char *param, const char *code, const char *fmt, ...)
@@ -43,13 +42,36 @@ resp_absent(const json_t *v)
 
 /* The parameters this server knows, and how each is handled below. */
 static const char *const resp_known[] = {
-    "model", "input", "instructions", "previous_response_id", "store", "stream",
-    "max_output_tokens", "temperature", "top_p", "text", "metadata", "user", "tools",
-    "tool_choice", "parallel_tool_calls", "truncation", "reasoning", "include", "background",
-    "service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "top_logprobs",
-    "max_tool_calls", "prompt", "conversation",
+    "model",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "store",
+    "stream",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "text",
+    "metadata",
+    "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "truncation",
+    "reasoning",
+    "include",
+    "background",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "stream_options",
+    "top_logprobs",
+    "max_tool_calls",
+    "prompt",
+    "conversation",
     /* wkvm extensions */
-    "seed", "return_token_ids",
+    "seed",
+    "return_token_ids",
 };
 
 /*
@@ -59,8 +81,8 @@ static const char *const resp_known[] = {
  * (clients send both). pfx: the item's parameter name.
  */
 static wk_err
-resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **out,
-             size_t *len, ctl_resp_err *e)
+resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **out, size_t *len,
+             ctl_resp_err *e)
 {
     char param[96];
     snprintf(param, sizeof(param), "%s.content", pfx);
@@ -82,7 +104,8 @@ resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **
                          "content must be a string or an array of content parts");
     size_t total = 0, i;
     json_t *part;
-    json_array_foreach(content, i, part) {
+    json_array_foreach(content, i, part)
+    {
         snprintf(param, sizeof(param), "%s.content[%zu].type", pfx, i);
         const json_t *type = json_object_get(part, "type");
         if (!json_is_object(part) || !json_is_string(type))
@@ -116,7 +139,8 @@ resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **
     if (s == NULL)
         return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
     size_t off = 0;
-    json_array_foreach(content, i, part) {
+    json_array_foreach(content, i, part)
+    {
         const json_t *text = json_object_get(part, "text");
         memcpy(s + off, json_string_value(text), json_string_length(text));
         off += json_string_length(text);
@@ -172,7 +196,8 @@ resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl
     const char *known[] = {"type", "role", "content", "id", "status"};
     const char *key;
     json_t *v;
-    json_object_foreach((json_t *)it, key, v) {
+    json_object_foreach((json_t *)it, key, v)
+    {
         bool ok = false;
         for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !ok; i++)
             ok = strcmp(key, known[i]) == 0;
@@ -209,8 +234,8 @@ resp_input(const json_t *in, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_re
                          "'input' must be a string or a non-empty array of input items");
     size_t n = json_array_size(in);
     if (n > lim->max_items)
-        return resp_fail(e, WK_ETOOBIG, "input", "array_above_max_length",
-                         "at most %u input items", lim->max_items);
+        return resp_fail(e, WK_ETOOBIG, "input", "array_above_max_length", "at most %u input items",
+                         lim->max_items);
     if ((r->items = calloc(n, sizeof(*r->items))) == NULL)
         return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
@@ -294,8 +319,8 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
         bool ok = json_is_array(v);
         size_t i;
         json_t *t;
-        json_array_foreach(v, i, t) ok = ok && json_is_object(t) &&
-                                         json_is_string(json_object_get(t, "type"));
+        json_array_foreach(v, i, t) ok =
+            ok && json_is_object(t) && json_is_string(json_object_get(t, "type"));
         if (!ok)
             return resp_fail(e, WK_EINVAL, "tools", "invalid_type",
                              "'tools' must be an array of objects with a string 'type'");
@@ -308,11 +333,11 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
                          json_is_string(v) && strcmp(json_string_value(v), "required") == 0
                              ? "wkvm's models never call tools yet: 'tool_choice' cannot "
                                "require one (use \"auto\" or \"none\")"
-                             : json_is_object(v)
-                                   ? "wkvm's models never call tools yet: 'tool_choice' cannot "
-                                     "name one (use \"auto\" or \"none\")"
-                                   : "'tool_choice' must be \"auto\", \"none\", \"required\" "
-                                     "or a tool");
+                         : json_is_object(v)
+                             ? "wkvm's models never call tools yet: 'tool_choice' cannot "
+                               "name one (use \"auto\" or \"none\")"
+                             : "'tool_choice' must be \"auto\", \"none\", \"required\" "
+                               "or a tool");
     v = json_object_get(body, "parallel_tool_calls");
     if (!resp_absent(v) && !json_is_boolean(v))
         return resp_fail(e, WK_EINVAL, "parallel_tool_calls", "invalid_type",
@@ -372,7 +397,8 @@ resp_text(const json_t *body, ctl_resp_err *e)
         return resp_fail(e, WK_EINVAL, "text", "invalid_type", "'text' must be an object");
     const char *key;
     json_t *v;
-    json_object_foreach((json_t *)t, key, v) {
+    json_object_foreach((json_t *)t, key, v)
+    {
         if (strcmp(key, "format") == 0) {
             if (resp_absent(v))
                 continue;
@@ -413,7 +439,8 @@ resp_metadata(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
                          "'metadata' holds at most %u pairs", CTL_RESP_METADATA_MAX);
     const char *key;
     json_t *v;
-    json_object_foreach((json_t *)m, key, v) {
+    json_object_foreach((json_t *)m, key, v)
+    {
         if (strlen(key) > CTL_RESP_METADATA_KEY_MAX || !json_is_string(v) ||
             json_string_length(v) > CTL_RESP_METADATA_VAL_MAX)
             return resp_fail(e, WK_EINVAL, "metadata", "invalid_value",
@@ -449,7 +476,8 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
                          "the request body must be a JSON object");
     const char *key;
     json_t *v;
-    json_object_foreach((json_t *)body, key, v) {
+    json_object_foreach((json_t *)body, key, v)
+    {
         bool ok = false;
         for (size_t i = 0; i < sizeof(resp_known) / sizeof(resp_known[0]) && !ok; i++)
             ok = strcmp(key, resp_known[i]) == 0;
@@ -462,8 +490,7 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
     }
     wk_err err;
     const json_t *model = json_object_get(body, "model");
-    if (!json_is_string(model) || json_string_length(model) == 0 ||
-        json_string_length(model) > 256)
+    if (!json_is_string(model) || json_string_length(model) == 0 || json_string_length(model) > 256)
         return resp_fail(e, WK_EINVAL, "model", "missing_required_parameter",
                          "'model' is required (a string of at most 256 bytes)");
     r->model = json_string_value(model);
@@ -499,8 +526,7 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
         if (!json_is_integer(v) || json_integer_value(v) < 1 ||
             json_integer_value(v) > (json_int_t)lim->max_tokens)
             return resp_fail(e, WK_EINVAL, "max_output_tokens", "invalid_value",
-                             "'max_output_tokens' must be an integer in [1, %u]",
-                             lim->max_tokens);
+                             "'max_output_tokens' must be an integer in [1, %u]", lim->max_tokens);
         r->max_output_tokens = (uint32_t)json_integer_value(v);
     }
     v = json_object_get(body, "seed");

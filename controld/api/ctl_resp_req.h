@@ -26,9 +26,9 @@ typedef struct json_t json_t; /* jansson's value, opaque here */
 
 /* Limits the parser enforces; a zero field takes the default in brackets. */
 typedef struct ctl_resp_limits {
-    uint32_t max_items;       /* input items [4096] */
-    uint64_t max_item_bytes;  /* text bytes of one item [4 MiB] */
-    uint32_t max_tokens;      /* largest max_output_tokens [65536] */
+    uint32_t max_items;      /* input items [4096] */
+    uint64_t max_item_bytes; /* text bytes of one item [4 MiB] */
+    uint32_t max_tokens;     /* largest max_output_tokens [65536] */
 } ctl_resp_limits;
 
 /* One input message: role and its text (text parts concatenated). */
@@ -40,34 +40,34 @@ typedef struct ctl_resp_msg {
 
 /* A parsed request. Strings marked borrowed point into the body JSON. */
 typedef struct ctl_resp_req {
-    const char *model;                 /* borrowed, never NULL after a parse */
-    ctl_resp_msg *items;               /* input messages in order, owned */
-    size_t n_items;                    /* entries (>= 1) */
-    const char *instructions;          /* borrowed; NULL: none */
-    size_t instructions_len;           /* bytes */
-    const char *previous_response_id;  /* borrowed; NULL: none */
-    bool store;                        /* keep the response (default true) */
-    bool stream;                       /* server-sent events */
-    uint32_t max_output_tokens;        /* 0: the server's default */
-    bool has_temperature;              /* temperature given */
-    double temperature;                /* 0..2 (1 when not given) */
-    bool has_top_p;                    /* top_p given */
-    double top_p;                      /* 0..1 (1 when not given) */
-    bool has_seed;                     /* extension: seed given */
-    int64_t seed;                      /* extension: sampling seed */
-    bool return_token_ids;             /* extension: the state's token ids in the answer */
-    const json_t *metadata;            /* borrowed object of string values; NULL: none */
-    const json_t *tools;               /* borrowed array of tool objects (echoed, never
-                                          called); NULL: none */
-    const char *user;                  /* borrowed; NULL: none */
+    const char *model;                /* borrowed, never NULL after a parse */
+    ctl_resp_msg *items;              /* input messages in order, owned */
+    size_t n_items;                   /* entries (>= 1) */
+    const char *instructions;         /* borrowed; NULL: none */
+    size_t instructions_len;          /* bytes */
+    const char *previous_response_id; /* borrowed; NULL: none */
+    bool store;                       /* keep the response (default true) */
+    bool stream;                      /* server-sent events */
+    uint32_t max_output_tokens;       /* 0: the server's default */
+    bool has_temperature;             /* temperature given */
+    double temperature;               /* 0..2 (1 when not given) */
+    bool has_top_p;                   /* top_p given */
+    double top_p;                     /* 0..1 (1 when not given) */
+    bool has_seed;                    /* extension: seed given */
+    int64_t seed;                     /* extension: sampling seed */
+    bool return_token_ids;            /* extension: the state's token ids in the answer */
+    const json_t *metadata;           /* borrowed object of string values; NULL: none */
+    const json_t *tools;              /* borrowed array of tool objects (echoed, never
+                                         called); NULL: none */
+    const char *user;                 /* borrowed; NULL: none */
 } ctl_resp_req;
 
 /* Why a body was refused. */
 typedef struct ctl_resp_err {
-    wk_err err;       /* WK_EINVAL (400), WK_ETOOBIG (413-ish limits, sent as 400) */
-    char param[96];   /* the parameter, "input[3].content[0].type"; "" none */
-    char code[48];    /* OpenAI error code ("unknown_parameter"), "" = the err's */
-    char msg[320];    /* human text */
+    wk_err err;     /* WK_EINVAL (400), WK_ETOOBIG (413-ish limits, sent as 400) */
+    char param[96]; /* the parameter, "input[3].content[0].type"; "" none */
+    char code[48];  /* OpenAI error code ("unknown_parameter"), "" = the err's */
+    char msg[320];  /* human text */
 } ctl_resp_err;
 
 /*

@@ -40,13 +40,13 @@
 #include "wk_sha256.h"
 #include "wk_time.h"
 
-#define RESP_KEY_PREFIX "resp:"     /* record keys */
-#define RESP_EXP_PREFIX "respx:"    /* expiry index keys */
-#define RESP_OWNER_HEX 32           /* hex digits of the owner digest in keys */
-#define RESP_KEY_MAX 160            /* bytes of a key, with the NUL */
-#define RESP_RECORD_VERSION 1       /* "v" of records this build writes */
-#define RESP_SWEEP_EVERY_MS 10000u  /* a POST sweeps expired records at most this often */
-#define RESP_ITEMS_LIMIT_MAX 100    /* input_items page size limit */
+#define RESP_KEY_PREFIX "resp:"    /* record keys */
+#define RESP_EXP_PREFIX "respx:"   /* expiry index keys */
+#define RESP_OWNER_HEX 32          /* hex digits of the owner digest in keys */
+#define RESP_KEY_MAX 160           /* bytes of a key, with the NUL */
+#define RESP_RECORD_VERSION 1      /* "v" of records this build writes */
+#define RESP_SWEEP_EVERY_MS 10000u /* a POST sweeps expired records at most this often */
+#define RESP_ITEMS_LIMIT_MAX 100   /* input_items page size limit */
 
 static _Atomic uint64_t resp_last_sweep_ms;
 /* Serializes the parent's read-modify-write of "children" (fork counting). */
@@ -76,8 +76,8 @@ resp_exp_key(const char *owner, const char *id, int64_t expires_at, char out[RES
 {
     char oh[RESP_OWNER_HEX + 1];
     resp_owner_hex(owner, oh);
-    snprintf(out, RESP_KEY_MAX, RESP_EXP_PREFIX "%016llx:%s:%s", (unsigned long long)expires_at,
-             oh, id);
+    snprintf(out, RESP_KEY_MAX, RESP_EXP_PREFIX "%016llx:%s:%s", (unsigned long long)expires_at, oh,
+             id);
 }
 
 /* prefix followed by 2 * n random hex digits into out (cap bytes). */
@@ -133,8 +133,8 @@ ctl_responses_metrics_declare(ctl_metrics *m)
         {"wkvm_responses_deleted_total", "Stored responses deleted by a client or an operator."},
     };
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
-        wk_err err = ctl_metrics_declare(m, fams[i].name, CTL_METRIC_COUNTER, fams[i].help, NULL,
-                                         0);
+        wk_err err =
+            ctl_metrics_declare(m, fams[i].name, CTL_METRIC_COUNTER, fams[i].help, NULL, 0);
         if (err != WK_OK)
             return err;
     }
@@ -173,7 +173,8 @@ resp_decode(const void *val, size_t len)
     json_t *rec = NULL;
     if (wk_json_parse(val, len, &rec, NULL) != WK_OK)
         return NULL;
-    if (!json_is_object(rec) || json_integer_value(json_object_get(rec, "v")) != RESP_RECORD_VERSION ||
+    if (!json_is_object(rec) ||
+        json_integer_value(json_object_get(rec, "v")) != RESP_RECORD_VERSION ||
         !json_is_string(json_object_get(rec, "id"))) {
         json_decref(rec);
         return NULL;
@@ -330,11 +331,10 @@ resp_output_item(const char *msg_id, const json_t *text, const char *status, boo
 {
     json_t *content = json_array();
     if (with_part)
-        json_array_append_new(content,
-                              json_pack("{s:s, s:O, s:[], s:[]}", "type", "output_text", "text",
-                                        text, "annotations", "logprobs"));
-    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", msg_id, "type", "message", "status",
-                     status, "role", "assistant", "content", content);
+        json_array_append_new(content, json_pack("{s:s, s:O, s:[], s:[]}", "type", "output_text",
+                                                 "text", text, "annotations", "logprobs"));
+    return json_pack("{s:s, s:s, s:s, s:s, s:o}", "id", msg_id, "type", "message", "status", status,
+                     "role", "assistant", "content", content);
 }
 
 /* A copy of rec[key], or JSON null. */
@@ -366,14 +366,12 @@ resp_object(const json_t *rec)
     json_t *output = json_array();
     json_t *out = json_object_get(rec, "output");
     if (json_is_object(out))
-        json_array_append_new(output,
-                              resp_output_item(json_string_value(json_object_get(out, "id")),
-                                               json_object_get(out, "text"),
-                                               strcmp(status != NULL ? status : "", "incomplete")
-                                                       == 0
-                                                   ? "incomplete"
-                                                   : "completed",
-                                               true));
+        json_array_append_new(
+            output, resp_output_item(
+                        json_string_value(json_object_get(out, "id")), json_object_get(out, "text"),
+                        strcmp(status != NULL ? status : "", "incomplete") == 0 ? "incomplete"
+                                                                                : "completed",
+                        true));
     json_object_set_new(o, "output", output);
     json_object_set_new(o, "parallel_tool_calls", json_true());
     json_object_set_new(o, "previous_response_id", resp_or_null(rec, "previous_response_id"));
@@ -390,13 +388,13 @@ resp_object(const json_t *rec)
     if (json_is_object(u)) {
         json_int_t in = json_integer_value(json_object_get(u, "input_tokens"));
         json_int_t outn = json_integer_value(json_object_get(u, "output_tokens"));
-        json_object_set_new(
-            o, "usage",
-            json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens", in,
-                      "input_tokens_details", "cached_tokens",
-                      json_integer_value(json_object_get(u, "cached_tokens")), "output_tokens",
-                      outn, "output_tokens_details", "reasoning_tokens", (json_int_t)0,
-                      "total_tokens", in + outn));
+        json_object_set_new(o, "usage",
+                            json_pack("{s:I, s:{s:I}, s:I, s:{s:I}, s:I}", "input_tokens", in,
+                                      "input_tokens_details", "cached_tokens",
+                                      json_integer_value(json_object_get(u, "cached_tokens")),
+                                      "output_tokens", outn, "output_tokens_details",
+                                      "reasoning_tokens", (json_int_t)0, "total_tokens",
+                                      in + outn));
     } else {
         json_object_set_new(o, "usage", json_null());
     }
@@ -412,23 +410,22 @@ resp_object(const json_t *rec)
 
 /* One POST /v1/responses in flight. */
 typedef struct resp_call {
-    ctl_http_req *req;        /* the request */
-    ctl_app *app;             /* app */
-    ctl_openai_req r;         /* the generation (prompt, messages, reuse) */
-    ctl_resp_req q;           /* the parsed body */
-    json_t *rec;              /* the record being built (owned) */
-    json_t *prev;             /* the previous response's record, NULL none (owned) */
-    const int32_t *prev_ids;  /* borrowed from prev: its state's tokens, NULL none */
-    size_t n_prev;            /* entries */
-    bool aligned;             /* the prompt starts with the previous state's exact tokens */
+    ctl_http_req *req;            /* the request */
+    ctl_app *app;                 /* app */
+    ctl_openai_req r;             /* the generation (prompt, messages, reuse) */
+    ctl_resp_req q;               /* the parsed body */
+    json_t *rec;                  /* the record being built (owned) */
+    json_t *prev;                 /* the previous response's record, NULL none (owned) */
+    const int32_t *prev_ids;      /* borrowed from prev: its state's tokens, NULL none */
+    size_t n_prev;                /* entries */
+    bool aligned;                 /* the prompt starts with the previous state's exact tokens */
     char msg_id[CTL_RESP_ID_MAX]; /* the output message's id */
-    uint64_t seq;             /* next SSE sequence_number */
-    bool broken;              /* the client went away (stream) */
+    uint64_t seq;                 /* next SSE sequence_number */
+    bool broken;                  /* the client went away (stream) */
 } resp_call;
 
-static void
-resp_send_error(ctl_http_req *req, int status, wk_err err, const char *param, const char *code,
-                const char *fmt, ...) WK_PRINTF(6, 7);
+static void resp_send_error(ctl_http_req *req, int status, wk_err err, const char *param,
+                            const char *code, const char *fmt, ...) WK_PRINTF(6, 7);
 
 static void
 resp_send_error(ctl_http_req *req, int status, wk_err err, const char *param, const char *code,
@@ -457,8 +454,8 @@ resp_msg_append(json_t *arr, const char *role, const char *text, size_t len)
 {
     char id[CTL_RESP_ID_MAX];
     resp_new_id("msg_", 24, id, sizeof(id));
-    json_array_append_new(arr, json_pack("{s:s, s:s, s:s%}", "id", id, "role", role, "text",
-                                         text, len));
+    json_array_append_new(arr,
+                          json_pack("{s:s, s:s, s:s%}", "id", id, "role", role, "text", text, len));
 }
 
 /*
@@ -521,10 +518,9 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
         json_array_foreach(h, i, m) json_array_append(history, m);
         json_array_foreach(in, i, m) json_array_append(history, m);
         if (json_is_object(out))
-            json_array_append_new(history,
-                                  json_pack("{s:O, s:s, s:O}", "id", json_object_get(out, "id"),
-                                            "role", "assistant", "text",
-                                            json_object_get(out, "text")));
+            json_array_append_new(
+                history, json_pack("{s:O, s:s, s:O}", "id", json_object_get(out, "id"), "role",
+                                   "assistant", "text", json_object_get(out, "text")));
     }
     for (size_t i = 0; i < q->n_items; i++)
         resp_msg_append(input, q->items[i].role, q->items[i].text, q->items[i].len);
@@ -555,7 +551,8 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     for (size_t l = 0; l < 2; l++) {
         size_t i;
         json_t *m;
-        json_array_foreach(lists[l], i, m) {
+        json_array_foreach(lists[l], i, m)
+        {
             const char *role = json_string_value(json_object_get(m, "role"));
             json_t *t = json_object_get(m, "text");
             if (role == NULL)
@@ -599,10 +596,10 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
             off = 0;
         }
     }
-    wk_err err = prev_ids != NULL ? wk_tok_encode_continue(app->tok, r->prompt_text,
-                                                           r->prompt_len, off, &rest, &n_rest, &d)
-                                  : wk_tok_encode(app->tok, r->prompt_text, r->prompt_len, &rest,
-                                                  &n_rest, &d);
+    wk_err err = prev_ids != NULL
+                     ? wk_tok_encode_continue(app->tok, r->prompt_text, r->prompt_len, off, &rest,
+                                              &n_rest, &d)
+                     : wk_tok_encode(app->tok, r->prompt_text, r->prompt_len, &rest, &n_rest, &d);
     if (err == WK_OK && (r->prompt = malloc((n_prev + n_rest + 1) * sizeof(int32_t))) == NULL)
         err = WK_ENOMEM;
     if (err == WK_OK && (r->msg_ends = malloc(n * sizeof(size_t))) == NULL)
@@ -631,8 +628,8 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     free(sp);
     if (r->n_prompt == 0 || r->n_prompt > app->max_prompt_tokens) {
         resp_send_error(c->req, 400, WK_ETOOBIG, "input", "context_length_exceeded",
-                        "the conversation has %zu tokens, more than the limit of %u",
-                        r->n_prompt, app->max_prompt_tokens);
+                        "the conversation has %zu tokens, more than the limit of %u", r->n_prompt,
+                        app->max_prompt_tokens);
         return false;
     }
     return true;
@@ -656,8 +653,7 @@ resp_event(resp_call *c, const char *type, json_t *ev)
 }
 
 static wk_err
-resp_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks,
-                 size_t n_toks)
+resp_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks, size_t n_toks)
 {
     (void)toks;
     (void)n_toks;
@@ -680,8 +676,8 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
     ctl_app *app = c->app;
     json_t *rec = c->rec;
     ctl_openai_req *r = &c->r;
-    json_object_set_new(rec, "output", json_pack("{s:s, s:s%}", "id", c->msg_id, "text",
-                                                 res->text, res->text_len));
+    json_object_set_new(
+        rec, "output", json_pack("{s:s, s:s%}", "id", c->msg_id, "text", res->text, res->text_len));
     bool length = res->finish_reason != NULL && strcmp(res->finish_reason, "length") == 0;
     json_object_set_new(rec, "status", json_string(length ? "incomplete" : "completed"));
     json_object_set_new(rec, "incomplete_reason",
@@ -703,10 +699,9 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
     json_object_set_new(rec, "tokens", ids);
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res->n_tokens);
     if (c->prev != NULL) {
-        ctl_metrics_add(app->metrics, "wkvm_responses_resumes_total",
-                        c->aligned && cached >= c->n_prev ? "result=\"exact\""
-                                                          : "result=\"fallback\"",
-                        1);
+        ctl_metrics_add(
+            app->metrics, "wkvm_responses_resumes_total",
+            c->aligned && cached >= c->n_prev ? "result=\"exact\"" : "result=\"fallback\"", 1);
     }
     if (!c->q.store)
         return;
@@ -758,8 +753,8 @@ resp_answer_whole(resp_call *c, bool free_slot)
     if (err != WK_OK) {
         resp_count(app, "error");
         if (err == WK_ETOOBIG)
-            resp_send_error(c->req, 400, err, "max_output_tokens", "context_length_exceeded",
-                            "%s", d.msg);
+            resp_send_error(c->req, 400, err, "max_output_tokens", "context_length_exceeded", "%s",
+                            d.msg);
         else
             ctl_http_send_error(c->req, err, d.msg, NULL);
         return;
@@ -785,8 +780,8 @@ resp_answer_stream(resp_call *c, bool free_slot)
     if (err != WK_OK) {
         resp_count(app, "error");
         if (err == WK_ETOOBIG)
-            resp_send_error(c->req, 400, err, "max_output_tokens", "context_length_exceeded",
-                            "%s", d.msg);
+            resp_send_error(c->req, 400, err, "max_output_tokens", "context_length_exceeded", "%s",
+                            d.msg);
         else
             ctl_http_send_error(c->req, err, d.msg, NULL);
         return;
@@ -836,10 +831,9 @@ resp_answer_stream(resp_call *c, bool free_slot)
                          "text", text, "annotations", "logprobs"));
     resp_event(c, "response.output_item.done",
                json_pack("{s:i, s:o}", "output_index", 0, "item",
-                         resp_output_item(c->msg_id, text,
-                                          strcmp(st, "incomplete") == 0 ? "incomplete"
-                                                                        : "completed",
-                                          true)));
+                         resp_output_item(
+                             c->msg_id, text,
+                             strcmp(st, "incomplete") == 0 ? "incomplete" : "completed", true)));
     o = resp_object(c->rec);
     resp_extend(c, o);
     resp_event(c, strcmp(st, "incomplete") == 0 ? "response.incomplete" : "response.completed",
@@ -861,7 +855,8 @@ resp_resolve_prev(resp_call *c)
         ctl_metrics_add(c->app->metrics, "wkvm_responses_misses_total",
                         expired ? "reason=\"expired\"" : "reason=\"not_found\"", 1);
         resp_send_error(c->req, 404, WK_ENOENT, "previous_response_id",
-                        "previous_response_not_found", "Previous response with id '%.80s' not "
+                        "previous_response_not_found",
+                        "Previous response with id '%.80s' not "
                         "found%s.",
                         pid, expired ? " (it expired)" : "");
         return false;
@@ -955,20 +950,17 @@ resp_create(ctl_http_req *req, ctl_app *app)
                             ? json_stringn(c.q.instructions, c.q.instructions_len)
                             : json_null());
     json_object_set_new(c.rec, "previous_response_id",
-                        c.q.previous_response_id != NULL
-                            ? json_string(c.q.previous_response_id)
-                            : json_null());
-    json_object_set_new(c.rec, "metadata", c.q.metadata != NULL
-                                               ? json_deep_copy(c.q.metadata)
-                                               : json_object());
+                        c.q.previous_response_id != NULL ? json_string(c.q.previous_response_id)
+                                                         : json_null());
+    json_object_set_new(c.rec, "metadata",
+                        c.q.metadata != NULL ? json_deep_copy(c.q.metadata) : json_object());
     json_object_set_new(c.rec, "user", c.q.user != NULL ? json_string(c.q.user) : json_null());
     if (c.q.tools != NULL)
         json_object_set_new(c.rec, "tools", json_deep_copy(c.q.tools));
     json_object_set_new(c.rec, "temperature", json_real(c.q.temperature));
     json_object_set_new(c.rec, "top_p", json_real(c.q.top_p));
     json_object_set_new(c.rec, "max_output_tokens",
-                        c.q.max_output_tokens ? json_integer(c.q.max_output_tokens)
-                                              : json_null());
+                        c.q.max_output_tokens ? json_integer(c.q.max_output_tokens) : json_null());
     ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)c.r.n_prompt);
     /* Generate, with the checkpoint plan (the end state is the stored response's state). */
     ctl_ckpt_plan *plan = calloc(1, sizeof(*plan));
@@ -1039,8 +1031,9 @@ resp_delete(ctl_http_req *req, ctl_app *app, const char *id)
     resp_drop(app, key, rec);
     json_decref(rec);
     ctl_metrics_add(app->metrics, "wkvm_responses_deleted_total", NULL, 1);
-    ctl_http_send_json(req, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object",
-                                           "response.deleted", "deleted", 1));
+    ctl_http_send_json(
+        req, 200,
+        json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1));
 }
 
 /* GET /v1/responses/{id}/input_items?order=&limit=&after= */
@@ -1214,9 +1207,9 @@ resp_list_one(void *arg, const char *key, json_t *rec)
                   "status", json_object_get(rec, "status"), "tokens",
                   (json_int_t)json_array_size(json_object_get(rec, "tokens")), "input_tokens",
                   json_integer_value(json_object_get(u, "input_tokens")), "output_tokens",
-                  json_integer_value(json_object_get(u, "output_tokens")),
-                  "previous_response_id", json_object_get(rec, "previous_response_id"),
-                  "expires_at", json_object_get(rec, "expires_at")));
+                  json_integer_value(json_object_get(u, "output_tokens")), "previous_response_id",
+                  json_object_get(rec, "previous_response_id"), "expires_at",
+                  json_object_get(rec, "expires_at")));
 }
 
 typedef struct resp_del_ctx {
@@ -1247,8 +1240,8 @@ resp_admin(ctl_http_req *req, void *arg)
         resp_sweep(app);
         char owner[CTL_STORE_OWNER_MAX + 1];
         bool has = ctl_http_req_query_get(req, "owner", owner, sizeof(owner)) && owner[0];
-        resp_list_ctx x = {.app = app, .owner = has ? owner : NULL, .data = json_array(),
-                           .now = resp_now_s()};
+        resp_list_ctx x = {
+            .app = app, .owner = has ? owner : NULL, .data = json_array(), .now = resp_now_s()};
         resp_each(app, resp_list_one, &x);
         ctl_http_send_json(req, 200, json_pack("{s:s, s:o}", "object", "list", "data", x.data));
         return;
@@ -1265,8 +1258,9 @@ resp_admin(ctl_http_req *req, void *arg)
             return;
         }
         ctl_metrics_add(app->metrics, "wkvm_responses_deleted_total", NULL, (double)x.n);
-        ctl_http_send_json(req, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object",
-                                               "response.deleted", "deleted", 1));
+        ctl_http_send_json(
+            req, 200,
+            json_pack("{s:s, s:s, s:b}", "id", id, "object", "response.deleted", "deleted", 1));
         return;
     }
     resp_send_error(req, 404, WK_ENOENT, NULL, "not_found", "no such route: %.16s %.200s", method,
@@ -1278,8 +1272,7 @@ ctl_responses_routes(ctl_app *app, ctl_http_route *out, size_t cap)
 {
     const ctl_http_route routes[] = {
         {NULL, "/v1/responses", false, resp_route, app, "/v1/responses", CTL_HTTP_ACCESS_USER},
-        {NULL, "/v1/responses/", true, resp_route, app, "/v1/responses/{id}",
-         CTL_HTTP_ACCESS_USER},
+        {NULL, "/v1/responses/", true, resp_route, app, "/v1/responses/{id}", CTL_HTTP_ACCESS_USER},
         {NULL, "/admin/responses", false, resp_admin, app, "/admin/responses",
          CTL_HTTP_ACCESS_ADMIN},
         {NULL, "/admin/responses/", true, resp_admin, app, "/admin/responses/{id}",

@@ -45,9 +45,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fuzz_check(r.n_items >= 1 && r.n_items <= lim.max_items, "item count");
         for (size_t i = 0; i < r.n_items; i++) {
             const char *role = r.items[i].role;
-            fuzz_check(role != NULL && (strcmp(role, "user") == 0 ||
-                                        strcmp(role, "assistant") == 0 ||
-                                        strcmp(role, "system") == 0),
+            fuzz_check(role != NULL &&
+                           (strcmp(role, "user") == 0 || strcmp(role, "assistant") == 0 ||
+                            strcmp(role, "system") == 0),
                        "a known role");
             fuzz_check(r.items[i].text != NULL && r.items[i].text[r.items[i].len] == '\0',
                        "text NUL-terminated at its length");
@@ -58,10 +58,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    "temperature in range");
         fuzz_check(!r.has_top_p || (r.top_p >= 0 && r.top_p <= 1), "top_p in range");
         const json_t *p = json_object_get(body, "previous_response_id");
-        fuzz_check(r.previous_response_id == NULL ||
-                       (json_is_string(p) &&
-                        strcmp(r.previous_response_id, json_string_value(p)) == 0),
-                   "previous id is the body's");
+        fuzz_check(
+            r.previous_response_id == NULL ||
+                (json_is_string(p) && strcmp(r.previous_response_id, json_string_value(p)) == 0),
+            "previous id is the body's");
         ctl_resp_req_fini(&r);
         ctl_resp_req_fini(&r);
         fuzz_check(r.items == NULL && r.n_items == 0, "fini zeroes");

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+/* (cmocka needs the four above first) */
 #include <cmocka.h>
 #include <jansson.h>
 #include <string.h>
@@ -16,8 +17,7 @@
 
 /* Parses text; returns the error (and fills *r / *e). */
 static wk_err
-parse(const char *text, const ctl_resp_limits *lim, json_t **body, ctl_resp_req *r,
-      ctl_resp_err *e)
+parse(const char *text, const ctl_resp_limits *lim, json_t **body, ctl_resp_req *r, ctl_resp_err *e)
 {
     json_error_t je;
     *body = json_loads(text, 0, &je);
@@ -157,8 +157,8 @@ test_refusals(void **state)
     refused("{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\"}]}", "input[0].type", NULL);
     refused("{\"model\":\"m\",\"input\":[{\"type\":\"zzz\"}]}", "input[0].type", NULL);
     refused("{\"model\":\"m\",\"input\":[\"x\"]}", "input[0]", NULL);
-    refused("{\"model\":\"m\",\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
-            "input[0].role", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "input[0].role",
+            NULL);
     refused("{\"model\":\"m\",\"input\":[{\"role\":\"user\"}]}", "input[0]",
             "missing_required_parameter");
     refused("{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":\"x\",\"extra\":1}]}",
@@ -186,13 +186,12 @@ test_refusals(void **state)
     refused("{\"model\":\"m\",\"input\":\"x\",\"conversation\":\"c\"}", "conversation", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"temperature\":2.5}", "temperature", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"top_p\":\"1\"}", "top_p", NULL);
-    refused("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens",
-            NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":1.5}", "max_output_tokens",
             NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"store\":1}", "store", NULL);
-    refused("{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":5}",
-            "previous_response_id", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":5}", "previous_response_id",
+            NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"metadata\":{\"k\":1}}", "metadata", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"stream_options\":{}}", "stream_options", NULL);
 }
@@ -220,14 +219,14 @@ test_limits(void **state)
                            &lim, &b, &r, &e),
                      WK_ETOOBIG);
     json_decref(b);
-    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":11}", &lim, &b,
-                           &r, &e),
-                     WK_EINVAL);
+    assert_int_equal(
+        parse("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":11}", &lim, &b, &r, &e),
+        WK_EINVAL);
     assert_string_equal(e.param, "max_output_tokens");
     json_decref(b);
-    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"abcd\",\"max_output_tokens\":10}", &lim,
-                           &b, &r, &e),
-                     WK_OK);
+    assert_int_equal(
+        parse("{\"model\":\"m\",\"input\":\"abcd\",\"max_output_tokens\":10}", &lim, &b, &r, &e),
+        WK_OK);
     ctl_resp_req_fini(&r);
     json_decref(b);
 }
@@ -255,9 +254,9 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_string_input),   cmocka_unit_test(test_items_and_parameters),
+        cmocka_unit_test(test_string_input),     cmocka_unit_test(test_items_and_parameters),
         cmocka_unit_test(test_nulls_are_absent), cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_limits),         cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_limits),           cmocka_unit_test(test_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
