@@ -699,9 +699,10 @@ ctl_ckpt_maintain(ctl_ckpt *c)
     while (c->cfg.disk_bytes > 0 && !c->stop && wk_mono_ms() >= c->wt_retry_ms) {
         ckpt_entry *pick = NULL;
         for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
-            if (e->kind == CTL_CKPT_KIND_REPLY && (c->cfg.write_through || e->durable) && e->warm && !e->cold && !e->busy &&
-                !e->saving && !e->doomed && ckpt_warm_live_locked(c, e) &&
-                (pick == NULL || e->used > pick->used))
+            /* (durable: a stored response's state, written through whatever the flag) */
+            if (((e->kind == CTL_CKPT_KIND_REPLY && c->cfg.write_through) || e->durable) &&
+                e->warm && !e->cold && !e->busy && !e->saving && !e->doomed &&
+                ckpt_warm_live_locked(c, e) && (pick == NULL || e->used > pick->used))
                 pick = e;
         }
         if (pick == NULL)
