@@ -46,6 +46,7 @@ typedef struct ctl_app {
     uint32_t max_stop_bytes;   /* longest stop string, bytes */
     uint64_t max_states_per_user; /* most state versions one user may store, 0 = no limit */
     uint64_t responses_ttl_s;  /* --responses-ttl: seconds a stored response lives, 0 = forever */
+    uint64_t max_responses_per_user; /* --max-responses-per-user, 0 = no limit */
     ctl_transport_opts migrate; /* migration transport: NCCL between hosts, deadlines */
     ctl_chat_active *chat_active; /* sessions with a turn running (ctl_chat_active_new) */
     ctl_migrate_drains *drains;   /* worker drains, running and finished (ctl_migrate_drains_new) */

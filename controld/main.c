@@ -109,6 +109,8 @@ static const wk_cfg_opt ctl_opts[] = {
     {"responses-ttl", WK_CFG_U64, "2592000", 0, 3153600000,
      "seconds a stored response (POST /v1/responses, store: true) and its state are kept "
      "(0 = until deleted); expired ones answer 404 and are counted as evictions"},
+    {"max-responses-per-user", WK_CFG_U64, "10000", 0, 1000000000,
+     "most stored responses one user may keep (0: no limit; over: 429 quota_exceeded)"},
     {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
     {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -202,6 +204,7 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("checkpoint-interval", U32, ckpt.interval),
     CTL_BIND("checkpoint-write-through", BOOL, ckpt.write_through),
     CTL_BIND("responses-ttl", U64, app.responses_ttl_s),
+    CTL_BIND("max-responses-per-user", U64, app.max_responses_per_user),
     CTL_BIND("heartbeat-ms", U32, pool.heartbeat_ms),
     CTL_BIND("load-timeout-ms", U32, pool.load_timeout_ms),
     CTL_BIND("log-level", STR, log_level),

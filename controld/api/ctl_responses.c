@@ -251,6 +251,67 @@ resp_save(ctl_app *app, const json_t *rec, wk_diag *d)
     return err;
 }
 
+/*
+ * The per-user quota of stored responses: WK_EQUOTA (429 quota_exceeded)
+ * when owner keeps --max-responses-per-user already. A check, not a
+ * reservation: concurrent requests of one user may overshoot by their number.
+ */
+static wk_err
+resp_quota(ctl_app *app, const char *owner, wk_diag *d)
+{
+    uint64_t max = app->max_responses_per_user;
+    if (max == 0)
+        return WK_OK;
+    char prefix[RESP_KEY_MAX], after[CTL_STORE_SESSION_KEY_MAX + 1] = "";
+    resp_key(owner, "", prefix);
+    uint64_t n = 0;
+    ctl_store_kv_page page = {0};
+    while (n < max) {
+        wk_err err = ctl_store_session_list(app->store, prefix, after, 0, false, &page, d);
+        if (err != WK_OK)
+            return err;
+        n += page.n;
+        snprintf(after, sizeof(after), "%s", page.next);
+        ctl_store_kv_page_fini(&page);
+        if (after[0] == '\0')
+            break;
+    }
+    if (n < max)
+        return WK_OK;
+    if (app->responses_ttl_s > 0) {
+        /* At the limit: drop this owner's expired ones first (a TTL shortened since). */
+        int64_t now = resp_now_s();
+        after[0] = '\0';
+        n = 0;
+        for (;;) {
+            wk_err err = ctl_store_session_list(app->store, prefix, after, 0, true, &page, d);
+            if (err != WK_OK)
+                return err;
+            for (size_t i = 0; i < page.n; i++) {
+                json_t *rec = resp_decode(page.items[i].val, page.items[i].len);
+                if (rec != NULL && resp_expired(app, rec, now)) {
+                    resp_drop(app, page.items[i].key, rec);
+                    ctl_metrics_add(app->metrics, "wkvm_responses_evictions_total", NULL, 1);
+                } else {
+                    n++;
+                }
+                json_decref(rec);
+            }
+            snprintf(after, sizeof(after), "%s", page.next);
+            ctl_store_kv_page_fini(&page);
+            if (after[0] == '\0')
+                break;
+        }
+        if (n < max)
+            return WK_OK;
+    }
+    ctl_metrics_add(app->metrics, "wkvm_quota_refusals_total", "limit=\"responses\"", 1);
+    return wk_diag_set(d, WK_EQUOTA,
+                       "response quota exceeded: %llu responses stored, the limit is %llu per "
+                       "user; delete some (DELETE /v1/responses/{id}) or send store: false",
+                       (unsigned long long)n, (unsigned long long)max);
+}
+
 /* Removes expired records (oldest first, stops at the first one alive). */
 static void
 resp_sweep(ctl_app *app)
@@ -904,6 +965,14 @@ resp_create(ctl_http_req *req, ctl_app *app)
     ctl_openai_owner(req, c.r.owner);
     if (!resp_resolve_prev(&c))
         goto out;
+    if (c.q.store) {
+        wk_diag qd = {{0}};
+        wk_err qerr = resp_quota(app, c.r.owner, &qd);
+        if (qerr != WK_OK) {
+            ctl_http_send_error(req, qerr, qd.msg, "store");
+            goto out;
+        }
+    }
     history = json_array();
     input = json_array();
     if (history == NULL || input == NULL || !resp_build_prompt(&c, history, input))

@@ -299,6 +299,13 @@ def other_model():
 def ttl():
     """--responses-ttl 2: a fresh response lives, then it and the old ones answer 404."""
     import time
+    try:
+        client.responses.create(model=MID, input="x", previous_response_id=st["turns"][1],
+                                max_output_tokens=2)
+        raise AssertionError("continued an expired response")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "previous_response_not_found", e.body
+        assert "expired" in e.body["message"], e.body
     r = client.responses.create(model=MID, input="short-lived", max_output_tokens=2)
     assert client.responses.retrieve(r.id).id == r.id
     time.sleep(2.2)
@@ -308,17 +315,25 @@ def ttl():
             raise AssertionError("an expired response is still there")
         except openai.NotFoundError:
             pass
+
+
+def quota():
+    """--max-responses-per-user 3: the fourth stored response of a user is 429; store: false
+    and a deletion make way."""
+    ids = [bob.responses.create(model=MID, input=f"q{i}", max_output_tokens=2).id
+           for i in range(3)]
     try:
-        client.responses.create(model=MID, input="x", previous_response_id=st["turns"][1],
-                                max_output_tokens=2)
-        raise AssertionError("continued an expired response")
-    except openai.NotFoundError as e:
-        assert e.body["code"] == "previous_response_not_found", e.body
-        assert "expired" in e.body["message"], e.body
+        bob.responses.create(model=MID, input="one too many", max_output_tokens=2)
+        raise AssertionError("a fourth stored response was accepted")
+    except openai.RateLimitError as e:
+        assert e.body["code"] == "quota_exceeded", e.body
+    bob.responses.create(model=MID, input="not kept", max_output_tokens=2, store=False)
+    bob.responses.delete(ids[0])
+    bob.responses.create(model=MID, input="room again", max_output_tokens=2)
 
 
 TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs],
-         "b": [conversation_b], "c": [other_model], "d": [ttl]}
+         "b": [conversation_b], "c": [other_model, quota], "d": [ttl]}
 for t in TESTS[PHASE]:
     try:
         t()
@@ -503,14 +518,14 @@ def main():
                     passed += 1
                     print("PASS wkvmctl_responses", flush=True)
                 # served under another name, the stored ids belong to another model
-                restart(["--served-model-name", "tiny-b"])
+                restart(["--served-model-name", "tiny-b", "--max-responses-per-user", "3"])
                 r = subprocess.run([venv_python(venv), script, s.url, "tiny-b", "c", state, ALICE,
                                     BOB], capture_output=True, text=True, timeout=120, env=env)
                 print(r.stdout, end="", flush=True)
                 passed += r.stdout.count("PASS ")
                 failed += r.stdout.count("FAIL ") + (r.returncode != 0)
                 # a short TTL: expired responses answer 404, the sweep counts evictions
-                restart(["--responses-ttl", "2"])
+                restart(["--responses-ttl", "2", "--max-responses-per-user", "3"])
                 run("d")
                 ops = {"Authorization": f"Bearer {OPS}"}
                 left = s.get("/admin/responses", headers=ops).json()["data"]
