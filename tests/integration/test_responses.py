@@ -287,6 +287,16 @@ def bad_inputs():
         pass
 
 
+def evicted_state():
+    """The previous state's checkpoint is gone (an operator cleared the cache): the response
+    still continues, from the longest checkpoint left, with the recomputed output."""
+    r, ids, n_prompt = turn(st["prev"], "after the cache was cleared",
+                            instructions="Be brief.")
+    assert r.usage.input_tokens_details.cached_tokens < len(st["prev_ids"]), r.usage
+    assert ids[:len(st["prev_ids"])] == st["prev_ids"]
+    recompute(ids, n_prompt, r.output_text)
+
+
 def other_model():
     try:
         client.responses.create(model=MID, input="x", previous_response_id=st["prev"],
@@ -333,7 +343,7 @@ def quota():
 
 
 TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs],
-         "b": [conversation_b], "c": [other_model, quota], "d": [ttl]}
+         "b": [conversation_b], "c": [other_model, quota], "d": [ttl], "e": [evicted_state]}
 for t in TESTS[PHASE]:
     try:
         t()
@@ -517,6 +527,10 @@ def main():
                 else:
                     passed += 1
                     print("PASS wkvmctl_responses", flush=True)
+                # an operator clears alice's checkpoints: her responses continue all the same
+                s.post("/admin/cache/clear?owner=alice",
+                       headers={"Authorization": f"Bearer {OPS}"})
+                run("e")
                 # served under another name, the stored ids belong to another model
                 restart(["--served-model-name", "tiny-b", "--max-responses-per-user", "3"])
                 r = subprocess.run([venv_python(venv), script, s.url, "tiny-b", "c", state, ALICE,
