@@ -352,9 +352,16 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
         return resp_fail(e, WK_EINVAL, "truncation", "invalid_value",
                          "'truncation' must be \"auto\" or \"disabled\"");
     v = json_object_get(body, "reasoning");
-    if (!resp_absent(v))
-        return resp_fail(e, WK_EINVAL, "reasoning", "invalid_value",
-                         "'reasoning' is not supported yet by wkvm");
+    if (!resp_absent(v)) {
+        /* (an object of nulls, as clients echo a default, asks for nothing) */
+        bool neutral = json_is_object(v);
+        const char *k;
+        json_t *x;
+        json_object_foreach((json_t *)v, k, x) neutral = neutral && json_is_null(x);
+        if (!neutral)
+            return resp_fail(e, WK_EINVAL, "reasoning", "invalid_value",
+                             "'reasoning' is not supported yet by wkvm");
+    }
     v = json_object_get(body, "include");
     if (!resp_absent(v) && !(json_is_array(v) && json_array_size(v) == 0))
         return resp_fail(e, WK_EINVAL, "include", "invalid_value",

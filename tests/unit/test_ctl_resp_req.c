@@ -128,7 +128,8 @@ test_nulls_are_absent(void **state)
     ctl_resp_err e;
     assert_int_equal(parse("{\"model\":\"m\",\"input\":\"x\",\"instructions\":null,"
                            "\"previous_response_id\":null,\"store\":null,\"temperature\":null,"
-                           "\"metadata\":null,\"tools\":null,\"reasoning\":null}",
+                           "\"metadata\":null,\"tools\":null,\"reasoning\":{\"effort\":null,"
+                           "\"summary\":null}}",
                            NULL, &b, &r, &e),
                      WK_OK);
     assert_null(r.instructions);
