@@ -477,8 +477,7 @@ typedef struct resp_call {
     ctl_resp_req q;               /* the parsed body */
     json_t *rec;                  /* the record being built (owned) */
     json_t *prev;                 /* the previous response's record, NULL none (owned) */
-    const int32_t *prev_ids;      /* borrowed from prev: its state's tokens, NULL none */
-    size_t n_prev;                /* entries */
+    size_t n_prev;                /* tokens of the previous state the prompt starts with */
     bool aligned;                 /* the prompt starts with the previous state's exact tokens */
     char msg_id[CTL_RESP_ID_MAX]; /* the output message's id */
     uint64_t seq;                 /* next SSE sequence_number */
@@ -520,8 +519,8 @@ resp_msg_append(json_t *arr, const char *role, const char *text, size_t len)
 }
 
 /*
- * The previous response's tokens as int32 (borrowed array kept in c): the
- * record's "tokens". False when absent or malformed.
+ * The previous response's state tokens (the record's "tokens") as a malloc'd
+ * array the caller frees. False when absent, malformed or out of the vocab.
  */
 static bool
 resp_prev_tokens(resp_call *c, int32_t **out, size_t *n)
