@@ -61,6 +61,11 @@ static const wk_cfg_opt ctl_opts[] = {
     {"max-stop-bytes", WK_CFG_U64, "256", 1, 65536, "longest stop string in bytes"},
     {"max-states-per-user", WK_CFG_U64, "10000", 0, 1000000000,
      "most state versions one user may store (0: no limit; over: 429 quota_exceeded)"},
+    {"responses-ttl", WK_CFG_U64, "2592000", 0, 3153600000,
+     "seconds a stored response (POST /v1/responses, store: true) and its state are kept "
+     "(0 = until deleted); expired ones answer 404 and are counted as evictions"},
+    {"max-responses-per-user", WK_CFG_U64, "10000", 0, 1000000000,
+     "most stored responses one user may keep (0: no limit; over: 429 quota_exceeded)"},
     {"max-concurrent-per-user", WK_CFG_U64, "64", 0, 1000000,
      "generation requests one API user may run at once (0: no limit; over: 429 "
      "quota_exceeded; without --api-keys only when set explicitly)"},
@@ -106,11 +111,6 @@ static const wk_cfg_opt ctl_opts[] = {
      "also write every reply's end-of-reply checkpoint to disk (in the background), so "
      "chat sessions resume after their worker dies (costs a state image of disk writes "
      "per turn)"},
-    {"responses-ttl", WK_CFG_U64, "2592000", 0, 3153600000,
-     "seconds a stored response (POST /v1/responses, store: true) and its state are kept "
-     "(0 = until deleted); expired ones answer 404 and are counted as evictions"},
-    {"max-responses-per-user", WK_CFG_U64, "10000", 0, 1000000000,
-     "most stored responses one user may keep (0: no limit; over: 429 quota_exceeded)"},
     {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
     {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -181,6 +181,8 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("max-message-bytes", U64, app.max_message_bytes),
     CTL_BIND("max-stop-bytes", U32, app.max_stop_bytes),
     CTL_BIND("max-states-per-user", U64, app.max_states_per_user),
+    CTL_BIND("responses-ttl", U64, app.responses_ttl_s),
+    CTL_BIND("max-responses-per-user", U64, app.max_responses_per_user),
     CTL_BIND("max-concurrent-per-user", U32, max_concurrent_per_user),
     CTL_BIND("served-model-name", STR, served_model_name),
     CTL_BIND("vocab", STR, vocab),
@@ -203,8 +205,6 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("state-cache-disk-bytes", U64, ckpt.disk_bytes),
     CTL_BIND("checkpoint-interval", U32, ckpt.interval),
     CTL_BIND("checkpoint-write-through", BOOL, ckpt.write_through),
-    CTL_BIND("responses-ttl", U64, app.responses_ttl_s),
-    CTL_BIND("max-responses-per-user", U64, app.max_responses_per_user),
     CTL_BIND("heartbeat-ms", U32, pool.heartbeat_ms),
     CTL_BIND("load-timeout-ms", U32, pool.load_timeout_ms),
     CTL_BIND("log-level", STR, log_level),
