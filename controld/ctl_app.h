@@ -45,6 +45,8 @@ typedef struct ctl_app {
     uint64_t max_message_bytes; /* most content bytes in one chat message */
     uint32_t max_stop_bytes;   /* longest stop string, bytes */
     uint64_t max_states_per_user; /* most state versions one user may store, 0 = no limit */
+    uint64_t responses_ttl_s;  /* --responses-ttl: seconds a stored response lives, 0 = forever */
+    uint64_t max_responses_per_user; /* --max-responses-per-user, 0 = no limit */
     ctl_transport_opts migrate; /* migration transport: NCCL between hosts, deadlines */
     ctl_chat_active *chat_active; /* sessions with a turn running (ctl_chat_active_new) */
     ctl_migrate_drains *drains;   /* worker drains, running and finished (ctl_migrate_drains_new) */
@@ -68,6 +70,8 @@ WK_MUST_CHECK wk_err ctl_admin_metrics_declare(ctl_metrics *m);
 
 /* Routes of the OpenAI module (/v1/models, /v1/chat/completions, /v1/completions). */
 size_t ctl_openai_routes(ctl_app *app, ctl_http_route *out, size_t cap);
+
+/* Routes of the Responses API (/v1/responses...) and /admin/responses: ctl_responses.h. */
 
 /* Routes of the Durable State API (/v1/states...) and /admin/states. */
 size_t ctl_states_routes(ctl_app *app, ctl_http_route *out, size_t cap);

@@ -22,6 +22,7 @@
 #include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_openai.h"
+#include "ctl_responses.h"
 #include "wk_cfg.h"
 #include "wk_log.h"
 #include "wk_net.h"
@@ -60,6 +61,11 @@ static const wk_cfg_opt ctl_opts[] = {
     {"max-stop-bytes", WK_CFG_U64, "256", 1, 65536, "longest stop string in bytes"},
     {"max-states-per-user", WK_CFG_U64, "10000", 0, 1000000000,
      "most state versions one user may store (0: no limit; over: 429 quota_exceeded)"},
+    {"responses-ttl", WK_CFG_U64, "2592000", 0, 3153600000,
+     "seconds a stored response (POST /v1/responses, store: true) and its state are kept "
+     "(0 = until deleted); expired ones answer 404 and are counted as evictions"},
+    {"max-responses-per-user", WK_CFG_U64, "10000", 0, 1000000000,
+     "most stored responses one user may keep (0: no limit; over: 429 quota_exceeded)"},
     {"max-concurrent-per-user", WK_CFG_U64, "64", 0, 1000000,
      "generation requests one API user may run at once (0: no limit; over: 429 "
      "quota_exceeded; without --api-keys only when set explicitly)"},
@@ -175,6 +181,8 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("max-message-bytes", U64, app.max_message_bytes),
     CTL_BIND("max-stop-bytes", U32, app.max_stop_bytes),
     CTL_BIND("max-states-per-user", U64, app.max_states_per_user),
+    CTL_BIND("responses-ttl", U64, app.responses_ttl_s),
+    CTL_BIND("max-responses-per-user", U64, app.max_responses_per_user),
     CTL_BIND("max-concurrent-per-user", U32, max_concurrent_per_user),
     CTL_BIND("served-model-name", STR, served_model_name),
     CTL_BIND("vocab", STR, vocab),
@@ -492,7 +500,8 @@ main(int argc, char **argv)
         ctl_openai_metrics_declare(app->metrics) != WK_OK ||
         ctl_chat_metrics_declare(app->metrics) != WK_OK ||
         ctl_migrate_metrics_declare(app->metrics) != WK_OK ||
-        ctl_ckpt_metrics_declare(app->metrics) != WK_OK) {
+        ctl_ckpt_metrics_declare(app->metrics) != WK_OK ||
+        ctl_responses_metrics_declare(app->metrics) != WK_OK) {
         fprintf(stderr, "wkvm-controld: out of memory\n");
         goto out;
     }
@@ -550,6 +559,7 @@ main(int argc, char **argv)
     if (app->tok != NULL) {
         nr += ctl_openai_routes(app, routes + nr, 64 - nr);
         nr += ctl_states_routes(app, routes + nr, 64 - nr);
+        nr += ctl_responses_routes(app, routes + nr, 64 - nr);
         nr += ctl_migrate_routes(app, routes + nr, 64 - nr);
     }
     c.http.auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL;

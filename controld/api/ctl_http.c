@@ -255,6 +255,16 @@ ctl_http_sse_data(ctl_http_req *req, const char *payload)
     return WK_OK;
 }
 
+wk_err
+ctl_http_sse_event(ctl_http_req *req, const char *event, const char *payload)
+{
+    size_t n = strlen(event);
+    if (mg_write(req->conn, "event: ", 7) <= 0 || (n && mg_write(req->conn, event, n) <= 0) ||
+        mg_write(req->conn, "\n", 1) <= 0)
+        return WK_EIO;
+    return ctl_http_sse_data(req, payload);
+}
+
 static const ctl_http_route *
 ctl_http_match(const ctl_http *h, const char *path, const char *method, bool *method_ok)
 {

@@ -119,6 +119,14 @@ void ctl_http_sse_begin(ctl_http_req *req);
 WK_MUST_CHECK wk_err ctl_http_sse_data(ctl_http_req *req, const char *payload);
 
 /*
+ * Sends one named event: "event: <event>\n" then ctl_http_sse_data()'s line
+ * (the Responses API's typed events). event must hold no newline. WK_EIO
+ * when the client went away.
+ */
+WK_MUST_CHECK wk_err ctl_http_sse_event(ctl_http_req *req, const char *event,
+                                        const char *payload);
+
+/*
  * True when the loopback-only rule allows binding host: every address it
  * stands for is loopback (wk_net_host_is_loopback: parsed, names resolved).
  */

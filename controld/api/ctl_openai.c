@@ -797,7 +797,7 @@ ctl_openai_count(ctl_app *app, const char *route, const char *status)
  * the longest checkpoint of the owner that prefixes its prompt, leaves new
  * ones, and keeps its slot so that the end-of-reply checkpoint can be taken.
  */
-static void
+void
 ctl_openai_reuse_begin(ctl_app *app, ctl_openai_req *r, ctl_ckpt_plan *plan, bool *free_slot)
 {
     *free_slot = false;
@@ -832,7 +832,7 @@ ctl_openai_reuse_begin(ctl_app *app, ctl_openai_req *r, ctl_ckpt_plan *plan, boo
  * checkpoint (a chat's with its reply record), then frees the slot when
  * only the checkpoint wanted it.
  */
-static void
+void
 ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res, bool free_slot)
 {
     ctl_ckpt_plan *p = r->plan;

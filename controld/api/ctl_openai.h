@@ -95,6 +95,21 @@ WK_MUST_CHECK bool ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json
 WK_MUST_CHECK bool ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body,
                                              ctl_openai_req *r);
 
+/*
+ * The reuse halves of ctl_openai_generate(), for routes that shape their own
+ * answer (ctl_responses): ctl_openai_reuse_begin() plans r's checkpoints and
+ * lookup into plan (caller memory that outlives the job; r->plan points at
+ * it) and sets *free_slot when the slot is kept only for the end-of-reply
+ * checkpoint; after a successful generation ctl_openai_reuse_done() counts
+ * the reuse, leaves that checkpoint and frees the slot when *free_slot said
+ * so. The caller ends the plan with ctl_ckpt_plan_end(). Same thread as the
+ * request.
+ */
+void ctl_openai_reuse_begin(ctl_app *app, ctl_openai_req *r, ctl_ckpt_plan *plan,
+                            bool *free_slot);
+void ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res,
+                           bool free_slot);
+
 /* Runs the generation and answers the request. */
 void ctl_openai_generate(ctl_http_req *req, ctl_app *app, ctl_openai_req *r);
 

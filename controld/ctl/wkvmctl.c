@@ -218,6 +218,13 @@ static const wctl_opt wctl_opts_cache[] = {
     {NULL, 0, 0, false, NULL, NULL},
 };
 
+static const wctl_opt wctl_opts_responses[] = {
+    {"ACTION", 0, WCTL_OPT_ARG, false, NULL, "nothing to list stored responses, or delete"},
+    {"ID", 0, WCTL_OPT_ARG, false, NULL, "response id (resp_...) to delete"},
+    {"owner", 0, WCTL_OPT_STR, false, "OWNER", "only this user's responses"},
+    {NULL, 0, 0, false, NULL, NULL},
+};
+
 static const wctl_opt wctl_opts_help[] = {
     {"COMMAND", 0, WCTL_OPT_ARG, false, NULL, "command to describe"},
     {NULL, 0, 0, false, NULL, NULL},
@@ -1663,6 +1670,70 @@ wctl_cmd_cache(wctl_ctx *c, const wctl_args *a)
     return wctl_table_done(t, oom, true);
 }
 
+/* wkvmctl responses [--owner U] | wkvmctl responses delete ID */
+static int
+wctl_cmd_responses(wctl_ctx *c, const wctl_args *a)
+{
+    const char *action = wctl_arg_str(a, "ACTION");
+    const char *id = wctl_arg_str(a, "ID");
+    const char *owner = wctl_arg_str(a, "owner");
+    bool del = action != NULL && strcmp(action, "delete") == 0;
+    if (action != NULL && !del)
+        return wctl_usage_fail(a->cmd, "unknown responses action '%s' (delete, or none to list)",
+                               action);
+    if (del && id == NULL)
+        return wctl_usage_fail(a->cmd, "delete needs a response id");
+    if (!del && id != NULL)
+        return wctl_usage_fail(a->cmd, "an ID only goes with delete");
+    char path[WCTL_PATH_MAX];
+    int n = snprintf(path, sizeof(path), "/admin/responses");
+    const char *arg = del ? id : owner;
+    if (arg != NULL) {
+        n += snprintf(path + n, sizeof(path) - (size_t)n, del ? "/" : "?owner=");
+        for (const unsigned char *p = (const unsigned char *)arg; *p && n < (int)sizeof(path) - 4;
+             p++) {
+            bool plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                         (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.';
+            n += snprintf(path + n, sizeof(path) - (size_t)n, plain ? "%c" : "%%%02X", *p);
+        }
+        if (n >= (int)sizeof(path) - 4)
+            return wctl_usage_fail(a->cmd, "%s is too long", del ? "the id" : "--owner");
+    }
+    wctl_reply r;
+    int rc = wctl_call(c, del ? "DELETE" : "GET", path, NULL, 0, &r);
+    if (rc != WCTL_EXIT_OK)
+        return rc;
+    if (c->json) {
+        rc = wctl_print_raw(&r);
+        wctl_reply_fini(&r);
+        return rc;
+    }
+    if (del) {
+        printf("deleted %s\n", id);
+        wctl_reply_fini(&r);
+        return WCTL_EXIT_OK;
+    }
+    static const char *const hdr[] = {"OWNER", "ID", "STATUS", "TOKENS", "PREVIOUS", "CREATED"};
+    wctl_table *t = wctl_table_new(6, hdr);
+    bool oom = false;
+    size_t i;
+    json_t *o;
+    json_array_foreach(json_object_get(r.json, "data"), i, o)
+    {
+        char tk[32], when[32];
+        const char *prev = wctl_jstr(o, "previous_response_id", "");
+        const char *cells[] = {wctl_jstr(o, "owner", "-"),
+                               wctl_jstr(o, "id", "-"),
+                               wctl_jstr(o, "status", "-"),
+                               wctl_jtext(o, "tokens", "-", tk, sizeof(tk)),
+                               prev[0] ? prev : "-",
+                               wctl_jtime(o, "created_at", when, sizeof(when))};
+        oom = oom || t == NULL || wctl_table_add(t, cells) != WK_OK;
+    }
+    wctl_reply_fini(&r);
+    return wctl_table_done(t, oom, true);
+}
+
 static int
 wctl_cmd_help(wctl_ctx *c, const wctl_args *a)
 {
@@ -1715,6 +1786,9 @@ static const wctl_cmd wctl_cmds[] = {
     {"cache", wctl_cmd_cache, wctl_opts_cache,
      "Show the checkpoint cache (tiers, owners, hit rate), or clear it",
      "GET /admin/cache[?owner=], POST /admin/cache/clear[?owner=]", NULL, NULL},
+    {"responses", wctl_cmd_responses, wctl_opts_responses,
+     "List stored responses (POST /v1/responses, store: true), or delete one",
+     "GET /admin/responses[?owner=], DELETE /admin/responses/{id}", NULL, NULL},
     {"help", wctl_cmd_help, wctl_opts_help, "Describe wkvmctl or one command", NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL, NULL, NULL},
 };

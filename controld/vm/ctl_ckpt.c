@@ -38,6 +38,7 @@ typedef struct ckpt_entry {
     int32_t *ids;                       /* tokens the state covers, owned */
     size_t n;                           /* entries in ids */
     uint8_t kind;                       /* ctl_ckpt_kind it was made as */
+    bool durable;                       /* written through to disk (a stored response's) */
     char reply[WK_SHA256_HEX_LEN];      /* reply key, "" = none */
     uint64_t bytes;                     /* size of the state image */
     bool warm;                          /* a copy in worker's host memory */
@@ -695,13 +696,13 @@ ctl_ckpt_maintain(ctl_ckpt *c)
      * death (the warm copy dies with it). The scan restarts after each write
      * (mu was dropped); a write that fails waits for the next pass.
      */
-    while (c->cfg.write_through && c->cfg.disk_bytes > 0 && !c->stop &&
-           wk_mono_ms() >= c->wt_retry_ms) {
+    while (c->cfg.disk_bytes > 0 && !c->stop && wk_mono_ms() >= c->wt_retry_ms) {
         ckpt_entry *pick = NULL;
         for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
-            if (e->kind == CTL_CKPT_KIND_REPLY && e->warm && !e->cold && !e->busy &&
-                !e->saving && !e->doomed && ckpt_warm_live_locked(c, e) &&
-                (pick == NULL || e->used > pick->used))
+            /* (durable: a stored response's state, written through whatever the flag) */
+            if (((e->kind == CTL_CKPT_KIND_REPLY && c->cfg.write_through) || e->durable) &&
+                e->warm && !e->cold && !e->busy && !e->saving && !e->doomed &&
+                ckpt_warm_live_locked(c, e) && (pick == NULL || e->used > pick->used))
                 pick = e;
         }
         if (pick == NULL)
@@ -774,7 +775,7 @@ ckpt_image_bytes(ctl_ckpt *c, size_t n)
  */
 static void
 ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
-          const ctl_slot_ref *slot, ctl_ckpt_kind kind, const char *reply)
+          const ctl_slot_ref *slot, ctl_ckpt_kind kind, const char *reply, bool durable)
 {
     char key[WK_SHA256_HEX_LEN];
     if (n == 0 || ckpt_key(fp, owner, ids, n, key) != WK_OK)
@@ -783,6 +784,13 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     ckpt_entry *e = ckpt_find_locked(c, key);
     if (e != NULL) {
         e->used = ++c->clock;
+        if (durable && !e->durable) {
+            e->durable = true;
+            if (!e->cold) {
+                c->kick = true; /* to disk now, not at the next tick */
+                pthread_cond_broadcast(&c->cv);
+            }
+        }
         if (reply != NULL && reply[0] && strcmp(e->reply, reply) != 0) {
             /*
              * The same tokens ended a reply the client sees differently (another
@@ -821,6 +829,7 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     e->ids = copy;
     e->n = n;
     e->kind = (uint8_t)kind;
+    e->durable = durable;
     e->saving = true;
     e->used = ++c->clock;
     snprintf(e->worker, sizeof(e->worker), "%s", slot->worker);
@@ -861,7 +870,7 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
         e->busy = false;
     }
     if (err == WK_OK) {
-        if (c->cfg.write_through && kind == CTL_CKPT_KIND_REPLY && !e->cold) {
+        if ((c->cfg.write_through || durable) && kind == CTL_CKPT_KIND_REPLY && !e->cold) {
             c->kick = true; /* to disk now, not at the next tick */
             pthread_cond_broadcast(&c->cv);
         }
@@ -1044,7 +1053,7 @@ ckpt_plan_ckpt(void *arg, const ctl_slot_ref *slot, size_t pos)
         if (p->pos[i] == pos)
             kind = (ctl_ckpt_kind)p->kind[i];
     }
-    ckpt_save(p->c, p->owner, p->fp, p->all, p->base + pos, slot, kind, NULL);
+    ckpt_save(p->c, p->owner, p->fp, p->all, p->base + pos, slot, kind, NULL, false);
 }
 
 wk_err
@@ -1158,7 +1167,8 @@ ctl_ckpt_plan_reply(ctl_ckpt_plan *p, const ctl_slot_ref *slot, const int32_t *g
     memcpy(ids, p->all, p->n_all * sizeof(*ids));
     if (n_gen)
         memcpy(ids + p->n_all, gen, n_gen * sizeof(*ids));
-    ckpt_save(p->c, p->owner, p->fp, ids, p->n_all + n_gen, slot, CTL_CKPT_KIND_REPLY, reply_key);
+    ckpt_save(p->c, p->owner, p->fp, ids, p->n_all + n_gen, slot, CTL_CKPT_KIND_REPLY, reply_key,
+              p->durable);
     free(ids);
 }
 

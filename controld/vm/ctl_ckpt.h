@@ -145,6 +145,10 @@ typedef struct ctl_ckpt_plan {
     size_t n_pos;                     /* entries */
     ctl_sched_reuse reuse;            /* the job's hooks (arg = this plan) */
     bool loaded;                      /* the load hook succeeded */
+    bool durable;                     /* set by the caller before ctl_ckpt_plan_reply(): the
+                                         end-of-reply checkpoint is written through to disk
+                                         whatever --checkpoint-write-through says (a stored
+                                         response's state) */
 } ctl_ckpt_plan;
 
 /*

@@ -1,0 +1,581 @@
+/*
+ * ctl_resp_req: parses the body of POST /v1/responses into a ctl_resp_req
+ * (see the header). Pure: reads the JSON, allocates the item texts, never
+ * logs, never touches the model or the store. Every refusal names its
+ * parameter; parameters the API has but wkvm does not implement are refused
+ * with a clear message rather than silently ignored.
+ */
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl_resp_req.h"
+
+#define CTL_RESP_ITEMS_DEFAULT 4096u
+#define CTL_RESP_ITEM_BYTES_DEFAULT ((uint64_t)4 << 20)
+#define CTL_RESP_TOKENS_DEFAULT 65536u
+
+static wk_err resp_fail(ctl_resp_err *e, wk_err err, const char *param, const char *code,
+                        const char *fmt, ...) WK_PRINTF(5, 6);
+
+static wk_err
+resp_fail(ctl_resp_err *e, wk_err err, const char *param, const char *code, const char *fmt, ...)
+{
+    e->err = err;
+    snprintf(e->param, sizeof(e->param), "%s", param != NULL ? param : "");
+    snprintf(e->code, sizeof(e->code), "%s", code != NULL ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+/* True when v is absent or JSON null. */
+static bool
+resp_absent(const json_t *v)
+{
+    return v == NULL || json_is_null(v);
+}
+
+/* The parameters this server knows, and how each is handled below. */
+static const char *const resp_known[] = {
+    "model",
+    "input",
+    "instructions",
+    "previous_response_id",
+    "store",
+    "stream",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "text",
+    "metadata",
+    "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "truncation",
+    "reasoning",
+    "include",
+    "background",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "stream_options",
+    "top_logprobs",
+    "max_tool_calls",
+    "prompt",
+    "conversation",
+    /* wkvm extensions */
+    "seed",
+    "return_token_ids",
+};
+
+/*
+ * Copies the text of one message's content (a string, or an array of text
+ * parts) into *out. part_type: the text part type the role takes
+ * ("input_text" or "output_text"); "text" and the other one are accepted too
+ * (clients send both). pfx: the item's parameter name.
+ */
+static wk_err
+resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **out, size_t *len,
+             ctl_resp_err *e)
+{
+    char param[96];
+    snprintf(param, sizeof(param), "%s.content", pfx);
+    if (json_is_string(content)) {
+        size_t n = json_string_length(content);
+        if (n > max_bytes)
+            return resp_fail(e, WK_ETOOBIG, param, "string_above_max_length",
+                             "an item's text is limited to %llu bytes",
+                             (unsigned long long)max_bytes);
+        if ((*out = malloc(n + 1)) == NULL)
+            return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
+        memcpy(*out, json_string_value(content), n);
+        (*out)[n] = '\0';
+        *len = n;
+        return WK_OK;
+    }
+    if (!json_is_array(content))
+        return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                         "content must be a string or an array of content parts");
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(content, i, part)
+    {
+        snprintf(param, sizeof(param), "%s.content[%zu].type", pfx, i);
+        const json_t *type = json_object_get(part, "type");
+        if (!json_is_object(part) || !json_is_string(type))
+            return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                             "each content part needs a string 'type'");
+        const char *t = json_string_value(type);
+        if (strcmp(t, "input_text") != 0 && strcmp(t, "output_text") != 0 &&
+            strcmp(t, "text") != 0) {
+            bool known = strcmp(t, "input_image") == 0 || strcmp(t, "input_file") == 0 ||
+                         strcmp(t, "input_audio") == 0 || strcmp(t, "refusal") == 0;
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             known ? "content part type '%.64s' is not supported by wkvm "
+                                     "(text only: input_text, output_text)"
+                                   : "unknown content part type '%.64s' (input_text, "
+                                     "output_text)",
+                             t);
+        }
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_string(text)) {
+            snprintf(param, sizeof(param), "%s.content[%zu].text", pfx, i);
+            return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                             "a text part needs a string 'text'");
+        }
+        total += json_string_length(text);
+        if (total > max_bytes)
+            return resp_fail(e, WK_ETOOBIG, param, "string_above_max_length",
+                             "an item's text is limited to %llu bytes",
+                             (unsigned long long)max_bytes);
+    }
+    char *s = malloc(total + 1);
+    if (s == NULL)
+        return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
+    size_t off = 0;
+    json_array_foreach(content, i, part)
+    {
+        const json_t *text = json_object_get(part, "text");
+        memcpy(s + off, json_string_value(text), json_string_length(text));
+        off += json_string_length(text);
+    }
+    s[off] = '\0';
+    *out = s;
+    *len = off;
+    return WK_OK;
+}
+
+/* One item of an input array into m. */
+static wk_err
+resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl_resp_err *e)
+{
+    char pfx[48], param[96];
+    snprintf(pfx, sizeof(pfx), "input[%zu]", idx);
+    if (!json_is_object(it))
+        return resp_fail(e, WK_EINVAL, pfx, "invalid_type", "each input item must be an object");
+    const json_t *type = json_object_get(it, "type");
+    if (!resp_absent(type)) {
+        snprintf(param, sizeof(param), "%s.type", pfx);
+        if (!json_is_string(type))
+            return resp_fail(e, WK_EINVAL, param, "invalid_type", "'type' must be a string");
+        const char *t = json_string_value(type);
+        if (strcmp(t, "function_call") == 0 || strcmp(t, "function_call_output") == 0 ||
+            strcmp(t, "custom_tool_call") == 0 || strcmp(t, "custom_tool_call_output") == 0)
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "input items of type '%s' are not supported yet (function tools "
+                             "come with the tool-call templates)",
+                             t);
+        if (strcmp(t, "reasoning") == 0 || strcmp(t, "item_reference") == 0)
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "input items of type '%s' are not supported by wkvm", t);
+        if (strcmp(t, "message") != 0)
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "unknown input item type '%.64s' (message)", t);
+    }
+    const json_t *role = json_object_get(it, "role");
+    snprintf(param, sizeof(param), "%s.role", pfx);
+    if (!json_is_string(role))
+        return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                         "a message item needs a string 'role'");
+    const char *r = json_string_value(role);
+    if (strcmp(r, "user") == 0)
+        m->role = "user";
+    else if (strcmp(r, "assistant") == 0)
+        m->role = "assistant";
+    else if (strcmp(r, "system") == 0 || strcmp(r, "developer") == 0)
+        m->role = "system";
+    else
+        return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                         "role '%.64s' is not supported (user, assistant, system, developer)", r);
+    const char *known[] = {"type", "role", "content", "id", "status"};
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)it, key, v)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !ok; i++)
+            ok = strcmp(key, known[i]) == 0;
+        if (!ok) {
+            snprintf(param, sizeof(param), "%s.%.40s", pfx, key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: '%s.%.64s'.", pfx, key);
+        }
+    }
+    const json_t *content = json_object_get(it, "content");
+    if (content == NULL)
+        return resp_fail(e, WK_EINVAL, pfx, "missing_required_parameter",
+                         "a message item needs 'content'");
+    return resp_content(content, pfx, max_bytes, &m->text, &m->len, e);
+}
+
+/* The input: a string (one user message) or an array of items. */
+static wk_err
+resp_input(const json_t *in, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_resp_err *e)
+{
+    if (resp_absent(in))
+        return resp_fail(e, WK_EINVAL, "input", "missing_required_parameter",
+                         "'input' is required (a string or an array of input items)");
+    if (json_is_string(in)) {
+        if ((r->items = calloc(1, sizeof(*r->items))) == NULL)
+            return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
+        r->n_items = 1;
+        r->items[0].role = "user";
+        return resp_content(in, "input", lim->max_item_bytes, &r->items[0].text, &r->items[0].len,
+                            e);
+    }
+    if (!json_is_array(in) || json_array_size(in) == 0)
+        return resp_fail(e, WK_EINVAL, "input", "invalid_type",
+                         "'input' must be a string or a non-empty array of input items");
+    size_t n = json_array_size(in);
+    if (n > lim->max_items)
+        return resp_fail(e, WK_ETOOBIG, "input", "array_above_max_length", "at most %u input items",
+                         lim->max_items);
+    if ((r->items = calloc(n, sizeof(*r->items))) == NULL)
+        return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        r->n_items = i + 1; /* (fini frees what the failed item may hold) */
+        wk_err err = resp_item(json_array_get(in, i), i, lim->max_item_bytes, &r->items[i], e);
+        if (err != WK_OK)
+            return err;
+    }
+    return WK_OK;
+}
+
+/* An optional string parameter of at most max bytes into *out (NULL when absent). */
+static wk_err
+resp_str(const json_t *body, const char *key, size_t max, const char **out, size_t *len,
+         ctl_resp_err *e)
+{
+    const json_t *v = json_object_get(body, key);
+    *out = NULL;
+    if (len != NULL)
+        *len = 0;
+    if (resp_absent(v))
+        return WK_OK;
+    if (!json_is_string(v))
+        return resp_fail(e, WK_EINVAL, key, "invalid_type", "'%s' must be a string", key);
+    if (json_string_length(v) > max)
+        return resp_fail(e, WK_ETOOBIG, key, "string_above_max_length",
+                         "'%s' is limited to %zu bytes", key, max);
+    *out = json_string_value(v);
+    if (len != NULL)
+        *len = json_string_length(v);
+    return WK_OK;
+}
+
+/* An optional boolean parameter (def when absent). */
+static wk_err
+resp_bool(const json_t *body, const char *key, bool def, bool *out, ctl_resp_err *e)
+{
+    const json_t *v = json_object_get(body, key);
+    if (resp_absent(v)) {
+        *out = def;
+        return WK_OK;
+    }
+    if (!json_is_boolean(v))
+        return resp_fail(e, WK_EINVAL, key, "invalid_type", "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return WK_OK;
+}
+
+/* An optional number in [lo, hi]; *has says whether it was given. */
+static wk_err
+resp_num(const json_t *body, const char *key, double lo, double hi, bool *has, double *out,
+         ctl_resp_err *e)
+{
+    const json_t *v = json_object_get(body, key);
+    *has = false;
+    if (resp_absent(v))
+        return WK_OK;
+    if (!json_is_number(v))
+        return resp_fail(e, WK_EINVAL, key, "invalid_type", "'%s' must be a number", key);
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi))
+        return resp_fail(e, WK_EINVAL, key, "invalid_value", "'%s' must be in [%g, %g]", key, lo,
+                         hi);
+    *has = true;
+    *out = x;
+    return WK_OK;
+}
+
+/* The parameters wkvm accepts only in their neutral form. */
+static wk_err
+resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
+{
+    /*
+     * Tools, as the chat route treats them: wkvm's models never call one yet, so
+     * offered tools are validated and the model answers with a message, which
+     * OpenAI's semantics allow while the model may choose; requiring a call is
+     * refused.
+     */
+    const json_t *v = json_object_get(body, "tools");
+    if (!resp_absent(v)) {
+        bool ok = json_is_array(v);
+        size_t i;
+        json_t *t;
+        json_array_foreach(v, i, t) ok =
+            ok && json_is_object(t) && json_is_string(json_object_get(t, "type"));
+        if (!ok)
+            return resp_fail(e, WK_EINVAL, "tools", "invalid_type",
+                             "'tools' must be an array of objects with a string 'type'");
+        r->tools = v;
+    }
+    v = json_object_get(body, "tool_choice");
+    if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "auto") == 0 ||
+                                                   strcmp(json_string_value(v), "none") == 0)))
+        return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
+                         json_is_string(v) && strcmp(json_string_value(v), "required") == 0
+                             ? "wkvm's models never call tools yet: 'tool_choice' cannot "
+                               "require one (use \"auto\" or \"none\")"
+                         : json_is_object(v)
+                             ? "wkvm's models never call tools yet: 'tool_choice' cannot "
+                               "name one (use \"auto\" or \"none\")"
+                             : "'tool_choice' must be \"auto\", \"none\", \"required\" "
+                               "or a tool");
+    v = json_object_get(body, "parallel_tool_calls");
+    if (!resp_absent(v) && !json_is_boolean(v))
+        return resp_fail(e, WK_EINVAL, "parallel_tool_calls", "invalid_type",
+                         "'parallel_tool_calls' must be a boolean");
+    v = json_object_get(body, "max_tool_calls");
+    if (!resp_absent(v) && !(json_is_integer(v) && json_integer_value(v) >= 0))
+        return resp_fail(e, WK_EINVAL, "max_tool_calls", "invalid_type",
+                         "'max_tool_calls' must be a non-negative integer");
+    v = json_object_get(body, "truncation");
+    if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "disabled") == 0 ||
+                                                   strcmp(json_string_value(v), "auto") == 0)))
+        return resp_fail(e, WK_EINVAL, "truncation", "invalid_value",
+                         "'truncation' must be \"auto\" or \"disabled\"");
+    v = json_object_get(body, "reasoning");
+    if (!resp_absent(v)) {
+        /* (an object of nulls, as clients echo a default, asks for nothing) */
+        bool neutral = json_is_object(v);
+        const char *k;
+        json_t *x;
+        json_object_foreach((json_t *)v, k, x) neutral = neutral && json_is_null(x);
+        if (!neutral)
+            return resp_fail(e, WK_EINVAL, "reasoning", "invalid_value",
+                             "'reasoning' is not supported yet by wkvm");
+    }
+    v = json_object_get(body, "include");
+    if (!resp_absent(v) && !(json_is_array(v) && json_array_size(v) == 0))
+        return resp_fail(e, WK_EINVAL, "include", "invalid_value",
+                         "'include' is not supported by wkvm (no extra output data)");
+    v = json_object_get(body, "background");
+    if (!resp_absent(v) && !json_is_false(v))
+        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
+                         "background responses are not supported yet by wkvm");
+    v = json_object_get(body, "service_tier");
+    if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "auto") == 0 ||
+                                                   strcmp(json_string_value(v), "default") == 0)))
+        return resp_fail(e, WK_EINVAL, "service_tier", "invalid_value",
+                         "'service_tier' must be \"auto\" or \"default\"");
+    v = json_object_get(body, "top_logprobs");
+    if (!resp_absent(v) && !(json_is_integer(v) && json_integer_value(v) == 0))
+        return resp_fail(e, WK_EINVAL, "top_logprobs", "invalid_value",
+                         "'top_logprobs' is not supported yet by wkvm's Responses API");
+    v = json_object_get(body, "stream_options");
+    if (!resp_absent(v) && !json_is_object(v))
+        return resp_fail(e, WK_EINVAL, "stream_options", "invalid_type",
+                         "'stream_options' must be an object");
+    static const char *const refused[] = {"prompt", "conversation"};
+    for (size_t i = 0; i < 2; i++) {
+        if (!resp_absent(json_object_get(body, refused[i])))
+            return resp_fail(e, WK_EINVAL, refused[i], "invalid_value",
+                             "'%s' is not supported by wkvm (use previous_response_id)",
+                             refused[i]);
+    }
+    return WK_OK;
+}
+
+/* text: {"format": {"type": "text"}, "verbosity": ...}. */
+static wk_err
+resp_text(const json_t *body, ctl_resp_err *e)
+{
+    const json_t *t = json_object_get(body, "text");
+    if (resp_absent(t))
+        return WK_OK;
+    if (!json_is_object(t))
+        return resp_fail(e, WK_EINVAL, "text", "invalid_type", "'text' must be an object");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)t, key, v)
+    {
+        if (strcmp(key, "format") == 0) {
+            if (resp_absent(v))
+                continue;
+            const json_t *ty = json_object_get(v, "type");
+            if (!json_is_object(v) || !json_is_string(ty))
+                return resp_fail(e, WK_EINVAL, "text.format", "invalid_type",
+                                 "'text.format' must be an object with a string 'type'");
+            if (strcmp(json_string_value(ty), "text") != 0)
+                return resp_fail(e, WK_EINVAL, "text.format", "invalid_value",
+                                 "text.format type '%.64s' is not supported by wkvm (only "
+                                 "\"text\"; no structured outputs)",
+                                 json_string_value(ty));
+        } else if (strcmp(key, "verbosity") == 0) {
+            if (!resp_absent(v) && !json_is_string(v))
+                return resp_fail(e, WK_EINVAL, "text.verbosity", "invalid_type",
+                                 "'text.verbosity' must be a string");
+        } else {
+            char param[96];
+            snprintf(param, sizeof(param), "text.%.40s", key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: 'text.%.64s'.", key);
+        }
+    }
+    return WK_OK;
+}
+
+/* metadata: up to 16 string pairs (keys <= 64 bytes, values <= 512). */
+static wk_err
+resp_metadata(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
+{
+    const json_t *m = json_object_get(body, "metadata");
+    if (resp_absent(m))
+        return WK_OK;
+    if (!json_is_object(m))
+        return resp_fail(e, WK_EINVAL, "metadata", "invalid_type", "'metadata' must be an object");
+    if (json_object_size(m) > CTL_RESP_METADATA_MAX)
+        return resp_fail(e, WK_EINVAL, "metadata", "object_above_max_properties",
+                         "'metadata' holds at most %u pairs", CTL_RESP_METADATA_MAX);
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)m, key, v)
+    {
+        if (strlen(key) > CTL_RESP_METADATA_KEY_MAX || !json_is_string(v) ||
+            json_string_length(v) > CTL_RESP_METADATA_VAL_MAX)
+            return resp_fail(e, WK_EINVAL, "metadata", "invalid_value",
+                             "metadata keys are strings of at most %u bytes, values strings of "
+                             "at most %u",
+                             CTL_RESP_METADATA_KEY_MAX, CTL_RESP_METADATA_VAL_MAX);
+    }
+    r->metadata = m;
+    return WK_OK;
+}
+
+bool
+ctl_resp_id_valid(const char *id)
+{
+    if (id == NULL || strncmp(id, "resp_", 5) != 0)
+        return false;
+    size_t n = strlen(id + 5);
+    if (n == 0 || n > CTL_RESP_ID_MAX - 5)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = id[5 + i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return false;
+    }
+    return true;
+}
+
+static wk_err
+resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_resp_err *e)
+{
+    if (!json_is_object(body))
+        return resp_fail(e, WK_EINVAL, NULL, "invalid_type",
+                         "the request body must be a JSON object");
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)body, key, v)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof(resp_known) / sizeof(resp_known[0]) && !ok; i++)
+            ok = strcmp(key, resp_known[i]) == 0;
+        if (!ok) {
+            char param[96];
+            snprintf(param, sizeof(param), "%.90s", key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: '%.64s'.", key);
+        }
+    }
+    wk_err err;
+    const json_t *model = json_object_get(body, "model");
+    if (!json_is_string(model) || json_string_length(model) == 0 || json_string_length(model) > 256)
+        return resp_fail(e, WK_EINVAL, "model", "missing_required_parameter",
+                         "'model' is required (a string of at most 256 bytes)");
+    r->model = json_string_value(model);
+    if ((err = resp_neutral(body, r, e)) != WK_OK || (err = resp_text(body, e)) != WK_OK ||
+        (err = resp_metadata(body, r, e)) != WK_OK)
+        return err;
+    if ((err = resp_str(body, "instructions", lim->max_item_bytes, &r->instructions,
+                        &r->instructions_len, e)) != WK_OK ||
+        (err = resp_str(body, "user", CTL_RESP_USER_MAX, &r->user, NULL, e)) != WK_OK)
+        return err;
+    const char *s = NULL;
+    if ((err = resp_str(body, "safety_identifier", CTL_RESP_USER_MAX, &s, NULL, e)) != WK_OK ||
+        (err = resp_str(body, "prompt_cache_key", CTL_RESP_USER_MAX, &s, NULL, e)) != WK_OK)
+        return err;
+    if ((err = resp_str(body, "previous_response_id", 256, &r->previous_response_id, NULL, e)) !=
+        WK_OK)
+        return err;
+    if ((err = resp_bool(body, "store", true, &r->store, e)) != WK_OK ||
+        (err = resp_bool(body, "stream", false, &r->stream, e)) != WK_OK ||
+        (err = resp_bool(body, "return_token_ids", false, &r->return_token_ids, e)) != WK_OK)
+        return err;
+    if (!r->stream && !resp_absent(json_object_get(body, "stream_options")))
+        return resp_fail(e, WK_EINVAL, "stream_options", "invalid_value",
+                         "'stream_options' needs stream: true");
+    r->temperature = 1.0;
+    r->top_p = 1.0;
+    if ((err = resp_num(body, "temperature", 0.0, 2.0, &r->has_temperature, &r->temperature, e)) !=
+            WK_OK ||
+        (err = resp_num(body, "top_p", 0.0, 1.0, &r->has_top_p, &r->top_p, e)) != WK_OK)
+        return err;
+    v = json_object_get(body, "max_output_tokens");
+    if (!resp_absent(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > (json_int_t)lim->max_tokens)
+            return resp_fail(e, WK_EINVAL, "max_output_tokens", "invalid_value",
+                             "'max_output_tokens' must be an integer in [1, %u]", lim->max_tokens);
+        r->max_output_tokens = (uint32_t)json_integer_value(v);
+    }
+    v = json_object_get(body, "seed");
+    if (!resp_absent(v)) {
+        if (!json_is_integer(v))
+            return resp_fail(e, WK_EINVAL, "seed", "invalid_type", "'seed' must be an integer");
+        r->has_seed = true;
+        r->seed = json_integer_value(v);
+    }
+    return resp_input(json_object_get(body, "input"), lim, r, e);
+}
+
+wk_err
+ctl_resp_req_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *out,
+                   ctl_resp_err *e)
+{
+    ctl_resp_limits l = lim != NULL ? *lim : (ctl_resp_limits){0};
+    if (l.max_items == 0)
+        l.max_items = CTL_RESP_ITEMS_DEFAULT;
+    if (l.max_item_bytes == 0)
+        l.max_item_bytes = CTL_RESP_ITEM_BYTES_DEFAULT;
+    if (l.max_tokens == 0)
+        l.max_tokens = CTL_RESP_TOKENS_DEFAULT;
+    memset(e, 0, sizeof(*e));
+    ctl_resp_req r = {0};
+    wk_err err = resp_parse(body, &l, &r, e);
+    if (err != WK_OK) {
+        ctl_resp_req_fini(&r);
+        memset(out, 0, sizeof(*out));
+        return err;
+    }
+    *out = r;
+    return WK_OK;
+}
+
+void
+ctl_resp_req_fini(ctl_resp_req *r)
+{
+    if (r == NULL)
+        return;
+    for (size_t i = 0; r->items != NULL && i < r->n_items; i++)
+        free(r->items[i].text);
+    free(r->items);
+    memset(r, 0, sizeof(*r));
+}

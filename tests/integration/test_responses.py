@@ -1,0 +1,566 @@
+"""The Responses API on durable states, through the official OpenAI Python SDK.
+
+A controller (with API keys) and one CPU worker serve a random-weight model
+whose tokens are raw single bytes. CLIENT_SCRIPT runs in the SDK venv of
+test_openai_client.py in phases around a SIGKILL of the worker and of the
+controller (nothing flushed: the stored states were written through), then
+restarts under another model name and under a short TTL:
+
+  a  a 10-turn conversation by previous_response_id, turns 1..6: every turn's
+     cached_tokens is the previous state's token count and its prompt starts
+     with those tokens; the output equals a recompute of the same token ids
+     (/v1/completions, cache off, temperature 0); a fork (two continuations
+     of one response, each continued once more); streaming (create(stream=True)
+     and responses.stream()) reassembled equal to the blocking response;
+     retrieve / input_items / delete; another key's id is 404; bad inputs 4xx.
+  b  after both died: turns 7..10 continue, the first of them from the stored
+     state on disk (cached_tokens as before); wkvmctl lists and deletes.
+  c  a previous id of another model is 400.   d  expired ids are 404, counted.
+
+Costs a few seconds: 2 layers, 64 wide, at most 8 tokens a reply.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from wkvm_harness import BUILD, MKMODEL, Stack  # noqa: E402
+from test_openai_client import SYSTEM_PYTHON, ensure_venv, venv_python  # noqa: E402,F401
+import test_golden  # noqa: E402
+
+MID = "tiny"
+ALICE = "sk-alice-000000001"
+BOB = "sk-bob-00000000002"
+OPS = "sk-ops-00000000003"
+CAROL = "sk-carol-0000000004"  # only the golden shapes: an owner without checkpoints
+
+CLIENT_SCRIPT = r'''
+import json
+import sys
+import traceback
+
+import openai
+
+URL, MID, PHASE, STATE = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+ALICE, BOB = sys.argv[5], sys.argv[6]
+client = openai.OpenAI(base_url=URL + "/v1", api_key=ALICE, max_retries=0, timeout=60)
+bob = openai.OpenAI(base_url=URL + "/v1", api_key=BOB, max_retries=0, timeout=60)
+MAXT = 8
+EXT = {"return_token_ids": True}
+try:
+    st = json.load(open(STATE))
+except OSError:
+    st = {}
+
+
+def turn(prev, text, **kw):
+    """One blocking turn at temperature 0, with the state's token ids (extension)."""
+    r = client.responses.create(model=MID, input=text, previous_response_id=prev,
+                                max_output_tokens=MAXT, temperature=0, extra_body=EXT, **kw)
+    assert r.object == "response" and r.id.startswith("resp_"), r
+    assert r.status in ("completed", "incomplete"), r.status
+    assert r.model == MID and len(r.output) == 1, r
+    msg = r.output[0]
+    assert msg.type == "message" and msg.role == "assistant", msg
+    assert msg.content[0].type == "output_text", msg
+    assert r.output_text == msg.content[0].text, r
+    u = r.usage
+    assert 0 < u.output_tokens <= MAXT, u
+    assert u.total_tokens == u.input_tokens + u.output_tokens, u
+    ids = r.model_extra["state_token_ids"]
+    n_prompt = r.model_extra["prompt_token_count"]
+    assert n_prompt == u.input_tokens, (n_prompt, u)
+    assert len(ids) >= n_prompt, (len(ids), n_prompt)
+    return r, ids, n_prompt
+
+
+def recompute(ids, n_prompt, want):
+    """The same prompt tokens computed from scratch give the same reply."""
+    c = client.completions.create(model=MID, prompt=ids[:n_prompt], max_tokens=MAXT,
+                                  temperature=0, stop=["\n\n"], extra_body={"cache": False})
+    assert c.usage.prompt_tokens_details is None or \
+        (c.usage.prompt_tokens_details.cached_tokens or 0) == 0, c.usage
+    assert c.choices[0].text == want, (c.choices[0].text, want)
+
+
+def resumed(r, ids, n_prompt, prev_ids, fork=False):
+    """r continued the previous state exactly: cached = all its tokens, prompt starts with them.
+    A fork's second branch may reuse more (a checkpoint the first branch left past them)."""
+    cached = r.usage.input_tokens_details.cached_tokens
+    assert cached == len(prev_ids) or (fork and len(prev_ids) <= cached < n_prompt), \
+        (r.usage, len(prev_ids))
+    assert ids[:len(prev_ids)] == prev_ids, "the prompt does not start with the previous state"
+    assert n_prompt - len(prev_ids) < 40, (n_prompt, len(prev_ids))
+
+
+def conversation(first, last):
+    prev = st.get("prev")
+    prev_ids = st.get("prev_ids")
+    for t in range(first, last + 1):
+        r, ids, n_prompt = turn(prev, f"turn {t}: tell me more",
+                                instructions="Be brief." if t > 0 else None)
+        if prev is None:
+            assert r.usage.input_tokens_details.cached_tokens == 0, r.usage
+        else:
+            resumed(r, ids, n_prompt, prev_ids)
+            assert r.previous_response_id == prev, r
+        recompute(ids, n_prompt, r.output_text)
+        prev, prev_ids = r.id, ids
+        st["turns"] = st.get("turns", []) + [r.id]
+    st["prev"], st["prev_ids"] = prev, prev_ids
+
+
+def conversation_a():
+    conversation(1, 6)
+
+
+def conversation_b():
+    assert len(st["turns"]) == 6, st
+    conversation(7, 10)
+    assert len(st["turns"]) == 10
+    # the whole chain is there: the last response's input items hold every turn
+    items = client.responses.input_items.list(st["prev"], order="asc", limit=100)
+    texts = [i.content[0].text for i in items.data]
+    assert len(texts) == 19, texts
+    assert texts[0] == "turn 1: tell me more" and texts[-1] == "turn 10: tell me more", texts
+
+
+def fork():
+    base, base_ids, _ = turn(None, "a root to fork", instructions="Be brief.")
+    # two continuations of one response at once: each from its own copy of the state
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as ex:
+        futs = [ex.submit(turn, base.id, f"go {w}", instructions="Be brief.")
+                for w in ("left", "right")]
+        branches = [f.result() for f in futs]
+    kids = []
+    for r, ids, n_prompt in branches:
+        resumed(r, ids, n_prompt, base_ids, fork=True)
+        recompute(ids, n_prompt, r.output_text)
+        kids.append((r, ids))
+    # each branch continues from its own state: neither disturbed the other
+    for r, ids in kids:
+        g, gids, n_prompt = turn(r.id, "and after that?", instructions="Be brief.")
+        resumed(g, gids, n_prompt, ids)
+        recompute(gids, n_prompt, g.output_text)
+
+
+def fallback():
+    """Other instructions re-render the history differently: no exact resume, the longest
+    prefix checkpoint (here none past the start), and still the recomputed output."""
+    base, base_ids, _ = turn(None, "fallback root", instructions="Be brief.")
+    r, ids, n_prompt = turn(base.id, "next", instructions="Be verbose.")
+    assert r.usage.input_tokens_details.cached_tokens < len(base_ids), r.usage
+    assert ids[:len(base_ids)] != base_ids
+    recompute(ids, n_prompt, r.output_text)
+    # the history is the API's all the same: the previous input and output come first
+    items = client.responses.input_items.list(r.id, order="asc")
+    assert [i.role for i in items.data] == ["user", "assistant", "user"], items
+    assert items.data[1].content[0].text == base.output_text, items
+
+
+def streaming():
+    base, base_ids, _ = turn(None, "stream root")
+    want, _, _ = turn(base.id, "stream me")
+    stream = client.responses.create(model=MID, input="stream me", previous_response_id=base.id,
+                                     max_output_tokens=MAXT, temperature=0, stream=True)
+    events = list(stream)
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"], types
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done",
+                          "response.completed" if want.status == "completed"
+                          else "response.incomplete"], types
+    assert [e.sequence_number for e in events] == list(range(len(events))), events
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == want.output_text, (text, want.output_text)
+    done = events[-1].response
+    assert done.output_text == want.output_text and done.id != want.id, done
+    assert done.usage.output_tokens == want.usage.output_tokens, (done.usage, want.usage)
+    assert done.usage.input_tokens == want.usage.input_tokens, (done.usage, want.usage)
+    # (a fork of base again: it reuses at least base's state, more when want left checkpoints)
+    assert done.usage.input_tokens_details.cached_tokens >= \
+        want.usage.input_tokens_details.cached_tokens, (done.usage, want.usage)
+    # the SDK's stream manager accumulates the same response (its final response needs a
+    # response.completed event: a reply cut by max_output_tokens ends response.incomplete,
+    # as OpenAI's does)
+    with client.responses.stream(model=MID, input="stream me", previous_response_id=base.id,
+                                 max_output_tokens=MAXT, temperature=0) as s:
+        evs = list(s)
+        deltas = "".join(e.delta for e in evs if e.type == "response.output_text.delta")
+        last = evs[-1].response
+        if evs[-1].type == "response.completed":
+            last = s.get_final_response()
+    assert deltas == want.output_text and last.output_text == want.output_text, \
+        (deltas, last.output_text)
+    # a streamed response is stored too and continues like any other
+    nxt, _, _ = turn(done.id, "after the stream")
+    assert nxt.usage.input_tokens_details.cached_tokens > 0, nxt.usage
+
+
+def retrieve_delete():
+    r, _, _ = turn(None, "keep me", metadata={"k": "v"}, user="u1")
+    g = client.responses.retrieve(r.id)
+    assert g.id == r.id and g.output_text == r.output_text and g.metadata == {"k": "v"}, g
+    assert g.usage.input_tokens == r.usage.input_tokens, (g.usage, r.usage)
+    items = client.responses.input_items.list(r.id)
+    assert [i.role for i in items.data] == ["user"], items
+    assert items.data[0].content[0].text == "keep me", items
+    # another key: the id does not exist for it, whatever it asks
+    for call in (lambda: bob.responses.retrieve(r.id),
+                 lambda: bob.responses.input_items.list(r.id),
+                 lambda: bob.responses.delete(r.id)):
+        try:
+            call()
+            raise AssertionError("another key saw the response")
+        except openai.NotFoundError:
+            pass
+    try:
+        bob.responses.create(model=MID, input="x", previous_response_id=r.id, max_output_tokens=2)
+        raise AssertionError("another key continued the response")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "previous_response_not_found", e.body
+    client.responses.delete(r.id)
+    try:
+        client.responses.retrieve(r.id)
+        raise AssertionError("deleted response still there")
+    except openai.NotFoundError:
+        pass
+    try:
+        client.responses.create(model=MID, input="x", previous_response_id=r.id,
+                                max_output_tokens=2)
+        raise AssertionError("deleted response continued")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "previous_response_not_found", e.body
+    # offered tools: the model answers with a message (it never calls one yet)
+    tools = [{"type": "function", "name": "f", "description": "d",
+              "parameters": {"type": "object", "properties": {}}}]
+    r, _, _ = turn(None, "use a tool if you like", tools=tools, tool_choice="auto")
+    assert r.output[0].type == "message" and r.tools[0].name == "f", r
+    # store: false answers but keeps nothing
+    r, _, _ = turn(None, "forget me", store=False)
+    try:
+        client.responses.retrieve(r.id)
+        raise AssertionError("store: false response kept")
+    except openai.NotFoundError:
+        pass
+
+
+def bad_inputs():
+    cases = [
+        (dict(input=[{"type": "function_call_output", "call_id": "c", "output": "x"}]),
+         "input[0].type"),
+        (dict(input=[{"type": "bogus", "role": "user", "content": "x"}]), "input[0].type"),
+        (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+         "input[0].content[0].type"),
+        (dict(input=[{"role": "tool", "content": "x"}]), "input[0].role"),
+        (dict(input="x", text={"format": {"type": "json_object"}}), "text.format"),
+        (dict(input="x", extra_body={"frobnicate": 1}), "frobnicate"),
+        (dict(input="x", tools=[{"type": "function", "name": "f", "parameters": {}}],
+              tool_choice="required"), "tool_choice"),
+        (dict(input="x", max_output_tokens=0), "max_output_tokens"),
+        (dict(input="x", temperature=3), "temperature"),
+        (dict(input=[]), "input"),
+    ]
+    for kw, param in cases:
+        try:
+            client.responses.create(model=MID, **kw)
+            raise AssertionError(f"accepted {kw}")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == param, (kw, e.body)
+    for pid in ("resp_0123456789abcdef", "nope"):
+        try:
+            client.responses.create(model=MID, input="x", previous_response_id=pid)
+            raise AssertionError(f"accepted {pid}")
+        except openai.NotFoundError as e:
+            assert e.body["code"] == "previous_response_not_found", e.body
+            assert e.body["param"] == "previous_response_id", e.body
+    try:
+        client.responses.create(model="other", input="x")
+        raise AssertionError("accepted another model")
+    except openai.NotFoundError:
+        pass
+
+
+def evicted_state():
+    """The previous state's checkpoint is gone (an operator cleared the cache): the response
+    still continues, from the longest checkpoint left, with the recomputed output."""
+    r, ids, n_prompt = turn(st["prev"], "after the cache was cleared",
+                            instructions="Be brief.")
+    assert r.usage.input_tokens_details.cached_tokens < len(st["prev_ids"]), r.usage
+    assert ids[:len(st["prev_ids"])] == st["prev_ids"]
+    recompute(ids, n_prompt, r.output_text)
+
+
+def other_model():
+    try:
+        client.responses.create(model=MID, input="x", previous_response_id=st["prev"],
+                                max_output_tokens=2)
+        raise AssertionError("continued a response of another model")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "previous_response_id", e.body
+
+
+def ttl():
+    """--responses-ttl 2: a fresh response lives, then it and the old ones answer 404."""
+    import time
+    try:
+        client.responses.create(model=MID, input="x", previous_response_id=st["turns"][1],
+                                max_output_tokens=2)
+        raise AssertionError("continued an expired response")
+    except openai.NotFoundError as e:
+        assert e.body["code"] == "previous_response_not_found", e.body
+        assert "expired" in e.body["message"], e.body
+    r = client.responses.create(model=MID, input="short-lived", max_output_tokens=2)
+    assert client.responses.retrieve(r.id).id == r.id
+    time.sleep(2.2)
+    for rid in (r.id, st["prev"]):
+        try:
+            client.responses.retrieve(rid)
+            raise AssertionError("an expired response is still there")
+        except openai.NotFoundError:
+            pass
+
+
+def quota():
+    """--max-responses-per-user 3: the fourth stored response of a user is 429; store: false
+    and a deletion make way."""
+    ids = [bob.responses.create(model=MID, input=f"q{i}", max_output_tokens=2).id
+           for i in range(3)]
+    try:
+        bob.responses.create(model=MID, input="one too many", max_output_tokens=2)
+        raise AssertionError("a fourth stored response was accepted")
+    except openai.RateLimitError as e:
+        assert e.body["code"] == "quota_exceeded", e.body
+    bob.responses.create(model=MID, input="not kept", max_output_tokens=2, store=False)
+    bob.responses.delete(ids[0])
+    bob.responses.create(model=MID, input="room again", max_output_tokens=2)
+
+
+TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs],
+         "b": [conversation_b], "c": [other_model, quota], "d": [ttl], "e": [evicted_state]}
+for t in TESTS[PHASE]:
+    try:
+        t()
+        print(f"PASS {t.__name__}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        detail = "".join(traceback.format_exception(type(e), e, e.__traceback__)).strip()
+        print(f"FAIL {t.__name__}: {detail[-2500:]}", flush=True)
+json.dump(st, open(STATE, "w"))
+'''
+
+
+def golden_mask(v, key=None):
+    """test_golden's masking plus this API's varying fields (times, generated deltas, hex)."""
+    if isinstance(v, dict):
+        return {k: golden_mask(x, k) for k, x in v.items()}
+    if isinstance(v, list):
+        return [golden_mask(x) for x in v]
+    if key in ("created_at", "expires_at"):
+        assert isinstance(v, int) and abs(v - time.time()) < 86400 * 31, (key, v)
+        return "<timestamp>"
+    if key in ("item_id", "previous_response_id", "first_id", "last_id") and isinstance(v, str):
+        return test_golden.HEX.sub("<hex>", v)
+    if key == "delta" and isinstance(v, str):
+        return "<text>"
+    return v
+
+
+def golden(name, r, status):
+    """The HTTP status and the JSON shape of r against tests/fixtures/golden/NAME.json."""
+    assert r.status == status, f"{name}: HTTP {r.status}, expected {status}: {r.body[:300]!r}"
+    test_golden.check_value(name, golden_mask(r.json()))
+
+
+def golden_shapes(s):
+    """The Responses shapes as files (WKVM_GOLDEN_REGEN=1 rewrites them; review the diff)."""
+    hdr = {"Authorization": f"Bearer {CAROL}"}
+    body = {"model": MID, "input": "hi", "max_output_tokens": 3, "temperature": 0,
+            "instructions": "Be brief.", "metadata": {"k": "v"}}
+    r = s.post("/v1/responses", body=body, headers=hdr)
+    golden("responses_create", r, 200)
+    rid = r.json()["id"]
+    golden("responses_get", s.get(f"/v1/responses/{rid}", headers=hdr), 200)
+    follow = dict(body, input=[{"role": "user", "content": [{"type": "input_text",
+                                                              "text": "more"}]}],
+                  previous_response_id=rid, stream=True)
+    r = test_golden.http("POST", s.url + "/v1/responses", body=follow, headers=hdr)
+    assert r.status == 200, r.body
+    events = []
+    for block in r.body.decode().split("\n\n"):
+        lines = block.split("\n")
+        if len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: "):
+            ev = json.loads(lines[1][6:])
+            assert ev["type"] == lines[0][7:], (lines[0], ev["type"])
+            events.append(ev)
+    test_golden.check_value("responses_stream", golden_mask(events))
+    last = events[-1]["response"]["id"]
+    golden("responses_input_items", s.get(f"/v1/responses/{last}/input_items?order=asc",
+                                          headers=hdr), 200)
+    golden("responses_error_param", s.post("/v1/responses", body=dict(body, frob=1),
+                                           headers=hdr), 400)
+    golden("responses_error_previous", s.post("/v1/responses", body=dict(
+        body, previous_response_id="resp_00"), headers=hdr), 404)
+    golden("responses_deleted", test_golden.http("DELETE", f"{s.url}/v1/responses/{rid}",
+                                                 headers=hdr), 200)
+
+
+def main():
+    t_start = time.time()
+    for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "workerd/wkvm-mkmodel"):
+        if not os.access(os.path.join(BUILD, exe), os.X_OK):
+            print(f"FAIL setup: {exe} is not built in {BUILD}")
+            print("0 passed, 1 failed")
+            return 1
+    try:
+        venv = ensure_venv()
+    except AssertionError as e:
+        print(f"FAIL venv: {e}")
+        print("0 passed, 1 failed")
+        return 1
+    passed = failed = 0
+    with tempfile.TemporaryDirectory(prefix="wkvm-responses-") as tmp:
+        model = os.path.join(tmp, MID)
+        subprocess.run([MKMODEL, "--out", model, "--layers", "2", "--embd", "64", "--head-size",
+                        "16", "--ffn", "128", "--vocab", "512", "--seed", "7"], check=True,
+                       capture_output=True, timeout=60)
+        script = os.path.join(tmp, "client.py")
+        with open(script, "w") as f:
+            f.write(CLIENT_SCRIPT)
+        keys = os.path.join(tmp, "keys")
+        with open(keys, "w") as f:
+            f.write(f"{ALICE} alice\n{BOB} bob\n{OPS} ops admin\n{CAROL} carol\n")
+        os.chmod(keys, 0o600)
+        state = os.path.join(tmp, "state.json")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PYTHON"))}
+        env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+        base = ["--api-keys", keys]
+        with Stack(model=model, slots=4, extra_ctl=base) as s:
+
+            def run(phase):
+                nonlocal passed, failed
+                r = subprocess.run([venv_python(venv), script, s.url, MID, phase, state, ALICE,
+                                    BOB], capture_output=True, text=True, timeout=300, env=env)
+                n = 0
+                for line in r.stdout.splitlines():
+                    print(line, flush=True)
+                    if line.startswith("PASS "):
+                        passed += 1
+                        n += 1
+                    elif line.startswith("FAIL "):
+                        failed += 1
+                        n += 1
+                if r.returncode != 0 or n == 0:
+                    failed += 1
+                    print(f"FAIL client phase {phase}: exit {r.returncode}\n{r.stderr[-3000:]}")
+
+            def restart(extra=(), sig=signal.SIGTERM):
+                s.kill_controller(sig)
+                s.extra_ctl = base + list(extra)
+                s.start_controller()
+                s.wait(lambda: s.get("/ready").status == 200, "ready after restart")
+
+            try:
+                s.start_controller()
+                s.start_worker("w0")
+                s.wait(lambda: s.get("/ready").status == 200, "ready")
+                run("a")
+                try:
+                    golden_shapes(s)
+                    passed += 1
+                    print("PASS golden_shapes", flush=True)
+                except AssertionError as e:
+                    failed += 1
+                    print(f"FAIL golden_shapes: {e}")
+                m = s.get("/metrics", headers={"Authorization": f"Bearer {OPS}"}).body.decode()
+                forks = [ln for ln in m.splitlines()
+                         if ln.startswith("wkvm_responses_forks_total ")]
+                misses = [ln for ln in m.splitlines()
+                          if ln.startswith('wkvm_responses_misses_total{reason="not_found"}')]
+                if not forks or float(forks[0].split()[-1]) < 2 or not misses:
+                    failed += 1
+                    print(f"FAIL fork/miss metrics: {forks} {misses}")
+                # the worker dies (its warm copies with it), then the controller (SIGKILL both:
+                # nothing is flushed; the stored states were written through)
+                s.kill_worker("w0")
+                s.start_worker("w0")
+                restart(sig=signal.SIGKILL)
+                run("b")
+                m = s.get("/metrics", headers={"Authorization": f"Bearer {OPS}"}).body.decode()
+                # (counters of this controller's life: phase b only)
+                for series in ("wkvm_responses_stored_total ",
+                               'wkvm_responses_resumes_total{result="exact"} '):
+                    v = [ln for ln in m.splitlines() if ln.startswith(series)]
+                    if not v or float(v[0].split()[-1]) < 4:
+                        failed += 1
+                        print(f"FAIL metrics: {series}{v}")
+                listing = s.get("/admin/responses?owner=alice",
+                                headers={"Authorization": f"Bearer {OPS}"})
+                if listing.status != 200 or len(listing.json()["data"]) < 10:
+                    failed += 1
+                    print(f"FAIL admin list: {listing.status} {listing.body[:300]}")
+                else:
+                    passed += 1
+                    print("PASS admin_list", flush=True)
+                # wkvmctl lists and deletes them (an admin key)
+                ctl = [os.path.join(BUILD, "controld", "wkvmctl"), "--url", s.url, "--key", OPS]
+                victim = json.load(open(state))["turns"][0]
+                out = subprocess.run(ctl + ["responses", "--owner", "alice"], capture_output=True,
+                                     text=True, timeout=30)
+                gone = subprocess.run(ctl + ["responses", "delete", victim], capture_output=True,
+                                      text=True, timeout=30)
+                again = subprocess.run(ctl + ["responses", "delete", victim],
+                                       capture_output=True, text=True, timeout=30)
+                bob = subprocess.run(ctl + ["responses", "--owner", "bob"], capture_output=True,
+                                     text=True, timeout=30)
+                if (out.returncode != 0 or victim not in out.stdout or gone.returncode != 0
+                        or again.returncode == 0 or victim in bob.stdout or "resp_" in bob.stdout):
+                    failed += 1
+                    print(f"FAIL wkvmctl responses: {out.returncode} {out.stdout[:400]}"
+                          f"{out.stderr[:400]} / {gone.returncode} {gone.stderr[:300]} / "
+                          f"{again.returncode} / {bob.stdout[:300]}")
+                else:
+                    passed += 1
+                    print("PASS wkvmctl_responses", flush=True)
+                # an operator clears alice's checkpoints: her responses continue all the same
+                s.post("/admin/cache/clear?owner=alice",
+                       headers={"Authorization": f"Bearer {OPS}"})
+                run("e")
+                # served under another name, the stored ids belong to another model
+                restart(["--served-model-name", "tiny-b", "--max-responses-per-user", "3"])
+                r = subprocess.run([venv_python(venv), script, s.url, "tiny-b", "c", state, ALICE,
+                                    BOB], capture_output=True, text=True, timeout=120, env=env)
+                print(r.stdout, end="", flush=True)
+                passed += r.stdout.count("PASS ")
+                failed += r.stdout.count("FAIL ") + (r.returncode != 0)
+                # a short TTL: expired responses answer 404, the sweep counts evictions
+                restart(["--responses-ttl", "2", "--max-responses-per-user", "3"])
+                run("d")
+                ops = {"Authorization": f"Bearer {OPS}"}
+                left = s.get("/admin/responses", headers=ops).json()["data"]
+                m = s.get("/metrics", headers=ops).body.decode()
+                ev = [ln for ln in m.splitlines()
+                      if ln.startswith("wkvm_responses_evictions_total")]
+                if left or not ev or float(ev[0].split()[-1]) < 10:
+                    failed += 1
+                    print(f"FAIL ttl sweep: left={len(left)} {ev}")
+                else:
+                    passed += 1
+                    print(f"PASS ttl_sweep ({ev[0]})", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"FAIL stack: {e}")
+                failed += 1
+            if failed:
+                print(s.tail())
+    print(f"wall {time.time() - t_start:.1f}s")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

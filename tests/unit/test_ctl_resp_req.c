@@ -1,0 +1,263 @@
+/*
+ * Unit tests for ctl_resp_req, the POST /v1/responses body parser: the
+ * accepted shapes (string input, message items with string or text-part
+ * content, developer as system, every parameter the SDK may send), the
+ * refusals (each naming its parameter and code), the limits, and ids.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+/* (cmocka needs the four above first) */
+#include <cmocka.h>
+#include <jansson.h>
+#include <string.h>
+
+#include "ctl_resp_req.h"
+
+/* Parses text; returns the error (and fills *r / *e). */
+static wk_err
+parse(const char *text, const ctl_resp_limits *lim, json_t **body, ctl_resp_req *r, ctl_resp_err *e)
+{
+    json_error_t je;
+    *body = json_loads(text, 0, &je);
+    assert_non_null(*body);
+    return ctl_resp_req_parse(*body, lim, r, e);
+}
+
+/* Asserts text is refused with param (and code when not NULL). */
+static void
+refused(const char *text, const char *param, const char *code)
+{
+    json_t *b = NULL;
+    ctl_resp_req r;
+    ctl_resp_err e;
+    wk_err err = parse(text, NULL, &b, &r, &e);
+    if (err == WK_OK)
+        fail_msg("accepted: %s", text);
+    assert_int_equal(err, e.err);
+    assert_string_equal(e.param, param);
+    if (code != NULL)
+        assert_string_equal(e.code, code);
+    assert_true(strlen(e.msg) > 0);
+    assert_null(r.items); /* zeroed on failure */
+    json_decref(b);
+}
+
+static void
+test_string_input(void **state)
+{
+    (void)state;
+    json_t *b = NULL;
+    ctl_resp_req r;
+    ctl_resp_err e;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"hello\"}", NULL, &b, &r, &e), WK_OK);
+    assert_string_equal(r.model, "m");
+    assert_int_equal(r.n_items, 1);
+    assert_string_equal(r.items[0].role, "user");
+    assert_string_equal(r.items[0].text, "hello");
+    assert_int_equal(r.items[0].len, 5);
+    assert_true(r.store); /* the default */
+    assert_false(r.stream);
+    assert_null(r.previous_response_id);
+    assert_null(r.instructions);
+    assert_int_equal(r.max_output_tokens, 0);
+    assert_false(r.has_temperature);
+    ctl_resp_req_fini(&r);
+    ctl_resp_req_fini(&r); /* idempotent */
+    json_decref(b);
+}
+
+static void
+test_items_and_parameters(void **state)
+{
+    (void)state;
+    json_t *b = NULL;
+    ctl_resp_req r;
+    ctl_resp_err e;
+    const char *text =
+        "{\"model\":\"m\",\"instructions\":\"Be brief.\",\"previous_response_id\":\"resp_ab\","
+        "\"store\":false,\"stream\":true,\"max_output_tokens\":16,\"temperature\":0,"
+        "\"top_p\":0.5,\"text\":{\"format\":{\"type\":\"text\"},\"verbosity\":\"low\"},"
+        "\"metadata\":{\"k\":\"v\"},\"user\":\"u\",\"tools\":[{\"type\":\"function\","
+        "\"name\":\"f\",\"parameters\":{}}],\"tool_choice\":\"auto\","
+        "\"parallel_tool_calls\":true,\"truncation\":\"disabled\",\"include\":[],"
+        "\"background\":false,\"service_tier\":\"auto\",\"prompt_cache_key\":\"p\","
+        "\"safety_identifier\":\"s\",\"stream_options\":{},\"seed\":7,"
+        "\"return_token_ids\":true,\"input\":["
+        "{\"role\":\"developer\",\"content\":\"sys\"},"
+        "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\","
+        "\"text\":\"a\"},{\"type\":\"input_text\",\"text\":\"b\"}]},"
+        "{\"type\":\"message\",\"id\":\"msg_1\",\"status\":\"completed\",\"role\":\"assistant\","
+        "\"content\":[{\"type\":\"output_text\",\"text\":\"reply\",\"annotations\":[]}]}]}";
+    json_error_t je;
+    b = json_loads(text, 0, &je);
+    assert_non_null(b);
+    wk_err err = ctl_resp_req_parse(b, NULL, &r, &e);
+    if (err != WK_OK)
+        fail_msg("%s: %s", e.param, e.msg);
+    assert_int_equal(r.n_items, 3);
+    assert_string_equal(r.items[0].role, "system");
+    assert_string_equal(r.items[0].text, "sys");
+    assert_string_equal(r.items[1].text, "ab");
+    assert_string_equal(r.items[2].role, "assistant");
+    assert_string_equal(r.items[2].text, "reply");
+    assert_string_equal(r.instructions, "Be brief.");
+    assert_int_equal(r.instructions_len, 9);
+    assert_string_equal(r.previous_response_id, "resp_ab");
+    assert_false(r.store);
+    assert_true(r.stream);
+    assert_int_equal(r.max_output_tokens, 16);
+    assert_true(r.has_temperature);
+    assert_true(r.temperature == 0.0);
+    assert_true(r.has_top_p && r.top_p == 0.5);
+    assert_true(r.has_seed && r.seed == 7);
+    assert_true(r.return_token_ids);
+    assert_non_null(r.metadata);
+    assert_string_equal(r.user, "u");
+    ctl_resp_req_fini(&r);
+    json_decref(b);
+}
+
+static void
+test_nulls_are_absent(void **state)
+{
+    (void)state;
+    json_t *b = NULL;
+    ctl_resp_req r;
+    ctl_resp_err e;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"x\",\"instructions\":null,"
+                           "\"previous_response_id\":null,\"store\":null,\"temperature\":null,"
+                           "\"metadata\":null,\"tools\":null,\"reasoning\":{\"effort\":null,"
+                           "\"summary\":null}}",
+                           NULL, &b, &r, &e),
+                     WK_OK);
+    assert_null(r.instructions);
+    assert_null(r.previous_response_id);
+    assert_true(r.store);
+    assert_false(r.has_temperature);
+    ctl_resp_req_fini(&r);
+    json_decref(b);
+}
+
+static void
+test_refusals(void **state)
+{
+    (void)state;
+    refused("[]", "", NULL);
+    refused("{\"input\":\"x\"}", "model", "missing_required_parameter");
+    refused("{\"model\":\"m\"}", "input", "missing_required_parameter");
+    refused("{\"model\":\"m\",\"input\":[]}", "input", NULL);
+    refused("{\"model\":\"m\",\"input\":7}", "input", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"frob\":1}", "frob", "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\","
+            "\"output\":\"o\"}]}",
+            "input[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"name\":\"f\"}]}",
+            "input[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\"}]}", "input[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"zzz\"}]}", "input[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":[\"x\"]}", "input[0]", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "input[0].role",
+            NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"role\":\"user\"}]}", "input[0]",
+            "missing_required_parameter");
+    refused("{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":\"x\",\"extra\":1}]}",
+            "input[0].extra", "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+            "\"input_image\",\"image_url\":\"u\"}]}]}",
+            "input[0].content[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+            "\"input_text\"}]}]}",
+            "input[0].content[0].text", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}",
+            "text.format", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"text\":{\"bogus\":1}}", "text.bogus",
+            "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[7]}", "tools", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":{}}", "tools", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}],"
+            "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+            "tool_choice", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"low\"}}", "reasoning",
+            NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"background\":true}", "background", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"include\":[\"x\"]}", "include", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"conversation\":\"c\"}", "conversation", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"temperature\":2.5}", "temperature", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"top_p\":\"1\"}", "top_p", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":1.5}", "max_output_tokens",
+            NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"store\":1}", "store", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":5}", "previous_response_id",
+            NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"metadata\":{\"k\":1}}", "metadata", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"stream_options\":{}}", "stream_options", NULL);
+}
+
+static void
+test_limits(void **state)
+{
+    (void)state;
+    ctl_resp_limits lim = {.max_items = 2, .max_item_bytes = 4, .max_tokens = 10};
+    json_t *b = NULL;
+    ctl_resp_req r;
+    ctl_resp_err e;
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":\"a\"},"
+                           "{\"role\":\"user\",\"content\":\"b\"},{\"role\":\"user\","
+                           "\"content\":\"c\"}]}",
+                           &lim, &b, &r, &e),
+                     WK_ETOOBIG);
+    assert_string_equal(e.param, "input");
+    json_decref(b);
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"abcde\"}", &lim, &b, &r, &e), WK_ETOOBIG);
+    json_decref(b);
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                           "\"input_text\",\"text\":\"abc\"},{\"type\":\"input_text\","
+                           "\"text\":\"de\"}]}]}",
+                           &lim, &b, &r, &e),
+                     WK_ETOOBIG);
+    json_decref(b);
+    assert_int_equal(
+        parse("{\"model\":\"m\",\"input\":\"x\",\"max_output_tokens\":11}", &lim, &b, &r, &e),
+        WK_EINVAL);
+    assert_string_equal(e.param, "max_output_tokens");
+    json_decref(b);
+    assert_int_equal(
+        parse("{\"model\":\"m\",\"input\":\"abcd\",\"max_output_tokens\":10}", &lim, &b, &r, &e),
+        WK_OK);
+    ctl_resp_req_fini(&r);
+    json_decref(b);
+}
+
+static void
+test_ids(void **state)
+{
+    (void)state;
+    assert_true(ctl_resp_id_valid("resp_0123abcdef"));
+    assert_false(ctl_resp_id_valid("resp_"));
+    assert_false(ctl_resp_id_valid("resp_ABC"));
+    assert_false(ctl_resp_id_valid("resp_../x"));
+    assert_false(ctl_resp_id_valid("msg_abc"));
+    assert_false(ctl_resp_id_valid(NULL));
+    char longid[CTL_RESP_ID_MAX + 8];
+    memcpy(longid, "resp_", 5);
+    memset(longid + 5, 'a', sizeof(longid) - 6);
+    longid[sizeof(longid) - 1] = '\0';
+    assert_false(ctl_resp_id_valid(longid));
+    longid[CTL_RESP_ID_MAX] = '\0';
+    assert_true(ctl_resp_id_valid(longid));
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_string_input),     cmocka_unit_test(test_items_and_parameters),
+        cmocka_unit_test(test_nulls_are_absent), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_limits),           cmocka_unit_test(test_ids),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
