@@ -53,22 +53,35 @@ typedef struct pretok_list {
     size_t n, cap;  /* used / allocated */
 } pretok_list;
 
+/* char::is_numeric: \\p{N} with the numerals Unicode 15 added. */
+#define PRETOK_NUMERIC "[\\p{N}\\x{11F50}-\\x{11F59}\\x{1D2C0}-\\x{1D2D3}]"
+
 /* The GPT-2 split of ByteLevel use_regex, as `tokenizers` writes it. */
 static const char pretok_gpt2[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 /* ---- loading ---- */
 
+/* Oniguruma's \\s (HT, LF, VT, FF, CR, NEL and \\p{Z}); PCRE2's also has U+180E. */
+#define PRETOK_SPACE "\\t\\n\\x0b\\f\\r\\x{85}\\p{Z}"
+
 /*
- * Refuses what PCRE2 and Oniguruma read differently: backslash escapes
- * outside a short list, inline options other than i (Oniguruma's (?m) is
- * PCRE2's (?s)), and POSIX bracket classes. Returns NULL when r[0..n) is
- * fine, else a static description of the first problem; *at is its offset.
+ * Writes r[0..n) as PCRE2 should read it to mean what Oniguruma reads:
+ * \\s and \\S become Oniguruma's white-space set, spelt out (inside a
+ * character class too; a \\S there is refused). Refuses what the two read
+ * differently and is not rewritten: backslash escapes outside a short list,
+ * inline options other than i (Oniguruma's (?m) is PCRE2's (?s)), nested
+ * classes (POSIX brackets, Oniguruma's [a&&[b]]) and && in a class. out
+ * holds PRETOK_GROW * n + 1 bytes. Returns NULL and sets *out_len, or a
+ * static description of the first problem, at offset *at.
  */
+#define PRETOK_GROW 32
 static const char *
-pretok_screen(const char *r, size_t n, size_t *at)
+pretok_translate(const char *r, size_t n, char *out, size_t *out_len, size_t *at)
 {
     static const char ok_esc[] = "sSdDpPnrtfaexAzZ";
+    bool in_class = false;
+    size_t o = 0, class_start = 0;
 
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)r[i];
@@ -81,10 +94,40 @@ pretok_screen(const char *r, size_t n, size_t *at)
             if (alnum && strchr(ok_esc, e) == NULL)
                 return "an escape whose meaning differs between Oniguruma and PCRE2 "
                        "(only \\s \\S \\d \\D \\p \\P \\n \\r \\t \\f \\a \\e \\x \\A \\z \\Z)";
-            if (e == 'x' && i + 1 < n && r[i + 1] != '{' &&
+            if (e == 'x' && !(i + 1 < n && r[i + 1] == '{') &&
                 !(i + 2 < n && strchr("0123456789abcdefABCDEF", r[i + 1]) != NULL &&
                   strchr("0123456789abcdefABCDEF", r[i + 2]) != NULL))
                 return "\\x not followed by two hex digits or {...}";
+            if (e == 's' || e == 'S') {
+                if (in_class && e == 'S')
+                    return "\\S inside a character class";
+                const char *rep = in_class ? PRETOK_SPACE
+                                  : e == 's' ? "[" PRETOK_SPACE "]"
+                                             : "[^" PRETOK_SPACE "]";
+                memcpy(out + o, rep, strlen(rep));
+                o += strlen(rep);
+                continue;
+            }
+            out[o++] = '\\';
+            out[o++] = (char)e;
+            continue;
+        }
+        if (in_class) {
+            if (c == '[')
+                return "a nested character class or POSIX bracket (they differ)";
+            if (c == '&' && i + 1 < n && r[i + 1] == '&')
+                return "&& in a character class (Oniguruma's intersection)";
+            if (c == ']' && i > class_start)
+                in_class = false;
+            out[o++] = (char)c;
+            continue;
+        }
+        if (c == '[') {
+            in_class = true;
+            out[o++] = (char)c;
+            if (i + 1 < n && r[i + 1] == '^')
+                out[o++] = r[++i];
+            class_start = i + 1; /* a ] right here is a literal */
             continue;
         }
         if (c == '(' && i + 2 < n && r[i + 1] == '?') {
@@ -98,16 +141,10 @@ pretok_screen(const char *r, size_t n, size_t *at)
             }
             if (opt && (j == n || (r[j] != ':' && r[j] != ')')))
                 return "a malformed inline option group";
-            continue;
         }
-        if (c == '[' && i + 1 < n && r[i + 1] == ':') {
-            size_t j = i + 2;
-            while (j < n && (r[j] | 0x20) >= 'a' && (r[j] | 0x20) <= 'z')
-                j++;
-            if (j > i + 2 && j + 1 < n && r[j] == ':' && r[j + 1] == ']')
-                return "a POSIX bracket class (its Unicode meaning differs)";
-        }
+        out[o++] = (char)c;
     }
+    *out_len = o;
     return NULL;
 }
 
@@ -124,16 +161,24 @@ pretok_compile(pretok_stage *st, const char *r, size_t n, bool literal, const ch
     if (n > WK_PRETOK_MAX_PATTERN)
         return wk_diag_set(d, WK_ETOOBIG, "%s: pattern of %zu bytes, over %d", path, n,
                            WK_PRETOK_MAX_PATTERN);
+    char *tr = malloc(PRETOK_GROW * n + 1);
+    if (tr == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "%s: out of memory", path);
     if (!literal) {
         size_t at = 0;
-        const char *why = pretok_screen(r, n, &at);
-        if (why != NULL)
+        const char *why = pretok_translate(r, n, tr, &n, &at);
+        if (why != NULL) {
+            free(tr);
             return wk_diag_set(d, WK_ENOTSUP, "%s: pattern offset %zu: %s is not supported", path,
                                at, why);
+        }
+        r = tr;
     }
     cc = pcre2_compile_context_create(NULL);
-    if (cc == NULL)
+    if (cc == NULL) {
+        free(tr);
         return wk_diag_set(d, WK_ENOMEM, "%s: out of memory", path);
+    }
     pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
     /* Oniguruma's default syntax: ^ and $ at every line start and end. */
     opt = literal ? PCRE2_UTF | PCRE2_LITERAL
@@ -141,6 +186,7 @@ pretok_compile(pretok_stage *st, const char *r, size_t n, bool literal, const ch
                         PCRE2_NEVER_BACKSLASH_C;
     st->re = pcre2_compile((PCRE2_SPTR)r, n, opt, &ec, &eo, cc);
     pcre2_compile_context_free(cc);
+    free(tr); /* the offset of a compile error is in the rewritten pattern */
     if (st->re == NULL) {
         PCRE2_UCHAR msg[160];
         if (pcre2_get_error_message(ec, msg, sizeof(msg)) < 0)
@@ -221,9 +267,15 @@ pretok_stage_load(pretok_stage *st, const json_t *o, const char *path, bool last
     if (strcmp(ty, "Digits") == 0) {
         if (!pretok_bool_is(o, "individual_digits", false, &b))
             return wk_diag_set(d, WK_EINVAL, "%s.individual_digits is not a boolean", path);
-        /* char::is_numeric is \p{N}; runs of them are one piece unless individual */
+        /*
+         * Rust's char::is_numeric (Nd, Nl, No) in the Unicode 15 tables of
+         * `tokenizers`' builds: PCRE2 10.42's \\p{N} (Unicode 14) plus the
+         * Unicode 15 Kawi digits and Kaktovik numerals. Runs of them are one
+         * piece unless individual_digits.
+         */
         st->behavior = PRETOK_BEHAVIOR_ISOLATED;
-        return pretok_compile(st, b ? "\\p{N}" : "\\p{N}+", b ? 5 : 6, false, path, d);
+        const char *re = b ? PRETOK_NUMERIC : PRETOK_NUMERIC "+";
+        return pretok_compile(st, re, strlen(re), false, path, d);
     }
     if (strcmp(ty, "ByteLevel") == 0) {
         if (!last)

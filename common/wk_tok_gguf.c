@@ -410,6 +410,20 @@ tokg_load_bpe(const wk_gguf *g, wk_tok **out, wk_diag *d)
         if (!ok)
             goto nomem;
     }
+    /*
+     * The added tokens in the vocab too, as in the tokenizer.json files
+     * (where the model looks up a byte-level character that is also an added
+     * token, e.g. DeepSeek-Coder's "\u00c0", it finds it), unless a vocab
+     * token has the same spelling.
+     */
+    size_t ai;
+    json_t *a;
+    json_array_foreach(added, ai, a) {
+        const char *content = json_string_value(json_object_get(a, "content"));
+        if (json_object_get(vocab, content) == NULL &&
+            !tokg_set(vocab, content, json_incref(json_object_get(a, "id"))))
+            goto nomem;
+    }
     for (uint64_t i = 0; i < n_merges; i++) {
         if ((e = wk_gguf_arr_str(g, TOKG_KEY_MERGES, i, &s, &sl, d)) != WK_OK)
             goto fail;
