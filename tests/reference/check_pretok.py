@@ -14,7 +14,8 @@ Usage: check_pretok.py TOKDUMP
    JSON of Qwen2, Qwen3.5 (no normalizer), Llama-3 (ignore_merges), a
    GPT-4o-style pattern, DeepSeek-Coder and StarCoder (Digits), and two
    made-up Sequences that use every Split behavior, invert, String patterns,
-   empty matches and ^/$. WKVM_PRETOK_N generated strings (default 100000;
+   empty matches and ^/$. WKVM_PRETOK_N generated strings in all (default
+   100000, 30% for Qwen3.5, 10% for each other file;
    random code points of many scripts, digit and whitespace runs with \\r\\n\\t
    and Unicode spaces, emoji and ZWJ sequences, contractions in mixed case,
    the added tokens embedded, and invalid UTF-8 in one string in eight) go
@@ -31,6 +32,7 @@ when that venv or the converter cannot be installed (no package index).
 import json
 import os
 import random
+import struct
 import subprocess
 import sys
 import tempfile
@@ -102,6 +104,9 @@ CONFIGS = {
                        {"type": "Digits", "individual_digits": False},
                        bytelevel(True)), False, None),
 }
+
+# the share of WKVM_PRETOK_N each config gets (the rest: 0.1 each)
+SHARE = {"qwen35": 0.3}
 
 SCRIPTS = [(0x41, 0x7a), (0xc0, 0x24f), (0x300, 0x36f), (0x370, 0x3ff), (0x400, 0x4ff),
            (0x530, 0x58f), (0x590, 0x5ff), (0x600, 0x6ff), (0x900, 0x97f), (0xe00, 0xe7f),
@@ -205,18 +210,49 @@ B2U = bytes_to_unicode()
 ALPHA = set(B2U.values())
 
 
-def read_vocab(conv, name):
-    """tokens, types, merges of models/ggml-vocab-NAME.gguf (gguf-py)."""
-    sys.path.insert(0, os.path.join(conv, "gguf-py"))
-    from gguf import GGUFReader
-    r = GGUFReader(os.path.join(conv, "models", "ggml-vocab-%s.gguf" % name))
-    f = r.fields
+SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+          11: "<q", 12: "<d"}
 
-    def strs(k):
-        return [bytes(f[k].parts[i]).decode("utf-8") for i in f[k].data]
-    types = [int(f["tokenizer.ggml.token_type"].parts[i][0])
-             for i in f["tokenizer.ggml.token_type"].data]
-    return strs("tokenizer.ggml.tokens"), types, strs("tokenizer.ggml.merges")
+
+def read_vocab(conv, name):
+    """tokens, types, merges of models/ggml-vocab-NAME.gguf (a small GGUF
+    metadata reader: gguf-py takes 6 s per vocabulary)."""
+    with open(os.path.join(conv, "models", "ggml-vocab-%s.gguf" % name), "rb") as f:
+        buf = f.read()
+    if buf[:4] != b"GGUF":
+        raise RuntimeError("%s: not a GGUF file" % name)
+    off = 8 + 8
+    n_kv = struct.unpack_from("<Q", buf, off)[0]
+    off += 8
+
+    def string(off):
+        n = struct.unpack_from("<Q", buf, off)[0]
+        return buf[off + 8:off + 8 + n].decode("utf-8"), off + 8 + n
+
+    def value(t, off):
+        if t in SCALAR:
+            fmt = SCALAR[t]
+            return struct.unpack_from(fmt, buf, off)[0], off + struct.calcsize(fmt)
+        if t == 8:
+            return string(off)
+        et, n = struct.unpack_from("<IQ", buf, off)
+        off += 12
+        if et in SCALAR:
+            fmt = SCALAR[et]
+            sz = struct.calcsize(fmt)
+            return list(struct.unpack_from("<%d%s" % (n, fmt[1]), buf, off)), off + n * sz
+        out = []
+        for _ in range(n):
+            v, off = value(et, off)
+            out.append(v)
+        return out, off
+    kv = {}
+    for _ in range(n_kv):
+        k, off = string(off)
+        t = struct.unpack_from("<I", buf, off)[0]
+        kv[k], off = value(t, off + 4)
+    return (kv["tokenizer.ggml.tokens"], kv["tokenizer.ggml.token_type"],
+            kv["tokenizer.ggml.merges"])
 
 
 def build_json(tokens, types, merges, normalizer, pre, ignore_merges):
@@ -250,7 +286,20 @@ def tokdump_encode(exe, path, strings):
     return [[int(x) for x in ln.split()] for ln in lines[:len(strings)]]
 
 
-def pairs(exe, conv):
+def compare(label, strings, want, got):
+    """Prints the count of mismatches (and the first few); returns it."""
+    bad = [i for i in range(len(strings)) if got[i] != want[i]]
+    invalid = sum(1 for x in strings if any(k == "byte" for k, _ in valid_runs(x)))
+    print("%-48s %6d strings (%5d with invalid UTF-8), %d mismatches" %
+          (label, len(strings), invalid, len(bad)))
+    for i in bad[:5]:
+        print("   %r\n     want %s\n     got  %s" % (strings[i][:80], want[i][:24], got[i][:24]))
+    return len(bad)
+
+
+def pairs(exe, conv, extra):
+    """llama.cpp's pairs, each vocab from its GGUF alone, in one process per
+    vocab with the generated strings of extra[vocab] = (strings, want)."""
     fails = 0
     models = os.path.join(conv, "models")
     for v in SUPPORTED:
@@ -261,22 +310,24 @@ def pairs(exe, conv):
             inp.pop()
         with open(g + ".out", encoding="utf-8") as f:
             exp = [[int(x) for x in ln.split()] for ln in f.read().split("\n")[:len(inp)]]
+        texts = [x.encode("utf-8") for x in inp]
+        more, more_want = extra.get(v, ([], []))
         try:
-            got = tokdump_encode(exe, g, [s.encode("utf-8") for s in inp])
+            got = tokdump_encode(exe, g, texts + more)
         except RuntimeError as e:
-            print("FAIL pairs %s: %s" % (v, e))
+            print("FAIL %s: %s" % (v, e))
             fails += 1
             continue
-        bad = [i for i in range(len(inp)) if got[i] != exp[i]]
-        print("pairs %-15s %3d texts, %d mismatches" % (v, len(inp), len(bad)))
-        for i in bad[:3]:
-            print("   %r: want %s got %s" % (inp[i][:50], exp[i][:16], got[i][:16]))
-        fails += bool(bad)
+        fails += bool(compare("llama.cpp pairs %s (GGUF)" % v, texts, exp, got[:len(texts)]))
+        if more:
+            fails += bool(compare("tokenizers, %s from its GGUF" % v, more, more_want,
+                                  got[len(texts):]))
     for v in REFUSED:
         g = os.path.join(models, "ggml-vocab-%s.gguf" % v)
         p = subprocess.run([exe, g, "info"], capture_output=True, text=True, timeout=120)
         ok = p.returncode != 0 and ('"%s" is not supported' % v) in p.stderr
-        print("pairs %-15s refused: %s" % (v, p.stderr.strip()[-160:]))
+        print("llama.cpp pairs %s: refused (%s)" % (v, "as it must" if ok else "WRONG: " +
+                                                    p.stderr.strip()[-300:]))
         fails += not ok
     return fails
 
@@ -324,9 +375,11 @@ def main():
         sys.exit(1)
     conv = p.stdout.decode().strip().splitlines()[-1]
     t0 = time.time()
-    fails = pairs(exe, conv)
-    n = int(os.environ.get("WKVM_PRETOK_N", "100000"))
+    fails = 0
+    total = int(os.environ.get("WKVM_PRETOK_N", "100000"))
+    checked = 0
     vocabs = {}
+    extra = {}
     tmp = tempfile.mkdtemp(prefix="wkvm-pretok-")
     for name, (vname, norm, pre, ign, gguf_pre) in CONFIGS.items():
         if vname not in vocabs:
@@ -337,30 +390,25 @@ def main():
         with open(path, "w", encoding="utf-8") as f:
             json.dump(tj, f, ensure_ascii=False)
         tok = tokenizers.Tokenizer.from_file(path)
-        strings = gen_strings(n, [a["content"] for a in added[:64]], seed=zlib.crc32(name.encode()))
+        n = int(total * SHARE.get(name, 0.1))
+        checked += n
+        strings = gen_strings(n, [a["content"] for a in added[:64]],
+                              seed=zlib.crc32(name.encode()))
         byte_id = {b: tj["model"]["vocab"].get(B2U[b]) for b in range(256)}
         want = expected_ids(tok, strings, byte_id)
-        files = [path]
+        try:
+            got = tokdump_encode(exe, path, strings)
+            fails += bool(compare("tokenizers, %s tokenizer.json" % name, strings, want, got))
+        except RuntimeError as e:
+            print("FAIL %s: %s" % (name, e))
+            fails += 1
         if gguf_pre is not None:
-            files.append(os.path.join(conv, "models", "ggml-vocab-%s.gguf" % gguf_pre))
-        for fpath in files:
-            try:
-                got = tokdump_encode(exe, fpath, strings)
-            except RuntimeError as e:
-                print("FAIL %s: %s" % (name, e))
-                fails += 1
-                continue
-            bad = [i for i in range(n) if got[i] != want[i]]
-            invalid = sum(1 for s in strings if any(k == "byte" for k, _ in valid_runs(s)))
-            print("tokenizers %-15s %-22s %d strings (%d with invalid UTF-8), %d mismatches" %
-                  (name, os.path.basename(fpath), n, invalid, len(bad)))
-            for i in bad[:5]:
-                print("   %r\n     want %s\n     got  %s" % (strings[i][:80], want[i][:24],
-                                                          got[i][:24]))
-            fails += bool(bad)
+            extra[gguf_pre] = (strings, want)
         os.unlink(path)
     os.rmdir(tmp)
-    print("tokenizers %s, %.1f s" % (tokenizers.__version__, time.time() - t0))
+    fails += pairs(exe, conv, extra)
+    print("tokenizers %s: %d strings, %.1f s" % (tokenizers.__version__, checked,
+                                                  time.time() - t0))
     if fails:
         print("%s: 0 passed, %d failed" % (NAME, fails))
         sys.exit(1)
