@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unicodedata
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,6 +106,8 @@ CONFIGS = {
                        bytelevel(True)), False, None),
 }
 
+# WKVM_PRETOK_ASSIGNED=1: only characters assigned in this Python's Unicode
+ASSIGNED_ONLY = os.environ.get("WKVM_PRETOK_ASSIGNED") == "1"
 # the share of WKVM_PRETOK_N each config gets (the rest: 0.1 each)
 SHARE = {"qwen35": 0.3}
 
@@ -160,7 +163,10 @@ def gen_strings(n, added, seed=20261203):
                  b"\xc3", b"\xfe\xfe", b"\xf4\x90\x80\x80"]
     for i in range(n):
         parts = [gen_piece(rng, added) for _ in range(rng.randint(1, 8))]
-        b = "".join(parts).encode("utf-8")
+        text = "".join(parts)
+        if ASSIGNED_ONLY:
+            text = "".join(c for c in text if unicodedata.category(c) != "Cn")
+        b = text.encode("utf-8")
         if rng.random() < 0.125:
             for _ in range(rng.randint(1, 3)):
                 p = rng.randint(0, len(b))
