@@ -11,7 +11,12 @@
  * NFC (a real NFC, from tables generated out of Python's unicodedata, see
  * tools/gen_unicode_tables.py); pre_tokenizer ByteLevel (add_prefix_space,
  * use_regex with the GPT-2 pattern), alone or as the only member of a
- * Sequence; decoder ByteLevel.
+ * Sequence, or a Sequence of Split / Digits members ending in ByteLevel
+ * (Qwen2, Qwen3.5, Llama-3, DeepSeek, StarCoder: run by wk_pretok, see
+ * wk_pretok.h and docs/TOKENIZERS.md); decoder ByteLevel. A vocab may lack
+ * the byte tokens no well-formed UTF-8 text needs (0xc0, 0xc1, 0xf1..0xff);
+ * such a byte in the input is dropped, as `tokenizers` drops a character
+ * the vocab cannot spell.
  *
  * SentencePiece-style mode ("hf-spm": Llama-1/2, Mistral, and models that
  * reuse their tokenizer such as fla-hub's), chosen when pre_tokenizer is
@@ -49,9 +54,11 @@
  *
  * Input text is any bytes: valid UTF-8 is handled as Unicode; in byte-level
  * mode a byte that is not part of a well-formed UTF-8 character is kept as
- * that raw byte, counts as "other" (neither letter, number nor space) for
- * the pre-tokenizer, and passes NFC unchanged, so decode(encode(x)) == x
- * whenever NFC(x) == x.
+ * that raw byte and passes NFC unchanged; for the GPT-2 split it counts as
+ * "other" (neither letter, number nor space), for a regex pre-tokenizer it
+ * is a word of its own and the text around it is split as separate texts.
+ * So decode(encode(x)) == x whenever NFC(x) == x and no Split removes text
+ * and the vocab has every byte.
  *
  * The file is hostile input: its size, every id (unique, <= WK_TOK_MAX_ID),
  * every token (maps back to bytes through the byte-level alphabet, or in
@@ -127,7 +134,9 @@ int32_t wk_bpe_find(const wk_bpe *b, const char *s, size_t n);
 /*
  * Encodes len bytes of text (any bytes). On success *ids is a malloc'd array
  * of *n_ids ids (never NULL, even for empty input), caller frees with free().
- * Returns WK_OK, WK_ENOMEM or WK_ETOOBIG (input too large to index).
+ * Returns WK_OK, WK_ENOMEM or WK_ETOOBIG (input too large to index, or a
+ * regex pre-tokenizer's match limit reached, WK_PRETOK_MATCH_LIMIT); with a
+ * hostile pattern also WK_EINVAL (a PCRE2 match error, named in d).
  * Thread-safe on a shared b.
  */
 WK_MUST_CHECK wk_err wk_bpe_encode(const wk_bpe *b, const char *text, size_t len, int32_t **ids,
