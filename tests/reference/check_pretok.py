@@ -32,6 +32,7 @@ when that venv or the converter cannot be installed (no package index).
 import json
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -175,29 +176,33 @@ def gen_strings(n, added, seed=20261203):
     return out
 
 
+ESCAPED = re.compile("([\udc80-\udcff])")
+
+
 def valid_runs(b):
-    """Splits b into ('text', str) and ('byte', int) items, as wk_pretok does."""
-    items, i, run = [], 0, 0
-    while i < len(b):
-        ok = 0
-        for ln in (1, 2, 3, 4):
-            try:
-                b[i:i + ln].decode("utf-8")
-                ok = ln
-                break
-            except UnicodeDecodeError:
-                continue
-        if ok:
-            i += ok
-            continue
-        if i > run:
-            items.append(("text", b[run:i].decode("utf-8")))
-        items.append(("byte", b[i]))
-        i += 1
-        run = i
-    if len(b) > run:
-        items.append(("text", b[run:].decode("utf-8")))
+    """Splits b into ('text', str) and ('byte', int) items, as wk_pretok does:
+    the bytes outside well-formed UTF-8 are those surrogateescape escapes
+    (each byte of a maximal ill-formed subpart; none of them can start a
+    well-formed character)."""
+    try:
+        return [("text", b.decode("utf-8"))] if b else []
+    except UnicodeDecodeError:
+        pass
+    items = []
+    for part in ESCAPED.split(b.decode("utf-8", "surrogateescape")):
+        if len(part) == 1 and "\udc80" <= part <= "\udcff":
+            items.append(("byte", ord(part) - 0xdc00))
+        elif part:
+            items.append(("text", part))
     return items
+
+
+def is_valid(b):
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 def bytes_to_unicode():
@@ -295,7 +300,7 @@ def tokdump_encode(exe, path, strings):
 def compare(label, strings, want, got):
     """Prints the count of mismatches (and the first few); returns it."""
     bad = [i for i in range(len(strings)) if got[i] != want[i]]
-    invalid = sum(1 for x in strings if any(k == "byte" for k, _ in valid_runs(x)))
+    invalid = sum(1 for x in strings if not is_valid(x))
     print("%-48s %6d strings (%5d with invalid UTF-8), %d mismatches" %
           (label, len(strings), invalid, len(bad)))
     for i in bad[:5]:
@@ -393,8 +398,14 @@ def main():
         tokens, types, merges = vocabs[vname]
         tj, added = build_json(tokens, types, merges, norm, pre, ign)
         path = os.path.join(tmp, name + ".json")
+        if vname + ":text" not in vocabs:
+            vocabs[vname + ":text"] = (json.dumps(tj["model"]["vocab"], ensure_ascii=False),
+                                       json.dumps(tj["model"]["merges"], ensure_ascii=False))
+        vtext, mtext = vocabs[vname + ":text"]
+        model = dict(tj["model"], vocab="@V@", merges="@M@")
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(tj, f, ensure_ascii=False)
+            f.write(json.dumps(dict(tj, model=model), ensure_ascii=False)
+                    .replace('"@V@"', vtext, 1).replace('"@M@"', mtext, 1))
         tok = tokenizers.Tokenizer.from_file(path)
         n = int(total * SHARE.get(name, 0.1))
         checked += n
