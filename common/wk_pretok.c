@@ -38,7 +38,7 @@ typedef struct pretok_stage {
 struct wk_pretok {
     pretok_stage stage[WK_PRETOK_MAX_STAGES]; /* in order */
     size_t n_stage;                           /* stages used */
-    pcre2_match_context *mctx;                /* the match limit; read-only after load */
+    pcre2_match_context *mctx;                /* copied per split, which sets the limit */
 };
 
 /* A piece of the input. */
@@ -314,7 +314,6 @@ wk_pretok_new(const char *json, size_t len, const char *path, wk_pretok **out, w
         err = wk_diag_set(d, WK_ENOMEM, "%s: out of memory", path);
         goto fail;
     }
-    pcre2_set_match_limit(p->mctx, WK_PRETOK_MATCH_LIMIT);
     ty = json_is_object(root) ? json_string_value(json_object_get(root, "type")) : NULL;
     if (ty != NULL && strcmp(ty, "Sequence") == 0) {
         const json_t *arr = json_object_get(root, "pretokenizers");
@@ -460,17 +459,25 @@ pretok_cut_add(pretok_cuts *c, size_t a, size_t b, bool m)
  * moving on one character (Oniguruma's find_iter).
  */
 static wk_err
-pretok_find(const wk_pretok *p, const pretok_stage *st, const uint8_t *s, size_t n,
-            pcre2_match_data *md, pretok_cuts *c, wk_diag *d)
+pretok_find(const pretok_stage *st, const uint8_t *s, size_t n, pcre2_match_data *md,
+            pcre2_match_context *mctx, pretok_cuts *c, wk_diag *d)
 {
     size_t prev = 0, from = 0, last_me = 0;
     bool have_last = false;
 
     c->n = 0;
+    /*
+     * The limit grows with the piece: a real pattern backtracks over a run
+     * once (Qwen's \s*[\r\n]+ over a run of spaces); an exponential one
+     * still stops.
+     */
+    if (n > (UINT32_MAX - WK_PRETOK_MATCH_LIMIT) / WK_PRETOK_MATCH_PER_BYTE)
+        return wk_diag_set(d, WK_ETOOBIG, "pre-tokenizer: a piece of %zu bytes is too large", n);
+    pcre2_set_match_limit(mctx, WK_PRETOK_MATCH_LIMIT + WK_PRETOK_MATCH_PER_BYTE * (uint32_t)n);
     while (from <= n) {
-        int rc = pcre2_match(st->re, s, n, from, PCRE2_NO_UTF_CHECK, md, p->mctx);
+        int rc = pcre2_match(st->re, s, n, from, PCRE2_NO_UTF_CHECK, md, mctx);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-            rc = pcre2_match(st->re, s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, p->mctx);
+            rc = pcre2_match(st->re, s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, mctx);
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
@@ -566,8 +573,8 @@ pretok_behave(pretok_behavior beh, pretok_cut *v, size_t n)
 /* Runs every stage over the valid UTF-8 run s[off..off+n) and hands out its words. */
 static wk_err
 pretok_run(const wk_pretok *p, const uint8_t *s, size_t off, size_t n, pretok_list *cur,
-           pretok_list *next, pretok_cuts *cuts, pcre2_match_data *md, wk_pretok_word_fn fn,
-           void *ctx, wk_diag *d)
+           pretok_list *next, pretok_cuts *cuts, pcre2_match_data *md,
+           pcre2_match_context *mctx, wk_pretok_word_fn fn, void *ctx, wk_diag *d)
 {
     wk_err err;
 
@@ -579,7 +586,7 @@ pretok_run(const wk_pretok *p, const uint8_t *s, size_t off, size_t n, pretok_li
         next->n = 0;
         for (size_t i = 0; i < cur->n; i++) {
             const pretok_span sp = cur->v[i];
-            if ((err = pretok_find(p, st, s + sp.off, sp.len, md, cuts, d)) != WK_OK)
+            if ((err = pretok_find(st, s + sp.off, sp.len, md, mctx, cuts, d)) != WK_OK)
                 return err;
             size_t m = pretok_behave(st->behavior, cuts->v, cuts->n);
             for (size_t j = 0; j < m; j++) {
@@ -608,14 +615,19 @@ wk_pretok_split(const wk_pretok *p, const uint8_t *s, size_t n, wk_pretok_word_f
     pretok_list a = {0}, b = {0};
     pretok_cuts cuts = {0};
     pcre2_match_data *md = NULL;
+    pcre2_match_context *mctx = NULL;
     wk_err err = WK_OK;
     size_t i = 0, run = 0;
 
     if (n > PCRE2_SIZE_MAX / 2)
         return wk_diag_set(d, WK_ETOOBIG, "pre-tokenizer: input of %zu bytes is too large", n);
     md = pcre2_match_data_create(1, NULL);
-    if (md == NULL)
+    mctx = pcre2_match_context_copy(p->mctx); /* this call's: the limit follows the piece */
+    if (md == NULL || mctx == NULL) {
+        pcre2_match_data_free(md);
+        pcre2_match_context_free(mctx);
         return wk_diag_set(d, WK_ENOMEM, "pre-tokenizer: out of memory");
+    }
     while (i < n && err == WK_OK) {
         size_t l = pretok_utf8_len(s + i, n - i);
         if (l > 0) {
@@ -624,14 +636,15 @@ wk_pretok_split(const wk_pretok *p, const uint8_t *s, size_t n, wk_pretok_word_f
         }
         /* s[i] is no part of well-formed UTF-8: the run before it, then the byte alone */
         if (i > run)
-            err = pretok_run(p, s, run, i - run, &a, &b, &cuts, md, fn, ctx, d);
+            err = pretok_run(p, s, run, i - run, &a, &b, &cuts, md, mctx, fn, ctx, d);
         if (err == WK_OK && !fn(ctx, s + i, 1))
             err = wk_diag_set(d, WK_ENOMEM, "pre-tokenizer: out of memory");
         run = ++i;
     }
     if (err == WK_OK && n > run)
-        err = pretok_run(p, s, run, n - run, &a, &b, &cuts, md, fn, ctx, d);
+        err = pretok_run(p, s, run, n - run, &a, &b, &cuts, md, mctx, fn, ctx, d);
     pcre2_match_data_free(md);
+    pcre2_match_context_free(mctx);
     free(a.v);
     free(b.v);
     free(cuts.v);

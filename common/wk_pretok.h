@@ -28,8 +28,9 @@
  * valid text are those `tokenizers` gives.
  *
  * Patterns come from a hostile file: compile errors are refused with the
- * offset, every match is bounded by a match limit, and a match that hits it
- * fails the encode (WK_ETOOBIG) instead of running away. A loaded wk_pretok
+ * offset, every match attempt is bounded by a match limit that grows with
+ * the piece (linear backtracking over a run passes, exponential stops), and
+ * a match that hits it fails the encode (WK_ETOOBIG) instead of running away. A loaded wk_pretok
  * is immutable and any number of threads may split with it at once. This
  * module is the only one that touches PCRE2, and it never logs.
  */
@@ -44,7 +45,8 @@
 
 #define WK_PRETOK_MAX_STAGES 16      /* members of a Sequence */
 #define WK_PRETOK_MAX_PATTERN 4096   /* bytes in one pattern */
-#define WK_PRETOK_MATCH_LIMIT 1000000 /* PCRE2 match limit per match attempt */
+#define WK_PRETOK_MATCH_LIMIT 1000000 /* PCRE2 match limit per match attempt, plus: */
+#define WK_PRETOK_MATCH_PER_BYTE 16u  /* ... this much per byte of the piece matched in */
 
 typedef struct wk_pretok wk_pretok;
 
@@ -73,8 +75,9 @@ typedef bool (*wk_pretok_word_fn)(void *ctx, const uint8_t *w, size_t n);
  * Splits n bytes at s (any bytes, borrowed for the call) into words and
  * calls fn(ctx, ...) with each, in order; the words concatenate to s less
  * what a Removed behavior drops. Returns WK_OK; WK_ENOMEM (also when fn
- * returns false); WK_ETOOBIG when a match runs into WK_PRETOK_MATCH_LIMIT
- * or n is too large; WK_EINVAL for another PCRE2 match error (named in d).
+ * returns false); WK_ETOOBIG when a match runs into its limit
+ * (WK_PRETOK_MATCH_LIMIT + WK_PRETOK_MATCH_PER_BYTE per byte of the piece)
+ * or n is too large (a piece over about 268 MB); WK_EINVAL for another PCRE2 match error (named in d).
  * Thread-safe on a shared p.
  */
 WK_MUST_CHECK wk_err wk_pretok_split(const wk_pretok *p, const uint8_t *s, size_t n,
