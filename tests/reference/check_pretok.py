@@ -8,7 +8,8 @@ Usage: check_pretok.py TOKDUMP
    models/ggml-vocab-*.gguf with .inp texts and .out ids, the ids Hugging
    Face's tokenizer gives): every text of every supported vocab is encoded
    by `TOKDUMP X.gguf encode` from the GGUF alone, and must give the .out
-   ids; falcon (not supported) must be refused with its name in the diag.
+   ids; falcon (not supported) must be refused with its name in the diag,
+   gpt-neox (no tokenizer.ggml.pre) as such.
 2. `tokenizers` itself: tokenizer.json files are built here from those GGUF
    vocabularies (tokens, merges, added tokens) with the real pre_tokenizer
    JSON of Qwen2, Qwen3.5 (no normalizer), Llama-3 (ignore_merges), a
@@ -49,7 +50,9 @@ NAME = "pretok_reference"
 SRC = upstream_venv.SRC
 SUPPORTED = ["gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder",
              "starcoder", "refact", "command-r", "mpt"]
-REFUSED = ["falcon"]
+# refused GGUF vocabularies: what the diag must say
+REFUSED = {"falcon": 'tokenizer.ggml.pre "falcon" is not supported',
+           "gpt-neox": "without tokenizer.ggml.pre"}
 
 QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -333,10 +336,10 @@ def pairs(exe, conv, extra):
         if more:
             fails += bool(compare("tokenizers, %s from its GGUF" % v, more, more_want,
                                   got[len(texts):]))
-    for v in REFUSED:
+    for v, why in REFUSED.items():
         g = os.path.join(models, "ggml-vocab-%s.gguf" % v)
         p = subprocess.run([exe, g, "info"], capture_output=True, text=True, timeout=120)
-        ok = p.returncode != 0 and ('"%s" is not supported' % v) in p.stderr
+        ok = p.returncode != 0 and why in p.stderr
         print("llama.cpp pairs %s: refused (%s)" % (v, "as it must" if ok else "WRONG: " +
                                                     p.stderr.strip()[-300:]))
         fails += not ok

@@ -258,7 +258,18 @@ test_bpe(void **state)
     assert_memory_equal(ids, want, sizeof(want));
     free(ids);
     wk_tok_free(t);
-    unlink(path);
+    /* a directory holding only this .gguf: wk_tok_load_dir() falls back to it */
+    char dir[] = "/tmp/wk_tok_gguf_dir_XXXXXX", moved[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(moved, sizeof(moved), "%s/model.gguf", dir);
+    assert_int_equal(rename(path, moved), 0);
+    t = NULL;
+    if (wk_tok_load_dir(dir, NULL, &t, &d) != WK_OK)
+        fail_msg("load_dir: %s", d.msg);
+    assert_string_equal(wk_tok_kind(t), "hf-bpe");
+    wk_tok_free(t);
+    unlink(moved);
+    rmdir(dir);
     free(path);
 
     static const struct {
