@@ -101,7 +101,7 @@ pretok_translate(const char *r, size_t n, char *out, size_t *out_len, size_t *at
             if (e == 's' || e == 'S') {
                 if (in_class && e == 'S')
                     return "\\S inside a character class";
-                const char *rep = in_class ? PRETOK_SPACE
+                const char *rep = in_class   ? PRETOK_SPACE
                                   : e == 's' ? "[" PRETOK_SPACE "]"
                                              : "[^" PRETOK_SPACE "]";
                 memcpy(out + o, rep, strlen(rep));
@@ -279,8 +279,8 @@ pretok_stage_load(pretok_stage *st, const json_t *o, const char *path, bool last
     }
     if (strcmp(ty, "ByteLevel") == 0) {
         if (!last)
-            return wk_diag_set(d, WK_ENOTSUP,
-                               "%s: ByteLevel is supported only as the last member", path);
+            return wk_diag_set(d, WK_ENOTSUP, "%s: ByteLevel is supported only as the last member",
+                               path);
         if (!pretok_bool_is(o, "add_prefix_space", true, &b))
             return wk_diag_set(d, WK_EINVAL, "%s.add_prefix_space is not a boolean", path);
         if (b)
@@ -331,7 +331,8 @@ wk_pretok_new(const char *json, size_t len, const char *path, wk_pretok **out, w
         json_array_foreach(arr, i, m) {
             char sub[96];
             snprintf(sub, sizeof(sub), "%s.pretokenizers[%zu]", path, i);
-            const char *mt = json_is_object(m) ? json_string_value(json_object_get(m, "type")) : NULL;
+            const char *mt =
+                json_is_object(m) ? json_string_value(json_object_get(m, "type")) : NULL;
             if (mt != NULL && strcmp(mt, "ByteLevel") != 0 && i + 1 == json_array_size(arr)) {
                 err = wk_diag_set(d, WK_ENOTSUP,
                                   "%s: the Sequence must end in ByteLevel (the byte-level "
@@ -350,8 +351,9 @@ wk_pretok_new(const char *json, size_t len, const char *path, wk_pretok **out, w
             goto fail;
         p->n_stage = 1;
     } else {
-        err = wk_diag_set(d, WK_ENOTSUP, "%s: only Split or a Sequence of Split/Digits ending in "
-                                         "ByteLevel is supported here",
+        err = wk_diag_set(d, WK_ENOTSUP,
+                          "%s: only Split or a Sequence of Split/Digits ending in "
+                          "ByteLevel is supported here",
                           path);
         goto fail;
     }
@@ -573,8 +575,8 @@ pretok_behave(pretok_behavior beh, pretok_cut *v, size_t n)
 /* Runs every stage over the valid UTF-8 run s[off..off+n) and hands out its words. */
 static wk_err
 pretok_run(const wk_pretok *p, const uint8_t *s, size_t off, size_t n, pretok_list *cur,
-           pretok_list *next, pretok_cuts *cuts, pcre2_match_data *md,
-           pcre2_match_context *mctx, wk_pretok_word_fn fn, void *ctx, wk_diag *d)
+           pretok_list *next, pretok_cuts *cuts, pcre2_match_data *md, pcre2_match_context *mctx,
+           wk_pretok_word_fn fn, void *ctx, wk_diag *d)
 {
     wk_err err;
 

@@ -43,8 +43,8 @@
 
 #include "wk_err.h"
 
-#define WK_PRETOK_MAX_STAGES 16      /* members of a Sequence */
-#define WK_PRETOK_MAX_PATTERN 4096   /* bytes in one pattern */
+#define WK_PRETOK_MAX_STAGES 16       /* members of a Sequence */
+#define WK_PRETOK_MAX_PATTERN 4096    /* bytes in one pattern */
 #define WK_PRETOK_MATCH_LIMIT 1000000 /* PCRE2 match limit per match attempt, plus: */
 #define WK_PRETOK_MATCH_PER_BYTE 16u  /* ... this much per byte of the piece matched in */
 
@@ -59,8 +59,8 @@ typedef struct wk_pretok wk_pretok;
  * escape that is not supported (the diag names the JSON path); WK_ETOOBIG
  * for too many members or too long a pattern; WK_ENOMEM.
  */
-WK_MUST_CHECK wk_err wk_pretok_new(const char *json, size_t len, const char *path,
-                                   wk_pretok **out, wk_diag *d);
+WK_MUST_CHECK wk_err wk_pretok_new(const char *json, size_t len, const char *path, wk_pretok **out,
+                                   wk_diag *d);
 
 /* Frees a pre-tokenizer. NULL-safe. */
 void wk_pretok_free(wk_pretok *p);
@@ -77,8 +77,8 @@ typedef bool (*wk_pretok_word_fn)(void *ctx, const uint8_t *w, size_t n);
  * what a Removed behavior drops. Returns WK_OK; WK_ENOMEM (also when fn
  * returns false); WK_ETOOBIG when a match runs into its limit
  * (WK_PRETOK_MATCH_LIMIT + WK_PRETOK_MATCH_PER_BYTE per byte of the piece)
- * or n is too large (a piece over about 268 MB); WK_EINVAL for another PCRE2 match error (named in d).
- * Thread-safe on a shared p.
+ * or n is too large (a piece over about 268 MB); WK_EINVAL for another
+ * PCRE2 match error (named in d). Thread-safe on a shared p.
  */
 WK_MUST_CHECK wk_err wk_pretok_split(const wk_pretok *p, const uint8_t *s, size_t n,
                                      wk_pretok_word_fn fn, void *ctx, wk_diag *d);

@@ -54,8 +54,8 @@ fuzz_word(void *ctx, const uint8_t *w, size_t n)
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const char *const beh[] = {"Isolated", "Removed", "MergedWithPrevious",
-                                      "MergedWithNext", "Contiguous"};
+    static const char *const beh[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
+                                      "Contiguous"};
     if (size == 0)
         return 0;
     const uint8_t *nul = memchr(data + 1, 0, size - 1);

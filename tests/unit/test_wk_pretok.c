@@ -73,7 +73,7 @@ check(const char *json, const char *text, const char *want)
     check_n(json, text, strlen(text), want);
 }
 
-#define SPLIT(pat, beh, inv)                                                                      \
+#define SPLIT(pat, beh, inv)                                                                       \
     "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": " \
     "\"" pat "\"}, \"behavior\": \"" beh "\", \"invert\": " inv "}, {\"type\": \"ByteLevel\", "    \
     "\"add_prefix_space\": false, \"use_regex\": false}]}"
@@ -112,25 +112,44 @@ test_patterns(void **state)
     check(SPLIT("\\\\s+$", "Isolated", "false"), "a  \nb  ", "a|  |\nb|  ");
     /* (?i:...) and \s: NEL is a space in Oniguruma, U+180E is not (PCRE2 says it is) */
     check(SPLIT("(?i:'s)", "Isolated", "false"), "it'S", "it|'S");
-    check(SPLIT("\\\\s+", "Isolated", "false"), "a\xc2\x85" "b", "a|\xc2\x85|b");
-    check(SPLIT("\\\\s+", "Isolated", "false"), "a\xe1\xa0\x8e" "b", "a\xe1\xa0\x8e" "b");
-    check(SPLIT("[^\\\\s]+", "Isolated", "false"), "a\xe1\xa0\x8e" "b c", "a\xe1\xa0\x8e" "b| |c");
-    check(SPLIT("\\\\S+", "Isolated", "false"), "ab\xc2\xa0" "c", "ab|\xc2\xa0|c");
+    check(SPLIT("\\\\s+", "Isolated", "false"),
+          "a\xc2\x85"
+          "b",
+          "a|\xc2\x85|b");
+    check(SPLIT("\\\\s+", "Isolated", "false"),
+          "a\xe1\xa0\x8e"
+          "b",
+          "a\xe1\xa0\x8e"
+          "b");
+    check(SPLIT("[^\\\\s]+", "Isolated", "false"),
+          "a\xe1\xa0\x8e"
+          "b c",
+          "a\xe1\xa0\x8e"
+          "b| |c");
+    check(SPLIT("\\\\S+", "Isolated", "false"),
+          "ab\xc2\xa0"
+          "c",
+          "ab|\xc2\xa0|c");
 }
 
 static void
 test_digits_bytelevel(void **state)
 {
     (void)state;
-    static const char runs[] = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
-                               "\"individual_digits\": false}, {\"type\": \"ByteLevel\", "
-                               "\"add_prefix_space\": false, \"use_regex\": false}]}";
+    static const char runs[] =
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+        "\"individual_digits\": false}, {\"type\": \"ByteLevel\", "
+        "\"add_prefix_space\": false, \"use_regex\": false}]}";
     static const char one[] = "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
                               "\"individual_digits\": true}, {\"type\": \"ByteLevel\", "
                               "\"add_prefix_space\": false, \"use_regex\": true}]}";
     check(runs, "ab123c\xd9\xa1\xd9\xa2", "ab|123|c|\xd9\xa1\xd9\xa2");
     /* U+1D2C0, a Kaktovik numeral (Unicode 15): numeric for Rust */
-    check(runs, "a\xf0\x9d\x8b\x80" "1", "a|\xf0\x9d\x8b\x80" "1");
+    check(runs,
+          "a\xf0\x9d\x8b\x80"
+          "1",
+          "a|\xf0\x9d\x8b\x80"
+          "1");
     /* individual digits, then the GPT-2 split on what is left */
     check(one, "I'm 42 ok  ", "I|'m| |4|2| ok|  ");
     static const char qwen2[] =
@@ -141,7 +160,10 @@ test_digits_bytelevel(void **state)
         "\"add_prefix_space\": false, \"trim_offsets\": false, \"use_regex\": false}]}";
     check(qwen2, "Hello WORLD'LL 2024!!\n\n  x", "Hello| WORLD|'LL| |2|0|2|4|!!\n\n| | x");
     /* invalid UTF-8: each such byte alone, each valid run split as a text of its own */
-    check_n(qwen2, "ab\xff" "cd \xc3", 7, "ab|\xff|cd| |\xc3");
+    check_n(qwen2,
+            "ab\xff"
+            "cd \xc3",
+            7, "ab|\xff|cd| |\xc3");
     check_n(qwen2, "", 0, "");
 }
 
@@ -154,13 +176,15 @@ test_refused(void **state)
         wk_err want;      /* the code */
         const char *diag; /* in the diag */
     } cases[] = {
-        {SPLIT("\\\\w+", "Isolated", "false"), WK_ENOTSUP, "pretokenizers[0].pattern: pattern offset 0: an escape"},
+        {SPLIT("\\\\w+", "Isolated", "false"), WK_ENOTSUP,
+         "pretokenizers[0].pattern: pattern offset 0: an escape"},
         {SPLIT("\\\\bx", "Isolated", "false"), WK_ENOTSUP, "an escape whose meaning differs"},
         {SPLIT("(?m:a.)", "Isolated", "false"), WK_ENOTSUP, "(?m) as dotall"},
         {SPLIT("[[:alpha:]]", "Isolated", "false"), WK_ENOTSUP, "nested character class"},
         {SPLIT("[a&&b]", "Isolated", "false"), WK_ENOTSUP, "&& in a character class"},
         {SPLIT("[\\\\S]", "Isolated", "false"), WK_ENOTSUP, "\\S inside a character class"},
-        {SPLIT("(a", "Isolated", "false"), WK_EINVAL, "pattern offset 2: missing closing parenthesis"},
+        {SPLIT("(a", "Isolated", "false"), WK_EINVAL,
+         "pattern offset 2: missing closing parenthesis"},
         {SPLIT("a", "Sideways", "false"), WK_EINVAL, "behavior \"Sideways\""},
         {SPLIT("a", "Isolated", "1"), WK_EINVAL, "invert is not a boolean"},
         {"{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Whitespace\"}, "
@@ -186,8 +210,8 @@ test_refused(void **state)
         wk_diag d = {""};
         wk_err err = wk_pretok_new(cases[i].json, strlen(cases[i].json), "pre_tokenizer", &p, &d);
         if (err != cases[i].want || strstr(d.msg, cases[i].diag) == NULL)
-            fail_msg("case %zu: %s, diag \"%s\" (want %s with \"%s\")", i, wk_err_name(err),
-                     d.msg, wk_err_name(cases[i].want), cases[i].diag);
+            fail_msg("case %zu: %s, diag \"%s\" (want %s with \"%s\")", i, wk_err_name(err), d.msg,
+                     wk_err_name(cases[i].want), cases[i].diag);
         assert_null(p);
     }
     /* too many members */
@@ -211,8 +235,7 @@ test_match_limit(void **state)
     text[60] = 'b';
     words ws = {.len = 0};
     wk_diag d = {""};
-    assert_int_equal(wk_pretok_split(p, (const uint8_t *)text, 61, words_add, &ws, &d),
-                     WK_ETOOBIG);
+    assert_int_equal(wk_pretok_split(p, (const uint8_t *)text, 61, words_add, &ws, &d), WK_ETOOBIG);
     assert_non_null(strstr(d.msg, "match limit"));
     wk_pretok_free(p);
     wk_pretok_free(NULL);
@@ -228,15 +251,15 @@ test_tokenizer_json(void **state)
     for (unsigned c = 0; c < 256; c++) {
         unsigned cp = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174 ? c
                       : c <= 32                                                   ? 256 + c
-                      : c <= 160                                                  ? 256 + 33 + (c - 127)
-                                                                                  : 256 + 67;
-        o += (size_t)snprintf(json + o, sizeof(json) - o, "%s\"\\u%04x\": %u", c ? ", " : "", cp,
-                              c);
+                      : c <= 160 ? 256 + 33 + (c - 127)
+                                 : 256 + 67;
+        o +=
+            (size_t)snprintf(json + o, sizeof(json) - o, "%s\"\\u%04x\": %u", c ? ", " : "", cp, c);
     }
-    o += (size_t)snprintf(json + o, sizeof(json) - o,
-                          ", \"ab\": 256}, \"merges\": [\"a b\"]}, \"decoder\": {\"type\": "
-                          "\"ByteLevel\"}, \"pre_tokenizer\": " SPLIT("\\\\p{N}+", "Removed",
-                                                                     "false") "}");
+    o += (size_t)snprintf(
+        json + o, sizeof(json) - o,
+        ", \"ab\": 256}, \"merges\": [\"a b\"]}, \"decoder\": {\"type\": "
+        "\"ByteLevel\"}, \"pre_tokenizer\": " SPLIT("\\\\p{N}+", "Removed", "false") "}");
     wk_tok *t = NULL;
     wk_diag d = {""};
     if (wk_tok_load_hf_mem(json, o, NULL, 0, &t, &d) != WK_OK)
@@ -257,9 +280,9 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_behaviors),    cmocka_unit_test(test_patterns),
+        cmocka_unit_test(test_behaviors),        cmocka_unit_test(test_patterns),
         cmocka_unit_test(test_digits_bytelevel), cmocka_unit_test(test_refused),
-        cmocka_unit_test(test_match_limit),  cmocka_unit_test(test_tokenizer_json),
+        cmocka_unit_test(test_match_limit),      cmocka_unit_test(test_tokenizer_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
