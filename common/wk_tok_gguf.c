@@ -68,25 +68,25 @@ enum {
  * (add_prefix_space false, use_regex = byte_regex).
  */
 typedef struct tokg_pre {
-    const char *name;        /* tokenizer.ggml.pre */
-    const char *split[7];    /* Split regexes, NULL-terminated */
-    int digits;              /* -1: no Digits; 0: runs; 1: individual_digits */
-    bool byte_regex;         /* ByteLevel use_regex (the GPT-2 split) */
-    bool nfc;                /* normalizer NFC (else none) */
-    bool ignore_merges;      /* model.ignore_merges */
+    const char *name;     /* tokenizer.ggml.pre */
+    const char *split[7]; /* Split regexes, NULL-terminated */
+    int digits;           /* -1: no Digits; 0: runs; 1: individual_digits */
+    bool byte_regex;      /* ByteLevel use_regex (the GPT-2 split) */
+    bool nfc;             /* normalizer NFC (else none) */
+    bool ignore_merges;   /* model.ignore_merges */
 } tokg_pre;
 
-#define TOKG_LLAMA3                                                                               \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                      \
+#define TOKG_LLAMA3                                                                                \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define TOKG_QWEN2                                                                                \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                           \
+#define TOKG_QWEN2                                                                                 \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define TOKG_QWEN35                                                                               \
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "                 \
+#define TOKG_QWEN35                                                                                \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "                  \
     "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define TOKG_GPT4O                                                                                \
-    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"      \
+#define TOKG_GPT4O                                                                                 \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"    \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"    \
     "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| "                    \
     "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
@@ -105,7 +105,11 @@ static const tokg_pre tokg_pres[] = {
     {"qwen35", {TOKG_QWEN35, NULL}, -1, false, false, false},
     {"gpt-4o", {TOKG_GPT4O, NULL}, -1, false, false, false},
     {"deepseek-coder",
-     {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", TOKG_CJK, NULL}, 1, false, false, false},
+     {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", TOKG_CJK, NULL},
+     1,
+     false,
+     false,
+     false},
     {"deepseek-llm",
      {"[\\r\\n]",
       "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
@@ -122,9 +126,11 @@ static const tokg_pre tokg_pres[] = {
       "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
       "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
       "\U0001e900-\U0001e943]+",
-      "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", "\\s+$",
-      TOKG_CJK, NULL},
-     0, false, false, false},
+      "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", "\\s+$", TOKG_CJK, NULL},
+     0,
+     false,
+     false,
+     false},
 };
 
 /*
@@ -280,8 +286,7 @@ tokg_pretok(const tokg_pre *pre)
     }
     json_t *root = json_object();
     if (json_array_append_new(seq, bl) != 0 || root == NULL ||
-        !tokg_set(root, "type", json_string("Sequence")) ||
-        !tokg_set(root, "pretokenizers", seq)) {
+        !tokg_set(root, "type", json_string("Sequence")) || !tokg_set(root, "pretokenizers", seq)) {
         json_decref(root);
         return NULL;
     }
@@ -315,7 +320,8 @@ tokg_load_bpe(const wk_gguf *g, wk_tok **out, wk_diag *d)
         return e;
     }
     for (size_t i = 0; i < sizeof(tokg_pres) / sizeof(tokg_pres[0]); i++) {
-        if (strlen(tokg_pres[i].name) == pre_len && memcmp(tokg_pres[i].name, pre_name, pre_len) == 0)
+        if (strlen(tokg_pres[i].name) == pre_len &&
+            memcmp(tokg_pres[i].name, pre_name, pre_len) == 0)
             pre = &tokg_pres[i];
     }
     if (pre == NULL)
