@@ -634,8 +634,8 @@ bpe_check_bytelevel(bpe_ld *c, const json_t *o, const char *path, bool *prefix, 
 }
 
 /*
- * A regex pre-tokenizer (a Sequence of Split/Digits ending in ByteLevel, or
- * one Split): built by wk_pretok from the component's JSON text.
+ * A regex pre-tokenizer (a Sequence of Split/Digits members ending in
+ * ByteLevel): built by wk_pretok from the component's JSON text.
  */
 static wk_err
 bpe_load_pretok(bpe_ld *c, wk_bpe *b, const json_t *p)
@@ -1707,7 +1707,7 @@ bpe_word(const wk_bpe *b, bpe_enc *e, size_t n)
     }
     size_t ns = 0;
     for (size_t i = 0; i < n; i++) {
-        /* a byte that is never in well-formed UTF-8 may lack a token: it is dropped */
+        /* a byte the vocab has no token for (see bpe_build) is dropped */
         if (b->byte_id[w[i]] >= 0)
             e->sym[ns++] = b->byte_id[w[i]];
     }

@@ -371,7 +371,7 @@ def expected_ids(tok, strings, vocab_of_byte):
 
 
 def main():
-    upstream_venv.enter(NAME, ["tokenizers", "numpy"])
+    upstream_venv.enter(NAME, ["tokenizers"])
     import tokenizers
     if len(sys.argv) != 2:
         print("usage: check_pretok.py TOKDUMP")
