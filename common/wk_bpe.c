@@ -82,11 +82,14 @@ struct wk_bpe {
     wk_pretok *pretok;     /* regex pre-tokenizer (Split/Digits Sequence), NULL: ByteLevel alone */
 };
 
-/* What wk_bpe.added says of an id. */
+/* What wk_bpe.added says of an id: a kind, or'd with the strip flags. */
 enum {
-    BPE_ADDED_NONE = 0, /* not an added token */
-    BPE_ADDED_RAW,      /* non-normalized: matched in the raw input (trie root 0) */
-    BPE_ADDED_NORM,     /* normalized: matched in the normalized gaps (trie root 1) */
+    BPE_ADDED_NONE = 0,   /* not an added token */
+    BPE_ADDED_RAW = 1,    /* non-normalized: matched in the raw input (trie root 0) */
+    BPE_ADDED_NORM = 2,   /* normalized: matched in the normalized gaps (trie root 1) */
+    BPE_ADDED_KIND = 3,   /* mask of the kind */
+    BPE_ADDED_LSTRIP = 4, /* lstrip: takes the white space before it */
+    BPE_ADDED_RSTRIP = 8, /* rstrip: takes the white space after it */
 };
 
 /* How the SentencePiece-style modes put the word-boundary mark in front of text. */
@@ -1033,13 +1036,17 @@ bpe_load_added(bpe_ld *c, wk_bpe *b, const json_t *added, uint8_t *is_added, siz
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].special is not a boolean", i);
         if (!bpe_json_bool(t, "normalized", !special, &normalized))
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].normalized is not a boolean", i);
+        /* lstrip / rstrip: byte-level mode only; single_word: never */
         static const char *const flags[] = {"single_word", "lstrip", "rstrip"};
+        uint8_t strip = 0;
         for (size_t f = 0; f < 3; f++) {
             if (!bpe_json_bool(t, flags[f], false, &flag))
                 return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].%s is not a boolean", i, flags[f]);
+            if (flag && (f == 0 || b->spm))
+                return bpe_fail(c, WK_ENOTSUP, "added_tokens[%zu].%s true is not supported%s", i,
+                                flags[f], f == 0 ? "" : " with this pre_tokenizer");
             if (flag)
-                return bpe_fail(c, WK_ENOTSUP, "added_tokens[%zu].%s true is not supported", i,
-                                flags[f]);
+                strip |= f == 1 ? BPE_ADDED_LSTRIP : BPE_ADDED_RSTRIP;
         }
         if (is_added[id])
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu]: duplicate id %d", i, (int)id);
@@ -1061,7 +1068,7 @@ bpe_load_added(bpe_ld *c, wk_bpe *b, const json_t *added, uint8_t *is_added, siz
             bpe_trie_match(b, 1, (const uint8_t *)key, kn, &other) == kn)
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu]: content \"%s\" is also id %d", i,
                             bpe_show(content, n, sh), (int)other);
-        is_added[id] = normalized ? BPE_ADDED_NORM : BPE_ADDED_RAW;
+        is_added[id] = (normalized ? BPE_ADDED_NORM : BPE_ADDED_RAW) | strip;
         bpe_trie_add(b, normalized ? 1 : 0, key, kn, id);
         if (b->spm) {
             size_t pn = bpe_spm_unmark(key, kn, b->bytes + *pool_len);
@@ -1913,6 +1920,36 @@ bpe_plain(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n)
     return bpe_piece_enc(b, e, e->cps, k);
 }
 
+/*
+ * Length of the white-space character (Unicode White_Space, what Rust's
+ * regex \s matches) at s (n bytes), 0 if there is none.
+ */
+static size_t
+bpe_ws_at(const uint8_t *s, size_t n)
+{
+    uint32_t cp;
+    size_t l = n > 0 ? bpe_utf8_dec(s, n, &cp) : 0;
+
+    if (l == 0)
+        return 0;
+    if ((cp >= 0x09 && cp <= 0x0d) || cp == 0x20 || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
+        (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f ||
+        cp == 0x205f || cp == 0x3000)
+        return l;
+    return 0;
+}
+
+/* Length of the white-space character ending at s[n) (n bytes before), 0 if none. */
+static size_t
+bpe_ws_before(const uint8_t *s, size_t n)
+{
+    for (size_t l = 1; l <= 3 && l <= n; l++) {
+        if (bpe_ws_at(s + n - l, l) == l)
+            return l;
+    }
+    return 0;
+}
+
 /* Splits at the added tokens of trie root (0, then 1 after NFC) and encodes. */
 static bool
 bpe_span(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n, uint32_t root)
@@ -1964,13 +2001,31 @@ bpe_span(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n, uint32_t root)
             i++;
             continue;
         }
-        if (!(root == 0 ? bpe_span(b, e, s + start, i - start, 1)
-                        : bpe_plain(b, e, s + start, i - start)) ||
-            !bpe_emit(e, id))
+        /*
+         * As `tokenizers` does: lstrip takes the white space before the
+         * token back to where the last token ended, rstrip the white space
+         * after it; the search for the next token goes on from this one's
+         * end all the same.
+         */
+        size_t a = i, z = i + m, w;
+        if (b->added[id] & BPE_ADDED_LSTRIP) {
+            while (a > start && (w = bpe_ws_before(s + start, a - start)) > 0)
+                a -= w;
+        }
+        if (b->added[id] & BPE_ADDED_RSTRIP) {
+            while ((w = bpe_ws_at(s + z, n - z)) > 0)
+                z += w;
+        }
+        if (start < a && !(root == 0 ? bpe_span(b, e, s + start, a - start, 1)
+                                     : bpe_plain(b, e, s + start, a - start)))
+            return false;
+        if (!bpe_emit(e, id))
             return false;
         i += m;
-        start = i;
+        start = z;
     }
+    if (start >= n)
+        return true;
     return root == 0 ? bpe_span(b, e, s + start, n - start, 1)
                      : bpe_plain(b, e, s + start, n - start);
 }
@@ -2085,8 +2140,9 @@ bpe_run_after(const wk_bpe *b, int32_t prev)
         return true;
     if (b->spm_prepend == BPE_SPM_FIRST || (uint32_t)prev >= b->vocab_size)
         return false;
-    return b->added[prev] == BPE_ADDED_RAW ||
-           (b->added[prev] == BPE_ADDED_NORM && b->spm_prepend == BPE_SPM_ALWAYS);
+    return (b->added[prev] & BPE_ADDED_KIND) == BPE_ADDED_RAW ||
+           ((b->added[prev] & BPE_ADDED_KIND) == BPE_ADDED_NORM &&
+            b->spm_prepend == BPE_SPM_ALWAYS);
 }
 
 bool

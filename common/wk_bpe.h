@@ -46,10 +46,12 @@
  *
  * Both modes ignore the post_processor: encode never adds BOS/EOS (the
  * Llama files' TemplateProcessing would put "<s>" first; callers that want
- * it, e.g. a chat template, write it). Everything else (other model types,
- * normalizers, pre-tokenizers, decoders, dropout, subword prefixes,
- * byte_fallback in byte-level mode, lstrip/rstrip/single_word added tokens)
- * is refused with a diag naming the JSON path, e.g. `tokenizer.json:
+ * it, e.g. a chat template, write it). In byte-level mode an added token
+ * may have lstrip / rstrip: it takes the white space (Unicode White_Space)
+ * before it, back to the previous added token, or after it, as the library
+ * does. Everything else (other model types, normalizers, pre-tokenizers,
+ * decoders, dropout, subword prefixes, byte_fallback in byte-level mode,
+ * single_word added tokens, lstrip/rstrip in hf-spm mode) is refused with a diag naming the JSON path, e.g. `tokenizer.json:
  * pre_tokenizer.type "Whitespace" is not supported`.
  *
  * Input text is any bytes: valid UTF-8 is handled as Unicode; in byte-level

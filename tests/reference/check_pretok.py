@@ -13,11 +13,11 @@ Usage: check_pretok.py TOKDUMP
 2. `tokenizers` itself: tokenizer.json files are built here from those GGUF
    vocabularies (tokens, merges, added tokens) with the real pre_tokenizer
    JSON of Qwen2, Qwen3.5 (no normalizer), Llama-3 (ignore_merges), a
-   GPT-4o-style pattern, DeepSeek-Coder and StarCoder (Digits), and two
-   made-up Sequences that use every Split behavior, invert, String patterns,
-   empty matches and ^/$. WKVM_PRETOK_N generated strings in all (default
-   100000, 30% for Qwen3.5, 10% for each other file;
-   random code points of many scripts, digit and whitespace runs with \\r\\n\\t
+   GPT-4o-style pattern, DeepSeek-Coder and StarCoder (Digits), Qwen2 with
+   lstrip / rstrip / normalized added tokens, and two made-up Sequences that
+   use every Split behavior, invert, String patterns, empty matches and ^/$.
+   Generated strings (WKVM_PRETOK_N, default 100000: 30% of it for Qwen3.5,
+   10% for each other file, 110000 in all; random code points of many scripts, digit and whitespace runs with \\r\\n\\t
    and Unicode spaces, emoji and ZWJ sequences, contractions in mixed case,
    the added tokens embedded, and invalid UTF-8 in one string in eight) go
    through Tokenizer.encode_batch(add_special_tokens=False) and through one
@@ -93,6 +93,8 @@ CONFIGS = {
                        False, "deepseek-coder"),
     "starcoder": ("starcoder", None, seq({"type": "Digits", "individual_digits": True},
                                          bytelevel(True)), False, "starcoder"),
+    # lstrip / rstrip added tokens, some of them normalized (matched after NFC)
+    "addedflags": ("qwen2", NFC, seq(split(QWEN2), bytelevel()), False, None),
     "behaviors1": ("qwen2", NFC,
                    seq(split("<>", "MergedWithNext", kind="String"),
                        split(r"\p{N}+", "Contiguous"),
@@ -400,6 +402,9 @@ def main():
             vocabs[vname] = read_vocab(conv, vname)
         tokens, types, merges = vocabs[vname]
         tj, added = build_json(tokens, types, merges, norm, pre, ign)
+        if name == "addedflags":
+            for k, a in enumerate(added):
+                a.update(lstrip=k % 3 == 0, rstrip=k % 4 == 1, normalized=k % 5 == 2)
         path = os.path.join(tmp, name + ".json")
         if vname + ":text" not in vocabs:
             vocabs[vname + ":text"] = (json.dumps(tj["model"]["vocab"], ensure_ascii=False),

@@ -259,7 +259,9 @@ test_tokenizer_json(void **state)
     o += (size_t)snprintf(
         json + o, sizeof(json) - o,
         ", \"ab\": 256}, \"merges\": [\"a b\"]}, \"decoder\": {\"type\": "
-        "\"ByteLevel\"}, \"pre_tokenizer\": " SPLIT("\\\\p{N}+", "Removed", "false") "}");
+        "\"ByteLevel\"}, \"added_tokens\": [{\"id\": 257, \"content\": \"<a>\", \"lstrip\": "
+        "true, \"special\": true}, {\"id\": 258, \"content\": \"<b>\", \"rstrip\": true, "
+        "\"special\": true}], \"pre_tokenizer\": " SPLIT("\\\\p{N}+", "Removed", "false") "}");
     wk_tok *t = NULL;
     wk_diag d = {""};
     if (wk_tok_load_hf_mem(json, o, NULL, 0, &t, &d) != WK_OK)
@@ -273,7 +275,24 @@ test_tokenizer_json(void **state)
     assert_int_equal(ids[2], ' ');
     assert_int_equal(ids[3], 256);
     free(ids);
+    /* lstrip takes the spaces before <a>, rstrip those after <b> (NBSP too) */
+    static const char text[] = "x  <a>  y <b> \xc2\xa0z";
+    assert_int_equal(wk_tok_encode(t, text, sizeof(text) - 1, &ids, &n, &d), WK_OK);
+    const int32_t want[] = {'x', 257, ' ', ' ', 'y', ' ', 258, 'z'};
+    assert_int_equal(n, sizeof(want) / sizeof(want[0]));
+    assert_memory_equal(ids, want, sizeof(want));
+    free(ids);
     wk_tok_free(t);
+    /* single_word is refused */
+    static char json2[16384];
+    const char *sw = strstr(json, "\"rstrip\": true");
+    assert_non_null(sw);
+    int n2 = snprintf(json2, sizeof(json2), "%.*s\"single_word\": true%s", (int)(sw - json), json,
+                      sw + strlen("\"rstrip\": true"));
+    t = NULL;
+    assert_int_equal(wk_tok_load_hf_mem(json2, (size_t)n2, NULL, 0, &t, &d), WK_ENOTSUP);
+    assert_non_null(strstr(d.msg, "added_tokens[1].single_word true is not supported"));
+    assert_null(t);
 }
 
 int
