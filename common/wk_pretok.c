@@ -53,7 +53,7 @@ typedef struct pretok_list {
     size_t n, cap;  /* used / allocated */
 } pretok_list;
 
-/* char::is_numeric: \\p{N} with the numerals Unicode 15 added. */
+/* char::is_numeric: \p{N} with the numerals Unicode 15 added. */
 #define PRETOK_NUMERIC "[\\p{N}\\x{11F50}-\\x{11F59}\\x{1D2C0}-\\x{1D2D3}]"
 
 /* The GPT-2 split of ByteLevel use_regex, as `tokenizers` writes it. */
@@ -62,13 +62,13 @@ static const char pretok_gpt2[] =
 
 /* ---- loading ---- */
 
-/* Oniguruma's \\s (HT, LF, VT, FF, CR, NEL and \\p{Z}); PCRE2's also has U+180E. */
+/* Oniguruma's \s (HT, LF, VT, FF, CR, NEL and \p{Z}); PCRE2's also has U+180E. */
 #define PRETOK_SPACE "\\t\\n\\x0b\\f\\r\\x{85}\\p{Z}"
 
 /*
  * Writes r[0..n) as PCRE2 should read it to mean what Oniguruma reads:
- * \\s and \\S become Oniguruma's white-space set, spelt out (inside a
- * character class too; a \\S there is refused). Refuses what the two read
+ * \s and \S become Oniguruma's white-space set, spelt out (inside a
+ * character class too; a \S there is refused). Refuses what the two read
  * differently and is not rewritten: backslash escapes outside a short list,
  * inline options other than i (Oniguruma's (?m) is PCRE2's (?s)), nested
  * classes (POSIX brackets, Oniguruma's [a&&[b]]) and && in a class. out
@@ -269,7 +269,7 @@ pretok_stage_load(pretok_stage *st, const json_t *o, const char *path, bool last
             return wk_diag_set(d, WK_EINVAL, "%s.individual_digits is not a boolean", path);
         /*
          * Rust's char::is_numeric (Nd, Nl, No) in the Unicode 15 tables of
-         * `tokenizers`' builds: PCRE2 10.42's \\p{N} (Unicode 14) plus the
+         * `tokenizers`' builds: PCRE2 10.42's \p{N} (Unicode 14) plus the
          * Unicode 15 Kawi digits and Kaktovik numerals. Runs of them are one
          * piece unless individual_digits.
          */
