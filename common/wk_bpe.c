@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "wk_hex.h"
+#include "wk_pretok.h"
 #include "wk_tok.h"
 #include "wk_unicode_tables.h"
 
@@ -78,13 +79,17 @@ struct wk_bpe {
     int32_t unk_id;        /* model.unk_token's id, BPE_NO_ID for none */
     int32_t fb_id[256];    /* "<0xXX>" vocab token of each byte, BPE_NO_ID for none */
     uint8_t *added;        /* by id: BPE_ADDED_* (which trie an added token is in) */
+    wk_pretok *pretok;     /* regex pre-tokenizer (Split/Digits Sequence), NULL: ByteLevel alone */
 };
 
-/* What wk_bpe.added says of an id. */
+/* What wk_bpe.added says of an id: a kind, or'd with the strip flags. */
 enum {
-    BPE_ADDED_NONE = 0, /* not an added token */
-    BPE_ADDED_RAW,      /* non-normalized: matched in the raw input (trie root 0) */
-    BPE_ADDED_NORM,     /* normalized: matched in the normalized gaps (trie root 1) */
+    BPE_ADDED_NONE = 0,   /* not an added token */
+    BPE_ADDED_RAW = 1,    /* non-normalized: matched in the raw input (trie root 0) */
+    BPE_ADDED_NORM = 2,   /* normalized: matched in the normalized gaps (trie root 1) */
+    BPE_ADDED_KIND = 3,   /* mask of the kind */
+    BPE_ADDED_LSTRIP = 4, /* lstrip: takes the white space before it */
+    BPE_ADDED_RSTRIP = 8, /* rstrip: takes the white space after it */
 };
 
 /* How the SentencePiece-style modes put the word-boundary mark in front of text. */
@@ -631,6 +636,25 @@ bpe_check_bytelevel(bpe_ld *c, const json_t *o, const char *path, bool *prefix, 
     return WK_OK;
 }
 
+/*
+ * A regex pre-tokenizer (a Sequence of Split/Digits members ending in
+ * ByteLevel): built by wk_pretok from the component's JSON text.
+ */
+static wk_err
+bpe_load_pretok(bpe_ld *c, wk_bpe *b, const json_t *p)
+{
+    char path[96];
+    char *js = json_dumps(p, JSON_COMPACT);
+    wk_err err;
+
+    if (js == NULL)
+        return bpe_fail(c, WK_ENOMEM, "out of memory");
+    snprintf(path, sizeof(path), "%s: pre_tokenizer", c->label);
+    err = wk_pretok_new(js, strlen(js), path, &b->pretok, c->d);
+    free(js);
+    return err;
+}
+
 static wk_err
 bpe_check_pretok(bpe_ld *c, wk_bpe *b, const json_t *p)
 {
@@ -646,11 +670,12 @@ bpe_check_pretok(bpe_ld *c, wk_bpe *b, const json_t *p)
         json_t *arr = json_object_get(p, "pretokenizers");
         if (!json_is_array(arr))
             return bpe_fail(c, WK_EINVAL, "pre_tokenizer.pretokenizers is not an array");
-        if (json_array_size(arr) != 1)
+        if (json_array_size(arr) == 0)
             return bpe_fail(c, WK_ENOTSUP,
-                            "pre_tokenizer: a Sequence of %zu pre-tokenizers is not supported "
-                            "(only one ByteLevel)",
-                            json_array_size(arr));
+                            "pre_tokenizer: an empty Sequence is not supported (it needs "
+                            "ByteLevel)");
+        if (json_array_size(arr) != 1)
+            return bpe_load_pretok(c, b, p);
         p = json_array_get(arr, 0);
         path = "pre_tokenizer.pretokenizers[0]";
         if (!json_is_object(p) || (ty = bpe_type(p)) == NULL)
@@ -1011,13 +1036,17 @@ bpe_load_added(bpe_ld *c, wk_bpe *b, const json_t *added, uint8_t *is_added, siz
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].special is not a boolean", i);
         if (!bpe_json_bool(t, "normalized", !special, &normalized))
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].normalized is not a boolean", i);
+        /* lstrip / rstrip: byte-level mode only; single_word: never */
         static const char *const flags[] = {"single_word", "lstrip", "rstrip"};
+        uint8_t strip = 0;
         for (size_t f = 0; f < 3; f++) {
             if (!bpe_json_bool(t, flags[f], false, &flag))
                 return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].%s is not a boolean", i, flags[f]);
+            if (flag && (f == 0 || b->spm))
+                return bpe_fail(c, WK_ENOTSUP, "added_tokens[%zu].%s true is not supported%s", i,
+                                flags[f], f == 0 ? "" : " with this pre_tokenizer");
             if (flag)
-                return bpe_fail(c, WK_ENOTSUP, "added_tokens[%zu].%s true is not supported", i,
-                                flags[f]);
+                strip |= f == 1 ? BPE_ADDED_LSTRIP : BPE_ADDED_RSTRIP;
         }
         if (is_added[id])
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu]: duplicate id %d", i, (int)id);
@@ -1039,7 +1068,7 @@ bpe_load_added(bpe_ld *c, wk_bpe *b, const json_t *added, uint8_t *is_added, siz
             bpe_trie_match(b, 1, (const uint8_t *)key, kn, &other) == kn)
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu]: content \"%s\" is also id %d", i,
                             bpe_show(content, n, sh), (int)other);
-        is_added[id] = normalized ? BPE_ADDED_NORM : BPE_ADDED_RAW;
+        is_added[id] = (normalized ? BPE_ADDED_NORM : BPE_ADDED_RAW) | strip;
         bpe_trie_add(b, normalized ? 1 : 0, key, kn, id);
         if (b->spm) {
             size_t pn = bpe_spm_unmark(key, kn, b->bytes + *pool_len);
@@ -1400,7 +1429,15 @@ bpe_build(bpe_ld *c, wk_bpe *b, const json_t *root)
         size_t n = bpe_utf8_enc(bpe_byte_cp((uint8_t)by), u);
         char sh[72];
         b->byte_id[by] = bpe_str_get(b, (const char *)u, n);
-        if (b->byte_id[by] < 0) {
+        /*
+         * Vocabs trained on text (StarCoder, DeepSeek, GPT-NeoX) may lack
+         * the bytes that never occur in well-formed UTF-8 (0xc0, 0xc1,
+         * 0xf5..0xff) and the lead bytes of planes 4..16 (0xf1..0xf4: almost
+         * nothing is assigned there). `tokenizers` drops a character whose
+         * byte-level form is not in the vocab (no unk_token in these files),
+         * and so does bpe_word() with such a byte.
+         */
+        if (b->byte_id[by] < 0 && !(by == 0xc0 || by == 0xc1 || by >= 0xf1)) {
             err = bpe_fail(c, WK_EINVAL,
                            "model.vocab has no token \"%s\" for byte 0x%02x, so some inputs "
                            "could not be encoded",
@@ -1456,6 +1493,7 @@ wk_bpe_free(wk_bpe *b)
     free(b->merge);
     free(b->trie);
     free(b->added);
+    wk_pretok_free(b->pretok);
     free(b);
 }
 
@@ -1523,6 +1561,9 @@ typedef struct bpe_enc {
     const uint8_t *cont; /* hf-spm: where the text continues a run (no mark put there), or NULL */
     uint8_t *mark;       /* SentencePiece-style: a piece with spaces as "\u2581" */
     size_t mark_cap;     /* bytes mark holds */
+    const wk_bpe *bpe;   /* the tokenizer (the pre-tokenizer's word callback needs it) */
+    wk_err err;          /* why encoding stopped, when not for memory (diag in d) */
+    wk_diag *d;          /* caller's diag */
 } bpe_enc;
 
 static bool
@@ -1671,9 +1712,13 @@ bpe_word(const wk_bpe *b, bpe_enc *e, size_t n)
         if (id >= 0)
             return bpe_emit(e, id);
     }
-    for (size_t i = 0; i < n; i++)
-        e->sym[i] = b->byte_id[w[i]];
-    return bpe_merge_run(b, e, n);
+    size_t ns = 0;
+    for (size_t i = 0; i < n; i++) {
+        /* a byte the vocab has no token for (see bpe_build) is dropped */
+        if (b->byte_id[w[i]] >= 0)
+            e->sym[ns++] = b->byte_id[w[i]];
+    }
+    return ns == 0 || bpe_merge_run(b, e, ns);
 }
 
 /*
@@ -1838,6 +1883,16 @@ bpe_piece_enc(const wk_bpe *b, bpe_enc *e, const uint32_t *cps, size_t n)
     return true;
 }
 
+/* One word of the regex pre-tokenizer: BPE over its bytes. */
+static bool
+bpe_pretok_word(void *ctx, const uint8_t *w, size_t n)
+{
+    bpe_enc *e = ctx;
+
+    memcpy(e->word, w, n);
+    return bpe_word(e->bpe, e, n);
+}
+
 /* Encodes a piece of n bytes with no added token in it (after normalization). */
 static bool
 bpe_plain(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n)
@@ -1850,6 +1905,12 @@ bpe_plain(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n)
         return bpe_spm_plain(b, e, s, n);
     if (!bpe_scratch(e, n + 1))
         return false;
+    if (b->pretok != NULL) {
+        wk_err err = wk_pretok_split(b->pretok, s, n, bpe_pretok_word, e, e->d);
+        if (err != WK_OK && err != WK_ENOMEM)
+            e->err = err;
+        return err == WK_OK;
+    }
     if (b->add_prefix_space && s[0] != ' ') {
         e->cps[0] = ' ';
         k = 1 + bpe_cps_from(s, n, e->cps + 1);
@@ -1857,6 +1918,36 @@ bpe_plain(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n)
         k = bpe_cps_from(s, n, e->cps);
     }
     return bpe_piece_enc(b, e, e->cps, k);
+}
+
+/*
+ * Length of the white-space character (Unicode White_Space, what Rust's
+ * regex \s matches) at s (n bytes), 0 if there is none.
+ */
+static size_t
+bpe_ws_at(const uint8_t *s, size_t n)
+{
+    uint32_t cp;
+    size_t l = n > 0 ? bpe_utf8_dec(s, n, &cp) : 0;
+
+    if (l == 0)
+        return 0;
+    if ((cp >= 0x09 && cp <= 0x0d) || cp == 0x20 || cp == 0x85 || cp == 0xa0 || cp == 0x1680 ||
+        (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 || cp == 0x202f ||
+        cp == 0x205f || cp == 0x3000)
+        return l;
+    return 0;
+}
+
+/* Length of the white-space character ending at s[n) (n bytes before), 0 if none. */
+static size_t
+bpe_ws_before(const uint8_t *s, size_t n)
+{
+    for (size_t l = 1; l <= 3 && l <= n; l++) {
+        if (bpe_ws_at(s + n - l, l) == l)
+            return l;
+    }
+    return 0;
 }
 
 /* Splits at the added tokens of trie root (0, then 1 after NFC) and encodes. */
@@ -1910,13 +2001,31 @@ bpe_span(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n, uint32_t root)
             i++;
             continue;
         }
-        if (!(root == 0 ? bpe_span(b, e, s + start, i - start, 1)
-                        : bpe_plain(b, e, s + start, i - start)) ||
-            !bpe_emit(e, id))
+        /*
+         * As `tokenizers` does: lstrip takes the white space before the
+         * token back to where the last token ended, rstrip the white space
+         * after it; the search for the next token goes on from this one's
+         * end all the same.
+         */
+        size_t a = i, z = i + m, w;
+        if (b->added[id] & BPE_ADDED_LSTRIP) {
+            while (a > start && (w = bpe_ws_before(s + start, a - start)) > 0)
+                a -= w;
+        }
+        if (b->added[id] & BPE_ADDED_RSTRIP) {
+            while ((w = bpe_ws_at(s + z, n - z)) > 0)
+                z += w;
+        }
+        if (start < a && !(root == 0 ? bpe_span(b, e, s + start, a - start, 1)
+                                     : bpe_plain(b, e, s + start, a - start)))
+            return false;
+        if (!bpe_emit(e, id))
             return false;
         i += m;
-        start = i;
+        start = z;
     }
+    if (start >= n)
+        return true;
     return root == 0 ? bpe_span(b, e, s + start, n - start, 1)
                      : bpe_plain(b, e, s + start, n - start);
 }
@@ -1971,6 +2080,8 @@ bpe_encode(const wk_bpe *b, const char *text, size_t start, size_t len, bool con
     if (n > (SIZE_MAX / 16) - 16 || n > (b->spm ? INT32_MAX / 3 - 16 : INT32_MAX - 16))
         return wk_diag_set(d, WK_ETOOBIG, "encode: input of %zu bytes is too large", n);
     e.text = (const uint8_t *)text;
+    e.bpe = b;
+    e.d = d;
     if (cont && b->spm && !bpe_run_starts(b, e.text, start))
         e.cont = e.text + start;
     ok = bpe_span(b, &e, (const uint8_t *)text + start, n, 0);
@@ -1986,6 +2097,8 @@ bpe_encode(const wk_bpe *b, const char *text, size_t start, size_t len, bool con
         ok = (e.ids = malloc(sizeof(*e.ids))) != NULL;
     if (!ok) {
         free(e.ids);
+        if (e.err != WK_OK)
+            return e.err;
         return wk_diag_set(d, WK_ENOMEM, "encode: out of memory for %zu bytes", n);
     }
     *ids = e.ids;
@@ -2027,8 +2140,9 @@ bpe_run_after(const wk_bpe *b, int32_t prev)
         return true;
     if (b->spm_prepend == BPE_SPM_FIRST || (uint32_t)prev >= b->vocab_size)
         return false;
-    return b->added[prev] == BPE_ADDED_RAW ||
-           (b->added[prev] == BPE_ADDED_NORM && b->spm_prepend == BPE_SPM_ALWAYS);
+    return (b->added[prev] & BPE_ADDED_KIND) == BPE_ADDED_RAW ||
+           ((b->added[prev] & BPE_ADDED_KIND) == BPE_ADDED_NORM &&
+            b->spm_prepend == BPE_SPM_ALWAYS);
 }
 
 bool

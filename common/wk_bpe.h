@@ -11,7 +11,12 @@
  * NFC (a real NFC, from tables generated out of Python's unicodedata, see
  * tools/gen_unicode_tables.py); pre_tokenizer ByteLevel (add_prefix_space,
  * use_regex with the GPT-2 pattern), alone or as the only member of a
- * Sequence; decoder ByteLevel.
+ * Sequence, or a Sequence of Split / Digits members ending in ByteLevel
+ * (Qwen2, Qwen3.5, Llama-3, DeepSeek, StarCoder: run by wk_pretok, see
+ * wk_pretok.h and docs/TOKENIZERS.md); decoder ByteLevel. A vocab may lack
+ * the byte tokens no well-formed UTF-8 text needs (0xc0, 0xc1, 0xf1..0xff);
+ * such a byte in the input is dropped, as `tokenizers` drops a character
+ * the vocab cannot spell.
  *
  * SentencePiece-style mode ("hf-spm": Llama-1/2, Mistral, and models that
  * reuse their tokenizer such as fla-hub's), chosen when pre_tokenizer is
@@ -41,17 +46,21 @@
  *
  * Both modes ignore the post_processor: encode never adds BOS/EOS (the
  * Llama files' TemplateProcessing would put "<s>" first; callers that want
- * it, e.g. a chat template, write it). Everything else (other model types,
- * normalizers, pre-tokenizers, decoders, dropout, subword prefixes,
- * byte_fallback in byte-level mode, lstrip/rstrip/single_word added tokens)
- * is refused with a diag naming the JSON path, e.g. `tokenizer.json:
+ * it, e.g. a chat template, write it). In byte-level mode an added token
+ * may have lstrip / rstrip: it takes the white space (Unicode White_Space)
+ * before it, back to the previous added token, or after it, as the library
+ * does. Everything else (other model types, normalizers, pre-tokenizers,
+ * decoders, dropout, subword prefixes, byte_fallback in byte-level mode,
+ * single_word added tokens, lstrip/rstrip in hf-spm mode) is refused with a diag naming the JSON path, e.g. `tokenizer.json:
  * pre_tokenizer.type "Whitespace" is not supported`.
  *
  * Input text is any bytes: valid UTF-8 is handled as Unicode; in byte-level
  * mode a byte that is not part of a well-formed UTF-8 character is kept as
- * that raw byte, counts as "other" (neither letter, number nor space) for
- * the pre-tokenizer, and passes NFC unchanged, so decode(encode(x)) == x
- * whenever NFC(x) == x.
+ * that raw byte and passes NFC unchanged; for the GPT-2 split it counts as
+ * "other" (neither letter, number nor space), for a regex pre-tokenizer it
+ * is a word of its own and the text around it is split as separate texts.
+ * So decode(encode(x)) == x whenever NFC(x) == x and no Split removes text
+ * and the vocab has every byte.
  *
  * The file is hostile input: its size, every id (unique, <= WK_TOK_MAX_ID),
  * every token (maps back to bytes through the byte-level alphabet, or in
@@ -127,7 +136,9 @@ int32_t wk_bpe_find(const wk_bpe *b, const char *s, size_t n);
 /*
  * Encodes len bytes of text (any bytes). On success *ids is a malloc'd array
  * of *n_ids ids (never NULL, even for empty input), caller frees with free().
- * Returns WK_OK, WK_ENOMEM or WK_ETOOBIG (input too large to index).
+ * Returns WK_OK, WK_ENOMEM or WK_ETOOBIG (input too large to index, or a
+ * regex pre-tokenizer's match limit reached, WK_PRETOK_MATCH_LIMIT); with a
+ * hostile pattern also WK_EINVAL (a PCRE2 match error, named in d).
  * Thread-safe on a shared b.
  */
 WK_MUST_CHECK wk_err wk_bpe_encode(const wk_bpe *b, const char *text, size_t len, int32_t **ids,

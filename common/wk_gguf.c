@@ -31,6 +31,7 @@ typedef struct wk_gguf_kv {
     wk_gguf_type elem;      /* ARRAY: element type */
     uint64_t n;             /* ARRAY: element count */
     const uint8_t **strs;   /* ARRAY of STRING: n pointers at each u64 length prefix, owned */
+    const uint8_t *arr;     /* ARRAY of a scalar type: the elements, borrowed from the image */
 } wk_gguf_kv;
 
 struct wk_gguf {
@@ -223,6 +224,7 @@ wk_gguf_value(wk_gguf_cur *c, wk_gguf_kv *kv, wk_diag *d)
             return wk_diag_set(d, WK_EINVAL, "key '%s': array of %llu elements past the end "
                                              "of the file",
                                kv->key, (unsigned long long)n);
+        kv->arr = c->p + c->off;
         c->off += (size_t)n * esz;
         return WK_OK;
     }
@@ -686,5 +688,35 @@ wk_gguf_arr_str(const wk_gguf *g, const char *key, uint64_t i, const char **s, s
         n = n << 8 | p[k];
     *s = (const char *)p + 8;
     *len = (size_t)n; /* checked against the image when parsed */
+    return WK_OK;
+}
+
+wk_err
+wk_gguf_arr_int(const wk_gguf *g, const char *key, uint64_t i, int64_t *out, wk_diag *d)
+{
+    const wk_gguf_kv *kv = wk_gguf_kv_find(g, key);
+    if (kv == NULL)
+        return wk_diag_set(d, WK_ENOENT, "key '%s': absent", key ? key : "(null)");
+    if (kv->type != WK_GGUF_TYPE_ARRAY || kv->arr == NULL || kv->elem == WK_GGUF_TYPE_FLOAT32 ||
+        kv->elem == WK_GGUF_TYPE_FLOAT64)
+        return wk_diag_set(d, WK_EINVAL, "key '%s': not an integer array", key);
+    if (i >= kv->n)
+        return wk_diag_set(d, WK_EINVAL, "key '%s': index %llu out of range (%llu)", key,
+                           (unsigned long long)i, (unsigned long long)kv->n);
+    wk_gguf_kv one = {.type = kv->elem};
+    wk_gguf_scalar(kv->elem, kv->arr + (size_t)i * wk_gguf_scalar_size(kv->elem), &one);
+    if (kv->elem == WK_GGUF_TYPE_UINT64 && one.v.u > INT64_MAX)
+        return wk_diag_set(d, WK_EINVAL, "key '%s': element %llu over INT64_MAX", key,
+                           (unsigned long long)i);
+    switch (kv->elem) {
+    case WK_GGUF_TYPE_INT8:
+    case WK_GGUF_TYPE_INT16:
+    case WK_GGUF_TYPE_INT32:
+    case WK_GGUF_TYPE_INT64:
+        *out = one.v.i;
+        break;
+    default:
+        *out = (int64_t)one.v.u;
+    }
     return WK_OK;
 }

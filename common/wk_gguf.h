@@ -121,6 +121,14 @@ WK_MUST_CHECK wk_err wk_gguf_get_arr(const wk_gguf *g, const char *key, wk_gguf_
 WK_MUST_CHECK wk_err wk_gguf_arr_str(const wk_gguf *g, const char *key, uint64_t i,
                                      const char **s, size_t *len, wk_diag *d);
 
+/*
+ * The i-th element of an integer (or bool) ARRAY key, as an int64_t (O(1)).
+ * Returns WK_OK, WK_ENOENT, WK_EINVAL (not an integer array, i out of
+ * range, a UINT64 over INT64_MAX).
+ */
+WK_MUST_CHECK wk_err wk_gguf_arr_int(const wk_gguf *g, const char *key, uint64_t i,
+                                     int64_t *out, wk_diag *d);
+
 /* Name of a GGML tensor type number ("F32", "Q8_0", ...); "unknown" when not known. */
 const char *wk_gguf_ggml_type_name(uint32_t type);
 

@@ -6,8 +6,10 @@
  *    a byte trie (exactly what the reference TRIE_TOKENIZER does). Id 0 is
  *    end-of-text and decodes to nothing.
  *  - "hf-bpe": a Hugging Face tokenizer.json with a byte-level BPE model
- *    (GPT-NeoX for Mamba2, GPT-2/Llama-3 style), see wk_bpe.h for what is
- *    supported. Every id is an ordinary token; end-of-text is wk_tok_eos().
+ *    (GPT-NeoX for Mamba2, GPT-2, Llama-3, Qwen2/Qwen3.5, DeepSeek,
+ *    StarCoder style), see wk_bpe.h for what is supported, or the
+ *    byte-level BPE of a GGUF's metadata (wk_tok_load_gguf()). Every id is
+ *    an ordinary token; end-of-text is wk_tok_eos().
  *  - "hf-spm": a Hugging Face tokenizer.json with a SentencePiece-style BPE
  *    model (Llama-2 / Mistral: "\u2581" for spaces, byte fallback to
  *    "<0xXX>", unk), see wk_bpe.h. As hf-bpe otherwise; BOS ("<s>") is
@@ -99,19 +101,29 @@ WK_MUST_CHECK wk_err wk_tok_load_hf_mem(const void *buf, size_t len, const void 
                                         size_t cfg_len, wk_tok **out, wk_diag *d);
 
 /*
- * Loads the RWKV World tokenizer stored in the metadata of the GGUF file at
- * path, as llama.cpp's convert_hf_to_gguf.py writes it (tokenizer.ggml.model
- * "rwkv", tokenizer.ggml.tokens: "<s>" at id 0, then the vocab file's tokens
- * as the body of Python's repr() of their bytes, then "[PAD<id>]" fillers up
- * to the model's vocab size). The result is the tokenizer wk_tok_load()
- * builds from the vocab file the converter read (same ids, bytes and
- * encoding); id 0 and the fillers are not tokens. Its digest is that of the
- * equivalent vocab text (one `<id> b'\xHH..' <length>` line per token), not
- * of the GGUF file. On success *out is freed with wk_tok_free(). Returns the
- * codes of wk_gguf_open(), WK_ENOENT (no tokenizer.ggml.model), WK_ENOTSUP
- * (another tokenizer model, e.g. "gpt2"), WK_EINVAL (a token the converter
- * cannot have written, named by its index; or a vocab wk_tok_load_mem()
- * refuses), WK_ENOMEM; the diag starts with path.
+ * Loads the tokenizer stored in the metadata of the GGUF file at path, as
+ * llama.cpp's convert_hf_to_gguf.py writes it:
+ *  - tokenizer.ggml.model "rwkv" (tokenizer.ggml.tokens: "<s>" at id 0,
+ *    then the vocab file's tokens as the body of Python's repr() of their
+ *    bytes, then "[PAD<id>]" fillers up to the model's vocab size): the
+ *    tokenizer wk_tok_load() builds from the vocab file the converter read
+ *    (same ids, bytes and encoding); id 0 and the fillers are not tokens.
+ *    Its digest is that of the equivalent vocab text (one
+ *    `<id> b'\xHH..' <length>` line per token), not of the GGUF file.
+ *  - tokenizer.ggml.model "gpt2" (byte-level BPE: tokens, token_type,
+ *    merges, tokenizer.ggml.pre): an "hf-bpe" tokenizer built from the
+ *    equivalent tokenizer.json, with the normalizer and pre-tokenizer of
+ *    the Hugging Face tokenizer that tokenizer.ggml.pre names (gpt-2, mpt,
+ *    starcoder, refact, command-r, llama-bpe, qwen2, qwen35, gpt-4o,
+ *    deepseek-coder, deepseek-llm; see docs/TOKENIZERS.md); CONTROL and
+ *    USER_DEFINED tokens are added tokens, end-of-text is
+ *    tokenizer.ggml.eos_token_id. Its digest is that of that tokenizer.json.
+ * On success *out is freed with wk_tok_free(). Returns the codes of
+ * wk_gguf_open(), WK_ENOENT (no tokenizer.ggml.model), WK_ENOTSUP (another
+ * tokenizer model; a "gpt2" one without tokenizer.ggml.pre or with one not
+ * listed above, named), WK_EINVAL (a token the converter cannot have
+ * written, named by its index; or a vocab the loaders refuse), WK_ENOMEM;
+ * the diag starts with path.
  */
 WK_MUST_CHECK wk_err wk_tok_load_gguf(const char *path, wk_tok **out, wk_diag *d);
 

@@ -1,8 +1,9 @@
 /*
  * wkvm-tokdump: prints what wk_tok makes of a vocab file (World) or a
- * tokenizer.json (HF, any path ending in .json) or the World token list in
- * a GGUF file's metadata (any path ending in .gguf), for comparison with Python
- * (tests/reference/check_vocab_parse.py, tests/reference/check_bpe.py). A
+ * tokenizer.json (HF, any path ending in .json) or the tokenizer in a GGUF
+ * file's metadata (World or byte-level BPE; any path ending in .gguf), for
+ * comparison with Python (tests/reference/check_vocab_parse.py,
+ * tests/reference/check_bpe.py, tests/reference/check_pretok.py). A
  * test tool only: it trusts its arguments and exits non-zero on the first
  * problem.
  *

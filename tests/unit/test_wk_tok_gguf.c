@@ -3,8 +3,12 @@
  * metadata (tokenizer.ggml.tokens as llama.cpp's converter writes it), on
  * GGUF images built here: ids and bytes of every token, repr() escapes, the
  * "<s>" and "[PAD<id>]" entries that are not tokens, greedy encoding, and
- * each refusal with the key or index it names. Offline; the converter's real
- * output is checked by tests/reference/gguf_llama_cpp.py.
+ * each refusal with the key or index it names; then a byte-level BPE
+ * ("gpt2") GGUF: the Qwen2 split, a merge, an added token, eos, fillers and
+ * raw symbols left out, and its refusals (unknown or absent
+ * tokenizer.ggml.pre, bad token types). Offline; the converter's real
+ * output is checked by tests/reference/gguf_llama_cpp.py and
+ * tests/reference/check_pretok.py.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -148,6 +152,150 @@ test_tokens(void **state)
     free(path);
 }
 
+/* UTF-8 of the byte-level alphabet's character for byte c (GPT-2's bytes_to_unicode). */
+static void
+bl_char(unsigned c, char out[4])
+{
+    unsigned cp = (c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174 ? c
+                  : c <= 32                                                   ? 256 + c
+                  : c <= 160                                                  ? 256 + 33 + (c - 127)
+                                                                              : 256 + 67;
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = '\0';
+    } else {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        out[2] = '\0';
+    }
+}
+
+/*
+ * Writes a "gpt2" GGUF: ids 0..255 the byte-level alphabet (NORMAL), 256
+ * "Ġa" (NORMAL, merge "Ġ a"), 257 "<|im_start|>" (CONTROL), 258 "[PAD258]"
+ * (UNUSED), 259 a raw "\u2122" (NORMAL, outside the alphabet), eos 257.
+ * pre NULL: no tokenizer.ggml.pre. bad_type: token 256's type.
+ */
+static char *
+write_gguf_bpe(const char *pre, int32_t bad_type, uint64_t n_types)
+{
+    static gbuf b;
+    static const char *const extra[] = {"\xc4\xa0" "a", "<|im_start|>", "[PAD258]", "\xe2\x84\xa2"};
+    const int32_t types[] = {bad_type, 3, 5, 1};
+    b.len = 0;
+    g_put(&b, "GGUF", 4);
+    g_u32(&b, 3);
+    g_u64(&b, 0);
+    g_u64(&b, pre != NULL ? 6 : 5);
+    g_str(&b, "tokenizer.ggml.model");
+    g_u32(&b, 8);
+    g_str(&b, "gpt2");
+    if (pre != NULL) {
+        g_str(&b, "tokenizer.ggml.pre");
+        g_u32(&b, 8);
+        g_str(&b, pre);
+    }
+    g_str(&b, "tokenizer.ggml.tokens");
+    g_u32(&b, 9);
+    g_u32(&b, 8);
+    g_u64(&b, 260);
+    for (unsigned c = 0; c < 256; c++) {
+        char ch[4];
+        bl_char(c, ch);
+        g_str(&b, ch);
+    }
+    for (size_t i = 0; i < 4; i++)
+        g_str(&b, extra[i]);
+    g_str(&b, "tokenizer.ggml.token_type");
+    g_u32(&b, 9);
+    g_u32(&b, 5); /* INT32 */
+    g_u64(&b, n_types);
+    for (uint64_t i = 0; i < n_types; i++) {
+        int32_t ty = i < 256 ? 1 : types[i - 256];
+        g_put(&b, &ty, 4);
+    }
+    g_str(&b, "tokenizer.ggml.merges");
+    g_u32(&b, 9);
+    g_u32(&b, 8);
+    g_u64(&b, 1);
+    g_str(&b, "\xc4\xa0 a");
+    g_str(&b, "tokenizer.ggml.eos_token_id");
+    g_u32(&b, 4); /* UINT32 */
+    g_u32(&b, 257);
+    char *path = strdup("/tmp/wk_tok_gguf_XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b.p, b.len), (ssize_t)b.len);
+    close(fd);
+    return path;
+}
+
+static void
+test_bpe(void **state)
+{
+    (void)state;
+    char *path = write_gguf_bpe("qwen2", 1, 260);
+    wk_tok *t = NULL;
+    wk_diag d = {""};
+    if (wk_tok_load_gguf(path, &t, &d) != WK_OK)
+        fail_msg("load: %s", d.msg);
+    assert_string_equal(wk_tok_kind(t), "hf-bpe");
+    assert_int_equal(wk_tok_eos(t), 257);
+    assert_int_equal(wk_tok_count(t), 258); /* the filler and the raw symbol are no tokens */
+    size_t len;
+    assert_null(wk_tok_piece(t, 258, &len));
+    assert_null(wk_tok_piece(t, 259, &len));
+    const uint8_t *p = wk_tok_piece(t, 256, &len);
+    assert_int_equal(len, 2);
+    assert_memory_equal(p, " a", 2);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    /* the Qwen2 split: "a", " a", "1", "2", "'S", then the added token */
+    const char text[] = "a a12'S<|im_start|>";
+    assert_int_equal(wk_tok_encode(t, text, sizeof(text) - 1, &ids, &n, &d), WK_OK);
+    const int32_t want[] = {'a', 256, '1', '2', '\'', 'S', 257};
+    assert_int_equal(n, sizeof(want) / sizeof(want[0]));
+    assert_memory_equal(ids, want, sizeof(want));
+    free(ids);
+    wk_tok_free(t);
+    /* a directory holding only this .gguf: wk_tok_load_dir() falls back to it */
+    char dir[] = "/tmp/wk_tok_gguf_dir_XXXXXX", moved[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(moved, sizeof(moved), "%s/model.gguf", dir);
+    assert_int_equal(rename(path, moved), 0);
+    t = NULL;
+    if (wk_tok_load_dir(dir, NULL, &t, &d) != WK_OK)
+        fail_msg("load_dir: %s", d.msg);
+    assert_string_equal(wk_tok_kind(t), "hf-bpe");
+    wk_tok_free(t);
+    unlink(moved);
+    rmdir(dir);
+    free(path);
+
+    static const struct {
+        const char *pre;    /* tokenizer.ggml.pre */
+        int32_t type;       /* token 256's type */
+        uint64_t n_types;   /* token_type entries */
+        wk_err want;        /* the code */
+        const char *substr; /* in the diag */
+    } bad[] = {
+        {"falcon", 1, 260, WK_ENOTSUP, "tokenizer.ggml.pre \"falcon\" is not supported"},
+        {NULL, 1, 260, WK_ENOTSUP, "without tokenizer.ggml.pre"},
+        {"qwen2", 9, 260, WK_EINVAL, "tokenizer.ggml.token_type[256]: token type 9"},
+        {"qwen2", 1, 259, WK_EINVAL, "tokenizer.ggml.token_type has 259 entries"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        path = write_gguf_bpe(bad[i].pre, bad[i].type, bad[i].n_types);
+        t = NULL;
+        assert_int_equal(wk_tok_load_gguf(path, &t, &d), bad[i].want);
+        assert_null(t);
+        if (strstr(d.msg, bad[i].substr) == NULL || strstr(d.msg, path) == NULL)
+            fail_msg("case %zu: diag \"%s\" lacks \"%s\" or the path", i, d.msg, bad[i].substr);
+        unlink(path);
+        free(path);
+    }
+}
+
 static void
 test_refusals(void **state)
 {
@@ -187,6 +335,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tokens),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_bpe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
