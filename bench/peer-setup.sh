@@ -47,13 +47,21 @@ if [ ! -f "$dir/llama.cpp/CMakeLists.txt" ]; then
 fi
 
 bin=$dir/llama.cpp/build/bin
+# AMX off where the CPU lists it (WKVM_PEER_AMX=1 keeps it): llama.cpp's native build dies
+# with SIGILL in its AMX path on VMs that do not enable the AMX tile state (seen here on a
+# Xeon VM with amx_tile, amx_int8, amx_bf16 in /proc/cpuinfo).
+amx=()
+if grep -qw amx_tile /proc/cpuinfo && [ "${WKVM_PEER_AMX:-0}" != 1 ]; then
+    amx=(-DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+         -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+fi
 if [ ! -x "$bin/llama-server" ] || [ ! -x "$bin/llama-bench" ] ||
     [ ! -x "$bin/llama-batched-bench" ]; then
     # CPU only (no CUDA/Vulkan/BLAS), tuned for this CPU like wkvm's run-time ISA choice
     cmake -S "$dir/llama.cpp" -B "$dir/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release \
         -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
-        -DLLAMA_BUILD_SERVER=ON >/dev/null
+        -DLLAMA_BUILD_SERVER=ON ${amx[@]+"${amx[@]}"} >/dev/null
     cmake --build "$dir/llama.cpp/build" --target llama-server llama-bench llama-batched-bench \
         -j"$(nproc)" >/dev/null
 fi

@@ -7,7 +7,9 @@ A random benchmark model has no tokenizer of its own, and the converter needs
 one: this writes a Hugging Face tokenizer.json / tokenizer_config.json built
 from llama.cpp's test vocabulary models/ggml-vocab-qwen35.gguf (a Qwen
 byte-level BPE vocabulary with the Qwen3.5 pre-tokenizer: tokens, merges,
-control tokens) beside links to the checkpoint's files, and tells the
+control tokens; a model smaller than it gets its first vocab_size tokens and
+the merges among them; the placeholder [PAD<id>] entries are left out, as the
+converter writes them back) beside links to the checkpoint's files, and tells the
 converter that the pre-tokenizer is "qwen35" (its hash check only knows the
 released tokenizers). The vocabulary is padded to the model's vocab_size by
 the converter, as for a real model. Token ids are all a benchmark feeds.
@@ -26,7 +28,7 @@ import sys
 import tempfile
 
 
-def write_tokenizer(conv_dir, out_dir):
+def write_tokenizer(conv_dir, out_dir, vocab_size):
     sys.path.insert(0, os.path.join(conv_dir, "gguf-py"))
     import gguf
     r = gguf.GGUFReader(os.path.join(conv_dir, "models", "ggml-vocab-qwen35.gguf"))
@@ -45,6 +47,12 @@ def write_tokenizer(conv_dir, out_dir):
     eos = ints("tokenizer.ggml.eos_token_id")[0]
     pattern = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?"
                "[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+    if len(tokens) > vocab_size:  # a small test model: the first vocab_size tokens
+        tokens, types = tokens[:vocab_size], types[:vocab_size]
+        have = set(tokens)
+        merges = [m for m in merges if m.replace(" ", "", 1) in have and
+                  all(p in have for p in m.split(" ", 1))]
+        eos = eos if eos < vocab_size else vocab_size - 1
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True}
              for i, t in enumerate(tokens) if types[i] == 3]
@@ -65,13 +73,14 @@ def write_tokenizer(conv_dir, out_dir):
         "model": {"type": "BPE", "dropout": None, "unk_token": None,
                   "continuing_subword_prefix": "", "end_of_word_suffix": "",
                   "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {t: i for i, t in enumerate(tokens) if types[i] != 3},
+                  "vocab": {t: i for i, t in enumerate(tokens) if types[i] == 1},
                   "merges": [m.split(" ", 1) for m in merges]},
     }
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tok, f, ensure_ascii=False)
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "Qwen2Tokenizer", "eos_token": tokens[eos],
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tokens[eos],
+                   "unk_token": None, "bos_token": None,
                    "pad_token": tokens[eos], "model_max_length": 262144}, f)
 
 
@@ -87,7 +96,9 @@ def main():
         for name in os.listdir(model_dir):
             if name.endswith((".safetensors", ".json")) and not name.startswith("tokenizer"):
                 os.symlink(os.path.join(model_dir, name), os.path.join(tmp, name))
-        write_tokenizer(conv_dir, tmp)
+        with open(os.path.join(model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        write_tokenizer(conv_dir, tmp, cfg.get("text_config", cfg)["vocab_size"])
         sys.path.insert(0, conv_dir)
         sys.path.insert(0, os.path.join(conv_dir, "gguf-py"))
         from conversion import base

@@ -206,8 +206,10 @@ wrk_gguf_eps_key(const wk_gguf *g, const char *arch, const char *key, double *ou
 
 /* What the set owns besides the views: the GGUF mapping and computed tensors. */
 typedef struct wrk_gguf_owner {
-    wk_gguf *g;   /* the parsed, mapped file */
-    float *extra; /* tensors computed at open (Mamba2 A_log), or NULL */
+    wk_gguf *g;           /* the parsed, mapped file */
+    float *extra;         /* tensors computed at open (Mamba2 A_log), or NULL */
+    void **bufs;          /* more computed tensors (Qwen3.5: A_log, regrouped copies), owned */
+    size_t n_bufs, cap_bufs; /* used / allocated entries of bufs */
 } wrk_gguf_owner;
 
 static void
@@ -218,7 +220,28 @@ wrk_gguf_owner_free(void *p)
         return;
     wk_gguf_free(o->g);
     free(o->extra);
+    for (size_t i = 0; i < o->n_bufs; i++)
+        free(o->bufs[i]);
+    free(o->bufs);
     free(o);
+}
+
+/* A buffer of len bytes the owner frees with the set; NULL when out of memory. */
+static void *
+wrk_gguf_owned(wrk_gguf_owner *o, size_t len)
+{
+    if (o->n_bufs == o->cap_bufs) {
+        size_t cap = o->cap_bufs ? 2 * o->cap_bufs : 64;
+        void **b = realloc(o->bufs, cap * sizeof(*b));
+        if (b == NULL)
+            return NULL;
+        o->bufs = b;
+        o->cap_bufs = cap;
+    }
+    void *p = malloc(len ? len : 1);
+    if (p != NULL)
+        o->bufs[o->n_bufs++] = p;
+    return p;
 }
 
 /* Maps the tensors of an rwkv7 file and builds its config. */
@@ -492,6 +515,352 @@ wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **co
     return WK_OK;
 }
 
+
+/* blk.N.<gguf> -> model.layers.N.<hf> for qwen35 / qwen35moe (NULL: split per expert) */
+static const struct {
+    const char *gguf; /* suffix after "blk.N." */
+    const char *hf;   /* suffix after "model.layers.N." */
+} wrk_gguf_q35_layer_names[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"attn_qkv.weight", "linear_attn.in_proj_qkv.weight"},
+    {"attn_gate.weight", "linear_attn.in_proj_z.weight"},
+    {"ssm_beta.weight", "linear_attn.in_proj_b.weight"},
+    {"ssm_alpha.weight", "linear_attn.in_proj_a.weight"},
+    {"ssm_a", "linear_attn.A_log"}, /* A = -exp(A_log) -> A_log, see wrk_gguf_a_log */
+    {"ssm_dt.bias", "linear_attn.dt_bias"},
+    {"ssm_conv1d.weight", "linear_attn.conv1d.weight"}, /* [CD,K] -> [CD,1,K] */
+    {"ssm_norm.weight", "linear_attn.norm.weight"},
+    {"ssm_out.weight", "linear_attn.out_proj.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"ffn_gate_inp.weight", "mlp.gate.weight"},
+    {"ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"}, /* [C] -> [1, C] */
+    {"ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"},
+    {"ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"},
+    {"ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"},
+    {"ffn_gate_exps.weight", "gate_proj"}, /* [E, F, C] -> mlp.experts.<e>.gate_proj.weight */
+    {"ffn_up_exps.weight", "up_proj"},
+    {"ffn_down_exps.weight", "down_proj"},
+};
+#define WRK_GGUF_N_Q35_LAYER_NAMES                                                                 \
+    (sizeof(wrk_gguf_q35_layer_names) / sizeof(wrk_gguf_q35_layer_names[0]))
+
+static const struct {
+    const char *gguf; /* full GGUF name */
+    const char *hf;   /* full HF name */
+} wrk_gguf_q35_global_names[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+#define WRK_GGUF_N_Q35_GLOBAL_NAMES                                                                \
+    (sizeof(wrk_gguf_q35_global_names) / sizeof(wrk_gguf_q35_global_names[0]))
+
+/* Bytes of one row of t (its last dim), any dtype; 0 when t has no dims. */
+static size_t
+wrk_gguf_row_bytes(const wk_tensor *t)
+{
+    if (t->ndim < 1)
+        return 0;
+    int64_t n = t->shape[t->ndim - 1];
+    return (size_t)n / wk_dtype_block_len(t->dtype) * wk_dtype_block_bytes(t->dtype);
+}
+
+/*
+ * The converter stores the value heads of a linear-attention layer with
+ * num_v_heads > num_k_heads in a tiled order (value head v of key group g
+ * at v * H + g) where transformers groups them (g * r + v). Undoes that for
+ * rows [r0, r0 + H r blk) of o (blocks of blk rows; cols 0) or for the
+ * column blocks of blk elements of every row (cols 1), into an owned copy
+ * that o then points at.
+ */
+static wk_err
+wrk_gguf_q35_regroup(wrk_gguf_owner *own, wk_tensor *o, int64_t r0, uint64_t H, uint64_t r,
+                     int64_t blk, bool cols, wk_diag *d)
+{
+    uint8_t *dst = wrk_gguf_owned(own, o->nbytes);
+    if (dst == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory regrouping %s", o->name);
+    const uint8_t *src = o->data;
+    memcpy(dst, src, o->nbytes);
+    /* bytes per index of the first dim: a vector's element, a matrix's row */
+    const size_t row = o->ndim == 1 ? o->nbytes / (size_t)o->shape[0] : wrk_gguf_row_bytes(o);
+    if (!cols) {
+        const size_t bb = (size_t)blk * row;
+        for (uint64_t g = 0; g < H; g++)
+            for (uint64_t v = 0; v < r; v++)
+                memcpy(dst + (size_t)r0 * row + (g * r + v) * bb,
+                       src + (size_t)r0 * row + (v * H + g) * bb, bb);
+    } else {
+        const size_t bl = wk_dtype_block_len(o->dtype);
+        if (blk % (int64_t)bl != 0 || o->ndim != 2)
+            return wk_diag_set(d, WK_ENOTSUP, "%s: value heads of %" PRId64 " columns cannot be "
+                               "regrouped in %s blocks", o->name, blk, wk_dtype_name(o->dtype));
+        const size_t bb = (size_t)blk / bl * wk_dtype_block_bytes(o->dtype);
+        for (int64_t i = 0; i < o->shape[0]; i++)
+            for (uint64_t g = 0; g < H; g++)
+                for (uint64_t v = 0; v < r; v++)
+                    memcpy(dst + (size_t)i * row + (g * r + v) * bb,
+                           src + (size_t)i * row + (v * H + g) * bb, bb);
+    }
+    o->data = dst;
+    return WK_OK;
+}
+
+/* Reads the u64 <arch>.<key>, def when absent. */
+static wk_err
+wrk_gguf_u64_def(const wk_gguf *g, const char *arch, const char *key, uint64_t def, uint64_t *out,
+                 wk_diag *d)
+{
+    wk_err e = wrk_gguf_u64(g, arch, key, out, d);
+    if (e == WK_ENOENT) {
+        *out = def;
+        return WK_OK;
+    }
+    return e;
+}
+
+/*
+ * Maps the tensors of a qwen35 / qwen35moe file (llama.cpp's Qwen3_5TextModel
+ * and Qwen3_5MoeTextModel) onto Qwen3_5ForCausalLM's names and builds its
+ * config. Undone: A = -exp(A_log), the tiled value heads, the squeezed conv,
+ * the stacked experts (one view per expert). Kept: the norms, which the
+ * converter stored as 1 + weight in float32 (the config's
+ * wkvm_norms_include_one tells the family not to add the 1 again).
+ */
+static wk_err
+wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const char *arch,
+                json_t **config, wk_diag *d)
+{
+    uint64_t L, C, F, Hq, Hkv, Da, W, K, H, HV, VD, rope_dim, E, k, Fe, Fs, interval;
+    double eps, theta = 10000.0;
+    wk_err e;
+    const bool moe = strcmp(arch, "qwen35moe") == 0;
+    if ((e = wrk_gguf_u64(g, arch, "block_count", &L, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "embedding_length", &C, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "feed_forward_length", 0, &F, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "attention.head_count", &Hq, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "attention.head_count_kv", &Hkv, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "attention.key_length", &Da, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.conv_kernel", &W, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.state_size", &K, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.group_count", &H, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.time_step_rank", &HV, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.inner_size", &VD, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "rope.dimension_count", &rope_dim, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "full_attention_interval", 4, &interval, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "expert_count", 0, &E, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "expert_used_count", 0, &k, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "expert_feed_forward_length", 0, &Fe, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "expert_shared_feed_forward_length", 0, &Fs, d)) != WK_OK ||
+        (e = wrk_gguf_eps_key(g, arch, "attention.layer_norm_rms_epsilon", &eps, d)) != WK_OK)
+        return e;
+    char key[96];
+    snprintf(key, sizeof(key), "%s.rope.freq_base", arch);
+    wk_diag ed = {""};
+    if ((e = wk_gguf_get_f64(g, key, &theta, &ed)) != WK_OK && e != WK_ENOENT)
+        return wk_diag_set(d, e, "%s", ed.msg);
+    if (L < 1 || L > WRK_GGUF_MAX_LAYERS || C < 1 || C > (1u << 17) || Hq < 1 || Hkv < 1 ||
+        Hq % Hkv != 0 || Da < 2 || Da > 1024 || H < 1 || HV < 1 || HV % H != 0 || VD % HV != 0 ||
+        K < 1 || K > 1024 || W < 2 || W > 64 || rope_dim < 2 || rope_dim > Da || interval < 1 ||
+        (moe && (E < 1 || k < 1 || k > E || Fe < 1)))
+        return wk_diag_set(d, WK_EINVAL, "%s.* dimensions out of range or inconsistent", arch);
+    const uint64_t Vd = VD / HV, r = HV / H;
+
+    /* the layer kinds: attention.recurrent_layers, else every interval-th is attention */
+    json_t *types = json_array();
+    if (types == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    snprintf(key, sizeof(key), "%s.attention.recurrent_layers", arch);
+    for (uint64_t l = 0; l < L; l++) {
+        int64_t rec;
+        wk_diag rd = {""};
+        e = wk_gguf_arr_int(g, key, l, &rec, &rd);
+        if (e == WK_ENOENT)
+            rec = (l + 1) % interval != 0;
+        else if (e != WK_OK) {
+            json_decref(types);
+            return wk_diag_set(d, e, "%s", rd.msg);
+        }
+        json_array_append_new(types, json_string(rec ? "linear_attention" : "full_attention"));
+    }
+
+    size_t nt = wk_gguf_tensor_count(g);
+    vs->cap = nt + (size_t)L * 3 * E;
+    vs->v = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->v));
+    vs->names = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->names));
+    if (vs->v == NULL || vs->names == NULL) {
+        json_decref(types);
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    }
+    bool have_output = false;
+    for (size_t i = 0; i < nt && e == WK_OK; i++) {
+        const wk_tensor *t = wk_gguf_tensor_at(g, i);
+        const char *rest = NULL, *hf = NULL;
+        long layer = wrk_gguf_layer(t->name, &rest);
+        size_t ki = 0;
+        if (layer < 0) {
+            for (size_t m = 0; m < WRK_GGUF_N_Q35_GLOBAL_NAMES && hf == NULL; m++)
+                if (strcmp(t->name, wrk_gguf_q35_global_names[m].gguf) == 0)
+                    hf = wrk_gguf_q35_global_names[m].hf;
+        } else if ((uint64_t)layer < L) {
+            for (ki = 0; ki < WRK_GGUF_N_Q35_LAYER_NAMES; ki++)
+                if (strcmp(rest, wrk_gguf_q35_layer_names[ki].gguf) == 0) {
+                    hf = wrk_gguf_q35_layer_names[ki].hf;
+                    break;
+                }
+        }
+        if (hf == NULL) {
+            e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file (MTP "
+                            "layers: convert with --no-mtp)", t->name, arch);
+            break;
+        }
+        if (strstr(rest != NULL ? rest : "", "_exps.") != NULL) { /* stacked experts */
+            if (t->ndim != 3 || t->shape[0] != (int64_t)E) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected [%" PRIu64 ", ., .] experts",
+                                t->name, E);
+                break;
+            }
+            const size_t per = t->nbytes / E;
+            for (uint64_t x = 0; x < E; x++) {
+                char full[128];
+                snprintf(full, sizeof(full), "mlp.experts.%" PRIu64 ".%s.weight", x, hf);
+                wk_tensor *o = wrk_gguf_view_add(vs, t, layer, full);
+                if (o == NULL) {
+                    e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+                    break;
+                }
+                o->ndim = 2;
+                o->shape[0] = t->shape[1];
+                o->shape[1] = t->shape[2];
+                o->data = (const uint8_t *)t->data + x * per;
+                o->nbytes = per;
+            }
+            continue;
+        }
+        wk_tensor *o = wrk_gguf_view_add(vs, t, layer < 0 ? -1 : layer, hf);
+        if (o == NULL) {
+            e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+            break;
+        }
+        if (layer < 0) {
+            have_output = have_output || strcmp(hf, "lm_head.weight") == 0;
+            continue;
+        }
+        const int64_t numel = wk_tensor_numel(t);
+        const bool regroup = r > 1;
+        if (strcmp(rest, "ssm_conv1d.weight") == 0) {
+            if (t->ndim != 2 || t->shape[1] != (int64_t)W ||
+                t->shape[0] != (int64_t)(2 * H * K + VD)) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected [%" PRIu64 ", %" PRIu64 "]", t->name,
+                                2 * H * K + VD, W);
+                break;
+            }
+            o->ndim = 3;
+            o->shape[0] = t->shape[0];
+            o->shape[1] = 1;
+            o->shape[2] = t->shape[1];
+            if (regroup)
+                e = wrk_gguf_q35_regroup(own, o, (int64_t)(2 * H * K), H, r, (int64_t)Vd, false,
+                                         d);
+        } else if (strcmp(rest, "ssm_a") == 0 || strcmp(rest, "ssm_dt.bias") == 0) {
+            if (numel != (int64_t)HV) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " values", t->name, HV);
+                break;
+            }
+            o->ndim = 1;
+            o->shape[0] = numel;
+            if (strcmp(rest, "ssm_a") == 0) {
+                float *a_log = wrk_gguf_owned(own, HV * sizeof(float));
+                if (a_log == NULL) {
+                    e = wk_diag_set(d, WK_ENOMEM, "out of memory");
+                    break;
+                }
+                for (uint64_t h = 0; h < HV && e == WK_OK; h++) {
+                    float A;
+                    bool exact;
+                    if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK || !(A < 0.0f) || !isfinite(A))
+                        e = wk_diag_set(d, WK_EINVAL,
+                                        "%s[%" PRIu64 "]: expected A = -exp(A_log) < 0", t->name,
+                                        h);
+                    else
+                        a_log[h] = wrk_gguf_a_log(A, &exact);
+                }
+                o->dtype = WK_DTYPE_F32;
+                o->data = a_log;
+                o->nbytes = HV * sizeof(float);
+            }
+            if (e == WK_OK && regroup)
+                e = wrk_gguf_q35_regroup(own, o, 0, H, r, 1, false, d);
+        } else if (strcmp(rest, "ffn_gate_inp_shexp.weight") == 0 && numel == (int64_t)C) {
+            o->ndim = 2;
+            o->shape[0] = 1;
+            o->shape[1] = (int64_t)C;
+        } else if (regroup && strcmp(rest, "attn_qkv.weight") == 0) {
+            if (t->ndim != 2 || t->shape[0] != (int64_t)(2 * H * K + VD))
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " rows", t->name,
+                                2 * H * K + VD);
+            else
+                e = wrk_gguf_q35_regroup(own, o, (int64_t)(2 * H * K), H, r, (int64_t)Vd, false,
+                                         d);
+        } else if (regroup && strcmp(rest, "attn_gate.weight") == 0) {
+            e = t->ndim == 2 && t->shape[0] == (int64_t)VD
+                    ? wrk_gguf_q35_regroup(own, o, 0, H, r, (int64_t)Vd, false, d)
+                    : wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " rows", t->name, VD);
+        } else if (regroup && (strcmp(rest, "ssm_alpha.weight") == 0 ||
+                               strcmp(rest, "ssm_beta.weight") == 0)) {
+            e = t->ndim == 2 && t->shape[0] == (int64_t)HV
+                    ? wrk_gguf_q35_regroup(own, o, 0, H, r, 1, false, d)
+                    : wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " rows", t->name, HV);
+        } else if (regroup && strcmp(rest, "ssm_out.weight") == 0) {
+            e = t->ndim == 2 && t->shape[1] == (int64_t)VD
+                    ? wrk_gguf_q35_regroup(own, o, 0, H, r, (int64_t)Vd, true, d)
+                    : wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " columns", t->name, VD);
+        }
+    }
+    if (e != WK_OK) {
+        json_decref(types);
+        return e;
+    }
+    /* every other shape is checked by family/wrk_qwen35.c against these keys */
+    json_t *c = json_pack(
+        "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:f, s:b, s:I, s:I, s:I, s:I, s:I, s:o, "
+        "s:{s:s, s:f, s:f}, s:b, s:b}",
+        "model_type", moe ? "qwen3_5_moe_text" : "qwen3_5_text", "hidden_size", (json_int_t)C,
+        "num_hidden_layers", (json_int_t)L, "intermediate_size", (json_int_t)F,
+        "num_attention_heads", (json_int_t)Hq, "num_key_value_heads", (json_int_t)Hkv,
+        "head_dim", (json_int_t)Da, "hidden_act", "silu", "rms_norm_eps", eps,
+        "tie_word_embeddings", !have_output, "linear_conv_kernel_dim", (json_int_t)W,
+        "linear_key_head_dim", (json_int_t)K, "linear_value_head_dim", (json_int_t)Vd,
+        "linear_num_key_heads", (json_int_t)H, "linear_num_value_heads", (json_int_t)HV,
+        "layer_types", types, "rope_parameters", "rope_type", "default", "rope_theta", theta,
+        "partial_rotary_factor", (double)rope_dim / (double)Da, "attention_bias", false,
+        "wkvm_norms_include_one", true);
+    if (c == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    if (moe) {
+        json_t *x = json_pack("{s:I, s:I, s:I, s:I}", "num_experts", (json_int_t)E,
+                              "num_experts_per_tok", (json_int_t)k, "moe_intermediate_size",
+                              (json_int_t)Fe, "shared_expert_intermediate_size", (json_int_t)Fs);
+        int rc = x != NULL ? json_object_update(c, x) : -1;
+        json_decref(x);
+        if (rc != 0) {
+            json_decref(c);
+            return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        }
+    }
+    *config = c;
+    return WK_OK;
+}
+
 wk_err
 wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d)
 {
@@ -514,10 +883,14 @@ wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d
         e = wrk_gguf_rwkv7(own->g, &vs, &cfg, d);
     } else if (arch_len == 6 && memcmp(arch, "mamba2", 6) == 0) {
         e = wrk_gguf_mamba2(own->g, &vs, &own->extra, &cfg, d);
+    } else if (arch_len == 6 && memcmp(arch, "qwen35", 6) == 0) {
+        e = wrk_gguf_qwen35(own->g, &vs, own, "qwen35", &cfg, d);
+    } else if (arch_len == 9 && memcmp(arch, "qwen35moe", 9) == 0) {
+        e = wrk_gguf_qwen35(own->g, &vs, own, "qwen35moe", &cfg, d);
     } else {
         e = wk_diag_set(d, WK_ENOTSUP,
-                        "general.architecture \"%.*s\": only rwkv7 and mamba2 GGUF files are "
-                        "supported",
+                        "general.architecture \"%.*s\": only rwkv7, mamba2, qwen35 and "
+                        "qwen35moe GGUF files are supported",
                         (int)(arch_len > 64 ? 64 : arch_len), arch);
     }
     if (e != WK_OK)

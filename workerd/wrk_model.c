@@ -1250,6 +1250,10 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
     if (e == WK_OK && m->config == NULL) {
         m->config = gguf_config;
         gguf_config = NULL;
+    } else if (e == WK_OK && gguf_config != NULL &&
+               json_object_get(gguf_config, "wkvm_norms_include_one") != NULL) {
+        /* a Qwen3.5 GGUF beside its config.json: its norms already hold 1 + weight */
+        json_object_set_new(m->config, "wkvm_norms_include_one", json_true());
     }
     json_decref(gguf_config);
     if (e != WK_OK)

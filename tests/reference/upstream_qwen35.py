@@ -32,6 +32,11 @@ fla and causal_conv1d are kept from loading (transformers would take fla's
 Triton kernels, which need a GPU), so transformers runs its torch fallbacks,
 the code its docs call the reference implementation.
 
+GGUF: three cases (f32 dense with grouped value heads, f32 MoE, bf16 dense)
+are also converted by llama.cpp's own convert_hf_to_gguf.py (through
+bench/qwen35-gguf.py) and the file, alone in a directory, must give the
+same logits bit for bit.
+
 Cases: Qwen3.5 layer pattern (3 Gated DeltaNet : 1 attention), grouped key
 heads (linear_num_value_heads > linear_num_key_heads), GQA attention, partial
 rotary 0.25 and 0.5, an explicit layer_types with two attention layers,
@@ -114,7 +119,7 @@ SMALL = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_l
              linear_conv_kernel_dim=4)
 
 CASES = [
-    ("text-f32", dict(SMALL), {}),
+    ("text-f32", dict(SMALL), {"gguf": "f32"}),
     ("text-f32-gqa1-rope0.5-conv3-2attn",
      dict(SMALL, num_key_value_heads=1, linear_conv_kernel_dim=3, num_hidden_layers=5,
           layer_types=["linear_attention", "full_attention", "linear_attention",
@@ -125,10 +130,10 @@ CASES = [
      dict(SMALL, tie_word_embeddings=True, linear_num_value_heads=2, linear_value_head_dim=24),
      {}),
     ("multimodal-f32", dict(SMALL), {"multimodal": True}),
-    ("text-bf16", dict(SMALL), {"dtype": "bf16"}),
+    ("text-bf16", dict(SMALL), {"dtype": "bf16", "gguf": "bf16"}),
     ("moe-f32-E8k2-shared", dict(SMALL, num_experts=8, num_experts_per_tok=2,
                                  moe_intermediate_size=32, shared_expert_intermediate_size=48),
-     {"arch": "moe"}),
+     {"arch": "moe", "gguf": "f32"}),
     ("moe-multimodal-bf16-E6k3",
      dict(SMALL, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=64,
           shared_expert_intermediate_size=32),
@@ -215,6 +220,25 @@ def upstream(model, tokens):
     return seq, np.stack(rows)
 
 
+def converter_dir():
+    """llama.cpp's converter (deploy/install-gguf-converter), or None when it cannot be had."""
+    inst = os.path.join(HERE, "..", "..", "deploy", "install-gguf-converter")
+    p = subprocess.run([inst, sys.executable], capture_output=True, text=True, timeout=900)
+    return p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
+
+
+def gguf_of(conv, d, outtype, tmp, name):
+    """The model converted by llama.cpp's converter (bench/qwen35-gguf.py), alone in a dir."""
+    gdir = os.path.join(tmp, name + "-gguf")
+    os.makedirs(gdir, exist_ok=True)
+    script = os.path.join(HERE, "..", "..", "bench", "qwen35-gguf.py")
+    p = subprocess.run([sys.executable, script, conv, d, os.path.join(gdir, "model.gguf"),
+                        "--outtype", outtype], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError("qwen35-gguf.py: " + (p.stderr or p.stdout)[-800:])
+    return gdir
+
+
 def greedy_mismatch(ref, got):
     """Positions where argmax differs and the reference's top two are not a near tie."""
     bad = 0
@@ -235,8 +259,10 @@ def main():
           % (transformers.__version__, torch.__version__), flush=True)
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    global F64
+    global F64, CONV
     F64 = f64_classes()
+    CONV = converter_dir()
+    print("llama.cpp converter: %s" % (CONV or "not available (GGUF cases skipped)"), flush=True)
     rng = np.random.default_rng(35)
     tmp = tempfile.mkdtemp(prefix="wkvm-up-q35-")
     worst = {}
@@ -265,6 +291,13 @@ def main():
                 if not (np.array_equal(got, got1) and np.array_equal(got, got7)):
                     raise ValueError("chunked prefill (1, 7) is not bit-identical to whole")
                 ids = ",".join(map(str, toks[:17]))
+                if opt.get("gguf") and CONV is not None:
+                    gdir = gguf_of(CONV, d, opt["gguf"], tmp, name)
+                    gotg = upstream_venv.run_wkvm(exe, gdir, toks, lp, V)
+                    if not np.array_equal(got, gotg):
+                        raise ValueError("the %s GGUF from llama.cpp's converter is not bit-identical"
+                                         " (max |d| %.3g)" % (opt["gguf"], np.abs(got - gotg).max()))
+                    figures["gguf %s = safetensors" % opt["gguf"]] = 0.0
                 for flag in (["--batch-check", "5"], ["--slot-check"]):
                     p = subprocess.run([exe, "--model", d, "--tokens", ids] + flag,
                                        capture_output=True, text=True, timeout=120)
@@ -278,6 +311,9 @@ def main():
             # as exact as transformers' own float32: within TOL, or twice its distance
             own = figures["tf32 sequence vs tf64"]
             for k in figures:
+                if k.startswith("gguf"):
+                    bounds[k] = 1e-300  # bit-identical, checked above
+                    continue
                 bounds[k] = (max(TOL, 2 * own) if "tf64" in k and k.startswith("wkvm")
                              else max(TOL_F32, 3 * own))
             ok = all(v is not None and v < bounds[k] for k, v in figures.items()) and greedy == 0

@@ -186,7 +186,11 @@ q35_read_switches(const json_t *tc, q35_view *v, wk_diag *d)
     g->qk_norm = true;
     g->qkv_bias = false;
     g->attn_gate = true;
-    g->norm_offset = 1.0f;
+    /* a GGUF file from llama.cpp's converter stores the norms as 1 + weight (float32) */
+    bool incl;
+    if ((e = wrk_config_bool(tc, "wkvm_norms_include_one", false, &incl, d)) != WK_OK)
+        return e;
+    g->norm_offset = incl ? 0.0f : 1.0f;
     return q35_read_rope(tc, v, d);
 }
 
