@@ -1011,6 +1011,16 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
                 goto done;
             }
         }
+        for (size_t k = 0; sr->sample && sr->params != NULL && k < sr->params->n_logit_bias;
+             k++) {
+            int32_t t = sr->params->logit_bias[k]->token;
+            if (t < 0 || (uint32_t)t >= vocab) {
+                err = WK_EINVAL; /* refused before the step: no state changes */
+                snprintf(detail, sizeof(detail), "row %zu: logit_bias token %d outside vocab %u",
+                         i, t, vocab);
+                goto done;
+            }
+        }
         rows[i].slot = sr->slot;
         rows[i].tokens = sr->tokens;
         rows[i].n_tokens = (uint32_t)sr->n_tokens;
@@ -1040,6 +1050,7 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
             continue;
         const Wkvm__SampleParams *pp = sr->params;
         wrk_sample_params sp = {0};
+        wrk_logit_bias bias[WK_PROTO_LOGIT_BIAS_MAX];
         if (pp != NULL) {
             sp.temperature = pp->temperature;
             sp.top_p = pp->top_p;
@@ -1050,6 +1061,12 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
             sp.frequency_penalty = pp->frequency_penalty;
             sp.top_logprobs = pp->top_logprobs;
             sp.want_logprob = pp->want_logprobs;
+            /* (wk_proto bounded the count and the values; the ids are checked against the vocab) */
+            for (size_t k = 0; k < pp->n_logit_bias && k < WK_PROTO_LOGIT_BIAS_MAX; k++)
+                bias[k] = (wrk_logit_bias){.token = pp->logit_bias[k]->token,
+                                           .bias = pp->logit_bias[k]->bias};
+            sp.bias = bias;
+            sp.n_bias = pp->n_logit_bias;
         }
         sp.sample_index = sr->sample_index;
         sp.history = sr->penalty_tokens;

@@ -504,6 +504,8 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
     return n;
 }
 
+_Static_assert(CTL_SAMPLE_BIAS_MAX == WK_PROTO_LOGIT_BIAS_MAX, "logit_bias maximum");
+
 /* Runs one step RPC for rows (mutex released by the caller). */
 static wk_err
 ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, wk_msg **rep,
@@ -512,12 +514,20 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
     Wkvm__StepRow *pr = calloc(n, sizeof(*pr));
     Wkvm__StepRow **pp = calloc(n, sizeof(*pp));
     Wkvm__SampleParams *sp = calloc(n, sizeof(*sp));
-    if (pr == NULL || pp == NULL || sp == NULL) {
+    size_t nb = 0;
+    for (size_t i = 0; i < n; i++)
+        nb += rows[i].sample ? rows[i].job->params.n_bias : 0;
+    Wkvm__LogitBias *lb = calloc(nb ? nb : 1, sizeof(*lb));
+    Wkvm__LogitBias **lbp = calloc(nb ? nb : 1, sizeof(*lbp));
+    if (pr == NULL || pp == NULL || sp == NULL || lb == NULL || lbp == NULL) {
         free(pr);
         free(pp);
         free(sp);
+        free(lb);
+        free(lbp);
         return WK_ENOMEM;
     }
+    size_t ib = 0;
     for (size_t i = 0; i < n; i++) {
         ctl_job *j = rows[i].job;
         wkvm__step_row__init(&pr[i]);
@@ -537,6 +547,14 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
             sp[i].frequency_penalty = j->params.frequency_penalty;
             sp[i].want_logprobs = j->params.logprobs;
             sp[i].top_logprobs = j->params.top_logprobs;
+            sp[i].logit_bias = lbp + ib;
+            sp[i].n_logit_bias = j->params.n_bias;
+            for (uint32_t k = 0; k < j->params.n_bias; k++, ib++) {
+                wkvm__logit_bias__init(&lb[ib]);
+                lb[ib].token = j->params.bias[k].token;
+                lb[ib].bias = j->params.bias[k].bias;
+                lbp[ib] = &lb[ib];
+            }
             pr[i].params = &sp[i];
             pr[i].sample_index = j->sample_index;
             size_t ng = j->n_tokens - j->n_input;
@@ -558,6 +576,8 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
     free(pr);
     free(pp);
     free(sp);
+    free(lb);
+    free(lbp);
     return err;
 }
 
