@@ -91,6 +91,16 @@ ctl_http_req_body(ctl_http_req *req, const char **buf, size_t *len)
     long long cl = req->ri->content_length;
     if (cl > (long long)req->h->max_body)
         return WK_ETOOBIG;
+    /*
+     * A client that sent "Expect: 100-continue" (curl does for bodies over
+     * 1 MB) waits for this interim answer before it sends the body; civetweb
+     * sends it only for its own file handlers. A body refused by its length
+     * (above) gets the final answer instead, and the body is never sent.
+     */
+    const char *expect = mg_get_header(req->conn, "Expect");
+    if (expect != NULL && strcasecmp(expect, "100-continue") == 0 &&
+        req->ri->http_version != NULL && strcmp(req->ri->http_version, "1.1") == 0)
+        (void)mg_printf(req->conn, "HTTP/1.1 100 Continue\r\n\r\n");
     size_t cap = cl >= 0 ? (size_t)cl + 1 : 4096;
     char *b = malloc(cap);
     if (b == NULL)
