@@ -965,16 +965,15 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
                            : ctl_openai_completion_logprobs_json(st->app, toks, n_toks,
                                                                  r->top_logprobs, &st->text_off);
     json_object_set_new(choice, "logprobs", lp);
-    if (r->chat) {
+    if (r->chat)
         json_object_set_new(choice, "delta", json_pack("{s:s%}", "content", text, len));
-    } else {
+    else
         json_object_set_new(choice, "text", json_stringn(text, len));
-        if (r->return_token_ids) {
-            json_t *ids = json_array();
-            for (size_t i = 0; i < n_toks; i++)
-                json_array_append_new(ids, json_integer(toks[i].id));
-            json_object_set_new(choice, "token_ids", ids);
-        }
+    if (r->return_token_ids) { /* (extension: the ids this chunk's text came from) */
+        json_t *ids = json_array();
+        for (size_t i = 0; i < n_toks; i++)
+            json_array_append_new(ids, json_integer(toks[i].id));
+        json_object_set_new(choice, "token_ids", ids);
     }
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
     return ctl_openai_send_chunk(st, chunk);
