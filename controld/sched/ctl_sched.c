@@ -24,6 +24,12 @@
 #include "wk_proto.h"
 
 #define CTL_SCHED_MAX_WORKERS 64
+/*
+ * A new request that only draining workers could run fails after this wait
+ * (503 unavailable): long enough for a drain-then-undrain, short of hanging
+ * until the request deadline.
+ */
+#define CTL_SCHED_DRAIN_WAIT_MS 2000
 #define CTL_JOB_EVQ 4
 #define CTL_SCHED_AGING_MS 2000 /* a job waiting this long goes before shorter ones */
 
@@ -930,6 +936,24 @@ ctl_sched_page_starved_locked(ctl_sched *s, char *want, uint32_t *missing)
 }
 
 /*
+ * True when a new job (pinned to want, or any worker when "") has live
+ * workers to run on and every one of them drains. Caller holds mu.
+ */
+static bool
+ctl_sched_only_draining_locked(ctl_sched *s, const char *want)
+{
+    size_t live = 0, draining = 0;
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        ctl_sworker *w = s->workers[i];
+        if (w == NULL || w->dead || (want[0] && strcmp(want, w->id) != 0))
+            continue;
+        live++;
+        draining += w->draining;
+    }
+    return live > 0 && draining == live;
+}
+
+/*
  * The largest KV pool of the live workers job j could run on, and whether
  * any of them is hybrid. Caller holds mu.
  */
@@ -1042,6 +1066,12 @@ ctl_sched_mgr_main(void *arg)
             else if (j->want_worker[0] && ctl_sched_worker_locked(s, j->want_worker) == NULL &&
                      now - j->submit_ms > 5000)
                 ctl_job_fail(s, j, WK_EUNAVAIL, "the requested worker is not available");
+            else if (!j->held && now - j->submit_ms > CTL_SCHED_DRAIN_WAIT_MS &&
+                     ctl_sched_only_draining_locked(s, j->want_worker))
+                ctl_job_fail(s, j, WK_EUNAVAIL,
+                             "every worker this request may run on is draining (undrain one "
+                             "with POST /admin/workers/{id}/drain {\"undrain\": true}, or add a "
+                             "worker)");
             else if (j->deadline_ms && now > j->deadline_ms)
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out waiting for a slot");
         }
