@@ -26,6 +26,7 @@ struct wk_cfg {
     size_t n;                     /* entries in table */
     wk_cfg_val *vals;             /* one per table entry */
     bool help;                    /* --help seen */
+    bool version;                 /* --version seen */
     bool sample;                  /* --sample-config seen */
     char *pos[WK_CFG_POS_MAX];    /* positionals, owned */
     size_t npos;                  /* count of pos */
@@ -202,6 +203,8 @@ wk_cfg_parse(const wk_cfg_opt *table, size_t n, const char *env_prefix, int argc
             cfg->help = true;
         } else if (strcmp(argv[a], "--sample-config") == 0) {
             cfg->sample = true;
+        } else if (strcmp(argv[a], "--version") == 0) {
+            cfg->version = true;
         }
     }
     if (config_path != NULL) {
@@ -239,7 +242,7 @@ wk_cfg_parse(const wk_cfg_opt *table, size_t n, const char *env_prefix, int argc
             continue;
         }
         if (strncmp(arg, "--config=", 9) == 0 || strcmp(arg, "--help") == 0 ||
-            strcmp(arg, "--sample-config") == 0)
+            strcmp(arg, "--sample-config") == 0 || strcmp(arg, "--version") == 0)
             continue;
         const char *name = arg + 2;
         const char *eq = strchr(name, '=');
@@ -296,6 +299,12 @@ bool
 wk_cfg_help_requested(const wk_cfg *cfg)
 {
     return cfg->help;
+}
+
+bool
+wk_cfg_version_requested(const wk_cfg *cfg)
+{
+    return cfg->version;
 }
 
 bool
@@ -383,6 +392,7 @@ wk_cfg_print_help(const wk_cfg_opt *table, size_t n, const char *prog, const cha
     fprintf(f, "  %-30s %s\n", "--config FILE", "read 'key = value' lines from FILE");
     fprintf(f, "  %-30s %s\n", "--sample-config", "print an annotated config file and exit");
     fprintf(f, "  %-30s %s\n", "--help", "print this help and exit");
+    fprintf(f, "  %-30s %s\n", "--version", "print the version (" WK_VERSION ") and exit");
     if (env_prefix != NULL)
         fprintf(f, "\nEvery option can also be set as %s_<NAME> in the environment.\n"
                    "Precedence: defaults < config file < environment < flags.\n",

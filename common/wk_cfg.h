@@ -52,6 +52,9 @@ void wk_cfg_free(wk_cfg *cfg);
 /* True when --help was given. */
 bool wk_cfg_help_requested(const wk_cfg *cfg);
 
+/* True when --version was given (print "PROG " WK_VERSION and exit 0). */
+bool wk_cfg_version_requested(const wk_cfg *cfg);
+
 /* True when --sample-config was given. */
 bool wk_cfg_sample_requested(const wk_cfg *cfg);
 

@@ -370,6 +370,11 @@ main(int argc, char **argv)
         fprintf(stderr, "wkvm-controld: %s\n", d.msg);
         return 2;
     }
+    if (wk_cfg_version_requested(cfg)) {
+        printf("%s %s\n", "wkvm-controld", WK_VERSION);
+        wk_cfg_free(cfg);
+        return 0;
+    }
     if (wk_cfg_help_requested(cfg)) {
         wk_cfg_print_help(ctl_opts, CTL_NOPTS, "wkvm-controld",
                           "The wkvm control daemon: HTTP API, sessions, scheduling, storage.",

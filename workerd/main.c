@@ -113,6 +113,11 @@ main(int argc, char **argv)
         fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
         return 2;
     }
+    if (wk_cfg_version_requested(cfg)) {
+        printf("%s %s\n", "wkvm-workerd", WK_VERSION);
+        wk_cfg_free(cfg);
+        return 0;
+    }
     if (wk_cfg_help_requested(cfg)) {
         wk_cfg_print_help(wrk_opts, WRK_NOPTS, "wkvm-workerd",
                           "A wkvm worker: model weights, state arena, step execution.",

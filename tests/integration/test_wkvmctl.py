@@ -93,6 +93,13 @@ def gen_ids(s, ref, n=8):
 
 
 def test_usage_and_connection():
+    # every binary answers --version (one line: its name and the version)
+    for exe in ("controld/wkvmctl", "controld/wkvm-controld", "workerd/wkvm-workerd",
+                "workerd/wkvm-infer", "workerd/wkvm-mkmodel", "bench/wkvm-bench-cpu"):
+        v = subprocess.run([os.path.join(BUILD, exe), "--version"], capture_output=True,
+                           text=True, timeout=30)
+        name = os.path.basename(exe)
+        assert v.returncode == 0 and re.fullmatch(name + r" \d+\.\d+\.\d+\n", v.stdout), (exe, v)
     p = run("--help")
     assert p.returncode == 0 and "Commands:" in p.stdout and "drain" in p.stdout, p
     p = run("help", "fork")

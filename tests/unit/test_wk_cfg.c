@@ -113,6 +113,11 @@ test_help(void **state)
     wk_cfg *c = NULL;
     assert_int_equal(wk_cfg_parse(table, N, NULL, 2, argv, &c, NULL), WK_OK);
     assert_true(wk_cfg_help_requested(c));
+    assert_false(wk_cfg_version_requested(c));
+    wk_cfg_free(c);
+    char *vargv[] = {"prog", "--version", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 2, vargv, &c, NULL), WK_OK);
+    assert_true(wk_cfg_version_requested(c) && !wk_cfg_help_requested(c));
     wk_cfg_free(c);
     char *buf = NULL;
     size_t len = 0;
