@@ -95,8 +95,9 @@ static const wk_cfg_opt ctl_opts[] = {
      "automatic reuse: every request leaves state checkpoints and resumes the longest one "
      "of its owner that prefixes its prompt"},
     {"state-cache-bytes", WK_CFG_U64, "8589934592", 0, UINT64_MAX,
-     "warm checkpoint budget per worker, bytes of its host memory (unset: 25% of this host's "
-     "RAM, at most 8 GiB; 0 = no warm tier)"},
+     "warm checkpoint budget per worker, bytes of its host memory; unset: 25% of this host's "
+     "RAM capped at the default (the log's prefix cache line says which); 0 = no warm "
+     "tier"},
     {"state-cache-disk-bytes", WK_CFG_U64, "8589934592", 0, UINT64_MAX,
      "disk checkpoint budget, bytes in the data dir (0 = no disk tier)"},
     {"checkpoint-interval", WK_CFG_U64, "0", 0, 16777216,

@@ -45,8 +45,9 @@ static const wk_cfg_opt wrk_opts[] = {
      "states made under Q8_0 only load into Q8_0 workers: the fingerprint differs)"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
     {"host-cache-bytes", WK_CFG_U64, "12884901888", 0, 1099511627776ull,
-     "warm tier: host memory for copies of evicted states and checkpoints, a hard limit "
-     "(unset: 3/8 of RAM, at least 1 GiB, at most 12 GiB; 0 = none)"},
+     "warm tier: host memory for copies of evicted states and checkpoints, a hard limit; "
+     "unset: 3/8 of RAM, at least 1 GiB, capped at the default (the log says which); "
+     "0 = none"},
     {"kv-pages", WK_CFG_U64, "0", 0, 16777216,
      "hybrid models: pages in the KV pool (0 = the backend's default; a worker-local choice)"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
