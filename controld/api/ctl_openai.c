@@ -257,7 +257,7 @@ static const char *const ctl_openai_chat_fields[] = {
     "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
     "logprobs", "top_logprobs", "seed", "user", "tools", "tool_choice", "functions",
     "function_call", "parallel_tool_calls", "response_format", "audio", "modalities",
-    "prediction", "web_search_options",
+    "prediction", "web_search_options", "store", "metadata", "service_tier", "reasoning_effort",
     /* wkvm extensions */
     "top_k", "min_p", "ignore_eos", "return_token_ids", "cache", "cache_prompt",
 };
@@ -289,6 +289,52 @@ ctl_openai_check_fields(ctl_http_req *req, json_t *body, const char *const *know
                             key);
             return false;
         }
+    }
+    return true;
+}
+
+/*
+ * OpenAI's chat fields about its platform rather than the generation:
+ * store (only false: wkvm keeps no completions to list), metadata (tags for
+ * stored completions: validated, nothing to tag), service_tier ("auto" or
+ * "default": there is one tier) and reasoning_effort (refused: the models do
+ * not reason). Sends the error and returns false.
+ */
+static bool
+ctl_openai_parse_platform(ctl_http_req *req, json_t *body)
+{
+    json_t *v = json_object_get(body, "store");
+    if (v != NULL && !json_is_null(v) && !json_is_false(v)) {
+        ctl_openai_fail(req, WK_EINVAL, "store",
+                        "'store' must be false: wkvm does not store completions");
+        return false;
+    }
+    v = json_object_get(body, "metadata");
+    if (v != NULL && !json_is_null(v)) {
+        bool ok = json_is_object(v) && json_object_size(v) <= 16;
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) ok = ok && json_is_string(x) && strlen(k) <= 64 &&
+                                          json_string_length(x) <= 512;
+        if (!ok) {
+            ctl_openai_fail(req, WK_EINVAL, "metadata",
+                            "'metadata' must be an object of at most 16 string values");
+            return false;
+        }
+    }
+    v = json_object_get(body, "service_tier");
+    const char *t = json_is_string(v) ? json_string_value(v) : NULL;
+    if (v != NULL && !json_is_null(v) &&
+        (t == NULL || (strcmp(t, "auto") != 0 && strcmp(t, "default") != 0))) {
+        ctl_openai_fail(req, WK_EINVAL, "service_tier",
+                        "'service_tier' must be \"auto\" or \"default\": wkvm has one tier");
+        return false;
+    }
+    v = json_object_get(body, "reasoning_effort");
+    if (v != NULL && !json_is_null(v)) {
+        ctl_openai_fail(req, WK_EINVAL, "reasoning_effort",
+                        "'reasoning_effort' is not supported: wkvm's models do not reason");
+        return false;
     }
     return true;
 }
@@ -1324,7 +1370,7 @@ ctl_openai_chat(ctl_http_req *req, void *arg)
     ctl_chat_turn *turn = NULL;
     if (ctl_openai_check_fields(req, body, ctl_openai_chat_fields,
                                 sizeof(ctl_openai_chat_fields) / sizeof(ctl_openai_chat_fields[0])) &&
-        ctl_openai_parse_common(req, app, body, &r) &&
+        ctl_openai_parse_platform(req, body) && ctl_openai_parse_common(req, app, body, &r) &&
         ctl_openai_parse_chat_logprobs(req, body, &r) &&
         ctl_openai_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
         ctl_openai_generate(req, app, &r);

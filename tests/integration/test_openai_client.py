@@ -202,6 +202,11 @@ def parameters_honoured_or_refused():
     assert "unknown parameter" in msg, msg
     bad_request("store", client.chat.completions.create, model=MID, messages=MSGS, max_tokens=2,
                 store=True)
+    r = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=2, store=False,
+                                       metadata={"k": "v"}, service_tier="auto")
+    assert r.choices[0].finish_reason in ("stop", "length"), r
+    bad_request("reasoning_effort", client.chat.completions.create, model=MID, messages=MSGS,
+                max_tokens=2, reasoning_effort="low")
     bad_request("tools", client.completions.create, model=MID, prompt="a", max_tokens=2,
                 extra_body={"tools": []})
 
