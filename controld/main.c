@@ -558,6 +558,8 @@ main(int argc, char **argv)
         nr += ctl_states_routes(app, routes + nr, 64 - nr);
         nr += ctl_migrate_routes(app, routes + nr, 64 - nr);
     }
+    app->routes = routes; /* (lives until main returns, after the HTTP server) */
+    app->n_routes = nr;
     c.http.auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL;
     c.http.auth_arg = auth;
     if (ctl_http_new(&c.http, routes, nr, ctl_admin_http_observe, app, &app->http, &d) != WK_OK) {

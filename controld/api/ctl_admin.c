@@ -172,6 +172,26 @@ ctl_admin_views(ctl_app *app, ctl_worker_view *views, size_t cap)
     return n;
 }
 
+/* GET /admin: an index of every route (method, path, who may call it). */
+static void
+ctl_admin_index(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    static const char *const access[] = {"public", "user", "admin"};
+    json_t *arr = json_array();
+    for (size_t i = 0; i < app->n_routes; i++) {
+        const ctl_http_route *r = &app->routes[i];
+        unsigned a = (unsigned)r->access;
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:s}", "method",
+                                             r->method ? r->method : "*", "path",
+                                             r->label ? r->label : r->path, "access",
+                                             a < 3 ? access[a] : "?"));
+    }
+    ctl_http_send_json(req, 200,
+                       json_pack("{s:o, s:s}", "routes", arr, "docs",
+                                 "docs/WKVMCTL.md (admin), docs/OPENAI_COMPAT.md (OpenAI)"));
+}
+
 static void
 ctl_admin_workers(ctl_http_req *req, void *arg)
 {
@@ -334,6 +354,7 @@ ctl_admin_metrics_declare(ctl_metrics *m)
          "Requests to workers that failed or timed out."},
         {"wkvm_worker_bad_messages_total", CTL_METRIC_COUNTER,
          "Messages from workers refused by validation."},
+        {"wkvm_build_info", CTL_METRIC_GAUGE, "1, labelled with the controller's version."},
     };
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
         wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, lat,
@@ -341,6 +362,7 @@ ctl_admin_metrics_declare(ctl_metrics *m)
         if (err != WK_OK)
             return err;
     }
+    ctl_metrics_set(m, "wkvm_build_info", "version=\"" WK_VERSION "\"", 1);
     return WK_OK;
 }
 
@@ -453,6 +475,7 @@ ctl_admin_routes(ctl_app *app, ctl_http_route *out, size_t cap)
         {"GET", "/health", false, ctl_admin_health, app, "/health", CTL_HTTP_ACCESS_PUBLIC},
         {"GET", "/ready", false, ctl_admin_ready, app, "/ready", CTL_HTTP_ACCESS_PUBLIC},
         {"GET", "/metrics", false, ctl_admin_metrics, app, "/metrics", CTL_HTTP_ACCESS_ADMIN},
+        {"GET", "/admin", false, ctl_admin_index, app, "/admin", CTL_HTTP_ACCESS_ADMIN},
         {"GET", "/admin/workers", false, ctl_admin_workers, app, "/admin/workers",
          CTL_HTTP_ACCESS_ADMIN},
         {"GET", "/admin/cache", false, ctl_admin_cache, app, "/admin/cache",

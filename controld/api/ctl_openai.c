@@ -1424,6 +1424,9 @@ ctl_openai_metrics_declare(ctl_metrics *m)
         if (err != WK_OK)
             return err;
     }
+    /* Every documented label shows from the start, at 0 (a query never sees "no data"). */
+    ctl_metrics_add(m, "wkvm_quota_refusals_total", "limit=\"concurrent\"", 0);
+    ctl_metrics_add(m, "wkvm_quota_refusals_total", "limit=\"states\"", 0);
     return WK_OK;
 }
 

@@ -390,6 +390,19 @@ def main():
                 print(f"{passed} passed, {failed + 1} failed")
                 return 1
             lines = r.stdout.splitlines()
+            try:  # the operator's view of the same stack: the admin index, zero-valued series
+                idx = s.get("/admin").json()["routes"]
+                paths = {(x["method"], x["path"]): x["access"] for x in idx}
+                assert paths[("GET", "/v1/models/{id}")] == "user", idx
+                assert paths[("POST", "/admin/workers/{id}/drain")] == "admin", idx
+                m = s.get("/metrics").body.decode()
+                for want in ('wkvm_build_info{version="', 'wkvm_quota_refusals_total{limit="states"} 0',
+                             'wkvm_state_cache_evictions_total{tier="disk"} 0',
+                             'wkvm_parent_bound_continuation_rejections_total{reason="'):
+                    assert want in m, want
+                lines.append("PASS admin_index_and_metrics")
+            except Exception as e:  # noqa: BLE001
+                lines.append(f"FAIL admin_index_and_metrics: {e!r}"[:2000])
             for line in lines:
                 print(line, flush=True)
                 if line.startswith("PASS "):
