@@ -231,6 +231,8 @@ ctl_migrate_slot_action(ctl_http_req *req, void *arg)
         if (err != WK_OK)
             ctl_http_send_error(req, err, "the slot could not be evicted", NULL);
         else
+            wk_log_info("slot evicted slot=%s", id);
+        if (err == WK_OK)
             ctl_http_send_json(req, 200, json_pack("{s:s, s:s}", "id", id, "result", "evicted"));
         return;
     }

@@ -177,6 +177,16 @@ def test_create_generate_and_ops():
         assert again["id"] == "base@4", again
         assert s.get("/v1/states/base@3").status == 404
         run_doc_commands(s)
+        # State operations and refused requests leave an info line each.
+        assert s.get("/v1/states/nope@1").status == 404
+        with open(os.path.join(s.data, "controld.log")) as f:
+            log = f.read()
+        for want in ("state created id=base@1", "state fork id=base@1", "state snapshot id=base@1",
+                     "state hibernated id=base@1", "state resumed id=base@1",
+                     "state saved id=cont@1", "state imported id=again@1",
+                     "state rollback id=base@1", "state deleted id=base@3",
+                     "refused GET /v1/states/nope@1 user=local status=404"):
+            assert want in log, (want, log[-3000:])
 
 
 def test_restarts():
