@@ -2,6 +2,7 @@
 each other over NNG, report over HTTP, survive each other's restarts, and
 refuse bad input with OpenAI-style errors."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -137,8 +138,12 @@ def test_model_load_through_controller():
             # Loading reports its progress in the worker's log (and in /ready meanwhile).
             with open(os.path.join(s.data, "worker-w0.log")) as f:
                 log = f.read()
-            assert 'model load progress=100% phase="reading weights"' in log, log[-2000:]
-            assert 'phase="packing weights"' in log
+            # reading is 0..90%, packing 95%, then 100% loaded: never backwards
+            assert 'model load progress=90% phase="reading weights"' in log, log[-2000:]
+            assert 'model load progress=95% phase="packing weights"' in log, log[-2000:]
+            assert 'model load progress=100% phase="loaded"' in log, log[-2000:]
+            pcts = [int(x) for x in re.findall(r"model load progress=(\d+)%", log)]
+            assert pcts == sorted(pcts), pcts
         # A broken model: the worker reports the failure, /ready says why.
         os.remove(os.path.join(model, "model.safetensors"))
         with Stack(model=model) as s:
