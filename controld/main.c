@@ -106,6 +106,9 @@ static const wk_cfg_opt ctl_opts[] = {
      "also write every reply's end-of-reply checkpoint to disk (in the background), so "
      "chat sessions resume after their worker dies (costs a state image of disk writes "
      "per turn)"},
+    {"checkpoint-flush-ms", WK_CFG_U64, "60000", 0, 3600000,
+     "at shutdown, write warm checkpoints to disk for at most this long (progress is logged; "
+     "what is not written is counted in the log); 0 = write none"},
     {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
     {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -198,6 +201,7 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("state-cache-disk-bytes", U64, ckpt.disk_bytes),
     CTL_BIND("checkpoint-interval", U32, ckpt.interval),
     CTL_BIND("checkpoint-write-through", BOOL, ckpt.write_through),
+    CTL_BIND("checkpoint-flush-ms", U32, ckpt.flush_ms),
     CTL_BIND("heartbeat-ms", U32, pool.heartbeat_ms),
     CTL_BIND("load-timeout-ms", U32, pool.load_timeout_ms),
     CTL_BIND("log-level", STR, log_level),
