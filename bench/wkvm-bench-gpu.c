@@ -219,7 +219,10 @@ main(int argc, char **argv)
     long batches[BG_MAX_LIST] = {1, 8, 32, 64, 128, 256}, prefill[BG_MAX_LIST] = {512, 4096};
     int nb = 6, np = 2, rounds = 3, device = 0;
     double secs = 1.0;
-    enum { O_MODEL = 1, O_DEVICE, O_BATCHES, O_PREFILL, O_SECONDS, O_ROUNDS, O_LABEL, O_HELP, O_VERSION };
+    enum {
+        O_MODEL = 1, O_DEVICE, O_BATCHES, O_PREFILL, O_SECONDS, O_ROUNDS, O_LABEL, O_HELP,
+        O_VERSION
+    };
     static const struct option lo[] = {
         {"model", required_argument, NULL, O_MODEL},
         {"device", required_argument, NULL, O_DEVICE},

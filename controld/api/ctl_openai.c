@@ -937,7 +937,8 @@ ctl_openai_completion_logprobs_json(ctl_app *app, const ctl_gen_token *toks, siz
         json_t *alt = json_object();
         for (uint32_t k = 0; k < toks[i].n_top && k < top; k++) {
             json_t *at = ctl_openai_piece_json(app->tok, toks[i].top_id[k]);
-            if (json_object_get(alt, json_string_value(at)) == NULL) /* (same text: keep the first) */
+            /* (two tokens of the same text: the first, more likely one is kept) */
+            if (json_object_get(alt, json_string_value(at)) == NULL)
                 json_object_set_new(alt, json_string_value(at),
                                     json_real((double)toks[i].top_logprob[k]));
             json_decref(at);
@@ -1023,6 +1024,15 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
     }
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
     return ctl_openai_send_chunk(st, chunk);
+}
+
+/* The request's route label: the HTTP route it came by ("/v1/chat/completions"). */
+static const char *
+ctl_openai_route(const ctl_openai_req *r)
+{
+    if (r->route != NULL)
+        return r->route;
+    return r->chat ? "/v1/chat/completions" : "/v1/completions";
 }
 
 static void
@@ -1174,7 +1184,7 @@ ctl_openai_id_make(ctl_openai_req *r)
 static void
 ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool free_slot)
 {
-    const char *route = r->chat ? "chat" : "completions";
+    const char *route = ctl_openai_route(r);
     ctl_gen_result res;
     wk_diag d = {{0}};
     wk_err err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL,
@@ -1227,7 +1237,7 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
 static void
 ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool free_slot)
 {
-    const char *route = r->chat ? "chat" : "completions";
+    const char *route = ctl_openai_route(r);
     ctl_gen_result res;
     wk_diag d = {{0}};
     /* Admission errors come before the first byte, as plain JSON errors. */
@@ -1369,7 +1379,8 @@ ctl_openai_chat(ctl_http_req *req, void *arg)
     ctl_openai_req r = {.chat = true, .reuse = true, .cache = true};
     ctl_chat_turn *turn = NULL;
     if (ctl_openai_check_fields(req, body, ctl_openai_chat_fields,
-                                sizeof(ctl_openai_chat_fields) / sizeof(ctl_openai_chat_fields[0])) &&
+                                sizeof(ctl_openai_chat_fields) /
+                                    sizeof(ctl_openai_chat_fields[0])) &&
         ctl_openai_parse_platform(req, body) && ctl_openai_parse_common(req, app, body, &r) &&
         ctl_openai_parse_chat_logprobs(req, body, &r) &&
         ctl_openai_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {

@@ -336,7 +336,8 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     wk_diag d = {{0}};
     ctl_store_state src;
     memset(&src, 0, sizeof(src));
-    ctl_openai_req r = {.chat = false, .model_optional = true};
+    ctl_openai_req r = {.chat = false, .model_optional = true,
+                        .route = "/v1/states/{id}/generate"};
     ctl_states_gen g = {.app = app, .owner = ctl_http_req_user(req), .src = &src};
     int32_t *q = NULL;
     size_t nq = 0;

@@ -178,8 +178,8 @@ def logit_bias():
     r = client.completions.create(**kw, logit_bias={str(base[0]): -100})
     assert r.choices[0].model_extra["token_ids"][0] != base[0], (base, r.choices[0])
     c = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=3, temperature=0,
-                                       logit_bias={str(force): 100}, extra_body={"ignore_eos": True,
-                                                                             "return_token_ids": True})
+                                       logit_bias={str(force): 100},
+                                       extra_body={"ignore_eos": True, "return_token_ids": True})
     assert c.choices[0].model_extra["token_ids"] == [force] * 3, c.choices[0]
     bad_request("logit_bias", client.completions.create, **kw, logit_bias={"100000": 5})
     bad_request("logit_bias", client.completions.create, **kw, logit_bias={"5": 101})
@@ -396,9 +396,13 @@ def main():
                 assert paths[("GET", "/v1/models/{id}")] == "user", idx
                 assert paths[("POST", "/admin/workers/{id}/drain")] == "admin", idx
                 m = s.get("/metrics").body.decode()
-                for want in ('wkvm_build_info{version="', 'wkvm_quota_refusals_total{limit="states"} 0',
+                for want in ('wkvm_build_info{version="',
+                             'wkvm_quota_refusals_total{limit="states"} 0',
                              'wkvm_state_cache_evictions_total{tier="disk"} 0',
-                             'wkvm_parent_bound_continuation_rejections_total{reason="'):
+                             'wkvm_parent_bound_continuation_rejections_total{reason="',
+                             # one route label in every metric: the HTTP route
+                             'wkvm_requests_total{route="/v1/chat/completions",status="ok"}',
+                             'wkvm_http_requests_total{route="/v1/chat/completions",'):
                     assert want in m, want
                 lines.append("PASS admin_index_and_metrics")
             except Exception as e:  # noqa: BLE001

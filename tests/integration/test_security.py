@@ -239,7 +239,7 @@ def test_user_quotas():
         m = s.get("/metrics", headers=OPS).body.decode()
         # the units came back because the disconnects were noticed (not because
         # the streams ran out): both ended as cancelled
-        assert 'wkvm_requests_total{route="completions",status="cancelled"} 2' in m, \
+        assert 'wkvm_requests_total{route="/v1/completions",status="cancelled"} 2' in m, \
             [x for x in m.splitlines() if "requests_total" in x]
         assert 'wkvm_quota_refusals_total{limit="states"} 5' in m, m
         conc = [float(x.rsplit(" ", 1)[1]) for x in m.splitlines()
