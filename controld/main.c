@@ -5,7 +5,6 @@
  */
 #define WK_LOG_MODULE "controld"
 #include <errno.h>
-#include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -23,6 +22,7 @@
 #include "ctl_ckpt.h"
 #include "ctl_openai.h"
 #include "wk_cfg.h"
+#include "wk_file.h"
 #include "wk_log.h"
 #include "wk_net.h"
 
@@ -44,7 +44,9 @@ static const wk_cfg_opt ctl_opts[] = {
     {"allow-remote-workers", WK_CFG_BOOL, "false", 0, 0,
      "force a plain tcp:// --worker-url on a non-loopback address (no encryption, no "
      "authentication: prompts and states in clear; use tls+tcp:// instead)"},
-    {"model", WK_CFG_STR, NULL, 0, 0, "model directory every worker loads (none: empty workers)"},
+    {"model", WK_CFG_STR, NULL, 0, 0,
+     "model directory or checkpoint file (.gguf, .pth, .safetensors) every worker loads "
+     "(none: empty workers)"},
     {"slots", WK_CFG_U64, "16", 1, 65535, "state slots per worker (slot 0 is reserved extra)"},
     {"workers", WK_CFG_U64, "1", 0, 1024, "workers that must be ready before /ready says 200"},
     {"api-keys", WK_CFG_STR, NULL, 0, 0, "file of 'KEY USER [admin]' lines"},
@@ -484,12 +486,14 @@ main(int argc, char **argv)
         if (c.served_model_name != NULL) {
             snprintf(model_name, sizeof(model_name), "%s", c.served_model_name);
         } else {
+            /* the directory's name, or a checkpoint file's without its extension */
             char tmp[4096];
-            snprintf(tmp, sizeof(tmp), "%s", app->model_dir);
-            size_t tl = strlen(tmp);
-            while (tl > 1 && tmp[tl - 1] == '/')
-                tmp[--tl] = '\0';
-            snprintf(model_name, sizeof(model_name), "%s", basename(tmp));
+            bool is_file = false;
+            if (wk_file_model_path(app->model_dir, tmp, sizeof(tmp), model_name,
+                                   sizeof(model_name), &is_file) != WK_OK) {
+                fprintf(stderr, "wkvm-controld: --model %s: path too long\n", app->model_dir);
+                goto out;
+            }
         }
         app->model_id = model_name;
     }

@@ -32,7 +32,8 @@ static const wk_cfg_opt wrk_opts[] = {
      "authentication: prompts and states in clear; use tls+tcp:// instead)"},
     {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
     {"id", WK_CFG_STR, NULL, 0, 0, "worker id, unique per controller (default w<pid>)"},
-    {"model", WK_CFG_STR, NULL, 0, 0, "model directory to load at start (else the controller's)"},
+    {"model", WK_CFG_STR, NULL, 0, 0,
+     "model directory or checkpoint file to load at start (else the controller's)"},
     {"slots", WK_CFG_U64, "16", 1, 65535, "usable state slots when --model is given"},
     {"backend", WK_CFG_STR, "auto", 0, 0,
      "cpu, cuda or auto (auto = cpu until the CUDA backend has passed its gpu suite on a "

@@ -81,7 +81,8 @@ infer_usage(FILE *f)
     fprintf(f,
             "usage: wkvm-infer --model DIR [options]\n"
             "Runs an RWKV-7 model directory without the controller.\n"
-            "  --model DIR          model directory (checkpoint + optional vocab)\n"
+            "  --model DIR|FILE     model directory (checkpoint + optional vocab), or one\n"
+            "                       .gguf/.pth/.safetensors file (its vocab beside it)\n"
             "  --tokens LIST        prompt token ids, comma or space separated (1,2,3)\n"
             "  --logits-out FILE    write float32 LE logits: one row of vocab floats per\n"
             "                       --tokens position\n"

@@ -144,6 +144,20 @@ def test_model_load_through_controller():
             assert 'model load progress=100% phase="loaded"' in log, log[-2000:]
             pcts = [int(x) for x in re.findall(r"model load progress=(\d+)%", log)]
             assert pcts == sorted(pcts), pcts
+            want = s.post("/v1/completions", body={"model": "m", "prompt": [1, 2, 3],
+                                                   "max_tokens": 4, "temperature": 0,
+                                                   "return_token_ids": True}).json()
+        # --model FILE: the checkpoint file itself (config and vocab beside it), named after it
+        with Stack(model=os.path.join(model, "model.safetensors"), slots=2) as s:
+            s.start_controller()
+            s.start_worker("w0")
+            s.wait(lambda: s.get("/ready").status == 200, "model file loaded")
+            assert [m["id"] for m in s.get("/v1/models").json()["data"]] == ["model"]
+            assert s.workers_list()[0]["model"]["fingerprint"] == w["model"]["fingerprint"]
+            got = s.post("/v1/completions", body={"model": "model", "prompt": [1, 2, 3],
+                                                  "max_tokens": 4, "temperature": 0,
+                                                  "return_token_ids": True}).json()
+            assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"], (got, want)
         # A broken model: the worker reports the failure, /ready says why.
         os.remove(os.path.join(model, "model.safetensors"))
         with Stack(model=model) as s:
