@@ -1254,7 +1254,7 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
         goto fail;
     }
 
-    snprintf(in->name, sizeof(in->name), "%.127s", mname);
+    snprintf(in->name, sizeof(in->name), "%.127s", mname); /* (a file's: without extension) */
 
     wrk_count cnt;
     memset(&cnt, 0, sizeof(cnt));

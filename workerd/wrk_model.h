@@ -31,7 +31,7 @@ typedef struct wrk_model_opts {
 /* What the rest of the worker (and the controller, via ModelInfo) sees. */
 typedef struct wrk_model_info {
     char family[16];         /* "rwkv7", "mamba2", "gdn" */
-    char name[128];          /* directory base name (a --model file's name without extension) */
+    char name[128];          /* directory base name */
     uint32_t n_layer;        /* layers */
     uint32_t n_embd;         /* C */
     uint32_t n_head;         /* H */
