@@ -31,19 +31,25 @@ static const wk_cfg_opt ctl_opts[] = {
      "HTTP bind address; anything but loopback needs --api-keys"},
     {"port", WK_CFG_U64, "8000", 1, 65535, "HTTP port"},
     {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
-    {"worker-url", WK_CFG_STR, NULL, 0, 0,
-     "NNG URL workers dial (default ipc://DATA/controller.ipc; across hosts "
-     "tls+tcp://HOST:PORT with --worker-tls-*)"},
-    {"worker-tls-ca", WK_CFG_STR, NULL, 0, 0,
-     "tls+tcp:// worker link: CA certificate file (PEM); only workers whose certificate "
+    /* The controller <-> worker link: the same --link-* names on both daemons. */
+    {"link-url", WK_CFG_STR, NULL, 0, 0,
+     "the link's NNG URL, which workers dial (default ipc://DATA/controller.ipc; across "
+     "hosts tls+tcp://HOST:PORT with --link-tls-*)"},
+    {"link-tls-ca", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// link: CA certificate file (PEM); only workers whose certificate "
      "chains to it are accepted"},
-    {"worker-tls-cert", WK_CFG_STR, NULL, 0, 0,
-     "tls+tcp:// worker link: the controller's certificate file (PEM)"},
-    {"worker-tls-key", WK_CFG_STR, NULL, 0, 0,
-     "tls+tcp:// worker link: the controller's private key file (PEM)"},
-    {"allow-remote-workers", WK_CFG_BOOL, "false", 0, 0,
-     "force a plain tcp:// --worker-url on a non-loopback address (no encryption, no "
+    {"link-tls-cert", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// link: the controller's certificate file (PEM)"},
+    {"link-tls-key", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// link: the controller's private key file (PEM)"},
+    {"link-allow-plain-tcp", WK_CFG_BOOL, "false", 0, 0,
+     "force a plain tcp:// --link-url on a non-loopback address (no encryption, no "
      "authentication: prompts and states in clear; use tls+tcp:// instead)"},
+    {"worker-url", WK_CFG_ALIAS, "link-url", 0, 0, "older name"},
+    {"worker-tls-ca", WK_CFG_ALIAS, "link-tls-ca", 0, 0, "older name"},
+    {"worker-tls-cert", WK_CFG_ALIAS, "link-tls-cert", 0, 0, "older name"},
+    {"worker-tls-key", WK_CFG_ALIAS, "link-tls-key", 0, 0, "older name"},
+    {"allow-remote-workers", WK_CFG_ALIAS, "link-allow-plain-tcp", 0, 0, "older name"},
     {"model", WK_CFG_STR, NULL, 0, 0,
      "model directory or checkpoint file (.gguf, .pth, .safetensors) every worker loads "
      "(none: empty workers)"},
@@ -128,8 +134,8 @@ typedef struct ctl_main_conf {
     ctl_ckpt_config ckpt;         /* for ctl_ckpt_new() */
     ctl_http_config http;         /* for ctl_http_new() */
     const char *data_dir;         /* --data-dir, NULL: ~/.local/share/wkvm */
-    const char *worker_url;       /* --worker-url, NULL: ipc://DATA/controller.ipc */
-    bool allow_remote_workers;    /* --allow-remote-workers */
+    const char *worker_url;       /* --link-url, NULL: ipc://DATA/controller.ipc */
+    bool allow_remote_workers;    /* --link-allow-plain-tcp */
     const char *api_keys;         /* --api-keys, NULL: none */
     const char *vocab;            /* --vocab, NULL: the model dir's */
     const char *served_model_name; /* --served-model-name, NULL: the model dir's name */
@@ -163,11 +169,11 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("host", STR, http.host),
     CTL_BIND("port", UINT, http.port),
     CTL_BIND("data-dir", STR, data_dir),
-    CTL_BIND("worker-url", STR, worker_url),
-    CTL_BIND("worker-tls-ca", STR, pool.tls_ca),
-    CTL_BIND("worker-tls-cert", STR, pool.tls_cert),
-    CTL_BIND("worker-tls-key", STR, pool.tls_key),
-    CTL_BIND("allow-remote-workers", BOOL, allow_remote_workers),
+    CTL_BIND("link-url", STR, worker_url),
+    CTL_BIND("link-tls-ca", STR, pool.tls_ca),
+    CTL_BIND("link-tls-cert", STR, pool.tls_cert),
+    CTL_BIND("link-tls-key", STR, pool.tls_key),
+    CTL_BIND("link-allow-plain-tcp", BOOL, allow_remote_workers),
     CTL_BIND("model", STR, app.model_dir),
     CTL_BIND("model", STR, pool.model_dir),
     CTL_BIND("slots", U32, pool.slots),
@@ -252,7 +258,7 @@ ctl_main_binds_valid(void)
         }
     }
     for (size_t j = 0; j < CTL_NOPTS; j++) {
-        bool bound = false;
+        bool bound = ctl_opts[j].type == WK_CFG_ALIAS; /* (an older name: its option is) */
         for (size_t i = 0; i < CTL_NBINDS && !bound; i++)
             bound = strcmp(ctl_binds[i].opt, ctl_opts[j].name) == 0;
         if (!bound)
@@ -326,7 +332,7 @@ ctl_mkdir_p(const char *path)
  * The worker link's address rules (0: fine; else a one-line message has been
  * printed). Plain tcp:// carries prompts and state bytes in clear without
  * authentication: on a non-loopback address (checked by parsing it, names
- * resolved) it needs --allow-remote-workers. tls+tcp:// needs the CA, the
+ * resolved) it needs --link-allow-plain-tcp. tls+tcp:// needs the CA, the
  * certificate and the key; the TLS files make no sense on another scheme.
  */
 static int
@@ -336,19 +342,19 @@ ctl_main_check_worker_url(const ctl_main_conf *c, const char *url)
     char host[256];
     wk_diag d = {{0}};
     if (wk_net_url_parse(url, &sc, host, sizeof(host), &d) != WK_OK) {
-        fprintf(stderr, "wkvm-controld: --worker-url %s\n", d.msg);
+        fprintf(stderr, "wkvm-controld: --link-url %s\n", d.msg);
         return 2;
     }
     const char *tls[3] = {c->pool.tls_ca, c->pool.tls_cert, c->pool.tls_key};
     const bool any_tls = tls[0] != NULL || tls[1] != NULL || tls[2] != NULL;
     if (sc == WK_NET_SCHEME_TLS && (tls[0] == NULL || tls[1] == NULL || tls[2] == NULL)) {
-        fprintf(stderr, "wkvm-controld: --worker-url %s needs --worker-tls-ca, --worker-tls-cert "
-                        "and --worker-tls-key (docs/OPERATIONS.md, \"Workers on other hosts\")\n",
+        fprintf(stderr, "wkvm-controld: --link-url %s needs --link-tls-ca, --link-tls-cert "
+                        "and --link-tls-key (docs/OPERATIONS.md, \"Workers on other hosts\")\n",
                 url);
         return 2;
     }
     if (sc != WK_NET_SCHEME_TLS && any_tls) {
-        fprintf(stderr, "wkvm-controld: --worker-tls-* need a tls+tcp:// --worker-url (got %s)\n",
+        fprintf(stderr, "wkvm-controld: --link-tls-* need a tls+tcp:// --link-url (got %s)\n",
                 url);
         return 2;
     }
@@ -356,8 +362,8 @@ ctl_main_check_worker_url(const ctl_main_conf *c, const char *url)
         fprintf(stderr,
                 "wkvm-controld: refusing to listen for workers on %s: plain tcp:// on a "
                 "non-loopback address carries prompts and state bytes in clear without "
-                "authentication; use tls+tcp:// with --worker-tls-ca/-cert/-key, or force it "
-                "with --allow-remote-workers (docs/OPERATIONS.md)\n",
+                "authentication; use tls+tcp:// with --link-tls-ca/-cert/-key, or force it "
+                "with --link-allow-plain-tcp (docs/OPERATIONS.md)\n",
                 url);
         return 2;
     }

@@ -1282,8 +1282,8 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
                         (unsigned long long)((now_ms - unlinked_since) / 1000u),
                         w->controller_url,
                         strncmp(w->controller_url, "tls+", 4) == 0
-                            ? " (TLS: check --tls-ca, this worker's certificate and "
-                              "--tls-server-name against the controller's)"
+                            ? " (TLS: check --link-tls-ca, this worker's certificate and "
+                              "--link-tls-server-name against the controller's)"
                             : "");
         }
         void *buf = NULL;

@@ -118,7 +118,7 @@ def test_bad_flags():
     p = subprocess.run([CONTROLD, "--port", "99999"], capture_output=True, text=True, timeout=20)
     assert p.returncode == 2 and "out of range" in p.stderr, p.stderr
     p = subprocess.run([CONTROLD, "--help"], capture_output=True, text=True, timeout=20)
-    assert p.returncode == 0 and "--worker-url" in p.stdout
+    assert p.returncode == 0 and "--link-url" in p.stdout and "(also --worker-url)" in p.stdout
 
 
 def test_model_load_through_controller():
