@@ -25,7 +25,6 @@
 #include <sys/stat.h>
 
 #include "wk_bpe.h"
-#include "wk_file.h"
 #include "wk_hex.h"
 #include "wk_sha256.h"
 
@@ -824,8 +823,13 @@ wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_dia
     /* A checkpoint file: the tokenizer beside it, else (a .gguf) its own metadata. */
     char parent[4096];
     const char *file = NULL;
-    bool is_file = false;
-    if (wk_file_model_path(dir, parent, sizeof(parent), NULL, 0, &is_file) == WK_OK && is_file) {
+    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) {
+        const char *slash = strrchr(dir, '/');
+        int len = slash == NULL ? 0 : slash == dir ? 1 : (int)(slash - dir);
+        int pn = slash == NULL ? snprintf(parent, sizeof(parent), ".")
+                               : snprintf(parent, sizeof(parent), "%.*s", len, dir);
+        if (pn < 0 || (size_t)pn >= sizeof(parent))
+            return wk_diag_set(d, WK_ETOOBIG, "tokenizer: path too long: %s", dir);
         file = dir;
         dir = parent;
     }

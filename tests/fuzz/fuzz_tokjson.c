@@ -15,7 +15,7 @@
  * space), and the ids are streamed and must agree with a one-shot stream
  * decode of the pieces.
  */
-/* fuzz-sources: common/wk_err.c common/wk_sha256.c common/wk_tok.c common/wk_file.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c */
+/* fuzz-sources: common/wk_err.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
