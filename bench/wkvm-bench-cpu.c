@@ -524,6 +524,7 @@ main(int argc, char **argv)
         {"seconds", required_argument, NULL, 's'}, {"bw-mib", required_argument, NULL, 'w'},
         {"sgemm-n", required_argument, NULL, 'g'}, {"fp32", no_argument, NULL, 'f'},
         {"rounds", required_argument, NULL, 'r'},  {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {"quantize", required_argument, NULL, 'q'},
         {"pair", required_argument, NULL, 'P'},    {"pairs", required_argument, NULL, 'n'},
         {NULL, 0, NULL, 0},
@@ -568,6 +569,7 @@ main(int argc, char **argv)
             break;
         }
         case 'h': bench_usage(stdout); return 0;
+        case 'V': printf("wkvm-bench-cpu %s\n", WK_VERSION); return 0;
         default: bench_usage(stderr); return 2;
         }
     }

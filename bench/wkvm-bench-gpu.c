@@ -219,7 +219,10 @@ main(int argc, char **argv)
     long batches[BG_MAX_LIST] = {1, 8, 32, 64, 128, 256}, prefill[BG_MAX_LIST] = {512, 4096};
     int nb = 6, np = 2, rounds = 3, device = 0;
     double secs = 1.0;
-    enum { O_MODEL = 1, O_DEVICE, O_BATCHES, O_PREFILL, O_SECONDS, O_ROUNDS, O_LABEL, O_HELP };
+    enum {
+        O_MODEL = 1, O_DEVICE, O_BATCHES, O_PREFILL, O_SECONDS, O_ROUNDS, O_LABEL, O_HELP,
+        O_VERSION
+    };
     static const struct option lo[] = {
         {"model", required_argument, NULL, O_MODEL},
         {"device", required_argument, NULL, O_DEVICE},
@@ -229,6 +232,7 @@ main(int argc, char **argv)
         {"rounds", required_argument, NULL, O_ROUNDS},
         {"label", required_argument, NULL, O_LABEL},
         {"help", no_argument, NULL, O_HELP},
+        {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -247,6 +251,7 @@ main(int argc, char **argv)
         case O_ROUNDS: bg_list(optarg, 1, 20, v, "--rounds"); rounds = (int)v[0]; break;
         case O_LABEL: label = optarg; break;
         case O_HELP: bg_usage(stdout); return 0;
+        case O_VERSION: printf("wkvm-bench-gpu %s\n", WK_VERSION); return 0;
         default: bg_usage(stderr); return 2;
         }
     }

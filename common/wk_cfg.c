@@ -26,6 +26,7 @@ struct wk_cfg {
     size_t n;                     /* entries in table */
     wk_cfg_val *vals;             /* one per table entry */
     bool help;                    /* --help seen */
+    bool version;                 /* --version seen */
     bool sample;                  /* --sample-config seen */
     char *pos[WK_CFG_POS_MAX];    /* positionals, owned */
     size_t npos;                  /* count of pos */
@@ -35,8 +36,14 @@ static ssize_t
 wk_cfg_index(const wk_cfg_opt *table, size_t n, const char *name, size_t name_len)
 {
     for (size_t i = 0; i < n; i++) {
-        if (strlen(table[i].name) == name_len && strncmp(table[i].name, name, name_len) == 0)
+        if (strlen(table[i].name) != name_len || strncmp(table[i].name, name, name_len) != 0)
+            continue;
+        if (table[i].type != WK_CFG_ALIAS)
             return (ssize_t)i;
+        for (size_t k = 0; table[i].def != NULL && k < n; k++) /* an alias: its option */
+            if (table[k].type != WK_CFG_ALIAS && strcmp(table[k].name, table[i].def) == 0)
+                return (ssize_t)k;
+        return -1;
     }
     return -1;
 }
@@ -149,18 +156,27 @@ wk_cfg_load_file(wk_cfg *cfg, const char *path, wk_diag *d)
 static wk_err
 wk_cfg_load_env(wk_cfg *cfg, const char *prefix, wk_diag *d)
 {
-    for (size_t i = 0; i < cfg->n; i++) {
-        char var[256];
-        int k = snprintf(var, sizeof(var), "%s_", prefix);
-        for (const char *p = cfg->table[i].name; *p && k < (int)sizeof(var) - 1; p++)
-            var[k++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
-        var[k] = '\0';
-        const char *val = getenv(var);
-        if (val == NULL)
-            continue;
-        wk_err err = wk_cfg_set(cfg, i, val, false, var, d);
-        if (err != WK_OK)
-            return err;
+    /* Aliases first: an option's current name wins when both are set. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < cfg->n; i++) {
+            if ((cfg->table[i].type == WK_CFG_ALIAS) != (pass == 0))
+                continue;
+            ssize_t t = wk_cfg_index(cfg->table, cfg->n, cfg->table[i].name,
+                                     strlen(cfg->table[i].name));
+            if (t < 0)
+                continue;
+            char var[256];
+            int k = snprintf(var, sizeof(var), "%s_", prefix);
+            for (const char *p = cfg->table[i].name; *p && k < (int)sizeof(var) - 1; p++)
+                var[k++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+            var[k] = '\0';
+            const char *val = getenv(var);
+            if (val == NULL)
+                continue;
+            wk_err err = wk_cfg_set(cfg, (size_t)t, val, false, var, d);
+            if (err != WK_OK)
+                return err;
+        }
     }
     return WK_OK;
 }
@@ -179,7 +195,7 @@ wk_cfg_parse(const wk_cfg_opt *table, size_t n, const char *env_prefix, int argc
     if (cfg->vals == NULL)
         goto fail;
     for (size_t i = 0; i < n; i++) {
-        if (table[i].def != NULL) {
+        if (table[i].def != NULL && table[i].type != WK_CFG_ALIAS) {
             err = wk_cfg_set(cfg, i, table[i].def, true, "default", d);
             if (err != WK_OK)
                 goto fail;
@@ -202,6 +218,8 @@ wk_cfg_parse(const wk_cfg_opt *table, size_t n, const char *env_prefix, int argc
             cfg->help = true;
         } else if (strcmp(argv[a], "--sample-config") == 0) {
             cfg->sample = true;
+        } else if (strcmp(argv[a], "--version") == 0) {
+            cfg->version = true;
         }
     }
     if (config_path != NULL) {
@@ -239,7 +257,7 @@ wk_cfg_parse(const wk_cfg_opt *table, size_t n, const char *env_prefix, int argc
             continue;
         }
         if (strncmp(arg, "--config=", 9) == 0 || strcmp(arg, "--help") == 0 ||
-            strcmp(arg, "--sample-config") == 0)
+            strcmp(arg, "--sample-config") == 0 || strcmp(arg, "--version") == 0)
             continue;
         const char *name = arg + 2;
         const char *eq = strchr(name, '=');
@@ -296,6 +314,12 @@ bool
 wk_cfg_help_requested(const wk_cfg *cfg)
 {
     return cfg->help;
+}
+
+bool
+wk_cfg_version_requested(const wk_cfg *cfg)
+{
+    return cfg->version;
 }
 
 bool
@@ -371,9 +395,15 @@ wk_cfg_print_help(const wk_cfg_opt *table, size_t n, const char *prog, const cha
     fprintf(f, "Usage: %s [OPTIONS]\n%s\n\nOptions:\n", prog, summary ? summary : "");
     for (size_t i = 0; i < n; i++) {
         const wk_cfg_opt *o = &table[i];
+        if (o->type == WK_CFG_ALIAS)
+            continue;
         char flag[96];
         snprintf(flag, sizeof(flag), "--%s %s", o->name, wk_cfg_type_name(o->type));
         fprintf(f, "  %-30s %s", flag, o->help);
+        for (size_t k = 0; k < n; k++)
+            if (table[k].type == WK_CFG_ALIAS && table[k].def != NULL &&
+                strcmp(table[k].def, o->name) == 0)
+                fprintf(f, " (also --%s)", table[k].name);
         if (o->def != NULL && o->def[0] != '\0')
             fprintf(f, " (default: %s)", o->def);
         if (o->type == WK_CFG_U64)
@@ -383,6 +413,7 @@ wk_cfg_print_help(const wk_cfg_opt *table, size_t n, const char *prog, const cha
     fprintf(f, "  %-30s %s\n", "--config FILE", "read 'key = value' lines from FILE");
     fprintf(f, "  %-30s %s\n", "--sample-config", "print an annotated config file and exit");
     fprintf(f, "  %-30s %s\n", "--help", "print this help and exit");
+    fprintf(f, "  %-30s %s\n", "--version", "print the version (" WK_VERSION ") and exit");
     if (env_prefix != NULL)
         fprintf(f, "\nEvery option can also be set as %s_<NAME> in the environment.\n"
                    "Precedence: defaults < config file < environment < flags.\n",
@@ -394,6 +425,8 @@ wk_cfg_print_sample(const wk_cfg_opt *table, size_t n, FILE *f)
 {
     for (size_t i = 0; i < n; i++) {
         const wk_cfg_opt *o = &table[i];
+        if (o->type == WK_CFG_ALIAS)
+            continue;
         fprintf(f, "# %s", o->help);
         if (o->type == WK_CFG_U64)
             fprintf(f, " [%llu..%llu]", (unsigned long long)o->min, (unsigned long long)o->max);

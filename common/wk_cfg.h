@@ -19,6 +19,8 @@ typedef enum wk_cfg_type {
     WK_CFG_STR = 0, /* any string (max WK_CFG_STR_MAX bytes) */
     WK_CFG_U64,     /* unsigned integer in [min, max] */
     WK_CFG_BOOL,    /* true/false/yes/no/1/0/on/off */
+    WK_CFG_ALIAS,   /* an older name of the option named by def (flag, env, file key);
+                       not listed by --help and the sample config on its own */
 } wk_cfg_type;
 
 #define WK_CFG_STR_MAX 4096
@@ -51,6 +53,9 @@ void wk_cfg_free(wk_cfg *cfg);
 
 /* True when --help was given. */
 bool wk_cfg_help_requested(const wk_cfg *cfg);
+
+/* True when --version was given (print "PROG " WK_VERSION and exit 0). */
+bool wk_cfg_version_requested(const wk_cfg *cfg);
 
 /* True when --sample-config was given. */
 bool wk_cfg_sample_requested(const wk_cfg *cfg);

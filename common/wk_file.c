@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 wk_err
 wk_file_read(const char *path, size_t max, char **out, size_t *len, wk_diag *d)
@@ -55,5 +56,39 @@ wk_file_read(const char *path, size_t max, char **out, size_t *len, wk_diag *d)
     buf[n] = '\0';
     *out = buf;
     *len = n;
+    return WK_OK;
+}
+
+wk_err
+wk_file_model_path(const char *model, char *dir, size_t dir_cap, char *name, size_t name_cap,
+                   bool *is_file)
+{
+    struct stat st;
+    bool file = stat(model, &st) == 0 && S_ISREG(st.st_mode);
+    size_t len = strlen(model);
+    while (len > 1 && model[len - 1] == '/')
+        len--;
+    size_t start = len;
+    while (start > 0 && model[start - 1] != '/')
+        start--;
+    size_t nlen = len - start;
+    if (file) {
+        const char *dot = strrchr(model + start, '.'); /* (a file's path ends in no '/') */
+        if (dot != NULL && dot > model + start)
+            nlen = (size_t)(dot - (model + start));
+    }
+    if (name != NULL && nlen >= name_cap)
+        return WK_ETOOBIG;
+    int n = !file          ? snprintf(dir, dir_cap, "%s", model)
+            : start == 0   ? snprintf(dir, dir_cap, ".")
+            : start == 1   ? snprintf(dir, dir_cap, "/")
+                           : snprintf(dir, dir_cap, "%.*s", (int)(start - 1), model);
+    if (n < 0 || (size_t)n >= dir_cap)
+        return WK_ETOOBIG;
+    if (name != NULL) {
+        memcpy(name, model + start, nlen);
+        name[nlen] = '\0';
+    }
+    *is_file = file;
     return WK_OK;
 }

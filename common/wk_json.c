@@ -10,16 +10,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-wk_err
-wk_json_parse(const char *buf, size_t len, json_t **out, wk_diag *d)
+static wk_err
+wk_json_load(const char *buf, size_t len, size_t flags, json_t **out, wk_diag *d)
 {
     json_error_t jerr;
-    json_t *v = json_loadb(buf, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+    json_t *v = json_loadb(buf, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY | flags, &jerr);
     if (v == NULL)
         return wk_diag_set(d, WK_EINVAL, "invalid JSON at line %d column %d: %s", jerr.line,
                            jerr.column, jerr.text);
     *out = v;
     return WK_OK;
+}
+
+wk_err
+wk_json_parse(const char *buf, size_t len, json_t **out, wk_diag *d)
+{
+    return wk_json_load(buf, len, 0, out, d);
+}
+
+wk_err
+wk_json_parse_text(const char *buf, size_t len, json_t **out, wk_diag *d)
+{
+    return wk_json_load(buf, len, JSON_ALLOW_NUL, out, d);
 }
 
 wk_err

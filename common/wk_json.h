@@ -22,6 +22,13 @@
 WK_MUST_CHECK wk_err wk_json_parse(const char *buf, size_t len, json_t **out, wk_diag *d);
 
 /*
+ * Like wk_json_parse(), but string values may hold NUL ("\u0000"): for
+ * bodies whose texts are data (chat content). Read such strings with
+ * json_string_length(); wk_json_get_str() still refuses a NUL in a field.
+ */
+WK_MUST_CHECK wk_err wk_json_parse_text(const char *buf, size_t len, json_t **out, wk_diag *d);
+
+/*
  * Reads obj[key] as a string. When absent: WK_ENOENT if required, else *out =
  * def and WK_OK. Wrong type or longer than max_len bytes: WK_EINVAL naming key.
  */

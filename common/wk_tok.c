@@ -809,7 +809,6 @@ tok_is_json(const char *path)
 wk_err
 wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_diag *d)
 {
-    size_t dn = strlen(dir);
     char *hf, *world;
     struct stat st;
     wk_err err;
@@ -821,6 +820,20 @@ wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_dia
         return tok_is_json(override_path) ? wk_tok_load_hf(override_path, out, d)
                                           : wk_tok_load(override_path, out, d);
     }
+    /* A checkpoint file: the tokenizer beside it, else (a .gguf) its own metadata. */
+    char parent[4096];
+    const char *file = NULL;
+    if (stat(dir, &st) == 0 && S_ISREG(st.st_mode)) {
+        const char *slash = strrchr(dir, '/');
+        int len = slash == NULL ? 0 : slash == dir ? 1 : (int)(slash - dir);
+        int pn = slash == NULL ? snprintf(parent, sizeof(parent), ".")
+                               : snprintf(parent, sizeof(parent), "%.*s", len, dir);
+        if (pn < 0 || (size_t)pn >= sizeof(parent))
+            return wk_diag_set(d, WK_ETOOBIG, "tokenizer: path too long: %s", dir);
+        file = dir;
+        dir = parent;
+    }
+    size_t dn = strlen(dir);
     hf = malloc(dn + sizeof("/tokenizer.json"));
     world = malloc(dn + sizeof("/rwkv_vocab_v20230424.txt"));
     if (hf == NULL || world == NULL) {
@@ -838,7 +851,13 @@ wk_tok_load_dir(const char *dir, const char *override_path, wk_tok **out, wk_dia
         /* a directory holding one .gguf: the World token list in its metadata */
         char *gguf = NULL;
         wk_diag gd = {""};
-        err = wk_tok_find_gguf(dir, &gguf, &gd);
+        size_t fl = file != NULL ? strlen(file) : 0;
+        if (file != NULL)
+            err = fl >= 5 && strcmp(file + fl - 5, ".gguf") == 0
+                      ? ((gguf = strdup(file)) != NULL ? WK_OK : WK_ENOMEM)
+                      : WK_ENOENT;
+        else
+            err = wk_tok_find_gguf(dir, &gguf, &gd);
         if (err == WK_OK) {
             err = wk_tok_load_gguf(gguf, out, d);
             free(gguf);

@@ -50,6 +50,8 @@ typedef struct ctl_app {
     ctl_transport_opts migrate; /* migration transport: NCCL between hosts, deadlines */
     ctl_chat_active *chat_active; /* sessions with a turn running (ctl_chat_active_new) */
     ctl_migrate_drains *drains;   /* worker drains, running and finished (ctl_migrate_drains_new) */
+    const ctl_http_route *routes; /* every route served (GET /admin lists them), main.c's */
+    size_t n_routes;              /* entries in routes */
 } ctl_app;
 
 /*

@@ -5,7 +5,6 @@
  */
 #define WK_LOG_MODULE "controld"
 #include <errno.h>
-#include <libgen.h>
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
@@ -24,6 +23,7 @@
 #include "ctl_openai.h"
 #include "ctl_responses.h"
 #include "wk_cfg.h"
+#include "wk_file.h"
 #include "wk_log.h"
 #include "wk_net.h"
 
@@ -32,20 +32,28 @@ static const wk_cfg_opt ctl_opts[] = {
      "HTTP bind address; anything but loopback needs --api-keys"},
     {"port", WK_CFG_U64, "8000", 1, 65535, "HTTP port"},
     {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
-    {"worker-url", WK_CFG_STR, NULL, 0, 0,
-     "NNG URL workers dial (default ipc://DATA/controller.ipc; across hosts "
-     "tls+tcp://HOST:PORT with --worker-tls-*)"},
-    {"worker-tls-ca", WK_CFG_STR, NULL, 0, 0,
-     "tls+tcp:// worker link: CA certificate file (PEM); only workers whose certificate "
+    /* The controller <-> worker link: the same --link-* names on both daemons. */
+    {"link-url", WK_CFG_STR, NULL, 0, 0,
+     "the link's NNG URL, which workers dial (default ipc://DATA/controller.ipc; across "
+     "hosts tls+tcp://HOST:PORT with --link-tls-*)"},
+    {"link-tls-ca", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// link: CA certificate file (PEM); only workers whose certificate "
      "chains to it are accepted"},
-    {"worker-tls-cert", WK_CFG_STR, NULL, 0, 0,
-     "tls+tcp:// worker link: the controller's certificate file (PEM)"},
-    {"worker-tls-key", WK_CFG_STR, NULL, 0, 0,
-     "tls+tcp:// worker link: the controller's private key file (PEM)"},
-    {"allow-remote-workers", WK_CFG_BOOL, "false", 0, 0,
-     "force a plain tcp:// --worker-url on a non-loopback address (no encryption, no "
+    {"link-tls-cert", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// link: the controller's certificate file (PEM)"},
+    {"link-tls-key", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// link: the controller's private key file (PEM)"},
+    {"link-allow-plain-tcp", WK_CFG_BOOL, "false", 0, 0,
+     "force a plain tcp:// --link-url on a non-loopback address (no encryption, no "
      "authentication: prompts and states in clear; use tls+tcp:// instead)"},
-    {"model", WK_CFG_STR, NULL, 0, 0, "model directory every worker loads (none: empty workers)"},
+    {"worker-url", WK_CFG_ALIAS, "link-url", 0, 0, "older name"},
+    {"worker-tls-ca", WK_CFG_ALIAS, "link-tls-ca", 0, 0, "older name"},
+    {"worker-tls-cert", WK_CFG_ALIAS, "link-tls-cert", 0, 0, "older name"},
+    {"worker-tls-key", WK_CFG_ALIAS, "link-tls-key", 0, 0, "older name"},
+    {"allow-remote-workers", WK_CFG_ALIAS, "link-allow-plain-tcp", 0, 0, "older name"},
+    {"model", WK_CFG_STR, NULL, 0, 0,
+     "model directory or checkpoint file (.gguf, .pth, .safetensors) every worker loads "
+     "(none: empty workers)"},
     {"slots", WK_CFG_U64, "16", 1, 65535, "state slots per worker (slot 0 is reserved extra)"},
     {"workers", WK_CFG_U64, "1", 0, 1024, "workers that must be ready before /ready says 200"},
     {"api-keys", WK_CFG_STR, NULL, 0, 0, "file of 'KEY USER [admin]' lines"},
@@ -101,8 +109,9 @@ static const wk_cfg_opt ctl_opts[] = {
      "automatic reuse: every request leaves state checkpoints and resumes the longest one "
      "of its owner that prefixes its prompt"},
     {"state-cache-bytes", WK_CFG_U64, "8589934592", 0, UINT64_MAX,
-     "warm checkpoint budget per worker, bytes of its host memory (unset: 25% of this host's "
-     "RAM, at most 8 GiB; 0 = no warm tier)"},
+     "warm checkpoint budget per worker, bytes of its host memory; unset: 25% of this host's "
+     "RAM capped at the default (the log's prefix cache line says which); 0 = no warm "
+     "tier"},
     {"state-cache-disk-bytes", WK_CFG_U64, "8589934592", 0, UINT64_MAX,
      "disk checkpoint budget, bytes in the data dir (0 = no disk tier)"},
     {"checkpoint-interval", WK_CFG_U64, "0", 0, 16777216,
@@ -111,6 +120,9 @@ static const wk_cfg_opt ctl_opts[] = {
      "also write every reply's end-of-reply checkpoint to disk (in the background), so "
      "chat sessions resume after their worker dies (costs a state image of disk writes "
      "per turn)"},
+    {"checkpoint-flush-ms", WK_CFG_U64, "60000", 0, 3600000,
+     "at shutdown, write warm checkpoints to disk for at most this long (progress is logged; "
+     "what is not written is counted in the log); 0 = write none"},
     {"heartbeat-ms", WK_CFG_U64, "1000", 50, 60000, "worker Stats poll period"},
     {"load-timeout-ms", WK_CFG_U64, "600000", 1000, 86400000, "model load deadline"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -128,8 +140,8 @@ typedef struct ctl_main_conf {
     ctl_ckpt_config ckpt;         /* for ctl_ckpt_new() */
     ctl_http_config http;         /* for ctl_http_new() */
     const char *data_dir;         /* --data-dir, NULL: ~/.local/share/wkvm */
-    const char *worker_url;       /* --worker-url, NULL: ipc://DATA/controller.ipc */
-    bool allow_remote_workers;    /* --allow-remote-workers */
+    const char *worker_url;       /* --link-url, NULL: ipc://DATA/controller.ipc */
+    bool allow_remote_workers;    /* --link-allow-plain-tcp */
     const char *api_keys;         /* --api-keys, NULL: none */
     const char *vocab;            /* --vocab, NULL: the model dir's */
     const char *served_model_name; /* --served-model-name, NULL: the model dir's name */
@@ -163,11 +175,11 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("host", STR, http.host),
     CTL_BIND("port", UINT, http.port),
     CTL_BIND("data-dir", STR, data_dir),
-    CTL_BIND("worker-url", STR, worker_url),
-    CTL_BIND("worker-tls-ca", STR, pool.tls_ca),
-    CTL_BIND("worker-tls-cert", STR, pool.tls_cert),
-    CTL_BIND("worker-tls-key", STR, pool.tls_key),
-    CTL_BIND("allow-remote-workers", BOOL, allow_remote_workers),
+    CTL_BIND("link-url", STR, worker_url),
+    CTL_BIND("link-tls-ca", STR, pool.tls_ca),
+    CTL_BIND("link-tls-cert", STR, pool.tls_cert),
+    CTL_BIND("link-tls-key", STR, pool.tls_key),
+    CTL_BIND("link-allow-plain-tcp", BOOL, allow_remote_workers),
     CTL_BIND("model", STR, app.model_dir),
     CTL_BIND("model", STR, pool.model_dir),
     CTL_BIND("slots", U32, pool.slots),
@@ -205,6 +217,7 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("state-cache-disk-bytes", U64, ckpt.disk_bytes),
     CTL_BIND("checkpoint-interval", U32, ckpt.interval),
     CTL_BIND("checkpoint-write-through", BOOL, ckpt.write_through),
+    CTL_BIND("checkpoint-flush-ms", U32, ckpt.flush_ms),
     CTL_BIND("heartbeat-ms", U32, pool.heartbeat_ms),
     CTL_BIND("load-timeout-ms", U32, pool.load_timeout_ms),
     CTL_BIND("log-level", STR, log_level),
@@ -253,7 +266,7 @@ ctl_main_binds_valid(void)
         }
     }
     for (size_t j = 0; j < CTL_NOPTS; j++) {
-        bool bound = false;
+        bool bound = ctl_opts[j].type == WK_CFG_ALIAS; /* (an older name: its option is) */
         for (size_t i = 0; i < CTL_NBINDS && !bound; i++)
             bound = strcmp(ctl_binds[i].opt, ctl_opts[j].name) == 0;
         if (!bound)
@@ -327,7 +340,7 @@ ctl_mkdir_p(const char *path)
  * The worker link's address rules (0: fine; else a one-line message has been
  * printed). Plain tcp:// carries prompts and state bytes in clear without
  * authentication: on a non-loopback address (checked by parsing it, names
- * resolved) it needs --allow-remote-workers. tls+tcp:// needs the CA, the
+ * resolved) it needs --link-allow-plain-tcp. tls+tcp:// needs the CA, the
  * certificate and the key; the TLS files make no sense on another scheme.
  */
 static int
@@ -337,19 +350,19 @@ ctl_main_check_worker_url(const ctl_main_conf *c, const char *url)
     char host[256];
     wk_diag d = {{0}};
     if (wk_net_url_parse(url, &sc, host, sizeof(host), &d) != WK_OK) {
-        fprintf(stderr, "wkvm-controld: --worker-url %s\n", d.msg);
+        fprintf(stderr, "wkvm-controld: --link-url %s\n", d.msg);
         return 2;
     }
     const char *tls[3] = {c->pool.tls_ca, c->pool.tls_cert, c->pool.tls_key};
     const bool any_tls = tls[0] != NULL || tls[1] != NULL || tls[2] != NULL;
     if (sc == WK_NET_SCHEME_TLS && (tls[0] == NULL || tls[1] == NULL || tls[2] == NULL)) {
-        fprintf(stderr, "wkvm-controld: --worker-url %s needs --worker-tls-ca, --worker-tls-cert "
-                        "and --worker-tls-key (docs/OPERATIONS.md, \"Workers on other hosts\")\n",
+        fprintf(stderr, "wkvm-controld: --link-url %s needs --link-tls-ca, --link-tls-cert "
+                        "and --link-tls-key (docs/OPERATIONS.md, \"Workers on other hosts\")\n",
                 url);
         return 2;
     }
     if (sc != WK_NET_SCHEME_TLS && any_tls) {
-        fprintf(stderr, "wkvm-controld: --worker-tls-* need a tls+tcp:// --worker-url (got %s)\n",
+        fprintf(stderr, "wkvm-controld: --link-tls-* need a tls+tcp:// --link-url (got %s)\n",
                 url);
         return 2;
     }
@@ -357,8 +370,8 @@ ctl_main_check_worker_url(const ctl_main_conf *c, const char *url)
         fprintf(stderr,
                 "wkvm-controld: refusing to listen for workers on %s: plain tcp:// on a "
                 "non-loopback address carries prompts and state bytes in clear without "
-                "authentication; use tls+tcp:// with --worker-tls-ca/-cert/-key, or force it "
-                "with --allow-remote-workers (docs/OPERATIONS.md)\n",
+                "authentication; use tls+tcp:// with --link-tls-ca/-cert/-key, or force it "
+                "with --link-allow-plain-tcp (docs/OPERATIONS.md)\n",
                 url);
         return 2;
     }
@@ -377,6 +390,11 @@ main(int argc, char **argv)
     if (wk_cfg_parse(ctl_opts, CTL_NOPTS, "WKVM", argc, argv, &cfg, &d) != WK_OK) {
         fprintf(stderr, "wkvm-controld: %s\n", d.msg);
         return 2;
+    }
+    if (wk_cfg_version_requested(cfg)) {
+        printf("%s %s\n", "wkvm-controld", WK_VERSION);
+        wk_cfg_free(cfg);
+        return 0;
     }
     if (wk_cfg_help_requested(cfg)) {
         wk_cfg_print_help(ctl_opts, CTL_NOPTS, "wkvm-controld",
@@ -482,12 +500,14 @@ main(int argc, char **argv)
         if (c.served_model_name != NULL) {
             snprintf(model_name, sizeof(model_name), "%s", c.served_model_name);
         } else {
+            /* the directory's name, or a checkpoint file's without its extension */
             char tmp[4096];
-            snprintf(tmp, sizeof(tmp), "%s", app->model_dir);
-            size_t tl = strlen(tmp);
-            while (tl > 1 && tmp[tl - 1] == '/')
-                tmp[--tl] = '\0';
-            snprintf(model_name, sizeof(model_name), "%s", basename(tmp));
+            bool is_file = false;
+            if (wk_file_model_path(app->model_dir, tmp, sizeof(tmp), model_name,
+                                   sizeof(model_name), &is_file) != WK_OK) {
+                fprintf(stderr, "wkvm-controld: --model %s: path too long\n", app->model_dir);
+                goto out;
+            }
         }
         app->model_id = model_name;
     }
@@ -562,6 +582,8 @@ main(int argc, char **argv)
         nr += ctl_responses_routes(app, routes + nr, 64 - nr);
         nr += ctl_migrate_routes(app, routes + nr, 64 - nr);
     }
+    app->routes = routes; /* (lives until main returns, after the HTTP server) */
+    app->n_routes = nr;
     c.http.auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL;
     c.http.auth_arg = auth;
     if (ctl_http_new(&c.http, routes, nr, ctl_admin_http_observe, app, &app->http, &d) != WK_OK) {

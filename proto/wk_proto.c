@@ -91,6 +91,15 @@ wk_proto_check_sample(const Wkvm__SampleParams *p, wk_diag *d)
         return wk_diag_set(d, WK_EPROTO, "top_p out of range");
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
         return wk_diag_set(d, WK_EPROTO, "min_p out of range");
+    if (p->n_logit_bias > WK_PROTO_LOGIT_BIAS_MAX)
+        return wk_diag_set(d, WK_EPROTO, "logit_bias has %zu entries, max %u", p->n_logit_bias,
+                           WK_PROTO_LOGIT_BIAS_MAX);
+    for (size_t i = 0; i < p->n_logit_bias; i++) {
+        const Wkvm__LogitBias *b = p->logit_bias[i];
+        if (b == NULL || b->token < 0 ||
+            !(b->bias >= -WK_PROTO_LOGIT_BIAS_ABS && b->bias <= WK_PROTO_LOGIT_BIAS_ABS))
+            return wk_diag_set(d, WK_EPROTO, "logit_bias entry %zu out of range", i);
+    }
     return WK_OK;
 }
 

@@ -17,22 +17,30 @@
 #include "wrk_rpc.h"
 
 static const wk_cfg_opt wrk_opts[] = {
-    {"controller", WK_CFG_STR, NULL, 0, 0,
-     "controller URL (default ipc://DATA/controller.ipc; across hosts tls+tcp://HOST:PORT "
-     "with --tls-*)"},
-    {"tls-ca", WK_CFG_STR, NULL, 0, 0,
-     "tls+tcp:// controller: CA certificate file (PEM) the controller's certificate must "
-     "chain to"},
-    {"tls-cert", WK_CFG_STR, NULL, 0, 0, "tls+tcp:// controller: this worker's certificate (PEM)"},
-    {"tls-key", WK_CFG_STR, NULL, 0, 0, "tls+tcp:// controller: this worker's private key (PEM)"},
-    {"tls-server-name", WK_CFG_STR, NULL, 0, 0,
-     "tls+tcp:// controller: the name its certificate must carry (default: the URL's host)"},
-    {"allow-plain-tcp", WK_CFG_BOOL, "false", 0, 0,
-     "force a plain tcp:// --controller on a non-loopback address (no encryption, no "
+    /* The controller <-> worker link: the same --link-* names on both daemons. */
+    {"link-url", WK_CFG_STR, NULL, 0, 0,
+     "the link's URL: the controller's, which this worker dials (default "
+     "ipc://DATA/controller.ipc; across hosts tls+tcp://HOST:PORT with --link-tls-*)"},
+    {"link-tls-ca", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// link: CA certificate file (PEM) the controller's certificate must chain to"},
+    {"link-tls-cert", WK_CFG_STR, NULL, 0, 0, "tls+tcp:// link: this worker's certificate (PEM)"},
+    {"link-tls-key", WK_CFG_STR, NULL, 0, 0, "tls+tcp:// link: this worker's private key (PEM)"},
+    {"link-tls-server-name", WK_CFG_STR, NULL, 0, 0,
+     "tls+tcp:// link: the name the controller's certificate must carry (default: the URL's "
+     "host)"},
+    {"link-allow-plain-tcp", WK_CFG_BOOL, "false", 0, 0,
+     "force a plain tcp:// --link-url on a non-loopback address (no encryption, no "
      "authentication: prompts and states in clear; use tls+tcp:// instead)"},
+    {"controller", WK_CFG_ALIAS, "link-url", 0, 0, "older name"},
+    {"tls-ca", WK_CFG_ALIAS, "link-tls-ca", 0, 0, "older name"},
+    {"tls-cert", WK_CFG_ALIAS, "link-tls-cert", 0, 0, "older name"},
+    {"tls-key", WK_CFG_ALIAS, "link-tls-key", 0, 0, "older name"},
+    {"tls-server-name", WK_CFG_ALIAS, "link-tls-server-name", 0, 0, "older name"},
+    {"allow-plain-tcp", WK_CFG_ALIAS, "link-allow-plain-tcp", 0, 0, "older name"},
     {"data-dir", WK_CFG_STR, NULL, 0, 0, "data directory (default ~/.local/share/wkvm)"},
     {"id", WK_CFG_STR, NULL, 0, 0, "worker id, unique per controller (default w<pid>)"},
-    {"model", WK_CFG_STR, NULL, 0, 0, "model directory to load at start (else the controller's)"},
+    {"model", WK_CFG_STR, NULL, 0, 0,
+     "model directory or checkpoint file to load at start (else the controller's)"},
     {"slots", WK_CFG_U64, "16", 1, 65535, "usable state slots when --model is given"},
     {"backend", WK_CFG_STR, "auto", 0, 0,
      "cpu, cuda or auto (auto = cpu until the CUDA backend has passed its gpu suite on a "
@@ -45,8 +53,9 @@ static const wk_cfg_opt wrk_opts[] = {
      "states made under Q8_0 only load into Q8_0 workers: the fingerprint differs)"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
     {"host-cache-bytes", WK_CFG_U64, "12884901888", 0, 1099511627776ull,
-     "warm tier: host memory for copies of evicted states and checkpoints, a hard limit "
-     "(unset: 3/8 of RAM, at least 1 GiB, at most 12 GiB; 0 = none)"},
+     "warm tier: host memory for copies of evicted states and checkpoints, a hard limit; "
+     "unset: 3/8 of RAM, at least 1 GiB, capped at the default (the log says which); "
+     "0 = none"},
     {"kv-pages", WK_CFG_U64, "0", 0, 16777216,
      "hybrid models: pages in the KV pool (0 = the backend's default; a worker-local choice)"},
     {"log-level", WK_CFG_STR, "info", 0, 0, "error, warn, info or debug"},
@@ -75,29 +84,30 @@ wrk_main_check_url(const wk_cfg *cfg, const char *url)
     char host[256];
     wk_diag d = {{0}};
     if (wk_net_url_parse(url, &sc, host, sizeof(host), &d) != WK_OK) {
-        fprintf(stderr, "wkvm-workerd: --controller %s\n", d.msg);
+        fprintf(stderr, "wkvm-workerd: --link-url %s\n", d.msg);
         return 2;
     }
-    const char *tls[3] = {wk_cfg_get_str(cfg, "tls-ca"), wk_cfg_get_str(cfg, "tls-cert"),
-                          wk_cfg_get_str(cfg, "tls-key")};
+    const char *tls[3] = {wk_cfg_get_str(cfg, "link-tls-ca"), wk_cfg_get_str(cfg, "link-tls-cert"),
+                          wk_cfg_get_str(cfg, "link-tls-key")};
     const bool any_tls = tls[0] != NULL || tls[1] != NULL || tls[2] != NULL ||
-                         wk_cfg_get_str(cfg, "tls-server-name") != NULL;
+                         wk_cfg_get_str(cfg, "link-tls-server-name") != NULL;
     if (sc == WK_NET_SCHEME_TLS && (tls[0] == NULL || tls[1] == NULL || tls[2] == NULL)) {
-        fprintf(stderr, "wkvm-workerd: --controller %s needs --tls-ca, --tls-cert and --tls-key "
-                        "(docs/OPERATIONS.md, \"Workers on other hosts\")\n",
+        fprintf(stderr, "wkvm-workerd: --link-url %s needs --link-tls-ca, --link-tls-cert and "
+                        "--link-tls-key (docs/OPERATIONS.md, \"Workers on other hosts\")\n",
                 url);
         return 2;
     }
     if (sc != WK_NET_SCHEME_TLS && any_tls) {
-        fprintf(stderr, "wkvm-workerd: --tls-* need a tls+tcp:// --controller (got %s)\n", url);
+        fprintf(stderr, "wkvm-workerd: --link-tls-* need a tls+tcp:// --link-url (got %s)\n", url);
         return 2;
     }
     if (sc == WK_NET_SCHEME_TCP && !wk_net_host_is_loopback(host) &&
-        !wk_cfg_get_bool(cfg, "allow-plain-tcp")) {
+        !wk_cfg_get_bool(cfg, "link-allow-plain-tcp")) {
         fprintf(stderr,
                 "wkvm-workerd: refusing to dial %s: plain tcp:// to a non-loopback address "
                 "carries prompts and state bytes in clear without authentication; use "
-                "tls+tcp:// with --tls-ca/-cert/-key, or force it with --allow-plain-tcp\n",
+                "tls+tcp:// with --link-tls-ca/-cert/-key, or force it with "
+                "--link-allow-plain-tcp\n",
                 url);
         return 2;
     }
@@ -112,6 +122,11 @@ main(int argc, char **argv)
     if (wk_cfg_parse(wrk_opts, WRK_NOPTS, "WKVM_WORKER", argc, argv, &cfg, &d) != WK_OK) {
         fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
         return 2;
+    }
+    if (wk_cfg_version_requested(cfg)) {
+        printf("%s %s\n", "wkvm-workerd", WK_VERSION);
+        wk_cfg_free(cfg);
+        return 0;
     }
     if (wk_cfg_help_requested(cfg)) {
         wk_cfg_print_help(wrk_opts, WRK_NOPTS, "wkvm-workerd",
@@ -153,8 +168,8 @@ main(int argc, char **argv)
         snprintf(data_dir, sizeof(data_dir), "%s", wk_cfg_get_str(cfg, "data-dir"));
     else
         snprintf(data_dir, sizeof(data_dir), "%s/.local/share/wkvm", home ? home : ".");
-    if (wk_cfg_get_str(cfg, "controller") != NULL)
-        snprintf(url, sizeof(url), "%s", wk_cfg_get_str(cfg, "controller"));
+    if (wk_cfg_get_str(cfg, "link-url") != NULL)
+        snprintf(url, sizeof(url), "%s", wk_cfg_get_str(cfg, "link-url"));
     else
         snprintf(url, sizeof(url), "ipc://%s/controller.ipc", data_dir);
     if (wrk_main_check_url(cfg, url) != 0)
@@ -182,10 +197,10 @@ main(int argc, char **argv)
     }
     wrk_rpc_config rc_cfg = {
         .controller_url = url,
-        .tls_ca = wk_cfg_get_str(cfg, "tls-ca"),
-        .tls_cert = wk_cfg_get_str(cfg, "tls-cert"),
-        .tls_key = wk_cfg_get_str(cfg, "tls-key"),
-        .tls_server_name = wk_cfg_get_str(cfg, "tls-server-name"),
+        .tls_ca = wk_cfg_get_str(cfg, "link-tls-ca"),
+        .tls_cert = wk_cfg_get_str(cfg, "link-tls-cert"),
+        .tls_key = wk_cfg_get_str(cfg, "link-tls-key"),
+        .tls_server_name = wk_cfg_get_str(cfg, "link-tls-server-name"),
         .worker_id = id,
         .backend = ops,
         .device = (int)wk_cfg_get_u64(cfg, "device"),

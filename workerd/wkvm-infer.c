@@ -81,7 +81,8 @@ infer_usage(FILE *f)
     fprintf(f,
             "usage: wkvm-infer --model DIR [options]\n"
             "Runs an RWKV-7 model directory without the controller.\n"
-            "  --model DIR          model directory (checkpoint + optional vocab)\n"
+            "  --model DIR|FILE     model directory (checkpoint + optional vocab), or one\n"
+            "                       .gguf/.pth/.safetensors file (its vocab beside it)\n"
             "  --tokens LIST        prompt token ids, comma or space separated (1,2,3)\n"
             "  --logits-out FILE    write float32 LE logits: one row of vocab floats per\n"
             "                       --tokens position\n"
@@ -114,7 +115,8 @@ infer_usage(FILE *f)
             "                       continue bit-identically, image sizes, and (hybrid\n"
             "                       models) WK_EQUOTA / WK_EINVAL refusals that change nothing\n"
             "  --kv-pages N         hybrid models: KV pool pages (default: the backend's)\n"
-            "  --help               this text\n");
+            "  --help               this text\n"
+            "  --version            print the version and exit\n");
 }
 
 static long
@@ -944,7 +946,7 @@ main(int argc, char **argv)
     enum {
         O_MODEL = 1, O_TOKENS, O_LOGITS, O_GENERATE, O_ENCODE, O_DECODE, O_VOCAB, O_THREADS,
         O_BACKEND, O_CHUNK, O_FP32, O_BENCH, O_BBATCH, O_BPREFILL, O_BCHECK, O_SCHECK,
-        O_KVPAGES, O_CHECKTOL, O_QUANT, O_HELP,
+        O_KVPAGES, O_CHECKTOL, O_QUANT, O_HELP, O_VERSION,
     };
     static const struct option lopts[] = {
         {"model", required_argument, NULL, O_MODEL},
@@ -967,6 +969,7 @@ main(int argc, char **argv)
         {"kv-pages", required_argument, NULL, O_KVPAGES},
         {"check-tolerance", required_argument, NULL, O_CHECKTOL},
         {"help", no_argument, NULL, O_HELP},
+        {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -1016,6 +1019,7 @@ main(int argc, char **argv)
             break;
         }
         case O_HELP: infer_usage(stdout); return 0;
+        case O_VERSION: printf("wkvm-infer %s\n", WK_VERSION); return 0;
         default:
             if (optopt != 0 && optopt < O_MODEL)
                 infer_die(2, "unknown option '%c' (see --help)", optopt);

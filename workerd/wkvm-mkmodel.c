@@ -894,7 +894,8 @@ mk_usage(FILE *f)
             "  --dtype T         f32 or bf16 (default bf16)\n"
             "  --seed S          PRNG seed (default 1)\n"
             "  --force           write into a non-empty directory\n"
-            "  --help            this text\n",
+            "  --help            this text\n"
+            "  --version         print the version and exit\n",
             MK_MAX_LAYERS, MK_MAX_EMBD, MK_MAX_FFN, MK_MAX_VOCAB);
 }
 
@@ -930,7 +931,7 @@ main(int argc, char **argv)
         .dtype = MK_DTYPE_BF16, .seed = 1,
     };
     enum { O_OUT = 256, O_LAYERS, O_EMBD, O_HEAD, O_FFN, O_VOCAB, O_LW, O_LA, O_LV, O_LG,
-           O_DTYPE, O_SEED, O_FORCE, O_HELP, O_VOCAB_FILE };
+           O_DTYPE, O_SEED, O_FORCE, O_HELP, O_VOCAB_FILE, O_VERSION };
     bool vocab_set = false;
     static const struct option opts[] = {
         {"out", required_argument, NULL, O_OUT},
@@ -948,6 +949,7 @@ main(int argc, char **argv)
         {"force", no_argument, NULL, O_FORCE},
         {"vocab-file", required_argument, NULL, O_VOCAB_FILE},
         {"help", no_argument, NULL, O_HELP},
+        {"version", no_argument, NULL, O_VERSION},
         {NULL, 0, NULL, 0},
     };
     int opt, rc = 0;
@@ -991,6 +993,7 @@ main(int argc, char **argv)
         }
         case O_FORCE: c.force = true; break;
         case O_HELP: mk_usage(stdout); return 0;
+        case O_VERSION: printf("wkvm-mkmodel %s\n", WK_VERSION); return 0;
         default: mk_usage(stderr); return 2;
         }
     }

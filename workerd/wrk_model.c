@@ -37,6 +37,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "wk_file.h"
 #include "wk_sha256.h"
 #include "wk_tok.h"
 #include "wrk_family.h"
@@ -275,6 +276,19 @@ wrk_model_find_checkpoint(const char *dir, char *out, size_t out_len, wk_diag *d
 
     if (dir == NULL || out == NULL || out_len == 0)
         return wk_diag_set(d, WK_EINVAL, "no model directory given");
+    if (wrk_is_file(dir)) { /* --model FILE: that checkpoint itself */
+        if (!wrk_has_suffix(dir, ".gguf") && !wrk_has_suffix(dir, ".pth") &&
+            !wrk_has_suffix(dir, ".safetensors") &&
+            !wrk_has_suffix(dir, "model.safetensors.index.json"))
+            return wk_diag_set(d, WK_EINVAL,
+                               "model file %s: not a checkpoint (a .gguf, .pth or .safetensors "
+                               "file, or a directory holding one)",
+                               dir);
+        if (strlen(dir) >= out_len)
+            return wk_diag_set(d, WK_ETOOBIG, "%s: path too long", dir);
+        snprintf(out, out_len, "%s", dir);
+        return WK_OK;
+    }
     for (size_t i = 0; i < 2; i++) {
         if ((e = wrk_join(path, sizeof(path), dir, fixed[i], d)) != WK_OK)
             return e;
@@ -1238,6 +1252,13 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
     if (m == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
 
+    /* --model FILE: config.json (and the tokenizer) beside the file; the name is the file's */
+    char mdir[WRK_PATH_MAX], mname[WRK_PATH_MAX]; /* (a longer name is cut to info.name) */
+    bool is_file = false;
+    if (wk_file_model_path(dir, mdir, sizeof(mdir), mname, sizeof(mname), &is_file) != WK_OK) {
+        free(m);
+        return wk_diag_set(d, WK_ETOOBIG, "%s: path too long", dir);
+    }
     /* a GGUF file brings the config.json its metadata implies, used when dir has none */
     json_t *gguf_config = NULL;
     if (wrk_has_suffix(path, ".gguf"))
@@ -1246,7 +1267,7 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
         e = wk_tensor_set_open(path, &m->set, d);
     if (e != WK_OK)
         goto fail;
-    e = wrk_model_read_config(dir, &m->config, d);
+    e = wrk_model_read_config(mdir, &m->config, d);
     if (e == WK_OK && m->config == NULL) {
         m->config = gguf_config;
         gguf_config = NULL;
@@ -1274,19 +1295,7 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
         goto fail;
     }
 
-    {
-        size_t len = strlen(dir);
-        while (len > 1 && dir[len - 1] == '/')
-            len--;
-        size_t start = len;
-        while (start > 0 && dir[start - 1] != '/')
-            start--;
-        size_t nlen = len - start;
-        if (nlen >= sizeof(in->name))
-            nlen = sizeof(in->name) - 1;
-        memcpy(in->name, dir + start, nlen);
-        in->name[nlen] = '\0';
-    }
+    snprintf(in->name, sizeof(in->name), "%.127s", mname); /* (a file's: without extension) */
 
     wrk_count cnt;
     memset(&cnt, 0, sizeof(cnt));

@@ -77,6 +77,7 @@ struct wrk_worker {
     uint64_t start_ms;         /* monotonic start */
     float *logits;             /* scratch, rows_cap * vocab */
     uint32_t load_permille;    /* last model-load progress reported */
+    const char *load_phase;    /* its phase (a string literal), NULL before the first */
     wrk_host_entry *host;      /* the warm tier */
     uint64_t host_bytes;       /* bytes held in host */
     bool connected;            /* the socket is set up (progress may be sent) */
@@ -227,17 +228,26 @@ wrk_worker_free(wrk_worker *w)
 
 static void wrk_send(wrk_worker *w, const wk_msg *m);
 
-/* Model-load progress: logged every 10% and sent to the controller (id 0). */
+/*
+ * Model-load progress: logged every 10% and at each new phase, and sent to
+ * the controller (id 0). Never goes backwards. Phases: reading weights
+ * (0..90%), packing weights (95%), loaded (100%).
+ */
 static void
 wrk_load_progress(void *arg, const char *phase, double frac)
 {
     wrk_worker *w = arg;
     uint32_t permille = frac >= 1.0 ? 1000u : frac <= 0.0 ? 0u : (uint32_t)(frac * 1000.0);
-    if (permille / 100 == w->load_permille / 100 && permille != 1000 && w->load_permille != 0)
+    bool new_phase = w->load_phase == NULL || strcmp(phase, w->load_phase) != 0;
+    if (permille < w->load_permille)
+        permille = w->load_permille;
+    if (!new_phase && permille / 100 == w->load_permille / 100 && permille != 1000 &&
+        w->load_permille != 0)
         return;
-    if (permille == w->load_permille && permille == 1000)
+    if (!new_phase && permille == w->load_permille)
         return;
     w->load_permille = permille;
+    w->load_phase = phase;
     wk_log_info("model load progress=%u%% phase=\"%s\"", permille / 10, phase);
     if (!w->connected)
         return;
@@ -252,6 +262,13 @@ wrk_load_progress(void *arg, const char *phase, double frac)
     wrk_send(w, &m);
 }
 
+/* Reading the checkpoint is the first 90% of a load. */
+static void
+wrk_load_read_progress(void *arg, const char *phase, double frac)
+{
+    wrk_load_progress(arg, phase, frac * 0.9);
+}
+
 wk_err
 wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag *d)
 {
@@ -263,8 +280,9 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
         return WK_OK;
     wrk_model_opts mo = {.fp32 = w->cfg.fp32, .quantize_q8_0 = w->cfg.quantize_q8_0,
                          .vocab_path = w->vocab_path,
-                         .progress = wrk_load_progress, .progress_arg = w};
+                         .progress = wrk_load_read_progress, .progress_arg = w};
     w->load_permille = 0;
+    w->load_phase = NULL;
     wrk_model *m = NULL;
     wk_err err = wrk_model_load(model_dir, &mo, &m, d);
     if (err != WK_OK)
@@ -278,7 +296,7 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
         .kv_pages = w->cfg.kv_pages,
     };
     be_ctx *be = NULL;
-    wrk_load_progress(w, "packing weights", 0.999);
+    wrk_load_progress(w, "packing weights", 0.95);
     err = w->cfg.backend->open(&bc, m, &be, d);
     if (err != WK_OK) {
         wrk_model_free(m);
@@ -305,6 +323,7 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
     w->model = m;
     w->be = be;
     w->model_dir = dir;
+    wrk_load_progress(w, "loaded", 1.0);
     return WK_OK;
 }
 
@@ -456,7 +475,9 @@ static void
 wrk_handle_load(wrk_worker *w, const wk_msg *req)
 {
     wk_diag d = {{0}};
-    wk_log_info("load model=%s slots=%u", req->load_model->model_dir, req->load_model->n_slots);
+    /* (usable slots, as the controller counts them: the arena's slot 0 is reserved) */
+    wk_log_info("load model=%s slots=%u", req->load_model->model_dir,
+                req->load_model->n_slots ? req->load_model->n_slots - 1 : 0);
     if (req->load_model->vocab_path[0] != '\0') {
         free(w->vocab_path);
         w->vocab_path = strdup(req->load_model->vocab_path);
@@ -1015,6 +1036,16 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
                 goto done;
             }
         }
+        for (size_t k = 0; sr->sample && sr->params != NULL && k < sr->params->n_logit_bias;
+             k++) {
+            int32_t t = sr->params->logit_bias[k]->token;
+            if (t < 0 || (uint32_t)t >= vocab) {
+                err = WK_EINVAL; /* refused before the step: no state changes */
+                snprintf(detail, sizeof(detail), "row %zu: logit_bias token %d outside vocab %u",
+                         i, t, vocab);
+                goto done;
+            }
+        }
         rows[i].slot = sr->slot;
         rows[i].tokens = sr->tokens;
         rows[i].n_tokens = (uint32_t)sr->n_tokens;
@@ -1044,6 +1075,7 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
             continue;
         const Wkvm__SampleParams *pp = sr->params;
         wrk_sample_params sp = {0};
+        wrk_logit_bias bias[WK_PROTO_LOGIT_BIAS_MAX];
         if (pp != NULL) {
             sp.temperature = pp->temperature;
             sp.top_p = pp->top_p;
@@ -1054,6 +1086,12 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
             sp.frequency_penalty = pp->frequency_penalty;
             sp.top_logprobs = pp->top_logprobs;
             sp.want_logprob = pp->want_logprobs;
+            /* (wk_proto bounded the count and the values; the ids are checked against the vocab) */
+            for (size_t k = 0; k < pp->n_logit_bias && k < WK_PROTO_LOGIT_BIAS_MAX; k++)
+                bias[k] = (wrk_logit_bias){.token = pp->logit_bias[k]->token,
+                                           .bias = pp->logit_bias[k]->bias};
+            sp.bias = bias;
+            sp.n_bias = pp->n_logit_bias;
         }
         sp.sample_index = sr->sample_index;
         sp.history = sr->penalty_tokens;
@@ -1248,8 +1286,8 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
                         (unsigned long long)((now_ms - unlinked_since) / 1000u),
                         w->controller_url,
                         strncmp(w->controller_url, "tls+", 4) == 0
-                            ? " (TLS: check --tls-ca, this worker's certificate and "
-                              "--tls-server-name against the controller's)"
+                            ? " (TLS: check --link-tls-ca, this worker's certificate and "
+                              "--link-tls-server-name against the controller's)"
                             : "");
         }
         void *buf = NULL;

@@ -1,5 +1,5 @@
 /*
- * wrk_sample: penalties, temperature, top-k, top-p and a counter-based RNG
+ * wrk_sample: penalties, logit bias, temperature, top-k, top-p and a counter-based RNG
  * (splitmix64 of seed and index), so that sampling is a pure function of
  * the logits and the request's (seed, index).
  */
@@ -108,7 +108,14 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
 {
     if (vocab == 0 || !(p->temperature >= 0.0f) || p->top_logprobs > WRK_SAMPLE_TOP_MAX)
         return WK_EINVAL;
+    for (size_t i = 0; i < p->n_bias; i++) {
+        if (p->bias[i].token < 0 || (uint32_t)p->bias[i].token >= vocab ||
+            !isfinite(p->bias[i].bias))
+            return WK_EINVAL;
+    }
     wrk_apply_penalties(logits, vocab, p);
+    for (size_t i = 0; i < p->n_bias; i++)
+        logits[p->bias[i].token] += p->bias[i].bias;
 
     float mx = -INFINITY;
     uint32_t best = 0;

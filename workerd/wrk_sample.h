@@ -2,7 +2,8 @@
  * wrk_sample: per-row token sampling from a logits vector, deterministic
  * from (seed, sample_index) so that a row's choice never depends on the
  * batch it ran in, a restart, or a migration. Penalties follow OpenAI's
- * definition: logit[t] -= presence * (count[t] > 0) + frequency * count[t].
+ * definition: logit[t] -= presence * (count[t] > 0) + frequency * count[t];
+ * then OpenAI's logit_bias is added: logit[t] += bias[t].
  * Never logs; never allocates more than O(vocab) scratch per call.
  */
 #ifndef WRK_SAMPLE_H
@@ -16,6 +17,12 @@
 
 #define WRK_SAMPLE_TOP_MAX 20
 
+/* One logit_bias entry. */
+typedef struct wrk_logit_bias {
+    int32_t token; /* token id, < vocab */
+    float bias;    /* added to its logit (-100..100) */
+} wrk_logit_bias;
+
 typedef struct wrk_sample_params {
     float temperature;       /* 0 = greedy (argmax, lowest id on ties) */
     float top_p;             /* nucleus mass in (0, 1]; 0 or 1 = off */
@@ -27,6 +34,8 @@ typedef struct wrk_sample_params {
     float frequency_penalty; /* -2..2 */
     const int32_t *history;  /* generated tokens so far (penalties), borrowed */
     size_t n_history;        /* entries in history */
+    const wrk_logit_bias *bias; /* added to the logits after the penalties, borrowed */
+    size_t n_bias;           /* entries in bias */
     uint32_t top_logprobs;   /* alternatives to report, <= WRK_SAMPLE_TOP_MAX */
     bool want_logprob;       /* compute the chosen token's logprob (else reported as 0) */
 } wrk_sample_params;
@@ -42,8 +51,9 @@ typedef struct wrk_sample_result {
 
 /*
  * Samples from logits[0..vocab). logits is used as scratch and modified.
- * WK_EINVAL for bad parameters (vocab 0, NaN temperature, history ids out of
- * range are ignored), WK_ENOMEM.
+ * WK_EINVAL for bad parameters (vocab 0, NaN temperature, a bias token id
+ * outside [0, vocab) or a non-finite bias; history ids out of range are
+ * ignored), WK_ENOMEM. logits is unchanged on WK_EINVAL.
  */
 WK_MUST_CHECK wk_err wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p,
                                 wrk_sample_result *out);

@@ -38,14 +38,46 @@ ctl_admin_ready(ctl_http_req *req, void *arg)
             ready = sched_n;
     }
     size_t n = ctl_pool_list(app->pool, views, 64);
-    if (ready >= app->expected_workers) {
+    /* Draining workers take no new request: listed, and not ready when all of them drain. */
+    json_t *draining = json_array();
+    size_t n_ready_views = 0;
+    char dnames[200] = "";
+    for (size_t i = 0; i < n && i < 64; i++) {
+        if (views[i].state != CTL_WORKER_STATE_READY)
+            continue;
+        n_ready_views++;
+        if (app->sched != NULL && ctl_sched_draining(app->sched, views[i].id)) {
+            size_t dl = strlen(dnames);
+            snprintf(dnames + dl, sizeof(dnames) - dl, "%s%.64s", dl ? ", " : "", views[i].id);
+            json_array_append_new(draining, json_string(views[i].id));
+        }
+    }
+    bool all_drain = n_ready_views > 0 && json_array_size(draining) == n_ready_views;
+    if (ready >= app->expected_workers && !all_drain) {
         free(views);
-        ctl_http_send_json(req, 200,
-                           json_pack("{s:s, s:I, s:I}", "status", "ready", "workers_ready",
-                                     (json_int_t)ready, "workers_expected",
-                                     (json_int_t)app->expected_workers));
+        json_t *o = json_pack("{s:s, s:I, s:I}", "status", "ready", "workers_ready",
+                              (json_int_t)ready, "workers_expected",
+                              (json_int_t)app->expected_workers);
+        if (o != NULL && json_array_size(draining) > 0)
+            json_object_set(o, "draining", draining);
+        json_decref(draining);
+        ctl_http_send_json(req, 200, o);
         return;
     }
+    if (ready >= app->expected_workers) {
+        char why[400];
+        snprintf(why, sizeof(why),
+                 "every ready worker is draining (%s): new requests wait, then get 503; "
+                 "undrain with POST /admin/workers/{id}/drain {\"undrain\": true} or add a worker",
+                 dnames);
+        free(views);
+        ctl_http_send_json(req, 503,
+                           json_pack("{s:s, s:s, s:I, s:I, s:o}", "status", "not_ready", "reason",
+                                     why, "workers_ready", (json_int_t)ready, "workers_expected",
+                                     (json_int_t)app->expected_workers, "draining", draining));
+        return;
+    }
+    json_decref(draining);
     char reason[512];
     if (n == 0) {
         snprintf(reason, sizeof(reason), "no worker registered (expecting %u)",
@@ -73,18 +105,27 @@ ctl_admin_ready(ctl_http_req *req, void *arg)
                                  (json_int_t)app->expected_workers));
 }
 
+/*
+ * A worker's JSON. draining: the scheduler admits nothing new on it (a ready
+ * worker then shows state "draining").
+ */
 static json_t *
-ctl_admin_worker_json(const ctl_worker_view *v)
+ctl_admin_worker_json(const ctl_worker_view *v, bool draining)
 {
     json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:I, s:I, s:I, s:I}", "id",
                           v->id, "backend", v->backend, "device", v->device, "slots_total",
                           (json_int_t)v->slots_total, "slots_used", (json_int_t)v->slots_used,
-                          "state", ctl_worker_state_name(v->state), "hostname", v->hostname,
+                          "state",
+                          draining && v->state == CTL_WORKER_STATE_READY
+                              ? "draining"
+                              : ctl_worker_state_name(v->state),
+                          "hostname", v->hostname,
                           "detail", v->detail, "pid", (json_int_t)v->pid, "device_mem_bytes",
                           (json_int_t)v->device_mem, "steps", (json_int_t)v->steps, "tokens",
                           (json_int_t)v->tokens);
     if (o == NULL)
         return NULL;
+    json_object_set_new(o, "draining", json_boolean(draining));
     /* what the migration transport choice reads (docs/OPERATIONS.md) */
     json_object_set_new(o, "nccl", json_boolean(v->nccl));
     json_object_set_new(o, "device_index", json_integer(v->device_index));
@@ -131,6 +172,26 @@ ctl_admin_views(ctl_app *app, ctl_worker_view *views, size_t cap)
     return n;
 }
 
+/* GET /admin: an index of every route (method, path, who may call it). */
+static void
+ctl_admin_index(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    static const char *const access[] = {"public", "user", "admin"};
+    json_t *arr = json_array();
+    for (size_t i = 0; i < app->n_routes; i++) {
+        const ctl_http_route *r = &app->routes[i];
+        unsigned a = (unsigned)r->access;
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:s}", "method",
+                                             r->method ? r->method : "*", "path",
+                                             r->label ? r->label : r->path, "access",
+                                             a < 3 ? access[a] : "?"));
+    }
+    ctl_http_send_json(req, 200,
+                       json_pack("{s:o, s:s}", "routes", arr, "docs",
+                                 "docs/WKVMCTL.md (admin), docs/OPENAI_COMPAT.md (OpenAI)"));
+}
+
 static void
 ctl_admin_workers(ctl_http_req *req, void *arg)
 {
@@ -143,7 +204,9 @@ ctl_admin_workers(ctl_http_req *req, void *arg)
     size_t n = ctl_admin_views(app, views, 256);
     json_t *arr = json_array();
     for (size_t i = 0; i < n && i < 256; i++)
-        json_array_append_new(arr, ctl_admin_worker_json(&views[i]));
+        json_array_append_new(arr, ctl_admin_worker_json(
+                                       &views[i], app->sched != NULL &&
+                                                      ctl_sched_draining(app->sched, views[i].id)));
     free(views);
     ctl_http_send_json(req, 200, json_pack("{s:o}", "workers", arr));
 }
@@ -160,6 +223,7 @@ ctl_admin_metrics_snapshot(ctl_app *app)
     ctl_metrics_clear(m, "wkvm_worker_up");
     ctl_metrics_clear(m, "wkvm_worker_slots_total");
     ctl_metrics_clear(m, "wkvm_worker_slots_used");
+    ctl_metrics_clear(m, "wkvm_worker_draining");
     size_t by_state[4] = {0};
     uint32_t waiting = 0, running = 0;
     if (app->sched != NULL)
@@ -175,6 +239,9 @@ ctl_admin_metrics_snapshot(ctl_app *app)
         snprintf(lb, sizeof(lb), "worker=\"%s\"", id);
         ctl_metrics_set(m, "wkvm_worker_up", lb,
                         views[i].state == CTL_WORKER_STATE_READY ? 1.0 : 0.0);
+        ctl_metrics_set(m, "wkvm_worker_draining", lb,
+                        app->sched != NULL && ctl_sched_draining(app->sched, views[i].id) ? 1.0
+                                                                                          : 0.0);
         ctl_metrics_set(m, "wkvm_worker_slots_total", lb, views[i].slots_total);
         ctl_metrics_set(m, "wkvm_worker_slots_used", lb, views[i].slots_used);
         ctl_metrics_set(m, "wkvm_worker_slots_free", lb,
@@ -272,6 +339,8 @@ ctl_admin_metrics_declare(ctl_metrics *m)
          "HTTP request handling time by route."},
         {"wkvm_workers", CTL_METRIC_GAUGE, "Registered workers by state."},
         {"wkvm_worker_up", CTL_METRIC_GAUGE, "1 when the worker is ready, else 0."},
+        {"wkvm_worker_draining", CTL_METRIC_GAUGE,
+         "1 while the worker drains (admits no new request), else 0."},
         {"wkvm_worker_slots_total", CTL_METRIC_GAUGE, "Usable state slots on the worker."},
         {"wkvm_worker_slots_used", CTL_METRIC_GAUGE, "State slots bound on the worker."},
         {"wkvm_worker_slots_free", CTL_METRIC_GAUGE, "State slots free on the worker."},
@@ -285,6 +354,7 @@ ctl_admin_metrics_declare(ctl_metrics *m)
          "Requests to workers that failed or timed out."},
         {"wkvm_worker_bad_messages_total", CTL_METRIC_COUNTER,
          "Messages from workers refused by validation."},
+        {"wkvm_build_info", CTL_METRIC_GAUGE, "1, labelled with the controller's version."},
     };
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
         wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, lat,
@@ -292,6 +362,7 @@ ctl_admin_metrics_declare(ctl_metrics *m)
         if (err != WK_OK)
             return err;
     }
+    ctl_metrics_set(m, "wkvm_build_info", "version=\"" WK_VERSION "\"", 1);
     return WK_OK;
 }
 
@@ -404,6 +475,7 @@ ctl_admin_routes(ctl_app *app, ctl_http_route *out, size_t cap)
         {"GET", "/health", false, ctl_admin_health, app, "/health", CTL_HTTP_ACCESS_PUBLIC},
         {"GET", "/ready", false, ctl_admin_ready, app, "/ready", CTL_HTTP_ACCESS_PUBLIC},
         {"GET", "/metrics", false, ctl_admin_metrics, app, "/metrics", CTL_HTTP_ACCESS_ADMIN},
+        {"GET", "/admin", false, ctl_admin_index, app, "/admin", CTL_HTTP_ACCESS_ADMIN},
         {"GET", "/admin/workers", false, ctl_admin_workers, app, "/admin/workers",
          CTL_HTTP_ACCESS_ADMIN},
         {"GET", "/admin/cache", false, ctl_admin_cache, app, "/admin/cache",

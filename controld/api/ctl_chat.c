@@ -650,5 +650,11 @@ ctl_chat_metrics_declare(ctl_metrics *m)
         if (err != WK_OK)
             return err;
     }
+    /* Every rejection reason shows from the start, at 0. */
+    for (unsigned r = CTL_SESSION_REASON_NONE + 1; r < CTL_SESSION_REASON__COUNT; r++) {
+        char lb[128];
+        snprintf(lb, sizeof(lb), "reason=\"%s\"", ctl_session_reason_str((ctl_session_reason)r));
+        ctl_metrics_add(m, "wkvm_parent_bound_continuation_rejections_total", lb, 0);
+    }
     return WK_OK;
 }

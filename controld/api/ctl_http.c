@@ -91,6 +91,16 @@ ctl_http_req_body(ctl_http_req *req, const char **buf, size_t *len)
     long long cl = req->ri->content_length;
     if (cl > (long long)req->h->max_body)
         return WK_ETOOBIG;
+    /*
+     * A client that sent "Expect: 100-continue" (curl does for bodies over
+     * 1 MB) waits for this interim answer before it sends the body; civetweb
+     * sends it only for its own file handlers. A body refused by its length
+     * (above) gets the final answer instead, and the body is never sent.
+     */
+    const char *expect = mg_get_header(req->conn, "Expect");
+    if (expect != NULL && strcasecmp(expect, "100-continue") == 0 &&
+        req->ri->http_version != NULL && strcmp(req->ri->http_version, "1.1") == 0)
+        (void)mg_printf(req->conn, "HTTP/1.1 100 Continue\r\n\r\n");
     size_t cap = cl >= 0 ? (size_t)cl + 1 : 4096;
     char *b = malloc(cap);
     if (b == NULL)
@@ -202,10 +212,43 @@ ctl_http_send_json(ctl_http_req *req, int status, json_t *v)
     free(s);
 }
 
+/*
+ * One info line per refused request (a 5xx: a warning): method, path, user,
+ * status, param and the message, control characters of client text
+ * replaced so that a line stays one line.
+ */
+static void
+ctl_http_log_refusal(const ctl_http_req *req, int status, const char *param, const char *message)
+{
+    if (status < 400 || (status >= 500 ? WK_LOG_WARN : WK_LOG_INFO) > wk_log_threshold)
+        return;
+    char msg[240], prm[72], path[160];
+    snprintf(msg, sizeof(msg), "%s", message ? message : "");
+    snprintf(prm, sizeof(prm), "%s", param ? param : "-");
+    snprintf(path, sizeof(path), "%s", req->ri && req->ri->local_uri ? req->ri->local_uri : "-");
+    for (char *p = msg; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
+    for (char *p = prm; *p; p++)
+        if ((unsigned char)*p <= 0x20 || *p == 0x7f)
+            *p = '?';
+    for (char *p = path; *p; p++)
+        if ((unsigned char)*p <= 0x20 || *p == 0x7f)
+            *p = '?';
+    const char *method = req->ri && req->ri->request_method ? req->ri->request_method : "-";
+    if (status >= 500)
+        wk_log_warn("refused %s %s user=%s status=%d param=%s: %s", method, path,
+                    req->user ? req->user : "-", status, prm, msg);
+    else
+        wk_log_info("refused %s %s user=%s status=%d param=%s: %s", method, path,
+                    req->user ? req->user : "-", status, prm, msg);
+}
+
 void
 ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const char *message,
                            const char *param)
 {
+    ctl_http_log_refusal(req, status, param, message);
     char *s = wk_json_error_body(err, message, param);
     if (s == NULL) {
         ctl_http_send(req, 500, "application/json", "{}", 2);
@@ -219,6 +262,7 @@ void
 ctl_http_send_error_code(ctl_http_req *req, int status, wk_err err, const char *message,
                          const char *param, const char *code)
 {
+    ctl_http_log_refusal(req, status, param, message);
     char *s = wk_json_error_body_code(err, message, param, code);
     if (s == NULL) {
         ctl_http_send(req, 500, "application/json", "{}", 2);

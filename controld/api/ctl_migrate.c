@@ -231,6 +231,8 @@ ctl_migrate_slot_action(ctl_http_req *req, void *arg)
         if (err != WK_OK)
             ctl_http_send_error(req, err, "the slot could not be evicted", NULL);
         else
+            wk_log_info("slot evicted slot=%s", id);
+        if (err == WK_OK)
             ctl_http_send_json(req, 200, json_pack("{s:s, s:s}", "id", id, "result", "evicted"));
         return;
     }
@@ -244,6 +246,14 @@ ctl_migrate_slot_action(ctl_http_req *req, void *arg)
     const char *to = NULL;
     if (wk_json_get_str(body, "to", true, NULL, 64, &to, &d) != WK_OK) {
         ctl_http_send_error(req, WK_EINVAL, d.msg, "to");
+        json_decref(body);
+        return;
+    }
+    if (!ctl_sched_known(app->sched, to)) {
+        /* No such destination: like a missing slot, a 404, and no migration was attempted. */
+        char msg[160];
+        snprintf(msg, sizeof(msg), "no such worker '%.64s' to migrate to", to);
+        ctl_http_send_error(req, WK_ENOENT, msg, "to");
         json_decref(body);
         return;
     }
@@ -298,6 +308,7 @@ typedef struct ctl_migrate_drain_rec {
     uint32_t done;      /* migrations committed */
     uint32_t failed;    /* migrations aborted */
     uint32_t remaining; /* slots still on the worker after the last round */
+    bool undrained;     /* the worker was undrained after this drain: nothing remains to do */
     char current[200];  /* "w0:3 -> w1" while one moves, "" between */
     double started;     /* monotonic seconds */
     double finished;    /* monotonic seconds, 0 while running */
@@ -377,6 +388,17 @@ ctl_migrate_drain_begin(ctl_migrate_drains *dr, const char *worker, uint32_t tot
     return err;
 }
 
+/* Marks worker's last drain as ended by an undrain (its remaining slots stay, by choice). */
+static void
+ctl_migrate_drain_undrained(ctl_migrate_drains *dr, const char *worker)
+{
+    pthread_mutex_lock(&dr->mu);
+    ctl_migrate_drain_rec *r = ctl_migrate_drain_find_locked(dr, worker);
+    if (r != NULL)
+        r->undrained = true;
+    pthread_mutex_unlock(&dr->mu);
+}
+
 /* Updates worker's record: what moves now ("" none), counts, the end. */
 static void
 ctl_migrate_drain_note(ctl_migrate_drains *dr, const char *worker, const char *current,
@@ -426,8 +448,9 @@ ctl_migrate_drain_path(ctl_http_req *req, char *worker, size_t cap)
 /*
  * GET /admin/workers/{id}/drain: {worker, draining, state, total, done,
  * failed, remaining, current, seconds}. state: "running" while the POST
- * works, "done" (nothing left), "incomplete" (slots remained), "none" (no
- * drain since the controller started).
+ * works, "done" (nothing left), "incomplete" (slots remained), "undrained"
+ * (the worker was undrained since: it takes work again, whatever remained),
+ * "none" (no drain since the controller started).
  */
 static void
 ctl_migrate_drain_status(ctl_http_req *req, void *arg)
@@ -452,6 +475,7 @@ ctl_migrate_drain_status(ctl_http_req *req, void *arg)
     }
     const char *state = p == NULL      ? "none"
                         : r.running    ? "running"
+                        : r.undrained  ? "undrained"
                         : r.remaining  ? "incomplete"
                                        : "done";
     double secs = p == NULL ? 0.0 : (r.running ? ctl_migrate_now() : r.finished) - r.started;
@@ -494,6 +518,8 @@ ctl_migrate_drain(ctl_http_req *req, void *arg)
         return;
     }
     if (undrain) {
+        ctl_migrate_drain_undrained(app->drains, worker);
+        wk_log_info("undrain worker=%s: it takes new requests again", worker);
         ctl_http_send_json(req, 200, json_pack("{s:s, s:b}", "worker", worker, "draining", 0));
         return;
     }
@@ -511,9 +537,11 @@ ctl_migrate_drain(ctl_http_req *req, void *arg)
                                                        : "too many drains at once", NULL);
         return;
     }
+    wk_log_info("drain worker=%s slots=%u: no new requests on it; moving its slots",
+                worker, ctl_migrate_count_on(app, worker, all));
     json_t *moved = json_array();
     size_t failed = 0, remaining = 0, done = 0;
-    for (int round = 0; round < 600; round++) {
+    for (int round = 0; round < 600 && ctl_sched_draining(app->sched, worker); round++) {
         size_t n = ctl_sched_slots(app->sched, all, CTL_MIGRATE_SLOTS_MAX);
         remaining = 0;
         bool progress = false, waiting = false;
@@ -561,6 +589,8 @@ ctl_migrate_drain(ctl_http_req *req, void *arg)
     free(all);
     ctl_migrate_drain_note(app->drains, worker, "", (uint32_t)done, (uint32_t)failed,
                            (uint32_t)remaining, true);
+    wk_log_info("drain worker=%s ended: moved=%zu failed=%zu remaining=%zu%s", worker, done,
+                failed, remaining, remaining ? " (they stay until they end or move)" : "");
     int status = remaining == 0 ? 200 : 409;
     ctl_http_send_json(req, status,
                        json_pack("{s:s, s:b, s:o, s:I, s:I, s:I}", "worker", worker, "draining",

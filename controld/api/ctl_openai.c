@@ -193,36 +193,150 @@ ctl_openai_send_gen_error(ctl_http_req *req, wk_err err, const char *msg)
         ctl_http_send_error(req, err, msg, NULL);
 }
 
+/* The model object of app's model (OpenAI's fields, then wkvm's extensions). */
+static json_t *
+ctl_openai_model_json(ctl_app *app)
+{
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", app->model_id, "object", "model",
+                          "created", (json_int_t)(app->start_ms / 1000), "owned_by", "wkvm");
+    /* wkvm extensions: what one state slot of this model is (null until a worker is ready) */
+    ctl_worker_view v;
+    if (m != NULL && ctl_pool_model_view(app->pool, &v) == WK_OK) {
+        json_object_set_new(m, "family", json_string(v.family[0] ? v.family : "rwkv7"));
+        json_object_set_new(m, "state_bytes_per_slot", json_integer((json_int_t)v.state_bytes));
+        json_object_set_new(m, "n_layer", json_integer(v.n_layer));
+        /*
+         * hybrid models: a slot also holds this many KV bytes per token of
+         * context (absent for recurrent-only families: nothing grows)
+         */
+        if (v.kv_token_bytes > 0) {
+            json_object_set_new(m, "kv_bytes_per_token",
+                                json_integer((json_int_t)v.kv_token_bytes));
+            json_object_set_new(m, "kv_page_tokens", json_integer(v.kv_page_tokens));
+        }
+    } else if (m != NULL) {
+        json_object_set_new(m, "family", json_null());
+        json_object_set_new(m, "state_bytes_per_slot", json_null());
+    }
+    return m;
+}
+
 static void
 ctl_openai_models(ctl_http_req *req, void *arg)
 {
     ctl_app *app = arg;
     json_t *data = json_array();
-    if (app->model_id != NULL) {
-        json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", app->model_id, "object", "model",
-                              "created", (json_int_t)(app->start_ms / 1000), "owned_by", "wkvm");
-        /* wkvm extensions: what one state slot of this model is (null until a worker is ready) */
-        ctl_worker_view v;
-        if (m != NULL && ctl_pool_model_view(app->pool, &v) == WK_OK) {
-            json_object_set_new(m, "family", json_string(v.family[0] ? v.family : "rwkv7"));
-            json_object_set_new(m, "state_bytes_per_slot", json_integer((json_int_t)v.state_bytes));
-            json_object_set_new(m, "n_layer", json_integer(v.n_layer));
-            /*
-             * hybrid models: a slot also holds this many KV bytes per token of
-             * context (absent for recurrent-only families: nothing grows)
-             */
-            if (v.kv_token_bytes > 0) {
-                json_object_set_new(m, "kv_bytes_per_token",
-                                    json_integer((json_int_t)v.kv_token_bytes));
-                json_object_set_new(m, "kv_page_tokens", json_integer(v.kv_page_tokens));
-            }
-        } else if (m != NULL) {
-            json_object_set_new(m, "family", json_null());
-            json_object_set_new(m, "state_bytes_per_slot", json_null());
-        }
-        json_array_append_new(data, m);
-    }
+    if (app->model_id != NULL)
+        json_array_append_new(data, ctl_openai_model_json(app));
     ctl_http_send_json(req, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+/* GET /v1/models/{id}: the model object, or OpenAI's 404 model_not_found. */
+static void
+ctl_openai_model_get(ctl_http_req *req, void *arg)
+{
+    ctl_app *app = arg;
+    const char *id = ctl_http_req_path(req) + strlen("/v1/models/");
+    if (app->model_id == NULL || strcmp(id, app->model_id) != 0) {
+        ctl_http_send_error_code(req, 404, WK_ENOENT,
+                                 "The model does not exist or you do not have access to it.",
+                                 "model", "model_not_found");
+        return;
+    }
+    ctl_http_send_json(req, 200, ctl_openai_model_json(app));
+}
+
+/*
+ * The body fields each endpoint knows (docs/OPENAI_COMPAT.md tables them):
+ * OpenAI's, then wkvm's extensions. A field outside its endpoint's list is
+ * refused with a 400 naming it, never ignored; fields in the list that wkvm
+ * cannot honour with a given value are refused below by their own checks.
+ */
+static const char *const ctl_openai_chat_fields[] = {
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty", "logit_bias",
+    "logprobs", "top_logprobs", "seed", "user", "tools", "tool_choice", "functions",
+    "function_call", "parallel_tool_calls", "response_format", "audio", "modalities",
+    "prediction", "web_search_options", "store", "metadata", "service_tier", "reasoning_effort",
+    /* wkvm extensions */
+    "top_k", "min_p", "ignore_eos", "return_token_ids", "cache", "cache_prompt",
+};
+static const char *const ctl_openai_completion_fields[] = {
+    "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n",
+    "best_of", "stop", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "seed",
+    "user", "echo", "suffix",
+    /* wkvm extensions */
+    "max_completion_tokens", "top_k", "min_p", "ignore_eos", "return_token_ids", "cache",
+    "cache_prompt",
+};
+
+/* Refuses (400 naming it) the first body field not in known[]. Sends the error, returns false. */
+static bool
+ctl_openai_check_fields(ctl_http_req *req, json_t *body, const char *const *known, size_t n)
+{
+    const char *key;
+    json_t *val;
+    json_object_foreach(body, key, val) {
+        size_t i = 0;
+        while (i < n && strcmp(key, known[i]) != 0)
+            i++;
+        if (i == n) {
+            char param[72];
+            snprintf(param, sizeof(param), "%.64s", key);
+            ctl_openai_fail(req, WK_EINVAL, param,
+                            "unknown parameter '%.64s': wkvm refuses what it does not honour "
+                            "(docs/OPENAI_COMPAT.md lists the supported ones)",
+                            key);
+            return false;
+        }
+    }
+    return true;
+}
+
+/*
+ * OpenAI's chat fields about its platform rather than the generation:
+ * store (only false: wkvm keeps no completions to list), metadata (tags for
+ * stored completions: validated, nothing to tag), service_tier ("auto" or
+ * "default": there is one tier) and reasoning_effort (refused: the models do
+ * not reason). Sends the error and returns false.
+ */
+static bool
+ctl_openai_parse_platform(ctl_http_req *req, json_t *body)
+{
+    json_t *v = json_object_get(body, "store");
+    if (v != NULL && !json_is_null(v) && !json_is_false(v)) {
+        ctl_openai_fail(req, WK_EINVAL, "store",
+                        "'store' must be false: wkvm does not store completions");
+        return false;
+    }
+    v = json_object_get(body, "metadata");
+    if (v != NULL && !json_is_null(v)) {
+        bool ok = json_is_object(v) && json_object_size(v) <= 16;
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) ok = ok && json_is_string(x) && strlen(k) <= 64 &&
+                                          json_string_length(x) <= 512;
+        if (!ok) {
+            ctl_openai_fail(req, WK_EINVAL, "metadata",
+                            "'metadata' must be an object of at most 16 string values");
+            return false;
+        }
+    }
+    v = json_object_get(body, "service_tier");
+    const char *t = json_is_string(v) ? json_string_value(v) : NULL;
+    if (v != NULL && !json_is_null(v) &&
+        (t == NULL || (strcmp(t, "auto") != 0 && strcmp(t, "default") != 0))) {
+        ctl_openai_fail(req, WK_EINVAL, "service_tier",
+                        "'service_tier' must be \"auto\" or \"default\": wkvm has one tier");
+        return false;
+    }
+    v = json_object_get(body, "reasoning_effort");
+    if (v != NULL && !json_is_null(v)) {
+        ctl_openai_fail(req, WK_EINVAL, "reasoning_effort",
+                        "'reasoning_effort' is not supported: wkvm's models do not reason");
+        return false;
+    }
+    return true;
 }
 
 /* Fields we refuse rather than silently ignore. */
@@ -278,6 +392,52 @@ ctl_openai_parse_tools(ctl_http_req *req, json_t *body)
         ctl_openai_fail(req, WK_EINVAL, "parallel_tool_calls",
                         "'parallel_tool_calls' must be a boolean");
         return false;
+    }
+    return true;
+}
+
+/*
+ * logit_bias: an object of token id (a decimal string) -> bias in
+ * [-100, 100], at most CTL_SAMPLE_BIAS_MAX entries, ids in the tokenizer's
+ * vocab; the worker adds each bias to its token's logit before greedy or
+ * sampling. Sends the error and returns false on failure.
+ */
+static bool
+ctl_openai_parse_logit_bias(ctl_http_req *req, ctl_app *app, json_t *body, ctl_sample_spec *sp)
+{
+    json_t *lb = json_object_get(body, "logit_bias");
+    sp->n_bias = 0;
+    if (lb == NULL || json_is_null(lb))
+        return true;
+    if (!json_is_object(lb)) {
+        ctl_openai_fail(req, WK_EINVAL, "logit_bias",
+                        "'logit_bias' must be an object of token id -> bias");
+        return false;
+    }
+    if (json_object_size(lb) > CTL_SAMPLE_BIAS_MAX) {
+        ctl_openai_fail(req, WK_EINVAL, "logit_bias", "'logit_bias' has %zu entries, at most %u",
+                        json_object_size(lb), CTL_SAMPLE_BIAS_MAX);
+        return false;
+    }
+    uint32_t vocab = wk_tok_vocab_size(app->tok);
+    const char *key;
+    json_t *val;
+    json_object_foreach(lb, key, val) {
+        char *end = NULL;
+        long long id = strtoll(key, &end, 10);
+        if (key[0] < '0' || key[0] > '9' || end == NULL || *end != '\0' || id < 0 ||
+            id >= (long long)vocab) {
+            ctl_openai_fail(req, WK_EINVAL, "logit_bias",
+                            "logit_bias key '%.40s' is not a token id in [0, %u)", key, vocab);
+            return false;
+        }
+        double b = json_is_number(val) ? json_number_value(val) : 0.0;
+        if (!json_is_number(val) || !(b >= -100.0 && b <= 100.0)) {
+            ctl_openai_fail(req, WK_EINVAL, "logit_bias",
+                            "logit_bias[%lld] must be a number in [-100, 100]", id);
+            return false;
+        }
+        sp->bias[sp->n_bias++] = (ctl_logit_bias){.token = (int32_t)id, .bias = (float)b};
     }
     return true;
 }
@@ -414,6 +574,11 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
         }
         uint32_t max_stop = app->max_stop_bytes ? app->max_stop_bytes : CTL_OPENAI_MAX_STOP_LEN;
         for (size_t i = 0; i < r->gen.n_stops; i++) {
+            json_t *sv = json_is_string(st) ? st : json_array_get(st, i);
+            if (strlen(r->gen.stops[i]) != json_string_length(sv)) {
+                ctl_openai_fail(req, WK_EINVAL, "stop", "stop strings cannot contain NUL");
+                return false;
+            }
             if (strlen(r->gen.stops[i]) > max_stop) {
                 ctl_openai_fail(req, WK_EINVAL, "stop", "stop strings are limited to %u bytes",
                                 max_stop);
@@ -422,13 +587,17 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
         }
     }
     r->gen.stop_on_eot = !r->ignore_eos;
-    return true;
+    return ctl_openai_parse_logit_bias(req, app, body, sp);
 }
 
-/* Reads the text of a message's content (string or text parts) into *out (caller frees). */
+/*
+ * Reads the text of a message's content (string or text parts) into *out
+ * (caller frees), *len bytes (NULs included) plus a terminating NUL.
+ */
 static bool
-ctl_openai_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
+ctl_openai_content(ctl_http_req *req, json_t *content, size_t idx, char **out, size_t *len)
 {
+    *len = 0;
     char param[64];
     snprintf(param, sizeof(param), "messages[%zu].content", idx);
     if (content == NULL || json_is_null(content)) {
@@ -436,8 +605,15 @@ ctl_openai_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
         return *out != NULL;
     }
     if (json_is_string(content)) {
-        *out = strndup(json_string_value(content), json_string_length(content));
-        return *out != NULL;
+        /* (a NUL is content: the chat renderer drops it, as for the model's own replies) */
+        size_t n = json_string_length(content);
+        *out = malloc(n + 1);
+        if (*out == NULL)
+            return false;
+        memcpy(*out, json_string_value(content), n);
+        (*out)[n] = '\0';
+        *len = n;
+        return true;
     }
     if (!json_is_array(content)) {
         ctl_openai_fail(req, WK_EINVAL, param, "content must be a string or an array of parts");
@@ -470,6 +646,7 @@ ctl_openai_content(ctl_http_req *req, json_t *content, size_t idx, char **out)
     }
     s[off] = '\0';
     *out = s;
+    *len = off;
     return true;
 }
 
@@ -500,7 +677,7 @@ ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_ope
         json_t *role = json_object_get(m, "role");
         char param[48];
         snprintf(param, sizeof(param), "messages[%zu].role", i);
-        if (!json_is_string(role)) {
+        if (!json_is_string(role) || strlen(json_string_value(role)) != json_string_length(role)) {
             ctl_openai_fail(req, WK_EINVAL, param, "each message needs a string 'role'");
             ok = false;
             break;
@@ -522,8 +699,9 @@ ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_ope
             ok = false;
             break;
         }
-        ok = ctl_openai_content(req, json_object_get(m, "content"), i, &texts[i]);
-        if (ok && app->max_message_bytes && strlen(texts[i]) > app->max_message_bytes) {
+        size_t clen = 0;
+        ok = ctl_openai_content(req, json_object_get(m, "content"), i, &texts[i], &clen);
+        if (ok && app->max_message_bytes && clen > app->max_message_bytes) {
             snprintf(param, sizeof(param), "messages[%zu].content", i);
             ctl_openai_fail(req, WK_ETOOBIG, param, "a message's content is limited to %llu bytes",
                             (unsigned long long)app->max_message_bytes);
@@ -531,6 +709,7 @@ ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_ope
         }
         cm[i].role = rs;
         cm[i].content = texts[i];
+        cm[i].content_len = clen;
     }
     char *prompt = NULL;
     size_t plen = 0;
@@ -564,8 +743,9 @@ ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
 {
     json_t *p = json_object_get(body, "prompt");
     wk_diag d = {{0}};
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-        p = json_array_get(p, 0);
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0); /* (a batch of one) */
     if (json_is_string(p)) {
         if (json_string_length(p) > CTL_OPENAI_MAX_TEXT) {
             ctl_openai_fail(req, WK_ETOOBIG, "prompt", "the prompt is longer than %u bytes",
@@ -577,6 +757,14 @@ ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
             ctl_openai_fail(req, WK_EINVAL, "prompt", "%s", d.msg);
             return false;
         }
+    } else if (json_is_array(p) && json_array_size(p) > 0 &&
+               (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
+        /* A batch ([string, ...] or [[ids], ...]): one request per prompt instead. */
+        ctl_openai_fail(req, WK_EINVAL, "prompt",
+                        "a batch of %zu prompts is not supported: send one request per prompt "
+                        "('prompt' is a string, one-string array or array of token ids)",
+                        json_array_size(p));
+        return false;
     } else if (json_is_array(p) && json_array_size(p) > 0) {
         size_t n = json_array_size(p);
         uint32_t vocab = wk_tok_vocab_size(app->tok);
@@ -606,6 +794,12 @@ ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
     }
     if (r->n_prompt == 0) {
         ctl_openai_fail(req, WK_EINVAL, "prompt", "the prompt encodes to no tokens");
+        return false;
+    }
+    int64_t best_of = 1;
+    if (wk_json_get_i64(body, "best_of", false, 1, 1, 128, &best_of, &d) != WK_OK ||
+        best_of != 1) {
+        ctl_openai_fail(req, WK_EINVAL, "best_of", "only best_of=1 is supported");
         return false;
     }
     json_t *echo = json_object_get(body, "echo");
@@ -713,6 +907,52 @@ ctl_openai_logprobs_json(ctl_app *app, const ctl_gen_token *toks, size_t n, uint
     return content;
 }
 
+/* Unicode code points in a UTF-8 string (its length in Python's str, as OpenAI counts). */
+static size_t
+ctl_openai_utf8_chars(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xc0) != 0x80;
+    return c;
+}
+
+/*
+ * The completions (legacy) logprobs object for toks: tokens, token_logprobs,
+ * top_logprobs (per token an object of token text -> logprob holding the
+ * top alternatives and the chosen token: up to top + 1 entries) and
+ * text_offset (characters before each token in the returned text, from
+ * *offset, which is advanced: a stream continues it across chunks).
+ */
+static json_t *
+ctl_openai_completion_logprobs_json(ctl_app *app, const ctl_gen_token *toks, size_t n,
+                                    uint32_t top, size_t *offset)
+{
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array();
+    json_t *offs = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = ctl_openai_piece_json(app->tok, toks[i].id);
+        json_array_append_new(offs, json_integer((json_int_t)*offset));
+        *offset += ctl_openai_utf8_chars(json_string_value(t), json_string_length(t));
+        json_t *alt = json_object();
+        for (uint32_t k = 0; k < toks[i].n_top && k < top; k++) {
+            json_t *at = ctl_openai_piece_json(app->tok, toks[i].top_id[k]);
+            /* (two tokens of the same text: the first, more likely one is kept) */
+            if (json_object_get(alt, json_string_value(at)) == NULL)
+                json_object_set_new(alt, json_string_value(at),
+                                    json_real((double)toks[i].top_logprob[k]));
+            json_decref(at);
+        }
+        if (json_object_get(alt, json_string_value(t)) == NULL)
+            json_object_set_new(alt, json_string_value(t), json_real((double)toks[i].logprob));
+        json_array_append_new(tops, alt);
+        json_array_append_new(lps, json_real((double)toks[i].logprob));
+        json_array_append_new(tokens, t);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
 static json_t *
 ctl_openai_usage_json(const ctl_openai_req *r, const ctl_gen_result *res)
 {
@@ -730,6 +970,7 @@ typedef struct ctl_openai_stream {
     ctl_app *app;           /* app */
     ctl_openai_req *r;      /* parsed request */
     bool broken;            /* the client went away */
+    size_t text_off;        /* completions logprobs: characters of token text sent so far */
 } ctl_openai_stream;
 
 static json_t *
@@ -764,24 +1005,34 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
         return WK_OK;
     json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:n}", "index", 0, "finish_reason");
-    json_t *lp = r->logprobs
-                     ? json_pack("{s:o}", "content",
-                                 ctl_openai_logprobs_json(st->app, toks, n_toks, r->top_logprobs))
-                     : json_null();
+    json_t *lp = !r->logprobs ? json_null()
+                 : r->chat ? json_pack("{s:o}", "content",
+                                       ctl_openai_logprobs_json(st->app, toks, n_toks,
+                                                                r->top_logprobs))
+                           : ctl_openai_completion_logprobs_json(st->app, toks, n_toks,
+                                                                 r->top_logprobs, &st->text_off);
     json_object_set_new(choice, "logprobs", lp);
-    if (r->chat) {
+    if (r->chat)
         json_object_set_new(choice, "delta", json_pack("{s:s%}", "content", text, len));
-    } else {
+    else
         json_object_set_new(choice, "text", json_stringn(text, len));
-        if (r->return_token_ids) {
-            json_t *ids = json_array();
-            for (size_t i = 0; i < n_toks; i++)
-                json_array_append_new(ids, json_integer(toks[i].id));
-            json_object_set_new(choice, "token_ids", ids);
-        }
+    if (r->return_token_ids) { /* (extension: the ids this chunk's text came from) */
+        json_t *ids = json_array();
+        for (size_t i = 0; i < n_toks; i++)
+            json_array_append_new(ids, json_integer(toks[i].id));
+        json_object_set_new(choice, "token_ids", ids);
     }
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
     return ctl_openai_send_chunk(st, chunk);
+}
+
+/* The request's route label: the HTTP route it came by ("/v1/chat/completions"). */
+static const char *
+ctl_openai_route(const ctl_openai_req *r)
+{
+    if (r->route != NULL)
+        return r->route;
+    return r->chat ? "/v1/chat/completions" : "/v1/completions";
 }
 
 static void
@@ -933,7 +1184,7 @@ ctl_openai_id_make(ctl_openai_req *r)
 static void
 ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool free_slot)
 {
-    const char *route = r->chat ? "chat" : "completions";
+    const char *route = ctl_openai_route(r);
     ctl_gen_result res;
     wk_diag d = {{0}};
     wk_err err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL,
@@ -947,11 +1198,13 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
     json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", res.finish_reason);
-    json_t *lp =
-        r->logprobs
-            ? json_pack("{s:o}", "content",
-                        ctl_openai_logprobs_json(app, res.tokens, res.n_tokens, r->top_logprobs))
-            : json_null();
+    size_t text_off = 0;
+    json_t *lp = !r->logprobs ? json_null()
+                 : r->chat ? json_pack("{s:o}", "content",
+                                       ctl_openai_logprobs_json(app, res.tokens, res.n_tokens,
+                                                                r->top_logprobs))
+                           : ctl_openai_completion_logprobs_json(app, res.tokens, res.n_tokens,
+                                                                 r->top_logprobs, &text_off);
     json_object_set_new(choice, "logprobs", lp);
     if (r->chat) {
         json_object_set_new(choice, "message",
@@ -984,7 +1237,7 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
 static void
 ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool free_slot)
 {
-    const char *route = r->chat ? "chat" : "completions";
+    const char *route = ctl_openai_route(r);
     ctl_gen_result res;
     wk_diag d = {{0}};
     /* Admission errors come before the first byte, as plain JSON errors. */
@@ -1100,7 +1353,7 @@ ctl_openai_body(ctl_http_req *req)
     }
     json_t *body = NULL;
     wk_diag d = {{0}};
-    if (wk_json_parse(buf, len, &body, &d) != WK_OK) {
+    if (wk_json_parse_text(buf, len, &body, &d) != WK_OK) { /* (NUL only in texts, below) */
         ctl_openai_fail(req, WK_EINVAL, NULL, "%s", d.msg);
         return NULL;
     }
@@ -1125,7 +1378,10 @@ ctl_openai_chat(ctl_http_req *req, void *arg)
     }
     ctl_openai_req r = {.chat = true, .reuse = true, .cache = true};
     ctl_chat_turn *turn = NULL;
-    if (ctl_openai_parse_common(req, app, body, &r) &&
+    if (ctl_openai_check_fields(req, body, ctl_openai_chat_fields,
+                                sizeof(ctl_openai_chat_fields) /
+                                    sizeof(ctl_openai_chat_fields[0])) &&
+        ctl_openai_parse_platform(req, body) && ctl_openai_parse_common(req, app, body, &r) &&
         ctl_openai_parse_chat_logprobs(req, body, &r) &&
         ctl_openai_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
         ctl_openai_generate(req, app, &r);
@@ -1148,7 +1404,10 @@ ctl_openai_completions(ctl_http_req *req, void *arg)
         return;
     }
     ctl_openai_req r = {.chat = false, .reuse = true, .cache = true};
-    if (ctl_openai_parse_common(req, app, body, &r) && ctl_openai_parse_prompt(req, app, body, &r))
+    if (ctl_openai_check_fields(req, body, ctl_openai_completion_fields,
+                                sizeof(ctl_openai_completion_fields) /
+                                    sizeof(ctl_openai_completion_fields[0])) &&
+        ctl_openai_parse_common(req, app, body, &r) && ctl_openai_parse_prompt(req, app, body, &r))
         ctl_openai_generate(req, app, &r);
     ctl_openai_req_fini(&r);
     json_decref(body);
@@ -1176,6 +1435,9 @@ ctl_openai_metrics_declare(ctl_metrics *m)
         if (err != WK_OK)
             return err;
     }
+    /* Every documented label shows from the start, at 0 (a query never sees "no data"). */
+    ctl_metrics_add(m, "wkvm_quota_refusals_total", "limit=\"concurrent\"", 0);
+    ctl_metrics_add(m, "wkvm_quota_refusals_total", "limit=\"states\"", 0);
     return WK_OK;
 }
 
@@ -1187,6 +1449,8 @@ ctl_openai_routes(ctl_app *app, ctl_http_route *out, size_t cap)
         {"POST", "/v1/chat/completions", false, ctl_openai_chat, app, "/v1/chat/completions",
          CTL_HTTP_ACCESS_USER},
         {"POST", "/v1/completions", false, ctl_openai_completions, app, "/v1/completions",
+         CTL_HTTP_ACCESS_USER},
+        {"GET", "/v1/models/", true, ctl_openai_model_get, app, "/v1/models/{id}",
          CTL_HTTP_ACCESS_USER},
     };
     size_t n = sizeof(routes) / sizeof(routes[0]);

@@ -21,6 +21,8 @@ typedef struct ctl_openai_req ctl_openai_req;
 struct ctl_openai_req {
     bool chat;                    /* chat.completions vs completions */
     bool model_optional;          /* "model" may be absent (state routes) */
+    const char *route;            /* route label for wkvm_requests_total, as the HTTP metrics
+                                     name it; NULL: /v1/chat/completions or /v1/completions */
     const char *model;            /* borrowed from the JSON */
     bool stream;                  /* SSE */
     bool include_usage;           /* stream_options.include_usage */

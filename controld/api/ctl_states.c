@@ -315,6 +315,8 @@ ctl_states_gen_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_
     }
     if (err == WK_OK) {
         g->consumed = true;
+        wk_log_info("state saved id=%s owner=%s from=%s tokens=%zu", st.id, st.owner, g->src->id,
+                    n);
         json_object_set_new(final_obj, "state", ctl_states_json(g->app, &st));
     } else {
         char *e = wk_json_error_body(err, d.msg, "save_as");
@@ -334,7 +336,8 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     wk_diag d = {{0}};
     ctl_store_state src;
     memset(&src, 0, sizeof(src));
-    ctl_openai_req r = {.chat = false, .model_optional = true};
+    ctl_openai_req r = {.chat = false, .model_optional = true,
+                        .route = "/v1/states/{id}/generate"};
     ctl_states_gen g = {.app = app, .owner = ctl_http_req_user(req), .src = &src};
     int32_t *q = NULL;
     size_t nq = 0;
@@ -499,6 +502,8 @@ ctl_states_fork(ctl_http_req *req, ctl_app *app, const char *ref, bool snapshot)
         ctl_states_fail(req, err, &d);
         goto out;
     }
+    wk_log_info("state %s id=%s owner=%s count=%lld name=%s", snapshot ? "snapshot" : "fork",
+                src.id, owner, (long long)count, name);
     if (count == 1) {
         json_t *one = json_incref(json_array_get(arr, 0));
         json_decref(arr);
@@ -541,10 +546,12 @@ ctl_states_tier(ctl_http_req *req, ctl_app *app, const char *ref, bool resume)
         if (err == WK_ECORRUPT)
             ctl_states_mark_damaged(app, owner, st.id, &d);
     }
-    if (err != WK_OK)
+    if (err != WK_OK) {
         ctl_states_fail(req, err, &d);
-    else
+    } else {
+        wk_log_info("state %s id=%s owner=%s", resume ? "resumed" : "hibernated", st.id, owner);
         ctl_http_send_json(req, 200, ctl_states_json(app, &st));
+    }
     ctl_store_state_fini(&st);
 }
 
@@ -773,10 +780,13 @@ ctl_states_import(ctl_http_req *req, ctl_app *app)
             snprintf(ref, sizeof(ref), "%s@%llu", name, (unsigned long long)version);
             err = ctl_store_state_get(app->store, ctl_http_req_user(req), ref, &st, &d);
         }
-        if (err != WK_OK)
+        if (err != WK_OK) {
             ctl_states_fail(req, err, &d);
-        else
+        } else {
+            wk_log_info("state imported id=%s owner=%s tokens=%zu bytes=%zu", st.id, st.owner,
+                        st.n_tokens, (size_t)slen);
             ctl_http_send_json(req, 201, ctl_states_json(app, &st));
+        }
     }
     ctl_store_state_fini(&st);
     ctl_statefile_hdr_fini(&h);
@@ -859,6 +869,9 @@ ctl_states_delete(ctl_http_req *req, ctl_app *app, const char *ref)
     if (err != WK_OK)
         ctl_states_fail(req, err, &d);
     else
+        wk_log_info("state deleted id=%s owner=%s versions=%llu", ref, ctl_http_req_user(req),
+                    (unsigned long long)n);
+    if (err == WK_OK)
         ctl_http_send_json(req, 200, json_pack("{s:s, s:s, s:b, s:I}", "id", ref, "object",
                                                "state.deleted", "deleted", 1, "versions",
                                                (json_int_t)n));
@@ -885,10 +898,12 @@ ctl_states_rollback(ctl_http_req *req, ctl_app *app, const char *ref)
             err = ctl_store_state_get(app->store, owner, nref, &st, &d);
         }
     }
-    if (err != WK_OK)
+    if (err != WK_OK) {
         ctl_states_fail(req, err, &d);
-    else
+    } else {
+        wk_log_info("state rollback id=%s owner=%s new=%s", ref, owner, st.id);
         ctl_http_send_json(req, 201, ctl_states_json(app, &st));
+    }
     ctl_store_state_fini(&st);
 }
 

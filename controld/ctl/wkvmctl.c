@@ -135,6 +135,7 @@ static const wctl_opt wctl_global_opts[] = {
     {"timeout", 0, WCTL_OPT_U64, false, "SECONDS",
      "wait this long for a response, 0 = forever (default 600)"},
     {"help", 'h', WCTL_OPT_BOOL, false, NULL, "print help (of a command: wkvmctl CMD --help)"},
+    {"version", 0, WCTL_OPT_BOOL, false, NULL, "print the version and exit"},
     {NULL, 0, 0, false, NULL, NULL},
 };
 
@@ -490,6 +491,10 @@ wctl_args_parse(int argc, char **argv, wctl_args *g, wctl_args *a)
         int rc = wctl_arg_set(dst == a ? a->cmd : NULL, dst, k, value);
         if (rc != 0)
             return rc;
+    }
+    if (g->val[wctl_opt_index(wctl_global_opts, "version")] != NULL) {
+        printf("wkvmctl %s\n", WK_VERSION);
+        return WCTL_EXIT_OK;
     }
     if (g->val[wctl_opt_index(wctl_global_opts, "help")] != NULL ||
         (a->cmd != NULL && strcmp(a->cmd->name, "help") == 0)) {

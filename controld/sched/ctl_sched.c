@@ -24,6 +24,12 @@
 #include "wk_proto.h"
 
 #define CTL_SCHED_MAX_WORKERS 64
+/*
+ * A new request that only draining workers could run fails after this wait
+ * (503 unavailable): long enough for a drain-then-undrain, short of hanging
+ * until the request deadline.
+ */
+#define CTL_SCHED_DRAIN_WAIT_MS 2000
 #define CTL_JOB_EVQ 4
 #define CTL_SCHED_AGING_MS 2000 /* a job waiting this long goes before shorter ones */
 
@@ -504,6 +510,8 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
     return n;
 }
 
+_Static_assert(CTL_SAMPLE_BIAS_MAX == WK_PROTO_LOGIT_BIAS_MAX, "logit_bias maximum");
+
 /* Runs one step RPC for rows (mutex released by the caller). */
 static wk_err
 ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, wk_msg **rep,
@@ -512,12 +520,20 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
     Wkvm__StepRow *pr = calloc(n, sizeof(*pr));
     Wkvm__StepRow **pp = calloc(n, sizeof(*pp));
     Wkvm__SampleParams *sp = calloc(n, sizeof(*sp));
-    if (pr == NULL || pp == NULL || sp == NULL) {
+    size_t nb = 0;
+    for (size_t i = 0; i < n; i++)
+        nb += rows[i].sample ? rows[i].job->params.n_bias : 0;
+    Wkvm__LogitBias *lb = calloc(nb ? nb : 1, sizeof(*lb));
+    Wkvm__LogitBias **lbp = calloc(nb ? nb : 1, sizeof(*lbp));
+    if (pr == NULL || pp == NULL || sp == NULL || lb == NULL || lbp == NULL) {
         free(pr);
         free(pp);
         free(sp);
+        free(lb);
+        free(lbp);
         return WK_ENOMEM;
     }
+    size_t ib = 0;
     for (size_t i = 0; i < n; i++) {
         ctl_job *j = rows[i].job;
         wkvm__step_row__init(&pr[i]);
@@ -537,6 +553,14 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
             sp[i].frequency_penalty = j->params.frequency_penalty;
             sp[i].want_logprobs = j->params.logprobs;
             sp[i].top_logprobs = j->params.top_logprobs;
+            sp[i].logit_bias = lbp + ib;
+            sp[i].n_logit_bias = j->params.n_bias;
+            for (uint32_t k = 0; k < j->params.n_bias; k++, ib++) {
+                wkvm__logit_bias__init(&lb[ib]);
+                lb[ib].token = j->params.bias[k].token;
+                lb[ib].bias = j->params.bias[k].bias;
+                lbp[ib] = &lb[ib];
+            }
             pr[i].params = &sp[i];
             pr[i].sample_index = j->sample_index;
             size_t ng = j->n_tokens - j->n_input;
@@ -558,6 +582,8 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
     free(pr);
     free(pp);
     free(sp);
+    free(lb);
+    free(lbp);
     return err;
 }
 
@@ -910,6 +936,24 @@ ctl_sched_page_starved_locked(ctl_sched *s, char *want, uint32_t *missing)
 }
 
 /*
+ * True when a new job (pinned to want, or any worker when "") has live
+ * workers to run on and every one of them drains. Caller holds mu.
+ */
+static bool
+ctl_sched_only_draining_locked(ctl_sched *s, const char *want)
+{
+    size_t live = 0, draining = 0;
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        ctl_sworker *w = s->workers[i];
+        if (w == NULL || w->dead || (want[0] && strcmp(want, w->id) != 0))
+            continue;
+        live++;
+        draining += w->draining;
+    }
+    return live > 0 && draining == live;
+}
+
+/*
  * The largest KV pool of the live workers job j could run on, and whether
  * any of them is hybrid. Caller holds mu.
  */
@@ -1022,6 +1066,12 @@ ctl_sched_mgr_main(void *arg)
             else if (j->want_worker[0] && ctl_sched_worker_locked(s, j->want_worker) == NULL &&
                      now - j->submit_ms > 5000)
                 ctl_job_fail(s, j, WK_EUNAVAIL, "the requested worker is not available");
+            else if (!j->held && now - j->submit_ms > CTL_SCHED_DRAIN_WAIT_MS &&
+                     ctl_sched_only_draining_locked(s, j->want_worker))
+                ctl_job_fail(s, j, WK_EUNAVAIL,
+                             "every worker this request may run on is draining (undrain one "
+                             "with POST /admin/workers/{id}/drain {\"undrain\": true}, or add a "
+                             "worker)");
             else if (j->deadline_ms && now > j->deadline_ms)
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out waiting for a slot");
         }

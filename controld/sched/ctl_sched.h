@@ -57,6 +57,14 @@ typedef struct ctl_slot_ref {
     uint64_t gen;     /* allocation generation */
 } ctl_slot_ref;
 
+#define CTL_SAMPLE_BIAS_MAX 300 /* logit_bias entries of one request (= the wire's maximum) */
+
+/* One logit_bias entry: bias added to the token's logit before sampling. */
+typedef struct ctl_logit_bias {
+    int32_t token; /* token id in the model's vocab */
+    float bias;    /* -100..100 */
+} ctl_logit_bias;
+
 typedef struct ctl_sample_spec {
     float temperature;       /* 0 = greedy */
     float top_p;             /* 1 = off */
@@ -67,6 +75,8 @@ typedef struct ctl_sample_spec {
     float frequency_penalty; /* OpenAI frequency penalty */
     uint32_t top_logprobs;   /* 0..20 */
     bool logprobs;           /* report the chosen token's logprob */
+    uint32_t n_bias;         /* entries in bias */
+    ctl_logit_bias bias[CTL_SAMPLE_BIAS_MAX]; /* OpenAI logit_bias, applied by the worker */
 } ctl_sample_spec;
 
 /*

@@ -1376,6 +1376,9 @@ ctl_ckpt_metrics_declare(ctl_metrics *m)
         if (err != WK_OK)
             return err;
     }
+    /* Both tiers show from the start, at 0. */
+    ctl_metrics_add(m, "wkvm_state_cache_evictions_total", "tier=\"warm\"", 0);
+    ctl_metrics_add(m, "wkvm_state_cache_evictions_total", "tier=\"disk\"", 0);
     return WK_OK;
 }
 
@@ -1413,9 +1416,26 @@ ctl_ckpt_flush(ctl_ckpt *c)
 {
     if (c == NULL || c->cfg.disk_bytes == 0)
         return;
-    size_t moved = 0;
+    size_t moved = 0, todo = 0;
+    const char *why = "";
+    uint64_t t0 = wk_mono_ms(), next_note = t0 + 5000;
     pthread_mutex_lock(&c->mu);
+    for (ckpt_entry *e = c->entries; e != NULL; e = e->next)
+        todo += e->warm && !e->cold && !e->doomed && ckpt_warm_live_locked(c, e);
+    if (todo > 0)
+        wk_log_info("writing warm checkpoints to disk at shutdown entries=%zu budget_ms=%u", todo,
+                    c->cfg.flush_ms);
     for (;;) {
+        uint64_t now = wk_mono_ms();
+        if (now - t0 >= c->cfg.flush_ms) {
+            why = "the time budget (--checkpoint-flush-ms) ran out";
+            break;
+        }
+        if (now >= next_note) {
+            wk_log_info("writing warm checkpoints to disk at shutdown: written=%zu of %zu", moved,
+                        todo);
+            next_note = now + 5000;
+        }
         /* Most recently used first: the disk budget keeps what matters most. */
         ckpt_entry *mru = NULL;
         for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
@@ -1423,26 +1443,41 @@ ctl_ckpt_flush(ctl_ckpt *c)
                 ckpt_warm_live_locked(c, e) && (mru == NULL || e->used > mru->used))
                 mru = e;
         }
-        if (mru == NULL || mru->bytes > c->cfg.disk_bytes)
+        if (mru == NULL)
             break;
+        if (mru->bytes > c->cfg.disk_bytes) {
+            why = "the disk budget (--state-cache-disk-bytes) is full";
+            break;
+        }
         uint64_t oldest_disk = UINT64_MAX;
         for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
             if (e->cold && e->pins == 0 && e->used < oldest_disk)
                 oldest_disk = e->used;
         }
-        if (c->disk_total + mru->bytes > c->cfg.disk_bytes && oldest_disk > mru->used)
-            break; /* (never evict a more recently used disk entry for an older one) */
+        if (c->disk_total + mru->bytes > c->cfg.disk_bytes && oldest_disk > mru->used) {
+            /* (never evict a more recently used disk entry for an older one) */
+            why = "the disk budget (--state-cache-disk-bytes) is full";
+            break;
+        }
         mru->busy = true;
         wk_err err = ckpt_spill_locked(c, mru, NULL, 0);
         mru->busy = false;
-        if (err != WK_OK)
+        if (err != WK_OK) {
+            why = "a write failed";
             break;
+        }
         moved++;
     }
     ckpt_gauges_locked(c);
     pthread_mutex_unlock(&c->mu);
-    if (moved)
-        wk_log_info("checkpoints written to disk at shutdown entries=%zu", moved);
+    size_t left = todo > moved ? todo - moved : 0;
+    if (left > 0 && why[0] != '\0')
+        wk_log_warn("checkpoints written to disk at shutdown entries=%zu not_written=%zu "
+                    "seconds=%.1f: %s (they are lost with the workers' memory)",
+                    moved, left, (double)(wk_mono_ms() - t0) / 1000.0, why);
+    else if (todo > 0)
+        wk_log_info("checkpoints written to disk at shutdown entries=%zu seconds=%.1f", moved,
+                    (double)(wk_mono_ms() - t0) / 1000.0);
 }
 
 void

@@ -63,6 +63,8 @@ typedef struct ctl_ckpt_config {
     bool write_through;    /* --checkpoint-write-through: every end-of-reply checkpoint
                               also goes to disk (in the background), so a session
                               outlives its worker's memory */
+    uint32_t flush_ms;     /* --checkpoint-flush-ms: the shutdown's budget for writing warm
+                              checkpoints to disk, 0 = write none */
 } ctl_ckpt_config;
 
 typedef enum ctl_ckpt_kind {
@@ -96,7 +98,10 @@ void ctl_ckpt_free(ctl_ckpt *c);
 
 /*
  * Shutdown: moves warm entries to disk, most recently used first, as far as
- * the disk budget allows, so a restarted controller finds them.
+ * the disk budget and cfg.flush_ms allow, so a restarted controller finds
+ * them. Logs its progress about every 5 s and, at the end, how many were
+ * written and how many were not (and why: the time budget, the disk budget
+ * or an error). Caller: main, after the HTTP server stopped.
  */
 void ctl_ckpt_flush(ctl_ckpt *c);
 

@@ -74,7 +74,7 @@ trap 'rm -f "$tmp"' EXIT
 # The unit passes --data-dir /var/lib/wkvm (it must match its ReadWritePaths).
 #
 # Security: `host` other than loopback refuses to start without `api-keys`.
-# `worker-url` tcp://... has NO authentication: it carries model-load
+# `link-url` tcp://... has NO authentication: it carries model-load
 # requests and raw state bytes. Bind it to loopback, a private VLAN or a VPN
 # address and firewall it (docs/OPERATIONS.md, "Workers on other hosts").
 
@@ -85,7 +85,7 @@ HDR
         "data-dir=$(sp '# set by the unit: --data-dir /var/lib/wkvm')" \
         "model=/var/lib/wkvm/models/rwkv7" \
         "workers=1" \
-        "worker-url=$(sp '# default ipc:///var/lib/wkvm/controller.ipc (local workers)')"
+        "link-url=$(sp '# default ipc:///var/lib/wkvm/controller.ipc (local workers)')"
 } >"$tmp"
 install -m 644 "$tmp" "$OUT/controld.conf"
 
@@ -102,11 +102,13 @@ install -m 644 "$tmp" "$OUT/controld.conf"
 #
 # The model normally comes from the controller (its `model`); set `model`
 # here only to preload at start. A worker on another host sets
-# controller = tcp://CONTROLLER_HOST:PORT (unauthenticated: firewall/VPN only).
+# link-url = tls+tcp://CONTROLLER_HOST:PORT with the link-tls-* files (docs/OPERATIONS.md).
+# The link's options are named link-* on both daemons (older names still work:
+# worker-url, worker-tls-*, allow-remote-workers; controller, tls-*, allow-plain-tcp).
 
 HDR
     "$WRK" --sample-config | set_keys \
-        "controller=$(sp '# default ipc:///var/lib/wkvm/controller.ipc (same host)')" \
+        "link-url=$(sp '# default ipc:///var/lib/wkvm/controller.ipc (same host)')" \
         "data-dir=$(sp '# set by the unit: --data-dir /var/lib/wkvm')" \
         "id=$(sp '# set by the unit: gpuN')" \
         "backend=$(sp '# set by the unit: cuda')" \

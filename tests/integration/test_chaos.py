@@ -211,6 +211,28 @@ def reply_of(events):
     return text, ids, prompt, usage
 
 
+def turn_mismatch(ids, usage, want):
+    """Why a streamed chat reply (ids: its chunks' token_ids, usage: its usage chunk) is
+    not what its prompt gives from scratch (want: the recompute's ids), or None. A reply
+    without ids is a mismatch: comparing two empty lists verified nothing."""
+    n = (usage or {}).get("completion_tokens")
+    if not ids or n != len(ids):
+        return "the stream carried %d token ids for %s completion tokens" % (len(ids), n)
+    if want[:len(ids)] != ids:
+        return "reply ids %s, the same prompt from scratch gives %s" % (ids, want)
+    return None
+
+
+def turn_mismatch_selftest():
+    """The check fails on a deliberately wrong reply (and on one without ids)."""
+    u = {"completion_tokens": 3}
+    assert turn_mismatch([5, 6, 7], u, [5, 6, 7]) is None
+    assert turn_mismatch([5, 6, 8], u, [5, 6, 7]) is not None
+    assert turn_mismatch([], u, [5, 6, 7]) is not None
+    assert turn_mismatch([], None, []) is not None
+    assert turn_mismatch([5, 6], u, [5, 6, 7]) is not None
+
+
 def chat_body(messages):
     return {"model": MID, "messages": messages, "max_tokens": 6, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True},
@@ -266,11 +288,10 @@ def client_main(idx, port, figs, faults, world, stop, seed):
                           {"model": MID, "prompt": prompt, "max_tokens": len(ids) or 1,
                            "temperature": 0, "cache": False, "return_token_ids": True})
             if ref is not None:
-                want = ref[1]["choices"][0]["token_ids"]
-                if want[:len(ids)] != ids:
-                    figs.fail("chat %s turn %d: reply ids %s, the same %d prompt tokens "
-                              "from scratch give %s" % (chat["id"], chat["turns"], ids,
-                                                        len(prompt), want))
+                why = turn_mismatch(ids, usage, ref[1]["choices"][0]["token_ids"])
+                if why is not None:
+                    figs.fail("chat %s turn %d (%d prompt tokens): %s"
+                              % (chat["id"], chat["turns"], len(prompt or []), why))
                 else:
                     figs.add("turns_verified")
             chat["messages"].append({"role": "assistant", "content": text})
@@ -559,6 +580,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args()
+    turn_mismatch_selftest()
     out, bad, tail, notes = run(a.clients, a.rounds)
     for n in notes[:20]:
         print("note: " + n)

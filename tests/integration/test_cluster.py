@@ -2,6 +2,7 @@
 each other over NNG, report over HTTP, survive each other's restarts, and
 refuse bad input with OpenAI-style errors."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,7 +118,7 @@ def test_bad_flags():
     p = subprocess.run([CONTROLD, "--port", "99999"], capture_output=True, text=True, timeout=20)
     assert p.returncode == 2 and "out of range" in p.stderr, p.stderr
     p = subprocess.run([CONTROLD, "--help"], capture_output=True, text=True, timeout=20)
-    assert p.returncode == 0 and "--worker-url" in p.stdout
+    assert p.returncode == 0 and "--link-url" in p.stdout and "(also --worker-url)" in p.stdout
 
 
 def test_model_load_through_controller():
@@ -137,8 +138,26 @@ def test_model_load_through_controller():
             # Loading reports its progress in the worker's log (and in /ready meanwhile).
             with open(os.path.join(s.data, "worker-w0.log")) as f:
                 log = f.read()
-            assert 'model load progress=100% phase="reading weights"' in log, log[-2000:]
-            assert 'phase="packing weights"' in log
+            # reading is 0..90%, packing 95%, then 100% loaded: never backwards
+            assert 'model load progress=90% phase="reading weights"' in log, log[-2000:]
+            assert 'model load progress=95% phase="packing weights"' in log, log[-2000:]
+            assert 'model load progress=100% phase="loaded"' in log, log[-2000:]
+            pcts = [int(x) for x in re.findall(r"model load progress=(\d+)%", log)]
+            assert pcts == sorted(pcts), pcts
+            want = s.post("/v1/completions", body={"model": "m", "prompt": [1, 2, 3],
+                                                   "max_tokens": 4, "temperature": 0,
+                                                   "return_token_ids": True}).json()
+        # --model FILE: the checkpoint file itself (config and vocab beside it), named after it
+        with Stack(model=os.path.join(model, "model.safetensors"), slots=2) as s:
+            s.start_controller()
+            s.start_worker("w0")
+            s.wait(lambda: s.get("/ready").status == 200, "model file loaded")
+            assert [m["id"] for m in s.get("/v1/models").json()["data"]] == ["model"]
+            assert s.workers_list()[0]["model"]["fingerprint"] == w["model"]["fingerprint"]
+            got = s.post("/v1/completions", body={"model": "model", "prompt": [1, 2, 3],
+                                                  "max_tokens": 4, "temperature": 0,
+                                                  "return_token_ids": True}).json()
+            assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"], (got, want)
         # A broken model: the worker reports the failure, /ready says why.
         os.remove(os.path.join(model, "model.safetensors"))
         with Stack(model=model) as s:

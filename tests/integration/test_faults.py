@@ -397,7 +397,7 @@ def test_disconnect_mid_stream_frees_slots():
         # What proves the disconnects were noticed (and not the 60000 tokens
         # run out): the four requests ended as cancelled.
         m = s.get("/metrics").body.decode()
-        assert 'wkvm_requests_total{route="completions",status="cancelled"} 4' in m, \
+        assert 'wkvm_requests_total{route="/v1/completions",status="cancelled"} 4' in m, \
             [x for x in m.splitlines() if "requests_total" in x]
 
 

@@ -33,6 +33,12 @@ def mask(v, key=None):
         if key == "token_ids":  # generated ids: their number is stable, not their values
             assert all(isinstance(x, int) for x in v), v
             return f"<{len(v)} ints>"
+        if key in ("tokens", "text_offset", "token_logprobs"):  # completions logprobs
+            return f"<{len(v)} {type(v[0]).__name__ if v else 'item'}s>"
+        if key == "top_logprobs" and all(isinstance(x, dict) and "logprob" not in x for x in v):
+            # completions: per token a map of token text -> logprob
+            assert all(1 <= len(x) and all(isinstance(f, float) for f in x.values()) for x in v), v
+            return f"<{len(v)} maps>"
         if key == "bytes":  # a generated token's bytes
             assert all(isinstance(x, int) and 0 <= x < 256 for x in v), v
             return "<bytes>"
@@ -108,6 +114,15 @@ def test_shapes():
                 "return_token_ids": True}), 200)
             check("error_400_field", s.post("/v1/chat/completions", body=dict(
                 chat, n=3)), 400)
+            check("error_400_unknown_field", s.post("/v1/chat/completions", body=dict(
+                chat, foo=1)), 400)
+            check("completion_logprobs", s.post("/v1/completions", body={
+                "model": "tiny", "prompt": [1, 2, 3], "max_tokens": 3, "temperature": 0,
+                "logprobs": 2}), 200)
+            check("error_400_prompt_batch", s.post("/v1/completions", body={
+                "model": "tiny", "prompt": ["a", "b"], "max_tokens": 3}), 400)
+            check("model_get", s.get("/v1/models/tiny"), 200)
+            check("error_404_model_get", s.get("/v1/models/nope"), 404)
             check("error_404_model", s.post("/v1/chat/completions", body=dict(
                 chat, model="nope")), 404)
             check("error_413", s.post("/v1/chat/completions", body=dict(

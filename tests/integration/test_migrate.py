@@ -122,7 +122,9 @@ def test_bad_targets_and_parked_and_drain():
         s.wait(lambda: running_slot(s) is not None, "a running slot")
         sl = running_slot(s)
         r = s.post(f"/admin/slots/{sl['id']}/migrate", body={"to": "nope"})
-        assert r.status == 400 and r.json()["error"]["param"] == "to", r.body
+        # no such destination: a 404 like a missing slot, and no migration was attempted
+        assert r.status == 404 and r.json()["error"]["param"] == "to", r.body
+        assert "wkvm_migrations_total{" not in s.get("/metrics").body.decode()
         r = s.post(f"/admin/slots/{sl['id']}/migrate", body={"to": sl["worker"]})
         assert r.status == 400, r.body
         r = s.post("/admin/slots/bogus/migrate", body={"to": "w1"})
@@ -159,7 +161,34 @@ def test_bad_targets_and_parked_and_drain():
         got = s.post("/v1/states/p@1/generate", body={"max_tokens": 8, "temperature": 0,
                                                       "return_token_ids": True}).json()
         assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
-        assert s.post(f"/admin/workers/{victim}/drain", body={"undrain": True}).status == 200
+        # The drain is visible: worker state, /ready, a metric, a log line.
+        spare = "w1" if victim == "w0" else "w0"
+        ws = {w["id"]: w for w in s.workers_list()}
+        assert ws[victim]["state"] == "draining" and ws[victim]["draining"], ws[victim]
+        assert ws[spare]["state"] == "ready" and not ws[spare]["draining"], ws[spare]
+        r = s.get("/ready")
+        assert r.status == 200 and r.json()["draining"] == [victim], r.body
+        assert f'wkvm_worker_draining{{worker="{victim}"}} 1' in s.get("/metrics").body.decode()
+        with open(os.path.join(s.data, "controld.log")) as f:
+            assert f"drain worker={victim}" in f.read()
+        # Every worker draining: /ready says so, and a new request gets a 503 with the
+        # reason after a short wait (not the request deadline). p's slot cannot move.
+        assert s.post("/v1/states", body={"name": "q", "prompt_ids": [4, 5, 6]}).status == 201
+        r = s.post(f"/admin/workers/{spare}/drain")  # q's slot has nowhere to go
+        assert r.status == 409 and r.json()["remaining"] >= 1, r.body
+        assert s.get(f"/admin/workers/{spare}/drain").json()["state"] == "incomplete"
+        r = s.get("/ready")
+        assert r.status == 503 and "draining" in r.json()["reason"], r.body
+        t0 = time.time()
+        r = s.post("/v1/completions", body=body(temperature=0), timeout=60)
+        assert r.status == 503 and "draining" in r.json()["error"]["message"], r.body
+        assert time.time() - t0 < 10, time.time() - t0
+        for w in (spare, victim):
+            assert s.post(f"/admin/workers/{w}/drain", body={"undrain": True}).status == 200
+        g = s.get(f"/admin/workers/{spare}/drain").json()
+        assert g["state"] == "undrained" and not g["draining"], g
+        assert s.get("/ready").status == 200
+        assert s.post("/v1/completions", body=body(temperature=0, max_tokens=2)).status == 200
 
 
 def test_destination_dies_during_transfer():

@@ -155,8 +155,125 @@ def chat_reuse_without_headers():
                        {"role": "user", "content": f"and then {turn}?"}]
 
 
+def bad_request(param, fn, *args, **kw):
+    """fn(*args, **kw) must raise BadRequestError naming param; returns its message."""
+    try:
+        fn(*args, **kw)
+    except openai.BadRequestError as e:
+        err = e.body if isinstance(e.body, dict) else {}
+        assert err.get("param") == param, (param, e.body)
+        return err.get("message", "")
+    raise AssertionError(f"no BadRequestError naming {param}")
+
+
+def logit_bias():
+    """logit_bias reaches the sampler: +100 forces a token at temperature 0, -100 bans one;
+    out-of-vocab ids and values outside [-100, 100] are refused naming the field."""
+    kw = dict(model=MID, prompt=PROMPT, max_tokens=4, temperature=0,
+              extra_body={"ignore_eos": True, "return_token_ids": True})
+    base = client.completions.create(**kw).choices[0].model_extra["token_ids"]
+    force = next(t for t in (300, 301, 302, 303, 304) if t not in base)
+    r = client.completions.create(**kw, logit_bias={str(force): 100})
+    assert r.choices[0].model_extra["token_ids"] == [force] * 4, (base, r.choices[0])
+    r = client.completions.create(**kw, logit_bias={str(base[0]): -100})
+    assert r.choices[0].model_extra["token_ids"][0] != base[0], (base, r.choices[0])
+    c = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=3, temperature=0,
+                                       logit_bias={str(force): 100},
+                                       extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert c.choices[0].model_extra["token_ids"] == [force] * 3, c.choices[0]
+    bad_request("logit_bias", client.completions.create, **kw, logit_bias={"100000": 5})
+    bad_request("logit_bias", client.completions.create, **kw, logit_bias={"5": 101})
+    bad_request("logit_bias", client.completions.create, **kw, logit_bias={"x": 1})
+
+
+def parameters_honoured_or_refused():
+    """What the SDK and Open WebUI send is accepted; best_of, n and unknown fields are 400s
+    naming the field."""
+    r = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=2, seed=3, user="u1",
+                                       stream=True, stream_options={"include_usage": True},
+                                       top_p=0.9, presence_penalty=0.1, frequency_penalty=0.1,
+                                       stop=["zz"], parallel_tool_calls=False)
+    assert list(r)[-1].usage is not None
+    bad_request("best_of", client.completions.create, model=MID, prompt="a", max_tokens=2,
+                best_of=2)
+    bad_request("n", client.completions.create, model=MID, prompt="a", max_tokens=2, n=2)
+    msg = bad_request("foo_bar", client.chat.completions.create, model=MID, messages=MSGS,
+                      max_tokens=2, extra_body={"foo_bar": 1})
+    assert "unknown parameter" in msg, msg
+    bad_request("store", client.chat.completions.create, model=MID, messages=MSGS, max_tokens=2,
+                store=True)
+    r = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=2, store=False,
+                                       metadata={"k": "v"}, service_tier="auto")
+    assert r.choices[0].finish_reason in ("stop", "length"), r
+    bad_request("reasoning_effort", client.chat.completions.create, model=MID, messages=MSGS,
+                max_tokens=2, reasoning_effort="low")
+    bad_request("tools", client.completions.create, model=MID, prompt="a", max_tokens=2,
+                extra_body={"tools": []})
+
+
+def completions_logprobs():
+    """logprobs: N gives the completions shape (tokens, token_logprobs, top_logprobs,
+    text_offset), blocking and streamed."""
+    r = client.completions.create(model=MID, prompt=PROMPT, max_tokens=5, temperature=0,
+                                  logprobs=2, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert lp is not None and len(lp.tokens) == 5, lp
+    assert "".join(lp.tokens) == r.choices[0].text, (lp.tokens, r.choices[0].text)
+    assert len(lp.token_logprobs) == 5 and all(x <= 0 for x in lp.token_logprobs), lp
+    assert len(lp.top_logprobs) == 5, lp
+    for tok, tl, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(top) <= 3 and abs(top[tok] - tl) < 1e-6, (tok, tl, top)
+    offs, acc = [], 0
+    for tok in lp.tokens:
+        offs.append(acc)
+        acc += len(tok)
+    assert lp.text_offset == offs, (lp.text_offset, offs)
+    s = client.completions.create(model=MID, prompt=PROMPT, max_tokens=5, temperature=0,
+                                  logprobs=2, stream=True, extra_body={"ignore_eos": True})
+    toks, soffs = [], []
+    for ch in s:
+        if ch.choices and ch.choices[0].logprobs is not None:
+            toks += ch.choices[0].logprobs.tokens
+            soffs += ch.choices[0].logprobs.text_offset
+    assert toks == lp.tokens and soffs == lp.text_offset, (toks, soffs, lp)
+
+
+def models_retrieve():
+    m = client.models.retrieve(MID)
+    assert m.id == MID and m.object == "model" and m.owned_by == "wkvm", m
+    try:
+        client.models.retrieve("no-such-model")
+    except openai.NotFoundError as e:
+        err = e.body if isinstance(e.body, dict) else {}
+        assert err.get("code") == "model_not_found" and err.get("type"), e.body
+        return
+    raise AssertionError("no NotFoundError for an unknown model id")
+
+
+def prompt_batch_refused():
+    msg = bad_request("prompt", client.completions.create, model=MID, prompt=["a", "b"],
+                      max_tokens=2)
+    assert "batch" in msg, msg
+    r = client.completions.create(model=MID, prompt=["a"], max_tokens=2)
+    assert len(r.choices) == 1, r
+
+
+def nul_round_trip():
+    """A reply holding NUL (forced: token 1 is the byte 0) resent as history is accepted
+    and continues that reply's state."""
+    msgs = [{"role": "user", "content": "nul\u0000in a question"}]
+    r = client.chat.completions.create(model=MID, messages=msgs, max_tokens=3, temperature=0,
+                                       logit_bias={"1": 100})
+    reply = r.choices[0].message.content
+    assert "\x00" in reply, repr(reply)
+    msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "again"}]
+    r2 = client.chat.completions.create(model=MID, messages=msgs, max_tokens=3, temperature=0)
+    assert r2.usage.prompt_tokens_details.cached_tokens > 0, r2.usage
+
+
 for t in (models_list, chat_blocking, chat_stream, completions_token_ids, error_unknown_model,
-          error_tools, chat_reuse_without_headers):
+          error_tools, chat_reuse_without_headers, logit_bias, parameters_honoured_or_refused,
+          completions_logprobs, models_retrieve, prompt_batch_refused, nul_round_trip):
     try:
         t()
         print(f"PASS {t.__name__}", flush=True)
@@ -273,6 +390,23 @@ def main():
                 print(f"{passed} passed, {failed + 1} failed")
                 return 1
             lines = r.stdout.splitlines()
+            try:  # the operator's view of the same stack: the admin index, zero-valued series
+                idx = s.get("/admin").json()["routes"]
+                paths = {(x["method"], x["path"]): x["access"] for x in idx}
+                assert paths[("GET", "/v1/models/{id}")] == "user", idx
+                assert paths[("POST", "/admin/workers/{id}/drain")] == "admin", idx
+                m = s.get("/metrics").body.decode()
+                for want in ('wkvm_build_info{version="',
+                             'wkvm_quota_refusals_total{limit="states"} 0',
+                             'wkvm_state_cache_evictions_total{tier="disk"} 0',
+                             'wkvm_parent_bound_continuation_rejections_total{reason="',
+                             # one route label in every metric: the HTTP route
+                             'wkvm_requests_total{route="/v1/chat/completions",status="ok"}',
+                             'wkvm_http_requests_total{route="/v1/chat/completions",'):
+                    assert want in m, want
+                lines.append("PASS admin_index_and_metrics")
+            except Exception as e:  # noqa: BLE001
+                lines.append(f"FAIL admin_index_and_metrics: {e!r}"[:2000])
             for line in lines:
                 print(line, flush=True)
                 if line.startswith("PASS "):

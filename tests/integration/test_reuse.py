@@ -277,6 +277,23 @@ def test_pressure_restart_and_owners():
         P2, G2, _, cached = parts(j)
         assert P2[:len(P) + len(G)] == P + G and cached == len(P) + len(G), j["usage"]
         assert G2 == infer_greedy(P2, len(G2))
+        # The shutdown said what it wrote; with no time for it, it says what it did not.
+        log_path = os.path.join(s.data, "controld.log")
+        with open(log_path) as f:
+            log = f.read()
+        assert "writing warm checkpoints to disk at shutdown entries=" in log, log[-2000:]
+        assert re.search(r"checkpoints written to disk at shutdown entries=[1-9]", log), log[-2000:]
+        s.extra_ctl += ["--checkpoint-flush-ms", "0"]
+        s.kill_controller(signal.SIGTERM)
+        s.start_controller()
+        s.wait(lambda: s.get("/ready").status == 200, "ready after the second restart")
+        chat(s, follow + [{"role": "user", "content": "more"}],
+             headers={"X-OpenWebUI-User-Id": "alice"})
+        s.kill_controller(signal.SIGTERM)
+        with open(log_path) as f:
+            log = f.read()
+        assert re.search(r"entries=0 not_written=[1-9]\d* seconds=[0-9.]+: the time budget", log), \
+            log[-2000:]
 
 
 def test_budgets_switches_and_admin():

@@ -146,6 +146,27 @@ def test_request_limits():
         assert r.status == 413, r.status
         c.close()
         assert s.get("/health").status == 200
+        # Expect: 100-continue (curl's default over 1 MB) is answered at once, not after the
+        # client's ~1 s wait; a body refused by its length gets the 413 instead.
+        body = json.dumps({"model": MID, "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 2}).encode()
+        for length, want in ((len(body), b"HTTP/1.1 100 Continue"), (100000000, b"HTTP/1.1 413")):
+            with socket.create_connection(("127.0.0.1", s.port), timeout=20) as c:
+                c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close"
+                          b"\r\nAuthorization: Bearer sk-alice-000000001\r\nContent-Type: "
+                          b"application/json\r\nExpect: 100-continue\r\nContent-Length: "
+                          + str(length).encode() + b"\r\n\r\n")
+                c.settimeout(0.5)
+                t0 = time.monotonic()
+                first = c.recv(4096)
+                assert first.startswith(want), (first, time.monotonic() - t0)
+                if length == len(body):
+                    c.settimeout(20)
+                    c.sendall(body)
+                    rest = b""
+                    while (b := c.recv(65536)):
+                        rest += b
+                    assert rest.startswith(b"HTTP/1.1 200"), rest[:200]
 
 
 def test_user_quotas():
@@ -218,7 +239,7 @@ def test_user_quotas():
         m = s.get("/metrics", headers=OPS).body.decode()
         # the units came back because the disconnects were noticed (not because
         # the streams ran out): both ended as cancelled
-        assert 'wkvm_requests_total{route="completions",status="cancelled"} 2' in m, \
+        assert 'wkvm_requests_total{route="/v1/completions",status="cancelled"} 2' in m, \
             [x for x in m.splitlines() if "requests_total" in x]
         assert 'wkvm_quota_refusals_total{limit="states"} 5' in m, m
         conc = [float(x.rsplit(" ", 1)[1]) for x in m.splitlines()

@@ -268,7 +268,7 @@ def test_concurrency_batch_invariance_and_seeds():
         assert other["choices"][0]["token_ids"] != seeded_alone[0]
         m = s.get("/metrics").body.decode()
         assert "wkvm_time_to_first_token_seconds_count" in m
-        assert 'wkvm_requests_total{route="completions",status="ok"}' in m
+        assert 'wkvm_requests_total{route="/v1/completions",status="ok"}' in m
 
 
 def test_worker_killed_mid_generation():

@@ -74,6 +74,54 @@ def check_continuations(s, ref):
         assert got == want, (ref, samp, got, want)
 
 
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+DOC_URL = "http://127.0.0.1:8000"
+
+
+def doc_curl_lines():
+    """(file, line) of every curl command against DOC_URL in the README's and the docs'
+    ```sh blocks, as a newcomer would paste them."""
+    out = []
+    for rel in ["README.md"] + ["docs/" + f for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                                if f.endswith(".md")]:
+        block = False
+        with open(os.path.join(ROOT, rel)) as f:
+            for ln in f:
+                if ln.startswith("```"):
+                    block = ln.strip() in ("```sh", "```bash") and not block
+                    continue
+                if block and ln.startswith("curl ") and "127.0.0.1:8000" in ln:
+                    out.append((rel, ln.rstrip("\n")))
+    return out
+
+
+def run_doc_commands(s):
+    """The docs' curl commands run against a live stack (DOC_URL is the stack's URL): each
+    exits 0 and answers no error; the README's claims about them hold."""
+    lines = doc_curl_lines()
+    assert any("'http://" in ln or " http://" in ln for _, ln in lines), lines
+    bare = [(f, ln) for f, ln in lines
+            if ln.count("127.0.0.1:8000") != ln.count("http://127.0.0.1:8000")]
+    assert not bare, "curl examples without http:// (wkvmctl --url needs it): %s" % bare
+    outs = []
+    with tempfile.TemporaryDirectory() as cwd:
+        for rel, ln in lines:
+            cmd = ln.replace(DOC_URL, s.url)
+            p = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], cwd=cwd,
+                               capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0, (rel, ln, p.returncode, p.stdout[-500:], p.stderr[-500:])
+            try:
+                body = json.loads(p.stdout)
+            except ValueError:
+                body = None
+            assert not (isinstance(body, dict) and "error" in body), (rel, ln, body)
+            outs.append((ln, body))
+    gens = [b for ln, b in outs if "intro@1/generate" in ln]
+    assert len(gens) == 2 and gens[0]["choices"] == gens[1]["choices"], gens  # "twice"
+    hib = [b for ln, b in outs if "/hibernate" in ln]
+    assert hib and hib[0]["tier"] == "warm", hib  # "tier warm", as the README says
+
+
 def test_create_generate_and_ops():
     with Stack(model=MODEL, slots=3) as s:
         up(s)
@@ -128,6 +176,17 @@ def test_create_generate_and_ops():
         again = s.post("/v1/states/base@1/snapshot").json()
         assert again["id"] == "base@4", again
         assert s.get("/v1/states/base@3").status == 404
+        run_doc_commands(s)
+        # State operations and refused requests leave an info line each.
+        assert s.get("/v1/states/nope@1").status == 404
+        with open(os.path.join(s.data, "controld.log")) as f:
+            log = f.read()
+        for want in ("state created id=base@1", "state fork id=base@1", "state snapshot id=base@1",
+                     "state hibernated id=base@1", "state resumed id=base@1",
+                     "state saved id=cont@1", "state imported id=again@1",
+                     "state rollback id=base@1", "state deleted id=base@3",
+                     "refused GET /v1/states/nope@1 user=local status=404"):
+            assert want in log, (want, log[-3000:])
 
 
 def test_restarts():

@@ -41,6 +41,8 @@ def fake_build():
     open(os.path.join(FAKE, "build.ninja"), "w").close()  # "an existing build": used as is
     os.symlink(os.path.abspath(CONTROLD), os.path.join(FAKE, "controld", "wkvm-controld"))
     os.symlink(os.path.abspath(MKMODEL), os.path.join(FAKE, "workerd", "wkvm-mkmodel"))
+    os.symlink(os.path.abspath(os.path.join(os.path.dirname(CONTROLD), "wkvmctl")),
+               os.path.join(FAKE, "controld", "wkvmctl"))
     w = os.path.join(FAKE, "workerd", "wkvm-workerd")
     with open(w, "w") as f:
         f.write("#!/bin/sh\nif [ -e '%s' ]; then echo 'injected start-up crash' >&2; exit 3; fi\n"
@@ -96,7 +98,17 @@ def test_up_restarts_and_gives_up():
     st = status()
     assert st.returncode == 0, st.stdout
     assert "worker-0: running" in st.stdout and "restarts 0" in st.stdout, st.stdout
-    assert "(HTTP 200)" in st.stdout, st.stdout
+    assert "ready: yes (HTTP 200)" in st.stdout, st.stdout
+    # where things are, readable: URL, data, build, model, the wkvmctl to use, a workers table
+    for want in ("url:        " + URL, "data:       " + DATA, "build:      " + FAKE,
+                 "model:      " + os.path.join(DATA, "models", "wkvm-demo"),
+                 "wkvmctl:    " + os.path.join(FAKE, "controld", "wkvmctl") + " --url " + URL):
+        assert want in st.stdout, (want, st.stdout)
+    assert "{" not in st.stdout and "    ID " in st.stdout.upper(), st.stdout
+    lg = wkvm("logs", "--data", DATA, "-n", "2", "controld")
+    assert lg.returncode == 0 and len(lg.stdout.splitlines()) == 2, lg.stdout + lg.stderr
+    lg = wkvm("logs", "--data", DATA, "-n", "1", "nope")
+    assert lg.returncode == 1 and "controld" in lg.stderr, lg.stderr
     r = http("POST", URL + "/v1/states",
              body={"model": "wkvm-demo", "name": "keep", "prompt_ids": [1, 2, 3, 4]})
     assert r.status == 201, r.body
@@ -158,10 +170,26 @@ def test_up_restarts_and_gives_up():
     assert "not running" in status().stdout
 
 
+def test_help_and_bad_arguments():
+    """Every command answers --help (test --help runs nothing); a missing value is an
+    error naming the option, not a bash message."""
+    for args in (["--help"], ["up", "--help"], ["down", "--help"], ["status", "--help"],
+                 ["logs", "--help"], ["test", "--help"]):
+        p = wkvm(*args, timeout=20)
+        assert p.returncode == 0 and "deploy/wkvm" in p.stdout, (args, p.stdout, p.stderr)
+        assert "==" not in p.stdout, (args, p.stdout)  # (test's run prints "== build")
+    p = wkvm("--version", timeout=20)
+    assert p.returncode == 0 and p.stdout.startswith("wkvm "), p.stdout
+    for args in (["status", "--data"], ["up", "--port"], ["logs", "-n"]):
+        p = wkvm(*args, timeout=20)
+        assert p.returncode == 1 and "needs a value" in p.stderr, (args, p.stderr)
+        assert "unbound" not in p.stderr, p.stderr
+
+
 def main():
     fake_build()
     try:
-        return run_tests([test_up_restarts_and_gives_up])
+        return run_tests([test_help_and_bad_arguments, test_up_restarts_and_gives_up])
     finally:
         wkvm("down", "--data", DATA, timeout=200)
         shutil.rmtree(ROOT, ignore_errors=True)

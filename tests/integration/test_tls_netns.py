@@ -206,7 +206,7 @@ def inner(root):
         p = subprocess.run([CONTROLD, "--data-dir", d, "--worker-url",
                             "tls+tcp://%s:%d" % (ADDR_A, port)],
                            capture_output=True, text=True, timeout=30)
-        assert p.returncode == 2 and "--worker-tls-ca" in p.stderr, p.stderr
+        assert p.returncode == 2 and "--link-tls-ca" in p.stderr, p.stderr  # (old flags: aliases)
 
     return run_tests([test_chat_and_migration_across_namespaces,
                       test_foreign_certificates_refused,

@@ -6,6 +6,7 @@ usage, 3 when the server cannot be reached."""
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -93,6 +94,13 @@ def gen_ids(s, ref, n=8):
 
 
 def test_usage_and_connection():
+    # every binary answers --version (one line: its name and the version)
+    for exe in ("controld/wkvmctl", "controld/wkvm-controld", "workerd/wkvm-workerd",
+                "workerd/wkvm-infer", "workerd/wkvm-mkmodel", "bench/wkvm-bench-cpu"):
+        v = subprocess.run([os.path.join(BUILD, exe), "--version"], capture_output=True,
+                           text=True, timeout=30)
+        name = os.path.basename(exe)
+        assert v.returncode == 0 and re.fullmatch(name + r" \d+\.\d+\.\d+\n", v.stdout), (exe, v)
     p = run("--help")
     assert p.returncode == 0 and "Commands:" in p.stdout and "drain" in p.stdout, p
     p = run("help", "fork")
@@ -316,7 +324,7 @@ def test_migrate_evict_drain():
         p = fails(s, 1, "migrate", "w0:99", "--to", "w1")
         assert "(HTTP 404)" in p.stderr, p.stderr
         p = fails(s, 1, "migrate", parked(s)[0]["id"], "--to", "nope")
-        assert "(HTTP 400)" in p.stderr, p.stderr
+        assert "(HTTP 404)" in p.stderr and "no such worker" in p.stderr, p.stderr
         # drain: every migration, then the summary; the worker ends empty.
         victim = parked(s)[0]["worker"]
         on_victim = len([x for x in parked(s) if x["worker"] == victim])
@@ -454,11 +462,60 @@ def test_unexpected_json():
         srv.server_close()
 
 
+
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "WKVMCTL.md")
+
+
+def doc_examples(first, last):
+    """(command line, expected output lines) of docs/WKVMCTL.md's `$ wkvmctl` examples from
+    section `### first` up to, not including, `### last`."""
+    out, on, block = [], False, False
+    with open(DOC) as f:
+        for ln in f:
+            if ln.startswith("### "):
+                on = (on or ln.startswith("### " + first)) and not ln.startswith("### " + last)
+            if not on:
+                continue
+            if ln.startswith("```"):
+                block = not block
+            elif block and ln.startswith("$ wkvmctl "):
+                out.append((ln[len("$ wkvmctl "):].rstrip("\n"), []))
+            elif block and out:
+                out[-1][1].append(ln.rstrip("\n"))
+    return out
+
+
+def test_docs_examples():
+    """The state commands of docs/WKVMCTL.md, run in order as a newcomer would, print what
+    the page shows (generated text and file sizes depend on the model: only their shape)."""
+    ex = doc_examples("create", "migrate")
+    assert len(ex) >= 12, ex
+    with Stack(model=MODEL, slots=4) as s, tempfile.TemporaryDirectory() as cwd:
+        s.start_controller()
+        s.start_worker("w0")
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+        for cmd, want in ex:
+            p = subprocess.run([CTL, "--url", s.url] + shlex.split(cmd), cwd=cwd,
+                               capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0, (cmd, p.stdout, p.stderr)
+            got = (p.stdout + p.stderr).splitlines()
+            if cmd.startswith("generate"):  # the model's output: as many lines, ids as ids
+                assert len(got) == len(want), (cmd, got, want)
+                if "--ids" in cmd:
+                    assert len(got[0].split()) == len(want[0].split()), (cmd, got, want)
+                    assert got[1:] == want[1:], (cmd, got, want)
+                continue
+            if cmd.startswith("export"):
+                got = [re.sub(r"\(\d+ bytes, [0-9.]+ KiB\)", "(N)", g) for g in got]
+                want = [re.sub(r"\(\d+ bytes, [0-9.]+ KiB\)", "(N)", w) for w in want]
+            assert got == want, (cmd, got, want)
+
+
 if __name__ == "__main__":
     if not os.path.exists(CTL):
         print(f"wkvmctl not built at {CTL}")
         sys.exit(1)
     rc = run_tests([test_usage_and_connection, test_unexpected_json, test_states_commands,
-                    test_migrate_evict_drain, test_api_keys])
+                    test_migrate_evict_drain, test_api_keys, test_docs_examples])
     TMP.cleanup()
     sys.exit(rc)

@@ -113,6 +113,11 @@ test_help(void **state)
     wk_cfg *c = NULL;
     assert_int_equal(wk_cfg_parse(table, N, NULL, 2, argv, &c, NULL), WK_OK);
     assert_true(wk_cfg_help_requested(c));
+    assert_false(wk_cfg_version_requested(c));
+    wk_cfg_free(c);
+    char *vargv[] = {"prog", "--version", NULL};
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 2, vargv, &c, NULL), WK_OK);
+    assert_true(wk_cfg_version_requested(c) && !wk_cfg_help_requested(c));
     wk_cfg_free(c);
     char *buf = NULL;
     size_t len = 0;
@@ -130,6 +135,52 @@ test_help(void **state)
     free(buf);
 }
 
+/* An older name (WK_CFG_ALIAS) sets its option from a flag, the env and a file; the
+ * current name wins; --help lists it beside its option, the sample config does not. */
+static void
+test_alias(void **state)
+{
+    (void)state;
+    static const wk_cfg_opt t[] = {
+        {"link-url", WK_CFG_STR, NULL, 0, 0, "the link"},
+        {"link-allow-plain-tcp", WK_CFG_BOOL, "false", 0, 0, "force plain tcp"},
+        {"worker-url", WK_CFG_ALIAS, "link-url", 0, 0, "older name"},
+        {"allow-remote-workers", WK_CFG_ALIAS, "link-allow-plain-tcp", 0, 0, "older name"},
+    };
+    wk_cfg *c = NULL;
+    char *a1[] = {"prog", "--worker-url", "tcp://x:1", "--allow-remote-workers", NULL};
+    assert_int_equal(wk_cfg_parse(t, 4, NULL, 4, a1, &c, NULL), WK_OK);
+    assert_string_equal(wk_cfg_get_str(c, "link-url"), "tcp://x:1");
+    assert_string_equal(wk_cfg_get_str(c, "worker-url"), "tcp://x:1");
+    assert_true(wk_cfg_get_bool(c, "link-allow-plain-tcp") && wk_cfg_is_set(c, "link-url"));
+    wk_cfg_free(c);
+    setenv("WKALIAS_WORKER_URL", "tcp://old:1", 1);
+    setenv("WKALIAS_LINK_URL", "tcp://new:1", 1);
+    char *a2[] = {"prog", NULL};
+    assert_int_equal(wk_cfg_parse(t, 4, "WKALIAS", 1, a2, &c, NULL), WK_OK);
+    assert_string_equal(wk_cfg_get_str(c, "link-url"), "tcp://new:1");
+    wk_cfg_free(c);
+    unsetenv("WKALIAS_LINK_URL");
+    assert_int_equal(wk_cfg_parse(t, 4, "WKALIAS", 1, a2, &c, NULL), WK_OK);
+    assert_string_equal(wk_cfg_get_str(c, "link-url"), "tcp://old:1");
+    wk_cfg_free(c);
+    unsetenv("WKALIAS_WORKER_URL");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    wk_cfg_print_help(t, 4, "prog", "x", NULL, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "--link-url STR"));
+    assert_non_null(strstr(buf, "(also --worker-url)"));
+    assert_null(strstr(buf, "--worker-url STR"));
+    free(buf);
+    f = open_memstream(&buf, &len);
+    wk_cfg_print_sample(t, 4, f);
+    fclose(f);
+    assert_null(strstr(buf, "worker-url"));
+    free(buf);
+}
+
 int
 main(void)
 {
@@ -138,6 +189,7 @@ main(void)
         cmocka_unit_test(test_precedence),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_help),
+        cmocka_unit_test(test_alias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,11 +62,41 @@ test_read(void **state)
     assert_non_null(strstr(d.msg, path));
 }
 
+/* What a --model path names: a directory, or a checkpoint file and the directory beside it. */
+static void
+test_model_path(void **state)
+{
+    (void)state;
+    char tmpl[] = "/tmp/wk_file_model_XXXXXX";
+    assert_non_null(mkdtemp(tmpl));
+    char file[128], dir[128], name[64];
+    snprintf(file, sizeof(file), "%s/m7.gguf", tmpl);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    bool is_file = true;
+    assert_int_equal(wk_file_model_path(tmpl, dir, sizeof(dir), name, sizeof(name), &is_file),
+                     WK_OK);
+    assert_false(is_file);
+    assert_string_equal(dir, tmpl);
+    assert_string_equal(name, strrchr(tmpl, '/') + 1);
+    assert_int_equal(wk_file_model_path(file, dir, sizeof(dir), name, sizeof(name), &is_file),
+                     WK_OK);
+    assert_true(is_file);
+    assert_string_equal(dir, tmpl);
+    assert_string_equal(name, "m7");
+    assert_int_equal(wk_file_model_path(file, dir, 8, NULL, 0, &is_file), WK_ETOOBIG);
+    assert_int_equal(wk_file_model_path(file, dir, sizeof(dir), name, 2, &is_file), WK_ETOOBIG);
+    unlink(file);
+    rmdir(tmpl);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read),
+        cmocka_unit_test(test_model_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,17 @@ test_parse_errors(void **state)
     /* Strings with NUL are refused at parse time (jansson without JSON_ALLOW_NUL). */
     const char *nul = "{\"z\":\"a\\u0000b\"}";
     assert_int_equal(wk_json_parse(nul, strlen(nul), &v, &d), WK_EINVAL);
+    /* wk_json_parse_text keeps them (read by length); wk_json_get_str still refuses them. */
+    assert_int_equal(wk_json_parse_text(nul, strlen(nul), &v, &d), WK_OK);
+    assert_int_equal(json_string_length(json_object_get(v, "z")), 3);
+    assert_memory_equal(json_string_value(json_object_get(v, "z")), "a\0b", 3);
+    const char *s = NULL;
+    assert_int_equal(wk_json_get_str(v, "z", true, NULL, 10, &s, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "NUL"));
+    json_decref(v);
+    v = NULL;
+    assert_int_equal(wk_json_parse_text("{\"a\":1,\"a\":2}", 13, &v, &d), WK_EINVAL);
+    assert_null(v);
 }
 
 static void

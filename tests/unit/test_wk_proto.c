@@ -142,6 +142,33 @@ test_step_limits(void **state)
     p.top_logprobs = 5;
     p.top_p = 1.5f;
     roundtrip(&m, WK_EPROTO);
+    /* logit_bias: at most WK_PROTO_LOGIT_BIAS_MAX entries, ids >= 0, |bias| <= 100. */
+    p.top_p = 1.0f;
+    size_t nb = WK_PROTO_LOGIT_BIAS_MAX + 1;
+    Wkvm__LogitBias *lb = calloc(nb, sizeof(*lb));
+    Wkvm__LogitBias **lbp = calloc(nb, sizeof(*lbp));
+    for (size_t i = 0; i < nb; i++) {
+        wkvm__logit_bias__init(&lb[i]);
+        lb[i].token = (int32_t)i;
+        lb[i].bias = 100.0f;
+        lbp[i] = &lb[i];
+    }
+    p.logit_bias = lbp;
+    p.n_logit_bias = WK_PROTO_LOGIT_BIAS_MAX;
+    o = roundtrip(&m, WK_OK);
+    assert_int_equal(o->step->rows[0]->params->n_logit_bias, WK_PROTO_LOGIT_BIAS_MAX);
+    assert_true(o->step->rows[0]->params->logit_bias[7]->token == 7);
+    wk_proto_free(o);
+    p.n_logit_bias = nb; /* one entry too many */
+    roundtrip(&m, WK_EPROTO);
+    p.n_logit_bias = 1;
+    lb[0].bias = 100.5f;
+    roundtrip(&m, WK_EPROTO);
+    lb[0].bias = -1.0f;
+    lb[0].token = -1;
+    roundtrip(&m, WK_EPROTO);
+    free(lb);
+    free(lbp);
     free(rows);
     free(rowp);
     free(toks);

@@ -482,6 +482,21 @@ test_find_checkpoint(void **state)
     assert_int_equal(wrk_model_load(dir, NULL, &m, &d), WK_OK);
     wrk_model_free(m);
     m = NULL;
+    /* --model FILE: that checkpoint, even beside others; named after the file */
+    char file[400];
+    snprintf(file, sizeof(file), "%s/rwkv-x070.safetensors", dir);
+    assert_int_equal(wrk_model_find_checkpoint(file, path, sizeof(path), &d), WK_OK);
+    assert_string_equal(path, file);
+    assert_int_equal(wrk_model_load(file, NULL, &m, &d), WK_OK);
+    assert_string_equal(wrk_model_info_get(m)->name, "rwkv-x070");
+    wrk_model_free(m);
+    m = NULL;
+    snprintf(file, sizeof(file), "%s/a.pth", dir); /* (not a real one: refused by the reader) */
+    assert_int_not_equal(wrk_model_load(file, NULL, &m, &d), WK_OK);
+    write_file(dir, "notes.txt", "x");
+    snprintf(file, sizeof(file), "%s/notes.txt", dir);
+    assert_int_equal(wrk_model_find_checkpoint(file, path, sizeof(path), &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "not a checkpoint"));
     /* two *.safetensors: refused, naming both */
     c.file = "other.safetensors";
     assert_int_equal(synth_write(dir, &c), 0);

@@ -207,6 +207,53 @@ test_penalties_and_top_logprobs(void **state)
     assert_true(fabs(r.logprob - r.top_logprob[0]) < 1e-6);
 }
 
+/* logit_bias: +100 forces a token at T=0 and T=1, -100 bans the best one, bad ids refused. */
+static void
+test_logit_bias(void **state)
+{
+    (void)state;
+    float l[V];
+    fill(l, 3);
+    int best = 0, worst = 0;
+    for (int i = 1; i < V; i++) {
+        if (l[i] > l[best])
+            best = i;
+        if (l[i] < l[worst])
+            worst = i;
+    }
+    wrk_logit_bias force = {.token = worst, .bias = 100.0f};
+    wrk_sample_params p = {.bias = &force, .n_bias = 1, .want_logprob = true};
+    wrk_sample_result r = run(l, p);
+    assert_int_equal(r.token, worst);
+    assert_true(r.logprob > -1e-3f); /* the reported logprob includes the bias */
+    for (int i = 0; i < 200; i++) {
+        wrk_sample_params t = {.temperature = 1.0f, .seed = 5, .sample_index = (uint64_t)i,
+                               .bias = &force, .n_bias = 1};
+        assert_int_equal(run(l, t).token, worst);
+    }
+    wrk_logit_bias ban = {.token = best, .bias = -100.0f};
+    wrk_sample_params b = {.bias = &ban, .n_bias = 1};
+    assert_true(run(l, b).token != best);
+    for (int i = 0; i < 500; i++) {
+        wrk_sample_params t = {.temperature = 1.0f, .seed = 9, .sample_index = (uint64_t)i,
+                               .bias = &ban, .n_bias = 1};
+        assert_true(run(l, t).token != best);
+    }
+    /* An id outside the vocab or a NaN bias: WK_EINVAL, logits untouched. */
+    float x[V];
+    memcpy(x, l, sizeof(x));
+    wrk_logit_bias bad = {.token = V, .bias = 1.0f};
+    wrk_sample_params pb = {.bias = &bad, .n_bias = 1};
+    wrk_sample_result out;
+    assert_int_equal(wrk_sample(x, V, &pb, &out), WK_EINVAL);
+    bad.token = -1;
+    assert_int_equal(wrk_sample(x, V, &pb, &out), WK_EINVAL);
+    bad.token = 0;
+    bad.bias = NAN;
+    assert_int_equal(wrk_sample(x, V, &pb, &out), WK_EINVAL);
+    assert_memory_equal(x, l, sizeof(x));
+}
+
 int
 main(void)
 {
@@ -216,6 +263,7 @@ main(void)
         cmocka_unit_test(test_determinism_and_filters),
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_penalties_and_top_logprobs),
+        cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
