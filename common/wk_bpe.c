@@ -80,16 +80,18 @@ struct wk_bpe {
     int32_t fb_id[256];    /* "<0xXX>" vocab token of each byte, BPE_NO_ID for none */
     uint8_t *added;        /* by id: BPE_ADDED_* (which trie an added token is in) */
     wk_pretok *pretok;     /* regex pre-tokenizer (Split/Digits Sequence), NULL: ByteLevel alone */
+    wk_pretok_wordchar *wordchar; /* word characters, when a single_word added token needs them */
 };
 
 /* What wk_bpe.added says of an id: a kind, or'd with the strip flags. */
 enum {
-    BPE_ADDED_NONE = 0,   /* not an added token */
-    BPE_ADDED_RAW = 1,    /* non-normalized: matched in the raw input (trie root 0) */
-    BPE_ADDED_NORM = 2,   /* normalized: matched in the normalized gaps (trie root 1) */
-    BPE_ADDED_KIND = 3,   /* mask of the kind */
-    BPE_ADDED_LSTRIP = 4, /* lstrip: takes the white space before it */
-    BPE_ADDED_RSTRIP = 8, /* rstrip: takes the white space after it */
+    BPE_ADDED_NONE = 0,    /* not an added token */
+    BPE_ADDED_RAW = 1,     /* non-normalized: matched in the raw input (trie root 0) */
+    BPE_ADDED_NORM = 2,    /* normalized: matched in the normalized gaps (trie root 1) */
+    BPE_ADDED_KIND = 3,    /* mask of the kind */
+    BPE_ADDED_LSTRIP = 4,  /* lstrip: takes the white space before it */
+    BPE_ADDED_RSTRIP = 8,  /* rstrip: takes the white space after it */
+    BPE_ADDED_SINGLE = 16, /* single_word: only where no word character touches it */
 };
 
 /* How the SentencePiece-style modes put the word-boundary mark in front of text. */
@@ -1036,17 +1038,25 @@ bpe_load_added(bpe_ld *c, wk_bpe *b, const json_t *added, uint8_t *is_added, siz
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].special is not a boolean", i);
         if (!bpe_json_bool(t, "normalized", !special, &normalized))
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].normalized is not a boolean", i);
-        /* lstrip / rstrip: byte-level mode only; single_word: never */
+        /* single_word / lstrip / rstrip: byte-level mode only */
         static const char *const flags[] = {"single_word", "lstrip", "rstrip"};
+        static const uint8_t bits[] = {BPE_ADDED_SINGLE, BPE_ADDED_LSTRIP, BPE_ADDED_RSTRIP};
         uint8_t strip = 0;
         for (size_t f = 0; f < 3; f++) {
             if (!bpe_json_bool(t, flags[f], false, &flag))
                 return bpe_fail(c, WK_EINVAL, "added_tokens[%zu].%s is not a boolean", i, flags[f]);
-            if (flag && (f == 0 || b->spm))
-                return bpe_fail(c, WK_ENOTSUP, "added_tokens[%zu].%s true is not supported%s", i,
-                                flags[f], f == 0 ? "" : " with this pre_tokenizer");
+            if (flag && b->spm)
+                return bpe_fail(c, WK_ENOTSUP,
+                                "added_tokens[%zu].%s true is not supported with this "
+                                "pre_tokenizer",
+                                i, flags[f]);
             if (flag)
-                strip |= f == 1 ? BPE_ADDED_LSTRIP : BPE_ADDED_RSTRIP;
+                strip |= bits[f];
+        }
+        if ((strip & BPE_ADDED_SINGLE) && b->wordchar == NULL) {
+            wk_err werr = wk_pretok_wordchar_new(&b->wordchar, c->d);
+            if (werr != WK_OK)
+                return werr;
         }
         if (is_added[id])
             return bpe_fail(c, WK_EINVAL, "added_tokens[%zu]: duplicate id %d", i, (int)id);
@@ -1494,6 +1504,7 @@ wk_bpe_free(wk_bpe *b)
     free(b->trie);
     free(b->added);
     wk_pretok_free(b->pretok);
+    wk_pretok_wordchar_free(b->wordchar);
     free(b);
 }
 
@@ -1950,6 +1961,27 @@ bpe_ws_before(const uint8_t *s, size_t n)
     return 0;
 }
 
+/* Whether the character at s (n bytes) is a word character (single_word). */
+static bool
+bpe_word_at(const wk_bpe *b, const uint8_t *s, size_t n)
+{
+    uint32_t cp;
+    size_t l = n > 0 ? bpe_utf8_dec(s, n, &cp) : 0;
+    return l > 0 && wk_pretok_wordchar_is(b->wordchar, s, l);
+}
+
+/* Whether the character ending at s[n) is a word character (single_word). */
+static bool
+bpe_word_before(const wk_bpe *b, const uint8_t *s, size_t n)
+{
+    for (size_t l = 1; l <= 4 && l <= n; l++) {
+        uint32_t cp;
+        if (bpe_utf8_dec(s + n - l, l, &cp) == l)
+            return wk_pretok_wordchar_is(b->wordchar, s + n - l, l);
+    }
+    return false;
+}
+
 /* Splits at the added tokens of trie root (0, then 1 after NFC) and encodes. */
 static bool
 bpe_span(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n, uint32_t root)
@@ -2008,6 +2040,11 @@ bpe_span(const wk_bpe *b, bpe_enc *e, const uint8_t *s, size_t n, uint32_t root)
          * end all the same.
          */
         size_t a = i, z = i + m, w;
+        if ((b->added[id] & BPE_ADDED_SINGLE) &&
+            (bpe_word_before(b, s, i) || bpe_word_at(b, s + z, n - z))) {
+            i = z; /* not a single word: no token, the search goes on after it */
+            continue;
+        }
         if (b->added[id] & BPE_ADDED_LSTRIP) {
             while (a > start && (w = bpe_ws_before(s + start, a - start)) > 0)
                 a -= w;

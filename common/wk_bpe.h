@@ -49,9 +49,11 @@
  * it, e.g. a chat template, write it). In byte-level mode an added token
  * may have lstrip / rstrip: it takes the white space (Unicode White_Space)
  * before it, back to the previous added token, or after it, as the library
- * does. Everything else (other model types, normalizers, pre-tokenizers,
- * decoders, dropout, subword prefixes, byte_fallback in byte-level mode,
- * single_word added tokens, lstrip/rstrip in hf-spm mode) is refused with a diag naming the JSON path, e.g. `tokenizer.json:
+ * does; and single_word: no token where a word character (Rust regex's \w,
+ * see wk_pretok_wordchar_is()) touches the match. Everything else (other
+ * model types, normalizers, pre-tokenizers, decoders, dropout, subword
+ * prefixes, byte_fallback in byte-level mode, single_word / lstrip /
+ * rstrip in hf-spm mode) is refused with a diag naming the JSON path, e.g. `tokenizer.json:
  * pre_tokenizer.type "Whitespace" is not supported`.
  *
  * Input text is any bytes: valid UTF-8 is handled as Unicode; in byte-level

@@ -652,3 +652,54 @@ wk_pretok_split(const wk_pretok *p, const uint8_t *s, size_t n, wk_pretok_word_f
     free(cuts.v);
     return err;
 }
+
+/* ---- word characters (single_word added tokens) ---- */
+
+struct wk_pretok_wordchar {
+    pcre2_code *re; /* one word character, anchored at both ends */
+};
+
+wk_err
+wk_pretok_wordchar_new(wk_pretok_wordchar **out, wk_diag *d)
+{
+    static const char re[] = "\\A[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]\\z";
+    wk_pretok_wordchar *w = calloc(1, sizeof(*w));
+    int ec = 0;
+    PCRE2_SIZE eo = 0;
+
+    if (w == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "word characters: out of memory");
+    w->re = pcre2_compile((PCRE2_SPTR)re, sizeof(re) - 1, PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+    if (w->re == NULL) {
+        free(w);
+        return wk_diag_set(d, WK_ENOMEM, "word characters: PCRE2 error %d", ec);
+    }
+    (void)pcre2_jit_compile(w->re, PCRE2_JIT_COMPLETE);
+    *out = w;
+    return WK_OK;
+}
+
+void
+wk_pretok_wordchar_free(wk_pretok_wordchar *w)
+{
+    if (w == NULL)
+        return;
+    pcre2_code_free(w->re);
+    free(w);
+}
+
+bool
+wk_pretok_wordchar_is(const wk_pretok_wordchar *w, const uint8_t *s, size_t n)
+{
+    if (n == 0 || pretok_utf8_len(s, n) != n)
+        return false;
+    if (n == 1)
+        return ((s[0] | 0x20) >= 'a' && (s[0] | 0x20) <= 'z') || (s[0] >= '0' && s[0] <= '9') ||
+               s[0] == '_';
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (md == NULL)
+        return false;
+    int rc = pcre2_match(w->re, s, n, 0, PCRE2_NO_UTF_CHECK, md, NULL);
+    pcre2_match_data_free(md);
+    return rc >= 0;
+}

@@ -83,4 +83,27 @@ typedef bool (*wk_pretok_word_fn)(void *ctx, const uint8_t *w, size_t n);
 WK_MUST_CHECK wk_err wk_pretok_split(const wk_pretok *p, const uint8_t *s, size_t n,
                                      wk_pretok_word_fn fn, void *ctx, wk_diag *d);
 
+/*
+ * Word characters as `tokenizers` tests them for single_word added tokens
+ * (Rust regex's \w: Alphabetic, marks, decimal digits, connector
+ * punctuation, Join_Control), read with PCRE2's Unicode tables.
+ */
+typedef struct wk_pretok_wordchar wk_pretok_wordchar;
+
+/*
+ * Compiles the word-character class. On success *out is new, freed with
+ * wk_pretok_wordchar_free(). Returns WK_OK or WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_pretok_wordchar_new(wk_pretok_wordchar **out, wk_diag *d);
+
+/* Frees it. NULL-safe. */
+void wk_pretok_wordchar_free(wk_pretok_wordchar *w);
+
+/*
+ * Whether s[0..n) is exactly one well-formed UTF-8 character and a word
+ * character; false otherwise (also when out of memory). s is borrowed for
+ * the call. Thread-safe on a shared w.
+ */
+bool wk_pretok_wordchar_is(const wk_pretok_wordchar *w, const uint8_t *s, size_t n);
+
 #endif /* WK_PRETOK_H */

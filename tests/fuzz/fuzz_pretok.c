@@ -13,7 +13,6 @@
  * match limit (WK_ETOOBIG). A failed load must leave a diag.
  */
 /* fuzz-sources: common/wk_err.c common/wk_pretok.c */
-/* fuzz-libs: -lpcre2-8 */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -605,9 +605,9 @@ test_hostile(void **state)
     s.model_extra = ", \"continuing_subword_prefix\": \"##\"";
     spec_refused(&s, WK_ENOTSUP, "model.continuing_subword_prefix");
     s = ok;
-    /* lstrip / rstrip are supported in byte-level mode (test_wk_pretok.c); single_word is not */
-    s.added = "[{\"id\": 300, \"content\": \"<x>\", \"single_word\": true}]";
-    spec_refused(&s, WK_ENOTSUP, "added_tokens[0].single_word true is not supported");
+    /* single_word, lstrip, rstrip: supported in byte-level mode (test_wk_pretok.c) */
+    s.added = "[{\"id\": 300, \"content\": \"<x>\", \"lstrip\": 1}]";
+    spec_refused(&s, WK_EINVAL, "added_tokens[0].lstrip is not a boolean");
     s = ok;
     s.added = "[{\"id\": 300, \"content\": \"<x>\"}, {\"id\": 300, \"content\": \"<y>\"}]";
     spec_refused(&s, WK_EINVAL, "added_tokens[1]: duplicate id 300");
