@@ -316,7 +316,18 @@ def ensure_venv():
         venv = os.path.join(tempfile.gettempdir(), f"wkvm-venv-openai-{os.getuid()}")
     if venv_ok(venv):
         return venv
-    # Build next to the final place and rename: concurrent runs never see half a venv.
+    # One builder at a time (tests using the SDK run in parallel): the others wait for its
+    # venv instead of replacing it under a test that already uses it.
+    import fcntl
+    with open(venv + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if venv_ok(venv):
+            return venv
+        return build_venv(venv)
+
+
+def build_venv(venv):
+    """Builds the venv next to its final place and renames it there (under ensure_venv's lock)."""
     tmp = tempfile.mkdtemp(prefix="venv-openai.tmp-", dir=os.path.dirname(venv))
     try:
         r = subprocess.run([SYSTEM_PYTHON, "-m", "venv", tmp], capture_output=True, text=True,
