@@ -258,6 +258,8 @@ sv(jj_rt *R, jv v, jv *out)
     return jj_strv(R, v, out);
 }
 
+static int html_escape(jj_rt *R, jv s, jv *out);
+
 /* ---- string helpers ---- */
 
 static char
@@ -695,7 +697,7 @@ order(jj_rt *R, jv a, jv b, int *c, const char *op)
         *c = m != 0 ? (m < 0 ? -1 : 1) : a.u.s.n < b.u.s.n ? -1 : a.u.s.n > b.u.s.n;
         return 0;
     }
-    if (a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
+    if (jj_plain(a) && jj_plain(b) && a.u.l->tuple == b.u.l->tuple) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
             if (jj_eq(a.u.l->v[i], b.u.l->v[i]))
@@ -912,12 +914,19 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
     }
     if (op == JJ_OP_ADD && a.t == JV_STR && b.t == JV_STR) {
         jj_sb s = {0};
+        bool mk = a.mk || b.mk;
+        /* Markup + str escapes the str (and str + Markup) */
+        if (mk && !a.mk && html_escape(R, a, &a) < 0)
+            return -1;
+        if (mk && !b.mk && html_escape(R, b, &b) < 0)
+            return -1;
         if (jj_sb_put(R, &s, a.u.s.p, a.u.s.n) < 0 || jj_sb_put(R, &s, b.u.s.p, b.u.s.n) < 0)
             return -1;
         *out = jj_sb_value(&s);
+        out->mk = mk;
         return 0;
     }
-    if (op == JJ_OP_ADD && a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
+    if (op == JJ_OP_ADD && jj_plain(a) && jj_plain(b) && a.u.l->tuple == b.u.l->tuple) {
         jlist *l = jj_list_new(R, a.u.l->n + b.u.l->n);
         if (l == NULL)
             return -1;
@@ -930,9 +939,9 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
         *out = list_value(l);
         return jj_step(R, l->n);
     }
-    if (op == JJ_OP_MUL && (a.t == JV_STR || a.t == JV_LIST) && (b.t == JV_INT || b.t == JV_BOOL))
+    if (op == JJ_OP_MUL && (a.t == JV_STR || jj_plain(a)) && (b.t == JV_INT || b.t == JV_BOOL))
         return repeat(R, a, num_i(b), out);
-    if (op == JJ_OP_MUL && (b.t == JV_STR || b.t == JV_LIST) && (a.t == JV_INT || a.t == JV_BOOL))
+    if (op == JJ_OP_MUL && (b.t == JV_STR || jj_plain(b)) && (a.t == JV_INT || a.t == JV_BOOL))
         return repeat(R, b, num_i(a), out);
     if (op == JJ_OP_MOD && a.t == JV_STR)
         return jj_fail(R, WK_ENOTSUP, "printf-style string formatting ('%%')");
@@ -982,6 +991,10 @@ int
 jj_slice(jj_rt *R, jv obj, jv start, jv stop, jv step, jv *out)
 {
     int64_t a, b, s;
+    if (obj.t == JV_LIST && obj.u.l->kind != JL_PLAIN) {
+        *out = jj_undef(NULL);
+        return 0;
+    }
     if (obj.t == JV_LIST) {
         jlist *src = obj.u.l;
         if (slice_bounds(R, start, stop, step, (int64_t)src->n, &a, &b, &s) < 0)
@@ -1084,7 +1097,7 @@ jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out
         *out = in.t == JV_STR || in.t == JV_LIST || in.t == JV_DICT || in.t == JV_UNDEF;
         return 0;
     case T_SEQUENCE:
-        *out = in.t == JV_STR || in.t == JV_LIST || in.t == JV_DICT || in.t == JV_UNDEF;
+        *out = in.t == JV_STR || jj_plain(in) || in.t == JV_DICT || in.t == JV_UNDEF;
         return 0;
     case T_MAPPING: *out = in.t == JV_DICT; return 0;
     case T_NONE: *out = in.t == JV_NONE; return 0;
@@ -1169,7 +1182,7 @@ jj_method_kind(jv obj, const char *name, bool *unsafe)
         }
         return in_list(DICT_METHODS, name) || strcmp(name, "fromkeys") == 0;
     }
-    if (obj.t == JV_LIST) {
+    if (jj_plain(obj)) {
         if (!obj.u.l->tuple && in_list(LIST_UNSAFE, name)) {
             *unsafe = true;
             return 1;
@@ -1208,6 +1221,7 @@ dict_items(jj_rt *R, jdict *d, int which, jv *out)
         }
     }
     l->n = d->n;
+    l->kind = which == 0 ? JL_ITEMS : which == 1 ? JL_KEYS : JL_VALUES;
     *out = list_value(l);
     return jj_step(R, d->n);
 }
@@ -1492,7 +1506,14 @@ select_items(jj_rt *R, jv in, jv *args, const char **names, size_t n, bool attr,
         if (tid < 0)
             return jj_fail(R, WK_ENOTSUP, "no test named '%s'", tn);
     }
-    if (jj_iter(R, in, &l) < 0 || (r = jj_list_new(R, 0)) == NULL)
+    if ((r = jj_list_new(R, 0)) == NULL)
+        return -1;
+    r->kind = JL_GEN;
+    if (!jj_truthy(in)) { /* jinja2: "if value:" before iterating */
+        *out = list_value(r);
+        return 0;
+    }
+    if (jj_iter(R, in, &l) < 0)
         return -1;
     for (size_t i = 0; i < l->n; i++) {
         jv v = l->v[i];
@@ -1750,10 +1771,15 @@ filter_indent(jj_rt *R, jv in, jv *args, const char **names, size_t n, jv *out)
     return 0;
 }
 
+/* markupsafe's escape(): & < > " ' as entities; Markup stays as it is */
 static int
 html_escape(jj_rt *R, jv s, jv *out)
 {
     jj_sb b = {0};
+    if (s.mk) {
+        *out = s;
+        return 0;
+    }
     for (size_t i = 0; i < s.u.s.n; i++) {
         char c = s.u.s.p[i];
         const char *e = c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;"
@@ -1762,6 +1788,7 @@ html_escape(jj_rt *R, jv s, jv *out)
             return -1;
     }
     *out = jj_sb_value(&b);
+    out->mk = 1;
     return 0;
 }
 
@@ -1796,7 +1823,12 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
     case F_LENGTH:
         switch (in.t) {
         case JV_STR: *out = jj_int((int64_t)jj_utf8_len(in.u.s.p, in.u.s.n)); return 0;
-        case JV_LIST: *out = jj_int((int64_t)in.u.l->n); return 0;
+        case JV_LIST:
+            if (in.u.l->kind == JL_GEN || in.u.l->kind == JL_REVITER)
+                return jj_fail(R, WK_EINVAL, "object of type '%s' has no len()",
+                               jj_type_name(in));
+            *out = jj_int((int64_t)in.u.l->n);
+            return 0;
         case JV_DICT: *out = jj_int((int64_t)in.u.d->n); return 0;
         case JV_UNDEF: *out = jj_int(0); return 0;
         default:
@@ -1835,6 +1867,10 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
     case F_FIRST:
     case F_LAST: {
         jlist *l;
+        if (id == F_LAST && in.t == JV_LIST && in.u.l->kind == JL_GEN)
+            return jj_fail(R, WK_EINVAL, "'generator' object is not reversible");
+        if (id == F_LAST && in.t == JV_DICT)
+            return jj_fail(R, WK_ENOTSUP, "last of a dict");
         if (jj_iter(R, in, &l) < 0)
             return -1;
         if (l->n == 0)
@@ -1863,7 +1899,10 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
         }
         if (in.t != JV_DICT)
             return jj_fail(R, WK_EINVAL, "Can only get item pairs from a mapping.");
-        return dict_items(R, in.u.d, 0, out);
+        if (dict_items(R, in.u.d, 0, out) < 0)
+            return -1;
+        out->u.l->kind = JL_GEN;
+        return 0;
     case F_JOIN: {
         static const char *const kw[] = {"d", "attribute", NULL};
         jv sep = jj_str("", 0), attr = jj_none();
@@ -1900,8 +1939,16 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
         jlist *l, *r;
         jv attr, def;
         bool has_def = arg(args, names, n, (size_t)-1, "default", &def);
+        if (!jj_truthy(in)) { /* jinja2: "if value:" before iterating */
+            if ((r = jj_list_new(R, 0)) == NULL)
+                return -1;
+            r->kind = JL_GEN;
+            *out = list_value(r);
+            return 0;
+        }
         if (jj_iter(R, in, &l) < 0 || (r = jj_list_new(R, l->n)) == NULL)
             return -1;
+        r->kind = JL_GEN;
         if (arg(args, names, n, (size_t)-1, "attribute", &attr)) {
             for (size_t i = 0; i < l->n; i++) {
                 if (attr_path(R, l->v[i], attr, &r->v[i]) < 0)
@@ -2007,11 +2054,15 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
             return 0;
         } else {
             jlist *l, *r;
+            bool gen = in.t == JV_LIST && (in.u.l->kind == JL_GEN || in.u.l->kind == JL_REVITER);
+            if (in.t == JV_DICT)
+                return jj_fail(R, WK_ENOTSUP, "reverse of a dict");
             if (jj_iter(R, in, &l) < 0 || (r = jj_list_new(R, l->n)) == NULL)
                 return -1;
             for (size_t i = 0; i < l->n; i++)
                 r->v[i] = l->v[l->n - 1 - i];
             r->n = l->n;
+            r->kind = gen ? JL_PLAIN : JL_REVITER; /* reversed() where Python has it */
             *out = list_value(r);
             return 0;
         }
@@ -2043,7 +2094,14 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
         return 0;
     }
     case F_SAFE:
-    case F_STRING: return sv(R, in, out);
+        if (sv(R, in, out) < 0)
+            return -1;
+        out->mk = 1;
+        return 0;
+    case F_STRING:
+        if (sv(R, in, out) < 0)
+            return -1;
+        return 0;
     case F_SORT: {
         static const char *const kw[] = {"reverse", "case_sensitive", "attribute", NULL};
         jv rev = jj_bool(false), cs = jj_bool(false), attr = jj_none();
@@ -2109,6 +2167,7 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
             if (!dup && (jj_list_push(R, seen, k) < 0 || jj_list_push(R, r, l->v[i]) < 0))
                 return -1;
         }
+        r->kind = JL_GEN;
         *out = list_value(r);
         return 0;
     }

@@ -288,6 +288,10 @@ jj_getitem(jj_rt *R, jv obj, jv key, jv *out)
         break;
     case JV_LIST:
     case JV_STR:
+        if (obj.t == JV_LIST && obj.u.l->kind != JL_PLAIN) { /* not subscriptable */
+            *out = jj_undef(NULL);
+            return 0;
+        }
         if (key.t == JV_INT || key.t == JV_BOOL) {
             int64_t i = key.t == JV_INT ? key.u.i : key.u.b;
             if (obj.t == JV_LIST) {
@@ -341,7 +345,16 @@ jj_iter(jj_rt *R, jv v, jlist **out)
 {
     switch (v.t) {
     case JV_UNDEF: *out = jj_list_new(R, 0); return *out == NULL ? -1 : 0;
-    case JV_LIST: *out = v.u.l; return 0;
+    case JV_LIST:
+        if (v.u.l->kind == JL_GEN || v.u.l->kind == JL_REVITER) {
+            if (v.u.l->used) { /* a generator yields its items once */
+                *out = jj_list_new(R, 0);
+                return *out == NULL ? -1 : 0;
+            }
+            v.u.l->used = true;
+        }
+        *out = v.u.l;
+        return 0;
     case JV_DICT: {
         jlist *l = jj_list_new(R, v.u.d->n);
         if (l == NULL)

@@ -54,7 +54,8 @@ typedef struct jbound jbound;
 typedef struct jloop jloop;
 
 typedef struct jv {
-    uint8_t t; /* jv_type */
+    uint8_t t;  /* jv_type */
+    uint8_t mk; /* JV_STR: a markupsafe Markup (from safe/escape): "+" escapes plain text */
     union {
         bool b;    /* JV_BOOL */
         int64_t i; /* JV_INT; JV_FUNC: which function */
@@ -71,11 +72,29 @@ typedef struct jv {
     } u;
 } jv;
 
+/* What a JV_LIST is in Python terms (jinja2 hands out iterators in places). */
+enum {
+    JL_PLAIN,   /* a list, or a tuple */
+    JL_GEN,     /* a generator (select, map, items filter ...): no len, no index, always true */
+    JL_REVITER, /* reversed(list): like a generator */
+    JL_ITEMS,   /* dict.items(): len, no index */
+    JL_KEYS,    /* dict.keys() */
+    JL_VALUES,  /* dict.values() */
+};
+
 struct jlist {
     size_t n, cap; /* items used, allocated */
     jv *v;         /* items */
     bool tuple;    /* printed as a tuple */
+    uint8_t kind;  /* JL_* */
+    bool used;     /* a generator already iterated (it yields nothing more) */
 };
+
+static inline bool
+jj_plain(jv v)
+{
+    return v.t == JV_LIST && v.u.l->kind == JL_PLAIN;
+}
 
 struct jdict {
     size_t n, cap; /* entries used, allocated */

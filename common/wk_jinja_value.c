@@ -264,7 +264,8 @@ jj_truthy(jv v)
     case JV_INT: return v.u.i != 0;
     case JV_FLOAT: return v.u.f != 0.0;
     case JV_STR: return v.u.s.n > 0;
-    case JV_LIST: return v.u.l->n > 0;
+    case JV_LIST:
+        return v.u.l->kind == JL_GEN || v.u.l->kind == JL_REVITER || v.u.l->n > 0;
     case JV_DICT: return v.u.d->n > 0;
     default: return true;
     }
@@ -299,6 +300,10 @@ jj_eq(jv a, jv b)
     case JV_NONE: return true;
     case JV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
     case JV_LIST:
+        if (a.u.l == b.u.l)
+            return true;
+        if (a.u.l->kind != JL_PLAIN || b.u.l->kind != JL_PLAIN)
+            return false;
         if (a.u.l->n != b.u.l->n || a.u.l->tuple != b.u.l->tuple)
             return false;
         for (size_t i = 0; i < a.u.l->n; i++)
@@ -340,7 +345,15 @@ jj_type_name(jv v)
     case JV_INT: return "int";
     case JV_FLOAT: return "float";
     case JV_STR: return "str";
-    case JV_LIST: return v.u.l->tuple ? "tuple" : "list";
+    case JV_LIST:
+        switch (v.u.l->kind) {
+        case JL_GEN: return "generator";
+        case JL_REVITER: return "list_reverseiterator";
+        case JL_ITEMS: return "dict_items";
+        case JL_KEYS: return "dict_keys";
+        case JL_VALUES: return "dict_values";
+        default: return v.u.l->tuple ? "tuple" : "list";
+        }
     case JV_DICT: return "dict";
     case JV_NS: return "Namespace";
     case JV_MACRO: return "Macro";
@@ -508,6 +521,19 @@ to_text(jj_rt *R, jv v, jj_sb *b, bool repr)
     case JV_STR: return repr ? repr_str(R, v.u.s.p, v.u.s.n, b) : jj_sb_put(R, b, v.u.s.p, v.u.s.n);
     case JV_LIST: {
         jlist *l = v.u.l;
+        if (l->kind == JL_GEN || l->kind == JL_REVITER)
+            return jj_fail(R, WK_ENOTSUP, "printing a %s (Python prints its address)",
+                           jj_type_name(v));
+        if (l->kind != JL_PLAIN) {
+            jv plain = v;
+            jlist copy = *l;
+            copy.kind = JL_PLAIN;
+            plain.u.l = &copy;
+            if (jj_sb_puts(R, b, jj_type_name(v)) < 0 || jj_sb_puts(R, b, "(") < 0 ||
+                to_text(R, plain, b, true) < 0)
+                return -1;
+            return jj_sb_puts(R, b, ")");
+        }
         if (jj_step(R, l->n) < 0 || jj_sb_puts(R, b, l->tuple ? "(" : "[") < 0)
             return -1;
         for (size_t i = 0; i < l->n; i++) {
@@ -728,6 +754,9 @@ jj_to_json(jj_rt *R, jv v, const jj_json_opt *o, jj_sb *b, int level)
     case JV_STR: return json_str(R, v.u.s.p, v.u.s.n, o->ensure_ascii, b);
     case JV_LIST: {
         jlist *l = v.u.l;
+        if (l->kind != JL_PLAIN)
+            return jj_fail(R, WK_EINVAL, "Object of type %s is not JSON serializable",
+                           jj_type_name(v));
         if (l->n == 0)
             return jj_sb_puts(R, b, "[]");
         if (jj_step(R, l->n) < 0 || jj_sb_puts(R, b, "[") < 0)
