@@ -69,7 +69,7 @@ jj_raise(jj_rt *R, const char *msg, size_t n)
 int
 jj_oom(jj_rt *R)
 {
-    if (R->ar.used + 65536 + 64 >= R->ar.limit)
+    if (R->ar.over)
         return jj_fail(R, WK_ETOOBIG, "template used more than max_memory (%zu bytes)",
                        R->ar.limit);
     return jj_fail(R, WK_ENOMEM, "out of memory");

@@ -31,12 +31,16 @@ jj_alloc(jj_arena *a, size_t n)
 {
     jj_chunk *c = a->head;
     size_t need = (n + 15) & ~(size_t)15;
-    if (n > SIZE_MAX / 2)
+    if (n > SIZE_MAX / 2) {
+        a->over = true;
         return NULL;
+    }
     if (c == NULL || c->cap - c->off < need) {
         size_t cap = need > 65536 ? need : 65536;
-        if (a->used + cap + sizeof(jj_chunk) > a->limit)
+        if (a->used + cap + sizeof(jj_chunk) > a->limit) {
+            a->over = true;
             return NULL;
+        }
         c = malloc(sizeof(jj_chunk) + cap);
         if (c == NULL)
             return NULL;

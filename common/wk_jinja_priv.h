@@ -23,6 +23,7 @@ typedef struct jj_arena {
     jj_chunk *head; /* newest chunk first */
     size_t used;    /* bytes handed out (and chunk overhead) */
     size_t limit;   /* jj_alloc fails past this many bytes */
+    bool over;      /* a jj_alloc failed for the limit (not for malloc) */
 } jj_arena;
 
 void *jj_alloc(jj_arena *a, size_t n);             /* zeroed; NULL past the limit or on ENOMEM */

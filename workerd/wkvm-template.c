@@ -22,7 +22,6 @@
 #include <string.h>
 
 #include "wk_err.h"
-#include "wk_file.h"
 #include "wk_jinja.h"
 
 #define TEMPLATE_FILE_MAX (1u << 20)
