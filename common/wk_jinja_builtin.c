@@ -262,18 +262,6 @@ static int html_escape(jj_rt *R, jv s, jv *out);
 
 /* ---- string helpers ---- */
 
-static char
-ascii_upper(char c)
-{
-    return c >= 'a' && c <= 'z' ? (char)(c - 32) : c;
-}
-
-static char
-ascii_lower(char c)
-{
-    return c >= 'A' && c <= 'Z' ? (char)(c + 32) : c;
-}
-
 static bool
 ascii_alpha(char c)
 {
@@ -297,32 +285,191 @@ str_copy(jj_rt *R, jv s)
 
 enum { CASE_UPPER, CASE_LOWER, CASE_CAPITALIZE, CASE_TITLE_PY, CASE_TITLE_JINJA };
 
+/*
+ * Python's one-to-one case mapping of c toward upper (up) or lower case, for
+ * ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic and fullwidth Latin.
+ * Returns 1 with *out set (c itself when it has no mapping that way) and
+ * *cased when c is a cased letter; 0 for a character without case; -1 when
+ * the mapping is not one-to-one or the script is not covered (refused).
+ */
+static int
+cp_case(uint32_t c, bool up, uint32_t *out, bool *cased)
+{
+    *out = c;
+    *cased = true;
+    if (c < 0x80) {
+        if (c >= 'a' && c <= 'z')
+            *out = up ? c - 32 : c;
+        else if (c >= 'A' && c <= 'Z')
+            *out = up ? c : c + 32;
+        else
+            *cased = false;
+        return *cased;
+    }
+    if (c < 0xc0) {
+        if (c == 0xb5) { /* micro sign: upper is GREEK CAPITAL MU */
+            *out = up ? 0x39c : c;
+            return 1;
+        }
+        if (c == 0xaa || c == 0xba)
+            return 1;
+        *cased = false;
+        return 0;
+    }
+    if (c <= 0xff) {
+        if (c == 0xd7 || c == 0xf7) {
+            *cased = false;
+            return 0;
+        }
+        if (c == 0xdf) /* sharp s: "SS" */
+            return up ? -1 : 1;
+        if (c == 0xff) {
+            *out = up ? 0x178 : c;
+            return 1;
+        }
+        if (c < 0xe0)
+            *out = up ? c : c + 0x20;
+        else
+            *out = up ? c - 0x20 : c;
+        return 1;
+    }
+    if (c <= 0x17f) { /* Latin Extended-A: pairs */
+        if (c == 0x130 || c == 0x149)
+            return -1; /* İ lower and ŉ upper take two code points */
+        if (c == 0x131) {
+            *out = up ? 'I' : c;
+            return 1;
+        }
+        if (c == 0x138)
+            return 1;
+        if (c == 0x178) {
+            *out = up ? c : 0xff;
+            return 1;
+        }
+        if (c == 0x17f) {
+            *out = up ? 'S' : c;
+            return 1;
+        }
+        bool even_upper = (c <= 0x137) || (c >= 0x14a && c <= 0x177);
+        bool is_upper = even_upper ? (c % 2 == 0) : (c % 2 == 1);
+        if (up)
+            *out = is_upper ? c : c - 1;
+        else
+            *out = is_upper ? c + 1 : c;
+        return 1;
+    }
+    if (c >= 0x386 && c <= 0x3ce) { /* Greek */
+        if (c == 0x390 || c == 0x3b0 || c == 0x387 || c == 0x38b || c == 0x38d || c == 0x3a2)
+            return c == 0x387 ? (*cased = false, 0) : -1;
+        if (c == 0x3a3 && !up)
+            return -1; /* sigma lowers to σ or ς by context */
+        if (c == 0x3c2) {
+            *out = up ? 0x3a3 : c;
+            return 1;
+        }
+        if (c == 0x386) {
+            *out = up ? c : 0x3ac;
+        } else if (c >= 0x388 && c <= 0x38a) {
+            *out = up ? c : c + 0x25;
+        } else if (c == 0x38c) {
+            *out = up ? c : 0x3cc;
+        } else if (c == 0x38e || c == 0x38f) {
+            *out = up ? c : c + 0x3f;
+        } else if (c >= 0x391 && c <= 0x3ab) {
+            *out = up ? c : c + 0x20;
+        } else if (c == 0x3ac) {
+            *out = up ? 0x386 : c;
+        } else if (c >= 0x3ad && c <= 0x3af) {
+            *out = up ? c - 0x25 : c;
+        } else if (c >= 0x3b1 && c <= 0x3cb) {
+            *out = up ? c - 0x20 : c;
+        } else if (c == 0x3cc) {
+            *out = up ? 0x38c : c;
+        } else if (c == 0x3cd || c == 0x3ce) {
+            *out = up ? c - 0x3f : c;
+        }
+        return 1;
+    }
+    if (c >= 0x400 && c <= 0x45f) { /* Cyrillic */
+        if (c < 0x410)
+            *out = up ? c : c + 0x50;
+        else if (c < 0x430)
+            *out = up ? c : c + 0x20;
+        else if (c < 0x450)
+            *out = up ? c - 0x20 : c;
+        else
+            *out = up ? c - 0x50 : c;
+        return 1;
+    }
+    if (c >= 0xff21 && c <= 0xff3a) {
+        *out = up ? c : c + 0x20;
+        return 1;
+    }
+    if (c >= 0xff41 && c <= 0xff5a) {
+        *out = up ? c - 0x20 : c;
+        return 1;
+    }
+    /* scripts with case this table does not cover */
+    if ((c >= 0x180 && c <= 0x2af) || (c >= 0x370 && c <= 0x3ff) || (c >= 0x460 && c <= 0x58f) ||
+        (c >= 0x10a0 && c <= 0x10ff) || (c >= 0x13a0 && c <= 0x13ff) ||
+        (c >= 0x1c80 && c <= 0x1cbf) || (c >= 0x1d00 && c <= 0x1dbf) ||
+        (c >= 0x1e00 && c <= 0x1fff) || (c >= 0x2100 && c <= 0x218f) ||
+        (c >= 0x24b6 && c <= 0x24e9) || (c >= 0x2c00 && c <= 0x2d2f) ||
+        (c >= 0xa640 && c <= 0xa69f) || (c >= 0xa720 && c <= 0xa7ff) ||
+        (c >= 0xab30 && c <= 0xabbf) || (c >= 0xfb00 && c <= 0xfb17) ||
+        (c >= 0x10400 && c <= 0x104ff) || (c >= 0x10c80 && c <= 0x10cff) ||
+        (c >= 0x118a0 && c <= 0x118ff) || (c >= 0x16e40 && c <= 0x16e9f) ||
+        (c >= 0x1d400 && c <= 0x1d7ff) || (c >= 0x1e900 && c <= 0x1e95f) ||
+        (c >= 0x1f130 && c <= 0x1f189))
+        return -1;
+    *cased = false;
+    return 0;
+}
+
 static int
 str_case(jj_rt *R, jv s, int mode, jv *out)
 {
-    char *p = str_copy(R, s);
-    if (p == NULL)
-        return -1;
-    bool start = true;
-    for (size_t i = 0; i < s.u.s.n; i++) {
-        char c = p[i];
+    const char *p = s.u.s.p;
+    size_t n = s.u.s.n, o = 0;
+    char *buf = jj_alloc(&R->ar, n + 4);
+    if (buf == NULL)
+        return jj_oom(R);
+    bool start = true, first = true;
+    for (size_t i = 0; i < n;) {
+        size_t nx;
+        uint32_t c = jj_utf8_cp(p, n, i, &nx), m;
+        bool up, cased;
         switch (mode) {
-        case CASE_UPPER: p[i] = ascii_upper(c); break;
-        case CASE_LOWER: p[i] = ascii_lower(c); break;
-        case CASE_CAPITALIZE: p[i] = i == 0 ? ascii_upper(c) : ascii_lower(c); break;
-        case CASE_TITLE_PY:
-            p[i] = start ? ascii_upper(c) : ascii_lower(c);
-            start = !ascii_alpha(c) && !((unsigned char)c >= 0x80);
-            break;
-        default: /* jinja2's title: words start after '-', whitespace, ( { [ < */
-            p[i] = start ? ascii_upper(c) : ascii_lower(c);
-            start = c == '-' || c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' ||
-                    c == '\v' || c == '(' || c == '{' || c == '[' || c == '<';
-            break;
+        case CASE_UPPER: up = true; break;
+        case CASE_LOWER: up = false; break;
+        case CASE_CAPITALIZE: up = first; break;
+        default: up = start; break;
         }
+        if (nx - i == 1 && (unsigned char)p[i] >= 0x80) { /* an invalid byte stays */
+            buf[o++] = p[i];
+            cased = false;
+        } else {
+            int r = cp_case(c, up, &m, &cased);
+            if (r < 0)
+                return jj_fail(R, WK_ENOTSUP, "case mapping of U+%04X is not supported",
+                               (unsigned)c);
+            size_t before = o;
+            jj_utf8_put(buf, &o, m);
+            if (o - before > nx - i) /* a mapping that grows the text (never in the table) */
+                return jj_fail(R, WK_ENOTSUP, "case mapping of U+%04X is not supported",
+                               (unsigned)c);
+        }
+        if (mode == CASE_TITLE_PY) {
+            start = !cased;
+        } else if (mode == CASE_TITLE_JINJA) {
+            start = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' ||
+                    jj_space_len(p + i, nx - i) > 0;
+        }
+        first = false;
+        i = nx;
     }
-    *out = jj_str(p, s.u.s.n);
-    return jj_step(R, s.u.s.n / 64);
+    *out = jj_str(buf, o);
+    return jj_step(R, n / 64);
 }
 
 /* Does code point sequence chars contain the code point at s[i..e)? */
@@ -730,6 +877,8 @@ contains(jj_rt *R, jv item, jv seq, bool *out)
         return jj_step(R, seq.u.l->n);
     case JV_DICT: {
         jv v;
+        if ((item.t == JV_LIST && !item.u.l->tuple) || item.t == JV_DICT || item.t == JV_NS)
+            return jj_fail(R, WK_EINVAL, "unhashable type: '%s'", jj_type_name(item));
         *out = jj_dict_getv(seq.u.d, item, &v);
         return jj_step(R, seq.u.d->n);
     }
@@ -901,6 +1050,8 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
             double m = fmod(x, y);
             if (m != 0 && ((m < 0) != (y < 0)))
                 m += y;
+            else if (m == 0)
+                m = copysign(0.0, y); /* Python: the sign of the divisor */
             r = op == JJ_OP_MOD ? m : floor((x - m) / y + 0.5);
             if (op == JJ_OP_FLOORDIV)
                 r = floor(x / y);
@@ -991,10 +1142,11 @@ int
 jj_slice(jj_rt *R, jv obj, jv start, jv stop, jv step, jv *out)
 {
     int64_t a, b, s;
-    if (obj.t == JV_LIST && obj.u.l->kind != JL_PLAIN) {
-        *out = jj_undef(NULL);
-        return 0;
-    }
+    /* jinja2 slices with Python's subscript (not its lenient getitem) */
+    if (obj.t == JV_DICT)
+        return jj_fail(R, WK_EINVAL, "unhashable type: 'slice'");
+    if (obj.t != JV_STR && !jj_plain(obj))
+        return jj_fail(R, WK_EINVAL, "'%s' object is not subscriptable", jj_type_name(obj));
     if (obj.t == JV_LIST) {
         jlist *src = obj.u.l;
         if (slice_bounds(R, start, stop, step, (int64_t)src->n, &a, &b, &s) < 0)
@@ -1036,10 +1188,6 @@ jj_slice(jj_rt *R, jv obj, jv start, jv stop, jv step, jv *out)
         *out = jj_sb_value(&sb);
         return 0;
     }
-    if (obj.t == JV_NONE || obj.t == JV_INT || obj.t == JV_FLOAT || obj.t == JV_BOOL) {
-        *out = jj_undef(NULL);
-        return 0;
-    }
     return jj_fail(R, WK_ENOTSUP, "slicing a %s", jj_type_name(obj));
 }
 
@@ -1054,13 +1202,11 @@ jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out
     case T_CALLABLE: *out = in.t == JV_MACRO || in.t == JV_FUNC || in.t == JV_BOUND; return 0;
     case T_DEFINED: *out = in.t != JV_UNDEF; return 0;
     case T_UNDEFINED: *out = in.t == JV_UNDEF; return 0;
-    case T_DIVISIBLEBY: {
-        int64_t x = 0, y = 1;
-        if (need_int(R, in, "divisibleby", &x) < 0 || need_int(R, a, "divisibleby", &y) < 0)
+    case T_DIVISIBLEBY: { /* value % num == 0 */
+        jv m;
+        if (jj_binop(R, JJ_OP_MOD, in, a, &m) < 0)
             return -1;
-        if (y == 0)
-            return jj_fail(R, WK_EINVAL, "integer division or modulo by zero");
-        *out = y == -1 || x % y == 0;
+        *out = jj_eq(m, jj_int(0));
         return 0;
     }
     case T_EQ:
@@ -1081,11 +1227,11 @@ jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out
     case T_IN: return contains(R, in, a, out);
     case T_ESCAPED: *out = false; return 0;
     case T_EVEN:
-    case T_ODD: {
-        int64_t x = 0;
-        if (need_int(R, in, name, &x) < 0)
+    case T_ODD: { /* value % 2 == 0 / == 1 */
+        jv m;
+        if (jj_binop(R, JJ_OP_MOD, in, jj_int(2), &m) < 0)
             return -1;
-        *out = (x % 2 == 0) == (id == T_EVEN);
+        *out = jj_eq(m, jj_int(id == T_EVEN ? 0 : 1));
         return 0;
     }
     case T_FALSE: *out = in.t == JV_BOOL && !in.u.b; return 0;
@@ -1123,18 +1269,23 @@ jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out
                 return -1;
             in = s;
         }
-        bool cased = false, ok = true;
-        for (size_t i = 0; i < in.u.s.n; i++) {
-            char c = in.u.s.p[i];
-            if ((unsigned char)c >= 0x80)
-                return jj_fail(R, WK_ENOTSUP, "'%s' test on non-ASCII text", name);
-            if (ascii_alpha(c)) {
-                cased = true;
-                if ((id == T_LOWER) != (c >= 'a' && c <= 'z'))
+        /* str.islower(): some cased character and none of the other case */
+        bool any = false, ok = true;
+        for (size_t i = 0; i < in.u.s.n;) {
+            size_t nx;
+            uint32_t c = jj_utf8_cp(in.u.s.p, in.u.s.n, i, &nx), m;
+            bool cased;
+            int r = cp_case(c, id == T_UPPER, &m, &cased);
+            if (r < 0)
+                return jj_fail(R, WK_ENOTSUP, "'%s' test on U+%04X", name, (unsigned)c);
+            if (cased) {
+                any = true;
+                if (m != c)
                     ok = false;
             }
+            i = nx;
         }
-        *out = cased && ok;
+        *out = any && ok;
         return 0;
     }
     default:
@@ -1721,9 +1872,11 @@ static int
 filter_indent(jj_rt *R, jv in, jv *args, const char **names, size_t n, jv *out)
 {
     static const char *const kw[] = {"width", "first", "blank", NULL};
-    jv w = jj_int(4), first = jj_bool(false), blank = jj_bool(false), s;
-    if (check_args(R, "indent", names, n, 3, kw) < 0 || sv(R, in, &s) < 0)
+    jv w = jj_int(4), first = jj_bool(false), blank = jj_bool(false), s = in;
+    if (check_args(R, "indent", names, n, 3, kw) < 0)
         return -1;
+    if (in.t != JV_STR) /* jinja2 does s += "\n" first: only a str gets through */
+        return need_str(R, in, "indent");
     arg(args, names, n, 0, "width", &w);
     arg(args, names, n, 1, "first", &first);
     arg(args, names, n, 2, "blank", &blank);
@@ -1879,13 +2032,18 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
             *out = id == F_FIRST ? l->v[0] : l->v[l->n - 1];
         return 0;
     }
-    case F_FLOAT: return filter_float(R, in, h0 ? a0 : float_value(0.0), out);
+    case F_FLOAT:
+        if (in.t == JV_UNDEF) /* float(Undefined) raises */
+            return need_str(R, in, name);
+        return filter_float(R, in, h0 ? a0 : float_value(0.0), out);
     case F_INT: {
         if (npos(names, n) > 1 || (n > 0 && names != NULL && names[0] != NULL &&
                                    strcmp(names[0], "default") != 0))
             return jj_fail(R, WK_ENOTSUP, "int filter with a base");
         jv def = jj_int(0);
         arg(args, names, n, 0, "default", &def);
+        if (in.t == JV_UNDEF) /* int(Undefined) raises */
+            return need_str(R, in, name);
         return filter_int(in, def, out);
     }
     case F_INDENT: return filter_indent(R, in, args, names, n, out);

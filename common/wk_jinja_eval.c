@@ -385,6 +385,42 @@ jj_iter(jj_rt *R, jv v, jlist **out)
 
 /* ---- expressions ---- */
 
+/*
+ * Whether jinja2's optimizer folds x at compile time (literals and operators
+ * over literals). A folded slice goes through the sandbox's lenient getitem
+ * (Undefined on failure); any other slice is Python's subscript (an error).
+ */
+static bool
+node_const(const jnode *x)
+{
+    if (x == NULL)
+        return true;
+    switch (x->kind) {
+    case JN_LIT: return true;
+    case JN_LIST:
+    case JN_TUPLE:
+    case JN_DICT:
+        for (size_t i = 0; i < x->n; i++)
+            if (!node_const(x->kids[i]))
+                return false;
+        return true;
+    case JN_NEG:
+    case JN_POS:
+    case JN_NOT: return node_const(x->a);
+    case JN_BINOP:
+    case JN_CONCAT:
+    case JN_AND:
+    case JN_OR: return node_const(x->a) && node_const(x->b);
+    case JN_COMPARE:
+        for (size_t i = 0; i < x->n; i++)
+            if (!node_const(x->kids[i]))
+                return false;
+        return node_const(x->a);
+    case JN_COND: return node_const(x->a) && node_const(x->b) && node_const(x->c);
+    default: return false;
+    }
+}
+
 static int eval(jj_rt *R, const jnode *x, jv *out);
 static int exec_body(jj_rt *R, const jnode *body);
 
@@ -552,6 +588,10 @@ eval(jj_rt *R, const jnode *x, jv *out)
         R->line = x->line;
         if (a.t == JV_UNDEF)
             return undefined_use(R, a);
+        if (a.t != JV_STR && !jj_plain(a) && node_const(x->a)) {
+            *out = jj_undef(NULL); /* folded at compile time by jinja2: lenient */
+            return 0;
+        }
         return jj_slice(R, a, s, e, st, out);
     }
     case JN_CALL: return eval_call(R, x, out);

@@ -209,9 +209,8 @@ is_digit(char c)
     return c >= '0' && c <= '9';
 }
 
-/* Appends the UTF-8 encoding of cp to buf at *o. */
-static void
-put_utf8(char *buf, size_t *o, uint32_t cp)
+void
+jj_utf8_put(char *buf, size_t *o, uint32_t cp)
 {
     if (cp < 0x80) {
         buf[(*o)++] = (char)cp;
@@ -305,7 +304,7 @@ lex_string(jj_parser *P, size_t i, jj_tok *k)
                 perr(P, WK_ENOTSUP, k->line, k->col, "escape of a surrogate or beyond U+10FFFF");
                 return 0;
             }
-            put_utf8(buf, &o, cp);
+            jj_utf8_put(buf, &o, cp);
             break;
         }
         default:
@@ -318,7 +317,7 @@ lex_string(jj_parser *P, size_t i, jj_tok *k)
                     m++;
                 }
                 x--;
-                put_utf8(buf, &o, cp);
+                jj_utf8_put(buf, &o, cp);
             } else if (e == 'N') {
                 perr(P, WK_ENOTSUP, k->line, k->col, "\\N{...} escape in string");
                 return 0;

@@ -194,6 +194,8 @@ int jj_test_id(const char *name);
 
 size_t jj_utf8_len(const char *s, size_t n);                   /* code points (invalid bytes: 1 each) */
 size_t jj_utf8_next(const char *s, size_t n, size_t i);          /* byte index of the next code point */
+uint32_t jj_utf8_cp(const char *s, size_t n, size_t i, size_t *next); /* decode at i */
+void jj_utf8_put(char *buf, size_t *o, uint32_t cp);                  /* encode (<= 4 bytes) */
 size_t jj_space_len(const char *s, size_t n);                    /* a str.isspace() char at s, or 0 */
 size_t jj_space_len_back(const char *s, size_t n);               /* one ending at s + n, or 0 */
 void jj_format_float(double f, char *buf, size_t cap);           /* Python repr(float) */

@@ -43,9 +43,8 @@ jj_utf8_len(const char *s, size_t n)
     return c;
 }
 
-/* Decodes the code point at s[i] (an invalid byte decodes as itself). */
-static uint32_t
-utf8_cp(const char *s, size_t n, size_t i, size_t *next)
+uint32_t
+jj_utf8_cp(const char *s, size_t n, size_t i, size_t *next)
 {
     const unsigned char *u = (const unsigned char *)s;
     size_t e = jj_utf8_next(s, n, i);
@@ -478,7 +477,7 @@ repr_str(jj_rt *R, const char *s, size_t n, jj_sb *b)
     size_t i = 0;
     while (i < n) {
         size_t nx;
-        uint32_t c = utf8_cp(s, n, i, &nx);
+        uint32_t c = jj_utf8_cp(s, n, i, &nx);
         char esc[16];
         const char *put = s + i;
         size_t pn = nx - i;
@@ -672,7 +671,7 @@ json_str(jj_rt *R, const char *s, size_t n, bool ascii, jj_sb *b)
             default: en = (size_t)snprintf(esc, sizeof esc, "\\u%04x", c);
             }
         } else if (c >= 0x80 && ascii) {
-            uint32_t cp = utf8_cp(s, n, i, &nx);
+            uint32_t cp = jj_utf8_cp(s, n, i, &nx);
             if (cp >= 0x10000) {
                 cp -= 0x10000;
                 en = (size_t)snprintf(esc, sizeof esc, "\\u%04x\\u%04x", 0xd800 + (cp >> 10),

@@ -21,6 +21,7 @@ jinja2 is pinned (JINJA2_PIN) in a small venv cached beside the others:
 ${XDG_CACHE_HOME:-~/.cache}/wkvm/venv-jinja. Usage (meson runs it):
   jinja_corpus.py WKVM_TEMPLATE_EXE [-v] [-k NAME_SUBSTRING]
 """
+import copy
 import json
 import os
 import subprocess
@@ -201,7 +202,8 @@ def render_jinja2(src, ctxs):
     out = []
     for ctx in ctxs:
         try:
-            out.append(("ok", tpl.render(**ctx)))
+            # a copy: jinja2 can change a context in place (indent's "s += newline" on a list)
+            out.append(("ok", tpl.render(**copy.deepcopy(ctx))))
         except jinja2.exceptions.TemplateError as e:
             raise_msg = type(e) is jinja2.exceptions.TemplateError
             out.append(("err", "raise" if raise_msg else type(e).__name__, str(e)))
