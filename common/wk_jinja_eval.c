@@ -716,7 +716,7 @@ capture(jj_rt *R, const jnode *body, jv *out)
     if (r < 0)
         return -1;
     *out = jj_sb_value(&s);
-    return 0;
+    return r; /* FLOW_BREAK/FLOW_CONTINUE from a set or filter block inside a loop */
 }
 
 static int
@@ -785,7 +785,7 @@ call_macro(jj_rt *R, jmacro *m, jv *args, const char **names, size_t n, jmacro *
     int r = capture(R, m->body, out);
     R->depth--;
     R->frame = saved;
-    return r;
+    return r < 0 ? -1 : 0;
 }
 
 /* Binds a for/set target (one name or several) to v in f. */
@@ -914,16 +914,23 @@ exec_stmt(jj_rt *R, const jnode *x)
             return jj_dict_set(R, ns.u.d, jj_str(x->attr, strlen(x->attr)), v);
         }
         return assign(R, R->frame, x, v);
-    case JN_SETBLOCK:
-        if (capture(R, x->b, &v) < 0)
-            return -1;
+    case JN_SETBLOCK: {
+        /* a break inside leaves the loop before the assignment, as in jinja2 */
+        int r = capture(R, x->b, &v);
+        if (r != FLOW_NEXT)
+            return r;
         if (x->d != NULL && apply_filter_chain(R, x->d, v, &v) < 0)
             return -1;
         return frame_set(R, R->frame, x->name, v);
-    case JN_FILTERBLOCK:
-        if (capture(R, x->b, &v) < 0 || apply_filter_chain(R, x->d, v, &v) < 0)
+    }
+    case JN_FILTERBLOCK: {
+        int r = capture(R, x->b, &v);
+        if (r != FLOW_NEXT)
+            return r;
+        if (apply_filter_chain(R, x->d, v, &v) < 0)
             return -1;
         return jj_to_str(R, v, R->out);
+    }
     case JN_MACRO: {
         jmacro *m = jj_alloc(&R->ar, sizeof *m);
         if (m == NULL)

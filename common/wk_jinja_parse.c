@@ -116,6 +116,7 @@ typedef struct jj_parser {
     size_t ntok, cap;
     size_t pos;     /* next token */
     int depth;      /* nesting of the parse */
+    bool in_loop;   /* break/continue allowed here (a for body, not a macro or set block) */
     size_t lpos;    /* byte whose line and column are lline, lcol */
     int lline, lcol;
     wk_err err;     /* first error */
@@ -1392,6 +1393,20 @@ parse_target(jj_parser *P, jnode *x, bool attr_ok)
 
 static jnode *parse_stmt(jj_parser *P);
 
+/*
+ * A body jinja2 compiles into a Python function of its own (a macro, a call
+ * block's caller): no break/continue of an outer loop there.
+ */
+static jnode *
+parse_frame_body(jj_parser *P, const char *const *ends, int *which)
+{
+    bool saved = P->in_loop;
+    P->in_loop = false;
+    jnode *b = parse_body(P, ends, which);
+    P->in_loop = saved;
+    return b;
+}
+
 static const char *const END_IF[] = {"elif", "else", "endif", NULL};
 static const char *const END_FOR[] = {"else", "endfor", NULL};
 static const char *const END_ENDFOR[] = {"endfor", NULL};
@@ -1487,7 +1502,11 @@ parse_stmt(jj_parser *P)
             perr(P, WK_ENOTSUP, cur(P)->line, cur(P)->col, "unsupported recursive for loop");
             return NULL;
         }
-        if (expect_bend(P) < 0 || (x->b = parse_body(P, END_FOR, &which)) == NULL)
+        bool saved = P->in_loop;
+        P->in_loop = true;
+        x->b = expect_bend(P) < 0 ? NULL : parse_body(P, END_FOR, &which);
+        P->in_loop = saved;
+        if (x->b == NULL)
             return NULL;
         if (which == 0 &&
             (expect_bend(P) < 0 || (x->c = parse_body(P, END_ENDFOR, &which)) == NULL))
@@ -1559,13 +1578,17 @@ parse_stmt(jj_parser *P)
         next(P);
         nvec_to(x, &params);
         x->nnames = params.n;
-        if (expect_bend(P) < 0 || (x->b = parse_body(P, END_MACRO, &which)) == NULL)
+        if (expect_bend(P) < 0 || (x->b = parse_frame_body(P, END_MACRO, &which)) == NULL)
             return NULL;
         if (cur(P)->type == T_NAME) /* {% endmacro name %} */
             next(P);
         return expect_bend(P) < 0 ? NULL : x;
     }
     if (tok_is_name(k, "break") || tok_is_name(k, "continue")) {
+        if (!P->in_loop) {
+            perr(P, WK_EINVAL, k->line, k->col, "'%.*s' outside loop", (int)k->n, k->p);
+            return NULL;
+        }
         jnode *x = node(P, tok_is_name(k, "break") ? JN_BREAK : JN_CONTINUE, k);
         return x == NULL || expect_bend(P) < 0 ? NULL : x;
     }
@@ -1598,7 +1621,7 @@ parse_stmt(jj_parser *P)
             perr(P, WK_EINVAL, k->line, k->col, "expected a call after 'call'");
             return NULL;
         }
-        if (expect_bend(P) < 0 || (x->b = parse_body(P, END_CALL, &which)) == NULL ||
+        if (expect_bend(P) < 0 || (x->b = parse_frame_body(P, END_CALL, &which)) == NULL ||
             expect_bend(P) < 0)
             return NULL;
         return x;
