@@ -2318,6 +2318,8 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
             bool dup = false;
             if (sort_key(R, l->v[i], attr, jj_truthy(cs), &k) < 0)
                 return -1;
+            if ((k.t == JV_LIST && !k.u.l->tuple) || k.t == JV_DICT || k.t == JV_NS)
+                return jj_fail(R, WK_EINVAL, "unhashable type: '%s'", jj_type_name(k));
             if (jj_step(R, seen->n) < 0)
                 return -1;
             for (size_t x = 0; x < seen->n && !dup; x++)

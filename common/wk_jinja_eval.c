@@ -187,6 +187,19 @@ frame_get(const jj_frame *f, const char *name, jv *out)
     return false;
 }
 
+/* A new scope for body: a frame under parent with the names jinja2 starts Undefined. */
+static jj_frame *
+scope_new(jj_rt *R, jj_frame *parent, const jnode *body)
+{
+    jj_frame *f = frame_new(R, parent);
+    if (f == NULL)
+        return NULL;
+    for (size_t i = 0; i < body->nundefs; i++)
+        if (frame_set(R, f, body->undefs[i], jj_undef(body->undefs[i])) < 0)
+            return NULL;
+    return f;
+}
+
 /* ---- lookups ---- */
 
 static int
@@ -710,8 +723,14 @@ capture(jj_rt *R, const jnode *body, jv *out)
 {
     jj_sb s = {0};
     jj_sb *saved = R->out;
+    jj_frame *outer = R->frame;
+    jj_frame *f = scope_new(R, outer, body);
+    if (f == NULL)
+        return -1;
     R->out = &s;
+    R->frame = f;
     int r = exec_body(R, body);
+    R->frame = outer;
     R->out = saved;
     if (r < 0)
         return -1;
@@ -855,7 +874,7 @@ exec_for(jj_rt *R, const jnode *x)
         lp->i = i;
         if (jj_step(R, 1) < 0)
             return -1;
-        jj_frame *f = frame_new(R, outer);
+        jj_frame *f = scope_new(R, outer, x->b);
         if (f == NULL || frame_set(R, f, "loop", lv) < 0 || assign(R, f, x, items->v[i]) < 0)
             return -1;
         R->frame = f;
@@ -866,8 +885,15 @@ exec_for(jj_rt *R, const jnode *x)
         if (r == FLOW_BREAK)
             break;
     }
-    if (items->n == 0 && x->c != NULL)
-        return exec_body(R, x->c);
+    if (items->n == 0 && x->c != NULL) {
+        jj_frame *f = scope_new(R, outer, x->c);
+        if (f == NULL)
+            return -1;
+        R->frame = f;
+        int r = exec_body(R, x->c);
+        R->frame = outer;
+        return r;
+    }
     return FLOW_NEXT;
 }
 
@@ -1016,8 +1042,9 @@ wk_jinja_render(const wk_jinja *t, const json_t *ctx, const wk_jinja_limits *lim
         }
     }
     if (r == 0) {
-        R.frame = R.globals;
-        r = exec_body(&R, t->root);
+        /* the template's scope, under the context's variables */
+        R.frame = scope_new(&R, R.globals, t->root);
+        r = R.frame == NULL ? -1 : exec_body(&R, t->root);
     }
     if (r == 0) { /* the terminating NUL, not counted in *out_len */
         R.lim.max_output++;

@@ -1447,6 +1447,7 @@ parse_if(jj_parser *P, const jj_tok *at)
         P->depth--;
         if (e == NULL)
             return NULL;
+        e->op = 1; /* an elif: jinja2 keeps it in the first if's elif list */
         nvec v = {0};
         if (nvec_push(P, &v, e, NULL, 0) < 0)
             return NULL;
@@ -1715,6 +1716,354 @@ parse_body(jj_parser *P, const char *const *ends, int *which)
     return body;
 }
 
+/* ---- scopes ----
+ *
+ * jinja2 compiles each scope (the template, a loop body, a loop's else, a
+ * macro, a set or filter block, a call block's caller) into Python locals
+ * decided at compile time: a name a scope assigns before it reads it, on
+ * every path, is a local that starts Undefined, hiding a context variable
+ * of the same name, unless an enclosing scope references the name (then it
+ * starts as the outer value). A name assigned only on some branches, or read
+ * first, starts as what the enclosing scopes (or the context) hold. The
+ * walk below finds, per scope, the names that start Undefined; the
+ * evaluator binds them on entry. Everything else is what a lookup through
+ * the enclosing frames finds.
+ */
+
+enum { SK_LOAD = 1, SK_UNDEF, SK_COND, SK_PARAM };
+
+typedef struct scope_names {
+    const char **name; /* names referenced at this level */
+    uint8_t *kind;     /* SK_* of each */
+    bool *stored;      /* assigned somewhere at this level */
+    size_t n, cap;
+} scope_names;
+
+typedef struct scope_chain {
+    const scope_names *names;      /* a complete enclosing level */
+    const struct scope_chain *up;  /* the next one out */
+} scope_chain;
+
+/* nested scopes found while walking a level, analysed once the level is complete */
+typedef struct scope_todo {
+    jnode *body;          /* the JN_BODY of the scope */
+    const char **params;  /* names bound on entry (loop targets, macro parameters) */
+    size_t nparams;
+    jnode *extra;         /* an expression evaluated in the scope (a loop's if, macro defaults) */
+} scope_todo;
+
+typedef struct scope_walk {
+    jj_parser *P;
+    scope_names lv;   /* the level being walked */
+    scope_todo *todo; /* nested scopes */
+    size_t ntodo, captodo;
+    int err;
+} scope_walk;
+
+static ptrdiff_t
+sn_find(const scope_names *s, const char *name)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->name[i], name) == 0)
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+static int
+sn_add(scope_walk *W, scope_names *s, const char *name, int kind, bool stored)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        const char **nn = realloc(s->name, cap * sizeof *nn);
+        if (nn != NULL)
+            s->name = nn;
+        uint8_t *nk = realloc(s->kind, cap);
+        if (nk != NULL)
+            s->kind = nk;
+        bool *ns = realloc(s->stored, cap * sizeof *ns);
+        if (ns != NULL)
+            s->stored = ns;
+        if (nn == NULL || nk == NULL || ns == NULL) {
+            W->err = -1;
+            return -1;
+        }
+        s->cap = cap;
+    }
+    s->name[s->n] = name;
+    s->kind[s->n] = (uint8_t)kind;
+    s->stored[s->n] = stored;
+    s->n++;
+    return 0;
+}
+
+static void
+sn_free(scope_names *s)
+{
+    free(s->name);
+    free(s->kind);
+    free(s->stored);
+    memset(s, 0, sizeof *s);
+}
+
+static int
+sn_copy(scope_walk *W, scope_names *dst, const scope_names *src)
+{
+    memset(dst, 0, sizeof *dst);
+    for (size_t i = 0; i < src->n; i++)
+        if (sn_add(W, dst, src->name[i], src->kind[i], src->stored[i]) < 0)
+            return -1;
+    return 0;
+}
+
+static void
+sw_load(scope_walk *W, const char *name)
+{
+    if (sn_find(&W->lv, name) < 0)
+        sn_add(W, &W->lv, name, SK_LOAD, false);
+}
+
+static void
+sw_store(scope_walk *W, const char *name)
+{
+    ptrdiff_t i = sn_find(&W->lv, name);
+    if (i < 0)
+        sn_add(W, &W->lv, name, SK_UNDEF, true);
+    else
+        W->lv.stored[i] = true;
+}
+
+static void
+sw_todo(scope_walk *W, jnode *body, const char **params, size_t nparams, jnode *extra)
+{
+    if (body == NULL)
+        return;
+    if (W->ntodo == W->captodo) {
+        size_t cap = W->captodo ? W->captodo * 2 : 8;
+        scope_todo *t = realloc(W->todo, cap * sizeof *t);
+        if (t == NULL) {
+            W->err = -1;
+            return;
+        }
+        W->todo = t;
+        W->captodo = cap;
+    }
+    W->todo[W->ntodo++] = (scope_todo){body, params, nparams, extra};
+}
+
+static void
+sw_expr(scope_walk *W, const jnode *x)
+{
+    if (x == NULL)
+        return;
+    if (x->kind == JN_NAME) {
+        sw_load(W, x->name);
+        return;
+    }
+    sw_expr(W, x->a);
+    sw_expr(W, x->b);
+    sw_expr(W, x->c);
+    sw_expr(W, x->d);
+    for (size_t i = 0; i < x->n; i++)
+        sw_expr(W, x->kids[i]);
+}
+
+static void sw_stmts(scope_walk *W, jnode *body);
+
+/* A filter block's or block set's filters: arguments read at this level. */
+static void
+sw_filters(scope_walk *W, const jnode *f)
+{
+    for (; f != NULL; f = f->a)
+        for (size_t i = 0; i < f->n; i++)
+            sw_expr(W, f->kids[i]);
+}
+
+/* Walks body (may be NULL) from a copy of before into *out. */
+static void
+sw_branch(scope_walk *W, const scope_names *before, jnode *body, scope_names *out)
+{
+    scope_names saved = W->lv;
+    sn_copy(W, &W->lv, before);
+    if (body != NULL)
+        sw_stmts(W, body);
+    *out = W->lv;
+    W->lv = saved;
+}
+
+/*
+ * jinja2's branch_update: a name new in some branch is stored on every path
+ * only when every branch stores it (then it keeps the last branch's kind);
+ * stored on some paths it reads through to the enclosing scopes. The
+ * branches are freed.
+ */
+static void
+sw_merge(scope_walk *W, const scope_names *before, scope_names *br, int nb)
+{
+    for (int k = 0; k < nb; k++) {
+        for (size_t i = before->n; i < br[k].n; i++) {
+            const char *nm = br[k].name[i];
+            if (sn_find(&W->lv, nm) >= 0)
+                continue;
+            int count = 0, kind = SK_LOAD;
+            for (int m = 0; m < nb; m++) {
+                ptrdiff_t o = sn_find(&br[m], nm);
+                if (o >= 0) {
+                    kind = br[m].kind[o];
+                    if (br[m].stored[o])
+                        count++;
+                }
+            }
+            if (count > 0 && count < nb)
+                kind = SK_COND;
+            else if (count == 0)
+                kind = SK_LOAD;
+            sn_add(W, &W->lv, nm, kind, count > 0);
+        }
+    }
+    for (size_t i = 0; i < before->n && i < W->lv.n; i++)
+        for (int k = 0; k < nb; k++)
+            if (i < br[k].n && br[k].stored[i])
+                W->lv.stored[i] = true;
+    for (int k = 0; k < nb; k++)
+        sn_free(&br[k]);
+}
+
+static void
+sw_stmt(scope_walk *W, jnode *x)
+{
+    switch (x->kind) {
+    case JN_OUTPUT: sw_expr(W, x->a); break;
+    case JN_BODY: sw_stmts(W, x); break;
+    case JN_IF: {
+        /* jinja2's three branches: the body, all elifs, the else */
+        scope_names before, br[3];
+        sw_expr(W, x->a);
+        if (sn_copy(W, &before, &W->lv) < 0)
+            return;
+        sw_branch(W, &before, x->b, &br[0]);
+        scope_names saved = W->lv;
+        sn_copy(W, &W->lv, &before);
+        jnode *e = x->c;
+        while (e != NULL && e->n == 1 && e->kids[0]->kind == JN_IF && e->kids[0]->op == 1) {
+            jnode *elif = e->kids[0];
+            scope_names b2, eb[3];
+            sw_expr(W, elif->a);
+            if (sn_copy(W, &b2, &W->lv) < 0)
+                return;
+            sw_branch(W, &b2, elif->b, &eb[0]);
+            sn_copy(W, &eb[1], &b2);
+            sn_copy(W, &eb[2], &b2);
+            sw_merge(W, &b2, eb, 3);
+            sn_free(&b2);
+            e = elif->c;
+        }
+        br[1] = W->lv;
+        W->lv = saved;
+        sw_branch(W, &before, e, &br[2]);
+        sw_merge(W, &before, br, 3);
+        sn_free(&before);
+        break;
+    }
+    case JN_FOR:
+        sw_expr(W, x->a);
+        sw_todo(W, x->b, x->names, x->nnames, x->d);
+        sw_todo(W, x->c, NULL, 0, NULL);
+        break;
+    case JN_SET:
+        sw_expr(W, x->a);
+        if (x->attr != NULL)
+            sw_load(W, x->name);
+        else if (x->names != NULL)
+            for (size_t i = 0; i < x->nnames; i++)
+                sw_store(W, x->names[i]);
+        else
+            sw_store(W, x->name);
+        break;
+    case JN_SETBLOCK:
+        sw_filters(W, x->d);
+        sw_store(W, x->name);
+        sw_todo(W, x->b, NULL, 0, NULL);
+        break;
+    case JN_FILTERBLOCK:
+        sw_filters(W, x->d);
+        sw_todo(W, x->b, NULL, 0, NULL);
+        break;
+    case JN_MACRO:
+        sw_store(W, x->name);
+        sw_todo(W, x->b, x->names, x->nnames, x);
+        break;
+    case JN_CALLBLOCK:
+        sw_expr(W, x->a);
+        sw_todo(W, x->b, NULL, 0, NULL);
+        break;
+    default: break;
+    }
+}
+
+static void
+sw_stmts(scope_walk *W, jnode *body)
+{
+    for (size_t i = 0; i < body->n && W->err == 0; i++)
+        sw_stmt(W, body->kids[i]);
+}
+
+static bool
+chain_has(const scope_chain *c, const char *name)
+{
+    for (; c != NULL; c = c->up)
+        if (sn_find(c->names, name) >= 0)
+            return true;
+    return false;
+}
+
+/* Analyses one scope and, recursively, the scopes inside it. */
+static int
+scope_analyze(jj_parser *P, jnode *body, const char **params, size_t nparams, jnode *extra,
+              const scope_chain *up, int depth)
+{
+    scope_walk W = {.P = P};
+    int rc = 0;
+    if (depth > 4 * WK_JINJA_NEST_MAX)
+        return perr(P, WK_ETOOBIG, body->line, 1, "scopes nested too deeply");
+    for (size_t i = 0; i < nparams; i++)
+        sn_add(&W, &W.lv, params[i], SK_PARAM, true);
+    sn_add(&W, &W.lv, "loop", SK_PARAM, true);
+    if (extra != NULL && extra->kind == JN_MACRO) {
+        sn_add(&W, &W.lv, "caller", SK_PARAM, true);
+        for (size_t i = 0; i < extra->n; i++)
+            sw_expr(&W, extra->kids[i]);
+    } else if (extra != NULL) {
+        sw_expr(&W, extra);
+    }
+    sw_stmts(&W, body);
+    if (W.err != 0) {
+        rc = perr(P, WK_ENOMEM, body->line, 1, "out of memory");
+        goto done;
+    }
+    size_t nu = 0;
+    for (size_t i = 0; i < W.lv.n; i++)
+        if (W.lv.kind[i] == SK_UNDEF && !chain_has(up, W.lv.name[i]))
+            nu++;
+    if (nu > 0) {
+        body->undefs = jj_alloc(&P->t->arena, nu * sizeof *body->undefs);
+        if (body->undefs == NULL) {
+            rc = perr(P, WK_ENOMEM, body->line, 1, "out of memory");
+            goto done;
+        }
+        for (size_t i = 0; i < W.lv.n; i++)
+            if (W.lv.kind[i] == SK_UNDEF && !chain_has(up, W.lv.name[i]))
+                body->undefs[body->nundefs++] = W.lv.name[i];
+    }
+    scope_chain here = {&W.lv, up};
+    for (size_t i = 0; i < W.ntodo && rc == 0; i++)
+        rc = scope_analyze(P, W.todo[i].body, W.todo[i].params, W.todo[i].nparams,
+                           W.todo[i].extra, &here, depth + 1);
+done:
+    sn_free(&W.lv);
+    free(W.todo);
+    return rc;
+}
+
 wk_err
 wk_jinja_parse(const char *src, size_t len, wk_jinja **out, wk_diag *d)
 {
@@ -1751,6 +2100,8 @@ wk_jinja_parse(const char *src, size_t len, wk_jinja **out, wk_diag *d)
     int which = 0;
     if (lex(&P) == 0)
         t->root = parse_body(&P, NULL, &which);
+    if (t->root != NULL && scope_analyze(&P, t->root, NULL, 0, NULL, NULL, 0) < 0)
+        t->root = NULL;
     free(P.toks);
     if (t->root == NULL) {
         wk_err e = P.err != WK_OK ? P.err : WK_EINVAL;

@@ -179,6 +179,8 @@ struct jnode {
     size_t n;           /* number of kids */
     size_t nnames;      /* number of names (FOR/SET targets, MACRO parameters) */
     jv lit;             /* JN_LIT, JN_TEXT */
+    const char **undefs; /* JN_BODY of a scope: names jinja2 binds to Undefined on entry */
+    size_t nundefs;      /* their number */
 };
 
 struct wk_jinja {

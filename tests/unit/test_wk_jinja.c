@@ -140,6 +140,30 @@ static const render_case render_cases[] = {
      "{{ range(3) | list }}{{ range(1, 7, 2) | list }}{{ dict(a=1) }}{{ namespace(a=1).a }}",
      "{}",
      "[0, 1, 2][1, 3, 5]{'a': 1}1"},
+    {"scope_store_first_hides_context",
+     "{% set y %}[{{ y }}]{% endset %}{{ y }}|{% for m in [1] %}{{ x }}{% set x = 2 %}{{ x }}{% endfor %}|{{ x }}",
+     "{\"x\": \"X\", \"y\": \"Y\"}",
+     "[]|X2|X"},
+    {"scope_conditional_store_reads_context",
+     "{% if flag %}{% set x = 1 %}{% endif %}{{ x }}|{% if flag %}{% set z = 1 %}{% else %}{% set z = 2 %}{% endif %}{{ z }}",
+     "{\"x\": \"X\", \"flag\": false}",
+     "X|2"},
+    {"scope_loop_alias_outer",
+     "{% set v = 'outer' %}{% for i in [1, 2] %}{{ v }}{% set v = i %}{{ v }};{% endfor %}{{ v }}",
+     "{}",
+     "outer1;outer2;outer"},
+    {"scope_block_locals",
+     "{% set b %}{% set inner = 1 %}{{ inner }}{% endset %}{{ b }}{{ inner is defined }}|{% filter upper %}{% set f = 'q' %}{{ f }}{% endfilter %}{{ f is defined }}",
+     "{}",
+     "1False|QFalse"},
+    {"loop_break_in_set_block",
+     "{% for i in [1, 2, 3] %}{% set s %}{{ i }}{% if i == 2 %}{% break %}{% endif %}{% endset %}{{ s }}{% endfor %}",
+     "{}",
+     "1"},
+    {"case_unicode",
+     "{{ 'h\xc3\xa9llo w\xc3\xb6rld \xc3\xbf \xc2\xb5 \xc4\xb1' | upper }}|{{ '\xc3\x80\xc3\x89\xc3\x8e \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 \xce\x91\xce\x92' | lower }}|{{ '\xe6\x97\xa5\xe6\x9c\xac""abc d\xc3\xa9j\xc3\xa0-vu' | title }}|{{ '\xe6\x97\xa5\xe6\x9c\xac""abc d\xc3\xa9j\xc3\xa0-vu'.title() }}|{{ '\xc3\xa9""a' | capitalize }}",
+     "{}",
+     "H\xc3\x89LLO W\xc3\x96RLD \xc5\xb8 \xce\x9c I|\xc3\xa0\xc3\xa9\xc3\xae \xd0\xbf\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 \xce\xb1\xce\xb2|\xe6\x97\xa5\xe6\x9c\xac""abc D\xc3\xa9j\xc3\xa0-Vu|\xe6\x97\xa5\xe6\x9c\xac""Abc D\xc3\xa9j\xc3\xa0-Vu|\xc3\x89""a"},
 };
 
 /* Parses and renders; returns the error, *out the text (caller frees) on success. */
@@ -225,6 +249,12 @@ static const error_case error_cases[] = {
     {"{{ '%s' % 1 }}", WK_ENOTSUP, "printf-style", NULL},
     {"{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}", WK_EINVAL, "takes not more than 1", NULL},
     {"{{ 9223372036854775807 + 1 }}", WK_ENOTSUP, "64 bits", NULL},
+    {"{% break %}", WK_EINVAL, "'break' outside loop", NULL},
+    {"{% for i in y %}{% macro m() %}{% break %}{% endmacro %}{% endfor %}", WK_EINVAL,
+     "outside loop", NULL},
+    {"{{ y[1:] }}{{ k[1:] }}", WK_EINVAL, "'int' object is not subscriptable", NULL},
+    {"{{ '\\u0131' | upper }}{{ '\\u01c5' | upper }}", WK_ENOTSUP, "U+01C5", NULL},
+    {"{{ [{}] | unique | list }}", WK_EINVAL, "unhashable", NULL},
 };
 
 static void
@@ -235,7 +265,7 @@ test_errors(void **state)
         const error_case *c = &error_cases[i];
         char *out = NULL;
         wk_diag d = {{0}};
-        wk_err e = render(c->tpl, "{\"y\": [1]}", NULL, &out, &d);
+        wk_err e = render(c->tpl, "{\"y\": [1], \"k\": 3}", NULL, &out, &d);
         if (e != c->err || strstr(d.msg, c->msg) == NULL ||
             (c->msg2 != NULL && strstr(d.msg, c->msg2) == NULL))
             fprintf(stderr, "case [%s]: error %d (want %d): %s\n", c->tpl, e, c->err, d.msg);
