@@ -372,7 +372,8 @@ jj_iter(jj_rt *R, jv v, jlist **out)
         jlist *l = jj_list_new(R, v.u.d->n);
         if (l == NULL)
             return -1;
-        memcpy(l->v, v.u.d->k, v.u.d->n * sizeof *l->v);
+        if (v.u.d->n > 0)
+            memcpy(l->v, v.u.d->k, v.u.d->n * sizeof *l->v);
         l->n = v.u.d->n;
         *out = l;
         return 0;
