@@ -1014,6 +1014,8 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
                 break;
             case JJ_OP_POW:
                 if (y < 0) {
+                    if (x == 0)
+                        return jj_fail(R, WK_EINVAL, "0.0 cannot be raised to a negative power");
                     *out = float_value(pow((double)x, (double)y));
                     return 0;
                 }
@@ -1057,9 +1059,17 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
                 r = floor(x / y);
             break;
         }
-        case JJ_OP_POW: r = pow(x, y); break;
+        case JJ_OP_POW:
+            if (x == 0 && y < 0)
+                return jj_fail(R, WK_EINVAL, "0.0 cannot be raised to a negative power");
+            if (x < 0 && y != floor(y))
+                return jj_fail(R, WK_ENOTSUP, "a negative number to a fractional power (complex)");
+            r = pow(x, y);
+            break;
         default: return jj_fail(R, WK_EINVAL, "internal: operator %d", op);
         }
+        if (op == JJ_OP_POW && isinf(r) && isfinite(x) && isfinite(y))
+            return jj_fail(R, WK_EINVAL, "(34, 'Numerical result out of range')");
         *out = float_value(r);
         return 0;
     }
