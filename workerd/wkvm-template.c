@@ -8,6 +8,11 @@
  *       object: messages, tools, add_generation_prompt, bos_token, ...; "-"
  *       or absent: stdin); exit 0, or 1 with the error on stderr
  *       (2: TEMPLATE refused by the parser, 3: usage or I/O).
+ *   wkvm-template --model DIR [REQUEST.json|-]
+ *       renders the chat template of the model directory DIR (wk_chat_tpl:
+ *       chat_template.jinja or tokenizer_config.json) for a chat request body
+ *       (messages, tools, chat_template_kwargs; add_generation_prompt, true
+ *       when absent), as the server renders it; exit 4 when DIR has none.
  *   wkvm-template --batch
  *       reads JSON lines {"template": PATH, "context": {...}} from stdin and
  *       writes one JSON line per input: {"ok": true, "text": "..."} or
@@ -21,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wk_chat_tpl.h"
 #include "wk_err.h"
 #include "wk_jinja.h"
 
@@ -173,13 +179,71 @@ batch(void)
     return rc;
 }
 
+/* Reads a JSON object from path ("-" or NULL: stdin); NULL when unreadable or not an object. */
+static json_t *
+read_object(const char *path)
+{
+    FILE *cf = path != NULL && strcmp(path, "-") != 0 ? fopen(path, "rb") : stdin;
+    if (cf == NULL)
+        return NULL;
+    size_t len;
+    char *js = read_all(cf, 64u << 20, &len);
+    if (cf != stdin)
+        fclose(cf);
+    json_error_t je;
+    json_t *v = js != NULL ? json_loadb(js, len, JSON_REJECT_DUPLICATES, &je) : NULL;
+    free(js);
+    if (!json_is_object(v)) {
+        json_decref(v);
+        return NULL;
+    }
+    return v;
+}
+
+static int
+render_model(const char *dir, const char *req_path)
+{
+    wk_diag d = {{0}};
+    wk_chat_tpl *t = NULL;
+    wk_err e = wk_chat_tpl_load(dir, &t, &d);
+    if (e != WK_OK) {
+        fprintf(stderr, "wkvm-template: %s (%s)\n", d.msg, wk_strerror(e));
+        return e == WK_ENOENT ? 4 : 2;
+    }
+    json_t *req = read_object(req_path);
+    if (req == NULL) {
+        fprintf(stderr, "wkvm-template: the request is not a JSON object\n");
+        wk_chat_tpl_free(t);
+        return 3;
+    }
+    json_t *agp = json_object_get(req, "add_generation_prompt");
+    char *out = NULL;
+    size_t len = 0;
+    e = wk_chat_tpl_render_json(t, json_object_get(req, "messages"), json_object_get(req, "tools"),
+                                agp == NULL || json_is_true(agp),
+                                json_object_get(req, "chat_template_kwargs"), NULL, &out, &len,
+                                &d);
+    json_decref(req);
+    wk_chat_tpl_free(t);
+    if (e != WK_OK) {
+        fprintf(stderr, "wkvm-template: %s (%s)\n", d.msg, wk_strerror(e));
+        return 1;
+    }
+    fwrite(out, 1, len, stdout);
+    free(out);
+    return 0;
+}
+
 int
 main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--batch") == 0)
         return batch();
+    if ((argc == 3 || argc == 4) && strcmp(argv[1], "--model") == 0)
+        return render_model(argv[2], argc == 4 ? argv[3] : NULL);
     if (argc < 2 || argc > 3 || argv[1][0] == '-') {
         fprintf(stderr, "usage: wkvm-template TEMPLATE [CONTEXT.json|-]\n"
+                        "       wkvm-template --model DIR [REQUEST.json|-]\n"
                         "       wkvm-template --batch   (JSON lines on stdin)\n");
         return 3;
     }
@@ -190,22 +254,9 @@ main(int argc, char **argv)
         fprintf(stderr, "wkvm-template: %s (%s)\n", d.msg, wk_strerror(e));
         return e == WK_EIO ? 3 : 2;
     }
-    FILE *cf = argc == 3 && strcmp(argv[2], "-") != 0 ? fopen(argv[2], "rb") : stdin;
-    if (cf == NULL) {
-        fprintf(stderr, "wkvm-template: %s: cannot open\n", argv[2]);
-        wk_jinja_free(t);
-        return 3;
-    }
-    size_t len;
-    char *js = read_all(cf, 64u << 20, &len);
-    if (cf != stdin)
-        fclose(cf);
-    json_error_t je;
-    json_t *ctx = js != NULL ? json_loadb(js, len, JSON_REJECT_DUPLICATES, &je) : NULL;
-    free(js);
-    if (!json_is_object(ctx)) {
-        fprintf(stderr, "wkvm-template: the context is not a JSON object\n");
-        json_decref(ctx);
+    json_t *ctx = read_object(argc == 3 ? argv[2] : NULL);
+    if (ctx == NULL) {
+        fprintf(stderr, "wkvm-template: the context is not a readable JSON object\n");
         wk_jinja_free(t);
         return 3;
     }
