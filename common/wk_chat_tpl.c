@@ -27,7 +27,7 @@ tpl_parse(const char *src, size_t len, const char *what, wk_jinja **out, wk_diag
 {
     wk_err e = wk_jinja_parse(src, len, out, d);
     if (e != WK_OK)
-        wk_diag_prefix(d, "%s: ", what);
+        wk_diag_prefix(d, "%s", what);
     return e;
 }
 
@@ -79,7 +79,7 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
                 continue; /* other named templates (rag, ...) are not used by chat requests */
             e = wk_jinja_parse(json_string_value(src), json_string_length(src), slot, d);
             if (e != WK_OK) {
-                wk_diag_prefix(d, "%s: chat_template \"%s\": ", path, name);
+                wk_diag_prefix(d, "%s: chat_template \"%s\"", path, name);
                 break;
             }
         }

@@ -117,6 +117,7 @@ enum {
     T__COUNT
 };
 
+int jj_test_id(const char *name);
 static const char *const TEST_NAMES[T__COUNT] = {
     "boolean", "callable", "defined",  "divisibleby", "eq",       "equalto", "==",
     "escaped", "even",     "false",    "float",       "ge",       ">=",      "greaterthan",
@@ -133,6 +134,18 @@ jj_filter_id(const char *name)
         if (strcmp(FILTER_NAMES[i], name) == 0)
             return i;
     return -1;
+}
+
+bool
+jj_jinja2_knows(const char *name, bool filter)
+{
+    static const char *const TESTS_REFUSED[] = {"filter", "test", NULL};
+    if ((filter ? jj_filter_id(name) : jj_test_id(name)) >= 0)
+        return true;
+    for (const char *const *f = filter ? FILTER_REFUSED : TESTS_REFUSED; *f != NULL; f++)
+        if (strcmp(*f, name) == 0)
+            return true;
+    return false;
 }
 
 int

@@ -117,6 +117,9 @@ typedef struct jj_parser {
     size_t pos;     /* next token */
     int depth;      /* nesting of the parse */
     bool in_loop;   /* break/continue allowed here (a for body, not a macro or set block) */
+    bool soft;      /* inside an if or a conditional expression of this scope */
+    jj_tok *unknown; /* the first filter/test jinja2 lacks outside any if: a compile error */
+    size_t unknown_pos; /* its token index */
     size_t lpos;    /* byte whose line and column are lline, lcol */
     int lline, lcol;
     wk_err err;     /* first error */
@@ -779,7 +782,15 @@ parse_expr(jj_parser *P)
 {
     if (enter(P) < 0)
         return NULL;
+    size_t start = P->pos;
     jnode *x = parse_or(P);
+    bool saved_soft = P->soft;
+    if (x != NULL && is_name(P, "if")) {
+        /* jinja2 compiles a whole conditional expression in a soft frame */
+        if (P->unknown != NULL && P->unknown_pos >= start)
+            P->unknown = NULL;
+        P->soft = true;
+    }
     while (x != NULL && is_name(P, "if")) {
         jnode *c = node(P, JN_COND, next(P));
         if (c == NULL)
@@ -796,6 +807,7 @@ parse_expr(jj_parser *P)
         }
         x = c;
     }
+    P->soft = saved_soft;
     P->depth--;
     return x;
 }
@@ -1030,6 +1042,10 @@ parse_filter(jj_parser *P, jnode *input)
         return NULL;
     }
     f->fid = jj_filter_id(f->name);
+    if (!P->soft && P->unknown == NULL && !jj_jinja2_knows(f->name, true)) {
+        P->unknown = k;
+        P->unknown_pos = (size_t)(k - P->toks);
+    }
     f->a = input;
     if (is_op(P, '(') && parse_args(P, f) < 0)
         return NULL;
@@ -1056,6 +1072,10 @@ parse_test(jj_parser *P, jnode *input)
     if ((t->name = tok_name(P, k)) == NULL)
         return NULL;
     t->fid = jj_test_id(t->name);
+    if (!P->soft && P->unknown == NULL && !jj_jinja2_knows(t->name, false)) {
+        P->unknown = k;
+        P->unknown_pos = (size_t)(k - P->toks);
+    }
     t->a = input;
     jj_tok *c = cur(P);
     if (is_op(P, '(')) {
@@ -1393,6 +1413,17 @@ parse_target(jj_parser *P, jnode *x, bool attr_ok)
 
 static jnode *parse_stmt(jj_parser *P);
 
+/* A set or filter block's body: an inner frame (not soft), still inside the loop's Python code. */
+static jnode *
+parse_inner_body(jj_parser *P, const char *const *ends, int *which)
+{
+    bool saved_soft = P->soft;
+    P->soft = false;
+    jnode *b = parse_body(P, ends, which);
+    P->soft = saved_soft;
+    return b;
+}
+
 /*
  * A body jinja2 compiles into a Python function of its own (a macro, a call
  * block's caller): no break/continue of an outer loop there.
@@ -1400,10 +1431,12 @@ static jnode *parse_stmt(jj_parser *P);
 static jnode *
 parse_frame_body(jj_parser *P, const char *const *ends, int *which)
 {
-    bool saved = P->in_loop;
+    bool saved = P->in_loop, saved_soft = P->soft;
     P->in_loop = false;
+    P->soft = false;
     jnode *b = parse_body(P, ends, which);
     P->in_loop = saved;
+    P->soft = saved_soft;
     return b;
 }
 
@@ -1429,8 +1462,21 @@ parse_filter_chain(jj_parser *P)
     return f;
 }
 
+static jnode *parse_if_soft(jj_parser *P, const jj_tok *at);
+
+/* An if, test and branches, is a soft frame in jinja2: unknown filters fail only when run. */
 static jnode *
 parse_if(jj_parser *P, const jj_tok *at)
+{
+    bool saved = P->soft;
+    P->soft = true;
+    jnode *x = parse_if_soft(P, at);
+    P->soft = saved;
+    return x;
+}
+
+static jnode *
+parse_if_soft(jj_parser *P, const jj_tok *at)
 {
     jnode *x = node(P, JN_IF, at);
     int which;
@@ -1503,8 +1549,9 @@ parse_stmt(jj_parser *P)
             perr(P, WK_ENOTSUP, cur(P)->line, cur(P)->col, "unsupported recursive for loop");
             return NULL;
         }
-        bool saved = P->in_loop;
+        bool saved = P->in_loop, saved_soft = P->soft;
         P->in_loop = true;
+        P->soft = false; /* a loop body is an inner frame: not soft */
         x->b = expect_bend(P) < 0 ? NULL : parse_body(P, END_FOR, &which);
         P->in_loop = saved;
         if (x->b == NULL)
@@ -1512,6 +1559,7 @@ parse_stmt(jj_parser *P)
         if (which == 0 &&
             (expect_bend(P) < 0 || (x->c = parse_body(P, END_ENDFOR, &which)) == NULL))
             return NULL;
+        P->soft = saved_soft;
         return expect_bend(P) < 0 ? NULL : x;
     }
     if (tok_is_name(k, "set")) {
@@ -1534,7 +1582,7 @@ parse_stmt(jj_parser *P)
             if ((x->d = parse_filter_chain(P)) == NULL)
                 return NULL;
         }
-        if (expect_bend(P) < 0 || (x->b = parse_body(P, END_SET, &which)) == NULL ||
+        if (expect_bend(P) < 0 || (x->b = parse_inner_body(P, END_SET, &which)) == NULL ||
             expect_bend(P) < 0)
             return NULL;
         return x;
@@ -1596,7 +1644,7 @@ parse_stmt(jj_parser *P)
     if (tok_is_name(k, "filter")) {
         jnode *x = node(P, JN_FILTERBLOCK, k);
         if (x == NULL || (x->d = parse_filter_chain(P)) == NULL || expect_bend(P) < 0 ||
-            (x->b = parse_body(P, END_FILTER, &which)) == NULL || expect_bend(P) < 0)
+            (x->b = parse_inner_body(P, END_FILTER, &which)) == NULL || expect_bend(P) < 0)
             return NULL;
         return x;
     }
@@ -2100,6 +2148,12 @@ wk_jinja_parse(const char *src, size_t len, wk_jinja **out, wk_diag *d)
     int which = 0;
     if (lex(&P) == 0)
         t->root = parse_body(&P, NULL, &which);
+    if (t->root != NULL && P.unknown != NULL) { /* jinja2 refuses these when compiling */
+        jj_tok *k = P.unknown;
+        perr(&P, WK_ENOTSUP, k->line, k->col, "no %s named '%.*s'",
+             P.toks[P.unknown_pos - 1].type == T_OP ? "filter" : "test", (int)k->n, k->p);
+        t->root = NULL;
+    }
     if (t->root != NULL && scope_analyze(&P, t->root, NULL, 0, NULL, NULL, 0) < 0)
         t->root = NULL;
     free(P.toks);

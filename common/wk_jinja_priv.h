@@ -191,6 +191,7 @@ struct wk_jinja {
 /* filters and tests known to the evaluator (wk_jinja_builtin.c) */
 int jj_filter_id(const char *name);
 int jj_test_id(const char *name);
+bool jj_jinja2_knows(const char *name, bool filter); /* a filter/test jinja2 has (we may refuse it) */
 
 /* ---- UTF-8 and Python text helpers (wk_jinja_value.c) ---- */
 

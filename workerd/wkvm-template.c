@@ -88,7 +88,7 @@ load_template(const char *path, wk_jinja **t, wk_diag *d)
     wk_err e = wk_jinja_parse(src, len, t, d);
     free(src);
     if (e != WK_OK)
-        wk_diag_prefix(d, "%s: ", path);
+        wk_diag_prefix(d, "%s", path);
     return e;
 }
 
