@@ -22,6 +22,7 @@ ${XDG_CACHE_HOME:-~/.cache}/wkvm/venv-jinja. Usage (meson runs it):
   jinja_corpus.py WKVM_TEMPLATE_EXE [-v] [-k NAME_SUBSTRING]
 """
 import copy
+import fcntl
 import json
 import os
 import subprocess
@@ -42,6 +43,13 @@ SERVED = ["Qwen3.5-4B", "Qwen-Qwen3-0.6B", "NVIDIA-Nemotron-Nano-v2",
 
 def venv_python():
     """The venv's python with jinja2 pinned; None when pip cannot install it."""
+    os.makedirs(os.path.dirname(VENV), exist_ok=True)
+    with open(VENV + ".lock", "w") as lock:  # jinja_corpus and jinja_random may run at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _venv_python_locked()
+
+
+def _venv_python_locked():
     py = os.path.join(VENV, "bin", "python")
     stamp = os.path.join(VENV, "wkvm-pins.txt")
     want = "\n".join(JINJA2_PIN)
