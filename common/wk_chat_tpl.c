@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include "wk_file.h"
+#include "wk_gguf.h"
+#include "wk_tok.h"
 
 struct wk_chat_tpl {
     wk_jinja *def;      /* the template, or the "default" named one; may be NULL */
@@ -95,8 +97,61 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
     return e;
 }
 
+/* The token string of the GGUF metadata key <name>_id, as tokenizer.ggml.tokens holds it. */
+static void
+gguf_special(wk_chat_tpl *t, const wk_gguf *g, const char *name)
+{
+    char key[64];
+    uint64_t id;
+    const char *s;
+    size_t len;
+    if (json_object_get(t->special, name) != NULL)
+        return;
+    /* GGUF names: bos_token_id, eos_token_id, unknown_token_id, padding_token_id */
+    const char *gname = strcmp(name, "unk_token") == 0   ? "unknown_token"
+                        : strcmp(name, "pad_token") == 0 ? "padding_token"
+                                                         : name;
+    snprintf(key, sizeof key, "tokenizer.ggml.%s_id", gname);
+    if (wk_gguf_get_u64(g, key, &id, NULL) != WK_OK ||
+        wk_gguf_arr_str(g, "tokenizer.ggml.tokens", id, &s, &len, NULL) != WK_OK)
+        return;
+    json_t *v = json_stringn(s, len);
+    if (v != NULL)
+        json_object_set_new(t->special, name, v);
+}
+
+/* Source 3: the one *.gguf of dir. WK_ENOENT when there is none or it has no template. */
+static wk_err
+tpl_from_gguf(wk_chat_tpl *t, const char *dir, bool want_tpl, wk_diag *d)
+{
+    char *path = NULL;
+    wk_gguf *g = NULL;
+    wk_err e = wk_tok_find_gguf(dir, &path, d);
+    if (e != WK_OK)
+        return e;
+    e = wk_gguf_open(path, &g, d);
+    if (e == WK_OK) {
+        gguf_special(t, g, "bos_token");
+        gguf_special(t, g, "eos_token");
+        gguf_special(t, g, "unk_token");
+        gguf_special(t, g, "pad_token");
+        const char *s;
+        size_t len;
+        if (want_tpl) {
+            e = wk_gguf_get_str(g, "tokenizer.chat_template", &s, &len, d);
+            if (e == WK_OK)
+                e = tpl_parse(s, len, path, &t->def, d);
+            else if (e == WK_ENOENT)
+                wk_diag_set(d, WK_ENOENT, "%s: no tokenizer.chat_template", path);
+        }
+    }
+    wk_gguf_free(g);
+    free(path);
+    return e;
+}
+
 wk_err
-wk_chat_tpl_load(const char *dir, wk_chat_tpl **out, wk_diag *d)
+wk_chat_tpl_load(const char *dir, const char *override_path, wk_chat_tpl **out, wk_diag *d)
 {
     char path[4096];
     wk_chat_tpl *t;
@@ -108,8 +163,11 @@ wk_chat_tpl_load(const char *dir, wk_chat_tpl **out, wk_diag *d)
         free(t);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     }
-    /* 1. chat_template.jinja */
-    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    /* 0. the override, else 1. chat_template.jinja */
+    if (override_path != NULL)
+        snprintf(path, sizeof path, "%s", override_path);
+    else
+        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
     char *src = NULL;
     size_t len = 0;
     wk_diag fd = {{0}};
@@ -117,8 +175,8 @@ wk_chat_tpl_load(const char *dir, wk_chat_tpl **out, wk_diag *d)
     if (e == WK_OK) {
         e = tpl_parse(src, len, path, &t->def, d);
         free(src);
-        t->source = "chat_template.jinja";
-    } else if (e != WK_ENOENT) {
+        t->source = override_path != NULL ? "override" : "chat_template.jinja";
+    } else if (e != WK_ENOENT || override_path != NULL) {
         if (d != NULL)
             *d = fd;
         goto fail;
@@ -131,13 +189,26 @@ wk_chat_tpl_load(const char *dir, wk_chat_tpl **out, wk_diag *d)
         wk_err ce = tpl_from_config(t, path, want, &cd);
         if (ce == WK_OK && want)
             t->source = "tokenizer_config.json";
+        /* 3. the GGUF file: its template when none was found, its special tokens */
+        {
+            wk_diag gd = {{0}};
+            bool want_g = want && ce == WK_ENOENT;
+            wk_err ge = tpl_from_gguf(t, dir, want_g, &gd);
+            if (want_g) {
+                ce = ge;
+                cd = gd;
+                if (ge == WK_OK)
+                    t->source = "gguf";
+            }
+        }
         if (ce != WK_OK && !(ce == WK_ENOENT && !want)) {
             e = ce;
             if (d != NULL)
                 *d = cd;
             if (ce == WK_ENOENT)
-                wk_diag_set(d, WK_ENOENT, "%s: no chat template (chat_template.jinja or "
-                                          "tokenizer_config.json chat_template)", dir);
+                wk_diag_set(d, WK_ENOENT, "%s: no chat template (chat_template.jinja, "
+                                          "tokenizer_config.json chat_template or a GGUF "
+                                          "tokenizer.chat_template)", dir);
             goto fail;
         }
         e = WK_OK;

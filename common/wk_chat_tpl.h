@@ -5,12 +5,15 @@
  * plain World template of wk_chat.h (the caller decides: WK_ENOENT here).
  *
  * Where the template comes from, first found wins:
+ *   0. an override file (the operator's --chat-template FILE)
  *   1. chat_template.jinja
  *   2. tokenizer_config.json "chat_template": a string, or a list of
  *      {"name", "template"} objects (transformers' named templates: "default",
  *      and "tool_use" for requests that carry tools)
+ *   3. the metadata key tokenizer.chat_template of the one *.gguf file
  * Special tokens (bos_token, eos_token, unk_token, pad_token) come from
- * tokenizer_config.json, as a string or an AddedToken object's "content".
+ * tokenizer_config.json, as a string or an AddedToken object's "content",
+ * else from the GGUF file (tokenizer.ggml.<name>_id into tokenizer.ggml.tokens).
  *
  * Never logs. A loaded template is immutable: render from any thread.
  */
@@ -30,14 +33,17 @@ typedef struct wk_chat_tpl wk_chat_tpl;
 #define WK_CHAT_TPL_CONFIG_MAX (16u << 20) /* tokenizer_config.json bytes read at most */
 
 /*
- * Loads the chat template of the model directory dir. On success *out is
- * the template, caller frees with wk_chat_tpl_free(). Returns WK_OK;
- * WK_ENOENT when dir has no chat template (neither file holds one);
+ * Loads the chat template of the model directory dir, or of override_path
+ * (a template file, borrowed; NULL: none) with dir's special tokens. On
+ * success *out is the template, caller frees with wk_chat_tpl_free().
+ * Returns WK_OK; WK_ENOENT when dir has no chat template (no source holds
+ * one) or override_path does not exist;
  * WK_EINVAL for a malformed tokenizer_config.json or chat_template field,
  * WK_ENOTSUP / WK_EINVAL / WK_ETOOBIG for a template wk_jinja_parse()
  * refuses (d names the file, line and construct); WK_EIO, WK_ENOMEM.
  */
-WK_MUST_CHECK wk_err wk_chat_tpl_load(const char *dir, wk_chat_tpl **out, wk_diag *d);
+WK_MUST_CHECK wk_err wk_chat_tpl_load(const char *dir, const char *override_path,
+                                      wk_chat_tpl **out, wk_diag *d);
 
 /*
  * Renders messages (a JSON array of message objects, as a request carries
@@ -66,7 +72,7 @@ WK_MUST_CHECK wk_err wk_chat_tpl_render(const wk_chat_tpl *t, const wk_chat_msg 
                                         bool add_generation_prompt, char **out, size_t *len,
                                         wk_diag *d);
 
-/* Where the template was found ("chat_template.jinja", "tokenizer_config.json"). */
+/* Where the template was found: "chat_template.jinja", "tokenizer_config.json", "gguf", "override". */
 const char *wk_chat_tpl_source(const wk_chat_tpl *t);
 
 /* Frees a template; NULL-safe. */

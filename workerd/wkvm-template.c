@@ -8,9 +8,10 @@
  *       object: messages, tools, add_generation_prompt, bos_token, ...; "-"
  *       or absent: stdin); exit 0, or 1 with the error on stderr
  *       (2: TEMPLATE refused by the parser, 3: usage or I/O).
- *   wkvm-template --model DIR [REQUEST.json|-]
+ *   wkvm-template --model DIR [--chat-template FILE] [REQUEST.json|-]
  *       renders the chat template of the model directory DIR (wk_chat_tpl:
- *       chat_template.jinja or tokenizer_config.json) for a chat request body
+ *       chat_template.jinja, tokenizer_config.json or the GGUF file; FILE
+ *       instead when given) for a chat request body
  *       (messages, tools, chat_template_kwargs; add_generation_prompt, true
  *       when absent), as the server renders it; exit 4 when DIR has none.
  *   wkvm-template --batch
@@ -201,11 +202,11 @@ read_object(const char *path)
 }
 
 static int
-render_model(const char *dir, const char *req_path)
+render_model(const char *dir, const char *override, const char *req_path)
 {
     wk_diag d = {{0}};
     wk_chat_tpl *t = NULL;
-    wk_err e = wk_chat_tpl_load(dir, &t, &d);
+    wk_err e = wk_chat_tpl_load(dir, override, &t, &d);
     if (e != WK_OK) {
         fprintf(stderr, "wkvm-template: %s (%s)\n", d.msg, wk_strerror(e));
         return e == WK_ENOENT ? 4 : 2;
@@ -239,11 +240,13 @@ main(int argc, char **argv)
 {
     if (argc == 2 && strcmp(argv[1], "--batch") == 0)
         return batch();
+    if (argc >= 5 && strcmp(argv[1], "--model") == 0 && strcmp(argv[3], "--chat-template") == 0)
+        return argc <= 6 ? render_model(argv[2], argv[4], argc == 6 ? argv[5] : NULL) : 3;
     if ((argc == 3 || argc == 4) && strcmp(argv[1], "--model") == 0)
-        return render_model(argv[2], argc == 4 ? argv[3] : NULL);
+        return render_model(argv[2], NULL, argc == 4 ? argv[3] : NULL);
     if (argc < 2 || argc > 3 || argv[1][0] == '-') {
         fprintf(stderr, "usage: wkvm-template TEMPLATE [CONTEXT.json|-]\n"
-                        "       wkvm-template --model DIR [REQUEST.json|-]\n"
+                        "       wkvm-template --model DIR [--chat-template FILE] [REQUEST.json|-]\n"
                         "       wkvm-template --batch   (JSON lines on stdin)\n");
         return 3;
     }
