@@ -66,12 +66,15 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
     } else if (json_is_array(ct)) {
         size_t i;
         json_t *item;
-        json_array_foreach(ct, i, item) {
+        json_array_foreach(ct, i, item)
+        {
             const char *name = json_string_value(json_object_get(item, "name"));
             json_t *src = json_object_get(item, "template");
             if (name == NULL || !json_is_string(src)) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: chat_template[%zu] is not {\"name\", "
-                                              "\"template\"}", path, i);
+                e = wk_diag_set(d, WK_EINVAL,
+                                "%s: chat_template[%zu] is not {\"name\", "
+                                "\"template\"}",
+                                path, i);
                 break;
             }
             wk_jinja **slot = strcmp(name, "default") == 0    ? &t->def
@@ -86,8 +89,7 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
             }
         }
         if (e == WK_OK && t->def == NULL && t->tool_use == NULL)
-            e = wk_diag_set(d, WK_ENOENT, "%s: no \"default\" or \"tool_use\" chat template",
-                            path);
+            e = wk_diag_set(d, WK_ENOENT, "%s: no \"default\" or \"tool_use\" chat template", path);
     } else if (want_tpl && ct != NULL && !json_is_null(ct)) {
         e = wk_diag_set(d, WK_EINVAL, "%s: chat_template is neither a string nor a list", path);
     } else if (want_tpl) {
@@ -206,9 +208,11 @@ wk_chat_tpl_load(const char *dir, const char *override_path, wk_chat_tpl **out, 
             if (d != NULL)
                 *d = cd;
             if (ce == WK_ENOENT)
-                wk_diag_set(d, WK_ENOENT, "%s: no chat template (chat_template.jinja, "
-                                          "tokenizer_config.json chat_template or a GGUF "
-                                          "tokenizer.chat_template)", dir);
+                wk_diag_set(d, WK_ENOENT,
+                            "%s: no chat template (chat_template.jinja, "
+                            "tokenizer_config.json chat_template or a GGUF "
+                            "tokenizer.chat_template)",
+                            dir);
             goto fail;
         }
         e = WK_OK;
@@ -232,18 +236,21 @@ wk_chat_tpl_render_json(const wk_chat_tpl *t, const json_t *messages, const json
     if (t == NULL || out == NULL || !json_is_array(messages) ||
         (tools != NULL && !json_is_array(tools) && !json_is_null(tools)) ||
         (kwargs != NULL && !json_is_object(kwargs)))
-        return wk_diag_set(d, WK_EINVAL, "chat template: messages must be an array, tools an "
-                                         "array, chat_template_kwargs an object");
+        return wk_diag_set(d, WK_EINVAL,
+                           "chat template: messages must be an array, tools an "
+                           "array, chat_template_kwargs an object");
     bool has_tools = json_is_array(tools);
     const wk_jinja *j = has_tools && t->tool_use != NULL ? t->tool_use : t->def;
     if (j == NULL)
-        return wk_diag_set(d, WK_EINVAL, "chat template: the model has only a \"tool_use\" "
-                                         "template and the request has no tools");
+        return wk_diag_set(d, WK_EINVAL,
+                           "chat template: the model has only a \"tool_use\" "
+                           "template and the request has no tools");
     json_t *ctx = json_object();
     if (ctx == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     int bad = json_object_set(ctx, "messages", (json_t *)messages);
-    bad |= json_object_set_new(ctx, "tools", has_tools ? json_incref((json_t *)tools) : json_null());
+    bad |=
+        json_object_set_new(ctx, "tools", has_tools ? json_incref((json_t *)tools) : json_null());
     bad |= json_object_set_new(ctx, "documents", json_null());
     bad |= json_object_set_new(ctx, "add_generation_prompt", json_boolean(add_generation_prompt));
     bad |= json_object_update(ctx, t->special);
@@ -274,7 +281,7 @@ wk_chat_tpl_render(const wk_chat_tpl *t, const wk_chat_msg *msgs, size_t n,
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const char *c = msgs[i].content != NULL ? msgs[i].content : "";
-        size_t cl = msgs[i].content == NULL ? 0
+        size_t cl = msgs[i].content == NULL    ? 0
                     : msgs[i].content_len != 0 ? msgs[i].content_len
                                                : strlen(c);
         json_t *content = json_stringn(c, cl);
@@ -290,7 +297,8 @@ wk_chat_tpl_render(const wk_chat_tpl *t, const wk_chat_msg *msgs, size_t n,
             return wk_diag_set(d, WK_ENOMEM, "out of memory");
         }
     }
-    wk_err e = wk_chat_tpl_render_json(t, arr, NULL, add_generation_prompt, NULL, NULL, out, len, d);
+    wk_err e =
+        wk_chat_tpl_render_json(t, arr, NULL, add_generation_prompt, NULL, NULL, out, len, d);
     json_decref(arr);
     return e;
 }

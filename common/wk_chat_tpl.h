@@ -42,8 +42,8 @@ typedef struct wk_chat_tpl wk_chat_tpl;
  * WK_ENOTSUP / WK_EINVAL / WK_ETOOBIG for a template wk_jinja_parse()
  * refuses (d names the file, line and construct); WK_EIO, WK_ENOMEM.
  */
-WK_MUST_CHECK wk_err wk_chat_tpl_load(const char *dir, const char *override_path,
-                                      wk_chat_tpl **out, wk_diag *d);
+WK_MUST_CHECK wk_err wk_chat_tpl_load(const char *dir, const char *override_path, wk_chat_tpl **out,
+                                      wk_diag *d);
 
 /*
  * Renders messages (a JSON array of message objects, as a request carries
@@ -72,7 +72,8 @@ WK_MUST_CHECK wk_err wk_chat_tpl_render(const wk_chat_tpl *t, const wk_chat_msg 
                                         bool add_generation_prompt, char **out, size_t *len,
                                         wk_diag *d);
 
-/* Where the template was found: "chat_template.jinja", "tokenizer_config.json", "gguf", "override". */
+/* Where the template was found: "chat_template.jinja", "tokenizer_config.json", "gguf", "override".
+ */
 const char *wk_chat_tpl_source(const wk_chat_tpl *t);
 
 /* Frees a template; NULL-safe. */

@@ -61,19 +61,18 @@ enum {
 };
 
 static const char *const FILTER_NAMES[F__COUNT] = {
-    "abs",     "capitalize", "count",      "d",         "default", "dictsort", "e",
-    "escape",  "first",      "float",      "indent",    "int",     "items",    "join",
-    "last",    "length",     "list",       "lower",     "map",     "max",      "min",
-    "reject",  "rejectattr", "replace",    "reverse",   "round",   "safe",     "select",
-    "selectattr", "sort",    "string",     "sum",       "title",   "tojson",   "trim",
-    "unique",  "upper",      "wordcount",
+    "abs",     "capitalize", "count",  "d",      "default",    "dictsort",  "e",          "escape",
+    "first",   "float",      "indent", "int",    "items",      "join",      "last",       "length",
+    "list",    "lower",      "map",    "max",    "min",        "reject",    "rejectattr", "replace",
+    "reverse", "round",      "safe",   "select", "selectattr", "sort",      "string",     "sum",
+    "title",   "tojson",     "trim",   "unique", "upper",      "wordcount",
 };
 
 /* jinja2 filters this interpreter refuses when reached (the rest are unknown to jinja2 too) */
 static const char *const FILTER_REFUSED[] = {
-    "attr",     "batch",    "center",   "filesizeformat", "forceescape", "format",
-    "groupby",  "pprint",   "random",   "slice",          "striptags",   "truncate",
-    "urlencode", "urlize",  "wordwrap", "xmlattr",        NULL,
+    "attr",      "batch",  "center",   "filesizeformat", "forceescape", "format",
+    "groupby",   "pprint", "random",   "slice",          "striptags",   "truncate",
+    "urlencode", "urlize", "wordwrap", "xmlattr",        NULL,
 };
 
 enum {
@@ -119,12 +118,11 @@ enum {
 
 int jj_test_id(const char *name);
 static const char *const TEST_NAMES[T__COUNT] = {
-    "boolean", "callable", "defined",  "divisibleby", "eq",       "equalto", "==",
-    "escaped", "even",     "false",    "float",       "ge",       ">=",      "greaterthan",
-    "gt",      ">",        "in",       "integer",     "iterable", "le",      "<=",
-    "lessthan", "lower",   "lt",       "<",           "mapping",  "ne",      "!=",
-    "none",    "number",   "odd",      "sameas",      "sequence", "string",  "true",
-    "undefined", "upper",
+    "boolean",  "callable", "defined",  "divisibleby", "eq",    "equalto",     "==",    "escaped",
+    "even",     "false",    "float",    "ge",          ">=",    "greaterthan", "gt",    ">",
+    "in",       "integer",  "iterable", "le",          "<=",    "lessthan",    "lower", "lt",
+    "<",        "mapping",  "ne",       "!=",          "none",  "number",      "odd",   "sameas",
+    "sequence", "string",   "true",     "undefined",   "upper",
 };
 
 int
@@ -453,10 +451,18 @@ str_case(jj_rt *R, jv s, int mode, jv *out)
         uint32_t c = jj_utf8_cp(p, n, i, &nx), m;
         bool up, cased;
         switch (mode) {
-        case CASE_UPPER: up = true; break;
-        case CASE_LOWER: up = false; break;
-        case CASE_CAPITALIZE: up = first; break;
-        default: up = start; break;
+        case CASE_UPPER:
+            up = true;
+            break;
+        case CASE_LOWER:
+            up = false;
+            break;
+        case CASE_CAPITALIZE:
+            up = first;
+            break;
+        default:
+            up = start;
+            break;
         }
         if (nx - i == 1 && (unsigned char)p[i] >= 0x80) { /* an invalid byte stays */
             buf[o++] = p[i];
@@ -763,7 +769,7 @@ str_format(jj_rt *R, jv s, jv *args, const char **names, size_t n, jv *out)
     size_t len = s.u.s.n, auto_i = 0;
     for (size_t i = 0; i < len; i++) {
         char c = p[i];
-        if (c == '}' ) {
+        if (c == '}') {
             if (i + 1 < len && p[i + 1] == '}') {
                 i++;
                 if (jj_sb_put(R, &b, "}", 1) < 0)
@@ -895,7 +901,9 @@ contains(jj_rt *R, jv item, jv seq, bool *out)
         *out = jj_dict_getv(seq.u.d, item, &v);
         return jj_step(R, seq.u.d->n);
     }
-    case JV_UNDEF: *out = false; return 0;
+    case JV_UNDEF:
+        *out = false;
+        return 0;
     default:
         return jj_fail(R, WK_EINVAL, "argument of type '%s' is not iterable", jj_type_name(seq));
     }
@@ -906,9 +914,14 @@ jj_compare(jj_rt *R, int op, jv a, jv b, bool *out)
 {
     int c;
     switch (op) {
-    case JJ_OP_EQ: *out = jj_eq(a, b); return 0;
-    case JJ_OP_NE: *out = !jj_eq(a, b); return 0;
-    case JJ_OP_IN: return contains(R, a, b, out);
+    case JJ_OP_EQ:
+        *out = jj_eq(a, b);
+        return 0;
+    case JJ_OP_NE:
+        *out = !jj_eq(a, b);
+        return 0;
+    case JJ_OP_IN:
+        return contains(R, a, b, out);
     case JJ_OP_NOTIN:
         if (contains(R, a, b, out) < 0)
             return -1;
@@ -934,7 +947,8 @@ jj_compare(jj_rt *R, int op, jv a, jv b, bool *out)
             return -1;
         *out = c >= 0;
         return 0;
-    default: return jj_fail(R, WK_EINVAL, "internal: comparison %d", op);
+    default:
+        return jj_fail(R, WK_EINVAL, "internal: comparison %d", op);
     }
 }
 
@@ -1000,9 +1014,15 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
             int64_t x = num_i(a), y = num_i(b), r = 0;
             bool ovf = false;
             switch (op) {
-            case JJ_OP_ADD: ovf = __builtin_add_overflow(x, y, &r); break;
-            case JJ_OP_SUB: ovf = __builtin_sub_overflow(x, y, &r); break;
-            case JJ_OP_MUL: ovf = __builtin_mul_overflow(x, y, &r); break;
+            case JJ_OP_ADD:
+                ovf = __builtin_add_overflow(x, y, &r);
+                break;
+            case JJ_OP_SUB:
+                ovf = __builtin_sub_overflow(x, y, &r);
+                break;
+            case JJ_OP_MUL:
+                ovf = __builtin_mul_overflow(x, y, &r);
+                break;
             case JJ_OP_DIV:
                 if (y == 0)
                     return jj_fail(R, WK_EINVAL, "division by zero");
@@ -1041,7 +1061,8 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
                         break;
                 }
                 break;
-            default: return jj_fail(R, WK_EINVAL, "internal: operator %d", op);
+            default:
+                return jj_fail(R, WK_EINVAL, "internal: operator %d", op);
             }
             if (ovf)
                 return jj_fail(R, WK_ENOTSUP, "integer beyond 64 bits from '%s'", opname[op]);
@@ -1050,9 +1071,15 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
         }
         double x = num_f(a), y = num_f(b), r;
         switch (op) {
-        case JJ_OP_ADD: r = x + y; break;
-        case JJ_OP_SUB: r = x - y; break;
-        case JJ_OP_MUL: r = x * y; break;
+        case JJ_OP_ADD:
+            r = x + y;
+            break;
+        case JJ_OP_SUB:
+            r = x - y;
+            break;
+        case JJ_OP_MUL:
+            r = x * y;
+            break;
         case JJ_OP_DIV:
             if (y == 0)
                 return jj_fail(R, WK_EINVAL, "float division by zero");
@@ -1079,7 +1106,8 @@ jj_binop(jj_rt *R, int op, jv a, jv b, jv *out)
                 return jj_fail(R, WK_ENOTSUP, "a negative number to a fractional power (complex)");
             r = pow(x, y);
             break;
-        default: return jj_fail(R, WK_EINVAL, "internal: operator %d", op);
+        default:
+            return jj_fail(R, WK_EINVAL, "internal: operator %d", op);
         }
         if (op == JJ_OP_POW && isinf(r) && isfinite(x) && isfinite(y))
             return jj_fail(R, WK_EINVAL, "(34, 'Numerical result out of range')");
@@ -1221,10 +1249,18 @@ jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out
 {
     jv a = n > 0 ? args[0] : jj_none();
     switch (id) {
-    case T_BOOLEAN: *out = in.t == JV_BOOL; return 0;
-    case T_CALLABLE: *out = in.t == JV_MACRO || in.t == JV_FUNC || in.t == JV_BOUND; return 0;
-    case T_DEFINED: *out = in.t != JV_UNDEF; return 0;
-    case T_UNDEFINED: *out = in.t == JV_UNDEF; return 0;
+    case T_BOOLEAN:
+        *out = in.t == JV_BOOL;
+        return 0;
+    case T_CALLABLE:
+        *out = in.t == JV_MACRO || in.t == JV_FUNC || in.t == JV_BOUND;
+        return 0;
+    case T_DEFINED:
+        *out = in.t != JV_UNDEF;
+        return 0;
+    case T_UNDEFINED:
+        *out = in.t == JV_UNDEF;
+        return 0;
     case T_DIVISIBLEBY: { /* value % num == 0 */
         jv m;
         if (jj_binop(R, JJ_OP_MOD, in, a, &m) < 0)
@@ -1234,21 +1270,32 @@ jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out
     }
     case T_EQ:
     case T_EQUALTO:
-    case T_EQEQ: *out = jj_eq(in, a); return 0;
+    case T_EQEQ:
+        *out = jj_eq(in, a);
+        return 0;
     case T_NE:
-    case T_NEOP: *out = !jj_eq(in, a); return 0;
+    case T_NEOP:
+        *out = !jj_eq(in, a);
+        return 0;
     case T_GE:
-    case T_GEOP: return jj_compare(R, JJ_OP_GE, in, a, out);
+    case T_GEOP:
+        return jj_compare(R, JJ_OP_GE, in, a, out);
     case T_GT:
     case T_GTOP:
-    case T_GREATERTHAN: return jj_compare(R, JJ_OP_GT, in, a, out);
+    case T_GREATERTHAN:
+        return jj_compare(R, JJ_OP_GT, in, a, out);
     case T_LE:
-    case T_LEOP: return jj_compare(R, JJ_OP_LE, in, a, out);
+    case T_LEOP:
+        return jj_compare(R, JJ_OP_LE, in, a, out);
     case T_LT:
     case T_LTOP:
-    case T_LESSTHAN: return jj_compare(R, JJ_OP_LT, in, a, out);
-    case T_IN: return contains(R, in, a, out);
-    case T_ESCAPED: *out = false; return 0;
+    case T_LESSTHAN:
+        return jj_compare(R, JJ_OP_LT, in, a, out);
+    case T_IN:
+        return contains(R, in, a, out);
+    case T_ESCAPED:
+        *out = false;
+        return 0;
     case T_EVEN:
     case T_ODD: { /* value % 2 == 0 / == 1 */
         jv m;
@@ -1257,20 +1304,36 @@ jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out
         *out = jj_eq(m, jj_int(id == T_EVEN ? 0 : 1));
         return 0;
     }
-    case T_FALSE: *out = in.t == JV_BOOL && !in.u.b; return 0;
-    case T_TRUE: *out = in.t == JV_BOOL && in.u.b; return 0;
-    case T_FLOAT: *out = in.t == JV_FLOAT; return 0;
-    case T_INTEGER: *out = in.t == JV_INT; return 0;
-    case T_NUMBER: *out = is_num(in); return 0;
+    case T_FALSE:
+        *out = in.t == JV_BOOL && !in.u.b;
+        return 0;
+    case T_TRUE:
+        *out = in.t == JV_BOOL && in.u.b;
+        return 0;
+    case T_FLOAT:
+        *out = in.t == JV_FLOAT;
+        return 0;
+    case T_INTEGER:
+        *out = in.t == JV_INT;
+        return 0;
+    case T_NUMBER:
+        *out = is_num(in);
+        return 0;
     case T_ITERABLE:
         *out = in.t == JV_STR || in.t == JV_LIST || in.t == JV_DICT || in.t == JV_UNDEF;
         return 0;
     case T_SEQUENCE:
         *out = in.t == JV_STR || jj_plain(in) || in.t == JV_DICT || in.t == JV_UNDEF;
         return 0;
-    case T_MAPPING: *out = in.t == JV_DICT; return 0;
-    case T_NONE: *out = in.t == JV_NONE; return 0;
-    case T_STRING: *out = in.t == JV_STR; return 0;
+    case T_MAPPING:
+        *out = in.t == JV_DICT;
+        return 0;
+    case T_NONE:
+        *out = in.t == JV_NONE;
+        return 0;
+    case T_STRING:
+        *out = in.t == JV_STR;
+        return 0;
     case T_SAMEAS:
         if (in.t != a.t) {
             *out = false;
@@ -1319,16 +1382,16 @@ jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out
 /* ---- methods ---- */
 
 static const char *const STR_METHODS[] = {
-    "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines", "startswith", "endswith",
-    "replace", "upper", "lower", "title", "capitalize", "format", "find", "rfind", "count",
-    "join", "isdigit", "isalpha", "isalnum", "isspace", "isupper", "islower", NULL,
+    "strip",    "lstrip",  "rstrip",  "split", "rsplit",  "splitlines", "startswith",
+    "endswith", "replace", "upper",   "lower", "title",   "capitalize", "format",
+    "find",     "rfind",   "count",   "join",  "isdigit", "isalpha",    "isalnum",
+    "isspace",  "isupper", "islower", NULL,
 };
 static const char *const DICT_METHODS[] = {"get", "items", "keys", "values", "copy", NULL};
-static const char *const DICT_UNSAFE[] = {"pop", "popitem", "update", "setdefault", "clear",
-                                          NULL};
+static const char *const DICT_UNSAFE[] = {"pop", "popitem", "update", "setdefault", "clear", NULL};
 static const char *const LIST_METHODS[] = {"count", "index", "copy", NULL};
-static const char *const LIST_UNSAFE[] = {"append", "pop", "extend", "insert", "remove", "sort",
-                                          "reverse", "clear", NULL};
+static const char *const LIST_UNSAFE[] = {"append", "pop",     "extend", "insert", "remove",
+                                          "sort",   "reverse", "clear",  NULL};
 
 static bool
 in_list(const char *const *l, const char *name)
@@ -1344,11 +1407,30 @@ jj_method_kind(jv obj, const char *name, bool *unsafe)
 {
     *unsafe = false;
     if (obj.t == JV_STR)
-        return in_list(STR_METHODS, name) || in_list((const char *const[]){"encode", "center",
-            "ljust", "rjust", "zfill", "partition", "rpartition", "casefold", "swapcase",
-            "expandtabs", "index", "rindex", "removeprefix", "removesuffix", "translate",
-            "isnumeric", "isdecimal", "istitle", "isidentifier", "isprintable", "isascii",
-            "format_map", NULL}, name);
+        return in_list(STR_METHODS, name) || in_list((const char *const[]){"encode",
+                                                                           "center",
+                                                                           "ljust",
+                                                                           "rjust",
+                                                                           "zfill",
+                                                                           "partition",
+                                                                           "rpartition",
+                                                                           "casefold",
+                                                                           "swapcase",
+                                                                           "expandtabs",
+                                                                           "index",
+                                                                           "rindex",
+                                                                           "removeprefix",
+                                                                           "removesuffix",
+                                                                           "translate",
+                                                                           "isnumeric",
+                                                                           "isdecimal",
+                                                                           "istitle",
+                                                                           "isidentifier",
+                                                                           "isprintable",
+                                                                           "isascii",
+                                                                           "format_map",
+                                                                           NULL},
+                                                     name);
     if (obj.t == JV_DICT) {
         if (in_list(DICT_UNSAFE, name)) {
             *unsafe = true;
@@ -1506,8 +1588,10 @@ jj_method(jj_rt *R, jv obj, const char *name, jv *args, const char **names, size
                 return -1;
             for (size_t i = 0; i < l->n; i++)
                 if (l->v[i].t != JV_STR)
-                    return jj_fail(R, WK_EINVAL, "sequence item %zu: expected str instance, %s "
-                                                 "found", i, jj_type_name(l->v[i]));
+                    return jj_fail(R, WK_EINVAL,
+                                   "sequence item %zu: expected str instance, %s "
+                                   "found",
+                                   i, jj_type_name(l->v[i]));
             return join_values(R, l, obj, out);
         }
         if (strncmp(name, "is", 2) == 0) {
@@ -1651,8 +1735,7 @@ attr_path(jj_rt *R, jv v, jv path, jv *out)
 
 /* select/reject/selectattr/rejectattr */
 static int
-select_items(jj_rt *R, jv in, jv *args, const char **names, size_t n, bool attr, bool keep,
-             jv *out)
+select_items(jj_rt *R, jv in, jv *args, const char **names, size_t n, bool attr, bool keep, jv *out)
 {
     jlist *l, *r;
     size_t first = 0;
@@ -1724,8 +1807,8 @@ msort(jj_rt *R, jv *items, jv *keys, size_t n, jv *ti, jv *tk, bool rev)
     if (n < 2)
         return 0;
     size_t h = n / 2;
-    if (msort(R, items, keys, h, ti, tk, rev) < 0 || msort(R, items + h, keys + h, n - h, ti, tk,
-                                                          rev) < 0)
+    if (msort(R, items, keys, h, ti, tk, rev) < 0 ||
+        msort(R, items + h, keys + h, n - h, ti, tk, rev) < 0)
         return -1;
     size_t a = 0, b = h, o = 0;
     while (a < h || b < n) {
@@ -1776,8 +1859,12 @@ static int
 filter_int(jv in, jv def, jv *out)
 {
     switch (in.t) {
-    case JV_INT: *out = in; return 0;
-    case JV_BOOL: *out = jj_int(in.u.b); return 0;
+    case JV_INT:
+        *out = in;
+        return 0;
+    case JV_BOOL:
+        *out = jj_int(in.u.b);
+        return 0;
     case JV_FLOAT:
         if (isfinite(in.u.f) && fabs(in.u.f) < 9.2e18) {
             *out = jj_int((int64_t)in.u.f);
@@ -1812,7 +1899,8 @@ filter_int(jv in, jv def, jv *out)
         }
         break;
     }
-    default: break;
+    default:
+        break;
     }
     *out = def;
     return 0;
@@ -1936,8 +2024,7 @@ filter_indent(jj_rt *R, jv in, jv *args, const char **names, size_t n, jv *out)
         if (i > 0) {
             if (jj_sb_put(R, &b, "\n", 1) < 0)
                 return -1;
-            if ((jj_truthy(blank) || line.u.s.n > 0) &&
-                jj_sb_put(R, &b, ind.u.s.p, ind.u.s.n) < 0)
+            if ((jj_truthy(blank) || line.u.s.n > 0) && jj_sb_put(R, &b, ind.u.s.p, ind.u.s.n) < 0)
                 return -1;
         }
         if (jj_sb_put(R, &b, line.u.s.p, line.u.s.n) < 0)
@@ -1958,8 +2045,12 @@ html_escape(jj_rt *R, jv s, jv *out)
     }
     for (size_t i = 0; i < s.u.s.n; i++) {
         char c = s.u.s.p[i];
-        const char *e = c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;"
-                      : c == '"' ? "&#34;" : c == '\'' ? "&#39;" : NULL;
+        const char *e = c == '&'    ? "&amp;"
+                        : c == '<'  ? "&lt;"
+                        : c == '>'  ? "&gt;"
+                        : c == '"'  ? "&#34;"
+                        : c == '\'' ? "&#39;"
+                                    : NULL;
         if ((e != NULL ? jj_sb_puts(R, &b, e) : jj_sb_put(R, &b, &c, 1)) < 0)
             return -1;
     }
@@ -1992,21 +2083,29 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
         return jj_fail(R, WK_EINVAL, "bad operand type for abs(): '%s'", jj_type_name(in));
     case F_CAPITALIZE:
         return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_CAPITALIZE, out);
-    case F_TITLE: return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_TITLE_JINJA, out);
-    case F_UPPER: return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_UPPER, out);
-    case F_LOWER: return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_LOWER, out);
+    case F_TITLE:
+        return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_TITLE_JINJA, out);
+    case F_UPPER:
+        return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_UPPER, out);
+    case F_LOWER:
+        return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_LOWER, out);
     case F_COUNT:
     case F_LENGTH:
         switch (in.t) {
-        case JV_STR: *out = jj_int((int64_t)jj_utf8_len(in.u.s.p, in.u.s.n)); return 0;
+        case JV_STR:
+            *out = jj_int((int64_t)jj_utf8_len(in.u.s.p, in.u.s.n));
+            return 0;
         case JV_LIST:
             if (in.u.l->kind == JL_GEN || in.u.l->kind == JL_REVITER)
-                return jj_fail(R, WK_EINVAL, "object of type '%s' has no len()",
-                               jj_type_name(in));
+                return jj_fail(R, WK_EINVAL, "object of type '%s' has no len()", jj_type_name(in));
             *out = jj_int((int64_t)in.u.l->n);
             return 0;
-        case JV_DICT: *out = jj_int((int64_t)in.u.d->n); return 0;
-        case JV_UNDEF: *out = jj_int(0); return 0;
+        case JV_DICT:
+            *out = jj_int((int64_t)in.u.d->n);
+            return 0;
+        case JV_UNDEF:
+            *out = jj_int(0);
+            return 0;
         default:
             return jj_fail(R, WK_EINVAL, "object of type '%s' has no len()", jj_type_name(in));
         }
@@ -2039,7 +2138,8 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
         return sort_list(R, items.u.l, jj_int(pos), jj_truthy(cs), jj_truthy(rev), out);
     }
     case F_E:
-    case F_ESCAPE: return sv(R, in, &s) < 0 ? -1 : html_escape(R, s, out);
+    case F_ESCAPE:
+        return sv(R, in, &s) < 0 ? -1 : html_escape(R, s, out);
     case F_FIRST:
     case F_LAST: {
         jlist *l;
@@ -2060,8 +2160,8 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
             return need_str(R, in, name);
         return filter_float(R, in, h0 ? a0 : float_value(0.0), out);
     case F_INT: {
-        if (npos(names, n) > 1 || (n > 0 && names != NULL && names[0] != NULL &&
-                                   strcmp(names[0], "default") != 0))
+        if (npos(names, n) > 1 ||
+            (n > 0 && names != NULL && names[0] != NULL && strcmp(names[0], "default") != 0))
             return jj_fail(R, WK_ENOTSUP, "int filter with a base");
         jv def = jj_int(0);
         arg(args, names, n, 0, "default", &def);
@@ -2069,7 +2169,8 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
             return need_str(R, in, name);
         return filter_int(in, def, out);
     }
-    case F_INDENT: return filter_indent(R, in, args, names, n, out);
+    case F_INDENT:
+        return filter_indent(R, in, args, names, n, out);
     case F_ITEMS:
         if (in.t == JV_UNDEF) {
             jlist *l = jj_list_new(R, 0);
@@ -2198,10 +2299,14 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
         }
         return 0;
     }
-    case F_REJECT: return select_items(R, in, args, names, n, false, false, out);
-    case F_SELECT: return select_items(R, in, args, names, n, false, true, out);
-    case F_REJECTATTR: return select_items(R, in, args, names, n, true, false, out);
-    case F_SELECTATTR: return select_items(R, in, args, names, n, true, true, out);
+    case F_REJECT:
+        return select_items(R, in, args, names, n, false, false, out);
+    case F_SELECT:
+        return select_items(R, in, args, names, n, false, true, out);
+    case F_REJECTATTR:
+        return select_items(R, in, args, names, n, true, false, out);
+    case F_SELECTATTR:
+        return select_items(R, in, args, names, n, true, true, out);
     case F_REPLACE: {
         jv old, new, cnt;
         int64_t c = -1;
@@ -2316,7 +2421,8 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
         *out = acc;
         return 0;
     }
-    case F_TOJSON: return filter_tojson(R, in, args, names, n, out);
+    case F_TOJSON:
+        return filter_tojson(R, in, args, names, n, out);
     case F_TRIM: {
         jv chars = jj_none();
         if (check_args(R, name, names, n, 1, (const char *const[]){"chars", NULL}) < 0 ||
@@ -2397,8 +2503,9 @@ jj_func(jj_rt *R, int fn, jv *args, const char **names, size_t n, jv *out)
             return -1;
         for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
             if (l->n >= 100000) /* jinja2's sandbox MAX_RANGE */
-                return jj_fail(R, WK_ETOOBIG, "Range too big. The sandbox blocks ranges larger "
-                                              "than MAX_RANGE (100000).");
+                return jj_fail(R, WK_ETOOBIG,
+                               "Range too big. The sandbox blocks ranges larger "
+                               "than MAX_RANGE (100000).");
             if (jj_list_push(R, l, jj_int(i)) < 0 || jj_step(R, 1) < 0)
                 return -1;
         }
@@ -2413,8 +2520,10 @@ jj_func(jj_rt *R, int fn, jv *args, const char **names, size_t n, jv *out)
         for (size_t i = 0; i < n; i++) {
             if (names == NULL || names[i] == NULL) {
                 if (i > 0 || args[i].t != JV_DICT)
-                    return jj_fail(R, WK_ENOTSUP, "%s() with positional arguments other than "
-                                                  "one dict", GLOBAL_NAMES[fn]);
+                    return jj_fail(R, WK_ENOTSUP,
+                                   "%s() with positional arguments other than "
+                                   "one dict",
+                                   GLOBAL_NAMES[fn]);
                 jdict *src = args[i].u.d;
                 for (size_t k = 0; k < src->n; k++)
                     if (jj_dict_set(R, d, src->k[k], src->v[k]) < 0)
@@ -2455,24 +2564,60 @@ jj_func(jj_rt *R, int fn, jv *args, const char **names, size_t n, jv *out)
             }
             /* one literal format per conversion: the C library's text, as Python's */
             switch (f[++i]) {
-            case 'a': k = strftime(tmp, sizeof tmp, "%a", &tm); break;
-            case 'A': k = strftime(tmp, sizeof tmp, "%A", &tm); break;
-            case 'b': k = strftime(tmp, sizeof tmp, "%b", &tm); break;
-            case 'B': k = strftime(tmp, sizeof tmp, "%B", &tm); break;
-            case 'd': k = strftime(tmp, sizeof tmp, "%d", &tm); break;
-            case 'e': k = strftime(tmp, sizeof tmp, "%e", &tm); break;
-            case 'H': k = strftime(tmp, sizeof tmp, "%H", &tm); break;
-            case 'I': k = strftime(tmp, sizeof tmp, "%I", &tm); break;
-            case 'j': k = strftime(tmp, sizeof tmp, "%j", &tm); break;
-            case 'm': k = strftime(tmp, sizeof tmp, "%m", &tm); break;
-            case 'M': k = strftime(tmp, sizeof tmp, "%M", &tm); break;
-            case 'p': k = strftime(tmp, sizeof tmp, "%p", &tm); break;
-            case 'S': k = strftime(tmp, sizeof tmp, "%S", &tm); break;
-            case 'y': k = (size_t)snprintf(tmp, sizeof tmp, "%02d", (tm.tm_year + 1900) % 100); break;
-            case 'Y': k = strftime(tmp, sizeof tmp, "%Y", &tm); break;
-            case 'Z': k = strftime(tmp, sizeof tmp, "%Z", &tm); break;
-            case 'z': k = strftime(tmp, sizeof tmp, "%z", &tm); break;
-            case '%': k = strftime(tmp, sizeof tmp, "%%", &tm); break;
+            case 'a':
+                k = strftime(tmp, sizeof tmp, "%a", &tm);
+                break;
+            case 'A':
+                k = strftime(tmp, sizeof tmp, "%A", &tm);
+                break;
+            case 'b':
+                k = strftime(tmp, sizeof tmp, "%b", &tm);
+                break;
+            case 'B':
+                k = strftime(tmp, sizeof tmp, "%B", &tm);
+                break;
+            case 'd':
+                k = strftime(tmp, sizeof tmp, "%d", &tm);
+                break;
+            case 'e':
+                k = strftime(tmp, sizeof tmp, "%e", &tm);
+                break;
+            case 'H':
+                k = strftime(tmp, sizeof tmp, "%H", &tm);
+                break;
+            case 'I':
+                k = strftime(tmp, sizeof tmp, "%I", &tm);
+                break;
+            case 'j':
+                k = strftime(tmp, sizeof tmp, "%j", &tm);
+                break;
+            case 'm':
+                k = strftime(tmp, sizeof tmp, "%m", &tm);
+                break;
+            case 'M':
+                k = strftime(tmp, sizeof tmp, "%M", &tm);
+                break;
+            case 'p':
+                k = strftime(tmp, sizeof tmp, "%p", &tm);
+                break;
+            case 'S':
+                k = strftime(tmp, sizeof tmp, "%S", &tm);
+                break;
+            case 'y':
+                k = (size_t)snprintf(tmp, sizeof tmp, "%02d", (tm.tm_year + 1900) % 100);
+                break;
+            case 'Y':
+                k = strftime(tmp, sizeof tmp, "%Y", &tm);
+                break;
+            case 'Z':
+                k = strftime(tmp, sizeof tmp, "%Z", &tm);
+                break;
+            case 'z':
+                k = strftime(tmp, sizeof tmp, "%z", &tm);
+                break;
+            case '%':
+                k = strftime(tmp, sizeof tmp, "%%", &tm);
+                break;
             default:
                 return jj_fail(R, WK_ENOTSUP, "strftime_now: conversion '%%%c'", f[i]);
             }

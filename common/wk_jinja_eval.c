@@ -24,16 +24,16 @@ struct jj_frame {
 };
 
 struct jmacro {
-    const jnode *def;     /* JN_MACRO node; NULL for a call block's caller */
-    const jnode *body;    /* what it renders */
+    const jnode *def;  /* JN_MACRO node; NULL for a call block's caller */
+    const jnode *body; /* what it renders */
     jj_frame *closure; /* scope it was defined in */
     const char *name;  /* its name */
 };
 
 struct jloop {
-    jlist *items;  /* what is iterated */
-    size_t i;      /* index0 */
-    int depth;     /* loop.depth */
+    jlist *items; /* what is iterated */
+    size_t i;     /* index0 */
+    int depth;    /* loop.depth */
 };
 
 /* ---- errors, limits, strings ---- */
@@ -257,8 +257,10 @@ jj_getattr(jj_rt *R, jv obj, const char *name, jv *out)
 {
     bool unsafe = false;
     switch (obj.t) {
-    case JV_UNDEF: return undefined_use(R, obj);
-    case JV_LOOP: return loop_attr(R, obj.u.lp, name, out);
+    case JV_UNDEF:
+        return undefined_use(R, obj);
+    case JV_LOOP:
+        return loop_attr(R, obj.u.lp, name, out);
     case JV_NS:
         if (!jj_dict_get(obj.u.d, name, strlen(name), out))
             *out = jj_undef(name);
@@ -284,7 +286,9 @@ jj_getattr(jj_rt *R, jv obj, const char *name, jv *out)
             return 0;
         *out = jj_undef(name);
         return 0;
-    default: *out = jj_undef(name); return 0;
+    default:
+        *out = jj_undef(name);
+        return 0;
     }
 }
 
@@ -292,7 +296,8 @@ int
 jj_getitem(jj_rt *R, jv obj, jv key, jv *out)
 {
     switch (obj.t) {
-    case JV_UNDEF: return undefined_use(R, obj);
+    case JV_UNDEF:
+        return undefined_use(R, obj);
     case JV_DICT:
         if (jj_dict_getv(obj.u.d, key, out))
             return 0;
@@ -335,7 +340,8 @@ jj_getitem(jj_rt *R, jv obj, jv key, jv *out)
             return 0;
         }
         break;
-    default: break;
+    default:
+        break;
     }
     if (key.t == JV_STR) {
         char *nm = jj_strdup(&R->ar, key.u.s.p, key.u.s.n);
@@ -357,7 +363,9 @@ int
 jj_iter(jj_rt *R, jv v, jlist **out)
 {
     switch (v.t) {
-    case JV_UNDEF: *out = jj_list_new(R, 0); return *out == NULL ? -1 : 0;
+    case JV_UNDEF:
+        *out = jj_list_new(R, 0);
+        return *out == NULL ? -1 : 0;
     case JV_LIST:
         if (v.u.l->kind == JL_GEN || v.u.l->kind == JL_REVITER) {
             if (v.u.l->used) { /* a generator yields its items once */
@@ -393,7 +401,8 @@ jj_iter(jj_rt *R, jv v, jlist **out)
         *out = l;
         return 0;
     }
-    default: return jj_fail(R, WK_EINVAL, "'%s' object is not iterable", jj_type_name(v));
+    default:
+        return jj_fail(R, WK_EINVAL, "'%s' object is not iterable", jj_type_name(v));
     }
 }
 
@@ -410,7 +419,8 @@ node_const(const jnode *x)
     if (x == NULL)
         return true;
     switch (x->kind) {
-    case JN_LIT: return true;
+    case JN_LIT:
+        return true;
     case JN_LIST:
     case JN_TUPLE:
     case JN_DICT:
@@ -420,18 +430,22 @@ node_const(const jnode *x)
         return true;
     case JN_NEG:
     case JN_POS:
-    case JN_NOT: return node_const(x->a);
+    case JN_NOT:
+        return node_const(x->a);
     case JN_BINOP:
     case JN_CONCAT:
     case JN_AND:
-    case JN_OR: return node_const(x->a) && node_const(x->b);
+    case JN_OR:
+        return node_const(x->a) && node_const(x->b);
     case JN_COMPARE:
         for (size_t i = 0; i < x->n; i++)
             if (!node_const(x->kids[i]))
                 return false;
         return node_const(x->a);
-    case JN_COND: return node_const(x->a) && node_const(x->b) && node_const(x->c);
-    default: return false;
+    case JN_COND:
+        return node_const(x->a) && node_const(x->b) && node_const(x->c);
+    default:
+        return false;
     }
 }
 
@@ -468,8 +482,10 @@ int
 jj_call_value(jj_rt *R, jv fn, jv *args, const char **names, size_t n, jv *out)
 {
     switch (fn.t) {
-    case JV_MACRO: return call_macro(R, fn.u.m, args, names, n, NULL, out);
-    case JV_FUNC: return jj_func(R, (int)fn.u.i, args, names, n, out);
+    case JV_MACRO:
+        return call_macro(R, fn.u.m, args, names, n, NULL, out);
+    case JV_FUNC:
+        return jj_func(R, (int)fn.u.i, args, names, n, out);
     case JV_BOUND:
         if (fn.u.bm->obj.t == JV_LOOP) {
             jloop *lp = fn.u.bm->obj.u.lp;
@@ -481,10 +497,10 @@ jj_call_value(jj_rt *R, jv fn, jv *args, const char **names, size_t n, jv *out)
         return jj_method(R, fn.u.bm->obj, fn.u.bm->name, args, names, n, out);
     case JV_UNDEF:
         if (fn.u.s.p != NULL)
-            return jj_fail(R, WK_EINVAL, "'%.*s' is undefined (called)", (int)fn.u.s.n,
-                           fn.u.s.p);
+            return jj_fail(R, WK_EINVAL, "'%.*s' is undefined (called)", (int)fn.u.s.n, fn.u.s.p);
         return jj_fail(R, WK_EINVAL, "an undefined value is called");
-    default: return jj_fail(R, WK_EINVAL, "'%s' object is not callable", jj_type_name(fn));
+    default:
+        return jj_fail(R, WK_EINVAL, "'%s' object is not callable", jj_type_name(fn));
     }
 }
 
@@ -539,7 +555,9 @@ eval(jj_rt *R, const jnode *x, jv *out)
     if (jj_step(R, 1) < 0)
         return -1;
     switch (x->kind) {
-    case JN_LIT: *out = x->lit; return 0;
+    case JN_LIT:
+        *out = x->lit;
+        return 0;
     case JN_NAME: {
         if (frame_get(R->frame, x->name, out))
             return 0;
@@ -608,7 +626,8 @@ eval(jj_rt *R, const jnode *x, jv *out)
         }
         return jj_slice(R, a, s, e, st, out);
     }
-    case JN_CALL: return eval_call(R, x, out);
+    case JN_CALL:
+        return eval_call(R, x, out);
     case JN_FILTER:
         if (eval(R, x->a, &a) < 0)
             return -1;
@@ -710,7 +729,8 @@ eval(jj_rt *R, const jnode *x, jv *out)
             return 0;
         }
         return eval(R, x->c, out);
-    default: return jj_fail(R, WK_EINVAL, "internal: node %d is not an expression", x->kind);
+    default:
+        return jj_fail(R, WK_EINVAL, "internal: node %d is not an expression", x->kind);
     }
 }
 
@@ -916,19 +936,22 @@ exec_stmt(jj_rt *R, const jnode *x)
     if (jj_step(R, 1) < 0)
         return -1;
     switch (x->kind) {
-    case JN_TEXT: return jj_sb_put(R, R->out, x->lit.u.s.p, x->lit.u.s.n);
+    case JN_TEXT:
+        return jj_sb_put(R, R->out, x->lit.u.s.p, x->lit.u.s.n);
     case JN_OUTPUT:
         if (eval(R, x->a, &v) < 0)
             return -1;
         return jj_to_str(R, v, R->out);
-    case JN_BODY: return exec_body(R, x);
+    case JN_BODY:
+        return exec_body(R, x);
     case JN_IF:
         if (eval(R, x->a, &v) < 0)
             return -1;
         if (jj_truthy(v))
             return exec_body(R, x->b);
         return x->c != NULL ? exec_body(R, x->c) : FLOW_NEXT;
-    case JN_FOR: return exec_for(R, x);
+    case JN_FOR:
+        return exec_for(R, x);
     case JN_SET:
         if (eval(R, x->a, &v) < 0)
             return -1;
@@ -989,9 +1012,12 @@ exec_stmt(jj_rt *R, const jnode *x)
             return -1;
         return jj_to_str(R, v, R->out);
     }
-    case JN_BREAK: return FLOW_BREAK;
-    case JN_CONTINUE: return FLOW_CONTINUE;
-    default: return jj_fail(R, WK_EINVAL, "internal: node %d is not a statement", x->kind);
+    case JN_BREAK:
+        return FLOW_BREAK;
+    case JN_CONTINUE:
+        return FLOW_CONTINUE;
+    default:
+        return jj_fail(R, WK_EINVAL, "internal: node %d is not a statement", x->kind);
     }
 }
 
@@ -1011,8 +1037,9 @@ wk_jinja_render(const wk_jinja *t, const json_t *ctx, const wk_jinja_limits *lim
                 size_t *out_len, wk_diag *d)
 {
     if (t == NULL || out == NULL || (ctx != NULL && !json_is_object(ctx)))
-        return wk_diag_set(d, WK_EINVAL, "wk_jinja_render: NULL template or a context that is "
-                                         "not an object");
+        return wk_diag_set(d, WK_EINVAL,
+                           "wk_jinja_render: NULL template or a context that is "
+                           "not an object");
     jj_rt R = {.t = t, .d = d};
     jj_sb top = {.top = true};
     if (lim != NULL)
@@ -1034,7 +1061,8 @@ wk_jinja_render(const wk_jinja *t, const json_t *ctx, const wk_jinja_limits *lim
     if (r == 0 && ctx != NULL) {
         const char *key;
         json_t *val;
-        json_object_foreach((json_t *)ctx, key, val) {
+        json_object_foreach((json_t *)ctx, key, val)
+        {
             jv v;
             if (jj_from_json(&R, val, &v, 0) < 0 || frame_set(&R, R.globals, key, v) < 0) {
                 r = -1;

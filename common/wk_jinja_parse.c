@@ -109,25 +109,24 @@ typedef struct jj_tok {
 } jj_tok;
 
 typedef struct jj_parser {
-    wk_jinja *t;    /* the template being built */
-    const char *s;  /* normalised source */
-    size_t len;     /* its length */
-    jj_tok *toks;   /* tokens */
+    wk_jinja *t;   /* the template being built */
+    const char *s; /* normalised source */
+    size_t len;    /* its length */
+    jj_tok *toks;  /* tokens */
     size_t ntok, cap;
-    size_t pos;     /* next token */
-    int depth;      /* nesting of the parse */
-    bool in_loop;   /* break/continue allowed here (a for body, not a macro or set block) */
-    bool soft;      /* inside an if or a conditional expression of this scope */
-    jj_tok *unknown; /* the first filter/test jinja2 lacks outside any if: a compile error */
+    size_t pos;         /* next token */
+    int depth;          /* nesting of the parse */
+    bool in_loop;       /* break/continue allowed here (a for body, not a macro or set block) */
+    bool soft;          /* inside an if or a conditional expression of this scope */
+    jj_tok *unknown;    /* the first filter/test jinja2 lacks outside any if: a compile error */
     size_t unknown_pos; /* its token index */
-    size_t lpos;    /* byte whose line and column are lline, lcol */
+    size_t lpos;        /* byte whose line and column are lline, lcol */
     int lline, lcol;
-    wk_err err;     /* first error */
+    wk_err err; /* first error */
     wk_diag *d;
 } jj_parser;
 
-static int
-perr(jj_parser *P, wk_err e, int line, int col, const char *fmt, ...) WK_PRINTF(5, 6);
+static int perr(jj_parser *P, wk_err e, int line, int col, const char *fmt, ...) WK_PRINTF(5, 6);
 
 static int
 perr(jj_parser *P, wk_err e, int line, int col, const char *fmt, ...)
@@ -279,17 +278,38 @@ lex_string(jj_parser *P, size_t i, jj_tok *k)
         }
         char e = s[++x];
         switch (e) {
-        case 'n': buf[o++] = '\n'; break;
-        case 't': buf[o++] = '\t'; break;
-        case 'r': buf[o++] = '\r'; break;
-        case '\\': buf[o++] = '\\'; break;
-        case '\'': buf[o++] = '\''; break;
-        case '"': buf[o++] = '"'; break;
-        case 'a': buf[o++] = '\a'; break;
-        case 'b': buf[o++] = '\b'; break;
-        case 'f': buf[o++] = '\f'; break;
-        case 'v': buf[o++] = '\v'; break;
-        case '\n': break; /* line continuation */
+        case 'n':
+            buf[o++] = '\n';
+            break;
+        case 't':
+            buf[o++] = '\t';
+            break;
+        case 'r':
+            buf[o++] = '\r';
+            break;
+        case '\\':
+            buf[o++] = '\\';
+            break;
+        case '\'':
+            buf[o++] = '\'';
+            break;
+        case '"':
+            buf[o++] = '"';
+            break;
+        case 'a':
+            buf[o++] = '\a';
+            break;
+        case 'b':
+            buf[o++] = '\b';
+            break;
+        case 'f':
+            buf[o++] = '\f';
+            break;
+        case 'v':
+            buf[o++] = '\v';
+            break;
+        case '\n':
+            break; /* line continuation */
         case 'x':
         case 'u':
         case 'U': {
@@ -364,7 +384,8 @@ lex_tag(jj_parser *P, size_t i, int kind, bool *lstrip_next, bool *line_starting
                     e = i + 2;
                 }
             } else {
-                if ((s[i] == '-' || s[i] == '+') && i + 2 < n && s[i + 1] == '%' && s[i + 2] == '}') {
+                if ((s[i] == '-' || s[i] == '+') && i + 2 < n && s[i + 1] == '%' &&
+                    s[i + 2] == '}') {
                     e = i + 3;
                     minus = s[i] == '-';
                     plus = s[i] == '+';
@@ -614,25 +635,43 @@ static const char *
 tok_desc(const jj_tok *k, char *buf, size_t cap)
 {
     switch (k->type) {
-    case T_EOF: return "end of template";
-    case T_DATA: return "template text";
-    case T_VBEGIN: return "'{{'";
-    case T_VEND: return "'}}'";
-    case T_BBEGIN: return "'{%'";
-    case T_BEND: return "'%}'";
-    case T_NAME: snprintf(buf, cap, "'%.*s'", (int)(k->n > 40 ? 40 : k->n), k->p); return buf;
-    case T_STR: return "a string";
+    case T_EOF:
+        return "end of template";
+    case T_DATA:
+        return "template text";
+    case T_VBEGIN:
+        return "'{{'";
+    case T_VEND:
+        return "'}}'";
+    case T_BBEGIN:
+        return "'{%'";
+    case T_BEND:
+        return "'%}'";
+    case T_NAME:
+        snprintf(buf, cap, "'%.*s'", (int)(k->n > 40 ? 40 : k->n), k->p);
+        return buf;
+    case T_STR:
+        return "a string";
     case T_INT:
-    case T_FLOAT: return "a number";
+    case T_FLOAT:
+        return "a number";
     default:
         switch (k->op) {
-        case OP_FLOORDIV: return "'//'";
-        case OP_POW: return "'**'";
-        case OP_EQ: return "'=='";
-        case OP_NE: return "'!='";
-        case OP_LE: return "'<='";
-        case OP_GE: return "'>='";
-        default: snprintf(buf, cap, "'%c'", k->op); return buf;
+        case OP_FLOORDIV:
+            return "'//'";
+        case OP_POW:
+            return "'**'";
+        case OP_EQ:
+            return "'=='";
+        case OP_NE:
+            return "'!='";
+        case OP_LE:
+            return "'<='";
+        case OP_GE:
+            return "'>='";
+        default:
+            snprintf(buf, cap, "'%c'", k->op);
+            return buf;
         }
     }
 }
@@ -879,13 +918,26 @@ parse_compare(jj_parser *P)
         int op = -1;
         if (k->type == T_OP) {
             switch (k->op) {
-            case OP_EQ: op = JJ_OP_EQ; break;
-            case OP_NE: op = JJ_OP_NE; break;
-            case '<': op = JJ_OP_LT; break;
-            case '>': op = JJ_OP_GT; break;
-            case OP_LE: op = JJ_OP_LE; break;
-            case OP_GE: op = JJ_OP_GE; break;
-            default: break;
+            case OP_EQ:
+                op = JJ_OP_EQ;
+                break;
+            case OP_NE:
+                op = JJ_OP_NE;
+                break;
+            case '<':
+                op = JJ_OP_LT;
+                break;
+            case '>':
+                op = JJ_OP_GT;
+                break;
+            case OP_LE:
+                op = JJ_OP_LE;
+                break;
+            case OP_GE:
+                op = JJ_OP_GE;
+                break;
+            default:
+                break;
             }
             if (op >= 0)
                 next(P);
@@ -1014,7 +1066,8 @@ parse_args(jj_parser *P, jnode *x)
             kw = true;
         } else if (kw) {
             jj_tok *k = cur(P);
-            return perr(P, WK_EINVAL, k->line, k->col, "positional argument after keyword argument");
+            return perr(P, WK_EINVAL, k->line, k->col,
+                        "positional argument after keyword argument");
         }
         jnode *v = parse_expr(P);
         if (v == NULL || nvec_push(P, &args, v, name, 0) < 0)
@@ -1618,7 +1671,8 @@ parse_stmt(jj_parser *P)
                 if ((def = parse_expr(P)) == NULL)
                     return NULL;
             } else if (params.n > 0 && params.v[params.n - 1] != NULL) {
-                perr(P, WK_EINVAL, pk->line, pk->col, "non-default argument follows default argument");
+                perr(P, WK_EINVAL, pk->line, pk->col,
+                     "non-default argument follows default argument");
                 return NULL;
             }
             if (nvec_push(P, &params, def, pn, 0) < 0)
@@ -1740,11 +1794,10 @@ parse_body(jj_parser *P, const char *const *ends, int *which)
                 }
             }
             if (nk->type == T_NAME &&
-                (tok_is_name(nk, "endif") || tok_is_name(nk, "endfor") ||
-                 tok_is_name(nk, "elif") || tok_is_name(nk, "else") ||
-                 tok_is_name(nk, "endmacro") || tok_is_name(nk, "endset") ||
-                 tok_is_name(nk, "endfilter") || tok_is_name(nk, "endgeneration") ||
-                 tok_is_name(nk, "endcall"))) {
+                (tok_is_name(nk, "endif") || tok_is_name(nk, "endfor") || tok_is_name(nk, "elif") ||
+                 tok_is_name(nk, "else") || tok_is_name(nk, "endmacro") ||
+                 tok_is_name(nk, "endset") || tok_is_name(nk, "endfilter") ||
+                 tok_is_name(nk, "endgeneration") || tok_is_name(nk, "endcall"))) {
                 perr(P, WK_EINVAL, nk->line, nk->col, "unexpected '%.*s'", (int)nk->n, nk->p);
                 return NULL;
             }
@@ -1788,16 +1841,16 @@ typedef struct scope_names {
 } scope_names;
 
 typedef struct scope_chain {
-    const scope_names *names;      /* a complete enclosing level */
-    const struct scope_chain *up;  /* the next one out */
+    const scope_names *names;     /* a complete enclosing level */
+    const struct scope_chain *up; /* the next one out */
 } scope_chain;
 
 /* nested scopes found while walking a level, analysed once the level is complete */
 typedef struct scope_todo {
-    jnode *body;          /* the JN_BODY of the scope */
-    const char **params;  /* names bound on entry (loop targets, macro parameters) */
+    jnode *body;         /* the JN_BODY of the scope */
+    const char **params; /* names bound on entry (loop targets, macro parameters) */
     size_t nparams;
-    jnode *extra;         /* an expression evaluated in the scope (a loop's if, macro defaults) */
+    jnode *extra; /* an expression evaluated in the scope (a loop's if, macro defaults) */
 } scope_todo;
 
 typedef struct scope_walk {
@@ -1980,8 +2033,12 @@ static void
 sw_stmt(scope_walk *W, jnode *x)
 {
     switch (x->kind) {
-    case JN_OUTPUT: sw_expr(W, x->a); break;
-    case JN_BODY: sw_stmts(W, x); break;
+    case JN_OUTPUT:
+        sw_expr(W, x->a);
+        break;
+    case JN_BODY:
+        sw_stmts(W, x);
+        break;
     case JN_IF: {
         /* jinja2's three branches: the body, all elifs, the else */
         scope_names before, br[3];
@@ -2044,7 +2101,8 @@ sw_stmt(scope_walk *W, jnode *x)
         sw_expr(W, x->a);
         sw_todo(W, x->b, NULL, 0, NULL);
         break;
-    default: break;
+    default:
+        break;
     }
 }
 
@@ -2104,8 +2162,8 @@ scope_analyze(jj_parser *P, jnode *body, const char **params, size_t nparams, jn
     }
     scope_chain here = {&W.lv, up};
     for (size_t i = 0; i < W.ntodo && rc == 0; i++)
-        rc = scope_analyze(P, W.todo[i].body, W.todo[i].params, W.todo[i].nparams,
-                           W.todo[i].extra, &here, depth + 1);
+        rc = scope_analyze(P, W.todo[i].body, W.todo[i].params, W.todo[i].nparams, W.todo[i].extra,
+                           &here, depth + 1);
 done:
     sn_free(&W.lv);
     free(W.todo);

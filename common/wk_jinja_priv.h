@@ -26,8 +26,8 @@ typedef struct jj_arena {
     bool over;      /* a jj_alloc failed for the limit (not for malloc) */
 } jj_arena;
 
-void *jj_alloc(jj_arena *a, size_t n);             /* zeroed; NULL past the limit or on ENOMEM */
-void jj_arena_fini(jj_arena *a);                   /* frees every chunk; NULL-safe */
+void *jj_alloc(jj_arena *a, size_t n); /* zeroed; NULL past the limit or on ENOMEM */
+void jj_arena_fini(jj_arena *a);       /* frees every chunk; NULL-safe */
 char *jj_strdup(jj_arena *a, const char *s, size_t n); /* NUL-terminated copy */
 
 /* ---- values ---- */
@@ -39,7 +39,7 @@ typedef enum jv_type {
     JV_INT,
     JV_FLOAT,
     JV_STR,
-    JV_LIST,  /* list, or tuple when l->tuple */
+    JV_LIST, /* list, or tuple when l->tuple */
     JV_DICT,
     JV_NS,    /* namespace(): a dict whose keys are attributes */
     JV_MACRO, /* a {% macro %} */
@@ -65,11 +65,11 @@ typedef struct jv {
             const char *p; /* JV_STR bytes (UTF-8, not NUL-terminated); JV_UNDEF: the name */
             size_t n;      /* their length */
         } s;
-        jlist *l;  /* JV_LIST */
-        jdict *d;  /* JV_DICT, JV_NS */
-        jmacro *m; /* JV_MACRO */
+        jlist *l;   /* JV_LIST */
+        jdict *d;   /* JV_DICT, JV_NS */
+        jmacro *m;  /* JV_MACRO */
         jbound *bm; /* JV_BOUND */
-        jloop *lp; /* JV_LOOP */
+        jloop *lp;  /* JV_LOOP */
     } u;
 } jv;
 
@@ -132,14 +132,14 @@ typedef enum jn_kind {
     JN_COMPARE, /* a (ops[i] kids[i])... */
     JN_COND,    /* b if a else c (c may be NULL) */
     /* statements */
-    JN_BODY,    /* kids */
-    JN_TEXT,    /* lit (a string) */
-    JN_OUTPUT,  /* {{ a }} */
-    JN_IF,      /* if a: b else c */
-    JN_FOR,     /* for names[0..nnames) in a [if d]: b else c */
-    JN_SET,     /* set name[.attr] = a, or names = a */
+    JN_BODY,     /* kids */
+    JN_TEXT,     /* lit (a string) */
+    JN_OUTPUT,   /* {{ a }} */
+    JN_IF,       /* if a: b else c */
+    JN_FOR,      /* for names[0..nnames) in a [if d]: b else c */
+    JN_SET,      /* set name[.attr] = a, or names = a */
     JN_SETBLOCK, /* set name %}b{% endset, then filter d (input NULL) when given */
-    JN_MACRO,   /* macro name(names = kids defaults) body b */
+    JN_MACRO,    /* macro name(names = kids defaults) body b */
     JN_BREAK,
     JN_CONTINUE,
     JN_FILTERBLOCK, /* filter d (input NULL) %}b{% endfilter */
@@ -166,42 +166,43 @@ enum {
 
 typedef struct jnode jnode;
 struct jnode {
-    uint8_t kind;       /* jn_kind */
-    uint8_t op;         /* JJ_OP_* for JN_BINOP; 1 for a negated test */
-    int line;           /* source line (1-based) */
-    int fid;            /* filter/test id resolved at parse, -1 unknown */
-    const char *name;   /* NAME, GETATTR, FILTER, TEST, SET, MACRO, attribute of SET */
-    const char *attr;   /* JN_SET on a namespace: the attribute */
-    jnode *a, *b, *c, *d;  /* operands, see jn_kind */
-    jnode **kids;          /* arguments, items, statements */
-    const char **names; /* keyword names of kids (NULL entries: positional); FOR/SET targets */
-    uint8_t *ops;       /* JN_COMPARE: the operator before each of kids */
-    size_t n;           /* number of kids */
-    size_t nnames;      /* number of names (FOR/SET targets, MACRO parameters) */
-    jv lit;             /* JN_LIT, JN_TEXT */
-    const char **undefs; /* JN_BODY of a scope: names jinja2 binds to Undefined on entry */
-    size_t nundefs;      /* their number */
+    uint8_t kind;         /* jn_kind */
+    uint8_t op;           /* JJ_OP_* for JN_BINOP; 1 for a negated test */
+    int line;             /* source line (1-based) */
+    int fid;              /* filter/test id resolved at parse, -1 unknown */
+    const char *name;     /* NAME, GETATTR, FILTER, TEST, SET, MACRO, attribute of SET */
+    const char *attr;     /* JN_SET on a namespace: the attribute */
+    jnode *a, *b, *c, *d; /* operands, see jn_kind */
+    jnode **kids;         /* arguments, items, statements */
+    const char **names;   /* keyword names of kids (NULL entries: positional); FOR/SET targets */
+    uint8_t *ops;         /* JN_COMPARE: the operator before each of kids */
+    size_t n;             /* number of kids */
+    size_t nnames;        /* number of names (FOR/SET targets, MACRO parameters) */
+    jv lit;               /* JN_LIT, JN_TEXT */
+    const char **undefs;  /* JN_BODY of a scope: names jinja2 binds to Undefined on entry */
+    size_t nundefs;       /* their number */
 };
 
 struct wk_jinja {
     jj_arena arena; /* every node and string of the template */
-    jnode *root;       /* JN_BODY */
+    jnode *root;    /* JN_BODY */
 };
 
 /* filters and tests known to the evaluator (wk_jinja_builtin.c) */
 int jj_filter_id(const char *name);
 int jj_test_id(const char *name);
-bool jj_jinja2_knows(const char *name, bool filter); /* a filter/test jinja2 has (we may refuse it) */
+bool jj_jinja2_knows(const char *name,
+                     bool filter); /* a filter/test jinja2 has (we may refuse it) */
 
 /* ---- UTF-8 and Python text helpers (wk_jinja_value.c) ---- */
 
-size_t jj_utf8_len(const char *s, size_t n);                   /* code points (invalid bytes: 1 each) */
-size_t jj_utf8_next(const char *s, size_t n, size_t i);          /* byte index of the next code point */
+size_t jj_utf8_len(const char *s, size_t n);            /* code points (invalid bytes: 1 each) */
+size_t jj_utf8_next(const char *s, size_t n, size_t i); /* byte index of the next code point */
 uint32_t jj_utf8_cp(const char *s, size_t n, size_t i, size_t *next); /* decode at i */
 void jj_utf8_put(char *buf, size_t *o, uint32_t cp);                  /* encode (<= 4 bytes) */
-size_t jj_space_len(const char *s, size_t n);                    /* a str.isspace() char at s, or 0 */
-size_t jj_space_len_back(const char *s, size_t n);               /* one ending at s + n, or 0 */
-void jj_format_float(double f, char *buf, size_t cap);           /* Python repr(float) */
+size_t jj_space_len(const char *s, size_t n);          /* a str.isspace() char at s, or 0 */
+size_t jj_space_len_back(const char *s, size_t n);     /* one ending at s + n, or 0 */
+void jj_format_float(double f, char *buf, size_t cap); /* Python repr(float) */
 
 /* ---- render state (wk_jinja_eval.c) ---- */
 
@@ -215,24 +216,24 @@ typedef struct jj_sb {
 } jj_sb;
 
 typedef struct jj_rt {
-    jj_arena ar;          /* every value of this render */
-    const wk_jinja *t;    /* the template */
-    wk_jinja_limits lim;  /* limits in force */
-    uint64_t steps;       /* steps taken */
-    unsigned depth;       /* macro call depth */
-    int line;             /* line of the node being evaluated (for errors) */
-    wk_err err;           /* first error */
-    wk_diag *d;           /* where its message goes */
-    jj_frame *globals;    /* the template's top-level frame */
-    jj_frame *frame;      /* the innermost scope now */
-    jj_sb *out;           /* where output goes now */
+    jj_arena ar;         /* every value of this render */
+    const wk_jinja *t;   /* the template */
+    wk_jinja_limits lim; /* limits in force */
+    uint64_t steps;      /* steps taken */
+    unsigned depth;      /* macro call depth */
+    int line;            /* line of the node being evaluated (for errors) */
+    wk_err err;          /* first error */
+    wk_diag *d;          /* where its message goes */
+    jj_frame *globals;   /* the template's top-level frame */
+    jj_frame *frame;     /* the innermost scope now */
+    jj_sb *out;          /* where output goes now */
 } jj_rt;
 
 /* Records the first error ("line L: ..." unless raw) and returns -1. */
 int jj_fail(jj_rt *R, wk_err e, const char *fmt, ...) WK_PRINTF(3, 4);
 int jj_raise(jj_rt *R, const char *msg, size_t n); /* raise_exception(msg): message verbatim */
-int jj_oom(jj_rt *R);                             /* the memory limit or ENOMEM */
-int jj_step(jj_rt *R, uint64_t n);                /* counts n steps; -1 past max_steps */
+int jj_oom(jj_rt *R);                              /* the memory limit or ENOMEM */
+int jj_step(jj_rt *R, uint64_t n);                 /* counts n steps; -1 past max_steps */
 
 int jj_sb_put(jj_rt *R, jj_sb *b, const char *s, size_t n);
 int jj_sb_puts(jj_rt *R, jj_sb *b, const char *s);
@@ -252,17 +253,17 @@ bool jj_dict_get(const jdict *d, const char *k, size_t kn, jv *out);
 bool jj_dict_getv(const jdict *d, jv k, jv *out);
 bool jj_truthy(jv v);
 bool jj_eq(jv a, jv b);
-bool jj_is_str(jv v, const char *s); /* v is the string s */
-const char *jj_type_name(jv v);        /* Python's type name: "str", "NoneType", ... */
-int jj_to_str(jj_rt *R, jv v, jj_sb *b);    /* Python's str(v) */
-int jj_to_repr(jj_rt *R, jv v, jj_sb *b);   /* Python's repr(v) */
-int jj_strv(jj_rt *R, jv v, jv *out);       /* str(v) as a value (strings as they are) */
+bool jj_is_str(jv v, const char *s);      /* v is the string s */
+const char *jj_type_name(jv v);           /* Python's type name: "str", "NoneType", ... */
+int jj_to_str(jj_rt *R, jv v, jj_sb *b);  /* Python's str(v) */
+int jj_to_repr(jj_rt *R, jv v, jj_sb *b); /* Python's repr(v) */
+int jj_strv(jj_rt *R, jv v, jv *out);     /* str(v) as a value (strings as they are) */
 int jj_from_json(jj_rt *R, const json_t *j, jv *out, int depth);
 
 /* transformers' tojson: json.dumps(v, ensure_ascii, indent, separators, sort_keys) */
 typedef struct jj_json_opt {
-    const char *indent; /* NULL: no newlines; else the string per level */
-    size_t indent_n;    /* its length */
+    const char *indent;             /* NULL: no newlines; else the string per level */
+    size_t indent_n;                /* its length */
     const char *item_sep, *key_sep; /* separators */
     bool sort_keys;
     bool ensure_ascii;
@@ -270,7 +271,7 @@ typedef struct jj_json_opt {
 int jj_to_json(jj_rt *R, jv v, const jj_json_opt *o, jj_sb *b, int level);
 
 /* evaluator services for the builtins (wk_jinja_eval.c) */
-int jj_iter(jj_rt *R, jv v, jlist **out);  /* the items a for loop over v sees */
+int jj_iter(jj_rt *R, jv v, jlist **out); /* the items a for loop over v sees */
 int jj_getattr(jj_rt *R, jv obj, const char *name, jv *out);
 int jj_getitem(jj_rt *R, jv obj, jv key, jv *out);
 int jj_call_value(jj_rt *R, jv fn, jv *args, const char **names, size_t n, jv *out);
@@ -281,9 +282,8 @@ int jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **
 int jj_test(jj_rt *R, int id, const char *name, jv in, jv *args, size_t n, bool *out);
 /* 1 when obj has a method called name (*unsafe: one the immutable sandbox forbids), else 0 */
 int jj_method_kind(jv obj, const char *name, bool *unsafe);
-int jj_method(jj_rt *R, jv obj, const char *name, jv *args, const char **names, size_t n,
-              jv *out);
-int jj_global(const char *name);   /* a global function's id, -1 if none */
+int jj_method(jj_rt *R, jv obj, const char *name, jv *args, const char **names, size_t n, jv *out);
+int jj_global(const char *name); /* a global function's id, -1 if none */
 int jj_func(jj_rt *R, int fn, jv *args, const char **names, size_t n, jv *out);
 int jj_compare(jj_rt *R, int op, jv a, jv b, bool *out);
 int jj_binop(jj_rt *R, int op, jv a, jv b, jv *out);

@@ -258,15 +258,22 @@ jj_truthy(jv v)
 {
     switch (v.t) {
     case JV_UNDEF:
-    case JV_NONE: return false;
-    case JV_BOOL: return v.u.b;
-    case JV_INT: return v.u.i != 0;
-    case JV_FLOAT: return v.u.f != 0.0;
-    case JV_STR: return v.u.s.n > 0;
+    case JV_NONE:
+        return false;
+    case JV_BOOL:
+        return v.u.b;
+    case JV_INT:
+        return v.u.i != 0;
+    case JV_FLOAT:
+        return v.u.f != 0.0;
+    case JV_STR:
+        return v.u.s.n > 0;
     case JV_LIST:
         return v.u.l->kind == JL_GEN || v.u.l->kind == JL_REVITER || v.u.l->n > 0;
-    case JV_DICT: return v.u.d->n > 0;
-    default: return true;
+    case JV_DICT:
+        return v.u.d->n > 0;
+    default:
+        return true;
     }
 }
 
@@ -296,8 +303,10 @@ jj_eq(jv a, jv b)
         return false;
     switch (a.t) {
     case JV_UNDEF:
-    case JV_NONE: return true;
-    case JV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
+    case JV_NONE:
+        return true;
+    case JV_STR:
+        return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
     case JV_LIST:
         if (a.u.l == b.u.l)
             return true;
@@ -318,12 +327,18 @@ jj_eq(jv a, jv b)
                 return false;
         }
         return true;
-    case JV_NS: return a.u.d == b.u.d;
-    case JV_MACRO: return a.u.m == b.u.m;
-    case JV_FUNC: return a.u.i == b.u.i;
-    case JV_LOOP: return a.u.lp == b.u.lp;
-    case JV_BOUND: return a.u.bm == b.u.bm;
-    default: return false;
+    case JV_NS:
+        return a.u.d == b.u.d;
+    case JV_MACRO:
+        return a.u.m == b.u.m;
+    case JV_FUNC:
+        return a.u.i == b.u.i;
+    case JV_LOOP:
+        return a.u.lp == b.u.lp;
+    case JV_BOUND:
+        return a.u.bm == b.u.bm;
+    default:
+        return false;
     }
 }
 
@@ -338,26 +353,43 @@ const char *
 jj_type_name(jv v)
 {
     switch (v.t) {
-    case JV_UNDEF: return "Undefined";
-    case JV_NONE: return "NoneType";
-    case JV_BOOL: return "bool";
-    case JV_INT: return "int";
-    case JV_FLOAT: return "float";
-    case JV_STR: return "str";
+    case JV_UNDEF:
+        return "Undefined";
+    case JV_NONE:
+        return "NoneType";
+    case JV_BOOL:
+        return "bool";
+    case JV_INT:
+        return "int";
+    case JV_FLOAT:
+        return "float";
+    case JV_STR:
+        return "str";
     case JV_LIST:
         switch (v.u.l->kind) {
-        case JL_GEN: return "generator";
-        case JL_REVITER: return "list_reverseiterator";
-        case JL_ITEMS: return "dict_items";
-        case JL_KEYS: return "dict_keys";
-        case JL_VALUES: return "dict_values";
-        default: return v.u.l->tuple ? "tuple" : "list";
+        case JL_GEN:
+            return "generator";
+        case JL_REVITER:
+            return "list_reverseiterator";
+        case JL_ITEMS:
+            return "dict_items";
+        case JL_KEYS:
+            return "dict_keys";
+        case JL_VALUES:
+            return "dict_values";
+        default:
+            return v.u.l->tuple ? "tuple" : "list";
         }
-    case JV_DICT: return "dict";
-    case JV_NS: return "Namespace";
-    case JV_MACRO: return "Macro";
-    case JV_LOOP: return "LoopContext";
-    default: return "function";
+    case JV_DICT:
+        return "dict";
+    case JV_NS:
+        return "Namespace";
+    case JV_MACRO:
+        return "Macro";
+    case JV_LOOP:
+        return "LoopContext";
+    default:
+        return "function";
     }
 }
 
@@ -512,12 +544,20 @@ to_text(jj_rt *R, jv v, jj_sb *b, bool repr)
 {
     char buf[64];
     switch (v.t) {
-    case JV_UNDEF: return repr ? jj_sb_puts(R, b, "Undefined") : 0;
-    case JV_NONE: return jj_sb_puts(R, b, "None");
-    case JV_BOOL: return jj_sb_puts(R, b, v.u.b ? "True" : "False");
-    case JV_INT: snprintf(buf, sizeof buf, "%lld", (long long)v.u.i); return jj_sb_puts(R, b, buf);
-    case JV_FLOAT: jj_format_float(v.u.f, buf, sizeof buf); return jj_sb_puts(R, b, buf);
-    case JV_STR: return repr ? repr_str(R, v.u.s.p, v.u.s.n, b) : jj_sb_put(R, b, v.u.s.p, v.u.s.n);
+    case JV_UNDEF:
+        return repr ? jj_sb_puts(R, b, "Undefined") : 0;
+    case JV_NONE:
+        return jj_sb_puts(R, b, "None");
+    case JV_BOOL:
+        return jj_sb_puts(R, b, v.u.b ? "True" : "False");
+    case JV_INT:
+        snprintf(buf, sizeof buf, "%lld", (long long)v.u.i);
+        return jj_sb_puts(R, b, buf);
+    case JV_FLOAT:
+        jj_format_float(v.u.f, buf, sizeof buf);
+        return jj_sb_puts(R, b, buf);
+    case JV_STR:
+        return repr ? repr_str(R, v.u.s.p, v.u.s.n, b) : jj_sb_put(R, b, v.u.s.p, v.u.s.n);
     case JV_LIST: {
         jlist *l = v.u.l;
         if (l->kind == JL_GEN || l->kind == JL_REVITER)
@@ -546,8 +586,7 @@ to_text(jj_rt *R, jv v, jj_sb *b, bool repr)
     case JV_DICT:
     case JV_NS: {
         jdict *d = v.u.d;
-        if (jj_step(R, d->n) < 0 ||
-            jj_sb_puts(R, b, v.t == JV_NS ? "<Namespace {" : "{") < 0)
+        if (jj_step(R, d->n) < 0 || jj_sb_puts(R, b, v.t == JV_NS ? "<Namespace {" : "{") < 0)
             return -1;
         for (size_t i = 0; i < d->n; i++) {
             if ((i > 0 && jj_sb_puts(R, b, ", ") < 0) || to_text(R, d->k[i], b, true) < 0 ||
@@ -595,15 +634,25 @@ jj_from_json(jj_rt *R, const json_t *j, jv *out, int depth)
     if (depth > 512)
         return jj_fail(R, WK_ETOOBIG, "context nested deeper than 512");
     switch (json_typeof(j)) {
-    case JSON_NULL: *out = jj_none(); return 0;
-    case JSON_TRUE: *out = jj_bool(true); return 0;
-    case JSON_FALSE: *out = jj_bool(false); return 0;
-    case JSON_INTEGER: *out = jj_int((int64_t)json_integer_value(j)); return 0;
+    case JSON_NULL:
+        *out = jj_none();
+        return 0;
+    case JSON_TRUE:
+        *out = jj_bool(true);
+        return 0;
+    case JSON_FALSE:
+        *out = jj_bool(false);
+        return 0;
+    case JSON_INTEGER:
+        *out = jj_int((int64_t)json_integer_value(j));
+        return 0;
     case JSON_REAL:
         out->t = JV_FLOAT;
         out->u.f = json_real_value(j);
         return 0;
-    case JSON_STRING: *out = jj_str(json_string_value(j), json_string_length(j)); return 0;
+    case JSON_STRING:
+        *out = jj_str(json_string_value(j), json_string_length(j));
+        return 0;
     case JSON_ARRAY: {
         size_t n = json_array_size(j);
         jlist *l = jj_list_new(R, n);
@@ -626,7 +675,8 @@ jj_from_json(jj_rt *R, const json_t *j, jv *out, int depth)
         if (d == NULL)
             return -1;
         /* keys are unique in a JSON object: appended without a search */
-        json_object_foreach((json_t *)j, key, val) {
+        json_object_foreach((json_t *)j, key, val)
+        {
             if (d->n == d->cap)
                 return jj_fail(R, WK_EINVAL, "context object changed while read");
             d->k[d->n] = jj_str(key, strlen(key));
@@ -663,12 +713,23 @@ json_str(jj_rt *R, const char *s, size_t n, bool ascii, jj_sb *b)
             esc[0] = '\\';
             en = 2;
             switch (c) {
-            case '\n': esc[1] = 'n'; break;
-            case '\r': esc[1] = 'r'; break;
-            case '\t': esc[1] = 't'; break;
-            case '\b': esc[1] = 'b'; break;
-            case '\f': esc[1] = 'f'; break;
-            default: en = (size_t)snprintf(esc, sizeof esc, "\\u%04x", c);
+            case '\n':
+                esc[1] = 'n';
+                break;
+            case '\r':
+                esc[1] = 'r';
+                break;
+            case '\t':
+                esc[1] = 't';
+                break;
+            case '\b':
+                esc[1] = 'b';
+                break;
+            case '\f':
+                esc[1] = 'f';
+                break;
+            default:
+                en = (size_t)snprintf(esc, sizeof esc, "\\u%04x", c);
             }
         } else if (c >= 0x80 && ascii) {
             uint32_t cp = jj_utf8_cp(s, n, i, &nx);
@@ -740,9 +801,13 @@ jj_to_json(jj_rt *R, jv v, const jj_json_opt *o, jj_sb *b, int level)
     if (level > 512)
         return jj_fail(R, WK_ETOOBIG, "tojson: nested deeper than 512");
     switch (v.t) {
-    case JV_NONE: return jj_sb_puts(R, b, "null");
-    case JV_BOOL: return jj_sb_puts(R, b, v.u.b ? "true" : "false");
-    case JV_INT: snprintf(buf, sizeof buf, "%lld", (long long)v.u.i); return jj_sb_puts(R, b, buf);
+    case JV_NONE:
+        return jj_sb_puts(R, b, "null");
+    case JV_BOOL:
+        return jj_sb_puts(R, b, v.u.b ? "true" : "false");
+    case JV_INT:
+        snprintf(buf, sizeof buf, "%lld", (long long)v.u.i);
+        return jj_sb_puts(R, b, buf);
     case JV_FLOAT:
         if (isnan(v.u.f))
             return jj_sb_puts(R, b, "NaN");
@@ -750,7 +815,8 @@ jj_to_json(jj_rt *R, jv v, const jj_json_opt *o, jj_sb *b, int level)
             return jj_sb_puts(R, b, v.u.f < 0 ? "-Infinity" : "Infinity");
         jj_format_float(v.u.f, buf, sizeof buf);
         return jj_sb_puts(R, b, buf);
-    case JV_STR: return json_str(R, v.u.s.p, v.u.s.n, o->ensure_ascii, b);
+    case JV_STR:
+        return json_str(R, v.u.s.p, v.u.s.n, o->ensure_ascii, b);
     case JV_LIST: {
         jlist *l = v.u.l;
         if (l->kind != JL_PLAIN)
@@ -808,7 +874,6 @@ jj_to_json(jj_rt *R, jv v, const jj_json_opt *o, jj_sb *b, int level)
         return jj_sb_puts(R, b, "}");
     }
     default:
-        return jj_fail(R, WK_EINVAL, "Object of type %s is not JSON serializable",
-                       jj_type_name(v));
+        return jj_fail(R, WK_EINVAL, "Object of type %s is not JSON serializable", jj_type_name(v));
     }
 }

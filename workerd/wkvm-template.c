@@ -37,12 +37,18 @@ static const char *
 code_name(wk_err e)
 {
     switch (e) {
-    case WK_EINVAL: return "EINVAL";
-    case WK_ENOTSUP: return "ENOTSUP";
-    case WK_ETOOBIG: return "ETOOBIG";
-    case WK_ENOMEM: return "ENOMEM";
-    case WK_EIO: return "EIO";
-    default: return wk_strerror(e);
+    case WK_EINVAL:
+        return "EINVAL";
+    case WK_ENOTSUP:
+        return "ENOTSUP";
+    case WK_ETOOBIG:
+        return "ETOOBIG";
+    case WK_ENOMEM:
+        return "ENOMEM";
+    case WK_EIO:
+        return "EIO";
+    default:
+        return wk_strerror(e);
     }
 }
 
@@ -96,9 +102,9 @@ load_template(const char *path, wk_jinja **t, wk_diag *d)
 /* One parsed template per path, kept for the whole batch. */
 typedef struct cached {
     char *path;
-    wk_jinja *t;       /* NULL when parsing failed */
-    wk_err err;        /* the parse error */
-    wk_diag diag;      /* its message */
+    wk_jinja *t;  /* NULL when parsing failed */
+    wk_err err;   /* the parse error */
+    wk_diag diag; /* its message */
 } cached;
 
 static int
@@ -222,8 +228,7 @@ render_model(const char *dir, const char *override, const char *req_path)
     size_t len = 0;
     e = wk_chat_tpl_render_json(t, json_object_get(req, "messages"), json_object_get(req, "tools"),
                                 agp == NULL || json_is_true(agp),
-                                json_object_get(req, "chat_template_kwargs"), NULL, &out, &len,
-                                &d);
+                                json_object_get(req, "chat_template_kwargs"), NULL, &out, &len, &d);
     json_decref(req);
     wk_chat_tpl_free(t);
     if (e != WK_OK) {

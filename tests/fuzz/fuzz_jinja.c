@@ -62,8 +62,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     fuzz_check(t != NULL, "a template on success");
-    wk_jinja_limits lim = {.max_output = 1u << 20, .max_memory = 16u << 20,
-                           .max_steps = 200000, .max_depth = 32};
+    wk_jinja_limits lim = {
+        .max_output = 1u << 20, .max_memory = 16u << 20, .max_steps = 200000, .max_depth = 32};
     char *out[2] = {NULL, NULL};
     size_t len[2] = {0, 0};
     wk_err r[2];

@@ -38,9 +38,21 @@ put_gguf(const char *tpl)
     static uint8_t b[4096];
     size_t n = 0;
 #define PUT(p, len) (memcpy(b + n, (p), (len)), n += (len))
-#define U32(v) do { uint32_t x_ = (v); PUT(&x_, 4); } while (0)
-#define U64(v) do { uint64_t x_ = (v); PUT(&x_, 8); } while (0)
-#define STR(s) do { U64(strlen(s)); PUT((s), strlen(s)); } while (0)
+#define U32(v)                                                                                     \
+    do {                                                                                           \
+        uint32_t x_ = (v);                                                                         \
+        PUT(&x_, 4);                                                                               \
+    } while (0)
+#define U64(v)                                                                                     \
+    do {                                                                                           \
+        uint64_t x_ = (v);                                                                         \
+        PUT(&x_, 8);                                                                               \
+    } while (0)
+#define STR(s)                                                                                     \
+    do {                                                                                           \
+        U64(strlen(s));                                                                            \
+        PUT((s), strlen(s));                                                                       \
+    } while (0)
     PUT("GGUF", 4);
     U32(3);
     U64(0); /* tensors */
@@ -141,9 +153,11 @@ test_config_string(void **state)
     wk_diag d = {{0}};
     clear();
     put("tokenizer_config.json",
-        "{\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<s>\"}, \"eos_token\": \"</s>\","
+        "{\"bos_token\": {\"__type\": \"AddedToken\", \"content\": \"<s>\"}, \"eos_token\": "
+        "\"</s>\","
         " \"chat_template\": \"{{ bos_token }}{% for m in messages %}[{{ m.role }}:{{ m.content }}]"
-        "{% endfor %}{{ tools is none }}{% if add_generation_prompt %}A:{% endif %}{{ eos_token }}\"}");
+        "{% endfor %}{{ tools is none }}{% if add_generation_prompt %}A:{% endif %}{{ eos_token "
+        "}}\"}");
     assert_int_equal(wk_chat_tpl_load(dir, NULL, &t, &d), WK_OK);
     assert_string_equal(wk_chat_tpl_source(t), "tokenizer_config.json");
     char *out = render_hi(t, true);
@@ -246,7 +260,8 @@ test_gguf_and_override(void **state)
     free(out);
     wk_chat_tpl_free(t);
     /* tokenizer_config.json's template wins over the GGUF's; its tokens too */
-    put("tokenizer_config.json", "{\"eos_token\": \"E\", \"chat_template\": \"c{{ bos_token }}{{ eos_token }}\"}");
+    put("tokenizer_config.json",
+        "{\"eos_token\": \"E\", \"chat_template\": \"c{{ bos_token }}{{ eos_token }}\"}");
     assert_int_equal(wk_chat_tpl_load(dir, NULL, &t, &d), WK_OK);
     out = render_hi(t, false);
     assert_string_equal(out, "c<s>E");
