@@ -773,8 +773,22 @@ call_macro(jj_rt *R, jmacro *m, jv *args, const char **names, size_t n, jmacro *
     bool *set = np > 0 ? jj_alloc(&R->ar, np) : NULL;
     if (np > 0 && set == NULL)
         return jj_oom(R);
+    /* a body that reads varargs / kwargs takes extra arguments into them (op bits 1, 2) */
+    jlist *va = NULL;
+    jdict *kw = NULL;
+    if (def != NULL && (def->op & 1) && (va = jj_list_new(R, 0)) == NULL)
+        return -1;
+    if (def != NULL && (def->op & 2) && (kw = jj_dict_new(R, 0)) == NULL)
+        return -1;
+    if (va != NULL)
+        va->tuple = true;
     size_t pos = 0;
     for (size_t i = 0; i < n; i++) {
+        if ((names == NULL || names[i] == NULL) && pos >= np && va != NULL) {
+            if (jj_list_push(R, va, args[i]) < 0)
+                return -1;
+            continue;
+        }
         if (names == NULL || names[i] == NULL) {
             if (pos >= np)
                 return jj_fail(R, WK_EINVAL, "macro '%s' takes not more than %zu argument(s)",
@@ -788,6 +802,11 @@ call_macro(jj_rt *R, jmacro *m, jv *args, const char **names, size_t n, jmacro *
         for (p = 0; p < np; p++)
             if (strcmp(def->names[p], names[i]) == 0)
                 break;
+        if (p == np && kw != NULL) {
+            if (jj_dict_set(R, kw, jj_str(names[i], strlen(names[i])), args[i]) < 0)
+                return -1;
+            continue;
+        }
         if (p == np)
             return jj_fail(R, WK_EINVAL, "macro '%s' takes no keyword argument '%s'", m->name,
                            names[i]);
@@ -797,6 +816,18 @@ call_macro(jj_rt *R, jmacro *m, jv *args, const char **names, size_t n, jmacro *
         if (frame_set(R, f, def->names[p], args[i]) < 0)
             return -1;
         set[p] = true;
+    }
+    if (va != NULL) {
+        jv v = {.t = JV_LIST};
+        v.u.l = va;
+        if (frame_set(R, f, "varargs", v) < 0)
+            return -1;
+    }
+    if (kw != NULL) {
+        jv v = {.t = JV_DICT};
+        v.u.d = kw;
+        if (frame_set(R, f, "kwargs", v) < 0)
+            return -1;
     }
     jj_frame *saved = R->frame;
     R->frame = f;
@@ -883,12 +914,7 @@ exec_for(jj_rt *R, const jnode *x)
     if (lp == NULL)
         return jj_oom(R);
     lp->items = items;
-    lp->depth = 1;
-    {
-        jv prev;
-        if (frame_get(outer, "loop", &prev) && prev.t == JV_LOOP)
-            lp->depth = prev.u.lp->depth + 1;
-    }
+    lp->depth = 1; /* only recursive loops (refused) go deeper */
     for (size_t i = 0; i < items->n; i++) {
         jv lv = {.t = JV_LOOP};
         lv.u.lp = lp;

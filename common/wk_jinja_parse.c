@@ -2142,6 +2142,14 @@ scope_analyze(jj_parser *P, jnode *body, const char **params, size_t nparams, jn
         sw_expr(&W, extra);
     }
     sw_stmts(&W, body);
+    if (extra != NULL && extra->kind == JN_MACRO) {
+        /* jinja2: a macro whose body reads varargs / kwargs collects extra arguments */
+        ptrdiff_t va = sn_find(&W.lv, "varargs"), kw = sn_find(&W.lv, "kwargs");
+        if (va >= 0 && W.lv.kind[va] == SK_LOAD)
+            extra->op |= 1;
+        if (kw >= 0 && W.lv.kind[kw] == SK_LOAD)
+            extra->op |= 2;
+    }
     if (W.err != 0) {
         rc = perr(P, WK_ENOMEM, body->line, 1, "out of memory");
         goto done;
