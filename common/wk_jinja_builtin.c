@@ -1516,6 +1516,8 @@ jj_method(jj_rt *R, jv obj, const char *name, jv *args, const char **names, size
     (void)h1;
     if (jj_step(R, 1) < 0)
         return -1;
+    if (obj.t == JV_STR && obj.mk) /* markupsafe's methods escape their arguments */
+        return jj_fail(R, WK_ENOTSUP, "str.%s() on Markup text (from safe/escape)", name);
     if (obj.t == JV_STR) {
         if (strcmp(name, "format") == 0)
             return str_format(R, obj, args, names, n, out);
@@ -2059,6 +2061,15 @@ html_escape(jj_rt *R, jv s, jv *out)
     return 0;
 }
 
+/* The result of a str method on s: Markup stays Markup (markupsafe wraps them). */
+static int
+keep_mk(jv s, int r, jv *out)
+{
+    if (r == 0 && s.mk && out->t == JV_STR)
+        out->mk = 1;
+    return r;
+}
+
 int
 jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **names, size_t n,
           jv *out)
@@ -2082,13 +2093,13 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
         }
         return jj_fail(R, WK_EINVAL, "bad operand type for abs(): '%s'", jj_type_name(in));
     case F_CAPITALIZE:
-        return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_CAPITALIZE, out);
+        return sv(R, in, &s) < 0 ? -1 : keep_mk(s, str_case(R, s, CASE_CAPITALIZE, out), out);
     case F_TITLE:
-        return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_TITLE_JINJA, out);
+        return sv(R, in, &s) < 0 ? -1 : keep_mk(s, str_case(R, s, CASE_TITLE_JINJA, out), out);
     case F_UPPER:
-        return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_UPPER, out);
+        return sv(R, in, &s) < 0 ? -1 : keep_mk(s, str_case(R, s, CASE_UPPER, out), out);
     case F_LOWER:
-        return sv(R, in, &s) < 0 ? -1 : str_case(R, s, CASE_LOWER, out);
+        return sv(R, in, &s) < 0 ? -1 : keep_mk(s, str_case(R, s, CASE_LOWER, out), out);
     case F_COUNT:
     case F_LENGTH:
         switch (in.t) {
@@ -2429,7 +2440,7 @@ jj_filter(jj_rt *R, int id, const char *name, jv in, jv *args, const char **name
             sv(R, in, &s) < 0)
             return -1;
         arg(args, names, n, 0, "chars", &chars);
-        return str_strip(R, s, chars, 3, out);
+        return keep_mk(s, str_strip(R, s, chars, 3, out), out);
     }
     case F_UNIQUE: {
         static const char *const kw[] = {"case_sensitive", "attribute", NULL};

@@ -1992,10 +1992,10 @@ sw_branch(scope_walk *W, const scope_names *before, jnode *body, scope_names *ou
 }
 
 /*
- * jinja2's branch_update: a name new in some branch is stored on every path
- * only when every branch stores it (then it keeps the last branch's kind);
- * stored on some paths it reads through to the enclosing scopes. The
- * branches are freed.
+ * jinja2's branch_update: a name a branch assigns, that this level had not
+ * assigned before the if, reads through to the enclosing scopes (or the
+ * context) until assigned, whatever the other branches do; a name only read
+ * in a branch is read through too. The branches are freed.
  */
 static void
 sw_merge(scope_walk *W, const scope_names *before, scope_names *br, int nb)
@@ -2005,26 +2005,24 @@ sw_merge(scope_walk *W, const scope_names *before, scope_names *br, int nb)
             const char *nm = br[k].name[i];
             if (sn_find(&W->lv, nm) >= 0)
                 continue;
-            int count = 0, kind = SK_LOAD;
+            bool stored = false;
             for (int m = 0; m < nb; m++) {
                 ptrdiff_t o = sn_find(&br[m], nm);
-                if (o >= 0) {
-                    kind = br[m].kind[o];
-                    if (br[m].stored[o])
-                        count++;
-                }
+                if (o >= 0 && br[m].stored[o])
+                    stored = true;
             }
-            if (count > 0 && count < nb)
-                kind = SK_COND;
-            else if (count == 0)
-                kind = SK_LOAD;
-            sn_add(W, &W->lv, nm, kind, count > 0);
+            sn_add(W, &W->lv, nm, stored ? SK_COND : SK_LOAD, stored);
         }
     }
-    for (size_t i = 0; i < before->n && i < W->lv.n; i++)
-        for (int k = 0; k < nb; k++)
-            if (i < br[k].n && br[k].stored[i])
+    for (size_t i = 0; i < before->n && i < W->lv.n; i++) {
+        for (int k = 0; k < nb; k++) {
+            if (i < br[k].n && br[k].stored[i] && !before->stored[i]) {
                 W->lv.stored[i] = true;
+                if (W->lv.kind[i] != SK_PARAM)
+                    W->lv.kind[i] = SK_COND;
+            }
+        }
+    }
     for (int k = 0; k < nb; k++)
         sn_free(&br[k]);
 }

@@ -557,6 +557,10 @@ to_text(jj_rt *R, jv v, jj_sb *b, bool repr)
         jj_format_float(v.u.f, buf, sizeof buf);
         return jj_sb_puts(R, b, buf);
     case JV_STR:
+        if (repr && v.mk) /* Markup('...') */
+            return jj_sb_puts(R, b, "Markup(") < 0 || repr_str(R, v.u.s.p, v.u.s.n, b) < 0
+                       ? -1
+                       : jj_sb_puts(R, b, ")");
         return repr ? repr_str(R, v.u.s.p, v.u.s.n, b) : jj_sb_put(R, b, v.u.s.p, v.u.s.n);
     case JV_LIST: {
         jlist *l = v.u.l;
