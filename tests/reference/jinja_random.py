@@ -173,8 +173,8 @@ def main():
         env = dict(os.environ, WKVM_JINJA_CHILD="1")
         return subprocess.run([py, os.path.abspath(__file__)] + args, env=env).returncode
     exe = args[0]
-    n_expr = int(args[1]) if len(args) > 1 else 1500
-    n_stmt = int(args[2]) if len(args) > 2 else 600
+    n_expr = int(args[1]) if len(args) > 1 else 1200
+    n_stmt = int(args[2]) if len(args) > 2 else 500
     seed = int(args[3]) if len(args) > 3 else 29
     rnd = random.Random(seed)
     cases = [(gen_expr(rnd), CTX) for _ in range(n_expr)] + \
