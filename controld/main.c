@@ -95,6 +95,9 @@ static const wk_cfg_opt ctl_opts[] = {
     {"nccl-net", WK_CFG_BOOL, "false", 0, 0,
      "migrate between GPU workers on different hosts with NCCL (its network transport must "
      "reach between them); otherwise such migrations relay bytes over NNG"},
+    {"drain-wait-ms", WK_CFG_U64, "2000", 0, 600000,
+     "how long a new request that only draining workers could run waits (room for an "
+     "undrain) before 503 unavailable (0 = at once)"},
     {"step-timeout-ms", WK_CFG_U64, "120000", 100, 3600000,
      "deadline of one step on a worker; past it the step's requests fail"},
     {"request-timeout-ms", WK_CFG_U64, "600000", 100, 86400000, "deadline of one request"},
@@ -205,6 +208,7 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("slot-io-timeout-ms", U64, slot_io_timeout_ms),
     CTL_BIND("slot-wait-ms", U64, slot_wait_ms),
     CTL_BIND("nccl-net", BOOL, app.migrate.nccl_net),
+    CTL_BIND("drain-wait-ms", U32, sched.drain_wait_ms),
     CTL_BIND("step-timeout-ms", U32, sched.step_timeout_ms),
     CTL_BIND("request-timeout-ms", U64, app.request_timeout_ms),
     CTL_BIND("max-tokens-default", U32, app.default_max_tokens),

@@ -24,12 +24,6 @@
 #include "wk_proto.h"
 
 #define CTL_SCHED_MAX_WORKERS 64
-/*
- * A new request that only draining workers could run fails after this wait
- * (503 unavailable): long enough for a drain-then-undrain, short of hanging
- * until the request deadline.
- */
-#define CTL_SCHED_DRAIN_WAIT_MS 2000
 #define CTL_JOB_EVQ 4
 #define CTL_SCHED_AGING_MS 2000 /* a job waiting this long goes before shorter ones */
 
@@ -1066,7 +1060,7 @@ ctl_sched_mgr_main(void *arg)
             else if (j->want_worker[0] && ctl_sched_worker_locked(s, j->want_worker) == NULL &&
                      now - j->submit_ms > 5000)
                 ctl_job_fail(s, j, WK_EUNAVAIL, "the requested worker is not available");
-            else if (!j->held && now - j->submit_ms > CTL_SCHED_DRAIN_WAIT_MS &&
+            else if (!j->held && now - j->submit_ms >= s->cfg.drain_wait_ms &&
                      ctl_sched_only_draining_locked(s, j->want_worker))
                 ctl_job_fail(s, j, WK_EUNAVAIL,
                              "every worker this request may run on is draining (undrain one "

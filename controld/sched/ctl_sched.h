@@ -48,6 +48,7 @@ typedef struct ctl_sched_config {
     uint32_t max_rows;      /* most rows in one step */
     uint32_t queue_max;     /* waiting jobs before WK_EQUEUEFULL */
     uint32_t step_timeout_ms; /* deadline of one step RPC */
+    uint32_t drain_wait_ms;   /* a request only draining workers could run fails (503) after this */
 } ctl_sched_config;
 
 /* A slot handle: worker, index and the generation it was allocated at. */

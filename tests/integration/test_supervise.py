@@ -97,10 +97,12 @@ def test_up_restarts_and_gives_up():
     assert p.returncode == 0, p.stdout + p.stderr
     st = status()
     assert st.returncode == 0, st.stdout
-    assert "worker-0: running" in st.stdout and "restarts 0" in st.stdout, st.stdout
-    assert "ready: yes (HTTP 200)" in st.stdout, st.stdout
-    # where things are, readable: URL, data, build, model, the wkvmctl to use, a workers table
+    assert "worker-0:   running" in st.stdout and "restarts 0" in st.stdout, st.stdout
+    assert "ready:      yes (HTTP 200)" in st.stdout, st.stdout
+    # where things are, readable: URL, data, build, model, the wkvmctl to use, a workers table,
+    # the logs command for this data dir, which worker id each worker process has
     for want in ("url:        " + URL, "data:       " + DATA, "build:      " + FAKE,
+                 "deploy/wkvm logs --data " + DATA + ")", "restarts 0, worker id w0)",
                  "model:      " + os.path.join(DATA, "models", "wkvm-demo"),
                  "wkvmctl:    " + os.path.join(FAKE, "controld", "wkvmctl") + " --url " + URL):
         assert want in st.stdout, (want, st.stdout)
@@ -127,7 +129,7 @@ def test_up_restarts_and_gives_up():
     wait(away, "status while the worker is away")
     wait(lambda: ready() and pid("worker-0") != old, "the restarted worker")
     st = status()
-    assert "worker-0: running" in st.stdout and "restarts 1" in st.stdout, st.stdout
+    assert "worker-0:   running" in st.stdout and "restarts 1" in st.stdout, st.stdout
     if "503" in seen:  # usually seen; a very fast restart may beat the poll
         assert "no worker registered" in seen["503"] and "no answer" not in seen["503"], seen
     assert gen("keep@1") == want
@@ -136,7 +138,7 @@ def test_up_restarts_and_gives_up():
     old = pid("controld")
     os.kill(old, signal.SIGKILL)
     wait(lambda: ready() and pid("controld") != old, "the restarted controller")
-    assert "controld: running" in status().stdout
+    assert "controld:   running" in status().stdout
     got = http("GET", URL + "/v1/states/keep@1")
     assert got.status == 200 and got.json()["token_ids"] == [1, 2, 3, 4], got.body
     assert gen("keep@1") == want
@@ -148,9 +150,9 @@ def test_up_restarts_and_gives_up():
          "the supervisor giving up", timeout=120)
     st = status()
     assert st.returncode == 1, st.stdout
-    assert "worker-0: given up after 4 restarts" in st.stdout, st.stdout
+    assert "worker-0:   given up after 4 restarts" in st.stdout, st.stdout
     assert "injected start-up crash" in st.stdout, st.stdout
-    assert "controld: running" in st.stdout, st.stdout
+    assert "controld:   running" in st.stdout, st.stdout
     sup = open(os.path.join(DATA, "logs", "supervisor.log")).read()
     assert "failed 5 times within 60 s: given up" in sup, sup[-800:]
 
