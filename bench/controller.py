@@ -72,6 +72,9 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3,
                     help="measured rounds per level; each is printed (3)")
     ap.add_argument("--worker-threads", type=int, default=1, help="CPU threads of the worker (1)")
+    ap.add_argument("--stub", action="store_true",
+                    help="use bench/wkvm-stub-worker (real protocol over NNG, answers every "
+                    "step at once with a fixed token) instead of a CPU worker")
     ap.add_argument("--http-threads", type=int, default=0,
                     help="controller HTTP threads (default: largest level + 32, at most 1024)")
     ap.add_argument("--perf", metavar="DIR",
@@ -296,7 +299,7 @@ def main(argv=None):
     levels = [int(x) for x in args.streams.split(",") if x]
     top = max(levels)
     http_threads = args.http_threads or min(1024, top + 32)
-    if top + 2 > http_threads:
+    if top > http_threads:
         print(f"{top} streams need more than --http-threads {http_threads} (one civetweb thread "
               "per streaming connection; the controller allows at most 1024)", file=sys.stderr)
         return 2
@@ -308,14 +311,24 @@ def main(argv=None):
     data = os.path.join(tmp, "data")
     os.makedirs(data)
     summary = {"machine": benchlib.machine(), "slots": top + 1, "http_threads": http_threads,
-               "levels": []}
+               "worker": "stub" if args.stub else "cpu", "levels": []}
     ok = True
     with wkvm_harness.Stack(model=model, slots=top + 1, data=data, extra_ctl=[
             "--http-threads", str(http_threads), "--max-rows", str(min(1024, max(256, top))),
             "--step-tokens", str(max(512, 2 * top)), "--log-level", "warn"]) as s:
         s.start_controller()
-        s.start_worker("w0", extra=["--threads", str(args.worker_threads),
-                                    "--log-level", "warn"])
+        if args.stub:
+            # the stub worker answers every step at once with one fixed token
+            p = subprocess.Popen([os.path.join(args.build, "bench", "wkvm-stub-worker"),
+                                  "--data-dir", data, "--id", "w0", "--layers", "2",
+                                  "--embd", "64", "--head-size", "16", "--ffn", "128",
+                                  "--vocab", "512"],
+                                 stdout=s._log("worker-w0"), stderr=subprocess.STDOUT)
+            s.procs.append(p)
+            s.workers["w0"] = p
+        else:
+            s.start_worker("w0", extra=["--threads", str(args.worker_threads),
+                                        "--log-level", "warn"])
         s.wait(lambda: s.get("/ready").status == 200, "ready")
         ctl_pid, wrk_pid = s.ctl.pid, s.workers["w0"].pid
         warm = run_level(s.port, min(top, 32), 16, args.procs, ctl_pid, wrk_pid)
