@@ -6,7 +6,8 @@
  * synthetic RWKV-7 shape given on the command line (--layers, --embd,
  * --head-size, --ffn, --vocab: the shape of the model the controller was
  * given, whose tokenizer it uses), acknowledges slot and host-cache
- * operations, and answers every STEP at once with one fixed token per
+ * operations (a warm-tier checkpoint "loads" without bytes: the state is
+ * fiction anyway), and answers every STEP at once with one fixed token per
  * sampling row (--token). State reads are refused (WK_ENOTSUP): migration,
  * spills and state files are out of its scope.
  *
@@ -216,11 +217,9 @@ main(int argc, char **argv)
         case WKVM__KIND__SLOT_COPY:
         case WKVM__KIND__SLOT_FREE:
         case WKVM__KIND__HOST_PUT:
+        case WKVM__KIND__HOST_GET: /* the controller asks only for keys it put */
         case WKVM__KIND__HOST_DROP:
             stub_ack(sock, req, WKVM__KIND__ACK, WK_OK, "");
-            break;
-        case WKVM__KIND__HOST_GET:
-            stub_ack(sock, req, WKVM__KIND__ACK, WK_ENOENT, "stub: no host cache");
             break;
         case WKVM__KIND__SHUTDOWN:
             stub_ack(sock, req, WKVM__KIND__ACK, WK_OK, "");
