@@ -28,7 +28,8 @@
 #include "wk_proto.h"
 
 static const wk_cfg_opt stub_opts[] = {
-    {"data-dir", WK_CFG_STR, NULL, 0, 0, "the controller's data directory (link: DATA/controller.ipc)"},
+    {"data-dir", WK_CFG_STR, NULL, 0, 0,
+     "the controller's data directory (link: DATA/controller.ipc)"},
     {"link-url", WK_CFG_STR, NULL, 0, 0, "controller link URL (default ipc://DATA/controller.ipc)"},
     {"id", WK_CFG_STR, "stub0", 0, 0, "worker id"},
     {"layers", WK_CFG_U64, "2", 1, 1024, "n_layer of the model the controller serves"},
@@ -80,6 +81,13 @@ main(int argc, char **argv)
     if (wk_cfg_parse(stub_opts, STUB_NOPTS, "WKVM_STUB", argc, argv, &cfg, &d) != WK_OK) {
         fprintf(stderr, "wkvm-stub-worker: %s\n", d.msg);
         return 2;
+    }
+    if (wk_cfg_help_requested(cfg)) {
+        wk_cfg_print_help(stub_opts, STUB_NOPTS, "wkvm-stub-worker",
+                          "a worker that answers every step at once (benchmarks only)", "WKVM_STUB",
+                          stdout);
+        wk_cfg_free(cfg);
+        return 0;
     }
     char url[4200];
     if (wk_cfg_get_str(cfg, "link-url") != NULL)

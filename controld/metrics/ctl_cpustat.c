@@ -15,18 +15,18 @@
 #define CTL_CPUSTAT_MAX_THREADS 4096 /* tracked threads; beyond, live time only */
 
 typedef struct ctl_cpustat_thread {
-    long tid;       /* kernel thread id */
-    int comp;       /* ctl_cpu_component */
-    double cpu;     /* utime+stime at the last sample, seconds */
-    bool seen;      /* seen in the current sample */
+    long tid;   /* kernel thread id */
+    int comp;   /* ctl_cpu_component */
+    double cpu; /* on-CPU seconds at the last sample */
+    bool seen;  /* seen in the current sample */
 } ctl_cpustat_thread;
 
 static struct {
-    pthread_mutex_t mu;                                   /* guards all of this */
-    size_t n;                                             /* entries in t */
-    ctl_cpustat_thread t[CTL_CPUSTAT_MAX_THREADS];        /* threads seen alive */
-    double retired[CTL_CPU_COMPONENT_COUNT];              /* time of exited threads */
-    double last[CTL_CPU_COMPONENT_COUNT];                 /* last values returned */
+    pthread_mutex_t mu;                            /* guards all of this */
+    size_t n;                                      /* entries in t */
+    ctl_cpustat_thread t[CTL_CPUSTAT_MAX_THREADS]; /* threads seen alive */
+    double retired[CTL_CPU_COMPONENT_COUNT];       /* time of exited threads */
+    double last[CTL_CPU_COMPONENT_COUNT];          /* last values returned */
 } g_cpu = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *const ctl_cpu_names[CTL_CPU_COMPONENT_COUNT] = {
@@ -46,9 +46,9 @@ ctl_cpu_component_of(const char *comm)
         const char *prefix;
         ctl_cpu_component comp;
     } map[] = {
-        {"civetweb", CTL_CPU_COMPONENT_HTTP}, {"wkc-step", CTL_CPU_COMPONENT_STEP},
+        {"civetweb", CTL_CPU_COMPONENT_HTTP},   {"wkc-step", CTL_CPU_COMPONENT_STEP},
         {"wkc-sched", CTL_CPU_COMPONENT_SCHED}, {"wkc-pool", CTL_CPU_COMPONENT_POOL},
-        {"nng:", CTL_CPU_COMPONENT_POOL},      {"wkc-vm", CTL_CPU_COMPONENT_VM},
+        {"nng:", CTL_CPU_COMPONENT_POOL},       {"wkc-vm", CTL_CPU_COMPONENT_VM},
         {"wkc-ckpt", CTL_CPU_COMPONENT_VM},
     };
     for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
@@ -78,7 +78,7 @@ ctl_cpustat_read(const char *path, double *cpu, char comm[16])
         memcpy(comm, open + 1, cl);
         comm[cl] = '\0';
     }
-    /* after ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    /* after ") ": state ppid pgrp session tty tpgid flags, 4 fault counts, utime stime */
     unsigned long long ut = 0, st = 0;
     if (sscanf(close + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
         return false;

@@ -1,13 +1,15 @@
 /*
- * ctl_cpustat: thread names map to the documented components, and a sample
- * of this process's CPU is complete (the components add up to the process
- * total) and never goes down, also after a named thread exits.
+ * ctl_cpustat: thread names map to the documented components, a named
+ * thread's time lands in its component, and no component ever goes down,
+ * also after that thread exits. (cmocka needs its four headers first.)
  */
+/* clang-format off */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+/* clang-format on */
 
 #include <pthread.h>
 #include <string.h>
