@@ -82,9 +82,7 @@ ctl_cpustat_read(const char *path, double *cpu, char comm[16])
     unsigned long long ut = 0, st = 0;
     if (sscanf(close + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
         return false;
-    static long tck;
-    if (tck <= 0)
-        tck = sysconf(_SC_CLK_TCK);
+    long tck = sysconf(_SC_CLK_TCK);
     *cpu = (double)(ut + st) / (double)(tck > 0 ? tck : 100);
     return true;
 }
