@@ -4,14 +4,14 @@ worker on loopback, a tiny model so that the worker is not the bottleneck, N
 clients streaming M tokens each through /v1/completions with ignore_eos.
 
 For each level N (--streams, default 64,256) the driver reads the
-controller's utime+stime from /proc/<pid>/stat before and after one round in
-which N streams start together and each receives M tokens (--tokens, 256),
-and prints:
+controller's utime+stime from /proc/<pid>/stat before and after each round
+(--rounds, 3) in which N streams start together and each receives M tokens
+(--tokens, 256), and prints:
 
 - us of controller CPU per streamed token (the issue's figure; target <= 10),
 - tokens/s over the round (first request sent -> last stream closed),
-- the controller CPU split by thread name (/proc/<pid>/task/*/comm; threads
-  of one name summed, digits folded), the worker's CPU, and the load
+- the controller CPU split by thread name (/proc/<pid>/task/*/schedstat;
+  threads of one name summed, digits folded), the worker's CPU, and the load
   generator's own CPU (each client process reports os.times()),
 - the same split as the controller reports it in /metrics
   (wkvm_controller_cpu_seconds_total{component}, its delta over the round),
@@ -24,16 +24,20 @@ sockets (HTTP/1.1, Connection: close) that only count bytes and parse the last
 event, so that it stays well below the controller's CPU; its CPU is printed
 beside the controller's so that a reader can check.
 
+--stub uses build/bench/wkvm-stub-worker instead of the CPU worker: the real
+protocol over NNG, every step answered at once with a fixed token, so that
+the controller alone is measured (the 1,024-stream level).
+
 The slot count and --http-threads follow the largest level (one civetweb
-thread holds each streaming connection, and --http-threads is at most 1024:
-the 1,024-stream level needs a stub worker and more than 1,024 HTTP threads,
-not available here; see bench/README.md). --perf DIR also records
+thread holds each streaming connection, and --http-threads is at most 1024,
+so 1,024 streams is the most this measures). --perf DIR also records
 `perf record -g` of the controller during an extra run of the first level
 (kept apart so that perf's overhead does not enter the figures) and writes
 DIR/perf.data and DIR/perf-top.txt.
 
     python3 bench/controller.py --build build                      # 64 and 256 streams
     python3 bench/controller.py --streams 64 --tokens 256 --perf /tmp/ctlperf
+    python3 bench/controller.py --stub --streams 1024 --rounds 2
 
 Stdlib only. Exit status 0 when every stream got its M tokens.
 """
