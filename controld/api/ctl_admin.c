@@ -11,6 +11,7 @@
 
 #include "ctl_app.h"
 #include "ctl_ckpt.h"
+#include "ctl_cpustat.h"
 #include "wk_json.h"
 #include "wk_log.h"
 
@@ -293,6 +294,15 @@ ctl_admin_metrics_snapshot(ctl_app *app)
     ctl_metrics_set(m, "wkvm_worker_rpc_errors_total", NULL, (double)st.rpc_errors);
     ctl_metrics_set(m, "wkvm_worker_bad_messages_total", NULL, (double)st.bad_messages);
     ctl_metrics_set(m, "wkvm_start_time_seconds", NULL, (double)app->start_ms / 1000.0);
+    double cpu[CTL_CPU_COMPONENT_COUNT];
+    if (ctl_cpustat_sample(cpu) == WK_OK) {
+        for (int c = 0; c < CTL_CPU_COMPONENT_COUNT; c++) {
+            char lb[64];
+            snprintf(lb, sizeof(lb), "component=\"%s\"",
+                     ctl_cpu_component_name((ctl_cpu_component)c));
+            ctl_metrics_set(m, "wkvm_controller_cpu_seconds_total", lb, cpu[c]);
+        }
+    }
 }
 
 static void
@@ -355,6 +365,9 @@ ctl_admin_metrics_declare(ctl_metrics *m)
         {"wkvm_worker_bad_messages_total", CTL_METRIC_COUNTER,
          "Messages from workers refused by validation."},
         {"wkvm_build_info", CTL_METRIC_GAUGE, "1, labelled with the controller's version."},
+        {"wkvm_controller_cpu_seconds_total", CTL_METRIC_COUNTER,
+         "Controller CPU seconds (user + system) by component: http, step, sched, pool, vm, "
+         "other (threads attributed by name)."},
     };
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
         wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, lat,

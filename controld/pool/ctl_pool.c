@@ -355,6 +355,7 @@ static void *
 ctl_pool_recv_main(void *arg)
 {
     ctl_pool *p = arg;
+    pthread_setname_np(pthread_self(), "wkc-pool-recv"); /* for the CPU metric */
     while (!atomic_load(&p->stop)) {
         nng_msg *nm = NULL;
         int rv = nng_recvmsg(p->sock, &nm, 0);
@@ -573,6 +574,7 @@ static void *
 ctl_pool_mgr_main(void *arg)
 {
     ctl_pool *p = arg;
+    pthread_setname_np(pthread_self(), "wkc-pool-mgr");
     while (!atomic_load(&p->stop)) {
         bool load = false;
         char id[65];

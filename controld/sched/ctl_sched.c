@@ -764,6 +764,7 @@ ctl_sched_worker_main(void *arg)
     ctl_sworker *w = arg;
     ctl_sched *s = w->s;
     size_t cap = s->cfg.max_rows;
+    pthread_setname_np(pthread_self(), "wkc-step"); /* wkvm_controller_cpu_seconds_total */
     ctl_step_row *rows = calloc(cap, sizeof(*rows));
     pthread_mutex_lock(&s->mu);
     while (!atomic_load(&s->stop) && !w->dead && rows != NULL) {
@@ -973,6 +974,7 @@ static void *
 ctl_sched_mgr_main(void *arg)
 {
     ctl_sched *s = arg;
+    pthread_setname_np(pthread_self(), "wkc-sched");
     ctl_worker_view *views = calloc(CTL_SCHED_MAX_WORKERS, sizeof(*views));
     while (views != NULL && !atomic_load(&s->stop)) {
         size_t n = ctl_pool_list(s->pool, views, CTL_SCHED_MAX_WORKERS);

@@ -739,6 +739,7 @@ static void *
 ckpt_thread_main(void *arg)
 {
     ctl_ckpt *c = arg;
+    pthread_setname_np(pthread_self(), "wkc-ckpt"); /* for the CPU metric */
     pthread_mutex_lock(&c->mu);
     while (!c->stop) {
         if (!c->kick) {

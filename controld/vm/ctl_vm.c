@@ -146,6 +146,7 @@ static void *
 ctl_vm_janitor_main(void *arg)
 {
     ctl_vm *vm = arg;
+    pthread_setname_np(pthread_self(), "wkc-vm"); /* for the CPU metric */
     pthread_mutex_lock(&vm->mu);
     while (!vm->stop) {
         ctl_vm_entry *e = ctl_vm_janitor_pick_locked(vm, wk_mono_ms());
