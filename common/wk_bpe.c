@@ -1142,18 +1142,7 @@ bpe_load_vocab(bpe_ld *c, wk_bpe *b, const json_t *vocab, const uint8_t *is_adde
                 plen = bpe_spm_unmark(key, n, piece);
             }
         } else if (is_added[id]) {
-            /*
-             * The added token's content is its piece; a vocab entry with its
-             * id must spell the same bytes (GPT-2's "<|endoftext|>"), else
-             * encoding the entry's text would give the added token back.
-             */
-            if (!bpe_key_bytes(key, n, piece, &plen) || plen != b->piece_len[id] ||
-                memcmp(piece, b->bytes + b->piece_off[id], plen) != 0)
-                return bpe_fail(c, WK_EINVAL,
-                                "model.vocab \"%s\" (id %d): the id of an added token with "
-                                "other content",
-                                bpe_show(key, n, sh), (int)id);
-            continue;
+            continue; /* the added token's content is its piece */
         } else if (!bpe_key_bytes(key, n, piece, &plen))
             return bpe_fail(c, WK_EINVAL,
                             "model.vocab \"%s\" (id %d): character outside the byte-level "
