@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "wk_tok.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -46,6 +48,38 @@ fuzz_byte_cp(unsigned b)
     if (b <= 160)
         return 256 + 33 + (b - 127);
     return 256 + 67;
+}
+
+/*
+ * Whether an added token shares its id with a model.vocab entry of other
+ * content. Real tokenizers do this (DeepSeek's, MPT's), and then neither
+ * `tokenizers` nor wkvm gives the text back: encoding the entry's text yields
+ * the id, whose piece is the added token. The round-trip invariants skip it.
+ */
+static int
+fuzz_added_shares_id(const char *json, size_t len)
+{
+    json_t *root = json_loadb(json, len, 0, NULL);
+    const json_t *model = json_object_get(root, "model");
+    const json_t *vocab = json_object_get(model, "vocab");
+    const json_t *added = json_object_get(root, "added_tokens");
+    int shared = 0;
+    size_t i;
+    const json_t *t;
+    json_array_foreach(added, i, t) {
+        const json_t *id = json_object_get(t, "id");
+        const json_t *content = json_object_get(t, "content");
+        const char *key;
+        const json_t *v;
+        json_object_foreach((json_t *)vocab, key, v) {
+            if (json_is_integer(id) && json_is_integer(v) &&
+                json_integer_value(v) == json_integer_value(id) &&
+                !(json_is_string(content) && strcmp(json_string_value(content), key) == 0))
+                shared = 1;
+        }
+    }
+    json_decref(root);
+    return shared;
 }
 
 static void
@@ -118,7 +152,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
          * The stream check stays.
          */
         if (ascii && !spm && memmem(data + 1, jlen, "Removed", 7) == NULL &&
-            memmem(data + 1, jlen, "strip", 5) == NULL && memmem(data + 1, jlen, "\\u", 2) == NULL) {
+            memmem(data + 1, jlen, "strip", 5) == NULL && memmem(data + 1, jlen, "\\u", 2) == NULL &&
+            !fuzz_added_shares_id(json, off)) {
             /* NFC is the identity: the text comes back, plus prefix spaces. */
             size_t j = 0;
             for (size_t i = 0; i < blen; i++) {
