@@ -24,6 +24,7 @@
 #include "wk_pretok.h"
 #include "wk_tok.h"
 #include "wk_unicode_tables.h"
+#include "wk_utf8.h"
 
 #define BPE_RAW 0x110000u /* code point space for a raw (invalid UTF-8) byte: BPE_RAW | b */
 #define BPE_MAX_KEY 4096  /* bytes in one vocab key as written (UTF-8) */
@@ -173,48 +174,6 @@ bpe_cp_byte(uint32_t cp)
 
 /* ---- UTF-8 ---- */
 
-/* Length of the well-formed UTF-8 character at s (n > 0 bytes), 0 if none; sets *cp. */
-static size_t
-bpe_utf8_dec(const uint8_t *s, size_t n, uint32_t *cp)
-{
-    uint8_t c = s[0];
-    size_t need;
-    uint32_t v;
-    uint8_t lo = 0x80, hi = 0xbf;
-
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    if (c >= 0xc2 && c <= 0xdf) {
-        need = 2;
-        v = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        need = 3;
-        v = c & 0x0f;
-        lo = c == 0xe0 ? 0xa0 : 0x80;
-        hi = c == 0xed ? 0x9f : 0xbf;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        need = 4;
-        v = c & 0x07;
-        lo = c == 0xf0 ? 0x90 : 0x80;
-        hi = c == 0xf4 ? 0x8f : 0xbf;
-    } else {
-        return 0;
-    }
-    if (n < need)
-        return 0;
-    for (size_t i = 1; i < need; i++) {
-        if (s[i] < lo || s[i] > hi)
-            return 0;
-        lo = 0x80;
-        hi = 0xbf;
-        v = (v << 6) | (s[i] & 0x3fu);
-    }
-    *cp = v;
-    return need;
-}
-
 /* Writes code point cp (or a raw byte BPE_RAW | b) at out; returns bytes written (1..4). */
 static size_t
 bpe_utf8_enc(uint32_t cp, uint8_t *out)
@@ -253,7 +212,7 @@ bpe_cps_from(const uint8_t *s, size_t n, uint32_t *cps)
 
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t l = bpe_utf8_dec(s + i, n - i, &cp);
+        size_t l = wk_utf8_dec(s + i, n - i, &cp);
         if (l == 0) {
             cps[k++] = BPE_RAW | s[i];
             i++;
@@ -937,7 +896,7 @@ bpe_key_bytes(const char *s, size_t n, uint8_t *out, size_t *out_len)
 
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t l = bpe_utf8_dec((const uint8_t *)s + i, n - i, &cp);
+        size_t l = wk_utf8_dec((const uint8_t *)s + i, n - i, &cp);
         int byte;
         if (l == 0 || (byte = bpe_cp_byte(cp)) < 0)
             return false;
@@ -1758,7 +1717,7 @@ bpe_spm_word(const wk_bpe *b, bpe_enc *e, const uint8_t *w, size_t n)
     }
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t l = bpe_utf8_dec(w + i, n - i, &cp);
+        size_t l = wk_utf8_dec(w + i, n - i, &cp);
         int32_t id = l > 0 ? bpe_str_get(b, (const char *)w + i, l) : BPE_NO_ID;
         bool fb = b->byte_fallback;
         if (l == 0)
@@ -1939,7 +1898,7 @@ static size_t
 bpe_ws_at(const uint8_t *s, size_t n)
 {
     uint32_t cp;
-    size_t l = n > 0 ? bpe_utf8_dec(s, n, &cp) : 0;
+    size_t l = n > 0 ? wk_utf8_dec(s, n, &cp) : 0;
 
     if (l == 0)
         return 0;
@@ -1966,7 +1925,7 @@ static bool
 bpe_word_at(const wk_bpe *b, const uint8_t *s, size_t n)
 {
     uint32_t cp;
-    size_t l = n > 0 ? bpe_utf8_dec(s, n, &cp) : 0;
+    size_t l = n > 0 ? wk_utf8_dec(s, n, &cp) : 0;
     return l > 0 && wk_pretok_wordchar_is(b->wordchar, s, l);
 }
 
@@ -1976,7 +1935,7 @@ bpe_word_before(const wk_bpe *b, const uint8_t *s, size_t n)
 {
     for (size_t l = 1; l <= 4 && l <= n; l++) {
         uint32_t cp;
-        if (bpe_utf8_dec(s + n - l, l, &cp) == l)
+        if (wk_utf8_dec(s + n - l, l, &cp) == l)
             return wk_pretok_wordchar_is(b->wordchar, s + n - l, l);
     }
     return false;

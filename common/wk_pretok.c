@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wk_utf8.h"
+
 /* How a stage keeps what its pattern matched (SplitDelimiterBehavior). */
 typedef enum pretok_behavior {
     PRETOK_BEHAVIOR_ISOLATED = 0, /* a match is a piece of its own */
@@ -379,39 +381,6 @@ wk_pretok_free(wk_pretok *p)
 
 /* ---- splitting ---- */
 
-/* Length of the well-formed UTF-8 character at s (n > 0 bytes), 0 if none. */
-static size_t
-pretok_utf8_len(const uint8_t *s, size_t n)
-{
-    uint8_t c = s[0], lo = 0x80, hi = 0xbf;
-    size_t need;
-
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xc2 && c <= 0xdf) {
-        need = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        need = 3;
-        lo = c == 0xe0 ? 0xa0 : 0x80;
-        hi = c == 0xed ? 0x9f : 0xbf;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        need = 4;
-        lo = c == 0xf0 ? 0x90 : 0x80;
-        hi = c == 0xf4 ? 0x8f : 0xbf;
-    } else {
-        return 0;
-    }
-    if (n < need)
-        return 0;
-    for (size_t i = 1; i < need; i++) {
-        if (s[i] < lo || s[i] > hi)
-            return 0;
-        lo = 0x80;
-        hi = 0xbf;
-    }
-    return need;
-}
-
 static bool
 pretok_push(pretok_list *l, size_t off, size_t len)
 {
@@ -499,7 +468,7 @@ pretok_find(const pretok_stage *st, const uint8_t *s, size_t n, pcre2_match_data
         if (ms == me && have_last && last_me == me) {
             if (from == n)
                 break;
-            size_t l = pretok_utf8_len(s + from, n - from);
+            size_t l = wk_utf8_dec(s + from, n - from, NULL);
             from += l ? l : 1;
             continue;
         }
@@ -631,7 +600,7 @@ wk_pretok_split(const wk_pretok *p, const uint8_t *s, size_t n, wk_pretok_word_f
         return wk_diag_set(d, WK_ENOMEM, "pre-tokenizer: out of memory");
     }
     while (i < n && err == WK_OK) {
-        size_t l = pretok_utf8_len(s + i, n - i);
+        size_t l = wk_utf8_dec(s + i, n - i, NULL);
         if (l > 0) {
             i += l;
             continue;
@@ -691,7 +660,7 @@ wk_pretok_wordchar_free(wk_pretok_wordchar *w)
 bool
 wk_pretok_wordchar_is(const wk_pretok_wordchar *w, const uint8_t *s, size_t n)
 {
-    if (n == 0 || pretok_utf8_len(s, n) != n)
+    if (n == 0 || wk_utf8_dec(s, n, NULL) != n)
         return false;
     if (n == 1)
         return ((s[0] | 0x20) >= 'a' && (s[0] | 0x20) <= 'z') || (s[0] >= '0' && s[0] <= '9') ||
