@@ -817,6 +817,13 @@ ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_ope
     }
     if (ok && app->chat_tpl != NULL)
         return ctl_openai_parse_templated(req, app, body, r);
+    json_t *kw = json_object_get(body, "chat_template_kwargs");
+    if (ok && kw != NULL && !json_is_null(kw)) { /* (honoured or refused, never ignored) */
+        ctl_openai_fail(req, WK_EINVAL, "chat_template_kwargs",
+                        "'chat_template_kwargs' needs a model with its own chat template "
+                        "(this one uses the plain User:/Assistant: template)");
+        ok = false;
+    }
     char *prompt = NULL;
     size_t plen = 0;
     wk_diag d = {{0}};

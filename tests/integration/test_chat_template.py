@@ -18,7 +18,9 @@ SDK venv of test_openai_client.py:
     recompute (cache: false), reported prompt ids included;
   - parent-token-v1 headers on a templated model: served by the prefix index;
   - tools: validated and ignored as for every model; tool_calls refused;
-  - --chat-template FILE overrides the model's template.
+  - --chat-template FILE overrides the model's template;
+  - the same directory without a template keeps the World format and refuses
+    chat_template_kwargs.
 """
 import json
 import os
@@ -290,6 +292,27 @@ def override_check(model, tmp):
         assert want == "<|im_start|>user:hi<|im_end|><|im_start|>assistant:", want
 
 
+def no_template_check(model, tmp):
+    """The same model without a template: the World template, chat_template_kwargs refused."""
+    import shutil
+    plain = os.path.join(tmp, "plain")
+    shutil.copytree(model, plain)
+    os.remove(os.path.join(plain, "chat_template.jinja"))
+    with Stack(model=plain, slots=2) as s:
+        s.start_controller()
+        s.start_worker("w0")
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+        body = {"model": "plain", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2, "temperature": 0, "return_token_ids": True}
+        r = http("POST", s.url + "/v1/chat/completions", body=body, timeout=120)
+        assert r.status == 200, r.body
+        ids = r.json()["prompt_token_ids"]
+        assert 508 not in ids and "reasoning_content" not in r.json()["choices"][0]["message"], r.body
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+        r = http("POST", s.url + "/v1/chat/completions", body=body, timeout=120)
+        assert r.status == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.body
+
+
 def main():
     for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "workerd/wkvm-template"):
         if not os.access(os.path.join(BUILD, exe), os.X_OK):
@@ -323,6 +346,11 @@ def main():
             lines.append("PASS chat_template_override")
         except Exception as e:  # noqa: BLE001
             lines.append(f"FAIL chat_template_override: {e!r}"[:2000])
+        try:
+            no_template_check(model, tmp)
+            lines.append("PASS no_template_keeps_world_format")
+        except Exception as e:  # noqa: BLE001
+            lines.append(f"FAIL no_template_keeps_world_format: {e!r}"[:2000])
         for line in lines:
             print(line, flush=True)
             passed += line.startswith("PASS ")
