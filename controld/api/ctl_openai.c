@@ -726,9 +726,12 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
                                                         &prompt, &plen, &d);
     json_decref(msgs);
     if (err != WK_OK) {
+        bool kw_bad = strncmp(d.msg, "chat_template_kwargs", 20) == 0;
         ctl_openai_fail(req, err == WK_ENOMEM ? WK_ENOMEM : WK_EINVAL,
-                        err == WK_ENOMEM ? NULL : "messages", "chat template: %s",
-                        err == WK_ENOMEM ? "out of memory" : d.msg);
+                        err == WK_ENOMEM ? NULL
+                        : kw_bad         ? "chat_template_kwargs"
+                                         : "messages",
+                        "chat template: %s", err == WK_ENOMEM ? "out of memory" : d.msg);
         free(prompt);
         return false;
     }

@@ -144,6 +144,17 @@ def enable_thinking_false():
     assert m.content == decode(ids) and extra(m, "reasoning_content") is None, m
 
 
+def kwargs_checked():
+    for kw, why in (([1], "must be an object"), ({"messages": []}, 'may not set "messages"')):
+        try:
+            client.chat.completions.create(model=MID, messages=MSGS, max_tokens=2,
+                                           extra_body={"chat_template_kwargs": kw})
+        except openai.BadRequestError as e:
+            assert e.body["param"] == "chat_template_kwargs" and why in e.body["message"], e.body
+        else:
+            raise AssertionError(f"chat_template_kwargs {kw} accepted")
+
+
 def eos_ends_generation():
     r = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=8, temperature=0,
                                        logit_bias={str(IM_END): 100})
@@ -239,7 +250,7 @@ def tools_as_before():
         raise AssertionError("tool_calls were accepted")
 
 
-for t in (prompt_is_rendering, enable_thinking_false, eos_ends_generation, reasoning_split,
+for t in (prompt_is_rendering, enable_thinking_false, kwargs_checked, eos_ends_generation, reasoning_split,
           follow_up_reuses, session_headers_use_prefix_index, tools_as_before):
     try:
         t()
