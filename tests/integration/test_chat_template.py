@@ -18,7 +18,10 @@ SDK venv of test_openai_client.py:
     recompute (cache: false), reported prompt ids included;
   - parent-token-v1 headers on a templated model: served by the prefix index;
   - tools: validated and ignored as for every model; tool_calls refused;
-  - --chat-template FILE overrides the model's template;
+  - --chat-template FILE overrides the model's template; with llama.cpp's
+    Qwen3.5-4B.jinja (the corpus of deploy/install-gguf-converter, when there)
+    the prompt ids decode to Python jinja2's rendering (the corpus test's
+    transformers environment), thinking on and off, and a follow-up reuses;
   - the same directory without a template keeps the World format and refuses
     chat_template_kwargs.
 """
@@ -303,6 +306,100 @@ def override_check(model, tmp):
         assert want == "<|im_start|>user:hi<|im_end|><|im_start|>assistant:", want
 
 
+JINJA2_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import jinja_corpus
+src = open(sys.argv[2], encoding="utf-8").read()
+out = jinja_corpus.render_jinja2(src, json.load(sys.stdin))
+print(json.dumps(out))
+"""
+
+
+def decoder(model):
+    """ids -> text for the test tokenizer (added tokens by content, pieces by byte-level map)."""
+    tj = json.load(open(os.path.join(model, "tokenizer.json"), encoding="utf-8"))
+    added = {t["id"]: t["content"].encode() for t in tj["added_tokens"]}
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    u2b = {chr(c): b for b, c in zip(bs, cs)}
+    piece = {i: bytes(u2b[ch] for ch in p) for p, i in tj["model"]["vocab"].items()
+             if i not in added}
+    return lambda ids: b"".join(added.get(i) or piece[i] for i in ids).decode(
+        "utf-8", errors="replace")
+
+
+def qwen35_real_check(model, tmp):
+    """llama.cpp's Qwen3.5-4B template (--chat-template), prompts equal to jinja2's.
+
+    Returns a note when the template corpus or the jinja2 venv is not there (skipped)."""
+    # what the jinja_corpus test leaves (nothing is installed here: this test stays fast)
+    sys.path.insert(0, REF)
+    import glob
+    import jinja_corpus
+    py = os.path.join(jinja_corpus.VENV, "bin", "python")
+    corpus = os.environ.get("WKVM_JINJA_CORPUS") or next(iter(sorted(glob.glob(os.path.join(
+        jinja_corpus.CACHE, "llama.cpp-convert-*", "models", "templates")), reverse=True)), None)
+    path = os.path.join(corpus, "Qwen3.5-4B.jinja") if corpus else None
+    if not os.path.exists(py) or path is None or not os.path.exists(path):
+        return "skipped: no jinja2 venv or template corpus yet (the jinja_corpus test makes them)"
+    decode = decoder(model)
+    special = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+
+    def jinja2_render(messages, kwargs):
+        ctx = dict({"messages": messages, "tools": None, "documents": None,
+                    "add_generation_prompt": True}, **special, **kwargs)
+        r = subprocess.run([py, "-c", JINJA2_SCRIPT, REF, path], input=json.dumps([ctx]),
+                           capture_output=True, text=True, timeout=60, check=True)
+        out = json.loads(r.stdout)[0]
+        assert out[0] == "ok", out
+        return out[1]
+
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say something about state slots."}]
+    with Stack(model=model, slots=2, extra_ctl=["--chat-template", path]) as s:
+        s.start_controller()
+        s.start_worker("w0")
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+
+        def chat(messages, kwargs=None, **extra):
+            body = dict({"model": MID, "messages": messages, "max_tokens": 6, "temperature": 0,
+                         "return_token_ids": True}, **extra)
+            if kwargs is not None:
+                body["chat_template_kwargs"] = kwargs
+            r = http("POST", s.url + "/v1/chat/completions", body=body, timeout=120)
+            assert r.status == 200, r.body
+            j = r.json()
+            want = jinja2_render(messages, kwargs or {})
+            assert decode(j["prompt_token_ids"]) == want, (decode(j["prompt_token_ids"]), want)
+            assert j["prompt_token_ids"].count(508) == want.count("<|im_start|>"), j
+            return j
+
+        a = chat(msgs)  # thinking on: the reply starts as reasoning
+        m, ids = a["choices"][0]["message"], a["choices"][0]["token_ids"]
+        assert 511 not in ids and m["reasoning_content"] == decode(ids) and m["content"] == "", a
+        b = chat(msgs, {"enable_thinking": False})
+        m, ids = b["choices"][0]["message"], b["choices"][0]["token_ids"]
+        assert m["content"] == decode(ids) and "reasoning_content" not in m, b
+        # a follow-up carrying the reply's reasoning as reasoning_content: Qwen3.5 renders it
+        # in the last assistant turn only; the index resumes the end of the first user turn
+        hist = msgs + [{"role": "assistant", "content": "Slots hold states.",
+                        "reasoning_content": a["choices"][0]["message"]["reasoning_content"]},
+                       {"role": "user", "content": "And pages?"}]
+        c = chat(hist)
+        cached = c["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0, c["usage"]
+        d = chat(hist, cache=False)
+        assert d["choices"][0]["token_ids"] == c["choices"][0]["token_ids"], (c, d)
+        return (f"Qwen3.5-4B.jinja: prompts equal jinja2's; follow-up reused {cached} of "
+                f"{c['usage']['prompt_tokens']} prompt tokens")
+
+
 def no_template_check(model, tmp):
     """The same model without a template: the World template, chat_template_kwargs refused."""
     import shutil
@@ -357,6 +454,11 @@ def main():
             lines.append("PASS chat_template_override")
         except Exception as e:  # noqa: BLE001
             lines.append(f"FAIL chat_template_override: {e!r}"[:2000])
+        try:
+            note = qwen35_real_check(model, tmp)
+            lines.append(f"PASS qwen35_real_template: {note}")
+        except Exception as e:  # noqa: BLE001
+            lines.append(f"FAIL qwen35_real_template: {e!r}"[:3000])
         try:
             no_template_check(model, tmp)
             lines.append("PASS no_template_keeps_world_format")
