@@ -1,6 +1,7 @@
 /*
- * wk_chat: the RWKV World chat template, message cleaning, and stop-string
- * scanning for streamed output.
+ * wk_chat: the RWKV World chat template, message cleaning, stop-string
+ * scanning for streamed output, and the reasoning split of a reply at think
+ * markers (wk_chat_think; any template's: the markers are arguments).
  *
  * Rendered prompt, byte for byte (<clean> is wk_chat_clean() of the content):
  *   system message     "System: <clean>\n\n"
@@ -127,8 +128,7 @@ void wk_chat_think_init(wk_chat_think *t, const char *open, const char *close, b
  * True when text (len bytes, a rendered prompt) leaves the reply inside the
  * markers: its last open marker comes after its last close marker.
  */
-bool wk_chat_think_open_at_end(const char *text, size_t len, const char *open,
-                               const char *close);
+bool wk_chat_think_open_at_end(const char *text, size_t len, const char *open, const char *close);
 
 /*
  * Feeds len bytes of reply text; final says no more text follows (held

@@ -37,8 +37,7 @@ tpl_names_think(const char *src, size_t len)
 }
 
 static wk_err
-tpl_parse(wk_chat_tpl *t, const char *src, size_t len, const char *what, wk_jinja **out,
-          wk_diag *d)
+tpl_parse(wk_chat_tpl *t, const char *src, size_t len, const char *what, wk_jinja **out, wk_diag *d)
 {
     t->think |= tpl_names_think(src, len);
     wk_err e = wk_jinja_parse(src, len, out, d);
