@@ -242,3 +242,79 @@ wk_chat_stop_scan(const char *text, size_t len, const char *const *stops, size_t
     r->match_pos = 0;
     r->safe_len = len - hold;
 }
+
+void
+wk_chat_think_init(wk_chat_think *t, const char *open, const char *close, bool in_think)
+{
+    memset(t, 0, sizeof(*t));
+    t->open = open;
+    t->close = close;
+    t->in_think = in_think;
+}
+
+/* The last occurrence of needle in text (len bytes): its offset + 1, or 0 when none. */
+static size_t
+wk_chat_last_of(const char *text, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (size_t i = len >= n ? len - n + 1 : 0; i-- > 0;)
+        if (memcmp(text + i, needle, n) == 0)
+            return i + 1;
+    return 0;
+}
+
+bool
+wk_chat_think_open_at_end(const char *text, size_t len, const char *open, const char *close)
+{
+    size_t o = wk_chat_last_of(text, len, open);
+    return o > 0 && o > wk_chat_last_of(text, len, close);
+}
+
+wk_err
+wk_chat_think_feed(wk_chat_think *t, const char *text, size_t len, bool final, char **reason,
+                   size_t *reason_len, char **content, size_t *content_len)
+{
+    size_t n = t->n_held + len;
+    char *buf = malloc(n + 1), *rs = malloc(n + 1), *cs = malloc(n + 1);
+    if (buf == NULL || rs == NULL || cs == NULL) {
+        free(buf);
+        free(rs);
+        free(cs);
+        return WK_ENOMEM;
+    }
+    memcpy(buf, t->held, t->n_held);
+    if (len)
+        memcpy(buf + t->n_held, text, len);
+    size_t nr = 0, nc = 0, i = 0, keep = n;
+    bool in = t->in_think;
+    while (i < n) {
+        const char *m = in ? t->close : t->open;
+        size_t ml = strlen(m), avail = n - i;
+        if (avail >= ml && memcmp(buf + i, m, ml) == 0) {
+            in = !in;
+            i += ml;
+            continue;
+        }
+        if (!final && avail < ml && memcmp(buf + i, m, avail) == 0) {
+            keep = i; /* may begin the marker: wait for more text */
+            break;
+        }
+        if (in)
+            rs[nr++] = buf[i];
+        else
+            cs[nc++] = buf[i];
+        i++;
+    }
+    t->n_held = keep < n ? n - keep : 0;
+    if (t->n_held)
+        memcpy(t->held, buf + keep, t->n_held);
+    t->in_think = in;
+    free(buf);
+    rs[nr] = '\0';
+    cs[nc] = '\0';
+    *reason = rs;
+    *reason_len = nr;
+    *content = cs;
+    *content_len = nc;
+    return WK_OK;
+}

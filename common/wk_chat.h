@@ -1,6 +1,7 @@
 /*
- * wk_chat: the RWKV World chat template, message cleaning, and stop-string
- * scanning for streamed output.
+ * wk_chat: the RWKV World chat template, message cleaning, stop-string
+ * scanning for streamed output, and the reasoning split of a reply at think
+ * markers (wk_chat_think; any template's: the markers are arguments).
  *
  * Rendered prompt, byte for byte (<clean> is wk_chat_clean() of the content):
  *   system message     "System: <clean>\n\n"
@@ -100,5 +101,44 @@ typedef struct wk_chat_stop {
  */
 void wk_chat_stop_scan(const char *text, size_t len, const char *const *stops, size_t n_stops,
                        wk_chat_stop *r);
+
+/*
+ * Reasoning split: a model's reply text cut at think markers (open, close:
+ * "<think>", "</think>") into reasoning (between them) and content (the
+ * rest), the markers themselves dropped. Fed in pieces (a stream) or whole,
+ * the concatenated outputs are the same: bytes that may begin a marker are
+ * held until the next piece (or the final call) settles them.
+ */
+typedef struct wk_chat_think {
+    const char *open;  /* the open marker, borrowed for the splitter's life */
+    const char *close; /* the close marker, borrowed likewise */
+    bool in_think;     /* between the markers now */
+    char held[32];     /* bytes that may begin the awaited marker, not emitted yet */
+    size_t n_held;     /* bytes in held */
+} wk_chat_think;
+
+/*
+ * Starts a splitter: in_think says whether the reply starts inside the
+ * markers (the prompt ended with an unclosed open marker). open and close
+ * are non-empty NUL-terminated strings shorter than 32 bytes, borrowed.
+ */
+void wk_chat_think_init(wk_chat_think *t, const char *open, const char *close, bool in_think);
+
+/*
+ * True when text (len bytes, a rendered prompt) leaves the reply inside the
+ * markers: its last open marker comes after its last close marker.
+ */
+bool wk_chat_think_open_at_end(const char *text, size_t len, const char *open, const char *close);
+
+/*
+ * Feeds len bytes of reply text; final says no more text follows (held
+ * bytes are settled as text of the current part). On success *reason and
+ * *content are malloc'd NUL-terminated strings (caller frees both with
+ * free()) of *reason_len and *content_len bytes, either may be empty.
+ * Returns WK_OK or WK_ENOMEM (outputs untouched, t unchanged).
+ */
+WK_MUST_CHECK wk_err wk_chat_think_feed(wk_chat_think *t, const char *text, size_t len, bool final,
+                                        char **reason, size_t *reason_len, char **content,
+                                        size_t *content_len);
 
 #endif /* WK_CHAT_H */

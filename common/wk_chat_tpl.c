@@ -20,13 +20,26 @@ struct wk_chat_tpl {
     wk_jinja *tool_use; /* the "tool_use" named one, or NULL */
     const char *source; /* file it came from */
     json_t *special;    /* {"bos_token": "...", ...}: the special tokens found */
+    bool think;         /* a template source names the think markers ("</think>") */
 };
 
 static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "pad_token", NULL};
 
-static wk_err
-tpl_parse(const char *src, size_t len, const char *what, wk_jinja **out, wk_diag *d)
+/* True when src (len bytes) contains the close think marker. */
+static bool
+tpl_names_think(const char *src, size_t len)
 {
+    static const char m[] = WK_CHAT_TPL_THINK_CLOSE;
+    for (size_t i = 0; i + sizeof(m) - 1 <= len; i++)
+        if (memcmp(src + i, m, sizeof(m) - 1) == 0)
+            return true;
+    return false;
+}
+
+static wk_err
+tpl_parse(wk_chat_tpl *t, const char *src, size_t len, const char *what, wk_jinja **out, wk_diag *d)
+{
+    t->think |= tpl_names_think(src, len);
     wk_err e = wk_jinja_parse(src, len, out, d);
     if (e != WK_OK)
         wk_diag_prefix(d, "%s", what);
@@ -62,7 +75,7 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
     json_t *ct = want_tpl ? json_object_get(cfg, "chat_template") : NULL;
     e = WK_OK;
     if (json_is_string(ct)) {
-        e = tpl_parse(json_string_value(ct), json_string_length(ct), path, &t->def, d);
+        e = tpl_parse(t, json_string_value(ct), json_string_length(ct), path, &t->def, d);
     } else if (json_is_array(ct)) {
         size_t i;
         json_t *item;
@@ -82,6 +95,7 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
                                                               : NULL;
             if (slot == NULL || *slot != NULL)
                 continue; /* other named templates (rag, ...) are not used by chat requests */
+            t->think |= tpl_names_think(json_string_value(src), json_string_length(src));
             e = wk_jinja_parse(json_string_value(src), json_string_length(src), slot, d);
             if (e != WK_OK) {
                 wk_diag_prefix(d, "%s: chat_template \"%s\"", path, name);
@@ -142,7 +156,7 @@ tpl_from_gguf(wk_chat_tpl *t, const char *dir, bool want_tpl, wk_diag *d)
         if (want_tpl) {
             e = wk_gguf_get_str(g, "tokenizer.chat_template", &s, &len, d);
             if (e == WK_OK)
-                e = tpl_parse(s, len, path, &t->def, d);
+                e = tpl_parse(t, s, len, path, &t->def, d);
             else if (e == WK_ENOENT)
                 wk_diag_set(d, WK_ENOENT, "%s: no tokenizer.chat_template", path);
         }
@@ -175,7 +189,7 @@ wk_chat_tpl_load(const char *dir, const char *override_path, wk_chat_tpl **out, 
     wk_diag fd = {{0}};
     e = wk_file_read(path, WK_JINJA_SOURCE_MAX, &src, &len, &fd);
     if (e == WK_OK) {
-        e = tpl_parse(src, len, path, &t->def, d);
+        e = tpl_parse(t, src, len, path, &t->def, d);
         free(src);
         t->source = override_path != NULL ? "override" : "chat_template.jinja";
     } else if (e != WK_ENOENT || override_path != NULL) {
@@ -307,6 +321,18 @@ const char *
 wk_chat_tpl_source(const wk_chat_tpl *t)
 {
     return t != NULL && t->source != NULL ? t->source : "";
+}
+
+const char *
+wk_chat_tpl_special(const wk_chat_tpl *t, const char *name)
+{
+    return t != NULL ? json_string_value(json_object_get(t->special, name)) : NULL;
+}
+
+bool
+wk_chat_tpl_thinks(const wk_chat_tpl *t)
+{
+    return t != NULL && t->think;
 }
 
 void

@@ -76,6 +76,23 @@ WK_MUST_CHECK wk_err wk_chat_tpl_render(const wk_chat_tpl *t, const wk_chat_msg 
  */
 const char *wk_chat_tpl_source(const wk_chat_tpl *t);
 
+/*
+ * The special token name ("eos_token", "bos_token", "unk_token",
+ * "pad_token") as the template sees it, or NULL when none was found.
+ * Borrowed until wk_chat_tpl_free().
+ */
+const char *wk_chat_tpl_special(const wk_chat_tpl *t, const char *name);
+
+/* The think markers of Qwen3 / Qwen3.5 / DeepSeek-R1 style templates. */
+#define WK_CHAT_TPL_THINK_OPEN "<think>"
+#define WK_CHAT_TPL_THINK_CLOSE "</think>"
+
+/*
+ * True when a template source of t names WK_CHAT_TPL_THINK_CLOSE: replies
+ * of its model may carry reasoning between the think markers.
+ */
+bool wk_chat_tpl_thinks(const wk_chat_tpl *t);
+
 /* Frees a template; NULL-safe. */
 void wk_chat_tpl_free(wk_chat_tpl *t);
 

@@ -15,6 +15,7 @@
 #include "ctl_store.h"
 #include "ctl_transport.h"
 #include "ctl_vm.h"
+#include "wk_chat_tpl.h"
 #include "wk_tok.h"
 
 /* Chat sessions with a turn in progress (ctl_chat.h). */
@@ -31,6 +32,7 @@ typedef struct ctl_app {
     ctl_vm *vm;                /* hot cache of state bytes in slots */
     struct ctl_ckpt *ckpt;     /* checkpoints and the prefix index, NULL = off */
     wk_tok *tok;               /* the model's tokenizer, NULL without a model */
+    wk_chat_tpl *chat_tpl;     /* the model's own chat template, NULL: the World template */
     const char *model_id;      /* served model name, NULL without a model */
     uint32_t default_max_tokens; /* chat default when max_tokens is absent */
     uint32_t max_tokens_limit; /* largest max_tokens accepted */

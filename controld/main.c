@@ -81,6 +81,10 @@ static const wk_cfg_opt ctl_opts[] = {
     {"vocab", WK_CFG_STR, NULL, 0, 0,
      "tokenizer: a .json is HF tokenizer.json, else World vocab (default MODEL/tokenizer.json, "
      "else MODEL/rwkv_vocab_v20230424.txt)"},
+    {"chat-template", WK_CFG_STR, NULL, 0, 0,
+     "chat template file (Jinja) used instead of the model's own (default: MODEL's "
+     "chat_template.jinja, tokenizer_config.json chat_template or GGUF template; none: the "
+     "plain User:/Assistant: template)"},
     {"step-tokens", WK_CFG_U64, "512", 1, 65536, "token budget of one step per worker"},
     {"prefill-chunk", WK_CFG_U64, "256", 1, 16384, "most prefill tokens of one request per step"},
     {"max-rows", WK_CFG_U64, "256", 1, 1024, "most rows in one step"},
@@ -147,6 +151,7 @@ typedef struct ctl_main_conf {
     bool allow_remote_workers;    /* --link-allow-plain-tcp */
     const char *api_keys;         /* --api-keys, NULL: none */
     const char *vocab;            /* --vocab, NULL: the model dir's */
+    const char *chat_template;    /* --chat-template, NULL: the model dir's */
     const char *served_model_name; /* --served-model-name, NULL: the model dir's name */
     const char *log_level;        /* --log-level */
     uint32_t max_concurrent_per_user; /* --max-concurrent-per-user */
@@ -201,6 +206,7 @@ static const ctl_main_bind ctl_binds[] = {
     CTL_BIND("max-concurrent-per-user", U32, max_concurrent_per_user),
     CTL_BIND("served-model-name", STR, served_model_name),
     CTL_BIND("vocab", STR, vocab),
+    CTL_BIND("chat-template", STR, chat_template),
     CTL_BIND("step-tokens", U32, sched.step_tokens),
     CTL_BIND("prefill-chunk", U32, sched.job_chunk),
     CTL_BIND("max-rows", U32, sched.max_rows),
@@ -501,6 +507,15 @@ main(int argc, char **argv)
             fprintf(stderr, "wkvm-controld: tokenizer: %s\n", d.msg);
             goto out;
         }
+        /* The checkpoint's own chat template; none (WK_ENOENT): the World template. */
+        wk_err te = wk_chat_tpl_load(app->model_dir, c.chat_template, &app->chat_tpl, &d);
+        if (te != WK_OK && (te != WK_ENOENT || c.chat_template != NULL)) {
+            fprintf(stderr, "wkvm-controld: chat template: %s\n", d.msg);
+            goto out;
+        }
+        if (te == WK_OK)
+            wk_log_info("chat template from %s thinks=%s", wk_chat_tpl_source(app->chat_tpl),
+                        wk_chat_tpl_thinks(app->chat_tpl) ? "yes" : "no");
         if (c.served_model_name != NULL) {
             snprintf(model_name, sizeof(model_name), "%s", c.served_model_name);
         } else {
@@ -616,6 +631,7 @@ out:
     ctl_store_close(app->store);
     ctl_pool_free(app->pool);
     wk_tok_free(app->tok);
+    wk_chat_tpl_free(app->chat_tpl);
     ctl_metrics_free(app->metrics);
     ctl_limits_free(app->limits);
     ctl_migrate_drains_free(app->drains);

@@ -539,6 +539,14 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn
     }
     if (ctl_session_hdrs_mode(&hdrs) == CTL_SESSION_MODE_NONE)
         return true;
+    /*
+     * parent-token-v1 checks message spans and digests of the World template;
+     * a model's own template renders history its own way (Qwen3.5 drops old
+     * reasoning), so its chats are served by the prefix index alone: the
+     * longest checkpoint that is a prefix of the prompt, never a wrong state.
+     */
+    if (r->templated)
+        return true;
     ctl_chat_turn *t = calloc(1, sizeof(*t));
     if (t == NULL) {
         ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);

@@ -260,6 +260,7 @@ static const char *const ctl_openai_chat_fields[] = {
     "prediction", "web_search_options", "store", "metadata", "service_tier", "reasoning_effort",
     /* wkvm extensions */
     "top_k", "min_p", "ignore_eos", "return_token_ids", "cache", "cache_prompt",
+    "chat_template_kwargs",
 };
 static const char *const ctl_openai_completion_fields[] = {
     "model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n",
@@ -650,6 +651,112 @@ ctl_openai_content(ctl_http_req *req, json_t *content, size_t idx, char **out, s
     return true;
 }
 
+/*
+ * Checkpoint boundaries of a templated prompt: where a turn ends, after each
+ * occurrence of the template's eos token text (<|im_end|>) in r->prompt_text,
+ * as token positions (the last token boundary at or before it); the last
+ * CTL_CKPT_MAX_BOUNDS of them. A follow-up re-renders the history (Qwen3
+ * drops the reasoning and the generation prompt's <think>), so the turn ends
+ * before it are what the next prompt shares: the index resumes there.
+ */
+static void
+ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
+{
+    const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");
+    size_t el = eos != NULL ? strlen(eos) : 0, acc = 0, next = 0;
+    r->n_bounds = 0;
+    if (el == 0)
+        return;
+    const char *p = r->prompt_text, *end = r->prompt_text + r->prompt_len;
+    /* next: the byte offset after the next eos occurrence (0: none left) */
+    const char *hit = memmem(p, r->prompt_len, eos, el);
+    next = hit != NULL ? (size_t)(hit - p) + el : 0;
+    for (size_t i = 0; i <= r->n_prompt && next != 0; i++) {
+        size_t pl = 0;
+        if (i < r->n_prompt)
+            (void)wk_tok_piece(app->tok, r->prompt[i], &pl);
+        while (next != 0 && (i == r->n_prompt || acc + pl > next)) {
+            if (i > 0 && (r->n_bounds == 0 || r->bounds[r->n_bounds - 1] < i)) {
+                if (r->n_bounds == CTL_CKPT_MAX_BOUNDS) { /* keep the last ones */
+                    memmove(r->bounds, r->bounds + 1, (CTL_CKPT_MAX_BOUNDS - 1) * sizeof(size_t));
+                    r->n_bounds--;
+                }
+                r->bounds[r->n_bounds++] = i;
+            }
+            hit = memmem(p + next, (size_t)(end - (p + next)), eos, el);
+            next = hit != NULL ? (size_t)(hit - p) + el : 0;
+        }
+        acc += pl;
+    }
+}
+
+/*
+ * The chat prompt of a model with its own template (app->chat_tpl): the
+ * request's messages as sent ("developer" read as "system"), no tools
+ * (validated and ignored, as for every model) and its chat_template_kwargs
+ * rendered with a generation prompt, then encoded whole (added tokens such
+ * as <|im_start|> become their ids). No message spans, reply alignment or
+ * checkpoint boundaries: the template decides where messages lie, so reuse
+ * is the prefix index's longest checkpoint that is a prefix of the tokens.
+ * The messages were validated by the caller.
+ */
+static bool
+ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai_req *r)
+{
+    json_t *kw = json_object_get(body, "chat_template_kwargs");
+    if (kw != NULL && !json_is_null(kw) && !json_is_object(kw)) {
+        ctl_openai_fail(req, WK_EINVAL, "chat_template_kwargs",
+                        "'chat_template_kwargs' must be an object");
+        return false;
+    }
+    json_t *msgs = json_deep_copy(json_object_get(body, "messages"));
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        json_t *role = json_object_get(m, "role");
+        if (json_is_string(role) && strcmp(json_string_value(role), "developer") == 0)
+            json_object_set_new(m, "role", json_string("system"));
+    }
+    wk_diag d = {{0}};
+    char *prompt = NULL;
+    size_t plen = 0;
+    wk_err err = msgs == NULL ? WK_ENOMEM
+                              : wk_chat_tpl_render_json(app->chat_tpl, msgs, NULL, true,
+                                                        json_is_object(kw) ? kw : NULL, NULL,
+                                                        &prompt, &plen, &d);
+    json_decref(msgs);
+    if (err != WK_OK) {
+        bool kw_bad = strncmp(d.msg, "chat_template_kwargs", 20) == 0;
+        ctl_openai_fail(req, err == WK_ENOMEM ? WK_ENOMEM : WK_EINVAL,
+                        err == WK_ENOMEM ? NULL
+                        : kw_bad         ? "chat_template_kwargs"
+                                         : "messages",
+                        "chat template: %s", err == WK_ENOMEM ? "out of memory" : d.msg);
+        free(prompt);
+        return false;
+    }
+    r->prompt_text = prompt;
+    r->prompt_len = plen;
+    r->templated = true;
+    if (plen > CTL_OPENAI_MAX_TEXT) {
+        ctl_openai_fail(req, WK_ETOOBIG, "messages", "the prompt is longer than %u bytes",
+                        CTL_OPENAI_MAX_TEXT);
+        return false;
+    }
+    if (wk_chat_tpl_thinks(app->chat_tpl)) {
+        r->think = true;
+        r->think_open = wk_chat_think_open_at_end(prompt, plen, WK_CHAT_TPL_THINK_OPEN,
+                                                  WK_CHAT_TPL_THINK_CLOSE);
+    }
+    if (wk_tok_encode(app->tok, prompt, plen, &r->prompt, &r->n_prompt, &d) != WK_OK) {
+        ctl_openai_fail(req, WK_EINVAL, "messages", "%s", d.msg);
+        return false;
+    }
+    r->aligned_tokens = 0;
+    ctl_openai_templated_bounds(app, r);
+    return true;
+}
+
 /* Renders and tokenizes the chat messages into r->prompt. */
 bool
 ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai_req *r)
@@ -710,6 +817,15 @@ ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_ope
         cm[i].role = rs;
         cm[i].content = texts[i];
         cm[i].content_len = clen;
+    }
+    if (ok && app->chat_tpl != NULL)
+        return ctl_openai_parse_templated(req, app, body, r);
+    json_t *kw = json_object_get(body, "chat_template_kwargs");
+    if (ok && kw != NULL && !json_is_null(kw)) { /* (honoured or refused, never ignored) */
+        ctl_openai_fail(req, WK_EINVAL, "chat_template_kwargs",
+                        "'chat_template_kwargs' needs a model with its own chat template "
+                        "(this one uses the plain User:/Assistant: template)");
+        ok = false;
     }
     char *prompt = NULL;
     size_t plen = 0;
@@ -971,7 +1087,39 @@ typedef struct ctl_openai_stream {
     ctl_openai_req *r;      /* parsed request */
     bool broken;            /* the client went away */
     size_t text_off;        /* completions logprobs: characters of token text sent so far */
+    wk_chat_think think;    /* r->think: the reasoning split of the text streamed so far */
 } ctl_openai_stream;
+
+/*
+ * The chat delta or message body of text (len bytes) split by the think
+ * splitter t (r->think; NULL: all content): {"content": ...} plus
+ * "reasoning_content" when the text had any, the extra members of base
+ * (role) first. final settles bytes held for a possible marker. Returns
+ * NULL when out of memory.
+ */
+static json_t *
+ctl_openai_think_json(wk_chat_think *t, json_t *base, const char *text, size_t len, bool final)
+{
+    json_t *o = base != NULL ? base : json_object();
+    if (o == NULL)
+        return NULL;
+    if (t == NULL) {
+        json_object_set_new(o, "content", json_stringn(text, len));
+        return o;
+    }
+    char *rs = NULL, *cs = NULL;
+    size_t rl = 0, cl = 0;
+    if (wk_chat_think_feed(t, text, len, final, &rs, &rl, &cs, &cl) != WK_OK) {
+        json_decref(o);
+        return NULL;
+    }
+    json_object_set_new(o, "content", json_stringn(cs, cl));
+    if (rl > 0)
+        json_object_set_new(o, "reasoning_content", json_stringn(rs, rl));
+    free(rs);
+    free(cs);
+    return o;
+}
 
 static json_t *
 ctl_openai_chunk_base(const ctl_openai_req *r)
@@ -1013,7 +1161,8 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
                                                                  r->top_logprobs, &st->text_off);
     json_object_set_new(choice, "logprobs", lp);
     if (r->chat)
-        json_object_set_new(choice, "delta", json_pack("{s:s%}", "content", text, len));
+        json_object_set_new(choice, "delta", ctl_openai_think_json(r->think ? &st->think : NULL,
+                                                                   NULL, text, len, false));
     else
         json_object_set_new(choice, "text", json_stringn(text, len));
     if (r->return_token_ids) { /* (extension: the ids this chunk's text came from) */
@@ -1106,7 +1255,7 @@ ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res
     if (gen != NULL) {
         for (size_t i = 0; i < n_gen; i++)
             gen[i] = res->tokens[i].id;
-        if (r->chat && r->msgs != NULL) {
+        if (r->chat && r->msgs != NULL && !r->templated) {
             /* The reply record: the history as the client will send it back. */
             wk_chat_msg *hm = malloc((r->n_msgs + 1) * sizeof(*hm));
             char *text = NULL;
@@ -1207,9 +1356,13 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
                                                                  r->top_logprobs, &text_off);
     json_object_set_new(choice, "logprobs", lp);
     if (r->chat) {
+        /* (the text split at the think markers as a stream splits it: the same parts) */
+        wk_chat_think th;
+        wk_chat_think_init(&th, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
         json_object_set_new(choice, "message",
-                            json_pack("{s:s, s:s%}", "role", "assistant", "content",
-                                      res.text, res.text_len));
+                            ctl_openai_think_json(r->think ? &th : NULL,
+                                                  json_pack("{s:s}", "role", "assistant"),
+                                                  res.text, res.text_len, true));
     } else {
         json_object_set_new(choice, "text", json_stringn(res.text, res.text_len));
     }
@@ -1242,6 +1395,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
     wk_diag d = {{0}};
     /* Admission errors come before the first byte, as plain JSON errors. */
     ctl_openai_stream st = {.req = req, .app = app, .r = r};
+    wk_chat_think_init(&st.think, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
     ctl_job *job = NULL;
     wk_err err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
     if (err != WK_OK) {
@@ -1283,6 +1437,15 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
         return;
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
+    if (r->chat && r->think && st.think.n_held > 0) {
+        /* bytes held for a marker that never came: text of the part they were in */
+        json_t *hc = ctl_openai_chunk_base(r);
+        json_object_set_new(hc, "choices",
+                            json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "delta",
+                                      ctl_openai_think_json(&st.think, NULL, "", 0, true),
+                                      "logprobs", "finish_reason"));
+        (void)ctl_openai_send_chunk(&st, hc);
+    }
     json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", res.finish_reason,
                                "logprobs");
@@ -1319,8 +1482,16 @@ ctl_openai_generate_run(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
                         app->max_prompt_tokens);
         return;
     }
-    if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS)
-        r->gen.stops[r->gen.n_stops++] = "\n\n"; /* the template's turn end */
+    if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS) {
+        /*
+         * The turn's end: "\n\n" in the World template; a model's own template
+         * ends a turn with its eos token (its id already stops the generation,
+         * its text stops it too when the model spells it out).
+         */
+        const char *eos = r->templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : "\n\n";
+        if (eos != NULL && eos[0] != '\0')
+            r->gen.stops[r->gen.n_stops++] = eos;
+    }
     if (r->on_error_before != NULL && r->on_error_before(r, req))
         return;
     r->gen.sample.logprobs = r->logprobs;

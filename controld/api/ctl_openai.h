@@ -49,6 +49,9 @@ struct ctl_openai_req {
     char *prompt_text;            /* chat: the rendered prompt, owned */
     size_t prompt_len;            /* chat: bytes */
     size_t *msg_ends;             /* chat: where each message ends in prompt_text, owned */
+    bool templated;               /* chat: rendered with the model's own template (app chat_tpl) */
+    bool think;                   /* chat: split the reply at the think markers (reasoning) */
+    bool think_open;              /* chat: the prompt leaves the reply inside the markers */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
     bool reuse;                   /* plan checkpoints and look them up for this request */
     bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */

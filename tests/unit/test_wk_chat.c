@@ -282,6 +282,53 @@ test_render_spans(void **state)
     free(plain);
 }
 
+/* Splits text in three pieces at many cuts (one piece: whole); all must give want_r / want_c. */
+static void
+think_check(const char *text, bool open, const char *want_r, const char *want_c)
+{
+    size_t n = strlen(text);
+    for (size_t cut = 0; cut <= n; cut++) {
+        for (size_t cut2 = cut; cut2 <= n; cut2 += 3) {
+            wk_chat_think t;
+            wk_chat_think_init(&t, "<think>", "</think>", open);
+            char r[256] = "", c[256] = "";
+            size_t pieces[4] = {0, cut, cut2, n};
+            for (int k = 0; k < 3; k++) {
+                char *rs = NULL, *cs = NULL;
+                size_t rl = 0, cl = 0;
+                assert_int_equal(wk_chat_think_feed(&t, text + pieces[k], pieces[k + 1] - pieces[k],
+                                                    k == 2, &rs, &rl, &cs, &cl),
+                                 WK_OK);
+                assert_int_equal(rl, strlen(rs));
+                assert_int_equal(cl, strlen(cs));
+                strcat(r, rs);
+                strcat(c, cs);
+                free(rs);
+                free(cs);
+            }
+            assert_string_equal(r, want_r);
+            assert_string_equal(c, want_c);
+        }
+    }
+}
+
+static void
+test_think(void **state)
+{
+    (void)state;
+    think_check("plain answer", false, "", "plain answer");
+    think_check("why\n</think>\n\nanswer", true, "why\n", "\n\nanswer");
+    think_check("<think>a</think>b", false, "a", "b");
+    think_check("a</think>b", false, "", "a</think>b"); /* a close outside: text */
+    think_check("x<think>unclosed <thi", false, "unclosed <thi", "x");
+    think_check("</thin", true, "</thin", "");
+    think_check("<<think>>", false, ">", "<");
+    assert_true(wk_chat_think_open_at_end("u<think>\n", 10, "<think>", "</think>"));
+    assert_false(wk_chat_think_open_at_end("<think>\n\n</think>\n\n", 21, "<think>", "</think>"));
+    assert_false(wk_chat_think_open_at_end("User: hi\n\nAssistant:", 20, "<think>", "</think>"));
+}
+
+
 int
 main(void)
 {
@@ -292,6 +339,7 @@ main(void)
         cmocka_unit_test(test_render_bad_role),
         cmocka_unit_test(test_stop_scan),
         cmocka_unit_test(test_stop_stream),
+        cmocka_unit_test(test_think),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

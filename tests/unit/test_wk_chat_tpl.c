@@ -163,6 +163,11 @@ test_config_string(void **state)
     char *out = render_hi(t, true);
     assert_string_equal(out, "<s>[user:hi]TrueA:</s>");
     free(out);
+    /* the special tokens as the template sees them; no think markers in this one */
+    assert_string_equal(wk_chat_tpl_special(t, "eos_token"), "</s>");
+    assert_string_equal(wk_chat_tpl_special(t, "bos_token"), "<s>");
+    assert_null(wk_chat_tpl_special(t, "unk_token"));
+    assert_false(wk_chat_tpl_thinks(t));
     /* tools and kwargs reach the template; kwargs may not set the reserved names */
     json_error_t je;
     json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"q\"}]", 0, &je);
@@ -225,6 +230,11 @@ test_jinja_file(void **state)
     char *out = render_hi(t, false);
     assert_string_equal(out, "<B>filehi");
     free(out);
+    wk_chat_tpl_free(t);
+    /* a template that names </think> marks a thinking model */
+    put("chat_template.jinja", "{{ messages[0].content }}{% if x %}<think>\n\n</think>{% endif %}");
+    assert_int_equal(wk_chat_tpl_load(dir, NULL, &t, &d), WK_OK);
+    assert_true(wk_chat_tpl_thinks(t));
     wk_chat_tpl_free(t);
     /* a refused template is an error naming file and line, not a fallback */
     put("chat_template.jinja", "ok\n{% include 'other.jinja' %}");
