@@ -174,6 +174,13 @@ wk_chat_tpl_load(const char *dir, const char *override_path, wk_chat_tpl **out, 
     wk_err e;
     if (dir == NULL || out == NULL)
         return wk_diag_set(d, WK_EINVAL, "wk_chat_tpl_load: NULL argument");
+    /* a checkpoint file (--model m.gguf): its directory holds the template */
+    char parent[2048]; /* a shorter path than path below, so each name fits */
+    bool is_file = false;
+    if (wk_file_model_path(dir, parent, sizeof parent, NULL, 0, &is_file) != WK_OK)
+        return wk_diag_set(d, WK_ETOOBIG, "chat template: path too long: %s", dir);
+    if (is_file)
+        dir = parent;
     t = calloc(1, sizeof *t);
     if (t == NULL || (t->special = json_object()) == NULL) {
         free(t);
