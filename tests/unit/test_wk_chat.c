@@ -323,9 +323,11 @@ test_think(void **state)
     think_check("x<think>unclosed <thi", false, "unclosed <thi", "x");
     think_check("</thin", true, "</thin", "");
     think_check("<<think>>", false, ">", "<");
-    assert_true(wk_chat_think_open_at_end("u<think>\n", 10, "<think>", "</think>"));
-    assert_false(wk_chat_think_open_at_end("<think>\n\n</think>\n\n", 21, "<think>", "</think>"));
-    assert_false(wk_chat_think_open_at_end("User: hi\n\nAssistant:", 20, "<think>", "</think>"));
+    static const char *const open = "u<think>\n", *closed = "<think>\n\n</think>\n\n",
+                             *plain = "User: hi\n\nAssistant:";
+    assert_true(wk_chat_think_open_at_end(open, strlen(open), "<think>", "</think>"));
+    assert_false(wk_chat_think_open_at_end(closed, strlen(closed), "<think>", "</think>"));
+    assert_false(wk_chat_think_open_at_end(plain, strlen(plain), "<think>", "</think>"));
 }
 
 
