@@ -46,6 +46,12 @@
  * row's bits never depend on the other rows, on how its prefill is split or
  * on the thread count.
  *
+ * The layer list: every layer is a mixer (the Gated DeltaNet above, or
+ * softmax attention) and an MLP (dense SwiGLU, or a mixture of experts:
+ * gdn_layer_moe); Qwen3.5's conventions ride on the view (wrk_gdn.h): an
+ * output gate in q_proj (attn_gate), partial rotary (rope_dim), and the
+ * (1 + weight) norms folded into the fp32 vectors at open (norm_offset).
+ *
  * Must never: log, abort on bad input, or change a slot when a step is
  * refused (be_cpu_base_step validates before any pass).
  */
@@ -956,18 +962,21 @@ gdn_stage_route(void *arg, uint32_t task)
             p[e] *= inv;
         uint32_t *sel = c->sel + (size_t)t * c->moe_k;
         float *w = c->sw + (size_t)t * c->moe_k;
-        float tot = 0.0f;
-        for (uint32_t j = 0; j < k; j++) { /* k passes: the next largest not yet taken */
-            uint32_t best = UINT32_MAX;
-            for (uint32_t e = 0; e < E; e++) {
-                bool taken = false;
-                for (uint32_t i = 0; i < j && !taken; i++)
-                    taken = sel[i] == e;
-                if (!taken && (best == UINT32_MAX || p[e] > p[best]))
-                    best = e;
+        /* one pass keeping the k largest, larger first (a later equal one never passes) */
+        uint32_t have = 0;
+        for (uint32_t e = 0; e < E; e++) {
+            if (have == k && !(p[e] > p[sel[k - 1]]))
+                continue;
+            uint32_t i = have < k ? have++ : k - 1;
+            while (i > 0 && p[e] > p[sel[i - 1]]) {
+                sel[i] = sel[i - 1];
+                i--;
             }
-            sel[j] = best;
-            w[j] = p[best];
+            sel[i] = e;
+        }
+        float tot = 0.0f;
+        for (uint32_t j = 0; j < k; j++) {
+            w[j] = p[sel[j]];
             tot += w[j];
         }
         if (mo->norm_topk)
