@@ -1056,23 +1056,33 @@ out:
 
 /* ------------------------------------------------------------ read ---- */
 
+/*
+ * The caller's stored record id into *rec (caller json_decref()s it), or
+ * the answer sent (404 for an unknown, expired or other owner's id, else
+ * the store's error) and NULL.
+ */
+static json_t *
+resp_load_or_reply(ctl_http_req *req, ctl_app *app, const char *owner, const char *id)
+{
+    json_t *rec = NULL;
+    bool expired = false;
+    wk_err err = resp_load(app, owner, id, &rec, &expired);
+    if (err == WK_ENOENT)
+        resp_send_error(req, 404, WK_ENOENT, NULL, "not_found",
+                        "No response with id '%.80s' found.", id);
+    else if (err != WK_OK)
+        ctl_http_send_error(req, err, "cannot read the response", NULL);
+    return err == WK_OK ? rec : NULL;
+}
+
 static void
 resp_get(ctl_http_req *req, ctl_app *app, const char *id)
 {
     char owner[CTL_STORE_OWNER_MAX + 1];
     ctl_openai_owner(req, owner);
-    json_t *rec = NULL;
-    bool expired = false;
-    wk_err err = resp_load(app, owner, id, &rec, &expired);
-    if (err == WK_ENOENT) {
-        resp_send_error(req, 404, WK_ENOENT, NULL, "not_found",
-                        "No response with id '%.80s' found.", id);
+    json_t *rec = resp_load_or_reply(req, app, owner, id);
+    if (rec == NULL)
         return;
-    }
-    if (err != WK_OK) {
-        ctl_http_send_error(req, err, "cannot read the response", NULL);
-        return;
-    }
     ctl_http_send_json(req, 200, resp_object(rec));
     json_decref(rec);
 }
@@ -1082,18 +1092,9 @@ resp_delete(ctl_http_req *req, ctl_app *app, const char *id)
 {
     char owner[CTL_STORE_OWNER_MAX + 1];
     ctl_openai_owner(req, owner);
-    json_t *rec = NULL;
-    bool expired = false;
-    wk_err err = resp_load(app, owner, id, &rec, &expired);
-    if (err == WK_ENOENT) {
-        resp_send_error(req, 404, WK_ENOENT, NULL, "not_found",
-                        "No response with id '%.80s' found.", id);
+    json_t *rec = resp_load_or_reply(req, app, owner, id);
+    if (rec == NULL)
         return;
-    }
-    if (err != WK_OK) {
-        ctl_http_send_error(req, err, "cannot read the response", NULL);
-        return;
-    }
     char key[RESP_KEY_MAX];
     resp_key(owner, id, key);
     resp_drop(app, key, rec);
@@ -1132,15 +1133,9 @@ resp_input_items(ctl_http_req *req, ctl_app *app, const char *id)
     char after[128] = "";
     if (!ctl_http_req_query_get(req, "after", after, sizeof(after)))
         after[0] = '\0';
-    json_t *rec = NULL;
-    bool expired = false;
-    wk_err err = resp_load(app, owner, id, &rec, &expired);
-    if (err != WK_OK) {
-        resp_send_error(req, err == WK_ENOENT ? 404 : 500, err, NULL,
-                        err == WK_ENOENT ? "not_found" : NULL, "No response with id '%.80s' found.",
-                        id);
+    json_t *rec = resp_load_or_reply(req, app, owner, id);
+    if (rec == NULL)
         return;
-    }
     /* Everything the model was given (instructions aside): the history, then the input. */
     json_t *all = json_array();
     json_t *lists[2] = {json_object_get(rec, "history"), json_object_get(rec, "input")};
