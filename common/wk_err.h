@@ -1,6 +1,7 @@
 /*
- * wk_err: the one project error enum, its strings, and the table that maps
- * each code to an HTTP status and an OpenAI error type.
+ * wk_err: the one project error enum and its strings. The table that maps
+ * each code to an HTTP status and an OpenAI error type and code belongs to
+ * the controller (controld/api/ctl_err.h): the worker never speaks HTTP.
  *
  * Library-like code returns a wk_err and, when the caller passes one, writes
  * human detail into a wk_diag. It never logs and never aborts on bad input.
@@ -47,15 +48,6 @@ const char *wk_strerror(wk_err err);
 
 /* Returns the enum name of err ("WK_EINVAL"), static. */
 const char *wk_err_name(wk_err err);
-
-/* HTTP status code for err (WK_OK -> 200, WK_EINVAL -> 400, ...). */
-int wk_err_http_status(wk_err err);
-
-/* OpenAI error "type" for err ("invalid_request_error", "server_error", ...). */
-const char *wk_err_openai_type(wk_err err);
-
-/* OpenAI error "code" for err ("invalid_request", "queue_full", ...), static. */
-const char *wk_err_openai_code(wk_err err);
 
 /*
  * Writes a formatted message into d. NULL-safe: does nothing when d is NULL.

@@ -295,12 +295,7 @@ wk_json_dump_canonical(const json_t *v)
     return b.p;
 }
 
-/*
- * A copy of s (caller frees) with every byte that does not belong to a
- * well-formed UTF-8 sequence replaced by '?': messages quote client input
- * and may be cut inside a character, and jansson refuses invalid UTF-8.
- */
-static char *
+char *
 wk_json_utf8_scrub(const char *s)
 {
     size_t n = strlen(s);
@@ -331,33 +326,4 @@ wk_json_utf8_scrub(const char *s)
     }
     o[n] = '\0';
     return o;
-}
-
-char *
-wk_json_error_body(wk_err err, const char *message, const char *param)
-{
-    return wk_json_error_body_code(err, message, param, NULL);
-}
-
-char *
-wk_json_error_body_code(wk_err err, const char *message, const char *param, const char *code)
-{
-    char *msg = wk_json_utf8_scrub(message ? message : "");
-    char *par = param ? wk_json_utf8_scrub(param) : NULL;
-    json_t *inner = NULL;
-    if (msg != NULL && (param == NULL || par != NULL))
-        inner = json_pack("{s:s, s:s, s:o, s:s}", "message", msg, "type",
-                          wk_err_openai_type(err), "param",
-                          par ? json_string(par) : json_null(), "code",
-                          code != NULL ? code : wk_err_openai_code(err));
-    free(msg);
-    free(par);
-    if (inner == NULL)
-        return NULL;
-    json_t *body = json_pack("{s:o}", "error", inner);
-    if (body == NULL)
-        return NULL;
-    char *s = wk_json_dump_compact(body);
-    json_decref(body);
-    return s;
 }

@@ -61,15 +61,11 @@ char *wk_json_dump_compact(const json_t *v);
 char *wk_json_dump_canonical(const json_t *v);
 
 /*
- * OpenAI error body {"error":{"message","type","param","code"}} for err.
- * param may be NULL (-> null). Bytes of message or param that are not
- * well-formed UTF-8 (a quote of client input cut inside a character) become
- * '?'. Caller frees. NULL on ENOMEM.
+ * A copy of s (caller frees) with every byte that does not belong to a
+ * well-formed UTF-8 sequence replaced by '?': messages quote client input
+ * and may be cut inside a character, and jansson refuses invalid UTF-8.
+ * NULL on ENOMEM.
  */
-char *wk_json_error_body(wk_err err, const char *message, const char *param);
-
-/* Same with an explicit OpenAI code ("context_length_exceeded"); NULL code: err's. */
-char *wk_json_error_body_code(wk_err err, const char *message, const char *param,
-                              const char *code);
+char *wk_json_utf8_scrub(const char *s);
 
 #endif /* WK_JSON_H */

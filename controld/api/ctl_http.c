@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "ctl_err.h"
 #include "wk_json.h"
 #include "wk_log.h"
 #include "wk_net.h"
@@ -249,7 +250,7 @@ ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const char
                            const char *param)
 {
     ctl_http_log_refusal(req, status, param, message);
-    char *s = wk_json_error_body(err, message, param);
+    char *s = ctl_err_body(err, message, param);
     if (s == NULL) {
         ctl_http_send(req, 500, "application/json", "{}", 2);
         return;
@@ -263,7 +264,7 @@ ctl_http_send_error_code(ctl_http_req *req, int status, wk_err err, const char *
                          const char *param, const char *code)
 {
     ctl_http_log_refusal(req, status, param, message);
-    char *s = wk_json_error_body_code(err, message, param, code);
+    char *s = ctl_err_body_code(err, message, param, code);
     if (s == NULL) {
         ctl_http_send(req, 500, "application/json", "{}", 2);
         return;
@@ -275,7 +276,7 @@ ctl_http_send_error_code(ctl_http_req *req, int status, wk_err err, const char *
 void
 ctl_http_send_error(ctl_http_req *req, wk_err err, const char *message, const char *param)
 {
-    ctl_http_send_error_status(req, wk_err_http_status(err), err, message, param);
+    ctl_http_send_error_status(req, ctl_err_http_status(err), err, message, param);
 }
 
 void
@@ -399,7 +400,7 @@ ctl_http_civetweb_error(struct mg_connection *conn, int status, const char *errm
     wk_err err = status == 413 || status == 431 ? WK_ETOOBIG
                  : status >= 500                 ? WK_EIO
                                                  : WK_EINVAL;
-    char *body = wk_json_error_body(err, msg, NULL);
+    char *body = ctl_err_body(err, msg, NULL);
     if (body == NULL)
         return 1; /* civetweb's plain page */
     mg_printf(conn,

@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_err.h"
 #include "ctl_openai.h"
 #include "wk_json.h"
 #include "wk_log.h"
@@ -261,7 +262,7 @@ ctl_migrate_slot_action(ctl_http_req *req, void *arg)
     wk_err err = ctl_migrate_one(app, &info, to, &report, &d);
     if (err != WK_OK) {
         /* An OpenAI-style error, with the aborted migration's report beside it. */
-        char *eb = wk_json_error_body(err, d.msg, err == WK_EINVAL || err == WK_EBUSY ? "to"
+        char *eb = ctl_err_body(err, d.msg, err == WK_EINVAL || err == WK_EBUSY ? "to"
                                                                                      : NULL);
         json_t *ebody = eb ? json_loads(eb, 0, NULL) : NULL;
         free(eb);
@@ -269,7 +270,7 @@ ctl_migrate_slot_action(ctl_http_req *req, void *arg)
             json_object_set_new(ebody, "migration", report);
         else
             json_decref(report);
-        ctl_http_send_json(req, wk_err_http_status(err), ebody);
+        ctl_http_send_json(req, ctl_err_http_status(err), ebody);
     } else {
         ctl_http_send_json(req, 200, report);
     }

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_err.h"
 #include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_gen.h"
@@ -1425,7 +1426,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
         if (r->on_fail != NULL)
             r->on_fail(r);
         if (!st.broken) {
-            char *eb = wk_json_error_body(err, d.msg, NULL);
+            char *eb = ctl_err_body(err, d.msg, NULL);
             bool sent = eb != NULL && ctl_http_sse_data(req, eb) == WK_OK &&
                         ctl_http_sse_data(req, "[DONE]") == WK_OK;
             free(eb);

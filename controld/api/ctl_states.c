@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "ctl_app.h"
+#include "ctl_err.h"
 #include "ctl_kv.h"
 #include "ctl_openai.h"
 #include "ctl_statefile.h"
@@ -319,7 +320,7 @@ ctl_states_gen_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_
                     n);
         json_object_set_new(final_obj, "state", ctl_states_json(g->app, &st));
     } else {
-        char *e = wk_json_error_body(err, d.msg, "save_as");
+        char *e = ctl_err_body(err, d.msg, "save_as");
         json_object_set_new(final_obj, "state_error", e ? json_loads(e, 0, NULL) : json_null());
         free(e);
     }

@@ -17,7 +17,7 @@
  * generation never fails); a success has one choice and coherent usage; a
  * stream ends with [DONE]; every per-user unit is given back.
  */
-/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c common/wk_chat.c common/wk_chat_tpl.c common/wk_file.c common/wk_jinja_parse.c common/wk_jinja_value.c common/wk_jinja_eval.c common/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_openai.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
+/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c common/wk_chat.c common/wk_chat_tpl.c common/wk_file.c common/wk_jinja_parse.c common/wk_jinja_value.c common/wk_jinja_eval.c common/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
 /* fuzz-libs: -lprotobuf-c */
 #include <jansson.h>
@@ -29,6 +29,7 @@
 
 #include "ctl_app.h"
 #include "ctl_chat.h"
+#include "ctl_err.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"
 #include "wk_json.h"
@@ -127,7 +128,7 @@ void
 ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const char *message,
                            const char *param)
 {
-    char *s = wk_json_error_body(err, message, param);
+    char *s = ctl_err_body(err, message, param);
     fuzz_check(s != NULL, "error body");
     fuzz_answer(req, status, s, strlen(s));
     free(s);
@@ -137,7 +138,7 @@ void
 ctl_http_send_error_code(ctl_http_req *req, int status, wk_err err, const char *message,
                          const char *param, const char *code)
 {
-    char *s = wk_json_error_body_code(err, message, param, code);
+    char *s = ctl_err_body_code(err, message, param, code);
     fuzz_check(s != NULL, "error body");
     fuzz_answer(req, status, s, strlen(s));
     free(s);
@@ -146,7 +147,7 @@ ctl_http_send_error_code(ctl_http_req *req, int status, wk_err err, const char *
 void
 ctl_http_send_error(ctl_http_req *req, wk_err err, const char *message, const char *param)
 {
-    ctl_http_send_error_status(req, wk_err_http_status(err), err, message, param);
+    ctl_http_send_error_status(req, ctl_err_http_status(err), err, message, param);
 }
 
 void
