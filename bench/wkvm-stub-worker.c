@@ -89,6 +89,11 @@ main(int argc, char **argv)
         wk_cfg_free(cfg);
         return 0;
     }
+    if (wk_cfg_version_requested(cfg)) {
+        printf("%s %s\n", "wkvm-stub-worker", WK_VERSION);
+        wk_cfg_free(cfg);
+        return 0;
+    }
     char url[4200];
     if (wk_cfg_get_str(cfg, "link-url") != NULL)
         snprintf(url, sizeof(url), "%s", wk_cfg_get_str(cfg, "link-url"));

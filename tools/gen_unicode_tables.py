@@ -2,7 +2,8 @@
 """Writes common/wk_unicode_tables.h from Python's unicodedata.
 
 Usage: tools/gen_unicode_tables.py [OUT]   (default: common/wk_unicode_tables.h
-next to this script's repository root). Standard library only; the output
+next to this script's repository root); --version prints the project version
+(meson.build's, as every wkvm program does). Standard library only; the output
 depends only on unicodedata.unidata_version, which the header records.
 
 Tables (all sorted, searched by binary search in common/wk_bpe.c):
@@ -19,6 +20,7 @@ Tables (all sorted, searched by binary search in common/wk_bpe.c):
   composite, Hangul excluded.
 """
 import os
+import re
 import sys
 import unicodedata
 
@@ -50,8 +52,19 @@ def ranges(fn):
     return out
 
 
+def project_version(root):
+    """The version in meson.build's project() call (what WK_VERSION is)."""
+    with open(os.path.join(root, "meson.build"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"project\([^)]*?version:\s*'([^']+)'", text, re.S)
+    return m.group(1) if m else "unknown"
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if sys.argv[1:] == ["--version"]:
+        print("gen_unicode_tables.py " + project_version(root))
+        return
     path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "common",
                                                                "wk_unicode_tables.h")
     cls = ranges(cls_of)

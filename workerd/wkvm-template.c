@@ -243,6 +243,10 @@ render_model(const char *dir, const char *override, const char *req_path)
 int
 main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("wkvm-template %s\n", WK_VERSION);
+        return 0;
+    }
     if (argc == 2 && strcmp(argv[1], "--batch") == 0)
         return batch();
     if (argc >= 5 && strcmp(argv[1], "--model") == 0 && strcmp(argv[3], "--chat-template") == 0)
@@ -252,7 +256,8 @@ main(int argc, char **argv)
     if (argc < 2 || argc > 3 || argv[1][0] == '-') {
         fprintf(stderr, "usage: wkvm-template TEMPLATE [CONTEXT.json|-]\n"
                         "       wkvm-template --model DIR [--chat-template FILE] [REQUEST.json|-]\n"
-                        "       wkvm-template --batch   (JSON lines on stdin)\n");
+                        "       wkvm-template --batch   (JSON lines on stdin)\n"
+                        "       wkvm-template --version\n");
         return 3;
     }
     wk_diag d = {{0}};
