@@ -27,7 +27,7 @@
 #define TSET_MAX 256 /* tensors in one set */
 
 typedef struct tset_t {
-    char name[128];   /* checkpoint name */
+    char name[160];   /* checkpoint name */
     int ndim;         /* 1..4 */
     int64_t shape[4]; /* dims */
 } tset_t;
