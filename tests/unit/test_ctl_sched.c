@@ -1,0 +1,367 @@
+/*
+ * test_ctl_sched: the scheduler through its public API over a real ctl_pool
+ * link to a fake worker (fake_worker.h, a thread of this process): admission
+ * by free slots with a bounded wait queue, the admission order (fewest input
+ * tokens still to compute first), prefill chunks under the per-job cap and
+ * the step budget, continuous batching of two jobs in one step with each
+ * slot's state exactly the tokens reported fed, held slots and their
+ * generations (a stale handle never touches a reused slot), and the refusals
+ * (no worker, a bad spec).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ctl_pool.h"
+#include "ctl_sched.h"
+#include "fake_worker.h"
+
+typedef struct fx {
+    char dir[256];
+    char url[320];
+    ctl_pool *pool;
+    ctl_sched *sched;
+    fake_worker w;
+    bool w_on;
+} fx;
+
+/* A pool on a fresh ipc URL and a scheduler over it (no worker yet). */
+static void
+fx_open(fx *f, uint32_t step_tokens, uint32_t job_chunk, uint32_t queue_max)
+{
+    memset(f, 0, sizeof(*f));
+    const char *base = getenv("TMPDIR");
+    snprintf(f->dir, sizeof(f->dir), "%s/wkvm-sched-XXXXXX", base && base[0] ? base : "/tmp");
+    assert_non_null(mkdtemp(f->dir));
+    snprintf(f->url, sizeof(f->url), "ipc://%s/c.ipc", f->dir);
+    ctl_pool_config pc = {.listen_url = f->url, .heartbeat_ms = 100, .load_timeout_ms = 5000};
+    wk_diag d = {{0}};
+    if (ctl_pool_new(&pc, &f->pool, &d) != WK_OK)
+        fail_msg("pool: %s", d.msg);
+    ctl_sched_config sc = {.step_tokens = step_tokens, .job_chunk = job_chunk, .max_rows = 16,
+                           .queue_max = queue_max, .step_timeout_ms = 5000,
+                           .drain_wait_ms = 5000};
+    if (ctl_sched_new(&sc, f->pool, NULL, &f->sched, &d) != WK_OK)
+        fail_msg("sched: %s", d.msg);
+}
+
+/* Connects a fake worker with n usable slots and waits until the scheduler steps on it. */
+static void
+fx_worker(fx *f, uint32_t n)
+{
+    assert_int_equal(fw_start(&f->w, f->url, "w0", n), 0);
+    f->w_on = true;
+    uint64_t until = fw_now_ms() + 4000;
+    while (ctl_sched_worker_count(f->sched) == 0 && fw_now_ms() < until)
+        usleep(5000);
+    assert_int_equal(ctl_sched_worker_count(f->sched), 1);
+}
+
+static void
+fx_close(fx *f)
+{
+    ctl_sched_free(f->sched);
+    if (f->w_on)
+        fw_stop(&f->w);
+    ctl_pool_free(f->pool);
+    char p[400];
+    snprintf(p, sizeof(p), "%s/c.ipc", f->dir);
+    unlink(p);
+    rmdir(f->dir);
+}
+
+static ctl_job *
+submit(fx *f, const int32_t *toks, size_t n, const ctl_slot_ref *slot, bool sample)
+{
+    ctl_job_spec sp = {.tokens = toks, .n_tokens = n, .sample = sample, .slot = slot,
+                       .fresh = slot == NULL};
+    ctl_job *j = NULL;
+    wk_diag d = {{0}};
+    if (ctl_sched_submit(f->sched, &sp, &j, &d) != WK_OK)
+        fail_msg("submit: %s", d.msg);
+    return j;
+}
+
+static ctl_job_event
+next_ev(ctl_job *j)
+{
+    ctl_job_event ev;
+    memset(&ev, 0, sizeof(ev));
+    if (ctl_job_next(j, 4000, &ev) != WK_OK)
+        fail_msg("no event within 4 s");
+    return ev;
+}
+
+/* Takes n tokens from j (continuing after each but the last), then stops it. */
+static void
+take_tokens(ctl_job *j, fw_state *expect, size_t n, bool feed_last)
+{
+    for (size_t i = 0; i < n; i++) {
+        ctl_job_event ev = next_ev(j);
+        if (ev.type != CTL_JOB_EV_TOKEN)
+            fail_msg("event %d (%s), expected a token", (int)ev.type, ev.message);
+        /* the toy model samples from the state: the slot holds exactly what was fed */
+        assert_int_equal(ev.token, fw_token_of(expect));
+        if (i + 1 < n || feed_last)
+            fw_feed(expect, ev.token);
+        if (i + 1 < n)
+            ctl_job_continue(j);
+        else
+            ctl_job_stop(j, feed_last);
+    }
+    ctl_job_event ev = next_ev(j);
+    assert_int_equal(ev.type, CTL_JOB_EV_DONE);
+}
+
+static void
+test_order_and_queue(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 64, 64, 2);
+    fx_worker(&f, 1);
+    static const int32_t a[5] = {11, 12, 13, 14, 15};
+    int32_t b[30], c[2] = {21, 22};
+    for (int i = 0; i < 30; i++)
+        b[i] = 30 + i;
+    fw_hold(&f.w, true);
+    ctl_job *ja = submit(&f, a, 5, NULL, true);
+    assert_true(fw_wait_held(&f.w, 4000)); /* A runs on the only slot */
+    ctl_job *jb = submit(&f, b, 30, NULL, true);
+    ctl_job *jc = submit(&f, c, 2, NULL, true);
+    uint32_t waiting = 0, running = 0;
+    ctl_sched_depths(f.sched, &waiting, &running);
+    assert_int_equal(waiting, 2);
+    assert_int_equal(running, 1);
+    /* the wait queue holds queue_max jobs */
+    ctl_job_spec sp = {.tokens = c, .n_tokens = 2, .sample = true, .fresh = true};
+    ctl_job *jd = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &jd, &d), WK_EQUEUEFULL);
+    assert_null(jd);
+    uint32_t used = 0, total = 0;
+    ctl_sched_slot_counts(f.sched, "w0", &used, &total);
+    assert_int_equal(used, 1);
+    assert_int_equal(total, 1);
+
+    fw_hold(&f.w, false);
+    fw_state sa = fw_state_of(a, 5);
+    take_tokens(ja, &sa, 1, false);
+    ctl_job_free(ja); /* the slot frees: C (2 tokens to compute) goes before B (30) */
+    fw_state sc = fw_state_of(c, 2);
+    take_tokens(jc, &sc, 2, true);
+    ctl_job_event ev;
+    assert_int_equal(ctl_job_next(jb, 0, &ev), WK_ETIMEDOUT); /* B still waits */
+    assert_int_equal(ctl_job_fed(jc), 4); /* 2 input + 2 sampled, the last fed too */
+    assert_int_equal(ctl_job_n_input(jc), 2);
+    ctl_job_free(jc);
+    fw_state sb = fw_state_of(b, 30);
+    take_tokens(jb, &sb, 1, false);
+    ctl_job_free(jb);
+
+    /* the log: A's prefill, then C admitted (a reset row of 2 tokens), then B's */
+    static fw_row log[64];
+    size_t n = fw_log(&f.w, log, 64);
+    int seen_c = -1, seen_b = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (log[i].reset && log[i].first == 21)
+            seen_c = (int)i;
+        if (log[i].reset && log[i].first == 30)
+            seen_b = (int)i;
+    }
+    assert_true(log[0].reset && log[0].n_tokens == 5 && log[0].first == 11);
+    assert_true(seen_c > 0 && seen_b > seen_c);
+    assert_int_equal(log[seen_c].n_tokens, 2);
+    assert_int_equal(log[seen_b].n_tokens, 30);
+    fx_close(&f);
+}
+
+static void
+test_chunks_and_batching(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 8, 4, 8);
+    fx_worker(&f, 2);
+    /* one job: 10 input tokens go in chunks of 4, 4, 2, the last one sampling */
+    int32_t x[10];
+    for (int i = 0; i < 10; i++)
+        x[i] = 40 + i;
+    ctl_job *jx = submit(&f, x, 10, NULL, true);
+    fw_state sx = fw_state_of(x, 10);
+    take_tokens(jx, &sx, 1, false);
+    assert_int_equal(ctl_job_computed(jx), 10);
+    ctl_job_free(jx);
+    static fw_row log[256];
+    size_t n = fw_log(&f.w, log, 256);
+    assert_int_equal(n, 3);
+    assert_int_equal(log[0].n_tokens, 4);
+    assert_true(log[0].reset && !log[0].sample);
+    assert_int_equal(log[1].n_tokens, 4);
+    assert_int_equal(log[2].n_tokens, 2);
+    assert_true(log[2].sample);
+
+    /* two jobs decode together: some step carries a row of each slot */
+    fw_log_clear(&f.w);
+    static const int32_t y[3] = {1, 2, 3}, z[3] = {4, 5, 6};
+    ctl_job *jy = submit(&f, y, 3, NULL, true);
+    ctl_job *jz = submit(&f, z, 3, NULL, true);
+    fw_state sy = fw_state_of(y, 3), sz = fw_state_of(z, 3);
+    for (int i = 0; i < 6; i++) {
+        ctl_job_event ey = next_ev(jy), ez = next_ev(jz);
+        assert_int_equal(ey.type, CTL_JOB_EV_TOKEN);
+        assert_int_equal(ez.type, CTL_JOB_EV_TOKEN);
+        assert_int_equal(ey.token, fw_token_of(&sy));
+        assert_int_equal(ez.token, fw_token_of(&sz));
+        fw_feed(&sy, ey.token);
+        fw_feed(&sz, ez.token);
+        if (i < 5) {
+            ctl_job_continue(jy);
+            ctl_job_continue(jz);
+        } else {
+            ctl_job_stop(jy, true);
+            ctl_job_stop(jz, true);
+        }
+    }
+    assert_int_equal(next_ev(jy).type, CTL_JOB_EV_DONE);
+    assert_int_equal(next_ev(jz).type, CTL_JOB_EV_DONE);
+    ctl_slot_ref ry, rz;
+    assert_int_equal(ctl_job_keep_slot(jy, &ry), WK_OK);
+    assert_int_equal(ctl_job_keep_slot(jz, &rz), WK_OK);
+    ctl_job_free(jy);
+    ctl_job_free(jz);
+    /* the kept slots hold exactly the fed tokens (input + 5 accepted + the last) */
+    fw_state wy = fw_slot_state(&f.w, ry.slot), wz = fw_slot_state(&f.w, rz.slot);
+    assert_int_equal(wy.count, 3 + 6);
+    assert_int_equal(wz.count, 3 + 6);
+    assert_true(wy.hash == sy.hash && wz.hash == sz.hash);
+    n = fw_log(&f.w, log, 256);
+    bool together = false;
+    for (size_t i = 0; i + 1 < n && !together; i++)
+        together = log[i].step == log[i + 1].step && log[i].slot != log[i + 1].slot;
+    assert_true(together);
+    assert_int_equal(ctl_sched_slot_free(f.sched, &ry), WK_OK);
+    assert_int_equal(ctl_sched_slot_free(f.sched, &rz), WK_OK);
+    fx_close(&f);
+}
+
+static void
+test_held_slots(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 64, 64, 8);
+    fx_worker(&f, 2);
+    wk_diag d = {{0}};
+    ctl_slot_ref r1, r2, r3;
+    assert_int_equal(ctl_sched_slot_alloc(f.sched, "w0", &r1, &d), WK_OK);
+    assert_int_equal(ctl_sched_slot_alloc(f.sched, NULL, &r2, &d), WK_OK);
+    assert_int_not_equal(r1.slot, r2.slot);
+    assert_int_equal(ctl_sched_slot_alloc(f.sched, NULL, &r3, &d), WK_ENOSPC);
+    assert_int_equal(ctl_sched_slot_alloc(f.sched, "nosuch", &r3, &d) == WK_OK, 0);
+    uint64_t epoch = ctl_sched_slot_epoch(f.sched);
+    assert_false(ctl_sched_slot_wait(f.sched, epoch, fw_now_ms() + 20)); /* nothing freed */
+
+    /* a job on a held slot feeds into it; a second one continues its state */
+    static const int32_t p[4] = {7, 8, 9, 10}, q[2] = {11, 12};
+    ctl_job *j = submit(&f, p, 4, &r1, false);
+    assert_int_equal(next_ev(j).type, CTL_JOB_EV_DONE);
+    ctl_job_free(j); /* a held slot stays allocated */
+    assert_true(ctl_sched_slot_valid(f.sched, &r1));
+    ctl_job_spec sp = {.tokens = q, .n_tokens = 2, .sample = true, .slot = &r1};
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_OK);
+    int32_t pq[6] = {7, 8, 9, 10, 11, 12};
+    fw_state s = fw_state_of(pq, 6);
+    take_tokens(j, &s, 1, true);
+    ctl_job_free(j);
+    fw_state w = fw_slot_state(&f.w, r1.slot);
+    assert_int_equal(w.count, 7);
+    assert_true(w.hash == s.hash);
+
+    size_t n_slots = ctl_sched_slots(f.sched, NULL, 0);
+    assert_int_equal(n_slots, 2);
+
+    /* a freed slot's handle is stale: freeing it again or running on it is refused */
+    epoch = ctl_sched_slot_epoch(f.sched);
+    assert_int_equal(ctl_sched_slot_free(f.sched, &r1), WK_OK);
+    assert_true(ctl_sched_slot_wait(f.sched, epoch, fw_now_ms() + 1000));
+    assert_false(ctl_sched_slot_valid(f.sched, &r1));
+    assert_int_equal(ctl_sched_slot_free(f.sched, &r1), WK_ESTATE);
+    sp.slot = &r1;
+    j = NULL;
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_ESTATE);
+    assert_null(j);
+    /* the same slot allocated again has another generation */
+    assert_int_equal(ctl_sched_slot_alloc(f.sched, "w0", &r3, &d), WK_OK);
+    assert_int_equal(r3.slot, r1.slot);
+    assert_true(r3.gen != r1.gen);
+    assert_true(ctl_sched_slot_valid(f.sched, &r3));
+    /* a busy held slot refuses a second job */
+    fw_hold(&f.w, true);
+    ctl_job *jb = submit(&f, q, 2, &r3, false);
+    assert_true(fw_wait_held(&f.w, 4000));
+    sp.slot = &r3;
+    j = NULL;
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_EBUSY);
+    fw_hold(&f.w, false);
+    assert_int_equal(next_ev(jb).type, CTL_JOB_EV_DONE);
+    ctl_job_free(jb);
+    assert_int_equal(ctl_sched_slot_free(f.sched, &r3), WK_OK);
+    assert_int_equal(ctl_sched_slot_free(f.sched, &r2), WK_OK);
+    fx_close(&f);
+}
+
+static void
+test_refusals(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 64, 64, 8);
+    static const int32_t t[2] = {1, 2};
+    ctl_job *j = NULL;
+    wk_diag d = {{0}};
+    /* no worker has connected */
+    ctl_job_spec sp = {.tokens = t, .n_tokens = 2, .sample = true, .fresh = true};
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_EUNAVAIL);
+    assert_non_null(strstr(d.msg, "no worker is ready"));
+    assert_null(j);
+    /* bad specs */
+    sp.n_tokens = 0;
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "a sampling job needs at least one input token"));
+    sp.sample = false;
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "a job needs input tokens"));
+    /* a job waiting when its worker leaves fails */
+    fx_worker(&f, 1);
+    fw_hold(&f.w, true);
+    sp.n_tokens = 2;
+    sp.sample = true;
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_OK);
+    assert_true(fw_wait_held(&f.w, 4000));
+    fw_stop(&f.w);
+    f.w_on = false;
+    ctl_job_event ev = next_ev(j);
+    assert_int_equal(ev.type, CTL_JOB_EV_ERROR);
+    assert_true(ev.err == WK_EUNAVAIL || ev.err == WK_ETIMEDOUT || ev.err == WK_EIO);
+    ctl_job_free(j);
+    fx_close(&f);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_order_and_queue),
+        cmocka_unit_test(test_chunks_and_batching),
+        cmocka_unit_test(test_held_slots),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
