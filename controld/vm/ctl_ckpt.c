@@ -62,6 +62,11 @@ struct ctl_ckpt {
     ctl_vm *vm;                       /* borrowed: slot and warm-tier I/O */
     ctl_store *store;                 /* borrowed: the disk tier */
     ctl_metrics *metrics;             /* borrowed, may be NULL */
+    pthread_mutex_t pass_mu;          /* one maintenance pass at a time (the tier thread's,
+                                         ctl_ckpt_maintain()'s): an entry being demoted still
+                                         counts against its budget while mu is dropped, so two
+                                         passes at once evicted twice for one excess.
+                                         Taken before mu, never while holding it */
     pthread_mutex_t mu;               /* guards everything below */
     pthread_cond_t cv;                /* wakes the tier thread */
     ckpt_entry *entries;              /* all entries */
@@ -633,6 +638,7 @@ ctl_ckpt_maintain(ctl_ckpt *c)
 {
     if (c == NULL)
         return;
+    pthread_mutex_lock(&c->pass_mu);
     pthread_mutex_lock(&c->mu);
     /* Warm copies on a worker that restarted are gone with its memory. */
     for (bool again = true; again;) {
@@ -733,6 +739,7 @@ ctl_ckpt_maintain(ctl_ckpt *c)
     }
     ckpt_gauges_locked(c);
     pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->pass_mu);
 }
 
 static void *
@@ -1396,6 +1403,7 @@ ctl_ckpt_new(const ctl_ckpt_config *cfg, ctl_pool *pool, ctl_sched *sched, ctl_v
     c->vm = vm;
     c->store = store;
     c->metrics = metrics;
+    pthread_mutex_init(&c->pass_mu, NULL);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     if (store != NULL)
@@ -1499,5 +1507,6 @@ ctl_ckpt_free(ctl_ckpt *c)
     }
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->pass_mu);
     free(c);
 }
