@@ -80,9 +80,8 @@ ctl_err_body_code(wk_err err, const char *message, const char *param, const char
     char *par = param ? wk_json_utf8_scrub(param) : NULL;
     json_t *inner = NULL;
     if (msg != NULL && (param == NULL || par != NULL))
-        inner = json_pack("{s:s, s:s, s:o, s:s}", "message", msg, "type",
-                          ctl_err_openai_type(err), "param",
-                          par ? json_string(par) : json_null(), "code",
+        inner = json_pack("{s:s, s:s, s:o, s:s}", "message", msg, "type", ctl_err_openai_type(err),
+                          "param", par ? json_string(par) : json_null(), "code",
                           code != NULL ? code : ctl_err_openai_code(err));
     free(msg);
     free(par);

@@ -62,10 +62,10 @@ typedef struct fake_worker {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* under mu */
-    bool hold;                 /* steps block until false */
-    uint32_t held;             /* steps blocked now */
-    uint32_t steps;            /* steps answered */
-    fw_row log[FW_MAX_LOG];    /* every step row */
+    bool hold;              /* steps block until false */
+    uint32_t held;          /* steps blocked now */
+    uint32_t steps;         /* steps answered */
+    fw_row log[FW_MAX_LOG]; /* every step row */
     size_t n_log;
     fw_state st[FW_MAX_SLOTS + 1];
     struct {
@@ -190,9 +190,9 @@ fw_step(fake_worker *w, const wk_msg *req)
         for (size_t k = 0; k < row->n_tokens; k++)
             fw_feed(st, row->tokens[k]);
         if (w->n_log < FW_MAX_LOG)
-            w->log[w->n_log++] = (fw_row){w->steps, row->slot, (uint32_t)row->n_tokens,
-                                          row->n_tokens ? row->tokens[0] : 0, row->sample,
-                                          row->reset};
+            w->log[w->n_log++] = (fw_row){
+                w->steps,    row->slot, (uint32_t)row->n_tokens, row->n_tokens ? row->tokens[0] : 0,
+                row->sample, row->reset};
         wkvm__row_result__init(&rr[i]);
         rr[i].slot = row->slot;
         rr[i].sampled = row->sample;
@@ -249,8 +249,8 @@ fw_handle(fake_worker *w, const wk_msg *req)
         break;
     case WKVM__KIND__SLOT_RESET:
     case WKVM__KIND__SLOT_FREE: {
-        uint32_t slot = req->kind == WKVM__KIND__SLOT_RESET ? req->slot_reset->slot
-                                                           : req->slot_free->slot;
+        uint32_t slot =
+            req->kind == WKVM__KIND__SLOT_RESET ? req->slot_reset->slot : req->slot_free->slot;
         if (slot < 1 || slot > w->n_slots) {
             fw_ack(w, req, WKVM__KIND__ACK, WK_EINVAL);
             break;

@@ -50,8 +50,12 @@ fx_open(fx *f, uint64_t warm_bytes, uint64_t disk_bytes)
     ctl_pool_config pc = {.listen_url = f->url, .heartbeat_ms = 100, .load_timeout_ms = 5000};
     if (ctl_pool_new(&pc, &f->pool, &d) != WK_OK)
         fail_msg("pool: %s", d.msg);
-    ctl_sched_config sc = {.step_tokens = 256, .job_chunk = 256, .max_rows = 16,
-                           .queue_max = 16, .step_timeout_ms = 5000, .drain_wait_ms = 5000};
+    ctl_sched_config sc = {.step_tokens = 256,
+                           .job_chunk = 256,
+                           .max_rows = 16,
+                           .queue_max = 16,
+                           .step_timeout_ms = 5000,
+                           .drain_wait_ms = 5000};
     if (ctl_sched_new(&sc, f->pool, NULL, &f->sched, &d) != WK_OK)
         fail_msg("sched: %s", d.msg);
     char sd[300];
@@ -105,11 +109,11 @@ fx_close(fx *f)
 
 /* What one turn did. */
 typedef struct turn {
-    size_t hit_len;    /* tokens the plan resumed */
-    size_t prefill;    /* tokens the job fed before it sampled (its steps up to the first
-                          sampling row: checkpoint positions split them) */
-    size_t first;      /* tokens of its first step */
-    int32_t gen[8];    /* sampled tokens */
+    size_t hit_len; /* tokens the plan resumed */
+    size_t prefill; /* tokens the job fed before it sampled (its steps up to the first
+                       sampling row: checkpoint positions split them) */
+    size_t first;   /* tokens of its first step */
+    int32_t gen[8]; /* sampled tokens */
 } turn;
 
 /*
@@ -126,13 +130,17 @@ run_turn(fx *f, const char *owner, const char *fp, const int32_t *in, size_t n,
     memset(&t, 0, sizeof(t));
     static ctl_ckpt_plan p;
     wk_diag d = {{0}};
-    assert_int_equal(ctl_ckpt_plan_begin(f->ckpt, &p, owner, fp, NULL, 0, in, n, bounds,
-                                         n_bounds, true, &d),
-                     WK_OK);
+    assert_int_equal(
+        ctl_ckpt_plan_begin(f->ckpt, &p, owner, fp, NULL, 0, in, n, bounds, n_bounds, true, &d),
+        WK_OK);
     t.hit_len = p.hit_len;
     fw_log_clear(&f->w);
-    ctl_job_spec sp = {.tokens = in, .n_tokens = n, .sample = true, .fresh = true,
-                       .prefer = p.worker[0] ? p.worker : NULL, .reuse = &p.reuse};
+    ctl_job_spec sp = {.tokens = in,
+                       .n_tokens = n,
+                       .sample = true,
+                       .fresh = true,
+                       .prefer = p.worker[0] ? p.worker : NULL,
+                       .reuse = &p.reuse};
     ctl_job *j = NULL;
     if (ctl_sched_submit(f->sched, &sp, &j, &d) != WK_OK)
         fail_msg("submit: %s", d.msg);
@@ -177,9 +185,8 @@ static size_t
 probe(fx *f, const char *owner, const char *fp, const int32_t *ids, size_t n)
 {
     static ctl_ckpt_plan p;
-    assert_int_equal(ctl_ckpt_plan_begin(f->ckpt, &p, owner, fp, NULL, 0, ids, n, NULL, 0, true,
-                                         NULL),
-                     WK_OK);
+    assert_int_equal(
+        ctl_ckpt_plan_begin(f->ckpt, &p, owner, fp, NULL, 0, ids, n, NULL, 0, true, NULL), WK_OK);
     size_t h = p.hit_len;
     ctl_ckpt_plan_end(&p);
     return h;
@@ -327,8 +334,8 @@ test_warm_budget_lru(void **state)
         usleep(5000);
     }
     if (st.entries != 4 || st.warm_evictions != 2)
-        fail_msg("entries %llu, warm evictions %llu (want 4 and 2)",
-                 (unsigned long long)st.entries, (unsigned long long)st.warm_evictions);
+        fail_msg("entries %llu, warm evictions %llu (want 4 and 2)", (unsigned long long)st.entries,
+                 (unsigned long long)st.warm_evictions);
     assert_int_equal(st.warm_bytes, 4 * FW_STATE_BYTES);
     assert_int_equal(st.disk_entries, 0);
     ctl_ckpt_stats_fini(&st);
@@ -403,10 +410,8 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_longest_prefix),
-        cmocka_unit_test(test_reply_records_and_clear),
-        cmocka_unit_test(test_warm_budget_lru),
-        cmocka_unit_test(test_disk_tier),
+        cmocka_unit_test(test_longest_prefix),  cmocka_unit_test(test_reply_records_and_clear),
+        cmocka_unit_test(test_warm_budget_lru), cmocka_unit_test(test_disk_tier),
         cmocka_unit_test(test_disabled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

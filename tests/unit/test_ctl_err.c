@@ -7,9 +7,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <cmocka.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cmocka.h>
 
 #include "ctl_err.h"
 #include "wk_json.h"
@@ -95,8 +96,7 @@ test_error_body(void **state)
      * bytes) used to give NULL, answered as 500 "{}"; found by fuzz_chat_body.
      * Bad bytes become '?', good characters stay.
      */
-    s = ctl_err_body(WK_EINVAL, "role '\xc3\xa9\xc3' \xff\xed\xa0\x80 \xf0\x9f\x98\x80",
-                           "p\xc3");
+    s = ctl_err_body(WK_EINVAL, "role '\xc3\xa9\xc3' \xff\xed\xa0\x80 \xf0\x9f\x98\x80", "p\xc3");
     assert_non_null(s);
     v = parse(s);
     e = json_object_get(v, "error");

@@ -44,8 +44,11 @@ fx_open(fx *f, uint32_t step_tokens, uint32_t job_chunk, uint32_t queue_max)
     wk_diag d = {{0}};
     if (ctl_pool_new(&pc, &f->pool, &d) != WK_OK)
         fail_msg("pool: %s", d.msg);
-    ctl_sched_config sc = {.step_tokens = step_tokens, .job_chunk = job_chunk, .max_rows = 16,
-                           .queue_max = queue_max, .step_timeout_ms = 5000,
+    ctl_sched_config sc = {.step_tokens = step_tokens,
+                           .job_chunk = job_chunk,
+                           .max_rows = 16,
+                           .queue_max = queue_max,
+                           .step_timeout_ms = 5000,
                            .drain_wait_ms = 5000};
     if (ctl_sched_new(&sc, f->pool, NULL, &f->sched, &d) != WK_OK)
         fail_msg("sched: %s", d.msg);
@@ -79,8 +82,8 @@ fx_close(fx *f)
 static ctl_job *
 submit(fx *f, const int32_t *toks, size_t n, const ctl_slot_ref *slot, bool sample)
 {
-    ctl_job_spec sp = {.tokens = toks, .n_tokens = n, .sample = sample, .slot = slot,
-                       .fresh = slot == NULL};
+    ctl_job_spec sp = {
+        .tokens = toks, .n_tokens = n, .sample = sample, .slot = slot, .fresh = slot == NULL};
     ctl_job *j = NULL;
     wk_diag d = {{0}};
     if (ctl_sched_submit(f->sched, &sp, &j, &d) != WK_OK)

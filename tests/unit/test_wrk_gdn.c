@@ -25,10 +25,10 @@ enum { C = 16, H = 2, K = 8, HV = 2, VH = 8, KD = 16, VD = 16, W = 4, F = 32, V 
 /* the hybrid's attention layer: 2 query heads, 1 KV head of Da = C / 2 */
 enum { HQ = 2, HKV = 1, DA = 8 };
 
-#define CFG_HEAD                                                                         \
-    "{\"model_type\":\"gated_deltanet\",\"hidden_size\":16,\"num_hidden_layers\":2,"     \
-    "\"num_heads\":2,\"head_dim\":8,\"expand_v\":1,\"use_gate\":true,\"conv_size\":4,"    \
-    "\"intermediate_size\":32,\"norm_eps\":1e-6,\"vocab_size\":40,"                       \
+#define CFG_HEAD                                                                                   \
+    "{\"model_type\":\"gated_deltanet\",\"hidden_size\":16,\"num_hidden_layers\":2,"               \
+    "\"num_heads\":2,\"head_dim\":8,\"expand_v\":1,\"use_gate\":true,\"conv_size\":4,"             \
+    "\"intermediate_size\":32,\"norm_eps\":1e-6,\"vocab_size\":40,"                                \
     "\"tie_word_embeddings\":false"
 static const char *const cfg_ok = CFG_HEAD "}";
 static const char *const cfg_hybrid =
@@ -42,10 +42,10 @@ build(tset *s, bool hybrid, bool head)
     tset_add(s, "model.embeddings.weight", V, C, 0);
     for (int l = 0; l < L; l++) {
         char n[128];
-#define ADD(suf, a, b, c)                                           \
-    do {                                                            \
-        snprintf(n, sizeof(n), "model.layers.%d.%s", l, suf);       \
-        tset_add(s, n, a, b, c);                                    \
+#define ADD(suf, a, b, c)                                                                          \
+    do {                                                                                           \
+        snprintf(n, sizeof(n), "model.layers.%d.%s", l, suf);                                      \
+        tset_add(s, n, a, b, c);                                                                   \
     } while (0)
         ADD("attn_norm.weight", C, 0, 0);
         if (hybrid && l == 1) {
@@ -222,13 +222,14 @@ test_refusals(void **state)
                    "lm_head.weight: missing (config.json tie_word_embeddings is false)");
     build(&s, false, true);
     expect_refused(&s, "{\"model_type\":\"gated_deltanet\",\"tie_word_embeddings\":true}",
-                   WK_EINVAL, "lm_head.weight: present but config.json tie_word_embeddings is true");
+                   WK_EINVAL,
+                   "lm_head.weight: present but config.json tie_word_embeddings is true");
     expect_refused(&s, "{\"model_type\":\"gated_deltanet\",\"num_heads\":4,\"head_dim\":8}",
                    WK_EINVAL, "config.json: num_heads 4 x head_dim 8 does not match the 16 rows");
     expect_refused(&s, "{\"model_type\":\"gated_deltanet\",\"expand_v\":2}", WK_EINVAL,
                    "config.json: expand_v 2 x head_dim 8 does not match the value head size 8");
-    expect_refused(&s, "{\"model_type\":\"gated_deltanet\",\"attn_mode\":\"parallel\"}",
-                   WK_ENOTSUP, "attn_mode \"parallel\" is not supported");
+    expect_refused(&s, "{\"model_type\":\"gated_deltanet\",\"attn_mode\":\"parallel\"}", WK_ENOTSUP,
+                   "attn_mode \"parallel\" is not supported");
     expect_refused(&s, "{\"model_type\":\"gated_deltanet\",\"use_short_conv\":false}", WK_ENOTSUP,
                    "use_short_conv false is not supported");
     expect_refused(&s, "{\"model_type\":\"gated_deltanet\",\"norm_eps\":0}", WK_EINVAL,
@@ -250,8 +251,9 @@ test_refusals(void **state)
                    "attn.num_heads is required");
     expect_refused(&s, CFG_HEAD ",\"attn\":{\"layers\":[1],\"num_heads\":2,\"sink\":1}}",
                    WK_ENOTSUP, "attn.sink is not supported");
-    expect_refused(&s, CFG_HEAD ",\"attn\":{\"layers\":[1],\"num_heads\":2,\"num_kv_heads\":1,"
-                                "\"rope_theta\":0.5}}",
+    expect_refused(&s,
+                   CFG_HEAD ",\"attn\":{\"layers\":[1],\"num_heads\":2,\"num_kv_heads\":1,"
+                            "\"rope_theta\":0.5}}",
                    WK_EINVAL, "attn.rope_theta must be a number in (1, 1e12)");
 }
 

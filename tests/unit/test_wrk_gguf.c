@@ -35,10 +35,10 @@
 
 typedef struct gb_kv {
     const char *key;
-    uint32_t type;   /* WK_GGUF_TYPE_UINT32, _FLOAT32 or _STRING */
-    uint32_t u;      /* UINT32 value */
-    float f;         /* FLOAT32 value */
-    const char *s;   /* STRING value */
+    uint32_t type; /* WK_GGUF_TYPE_UINT32, _FLOAT32 or _STRING */
+    uint32_t u;    /* UINT32 value */
+    float f;       /* FLOAT32 value */
+    const char *s; /* STRING value */
 } gb_kv;
 
 typedef struct gb_t {
@@ -274,8 +274,9 @@ test_rwkv7_refusals(void **state)
                    "x_v, x_a, x_g)");
     rwkv7_file(&b);
     b.t[2].shape[0] = RC + 1;
-    expect_refused(&b, WK_EINVAL, "blk.0.time_mix_r_k.weight: expected [C] with C a multiple of "
-                                  "rwkv7.wkv.head_size 4");
+    expect_refused(&b, WK_EINVAL,
+                   "blk.0.time_mix_r_k.weight: expected [C] with C a multiple of "
+                   "rwkv7.wkv.head_size 4");
     rwkv7_file(&b);
     b.kv[1].u = 0;
     expect_refused(&b, WK_EINVAL, "rwkv7.block_count 0 or rwkv7.wkv.head_size 4 out of range");
@@ -408,8 +409,9 @@ test_mamba2_refusals(void **state)
     expect_refused(&b, WK_EINVAL, "blk.0.ssm_a[0] = 0.5: expected A = -exp(A_log) < 0");
     mamba2_file(&b, true, true);
     b.kv[6].u = 3; /* 16 inner channels do not split into 3 heads */
-    expect_refused(&b, WK_EINVAL, "ssm.time_step_rank 3, ssm.group_count 2: out of range or "
-                                  "inconsistent");
+    expect_refused(&b, WK_EINVAL,
+                   "ssm.time_step_rank 3, ssm.group_count 2: out of range or "
+                   "inconsistent");
     mamba2_file(&b, true, true);
     b.t[3].ndim = 3; /* conv1d not squeezed */
     b.t[3].shape[1] = 1;
@@ -454,10 +456,8 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rwkv7),
-        cmocka_unit_test(test_rwkv7_refusals),
-        cmocka_unit_test(test_mamba2),
-        cmocka_unit_test(test_mamba2_refusals),
+        cmocka_unit_test(test_rwkv7),      cmocka_unit_test(test_rwkv7_refusals),
+        cmocka_unit_test(test_mamba2),     cmocka_unit_test(test_mamba2_refusals),
         cmocka_unit_test(test_diag_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,7 +21,7 @@
 
 /* C 16, expand 2 (d_inner 32), head_dim 8 (H 4), G 2, N 8, K 4, V 40, L 2 */
 enum { C = 16, DI = 32, H = 4, P = 8, G = 2, N = 8, K = 4, V = 40, L = 2 };
-#define CONV_DIM (DI + 2 * G * N)       /* 64 */
+#define CONV_DIM (DI + 2 * G * N)          /* 64 */
 #define D_IN_PROJ (2 * DI + 2 * G * N + H) /* 100 */
 
 static const char *const cfg_ok =
@@ -36,10 +36,10 @@ build(tset *s, bool ssm_names, bool head)
     tset_add(s, ssm_names ? "backbone.embedding.weight" : "backbone.embeddings.weight", V, C, 0);
     for (int l = 0; l < L; l++) {
         char n[128];
-#define ADD(suf, a, b, c)                                                 \
-    do {                                                                  \
-        snprintf(n, sizeof(n), "backbone.layers.%d.%s", l, suf);           \
-        tset_add(s, n, a, b, c);                                          \
+#define ADD(suf, a, b, c)                                                                          \
+    do {                                                                                           \
+        snprintf(n, sizeof(n), "backbone.layers.%d.%s", l, suf);                                   \
+        tset_add(s, n, a, b, c);                                                                   \
     } while (0)
         ADD("norm.weight", C, 0, 0);
         ADD("mixer.in_proj.weight", D_IN_PROJ, C, 0);
@@ -183,9 +183,8 @@ test_refusals(void **state)
                    "lm_head.weight: missing (config.json tie_word_embeddings is false)");
 
     build(&s, false, true);
-    expect_refused(&s,
-                   "{\"model_type\":\"mamba2\",\"hidden_size\":17,\"n_groups\":2}",
-                   WK_EINVAL, "config.json: hidden_size is 17 but the tensors give d_model = 16");
+    expect_refused(&s, "{\"model_type\":\"mamba2\",\"hidden_size\":17,\"n_groups\":2}", WK_EINVAL,
+                   "config.json: hidden_size is 17 but the tensors give d_model = 16");
     expect_refused(&s, "{\"model_type\":\"mamba2\",\"n_groups\":2,\"expand\":3}", WK_EINVAL,
                    "config.json: expand 3 * d_model 16 != d_inner 32");
     expect_refused(&s, "{\"model_type\":\"mamba2\",\"n_groups\":2,\"norm_before_gate\":true}",
@@ -194,8 +193,7 @@ test_refusals(void **state)
                    "use_bias is true; in_proj / out_proj biases are not supported");
     expect_refused(&s, "{\"model_type\":\"mamba2\",\"n_groups\":2,\"hidden_act\":\"gelu\"}",
                    WK_EINVAL, "hidden_act \"gelu\" is not supported (silu)");
-    expect_refused(&s,
-                   "{\"model_type\":\"mamba2\",\"n_groups\":2,\"time_step_limit\":[0.0,0.1]}",
+    expect_refused(&s, "{\"model_type\":\"mamba2\",\"n_groups\":2,\"time_step_limit\":[0.0,0.1]}",
                    WK_EINVAL, "time_step_limit other than [0, inf] is not supported");
     expect_refused(&s, "{\"model_type\":\"mamba2\",\"n_groups\":2,\"layer_norm_epsilon\":2}",
                    WK_EINVAL, "layer_norm_epsilon 2 out of (0, 1)");

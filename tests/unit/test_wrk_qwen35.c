@@ -30,13 +30,13 @@
 enum { C = 16, L = 2, F = 32, V = 40, HK = 2, HV = 4, DK = 4, KD = 8, VD = 16, W = 4 };
 enum { HQ = 2, HKV = 1, DA = 8, QD = HQ * DA, KVD = HKV * DA };
 
-#define TEXT_CFG(extra)                                                                        \
-    "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":40,\"hidden_size\":16,"                  \
-    "\"intermediate_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":2,"             \
-    "\"num_key_value_heads\":1,\"head_dim\":8,\"hidden_act\":\"silu\",\"rms_norm_eps\":1e-6,"  \
-    "\"attention_bias\":false,\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":4,"         \
-    "\"linear_value_head_dim\":4,\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,"     \
-    "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0,"                \
+#define TEXT_CFG(extra)                                                                            \
+    "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":40,\"hidden_size\":16,"                       \
+    "\"intermediate_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":2,"                  \
+    "\"num_key_value_heads\":1,\"head_dim\":8,\"hidden_act\":\"silu\",\"rms_norm_eps\":1e-6,"      \
+    "\"attention_bias\":false,\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":4,"             \
+    "\"linear_value_head_dim\":4,\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,"         \
+    "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0,"                     \
     "\"partial_rotary_factor\":0.5},\"tie_word_embeddings\":false" extra "}"
 #define KINDS ",\"layer_types\":[\"linear_attention\",\"full_attention\"]"
 static const char *const cfg_ok = TEXT_CFG(KINDS);
@@ -49,10 +49,10 @@ build(tset *s, const char *pre, bool head, bool extras)
     snprintf(n, sizeof(n), "%sembed_tokens.weight", pre);
     tset_add(s, n, V, C, 0);
     for (int l = 0; l < L; l++) {
-#define ADD(suf, a, b, c)                                            \
-    do {                                                             \
-        snprintf(n, sizeof(n), "%slayers.%d.%s", pre, l, suf);       \
-        tset_add(s, n, a, b, c);                                     \
+#define ADD(suf, a, b, c)                                                                          \
+    do {                                                                                           \
+        snprintf(n, sizeof(n), "%slayers.%d.%s", pre, l, suf);                                     \
+        tset_add(s, n, a, b, c);                                                                   \
     } while (0)
         ADD("input_layernorm.weight", C, 0, 0);
         if (l == 0) {
@@ -198,9 +198,9 @@ test_multimodal_skips(void **state)
     build(&s, "model.language_model.", true, true);
     wk_diag d = {{0}};
     wrk_model *m = NULL;
-    static const char cfg[] = "{\"model_type\":\"qwen3_5\",\"text_config\":" TEXT_CFG(KINDS)
-        ",\"vision_config\":{\"model_type\":\"qwen3_5_vision\",\"depth\":1},"
-        "\"tie_word_embeddings\":false}";
+    static const char cfg[] = "{\"model_type\":\"qwen3_5\",\"text_config\":" TEXT_CFG(
+        KINDS) ",\"vision_config\":{\"model_type\":\"qwen3_5_vision\",\"depth\":1},"
+               "\"tie_word_embeddings\":false}";
     if (tset_load(&s, cfg, &m, &d) != WK_OK)
         fail_msg("load: %s", d.msg);
     check_view(m);
@@ -233,8 +233,8 @@ test_refusals(void **state)
          "linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2"},
         {"num_key_value_heads", "3", WK_EINVAL,
          "num_attention_heads 2 is not a multiple of num_key_value_heads 3"},
-        {"rope_parameters", "{\"rope_type\":\"default\",\"partial_rotary_factor\":0.1}",
-         WK_ENOTSUP, "head_dim 8 x partial_rotary_factor 0.1 gives 0 rotary dims"},
+        {"rope_parameters", "{\"rope_type\":\"default\",\"partial_rotary_factor\":0.1}", WK_ENOTSUP,
+         "head_dim 8 x partial_rotary_factor 0.1 gives 0 rotary dims"},
         {"rope_parameters", "{\"rope_type\":\"yarn\"}", WK_ENOTSUP, "yarn"},
         {"hidden_size", "17", WK_EINVAL,
          "config.json: hidden_size is 17 but model.embed_tokens.weight has 16 columns"},
