@@ -179,6 +179,22 @@ ctl_openai_fail(ctl_http_req *req, wk_err err, const char *param, const char *fm
     ctl_http_send_error(req, err, msg, param);
 }
 
+static wk_err ctl_openai_perr_set(ctl_openai_perr *pe, wk_err err, const char *param,
+                                  const char *fmt, ...) WK_PRINTF(4, 5);
+
+/* Records a parse error in pe (the message as ctl_openai_fail() would send it). Returns err. */
+static wk_err
+ctl_openai_perr_set(ctl_openai_perr *pe, wk_err err, const char *param, const char *fmt, ...)
+{
+    pe->err = err;
+    snprintf(pe->param, sizeof(pe->param), "%s", param != NULL ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pe->msg, sizeof(pe->msg), fmt, ap);
+    va_end(ap);
+    return err;
+}
+
 /*
  * An admission or generation error. WK_ETOOBIG from the scheduler is a
  * request whose context (input + max_tokens, plus a session's or state's
@@ -355,7 +371,7 @@ static const char *const ctl_openai_unsupported[] = {
  * function) is a 400 naming the field. Sends the error and returns false.
  */
 static bool
-ctl_openai_parse_tools(ctl_http_req *req, json_t *body)
+ctl_openai_parse_tools(ctl_openai_perr *pe, json_t *body)
 {
     static const char *const lists[] = {"tools", "functions"};
     for (size_t i = 0; i < 2; i++) {
@@ -367,7 +383,8 @@ ctl_openai_parse_tools(ctl_http_req *req, json_t *body)
         json_t *t;
         json_array_foreach(v, k, t) ok = ok && json_is_object(t);
         if (!ok) {
-            ctl_openai_fail(req, WK_EINVAL, lists[i], "'%s' must be an array of objects", lists[i]);
+            ctl_openai_perr_set(pe, WK_EINVAL, lists[i], "'%s' must be an array of objects",
+                                lists[i]);
             return false;
         }
     }
@@ -379,20 +396,20 @@ ctl_openai_parse_tools(ctl_http_req *req, json_t *body)
                                                            strcmp(c, "none") == 0)))
             continue;
         if ((c != NULL && strcmp(c, "required") == 0) || json_is_object(v))
-            ctl_openai_fail(req, WK_EINVAL, choices[i],
-                            "wkvm's models never call tools: '%s' "
-                            "cannot require one (use \"auto\" or \"none\", or leave it out)",
-                            choices[i]);
+            ctl_openai_perr_set(pe, WK_EINVAL, choices[i],
+                                "wkvm's models never call tools: '%s' "
+                                "cannot require one (use \"auto\" or \"none\", or leave it out)",
+                                choices[i]);
         else
-            ctl_openai_fail(req, WK_EINVAL, choices[i],
-                            "'%s' must be \"auto\", \"none\", \"required\" or a function",
-                            choices[i]);
+            ctl_openai_perr_set(pe, WK_EINVAL, choices[i],
+                                "'%s' must be \"auto\", \"none\", \"required\" or a function",
+                                choices[i]);
         return false;
     }
     json_t *p = json_object_get(body, "parallel_tool_calls");
     if (p != NULL && !json_is_null(p) && !json_is_boolean(p)) {
-        ctl_openai_fail(req, WK_EINVAL, "parallel_tool_calls",
-                        "'parallel_tool_calls' must be a boolean");
+        ctl_openai_perr_set(pe, WK_EINVAL, "parallel_tool_calls",
+                            "'parallel_tool_calls' must be a boolean");
         return false;
     }
     return true;
@@ -405,20 +422,20 @@ ctl_openai_parse_tools(ctl_http_req *req, json_t *body)
  * sampling. Sends the error and returns false on failure.
  */
 static bool
-ctl_openai_parse_logit_bias(ctl_http_req *req, ctl_app *app, json_t *body, ctl_sample_spec *sp)
+ctl_openai_parse_logit_bias(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_sample_spec *sp)
 {
     json_t *lb = json_object_get(body, "logit_bias");
     sp->n_bias = 0;
     if (lb == NULL || json_is_null(lb))
         return true;
     if (!json_is_object(lb)) {
-        ctl_openai_fail(req, WK_EINVAL, "logit_bias",
-                        "'logit_bias' must be an object of token id -> bias");
+        ctl_openai_perr_set(pe, WK_EINVAL, "logit_bias",
+                            "'logit_bias' must be an object of token id -> bias");
         return false;
     }
     if (json_object_size(lb) > CTL_SAMPLE_BIAS_MAX) {
-        ctl_openai_fail(req, WK_EINVAL, "logit_bias", "'logit_bias' has %zu entries, at most %u",
-                        json_object_size(lb), CTL_SAMPLE_BIAS_MAX);
+        ctl_openai_perr_set(pe, WK_EINVAL, "logit_bias", "'logit_bias' has %zu entries, at most %u",
+                            json_object_size(lb), CTL_SAMPLE_BIAS_MAX);
         return false;
     }
     uint32_t vocab = wk_tok_vocab_size(app->tok);
@@ -429,14 +446,14 @@ ctl_openai_parse_logit_bias(ctl_http_req *req, ctl_app *app, json_t *body, ctl_s
         long long id = strtoll(key, &end, 10);
         if (key[0] < '0' || key[0] > '9' || end == NULL || *end != '\0' || id < 0 ||
             id >= (long long)vocab) {
-            ctl_openai_fail(req, WK_EINVAL, "logit_bias",
-                            "logit_bias key '%.40s' is not a token id in [0, %u)", key, vocab);
+            ctl_openai_perr_set(pe, WK_EINVAL, "logit_bias",
+                                "logit_bias key '%.40s' is not a token id in [0, %u)", key, vocab);
             return false;
         }
         double b = json_is_number(val) ? json_number_value(val) : 0.0;
         if (!json_is_number(val) || !(b >= -100.0 && b <= 100.0)) {
-            ctl_openai_fail(req, WK_EINVAL, "logit_bias",
-                            "logit_bias[%lld] must be a number in [-100, 100]", id);
+            ctl_openai_perr_set(pe, WK_EINVAL, "logit_bias",
+                                "logit_bias[%lld] must be a number in [-100, 100]", id);
             return false;
         }
         sp->bias[sp->n_bias++] = (ctl_logit_bias){.token = (int32_t)id, .bias = (float)b};
@@ -444,20 +461,19 @@ ctl_openai_parse_logit_bias(ctl_http_req *req, ctl_app *app, json_t *body, ctl_s
     return true;
 }
 
-/* Parses the common sampling fields. Sends the error and returns false on failure. */
 bool
-ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai_req *r)
+ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl_openai_perr *pe)
 {
     wk_diag d = {{0}};
     const char *model = NULL;
     wk_err err = wk_json_get_str(body, "model", !r->model_optional, app->model_id, 256, &model,
                                  &d);
     if (err != WK_OK) {
-        ctl_openai_fail(req, WK_EINVAL, "model", "%s", d.msg);
+        ctl_openai_perr_set(pe, WK_EINVAL, "model", "%s", d.msg);
         return false;
     }
     if (app->model_id == NULL || model == NULL || strcmp(model, app->model_id) != 0) {
-        ctl_openai_fail(req, WK_ENOENT, "model", "The model '%s' does not exist", model);
+        ctl_openai_perr_set(pe, WK_ENOENT, "model", "The model '%s' does not exist", model);
         return false;
     }
     r->model = model;
@@ -466,24 +482,24 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
         json_t *v = json_object_get(body, ctl_openai_unsupported[i]);
         if (v != NULL && !json_is_null(v) &&
             !(json_is_array(v) && json_array_size(v) == 0)) {
-            ctl_openai_fail(req, WK_EINVAL, ctl_openai_unsupported[i],
-                            "'%s' is not supported by wkvm", ctl_openai_unsupported[i]);
+            ctl_openai_perr_set(pe, WK_EINVAL, ctl_openai_unsupported[i],
+                                "'%s' is not supported by wkvm", ctl_openai_unsupported[i]);
             return false;
         }
     }
-    if (!ctl_openai_parse_tools(req, body))
+    if (!ctl_openai_parse_tools(pe, body))
         return false;
     int64_t n = 1;
     if ((err = wk_json_get_i64(body, "n", false, 1, 1, 128, &n, &d)) != WK_OK || n != 1) {
-        ctl_openai_fail(req, WK_EINVAL, "n", "only n=1 is supported");
+        ctl_openai_perr_set(pe, WK_EINVAL, "n", "only n=1 is supported");
         return false;
     }
     json_t *rf = json_object_get(body, "response_format");
     if (rf != NULL && !json_is_null(rf)) {
         json_t *t = json_object_get(rf, "type");
         if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
-            ctl_openai_fail(req, WK_EINVAL, "response_format",
-                            "only response_format {\"type\":\"text\"} is supported");
+            ctl_openai_perr_set(pe, WK_EINVAL, "response_format",
+                                "only response_format {\"type\":\"text\"} is supported");
             return false;
         }
     }
@@ -491,7 +507,7 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
 #define GETB(key, dst, def)                                                                        \
     do {                                                                                           \
         if (wk_json_get_bool(body, key, def, &b, &d) != WK_OK) {                                   \
-            ctl_openai_fail(req, WK_EINVAL, key, "%s", d.msg);                                     \
+            ctl_openai_perr_set(pe, WK_EINVAL, key, "%s", d.msg);                                  \
             return false;                                                                          \
         }                                                                                          \
         dst = b;                                                                                   \
@@ -499,7 +515,6 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
     GETB("cache", r->cache, true);
     if (r->cache)
         GETB("cache_prompt", r->cache, true); /* (llama.cpp's name for the same switch) */
-    ctl_openai_owner(req, r->owner);
     GETB("stream", r->stream, false);
     GETB("ignore_eos", r->ignore_eos, false);
     GETB("return_token_ids", r->return_token_ids, false);
@@ -507,8 +522,8 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
     json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {
         if (!json_is_object(so) || wk_json_get_bool(so, "include_usage", false, &b, &d) != WK_OK) {
-            ctl_openai_fail(req, WK_EINVAL, "stream_options",
-                            "stream_options.include_usage must be a boolean");
+            ctl_openai_perr_set(pe, WK_EINVAL, "stream_options",
+                                "stream_options.include_usage must be a boolean");
             return false;
         }
         r->include_usage = b;
@@ -518,7 +533,7 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
 #define GETN(key, dst, def, lo, hi)                                                                \
     do {                                                                                           \
         if (wk_json_get_num(body, key, false, def, lo, hi, &x, &d) != WK_OK) {                     \
-            ctl_openai_fail(req, WK_EINVAL, key, "%s", d.msg);                                     \
+            ctl_openai_perr_set(pe, WK_EINVAL, key, "%s", d.msg);                                  \
             return false;                                                                          \
         }                                                                                          \
         dst = (float)x;                                                                            \
@@ -531,12 +546,12 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
 #undef GETN
     int64_t v = 0;
     if (wk_json_get_i64(body, "top_k", false, 0, -1, 1 << 20, &v, &d) != WK_OK) {
-        ctl_openai_fail(req, WK_EINVAL, "top_k", "%s", d.msg);
+        ctl_openai_perr_set(pe, WK_EINVAL, "top_k", "%s", d.msg);
         return false;
     }
     sp->top_k = v < 0 ? 0 : (uint32_t)v;
     if (wk_json_get_i64(body, "seed", false, 0, INT64_MIN, INT64_MAX, &v, &d) != WK_OK) {
-        ctl_openai_fail(req, WK_EINVAL, "seed", "%s", d.msg);
+        ctl_openai_perr_set(pe, WK_EINVAL, "seed", "%s", d.msg);
         return false;
     }
     if (json_object_get(body, "seed") != NULL && !json_is_null(json_object_get(body, "seed"))) {
@@ -551,7 +566,7 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
                                                                       : "max_tokens";
     int64_t def_max = r->chat ? (int64_t)app->default_max_tokens : 16;
     if (wk_json_get_i64(body, mk, false, def_max, 1, app->max_tokens_limit, &v, &d) != WK_OK) {
-        ctl_openai_fail(req, WK_EINVAL, mk, "%s", d.msg);
+        ctl_openai_perr_set(pe, WK_EINVAL, mk, "%s", d.msg);
         return false;
     }
     r->gen.max_tokens = (uint32_t)v;
@@ -565,31 +580,44 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
             json_t *e;
             json_array_foreach(st, i, e) {
                 if (!json_is_string(e)) {
-                    ctl_openai_fail(req, WK_EINVAL, "stop", "'stop' entries must be strings");
+                    ctl_openai_perr_set(pe, WK_EINVAL, "stop", "'stop' entries must be strings");
                     return false;
                 }
                 r->gen.stops[r->gen.n_stops++] = json_string_value(e);
             }
         } else {
-            ctl_openai_fail(req, WK_EINVAL, "stop", "'stop' must be a string or up to 4 strings");
+            ctl_openai_perr_set(pe, WK_EINVAL, "stop",
+                                "'stop' must be a string or up to 4 strings");
             return false;
         }
         uint32_t max_stop = app->max_stop_bytes ? app->max_stop_bytes : CTL_OPENAI_MAX_STOP_LEN;
         for (size_t i = 0; i < r->gen.n_stops; i++) {
             json_t *sv = json_is_string(st) ? st : json_array_get(st, i);
             if (strlen(r->gen.stops[i]) != json_string_length(sv)) {
-                ctl_openai_fail(req, WK_EINVAL, "stop", "stop strings cannot contain NUL");
+                ctl_openai_perr_set(pe, WK_EINVAL, "stop", "stop strings cannot contain NUL");
                 return false;
             }
             if (strlen(r->gen.stops[i]) > max_stop) {
-                ctl_openai_fail(req, WK_EINVAL, "stop", "stop strings are limited to %u bytes",
-                                max_stop);
+                ctl_openai_perr_set(pe, WK_EINVAL, "stop", "stop strings are limited to %u bytes",
+                                    max_stop);
                 return false;
             }
         }
     }
     r->gen.stop_on_eot = !r->ignore_eos;
-    return ctl_openai_parse_logit_bias(req, app, body, sp);
+    return ctl_openai_parse_logit_bias(pe, app, body, sp);
+}
+
+/* Parses the common sampling fields. Sends the error and returns false on failure. */
+bool
+ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai_req *r)
+{
+    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_owner(req, r->owner);
+    if (ctl_openai_parse_common_value(app, body, r, &pe))
+        return true;
+    ctl_http_send_error(req, pe.err, pe.msg, pe.param[0] ? pe.param : NULL);
+    return false;
 }
 
 /*

@@ -92,7 +92,28 @@ void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, co
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
 json_t *ctl_openai_body(ctl_http_req *req);
 
-/* Parsers: each sends the error and returns false on failure. */
+/* A parse error as a value: what the route answers (ctl_http_send_error). */
+typedef struct ctl_openai_perr {
+    wk_err err;     /* the code (its HTTP status: ctl_err_http_status) */
+    char param[72]; /* the OpenAI error's "param", "" = null */
+    char msg[512];  /* the message */
+} ctl_openai_perr;
+
+/*
+ * The common fields of a generation request (model, sampling, stream, stop,
+ * max_tokens, logit_bias, n, response_format, tools, the refused ones) from
+ * body into r, without a connection: false with *pe filled on the first
+ * error, in the order the route reports them. r->owner is the caller's
+ * (ctl_openai_owner()). Reads app's model id, limits and tokenizer.
+ */
+WK_MUST_CHECK bool ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                                 ctl_openai_perr *pe);
+
+/*
+ * Parsers: each sends the error and returns false on failure.
+ * ctl_openai_parse_common() is ctl_openai_owner() + ctl_openai_parse_common_value(),
+ * sending *pe.
+ */
 WK_MUST_CHECK bool ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body,
                                            ctl_openai_req *r);
 WK_MUST_CHECK bool ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body,
