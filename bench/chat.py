@@ -28,6 +28,10 @@ converter). Stdlib only; --plot needs matplotlib.
 
     bench/peer-setup.sh build/peer
     /usr/bin/python3 bench/chat.py --build build --peer build/peer --out /tmp/chat.json
+
+--gguf FILE runs both servers on one GGUF file instead (wkvm reads it alone, tokenizer
+from its metadata), e.g. the Qwen3.5-shaped model of docs/PERFORMANCE.md:
+    /usr/bin/python3 bench/chat.py --gguf q35.bf16.gguf --modes headers,plain,llama
 """
 import argparse
 import http.client
@@ -59,6 +63,8 @@ def parse_args():
     ap.add_argument("--peer", default=os.path.join(SRC, "build", "peer"),
                     help="bench/peer-setup.sh's directory (llama-server, converter venv, vocab)")
     ap.add_argument("--model", help="HF rwkv7 model dir (default: random 0.1B shape, World vocab)")
+    ap.add_argument("--gguf", help="one .gguf (with its tokenizer) that both wkvm and llama-server "
+                    "load, e.g. a Qwen3.5-shaped model from bench/qwen35-gguf.py")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     ap.add_argument("--rounds", type=int, default=1, help="repeat the modes, alternating order")
     ap.add_argument("--chats", type=int, default=8)
@@ -402,15 +408,18 @@ def main():
             raise SystemExit(f"chat.py: unknown mode {m}")
     tmp = tempfile.mkdtemp(prefix="chat-bench-")
     try:
-        model = os.path.abspath(ARGS.model) if ARGS.model else make_model(tmp)
-        gguf = make_gguf(model, tmp) if "llama" in modes else None
+        if ARGS.gguf:
+            model = gguf = os.path.abspath(ARGS.gguf)
+        else:
+            model = os.path.abspath(ARGS.model) if ARGS.model else make_model(tmp)
+            gguf = make_gguf(model, tmp) if "llama" in modes else None
         rng = random.Random(ARGS.seed)
         texts = [[text_of(rng, ARGS.first_tokens)] +
                  [text_of(rng, ARGS.user_tokens) for _ in range(ARGS.turns - 1)]
                  for _ in range(ARGS.chats)]
         result = {"config": {k: getattr(ARGS, k) for k in (
             "chats", "turns", "first_tokens", "user_tokens", "reply_tokens", "slots", "threads",
-            "rounds")}, "machine": machine(), "runs": []}
+            "rounds", "gguf")}, "machine": machine(), "runs": []}
         commit = os.path.join(ARGS.peer, "llama.cpp.commit")
         if os.path.exists(commit):
             result["llama_cpp_commit"] = open(commit).read().strip()

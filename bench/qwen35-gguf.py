@@ -73,7 +73,9 @@ def write_tokenizer(conv_dir, out_dir, vocab_size):
         "model": {"type": "BPE", "dropout": None, "unk_token": None,
                   "continuing_subword_prefix": "", "end_of_word_suffix": "",
                   "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {t: i for i, t in enumerate(tokens) if types[i] == 1},
+                  # the control tokens in the vocab too, as Qwen's own tokenizer.json: without
+                  # them the converter writes [PAD<id>] fillers in their place (eos included)
+                  "vocab": {t: i for i, t in enumerate(tokens) if types[i] in (1, 3)},
                   "merges": [m.split(" ", 1) for m in merges]},
     }
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:

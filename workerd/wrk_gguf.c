@@ -527,6 +527,7 @@ static const struct {
     {"attn_gate.weight", "linear_attn.in_proj_z.weight"},
     {"ssm_beta.weight", "linear_attn.in_proj_b.weight"},
     {"ssm_alpha.weight", "linear_attn.in_proj_a.weight"},
+    {"ssm_ba.weight", "linear_attn.in_proj_ba.weight"}, /* qwen3next: split, wrk_gguf_next_ba */
     {"ssm_a", "linear_attn.A_log"}, /* A = -exp(A_log) -> A_log, see wrk_gguf_a_log */
     {"ssm_dt.bias", "linear_attn.dt_bias"},
     {"ssm_conv1d.weight", "linear_attn.conv1d.weight"}, /* [CD,K] -> [CD,1,K] */
@@ -629,12 +630,49 @@ wrk_gguf_u64_def(const wk_gguf *g, const char *arch, const char *key, uint64_t d
 }
 
 /*
- * Maps the tensors of a qwen35 / qwen35moe file (llama.cpp's Qwen3_5TextModel
- * and Qwen3_5MoeTextModel) onto Qwen3_5ForCausalLM's names and builds its
- * config. Undone: A = -exp(A_log), the tiled value heads, the squeezed conv,
- * the stacked experts (one view per expert). Kept: the norms, which the
- * converter stored as 1 + weight in float32 (the config's
- * wkvm_norms_include_one tells the family not to add the 1 again).
+ * Qwen3-Next's in_proj_ba [H * 2r, C] holds, per key head g, the r beta
+ * rows then the r alpha rows (transformers' grouped order, which llama.cpp
+ * keeps): copies them into in_proj_b [HV, C] and in_proj_a [HV, C], value
+ * head g * r + v in row g * r + v of each.
+ */
+static wk_err
+wrk_gguf_next_ba(wrk_gguf_views *vs, wrk_gguf_owner *own, const wk_tensor *t, long layer,
+                 uint64_t H, uint64_t r, wk_diag *d)
+{
+    if (t->ndim != 2 || t->shape[0] != (int64_t)(2 * H * r))
+        return wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " rows", t->name, 2 * H * r);
+    const size_t row = wrk_gguf_row_bytes(t), half = (size_t)(H * r) * row;
+    static const char *const names[2] = {"linear_attn.in_proj_b.weight",
+                                         "linear_attn.in_proj_a.weight"};
+    for (int part = 0; part < 2; part++) {
+        uint8_t *dst = wrk_gguf_owned(own, half);
+        wk_tensor *o = dst != NULL ? wrk_gguf_view_add(vs, t, layer, names[part]) : NULL;
+        if (o == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory splitting %s", t->name);
+        const uint8_t *src = t->data;
+        for (uint64_t g = 0; g < H; g++)
+            memcpy(dst + g * r * row, src + (g * 2 * r + (uint64_t)part * r) * row, r * row);
+        o->shape[0] = (int64_t)(H * r);
+        o->data = dst;
+        o->nbytes = half;
+    }
+    return WK_OK;
+}
+
+/*
+ * Maps the tensors of a qwen35 / qwen35moe / qwen3next file (llama.cpp's
+ * Qwen3_5TextModel, Qwen3_5MoeTextModel and Qwen3NextModel) onto
+ * Qwen3_5ForCausalLM's names and builds its config. Undone: A =
+ * -exp(A_log), the tiled value heads (qwen35*: the converter keeps
+ * Qwen3-Next's grouped order), the squeezed conv, the stacked experts (one
+ * view per expert), Qwen3-Next's in_proj_ba (split into b and a). Kept: the
+ * norms, which the converter stored as 1 + weight in float32 (the config's
+ * wkvm_norms_include_one tells the family not to add the 1 again), and
+ * Qwen3-Next's in_proj_qkvz, which the converter already split into the
+ * Qwen3.5 layout (attn_qkv + attn_gate; the config's wkvm_split_linear_proj
+ * says so). A qwen3next file records neither norm_topk_prob nor which layers
+ * are sparse: as llama.cpp, a layer with a router is a MoE layer, the others
+ * dense, and the top-k weights are renormalised (every released Qwen3-Next).
  */
 static wk_err
 wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const char *arch,
@@ -643,7 +681,8 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
     uint64_t L, C, F, Hq, Hkv, Da, W, K, H, HV, VD, rope_dim, E, k, Fe, Fs, interval;
     double eps, theta = 10000.0;
     wk_err e;
-    const bool moe = strcmp(arch, "qwen35moe") == 0;
+    const bool next = strcmp(arch, "qwen3next") == 0;
+    const bool moe = next || strcmp(arch, "qwen35moe") == 0;
     if ((e = wrk_gguf_u64(g, arch, "block_count", &L, d)) != WK_OK ||
         (e = wrk_gguf_u64(g, arch, "embedding_length", &C, d)) != WK_OK ||
         (e = wrk_gguf_u64_def(g, arch, "feed_forward_length", 0, &F, d)) != WK_OK ||
@@ -671,7 +710,8 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
     if (L < 1 || L > WRK_GGUF_MAX_LAYERS || C < 1 || C > (1u << 17) || Hq < 1 || Hkv < 1 ||
         Hq % Hkv != 0 || Da < 2 || Da > 1024 || H < 1 || HV < 1 || HV % H != 0 || VD % HV != 0 ||
         K < 1 || K > 1024 || W < 2 || W > 64 || rope_dim < 2 || rope_dim > Da || interval < 1 ||
-        (moe && (E < 1 || k < 1 || k > E || Fe < 1)))
+        (moe && !next && (E < 1 || k < 1 || k > E || Fe < 1)) ||
+        (next && E > 0 && (k < 1 || k > E || Fe < 1)))
         return wk_diag_set(d, WK_EINVAL, "%s.* dimensions out of range or inconsistent", arch);
     const uint64_t Vd = VD / HV, r = HV / H;
 
@@ -694,7 +734,7 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
     }
 
     size_t nt = wk_gguf_tensor_count(g);
-    vs->cap = nt + (size_t)L * 3 * E;
+    vs->cap = nt + (size_t)L * (3 * E + 1);
     vs->v = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->v));
     vs->names = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->names));
     if (vs->v == NULL || vs->names == NULL) {
@@ -702,6 +742,7 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     }
     bool have_output = false;
+    uint8_t routed[WRK_GGUF_MAX_LAYERS] = {0}; /* layers with a router (qwen3next) */
     for (size_t i = 0; i < nt && e == WK_OK; i++) {
         const wk_tensor *t = wk_gguf_tensor_at(g, i);
         const char *rest = NULL, *hf = NULL;
@@ -722,6 +763,21 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
             e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file (MTP "
                             "layers: convert with --no-mtp)", t->name, arch);
             break;
+        }
+        const bool is_ba = layer >= 0 && strcmp(rest, "ssm_ba.weight") == 0;
+        const bool is_b_or_a = layer >= 0 && (strcmp(rest, "ssm_beta.weight") == 0 ||
+                                              strcmp(rest, "ssm_alpha.weight") == 0);
+        if ((is_ba && !next) || (is_b_or_a && next)) { /* the other layout's tensor */
+            e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file", t->name,
+                            arch);
+            break;
+        }
+        if (layer >= 0 && strcmp(rest, "ffn_gate_inp.weight") == 0)
+            routed[layer] = 1;
+        if (is_ba) {
+            if ((e = wrk_gguf_next_ba(vs, own, t, layer, H, r, d)) != WK_OK)
+                break;
+            continue;
         }
         if (strstr(rest != NULL ? rest : "", "_exps.") != NULL) { /* stacked experts */
             if (t->ndim != 3 || t->shape[0] != (int64_t)E) {
@@ -756,7 +812,7 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
             continue;
         }
         const int64_t numel = wk_tensor_numel(t);
-        const bool regroup = r > 1;
+        const bool regroup = r > 1 && !next;
         if (strcmp(rest, "ssm_conv1d.weight") == 0) {
             if (t->ndim != 2 || t->shape[1] != (int64_t)W ||
                 t->shape[0] != (int64_t)(2 * H * K + VD)) {
@@ -834,7 +890,8 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
     json_t *c = json_pack(
         "{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:f, s:b, s:I, s:I, s:I, s:I, s:I, s:o, "
         "s:{s:s, s:f, s:f}, s:b, s:b}",
-        "model_type", moe ? "qwen3_5_moe_text" : "qwen3_5_text", "hidden_size", (json_int_t)C,
+        "model_type", next ? "qwen3_next" : moe ? "qwen3_5_moe_text" : "qwen3_5_text",
+        "hidden_size", (json_int_t)C,
         "num_hidden_layers", (json_int_t)L, "intermediate_size", (json_int_t)F,
         "num_attention_heads", (json_int_t)Hq, "num_key_value_heads", (json_int_t)Hkv,
         "head_dim", (json_int_t)Da, "hidden_act", "silu", "rms_norm_eps", eps,
@@ -850,7 +907,19 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
         json_t *x = json_pack("{s:I, s:I, s:I, s:I}", "num_experts", (json_int_t)E,
                               "num_experts_per_tok", (json_int_t)k, "moe_intermediate_size",
                               (json_int_t)Fe, "shared_expert_intermediate_size", (json_int_t)Fs);
-        int rc = x != NULL ? json_object_update(c, x) : -1;
+        json_t *dense = next ? json_array() : NULL;
+        for (uint64_t l = 0; dense != NULL && l < L; l++)
+            if (!routed[l] && json_array_append_new(dense, json_integer((json_int_t)l)) != 0) {
+                json_decref(dense);
+                dense = NULL;
+            }
+        int rc = x != NULL && (!next || dense != NULL) ? json_object_update(c, x) : -1;
+        if (rc == 0 && next)
+            rc = json_object_set_new(c, "mlp_only_layers", dense) |
+                 json_object_set_new(c, "norm_topk_prob", json_true()) |
+                 json_object_set_new(c, "wkvm_split_linear_proj", json_true());
+        else
+            json_decref(dense);
         json_decref(x);
         if (rc != 0) {
             json_decref(c);
@@ -887,10 +956,12 @@ wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d
         e = wrk_gguf_qwen35(own->g, &vs, own, "qwen35", &cfg, d);
     } else if (arch_len == 9 && memcmp(arch, "qwen35moe", 9) == 0) {
         e = wrk_gguf_qwen35(own->g, &vs, own, "qwen35moe", &cfg, d);
+    } else if (arch_len == 9 && memcmp(arch, "qwen3next", 9) == 0) {
+        e = wrk_gguf_qwen35(own->g, &vs, own, "qwen3next", &cfg, d);
     } else {
         e = wk_diag_set(d, WK_ENOTSUP,
-                        "general.architecture \"%.*s\": only rwkv7, mamba2, qwen35 and "
-                        "qwen35moe GGUF files are supported",
+                        "general.architecture \"%.*s\": only rwkv7, mamba2, qwen35, "
+                        "qwen35moe and qwen3next GGUF files are supported",
                         (int)(arch_len > 64 ? 64 : arch_len), arch);
     }
     if (e != WK_OK)

@@ -19,6 +19,7 @@
 #include <nng/nng.h>
 #include <nng/protocol/pair1/pair.h>
 #include <nng/supplemental/tls/tls.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +92,8 @@ struct wrk_worker {
     char device_uuid[65];      /* "GPU-<uuid>" for Hello, "" when unknown */
     char pci_bus_id[65];       /* PCI bus id for Hello, "" when unknown */
     wrk_mig mig;               /* the NCCL migration in progress */
+    atomic_uint_fast64_t busy_since_ms; /* when the message in hand began (monotonic), 0: idle */
+    atomic_bool beat_stop;     /* the busy-beat thread ends */
 };
 
 /* Drops the ModelInfo copy of the slot layout. */
@@ -1228,6 +1231,44 @@ wrk_dial(wrk_worker *w, wk_diag *d)
 }
 
 /*
+ * Busy beats. The serve loop handles one message at a time, so a long step
+ * (a big prefill on a slow or loaded CPU) holds the controller's Stats
+ * heartbeat until it ends, and three such misses would mark a busy worker
+ * unhealthy. While a message has been in hand for WRK_BUSY_BEAT_MS, this
+ * thread sends an unsolicited StatsReply (id 0, model_loaded set, which
+ * tells it from model-load progress) every WRK_BUSY_BEAT_MS: the controller
+ * counts any reply as proof of life. A stopped or hung process sends none.
+ */
+#define WRK_BUSY_BEAT_MS 1000u
+
+static void *
+wrk_busy_beat_main(void *arg)
+{
+    wrk_worker *w = arg;
+    pthread_setname_np(pthread_self(), "wkw-beat");
+    uint64_t last_sent = 0;
+    while (!atomic_load(&w->beat_stop)) {
+        struct timespec ts = {0, 250 * 1000000L};
+        nanosleep(&ts, NULL);
+        const uint64_t since = atomic_load(&w->busy_since_ms), now = wrk_now_us() / 1000u;
+        if (since == 0 || now - since < WRK_BUSY_BEAT_MS || now - last_sent < WRK_BUSY_BEAT_MS ||
+            atomic_load(&w->pipes) == 0)
+            continue;
+        Wkvm__StatsReply s = WKVM__STATS_REPLY__INIT;
+        s.model_loaded = true;
+        s.load_permille = 1000;
+        s.load_phase = "busy";
+        wk_msg m = WKVM__ENVELOPE__INIT;
+        m.kind = WKVM__KIND__STATS_REPLY;
+        m.payload_case = WKVM__ENVELOPE__PAYLOAD_STATS_REPLY;
+        m.stats_reply = &s;
+        wrk_send(w, &m); /* nng sockets are thread-safe */
+        last_sent = now;
+    }
+    return NULL;
+}
+
+/*
  * libnng 1.5.2 (Debian 12's) has a dialer that stops retrying when the
  * controller dies while a connection is being negotiated (a controller
  * restarted right after this worker dialed): no pipe ever comes back. A
@@ -1255,6 +1296,16 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
     }
     wk_log_info("dialing controller=%s worker=%s", w->controller_url, w->worker_id);
     w->connected = true;
+    pthread_t beat;
+    atomic_store(&w->beat_stop, false);
+    atomic_store(&w->busy_since_ms, 0);
+    const bool beating = pthread_create(&beat, NULL, wrk_busy_beat_main, w) == 0;
+    /* tests only: every step takes at least this long (a slow device, on a tiny model) */
+    const char *delay_env = getenv("WKVM_TEST_STEP_DELAY_MS");
+    const long step_delay_ms = delay_env != NULL ? strtol(delay_env, NULL, 10) : 0;
+    if (!beating)
+        wk_log_warn("no busy-beat thread: a step longer than the controller's heartbeat "
+                    "timeout will mark this worker unhealthy");
     wk_err result = WK_OK;
     uint64_t unlinked_since = wrk_now_us() / 1000u, warned_at = 0, dialed_at = unlinked_since;
     while (!*stop) {
@@ -1309,6 +1360,8 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
             wk_log_warn("bad message refused: %s", pd.msg);
             continue;
         }
+        const uint64_t began = wrk_now_us() / 1000u;
+        atomic_store(&w->busy_since_ms, began ? began : 1);
         switch (m->kind) {
         case WKVM__KIND__HELLO_ACK:
             if (m->status != 0) {
@@ -1335,6 +1388,10 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
             wrk_handle_slot_read(w, m);
             break;
         case WKVM__KIND__STEP:
+            if (step_delay_ms > 0 && step_delay_ms < 600000) {
+                struct timespec ts = {step_delay_ms / 1000, (step_delay_ms % 1000) * 1000000L};
+                nanosleep(&ts, NULL);
+            }
             wrk_handle_step(w, m);
             break;
         case WKVM__KIND__MIGRATE_RECV:
@@ -1365,7 +1422,12 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
             wrk_reply_status(w, m, WKVM__KIND__ACK, WK_ENOTSUP,
                              "request kind not supported by this worker");
         }
+        atomic_store(&w->busy_since_ms, 0);
         wk_proto_free(m);
+    }
+    if (beating) {
+        atomic_store(&w->beat_stop, true);
+        pthread_join(beat, NULL);
     }
     w->connected = false;
     nng_close(w->sock);

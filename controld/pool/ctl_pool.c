@@ -41,6 +41,7 @@ typedef struct ctl_worker {
     bool busy;            /* the manager is talking to it */
     uint64_t last_beat;   /* monotonic ms of the last good Stats */
     uint32_t missed;      /* consecutive failed heartbeats */
+    uint64_t last_rx;     /* monotonic ms of the last reply of any kind */
     uint32_t inflight;    /* requests sent and not yet answered or given up */
     ctl_state_tensor *layout; /* the model's slot layout (ModelInfo), owned; NULL: none */
     uint32_t n_layout;    /* entries in layout */
@@ -323,10 +324,13 @@ ctl_pool_on_reply(ctl_pool *p, nng_pipe pipe, wk_msg *m)
 {
     pthread_mutex_lock(&p->mu);
     if (m->id == 0 && m->kind == WKVM__KIND__STATS_REPLY && m->stats_reply != NULL) {
-        /* Unsolicited model-load progress. */
+        /* Unsolicited: model-load progress, or a busy beat (model_loaded: a long step) */
         for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
             ctl_worker *w = p->workers[i];
             if (w != NULL && nng_pipe_id(w->pipe) == nng_pipe_id(pipe)) {
+                w->last_rx = wk_mono_ms();
+                if (m->stats_reply->model_loaded)
+                    continue;
                 w->v.load_permille = m->stats_reply->load_permille;
                 snprintf(w->v.load_phase, sizeof(w->v.load_phase), "%s",
                          m->stats_reply->load_phase);
@@ -338,6 +342,13 @@ ctl_pool_on_reply(ctl_pool *p, nng_pipe pipe, wk_msg *m)
     }
     for (ctl_pending *c = p->pending; c != NULL; c = c->next) {
         if (c->id == m->id && c->pipe_id == (uint32_t)nng_pipe_id(pipe) && !c->done) {
+            for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+                ctl_worker *w = p->workers[i];
+                if (w != NULL && (uint32_t)nng_pipe_id(w->pipe) == c->pipe_id) {
+                    w->last_rx = wk_mono_ms();
+                    break;
+                }
+            }
             c->reply = m;
             c->done = true;
             pthread_cond_broadcast(&p->cv);
@@ -513,10 +524,20 @@ ctl_pool_beat(ctl_pool *p, const char *id)
     req.kind = WKVM__KIND__STATS;
     wk_msg *rep = NULL;
     wk_diag d = {{0}};
-    wk_err err = ctl_pool_call(p, id, &req, p->heartbeat_ms * 3 + 1000, &rep, &d);
+    const uint32_t timeout_ms = p->heartbeat_ms * 3 + 1000;
+    wk_err err = ctl_pool_call(p, id, &req, timeout_ms, &rep, &d);
     pthread_mutex_lock(&p->mu);
     ctl_worker *w = ctl_pool_find_locked(p, id);
-    if (w != NULL) {
+    /*
+     * A worker reads one message at a time: in a long step (a big prefill on
+     * a slow or loaded CPU) its Stats waits behind the step, while its busy
+     * beats (wrk_rpc.c) keep coming. That is busy, not unhealthy: any reply
+     * within the heartbeat timeout is proof of life. A stopped or hung
+     * worker sends nothing and misses its beats.
+     */
+    if (w != NULL && err != WK_OK && wk_mono_ms() - w->last_rx < timeout_ms) {
+        wk_log_debug("heartbeat deferred worker=%s: busy", id);
+    } else if (w != NULL) {
         if (err == WK_OK && rep->payload_case == WKVM__ENVELOPE__PAYLOAD_STATS_REPLY) {
             w->last_beat = wk_mono_ms();
             w->missed = 0;

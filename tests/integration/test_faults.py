@@ -364,6 +364,38 @@ def test_sigstop_worker_times_out_and_recovers():
         assert s.get("/ready").status == 200
 
 
+def test_long_steps_are_busy_not_unhealthy():
+    """Steps far longer than the heartbeat timeout (a big prefill on a slow CPU):
+    the worker's busy beats keep it ready, and every request completes. Before
+    them, three Stats timeouts behind long steps marked the worker unhealthy and
+    new requests got 'no worker is available'."""
+    os.environ["WKVM_TEST_STEP_DELAY_MS"] = "4000"
+    try:
+        # heartbeat 50 ms: a Stats times out after 1.15 s, so a step misses three
+        with Stack(model=MODEL, slots=4, extra_ctl=["--heartbeat-ms", "50"]) as s:
+            up(s)
+            states, stop = set(), threading.Event()
+
+            def watch():
+                while not stop.is_set():
+                    states.add(s.workers_list()[0]["state"])
+                    time.sleep(0.1)
+            t = threading.Thread(target=watch)
+            t.start()
+            try:
+                r = post(s, "/v1/completions", {"model": MID, "prompt": P, "max_tokens": 2,
+                                                "ignore_eos": True})
+                assert r.status == 200, r.body
+            finally:
+                stop.set()
+                t.join()
+            assert states == {"ready"}, states
+            with open(os.path.join(s.data, "controld.log")) as f:
+                assert "worker unhealthy" not in f.read()
+    finally:
+        del os.environ["WKVM_TEST_STEP_DELAY_MS"]
+
+
 def test_disconnect_mid_stream_frees_slots():
     with Stack(model=MODEL, slots=4) as s:
         up(s)
@@ -406,6 +438,7 @@ if __name__ == "__main__":
         test_worker_kill9_mid_step,
         test_controller_kill9_loop,
         test_sigstop_worker_times_out_and_recovers,
+        test_long_steps_are_busy_not_unhealthy,
         test_disconnect_mid_stream_frees_slots,
     ])
     print(f"faults: {FIGURES['faults_injected']} injected, {FIGURES['requests']} requests")

@@ -79,6 +79,8 @@ typedef struct q35_view {
     char prefix[32];        /* "model.language_model." or "model." */
     double partial_rotary;  /* partial_rotary_factor */
     q35_kind kind;          /* checkpoint layout */
+    bool grouped_in;        /* in_proj_qkvz / in_proj_ba (Qwen3-Next's HF layout); false:
+                               in_proj_qkv / _z / _b / _a (Qwen3.5's, and a qwen3next GGUF's) */
     wrk_moe *moes;          /* n_layer entries (the MoE layers' used), owned */
     wrk_mat *emats;         /* n_layer * 3 * E expert matrices, owned */
     wk_tensor *eparts;      /* n_layer * 3 * E views of fused expert tensors, owned */
@@ -191,6 +193,11 @@ q35_read_switches(const json_t *tc, q35_view *v, wk_diag *d)
     if ((e = wrk_config_bool(tc, "wkvm_norms_include_one", false, &incl, d)) != WK_OK)
         return e;
     g->norm_offset = incl ? 0.0f : 1.0f;
+    /* a qwen3next GGUF file: llama.cpp's converter split in_proj_qkvz / in_proj_ba */
+    bool split;
+    if ((e = wrk_config_bool(tc, "wkvm_split_linear_proj", false, &split, d)) != WK_OK)
+        return e;
+    v->grouped_in = v->kind == Q35_NEXT && !split;
     return q35_read_rope(tc, v, d);
 }
 
@@ -628,7 +635,7 @@ q35_map_linear(const wk_tensor_set *set, q35_view *v, uint32_t l, wk_diag *d)
     char name[Q35_NAME], want[64];
     wk_err e;
     wk_tensor *p = &v->parts[(size_t)l * Q35_N_PARTS];
-    if (v->kind == Q35_NEXT) {
+    if (v->grouped_in) {
         if ((e = q35_gather_next(set, v, l, p, d)) != WK_OK)
             return e;
     } else if ((e = q35_need(set, v, l, "linear_attn.in_proj_qkv.weight", CD, C, &qkv, d)) !=
@@ -764,7 +771,7 @@ q35_declare_in(wrk_model *m, const wk_tensor_set *set, q35_view *v, uint32_t l, 
     wrk_gdn_layer *ly = &v->layers[l];
     char name[Q35_NAME];
     wk_err e;
-    if (v->kind == Q35_NEXT) {
+    if (v->grouped_in) {
         const wk_tensor *qkvz = q35_find(set, v, l, "linear_attn.in_proj_qkvz.weight", name);
         const wk_tensor *ba = q35_find(set, v, l, "linear_attn.in_proj_ba.weight", name);
         static const char *const sq[4] = {"q", "k", "v", "z"};
