@@ -62,10 +62,21 @@ struct wk_toolcall_parser {
     tc_buf ws;       /* whitespace held after content: kept or dropped by what follows */
     bool after_call; /* the last thing settled was a call: its trailing whitespace drops */
     size_t n_calls;  /* calls completed so far */
+    /* eager: the incremental parse of the call being read (XML) */
+    bool eager;
+    size_t e_pos;       /* body bytes it consumed */
+    int e_state;        /* 0 before "<function=", 1 in the parameters, 2 done, 3 gave up */
+    bool e_begun;       /* the call's first delta was reported */
+    size_t e_nargs;     /* arguments reported */
+    const json_t *e_fn; /* the offered function (NULL: any) */
+    json_t *e_seen;     /* keys reported */
     /* the current feed's output */
     tc_buf out;
     wk_toolcall_call *calls;
     size_t n_out_calls, cap_calls;
+    wk_toolcall_delta *deltas;
+    size_t n_deltas, cap_deltas;
+    bool aborted;
 };
 
 wk_toolcall_fmt
@@ -201,11 +212,32 @@ wk_toolcall_parser_new(wk_toolcall_fmt fmt, const json_t *tools, wk_toolcall_par
     return WK_OK;
 }
 
+wk_err
+wk_toolcall_parser_new_eager(wk_toolcall_fmt fmt, const json_t *tools, wk_toolcall_parser **out)
+{
+    wk_err err = wk_toolcall_parser_new(fmt, tools, out);
+    if (err == WK_OK)
+        (*out)->eager = true;
+    return err;
+}
+
+static void
+tc_deltas_free(wk_toolcall_delta *d, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(d[i].name);
+        free(d[i].arguments);
+    }
+    free(d);
+}
+
 void
 wk_toolcall_parser_free(wk_toolcall_parser *p)
 {
     if (p == NULL)
         return;
+    tc_deltas_free(p->deltas, p->n_deltas);
+    json_decref(p->e_seen);
     free(p->pend.p);
     free(p->body.p);
     free(p->ws.p);
@@ -235,6 +267,7 @@ wk_toolcall_out_fini(wk_toolcall_out *out)
         free(out->calls[i].arguments);
     }
     free(out->calls);
+    tc_deltas_free(out->deltas, out->n_deltas);
     memset(out, 0, sizeof(*out));
 }
 
@@ -640,6 +673,172 @@ tc_parse_json(wk_toolcall_parser *p, const char *s, size_t n)
     return err;
 }
 
+static const char *
+tc_find(const char *s, size_t n, const char *lit, size_t l)
+{
+    if (n < l)
+        return NULL;
+    for (size_t i = 0; i + l <= n; i++)
+        if (s[i] == lit[0] && memcmp(s + i, lit, l) == 0)
+            return s + i;
+    return NULL;
+}
+
+/* Reports a delta (name: n bytes or NULL; args: m bytes). */
+static wk_err
+tc_add_delta(wk_toolcall_parser *p, size_t index, const char *name, size_t n, const char *args,
+             size_t m)
+{
+    if (p->n_deltas == p->cap_deltas) {
+        size_t cap = p->cap_deltas ? 2 * p->cap_deltas : 4;
+        wk_toolcall_delta *q = realloc(p->deltas, cap * sizeof(*q));
+        if (q == NULL)
+            return WK_ENOMEM;
+        p->deltas = q;
+        p->cap_deltas = cap;
+    }
+    char *nm = name != NULL ? tc_strndup(name, n) : NULL;
+    char *a = tc_strndup(args, m);
+    if ((name != NULL && nm == NULL) || a == NULL) {
+        free(nm);
+        free(a);
+        return WK_ENOMEM;
+    }
+    p->deltas[p->n_deltas++] = (wk_toolcall_delta){.index = index, .name = nm, .arguments = a};
+    return WK_OK;
+}
+
+/* 1: s (n bytes) starts with lit; 0: s is a proper prefix of lit (wait); -1: neither. */
+static int
+tc_lit(const char *s, size_t n, const char *lit)
+{
+    size_t l = strlen(lit);
+    if (n >= l)
+        return memcmp(s, lit, l) == 0 ? 1 : -1;
+    return memcmp(s, lit, n) == 0 ? 0 : -1;
+}
+
+/*
+ * Eager, XML: advances the incremental parse of the call being read over
+ * its first n body bytes, reporting the name and each complete argument.
+ * The same rules as tc_parse_xml(), so when that accepts the call the
+ * deltas spell its arguments; stops (state 3) where it would refuse it.
+ */
+static wk_err
+tc_eager_step(wk_toolcall_parser *p, size_t n)
+{
+    const char *s = p->body.p;
+    size_t i = p->e_pos;
+    wk_err err = WK_OK;
+    while (err == WK_OK && p->e_state < 2) {
+        while (i < n && tc_is_ws(s[i]))
+            i++;
+        if (i == n)
+            break;
+        if (p->e_state == 0) {
+            int m = tc_lit(s + i, n - i, "<function=");
+            if (m <= 0) {
+                p->e_state = m < 0 ? 3 : p->e_state;
+                break;
+            }
+            size_t ns = i + 10, j = ns;
+            while (j < n && s[j] != '>' && s[j] != '\n' && s[j] != '<')
+                j++;
+            if (j == n)
+                break; /* (the name goes on) */
+            if (s[j] != '>' || !tc_name_ok(p, s + ns, j - ns, &p->e_fn)) {
+                p->e_state = 3;
+                break;
+            }
+            err = tc_add_delta(p, p->n_calls, s + ns, j - ns, "", 0);
+            p->e_begun = true;
+            p->e_state = 1;
+            i = j + 1;
+            continue;
+        }
+        int f = tc_lit(s + i, n - i, "</function>");
+        if (f == 1) {
+            err = tc_add_delta(p, p->n_calls, NULL, 0, p->e_nargs ? "}" : "{}", p->e_nargs ? 1 : 2);
+            p->e_state = 2;
+            i += 11;
+            break;
+        }
+        int m = tc_lit(s + i, n - i, "<parameter=");
+        if (m < 0 && f < 0) {
+            p->e_state = 3;
+            break;
+        }
+        if (m <= 0)
+            break; /* (a prefix of either: wait) */
+        size_t ks = i + 11, j = ks;
+        while (j < n && s[j] != '>' && s[j] != '\n' && s[j] != '<')
+            j++;
+        if (j == n)
+            break;
+        if (s[j] != '>' || j == ks || !tc_utf8_ok(s + ks, j - ks) ||
+            memchr(s + ks, '\0', j - ks) != NULL) {
+            p->e_state = 3;
+            break;
+        }
+        const char *end = tc_find(s + j + 1, n - j - 1, "</parameter>", 12);
+        if (end == NULL)
+            break; /* (the value goes on) */
+        const char *v = s + j + 1;
+        size_t vl = (size_t)(end - v);
+        if (vl > 0 && v[0] == '\n')
+            v++, vl--;
+        if (vl > 0 && v[vl - 1] == '\n')
+            vl--;
+        char *key = tc_strndup(s + ks, j - ks);
+        if (key == NULL || (p->e_seen == NULL && (p->e_seen = json_object()) == NULL)) {
+            free(key);
+            return WK_ENOMEM;
+        }
+        if (json_object_get(p->e_seen, key) != NULL) {
+            free(key);
+            p->e_state = 3;
+            break;
+        }
+        json_object_set_new(p->e_seen, key, json_true());
+        const json_t *props = json_object_get(json_object_get(p->e_fn, "parameters"), "properties");
+        const json_t *types = json_object_get(json_object_get(props, key), "type");
+        free(key);
+        tc_buf a = {0};
+        err = tc_buf_add(&a, p->e_nargs ? ", " : "{", p->e_nargs ? 2 : 1);
+        if (err == WK_OK)
+            err = wk_toolcall_json_str(&a.p, &a.n, &a.cap, s + ks, j - ks);
+        if (err == WK_OK)
+            err = tc_buf_add(&a, ": ", 2);
+        if (err == WK_OK)
+            err = tc_xml_value(&a, types, v, vl);
+        if (err == WK_OK)
+            err = tc_add_delta(p, p->n_calls, NULL, 0, a.p, a.n);
+        free(a.p);
+        if (err == WK_EINVAL) { /* (a value that is not UTF-8: the call is malformed) */
+            p->e_state = 3;
+            err = WK_OK;
+            break;
+        }
+        p->e_nargs++;
+        i = (size_t)(end - s) + 12;
+    }
+    p->e_pos = i;
+    return err;
+}
+
+/* Starts the eager state of a new call. */
+static void
+tc_eager_reset(wk_toolcall_parser *p)
+{
+    p->e_pos = 0;
+    p->e_state = 0;
+    p->e_begun = false;
+    p->e_nargs = 0;
+    p->e_fn = NULL;
+    if (p->e_seen != NULL)
+        json_object_clear(p->e_seen);
+}
+
 /* A call's body ended (closed: the close marker followed). */
 static wk_err
 tc_call_end(wk_toolcall_parser *p, size_t body_len, bool closed)
@@ -650,11 +849,23 @@ tc_call_end(wk_toolcall_parser *p, size_t body_len, bool closed)
     if (err == WK_ENOMEM)
         return err;
     if (err == WK_OK) {
+        for (size_t i = before; p->eager && p->fmt != WK_TOOLCALL_FMT_XML && i < p->n_out_calls;
+             i++) {
+            size_t index = p->n_calls + (i - before);
+            const wk_toolcall_call *c = &p->calls[i];
+            err = tc_add_delta(p, index, c->name, strlen(c->name), "", 0);
+            if (err == WK_OK)
+                err = tc_add_delta(p, index, NULL, 0, c->arguments, strlen(c->arguments));
+            if (err != WK_OK)
+                return err;
+        }
         p->n_calls += p->n_out_calls - before;
         p->ws.n = 0; /* (whitespace before a call separates it) */
         p->after_call = true;
         return WK_OK;
     }
+    if (p->eager && p->e_begun)
+        p->aborted = true;
     /* malformed: the bytes are content, markers included */
     tc_buf raw = {0};
     err = tc_buf_add(&raw, p->open, p->open_len);
@@ -668,16 +879,6 @@ tc_call_end(wk_toolcall_parser *p, size_t body_len, bool closed)
     return err;
 }
 
-static const char *
-tc_find(const char *s, size_t n, const char *lit, size_t l)
-{
-    if (n < l)
-        return NULL;
-    for (size_t i = 0; i + l <= n; i++)
-        if (s[i] == lit[0] && memcmp(s + i, lit, l) == 0)
-            return s + i;
-    return NULL;
-}
 
 static wk_err
 tc_run(wk_toolcall_parser *p, bool final)
@@ -697,6 +898,7 @@ tc_run(wk_toolcall_parser *p, bool final)
                     return err;
                 p->pend.n = 0;
                 p->in_call = true;
+                tc_eager_reset(p);
                 continue;
             }
             size_t keep = 0; /* longest suffix that is a proper prefix of the marker */
@@ -712,6 +914,8 @@ tc_run(wk_toolcall_parser *p, bool final)
         const char *hit = tc_find(p->body.p + from, p->body.n - from, p->close, p->close_len);
         if (hit != NULL) {
             size_t k = (size_t)(hit - p->body.p);
+            if (p->eager && p->fmt == WK_TOOLCALL_FMT_XML && (err = tc_eager_step(p, k)) != WK_OK)
+                return err;
             if ((err = tc_call_end(p, k, true)) != WK_OK)
                 return err;
             p->in_call = false;
@@ -723,6 +927,15 @@ tc_run(wk_toolcall_parser *p, bool final)
             continue;
         }
         p->scanned = p->body.n;
+        if (p->eager && p->fmt == WK_TOOLCALL_FMT_XML) {
+            /* (bytes that may begin the close marker are not the call's yet) */
+            size_t keep = 0;
+            for (size_t l = p->close_len - 1; !final && l > 0 && keep == 0; l--)
+                if (p->body.n >= l && memcmp(p->body.p + p->body.n - l, p->close, l) == 0)
+                    keep = l;
+            if ((err = tc_eager_step(p, p->body.n - keep)) != WK_OK)
+                return err;
+        }
         if (final || p->body.n > WK_TOOLCALL_BODY_MAX) {
             /* never closed: a complete call without its end marker, else content */
             if ((err = tc_call_end(p, p->body.n, false)) != WK_OK)
@@ -749,6 +962,7 @@ wk_toolcall_feed(wk_toolcall_parser *p, const char *text, size_t len, bool final
 {
     p->out.n = 0;
     p->n_out_calls = 0;
+    p->aborted = false;
     wk_err err = tc_buf_add(p->in_call ? &p->body : &p->pend, text, len);
     if (err == WK_OK)
         err = tc_buf_add(&p->out, "", 0);
@@ -767,6 +981,14 @@ wk_toolcall_feed(wk_toolcall_parser *p, const char *text, size_t len, bool final
         p->calls = NULL;
         p->cap_calls = 0;
         p->n_out_calls = 0;
+    }
+    out->deltas = p->n_deltas > 0 ? p->deltas : NULL;
+    out->n_deltas = p->n_deltas;
+    out->aborted = p->aborted;
+    if (p->n_deltas > 0) {
+        p->deltas = NULL;
+        p->cap_deltas = 0;
+        p->n_deltas = 0;
     }
     return WK_OK;
 }

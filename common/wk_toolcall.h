@@ -59,6 +59,17 @@
  * ended), never before: until then the bytes might still turn out to be
  * content, and a stream must reassemble to the blocking answer.
  *
+ * An eager parser (wk_toolcall_parser_new_eager) also reports partial-call
+ * deltas as OpenAI streams them: in the XML format the name as soon as
+ * "<function=NAME>" is complete and offered, then each argument as soon as
+ * its "</parameter>" comes ("{" + "\"KEY\": VALUE", ", " + ... , "}"), so
+ * the fragments of a call concatenate to its final arguments text; in the
+ * JSON formats the name and whole arguments when the call completes. A call
+ * that turns out malformed after deltas were reported cannot be taken back:
+ * its bytes go to content as always and the feed says `aborted`. Eager
+ * deltas are for output that cannot be malformed (constrained decoding);
+ * with free decoding use the completed calls.
+ *
  * Pure, no globals, no logging; a parser is used by one thread at a time.
  */
 #ifndef WK_TOOLCALL_H
@@ -108,12 +119,22 @@ typedef struct wk_toolcall_call {
     char *arguments; /* the text of a JSON object */
 } wk_toolcall_call;
 
+/* One partial-call delta of an eager parser: strings malloc'd, NUL-terminated. */
+typedef struct wk_toolcall_delta {
+    size_t index;    /* the call's index in the reply: 0, 1, ... */
+    char *name;      /* the function's name on the call's first delta, else NULL */
+    char *arguments; /* the next fragment of its arguments text (may be "") */
+} wk_toolcall_delta;
+
 /* What one feed settled. Free with wk_toolcall_out_fini(). */
 typedef struct wk_toolcall_out {
     char *content;           /* content bytes settled now (malloc'd, NUL-terminated; may be "") */
     size_t content_len;      /* bytes in content (a NUL byte of the reply is kept) */
     wk_toolcall_call *calls; /* calls completed now, in order (malloc'd; NULL when none) */
     size_t n_calls;          /* entries in calls */
+    wk_toolcall_delta *deltas; /* eager parser: partial-call deltas, in order (NULL when none) */
+    size_t n_deltas;           /* entries in deltas */
+    bool aborted; /* eager parser: a call with deltas reported turned out malformed (content) */
 } wk_toolcall_out;
 
 typedef struct wk_toolcall_parser wk_toolcall_parser;
@@ -127,6 +148,9 @@ typedef struct wk_toolcall_parser wk_toolcall_parser;
  */
 WK_MUST_CHECK wk_err wk_toolcall_parser_new(wk_toolcall_fmt fmt, const json_t *tools,
                                             wk_toolcall_parser **out);
+/* wk_toolcall_parser_new() for a parser that also reports partial-call deltas (above). */
+WK_MUST_CHECK wk_err wk_toolcall_parser_new_eager(wk_toolcall_fmt fmt, const json_t *tools,
+                                                  wk_toolcall_parser **out);
 void wk_toolcall_parser_free(wk_toolcall_parser *p); /* NULL-safe */
 
 /*

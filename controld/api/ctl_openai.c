@@ -1712,25 +1712,22 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
     const char *route = ctl_openai_route(r);
     ctl_gen_result res;
     wk_diag d = {{0}};
-    wk_err err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL,
-                             NULL, &res, &d);
+    ctl_openai_tc tc;
+    wk_err err = ctl_openai_tc_init(&tc, r);
+    if (err != WK_OK)
+        (void)wk_diag_set(&d, err, "out of memory");
+    else
+        err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL, NULL,
+                          &res, &d);
     if (err != WK_OK) {
         ctl_openai_count(app, route, "error");
         if (r->on_fail != NULL)
             r->on_fail(r);
         ctl_openai_send_gen_error(req, err, d.msg);
+        wk_toolcall_parser_free(tc.p);
         return;
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
-    ctl_openai_tc tc;
-    if (ctl_openai_tc_init(&tc, r) != WK_OK) {
-        ctl_openai_count(app, route, "error");
-        if (r->on_fail != NULL)
-            r->on_fail(r);
-        ctl_openai_fail(req, WK_ENOMEM, NULL, "out of memory");
-        ctl_gen_result_fini(&res);
-        return;
-    }
     json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", res.finish_reason);
     size_t text_off = 0;
     json_t *lp = !r->logprobs ? json_null()

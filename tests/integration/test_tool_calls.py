@@ -1,10 +1,11 @@
 """Tool calls through the official OpenAI SDK on a model carrying Qwen3.5's template.
 
 A random-weight Qwen3.5 (tests/reference/gen_qwen35.py --vocab 512) whose
-tokenizer.json has raw-byte BPE pieces and six added tokens (ids 506..511):
-<|im_start|>, <|im_end|>, <think>, </think>, CALL and BAD, where CALL is the
-whole text of one call in Qwen3.5's XML format (get_weather, city "Paris",
-days 3) and BAD the same call missing its </parameter>. The model is
+tokenizer.json has raw-byte BPE pieces and seven added tokens (ids 505..511):
+<|im_start|>, <|im_end|>, <think>, </think>, CALL, BAD and CALL2, where CALL
+is the whole text of one call in Qwen3.5's XML format (get_weather, city
+"Paris", days 3), BAD the same call missing its </parameter> and CALL2 a call
+with a boolean (metric true). The model is
 llama.cpp's Qwen3.5-4B.jinja (--chat-template; the corpus of
 deploy/install-gguf-converter, which the jinja_corpus test also needs: the
 test skips when it is absent). logit_bias on CALL (or BAD) and on <|im_end|>,
@@ -20,7 +21,8 @@ test_openai_client.py:
     Python jinja2 renders it with the arguments as an object (when the
     jinja_corpus venv is there), answered, resuming the checkpoint at the
     end of the previous reply (the template re-renders it byte for byte),
-    the reused fraction printed, and equal to a recompute;
+    the reused fraction printed, and equal to a recompute; a call the template
+    renders back differently (true -> True) resumes the pre-reply checkpoint;
   - a malformed call (BAD) comes back as plain content; tool_choice "none"
     keeps the call text as content; "required" and a named function are
     refused until constrained decoding is built; bad tools are 400s;
@@ -44,7 +46,10 @@ MID = "tiny-qwen35-tools"
 CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
         "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
 BAD = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</function>\n</tool_call>"
-ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", CALL, BAD]  # ids 506..511
+# a call the template renders back differently (Python's True for the model's true)
+CALL2 = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n"
+         "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>")
+ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", CALL, BAD, CALL2]  # ids 505..511
 BASE = 512 - len(ADDED)
 
 CLIENT_SCRIPT = r'''
@@ -62,7 +67,8 @@ tj = json.load(open(MODEL + "/tokenizer.json", encoding="utf-8"))
 ADDED = {t["id"]: t["content"] for t in tj["added_tokens"]}
 IM_END = [i for i, c in ADDED.items() if c == "<|im_end|>"][0]
 CALL = [i for i, c in ADDED.items() if c.startswith("<tool_call>") and "days" in c][0]
-BAD = [i for i, c in ADDED.items() if c.startswith("<tool_call>") and "days" not in c][0]
+BAD = [i for i, c in ADDED.items() if c.startswith("<tool_call>") and "</parameter>" not in c][0]
+CALL2 = [i for i, c in ADDED.items() if c.startswith("<tool_call>") and "metric" in c][0]
 
 
 def b2u():
@@ -93,7 +99,8 @@ def extra(obj, name):
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
     "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
+        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}},
+        "required": ["city"]}}}]
 MSGS = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is the weather in Paris?"}]
 KW = {"enable_thinking": False}
@@ -214,6 +221,27 @@ def tool_follow_up():
     assert a.choices[0].message == b.choices[0].message, (a.choices[0], b.choices[0])
 
 
+def rerendered_differently():
+    """The template prints the boolean back as True: the follow-up resumes before the reply."""
+    r, _ = emit(CALL2)
+    tc = r.choices[0].message.tool_calls[0]
+    assert json.loads(tc.function.arguments) == {"city": "Rome", "metric": True}, tc
+    hist = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": tc.id, "type": "function",
+         "function": {"name": tc.function.name, "arguments": tc.function.arguments}}]},
+        {"role": "tool", "tool_call_id": tc.id, "content": "21 C"}]
+    a = client.chat.completions.create(model=MID, messages=hist, tools=TOOLS, max_tokens=4,
+                                       temperature=0, extra_body={"return_token_ids": True,
+                                                                  "chat_template_kwargs": KW})
+    text = decode(extra(a, "prompt_token_ids"))
+    assert "<parameter=metric>\nTrue\n</parameter>" in text, text
+    n_prev = len(extra(r, "prompt_token_ids"))
+    cached = a.usage.prompt_tokens_details.cached_tokens
+    assert n_prev - 1 <= cached <= n_prev, (cached, n_prev)
+    print(f"re-rendered differently: follow-up reused {cached} of {a.usage.prompt_tokens} prompt "
+          f"tokens (the previous prompt was {n_prev})", flush=True)
+
+
 def malformed_is_content():
     r, _ = emit(BAD)
     c = r.choices[0]
@@ -283,8 +311,8 @@ def open_webui_native():
     assert chunks[-1].usage.prompt_tokens > 300, chunks[-1].usage  # (the tools are rendered)
 
 
-for t in (call_parsed, tool_follow_up, malformed_is_content, tool_choice_none_and_forced,
-          open_webui_native):
+for t in (call_parsed, tool_follow_up, rerendered_differently, malformed_is_content,
+          tool_choice_none_and_forced, open_webui_native):
     try:
         t0 = time.monotonic()
         t()

@@ -30,7 +30,12 @@ typedef struct tc_res {
     char content[4096];
     size_t content_len;
     char calls[4096];
+    char deltas[4096]; /* an eager parser's deltas, spelled as calls are */
+    bool open;         /* deltas: a call is open */
+    bool aborted;      /* an eager feed said aborted */
 } tc_res;
+
+static bool eager; /* parse() makes eager parsers */
 
 static void
 res_add(tc_res *r, wk_toolcall_out *o)
@@ -45,6 +50,18 @@ res_add(tc_res *r, wk_toolcall_out *o)
         snprintf(r->calls + l, sizeof(r->calls) - l, "[%s](%s)", o->calls[i].name,
                  o->calls[i].arguments);
     }
+    for (size_t i = 0; i < o->n_deltas; i++) {
+        size_t l = strlen(r->deltas);
+        if (o->deltas[i].name != NULL)
+            snprintf(r->deltas + l, sizeof(r->deltas) - l, "%s[%s](", r->open ? ")" : "",
+                     o->deltas[i].name);
+        else
+            assert_true(r->open);
+        r->open = true;
+        l = strlen(r->deltas);
+        snprintf(r->deltas + l, sizeof(r->deltas) - l, "%s", o->deltas[i].arguments);
+    }
+    r->aborted |= o->aborted;
     wk_toolcall_out_fini(o);
 }
 
@@ -58,7 +75,9 @@ parse(wk_toolcall_fmt fmt, const char *tools, const char *text, size_t len, size
     json_t *t = tools != NULL ? json_loads(tools, 0, &je) : NULL;
     assert_true(tools == NULL || t != NULL);
     wk_toolcall_parser *p = NULL;
-    assert_int_equal(wk_toolcall_parser_new(fmt, t, &p), WK_OK);
+    assert_int_equal(eager ? wk_toolcall_parser_new_eager(fmt, t, &p)
+                           : wk_toolcall_parser_new(fmt, t, &p),
+                     WK_OK);
     wk_toolcall_out o;
     if (step == 0) {
         assert_int_equal(wk_toolcall_feed(p, text, len, true, &o), WK_OK);
@@ -79,6 +98,13 @@ parse(wk_toolcall_fmt fmt, const char *tools, const char *text, size_t len, size
     }
     wk_toolcall_parser_free(p);
     json_decref(t);
+    if (r->open) {
+        size_t l = strlen(r->deltas);
+        snprintf(r->deltas + l, sizeof(r->deltas) - l, ")");
+    }
+    /* an eager parser's deltas spell its calls, unless one was aborted */
+    if (eager && !r->aborted)
+        assert_string_equal(r->deltas, r->calls);
 }
 
 /* Checks text parses to content and calls, whole, at every cut, and byte by byte. */
@@ -101,6 +127,11 @@ check(wk_toolcall_fmt fmt, const char *tools, const char *text, const char *cont
         parse(fmt, tools, text, len, step, 0, &r);
         assert_string_equal(r.content, content);
         assert_string_equal(r.calls, calls);
+    }
+    if (!eager) { /* the same with an eager parser: same content and calls, deltas spelling them */
+        eager = true;
+        check(fmt, tools, text, content, calls);
+        eager = false;
     }
 }
 
@@ -300,6 +331,61 @@ test_stream_order(void **state)
     json_decref(t);
 }
 
+/* An eager parser reports the name, then each argument as it completes. */
+static void
+test_eager(void **state)
+{
+    (void)state;
+    json_error_t je;
+    json_t *t = json_loads(TOOLS, 0, &je);
+    wk_toolcall_parser *p = NULL;
+    assert_int_equal(wk_toolcall_parser_new_eager(WK_TOOLCALL_FMT_XML, t, &p), WK_OK);
+    static const struct {
+        const char *in, *name, *args; /* one feed; the one delta it reports (NULL: none) */
+    } steps[] = {
+        {"Hi\n\n<tool_call>\n<function=get_wea", NULL, NULL},
+        {"ther>\n<parameter=city>\nPar", "get_weather", ""},
+        {"is\n</parameter>\n", NULL, "{\"city\": \"Paris\""},
+        {"<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>", NULL, NULL},
+    };
+    for (size_t i = 0; i < 4; i++) {
+        wk_toolcall_out o;
+        assert_int_equal(wk_toolcall_feed(p, steps[i].in, strlen(steps[i].in), false, &o), WK_OK);
+        if (i < 3) {
+            assert_int_equal(o.n_deltas, steps[i].args != NULL ? 1 : 0);
+            if (steps[i].args != NULL) {
+                assert_int_equal(o.deltas[0].index, 0);
+                if (steps[i].name != NULL)
+                    assert_string_equal(o.deltas[0].name, steps[i].name);
+                else
+                    assert_null(o.deltas[0].name);
+                assert_string_equal(o.deltas[0].arguments, steps[i].args);
+            }
+        } else { /* the last argument, the close, and the completed call */
+            assert_int_equal(o.n_deltas, 2);
+            assert_string_equal(o.deltas[0].arguments, ", \"days\": 3");
+            assert_string_equal(o.deltas[1].arguments, "}");
+            assert_int_equal(o.n_calls, 1);
+            assert_string_equal(o.calls[0].arguments, "{\"city\": \"Paris\", \"days\": 3}");
+        }
+        assert_false(o.aborted);
+        wk_toolcall_out_fini(&o);
+    }
+    /* malformed after its name was reported: content, and the feed says aborted */
+    wk_toolcall_out o;
+    static const char bad[] = "<tool_call>\n<function=now>\ntext\n</tool_call>";
+    assert_int_equal(wk_toolcall_feed(p, bad, strlen(bad), true, &o), WK_OK);
+    assert_true(o.aborted);
+    assert_string_equal(o.content, bad);
+    assert_int_equal(o.n_calls, 0);
+    assert_int_equal(o.n_deltas, 1);
+    assert_int_equal(o.deltas[0].index, 1);
+    assert_string_equal(o.deltas[0].name, "now");
+    wk_toolcall_out_fini(&o);
+    wk_toolcall_parser_free(p);
+    json_decref(t);
+}
+
 int
 main(void)
 {
@@ -307,7 +393,7 @@ main(void)
         cmocka_unit_test(test_detect),      cmocka_unit_test(test_xml),
         cmocka_unit_test(test_malformed),   cmocka_unit_test(test_json_formats),
         cmocka_unit_test(test_plain),       cmocka_unit_test(test_json_str),
-        cmocka_unit_test(test_stream_order),
+        cmocka_unit_test(test_stream_order), cmocka_unit_test(test_eager),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
