@@ -181,6 +181,15 @@ def call_parsed():
     assert [(c["name"], c["arguments"]) for c in calls.values()] == \
         [(t.function.name, t.function.arguments) for t in m.tool_calls], (calls, m)
     assert calls[0]["id"].startswith("call_"), calls
+    # the SDK's own accumulation of a stream gives the blocking message
+    helper = getattr(client.chat.completions, "stream", None) or \
+        client.beta.chat.completions.stream
+    with helper(**call_request(CALL, logit_bias=bias)) as st:
+        final = st.get_final_completion()
+    fm = final.choices[0].message
+    assert final.choices[0].finish_reason == "tool_calls" and not fm.content, final
+    assert [(t.function.name, t.function.arguments) for t in fm.tool_calls] == \
+        [(t.function.name, t.function.arguments) for t in m.tool_calls], (fm, m)
     print(f"call parsed (bias lead {100 - bias[str(IM_END)]:.1f}), blocking equal to the stream",
           flush=True)
 
