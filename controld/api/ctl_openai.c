@@ -868,44 +868,6 @@ ctl_openai_check_tool_msg(ctl_http_req *req, ctl_app *app, json_t *m, size_t i, 
 }
 
 /*
- * For a template that iterates a call's arguments as a mapping
- * (wk_chat_tpl_object_args: Qwen3.5, Qwen3-Coder, Nemotron-3), the
- * arguments strings of msgs' assistant tool_calls become the JSON objects
- * they hold, as vLLM and llama.cpp pass them (transformers documents
- * arguments as a dict; jinja2's items filter refuses a string). Sends the
- * error and returns false when one does not hold a JSON object.
- */
-static bool
-ctl_openai_object_args(ctl_http_req *req, json_t *msgs)
-{
-    size_t i, k;
-    json_t *m, *call;
-    json_array_foreach(msgs, i, m) {
-        json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
-            json_t *fn = json_object_get(call, "function");
-            json_t *args = json_object_get(fn, "arguments");
-            if (!json_is_string(args))
-                continue;
-            json_error_t je;
-            json_t *o = json_loadb(json_string_value(args), json_string_length(args),
-                                   JSON_REJECT_DUPLICATES, &je);
-            if (!json_is_object(o)) {
-                json_decref(o);
-                char param[96];
-                snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function.arguments",
-                         i, k);
-                ctl_openai_fail(req, WK_EINVAL, param,
-                                "arguments must be a JSON object (in a string): this model's "
-                                "template reads them as one");
-                return false;
-            }
-            json_object_set_new(fn, "arguments", o);
-        }
-    }
-    return true;
-}
-
-/*
  * Checkpoint boundaries of a templated prompt: where a turn ends, after each
  * occurrence of the template's eos token text (<|im_end|>) in r->prompt_text,
  * as token positions (the last token boundary at or before it); the last
@@ -964,19 +926,18 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
         return false;
     }
     json_t *msgs = json_deep_copy(json_object_get(body, "messages"));
-    size_t i;
-    json_t *m;
-    json_array_foreach(msgs, i, m) {
-        json_t *role = json_object_get(m, "role");
-        if (json_is_string(role) && strcmp(json_string_value(role), "developer") == 0)
-            json_object_set_new(m, "role", json_string("system"));
-    }
-    if (msgs != NULL && wk_chat_tpl_object_args(app->chat_tpl) &&
-        !ctl_openai_object_args(req, msgs)) {
+    wk_diag d = {{0}};
+    size_t bad_msg = 0, bad_call = 0;
+    wk_err pe = msgs != NULL ? wk_chat_tpl_prepare(app->chat_tpl, msgs, &bad_msg, &bad_call, &d)
+                             : WK_OK;
+    if (pe != WK_OK) {
+        char param[96];
+        snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function.arguments",
+                 bad_msg, bad_call);
+        ctl_openai_fail(req, pe, pe == WK_EINVAL ? param : NULL, "%s", d.msg);
         json_decref(msgs);
         return false;
     }
-    wk_diag d = {{0}};
     char *prompt = NULL;
     size_t plen = 0;
     wk_err err = msgs == NULL ? WK_ENOMEM
