@@ -21,6 +21,8 @@ struct wk_chat_tpl {
     const char *source; /* file it came from */
     json_t *special;    /* {"bos_token": "...", ...}: the special tokens found */
     bool think;         /* a template source names the think markers ("</think>") */
+    wk_toolcall_fmt tc_fmt; /* the tool-call format its sources render (the first known) */
+    bool tc_object_args;    /* a source iterates a call's arguments as a mapping */
 };
 
 static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "pad_token", NULL};
@@ -36,10 +38,26 @@ tpl_names_think(const char *src, size_t len)
     return false;
 }
 
+/* What a template source tells about its model: think markers, tool-call format. */
+static void
+tpl_scan(wk_chat_tpl *t, const char *src, size_t len)
+{
+    t->think |= tpl_names_think(src, len);
+    char *z = malloc(len + 1); /* (NUL-terminated for the format detection) */
+    if (z == NULL)
+        return; /* (then no tool-call format: replies stay content) */
+    memcpy(z, src, len);
+    z[len] = '\0';
+    if (t->tc_fmt == WK_TOOLCALL_FMT_NONE)
+        t->tc_fmt = wk_toolcall_fmt_detect(z);
+    t->tc_object_args |= wk_toolcall_tpl_object_args(z);
+    free(z);
+}
+
 static wk_err
 tpl_parse(wk_chat_tpl *t, const char *src, size_t len, const char *what, wk_jinja **out, wk_diag *d)
 {
-    t->think |= tpl_names_think(src, len);
+    tpl_scan(t, src, len);
     wk_err e = wk_jinja_parse(src, len, out, d);
     if (e != WK_OK)
         wk_diag_prefix(d, "%s", what);
@@ -95,7 +113,7 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
                                                               : NULL;
             if (slot == NULL || *slot != NULL)
                 continue; /* other named templates (rag, ...) are not used by chat requests */
-            t->think |= tpl_names_think(json_string_value(src), json_string_length(src));
+            tpl_scan(t, json_string_value(src), json_string_length(src));
             e = wk_jinja_parse(json_string_value(src), json_string_length(src), slot, d);
             if (e != WK_OK) {
                 wk_diag_prefix(d, "%s: chat_template \"%s\"", path, name);
@@ -340,6 +358,56 @@ bool
 wk_chat_tpl_thinks(const wk_chat_tpl *t)
 {
     return t != NULL && t->think;
+}
+
+wk_err
+wk_chat_tpl_prepare(const wk_chat_tpl *t, json_t *messages, size_t *bad_msg, size_t *bad_call,
+                    wk_diag *d)
+{
+    size_t i, k;
+    json_t *m, *call;
+    json_array_foreach(messages, i, m) {
+        json_t *role = json_object_get(m, "role");
+        if (json_is_string(role) && strcmp(json_string_value(role), "developer") == 0 &&
+            json_object_set_new(m, "role", json_string("system")) != 0)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        if (!wk_chat_tpl_object_args(t))
+            continue;
+        json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
+            json_t *fn = json_object_get(call, "function");
+            json_t *args = json_object_get(fn, "arguments");
+            if (!json_is_string(args))
+                continue;
+            json_error_t je;
+            json_t *o = json_loadb(json_string_value(args), json_string_length(args),
+                                   JSON_REJECT_DUPLICATES, &je);
+            if (!json_is_object(o)) {
+                json_decref(o);
+                *bad_msg = i;
+                *bad_call = k;
+                return wk_diag_set(d, WK_EINVAL,
+                                   "messages[%zu].tool_calls[%zu].function.arguments: arguments "
+                                   "must be a JSON object (in a string): this model's template "
+                                   "reads them as one",
+                                   i, k);
+            }
+            if (json_object_set_new(fn, "arguments", o) != 0)
+                return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        }
+    }
+    return WK_OK;
+}
+
+wk_toolcall_fmt
+wk_chat_tpl_toolcall_fmt(const wk_chat_tpl *t)
+{
+    return t != NULL ? t->tc_fmt : WK_TOOLCALL_FMT_NONE;
+}
+
+bool
+wk_chat_tpl_object_args(const wk_chat_tpl *t)
+{
+    return t != NULL && t->tc_object_args;
 }
 
 void
