@@ -21,6 +21,8 @@ struct wk_chat_tpl {
     const char *source; /* file it came from */
     json_t *special;    /* {"bos_token": "...", ...}: the special tokens found */
     bool think;         /* a template source names the think markers ("</think>") */
+    wk_toolcall_fmt tc_fmt; /* the tool-call format its sources render (the first known) */
+    bool tc_object_args;    /* a source iterates a call's arguments as a mapping */
 };
 
 static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "pad_token", NULL};
@@ -36,10 +38,26 @@ tpl_names_think(const char *src, size_t len)
     return false;
 }
 
+/* What a template source tells about its model: think markers, tool-call format. */
+static void
+tpl_scan(wk_chat_tpl *t, const char *src, size_t len)
+{
+    t->think |= tpl_names_think(src, len);
+    char *z = malloc(len + 1); /* (NUL-terminated for the format detection) */
+    if (z == NULL)
+        return; /* (then no tool-call format: replies stay content) */
+    memcpy(z, src, len);
+    z[len] = '\0';
+    if (t->tc_fmt == WK_TOOLCALL_FMT_NONE)
+        t->tc_fmt = wk_toolcall_fmt_detect(z);
+    t->tc_object_args |= wk_toolcall_tpl_object_args(z);
+    free(z);
+}
+
 static wk_err
 tpl_parse(wk_chat_tpl *t, const char *src, size_t len, const char *what, wk_jinja **out, wk_diag *d)
 {
-    t->think |= tpl_names_think(src, len);
+    tpl_scan(t, src, len);
     wk_err e = wk_jinja_parse(src, len, out, d);
     if (e != WK_OK)
         wk_diag_prefix(d, "%s", what);
@@ -95,7 +113,7 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
                                                               : NULL;
             if (slot == NULL || *slot != NULL)
                 continue; /* other named templates (rag, ...) are not used by chat requests */
-            t->think |= tpl_names_think(json_string_value(src), json_string_length(src));
+            tpl_scan(t, json_string_value(src), json_string_length(src));
             e = wk_jinja_parse(json_string_value(src), json_string_length(src), slot, d);
             if (e != WK_OK) {
                 wk_diag_prefix(d, "%s: chat_template \"%s\"", path, name);
@@ -340,6 +358,18 @@ bool
 wk_chat_tpl_thinks(const wk_chat_tpl *t)
 {
     return t != NULL && t->think;
+}
+
+wk_toolcall_fmt
+wk_chat_tpl_toolcall_fmt(const wk_chat_tpl *t)
+{
+    return t != NULL ? t->tc_fmt : WK_TOOLCALL_FMT_NONE;
+}
+
+bool
+wk_chat_tpl_object_args(const wk_chat_tpl *t)
+{
+    return t != NULL && t->tc_object_args;
 }
 
 void

@@ -27,6 +27,7 @@
 #include "wk_chat.h"
 #include "wk_err.h"
 #include "wk_jinja.h"
+#include "wk_toolcall.h"
 
 typedef struct wk_chat_tpl wk_chat_tpl;
 
@@ -92,6 +93,20 @@ const char *wk_chat_tpl_special(const wk_chat_tpl *t, const char *name);
  * of its model may carry reasoning between the think markers.
  */
 bool wk_chat_tpl_thinks(const wk_chat_tpl *t);
+
+/*
+ * The tool-call format t's sources render assistant tool_calls in
+ * (wk_toolcall_fmt_detect() of each source, the first one known; NONE for a
+ * NULL t): how the reply of a request with tools is parsed.
+ */
+wk_toolcall_fmt wk_chat_tpl_toolcall_fmt(const wk_chat_tpl *t);
+
+/*
+ * True when a source of t iterates a call's arguments as a mapping
+ * (wk_toolcall_tpl_object_args()): arguments sent as a JSON string are
+ * turned into the object before rendering.
+ */
+bool wk_chat_tpl_object_args(const wk_chat_tpl *t);
 
 /* Frees a template; NULL-safe. */
 void wk_chat_tpl_free(wk_chat_tpl *t);
