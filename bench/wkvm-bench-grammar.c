@@ -75,22 +75,22 @@ main(int argc, char **argv)
         return 1;
     printf("vocab %u tokens, trie built in %.1f ms\n", n, (now_us() - t0) / 1e3);
     static const struct {
-        wk_grammar_format fmt;
+        wk_toolcall_fmt fmt;
         const char *name;
         const char *prefix;
     } states[] = {
-        {WK_GRAMMAR_XML, "xml start", ""},
-        {WK_GRAMMAR_XML, "xml function name", "<tool_call>\n<function="},
-        {WK_GRAMMAR_XML, "xml raw string value", "<tool_call>\n<function=get_weather>\n"
+        {WK_TOOLCALL_FMT_XML, "xml start", ""},
+        {WK_TOOLCALL_FMT_XML, "xml function name", "<tool_call>\n<function="},
+        {WK_TOOLCALL_FMT_XML, "xml raw string value", "<tool_call>\n<function=get_weather>\n"
                                                  "<parameter=city>\nPar"},
-        {WK_GRAMMAR_XML, "xml integer value", "<tool_call>\n<function=get_weather>\n"
+        {WK_TOOLCALL_FMT_XML, "xml integer value", "<tool_call>\n<function=get_weather>\n"
                                               "<parameter=days>\n1"},
-        {WK_GRAMMAR_JSON, "json start", ""},
-        {WK_GRAMMAR_JSON, "json between properties", "<tool_call>\n{\"name\": \"get_weather\", "
+        {WK_TOOLCALL_FMT_HERMES, "json start", ""},
+        {WK_TOOLCALL_FMT_HERMES, "json between properties", "<tool_call>\n{\"name\": \"get_weather\", "
                                                      "\"arguments\": {\"days\": 3"},
-        {WK_GRAMMAR_JSON, "json string value", "<tool_call>\n{\"name\": \"get_weather\", "
+        {WK_TOOLCALL_FMT_HERMES, "json string value", "<tool_call>\n{\"name\": \"get_weather\", "
                                                "\"arguments\": {\"city\": \"Par"},
-        {WK_GRAMMAR_JSON, "json key", "<tool_call>\n{\"name\": \"get_weather\", "
+        {WK_TOOLCALL_FMT_HERMES, "json key", "<tool_call>\n{\"name\": \"get_weather\", "
                                       "\"arguments\": {\""},
     };
     printf("%-26s %9s %10s %10s\n", "state", "allowed", "median_us", "max_us");

@@ -36,7 +36,8 @@ typedef enum gm_kind {
 typedef struct gm_node {
     uint8_t kind;       /* gm_kind */
     uint8_t types;      /* N_VALUE: T_* mask */
-    uint8_t lookahead;  /* N_CHOICE: a complete candidate may end before a longer one (enum) */
+    uint8_t lookahead;  /* N_CHOICE: a complete candidate may end before a longer one (enum);
+                           N_RAW: the terminator must follow a "\n" */
     uint8_t parallel;   /* N_CALLS */
     uint32_t str;       /* N_LIT / N_RAW: offset of the bytes (N_RAW: the terminator) */
     uint32_t len;       /* their length */
@@ -92,6 +93,7 @@ struct wk_gmatch {
     const wk_grammar *g;
     gm_state st;
     gm_state *scratch; /* trie walk: one state per depth, allocated on first use */
+    gm_state **cur;    /* trie walk: the state at each depth (a scratch one or shared) */
     size_t scratch_n;
 };
 
@@ -297,16 +299,29 @@ gm_step(const wk_grammar *g, gm_state *s, uint8_t c)
         return R_OK;
     }
     case F_RAW: {
+        /* aux2 bit 0: the last content byte was "\n"; bit 1: so was the byte before the match. */
         bool ok;
-        if (gm_utf8(f, c, &ok))
-            return ok ? (f->pos = 0, R_OK) : R_REJECT;
+        if (gm_utf8(f, c, &ok)) {
+            f->pos = 0;
+            f->aux2 = 0;
+            return ok ? R_OK : R_REJECT;
+        }
         if (c == g->bytes[nd->str + f->pos]) {
-            f->pos++;
-            return f->pos == nd->len ? R_POP_OK : R_OK;
+            if (f->pos == 0)
+                f->aux2 = (f->aux2 & 1) ? 3 : 0;
+            if (++f->pos < nd->len)
+                return R_OK;
+            return nd->lookahead && !(f->aux2 & 2) ? R_REJECT : R_POP_OK;
         }
         if (c < 0x20 && c != '\n' && c != '\t' && c != '\r')
             return R_REJECT;
-        f->pos = c == g->bytes[nd->str] ? 1 : 0;
+        if (c == g->bytes[nd->str]) {
+            f->pos = 1; /* the byte before it was the terminator's, not "\n" */
+            f->aux2 = 0;
+        } else {
+            f->pos = 0;
+            f->aux2 = c == '\n';
+        }
         return R_OK;
     }
     case F_VALUE:
@@ -612,16 +627,19 @@ gm_step(const wk_grammar *g, gm_state *s, uint8_t c)
         }
         return R_REJECT;
     }
-    case F_CALLS:
+    case F_CALLS: {
         if (f->phase == C_FIRST) {
             f->phase = C_AFTER;
             f->aux = 1;
             return gm_push(s, gm_frame_for(g, nd->items)) ? R_REFEED : R_REJECT;
         }
-        if (!nd->parallel || f->aux >= WK_GM_CALLS_MAX)
-            return R_REJECT;
+        /* Another call only when this byte starts the separator; else the list is over. */
+        const gm_node *sep = &g->nodes[g->kids[g->nodes[nd->alt].first]];
+        if (!nd->parallel || f->aux >= WK_GM_CALLS_MAX || c != g->bytes[sep->str])
+            return R_POP_REFEED;
         f->aux++;
         return gm_push(s, gm_frame_for(g, nd->alt)) ? R_REFEED : R_REJECT;
+    }
     }
     return R_REJECT;
 }
@@ -700,6 +718,7 @@ wk_gmatch_free(wk_gmatch *m)
     if (m == NULL)
         return;
     free(m->scratch);
+    free(m->cur);
     free(m);
 }
 
@@ -752,8 +771,38 @@ struct wk_gvocab {
     uint32_t *end;        /* end of node i's subtree */
     uint32_t *tok;        /* n_nodes + 1 entries */
     uint32_t *ids;        /* token ids sorted by their bytes (empty ones left out) */
+    uint8_t *plain;       /* bit 0: node i and its subtree are plain bytes (gm_plain_byte);
+                             bit 1: every path through node i's subtree, read from the root,
+                             is plain bytes and valid UTF-8 (possibly ending mid-character) */
     uint32_t max_depth;   /* longest token */
 };
+
+/*
+ * Plain bytes: printable ASCII other than '"', '\\' and '<'. Inside a JSON
+ * string or a raw text whose terminator starts with a byte that is not plain,
+ * they change nothing in the matcher, so a subtree made only of them is
+ * allowed whole without walking it.
+ */
+static bool
+gm_plain_byte(uint8_t c)
+{
+    return c >= 0x20 && c < 0x7F && c != '"' && c != '\\' && c != '<';
+}
+
+/* True when every plain byte leaves state s as it is. */
+static bool
+gm_plain_idle(const wk_grammar *g, const gm_state *s)
+{
+    if (s->n == 0)
+        return false;
+    const gm_frame *f = &s->f[s->n - 1];
+    if (f->kind == F_STR)
+        return f->phase == S_BODY && f->aux == 0;
+    if (f->kind == F_RAW)
+        return f->pos == 0 && f->aux == 0 && f->aux2 == 0 &&
+               !gm_plain_byte(g->bytes[g->nodes[f->node].str]);
+    return false;
+}
 
 typedef struct gm_sortkey {
     const uint8_t *p;
@@ -784,6 +833,7 @@ wk_gvocab_free(wk_gvocab *v)
     free(v->end);
     free(v->tok);
     free(v->ids);
+    free(v->plain);
     free(v);
 }
 
@@ -821,11 +871,14 @@ wk_gvocab_new(const uint8_t *const *pieces, const size_t *lens, uint32_t n, int3
     v->end = malloc(total * sizeof(*v->end));
     v->tok = malloc((total + 1) * sizeof(*v->tok));
     v->ids = malloc((nk ? nk : 1) * sizeof(*v->ids));
+    v->plain = malloc(total);
+    uint32_t *parent = malloc(total * sizeof(*parent));
     uint32_t *path = malloc(65536 * sizeof(*path)); /* node at each depth of the current path */
     if (v->byte == NULL || v->depth == NULL || v->end == NULL || v->tok == NULL ||
-        v->ids == NULL || path == NULL) {
+        v->ids == NULL || v->plain == NULL || parent == NULL || path == NULL) {
         free(keys);
         free(path);
+        free(parent);
         wk_gvocab_free(v);
         return WK_ENOMEM;
     }
@@ -851,6 +904,7 @@ wk_gvocab_new(const uint8_t *const *pieces, const size_t *lens, uint32_t n, int3
             v->byte[nn] = key->p[dd];
             v->depth[nn] = (uint16_t)(dd + 1);
             v->tok[nn] = (uint32_t)k;
+            parent[nn] = path[dd];
             path[dd + 1] = nn;
             nn++;
         }
@@ -865,6 +919,38 @@ wk_gvocab_new(const uint8_t *const *pieces, const size_t *lens, uint32_t n, int3
     v->end[0] = nn;
     v->tok[nn] = (uint32_t)nk;
     v->n_nodes = nn;
+    /* Children come after their parent in preorder: one backward pass. */
+    uint8_t *u8 = (uint8_t *)path; /* UTF-8 state of the path to each node; 0xFF = not plain */
+    if (nn > 65536 * sizeof(*path)) {
+        u8 = malloc(nn);
+        if (u8 == NULL) {
+            free(keys);
+            free(path);
+            free(parent);
+            wk_gvocab_free(v);
+            return WK_ENOMEM;
+        }
+    }
+    u8[0] = 0;
+    for (uint32_t i = 1; i < nn; i++) {
+        uint8_t ps = u8[parent[i]];
+        gm_frame fr = {.aux = ps};
+        bool ok = false;
+        if (ps != 0xFF && !gm_utf8(&fr, v->byte[i], &ok))
+            ok = gm_plain_byte(v->byte[i]);
+        u8[i] = ok ? (uint8_t)fr.aux : 0xFF;
+    }
+    for (uint32_t i = 0; i < nn; i++)
+        v->plain[i] = (uint8_t)((i == 0 || gm_plain_byte(v->byte[i])) | (u8[i] != 0xFF ? 2 : 0));
+    for (uint32_t i = nn; i-- > 1;) {
+        if (!(v->plain[i] & 1))
+            v->plain[parent[i]] &= (uint8_t)~1;
+        if (!(v->plain[i] & 2))
+            v->plain[parent[i]] &= (uint8_t)~2;
+    }
+    if (u8 != (uint8_t *)path)
+        free(u8);
+    free(parent);
     free(path);
     free(keys);
     *out = v;
@@ -879,23 +965,54 @@ wk_gmatch_allowed(const wk_gmatch *mc, const wk_gvocab *v, uint64_t *mask)
     memset(mask, 0, words * sizeof(*mask));
     size_t count = 0;
     if (m->scratch_n < (size_t)v->max_depth + 1) {
-        gm_state *ns = realloc(m->scratch, ((size_t)v->max_depth + 1) * sizeof(*ns));
-        if (ns == NULL)
+        size_t nd = (size_t)v->max_depth + 1;
+        gm_state *ns = realloc(m->scratch, nd * sizeof(*ns));
+        if (ns != NULL)
+            m->scratch = ns;
+        gm_state **nc = realloc(m->cur, nd * sizeof(*nc));
+        if (nc != NULL)
+            m->cur = nc;
+        if (ns == NULL || nc == NULL)
             return 0;
-        m->scratch = ns;
-        m->scratch_n = (size_t)v->max_depth + 1;
+        m->scratch_n = nd;
     }
-    gm_state *st = m->scratch;
-    gm_state_copy(&st[0], &m->st);
+    /*
+     * cur[d]: the state after the first d bytes of the current path. A plain
+     * byte in an idle string leaves it as it is, so cur[d] then points at
+     * cur[d - 1] (no copy), and a subtree of plain bytes is taken whole.
+     */
+    gm_state **cur = m->cur;
+    cur[0] = &m->st;
+    bool root_idle = gm_plain_idle(m->g, &m->st);
     for (uint32_t i = 1; i < v->n_nodes;) {
         uint32_t dep = v->depth[i];
-        gm_state_copy(&st[dep], &st[dep - 1]);
-        if (!gm_feed(m->g, &st[dep], v->byte[i])) {
-            i = v->end[i];
+        const gm_state *up = cur[dep - 1];
+        bool idle = gm_plain_idle(m->g, up);
+        if ((root_idle && (v->plain[i] & 2)) ||
+            (idle && gm_plain_byte(v->byte[i]) && (v->plain[i] & 1))) {
+            /* The whole subtree is allowed. */
+            uint32_t e = v->end[i];
+            for (uint32_t t = v->tok[i]; t < v->tok[e]; t++) {
+                uint32_t id = v->ids[t];
+                mask[id / 64] |= 1ull << (id % 64);
+            }
+            count += v->tok[e] - v->tok[i];
+            i = e;
             continue;
         }
-        for (uint32_t t = v->tok[i]; t < v->tok[i + 1] && v->depth[i] > 0; t++) {
-            /* tokens that end exactly here: the ones before the first child's */
+        if (idle && gm_plain_byte(v->byte[i])) {
+            cur[dep] = (gm_state *)up;
+        } else {
+            gm_state *st = &m->scratch[dep];
+            gm_state_copy(st, up);
+            if (!gm_feed(m->g, st, v->byte[i])) {
+                i = v->end[i];
+                continue;
+            }
+            cur[dep] = st;
+        }
+        for (uint32_t t = v->tok[i]; t < v->tok[i + 1]; t++) {
+            /* the tokens that end exactly here */
             uint32_t id = v->ids[t];
             mask[id / 64] |= 1ull << (id % 64);
             count++;
@@ -915,7 +1032,7 @@ typedef struct gm_cc {
     wk_grammar *g;
     wk_diag *d;
     wk_err err;
-    wk_grammar_format format;
+    wk_toolcall_fmt format;
 } gm_cc;
 
 static bool
@@ -1137,8 +1254,8 @@ gm_enum(gm_cc *c, json_t *en, const char *path, bool xml, const char *suffix)
             gm_oom(c);
             break;
         }
-        if (xml && strstr(t, "\n</parameter>") != NULL)
-            gm_fail(c, WK_EINVAL, "%s: an enum value contains '\\n</parameter>'", path);
+        if (xml && strstr(t, "</parameter>") != NULL)
+            gm_fail(c, WK_EINVAL, "%s: an enum value contains '</parameter>'", path);
         pc[i].s = gm_concat(t, strlen(t), suffix, &pc[i].len);
         free(t);
         if (pc[i].s == NULL) {
@@ -1175,8 +1292,9 @@ gm_xml_value(gm_cc *c, json_t *sch, const char *path, int depth)
         uint32_t raw = gm_node_new(c, N_RAW);
         if (c->err != WK_OK)
             return 0;
-        c->g->nodes[raw].str = gm_bytes(c, "\n</parameter>", 13);
-        c->g->nodes[raw].len = 13;
+        c->g->nodes[raw].str = gm_bytes(c, "</parameter>", 12);
+        c->g->nodes[raw].len = 12;
+        c->g->nodes[raw].lookahead = 1;
         uint32_t kids[2] = {raw, gm_lit(c, "\n", 1)};
         return gm_seq(c, kids, 2);
     }
@@ -1365,8 +1483,9 @@ wk_err
 wk_grammar_compile(const wk_grammar_spec *spec, wk_grammar **out, wk_diag *d)
 {
     *out = NULL;
-    if (spec->format != WK_GRAMMAR_XML && spec->format != WK_GRAMMAR_JSON)
-        return wk_diag_set(d, WK_EINVAL, "unknown tool-call format");
+    if (spec->format != WK_TOOLCALL_FMT_XML && spec->format != WK_TOOLCALL_FMT_HERMES &&
+        spec->format != WK_TOOLCALL_FMT_GRANITE && spec->format != WK_TOOLCALL_FMT_NEMOTRON)
+        return wk_diag_set(d, WK_EINVAL, "no tool-call format this model's template is known for");
     json_error_t je;
     json_t *tools = json_loadb(spec->tools ? spec->tools : "", spec->tools_len,
                                JSON_REJECT_DUPLICATES, &je);
@@ -1378,7 +1497,8 @@ wk_grammar_compile(const wk_grammar_spec *spec, wk_grammar **out, wk_diag *d)
         return WK_ENOMEM;
     }
     gm_cc c = {.g = g, .d = d, .err = WK_OK, .format = spec->format};
-    bool xml = spec->format == WK_GRAMMAR_XML;
+    bool xml = spec->format == WK_TOOLCALL_FMT_XML;
+    bool nemo = spec->format == WK_TOOLCALL_FMT_NEMOTRON;
     (void)gm_node_new(&c, N_LIT); /* node 0 means "none" */
     g->lit_true = gm_lit(&c, "true", 4);
     g->lit_false = gm_lit(&c, "false", 5);
@@ -1444,12 +1564,15 @@ wk_grammar_compile(const wk_grammar_spec *spec, wk_grammar **out, wk_diag *d)
     free(pc);
     json_decref(tools);
     if (c.err == WK_OK) {
-        const char *head = xml ? "<tool_call>\n<function=" : "<tool_call>\n{\"name\": \"";
-        const char *tail = xml ? "</tool_call>" : "}\n</tool_call>";
+        /* One call; the separator between calls; around the list (Nemotron's block). */
+        const char *head = xml ? "<tool_call>\n<function="
+                               : nemo ? "{\"name\": \"" : "<tool_call>\n{\"name\": \"";
+        const char *tail = xml ? "</tool_call>" : nemo ? "}" : "}\n</tool_call>";
+        const char *sep = nemo ? ", " : "\n";
         uint32_t call_kids[3] = {gm_lit(&c, head, strlen(head)), names,
                                  gm_lit(&c, tail, strlen(tail))};
         uint32_t call = gm_seq(&c, call_kids, 3);
-        uint32_t more_kids[2] = {gm_lit(&c, "\n", 1), call};
+        uint32_t more_kids[2] = {gm_lit(&c, sep, strlen(sep)), call};
         uint32_t more = gm_seq(&c, more_kids, 2);
         uint32_t calls = gm_node_new(&c, N_CALLS);
         if (c.err == WK_OK) {
@@ -1457,6 +1580,12 @@ wk_grammar_compile(const wk_grammar_spec *spec, wk_grammar **out, wk_diag *d)
             g->nodes[calls].alt = more;
             g->nodes[calls].parallel = spec->parallel;
             g->root = calls;
+        }
+        if (nemo) {
+            uint32_t kids[3] = {gm_lit(&c, "<TOOLCALL>[", 11), calls,
+                                gm_lit(&c, "]</TOOLCALL>", 12)};
+            g->root = gm_seq(&c, kids, 3);
+            calls = g->root;
         }
         if (c.err == WK_OK && spec->prefix_until != NULL && spec->prefix_until[0] != '\0') {
             size_t pl = strlen(spec->prefix_until);

@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "wk_err.h"
+#include "wk_toolcall.h"
 
 #define WK_GRAMMAR_WS_MAX 8       /* JSON whitespace bytes in a row */
 #define WK_GRAMMAR_DEPTH_MAX 16   /* schema nesting (objects and arrays) */
@@ -40,25 +41,21 @@
 #define WK_GRAMMAR_TOOLS_MAX 128  /* offered functions */
 #define WK_GRAMMAR_NAME_MAX 64    /* bytes of a function or property name */
 
-typedef enum wk_grammar_format {
-    /*
-     * Qwen3.5 / Qwen3-Coder / Nemotron-3: "<tool_call>\n<function=NAME>\n"
-     * then per argument "<parameter=KEY>\nVALUE\n</parameter>\n" then
-     * "</function>\n</tool_call>"; VALUE is raw text (valid UTF-8, never
-     * containing "\n</parameter>") for a parameter whose type allows a string,
-     * else JSON.
-     */
-    WK_GRAMMAR_XML = 0,
-    /* Hermes / Qwen2.5 / Granite: "<tool_call>\n{\"name\": \"NAME\", \"arguments\": ARGS}\n</tool_call>". */
-    WK_GRAMMAR_JSON = 1,
-} wk_grammar_format;
 
+/*
+ * The bytes of a call are the format's (wk_toolcall.h): WK_TOOLCALL_FMT_XML,
+ * HERMES, GRANITE (Hermes's bytes) and NEMOTRON. In the XML format a value is
+ * raw text (valid UTF-8, without "</parameter>", its last byte a "\n"
+ * separator) for a parameter whose type allows a string or an enum of
+ * strings, else JSON. The JSON formats print the envelope exactly as the
+ * templates do and leave JSON whitespace inside ARGS free.
+ */
 typedef struct wk_grammar_spec {
-    wk_grammar_format format;
+    wk_toolcall_fmt format;   /* not NONE */
     const char *tools;        /* the request's `tools` array as JSON text */
     size_t tools_len;         /* bytes */
     const char *function;     /* a named tool_choice, NULL = any offered function */
-    bool parallel;            /* one or more calls, separated by "\n" */
+    bool parallel;            /* one or more calls, joined as the format joins them */
     /*
      * When the prompt leaves the model inside a reasoning block: free text
      * up to and including this marker first (e.g. "</think>"), then optional

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "wk_grammar.h"
+#include "wk_toolcall.h"
 
 static const char *const TOOLS =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"d\","
@@ -37,7 +38,7 @@ static const char *const TOOLS =
     "{\"type\":\"function\",\"function\":{\"name\":\"ping\"}}]";
 
 static wk_grammar *
-compile(wk_grammar_format fmt, const char *tools, const char *fn, bool parallel)
+compile(wk_toolcall_fmt fmt, const char *tools, const char *fn, bool parallel)
 {
     wk_grammar_spec sp = {.format = fmt, .tools = tools, .tools_len = strlen(tools),
                           .function = fn, .parallel = parallel};
@@ -66,7 +67,7 @@ static void
 test_json_format(void **state)
 {
     (void)state;
-    wk_grammar *g = compile(WK_GRAMMAR_JSON, TOOLS, NULL, false);
+    wk_grammar *g = compile(WK_TOOLCALL_FMT_HERMES, TOOLS, NULL, false);
     const char *pre = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ";
     char buf[1024];
 #define ARGS(a) (snprintf(buf, sizeof(buf), "%s%s}\n</tool_call>", pre, a), buf)
@@ -122,7 +123,7 @@ test_json_format(void **state)
     wk_gmatch_free(m);
     wk_grammar_free(g);
     /* Parallel: several calls separated by "\n"; not done after one. */
-    g = compile(WK_GRAMMAR_JSON, TOOLS, NULL, true);
+    g = compile(WK_TOOLCALL_FMT_HERMES, TOOLS, NULL, true);
     assert_int_equal(run(g, buf), 1);
     m = wk_gmatch_new(g);
     assert_true(wk_gmatch_advance(m, (const uint8_t *)one, strlen(one)));
@@ -130,8 +131,20 @@ test_json_format(void **state)
     assert_false(wk_gmatch_done(m));
     wk_gmatch_free(m);
     wk_grammar_free(g);
+    /* Nemotron: every call in one JSON array block, joined by ", ". */
+    g = compile(WK_TOOLCALL_FMT_NEMOTRON, TOOLS, NULL, true);
+    assert_int_equal(run(g, "<TOOLCALL>[{\"name\": \"get\", \"arguments\": {}}]</TOOLCALL>"), 1);
+    assert_int_equal(run(g, "<TOOLCALL>[{\"name\": \"get\", \"arguments\": {}}, {\"name\": "
+                            "\"get_weather\", \"arguments\": {\"city\": \"x\"}}]</TOOLCALL>"), 1);
+    assert_int_equal(run(g, "<TOOLCALL>[]</TOOLCALL>"), -1);
+    assert_int_equal(run(g, "<TOOLCALL>[{\"name\": \"get\", \"arguments\": {}}]"), 0);
+    wk_grammar_free(g);
+    g = compile(WK_TOOLCALL_FMT_NEMOTRON, TOOLS, NULL, false);
+    assert_int_equal(run(g, "<TOOLCALL>[{\"name\": \"get\", \"arguments\": {}}, {\"name\": "
+                            "\"get\", \"arguments\": {}}]</TOOLCALL>"), -1);
+    wk_grammar_free(g);
     /* A named function: only that one. */
-    g = compile(WK_GRAMMAR_JSON, TOOLS, "get", false);
+    g = compile(WK_TOOLCALL_FMT_HERMES, TOOLS, "get", false);
     assert_int_equal(run(g, one), 1);
     assert_int_equal(run(g, "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>"), -1);
     wk_grammar_free(g);
@@ -142,12 +155,18 @@ static void
 test_xml_format(void **state)
 {
     (void)state;
-    wk_grammar *g = compile(WK_GRAMMAR_XML, TOOLS, NULL, false);
+    wk_grammar *g = compile(WK_TOOLCALL_FMT_XML, TOOLS, NULL, false);
     assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
                             "</parameter>\n</function>\n</tool_call>"), 1);
-    /* Raw strings span lines and may hold "</parameter>" not after a newline, and "<". */
+    /* Raw strings span lines and may hold "<" and "</param"; never "</parameter>" inside. */
+    assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\na "
+                            "</parameter>"), -1);
+    assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+                            "</parameter>"), -1);
+    assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\n\n"
+                            "</parameter>\n</function>\n</tool_call>"), 1);
     assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=days>\n12\n"
-                            "</parameter>\n<parameter=city>\na\nb </parameter> <x>\n\n"
+                            "</parameter>\n<parameter=city>\na\nb </param <x>\n<\n\n"
                             "</parameter>\n<parameter=unit>\nf\n</parameter>\n"
                             "<parameter=level>\n10\n</parameter>\n<parameter=tags>\n[\"a\"]\n"
                             "</parameter>\n<parameter=ok>\nfalse\n</parameter>\n"
@@ -165,7 +184,7 @@ test_xml_format(void **state)
                             "</parameter>x"), -1);
     wk_grammar_free(g);
     /* A reasoning block first. */
-    wk_grammar_spec sp = {.format = WK_GRAMMAR_XML, .tools = TOOLS, .tools_len = strlen(TOOLS),
+    wk_grammar_spec sp = {.format = WK_TOOLCALL_FMT_XML, .tools = TOOLS, .tools_len = strlen(TOOLS),
                           .prefix_until = "</think>"};
     wk_diag d = {{0}};
     assert_int_equal(wk_grammar_compile(&sp, &g, &d), WK_OK);
@@ -178,7 +197,7 @@ test_xml_format(void **state)
 static void
 expect_refused(const char *tools, const char *fn, const char *needle)
 {
-    wk_grammar_spec sp = {.format = WK_GRAMMAR_JSON, .tools = tools, .tools_len = strlen(tools),
+    wk_grammar_spec sp = {.format = WK_TOOLCALL_FMT_HERMES, .tools = tools, .tools_len = strlen(tools),
                           .function = fn};
     wk_grammar *g = NULL;
     wk_diag d = {{0}};
@@ -215,6 +234,10 @@ test_compile_errors(void **state)
     expect_refused("[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
                    "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", NULL, "duplicate");
     expect_refused("{", NULL, "tools");
+    wk_grammar_spec sp = {.format = WK_TOOLCALL_FMT_NONE, .tools = "[]", .tools_len = 2};
+    wk_grammar *g = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(wk_grammar_compile(&sp, &g, &d), WK_EINVAL);
 }
 
 /* ---- allowed tokens on toy vocabs ---- */
@@ -256,7 +279,8 @@ toy_make(void)
         "\", \"", "\"}", "}}", "}\n</tool_call>", "\", \"arguments\": {", "{\"", "\":", "\": ",
         "true", "null", "1", "10", "100", "1.", ".5", "e+", "-0", "\\u", "\\u00", "d800", "D7",
         "00e9", "\xc3", "\xa9", "\xc3\xa9", "\xe2\x82", "\xac", "  ", "\n\n", "Paris", "days",
-        "\"days\":", "[\"", "\"]", "],", "ping>\n</function>\n</tool_call>", "\n<tool_call>",
+        "\"days\":", "[\"", "\"]", "],", "ping>\n</function>\n</tool_call>", "\n<tool_call>", "]</TOOLCALL>", "}]</TOOLCALL>",
+        "<TOOLCALL>[{\"name\": \"", "ping\", \"arguments\": {}}",
     };
     for (size_t i = 0; i < sizeof(multi) / sizeof(multi[0]); i++)
         toy_add(&t, multi[i], strlen(multi[i]));
@@ -293,7 +317,7 @@ brute_allowed(const wk_grammar *g, const toy *t, const uint8_t *pre, size_t npre
 }
 
 static bool
-walk(wk_grammar_format fmt, const char *fn, bool parallel, unsigned seed)
+walk(wk_toolcall_fmt fmt, const char *fn, bool parallel, unsigned seed)
 {
     wk_grammar *g = compile(fmt, TOOLS, fn, parallel);
     toy t = toy_make();
@@ -347,21 +371,44 @@ walk(wk_grammar_format fmt, const char *fn, bool parallel, unsigned seed)
     }
     done_ok = true;
     out[n_out] = 0;
-    /* The arguments are JSON (JSON format) of an offered function. */
-    if (fmt == WK_GRAMMAR_JSON) {
-        const char *a = strstr((const char *)out, "\"arguments\": ");
-        assert_non_null(a);
-        const char *end = strstr(a, "}\n</tool_call>");
-        assert_non_null(end);
-        json_error_t je;
-        json_t *j = json_loadb(a + 13, (size_t)(end - (a + 13)), 0, &je);
-        if (j == NULL)
-            fail_msg("arguments not JSON: %s in %s", je.text, (const char *)out);
-        assert_true(json_is_object(j));
-        json_decref(j);
-    } else {
-        assert_non_null(strstr((const char *)out, "</function>\n</tool_call>"));
+    /*
+     * wk_toolcall's parser reads it as calls to offered functions, with JSON
+     * object arguments, and no content.
+     */
+    json_t *tools = json_loads(TOOLS, 0, NULL);
+    wk_toolcall_parser *tp = NULL;
+    assert_int_equal(wk_toolcall_parser_new(fmt, tools, &tp), WK_OK);
+    wk_toolcall_out o = {0};
+    assert_int_equal(wk_toolcall_feed(tp, (const char *)out, n_out, true, &o), WK_OK);
+    if (o.n_calls == 0 || o.content_len != 0)
+        fail_msg("not parsed as calls (%zu calls, content '%s'): %s", o.n_calls,
+                 o.content ? o.content : "", (const char *)out);
+    for (size_t k = 0; k < o.n_calls; k++) {
+        assert_true(fn == NULL || strcmp(o.calls[k].name, fn) == 0);
+        json_t *fdef = NULL;
+        for (size_t q = 0; q < json_array_size(tools); q++) {
+            json_t *f = json_object_get(json_array_get(tools, q), "function");
+            if (strcmp(json_string_value(json_object_get(f, "name")), o.calls[k].name) == 0)
+                fdef = f;
+        }
+        assert_non_null(fdef);
+        json_t *args = json_loads(o.calls[k].arguments, 0, NULL);
+        assert_true(json_is_object(args));
+        /* Every key declared; the required ones present. */
+        json_t *props = json_object_get(json_object_get(fdef, "parameters"), "properties");
+        const char *key;
+        json_t *val;
+        json_object_foreach(args, key, val)
+            assert_non_null(json_object_get(props, key));
+        json_t *req = json_object_get(json_object_get(fdef, "parameters"), "required");
+        size_t q;
+        json_array_foreach(req, q, val)
+            assert_non_null(json_object_get(args, json_string_value(val)));
+        json_decref(args);
     }
+    wk_toolcall_out_fini(&o);
+    wk_toolcall_parser_free(tp);
+    json_decref(tools);
     wk_gmatch_free(m);
 out:
     free(mask);
@@ -378,10 +425,12 @@ test_allowed_json(void **state)
     (void)state;
     int ended = 0;
     for (unsigned s = 1; s <= 6; s++)
-        ended += walk(WK_GRAMMAR_JSON, NULL, s % 2 == 0, s);
-    ended += walk(WK_GRAMMAR_JSON, "get_weather", false, 7);
-    print_message("%d of 7 walks ended in a complete call\n", ended);
-    assert_true(ended >= 4);
+        ended += walk(WK_TOOLCALL_FMT_HERMES, NULL, s % 2 == 0, s);
+    ended += walk(WK_TOOLCALL_FMT_HERMES, "get_weather", false, 7);
+    for (unsigned s = 1; s <= 3; s++)
+        ended += walk(WK_TOOLCALL_FMT_NEMOTRON, NULL, true, s * 13);
+    print_message("%d of 10 walks ended in a complete call\n", ended);
+    assert_true(ended >= 6);
 }
 
 static void
@@ -390,8 +439,8 @@ test_allowed_xml(void **state)
     (void)state;
     int ended = 0;
     for (unsigned s = 1; s <= 6; s++)
-        ended += walk(WK_GRAMMAR_XML, NULL, s % 2 == 0, s * 7);
-    ended += walk(WK_GRAMMAR_XML, "get_weather", false, 99);
+        ended += walk(WK_TOOLCALL_FMT_XML, NULL, s % 2 == 0, s * 7);
+    ended += walk(WK_TOOLCALL_FMT_XML, "get_weather", false, 99);
     print_message("%d of 7 walks ended in a complete call\n", ended);
     assert_true(ended >= 4);
 }
@@ -401,7 +450,7 @@ test_allowed_start(void **state)
 {
     (void)state;
     /* At the start exactly the prefixes of "<tool_call>\n<function=" are allowed, eos not. */
-    wk_grammar *g = compile(WK_GRAMMAR_XML, TOOLS, "ping", false);
+    wk_grammar *g = compile(WK_TOOLCALL_FMT_XML, TOOLS, "ping", false);
     toy t = toy_make();
     wk_gvocab *v = NULL;
     assert_int_equal(wk_gvocab_new(t.p, t.len, t.n, t.eos, &v), WK_OK);
