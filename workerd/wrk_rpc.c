@@ -1047,9 +1047,9 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
             }
         }
         if (sr->sample && sr->params != NULL && sr->params->allowed_tokens.len > 0 &&
-            sr->params->allowed_tokens.len != ((size_t)vocab + 7) / 8) {
+            sr->params->allowed_tokens.len > ((size_t)vocab + 7) / 8) {
             err = WK_EINVAL;
-            snprintf(detail, sizeof(detail), "row %zu: allowed_tokens has %zu bytes, vocab %u needs %zu",
+            snprintf(detail, sizeof(detail), "row %zu: allowed_tokens has %zu bytes, vocab %u has %zu",
                      i, sr->params->allowed_tokens.len, vocab, ((size_t)vocab + 7) / 8);
             goto done;
         }
