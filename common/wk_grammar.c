@@ -712,6 +712,17 @@ wk_gmatch_new(const wk_grammar *g)
     return m;
 }
 
+wk_gmatch *
+wk_gmatch_clone(const wk_gmatch *m)
+{
+    wk_gmatch *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->g = m->g;
+    gm_state_copy(&c->st, &m->st);
+    return c;
+}
+
 void
 wk_gmatch_free(wk_gmatch *m)
 {

@@ -81,6 +81,9 @@ void wk_grammar_free(wk_grammar *g);
 wk_gmatch *wk_gmatch_new(const wk_grammar *g);
 void wk_gmatch_free(wk_gmatch *m);
 
+/* A matcher in m's state (same grammar). NULL on ENOMEM. */
+wk_gmatch *wk_gmatch_clone(const wk_gmatch *m);
+
 /*
  * Takes n bytes. true: all taken. false: some byte is not allowed there; the
  * matcher is left as it was before the call.
