@@ -1197,7 +1197,7 @@ gm_concat(const char *a, size_t na, const char *b, size_t *len)
     return s;
 }
 
-/* Function and property names: 1..64 bytes of [A-Za-z0-9_.$-] (names travel inside the format's markup). */
+/* Function and property names: 1..64 bytes of [A-Za-z0-9_.$:-] (names travel inside the format's markup). */
 static bool
 gm_name_ok(const char *s)
 {
@@ -1207,7 +1207,7 @@ gm_name_ok(const char *s)
     for (size_t i = 0; i < n; i++) {
         char ch = s[i];
         if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '_' || ch == '-' || ch == '.' || ch == '$'))
+              ch == '_' || ch == '-' || ch == '.' || ch == '$' || ch == ':'))
             return false;
     }
     return true;
@@ -1360,7 +1360,7 @@ gm_props(gm_cc *c, uint32_t id, json_t *sch, const char *path, int depth, bool x
         }
         snprintf(sub, pl, "%s.properties.%s", path, key);
         if (!gm_name_ok(key)) {
-            gm_fail(c, WK_EINVAL, "%s: property name not supported (1 to 64 of A-Z a-z 0-9 _ - . $)",
+            gm_fail(c, WK_EINVAL, "%s: property name not supported (1 to 64 of A-Z a-z 0-9 _ - . $ :)",
                     sub);
             free(sub);
             break;
@@ -1535,7 +1535,7 @@ wk_grammar_compile(const wk_grammar_spec *spec, wk_grammar **out, wk_diag *d)
         const char *name = json_string_value(nm);
         if (!gm_name_ok(name)) {
             gm_fail(&c, WK_EINVAL,
-                    "function name '%s' is not supported (1 to 64 of A-Z a-z 0-9 _ - . $)",
+                    "function name '%s' is not supported (1 to 64 of A-Z a-z 0-9 _ - . $ :)",
                     name);
             break;
         }

@@ -77,7 +77,9 @@ wk_toolcall_fmt_detect(const char *src)
         return WK_TOOLCALL_FMT_XML;
     if (strstr(src, "<TOOLCALL>") != NULL)
         return WK_TOOLCALL_FMT_NEMOTRON;
-    if (strstr(src, "<tool_call>") != NULL)
+    /* (other <tool_call> forms, GLM's "<tool_call>NAME<arg_key>...", are none of these) */
+    if (strstr(src, "<tool_call>") != NULL &&
+        (strstr(src, "\"name\": \"") != NULL || strstr(src, "\\\"name\\\": \\\"") != NULL))
         return strstr(src, "<|start_of_role|>") != NULL ? WK_TOOLCALL_FMT_GRANITE
                                                        : WK_TOOLCALL_FMT_HERMES;
     return WK_TOOLCALL_FMT_NONE;

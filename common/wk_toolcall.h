@@ -83,9 +83,11 @@ typedef enum wk_toolcall_fmt {
 
 /*
  * The format a template's source renders assistant tool_calls in: "<function="
- * and "<parameter=" -> XML; "<TOOLCALL>" -> NEMOTRON; "<tool_call>" with
- * Granite's "<|start_of_role|>" -> GRANITE; other "<tool_call>" -> HERMES;
- * else NONE. src is NUL-terminated, borrowed for the call; NULL -> NONE.
+ * and "<parameter=" -> XML; "<TOOLCALL>" -> NEMOTRON; "<tool_call>" and a
+ * JSON `"name": "` (plain or backslash-escaped) -> GRANITE with Granite's
+ * "<|start_of_role|>", else HERMES; else NONE (GLM-style
+ * "<tool_call>NAME<arg_key>..." included). src is NUL-terminated, borrowed
+ * for the call; NULL -> NONE.
  */
 wk_toolcall_fmt wk_toolcall_fmt_detect(const char *src);
 

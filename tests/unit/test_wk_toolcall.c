@@ -119,6 +119,11 @@ test_detect(void **state)
     assert_int_equal(wk_toolcall_fmt_detect("{{- '<TOOLCALL>[' -}}<tool_call>"),
                      WK_TOOLCALL_FMT_NEMOTRON);
     assert_int_equal(wk_toolcall_fmt_detect("{{ messages }}"), WK_TOOLCALL_FMT_NONE);
+    /* GLM-style <tool_call>NAME<arg_key>: another format, not parsed */
+    assert_int_equal(wk_toolcall_fmt_detect("{{- '<tool_call>' + tc.name }}<arg_key>"),
+                     WK_TOOLCALL_FMT_NONE);
+    assert_int_equal(wk_toolcall_fmt_detect("'<tool_call>\\n{\\\"name\\\": \\\"x'"),
+                     WK_TOOLCALL_FMT_HERMES);
     assert_int_equal(wk_toolcall_fmt_detect(NULL), WK_TOOLCALL_FMT_NONE);
     assert_string_equal(wk_toolcall_fmt_name(WK_TOOLCALL_FMT_XML), "xml");
     assert_string_equal(wk_toolcall_fmt_name(WK_TOOLCALL_FMT_NEMOTRON), "nemotron");
