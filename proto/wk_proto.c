@@ -100,6 +100,9 @@ wk_proto_check_sample(const Wkvm__SampleParams *p, wk_diag *d)
             !(b->bias >= -WK_PROTO_LOGIT_BIAS_ABS && b->bias <= WK_PROTO_LOGIT_BIAS_ABS))
             return wk_diag_set(d, WK_EPROTO, "logit_bias entry %zu out of range", i);
     }
+    if (p->allowed_tokens.len > WK_PROTO_ALLOWED_MAX)
+        return wk_diag_set(d, WK_EPROTO, "allowed_tokens has %zu bytes, max %u",
+                           p->allowed_tokens.len, WK_PROTO_ALLOWED_MAX);
     return WK_OK;
 }
 

@@ -21,6 +21,7 @@
 #define WK_PROTO_TOP_MAX 20u
 #define WK_PROTO_LOGIT_BIAS_MAX 300u  /* SampleParams.logit_bias entries */
 #define WK_PROTO_LOGIT_BIAS_ABS 100.0f /* |bias| of one entry */
+#define WK_PROTO_ALLOWED_MAX 131072u   /* SampleParams.allowed_tokens bytes (2^20 tokens) */
 #define WK_PROTO_CHUNK_MAX (4u << 20)
 #define WK_PROTO_MSG_MAX (64u << 20)
 #define WK_PROTO_STATE_TENSORS_MAX 4096u /* ModelInfo.state_tensors entries */

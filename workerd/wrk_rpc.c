@@ -1049,6 +1049,13 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
                 goto done;
             }
         }
+        if (sr->sample && sr->params != NULL && sr->params->allowed_tokens.len > 0 &&
+            sr->params->allowed_tokens.len > ((size_t)vocab + 7) / 8) {
+            err = WK_EINVAL;
+            snprintf(detail, sizeof(detail), "row %zu: allowed_tokens has %zu bytes, vocab %u has %zu",
+                     i, sr->params->allowed_tokens.len, vocab, ((size_t)vocab + 7) / 8);
+            goto done;
+        }
         rows[i].slot = sr->slot;
         rows[i].tokens = sr->tokens;
         rows[i].n_tokens = (uint32_t)sr->n_tokens;
@@ -1095,6 +1102,10 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
                                            .bias = pp->logit_bias[k]->bias};
             sp.bias = bias;
             sp.n_bias = pp->n_logit_bias;
+            if (pp->allowed_tokens.len > 0) {
+                sp.allowed = pp->allowed_tokens.data;
+                sp.n_allowed = pp->allowed_tokens.len;
+            }
         }
         sp.sample_index = sr->sample_index;
         sp.history = sr->penalty_tokens;
@@ -1102,7 +1113,8 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
         wrk_sample_result out;
         err = wrk_sample(rows[i].logits, vocab, &sp, &out);
         if (err != WK_OK) {
-            snprintf(detail, sizeof(detail), "row %zu: bad sampling parameters", i);
+            snprintf(detail, sizeof(detail), "row %zu: bad sampling parameters%s", i,
+                     sp.allowed != NULL ? " (or allowed_tokens allows no token)" : "");
             goto done;
         }
         res[i].sampled = true;

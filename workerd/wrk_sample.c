@@ -113,9 +113,27 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
             !isfinite(p->bias[i].bias))
             return WK_EINVAL;
     }
+    if (p->allowed != NULL) {
+        bool any = false;
+        size_t nb = p->n_allowed < ((size_t)vocab + 7) / 8 ? p->n_allowed : ((size_t)vocab + 7) / 8;
+        for (size_t i = 0; i < nb && !any; i++) {
+            uint8_t b = p->allowed[i];
+            if (i == ((size_t)vocab - 1) / 8 && vocab % 8 != 0)
+                b &= (uint8_t)((1u << (vocab % 8)) - 1);
+            any = b != 0;
+        }
+        if (!any)
+            return WK_EINVAL;
+    }
     wrk_apply_penalties(logits, vocab, p);
     for (size_t i = 0; i < p->n_bias; i++)
         logits[p->bias[i].token] += p->bias[i].bias;
+    if (p->allowed != NULL) {
+        for (uint32_t i = 0; i < vocab; i++) {
+            if ((size_t)(i / 8) >= p->n_allowed || !((p->allowed[i / 8] >> (i % 8)) & 1))
+                logits[i] = -INFINITY;
+        }
+    }
 
     float mx = -INFINITY;
     uint32_t best = 0;
@@ -141,6 +159,8 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
         for (uint32_t i = 0; i < vocab; i++) {
             float v = logits[i];
             uint32_t n = out->n_top;
+            if (p->allowed != NULL && v == -INFINITY)
+                continue; /* a disallowed token (constrained rows only: biases are finite) */
             if (n == k && !(v > out->top_logprob[n - 1]))
                 continue;
             uint32_t pos = n < k ? n : k - 1;

@@ -36,6 +36,14 @@ typedef struct wrk_sample_params {
     size_t n_history;        /* entries in history */
     const wrk_logit_bias *bias; /* added to the logits after the penalties, borrowed */
     size_t n_bias;           /* entries in bias */
+    /*
+     * Constrained decoding: NULL = every token; else a bitset of n_allowed
+     * bytes (token i is bit i % 8 of byte i / 8; ids past it are not allowed).
+     * Disallowed tokens get logit -inf after the bias and are never chosen
+     * or reported; WK_EINVAL when no token of the vocab is allowed.
+     */
+    const uint8_t *allowed;
+    size_t n_allowed;        /* bytes in allowed */
     uint32_t top_logprobs;   /* alternatives to report, <= WRK_SAMPLE_TOP_MAX */
     bool want_logprob;       /* compute the chosen token's logprob (else reported as 0) */
 } wrk_sample_params;

@@ -40,6 +40,8 @@ ctl_openai_req_fini(ctl_openai_req *r)
     free(r->prompt);
     free(r->msg_ends);
     json_decref(r->tools);
+    free(r->tool_force_name);
+    ctl_toolgram_free(r->toolgram);
 }
 
 void
@@ -457,30 +459,55 @@ ctl_openai_check_tools(ctl_openai_perr *pe, json_t *tools, bool full)
 }
 
 /*
- * The seam for constrained decoding (issue #29 item 3): tool_choice
- * "required" (name NULL) or a named function must make the model emit a
- * call (to that function) with arguments of its schema's types, by
- * restricting the tokens it may sample, not by hoping. That decoding is not
- * built yet, so such a request is refused rather than served unconstrained.
- * Sends the error and returns false; the constrained decoder plugs in here.
+ * tool_choice "required" (name NULL) or a named function: the model may only
+ * emit a call (to that function) with arguments of its schema's types
+ * (ctl_toolgram: constrained decoding, docs/OPENAI_COMPAT.md). The grammar
+ * is compiled here, so a schema it cannot enforce is a 400 before anything
+ * runs; it is compiled again once the prompt is rendered when the prompt
+ * leaves the reply inside a think block (ctl_openai_toolgram_reasoning).
+ * r->tools and r->tool_fmt are set. Sends the error and returns false.
  */
 static bool
 ctl_openai_tool_choice_forced(ctl_openai_perr *pe, ctl_app *app, ctl_openai_req *r,
                               const char *param, const char *name)
 {
-    (void)app;
-    (void)r;
-    if (name != NULL)
-        ctl_openai_perr_set(pe, WK_EINVAL, param,
-                        "'%s' naming function '%s' requires constrained decoding, which this "
-                        "build does not have yet (use \"auto\" or \"none\")",
-                        param, name);
-    else
-        ctl_openai_perr_set(pe, WK_EINVAL, param,
-                        "'%s': \"required\" requires constrained decoding, which this build does "
-                        "not have yet (use \"auto\" or \"none\")",
-                        param);
-    return false;
+    wk_diag d = {{0}};
+    r->tool_forced = true;
+    if (name != NULL && (r->tool_force_name = strdup(name)) == NULL) {
+        ctl_openai_perr_set(pe, WK_ENOMEM, param, "out of memory");
+        return false;
+    }
+    wk_err err = ctl_toolgram_new(app->tok, r->tool_fmt, r->tools, name, !r->tool_serial, false,
+                                  NULL, &r->toolgram, &d);
+    if (err != WK_OK) {
+        ctl_openai_perr_set(pe, err, err == WK_EINVAL ? "tools" : param,
+                        "%s cannot be enforced: %s", param, d.msg);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * After rendering: a forced call whose prompt leaves the reply inside a think
+ * block gets a grammar that first lets the model reason up to the closing
+ * marker. Sends the error and returns false.
+ */
+static bool
+ctl_openai_toolgram_reasoning(ctl_http_req *req, ctl_app *app, ctl_openai_req *r)
+{
+    if (!r->tool_forced || !r->think_open)
+        return true;
+    wk_diag d = {{0}};
+    ctl_toolgram *t = NULL;
+    wk_err err = ctl_toolgram_new(app->tok, r->tool_fmt, r->tools, r->tool_force_name,
+                                  !r->tool_serial, true, WK_CHAT_TPL_THINK_CLOSE, &t, &d);
+    if (err != WK_OK) {
+        ctl_openai_fail(req, err, "tool_choice", "tool_choice cannot be enforced: %s", d.msg);
+        return false;
+    }
+    ctl_toolgram_free(r->toolgram);
+    r->toolgram = t;
+    return true;
 }
 
 /*
@@ -575,6 +602,8 @@ ctl_openai_parse_tools(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_open
                             "no tool-call format wkvm knows (use \"auto\" or \"none\")");
             return false;
         }
+        r->tools = json_incref(tools);
+        r->tool_fmt = wk_chat_tpl_toolcall_fmt(app->chat_tpl);
         return ctl_openai_tool_choice_forced(pe, app, r, "tool_choice",
                                              named ? json_string_value(name) : NULL);
     }
@@ -1013,6 +1042,8 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
         r->think_open = wk_chat_think_open_at_end(prompt, plen, WK_CHAT_TPL_THINK_OPEN,
                                                   WK_CHAT_TPL_THINK_CLOSE);
     }
+    if (!ctl_openai_toolgram_reasoning(req, app, r))
+        return false;
     if (wk_tok_encode(app->tok, prompt, plen, &r->prompt, &r->n_prompt, &d) != WK_OK) {
         ctl_openai_fail(req, WK_EINVAL, "messages", "%s", d.msg);
         return false;
@@ -1894,11 +1925,13 @@ ctl_openai_generate_run(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
                         app->max_prompt_tokens);
         return;
     }
-    if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS) {
+    if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS &&
+        r->toolgram == NULL) {
         /*
          * The turn's end: "\n\n" in the World template; a model's own template
          * ends a turn with its eos token (its id already stops the generation,
-         * its text stops it too when the model spells it out).
+         * its text stops it too when the model spells it out). Not for a forced
+         * call: its grammar ends it, and an argument may spell that text.
          */
         const char *eos = r->templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : "\n\n";
         if (eos != NULL && eos[0] != '\0')
@@ -1906,6 +1939,8 @@ ctl_openai_generate_run(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
     }
     if (r->on_error_before != NULL && r->on_error_before(r, req))
         return;
+    if (r->toolgram != NULL)
+        ctl_toolgram_apply(r->toolgram, &r->gen);
     r->gen.sample.logprobs = r->logprobs;
     r->gen.sample.top_logprobs = r->top_logprobs;
     struct timespec mono;

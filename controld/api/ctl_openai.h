@@ -14,6 +14,7 @@
 #include "ctl_app.h"
 #include "ctl_ckpt.h"
 #include "ctl_gen.h"
+#include "ctl_toolgram.h"
 #include "wk_chat.h"
 #include "wk_toolcall.h"
 
@@ -56,6 +57,9 @@ struct ctl_openai_req {
     json_t *tools;                /* chat, templated: the request's tools (a reference), or NULL */
     wk_toolcall_fmt tool_fmt;     /* chat: parse the reply for calls in this format (NONE: not) */
     bool tool_serial;             /* chat: parallel_tool_calls false: at most one call returned */
+    bool tool_forced;             /* chat: tool_choice "required" or named: constrained decoding */
+    char *tool_force_name;        /* chat: the named function, owned; NULL = any offered one */
+    ctl_toolgram *toolgram;       /* chat, tool_forced: the constraint, owned */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
     bool reuse;                   /* plan checkpoints and look them up for this request */
     bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */

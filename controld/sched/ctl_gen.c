@@ -90,12 +90,54 @@ ctl_gen_emit(ctl_gen_state *g, size_t n)
     return WK_OK;
 }
 
+/*
+ * The allowed-token bitset of p's matcher as the wire carries it (bit i % 8
+ * of byte i / 8, trailing zero bytes dropped). *n = 0 when no token is
+ * allowed. Caller frees *out.
+ */
+static wk_err
+ctl_gen_mask(const ctl_gen_params *p, uint8_t **out, size_t *n)
+{
+    uint32_t v = wk_gvocab_size(p->gvocab);
+    size_t words = ((size_t)v + 63) / 64, nb = ((size_t)v + 7) / 8;
+    uint64_t *w = malloc((words ? words : 1) * sizeof(*w));
+    uint8_t *b = malloc(nb ? nb : 1);
+    if (w == NULL || b == NULL) {
+        free(w);
+        free(b);
+        return WK_ENOMEM;
+    }
+    (void)wk_gmatch_allowed(p->match, p->gvocab, w);
+    size_t last = 0;
+    for (size_t i = 0; i < nb; i++) {
+        b[i] = (uint8_t)(w[i / 8] >> (8 * (i % 8)));
+        if (b[i] != 0)
+            last = i + 1;
+    }
+    free(w);
+    *out = b;
+    *n = last;
+    return WK_OK;
+}
+
 wk_err
 ctl_gen_submit(ctl_sched *sched, const int32_t *input, size_t n, const ctl_gen_params *p,
                ctl_job **job, wk_diag *d)
 {
-    if (p->max_tokens == 0 || p->n_stops > CTL_GEN_MAX_STOPS)
+    if (p->max_tokens == 0 || p->n_stops > CTL_GEN_MAX_STOPS ||
+        (p->match != NULL) != (p->gvocab != NULL))
         return wk_diag_set(d, WK_EINVAL, "bad generation parameters");
+    uint8_t *mask = NULL;
+    size_t n_mask = 0;
+    if (p->match != NULL) {
+        wk_err err = ctl_gen_mask(p, &mask, &n_mask);
+        if (err != WK_OK)
+            return err;
+        if (n_mask == 0) {
+            free(mask);
+            return wk_diag_set(d, WK_EINVAL, "the tool-call grammar allows no token of this vocab");
+        }
+    }
     ctl_job_spec spec = {
         .tokens = input,
         .n_tokens = n,
@@ -108,8 +150,12 @@ ctl_gen_submit(ctl_sched *sched, const int32_t *input, size_t n, const ctl_gen_p
         .max_new = (uint64_t)p->max_tokens + 1, /* (the last sampled token may be fed too) */
         .reuse = p->reuse,
         .prefer = p->slot == NULL ? p->worker : NULL,
+        .allowed = mask,
+        .n_allowed = n_mask,
     };
-    return ctl_sched_submit(sched, &spec, job, d);
+    wk_err err = ctl_sched_submit(sched, &spec, job, d);
+    free(mask);
+    return err;
 }
 
 wk_err
@@ -193,7 +239,17 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
         memcpy(t->top_id, ev.top_token, sizeof(t->top_id));
         memcpy(t->top_logprob, ev.top_logprob, sizeof(t->top_logprob));
         bool stop = false;
-        if (ev.token == eos && eos >= 0 && p->stop_on_eot) {
+        bool grammar_done = false;
+        if (p->match != NULL && !(ev.token == eos && eos >= 0)) {
+            /* The worker sampled from the mask, so the matcher takes it; if not, stop here. */
+            size_t plen = 0;
+            const uint8_t *pb = wk_tok_piece(tok, ev.token, &plen);
+            if (pb == NULL || !wk_gmatch_advance(p->match, pb, plen))
+                grammar_done = true;
+            else
+                grammar_done = wk_gmatch_done(p->match);
+        }
+        if (ev.token == eos && eos >= 0 && (p->stop_on_eot || p->match != NULL)) {
             res->finish_reason = "stop";
             stop = true;
         } else {
@@ -203,6 +259,10 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
                 err = ctl_gen_buf_put(&g.tail, piece, plen);
             if (err != WK_OK)
                 break;
+        }
+        if (grammar_done && !stop) {
+            res->finish_reason = "stop";
+            stop = true;
         }
         bool at_max = res->n_tokens >= p->max_tokens;
         if (stop || at_max) {
@@ -226,6 +286,23 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
         }
         if (err != WK_OK)
             break;
+        if (!(stop || at_max) && p->match != NULL) {
+            uint8_t *mask = NULL;
+            size_t n_mask = 0;
+            err = ctl_gen_mask(p, &mask, &n_mask);
+            if (err == WK_OK && n_mask == 0) {
+                /* Nothing can follow (a vocab without the bytes the grammar needs): stop. */
+                res->finish_reason = "stop";
+                stop = true;
+            } else if (err == WK_OK) {
+                err = ctl_job_set_allowed(job, mask, n_mask);
+            }
+            free(mask);
+            if (err != WK_OK) {
+                wk_diag_set(d, err, "out of memory");
+                break;
+            }
+        }
         if (stop || at_max) {
             finished = true;
             ctl_job_stop(job, p->feed_stop);

@@ -17,6 +17,7 @@
 
 #include "ctl_sched.h"
 #include "wk_err.h"
+#include "wk_grammar.h"
 #include "wk_tok.h"
 
 #define CTL_GEN_MAX_STOPS 8
@@ -45,6 +46,16 @@ typedef struct ctl_gen_params {
     const ctl_sched_reuse *reuse; /* checkpoint hooks (ctl_ckpt_plan), NULL = none */
     const char *worker;         /* without slot: preferred worker while it has a free slot
                                  * (a warm checkpoint's), NULL = none */
+    /*
+     * Constrained decoding (a forced tool call), NULL = none: every sample
+     * may only take a token of gvocab that match can advance by (end of text
+     * only once it accepts); each sampled token advances it, and the
+     * generation stops (finish_reason "stop") once it is done or the model
+     * ends the text. Borrowed; match starts where the output starts and is
+     * used by this generation only.
+     */
+    wk_gmatch *match;
+    const wk_gvocab *gvocab;    /* the tokenizer's vocab trie, with match */
 } ctl_gen_params;
 
 /*

@@ -56,6 +56,8 @@ struct ctl_job {
     int32_t *gen;               /* accepted samples (penalties), shares tokens' tail */
     size_t n_gen;               /* accepted samples */
     int32_t pending;            /* last sampled token, not yet accepted */
+    uint8_t *allowed;           /* the next sample's allowed-token bitset, NULL = any token */
+    size_t n_allowed;           /* bytes in allowed */
     bool held;                  /* the slot belongs to the caller */
     bool fresh;                 /* reset the slot with the first chunk */
     ctl_slot_ref slot;          /* the slot, once admitted */
@@ -272,6 +274,7 @@ ctl_job_destroy_locked(ctl_sched *s, ctl_job *j)
     pthread_cond_destroy(&j->cv);
     free(j->tokens);
     free(j->ckpt);
+    free(j->allowed);
     free(j);
 }
 
@@ -555,6 +558,11 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
                 lb[ib].token = j->params.bias[k].token;
                 lb[ib].bias = j->params.bias[k].bias;
                 lbp[ib] = &lb[ib];
+            }
+            if (j->allowed != NULL) {
+                /* constrained rows only: every other row's step message is unchanged */
+                sp[i].allowed_tokens.data = j->allowed;
+                sp[i].allowed_tokens.len = j->n_allowed;
             }
             pr[i].params = &sp[i];
             pr[i].sample_index = j->sample_index;
@@ -1245,6 +1253,16 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     j->max_new = spec->sample ? spec->max_new : 0;
     j->params = spec->params;
     j->sample_index = spec->sample_index;
+    if (spec->sample && spec->allowed != NULL && spec->n_allowed > 0) {
+        j->allowed = malloc(spec->n_allowed);
+        if (j->allowed == NULL) {
+            free(j->tokens);
+            free(j);
+            return WK_ENOMEM;
+        }
+        memcpy(j->allowed, spec->allowed, spec->n_allowed);
+        j->n_allowed = spec->n_allowed;
+    }
     j->deadline_ms = spec->deadline_ms;
     j->submit_ms = wk_mono_ms();
     pthread_cond_init(&j->cv, NULL);
@@ -1274,6 +1292,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
             pthread_cond_destroy(&j->cv);
             free(j->tokens);
             free(j->ckpt);
+    free(j->allowed);
             free(j);
             return wk_diag_set(d, WK_EINVAL, "bad reuse hooks");
         }
@@ -1355,6 +1374,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
         pthread_cond_destroy(&j->cv);
         free(j->tokens);
         free(j->ckpt);
+    free(j->allowed);
         free(j);
         return err;
     }
@@ -1396,6 +1416,27 @@ ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev)
     }
     pthread_mutex_unlock(&s->mu);
     return err;
+}
+
+wk_err
+ctl_job_set_allowed(ctl_job *j, const uint8_t *mask, size_t n)
+{
+    ctl_sched *s = j->s;
+    uint8_t *copy = NULL;
+    if (mask != NULL && n > 0) {
+        copy = malloc(n);
+        if (copy == NULL)
+            return WK_ENOMEM;
+        memcpy(copy, mask, n);
+    }
+    if (s != NULL)
+        pthread_mutex_lock(&s->mu);
+    free(j->allowed);
+    j->allowed = copy;
+    j->n_allowed = copy != NULL ? n : 0;
+    if (s != NULL)
+        pthread_mutex_unlock(&s->mu);
+    return WK_OK;
 }
 
 void

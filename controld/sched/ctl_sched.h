@@ -124,6 +124,9 @@ typedef struct ctl_job_spec {
                                  * reserve KV pages for them at admission), 0 = none */
     const ctl_sched_reuse *reuse; /* reuse hooks, borrowed for the call; NULL = none
                                    * (load only for jobs without a held slot) */
+    const uint8_t *allowed;     /* with sample: the first sample's allowed tokens (bit i % 8 of
+                                 * byte i / 8), copied; NULL = any (constrained decoding) */
+    size_t n_allowed;           /* bytes in allowed: ceil(vocab / 8) of the worker's model */
 } ctl_job_spec;
 
 typedef enum ctl_job_ev {
@@ -160,6 +163,13 @@ WK_MUST_CHECK wk_err ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ct
 
 /* Waits up to timeout_ms for the job's next event. WK_ETIMEDOUT when none came. */
 WK_MUST_CHECK wk_err ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev);
+
+/*
+ * Constrained decoding: the tokens the next sample may take (copied; NULL or
+ * n 0 = any), sent with the row's sampling parameters. Call it between a
+ * TOKEN event and ctl_job_continue(). WK_ENOMEM leaves the old mask.
+ */
+WK_MUST_CHECK wk_err ctl_job_set_allowed(ctl_job *j, const uint8_t *mask, size_t n);
 
 /* Accepts the last sampled token: it is fed next step and sampling goes on. */
 void ctl_job_continue(ctl_job *j);

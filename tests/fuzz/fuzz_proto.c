@@ -9,7 +9,7 @@
  * its payload (corpus regress_*: a HELLO or SLOT_READ with a status and no
  * payload used to pass and crash the receiver). The checks of the documented
  * maxima are exercised on every accepted input: rows, tokens per row and per
- * step, top logprobs, chunk sizes, string lengths.
+ * step, top logprobs, allowed-token masks, chunk sizes, string lengths.
  */
 /* fuzz-sources: common/wk_err.c proto/wk_proto.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
@@ -99,6 +99,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fuzz_check(m->step->n_rows <= WK_PROTO_ROWS_MAX, "rows bounded");
         for (size_t i = 0; i < m->step->n_rows; i++) {
             fuzz_check(m->step->rows[i]->n_tokens <= WK_PROTO_ROW_TOKENS_MAX, "row bounded");
+            const Wkvm__SampleParams *sp = m->step->rows[i]->params;
+            fuzz_check(sp == NULL || sp->allowed_tokens.len <= WK_PROTO_ALLOWED_MAX,
+                       "allowed_tokens bounded");
             total += m->step->rows[i]->n_tokens;
         }
         fuzz_check(total <= WK_PROTO_STEP_TOKENS_MAX, "step bounded");

@@ -24,8 +24,8 @@ test_openai_client.py:
     the reused fraction printed, and equal to a recompute; a call the template
     renders back differently (true -> True) resumes the pre-reply checkpoint;
   - a malformed call (BAD) comes back as plain content; tool_choice "none"
-    keeps the call text as content; "required" and a named function are
-    refused until constrained decoding is built; bad tools are 400s;
+    keeps the call text as content; bad tools are 400s ("required" and a
+    named function: test_tool_constrained.py);
   - Open WebUI 0.12.4's native function calling shape (its builtin tools, no
     tool_choice, streamed, usage included) is answered.
 """
@@ -264,14 +264,7 @@ def tool_choice_none_and_forced():
     c = r.choices[0]
     assert c.finish_reason == "stop" and not c.message.tool_calls, c
     assert c.message.content == ADDED[CALL], c.message
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        try:
-            client.chat.completions.create(**call_request(CALL, tool_choice=choice))
-        except openai.BadRequestError as e:
-            assert e.body["param"] == "tool_choice", e.body
-            assert "constrained decoding" in e.body["message"], e.body
-        else:
-            raise AssertionError(f"tool_choice {choice} accepted")
+    # ("required" and a named function are constrained decoding: test_tool_constrained.py)
     for tools, param in (([{"type": "function", "function": {"name": "a b"}}],
                           "tools[0].function.name"),
                          ([{"type": "retrieval"}], "tools[0]"),

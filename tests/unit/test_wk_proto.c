@@ -167,6 +167,20 @@ test_step_limits(void **state)
     lb[0].bias = -1.0f;
     lb[0].token = -1;
     roundtrip(&m, WK_EPROTO);
+    lb[0].token = 0;
+    /* allowed_tokens: a bitset of at most WK_PROTO_ALLOWED_MAX bytes, carried byte-exact. */
+    uint8_t *mask = calloc(WK_PROTO_ALLOWED_MAX + 1, 1);
+    mask[3] = 0x81;
+    p.allowed_tokens.data = mask;
+    p.allowed_tokens.len = WK_PROTO_ALLOWED_MAX;
+    o = roundtrip(&m, WK_OK);
+    assert_int_equal(o->step->rows[0]->params->allowed_tokens.len, WK_PROTO_ALLOWED_MAX);
+    assert_memory_equal(o->step->rows[0]->params->allowed_tokens.data, mask, WK_PROTO_ALLOWED_MAX);
+    wk_proto_free(o);
+    p.allowed_tokens.len = WK_PROTO_ALLOWED_MAX + 1;
+    roundtrip(&m, WK_EPROTO);
+    p.allowed_tokens.len = 0;
+    free(mask);
     free(lb);
     free(lbp);
     free(rows);

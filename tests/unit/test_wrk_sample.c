@@ -254,6 +254,66 @@ test_logit_bias(void **state)
     assert_memory_equal(x, l, sizeof(x));
 }
 
+/* An allowed-token mask: only its tokens, greedy and sampled, top_logprobs among them; no mask = unchanged. */
+static void
+test_allowed_mask(void **state)
+{
+    (void)state;
+    float l[V];
+    fill(l, 4);
+    uint8_t mask[V / 8] = {0};
+    int allowed[] = {3, 17, 40, 63};
+    for (int k = 0; k < 4; k++)
+        mask[allowed[k] / 8] |= (uint8_t)(1u << (allowed[k] % 8));
+    int best = 3;
+    for (int k = 0; k < 4; k++)
+        if (l[allowed[k]] > l[best])
+            best = allowed[k];
+    wrk_sample_params g = {.allowed = mask, .n_allowed = sizeof(mask), .top_logprobs = 5,
+                           .want_logprob = true};
+    wrk_sample_result r = run(l, g);
+    assert_int_equal(r.token, best);
+    assert_int_equal(r.n_top, 4); /* only the allowed ones are reported */
+    double z = 0;
+    for (int k = 0; k < 4; k++)
+        z += exp((double)l[allowed[k]]);
+    assert_true(fabs(r.logprob - (l[best] - log(z))) < 1e-4);
+    int seen[V] = {0};
+    for (int i = 0; i < 400; i++) {
+        wrk_sample_params t = {.temperature = 1.5f, .top_p = 0.9f, .seed = 11,
+                               .sample_index = (uint64_t)i, .allowed = mask,
+                               .n_allowed = sizeof(mask)};
+        int tok = run(l, t).token;
+        assert_true((mask[tok / 8] >> (tok % 8)) & 1);
+        seen[tok]++;
+    }
+    int distinct = 0;
+    for (int i = 0; i < V; i++)
+        distinct += seen[i] > 0;
+    assert_true(distinct >= 2);
+    /* A mask allowing every token changes nothing: same token, logprob and alternatives. */
+    uint8_t all[V / 8];
+    memset(all, 0xFF, sizeof(all));
+    for (int i = 0; i < 50; i++) {
+        wrk_sample_params a = {.temperature = 0.8f, .top_p = 0.95f, .seed = 2,
+                               .sample_index = (uint64_t)i, .top_logprobs = 3,
+                               .want_logprob = true};
+        wrk_sample_params b = a;
+        b.allowed = all;
+        b.n_allowed = sizeof(all);
+        wrk_sample_result x = run(l, a), y = run(l, b);
+        assert_memory_equal(&x, &y, sizeof(x));
+    }
+    /* A mask allowing nothing: WK_EINVAL, logits untouched. */
+    uint8_t none[V / 8] = {0};
+    float x[V];
+    memcpy(x, l, sizeof(x));
+    wrk_sample_params pn = {.allowed = none, .n_allowed = sizeof(none)};
+    wrk_sample_result out;
+    assert_int_equal(wrk_sample(x, V, &pn, &out), WK_EINVAL);
+    assert_memory_equal(x, l, sizeof(x));
+}
+
 int
 main(void)
 {
@@ -264,6 +324,7 @@ main(void)
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_penalties_and_top_logprobs),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_allowed_mask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,127 @@
+/*
+ * wkvm-bench-grammar: the cost of constrained tool calls on a real vocab.
+ * Loads a tokenizer (GGUF token list or a model directory), builds the vocab
+ * trie once, then times wk_gmatch_allowed() (one decode step's mask) in the
+ * states a call passes through: the start, a function name, inside a JSON
+ * string, inside a raw XML string, inside a number, between properties.
+ *
+ *   wkvm-bench-grammar VOCAB.gguf|MODEL_DIR [iterations]
+ *
+ * Prints one line per state: allowed tokens, median and max microseconds.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "wk_grammar.h"
+#include "wk_tok.h"
+
+static double
+now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int
+cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static const char TOOLS[] =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+    "\"days\":{\"type\":\"integer\"},\"unit\":{\"enum\":[\"c\",\"f\"]}},"
+    "\"required\":[\"city\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":"
+    "{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"}}}}}]";
+
+int
+main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s VOCAB.gguf|MODEL_DIR [iterations]\n", argv[0]);
+        return 2;
+    }
+    int iters = argc > 2 ? atoi(argv[2]) : 20;
+    if (iters < 1)
+        iters = 1;
+    wk_tok *tok = NULL;
+    wk_diag d = {{0}};
+    size_t al = strlen(argv[1]);
+    wk_err err = al > 5 && strcmp(argv[1] + al - 5, ".gguf") == 0
+                     ? wk_tok_load_gguf(argv[1], &tok, &d)
+                     : wk_tok_load_dir(argv[1], NULL, &tok, &d);
+    if (err != WK_OK) {
+        fprintf(stderr, "tokenizer: %s\n", d.msg);
+        return 1;
+    }
+    uint32_t n = wk_tok_vocab_size(tok);
+    const uint8_t **p = calloc(n, sizeof(*p));
+    size_t *len = calloc(n, sizeof(*len));
+    uint64_t *mask = calloc((n + 63) / 64, sizeof(*mask));
+    double *t = calloc((size_t)iters, sizeof(*t));
+    if (p == NULL || len == NULL || mask == NULL || t == NULL)
+        return 1;
+    for (uint32_t i = 0; i < n; i++)
+        p[i] = wk_tok_piece(tok, (int32_t)i, &len[i]);
+    double t0 = now_us();
+    wk_gvocab *v = NULL;
+    if (wk_gvocab_new(p, len, n, wk_tok_eos(tok), &v) != WK_OK)
+        return 1;
+    printf("vocab %u tokens, trie built in %.1f ms\n", n, (now_us() - t0) / 1e3);
+    static const struct {
+        wk_toolcall_fmt fmt;
+        const char *name;
+        const char *prefix;
+    } states[] = {
+        {WK_TOOLCALL_FMT_XML, "xml start", ""},
+        {WK_TOOLCALL_FMT_XML, "xml function name", "<tool_call>\n<function="},
+        {WK_TOOLCALL_FMT_XML, "xml raw string value", "<tool_call>\n<function=get_weather>\n"
+                                                 "<parameter=city>\nPar"},
+        {WK_TOOLCALL_FMT_XML, "xml integer value", "<tool_call>\n<function=get_weather>\n"
+                                              "<parameter=days>\n1"},
+        {WK_TOOLCALL_FMT_HERMES, "json start", ""},
+        {WK_TOOLCALL_FMT_HERMES, "json between properties", "<tool_call>\n{\"name\": \"get_weather\", "
+                                                     "\"arguments\": {\"days\": 3"},
+        {WK_TOOLCALL_FMT_HERMES, "json string value", "<tool_call>\n{\"name\": \"get_weather\", "
+                                               "\"arguments\": {\"city\": \"Par"},
+        {WK_TOOLCALL_FMT_HERMES, "json key", "<tool_call>\n{\"name\": \"get_weather\", "
+                                      "\"arguments\": {\""},
+    };
+    printf("%-26s %9s %10s %10s\n", "state", "allowed", "median_us", "max_us");
+    for (size_t s = 0; s < sizeof(states) / sizeof(states[0]); s++) {
+        wk_grammar_spec sp = {.format = states[s].fmt, .tools = TOOLS, .tools_len = strlen(TOOLS)};
+        wk_grammar *g = NULL;
+        if (wk_grammar_compile(&sp, &g, &d) != WK_OK) {
+            fprintf(stderr, "compile: %s\n", d.msg);
+            return 1;
+        }
+        wk_gmatch *m = wk_gmatch_new(g);
+        if (!wk_gmatch_advance(m, (const uint8_t *)states[s].prefix, strlen(states[s].prefix))) {
+            fprintf(stderr, "%s: prefix refused\n", states[s].name);
+            return 1;
+        }
+        size_t allowed = 0;
+        for (int i = 0; i < iters; i++) {
+            double a = now_us();
+            allowed = wk_gmatch_allowed(m, v, mask);
+            t[i] = now_us() - a;
+        }
+        qsort(t, (size_t)iters, sizeof(*t), cmp_d);
+        printf("%-26s %9zu %10.0f %10.0f\n", states[s].name, allowed, t[iters / 2], t[iters - 1]);
+        wk_gmatch_free(m);
+        wk_grammar_free(g);
+    }
+    wk_gvocab_free(v);
+    wk_tok_free(tok);
+    free(p);
+    free(len);
+    free(mask);
+    free(t);
+    return 0;
+}
