@@ -23,6 +23,7 @@ struct wk_chat_tpl {
     bool think;         /* a template source names the think markers ("</think>") */
     wk_toolcall_fmt tc_fmt; /* the tool-call format its sources render (the first known) */
     bool tc_object_args;    /* a source iterates a call's arguments as a mapping */
+    bool effort;            /* a source reads the reasoning_effort variable */
 };
 
 static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "pad_token", NULL};
@@ -50,6 +51,7 @@ tpl_scan(wk_chat_tpl *t, const char *src, size_t len)
     z[len] = '\0';
     if (t->tc_fmt == WK_TOOLCALL_FMT_NONE)
         t->tc_fmt = wk_toolcall_fmt_detect(z);
+    t->effort |= strstr(z, "reasoning_effort") != NULL;
     t->tc_object_args |= wk_toolcall_tpl_object_args(z);
     free(z);
 }
@@ -346,6 +348,12 @@ const char *
 wk_chat_tpl_source(const wk_chat_tpl *t)
 {
     return t != NULL && t->source != NULL ? t->source : "";
+}
+
+bool
+wk_chat_tpl_reads_effort(const wk_chat_tpl *t)
+{
+    return t != NULL && t->effort;
 }
 
 const char *

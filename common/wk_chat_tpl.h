@@ -95,6 +95,12 @@ const char *wk_chat_tpl_special(const wk_chat_tpl *t, const char *name);
 bool wk_chat_tpl_thinks(const wk_chat_tpl *t);
 
 /*
+ * True when a template source of t names the reasoning_effort variable
+ * (gpt-oss-style templates): a request's reasoning_effort is passed to it.
+ */
+bool wk_chat_tpl_reads_effort(const wk_chat_tpl *t);
+
+/*
  * The tool-call format t's sources render assistant tool_calls in
  * (wk_toolcall_fmt_detect() of each source, the first one known; NONE for a
  * NULL t): how the reply of a request with tools is parsed.

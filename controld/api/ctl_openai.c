@@ -318,11 +318,14 @@ ctl_openai_check_fields(ctl_http_req *req, json_t *body, const char *const *know
  * OpenAI's chat fields about its platform rather than the generation:
  * store (only false: wkvm keeps no completions to list), metadata (tags for
  * stored completions: validated, nothing to tag), service_tier ("auto" or
- * "default": there is one tier) and reasoning_effort (refused: the models do
- * not reason). Sends the error and returns false.
+ * "default": there is one tier) and reasoning_effort (one of OpenAI's
+ * levels, for a model whose chat template reads a reasoning_effort variable:
+ * ctl_openai_parse_templated passes it on; refused for any other model, as
+ * OpenAI refuses it for models that do not reason). Sends the error and
+ * returns false.
  */
 static bool
-ctl_openai_parse_platform(ctl_http_req *req, json_t *body)
+ctl_openai_parse_platform(ctl_http_req *req, ctl_app *app, json_t *body)
 {
     json_t *v = json_object_get(body, "store");
     if (v != NULL && !json_is_null(v) && !json_is_false(v)) {
@@ -353,9 +356,23 @@ ctl_openai_parse_platform(ctl_http_req *req, json_t *body)
     }
     v = json_object_get(body, "reasoning_effort");
     if (v != NULL && !json_is_null(v)) {
-        ctl_openai_fail(req, WK_EINVAL, "reasoning_effort",
-                        "'reasoning_effort' is not supported: wkvm's models do not reason");
-        return false;
+        static const char *const levels[] = {"none", "minimal", "low", "medium", "high"};
+        bool known = false;
+        for (size_t i = 0; i < sizeof(levels) / sizeof(levels[0]) && json_is_string(v); i++)
+            known = known || strcmp(json_string_value(v), levels[i]) == 0;
+        if (!known) {
+            ctl_openai_fail(req, WK_EINVAL, "reasoning_effort",
+                            "'reasoning_effort' must be \"none\", \"minimal\", \"low\", "
+                            "\"medium\" or \"high\"");
+            return false;
+        }
+        if (!wk_chat_tpl_reads_effort(app->chat_tpl)) {
+            ctl_openai_fail(req, WK_EINVAL, "reasoning_effort",
+                            "'reasoning_effort' is not supported by this model: its chat "
+                            "template has no reasoning_effort (a template's own switch, e.g. "
+                            "enable_thinking, goes in chat_template_kwargs)");
+            return false;
+        }
     }
     return true;
 }
@@ -999,6 +1016,20 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
                         "'chat_template_kwargs' must be an object");
         return false;
     }
+    /* reasoning_effort (checked by ctl_openai_parse_platform) is a template variable too */
+    json_t *effort = json_object_get(body, "reasoning_effort");
+    json_t *kw_own = NULL;
+    if (json_is_string(effort) &&
+        (!json_is_object(kw) || json_object_get(kw, "reasoning_effort") == NULL)) {
+        kw_own = json_is_object(kw) ? json_copy(kw) : json_object();
+        if (kw_own == NULL ||
+            json_object_set(kw_own, "reasoning_effort", effort) != 0) {
+            json_decref(kw_own);
+            ctl_openai_fail(req, WK_ENOMEM, NULL, "out of memory");
+            return false;
+        }
+        kw = kw_own;
+    }
     json_t *msgs = json_deep_copy(json_object_get(body, "messages"));
     wk_diag d = {{0}};
     size_t bad_msg = 0, bad_call = 0;
@@ -1010,6 +1041,7 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
                  bad_msg, bad_call);
         ctl_openai_fail(req, pe, pe == WK_EINVAL ? param : NULL, "%s", d.msg);
         json_decref(msgs);
+        json_decref(kw_own);
         return false;
     }
     char *prompt = NULL;
@@ -1019,6 +1051,7 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
                                                         json_is_object(kw) ? kw : NULL, NULL,
                                                         &prompt, &plen, &d);
     json_decref(msgs);
+    json_decref(kw_own);
     if (err != WK_OK) {
         bool kw_bad = strncmp(d.msg, "chat_template_kwargs", 20) == 0;
         ctl_openai_fail(req, err == WK_ENOMEM ? WK_ENOMEM : WK_EINVAL,
@@ -1999,7 +2032,7 @@ ctl_openai_chat(ctl_http_req *req, void *arg)
     if (ctl_openai_check_fields(req, body, ctl_openai_chat_fields,
                                 sizeof(ctl_openai_chat_fields) /
                                     sizeof(ctl_openai_chat_fields[0])) &&
-        ctl_openai_parse_platform(req, body) && ctl_openai_parse_common(req, app, body, &r) &&
+        ctl_openai_parse_platform(req, app, body) && ctl_openai_parse_common(req, app, body, &r) &&
         ctl_openai_parse_chat_logprobs(req, body, &r) &&
         ctl_openai_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
         ctl_openai_generate(req, app, &r);

@@ -56,7 +56,8 @@ TEMPLATE = r"""{%- for message in messages -%}
 {%- endif -%}
 """
 OVERRIDE = "{%- for m in messages -%}{{ '<|im_start|>' + m.role + ':' + m.content + '<|im_end|>' }}" \
-           "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant:' }}{%- endif -%}"
+           "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant:' }}{%- endif -%}" \
+           "{%- if reasoning_effort is defined -%}{{ '[' + reasoning_effort + ']' }}{%- endif -%}"
 
 CLIENT_SCRIPT = r'''
 import json
@@ -304,6 +305,23 @@ def override_check(model, tmp):
         ids = r.json()["prompt_token_ids"]
         assert ids[0] == 508 and ids.count(508) == want.count("<|im_start|>") == 2, (ids, want)
         assert want == "<|im_start|>user:hi<|im_end|><|im_start|>assistant:", want
+        # reasoning_effort reaches a template that reads it (chat_template_kwargs wins)
+        dec = decoder(model)
+        for extra, tail in (({"reasoning_effort": "high"}, "assistant:[high]"),
+                            ({"reasoning_effort": "low",
+                              "chat_template_kwargs": {"reasoning_effort": "medium"}},
+                             "assistant:[medium]")):
+            r = http("POST", s.url + "/v1/chat/completions",
+                     body=dict({"model": MID, "messages": msgs, "max_tokens": 2,
+                                "temperature": 0, "return_token_ids": True}, **extra),
+                     timeout=120)
+            assert r.status == 200, r.body
+            got = dec(r.json()["prompt_token_ids"])
+            assert got.endswith(tail), (got, tail)
+        r = http("POST", s.url + "/v1/chat/completions",
+                 body={"model": MID, "messages": msgs, "max_tokens": 2,
+                       "reasoning_effort": "extreme"}, timeout=120)
+        assert r.status == 400 and r.json()["error"]["param"] == "reasoning_effort", r.body
 
 
 JINJA2_SCRIPT = r"""
