@@ -55,6 +55,9 @@ typedef struct ctl_gen_params {
 typedef wk_err (*ctl_gen_sink_fn)(void *arg, const char *text, size_t len,
                                   const ctl_gen_token *toks, size_t n_toks);
 
+/* Called after a batch of sink calls (all a wake-up found): write it out. May be NULL. */
+typedef wk_err (*ctl_gen_flush_fn)(void *arg);
+
 typedef struct ctl_gen_result {
     char *text;                 /* all emitted text, NUL-terminated, caller frees */
     size_t text_len;            /* bytes */
@@ -86,8 +89,8 @@ WK_MUST_CHECK wk_err ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int3
 
 /* Like ctl_gen_run() for a job from ctl_gen_submit(); always consumes job. */
 WK_MUST_CHECK wk_err ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p,
-                                     ctl_gen_sink_fn sink, void *sink_arg, ctl_gen_result *res,
-                                     wk_diag *d);
+                                     ctl_gen_sink_fn sink, ctl_gen_flush_fn flush,
+                                     void *sink_arg, ctl_gen_result *res, wk_diag *d);
 
 /* Frees what a result owns. NULL-safe. */
 void ctl_gen_result_fini(ctl_gen_result *res);
