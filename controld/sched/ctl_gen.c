@@ -2,7 +2,9 @@
  * ctl_gen: the token loop. Keeps the not-yet-emitted tail of the text (at
  * most the longest stop string minus one byte, plus an incomplete UTF-8
  * character inside the token stream), so that what is emitted never has to
- * be taken back.
+ * be taken back. The per-token work is the job's token hook
+ * (ctl_gen_on_token, run by the step loop); the caller's thread only
+ * delivers what the hook published (ctl_gen_deliver).
  */
 #include "ctl_gen.h"
 
