@@ -232,6 +232,7 @@ ctl_job_post(ctl_job *j, const ctl_job_event *ev)
     j->evq[(j->ev_head + j->ev_len) % CTL_JOB_EVQ] = *ev;
     j->ev_len++;
     bool wake = j->sleeping;
+    j->sleeping = false; /* (woken once: later posts need not signal again) */
     pthread_mutex_unlock(&j->mu);
     /* One consumer: never a broadcast; after the unlock, so that it does not wake into
      * a held mutex (j cannot go away: freeing it takes s->mu, held here). */
@@ -1503,12 +1504,13 @@ ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev)
     if (j->ev_len == 0 && !j->data) {
         struct timespec until;
         wk_deadline_after_ms(&until, timeout_ms);
-        j->sleeping = true;
         while (j->ev_len == 0 && !j->data) {
-            if (pthread_cond_timedwait(&j->cv, &j->mu, &until) == ETIMEDOUT)
+            j->sleeping = true; /* (a producer that signals clears it) */
+            int rc = pthread_cond_timedwait(&j->cv, &j->mu, &until);
+            j->sleeping = false;
+            if (rc == ETIMEDOUT)
                 break;
         }
-        j->sleeping = false;
     }
     wk_err err = WK_ETIMEDOUT;
     if (j->data) {
@@ -1549,6 +1551,7 @@ ctl_job_unlock(ctl_job *j, bool publish)
     if (publish) {
         j->data = true;
         wake = j->sleeping;
+        j->sleeping = false; /* woken once, not once per publication */
     }
     if (wake && ctl_sched_in_decide) {
         j->wake_pending = true; /* (ctl_sched_decide signals after the step's hooks) */
