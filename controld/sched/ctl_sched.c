@@ -8,7 +8,7 @@
  *
  * The token path does not go through s->mu on the consumer's side: each job
  * has its own mutex (j->mu) guarding its event queue and what its token hook
- * publishes, and its own condition variable, signalled (never broadcast)
+ * publishes, and its own wake-up (a semaphore), posted (never a broadcast)
  * only when the consumer sleeps on it. Lock order: s->mu, then j->mu. A step
  * with hooked rows is applied in three parts: under s->mu the rows are
  * accounted and the sampled ones marked `deciding` (still in flight, so no
@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,9 +96,15 @@ struct ctl_job {
     unsigned ev_head;           /* next event to read */
     unsigned ev_len;            /* events queued */
     bool data;                  /* the hook published since the consumer last looked */
-    bool sleeping;              /* the consumer waits on cv */
-    bool wake_pending;          /* the step loop signals cv once its step's hooks ran */
-    pthread_cond_t cv;          /* consumer wake-up (signalled only when sleeping) */
+    bool sleeping;              /* the consumer waits on wake */
+    bool wake_pending;          /* the step loop posts wake once its step's hooks ran */
+    /*
+     * Consumer wake-up, posted only when it sleeps (at most once a sleep).
+     * A semaphore, not a condition variable: waking from a condition
+     * variable retakes its mutex as contended, one more futex call per
+     * token on unlock; the consumer sleeps here with j->mu released.
+     */
+    sem_t wake;
     struct ctl_job *next;       /* list link (s->jobs) */
 };
 
@@ -215,7 +222,7 @@ ctl_job_settle_pages(ctl_sched *s, ctl_job *j)
 static void
 ctl_job_sync_fini(ctl_job *j)
 {
-    pthread_cond_destroy(&j->cv);
+    sem_destroy(&j->wake);
     pthread_mutex_destroy(&j->mu);
 }
 
@@ -237,7 +244,7 @@ ctl_job_post(ctl_job *j, const ctl_job_event *ev)
     /* One consumer: never a broadcast; after the unlock, so that it does not wake into
      * a held mutex (j cannot go away: freeing it takes s->mu, held here). */
     if (wake)
-        pthread_cond_signal(&j->cv);
+        sem_post(&j->wake);
 }
 
 /* Releases the job's slot unless kept or held. Caller holds mu. */
@@ -740,7 +747,7 @@ ctl_sched_decide(ctl_sched *s, ctl_step_row *rows, size_t n)
         ctl_job *j = rows[i].job;
         if (rows[i].decide && j->wake_pending) {
             j->wake_pending = false;
-            pthread_cond_signal(&j->cv);
+            sem_post(&j->wake);
         }
     }
     pthread_mutex_lock(&s->mu);
@@ -1365,7 +1372,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     j->sample_index = spec->sample_index;
     j->deadline_ms = spec->deadline_ms;
     j->submit_ms = wk_mono_ms();
-    pthread_cond_init(&j->cv, NULL);
+    sem_init(&j->wake, 0, 0);
     pthread_mutex_init(&j->mu, NULL);
     atomic_init(&j->throttled, false);
     if (spec->worker != NULL)
@@ -1505,11 +1512,22 @@ ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev)
         struct timespec until;
         wk_deadline_after_ms(&until, timeout_ms);
         while (j->ev_len == 0 && !j->data) {
-            j->sleeping = true; /* (a producer that signals clears it) */
-            int rc = pthread_cond_timedwait(&j->cv, &j->mu, &until);
+            /*
+             * Sleeping is set under j->mu; a producer that sees it clears it
+             * and posts once, after its unlock. A post that comes after a
+             * timeout stays in the semaphore: the next wait returns at once
+             * and finds nothing, harmless.
+             */
+            j->sleeping = true;
+            pthread_mutex_unlock(&j->mu);
+            int rc;
+            do
+                rc = sem_timedwait(&j->wake, &until);
+            while (rc != 0 && errno == EINTR);
+            pthread_mutex_lock(&j->mu);
             j->sleeping = false;
-            if (rc == ETIMEDOUT)
-                break;
+            if (rc != 0)
+                break; /* (ETIMEDOUT) */
         }
     }
     wk_err err = WK_ETIMEDOUT;
@@ -1559,7 +1577,7 @@ ctl_job_unlock(ctl_job *j, bool publish)
     }
     pthread_mutex_unlock(&j->mu);
     if (wake)
-        pthread_cond_signal(&j->cv);
+        sem_post(&j->wake);
 }
 
 void
