@@ -404,7 +404,7 @@ ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
                                       .left = j->n_input > from ? j->n_input - from : 0,
                                       .seq = j->seq};
     }
-    if (m > 1) /* (s->rank is NULL before the first job: qsort's argument must not be) */
+    if (m > 1) /* (s->rank is NULL until a job exists: qsort must not see it) */
         qsort(s->rank, m, sizeof(*s->rank), ctl_job_rank_cmp);
     *out = s->rank;
     return m;
