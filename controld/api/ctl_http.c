@@ -40,6 +40,11 @@ struct ctl_http_req {
     int status;                           /* status sent, 0 = none yet */
     const char *user;                     /* authenticated user */
     bool admin;                           /* admin rights */
+    char *wbuf;                           /* SSE bytes not yet written, owned */
+    size_t wlen;                          /* bytes in wbuf */
+    size_t wcap;                          /* allocated */
+    bool corked;                          /* SSE events wait for ctl_http_flush() */
+    bool broken;                          /* a write failed: the client is gone */
 };
 
 bool
@@ -290,24 +295,90 @@ ctl_http_sse_begin(ctl_http_req *req)
                          "X-Accel-Buffering: no\r\n\r\n");
 }
 
+/* Appends n bytes to the request's write buffer. */
+static wk_err
+ctl_http_wbuf_put(ctl_http_req *req, const char *p, size_t n)
+{
+    if (req->wlen + n > req->wcap) {
+        size_t cap = req->wcap ? req->wcap : 4096;
+        while (cap < req->wlen + n)
+            cap *= 2;
+        char *np = realloc(req->wbuf, cap);
+        if (np == NULL)
+            return WK_ENOMEM;
+        req->wbuf = np;
+        req->wcap = cap;
+    }
+    memcpy(req->wbuf + req->wlen, p, n);
+    req->wlen += n;
+    return WK_OK;
+}
+
+wk_err
+ctl_http_flush(ctl_http_req *req)
+{
+    if (req->broken) {
+        req->wlen = 0;
+        return WK_EIO;
+    }
+    if (req->wlen == 0)
+        return WK_OK;
+    /* one write (one send() with tcp_nodelay) for everything buffered */
+    int wr = mg_write(req->conn, req->wbuf, req->wlen);
+    req->wlen = 0;
+    if (wr <= 0) {
+        req->broken = true;
+        return WK_EIO;
+    }
+    return WK_OK;
+}
+
+void
+ctl_http_cork(ctl_http_req *req, bool on)
+{
+    req->corked = on;
+    if (!on) {
+        wk_err err = ctl_http_flush(req);
+        (void)err; /* (a failure shows at the next write: broken) */
+    }
+}
+
+/* Buffers one event ("event: <event>\n" when event is set, then the data line). */
+static wk_err
+ctl_http_sse_put(ctl_http_req *req, const char *event, const char *payload)
+{
+    if (req->broken)
+        return WK_EIO;
+    size_t n = strlen(payload);
+    wk_err err = WK_OK;
+    if (event != NULL) {
+        err = ctl_http_wbuf_put(req, "event: ", 7);
+        if (err == WK_OK)
+            err = ctl_http_wbuf_put(req, event, strlen(event));
+        if (err == WK_OK)
+            err = ctl_http_wbuf_put(req, "\n", 1);
+    }
+    if (err == WK_OK)
+        err = ctl_http_wbuf_put(req, "data: ", 6);
+    if (err == WK_OK)
+        err = ctl_http_wbuf_put(req, payload, n);
+    if (err == WK_OK)
+        err = ctl_http_wbuf_put(req, "\n\n", 2);
+    if (err != WK_OK)
+        return err;
+    return req->corked ? WK_OK : ctl_http_flush(req);
+}
+
 wk_err
 ctl_http_sse_data(ctl_http_req *req, const char *payload)
 {
-    size_t n = strlen(payload);
-    if (mg_write(req->conn, "data: ", 6) <= 0 || (n && mg_write(req->conn, payload, n) <= 0) ||
-        mg_write(req->conn, "\n\n", 2) <= 0)
-        return WK_EIO;
-    return WK_OK;
+    return ctl_http_sse_put(req, NULL, payload);
 }
 
 wk_err
 ctl_http_sse_event(ctl_http_req *req, const char *event, const char *payload)
 {
-    size_t n = strlen(event);
-    if (mg_write(req->conn, "event: ", 7) <= 0 || (n && mg_write(req->conn, event, n) <= 0) ||
-        mg_write(req->conn, "\n", 1) <= 0)
-        return WK_EIO;
-    return ctl_http_sse_data(req, payload);
+    return ctl_http_sse_put(req, event, payload);
 }
 
 static const ctl_http_route *
@@ -383,6 +454,7 @@ ctl_http_dispatch(struct mg_connection *conn, void *cbdata)
     wk_log_debug("%s %s status=%d seconds=%.6f", req.ri->request_method, path, req.status,
                  secs);
     free(req.body);
+    free(req.wbuf);
     return req.status;
 }
 

@@ -115,7 +115,10 @@ void ctl_http_send_error_status(ctl_http_req *req, int status, wk_err err, const
 /* Server-sent events: begin the stream (status 200, text/event-stream). */
 void ctl_http_sse_begin(ctl_http_req *req);
 
-/* Sends one "data: <payload>\n\n" event. WK_EIO when the client went away. */
+/*
+ * Sends one "data: <payload>\n\n" event (one write; buffered while corked).
+ * WK_EIO when the client went away.
+ */
 WK_MUST_CHECK wk_err ctl_http_sse_data(ctl_http_req *req, const char *payload);
 
 /*
@@ -125,6 +128,16 @@ WK_MUST_CHECK wk_err ctl_http_sse_data(ctl_http_req *req, const char *payload);
  */
 WK_MUST_CHECK wk_err ctl_http_sse_event(ctl_http_req *req, const char *event,
                                         const char *payload);
+
+/*
+ * Corked, SSE events are only buffered, and ctl_http_flush() writes all of
+ * them at once (a streamed reply writes what one wake-up found in one
+ * send()). Uncorking flushes.
+ */
+void ctl_http_cork(ctl_http_req *req, bool on);
+
+/* Writes the buffered events. WK_EIO when the client went away (then and after). */
+WK_MUST_CHECK wk_err ctl_http_flush(ctl_http_req *req);
 
 /*
  * True when the loopback-only rule allows binding host: every address it

@@ -1621,6 +1621,17 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
     return ctl_openai_send_delta(st, chunk, calls);
 }
 
+/* ctl_gen's flush: writes the chunks of one wake-up. */
+static wk_err
+ctl_openai_stream_flush(void *arg)
+{
+    ctl_openai_stream *st = arg;
+    wk_err err = ctl_http_flush(st->req);
+    if (err != WK_OK)
+        st->broken = true;
+    return err;
+}
+
 /* The request's route label: the HTTP route it came by ("/v1/chat/completions"). */
 static const char *
 ctl_openai_route(const ctl_openai_req *r)
@@ -1886,7 +1897,11 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
         ctl_job_free(job);
         err = WK_EIO;
     } else {
-        err = ctl_gen_run_job(job, app->tok, &r->gen, ctl_openai_stream_sink, &st, &res, &d);
+        /* What one wake-up finds (a slow client: several chunks) goes out in one write. */
+        ctl_http_cork(req, true);
+        err = ctl_gen_run_job(job, app->tok, &r->gen, ctl_openai_stream_sink,
+                              ctl_openai_stream_flush, &st, &res, &d);
+        ctl_http_cork(req, false);
     }
     if (err != WK_OK) {
         ctl_openai_count(app, route, st.broken ? "cancelled" : "error");

@@ -726,6 +726,16 @@ resp_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *t
     return c->broken ? WK_EIO : WK_OK;
 }
 
+/* ctl_gen's flush: writes the events of one wake-up. */
+static wk_err
+resp_stream_flush(void *arg)
+{
+    resp_call *c = arg;
+    if (ctl_http_flush(c->req) != WK_OK)
+        c->broken = true;
+    return c->broken ? WK_EIO : WK_OK;
+}
+
 /*
  * Completes the record after a generation: output, usage, the end state's
  * tokens, status; stores it when asked and counts.
@@ -863,7 +873,10 @@ resp_answer_stream(resp_call *c, bool free_slot)
         ctl_job_free(job);
         err = WK_EIO;
     } else {
-        err = ctl_gen_run_job(job, app->tok, &c->r.gen, resp_stream_sink, c, &res, &d);
+        ctl_http_cork(c->req, true); /* one write per wake-up */
+        err = ctl_gen_run_job(job, app->tok, &c->r.gen, resp_stream_sink, resp_stream_flush, c,
+                              &res, &d);
+        ctl_http_cork(c->req, false);
     }
     if (err != WK_OK) {
         resp_count(app, c->broken ? "cancelled" : "error");

@@ -2,7 +2,9 @@
  * ctl_gen: the token loop. Keeps the not-yet-emitted tail of the text (at
  * most the longest stop string minus one byte, plus an incomplete UTF-8
  * character inside the token stream), so that what is emitted never has to
- * be taken back.
+ * be taken back. The per-token work is the job's token hook
+ * (ctl_gen_on_token, run by the step loop); the caller's thread only
+ * delivers what the hook published (ctl_gen_deliver).
  */
 #include "ctl_gen.h"
 
@@ -56,33 +58,94 @@ ctl_gen_result_fini(ctl_gen_result *res)
     memset(res, 0, sizeof(*res));
 }
 
+/* Tokens published and not yet taken by the consumer at which the job is throttled. */
+#define CTL_GEN_BACKLOG_MAX 64
+
+/* One sink call: the text and tokens published up to these ends. */
+typedef struct ctl_gen_mark {
+    size_t text_end;          /* end of its text in out */
+    size_t tok_end;           /* end of its tokens in tokens */
+} ctl_gen_mark;
+
+/*
+ * A generation's state. The producer part is used by one thread at a time:
+ * the step loop through the job's token hook, or the consumer for a TOKEN
+ * event that came before the hook was set. The published part is under the
+ * job's lock (ctl_job_lock): the producer appends, the consumer copies out.
+ */
 typedef struct ctl_gen_state {
-    ctl_gen_buf out;          /* emitted text */
+    /* producer */
+    const ctl_gen_params *p;  /* parameters (the consumer's, alive while the job is) */
+    wk_tok_stream ts;         /* detokenizer */
+    const wk_tok *tok;        /* its tokenizer: token pieces for a constrained row's matcher */
+    int32_t eos;              /* end-of-text id, < 0: none */
     ctl_gen_buf tail;         /* decoded, not yet emitted */
-    size_t tok_emitted;       /* tokens already handed to the sink */
-    ctl_gen_result *res;      /* result being built */
-    ctl_gen_sink_fn sink;     /* sink */
-    void *sink_arg;           /* sink argument */
+    size_t tok_emitted;       /* tokens already covered by a mark */
+    bool finished;            /* the last token was decided */
+    /* published (job lock) */
+    ctl_gen_buf out;          /* emitted text */
+    ctl_gen_token *tokens;    /* sampled tokens */
+    size_t n_tokens;          /* entries */
+    size_t tok_cap;           /* allocated */
+    const char *finish_reason; /* "length" or "stop" */
+    ctl_gen_mark *marks;      /* sink calls not yet taken */
+    size_t n_marks;           /* entries */
+    size_t marks_cap;         /* allocated */
+    size_t tok_taken;         /* tokens the consumer took */
+    wk_err err;               /* the producer failed (out of memory, tokenizer) */
+    char errmsg[sizeof(((wk_diag *)0)->msg)]; /* its message */
+    /* consumer */
+    ctl_gen_sink_fn sink;     /* sink, may be NULL */
+    ctl_gen_flush_fn flush;   /* flush after a batch of sink calls, may be NULL */
+    void *sink_arg;           /* their argument */
+    size_t text_sent;         /* text handed to the sink */
+    size_t tok_sent;          /* tokens handed to the sink */
+    ctl_gen_buf ctext;        /* copy of the text taken */
+    ctl_gen_token *ctoks;     /* copy of the tokens taken */
+    size_t ctoks_cap;         /* allocated */
+    ctl_gen_mark *cmarks;     /* copy of the marks taken */
+    size_t cmarks_cap;        /* allocated */
 } ctl_gen_state;
 
-/* Hands the first n bytes of the tail to the sink and the output. */
+/* Grows *arr (elements of size es) to hold need entries. */
 static wk_err
-ctl_gen_emit(ctl_gen_state *g, size_t n)
+ctl_gen_grow(void **arr, size_t *cap, size_t need, size_t es)
 {
-    size_t nt = g->res->n_tokens - g->tok_emitted;
-    if (n == 0 && nt == 0)
+    if (need <= *cap)
         return WK_OK;
-    wk_err err = WK_OK;
-    if (g->sink != NULL)
-        err = g->sink(g->sink_arg, g->tail.p ? g->tail.p : "", n,
-                      g->res->tokens + g->tok_emitted, nt);
-    if (err != WK_OK)
-        return err;
-    g->tok_emitted = g->res->n_tokens;
+    size_t ncap = *cap ? *cap : 16;
+    while (ncap < need)
+        ncap *= 2;
+    void *np = realloc(*arr, ncap * es);
+    if (np == NULL)
+        return WK_ENOMEM;
+    *arr = np;
+    *cap = ncap;
+    return WK_OK;
+}
+
+/*
+ * Publishes token t and the first n bytes of the tail as one sink call (the
+ * tokens since the last one ride along). Caller holds the job's lock.
+ */
+static wk_err
+ctl_gen_publish_locked(ctl_gen_state *g, const ctl_gen_token *t, size_t n, bool emit)
+{
+    if (t != NULL) {
+        if (ctl_gen_grow((void **)&g->tokens, &g->tok_cap, g->n_tokens + 1,
+                         sizeof(*g->tokens)) != WK_OK)
+            return WK_ENOMEM;
+        g->tokens[g->n_tokens++] = *t;
+    }
+    if (!emit || (n == 0 && g->n_tokens == g->tok_emitted))
+        return WK_OK;
+    if (ctl_gen_grow((void **)&g->marks, &g->marks_cap, g->n_marks + 1, sizeof(*g->marks)) !=
+            WK_OK ||
+        ctl_gen_buf_put(&g->out, g->tail.p ? g->tail.p : "", n) != WK_OK)
+        return WK_ENOMEM;
+    g->marks[g->n_marks++] = (ctl_gen_mark){.text_end = g->out.len, .tok_end = g->n_tokens};
+    g->tok_emitted = g->n_tokens;
     if (n > 0) {
-        err = ctl_gen_buf_put(&g->out, g->tail.p, n);
-        if (err != WK_OK)
-            return err;
         memmove(g->tail.p, g->tail.p + n, g->tail.len - n);
         g->tail.len -= n;
         g->tail.p[g->tail.len] = '\0';
@@ -118,6 +181,171 @@ ctl_gen_mask(const ctl_gen_params *p, uint8_t **out, size_t *n)
     *out = b;
     *n = last;
     return WK_OK;
+}
+
+/*
+ * The token hook: records the token, detokenizes it, scans for stop strings
+ * and decides (max_tokens, end of text, a stop string: stop). Publishes the
+ * text that can no longer be taken back for the consumer's sink.
+ */
+static ctl_job_decision
+ctl_gen_on_token(void *arg, ctl_job *job, const ctl_job_event *ev)
+{
+    ctl_gen_state *g = arg;
+    const ctl_gen_params *p = g->p;
+    if (g->finished || g->err != WK_OK)
+        return CTL_JOB_STOP;
+    ctl_gen_token t = {.id = ev->token, .logprob = ev->logprob, .n_top = ev->n_top};
+    memcpy(t.top_id, ev->top_token, sizeof(t.top_id));
+    memcpy(t.top_logprob, ev->top_logprob, sizeof(t.top_logprob));
+    size_t n_after = g->n_tokens + 1; /* (only this thread appends) */
+    bool stop = false;
+    wk_err err = WK_OK;
+    wk_diag d = {{0}};
+    const char *reason = NULL;
+    bool grammar_done = false;
+    uint8_t *mask = NULL;
+    size_t n_mask = 0;
+    if (p->match != NULL && !(ev->token == g->eos && g->eos >= 0)) {
+        /* The worker sampled from the mask, so the matcher takes it; if not, stop here. */
+        size_t pl = 0;
+        const uint8_t *pb = wk_tok_piece(g->tok, ev->token, &pl);
+        grammar_done = pb == NULL || !wk_gmatch_advance(p->match, pb, pl) ||
+                       wk_gmatch_done(p->match);
+        /* the next sample's allowed tokens; none (a vocab without the bytes it needs): stop */
+        if (!grammar_done && (err = ctl_gen_mask(p, &mask, &n_mask)) == WK_OK && n_mask == 0)
+            grammar_done = true;
+    }
+    if (ev->token == g->eos && g->eos >= 0 && (p->stop_on_eot || p->match != NULL)) {
+        reason = "stop";
+        stop = true;
+    } else if (err == WK_OK) {
+        char piece[WK_TOK_STREAM_OUT_MAX];
+        size_t plen = 0;
+        err = wk_tok_stream_push(&g->ts, ev->token, piece, sizeof(piece), &plen, &d);
+        if (err == WK_OK)
+            err = ctl_gen_buf_put(&g->tail, piece, plen);
+    }
+    if (grammar_done && !stop) {
+        reason = "stop";
+        stop = true;
+    }
+    bool at_max = n_after >= p->max_tokens;
+    if (err == WK_OK && (stop || at_max)) {
+        /* The last token: flush the held character, then scan once more. */
+        char fl[WK_TOK_STREAM_FLUSH_MAX];
+        size_t fn = wk_tok_stream_flush(&g->ts, fl);
+        err = ctl_gen_buf_put(&g->tail, fl, fn);
+    }
+    size_t emit_len = 0;
+    if (err == WK_OK) {
+        wk_chat_stop r = {.safe_len = g->tail.len};
+        if (!stop && p->n_stops > 0 && g->tail.len > 0)
+            wk_chat_stop_scan(g->tail.p, g->tail.len, p->stops, p->n_stops, &r);
+        if (r.found) {
+            reason = "stop";
+            stop = true;
+            emit_len = r.match_pos;
+        } else {
+            emit_len = stop || at_max ? g->tail.len : r.safe_len;
+        }
+    }
+    ctl_job_lock(job);
+    if (err == WK_OK)
+        err = ctl_gen_publish_locked(g, &t, emit_len, true);
+    else
+        (void)ctl_gen_publish_locked(g, &t, 0, false); /* (the token as the old loop kept it) */
+    if (err != WK_OK) {
+        g->err = err;
+        snprintf(g->errmsg, sizeof(g->errmsg), "%s",
+                 d.msg[0] ? d.msg : err == WK_ENOMEM ? "out of memory" : wk_strerror(err));
+    }
+    if (reason != NULL)
+        g->finish_reason = reason;
+    bool last = stop || at_max || err != WK_OK;
+    /* Without a sink the consumer only wants the end (DONE): no wake-ups, no throttling. */
+    bool streaming = g->sink != NULL;
+    if (streaming && !last && g->n_tokens - g->tok_taken >= CTL_GEN_BACKLOG_MAX)
+        ctl_job_throttle(job, true); /* a slow client: wait until it took them */
+    ctl_job_unlock(job, streaming);
+    if (err == WK_OK && !last && mask != NULL) /* (the job is the hook's until it returns) */
+        err = ctl_job_set_allowed(job, mask, n_mask);
+    free(mask);
+    if (err != WK_OK) {
+        if (g->err == WK_OK) {
+            g->err = err;
+            snprintf(g->errmsg, sizeof(g->errmsg), "out of memory");
+        }
+        return CTL_JOB_STOP;
+    }
+    if (last) {
+        g->finished = true;
+        return p->feed_stop ? CTL_JOB_STOP_FEED : CTL_JOB_STOP;
+    }
+    return CTL_JOB_CONTINUE;
+}
+
+/*
+ * Takes what the hook published (one short hold of the job's lock), hands
+ * it to the sink in the calls it was published as, then flushes once.
+ */
+static wk_err
+ctl_gen_deliver(ctl_gen_state *g, ctl_job *job)
+{
+    ctl_job_lock(job);
+    size_t nm = g->n_marks;
+    size_t text0 = g->text_sent, tok0 = g->tok_sent;
+    size_t text1 = nm ? g->marks[nm - 1].text_end : text0;
+    size_t tok1 = nm ? g->marks[nm - 1].tok_end : tok0;
+    wk_err err = WK_OK;
+    if (nm > 0 && g->sink != NULL) {
+        g->ctext.len = 0;
+        err = ctl_gen_buf_put(&g->ctext, g->out.p + text0, text1 - text0);
+        if (err == WK_OK)
+            err = ctl_gen_grow((void **)&g->ctoks, &g->ctoks_cap, tok1 - tok0 + 1,
+                               sizeof(*g->ctoks));
+        if (err == WK_OK)
+            err = ctl_gen_grow((void **)&g->cmarks, &g->cmarks_cap, nm, sizeof(*g->cmarks));
+        if (err == WK_OK) {
+            memcpy(g->ctoks, g->tokens + tok0, (tok1 - tok0) * sizeof(*g->ctoks));
+            memcpy(g->cmarks, g->marks, nm * sizeof(*g->cmarks));
+        }
+    }
+    if (err == WK_OK) {
+        g->n_marks = 0;
+        g->tok_taken = g->n_tokens;
+    }
+    ctl_job_unlock(job, false);
+    if (err != WK_OK)
+        return err;
+    ctl_job_throttle(job, false);
+    if (nm == 0)
+        return WK_OK;
+    g->text_sent = text1;
+    g->tok_sent = tok1;
+    if (g->sink == NULL)
+        return WK_OK;
+    size_t at_text = text0, at_tok = tok0;
+    for (size_t i = 0; i < nm && err == WK_OK; i++) {
+        const ctl_gen_mark *m = &g->cmarks[i];
+        err = g->sink(g->sink_arg, g->ctext.p + (at_text - text0), m->text_end - at_text,
+                      g->ctoks + (at_tok - tok0), m->tok_end - at_tok);
+        at_text = m->text_end;
+        at_tok = m->tok_end;
+    }
+    if (err == WK_OK && g->flush != NULL)
+        err = g->flush(g->sink_arg);
+    return err;
+}
+
+static void
+ctl_gen_state_fini(ctl_gen_state *g)
+{
+    free(g->tail.p);
+    free(g->marks);
+    free(g->ctext.p);
+    free(g->ctoks);
+    free(g->cmarks);
 }
 
 wk_err
@@ -168,30 +396,32 @@ ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
     wk_err err = ctl_gen_submit(sched, input, n, p, &job, d);
     if (err != WK_OK)
         return err;
-    return ctl_gen_run_job(job, tok, p, sink, sink_arg, res, d);
+    return ctl_gen_run_job(job, tok, p, sink, NULL, sink_arg, res, d);
 }
 
 wk_err
 ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_gen_sink_fn sink,
-                void *sink_arg, ctl_gen_result *res, wk_diag *d)
+                ctl_gen_flush_fn flush, void *sink_arg, ctl_gen_result *res, wk_diag *d)
 {
     memset(res, 0, sizeof(*res));
     wk_err err = WK_OK;
-    ctl_gen_state g = {.res = res, .sink = sink, .sink_arg = sink_arg};
-    /* Grown as tokens come: max_tokens is the client's, up to 11 MiB of records at 65536. */
-    size_t tok_cap = p->max_tokens < 64 ? p->max_tokens : 64;
-    res->tokens = calloc(tok_cap ? tok_cap : 1, sizeof(*res->tokens));
-    if (res->tokens == NULL) {
+    ctl_gen_state *g = calloc(1, sizeof(*g));
+    if (g == NULL) {
         ctl_job_free(job);
         return WK_ENOMEM;
     }
-    wk_tok_stream ts;
-    wk_tok_stream_init(&ts, tok);
+    g->p = p;
+    g->sink = sink;
+    g->flush = flush;
+    g->sink_arg = sink_arg;
+    g->finish_reason = "length";
+    g->err = WK_OK;
+    wk_tok_stream_init(&g->ts, tok);
+    g->tok = tok;
     /* The tokenizer's end-of-text id; < 0: none, never stop on it. */
-    const int32_t eos = tok != NULL ? wk_tok_eos(tok) : WK_TOK_EOT;
-    char piece[WK_TOK_STREAM_OUT_MAX];
-    bool finished = false;
-    res->finish_reason = "length";
+    g->eos = tok != NULL ? wk_tok_eos(tok) : WK_TOK_EOT;
+    /* From here the step loop decides this job's tokens (ctl_gen_on_token). */
+    ctl_job_set_on_token(job, ctl_gen_on_token, g);
     while (err == WK_OK) {
         ctl_job_event ev;
         /*
@@ -211,105 +441,28 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
                 err = wk_diag_set(d, WK_ETIMEDOUT, "request timed out");
             continue;
         }
-        if (ev.type == CTL_JOB_EV_ERROR) {
-            err = wk_diag_set(d, ev.err, "%s", ev.message);
-            break;
-        }
-        if (ev.type == CTL_JOB_EV_DONE)
-            break;
-        /* A sampled token. */
-        if (finished) {
-            ctl_job_stop(job, false);
+        if (ev.type == CTL_JOB_EV_DATA) {
+            err = ctl_gen_deliver(g, job);
             continue;
         }
-        if (res->n_tokens == tok_cap) {
-            size_t ncap = tok_cap * 2 < p->max_tokens ? tok_cap * 2 : p->max_tokens;
-            ctl_gen_token *nt = realloc(res->tokens, ncap * sizeof(*nt));
-            if (nt == NULL) {
-                err = wk_diag_set(d, WK_ENOMEM, "out of memory");
-                break;
-            }
-            res->tokens = nt;
-            tok_cap = ncap;
-        }
-        ctl_gen_token *t = &res->tokens[res->n_tokens++];
-        t->id = ev.token;
-        t->logprob = ev.logprob;
-        t->n_top = ev.n_top;
-        memcpy(t->top_id, ev.top_token, sizeof(t->top_id));
-        memcpy(t->top_logprob, ev.top_logprob, sizeof(t->top_logprob));
-        bool stop = false;
-        bool grammar_done = false;
-        if (p->match != NULL && !(ev.token == eos && eos >= 0)) {
-            /* The worker sampled from the mask, so the matcher takes it; if not, stop here. */
-            size_t plen = 0;
-            const uint8_t *pb = wk_tok_piece(tok, ev.token, &plen);
-            if (pb == NULL || !wk_gmatch_advance(p->match, pb, plen))
-                grammar_done = true;
+        if (ev.type == CTL_JOB_EV_TOKEN) {
+            /* A token sampled before the hook was set: decide it here, as the hook would. */
+            ctl_job_decision dec = ctl_gen_on_token(g, job, &ev);
+            if (dec == CTL_JOB_CONTINUE)
+                ctl_job_continue(job);
             else
-                grammar_done = wk_gmatch_done(p->match);
+                ctl_job_stop(job, dec == CTL_JOB_STOP_FEED);
+            continue;
         }
-        if (ev.token == eos && eos >= 0 && (p->stop_on_eot || p->match != NULL)) {
-            res->finish_reason = "stop";
-            stop = true;
-        } else {
-            size_t plen = 0;
-            err = wk_tok_stream_push(&ts, ev.token, piece, sizeof(piece), &plen, d);
-            if (err == WK_OK)
-                err = ctl_gen_buf_put(&g.tail, piece, plen);
-            if (err != WK_OK)
-                break;
-        }
-        if (grammar_done && !stop) {
-            res->finish_reason = "stop";
-            stop = true;
-        }
-        bool at_max = res->n_tokens >= p->max_tokens;
-        if (stop || at_max) {
-            /* The last token: flush the held character, then scan once more. */
-            char fl[WK_TOK_STREAM_FLUSH_MAX];
-            size_t fn = wk_tok_stream_flush(&ts, fl);
-            if ((err = ctl_gen_buf_put(&g.tail, fl, fn)) != WK_OK)
-                break;
-        }
-        wk_chat_stop r = {.safe_len = g.tail.len};
-        if (!stop && p->n_stops > 0 && g.tail.len > 0)
-            wk_chat_stop_scan(g.tail.p, g.tail.len, p->stops, p->n_stops, &r);
-        if (r.found) {
-            res->finish_reason = "stop";
-            stop = true;
-            err = ctl_gen_emit(&g, r.match_pos);
-        } else if (stop || at_max) {
-            err = ctl_gen_emit(&g, g.tail.len);
-        } else {
-            err = ctl_gen_emit(&g, r.safe_len);
-        }
-        if (err != WK_OK)
-            break;
-        if (!(stop || at_max) && p->match != NULL) {
-            uint8_t *mask = NULL;
-            size_t n_mask = 0;
-            err = ctl_gen_mask(p, &mask, &n_mask);
-            if (err == WK_OK && n_mask == 0) {
-                /* Nothing can follow (a vocab without the bytes the grammar needs): stop. */
-                res->finish_reason = "stop";
-                stop = true;
-            } else if (err == WK_OK) {
-                err = ctl_job_set_allowed(job, mask, n_mask);
-            }
-            free(mask);
-            if (err != WK_OK) {
-                wk_diag_set(d, err, "out of memory");
-                break;
-            }
-        }
-        if (stop || at_max) {
-            finished = true;
-            ctl_job_stop(job, p->feed_stop);
-        } else {
-            ctl_job_continue(job);
-        }
+        /* DONE or ERROR: what was published before it goes out first. */
+        err = ctl_gen_deliver(g, job);
+        if (err == WK_OK && ev.type == CTL_JOB_EV_ERROR)
+            err = wk_diag_set(d, ev.err, "%s", ev.message);
+        break;
     }
+    /* (a hook never runs after a DONE; after an error, ctl_job_free() waits for it) */
+    if (err == WK_OK && g->err != WK_OK)
+        err = wk_diag_set(d, g->err, "%s", g->errmsg);
     if (err == WK_OK && p->keep_slot) {
         err = ctl_job_keep_slot(job, &res->slot);
         if (err != WK_OK)
@@ -323,18 +476,19 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
     if (res->computed > n_in)
         res->computed = n_in;
     ctl_job_free(job);
+    res->tokens = g->tokens;
+    res->n_tokens = g->n_tokens;
+    res->finish_reason = g->finish_reason;
+    g->tokens = NULL;
+    if (err == WK_OK && g->out.p == NULL && ctl_gen_buf_put(&g->out, "", 0) != WK_OK)
+        err = WK_ENOMEM;
+    res->text = g->out.p;
+    res->text_len = g->out.len;
+    ctl_gen_state_fini(g);
+    free(g);
     if (err != WK_OK) {
-        free(g.out.p);
-        free(g.tail.p);
         ctl_gen_result_fini(res);
         return err;
     }
-    free(g.tail.p);
-    if (g.out.p == NULL && ctl_gen_buf_put(&g.out, "", 0) != WK_OK) {
-        ctl_gen_result_fini(res);
-        return WK_ENOMEM;
-    }
-    res->text = g.out.p;
-    res->text_len = g.out.len;
     return WK_OK;
 }

@@ -6,7 +6,11 @@
  * can no longer be part of a stop string, so streaming and blocking callers
  * see exactly the same bytes. Used by the OpenAI routes and the state API.
  *
- * Threading: runs on the calling (HTTP) thread; blocks until done.
+ * Threading: the caller (an HTTP thread) blocks until done. Each token is
+ * detokenized, checked and decided by a token hook that the worker's step
+ * loop runs (ctl_job_set_on_token); the caller only wakes to hand what was
+ * published to the sink (one call per token, as published) and flushes once
+ * per wake-up. The sink and flush run on the calling thread.
  */
 #ifndef CTL_GEN_H
 #define CTL_GEN_H
@@ -66,6 +70,9 @@ typedef struct ctl_gen_params {
 typedef wk_err (*ctl_gen_sink_fn)(void *arg, const char *text, size_t len,
                                   const ctl_gen_token *toks, size_t n_toks);
 
+/* Called after a batch of sink calls (all a wake-up found): write it out. May be NULL. */
+typedef wk_err (*ctl_gen_flush_fn)(void *arg);
+
 typedef struct ctl_gen_result {
     char *text;                 /* all emitted text, NUL-terminated, caller frees */
     size_t text_len;            /* bytes */
@@ -95,10 +102,14 @@ WK_MUST_CHECK wk_err ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int3
                                  size_t n, const ctl_gen_params *p, ctl_gen_sink_fn sink,
                                  void *sink_arg, ctl_gen_result *res, wk_diag *d);
 
-/* Like ctl_gen_run() for a job from ctl_gen_submit(); always consumes job. */
+/*
+ * Like ctl_gen_run() for a job from ctl_gen_submit(); always consumes job.
+ * flush (may be NULL) is called with sink_arg after the sink calls of one
+ * wake-up; an error from it cancels like the sink's.
+ */
 WK_MUST_CHECK wk_err ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p,
-                                     ctl_gen_sink_fn sink, void *sink_arg, ctl_gen_result *res,
-                                     wk_diag *d);
+                                     ctl_gen_sink_fn sink, ctl_gen_flush_fn flush,
+                                     void *sink_arg, ctl_gen_result *res, wk_diag *d);
 
 /* Frees what a result owns. NULL-safe. */
 void ctl_gen_result_fini(ctl_gen_result *res);

@@ -4,14 +4,25 @@
  * Locking: one mutex (s->mu) guards workers, slots, jobs and queues. Step
  * RPCs run with the mutex released; a job taking part in a step is marked
  * in_flight so that consumer calls (stop, free) only flag it, and the loop
- * finishes what they asked once the step returns. Each job has its own
- * condition variable for its consumer; s->cv wakes the step loops.
+ * finishes what they asked once the step returns. s->cv wakes the step loops.
+ *
+ * The token path does not go through s->mu on the consumer's side: each job
+ * has its own mutex (j->mu) guarding its event queue and what its token hook
+ * publishes, and its own wake-up (a semaphore), posted (never a broadcast)
+ * only when the consumer sleeps on it. Lock order: s->mu, then j->mu. A step
+ * with hooked rows is applied in three parts: under s->mu the rows are
+ * accounted and the sampled ones marked `deciding` (still in flight, so no
+ * one frees them); without s->mu the hooks run (detokenize, stop strings,
+ * publish under j->mu); under s->mu again the decisions are applied. The
+ * step loop then steps again at once: no per-token round trip through the
+ * consumer, and one s->cv broadcast per step, not per token.
  */
 #define WK_LOG_MODULE "sched"
 #include "ctl_sched.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,10 +88,25 @@ struct ctl_job {
     size_t next_ckpt;           /* first position not yet reached */
     bool load_pending;          /* admitted; the load hook has not run yet */
     bool in_hook;               /* a hook runs (the job is also marked in_flight) */
+    ctl_job_token_fn on_token;  /* token hook, NULL = the consumer decides (TOKEN events) */
+    void *on_token_arg;         /* its argument */
+    bool deciding;              /* the hook runs without s->mu (in_flight is kept) */
+    atomic_bool throttled;      /* the consumer is too far behind: left out of steps */
+    /* Under mu (the job's own lock; taken after s->mu, never before it): */
+    pthread_mutex_t mu;         /* the consumer's side */
     ctl_job_event evq[CTL_JOB_EVQ]; /* events for the consumer */
     unsigned ev_head;           /* next event to read */
     unsigned ev_len;            /* events queued */
-    pthread_cond_t cv;          /* consumer wake-up */
+    bool data;                  /* the hook published since the consumer last looked */
+    bool sleeping;              /* the consumer waits on wake */
+    bool wake_pending;          /* the step loop posts wake once its step's hooks ran */
+    /*
+     * Consumer wake-up, posted only when it sleeps (at most once a sleep).
+     * A semaphore, not a condition variable: waking from a condition
+     * variable retakes its mutex as contended, one more futex call per
+     * token on unlock; the consumer sleeps here with j->mu released.
+     */
+    sem_t wake;
     struct ctl_job *next;       /* list link (s->jobs) */
 };
 
@@ -195,10 +221,18 @@ ctl_job_settle_pages(ctl_sched *s, ctl_job *j)
     w->pages[k] = ctl_kv_pages(&w->geom, w->ctx[k]);
 }
 
-/* Caller holds mu. */
+static void
+ctl_job_sync_fini(ctl_job *j)
+{
+    sem_destroy(&j->wake);
+    pthread_mutex_destroy(&j->mu);
+}
+
+/* Caller holds s->mu (and not j->mu). */
 static void
 ctl_job_post(ctl_job *j, const ctl_job_event *ev)
 {
+    pthread_mutex_lock(&j->mu);
     if (j->ev_len == CTL_JOB_EVQ) {
         /* Cannot happen with at most one token outstanding; keep the newest final event. */
         j->ev_head = (j->ev_head + 1) % CTL_JOB_EVQ;
@@ -206,7 +240,13 @@ ctl_job_post(ctl_job *j, const ctl_job_event *ev)
     }
     j->evq[(j->ev_head + j->ev_len) % CTL_JOB_EVQ] = *ev;
     j->ev_len++;
-    pthread_cond_broadcast(&j->cv);
+    bool wake = j->sleeping;
+    j->sleeping = false; /* (woken once: later posts need not signal again) */
+    pthread_mutex_unlock(&j->mu);
+    /* One consumer: never a broadcast; after the unlock, so that it does not wake into
+     * a held mutex (j cannot go away: freeing it takes s->mu, held here). */
+    if (wake)
+        sem_post(&j->wake);
 }
 
 /* Releases the job's slot unless kept or held. Caller holds mu. */
@@ -271,7 +311,7 @@ ctl_job_destroy_locked(ctl_sched *s, ctl_job *j)
         s->n_waiting--;
     if (j->state != CTL_JOB_DONE || !j->kept)
         ctl_job_release_slot(s, j);
-    pthread_cond_destroy(&j->cv);
+    ctl_job_sync_fini(j);
     free(j->tokens);
     free(j->ckpt);
     free(j->allowed);
@@ -445,6 +485,9 @@ typedef struct ctl_step_row {
     ctl_job *job;  /* the job */
     size_t take;   /* tokens fed by this row */
     bool sample;   /* a token is sampled */
+    bool decide;   /* after the step: its token goes to the job's hook (ev) */
+    ctl_job_decision decision; /* what the hook decided */
+    ctl_job_event ev; /* the sampled token, for the hook */
 } ctl_step_row;
 
 /*
@@ -457,7 +500,8 @@ ctl_sched_pick_row_locked(ctl_sched *s, ctl_sworker *w, ctl_job *j, bool decode_
                           ctl_step_row *rows, size_t *n, uint32_t *budget, uint64_t now)
 {
     if ((j->state != CTL_JOB_RUNNING && j->state != CTL_JOB_STOPPING) || j->in_flight ||
-        j->migrating || j->load_pending || strcmp(j->slot.worker, w->id) != 0)
+        j->migrating || j->load_pending || strcmp(j->slot.worker, w->id) != 0 ||
+        atomic_load_explicit(&j->throttled, memory_order_relaxed))
         return;
     if (j->deadline_ms && now > j->deadline_ms) {
         ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out");
@@ -590,16 +634,23 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
     return err;
 }
 
-/* Applies a step's outcome. Caller holds mu. */
-static void
+/*
+ * Applies a step's outcome. Rows whose token goes to the job's hook are left
+ * in flight and marked decide (their jobs `deciding`); the caller runs the
+ * hooks without mu, then ctl_sched_decided_locked(). Returns true when there
+ * is such a row. Caller holds mu.
+ */
+static bool
 ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, wk_err err,
                        const wk_msg *rep, const char *errmsg)
 {
     uint64_t now = wk_mono_ms();
+    bool any_decide = false;
     for (size_t i = 0; i < n; i++) {
         ctl_job *j = rows[i].job;
         size_t take = j->in_flight;
         j->in_flight = 0;
+        rows[i].decide = false;
         if (err != WK_OK) {
             ctl_job_fail(s, j, err, errmsg);
         } else {
@@ -638,16 +689,89 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
                 j->sample_index++;
                 j->pending = rr->token;
                 j->state = CTL_JOB_PAUSED;
-                ctl_job_post(j, &ev);
+                if (j->on_token != NULL && !j->cancelled) {
+                    /* decided by the hook after mu is dropped; nobody frees j meanwhile */
+                    rows[i].decide = true;
+                    rows[i].ev = ev;
+                    j->in_flight = 1;
+                    j->deciding = true;
+                    any_decide = true;
+                } else {
+                    ctl_job_post(j, &ev);
+                }
             } else if (j->computed == j->n_tokens &&
                        (j->state == CTL_JOB_STOPPING || !j->sample)) {
                 ctl_job_done(s, j);
             }
         }
-        if (j->cancelled)
+        if (j->cancelled && !rows[i].decide)
             ctl_job_destroy_locked(s, j);
     }
     pthread_cond_broadcast(&s->cv);
+    return any_decide;
+}
+
+/* Carries out decision d on a job paused on a sampled token. Caller holds mu. */
+static void
+ctl_job_decide_locked(ctl_sched *s, ctl_job *j, ctl_job_decision d)
+{
+    if (j->state != CTL_JOB_PAUSED)
+        return;
+    if (d == CTL_JOB_CONTINUE) {
+        if (ctl_job_push_token(j, j->pending) != WK_OK)
+            ctl_job_fail(s, j, WK_ENOMEM, "out of memory");
+        else
+            j->state = CTL_JOB_RUNNING;
+    } else if (d == CTL_JOB_STOP_FEED && ctl_job_push_token(j, j->pending) == WK_OK) {
+        j->state = CTL_JOB_STOPPING;
+    } else {
+        ctl_job_done(s, j);
+    }
+}
+
+/*
+ * Runs the hooks of the rows ctl_sched_apply_locked() marked decide, with mu
+ * released, then applies their decisions. Caller holds mu; dropped and retaken.
+ */
+static _Thread_local bool ctl_sched_in_decide; /* this thread runs a step's hooks */
+
+static void
+ctl_sched_decide(ctl_sched *s, ctl_step_row *rows, size_t n)
+{
+    pthread_mutex_unlock(&s->mu);
+    ctl_sched_in_decide = true;
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].decide) {
+            ctl_job *j = rows[i].job;
+            rows[i].decision = j->on_token(j->on_token_arg, j, &rows[i].ev);
+        }
+    }
+    ctl_sched_in_decide = false;
+    /*
+     * The consumers that slept are woken only now, all hooks of the step
+     * done: a woken thread does not preempt the loop in the middle of the
+     * step (on few cores it would), and never wakes into a held lock.
+     */
+    for (size_t i = 0; i < n; i++) {
+        ctl_job *j = rows[i].job;
+        if (rows[i].decide && j->wake_pending) {
+            j->wake_pending = false;
+            sem_post(&j->wake);
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n; i++) {
+        if (!rows[i].decide)
+            continue;
+        ctl_job *j = rows[i].job;
+        j->in_flight = 0;
+        j->deciding = false;
+        if (j->cancelled)
+            ctl_job_destroy_locked(s, j);
+        else
+            ctl_job_decide_locked(s, j, rows[i].decision);
+    }
+    pthread_cond_broadcast(&s->cv); /* (ctl_job_free waits for deciding jobs) */
 }
 
 /*
@@ -810,8 +934,10 @@ ctl_sched_worker_main(void *arg)
             snprintf(d.msg, sizeof(d.msg), "worker %s left during the request", w->id);
         }
         pthread_mutex_lock(&s->mu);
-        ctl_sched_apply_locked(s, w, rows, n, err, rep, d.msg);
+        bool decide = ctl_sched_apply_locked(s, w, rows, n, err, rep, d.msg);
         wk_proto_free(rep);
+        if (decide)
+            ctl_sched_decide(s, rows, n);
         /*
          * The rows that just sampled wait for their consumers' decision
          * (continue or stop), which comes within microseconds. Stepping at
@@ -1265,7 +1391,9 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     }
     j->deadline_ms = spec->deadline_ms;
     j->submit_ms = wk_mono_ms();
-    pthread_cond_init(&j->cv, NULL);
+    sem_init(&j->wake, 0, 0);
+    pthread_mutex_init(&j->mu, NULL);
+    atomic_init(&j->throttled, false);
     if (spec->worker != NULL)
         snprintf(j->want_worker, sizeof(j->want_worker), "%s", spec->worker);
     else if (spec->prefer != NULL)
@@ -1289,7 +1417,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
         while (!bad && j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] == 0)
             j->next_ckpt++; /* position 0: nothing to copy */
         if (bad) {
-            pthread_cond_destroy(&j->cv);
+            ctl_job_sync_fini(j);
             free(j->tokens);
             free(j->ckpt);
     free(j->allowed);
@@ -1371,7 +1499,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     }
     if (err != WK_OK) {
         pthread_mutex_unlock(&s->mu);
-        pthread_cond_destroy(&j->cv);
+        ctl_job_sync_fini(j);
         free(j->tokens);
         free(j->ckpt);
     free(j->allowed);
@@ -1400,21 +1528,41 @@ ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev)
         snprintf(ev->message, sizeof(ev->message), "server shutting down");
         return WK_OK;
     }
-    struct timespec until;
-    wk_deadline_after_ms(&until, timeout_ms);
-    pthread_mutex_lock(&s->mu);
-    while (j->ev_len == 0) {
-        if (pthread_cond_timedwait(&j->cv, &s->mu, &until) == ETIMEDOUT)
-            break;
+    pthread_mutex_lock(&j->mu);
+    if (j->ev_len == 0 && !j->data) {
+        struct timespec until;
+        wk_deadline_after_ms(&until, timeout_ms);
+        while (j->ev_len == 0 && !j->data) {
+            /*
+             * Sleeping is set under j->mu; a producer that sees it clears it
+             * and posts once, after its unlock. A post that comes after a
+             * timeout stays in the semaphore: the next wait returns at once
+             * and finds nothing, harmless.
+             */
+            j->sleeping = true;
+            pthread_mutex_unlock(&j->mu);
+            int rc;
+            do
+                rc = sem_timedwait(&j->wake, &until);
+            while (rc != 0 && errno == EINTR);
+            pthread_mutex_lock(&j->mu);
+            j->sleeping = false;
+            if (rc != 0)
+                break; /* (ETIMEDOUT) */
+        }
     }
     wk_err err = WK_ETIMEDOUT;
-    if (j->ev_len > 0) {
+    if (j->data) {
+        j->data = false;
+        ev->type = CTL_JOB_EV_DATA;
+        err = WK_OK;
+    } else if (j->ev_len > 0) {
         *ev = j->evq[j->ev_head];
         j->ev_head = (j->ev_head + 1) % CTL_JOB_EVQ;
         j->ev_len--;
         err = WK_OK;
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&j->mu);
     return err;
 }
 
@@ -1440,19 +1588,67 @@ ctl_job_set_allowed(ctl_job *j, const uint8_t *mask, size_t n)
 }
 
 void
+ctl_job_set_on_token(ctl_job *j, ctl_job_token_fn fn, void *arg)
+{
+    if (j->s == NULL)
+        return;
+    pthread_mutex_lock(&j->s->mu);
+    j->on_token = fn;
+    j->on_token_arg = arg;
+    pthread_mutex_unlock(&j->s->mu);
+}
+
+void
+ctl_job_lock(ctl_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+}
+
+void
+ctl_job_unlock(ctl_job *j, bool publish)
+{
+    bool wake = false;
+    if (publish) {
+        j->data = true;
+        wake = j->sleeping;
+        j->sleeping = false; /* woken once, not once per publication */
+    }
+    if (wake && ctl_sched_in_decide) {
+        j->wake_pending = true; /* (ctl_sched_decide signals after the step's hooks) */
+        wake = false;
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (wake)
+        sem_post(&j->wake);
+}
+
+void
+ctl_job_throttle(ctl_job *j, bool on)
+{
+    if (on) {
+        atomic_store(&j->throttled, true);
+        return;
+    }
+    if (!atomic_load(&j->throttled) || j->s == NULL)
+        return;
+    /* (under s->mu: a step loop that found nothing to pick sleeps on s->cv) */
+    pthread_mutex_lock(&j->s->mu);
+    atomic_store(&j->throttled, false);
+    pthread_cond_broadcast(&j->s->cv);
+    pthread_mutex_unlock(&j->s->mu);
+}
+
+void
 ctl_job_continue(ctl_job *j)
 {
     ctl_sched *s = j->s;
     if (s == NULL)
         return;
     pthread_mutex_lock(&s->mu);
-    if (j->state == CTL_JOB_PAUSED) {
-        if (ctl_job_push_token(j, j->pending) != WK_OK) {
-            ctl_job_fail(s, j, WK_ENOMEM, "out of memory");
-        } else {
-            j->state = CTL_JOB_RUNNING;
+    if (j->state == CTL_JOB_PAUSED && !j->deciding) {
+        ctl_job_decide_locked(s, j, CTL_JOB_CONTINUE);
+        if (j->state == CTL_JOB_RUNNING)
             pthread_cond_broadcast(&s->cv);
-        }
     }
     pthread_mutex_unlock(&s->mu);
 }
@@ -1464,14 +1660,11 @@ ctl_job_stop(ctl_job *j, bool feed_last)
     if (s == NULL)
         return;
     pthread_mutex_lock(&s->mu);
-    if (j->state == CTL_JOB_PAUSED) {
-        if (feed_last && ctl_job_push_token(j, j->pending) == WK_OK) {
-            j->state = CTL_JOB_STOPPING;
-            pthread_cond_broadcast(&s->cv);
-        } else {
-            ctl_job_done(s, j);
-            pthread_cond_broadcast(&s->cv);
-        }
+    if (j->deciding) {
+        /* (the hook decides this token) */
+    } else if (j->state == CTL_JOB_PAUSED) {
+        ctl_job_decide_locked(s, j, feed_last ? CTL_JOB_STOP_FEED : CTL_JOB_STOP);
+        pthread_cond_broadcast(&s->cv);
     } else if (j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_WAITING) {
         /* Stop before any token: finish once the input is fed. */
         if (j->state == CTL_JOB_WAITING) {
@@ -1540,13 +1733,13 @@ ctl_job_free(ctl_job *j)
         return;
     ctl_sched *s = j->s;
     if (s == NULL) {
-        pthread_cond_destroy(&j->cv);
+        ctl_job_sync_fini(j);
         free(j->tokens);
         free(j);
         return;
     }
     pthread_mutex_lock(&s->mu);
-    while (j->in_hook)
+    while (j->in_hook || j->deciding)
         pthread_cond_wait(&s->cv, &s->mu); /* a hook uses the caller's argument */
     if (j->in_flight) {
         j->cancelled = true; /* the step loop destroys it when the step returns */

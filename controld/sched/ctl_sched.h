@@ -13,11 +13,16 @@
  * behind long prompts; aging keeps long ones from starving).
  *
  * Every worker has its own step loop (a thread), so workers step concurrently.
- * A sampled token is handed to the job's consumer and the row pauses until
- * the consumer decides: continue (the token is fed next step), or stop (the
- * token is fed or dropped, then the job finishes). Stopping decisions (max
- * tokens, end of text, stop strings) therefore belong to the consumer, and
- * the slot's state always holds exactly the tokens reported as fed.
+ * Each sampled token needs a decision: continue (the token is fed next step),
+ * or stop (the token is fed or dropped, then the job finishes), so the slot's
+ * state always holds exactly the tokens reported as fed. A job with a token
+ * hook (ctl_job_set_on_token) is decided by that hook, called by the step
+ * loop right after the step (no scheduler lock held), and the row goes on in
+ * the next step without waiting for anyone; the hook publishes what it made
+ * of the token under the job's own lock (ctl_job_lock/unlock) and the
+ * consumer is woken only when it sleeps. Without a hook (or for a token that
+ * came before the hook was set) the row pauses and the consumer decides with
+ * ctl_job_continue() / ctl_job_stop() after a TOKEN event.
  *
  * Slots: the scheduler owns the slot table of every worker. A job either
  * takes a fresh slot at admission (freed at the end unless the consumer
@@ -26,6 +31,10 @@
  * checks it, so a stale handle can never touch a reused slot.
  *
  * Threading: all functions are thread-safe. ctl_job_next() blocks.
+ * Locks: the scheduler's mutex (tables, states, queues) and one mutex per job
+ * (its event queue and what its token hook publishes). Order: scheduler,
+ * then job; never the scheduler's while holding a job's. The consumer's side
+ * of a stream (ctl_job_next, ctl_job_lock) takes only the job's lock.
  */
 #ifndef CTL_SCHED_H
 #define CTL_SCHED_H
@@ -133,6 +142,7 @@ typedef enum ctl_job_ev {
     CTL_JOB_EV_TOKEN = 0, /* a sampled token; call ctl_job_continue() or ctl_job_stop() */
     CTL_JOB_EV_DONE,      /* input fed (prefill-only job) or stop completed */
     CTL_JOB_EV_ERROR,     /* failed; err and message set */
+    CTL_JOB_EV_DATA,      /* the token hook published something (ctl_job_unlock(j, true)) */
 } ctl_job_ev;
 
 typedef struct ctl_job_event {
@@ -161,7 +171,12 @@ void ctl_sched_free(ctl_sched *s);
 WK_MUST_CHECK wk_err ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out,
                                       wk_diag *d);
 
-/* Waits up to timeout_ms for the job's next event. WK_ETIMEDOUT when none came. */
+/*
+ * Waits up to timeout_ms for the job's next event. WK_ETIMEDOUT when none
+ * came. A DATA event (the hook published since the last call) comes before
+ * queued events; anything published before a DONE or ERROR is visible (under
+ * ctl_job_lock) once that event is returned.
+ */
 WK_MUST_CHECK wk_err ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev);
 
 /*
@@ -170,6 +185,42 @@ WK_MUST_CHECK wk_err ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event
  * TOKEN event and ctl_job_continue(). WK_ENOMEM leaves the old mask.
  */
 WK_MUST_CHECK wk_err ctl_job_set_allowed(ctl_job *j, const uint8_t *mask, size_t n);
+
+typedef enum ctl_job_decision {
+    CTL_JOB_CONTINUE = 0, /* feed the token next step and sample on */
+    CTL_JOB_STOP,         /* drop the token; the job is done */
+    CTL_JOB_STOP_FEED,    /* feed the token, then the job is done */
+} ctl_job_decision;
+
+/*
+ * A token hook: decides on each sampled token ev (type TOKEN), in order, one
+ * call at a time. Called by the worker's step loop without the scheduler's
+ * lock (the job cannot be freed meanwhile: ctl_job_free() waits), or by the
+ * consumer itself for a TOKEN event. It must not block and must not call
+ * into the scheduler other than ctl_job_lock/unlock/throttle.
+ */
+typedef ctl_job_decision (*ctl_job_token_fn)(void *arg, ctl_job *j, const ctl_job_event *ev);
+
+/*
+ * Sets j's token hook (before or while it runs). A token sampled before this
+ * call still comes as a TOKEN event; the caller decides it (it may call fn
+ * itself) with ctl_job_continue/stop.
+ */
+void ctl_job_set_on_token(ctl_job *j, ctl_job_token_fn fn, void *arg);
+
+/* The job's own lock, guarding what its hook publishes for the consumer. */
+void ctl_job_lock(ctl_job *j);
+
+/* Unlocks; publish: the consumer gets a DATA event (woken if it sleeps). */
+void ctl_job_unlock(ctl_job *j, bool publish);
+
+/*
+ * Back-pressure for hooked jobs: on (from the hook, job lock held): the job
+ * is left out of steps, its consumer being too far behind; off (from the
+ * consumer, no lock held, after it took what was published): it is stepped
+ * again. Cheap when nothing changes.
+ */
+void ctl_job_throttle(ctl_job *j, bool on);
 
 /* Accepts the last sampled token: it is fed next step and sampling goes on. */
 void ctl_job_continue(ctl_job *j);

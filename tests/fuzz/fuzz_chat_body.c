@@ -159,6 +159,20 @@ ctl_http_sse_begin(ctl_http_req *req)
     req->sse = true;
 }
 
+void
+ctl_http_cork(ctl_http_req *req, bool on)
+{
+    fuzz_check(req->sse, "cork without a stream");
+    (void)on;
+}
+
+wk_err
+ctl_http_flush(ctl_http_req *req)
+{
+    fuzz_check(req->sse, "flush without a stream");
+    return WK_OK;
+}
+
 wk_err
 ctl_http_sse_data(ctl_http_req *req, const char *payload)
 {
@@ -324,7 +338,7 @@ ctl_gen_result_fini(ctl_gen_result *res)
 /* A fake generation: up to 4 tokens derived from the prompt, decoded as ctl_gen would. */
 wk_err
 ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_gen_sink_fn sink,
-                void *sink_arg, ctl_gen_result *res, wk_diag *d)
+                ctl_gen_flush_fn flush, void *sink_arg, ctl_gen_result *res, wk_diag *d)
 {
     (void)d;
     ctl_job_free(job);
@@ -358,6 +372,8 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
     res->fed = fuzz_n_input + n;
     if (sink != NULL) {
         wk_err err = sink(sink_arg, res->text, res->text_len, res->tokens, res->n_tokens);
+        if (err == WK_OK && flush != NULL)
+            err = flush(sink_arg);
         if (err != WK_OK) {
             ctl_gen_result_fini(res);
             return err;
@@ -375,7 +391,7 @@ ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
     wk_err err = ctl_gen_submit(sched, input, n, p, &job, d);
     if (err != WK_OK)
         return err;
-    return ctl_gen_run_job(job, tok, p, sink, sink_arg, res, d);
+    return ctl_gen_run_job(job, tok, p, sink, NULL, sink_arg, res, d);
 }
 
 /* ---- the harness ---- */

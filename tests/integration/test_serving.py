@@ -7,6 +7,7 @@ protocol change nothing), not a check of the model's numbers: those are the
 reference tests' (tests/reference, against numpy and torch)."""
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -299,6 +300,58 @@ def test_worker_killed_mid_generation():
         assert completion(s, [3], 4)["usage"]["completion_tokens"] == 4
 
 
+def test_slow_client_backpressure():
+    """A client that stops reading: its job stops being stepped once it is behind
+    (its socket full, then the tokens published and not taken), another request
+    runs meanwhile, and once the client reads again it gets the whole reply in
+    order: the same token ids as a blocking request."""
+    n = 8000  # with 20 logprobs a chunk is ~700 bytes: more than the socket buffers hold
+    with stack(slots=2) as s:
+        ready(s)
+        body = {"model": MID, "prompt": "a", "max_tokens": n, "ignore_eos": True,
+                "temperature": 0, "return_token_ids": True, "logprobs": 20}
+        want = s.post("/v1/completions", body=body).json()["choices"][0]["token_ids"]
+        assert len(want) == n
+        data = json.dumps(dict(body, stream=True)).encode()
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window
+        c.connect(("127.0.0.1", s.port))
+        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+        raw = c.recv(1024)
+        assert raw.startswith(b"HTTP/1.1 200"), raw
+
+        def fed():
+            sl = [x for x in s.get("/admin/slots").json()["slots"] if x["state"] == "running"]
+            return sl[0]["tokens"] if sl else None
+        # The client reads nothing more: the job stalls short of its n tokens.
+        prev, t0 = None, time.time()
+        while time.time() - t0 < 60:
+            time.sleep(0.4)
+            cur = fed()
+            if cur is not None and cur == prev:
+                break
+            prev = cur
+        assert prev is not None and cur == prev and cur < n, (prev, cur)
+        # Meanwhile another request runs on the other slot.
+        r = s.post("/v1/completions", body={"model": MID, "prompt": "b", "max_tokens": 8})
+        assert r.status == 200, r.body
+        # Reading again: the job resumes and the whole reply arrives, in order.
+        c.settimeout(60)
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            raw += b
+        c.close()
+        events = raw.split(b"\r\n\r\n", 1)[1].decode().split("\n\n")
+        payloads = [e[len("data: "):] for e in events if e.strip()]
+        assert payloads[-1] == "[DONE]", payloads[-3:]
+        got = [t for p in payloads[:-1] for t in json.loads(p)["choices"][0].get("token_ids", [])]
+        assert got == want, (len(got), len(want))
+        print(f"stalled at {cur} of {n} tokens while the client did not read", flush=True)
+
+
 if __name__ == "__main__":
     rc = run_tests([
         test_models_and_shapes,
@@ -308,6 +361,7 @@ if __name__ == "__main__":
         test_no_worker_queue_full_timeout,
         test_concurrency_batch_invariance_and_seeds,
         test_worker_killed_mid_generation,
+        test_slow_client_backpressure,
     ])
     TMP.cleanup()
     sys.exit(rc)
