@@ -88,7 +88,7 @@ nh_u32(const json_t *c, const char *key, uint32_t def, uint32_t min, uint32_t ma
     return WK_OK;
 }
 
-/* key, else its older name alt (transformers' NemotronHConfig renames), else def. */
+/* alt when present, else key, else def (older and newer spellings of one setting). */
 static wk_err
 nh_u32_alt(const json_t *c, const char *key, const char *alt, uint32_t def, uint32_t min,
            uint32_t max, uint32_t *out, wk_diag *d)
@@ -452,7 +452,8 @@ nh_map_embd(const wk_tensor_set *set, const json_t *c, nh_view *v, wk_diag *d)
     if ((e = nh_u32(c, "num_attention_heads", 32, 1, NH_MAX_HEADS, &heads, d)) != WK_OK ||
         (e = nh_u32(c, "num_key_value_heads", heads, 1, NH_MAX_HEADS, &g->attn_kv_heads, d)) !=
             WK_OK ||
-        (e = nh_u32(c, "head_dim", 128, 2, NH_MAX_ATTN_DIM, &g->attn_head_dim, d)) != WK_OK ||
+        (e = nh_u32_alt(c, "attention_head_dim", "head_dim", 128, 2, NH_MAX_ATTN_DIM,
+                        &g->attn_head_dim, d)) != WK_OK ||
         (e = nh_u32(c, "intermediate_size", 21504, 1, NH_MAX_DIM, &g->ffn_dim, d)) != WK_OK)
         return e;
     g->attn_heads = heads;
