@@ -31,13 +31,20 @@ none after; the checkpoints' config.json says time_step_limit [0, inf]. wkvm
 applies no clamp (the config's limit; as mamba_ssm's step kernel and
 llama.cpp), so the references here run transformers' code with its mixers'
 time_step_limit set to (0, inf) on both paths; each case also reports (a)
-the whole-sequence path with chunk_size 8 (four chunks) against 128 (one
+the whole-sequence path with chunk_size 8 (three chunks) against 128 (one
 chunk), (b) the sequence path against the cached one, both float64 and
 within 1e-9 (5.24's chunked scan is right past the first chunk; 5.5.4's was
 not), and (c) the stock clamped sequence path against the unclamped one:
 equal where the clamp never binds (softplus(dt + dt_bias) far above
 time_step_min, every case but one), and off by > 1e-3 std in "dt-clamp",
 whose dt_bias is drawn so low that it binds.
+
+GGUF: two cases (f32 MoE, f32 dense with the legacy config) are also converted
+by llama.cpp's own convert_hf_to_gguf.py (through bench/qwen35-gguf.py, which
+gives it a tokenizer) and the file, alone in a directory, must give the same
+logits bit for bit, unless the converter's A = -exp(A_log) (torch) differs by
+an ulp from glibc's expf for some head (counted and printed; then within
+1e-5 std), and pass --batch-check.
 
 Tolerance as upstream_qwen35.py: wkvm within 1e-4 std of the float64 run of
 transformers' own code (or twice transformers' float32 error), within 3e-4
@@ -74,7 +81,7 @@ from transformers import NemotronHConfig, NemotronHForCausalLM  # noqa: E402
 
 TOL = 1e-4
 TOL_F32 = 3e-4
-N_TOKENS = 28
+N_TOKENS = 24
 
 
 def f64_class():
@@ -99,7 +106,7 @@ def f64_class():
 # Nemotron 3 Nano's proportions, scaled down: Mamba2 heads of 16 in groups,
 # GQA attention without position encoding, squared-ReLU MLP, 8 routed experts
 # top-2 with a shared expert, routed_scaling_factor 2.5
-SMALL = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+SMALL = dict(vocab_size=304, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
              head_dim=16, intermediate_size=96, mamba_num_heads=8, mamba_head_dim=16,
              n_groups=2, ssm_state_size=16, conv_kernel=4, n_routed_experts=8,
              num_experts_per_tok=2, moe_intermediate_size=32,
@@ -112,12 +119,12 @@ CASES = [
         "linear_attention", "mlp"]), {}),
     ("pattern-f32-g4-conv3-tied-mlp",
      dict(SMALL, n_groups=4, conv_kernel=3, tie_word_embeddings=True, num_key_value_heads=1,
-          hybrid_override_pattern="M-M*-M-"), {"legacy": True}),
+          hybrid_override_pattern="M-M*-M-"), {"legacy": True, "gguf": "f32"}),
     ("moe-f32-E16k4-grouped-nonorm",
      dict(SMALL, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
           norm_topk_prob=False, routed_scaling_factor=1.0,
           layers_block_type=["linear_attention", "moe", "full_attention", "moe",
-                             "linear_attention"]), {}),
+                             "linear_attention"]), {"gguf": "f32"}),
     ("hybrid-bf16", dict(SMALL, layers_block_type=[
         "linear_attention", "moe", "full_attention", "linear_attention", "mlp"]),
      {"dtype": "bf16"}),
@@ -171,11 +178,54 @@ def write_case(tmp, name, cfg_kw, opt, seed):
         del c["layers_block_type"]
         c["mamba_n_groups"] = c.pop("n_groups")
         c["mamba_d_conv"] = c.pop("conv_kernel")
+        for k in list(c):  # no experts: Nemotron-H's configs have no MoE keys (GGUF nemotron_h)
+            if "expert" in k or k in ("n_group", "topk_group", "routed_scaling_factor",
+                                      "norm_topk_prob", "moe_latent_size"):
+                del c[k]
         json.dump(c, open(p, "w"), indent=2)
     kw = {"experts_implementation": "eager"}
     ref = NemotronHForCausalLM.from_pretrained(d, dtype=torch.float32, **kw).eval()
     ref64 = F64.from_pretrained(d, dtype=torch.float64, **kw).eval()
     return d, cfg_kw["vocab_size"], ref, ref64
+
+
+def converter_dir():
+    """llama.cpp's converter (deploy/install-gguf-converter), or None when it cannot be had."""
+    inst = os.path.join(HERE, "..", "..", "deploy", "install-gguf-converter")
+    p = subprocess.run([inst, sys.executable], capture_output=True, text=True, timeout=900)
+    return p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
+
+
+def gguf_of(conv, d, outtype, tmp, name):
+    """The model converted by llama.cpp's converter (through bench/qwen35-gguf.py, which
+    gives it a tokenizer), alone in a directory."""
+    gdir = os.path.join(tmp, name + "-gguf")
+    os.makedirs(gdir, exist_ok=True)
+    script = os.path.join(HERE, "..", "..", "bench", "qwen35-gguf.py")
+    p = subprocess.run([sys.executable, script, conv, d, os.path.join(gdir, "model.gguf"),
+                        "--outtype", outtype], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError("convert: " + (p.stderr or p.stdout)[-800:])
+    return gdir
+
+
+def a_ulps(d, gdir):
+    """Mamba2 heads whose A = -exp(A_log) the converter (torch.exp) stored differently from
+    the -expf(A_log) wkvm computes from the safetensors (glibc)."""
+    import ctypes
+    from safetensors.numpy import load_file
+    sys.path.insert(0, os.path.join(CONV, "gguf-py"))
+    import gguf
+    libm = ctypes.CDLL("libm.so.6")
+    libm.expf.restype, libm.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    st = load_file(os.path.join(d, "model.safetensors"))
+    n = 0
+    for t in gguf.GGUFReader(os.path.join(gdir, "model.gguf")).tensors:
+        if t.name.endswith(".ssm_a"):
+            al = st["backbone.layers.%s.mixer.A_log" % t.name.split(".")[1]].reshape(-1)
+            n += sum(-libm.expf(float(x)) != float(y)
+                     for x, y in zip(al, np.array(t.data).reshape(-1)))
+    return n
 
 
 def set_mixers(model, **attrs):
@@ -223,7 +273,7 @@ def greedy_mismatch(ref, got):
     return bad
 
 
-def check_wkvm(exe, d, toks, lp, V, figures, seq, seq64, one64):
+def check_wkvm(exe, d, toks, lp, V, figures, seq, seq64, one64, opt):
     got = upstream_venv.run_wkvm(exe, d, toks, lp, V)
     got1 = upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=1)
     figures["wkvm vs tf64 sequence"] = upstream_venv.rel_err(seq64, got)
@@ -234,6 +284,17 @@ def check_wkvm(exe, d, toks, lp, V, figures, seq, seq64, one64):
     if not (np.array_equal(got, got1) and np.array_equal(got, got7)):
         raise ValueError("chunked prefill (1, 7) is not bit-identical to whole")
     ids = ",".join(map(str, toks[:17]))
+    if opt.get("gguf") and CONV is not None:
+        gdir = gguf_of(CONV, d, opt["gguf"], os.path.dirname(lp), os.path.basename(d))
+        gotg = upstream_venv.run_wkvm(exe, gdir, toks, lp, V)
+        ulps = a_ulps(d, gdir)
+        if ulps == 0 and not np.array_equal(got, gotg):
+            raise ValueError("the GGUF from llama.cpp's converter is not bit-identical")
+        figures["gguf vs safetensors (%d A ulps)" % ulps] = upstream_venv.rel_err(got, gotg)
+        p = subprocess.run([exe, "--model", gdir, "--tokens", ids, "--batch-check", "3"],
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise ValueError("gguf --batch-check: %s" % (p.stdout + p.stderr)[-300:])
     for flag in (["--batch-check", "5"], ["--slot-check"]):
         p = subprocess.run([exe, "--model", d, "--tokens", ids] + flag,
                            capture_output=True, text=True, timeout=120)
@@ -252,8 +313,10 @@ def main():
           % (transformers.__version__, torch.__version__), flush=True)
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    global F64
+    global F64, CONV
     F64 = f64_class()
+    CONV = converter_dir()
+    print("llama.cpp converter: %s" % (CONV or "not available (GGUF checks skipped)"), flush=True)
     rng = np.random.default_rng(36)
     tmp = tempfile.mkdtemp(prefix="wkvm-up-nh-")
     worst = {}
@@ -282,7 +345,7 @@ def main():
             greedy = 0
             try:
                 greedy = check_wkvm(exe, d, toks, os.path.join(tmp, name + ".logits"), V,
-                                    figures, seq, seq64, one64)
+                                    figures, seq, seq64, one64, opt)
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
                 figures["wkvm"] = None
                 print("FAIL %s: %s" % (name, e))
@@ -291,6 +354,8 @@ def main():
             for k in figures:
                 if k == "tf64 stock clamped vs unclamped" and clamp:
                     bounds[k] = None  # must disagree: the clamp binds (checked below)
+                elif k.startswith("gguf"):
+                    bounds[k] = 1e-5  # bit-identical unless the converter's A differs (above)
                 elif k.startswith("tf64"):
                     bounds[k] = 1e-9  # transformers' own paths, float64
                 elif "tf64" in k and k.startswith("wkvm"):
