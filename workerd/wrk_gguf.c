@@ -861,7 +861,8 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
     return WK_OK;
 }
 
-/* blk.N.<gguf> -> backbone.layers.N.<hf> for nemotron_h / nemotron_h_moe, with the kind it implies */
+/* blk.N.<gguf> -> backbone.layers.N.<hf> for nemotron_h / nemotron_h_moe, with the kind it implies
+ */
 static const struct {
     const char *gguf; /* suffix after "blk.N." */
     const char *hf;   /* suffix after "backbone.layers.N." ("mixer.experts.<e>." for _exps) */
@@ -872,8 +873,8 @@ static const struct {
     {"ssm_conv1d.weight", "mixer.conv1d.weight", 'M'}, /* [CD,K] -> [CD,1,K] */
     {"ssm_conv1d.bias", "mixer.conv1d.bias", 'M'},
     {"ssm_dt.bias", "mixer.dt_bias", 'M'},
-    {"ssm_a", "mixer.A_log", 'M'}, /* A = -exp(A_log) [H,1] -> A_log [H] */
-    {"ssm_d", "mixer.D", 'M'},     /* [H,1] -> [H] */
+    {"ssm_a", "mixer.A_log", 'M'},                 /* A = -exp(A_log) [H,1] -> A_log [H] */
+    {"ssm_d", "mixer.D", 'M'},                     /* [H,1] -> [H] */
     {"ssm_norm.weight", "mixer.norm.weight", 'M'}, /* [G, d_inner/G] -> [d_inner] */
     {"ssm_out.weight", "mixer.out_proj.weight", 'M'},
     {"attn_q.weight", "mixer.q_proj.weight", '*'},
@@ -985,15 +986,15 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
         (e = wrk_gguf_u64(g, arch, "ssm.inner_size", &DI, d)) != WK_OK ||
         (e = wrk_gguf_eps_key(g, arch, "attention.layer_norm_epsilon", &eps, d)) != WK_OK)
         return e;
-    if (moe && ((e = wrk_gguf_u64(g, arch, "expert_count", &E, d)) != WK_OK ||
-                (e = wrk_gguf_u64(g, arch, "expert_used_count", &k, d)) != WK_OK ||
-                (e = wrk_gguf_u64(g, arch, "expert_feed_forward_length", &Fe, d)) != WK_OK ||
-                (e = wrk_gguf_u64_def(g, arch, "expert_shared_feed_forward_length", 0, &Fs, d)) !=
-                    WK_OK ||
-                (e = wrk_gguf_u64_def(g, arch, "expert_group_count", 1, &ng, d)) != WK_OK ||
-                (e = wrk_gguf_u64_def(g, arch, "expert_group_used_count", 1, &tg, d)) != WK_OK ||
-                (e = wrk_gguf_u64_def(g, arch, "expert_weights_norm", 1, &nrm, d)) != WK_OK ||
-                (e = wrk_gguf_f64_def(g, arch, "expert_weights_scale", 1.0, &scale, d)) != WK_OK))
+    if (moe &&
+        ((e = wrk_gguf_u64(g, arch, "expert_count", &E, d)) != WK_OK ||
+         (e = wrk_gguf_u64(g, arch, "expert_used_count", &k, d)) != WK_OK ||
+         (e = wrk_gguf_u64(g, arch, "expert_feed_forward_length", &Fe, d)) != WK_OK ||
+         (e = wrk_gguf_u64_def(g, arch, "expert_shared_feed_forward_length", 0, &Fs, d)) != WK_OK ||
+         (e = wrk_gguf_u64_def(g, arch, "expert_group_count", 1, &ng, d)) != WK_OK ||
+         (e = wrk_gguf_u64_def(g, arch, "expert_group_used_count", 1, &tg, d)) != WK_OK ||
+         (e = wrk_gguf_u64_def(g, arch, "expert_weights_norm", 1, &nrm, d)) != WK_OK ||
+         (e = wrk_gguf_f64_def(g, arch, "expert_weights_scale", 1.0, &scale, d)) != WK_OK))
         return e;
     if (L < 1 || L > WRK_GGUF_MAX_LAYERS || C < 1 || C > (1u << 17) || Hq < 1 || Da < 1 ||
         Da > 1024 || K2 < 2 || K2 > 64 || N < 1 || N > 4096 || H < 1 || G < 1 || H % G != 0 ||
@@ -1067,8 +1068,8 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
                 if (strcmp(t->name, wrk_gguf_m2_global_names[m].gguf) == 0)
                     hf = wrk_gguf_m2_global_names[m].hf;
             if (hf == NULL) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file",
-                                t->name, arch);
+                e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file", t->name,
+                                arch);
                 break;
             }
             if (wrk_gguf_view_add(vs, t, -1, hf) == NULL)
@@ -1078,8 +1079,8 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
         hf = wrk_gguf_nh_layer_names[wrk_gguf_nh_find(rest)].hf;
         if (strstr(rest, "_exps.") != NULL) { /* stacked experts */
             if (t->ndim != 3 || t->shape[0] != (int64_t)E || t->dtype == WK_DTYPE_Q8_0) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: expected [%" PRIu64 ", ., .] experts",
-                                t->name, E);
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected [%" PRIu64 ", ., .] experts", t->name,
+                                E);
                 break;
             }
             const size_t per = t->nbytes / E;
@@ -1109,8 +1110,7 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
             e = wrk_gguf_nh_unpermute(own, o, rest[5] == 'q' ? Hq : (Hkv ? Hkv : Hq), d);
         } else if (strcmp(rest, "ssm_conv1d.weight") == 0) {
             if (t->ndim != 2 || t->shape[1] != (int64_t)K2) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: expected [conv_dim, %" PRIu64 "]", t->name,
-                                K2);
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected [conv_dim, %" PRIu64 "]", t->name, K2);
                 break;
             }
             o->ndim = 3;
@@ -1154,22 +1154,21 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
     json_t *c = json_pack(
         "{s:s, s:I, s:o, s:I, s:I, s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:f, s:b}",
         "model_type", "nemotron_h", "hidden_size", (json_int_t)C, "layers_block_type", types,
-        "num_attention_heads", (json_int_t)Hq, "num_key_value_heads",
-        (json_int_t)(Hkv ? Hkv : Hq), "head_dim", (json_int_t)Da, "intermediate_size",
-        (json_int_t)(F ? F : 1), "mlp_hidden_act", "relu2", "mamba_hidden_act", "silu",
-        "mamba_num_heads", (json_int_t)H, "mamba_head_dim", (json_int_t)(DI / H), "n_groups",
-        (json_int_t)G, "ssm_state_size", (json_int_t)N, "conv_kernel", (json_int_t)K2,
-        "use_conv_bias", conv_bias, "layer_norm_epsilon", eps, "tie_word_embeddings",
-        !have_output);
+        "num_attention_heads", (json_int_t)Hq, "num_key_value_heads", (json_int_t)(Hkv ? Hkv : Hq),
+        "head_dim", (json_int_t)Da, "intermediate_size", (json_int_t)(F ? F : 1), "mlp_hidden_act",
+        "relu2", "mamba_hidden_act", "silu", "mamba_num_heads", (json_int_t)H, "mamba_head_dim",
+        (json_int_t)(DI / H), "n_groups", (json_int_t)G, "ssm_state_size", (json_int_t)N,
+        "conv_kernel", (json_int_t)K2, "use_conv_bias", conv_bias, "layer_norm_epsilon", eps,
+        "tie_word_embeddings", !have_output);
     if (c == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     if (moe) {
-        json_t *x = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:f}", "n_routed_experts",
-                              (json_int_t)E, "num_experts_per_tok", (json_int_t)k,
-                              "moe_intermediate_size", (json_int_t)Fe,
-                              "moe_shared_expert_intermediate_size", (json_int_t)(Fs ? Fs : 1),
-                              "n_group", (json_int_t)ng, "topk_group", (json_int_t)tg,
-                              "norm_topk_prob", nrm != 0, "routed_scaling_factor", scale);
+        json_t *x =
+            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:f}", "n_routed_experts", (json_int_t)E,
+                      "num_experts_per_tok", (json_int_t)k, "moe_intermediate_size", (json_int_t)Fe,
+                      "moe_shared_expert_intermediate_size", (json_int_t)(Fs ? Fs : 1), "n_group",
+                      (json_int_t)ng, "topk_group", (json_int_t)tg, "norm_topk_prob", nrm != 0,
+                      "routed_scaling_factor", scale);
         int rc = x != NULL ? json_object_update(c, x) : -1;
         json_decref(x);
         if (rc != 0) {

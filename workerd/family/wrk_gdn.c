@@ -869,10 +869,9 @@ wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size_t cap)
     size_t n = 0;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         wrk_gdn_layer *ly = &layers[l];
-        wrk_mat *mats[] = {&ly->q_proj,      &ly->k_proj,       &ly->v_proj,  &ly->a_proj,
-                           &ly->b_proj,      &ly->g_proj,       &ly->o_proj,  &ly->gate_proj,
-                           &ly->up_proj,     &ly->down_proj,    &ly->m2.in_proj,
-                           &ly->m2.out_proj};
+        wrk_mat *mats[] = {&ly->q_proj,  &ly->k_proj,    &ly->v_proj,     &ly->a_proj,
+                           &ly->b_proj,  &ly->g_proj,    &ly->o_proj,     &ly->gate_proj,
+                           &ly->up_proj, &ly->down_proj, &ly->m2.in_proj, &ly->m2.out_proj};
         for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++) {
             if (mats[i]->t == NULL)
                 continue;

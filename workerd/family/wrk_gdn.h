@@ -122,7 +122,7 @@ typedef struct wrk_moe {
     wrk_mat *gate, *up, *down;     /* E entries each: C -> Fe (NULL for RELU2), C -> Fe, Fe -> C */
     uint32_t shared_ffn;           /* Fs, 0: no shared expert */
     wrk_mat sh_gate, sh_up, sh_down; /* C -> Fs (RELU2: .t NULL), C -> Fs, Fs -> C */
-    wrk_mat sh_router;             /* C -> 1: the shared expert's gate; .t NULL: ungated */
+    wrk_mat sh_router;               /* C -> 1: the shared expert's gate; .t NULL: ungated */
 } wrk_moe;
 
 /* One layer. Vectors may carry leading 1s in their stored shape. */
@@ -144,8 +144,8 @@ typedef struct wrk_gdn_layer {
     wrk_mat down_proj;                /* F -> C */
     wrk_moe *moe;                     /* mlp MOE: the experts; NULL otherwise */
     /* Mamba2 mixers only: m2.norm is unused (attn_norm is the pre-norm) */
-    wrk_mamba2_layer m2;              /* in_proj, conv_w / conv_b, dt_bias, A_log, D, gnorm,
-                                         out_proj (wrk_mamba2.h) */
+    wrk_mamba2_layer m2; /* in_proj, conv_w / conv_b, dt_bias, A_log, D, gnorm,
+                            out_proj (wrk_mamba2.h) */
     /* attention layers only (is_attn) */
     const wk_tensor *q_bias, *k_bias, *v_bias; /* [Hq Da], [Hkv Da], [Hkv Da]; qkv_bias only */
     const wk_tensor *q_norm, *k_norm;          /* per-head RMSNorm weight [Da]; qk_norm only */
@@ -170,12 +170,12 @@ typedef struct wrk_gdn {
     wrk_mat head;                /* C -> V, stored [V, C]; over emb when tied */
     const wrk_gdn_layer *layers; /* n_layer entries */
     /* Mamba2 mixers (n_m2 0: none; the m2_ fields are then 0) */
-    uint32_t n_m2;          /* Mamba2 layers */
-    uint32_t m2_heads;      /* H2 */
-    uint32_t m2_head_dim;   /* P */
-    uint32_t m2_groups;     /* G2 (divides H2) */
-    uint32_t m2_state;      /* N */
-    uint32_t m2_conv;       /* K2: conv taps (2..64) */
+    uint32_t n_m2;        /* Mamba2 layers */
+    uint32_t m2_heads;    /* H2 */
+    uint32_t m2_head_dim; /* P */
+    uint32_t m2_groups;   /* G2 (divides H2) */
+    uint32_t m2_state;    /* N */
+    uint32_t m2_conv;     /* K2: conv taps (2..64) */
     /* attention layers; n_attn 0 without */
     uint32_t n_attn;        /* attention layers */
     uint32_t attn_heads;    /* Hq: query heads */

@@ -133,7 +133,8 @@ nh_read_switches(const json_t *c, wk_diag *d)
             return e;
     const json_t *lat = json_object_get(c, "moe_latent_size");
     if (lat != NULL && !json_is_null(lat))
-        return wk_diag_set(d, WK_ENOTSUP, "config.json: moe_latent_size is not supported (null only)");
+        return wk_diag_set(d, WK_ENOTSUP,
+                           "config.json: moe_latent_size is not supported (null only)");
     return WK_OK;
 }
 
@@ -159,8 +160,7 @@ nh_read_kinds(const json_t *c, nh_view *v, wk_diag *d)
     const json_t *lt = json_object_get(c, "layers_block_type");
     size_t n;
     if (lt != NULL && !json_is_null(lt)) {
-        if (!json_is_array(lt) || json_array_size(lt) == 0 ||
-            json_array_size(lt) > NH_MAX_LAYERS)
+        if (!json_is_array(lt) || json_array_size(lt) == 0 || json_array_size(lt) > NH_MAX_LAYERS)
             return wk_diag_set(d, WK_EINVAL,
                                "config.json: layers_block_type must be a non-empty array of at "
                                "most %u strings",
@@ -179,8 +179,8 @@ nh_read_kinds(const json_t *c, nh_view *v, wk_diag *d)
     v->pattern = calloc(n + 1, 1);
     if (v->pattern == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
-    const char *hp = lt == NULL ? json_string_value(json_object_get(c, "hybrid_override_pattern"))
-                                : NULL;
+    const char *hp =
+        lt == NULL ? json_string_value(json_object_get(c, "hybrid_override_pattern")) : NULL;
     bool any_m2 = false;
     for (size_t l = 0; l < n; l++) {
         char k;
@@ -351,8 +351,8 @@ nh_read_moe(const json_t *c, nh_view *v, wk_diag *d)
     if ((e = nh_u32(c, "n_routed_experts", 8, 1, NH_MAX_EXPERTS, &v->n_experts, d)) != WK_OK ||
         (e = nh_u32(c, "num_experts_per_tok", 2, 1, v->n_experts, &v->top_k, d)) != WK_OK ||
         (e = nh_u32(c, "moe_intermediate_size", 7688, 1, NH_MAX_DIM, &v->moe_ffn, d)) != WK_OK ||
-        (e = nh_u32(c, "moe_shared_expert_intermediate_size", 7688, 1, NH_MAX_DIM,
-                    &v->shared_ffn, d)) != WK_OK ||
+        (e = nh_u32(c, "moe_shared_expert_intermediate_size", 7688, 1, NH_MAX_DIM, &v->shared_ffn,
+                    d)) != WK_OK ||
         (e = nh_u32(c, "n_group", 1, 1, 64, &v->n_group, d)) != WK_OK ||
         (e = nh_u32(c, "topk_group", 1, 1, v->n_group, &v->topk_group, d)) != WK_OK ||
         (e = wrk_config_bool(c, "norm_topk_prob", true, &v->norm_topk, d)) != WK_OK ||
@@ -544,8 +544,7 @@ nh_declare_layer(wrk_model *m, nh_view *v, uint32_t l, wk_diag *d)
     }
     wrk_moe *mo = ly->moe;
     if ((e = nh_use(m, l, "mixer.gate.weight", &mo->router.t, false, d)) != WK_OK ||
-        (e = nh_use(m, l, "mixer.gate.e_score_correction_bias", &mo->score_bias, true, d)) !=
-            WK_OK)
+        (e = nh_use(m, l, "mixer.gate.e_score_correction_bias", &mo->score_bias, true, d)) != WK_OK)
         return e;
     for (uint32_t x = 0; x < mo->n_experts; x++) {
         char suf[96];

@@ -986,15 +986,15 @@ q35_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
             if (q35_is_moe(tc, v, l)) {
                 v->layers[l].moe = &v->moes[l]; /* filled by q35_map_moe */
                 v->layers[l].mlp = WRK_MLP_MOE;
-            }
-            else
+            } else
                 dense = true;
         }
         if (!dense)
             g->ffn_dim = v->moe_ffn; /* no dense MLP: the width reported is an expert's */
     }
     for (uint32_t l = 0; l < g->n_layer; l++) {
-        e = v->layers[l].mixer == WRK_MIXER_ATTN ? q35_map_attn(set, v, l, d) : q35_map_linear(set, v, l, d);
+        e = v->layers[l].mixer == WRK_MIXER_ATTN ? q35_map_attn(set, v, l, d)
+                                                 : q35_map_linear(set, v, l, d);
         if (e != WK_OK)
             goto fail;
     }

@@ -124,10 +124,10 @@ typedef struct gdn_layer {
     gdn_moe *moe;                      /* mlp MOE: the experts; NULL otherwise */
     wrk_mixer_kind mixer;              /* the layer's kinds (wrk_gdn.h) */
     wrk_mlp_kind mlp;
-    size_t soff;                       /* recurrent mixers: floats before its state in a slot */
+    size_t soff; /* recurrent mixers: floats before its state in a slot */
     /* Mamba2 mixers */
-    be_cpu_m2_vecs m2;                 /* conv taps, biases, A, D, gated norm weight */
-    be_cpu_mat m2_in, m2_out;          /* C -> DIP, DI -> C */
+    be_cpu_m2_vecs m2;        /* conv taps, biases, A, D, gated norm weight */
+    be_cpu_mat m2_in, m2_out; /* C -> DIP, DI -> C */
     /* attention layers (wq, wk, wv, wo are the attention projections) */
     uint32_t idx;              /* attention layers: index among them (KV layer) */
     const float *bq, *bk, *bv; /* qkv biases [QD], [KVD], [KVD]; NULL without */
@@ -176,12 +176,12 @@ struct be_ctx {
     uint32_t moe_rows;   /* rows in xe this layer */
 
     /* Mamba2 mixers (n_m2 0: none of this is allocated) */
-    uint32_t n_m2;                /* Mamba2 layers */
-    be_cpu_m2_dims m2d;           /* their dimensions */
-    size_t m2_conv_floats;        /* CD * (K-1): the conv state before the ssm state */
-    uint32_t m2_conv_blocks;      /* channel blocks per segment */
-    be_cpu_m2_scan_fn m2_scan;    /* the scan kernel for the ISA */
-    float *m2p, *m2x, *m2y;       /* [cap][DIP], [cap][CD], [cap][DI] */
+    uint32_t n_m2;             /* Mamba2 layers */
+    be_cpu_m2_dims m2d;        /* their dimensions */
+    size_t m2_conv_floats;     /* CD * (K-1): the conv state before the ssm state */
+    uint32_t m2_conv_blocks;   /* channel blocks per segment */
+    be_cpu_m2_scan_fn m2_scan; /* the scan kernel for the ISA */
+    float *m2p, *m2x, *m2y;    /* [cap][DIP], [cap][CD], [cap][DI] */
 
     /* hybrid attention layers (n_attn 0: none of this is allocated) */
     uint32_t n_attn;          /* attention layers */
@@ -1051,7 +1051,7 @@ gdn_route_sigmoid(const gdn_moe *mo, float *p, float *cs, uint32_t *sel, float *
         cs[e] = p[e] + mo->score_bias[e];
     }
     if (G > 1) {
-        float gs[64];   /* group scores (n_group <= 64, checked at open) */
+        float gs[64]; /* group scores (n_group <= 64, checked at open) */
         bool keep[64];
         for (uint32_t g = 0; g < G; g++) {
             float b1 = -INFINITY, b2 = -INFINITY;
@@ -1364,8 +1364,8 @@ gdn_close(be_ctx *c)
     if (c->layers != NULL) {
         for (uint32_t l = 0; l < c->L; l++) {
             gdn_layer *ly = &c->layers[l];
-            be_cpu_mat *mats[] = {&ly->wq,   &ly->wk, &ly->wv,   &ly->wa,    &ly->wb,    &ly->wg,
-                                  &ly->wo,   &ly->gate, &ly->up, &ly->down, &ly->m2_in, &ly->m2_out};
+            be_cpu_mat *mats[] = {&ly->wq, &ly->wk,   &ly->wv, &ly->wa,   &ly->wb,    &ly->wg,
+                                  &ly->wo, &ly->gate, &ly->up, &ly->down, &ly->m2_in, &ly->m2_out};
             for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
                 be_cpu_mat_free(mats[i]);
             gdn_moe *mo = ly->moe;
@@ -1394,9 +1394,8 @@ gdn_close(be_ctx *c)
                      c->aqg, c->ag};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
-    float *moe_bufs[] = {c->rl, c->rc,  c->sw, c->xe,  c->he,  c->hue,
-                         c->oe, c->hs, c->hsu, c->os, c->sgv, c->m2p,
-                         c->m2x, c->m2y};
+    float *moe_bufs[] = {c->rl, c->rc,  c->sw, c->xe,  c->he,  c->hue, c->oe,
+                         c->hs, c->hsu, c->os, c->sgv, c->m2p, c->m2x, c->m2y};
     for (size_t i = 0; i < sizeof(moe_bufs) / sizeof(moe_bufs[0]); i++)
         free(moe_bufs[i]);
     free(c->sel);
@@ -1473,7 +1472,8 @@ gdn_layer_vec_floats(const be_ctx *c, const wrk_gdn_layer *s)
     return n;
 }
 
-/* A Mamba2 mixer's vectors: conv taps [CD][K] as stored, bias (zeros when absent), A = -exp(A_log). */
+/* A Mamba2 mixer's vectors: conv taps [CD][K] as stored, bias (zeros when absent), A = -exp(A_log).
+ */
 static wk_err
 gdn_load_m2(be_ctx *c, const wrk_gdn_layer *s, gdn_layer *ly, float **vp)
 {
@@ -1534,7 +1534,8 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
         soff += (size_t)wrk_gdn_layer_floats(g, l);
         if (s->mixer == WRK_MIXER_ATTN)
             ly->idx = n_att++;
-        if (s->mixer != WRK_MIXER_NONE && (e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK)
+        if (s->mixer != WRK_MIXER_NONE &&
+            (e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK)
             break;
         if (s->mlp != WRK_MLP_NONE && (e = gdn_vec(s->mlp_norm, C, &vp, &ly->mlp_norm)) != WK_OK)
             break;
@@ -1596,11 +1597,11 @@ gdn_pack(be_ctx *c, wk_diag *d)
     for (uint32_t l = 0; l < c->L; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
         gdn_layer *ly = &c->layers[l];
-        const wrk_mat *sm[] = {&s->q_proj,    &s->k_proj,  &s->v_proj,     &s->a_proj,
-                               &s->b_proj,    &s->g_proj,  &s->o_proj,     &s->gate_proj,
-                               &s->up_proj,   &s->down_proj, &s->m2.in_proj, &s->m2.out_proj};
-        be_cpu_mat *dm[] = {&ly->wq,   &ly->wk,   &ly->wv,    &ly->wa,    &ly->wb,    &ly->wg,
-                            &ly->wo,   &ly->gate, &ly->up,    &ly->down,  &ly->m2_in, &ly->m2_out};
+        const wrk_mat *sm[] = {&s->q_proj,  &s->k_proj,    &s->v_proj,     &s->a_proj,
+                               &s->b_proj,  &s->g_proj,    &s->o_proj,     &s->gate_proj,
+                               &s->up_proj, &s->down_proj, &s->m2.in_proj, &s->m2.out_proj};
+        be_cpu_mat *dm[] = {&ly->wq, &ly->wk,   &ly->wv, &ly->wa,   &ly->wb,    &ly->wg,
+                            &ly->wo, &ly->gate, &ly->up, &ly->down, &ly->m2_in, &ly->m2_out};
         for (size_t i = 0; i < 12; i++) {
             if (sm[i]->t == NULL)
                 continue; /* what the layer's kinds do not use (g_proj without use_gate, ...) */
@@ -1796,15 +1797,9 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     c->n_m2 = g->n_m2;
     if (c->n_m2 > 0) {
         const uint32_t DI = g->m2_heads * g->m2_head_dim, CD = DI + 2 * g->m2_groups * g->m2_state;
-        c->m2d = (be_cpu_m2_dims){DI,
-                                  g->m2_heads,
-                                  g->m2_head_dim,
-                                  g->m2_groups,
-                                  g->m2_state,
-                                  g->m2_conv,
-                                  CD,
-                                  DI + CD + g->m2_heads,
-                                  g->norm_eps};
+        c->m2d = (be_cpu_m2_dims){DI,           g->m2_heads,           g->m2_head_dim,
+                                  g->m2_groups, g->m2_state,           g->m2_conv,
+                                  CD,           DI + CD + g->m2_heads, g->norm_eps};
         c->m2_conv_floats = (size_t)CD * (g->m2_conv - 1);
         c->m2_conv_blocks = (CD + GDN_M2_CONV_BLOCK - 1) / GDN_M2_CONV_BLOCK;
     }
@@ -1820,8 +1815,9 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     if (c->n_m2 > 0 &&
         (g->m2_conv < 2 || g->m2_conv > GDN_CONV_MAX || g->m2_groups == 0 || g->m2_heads == 0 ||
          g->m2_heads % g->m2_groups != 0 || c->m2d.DI % g->m2_groups != 0)) {
-        e = wk_diag_set(d, WK_EINVAL, "cpu backend: bad mamba2 geometry (%u heads, %u groups, "
-                                      "conv %u: 2..%u)",
+        e = wk_diag_set(d, WK_EINVAL,
+                        "cpu backend: bad mamba2 geometry (%u heads, %u groups, "
+                        "conv %u: 2..%u)",
                         g->m2_heads, g->m2_groups, g->m2_conv, GDN_CONV_MAX);
         goto fail;
     }
@@ -1848,10 +1844,11 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         float **p;
         size_t n;
     } bufs[] = {
-        {&c->x, c->C},   {&c->xn, c->C}, {&c->qr, c->KD}, {&c->kr, c->KD}, {&c->vr, c->VD},
-        {&c->q, c->KD},  {&c->k, c->KD}, {&c->v, c->VD},  {&c->ar, c->HV}, {&c->br, c->HV},
-        {&c->gr, c->VD}, {&c->o, c->VD}, {&c->hg, c->F},  {&c->hu, c->F},
-        {&c->m2p, c->m2d.DIP}, {&c->m2x, c->m2d.CD}, {&c->m2y, c->m2d.DI},
+        {&c->x, c->C},        {&c->xn, c->C},  {&c->qr, c->KD},       {&c->kr, c->KD},
+        {&c->vr, c->VD},      {&c->q, c->KD},  {&c->k, c->KD},        {&c->v, c->VD},
+        {&c->ar, c->HV},      {&c->br, c->HV}, {&c->gr, c->VD},       {&c->o, c->VD},
+        {&c->hg, c->F},       {&c->hu, c->F},  {&c->m2p, c->m2d.DIP}, {&c->m2x, c->m2d.CD},
+        {&c->m2y, c->m2d.DI},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         if ((*bufs[i].p = be_cpu_alloc_f(cap * (bufs[i].n ? bufs[i].n : 1))) == NULL) {

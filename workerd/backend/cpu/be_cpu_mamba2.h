@@ -35,9 +35,8 @@ typedef struct be_cpu_m2_vecs {
 } be_cpu_m2_vecs;
 
 /* One token of one head's scan (compiled per ISA path). */
-typedef void (*be_cpu_m2_scan_fn)(uint32_t P, uint32_t N, float *S, const float *x,
-                                  const float *B, const float *Cv, float dt, float dA, float Dh,
-                                  float *y);
+typedef void (*be_cpu_m2_scan_fn)(uint32_t P, uint32_t N, float *S, const float *x, const float *B,
+                                  const float *Cv, float dt, float dA, float Dh, float *y);
 
 /* The scan kernel for isa. */
 be_cpu_m2_scan_fn be_cpu_m2_scan_pick(be_cpu_isa isa);
@@ -48,8 +47,8 @@ be_cpu_m2_scan_fn be_cpu_m2_scan_pick(be_cpu_isa isa);
  * segment come from state [CD][K-1], which then gets the segment's last
  * K-1 inputs. K <= 64.
  */
-void be_cpu_m2_conv(const be_cpu_m2_dims *m, const be_cpu_m2_vecs *v, const float *proj,
-                    float *xbc, uint32_t t0, uint32_t n, float *state, uint32_t c0, uint32_t c1);
+void be_cpu_m2_conv(const be_cpu_m2_dims *m, const be_cpu_m2_vecs *v, const float *proj, float *xbc,
+                    uint32_t t0, uint32_t n, float *state, uint32_t c0, uint32_t c1);
 
 /* The scan of head h over the n tokens from t0, in order; ssm the layer's [H][P][N]. */
 void be_cpu_m2_scan(const be_cpu_m2_dims *m, const be_cpu_m2_vecs *v, be_cpu_m2_scan_fn scan,

@@ -399,7 +399,8 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
     for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
         size_t *o = offs + 1 + GV_N * (size_t)l;
-        const bool at = s->mixer == WRK_MIXER_ATTN, bias = at && g->qkv_bias, qkn = at && g->qk_norm;
+        const bool at = s->mixer == WRK_MIXER_ATTN, bias = at && g->qkv_bias,
+                   qkn = at && g->qk_norm;
         /* n 0: the layer has no such vector */
         const struct {
             const wk_tensor *t;
