@@ -930,6 +930,325 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
     return WK_OK;
 }
 
+/* blk.N.<gguf> -> backbone.layers.N.<hf> for nemotron_h / nemotron_h_moe, with the kind it implies
+ */
+static const struct {
+    const char *gguf; /* suffix after "blk.N." */
+    const char *hf;   /* suffix after "backbone.layers.N." ("mixer.experts.<e>." for _exps) */
+    char kind;        /* the layer kind the tensor shows (0: any) */
+} wrk_gguf_nh_layer_names[] = {
+    {"attn_norm.weight", "norm.weight", 0},
+    {"ssm_in.weight", "mixer.in_proj.weight", 'M'},
+    {"ssm_conv1d.weight", "mixer.conv1d.weight", 'M'}, /* [CD,K] -> [CD,1,K] */
+    {"ssm_conv1d.bias", "mixer.conv1d.bias", 'M'},
+    {"ssm_dt.bias", "mixer.dt_bias", 'M'},
+    {"ssm_a", "mixer.A_log", 'M'},                 /* A = -exp(A_log) [H,1] -> A_log [H] */
+    {"ssm_d", "mixer.D", 'M'},                     /* [H,1] -> [H] */
+    {"ssm_norm.weight", "mixer.norm.weight", 'M'}, /* [G, d_inner/G] -> [d_inner] */
+    {"ssm_out.weight", "mixer.out_proj.weight", 'M'},
+    {"attn_q.weight", "mixer.q_proj.weight", '*'},
+    {"attn_k.weight", "mixer.k_proj.weight", '*'},
+    {"attn_v.weight", "mixer.v_proj.weight", '*'},
+    {"attn_output.weight", "mixer.o_proj.weight", '*'},
+    {"ffn_up.weight", "mixer.up_proj.weight", '-'},
+    {"ffn_down.weight", "mixer.down_proj.weight", '-'},
+    {"ffn_gate_inp.weight", "mixer.gate.weight", 'E'},
+    {"exp_probs_b.bias", "mixer.gate.e_score_correction_bias", 'E'},
+    {"ffn_up_shexp.weight", "mixer.shared_experts.up_proj.weight", 'E'},
+    {"ffn_down_shexp.weight", "mixer.shared_experts.down_proj.weight", 'E'},
+    {"ffn_up_exps.weight", "up_proj", 'E'}, /* [E, F, C] -> mixer.experts.<e>.up_proj.weight */
+    {"ffn_down_exps.weight", "down_proj", 'E'},
+};
+#define WRK_GGUF_N_NH_LAYER_NAMES                                                                  \
+    (sizeof(wrk_gguf_nh_layer_names) / sizeof(wrk_gguf_nh_layer_names[0]))
+
+/* Adds t as backbone.layers.<layer>.<name>. */
+static wk_tensor *
+wrk_gguf_nh_add(wrk_gguf_views *vs, const wk_tensor *t, long layer, const char *name)
+{
+    char full[128];
+    snprintf(full, sizeof(full), "backbone.layers.%ld.%s", layer, name);
+    return wrk_gguf_view_add(vs, t, -1, full);
+}
+
+/*
+ * Undoes the converter's q / k row permutation (llama.cpp's rope layout: per
+ * head of d rows, row 2 i + j of the file is row j d/2 + i of the checkpoint)
+ * into an owned copy: wkvm's attention is position-free here, and the
+ * checkpoint's order keeps its sums in the checkpoint's order.
+ */
+static wk_err
+wrk_gguf_nh_unpermute(wrk_gguf_owner *own, wk_tensor *o, uint64_t n_head, wk_diag *d)
+{
+    const size_t rb = wrk_gguf_row_bytes(o);
+    if (o->ndim != 2 || n_head == 0 || o->shape[0] % (int64_t)(2 * n_head) != 0 || rb == 0)
+        return wk_diag_set(d, WK_EINVAL, "%s: %" PRId64 " rows, not %" PRIu64 " heads of pairs",
+                           o->name, o->ndim >= 1 ? o->shape[0] : 0, n_head);
+    const uint64_t hd = (uint64_t)o->shape[0] / n_head, half = hd / 2;
+    uint8_t *dst = wrk_gguf_owned(own, (size_t)o->shape[0] * rb);
+    if (dst == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    const uint8_t *src = o->data;
+    for (uint64_t h = 0; h < n_head; h++)
+        for (uint64_t i = 0; i < half; i++)
+            for (uint64_t j = 0; j < 2; j++)
+                memcpy(dst + (size_t)(h * hd + j * half + i) * rb,
+                       src + (size_t)(h * hd + 2 * i + j) * rb, rb);
+    o->data = dst;
+    return WK_OK;
+}
+
+/* Index of GGUF layer suffix rest in wrk_gguf_nh_layer_names, or -1. */
+static int
+wrk_gguf_nh_find(const char *rest)
+{
+    for (size_t k = 0; k < WRK_GGUF_N_NH_LAYER_NAMES; k++)
+        if (strcmp(rest, wrk_gguf_nh_layer_names[k].gguf) == 0)
+            return (int)k;
+    return -1;
+}
+
+/* Reads the optional float <arch>.<key> as the shortest decimal of its float32, def when absent. */
+static wk_err
+wrk_gguf_f64_def(const wk_gguf *g, const char *arch, const char *key, double def, double *out,
+                 wk_diag *d)
+{
+    char k[96];
+    snprintf(k, sizeof(k), "%s.%s", arch, key);
+    wk_diag ed = {""};
+    wk_err e = wk_gguf_get_f64(g, k, out, &ed);
+    if (e == WK_ENOENT) {
+        *out = def;
+        return WK_OK;
+    }
+    if (e != WK_OK)
+        return wk_diag_set(d, e, "%s", ed.msg);
+    *out = wrk_gguf_eps(*out);
+    return WK_OK;
+}
+
+/*
+ * Maps the tensors of a nemotron_h / nemotron_h_moe file (llama.cpp's
+ * NemotronHModel) back to the checkpoint's names and builds its config:
+ * the layer kinds from the tensors each block holds (ssm_* Mamba2, attn_q
+ * attention, ffn_up MLP, ffn_gate_inp MoE), the stacked experts split into
+ * one view each, A = -exp(A_log) turned back into A_log (as for Mamba2), the
+ * squeezed conv and the grouped norm reshaped, q / k rows put back in the
+ * checkpoint's order (wrk_gguf_nh_unpermute).
+ */
+static wk_err
+wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const char *arch,
+                    json_t **config, wk_diag *d)
+{
+    uint64_t L, C, Hq, Da, K2, N, G, H, DI, E = 0, k = 0, Fe = 0, Fs = 0, ng = 1, tg = 1, nrm = 1;
+    double eps, scale = 1.0;
+    wk_err e;
+    const bool moe = strcmp(arch, "nemotron_h_moe") == 0;
+    if ((e = wrk_gguf_u64(g, arch, "block_count", &L, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "embedding_length", &C, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "attention.head_count", &Hq, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "attention.key_length", &Da, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.conv_kernel", &K2, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.state_size", &N, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.group_count", &G, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.time_step_rank", &H, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.inner_size", &DI, d)) != WK_OK ||
+        (e = wrk_gguf_eps_key(g, arch, "attention.layer_norm_epsilon", &eps, d)) != WK_OK)
+        return e;
+    if (moe &&
+        ((e = wrk_gguf_u64(g, arch, "expert_count", &E, d)) != WK_OK ||
+         (e = wrk_gguf_u64(g, arch, "expert_used_count", &k, d)) != WK_OK ||
+         (e = wrk_gguf_u64(g, arch, "expert_feed_forward_length", &Fe, d)) != WK_OK ||
+         (e = wrk_gguf_u64_def(g, arch, "expert_shared_feed_forward_length", 0, &Fs, d)) != WK_OK ||
+         (e = wrk_gguf_u64_def(g, arch, "expert_group_count", 1, &ng, d)) != WK_OK ||
+         (e = wrk_gguf_u64_def(g, arch, "expert_group_used_count", 1, &tg, d)) != WK_OK ||
+         (e = wrk_gguf_u64_def(g, arch, "expert_weights_norm", 1, &nrm, d)) != WK_OK ||
+         (e = wrk_gguf_f64_def(g, arch, "expert_weights_scale", 1.0, &scale, d)) != WK_OK))
+        return e;
+    if (L < 1 || L > WRK_GGUF_MAX_LAYERS || C < 1 || C > (1u << 17) || Hq < 1 || Da < 1 ||
+        Da > 1024 || K2 < 2 || K2 > 64 || N < 1 || N > 4096 || H < 1 || G < 1 || H % G != 0 ||
+        DI < H || DI % H != 0 || DI > (1u << 20) || (moe && (E < 1 || E > 4096 || k < 1)))
+        return wk_diag_set(d, WK_EINVAL, "%s.* dimensions out of range or inconsistent", arch);
+
+    /* the layer kinds, from the tensors each block holds */
+    char *kinds = wrk_gguf_owned(own, L + 1);
+    if (kinds == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    memset(kinds, 0, L + 1);
+    size_t nt = wk_gguf_tensor_count(g);
+    uint64_t F = 0, Hkv = 0;
+    bool have_output = false, conv_bias = false;
+    for (size_t i = 0; i < nt; i++) {
+        const wk_tensor *t = wk_gguf_tensor_at(g, i);
+        const char *rest = NULL;
+        long layer = wrk_gguf_layer(t->name, &rest);
+        if (layer < 0) {
+            have_output = have_output || strcmp(t->name, "output.weight") == 0;
+            continue;
+        }
+        int ki = (uint64_t)layer < L ? wrk_gguf_nh_find(rest) : -1;
+        if (ki < 0)
+            return wk_diag_set(d, WK_EINVAL,
+                               "%s: unexpected tensor for a %s GGUF file (MTP layers: convert "
+                               "with --no-mtp)",
+                               t->name, arch);
+        const char kind = wrk_gguf_nh_layer_names[ki].kind;
+        if (kind == 0)
+            continue;
+        if (kinds[layer] != 0 && kinds[layer] != kind)
+            return wk_diag_set(d, WK_EINVAL, "%s: block %ld holds tensors of two kinds", t->name,
+                               layer);
+        kinds[layer] = kind;
+        conv_bias = conv_bias || strcmp(rest, "ssm_conv1d.bias") == 0;
+        if (strcmp(rest, "ffn_up.weight") == 0 && t->ndim == 2)
+            F = (uint64_t)t->shape[0];
+        if (strcmp(rest, "attn_k.weight") == 0 && t->ndim == 2)
+            Hkv = (uint64_t)t->shape[0] / Da;
+    }
+    json_t *types = json_array();
+    if (types == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    for (uint64_t l = 0; l < L; l++) {
+        const char *name = kinds[l] == 'M'   ? "linear_attention"
+                           : kinds[l] == '*' ? "full_attention"
+                           : kinds[l] == '-' ? "mlp"
+                           : kinds[l] == 'E' ? "moe"
+                                             : NULL;
+        if (name == NULL) {
+            json_decref(types);
+            return wk_diag_set(d, WK_EINVAL, "blk.%" PRIu64 ": no mixer tensors", l);
+        }
+        json_array_append_new(types, json_string(name));
+    }
+
+    vs->cap = nt + (size_t)L * 2 * E;
+    vs->v = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->v));
+    vs->names = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->names));
+    if (vs->v == NULL || vs->names == NULL) {
+        json_decref(types);
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < nt && e == WK_OK; i++) {
+        const wk_tensor *t = wk_gguf_tensor_at(g, i);
+        const char *rest = NULL, *hf = NULL;
+        long layer = wrk_gguf_layer(t->name, &rest);
+        if (layer < 0) {
+            for (size_t m = 0; m < WRK_GGUF_N_M2_GLOBAL_NAMES && hf == NULL; m++)
+                if (strcmp(t->name, wrk_gguf_m2_global_names[m].gguf) == 0)
+                    hf = wrk_gguf_m2_global_names[m].hf;
+            if (hf == NULL) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file", t->name,
+                                arch);
+                break;
+            }
+            if (wrk_gguf_view_add(vs, t, -1, hf) == NULL)
+                e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+            continue;
+        }
+        hf = wrk_gguf_nh_layer_names[wrk_gguf_nh_find(rest)].hf;
+        if (strstr(rest, "_exps.") != NULL) { /* stacked experts */
+            if (t->ndim != 3 || t->shape[0] != (int64_t)E || t->dtype == WK_DTYPE_Q8_0) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected [%" PRIu64 ", ., .] experts", t->name,
+                                E);
+                break;
+            }
+            const size_t per = t->nbytes / E;
+            for (uint64_t x = 0; x < E && e == WK_OK; x++) {
+                char full[128];
+                snprintf(full, sizeof(full), "mixer.experts.%" PRIu64 ".%s.weight", x, hf);
+                wk_tensor *o = wrk_gguf_nh_add(vs, t, layer, full);
+                if (o == NULL) {
+                    e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+                    break;
+                }
+                o->ndim = 2;
+                o->shape[0] = t->shape[1];
+                o->shape[1] = t->shape[2];
+                o->data = (const uint8_t *)t->data + x * per;
+                o->nbytes = per;
+            }
+            continue;
+        }
+        wk_tensor *o = wrk_gguf_nh_add(vs, t, layer, hf);
+        if (o == NULL) {
+            e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+            break;
+        }
+        const int64_t numel = wk_tensor_numel(t);
+        if (strcmp(rest, "attn_q.weight") == 0 || strcmp(rest, "attn_k.weight") == 0) {
+            e = wrk_gguf_nh_unpermute(own, o, rest[5] == 'q' ? Hq : (Hkv ? Hkv : Hq), d);
+        } else if (strcmp(rest, "ssm_conv1d.weight") == 0) {
+            if (t->ndim != 2 || t->shape[1] != (int64_t)K2) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected [conv_dim, %" PRIu64 "]", t->name, K2);
+                break;
+            }
+            o->ndim = 3;
+            o->shape[0] = t->shape[0];
+            o->shape[1] = 1;
+            o->shape[2] = t->shape[1];
+        } else if (strcmp(rest, "ssm_a") == 0 || strcmp(rest, "ssm_d") == 0 ||
+                   strcmp(rest, "ssm_norm.weight") == 0 || strcmp(rest, "exp_probs_b.bias") == 0) {
+            o->ndim = 1;
+            o->shape[0] = numel;
+            if (strcmp(rest, "ssm_a") != 0)
+                continue;
+            if (numel != (int64_t)H) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " values", t->name, H);
+                break;
+            }
+            float *a_log = wrk_gguf_owned(own, H * sizeof(float));
+            if (a_log == NULL) {
+                e = wk_diag_set(d, WK_ENOMEM, "out of memory");
+                break;
+            }
+            for (uint64_t h = 0; h < H && e == WK_OK; h++) {
+                float A;
+                bool exact;
+                if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK || !(A < 0.0f) || !isfinite(A))
+                    e = wk_diag_set(d, WK_EINVAL, "%s[%" PRIu64 "]: expected A = -exp(A_log) < 0",
+                                    t->name, h);
+                else
+                    a_log[h] = wrk_gguf_a_log(A, &exact);
+            }
+            o->dtype = WK_DTYPE_F32;
+            o->data = a_log;
+            o->nbytes = H * sizeof(float);
+        }
+    }
+    if (e != WK_OK) {
+        json_decref(types);
+        return e;
+    }
+    /* every other shape is checked by family/wrk_nemotron_h.c against these keys */
+    json_t *c = json_pack(
+        "{s:s, s:I, s:o, s:I, s:I, s:I, s:I, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:f, s:b}",
+        "model_type", "nemotron_h", "hidden_size", (json_int_t)C, "layers_block_type", types,
+        "num_attention_heads", (json_int_t)Hq, "num_key_value_heads", (json_int_t)(Hkv ? Hkv : Hq),
+        "head_dim", (json_int_t)Da, "intermediate_size", (json_int_t)(F ? F : 1), "mlp_hidden_act",
+        "relu2", "mamba_hidden_act", "silu", "mamba_num_heads", (json_int_t)H, "mamba_head_dim",
+        (json_int_t)(DI / H), "n_groups", (json_int_t)G, "ssm_state_size", (json_int_t)N,
+        "conv_kernel", (json_int_t)K2, "use_conv_bias", conv_bias, "layer_norm_epsilon", eps,
+        "tie_word_embeddings", !have_output);
+    if (c == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    if (moe) {
+        json_t *x =
+            json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:b, s:f}", "n_routed_experts", (json_int_t)E,
+                      "num_experts_per_tok", (json_int_t)k, "moe_intermediate_size", (json_int_t)Fe,
+                      "moe_shared_expert_intermediate_size", (json_int_t)(Fs ? Fs : 1), "n_group",
+                      (json_int_t)ng, "topk_group", (json_int_t)tg, "norm_topk_prob", nrm != 0,
+                      "routed_scaling_factor", scale);
+        int rc = x != NULL ? json_object_update(c, x) : -1;
+        json_decref(x);
+        if (rc != 0) {
+            json_decref(c);
+            return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        }
+    }
+    *config = c;
+    return WK_OK;
+}
+
 wk_err
 wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d)
 {
@@ -958,10 +1277,15 @@ wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d
         e = wrk_gguf_qwen35(own->g, &vs, own, "qwen35moe", &cfg, d);
     } else if (arch_len == 9 && memcmp(arch, "qwen3next", 9) == 0) {
         e = wrk_gguf_qwen35(own->g, &vs, own, "qwen3next", &cfg, d);
+    } else if (arch_len == 10 && memcmp(arch, "nemotron_h", 10) == 0) {
+        e = wrk_gguf_nemotron_h(own->g, &vs, own, "nemotron_h", &cfg, d);
+    } else if (arch_len == 14 && memcmp(arch, "nemotron_h_moe", 14) == 0) {
+        e = wrk_gguf_nemotron_h(own->g, &vs, own, "nemotron_h_moe", &cfg, d);
     } else {
         e = wk_diag_set(d, WK_ENOTSUP,
                         "general.architecture \"%.*s\": only rwkv7, mamba2, qwen35, "
-                        "qwen35moe and qwen3next GGUF files are supported",
+                        "qwen35moe, qwen3next, nemotron_h and nemotron_h_moe GGUF files are "
+                        "supported",
                         (int)(arch_len > 64 ? 64 : arch_len), arch);
     }
     if (e != WK_OK)

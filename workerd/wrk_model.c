@@ -1159,8 +1159,9 @@ wrk_model_read_config(const char *dir, json_t **out, wk_diag *d)
     return WK_OK;
 }
 
-static const wrk_family *const wrk_families[] = {&wrk_family_mamba2, &wrk_family_gdn,
-                                                 &wrk_family_qwen3_5};
+/* nemotron_h before mamba2: both name tensors backbone.*, only Nemotron-H has non-Mamba2 layers */
+static const wrk_family *const wrk_families[] = {&wrk_family_nemotron_h, &wrk_family_mamba2,
+                                                 &wrk_family_gdn, &wrk_family_qwen3_5};
 #define WRK_N_FAMILIES (sizeof(wrk_families) / sizeof(wrk_families[0]))
 
 /*

@@ -52,6 +52,17 @@ def make_qwen35():
     return d
 
 
+def make_nemotron_h():
+    """A Nemotron-H layout (Mamba2, attention over the KV pool, relu2 MLP, MoE)."""
+    d = os.path.join(TMP.name, "tiny-nemotron_h")
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    ref = os.path.join(os.path.dirname(__file__), "..", "reference")
+    subprocess.run([py, os.path.join(ref, "gen_nemotron_h.py"), "--out", d, "--seed", "22",
+                    "--pattern", "M*M-ME", "--vocab", "512"],
+                   check=True, capture_output=True, timeout=120)
+    return d
+
+
 def infer_greedy(tokens, n, model=None):
     out = subprocess.run([INFER, "--model", model or MODEL, "--threads", "1", "--tokens",
                           ",".join(map(str, tokens)), "--generate", str(n)],
@@ -179,6 +190,18 @@ def test_hybrid_qwen35_follow_ups_reuse():
             print("qwen3_5 %s client: reused fraction of each follow-up's prompt %s"
                   % (client, " ".join(fr)), flush=True)
             assert all(c > 0 for _, _, c in out[1:]), out
+
+
+def test_hybrid_nemotron_h_follow_ups_reuse():
+    """The same on a Nemotron-H layout (Mamba2 states plus attention KV pages)."""
+    model = make_nemotron_h()
+    with Stack(model=model, slots=4) as s:
+        up(s)
+        out, _, _ = converse(s, "raw", 4, first="Read this text. " * 10, model=model)
+        fr = ["%.2f" % (c / len(P)) for P, _, c in out[1:]]
+        print("nemotron_h raw client: reused fraction of each follow-up's prompt %s"
+              % " ".join(fr), flush=True)
+        assert all(c > 0 for _, _, c in out[1:]), out
 
 
 def test_cut_characters_stops_and_regenerate():
@@ -401,6 +424,7 @@ def test_busy_preferred_worker():
 if __name__ == "__main__":
     rc = run_tests([test_every_follow_up_reuses_for_every_client,
                     test_hybrid_qwen35_follow_ups_reuse,
+                    test_hybrid_nemotron_h_follow_ups_reuse,
                     test_cut_characters_stops_and_regenerate,
                     test_pressure_restart_and_owners,
                     test_budgets_switches_and_admin,

@@ -286,8 +286,8 @@ test_rwkv7_refusals(void **state)
     rwkv7_file(&b);
     b.kv[0].s = "llama";
     expect_refused(&b, WK_ENOTSUP,
-                   "general.architecture \"llama\": only rwkv7, mamba2, qwen35, qwen35moe and "
-                   "qwen3next GGUF files are supported");
+                   "general.architecture \"llama\": only rwkv7, mamba2, qwen35, qwen35moe, "
+                   "qwen3next, nemotron_h and nemotron_h_moe GGUF files are supported");
     rwkv7_file(&b);
     b.kv[2].key = "rwkv7.head_size"; /* the required key absent */
     expect_refused(&b, WK_ENOENT, "rwkv7.wkv.head_size");

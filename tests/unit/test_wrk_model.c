@@ -4,7 +4,8 @@
  * logits; at other head sizes their GroupNorm epsilons differ); an HF head
  * tied to the embedding loads, and the epsilons follow the convention; every
  * malformed checkpoint must be refused with a diag naming the tensor; the
- * checkpoint-finding rules and the fingerprint inputs are checked.
+ * checkpoint-finding rules and the fingerprint inputs are checked; the
+ * nemotron_h family's config refusals.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -537,6 +538,58 @@ test_corrupt_file(void **state)
     wrk_model_free(NULL);
 }
 
+/*
+ * nemotron_h's config reading (family/wrk_nemotron_h.c) refuses what it cannot
+ * run before any tensor is looked at, naming the key; a config it accepts
+ * then looks for the checkpoint's tensors (here an RWKV-7 file: none there).
+ */
+static void
+test_nemotron_h_config(void **state)
+{
+    (void)state;
+    char dir[256];
+    synth_cfg c = synth_default();
+    synth_tmpdir(dir, sizeof(dir), "nemotron_h");
+    assert_int_equal(synth_write(dir, &c), 0);
+    static const struct {
+        const char *json, *want;
+    } cases[] = {
+        {"{\"model_type\": \"nemotron_h\", \"hybrid_override_pattern\": \"M*\", "
+         "\"mlp_hidden_act\": \"silu\"}",
+         "mlp_hidden_act \"silu\" is not supported (relu2 only)"},
+        {"{\"model_type\": \"nemotron_h\", \"hybrid_override_pattern\": \"M*\", "
+         "\"moe_latent_size\": 1024}",
+         "moe_latent_size is not supported"},
+        {"{\"model_type\": \"nemotron_h\", \"hybrid_override_pattern\": \"M*\", "
+         "\"attention_bias\": true}",
+         "attention_bias true is not supported"},
+        {"{\"model_type\": \"nemotron_h\"}", "layers_block_type or hybrid_override_pattern"},
+        {"{\"model_type\": \"nemotron_h\", \"hybrid_override_pattern\": \"M*X\"}",
+         "hybrid_override_pattern[2] 'X' is not supported"},
+        {"{\"model_type\": \"nemotron_h\", \"hybrid_override_pattern\": \"*-E\"}",
+         "no Mamba2 layer"},
+        {"{\"model_type\": \"nemotron_h\", \"layers_block_type\": [\"mamba\", "
+         "\"sliding_attention\"]}",
+         "layers_block_type[1] \"sliding_attention\" is not supported"},
+        {"{\"model_type\": \"nemotron_h\", \"layers_block_type\": [\"mamba\", "
+         "\"attention\", \"mlp\", \"moe\"]}",
+         "backbone.embeddings.weight: missing"},
+        {"{\"model_type\": \"nemotron_h\", \"hybrid_override_pattern\": \"M*-E\"}",
+         "backbone.embeddings.weight: missing"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        write_config(dir, cases[i].json);
+        wk_diag d = {{0}};
+        wrk_model *m = NULL;
+        wk_err e = wrk_model_load(dir, NULL, &m, &d);
+        if (e == WK_OK || strstr(d.msg, cases[i].want) == NULL)
+            fail_msg("case %zu: expected '%s', got %s: %s", i, cases[i].want, wk_err_name(e),
+                     d.msg);
+        assert_null(m);
+    }
+    synth_rmdir(dir);
+}
+
 int
 main(void)
 {
@@ -549,6 +602,7 @@ main(void)
         cmocka_unit_test(test_wrong_shape),
         cmocka_unit_test(test_inconsistent_heads),
         cmocka_unit_test(test_unexpected_and_mixed),
+        cmocka_unit_test(test_nemotron_h_config),
         cmocka_unit_test(test_find_checkpoint),
         cmocka_unit_test(test_corrupt_file),
     };
