@@ -141,7 +141,7 @@ test_maps(void **state)
     assert_ptr_not_equal(g->head.t, g->emb);
     assert_non_null(g->layers[1].g_proj.t);
     assert_null(g->layers[0].moe);
-    assert_false(g->layers[1].is_attn);
+    assert_int_equal(g->layers[1].mixer, WRK_MIXER_GDN);
     assert_int_equal(in->state_bytes, (uint64_t)L * ((W - 1) * (2 * KD + VD) + HV * K * VH) * 4);
     assert_int_equal(in->n_attn_layer, 0);
     assert_int_equal(in->kv_token_bytes, 0);
@@ -168,8 +168,8 @@ test_hybrid(void **state)
     assert_int_equal(g->attn_heads, HQ);
     assert_int_equal(g->attn_kv_heads, HKV);
     assert_int_equal(g->attn_head_dim, DA);
-    assert_false(g->layers[0].is_attn);
-    assert_true(g->layers[1].is_attn);
+    assert_int_equal(g->layers[0].mixer, WRK_MIXER_GDN);
+    assert_int_equal(g->layers[1].mixer, WRK_MIXER_ATTN);
     assert_null(g->layers[1].a_proj.t);
     assert_true(g->rope_theta == 10000.0);
     assert_int_equal(in->n_attn_layer, 1);

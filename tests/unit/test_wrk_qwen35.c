@@ -145,8 +145,8 @@ check_view(const wrk_model *m)
     assert_int_equal(g->rope_dim, DA / 2);
     assert_true(g->rope_theta == 1000000.0);
     assert_true(g->norm_offset == 1.0f);
-    assert_false(g->layers[0].is_attn);
-    assert_true(g->layers[1].is_attn);
+    assert_int_equal(g->layers[0].mixer, WRK_MIXER_GDN);
+    assert_int_equal(g->layers[1].mixer, WRK_MIXER_ATTN);
     /* in_proj_qkv split into row views of q, k and v */
     assert_non_null(g->layers[0].q_proj.t);
     assert_non_null(g->layers[0].v_proj.t);
