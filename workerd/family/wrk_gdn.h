@@ -123,6 +123,18 @@ typedef struct wrk_gdn {
     uint32_t rope_dim;      /* rotary dims: the first rope_dim of each head (even, <= Da) */
     float norm_offset;      /* added to every RMSNorm weight but o_norm's: 0, or 1 for the
                                (1 + weight) convention of Qwen3.5 */
+    /*
+     * Granite's scalars (family/wrk_granite_h.c); 0 in each: none (what
+     * every other family leaves them). emb_mul multiplies the embedding
+     * row; res_mul multiplies each mixer's and each MLP's output before it
+     * is added into the residual (x = x + out * res_mul); attn_scale
+     * replaces Da^-0.5 as the attention score scale; logit_div divides the
+     * logits (logits = head(norm(x)) / logit_div).
+     */
+    float emb_mul;
+    float res_mul;
+    float attn_scale;
+    float logit_div;
 } wrk_gdn;
 
 /*
