@@ -18,9 +18,12 @@ migration goes over NNG with the reason "hybrid state (KV pages)".
 "qwen3_5-hybrid" is a Qwen3.5 checkpoint (tests/reference/gen_qwen35.py:
 transformers' multimodal layout, gated attention in layers 1 and 3, BF16
 shards, a vision tower and MTP layer that are skipped), served through the
-same Gated DeltaNet backend with its KV in the pool.
+same Gated DeltaNet backend with its KV in the pool. "granite_h-hybrid" is a
+Granite-4.0-H checkpoint (tests/reference/gen_granite_h.py: Mamba2 layers and
+one attention layer, experts with the shared MLP, Granite's multipliers) on the
+same backend's Mamba2 layer kind.
 
-WKVM_FAMILIES=rwkv7,mamba2 limits the families (all five by default).
+WKVM_FAMILIES=rwkv7,mamba2 limits the families (all six by default).
 """
 import json
 import os
@@ -62,6 +65,12 @@ def make_model(family):
         # gated attention over the paged KV pool, BF16 sharded.
         cmd = [PY, os.path.join(REF, "gen_qwen35.py"), "--out", d, "--seed", "15", "--layers",
                "4", "--interval", "2", "--multimodal", "--dtype", "bf16", "--format", "sharded"]
+    elif family == "granite_h-hybrid":
+        # Granite-4.0-H (tests/reference/gen_granite_h.py: the hub's granitemoehybrid
+        # names): Mamba2 layers, attention in layer 3 without position encoding over the
+        # paged KV pool, a mixture of experts with the shared MLP, Granite's multipliers.
+        cmd = [PY, os.path.join(REF, "gen_granite_h.py"), "--out", d, "--seed", "16",
+               "--experts", "4"]
     else:
         raise ValueError(family)
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
@@ -205,7 +214,8 @@ def run_family(f):
 
 def families():
     env = os.environ.get("WKVM_FAMILIES")
-    return env.split(",") if env else ["rwkv7", "mamba2", "gdn", "gdn-hybrid", "qwen3_5-hybrid"]
+    return env.split(",") if env else ["rwkv7", "mamba2", "gdn", "gdn-hybrid", "qwen3_5-hybrid",
+                                       "granite_h-hybrid"]
 
 
 def make_tests():
