@@ -599,8 +599,10 @@ gdn_map_kinds(gdn_view *v, const json_t *config, uint32_t *l0, uint32_t *la, wk_
         (*l0)++;
     while (*la < g->n_layer && !is_attn[*la])
         (*la)++;
-    for (uint32_t l = 0; l < g->n_layer; l++)
-        v->layers[l].is_attn = is_attn[l];
+    for (uint32_t l = 0; l < g->n_layer; l++) {
+        v->layers[l].mixer = is_attn[l] ? WRK_MIXER_ATTN : WRK_MIXER_GDN;
+        v->layers[l].mlp = WRK_MLP_SWIGLU;
+    }
     free(is_attn);
     return e;
 }
@@ -613,7 +615,7 @@ gdn_map_layers(gdn_view *v, const wk_tensor_set *set, const uint32_t dim[], wk_d
     char name[256];
     wk_err e;
     for (uint32_t l = 0; l < g->n_layer; l++) {
-        const bool at = v->layers[l].is_attn;
+        const bool at = v->layers[l].mixer == WRK_MIXER_ATTN;
         const gdn_spec *specs = at ? attn_specs : gdn_specs;
         const size_t n_specs = at ? GDN_N_ATTN_SPECS : GDN_N_SPECS;
         for (size_t s = 0; s < n_specs; s++) {
@@ -680,8 +682,9 @@ gdn_declare(wrk_model *m, gdn_view *v, wk_diag *d)
         return e;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         wrk_gdn_layer *ly = &v->layers[l];
-        const gdn_spec *specs = ly->is_attn ? attn_specs : gdn_specs;
-        const size_t n_specs = ly->is_attn ? GDN_N_ATTN_SPECS : GDN_N_SPECS;
+        const bool at = ly->mixer == WRK_MIXER_ATTN;
+        const gdn_spec *specs = at ? attn_specs : gdn_specs;
+        const size_t n_specs = at ? GDN_N_ATTN_SPECS : GDN_N_SPECS;
         for (size_t s = 0; s < n_specs; s++) {
             const gdn_spec *sp = &specs[s];
             if (!gdn_spec_on(g, sp))
@@ -728,14 +731,9 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
     info->head_size = g->head_k;
     info->ffn_dim = g->ffn_dim;
     info->vocab_size = g->vocab_size;
-    const uint64_t KD = dim[GDN_KD], VD = dim[GDN_VD];
-    info->state_bytes =
-        (uint64_t)(g->n_layer - g->n_attn) *
-        ((uint64_t)(g->conv - 1) * (2 * KD + VD) + (uint64_t)g->n_v_head * g->head_k * g->head_v) *
-        sizeof(float);
+    info->state_bytes = wrk_gdn_state_bytes(g);
     info->n_attn_layer = g->n_attn;
-    info->kv_token_bytes =
-        (uint64_t)g->n_attn * 2 * g->attn_kv_heads * g->attn_head_dim * sizeof(float);
+    info->kv_token_bytes = wrk_gdn_kv_token_bytes(g);
     *out = v;
     return WK_OK;
 
@@ -744,22 +742,72 @@ fail:
     return e;
 }
 
+uint64_t
+wrk_gdn_layer_floats(const wrk_gdn *g, uint32_t l)
+{
+    switch (g->layers[l].mixer) {
+    case WRK_MIXER_GDN: {
+        const uint64_t KD = (uint64_t)g->n_head * g->head_k;
+        const uint64_t VD = (uint64_t)g->n_v_head * g->head_v;
+        return (uint64_t)(g->conv - 1) * (2 * KD + VD) +
+               (uint64_t)g->n_v_head * g->head_k * g->head_v;
+    }
+    case WRK_MIXER_MAMBA2: {
+        const uint64_t DI = (uint64_t)g->m2_heads * g->m2_head_dim;
+        const uint64_t CD = DI + 2 * (uint64_t)g->m2_groups * g->m2_state;
+        return CD * (g->m2_conv - 1) + DI * g->m2_state;
+    }
+    default:
+        return 0;
+    }
+}
+
+uint64_t
+wrk_gdn_state_bytes(const wrk_gdn *g)
+{
+    uint64_t n = 0;
+    for (uint32_t l = 0; l < g->n_layer; l++)
+        n += wrk_gdn_layer_floats(g, l);
+    return n * sizeof(float);
+}
+
+uint64_t
+wrk_gdn_kv_token_bytes(const wrk_gdn *g)
+{
+    return (uint64_t)g->n_attn * 2 * g->attn_kv_heads * g->attn_head_dim * sizeof(float);
+}
+
 size_t
 wrk_gdn_state_layout(const wrk_gdn *g, wrk_state_tensor *out, size_t cap)
 {
     const uint64_t KD = (uint64_t)g->n_head * g->head_k;
     const uint64_t VD = (uint64_t)g->n_v_head * g->head_v;
-    size_t n = (size_t)(g->n_layer - g->n_attn) * 4;
-    size_t gi = 0; /* index among the Gated DeltaNet layers */
-    for (uint32_t l = 0; out != NULL && l < g->n_layer; l++) {
-        static const char *const nm[4] = {"q_conv", "k_conv", "v_conv", "S"};
-        if (g->layers[l].is_attn)
+    const uint64_t DI = (uint64_t)g->m2_heads * g->m2_head_dim;
+    size_t n = 0;
+    for (uint32_t l = 0; l < g->n_layer; l++) {
+        const wrk_mixer_kind kind = g->layers[l].mixer;
+        if (kind != WRK_MIXER_GDN && kind != WRK_MIXER_MAMBA2)
             continue;
-        for (uint32_t k = 0; k < 4 && 4 * gi + k < cap; k++) {
-            wrk_state_tensor *t = &out[4 * gi + k];
+        static const char *const nm_gdn[4] = {"q_conv", "k_conv", "v_conv", "S"};
+        static const char *const nm_m2[2] = {"conv", "ssm"};
+        const uint32_t parts = kind == WRK_MIXER_GDN ? 4 : 2;
+        for (uint32_t k = 0; k < parts; k++, n++) {
+            if (out == NULL || n >= cap)
+                continue;
+            wrk_state_tensor *t = &out[n];
             memset(t, 0, sizeof(*t));
-            snprintf(t->name, sizeof(t->name), "layers.%u.%s", l, nm[k]);
-            if (k < 3) {
+            snprintf(t->name, sizeof(t->name), "layers.%u.%s", l,
+                     kind == WRK_MIXER_GDN ? nm_gdn[k] : nm_m2[k]);
+            if (kind == WRK_MIXER_MAMBA2 && k == 0) {
+                t->ndim = 2;
+                t->shape[0] = DI + 2 * (uint64_t)g->m2_groups * g->m2_state;
+                t->shape[1] = g->m2_conv - 1;
+            } else if (kind == WRK_MIXER_MAMBA2) {
+                t->ndim = 3;
+                t->shape[0] = g->m2_heads;
+                t->shape[1] = g->m2_head_dim;
+                t->shape[2] = g->m2_state;
+            } else if (k < 3) {
                 t->ndim = 2;
                 t->shape[0] = g->conv - 1;
                 t->shape[1] = k < 2 ? KD : VD;
@@ -770,7 +818,6 @@ wrk_gdn_state_layout(const wrk_gdn *g, wrk_state_tensor *out, size_t cap)
                 t->shape[2] = g->head_v;
             }
         }
-        gi++;
     }
     return n;
 }
@@ -796,7 +843,7 @@ gdn_fingerprint_extra(const void *view, char *buf, size_t len)
     /* hybrid: the attention config (the layer set as a hash, so any count fits) */
     uint64_t h = 1469598103934665603ull; /* FNV-1a over the attention layer indices */
     for (uint32_t l = 0; l < g->n_layer; l++)
-        if (g->layers[l].is_attn)
+        if (g->layers[l].mixer == WRK_MIXER_ATTN)
             for (int b = 0; b < 4; b++) {
                 h ^= (l >> (8 * b)) & 0xffu;
                 h *= 1099511628211ull;
@@ -822,9 +869,10 @@ wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size_t cap)
     size_t n = 0;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         wrk_gdn_layer *ly = &layers[l];
-        wrk_mat *mats[] = {&ly->q_proj, &ly->k_proj,    &ly->v_proj,  &ly->a_proj,
-                           &ly->b_proj, &ly->g_proj,    &ly->o_proj,  &ly->gate_proj,
-                           &ly->up_proj, &ly->down_proj};
+        wrk_mat *mats[] = {&ly->q_proj,      &ly->k_proj,       &ly->v_proj,  &ly->a_proj,
+                           &ly->b_proj,      &ly->g_proj,       &ly->o_proj,  &ly->gate_proj,
+                           &ly->up_proj,     &ly->down_proj,    &ly->m2.in_proj,
+                           &ly->m2.out_proj};
         for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++) {
             if (mats[i]->t == NULL)
                 continue;
@@ -843,6 +891,8 @@ wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size_t cap)
                 break;
             }
             for (int i = 0; i < 3; i++) {
+                if (em[i]->t == NULL)
+                    continue; /* RELU2 experts have no gate */
                 if (out != NULL && n < cap)
                     out[n] = em[i];
                 n++;

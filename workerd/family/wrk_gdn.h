@@ -1,43 +1,62 @@
 /*
- * wrk_gdn: the Gated DeltaNet view of a model (fla-hub `gated_deltanet`
- * checkpoints), as wrk_gdn.c maps it and the backends read it.
+ * wrk_gdn: the hybrid layer-list view ("gdn" for the family it was first
+ * written for: fla-hub `gated_deltanet`), as the families map a checkpoint
+ * onto it and the backends read it. Families on it: wrk_gdn.c (fla Gated
+ * DeltaNet and its hybrids), wrk_qwen35.c (Qwen3.5 / Qwen3-Next),
+ * wrk_nemotron_h.c (NVIDIA Nemotron-H).
  *
- * Dimensions: C = hidden_size, H query/key heads of K = head_dim, HV value
- * heads (num_v_heads, a multiple of H: value head j reads key head
- * j / (HV / H)) of Vd = head_dim * expand_v, KD = H * K, VD = HV * Vd, W =
- * conv_size, F = intermediate_size, V = vocab rows.
+ * A model is a list of layers over one residual stream x (fp32). Each layer
+ * is an optional mixer and an optional MLP, each with its own pre-norm:
+ *     if mixer != NONE:  x += mixer(rmsnorm(x) * attn_norm)
+ *     if mlp   != NONE:  x += mlp(rmsnorm(x) * mlp_norm)
+ * then the final RMSNorm (norm) and the head. Kinds (wrk_mixer_kind,
+ * wrk_mlp_kind):
+ *   mixer GDN     Gated DeltaNet (below): q/k/v/a/b/g_proj, convs, o_proj
+ *   mixer ATTN    causal softmax attention, GQA, RoPE on the first rope_dim
+ *                 dims of each head (rope_dim 0: no position encoding)
+ *   mixer MAMBA2  a Mamba2 mixer (field m2; math as wrk_mamba2.h, the
+ *                 grouped gated RMSNorm over m2_groups groups)
+ *   mlp SWIGLU    down(silu(gate x) * up x)
+ *   mlp RELU2     down(relu(up x)^2)   (gate_proj NULL)
+ *   mlp MOE       a mixture of experts (wrk_moe, field moe)
+ * Fields of kinds a layer does not have are left zero / NULL.
  *
- * Slot state layout (fp32, little-endian), per layer l in order:
- *     layers.l.q_conv [W-1, KD]   the last W-1 q_proj outputs, oldest first
- *     layers.l.k_conv [W-1, KD]   the same for k_proj
- *     layers.l.v_conv [W-1, VD]   the same for v_proj
- *     layers.l.S      [HV, K, Vd] per value head S[key index][value index]
- *                                 (fla's naive / state_v_first=False order;
- *                                 fla's current layer caches the transpose)
- * slot_bytes = Lg * ((W-1) * (2 KD + VD) + HV K Vd) * 4 = info.state_bytes,
- * with Lg the number of Gated DeltaNet layers.
- * A zeroed slot is a fresh sequence.
+ * Gated DeltaNet dimensions: C = hidden_size, H query/key heads of K =
+ * head_dim, HV value heads (num_v_heads, a multiple of H: value head j reads
+ * key head j / (HV / H)) of Vd = head_dim * expand_v, KD = H * K, VD = HV *
+ * Vd, W = conv_size, F = intermediate_size, V = vocab rows.
+ * Mamba2 dimensions (every Mamba2 layer alike): m2_heads H2 of m2_head_dim
+ * P, DI = H2 P, m2_groups G2, m2_state N, m2_conv K2, conv_dim CD = DI + 2
+ * G2 N, in_proj rows z [DI] | xBC [CD] | dt [H2].
  *
- * Hybrid models (config.json "attn": {"layers": [...], ...}, fla's
- * Attention in the listed layers): an attention layer has attn_norm, the
- * MLP and mlp_norm like every layer, but its mixer is causal softmax
- * attention with RoPE (GPT-NeoX rotate-half, rotary dim = head dim,
- * base rope_theta) and grouped KV heads. Attention layers hold NO
- * recurrent state: the slot layout above lists only the Gated DeltaNet
- * layers (in layer order, named by their real layer index), and their KV
- * lives in the backend's paged pool (be.h, be_kv_info). Per token the KV
- * image holds, for each attention layer in layer order, K [Hkv, Da] then
- * V [Hkv, Da] (fp32, K after q/k norm and RoPE), so
- * info.kv_token_bytes = n_attn * 2 * Hkv * Da * 4.
- * Attention layers reuse the q_proj / k_proj / v_proj / o_proj fields with
- * their own shapes (C -> Hq Da, C -> Hkv Da, C -> Hkv Da, Hq Da -> C) and
- * leave the Gated DeltaNet-only fields NULL.
+ * Slot state layout (fp32, little-endian): the recurrent layers (GDN and
+ * MAMBA2 mixers) in layer order, each named by its real layer index l:
+ *   GDN:    layers.l.q_conv [W-1, KD]   the last W-1 q_proj outputs, oldest first
+ *           layers.l.k_conv [W-1, KD]   the same for k_proj
+ *           layers.l.v_conv [W-1, VD]   the same for v_proj
+ *           layers.l.S      [HV, K, Vd] per value head S[key index][value index]
+ *                                       (fla's naive / state_v_first=False order;
+ *                                       fla's current layer caches the transpose)
+ *   MAMBA2: layers.l.conv   [CD, K2-1]  the last K2-1 xBC inputs per channel,
+ *                                       oldest first (as wrk_mamba2.h)
+ *           layers.l.ssm    [H2, P, N]  S_h[p][n] (as wrk_mamba2.h)
+ * wrk_gdn_state_bytes() gives their sum = info.state_bytes. A zeroed slot
+ * is a fresh sequence. Layers without a recurrent mixer hold no slot state.
  *
- * Qwen3.5 checkpoints (family/wrk_qwen35.c) map onto this view too: their
- * fused projections become views of rows (q, k, v of in_proj_qkv and of the
- * conv taps), their norms use (1 + weight) (norm_offset 1), their attention
- * carries an output gate in q_proj (attn_gate, q_proj C -> 2 Hq Da) and
- * rotates only the first rope_dim dims of each head.
+ * Attention layers (fla hybrids: config.json "attn": {"layers": [...]};
+ * Qwen3.5's full_attention layers; Nemotron-H's '*' layers) hold their KV
+ * in the backend's paged pool (be.h, be_kv_info). Per token the KV image
+ * holds, for each attention layer in layer order, K [Hkv, Da] then V [Hkv,
+ * Da] (fp32, K after q/k norm and RoPE), so info.kv_token_bytes = n_attn *
+ * 2 * Hkv * Da * 4. Attention layers reuse the q_proj / k_proj / v_proj /
+ * o_proj fields with their own shapes (C -> Hq Da, C -> Hkv Da, C -> Hkv
+ * Da, Hq Da -> C).
+ *
+ * Qwen3.5 checkpoints (family/wrk_qwen35.c): their fused projections become
+ * views of rows (q, k, v of in_proj_qkv and of the conv taps), their norms
+ * use (1 + weight) (norm_offset 1), their attention carries an output gate
+ * in q_proj (attn_gate, q_proj C -> 2 Hq Da) and rotates only the first
+ * rope_dim dims of each head.
  *
  * Everything is borrowed until wrk_model_free().
  */
@@ -48,31 +67,73 @@
 #include <stdint.h>
 
 #include "wk_tensor.h"
+#include "wrk_mamba2.h"
 #include "wrk_model.h"
 
+/* A layer's mixer (wrk_gdn.h's layer list). */
+typedef enum wrk_mixer_kind {
+    WRK_MIXER_NONE = 0, /* no mixer: the layer is its MLP only */
+    WRK_MIXER_GDN,      /* Gated DeltaNet (recurrent: slot state) */
+    WRK_MIXER_ATTN,     /* softmax attention (KV pages) */
+    WRK_MIXER_MAMBA2,   /* Mamba2 (recurrent: slot state) */
+} wrk_mixer_kind;
+
+/* A layer's MLP. */
+typedef enum wrk_mlp_kind {
+    WRK_MLP_NONE = 0, /* no MLP: the layer is its mixer only */
+    WRK_MLP_SWIGLU,   /* down(silu(gate x) * up x) */
+    WRK_MLP_RELU2,    /* down(relu(up x)^2), non-gated (Nemotron-H) */
+    WRK_MLP_MOE,      /* mixture of experts (wrk_moe) */
+} wrk_mlp_kind;
+
+/* How a mixture of experts routes. */
+typedef enum wrk_moe_router {
+    WRK_MOE_SOFTMAX = 0, /* softmax over the router logits, top_k of the probabilities */
+    WRK_MOE_SIGMOID,     /* sigmoid scores; choice by score + score_bias within the
+                            topk_group best of n_group groups (DeepSeek-V3 / Nemotron 3) */
+    WRK_MOE_TOPK_SOFTMAX, /* the top_k router logits, then a softmax over those k
+                             (Granite-4.0-H, Mixtral); norm_topk is moot */
+} wrk_moe_router;
+
 /*
- * A sparse mixture-of-experts MLP (Qwen3.5-MoE, Qwen3-Next): per token the
- * router's softmax over n_experts, the top_k of them (renormalised to sum 1
- * when norm_topk), each a SwiGLU MLP C -> ffn -> C, summed with those
- * weights in ascending expert order; plus, when shared_ffn > 0, a shared
- * SwiGLU expert C -> shared_ffn -> C times sigmoid(shared_gate x).
+ * A sparse mixture-of-experts MLP. Per token:
+ *   SOFTMAX router (Qwen3.5-MoE, Qwen3-Next): p = softmax(router x), the
+ *     top_k experts by p, weights p (renormalised to sum 1 when norm_topk);
+ *   TOPK_SOFTMAX router (Granite-4.0-H): the top_k experts by the logits
+ *     router x, weights the softmax of those k logits;
+ *   SIGMOID router (Nemotron 3): s = sigmoid(router x), choice score c = s +
+ *     score_bias; the experts split into n_group equal groups scored by the
+ *     sum of their two best c, the topk_group best groups kept, the top_k
+ *     experts by c among those; weights s (divided by their sum + 1e-20 when
+ *     norm_topk), times scale.
+ * Each expert is an MLP of kind act (SWIGLU: gate, up, down; RELU2: up,
+ * down, gate NULL) C -> ffn -> C; their outputs times their weights are
+ * summed in ascending expert order. Plus, when shared_ffn > 0, a shared
+ * expert of the same act C -> shared_ffn -> C, times sigmoid(sh_router x)
+ * when sh_router.t is set (Qwen), else added as is (Nemotron).
  */
 typedef struct wrk_moe {
     uint32_t n_experts;            /* E */
     uint32_t top_k;                /* experts per token (<= E) */
     uint32_t ffn;                  /* Fe: an expert's width */
     bool norm_topk;                /* renormalise the top_k weights */
+    wrk_mlp_kind act;              /* the experts' kind: SWIGLU (0 is taken as it) or RELU2 */
+    wrk_moe_router route;          /* SOFTMAX or SIGMOID */
+    uint32_t n_group, topk_group;  /* SIGMOID: groups of experts, groups kept (1, 1: none) */
+    float scale;                   /* SIGMOID: routed_scaling_factor on the weights */
+    const wk_tensor *score_bias;   /* SIGMOID: [E] added for the choice only; NULL: zeros */
     wrk_mat router;                /* C -> E */
-    wrk_mat *gate, *up, *down;     /* E entries each: C -> Fe, C -> Fe, Fe -> C */
+    wrk_mat *gate, *up, *down;     /* E entries each: C -> Fe (NULL for RELU2), C -> Fe, Fe -> C */
     uint32_t shared_ffn;           /* Fs, 0: no shared expert */
-    wrk_mat sh_gate, sh_up, sh_down; /* C -> Fs, C -> Fs, Fs -> C */
-    wrk_mat sh_router;             /* C -> 1: the shared expert's gate */
+    wrk_mat sh_gate, sh_up, sh_down; /* C -> Fs (RELU2: .t NULL), C -> Fs, Fs -> C */
+    wrk_mat sh_router;             /* C -> 1: the shared expert's gate; .t NULL: ungated */
 } wrk_moe;
 
 /* One layer. Vectors may carry leading 1s in their stored shape. */
 typedef struct wrk_gdn_layer {
-    bool is_attn;                     /* a softmax attention layer (hybrid models) */
-    const wk_tensor *attn_norm;       /* RMSNorm weight [C] */
+    wrk_mixer_kind mixer;             /* the mixer's kind (NONE: no mixer, no attn_norm) */
+    wrk_mlp_kind mlp;                 /* the MLP's kind (NONE: no MLP, no mlp_norm) */
+    const wk_tensor *attn_norm;       /* the mixer's pre-norm: RMSNorm weight [C] */
     wrk_mat q_proj, k_proj;           /* C -> KD */
     wrk_mat v_proj;                   /* C -> VD */
     wrk_mat a_proj, b_proj;           /* C -> HV (decay input, beta) */
@@ -82,10 +143,13 @@ typedef struct wrk_gdn_layer {
     const wk_tensor *A_log, *dt_bias; /* [HV] */
     const wk_tensor *o_norm;          /* per-head RMSNorm weight [Vd] */
     wrk_mat o_proj;                   /* VD -> C */
-    const wk_tensor *mlp_norm;        /* RMSNorm weight [C] */
-    wrk_mat gate_proj, up_proj;       /* C -> F; .t NULL with moe */
+    const wk_tensor *mlp_norm;        /* the MLP's pre-norm: RMSNorm weight [C] */
+    wrk_mat gate_proj, up_proj;       /* C -> F; gate .t NULL for RELU2, both for MOE */
     wrk_mat down_proj;                /* F -> C */
-    wrk_moe *moe;                     /* the MLP is a mixture of experts; NULL: dense */
+    wrk_moe *moe;                     /* mlp MOE: the experts; NULL otherwise */
+    /* Mamba2 mixers only: m2.norm is unused (attn_norm is the pre-norm) */
+    wrk_mamba2_layer m2;              /* in_proj, conv_w / conv_b, dt_bias, A_log, D, gnorm,
+                                         out_proj (wrk_mamba2.h) */
     /* attention layers only (is_attn) */
     const wk_tensor *q_bias, *k_bias, *v_bias; /* [Hq Da], [Hkv Da], [Hkv Da]; qkv_bias only */
     const wk_tensor *q_norm, *k_norm;          /* per-head RMSNorm weight [Da]; qk_norm only */
@@ -109,7 +173,14 @@ typedef struct wrk_gdn {
     const wk_tensor *norm;       /* model.norm.weight [C] */
     wrk_mat head;                /* C -> V, stored [V, C]; over emb when tied */
     const wrk_gdn_layer *layers; /* n_layer entries */
-    /* hybrid attention layers (config "attn"); n_attn 0 without */
+    /* Mamba2 mixers (n_m2 0: none; the m2_ fields are then 0) */
+    uint32_t n_m2;          /* Mamba2 layers */
+    uint32_t m2_heads;      /* H2 */
+    uint32_t m2_head_dim;   /* P */
+    uint32_t m2_groups;     /* G2 (divides H2) */
+    uint32_t m2_state;      /* N */
+    uint32_t m2_conv;       /* K2: conv taps (2..64) */
+    /* attention layers; n_attn 0 without */
     uint32_t n_attn;        /* attention layers */
     uint32_t attn_heads;    /* Hq: query heads */
     uint32_t attn_kv_heads; /* Hkv: key / value heads (divides Hq) */
@@ -143,6 +214,15 @@ typedef struct wrk_gdn {
  * the number of entries.
  */
 size_t wrk_gdn_state_layout(const wrk_gdn *g, wrk_state_tensor *out, size_t cap);
+
+/* Floats of layer l's slot state (0 for a layer without a recurrent mixer). */
+uint64_t wrk_gdn_layer_floats(const wrk_gdn *g, uint32_t l);
+
+/* Bytes of a slot's state: the sum over the layers (info.state_bytes). */
+uint64_t wrk_gdn_state_bytes(const wrk_gdn *g);
+
+/* Bytes of KV per token: n_attn * 2 * Hkv * Da * 4 (info.kv_token_bytes). */
+uint64_t wrk_gdn_kv_token_bytes(const wrk_gdn *g);
 
 /*
  * The matrices --quantize q8_0 converts (wrk_family.quant_mats for every

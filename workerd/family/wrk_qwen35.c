@@ -234,7 +234,8 @@ q35_read_kinds(const json_t *tc, q35_view *v, wk_diag *d)
         } else {
             attn = (l + 1) % interval == 0;
         }
-        v->layers[l].is_attn = attn;
+        v->layers[l].mixer = attn ? WRK_MIXER_ATTN : WRK_MIXER_GDN;
+        v->layers[l].mlp = WRK_MLP_SWIGLU; /* WRK_MLP_MOE set with the experts */
         g->n_attn += attn;
     }
     if (g->n_attn == g->n_layer)
@@ -429,6 +430,8 @@ q35_map_moe(const wk_tensor_set *set, q35_view *v, uint32_t l, wk_diag *d)
     mo->top_k = v->top_k;
     mo->ffn = Fe;
     mo->norm_topk = v->norm_topk;
+    mo->act = WRK_MLP_SWIGLU;
+    mo->route = WRK_MOE_SOFTMAX;
     mo->shared_ffn = Fs;
     mo->gate = &v->emats[(size_t)l * 3 * E];
     mo->up = mo->gate + E;
@@ -844,7 +847,7 @@ q35_declare(wrk_model *m, const wk_tensor_set *set, q35_view *v, wk_diag *d)
         wrk_gdn_layer *ly = &v->layers[l];
         if ((e = q35_use(m, v, l, "input_layernorm.weight", &ly->attn_norm, true, d)) != WK_OK)
             return e;
-        if (ly->is_attn) {
+        if (ly->mixer == WRK_MIXER_ATTN) {
             if ((e = q35_use(m, v, l, "self_attn.q_proj.weight", &ly->q_proj.t, false, d)) !=
                     WK_OK ||
                 (e = q35_use(m, v, l, "self_attn.k_proj.weight", &ly->k_proj.t, false, d)) !=
@@ -980,8 +983,10 @@ q35_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
         }
         bool dense = false;
         for (uint32_t l = 0; l < g->n_layer; l++) {
-            if (q35_is_moe(tc, v, l))
+            if (q35_is_moe(tc, v, l)) {
                 v->layers[l].moe = &v->moes[l]; /* filled by q35_map_moe */
+                v->layers[l].mlp = WRK_MLP_MOE;
+            }
             else
                 dense = true;
         }
@@ -989,7 +994,7 @@ q35_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
             g->ffn_dim = v->moe_ffn; /* no dense MLP: the width reported is an expert's */
     }
     for (uint32_t l = 0; l < g->n_layer; l++) {
-        e = v->layers[l].is_attn ? q35_map_attn(set, v, l, d) : q35_map_linear(set, v, l, d);
+        e = v->layers[l].mixer == WRK_MIXER_ATTN ? q35_map_attn(set, v, l, d) : q35_map_linear(set, v, l, d);
         if (e != WK_OK)
             goto fail;
     }
@@ -1002,14 +1007,9 @@ q35_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
     info->head_size = g->head_k;
     info->ffn_dim = g->ffn_dim;
     info->vocab_size = g->vocab_size;
-    const uint64_t KD = (uint64_t)g->n_head * g->head_k, VD = (uint64_t)g->n_v_head * g->head_v;
-    info->state_bytes = (uint64_t)(g->n_layer - g->n_attn) *
-                        ((uint64_t)(g->conv - 1) * (2 * KD + VD) +
-                         (uint64_t)g->n_v_head * g->head_k * g->head_v) *
-                        sizeof(float);
+    info->state_bytes = wrk_gdn_state_bytes(g);
     info->n_attn_layer = g->n_attn;
-    info->kv_token_bytes =
-        (uint64_t)g->n_attn * 2 * g->attn_kv_heads * g->attn_head_dim * sizeof(float);
+    info->kv_token_bytes = wrk_gdn_kv_token_bytes(g);
     *out = v;
     return WK_OK;
 
@@ -1031,7 +1031,7 @@ q35_fingerprint_extra(const void *view, char *buf, size_t len)
     const wrk_gdn *g = &v->g;
     uint64_t h = 1469598103934665603ull; /* FNV-1a over the layer kinds */
     for (uint32_t l = 0; l < g->n_layer; l++) {
-        h ^= g->layers[l].is_attn ? 1u : 0u;
+        h ^= g->layers[l].mixer == WRK_MIXER_ATTN ? 1u : 0u;
         h *= 1099511628211ull;
     }
     snprintf(buf, len,

@@ -1,21 +1,30 @@
 /*
- * be_cpu_gdn: the CPU backend's Gated DeltaNet family (be_cpu_gdn_ops;
- * be_cpu_ops in be_cpu.c dispatches to it), over the shared
+ * be_cpu_gdn: the CPU backend's hybrid layer-list pass (be_cpu_gdn_ops;
+ * be_cpu_ops in be_cpu.c dispatches every model with the "gdn" view to it:
+ * fla Gated DeltaNet and its hybrids, Qwen3.5, Nemotron-H), over the shared
  * be_cpu_base (arena, step validation, passes, GEMM regions).
+ *
+ * A model is a list of layers (wrk_gdn.h), each an optional mixer (Gated
+ * DeltaNet, softmax attention, Mamba2) and an optional MLP (SwiGLU, squared
+ * ReLU, mixture of experts), each after its own RMSNorm, over one residual
+ * stream. A pass runs layer by layer over all its tokens, dispatching on the
+ * kinds; the Mamba2 mixer is the one be_cpu_mamba2.c runs for the pure
+ * Mamba2 family (be_cpu_mamba2.h: the same conv, scan and gated norm), so
+ * it gives the same bits in either pass.
  *
  * At open it packs every projection and the head in their stored dtype
  * (a tied head is packed from the embedding), and converts the vectors
- * (norm weights, A_log, dt_bias, conv taps as [W][D]) to fp32. A pass runs
- * the whole network over all its tokens: one GEMM region for the q, k, v,
- * a, b, g projections of every token, the short convolutions per token
- * (the inputs before the segment come from the slot's conv state), the
- * delta-rule recurrence per (segment, value head, column span) in token
- * order, the gated per-head RMSNorm per token, then o_proj (added into the
- * residual), the gated MLP and, for the logits positions, the final norm
- * and the head.
+ * (norm weights, A_log, dt_bias, conv taps as [W][D]) to fp32. A Gated
+ * DeltaNet mixer runs one GEMM region for the q, k, v, a, b, g projections
+ * of every token, the short convolutions per token (the inputs before the
+ * segment come from the slot's conv state), the delta-rule recurrence per
+ * (segment, value head, column span) in token order, the gated per-head
+ * RMSNorm per token, then o_proj (added into the residual). The MLP follows;
+ * for the logits positions, the final norm and the head.
  *
- * Slot layout: wrk_gdn.h (conv histories, then S [HV, K, Vd] per Gated
- * DeltaNet layer).
+ * Slot layout: wrk_gdn.h (the recurrent layers in layer order: conv
+ * histories then S [HV, K, Vd] per Gated DeltaNet layer, conv then ssm per
+ * Mamba2 layer; each layer's offset is gdn_layer.soff).
  *
  * Hybrid models (attention layers, wrk_gdn.h): a slot's image is the fixed
  * part above (in the base arena) followed by its KV, token-major, which
@@ -46,11 +55,12 @@
  * row's bits never depend on the other rows, on how its prefill is split or
  * on the thread count.
  *
- * The layer list: every layer is a mixer (the Gated DeltaNet above, or
- * softmax attention) and an MLP (dense SwiGLU, or a mixture of experts:
- * gdn_layer_moe); Qwen3.5's conventions ride on the view (wrk_gdn.h): an
- * output gate in q_proj (attn_gate), partial rotary (rope_dim), and the
- * (1 + weight) norms folded into the fp32 vectors at open (norm_offset).
+ * Conventions ride on the view (wrk_gdn.h): Qwen3.5's output gate in q_proj
+ * (attn_gate), partial rotary (rope_dim; 0 for Nemotron-H's attention, which
+ * has no position encoding), the (1 + weight) norms folded into the fp32
+ * vectors at open (norm_offset); the experts' routing (softmax, or
+ * Nemotron 3's grouped sigmoid with a score bias) and kind (SwiGLU or
+ * squared ReLU) are per layer (wrk_moe).
  *
  * Must never: log, abort on bad input, or change a slot when a step is
  * refused (be_cpu_base_step validates before any pass).
@@ -62,6 +72,7 @@
 
 #include "be_cpu_common.h"
 #include "be_cpu_kv.h"
+#include "be_cpu_mamba2.h"
 #include "wrk_gdn.h"
 
 #define GDN_L2_EPS 1e-6  /* fla's in-kernel q / k L2 normalisation */
@@ -77,6 +88,7 @@
 #define GDN_KV_PAGE_TOKENS 16u
 #define GDN_KV_DEF_CTX 2048u  /* default pool: this many tokens for every slot */
 #define GDN_ATT_MAX_DIM 1024u /* attention head dim (checked at map) */
+#define GDN_M2_CONV_BLOCK 64u /* channels per Mamba2 conv task */
 
 /* One (token, query head) of an attention layer (gdn_att_body). */
 typedef void (*gdn_att_fn)(const be_ctx *c, uint32_t t, uint32_t h, float *scr);
@@ -89,6 +101,13 @@ typedef void (*gdn_delta_fn)(float *S, size_t ld, uint32_t K, uint32_t n, const 
 typedef struct gdn_moe {
     uint32_t E, k, Fe, Fs;         /* experts, per token, expert width, shared width (0: none) */
     bool norm_topk;                /* renormalise the top-k weights */
+    bool relu2;                    /* experts (and the shared one) are RELU2, else SwiGLU */
+    bool sigmoid;                  /* WRK_MOE_SIGMOID routing, else softmax */
+    bool topk_softmax;             /* WRK_MOE_TOPK_SOFTMAX routing (top k, then softmax) */
+    bool sh_gated;                 /* the shared expert is times sigmoid(sr x) */
+    uint32_t n_group, topk_group;  /* sigmoid routing: groups, groups kept */
+    float scale;                   /* sigmoid routing: routed_scaling_factor */
+    float *score_bias;             /* sigmoid routing: [E] fp32, owned (zeros when absent) */
     be_cpu_mat router;             /* C -> E */
     be_cpu_mat *gate, *up, *down;  /* E each, owned arrays */
     be_cpu_mat sg, su, sd, sr;     /* shared expert C -> Fs -> C, its gate C -> 1 */
@@ -103,10 +122,15 @@ typedef struct gdn_layer {
     be_cpu_mat wq, wk, wv, wa, wb, wg; /* input projections (wg: use_gate only) */
     be_cpu_mat wo;                     /* VD -> C */
     be_cpu_mat gate, up, down;         /* MLP (dense) */
-    gdn_moe *moe;                      /* the MLP is a mixture of experts; NULL: dense */
+    gdn_moe *moe;                      /* mlp MOE: the experts; NULL otherwise */
+    wrk_mixer_kind mixer;              /* the layer's kinds (wrk_gdn.h) */
+    wrk_mlp_kind mlp;
+    size_t soff;                       /* recurrent mixers: floats before its state in a slot */
+    /* Mamba2 mixers */
+    be_cpu_m2_vecs m2;                 /* conv taps, biases, A, D, gated norm weight */
+    be_cpu_mat m2_in, m2_out;          /* C -> DIP, DI -> C */
     /* attention layers (wq, wk, wv, wo are the attention projections) */
-    bool is_attn;              /* softmax attention layer */
-    uint32_t idx;              /* index among its kind (slot layer / KV layer) */
+    uint32_t idx;              /* attention layers: index among them (KV layer) */
     const float *bq, *bk, *bv; /* qkv biases [QD], [KVD], [KVD]; NULL without */
     const float *nq, *nk;      /* q / k RMSNorm weights [Da]; NULL without */
 } gdn_layer;
@@ -118,7 +142,7 @@ struct be_ctx {
     uint32_t span, nspan;                      /* recurrence columns per task, tasks per head */
     float beta_scale;                          /* 1 or 2 (allow_neg_eigval) */
     float q_scale;                             /* K^-0.5 */
-    size_t layer_floats;                       /* floats per layer in a slot */
+    size_t layer_floats;                       /* floats per Gated DeltaNet layer in a slot */
     float *vecs;                               /* every fp32 vector, one block, owned */
     const float *norm;                         /* final norm [C], into vecs */
     gdn_layer *layers;                         /* L entries, owned */
@@ -142,6 +166,7 @@ struct be_ctx {
     /* mixture-of-experts layers (moe_k 0: none of this is allocated) */
     uint32_t moe_E, moe_k, moe_Fe, moe_Fs; /* the largest E, k, Fe, Fs of any layer */
     float *rl;           /* router logits [cap][E] */
+    float *rc;           /* sigmoid routing: choice scores [cap][E] */
     uint32_t *sel;       /* each token's experts, ascending [cap][k] */
     float *sw;           /* their weights [cap][k] */
     uint32_t *trow;      /* each token's rows in xe, by ascending expert [cap][k] */
@@ -152,6 +177,14 @@ struct be_ctx {
     float *hs, *hsu;     /* shared expert hidden [cap][Fs] */
     float *os, *sgv;     /* shared expert output [cap][C], its gate [cap] */
     uint32_t moe_rows;   /* rows in xe this layer */
+
+    /* Mamba2 mixers (n_m2 0: none of this is allocated) */
+    uint32_t n_m2;                /* Mamba2 layers */
+    be_cpu_m2_dims m2d;           /* their dimensions */
+    size_t m2_conv_floats;        /* CD * (K-1): the conv state before the ssm state */
+    uint32_t m2_conv_blocks;      /* channel blocks per segment */
+    be_cpu_m2_scan_fn m2_scan;    /* the scan kernel for the ISA */
+    float *m2p, *m2x, *m2y;       /* [cap][DIP], [cap][CD], [cap][DI] */
 
     /* hybrid attention layers (n_attn 0: none of this is allocated) */
     uint32_t n_attn;          /* attention layers */
@@ -209,11 +242,11 @@ gdn_l2norm(float *x, uint32_t n, float scale)
         x[i] *= inv;
 }
 
-/* The slot state of Gated DeltaNet layer `layer` (never an attention layer). */
+/* The slot state of recurrent layer `layer` (a Gated DeltaNet or Mamba2 mixer). */
 static inline float *
 gdn_slot_layer(const be_ctx *c, uint32_t slot, uint32_t layer)
 {
-    return be_cpu_base_slot(&c->b, slot) + (size_t)c->layers[layer].idx * c->layer_floats;
+    return be_cpu_base_slot(&c->b, slot) + c->layers[layer].soff;
 }
 
 /* Offsets of a layer's state tensors (floats). */
@@ -671,6 +704,26 @@ gdn_stage_swiglu(void *arg, uint32_t task)
     }
 }
 
+/* relu(h)^2 over n floats in place (transformers' relu2: relu, then square). */
+static inline void
+gdn_relu2(float *h, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const float r = h[i] > 0.0f ? h[i] : 0.0f;
+        h[i] = r * r;
+    }
+}
+
+static void
+gdn_stage_relu2(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    uint32_t t0, t1;
+    be_cpu_tok_range(&c->b, task, &t0, &t1);
+    for (uint32_t t = t0; t < t1; t++)
+        gdn_relu2(c->hg + (size_t)t * c->F, c->F);
+}
+
 /* Final RMSNorm of the logits positions into xn rows 0..n_logits-1. */
 static void
 gdn_stage_final_norm(void *arg, uint32_t task)
@@ -993,15 +1046,162 @@ gdn_layer_delta(be_ctx *c, const gdn_layer *ly)
     gdn_add_out(c, &ly->wo, c->o);
 }
 
+/* Mamba2 conv + SiLU for one (segment, channel block) (be_cpu_mamba2.h). */
+static void
+gdn_stage_m2_conv(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    const be_cpu_seg *sg = &c->b.segs[task / c->m2_conv_blocks];
+    const uint32_t CD = c->m2d.CD;
+    const uint32_t c0 = (task % c->m2_conv_blocks) * GDN_M2_CONV_BLOCK;
+    const uint32_t c1 = c0 + GDN_M2_CONV_BLOCK < CD ? c0 + GDN_M2_CONV_BLOCK : CD;
+    be_cpu_m2_conv(&c->m2d, &c->layers[c->layer].m2, c->m2p, c->m2x, sg->t0, sg->n,
+                   gdn_slot_layer(c, sg->slot, c->layer), c0, c1);
+}
+
+/* Mamba2 scan for one (segment, head). */
+static void
+gdn_stage_m2_scan(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    const be_cpu_seg *sg = &c->b.segs[task / c->m2d.H];
+    be_cpu_m2_scan(&c->m2d, &c->layers[c->layer].m2, c->m2_scan, c->m2p, c->m2x, c->m2y, sg->t0,
+                   sg->n, gdn_slot_layer(c, sg->slot, c->layer) + c->m2_conv_floats,
+                   task % c->m2d.H);
+}
+
+/* Mamba2 gate and grouped RMSNorm per token. */
+static void
+gdn_stage_m2_gate(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    uint32_t t0, t1;
+    be_cpu_tok_range(&c->b, task, &t0, &t1);
+    for (uint32_t t = t0; t < t1; t++)
+        be_cpu_m2_gate(&c->m2d, &c->layers[c->layer].m2, c->m2p, c->m2y, t);
+}
+
+/* A Mamba2 mixer over the pass (xn holds attn_norm's output), added into x. */
+static void
+gdn_layer_mamba2(be_ctx *c, const gdn_layer *ly)
+{
+    be_cpu_base *b = &c->b;
+    const uint32_t T = b->T;
+    be_cpu_job_add(b, &ly->m2_in, c->xn, T, c->m2p, NULL, BE_CPU_EPI_STORE);
+    be_cpu_jobs_run(b);
+    be_cpu_pool_run(b->pool, gdn_stage_m2_conv, c, b->n_segs * c->m2_conv_blocks);
+    be_cpu_pool_run(b->pool, gdn_stage_m2_scan, c, b->n_segs * c->m2d.H);
+    be_cpu_tok_run(b, gdn_stage_m2_gate, c);
+    gdn_add_out(c, &ly->m2_out, c->m2y);
+}
+
 /* ------------------------------------------------------------------------ */
 /* mixture-of-experts MLP                                                    */
 /* ------------------------------------------------------------------------ */
 
 /*
- * Per token: softmax of the router logits (max first, exp sum in double,
- * fp32 probabilities), the top k (the larger first; equal ones by lower
- * index), renormalised to sum 1 with norm_topk; stored by ascending
- * expert. Then the shared expert's SwiGLU.
+ * Top-k-then-softmax routing of one token (WRK_MOE_TOPK_SOFTMAX, Granite's
+ * GraniteMoeHybridTopKRouter: topk of the fp32 logits, softmax over those):
+ * the k largest logits of p, larger first (equal ones by the lower index, a
+ * later equal one never passes), then exp(l - max) with the sum in double
+ * and fp32 weights into w.
+ */
+static void
+gdn_route_topk_softmax(const float *p, uint32_t E, uint32_t k, uint32_t *sel, float *w)
+{
+    uint32_t have = 0;
+    for (uint32_t e = 0; e < E; e++) {
+        if (have == k && !(p[e] > p[sel[k - 1]]))
+            continue;
+        uint32_t i = have < k ? have++ : k - 1;
+        while (i > 0 && p[e] > p[sel[i - 1]]) {
+            sel[i] = sel[i - 1];
+            i--;
+        }
+        sel[i] = e;
+    }
+    const float mx = p[sel[0]];
+    double sum = 0.0;
+    for (uint32_t j = 0; j < k; j++) {
+        w[j] = expf(p[sel[j]] - mx);
+        sum += w[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t j = 0; j < k; j++)
+        w[j] *= inv;
+}
+
+/*
+ * Sigmoid routing of one token (WRK_MOE_SIGMOID, transformers'
+ * NemotronHTopkRouter): s = sigmoid(logits) in p, choice c = s + bias; per
+ * group of E / n_group experts the sum of its two best c; the topk_group
+ * best groups (ties to the lower index) stay eligible; the k best c among
+ * them (larger first, ties to the lower index) into sel, their s into w.
+ */
+static void
+gdn_route_sigmoid(const gdn_moe *mo, float *p, float *cs, uint32_t *sel, float *w)
+{
+    const uint32_t E = mo->E, k = mo->k, G = mo->n_group, per = E / G;
+    for (uint32_t e = 0; e < E; e++) {
+        p[e] = gdn_sigmoid(p[e]);
+        cs[e] = p[e] + mo->score_bias[e];
+    }
+    if (G > 1) {
+        float gs[64];   /* group scores (n_group <= 64, checked at open) */
+        bool keep[64];
+        for (uint32_t g = 0; g < G; g++) {
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (uint32_t e = g * per; e < (g + 1) * per; e++) {
+                if (cs[e] > b1) {
+                    b2 = b1;
+                    b1 = cs[e];
+                } else if (cs[e] > b2) {
+                    b2 = cs[e];
+                }
+            }
+            gs[g] = per > 1 ? b1 + b2 : b1;
+            keep[g] = false;
+        }
+        for (uint32_t r = 0; r < mo->topk_group; r++) {
+            uint32_t best = G;
+            for (uint32_t g = 0; g < G; g++)
+                if (!keep[g] && (best == G || gs[g] > gs[best]))
+                    best = g;
+            keep[best] = true;
+        }
+        for (uint32_t e = 0; e < E; e++)
+            if (!keep[e / per])
+                cs[e] = -INFINITY;
+    }
+    uint32_t have = 0;
+    for (uint32_t e = 0; e < E; e++) {
+        if (have == k && !(cs[e] > cs[sel[k - 1]]))
+            continue;
+        uint32_t i = have < k ? have++ : k - 1;
+        while (i > 0 && cs[e] > cs[sel[i - 1]]) {
+            sel[i] = sel[i - 1];
+            i--;
+        }
+        sel[i] = e;
+    }
+    float tot = 0.0f;
+    for (uint32_t j = 0; j < k; j++) {
+        w[j] = p[sel[j]];
+        tot += w[j];
+    }
+    if (mo->norm_topk)
+        for (uint32_t j = 0; j < k; j++)
+            w[j] /= tot + 1e-20f;
+    for (uint32_t j = 0; j < k; j++)
+        w[j] *= mo->scale;
+}
+
+/*
+ * Per token: the routing (softmax: of the router logits, max first, exp sum
+ * in double, fp32 probabilities, the top k (the larger first; equal ones by
+ * lower index), renormalised to sum 1 with norm_topk; sigmoid:
+ * gdn_route_sigmoid), stored by ascending expert. Then the shared expert's
+ * activation.
  */
 static void
 gdn_stage_route(void *arg, uint32_t task)
@@ -1013,39 +1213,45 @@ gdn_stage_route(void *arg, uint32_t task)
     be_cpu_tok_range(&c->b, task, &t0, &t1);
     for (uint32_t t = t0; t < t1; t++) {
         float *p = c->rl + (size_t)t * c->moe_E;
-        float mx = -INFINITY;
-        for (uint32_t e = 0; e < E; e++)
-            mx = p[e] > mx ? p[e] : mx;
-        double sum = 0.0;
-        for (uint32_t e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (uint32_t e = 0; e < E; e++)
-            p[e] *= inv;
         uint32_t *sel = c->sel + (size_t)t * c->moe_k;
         float *w = c->sw + (size_t)t * c->moe_k;
-        /* one pass keeping the k largest, larger first (a later equal one never passes) */
-        uint32_t have = 0;
-        for (uint32_t e = 0; e < E; e++) {
-            if (have == k && !(p[e] > p[sel[k - 1]]))
-                continue;
-            uint32_t i = have < k ? have++ : k - 1;
-            while (i > 0 && p[e] > p[sel[i - 1]]) {
-                sel[i] = sel[i - 1];
-                i--;
+        if (mo->sigmoid) {
+            gdn_route_sigmoid(mo, p, c->rc + (size_t)t * c->moe_E, sel, w);
+        } else if (mo->topk_softmax) {
+            gdn_route_topk_softmax(p, E, k, sel, w);
+        } else {
+            float mx = -INFINITY;
+            for (uint32_t e = 0; e < E; e++)
+                mx = p[e] > mx ? p[e] : mx;
+            double sum = 0.0;
+            for (uint32_t e = 0; e < E; e++) {
+                p[e] = expf(p[e] - mx);
+                sum += p[e];
             }
-            sel[i] = e;
+            const float inv = (float)(1.0 / sum);
+            for (uint32_t e = 0; e < E; e++)
+                p[e] *= inv;
+            /* one pass keeping the k largest, larger first (a later equal one never passes) */
+            uint32_t have = 0;
+            for (uint32_t e = 0; e < E; e++) {
+                if (have == k && !(p[e] > p[sel[k - 1]]))
+                    continue;
+                uint32_t i = have < k ? have++ : k - 1;
+                while (i > 0 && p[e] > p[sel[i - 1]]) {
+                    sel[i] = sel[i - 1];
+                    i--;
+                }
+                sel[i] = e;
+            }
+            float tot = 0.0f;
+            for (uint32_t j = 0; j < k; j++) {
+                w[j] = p[sel[j]];
+                tot += w[j];
+            }
+            if (mo->norm_topk)
+                for (uint32_t j = 0; j < k; j++)
+                    w[j] /= tot;
         }
-        float tot = 0.0f;
-        for (uint32_t j = 0; j < k; j++) {
-            w[j] = p[sel[j]];
-            tot += w[j];
-        }
-        if (mo->norm_topk)
-            for (uint32_t j = 0; j < k; j++)
-                w[j] /= tot;
         for (uint32_t j = 1; j < k; j++) /* ascending expert order (insertion sort) */
             for (uint32_t i = j; i > 0 && sel[i - 1] > sel[i]; i--) {
                 uint32_t ts = sel[i];
@@ -1053,7 +1259,9 @@ gdn_stage_route(void *arg, uint32_t task)
                 sel[i] = sel[i - 1], w[i] = w[i - 1];
                 sel[i - 1] = ts, w[i - 1] = tw;
             }
-        if (mo->Fs > 0) {
+        if (mo->Fs > 0 && mo->relu2) {
+            gdn_relu2(c->hs + (size_t)t * c->moe_Fs, mo->Fs);
+        } else if (mo->Fs > 0) {
             float *hg = c->hs + (size_t)t * c->moe_Fs;
             const float *hu = c->hsu + (size_t)t * c->moe_Fs;
             for (uint32_t i = 0; i < mo->Fs; i++)
@@ -1062,16 +1270,21 @@ gdn_stage_route(void *arg, uint32_t task)
     }
 }
 
-/* SwiGLU over a range of the gathered expert rows. */
+/* The experts' activation (SwiGLU, or relu2 in place) over a range of the gathered rows. */
 static void
 gdn_stage_expert_swiglu(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
-    const uint32_t Fe = c->layers[c->layer].moe->Fe, n = c->b.tok_tasks;
+    const gdn_moe *mo = c->layers[c->layer].moe;
+    const uint32_t Fe = mo->Fe, n = c->b.tok_tasks;
     const uint32_t r0 = (uint32_t)((uint64_t)c->moe_rows * task / n);
     const uint32_t r1 = (uint32_t)((uint64_t)c->moe_rows * (task + 1) / n);
     for (uint32_t r = r0; r < r1; r++) {
         float *hg = c->he + (size_t)r * c->moe_Fe;
+        if (mo->relu2) {
+            gdn_relu2(hg, Fe);
+            continue;
+        }
         const float *hu = c->hue + (size_t)r * c->moe_Fe;
         for (uint32_t i = 0; i < Fe; i++)
             hg[i] = gdn_silu(hg[i]) * hu[i];
@@ -1094,7 +1307,7 @@ gdn_stage_combine(void *arg, uint32_t task)
     for (uint32_t t = t0; t < t1; t++) {
         float *acc = c->os + (size_t)t * C; /* the shared output (or zeros) is read first */
         float *x = c->x + (size_t)t * C;
-        const float sg = mo->Fs > 0 ? c->sgv[t] : 0.0f;
+        const float sg = mo->Fs == 0 ? 0.0f : mo->sh_gated ? c->sgv[t] : 1.0f;
         float *tmp = c->xn + (size_t)t * C; /* xn is free again: the layer's input is gathered */
         for (uint32_t i = 0; i < C; i++)
             tmp[i] = 0.0f;
@@ -1124,11 +1337,14 @@ gdn_layer_moe(be_ctx *c, const gdn_moe *mo)
     const uint32_t T = b->T, C = c->C, k = mo->k;
     /* the router and the shared expert, one region */
     be_cpu_job_add_ld(b, &mo->router, c->xn, C, T, c->rl, c->moe_E, BE_CPU_EPI_STORE);
-    if (mo->Fs > 0) {
+    if (mo->Fs > 0 && mo->relu2) {
+        be_cpu_job_add_ld(b, &mo->su, c->xn, C, T, c->hs, c->moe_Fs, BE_CPU_EPI_STORE);
+    } else if (mo->Fs > 0) {
         be_cpu_job_add_ld(b, &mo->sg, c->xn, C, T, c->hs, c->moe_Fs, BE_CPU_EPI_STORE);
         be_cpu_job_add_ld(b, &mo->su, c->xn, C, T, c->hsu, c->moe_Fs, BE_CPU_EPI_STORE);
-        be_cpu_job_add_ld(b, &mo->sr, c->xn, C, T, c->sgv, 1, BE_CPU_EPI_SIGMOID);
     }
+    if (mo->Fs > 0 && mo->sh_gated)
+        be_cpu_job_add_ld(b, &mo->sr, c->xn, C, T, c->sgv, 1, BE_CPU_EPI_SIGMOID);
     be_cpu_jobs_run(b);
     be_cpu_tok_run(b, gdn_stage_route, c);
     if (mo->Fs > 0)
@@ -1158,6 +1374,11 @@ gdn_layer_moe(be_ctx *c, const gdn_moe *mo)
         if (n == 0)
             continue;
         /* a full region runs before the next job is queued (be_cpu_job_add_ld) */
+        if (mo->relu2) { /* up into he, activated in place */
+            be_cpu_job_add_ld(b, &mo->up[e], c->xe + (size_t)r0 * C, C, n,
+                              c->he + (size_t)r0 * c->moe_Fe, c->moe_Fe, BE_CPU_EPI_STORE);
+            continue;
+        }
         be_cpu_job_add_ld(b, &mo->gate[e], c->xe + (size_t)r0 * C, C, n,
                           c->he + (size_t)r0 * c->moe_Fe, c->moe_Fe, BE_CPU_EPI_STORE);
         be_cpu_job_add_ld(b, &mo->up[e], c->xe + (size_t)r0 * C, C, n,
@@ -1192,21 +1413,39 @@ gdn_pass(be_cpu_base *base)
         const gdn_layer *ly = &c->layers[l];
         c->layer = l;
 
-        be_cpu_tok_run(b, gdn_stage_attn_norm, c);
-        if (ly->is_attn)
-            gdn_layer_attention(c, ly);
-        else
+        if (ly->mixer != WRK_MIXER_NONE)
+            be_cpu_tok_run(b, gdn_stage_attn_norm, c);
+        switch (ly->mixer) {
+        case WRK_MIXER_GDN:
             gdn_layer_delta(c, ly);
+            break;
+        case WRK_MIXER_ATTN:
+            gdn_layer_attention(c, ly);
+            break;
+        case WRK_MIXER_MAMBA2:
+            gdn_layer_mamba2(c, ly);
+            break;
+        case WRK_MIXER_NONE:
+            break;
+        }
 
+        if (ly->mlp == WRK_MLP_NONE)
+            continue;
         be_cpu_tok_run(b, gdn_stage_mlp_norm, c);
-        if (ly->moe != NULL) {
+        if (ly->mlp == WRK_MLP_MOE) {
             gdn_layer_moe(c, ly->moe);
             continue;
         }
-        be_cpu_job_add(b, &ly->gate, c->xn, T, c->hg, NULL, BE_CPU_EPI_STORE);
-        be_cpu_job_add(b, &ly->up, c->xn, T, c->hu, NULL, BE_CPU_EPI_STORE);
-        be_cpu_jobs_run(b);
-        be_cpu_tok_run(b, gdn_stage_swiglu, c);
+        if (ly->mlp == WRK_MLP_RELU2) {
+            be_cpu_job_add(b, &ly->up, c->xn, T, c->hg, NULL, BE_CPU_EPI_STORE);
+            be_cpu_jobs_run(b);
+            be_cpu_tok_run(b, gdn_stage_relu2, c);
+        } else {
+            be_cpu_job_add(b, &ly->gate, c->xn, T, c->hg, NULL, BE_CPU_EPI_STORE);
+            be_cpu_job_add(b, &ly->up, c->xn, T, c->hu, NULL, BE_CPU_EPI_STORE);
+            be_cpu_jobs_run(b);
+            be_cpu_tok_run(b, gdn_stage_swiglu, c);
+        }
         gdn_add_out(c, &ly->down, c->hg);
     }
 
@@ -1227,8 +1466,8 @@ gdn_close(be_ctx *c)
     if (c->layers != NULL) {
         for (uint32_t l = 0; l < c->L; l++) {
             gdn_layer *ly = &c->layers[l];
-            be_cpu_mat *mats[] = {&ly->wq, &ly->wk, &ly->wv,   &ly->wa, &ly->wb,
-                                  &ly->wg, &ly->wo, &ly->gate, &ly->up, &ly->down};
+            be_cpu_mat *mats[] = {&ly->wq,   &ly->wk, &ly->wv,   &ly->wa,    &ly->wb,    &ly->wg,
+                                  &ly->wo,   &ly->gate, &ly->up, &ly->down, &ly->m2_in, &ly->m2_out};
             for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
                 be_cpu_mat_free(mats[i]);
             gdn_moe *mo = ly->moe;
@@ -1245,6 +1484,7 @@ gdn_close(be_ctx *c)
             free(mo->gate);
             free(mo->up);
             free(mo->down);
+            free(mo->score_bias);
             free(mo);
         }
     }
@@ -1256,7 +1496,9 @@ gdn_close(be_ctx *c)
                      c->aqg, c->ag, c->xr};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
-    float *moe_bufs[] = {c->rl, c->sw, c->xe, c->he, c->hue, c->oe, c->hs, c->hsu, c->os, c->sgv};
+    float *moe_bufs[] = {c->rl, c->rc,  c->sw, c->xe,  c->he,  c->hue,
+                         c->oe, c->hs, c->hsu, c->os, c->sgv, c->m2p,
+                         c->m2x, c->m2y};
     for (size_t i = 0; i < sizeof(moe_bufs) / sizeof(moe_bufs[0]); i++)
         free(moe_bufs[i]);
     free(c->sel);
@@ -1310,16 +1552,70 @@ gdn_offset(float *w, size_t n, float off)
         w[i] = off + w[i];
 }
 
+/* fp32 floats of layer s's vectors (gdn_load_vectors). */
+static size_t
+gdn_layer_vec_floats(const be_ctx *c, const wrk_gdn_layer *s)
+{
+    const wrk_gdn *g = c->g;
+    const size_t C = c->C;
+    size_t n = (s->mixer != WRK_MIXER_NONE ? C : 0) + (s->mlp != WRK_MLP_NONE ? C : 0);
+    switch (s->mixer) {
+    case WRK_MIXER_GDN:
+        n += c->Vd + 2 * (size_t)c->HV + (size_t)c->W * (2 * (size_t)c->KD + c->VD);
+        break;
+    case WRK_MIXER_ATTN:
+        n += (g->qkv_bias ? c->QD + 2 * (size_t)c->KVD : 0) + (g->qk_norm ? 2 * (size_t)c->Da : 0);
+        break;
+    case WRK_MIXER_MAMBA2:
+        n += (size_t)c->m2d.CD * (c->m2d.K + 1) + 3 * (size_t)c->m2d.H + c->m2d.DI;
+        break;
+    case WRK_MIXER_NONE:
+        break;
+    }
+    return n;
+}
+
+/* A Mamba2 mixer's vectors: conv taps [CD][K] as stored, bias (zeros when absent), A = -exp(A_log). */
+static wk_err
+gdn_load_m2(be_ctx *c, const wrk_gdn_layer *s, gdn_layer *ly, float **vp)
+{
+    const be_cpu_m2_dims *m = &c->m2d;
+    wk_err e;
+    if ((e = gdn_vec(s->m2.conv_w, (size_t)m->CD * m->K, vp, &ly->m2.conv_w)) != WK_OK)
+        return e;
+    if (s->m2.conv_b != NULL) {
+        if ((e = gdn_vec(s->m2.conv_b, m->CD, vp, &ly->m2.conv_b)) != WK_OK)
+            return e;
+    } else {
+        memset(*vp, 0, sizeof(float) * m->CD);
+        ly->m2.conv_b = *vp;
+        *vp += m->CD;
+    }
+    if ((e = gdn_vec(s->m2.dt_bias, m->H, vp, &ly->m2.dt_bias)) != WK_OK ||
+        (e = gdn_vec(s->m2.A_log, m->H, vp, &ly->m2.A)) != WK_OK ||
+        (e = gdn_vec(s->m2.D, m->H, vp, &ly->m2.D)) != WK_OK ||
+        (e = gdn_vec(s->m2.gnorm, m->DI, vp, &ly->m2.gnorm)) != WK_OK)
+        return e;
+    float *A = (float *)ly->m2.A;
+    for (uint32_t h = 0; h < m->H; h++)
+        A[h] = -expf(A[h]);
+    return WK_OK;
+}
+
+/*
+ * Every layer's fp32 vectors (one block), its kinds and slot offset: the
+ * pre-norms of the parts it has, then its mixer's own vectors.
+ */
 static wk_err
 gdn_load_vectors(be_ctx *c, wk_diag *d)
 {
     const wrk_gdn *g = c->g;
     const size_t C = c->C, HV = c->HV, KD = c->KD, VD = c->VD, W = c->W;
-    const size_t per_layer = 2 * C + c->Vd + 2 * HV + W * (2 * KD + VD);
-    const size_t per_attn = 2 * C + (g->qkv_bias ? c->QD + 2 * (size_t)c->KVD : 0) +
-                            (g->qk_norm ? 2 * (size_t)c->Da : 0);
-    c->vecs = be_cpu_alloc_f(C + per_layer * (c->L - c->n_attn) + per_attn * c->n_attn);
-    float *tmp = be_cpu_alloc_f(W * (KD > VD ? KD : VD));
+    size_t total = C;
+    for (uint32_t l = 0; l < c->L; l++)
+        total += gdn_layer_vec_floats(c, &g->layers[l]);
+    c->vecs = be_cpu_alloc_f(total);
+    float *tmp = be_cpu_alloc_f(W * (KD > VD ? KD : VD) + 1);
     c->layers = calloc(c->L, sizeof(*c->layers));
     if (c->vecs == NULL || tmp == NULL || c->layers == NULL) {
         free(tmp);
@@ -1329,16 +1625,26 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
     wk_err e = gdn_vec(g->norm, C, &vp, &c->norm);
     if (e == WK_OK)
         gdn_offset((float *)c->norm, C, g->norm_offset);
-    uint32_t n_delta = 0, n_att = 0;
+    uint32_t n_att = 0;
+    size_t soff = 0;
     for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
         gdn_layer *ly = &c->layers[l];
-        ly->is_attn = s->is_attn;
-        ly->idx = s->is_attn ? n_att++ : n_delta++;
-        if (s->is_attn) {
-            if ((e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK ||
-                (e = gdn_vec(s->mlp_norm, C, &vp, &ly->mlp_norm)) != WK_OK)
-                break;
+        ly->mixer = s->mixer;
+        ly->mlp = s->mlp;
+        ly->soff = soff;
+        soff += (size_t)wrk_gdn_layer_floats(g, l);
+        if (s->mixer == WRK_MIXER_ATTN)
+            ly->idx = n_att++;
+        if (s->mixer != WRK_MIXER_NONE && (e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK)
+            break;
+        if (s->mlp != WRK_MLP_NONE && (e = gdn_vec(s->mlp_norm, C, &vp, &ly->mlp_norm)) != WK_OK)
+            break;
+        if (ly->attn_norm != NULL)
+            gdn_offset((float *)ly->attn_norm, C, g->norm_offset);
+        if (ly->mlp_norm != NULL)
+            gdn_offset((float *)ly->mlp_norm, C, g->norm_offset);
+        if (s->mixer == WRK_MIXER_ATTN) {
             if (g->qkv_bias && ((e = gdn_vec(s->q_bias, c->QD, &vp, &ly->bq)) != WK_OK ||
                                 (e = gdn_vec(s->k_bias, c->KVD, &vp, &ly->bk)) != WK_OK ||
                                 (e = gdn_vec(s->v_bias, c->KVD, &vp, &ly->bv)) != WK_OK))
@@ -1346,28 +1652,25 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
             if (g->qk_norm && ((e = gdn_vec(s->q_norm, c->Da, &vp, &ly->nq)) != WK_OK ||
                                (e = gdn_vec(s->k_norm, c->Da, &vp, &ly->nk)) != WK_OK))
                 break;
-            gdn_offset((float *)ly->attn_norm, C, g->norm_offset);
-            gdn_offset((float *)ly->mlp_norm, C, g->norm_offset);
             if (g->qk_norm) {
                 gdn_offset((float *)ly->nq, c->Da, g->norm_offset);
                 gdn_offset((float *)ly->nk, c->Da, g->norm_offset);
             }
-            continue;
+        } else if (s->mixer == WRK_MIXER_MAMBA2) {
+            if ((e = gdn_load_m2(c, s, ly, &vp)) != WK_OK)
+                break;
+        } else if (s->mixer == WRK_MIXER_GDN) {
+            if ((e = gdn_vec(s->o_norm, c->Vd, &vp, &ly->o_norm)) != WK_OK ||
+                (e = gdn_vec(s->A_log, HV, &vp, &ly->neg_A)) != WK_OK ||
+                (e = gdn_vec(s->dt_bias, HV, &vp, &ly->dt_bias)) != WK_OK ||
+                (e = gdn_taps(s->q_conv, c->KD, c->W, tmp, &vp, &ly->cq)) != WK_OK ||
+                (e = gdn_taps(s->k_conv, c->KD, c->W, tmp, &vp, &ly->ck)) != WK_OK ||
+                (e = gdn_taps(s->v_conv, c->VD, c->W, tmp, &vp, &ly->cv)) != WK_OK)
+                break;
+            float *na = (float *)ly->neg_A;
+            for (size_t j = 0; j < HV; j++)
+                na[j] = -expf(na[j]);
         }
-        if ((e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK ||
-            (e = gdn_vec(s->mlp_norm, C, &vp, &ly->mlp_norm)) != WK_OK ||
-            (e = gdn_vec(s->o_norm, c->Vd, &vp, &ly->o_norm)) != WK_OK ||
-            (e = gdn_vec(s->A_log, HV, &vp, &ly->neg_A)) != WK_OK ||
-            (e = gdn_vec(s->dt_bias, HV, &vp, &ly->dt_bias)) != WK_OK ||
-            (e = gdn_taps(s->q_conv, c->KD, c->W, tmp, &vp, &ly->cq)) != WK_OK ||
-            (e = gdn_taps(s->k_conv, c->KD, c->W, tmp, &vp, &ly->ck)) != WK_OK ||
-            (e = gdn_taps(s->v_conv, c->VD, c->W, tmp, &vp, &ly->cv)) != WK_OK)
-            break;
-        float *na = (float *)ly->neg_A;
-        for (size_t j = 0; j < HV; j++)
-            na[j] = -expf(na[j]);
-        gdn_offset((float *)ly->attn_norm, C, g->norm_offset);
-        gdn_offset((float *)ly->mlp_norm, C, g->norm_offset);
     }
     free(tmp);
     if (e != WK_OK)
@@ -1379,7 +1682,7 @@ static wk_err
 gdn_pack(be_ctx *c, wk_diag *d)
 {
     const wrk_gdn *g = c->g;
-    size_t max = (size_t)c->L * 10 + 1;
+    size_t max = (size_t)c->L * 12 + 1;
     for (uint32_t l = 0; l < c->L; l++)
         if (g->layers[l].moe != NULL)
             max += 3 * (size_t)g->layers[l].moe->n_experts + 5;
@@ -1395,13 +1698,14 @@ gdn_pack(be_ctx *c, wk_diag *d)
     for (uint32_t l = 0; l < c->L; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
         gdn_layer *ly = &c->layers[l];
-        const wrk_mat *sm[] = {&s->q_proj, &s->k_proj, &s->v_proj,    &s->a_proj,  &s->b_proj,
-                               &s->g_proj, &s->o_proj, &s->gate_proj, &s->up_proj, &s->down_proj};
-        be_cpu_mat *dm[] = {&ly->wq, &ly->wk, &ly->wv,   &ly->wa, &ly->wb,
-                            &ly->wg, &ly->wo, &ly->gate, &ly->up, &ly->down};
-        for (size_t i = 0; i < 10; i++) {
+        const wrk_mat *sm[] = {&s->q_proj,    &s->k_proj,  &s->v_proj,     &s->a_proj,
+                               &s->b_proj,    &s->g_proj,  &s->o_proj,     &s->gate_proj,
+                               &s->up_proj,   &s->down_proj, &s->m2.in_proj, &s->m2.out_proj};
+        be_cpu_mat *dm[] = {&ly->wq,   &ly->wk,   &ly->wv,    &ly->wa,    &ly->wb,    &ly->wg,
+                            &ly->wo,   &ly->gate, &ly->up,    &ly->down,  &ly->m2_in, &ly->m2_out};
+        for (size_t i = 0; i < 12; i++) {
             if (sm[i]->t == NULL)
-                continue; /* g_proj without use_gate, the dense MLP of a MoE layer */
+                continue; /* what the layer's kinds do not use (g_proj without use_gate, ...) */
             src[n] = sm[i];
             dst[n] = dm[i];
             n++;
@@ -1412,15 +1716,18 @@ gdn_pack(be_ctx *c, wk_diag *d)
             continue;
         src[n] = &wm->router, dst[n] = &mo->router, n++;
         for (uint32_t e = 0; e < wm->n_experts; e++) {
-            src[n] = &wm->gate[e], dst[n] = &mo->gate[e], n++;
+            if (wm->gate[e].t != NULL) /* RELU2 experts have none */
+                src[n] = &wm->gate[e], dst[n] = &mo->gate[e], n++;
             src[n] = &wm->up[e], dst[n] = &mo->up[e], n++;
             src[n] = &wm->down[e], dst[n] = &mo->down[e], n++;
         }
         if (wm->shared_ffn > 0) {
-            src[n] = &wm->sh_gate, dst[n] = &mo->sg, n++;
+            if (wm->sh_gate.t != NULL)
+                src[n] = &wm->sh_gate, dst[n] = &mo->sg, n++;
             src[n] = &wm->sh_up, dst[n] = &mo->su, n++;
             src[n] = &wm->sh_down, dst[n] = &mo->sd, n++;
-            src[n] = &wm->sh_router, dst[n] = &mo->sr, n++;
+            if (wm->sh_router.t != NULL)
+                src[n] = &wm->sh_router, dst[n] = &mo->sr, n++;
         }
     }
     /*
@@ -1464,6 +1771,30 @@ gdn_open_moe(be_ctx *c, wk_diag *d)
         mo->Fe = wm->ffn;
         mo->Fs = wm->shared_ffn;
         mo->norm_topk = wm->norm_topk;
+        mo->relu2 = wm->act == WRK_MLP_RELU2;
+        mo->sigmoid = wm->route == WRK_MOE_SIGMOID;
+        mo->topk_softmax = wm->route == WRK_MOE_TOPK_SOFTMAX;
+        mo->sh_gated = wm->sh_router.t != NULL;
+        mo->n_group = wm->n_group ? wm->n_group : 1;
+        mo->topk_group = wm->topk_group ? wm->topk_group : 1;
+        mo->scale = wm->scale;
+        if (mo->sigmoid &&
+            (mo->n_group > 64 || mo->E % mo->n_group != 0 || mo->topk_group > mo->n_group ||
+             (uint64_t)mo->topk_group * (mo->E / mo->n_group) < mo->k))
+            return wk_diag_set(d, WK_EINVAL,
+                               "cpu backend: layer %u: bad expert groups (%u experts, %u groups, "
+                               "%u kept, top %u)",
+                               l, mo->E, mo->n_group, mo->topk_group, mo->k);
+        if (mo->sigmoid) {
+            mo->score_bias = be_cpu_alloc_f(mo->E);
+            if (mo->score_bias == NULL)
+                return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");
+            if (wm->score_bias == NULL)
+                memset(mo->score_bias, 0, sizeof(float) * mo->E);
+            else if (wk_tensor_read_f32(wm->score_bias, 0, mo->E, mo->score_bias) != WK_OK)
+                return wk_diag_set(d, WK_EINVAL, "cpu backend: cannot read %s",
+                                   wm->score_bias->name);
+        }
         mo->gate = calloc(mo->E, sizeof(*mo->gate));
         mo->up = calloc(mo->E, sizeof(*mo->up));
         mo->down = calloc(mo->E, sizeof(*mo->down));
@@ -1478,6 +1809,7 @@ gdn_open_moe(be_ctx *c, wk_diag *d)
         return WK_OK;
     const size_t cap = c->b.cap, rows = cap * c->moe_k;
     if ((c->rl = be_cpu_alloc_f(cap * c->moe_E)) == NULL ||
+        (c->rc = be_cpu_alloc_f(cap * c->moe_E)) == NULL ||
         (c->sw = be_cpu_alloc_f(rows)) == NULL || (c->xe = be_cpu_alloc_f(rows * c->C)) == NULL ||
         (c->he = be_cpu_alloc_f(rows * c->moe_Fe)) == NULL ||
         (c->hue = be_cpu_alloc_f(rows * c->moe_Fe)) == NULL ||
@@ -1568,12 +1900,36 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     c->QD = c->Hq * c->Da;
     c->KVD = c->Hkv * c->Da;
 
+    c->n_m2 = g->n_m2;
+    if (c->n_m2 > 0) {
+        const uint32_t DI = g->m2_heads * g->m2_head_dim, CD = DI + 2 * g->m2_groups * g->m2_state;
+        c->m2d = (be_cpu_m2_dims){DI,
+                                  g->m2_heads,
+                                  g->m2_head_dim,
+                                  g->m2_groups,
+                                  g->m2_state,
+                                  g->m2_conv,
+                                  CD,
+                                  DI + CD + g->m2_heads,
+                                  g->norm_eps};
+        c->m2_conv_floats = (size_t)CD * (g->m2_conv - 1);
+        c->m2_conv_blocks = (CD + GDN_M2_CONV_BLOCK - 1) / GDN_M2_CONV_BLOCK;
+    }
+
     const wrk_model_info *info = wrk_model_info_get(m);
     const uint64_t sb = info->state_bytes;
     wk_err e;
-    if (sb != (uint64_t)(c->L - c->n_attn) * c->layer_floats * sizeof(float) ||
+    if (sb != wrk_gdn_state_bytes(g) ||
         info->kv_token_bytes != (uint64_t)c->n_attn * 2 * c->KVD * sizeof(float)) {
         e = wk_diag_set(d, WK_EINVAL, "cpu backend: gdn state size mismatch");
+        goto fail;
+    }
+    if (c->n_m2 > 0 &&
+        (g->m2_conv < 2 || g->m2_conv > GDN_CONV_MAX || g->m2_groups == 0 || g->m2_heads == 0 ||
+         g->m2_heads % g->m2_groups != 0 || c->m2d.DI % g->m2_groups != 0)) {
+        e = wk_diag_set(d, WK_EINVAL, "cpu backend: bad mamba2 geometry (%u heads, %u groups, "
+                                      "conv %u: 2..%u)",
+                        g->m2_heads, g->m2_groups, g->m2_conv, GDN_CONV_MAX);
         goto fail;
     }
     if (c->n_attn > 0 && (c->Da == 0 || c->Da % 2 != 0 || c->Da > GDN_ATT_MAX_DIM || c->Hkv == 0 ||
@@ -1581,9 +1937,9 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         e = wk_diag_set(d, WK_EINVAL, "cpu backend: bad gdn attention geometry");
         goto fail;
     }
-    if ((e = be_cpu_base_open(&c->b, cfg, m, (size_t)(c->L - c->n_attn) * c->layer_floats, d)) !=
-        WK_OK)
+    if ((e = be_cpu_base_open(&c->b, cfg, m, (size_t)(sb / sizeof(float)), d)) != WK_OK)
         goto fail;
+    c->m2_scan = be_cpu_m2_scan_pick(c->b.isa);
     if (c->n_attn > 0 && (e = gdn_open_attention(c, cfg, d)) != WK_OK)
         goto fail;
     c->delta = gdn_delta_pick(c->b.isa);
@@ -1602,9 +1958,10 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         {&c->x, c->C},   {&c->xn, c->C}, {&c->qr, c->KD}, {&c->kr, c->KD}, {&c->vr, c->VD},
         {&c->q, c->KD},  {&c->k, c->KD}, {&c->v, c->VD},  {&c->ar, c->HV}, {&c->br, c->HV},
         {&c->gr, c->VD}, {&c->o, c->VD}, {&c->hg, c->F},  {&c->hu, c->F},
+        {&c->m2p, c->m2d.DIP}, {&c->m2x, c->m2d.CD}, {&c->m2y, c->m2d.DI},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        if ((*bufs[i].p = be_cpu_alloc_f(cap * bufs[i].n)) == NULL) {
+        if ((*bufs[i].p = be_cpu_alloc_f(cap * (bufs[i].n ? bufs[i].n : 1))) == NULL) {
             e = wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
             goto fail;
         }

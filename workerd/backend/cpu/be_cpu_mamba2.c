@@ -1,6 +1,9 @@
 /*
  * be_cpu_mamba2: the CPU backend's Mamba2 family (be_cpu_mamba2_ops; be_cpu_ops
- * in be_cpu.c dispatches to it). Math and slot layout: wrk_mamba2.h.
+ * in be_cpu.c dispatches to it). Math and slot layout: wrk_mamba2.h. The
+ * Mamba2 layer kind's kernels (conv, scan, gated norm: be_cpu_mamba2.h) live
+ * here and are also what the hybrid pass (be_cpu_gdn.c) runs for a Mamba2
+ * mixer.
  *
  * At open it packs in_proj, out_proj and the head (the embedding when tied)
  * into column panels in their stored dtype, converts the small tensors to
@@ -31,25 +34,17 @@
 #include <string.h>
 
 #include "be_cpu_common.h"
+#include "be_cpu_mamba2.h"
 #include "wrk_mamba2.h"
 
 #define M2_CONV_BLOCK 64u     /* channels per conv task */
 #define M2_SOFTPLUS_MAX 20.0f /* softplus(x) = x above this (torch's threshold) */
 
-/* One token of one head's scan (m2_scan_token, compiled per ISA path). */
-typedef void (*m2_scan_token_fn)(uint32_t P, uint32_t N, float *S, const float *x, const float *B,
-                                 const float *Cv, float dt, float dA, float Dh, float *y);
-
 typedef struct m2_layer {
-    const float *norm;    /* pre-mixer RMSNorm weight [C] */
-    const float *conv_w;  /* [conv_dim][K] */
-    const float *conv_b;  /* [conv_dim] (zeros without a conv bias) */
-    const float *dt_bias; /* [H] */
-    const float *A;       /* -exp(A_log) [H] */
-    const float *D;       /* [H] */
-    const float *gnorm;   /* gated RMSNorm weight [d_inner] */
-    be_cpu_mat in_proj;   /* C -> d_in_proj */
-    be_cpu_mat out_proj;  /* d_inner -> C */
+    const float *norm;   /* pre-mixer RMSNorm weight [C] */
+    be_cpu_m2_vecs v;    /* the mixer's vectors */
+    be_cpu_mat in_proj;  /* C -> d_in_proj */
+    be_cpu_mat out_proj; /* d_inner -> C */
 } m2_layer;
 
 struct be_ctx {
@@ -74,7 +69,8 @@ struct be_ctx {
     float *y;                    /* scan output, then gated + normalised [cap][DI] */
     uint32_t layer;              /* layer being run (for task bodies) */
     uint32_t conv_blocks;        /* channel blocks per segment */
-    m2_scan_token_fn scan_token; /* the scan kernel for b.isa */
+    be_cpu_m2_dims dims;         /* the layer kind's dimensions */
+    be_cpu_m2_scan_fn scan_token; /* the scan kernel for b.isa */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -128,39 +124,17 @@ m2_stage_norm(void *arg, uint32_t task)
         be_cpu_rmsnorm(c->x + (size_t)t * c->C, ly->norm, c->C, c->eps, c->xn + (size_t)t * c->C);
 }
 
-/*
- * Causal depthwise conv + SiLU for one (segment, channel block), tokens in
- * order: out_t = silu(b + sum_k w[k] in_{t-K+1+k}), the inputs before the
- * segment coming from the slot's conv state, which then gets the segment's
- * last K-1 inputs.
- */
+/* Causal depthwise conv + SiLU for one (segment, channel block) (be_cpu_m2_conv). */
 static void
 m2_stage_conv(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
     const m2_layer *ly = &c->layers[c->layer];
     const be_cpu_seg *sg = &c->b.segs[task / c->conv_blocks];
-    const uint32_t K = c->K, km = c->K - 1;
     const uint32_t c0 = (task % c->conv_blocks) * M2_CONV_BLOCK;
     const uint32_t c1 = c0 + M2_CONV_BLOCK < c->CD ? c0 + M2_CONV_BLOCK : c->CD;
-    float *state = m2_slot_layer(c, sg->slot, c->layer); /* [CD][K-1] */
-    float win[64];                                       /* K <= 64 (family/wrk_mamba2.c) */
-
-    for (uint32_t ch = c0; ch < c1; ch++) {
-        const float *w = ly->conv_w + (size_t)ch * K;
-        float *hist = state + (size_t)ch * km;
-        memcpy(win, hist, sizeof(float) * km);
-        for (uint32_t t = sg->t0; t < sg->t0 + sg->n; t++) {
-            win[km] = c->proj[(size_t)t * c->DIP + c->DI + ch];
-            float acc = ly->conv_b[ch];
-            for (uint32_t k = 0; k < K; k++)
-                acc += w[k] * win[k];
-            c->xbc[(size_t)t * c->CD + ch] = m2_silu(acc);
-            for (uint32_t k = 0; k < km; k++) /* a few floats: no memmove call */
-                win[k] = win[k + 1];
-        }
-        memcpy(hist, win, sizeof(float) * km);
-    }
+    be_cpu_m2_conv(&c->dims, &ly->v, c->proj, c->xbc, sg->t0, sg->n,
+                   m2_slot_layer(c, sg->slot, c->layer), c0, c1);
 }
 
 /*
@@ -224,8 +198,8 @@ m2_scan_token_avx512(uint32_t P, uint32_t N, float *S, const float *x, const flo
 }
 #endif
 
-static m2_scan_token_fn
-m2_scan_token_pick(be_cpu_isa isa)
+be_cpu_m2_scan_fn
+be_cpu_m2_scan_pick(be_cpu_isa isa)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (isa == BE_CPU_ISA_AVX512)
@@ -237,28 +211,73 @@ m2_scan_token_pick(be_cpu_isa isa)
     return m2_scan_token_base;
 }
 
+void
+be_cpu_m2_conv(const be_cpu_m2_dims *m, const be_cpu_m2_vecs *v, const float *proj, float *xbc,
+               uint32_t t0, uint32_t n, float *state, uint32_t c0, uint32_t c1)
+{
+    const uint32_t K = m->K, km = m->K - 1;
+    float win[64]; /* K <= 64 (checked at open) */
+
+    for (uint32_t ch = c0; ch < c1; ch++) {
+        const float *w = v->conv_w + (size_t)ch * K;
+        float *hist = state + (size_t)ch * km;
+        memcpy(win, hist, sizeof(float) * km);
+        for (uint32_t t = t0; t < t0 + n; t++) {
+            win[km] = proj[(size_t)t * m->DIP + m->DI + ch];
+            float acc = v->conv_b[ch];
+            for (uint32_t k = 0; k < K; k++)
+                acc += w[k] * win[k];
+            xbc[(size_t)t * m->CD + ch] = m2_silu(acc);
+            for (uint32_t k = 0; k < km; k++) /* a few floats: no memmove call */
+                win[k] = win[k + 1];
+        }
+        memcpy(hist, win, sizeof(float) * km);
+    }
+}
+
+void
+be_cpu_m2_scan(const be_cpu_m2_dims *m, const be_cpu_m2_vecs *v, be_cpu_m2_scan_fn scan,
+               const float *proj, const float *xbc, float *y, uint32_t t0, uint32_t n, float *ssm,
+               uint32_t h)
+{
+    const uint32_t P = m->P, N = m->N;
+    const uint32_t g = h / (m->H / m->G);
+    float *S = ssm + (size_t)h * P * N;
+    const float A = v->A[h], Dh = v->D[h], dtb = v->dt_bias[h];
+
+    for (uint32_t t = t0; t < t0 + n; t++) {
+        const float *xt = xbc + (size_t)t * m->CD;
+        const float *x = xt + (size_t)h * P;
+        const float *B = xt + m->DI + (size_t)g * N;
+        const float *Cv = xt + m->DI + (size_t)m->G * N + (size_t)g * N;
+        const float dt = m2_softplus(proj[(size_t)t * m->DIP + m->DI + m->CD + h] + dtb);
+        const float dA = expf(dt * A);
+        scan(P, N, S, x, B, Cv, dt, dA, Dh, y + (size_t)t * m->DI + (size_t)h * P);
+    }
+}
+
+void
+be_cpu_m2_gate(const be_cpu_m2_dims *m, const be_cpu_m2_vecs *v, const float *proj, float *y,
+               uint32_t t)
+{
+    const uint32_t gs = m->DI / m->G;
+    float *yt = y + (size_t)t * m->DI;
+    const float *z = proj + (size_t)t * m->DIP;
+    for (uint32_t i = 0; i < m->DI; i++)
+        yt[i] *= m2_silu(z[i]);
+    for (uint32_t g = 0; g < m->G; g++)
+        be_cpu_rmsnorm(yt + (size_t)g * gs, v->gnorm + (size_t)g * gs, gs, m->eps,
+                       yt + (size_t)g * gs);
+}
+
 /* The scan for one (segment, head), tokens in order. */
 static void
 m2_stage_scan(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
-    const m2_layer *ly = &c->layers[c->layer];
     const be_cpu_seg *sg = &c->b.segs[task / c->H];
-    const uint32_t h = task % c->H, P = c->P, N = c->N;
-    const uint32_t g = h / (c->H / c->G);
-    float *S = m2_slot_layer(c, sg->slot, c->layer) + c->conv_floats + (size_t)h * P * N;
-    const float A = ly->A[h], Dh = ly->D[h], dtb = ly->dt_bias[h];
-
-    for (uint32_t t = sg->t0; t < sg->t0 + sg->n; t++) {
-        const float *xbc = c->xbc + (size_t)t * c->CD;
-        const float *x = xbc + (size_t)h * P;
-        const float *B = xbc + c->DI + (size_t)g * N;
-        const float *Cv = xbc + c->DI + (size_t)c->G * N + (size_t)g * N;
-        const float dt = m2_softplus(c->proj[(size_t)t * c->DIP + c->DI + c->CD + h] + dtb);
-        const float dA = expf(dt * A);
-        float *y = c->y + (size_t)t * c->DI + (size_t)h * P;
-        c->scan_token(P, N, S, x, B, Cv, dt, dA, Dh, y);
-    }
+    be_cpu_m2_scan(&c->dims, &c->layers[c->layer].v, c->scan_token, c->proj, c->xbc, c->y, sg->t0,
+                   sg->n, m2_slot_layer(c, sg->slot, c->layer) + c->conv_floats, task % c->H);
 }
 
 /* y = rmsnorm_per_group(y * silu(z)) * gnorm */
@@ -266,19 +285,10 @@ static void
 m2_stage_gate(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
-    const m2_layer *ly = &c->layers[c->layer];
-    const uint32_t gs = c->DI / c->G;
     uint32_t t0, t1;
     be_cpu_tok_range(&c->b, task, &t0, &t1);
-    for (uint32_t t = t0; t < t1; t++) {
-        float *y = c->y + (size_t)t * c->DI;
-        const float *z = c->proj + (size_t)t * c->DIP;
-        for (uint32_t i = 0; i < c->DI; i++)
-            y[i] *= m2_silu(z[i]);
-        for (uint32_t g = 0; g < c->G; g++)
-            be_cpu_rmsnorm(y + (size_t)g * gs, ly->gnorm + (size_t)g * gs, gs, c->eps,
-                           y + (size_t)g * gs);
-    }
+    for (uint32_t t = t0; t < t1; t++)
+        be_cpu_m2_gate(&c->dims, &c->layers[c->layer].v, c->proj, c->y, t);
 }
 
 /* Final RMSNorm of the logits positions into xn rows 0..n_logits-1. */
@@ -378,15 +388,15 @@ m2_open_vecs(be_ctx *c, wk_diag *d)
             size_t n;
             const float **field;
         } vs[] = {
-            {s->norm, c->C, &ly->norm},      {s->conv_w, (size_t)c->CD * c->K, &ly->conv_w},
-            {s->conv_b, c->CD, &ly->conv_b}, {s->dt_bias, c->H, &ly->dt_bias},
-            {s->A_log, c->H, &ly->A},        {s->D, c->H, &ly->D},
-            {s->gnorm, c->DI, &ly->gnorm},
+            {s->norm, c->C, &ly->norm},        {s->conv_w, (size_t)c->CD * c->K, &ly->v.conv_w},
+            {s->conv_b, c->CD, &ly->v.conv_b}, {s->dt_bias, c->H, &ly->v.dt_bias},
+            {s->A_log, c->H, &ly->v.A},        {s->D, c->H, &ly->v.D},
+            {s->gnorm, c->DI, &ly->v.gnorm},
         };
         for (size_t i = 0; i < sizeof(vs) / sizeof(vs[0]); i++)
             if (m2_vec(vs[i].t, vs[i].n, &vp, vs[i].field) != WK_OK)
                 return wk_diag_set(d, WK_EINVAL, "cpu backend: cannot read %s", vs[i].t->name);
-        float *A = (float *)ly->A;
+        float *A = (float *)ly->v.A;
         for (uint32_t h = 0; h < c->H; h++)
             A[h] = -expf(A[h]);
     }
@@ -452,6 +462,7 @@ m2_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     c->conv_floats = (size_t)c->CD * (c->K - 1);
     c->layer_floats = c->conv_floats + (size_t)c->H * c->P * c->N;
     c->conv_blocks = (c->CD + M2_CONV_BLOCK - 1) / M2_CONV_BLOCK;
+    c->dims = (be_cpu_m2_dims){c->DI, c->H, c->P, c->G, c->N, c->K, c->CD, c->DIP, c->eps};
 
     wk_err e;
     if (c->K > 64) {
@@ -464,7 +475,7 @@ m2_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     }
     if ((e = be_cpu_base_open(&c->b, cfg, m, c->layer_floats * c->L, d)) != WK_OK)
         goto fail;
-    c->scan_token = m2_scan_token_pick(c->b.isa);
+    c->scan_token = be_cpu_m2_scan_pick(c->b.isa);
     if ((e = m2_open_vecs(c, d)) != WK_OK || (e = m2_open_mats(c, d)) != WK_OK)
         goto fail;
     const size_t cap = c->b.cap;

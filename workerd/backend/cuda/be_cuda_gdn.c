@@ -399,7 +399,7 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
     for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
         size_t *o = offs + 1 + GV_N * (size_t)l;
-        const bool at = s->is_attn, bias = at && g->qkv_bias, qkn = at && g->qk_norm;
+        const bool at = s->mixer == WRK_MIXER_ATTN, bias = at && g->qkv_bias, qkn = at && g->qk_norm;
         /* n 0: the layer has no such vector */
         const struct {
             const wk_tensor *t;
@@ -485,7 +485,7 @@ gdn_upload_mats(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
         const wrk_gdn_layer *s = &g->layers[l];
         gdn_layer *ly = &c->layers[l];
         uint32_t ek[10], en[10];
-        gdn_mat_shapes(c, s->is_attn, ek, en);
+        gdn_mat_shapes(c, s->mixer == WRK_MIXER_ATTN, ek, en);
         const wrk_mat *sm[10] = {&s->q_proj, &s->k_proj, &s->v_proj,    &s->a_proj,  &s->b_proj,
                                  &s->g_proj, &s->o_proj, &s->gate_proj, &s->up_proj, &s->down_proj};
         be_cuda_mat *dm[10] = {&ly->wq, &ly->wk, &ly->wv,   &ly->wa, &ly->wb,
@@ -625,13 +625,28 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     const wrk_gdn *g = wrk_model_view(m, "gdn");
     if (g == NULL)
         return wk_diag_set(d, WK_EINVAL, "cuda backend: not a gdn model");
-    if (g->conv < 2 || g->conv > GDN_MAX_CONV)
-        return wk_diag_set(d, WK_ENOTSUP, "cuda backend: conv_size %u outside 2..%u", g->conv,
-                           GDN_MAX_CONV);
     /*
-     * Qwen3.5's and Granite-4.0-H's conventions and experts have no CUDA path
-     * yet: refused by the family's name, never run as fla's
+     * Only Gated DeltaNet / attention mixers each followed by a SwiGLU MLP run
+     * here: Mamba2 mixers, mixer-only or MLP-only layers and squared-ReLU MLPs
+     * (Nemotron-H) are refused by name, as are Qwen3.5's and Granite-4.0-H's
+     * conventions and experts; never run as fla's (before the geometry checks:
+     * a model without Gated DeltaNet layers has no conv_size).
      */
+    for (uint32_t l = 0; l < g->n_layer; l++) {
+        const wrk_gdn_layer *ly = &g->layers[l];
+        if ((ly->mixer != WRK_MIXER_GDN && ly->mixer != WRK_MIXER_ATTN) ||
+            (ly->mlp != WRK_MLP_SWIGLU && ly->mlp != WRK_MLP_MOE))
+            return wk_diag_set(d, WK_ENOTSUP,
+                               "cuda backend: %s (layer %u: %s mixer, %s MLP) runs on the cpu "
+                               "backend only",
+                               wrk_model_info_get(m)->family, l,
+                               ly->mixer == WRK_MIXER_MAMBA2 ? "mamba2"
+                               : ly->mixer == WRK_MIXER_NONE ? "no"
+                                                             : "gdn/attention",
+                               ly->mlp == WRK_MLP_RELU2  ? "squared-relu"
+                               : ly->mlp == WRK_MLP_NONE ? "no"
+                                                         : "swiglu/moe");
+    }
     bool experts = false;
     for (uint32_t l = 0; l < g->n_layer; l++)
         experts = experts || g->layers[l].moe != NULL;
@@ -644,6 +659,9 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
                            "(1 + weight) norms, experts, Granite's multipliers) runs on the cpu "
                            "backend only",
                            wrk_model_info_get(m)->family);
+    if (g->conv < 2 || g->conv > GDN_MAX_CONV)
+        return wk_diag_set(d, WK_ENOTSUP, "cuda backend: conv_size %u outside 2..%u", g->conv,
+                           GDN_MAX_CONV);
     if (g->n_attn < g->n_layer &&
         (g->n_head == 0 || g->head_k == 0 || g->head_v == 0 || g->n_v_head % g->n_head != 0))
         return wk_diag_set(d, WK_EINVAL, "cuda backend: inconsistent gdn heads");
@@ -703,8 +721,8 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     }
     uint32_t n_delta = 0, n_att = 0;
     for (uint32_t l = 0; l < c->L; l++) {
-        c->layers[l].is_attn = g->layers[l].is_attn;
-        c->layers[l].idx = g->layers[l].is_attn ? n_att++ : n_delta++;
+        c->layers[l].is_attn = g->layers[l].mixer == WRK_MIXER_ATTN;
+        c->layers[l].idx = c->layers[l].is_attn ? n_att++ : n_delta++;
     }
     if (n_att != c->n_attn) {
         e = wk_diag_set(d, WK_EINVAL, "cuda backend: %u attention layers flagged, config says %u",
