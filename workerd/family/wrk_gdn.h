@@ -3,7 +3,8 @@
  * written for: fla-hub `gated_deltanet`), as the families map a checkpoint
  * onto it and the backends read it. Families on it: wrk_gdn.c (fla Gated
  * DeltaNet and its hybrids), wrk_qwen35.c (Qwen3.5 / Qwen3-Next),
- * wrk_nemotron_h.c (NVIDIA Nemotron-H).
+ * wrk_nemotron_h.c (NVIDIA Nemotron-H), wrk_granite_h.c (IBM Granite-4.0-H:
+ * Mamba2 + attention with Granite's multipliers, emb_mul .. logit_div below).
  *
  * A model is a list of layers over one residual stream x (fp32). Each layer
  * is an optional mixer and an optional MLP, each with its own pre-norm:

@@ -58,9 +58,13 @@
  * Conventions ride on the view (wrk_gdn.h): Qwen3.5's output gate in q_proj
  * (attn_gate), partial rotary (rope_dim; 0 for Nemotron-H's attention, which
  * has no position encoding), the (1 + weight) norms folded into the fp32
- * vectors at open (norm_offset); the experts' routing (softmax, or
- * Nemotron 3's grouped sigmoid with a score bias) and kind (SwiGLU or
- * squared ReLU) are per layer (wrk_moe).
+ * vectors at open (norm_offset); the experts' routing (softmax, Nemotron
+ * 3's grouped sigmoid with a score bias, or Granite's top-k-then-softmax)
+ * and kind (SwiGLU or squared ReLU) are per layer (wrk_moe); Granite's
+ * scalars: the embedding times emb_mul, every mixer's and MLP's output
+ * times res_mul before it joins the residual (gdn_add_out: the projection
+ * into xr, then x += xr * res_mul), attn_scale as the score scale, the
+ * logits divided by logit_div (all 0, and skipped, for other models).
  *
  * Must never: log, abort on bad input, or change a slot when a step is
  * refused (be_cpu_base_step validates before any pass).
