@@ -18,12 +18,15 @@ migration goes over NNG with the reason "hybrid state (KV pages)".
 "qwen3_5-hybrid" is a Qwen3.5 checkpoint (tests/reference/gen_qwen35.py:
 transformers' multimodal layout, gated attention in layers 1 and 3, BF16
 shards, a vision tower and MTP layer that are skipped), served through the
-same Gated DeltaNet backend with its KV in the pool. "granite_h-hybrid" is a
-Granite-4.0-H checkpoint (tests/reference/gen_granite_h.py: Mamba2 layers and
-one attention layer, experts with the shared MLP, Granite's multipliers) on the
-same backend's Mamba2 layer kind.
+same Gated DeltaNet backend with its KV in the pool.
+"nemotron_h-hybrid" is a Nemotron-H checkpoint (tests/reference/
+gen_nemotron_h.py: Mamba2, attention, squared-ReLU MLP and MoE layers, the
+same layer-list backend).
+"granite_h-hybrid" is a Granite-4.0-H checkpoint (tests/reference/
+gen_granite_h.py: Mamba2 layers and one attention layer, experts with the
+shared MLP, Granite's multipliers), the same layer-list backend.
 
-WKVM_FAMILIES=rwkv7,mamba2 limits the families (all six by default).
+WKVM_FAMILIES=rwkv7,mamba2 limits the families (all seven by default).
 """
 import json
 import os
@@ -65,6 +68,11 @@ def make_model(family):
         # gated attention over the paged KV pool, BF16 sharded.
         cmd = [PY, os.path.join(REF, "gen_qwen35.py"), "--out", d, "--seed", "15", "--layers",
                "4", "--interval", "2", "--multimodal", "--dtype", "bf16", "--format", "sharded"]
+    elif family == "nemotron_h-hybrid":
+        # Nemotron-H (transformers' nemotron_h names, backbone.*): Mamba2 with 2 groups,
+        # attention without RoPE over the KV pool, a squared-ReLU MLP and a MoE layer.
+        cmd = [PY, os.path.join(REF, "gen_nemotron_h.py"), "--out", d, "--seed", "16",
+               "--pattern", "M*M-ME"]
     elif family == "granite_h-hybrid":
         # Granite-4.0-H (tests/reference/gen_granite_h.py: the hub's granitemoehybrid
         # names): Mamba2 layers, attention in layer 3 without position encoding over the
@@ -215,7 +223,7 @@ def run_family(f):
 def families():
     env = os.environ.get("WKVM_FAMILIES")
     return env.split(",") if env else ["rwkv7", "mamba2", "gdn", "gdn-hybrid", "qwen3_5-hybrid",
-                                       "granite_h-hybrid"]
+                                       "nemotron_h-hybrid", "granite_h-hybrid"]
 
 
 def make_tests():

@@ -113,6 +113,7 @@ WK_MUST_CHECK wk_err wrk_model_skip(wrk_model *m, const wk_tensor *t, wk_diag *d
 extern const wrk_family wrk_family_mamba2;
 extern const wrk_family wrk_family_gdn;
 extern const wrk_family wrk_family_qwen3_5;
+extern const wrk_family wrk_family_nemotron_h;
 extern const wrk_family wrk_family_granite_h;
 
 /*

@@ -1,8 +1,9 @@
 /*
  * be_cpu: be_cpu_ops, the CPU backend as the worker sees it. open()
- * picks the family implementation from the model (RWKV-7, Mamba2, Gated
- * DeltaNet) and every other call is forwarded to it, so the rest of the
- * worker never knows which family runs. Never logs.
+ * picks the implementation by the model's view (RWKV-7, Mamba2, or "gdn":
+ * the hybrid layer list that runs Gated DeltaNet, Qwen3.5 and Nemotron-H)
+ * and every other call is forwarded to it, so the rest of the worker never
+ * knows which family runs. Never logs.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""Writes a small random Nemotron-H model (numpy only): config.json as
+transformers' save_pretrained writes it for NemotronHForCausalLM
+(model_type "nemotron_h", layers_block_type), the weights in
+model.safetensors under the checkpoints' names (backbone.*, one tensor per
+expert, lm_head), and a tokenizer.json whose vocab has the 256 raw single
+bytes (bpe_json).
+
+Per layer backbone.layers.<l>.norm.weight and backbone.layers.<l>.mixer.*:
+Mamba2 (in_proj, conv1d weight / bias, dt_bias, A_log, D, norm, out_proj),
+attention (q/k/v/o_proj), squared-ReLU MLP (up_proj, down_proj) or MoE
+(gate.weight, gate.e_score_correction_bias, experts.<e>.{up,down}_proj,
+shared_experts.{up,down}_proj). tests/reference/upstream_nemotron_h.py
+checks wkvm against transformers itself on models transformers writes; this
+generator is for the tests that need no transformers (serving, states).
+
+  gen_nemotron_h.py --out DIR [--seed S --dtype f32|bf16 --pattern M*M-ME
+                    --hidden C --vocab V --no-tokenizer]
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gen_gdn  # noqa: E402  (the tokenizer writer)
+import gen_model  # noqa: E402  (dtype rounding and the safetensors writers)
+
+KINDS = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+
+
+def default_cfg(**kw):
+    cfg = dict(pattern="M*M-ME", hidden=64, vocab=300, heads=4, kv_heads=2, head_dim=16,
+               ffn=96, m2_heads=8, m2_head_dim=16, groups=2, state=16, conv=4, experts=8,
+               top_k=2, moe_ffn=32, shared_ffn=48, n_group=2, topk_group=1, scale=2.5,
+               eps=1e-5, tied=False, dtype="f32", seed=1)
+    for k in kw:
+        if k not in cfg:
+            raise KeyError("unknown gen_nemotron_h option %r" % k)
+    cfg.update(kw)
+    return cfg
+
+
+def make_params(cfg):
+    rng = np.random.default_rng(cfg["seed"])
+    C, V = cfg["hidden"], cfg["vocab"]
+    H, P, G, N = cfg["m2_heads"], cfg["m2_head_dim"], cfg["groups"], cfg["state"]
+    DI, QD, KVD = H * P, cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"]
+    CD = DI + 2 * G * N
+    E, Fe, Fs, F = cfg["experts"], cfg["moe_ffn"], cfg["shared_ffn"], cfg["ffn"]
+
+    def mat(o, i):
+        return (rng.standard_normal((o, i)) * (0.7 / np.sqrt(i))).astype(np.float32)
+
+    def vec(n, center=1.0, scale=0.3):
+        return (center + scale * rng.standard_normal(n)).astype(np.float32)
+
+    p = {"backbone.embeddings.weight": rng.standard_normal((V, C)).astype(np.float32)}
+    for l, k in enumerate(cfg["pattern"]):
+        q = "backbone.layers.%d." % l
+        p[q + "norm.weight"] = vec(C)
+        m = q + "mixer."
+        if k == "M":
+            p[m + "in_proj.weight"] = mat(DI + CD + H, C)
+            p[m + "conv1d.weight"] = (0.4 * rng.standard_normal((CD, 1, cfg["conv"]))).astype(
+                np.float32)
+            p[m + "conv1d.bias"] = vec(CD, 0.0, 0.2)
+            p[m + "dt_bias"] = vec(H, 0.5, 0.5)
+            p[m + "A_log"] = np.log(rng.uniform(0.1, 2.5, H)).astype(np.float32)
+            p[m + "D"] = vec(H)
+            p[m + "norm.weight"] = vec(DI)
+            p[m + "out_proj.weight"] = mat(C, DI)
+        elif k == "*":
+            p[m + "q_proj.weight"] = mat(QD, C)
+            p[m + "k_proj.weight"] = mat(KVD, C)
+            p[m + "v_proj.weight"] = mat(KVD, C)
+            p[m + "o_proj.weight"] = mat(C, QD)
+        elif k == "-":
+            p[m + "up_proj.weight"] = mat(F, C)
+            p[m + "down_proj.weight"] = mat(C, F)
+        else:
+            p[m + "gate.weight"] = (rng.standard_normal((E, C)) * (3.0 / np.sqrt(C))).astype(
+                np.float32)
+            p[m + "gate.e_score_correction_bias"] = vec(E, 0.0, 0.2)
+            for e in range(E):
+                p[m + "experts.%d.up_proj.weight" % e] = mat(Fe, C)
+                p[m + "experts.%d.down_proj.weight" % e] = mat(C, Fe)
+            p[m + "shared_experts.up_proj.weight"] = mat(Fs, C)
+            p[m + "shared_experts.down_proj.weight"] = mat(C, Fs)
+    p["backbone.norm_f.weight"] = vec(C)
+    if not cfg["tied"]:
+        p["lm_head.weight"] = mat(V, C)
+    return p
+
+
+def config_json(cfg):
+    return {
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "vocab_size": cfg["vocab"],
+        "hidden_size": cfg["hidden"],
+        "layers_block_type": [KINDS[k] for k in cfg["pattern"]],
+        "num_attention_heads": cfg["heads"],
+        "num_key_value_heads": cfg["kv_heads"],
+        "head_dim": cfg["head_dim"],
+        "intermediate_size": cfg["ffn"],
+        "mlp_hidden_act": "relu2",
+        "mamba_hidden_act": "silu",
+        "mamba_num_heads": cfg["m2_heads"],
+        "mamba_head_dim": cfg["m2_head_dim"],
+        "n_groups": cfg["groups"],
+        "ssm_state_size": cfg["state"],
+        "conv_kernel": cfg["conv"],
+        "use_conv_bias": True,
+        "chunk_size": 128,
+        "time_step_min": 0.001,
+        "n_routed_experts": cfg["experts"],
+        "num_experts_per_tok": cfg["top_k"],
+        "moe_intermediate_size": cfg["moe_ffn"],
+        "moe_shared_expert_intermediate_size": cfg["shared_ffn"],
+        "moe_latent_size": None,
+        "n_group": cfg["n_group"],
+        "topk_group": cfg["topk_group"],
+        "norm_topk_prob": True,
+        "routed_scaling_factor": cfg["scale"],
+        "layer_norm_epsilon": cfg["eps"],
+        "attention_bias": False,
+        "mlp_bias": False,
+        "use_bias": False,
+        "tie_word_embeddings": cfg["tied"],
+        "dtype": {"f32": "float32", "bf16": "bfloat16"}[cfg["dtype"]],
+    }
+
+
+def write_model(out, cfg, tokenizer=True):
+    os.makedirs(out, exist_ok=True)
+    named = make_params(cfg)
+    gen_model.write_safetensors(os.path.join(out, "model.safetensors"), named, cfg["dtype"],
+                                {"format": "pt"})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config_json(cfg), f, indent=2)
+    if tokenizer:
+        gen_gdn.write_tokenizer(out, cfg["vocab"])
+    return named
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="write a small random Nemotron-H model")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
+    ap.add_argument("--pattern", default="M*M-ME", help="layer kinds: M Mamba2, * attention, "
+                    "- MLP, E MoE")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=300)
+    ap.add_argument("--tied", action="store_true")
+    ap.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer.json")
+    a = ap.parse_args(argv)
+    if not a.pattern or any(k not in KINDS for k in a.pattern):
+        ap.error("--pattern: letters of M * - E")
+    cfg = default_cfg(seed=a.seed, dtype=a.dtype, pattern=a.pattern, hidden=a.hidden,
+                      vocab=a.vocab, tied=a.tied)
+    write_model(a.out, cfg, tokenizer=not a.no_tokenizer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
