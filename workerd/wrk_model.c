@@ -1161,7 +1161,8 @@ wrk_model_read_config(const char *dir, json_t **out, wk_diag *d)
 
 /* nemotron_h before mamba2: both name tensors backbone.*, only Nemotron-H has non-Mamba2 layers */
 static const wrk_family *const wrk_families[] = {&wrk_family_nemotron_h, &wrk_family_mamba2,
-                                                 &wrk_family_gdn, &wrk_family_qwen3_5};
+                                                 &wrk_family_gdn, &wrk_family_qwen3_5,
+                                                 &wrk_family_granite_h};
 #define WRK_N_FAMILIES (sizeof(wrk_families) / sizeof(wrk_families[0]))
 
 /*
@@ -1187,7 +1188,8 @@ wrk_model_pick_family(const wk_tensor_set *set, const json_t *config, const wrk_
                 }
         return wk_diag_set(d, WK_ENOTSUP,
                            "config.json: model_type \"%.64s\" is not supported (rwkv7, "
-                           "mamba2, gated_deltanet, qwen3_5, qwen3_5_text)",
+                           "mamba2, gated_deltanet, qwen3_5, qwen3_5_text, nemotron_h, "
+                           "granitemoehybrid)",
                            t);
     }
     for (size_t i = 0; i < WRK_N_FAMILIES; i++)

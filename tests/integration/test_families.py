@@ -22,8 +22,11 @@ same Gated DeltaNet backend with its KV in the pool.
 "nemotron_h-hybrid" is a Nemotron-H checkpoint (tests/reference/
 gen_nemotron_h.py: Mamba2, attention, squared-ReLU MLP and MoE layers, the
 same layer-list backend).
+"granite_h-hybrid" is a Granite-4.0-H checkpoint (tests/reference/
+gen_granite_h.py: Mamba2 layers and one attention layer, experts with the
+shared MLP, Granite's multipliers), the same layer-list backend.
 
-WKVM_FAMILIES=rwkv7,mamba2 limits the families (all six by default).
+WKVM_FAMILIES=rwkv7,mamba2 limits the families (all seven by default).
 """
 import json
 import os
@@ -70,6 +73,12 @@ def make_model(family):
         # attention without RoPE over the KV pool, a squared-ReLU MLP and a MoE layer.
         cmd = [PY, os.path.join(REF, "gen_nemotron_h.py"), "--out", d, "--seed", "16",
                "--pattern", "M*M-ME"]
+    elif family == "granite_h-hybrid":
+        # Granite-4.0-H (tests/reference/gen_granite_h.py: the hub's granitemoehybrid
+        # names): Mamba2 layers, attention in layer 3 without position encoding over the
+        # paged KV pool, a mixture of experts with the shared MLP, Granite's multipliers.
+        cmd = [PY, os.path.join(REF, "gen_granite_h.py"), "--out", d, "--seed", "16",
+               "--experts", "4"]
     else:
         raise ValueError(family)
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
@@ -214,7 +223,7 @@ def run_family(f):
 def families():
     env = os.environ.get("WKVM_FAMILIES")
     return env.split(",") if env else ["rwkv7", "mamba2", "gdn", "gdn-hybrid", "qwen3_5-hybrid",
-                                       "nemotron_h-hybrid"]
+                                       "nemotron_h-hybrid", "granite_h-hybrid"]
 
 
 def make_tests():

@@ -114,6 +114,7 @@ extern const wrk_family wrk_family_mamba2;
 extern const wrk_family wrk_family_gdn;
 extern const wrk_family wrk_family_qwen3_5;
 extern const wrk_family wrk_family_nemotron_h;
+extern const wrk_family wrk_family_granite_h;
 
 /*
  * config.json helpers: an integer / number / boolean member, or def when the

@@ -3,7 +3,8 @@
  * written for: fla-hub `gated_deltanet`), as the families map a checkpoint
  * onto it and the backends read it. Families on it: wrk_gdn.c (fla Gated
  * DeltaNet and its hybrids), wrk_qwen35.c (Qwen3.5 / Qwen3-Next),
- * wrk_nemotron_h.c (NVIDIA Nemotron-H).
+ * wrk_nemotron_h.c (NVIDIA Nemotron-H), wrk_granite_h.c (IBM Granite-4.0-H:
+ * Mamba2 + attention with Granite's multipliers, emb_mul .. logit_div below).
  *
  * A model is a list of layers over one residual stream x (fp32). Each layer
  * is an optional mixer and an optional MLP, each with its own pre-norm:
@@ -91,12 +92,16 @@ typedef enum wrk_moe_router {
     WRK_MOE_SOFTMAX = 0, /* softmax over the router logits, top_k of the probabilities */
     WRK_MOE_SIGMOID,     /* sigmoid scores; choice by score + score_bias within the
                             topk_group best of n_group groups (DeepSeek-V3 / Nemotron 3) */
+    WRK_MOE_TOPK_SOFTMAX, /* the top_k router logits, then a softmax over those k
+                             (Granite-4.0-H, Mixtral); norm_topk is moot */
 } wrk_moe_router;
 
 /*
  * A sparse mixture-of-experts MLP. Per token:
  *   SOFTMAX router (Qwen3.5-MoE, Qwen3-Next): p = softmax(router x), the
  *     top_k experts by p, weights p (renormalised to sum 1 when norm_topk);
+ *   TOPK_SOFTMAX router (Granite-4.0-H): the top_k experts by the logits
+ *     router x, weights the softmax of those k logits;
  *   SIGMOID router (Nemotron 3): s = sigmoid(router x), choice score c = s +
  *     score_bias; the experts split into n_group equal groups scored by the
  *     sum of their two best c, the topk_group best groups kept, the top_k
@@ -190,6 +195,18 @@ typedef struct wrk_gdn {
     uint32_t rope_dim;      /* rotary dims: the first rope_dim of each head (even, <= Da) */
     float norm_offset;      /* added to every RMSNorm weight but o_norm's: 0, or 1 for the
                                (1 + weight) convention of Qwen3.5 */
+    /*
+     * Granite's scalars (family/wrk_granite_h.c); 0 in each: none (what
+     * every other family leaves them). emb_mul multiplies the embedding
+     * row; res_mul multiplies each mixer's and each MLP's output before it
+     * is added into the residual (x = x + out * res_mul); attn_scale
+     * replaces Da^-0.5 as the attention score scale; logit_div divides the
+     * logits (logits = head(norm(x)) / logit_div).
+     */
+    float emb_mul;
+    float res_mul;
+    float attn_scale;
+    float logit_div;
 } wrk_gdn;
 
 /*

@@ -58,9 +58,13 @@
  * Conventions ride on the view (wrk_gdn.h): Qwen3.5's output gate in q_proj
  * (attn_gate), partial rotary (rope_dim; 0 for Nemotron-H's attention, which
  * has no position encoding), the (1 + weight) norms folded into the fp32
- * vectors at open (norm_offset); the experts' routing (softmax, or
- * Nemotron 3's grouped sigmoid with a score bias) and kind (SwiGLU or
- * squared ReLU) are per layer (wrk_moe).
+ * vectors at open (norm_offset); the experts' routing (softmax, Nemotron
+ * 3's grouped sigmoid with a score bias, or Granite's top-k-then-softmax)
+ * and kind (SwiGLU or squared ReLU) are per layer (wrk_moe); Granite's
+ * scalars: the embedding times emb_mul, every mixer's and MLP's output
+ * times res_mul before it joins the residual (gdn_add_out: the projection
+ * into xr, then x += xr * res_mul), attn_scale as the score scale, the
+ * logits divided by logit_div (all 0, and skipped, for other models).
  *
  * Must never: log, abort on bad input, or change a slot when a step is
  * refused (be_cpu_base_step validates before any pass).
@@ -103,6 +107,7 @@ typedef struct gdn_moe {
     bool norm_topk;                /* renormalise the top-k weights */
     bool relu2;                    /* experts (and the shared one) are RELU2, else SwiGLU */
     bool sigmoid;                  /* WRK_MOE_SIGMOID routing, else softmax */
+    bool topk_softmax;             /* WRK_MOE_TOPK_SOFTMAX routing (top k, then softmax) */
     bool sh_gated;                 /* the shared expert is times sigmoid(sr x) */
     uint32_t n_group, topk_group;  /* sigmoid routing: groups, groups kept */
     float scale;                   /* sigmoid routing: routed_scaling_factor */
@@ -149,6 +154,8 @@ struct be_ctx {
     uint64_t packed_bytes;                     /* bytes of packed weights */
     uint32_t layer;                            /* the layer a stage runs */
     gdn_delta_fn delta;                        /* the recurrence for the ISA */
+    float emb_mul, res_mul, logit_div;         /* Granite's scalars (wrk_gdn.h); 0: none */
+    float *xr;                                 /* res_mul: a block's output [cap][C] */
 
     /* pass scratch, cap tokens each */
     float *x;            /* residual [cap][C] */
@@ -187,7 +194,7 @@ struct be_ctx {
     uint32_t n_attn;          /* attention layers */
     uint32_t Hq, Hkv, Da;     /* query heads, KV heads, head dim */
     uint32_t QD, KVD;         /* Hq * Da, Hkv * Da */
-    float att_scale;          /* Da^-0.5 */
+    float att_scale;          /* Da^-0.5, or the view's attn_scale */
     uint32_t rope_half;       /* rotary pairs per head: rope_dim / 2 */
     double *inv_freq;         /* RoPE theta^(-2i/rope_dim) [rope_half], owned */
     be_kv kv;                 /* the KV page pool */
@@ -278,7 +285,71 @@ gdn_stage_embed(void *arg, uint32_t task)
         /* the id was validated against the vocab before the pass */
         if (wk_tensor_read_f32(c->g->emb, (size_t)c->b.tok[t] * c->C, c->C, x) != WK_OK)
             memset(x, 0, sizeof(float) * c->C);
+        if (c->emb_mul != 0.0f)
+            for (uint32_t i = 0; i < c->C; i++)
+                x[i] *= c->emb_mul;
     }
+}
+
+/* res_mul: x += xr * res_mul per token (the product rounded, then the sum, as torch). */
+static void
+gdn_stage_res_add(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    uint32_t t0, t1;
+    be_cpu_tok_range(&c->b, task, &t0, &t1);
+    for (uint32_t t = t0; t < t1; t++) {
+        float *x = c->x + (size_t)t * c->C;
+        const float *r = c->xr + (size_t)t * c->C;
+        for (uint32_t i = 0; i < c->C; i++)
+            x[i] += r[i] * c->res_mul;
+    }
+}
+
+/*
+ * A block's output projection w (in: its input rows) added into the
+ * residual: straight into x by the GEMM's epilogue, or, with res_mul, into
+ * xr and then scaled into x. Runs the region.
+ */
+static void
+gdn_add_out(be_ctx *c, const be_cpu_mat *w, const float *in)
+{
+    be_cpu_base *b = &c->b;
+    if (c->res_mul == 0.0f) {
+        be_cpu_job_add(b, w, in, b->T, c->x, NULL, BE_CPU_EPI_ADD);
+        be_cpu_jobs_run(b);
+        return;
+    }
+    be_cpu_job_add(b, w, in, b->T, c->xr, NULL, BE_CPU_EPI_STORE);
+    be_cpu_jobs_run(b);
+    be_cpu_tok_run(b, gdn_stage_res_add, c);
+}
+
+/* logit_div: every logits row divided by it (as torch's logits / logits_scaling). */
+static void
+gdn_stage_logit_div(void *arg, uint32_t task)
+{
+    be_ctx *c = arg;
+    const be_cpu_base *b = &c->b;
+    uint32_t i0, i1;
+    be_cpu_logits_range(b, task, &i0, &i1);
+    for (uint32_t i = i0; i < i1; i++) {
+        float *y = b->lrows[i];
+        for (uint32_t v = 0; v < b->V; v++)
+            y[v] = y[v] / c->logit_div;
+    }
+}
+
+/* The logits rows divided by logit_div (nothing when it is 0 or there are none). */
+static void
+gdn_logits_scale(be_ctx *c)
+{
+    be_cpu_base *b = &c->b;
+    if (c->logit_div == 0.0f || b->n_logits == 0)
+        return;
+    uint32_t n = b->n_logits < 8 ? 1 : b->n_threads * 2;
+    b->tok_tasks = n < b->n_logits ? n : b->n_logits;
+    be_cpu_pool_run(b->pool, gdn_stage_logit_div, c, b->tok_tasks);
 }
 
 static void
@@ -916,8 +987,7 @@ gdn_layer_attention(be_ctx *c, const gdn_layer *ly)
     be_cpu_pool_run(b->pool, gdn_stage_att, c, n); /* ... before any token attends */
     if (c->aqg != NULL)
         be_cpu_tok_run(b, gdn_stage_att_gate, c);
-    be_cpu_job_add(b, &ly->wo, c->ao, T, c->x, NULL, BE_CPU_EPI_ADD);
-    be_cpu_jobs_run(b);
+    gdn_add_out(c, &ly->wo, c->ao);
 }
 
 /*
@@ -977,8 +1047,7 @@ gdn_layer_delta(be_ctx *c, const gdn_layer *ly)
     gdn_delta_split(c);
     be_cpu_pool_run(b->pool, gdn_stage_delta, c, b->n_segs * c->HV * c->nspan);
     be_cpu_tok_run(b, gdn_stage_onorm, c);
-    be_cpu_job_add(b, &ly->wo, c->o, T, c->x, NULL, BE_CPU_EPI_ADD);
-    be_cpu_jobs_run(b);
+    gdn_add_out(c, &ly->wo, c->o);
 }
 
 /* Mamba2 conv + SiLU for one (segment, channel block) (be_cpu_mamba2.h). */
@@ -1027,13 +1096,44 @@ gdn_layer_mamba2(be_ctx *c, const gdn_layer *ly)
     be_cpu_pool_run(b->pool, gdn_stage_m2_conv, c, b->n_segs * c->m2_conv_blocks);
     be_cpu_pool_run(b->pool, gdn_stage_m2_scan, c, b->n_segs * c->m2d.H);
     be_cpu_tok_run(b, gdn_stage_m2_gate, c);
-    be_cpu_job_add(b, &ly->m2_out, c->m2y, T, c->x, NULL, BE_CPU_EPI_ADD);
-    be_cpu_jobs_run(b);
+    gdn_add_out(c, &ly->m2_out, c->m2y);
 }
 
 /* ------------------------------------------------------------------------ */
 /* mixture-of-experts MLP                                                    */
 /* ------------------------------------------------------------------------ */
+
+/*
+ * Top-k-then-softmax routing of one token (WRK_MOE_TOPK_SOFTMAX, Granite's
+ * GraniteMoeHybridTopKRouter: topk of the fp32 logits, softmax over those):
+ * the k largest logits of p, larger first (equal ones by the lower index, a
+ * later equal one never passes), then exp(l - max) with the sum in double
+ * and fp32 weights into w.
+ */
+static void
+gdn_route_topk_softmax(const float *p, uint32_t E, uint32_t k, uint32_t *sel, float *w)
+{
+    uint32_t have = 0;
+    for (uint32_t e = 0; e < E; e++) {
+        if (have == k && !(p[e] > p[sel[k - 1]]))
+            continue;
+        uint32_t i = have < k ? have++ : k - 1;
+        while (i > 0 && p[e] > p[sel[i - 1]]) {
+            sel[i] = sel[i - 1];
+            i--;
+        }
+        sel[i] = e;
+    }
+    const float mx = p[sel[0]];
+    double sum = 0.0;
+    for (uint32_t j = 0; j < k; j++) {
+        w[j] = expf(p[sel[j]] - mx);
+        sum += w[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (uint32_t j = 0; j < k; j++)
+        w[j] *= inv;
+}
 
 /*
  * Sigmoid routing of one token (WRK_MOE_SIGMOID, transformers'
@@ -1121,6 +1221,8 @@ gdn_stage_route(void *arg, uint32_t task)
         float *w = c->sw + (size_t)t * c->moe_k;
         if (mo->sigmoid) {
             gdn_route_sigmoid(mo, p, c->rc + (size_t)t * c->moe_E, sel, w);
+        } else if (mo->topk_softmax) {
+            gdn_route_topk_softmax(p, E, k, sel, w);
         } else {
             float mx = -INFINITY;
             for (uint32_t e = 0; e < E; e++)
@@ -1222,8 +1324,12 @@ gdn_stage_combine(void *arg, uint32_t task)
         if (mo->Fs > 0)
             for (uint32_t i = 0; i < C; i++)
                 tmp[i] += sg * acc[i];
-        for (uint32_t i = 0; i < C; i++)
-            x[i] += tmp[i];
+        if (c->res_mul != 0.0f)
+            for (uint32_t i = 0; i < C; i++)
+                x[i] += tmp[i] * c->res_mul;
+        else
+            for (uint32_t i = 0; i < C; i++)
+                x[i] += tmp[i];
     }
 }
 
@@ -1344,11 +1450,11 @@ gdn_pass(be_cpu_base *base)
             be_cpu_jobs_run(b);
             be_cpu_tok_run(b, gdn_stage_swiglu, c);
         }
-        be_cpu_job_add(b, &ly->down, c->hg, T, c->x, NULL, BE_CPU_EPI_ADD);
-        be_cpu_jobs_run(b);
+        gdn_add_out(c, &ly->down, c->hg);
     }
 
     be_cpu_logits_run(b, gdn_stage_final_norm, c, &c->head, c->xn);
+    gdn_logits_scale(c);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1391,7 +1497,7 @@ gdn_close(be_ctx *c)
     free(c->vecs);
     float *bufs[] = {c->x,  c->xn, c->qr, c->kr, c->vr, c->q,  c->k,  c->v,  c->ar,
                      c->br, c->gr, c->o,  c->hg, c->hu, c->aq, c->ak, c->av, c->ao,
-                     c->aqg, c->ag};
+                     c->aqg, c->ag, c->xr};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         free(bufs[i]);
     float *moe_bufs[] = {c->rl, c->rc,  c->sw, c->xe,  c->he,  c->hue, c->oe,
@@ -1672,6 +1778,7 @@ gdn_open_moe(be_ctx *c, wk_diag *d)
         mo->norm_topk = wm->norm_topk;
         mo->relu2 = wm->act == WRK_MLP_RELU2;
         mo->sigmoid = wm->route == WRK_MOE_SIGMOID;
+        mo->topk_softmax = wm->route == WRK_MOE_TOPK_SOFTMAX;
         mo->sh_gated = wm->sh_router.t != NULL;
         mo->n_group = wm->n_group ? wm->n_group : 1;
         mo->topk_group = wm->topk_group ? wm->topk_group : 1;
@@ -1736,7 +1843,8 @@ gdn_open_attention(be_ctx *c, const be_config *cfg, wk_diag *d)
                               GDN_KV_PAGE_TOKENS, (uint32_t)pages, d);
     if (e != WK_OK)
         return e;
-    c->att_scale = (float)(1.0 / sqrt((double)c->Da));
+    c->att_scale =
+        c->g->attn_scale != 0.0f ? c->g->attn_scale : (float)(1.0 / sqrt((double)c->Da));
     c->rope_half = c->g->rope_dim / 2;
     c->inv_freq = malloc(sizeof(double) * (c->rope_half ? c->rope_half : 1));
     c->tpos = calloc(c->b.cap, sizeof(uint32_t));
@@ -1784,6 +1892,9 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
     c->W = g->conv;
     c->F = g->ffn_dim;
     c->beta_scale = g->allow_neg_eigval ? 2.0f : 1.0f;
+    c->emb_mul = g->emb_mul;
+    c->res_mul = g->res_mul;
+    c->logit_div = g->logit_div;
     c->q_scale = (float)(1.0 / sqrt((double)c->K));
     c->layer_floats =
         (size_t)(c->W - 1) * (2 * (size_t)c->KD + c->VD) + (size_t)c->HV * c->K * c->Vd;
@@ -1855,6 +1966,10 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
             e = wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
             goto fail;
         }
+    if (c->res_mul != 0.0f && (c->xr = be_cpu_alloc_f(cap * c->C)) == NULL) {
+        e = wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
+        goto fail;
+    }
     *out = c;
     return WK_OK;
 

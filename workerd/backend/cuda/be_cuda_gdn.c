@@ -626,14 +626,12 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     const wrk_gdn *g = wrk_model_view(m, "gdn");
     if (g == NULL)
         return wk_diag_set(d, WK_EINVAL, "cuda backend: not a gdn model");
-    if (g->conv < 2 || g->conv > GDN_MAX_CONV)
-        return wk_diag_set(d, WK_ENOTSUP, "cuda backend: conv_size %u outside 2..%u", g->conv,
-                           GDN_MAX_CONV);
     /*
      * Only Gated DeltaNet / attention mixers each followed by a SwiGLU MLP run
      * here: Mamba2 mixers, mixer-only or MLP-only layers and squared-ReLU MLPs
-     * (Nemotron-H) are refused by name, as are Qwen3.5's conventions and
-     * experts; never run as fla's.
+     * (Nemotron-H) are refused by name, as are Qwen3.5's and Granite-4.0-H's
+     * conventions and experts; never run as fla's (before the geometry checks:
+     * a model without Gated DeltaNet layers has no conv_size).
      */
     for (uint32_t l = 0; l < g->n_layer; l++) {
         const wrk_gdn_layer *ly = &g->layers[l];
@@ -653,12 +651,18 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     bool experts = false;
     for (uint32_t l = 0; l < g->n_layer; l++)
         experts = experts || g->layers[l].moe != NULL;
-    if (experts || g->attn_gate || g->norm_offset != 0.0f ||
+    const bool granite = g->emb_mul != 0.0f || g->res_mul != 0.0f || g->attn_scale != 0.0f ||
+                         g->logit_div != 0.0f;
+    if (experts || granite || g->attn_gate || g->norm_offset != 0.0f ||
         (g->n_attn > 0 && g->rope_dim != g->attn_head_dim))
         return wk_diag_set(d, WK_ENOTSUP,
-                           "cuda backend: %s (gated attention, partial rotary, (1 + weight) "
-                           "norms, experts) runs on the cpu backend only",
+                           "cuda backend: %s (gated attention, partial rotary or no rotary, "
+                           "(1 + weight) norms, experts, Granite's multipliers) runs on the cpu "
+                           "backend only",
                            wrk_model_info_get(m)->family);
+    if (g->conv < 2 || g->conv > GDN_MAX_CONV)
+        return wk_diag_set(d, WK_ENOTSUP, "cuda backend: conv_size %u outside 2..%u", g->conv,
+                           GDN_MAX_CONV);
     if (g->n_attn < g->n_layer &&
         (g->n_head == 0 || g->head_k == 0 || g->head_v == 0 || g->n_v_head % g->n_head != 0))
         return wk_diag_set(d, WK_EINVAL, "cuda backend: inconsistent gdn heads");
