@@ -21,25 +21,36 @@ struct wk_chat_tpl {
     const char *source; /* file it came from */
     json_t *special;    /* {"bos_token": "...", ...}: the special tokens found */
     bool think;         /* a template source names the think markers ("</think>") */
+    bool effort;        /* a template source names the variable reasoning_effort */
+    bool enable;        /* a template source names the variable enable_thinking */
 };
 
 static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "pad_token", NULL};
 
-/* True when src (len bytes) contains the close think marker. */
+/* True when src (len bytes) contains the NUL-terminated m. */
 static bool
-tpl_names_think(const char *src, size_t len)
+tpl_names(const char *src, size_t len, const char *m)
 {
-    static const char m[] = WK_CHAT_TPL_THINK_CLOSE;
-    for (size_t i = 0; i + sizeof(m) - 1 <= len; i++)
-        if (memcmp(src + i, m, sizeof(m) - 1) == 0)
+    size_t ml = strlen(m);
+    for (size_t i = 0; i + ml <= len; i++)
+        if (memcmp(src + i, m, ml) == 0)
             return true;
     return false;
+}
+
+/* Notes what a template source names: the think markers, the reasoning variables. */
+static void
+tpl_names_think(wk_chat_tpl *t, const char *src, size_t len)
+{
+    t->think |= tpl_names(src, len, WK_CHAT_TPL_THINK_CLOSE);
+    t->effort |= tpl_names(src, len, "reasoning_effort");
+    t->enable |= tpl_names(src, len, "enable_thinking");
 }
 
 static wk_err
 tpl_parse(wk_chat_tpl *t, const char *src, size_t len, const char *what, wk_jinja **out, wk_diag *d)
 {
-    t->think |= tpl_names_think(src, len);
+    tpl_names_think(t, src, len);
     wk_err e = wk_jinja_parse(src, len, out, d);
     if (e != WK_OK)
         wk_diag_prefix(d, "%s", what);
@@ -95,7 +106,7 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
                                                               : NULL;
             if (slot == NULL || *slot != NULL)
                 continue; /* other named templates (rag, ...) are not used by chat requests */
-            t->think |= tpl_names_think(json_string_value(src), json_string_length(src));
+            tpl_names_think(t, json_string_value(src), json_string_length(src));
             e = wk_jinja_parse(json_string_value(src), json_string_length(src), slot, d);
             if (e != WK_OK) {
                 wk_diag_prefix(d, "%s: chat_template \"%s\"", path, name);
@@ -340,6 +351,16 @@ bool
 wk_chat_tpl_thinks(const wk_chat_tpl *t)
 {
     return t != NULL && t->think;
+}
+
+bool
+wk_chat_tpl_knows(const wk_chat_tpl *t, const char *var)
+{
+    if (t == NULL || var == NULL)
+        return false;
+    return strcmp(var, "reasoning_effort") == 0  ? t->effort
+           : strcmp(var, "enable_thinking") == 0 ? t->enable
+                                                 : false;
 }
 
 void

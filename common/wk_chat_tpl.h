@@ -93,6 +93,13 @@ const char *wk_chat_tpl_special(const wk_chat_tpl *t, const char *name);
  */
 bool wk_chat_tpl_thinks(const wk_chat_tpl *t);
 
+/*
+ * True when a template source of t names the variable var, one of
+ * "reasoning_effort" and "enable_thinking" (any other: false): a request's
+ * reasoning settings reach the template only where it reads them.
+ */
+bool wk_chat_tpl_knows(const wk_chat_tpl *t, const char *var);
+
 /* Frees a template; NULL-safe. */
 void wk_chat_tpl_free(wk_chat_tpl *t);
 

@@ -659,7 +659,7 @@ ctl_openai_content(ctl_http_req *req, json_t *content, size_t idx, char **out, s
  * drops the reasoning and the generation prompt's <think>), so the turn ends
  * before it are what the next prompt shares: the index resumes there.
  */
-static void
+void
 ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
 {
     const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");

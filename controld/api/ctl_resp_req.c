@@ -81,8 +81,8 @@ static const char *const resp_known[] = {
  * (clients send both). pfx: the item's parameter name.
  */
 static wk_err
-resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **out, size_t *len,
-             ctl_resp_err *e)
+resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, const char *other,
+             char **out, size_t *len, ctl_resp_err *e)
 {
     char param[96];
     snprintf(param, sizeof(param), "%s.content", pfx);
@@ -113,7 +113,7 @@ resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **
                              "each content part needs a string 'type'");
         const char *t = json_string_value(type);
         if (strcmp(t, "input_text") != 0 && strcmp(t, "output_text") != 0 &&
-            strcmp(t, "text") != 0) {
+            strcmp(t, "text") != 0 && (other == NULL || strcmp(t, other) != 0)) {
             bool known = strcmp(t, "input_image") == 0 || strcmp(t, "input_file") == 0 ||
                          strcmp(t, "input_audio") == 0 || strcmp(t, "refusal") == 0;
             return resp_fail(e, WK_EINVAL, param, "invalid_value",
@@ -151,6 +151,65 @@ resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **
     return WK_OK;
 }
 
+/*
+ * A reasoning item (as a previous response's output gave it): its
+ * reasoning_text parts become the reasoning of the assistant message that
+ * follows it. summary is accepted and not read (wkvm writes none);
+ * encrypted_content cannot be read back (wkvm never makes any).
+ */
+static wk_err
+resp_reasoning_item(const json_t *it, const char *pfx, uint64_t max_bytes, ctl_resp_msg *m,
+                    ctl_resp_err *e)
+{
+    char param[96];
+    const char *known[] = {"type", "id", "summary", "content", "encrypted_content", "status"};
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)it, key, v)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !ok; i++)
+            ok = strcmp(key, known[i]) == 0;
+        if (!ok) {
+            snprintf(param, sizeof(param), "%s.%.40s", pfx, key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: '%s.%.64s'.", pfx, key);
+        }
+    }
+    if (!resp_absent(json_object_get(it, "encrypted_content"))) {
+        snprintf(param, sizeof(param), "%s.encrypted_content", pfx);
+        return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                         "wkvm keeps no encrypted reasoning: send the reasoning_text content "
+                         "(or use previous_response_id)");
+    }
+    const json_t *sum = json_object_get(it, "summary");
+    if (!resp_absent(sum) && !json_is_array(sum)) {
+        snprintf(param, sizeof(param), "%s.summary", pfx);
+        return resp_fail(e, WK_EINVAL, param, "invalid_type", "'summary' must be an array");
+    }
+    m->role = "assistant";
+    m->reasoning = true;
+    const json_t *content = json_object_get(it, "content");
+    if (resp_absent(content)) {
+        if ((m->text = calloc(1, 1)) == NULL)
+            return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
+        m->len = 0;
+        return WK_OK;
+    }
+    size_t i;
+    json_t *part;
+    json_array_foreach(content, i, part)
+    {
+        const json_t *type = json_object_get(part, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "reasoning_text") != 0) {
+            snprintf(param, sizeof(param), "%s.content[%zu].type", pfx, i);
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "a reasoning item's content parts are of type 'reasoning_text'");
+        }
+    }
+    return resp_content(content, pfx, max_bytes, "reasoning_text", &m->text, &m->len, e);
+}
+
 /* One item of an input array into m. */
 static wk_err
 resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl_resp_err *e)
@@ -171,9 +230,13 @@ resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl
                              "input items of type '%s' are not supported yet (function tools "
                              "come with the tool-call templates)",
                              t);
-        if (strcmp(t, "reasoning") == 0 || strcmp(t, "item_reference") == 0)
+        if (strcmp(t, "reasoning") == 0)
+            return resp_reasoning_item(it, pfx, max_bytes, m, e);
+        if (strcmp(t, "item_reference") == 0)
             return resp_fail(e, WK_EINVAL, param, "invalid_value",
-                             "input items of type '%s' are not supported by wkvm", t);
+                             "input items of type '%s' are not supported by wkvm "
+                             "(use previous_response_id)",
+                             t);
         if (strcmp(t, "message") != 0)
             return resp_fail(e, WK_EINVAL, param, "invalid_value",
                              "unknown input item type '%.64s' (message)", t);
@@ -211,7 +274,7 @@ resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl
     if (content == NULL)
         return resp_fail(e, WK_EINVAL, pfx, "missing_required_parameter",
                          "a message item needs 'content'");
-    return resp_content(content, pfx, max_bytes, &m->text, &m->len, e);
+    return resp_content(content, pfx, max_bytes, NULL, &m->text, &m->len, e);
 }
 
 /* The input: a string (one user message) or an array of items. */
@@ -226,8 +289,8 @@ resp_input(const json_t *in, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_re
             return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
         r->n_items = 1;
         r->items[0].role = "user";
-        return resp_content(in, "input", lim->max_item_bytes, &r->items[0].text, &r->items[0].len,
-                            e);
+        return resp_content(in, "input", lim->max_item_bytes, NULL, &r->items[0].text,
+                            &r->items[0].len, e);
     }
     if (!json_is_array(in) || json_array_size(in) == 0)
         return resp_fail(e, WK_EINVAL, "input", "invalid_type",
@@ -305,9 +368,57 @@ resp_num(const json_t *body, const char *key, double lo, double hi, bool *has, d
 }
 
 /* The parameters wkvm accepts only in their neutral form. */
+/*
+ * reasoning: {"effort", "summary", "generate_summary"}, each null or one of
+ * the API's values. The effort reaches the template (ctl_responses decides
+ * whether it knows one); summaries are never generated (no summarizer).
+ */
+static wk_err
+resp_reasoning(const json_t *v, ctl_resp_req *r, ctl_resp_err *e)
+{
+    if (resp_absent(v))
+        return WK_OK;
+    if (!json_is_object(v))
+        return resp_fail(e, WK_EINVAL, "reasoning", "invalid_type",
+                         "'reasoning' must be an object");
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+    static const char *const summaries[] = {"auto", "concise", "detailed"};
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x)
+    {
+        bool effort = strcmp(k, "effort") == 0;
+        if (!effort && strcmp(k, "summary") != 0 && strcmp(k, "generate_summary") != 0) {
+            char param[96];
+            snprintf(param, sizeof(param), "reasoning.%.40s", k);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: 'reasoning.%.64s'.", k);
+        }
+        if (resp_absent(x))
+            continue;
+        const char *const *allowed = effort ? efforts : summaries;
+        size_t n = effort ? sizeof(efforts) / sizeof(efforts[0])
+                          : sizeof(summaries) / sizeof(summaries[0]);
+        bool ok = false;
+        for (size_t i = 0; json_is_string(x) && i < n && !ok; i++)
+            ok = strcmp(json_string_value(x), allowed[i]) == 0;
+        if (!ok) {
+            char param[96];
+            snprintf(param, sizeof(param), "reasoning.%s", k);
+            return resp_fail(e, WK_EINVAL, param, "invalid_value", "'%s' must be one of %s", param,
+                             effort ? "none, minimal, low, medium, high, xhigh"
+                                    : "auto, concise, detailed");
+        }
+        if (effort)
+            r->reasoning_effort = json_string_value(x);
+    }
+    return WK_OK;
+}
+
 static wk_err
 resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
 {
+    wk_err err;
     /*
      * Tools, as the chat route treats them: wkvm's models never call one yet, so
      * offered tools are validated and the model answers with a message, which
@@ -351,25 +462,12 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
                                                    strcmp(json_string_value(v), "auto") == 0)))
         return resp_fail(e, WK_EINVAL, "truncation", "invalid_value",
                          "'truncation' must be \"auto\" or \"disabled\"");
-    v = json_object_get(body, "reasoning");
-    if (!resp_absent(v)) {
-        /* (an object of nulls, as clients echo a default, asks for nothing) */
-        bool neutral = json_is_object(v);
-        const char *k;
-        json_t *x;
-        json_object_foreach((json_t *)v, k, x) neutral = neutral && json_is_null(x);
-        if (!neutral)
-            return resp_fail(e, WK_EINVAL, "reasoning", "invalid_value",
-                             "'reasoning' is not supported yet by wkvm");
-    }
+    if ((err = resp_reasoning(json_object_get(body, "reasoning"), r, e)) != WK_OK)
+        return err;
     v = json_object_get(body, "include");
     if (!resp_absent(v) && !(json_is_array(v) && json_array_size(v) == 0))
         return resp_fail(e, WK_EINVAL, "include", "invalid_value",
                          "'include' is not supported by wkvm (no extra output data)");
-    v = json_object_get(body, "background");
-    if (!resp_absent(v) && !json_is_false(v))
-        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
-                         "background responses are not supported yet by wkvm");
     v = json_object_get(body, "service_tier");
     if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "auto") == 0 ||
                                                    strcmp(json_string_value(v), "default") == 0)))
@@ -517,8 +615,16 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
         return err;
     if ((err = resp_bool(body, "store", true, &r->store, e)) != WK_OK ||
         (err = resp_bool(body, "stream", false, &r->stream, e)) != WK_OK ||
-        (err = resp_bool(body, "return_token_ids", false, &r->return_token_ids, e)) != WK_OK)
+        (err = resp_bool(body, "return_token_ids", false, &r->return_token_ids, e)) != WK_OK ||
+        (err = resp_bool(body, "background", false, &r->background, e)) != WK_OK)
         return err;
+    if (r->background && !r->store)
+        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
+                         "a background response must be stored: 'background' needs store: true");
+    if (r->background && r->stream)
+        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
+                         "wkvm does not stream background responses: send stream: false and "
+                         "poll GET /v1/responses/{id}");
     if (!r->stream && !resp_absent(json_object_get(body, "stream_options")))
         return resp_fail(e, WK_EINVAL, "stream_options", "invalid_value",
                          "'stream_options' needs stream: true");

@@ -31,11 +31,16 @@ typedef struct ctl_resp_limits {
     uint32_t max_tokens;     /* largest max_output_tokens [65536] */
 } ctl_resp_limits;
 
-/* One input message: role and its text (text parts concatenated). */
+/*
+ * One input item: a message (role and its text, text parts concatenated) or
+ * a reasoning item (role "assistant", reasoning set: its reasoning_text
+ * parts, the reasoning of the assistant message that follows it).
+ */
 typedef struct ctl_resp_msg {
     const char *role; /* "system" (also for "developer"), "user" or "assistant"; static */
     char *text;       /* NUL-terminated text, owned (ctl_resp_req_fini) */
     size_t len;       /* bytes of text */
+    bool reasoning;   /* a reasoning item, not a message */
 } ctl_resp_msg;
 
 /* A parsed request. Strings marked borrowed point into the body JSON. */
@@ -60,6 +65,8 @@ typedef struct ctl_resp_req {
     const json_t *tools;              /* borrowed array of tool objects (echoed, never
                                          called); NULL: none */
     const char *user;                 /* borrowed; NULL: none */
+    const char *reasoning_effort;     /* borrowed reasoning.effort ("none" .. "xhigh"); NULL */
+    bool background;                  /* run after answering (needs store, no stream) */
 } ctl_resp_req;
 
 /* Why a body was refused. */
