@@ -72,6 +72,9 @@ static const char *const resp_known[] = {
     /* wkvm extensions */
     "seed",
     "return_token_ids",
+    "logit_bias",
+    "frequency_penalty",
+    "presence_penalty",
 };
 
 /*
@@ -641,6 +644,29 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
             return resp_fail(e, WK_EINVAL, "max_output_tokens", "invalid_value",
                              "'max_output_tokens' must be an integer in [1, %u]", lim->max_tokens);
         r->max_output_tokens = (uint32_t)json_integer_value(v);
+    }
+    if ((err = resp_num(body, "frequency_penalty", -2.0, 2.0, &r->has_frequency_penalty,
+                        &r->frequency_penalty, e)) != WK_OK ||
+        (err = resp_num(body, "presence_penalty", -2.0, 2.0, &r->has_presence_penalty,
+                        &r->presence_penalty, e)) != WK_OK)
+        return err;
+    v = json_object_get(body, "logit_bias");
+    if (!resp_absent(v)) {
+        bool ok = json_is_object(v) && json_object_size(v) <= CTL_RESP_BIAS_MAX;
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x)
+        {
+            size_t kl = strlen(k);
+            ok = ok && kl > 0 && kl <= 9 && strspn(k, "0123456789") == kl && json_is_number(x) &&
+                 json_number_value(x) >= -100.0 && json_number_value(x) <= 100.0;
+        }
+        if (!ok)
+            return resp_fail(e, WK_EINVAL, "logit_bias", "invalid_value",
+                             "'logit_bias' must be an object of at most %u token ids (decimal "
+                             "strings) -> numbers in [-100, 100]",
+                             CTL_RESP_BIAS_MAX);
+        r->logit_bias = v;
     }
     v = json_object_get(body, "seed");
     if (!resp_absent(v)) {

@@ -23,6 +23,7 @@ typedef struct json_t json_t; /* jansson's value, opaque here */
 #define CTL_RESP_METADATA_KEY_MAX 64u  /* metadata key bytes */
 #define CTL_RESP_METADATA_VAL_MAX 512u /* metadata value bytes */
 #define CTL_RESP_USER_MAX 256u         /* user / safety_identifier / prompt_cache_key bytes */
+#define CTL_RESP_BIAS_MAX 300u         /* logit_bias entries (the chat route's limit) */
 
 /* Limits the parser enforces; a zero field takes the default in brackets. */
 typedef struct ctl_resp_limits {
@@ -61,6 +62,11 @@ typedef struct ctl_resp_req {
     bool has_seed;                    /* extension: seed given */
     int64_t seed;                     /* extension: sampling seed */
     bool return_token_ids;            /* extension: the state's token ids in the answer */
+    const json_t *logit_bias;         /* extension: borrowed object id -> bias; NULL: none */
+    bool has_frequency_penalty;       /* extension: frequency_penalty given */
+    double frequency_penalty;         /* -2..2 */
+    bool has_presence_penalty;        /* extension: presence_penalty given */
+    double presence_penalty;          /* -2..2 */
     const json_t *metadata;           /* borrowed object of string values; NULL: none */
     const json_t *tools;              /* borrowed array of tool objects (echoed, never
                                          called); NULL: none */

@@ -1800,6 +1800,24 @@ resp_create(ctl_http_req *req, ctl_app *app)
         g->n_stops--;
     g->sample.temperature = (float)c->q.temperature;
     g->sample.top_p = (float)c->q.top_p;
+    g->sample.frequency_penalty = (float)c->q.frequency_penalty;
+    g->sample.presence_penalty = (float)c->q.presence_penalty;
+    if (c->q.logit_bias != NULL) {
+        const char *k;
+        json_t *x;
+        uint32_t vocab = wk_tok_vocab_size(app->tok);
+        json_object_foreach((json_t *)c->q.logit_bias, k, x)
+        {
+            unsigned long tid = strtoul(k, NULL, 10);
+            if (tid >= vocab) {
+                resp_send_error(req, 400, WK_EINVAL, "logit_bias", "invalid_value",
+                                "logit_bias key '%.40s' is not a token id in [0, %u)", k, vocab);
+                goto out;
+            }
+            g->sample.bias[g->sample.n_bias].token = (int32_t)tid;
+            g->sample.bias[g->sample.n_bias++].bias = (float)json_number_value(x);
+        }
+    }
     if (c->q.has_seed) {
         g->sample.seed = (uint64_t)c->q.seed;
     } else {

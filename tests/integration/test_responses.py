@@ -251,6 +251,96 @@ def retrieve_delete():
         pass
 
 
+def wait_done(r, timeout=60):
+    """Polls a background response until it left queued / in_progress."""
+    import time
+    deadline = time.time() + timeout
+    while r.status in ("queued", "in_progress"):
+        assert time.time() < deadline, f"background response still {r.status}"
+        time.sleep(0.05)
+        r = client.responses.retrieve(r.id)
+    return r
+
+
+def long_background(text):
+    """A background response that runs for a long while ('a' biased up: no turn end)."""
+    r = client.responses.create(model=MID, input=text, background=True, max_output_tokens=20000,
+                                temperature=0, extra_body={"logit_bias": {"98": 100}})
+    assert r.background is True and r.status == "queued", r
+    assert r.output == [] and r.usage is None, r
+    return r
+
+
+def background():
+    """background: true answers at once (queued), GET polls it to its end, the reply is the
+    blocking one's, and the stored state continues like any other; cancel stops one."""
+    want, _, _ = turn(None, "in the background")
+    r = client.responses.create(model=MID, input="in the background", background=True,
+                                max_output_tokens=MAXT, temperature=0)
+    assert r.background is True and r.status == "queued", r
+    r = wait_done(r)
+    assert r.status == want.status and r.output_text == want.output_text, (r, want)
+    assert r.usage.input_tokens == want.usage.input_tokens, (r.usage, want.usage)
+    assert r.usage.output_tokens == want.usage.output_tokens, (r.usage, want.usage)
+    nxt, ids, n_prompt = turn(r.id, "and after the background?")
+    assert nxt.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens, nxt.usage
+    recompute(ids, n_prompt, nxt.output_text)
+    for call, err in ((lambda: client.responses.cancel(r.id), openai.BadRequestError),
+                      (lambda: client.responses.cancel(want.id), openai.BadRequestError)):
+        try:
+            call()
+            raise AssertionError("cancelled a finished or foreground response")
+        except err:
+            pass
+    # cancel: the generation stops within a step; stored as cancelled, no output, no state
+    import time
+    big = long_background("go on and on")
+    try:
+        bob.responses.cancel(big.id)
+        raise AssertionError("another key cancelled the response")
+    except openai.NotFoundError:
+        pass
+    t0 = time.time()
+    c = client.responses.cancel(big.id)
+    took = time.time() - t0
+    assert c.status == "cancelled" and c.output == [] and c.background is True, c
+    assert took < 5, took
+    g = client.responses.retrieve(big.id)
+    assert g.status == "cancelled" and g.output == [], g
+    assert client.responses.cancel(big.id).status == "cancelled"  # (again: the same answer)
+    # a follow-up of a cancelled response: its history is its input alone
+    f = client.responses.create(model=MID, input="after the cancel", previous_response_id=big.id,
+                                max_output_tokens=2)
+    items = client.responses.input_items.list(f.id, order="asc")
+    assert [i.content[0].text for i in items.data] == ["go on and on", "after the cancel"], items
+    # a running one cannot be continued yet
+    run = long_background("still running")
+    try:
+        client.responses.create(model=MID, input="x", previous_response_id=run.id,
+                                max_output_tokens=2)
+        raise AssertionError("continued a running response")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "previous_response_id", e.body
+    assert client.responses.cancel(run.id).status == "cancelled"
+    print(f"cancel answered in {took * 1e3:.0f} ms", flush=True)
+
+
+def orphan_start():
+    """A background response running when the controller is SIGKILLed (phase c reads it)."""
+    st["orphan"] = long_background("cut by a SIGKILL").id
+
+
+def orphan_read():
+    """The controller that ran it is gone: it reads as failed, and a cancel is refused."""
+    g = client.responses.retrieve(st["orphan"])
+    assert g.status == "failed" and "controller stopped" in g.error.message, g
+    try:
+        client.responses.cancel(st["orphan"])
+        raise AssertionError("cancelled a failed response")
+    except openai.BadRequestError:
+        pass
+
+
 def bad_inputs():
     cases = [
         (dict(input=[{"type": "function_call_output", "call_id": "c", "output": "x"}]),
@@ -266,6 +356,12 @@ def bad_inputs():
         (dict(input="x", max_output_tokens=0), "max_output_tokens"),
         (dict(input="x", temperature=3), "temperature"),
         (dict(input=[]), "input"),
+        (dict(input="x", reasoning={"effort": "huge"}), "reasoning.effort"),
+        (dict(input="x", background=True, stream=True), "background"),
+        (dict(input="x", background=True, store=False), "background"),
+        (dict(input=[{"type": "reasoning", "summary": [], "encrypted_content": "e"}]),
+         "input[0].encrypted_content"),
+        (dict(input="x", extra_body={"logit_bias": {"512": 1}}), "logit_bias"),
     ]
     for kw, param in cases:
         try:
@@ -342,8 +438,10 @@ def quota():
     bob.responses.create(model=MID, input="room again", max_output_tokens=2)
 
 
-TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs],
-         "b": [conversation_b], "c": [other_model, quota], "d": [ttl], "e": [evicted_state]}
+TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs,
+               background],
+         "b": [conversation_b], "c": [other_model, quota, orphan_read], "d": [ttl],
+         "e": [evicted_state, orphan_start]}
 for t in TESTS[PHASE]:
     try:
         t()
@@ -532,7 +630,9 @@ def main():
                        headers={"Authorization": f"Bearer {OPS}"})
                 run("e")
                 # served under another name, the stored ids belong to another model
-                restart(["--served-model-name", "tiny-b", "--max-responses-per-user", "3"])
+                # (SIGKILL: phase e left a background response running; c reads it failed)
+                restart(["--served-model-name", "tiny-b", "--max-responses-per-user", "3"],
+                        sig=signal.SIGKILL)
                 r = subprocess.run([venv_python(venv), script, s.url, "tiny-b", "c", state, ALICE,
                                     BOB], capture_output=True, text=True, timeout=120, env=env)
                 print(r.stdout, end="", flush=True)

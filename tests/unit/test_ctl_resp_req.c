@@ -127,7 +127,8 @@ test_reasoning_and_background(void **state)
     ctl_resp_req r;
     ctl_resp_err e;
     const char *text =
-        "{\"model\":\"m\",\"background\":true,\"reasoning\":{\"effort\":\"high\","
+        "{\"model\":\"m\",\"background\":true,\"logit_bias\":{\"511\":2.5},"
+        "\"presence_penalty\":1.5,\"reasoning\":{\"effort\":\"high\","
         "\"summary\":\"auto\"},\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
         "{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[],\"content\":[{\"type\":"
         "\"reasoning_text\",\"text\":\"th\"},{\"type\":\"reasoning_text\",\"text\":\"ink\"}]},"
@@ -140,6 +141,8 @@ test_reasoning_and_background(void **state)
         fail_msg("%s: %s", e.param, e.msg);
     assert_true(r.background);
     assert_true(r.store);
+    assert_non_null(r.logit_bias);
+    assert_true(r.has_presence_penalty && r.presence_penalty == 1.5);
     assert_string_equal(r.reasoning_effort, "high");
     assert_int_equal(r.n_items, 4);
     assert_false(r.items[0].reasoning);
@@ -234,6 +237,10 @@ test_refusals(void **state)
     refused("{\"model\":\"m\",\"input\":\"x\",\"background\":true,\"stream\":true}", "background",
             NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"background\":1}", "background", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"logit_bias\":{\"a\":1}}", "logit_bias", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"logit_bias\":{\"5\":101}}", "logit_bias", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"logit_bias\":[1]}", "logit_bias", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"frequency_penalty\":3}", "frequency_penalty", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"include\":[\"x\"]}", "include", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"conversation\":\"c\"}", "conversation", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"temperature\":2.5}", "temperature", NULL);
