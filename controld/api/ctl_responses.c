@@ -451,10 +451,13 @@ resp_object(const json_t *rec)
     json_t *out = json_object_get(rec, "output");
     const char *ist =
         strcmp(status != NULL ? status : "", "completed") == 0 ? "completed" : "incomplete";
+    /* (a reasoning item the reply left is complete even when the message was cut) */
     if (json_is_object(out) && json_is_string(json_object_get(out, "reasoning")))
-        json_array_append_new(output,
-                              resp_reasoning_item(json_object_get(out, "reasoning_id"),
-                                                  json_object_get(out, "reasoning"), ist, true));
+        json_array_append_new(
+            output,
+            resp_reasoning_item(
+                json_object_get(out, "reasoning_id"), json_object_get(out, "reasoning"),
+                json_is_true(json_object_get(out, "reasoning_closed")) ? "completed" : ist, true));
     if (json_is_object(out))
         json_array_append_new(output,
                               resp_output_item(json_string_value(json_object_get(out, "id")),
@@ -1219,6 +1222,7 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
         json_object_set_new(out, "reasoning_id", json_string(c->rs_id));
         json_object_set_new(out, "reasoning",
                             json_stringn(so.reason.p != NULL ? so.reason.p : "", so.reason.n));
+        json_object_set_new(out, "reasoning_closed", json_boolean(sp.mode == RESP_SPLIT_TEXT));
         json_object_set_new(out, "reasoning_tokens",
                             json_integer((json_int_t)resp_reasoning_tokens(
                                 app->tok, res->tokens, res->n_tokens, r->think, r->think_open)));

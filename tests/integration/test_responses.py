@@ -47,6 +47,7 @@ import openai
 
 URL, MID, PHASE, STATE = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 ALICE, BOB = sys.argv[5], sys.argv[6]
+MODEL, TEMPLATE_EXE = (sys.argv[7], sys.argv[8]) if len(sys.argv) > 8 else (None, None)
 client = openai.OpenAI(base_url=URL + "/v1", api_key=ALICE, max_retries=0, timeout=60)
 bob = openai.OpenAI(base_url=URL + "/v1", api_key=BOB, max_retries=0, timeout=60)
 MAXT = 8
@@ -438,10 +439,161 @@ def quota():
     bob.responses.create(model=MID, input="room again", max_output_tokens=2)
 
 
+# Phase r: a random Qwen3.5 with a Qwen3-style template (test_chat_template's model; the
+# prompt leaves the reply thinking, added tokens <|im_start|> 508, <|im_end|> 509, <think> 510,
+# </think> 511). MODEL is its directory, TEMPLATE_EXE renders a request as the server must.
+THINK_END, IM_END = 511, 509
+
+
+def tj_decoder():
+    tj = json.load(open(MODEL + "/tokenizer.json", encoding="utf-8"))
+    added = {t["id"]: t["content"].encode() for t in tj["added_tokens"]}
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    u2b = {chr(c): b for b, c in zip(bs, cs)}
+    piece = {i: bytes(u2b[ch] for ch in p) for p, i in tj["model"]["vocab"].items()
+             if i not in added}
+    return lambda ids: b"".join(added.get(i) or piece[i] for i in ids).decode("utf-8", "replace")
+
+
+def render(messages, kwargs=None):
+    import subprocess
+    req = {"messages": messages}
+    if kwargs:
+        req["chat_template_kwargs"] = kwargs
+    return subprocess.run([TEMPLATE_EXE, "--model", MODEL, "-"], input=json.dumps(req).encode(),
+                          capture_output=True, timeout=60, check=True).stdout.decode()
+
+
+def think_turn(prev=None, text="Say something about state slots.", bias=None, **kw):
+    extra = {"return_token_ids": True, "frequency_penalty": 2, "presence_penalty": 2}
+    if bias is not None:
+        extra["logit_bias"] = {str(THINK_END): bias}
+    return client.responses.create(model=MID, input=text, instructions="Be brief.",
+                                   previous_response_id=prev, max_output_tokens=10,
+                                   temperature=0, extra_body=extra, **kw)
+
+
+def gen_ids(r):
+    """The reply's token ids as the state consumed them (the eos it stopped on dropped)."""
+    ids = r.model_extra["state_token_ids"][r.model_extra["prompt_token_count"]:]
+    return ids[:-1] if ids and ids[-1] == IM_END else ids
+
+
+def reasoning():
+    """The reply split at the think markers: a reasoning item (reasoning_text) then the message,
+    each the decoded ids either side of </think>; streamed as response.reasoning_text.* events
+    that reassemble to the same; a follow-up carries it and equals a recompute."""
+    decode = tj_decoder()
+    for tenth in range(0, 80, 5):  # the smallest bias that closes the thinking mid-reply
+        r = think_turn(bias=tenth / 10)
+        ids = gen_ids(r)
+        if THINK_END in ids[1:]:
+            break
+    else:
+        raise AssertionError("no bias made the model close its thinking mid-reply")
+    n_prompt = r.model_extra["prompt_token_count"]
+    want = render([{"role": "system", "content": "Be brief."},
+                   {"role": "user", "content": "Say something about state slots."}])
+    assert decode(r.model_extra["state_token_ids"][:n_prompt]) == want, want
+    k = ids.index(THINK_END)
+    assert [o.type for o in r.output] == ["reasoning", "message"], r.output
+    rs, msg = r.output
+    assert rs.id.startswith("rs_") and rs.summary == [] and rs.status == "completed", rs
+    assert [p.type for p in rs.content] == ["reasoning_text"], rs
+    assert rs.content[0].text == decode(ids[:k]), (rs, ids)
+    assert r.output_text == msg.content[0].text == decode(ids[k + 1:]), (r.output_text, ids)
+    assert r.usage.output_tokens_details.reasoning_tokens == k + 1, (r.usage, k)
+    # streamed: the reasoning item at output_index 0, the message at 1
+    events = list(think_turn(bias=tenth / 10, stream=True))
+    types = [e.type for e in events]
+    assert types[:5] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added",
+                         "response.reasoning_text.delta"], types
+    assert [e.sequence_number for e in events] == list(range(len(events))), types
+    rtext = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    ttext = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert rtext == rs.content[0].text and ttext == r.output_text, ((rtext, ttext), r.output)
+    done = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert len(done) == 1 and done[0].text == rtext and done[0].output_index == 0, done
+    assert all(e.output_index == 1 for e in events if e.type == "response.output_text.delta")
+    assert types.index("response.reasoning_text.done") < types.index("response.output_text.delta")
+    last = events[-1].response
+    assert [o.type for o in last.output] == ["reasoning", "message"], last.output
+    assert last.output[0].content[0].text == rtext and last.output_text == ttext, last.output
+    # the SDK's stream manager accumulates it (a reply cut by max_output_tokens ends incomplete)
+    with client.responses.stream(model=MID, input="Say something about state slots.",
+                                 instructions="Be brief.", max_output_tokens=10, temperature=0,
+                                 extra_body={"logit_bias": {str(THINK_END): tenth / 10},
+                                             "frequency_penalty": 2,
+                                             "presence_penalty": 2}) as s:
+        evs = list(s)
+    assert [o.type for o in evs[-1].response.output] == ["reasoning", "message"], evs[-1]
+    # a follow-up: the template drops earlier reasoning, so the prefix index resumes the end
+    # of the first turn's user message, and the reply equals a recompute of the same ids
+    f = think_turn(prev=r.id, text="And the KV pages?")
+    cached = f.usage.input_tokens_details.cached_tokens
+    assert 0 < cached < len(r.model_extra["state_token_ids"]), f.usage
+    n_f = f.model_extra["prompt_token_count"]
+    hist = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say something about state slots."},
+            {"role": "assistant", "content": r.output_text,
+             "reasoning_content": rs.content[0].text},
+            {"role": "user", "content": "And the KV pages?"}]
+    assert decode(f.model_extra["state_token_ids"][:n_f]) == render(hist), "follow-up prompt"
+    c = client.completions.create(model=MID, prompt=f.model_extra["state_token_ids"][:n_f],
+                                  max_tokens=10, temperature=0,
+                                  extra_body={"cache": False, "return_token_ids": True,
+                                              "frequency_penalty": 2, "presence_penalty": 2})
+    cids = c.choices[0].model_extra["token_ids"]
+    fids = f.model_extra["state_token_ids"][n_f:]
+    assert fids == cids[:len(fids)] and (len(fids) == len(cids) or fids[-1] == IM_END), \
+        (fids, cids)
+    # the same history sent as items (manual context: the reasoning item given back) renders
+    # the same prompt
+    items = [{"role": "user", "content": "Say something about state slots."},
+             rs.model_dump(exclude_none=True), msg.model_dump(exclude_none=True),
+             {"role": "user", "content": "And the KV pages?"}]
+    m = client.responses.create(model=MID, input=items, instructions="Be brief.",
+                                max_output_tokens=2, extra_body={"return_token_ids": True})
+    assert m.model_extra["state_token_ids"][:m.model_extra["prompt_token_count"]] == \
+        f.model_extra["state_token_ids"][:n_f], "items render differently"
+    got = client.responses.input_items.list(m.id, order="asc")
+    assert [i.type for i in got.data] == ["message", "reasoning", "message", "message"], got
+    assert got.data[1].content[0].text == rs.content[0].text, got.data[1]
+    print(f"reasoning split at token {k} of {len(ids)} (bias {tenth / 10}); follow-up reused "
+          f"{cached} of {f.usage.input_tokens}", flush=True)
+
+
+def reasoning_effort():
+    """effort "none" reaches a template that reads enable_thinking (no reasoning item); an
+    effort the template cannot read is echoed and changes nothing."""
+    decode = tj_decoder()
+    r = think_turn(reasoning={"effort": "none"})
+    n = r.model_extra["prompt_token_count"]
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say something about state slots."}]
+    want = render(msgs, {"enable_thinking": False})
+    assert decode(r.model_extra["state_token_ids"][:n]) == want, want
+    assert want.endswith("<think>\n\n</think>\n\n"), want
+    assert r.reasoning.effort == "none" and [o.type for o in r.output] == ["message"], r
+    assert r.usage.output_tokens_details.reasoning_tokens == 0, r.usage
+    h = think_turn(reasoning={"effort": "high", "summary": "auto"})
+    assert decode(h.model_extra["state_token_ids"][:h.model_extra["prompt_token_count"]]) == \
+        render(msgs), "effort high changed a template that does not read it"
+    assert h.reasoning.effort == "high" and h.output[0].type == "reasoning", h
+
+
 TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs,
                background],
          "b": [conversation_b], "c": [other_model, quota, orphan_read], "d": [ttl],
-         "e": [evicted_state, orphan_start]}
+         "e": [evicted_state, orphan_start],
+         "r": [reasoning, reasoning_effort]}
 for t in TESTS[PHASE]:
     try:
         t()
@@ -657,6 +809,28 @@ def main():
                 failed += 1
             if failed:
                 print(s.tail())
+        # phase r: reasoning items, on test_chat_template's Qwen3.5 with its own template
+        try:
+            import test_chat_template
+            qmodel = os.path.join(tmp, test_chat_template.MID)
+            os.makedirs(qmodel)
+            test_chat_template.make_model(qmodel)
+            with Stack(model=qmodel, slots=2) as s:
+                s.start_controller()
+                s.start_worker("w0")
+                s.wait(lambda: s.get("/ready").status == 200, "ready (qwen35)")
+                r = subprocess.run([venv_python(venv), script, s.url, test_chat_template.MID, "r",
+                                    state, ALICE, BOB, qmodel, test_chat_template.TEMPLATE_EXE],
+                                   capture_output=True, text=True, timeout=300, env=env)
+                print(r.stdout, end="", flush=True)
+                passed += r.stdout.count("PASS ")
+                failed += r.stdout.count("FAIL ") + (r.returncode != 0)
+                if r.returncode != 0 or "FAIL " in r.stdout:
+                    print(r.stderr[-3000:])
+                    print(s.tail())
+        except Exception as e:  # noqa: BLE001
+            print(f"FAIL qwen35 stack: {e}")
+            failed += 1
     print(f"wall {time.time() - t_start:.1f}s")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
