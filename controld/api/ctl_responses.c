@@ -851,6 +851,8 @@ resp_encode(resp_call *c, int32_t *prev_ids, size_t n_prev, size_t off, int32_t 
         err = WK_ENOMEM;
     if (err != WK_OK) {
         free(prev_ids);
+        free(*rest);
+        *rest = NULL;
         resp_send_error(c->req, 400, err, "input", NULL, "%s", d.msg[0] ? d.msg : "out of memory");
         return false;
     }
@@ -1172,6 +1174,8 @@ static void
 resp_stream_piece(void *arg, bool reasoning, const char *s, size_t n)
 {
     resp_call *c = arg;
+    if (c->split.thought && !c->rs_open && !c->msg_open)
+        resp_stream_rs_open(c); /* (the reply opened its reasoning: an item, maybe empty) */
     if (n == 0)
         return;
     if (reasoning && !c->msg_open) {
@@ -1372,6 +1376,7 @@ resp_answer_stream(resp_call *c, bool free_slot)
         return;
     }
     resp_split_feed(&c->split, "", 0, true, resp_stream_piece, c);
+    resp_stream_piece(c, false, "", 0); /* (a reasoning item that got no text) */
     ctl_openai_reuse_done(app, &c->r, &res, free_slot);
     resp_finish(c, &res);
     const char *st = json_string_value(json_object_get(c->rec, "status"));
@@ -1671,8 +1676,8 @@ resp_bg_main(void *arg)
     free(plan);
     c->r.plan = NULL;
     resp_bg *b = c->bg;
-    if (app->limits != NULL)
-        ctl_limits_release(app->limits, c->user);
+    if (app->limits != NULL && c->user[0])
+        ctl_limits_release(app->limits, c->user); /* (the unit resp_route took) */
     resp_call_free(c);
     resp_bg_remove(b);
     free(b);
@@ -1713,7 +1718,8 @@ resp_bg_start(resp_call *c)
     wk_err err = resp_save(app, c->rec, &d);
     if (err == WK_OK && (o = resp_object(c->rec)) != NULL && pthread_attr_init(&attr) == 0) {
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        snprintf(c->user, sizeof(c->user), "%s", ctl_http_req_user(c->req));
+        const char *u = ctl_http_req_user(c->req);
+        snprintf(c->user, sizeof(c->user), "%s", u != NULL ? u : "");
         ctl_http_req *req = c->req;
         c->req = NULL; /* (the thread never answers) */
         started = pthread_create(&th, &attr, resp_bg_main, c) == 0;
