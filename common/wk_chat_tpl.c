@@ -16,13 +16,15 @@
 #include "wk_tok.h"
 
 struct wk_chat_tpl {
-    wk_jinja *def;      /* the template, or the "default" named one; may be NULL */
-    wk_jinja *tool_use; /* the "tool_use" named one, or NULL */
-    const char *source; /* file it came from */
-    json_t *special;    /* {"bos_token": "...", ...}: the special tokens found */
-    bool think;         /* a template source names the think markers ("</think>") */
-    bool effort;        /* a template source names the variable reasoning_effort */
-    bool enable;        /* a template source names the variable enable_thinking */
+    wk_jinja *def;          /* the template, or the "default" named one; may be NULL */
+    wk_jinja *tool_use;     /* the "tool_use" named one, or NULL */
+    const char *source;     /* file it came from */
+    json_t *special;        /* {"bos_token": "...", ...}: the special tokens found */
+    bool think;             /* a template source names the think markers ("</think>") */
+    bool effort;            /* a template source names the variable reasoning_effort */
+    bool enable;            /* a template source names the variable enable_thinking */
+    wk_toolcall_fmt tc_fmt; /* the tool-call format its sources render (the first known) */
+    bool tc_object_args;    /* a source iterates a call's arguments as a mapping */
 };
 
 static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "pad_token", NULL};
@@ -38,19 +40,31 @@ tpl_names(const char *src, size_t len, const char *m)
     return false;
 }
 
-/* Notes what a template source names: the think markers, the reasoning variables. */
+/*
+ * What a template source tells about its model: think markers, the
+ * reasoning variables it reads, tool-call format.
+ */
 static void
-tpl_names_think(wk_chat_tpl *t, const char *src, size_t len)
+tpl_scan(wk_chat_tpl *t, const char *src, size_t len)
 {
     t->think |= tpl_names(src, len, WK_CHAT_TPL_THINK_CLOSE);
     t->effort |= tpl_names(src, len, "reasoning_effort");
     t->enable |= tpl_names(src, len, "enable_thinking");
+    char *z = malloc(len + 1); /* (NUL-terminated for the format detection) */
+    if (z == NULL)
+        return; /* (then no tool-call format: replies stay content) */
+    memcpy(z, src, len);
+    z[len] = '\0';
+    if (t->tc_fmt == WK_TOOLCALL_FMT_NONE)
+        t->tc_fmt = wk_toolcall_fmt_detect(z);
+    t->tc_object_args |= wk_toolcall_tpl_object_args(z);
+    free(z);
 }
 
 static wk_err
 tpl_parse(wk_chat_tpl *t, const char *src, size_t len, const char *what, wk_jinja **out, wk_diag *d)
 {
-    tpl_names_think(t, src, len);
+    tpl_scan(t, src, len);
     wk_err e = wk_jinja_parse(src, len, out, d);
     if (e != WK_OK)
         wk_diag_prefix(d, "%s", what);
@@ -106,7 +120,7 @@ tpl_from_config(wk_chat_tpl *t, const char *path, bool want_tpl, wk_diag *d)
                                                               : NULL;
             if (slot == NULL || *slot != NULL)
                 continue; /* other named templates (rag, ...) are not used by chat requests */
-            tpl_names_think(t, json_string_value(src), json_string_length(src));
+            tpl_scan(t, json_string_value(src), json_string_length(src));
             e = wk_jinja_parse(json_string_value(src), json_string_length(src), slot, d);
             if (e != WK_OK) {
                 wk_diag_prefix(d, "%s: chat_template \"%s\"", path, name);
@@ -361,6 +375,18 @@ wk_chat_tpl_knows(const wk_chat_tpl *t, const char *var)
     return strcmp(var, "reasoning_effort") == 0  ? t->effort
            : strcmp(var, "enable_thinking") == 0 ? t->enable
                                                  : false;
+}
+
+wk_toolcall_fmt
+wk_chat_tpl_toolcall_fmt(const wk_chat_tpl *t)
+{
+    return t != NULL ? t->tc_fmt : WK_TOOLCALL_FMT_NONE;
+}
+
+bool
+wk_chat_tpl_object_args(const wk_chat_tpl *t)
+{
+    return t != NULL && t->tc_object_args;
 }
 
 void

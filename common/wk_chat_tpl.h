@@ -27,6 +27,7 @@
 #include "wk_chat.h"
 #include "wk_err.h"
 #include "wk_jinja.h"
+#include "wk_toolcall.h"
 
 typedef struct wk_chat_tpl wk_chat_tpl;
 
@@ -99,6 +100,20 @@ bool wk_chat_tpl_thinks(const wk_chat_tpl *t);
  * reasoning settings reach the template only where it reads them.
  */
 bool wk_chat_tpl_knows(const wk_chat_tpl *t, const char *var);
+
+/*
+ * The tool-call format t's sources render assistant tool_calls in
+ * (wk_toolcall_fmt_detect() of each source, the first one known; NONE for a
+ * NULL t): how the reply of a request with tools is parsed.
+ */
+wk_toolcall_fmt wk_chat_tpl_toolcall_fmt(const wk_chat_tpl *t);
+
+/*
+ * True when a source of t iterates a call's arguments as a mapping
+ * (wk_toolcall_tpl_object_args()): arguments sent as a JSON string are
+ * turned into the object before rendering.
+ */
+bool wk_chat_tpl_object_args(const wk_chat_tpl *t);
 
 /* Frees a template; NULL-safe. */
 void wk_chat_tpl_free(wk_chat_tpl *t);

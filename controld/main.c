@@ -514,8 +514,10 @@ main(int argc, char **argv)
             goto out;
         }
         if (te == WK_OK)
-            wk_log_info("chat template from %s thinks=%s", wk_chat_tpl_source(app->chat_tpl),
-                        wk_chat_tpl_thinks(app->chat_tpl) ? "yes" : "no");
+            wk_log_info("chat template from %s thinks=%s tool_calls=%s",
+                        wk_chat_tpl_source(app->chat_tpl),
+                        wk_chat_tpl_thinks(app->chat_tpl) ? "yes" : "no",
+                        wk_toolcall_fmt_name(wk_chat_tpl_toolcall_fmt(app->chat_tpl)));
         if (c.served_model_name != NULL) {
             snprintf(model_name, sizeof(model_name), "%s", c.served_model_name);
         } else {

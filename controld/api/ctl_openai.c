@@ -38,6 +38,7 @@ ctl_openai_req_fini(ctl_openai_req *r)
     free(r->prompt_text);
     free(r->prompt);
     free(r->msg_ends);
+    json_decref(r->tools);
 }
 
 void
@@ -345,54 +346,207 @@ static const char *const ctl_openai_unsupported[] = {
     "audio", "modalities", "prediction", "web_search_options",
 };
 
+/* At most this many tools per request (OpenAI's limit). */
+#define CTL_OPENAI_MAX_TOOLS 128
+
 /*
- * Tools. A server may answer a request that offers tools with a plain message
- * when the client lets the model choose (OpenAI's semantics): wkvm's models
- * never call a tool, so `tools` / `functions` are validated and ignored with
- * tool_choice absent, "auto" or "none" (function_call absent, "auto" or
- * "none"), and a request that requires a call ("required", or a named
- * function) is a 400 naming the field. Sends the error and returns false.
+ * A tool's function name: 1..64 bytes of letters, digits, '_', '-', '.', ':'
+ * (OpenAI's pattern plus the separators of MCP-style names): nothing a
+ * template's markup ("<function=NAME>") or a JSON string could confuse.
  */
 static bool
-ctl_openai_parse_tools(ctl_http_req *req, json_t *body)
+ctl_openai_tool_name_ok(const char *s, size_t n)
 {
-    static const char *const lists[] = {"tools", "functions"};
-    for (size_t i = 0; i < 2; i++) {
-        json_t *v = json_object_get(body, lists[i]);
-        if (v == NULL || json_is_null(v))
-            continue;
-        bool ok = json_is_array(v);
+    if (n == 0 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.' || c == ':'))
+            return false;
+    }
+    return true;
+}
+
+/* Validates tools (an array, not NULL): sends the error and returns false. */
+static bool
+ctl_openai_check_tools(ctl_http_req *req, json_t *tools)
+{
+    if (!json_is_array(tools)) {
+        ctl_openai_fail(req, WK_EINVAL, "tools", "'tools' must be an array of tools");
+        return false;
+    }
+    if (json_array_size(tools) > CTL_OPENAI_MAX_TOOLS) {
+        ctl_openai_fail(req, WK_EINVAL, "tools", "'tools' has %zu entries, at most %u",
+                        json_array_size(tools), CTL_OPENAI_MAX_TOOLS);
+        return false;
+    }
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        char param[48];
+        snprintf(param, sizeof(param), "tools[%zu]", i);
+        json_t *type = json_object_get(t, "type");
+        json_t *fn = json_object_get(t, "function");
+        if (!json_is_object(t) || !json_is_string(type) ||
+            strcmp(json_string_value(type), "function") != 0 || !json_is_object(fn)) {
+            ctl_openai_fail(req, WK_EINVAL, param,
+                            "a tool must be {\"type\": \"function\", \"function\": {...}}");
+            return false;
+        }
+        json_t *name = json_object_get(fn, "name");
+        json_t *desc = json_object_get(fn, "description");
+        json_t *par = json_object_get(fn, "parameters");
+        json_t *strict = json_object_get(fn, "strict");
+        if (!json_is_string(name) ||
+            !ctl_openai_tool_name_ok(json_string_value(name), json_string_length(name))) {
+            snprintf(param, sizeof(param), "tools[%zu].function.name", i);
+            ctl_openai_fail(req, WK_EINVAL, param,
+                            "a function name must be 1 to 64 letters, digits, '_', '-', '.' or ':'");
+            return false;
+        }
+        if ((desc != NULL && !json_is_null(desc) && !json_is_string(desc)) ||
+            (par != NULL && !json_is_null(par) && !json_is_object(par)) ||
+            (strict != NULL && !json_is_null(strict) && !json_is_boolean(strict))) {
+            snprintf(param, sizeof(param), "tools[%zu].function", i);
+            ctl_openai_fail(req, WK_EINVAL, param,
+                            "'description' must be a string, 'parameters' a JSON schema object "
+                            "and 'strict' a boolean");
+            return false;
+        }
+        for (size_t k = 0; k < i; k++) {
+            json_t *other = json_object_get(json_object_get(json_array_get(tools, k), "function"),
+                                            "name");
+            if (json_equal(other, name)) {
+                ctl_openai_fail(req, WK_EINVAL, "tools", "two tools are named '%s'",
+                                json_string_value(name));
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+/*
+ * The seam for constrained decoding (issue #29 item 3): tool_choice
+ * "required" (name NULL) or a named function must make the model emit a
+ * call (to that function) with arguments of its schema's types, by
+ * restricting the tokens it may sample, not by hoping. That decoding is not
+ * built yet, so such a request is refused rather than served unconstrained.
+ * Sends the error and returns false; the constrained decoder plugs in here.
+ */
+static bool
+ctl_openai_tool_choice_forced(ctl_http_req *req, ctl_app *app, ctl_openai_req *r,
+                              const char *param, const char *name)
+{
+    (void)app;
+    (void)r;
+    if (name != NULL)
+        ctl_openai_fail(req, WK_EINVAL, param,
+                        "'%s' naming function '%s' requires constrained decoding, which this "
+                        "build does not have yet (use \"auto\" or \"none\")",
+                        param, name);
+    else
+        ctl_openai_fail(req, WK_EINVAL, param,
+                        "'%s': \"required\" requires constrained decoding, which this build does "
+                        "not have yet (use \"auto\" or \"none\")",
+                        param);
+    return false;
+}
+
+/*
+ * Tools. `tools` is validated (an array of function tools with unique
+ * names, docs/OPENAI_COMPAT.md). For a model with its own chat template it
+ * is passed to the template, and unless tool_choice is "none" the reply is
+ * parsed for calls in the template's format (wk_toolcall); a model without
+ * one (the World template) answers in plain text, as OpenAI allows with
+ * "auto". tool_choice "none" keeps the tools in the prompt and parses no
+ * calls (vLLM's default). "required" or a named function needs constrained
+ * decoding (ctl_openai_tool_choice_forced). The legacy `functions` /
+ * `function_call` are validated and answered in plain text.
+ * parallel_tool_calls false returns the first call only. Sends the error and
+ * returns false.
+ */
+static bool
+ctl_openai_parse_tools(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai_req *r)
+{
+    json_t *fl = json_object_get(body, "functions");
+    if (fl != NULL && !json_is_null(fl)) {
+        bool ok = json_is_array(fl);
         size_t k;
         json_t *t;
-        json_array_foreach(v, k, t) ok = ok && json_is_object(t);
+        json_array_foreach(fl, k, t) ok = ok && json_is_object(t);
         if (!ok) {
-            ctl_openai_fail(req, WK_EINVAL, lists[i], "'%s' must be an array of objects", lists[i]);
+            ctl_openai_fail(req, WK_EINVAL, "functions", "'functions' must be an array of objects");
             return false;
         }
     }
-    static const char *const choices[] = {"tool_choice", "function_call"};
-    for (size_t i = 0; i < 2; i++) {
-        json_t *v = json_object_get(body, choices[i]);
-        const char *c = json_is_string(v) ? json_string_value(v) : NULL;
-        if (v == NULL || json_is_null(v) || (c != NULL && (strcmp(c, "auto") == 0 ||
-                                                           strcmp(c, "none") == 0)))
-            continue;
-        if ((c != NULL && strcmp(c, "required") == 0) || json_is_object(v))
-            ctl_openai_fail(req, WK_EINVAL, choices[i],
-                            "wkvm's models never call tools: '%s' "
-                            "cannot require one (use \"auto\" or \"none\", or leave it out)",
-                            choices[i]);
-        else
-            ctl_openai_fail(req, WK_EINVAL, choices[i],
-                            "'%s' must be \"auto\", \"none\", \"required\" or a function",
-                            choices[i]);
+    json_t *fc = json_object_get(body, "function_call");
+    const char *fcs = json_is_string(fc) ? json_string_value(fc) : NULL;
+    if (fc != NULL && !json_is_null(fc) &&
+        !(fcs != NULL && (strcmp(fcs, "auto") == 0 || strcmp(fcs, "none") == 0))) {
+        ctl_openai_fail(req, WK_EINVAL, "function_call",
+                        "'function_call' (the legacy functions API) must be \"auto\" or "
+                        "\"none\": wkvm answers legacy functions in plain text (use 'tools')");
         return false;
     }
+    json_t *tools = json_object_get(body, "tools");
+    if (tools != NULL && json_is_null(tools))
+        tools = NULL;
+    if (tools != NULL && !ctl_openai_check_tools(req, tools))
+        return false;
+    size_t n_tools = tools != NULL ? json_array_size(tools) : 0;
     json_t *p = json_object_get(body, "parallel_tool_calls");
     if (p != NULL && !json_is_null(p) && !json_is_boolean(p)) {
         ctl_openai_fail(req, WK_EINVAL, "parallel_tool_calls",
                         "'parallel_tool_calls' must be a boolean");
         return false;
+    }
+    r->tool_serial = json_is_false(p);
+    json_t *tc = json_object_get(body, "tool_choice");
+    const char *c = json_is_string(tc) ? json_string_value(tc) : NULL;
+    bool none = c != NULL && strcmp(c, "none") == 0;
+    if (tc != NULL && !json_is_null(tc) && !(c != NULL && strcmp(c, "auto") == 0) && !none) {
+        json_t *fn = json_object_get(tc, "function");
+        json_t *name = json_object_get(fn, "name");
+        json_t *type = json_object_get(tc, "type");
+        bool named = json_is_object(tc) && json_is_string(type) &&
+                     strcmp(json_string_value(type), "function") == 0 && json_is_string(name);
+        if (!(c != NULL && strcmp(c, "required") == 0) && !named) {
+            ctl_openai_fail(req, WK_EINVAL, "tool_choice",
+                            "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                            "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+            return false;
+        }
+        if (n_tools == 0) {
+            ctl_openai_fail(req, WK_EINVAL, "tool_choice",
+                            "'tool_choice' requires a call but the request offers no 'tools'");
+            return false;
+        }
+        size_t k;
+        json_t *t;
+        bool found = !named;
+        json_array_foreach(tools, k, t) found = found ||
+            json_equal(json_object_get(json_object_get(t, "function"), "name"), name);
+        if (!found) {
+            ctl_openai_fail(req, WK_EINVAL, "tool_choice",
+                            "'tool_choice' names function '%s', which is not among the 'tools'",
+                            json_string_value(name));
+            return false;
+        }
+        if (app->chat_tpl == NULL ||
+            wk_chat_tpl_toolcall_fmt(app->chat_tpl) == WK_TOOLCALL_FMT_NONE) {
+            ctl_openai_fail(req, WK_EINVAL, "tool_choice",
+                            "this model cannot be made to call a tool: its chat template has no "
+                            "tool-call format wkvm knows (use \"auto\" or \"none\")");
+            return false;
+        }
+        return ctl_openai_tool_choice_forced(req, app, r, "tool_choice",
+                                             named ? json_string_value(name) : NULL);
+    }
+    if (app->chat_tpl != NULL && n_tools > 0) {
+        r->tools = json_incref(tools);
+        r->tool_fmt = none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
     }
     return true;
 }
@@ -470,7 +624,7 @@ ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body, ctl_opena
             return false;
         }
     }
-    if (!ctl_openai_parse_tools(req, body))
+    if (!ctl_openai_parse_tools(req, app, body, r))
         return false;
     int64_t n = 1;
     if ((err = wk_json_get_i64(body, "n", false, 1, 1, 128, &n, &d)) != WK_OK || n != 1) {
@@ -652,6 +806,106 @@ ctl_openai_content(ctl_http_req *req, json_t *content, size_t idx, char **out, s
 }
 
 /*
+ * A message's tool parts: an assistant's tool_calls ([{"id", "type":
+ * "function", "function": {"name", "arguments"}}], arguments a string of a
+ * JSON object as OpenAI sends it, or the object itself) and a tool result's
+ * tool_call_id. Both need a model with its own chat template (the World
+ * template has no way to write them). Sends the error and returns false.
+ */
+static bool
+ctl_openai_check_tool_msg(ctl_http_req *req, ctl_app *app, json_t *m, size_t i, const char *role)
+{
+    char param[96];
+    json_t *tc = json_object_get(m, "tool_calls");
+    bool has_calls = tc != NULL && !json_is_null(tc) &&
+                     !(json_is_array(tc) && json_array_size(tc) == 0);
+    bool tool_role = strcmp(role, "tool") == 0;
+    if ((has_calls || tool_role) && app->chat_tpl == NULL) {
+        snprintf(param, sizeof(param), has_calls ? "messages[%zu].tool_calls" : "messages[%zu].role",
+                 i);
+        ctl_openai_fail(req, WK_EINVAL, param,
+                        "tool calls are not supported by this model: it has no chat template of "
+                        "its own (the plain User:/Assistant: template cannot write them)");
+        return false;
+    }
+    if (tool_role) {
+        json_t *id = json_object_get(m, "tool_call_id");
+        if (!json_is_string(id)) {
+            snprintf(param, sizeof(param), "messages[%zu].tool_call_id", i);
+            ctl_openai_fail(req, WK_EINVAL, param, "a tool message needs a string 'tool_call_id'");
+            return false;
+        }
+    }
+    if (!has_calls)
+        return true;
+    snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
+    if (strcmp(role, "assistant") != 0 || !json_is_array(tc)) {
+        ctl_openai_fail(req, WK_EINVAL, param,
+                        "'tool_calls' must be an array, on an assistant message");
+        return false;
+    }
+    size_t k;
+    json_t *call;
+    json_array_foreach(tc, k, call) {
+        json_t *fn = json_object_get(call, "function");
+        json_t *type = json_object_get(call, "type");
+        json_t *name = json_object_get(fn, "name");
+        json_t *args = json_object_get(fn, "arguments");
+        bool ok = json_is_object(call) && json_is_string(json_object_get(call, "id")) &&
+                  (type == NULL || (json_is_string(type) &&
+                                    strcmp(json_string_value(type), "function") == 0)) &&
+                  json_is_string(name) && json_string_length(name) > 0 &&
+                  (json_is_string(args) || json_is_object(args));
+        if (!ok) {
+            snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu]", i, k);
+            ctl_openai_fail(req, WK_EINVAL, param,
+                            "a tool call must be {\"id\": string, \"type\": \"function\", "
+                            "\"function\": {\"name\": string, \"arguments\": string}}");
+            return false;
+        }
+    }
+    return true;
+}
+
+/*
+ * For a template that iterates a call's arguments as a mapping
+ * (wk_chat_tpl_object_args: Qwen3.5, Qwen3-Coder, Nemotron-3), the
+ * arguments strings of msgs' assistant tool_calls become the JSON objects
+ * they hold, as vLLM and llama.cpp pass them (transformers documents
+ * arguments as a dict; jinja2's items filter refuses a string). Sends the
+ * error and returns false when one does not hold a JSON object.
+ */
+static bool
+ctl_openai_object_args(ctl_http_req *req, json_t *msgs)
+{
+    size_t i, k;
+    json_t *m, *call;
+    json_array_foreach(msgs, i, m) {
+        json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
+            json_t *fn = json_object_get(call, "function");
+            json_t *args = json_object_get(fn, "arguments");
+            if (!json_is_string(args))
+                continue;
+            json_error_t je;
+            json_t *o = json_loadb(json_string_value(args), json_string_length(args),
+                                   JSON_REJECT_DUPLICATES, &je);
+            if (!json_is_object(o)) {
+                json_decref(o);
+                char param[96];
+                snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function.arguments",
+                         i, k);
+                ctl_openai_fail(req, WK_EINVAL, param,
+                                "arguments must be a JSON object (in a string): this model's "
+                                "template reads them as one");
+                return false;
+            }
+            json_object_set_new(fn, "arguments", o);
+        }
+    }
+    return true;
+}
+
+/*
  * Checkpoint boundaries of a templated prompt: where a turn ends, after each
  * occurrence of the template's eos token text (<|im_end|>) in r->prompt_text,
  * as token positions (the last token boundary at or before it); the last
@@ -692,9 +946,9 @@ ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
 
 /*
  * The chat prompt of a model with its own template (app->chat_tpl): the
- * request's messages as sent ("developer" read as "system"), no tools
- * (validated and ignored, as for every model) and its chat_template_kwargs
- * rendered with a generation prompt, then encoded whole (added tokens such
+ * request's messages as sent ("developer" read as "system", tool call
+ * arguments as objects for templates that iterate them), its tools (r->tools)
+ * and its chat_template_kwargs rendered with a generation prompt, then encoded whole (added tokens such
  * as <|im_start|> become their ids). No message spans, reply alignment or
  * checkpoint boundaries: the template decides where messages lie, so reuse
  * is the prefix index's longest checkpoint that is a prefix of the tokens.
@@ -717,11 +971,16 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
         if (json_is_string(role) && strcmp(json_string_value(role), "developer") == 0)
             json_object_set_new(m, "role", json_string("system"));
     }
+    if (msgs != NULL && wk_chat_tpl_object_args(app->chat_tpl) &&
+        !ctl_openai_object_args(req, msgs)) {
+        json_decref(msgs);
+        return false;
+    }
     wk_diag d = {{0}};
     char *prompt = NULL;
     size_t plen = 0;
     wk_err err = msgs == NULL ? WK_ENOMEM
-                              : wk_chat_tpl_render_json(app->chat_tpl, msgs, NULL, true,
+                              : wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true,
                                                         json_is_object(kw) ? kw : NULL, NULL,
                                                         &prompt, &plen, &d);
     json_decref(msgs);
@@ -792,17 +1051,16 @@ ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body, ctl_ope
         const char *rs = json_string_value(role);
         if (strcmp(rs, "developer") == 0)
             rs = "system";
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
-            ctl_openai_fail(req, WK_EINVAL, param,
-                            "role '%s' is not supported (system, developer, user, assistant)",
-                            json_string_value(role));
+        bool tool_role = strcmp(rs, "tool") == 0;
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && !tool_role) {
+            ctl_openai_fail(req, WK_EINVAL, param, "role '%s' is not supported (%s)",
+                            json_string_value(role),
+                            app->chat_tpl != NULL ? "system, developer, user, assistant, tool"
+                                                  : "system, developer, user, assistant");
             ok = false;
             break;
         }
-        json_t *tc = json_object_get(m, "tool_calls");
-        if (tc != NULL && !json_is_null(tc) && !(json_is_array(tc) && json_array_size(tc) == 0)) {
-            snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
-            ctl_openai_fail(req, WK_EINVAL, param, "tool calls are not supported");
+        if (!ctl_openai_check_tool_msg(req, app, m, i, rs)) {
             ok = false;
             break;
         }
@@ -1080,6 +1338,59 @@ ctl_openai_usage_json(const ctl_openai_req *r, const ctl_gen_result *res)
                      "cached_tokens", (json_int_t)cached);
 }
 
+/*
+ * The reply's tool-call parse (r->tool_fmt; docs/OPENAI_COMPAT.md): one per
+ * answer, fed the content after the reasoning split, blocking or streamed
+ * alike, so a stream reassembles to the blocking message.
+ */
+typedef struct ctl_openai_tc {
+    wk_toolcall_parser *p;   /* NULL: the reply is content only */
+    const ctl_openai_req *r; /* the request (its id names the calls) */
+    size_t n_calls;          /* calls returned so far: the next one's index */
+} ctl_openai_tc;
+
+/* Starts tc for r: a parser when r asks for calls. WK_OK or WK_ENOMEM. */
+static wk_err
+ctl_openai_tc_init(ctl_openai_tc *tc, const ctl_openai_req *r)
+{
+    *tc = (ctl_openai_tc){.r = r};
+    if (!r->chat || r->tool_fmt == WK_TOOLCALL_FMT_NONE)
+        return WK_OK;
+    return wk_toolcall_parser_new(r->tool_fmt, r->tools, &tc->p);
+}
+
+/*
+ * Feeds content (len bytes) to tc: *out is the content that stays (caller
+ * frees), *n_out its bytes, and the calls it completed are appended to calls
+ * as OpenAI's message tool_calls ({"id": "call_...", "type": "function",
+ * "function": {"name", "arguments"}}); with parallel_tool_calls false only
+ * the reply's first call is kept. Returns WK_OK or WK_ENOMEM.
+ */
+static wk_err
+ctl_openai_tc_feed(ctl_openai_tc *tc, const char *text, size_t len, bool final, json_t *calls,
+                   char **out, size_t *n_out)
+{
+    wk_toolcall_out o;
+    wk_err err = wk_toolcall_feed(tc->p, text, len, final, &o);
+    if (err != WK_OK)
+        return err;
+    const char *hex = strchr(tc->r->id, '-');
+    for (size_t i = 0; i < o.n_calls; i++) {
+        if (tc->r->tool_serial && tc->n_calls > 0)
+            break;
+        char id[48];
+        snprintf(id, sizeof(id), "call_%.16s%08zx", hex != NULL ? hex + 1 : "", tc->n_calls++);
+        json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                                               "function", "function", "name", o.calls[i].name,
+                                               "arguments", o.calls[i].arguments));
+    }
+    *out = o.content;
+    *n_out = o.content_len;
+    o.content = NULL;
+    wk_toolcall_out_fini(&o);
+    return WK_OK;
+}
+
 /* Streaming state for the sink. */
 typedef struct ctl_openai_stream {
     ctl_http_req *req;      /* the HTTP request */
@@ -1088,36 +1399,49 @@ typedef struct ctl_openai_stream {
     bool broken;            /* the client went away */
     size_t text_off;        /* completions logprobs: characters of token text sent so far */
     wk_chat_think think;    /* r->think: the reasoning split of the text streamed so far */
+    ctl_openai_tc tc;       /* the tool-call parse of the content streamed so far */
 } ctl_openai_stream;
 
 /*
  * The chat delta or message body of text (len bytes) split by the think
- * splitter t (r->think; NULL: all content): {"content": ...} plus
+ * splitter t (r->think; NULL: all content) and then by the tool-call parse
+ * tc (NULL or without a parser: no calls): {"content": ...} plus
  * "reasoning_content" when the text had any, the extra members of base
- * (role) first. final settles bytes held for a possible marker. Returns
+ * (role) first; the calls completed are appended to calls (NULL when tc
+ * has no parser). final settles bytes held for a possible marker. Returns
  * NULL when out of memory.
  */
 static json_t *
-ctl_openai_think_json(wk_chat_think *t, json_t *base, const char *text, size_t len, bool final)
+ctl_openai_think_json(wk_chat_think *t, ctl_openai_tc *tc, json_t *calls, json_t *base,
+                      const char *text, size_t len, bool final)
 {
     json_t *o = base != NULL ? base : json_object();
     if (o == NULL)
         return NULL;
-    if (t == NULL) {
-        json_object_set_new(o, "content", json_stringn(text, len));
-        return o;
-    }
     char *rs = NULL, *cs = NULL;
     size_t rl = 0, cl = 0;
-    if (wk_chat_think_feed(t, text, len, final, &rs, &rl, &cs, &cl) != WK_OK) {
+    if (t != NULL && wk_chat_think_feed(t, text, len, final, &rs, &rl, &cs, &cl) != WK_OK) {
         json_decref(o);
         return NULL;
     }
-    json_object_set_new(o, "content", json_stringn(cs, cl));
+    const char *c = t != NULL ? cs : text;
+    size_t n = t != NULL ? cl : len;
+    char *tcs = NULL;
+    if (tc != NULL && tc->p != NULL) {
+        if (ctl_openai_tc_feed(tc, c, n, final, calls, &tcs, &n) != WK_OK) {
+            free(rs);
+            free(cs);
+            json_decref(o);
+            return NULL;
+        }
+        c = tcs;
+    }
+    json_object_set_new(o, "content", json_stringn(c, n));
     if (rl > 0)
         json_object_set_new(o, "reasoning_content", json_stringn(rs, rl));
     free(rs);
     free(cs);
+    free(tcs);
     return o;
 }
 
@@ -1143,6 +1467,56 @@ ctl_openai_send_chunk(ctl_openai_stream *st, json_t *chunk)
     return err;
 }
 
+/*
+ * Sends a chat chunk, then the calls the same text completed as OpenAI
+ * streams them: per call a delta with its index, id, type, name and empty
+ * arguments, then one with its arguments. With a tool parse, a chunk whose
+ * delta is empty (the bytes went into a call or are held) and that carries
+ * no logprobs or token ids is not sent. Consumes chunk and calls (NULL: none).
+ */
+static wk_err
+ctl_openai_send_delta(ctl_openai_stream *st, json_t *chunk, json_t *calls)
+{
+    ctl_openai_req *r = st->r;
+    wk_err err = WK_OK;
+    json_t *choice = json_array_get(json_object_get(chunk, "choices"), 0);
+    json_t *delta = json_object_get(choice, "delta");
+    bool empty = calls != NULL && delta != NULL && json_string_length(json_object_get(delta, "content")) == 0 &&
+                 json_object_get(delta, "reasoning_content") == NULL &&
+                 json_object_get(choice, "token_ids") == NULL && !r->logprobs;
+    if (empty)
+        json_decref(chunk);
+    else
+        err = ctl_openai_send_chunk(st, chunk);
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call) {
+        if (err != WK_OK)
+            break;
+        size_t index = st->tc.n_calls - json_array_size(calls) + i;
+        json_t *fn = json_object_get(call, "function");
+        json_t *c1 = ctl_openai_chunk_base(r);
+        json_object_set_new(
+            c1, "choices",
+            json_pack("[{s:i, s:{s:[{s:I, s:O, s:s, s:{s:O, s:s}}]}, s:n, s:n}]", "index", 0,
+                      "delta", "tool_calls", "index", (json_int_t)index, "id",
+                      json_object_get(call, "id"), "type", "function", "function", "name",
+                      json_object_get(fn, "name"), "arguments", "", "logprobs", "finish_reason"));
+        err = ctl_openai_send_chunk(st, c1);
+        if (err != WK_OK)
+            break;
+        json_t *c2 = ctl_openai_chunk_base(r);
+        json_object_set_new(c2, "choices",
+                            json_pack("[{s:i, s:{s:[{s:I, s:{s:O}}]}, s:n, s:n}]", "index", 0,
+                                      "delta", "tool_calls", "index", (json_int_t)index,
+                                      "function", "arguments", json_object_get(fn, "arguments"),
+                                      "logprobs", "finish_reason"));
+        err = ctl_openai_send_chunk(st, c2);
+    }
+    json_decref(calls);
+    return err;
+}
+
 static wk_err
 ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks,
                        size_t n_toks)
@@ -1160,9 +1534,11 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
                            : ctl_openai_completion_logprobs_json(st->app, toks, n_toks,
                                                                  r->top_logprobs, &st->text_off);
     json_object_set_new(choice, "logprobs", lp);
+    json_t *calls = st->tc.p != NULL ? json_array() : NULL;
     if (r->chat)
-        json_object_set_new(choice, "delta", ctl_openai_think_json(r->think ? &st->think : NULL,
-                                                                   NULL, text, len, false));
+        json_object_set_new(choice, "delta",
+                            ctl_openai_think_json(r->think ? &st->think : NULL, &st->tc, calls,
+                                                  NULL, text, len, false));
     else
         json_object_set_new(choice, "text", json_stringn(text, len));
     if (r->return_token_ids) { /* (extension: the ids this chunk's text came from) */
@@ -1172,7 +1548,7 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
         json_object_set_new(choice, "token_ids", ids);
     }
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
-    return ctl_openai_send_chunk(st, chunk);
+    return ctl_openai_send_delta(st, chunk, calls);
 }
 
 /* The request's route label: the HTTP route it came by ("/v1/chat/completions"). */
@@ -1336,13 +1712,19 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
     const char *route = ctl_openai_route(r);
     ctl_gen_result res;
     wk_diag d = {{0}};
-    wk_err err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL,
-                             NULL, &res, &d);
+    ctl_openai_tc tc;
+    wk_err err = ctl_openai_tc_init(&tc, r);
+    if (err != WK_OK)
+        (void)wk_diag_set(&d, err, "out of memory");
+    else
+        err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL, NULL,
+                          &res, &d);
     if (err != WK_OK) {
         ctl_openai_count(app, route, "error");
         if (r->on_fail != NULL)
             r->on_fail(r);
         ctl_openai_send_gen_error(req, err, d.msg);
+        wk_toolcall_parser_free(tc.p);
         return;
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
@@ -1359,10 +1741,20 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
         /* (the text split at the think markers as a stream splits it: the same parts) */
         wk_chat_think th;
         wk_chat_think_init(&th, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
-        json_object_set_new(choice, "message",
-                            ctl_openai_think_json(r->think ? &th : NULL,
-                                                  json_pack("{s:s}", "role", "assistant"),
-                                                  res.text, res.text_len, true));
+        json_t *calls = tc.p != NULL ? json_array() : NULL;
+        json_t *msg = ctl_openai_think_json(r->think ? &th : NULL, &tc, calls,
+                                            json_pack("{s:s}", "role", "assistant"), res.text,
+                                            res.text_len, true);
+        if (json_array_size(calls) > 0) {
+            /* (OpenAI's shape: content null when the reply is calls only) */
+            if (json_string_length(json_object_get(msg, "content")) == 0)
+                json_object_set_new(msg, "content", json_null());
+            json_object_set(msg, "tool_calls", calls);
+            if (strcmp(res.finish_reason, "stop") == 0)
+                json_object_set_new(choice, "finish_reason", json_string("tool_calls"));
+        }
+        json_decref(calls);
+        json_object_set_new(choice, "message", msg);
     } else {
         json_object_set_new(choice, "text", json_stringn(res.text, res.text_len));
     }
@@ -1384,6 +1776,7 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
     ctl_openai_count(app, route, "ok");
     ctl_http_send_json(req, 200, body);
     ctl_gen_result_fini(&res);
+    wk_toolcall_parser_free(tc.p);
 }
 
 /* Generates r and streams it as server-sent events (chunks, then [DONE]). */
@@ -1397,8 +1790,13 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
     ctl_openai_stream st = {.req = req, .app = app, .r = r};
     wk_chat_think_init(&st.think, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
     ctl_job *job = NULL;
-    wk_err err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
+    wk_err err = ctl_openai_tc_init(&st.tc, r);
+    if (err != WK_OK)
+        (void)wk_diag_set(&d, err, "out of memory");
+    else
+        err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
     if (err != WK_OK) {
+        wk_toolcall_parser_free(st.tc.p);
         ctl_openai_count(app, route, "error");
         if (r->on_fail != NULL)
             r->on_fail(r);
@@ -1434,20 +1832,27 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
         } else {
             wk_log_info("client went away id=%s", r->id);
         }
+        wk_toolcall_parser_free(st.tc.p);
         return;
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
-    if (r->chat && r->think && st.think.n_held > 0) {
-        /* bytes held for a marker that never came: text of the part they were in */
+    if (r->chat && ((r->think && st.think.n_held > 0) || st.tc.p != NULL)) {
+        /* bytes held for a marker that never came: text of the part they were in;
+           and what the tool-call parse held (a call the reply ended in) */
+        json_t *calls = st.tc.p != NULL ? json_array() : NULL;
         json_t *hc = ctl_openai_chunk_base(r);
         json_object_set_new(hc, "choices",
                             json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "delta",
-                                      ctl_openai_think_json(&st.think, NULL, "", 0, true),
+                                      ctl_openai_think_json(r->think ? &st.think : NULL, &st.tc,
+                                                            calls, NULL, "", 0, true),
                                       "logprobs", "finish_reason"));
-        (void)ctl_openai_send_chunk(&st, hc);
+        (void)ctl_openai_send_delta(&st, hc, calls);
     }
+    const char *finish = st.tc.n_calls > 0 && strcmp(res.finish_reason, "stop") == 0
+                             ? "tool_calls"
+                             : res.finish_reason;
     json_t *chunk = ctl_openai_chunk_base(r);
-    json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", res.finish_reason,
+    json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", finish,
                                "logprobs");
     if (r->chat)
         json_object_set_new(choice, "delta", json_object());
@@ -1470,6 +1875,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
         wk_log_info("client went away before [DONE] id=%s", r->id);
     ctl_openai_count(app, route, st.broken ? "cancelled" : "ok");
     ctl_gen_result_fini(&res);
+    wk_toolcall_parser_free(st.tc.p);
 }
 
 static void

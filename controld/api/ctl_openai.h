@@ -15,6 +15,7 @@
 #include "ctl_ckpt.h"
 #include "ctl_gen.h"
 #include "wk_chat.h"
+#include "wk_toolcall.h"
 
 typedef struct ctl_openai_req ctl_openai_req;
 
@@ -52,6 +53,9 @@ struct ctl_openai_req {
     bool templated;               /* chat: rendered with the model's own template (app chat_tpl) */
     bool think;                   /* chat: split the reply at the think markers (reasoning) */
     bool think_open;              /* chat: the prompt leaves the reply inside the markers */
+    json_t *tools;                /* chat, templated: the request's tools (a reference), or NULL */
+    wk_toolcall_fmt tool_fmt;     /* chat: parse the reply for calls in this format (NONE: not) */
+    bool tool_serial;             /* chat: parallel_tool_calls false: at most one call returned */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
     bool reuse;                   /* plan checkpoints and look them up for this request */
     bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */
