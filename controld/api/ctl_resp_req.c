@@ -192,6 +192,7 @@ resp_reasoning_item(const json_t *it, const char *pfx, uint64_t max_bytes, ctl_r
     }
     m->role = "assistant";
     m->reasoning = true;
+    m->kind = CTL_RESP_REASONING;
     const json_t *content = json_object_get(it, "content");
     if (resp_absent(content)) {
         if ((m->text = calloc(1, 1)) == NULL)
@@ -213,6 +214,91 @@ resp_reasoning_item(const json_t *it, const char *pfx, uint64_t max_bytes, ctl_r
     return resp_content(content, pfx, max_bytes, "reasoning_text", &m->text, &m->len, e);
 }
 
+/* An optional string member of an item (max bytes) into *out; required: absent is refused. */
+static wk_err
+resp_item_str(const json_t *it, const char *pfx, const char *key, bool required, size_t max,
+              const char **out, ctl_resp_err *e)
+{
+    char param[96];
+    snprintf(param, sizeof(param), "%s.%s", pfx, key);
+    const json_t *v = json_object_get(it, key);
+    *out = NULL;
+    if (resp_absent(v)) {
+        if (required)
+            return resp_fail(e, WK_EINVAL, param, "missing_required_parameter", "'%s' is required",
+                             param);
+        return WK_OK;
+    }
+    if (!json_is_string(v) || json_string_length(v) > max ||
+        strlen(json_string_value(v)) != json_string_length(v))
+        return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                         "'%s' must be a string of at most %zu bytes", param, max);
+    *out = json_string_value(v);
+    return WK_OK;
+}
+
+/*
+ * A function_call item (a call the model made: call_id, name, arguments as
+ * JSON text) or a function_call_output item (call_id, output: a string or
+ * text parts). id and status are accepted.
+ */
+static wk_err
+resp_call_item(const json_t *it, const char *pfx, uint64_t max_bytes, bool call, ctl_resp_msg *m,
+               ctl_resp_err *e)
+{
+    char param[96];
+    const char *known_call[] = {"type", "id", "status", "call_id", "name", "arguments"};
+    const char *known_out[] = {"type", "id", "status", "call_id", "output"};
+    const char *const *known = call ? known_call : known_out;
+    size_t n_known = call ? 6 : 5;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)it, key, v)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < n_known && !ok; i++)
+            ok = strcmp(key, known[i]) == 0;
+        if (!ok) {
+            snprintf(param, sizeof(param), "%s.%.40s", pfx, key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: '%s.%.64s'.", pfx, key);
+        }
+    }
+    wk_err err = resp_item_str(it, pfx, "call_id", true, CTL_RESP_CALL_ID_MAX, &m->call_id, e);
+    if (err != WK_OK)
+        return err;
+    if (call) {
+        m->kind = CTL_RESP_FUNCTION_CALL;
+        m->role = "assistant";
+        const char *args = NULL;
+        if ((err = resp_item_str(it, pfx, "name", true, CTL_RESP_TOOL_NAME_MAX, &m->name, e)) !=
+                WK_OK ||
+            (err = resp_item_str(it, pfx, "arguments", true, max_bytes, &args, e)) != WK_OK)
+            return err;
+        json_error_t je;
+        json_t *o = json_loads(args, JSON_REJECT_DUPLICATES, &je);
+        bool obj = json_is_object(o);
+        json_decref(o);
+        if (!obj) {
+            snprintf(param, sizeof(param), "%s.arguments", pfx);
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "'arguments' must be the text of a JSON object");
+        }
+        if ((m->text = strdup(args)) == NULL)
+            return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
+        m->len = strlen(args);
+        return WK_OK;
+    }
+    m->kind = CTL_RESP_FUNCTION_CALL_OUTPUT;
+    m->role = "tool";
+    const json_t *out = json_object_get(it, "output");
+    if (resp_absent(out))
+        return resp_fail(e, WK_EINVAL, pfx, "missing_required_parameter",
+                         "a function_call_output item needs 'output'");
+    snprintf(param, sizeof(param), "%s.output", pfx);
+    return resp_content(out, param, max_bytes, NULL, &m->text, &m->len, e);
+}
+
 /* One item of an input array into m. */
 static wk_err
 resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl_resp_err *e)
@@ -227,11 +313,12 @@ resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl
         if (!json_is_string(type))
             return resp_fail(e, WK_EINVAL, param, "invalid_type", "'type' must be a string");
         const char *t = json_string_value(type);
-        if (strcmp(t, "function_call") == 0 || strcmp(t, "function_call_output") == 0 ||
-            strcmp(t, "custom_tool_call") == 0 || strcmp(t, "custom_tool_call_output") == 0)
+        if (strcmp(t, "function_call") == 0 || strcmp(t, "function_call_output") == 0)
+            return resp_call_item(it, pfx, max_bytes, strcmp(t, "function_call") == 0, m, e);
+        if (strcmp(t, "custom_tool_call") == 0 || strcmp(t, "custom_tool_call_output") == 0)
             return resp_fail(e, WK_EINVAL, param, "invalid_value",
-                             "input items of type '%s' are not supported yet (function tools "
-                             "come with the tool-call templates)",
+                             "input items of type '%s' are not supported by wkvm (function "
+                             "tools only)",
                              t);
         if (strcmp(t, "reasoning") == 0)
             return resp_reasoning_item(it, pfx, max_bytes, m, e);
@@ -372,6 +459,64 @@ resp_num(const json_t *body, const char *key, double lo, double hi, bool *has, d
 
 /* The parameters wkvm accepts only in their neutral form. */
 /*
+ * One tool of "tools": a function tool as the Responses API writes it,
+ * {"type": "function", "name", "description"?, "parameters"?, "strict"?}.
+ * Other tool types (web_search, file_search, custom, mcp, ...) are refused:
+ * wkvm runs none of them.
+ */
+static wk_err
+resp_tool(const json_t *t, size_t i, ctl_resp_err *e)
+{
+    char param[96];
+    const json_t *type = json_object_get(t, "type");
+    snprintf(param, sizeof(param), "tools[%zu].type", i);
+    if (!json_is_object(t) || !json_is_string(type))
+        return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                         "each tool must be an object with a string 'type'");
+    if (strcmp(json_string_value(type), "function") != 0)
+        return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                         "tool type '%.64s' is not supported by wkvm (function tools only)",
+                         json_string_value(type));
+    const char *key;
+    json_t *x;
+    json_object_foreach((json_t *)t, key, x)
+    {
+        if (strcmp(key, "type") != 0 && strcmp(key, "name") != 0 &&
+            strcmp(key, "description") != 0 && strcmp(key, "parameters") != 0 &&
+            strcmp(key, "strict") != 0) {
+            snprintf(param, sizeof(param), "tools[%zu].%.40s", i, key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: 'tools[%zu].%.64s'.", i, key);
+        }
+    }
+    const json_t *name = json_object_get(t, "name");
+    size_t nl = json_is_string(name) ? json_string_length(name) : 0;
+    bool ok = nl > 0 && nl <= CTL_RESP_TOOL_NAME_MAX;
+    for (size_t k = 0; ok && k < nl; k++) {
+        char ch = json_string_value(name)[k];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '_' || ch == '-' || ch == '.';
+    }
+    if (!ok) {
+        snprintf(param, sizeof(param), "tools[%zu].name", i);
+        return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                         "a function tool needs a 'name' of 1..%u bytes of [a-zA-Z0-9_.-]",
+                         CTL_RESP_TOOL_NAME_MAX);
+    }
+    const json_t *p = json_object_get(t, "parameters");
+    const json_t *d = json_object_get(t, "description");
+    const json_t *st = json_object_get(t, "strict");
+    if ((!resp_absent(p) && !json_is_object(p)) || (!resp_absent(d) && !json_is_string(d)) ||
+        (!resp_absent(st) && !json_is_boolean(st))) {
+        snprintf(param, sizeof(param), "tools[%zu]", i);
+        return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                         "'parameters' must be an object, 'description' a string, 'strict' a "
+                         "boolean");
+    }
+    return WK_OK;
+}
+
+/*
  * reasoning: {"effort", "summary", "generate_summary"}, each null or one of
  * the API's values. The effort reaches the template (ctl_responses decides
  * whether it knows one); summaries are never generated (no summarizer).
@@ -430,32 +575,36 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
      */
     const json_t *v = json_object_get(body, "tools");
     if (!resp_absent(v)) {
-        bool ok = json_is_array(v);
+        if (!json_is_array(v) || json_array_size(v) > CTL_RESP_TOOLS_MAX)
+            return resp_fail(e, WK_EINVAL, "tools", "invalid_type",
+                             "'tools' must be an array of at most %u tools", CTL_RESP_TOOLS_MAX);
         size_t i;
         json_t *t;
-        json_array_foreach(v, i, t) ok =
-            ok && json_is_object(t) && json_is_string(json_object_get(t, "type"));
-        if (!ok)
-            return resp_fail(e, WK_EINVAL, "tools", "invalid_type",
-                             "'tools' must be an array of objects with a string 'type'");
-        r->tools = v;
+        json_array_foreach(v, i, t)
+        {
+            if ((err = resp_tool(t, i, e)) != WK_OK)
+                return err;
+        }
+        r->tools = json_array_size(v) > 0 ? v : NULL;
     }
     v = json_object_get(body, "tool_choice");
     if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "auto") == 0 ||
                                                    strcmp(json_string_value(v), "none") == 0)))
         return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
                          json_is_string(v) && strcmp(json_string_value(v), "required") == 0
-                             ? "wkvm's models never call tools yet: 'tool_choice' cannot "
-                               "require one (use \"auto\" or \"none\")"
+                             ? "wkvm cannot force a call yet (no constrained decoding): "
+                               "'tool_choice' cannot require one (use \"auto\" or \"none\")"
                          : json_is_object(v)
-                             ? "wkvm's models never call tools yet: 'tool_choice' cannot "
-                               "name one (use \"auto\" or \"none\")"
+                             ? "wkvm cannot force a call yet (no constrained decoding): "
+                               "'tool_choice' cannot name one (use \"auto\" or \"none\")"
                              : "'tool_choice' must be \"auto\", \"none\", \"required\" "
                                "or a tool");
+    r->tool_choice_none = json_is_string(v) && strcmp(json_string_value(v), "none") == 0;
     v = json_object_get(body, "parallel_tool_calls");
     if (!resp_absent(v) && !json_is_boolean(v))
         return resp_fail(e, WK_EINVAL, "parallel_tool_calls", "invalid_type",
                          "'parallel_tool_calls' must be a boolean");
+    r->parallel_tool_calls_off = json_is_false(v);
     v = json_object_get(body, "max_tool_calls");
     if (!resp_absent(v) && !(json_is_integer(v) && json_integer_value(v) >= 0))
         return resp_fail(e, WK_EINVAL, "max_tool_calls", "invalid_type",

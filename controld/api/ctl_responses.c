@@ -39,6 +39,7 @@
 #include "wk_log.h"
 #include "wk_sha256.h"
 #include "wk_time.h"
+#include "wk_toolcall.h"
 
 #define RESP_KEY_PREFIX "resp:"    /* record keys */
 #define RESP_EXP_PREFIX "respx:"   /* expiry index keys */
@@ -373,6 +374,24 @@ resp_sweep(ctl_app *app)
 
 /* ------------------------------------------------------------ shapes ---- */
 
+/* A function_call item of the API from a record entry {id, call_id, name, arguments}. */
+static json_t *
+resp_call_item(const json_t *m, const char *status)
+{
+    return json_pack("{s:O, s:s, s:O, s:O, s:O, s:s}", "id", json_object_get(m, "id"), "type",
+                     "function_call", "call_id", json_object_get(m, "call_id"), "name",
+                     json_object_get(m, "name"), "arguments", json_object_get(m, "arguments"),
+                     "status", status);
+}
+
+/* True when an output record shows its message item: text, or no calls instead. */
+static bool
+resp_out_has_message(const json_t *out)
+{
+    return json_string_length(json_object_get(out, "text")) > 0 ||
+           json_array_size(json_object_get(out, "calls")) == 0;
+}
+
 /* A reasoning item of the API: its text as one reasoning_text part (no summary). */
 static json_t *
 resp_reasoning_item(const json_t *id, const json_t *text, const char *status, bool with_part)
@@ -396,6 +415,12 @@ resp_item_json(const json_t *m)
     if (type != NULL && strcmp(type, "reasoning") == 0)
         return resp_reasoning_item(json_object_get(m, "id"), json_object_get(m, "text"),
                                    "completed", true);
+    if (type != NULL && strcmp(type, "function_call") == 0)
+        return resp_call_item(m, "completed");
+    if (type != NULL && strcmp(type, "function_call_output") == 0)
+        return json_pack("{s:O, s:s, s:O, s:O, s:s}", "id", json_object_get(m, "id"), "type",
+                         "function_call_output", "call_id", json_object_get(m, "call_id"), "output",
+                         json_object_get(m, "output"), "status", "completed");
     const char *role = json_string_value(json_object_get(m, "role"));
     bool out = role != NULL && strcmp(role, "assistant") == 0;
     const json_t *t = json_object_get(m, "text");
@@ -458,12 +483,17 @@ resp_object(const json_t *rec)
             resp_reasoning_item(
                 json_object_get(out, "reasoning_id"), json_object_get(out, "reasoning"),
                 json_is_true(json_object_get(out, "reasoning_closed")) ? "completed" : ist, true));
-    if (json_is_object(out))
+    if (json_is_object(out) && resp_out_has_message(out))
         json_array_append_new(output,
                               resp_output_item(json_string_value(json_object_get(out, "id")),
                                                json_object_get(out, "text"), ist, true));
+    size_t ci;
+    json_t *call;
+    json_array_foreach(json_object_get(out, "calls"), ci, call)
+        json_array_append_new(output, resp_call_item(call, "completed"));
     json_object_set_new(o, "output", output);
-    json_object_set_new(o, "parallel_tool_calls", json_true());
+    json_object_set_new(o, "parallel_tool_calls",
+                        json_boolean(!json_is_true(json_object_get(rec, "serial_tool_calls"))));
     json_object_set_new(o, "previous_response_id", resp_or_null(rec, "previous_response_id"));
     json_object_set_new(
         o, "reasoning",
@@ -471,7 +501,9 @@ resp_object(const json_t *rec)
     json_object_set_new(o, "store", json_boolean(json_is_true(json_object_get(rec, "store"))));
     json_object_set_new(o, "temperature", resp_or_null(rec, "temperature"));
     json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
-    json_object_set_new(o, "tool_choice", json_string("auto"));
+    json_object_set_new(
+        o, "tool_choice",
+        json_string(json_is_true(json_object_get(rec, "tool_choice_none")) ? "none" : "auto"));
     json_t *tools = json_object_get(rec, "tools");
     json_object_set_new(o, "tools", json_is_array(tools) ? json_deep_copy(tools) : json_array());
     json_object_set_new(o, "top_p", resp_or_null(rec, "top_p"));
@@ -692,10 +724,11 @@ typedef struct resp_call {
     uint64_t seq;                 /* next SSE sequence_number */
     bool broken;                  /* the client went away (stream) */
     /* Stream: the items as they open (the reasoning item first, then the message). */
-    resp_split split;      /* the reasoning split of the text streamed so far */
-    resp_buf reason;       /* reasoning streamed so far */
-    bool rs_open, rs_done; /* the reasoning item was added / done */
-    bool msg_open;         /* the message item was added */
+    resp_split split;       /* the reasoning split of the text streamed so far */
+    resp_buf reason;        /* reasoning streamed so far */
+    bool rs_open, rs_done;  /* the reasoning item was added / done */
+    bool msg_open;          /* the message item was added */
+    wk_toolcall_parser *tc; /* the tool-call parse of the content streamed so far, or NULL */
     /* Background (resp_bg_*): */
     json_t *body;                       /* the request body q borrows from (owned) */
     json_t *history, *input;            /* the record's lists (owned) */
@@ -705,6 +738,7 @@ typedef struct resp_call {
 
 static void resp_send_error(ctl_http_req *req, int status, wk_err err, const char *param,
                             const char *code, const char *fmt, ...) WK_PRINTF(6, 7);
+static void resp_stream_text(resp_call *c, const char *s, size_t n, bool final);
 
 static void
 resp_send_error(ctl_http_req *req, int status, wk_err err, const char *param, const char *code,
@@ -802,19 +836,39 @@ resp_history(resp_call *c, json_t *history, json_t *input)
             json_array_append_new(
                 history, json_pack("{s:O, s:s, s:O}", "id", json_object_get(out, "reasoning_id"),
                                    "type", "reasoning", "text", json_object_get(out, "reasoning")));
-        if (json_is_object(out))
+        if (json_is_object(out) && resp_out_has_message(out))
             json_array_append_new(
                 history, json_pack("{s:O, s:s, s:O}", "id", json_object_get(out, "id"), "role",
                                    "assistant", "text", json_object_get(out, "text")));
+        json_t *call;
+        json_array_foreach(json_object_get(out, "calls"), i, call) json_array_append_new(
+            history, json_pack("{s:O, s:s, s:O, s:O, s:O}", "id", json_object_get(call, "id"),
+                               "type", "function_call", "call_id", json_object_get(call, "call_id"),
+                               "name", json_object_get(call, "name"), "arguments",
+                               json_object_get(call, "arguments")));
     }
     for (size_t i = 0; i < c->q.n_items; i++) {
         const ctl_resp_msg *it = &c->q.items[i];
-        if (it->reasoning) {
-            char id[CTL_RESP_ID_MAX];
+        char id[CTL_RESP_ID_MAX];
+        switch (it->kind) {
+        case CTL_RESP_REASONING:
             resp_new_id("rs_", 24, id, sizeof(id));
             json_array_append_new(input, json_pack("{s:s, s:s, s:s%}", "id", id, "type",
                                                    "reasoning", "text", it->text, it->len));
-        } else {
+            break;
+        case CTL_RESP_FUNCTION_CALL:
+            resp_new_id("fc_", 24, id, sizeof(id));
+            json_array_append_new(input, json_pack("{s:s, s:s, s:s, s:s, s:s%}", "id", id, "type",
+                                                   "function_call", "call_id", it->call_id, "name",
+                                                   it->name, "arguments", it->text, it->len));
+            break;
+        case CTL_RESP_FUNCTION_CALL_OUTPUT:
+            resp_new_id("fco_", 24, id, sizeof(id));
+            json_array_append_new(input, json_pack("{s:s, s:s, s:s, s:s%}", "id", id, "type",
+                                                   "function_call_output", "call_id", it->call_id,
+                                                   "output", it->text, it->len));
+            break;
+        default:
             resp_msg_append(input, it->role, it->text, it->len);
         }
     }
@@ -914,6 +968,43 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
                 pending = json_object_get(m, "text");
                 continue;
             }
+            const char *type = json_string_value(json_object_get(m, "type"));
+            if (type != NULL && strcmp(type, "function_call_output") == 0) {
+                json_array_append_new(msgs, json_pack("{s:s, s:O, s:O}", "role", "tool",
+                                                      "tool_call_id", json_object_get(m, "call_id"),
+                                                      "content", json_object_get(m, "output")));
+                pending = NULL;
+                continue;
+            }
+            if (type != NULL && strcmp(type, "function_call") == 0) {
+                /* a call joins the assistant message just before it, or makes one */
+                json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+                const char *lr = json_string_value(json_object_get(last, "role"));
+                if (last == NULL || lr == NULL || strcmp(lr, "assistant") != 0) {
+                    last = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+                    if (last != NULL && pending != NULL && json_string_length(pending) > 0)
+                        json_object_set(last, "reasoning_content", (json_t *)pending);
+                    pending = NULL;
+                    json_array_append_new(msgs, last);
+                }
+                json_t *tcs = json_object_get(last, "tool_calls");
+                if (tcs == NULL && last != NULL) {
+                    tcs = json_array();
+                    json_object_set_new(last, "tool_calls", tcs);
+                }
+                json_t *args = json_object_get(m, "arguments");
+                json_t *a = NULL;
+                if (wk_chat_tpl_object_args(app->chat_tpl))
+                    a = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+                json_array_append_new(tcs, json_pack("{s:O, s:s, s:{s:O, s:o}}", "id",
+                                                     json_object_get(m, "call_id"), "type",
+                                                     "function", "function", "name",
+                                                     json_object_get(m, "name"), "arguments",
+                                                     json_is_object(a) ? a : json_incref(args)));
+                if (a != NULL && !json_is_object(a))
+                    json_decref(a);
+                continue;
+            }
             const char *role = json_string_value(json_object_get(m, "role"));
             json_t *t = json_object_get(m, "text");
             json_t *o = json_pack("{s:s, s:o}", "role", role != NULL ? role : "user", "content",
@@ -941,10 +1032,30 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
             wk_chat_tpl_knows(app->chat_tpl, "enable_thinking"))
             json_object_set_new(kw, "enable_thinking", json_false());
     }
+    /* Function tools in the chat form the template reads; the reply is parsed for calls. */
+    if (q->tools != NULL) {
+        json_t *tools = json_array();
+        size_t i;
+        json_t *t;
+        json_array_foreach(q->tools, i, t)
+        {
+            json_t *fn = json_pack("{s:O}", "name", json_object_get(t, "name"));
+            if (json_is_string(json_object_get(t, "description")))
+                json_object_set(fn, "description", json_object_get(t, "description"));
+            if (json_is_object(json_object_get(t, "parameters")))
+                json_object_set(fn, "parameters", json_object_get(t, "parameters"));
+            json_array_append_new(tools,
+                                  json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        }
+        r->tools = tools;
+        r->tool_fmt =
+            q->tool_choice_none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
+        r->tool_serial = q->parallel_tool_calls_off;
+    }
     wk_diag d = {{0}};
     wk_err err = msgs == NULL || kw == NULL
                      ? WK_ENOMEM
-                     : wk_chat_tpl_render_json(app->chat_tpl, msgs, NULL, true, kw, NULL,
+                     : wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true, kw, NULL,
                                                &r->prompt_text, &r->prompt_len, &d);
     json_decref(msgs);
     json_decref(kw);
@@ -992,13 +1103,27 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     resp_history(c, history, input);
     if (app->chat_tpl != NULL)
         return resp_build_templated(c, history, input);
-    /* The World template: reasoning items have no place in it. */
+    /* The World template: reasoning items have no place in it, function calls none either. */
     size_t n_sys = q->instructions != NULL ? 1 : 0, n = n_sys;
     json_t *lists[2] = {history, input};
     for (size_t l = 0; l < 2; l++) {
         size_t i;
         json_t *m;
-        json_array_foreach(lists[l], i, m) n += resp_is_reasoning(m) ? 0 : 1;
+        json_array_foreach(lists[l], i, m)
+        {
+            const char *type = json_string_value(json_object_get(m, "type"));
+            if (type != NULL && strncmp(type, "function_call", 13) == 0) {
+                char param[48];
+                snprintf(param, sizeof(param), "input[%zu].type", l == 1 ? i : 0);
+                resp_send_error(c->req, 400, WK_EINVAL, l == 1 ? param : "previous_response_id",
+                                "invalid_value",
+                                "'%s' items need a model whose chat template calls tools (this "
+                                "one uses the plain User:/Assistant: template)",
+                                type);
+                return false;
+            }
+            n += resp_is_reasoning(m) ? 0 : 1;
+        }
     }
     uint32_t max_msgs = app->max_messages ? app->max_messages : 4096;
     if (n > max_msgs) {
@@ -1169,6 +1294,41 @@ resp_stream_msg_open(resp_call *c)
     json_decref(empty);
 }
 
+/* Stream: a text delta (n > 0) into the message item, opened on the first. */
+static void
+resp_stream_delta(resp_call *c, const char *s, size_t n)
+{
+    if (n == 0)
+        return;
+    resp_stream_msg_open(c);
+    resp_event(c, "response.output_text.delta",
+               json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", c->msg_id, "output_index",
+                         resp_msg_index(c), "content_index", 0, "delta", s, n, "logprobs"));
+}
+
+/*
+ * Stream: message text after the reasoning split; with tools, through the
+ * tool-call parse first (its content streams, its calls are the record's at
+ * the end). final settles what the parse holds.
+ */
+static void
+resp_stream_text(resp_call *c, const char *s, size_t n, bool final)
+{
+    if (c->tc == NULL) {
+        resp_stream_delta(c, s, n);
+        return;
+    }
+    wk_toolcall_out o;
+    if (wk_toolcall_feed(c->tc, s, n, final, &o) != WK_OK) {
+        wk_toolcall_parser_free(c->tc); /* (out of memory: the rest streams as text) */
+        c->tc = NULL;
+        resp_stream_delta(c, s, n);
+        return;
+    }
+    resp_stream_delta(c, o.content, o.content_len);
+    wk_toolcall_out_fini(&o);
+}
+
 /* Stream: one piece of the split, as a reasoning or a text delta. */
 static void
 resp_stream_piece(void *arg, bool reasoning, const char *s, size_t n)
@@ -1186,10 +1346,7 @@ resp_stream_piece(void *arg, bool reasoning, const char *s, size_t n)
                              "content_index", 0, "delta", s, n));
         return;
     }
-    resp_stream_msg_open(c);
-    resp_event(c, "response.output_text.delta",
-               json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", c->msg_id, "output_index",
-                         resp_msg_index(c), "content_index", 0, "delta", s, n, "logprobs"));
+    resp_stream_text(c, s, n, false);
 }
 
 static wk_err
@@ -1220,8 +1377,35 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
     memset(&so, 0, sizeof(so));
     resp_split_init(&sp, r->think, r->think_open);
     resp_split_feed(&sp, res->text, res->text_len, true, resp_split_collect, &so);
+    /* The content parsed for calls (as the stream parses it: the same for any cut). */
+    json_t *calls = json_array();
+    wk_toolcall_parser *tp = NULL;
+    wk_toolcall_out to;
+    memset(&to, 0, sizeof(to));
+    if (r->tool_fmt != WK_TOOLCALL_FMT_NONE &&
+        wk_toolcall_parser_new(r->tool_fmt, r->tools, &tp) == WK_OK &&
+        wk_toolcall_feed(tp, so.content.p != NULL ? so.content.p : "", so.content.n, true, &to) ==
+            WK_OK) {
+        for (size_t i = 0; i < to.n_calls && calls != NULL; i++) {
+            if (r->tool_serial && i > 0)
+                break;
+            char fid[CTL_RESP_ID_MAX], cid[CTL_RESP_ID_MAX];
+            resp_new_id("fc_", 24, fid, sizeof(fid));
+            resp_new_id("call_", 12, cid, sizeof(cid));
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:s, s:s}", "id", fid, "call_id",
+                                                   cid, "name", to.calls[i].name, "arguments",
+                                                   to.calls[i].arguments));
+        }
+        so.content.n = 0; /* (the content is what the parse left) */
+        resp_buf_put(&so.content, to.content, to.content_len);
+    }
+    wk_toolcall_out_fini(&to);
+    wk_toolcall_parser_free(tp);
     json_t *out = json_pack("{s:s, s:s%}", "id", c->msg_id, "text",
                             so.content.p != NULL ? so.content.p : "", so.content.n);
+    if (out != NULL && json_array_size(calls) > 0)
+        json_object_set(out, "calls", calls);
+    json_decref(calls);
     if (sp.thought && out != NULL) {
         json_object_set_new(out, "reasoning_id", json_string(c->rs_id));
         json_object_set_new(out, "reasoning",
@@ -1352,9 +1536,12 @@ resp_answer_stream(resp_call *c, bool free_slot)
      * else the first piece of text decides.
      */
     resp_split_init(&c->split, c->r.think, c->r.think_open);
+    if (c->r.tool_fmt != WK_TOOLCALL_FMT_NONE &&
+        wk_toolcall_parser_new(c->r.tool_fmt, c->r.tools, &c->tc) != WK_OK)
+        c->tc = NULL; /* (out of memory: the reply streams as text) */
     if (c->split.mode == RESP_SPLIT_THINK)
         resp_stream_rs_open(c);
-    else if (c->split.mode == RESP_SPLIT_TEXT)
+    else if (c->split.mode == RESP_SPLIT_TEXT && c->tc == NULL)
         resp_stream_msg_open(c);
     if (c->broken) {
         ctl_job_free(job);
@@ -1377,24 +1564,52 @@ resp_answer_stream(resp_call *c, bool free_slot)
     }
     resp_split_feed(&c->split, "", 0, true, resp_stream_piece, c);
     resp_stream_piece(c, false, "", 0); /* (a reasoning item that got no text) */
+    resp_stream_text(c, "", 0, true);   /* (what the tool-call parse held) */
     ctl_openai_reuse_done(app, &c->r, &res, free_slot);
     resp_finish(c, &res);
     const char *st = json_string_value(json_object_get(c->rec, "status"));
     const char *ist = strcmp(st, "completed") == 0 ? "completed" : "incomplete";
+    json_t *out = json_object_get(c->rec, "output");
     resp_stream_rs_close(c, ist); /* (a reply that never left its reasoning) */
-    resp_stream_msg_open(c);      /* (an empty message) */
+    if (resp_out_has_message(out))
+        resp_stream_msg_open(c); /* (an empty message) */
     int mi = resp_msg_index(c);
-    json_t *text = json_object_get(json_object_get(c->rec, "output"), "text");
-    resp_event(c, "response.output_text.done",
-               json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", c->msg_id, "output_index", mi,
-                         "content_index", 0, "text", text, "logprobs"));
-    resp_event(c, "response.content_part.done",
-               json_pack("{s:s, s:i, s:i, s:{s:s, s:O, s:[], s:[]}}", "item_id", c->msg_id,
-                         "output_index", mi, "content_index", 0, "part", "type", "output_text",
-                         "text", text, "annotations", "logprobs"));
-    resp_event(c, "response.output_item.done",
-               json_pack("{s:i, s:o}", "output_index", mi, "item",
-                         resp_output_item(c->msg_id, text, ist, true)));
+    json_t *text = json_object_get(out, "text");
+    if (c->msg_open) {
+        resp_event(c, "response.output_text.done",
+                   json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", c->msg_id, "output_index", mi,
+                             "content_index", 0, "text", text, "logprobs"));
+        resp_event(c, "response.content_part.done",
+                   json_pack("{s:s, s:i, s:i, s:{s:s, s:O, s:[], s:[]}}", "item_id", c->msg_id,
+                             "output_index", mi, "content_index", 0, "part", "type", "output_text",
+                             "text", text, "annotations", "logprobs"));
+        resp_event(c, "response.output_item.done",
+                   json_pack("{s:i, s:o}", "output_index", mi, "item",
+                             resp_output_item(c->msg_id, text, ist, true)));
+    }
+    /* The calls, each complete (the parse reports a call once it is whole). */
+    int ci = mi + (c->msg_open ? 1 : 0);
+    size_t k;
+    json_t *call;
+    json_array_foreach(json_object_get(out, "calls"), k, call)
+    {
+        json_t *added = resp_call_item(call, "in_progress");
+        json_object_set_new(added, "arguments", json_string(""));
+        const char *fid = json_string_value(json_object_get(call, "id"));
+        resp_event(c, "response.output_item.added",
+                   json_pack("{s:i, s:o}", "output_index", ci, "item", added));
+        resp_event(c, "response.function_call_arguments.delta",
+                   json_pack("{s:s, s:i, s:O}", "item_id", fid, "output_index", ci, "delta",
+                             json_object_get(call, "arguments")));
+        resp_event(c, "response.function_call_arguments.done",
+                   json_pack("{s:s, s:i, s:O, s:O}", "item_id", fid, "output_index", ci,
+                             "arguments", json_object_get(call, "arguments"), "name",
+                             json_object_get(call, "name")));
+        resp_event(
+            c, "response.output_item.done",
+            json_pack("{s:i, s:o}", "output_index", ci, "item", resp_call_item(call, "completed")));
+        ci++;
+    }
     o = resp_object(c->rec);
     resp_extend(c, o);
     resp_event(c, strcmp(st, "incomplete") == 0 ? "response.incomplete" : "response.completed",
@@ -1457,6 +1672,7 @@ resp_call_free(resp_call *c)
     ctl_resp_req_fini(&c->q);
     json_decref(c->body);
     free(c->reason.p);
+    wk_toolcall_parser_free(c->tc);
     free(c);
 }
 
@@ -1879,6 +2095,10 @@ resp_create(ctl_http_req *req, ctl_app *app)
         json_object_set_new(rec, "reasoning_effort", json_string(c->q.reasoning_effort));
     if (c->q.background)
         json_object_set_new(rec, "background", json_true());
+    if (c->q.tool_choice_none)
+        json_object_set_new(rec, "tool_choice_none", json_true());
+    if (c->q.parallel_tool_calls_off)
+        json_object_set_new(rec, "serial_tool_calls", json_true());
     ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)c->r.n_prompt);
     if (c->q.background) {
         handed = resp_bg_start(c);

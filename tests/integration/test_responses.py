@@ -589,11 +589,114 @@ def reasoning_effort():
     assert h.reasoning.effort == "high" and h.output[0].type == "reasoning", h
 
 
+# Phase t: test_tool_calls' model (added tokens <|im_start|> 505, <|im_end|> 506, <think> 507,
+# </think> 508, CALL 509: one whole get_weather call in Qwen3.5's XML format) with llama.cpp's
+# Qwen3.5-4B.jinja (--chat-template).
+T_IM_END, T_CALL = 506, 509
+TOOLS_R = [{"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"},
+                "metric": {"type": "boolean"}}, "required": ["city"]}}]
+
+
+def tool_turn(prev=None, items="What is the weather in Paris?", bias=None, **kw):
+    extra = {"return_token_ids": True, "frequency_penalty": 2, "presence_penalty": 2}
+    if bias is not None:
+        extra["logit_bias"] = bias
+    return client.responses.create(model=MID, input=items, instructions="Be brief.",
+                                   previous_response_id=prev, tools=TOOLS_R,
+                                   reasoning={"effort": "none"}, max_output_tokens=4,
+                                   temperature=0, extra_body=extra, **kw)
+
+
+def function_calls():
+    """The reply parsed into a function_call item (call_id, name, arguments typed by the
+    schema), streamed as response.function_call_arguments.* events; its output sent back by
+    previous_response_id resumes the exact state and equals a recompute; the same turn sent as
+    items renders the same prompt; tool_choice none keeps the call as text."""
+    for tenth in range(0, 120, 5):  # the smallest lead of CALL over <|im_end|>: [CALL, eos]
+        bias = {str(T_CALL): 100, str(T_IM_END): 100 - tenth / 10}
+        r = tool_turn(bias=bias)
+        ids = r.model_extra["state_token_ids"][r.model_extra["prompt_token_count"]:]
+        if ids[:1] == [T_CALL] and T_CALL not in ids[1:] and r.status == "completed":
+            break
+    else:
+        raise AssertionError("no bias made the model emit the call then stop")
+    assert [o.type for o in r.output] == ["function_call"], r.output
+    fc = r.output[0]
+    assert fc.name == "get_weather" and fc.status == "completed", fc
+    assert fc.id.startswith("fc_") and fc.call_id.startswith("call_"), fc
+    assert fc.arguments == '{"city": "Paris", "days": 3}', fc
+    assert r.tools[0].name == "get_weather" and r.reasoning.effort == "none", r
+    # streamed: the same item, its arguments as delta events
+    events = list(tool_turn(bias=bias, stream=True))
+    types = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events))), types
+    assert "response.output_text.delta" not in types, types
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert [e.item.type for e in added] == ["function_call"], added
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert args == fc.arguments and len(done) == 1 and done[0].arguments == args, (args, done)
+    last = events[-1]
+    assert last.type == "response.completed", types
+    assert [(o.type, o.name, o.arguments) for o in last.response.output] == \
+        [("function_call", fc.name, fc.arguments)], last.response.output
+    # the SDK's stream manager accumulates the call
+    with client.responses.stream(model=MID, input="What is the weather in Paris?",
+                                 instructions="Be brief.", tools=TOOLS_R,
+                                 reasoning={"effort": "none"}, max_output_tokens=4,
+                                 temperature=0, extra_body={"logit_bias": bias,
+                                                            "frequency_penalty": 2,
+                                                            "presence_penalty": 2}) as s:
+        final = s.get_final_response()
+    assert [(o.type, o.arguments) for o in final.output] == [("function_call", fc.arguments)], \
+        final.output
+    # the round trip: the tool's output by previous_response_id
+    out = [{"type": "function_call_output", "call_id": fc.call_id, "output": '{"temp": 21}'}]
+    f = tool_turn(prev=r.id, items=out)
+    n_f = f.model_extra["prompt_token_count"]
+    prev_ids = r.model_extra["state_token_ids"]
+    cached = f.usage.input_tokens_details.cached_tokens
+    assert f.model_extra["state_token_ids"][:len(prev_ids)] == prev_ids, "not the exact state"
+    assert cached == len(prev_ids), (f.usage, len(prev_ids))
+    c = client.completions.create(model=MID, prompt=f.model_extra["state_token_ids"][:n_f],
+                                  max_tokens=4, temperature=0,
+                                  extra_body={"cache": False, "return_token_ids": True,
+                                              "frequency_penalty": 2, "presence_penalty": 2})
+    cids = c.choices[0].model_extra["token_ids"]
+    fids = f.model_extra["state_token_ids"][n_f:]
+    assert fids == cids[:len(fids)], (fids, cids)
+    items = client.responses.input_items.list(f.id, order="asc")
+    assert [i.type for i in items.data] == ["message", "function_call",
+                                            "function_call_output"], items
+    assert items.data[1].call_id == fc.call_id and items.data[2].output == '{"temp": 21}', items
+    # the same conversation as items (the call given back as the SDK returned it)
+    m = client.responses.create(model=MID, instructions="Be brief.", tools=TOOLS_R,
+                                reasoning={"effort": "none"}, max_output_tokens=2,
+                                input=[{"role": "user", "content": "What is the weather in Paris?"},
+                                       fc.model_dump(exclude_none=True)] + out,
+                                extra_body={"return_token_ids": True})
+    assert m.model_extra["state_token_ids"][:m.model_extra["prompt_token_count"]] == \
+        f.model_extra["state_token_ids"][:n_f], "items render differently"
+    # tool_choice none: the reply is not parsed, the call's text is the message
+    t = tool_turn(bias=bias, tool_choice="none")
+    assert [o.type for o in t.output] == ["message"] and "<tool_call>" in t.output_text, t.output
+    assert t.tool_choice == "none", t
+    try:
+        tool_turn(tool_choice="required")
+        raise AssertionError("tool_choice required accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "tool_choice", e.body
+    print(f"function call (bias lead {tenth / 10}); the round trip resumed {cached} of "
+          f"{f.usage.input_tokens} tokens", flush=True)
+
+
 TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs,
                background],
          "b": [conversation_b], "c": [other_model, quota, orphan_read], "d": [ttl],
          "e": [evicted_state, orphan_start],
-         "r": [reasoning, reasoning_effort]}
+         "r": [reasoning, reasoning_effort], "t": [function_calls]}
 for t in TESTS[PHASE]:
     try:
         t()
@@ -830,6 +933,39 @@ def main():
                     print(s.tail())
         except Exception as e:  # noqa: BLE001
             print(f"FAIL qwen35 stack: {e}")
+            failed += 1
+        # phase t: function calls, on test_tool_calls' model with Qwen3.5-4B.jinja (skipped
+        # without llama.cpp's template corpus, as test_tool_calls is)
+        try:
+            import glob
+            import test_tool_calls
+            sys.path.insert(0, test_tool_calls.REF)
+            import jinja_corpus
+            corpus = os.environ.get("WKVM_JINJA_CORPUS") or next(iter(sorted(glob.glob(
+                os.path.join(jinja_corpus.CACHE, "llama.cpp-convert-*", "models", "templates")),
+                reverse=True)), None)
+            template = os.path.join(corpus, "Qwen3.5-4B.jinja") if corpus else ""
+            if not os.path.exists(template):
+                print("SKIP function_calls: no Qwen3.5-4B.jinja (deploy/install-gguf-converter)")
+            else:
+                tmodel = os.path.join(tmp, test_tool_calls.MID)
+                os.makedirs(tmodel)
+                test_tool_calls.make_model(tmodel)
+                with Stack(model=tmodel, slots=2, extra_ctl=["--chat-template", template]) as s:
+                    s.start_controller()
+                    s.start_worker("w0")
+                    s.wait(lambda: s.get("/ready").status == 200, "ready (tools)")
+                    r = subprocess.run([venv_python(venv), script, s.url, test_tool_calls.MID,
+                                        "t", state, ALICE, BOB, tmodel, ""],
+                                       capture_output=True, text=True, timeout=300, env=env)
+                    print(r.stdout, end="", flush=True)
+                    passed += r.stdout.count("PASS ")
+                    failed += r.stdout.count("FAIL ") + (r.returncode != 0)
+                    if r.returncode != 0 or "FAIL " in r.stdout:
+                        print(r.stderr[-3000:])
+                        print(s.tail())
+        except Exception as e:  # noqa: BLE001
+            print(f"FAIL tools stack: {e}")
             failed += 1
     print(f"wall {time.time() - t_start:.1f}s")
     print(f"{passed} passed, {failed} failed")

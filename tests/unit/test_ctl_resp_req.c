@@ -132,7 +132,13 @@ test_reasoning_and_background(void **state)
         "\"summary\":\"auto\"},\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
         "{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[],\"content\":[{\"type\":"
         "\"reasoning_text\",\"text\":\"th\"},{\"type\":\"reasoning_text\",\"text\":\"ink\"}]},"
-        "{\"role\":\"assistant\",\"content\":\"a\"},{\"type\":\"reasoning\",\"summary\":[]}]}";
+        "{\"role\":\"assistant\",\"content\":\"a\"},{\"type\":\"reasoning\",\"summary\":[]},"
+        "{\"type\":\"function_call\",\"id\":\"fc_1\",\"call_id\":\"call_1\",\"name\":\"f\","
+        "\"arguments\":\"{\\\"a\\\": 1}\",\"status\":\"completed\"},{\"type\":"
+        "\"function_call_output\",\"call_id\":\"call_1\",\"output\":[{\"type\":\"input_text\","
+        "\"text\":\"o\"},{\"type\":\"input_text\",\"text\":\"k\"}]}],\"tools\":[{\"type\":"
+        "\"function\",\"name\":\"f\",\"parameters\":{},\"strict\":true}],\"tool_choice\":\"none\","
+        "\"parallel_tool_calls\":false}";
     json_error_t je;
     b = json_loads(text, 0, &je);
     assert_non_null(b);
@@ -144,7 +150,6 @@ test_reasoning_and_background(void **state)
     assert_non_null(r.logit_bias);
     assert_true(r.has_presence_penalty && r.presence_penalty == 1.5);
     assert_string_equal(r.reasoning_effort, "high");
-    assert_int_equal(r.n_items, 4);
     assert_false(r.items[0].reasoning);
     assert_true(r.items[1].reasoning);
     assert_string_equal(r.items[1].role, "assistant");
@@ -152,6 +157,18 @@ test_reasoning_and_background(void **state)
     assert_false(r.items[2].reasoning);
     assert_true(r.items[3].reasoning);
     assert_int_equal(r.items[3].len, 0);
+    assert_int_equal(r.n_items, 6);
+    assert_int_equal(r.items[4].kind, CTL_RESP_FUNCTION_CALL);
+    assert_string_equal(r.items[4].role, "assistant");
+    assert_string_equal(r.items[4].call_id, "call_1");
+    assert_string_equal(r.items[4].name, "f");
+    assert_string_equal(r.items[4].text, "{\"a\": 1}");
+    assert_int_equal(r.items[5].kind, CTL_RESP_FUNCTION_CALL_OUTPUT);
+    assert_string_equal(r.items[5].role, "tool");
+    assert_string_equal(r.items[5].text, "ok");
+    assert_non_null(r.tools);
+    assert_true(r.tool_choice_none);
+    assert_true(r.parallel_tool_calls_off);
     ctl_resp_req_fini(&r);
     json_decref(b);
 }
@@ -187,11 +204,24 @@ test_refusals(void **state)
     refused("{\"model\":\"m\",\"input\":[]}", "input", NULL);
     refused("{\"model\":\"m\",\"input\":7}", "input", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"frob\":1}", "frob", "unknown_parameter");
-    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\","
-            "\"output\":\"o\"}]}",
-            "input[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}",
+            "input[0]", "missing_required_parameter");
     refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"name\":\"f\"}]}",
-            "input[0].type", NULL);
+            "input[0].call_id", "missing_required_parameter");
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\","
+            "\"name\":\"f\",\"arguments\":\"[1]\"}]}",
+            "input[0].arguments", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\","
+            "\"name\":\"f\",\"arguments\":\"{}\",\"x\":1}]}",
+            "input[0].x", "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"custom_tool_call\"}]}", "input[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}",
+            "tools[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}",
+            "tools[0].name", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\","
+            "\"parameters\":1}]}",
+            "tools[0]", NULL);
     refused("{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\",\"encrypted_content\":\"e\"}]}",
             "input[0].encrypted_content", NULL);
     refused("{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\",\"content\":[{\"type\":"
@@ -219,9 +249,9 @@ test_refusals(void **state)
             "text.format", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"text\":{\"bogus\":1}}", "text.bogus",
             "unknown_parameter");
-    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[7]}", "tools", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[7]}", "tools[0].type", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":{}}", "tools", NULL);
-    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}],"
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
             "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
             "tool_choice", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice", NULL);
