@@ -2263,14 +2263,14 @@ resp_cancel(ctl_http_req *req, ctl_app *app, const char *id)
         return;
     }
     if (resp_running_status(rec)) {
+        /* (read it again either way: it may have finished since the first read) */
         char key[RESP_KEY_MAX];
         resp_key(owner, id, key);
-        if (resp_bg_cancel(key, app->request_timeout_ms)) {
-            json_decref(rec);
-            rec = resp_load_or_reply(req, app, owner, id);
-            if (rec == NULL)
-                return;
-        }
+        (void)resp_bg_cancel(key, app->request_timeout_ms);
+        json_decref(rec);
+        rec = resp_load_or_reply(req, app, owner, id);
+        if (rec == NULL)
+            return;
     }
     const char *st = json_string_value(json_object_get(rec, "status"));
     if (st == NULL || (strcmp(st, "cancelled") != 0 && !resp_running_status(rec))) {
