@@ -377,6 +377,46 @@ wk_chat_tpl_knows(const wk_chat_tpl *t, const char *var)
                                                  : false;
 }
 
+wk_err
+wk_chat_tpl_prepare(const wk_chat_tpl *t, json_t *messages, size_t *bad_msg, size_t *bad_call,
+                    wk_diag *d)
+{
+    size_t i, k;
+    json_t *m, *call;
+    json_array_foreach(messages, i, m)
+    {
+        json_t *role = json_object_get(m, "role");
+        if (json_is_string(role) && strcmp(json_string_value(role), "developer") == 0 &&
+            json_object_set_new(m, "role", json_string("system")) != 0)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        if (!wk_chat_tpl_object_args(t))
+            continue;
+        json_array_foreach(json_object_get(m, "tool_calls"), k, call)
+        {
+            json_t *fn = json_object_get(call, "function");
+            json_t *args = json_object_get(fn, "arguments");
+            if (!json_is_string(args))
+                continue;
+            json_error_t je;
+            json_t *o = json_loadb(json_string_value(args), json_string_length(args),
+                                   JSON_REJECT_DUPLICATES, &je);
+            if (!json_is_object(o)) {
+                json_decref(o);
+                *bad_msg = i;
+                *bad_call = k;
+                return wk_diag_set(d, WK_EINVAL,
+                                   "messages[%zu].tool_calls[%zu].function.arguments: arguments "
+                                   "must be a JSON object (in a string): this model's template "
+                                   "reads them as one",
+                                   i, k);
+            }
+            if (json_object_set_new(fn, "arguments", o) != 0)
+                return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        }
+    }
+    return WK_OK;
+}
+
 wk_toolcall_fmt
 wk_chat_tpl_toolcall_fmt(const wk_chat_tpl *t)
 {

@@ -115,6 +115,18 @@ wk_toolcall_fmt wk_chat_tpl_toolcall_fmt(const wk_chat_tpl *t);
  */
 bool wk_chat_tpl_object_args(const wk_chat_tpl *t);
 
+/*
+ * Prepares a chat request's messages (a JSON array, changed in place) the
+ * way the controller passes them to t: role "developer" becomes "system",
+ * and for a template that iterates a call's arguments
+ * (wk_chat_tpl_object_args()) each assistant tool call's arguments string
+ * becomes the JSON object it holds, as vLLM and llama.cpp pass it. Returns
+ * WK_OK; WK_EINVAL when such a string is not a JSON object (*bad_msg and
+ * *bad_call index it, d says so); WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err wk_chat_tpl_prepare(const wk_chat_tpl *t, json_t *messages, size_t *bad_msg,
+                                         size_t *bad_call, wk_diag *d);
+
 /* Frees a template; NULL-safe. */
 void wk_chat_tpl_free(wk_chat_tpl *t);
 

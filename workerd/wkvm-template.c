@@ -13,7 +13,9 @@
  *       chat_template.jinja, tokenizer_config.json or the GGUF file; FILE
  *       instead when given) for a chat request body
  *       (messages, tools, chat_template_kwargs; add_generation_prompt, true
- *       when absent), as the server renders it; exit 4 when DIR has none.
+ *       when absent), as the server renders it (wk_chat_tpl_prepare: role
+ *       developer as system, tool call arguments strings as objects for a
+ *       template that iterates them); exit 4 when DIR has none.
  *   wkvm-template --batch
  *       reads JSON lines {"template": PATH, "context": {...}} from stdin and
  *       writes one JSON line per input: {"ok": true, "text": "..."} or
@@ -226,6 +228,15 @@ render_model(const char *dir, const char *override, const char *req_path)
     json_t *agp = json_object_get(req, "add_generation_prompt");
     char *out = NULL;
     size_t len = 0;
+    size_t bad_msg, bad_call;
+    json_t *msgs = json_object_get(req, "messages");
+    e = json_is_array(msgs) ? wk_chat_tpl_prepare(t, msgs, &bad_msg, &bad_call, &d) : WK_OK;
+    if (e != WK_OK) {
+        fprintf(stderr, "wkvm-template: %s (%s)\n", d.msg, wk_strerror(e));
+        json_decref(req);
+        wk_chat_tpl_free(t);
+        return 1;
+    }
     e = wk_chat_tpl_render_json(t, json_object_get(req, "messages"), json_object_get(req, "tools"),
                                 agp == NULL || json_is_true(agp),
                                 json_object_get(req, "chat_template_kwargs"), NULL, &out, &len, &d);

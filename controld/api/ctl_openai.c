@@ -368,12 +368,16 @@ ctl_openai_tool_name_ok(const char *s, size_t n)
     return true;
 }
 
-/* Validates tools (an array, not NULL): sends the error and returns false. */
+/*
+ * Validates tools (not NULL): an array of objects; for a model with its own
+ * template (full: the tools reach it) function tools with unique, well-formed
+ * names. Sends the error and returns false.
+ */
 static bool
-ctl_openai_check_tools(ctl_http_req *req, json_t *tools)
+ctl_openai_check_tools(ctl_http_req *req, json_t *tools, bool full)
 {
     if (!json_is_array(tools)) {
-        ctl_openai_fail(req, WK_EINVAL, "tools", "'tools' must be an array of tools");
+        ctl_openai_fail(req, WK_EINVAL, "tools", "'tools' must be an array of objects");
         return false;
     }
     if (json_array_size(tools) > CTL_OPENAI_MAX_TOOLS) {
@@ -384,6 +388,14 @@ ctl_openai_check_tools(ctl_http_req *req, json_t *tools)
     size_t i;
     json_t *t;
     json_array_foreach(tools, i, t) {
+        if (!json_is_object(t)) {
+            ctl_openai_fail(req, WK_EINVAL, "tools", "'tools' must be an array of objects");
+            return false;
+        }
+    }
+    json_array_foreach(tools, i, t) {
+        if (!full)
+            break;
         char param[48];
         snprintf(param, sizeof(param), "tools[%zu]", i);
         json_t *type = json_object_get(t, "type");
@@ -455,9 +467,9 @@ ctl_openai_tool_choice_forced(ctl_http_req *req, ctl_app *app, ctl_openai_req *r
 }
 
 /*
- * Tools. `tools` is validated (an array of function tools with unique
- * names, docs/OPENAI_COMPAT.md). For a model with its own chat template it
- * is passed to the template, and unless tool_choice is "none" the reply is
+ * Tools. `tools` is validated (an array of objects; for a model with its
+ * own chat template function tools with unique names, docs/OPENAI_COMPAT.md).
+ * For a model with its own chat template it is passed to the template, and unless tool_choice is "none" the reply is
  * parsed for calls in the template's format (wk_toolcall); a model without
  * one (the World template) answers in plain text, as OpenAI allows with
  * "auto". tool_choice "none" keeps the tools in the prompt and parses no
@@ -485,15 +497,20 @@ ctl_openai_parse_tools(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai
     const char *fcs = json_is_string(fc) ? json_string_value(fc) : NULL;
     if (fc != NULL && !json_is_null(fc) &&
         !(fcs != NULL && (strcmp(fcs, "auto") == 0 || strcmp(fcs, "none") == 0))) {
-        ctl_openai_fail(req, WK_EINVAL, "function_call",
-                        "'function_call' (the legacy functions API) must be \"auto\" or "
-                        "\"none\": wkvm answers legacy functions in plain text (use 'tools')");
+        if ((fcs != NULL && strcmp(fcs, "required") == 0) || json_is_object(fc))
+            ctl_openai_fail(req, WK_EINVAL, "function_call",
+                            "'function_call' cannot require one: wkvm answers the legacy "
+                            "functions API in plain text (use 'tools')");
+        else
+            ctl_openai_fail(req, WK_EINVAL, "function_call",
+                            "'function_call' must be \"auto\", \"none\", \"required\" or a "
+                            "function");
         return false;
     }
     json_t *tools = json_object_get(body, "tools");
     if (tools != NULL && json_is_null(tools))
         tools = NULL;
-    if (tools != NULL && !ctl_openai_check_tools(req, tools))
+    if (tools != NULL && !ctl_openai_check_tools(req, tools, app->chat_tpl != NULL))
         return false;
     size_t n_tools = tools != NULL ? json_array_size(tools) : 0;
     json_t *p = json_object_get(body, "parallel_tool_calls");
@@ -520,7 +537,7 @@ ctl_openai_parse_tools(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai
         }
         if (n_tools == 0) {
             ctl_openai_fail(req, WK_EINVAL, "tool_choice",
-                            "'tool_choice' requires a call but the request offers no 'tools'");
+                            "'tool_choice' cannot require one: the request offers no 'tools'");
             return false;
         }
         size_t k;
@@ -537,8 +554,8 @@ ctl_openai_parse_tools(ctl_http_req *req, ctl_app *app, json_t *body, ctl_openai
         if (app->chat_tpl == NULL ||
             wk_chat_tpl_toolcall_fmt(app->chat_tpl) == WK_TOOLCALL_FMT_NONE) {
             ctl_openai_fail(req, WK_EINVAL, "tool_choice",
-                            "this model cannot be made to call a tool: its chat template has no "
-                            "tool-call format wkvm knows (use \"auto\" or \"none\")");
+                            "'tool_choice' cannot require one: this model's chat template has "
+                            "no tool-call format wkvm knows (use \"auto\" or \"none\")");
             return false;
         }
         return ctl_openai_tool_choice_forced(req, app, r, "tool_choice",
@@ -868,44 +885,6 @@ ctl_openai_check_tool_msg(ctl_http_req *req, ctl_app *app, json_t *m, size_t i, 
 }
 
 /*
- * For a template that iterates a call's arguments as a mapping
- * (wk_chat_tpl_object_args: Qwen3.5, Qwen3-Coder, Nemotron-3), the
- * arguments strings of msgs' assistant tool_calls become the JSON objects
- * they hold, as vLLM and llama.cpp pass them (transformers documents
- * arguments as a dict; jinja2's items filter refuses a string). Sends the
- * error and returns false when one does not hold a JSON object.
- */
-static bool
-ctl_openai_object_args(ctl_http_req *req, json_t *msgs)
-{
-    size_t i, k;
-    json_t *m, *call;
-    json_array_foreach(msgs, i, m) {
-        json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
-            json_t *fn = json_object_get(call, "function");
-            json_t *args = json_object_get(fn, "arguments");
-            if (!json_is_string(args))
-                continue;
-            json_error_t je;
-            json_t *o = json_loadb(json_string_value(args), json_string_length(args),
-                                   JSON_REJECT_DUPLICATES, &je);
-            if (!json_is_object(o)) {
-                json_decref(o);
-                char param[96];
-                snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function.arguments",
-                         i, k);
-                ctl_openai_fail(req, WK_EINVAL, param,
-                                "arguments must be a JSON object (in a string): this model's "
-                                "template reads them as one");
-                return false;
-            }
-            json_object_set_new(fn, "arguments", o);
-        }
-    }
-    return true;
-}
-
-/*
  * Checkpoint boundaries of a templated prompt: where a turn ends, after each
  * occurrence of the template's eos token text (<|im_end|>) in r->prompt_text,
  * as token positions (the last token boundary at or before it); the last
@@ -964,19 +943,18 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
         return false;
     }
     json_t *msgs = json_deep_copy(json_object_get(body, "messages"));
-    size_t i;
-    json_t *m;
-    json_array_foreach(msgs, i, m) {
-        json_t *role = json_object_get(m, "role");
-        if (json_is_string(role) && strcmp(json_string_value(role), "developer") == 0)
-            json_object_set_new(m, "role", json_string("system"));
-    }
-    if (msgs != NULL && wk_chat_tpl_object_args(app->chat_tpl) &&
-        !ctl_openai_object_args(req, msgs)) {
+    wk_diag d = {{0}};
+    size_t bad_msg = 0, bad_call = 0;
+    wk_err pe = msgs != NULL ? wk_chat_tpl_prepare(app->chat_tpl, msgs, &bad_msg, &bad_call, &d)
+                             : WK_OK;
+    if (pe != WK_OK) {
+        char param[96];
+        snprintf(param, sizeof(param), "messages[%zu].tool_calls[%zu].function.arguments",
+                 bad_msg, bad_call);
+        ctl_openai_fail(req, pe, pe == WK_EINVAL ? param : NULL, "%s", d.msg);
         json_decref(msgs);
         return false;
     }
-    wk_diag d = {{0}};
     char *prompt = NULL;
     size_t plen = 0;
     wk_err err = msgs == NULL ? WK_ENOMEM

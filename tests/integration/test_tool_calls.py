@@ -318,6 +318,19 @@ def open_webui_native():
     calls = [t for ch in chunks if ch.choices for t in ch.choices[0].delta.tool_calls or []]
     assert finish != "tool_calls" or calls, (finish, text)
     assert chunks[-1].usage.prompt_tokens > 300, chunks[-1].usage  # (the tools are rendered)
+    # its next request after running a call: the assistant turn as it accumulated the stream
+    # (content "", the deltas' index kept) and the tool result with the function's name
+    hist = [{"role": "user", "content": "Hello there"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"index": 0, "id": "call_x", "type": "function",
+                 "function": {"name": "get_current_timestamp", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_x", "name": "get_current_timestamp",
+             "content": "{\"timestamp\": 1764770000}"}]
+    r = client.chat.completions.create(model=MID, messages=hist, tools=tools, max_tokens=4,
+                                       temperature=0, extra_body={"return_token_ids": True})
+    text = decode(extra(r, "prompt_token_ids"))
+    assert "<function=get_current_timestamp>\n</function>" in text, text
+    assert "<tool_response>\n{\"timestamp\": 1764770000}\n</tool_response>" in text, text
 
 
 for t in (call_parsed, tool_follow_up, rerendered_differently, malformed_is_content,

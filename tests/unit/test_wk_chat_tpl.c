@@ -267,6 +267,60 @@ test_jinja_file(void **state)
     wk_chat_tpl_free(NULL);
 }
 
+/* The tool-call format and the messages prepared for a template that iterates arguments. */
+static void
+test_tool_calls(void **state)
+{
+    (void)state;
+    wk_chat_tpl *t = NULL;
+    wk_diag d = {{0}};
+    clear();
+    put("chat_template.jinja",
+        "{% for m in messages %}{{ m.role }}:{% for c in m.tool_calls or [] %}"
+        "<tool_call>\n<function={{ c.function.name }}>\n{% for k, v in c.function.arguments|items %}"
+        "<parameter={{ k }}>\n{{ v }}\n</parameter>\n{% endfor %}</function>\n</tool_call>"
+        "{% endfor %}{{ m.content }};{% endfor %}");
+    assert_int_equal(wk_chat_tpl_load(dir, NULL, &t, &d), WK_OK);
+    assert_int_equal(wk_chat_tpl_toolcall_fmt(t), WK_TOOLCALL_FMT_XML);
+    assert_true(wk_chat_tpl_object_args(t));
+    json_error_t je;
+    json_t *msgs = json_loads(
+        "[{\"role\": \"developer\", \"content\": \"s\"},"
+        " {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"c\","
+        " \"type\": \"function\", \"function\": {\"name\": \"f\","
+        " \"arguments\": \"{\\\"a\\\": 1, \\\"b\\\": \\\"x\\\"}\"}}]}]",
+        0, &je);
+    assert_non_null(msgs);
+    size_t bm = 9, bc = 9;
+    assert_int_equal(wk_chat_tpl_prepare(t, msgs, &bm, &bc, &d), WK_OK);
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(wk_chat_tpl_render_json(t, msgs, NULL, false, NULL, NULL, &out, &len, &d),
+                     WK_OK);
+    assert_string_equal(out, "system:s;assistant:<tool_call>\n<function=f>\n<parameter=a>\n1\n"
+                             "</parameter>\n<parameter=b>\nx\n</parameter>\n</function>\n"
+                             "</tool_call>;");
+    free(out);
+    /* arguments that are not a JSON object: WK_EINVAL naming the call */
+    json_object_set_new(json_object_get(json_array_get(json_object_get(json_array_get(msgs, 1),
+                                                                        "tool_calls"),
+                                                       0),
+                                        "function"),
+                        "arguments", json_string("[1]"));
+    assert_int_equal(wk_chat_tpl_prepare(t, msgs, &bm, &bc, &d), WK_EINVAL);
+    assert_int_equal(bm, 1);
+    assert_int_equal(bc, 0);
+    assert_non_null(strstr(d.msg, "messages[1].tool_calls[0].function.arguments"));
+    json_decref(msgs);
+    wk_chat_tpl_free(t);
+    /* a template that prints arguments as they come keeps the string */
+    put("chat_template.jinja", "{{ '<tool_call>\\n{\"name\": \"' }}{{ messages }}");
+    assert_int_equal(wk_chat_tpl_load(dir, NULL, &t, &d), WK_OK);
+    assert_int_equal(wk_chat_tpl_toolcall_fmt(t), WK_TOOLCALL_FMT_HERMES);
+    assert_false(wk_chat_tpl_object_args(t));
+    wk_chat_tpl_free(t);
+}
+
 static void
 test_gguf_and_override(void **state)
 {
@@ -314,6 +368,7 @@ main(void)
         cmocka_unit_test(test_named),
         cmocka_unit_test(test_jinja_file),
         cmocka_unit_test(test_gguf_and_override),
+        cmocka_unit_test(test_tool_calls),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
