@@ -992,17 +992,11 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
                     tcs = json_array();
                     json_object_set_new(last, "tool_calls", tcs);
                 }
-                json_t *args = json_object_get(m, "arguments");
-                json_t *a = NULL;
-                if (wk_chat_tpl_object_args(app->chat_tpl))
-                    a = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
-                json_array_append_new(tcs, json_pack("{s:O, s:s, s:{s:O, s:o}}", "id",
-                                                     json_object_get(m, "call_id"), "type",
-                                                     "function", "function", "name",
-                                                     json_object_get(m, "name"), "arguments",
-                                                     json_is_object(a) ? a : json_incref(args)));
-                if (a != NULL && !json_is_object(a))
-                    json_decref(a);
+                json_array_append_new(tcs,
+                                      json_pack("{s:O, s:s, s:{s:O, s:O}}", "id",
+                                                json_object_get(m, "call_id"), "type", "function",
+                                                "function", "name", json_object_get(m, "name"),
+                                                "arguments", json_object_get(m, "arguments")));
                 continue;
             }
             const char *role = json_string_value(json_object_get(m, "role"));
@@ -1052,11 +1046,15 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
             q->tool_choice_none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
         r->tool_serial = q->parallel_tool_calls_off;
     }
+    /* (the chat route's preparation: arguments as objects for templates that iterate them) */
     wk_diag d = {{0}};
+    size_t bad_msg = 0, bad_call = 0;
     wk_err err = msgs == NULL || kw == NULL
                      ? WK_ENOMEM
-                     : wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true, kw, NULL,
-                                               &r->prompt_text, &r->prompt_len, &d);
+                     : wk_chat_tpl_prepare(app->chat_tpl, msgs, &bad_msg, &bad_call, &d);
+    if (err == WK_OK)
+        err = wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true, kw, NULL,
+                                      &r->prompt_text, &r->prompt_len, &d);
     json_decref(msgs);
     json_decref(kw);
     if (err != WK_OK) {
