@@ -907,6 +907,24 @@ def main():
                 else:
                     passed += 1
                     print(f"PASS ttl_sweep ({ev[0]})", flush=True)
+                # a clean shutdown (SIGTERM) stops a running background response: failed
+                hdr = {"Authorization": f"Bearer {ALICE}"}
+                r = s.post("/v1/responses", headers=hdr, body={
+                    "model": MID, "input": "stopped by a shutdown", "background": True,
+                    "max_output_tokens": 20000, "temperature": 0, "logit_bias": {"98": 100}})
+                bid = r.json().get("id") if r.status == 200 else None
+                t0 = time.time()
+                restart()
+                took = time.time() - t0
+                g = s.get(f"/v1/responses/{bid}", headers=hdr) if bid else None
+                gj = g.json() if g is not None and g.status == 200 else {}
+                if (r.status != 200 or gj.get("status") != "failed" or
+                        "shut down" not in (gj.get("error") or {}).get("message", "")):
+                    failed += 1
+                    print(f"FAIL shutdown_background: {r.status} {r.body[:200]} / {gj}")
+                else:
+                    passed += 1
+                    print(f"PASS shutdown_background (restart {took:.1f} s)", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"FAIL stack: {e}")
                 failed += 1
