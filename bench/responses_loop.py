@@ -1,26 +1,38 @@
 #!/usr/bin/env python3
-"""An agent-like loop against one wkvm stack: TURNS turns, each adding a
-~TOOL-byte "tool output" as a new user item, as
+"""An agent-like loop: TURNS turns, each adding a ~TOOL-token "tool output" as a
+new user item and generating MAX_TOKENS tokens at temperature 0, streamed, as
 
-  responses  POST /v1/responses with previous_response_id (only the new item sent)
-  chat       POST /v1/chat/completions resending the whole conversation
-             (wkvm's automatic reuse finds the previous reply's exact tokens)
-  chat-nc    the same with "cache": false (a full recompute every turn: what
-             an engine without state reuse pays)
+  responses  wkvm: POST /v1/responses with previous_response_id (only the new item sent)
+  chat       wkvm: POST /v1/chat/completions resending the whole conversation
+             (wkvm's automatic reuse finds the previous reply's checkpoint)
+  chat-nc    wkvm: the same with "cache": false (a full recompute every turn:
+             what an engine without state reuse pays)
+  llama      llama.cpp's llama-server: the whole conversation resent to its
+             /v1/chat/completions, cache_prompt at its default (on)
 
-Streams every request and reports, per turn, the request bytes sent, the
-prompt tokens computed (input - cached) and the time to the first text
-event (TTFT). Random-weight model written by wkvm-mkmodel (raw byte tokens:
-1 token per byte of input). Usage:
+and reports per turn the request bytes sent, the prompt tokens computed
+(input - cached; llama-server's timings.prompt_n), the time to the first text
+event (TTFT) and the total, the wall time of each mode, and (--svg) a plot of
+TTFT and bytes per turn written as SVG by hand (no plotting library needed).
 
-  bench/responses_loop.py [--turns 20] [--tool 300] [--layers 6] [--embd 512]
-                          [--threads 1] [--build build]
+Default model: a random RWKV-7 written by wkvm-mkmodel (raw byte tokens, the
+World template; wkvm modes only). For the peer comparison give the same
+weights to both engines: --model DIR (a directory holding a GGUF that
+llama.cpp's converter wrote, which wkvm reads) and --gguf that file, and a
+chat template file both render (--chat-template: wkvm's --chat-template,
+llama-server's --jinja --chat-template-file). Stdlib only.
 
-The comparison with llama.cpp's llama-server is not here yet.
+  bench/responses_loop.py [--turns 20] [--tool 300] [--max-tokens 16] [--threads 1]
+                          [--build build] [--model DIR --gguf F.gguf
+                          --chat-template T.jinja --llama-server BIN]
+                          [--modes responses,chat,chat-nc,llama] [--json OUT] [--svg OUT]
 """
 import argparse
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "integ
 
 
 def sse(url, body):
-    """POSTs body, reads the SSE stream; returns (ttft_s, total_s, last event data, bytes)."""
+    """POSTs body, reads the SSE stream; returns (ttft_s, total_s, last, usage, bytes, timings)."""
     data = json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method="POST",
                                  headers={"Content-Type": "application/json"})
@@ -38,107 +50,273 @@ def sse(url, body):
     ttft = None
     last = None
     usage = None
-    with urllib.request.urlopen(req, timeout=600) as r:
+    timings = None
+    with urllib.request.urlopen(req, timeout=1800) as r:
         for raw in r:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             ev = json.loads(line[6:])
             t = ev.get("type", "")
-            if ttft is None and (t == "response.output_text.delta" or
+            if ttft is None and (t in ("response.output_text.delta",
+                                       "response.reasoning_text.delta") or
                                  (ev.get("choices") and
-                                  (ev["choices"][0].get("delta") or {}).get("content"))):
+                                  ((ev["choices"][0].get("delta") or {}).get("content") or
+                                   (ev["choices"][0].get("delta") or {}).get(
+                                       "reasoning_content")))):
                 ttft = time.perf_counter() - t0
+            timings = ev.get("timings") or timings
             if t in ("response.completed", "response.incomplete"):
                 last = ev["response"]
                 usage = last["usage"]
             elif ev.get("usage"):
                 usage = ev["usage"]
-            elif ev.get("choices"):
+            if ev.get("choices"):
                 last = last or {"text": ""}
                 last["text"] = last.get("text", "") + \
                     ((ev["choices"][0].get("delta") or {}).get("content") or "")
-    return ttft, time.perf_counter() - t0, last, usage, len(data)
+    total = time.perf_counter() - t0
+    return ttft if ttft is not None else total, total, last, usage, len(data), timings
 
 
 def tool_output(turn, n):
-    s = f"tool result {turn}: " + "".join(chr(97 + (turn * 7 + i) % 26) for i in range(n))
-    return s[:n]
+    """~n bytes of text: lower-case 'words' (with a BPE vocab a few hundred tokens)."""
+    words, i = [], 0
+    while sum(len(w) + 1 for w in words) < n:
+        w = "".join(chr(97 + (turn * 7 + i * 3 + j * 5) % 26) for j in range(3 + (i % 5)))
+        words.append(w)
+        i += 1
+    return (f"tool result {turn}: " + " ".join(words))[:n]
+
+
+SYSTEM = "You are an agent."
 
 
 def run_responses(url, mid, turns, tool, maxt):
     rows, prev = [], None
     for t in range(turns):
         body = {"model": mid, "input": tool_output(t, tool), "max_output_tokens": maxt,
-                "temperature": 0, "stream": True, "instructions": "You are an agent."}
+                "temperature": 0, "stream": True, "instructions": SYSTEM}
         if prev:
             body["previous_response_id"] = prev
-        ttft, total, resp, u, nbytes = sse(url + "/v1/responses", body)
+        ttft, total, resp, u, nbytes, _ = sse(url + "/v1/responses", body)
         prev = resp["id"]
         computed = u["input_tokens"] - u["input_tokens_details"]["cached_tokens"]
         rows.append((t + 1, nbytes, u["input_tokens"], computed, ttft, total))
     return rows
 
 
-def run_chat(url, mid, turns, tool, maxt, cache):
-    rows, msgs = [], [{"role": "system", "content": "You are an agent."}]
+def run_chat(url, mid, turns, tool, maxt, cache, llama=False):
+    rows, msgs = [], [{"role": "system", "content": SYSTEM}]
     for t in range(turns):
         msgs.append({"role": "user", "content": tool_output(t, tool)})
         body = {"model": mid, "messages": msgs, "max_tokens": maxt, "temperature": 0,
-                "stream": True, "stream_options": {"include_usage": True}, "cache": cache}
-        ttft, total, last, u, nbytes = sse(url + "/v1/chat/completions", body)
+                "stream": True, "stream_options": {"include_usage": True}}
+        if not llama:
+            body["cache"] = cache
+        ttft, total, last, u, nbytes, tm = sse(url + "/v1/chat/completions", body)
         msgs.append({"role": "assistant", "content": last["text"]})
-        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        rows.append((t + 1, nbytes, u["prompt_tokens"], u["prompt_tokens"] - cached, ttft, total))
+        if llama and tm is not None and "prompt_n" in tm:
+            computed = tm["prompt_n"]
+        else:
+            cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            computed = u["prompt_tokens"] - cached
+        rows.append((t + 1, nbytes, u["prompt_tokens"], computed, ttft, total))
     return rows
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """llama-server on the GGUF, one slot, the chat template file (--jinja)."""
+
+    def __init__(self, binary, gguf, template, threads, ctx):
+        self.args = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", "0", "-t",
+                     str(threads), "-tb", str(threads), "-np", "1", "-c", str(ctx),
+                     "--alias", "model", "--no-webui"]
+        if template:
+            self.args += ["--jinja", "--chat-template-file", template]
+
+    def __enter__(self):
+        self.port = free_port()
+        self.args[self.args.index("--port") + 1] = str(self.port)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log",
+                                               delete=False)
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        t0 = time.time()
+        while time.time() - t0 < 600:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError("llama-server exited; see " + self.log.name)
+            time.sleep(0.5)
+        raise RuntimeError("llama-server did not become healthy; see " + self.log.name)
+
+    def __exit__(self, *exc):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+COLORS = {"responses": "#1f77b4", "chat": "#2ca02c", "chat-nc": "#7f7f7f", "llama": "#d62728"}
+LABELS = {"responses": "wkvm /v1/responses + previous_response_id",
+          "chat": "wkvm /v1/chat/completions (resent, reuse)",
+          "chat-nc": "wkvm chat, cache off (full recompute)",
+          "llama": "llama-server /v1/chat/completions (resent)"}
+
+
+def svg_panel(out, x0, y0, w, h, title, ylabel, series, turns, log=False):
+    """One line chart: series {mode: [(turn, value)]} in the box (x0, y0, w, h)."""
+    import math
+    vals = [v for pts in series.values() for _, v in pts if v > 0]
+    top = max(vals) if vals else 1.0
+    lo = min(vals) if vals else 1.0
+    if log:
+        lo_e, hi_e = math.floor(math.log10(lo)), math.ceil(math.log10(top))
+        hi_e = max(hi_e, lo_e + 1)
+
+        def fy(v):
+            return y0 + h - (math.log10(max(v, 10 ** lo_e)) - lo_e) / (hi_e - lo_e) * h
+        ticks = [10 ** e for e in range(lo_e, hi_e + 1)]
+    else:
+        step = 10 ** math.floor(math.log10(top)) if top > 0 else 1
+        hi = math.ceil(top / step) * step
+
+        def fy(v):
+            return y0 + h - v / hi * h
+        ticks = [i * step for i in range(int(hi / step) + 1)]
+
+    def fx(t):
+        return x0 + (t - 1) / max(turns - 1, 1) * w
+    out.append(f'<text x="{x0 + w / 2}" y="{y0 - 10}" text-anchor="middle" '
+               f'font-size="14">{title}</text>')
+    out.append(f'<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#000"/>')
+    for tv in ticks:
+        y = fy(tv)
+        out.append(f'<line x1="{x0}" y1="{y:.1f}" x2="{x0 + w}" y2="{y:.1f}" stroke="#ddd"/>')
+        lab = f"{tv:g}"
+        out.append(f'<text x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end" '
+                   f'font-size="11">{lab}</text>')
+    for t in range(1, turns + 1):
+        if t == 1 or t % 5 == 0:
+            out.append(f'<text x="{fx(t):.1f}" y="{y0 + h + 16}" text-anchor="middle" '
+                       f'font-size="11">{t}</text>')
+    out.append(f'<text x="{x0 + w / 2}" y="{y0 + h + 34}" text-anchor="middle" '
+               f'font-size="12">turn</text>')
+    out.append(f'<text x="{x0 - 48}" y="{y0 + h / 2}" text-anchor="middle" font-size="12" '
+               f'transform="rotate(-90 {x0 - 48} {y0 + h / 2})">{ylabel}</text>')
+    for mode, pts in series.items():
+        path = " ".join(f"{fx(t):.1f},{fy(v):.1f}" for t, v in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{COLORS.get(mode, "#000")}" '
+                   f'stroke-width="2"/>')
+
+
+def write_svg(path, out, title):
+    """TTFT (log scale) and bytes sent per turn, each mode a line."""
+    turns = max(len(v["rows"]) for v in out.values())
+    parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="980" height="430" '
+             'font-family="sans-serif">', '<rect width="980" height="430" fill="#fff"/>',
+             f'<text x="490" y="22" text-anchor="middle" font-size="15">{title}</text>']
+    ttft = {m: [(r[0], r[4] * 1e3) for r in v["rows"]] for m, v in out.items()}
+    sent = {m: [(r[0], r[1] / 1024) for r in v["rows"]] for m, v in out.items()}
+    svg_panel(parts, 80, 60, 380, 260, "time to first token (ms, log)", "ms", ttft, turns,
+              log=True)
+    svg_panel(parts, 570, 60, 380, 260, "request bytes sent (KiB)", "KiB", sent, turns)
+    y = 380
+    for i, m in enumerate(out):
+        x = 80 + (i % 2) * 460
+        yy = y + (i // 2) * 20
+        parts.append(f'<line x1="{x}" y1="{yy}" x2="{x + 24}" y2="{yy}" '
+                     f'stroke="{COLORS.get(m, "#000")}" stroke-width="3"/>')
+        parts.append(f'<text x="{x + 30}" y="{yy + 4}" font-size="12">{LABELS.get(m, m)} '
+                     f'(wall {out[m]["wall_s"]:.1f} s)</text>')
+    parts.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(parts) + "\n")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=20)
-    ap.add_argument("--tool", type=int, default=300)
+    ap.add_argument("--tool", type=int, default=300, help="bytes of each tool output")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--embd", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--build", default=None)
+    ap.add_argument("--model", default=None, help="wkvm model dir (default: wkvm-mkmodel's)")
+    ap.add_argument("--gguf", default=None, help="the same weights for llama-server")
+    ap.add_argument("--chat-template", default=None, help="template file for both engines")
+    ap.add_argument("--llama-server", default="/work/peer/llama.cpp/build/bin/llama-server")
+    ap.add_argument("--modes", default=None,
+                    help="comma list (default: responses,chat,chat-nc[,llama with --gguf])")
     ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--svg", default=None, help="write the plot here")
     a = ap.parse_args()
+    modes = (a.modes.split(",") if a.modes else
+             ["responses", "chat", "chat-nc"] + (["llama"] if a.gguf else []))
     if a.build:
         os.environ["WKVM_BUILD_DIR"] = os.path.abspath(a.build)
     import wkvm_harness as h  # noqa: E402 (reads WKVM_BUILD_DIR)
-    import subprocess
     out = {}
+
+    def report(name, rows, wall):
+        out[name] = {"rows": rows, "wall_s": wall}
+        print(f"== {name}: wall {wall:.2f}s", flush=True)
+        print("turn  bytes_sent  input_tokens  computed  ttft_ms  total_ms")
+        for t, nb, it, comp, ttft, total in rows:
+            print(f"{t:4d}  {nb:10d}  {it:12d}  {comp:8d}  {ttft * 1e3:7.1f}  "
+                  f"{total * 1e3:8.1f}", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="wkvm-resp-bench-") as tmp:
-        model = os.path.join(tmp, "m")
-        subprocess.run([h.MKMODEL, "--out", model, "--layers", str(a.layers), "--embd",
-                        str(a.embd), "--head-size", "64", "--ffn", str(a.embd * 7 // 2),
-                        "--vocab", "512", "--seed", "3"], check=True, capture_output=True)
-        with h.Stack(model=model, slots=4) as s:
-            s.start_controller()
-            s.start_worker("w0", extra=["--threads", str(a.threads)])
-            s.wait(lambda: s.get("/ready").status == 200, "ready", timeout=300)
-            for name, fn in (("responses", lambda: run_responses(s.url, "m", a.turns, a.tool,
-                                                                   a.max_tokens)),
-                             ("chat", lambda: run_chat(s.url, "m", a.turns, a.tool, a.max_tokens,
-                                                       True)),
-                             ("chat-nc", lambda: run_chat(s.url, "m", a.turns, a.tool,
-                                                          a.max_tokens, False))):
-                # each mode starts with an empty checkpoint cache (the modes render the same
-                # conversation, so one would otherwise reuse another's checkpoints)
-                s.post("/admin/cache/clear")
+        model, mid = a.model, os.path.basename(os.path.normpath(a.model or "m"))
+        if model is None:
+            model = os.path.join(tmp, "m")
+            subprocess.run([h.MKMODEL, "--out", model, "--layers", str(a.layers), "--embd",
+                            str(a.embd), "--head-size", "64", "--ffn", str(a.embd * 7 // 2),
+                            "--vocab", "512", "--seed", "3"], check=True, capture_output=True)
+        wk = [m for m in modes if m != "llama"]
+        if wk:
+            extra = ["--chat-template", a.chat_template] if a.chat_template else []
+            with h.Stack(model=model, slots=4, extra_ctl=extra) as s:
+                s.start_controller()
+                s.start_worker("w0", extra=["--threads", str(a.threads)])
+                s.wait(lambda: s.get("/ready").status == 200, "ready", timeout=600)
+                for name in wk:
+                    # each mode starts with an empty checkpoint cache (the modes render the
+                    # same conversation, so one would otherwise reuse another's checkpoints)
+                    s.post("/admin/cache/clear")
+                    t0 = time.perf_counter()
+                    if name == "responses":
+                        rows = run_responses(s.url, mid, a.turns, a.tool, a.max_tokens)
+                    else:
+                        rows = run_chat(s.url, mid, a.turns, a.tool, a.max_tokens,
+                                        name == "chat")
+                    report(name, rows, time.perf_counter() - t0)
+        if "llama" in modes:
+            ctx = 2048 + a.turns * (a.tool + a.max_tokens + 64)
+            with LlamaServer(a.llama_server, a.gguf, a.chat_template, a.threads, ctx) as ls:
                 t0 = time.perf_counter()
-                rows = fn()
-                wall = time.perf_counter() - t0
-                out[name] = {"rows": rows, "wall_s": wall}
-                print(f"== {name}: wall {wall:.2f}s")
-                print("turn  bytes_sent  input_tokens  computed  ttft_ms  total_ms")
-                for t, nb, it, comp, ttft, total in rows:
-                    print(f"{t:4d}  {nb:10d}  {it:12d}  {comp:8d}  {ttft * 1e3:7.1f}  "
-                          f"{total * 1e3:8.1f}")
+                rows = run_chat(ls.url, "model", a.turns, a.tool, a.max_tokens, True, llama=True)
+                report("llama", rows, time.perf_counter() - t0)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(out, f)
+            json.dump(out, f, indent=1)
+    if a.svg:
+        write_svg(a.svg, out, f"agent loop: {a.turns} turns, each a ~{a.tool}-byte tool output "
+                  f"+ {a.max_tokens} generated tokens")
 
 
 if __name__ == "__main__":

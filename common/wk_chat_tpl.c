@@ -16,34 +16,40 @@
 #include "wk_tok.h"
 
 struct wk_chat_tpl {
-    wk_jinja *def;      /* the template, or the "default" named one; may be NULL */
-    wk_jinja *tool_use; /* the "tool_use" named one, or NULL */
-    const char *source; /* file it came from */
-    json_t *special;    /* {"bos_token": "...", ...}: the special tokens found */
-    bool think;         /* a template source names the think markers ("</think>") */
+    wk_jinja *def;          /* the template, or the "default" named one; may be NULL */
+    wk_jinja *tool_use;     /* the "tool_use" named one, or NULL */
+    const char *source;     /* file it came from */
+    json_t *special;        /* {"bos_token": "...", ...}: the special tokens found */
+    bool think;             /* a template source names the think markers ("</think>") */
+    bool effort;            /* a template source names the variable reasoning_effort */
+    bool enable;            /* a template source names the variable enable_thinking */
     wk_toolcall_fmt tc_fmt; /* the tool-call format its sources render (the first known) */
     bool tc_object_args;    /* a source iterates a call's arguments as a mapping */
-    bool effort;            /* a source reads the reasoning_effort variable */
 };
 
 static const char *const SPECIAL[] = {"bos_token", "eos_token", "unk_token", "pad_token", NULL};
 
-/* True when src (len bytes) contains the close think marker. */
+/* True when src (len bytes) contains the NUL-terminated m. */
 static bool
-tpl_names_think(const char *src, size_t len)
+tpl_names(const char *src, size_t len, const char *m)
 {
-    static const char m[] = WK_CHAT_TPL_THINK_CLOSE;
-    for (size_t i = 0; i + sizeof(m) - 1 <= len; i++)
-        if (memcmp(src + i, m, sizeof(m) - 1) == 0)
+    size_t ml = strlen(m);
+    for (size_t i = 0; i + ml <= len; i++)
+        if (memcmp(src + i, m, ml) == 0)
             return true;
     return false;
 }
 
-/* What a template source tells about its model: think markers, tool-call format. */
+/*
+ * What a template source tells about its model: think markers, the
+ * reasoning variables it reads, tool-call format.
+ */
 static void
 tpl_scan(wk_chat_tpl *t, const char *src, size_t len)
 {
-    t->think |= tpl_names_think(src, len);
+    t->think |= tpl_names(src, len, WK_CHAT_TPL_THINK_CLOSE);
+    t->effort |= tpl_names(src, len, "reasoning_effort");
+    t->enable |= tpl_names(src, len, "enable_thinking");
     char *z = malloc(len + 1); /* (NUL-terminated for the format detection) */
     if (z == NULL)
         return; /* (then no tool-call format: replies stay content) */
@@ -51,7 +57,6 @@ tpl_scan(wk_chat_tpl *t, const char *src, size_t len)
     z[len] = '\0';
     if (t->tc_fmt == WK_TOOLCALL_FMT_NONE)
         t->tc_fmt = wk_toolcall_fmt_detect(z);
-    t->effort |= strstr(z, "reasoning_effort") != NULL;
     t->tc_object_args |= wk_toolcall_tpl_object_args(z);
     free(z);
 }
@@ -350,12 +355,6 @@ wk_chat_tpl_source(const wk_chat_tpl *t)
     return t != NULL && t->source != NULL ? t->source : "";
 }
 
-bool
-wk_chat_tpl_reads_effort(const wk_chat_tpl *t)
-{
-    return t != NULL && t->effort;
-}
-
 const char *
 wk_chat_tpl_special(const wk_chat_tpl *t, const char *name)
 {
@@ -368,20 +367,32 @@ wk_chat_tpl_thinks(const wk_chat_tpl *t)
     return t != NULL && t->think;
 }
 
+bool
+wk_chat_tpl_knows(const wk_chat_tpl *t, const char *var)
+{
+    if (t == NULL || var == NULL)
+        return false;
+    return strcmp(var, "reasoning_effort") == 0  ? t->effort
+           : strcmp(var, "enable_thinking") == 0 ? t->enable
+                                                 : false;
+}
+
 wk_err
 wk_chat_tpl_prepare(const wk_chat_tpl *t, json_t *messages, size_t *bad_msg, size_t *bad_call,
                     wk_diag *d)
 {
     size_t i, k;
     json_t *m, *call;
-    json_array_foreach(messages, i, m) {
+    json_array_foreach(messages, i, m)
+    {
         json_t *role = json_object_get(m, "role");
         if (json_is_string(role) && strcmp(json_string_value(role), "developer") == 0 &&
             json_object_set_new(m, "role", json_string("system")) != 0)
             return wk_diag_set(d, WK_ENOMEM, "out of memory");
         if (!wk_chat_tpl_object_args(t))
             continue;
-        json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
+        json_array_foreach(json_object_get(m, "tool_calls"), k, call)
+        {
             json_t *fn = json_object_get(call, "function");
             json_t *args = json_object_get(fn, "arguments");
             if (!json_is_string(args))

@@ -95,10 +95,11 @@ const char *wk_chat_tpl_special(const wk_chat_tpl *t, const char *name);
 bool wk_chat_tpl_thinks(const wk_chat_tpl *t);
 
 /*
- * True when a template source of t names the reasoning_effort variable
- * (gpt-oss-style templates): a request's reasoning_effort is passed to it.
+ * True when a template source of t names the variable var, one of
+ * "reasoning_effort" and "enable_thinking" (any other: false): a request's
+ * reasoning settings reach the template only where it reads them.
  */
-bool wk_chat_tpl_reads_effort(const wk_chat_tpl *t);
+bool wk_chat_tpl_knows(const wk_chat_tpl *t, const char *var);
 
 /*
  * The tool-call format t's sources render assistant tool_calls in

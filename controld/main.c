@@ -622,6 +622,7 @@ out:
     if (app->vm != NULL)
         ctl_vm_end_waits(app->vm); /* a state operation waiting for a slot answers now */
     ctl_http_free(app->http);
+    ctl_responses_shutdown(app); /* (background responses: stored as failed, threads gone) */
     ctl_ckpt_flush(app->ckpt);
     if (app->vm != NULL)
         ctl_vm_flush(app->vm);

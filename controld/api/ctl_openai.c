@@ -366,7 +366,7 @@ ctl_openai_parse_platform(ctl_http_req *req, ctl_app *app, json_t *body)
                             "\"medium\" or \"high\"");
             return false;
         }
-        if (!wk_chat_tpl_reads_effort(app->chat_tpl)) {
+        if (!wk_chat_tpl_knows(app->chat_tpl, "reasoning_effort")) {
             ctl_openai_fail(req, WK_EINVAL, "reasoning_effort",
                             "'reasoning_effort' is not supported by this model: its chat "
                             "template has no reasoning_effort (a template's own switch, e.g. "
@@ -966,7 +966,7 @@ ctl_openai_check_tool_msg(ctl_http_req *req, ctl_app *app, json_t *m, size_t i, 
  * drops the reasoning and the generation prompt's <think>), so the turn ends
  * before it are what the next prompt shares: the index resumes there.
  */
-static void
+void
 ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
 {
     const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");

@@ -97,6 +97,14 @@ void ctl_openai_req_fini(ctl_openai_req *r);
 void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, const int32_t *rest,
                             size_t n_rest, size_t pos0);
 
+/*
+ * The checkpoint boundaries of a prompt rendered with the model's own
+ * template (app->chat_tpl): after each eos token text in r->prompt_text, as
+ * token positions of r->prompt (the last CTL_CKPT_MAX_BOUNDS). Writes only
+ * r->bounds and r->n_bounds.
+ */
+void ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r);
+
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
 json_t *ctl_openai_body(ctl_http_req *req);
 

@@ -72,6 +72,9 @@ static const char *const resp_known[] = {
     /* wkvm extensions */
     "seed",
     "return_token_ids",
+    "logit_bias",
+    "frequency_penalty",
+    "presence_penalty",
 };
 
 /*
@@ -81,8 +84,8 @@ static const char *const resp_known[] = {
  * (clients send both). pfx: the item's parameter name.
  */
 static wk_err
-resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **out, size_t *len,
-             ctl_resp_err *e)
+resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, const char *other,
+             char **out, size_t *len, ctl_resp_err *e)
 {
     char param[96];
     snprintf(param, sizeof(param), "%s.content", pfx);
@@ -113,7 +116,7 @@ resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **
                              "each content part needs a string 'type'");
         const char *t = json_string_value(type);
         if (strcmp(t, "input_text") != 0 && strcmp(t, "output_text") != 0 &&
-            strcmp(t, "text") != 0) {
+            strcmp(t, "text") != 0 && (other == NULL || strcmp(t, other) != 0)) {
             bool known = strcmp(t, "input_image") == 0 || strcmp(t, "input_file") == 0 ||
                          strcmp(t, "input_audio") == 0 || strcmp(t, "refusal") == 0;
             return resp_fail(e, WK_EINVAL, param, "invalid_value",
@@ -151,6 +154,151 @@ resp_content(const json_t *content, const char *pfx, uint64_t max_bytes, char **
     return WK_OK;
 }
 
+/*
+ * A reasoning item (as a previous response's output gave it): its
+ * reasoning_text parts become the reasoning of the assistant message that
+ * follows it. summary is accepted and not read (wkvm writes none);
+ * encrypted_content cannot be read back (wkvm never makes any).
+ */
+static wk_err
+resp_reasoning_item(const json_t *it, const char *pfx, uint64_t max_bytes, ctl_resp_msg *m,
+                    ctl_resp_err *e)
+{
+    char param[96];
+    const char *known[] = {"type", "id", "summary", "content", "encrypted_content", "status"};
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)it, key, v)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !ok; i++)
+            ok = strcmp(key, known[i]) == 0;
+        if (!ok) {
+            snprintf(param, sizeof(param), "%s.%.40s", pfx, key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: '%s.%.64s'.", pfx, key);
+        }
+    }
+    if (!resp_absent(json_object_get(it, "encrypted_content"))) {
+        snprintf(param, sizeof(param), "%s.encrypted_content", pfx);
+        return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                         "wkvm keeps no encrypted reasoning: send the reasoning_text content "
+                         "(or use previous_response_id)");
+    }
+    const json_t *sum = json_object_get(it, "summary");
+    if (!resp_absent(sum) && !json_is_array(sum)) {
+        snprintf(param, sizeof(param), "%s.summary", pfx);
+        return resp_fail(e, WK_EINVAL, param, "invalid_type", "'summary' must be an array");
+    }
+    m->role = "assistant";
+    m->reasoning = true;
+    m->kind = CTL_RESP_REASONING;
+    const json_t *content = json_object_get(it, "content");
+    if (resp_absent(content)) {
+        if ((m->text = calloc(1, 1)) == NULL)
+            return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
+        m->len = 0;
+        return WK_OK;
+    }
+    size_t i;
+    json_t *part;
+    json_array_foreach(content, i, part)
+    {
+        const json_t *type = json_object_get(part, "type");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "reasoning_text") != 0) {
+            snprintf(param, sizeof(param), "%s.content[%zu].type", pfx, i);
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "a reasoning item's content parts are of type 'reasoning_text'");
+        }
+    }
+    return resp_content(content, pfx, max_bytes, "reasoning_text", &m->text, &m->len, e);
+}
+
+/* An optional string member of an item (max bytes) into *out; required: absent is refused. */
+static wk_err
+resp_item_str(const json_t *it, const char *pfx, const char *key, bool required, size_t max,
+              const char **out, ctl_resp_err *e)
+{
+    char param[96];
+    snprintf(param, sizeof(param), "%s.%s", pfx, key);
+    const json_t *v = json_object_get(it, key);
+    *out = NULL;
+    if (resp_absent(v)) {
+        if (required)
+            return resp_fail(e, WK_EINVAL, param, "missing_required_parameter", "'%s' is required",
+                             param);
+        return WK_OK;
+    }
+    if (!json_is_string(v) || json_string_length(v) > max ||
+        strlen(json_string_value(v)) != json_string_length(v))
+        return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                         "'%s' must be a string of at most %zu bytes", param, max);
+    *out = json_string_value(v);
+    return WK_OK;
+}
+
+/*
+ * A function_call item (a call the model made: call_id, name, arguments as
+ * JSON text) or a function_call_output item (call_id, output: a string or
+ * text parts). id and status are accepted.
+ */
+static wk_err
+resp_call_item(const json_t *it, const char *pfx, uint64_t max_bytes, bool call, ctl_resp_msg *m,
+               ctl_resp_err *e)
+{
+    char param[96];
+    const char *known_call[] = {"type", "id", "status", "call_id", "name", "arguments"};
+    const char *known_out[] = {"type", "id", "status", "call_id", "output"};
+    const char *const *known = call ? known_call : known_out;
+    size_t n_known = call ? 6 : 5;
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)it, key, v)
+    {
+        bool ok = false;
+        for (size_t i = 0; i < n_known && !ok; i++)
+            ok = strcmp(key, known[i]) == 0;
+        if (!ok) {
+            snprintf(param, sizeof(param), "%s.%.40s", pfx, key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: '%s.%.64s'.", pfx, key);
+        }
+    }
+    wk_err err = resp_item_str(it, pfx, "call_id", true, CTL_RESP_CALL_ID_MAX, &m->call_id, e);
+    if (err != WK_OK)
+        return err;
+    if (call) {
+        m->kind = CTL_RESP_FUNCTION_CALL;
+        m->role = "assistant";
+        const char *args = NULL;
+        if ((err = resp_item_str(it, pfx, "name", true, CTL_RESP_TOOL_NAME_MAX, &m->name, e)) !=
+                WK_OK ||
+            (err = resp_item_str(it, pfx, "arguments", true, max_bytes, &args, e)) != WK_OK)
+            return err;
+        json_error_t je;
+        json_t *o = json_loads(args, JSON_REJECT_DUPLICATES, &je);
+        bool obj = json_is_object(o);
+        json_decref(o);
+        if (!obj) {
+            snprintf(param, sizeof(param), "%s.arguments", pfx);
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "'arguments' must be the text of a JSON object");
+        }
+        if ((m->text = strdup(args)) == NULL)
+            return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
+        m->len = strlen(args);
+        return WK_OK;
+    }
+    m->kind = CTL_RESP_FUNCTION_CALL_OUTPUT;
+    m->role = "tool";
+    const json_t *out = json_object_get(it, "output");
+    if (resp_absent(out))
+        return resp_fail(e, WK_EINVAL, pfx, "missing_required_parameter",
+                         "a function_call_output item needs 'output'");
+    snprintf(param, sizeof(param), "%s.output", pfx);
+    return resp_content(out, param, max_bytes, NULL, &m->text, &m->len, e);
+}
+
 /* One item of an input array into m. */
 static wk_err
 resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl_resp_err *e)
@@ -165,15 +313,20 @@ resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl
         if (!json_is_string(type))
             return resp_fail(e, WK_EINVAL, param, "invalid_type", "'type' must be a string");
         const char *t = json_string_value(type);
-        if (strcmp(t, "function_call") == 0 || strcmp(t, "function_call_output") == 0 ||
-            strcmp(t, "custom_tool_call") == 0 || strcmp(t, "custom_tool_call_output") == 0)
+        if (strcmp(t, "function_call") == 0 || strcmp(t, "function_call_output") == 0)
+            return resp_call_item(it, pfx, max_bytes, strcmp(t, "function_call") == 0, m, e);
+        if (strcmp(t, "custom_tool_call") == 0 || strcmp(t, "custom_tool_call_output") == 0)
             return resp_fail(e, WK_EINVAL, param, "invalid_value",
-                             "input items of type '%s' are not supported yet (function tools "
-                             "come with the tool-call templates)",
+                             "input items of type '%s' are not supported by wkvm (function "
+                             "tools only)",
                              t);
-        if (strcmp(t, "reasoning") == 0 || strcmp(t, "item_reference") == 0)
+        if (strcmp(t, "reasoning") == 0)
+            return resp_reasoning_item(it, pfx, max_bytes, m, e);
+        if (strcmp(t, "item_reference") == 0)
             return resp_fail(e, WK_EINVAL, param, "invalid_value",
-                             "input items of type '%s' are not supported by wkvm", t);
+                             "input items of type '%s' are not supported by wkvm "
+                             "(use previous_response_id)",
+                             t);
         if (strcmp(t, "message") != 0)
             return resp_fail(e, WK_EINVAL, param, "invalid_value",
                              "unknown input item type '%.64s' (message)", t);
@@ -211,7 +364,7 @@ resp_item(const json_t *it, size_t idx, uint64_t max_bytes, ctl_resp_msg *m, ctl
     if (content == NULL)
         return resp_fail(e, WK_EINVAL, pfx, "missing_required_parameter",
                          "a message item needs 'content'");
-    return resp_content(content, pfx, max_bytes, &m->text, &m->len, e);
+    return resp_content(content, pfx, max_bytes, NULL, &m->text, &m->len, e);
 }
 
 /* The input: a string (one user message) or an array of items. */
@@ -226,8 +379,8 @@ resp_input(const json_t *in, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_re
             return resp_fail(e, WK_ENOMEM, NULL, NULL, "out of memory");
         r->n_items = 1;
         r->items[0].role = "user";
-        return resp_content(in, "input", lim->max_item_bytes, &r->items[0].text, &r->items[0].len,
-                            e);
+        return resp_content(in, "input", lim->max_item_bytes, NULL, &r->items[0].text,
+                            &r->items[0].len, e);
     }
     if (!json_is_array(in) || json_array_size(in) == 0)
         return resp_fail(e, WK_EINVAL, "input", "invalid_type",
@@ -305,9 +458,115 @@ resp_num(const json_t *body, const char *key, double lo, double hi, bool *has, d
 }
 
 /* The parameters wkvm accepts only in their neutral form. */
+/*
+ * One tool of "tools": a function tool as the Responses API writes it,
+ * {"type": "function", "name", "description"?, "parameters"?, "strict"?}.
+ * Other tool types (web_search, file_search, custom, mcp, ...) are refused:
+ * wkvm runs none of them.
+ */
+static wk_err
+resp_tool(const json_t *t, size_t i, ctl_resp_err *e)
+{
+    char param[96];
+    const json_t *type = json_object_get(t, "type");
+    snprintf(param, sizeof(param), "tools[%zu].type", i);
+    if (!json_is_object(t) || !json_is_string(type))
+        return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                         "each tool must be an object with a string 'type'");
+    if (strcmp(json_string_value(type), "function") != 0)
+        return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                         "tool type '%.64s' is not supported by wkvm (function tools only)",
+                         json_string_value(type));
+    const char *key;
+    json_t *x;
+    json_object_foreach((json_t *)t, key, x)
+    {
+        if (strcmp(key, "type") != 0 && strcmp(key, "name") != 0 &&
+            strcmp(key, "description") != 0 && strcmp(key, "parameters") != 0 &&
+            strcmp(key, "strict") != 0) {
+            snprintf(param, sizeof(param), "tools[%zu].%.40s", i, key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: 'tools[%zu].%.64s'.", i, key);
+        }
+    }
+    const json_t *name = json_object_get(t, "name");
+    size_t nl = json_is_string(name) ? json_string_length(name) : 0;
+    bool ok = nl > 0 && nl <= CTL_RESP_TOOL_NAME_MAX;
+    for (size_t k = 0; ok && k < nl; k++) {
+        char ch = json_string_value(name)[k];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '_' || ch == '-' || ch == '.';
+    }
+    if (!ok) {
+        snprintf(param, sizeof(param), "tools[%zu].name", i);
+        return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                         "a function tool needs a 'name' of 1..%u bytes of [a-zA-Z0-9_.-]",
+                         CTL_RESP_TOOL_NAME_MAX);
+    }
+    const json_t *p = json_object_get(t, "parameters");
+    const json_t *d = json_object_get(t, "description");
+    const json_t *st = json_object_get(t, "strict");
+    if ((!resp_absent(p) && !json_is_object(p)) || (!resp_absent(d) && !json_is_string(d)) ||
+        (!resp_absent(st) && !json_is_boolean(st))) {
+        snprintf(param, sizeof(param), "tools[%zu]", i);
+        return resp_fail(e, WK_EINVAL, param, "invalid_type",
+                         "'parameters' must be an object, 'description' a string, 'strict' a "
+                         "boolean");
+    }
+    return WK_OK;
+}
+
+/*
+ * reasoning: {"effort", "summary", "generate_summary"}, each null or one of
+ * the API's values. The effort reaches the template (ctl_responses decides
+ * whether it knows one); summaries are never generated (no summarizer).
+ */
+static wk_err
+resp_reasoning(const json_t *v, ctl_resp_req *r, ctl_resp_err *e)
+{
+    if (resp_absent(v))
+        return WK_OK;
+    if (!json_is_object(v))
+        return resp_fail(e, WK_EINVAL, "reasoning", "invalid_type",
+                         "'reasoning' must be an object");
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+    static const char *const summaries[] = {"auto", "concise", "detailed"};
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)v, k, x)
+    {
+        bool effort = strcmp(k, "effort") == 0;
+        if (!effort && strcmp(k, "summary") != 0 && strcmp(k, "generate_summary") != 0) {
+            char param[96];
+            snprintf(param, sizeof(param), "reasoning.%.40s", k);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: 'reasoning.%.64s'.", k);
+        }
+        if (resp_absent(x))
+            continue;
+        const char *const *allowed = effort ? efforts : summaries;
+        size_t n = effort ? sizeof(efforts) / sizeof(efforts[0])
+                          : sizeof(summaries) / sizeof(summaries[0]);
+        bool ok = false;
+        for (size_t i = 0; json_is_string(x) && i < n && !ok; i++)
+            ok = strcmp(json_string_value(x), allowed[i]) == 0;
+        if (!ok) {
+            char param[96];
+            snprintf(param, sizeof(param), "reasoning.%s", k);
+            return resp_fail(e, WK_EINVAL, param, "invalid_value", "'%s' must be one of %s", param,
+                             effort ? "none, minimal, low, medium, high, xhigh"
+                                    : "auto, concise, detailed");
+        }
+        if (effort)
+            r->reasoning_effort = json_string_value(x);
+    }
+    return WK_OK;
+}
+
 static wk_err
 resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
 {
+    wk_err err;
     /*
      * Tools, as the chat route treats them: wkvm's models never call one yet, so
      * offered tools are validated and the model answers with a message, which
@@ -316,32 +575,36 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
      */
     const json_t *v = json_object_get(body, "tools");
     if (!resp_absent(v)) {
-        bool ok = json_is_array(v);
+        if (!json_is_array(v) || json_array_size(v) > CTL_RESP_TOOLS_MAX)
+            return resp_fail(e, WK_EINVAL, "tools", "invalid_type",
+                             "'tools' must be an array of at most %u tools", CTL_RESP_TOOLS_MAX);
         size_t i;
         json_t *t;
-        json_array_foreach(v, i, t) ok =
-            ok && json_is_object(t) && json_is_string(json_object_get(t, "type"));
-        if (!ok)
-            return resp_fail(e, WK_EINVAL, "tools", "invalid_type",
-                             "'tools' must be an array of objects with a string 'type'");
-        r->tools = v;
+        json_array_foreach(v, i, t)
+        {
+            if ((err = resp_tool(t, i, e)) != WK_OK)
+                return err;
+        }
+        r->tools = json_array_size(v) > 0 ? v : NULL;
     }
     v = json_object_get(body, "tool_choice");
     if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "auto") == 0 ||
                                                    strcmp(json_string_value(v), "none") == 0)))
         return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
                          json_is_string(v) && strcmp(json_string_value(v), "required") == 0
-                             ? "wkvm's models never call tools yet: 'tool_choice' cannot "
-                               "require one (use \"auto\" or \"none\")"
+                             ? "wkvm cannot force a call yet (no constrained decoding): "
+                               "'tool_choice' cannot require one (use \"auto\" or \"none\")"
                          : json_is_object(v)
-                             ? "wkvm's models never call tools yet: 'tool_choice' cannot "
-                               "name one (use \"auto\" or \"none\")"
+                             ? "wkvm cannot force a call yet (no constrained decoding): "
+                               "'tool_choice' cannot name one (use \"auto\" or \"none\")"
                              : "'tool_choice' must be \"auto\", \"none\", \"required\" "
                                "or a tool");
+    r->tool_choice_none = json_is_string(v) && strcmp(json_string_value(v), "none") == 0;
     v = json_object_get(body, "parallel_tool_calls");
     if (!resp_absent(v) && !json_is_boolean(v))
         return resp_fail(e, WK_EINVAL, "parallel_tool_calls", "invalid_type",
                          "'parallel_tool_calls' must be a boolean");
+    r->parallel_tool_calls_off = json_is_false(v);
     v = json_object_get(body, "max_tool_calls");
     if (!resp_absent(v) && !(json_is_integer(v) && json_integer_value(v) >= 0))
         return resp_fail(e, WK_EINVAL, "max_tool_calls", "invalid_type",
@@ -351,25 +614,12 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
                                                    strcmp(json_string_value(v), "auto") == 0)))
         return resp_fail(e, WK_EINVAL, "truncation", "invalid_value",
                          "'truncation' must be \"auto\" or \"disabled\"");
-    v = json_object_get(body, "reasoning");
-    if (!resp_absent(v)) {
-        /* (an object of nulls, as clients echo a default, asks for nothing) */
-        bool neutral = json_is_object(v);
-        const char *k;
-        json_t *x;
-        json_object_foreach((json_t *)v, k, x) neutral = neutral && json_is_null(x);
-        if (!neutral)
-            return resp_fail(e, WK_EINVAL, "reasoning", "invalid_value",
-                             "'reasoning' is not supported yet by wkvm");
-    }
+    if ((err = resp_reasoning(json_object_get(body, "reasoning"), r, e)) != WK_OK)
+        return err;
     v = json_object_get(body, "include");
     if (!resp_absent(v) && !(json_is_array(v) && json_array_size(v) == 0))
         return resp_fail(e, WK_EINVAL, "include", "invalid_value",
                          "'include' is not supported by wkvm (no extra output data)");
-    v = json_object_get(body, "background");
-    if (!resp_absent(v) && !json_is_false(v))
-        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
-                         "background responses are not supported yet by wkvm");
     v = json_object_get(body, "service_tier");
     if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "auto") == 0 ||
                                                    strcmp(json_string_value(v), "default") == 0)))
@@ -517,8 +767,16 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
         return err;
     if ((err = resp_bool(body, "store", true, &r->store, e)) != WK_OK ||
         (err = resp_bool(body, "stream", false, &r->stream, e)) != WK_OK ||
-        (err = resp_bool(body, "return_token_ids", false, &r->return_token_ids, e)) != WK_OK)
+        (err = resp_bool(body, "return_token_ids", false, &r->return_token_ids, e)) != WK_OK ||
+        (err = resp_bool(body, "background", false, &r->background, e)) != WK_OK)
         return err;
+    if (r->background && !r->store)
+        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
+                         "a background response must be stored: 'background' needs store: true");
+    if (r->background && r->stream)
+        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
+                         "wkvm does not stream background responses: send stream: false and "
+                         "poll GET /v1/responses/{id}");
     if (!r->stream && !resp_absent(json_object_get(body, "stream_options")))
         return resp_fail(e, WK_EINVAL, "stream_options", "invalid_value",
                          "'stream_options' needs stream: true");
@@ -535,6 +793,29 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
             return resp_fail(e, WK_EINVAL, "max_output_tokens", "invalid_value",
                              "'max_output_tokens' must be an integer in [1, %u]", lim->max_tokens);
         r->max_output_tokens = (uint32_t)json_integer_value(v);
+    }
+    if ((err = resp_num(body, "frequency_penalty", -2.0, 2.0, &r->has_frequency_penalty,
+                        &r->frequency_penalty, e)) != WK_OK ||
+        (err = resp_num(body, "presence_penalty", -2.0, 2.0, &r->has_presence_penalty,
+                        &r->presence_penalty, e)) != WK_OK)
+        return err;
+    v = json_object_get(body, "logit_bias");
+    if (!resp_absent(v)) {
+        bool ok = json_is_object(v) && json_object_size(v) <= CTL_RESP_BIAS_MAX;
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x)
+        {
+            size_t kl = strlen(k);
+            ok = ok && kl > 0 && kl <= 9 && strspn(k, "0123456789") == kl && json_is_number(x) &&
+                 json_number_value(x) >= -100.0 && json_number_value(x) <= 100.0;
+        }
+        if (!ok)
+            return resp_fail(e, WK_EINVAL, "logit_bias", "invalid_value",
+                             "'logit_bias' must be an object of at most %u token ids (decimal "
+                             "strings) -> numbers in [-100, 100]",
+                             CTL_RESP_BIAS_MAX);
+        r->logit_bias = v;
     }
     v = json_object_get(body, "seed");
     if (!resp_absent(v)) {

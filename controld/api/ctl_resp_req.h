@@ -23,6 +23,10 @@ typedef struct json_t json_t; /* jansson's value, opaque here */
 #define CTL_RESP_METADATA_KEY_MAX 64u  /* metadata key bytes */
 #define CTL_RESP_METADATA_VAL_MAX 512u /* metadata value bytes */
 #define CTL_RESP_USER_MAX 256u         /* user / safety_identifier / prompt_cache_key bytes */
+#define CTL_RESP_BIAS_MAX 300u         /* logit_bias entries (the chat route's limit) */
+#define CTL_RESP_TOOLS_MAX 128u        /* function tools of one request (OpenAI's limit) */
+#define CTL_RESP_TOOL_NAME_MAX 64u     /* a function name's bytes */
+#define CTL_RESP_CALL_ID_MAX 128u      /* a call_id's bytes */
 
 /* Limits the parser enforces; a zero field takes the default in brackets. */
 typedef struct ctl_resp_limits {
@@ -31,11 +35,28 @@ typedef struct ctl_resp_limits {
     uint32_t max_tokens;     /* largest max_output_tokens [65536] */
 } ctl_resp_limits;
 
-/* One input message: role and its text (text parts concatenated). */
+/* What an input item is. */
+typedef enum ctl_resp_kind {
+    CTL_RESP_MESSAGE = 0,         /* role and text */
+    CTL_RESP_REASONING,           /* text: its reasoning_text parts */
+    CTL_RESP_FUNCTION_CALL,       /* call_id, name; text: the arguments (JSON text) */
+    CTL_RESP_FUNCTION_CALL_OUTPUT /* call_id; text: the output */
+} ctl_resp_kind;
+
+/*
+ * One input item: a message (role and its text, text parts concatenated), a
+ * reasoning item (role "assistant": the reasoning of the assistant message
+ * that follows it), a function call the model made (role "assistant") or
+ * its output (role "tool").
+ */
 typedef struct ctl_resp_msg {
-    const char *role; /* "system" (also for "developer"), "user" or "assistant"; static */
-    char *text;       /* NUL-terminated text, owned (ctl_resp_req_fini) */
-    size_t len;       /* bytes of text */
+    const char *role;    /* "system" (also for "developer"), "user", "assistant", "tool"; static */
+    char *text;          /* NUL-terminated text, owned (ctl_resp_req_fini) */
+    size_t len;          /* bytes of text */
+    bool reasoning;      /* a reasoning item, not a message (kind CTL_RESP_REASONING) */
+    ctl_resp_kind kind;  /* what the item is */
+    const char *call_id; /* function_call(_output): borrowed from the body */
+    const char *name;    /* function_call: the function's name, borrowed */
 } ctl_resp_msg;
 
 /* A parsed request. Strings marked borrowed point into the body JSON. */
@@ -56,10 +77,19 @@ typedef struct ctl_resp_req {
     bool has_seed;                    /* extension: seed given */
     int64_t seed;                     /* extension: sampling seed */
     bool return_token_ids;            /* extension: the state's token ids in the answer */
+    const json_t *logit_bias;         /* extension: borrowed object id -> bias; NULL: none */
+    bool has_frequency_penalty;       /* extension: frequency_penalty given */
+    double frequency_penalty;         /* -2..2 */
+    bool has_presence_penalty;        /* extension: presence_penalty given */
+    double presence_penalty;          /* -2..2 */
     const json_t *metadata;           /* borrowed object of string values; NULL: none */
-    const json_t *tools;              /* borrowed array of tool objects (echoed, never
-                                         called); NULL: none */
+    const json_t *tools;              /* borrowed array of function tools (type "function",
+                                         name, parameters); NULL: none */
+    bool tool_choice_none;            /* tool_choice "none": the reply is not parsed for calls */
+    bool parallel_tool_calls_off;     /* parallel_tool_calls false: at most one call */
     const char *user;                 /* borrowed; NULL: none */
+    const char *reasoning_effort;     /* borrowed reasoning.effort ("none" .. "xhigh"); NULL */
+    bool background;                  /* run after answering (needs store, no stream) */
 } ctl_resp_req;
 
 /* Why a body was refused. */

@@ -39,6 +39,7 @@
 #include "wk_log.h"
 #include "wk_sha256.h"
 #include "wk_time.h"
+#include "wk_toolcall.h"
 
 #define RESP_KEY_PREFIX "resp:"    /* record keys */
 #define RESP_EXP_PREFIX "respx:"   /* expiry index keys */
@@ -193,6 +194,9 @@ resp_expired(const ctl_app *app, const json_t *rec, int64_t now)
     return app->responses_ttl_s > 0 && now >= created + (json_int_t)app->responses_ttl_s;
 }
 
+static bool resp_bg_orphan(ctl_app *app, json_t *rec);
+static bool resp_running_status(const json_t *rec);
+
 /*
  * The record of owner's response id: *rec (caller decrefs) on WK_OK. An
  * expired record is removed (counted) and answers WK_ENOENT with *expired.
@@ -223,6 +227,7 @@ resp_load(ctl_app *app, const char *owner, const char *id, json_t **rec, bool *e
         *expired = true;
         return WK_ENOENT;
     }
+    (void)resp_bg_orphan(app, r);
     *rec = r;
     return WK_OK;
 }
@@ -369,10 +374,53 @@ resp_sweep(ctl_app *app)
 
 /* ------------------------------------------------------------ shapes ---- */
 
-/* An item of the API from a record message {id, role, text}. */
+/* A function_call item of the API from a record entry {id, call_id, name, arguments}. */
+static json_t *
+resp_call_item(const json_t *m, const char *status)
+{
+    return json_pack("{s:O, s:s, s:O, s:O, s:O, s:s}", "id", json_object_get(m, "id"), "type",
+                     "function_call", "call_id", json_object_get(m, "call_id"), "name",
+                     json_object_get(m, "name"), "arguments", json_object_get(m, "arguments"),
+                     "status", status);
+}
+
+/* True when an output record shows its message item: text, or no calls instead. */
+static bool
+resp_out_has_message(const json_t *out)
+{
+    return json_string_length(json_object_get(out, "text")) > 0 ||
+           json_array_size(json_object_get(out, "calls")) == 0;
+}
+
+/* A reasoning item of the API: its text as one reasoning_text part (no summary). */
+static json_t *
+resp_reasoning_item(const json_t *id, const json_t *text, const char *status, bool with_part)
+{
+    json_t *content = json_array();
+    if (with_part)
+        json_array_append_new(content,
+                              json_pack("{s:s, s:O}", "type", "reasoning_text", "text", text));
+    return json_pack("{s:O, s:s, s:[], s:o, s:s}", "id", id, "type", "reasoning", "summary",
+                     "content", content, "status", status);
+}
+
+/*
+ * An item of the API from a record entry: a message {id, role, text} or a
+ * reasoning item {id, type: "reasoning", text}.
+ */
 static json_t *
 resp_item_json(const json_t *m)
 {
+    const char *type = json_string_value(json_object_get(m, "type"));
+    if (type != NULL && strcmp(type, "reasoning") == 0)
+        return resp_reasoning_item(json_object_get(m, "id"), json_object_get(m, "text"),
+                                   "completed", true);
+    if (type != NULL && strcmp(type, "function_call") == 0)
+        return resp_call_item(m, "completed");
+    if (type != NULL && strcmp(type, "function_call_output") == 0)
+        return json_pack("{s:O, s:s, s:O, s:O, s:s}", "id", json_object_get(m, "id"), "type",
+                         "function_call_output", "call_id", json_object_get(m, "call_id"), "output",
+                         json_object_get(m, "output"), "status", "completed");
     const char *role = json_string_value(json_object_get(m, "role"));
     bool out = role != NULL && strcmp(role, "assistant") == 0;
     const json_t *t = json_object_get(m, "text");
@@ -426,21 +474,36 @@ resp_object(const json_t *rec)
     json_object_set_new(o, "model", resp_or_null(rec, "model"));
     json_t *output = json_array();
     json_t *out = json_object_get(rec, "output");
-    if (json_is_object(out))
+    const char *ist =
+        strcmp(status != NULL ? status : "", "completed") == 0 ? "completed" : "incomplete";
+    /* (a reasoning item the reply left is complete even when the message was cut) */
+    if (json_is_object(out) && json_is_string(json_object_get(out, "reasoning")))
         json_array_append_new(
-            output, resp_output_item(
-                        json_string_value(json_object_get(out, "id")), json_object_get(out, "text"),
-                        strcmp(status != NULL ? status : "", "incomplete") == 0 ? "incomplete"
-                                                                                : "completed",
-                        true));
+            output,
+            resp_reasoning_item(
+                json_object_get(out, "reasoning_id"), json_object_get(out, "reasoning"),
+                json_is_true(json_object_get(out, "reasoning_closed")) ? "completed" : ist, true));
+    if (json_is_object(out) && resp_out_has_message(out))
+        json_array_append_new(output,
+                              resp_output_item(json_string_value(json_object_get(out, "id")),
+                                               json_object_get(out, "text"), ist, true));
+    size_t ci;
+    json_t *call;
+    json_array_foreach(json_object_get(out, "calls"), ci, call)
+        json_array_append_new(output, resp_call_item(call, "completed"));
     json_object_set_new(o, "output", output);
-    json_object_set_new(o, "parallel_tool_calls", json_true());
+    json_object_set_new(o, "parallel_tool_calls",
+                        json_boolean(!json_is_true(json_object_get(rec, "serial_tool_calls"))));
     json_object_set_new(o, "previous_response_id", resp_or_null(rec, "previous_response_id"));
-    json_object_set_new(o, "reasoning", json_pack("{s:n, s:n}", "effort", "summary"));
+    json_object_set_new(
+        o, "reasoning",
+        json_pack("{s:o, s:n}", "effort", resp_or_null(rec, "reasoning_effort"), "summary"));
     json_object_set_new(o, "store", json_boolean(json_is_true(json_object_get(rec, "store"))));
     json_object_set_new(o, "temperature", resp_or_null(rec, "temperature"));
     json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
-    json_object_set_new(o, "tool_choice", json_string("auto"));
+    json_object_set_new(
+        o, "tool_choice",
+        json_string(json_is_true(json_object_get(rec, "tool_choice_none")) ? "none" : "auto"));
     json_t *tools = json_object_get(rec, "tools");
     json_object_set_new(o, "tools", json_is_array(tools) ? json_deep_copy(tools) : json_array());
     json_object_set_new(o, "top_p", resp_or_null(rec, "top_p"));
@@ -454,17 +517,194 @@ resp_object(const json_t *rec)
                                       "input_tokens_details", "cached_tokens",
                                       json_integer_value(json_object_get(u, "cached_tokens")),
                                       "output_tokens", outn, "output_tokens_details",
-                                      "reasoning_tokens", (json_int_t)0, "total_tokens",
-                                      in + outn));
+                                      "reasoning_tokens",
+                                      json_integer_value(json_object_get(out, "reasoning_tokens")),
+                                      "total_tokens", in + outn));
     } else {
         json_object_set_new(o, "usage", json_null());
     }
     json_object_set_new(o, "user", resp_or_null(rec, "user"));
     json_t *md = json_object_get(rec, "metadata");
     json_object_set_new(o, "metadata", json_is_object(md) ? json_deep_copy(md) : json_object());
-    json_object_set_new(o, "background", json_false());
+    json_object_set_new(o, "background",
+                        json_boolean(json_is_true(json_object_get(rec, "background"))));
     json_object_set_new(o, "service_tier", json_string("default"));
     return o;
+}
+
+/* ------------------------------------------------------------ reasoning ---- */
+
+/*
+ * The reasoning split of a response's reply, on a template with think
+ * markers: the reply is reasoning while it is inside the markers (from its
+ * start when the prompt left it there, or from an open marker at its very
+ * start), the markers dropped; everything after the close marker is the
+ * message's text, later markers included. So a reply has at most one
+ * reasoning item and it comes first, the same for any cut of the text into
+ * pieces: bytes that may begin the awaited marker are held.
+ */
+typedef enum { RESP_SPLIT_START, RESP_SPLIT_THINK, RESP_SPLIT_TEXT } resp_split_mode;
+
+typedef struct resp_split {
+    resp_split_mode mode; /* where the reply is */
+    bool thought;         /* it was inside the markers at some point: a reasoning item */
+    char held[32];        /* bytes that may begin the awaited marker */
+    size_t n_held;        /* bytes in held */
+} resp_split;
+
+/* Receives the split's pieces, in order (reasoning: inside the markers). */
+typedef void (*resp_split_emit)(void *arg, bool reasoning, const char *s, size_t n);
+
+static void
+resp_split_init(resp_split *sp, bool think, bool open_at_start)
+{
+    memset(sp, 0, sizeof(*sp));
+    sp->mode = !think ? RESP_SPLIT_TEXT : open_at_start ? RESP_SPLIT_THINK : RESP_SPLIT_START;
+    sp->thought = sp->mode == RESP_SPLIT_THINK;
+}
+
+/* Feeds n bytes of reply (final: no more follow, held bytes are settled). */
+static void
+resp_split_feed(resp_split *sp, const char *s, size_t n, bool final, resp_split_emit emit,
+                void *arg)
+{
+    const char *open = WK_CHAT_TPL_THINK_OPEN, *close = WK_CHAT_TPL_THINK_CLOSE;
+    size_t ol = strlen(open), cl = strlen(close);
+    char *buf = NULL;
+    const char *p = s;
+    size_t len = n;
+    if (sp->n_held > 0) {
+        buf = malloc(sp->n_held + n + 1);
+        if (buf == NULL) { /* (no memory: settle the held bytes as they are) */
+            emit(arg, sp->mode == RESP_SPLIT_THINK, sp->held, sp->n_held);
+        } else {
+            memcpy(buf, sp->held, sp->n_held);
+            if (n > 0)
+                memcpy(buf + sp->n_held, s, n);
+            p = buf;
+            len = sp->n_held + n;
+        }
+        sp->n_held = 0;
+    }
+    while (len > 0) {
+        if (sp->mode == RESP_SPLIT_START) {
+            size_t k = len < ol ? len : ol;
+            if (memcmp(p, open, k) != 0) {
+                sp->mode = RESP_SPLIT_TEXT;
+            } else if (k == ol) {
+                sp->mode = RESP_SPLIT_THINK;
+                sp->thought = true;
+                p += ol;
+                len -= ol;
+            } else if (!final) { /* a prefix of the marker: wait for more */
+                memcpy(sp->held, p, len);
+                sp->n_held = len;
+                len = 0;
+            } else {
+                sp->mode = RESP_SPLIT_TEXT;
+            }
+            continue;
+        }
+        if (sp->mode == RESP_SPLIT_TEXT) {
+            emit(arg, false, p, len);
+            break;
+        }
+        const char *hit = memmem(p, len, close, cl);
+        if (hit != NULL) {
+            if (hit > p)
+                emit(arg, true, p, (size_t)(hit - p));
+            sp->mode = RESP_SPLIT_TEXT;
+            len -= (size_t)(hit - p) + cl;
+            p = hit + cl;
+            continue;
+        }
+        size_t keep = 0;
+        for (size_t k = cl - 1; !final && k > 0 && keep == 0; k--)
+            if (k <= len && memcmp(p + len - k, close, k) == 0)
+                keep = k;
+        if (len > keep)
+            emit(arg, true, p, len - keep);
+        memcpy(sp->held, p + len - keep, keep);
+        sp->n_held = keep;
+        break;
+    }
+    free(buf);
+}
+
+/* A growing byte string. */
+typedef struct resp_buf {
+    char *p;    /* bytes, NUL-terminated when non-NULL */
+    size_t n;   /* bytes used */
+    size_t cap; /* bytes allocated */
+    bool oom;   /* an append failed */
+} resp_buf;
+
+static void
+resp_buf_put(resp_buf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (q == NULL) {
+            b->oom = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    if (n > 0)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+
+/* A whole reply split into two buffers. */
+typedef struct resp_split_out {
+    resp_buf reason;  /* inside the markers */
+    resp_buf content; /* the message's text */
+} resp_split_out;
+
+static void
+resp_split_collect(void *arg, bool reasoning, const char *s, size_t n)
+{
+    resp_split_out *o = arg;
+    resp_buf_put(reasoning ? &o->reason : &o->content, s, n);
+}
+
+/* Counts nothing: resp_reasoning_tokens() only watches the mode. */
+static void
+resp_split_ignore(void *arg, bool reasoning, const char *s, size_t n)
+{
+    (void)arg;
+    (void)reasoning;
+    (void)s;
+    (void)n;
+}
+
+/*
+ * The reasoning tokens of a reply: the sampled tokens up to the one that
+ * completes the close marker (all of them when the reply never closes), fed
+ * piece by piece through a splitter started as the reply's was.
+ */
+static size_t
+resp_reasoning_tokens(const wk_tok *tok, const ctl_gen_token *toks, size_t n, bool think,
+                      bool open_at_start)
+{
+    resp_split sp;
+    resp_split_init(&sp, think, open_at_start);
+    for (size_t i = 0; i < n; i++) {
+        if (sp.mode == RESP_SPLIT_TEXT)
+            return sp.thought ? i : 0;
+        size_t pl = 0;
+        const uint8_t *piece = wk_tok_piece(tok, toks[i].id, &pl);
+        if (piece != NULL)
+            resp_split_feed(&sp, (const char *)piece, pl, false, resp_split_ignore, NULL);
+    }
+    return sp.thought ? n : 0;
 }
 
 /* ------------------------------------------------------------ create ---- */
@@ -480,12 +720,25 @@ typedef struct resp_call {
     size_t n_prev;                /* tokens of the previous state the prompt starts with */
     bool aligned;                 /* the prompt starts with the previous state's exact tokens */
     char msg_id[CTL_RESP_ID_MAX]; /* the output message's id */
+    char rs_id[CTL_RESP_ID_MAX];  /* the reasoning item's id (when the reply reasons) */
     uint64_t seq;                 /* next SSE sequence_number */
     bool broken;                  /* the client went away (stream) */
+    /* Stream: the items as they open (the reasoning item first, then the message). */
+    resp_split split;       /* the reasoning split of the text streamed so far */
+    resp_buf reason;        /* reasoning streamed so far */
+    bool rs_open, rs_done;  /* the reasoning item was added / done */
+    bool msg_open;          /* the message item was added */
+    wk_toolcall_parser *tc; /* the tool-call parse of the content streamed so far, or NULL */
+    /* Background (resp_bg_*): */
+    json_t *body;                       /* the request body q borrows from (owned) */
+    json_t *history, *input;            /* the record's lists (owned) */
+    struct resp_bg *bg;                 /* its registry entry, NULL when not background */
+    char user[CTL_STORE_OWNER_MAX + 1]; /* the API user holding the concurrency unit */
 } resp_call;
 
 static void resp_send_error(ctl_http_req *req, int status, wk_err err, const char *param,
                             const char *code, const char *fmt, ...) WK_PRINTF(6, 7);
+static void resp_stream_text(resp_call *c, const char *s, size_t n, bool final);
 
 static void
 resp_send_error(ctl_http_req *req, int status, wk_err err, const char *param, const char *code,
@@ -556,6 +809,281 @@ resp_same_text(const json_t *a, const char *b, size_t bl)
     return b != NULL && json_string_length(a) == bl && memcmp(json_string_value(a), b, bl) == 0;
 }
 
+/* True when a record entry is a reasoning item, not a message. */
+static bool
+resp_is_reasoning(const json_t *m)
+{
+    const char *t = json_string_value(json_object_get(m, "type"));
+    return t != NULL && strcmp(t, "reasoning") == 0;
+}
+
+/*
+ * The history a follow-up of c->prev sees (the API's: the previous history,
+ * its input, its output: the reasoning item, then the message) into
+ * history, and the request's items into input.
+ */
+static void
+resp_history(resp_call *c, json_t *history, json_t *input)
+{
+    if (c->prev != NULL) {
+        json_t *h = json_object_get(c->prev, "history"), *in = json_object_get(c->prev, "input");
+        json_t *out = json_object_get(c->prev, "output");
+        size_t i;
+        json_t *m;
+        json_array_foreach(h, i, m) json_array_append(history, m);
+        json_array_foreach(in, i, m) json_array_append(history, m);
+        if (json_is_object(out) && json_is_string(json_object_get(out, "reasoning")))
+            json_array_append_new(
+                history, json_pack("{s:O, s:s, s:O}", "id", json_object_get(out, "reasoning_id"),
+                                   "type", "reasoning", "text", json_object_get(out, "reasoning")));
+        if (json_is_object(out) && resp_out_has_message(out))
+            json_array_append_new(
+                history, json_pack("{s:O, s:s, s:O}", "id", json_object_get(out, "id"), "role",
+                                   "assistant", "text", json_object_get(out, "text")));
+        json_t *call;
+        json_array_foreach(json_object_get(out, "calls"), i, call) json_array_append_new(
+            history, json_pack("{s:O, s:s, s:O, s:O, s:O}", "id", json_object_get(call, "id"),
+                               "type", "function_call", "call_id", json_object_get(call, "call_id"),
+                               "name", json_object_get(call, "name"), "arguments",
+                               json_object_get(call, "arguments")));
+    }
+    for (size_t i = 0; i < c->q.n_items; i++) {
+        const ctl_resp_msg *it = &c->q.items[i];
+        char id[CTL_RESP_ID_MAX];
+        switch (it->kind) {
+        case CTL_RESP_REASONING:
+            resp_new_id("rs_", 24, id, sizeof(id));
+            json_array_append_new(input, json_pack("{s:s, s:s, s:s%}", "id", id, "type",
+                                                   "reasoning", "text", it->text, it->len));
+            break;
+        case CTL_RESP_FUNCTION_CALL:
+            resp_new_id("fc_", 24, id, sizeof(id));
+            json_array_append_new(input, json_pack("{s:s, s:s, s:s, s:s, s:s%}", "id", id, "type",
+                                                   "function_call", "call_id", it->call_id, "name",
+                                                   it->name, "arguments", it->text, it->len));
+            break;
+        case CTL_RESP_FUNCTION_CALL_OUTPUT:
+            resp_new_id("fco_", 24, id, sizeof(id));
+            json_array_append_new(input, json_pack("{s:s, s:s, s:s, s:s%}", "id", id, "type",
+                                                   "function_call_output", "call_id", it->call_id,
+                                                   "output", it->text, it->len));
+            break;
+        default:
+            resp_msg_append(input, it->role, it->text, it->len);
+        }
+    }
+}
+
+/* True when the request may take the previous state's tokens as they are. */
+static bool
+resp_exact_candidate(resp_call *c)
+{
+    ctl_worker_view v;
+    return c->prev != NULL && ctl_pool_model_view(c->app->pool, &v) == WK_OK &&
+           json_is_string(json_object_get(c->prev, "fp")) &&
+           strcmp(json_string_value(json_object_get(c->prev, "fp")), v.fingerprint) == 0 &&
+           resp_same_text(json_object_get(c->prev, "instructions"), c->q.instructions,
+                          c->q.instructions_len);
+}
+
+/*
+ * Tokenizes c->r.prompt_text into c->r.prompt: prev_ids (n_prev, owned and
+ * freed here; NULL: none) followed by the text from byte off encoded as their
+ * continuation, else the whole text. Sends the error and returns false.
+ */
+static bool
+resp_encode(resp_call *c, int32_t *prev_ids, size_t n_prev, size_t off, int32_t **rest,
+            size_t *n_rest)
+{
+    ctl_openai_req *r = &c->r;
+    wk_diag d = {{0}};
+    wk_err err = prev_ids != NULL
+                     ? wk_tok_encode_continue(c->app->tok, r->prompt_text, r->prompt_len, off, rest,
+                                              n_rest, &d)
+                     : wk_tok_encode(c->app->tok, r->prompt_text, r->prompt_len, rest, n_rest, &d);
+    if (err == WK_OK && (r->prompt = malloc((n_prev + *n_rest + 1) * sizeof(int32_t))) == NULL)
+        err = WK_ENOMEM;
+    if (err != WK_OK) {
+        free(prev_ids);
+        free(*rest);
+        *rest = NULL;
+        resp_send_error(c->req, 400, err, "input", NULL, "%s", d.msg[0] ? d.msg : "out of memory");
+        return false;
+    }
+    if (n_prev)
+        memcpy(r->prompt, prev_ids, n_prev * sizeof(int32_t));
+    if (*n_rest)
+        memcpy(r->prompt + n_prev, *rest, *n_rest * sizeof(int32_t));
+    r->n_prompt = n_prev + *n_rest;
+    r->aligned_tokens = n_prev;
+    c->aligned = prev_ids != NULL;
+    c->n_prev = n_prev;
+    free(prev_ids);
+    return true;
+}
+
+/* The prompt's token count against --max-prompt-tokens; sends the error. */
+static bool
+resp_prompt_fits(resp_call *c)
+{
+    if (c->r.n_prompt == 0 || c->r.n_prompt > c->app->max_prompt_tokens) {
+        resp_send_error(c->req, 400, WK_ETOOBIG, "input", "context_length_exceeded",
+                        "the conversation has %zu tokens, more than the limit of %u", c->r.n_prompt,
+                        c->app->max_prompt_tokens);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * The conversation rendered with the model's own template (app->chat_tpl):
+ * instructions as a system message, each message as {role, content}, a
+ * reasoning item as the reasoning_content of the assistant message after it
+ * (the template decides whether to render it), reasoning.effort as the
+ * variable reasoning_effort where the template reads it (and "none" as
+ * enable_thinking false where it reads that). The exact path: when the
+ * rendered text starts with the bytes of the previous state's tokens (the
+ * template rendered the previous turn as the model produced it), the prompt
+ * is those tokens and the rest encoded as their continuation; else the
+ * whole text, and the prefix index finds the longest checkpoint.
+ */
+static bool
+resp_build_templated(resp_call *c, json_t *history, json_t *input)
+{
+    ctl_app *app = c->app;
+    ctl_resp_req *q = &c->q;
+    ctl_openai_req *r = &c->r;
+    json_t *msgs = json_array(), *kw = json_object();
+    if (q->instructions != NULL)
+        json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "system", "content",
+                                              q->instructions, q->instructions_len));
+    const json_t *pending = NULL; /* a reasoning item's text awaiting its message */
+    json_t *lists[2] = {history, input};
+    for (size_t l = 0; l < 2; l++) {
+        size_t i;
+        json_t *m;
+        json_array_foreach(lists[l], i, m)
+        {
+            if (resp_is_reasoning(m)) {
+                pending = json_object_get(m, "text");
+                continue;
+            }
+            const char *type = json_string_value(json_object_get(m, "type"));
+            if (type != NULL && strcmp(type, "function_call_output") == 0) {
+                json_array_append_new(msgs, json_pack("{s:s, s:O, s:O}", "role", "tool",
+                                                      "tool_call_id", json_object_get(m, "call_id"),
+                                                      "content", json_object_get(m, "output")));
+                pending = NULL;
+                continue;
+            }
+            if (type != NULL && strcmp(type, "function_call") == 0) {
+                /* a call joins the assistant message just before it, or makes one */
+                json_t *last = json_array_get(msgs, json_array_size(msgs) - 1);
+                const char *lr = json_string_value(json_object_get(last, "role"));
+                if (last == NULL || lr == NULL || strcmp(lr, "assistant") != 0) {
+                    last = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+                    if (last != NULL && pending != NULL && json_string_length(pending) > 0)
+                        json_object_set(last, "reasoning_content", (json_t *)pending);
+                    pending = NULL;
+                    json_array_append_new(msgs, last);
+                }
+                json_t *tcs = json_object_get(last, "tool_calls");
+                if (tcs == NULL && last != NULL) {
+                    tcs = json_array();
+                    json_object_set_new(last, "tool_calls", tcs);
+                }
+                json_array_append_new(tcs,
+                                      json_pack("{s:O, s:s, s:{s:O, s:O}}", "id",
+                                                json_object_get(m, "call_id"), "type", "function",
+                                                "function", "name", json_object_get(m, "name"),
+                                                "arguments", json_object_get(m, "arguments")));
+                continue;
+            }
+            const char *role = json_string_value(json_object_get(m, "role"));
+            json_t *t = json_object_get(m, "text");
+            json_t *o = json_pack("{s:s, s:o}", "role", role != NULL ? role : "user", "content",
+                                  json_is_string(t) ? json_incref(t) : json_string(""));
+            if (o != NULL && role != NULL && strcmp(role, "assistant") == 0 && pending != NULL &&
+                json_string_length(pending) > 0)
+                json_object_set(o, "reasoning_content", (json_t *)pending);
+            pending = NULL;
+            json_array_append_new(msgs, o);
+        }
+    }
+    uint32_t max_msgs = app->max_messages ? app->max_messages : 4096;
+    if (json_array_size(msgs) > max_msgs) {
+        resp_send_error(c->req, 400, WK_ETOOBIG, "input", "context_length_exceeded",
+                        "the conversation has %zu messages, more than the limit of %u",
+                        json_array_size(msgs), max_msgs);
+        json_decref(msgs);
+        json_decref(kw);
+        return false;
+    }
+    if (q->reasoning_effort != NULL) {
+        if (wk_chat_tpl_knows(app->chat_tpl, "reasoning_effort"))
+            json_object_set_new(kw, "reasoning_effort", json_string(q->reasoning_effort));
+        if (strcmp(q->reasoning_effort, "none") == 0 &&
+            wk_chat_tpl_knows(app->chat_tpl, "enable_thinking"))
+            json_object_set_new(kw, "enable_thinking", json_false());
+    }
+    /* Function tools in the chat form the template reads; the reply is parsed for calls. */
+    if (q->tools != NULL) {
+        json_t *tools = json_array();
+        size_t i;
+        json_t *t;
+        json_array_foreach(q->tools, i, t)
+        {
+            json_t *fn = json_pack("{s:O}", "name", json_object_get(t, "name"));
+            if (json_is_string(json_object_get(t, "description")))
+                json_object_set(fn, "description", json_object_get(t, "description"));
+            if (json_is_object(json_object_get(t, "parameters")))
+                json_object_set(fn, "parameters", json_object_get(t, "parameters"));
+            json_array_append_new(tools,
+                                  json_pack("{s:s, s:o}", "type", "function", "function", fn));
+        }
+        r->tools = tools;
+        r->tool_fmt =
+            q->tool_choice_none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
+        r->tool_serial = q->parallel_tool_calls_off;
+    }
+    /* (the chat route's preparation: arguments as objects for templates that iterate them) */
+    wk_diag d = {{0}};
+    size_t bad_msg = 0, bad_call = 0;
+    wk_err err = msgs == NULL || kw == NULL
+                     ? WK_ENOMEM
+                     : wk_chat_tpl_prepare(app->chat_tpl, msgs, &bad_msg, &bad_call, &d);
+    if (err == WK_OK)
+        err = wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true, kw, NULL,
+                                      &r->prompt_text, &r->prompt_len, &d);
+    json_decref(msgs);
+    json_decref(kw);
+    if (err != WK_OK) {
+        resp_send_error(c->req, err == WK_ENOMEM ? 500 : 400, err, "input", NULL,
+                        "chat template: %s", err == WK_ENOMEM ? "out of memory" : d.msg);
+        return false;
+    }
+    r->templated = true;
+    if (wk_chat_tpl_thinks(app->chat_tpl)) {
+        r->think = true;
+        r->think_open = wk_chat_think_open_at_end(r->prompt_text, r->prompt_len,
+                                                  WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE);
+    }
+    int32_t *prev_ids = NULL, *rest = NULL;
+    size_t n_prev = 0, n_rest = 0, off = 0;
+    if (resp_exact_candidate(c) && resp_prev_tokens(c, &prev_ids, &n_prev) &&
+        !wk_tok_text_prefix(app->tok, prev_ids, n_prev, -1, r->prompt_text, r->prompt_len, &off)) {
+        free(prev_ids);
+        prev_ids = NULL;
+        n_prev = 0;
+        off = 0;
+    }
+    if (!resp_encode(c, prev_ids, n_prev, off, &rest, &n_rest))
+        return false;
+    free(rest);
+    ctl_openai_templated_bounds(app, r);
+    return resp_prompt_fits(c);
+}
+
 /*
  * Renders the conversation (instructions, the previous history, the new
  * items) and tokenizes it into c->r: the previous state's exact tokens plus
@@ -570,22 +1098,31 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     ctl_app *app = c->app;
     ctl_resp_req *q = &c->q;
     ctl_openai_req *r = &c->r;
-    if (c->prev != NULL) {
-        json_t *h = json_object_get(c->prev, "history"), *in = json_object_get(c->prev, "input");
-        json_t *out = json_object_get(c->prev, "output");
+    resp_history(c, history, input);
+    if (app->chat_tpl != NULL)
+        return resp_build_templated(c, history, input);
+    /* The World template: reasoning items have no place in it, function calls none either. */
+    size_t n_sys = q->instructions != NULL ? 1 : 0, n = n_sys;
+    json_t *lists[2] = {history, input};
+    for (size_t l = 0; l < 2; l++) {
         size_t i;
         json_t *m;
-        json_array_foreach(h, i, m) json_array_append(history, m);
-        json_array_foreach(in, i, m) json_array_append(history, m);
-        if (json_is_object(out))
-            json_array_append_new(
-                history, json_pack("{s:O, s:s, s:O}", "id", json_object_get(out, "id"), "role",
-                                   "assistant", "text", json_object_get(out, "text")));
+        json_array_foreach(lists[l], i, m)
+        {
+            const char *type = json_string_value(json_object_get(m, "type"));
+            if (type != NULL && strncmp(type, "function_call", 13) == 0) {
+                char param[48];
+                snprintf(param, sizeof(param), "input[%zu].type", l == 1 ? i : 0);
+                resp_send_error(c->req, 400, WK_EINVAL, l == 1 ? param : "previous_response_id",
+                                "invalid_value",
+                                "'%s' items need a model whose chat template calls tools (this "
+                                "one uses the plain User:/Assistant: template)",
+                                type);
+                return false;
+            }
+            n += resp_is_reasoning(m) ? 0 : 1;
+        }
     }
-    for (size_t i = 0; i < q->n_items; i++)
-        resp_msg_append(input, q->items[i].role, q->items[i].text, q->items[i].len);
-    size_t n_sys = q->instructions != NULL ? 1 : 0;
-    size_t n = n_sys + json_array_size(history) + json_array_size(input);
     uint32_t max_msgs = app->max_messages ? app->max_messages : 4096;
     if (n > max_msgs) {
         resp_send_error(c->req, 400, WK_ETOOBIG, "input", "context_length_exceeded",
@@ -593,26 +1130,27 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
                         max_msgs);
         return false;
     }
-    wk_chat_msg *cm = calloc(n, sizeof(*cm));
-    wk_chat_span *sp = calloc(n, sizeof(*sp));
+    wk_chat_msg *cm = calloc(n ? n : 1, sizeof(*cm));
+    wk_chat_span *sp = calloc(n ? n : 1, sizeof(*sp));
     if (cm == NULL || sp == NULL) {
         free(cm);
         free(sp);
         resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
         return false;
     }
-    size_t k = 0;
+    size_t k = 0, n_hist = 0;
     if (n_sys) {
         cm[k].role = "system";
         cm[k].content = q->instructions;
         cm[k++].content_len = q->instructions_len;
     }
-    json_t *lists[2] = {history, input};
     for (size_t l = 0; l < 2; l++) {
         size_t i;
         json_t *m;
         json_array_foreach(lists[l], i, m)
         {
+            if (resp_is_reasoning(m))
+                continue;
             const char *role = json_string_value(json_object_get(m, "role"));
             json_t *t = json_object_get(m, "text");
             if (role == NULL)
@@ -623,6 +1161,8 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
             cm[k].content = json_is_string(t) ? json_string_value(t) : "";
             cm[k++].content_len = json_is_string(t) ? json_string_length(t) : 0;
         }
+        if (l == 0)
+            n_hist = k - n_sys;
     }
     /* (content_len 0 means NUL-terminated: an empty text is "" either way) */
     r->msgs = cm;
@@ -635,19 +1175,13 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     }
     int32_t *prev_ids = NULL, *rest = NULL;
     size_t n_prev = 0, n_rest = 0, off = 0;
-    ctl_worker_view v;
     /*
      * The exact path: the same model, the same instructions (so the history
      * renders as the previous request saw it), and the previous state's
-     * tokens. The previous reply is message k - 1 before the new items.
+     * tokens. The previous reply is the last message of the history.
      */
-    if (c->prev != NULL && ctl_pool_model_view(app->pool, &v) == WK_OK &&
-        json_is_string(json_object_get(c->prev, "fp")) &&
-        strcmp(json_string_value(json_object_get(c->prev, "fp")), v.fingerprint) == 0 &&
-        resp_same_text(json_object_get(c->prev, "instructions"), q->instructions,
-                       q->instructions_len) &&
-        json_array_size(history) > 0 && resp_prev_tokens(c, &prev_ids, &n_prev)) {
-        size_t kr = n_sys + json_array_size(history) - 1;
+    if (resp_exact_candidate(c) && n_hist > 0 && resp_prev_tokens(c, &prev_ids, &n_prev)) {
+        size_t kr = n_sys + n_hist - 1;
         off = ctl_session_align_at(app->tok, prev_ids, n_prev, &sp[kr]);
         if (off > r->prompt_len) {
             free(prev_ids);
@@ -656,43 +1190,23 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
             off = 0;
         }
     }
-    wk_err err = prev_ids != NULL
-                     ? wk_tok_encode_continue(app->tok, r->prompt_text, r->prompt_len, off, &rest,
-                                              &n_rest, &d)
-                     : wk_tok_encode(app->tok, r->prompt_text, r->prompt_len, &rest, &n_rest, &d);
-    if (err == WK_OK && (r->prompt = malloc((n_prev + n_rest + 1) * sizeof(int32_t))) == NULL)
-        err = WK_ENOMEM;
-    if (err == WK_OK && (r->msg_ends = malloc(n * sizeof(size_t))) == NULL)
-        err = WK_ENOMEM;
-    if (err != WK_OK) {
+    if ((r->msg_ends = malloc(n * sizeof(size_t))) == NULL) {
         free(prev_ids);
-        free(rest);
         free(sp);
-        resp_send_error(c->req, 400, err, "input", NULL, "%s", d.msg[0] ? d.msg : "out of memory");
+        resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
         return false;
     }
-    if (n_prev)
-        memcpy(r->prompt, prev_ids, n_prev * sizeof(int32_t));
-    if (n_rest)
-        memcpy(r->prompt + n_prev, rest, n_rest * sizeof(int32_t));
-    r->n_prompt = n_prev + n_rest;
-    r->aligned_tokens = n_prev;
-    c->aligned = prev_ids != NULL;
-    c->n_prev = n_prev;
+    if (!resp_encode(c, prev_ids, n_prev, off, &rest, &n_rest)) {
+        free(sp);
+        return false;
+    }
     for (size_t i = 0; i < n; i++)
         r->msg_ends[i] = sp[i].end;
     r->n_bounds = 0;
-    ctl_openai_chat_bounds(app->tok, r, off, rest, n_rest, n_prev);
-    free(prev_ids);
+    ctl_openai_chat_bounds(app->tok, r, off, rest, n_rest, c->n_prev);
     free(rest);
     free(sp);
-    if (r->n_prompt == 0 || r->n_prompt > app->max_prompt_tokens) {
-        resp_send_error(c->req, 400, WK_ETOOBIG, "input", "context_length_exceeded",
-                        "the conversation has %zu tokens, more than the limit of %u", r->n_prompt,
-                        app->max_prompt_tokens);
-        return false;
-    }
-    return true;
+    return resp_prompt_fits(c);
 }
 
 /* Sends one typed event with the next sequence_number; consumes ev. */
@@ -712,6 +1226,127 @@ resp_event(resp_call *c, const char *type, json_t *ev)
     free(s);
 }
 
+/* The message item's output_index: after the reasoning item when there is one. */
+static int
+resp_msg_index(const resp_call *c)
+{
+    return c->rs_open ? 1 : 0;
+}
+
+/* Stream: adds the reasoning item (output_index 0) and its one text part. */
+static void
+resp_stream_rs_open(resp_call *c)
+{
+    if (c->rs_open)
+        return;
+    c->rs_open = true;
+    json_t *id = json_string(c->rs_id), *empty = json_string("");
+    resp_event(c, "response.output_item.added",
+               json_pack("{s:i, s:o}", "output_index", 0, "item",
+                         resp_reasoning_item(id, empty, "in_progress", false)));
+    resp_event(c, "response.content_part.added",
+               json_pack("{s:s, s:i, s:i, s:{s:s, s:s}}", "item_id", c->rs_id, "output_index", 0,
+                         "content_index", 0, "part", "type", "reasoning_text", "text", ""));
+    json_decref(id);
+    json_decref(empty);
+}
+
+/* Stream: the reasoning item's done events (its whole text), the item's status. */
+static void
+resp_stream_rs_close(resp_call *c, const char *status)
+{
+    if (!c->rs_open || c->rs_done)
+        return;
+    c->rs_done = true;
+    json_t *id = json_string(c->rs_id);
+    json_t *text = c->reason.p != NULL ? json_stringn(c->reason.p, c->reason.n) : json_string("");
+    resp_event(c, "response.reasoning_text.done",
+               json_pack("{s:s, s:i, s:i, s:O}", "item_id", c->rs_id, "output_index", 0,
+                         "content_index", 0, "text", text));
+    resp_event(c, "response.content_part.done",
+               json_pack("{s:s, s:i, s:i, s:{s:s, s:O}}", "item_id", c->rs_id, "output_index", 0,
+                         "content_index", 0, "part", "type", "reasoning_text", "text", text));
+    resp_event(c, "response.output_item.done",
+               json_pack("{s:i, s:o}", "output_index", 0, "item",
+                         resp_reasoning_item(id, text, status, true)));
+    json_decref(id);
+    json_decref(text);
+}
+
+/* Stream: adds the message item (after closing the reasoning item) and its text part. */
+static void
+resp_stream_msg_open(resp_call *c)
+{
+    if (c->msg_open)
+        return;
+    resp_stream_rs_close(c, "completed");
+    c->msg_open = true;
+    json_t *empty = json_string("");
+    resp_event(c, "response.output_item.added",
+               json_pack("{s:i, s:o}", "output_index", resp_msg_index(c), "item",
+                         resp_output_item(c->msg_id, empty, "in_progress", false)));
+    resp_event(c, "response.content_part.added",
+               json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[], s:[]}}", "item_id", c->msg_id,
+                         "output_index", resp_msg_index(c), "content_index", 0, "part", "type",
+                         "output_text", "text", "", "annotations", "logprobs"));
+    json_decref(empty);
+}
+
+/* Stream: a text delta (n > 0) into the message item, opened on the first. */
+static void
+resp_stream_delta(resp_call *c, const char *s, size_t n)
+{
+    if (n == 0)
+        return;
+    resp_stream_msg_open(c);
+    resp_event(c, "response.output_text.delta",
+               json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", c->msg_id, "output_index",
+                         resp_msg_index(c), "content_index", 0, "delta", s, n, "logprobs"));
+}
+
+/*
+ * Stream: message text after the reasoning split; with tools, through the
+ * tool-call parse first (its content streams, its calls are the record's at
+ * the end). final settles what the parse holds.
+ */
+static void
+resp_stream_text(resp_call *c, const char *s, size_t n, bool final)
+{
+    if (c->tc == NULL) {
+        resp_stream_delta(c, s, n);
+        return;
+    }
+    wk_toolcall_out o;
+    if (wk_toolcall_feed(c->tc, s, n, final, &o) != WK_OK) {
+        wk_toolcall_parser_free(c->tc); /* (out of memory: the rest streams as text) */
+        c->tc = NULL;
+        resp_stream_delta(c, s, n);
+        return;
+    }
+    resp_stream_delta(c, o.content, o.content_len);
+    wk_toolcall_out_fini(&o);
+}
+
+/* Stream: one piece of the split, as a reasoning or a text delta. */
+static void
+resp_stream_piece(void *arg, bool reasoning, const char *s, size_t n)
+{
+    resp_call *c = arg;
+    if (c->split.thought && !c->rs_open && !c->msg_open)
+        resp_stream_rs_open(c); /* (the reply opened its reasoning: an item, maybe empty) */
+    if (n == 0)
+        return;
+    if (reasoning && !c->msg_open) {
+        resp_stream_rs_open(c);
+        resp_buf_put(&c->reason, s, n);
+        resp_event(c, "response.reasoning_text.delta",
+                   json_pack("{s:s, s:i, s:i, s:s%}", "item_id", c->rs_id, "output_index", 0,
+                             "content_index", 0, "delta", s, n));
+        return;
+    }
+    resp_stream_text(c, s, n, false);
+}
+
 static wk_err
 resp_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks, size_t n_toks)
 {
@@ -720,9 +1355,7 @@ resp_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *t
     resp_call *c = arg;
     if (len == 0)
         return WK_OK;
-    resp_event(c, "response.output_text.delta",
-               json_pack("{s:s, s:i, s:i, s:s%, s:[]}", "item_id", c->msg_id, "output_index", 0,
-                         "content_index", 0, "delta", text, len, "logprobs"));
+    resp_split_feed(&c->split, text, len, false, resp_stream_piece, c);
     return c->broken ? WK_EIO : WK_OK;
 }
 
@@ -737,8 +1370,9 @@ resp_stream_flush(void *arg)
 }
 
 /*
- * Completes the record after a generation: output, usage, the end state's
- * tokens, status; stores it when asked and counts.
+ * Completes the record after a generation: output (the reasoning item's
+ * text split off the message's), usage, the end state's tokens, status;
+ * stores it when asked and counts.
  */
 static void
 resp_finish(resp_call *c, const ctl_gen_result *res)
@@ -746,8 +1380,52 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
     ctl_app *app = c->app;
     json_t *rec = c->rec;
     ctl_openai_req *r = &c->r;
-    json_object_set_new(
-        rec, "output", json_pack("{s:s, s:s%}", "id", c->msg_id, "text", res->text, res->text_len));
+    resp_split sp;
+    resp_split_out so;
+    memset(&so, 0, sizeof(so));
+    resp_split_init(&sp, r->think, r->think_open);
+    resp_split_feed(&sp, res->text, res->text_len, true, resp_split_collect, &so);
+    /* The content parsed for calls (as the stream parses it: the same for any cut). */
+    json_t *calls = json_array();
+    wk_toolcall_parser *tp = NULL;
+    wk_toolcall_out to;
+    memset(&to, 0, sizeof(to));
+    if (r->tool_fmt != WK_TOOLCALL_FMT_NONE &&
+        wk_toolcall_parser_new(r->tool_fmt, r->tools, &tp) == WK_OK &&
+        wk_toolcall_feed(tp, so.content.p != NULL ? so.content.p : "", so.content.n, true, &to) ==
+            WK_OK) {
+        for (size_t i = 0; i < to.n_calls && calls != NULL; i++) {
+            if (r->tool_serial && i > 0)
+                break;
+            char fid[CTL_RESP_ID_MAX], cid[CTL_RESP_ID_MAX];
+            resp_new_id("fc_", 24, fid, sizeof(fid));
+            resp_new_id("call_", 12, cid, sizeof(cid));
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:s, s:s}", "id", fid, "call_id",
+                                                   cid, "name", to.calls[i].name, "arguments",
+                                                   to.calls[i].arguments));
+        }
+        so.content.n = 0; /* (the content is what the parse left) */
+        resp_buf_put(&so.content, to.content, to.content_len);
+    }
+    wk_toolcall_out_fini(&to);
+    wk_toolcall_parser_free(tp);
+    json_t *out = json_pack("{s:s, s:s%}", "id", c->msg_id, "text",
+                            so.content.p != NULL ? so.content.p : "", so.content.n);
+    if (out != NULL && json_array_size(calls) > 0)
+        json_object_set(out, "calls", calls);
+    json_decref(calls);
+    if (sp.thought && out != NULL) {
+        json_object_set_new(out, "reasoning_id", json_string(c->rs_id));
+        json_object_set_new(out, "reasoning",
+                            json_stringn(so.reason.p != NULL ? so.reason.p : "", so.reason.n));
+        json_object_set_new(out, "reasoning_closed", json_boolean(sp.mode == RESP_SPLIT_TEXT));
+        json_object_set_new(out, "reasoning_tokens",
+                            json_integer((json_int_t)resp_reasoning_tokens(
+                                app->tok, res->tokens, res->n_tokens, r->think, r->think_open)));
+    }
+    free(so.content.p);
+    free(so.reason.p);
+    json_object_set_new(rec, "output", out);
     bool length = res->finish_reason != NULL && strcmp(res->finish_reason, "length") == 0;
     json_object_set_new(rec, "status", json_string(length ? "incomplete" : "completed"));
     json_object_set_new(rec, "incomplete_reason",
@@ -860,15 +1538,19 @@ resp_answer_stream(resp_call *c, bool free_slot)
     json_t *o = resp_object(c->rec);
     resp_event(c, "response.created", json_pack("{s:O}", "response", o));
     resp_event(c, "response.in_progress", json_pack("{s:o}", "response", o));
-    json_t *empty = json_string("");
-    resp_event(c, "response.output_item.added",
-               json_pack("{s:i, s:o}", "output_index", 0, "item",
-                         resp_output_item(c->msg_id, empty, "in_progress", false)));
-    resp_event(c, "response.content_part.added",
-               json_pack("{s:s, s:i, s:i, s:{s:s, s:s, s:[], s:[]}}", "item_id", c->msg_id,
-                         "output_index", 0, "content_index", 0, "part", "type", "output_text",
-                         "text", "", "annotations", "logprobs"));
-    json_decref(empty);
+    /*
+     * The first item now when it is known: the reasoning item when the prompt
+     * leaves the reply thinking, the message when the reply cannot reason;
+     * else the first piece of text decides.
+     */
+    resp_split_init(&c->split, c->r.think, c->r.think_open);
+    if (c->r.tool_fmt != WK_TOOLCALL_FMT_NONE &&
+        wk_toolcall_parser_new(c->r.tool_fmt, c->r.tools, &c->tc) != WK_OK)
+        c->tc = NULL; /* (out of memory: the reply streams as text) */
+    if (c->split.mode == RESP_SPLIT_THINK)
+        resp_stream_rs_open(c);
+    else if (c->split.mode == RESP_SPLIT_TEXT && c->tc == NULL)
+        resp_stream_msg_open(c);
     if (c->broken) {
         ctl_job_free(job);
         err = WK_EIO;
@@ -891,22 +1573,54 @@ resp_answer_stream(resp_call *c, bool free_slot)
         }
         return;
     }
+    resp_split_feed(&c->split, "", 0, true, resp_stream_piece, c);
+    resp_stream_piece(c, false, "", 0); /* (a reasoning item that got no text) */
+    resp_stream_text(c, "", 0, true);   /* (what the tool-call parse held) */
     ctl_openai_reuse_done(app, &c->r, &res, free_slot);
     resp_finish(c, &res);
     const char *st = json_string_value(json_object_get(c->rec, "status"));
-    json_t *text = json_object_get(json_object_get(c->rec, "output"), "text");
-    resp_event(c, "response.output_text.done",
-               json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", c->msg_id, "output_index", 0,
-                         "content_index", 0, "text", text, "logprobs"));
-    resp_event(c, "response.content_part.done",
-               json_pack("{s:s, s:i, s:i, s:{s:s, s:O, s:[], s:[]}}", "item_id", c->msg_id,
-                         "output_index", 0, "content_index", 0, "part", "type", "output_text",
-                         "text", text, "annotations", "logprobs"));
-    resp_event(c, "response.output_item.done",
-               json_pack("{s:i, s:o}", "output_index", 0, "item",
-                         resp_output_item(
-                             c->msg_id, text,
-                             strcmp(st, "incomplete") == 0 ? "incomplete" : "completed", true)));
+    const char *ist = strcmp(st, "completed") == 0 ? "completed" : "incomplete";
+    json_t *out = json_object_get(c->rec, "output");
+    resp_stream_rs_close(c, ist); /* (a reply that never left its reasoning) */
+    if (resp_out_has_message(out))
+        resp_stream_msg_open(c); /* (an empty message) */
+    int mi = resp_msg_index(c);
+    json_t *text = json_object_get(out, "text");
+    if (c->msg_open) {
+        resp_event(c, "response.output_text.done",
+                   json_pack("{s:s, s:i, s:i, s:O, s:[]}", "item_id", c->msg_id, "output_index", mi,
+                             "content_index", 0, "text", text, "logprobs"));
+        resp_event(c, "response.content_part.done",
+                   json_pack("{s:s, s:i, s:i, s:{s:s, s:O, s:[], s:[]}}", "item_id", c->msg_id,
+                             "output_index", mi, "content_index", 0, "part", "type", "output_text",
+                             "text", text, "annotations", "logprobs"));
+        resp_event(c, "response.output_item.done",
+                   json_pack("{s:i, s:o}", "output_index", mi, "item",
+                             resp_output_item(c->msg_id, text, ist, true)));
+    }
+    /* The calls, each complete (the parse reports a call once it is whole). */
+    int ci = mi + (c->msg_open ? 1 : 0);
+    size_t k;
+    json_t *call;
+    json_array_foreach(json_object_get(out, "calls"), k, call)
+    {
+        json_t *added = resp_call_item(call, "in_progress");
+        json_object_set_new(added, "arguments", json_string(""));
+        const char *fid = json_string_value(json_object_get(call, "id"));
+        resp_event(c, "response.output_item.added",
+                   json_pack("{s:i, s:o}", "output_index", ci, "item", added));
+        resp_event(c, "response.function_call_arguments.delta",
+                   json_pack("{s:s, s:i, s:O}", "item_id", fid, "output_index", ci, "delta",
+                             json_object_get(call, "arguments")));
+        resp_event(c, "response.function_call_arguments.done",
+                   json_pack("{s:s, s:i, s:O, s:O}", "item_id", fid, "output_index", ci,
+                             "arguments", json_object_get(call, "arguments"), "name",
+                             json_object_get(call, "name")));
+        resp_event(
+            c, "response.output_item.done",
+            json_pack("{s:i, s:o}", "output_index", ci, "item", resp_call_item(call, "completed")));
+        ci++;
+    }
     o = resp_object(c->rec);
     resp_extend(c, o);
     resp_event(c, strcmp(st, "incomplete") == 0 ? "response.incomplete" : "response.completed",
@@ -938,6 +1652,13 @@ resp_resolve_prev(resp_call *c)
         ctl_http_send_error(c->req, err, "cannot read the previous response", NULL);
         return false;
     }
+    if (resp_running_status(c->prev)) {
+        resp_send_error(c->req, 400, WK_EINVAL, "previous_response_id", "invalid_value",
+                        "previous response '%.80s' is still %s: continue it once it finished "
+                        "(GET /v1/responses/{id})",
+                        pid, json_string_value(json_object_get(c->prev, "status")));
+        return false;
+    }
     const char *pm = json_string_value(json_object_get(c->prev, "model"));
     if (pm == NULL || strcmp(pm, c->q.model) != 0) {
         resp_send_error(c->req, 400, WK_EINVAL, "previous_response_id", "invalid_value",
@@ -948,7 +1669,312 @@ resp_resolve_prev(resp_call *c)
     return true;
 }
 
+/* Frees a call and everything it owns (the request is not its). */
 static void
+resp_call_free(resp_call *c)
+{
+    if (c == NULL)
+        return;
+    json_decref(c->history);
+    json_decref(c->input);
+    json_decref(c->rec);
+    json_decref(c->prev);
+    ctl_openai_req_fini(&c->r);
+    ctl_resp_req_fini(&c->q);
+    json_decref(c->body);
+    free(c->reason.p);
+    wk_toolcall_parser_free(c->tc);
+    free(c);
+}
+
+/* ------------------------------------------------------------ background ---- */
+
+/*
+ * Background responses (background: true): the POST answers at once with
+ * the stored record (status "queued"), a thread runs the generation and
+ * stores the outcome (completed / incomplete / failed / cancelled), and
+ * POST /v1/responses/{id}/cancel stops it at the next step. The registry
+ * lists the running ones; ctl_responses_shutdown() cancels them and waits.
+ * A record still queued or in progress that this process does not run (its
+ * "boot" is another process's: the controller restarted, or was killed)
+ * reads as failed, and is stored so.
+ */
+typedef struct resp_bg {
+    char key[RESP_KEY_MAX]; /* the record's key (owner digest and id) */
+    atomic_bool cancel;     /* stop at the next step */
+    struct resp_bg *next;   /* registry list */
+} resp_bg;
+
+static pthread_mutex_t resp_bg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t resp_bg_cv = PTHREAD_COND_INITIALIZER; /* an entry left */
+static resp_bg *resp_bg_list;                                /* running, under resp_bg_mu */
+static size_t resp_bg_n;                                     /* entries */
+static bool resp_bg_closing;                                 /* shutdown: no new ones */
+static char resp_boot[33];                                   /* this process's boot id */
+static pthread_once_t resp_boot_once = PTHREAD_ONCE_INIT;
+
+#define RESP_BG_MAX 256u /* background responses running at once, all users */
+
+static void
+resp_boot_init(void)
+{
+    resp_new_id("", 16, resp_boot, sizeof(resp_boot));
+}
+
+/* True when rec's status is queued or in_progress. */
+static bool
+resp_running_status(const json_t *rec)
+{
+    const char *st = json_string_value(json_object_get(rec, "status"));
+    return st != NULL && (strcmp(st, "queued") == 0 || strcmp(st, "in_progress") == 0);
+}
+
+/*
+ * A record left queued or in progress by another process (the one that ran
+ * it is gone): rewritten as failed, and stored so. True when rec changed.
+ */
+static bool
+resp_bg_orphan(ctl_app *app, json_t *rec)
+{
+    pthread_once(&resp_boot_once, resp_boot_init);
+    const char *boot = json_string_value(json_object_get(rec, "boot"));
+    if (!resp_running_status(rec) || (boot != NULL && strcmp(boot, resp_boot) == 0))
+        return false;
+    json_object_set_new(rec, "status", json_string("failed"));
+    json_object_set_new(rec, "error",
+                        json_pack("{s:s, s:s}", "code", "server_error", "message",
+                                  "the controller stopped before this background response "
+                                  "finished; send it again"));
+    resp_cleanup(resp_save(app, rec, NULL), "orphaned background response");
+    return true;
+}
+
+/* Registers a running background response; false when closing or full. */
+static bool
+resp_bg_add(resp_bg *b)
+{
+    pthread_mutex_lock(&resp_bg_mu);
+    bool ok = !resp_bg_closing && resp_bg_n < RESP_BG_MAX;
+    if (ok) {
+        b->next = resp_bg_list;
+        resp_bg_list = b;
+        resp_bg_n++;
+    }
+    pthread_mutex_unlock(&resp_bg_mu);
+    return ok;
+}
+
+static void
+resp_bg_remove(resp_bg *b)
+{
+    pthread_mutex_lock(&resp_bg_mu);
+    for (resp_bg **pp = &resp_bg_list; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == b) {
+            *pp = b->next;
+            resp_bg_n--;
+            break;
+        }
+    }
+    pthread_cond_broadcast(&resp_bg_cv);
+    pthread_mutex_unlock(&resp_bg_mu);
+}
+
+/*
+ * Asks the running response under key to stop and waits (at most
+ * timeout_ms) until it has stored its outcome. False when none runs.
+ */
+static bool
+resp_bg_cancel(const char *key, uint64_t timeout_ms)
+{
+    pthread_mutex_lock(&resp_bg_mu);
+    resp_bg *b = resp_bg_list;
+    while (b != NULL && strcmp(b->key, key) != 0)
+        b = b->next;
+    if (b == NULL) {
+        pthread_mutex_unlock(&resp_bg_mu);
+        return false;
+    }
+    atomic_store(&b->cancel, true);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)(timeout_ms / 1000);
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    for (;;) {
+        bool found = false;
+        for (resp_bg *x = resp_bg_list; x != NULL && !found; x = x->next)
+            found = x == b;
+        if (!found || pthread_cond_timedwait(&resp_bg_cv, &resp_bg_mu, &until) != 0)
+            break;
+    }
+    pthread_mutex_unlock(&resp_bg_mu);
+    return true;
+}
+
+void
+ctl_responses_shutdown(ctl_app *app)
+{
+    (void)app;
+    pthread_mutex_lock(&resp_bg_mu);
+    resp_bg_closing = true;
+    for (resp_bg *b = resp_bg_list; b != NULL; b = b->next)
+        atomic_store(&b->cancel, true);
+    if (resp_bg_n > 0)
+        wk_log_info("background responses stopping n=%zu", resp_bg_n);
+    while (resp_bg_n > 0)
+        pthread_cond_wait(&resp_bg_cv, &resp_bg_mu);
+    pthread_mutex_unlock(&resp_bg_mu);
+}
+
+/* The generation's sink: stops it at the next step once cancelled. */
+static wk_err
+resp_bg_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks, size_t n_toks)
+{
+    (void)text;
+    (void)len;
+    (void)toks;
+    (void)n_toks;
+    resp_call *c = arg;
+    return atomic_load(&c->bg->cancel) ? WK_EIO : WK_OK;
+}
+
+/* Stores the record as it is now (a background response's progress). */
+static void
+resp_bg_store(resp_call *c)
+{
+    wk_diag d = {{0}};
+    if (resp_save(c->app, c->rec, &d) != WK_OK)
+        wk_log_warn("background response not stored id=%s: %s",
+                    json_string_value(json_object_get(c->rec, "id")), d.msg);
+}
+
+/* The background thread: generates, stores the outcome, frees the call. */
+static void *
+resp_bg_main(void *arg)
+{
+    resp_call *c = arg;
+    ctl_app *app = c->app;
+    json_object_set_new(c->rec, "status", json_string("in_progress"));
+    resp_bg_store(c);
+    ctl_ckpt_plan *plan = calloc(1, sizeof(*plan));
+    bool free_slot = false;
+    if (plan != NULL) {
+        ctl_openai_reuse_begin(app, &c->r, plan, &free_slot);
+        plan->durable = true;
+    }
+    ctl_gen_result res;
+    wk_diag d = {{0}};
+    wk_err err = atomic_load(&c->bg->cancel)
+                     ? WK_EIO
+                     : ctl_gen_run(app->sched, app->tok, c->r.prompt, c->r.n_prompt, &c->r.gen,
+                                   resp_bg_sink, c, &res, &d);
+    const char *id = json_string_value(json_object_get(c->rec, "id"));
+    if (err == WK_OK) {
+        ctl_openai_reuse_done(app, &c->r, &res, free_slot);
+        resp_finish(c, &res); /* (stores it) */
+        resp_count(app, "ok");
+        ctl_gen_result_fini(&res);
+    } else {
+        bool cancelled = err == WK_EIO && atomic_load(&c->bg->cancel);
+        pthread_mutex_lock(&resp_bg_mu);
+        bool closing = resp_bg_closing;
+        pthread_mutex_unlock(&resp_bg_mu);
+        /* No output and no state: a follow-up renders its input alone. */
+        if (cancelled && !closing) {
+            json_object_set_new(c->rec, "status", json_string("cancelled"));
+        } else {
+            json_object_set_new(c->rec, "status", json_string("failed"));
+            json_object_set_new(c->rec, "error",
+                                json_pack("{s:s, s:s}", "code", "server_error", "message",
+                                          cancelled
+                                              ? "the controller shut down during the generation"
+                                          : d.msg[0] ? d.msg
+                                                     : wk_strerror(err)));
+        }
+        resp_bg_store(c);
+        resp_count(app, cancelled && !closing ? "cancelled" : "error");
+        wk_log_info("background response %s id=%s", cancelled && !closing ? "cancelled" : "failed",
+                    id != NULL ? id : "?");
+    }
+    ctl_ckpt_plan_end(plan);
+    free(plan);
+    c->r.plan = NULL;
+    resp_bg *b = c->bg;
+    if (app->limits != NULL && c->user[0])
+        ctl_limits_release(app->limits, c->user); /* (the unit resp_route took) */
+    resp_call_free(c);
+    resp_bg_remove(b);
+    free(b);
+    return NULL;
+}
+
+/*
+ * Starts c in the background: stores the record (queued), answers it and
+ * hands c (and the request's concurrency unit) to a thread. True when
+ * handed over; else the error is sent and c stays the caller's.
+ */
+static bool
+resp_bg_start(resp_call *c)
+{
+    ctl_app *app = c->app;
+    pthread_once(&resp_boot_once, resp_boot_init);
+    resp_bg *b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    resp_key(c->r.owner, json_string_value(json_object_get(c->rec, "id")), b->key);
+    atomic_init(&b->cancel, false);
+    if (!resp_bg_add(b)) {
+        free(b);
+        resp_send_error(c->req, 429, WK_EQUOTA, "background", "rate_limit_exceeded",
+                        "too many background responses running (at most %u)", RESP_BG_MAX);
+        return false;
+    }
+    c->bg = b;
+    json_object_set_new(c->rec, "status", json_string("queued"));
+    json_object_set_new(c->rec, "boot", json_string(resp_boot));
+    wk_diag d = {{0}};
+    json_t *o = NULL;
+    pthread_attr_t attr;
+    pthread_t th;
+    bool started = false;
+    wk_err err = resp_save(app, c->rec, &d);
+    if (err == WK_OK && (o = resp_object(c->rec)) != NULL && pthread_attr_init(&attr) == 0) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const char *u = ctl_http_req_user(c->req);
+        snprintf(c->user, sizeof(c->user), "%s", u != NULL ? u : "");
+        ctl_http_req *req = c->req;
+        c->req = NULL; /* (the thread never answers) */
+        started = pthread_create(&th, &attr, resp_bg_main, c) == 0;
+        pthread_attr_destroy(&attr);
+        if (!started)
+            c->req = req;
+        else
+            ctl_http_send_json(req, 200, o);
+    }
+    if (started)
+        return true;
+    json_decref(o);
+    c->bg = NULL;
+    resp_bg_remove(b);
+    free(b);
+    char key[RESP_KEY_MAX];
+    resp_key(c->r.owner, json_string_value(json_object_get(c->rec, "id")), key);
+    resp_cleanup(ctl_store_session_delete(app->store, key, NULL), "unstarted background response");
+    ctl_http_send_error(c->req, err != WK_OK ? err : WK_ENOMEM,
+                        d.msg[0] ? d.msg : "cannot start the background response", NULL);
+    return false;
+}
+
+/*
+ * POST /v1/responses: answers it, or hands it to a background thread
+ * (true: the thread holds the request's concurrency unit from now on).
+ */
+static bool
 resp_create(ctl_http_req *req, ctl_app *app)
 {
     uint64_t now_ms = wk_mono_ms(), last = atomic_load(&resp_last_sweep_ms);
@@ -957,49 +1983,80 @@ resp_create(ctl_http_req *req, ctl_app *app)
         resp_sweep(app);
     json_t *body = ctl_openai_body(req);
     if (body == NULL)
-        return;
-    resp_call c = {.req = req, .app = app};
-    c.r = (ctl_openai_req){.chat = true, .reuse = true, .cache = true};
+        return false;
+    resp_call *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        json_decref(body);
+        resp_send_error(req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    bool handed = false;
+    c->req = req;
+    c->app = app;
+    c->body = body;
+    c->r = (ctl_openai_req){.chat = true, .reuse = true, .cache = true};
     ctl_resp_limits lim = {.max_items = app->max_messages,
                            .max_item_bytes = app->max_message_bytes,
                            .max_tokens = app->max_tokens_limit};
     ctl_resp_err e;
-    json_t *history = NULL, *input = NULL;
-    if (ctl_resp_req_parse(body, &lim, &c.q, &e) != WK_OK) {
+    if (ctl_resp_req_parse(body, &lim, &c->q, &e) != WK_OK) {
         resp_send_error(req, e.err == WK_ENOMEM ? 500 : 400, e.err, e.param, e.code, "%s", e.msg);
         goto out;
     }
-    if (app->model_id == NULL || strcmp(c.q.model, app->model_id) != 0) {
+    if (app->model_id == NULL || strcmp(c->q.model, app->model_id) != 0) {
         resp_send_error(req, 404, WK_ENOENT, "model", "model_not_found",
-                        "The model '%.100s' does not exist", c.q.model);
+                        "The model '%.100s' does not exist", c->q.model);
         goto out;
     }
-    ctl_openai_owner(req, c.r.owner);
-    if (!resp_resolve_prev(&c))
+    ctl_openai_owner(req, c->r.owner);
+    if (!resp_resolve_prev(c))
         goto out;
-    if (c.q.store) {
+    if (c->q.store) {
         wk_diag qd = {{0}};
-        wk_err qerr = resp_quota(app, c.r.owner, &qd);
+        wk_err qerr = resp_quota(app, c->r.owner, &qd);
         if (qerr != WK_OK) {
             ctl_http_send_error(req, qerr, qd.msg, "store");
             goto out;
         }
     }
-    history = json_array();
-    input = json_array();
-    if (history == NULL || input == NULL || !resp_build_prompt(&c, history, input))
+    c->history = json_array();
+    c->input = json_array();
+    if (c->history == NULL || c->input == NULL || !resp_build_prompt(c, c->history, c->input))
         goto out;
     /* Generation parameters. */
-    c.r.model = c.q.model;
-    c.r.stream = c.q.stream;
-    ctl_gen_params *g = &c.r.gen;
-    g->max_tokens = c.q.max_output_tokens ? c.q.max_output_tokens : app->default_max_tokens;
+    c->r.model = c->q.model;
+    c->r.stream = c->q.stream;
+    ctl_gen_params *g = &c->r.gen;
+    g->max_tokens = c->q.max_output_tokens ? c->q.max_output_tokens : app->default_max_tokens;
     g->stop_on_eot = true;
-    g->stops[g->n_stops++] = WK_CHAT_STOP_DEFAULT; /* the template's turn end */
-    g->sample.temperature = (float)c.q.temperature;
-    g->sample.top_p = (float)c.q.top_p;
-    if (c.q.has_seed) {
-        g->sample.seed = (uint64_t)c.q.seed;
+    /* The template's turn end: "\n\n" in the World template, else its eos token's text. */
+    const char *eos = c->r.templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : NULL;
+    g->stops[g->n_stops++] =
+        c->r.templated ? (eos != NULL && eos[0] ? eos : NULL) : WK_CHAT_STOP_DEFAULT;
+    if (g->stops[g->n_stops - 1] == NULL)
+        g->n_stops--;
+    g->sample.temperature = (float)c->q.temperature;
+    g->sample.top_p = (float)c->q.top_p;
+    g->sample.frequency_penalty = (float)c->q.frequency_penalty;
+    g->sample.presence_penalty = (float)c->q.presence_penalty;
+    if (c->q.logit_bias != NULL) {
+        const char *k;
+        json_t *x;
+        uint32_t vocab = wk_tok_vocab_size(app->tok);
+        json_object_foreach((json_t *)c->q.logit_bias, k, x)
+        {
+            unsigned long tid = strtoul(k, NULL, 10);
+            if (tid >= vocab) {
+                resp_send_error(req, 400, WK_EINVAL, "logit_bias", "invalid_value",
+                                "logit_bias key '%.40s' is not a token id in [0, %u)", k, vocab);
+                goto out;
+            }
+            g->sample.bias[g->sample.n_bias].token = (int32_t)tid;
+            g->sample.bias[g->sample.n_bias++].bias = (float)json_number_value(x);
+        }
+    }
+    if (c->q.has_seed) {
+        g->sample.seed = (uint64_t)c->q.seed;
     } else {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -1009,62 +2066,74 @@ resp_create(ctl_http_req *req, ctl_app *app)
     /* The record, before the output: what the stream's first events show. */
     char id[CTL_RESP_ID_MAX];
     resp_new_id("resp_", 24, id, sizeof(id));
-    resp_new_id("msg_", 24, c.msg_id, sizeof(c.msg_id));
+    resp_new_id("msg_", 24, c->msg_id, sizeof(c->msg_id));
+    resp_new_id("rs_", 24, c->rs_id, sizeof(c->rs_id));
     ctl_worker_view v;
     if (ctl_pool_model_view(app->pool, &v) != WK_OK)
         v.fingerprint[0] = '\0';
     int64_t now = resp_now_s();
-    c.rec = json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:s, s:O, s:O, s:b}", "v",
-                      RESP_RECORD_VERSION, "id", id, "owner", c.r.owner, "model", c.q.model, "fp",
-                      v.fingerprint, "created_at", (json_int_t)now, "status", "in_progress",
-                      "history", history, "input", input, "store", c.q.store);
-    if (c.rec == NULL) {
+    c->rec = json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:s, s:O, s:O, s:b}", "v",
+                       RESP_RECORD_VERSION, "id", id, "owner", c->r.owner, "model", c->q.model,
+                       "fp", v.fingerprint, "created_at", (json_int_t)now, "status", "in_progress",
+                       "history", c->history, "input", c->input, "store", c->q.store);
+    if (c->rec == NULL) {
         resp_send_error(req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
         goto out;
     }
-    json_object_set_new(c.rec, "expires_at",
+    json_t *rec = c->rec;
+    json_object_set_new(rec, "expires_at",
                         json_integer(app->responses_ttl_s > 0
                                          ? (json_int_t)(now + (int64_t)app->responses_ttl_s)
                                          : 0));
-    json_object_set_new(c.rec, "instructions",
-                        c.q.instructions != NULL
-                            ? json_stringn(c.q.instructions, c.q.instructions_len)
+    json_object_set_new(rec, "instructions",
+                        c->q.instructions != NULL
+                            ? json_stringn(c->q.instructions, c->q.instructions_len)
                             : json_null());
-    json_object_set_new(c.rec, "previous_response_id",
-                        c.q.previous_response_id != NULL ? json_string(c.q.previous_response_id)
-                                                         : json_null());
-    json_object_set_new(c.rec, "metadata",
-                        c.q.metadata != NULL ? json_deep_copy(c.q.metadata) : json_object());
-    json_object_set_new(c.rec, "user", c.q.user != NULL ? json_string(c.q.user) : json_null());
-    if (c.q.tools != NULL)
-        json_object_set_new(c.rec, "tools", json_deep_copy(c.q.tools));
-    json_object_set_new(c.rec, "temperature", json_real(c.q.temperature));
-    json_object_set_new(c.rec, "top_p", json_real(c.q.top_p));
-    json_object_set_new(c.rec, "max_output_tokens",
-                        c.q.max_output_tokens ? json_integer(c.q.max_output_tokens) : json_null());
-    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)c.r.n_prompt);
+    json_object_set_new(rec, "previous_response_id",
+                        c->q.previous_response_id != NULL ? json_string(c->q.previous_response_id)
+                                                          : json_null());
+    json_object_set_new(rec, "metadata",
+                        c->q.metadata != NULL ? json_deep_copy(c->q.metadata) : json_object());
+    json_object_set_new(rec, "user", c->q.user != NULL ? json_string(c->q.user) : json_null());
+    if (c->q.tools != NULL)
+        json_object_set_new(rec, "tools", json_deep_copy(c->q.tools));
+    json_object_set_new(rec, "temperature", json_real(c->q.temperature));
+    json_object_set_new(rec, "top_p", json_real(c->q.top_p));
+    json_object_set_new(rec, "max_output_tokens",
+                        c->q.max_output_tokens ? json_integer(c->q.max_output_tokens)
+                                               : json_null());
+    if (c->q.reasoning_effort != NULL)
+        json_object_set_new(rec, "reasoning_effort", json_string(c->q.reasoning_effort));
+    if (c->q.background)
+        json_object_set_new(rec, "background", json_true());
+    if (c->q.tool_choice_none)
+        json_object_set_new(rec, "tool_choice_none", json_true());
+    if (c->q.parallel_tool_calls_off)
+        json_object_set_new(rec, "serial_tool_calls", json_true());
+    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)c->r.n_prompt);
+    if (c->q.background) {
+        handed = resp_bg_start(c);
+        if (handed)
+            c = NULL; /* (the thread's now) */
+        goto out;
+    }
     /* Generate, with the checkpoint plan (the end state is the stored response's state). */
     ctl_ckpt_plan *plan = calloc(1, sizeof(*plan));
     bool free_slot = false;
     if (plan != NULL) {
-        ctl_openai_reuse_begin(app, &c.r, plan, &free_slot);
-        plan->durable = c.q.store;
+        ctl_openai_reuse_begin(app, &c->r, plan, &free_slot);
+        plan->durable = c->q.store;
     }
-    if (c.q.stream)
-        resp_answer_stream(&c, free_slot);
+    if (c->q.stream)
+        resp_answer_stream(c, free_slot);
     else
-        resp_answer_whole(&c, free_slot);
+        resp_answer_whole(c, free_slot);
     ctl_ckpt_plan_end(plan);
     free(plan);
-    c.r.plan = NULL;
+    c->r.plan = NULL;
 out:
-    json_decref(history);
-    json_decref(input);
-    json_decref(c.rec);
-    json_decref(c.prev);
-    ctl_openai_req_fini(&c.r);
-    ctl_resp_req_fini(&c.q);
-    json_decref(body);
+    resp_call_free(c);
+    return handed;
 }
 
 /* ------------------------------------------------------------ read ---- */
@@ -1183,6 +2252,50 @@ resp_input_items(ctl_http_req *req, ctl_app *app, const char *id)
     json_decref(rec);
 }
 
+/*
+ * POST /v1/responses/{id}/cancel: a running background response stops at
+ * its next step and is stored as cancelled (no output, no state); the
+ * answer is the record then (completed when it finished first). A cancelled
+ * one answers itself again; any other finished one, or one not run in the
+ * background, is 400.
+ */
+static void
+resp_cancel(ctl_http_req *req, ctl_app *app, const char *id)
+{
+    char owner[CTL_STORE_OWNER_MAX + 1];
+    ctl_openai_owner(req, owner);
+    json_t *rec = resp_load_or_reply(req, app, owner, id);
+    if (rec == NULL)
+        return;
+    if (!json_is_true(json_object_get(rec, "background"))) {
+        json_decref(rec);
+        resp_send_error(req, 400, WK_EINVAL, NULL, "invalid_request",
+                        "only background responses can be cancelled");
+        return;
+    }
+    if (resp_running_status(rec)) {
+        /* (read it again either way: it may have finished since the first read) */
+        char key[RESP_KEY_MAX];
+        resp_key(owner, id, key);
+        (void)resp_bg_cancel(key, app->request_timeout_ms);
+        json_decref(rec);
+        rec = resp_load_or_reply(req, app, owner, id);
+        if (rec == NULL)
+            return;
+    }
+    const char *st = json_string_value(json_object_get(rec, "status"));
+    if (st == NULL || (strcmp(st, "cancelled") != 0 && !resp_running_status(rec))) {
+        resp_send_error(req, 400, WK_EINVAL, NULL, "invalid_request",
+                        "the response is %s already: only a queued or running one can be "
+                        "cancelled",
+                        st != NULL ? st : "finished");
+        json_decref(rec);
+        return;
+    }
+    ctl_http_send_json(req, 200, resp_object(rec));
+    json_decref(rec);
+}
+
 static void
 resp_route(ctl_http_req *req, void *arg)
 {
@@ -1196,8 +2309,8 @@ resp_route(ctl_http_req *req, void *arg)
         }
         if (!ctl_app_user_enter(req, app))
             return;
-        resp_create(req, app);
-        ctl_app_user_leave(req, app);
+        if (!resp_create(req, app))
+            ctl_app_user_leave(req, app);
         return;
     }
     const char *rest = path + strlen("/v1/responses/");
@@ -1217,8 +2330,7 @@ resp_route(ctl_http_req *req, void *arg)
     else if (slash != NULL && strcmp(slash, "/input_items") == 0 && strcmp(method, "GET") == 0)
         resp_input_items(req, app, id);
     else if (slash != NULL && strcmp(slash, "/cancel") == 0 && strcmp(method, "POST") == 0)
-        resp_send_error(req, 400, WK_EINVAL, NULL, "invalid_request",
-                        "only background responses can be cancelled (wkvm has none)");
+        resp_cancel(req, app, id);
     else
         resp_send_error(req, 404, WK_ENOENT, NULL, "not_found", "no such route: %.16s %.200s",
                         method, path);

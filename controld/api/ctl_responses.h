@@ -27,6 +27,13 @@
 /* Routes of this module (at most 4 entries written). */
 size_t ctl_responses_routes(ctl_app *app, ctl_http_route *out, size_t cap);
 
+/*
+ * Stops the background responses still running (each stored as failed: the
+ * controller shut down) and waits until their threads are gone. Called after
+ * the HTTP server stopped, before the scheduler and the store are freed.
+ */
+void ctl_responses_shutdown(ctl_app *app);
+
 /* Declares this module's metric families. */
 WK_MUST_CHECK wk_err ctl_responses_metrics_declare(ctl_metrics *m);
 

@@ -4,13 +4,14 @@
  * handed to ctl_resp_req_parse() with small limits, so the limit paths are
  * reached too. Invariants: a success has a model, 1..max_items items, each
  * with a known role and a NUL-terminated text of its stated length within
- * the byte limit, max_output_tokens within its limit, and a previous id that
- * is the body's string; a refusal has an error code, a message, a zeroed
- * output, and a parameter that names something (or nothing for the whole
- * body); fini twice is harmless.
+ * the byte limit (function items: a call_id, a call's name and arguments
+ * that are a JSON object, role tool exactly for an output), max_output_tokens within its limit, and
+ * a previous id that is the body's string; a refusal has an error code, a message, a zeroed output,
+ * and a parameter that names something (or nothing for the whole body); fini twice is harmless.
  */
 /* fuzz-sources: common/wk_err.c common/wk_json.c controld/api/ctl_resp_req.c */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,11 +45,24 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fuzz_check(r.model != NULL && r.model[0] != '\0', "a model");
         fuzz_check(r.n_items >= 1 && r.n_items <= lim.max_items, "item count");
         for (size_t i = 0; i < r.n_items; i++) {
-            const char *role = r.items[i].role;
+            const ctl_resp_msg *m = &r.items[i];
+            const char *role = m->role;
             fuzz_check(role != NULL &&
                            (strcmp(role, "user") == 0 || strcmp(role, "assistant") == 0 ||
-                            strcmp(role, "system") == 0),
+                            strcmp(role, "system") == 0 || strcmp(role, "tool") == 0),
                        "a known role");
+            fuzz_check((strcmp(role, "tool") == 0) == (m->kind == CTL_RESP_FUNCTION_CALL_OUTPUT),
+                       "role tool is a call's output");
+            fuzz_check(m->reasoning == (m->kind == CTL_RESP_REASONING), "reasoning flag");
+            bool call = m->kind == CTL_RESP_FUNCTION_CALL;
+            fuzz_check((call || m->kind == CTL_RESP_FUNCTION_CALL_OUTPUT) == (m->call_id != NULL),
+                       "a call_id exactly on function items");
+            fuzz_check(call == (m->name != NULL), "a name exactly on a call");
+            if (call) {
+                json_t *a = json_loads(m->text, 0, NULL);
+                fuzz_check(json_is_object(a), "a call's arguments are a JSON object");
+                json_decref(a);
+            }
             fuzz_check(r.items[i].text != NULL && r.items[i].text[r.items[i].len] == '\0',
                        "text NUL-terminated at its length");
             fuzz_check(r.items[i].len <= lim.max_item_bytes, "text within the limit");

@@ -47,6 +47,7 @@ import openai
 
 URL, MID, PHASE, STATE = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 ALICE, BOB = sys.argv[5], sys.argv[6]
+MODEL, TEMPLATE_EXE = (sys.argv[7], sys.argv[8]) if len(sys.argv) > 8 else (None, None)
 client = openai.OpenAI(base_url=URL + "/v1", api_key=ALICE, max_retries=0, timeout=60)
 bob = openai.OpenAI(base_url=URL + "/v1", api_key=BOB, max_retries=0, timeout=60)
 MAXT = 8
@@ -251,6 +252,96 @@ def retrieve_delete():
         pass
 
 
+def wait_done(r, timeout=60):
+    """Polls a background response until it left queued / in_progress."""
+    import time
+    deadline = time.time() + timeout
+    while r.status in ("queued", "in_progress"):
+        assert time.time() < deadline, f"background response still {r.status}"
+        time.sleep(0.05)
+        r = client.responses.retrieve(r.id)
+    return r
+
+
+def long_background(text):
+    """A background response that runs for a long while ('a' biased up: no turn end)."""
+    r = client.responses.create(model=MID, input=text, background=True, max_output_tokens=20000,
+                                temperature=0, extra_body={"logit_bias": {"98": 100}})
+    assert r.background is True and r.status == "queued", r
+    assert r.output == [] and r.usage is None, r
+    return r
+
+
+def background():
+    """background: true answers at once (queued), GET polls it to its end, the reply is the
+    blocking one's, and the stored state continues like any other; cancel stops one."""
+    want, _, _ = turn(None, "in the background")
+    r = client.responses.create(model=MID, input="in the background", background=True,
+                                max_output_tokens=MAXT, temperature=0)
+    assert r.background is True and r.status == "queued", r
+    r = wait_done(r)
+    assert r.status == want.status and r.output_text == want.output_text, (r, want)
+    assert r.usage.input_tokens == want.usage.input_tokens, (r.usage, want.usage)
+    assert r.usage.output_tokens == want.usage.output_tokens, (r.usage, want.usage)
+    nxt, ids, n_prompt = turn(r.id, "and after the background?")
+    assert nxt.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens, nxt.usage
+    recompute(ids, n_prompt, nxt.output_text)
+    for call, err in ((lambda: client.responses.cancel(r.id), openai.BadRequestError),
+                      (lambda: client.responses.cancel(want.id), openai.BadRequestError)):
+        try:
+            call()
+            raise AssertionError("cancelled a finished or foreground response")
+        except err:
+            pass
+    # cancel: the generation stops within a step; stored as cancelled, no output, no state
+    import time
+    big = long_background("go on and on")
+    try:
+        bob.responses.cancel(big.id)
+        raise AssertionError("another key cancelled the response")
+    except openai.NotFoundError:
+        pass
+    t0 = time.time()
+    c = client.responses.cancel(big.id)
+    took = time.time() - t0
+    assert c.status == "cancelled" and c.output == [] and c.background is True, c
+    assert took < 5, took
+    g = client.responses.retrieve(big.id)
+    assert g.status == "cancelled" and g.output == [], g
+    assert client.responses.cancel(big.id).status == "cancelled"  # (again: the same answer)
+    # a follow-up of a cancelled response: its history is its input alone
+    f = client.responses.create(model=MID, input="after the cancel", previous_response_id=big.id,
+                                max_output_tokens=2)
+    items = client.responses.input_items.list(f.id, order="asc")
+    assert [i.content[0].text for i in items.data] == ["go on and on", "after the cancel"], items
+    # a running one cannot be continued yet
+    run = long_background("still running")
+    try:
+        client.responses.create(model=MID, input="x", previous_response_id=run.id,
+                                max_output_tokens=2)
+        raise AssertionError("continued a running response")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "previous_response_id", e.body
+    assert client.responses.cancel(run.id).status == "cancelled"
+    print(f"cancel answered in {took * 1e3:.0f} ms", flush=True)
+
+
+def orphan_start():
+    """A background response running when the controller is SIGKILLed (phase c reads it)."""
+    st["orphan"] = long_background("cut by a SIGKILL").id
+
+
+def orphan_read():
+    """The controller that ran it is gone: it reads as failed, and a cancel is refused."""
+    g = client.responses.retrieve(st["orphan"])
+    assert g.status == "failed" and "controller stopped" in g.error.message, g
+    try:
+        client.responses.cancel(st["orphan"])
+        raise AssertionError("cancelled a failed response")
+    except openai.BadRequestError:
+        pass
+
+
 def bad_inputs():
     cases = [
         (dict(input=[{"type": "function_call_output", "call_id": "c", "output": "x"}]),
@@ -266,6 +357,12 @@ def bad_inputs():
         (dict(input="x", max_output_tokens=0), "max_output_tokens"),
         (dict(input="x", temperature=3), "temperature"),
         (dict(input=[]), "input"),
+        (dict(input="x", reasoning={"effort": "huge"}), "reasoning.effort"),
+        (dict(input="x", background=True, stream=True), "background"),
+        (dict(input="x", background=True, store=False), "background"),
+        (dict(input=[{"type": "reasoning", "summary": [], "encrypted_content": "e"}]),
+         "input[0].encrypted_content"),
+        (dict(input="x", extra_body={"logit_bias": {"512": 1}}), "logit_bias"),
     ]
     for kw, param in cases:
         try:
@@ -342,8 +439,264 @@ def quota():
     bob.responses.create(model=MID, input="room again", max_output_tokens=2)
 
 
-TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs],
-         "b": [conversation_b], "c": [other_model, quota], "d": [ttl], "e": [evicted_state]}
+# Phase r: a random Qwen3.5 with a Qwen3-style template (test_chat_template's model; the
+# prompt leaves the reply thinking, added tokens <|im_start|> 508, <|im_end|> 509, <think> 510,
+# </think> 511). MODEL is its directory, TEMPLATE_EXE renders a request as the server must.
+THINK_END, IM_END = 511, 509
+
+
+def tj_decoder():
+    tj = json.load(open(MODEL + "/tokenizer.json", encoding="utf-8"))
+    added = {t["id"]: t["content"].encode() for t in tj["added_tokens"]}
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    u2b = {chr(c): b for b, c in zip(bs, cs)}
+    piece = {i: bytes(u2b[ch] for ch in p) for p, i in tj["model"]["vocab"].items()
+             if i not in added}
+    return lambda ids: b"".join(added.get(i) or piece[i] for i in ids).decode("utf-8", "replace")
+
+
+def render(messages, kwargs=None):
+    import subprocess
+    req = {"messages": messages}
+    if kwargs:
+        req["chat_template_kwargs"] = kwargs
+    return subprocess.run([TEMPLATE_EXE, "--model", MODEL, "-"], input=json.dumps(req).encode(),
+                          capture_output=True, timeout=60, check=True).stdout.decode()
+
+
+def think_turn(prev=None, text="Say something about state slots.", bias=None, **kw):
+    extra = {"return_token_ids": True, "frequency_penalty": 2, "presence_penalty": 2}
+    if bias is not None:
+        extra["logit_bias"] = {str(THINK_END): bias}
+    return client.responses.create(model=MID, input=text, instructions="Be brief.",
+                                   previous_response_id=prev, max_output_tokens=10,
+                                   temperature=0, extra_body=extra, **kw)
+
+
+def gen_ids(r):
+    """The reply's token ids as the state consumed them (the eos it stopped on dropped)."""
+    ids = r.model_extra["state_token_ids"][r.model_extra["prompt_token_count"]:]
+    return ids[:-1] if ids and ids[-1] == IM_END else ids
+
+
+def reasoning():
+    """The reply split at the think markers: a reasoning item (reasoning_text) then the message,
+    each the decoded ids either side of </think>; streamed as response.reasoning_text.* events
+    that reassemble to the same; a follow-up carries it and equals a recompute."""
+    decode = tj_decoder()
+    for tenth in range(0, 80, 5):  # the smallest bias that closes the thinking mid-reply
+        r = think_turn(bias=tenth / 10)
+        ids = gen_ids(r)
+        if THINK_END in ids[1:]:
+            break
+    else:
+        raise AssertionError("no bias made the model close its thinking mid-reply")
+    n_prompt = r.model_extra["prompt_token_count"]
+    want = render([{"role": "system", "content": "Be brief."},
+                   {"role": "user", "content": "Say something about state slots."}])
+    assert decode(r.model_extra["state_token_ids"][:n_prompt]) == want, want
+    k = ids.index(THINK_END)
+    assert [o.type for o in r.output] == ["reasoning", "message"], r.output
+    rs, msg = r.output
+    assert rs.id.startswith("rs_") and rs.summary == [] and rs.status == "completed", rs
+    assert [p.type for p in rs.content] == ["reasoning_text"], rs
+    assert rs.content[0].text == decode(ids[:k]), (rs, ids)
+    assert r.output_text == msg.content[0].text == decode(ids[k + 1:]), (r.output_text, ids)
+    assert r.usage.output_tokens_details.reasoning_tokens == k + 1, (r.usage, k)
+    # streamed: the reasoning item at output_index 0, the message at 1
+    events = list(think_turn(bias=tenth / 10, stream=True))
+    types = [e.type for e in events]
+    assert types[:5] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added",
+                         "response.reasoning_text.delta"], types
+    assert [e.sequence_number for e in events] == list(range(len(events))), types
+    rtext = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    ttext = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert rtext == rs.content[0].text and ttext == r.output_text, ((rtext, ttext), r.output)
+    done = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert len(done) == 1 and done[0].text == rtext and done[0].output_index == 0, done
+    assert all(e.output_index == 1 for e in events if e.type == "response.output_text.delta")
+    assert types.index("response.reasoning_text.done") < types.index("response.output_text.delta")
+    last = events[-1].response
+    assert [o.type for o in last.output] == ["reasoning", "message"], last.output
+    assert last.output[0].content[0].text == rtext and last.output_text == ttext, last.output
+    # the SDK's stream manager accumulates it (a reply cut by max_output_tokens ends incomplete)
+    with client.responses.stream(model=MID, input="Say something about state slots.",
+                                 instructions="Be brief.", max_output_tokens=10, temperature=0,
+                                 extra_body={"logit_bias": {str(THINK_END): tenth / 10},
+                                             "frequency_penalty": 2,
+                                             "presence_penalty": 2}) as s:
+        evs = list(s)
+    assert [o.type for o in evs[-1].response.output] == ["reasoning", "message"], evs[-1]
+    # a follow-up: the template drops earlier reasoning, so the prefix index resumes the end
+    # of the first turn's user message, and the reply equals a recompute of the same ids
+    f = think_turn(prev=r.id, text="And the KV pages?")
+    cached = f.usage.input_tokens_details.cached_tokens
+    assert 0 < cached < len(r.model_extra["state_token_ids"]), f.usage
+    n_f = f.model_extra["prompt_token_count"]
+    hist = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say something about state slots."},
+            {"role": "assistant", "content": r.output_text,
+             "reasoning_content": rs.content[0].text},
+            {"role": "user", "content": "And the KV pages?"}]
+    assert decode(f.model_extra["state_token_ids"][:n_f]) == render(hist), "follow-up prompt"
+    c = client.completions.create(model=MID, prompt=f.model_extra["state_token_ids"][:n_f],
+                                  max_tokens=10, temperature=0,
+                                  extra_body={"cache": False, "return_token_ids": True,
+                                              "frequency_penalty": 2, "presence_penalty": 2})
+    cids = c.choices[0].model_extra["token_ids"]
+    fids = f.model_extra["state_token_ids"][n_f:]
+    assert fids == cids[:len(fids)] and (len(fids) == len(cids) or fids[-1] == IM_END), \
+        (fids, cids)
+    # the same history sent as items (manual context: the reasoning item given back) renders
+    # the same prompt
+    items = [{"role": "user", "content": "Say something about state slots."},
+             rs.model_dump(exclude_none=True), msg.model_dump(exclude_none=True),
+             {"role": "user", "content": "And the KV pages?"}]
+    m = client.responses.create(model=MID, input=items, instructions="Be brief.",
+                                max_output_tokens=2, extra_body={"return_token_ids": True})
+    assert m.model_extra["state_token_ids"][:m.model_extra["prompt_token_count"]] == \
+        f.model_extra["state_token_ids"][:n_f], "items render differently"
+    got = client.responses.input_items.list(m.id, order="asc")
+    assert [i.type for i in got.data] == ["message", "reasoning", "message", "message"], got
+    assert got.data[1].content[0].text == rs.content[0].text, got.data[1]
+    print(f"reasoning split at token {k} of {len(ids)} (bias {tenth / 10}); follow-up reused "
+          f"{cached} of {f.usage.input_tokens}", flush=True)
+
+
+def reasoning_effort():
+    """effort "none" reaches a template that reads enable_thinking (no reasoning item); an
+    effort the template cannot read is echoed and changes nothing."""
+    decode = tj_decoder()
+    r = think_turn(reasoning={"effort": "none"})
+    n = r.model_extra["prompt_token_count"]
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say something about state slots."}]
+    want = render(msgs, {"enable_thinking": False})
+    assert decode(r.model_extra["state_token_ids"][:n]) == want, want
+    assert want.endswith("<think>\n\n</think>\n\n"), want
+    assert r.reasoning.effort == "none" and [o.type for o in r.output] == ["message"], r
+    assert r.usage.output_tokens_details.reasoning_tokens == 0, r.usage
+    h = think_turn(reasoning={"effort": "high", "summary": "auto"})
+    assert decode(h.model_extra["state_token_ids"][:h.model_extra["prompt_token_count"]]) == \
+        render(msgs), "effort high changed a template that does not read it"
+    assert h.reasoning.effort == "high" and h.output[0].type == "reasoning", h
+
+
+# Phase t: test_tool_calls' model (added tokens <|im_start|> 505, <|im_end|> 506, <think> 507,
+# </think> 508, CALL 509: one whole get_weather call in Qwen3.5's XML format) with llama.cpp's
+# Qwen3.5-4B.jinja (--chat-template).
+T_IM_END, T_CALL = 506, 509
+TOOLS_R = [{"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}, "days": {"type": "integer"},
+                "metric": {"type": "boolean"}}, "required": ["city"]}}]
+
+
+def tool_turn(prev=None, items="What is the weather in Paris?", bias=None, **kw):
+    extra = {"return_token_ids": True, "frequency_penalty": 2, "presence_penalty": 2}
+    if bias is not None:
+        extra["logit_bias"] = bias
+    return client.responses.create(model=MID, input=items, instructions="Be brief.",
+                                   previous_response_id=prev, tools=TOOLS_R,
+                                   reasoning={"effort": "none"}, max_output_tokens=4,
+                                   temperature=0, extra_body=extra, **kw)
+
+
+def function_calls():
+    """The reply parsed into a function_call item (call_id, name, arguments typed by the
+    schema), streamed as response.function_call_arguments.* events; its output sent back by
+    previous_response_id resumes the exact state and equals a recompute; the same turn sent as
+    items renders the same prompt; tool_choice none keeps the call as text."""
+    for tenth in range(0, 120, 5):  # the smallest lead of CALL over <|im_end|>: [CALL, eos]
+        bias = {str(T_CALL): 100, str(T_IM_END): 100 - tenth / 10}
+        r = tool_turn(bias=bias)
+        ids = r.model_extra["state_token_ids"][r.model_extra["prompt_token_count"]:]
+        if ids[:1] == [T_CALL] and T_CALL not in ids[1:] and r.status == "completed":
+            break
+    else:
+        raise AssertionError("no bias made the model emit the call then stop")
+    assert [o.type for o in r.output] == ["function_call"], r.output
+    fc = r.output[0]
+    assert fc.name == "get_weather" and fc.status == "completed", fc
+    assert fc.id.startswith("fc_") and fc.call_id.startswith("call_"), fc
+    assert fc.arguments == '{"city": "Paris", "days": 3}', fc
+    assert r.tools[0].name == "get_weather" and r.reasoning.effort == "none", r
+    # streamed: the same item, its arguments as delta events
+    events = list(tool_turn(bias=bias, stream=True))
+    types = [e.type for e in events]
+    assert [e.sequence_number for e in events] == list(range(len(events))), types
+    assert "response.output_text.delta" not in types, types
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert [e.item.type for e in added] == ["function_call"], added
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert args == fc.arguments and len(done) == 1 and done[0].arguments == args, (args, done)
+    last = events[-1]
+    assert last.type == "response.completed", types
+    assert [(o.type, o.name, o.arguments) for o in last.response.output] == \
+        [("function_call", fc.name, fc.arguments)], last.response.output
+    # the SDK's stream manager accumulates the call
+    with client.responses.stream(model=MID, input="What is the weather in Paris?",
+                                 instructions="Be brief.", tools=TOOLS_R,
+                                 reasoning={"effort": "none"}, max_output_tokens=4,
+                                 temperature=0, extra_body={"logit_bias": bias,
+                                                            "frequency_penalty": 2,
+                                                            "presence_penalty": 2}) as s:
+        final = s.get_final_response()
+    assert [(o.type, o.arguments) for o in final.output] == [("function_call", fc.arguments)], \
+        final.output
+    # the round trip: the tool's output by previous_response_id
+    out = [{"type": "function_call_output", "call_id": fc.call_id, "output": '{"temp": 21}'}]
+    f = tool_turn(prev=r.id, items=out)
+    n_f = f.model_extra["prompt_token_count"]
+    prev_ids = r.model_extra["state_token_ids"]
+    cached = f.usage.input_tokens_details.cached_tokens
+    assert f.model_extra["state_token_ids"][:len(prev_ids)] == prev_ids, "not the exact state"
+    assert cached == len(prev_ids), (f.usage, len(prev_ids))
+    c = client.completions.create(model=MID, prompt=f.model_extra["state_token_ids"][:n_f],
+                                  max_tokens=4, temperature=0,
+                                  extra_body={"cache": False, "return_token_ids": True,
+                                              "frequency_penalty": 2, "presence_penalty": 2})
+    cids = c.choices[0].model_extra["token_ids"]
+    fids = f.model_extra["state_token_ids"][n_f:]
+    assert fids == cids[:len(fids)], (fids, cids)
+    items = client.responses.input_items.list(f.id, order="asc")
+    assert [i.type for i in items.data] == ["message", "function_call",
+                                            "function_call_output"], items
+    assert items.data[1].call_id == fc.call_id and items.data[2].output == '{"temp": 21}', items
+    # the same conversation as items (the call given back as the SDK returned it)
+    m = client.responses.create(model=MID, instructions="Be brief.", tools=TOOLS_R,
+                                reasoning={"effort": "none"}, max_output_tokens=2,
+                                input=[{"role": "user", "content": "What is the weather in Paris?"},
+                                       fc.model_dump(exclude_none=True)] + out,
+                                extra_body={"return_token_ids": True})
+    assert m.model_extra["state_token_ids"][:m.model_extra["prompt_token_count"]] == \
+        f.model_extra["state_token_ids"][:n_f], "items render differently"
+    # tool_choice none: the reply is not parsed, the call's text is the message
+    t = tool_turn(bias=bias, tool_choice="none")
+    assert [o.type for o in t.output] == ["message"] and "<tool_call>" in t.output_text, t.output
+    assert t.tool_choice == "none", t
+    try:
+        tool_turn(tool_choice="required")
+        raise AssertionError("tool_choice required accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "tool_choice", e.body
+    print(f"function call (bias lead {tenth / 10}); the round trip resumed {cached} of "
+          f"{f.usage.input_tokens} tokens", flush=True)
+
+
+TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs,
+               background],
+         "b": [conversation_b], "c": [other_model, quota, orphan_read], "d": [ttl],
+         "e": [evicted_state, orphan_start],
+         "r": [reasoning, reasoning_effort], "t": [function_calls]}
 for t in TESTS[PHASE]:
     try:
         t()
@@ -532,7 +885,9 @@ def main():
                        headers={"Authorization": f"Bearer {OPS}"})
                 run("e")
                 # served under another name, the stored ids belong to another model
-                restart(["--served-model-name", "tiny-b", "--max-responses-per-user", "3"])
+                # (SIGKILL: phase e left a background response running; c reads it failed)
+                restart(["--served-model-name", "tiny-b", "--max-responses-per-user", "3"],
+                        sig=signal.SIGKILL)
                 r = subprocess.run([venv_python(venv), script, s.url, "tiny-b", "c", state, ALICE,
                                     BOB], capture_output=True, text=True, timeout=120, env=env)
                 print(r.stdout, end="", flush=True)
@@ -552,11 +907,84 @@ def main():
                 else:
                     passed += 1
                     print(f"PASS ttl_sweep ({ev[0]})", flush=True)
+                # a clean shutdown (SIGTERM) stops a running background response: failed
+                hdr = {"Authorization": f"Bearer {ALICE}"}
+                r = s.post("/v1/responses", headers=hdr, body={
+                    "model": MID, "input": "stopped by a shutdown", "background": True,
+                    "max_output_tokens": 20000, "temperature": 0, "logit_bias": {"98": 100}})
+                bid = r.json().get("id") if r.status == 200 else None
+                t0 = time.time()
+                restart()
+                took = time.time() - t0
+                g = s.get(f"/v1/responses/{bid}", headers=hdr) if bid else None
+                gj = g.json() if g is not None and g.status == 200 else {}
+                if (r.status != 200 or gj.get("status") != "failed" or
+                        "shut down" not in (gj.get("error") or {}).get("message", "")):
+                    failed += 1
+                    print(f"FAIL shutdown_background: {r.status} {r.body[:200]} / {gj}")
+                else:
+                    passed += 1
+                    print(f"PASS shutdown_background (restart {took:.1f} s)", flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"FAIL stack: {e}")
                 failed += 1
             if failed:
                 print(s.tail())
+        # phase r: reasoning items, on test_chat_template's Qwen3.5 with its own template
+        try:
+            import test_chat_template
+            qmodel = os.path.join(tmp, test_chat_template.MID)
+            os.makedirs(qmodel)
+            test_chat_template.make_model(qmodel)
+            with Stack(model=qmodel, slots=2) as s:
+                s.start_controller()
+                s.start_worker("w0")
+                s.wait(lambda: s.get("/ready").status == 200, "ready (qwen35)")
+                r = subprocess.run([venv_python(venv), script, s.url, test_chat_template.MID, "r",
+                                    state, ALICE, BOB, qmodel, test_chat_template.TEMPLATE_EXE],
+                                   capture_output=True, text=True, timeout=300, env=env)
+                print(r.stdout, end="", flush=True)
+                passed += r.stdout.count("PASS ")
+                failed += r.stdout.count("FAIL ") + (r.returncode != 0)
+                if r.returncode != 0 or "FAIL " in r.stdout:
+                    print(r.stderr[-3000:])
+                    print(s.tail())
+        except Exception as e:  # noqa: BLE001
+            print(f"FAIL qwen35 stack: {e}")
+            failed += 1
+        # phase t: function calls, on test_tool_calls' model with Qwen3.5-4B.jinja (skipped
+        # without llama.cpp's template corpus, as test_tool_calls is)
+        try:
+            import glob
+            import test_tool_calls
+            sys.path.insert(0, test_tool_calls.REF)
+            import jinja_corpus
+            corpus = os.environ.get("WKVM_JINJA_CORPUS") or next(iter(sorted(glob.glob(
+                os.path.join(jinja_corpus.CACHE, "llama.cpp-convert-*", "models", "templates")),
+                reverse=True)), None)
+            template = os.path.join(corpus, "Qwen3.5-4B.jinja") if corpus else ""
+            if not os.path.exists(template):
+                print("SKIP function_calls: no Qwen3.5-4B.jinja (deploy/install-gguf-converter)")
+            else:
+                tmodel = os.path.join(tmp, test_tool_calls.MID)
+                os.makedirs(tmodel)
+                test_tool_calls.make_model(tmodel)
+                with Stack(model=tmodel, slots=2, extra_ctl=["--chat-template", template]) as s:
+                    s.start_controller()
+                    s.start_worker("w0")
+                    s.wait(lambda: s.get("/ready").status == 200, "ready (tools)")
+                    r = subprocess.run([venv_python(venv), script, s.url, test_tool_calls.MID,
+                                        "t", state, ALICE, BOB, tmodel, ""],
+                                       capture_output=True, text=True, timeout=300, env=env)
+                    print(r.stdout, end="", flush=True)
+                    passed += r.stdout.count("PASS ")
+                    failed += r.stdout.count("FAIL ") + (r.returncode != 0)
+                    if r.returncode != 0 or "FAIL " in r.stdout:
+                        print(r.stderr[-3000:])
+                        print(s.tail())
+        except Exception as e:  # noqa: BLE001
+            print(f"FAIL tools stack: {e}")
+            failed += 1
     print(f"wall {time.time() - t_start:.1f}s")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -120,6 +120,60 @@ test_items_and_parameters(void **state)
 }
 
 static void
+test_reasoning_and_background(void **state)
+{
+    (void)state;
+    json_t *b = NULL;
+    ctl_resp_req r;
+    ctl_resp_err e;
+    const char *text =
+        "{\"model\":\"m\",\"background\":true,\"logit_bias\":{\"511\":2.5},"
+        "\"presence_penalty\":1.5,\"reasoning\":{\"effort\":\"high\","
+        "\"summary\":\"auto\"},\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
+        "{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[],\"content\":[{\"type\":"
+        "\"reasoning_text\",\"text\":\"th\"},{\"type\":\"reasoning_text\",\"text\":\"ink\"}]},"
+        "{\"role\":\"assistant\",\"content\":\"a\"},{\"type\":\"reasoning\",\"summary\":[]},"
+        "{\"type\":\"function_call\",\"id\":\"fc_1\",\"call_id\":\"call_1\",\"name\":\"f\","
+        "\"arguments\":\"{\\\"a\\\": 1}\",\"status\":\"completed\"},{\"type\":"
+        "\"function_call_output\",\"call_id\":\"call_1\",\"output\":[{\"type\":\"input_text\","
+        "\"text\":\"o\"},{\"type\":\"input_text\",\"text\":\"k\"}]}],\"tools\":[{\"type\":"
+        "\"function\",\"name\":\"f\",\"parameters\":{},\"strict\":true}],\"tool_choice\":\"none\","
+        "\"parallel_tool_calls\":false}";
+    json_error_t je;
+    b = json_loads(text, 0, &je);
+    assert_non_null(b);
+    wk_err err = ctl_resp_req_parse(b, NULL, &r, &e);
+    if (err != WK_OK)
+        fail_msg("%s: %s", e.param, e.msg);
+    assert_true(r.background);
+    assert_true(r.store);
+    assert_non_null(r.logit_bias);
+    assert_true(r.has_presence_penalty && r.presence_penalty == 1.5);
+    assert_string_equal(r.reasoning_effort, "high");
+    assert_false(r.items[0].reasoning);
+    assert_true(r.items[1].reasoning);
+    assert_string_equal(r.items[1].role, "assistant");
+    assert_string_equal(r.items[1].text, "think");
+    assert_false(r.items[2].reasoning);
+    assert_true(r.items[3].reasoning);
+    assert_int_equal(r.items[3].len, 0);
+    assert_int_equal(r.n_items, 6);
+    assert_int_equal(r.items[4].kind, CTL_RESP_FUNCTION_CALL);
+    assert_string_equal(r.items[4].role, "assistant");
+    assert_string_equal(r.items[4].call_id, "call_1");
+    assert_string_equal(r.items[4].name, "f");
+    assert_string_equal(r.items[4].text, "{\"a\": 1}");
+    assert_int_equal(r.items[5].kind, CTL_RESP_FUNCTION_CALL_OUTPUT);
+    assert_string_equal(r.items[5].role, "tool");
+    assert_string_equal(r.items[5].text, "ok");
+    assert_non_null(r.tools);
+    assert_true(r.tool_choice_none);
+    assert_true(r.parallel_tool_calls_off);
+    ctl_resp_req_fini(&r);
+    json_decref(b);
+}
+
+static void
 test_nulls_are_absent(void **state)
 {
     (void)state;
@@ -150,12 +204,33 @@ test_refusals(void **state)
     refused("{\"model\":\"m\",\"input\":[]}", "input", NULL);
     refused("{\"model\":\"m\",\"input\":7}", "input", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"frob\":1}", "frob", "unknown_parameter");
-    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\","
-            "\"output\":\"o\"}]}",
-            "input[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}",
+            "input[0]", "missing_required_parameter");
     refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"name\":\"f\"}]}",
+            "input[0].call_id", "missing_required_parameter");
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\","
+            "\"name\":\"f\",\"arguments\":\"[1]\"}]}",
+            "input[0].arguments", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\","
+            "\"name\":\"f\",\"arguments\":\"{}\",\"x\":1}]}",
+            "input[0].x", "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"custom_tool_call\"}]}", "input[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}",
+            "tools[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}]}",
+            "tools[0].name", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\","
+            "\"parameters\":1}]}",
+            "tools[0]", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\",\"encrypted_content\":\"e\"}]}",
+            "input[0].encrypted_content", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\",\"content\":[{\"type\":"
+            "\"input_text\",\"text\":\"t\"}]}]}",
+            "input[0].content[0].type", NULL);
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\",\"x\":1}]}", "input[0].x",
+            "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":[{\"type\":\"item_reference\",\"id\":\"i\"}]}",
             "input[0].type", NULL);
-    refused("{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\"}]}", "input[0].type", NULL);
     refused("{\"model\":\"m\",\"input\":[{\"type\":\"zzz\"}]}", "input[0].type", NULL);
     refused("{\"model\":\"m\",\"input\":[\"x\"]}", "input[0]", NULL);
     refused("{\"model\":\"m\",\"input\":[{\"role\":\"tool\",\"content\":\"x\"}]}", "input[0].role",
@@ -174,15 +249,28 @@ test_refusals(void **state)
             "text.format", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"text\":{\"bogus\":1}}", "text.bogus",
             "unknown_parameter");
-    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[7]}", "tools", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[7]}", "tools[0].type", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":{}}", "tools", NULL);
-    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\"}],"
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
             "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
             "tool_choice", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice", NULL);
-    refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"low\"}}", "reasoning",
+    refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"huge\"}}",
+            "reasoning.effort", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"summary\":1}}", "reasoning.summary",
             NULL);
-    refused("{\"model\":\"m\",\"input\":\"x\",\"background\":true}", "background", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"depth\":1}}", "reasoning.depth",
+            "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":\"high\"}", "reasoning", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"background\":true,\"store\":false}", "background",
+            NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"background\":true,\"stream\":true}", "background",
+            NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"background\":1}", "background", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"logit_bias\":{\"a\":1}}", "logit_bias", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"logit_bias\":{\"5\":101}}", "logit_bias", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"logit_bias\":[1]}", "logit_bias", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"frequency_penalty\":3}", "frequency_penalty", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"include\":[\"x\"]}", "include", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"conversation\":\"c\"}", "conversation", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"temperature\":2.5}", "temperature", NULL);
@@ -255,9 +343,13 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_string_input),     cmocka_unit_test(test_items_and_parameters),
-        cmocka_unit_test(test_nulls_are_absent), cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_limits),           cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_string_input),
+        cmocka_unit_test(test_items_and_parameters),
+        cmocka_unit_test(test_nulls_are_absent),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_reasoning_and_background),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -168,6 +168,8 @@ test_config_string(void **state)
     assert_string_equal(wk_chat_tpl_special(t, "bos_token"), "<s>");
     assert_null(wk_chat_tpl_special(t, "unk_token"));
     assert_false(wk_chat_tpl_thinks(t));
+    assert_false(wk_chat_tpl_knows(t, "reasoning_effort"));
+    assert_false(wk_chat_tpl_knows(t, "enable_thinking"));
     /* tools and kwargs reach the template; kwargs may not set the reserved names */
     json_error_t je;
     json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": \"q\"}]", 0, &je);
@@ -235,6 +237,16 @@ test_jinja_file(void **state)
     put("chat_template.jinja", "{{ messages[0].content }}{% if x %}<think>\n\n</think>{% endif %}");
     assert_int_equal(wk_chat_tpl_load(dir, NULL, &t, &d), WK_OK);
     assert_true(wk_chat_tpl_thinks(t));
+    assert_false(wk_chat_tpl_knows(t, "reasoning_effort"));
+    wk_chat_tpl_free(t);
+    /* the reasoning variables a template reads */
+    put("chat_template.jinja", "{% if enable_thinking is false %}{% endif %}"
+                               "{% if reasoning_effort %}{{ reasoning_effort }}{% endif %}");
+    assert_int_equal(wk_chat_tpl_load(dir, NULL, &t, &d), WK_OK);
+    assert_true(wk_chat_tpl_knows(t, "reasoning_effort"));
+    assert_true(wk_chat_tpl_knows(t, "enable_thinking"));
+    assert_false(wk_chat_tpl_knows(t, "messages"));
+    assert_false(wk_chat_tpl_knows(NULL, "reasoning_effort"));
     wk_chat_tpl_free(t);
     /* a refused template is an error naming file and line, not a fallback */
     put("chat_template.jinja", "ok\n{% include 'other.jinja' %}");
