@@ -34,6 +34,7 @@
 #include "ctl_resp_req.h"
 #include "ctl_responses.h"
 #include "ctl_session.h"
+#include "ctl_toolgram.h"
 #include "wk_chat.h"
 #include "wk_json.h"
 #include "wk_log.h"
@@ -501,9 +502,13 @@ resp_object(const json_t *rec)
     json_object_set_new(o, "store", json_boolean(json_is_true(json_object_get(rec, "store"))));
     json_object_set_new(o, "temperature", resp_or_null(rec, "temperature"));
     json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
-    json_object_set_new(
-        o, "tool_choice",
-        json_string(json_is_true(json_object_get(rec, "tool_choice_none")) ? "none" : "auto"));
+    json_t *choice = json_object_get(rec, "tool_choice");
+    json_object_set_new(o, "tool_choice",
+                        choice != NULL
+                            ? json_deep_copy(choice)
+                            : json_string(json_is_true(json_object_get(rec, "tool_choice_none"))
+                                              ? "none"
+                                              : "auto"));
     json_t *tools = json_object_get(rec, "tools");
     json_object_set_new(o, "tools", json_is_array(tools) ? json_deep_copy(tools) : json_array());
     json_object_set_new(o, "top_p", resp_or_null(rec, "top_p"));
@@ -936,6 +941,41 @@ resp_prompt_fits(resp_call *c)
 }
 
 /*
+ * tool_choice "required" or a named function: the chat route's constrained
+ * decoding (ctl_toolgram, docs/OPENAI_COMPAT.md "Constrained tool calls"),
+ * compiled once the prompt is rendered (free reasoning first when it leaves
+ * the reply inside a think block). The reply then goes through the same
+ * tool-call parse as any reply. Sends the error and returns false.
+ */
+static bool
+resp_tool_forced(resp_call *c)
+{
+    ctl_openai_req *r = &c->r;
+    if (r->tool_fmt == WK_TOOLCALL_FMT_NONE) {
+        resp_send_error(c->req, 400, WK_EINVAL, "tool_choice", "invalid_value",
+                        "'tool_choice' cannot require a call: this model's chat template has no "
+                        "tool-call format wkvm knows (use \"auto\" or \"none\")");
+        return false;
+    }
+    r->tool_forced = true;
+    if (c->q.tool_name != NULL && (r->tool_force_name = strdup(c->q.tool_name)) == NULL) {
+        resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    wk_diag d = {{0}};
+    wk_err err =
+        ctl_toolgram_new(c->app->tok, r->tool_fmt, r->tools, r->tool_force_name, !r->tool_serial,
+                         r->think_open, WK_CHAT_TPL_THINK_CLOSE, &r->toolgram, &d);
+    if (err != WK_OK) {
+        resp_send_error(
+            c->req, err == WK_EINVAL ? 400 : 500, err, err == WK_EINVAL ? "tools" : NULL, NULL,
+            "tool_choice cannot be enforced: %s", err == WK_EINVAL ? d.msg : "out of memory");
+        return false;
+    }
+    return true;
+}
+
+/*
  * The conversation rendered with the model's own template (app->chat_tpl):
  * instructions as a system message, each message as {role, content}, a
  * reasoning item as the reasoning_content of the assistant message after it
@@ -1068,6 +1108,8 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
         r->think_open = wk_chat_think_open_at_end(r->prompt_text, r->prompt_len,
                                                   WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE);
     }
+    if (q->tool_required && !resp_tool_forced(c))
+        return false;
     int32_t *prev_ids = NULL, *rest = NULL;
     size_t n_prev = 0, n_rest = 0, off = 0;
     if (resp_exact_candidate(c) && resp_prev_tokens(c, &prev_ids, &n_prev) &&
@@ -1101,6 +1143,12 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     resp_history(c, history, input);
     if (app->chat_tpl != NULL)
         return resp_build_templated(c, history, input);
+    if (q->tool_required) {
+        resp_send_error(c->req, 400, WK_EINVAL, "tool_choice", "invalid_value",
+                        "'tool_choice' cannot require a call: this model uses the plain "
+                        "User:/Assistant: template, which has no tool calls (use \"auto\")");
+        return false;
+    }
     /* The World template: reasoning items have no place in it, function calls none either. */
     size_t n_sys = q->instructions != NULL ? 1 : 0, n = n_sys;
     json_t *lists[2] = {history, input};
@@ -2033,8 +2081,11 @@ resp_create(ctl_http_req *req, ctl_app *app)
     const char *eos = c->r.templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : NULL;
     g->stops[g->n_stops++] =
         c->r.templated ? (eos != NULL && eos[0] ? eos : NULL) : WK_CHAT_STOP_DEFAULT;
-    if (g->stops[g->n_stops - 1] == NULL)
+    /* (not for a forced call: its grammar ends it, and an argument may spell that text) */
+    if (g->stops[g->n_stops - 1] == NULL || c->r.toolgram != NULL)
         g->n_stops--;
+    if (c->r.toolgram != NULL)
+        ctl_toolgram_apply(c->r.toolgram, g);
     g->sample.temperature = (float)c->q.temperature;
     g->sample.top_p = (float)c->q.top_p;
     g->sample.frequency_penalty = (float)c->q.frequency_penalty;
@@ -2108,6 +2159,11 @@ resp_create(ctl_http_req *req, ctl_app *app)
         json_object_set_new(rec, "background", json_true());
     if (c->q.tool_choice_none)
         json_object_set_new(rec, "tool_choice_none", json_true());
+    if (c->q.tool_name != NULL)
+        json_object_set_new(rec, "tool_choice",
+                            json_pack("{s:s, s:s}", "type", "function", "name", c->q.tool_name));
+    else if (c->q.tool_required)
+        json_object_set_new(rec, "tool_choice", json_string("required"));
     if (c->q.parallel_tool_calls_off)
         json_object_set_new(rec, "serial_tool_calls", json_true());
     ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)c->r.n_prompt);
