@@ -108,10 +108,14 @@ resp_new_id(const char *prefix, size_t n, char *out, size_t cap)
         snprintf(out + off, cap - off, "%02x", rnd[i]);
 }
 
+/* The wall clock in ms (created_at is its second): expiry is exact to the ms (a TTL of 2 s lives 2
+ * s, not 1 to 2). */
 static int64_t
-resp_now_s(void)
+resp_now_ms(void)
 {
-    return (int64_t)time(NULL);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ------------------------------------------------------------ metrics ---- */
@@ -185,14 +189,36 @@ resp_decode(const void *val, size_t len)
 }
 
 /*
- * True when rec outlived --responses-ttl as it is now (a changed TTL applies
- * to records stored before; 0 keeps them).
+ * When rec was stored, in ms of the wall clock ("created_ms"; a record
+ * without one: the start of its created_at second).
+ */
+static int64_t
+resp_created_ms(const json_t *rec)
+{
+    const json_t *ms = json_object_get(rec, "created_ms");
+    if (json_is_integer(ms))
+        return (int64_t)json_integer_value(ms);
+    return (int64_t)json_integer_value(json_object_get(rec, "created_at")) * 1000;
+}
+
+/*
+ * True when rec outlived --responses-ttl as it is now (now_ms: resp_now_ms;
+ * a changed TTL applies to records stored before; 0 keeps them).
  */
 static bool
-resp_expired(const ctl_app *app, const json_t *rec, int64_t now)
+resp_expired(const ctl_app *app, const json_t *rec, int64_t now_ms)
 {
-    json_int_t created = json_integer_value(json_object_get(rec, "created_at"));
-    return app->responses_ttl_s > 0 && now >= created + (json_int_t)app->responses_ttl_s;
+    return app->responses_ttl_s > 0 &&
+           now_ms >= resp_created_ms(rec) + (int64_t)app->responses_ttl_s * 1000;
+}
+
+/* rec's expires_at under the TTL as it is now: the second it expires in (rounded up); 0 none. */
+static json_int_t
+resp_expires_at(const ctl_app *app, const json_t *rec)
+{
+    if (app->responses_ttl_s == 0)
+        return 0;
+    return (json_int_t)((resp_created_ms(rec) + (int64_t)app->responses_ttl_s * 1000 + 999) / 1000);
 }
 
 static bool resp_bg_orphan(ctl_app *app, json_t *rec);
@@ -221,7 +247,7 @@ resp_load(ctl_app *app, const char *owner, const char *id, json_t **rec, bool *e
         wk_log_warn("response record undecodable id=%s", id);
         return WK_ENOENT;
     }
-    if (resp_expired(app, r, resp_now_s())) {
+    if (resp_expired(app, r, resp_now_ms())) {
         resp_drop(app, key, r);
         json_decref(r);
         ctl_metrics_add(app->metrics, "wkvm_responses_evictions_total", NULL, 1);
@@ -286,7 +312,7 @@ resp_quota(ctl_app *app, const char *owner, wk_diag *d)
         return WK_OK;
     if (app->responses_ttl_s > 0) {
         /* At the limit: drop this owner's expired ones first (a TTL shortened since). */
-        int64_t now = resp_now_s();
+        int64_t now = resp_now_ms();
         after[0] = '\0';
         n = 0;
         for (;;) {
@@ -322,7 +348,7 @@ resp_quota(ctl_app *app, const char *owner, wk_diag *d)
 static void
 resp_sweep(ctl_app *app)
 {
-    int64_t now = resp_now_s();
+    int64_t now_ms = resp_now_ms(), now = now_ms / 1000;
     ctl_store_kv_page page = {0};
     char after[CTL_STORE_SESSION_KEY_MAX + 1] = "";
     size_t removed = 0;
@@ -349,17 +375,13 @@ resp_sweep(ctl_app *app)
             free(val);
             resp_cleanup(ctl_store_session_delete(app->store, page.items[i].key, NULL),
                          "expiry key");
-            if (rec != NULL && resp_expired(app, rec, now)) {
+            if (rec != NULL && resp_expired(app, rec, now_ms)) {
                 resp_drop(app, key, rec);
                 removed++;
                 ctl_metrics_add(app->metrics, "wkvm_responses_evictions_total", NULL, 1);
             } else if (rec != NULL) {
                 /* the TTL grew (or is off) since: a new expiry, or none */
-                json_int_t created = json_integer_value(json_object_get(rec, "created_at"));
-                json_object_set_new(rec, "expires_at",
-                                    json_integer(app->responses_ttl_s > 0
-                                                     ? created + (json_int_t)app->responses_ttl_s
-                                                     : 0));
+                json_object_set_new(rec, "expires_at", json_integer(resp_expires_at(app, rec)));
                 resp_cleanup(resp_save(app, rec, NULL), "re-expiry");
             }
             json_decref(rec);
@@ -2122,7 +2144,7 @@ resp_create(ctl_http_req *req, ctl_app *app)
     ctl_worker_view v;
     if (ctl_pool_model_view(app->pool, &v) != WK_OK)
         v.fingerprint[0] = '\0';
-    int64_t now = resp_now_s();
+    int64_t created_ms = resp_now_ms(), now = created_ms / 1000;
     c->rec = json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:s, s:O, s:O, s:b}", "v",
                        RESP_RECORD_VERSION, "id", id, "owner", c->r.owner, "model", c->q.model,
                        "fp", v.fingerprint, "created_at", (json_int_t)now, "status", "in_progress",
@@ -2132,10 +2154,8 @@ resp_create(ctl_http_req *req, ctl_app *app)
         goto out;
     }
     json_t *rec = c->rec;
-    json_object_set_new(rec, "expires_at",
-                        json_integer(app->responses_ttl_s > 0
-                                         ? (json_int_t)(now + (int64_t)app->responses_ttl_s)
-                                         : 0));
+    json_object_set_new(rec, "created_ms", json_integer((json_int_t)created_ms));
+    json_object_set_new(rec, "expires_at", json_integer(resp_expires_at(app, rec)));
     json_object_set_new(rec, "instructions",
                         c->q.instructions != NULL
                             ? json_stringn(c->q.instructions, c->q.instructions_len)
@@ -2421,7 +2441,7 @@ typedef struct resp_list_ctx {
     ctl_app *app;      /* app */
     const char *owner; /* filter, NULL all */
     json_t *data;      /* rows */
-    int64_t now;       /* the listing's time */
+    int64_t now;       /* the listing's time (resp_now_ms) */
 } resp_list_ctx;
 
 static void
@@ -2485,7 +2505,7 @@ resp_admin(ctl_http_req *req, void *arg)
         char owner[CTL_STORE_OWNER_MAX + 1];
         bool has = ctl_http_req_query_get(req, "owner", owner, sizeof(owner)) && owner[0];
         resp_list_ctx x = {
-            .app = app, .owner = has ? owner : NULL, .data = json_array(), .now = resp_now_s()};
+            .app = app, .owner = has ? owner : NULL, .data = json_array(), .now = resp_now_ms()};
         resp_each(app, resp_list_one, &x);
         ctl_http_send_json(req, 200, json_pack("{s:s, s:o}", "object", "list", "data", x.data));
         return;

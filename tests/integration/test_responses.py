@@ -41,6 +41,7 @@ CAROL = "sk-carol-0000000004"  # only the golden shapes: an owner without checkp
 CLIENT_SCRIPT = r'''
 import json
 import sys
+import time
 import traceback
 
 import openai
@@ -404,7 +405,7 @@ def other_model():
 
 
 def ttl():
-    """--responses-ttl 2: a fresh response lives, then it and the old ones answer 404."""
+    """--responses-ttl 2: a fresh response lives its 2 s, then it and the old ones answer 404."""
     import time
     try:
         client.responses.create(model=MID, input="x", previous_response_id=st["turns"][1],
@@ -413,9 +414,20 @@ def ttl():
     except openai.NotFoundError as e:
         assert e.body["code"] == "previous_response_not_found", e.body
         assert "expired" in e.body["message"], e.body
+    # still there just after its created_at second + 2 (a TTL of 2 s lives 2 s, to the ms;
+    # it lived 1 to 2 s: a flake under load), checked when that is well before t0 + 2 (it
+    # is stored after t0: when created_at is t0's second, t0 late in it)
+    while abs(time.time() % 1 - 0.4) > 0.02:
+        time.sleep(0.005)
+    t0 = time.time()
     r = client.responses.create(model=MID, input="short-lived", max_output_tokens=2)
+    t1 = time.time()  # (stored before this)
     assert client.responses.retrieve(r.id).id == r.id
-    time.sleep(2.2)
+    late = r.created_at + 2.02
+    if late + 0.3 < t0 + 2:
+        time.sleep(max(0.0, late - time.time()))
+        assert client.responses.retrieve(r.id).id == r.id, "gone before its TTL"
+    time.sleep(max(0.0, t1 + 2.1 - time.time()))
     for rid in (r.id, st["prev"]):
         try:
             client.responses.retrieve(rid)
@@ -683,6 +695,7 @@ def forced_calls():
     """tool_choice required and a named function through the chat route's constrained
     decoding: a schema-valid call where the unconstrained reply has none, streamed equal to
     blocking, and its output sent back by previous_response_id resumes the exact state."""
+    t0 = time.time()
     vocab = json.load(open(MODEL + "/tokenizer.json", encoding="utf-8"))["model"]["vocab"]
     bias = {str(vocab["x"]): 100, str(T_IM_END): 70, str(T_CALL): 60}
     free = tool_turn(bias=bias, tools=TOOLS_F)
@@ -696,16 +709,20 @@ def forced_calls():
     assert n.output[0].name == "get_time" and n.parallel_tool_calls is False, n.output
     out = [{"type": "function_call_output", "call_id": r.output[0].call_id, "output": "21"}]
     f, cached = round_trip(r, out, tools=TOOLS_F)  # (the same tools: the same prompt prefix)
-    for choice, param in (({"type": "function", "name": "nope"}, "tool_choice"),
-                          ({"type": "allowed_tools", "mode": "required", "tools": []},
-                           "tool_choice")):
+    pattern = [dict(TOOLS_R[0], parameters={"type": "object", "properties": {
+        "city": {"type": "string", "pattern": "^[A-Z]"}}})]
+    for choice, tools, param in (
+            ({"type": "function", "name": "nope"}, TOOLS_R, "tool_choice"),
+            ({"type": "allowed_tools", "mode": "required", "tools": []}, TOOLS_R, "tool_choice"),
+            ("required", pattern, "tools")):  # (a construct the grammar does not enforce)
         try:
-            tool_turn(tool_choice=choice)
+            tool_turn(tool_choice=choice, tools=tools)
             raise AssertionError(f"accepted {choice}")
         except openai.BadRequestError as e:
             assert e.body["param"] == param, e.body
     print(f"forced calls: required {r.output[0].arguments}, named get_time in "
-          f"{n.usage.output_tokens} tokens; the round trip resumed {cached} tokens", flush=True)
+          f"{n.usage.output_tokens} tokens; the round trip resumed {cached} tokens "
+          f"({time.time() - t0:.1f} s)", flush=True)
 
 
 def function_calls():
