@@ -15,7 +15,10 @@ restarts under another model name and under a short TTL:
      retrieve / input_items / delete; another key's id is 404; bad inputs 4xx.
   b  after both died: turns 7..10 continue, the first of them from the stored
      state on disk (cached_tokens as before); wkvmctl lists and deletes.
-  c  a previous id of another model is 400.   d  expired ids are 404, counted.
+  c  a previous id of another model is 400.   d  expired ids are 404, counted; a fresh
+     one lives its whole TTL.
+  r  reasoning items (test_chat_template's Qwen3.5).   t  function calls and forced calls
+     (tool_choice required / named: constrained decoding) with Qwen3.5-4B.jinja.
 
 Costs a few seconds: 2 layers, 64 wide, at most 8 tokens a reply.
 """
