@@ -108,8 +108,10 @@ resp_new_id(const char *prefix, size_t n, char *out, size_t cap)
         snprintf(out + off, cap - off, "%02x", rnd[i]);
 }
 
-/* The wall clock in ms (created_at is its second): expiry is exact to the ms (a TTL of 2 s lives 2
- * s, not 1 to 2). */
+/*
+ * The wall clock in ms (created_at is its second): expiry is exact to the
+ * ms (a TTL of 2 s lives 2 s, not 1 to 2).
+ */
 static int64_t
 resp_now_ms(void)
 {
