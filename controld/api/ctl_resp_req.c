@@ -568,10 +568,9 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
 {
     wk_err err;
     /*
-     * Tools, as the chat route treats them: wkvm's models never call one yet, so
-     * offered tools are validated and the model answers with a message, which
-     * OpenAI's semantics allow while the model may choose; requiring a call is
-     * refused.
+     * Tools, as the chat route treats them: offered function tools go to the
+     * template and the reply is parsed for calls; "required" or a named
+     * function is enforced while sampling (ctl_responses, ctl_toolgram).
      */
     const json_t *v = json_object_get(body, "tools");
     if (!resp_absent(v)) {
@@ -588,17 +587,50 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
         r->tools = json_array_size(v) > 0 ? v : NULL;
     }
     v = json_object_get(body, "tool_choice");
-    if (!resp_absent(v) && !(json_is_string(v) && (strcmp(json_string_value(v), "auto") == 0 ||
-                                                   strcmp(json_string_value(v), "none") == 0)))
+    const char *choice = json_is_string(v) ? json_string_value(v) : NULL;
+    const json_t *fname = json_object_get(v, "name");
+    bool named = json_is_object(v) && json_is_string(json_object_get(v, "type")) &&
+                 strcmp(json_string_value(json_object_get(v, "type")), "function") == 0;
+    if (!resp_absent(v) &&
+        !(choice != NULL && (strcmp(choice, "auto") == 0 || strcmp(choice, "none") == 0 ||
+                             strcmp(choice, "required") == 0)) &&
+        !named)
         return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
-                         json_is_string(v) && strcmp(json_string_value(v), "required") == 0
-                             ? "wkvm cannot force a call yet (no constrained decoding): "
-                               "'tool_choice' cannot require one (use \"auto\" or \"none\")"
-                         : json_is_object(v)
-                             ? "wkvm cannot force a call yet (no constrained decoding): "
-                               "'tool_choice' cannot name one (use \"auto\" or \"none\")"
+                         json_is_object(v)
+                             ? "'tool_choice' may name a function only ({\"type\": "
+                               "\"function\", \"name\": ...}; wkvm serves function tools only)"
                              : "'tool_choice' must be \"auto\", \"none\", \"required\" "
-                               "or a tool");
+                               "or {\"type\": \"function\", \"name\": ...}");
+    if (named) {
+        size_t k;
+        json_t *t;
+        bool found = false;
+        const char *key;
+        json_t *x;
+        json_object_foreach((json_t *)v, key, x)
+        {
+            if (strcmp(key, "type") != 0 && strcmp(key, "name") != 0)
+                return resp_fail(e, WK_EINVAL, "tool_choice", "unknown_parameter",
+                                 "Unknown parameter: 'tool_choice.%.64s'.", key);
+        }
+        if (!json_is_string(fname))
+            return resp_fail(e, WK_EINVAL, "tool_choice.name", "invalid_type",
+                             "'tool_choice' names a function by a string 'name'");
+        json_array_foreach(r->tools, k, t)
+        {
+            found = found || json_equal(json_object_get(t, "name"), fname);
+        }
+        if (!found)
+            return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
+                             "'tool_choice' names function '%.64s', which is not among the "
+                             "'tools'",
+                             json_string_value(fname));
+        r->tool_name = json_string_value(fname);
+    }
+    r->tool_required = named || (choice != NULL && strcmp(choice, "required") == 0);
+    if (r->tool_required && r->tools == NULL)
+        return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
+                         "'tool_choice' cannot require a call: the request offers no 'tools'");
     r->tool_choice_none = json_is_string(v) && strcmp(json_string_value(v), "none") == 0;
     v = json_object_get(body, "parallel_tool_calls");
     if (!resp_absent(v) && !json_is_boolean(v))

@@ -86,6 +86,10 @@ typedef struct ctl_resp_req {
     const json_t *tools;              /* borrowed array of function tools (type "function",
                                          name, parameters); NULL: none */
     bool tool_choice_none;            /* tool_choice "none": the reply is not parsed for calls */
+    bool tool_required;               /* tool_choice "required" or a named function: a call is
+                                         enforced (constrained decoding, ctl_toolgram) */
+    const char *tool_name;            /* borrowed: the named function ({"type": "function",
+                                         "name": ...}, one of tools); NULL: any offered one */
     bool parallel_tool_calls_off;     /* parallel_tool_calls false: at most one call */
     const char *user;                 /* borrowed; NULL: none */
     const char *reasoning_effort;     /* borrowed reasoning.effort ("none" .. "xhigh"); NULL */

@@ -34,6 +34,7 @@
 #include "ctl_resp_req.h"
 #include "ctl_responses.h"
 #include "ctl_session.h"
+#include "ctl_toolgram.h"
 #include "wk_chat.h"
 #include "wk_json.h"
 #include "wk_log.h"
@@ -107,10 +108,16 @@ resp_new_id(const char *prefix, size_t n, char *out, size_t cap)
         snprintf(out + off, cap - off, "%02x", rnd[i]);
 }
 
+/*
+ * The wall clock in ms (created_at is its second): expiry is exact to the
+ * ms (a TTL of 2 s lives 2 s, not 1 to 2).
+ */
 static int64_t
-resp_now_s(void)
+resp_now_ms(void)
 {
-    return (int64_t)time(NULL);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ------------------------------------------------------------ metrics ---- */
@@ -184,14 +191,36 @@ resp_decode(const void *val, size_t len)
 }
 
 /*
- * True when rec outlived --responses-ttl as it is now (a changed TTL applies
- * to records stored before; 0 keeps them).
+ * When rec was stored, in ms of the wall clock ("created_ms"; a record
+ * without one: the start of its created_at second).
+ */
+static int64_t
+resp_created_ms(const json_t *rec)
+{
+    const json_t *ms = json_object_get(rec, "created_ms");
+    if (json_is_integer(ms))
+        return (int64_t)json_integer_value(ms);
+    return (int64_t)json_integer_value(json_object_get(rec, "created_at")) * 1000;
+}
+
+/*
+ * True when rec outlived --responses-ttl as it is now (now_ms: resp_now_ms;
+ * a changed TTL applies to records stored before; 0 keeps them).
  */
 static bool
-resp_expired(const ctl_app *app, const json_t *rec, int64_t now)
+resp_expired(const ctl_app *app, const json_t *rec, int64_t now_ms)
 {
-    json_int_t created = json_integer_value(json_object_get(rec, "created_at"));
-    return app->responses_ttl_s > 0 && now >= created + (json_int_t)app->responses_ttl_s;
+    return app->responses_ttl_s > 0 &&
+           now_ms >= resp_created_ms(rec) + (int64_t)app->responses_ttl_s * 1000;
+}
+
+/* rec's expires_at under the TTL as it is now: the second it expires in (rounded up); 0 none. */
+static json_int_t
+resp_expires_at(const ctl_app *app, const json_t *rec)
+{
+    if (app->responses_ttl_s == 0)
+        return 0;
+    return (json_int_t)((resp_created_ms(rec) + (int64_t)app->responses_ttl_s * 1000 + 999) / 1000);
 }
 
 static bool resp_bg_orphan(ctl_app *app, json_t *rec);
@@ -220,7 +249,7 @@ resp_load(ctl_app *app, const char *owner, const char *id, json_t **rec, bool *e
         wk_log_warn("response record undecodable id=%s", id);
         return WK_ENOENT;
     }
-    if (resp_expired(app, r, resp_now_s())) {
+    if (resp_expired(app, r, resp_now_ms())) {
         resp_drop(app, key, r);
         json_decref(r);
         ctl_metrics_add(app->metrics, "wkvm_responses_evictions_total", NULL, 1);
@@ -285,7 +314,7 @@ resp_quota(ctl_app *app, const char *owner, wk_diag *d)
         return WK_OK;
     if (app->responses_ttl_s > 0) {
         /* At the limit: drop this owner's expired ones first (a TTL shortened since). */
-        int64_t now = resp_now_s();
+        int64_t now = resp_now_ms();
         after[0] = '\0';
         n = 0;
         for (;;) {
@@ -321,7 +350,7 @@ resp_quota(ctl_app *app, const char *owner, wk_diag *d)
 static void
 resp_sweep(ctl_app *app)
 {
-    int64_t now = resp_now_s();
+    int64_t now_ms = resp_now_ms(), now = now_ms / 1000;
     ctl_store_kv_page page = {0};
     char after[CTL_STORE_SESSION_KEY_MAX + 1] = "";
     size_t removed = 0;
@@ -348,17 +377,13 @@ resp_sweep(ctl_app *app)
             free(val);
             resp_cleanup(ctl_store_session_delete(app->store, page.items[i].key, NULL),
                          "expiry key");
-            if (rec != NULL && resp_expired(app, rec, now)) {
+            if (rec != NULL && resp_expired(app, rec, now_ms)) {
                 resp_drop(app, key, rec);
                 removed++;
                 ctl_metrics_add(app->metrics, "wkvm_responses_evictions_total", NULL, 1);
             } else if (rec != NULL) {
                 /* the TTL grew (or is off) since: a new expiry, or none */
-                json_int_t created = json_integer_value(json_object_get(rec, "created_at"));
-                json_object_set_new(rec, "expires_at",
-                                    json_integer(app->responses_ttl_s > 0
-                                                     ? created + (json_int_t)app->responses_ttl_s
-                                                     : 0));
+                json_object_set_new(rec, "expires_at", json_integer(resp_expires_at(app, rec)));
                 resp_cleanup(resp_save(app, rec, NULL), "re-expiry");
             }
             json_decref(rec);
@@ -501,9 +526,13 @@ resp_object(const json_t *rec)
     json_object_set_new(o, "store", json_boolean(json_is_true(json_object_get(rec, "store"))));
     json_object_set_new(o, "temperature", resp_or_null(rec, "temperature"));
     json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
-    json_object_set_new(
-        o, "tool_choice",
-        json_string(json_is_true(json_object_get(rec, "tool_choice_none")) ? "none" : "auto"));
+    json_t *choice = json_object_get(rec, "tool_choice");
+    json_object_set_new(o, "tool_choice",
+                        choice != NULL
+                            ? json_deep_copy(choice)
+                            : json_string(json_is_true(json_object_get(rec, "tool_choice_none"))
+                                              ? "none"
+                                              : "auto"));
     json_t *tools = json_object_get(rec, "tools");
     json_object_set_new(o, "tools", json_is_array(tools) ? json_deep_copy(tools) : json_array());
     json_object_set_new(o, "top_p", resp_or_null(rec, "top_p"));
@@ -936,6 +965,41 @@ resp_prompt_fits(resp_call *c)
 }
 
 /*
+ * tool_choice "required" or a named function: the chat route's constrained
+ * decoding (ctl_toolgram, docs/OPENAI_COMPAT.md "Constrained tool calls"),
+ * compiled once the prompt is rendered (free reasoning first when it leaves
+ * the reply inside a think block). The reply then goes through the same
+ * tool-call parse as any reply. Sends the error and returns false.
+ */
+static bool
+resp_tool_forced(resp_call *c)
+{
+    ctl_openai_req *r = &c->r;
+    if (r->tool_fmt == WK_TOOLCALL_FMT_NONE) {
+        resp_send_error(c->req, 400, WK_EINVAL, "tool_choice", "invalid_value",
+                        "'tool_choice' cannot require a call: this model's chat template has no "
+                        "tool-call format wkvm knows (use \"auto\" or \"none\")");
+        return false;
+    }
+    r->tool_forced = true;
+    if (c->q.tool_name != NULL && (r->tool_force_name = strdup(c->q.tool_name)) == NULL) {
+        resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
+        return false;
+    }
+    wk_diag d = {{0}};
+    wk_err err =
+        ctl_toolgram_new(c->app->tok, r->tool_fmt, r->tools, r->tool_force_name, !r->tool_serial,
+                         r->think_open, WK_CHAT_TPL_THINK_CLOSE, &r->toolgram, &d);
+    if (err != WK_OK) {
+        resp_send_error(
+            c->req, err == WK_EINVAL ? 400 : 500, err, err == WK_EINVAL ? "tools" : NULL, NULL,
+            "tool_choice cannot be enforced: %s", err == WK_EINVAL ? d.msg : "out of memory");
+        return false;
+    }
+    return true;
+}
+
+/*
  * The conversation rendered with the model's own template (app->chat_tpl):
  * instructions as a system message, each message as {role, content}, a
  * reasoning item as the reasoning_content of the assistant message after it
@@ -1068,6 +1132,8 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
         r->think_open = wk_chat_think_open_at_end(r->prompt_text, r->prompt_len,
                                                   WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE);
     }
+    if (q->tool_required && !resp_tool_forced(c))
+        return false;
     int32_t *prev_ids = NULL, *rest = NULL;
     size_t n_prev = 0, n_rest = 0, off = 0;
     if (resp_exact_candidate(c) && resp_prev_tokens(c, &prev_ids, &n_prev) &&
@@ -1101,6 +1167,12 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     resp_history(c, history, input);
     if (app->chat_tpl != NULL)
         return resp_build_templated(c, history, input);
+    if (q->tool_required) {
+        resp_send_error(c->req, 400, WK_EINVAL, "tool_choice", "invalid_value",
+                        "'tool_choice' cannot require a call: this model uses the plain "
+                        "User:/Assistant: template, which has no tool calls (use \"auto\")");
+        return false;
+    }
     /* The World template: reasoning items have no place in it, function calls none either. */
     size_t n_sys = q->instructions != NULL ? 1 : 0, n = n_sys;
     json_t *lists[2] = {history, input};
@@ -2033,8 +2105,11 @@ resp_create(ctl_http_req *req, ctl_app *app)
     const char *eos = c->r.templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : NULL;
     g->stops[g->n_stops++] =
         c->r.templated ? (eos != NULL && eos[0] ? eos : NULL) : WK_CHAT_STOP_DEFAULT;
-    if (g->stops[g->n_stops - 1] == NULL)
+    /* (not for a forced call: its grammar ends it, and an argument may spell that text) */
+    if (g->stops[g->n_stops - 1] == NULL || c->r.toolgram != NULL)
         g->n_stops--;
+    if (c->r.toolgram != NULL)
+        ctl_toolgram_apply(c->r.toolgram, g);
     g->sample.temperature = (float)c->q.temperature;
     g->sample.top_p = (float)c->q.top_p;
     g->sample.frequency_penalty = (float)c->q.frequency_penalty;
@@ -2071,7 +2146,7 @@ resp_create(ctl_http_req *req, ctl_app *app)
     ctl_worker_view v;
     if (ctl_pool_model_view(app->pool, &v) != WK_OK)
         v.fingerprint[0] = '\0';
-    int64_t now = resp_now_s();
+    int64_t created_ms = resp_now_ms(), now = created_ms / 1000;
     c->rec = json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:s, s:O, s:O, s:b}", "v",
                        RESP_RECORD_VERSION, "id", id, "owner", c->r.owner, "model", c->q.model,
                        "fp", v.fingerprint, "created_at", (json_int_t)now, "status", "in_progress",
@@ -2081,10 +2156,8 @@ resp_create(ctl_http_req *req, ctl_app *app)
         goto out;
     }
     json_t *rec = c->rec;
-    json_object_set_new(rec, "expires_at",
-                        json_integer(app->responses_ttl_s > 0
-                                         ? (json_int_t)(now + (int64_t)app->responses_ttl_s)
-                                         : 0));
+    json_object_set_new(rec, "created_ms", json_integer((json_int_t)created_ms));
+    json_object_set_new(rec, "expires_at", json_integer(resp_expires_at(app, rec)));
     json_object_set_new(rec, "instructions",
                         c->q.instructions != NULL
                             ? json_stringn(c->q.instructions, c->q.instructions_len)
@@ -2108,6 +2181,11 @@ resp_create(ctl_http_req *req, ctl_app *app)
         json_object_set_new(rec, "background", json_true());
     if (c->q.tool_choice_none)
         json_object_set_new(rec, "tool_choice_none", json_true());
+    if (c->q.tool_name != NULL)
+        json_object_set_new(rec, "tool_choice",
+                            json_pack("{s:s, s:s}", "type", "function", "name", c->q.tool_name));
+    else if (c->q.tool_required)
+        json_object_set_new(rec, "tool_choice", json_string("required"));
     if (c->q.parallel_tool_calls_off)
         json_object_set_new(rec, "serial_tool_calls", json_true());
     ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)c->r.n_prompt);
@@ -2365,7 +2443,7 @@ typedef struct resp_list_ctx {
     ctl_app *app;      /* app */
     const char *owner; /* filter, NULL all */
     json_t *data;      /* rows */
-    int64_t now;       /* the listing's time */
+    int64_t now;       /* the listing's time (resp_now_ms) */
 } resp_list_ctx;
 
 static void
@@ -2429,7 +2507,7 @@ resp_admin(ctl_http_req *req, void *arg)
         char owner[CTL_STORE_OWNER_MAX + 1];
         bool has = ctl_http_req_query_get(req, "owner", owner, sizeof(owner)) && owner[0];
         resp_list_ctx x = {
-            .app = app, .owner = has ? owner : NULL, .data = json_array(), .now = resp_now_s()};
+            .app = app, .owner = has ? owner : NULL, .data = json_array(), .now = resp_now_ms()};
         resp_each(app, resp_list_one, &x);
         ctl_http_send_json(req, 200, json_pack("{s:s, s:o}", "object", "list", "data", x.data));
         return;

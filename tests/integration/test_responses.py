@@ -15,7 +15,10 @@ restarts under another model name and under a short TTL:
      retrieve / input_items / delete; another key's id is 404; bad inputs 4xx.
   b  after both died: turns 7..10 continue, the first of them from the stored
      state on disk (cached_tokens as before); wkvmctl lists and deletes.
-  c  a previous id of another model is 400.   d  expired ids are 404, counted.
+  c  a previous id of another model is 400.   d  expired ids are 404, counted; a fresh
+     one lives its whole TTL.
+  r  reasoning items (test_chat_template's Qwen3.5).   t  function calls and forced calls
+     (tool_choice required / named: constrained decoding) with Qwen3.5-4B.jinja.
 
 Costs a few seconds: 2 layers, 64 wide, at most 8 tokens a reply.
 """
@@ -41,6 +44,7 @@ CAROL = "sk-carol-0000000004"  # only the golden shapes: an owner without checkp
 CLIENT_SCRIPT = r'''
 import json
 import sys
+import time
 import traceback
 
 import openai
@@ -404,7 +408,7 @@ def other_model():
 
 
 def ttl():
-    """--responses-ttl 2: a fresh response lives, then it and the old ones answer 404."""
+    """--responses-ttl 2: a fresh response lives its 2 s, then it and the old ones answer 404."""
     import time
     try:
         client.responses.create(model=MID, input="x", previous_response_id=st["turns"][1],
@@ -413,9 +417,22 @@ def ttl():
     except openai.NotFoundError as e:
         assert e.body["code"] == "previous_response_not_found", e.body
         assert "expired" in e.body["message"], e.body
+    # still there just after its created_at second + 2 (a TTL of 2 s lives 2 s, to the ms;
+    # it lived 1 to 2 s: a flake under load), checked when that is well before t0 + 2 (it
+    # is stored after t0: when created_at is t0's second, t0 late in it; a first stored
+    # response takes the quota's drop of the expired ones, so the timed one is stored at once)
+    client.responses.create(model=MID, input="first", max_output_tokens=1)
+    while abs(time.time() % 1 - 0.6) > 0.02:
+        time.sleep(0.005)
+    t0 = time.time()
     r = client.responses.create(model=MID, input="short-lived", max_output_tokens=2)
+    t1 = time.time()  # (stored before this)
     assert client.responses.retrieve(r.id).id == r.id
-    time.sleep(2.2)
+    late = r.created_at + 2.02
+    if late + 0.4 < t0 + 2:
+        time.sleep(max(0.0, late - time.time()))
+        assert client.responses.retrieve(r.id).id == r.id, "gone before its TTL"
+    time.sleep(max(0.0, t1 + 2.1 - time.time()))
     for rid in (r.id, st["prev"]):
         try:
             client.responses.retrieve(rid)
@@ -599,14 +616,118 @@ TOOLS_R = [{"type": "function", "name": "get_weather", "description": "The weath
                 "metric": {"type": "boolean"}}, "required": ["city"]}}]
 
 
-def tool_turn(prev=None, items="What is the weather in Paris?", bias=None, **kw):
+def tool_turn(prev=None, items="What is the weather in Paris?", bias=None, tools=TOOLS_R,
+              max_output_tokens=4, **kw):
     extra = {"return_token_ids": True, "frequency_penalty": 2, "presence_penalty": 2}
     if bias is not None:
         extra["logit_bias"] = bias
     return client.responses.create(model=MID, input=items, instructions="Be brief.",
-                                   previous_response_id=prev, tools=TOOLS_R,
-                                   reasoning={"effort": "none"}, max_output_tokens=4,
-                                   temperature=0, extra_body=extra, **kw)
+                                   previous_response_id=prev, tools=tools,
+                                   reasoning={"effort": "none"},
+                                   max_output_tokens=max_output_tokens, temperature=0,
+                                   extra_body=extra, **kw)
+
+
+def round_trip(r, out, **kw):
+    """out (function_call_output items) sent by previous_response_id after r: it resumes r's
+    exact state (cached_tokens all of it) and its reply equals a recompute of the same ids."""
+    f = tool_turn(prev=r.id, items=out, **kw)
+    n_f = f.model_extra["prompt_token_count"]
+    prev_ids = r.model_extra["state_token_ids"]
+    cached = f.usage.input_tokens_details.cached_tokens
+    assert f.model_extra["state_token_ids"][:len(prev_ids)] == prev_ids, "not the exact state"
+    assert cached == len(prev_ids), (f.usage, len(prev_ids))
+    c = client.completions.create(model=MID, prompt=f.model_extra["state_token_ids"][:n_f],
+                                  max_tokens=4, temperature=0,
+                                  extra_body={"cache": False, "return_token_ids": True,
+                                              "frequency_penalty": 2, "presence_penalty": 2})
+    cids = c.choices[0].model_extra["token_ids"]
+    fids = f.model_extra["state_token_ids"][n_f:]
+    assert fids == cids[:len(fids)], (fids, cids)
+    return f, cached
+
+
+def schema_valid(v, s, path="$"):
+    """v against the JSON schema subset the tools declare (type, properties, required, no
+    undeclared property); raises on the first violation."""
+    types = {"object": dict, "string": str, "boolean": bool, "array": list}
+    t = s.get("type")
+    if t == "integer":
+        assert isinstance(v, int) and not isinstance(v, bool), (path, v)
+    elif t is not None:
+        assert isinstance(v, types[t]), (path, t, v)
+    if t == "object":
+        props = s.get("properties", {})
+        assert set(v) <= set(props), (path, "undeclared", set(v) - set(props))
+        assert set(s.get("required", [])) <= set(v), (path, "missing", s.get("required"))
+        for k, x in v.items():
+            schema_valid(x, props[k], f"{path}.{k}")
+
+
+def forced_call(bias, **kw):
+    """A forced call, blocking and streamed: the same single function_call item, its
+    arguments valid for the offered function's schema; returns the blocking response."""
+    r = tool_turn(bias=bias, tools=TOOLS_F, max_output_tokens=64, **kw)
+    assert r.status == "completed", (r.status, r.output)
+    assert [o.type for o in r.output] == ["function_call"], r.output
+    fc = r.output[0]
+    schema = {t["name"]: t["parameters"] for t in TOOLS_F}
+    schema_valid(json.loads(fc.arguments), schema[fc.name])
+    assert r.tool_choice == kw["tool_choice"] or r.tool_choice.name == kw["tool_choice"]["name"]
+    events = list(tool_turn(bias=bias, tools=TOOLS_F, max_output_tokens=64, stream=True, **kw))
+    types = [e.type for e in events]
+    assert "response.output_text.delta" not in types, types
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    last = events[-1]
+    assert last.type == "response.completed" and args == fc.arguments and done == [args], types
+    assert [(o.type, o.name, o.arguments) for o in last.response.output] == \
+        [("function_call", fc.name, fc.arguments)], last.response.output
+    assert last.response.model_extra["state_token_ids"] == r.model_extra["state_token_ids"]
+    return r
+
+
+# Forced calls: the bias favours the byte "x" over <|im_end|> over CALL (get_weather, city
+# and days): unconstrained that is text, required is CALL then the end ("x" and the end of
+# text are not allowed before a call), a named get_time is spelled out byte by byte. (CALL,
+# not CALL2: the template renders CALL2's boolean back as "True", so its round trip would
+# resume from an earlier checkpoint, as it should.)
+TOOLS_F = TOOLS_R + [{"type": "function", "name": "get_time", "description": "The time.",
+                      "parameters": {"type": "object", "properties": {}}}]
+
+
+def forced_calls():
+    """tool_choice required and a named function through the chat route's constrained
+    decoding: a schema-valid call where the unconstrained reply has none, streamed equal to
+    blocking, and its output sent back by previous_response_id resumes the exact state."""
+    t0 = time.time()
+    vocab = json.load(open(MODEL + "/tokenizer.json", encoding="utf-8"))["model"]["vocab"]
+    bias = {str(vocab["x"]): 100, str(T_IM_END): 70, str(T_CALL): 60}
+    free = tool_turn(bias=bias, tools=TOOLS_F)
+    assert "function_call" not in [o.type for o in free.output], free.output
+    r = forced_call(bias, tool_choice="required")
+    gen = r.model_extra["state_token_ids"][r.model_extra["prompt_token_count"]:]
+    assert gen == [T_CALL, T_IM_END], gen
+    assert r.output[0].name == "get_weather", r.output
+    n = forced_call(bias, tool_choice={"type": "function", "name": "get_time"},
+                    parallel_tool_calls=False)
+    assert n.output[0].name == "get_time" and n.parallel_tool_calls is False, n.output
+    out = [{"type": "function_call_output", "call_id": r.output[0].call_id, "output": "21"}]
+    f, cached = round_trip(r, out, tools=TOOLS_F)  # (the same tools: the same prompt prefix)
+    pattern = [dict(TOOLS_R[0], parameters={"type": "object", "properties": {
+        "city": {"type": "string", "pattern": "^[A-Z]"}}})]
+    for choice, tools, param in (
+            ({"type": "function", "name": "nope"}, TOOLS_R, "tool_choice"),
+            ({"type": "allowed_tools", "mode": "required", "tools": []}, TOOLS_R, "tool_choice"),
+            ("required", pattern, "tools")):  # (a construct the grammar does not enforce)
+        try:
+            tool_turn(tool_choice=choice, tools=tools)
+            raise AssertionError(f"accepted {choice}")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == param, e.body
+    print(f"forced calls: required {r.output[0].arguments}, named get_time in "
+          f"{n.usage.output_tokens} tokens; the round trip resumed {cached} tokens "
+          f"({time.time() - t0:.1f} s)", flush=True)
 
 
 def function_calls():
@@ -654,19 +775,8 @@ def function_calls():
         final.output
     # the round trip: the tool's output by previous_response_id
     out = [{"type": "function_call_output", "call_id": fc.call_id, "output": '{"temp": 21}'}]
-    f = tool_turn(prev=r.id, items=out)
+    f, cached = round_trip(r, out)
     n_f = f.model_extra["prompt_token_count"]
-    prev_ids = r.model_extra["state_token_ids"]
-    cached = f.usage.input_tokens_details.cached_tokens
-    assert f.model_extra["state_token_ids"][:len(prev_ids)] == prev_ids, "not the exact state"
-    assert cached == len(prev_ids), (f.usage, len(prev_ids))
-    c = client.completions.create(model=MID, prompt=f.model_extra["state_token_ids"][:n_f],
-                                  max_tokens=4, temperature=0,
-                                  extra_body={"cache": False, "return_token_ids": True,
-                                              "frequency_penalty": 2, "presence_penalty": 2})
-    cids = c.choices[0].model_extra["token_ids"]
-    fids = f.model_extra["state_token_ids"][n_f:]
-    assert fids == cids[:len(fids)], (fids, cids)
     items = client.responses.input_items.list(f.id, order="asc")
     assert [i.type for i in items.data] == ["message", "function_call",
                                             "function_call_output"], items
@@ -683,11 +793,6 @@ def function_calls():
     t = tool_turn(bias=bias, tool_choice="none")
     assert [o.type for o in t.output] == ["message"] and "<tool_call>" in t.output_text, t.output
     assert t.tool_choice == "none", t
-    try:
-        tool_turn(tool_choice="required")
-        raise AssertionError("tool_choice required accepted")
-    except openai.BadRequestError as e:
-        assert e.body["param"] == "tool_choice", e.body
     print(f"function call (bias lead {tenth / 10}); the round trip resumed {cached} of "
           f"{f.usage.input_tokens} tokens", flush=True)
 
@@ -696,7 +801,7 @@ TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_i
                background],
          "b": [conversation_b], "c": [other_model, quota, orphan_read], "d": [ttl],
          "e": [evicted_state, orphan_start],
-         "r": [reasoning, reasoning_effort], "t": [function_calls]}
+         "r": [reasoning, reasoning_effort], "t": [function_calls, forced_calls]}
 for t in TESTS[PHASE]:
     try:
         t()

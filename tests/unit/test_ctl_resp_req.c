@@ -11,6 +11,7 @@
 /* (cmocka needs the four above first) */
 #include <cmocka.h>
 #include <jansson.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "ctl_resp_req.h"
@@ -173,6 +174,43 @@ test_reasoning_and_background(void **state)
     json_decref(b);
 }
 
+/* tool_choice "required" or a named function: a call is to be enforced. */
+static void
+test_tool_choice_forced(void **state)
+{
+    (void)state;
+    json_t *b = NULL;
+    ctl_resp_req r;
+    ctl_resp_err e;
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"name\":\"f\"},"
+                        "{\"type\":\"function\",\"name\":\"g\"}]";
+    char text[256];
+    snprintf(text, sizeof(text),
+             "{\"model\":\"m\",\"input\":\"x\",%s,\"tool_choice\":\"required\"}", tools);
+    assert_int_equal(parse(text, NULL, &b, &r, &e), WK_OK);
+    assert_true(r.tool_required);
+    assert_null(r.tool_name);
+    assert_false(r.tool_choice_none);
+    ctl_resp_req_fini(&r);
+    json_decref(b);
+    snprintf(text, sizeof(text),
+             "{\"model\":\"m\",\"input\":\"x\",%s,\"tool_choice\":{\"type\":\"function\","
+             "\"name\":\"g\"},\"parallel_tool_calls\":false}",
+             tools);
+    assert_int_equal(parse(text, NULL, &b, &r, &e), WK_OK);
+    assert_true(r.tool_required);
+    assert_string_equal(r.tool_name, "g");
+    assert_true(r.parallel_tool_calls_off);
+    ctl_resp_req_fini(&r);
+    json_decref(b);
+    snprintf(text, sizeof(text), "{\"model\":\"m\",\"input\":\"x\",%s,\"tool_choice\":\"auto\"}",
+             tools);
+    assert_int_equal(parse(text, NULL, &b, &r, &e), WK_OK);
+    assert_false(r.tool_required);
+    ctl_resp_req_fini(&r);
+    json_decref(b);
+}
+
 static void
 test_nulls_are_absent(void **state)
 {
@@ -252,9 +290,19 @@ test_refusals(void **state)
     refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[7]}", "tools[0].type", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":{}}", "tools", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
-            "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+            "\"tool_choice\":{\"type\":\"function\",\"name\":\"g\"}}",
+            "tool_choice", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+            "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\",\"strict\":true}}",
+            "tool_choice", "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+            "\"tool_choice\":{\"type\":\"function\",\"name\":7}}",
+            "tool_choice.name", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+            "\"tool_choice\":{\"type\":\"allowed_tools\",\"mode\":\"required\",\"tools\":[]}}",
             "tool_choice", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"always\"}", "tool_choice", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"huge\"}}",
             "reasoning.effort", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"summary\":1}}", "reasoning.summary",
@@ -345,6 +393,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_string_input),
         cmocka_unit_test(test_items_and_parameters),
+        cmocka_unit_test(test_tool_choice_forced),
         cmocka_unit_test(test_nulls_are_absent),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_limits),
