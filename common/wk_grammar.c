@@ -39,6 +39,7 @@ typedef struct gm_node {
     uint8_t lookahead;  /* N_CHOICE: a complete candidate may end before a longer one (enum);
                            N_RAW: the terminator must follow a "\n" */
     uint8_t parallel;   /* N_CALLS */
+    uint8_t no_closers; /* N_RAW: the text may not hold the call's closing tags (XML values) */
     uint32_t str;       /* N_LIT / N_RAW: offset of the bytes (N_RAW: the terminator) */
     uint32_t len;       /* their length */
     uint32_t first;     /* N_SEQ: first kid index; N_CHOICE / N_VALUE / N_XOBJ: first candidate */
@@ -65,6 +66,7 @@ struct wk_grammar {
     uint32_t n_bytes, cap_bytes;
     uint32_t root;
     uint32_t lit_true, lit_false, lit_null;
+    uint32_t closer, closer_len; /* the call's close marker: never inside a JSON string */
 };
 
 /* ---- the matcher ---- */
@@ -304,7 +306,21 @@ gm_step(const wk_grammar *g, gm_state *s, uint8_t c)
         if (gm_utf8(f, c, &ok)) {
             f->pos = 0;
             f->aux2 = 0;
+            f->lo = f->hi = 0;
             return ok ? R_OK : R_REJECT;
+        }
+        if (nd->no_closers) {
+            /*
+             * An XML value may not hold "</function>" or "</tool_call>": the
+             * reply parser (wk_toolcall) ends the call there, so the text
+             * would no longer be one call. lo / hi: bytes of each matched
+             * (neither repeats its first byte, so a mismatch restarts at '<').
+             */
+            static const char fn[] = "</function>", tc[] = "</tool_call>";
+            f->lo = (uint16_t)(c == (uint8_t)fn[f->lo] ? f->lo + 1 : c == '<');
+            f->hi = (uint16_t)(c == (uint8_t)tc[f->hi] ? f->hi + 1 : c == '<');
+            if (f->lo == sizeof(fn) - 1 || f->hi == sizeof(tc) - 1)
+                return R_REJECT;
         }
         if (c == g->bytes[nd->str + f->pos]) {
             if (f->pos == 0)
@@ -355,8 +371,19 @@ gm_step(const wk_grammar *g, gm_state *s, uint8_t c)
             return R_OK;
         case S_BODY: {
             bool ok;
-            if (gm_utf8(f, c, &ok))
+            if (gm_utf8(f, c, &ok)) {
+                f->lo = 0;
                 return ok ? R_OK : R_REJECT;
+            }
+            /*
+             * The reply parser (wk_toolcall) ends a call at the first close
+             * marker, even inside a string: a string may hold it only
+             * escaped ("<\/tool_call>"). lo: its bytes matched (it does not
+             * repeat its first byte '<', so a mismatch restarts there).
+             */
+            f->lo = (uint16_t)(c == g->bytes[g->closer + f->lo] ? f->lo + 1 : c == '<');
+            if (f->lo == g->closer_len)
+                return R_REJECT;
             if (c == '"')
                 return R_POP_OK;
             if (c == '\\') {
@@ -808,9 +835,9 @@ gm_plain_idle(const wk_grammar *g, const gm_state *s)
         return false;
     const gm_frame *f = &s->f[s->n - 1];
     if (f->kind == F_STR)
-        return f->phase == S_BODY && f->aux == 0;
+        return f->phase == S_BODY && f->aux == 0 && f->lo == 0;
     if (f->kind == F_RAW)
-        return f->pos == 0 && f->aux == 0 && f->aux2 == 0 &&
+        return f->pos == 0 && f->aux == 0 && f->aux2 == 0 && f->lo == 0 && f->hi == 0 &&
                !gm_plain_byte(g->bytes[g->nodes[f->node].str]);
     return false;
 }
@@ -1306,6 +1333,7 @@ gm_xml_value(gm_cc *c, json_t *sch, const char *path, int depth)
         c->g->nodes[raw].str = gm_bytes(c, "</parameter>", 12);
         c->g->nodes[raw].len = 12;
         c->g->nodes[raw].lookahead = 1;
+        c->g->nodes[raw].no_closers = 1;
         uint32_t kids[2] = {raw, gm_lit(c, "\n", 1)};
         return gm_seq(c, kids, 2);
     }
@@ -1511,6 +1539,9 @@ wk_grammar_compile(const wk_grammar_spec *spec, wk_grammar **out, wk_diag *d)
     bool xml = spec->format == WK_TOOLCALL_FMT_XML;
     bool nemo = spec->format == WK_TOOLCALL_FMT_NEMOTRON;
     (void)gm_node_new(&c, N_LIT); /* node 0 means "none" */
+    const char *closer = nemo ? "</TOOLCALL>" : "</tool_call>";
+    g->closer_len = (uint32_t)strlen(closer);
+    g->closer = gm_bytes(&c, closer, g->closer_len);
     g->lit_true = gm_lit(&c, "true", 4);
     g->lit_false = gm_lit(&c, "false", 5);
     g->lit_null = gm_lit(&c, "null", 4);

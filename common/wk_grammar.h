@@ -45,8 +45,9 @@
 /*
  * The bytes of a call are the format's (wk_toolcall.h): WK_TOOLCALL_FMT_XML,
  * HERMES, GRANITE (Hermes's bytes) and NEMOTRON. In the XML format a value is
- * raw text (valid UTF-8, without "</parameter>", its last byte a "\n"
- * separator) for a parameter whose type allows a string or an enum of
+ * raw text (valid UTF-8, without "</parameter>", "</function>" or
+ * "</tool_call>", which would end the call for the reply parser, its last
+ * byte a "\n" separator) for a parameter whose type allows a string or an enum of
  * strings, else JSON. The JSON formats print the envelope exactly as the
  * templates do and leave JSON whitespace inside ARGS free.
  */

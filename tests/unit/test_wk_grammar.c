@@ -102,6 +102,9 @@ test_json_format(void **state)
     assert_int_equal(run(g, ARGS("{\"city\":\"\xc0\xaf\"}")), -1);
     assert_int_equal(run(g, ARGS("{\"city\":\"\xed\xa0\x80\"}")), -1);
     assert_int_equal(run(g, ARGS("{\"city\":\"\xe2\x82\"}")), -1);
+    /* The close marker ends a call for the parser: inside a string only escaped. */
+    assert_int_equal(run(g, ARGS("{\"city\":\"a</tool_call>\"}")), -1);
+    assert_int_equal(run(g, ARGS("{\"city\":\"a<\\/tool_call></tool_cal <</tool\"}")), 1);
     /* Whitespace is free up to WK_GRAMMAR_WS_MAX bytes in a row. */
     assert_int_equal(run(g, ARGS("{        \"city\":\"a\"}")), 1);
     assert_int_equal(run(g, ARGS("{         \"city\":\"a\"}")), -1);
@@ -171,6 +174,14 @@ test_xml_format(void **state)
                             "<parameter=level>\n10\n</parameter>\n<parameter=tags>\n[\"a\"]\n"
                             "</parameter>\n<parameter=ok>\nfalse\n</parameter>\n"
                             "</function>\n</tool_call>"), 1);
+    /* Nor the call's closing tags, where the reply parser would end the call; other tags may. */
+    assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx"
+                            "</tool_call>"), -1);
+    assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n"
+                            "</function>"), -1);
+    assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=city>\n"
+                            "</div></func</tool_cal <</function\n"
+                            "</parameter>\n</function>\n</tool_call>"), 1);
     /* The required parameter is missing: "</function>" is refused. */
     assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n</function>\n</tool_call>"), -1);
     assert_int_equal(run(g, "<tool_call>\n<function=get_weather>\n<parameter=days>\nx\n"
