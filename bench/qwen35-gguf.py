@@ -60,10 +60,12 @@ def write_tokenizer(conv_dir, out_dir, vocab_size):
                "[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
     if len(tokens) > vocab_size:  # a small test model: the first vocab_size tokens
         tokens, types = tokens[:vocab_size], types[:vocab_size]
-        have = set(tokens)
+        eos = eos if eos < vocab_size else vocab_size - 1
+        # the merges among them; none making or using the eos, which the converter then
+        # writes as a control token (a merge result outside the BPE vocab)
+        have = set(tokens) - {tokens[eos]}
         merges = [m for m in merges if m.replace(" ", "", 1) in have and
                   all(p in have for p in m.split(" ", 1))]
-        eos = eos if eos < vocab_size else vocab_size - 1
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True}
              for i, t in enumerate(tokens) if types[i] == 3]
@@ -124,8 +126,10 @@ def main():
                 with open(os.path.join(str(dir_model), "config.json")) as f:
                     return json.load(f)
             base.ModelBase.load_hparams = staticmethod(load_config)
-        sys.argv = ["convert_hf_to_gguf.py", tmp, "--outtype", outtype, "--outfile", out,
-                    "--no-mtp"]  # a benchmark model has no MTP layers
+        sys.argv = ["convert_hf_to_gguf.py", tmp, "--outtype", outtype, "--outfile", out]
+        # a benchmark model has no MTP layers; the converter refuses the flag for Granite
+        if not any(x.startswith("GraniteMoeHybrid") for x in cfg.get("architectures", [])):
+            sys.argv.append("--no-mtp")
         runpy.run_path(os.path.join(conv_dir, "convert_hf_to_gguf.py"), run_name="__main__")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
