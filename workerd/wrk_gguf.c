@@ -1305,8 +1305,7 @@ wrk_gguf_gh_fuse(wrk_gguf_views *vs, wrk_gguf_owner *own, const wk_tensor *gate,
 {
     if (gate->dtype != up->dtype || gate->ndim != up->ndim || gate->nbytes != up->nbytes ||
         (gate->ndim != 2 && gate->ndim != 3))
-        return wk_diag_set(d, WK_EINVAL, "%s and %s differ in type or shape", gate->name,
-                           up->name);
+        return wk_diag_set(d, WK_EINVAL, "%s and %s differ in type or shape", gate->name, up->name);
     for (int i = 0; i < (int)gate->ndim; i++)
         if (gate->shape[i] != up->shape[i] || gate->shape[i] < 1)
             return wk_diag_set(d, WK_EINVAL, "%s and %s differ in shape", gate->name, up->name);
@@ -1434,10 +1433,13 @@ wrk_gguf_granite_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, js
         const char *rest = NULL;
         long layer = wrk_gguf_layer(t->name, &rest);
         if (layer < 0) {
-            const char *hf = strcmp(t->name, "token_embd.weight") == 0    ? "model.embed_tokens.weight"
-                             : strcmp(t->name, "output_norm.weight") == 0 ? "model.norm.weight"
-                             : strcmp(t->name, "output.weight") == 0      ? "lm_head.weight"
-                                                                          : NULL;
+            const char *hf = NULL;
+            if (strcmp(t->name, "token_embd.weight") == 0)
+                hf = "model.embed_tokens.weight";
+            else if (strcmp(t->name, "output_norm.weight") == 0)
+                hf = "model.norm.weight";
+            else if (strcmp(t->name, "output.weight") == 0)
+                hf = "lm_head.weight";
             if (hf == NULL)
                 e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file", t->name,
                                 arch);
@@ -1526,7 +1528,7 @@ wrk_gguf_granite_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, js
         "mamba_d_head", (json_int_t)(DI / H), "mamba_expand", (json_int_t)(DI / C),
         "mamba_n_groups", (json_int_t)G, "mamba_d_state", (json_int_t)N, "mamba_d_conv",
         (json_int_t)K2, "num_local_experts", (json_int_t)E, "num_experts_per_tok",
-        (json_int_t)(k ? k : 1), "intermediate_size", (json_int_t)(Fe ? Fe : Fs ? Fs : 1),
+        (json_int_t)(k ? k : 1), "intermediate_size", (json_int_t)(Fe ? Fe : 1),
         "shared_intermediate_size", (json_int_t)(Fs ? Fs : 1), "position_embedding_type",
         rope ? "rope" : "nope", "rms_norm_eps", eps, "embedding_multiplier", emb_mul,
         "residual_multiplier", res_mul, "attention_multiplier", attn_mul, "logits_scaling",

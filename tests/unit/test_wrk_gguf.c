@@ -553,8 +553,7 @@ test_granite_h(void **state)
     assert_true(json_real_value(json_object_get(cfg, "embedding_multiplier")) == 12.0);
     assert_true(json_real_value(json_object_get(cfg, "attention_multiplier")) == 0.0078125);
     assert_true(json_real_value(json_object_get(cfg, "residual_multiplier")) == 1.0);
-    assert_string_equal(json_string_value(json_object_get(cfg, "position_embedding_type")),
-                        "nope");
+    assert_string_equal(json_string_value(json_object_get(cfg, "position_embedding_type")), "nope");
     assert_true(json_is_true(json_object_get(cfg, "tie_word_embeddings")));
     json_decref(cfg);
     wk_tensor_set_free(set);
@@ -576,7 +575,8 @@ test_granite_h(void **state)
     t = wk_tensor_set_find(set, "model.layers.0.shared_mlp.input_linear.weight");
     assert_true(read_at(t, 0) == 1.0f && read_at(t, GF * GC) == 2.0f);
     assert_non_null(wk_tensor_set_find(set, "model.layers.0.block_sparse_moe.router.layer.weight"));
-    assert_non_null(wk_tensor_set_find(set, "model.layers.0.block_sparse_moe.output_linear.weight"));
+    assert_non_null(
+        wk_tensor_set_find(set, "model.layers.0.block_sparse_moe.output_linear.weight"));
     assert_int_equal(cfg_int(cfg, "num_local_experts"), GE);
     assert_int_equal(cfg_int(cfg, "num_experts_per_tok"), 2);
     assert_int_equal(cfg_int(cfg, "intermediate_size"), GF / 2);
