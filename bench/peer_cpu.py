@@ -18,7 +18,10 @@ With --gguf Q8_0_FILE (a model wkvm reads as safetensors only, e.g. a
 Qwen3.5 converted by bench/qwen35-gguf.py), that file is llama.cpp's and
 wkvm's Q8_0 is --quantize q8_0 of the BF16 model at load (the same Q8_0
 blocks as llama.cpp's converter writes); --gguf-bf16 BF16_FILE adds llama.cpp
-on the BF16 file as a fifth engine (column "llama.cpp BF16").
+on the BF16 file as a fifth engine (column "llama.cpp BF16"). --gguf-bf16
+alone (no --gguf) runs only the two BF16 engines, wkvm on the BF16
+safetensors and llama.cpp on the converter's BF16 file (e.g. a Nemotron-H,
+bench/qwen35-gguf.py's conversion too).
 With --base-build BASE, a fourth engine (BASE's wkvm-bench-cpu on the same
 GGUF, e.g. a build of the previous commit) runs in the same rounds, so a
 change and its baseline are measured alternately in one session (column
@@ -26,7 +29,7 @@ change and its baseline are measured alternately in one session (column
 
 usage: peer_cpu.py --build BUILD --peer PEER_DIR --model BF16_DIR [--rounds R]
                    [--batches 8,32] [--threads 2] [--base-build BASE]
-                   [--gguf Q8_0_FILE [--gguf-bf16 BF16_FILE]]
+                   [--gguf Q8_0_FILE] [--gguf-bf16 BF16_FILE]
 """
 import argparse
 import json
@@ -126,13 +129,19 @@ def main():
     ap.add_argument("--gguf-bf16", default=None, help="llama.cpp's BF16 file of the model")
     a = ap.parse_args()
     a.batches = [b for b in a.batches.split(",") if b]
-    if a.gguf:
-        gguf, wdir, q8extra = a.gguf, a.model, ("--quantize", "q8_0")
+    bf16_only = a.gguf_bf16 is not None and a.gguf is None
+    if bf16_only and a.base_build:
+        raise SystemExit("peer_cpu: --base-build compares Q8_0 runs; give --gguf too")
+    if a.gguf or bf16_only:
+        gguf, wdir, q8extra = a.gguf or a.gguf_bf16, a.model, ("--quantize", "q8_0")
     else:
         (gguf, wdir), q8extra = make_gguf(a), ()
     mach = benchlib.machine()
-    engines = ("q8", "llama", "bf16") + (("q8base",) if a.base_build else ()) + \
-        (("llamabf16",) if a.gguf_bf16 else ())
+    if bf16_only:
+        engines = ("bf16", "llamabf16")
+    else:
+        engines = ("q8", "llama", "bf16") + (("q8base",) if a.base_build else ()) + \
+            (("llamabf16",) if a.gguf_bf16 else ())
     best = {e: {} for e in engines}
     vals = {e: {} for e in engines}
     cmds = {}
@@ -165,8 +174,8 @@ def main():
         mach.get("cpu"), mach.get("cores"),
         " ".join("%.2f" % x for x in mach.get("loadavg_start", [])), os.getloadavg()[0]))
     print("llama.cpp: %s (commit %s), CPU only, %d threads" % (sdist, commit, a.threads))
-    print("GGUF: %s (%.1f MB, Q8_0 by convert_hf_to_gguf.py)%s" % (
-        gguf, os.path.getsize(gguf) / 1e6,
+    print("GGUF: %s (%.1f MB, %s by convert_hf_to_gguf.py)%s" % (
+        gguf, os.path.getsize(gguf) / 1e6, "BF16" if bf16_only else "Q8_0",
         "; wkvm Q8_0: --quantize q8_0 of %s" % a.model if a.gguf else ""))
     print("best of %d alternating rounds\n" % a.rounds)
     rows = [("decode batch 1", "b1")] + [("decode batch %s" % b, "b" + b) for b in a.batches] + \
@@ -176,6 +185,15 @@ def main():
                        ("median of %d rounds" % a.rounds, med)):
         if fig is med:
             print("\n" + title + ":\n")
+        if bf16_only:
+            print("| workload | wkvm BF16 tok/s | llama.cpp BF16 tok/s | wkvm / llama.cpp |")
+            print("|---|---:|---:|---:|")
+            for label, k in rows:
+                b, o = fig["bf16"].get(k), fig["llamabf16"].get(k)
+                print("| %s | %s | %s | %s |" % (label, "%.1f" % b if b else "-",
+                                                 "%.1f" % o if o else "-",
+                                                 "%.2fx" % (b / o) if b and o else "-"))
+            continue
         before = a.base_build is not None
         lb = a.gguf_bf16 is not None
         print("| workload | wkvm Q8_0 tok/s | wkvm BF16 tok/s | llama.cpp Q8_0 tok/s | "
@@ -198,11 +216,12 @@ def main():
                 line += " %s | %s |" % (f(o), "%.2fx" % (b / o) if o and b else "-")
             print(line)
     print("\ncommands (each round):")
-    print("  " + cmds["q8"])
+    if "q8" in cmds:
+        print("  " + cmds["q8"])
     if "q8base" in cmds:
         print("  " + cmds["q8base"])
     print("  " + cmds["bf16"])
-    for c in cmds["llama"] + cmds.get("llamabf16", []):
+    for c in cmds.get("llama", []) + cmds.get("llamabf16", []):
         print("  " + c)
     return 0
 

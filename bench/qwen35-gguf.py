@@ -15,6 +15,17 @@ released tokenizers). The vocabulary is padded to the model's vocab_size by
 the converter, as for a real model. Token ids are all a benchmark feeds.
 
     PYTHON bench/qwen35-gguf.py CONVERTER_DIR MODEL_DIR OUT.gguf [--outtype bf16|f32|f16|q8_0]
+                                [--config-json]
+
+The same conversion serves the other families llama.cpp's converter reads
+from a random model (Nemotron-H: tests/reference/upstream_nemotron_h.py and
+the bench/peer_cpu.py benchmark in docs/PERFORMANCE.md). --config-json makes
+the converter read config.json as written instead of transformers'
+AutoConfig of it: AutoConfig fills in the defaults of every key, and for a
+dense Nemotron-H (the older hybrid_override_pattern config, no MoE keys)
+its default num_experts_per_tok turns the file into a nemotron_h_moe GGUF
+that llama.cpp cannot load (it has no dense layers); with the config as
+written it is a "nemotron_h" file, as the released dense models' are.
 
 CONVERTER_DIR: deploy/install-gguf-converter's directory (convert_hf_to_gguf.py,
 gguf-py, models/ggml-vocab-qwen35.gguf). PYTHON needs torch, transformers 5
@@ -49,10 +60,12 @@ def write_tokenizer(conv_dir, out_dir, vocab_size):
                "[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
     if len(tokens) > vocab_size:  # a small test model: the first vocab_size tokens
         tokens, types = tokens[:vocab_size], types[:vocab_size]
-        have = set(tokens)
+        eos = eos if eos < vocab_size else vocab_size - 1
+        # the merges among them; none making or using the eos, which the converter then
+        # writes as a control token (a merge result outside the BPE vocab)
+        have = set(tokens) - {tokens[eos]}
         merges = [m for m in merges if m.replace(" ", "", 1) in have and
                   all(p in have for p in m.split(" ", 1))]
-        eos = eos if eos < vocab_size else vocab_size - 1
     added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
               "normalized": False, "special": True}
              for i, t in enumerate(tokens) if types[i] == 3]
@@ -91,8 +104,11 @@ def main():
         raise SystemExit(__doc__)
     conv_dir, model_dir, out = (os.path.abspath(a) for a in sys.argv[1:4])
     outtype = "bf16"
-    if len(sys.argv) >= 6 and sys.argv[4] == "--outtype":
-        outtype = sys.argv[5]
+    rest = sys.argv[4:]
+    config_json = "--config-json" in rest
+    rest = [x for x in rest if x != "--config-json"]
+    if len(rest) >= 2 and rest[0] == "--outtype":
+        outtype = rest[1]
     tmp = tempfile.mkdtemp(prefix="wkvm-q35-gguf-")
     try:
         for name in os.listdir(model_dir):
@@ -105,8 +121,15 @@ def main():
         sys.path.insert(0, os.path.join(conv_dir, "gguf-py"))
         from conversion import base
         base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen35"
-        sys.argv = ["convert_hf_to_gguf.py", tmp, "--outtype", outtype, "--outfile", out,
-                    "--no-mtp"]  # a benchmark model has no MTP layers
+        if config_json:
+            def load_config(dir_model, is_mistral_format):
+                with open(os.path.join(str(dir_model), "config.json")) as f:
+                    return json.load(f)
+            base.ModelBase.load_hparams = staticmethod(load_config)
+        sys.argv = ["convert_hf_to_gguf.py", tmp, "--outtype", outtype, "--outfile", out]
+        # a benchmark model has no MTP layers; the converter refuses the flag for Granite
+        if not any(x.startswith("GraniteMoeHybrid") for x in cfg.get("architectures", [])):
+            sys.argv.append("--no-mtp")
         runpy.run_path(os.path.join(conv_dir, "convert_hf_to_gguf.py"), run_name="__main__")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

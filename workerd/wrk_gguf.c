@@ -1249,6 +1249,297 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
     return WK_OK;
 }
 
+/* blk.N.<gguf> -> model.layers.N.<hf> for granitehybrid, with the kind it implies */
+static const struct {
+    const char *gguf; /* suffix after "blk.N." */
+    const char *hf;   /* suffix after "model.layers.N." (NULL: fused below) */
+    char kind;        /* the mixer kind the tensor shows: 'M' Mamba2, '*' attention, 0 any */
+} wrk_gguf_gh_layer_names[] = {
+    {"attn_norm.weight", "input_layernorm.weight", 0},
+    {"ffn_norm.weight", "post_attention_layernorm.weight", 0},
+    {"ssm_in.weight", "mamba.in_proj.weight", 'M'},
+    {"ssm_conv1d.weight", "mamba.conv1d.weight", 'M'}, /* [CD,K] -> [CD,1,K] */
+    {"ssm_conv1d.bias", "mamba.conv1d.bias", 'M'},
+    {"ssm_dt.bias", "mamba.dt_bias", 'M'},
+    {"ssm_a", "mamba.A_log", 'M'},                 /* A = -exp(A_log) [H,1] -> A_log [H] */
+    {"ssm_d", "mamba.D", 'M'},                     /* [H,1] -> [H] */
+    {"ssm_norm.weight", "mamba.norm.weight", 'M'}, /* [G, d_inner/G] -> [d_inner] */
+    {"ssm_out.weight", "mamba.out_proj.weight", 'M'},
+    {"attn_q.weight", "self_attn.q_proj.weight", '*'},
+    {"attn_k.weight", "self_attn.k_proj.weight", '*'},
+    {"attn_v.weight", "self_attn.v_proj.weight", '*'},
+    {"attn_output.weight", "self_attn.o_proj.weight", '*'},
+    {"ffn_down.weight", "shared_mlp.output_linear.weight", 0},
+    {"ffn_down_shexp.weight", "shared_mlp.output_linear.weight", 0},
+    {"ffn_gate_inp.weight", "block_sparse_moe.router.layer.weight", 0},
+    {"ffn_down_exps.weight", "block_sparse_moe.output_linear.weight", 0},
+    {"ffn_gate.weight", NULL, 0}, /* + ffn_up: shared_mlp.input_linear [gate; up] */
+    {"ffn_up.weight", NULL, 0},
+    {"ffn_gate_shexp.weight", NULL, 0},
+    {"ffn_up_shexp.weight", NULL, 0},
+    {"ffn_gate_exps.weight", NULL, 0}, /* + ffn_up_exps: block_sparse_moe.input_linear */
+    {"ffn_up_exps.weight", NULL, 0},
+};
+#define WRK_GGUF_N_GH_LAYER_NAMES                                                                  \
+    (sizeof(wrk_gguf_gh_layer_names) / sizeof(wrk_gguf_gh_layer_names[0]))
+
+/* Index of GGUF layer suffix rest in wrk_gguf_gh_layer_names, or -1. */
+static int
+wrk_gguf_gh_find(const char *rest)
+{
+    for (size_t k = 0; k < WRK_GGUF_N_GH_LAYER_NAMES; k++)
+        if (strcmp(rest, wrk_gguf_gh_layer_names[k].gguf) == 0)
+            return (int)k;
+    return -1;
+}
+
+/*
+ * Adds model.layers.<layer>.<name>, Granite's fused input_linear, from the
+ * converter's split halves: per expert (or once, E = 1) the gate rows then
+ * the up rows, as transformers' GraniteMoeHybrid checkpoints hold them, in an
+ * owned copy. gate and up must agree in type and shape ([F, C] or [E, F, C]).
+ */
+static wk_err
+wrk_gguf_gh_fuse(wrk_gguf_views *vs, wrk_gguf_owner *own, const wk_tensor *gate,
+                 const wk_tensor *up, long layer, const char *name, wk_diag *d)
+{
+    if (gate->dtype != up->dtype || gate->ndim != up->ndim || gate->nbytes != up->nbytes ||
+        (gate->ndim != 2 && gate->ndim != 3))
+        return wk_diag_set(d, WK_EINVAL, "%s and %s differ in type or shape", gate->name, up->name);
+    for (int i = 0; i < (int)gate->ndim; i++)
+        if (gate->shape[i] != up->shape[i] || gate->shape[i] < 1)
+            return wk_diag_set(d, WK_EINVAL, "%s and %s differ in shape", gate->name, up->name);
+    const uint64_t E = gate->ndim == 3 ? (uint64_t)gate->shape[0] : 1;
+    const size_t per = gate->nbytes / E;
+    uint8_t *dst = wrk_gguf_owned(own, 2 * gate->nbytes);
+    if (dst == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory fusing %s", gate->name);
+    for (uint64_t x = 0; x < E; x++) {
+        memcpy(dst + 2 * x * per, (const uint8_t *)gate->data + x * per, per);
+        memcpy(dst + (2 * x + 1) * per, (const uint8_t *)up->data + x * per, per);
+    }
+    wk_tensor *o = wrk_gguf_view_add(vs, gate, layer, name);
+    if (o == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+    o->shape[o->ndim - 2] *= 2;
+    o->data = dst;
+    o->nbytes = 2 * gate->nbytes;
+    return WK_OK;
+}
+
+/*
+ * Maps the tensors of a granitehybrid file (llama.cpp's GraniteHybridModel,
+ * IBM's Granite-4.0-H) back to transformers' GraniteMoeHybrid names and
+ * builds its config. What the converter changed, undone: the layer kinds
+ * come from the tensors each block holds (ssm_* Mamba2, attn_q attention);
+ * the fused input_linear of the shared MLP and of the experts was split into
+ * gate and up halves (fused again, wrk_gguf_gh_fuse); A_log became
+ * A = -exp(A_log) (turned back as for Mamba2), the conv was squeezed and the
+ * grouped norm reshaped; q / k rows were permuted into llama.cpp's rope
+ * layout (put back, wrk_gguf_nh_unpermute: the converter permutes with or
+ * without RoPE); Granite's multipliers are the *_scale keys; the file has
+ * no head_dim (hidden / heads, as Granite's config) and says whether the
+ * attention uses RoPE in rope.scaling.finetuned. The vocabulary the
+ * converter pads to a multiple of 8 is the tokenizer's only: the embedding
+ * keeps the checkpoint's rows.
+ */
+static wk_err
+wrk_gguf_granite_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, json_t **config,
+                   wk_diag *d)
+{
+    const char *arch = "granitehybrid";
+    uint64_t L, C, Hq, K2, N, G, H, DI, E = 0, k = 0, Fe = 0, Fs = 0, rope = 0;
+    double eps, emb_mul, res_mul, attn_mul, logit_div, theta;
+    wk_err e;
+    if ((e = wrk_gguf_u64(g, arch, "block_count", &L, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "embedding_length", &C, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "attention.head_count", &Hq, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.conv_kernel", &K2, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.state_size", &N, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.group_count", &G, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.time_step_rank", &H, d)) != WK_OK ||
+        (e = wrk_gguf_u64(g, arch, "ssm.inner_size", &DI, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "expert_count", 0, &E, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "expert_used_count", 0, &k, d)) != WK_OK ||
+        (e = wrk_gguf_u64_def(g, arch, "rope.scaling.finetuned", 0, &rope, d)) != WK_OK ||
+        (e = wrk_gguf_eps_key(g, arch, "attention.layer_norm_rms_epsilon", &eps, d)) != WK_OK ||
+        (e = wrk_gguf_f64_def(g, arch, "embedding_scale", 1.0, &emb_mul, d)) != WK_OK ||
+        (e = wrk_gguf_f64_def(g, arch, "residual_scale", 1.0, &res_mul, d)) != WK_OK ||
+        (e = wrk_gguf_f64_def(g, arch, "attention.scale", 1.0, &attn_mul, d)) != WK_OK ||
+        (e = wrk_gguf_f64_def(g, arch, "logit_scale", 1.0, &logit_div, d)) != WK_OK ||
+        (e = wrk_gguf_f64_def(g, arch, "rope.freq_base", 10000.0, &theta, d)) != WK_OK)
+        return e;
+    if (L < 1 || L > WRK_GGUF_MAX_LAYERS || C < 1 || C > (1u << 17) || Hq < 1 || C % Hq != 0 ||
+        K2 < 2 || K2 > 64 || N < 1 || N > 4096 || H < 1 || G < 1 || H % G != 0 || DI < H ||
+        DI % H != 0 || DI % C != 0 || DI > (1u << 20) || E > 4096 || (E > 0 && k < 1))
+        return wk_diag_set(d, WK_EINVAL, "%s.* dimensions out of range or inconsistent", arch);
+    const uint64_t Da = C / Hq;
+
+    /* the mixer kinds, from the tensors each block holds */
+    char *kinds = wrk_gguf_owned(own, L + 1);
+    if (kinds == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    memset(kinds, 0, L + 1);
+    size_t nt = wk_gguf_tensor_count(g);
+    uint64_t Hkv = 0;
+    bool have_output = false;
+    for (size_t i = 0; i < nt; i++) {
+        const wk_tensor *t = wk_gguf_tensor_at(g, i);
+        const char *rest = NULL;
+        long layer = wrk_gguf_layer(t->name, &rest);
+        if (layer < 0) {
+            have_output = have_output || strcmp(t->name, "output.weight") == 0;
+            continue;
+        }
+        int ki = (uint64_t)layer < L ? wrk_gguf_gh_find(rest) : -1;
+        if (ki < 0)
+            return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file", t->name,
+                               arch);
+        if (strcmp(rest, "attn_k.weight") == 0 && t->ndim == 2)
+            Hkv = (uint64_t)t->shape[0] / Da;
+        if (strcmp(rest, "ffn_up_exps.weight") == 0 && t->ndim == 3)
+            Fe = (uint64_t)t->shape[1];
+        if ((strcmp(rest, "ffn_up.weight") == 0 || strcmp(rest, "ffn_up_shexp.weight") == 0) &&
+            t->ndim == 2)
+            Fs = (uint64_t)t->shape[0];
+        const char kind = wrk_gguf_gh_layer_names[ki].kind;
+        if (kind == 0)
+            continue;
+        if (kinds[layer] != 0 && kinds[layer] != kind)
+            return wk_diag_set(d, WK_EINVAL, "%s: block %ld holds tensors of two kinds", t->name,
+                               layer);
+        kinds[layer] = kind;
+    }
+    json_t *types = json_array();
+    if (types == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    for (uint64_t l = 0; l < L; l++) {
+        if (kinds[l] == 0) {
+            json_decref(types);
+            return wk_diag_set(d, WK_EINVAL, "blk.%" PRIu64 ": no mixer tensors", l);
+        }
+        json_array_append_new(types, json_string(kinds[l] == 'M' ? "mamba" : "attention"));
+    }
+
+    vs->cap = nt;
+    vs->v = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->v));
+    vs->names = calloc(vs->cap ? vs->cap : 1, sizeof(*vs->names));
+    if (vs->v == NULL || vs->names == NULL) {
+        json_decref(types);
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < nt && e == WK_OK; i++) {
+        const wk_tensor *t = wk_gguf_tensor_at(g, i);
+        const char *rest = NULL;
+        long layer = wrk_gguf_layer(t->name, &rest);
+        if (layer < 0) {
+            const char *hf = NULL;
+            if (strcmp(t->name, "token_embd.weight") == 0)
+                hf = "model.embed_tokens.weight";
+            else if (strcmp(t->name, "output_norm.weight") == 0)
+                hf = "model.norm.weight";
+            else if (strcmp(t->name, "output.weight") == 0)
+                hf = "lm_head.weight";
+            if (hf == NULL)
+                e = wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s GGUF file", t->name,
+                                arch);
+            else if (wrk_gguf_view_add(vs, t, -1, hf) == NULL)
+                e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+            continue;
+        }
+        const char *hf = wrk_gguf_gh_layer_names[wrk_gguf_gh_find(rest)].hf;
+        if (hf == NULL) { /* a gate half: fused with its up half; the up half is taken there */
+            const char *p = strstr(rest, "ffn_gate");
+            if (p == NULL)
+                continue;
+            char upn[64];
+            snprintf(upn, sizeof(upn), "blk.%ld.ffn_up%s", layer, rest + strlen("ffn_gate"));
+            const wk_tensor *up = wk_gguf_tensor_find(g, upn);
+            if (up == NULL) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: no %s to go with it", t->name, upn);
+                break;
+            }
+            e = wrk_gguf_gh_fuse(vs, own, t, up, layer,
+                                 strstr(rest, "_exps") != NULL
+                                     ? "block_sparse_moe.input_linear.weight"
+                                     : "shared_mlp.input_linear.weight",
+                                 d);
+            continue;
+        }
+        wk_tensor *o = wrk_gguf_view_add(vs, t, layer, hf);
+        if (o == NULL) {
+            e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
+            break;
+        }
+        const int64_t numel = wk_tensor_numel(t);
+        if (strcmp(rest, "attn_q.weight") == 0 || strcmp(rest, "attn_k.weight") == 0) {
+            e = wrk_gguf_nh_unpermute(own, o, rest[5] == 'q' ? Hq : (Hkv ? Hkv : Hq), d);
+        } else if (strcmp(rest, "ssm_conv1d.weight") == 0) {
+            if (t->ndim != 2 || t->shape[1] != (int64_t)K2) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected [conv_dim, %" PRIu64 "]", t->name, K2);
+                break;
+            }
+            o->ndim = 3;
+            o->shape[0] = t->shape[0];
+            o->shape[1] = 1;
+            o->shape[2] = t->shape[1];
+        } else if (strcmp(rest, "ssm_a") == 0 || strcmp(rest, "ssm_d") == 0 ||
+                   strcmp(rest, "ssm_norm.weight") == 0) {
+            o->ndim = 1;
+            o->shape[0] = numel;
+            if (strcmp(rest, "ssm_a") != 0)
+                continue;
+            if (numel != (int64_t)H) {
+                e = wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " values", t->name, H);
+                break;
+            }
+            float *a_log = wrk_gguf_owned(own, H * sizeof(float));
+            if (a_log == NULL) {
+                e = wk_diag_set(d, WK_ENOMEM, "out of memory");
+                break;
+            }
+            for (uint64_t h = 0; h < H && e == WK_OK; h++) {
+                float A;
+                bool exact;
+                if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK || !(A < 0.0f) || !isfinite(A))
+                    e = wk_diag_set(d, WK_EINVAL, "%s[%" PRIu64 "]: expected A = -exp(A_log) < 0",
+                                    t->name, h);
+                else
+                    a_log[h] = wrk_gguf_a_log(A, &exact);
+            }
+            o->dtype = WK_DTYPE_F32;
+            o->data = a_log;
+            o->nbytes = H * sizeof(float);
+        }
+    }
+    if (e != WK_OK) {
+        json_decref(types);
+        return e;
+    }
+    const wk_tensor *emb = wk_gguf_tensor_find(g, "token_embd.weight");
+    /* every shape is checked by family/wrk_granite_h.c against these keys */
+    json_t *c = json_pack(
+        "{s:s, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+        " s:s, s:f, s:f, s:f, s:f, s:f, s:b, s:{s:s, s:f}}",
+        "model_type", "granitemoehybrid", "hidden_size", (json_int_t)C, "vocab_size",
+        (json_int_t)(emb != NULL && emb->ndim == 2 ? emb->shape[0] : 0), "num_hidden_layers",
+        (json_int_t)L, "layer_types", types, "num_attention_heads", (json_int_t)Hq,
+        "num_key_value_heads", (json_int_t)(Hkv ? Hkv : Hq), "mamba_n_heads", (json_int_t)H,
+        "mamba_d_head", (json_int_t)(DI / H), "mamba_expand", (json_int_t)(DI / C),
+        "mamba_n_groups", (json_int_t)G, "mamba_d_state", (json_int_t)N, "mamba_d_conv",
+        (json_int_t)K2, "num_local_experts", (json_int_t)E, "num_experts_per_tok",
+        (json_int_t)(k ? k : 1), "intermediate_size", (json_int_t)(Fe ? Fe : 1),
+        "shared_intermediate_size", (json_int_t)(Fs ? Fs : 1), "position_embedding_type",
+        rope ? "rope" : "nope", "rms_norm_eps", eps, "embedding_multiplier", emb_mul,
+        "residual_multiplier", res_mul, "attention_multiplier", attn_mul, "logits_scaling",
+        logit_div, "tie_word_embeddings", !have_output, "rope_parameters", "rope_type", "default",
+        "rope_theta", theta);
+    if (c == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    *config = c;
+    return WK_OK;
+}
+
 wk_err
 wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d)
 {
@@ -1281,11 +1572,13 @@ wrk_gguf_open(const char *path, wk_tensor_set **set, json_t **config, wk_diag *d
         e = wrk_gguf_nemotron_h(own->g, &vs, own, "nemotron_h", &cfg, d);
     } else if (arch_len == 14 && memcmp(arch, "nemotron_h_moe", 14) == 0) {
         e = wrk_gguf_nemotron_h(own->g, &vs, own, "nemotron_h_moe", &cfg, d);
+    } else if (arch_len == 13 && memcmp(arch, "granitehybrid", 13) == 0) {
+        e = wrk_gguf_granite_h(own->g, &vs, own, &cfg, d);
     } else {
         e = wk_diag_set(d, WK_ENOTSUP,
                         "general.architecture \"%.*s\": only rwkv7, mamba2, qwen35, "
-                        "qwen35moe, qwen3next, nemotron_h and nemotron_h_moe GGUF files are "
-                        "supported",
+                        "qwen35moe, qwen3next, nemotron_h, nemotron_h_moe and granitehybrid "
+                        "GGUF files are supported",
                         (int)(arch_len > 64 ? 64 : arch_len), arch);
     }
     if (e != WK_OK)

@@ -15,7 +15,15 @@ checks wkvm against transformers itself on models transformers writes; this
 generator is for the tests that need no transformers (serving, states).
 
   gen_nemotron_h.py --out DIR [--seed S --dtype f32|bf16 --pattern M*M-ME
-                    --hidden C --vocab V --no-tokenizer]
+                    --hidden C --vocab V --no-tokenizer --legacy-config
+                    --heads H --kv-heads K --head-dim D --ffn F --m2-heads H2
+                    --m2-head-dim P --groups G --state N]
+
+--legacy-config writes the older spelling the released dense checkpoints
+(Nemotron-H-8B/4B) use: hybrid_override_pattern, mamba_n_groups,
+mamba_d_conv and no MoE keys. llama.cpp's converter needs it for a dense
+model (it reads the MLP layers of a layers_block_type list as "moe" only);
+bench/hybrid-gguf.py's benchmark model is written so.
 """
 import argparse
 import json
@@ -135,13 +143,28 @@ def config_json(cfg):
     }
 
 
-def write_model(out, cfg, tokenizer=True):
+def legacy_config(c):
+    """config_json in the older spelling (no MoE layers): hybrid_override_pattern, mamba_*."""
+    inv = {v: k for k, v in KINDS.items()}
+    c["hybrid_override_pattern"] = "".join(inv[k] for k in c.pop("layers_block_type"))
+    c["num_hidden_layers"] = len(c["hybrid_override_pattern"])
+    c["mamba_n_groups"] = c.pop("n_groups")
+    c["mamba_d_conv"] = c.pop("conv_kernel")
+    for k in list(c):
+        if "expert" in k or k in ("n_group", "topk_group", "routed_scaling_factor",
+                                  "norm_topk_prob", "moe_latent_size"):
+            del c[k]
+    return c
+
+
+def write_model(out, cfg, tokenizer=True, legacy=False):
     os.makedirs(out, exist_ok=True)
     named = make_params(cfg)
     gen_model.write_safetensors(os.path.join(out, "model.safetensors"), named, cfg["dtype"],
                                 {"format": "pt"})
+    c = config_json(cfg)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(config_json(cfg), f, indent=2)
+        json.dump(legacy_config(c) if legacy else c, f, indent=2)
     if tokenizer:
         gen_gdn.write_tokenizer(out, cfg["vocab"])
     return named
@@ -158,12 +181,21 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=300)
     ap.add_argument("--tied", action="store_true")
     ap.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer.json")
+    ap.add_argument("--legacy-config", action="store_true",
+                    help="hybrid_override_pattern, mamba_* keys, no MoE keys (no E layers)")
+    shape = ("heads", "kv_heads", "head_dim", "ffn", "m2_heads", "m2_head_dim", "groups",
+             "state")
+    for k in shape:
+        ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
     a = ap.parse_args(argv)
     if not a.pattern or any(k not in KINDS for k in a.pattern):
         ap.error("--pattern: letters of M * - E")
+    if a.legacy_config and "E" in a.pattern:
+        ap.error("--legacy-config: the older config spelling has no MoE layers")
+    kw = {k: getattr(a, k) for k in shape if getattr(a, k) is not None}
     cfg = default_cfg(seed=a.seed, dtype=a.dtype, pattern=a.pattern, hidden=a.hidden,
-                      vocab=a.vocab, tied=a.tied)
-    write_model(a.out, cfg, tokenizer=not a.no_tokenizer)
+                      vocab=a.vocab, tied=a.tied, **kw)
+    write_model(a.out, cfg, tokenizer=not a.no_tokenizer, legacy=a.legacy_config)
     return 0
 
 

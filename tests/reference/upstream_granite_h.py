@@ -35,6 +35,16 @@ The Mamba2 mixer with mamba_n_groups > 1 here is transformers' (and
 mamba_ssm's): the gated RMSNorm normalises each of the n_groups groups of
 d_inner / n_groups channels on its own.
 
+GGUF: the two nope cases (dense and MoE) are also converted by llama.cpp's
+own convert_hf_to_gguf.py (granitehybrid, through bench/qwen35-gguf.py, which
+gives it a tokenizer; from a copy of the config with the hub's layer_types
+names, the only ones the converter reads), and wkvm must read the file back
+to the safetensors' logits bit for bit (unless the converter's
+A = -exp(A_log) differs from wkvm's expf in the last bit, as for Nemotron-H),
+with --batch-check passing on it. The rope case is not converted: the
+converter marks only Bamba as using RoPE, so its file would be a nope model.
+Skipped (with a line) when deploy/install-gguf-converter cannot be had.
+
 causal_conv1d and mamba_ssm are kept from loading (transformers would take
 their CUDA kernels), so transformers runs its torch fallbacks.
 
@@ -75,6 +85,8 @@ from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM  # 
 TOL = 1e-4      # max |diff| / std(logits) against the float64 run of the same code
 TOL_F32 = 3e-4  # against the stock float32 run
 N_TOKENS = 24
+GGUF_CASES = ("micro-dense-f32", "tiny-moe-f32-E8k3")  # converted to GGUF too (see above)
+CONV = None  # llama.cpp's converter dir, set in main()
 
 
 def f64_class():
@@ -195,6 +207,67 @@ def greedy_mismatch(ref, got):
     return bad
 
 
+def converter_dir():
+    """llama.cpp's converter (deploy/install-gguf-converter), or None when it cannot be had."""
+    inst = os.path.join(HERE, "..", "..", "deploy", "install-gguf-converter")
+    p = subprocess.run([inst, sys.executable], capture_output=True, text=True, timeout=900)
+    return p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
+
+
+def gguf_of(d, tmp, name):
+    """The model converted by llama.cpp's converter (f32, from a copy of the config with the
+    hub's layer_types names "mamba" / "attention"), alone in a directory."""
+    src, gdir = os.path.join(tmp, name + "-src"), os.path.join(tmp, name + "-gguf")
+    os.makedirs(src, exist_ok=True)
+    os.makedirs(gdir, exist_ok=True)
+    c = json.load(open(os.path.join(d, "config.json")))
+    if c.get("layer_types"):
+        c["layer_types"] = [A if t in (A, "full_attention") else M for t in c["layer_types"]]
+    json.dump(c, open(os.path.join(src, "config.json"), "w"), indent=2)
+    os.symlink(os.path.join(d, "model.safetensors"), os.path.join(src, "model.safetensors"))
+    script = os.path.join(HERE, "..", "..", "bench", "qwen35-gguf.py")
+    p = subprocess.run([sys.executable, script, CONV, src, os.path.join(gdir, "model.gguf"),
+                        "--outtype", "f32"], capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise RuntimeError("convert: " + (p.stderr or p.stdout)[-800:])
+    return gdir
+
+
+def a_ulps(d, gdir):
+    """Mamba2 heads whose A = -exp(A_log) the converter (torch.exp) stored differently from
+    the -expf(A_log) wkvm computes from the safetensors (glibc)."""
+    import ctypes
+    from safetensors.numpy import load_file
+    sys.path.insert(0, os.path.join(CONV, "gguf-py"))
+    import gguf
+    libm = ctypes.CDLL("libm.so.6")
+    libm.expf.restype, libm.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    st = load_file(os.path.join(d, "model.safetensors"))
+    n = 0
+    for t in gguf.GGUFReader(os.path.join(gdir, "model.gguf")).tensors:
+        if t.name.endswith(".ssm_a"):
+            al = st["model.layers.%s.mamba.A_log" % t.name.split(".")[1]].reshape(-1)
+            n += sum(-libm.expf(float(x)) != float(y)
+                     for x, y in zip(al, np.array(t.data).reshape(-1)))
+    return n
+
+
+def check_gguf(exe, tmp, name, d, V, toks, got, figures):
+    """The converter's GGUF of the case against its safetensors (figures gets the distance)."""
+    lp = os.path.join(tmp, name + ".gguf.logits")
+    gdir = gguf_of(d, tmp, name)
+    gotg = upstream_venv.run_wkvm(exe, gdir, toks, lp, V)
+    ulps = a_ulps(d, gdir)
+    if ulps == 0 and not np.array_equal(got, gotg):
+        raise ValueError("the GGUF from llama.cpp's converter is not bit-identical")
+    figures["gguf vs safetensors (%d A ulps)" % ulps] = upstream_venv.rel_err(got, gotg)
+    ids = ",".join(map(str, toks[:17]))
+    p = subprocess.run([exe, "--model", gdir, "--tokens", ids, "--batch-check", "3"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise ValueError("gguf --batch-check: %s" % (p.stdout + p.stderr)[-300:])
+
+
 def check_case(exe, tmp, name, d, V, toks, figures):
     """wkvm's runs of one case; figures gets its distances. Raises on a failure."""
     lp = os.path.join(tmp, name + ".logits")
@@ -210,6 +283,8 @@ def check_case(exe, tmp, name, d, V, toks, figures):
         if p.returncode != 0 or ": ok" not in p.stdout + p.stderr and \
                 "identical" not in p.stdout + p.stderr:
             raise ValueError("%s: %s" % (flag[0], (p.stdout + p.stderr)[-300:]))
+    if name in GGUF_CASES and CONV is not None:
+        check_gguf(exe, tmp, name, d, V, toks, got, figures)
     return got, got1
 
 
@@ -222,8 +297,10 @@ def main():
           % (transformers.__version__, torch.__version__), flush=True)
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    global F64
+    global F64, CONV
     F64 = f64_class()
+    CONV = converter_dir()
+    print("llama.cpp converter: %s" % (CONV or "not available (GGUF checks skipped)"), flush=True)
     rng = np.random.default_rng(4)
     tmp = tempfile.mkdtemp(prefix="wkvm-up-granite-")
     worst = {}
@@ -253,6 +330,7 @@ def main():
             own = figures["tf32 sequence vs tf64"]
             for k in figures:
                 bounds[k] = (max(TOL, 2 * own) if "tf64" in k and k.startswith("wkvm")
+                             else 1e-5 if k.startswith("gguf")  # bit-identical but for A ulps
                              else max(TOL_F32, 3 * own))
             ok = all(v is not None and v < bounds[k] for k, v in figures.items()) and greedy == 0
             fails += not ok

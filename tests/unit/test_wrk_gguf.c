@@ -5,7 +5,9 @@
  * dummy layer-0 value LoRA dropped, the config from the metadata with the
  * float32 epsilon as its shortest decimal), Mamba2 (conv1d and norm
  * reshaped, A_log computed back from A = -exp(A_log), tie and conv bias
- * from what the file holds), the refusals with their messages, and the GGUF
+ * from what the file holds), Granite-4.0-H (granitehybrid: the split
+ * gate / up halves fused back, q / k rows unpermuted, the multipliers and
+ * layer kinds into the config), the refusals with their messages, and the GGUF
  * names appended to a later diag (wrk_gguf_diag_names).
  */
 #include <setjmp.h>
@@ -287,7 +289,8 @@ test_rwkv7_refusals(void **state)
     b.kv[0].s = "llama";
     expect_refused(&b, WK_ENOTSUP,
                    "general.architecture \"llama\": only rwkv7, mamba2, qwen35, qwen35moe, "
-                   "qwen3next, nemotron_h and nemotron_h_moe GGUF files are supported");
+                   "qwen3next, nemotron_h, nemotron_h_moe and granitehybrid GGUF files are "
+                   "supported");
     rwkv7_file(&b);
     b.kv[2].key = "rwkv7.head_size"; /* the required key absent */
     expect_refused(&b, WK_ENOENT, "rwkv7.wkv.head_size");
@@ -426,6 +429,183 @@ test_mamba2_refusals(void **state)
     expect_refused(&b, WK_EINVAL, "blk.0.ssm_extra: unexpected tensor for a Mamba2 GGUF file");
 }
 
+/* ------------------------------------------------------------------------ */
+/* Granite-4.0-H (granitehybrid)                                             */
+/* ------------------------------------------------------------------------ */
+
+/* C 8, 2 heads of 4 (1 KV head), d_inner 16, N 4, K 4, H 4, G 1, F 6, V 16, E 3 */
+enum { GC = 8, GHQ = 2, GDI = 16, GN = 4, GK = 4, GH = 4, GF = 6, GV = 16, GE = 3 };
+#define GCD (GDI + 2 * GN)
+
+/* Layer 0 Mamba2, layer 1 attention; the MLP dense (ffn_*) or MoE (_exps, _shexp). */
+static void
+granite_file(gb *b, bool moe)
+{
+    memset(b, 0, sizeof(*b));
+    gb_key_str(b, "general.architecture", "granitehybrid");
+    gb_key_u32(b, "granitehybrid.block_count", 2);
+    gb_key_u32(b, "granitehybrid.embedding_length", GC);
+    gb_key_u32(b, "granitehybrid.attention.head_count", GHQ);
+    gb_key_u32(b, "granitehybrid.ssm.inner_size", GDI);
+    gb_key_u32(b, "granitehybrid.ssm.state_size", GN);
+    gb_key_u32(b, "granitehybrid.ssm.conv_kernel", GK);
+    gb_key_u32(b, "granitehybrid.ssm.time_step_rank", GH);
+    gb_key_u32(b, "granitehybrid.ssm.group_count", 1);
+    gb_key_f32(b, "granitehybrid.attention.layer_norm_rms_epsilon", 1e-5f);
+    gb_key_f32(b, "granitehybrid.embedding_scale", 12.0f);
+    gb_key_f32(b, "granitehybrid.attention.scale", 0.0078125f);
+    if (moe) {
+        gb_key_u32(b, "granitehybrid.expert_count", GE);
+        gb_key_u32(b, "granitehybrid.expert_used_count", 2);
+    }
+    gb_tensor(b, "token_embd.weight", 2, GV, GC, 0, 0);
+    gb_tensor(b, "blk.0.attn_norm.weight", 1, GC, 0, 0, 0);
+    gb_tensor(b, "blk.0.ssm_in.weight", 2, 2 * GDI + 2 * GN + GH, GC, 0, 0);
+    gb_tensor(b, "blk.0.ssm_conv1d.weight", 2, GCD, GK, 0, 0);
+    gb_tensor(b, "blk.0.ssm_conv1d.bias", 1, GCD, 0, 0, 0);
+    gb_tensor(b, "blk.0.ssm_dt.bias", 1, GH, 0, 0, 0);
+    gb_tensor(b, "blk.0.ssm_a", 2, GH, 1, 0, 0)->fill = -2.5f;
+    gb_tensor(b, "blk.0.ssm_d", 2, GH, 1, 0, 0);
+    gb_tensor(b, "blk.0.ssm_norm.weight", 2, 1, GDI, 0, 0);
+    gb_tensor(b, "blk.0.ssm_out.weight", 2, GC, GDI, 0, 0);
+    gb_tensor(b, "blk.1.attn_norm.weight", 1, GC, 0, 0, 0);
+    gb_tensor(b, "blk.1.attn_q.weight", 2, GC, GC, 0, 0);
+    gb_tensor(b, "blk.1.attn_k.weight", 2, GC / GHQ, GC, 0, 0);
+    gb_tensor(b, "blk.1.attn_v.weight", 2, GC / GHQ, GC, 0, 0);
+    gb_tensor(b, "blk.1.attn_output.weight", 2, GC, GC, 0, 0);
+    for (int l = 0; l < 2; l++) {
+        char n[64];
+        snprintf(n, sizeof(n), "blk.%d.ffn_norm.weight", l);
+        gb_tensor(b, n, 1, GC, 0, 0, 0);
+        const char *sfx = moe ? "_shexp" : "";
+        snprintf(n, sizeof(n), "blk.%d.ffn_gate%s.weight", l, sfx);
+        gb_tensor(b, n, 2, GF, GC, 0, 0)->fill = 1.0f;
+        snprintf(n, sizeof(n), "blk.%d.ffn_up%s.weight", l, sfx);
+        gb_tensor(b, n, 2, GF, GC, 0, 0)->fill = 2.0f;
+        snprintf(n, sizeof(n), "blk.%d.ffn_down%s.weight", l, sfx);
+        gb_tensor(b, n, 2, GC, GF, 0, 0);
+        if (!moe)
+            continue;
+        snprintf(n, sizeof(n), "blk.%d.ffn_gate_inp.weight", l);
+        gb_tensor(b, n, 2, GE, GC, 0, 0);
+        snprintf(n, sizeof(n), "blk.%d.ffn_gate_exps.weight", l);
+        gb_tensor(b, n, 3, GE, GF / 2, GC, 0)->fill = 3.0f;
+        snprintf(n, sizeof(n), "blk.%d.ffn_up_exps.weight", l);
+        gb_tensor(b, n, 3, GE, GF / 2, GC, 0)->fill = 4.0f;
+        snprintf(n, sizeof(n), "blk.%d.ffn_down_exps.weight", l);
+        gb_tensor(b, n, 3, GE, GC, GF / 2, 0);
+    }
+    gb_tensor(b, "output_norm.weight", 1, GC, 0, 0, 0);
+}
+
+static float
+read_at(const wk_tensor *t, size_t i)
+{
+    float v;
+    assert_int_equal(wk_tensor_read_f32(t, i, 1, &v), WK_OK);
+    return v;
+}
+
+static void
+test_granite_h(void **state)
+{
+    (void)state;
+    static gb b;
+    granite_file(&b, false);
+    wk_tensor_set *set = NULL;
+    json_t *cfg = NULL;
+    wk_diag d = {{0}};
+    if (gb_open(&b, &set, &cfg, &d) != WK_OK)
+        fail_msg("open: %s", d.msg);
+    /* the shared MLP's halves fused again: the gate rows, then the up rows */
+    const wk_tensor *t = wk_tensor_set_find(set, "model.layers.1.shared_mlp.input_linear.weight");
+    assert_non_null(t);
+    assert_int_equal(t->ndim, 2);
+    assert_int_equal(t->shape[0], 2 * GF);
+    assert_int_equal(t->shape[1], GC);
+    assert_true(read_at(t, 0) == 1.0f && read_at(t, GF * GC - 1) == 1.0f);
+    assert_true(read_at(t, GF * GC) == 2.0f && read_at(t, 2 * GF * GC - 1) == 2.0f);
+    /* q rows back in the checkpoint's order: its row 1 (head 0, i 1) is the file's row 2 */
+    t = wk_tensor_set_find(set, "model.layers.1.self_attn.q_proj.weight");
+    assert_non_null(t);
+    assert_true(read_at(t, 1 * GC) == (float)(2 * GC) * 0.01f);
+    assert_true(read_at(t, 2 * GC) == (float)(1 * GC) * 0.01f);
+    t = wk_tensor_set_find(set, "model.layers.1.self_attn.k_proj.weight"); /* one KV head */
+    assert_true(read_at(t, 1 * GC) == (float)(2 * GC) * 0.01f);
+    t = wk_tensor_set_find(set, "model.layers.0.mamba.conv1d.weight");
+    assert_int_equal(t->ndim, 3);
+    assert_int_equal(t->shape[1], 1);
+    t = wk_tensor_set_find(set, "model.layers.0.mamba.A_log");
+    assert_true(-expf(read_at(t, 0)) == -2.5f);
+    assert_non_null(wk_tensor_set_find(set, "model.layers.1.shared_mlp.output_linear.weight"));
+    assert_non_null(wk_tensor_set_find(set, "model.layers.0.post_attention_layernorm.weight"));
+    assert_non_null(wk_tensor_set_find(set, "model.embed_tokens.weight"));
+    assert_null(wk_tensor_set_find(set, "lm_head.weight"));
+    assert_string_equal(json_string_value(json_object_get(cfg, "model_type")), "granitemoehybrid");
+    const json_t *lt = json_object_get(cfg, "layer_types");
+    assert_string_equal(json_string_value(json_array_get(lt, 0)), "mamba");
+    assert_string_equal(json_string_value(json_array_get(lt, 1)), "attention");
+    assert_int_equal(cfg_int(cfg, "num_key_value_heads"), 1);
+    assert_int_equal(cfg_int(cfg, "mamba_d_head"), GDI / GH);
+    assert_int_equal(cfg_int(cfg, "mamba_expand"), GDI / GC);
+    assert_int_equal(cfg_int(cfg, "num_local_experts"), 0);
+    assert_int_equal(cfg_int(cfg, "shared_intermediate_size"), GF);
+    assert_true(json_real_value(json_object_get(cfg, "embedding_multiplier")) == 12.0);
+    assert_true(json_real_value(json_object_get(cfg, "attention_multiplier")) == 0.0078125);
+    assert_true(json_real_value(json_object_get(cfg, "residual_multiplier")) == 1.0);
+    assert_string_equal(json_string_value(json_object_get(cfg, "position_embedding_type")), "nope");
+    assert_true(json_is_true(json_object_get(cfg, "tie_word_embeddings")));
+    json_decref(cfg);
+    wk_tensor_set_free(set);
+
+    granite_file(&b, true);
+    if (gb_open(&b, &set, &cfg, &d) != WK_OK)
+        fail_msg("open: %s", d.msg);
+    /* the experts' input_linear [E, 2F, C]: per expert its gate rows, then its up rows */
+    t = wk_tensor_set_find(set, "model.layers.0.block_sparse_moe.input_linear.weight");
+    assert_non_null(t);
+    assert_int_equal(t->ndim, 3);
+    assert_int_equal(t->shape[0], GE);
+    assert_int_equal(t->shape[1], GF);
+    const size_t half = (GF / 2) * GC;
+    for (size_t x = 0; x < GE; x++) {
+        assert_true(read_at(t, 2 * x * half) == 3.0f);
+        assert_true(read_at(t, (2 * x + 1) * half) == 4.0f);
+    }
+    t = wk_tensor_set_find(set, "model.layers.0.shared_mlp.input_linear.weight");
+    assert_true(read_at(t, 0) == 1.0f && read_at(t, GF * GC) == 2.0f);
+    assert_non_null(wk_tensor_set_find(set, "model.layers.0.block_sparse_moe.router.layer.weight"));
+    assert_non_null(
+        wk_tensor_set_find(set, "model.layers.0.block_sparse_moe.output_linear.weight"));
+    assert_int_equal(cfg_int(cfg, "num_local_experts"), GE);
+    assert_int_equal(cfg_int(cfg, "num_experts_per_tok"), 2);
+    assert_int_equal(cfg_int(cfg, "intermediate_size"), GF / 2);
+    json_decref(cfg);
+    wk_tensor_set_free(set);
+}
+
+static void
+test_granite_h_refusals(void **state)
+{
+    (void)state;
+    static gb b;
+    granite_file(&b, false);
+    snprintf(b.t[17].name, sizeof(b.t[17].name), "blk.0.ffn_upx.weight");
+    expect_refused(&b, WK_EINVAL, "blk.0.ffn_upx.weight: unexpected tensor for a granitehybrid");
+    granite_file(&b, false);
+    snprintf(b.t[17].name, sizeof(b.t[17].name), "blk.0.ffn_up_shexp.weight");
+    expect_refused(&b, WK_EINVAL, "blk.0.ffn_gate.weight: no blk.0.ffn_up.weight to go with it");
+    granite_file(&b, false);
+    b.t[17].shape[0] = GF + 1; /* ffn_up not the gate's shape */
+    expect_refused(&b, WK_EINVAL, "blk.0.ffn_gate.weight and blk.0.ffn_up.weight differ");
+    granite_file(&b, false);
+    snprintf(b.t[9].name, sizeof(b.t[9].name), "blk.1.ssm_out.weight"); /* into layer 1 */
+    expect_refused(&b, WK_EINVAL, "block 1 holds tensors of two kinds");
+    granite_file(&b, false);
+    b.kv[3].u = 3; /* 8 channels are not 3 heads */
+    expect_refused(&b, WK_EINVAL, "granitehybrid.* dimensions out of range or inconsistent");
+}
+
 static void
 test_diag_names(void **state)
 {
@@ -458,6 +638,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rwkv7),      cmocka_unit_test(test_rwkv7_refusals),
         cmocka_unit_test(test_mamba2),     cmocka_unit_test(test_mamba2_refusals),
+        cmocka_unit_test(test_granite_h),  cmocka_unit_test(test_granite_h_refusals),
         cmocka_unit_test(test_diag_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
