@@ -36,6 +36,11 @@ check "pair row" grep -qE '^\| 2 threads \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| [0
 check "three pairs" test "$(grep -c '^wkvm-bench-cpu: pair [0-9]/3:' "$tmp/pair.err")" = 3
 check "both backends" grep -qE 'weights=BF16 .*\| .*weights=Q8_0' "$tmp/pair.md"
 
+"$bench" --model "$tmp/m" --ctx 20,40 --prefill 8 --rounds 1 --threads 2 >"$tmp/ctx.md" \
+    2>"$tmp/ctx.err"
+check "ctx 20 row" grep -qE '^\| 20 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$' "$tmp/ctx.md"
+check "ctx 40 row" grep -qE '^\| 40 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$' "$tmp/ctx.md"
+
 refused() { # the command exits 2 and says why on stderr
     local rc=0
     "$@" >/dev/null 2>"$tmp/refused.err" || rc=$?

@@ -5,7 +5,11 @@
  *     triad over buffers far larger than the caches;
  *   - sgemm peak: OpenBLAS cblas_sgemm on large square fp32 matrices;
  *   - decode tok/s at each --batches size (one token per row per step) and
- *     prefill tok/s for one --prefill-token prompt.
+ *     prefill tok/s for one --prefill-token prompt;
+ *   - with --ctx N1,N2,... (hybrid models: the attention over a long KV
+ *     cache) instead of all the above: per context N, the time of a
+ *     --prefill-token prefill into a slot already holding N tokens, and of
+ *     one decode step after it (bench_ctx).
  * Each model figure is printed as a fraction of its roof:
  *   decode batch 1: BW_read / (streamed weight bytes + 2 * state bytes)
  *   batched decode, prefill: sgemm peak / (matmul FLOP per token)
@@ -494,18 +498,77 @@ bench_prefill(const be_ops *ops, be_ctx *ctx, uint32_t T, uint32_t V, int reps)
     return best;
 }
 
+/*
+ * Prefill and decode against a long context: per N, per round, slot 1 is
+ * reset and filled with N tokens (untimed, 256-token steps), then a T-token
+ * step is timed, then 4 one-token decode steps; the best round of each
+ * counts. Prints a Markdown table.
+ */
+static void
+bench_ctx(const be_ops *ops, be_ctx *ctx, const uint32_t *ns, int n_ns, uint32_t T, uint32_t V,
+          int rounds)
+{
+    uint32_t maxn = T;
+    for (int i = 0; i < n_ns; i++)
+        maxn = ns[i] > maxn ? ns[i] : maxn;
+    int32_t *tok = malloc((size_t)maxn * sizeof(*tok));
+    float *logits = malloc((size_t)V * sizeof(float));
+    if (tok == NULL || logits == NULL)
+        bench_die("out of memory", NULL);
+    for (uint32_t i = 0; i < maxn; i++)
+        tok[i] = (int32_t)((i * 7919u + 13u) % V);
+    printf("| context N | prefill %u tokens at N: ms | tok/s | decode at N + %u: ms/token |\n", T,
+           T);
+    printf("|---:|---:|---:|---:|\n");
+    for (int i = 0; i < n_ns; i++) {
+        double best_p = 1e30, best_d = 1e30;
+        for (int r = 0; r < rounds; r++) {
+            if (ops->slot_reset(ctx, 1) != WK_OK)
+                bench_die("slot reset failed", NULL);
+            for (uint32_t off = 0; off < ns[i]; off += 256) {
+                uint32_t n = ns[i] - off < 256 ? ns[i] - off : 256;
+                be_row row = {.slot = 1, .tokens = tok + off, .n_tokens = n,
+                              .logits_mode = BE_LOGITS_NONE};
+                bench_step(ops, ctx, &row, 1);
+            }
+            be_row row = {.slot = 1, .tokens = tok, .n_tokens = T,
+                          .logits_mode = BE_LOGITS_LAST, .logits = logits};
+            double t0 = bench_now();
+            bench_step(ops, ctx, &row, 1);
+            double v = bench_now() - t0;
+            best_p = v < best_p ? v : best_p;
+            t0 = bench_now();
+            for (int s = 0; s < 4; s++) {
+                row = (be_row){.slot = 1, .tokens = tok + s, .n_tokens = 1,
+                               .logits_mode = BE_LOGITS_LAST, .logits = logits};
+                bench_step(ops, ctx, &row, 1);
+            }
+            v = (bench_now() - t0) / 4;
+            best_d = v < best_d ? v : best_d;
+        }
+        printf("| %u | %.1f | %.1f | %.2f |\n", ns[i], best_p * 1e3, T / best_p, best_d * 1e3);
+        fflush(stdout);
+    }
+    free(tok);
+    free(logits);
+}
+
 static void
 bench_usage(FILE *f)
 {
     fprintf(f, "usage: wkvm-bench-cpu --model DIR [--threads N] [--batches 1,8,32,64]\n"
                "                      [--prefill T] [--seconds S] [--bw-mib M] [--sgemm-n N]\n"
                "                      [--rounds R] [--fp32] [--quantize q8_0]\n"
+               "       wkvm-bench-cpu --model DIR --ctx N1,N2,... [--prefill T] [--rounds R]\n"
+               "                      [--threads N] [--fp32]\n"
                "       wkvm-bench-cpu --model DIR --pair q8_0 [--pairs P] [--seconds S]\n"
                "                      [--threads N] [--fp32]\n"
                "Every figure is the best of R rounds (default 3); --seconds is the decode\n"
                "time per batch size per round. --pair: decode batch 1 of the stored weights\n"
                "and of Q8_0 in one process, P pairs (default 20) of alternating S-second\n"
-               "windows (default 0.6), the median of the per-pair ratios.\n");
+               "windows (default 0.6), the median of the per-pair ratios.\n"
+               "--ctx (hybrid models): a T-token prefill into a slot already holding N\n"
+               "tokens, and a decode step after it, per N (best of R rounds).\n");
 }
 
 int
@@ -518,6 +581,8 @@ main(int argc, char **argv)
     double pair_s = 0.6;
     uint32_t batches[BENCH_MAX_BATCHES] = {1, 8, 32, 64};
     int n_batches = 4;
+    uint32_t ctxs[BENCH_MAX_BATCHES];
+    int n_ctxs = 0;
     static const struct option lo[] = {
         {"model", required_argument, NULL, 'm'},   {"threads", required_argument, NULL, 't'},
         {"batches", required_argument, NULL, 'b'}, {"prefill", required_argument, NULL, 'p'},
@@ -527,6 +592,7 @@ main(int argc, char **argv)
         {"version", no_argument, NULL, 'V'},
         {"quantize", required_argument, NULL, 'q'},
         {"pair", required_argument, NULL, 'P'},    {"pairs", required_argument, NULL, 'n'},
+        {"ctx", required_argument, NULL, 'C'},
         {NULL, 0, NULL, 0},
     };
     int c;
@@ -564,6 +630,19 @@ main(int argc, char **argv)
                 if (v < 1 || v > 1024)
                     bench_die("--batches: each batch must be 1..1024", p);
                 batches[n_batches++] = (uint32_t)v;
+            }
+            free(dup);
+            break;
+        }
+        case 'C': {
+            n_ctxs = 0;
+            char *save = NULL, *dup = strdup(optarg);
+            for (char *p = strtok_r(dup, ",", &save); p && n_ctxs < BENCH_MAX_BATCHES;
+                 p = strtok_r(NULL, ",", &save)) {
+                int v = atoi(p);
+                if (v < 1 || v > 1 << 20)
+                    bench_die("--ctx: each context must be 1..1048576", p);
+                ctxs[n_ctxs++] = (uint32_t)v;
             }
             free(dup);
             break;
@@ -619,12 +698,26 @@ main(int argc, char **argv)
             maxb = batches[i];
     be_config bc = {.n_slots = maxb + 1, .n_threads = (uint32_t)threads,
                     .max_step_rows = maxb, .max_step_tokens = 0};
+    if (n_ctxs > 0) { /* slot 1 holds the longest context plus the timed steps */
+        uint32_t maxc = 0;
+        for (int i = 0; i < n_ctxs; i++)
+            maxc = ctxs[i] > maxc ? ctxs[i] : maxc;
+        bc.kv_pages = (uint32_t)(((uint64_t)maxc + (uint64_t)prefill + 64) / 16 + 1 + 128 * maxb);
+    }
     const be_ops *ops = &be_cpu_ops;
     be_ctx *ctx = NULL;
     if (ops->open(&bc, m, &ctx, &d) != WK_OK)
         bench_die("open failed", d.msg);
     char desc[256] = "";
     ops->describe(ctx, desc, sizeof(desc));
+    if (n_ctxs > 0) {
+        printf("model: %s, L%u C%u, %s; backend: %s; %d threads\n\n", in->name, in->n_layer,
+               in->n_embd, wk_dtype_name(in->dtype), desc, threads);
+        bench_ctx(ops, ctx, ctxs, n_ctxs, (uint32_t)prefill, in->vocab_size, rounds);
+        ops->close(ctx);
+        wrk_model_free(m);
+        return 0;
+    }
 
     /*
      * Rounds: every figure (roofs included) is measured once per round and

@@ -22,8 +22,8 @@ this runner:
   5. runs `--batch-check 5` (the row alone and in a batch of random rows
      must give the same bits, logits and final state),
   6. for the hybrid models (attention layers with the paged KV pool:
-     GQA / MQA, qk_norm, qkv_bias, prompts of many 16-token pages, one
-     longer than a pass), runs `--slot-check` (fork, hibernate/resume,
+     GQA / MQA, qk_norm, qkv_bias, a head dim that is not a multiple of 8,
+     prompts of many 16-token pages, one longer than a pass), runs `--slot-check` (fork, hibernate/resume,
      migration to another slot continue bit-identically; image sizes;
      WK_EQUOTA / WK_EINVAL refusals that change nothing) with the default
      pool and with a pool of a few pages more than the prompt needs,
@@ -92,9 +92,14 @@ MATRIX = [
     ("hyb-f16-shard-mqa-long300", dict(seed=413, dtype="f16", format="sharded", layers=3,
                                        attn_layers=(2,), hidden=128, attn_heads=2,
                                        attn_kv_heads=1, ffn=256, vocab=500, prompt=300)),
+    # head dim 12 (a dot's tail after its 8 lanes), 3 query heads per KV head (attention
+    # blocks of 15 queries: register quads plus a remainder)
+    ("hyb-f32-gqa3-dim12", dict(seed=414, layers=3, attn_layers=(1,), hidden=72, attn_heads=6,
+                                attn_kv_heads=2, prompt=90)),
 ]
 BATCH_CHECK = ("f32-st-gate", "bf16-neg-L3C128K32", "f32-odd-Vd96-conv2",
-               "bf16-shard-tied-nogate-gva", "hyb-f32-gqa-L4", "hyb-bf16-qknorm-bias-tied")
+               "bf16-shard-tied-nogate-gva", "hyb-f32-gqa-L4", "hyb-bf16-qknorm-bias-tied",
+               "hyb-f32-gqa3-dim12")
 
 
 def run(cmd, env=None):

@@ -40,10 +40,15 @@
  * before any attends), then per (token, query head) softmax attention over
  * positions 0..pos in ascending order: scores (8 partial fp32 sums over the
  * head dim, fixed order) into a per-task scratch, the max, then exp and
- * the sum in double and the fp32 weighted sum of V, in position order. A
- * token reads only its own slot's pages and its own projections, so
- * chunked prefill equals token by token and a row's bits never depend on
- * the batch, bit for bit.
+ * the sum in double and the fp32 weighted sum of V, in position order. The
+ * queries run in blocks (gdn_att_body: consecutive tokens of one segment
+ * times the query heads of one KV head, up to GDN_ATT_QMAX) that read each
+ * K / V page once for all of them; a block only shares reads, each query
+ * keeps exactly its own operations, so the block shape (which varies with
+ * the batch, the pass and the thread count) changes no bit. A token reads
+ * only its own slot's pages and its own projections, so chunked prefill
+ * equals token by token and a row's bits never depend on the batch, bit
+ * for bit.
  *
  * Batch invariance: per-token stages read only that token's (and its row's
  * earlier tokens') data; every reduction has a fixed order (RMSNorm and the
@@ -70,6 +75,7 @@
  * refused (be_cpu_base_step validates before any pass).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,10 +98,20 @@
 #define GDN_KV_PAGE_TOKENS 16u
 #define GDN_KV_DEF_CTX 2048u  /* default pool: this many tokens for every slot */
 #define GDN_ATT_MAX_DIM 1024u /* attention head dim (checked at map) */
+#define GDN_ATT_QMAX 16u      /* most queries (token, head) of an attention block */
 #define GDN_M2_CONV_BLOCK 64u /* channels per Mamba2 conv task */
 
-/* One (token, query head) of an attention layer (gdn_att_body). */
-typedef void (*gdn_att_fn)(const be_ctx *c, uint32_t t, uint32_t h, float *scr);
+/*
+ * One attention block: nt consecutive tokens of one segment (so one slot,
+ * consecutive positions) times nh query heads of one KV head, at most
+ * GDN_ATT_QMAX queries; query qi is token t0 + qi / nh, head h0 + qi % nh.
+ */
+typedef struct gdn_att_blk {
+    uint32_t t0, nt, h0, nh;
+} gdn_att_blk;
+
+/* The queries of one attention block (gdn_att_body). */
+typedef void (*gdn_att_fn)(const be_ctx *c, const gdn_att_blk *bk, float *scr);
 
 /* One token's recurrence over n <= GDN_SPAN value columns of a head (gdn_delta_body). */
 typedef void (*gdn_delta_fn)(float *S, size_t ld, uint32_t K, uint32_t n, const float *q,
@@ -201,9 +217,12 @@ struct be_ctx {
     float *aq, *ak, *av, *ao; /* [cap][QD|KVD|KVD|QD] */
     float *aqg, *ag;          /* attn_gate: q_proj output [cap][2 QD], the gates [cap][QD] */
     uint32_t *tpos;           /* absolute position of each pass token [cap] */
-    uint32_t att_tasks;       /* tasks of the attention region (scratch rows) */
-    size_t scr_len;           /* floats per scratch row (>= the longest context) */
-    float *scr;               /* [att_tasks][scr_len] attention scores */
+    uint32_t att_tasks;       /* most tasks of the attention region: one per thread */
+    size_t scr_len;           /* floats per query's scratch row (>= the longest context) */
+    float *scr;               /* [att_tasks][GDN_ATT_QMAX][scr_len] attention scores */
+    gdn_att_blk *att_blks;    /* the pass's attention blocks [cap * Hq], owned */
+    uint32_t n_att_blks;      /* blocks in the current layer */
+    _Atomic uint32_t att_next; /* next block to take (gdn_stage_att) */
     gdn_att_fn att;           /* attention of one (token, head) for the ISA */
 };
 
@@ -814,11 +833,19 @@ gdn_stage_att_prep(void *arg, uint32_t task)
 
 typedef float gdn_v8 __attribute__((vector_size(32)));
 
+/* The 8 lanes of a partial sum combined in the fixed tree of gdn_dot. */
+static inline __attribute__((always_inline)) float
+gdn_v8_sum(gdn_v8 a)
+{
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 /*
  * q . k over n values: 8 lanes of partial fp32 sums (lane j sums the
  * elements j mod 8, in order), combined in a fixed tree, then the tail in
  * order. Plain multiplies and adds (C11 mode: no FMA contraction), so every
- * ISA path gives the same bits.
+ * ISA path gives the same bits. gdn_dot_4x2 gives each of its 8 dots
+ * exactly these operations.
  */
 static inline __attribute__((always_inline)) float
 gdn_dot(const float *a, const float *b, uint32_t n)
@@ -831,92 +858,201 @@ gdn_dot(const float *a, const float *b, uint32_t n)
         memcpy(&y, b + i, sizeof(y));
         acc = acc + x * y;
     }
-    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    float s = gdn_v8_sum(acc);
     for (; i < n; i++)
         s += a[i] * b[i];
     return s;
 }
 
-/* o[d] += e * v[d] for d < n (elementwise: the vector width changes no bit). */
+/*
+ * The dots of 4 queries with 2 keys, out[i][j] = gdn_dot(q[i], k[j], n)
+ * bit for bit (8 independent accumulators, each key row read once).
+ */
 static inline __attribute__((always_inline)) void
-gdn_axpy(float *o, float e, const float *v, uint32_t n)
+gdn_dot_4x2(const float *const q[4], const float *k0, const float *k1, uint32_t n,
+            float out[4][2])
 {
+    gdn_v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        gdn_v8 x, y;
-        memcpy(&x, o + i, sizeof(x));
-        memcpy(&y, v + i, sizeof(y));
-        x = x + y * e;
-        memcpy(o + i, &x, sizeof(x));
+        gdn_v8 x0, x1, y;
+        memcpy(&x0, k0 + i, sizeof(x0));
+        memcpy(&x1, k1 + i, sizeof(x1));
+        memcpy(&y, q[0] + i, sizeof(y));
+        a00 = a00 + y * x0;
+        a01 = a01 + y * x1;
+        memcpy(&y, q[1] + i, sizeof(y));
+        a10 = a10 + y * x0;
+        a11 = a11 + y * x1;
+        memcpy(&y, q[2] + i, sizeof(y));
+        a20 = a20 + y * x0;
+        a21 = a21 + y * x1;
+        memcpy(&y, q[3] + i, sizeof(y));
+        a30 = a30 + y * x0;
+        a31 = a31 + y * x1;
     }
+    out[0][0] = gdn_v8_sum(a00);
+    out[0][1] = gdn_v8_sum(a01);
+    out[1][0] = gdn_v8_sum(a10);
+    out[1][1] = gdn_v8_sum(a11);
+    out[2][0] = gdn_v8_sum(a20);
+    out[2][1] = gdn_v8_sum(a21);
+    out[3][0] = gdn_v8_sum(a30);
+    out[3][1] = gdn_v8_sum(a31);
     for (; i < n; i++)
-        o[i] += e * v[i];
+        for (int r = 0; r < 4; r++) {
+            out[r][0] += q[r][i] * k0[i];
+            out[r][1] += q[r][i] * k1[i];
+        }
 }
 
 /*
- * Causal softmax attention of (pass token t, query head h) over positions
- * 0..pos of its slot, into ao. Two passes in position order: scores and
- * their max, then exp(s - max), the sum in double and the weighted sum of
- * V in fp32; the output is scaled by 1 / sum at the end.
+ * o[d] += e[r] * v_r[d] for r < m, in r order, per element (the page's V
+ * rows at stride tf): 64 columns at a time held in registers, so o is read
+ * and written once per page; the same operations as m gdn_axpy calls.
  */
 static inline __attribute__((always_inline)) void
-gdn_att_body(const be_ctx *c, uint32_t t, uint32_t h, float *scr)
+gdn_axpy_rows(float *o, const float *e, const float *v, size_t tf, uint32_t m, uint32_t n)
 {
-    const uint32_t Da = c->Da, PT = c->kv.page_tokens;
-    const uint32_t slot = c->b.segs[c->b.tseg[t]].slot;
-    const uint32_t n = c->tpos[t] + 1;
-    const float *q = c->aq + (size_t)t * c->QD + (size_t)h * Da;
+    uint32_t d = 0;
+    for (; d + 64 <= n; d += 64) {
+        gdn_v8 x[8];
+        memcpy(x, o + d, sizeof(x));
+        for (uint32_t r = 0; r < m; r++) {
+            const float *vr = v + (size_t)r * tf + d;
+            for (int u = 0; u < 8; u++) {
+                gdn_v8 y;
+                memcpy(&y, vr + 8 * u, sizeof(y));
+                x[u] = x[u] + y * e[r];
+            }
+        }
+        memcpy(o + d, x, sizeof(x));
+    }
+    for (; d + 8 <= n; d += 8) {
+        gdn_v8 x;
+        memcpy(&x, o + d, sizeof(x));
+        for (uint32_t r = 0; r < m; r++) {
+            gdn_v8 y;
+            memcpy(&y, v + (size_t)r * tf + d, sizeof(y));
+            x = x + y * e[r];
+        }
+        memcpy(o + d, &x, sizeof(x));
+    }
+    for (; d < n; d++)
+        for (uint32_t r = 0; r < m; r++)
+            o[d] += e[r] * v[(size_t)r * tf + d];
+}
+
+/*
+ * Causal softmax attention of every query of block bk (each over positions
+ * 0..pos of its token), into ao; scr holds GDN_ATT_QMAX rows of scr_len.
+ * Per query, exactly the operations of one query alone, in position order:
+ * the scores (gdn_dot, times the scale) and their max, then per position
+ * exp(s - max), the sum in double and the weighted sum of V in fp32; the
+ * output is scaled by 1 / sum at the end. The block only shares the reads:
+ * each K / V page is read once for all its queries (page by page, key
+ * pairs times query quads in registers), so a query's bits never depend on
+ * the block it is in. Keys past a query's position (up to the block's last
+ * token, all in the pool) are scored but never used.
+ */
+static inline __attribute__((always_inline)) void
+gdn_att_body(const be_ctx *c, const gdn_att_blk *bk, float *scr)
+{
+    const uint32_t Da = c->Da, PT = c->kv.page_tokens, nq = bk->nt * bk->nh;
+    const uint32_t slot = c->b.segs[c->b.tseg[bk->t0]].slot;
+    const uint32_t nmax = c->tpos[bk->t0 + bk->nt - 1] + 1;
     const size_t koff =
-        (size_t)c->layers[c->layer].idx * 2 * c->KVD + (size_t)(h / (c->Hq / c->Hkv)) * Da;
-    const size_t voff = koff + c->KVD, tf = c->kv.tok_floats;
+        (size_t)c->layers[c->layer].idx * 2 * c->KVD + (size_t)(bk->h0 / (c->Hq / c->Hkv)) * Da;
+    const size_t voff = koff + c->KVD, tf = c->kv.tok_floats, sl = c->scr_len;
     const uint32_t *pages = c->kv.slots[slot].pages;
     const size_t page_floats = (size_t)PT * tf;
-    float mx = -INFINITY;
-    for (uint32_t j0 = 0; j0 < n; j0 += PT) {
+    const float *q[GDN_ATT_QMAX];
+    float *o[GDN_ATT_QMAX];
+    uint32_t nn[GDN_ATT_QMAX];
+    float mx[GDN_ATT_QMAX];
+    double sum[GDN_ATT_QMAX];
+    for (uint32_t i = 0; i < nq; i++) {
+        const uint32_t t = bk->t0 + i / bk->nh, h = bk->h0 + i % bk->nh;
+        q[i] = c->aq + (size_t)t * c->QD + (size_t)h * Da;
+        o[i] = c->ao + (size_t)t * c->QD + (size_t)h * Da;
+        nn[i] = c->tpos[t] + 1;
+        mx[i] = -INFINITY;
+        sum[i] = 0.0;
+    }
+    for (uint32_t j0 = 0; j0 < nmax; j0 += PT) {
         const float *base = c->kv.pool + (size_t)pages[j0 / PT] * page_floats + koff;
-        const uint32_t m = n - j0 < PT ? n - j0 : PT;
-        for (uint32_t r = 0; r < m; r++) {
-            const float sc = gdn_dot(q, base + (size_t)r * tf, Da) * c->att_scale;
-            scr[j0 + r] = sc;
-            mx = sc > mx ? sc : mx;
+        const uint32_t m = nmax - j0 < PT ? nmax - j0 : PT;
+        uint32_t r = 0;
+        for (; r + 2 <= m; r += 2) {
+            const float *k0 = base + (size_t)r * tf, *k1 = k0 + tf;
+            uint32_t i = 0;
+            for (; i + 4 <= nq; i += 4) {
+                float s[4][2];
+                gdn_dot_4x2(q + i, k0, k1, Da, s);
+                for (int u = 0; u < 4; u++) {
+                    scr[(i + u) * sl + j0 + r] = s[u][0] * c->att_scale;
+                    scr[(i + u) * sl + j0 + r + 1] = s[u][1] * c->att_scale;
+                }
+            }
+            for (; i < nq; i++) {
+                scr[i * sl + j0 + r] = gdn_dot(q[i], k0, Da) * c->att_scale;
+                scr[i * sl + j0 + r + 1] = gdn_dot(q[i], k1, Da) * c->att_scale;
+            }
         }
+        for (; r < m; r++)
+            for (uint32_t i = 0; i < nq; i++)
+                scr[i * sl + j0 + r] = gdn_dot(q[i], base + (size_t)r * tf, Da) * c->att_scale;
     }
-    float *o = c->ao + (size_t)t * c->QD + (size_t)h * Da;
-    for (uint32_t d = 0; d < Da; d++)
-        o[d] = 0.0f;
-    double sum = 0.0;
-    for (uint32_t j0 = 0; j0 < n; j0 += PT) {
+    for (uint32_t i = 0; i < nq; i++) {
+        const float *si = scr + i * sl;
+        float mi = -INFINITY;
+        for (uint32_t j = 0; j < nn[i]; j++)
+            mi = si[j] > mi ? si[j] : mi;
+        mx[i] = mi;
+        for (uint32_t d = 0; d < Da; d++)
+            o[i][d] = 0.0f;
+    }
+    for (uint32_t j0 = 0; j0 < nmax; j0 += PT) {
         const float *base = c->kv.pool + (size_t)pages[j0 / PT] * page_floats + voff;
-        const uint32_t m = n - j0 < PT ? n - j0 : PT;
-        for (uint32_t r = 0; r < m; r++) {
-            const float e = expf(scr[j0 + r] - mx);
-            sum += e;
-            gdn_axpy(o, e, base + (size_t)r * tf, Da);
+        for (uint32_t i = 0; i < nq; i++) {
+            if (nn[i] <= j0)
+                continue;
+            const uint32_t m = nn[i] - j0 < PT ? nn[i] - j0 : PT;
+            float *e = scr + i * sl + j0; /* the scores become their exps */
+            double s = sum[i];
+            for (uint32_t r = 0; r < m; r++) {
+                e[r] = expf(e[r] - mx[i]);
+                s += e[r];
+            }
+            sum[i] = s;
+            gdn_axpy_rows(o[i], e, base, tf, m, Da);
         }
     }
-    const float inv = (float)(1.0 / sum);
-    for (uint32_t d = 0; d < Da; d++)
-        o[d] *= inv;
+    for (uint32_t i = 0; i < nq; i++) {
+        const float inv = (float)(1.0 / sum[i]);
+        for (uint32_t d = 0; d < Da; d++)
+            o[i][d] *= inv;
+    }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx512f"))) static void
-gdn_att_avx512(const be_ctx *c, uint32_t t, uint32_t h, float *scr)
+gdn_att_avx512(const be_ctx *c, const gdn_att_blk *bk, float *scr)
 {
-    gdn_att_body(c, t, h, scr);
+    gdn_att_body(c, bk, scr);
 }
 
 __attribute__((target("avx2,fma"))) static void
-gdn_att_avx2(const be_ctx *c, uint32_t t, uint32_t h, float *scr)
+gdn_att_avx2(const be_ctx *c, const gdn_att_blk *bk, float *scr)
 {
-    gdn_att_body(c, t, h, scr);
+    gdn_att_body(c, bk, scr);
 }
 #endif
 
 static void
-gdn_att_generic(const be_ctx *c, uint32_t t, uint32_t h, float *scr)
+gdn_att_generic(const be_ctx *c, const gdn_att_blk *bk, float *scr)
 {
-    gdn_att_body(c, t, h, scr);
+    gdn_att_body(c, bk, scr);
 }
 
 static gdn_att_fn
@@ -932,17 +1068,47 @@ gdn_att_pick(be_cpu_isa isa)
     return gdn_att_generic;
 }
 
-/* A contiguous range of the pass's (token, query head) items; scratch row = task. */
+/*
+ * One task of the attention region per thread, scratch row = task: each
+ * takes the next block (c->att_next) until none is left. Which task runs a
+ * block changes no bit (gdn_att_body).
+ */
 static void
 gdn_stage_att(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
-    const uint64_t items = (uint64_t)c->b.T * c->Hq;
-    const uint32_t n = c->b.tok_tasks;
-    const uint64_t i0 = items * task / n, i1 = items * (task + 1) / n;
-    float *scr = c->scr + (size_t)task * c->scr_len;
-    for (uint64_t i = i0; i < i1; i++)
-        c->att(c, (uint32_t)(i / c->Hq), (uint32_t)(i % c->Hq), scr);
+    float *scr = c->scr + (size_t)task * GDN_ATT_QMAX * c->scr_len;
+    for (;;) {
+        const uint32_t i = atomic_fetch_add_explicit(&c->att_next, 1u, memory_order_relaxed);
+        if (i >= c->n_att_blks)
+            break;
+        c->att(c, &c->att_blks[i], scr);
+    }
+}
+
+/*
+ * The pass's attention blocks of up to nt tokens of a segment times nh
+ * query heads of a KV head (gdn_att_body), written to att_blks when fill;
+ * returns how many.
+ */
+static uint32_t
+gdn_att_blocks(be_ctx *c, uint32_t nt, uint32_t nh, bool fill)
+{
+    const be_cpu_base *b = &c->b;
+    const uint32_t G = c->Hq / c->Hkv;
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < b->n_segs; s++) {
+        const be_cpu_seg *sg = &b->segs[s];
+        for (uint32_t t = 0; t < sg->n; t += nt)
+            for (uint32_t g = 0; g < c->Hkv; g++)
+                for (uint32_t h = 0; h < G; h += nh, n++)
+                    if (fill)
+                        c->att_blks[n] = (gdn_att_blk){.t0 = sg->t0 + t,
+                                                       .nt = sg->n - t < nt ? sg->n - t : nt,
+                                                       .h0 = g * G + h,
+                                                       .nh = G - h < nh ? G - h : nh};
+    }
+    return n;
 }
 
 /* attn_gate: the attention output times sigmoid(gate), per token. */
@@ -981,9 +1147,23 @@ gdn_layer_attention(be_ctx *c, const gdn_layer *ly)
     be_cpu_job_add(b, &ly->wv, c->xn, T, c->av, NULL, BE_CPU_EPI_STORE);
     be_cpu_jobs_run(b);
     be_cpu_tok_run(b, gdn_stage_att_prep, c); /* every K / V of the pass is in the pool ... */
-    const uint64_t items = (uint64_t)T * c->Hq;
-    uint32_t n = items < c->att_tasks ? (uint32_t)items : c->att_tasks;
-    b->tok_tasks = n;
+    /*
+     * Blocks: all the heads of a KV head times as many tokens as fit in
+     * GDN_ATT_QMAX queries, halved (tokens first) while there are fewer
+     * blocks than 2 per thread (decode: few tokens). The shape only shares
+     * reads; it changes no bit.
+     */
+    const uint32_t G = c->Hq / c->Hkv;
+    uint32_t nh = G < GDN_ATT_QMAX ? G : GDN_ATT_QMAX, nt = GDN_ATT_QMAX / nh;
+    while ((nt > 1 || nh > 1) && gdn_att_blocks(c, nt, nh, false) < 2 * b->n_threads) {
+        if (nt > 1)
+            nt = (nt + 1) / 2;
+        else
+            nh = (nh + 1) / 2;
+    }
+    c->n_att_blks = gdn_att_blocks(c, nt, nh, true);
+    atomic_store_explicit(&c->att_next, 0u, memory_order_relaxed);
+    const uint32_t n = c->n_att_blks < c->att_tasks ? c->n_att_blks : c->att_tasks;
     be_cpu_pool_run(b->pool, gdn_stage_att, c, n); /* ... before any token attends */
     if (c->aqg != NULL)
         be_cpu_tok_run(b, gdn_stage_att_gate, c);
@@ -1012,7 +1192,7 @@ gdn_pre_step(be_cpu_base *base, const be_row *rows, size_t n, wk_diag *d)
         longest = cap; /* such a row is refused below */
     if (longest > c->scr_len) {
         size_t len = ((size_t)longest + 255) / 256 * 256;
-        float *p = be_cpu_alloc_f((size_t)c->att_tasks * len);
+        float *p = be_cpu_alloc_f((size_t)c->att_tasks * GDN_ATT_QMAX * len);
         if (p == NULL)
             return wk_diag_set(
                 d, WK_ENOMEM, "cpu backend: out of memory for attention scratch (%zu tokens)", len);
@@ -1511,6 +1691,7 @@ gdn_close(be_ctx *c)
     free(c->inv_freq);
     free(c->tpos);
     free(c->scr);
+    free(c->att_blks);
     free(c);
 }
 
@@ -1848,8 +2029,9 @@ gdn_open_attention(be_ctx *c, const be_config *cfg, wk_diag *d)
     c->rope_half = c->g->rope_dim / 2;
     c->inv_freq = malloc(sizeof(double) * (c->rope_half ? c->rope_half : 1));
     c->tpos = calloc(c->b.cap, sizeof(uint32_t));
-    c->att_tasks = 4 * c->b.n_threads;
-    if (c->inv_freq == NULL || c->tpos == NULL)
+    c->att_tasks = c->b.n_threads;
+    c->att_blks = calloc((size_t)c->b.cap * c->Hq, sizeof(gdn_att_blk));
+    if (c->inv_freq == NULL || c->tpos == NULL || c->att_blks == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < c->rope_half; i++)
         c->inv_freq[i] = pow(c->g->rope_theta, -(double)(2 * i) / (double)c->g->rope_dim);
