@@ -382,6 +382,32 @@ wrk_gguf_a_log(float A, bool *exact)
     return best;
 }
 
+/*
+ * Points view o of t (n values of A = -exp(A_log), as the converter stores
+ * Mamba2 / Gated DeltaNet decays) at an owned float32 A_log, value by
+ * value through wrk_gguf_a_log.
+ */
+static wk_err
+wrk_gguf_a_log_view(wrk_gguf_owner *own, const wk_tensor *t, wk_tensor *o, uint64_t n,
+                    wk_diag *d)
+{
+    float *a_log = wrk_gguf_owned(own, n * sizeof(float));
+    if (a_log == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    for (uint64_t h = 0; h < n; h++) {
+        float A;
+        bool exact;
+        if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK || !(A < 0.0f) || !isfinite(A))
+            return wk_diag_set(d, WK_EINVAL, "%s[%" PRIu64 "]: expected A = -exp(A_log) < 0",
+                               t->name, h);
+        a_log[h] = wrk_gguf_a_log(A, &exact);
+    }
+    o->dtype = WK_DTYPE_F32;
+    o->data = a_log;
+    o->nbytes = n * sizeof(float);
+    return WK_OK;
+}
+
 /* Maps the tensors of a mamba2 file (computing A_log into *extra) and builds its config. */
 static wk_err
 wrk_gguf_mamba2(const wk_gguf *g, wrk_gguf_views *vs, float **extra, json_t **config, wk_diag *d)
@@ -834,26 +860,8 @@ wrk_gguf_qwen35(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, const
             }
             o->ndim = 1;
             o->shape[0] = numel;
-            if (strcmp(rest, "ssm_a") == 0) {
-                float *a_log = wrk_gguf_owned(own, HV * sizeof(float));
-                if (a_log == NULL) {
-                    e = wk_diag_set(d, WK_ENOMEM, "out of memory");
-                    break;
-                }
-                for (uint64_t h = 0; h < HV && e == WK_OK; h++) {
-                    float A;
-                    bool exact;
-                    if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK || !(A < 0.0f) || !isfinite(A))
-                        e = wk_diag_set(d, WK_EINVAL,
-                                        "%s[%" PRIu64 "]: expected A = -exp(A_log) < 0", t->name,
-                                        h);
-                    else
-                        a_log[h] = wrk_gguf_a_log(A, &exact);
-                }
-                o->dtype = WK_DTYPE_F32;
-                o->data = a_log;
-                o->nbytes = HV * sizeof(float);
-            }
+            if (strcmp(rest, "ssm_a") == 0)
+                e = wrk_gguf_a_log_view(own, t, o, HV, d);
             if (e == WK_OK && regroup)
                 e = wrk_gguf_q35_regroup(own, o, 0, H, r, 1, false, d);
         } else if (strcmp(rest, "ffn_gate_inp_shexp.weight") == 0 && numel == (int64_t)C) {
@@ -1196,23 +1204,7 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
                 e = wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " values", t->name, H);
                 break;
             }
-            float *a_log = wrk_gguf_owned(own, H * sizeof(float));
-            if (a_log == NULL) {
-                e = wk_diag_set(d, WK_ENOMEM, "out of memory");
-                break;
-            }
-            for (uint64_t h = 0; h < H && e == WK_OK; h++) {
-                float A;
-                bool exact;
-                if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK || !(A < 0.0f) || !isfinite(A))
-                    e = wk_diag_set(d, WK_EINVAL, "%s[%" PRIu64 "]: expected A = -exp(A_log) < 0",
-                                    t->name, h);
-                else
-                    a_log[h] = wrk_gguf_a_log(A, &exact);
-            }
-            o->dtype = WK_DTYPE_F32;
-            o->data = a_log;
-            o->nbytes = H * sizeof(float);
+            e = wrk_gguf_a_log_view(own, t, o, H, d);
         }
     }
     if (e != WK_OK) {
@@ -1493,23 +1485,7 @@ wrk_gguf_granite_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, js
                 e = wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " values", t->name, H);
                 break;
             }
-            float *a_log = wrk_gguf_owned(own, H * sizeof(float));
-            if (a_log == NULL) {
-                e = wk_diag_set(d, WK_ENOMEM, "out of memory");
-                break;
-            }
-            for (uint64_t h = 0; h < H && e == WK_OK; h++) {
-                float A;
-                bool exact;
-                if (wk_tensor_read_f32(t, h, 1, &A) != WK_OK || !(A < 0.0f) || !isfinite(A))
-                    e = wk_diag_set(d, WK_EINVAL, "%s[%" PRIu64 "]: expected A = -exp(A_log) < 0",
-                                    t->name, h);
-                else
-                    a_log[h] = wrk_gguf_a_log(A, &exact);
-            }
-            o->dtype = WK_DTYPE_F32;
-            o->data = a_log;
-            o->nbytes = H * sizeof(float);
+            e = wrk_gguf_a_log_view(own, t, o, H, d);
         }
     }
     if (e != WK_OK) {

@@ -725,15 +725,7 @@ gdn_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
         (e = gdn_map_head(set, config, g, d)) != WK_OK || (e = gdn_declare(m, v, d)) != WK_OK)
         goto fail;
 
-    info->n_layer = g->n_layer;
-    info->n_embd = g->n_embd;
-    info->n_head = g->n_head;
-    info->head_size = g->head_k;
-    info->ffn_dim = g->ffn_dim;
-    info->vocab_size = g->vocab_size;
-    info->state_bytes = wrk_gdn_state_bytes(g);
-    info->n_attn_layer = g->n_attn;
-    info->kv_token_bytes = wrk_gdn_kv_token_bytes(g);
+    wrk_gdn_fill_info(g, g->n_head, g->head_k, info);
     *out = v;
     return WK_OK;
 
@@ -769,6 +761,20 @@ wrk_gdn_state_bytes(const wrk_gdn *g)
     for (uint32_t l = 0; l < g->n_layer; l++)
         n += wrk_gdn_layer_floats(g, l);
     return n * sizeof(float);
+}
+
+void
+wrk_gdn_fill_info(const wrk_gdn *g, uint32_t n_head, uint32_t head_size, wrk_model_info *info)
+{
+    info->n_layer = g->n_layer;
+    info->n_embd = g->n_embd;
+    info->n_head = n_head;
+    info->head_size = head_size;
+    info->ffn_dim = g->ffn_dim;
+    info->vocab_size = g->vocab_size;
+    info->state_bytes = wrk_gdn_state_bytes(g);
+    info->n_attn_layer = g->n_attn;
+    info->kv_token_bytes = wrk_gdn_kv_token_bytes(g);
 }
 
 uint64_t

@@ -226,6 +226,14 @@ uint64_t wrk_gdn_state_bytes(const wrk_gdn *g);
 uint64_t wrk_gdn_kv_token_bytes(const wrk_gdn *g);
 
 /*
+ * Fills what wrk_family.map reports of a model on this view (info's layers,
+ * widths, vocab, state and KV bytes); n_head / head_size are the family's
+ * own notion of its heads (GDN key heads, or Mamba2 heads).
+ */
+void wrk_gdn_fill_info(const wrk_gdn *g, uint32_t n_head, uint32_t head_size,
+                       wrk_model_info *info);
+
+/*
  * The matrices --quantize q8_0 converts (wrk_family.quant_mats for every
  * family mapping onto this view): every layer's projections and MLP, and
  * the head. layers is g's layer array, writable.

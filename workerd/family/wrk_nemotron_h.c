@@ -683,15 +683,7 @@ nh_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out,
     if ((e = nh_map_head(set, config, g, d)) != WK_OK || (e = nh_declare(m, set, v, d)) != WK_OK)
         goto fail;
 
-    info->n_layer = g->n_layer;
-    info->n_embd = g->n_embd;
-    info->n_head = g->m2_heads;
-    info->head_size = g->m2_head_dim;
-    info->ffn_dim = g->ffn_dim;
-    info->vocab_size = g->vocab_size;
-    info->state_bytes = wrk_gdn_state_bytes(g);
-    info->n_attn_layer = g->n_attn;
-    info->kv_token_bytes = wrk_gdn_kv_token_bytes(g);
+    wrk_gdn_fill_info(g, g->m2_heads, g->m2_head_dim, info);
     *out = v;
     return WK_OK;
 

@@ -1008,15 +1008,7 @@ q35_map(wrk_model *m, const wk_tensor_set *set, const json_t *config, void **out
     if ((e = q35_map_head(set, config, tc, v, d)) != WK_OK || (e = q35_declare(m, set, v, d)) != WK_OK)
         goto fail;
 
-    info->n_layer = g->n_layer;
-    info->n_embd = g->n_embd;
-    info->n_head = g->n_head;
-    info->head_size = g->head_k;
-    info->ffn_dim = g->ffn_dim;
-    info->vocab_size = g->vocab_size;
-    info->state_bytes = wrk_gdn_state_bytes(g);
-    info->n_attn_layer = g->n_attn;
-    info->kv_token_bytes = wrk_gdn_kv_token_bytes(g);
+    wrk_gdn_fill_info(g, g->n_head, g->head_k, info);
     *out = v;
     return WK_OK;
 
