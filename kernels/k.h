@@ -243,14 +243,15 @@ int k_gdn_onorm(float *o, const float *g, uint32_t T, uint32_t HV, uint32_t Vd, 
 int k_add_rows(float *x, const float *b, uint32_t T, uint32_t N, void *stream);
 
 /*
- * In place, per token: GPT-NeoX rotate-half RoPE of q [T][Hq][D] and k
- * [T][Hkv][D] at the token's position (angle pos * inv_freq[i] in double,
- * inv_freq [D/2] doubles), then the token's K (rotated) and V [T][Hkv][D]
- * stored into its page row. D even. Enqueue after every reader of the
- * rows it overwrites.
+ * In place, per token: GPT-NeoX rotate-half RoPE over the first R dims of
+ * each head (pairs (i, i + R/2); the other D - R dims pass through; R 0:
+ * no rotation) of q [T][Hq][D] and k [T][Hkv][D] at the token's position
+ * (angle pos * inv_freq[i] in double, inv_freq [R/2] doubles), then the
+ * token's K (rotated) and V [T][Hkv][D] stored into its page row. D, R
+ * even, R <= D. Enqueue after every reader of the rows it overwrites.
  */
 int k_attn_rope_store(float *q, float *k, const float *v, uint32_t T, uint32_t Hq, uint32_t Hkv,
-                      uint32_t D, const double *inv_freq, const uint32_t *tseg,
+                      uint32_t D, uint32_t R, const double *inv_freq, const uint32_t *tseg,
                       const uint32_t *seg_t0, const uint32_t *seg_pos, const uint32_t *seg_pg,
                       const uint32_t *pages, float *pool, uint32_t PT, size_t tok_floats,
                       size_t kv_off, void *stream);
@@ -265,6 +266,43 @@ int k_attn(const float *q, uint32_t T, uint32_t Hq, uint32_t Hkv, uint32_t D, fl
            const uint32_t *tseg, const uint32_t *seg_t0, const uint32_t *seg_pos,
            const uint32_t *seg_pg, const uint32_t *pages, const float *pool, uint32_t PT,
            size_t tok_floats, size_t kv_off, float *o, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Hybrid conventions and the mixture of experts (k_hybrid.cu; the layer    */
+/* list of be_cuda_gdn.c, math be_cpu_gdn.c's). Products and sums rounded   */
+/* one by one (no FMA contraction), as the CPU's.                           */
+/* ------------------------------------------------------------------------ */
+
+/* x[i] = x[i] * s (divide 0) or x[i] / s (divide 1) for i < n. */
+int k_scale(float *x, size_t n, float s, int divide, void *stream);
+
+/* x[i] = x[i] + y[i] * s for i < n (the product rounded, then the sum). */
+int k_add_scaled(float *x, const float *y, size_t n, float s, void *stream);
+
+/*
+ * Qwen3.5's q_proj output qg [T][Hq][2 D] (per head its query, then its
+ * output gate) into q [T][Hq][D] and g [T][Hq][D].
+ */
+int k_attn_gate_split(const float *qg, uint32_t T, uint32_t Hq, uint32_t D, float *q, float *g,
+                      void *stream);
+
+/* o[i] = o[i] * sigmoid(g[i]) for i < n. */
+int k_mul_sigmoid(float *o, const float *g, size_t n, void *stream);
+
+/* y[r] = x[idx[r]] for r < n rows of C floats (y must not alias x). */
+int k_gather_rows(const float *x, const uint32_t *idx, uint32_t n, uint32_t C, float *y,
+                  void *stream);
+
+/*
+ * The mixture of experts' sum into the residual, per token t < T and
+ * channel i < C: acc = 0; acc += oe[trow[t k + j]][i] * w[t k + j] for j <
+ * k in order (the token's experts, ascending); with a shared expert (os
+ * not NULL) acc += sg * os[t][i], sg = sgv[t] (NULL: 1); then x[t][i] +=
+ * acc (res_mul 0) or acc * res_mul. oe rows C floats, T <= 65535.
+ */
+int k_moe_combine(float *x, const float *oe, const uint32_t *trow, const float *w, uint32_t k,
+                  const float *os, const float *sgv, uint32_t T, uint32_t C, float res_mul,
+                  void *stream);
 
 #ifdef __cplusplus
 }

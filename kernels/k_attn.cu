@@ -11,6 +11,9 @@
  * into it. Segments name distinct slots (distinct pages), so no two
  * blocks write the same bytes.
  *
+ * RoPE rotates the first R dims of each head (partial rotary, Qwen3.5; R
+ * 0 for Nemotron-H's and Granite-4.0-H's position-free attention).
+ *
  * Numerics: RoPE angles pos * inv_freq[i] in double with double cos / sin
  * rounded to fp32 (the CPU's gdn_rope), the rotation without FMA
  * contraction; scores and weighted sums in fp32 with an online
@@ -66,14 +69,19 @@ k_add_rows(float *x, const float *b, uint32_t T, uint32_t N, void *stream)
     return k_launch_end();
 }
 
-/* One block per token: RoPE on its q and k heads, then K / V into its page row. */
+/*
+ * One block per token: RoPE on the first R dims of its q and k heads (pairs
+ * (i, i + R/2), i < R/2; dims R..D-1 pass through; R 0: none), then K / V
+ * into its page row.
+ */
 static __global__ void
 k_attn_rope_store_kernel(float *q, float *k, const float *v, uint32_t Hq, uint32_t Hkv, uint32_t D,
-                         const double *inv_freq, const uint32_t *tseg, const uint32_t *seg_t0,
-                         const uint32_t *seg_pos, const uint32_t *seg_pg, const uint32_t *pages,
-                         float *pool, uint32_t PT, size_t tok_floats, size_t kv_off)
+                         uint32_t R, const double *inv_freq, const uint32_t *tseg,
+                         const uint32_t *seg_t0, const uint32_t *seg_pos, const uint32_t *seg_pg,
+                         const uint32_t *pages, float *pool, uint32_t PT, size_t tok_floats,
+                         size_t kv_off)
 {
-    const uint32_t t = blockIdx.x, half = D / 2;
+    const uint32_t t = blockIdx.x, half = R / 2;
     uint32_t s;
     const uint32_t pos = ka_pos(t, tseg, seg_t0, seg_pos, &s);
     const uint32_t nh = Hq + Hkv;
@@ -98,18 +106,19 @@ k_attn_rope_store_kernel(float *q, float *k, const float *v, uint32_t Hq, uint32
 
 extern "C" int
 k_attn_rope_store(float *q, float *k, const float *v, uint32_t T, uint32_t Hq, uint32_t Hkv,
-                  uint32_t D, const double *inv_freq, const uint32_t *tseg, const uint32_t *seg_t0,
-                  const uint32_t *seg_pos, const uint32_t *seg_pg, const uint32_t *pages,
-                  float *pool, uint32_t PT, size_t tok_floats, size_t kv_off, void *stream)
+                  uint32_t D, uint32_t R, const double *inv_freq, const uint32_t *tseg,
+                  const uint32_t *seg_t0, const uint32_t *seg_pos, const uint32_t *seg_pg,
+                  const uint32_t *pages, float *pool, uint32_t PT, size_t tok_floats,
+                  size_t kv_off, void *stream)
 {
     k_launch_begin();
     if (T == 0)
         return (int)cudaSuccess;
-    if (D == 0 || D % 2 != 0 || Hkv == 0 || PT == 0)
+    if (D == 0 || D % 2 != 0 || R % 2 != 0 || R > D || Hkv == 0 || PT == 0)
         return (int)cudaErrorInvalidValue;
     k_attn_rope_store_kernel<<<T, K_THREADS, 0, (cudaStream_t)stream>>>(
-        q, k, v, Hq, Hkv, D, inv_freq, tseg, seg_t0, seg_pos, seg_pg, pages, pool, PT, tok_floats,
-        kv_off);
+        q, k, v, Hq, Hkv, D, R, inv_freq, tseg, seg_t0, seg_pos, seg_pg, pages, pool, PT,
+        tok_floats, kv_off);
     return k_launch_end();
 }
 

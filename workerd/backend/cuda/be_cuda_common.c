@@ -402,6 +402,8 @@ be_cuda_core_logits(be_cuda_core *c, const be_cuda_mat *head, float *xo, be_cuda
         const uint32_t nl = c->n_logits - i0 < c->lcap ? c->n_logits - i0 : c->lcap;
         BE_CUDA_TRY(norm(arg, lpos + i0, nl, xo, d));
         BE_CUDA_TRY(be_cuda_gemm(c, head, xo, nl, c->dlog, V, K_EPI_STORE, d));
+        if (c->logit_div != 0.0f)
+            WK_CUDA_CHECK(k_scale(c->dlog, V * nl, c->logit_div, 1, c->stream), d);
         WK_CUDA_CHECK(cudaMemcpyAsync(c->hlog, c->dlog, sizeof(float) * V * nl,
                                       cudaMemcpyDeviceToHost, c->stream),
                       d);

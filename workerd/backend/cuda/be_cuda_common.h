@@ -166,6 +166,8 @@ typedef struct be_cuda_core {
      * reset rows' slots are zeroed after it succeeds
      */
     wk_err (*pre_step)(void *arg, const be_row *rows, size_t n, wk_diag *d);
+    /* optional, set by the family: not 0: every logits row divided by it on the device (Granite) */
+    float logit_div;
 } be_cuda_core;
 
 /*
@@ -264,7 +266,8 @@ typedef wk_err (*be_cuda_norm_fn)(void *arg, const uint32_t *lpos, uint32_t n, f
 
 /*
  * The pass's logits: for each chunk of at most lcap logits rows, norm()
- * into xo ([lcap][head->k] device floats), the head GEMM and the copy into
+ * into xo ([lcap][head->k] device floats), the head GEMM (divided by
+ * c->logit_div when it is set) and the copy into
  * the callers' buffers through pinned memory (synchronises the stream).
  */
 WK_MUST_CHECK wk_err be_cuda_core_logits(be_cuda_core *c, const be_cuda_mat *head, float *xo,

@@ -1,46 +1,113 @@
 /*
- * be_cuda_gdn: the Gated DeltaNet step on a CUDA device, host side (the
- * family be_cuda.c reaches through be_cuda_gdn_family). The math, the
- * stage order and the slot layout are the CPU reference's (be_cpu_gdn.c,
- * wrk_gdn.h); the kernels are kernels/k_gdn.cu and k_common.cu behind
- * kernels/k.h.
+ * be_cuda_gdn: the hybrid layer-list step on a CUDA device, host side (the
+ * family be_cuda.c reaches through be_cuda_gdn_family): fla Gated DeltaNet
+ * and its hybrids, Qwen3.5 / Qwen3.5-MoE / Qwen3-Next, Nemotron-H and
+ * Granite-4.0-H, every model with the "gdn" view (wrk_gdn.h). The math,
+ * the stage order and the slot layout are the CPU reference's
+ * (be_cpu_gdn.c, be_cpu_mamba2.c, wrk_gdn.h); the kernels are
+ * kernels/k_gdn.cu, k_attn.cu, k_mamba2.cu, k_hybrid.cu and k_common.cu
+ * behind kernels/k.h.
  *
- * At creation every projection, the head and the embedding (the same
- * device bytes when tied) are copied to the device as stored; the vectors
- * (norm weights, -exp(A_log), dt_bias, conv taps as stored [D][W]) are
- * widened to fp32. A pass (be_cuda_core: at most `cap` tokens, rows cut as
- * the CPU cuts them) runs per layer: attn_norm, the q / k / v / a / b (/ g)
- * GEMMs for every token, the three short convs + SiLU per (segment,
- * channel) in token order over the slot's histories, the q / k L2 norms
- * (q scaled by K^-0.5), decay and beta, the delta rule per (segment, value
- * head, 32-column tile) in token order over the slot's S, the gated
- * per-head RMSNorm, o_proj added into the residual, then mlp_norm, the
- * gate / up GEMMs, SiLU(gate) * up and down added into the residual; the
- * final norm and the head for the logits rows only.
+ * At creation every projection, expert, the head and the embedding (the
+ * same device bytes when tied) are copied to the device as stored; the
+ * vectors (norm weights with Qwen3.5's (1 + weight) folded in as the CPU
+ * does, -exp(A_log), dt_bias, conv taps as stored [D][W], Mamba2's conv
+ * taps [CD][K2] and bias, A, D and gated-norm weight) are widened to fp32.
+ * A pass (be_cuda_core: at most `cap` tokens, rows cut as the CPU cuts
+ * them) runs the embedding (times Granite's emb_mul), then per layer its
+ * mixer and its MLP, each after its own RMSNorm and each skipped when the
+ * layer has none, then the final norm and the head for the logits rows
+ * only (divided by Granite's logit_div on the device). Every mixer's and
+ * MLP's output projection is added into the residual by the GEMM's
+ * epilogue, or, with Granite's res_mul, stored into xr and added as
+ * x + xr * res_mul (gdn_add_out, the CPU's order of rounding).
  *
- * Hybrid models (attention layers, wrk_gdn.h): the slot layout lists only
- * the Gated DeltaNet layers (layer l's state at its delta index), and the
- * attention layers' K / V live in a paged device pool (be_kv.h, be_cuda_kv.h) of
- * be_config.kv_pages pages of GDN_KV_PAGE_TOKENS tokens (default, as the
- * CPU: every slot can hold GDN_KV_DEF_CTX tokens at once; unlike the CPU
- * the device memory is allocated at open), handed to be_cuda.c through
- * be_cuda_gdn_family.kv for the slot operations. A step takes its rows'
- * pages after the row checks and before any device call (gdn_pre_step:
- * refused whole with WK_EQUOTA naming the row), which fixes each row's
- * first position (its slot's n_ctx before the step, 0 for a reset row). Each pass uploads,
- * per segment, the segment's first position and its slot's page table
- * (the pass's slots are distinct, so the tables fit in pages_total
- * entries). An attention layer runs: the q / k / v GEMMs, the biases, the
- * per-head q / k RMSNorm, RoPE at each token's absolute position and the
- * append of every pass token's K / V to its slot's pages (k_attn_rope_store),
- * then per (token, query head) softmax attention over positions 0..pos
- * through the page table (k_attn), then o_proj added into the residual.
+ * Mixers:
+ *   GDN     the q / k / v / a / b (/ g) GEMMs for every token, the three
+ *           short convs + SiLU per (segment, channel) in token order over
+ *           the slot's histories, the q / k L2 norms (q scaled by K^-0.5),
+ *           decay and beta, the delta rule per (segment, value head,
+ *           32-column tile) in token order over the slot's S, the gated
+ *           per-head RMSNorm, o_proj.
+ *   ATTN    below (hybrid models).
+ *   MAMBA2  the pure Mamba2 family's kernels (k_mamba2.cu, as
+ *           be_cuda_mamba2.c drives them): in_proj into m2p [T][DIP]
+ *           (z [DI] | xBC [CD] | dt [H2] per token), the conv + SiLU of
+ *           xBC (m2p + DI, rows DIP apart) per (segment, channel) over the
+ *           slot's conv state into m2x [T][CD], the scan per (segment,
+ *           head) over the slot's ssm state (dt at m2p + DI + CD, rows DIP
+ *           apart) into m2y [T][DI], the gate silu(z) (z at m2p, rows DIP
+ *           apart) and the grouped RMSNorm over G2 groups (norm_eps, as the
+ *           CPU's be_cpu_m2_dims.eps), out_proj.
+ * MLPs:
+ *   SWIGLU  gate / up GEMMs, silu(gate) * up, down.
+ *   RELU2   the up GEMM with the relu(.)^2 epilogue (the CPU: the GEMM,
+ *           then relu, then the square: the same two roundings), down.
+ *   MOE     below.
+ *
+ * Slot layout: wrk_gdn.h. The recurrent layers (GDN and MAMBA2 mixers) in
+ * layer order, layer l's state gdn_layer.soff floats into the slot (the
+ * sum of wrk_gdn_layer_floats of the layers before it, as the CPU's soff):
+ *   GDN:    q_conv [W-1][KD] at soff, k_conv [W-1][KD] at soff + (W-1) KD,
+ *           v_conv [W-1][VD] at soff + 2 (W-1) KD, S [HV][K][Vd] at soff +
+ *           (W-1)(2 KD + VD) (gdn_off_*);
+ *   MAMBA2: conv [CD][K2-1] at soff, ssm [H2][P][N] at soff + CD (K2-1)
+ *           (m2_conv_floats);
+ * slot_floats, the sum over every layer, is the arena stride (slot_bytes).
+ *
+ * Attention layers (hybrid models): the attention layers' K / V live in a
+ * paged device pool (be_kv.h, be_cuda_kv.h) of be_config.kv_pages pages of
+ * GDN_KV_PAGE_TOKENS tokens (default, as the CPU: every slot can hold
+ * GDN_KV_DEF_CTX tokens at once; unlike the CPU the device memory is
+ * allocated at open), handed to be_cuda.c through be_cuda_gdn_family.kv for
+ * the slot operations. A step takes its rows' pages after the row checks
+ * and before any device call (gdn_pre_step: refused whole with WK_EQUOTA
+ * naming the row), which fixes each row's first position (its slot's
+ * n_ctx before the step, 0 for a reset row). Each pass uploads, per
+ * segment, the segment's first position and its slot's page table (the
+ * pass's slots are distinct, so the tables fit in pages_total entries). An
+ * attention layer runs: the q / k / v GEMMs (with Qwen3.5's output gate,
+ * attn_gate, q_proj gives aqg [T][Hq][2 Da], per head the query then its
+ * gate, split into aq [T][Hq][Da] and ag [T][Hq][Da]), the biases, the
+ * per-head q / k RMSNorm, RoPE on the first rope_dim dims of each head
+ * (inv_freq theta^(-2i/rope_dim), i < rope_dim / 2; rope_dim 0: none, as
+ * Nemotron-H's and Granite-4.0-H's attention) at each token's absolute
+ * position and the append of every pass token's K / V to its slot's pages
+ * (k_attn_rope_store), then per (token, query head) softmax attention over
+ * positions 0..pos through the page table (k_attn; the score scale
+ * Da^-0.5 or Granite's attention_multiplier), the output times
+ * sigmoid(gate) with attn_gate, then o_proj.
+ *
+ * Mixture of experts (wrk_moe; correctness first): the router GEMM (and
+ * the shared expert's GEMMs and its sigmoid gate) on the device for every
+ * token, then one copy of the router logits [T][E] to pinned host memory
+ * and a stream synchronisation, the routing per token on the host with the
+ * CPU's own rules and tie order (gdn_route: softmax / sigmoid with score
+ * bias and groups / top-k-then-softmax; the selection stored by ascending
+ * expert), a counting sort of the T k (token, expert) pairs into
+ * expert-major rows (tokens ascending within an expert), one upload of the
+ * row tables (idx [T k]: the token of each gathered row; trow [T k]: the
+ * row of each (token, j); w [T k]: the weights), the gather of the normed
+ * inputs into xe [T k][C], per expert with rows its gate / up GEMMs over
+ * its rows (up with the relu(.)^2 epilogue for RELU2 experts), the
+ * activation, its down GEMM into oe [T k][C], and per token the weighted
+ * sum in ascending expert order plus the (gated) shared expert added into
+ * the residual (k_moe_combine, the CPU's gdn_stage_combine). Cost: one
+ * device-to-host copy of T E floats, one synchronisation (the pass waits
+ * for the device once per MoE layer, so the host cannot run ahead), one
+ * host-to-device copy of 3 T k words and, per active expert, three GEMMs
+ * of its own rows (each a split, a cuBLAS call and an epilogue launch):
+ * decode with many experts is launch-bound (k active experts per token,
+ * up to E per layer for a batch); a grouped GEMM and routing on the device
+ * are the next steps.
  *
  * Numerics and batch invariance are the RWKV-7 step's (be_cuda_rwkv7.c):
  * cuBLAS GEMMs with fp32 compute (16-bit weights against the hi + lo halves
  * of the activations), every other reduction in a fixed order per row; a
  * row's bits are repeatable for one pass composition and agree with the CPU
- * (and across chunkings) to GEMM rounding.
+ * (and across chunkings) to GEMM rounding. The experts' choice is a
+ * comparison of router outputs, so a near tie may pick another expert on
+ * the two backends (as it may across GEMM kernels on the CPU's ISAs).
  *
  * Must never: log, abort on bad input, or change any slot when a step is
  * refused (be_cuda_core_step checks every row first).
@@ -55,10 +122,12 @@
 #include "k.h"
 #include "wrk_gdn.h"
 
-#define GDN_MAX_CONV 64u       /* conv taps limit (the CPU's and the kernel's) */
+#define GDN_MAX_CONV 64u       /* conv taps limit (the CPU's and the kernels') */
 #define GDN_KV_PAGE_TOKENS 16u /* tokens per KV page (the CPU's, be_cpu_gdn.c) */
 #define GDN_KV_DEF_CTX 2048u   /* default pool: this many tokens for every slot (the CPU's) */
 #define GDN_ATT_MAX_DIM 1024u  /* attention head dim (k_attn's limit, the CPU's) */
+#define GDN_M2_SMEM 49152u     /* k_mamba2_scan's shared memory for x, B, C (bytes) */
+#define GDN_MOE_GROUPS 64u     /* most expert groups (the CPU's) */
 
 /* Offsets of a layer's vectors in the device vector block (floats). */
 enum {
@@ -75,36 +144,66 @@ enum {
     GV_BV,
     GV_NQ,
     GV_NK,
+    GV_M2_CW, /* Mamba2 mixers: conv taps [CD][K2], bias [CD], dt_bias, A, D [H2], gnorm [DI] */
+    GV_M2_CB,
+    GV_M2_DTB,
+    GV_M2_A,
+    GV_M2_D,
+    GV_M2_GN,
     GV_N
 };
 
+/* A mixture-of-experts MLP (wrk_moe) on the device, its routing on the host. */
+typedef struct gdn_moe {
+    uint32_t E, k, Fe, Fs;        /* experts, per token, expert width, shared width (0: none) */
+    bool norm_topk;               /* renormalise the top-k weights */
+    bool relu2;                   /* RELU2 experts (and shared expert), else SwiGLU */
+    wrk_moe_router route;         /* SOFTMAX, SIGMOID or TOPK_SOFTMAX */
+    bool sh_gated;                /* the shared expert is times sigmoid(sr x) */
+    uint32_t n_group, topk_group; /* SIGMOID: groups, groups kept (1, 1: none) */
+    float scale;                  /* SIGMOID: routed_scaling_factor */
+    float *score_bias;            /* SIGMOID: [E] host fp32 (zeros when absent), owned */
+    be_cuda_mat router;           /* C -> E */
+    be_cuda_mat *gate, *up, *down; /* E each (gate unused for RELU2), owned host arrays */
+    be_cuda_mat sg, su, sd, sr;   /* shared expert C -> Fs -> C, its gate C -> 1 */
+} gdn_moe;
+
 typedef struct gdn_layer {
-    bool is_attn;                      /* softmax attention layer (hybrid models) */
-    uint32_t idx;                      /* index among the delta (or attention) layers */
+    wrk_mixer_kind mixer;              /* the layer's kinds (wrk_gdn.h) */
+    wrk_mlp_kind mlp;
+    uint32_t idx;                      /* attention layers: index among them (KV layer) */
+    size_t soff;                       /* recurrent mixers: floats before its state in a slot */
     const float *bq, *bk, *bv;         /* attention: biases [QD], [KVD], [KVD]; NULL without */
     const float *nq, *nk;              /* attention: q / k norm weights [Da]; NULL without */
-    const float *attn_norm, *mlp_norm; /* [C], device */
+    const float *attn_norm, *mlp_norm; /* [C], device; NULL without a mixer / an MLP */
     const float *o_norm;               /* [Vd], device */
     const float *neg_A, *dt_bias;      /* [HV], device */
     const float *cq, *ck, *cv;         /* conv taps [KD][W], [KD][W], [VD][W], device */
+    const float *m2_cw, *m2_cb;        /* Mamba2: conv taps [CD][K2], bias [CD], device */
+    const float *m2_dtb, *m2_A, *m2_D; /* Mamba2: dt_bias, -exp(A_log), D [H2], device */
+    const float *m2_gn;                /* Mamba2: gated RMSNorm weight [DI], device */
     be_cuda_mat wq, wk, wv, wa, wb;    /* input projections (attention: q, k, v only) */
     be_cuda_mat wg;                    /* output gate (use_gate only) */
     be_cuda_mat wo;                    /* VD -> C (attention: QD -> C) */
-    be_cuda_mat gate, up, down;        /* MLP */
+    be_cuda_mat m2_in, m2_out;         /* Mamba2: C -> DIP, DI -> C */
+    be_cuda_mat gate, up, down;        /* dense MLP (RELU2: no gate) */
+    gdn_moe *moe;                      /* mlp MOE: the experts; NULL otherwise */
 } gdn_layer;
 
 typedef struct be_cuda_gdn {
     be_cuda_core core;                         /* stream, cuBLAS, weights, scratch, passes */
-    uint32_t L, C, H, K, HV, Vd, KD, VD, W, F; /* dimensions (wrk_gdn.h) */
+    uint32_t L, C, H, K, HV, Vd, KD, VD, W, F; /* dimensions (wrk_gdn.h; GDN ones 0 without) */
     uint32_t V;                                /* vocab */
     double eps;                                /* every RMSNorm's epsilon */
     bool use_gate;                             /* o_norm gated by SiLU(g_proj x) */
     bool tied;                                 /* the head is the embedding */
     float beta_scale;                          /* 1 or 2 (allow_neg_eigval) */
     float q_scale;                             /* K^-0.5 */
+    float emb_mul, res_mul;                    /* Granite's scalars (wrk_gdn.h); 0: none */
     wk_dtype dtype;                            /* the weights' dtype (describe) */
-    size_t layer_floats;                       /* floats per layer in a slot */
-    size_t slot_floats;                        /* (L - n_attn) * layer_floats */
+    uint32_t n_gdn;                            /* Gated DeltaNet layers */
+    size_t layer_floats;                       /* floats per Gated DeltaNet layer in a slot */
+    size_t slot_floats;                        /* every recurrent layer's floats: the stride */
     float *arena;                              /* device, borrowed from be_cuda */
 
     float *vecs;       /* device block of every fp32 vector, owned */
@@ -116,6 +215,7 @@ typedef struct be_cuda_gdn {
     /* device scratch (fp32), cap tokens unless noted */
     float *x;            /* residual [cap][C] */
     float *xn;           /* normed input [cap][C] */
+    float *xr;           /* res_mul: a block's output [cap][C] (NULL without) */
     float *qr, *kr, *vr; /* projections before the conv [cap][KD|KD|VD] */
     float *q, *k, *v;    /* after conv + SiLU (+ L2 norm) */
     float *ar, *br;      /* a / b projections [cap][HV]; then decay / beta */
@@ -124,23 +224,49 @@ typedef struct be_cuda_gdn {
     float *hg, *hu;      /* MLP hidden [cap][F] */
     float *xo;           /* final-norm rows [lcap][C] */
 
+    /* Mamba2 mixers (n_m2 0: none of this is allocated) */
+    uint32_t n_m2;                  /* Mamba2 layers */
+    uint32_t H2, P, G2, N, K2;      /* heads, head dim, groups, state, conv taps */
+    uint32_t DI, CD, DIP;           /* H2 P, DI + 2 G2 N, DI + CD + H2 */
+    size_t m2_conv_floats;          /* CD (K2-1): the conv state before the ssm state */
+    float *m2p, *m2x, *m2y;         /* [cap][DIP], [cap][CD], [cap][DI] */
+
+    /* mixture-of-experts layers (moe_k 0: none of this is allocated) */
+    uint32_t moe_E, moe_k, moe_Fe, moe_Fs; /* the largest E, k, Fe, Fs of any layer */
+    float *rl;                             /* router logits [cap][E], device */
+    float *xe;                             /* gathered inputs, expert-major [cap k][C] */
+    float *he, *hue;                       /* expert hidden [cap k][Fe] (rows Fe of the layer) */
+    float *oe;                             /* expert outputs [cap k][C] */
+    float *hs, *hsu;                       /* shared expert hidden [cap][Fs] */
+    float *os, *sgv;                       /* shared expert output [cap][C], its gate [cap] */
+    uint32_t *dmoe;                        /* device row tables: idx, trow [cap k], w [cap k] */
+    uint32_t *hmoe;                        /* their pinned staging copy */
+    float *hrl;                            /* pinned router logits [cap][E] */
+    uint32_t *sel;                         /* host: each token's experts, ascending [cap k] */
+    float *sw;                             /* host: their weights [cap k] */
+    float *cs;                             /* host: sigmoid routing choice scores [E] */
+    uint32_t *ecnt;                        /* host: rows per expert, then ends [E + 1] */
+
     /* hybrid attention layers (n_attn 0: none of this is allocated) */
     uint32_t n_attn;      /* attention layers */
     uint32_t Hq, Hkv, Da; /* query heads, KV heads, head dim */
     uint32_t QD, KVD;     /* Hq * Da, Hkv * Da */
+    bool attn_gate;       /* q_proj carries the output gate (Qwen3.5) */
+    uint32_t rope_dim;    /* rotary dims of each head (0: none) */
     double attn_eps;      /* q / k norm epsilon */
     double rope_theta;    /* RoPE base */
-    float att_scale;      /* Da^-0.5 */
-    double *inv_freq;     /* RoPE inverse frequencies [Da / 2], device */
+    float att_scale;      /* Da^-0.5, or the view's attn_scale */
+    double *inv_freq;     /* RoPE inverse frequencies [rope_dim / 2], device */
     be_kv kv;             /* the KV page pool */
     uint32_t *pos_next;   /* next position of each slot in the running step [n_slots], host */
     uint32_t *hkv;        /* pinned pass KV metadata: seg_pos [cap], seg_pg [cap], pages */
     uint32_t *dkv;        /* its device copy [2 cap + pages_total] */
     float *aq, *ak, *av;  /* attention q [cap][QD], k / v [cap][KVD] */
     float *ao;            /* attention output [cap][QD] */
+    float *aqg, *ag;      /* attn_gate: q_proj output [cap][2 QD], the gates [cap][QD] */
 } be_cuda_gdn;
 
-/* Offsets of a layer's state tensors (floats, wrk_gdn.h). */
+/* Offsets of a Gated DeltaNet layer's state tensors after its soff (floats). */
 static size_t
 gdn_off_kconv(const be_cuda_gdn *c)
 {
@@ -163,14 +289,29 @@ gdn_off_S(const be_cuda_gdn *c)
 /* a pass                                                                    */
 /* ------------------------------------------------------------------------ */
 
-/* The Gated DeltaNet mixer of layer l over the pass (xn holds attn_norm's output), into x. */
+/*
+ * A block's output projection w over in (T rows) added into the residual:
+ * by the GEMM's epilogue, or with res_mul into xr, then x += xr * res_mul
+ * (the CPU's gdn_add_out).
+ */
 static wk_err
-gdn_mixer(be_cuda_gdn *c, uint32_t l, wk_diag *d)
+gdn_add_out(be_cuda_gdn *c, const be_cuda_mat *w, const float *in, wk_diag *d)
 {
     be_cuda_core *co = &c->core;
-    const gdn_layer *ly = &c->layers[l];
+    if (c->res_mul == 0.0f)
+        return be_cuda_gemm(co, w, in, co->T, c->x, c->C, K_EPI_ADD, d);
+    BE_CUDA_TRY(be_cuda_gemm(co, w, in, co->T, c->xr, c->C, K_EPI_STORE, d));
+    WK_CUDA_CHECK(k_add_scaled(c->x, c->xr, (size_t)co->T * c->C, c->res_mul, co->stream), d);
+    return WK_OK;
+}
+
+/* The Gated DeltaNet mixer of layer l over the pass (xn holds attn_norm's output), into x. */
+static wk_err
+gdn_mixer(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
+{
+    be_cuda_core *co = &c->core;
     const uint32_t T = co->T, ns = co->n_segs;
-    const size_t lay_off = (size_t)ly->idx * c->layer_floats;
+    const size_t lay_off = ly->soff;
     const uint32_t *seg_t0 = be_cuda_meta(co, BE_CUDA_M_SEG_T0);
     const uint32_t *seg_n = be_cuda_meta(co, BE_CUDA_M_SEG_N);
     const uint32_t *seg_slot = be_cuda_meta(co, BE_CUDA_M_SEG_SLOT);
@@ -205,8 +346,37 @@ gdn_mixer(be_cuda_gdn *c, uint32_t l, wk_diag *d)
     WK_CUDA_CHECK(k_gdn_onorm(c->o, c->use_gate ? c->gr : NULL, T, c->HV, c->Vd, ly->o_norm, c->eps,
                               co->stream),
                   d);
-    BE_CUDA_TRY(be_cuda_gemm(co, &ly->wo, c->o, T, c->x, c->C, K_EPI_ADD, d));
-    return WK_OK;
+    return gdn_add_out(c, &ly->wo, c->o, d);
+}
+
+/*
+ * A Mamba2 mixer over the pass (xn holds attn_norm's output), added into
+ * x: the pure Mamba2 family's kernels with its buffer layout (m2p rows
+ * z [DI] | xBC [CD] | dt [H2], be_cuda_mamba2.c's m2_layer_run).
+ */
+static wk_err
+gdn_mamba2(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
+{
+    be_cuda_core *co = &c->core;
+    const uint32_t T = co->T;
+    const uint32_t *seg_t0 = be_cuda_meta(co, BE_CUDA_M_SEG_T0);
+    const uint32_t *seg_n = be_cuda_meta(co, BE_CUDA_M_SEG_N);
+    const uint32_t *seg_slot = be_cuda_meta(co, BE_CUDA_M_SEG_SLOT);
+
+    BE_CUDA_TRY(be_cuda_gemm(co, &ly->m2_in, c->xn, T, c->m2p, c->DIP, K_EPI_STORE, d));
+    WK_CUDA_CHECK(k_mamba2_conv(c->m2p + c->DI, c->DIP, c->CD, c->K2, ly->m2_cw, ly->m2_cb,
+                                co->n_segs, seg_t0, seg_n, seg_slot, c->arena, c->slot_floats,
+                                ly->soff, c->m2x, co->stream),
+                  d);
+    WK_CUDA_CHECK(k_mamba2_scan(c->arena, c->slot_floats, ly->soff + c->m2_conv_floats, co->n_segs,
+                                seg_t0, seg_n, seg_slot, c->H2, c->P, c->N, c->G2, c->m2x, c->CD,
+                                c->m2p + c->DI + c->CD, c->DIP, ly->m2_dtb, ly->m2_A, ly->m2_D,
+                                c->m2y, co->stream),
+                  d);
+    WK_CUDA_CHECK(k_mamba2_gate_norm(c->m2y, c->m2p, c->DIP, T, c->DI, c->G2, ly->m2_gn, c->eps,
+                                     co->stream),
+                  d);
+    return gdn_add_out(c, &ly->m2_out, c->m2y, d);
 }
 
 /*
@@ -223,7 +393,12 @@ gdn_attention(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
     const uint32_t *seg_pos = c->dkv, *seg_pg = c->dkv + co->cap, *pages = c->dkv + 2 * co->cap;
     const size_t kv_off = (size_t)ly->idx * 2 * c->KVD;
 
-    BE_CUDA_TRY(be_cuda_gemm(co, &ly->wq, c->xn, T, c->aq, c->QD, K_EPI_STORE, d));
+    if (c->attn_gate) {
+        BE_CUDA_TRY(be_cuda_gemm(co, &ly->wq, c->xn, T, c->aqg, 2 * (size_t)c->QD, K_EPI_STORE, d));
+        WK_CUDA_CHECK(k_attn_gate_split(c->aqg, T, c->Hq, c->Da, c->aq, c->ag, co->stream), d);
+    } else {
+        BE_CUDA_TRY(be_cuda_gemm(co, &ly->wq, c->xn, T, c->aq, c->QD, K_EPI_STORE, d));
+    }
     BE_CUDA_TRY(be_cuda_gemm(co, &ly->wk, c->xn, T, c->ak, c->KVD, K_EPI_STORE, d));
     BE_CUDA_TRY(be_cuda_gemm(co, &ly->wv, c->xn, T, c->av, c->KVD, K_EPI_STORE, d));
     if (ly->bq != NULL) {
@@ -240,15 +415,236 @@ gdn_attention(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
             k_rmsnorm_rows(c->ak, NULL, T * c->Hkv, c->Da, ly->nk, c->attn_eps, c->ak, co->stream),
             d);
     }
-    WK_CUDA_CHECK(k_attn_rope_store(c->aq, c->ak, c->av, T, c->Hq, c->Hkv, c->Da, c->inv_freq, tseg,
-                                    seg_t0, seg_pos, seg_pg, pages, c->kv.pool, c->kv.page_tokens,
-                                    c->kv.tok_floats, kv_off, co->stream),
+    WK_CUDA_CHECK(k_attn_rope_store(c->aq, c->ak, c->av, T, c->Hq, c->Hkv, c->Da, c->rope_dim,
+                                    c->inv_freq, tseg, seg_t0, seg_pos, seg_pg, pages, c->kv.pool,
+                                    c->kv.page_tokens, c->kv.tok_floats, kv_off, co->stream),
                   d);
     WK_CUDA_CHECK(k_attn(c->aq, T, c->Hq, c->Hkv, c->Da, c->att_scale, tseg, seg_t0, seg_pos,
                          seg_pg, pages, c->kv.pool, c->kv.page_tokens, c->kv.tok_floats, kv_off,
                          c->ao, co->stream),
                   d);
-    BE_CUDA_TRY(be_cuda_gemm(co, &ly->wo, c->ao, T, c->x, c->C, K_EPI_ADD, d));
+    if (c->attn_gate)
+        WK_CUDA_CHECK(k_mul_sigmoid(c->ao, c->ag, (size_t)T * c->QD, co->stream), d);
+    return gdn_add_out(c, &ly->wo, c->ao, d);
+}
+
+/* ------------------------------------------------------------------------ */
+/* mixture of experts: routing on the host (the CPU's rules, bit for bit)    */
+/* ------------------------------------------------------------------------ */
+
+static inline float
+gdn_sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/*
+ * The k largest of p[0..E-1] into sel, larger first; equal ones by the
+ * lower index (a later equal one never passes): be_cpu_gdn.c's selection.
+ */
+static void
+gdn_topk(const float *p, uint32_t E, uint32_t k, uint32_t *sel)
+{
+    uint32_t have = 0;
+    for (uint32_t e = 0; e < E; e++) {
+        if (have == k && !(p[e] > p[sel[k - 1]]))
+            continue;
+        uint32_t i = have < k ? have++ : k - 1;
+        while (i > 0 && p[e] > p[sel[i - 1]]) {
+            sel[i] = sel[i - 1];
+            i--;
+        }
+        sel[i] = e;
+    }
+}
+
+/*
+ * One token's routing from its router logits p [E] (overwritten), as
+ * be_cpu_gdn.c's gdn_stage_route / gdn_route_sigmoid /
+ * gdn_route_topk_softmax: the experts into sel and their weights into w,
+ * by ascending expert. cs: E floats of scratch (sigmoid routing).
+ */
+static void
+gdn_route(const gdn_moe *mo, float *p, float *cs, uint32_t *sel, float *w)
+{
+    const uint32_t E = mo->E, k = mo->k;
+    if (mo->route == WRK_MOE_SIGMOID) {
+        const uint32_t G = mo->n_group, per = E / G;
+        for (uint32_t e = 0; e < E; e++) {
+            p[e] = gdn_sigmoid(p[e]);
+            cs[e] = p[e] + mo->score_bias[e];
+        }
+        if (G > 1) {
+            float gs[GDN_MOE_GROUPS]; /* group scores (checked at open) */
+            bool keep[GDN_MOE_GROUPS];
+            for (uint32_t g = 0; g < G; g++) {
+                float b1 = -INFINITY, b2 = -INFINITY;
+                for (uint32_t e = g * per; e < (g + 1) * per; e++) {
+                    if (cs[e] > b1) {
+                        b2 = b1;
+                        b1 = cs[e];
+                    } else if (cs[e] > b2) {
+                        b2 = cs[e];
+                    }
+                }
+                gs[g] = per > 1 ? b1 + b2 : b1;
+                keep[g] = false;
+            }
+            for (uint32_t r = 0; r < mo->topk_group; r++) {
+                uint32_t best = G;
+                for (uint32_t g = 0; g < G; g++)
+                    if (!keep[g] && (best == G || gs[g] > gs[best]))
+                        best = g;
+                keep[best] = true;
+            }
+            for (uint32_t e = 0; e < E; e++)
+                if (!keep[e / per])
+                    cs[e] = -INFINITY;
+        }
+        gdn_topk(cs, E, k, sel);
+        float tot = 0.0f;
+        for (uint32_t j = 0; j < k; j++) {
+            w[j] = p[sel[j]];
+            tot += w[j];
+        }
+        if (mo->norm_topk)
+            for (uint32_t j = 0; j < k; j++)
+                w[j] /= tot + 1e-20f;
+        for (uint32_t j = 0; j < k; j++)
+            w[j] *= mo->scale;
+    } else if (mo->route == WRK_MOE_TOPK_SOFTMAX) {
+        gdn_topk(p, E, k, sel);
+        const float mx = p[sel[0]];
+        double sum = 0.0;
+        for (uint32_t j = 0; j < k; j++) {
+            w[j] = expf(p[sel[j]] - mx);
+            sum += w[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (uint32_t j = 0; j < k; j++)
+            w[j] *= inv;
+    } else {
+        float mx = -INFINITY;
+        for (uint32_t e = 0; e < E; e++)
+            mx = p[e] > mx ? p[e] : mx;
+        double sum = 0.0;
+        for (uint32_t e = 0; e < E; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (uint32_t e = 0; e < E; e++)
+            p[e] *= inv;
+        gdn_topk(p, E, k, sel);
+        float tot = 0.0f;
+        for (uint32_t j = 0; j < k; j++) {
+            w[j] = p[sel[j]];
+            tot += w[j];
+        }
+        if (mo->norm_topk)
+            for (uint32_t j = 0; j < k; j++)
+                w[j] /= tot;
+    }
+    for (uint32_t j = 1; j < k; j++) /* ascending expert order (insertion sort) */
+        for (uint32_t i = j; i > 0 && sel[i - 1] > sel[i]; i--) {
+            uint32_t ts = sel[i];
+            float tw = w[i];
+            sel[i] = sel[i - 1], w[i] = w[i - 1];
+            sel[i - 1] = ts, w[i - 1] = tw;
+        }
+}
+
+/*
+ * A mixture-of-experts MLP over the pass (xn holds mlp_norm's output),
+ * added into x. Row tables (n = T k pairs, uploaded as one block of 3 n
+ * words): idx [n] the token of gathered row r (expert-major, tokens
+ * ascending within an expert: the CPU's counting sort), trow [n] the row
+ * of pair (t, j) at t k + j, w [n] the pair's weight at t k + j.
+ */
+static wk_err
+gdn_moe_run(be_cuda_gdn *c, const gdn_moe *mo, wk_diag *d)
+{
+    be_cuda_core *co = &c->core;
+    const uint32_t T = co->T, C = c->C, E = mo->E, k = mo->k, Fe = mo->Fe, Fs = mo->Fs;
+    const size_t n = (size_t)T * k;
+
+    /* the router, the shared expert and its gate: every token, on the device */
+    BE_CUDA_TRY(be_cuda_gemm(co, &mo->router, c->xn, T, c->rl, E, K_EPI_STORE, d));
+    if (Fs > 0) {
+        if (mo->relu2) {
+            BE_CUDA_TRY(be_cuda_gemm(co, &mo->su, c->xn, T, c->hs, Fs, K_EPI_RELU2, d));
+        } else {
+            BE_CUDA_TRY(be_cuda_gemm(co, &mo->sg, c->xn, T, c->hs, Fs, K_EPI_STORE, d));
+            BE_CUDA_TRY(be_cuda_gemm(co, &mo->su, c->xn, T, c->hsu, Fs, K_EPI_STORE, d));
+            WK_CUDA_CHECK(k_swiglu(c->hs, c->hsu, (size_t)T * Fs, co->stream), d);
+        }
+        if (mo->sh_gated)
+            BE_CUDA_TRY(be_cuda_gemm(co, &mo->sr, c->xn, T, c->sgv, 1, K_EPI_SIGMOID, d));
+        BE_CUDA_TRY(be_cuda_gemm(co, &mo->sd, c->hs, T, c->os, C, K_EPI_STORE, d));
+    }
+
+    /*
+     * The router logits to the host (the wait also covers the previous
+     * upload from hmoe: the host may overwrite it now).
+     */
+    WK_CUDA_CHECK(cudaMemcpyAsync(c->hrl, c->rl, sizeof(float) * T * E, cudaMemcpyDeviceToHost,
+                                  co->stream),
+                  d);
+    WK_CUDA_CHECK(cudaStreamSynchronize(co->stream), d);
+    for (uint32_t t = 0; t < T; t++)
+        gdn_route(mo, c->hrl + (size_t)t * E, c->cs, c->sel + (size_t)t * k, c->sw + (size_t)t * k);
+
+    /* the rows of each expert, expert-major, tokens ascending: a counting sort */
+    uint32_t *cnt = c->ecnt, *idx = c->hmoe, *trow = c->hmoe + n;
+    float *w = (float *)(c->hmoe + 2 * n);
+    memset(cnt, 0, sizeof(uint32_t) * (E + 1));
+    for (size_t i = 0; i < n; i++)
+        cnt[c->sel[i] + 1]++;
+    for (uint32_t e = 0; e < E; e++)
+        cnt[e + 1] += cnt[e];
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t j = 0; j < k; j++) {
+            const size_t tj = (size_t)t * k + j;
+            const uint32_t r = cnt[c->sel[tj]]++;
+            trow[tj] = r;
+            idx[r] = t;
+            w[tj] = c->sw[tj];
+        }
+    /* cnt[e] is now the end of expert e's rows, its start cnt[e - 1] (0 for e = 0) */
+    WK_CUDA_CHECK(cudaMemcpyAsync(c->dmoe, c->hmoe, sizeof(uint32_t) * 3 * n,
+                                  cudaMemcpyHostToDevice, co->stream),
+                  d);
+    const uint32_t *didx = c->dmoe, *dtrow = c->dmoe + n;
+    const float *dw = (const float *)(c->dmoe + 2 * n);
+    WK_CUDA_CHECK(k_gather_rows(c->xn, didx, (uint32_t)n, C, c->xe, co->stream), d);
+    for (uint32_t e = 0; e < E; e++) {
+        const uint32_t r0 = e ? cnt[e - 1] : 0, m = cnt[e] - r0;
+        if (m == 0)
+            continue;
+        const float *xe = c->xe + (size_t)r0 * C;
+        if (mo->relu2) {
+            BE_CUDA_TRY(be_cuda_gemm(co, &mo->up[e], xe, m, c->he + (size_t)r0 * Fe, Fe,
+                                     K_EPI_RELU2, d));
+            continue;
+        }
+        BE_CUDA_TRY(
+            be_cuda_gemm(co, &mo->gate[e], xe, m, c->he + (size_t)r0 * Fe, Fe, K_EPI_STORE, d));
+        BE_CUDA_TRY(
+            be_cuda_gemm(co, &mo->up[e], xe, m, c->hue + (size_t)r0 * Fe, Fe, K_EPI_STORE, d));
+    }
+    if (!mo->relu2)
+        WK_CUDA_CHECK(k_swiglu(c->he, c->hue, n * Fe, co->stream), d);
+    for (uint32_t e = 0; e < E; e++) {
+        const uint32_t r0 = e ? cnt[e - 1] : 0, m = cnt[e] - r0;
+        if (m == 0)
+            continue;
+        BE_CUDA_TRY(be_cuda_gemm(co, &mo->down[e], c->he + (size_t)r0 * Fe, m,
+                                 c->oe + (size_t)r0 * C, C, K_EPI_STORE, d));
+    }
+    WK_CUDA_CHECK(k_moe_combine(c->x, c->oe, dtrow, dw, k, Fs > 0 ? c->os : NULL,
+                                Fs > 0 && mo->sh_gated ? c->sgv : NULL, T, C, c->res_mul,
+                                co->stream),
+                  d);
     return WK_OK;
 }
 
@@ -295,17 +691,35 @@ gdn_layer_run(be_cuda_gdn *c, uint32_t l, wk_diag *d)
     be_cuda_core *co = &c->core;
     const gdn_layer *ly = &c->layers[l];
     const uint32_t T = co->T;
-    WK_CUDA_CHECK(k_rmsnorm_rows(c->x, NULL, T, c->C, ly->attn_norm, c->eps, c->xn, co->stream), d);
-    if (ly->is_attn)
+    if (ly->mixer != WRK_MIXER_NONE)
+        WK_CUDA_CHECK(
+            k_rmsnorm_rows(c->x, NULL, T, c->C, ly->attn_norm, c->eps, c->xn, co->stream), d);
+    switch (ly->mixer) {
+    case WRK_MIXER_GDN:
+        BE_CUDA_TRY(gdn_mixer(c, ly, d));
+        break;
+    case WRK_MIXER_ATTN:
         BE_CUDA_TRY(gdn_attention(c, ly, d));
-    else
-        BE_CUDA_TRY(gdn_mixer(c, l, d));
+        break;
+    case WRK_MIXER_MAMBA2:
+        BE_CUDA_TRY(gdn_mamba2(c, ly, d));
+        break;
+    case WRK_MIXER_NONE:
+        break;
+    }
+    if (ly->mlp == WRK_MLP_NONE)
+        return WK_OK;
     WK_CUDA_CHECK(k_rmsnorm_rows(c->x, NULL, T, c->C, ly->mlp_norm, c->eps, c->xn, co->stream), d);
-    BE_CUDA_TRY(be_cuda_gemm(co, &ly->gate, c->xn, T, c->hg, c->F, K_EPI_STORE, d));
-    BE_CUDA_TRY(be_cuda_gemm(co, &ly->up, c->xn, T, c->hu, c->F, K_EPI_STORE, d));
-    WK_CUDA_CHECK(k_swiglu(c->hg, c->hu, (size_t)T * c->F, co->stream), d);
-    BE_CUDA_TRY(be_cuda_gemm(co, &ly->down, c->hg, T, c->x, c->C, K_EPI_ADD, d));
-    return WK_OK;
+    if (ly->mlp == WRK_MLP_MOE)
+        return gdn_moe_run(c, ly->moe, d);
+    if (ly->mlp == WRK_MLP_RELU2) {
+        BE_CUDA_TRY(be_cuda_gemm(co, &ly->up, c->xn, T, c->hg, c->F, K_EPI_RELU2, d));
+    } else {
+        BE_CUDA_TRY(be_cuda_gemm(co, &ly->gate, c->xn, T, c->hg, c->F, K_EPI_STORE, d));
+        BE_CUDA_TRY(be_cuda_gemm(co, &ly->up, c->xn, T, c->hu, c->F, K_EPI_STORE, d));
+        WK_CUDA_CHECK(k_swiglu(c->hg, c->hu, (size_t)T * c->F, co->stream), d);
+    }
+    return gdn_add_out(c, &ly->down, c->hg, d);
 }
 
 /* The final norm of the logits rows lpos[0..n-1] into out (be_cuda_norm_fn). */
@@ -325,6 +739,8 @@ gdn_pass(void *arg, wk_diag *d)
     WK_CUDA_CHECK(k_embed_rows(c->emb.w, c->emb.dtype, be_cuda_meta(co, BE_CUDA_M_TOK), co->T, c->C,
                                c->x, co->stream),
                   d);
+    if (c->emb_mul != 0.0f)
+        WK_CUDA_CHECK(k_scale(c->x, (size_t)co->T * c->C, c->emb_mul, 0, co->stream), d);
     if (c->n_attn > 0)
         BE_CUDA_TRY(gdn_kv_meta(c, d));
     for (uint32_t l = 0; l < c->L; l++)
@@ -345,13 +761,33 @@ gdn_destroy(void *impl)
     if (c == NULL)
         return;
     be_cuda_core_fini(&c->core); /* waits for the stream first */
-    void *dev[] = {c->vecs, c->x,  c->xn, c->qr, c->kr,  c->vr,      c->q,  c->k,
-                   c->v,    c->ar, c->br, c->gr, c->o,   c->hg,      c->hu, c->xo,
-                   c->aq,   c->ak, c->av, c->ao, c->dkv, c->inv_freq};
+    void *dev[] = {c->vecs, c->x,   c->xn,  c->xr,  c->qr,  c->kr,   c->vr,      c->q,
+                   c->k,    c->v,   c->ar,  c->br,  c->gr,  c->o,    c->hg,      c->hu,
+                   c->xo,   c->m2p, c->m2x, c->m2y, c->rl,  c->xe,   c->he,      c->hue,
+                   c->oe,   c->hs,  c->hsu, c->os,  c->sgv, c->dmoe, c->aq,      c->ak,
+                   c->av,   c->ao,  c->aqg, c->ag,  c->dkv, c->inv_freq};
     be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     if (c->hkv != NULL)
         (void)cudaFreeHost(c->hkv);
+    if (c->hmoe != NULL)
+        (void)cudaFreeHost(c->hmoe);
+    if (c->hrl != NULL)
+        (void)cudaFreeHost(c->hrl);
     be_cuda_kv_fini(&c->kv);
+    for (uint32_t l = 0; c->layers != NULL && l < c->L; l++) {
+        gdn_moe *mo = c->layers[l].moe;
+        if (mo == NULL)
+            continue;
+        free(mo->score_bias);
+        free(mo->gate);
+        free(mo->up);
+        free(mo->down);
+        free(mo);
+    }
+    free(c->sel);
+    free(c->sw);
+    free(c->cs);
+    free(c->ecnt);
     free(c->pos_next);
     free(c->layers);
     free(c);
@@ -370,6 +806,16 @@ gdn_vec(const wk_tensor *t, size_t n, float *h, size_t *off, size_t *field, wk_d
     return WK_OK;
 }
 
+/* w[i] = off + w[i] for n floats (the (1 + weight) convention; the CPU's gdn_offset). */
+static void
+gdn_offset(float *w, size_t n, float off)
+{
+    if (off == 0.0f)
+        return;
+    for (size_t i = 0; i < n; i++)
+        w[i] = off + w[i];
+}
+
 /* Device pointer of a vector recorded at offset o (SIZE_MAX: absent). */
 static const float *
 gdn_vec_at(const be_cuda_gdn *c, size_t o)
@@ -377,13 +823,20 @@ gdn_vec_at(const be_cuda_gdn *c, size_t o)
     return o == SIZE_MAX ? NULL : c->vecs + o;
 }
 
+/*
+ * Every fp32 vector into one device block: the final norm, then per layer
+ * the pre-norms of the parts it has and its mixer's vectors (the CPU's
+ * gdn_load_vectors: (1 + weight) folded into every norm but o_norm and
+ * the Mamba2 gated norm; -exp(A_log); a missing Mamba2 conv bias as zeros).
+ */
 static wk_err
 gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
 {
     const size_t C = c->C, HV = c->HV, KD = c->KD, VD = c->VD, W = c->W;
-    /* an upper bound per layer: the larger of a delta and an attention layer */
-    const size_t per_layer =
-        2 * C + c->Vd + 2 * HV + W * (2 * KD + VD) + c->QD + 2 * (size_t)c->KVD + 2 * c->Da;
+    /* an upper bound per layer: every kind's vectors */
+    const size_t per_layer = 2 * C + c->Vd + 2 * HV + W * (2 * KD + VD) + c->QD +
+                             2 * (size_t)c->KVD + 2 * c->Da + (size_t)c->CD * (c->K2 + 1) +
+                             3 * (size_t)c->H2 + c->DI;
     const size_t total = C + per_layer * c->L;
     float *h = calloc(total ? total : 1, sizeof(float));
     size_t *offs = malloc((1 + GV_N * (size_t)c->L) * sizeof(size_t));
@@ -396,31 +849,55 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
         offs[i] = SIZE_MAX;
     size_t off = 0;
     wk_err e = gdn_vec(g->norm, C, h, &off, &offs[0], d);
+    if (e == WK_OK)
+        gdn_offset(h + offs[0], C, g->norm_offset);
     for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
         size_t *o = offs + 1 + GV_N * (size_t)l;
-        const bool at = s->mixer == WRK_MIXER_ATTN, bias = at && g->qkv_bias,
+        const bool dn = s->mixer == WRK_MIXER_GDN, at = s->mixer == WRK_MIXER_ATTN,
+                   m2 = s->mixer == WRK_MIXER_MAMBA2, bias = at && g->qkv_bias,
                    qkn = at && g->qk_norm;
         /* n 0: the layer has no such vector */
         const struct {
             const wk_tensor *t;
             size_t n;
         } vs[GV_N] = {
-            [GV_ATTN_NORM] = {s->attn_norm, C},        [GV_MLP_NORM] = {s->mlp_norm, C},
-            [GV_O_NORM] = {s->o_norm, at ? 0 : c->Vd}, [GV_NEG_A] = {s->A_log, at ? 0 : HV},
-            [GV_DT_BIAS] = {s->dt_bias, at ? 0 : HV},  [GV_CQ] = {s->q_conv, at ? 0 : KD * W},
-            [GV_CK] = {s->k_conv, at ? 0 : KD * W},    [GV_CV] = {s->v_conv, at ? 0 : VD * W},
-            [GV_BQ] = {s->q_bias, bias ? c->QD : 0},   [GV_BK] = {s->k_bias, bias ? c->KVD : 0},
-            [GV_BV] = {s->v_bias, bias ? c->KVD : 0},  [GV_NQ] = {s->q_norm, qkn ? c->Da : 0},
-            [GV_NK] = {s->k_norm, qkn ? c->Da : 0}};
+            [GV_ATTN_NORM] = {s->attn_norm, s->mixer != WRK_MIXER_NONE ? C : 0},
+            [GV_MLP_NORM] = {s->mlp_norm, s->mlp != WRK_MLP_NONE ? C : 0},
+            [GV_O_NORM] = {s->o_norm, dn ? c->Vd : 0},
+            [GV_NEG_A] = {s->A_log, dn ? HV : 0},
+            [GV_DT_BIAS] = {s->dt_bias, dn ? HV : 0},
+            [GV_CQ] = {s->q_conv, dn ? KD * W : 0},
+            [GV_CK] = {s->k_conv, dn ? KD * W : 0},
+            [GV_CV] = {s->v_conv, dn ? VD * W : 0},
+            [GV_BQ] = {s->q_bias, bias ? c->QD : 0},
+            [GV_BK] = {s->k_bias, bias ? c->KVD : 0},
+            [GV_BV] = {s->v_bias, bias ? c->KVD : 0},
+            [GV_NQ] = {s->q_norm, qkn ? c->Da : 0},
+            [GV_NK] = {s->k_norm, qkn ? c->Da : 0},
+            [GV_M2_CW] = {s->m2.conv_w, m2 ? (size_t)c->CD * c->K2 : 0},
+            [GV_M2_CB] = {s->m2.conv_b, m2 && s->m2.conv_b != NULL ? c->CD : 0},
+            [GV_M2_DTB] = {s->m2.dt_bias, m2 ? c->H2 : 0},
+            [GV_M2_A] = {s->m2.A_log, m2 ? c->H2 : 0},
+            [GV_M2_D] = {s->m2.D, m2 ? c->H2 : 0},
+            [GV_M2_GN] = {s->m2.gnorm, m2 ? c->DI : 0}};
         for (int i = 0; i < GV_N && e == WK_OK; i++)
             if (vs[i].n > 0)
                 e = gdn_vec(vs[i].t, vs[i].n, h, &off, &o[i], d);
-        if (e == WK_OK && !at) {
-            float *na = h + o[GV_NEG_A];
-            for (size_t j = 0; j < HV; j++)
-                na[j] = -expf(na[j]);
+        if (e != WK_OK)
+            break;
+        if (m2 && s->m2.conv_b == NULL) { /* zeros (h is calloc'ed) */
+            o[GV_M2_CB] = off;
+            off += c->CD;
         }
+        const int normed[] = {GV_ATTN_NORM, GV_MLP_NORM, GV_NQ, GV_NK};
+        for (size_t i = 0; i < sizeof(normed) / sizeof(normed[0]); i++)
+            if (o[normed[i]] != SIZE_MAX)
+                gdn_offset(h + o[normed[i]], vs[normed[i]].n, g->norm_offset);
+        const int neg[] = {GV_NEG_A, GV_M2_A};
+        for (size_t i = 0; i < sizeof(neg) / sizeof(neg[0]); i++)
+            for (size_t j = 0; o[neg[i]] != SIZE_MAX && j < vs[neg[i]].n; j++)
+                h[o[neg[i]] + j] = -expf(h[o[neg[i]] + j]);
     }
     if (e == WK_OK)
         e = be_cuda_upload_f32(h, off, &c->vecs, "vectors", d);
@@ -442,6 +919,12 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
             ly->bv = gdn_vec_at(c, o[GV_BV]);
             ly->nq = gdn_vec_at(c, o[GV_NQ]);
             ly->nk = gdn_vec_at(c, o[GV_NK]);
+            ly->m2_cw = gdn_vec_at(c, o[GV_M2_CW]);
+            ly->m2_cb = gdn_vec_at(c, o[GV_M2_CB]);
+            ly->m2_dtb = gdn_vec_at(c, o[GV_M2_DTB]);
+            ly->m2_A = gdn_vec_at(c, o[GV_M2_A]);
+            ly->m2_D = gdn_vec_at(c, o[GV_M2_D]);
+            ly->m2_gn = gdn_vec_at(c, o[GV_M2_GN]);
         }
     }
     free(h);
@@ -449,76 +932,184 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
     return e;
 }
 
-/*
- * The expected (k, n) of each of a layer's matrices, in gdn_upload_mats'
- * order; n 0: the layer has no such matrix (attention layers: a, b, g).
- */
-static void
-gdn_mat_shapes(const be_cuda_gdn *c, bool is_attn, uint32_t k[10], uint32_t n[10])
+/* The matrices to upload, each with the (k, n) it must have. */
+typedef struct gdn_mats {
+    const wrk_mat **src;
+    be_cuda_mat **dst;
+    size_t n, cap;
+} gdn_mats;
+
+/* Queues s -> dst, checking it is present and k -> n; `what` and l name it in the error. */
+static wk_err
+gdn_want(gdn_mats *ms, const wrk_mat *s, be_cuda_mat *dst, uint32_t k, uint32_t n, uint32_t l,
+         const char *what, wk_diag *d)
 {
-    const uint32_t kd[10] = {c->C, c->C, c->C, c->C, c->C, c->C, c->VD, c->C, c->C, c->F};
-    const uint32_t nd[10] = {c->KD, c->KD, c->VD, c->HV, c->HV, c->use_gate ? c->VD : 0,
-                             c->C,  c->F,  c->F,  c->C};
-    const uint32_t ka[10] = {c->C, c->C, c->C, c->C, c->C, c->C, c->QD, c->C, c->C, c->F};
-    const uint32_t na[10] = {c->QD, c->KVD, c->KVD, 0, 0, 0, c->C, c->F, c->F, c->C};
-    memcpy(k, is_attn ? ka : kd, sizeof(kd));
-    memcpy(n, is_attn ? na : nd, sizeof(nd));
+    if (s->t == NULL || s->n_in != k || s->n_out != n)
+        return wk_diag_set(d, WK_EINVAL, "cuda backend: gdn layer %u: %s missing or not %u -> %u",
+                           l, what, k, n);
+    if (ms->n == ms->cap)
+        return wk_diag_set(d, WK_EINVAL, "cuda backend: gdn matrix list overflow");
+    ms->src[ms->n] = s;
+    ms->dst[ms->n++] = dst;
+    return WK_OK;
+}
+
+/* Layer l's matrices by its kinds (wrk_gdn.h), with the shapes the pass uses. */
+static wk_err
+gdn_want_layer(be_cuda_gdn *c, gdn_mats *ms, const wrk_gdn_layer *s, gdn_layer *ly, uint32_t l,
+               wk_diag *d)
+{
+    const uint32_t C = c->C;
+    switch (s->mixer) {
+    case WRK_MIXER_GDN:
+        BE_CUDA_TRY(gdn_want(ms, &s->q_proj, &ly->wq, C, c->KD, l, "q_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->k_proj, &ly->wk, C, c->KD, l, "k_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->v_proj, &ly->wv, C, c->VD, l, "v_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->a_proj, &ly->wa, C, c->HV, l, "a_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->b_proj, &ly->wb, C, c->HV, l, "b_proj", d));
+        if (c->use_gate)
+            BE_CUDA_TRY(gdn_want(ms, &s->g_proj, &ly->wg, C, c->VD, l, "g_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->o_proj, &ly->wo, c->VD, C, l, "o_proj", d));
+        break;
+    case WRK_MIXER_ATTN:
+        BE_CUDA_TRY(gdn_want(ms, &s->q_proj, &ly->wq, C, c->attn_gate ? 2 * c->QD : c->QD, l,
+                             "attention q_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->k_proj, &ly->wk, C, c->KVD, l, "attention k_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->v_proj, &ly->wv, C, c->KVD, l, "attention v_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->o_proj, &ly->wo, c->QD, C, l, "attention o_proj", d));
+        break;
+    case WRK_MIXER_MAMBA2:
+        BE_CUDA_TRY(gdn_want(ms, &s->m2.in_proj, &ly->m2_in, C, c->DIP, l, "mamba2 in_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->m2.out_proj, &ly->m2_out, c->DI, C, l, "mamba2 out_proj", d));
+        break;
+    case WRK_MIXER_NONE:
+        break;
+    }
+    if (s->mlp == WRK_MLP_SWIGLU)
+        BE_CUDA_TRY(gdn_want(ms, &s->gate_proj, &ly->gate, C, c->F, l, "gate_proj", d));
+    if (s->mlp == WRK_MLP_SWIGLU || s->mlp == WRK_MLP_RELU2) {
+        BE_CUDA_TRY(gdn_want(ms, &s->up_proj, &ly->up, C, c->F, l, "up_proj", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->down_proj, &ly->down, c->F, C, l, "down_proj", d));
+    }
+    const wrk_moe *wm = s->moe;
+    gdn_moe *mo = ly->moe;
+    if (s->mlp != WRK_MLP_MOE)
+        return WK_OK;
+    BE_CUDA_TRY(gdn_want(ms, &wm->router, &mo->router, C, mo->E, l, "expert router", d));
+    for (uint32_t e = 0; e < mo->E; e++) {
+        if (!mo->relu2)
+            BE_CUDA_TRY(gdn_want(ms, &wm->gate[e], &mo->gate[e], C, mo->Fe, l, "expert gate", d));
+        BE_CUDA_TRY(gdn_want(ms, &wm->up[e], &mo->up[e], C, mo->Fe, l, "expert up", d));
+        BE_CUDA_TRY(gdn_want(ms, &wm->down[e], &mo->down[e], mo->Fe, C, l, "expert down", d));
+    }
+    if (mo->Fs > 0) {
+        if (!mo->relu2)
+            BE_CUDA_TRY(gdn_want(ms, &wm->sh_gate, &mo->sg, C, mo->Fs, l, "shared gate", d));
+        BE_CUDA_TRY(gdn_want(ms, &wm->sh_up, &mo->su, C, mo->Fs, l, "shared up", d));
+        BE_CUDA_TRY(gdn_want(ms, &wm->sh_down, &mo->sd, mo->Fs, C, l, "shared down", d));
+        if (mo->sh_gated)
+            BE_CUDA_TRY(gdn_want(ms, &wm->sh_router, &mo->sr, C, 1, l, "shared gate router", d));
+    }
+    return WK_OK;
 }
 
 static wk_err
 gdn_upload_mats(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
 {
-    const size_t max = (size_t)c->L * 10 + 2;
-    const wrk_mat **src = calloc(max, sizeof(*src));
-    be_cuda_mat **dst = calloc(max, sizeof(*dst));
-    if (src == NULL || dst == NULL) {
-        free(src);
-        free(dst);
+    size_t max = (size_t)c->L * 12 + 2;
+    for (uint32_t l = 0; l < c->L; l++)
+        if (g->layers[l].moe != NULL)
+            max += 3 * (size_t)g->layers[l].moe->n_experts + 5;
+    gdn_mats ms = {.src = calloc(max, sizeof(*ms.src)),
+                   .dst = calloc(max, sizeof(*ms.dst)),
+                   .n = 0,
+                   .cap = max};
+    if (ms.src == NULL || ms.dst == NULL) {
+        free(ms.src);
+        free(ms.dst);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     }
     const wrk_mat emb = {g->emb, c->C, c->V, false}; /* [V][C]: an nn.Linear C -> V */
-    size_t nu = 0;
     wk_err e =
         g->emb != NULL ? WK_OK : wk_diag_set(d, WK_EINVAL, "cuda backend: gdn embedding missing");
-    src[nu] = &emb;
-    dst[nu++] = &c->emb;
-    for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
-        const wrk_gdn_layer *s = &g->layers[l];
-        gdn_layer *ly = &c->layers[l];
-        uint32_t ek[10], en[10];
-        gdn_mat_shapes(c, s->mixer == WRK_MIXER_ATTN, ek, en);
-        const wrk_mat *sm[10] = {&s->q_proj, &s->k_proj, &s->v_proj,    &s->a_proj,  &s->b_proj,
-                                 &s->g_proj, &s->o_proj, &s->gate_proj, &s->up_proj, &s->down_proj};
-        be_cuda_mat *dm[10] = {&ly->wq, &ly->wk, &ly->wv,   &ly->wa, &ly->wb,
-                               &ly->wg, &ly->wo, &ly->gate, &ly->up, &ly->down};
-        for (size_t i = 0; i < 10; i++) {
-            if (en[i] == 0)
-                continue; /* g_proj without use_gate; a / b / g on attention layers */
-            if (sm[i]->t == NULL || sm[i]->n_in != ek[i] || sm[i]->n_out != en[i]) {
-                e = wk_diag_set(d, WK_EINVAL,
-                                "cuda backend: gdn layer %u: weight matrix #%zu missing or not "
-                                "%u -> %u",
-                                l, i, ek[i], en[i]);
-                break;
-            }
-            src[nu] = sm[i];
-            dst[nu++] = dm[i];
-        }
-    }
+    ms.src[ms.n] = &emb;
+    ms.dst[ms.n++] = &c->emb;
+    for (uint32_t l = 0; l < c->L && e == WK_OK; l++)
+        e = gdn_want_layer(c, &ms, &g->layers[l], &c->layers[l], l, d);
     if (e == WK_OK && !c->tied) {
         if (g->head.t == NULL || g->head.n_in != c->C || g->head.n_out != c->V)
             e = wk_diag_set(d, WK_EINVAL, "cuda backend: gdn head missing or not %u -> %u", c->C,
                             c->V);
-        src[nu] = &g->head;
-        dst[nu++] = &c->head;
+        ms.src[ms.n] = &g->head;
+        ms.dst[ms.n++] = &c->head;
     }
     if (e == WK_OK)
-        e = be_cuda_core_upload(&c->core, src, dst, nu, d);
+        e = be_cuda_core_upload(&c->core, ms.src, ms.dst, ms.n, d);
     if (e == WK_OK && c->tied)
         c->head = c->emb;
-    free(src);
-    free(dst);
+    free(ms.src);
+    free(ms.dst);
     return e;
+}
+
+/*
+ * The mixture-of-experts layers' host holders (routing parameters, the
+ * score bias, the expert matrix arrays filled by gdn_upload_mats), checked
+ * as the CPU checks them; the largest E, k, Fe, Fs.
+ */
+static wk_err
+gdn_open_moe(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
+{
+    for (uint32_t l = 0; l < c->L; l++) {
+        const wrk_moe *wm = g->layers[l].moe;
+        if (g->layers[l].mlp != WRK_MLP_MOE)
+            continue;
+        if (wm == NULL || wm->n_experts == 0 || wm->top_k == 0 || wm->top_k > wm->n_experts ||
+            wm->ffn == 0)
+            return wk_diag_set(d, WK_EINVAL, "cuda backend: layer %u: bad experts", l);
+        gdn_moe *mo = calloc(1, sizeof(*mo));
+        if (mo == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        c->layers[l].moe = mo;
+        mo->E = wm->n_experts;
+        mo->k = wm->top_k;
+        mo->Fe = wm->ffn;
+        mo->Fs = wm->shared_ffn;
+        mo->norm_topk = wm->norm_topk;
+        mo->relu2 = wm->act == WRK_MLP_RELU2;
+        mo->route = wm->route;
+        mo->sh_gated = wm->sh_router.t != NULL;
+        mo->n_group = wm->n_group ? wm->n_group : 1;
+        mo->topk_group = wm->topk_group ? wm->topk_group : 1;
+        mo->scale = wm->scale;
+        if (mo->route == WRK_MOE_SIGMOID &&
+            (mo->n_group > GDN_MOE_GROUPS || mo->E % mo->n_group != 0 ||
+             mo->topk_group > mo->n_group ||
+             (uint64_t)mo->topk_group * (mo->E / mo->n_group) < mo->k))
+            return wk_diag_set(d, WK_EINVAL,
+                               "cuda backend: layer %u: bad expert groups (%u experts, %u groups, "
+                               "%u kept, top %u)",
+                               l, mo->E, mo->n_group, mo->topk_group, mo->k);
+        if (mo->route == WRK_MOE_SIGMOID) {
+            mo->score_bias = calloc(mo->E, sizeof(float));
+            if (mo->score_bias == NULL)
+                return wk_diag_set(d, WK_ENOMEM, "out of memory");
+            if (wm->score_bias != NULL &&
+                wk_tensor_read_f32(wm->score_bias, 0, mo->E, mo->score_bias) != WK_OK)
+                return wk_diag_set(d, WK_EINVAL, "cuda backend: cannot read %s",
+                                   wm->score_bias->name);
+        }
+        mo->gate = calloc(mo->E, sizeof(*mo->gate));
+        mo->up = calloc(mo->E, sizeof(*mo->up));
+        mo->down = calloc(mo->E, sizeof(*mo->down));
+        if (mo->gate == NULL || mo->up == NULL || mo->down == NULL)
+            return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        c->moe_E = mo->E > c->moe_E ? mo->E : c->moe_E;
+        c->moe_k = mo->k > c->moe_k ? mo->k : c->moe_k;
+        c->moe_Fe = mo->Fe > c->moe_Fe ? mo->Fe : c->moe_Fe;
+        c->moe_Fs = mo->Fs > c->moe_Fs ? mo->Fs : c->moe_Fs;
+    }
+    return WK_OK;
 }
 
 static wk_err
@@ -526,38 +1117,87 @@ gdn_alloc_scratch(be_cuda_gdn *c, wk_diag *d)
 {
     const size_t cap = c->core.cap, lcap = c->core.lcap;
     uint32_t max_k = c->C, max_n = c->C;
-    const uint32_t ks[] = {c->VD, c->F, c->QD}, ns[] = {c->KD, c->VD, c->HV, c->F, c->QD, c->KVD};
+    const uint32_t ks[] = {c->VD, c->F, c->QD, c->DI, c->moe_Fe, c->moe_Fs};
+    const uint32_t ns[] = {c->KD,  c->VD,  c->HV,     c->F,       c->attn_gate ? 2 * c->QD : c->QD,
+                           c->KVD, c->DIP, c->moe_E, c->moe_Fe, c->moe_Fs};
     for (size_t i = 0; i < sizeof(ks) / sizeof(ks[0]); i++)
         max_k = ks[i] > max_k ? ks[i] : max_k;
     for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++)
         max_n = ns[i] > max_n ? ns[i] : max_n;
     BE_CUDA_TRY(be_cuda_core_scratch(&c->core, max_k, max_n, c->C, d));
+    const size_t rows = cap * c->moe_k; /* gathered expert rows */
+    const bool moe = c->moe_k > 0, att = c->n_attn > 0, m2 = c->n_m2 > 0;
     struct {
         float **p;
         size_t n;
         const char *what;
     } a[] = {
-        {&c->x, cap * c->C, "x"},      {&c->xn, cap * c->C, "xn"},    {&c->qr, cap * c->KD, "q"},
-        {&c->kr, cap * c->KD, "k"},    {&c->vr, cap * c->VD, "v"},    {&c->q, cap * c->KD, "q"},
-        {&c->k, cap * c->KD, "k"},     {&c->v, cap * c->VD, "v"},     {&c->ar, cap * c->HV, "a"},
-        {&c->br, cap * c->HV, "b"},    {&c->gr, cap * c->VD, "g"},    {&c->o, cap * c->VD, "o"},
-        {&c->hg, cap * c->F, "mlp g"}, {&c->hu, cap * c->F, "mlp u"}, {&c->xo, lcap * c->C, "norm"},
+        {&c->x, cap * c->C, "x"},
+        {&c->xn, cap * c->C, "xn"},
+        {&c->xr, c->res_mul != 0.0f ? cap * c->C : 0, "xr"},
+        {&c->qr, cap * c->KD, "q"},
+        {&c->kr, cap * c->KD, "k"},
+        {&c->vr, cap * c->VD, "v"},
+        {&c->q, cap * c->KD, "q"},
+        {&c->k, cap * c->KD, "k"},
+        {&c->v, cap * c->VD, "v"},
+        {&c->ar, cap * c->HV, "a"},
+        {&c->br, cap * c->HV, "b"},
+        {&c->gr, c->use_gate ? cap * c->VD : 0, "g"},
+        {&c->o, cap * c->VD, "o"},
+        {&c->hg, cap * c->F, "mlp g"},
+        {&c->hu, cap * c->F, "mlp u"},
+        {&c->xo, lcap * c->C, "norm"},
+        {&c->m2p, m2 ? cap * c->DIP : 0, "mamba2 in_proj"},
+        {&c->m2x, m2 ? cap * c->CD : 0, "mamba2 conv"},
+        {&c->m2y, m2 ? cap * c->DI : 0, "mamba2 scan"},
+        {&c->rl, moe ? cap * c->moe_E : 0, "router"},
+        {&c->xe, rows * c->C, "expert in"},
+        {&c->he, rows * c->moe_Fe, "expert g"},
+        {&c->hue, rows * c->moe_Fe, "expert u"},
+        {&c->oe, rows * c->C, "expert out"},
+        {&c->hs, moe ? cap * c->moe_Fs : 0, "shared g"},
+        {&c->hsu, moe ? cap * c->moe_Fs : 0, "shared u"},
+        {&c->os, moe ? cap * c->C : 0, "shared out"},
+        {&c->sgv, moe ? cap : 0, "shared gate"},
+        {&c->aq, att ? cap * c->QD : 0, "attn q"},
+        {&c->ak, att ? cap * c->KVD : 0, "attn k"},
+        {&c->av, att ? cap * c->KVD : 0, "attn v"},
+        {&c->ao, att ? cap * c->QD : 0, "attn o"},
+        {&c->aqg, att && c->attn_gate ? cap * 2 * c->QD : 0, "attn q + gate"},
+        {&c->ag, att && c->attn_gate ? cap * c->QD : 0, "attn gate"},
     };
     for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++)
-        BE_CUDA_TRY(be_cuda_dalloc((void **)a[i].p, a[i].n * sizeof(float), a[i].what, d));
-    if (c->n_attn > 0) {
-        BE_CUDA_TRY(be_cuda_dalloc((void **)&c->aq, cap * c->QD * sizeof(float), "attn q", d));
-        BE_CUDA_TRY(be_cuda_dalloc((void **)&c->ak, cap * c->KVD * sizeof(float), "attn k", d));
-        BE_CUDA_TRY(be_cuda_dalloc((void **)&c->av, cap * c->KVD * sizeof(float), "attn v", d));
-        BE_CUDA_TRY(be_cuda_dalloc((void **)&c->ao, cap * c->QD * sizeof(float), "attn o", d));
+        if (a[i].n > 0)
+            BE_CUDA_TRY(be_cuda_dalloc((void **)a[i].p, a[i].n * sizeof(float), a[i].what, d));
+    if (!moe)
+        return WK_OK;
+    BE_CUDA_TRY(be_cuda_dalloc((void **)&c->dmoe, sizeof(uint32_t) * 3 * rows, "expert rows", d));
+    cudaError_t ce = cudaMallocHost((void **)&c->hmoe, sizeof(uint32_t) * 3 * rows);
+    if (ce != cudaSuccess) {
+        c->hmoe = NULL;
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: pinned expert rows: %s",
+                           be_cuda_handled(ce));
     }
+    ce = cudaMallocHost((void **)&c->hrl, sizeof(float) * cap * c->moe_E);
+    if (ce != cudaSuccess) {
+        c->hrl = NULL;
+        return wk_diag_set(d, WK_EDEVICE, "cuda backend: pinned router logits: %s",
+                           be_cuda_handled(ce));
+    }
+    c->sel = calloc(rows, sizeof(uint32_t));
+    c->sw = calloc(rows, sizeof(float));
+    c->cs = calloc(c->moe_E, sizeof(float));
+    c->ecnt = calloc((size_t)c->moe_E + 1, sizeof(uint32_t));
+    if (c->sel == NULL || c->sw == NULL || c->cs == NULL || c->ecnt == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
     return WK_OK;
 }
 
 /*
  * The hybrid parts: the KV pool (cfg->kv_pages, else the CPU's default:
  * GDN_KV_DEF_CTX tokens for every slot), the per-pass KV metadata, the
- * RoPE frequencies (computed in double as the CPU does).
+ * RoPE frequencies theta^(-2i/rope_dim) (computed in double as the CPU does).
  */
 static wk_err
 gdn_open_attention(be_cuda_gdn *c, const be_config *cfg, uint32_t n_slots, wk_diag *d)
@@ -570,19 +1210,18 @@ gdn_open_attention(be_cuda_gdn *c, const be_config *cfg, uint32_t n_slots, wk_di
                            (unsigned long long)pages, UINT32_MAX / GDN_KV_PAGE_TOKENS);
     BE_CUDA_TRY(be_cuda_kv_init(&c->kv, n_slots, (size_t)c->n_attn * 2 * c->KVD, GDN_KV_PAGE_TOKENS,
                                 (uint32_t)pages, d));
-    c->att_scale = (float)(1.0 / sqrt((double)c->Da));
+    const uint32_t half = c->rope_dim / 2, nf = half ? half : 1;
     c->pos_next = calloc(n_slots, sizeof(uint32_t));
-    double *fr = malloc(sizeof(double) * (c->Da / 2));
+    double *fr = calloc(nf, sizeof(double));
     if (c->pos_next == NULL || fr == NULL) {
         free(fr);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     }
-    for (uint32_t i = 0; i < c->Da / 2; i++)
-        fr[i] = pow(c->rope_theta, -(double)(2 * i) / (double)c->Da);
-    wk_err e = be_cuda_dalloc((void **)&c->inv_freq, sizeof(double) * (c->Da / 2), "rope", d);
+    for (uint32_t i = 0; i < half; i++)
+        fr[i] = pow(c->rope_theta, -(double)(2 * i) / (double)c->rope_dim);
+    wk_err e = be_cuda_dalloc((void **)&c->inv_freq, sizeof(double) * nf, "rope", d);
     if (e == WK_OK) {
-        cudaError_t ce =
-            cudaMemcpy(c->inv_freq, fr, sizeof(double) * (c->Da / 2), cudaMemcpyHostToDevice);
+        cudaError_t ce = cudaMemcpy(c->inv_freq, fr, sizeof(double) * nf, cudaMemcpyHostToDevice);
         if (ce != cudaSuccess)
             e = wk_diag_set(d, WK_EDEVICE, "cuda backend: rope upload: %s", be_cuda_handled(ce));
     }
@@ -617,6 +1256,43 @@ gdn_pre_step(void *arg, const be_row *rows, size_t n, wk_diag *d)
     return WK_OK;
 }
 
+/* The geometry the kernels need, checked before anything is allocated. */
+static wk_err
+gdn_check_view(const wrk_gdn *g, uint32_t n_gdn, wk_diag *d)
+{
+    if (n_gdn > 0 && (g->conv < 2 || g->conv > GDN_MAX_CONV))
+        return wk_diag_set(d, WK_ENOTSUP, "cuda backend: conv_size %u outside 2..%u", g->conv,
+                           GDN_MAX_CONV);
+    if (n_gdn > 0 &&
+        (g->n_head == 0 || g->head_k == 0 || g->head_v == 0 || g->n_v_head % g->n_head != 0))
+        return wk_diag_set(d, WK_EINVAL, "cuda backend: inconsistent gdn heads");
+    if (g->n_attn > 0 &&
+        (g->n_attn > g->n_layer || g->attn_head_dim == 0 || g->attn_head_dim % 2 != 0 ||
+         g->attn_head_dim > GDN_ATT_MAX_DIM || g->attn_kv_heads == 0 || g->attn_heads == 0 ||
+         g->attn_heads % g->attn_kv_heads != 0 || g->rope_dim % 2 != 0 ||
+         g->rope_dim > g->attn_head_dim))
+        return wk_diag_set(d, WK_EINVAL,
+                           "cuda backend: bad gdn attention geometry (%u heads, %u KV heads, "
+                           "head dim %u: even, at most %u; rotary dims %u: even, at most the "
+                           "head dim)",
+                           g->attn_heads, g->attn_kv_heads, g->attn_head_dim, GDN_ATT_MAX_DIM,
+                           g->rope_dim);
+    if (g->n_m2 > 0) {
+        if (g->m2_heads == 0 || g->m2_head_dim == 0 || g->m2_state == 0 || g->m2_groups == 0 ||
+            g->m2_heads % g->m2_groups != 0)
+            return wk_diag_set(d, WK_EINVAL, "cuda backend: inconsistent mamba2 heads / groups");
+        if (g->m2_conv < 2 || g->m2_conv > GDN_MAX_CONV)
+            return wk_diag_set(d, WK_ENOTSUP, "cuda backend: mamba2 conv %u outside 2..%u",
+                               g->m2_conv, GDN_MAX_CONV);
+        if (((size_t)g->m2_head_dim + 2 * (size_t)g->m2_state) * sizeof(float) > GDN_M2_SMEM)
+            return wk_diag_set(d, WK_ENOTSUP,
+                               "cuda backend: mamba2 head dim %u + 2 x state %u over the scan's "
+                               "%u bytes of shared memory",
+                               g->m2_head_dim, g->m2_state, GDN_M2_SMEM);
+    }
+    return WK_OK;
+}
+
 static wk_err
 gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slots,
            uint64_t slot_bytes, void **out, wk_diag *d)
@@ -626,114 +1302,122 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     const wrk_gdn *g = wrk_model_view(m, "gdn");
     if (g == NULL)
         return wk_diag_set(d, WK_EINVAL, "cuda backend: not a gdn model");
-    /*
-     * Only Gated DeltaNet / attention mixers each followed by a SwiGLU MLP run
-     * here: Mamba2 mixers, mixer-only or MLP-only layers and squared-ReLU MLPs
-     * (Nemotron-H) are refused by name, as are Qwen3.5's and Granite-4.0-H's
-     * conventions and experts; never run as fla's (before the geometry checks:
-     * a model without Gated DeltaNet layers has no conv_size).
-     */
+    uint32_t n_gdn = 0, n_att = 0, n_m2 = 0;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         const wrk_gdn_layer *ly = &g->layers[l];
-        if ((ly->mixer != WRK_MIXER_GDN && ly->mixer != WRK_MIXER_ATTN) ||
-            (ly->mlp != WRK_MLP_SWIGLU && ly->mlp != WRK_MLP_MOE))
-            return wk_diag_set(d, WK_ENOTSUP,
-                               "cuda backend: %s (layer %u: %s mixer, %s MLP) runs on the cpu "
-                               "backend only",
-                               wrk_model_info_get(m)->family, l,
-                               ly->mixer == WRK_MIXER_MAMBA2 ? "mamba2"
-                               : ly->mixer == WRK_MIXER_NONE ? "no"
-                                                             : "gdn/attention",
-                               ly->mlp == WRK_MLP_RELU2  ? "squared-relu"
-                               : ly->mlp == WRK_MLP_NONE ? "no"
-                                                         : "swiglu/moe");
+        n_gdn += ly->mixer == WRK_MIXER_GDN;
+        n_att += ly->mixer == WRK_MIXER_ATTN;
+        n_m2 += ly->mixer == WRK_MIXER_MAMBA2;
+        if (ly->mixer > WRK_MIXER_MAMBA2 || ly->mlp > WRK_MLP_MOE)
+            return wk_diag_set(d, WK_ENOTSUP, "cuda backend: %s layer %u: unknown layer kind",
+                               wrk_model_info_get(m)->family, l);
     }
-    bool experts = false;
-    for (uint32_t l = 0; l < g->n_layer; l++)
-        experts = experts || g->layers[l].moe != NULL;
-    const bool granite = g->emb_mul != 0.0f || g->res_mul != 0.0f || g->attn_scale != 0.0f ||
-                         g->logit_div != 0.0f;
-    if (experts || granite || g->attn_gate || g->norm_offset != 0.0f ||
-        (g->n_attn > 0 && g->rope_dim != g->attn_head_dim))
-        return wk_diag_set(d, WK_ENOTSUP,
-                           "cuda backend: %s (gated attention, partial rotary or no rotary, "
-                           "(1 + weight) norms, experts, Granite's multipliers) runs on the cpu "
-                           "backend only",
-                           wrk_model_info_get(m)->family);
-    if (g->conv < 2 || g->conv > GDN_MAX_CONV)
-        return wk_diag_set(d, WK_ENOTSUP, "cuda backend: conv_size %u outside 2..%u", g->conv,
-                           GDN_MAX_CONV);
-    if (g->n_attn < g->n_layer &&
-        (g->n_head == 0 || g->head_k == 0 || g->head_v == 0 || g->n_v_head % g->n_head != 0))
-        return wk_diag_set(d, WK_EINVAL, "cuda backend: inconsistent gdn heads");
-    if (g->n_attn > 0 &&
-        (g->n_attn > g->n_layer || g->attn_head_dim == 0 || g->attn_head_dim % 2 != 0 ||
-         g->attn_head_dim > GDN_ATT_MAX_DIM || g->attn_kv_heads == 0 || g->attn_heads == 0 ||
-         g->attn_heads % g->attn_kv_heads != 0))
+    if (n_att != g->n_attn || n_m2 != g->n_m2)
         return wk_diag_set(d, WK_EINVAL,
-                           "cuda backend: bad gdn attention geometry (%u heads, %u KV heads, "
-                           "head dim %u: even, at most %u)",
-                           g->attn_heads, g->attn_kv_heads, g->attn_head_dim, GDN_ATT_MAX_DIM);
+                           "cuda backend: %u attention / %u mamba2 layers flagged, the view "
+                           "says %u / %u",
+                           n_att, n_m2, g->n_attn, g->n_m2);
+    BE_CUDA_TRY(gdn_check_view(g, n_gdn, d));
     be_cuda_gdn *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     wk_err e = WK_OK;
     c->L = g->n_layer;
     c->C = g->n_embd;
-    c->H = g->n_head;
-    c->K = g->head_k;
-    c->HV = g->n_v_head;
-    c->Vd = g->head_v;
+    c->n_gdn = n_gdn;
+    if (n_gdn > 0) { /* the Gated DeltaNet dimensions stay 0 without such layers */
+        c->H = g->n_head;
+        c->K = g->head_k;
+        c->HV = g->n_v_head;
+        c->Vd = g->head_v;
+        c->W = g->conv;
+        c->use_gate = g->use_gate;
+    }
     c->KD = c->H * c->K;
     c->VD = c->HV * c->Vd;
-    c->W = g->conv;
     c->F = g->ffn_dim;
     c->V = g->vocab_size;
     c->eps = g->norm_eps;
-    c->use_gate = g->use_gate;
     c->tied = g->tied;
     c->beta_scale = g->allow_neg_eigval ? 2.0f : 1.0f;
-    c->q_scale = (float)(1.0 / sqrt((double)c->K));
+    c->q_scale = c->K ? (float)(1.0 / sqrt((double)c->K)) : 0.0f;
+    c->emb_mul = g->emb_mul;
+    c->res_mul = g->res_mul;
     c->dtype = wrk_model_info_get(m)->dtype;
     c->arena = arena;
     c->n_attn = g->n_attn;
-    c->Hq = g->attn_heads;
-    c->Hkv = g->attn_kv_heads;
-    c->Da = g->attn_head_dim;
+    if (c->n_attn > 0) {
+        c->Hq = g->attn_heads;
+        c->Hkv = g->attn_kv_heads;
+        c->Da = g->attn_head_dim;
+        c->attn_gate = g->attn_gate;
+        c->rope_dim = g->rope_dim;
+        c->att_scale =
+            g->attn_scale != 0.0f ? g->attn_scale : (float)(1.0 / sqrt((double)g->attn_head_dim));
+    }
     c->QD = c->Hq * c->Da;
     c->KVD = c->Hkv * c->Da;
     c->attn_eps = g->attn_norm_eps;
     c->rope_theta = g->rope_theta;
-    c->layer_floats =
-        (size_t)(c->W - 1) * (2 * (size_t)c->KD + c->VD) + (size_t)c->HV * c->K * c->Vd;
-    c->slot_floats = (size_t)(c->L - c->n_attn) * c->layer_floats;
-    if (c->slot_floats * sizeof(float) != slot_bytes ||
-        wrk_model_info_get(m)->kv_token_bytes != (uint64_t)c->n_attn * 2 * c->KVD * sizeof(float)) {
-        e = wk_diag_set(d, WK_EINVAL,
-                        "cuda backend: slot of %llu bytes, the Gated DeltaNet layout needs %zu "
-                        "(or KV bytes a token mismatch)",
-                        (unsigned long long)slot_bytes, c->slot_floats * sizeof(float));
-        goto fail;
+    c->n_m2 = g->n_m2;
+    if (c->n_m2 > 0) {
+        c->H2 = g->m2_heads;
+        c->P = g->m2_head_dim;
+        c->G2 = g->m2_groups;
+        c->N = g->m2_state;
+        c->K2 = g->m2_conv;
+        c->DI = c->H2 * c->P;
+        c->CD = c->DI + 2 * c->G2 * c->N;
+        c->DIP = c->DI + c->CD + c->H2;
+        c->m2_conv_floats = (size_t)c->CD * (c->K2 - 1);
     }
+    c->layer_floats =
+        c->n_gdn ? (size_t)(c->W - 1) * (2 * (size_t)c->KD + c->VD) + (size_t)c->HV * c->K * c->Vd
+                 : 0;
     c->layers = calloc(c->L ? c->L : 1, sizeof(*c->layers));
     if (c->layers == NULL) {
         e = wk_diag_set(d, WK_ENOMEM, "out of memory");
         goto fail;
     }
-    uint32_t n_delta = 0, n_att = 0;
+    /* each layer's kinds, KV index and state offset (wrk_gdn.h; the CPU's soff) */
+    size_t soff = 0;
+    n_att = 0;
     for (uint32_t l = 0; l < c->L; l++) {
-        c->layers[l].is_attn = g->layers[l].mixer == WRK_MIXER_ATTN;
-        c->layers[l].idx = c->layers[l].is_attn ? n_att++ : n_delta++;
+        gdn_layer *ly = &c->layers[l];
+        const wrk_gdn_layer *s = &g->layers[l];
+        ly->mixer = s->mixer;
+        ly->mlp = s->mlp;
+        ly->soff = soff;
+        const size_t lf = (size_t)wrk_gdn_layer_floats(g, l);
+        const size_t want = s->mixer == WRK_MIXER_GDN      ? c->layer_floats
+                            : s->mixer == WRK_MIXER_MAMBA2 ? c->m2_conv_floats +
+                                                                 (size_t)c->H2 * c->P * c->N
+                                                           : 0;
+        if (lf != want) {
+            e = wk_diag_set(d, WK_EINVAL,
+                            "cuda backend: layer %u holds %zu state floats, its kind %zu", l, lf,
+                            want);
+            goto fail;
+        }
+        soff += lf;
+        if (s->mixer == WRK_MIXER_ATTN)
+            ly->idx = n_att++;
     }
-    if (n_att != c->n_attn) {
-        e = wk_diag_set(d, WK_EINVAL, "cuda backend: %u attention layers flagged, config says %u",
-                        n_att, c->n_attn);
+    c->slot_floats = soff;
+    if (c->slot_floats * sizeof(float) != slot_bytes ||
+        wrk_model_info_get(m)->kv_token_bytes != (uint64_t)c->n_attn * 2 * c->KVD * sizeof(float)) {
+        e = wk_diag_set(d, WK_EINVAL,
+                        "cuda backend: slot of %llu bytes, the layer list needs %zu (or KV "
+                        "bytes a token mismatch)",
+                        (unsigned long long)slot_bytes, c->slot_floats * sizeof(float));
         goto fail;
     }
-    if ((e = be_cuda_core_init(&c->core, cfg, c->V, c->arena, n_slots, slot_bytes, d)) != WK_OK ||
+    if ((e = gdn_open_moe(c, g, d)) != WK_OK ||
+        (e = be_cuda_core_init(&c->core, cfg, c->V, c->arena, n_slots, slot_bytes, d)) != WK_OK ||
         (e = gdn_upload_mats(c, g, d)) != WK_OK || (e = gdn_upload_vecs(c, g, d)) != WK_OK ||
         (e = gdn_alloc_scratch(c, d)) != WK_OK)
         goto fail;
+    c->core.logit_div = g->logit_div; /* be_cuda_core_init sets the core up afresh */
     if (c->n_attn > 0) {
         if ((e = gdn_open_attention(c, cfg, n_slots, d)) != WK_OK)
             goto fail;
@@ -766,6 +1450,11 @@ gdn_describe(const void *impl, char *buf, size_t len)
         buf, len, "pass_tokens=%u weights=%s weight_bytes=%llu tied=%s gate=%s gemm=cublas-split16",
         c->core.cap, wk_dtype_name(c->dtype), (unsigned long long)c->core.weight_bytes,
         c->tied ? "yes" : "no", c->use_gate ? "yes" : "no");
+    if (c->n_m2 > 0 && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, " mamba2_layers=%u", c->n_m2);
+    if (c->moe_k > 0 && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, " experts=%u top_k=%u routing=host", c->moe_E,
+                      c->moe_k);
     if (c->n_attn > 0 && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n,
                  " attn_layers=%u kv_token_bytes=%llu kv_pages=%u page_tokens=%u", c->n_attn,
