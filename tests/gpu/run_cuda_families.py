@@ -1,7 +1,12 @@
 #!/usr/bin/python3
-"""GPU suite: the CUDA Mamba2 and Gated DeltaNet steps against the CPU
+"""GPU suite: the CUDA Mamba2 and hybrid layer-list steps against the CPU
 backend (test_cuda_families.c) on small random models from
-tests/reference/gen_mamba2.py and gen_gdn.py.
+tests/reference/gen_mamba2.py, gen_gdn.py, gen_qwen35.py (Gated DeltaNet +
+gated attention with partial rotary and (1 + weight) norms),
+gen_nemotron_h.py (Mamba2 + position-free attention + squared-ReLU MLPs +
+sigmoid-routed experts with groups and a score bias, mixer-only and
+MLP-only layers) and gen_granite_h.py (Mamba2 + attention with Granite's
+multipliers, dense or top-k-then-softmax experts).
 
 Usage: run_cuda_families.py TEST_CUDA_FAMILIES_EXE
 
@@ -55,6 +60,36 @@ GDN = [
     ("gdn-hybrid-f16-D64", dict(seed=713, dtype="f16", layers=2, attn_layers=(1,), hidden=128,
                                 attn_heads=2, attn_kv_heads=1, ffn=256, vocab=500)),
 ]
+# Qwen3.5 (gen_qwen35: layer_types by full_attention_interval; attention with the output gate
+# in q_proj, q / k norm, partial rotary 0.25, GQA; (1 + weight) norms; grouped key heads)
+QWEN35 = [
+    ("q35-f32", dict(seed=801)),
+    # two attention layers of four, tied head, bf16; rotary over half the head
+    ("q35-bf16-tied-i2", dict(seed=802, dtype="bf16", interval=2, tied=True,
+                              partial_rotary=0.5)),
+    # no grouping of key heads, conv 3, f32 over three layers (one attention)
+    ("q35-f32-conv3", dict(seed=803, layers=3, interval=3, lin_k_heads=4, lin_v_heads=4,
+                           conv=3, hidden=96, head_dim=64, heads=2, kv_heads=1)),
+]
+# Nemotron-H (gen_nemotron_h: layers_block_type from the pattern; M Mamba2, * attention
+# without rotary, - squared-ReLU MLP, E sigmoid-routed experts + ungated shared expert)
+NEMOTRON_H = [
+    ("nemo-f32", dict(seed=811)),
+    # bf16; one expert group; Mamba2 with 4 groups, a longer MoE-heavy pattern
+    ("nemo-bf16-EE", dict(seed=812, dtype="bf16", pattern="ME*E-M", groups=4, n_group=1,
+                          topk_group=1, experts=6, top_k=3)),
+    # four expert groups, two kept; top 1
+    ("nemo-f32-g4", dict(seed=813, pattern="E*M", n_group=4, topk_group=2, top_k=1,
+                         experts=8)),
+]
+# Granite-4.0-H (gen_granite_h: Mamba2 + attention, embedding / residual / attention /
+# logit multipliers; dense shared MLP or top-k-then-softmax experts + shared MLP)
+GRANITE_H = [
+    ("granite-f32-dense", dict(seed=821)),
+    ("granite-bf16-moe-rope", dict(seed=822, dtype="bf16", experts=4, top_k=2, rope=True,
+                                   groups=2, attn_layers=[1], tied=False)),
+    ("granite-f32-moe", dict(seed=823, experts=8, top_k=3, layers=3, attn_layers=[0, 2])),
+]
 # (name, generator module, config) of models the CPU backend serves and the
 # CUDA backend must refuse with WK_ENOTSUP: an RWKV-7 head over the WKV
 # kernels' 1024 (one head of 2048)
@@ -82,7 +117,10 @@ def main():
         return 1
     sys.path.insert(0, REF)
     import gen_gdn
+    import gen_granite_h
     import gen_mamba2
+    import gen_nemotron_h
+    import gen_qwen35
 
     keep = os.environ.get("WKVM_PARITY_KEEP") == "1"
     tmp = tempfile.mkdtemp(prefix="wkvm-cuda-families-")
@@ -96,6 +134,12 @@ def main():
             d = os.path.join(tmp, name)
             gen_gdn.write_model(d, gen_gdn.default_cfg(**kw))
             args.append(d)
+        for gen, models in ((gen_qwen35, QWEN35), (gen_nemotron_h, NEMOTRON_H),
+                            (gen_granite_h, GRANITE_H)):
+            for name, kw in models:
+                d = os.path.join(tmp, name)
+                gen.write_model(d, gen.default_cfg(**kw))
+                args.append(d)
         for name, module, kw in REFUSE:
             gen = __import__(module)
             d = os.path.join(tmp, name)
