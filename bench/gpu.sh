@@ -9,7 +9,11 @@
 #   5. benchmarks decode tok/s at batch 1, 8, 32, 64, 128, 256 and prefill
 #      tok/s (512 and 4096 tokens) on 0.1B- and 1.5B-shaped random RWKV-7
 #      models, a Mamba2 (130M-shaped) and a Gated DeltaNet (0.1B-shaped) one,
-#      each decode figure against the measured copy-bandwidth roof
+#      and decode at batch 1, 8, 64 plus the same prefills on two small
+#      hybrids: a Qwen3.5-shaped one (Qwen3.5-0.8B's widths, 8 layers, 2 of
+#      them gated attention, 32k vocab) and a Nemotron-H-shaped one (Mamba2,
+#      one attention layer and 32 sigmoid-routed experts, 10 layers), each
+#      decode figure against the measured copy-bandwidth roof
 #      (bench/wkvm-bench-gpu.c),
 # and prints one JSON document on stdout (progress and logs go to stderr;
 # $WKVM_GPU_OUT, when set, gets the JSON and the logs too). Every part has
@@ -143,7 +147,13 @@ g.write_model('$d', g.default_cfg($3))" >>"$LOGS/models.log" 2>&1 ||
             --dtype bf16
         gen mamba2-130m gen_mamba2 "layers=24, d_model=768, d_state=128, headdim=64, vocab=50280, dtype='bf16', seed=11"
         gen gdn-0.1b gen_gdn "layers=12, hidden=768, heads=6, head_dim=128, expand_v=2.0, ffn=2048, vocab=32000, dtype='bf16', seed=12"
-        names="rwkv7-0.1b rwkv7-1.5b mamba2-130m gdn-0.1b"
+        # hybrids: Qwen3.5-0.8B's widths (GDN 16 key / 16 value heads of 128, gated attention
+        # 8 heads / 2 KV heads of 256, rotary 64 of 256) over 8 layers; a Nemotron-H /
+        # Nemotron 3 Nano-like stack (Mamba2 32 heads of 64, 8 groups, state 128; 32
+        # experts, top 4, a shared expert) over 10 layers
+        gen qwen35-hybrid gen_qwen35 "layers=8, interval=4, hidden=1024, ffn=3584, vocab=32000, heads=8, kv_heads=2, head_dim=256, lin_k_heads=16, lin_v_heads=16, lin_k_dim=128, lin_v_dim=128, dtype='bf16', seed=13"
+        gen nemotron-h-hybrid gen_nemotron_h "pattern='MEMEM*MEME', hidden=1024, vocab=32000, heads=8, kv_heads=2, head_dim=128, ffn=2048, m2_heads=32, m2_head_dim=64, groups=8, state=128, experts=32, top_k=4, moe_ffn=512, shared_ffn=1024, n_group=1, topk_group=1, dtype='bf16', seed=14"
+        names="rwkv7-0.1b rwkv7-1.5b mamba2-130m gdn-0.1b qwen35-hybrid nemotron-h-hybrid"
         batches=1,8,32,64,128,256
     else
         names="rwkv7-0.1b"
@@ -153,8 +163,10 @@ g.write_model('$d', g.default_cfg($3))" >>"$LOGS/models.log" 2>&1 ||
     for n in $names; do
         [ -f "$MODELS/$n/config.json" ] || continue
         log "bench $n"
+        nb=$batches
+        case $n in *-hybrid) nb=1,8,64 ;; esac
         if timeout 150 "$BUILD/bench/wkvm-bench-gpu" --model "$MODELS/$n" --label "$n" \
-            --batches "$batches" --prefill 512,4096 --seconds 0.5 --rounds 2 \
+            --batches "$nb" --prefill 512,4096 --seconds 0.5 --rounds 2 \
             >"$LOGS/bench-$n.json" 2>"$LOGS/bench-$n.err"; then
             "$PY" -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' \
                 "$LOGS/bench-$n.json" >>"$LOGS/bench.jsonl" || fail "bench $n (bad JSON)"
