@@ -82,8 +82,7 @@ k_attn_gate_split(const float *qg, uint32_t T, uint32_t Hq, uint32_t D, float *q
     const size_t n = (size_t)T * Hq * D;
     if (n == 0)
         return (int)cudaSuccess;
-    k_attn_gate_split_kernel<<<kh_blocks(n), K_THREADS, 0, (cudaStream_t)stream>>>(qg, n, D, q,
-                                                                                   g);
+    k_attn_gate_split_kernel<<<kh_blocks(n), K_THREADS, 0, (cudaStream_t)stream>>>(qg, n, D, q, g);
     return k_launch_end();
 }
 
@@ -162,6 +161,6 @@ k_moe_combine(float *x, const float *oe, const uint32_t *trow, const float *w, u
         return (int)cudaErrorInvalidValue;
     dim3 grid((C + K_THREADS - 1) / K_THREADS, T);
     k_moe_combine_kernel<<<grid, K_THREADS, 0, (cudaStream_t)stream>>>(x, oe, trow, w, k, os, sgv,
-                                                                      C, res_mul);
+                                                                       C, res_mul);
     return k_launch_end();
 }

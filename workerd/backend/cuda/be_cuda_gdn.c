@@ -155,21 +155,21 @@ enum {
 
 /* A mixture-of-experts MLP (wrk_moe) on the device, its routing on the host. */
 typedef struct gdn_moe {
-    uint32_t E, k, Fe, Fs;        /* experts, per token, expert width, shared width (0: none) */
-    bool norm_topk;               /* renormalise the top-k weights */
-    bool relu2;                   /* RELU2 experts (and shared expert), else SwiGLU */
-    wrk_moe_router route;         /* SOFTMAX, SIGMOID or TOPK_SOFTMAX */
-    bool sh_gated;                /* the shared expert is times sigmoid(sr x) */
-    uint32_t n_group, topk_group; /* SIGMOID: groups, groups kept (1, 1: none) */
-    float scale;                  /* SIGMOID: routed_scaling_factor */
-    float *score_bias;            /* SIGMOID: [E] host fp32 (zeros when absent), owned */
-    be_cuda_mat router;           /* C -> E */
+    uint32_t E, k, Fe, Fs;         /* experts, per token, expert width, shared width (0: none) */
+    bool norm_topk;                /* renormalise the top-k weights */
+    bool relu2;                    /* RELU2 experts (and shared expert), else SwiGLU */
+    wrk_moe_router route;          /* SOFTMAX, SIGMOID or TOPK_SOFTMAX */
+    bool sh_gated;                 /* the shared expert is times sigmoid(sr x) */
+    uint32_t n_group, topk_group;  /* SIGMOID: groups, groups kept (1, 1: none) */
+    float scale;                   /* SIGMOID: routed_scaling_factor */
+    float *score_bias;             /* SIGMOID: [E] host fp32 (zeros when absent), owned */
+    be_cuda_mat router;            /* C -> E */
     be_cuda_mat *gate, *up, *down; /* E each (gate unused for RELU2), owned host arrays */
-    be_cuda_mat sg, su, sd, sr;   /* shared expert C -> Fs -> C, its gate C -> 1 */
+    be_cuda_mat sg, su, sd, sr;    /* shared expert C -> Fs -> C, its gate C -> 1 */
 } gdn_moe;
 
 typedef struct gdn_layer {
-    wrk_mixer_kind mixer;              /* the layer's kinds (wrk_gdn.h) */
+    wrk_mixer_kind mixer; /* the layer's kinds (wrk_gdn.h) */
     wrk_mlp_kind mlp;
     uint32_t idx;                      /* attention layers: index among them (KV layer) */
     size_t soff;                       /* recurrent mixers: floats before its state in a slot */
@@ -225,11 +225,11 @@ typedef struct be_cuda_gdn {
     float *xo;           /* final-norm rows [lcap][C] */
 
     /* Mamba2 mixers (n_m2 0: none of this is allocated) */
-    uint32_t n_m2;                  /* Mamba2 layers */
-    uint32_t H2, P, G2, N, K2;      /* heads, head dim, groups, state, conv taps */
-    uint32_t DI, CD, DIP;           /* H2 P, DI + 2 G2 N, DI + CD + H2 */
-    size_t m2_conv_floats;          /* CD (K2-1): the conv state before the ssm state */
-    float *m2p, *m2x, *m2y;         /* [cap][DIP], [cap][CD], [cap][DI] */
+    uint32_t n_m2;             /* Mamba2 layers */
+    uint32_t H2, P, G2, N, K2; /* heads, head dim, groups, state, conv taps */
+    uint32_t DI, CD, DIP;      /* H2 P, DI + 2 G2 N, DI + CD + H2 */
+    size_t m2_conv_floats;     /* CD (K2-1): the conv state before the ssm state */
+    float *m2p, *m2x, *m2y;    /* [cap][DIP], [cap][CD], [cap][DI] */
 
     /* mixture-of-experts layers (moe_k 0: none of this is allocated) */
     uint32_t moe_E, moe_k, moe_Fe, moe_Fs; /* the largest E, k, Fe, Fs of any layer */
@@ -373,9 +373,9 @@ gdn_mamba2(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
                                 c->m2p + c->DI + c->CD, c->DIP, ly->m2_dtb, ly->m2_A, ly->m2_D,
                                 c->m2y, co->stream),
                   d);
-    WK_CUDA_CHECK(k_mamba2_gate_norm(c->m2y, c->m2p, c->DIP, T, c->DI, c->G2, ly->m2_gn, c->eps,
-                                     co->stream),
-                  d);
+    WK_CUDA_CHECK(
+        k_mamba2_gate_norm(c->m2y, c->m2p, c->DIP, T, c->DI, c->G2, ly->m2_gn, c->eps, co->stream),
+        d);
     return gdn_add_out(c, &ly->m2_out, c->m2y, d);
 }
 
@@ -587,9 +587,9 @@ gdn_moe_run(be_cuda_gdn *c, const gdn_moe *mo, wk_diag *d)
      * The router logits to the host (the wait also covers the previous
      * upload from hmoe: the host may overwrite it now).
      */
-    WK_CUDA_CHECK(cudaMemcpyAsync(c->hrl, c->rl, sizeof(float) * T * E, cudaMemcpyDeviceToHost,
-                                  co->stream),
-                  d);
+    WK_CUDA_CHECK(
+        cudaMemcpyAsync(c->hrl, c->rl, sizeof(float) * T * E, cudaMemcpyDeviceToHost, co->stream),
+        d);
     WK_CUDA_CHECK(cudaStreamSynchronize(co->stream), d);
     for (uint32_t t = 0; t < T; t++)
         gdn_route(mo, c->hrl + (size_t)t * E, c->cs, c->sel + (size_t)t * k, c->sw + (size_t)t * k);
@@ -623,8 +623,8 @@ gdn_moe_run(be_cuda_gdn *c, const gdn_moe *mo, wk_diag *d)
             continue;
         const float *xe = c->xe + (size_t)r0 * C;
         if (mo->relu2) {
-            BE_CUDA_TRY(be_cuda_gemm(co, &mo->up[e], xe, m, c->he + (size_t)r0 * Fe, Fe,
-                                     K_EPI_RELU2, d));
+            BE_CUDA_TRY(
+                be_cuda_gemm(co, &mo->up[e], xe, m, c->he + (size_t)r0 * Fe, Fe, K_EPI_RELU2, d));
             continue;
         }
         BE_CUDA_TRY(
@@ -692,8 +692,8 @@ gdn_layer_run(be_cuda_gdn *c, uint32_t l, wk_diag *d)
     const gdn_layer *ly = &c->layers[l];
     const uint32_t T = co->T;
     if (ly->mixer != WRK_MIXER_NONE)
-        WK_CUDA_CHECK(
-            k_rmsnorm_rows(c->x, NULL, T, c->C, ly->attn_norm, c->eps, c->xn, co->stream), d);
+        WK_CUDA_CHECK(k_rmsnorm_rows(c->x, NULL, T, c->C, ly->attn_norm, c->eps, c->xn, co->stream),
+                      d);
     switch (ly->mixer) {
     case WRK_MIXER_GDN:
         BE_CUDA_TRY(gdn_mixer(c, ly, d));
@@ -761,10 +761,10 @@ gdn_destroy(void *impl)
     if (c == NULL)
         return;
     be_cuda_core_fini(&c->core); /* waits for the stream first */
-    void *dev[] = {c->vecs, c->x,   c->xn,  c->xr,  c->qr,  c->kr,   c->vr,      c->q,
-                   c->k,    c->v,   c->ar,  c->br,  c->gr,  c->o,    c->hg,      c->hu,
-                   c->xo,   c->m2p, c->m2x, c->m2y, c->rl,  c->xe,   c->he,      c->hue,
-                   c->oe,   c->hs,  c->hsu, c->os,  c->sgv, c->dmoe, c->aq,      c->ak,
+    void *dev[] = {c->vecs, c->x,   c->xn,  c->xr,  c->qr,  c->kr,      c->vr, c->q,
+                   c->k,    c->v,   c->ar,  c->br,  c->gr,  c->o,       c->hg, c->hu,
+                   c->xo,   c->m2p, c->m2x, c->m2y, c->rl,  c->xe,      c->he, c->hue,
+                   c->oe,   c->hs,  c->hsu, c->os,  c->sgv, c->dmoe,    c->aq, c->ak,
                    c->av,   c->ao,  c->aqg, c->ag,  c->dkv, c->inv_freq};
     be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     if (c->hkv != NULL)
@@ -861,26 +861,25 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
         const struct {
             const wk_tensor *t;
             size_t n;
-        } vs[GV_N] = {
-            [GV_ATTN_NORM] = {s->attn_norm, s->mixer != WRK_MIXER_NONE ? C : 0},
-            [GV_MLP_NORM] = {s->mlp_norm, s->mlp != WRK_MLP_NONE ? C : 0},
-            [GV_O_NORM] = {s->o_norm, dn ? c->Vd : 0},
-            [GV_NEG_A] = {s->A_log, dn ? HV : 0},
-            [GV_DT_BIAS] = {s->dt_bias, dn ? HV : 0},
-            [GV_CQ] = {s->q_conv, dn ? KD * W : 0},
-            [GV_CK] = {s->k_conv, dn ? KD * W : 0},
-            [GV_CV] = {s->v_conv, dn ? VD * W : 0},
-            [GV_BQ] = {s->q_bias, bias ? c->QD : 0},
-            [GV_BK] = {s->k_bias, bias ? c->KVD : 0},
-            [GV_BV] = {s->v_bias, bias ? c->KVD : 0},
-            [GV_NQ] = {s->q_norm, qkn ? c->Da : 0},
-            [GV_NK] = {s->k_norm, qkn ? c->Da : 0},
-            [GV_M2_CW] = {s->m2.conv_w, m2 ? (size_t)c->CD * c->K2 : 0},
-            [GV_M2_CB] = {s->m2.conv_b, m2 && s->m2.conv_b != NULL ? c->CD : 0},
-            [GV_M2_DTB] = {s->m2.dt_bias, m2 ? c->H2 : 0},
-            [GV_M2_A] = {s->m2.A_log, m2 ? c->H2 : 0},
-            [GV_M2_D] = {s->m2.D, m2 ? c->H2 : 0},
-            [GV_M2_GN] = {s->m2.gnorm, m2 ? c->DI : 0}};
+        } vs[GV_N] = {[GV_ATTN_NORM] = {s->attn_norm, s->mixer != WRK_MIXER_NONE ? C : 0},
+                      [GV_MLP_NORM] = {s->mlp_norm, s->mlp != WRK_MLP_NONE ? C : 0},
+                      [GV_O_NORM] = {s->o_norm, dn ? c->Vd : 0},
+                      [GV_NEG_A] = {s->A_log, dn ? HV : 0},
+                      [GV_DT_BIAS] = {s->dt_bias, dn ? HV : 0},
+                      [GV_CQ] = {s->q_conv, dn ? KD * W : 0},
+                      [GV_CK] = {s->k_conv, dn ? KD * W : 0},
+                      [GV_CV] = {s->v_conv, dn ? VD * W : 0},
+                      [GV_BQ] = {s->q_bias, bias ? c->QD : 0},
+                      [GV_BK] = {s->k_bias, bias ? c->KVD : 0},
+                      [GV_BV] = {s->v_bias, bias ? c->KVD : 0},
+                      [GV_NQ] = {s->q_norm, qkn ? c->Da : 0},
+                      [GV_NK] = {s->k_norm, qkn ? c->Da : 0},
+                      [GV_M2_CW] = {s->m2.conv_w, m2 ? (size_t)c->CD * c->K2 : 0},
+                      [GV_M2_CB] = {s->m2.conv_b, m2 && s->m2.conv_b != NULL ? c->CD : 0},
+                      [GV_M2_DTB] = {s->m2.dt_bias, m2 ? c->H2 : 0},
+                      [GV_M2_A] = {s->m2.A_log, m2 ? c->H2 : 0},
+                      [GV_M2_D] = {s->m2.D, m2 ? c->H2 : 0},
+                      [GV_M2_GN] = {s->m2.gnorm, m2 ? c->DI : 0}};
         for (int i = 0; i < GV_N && e == WK_OK; i++)
             if (vs[i].n > 0)
                 e = gdn_vec(vs[i].t, vs[i].n, h, &off, &o[i], d);
@@ -1118,7 +1117,7 @@ gdn_alloc_scratch(be_cuda_gdn *c, wk_diag *d)
     const size_t cap = c->core.cap, lcap = c->core.lcap;
     uint32_t max_k = c->C, max_n = c->C;
     const uint32_t ks[] = {c->VD, c->F, c->QD, c->DI, c->moe_Fe, c->moe_Fs};
-    const uint32_t ns[] = {c->KD,  c->VD,  c->HV,     c->F,       c->attn_gate ? 2 * c->QD : c->QD,
+    const uint32_t ns[] = {c->KD,  c->VD,  c->HV,    c->F,      c->attn_gate ? 2 * c->QD : c->QD,
                            c->KVD, c->DIP, c->moe_E, c->moe_Fe, c->moe_Fs};
     for (size_t i = 0; i < sizeof(ks) / sizeof(ks[0]); i++)
         max_k = ks[i] > max_k ? ks[i] : max_k;
@@ -1389,10 +1388,10 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
         ly->mlp = s->mlp;
         ly->soff = soff;
         const size_t lf = (size_t)wrk_gdn_layer_floats(g, l);
-        const size_t want = s->mixer == WRK_MIXER_GDN      ? c->layer_floats
-                            : s->mixer == WRK_MIXER_MAMBA2 ? c->m2_conv_floats +
-                                                                 (size_t)c->H2 * c->P * c->N
-                                                           : 0;
+        const size_t want = s->mixer == WRK_MIXER_GDN ? c->layer_floats
+                            : s->mixer == WRK_MIXER_MAMBA2
+                                ? c->m2_conv_floats + (size_t)c->H2 * c->P * c->N
+                                : 0;
         if (lf != want) {
             e = wk_diag_set(d, WK_EINVAL,
                             "cuda backend: layer %u holds %zu state floats, its kind %zu", l, lf,
