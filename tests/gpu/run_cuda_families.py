@@ -2,7 +2,7 @@
 """GPU suite: the CUDA Mamba2 and hybrid layer-list steps against the CPU
 backend (test_cuda_families.c) on small random models from
 tests/reference/gen_mamba2.py, gen_gdn.py, gen_qwen35.py (Gated DeltaNet +
-gated attention with partial rotary and (1 + weight) norms),
+gated attention with partial rotary and (1 + weight) norms; dense and MoE),
 gen_nemotron_h.py (Mamba2 + position-free attention + squared-ReLU MLPs +
 sigmoid-routed experts with groups and a score bias, mixer-only and
 MLP-only layers) and gen_granite_h.py (Mamba2 + attention with Granite's
@@ -70,6 +70,10 @@ QWEN35 = [
     # no grouping of key heads, conv 3, f32 over three layers (one attention)
     ("q35-f32-conv3", dict(seed=803, layers=3, interval=3, lin_k_heads=4, lin_v_heads=4,
                            conv=3, hidden=96, head_dim=64, heads=2, kv_heads=1)),
+    # Qwen3.5-MoE: softmax routing, top-k renormalised, the sigmoid-gated shared expert
+    ("q35moe-f32", dict(seed=804, experts=8, top_k=2)),
+    ("q35moe-bf16-k4", dict(seed=805, dtype="bf16", experts=6, top_k=4, interval=2,
+                            tied=True)),
 ]
 # Nemotron-H (gen_nemotron_h: layers_block_type from the pattern; M Mamba2, * attention
 # without rotary, - squared-ReLU MLP, E sigmoid-routed experts + ungated shared expert)

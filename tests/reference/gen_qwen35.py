@@ -20,7 +20,11 @@ transformers (the serving and state-operation tests).
   gen_qwen35.py --out DIR [--seed S --dtype f32|bf16 --layers L --interval N
                 --hidden C --vocab V --ffn F --heads H --kv-heads H --head-dim D
                 --lin-k-heads H --lin-v-heads H --lin-dim D --tied --multimodal
-                --format safetensors|sharded --no-tokenizer]
+                --format safetensors|sharded --no-tokenizer --experts E --top-k K]
+
+--experts E writes a Qwen3.5-MoE model (model_type qwen3_5_moe_text): every
+MLP a mixture of E experts (mlp.gate, the fused mlp.experts.gate_up_proj
+[E, 2 Fe, C] / down_proj [E, C, Fe]) plus the gated shared expert.
 """
 import argparse
 import json
@@ -39,7 +43,8 @@ def default_cfg(**kw):
     cfg = dict(layers=4, interval=4, hidden=64, ffn=160, vocab=300, heads=4, kv_heads=2,
                head_dim=32, lin_k_heads=2, lin_v_heads=4, lin_k_dim=16, lin_v_dim=16, conv=4,
                partial_rotary=0.25, rope_theta=10000000.0, eps=1e-6, tied=False,
-               multimodal=False, dtype="f32", format="safetensors", seed=1)
+               multimodal=False, dtype="f32", format="safetensors", seed=1,
+               experts=0, top_k=2, moe_ffn=32, shared_ffn=48)
     for k in kw:
         if k not in cfg:
             raise KeyError("unknown gen_qwen35 option %r" % k)
@@ -91,6 +96,16 @@ def make_params(cfg):
             p[q + "self_attn.q_norm.weight"] = vec(cfg["head_dim"])
             p[q + "self_attn.k_norm.weight"] = vec(cfg["head_dim"])
         p[q + "post_attention_layernorm.weight"] = vec(C)
+        if cfg["experts"]:  # Qwen3.5-MoE: fused experts (transformers 5's layout)
+            E, Fe, Fs = cfg["experts"], cfg["moe_ffn"], cfg["shared_ffn"]
+            p[q + "mlp.gate.weight"] = mat(E, C)
+            p[q + "mlp.experts.gate_up_proj"] = np.stack([mat(2 * Fe, C) for _ in range(E)])
+            p[q + "mlp.experts.down_proj"] = np.stack([mat(C, Fe) for _ in range(E)])
+            p[q + "mlp.shared_expert.gate_proj.weight"] = mat(Fs, C)
+            p[q + "mlp.shared_expert.up_proj.weight"] = mat(Fs, C)
+            p[q + "mlp.shared_expert.down_proj.weight"] = mat(C, Fs)
+            p[q + "mlp.shared_expert_gate.weight"] = mat(1, C)
+            continue
         p[q + "mlp.gate_proj.weight"] = mat(F, C)
         p[q + "mlp.up_proj.weight"] = mat(F, C)
         p[q + "mlp.down_proj.weight"] = mat(C, F)
@@ -131,10 +146,18 @@ def config_json(cfg):
         "max_position_embeddings": 32768,
         "dtype": {"f32": "float32", "bf16": "bfloat16"}[cfg["dtype"]],
     }
+    moe = cfg["experts"] > 0
+    if moe:
+        text.update({"model_type": "qwen3_5_moe_text", "num_experts": cfg["experts"],
+                     "num_experts_per_tok": cfg["top_k"],
+                     "moe_intermediate_size": cfg["moe_ffn"],
+                     "shared_expert_intermediate_size": cfg["shared_ffn"]})
     if not cfg["multimodal"]:
-        text["architectures"] = ["Qwen3_5ForCausalLM"]
+        text["architectures"] = ["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"]
         return text
-    return {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    return {"architectures": ["Qwen3_5MoeForConditionalGeneration" if moe
+                              else "Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5_moe" if moe else "qwen3_5",
             "text_config": text, "vision_config": {"model_type": "qwen3_5_vision", "depth": 1},
             "tie_word_embeddings": cfg["tied"], "image_token_id": 248056}
 
@@ -174,12 +197,15 @@ def main(argv=None):
     ap.add_argument("--lin-v-heads", type=int, default=4)
     ap.add_argument("--lin-dim", type=int, default=16, help="linear key and value head dim")
     ap.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer.json")
+    ap.add_argument("--experts", type=int, default=0, help="Qwen3.5-MoE with E experts")
+    ap.add_argument("--top-k", type=int, default=2, help="experts per token")
     a = ap.parse_args(argv)
     cfg = default_cfg(seed=a.seed, dtype=a.dtype, format=a.format, layers=a.layers,
                       interval=a.interval, hidden=a.hidden, vocab=a.vocab, tied=a.tied,
                       multimodal=a.multimodal, ffn=a.ffn, heads=a.heads, kv_heads=a.kv_heads,
                       head_dim=a.head_dim, lin_k_heads=a.lin_k_heads, lin_v_heads=a.lin_v_heads,
-                      lin_k_dim=a.lin_dim, lin_v_dim=a.lin_dim)
+                      lin_k_dim=a.lin_dim, lin_v_dim=a.lin_dim, experts=a.experts,
+                      top_k=a.top_k)
     write_model(a.out, cfg, tokenizer=not a.no_tokenizer)
     return 0
 
