@@ -1,8 +1,10 @@
 /*
- * GPU suite: the CUDA Mamba2 and Gated DeltaNet steps against the CPU
- * reference backend, on the model directories given as arguments (written
- * by run_cuda_families.py with tests/reference/gen_mamba2.py and
- * gen_gdn.py; any family with a CUDA step works). For each model:
+ * GPU suite: the CUDA Mamba2 and hybrid layer-list steps (Gated DeltaNet,
+ * Qwen3.5, Nemotron-H, Granite-4.0-H) against the CPU reference backend, on
+ * the model directories given as arguments (written by
+ * run_cuda_families.py with tests/reference/gen_mamba2.py, gen_gdn.py,
+ * gen_qwen35.py, gen_nemotron_h.py and gen_granite_h.py; any family with a
+ * CUDA step works). For each model:
  *   - one mixed step (a prefill with every position's logits, a one-token
  *     row, a padding row, a long prefill) gives the CPU's logits and slot
  *     states within max|diff|/std < 1e-3; padding logits are zeros;
