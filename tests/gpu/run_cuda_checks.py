@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """GPU suite: wkvm-infer's --batch-check and --slot-check on the CUDA
 backend, one small random model per family (RWKV-7, Mamba2, Gated DeltaNet,
-a hybrid GDN with attention layers and the paged KV pool).
+a hybrid GDN with attention layers and the paged KV pool, a Qwen3.5-MoE, a
+Nemotron-H and a Granite-4.0-H MoE layout).
 
 Usage: run_cuda_checks.py TEST_CUDA_FAMILIES_EXE WKVM_INFER_EXE
 
@@ -35,7 +36,12 @@ MODELS = [
     ("gdn-f32", "gen_gdn", dict(seed=803)),
     ("gdn-hybrid", "gen_gdn", dict(seed=804, layers=3, attn_layers=(1,), attn_heads=4,
                                    attn_kv_heads=2)),
+    ("q35moe-bf16", "gen_qwen35", dict(seed=805, dtype="bf16", experts=8, top_k=2)),
+    ("nemotron-h", "gen_nemotron_h", dict(seed=806)),
+    ("granite-h-moe", "gen_granite_h", dict(seed=807, experts=4, top_k=2, rope=True)),
 ]
+# generators whose every model has attention layers (the small-pool check)
+HYBRIDS = ("gen_qwen35", "gen_nemotron_h", "gen_granite_h")
 
 
 def run(cmd):
@@ -74,7 +80,7 @@ def main():
             checks += [("slot-check chunk %d" % ch, base + ["--slot-check", "--prefill-chunk",
                                                            str(ch)], "slot-check: ok")
                        for ch in (1, 7)]
-            if "attn_layers" in kw:
+            if "attn_layers" in kw or module in HYBRIDS:
                 checks.append(("slot-check small pool", base + ["--slot-check", "--kv-pages",
                                                                "12", "--prefill-chunk", "7"],
                                "slot-check: ok"))
