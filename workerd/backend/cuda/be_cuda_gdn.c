@@ -109,6 +109,10 @@
  * comparison of router outputs, so a near tie may pick another expert on
  * the two backends (as it may across GEMM kernels on the CPU's ISAs).
  *
+ * Without a device, tests/gpu/cuda_mock/run.sh runs this file's host code
+ * (sizes, offsets, strides, launch arguments, the routing) against the CPU
+ * backend with the runtime and the k.h launchers emulated on the host.
+ *
  * Must never: log, abort on bad input, or change any slot when a step is
  * refused (be_cuda_core_step checks every row first).
  */
