@@ -242,7 +242,8 @@ class Browser:
         checked = item.first.get_attribute("aria-checked")
         self.shot("tools-menu")
         if checked != "true":
-            fail(f"the tool {name!r} is not ticked in the Integrations menu (aria-checked {checked!r})")
+            fail(f"the tool {name!r} is not ticked in the Integrations menu "
+                 f"(aria-checked {checked!r})")
         p.keyboard.press("Escape")
         time.sleep(0.5)
         log(f"tool {name!r} ticked in the Integrations menu")
@@ -253,6 +254,11 @@ class Browser:
         box.click()
         p.keyboard.type(text)
         p.keyboard.press("Enter")
+
+
+def item_summary(m):
+    """A persisted 0.12.x reply's output items: (type, name or status)."""
+    return [(i.get("type"), i.get("name") or i.get("status")) for i in m.get("output") or []]
 
 
 class Done(Exception):
@@ -293,7 +299,7 @@ def tool_chat(b, a, model, token):
         d = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         last = b.newest(chat)
         items = output_items(last)
-        log(f"  {time.time() - t0:.1f}s, output {[(i.get('type'), i.get('name') or i.get('status')) for i in last.get('output') or []]}")
+        log(f"  {time.time() - t0:.1f}s, output {item_summary(last)}")
         log(f"  reply {reply_text(last)[:120]!r}")
         log(f"  wkvm counters: {json.dumps(d, sort_keys=True)}")
         time.sleep(1)

@@ -9,6 +9,8 @@
 #   deploy/open-webui/demo.sh smoke     a real three-turn chat and a "Try Again" through Open
 #                                       WebUI's API; checks streaming, persistence and that
 #                                       wkvm reused state for turns 2, 3 and the regenerate
+#                                       (with a templated model: a chat with a tool offered,
+#                                       native function calling, the call's round trip)
 #   deploy/open-webui/demo.sh browser-smoke
 #                                       the same in a real browser (Debian's chromium driven
 #                                       by playwright), with screenshots; not for CI
@@ -31,6 +33,13 @@
 #   WKVM_BUILD_DIR       wkvm build dir (default ./build; passed to deploy/wkvm)
 #   WKVM_OWUI_VENV       use this existing Open WebUI venv instead of DATA/venv
 #   CHROMIUM             browser-smoke's browser (default: chromium from PATH)
+#   WKVM_FUNCTION_CALLING  native or legacy (default: native, Open WebUI's own
+#                        default, for a model with its own chat template;
+#                        legacy for the others)
+#   SMOKE_CHAT           reuse, tools or both: what smoke and browser-smoke run
+#                        (default: tools with native function calling, else
+#                        reuse; docs/OPEN_WEBUI.md, "Tools and native function
+#                        calling")
 #
 # Layout of DATA: venv/ (Open WebUI), wkvm/ (wkvm's data dir: store, blobs,
 # logs, pids, via deploy/wkvm --data), models/wkvm-demo/ (demo model),

@@ -108,7 +108,7 @@ FILTER_ID = "wkvm_smoke_tool_choice"
 # ones included, stay as they are.
 FILTER_SOURCE = f'''"""
 title: wkvm smoke tool choice
-description: Stands in for a model that decides to call the wkvm smoke clock (wkvm's Open WebUI smoke).
+description: Stands in for a model deciding to call the wkvm smoke clock (wkvm's Open WebUI smoke).
 """
 
 
@@ -128,7 +128,8 @@ class Filter:
         if last.get("role") == "user" and "smoke clock" in str(last.get("content")):
             body["tool_choice"] = {{"type": "function", "function": {{"name": {TOOL_FUNCTION!r}}}}}
             body["parallel_tool_calls"] = False
-        elif body.get("tool_choice", {{}}) == {{"type": "function", "function": {{"name": {TOOL_FUNCTION!r}}}}}:
+        elif body.get("tool_choice") == {{"type": "function",
+                                           "function": {{"name": {TOOL_FUNCTION!r}}}}}:
             body.pop("tool_choice", None)
             body.pop("parallel_tool_calls", None)
         return body
@@ -158,8 +159,8 @@ def install_tool(webui, token):
     tool = {"id": TOOL_ID, "name": "wkvm smoke clock", "content": TOOL_SOURCE,
             "meta": {"description": "wkvm's Open WebUI smoke: a fixed answer"}}
     st, _ = call("GET", f"/api/v1/tools/id/{TOOL_ID}")
-    st, res = call("POST", f"/api/v1/tools/id/{TOOL_ID}/update" if st == 200 else "/api/v1/tools/create",
-                   tool)
+    st, res = call("POST", f"/api/v1/tools/id/{TOOL_ID}/update" if st == 200
+                   else "/api/v1/tools/create", tool)
     if st != 200:
         raise RuntimeError(f"could not create the tool {TOOL_ID}: HTTP {st}: {str(res)[:300]}")
     did.append(f"tool {TOOL_ID} ({TOOL_FUNCTION})")

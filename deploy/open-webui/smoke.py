@@ -296,7 +296,8 @@ class Smoke:
         msg = chat["history"]["messages"][a1]
         items = output_items(msg)
         calls, outs = items.get("function_call", []), items.get("function_call_output", [])
-        log(f"  output items: {[(i.get('type'), i.get('name') or i.get('status')) for i in msg.get('output') or []]}")
+        summary = [(i.get("type"), i.get("name") or i.get("status")) for i in msg.get("output") or []]
+        log(f"  output items: {summary}")
         fails = []
         if len(calls) != 1 or calls[0].get("name") != TOOL_FUNCTION:
             fails.append(f"turn 1: expected one call to {TOOL_FUNCTION}, got "
