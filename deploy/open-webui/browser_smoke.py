@@ -14,12 +14,19 @@ browser download is never used).
      browser's own login token) and wkvm's /metrics,
   6. save a screenshot after every step to --out.
 
+With --chat tools (or both), a chat with the smoke tool switched on in the
+message box's Integrations menu instead (or first): native function
+calling, the call's round trip and answers, no error toast (every toast the
+page shows is recorded); see docs/OPEN_WEBUI.md, "Tools and native function
+calling".
+
 Passes (exit 0) only when every reply was persisted non-empty, turns 2 and
 3 were parent-bound continuation hits and the regenerate a regenerate hit
 (wkvm_parent_bound_*_hits_total +1 each), and wkvm_reuse_hits_total grew by
 one for each of the three. Run by `deploy/open-webui/demo.sh browser-smoke`
 with the Open WebUI venv's python (playwright installed there). Usage:
   browser_smoke.py --webui URL --wkvm URL --creds FILE --chromium PATH --out DIR
+                   [--chat reuse|tools|both]
 """
 import argparse
 import json

@@ -33,9 +33,15 @@ wkvm_reuse_hits_total grew by one for each of the three; then "More Concise"
 on turn 3 (regeneration_prompt; 0.12.x also regeneration_message_id) must be
 a parent_message_mismatch answered from a checkpoint (kind="checkpoint").
 
+With --chat tools (or both): a chat with an Open WebUI tool offered under
+native function calling instead (or after): the call, Open WebUI running
+it, the answer, no error event (tool_chat(); docs/OPEN_WEBUI.md, "Tools and
+native function calling").
+
 Runs with the Open WebUI venv's python (aiohttp and python-socketio come with
 Open WebUI). Usage:
   smoke.py --webui http://127.0.0.1:3000 --wkvm http://127.0.0.1:8000 --creds FILE
+           [--chat reuse|tools|both]
 """
 import argparse
 import asyncio
