@@ -1312,16 +1312,53 @@ gm_enum(gm_cc *c, json_t *en, const char *path, bool xml, const char *suffix)
     return c->err == WK_OK ? id : 0;
 }
 
+/*
+ * The schema's choice of values: its 'enum', or its 'const' as an enum of
+ * that one value (Open WebUI 0.12's builtin tools use it). A new reference,
+ * NULL when the schema has neither (or on error, set in c).
+ */
+static json_t *
+gm_enum_get(gm_cc *c, json_t *sch, const char *path)
+{
+    json_t *en = json_object_get(sch, "enum");
+    json_t *cst = json_object_get(sch, "const");
+    if (cst == NULL)
+        return json_incref(en);
+    if (en != NULL) {
+        gm_fail(c, WK_EINVAL, "%s: 'const' together with 'enum' is not supported", path);
+        return NULL;
+    }
+    if (json_is_object(cst) || json_is_array(cst)) {
+        gm_fail(c, WK_EINVAL, "%s: 'const' must be a string, number, boolean or null", path);
+        return NULL;
+    }
+    json_t *one = json_array();
+    if (one == NULL || json_array_append(one, cst) != 0) {
+        json_decref(one);
+        gm_oom(c);
+        return NULL;
+    }
+    return one;
+}
+
+static bool
+gm_has_enum(json_t *sch)
+{
+    return json_object_get(sch, "enum") != NULL || json_object_get(sch, "const") != NULL;
+}
+
 /* A property's value in the XML format: raw text, an enum, or JSON, each ending the parameter. */
 static uint32_t
 gm_xml_value(gm_cc *c, json_t *sch, const char *path, int depth)
 {
-    json_t *en = json_object_get(sch, "enum");
-    if (en != NULL) {
+    if (gm_has_enum(sch)) {
         /* Check the rest of the schema too. */
         if (gm_schema(c, sch, path, depth, false) == 0 && c->err != WK_OK)
             return 0;
-        return gm_enum(c, en, path, true, "\n</parameter>\n");
+        json_t *en = gm_enum_get(c, sch, path);
+        uint32_t id = en != NULL ? gm_enum(c, en, path, true, "\n</parameter>\n") : 0;
+        json_decref(en);
+        return c->err == WK_OK ? id : 0;
     }
     uint32_t val = gm_schema(c, sch, path, depth, false);
     if (c->err != WK_OK)
@@ -1438,7 +1475,7 @@ gm_schema(gm_cc *c, json_t *sch, const char *path, int depth, bool xml_params)
     {
         bool known = strcmp(key, "type") == 0 || strcmp(key, "properties") == 0 ||
                      strcmp(key, "required") == 0 || strcmp(key, "items") == 0 ||
-                     strcmp(key, "enum") == 0;
+                     strcmp(key, "enum") == 0 || strcmp(key, "const") == 0;
         for (int i = 0; !known && gm_ignored[i] != NULL; i++)
             known = strcmp(key, gm_ignored[i]) == 0;
         if (!known)
@@ -1453,7 +1490,7 @@ gm_schema(gm_cc *c, json_t *sch, const char *path, int depth, bool xml_params)
                        path);
     uint8_t types = 0;
     json_t *t = json_object_get(sch, "type");
-    json_t *en = json_object_get(sch, "enum");
+    bool has_en = gm_has_enum(sch);
     if (json_is_string(t)) {
         types = gm_type_bit(json_string_value(t));
         if (types == 0)
@@ -1469,15 +1506,15 @@ gm_schema(gm_cc *c, json_t *sch, const char *path, int depth, bool xml_params)
         }
     } else if (t != NULL) {
         return gm_fail(c, WK_EINVAL, "%s: 'type' must be a type name or a list of them", path);
-    } else if (en == NULL) {
+    } else if (!has_en) {
         if (xml_params || depth == 0)
             types = T_OBJECT; /* a function's parameters without a type: an object */
         else
-            return gm_fail(c, WK_EINVAL, "%s: a schema needs 'type' or 'enum'", path);
+            return gm_fail(c, WK_EINVAL, "%s: a schema needs 'type', 'enum' or 'const'", path);
     }
     if (xml_params && types != T_OBJECT)
         return gm_fail(c, WK_EINVAL, "%s: a function's parameters must be of type object", path);
-    if ((types & T_ARRAY) && json_object_get(sch, "items") == NULL && en == NULL)
+    if ((types & T_ARRAY) && json_object_get(sch, "items") == NULL && !has_en)
         return gm_fail(c, WK_EINVAL, "%s: an array schema needs 'items'", path);
     uint32_t id = gm_node_new(c, xml_params ? N_XOBJ : N_VALUE);
     if (c->err != WK_OK)
@@ -1485,7 +1522,7 @@ gm_schema(gm_cc *c, json_t *sch, const char *path, int depth, bool xml_params)
     c->g->nodes[id].types = types;
     if (types & T_OBJECT)
         gm_props(c, id, sch, path, depth, xml_params);
-    if ((types & T_ARRAY) && en == NULL) {
+    if ((types & T_ARRAY) && !has_en) {
         size_t pl = strlen(path) + 8;
         char *sub = malloc(pl);
         if (sub == NULL)
@@ -1495,8 +1532,10 @@ gm_schema(gm_cc *c, json_t *sch, const char *path, int depth, bool xml_params)
         free(sub);
         c->g->nodes[id].items = it;
     }
-    if (en != NULL && !xml_params) {
-        uint32_t ch = gm_enum(c, en, path, false, "");
+    if (has_en && !xml_params) {
+        json_t *en = gm_enum_get(c, sch, path);
+        uint32_t ch = en != NULL ? gm_enum(c, en, path, false, "") : 0;
+        json_decref(en);
         if (c->err != WK_OK)
             return 0;
         c->g->nodes[id].alt = ch;

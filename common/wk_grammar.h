@@ -13,8 +13,8 @@
  * function, in the format's exact bytes, with arguments of the declared
  * schema: an object with the declared properties only, each at most once and
  * in any order, every required one present; values of type string, number,
- * integer, boolean, null, object, array (with items), enum of scalars, or a
- * list of these types. JSON whitespace between tokens is free up to
+ * integer, boolean, null, object, array (with items), enum of scalars (const:
+ * an enum of its one value), or a list of these types. JSON whitespace between tokens is free up to
  * WK_GRAMMAR_WS_MAX bytes in a row; numbers have at most 16 integer digits,
  * 16 fraction digits and 3 exponent digits; "\u" escapes name a character
  * other than NUL and a surrogate; strings are valid UTF-8. Constructs it does

@@ -14,12 +14,19 @@ browser download is never used).
      browser's own login token) and wkvm's /metrics,
   6. save a screenshot after every step to --out.
 
+With --chat tools (or both), a chat with the smoke tool switched on in the
+message box's Integrations menu instead (or first): native function
+calling, the call's round trip and answers, no error toast (every toast the
+page shows is recorded); see docs/OPEN_WEBUI.md, "Tools and native function
+calling".
+
 Passes (exit 0) only when every reply was persisted non-empty, turns 2 and
 3 were parent-bound continuation hits and the regenerate a regenerate hit
 (wkvm_parent_bound_*_hits_total +1 each), and wkvm_reuse_hits_total grew by
 one for each of the three. Run by `deploy/open-webui/demo.sh browser-smoke`
 with the Open WebUI venv's python (playwright installed there). Usage:
   browser_smoke.py --webui URL --wkvm URL --creds FILE --chromium PATH --out DIR
+                   [--chat reuse|tools|both]
 """
 import argparse
 import json
@@ -33,10 +40,30 @@ import urllib.request
 from playwright.sync_api import TimeoutError as PwTimeout
 from playwright.sync_api import sync_playwright
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from demo_common import (TOOL_FUNCTION, TOOL_RESULT, TOOL_TURNS, install_tool,  # noqa: E402
+                         output_items)
+
 TURN_TIMEOUT = 600  # seconds: a default reply is up to 1024 tokens on a CPU
 TEXTS = ["Hello! What is a state slot?",
          "And how does a chat continue from one?",
          "Thanks. One more: what does a regenerate reuse?"]
+
+
+# Every toast Open WebUI shows (svelte-sonner's li[data-sonner-toast], with
+# data-type "error" for errors), recorded as it appears: toasts vanish after
+# a few seconds, so the page keeps a list the smoke reads after each step.
+TOAST_WATCH = """
+window.__wkvmToasts = [];
+const seen = new WeakSet();
+const scan = () => document.querySelectorAll('[data-sonner-toast]').forEach((el) => {
+  if (seen.has(el)) return;
+  seen.add(el);
+  window.__wkvmToasts.push({type: el.getAttribute('data-type') || '',
+                            text: (el.innerText || '').slice(0, 300)});
+});
+new MutationObserver(scan).observe(document, {childList: true, subtree: true});
+"""
 
 
 def log(msg):
@@ -74,6 +101,7 @@ class Browser:
         self.seen = set()  # assistant message ids already judged
         self.cid = None  # the chat this run created
         self.old_chats = set()  # the user's chats before it
+        self.all_toasts = []  # every toast seen (type, text)
 
     def shot(self, name):
         path = os.path.join(self.a.out, f"{len(self.shots) + 1:02d}-{name}.png")
@@ -192,12 +220,56 @@ class Browser:
         self.seen.add(asst[0]["id"])
         return asst[0]
 
+    def toasts(self):
+        """The toasts shown since the last call (type, text)."""
+        got = self.page.evaluate("() => { const t = window.__wkvmToasts || []; "
+                                 "window.__wkvmToasts = []; return t; }")
+        self.all_toasts.extend(got)
+        return got
+
+    def check_toasts(self, step):
+        got = self.toasts()
+        for t in got:
+            log(f"  toast ({t['type'] or 'plain'}): {t['text']!r}")
+        errors = [t for t in got if t["type"] == "error"]
+        if errors:
+            self.shot("error-toast")
+            fail(f"{step}: Open WebUI showed an error toast: {errors[0]['text']!r}")
+
+    def enable_tool(self, name):
+        """The message box's Integrations menu > Tools > tick the tool."""
+        p = self.page
+        p.locator("#integration-menu-button").click()
+        p.get_by_role("menuitem", name=re.compile(r"^\s*Tools")).first.click()
+        item = p.get_by_role("menuitemcheckbox", name=re.compile(re.escape(name)))
+        item.first.wait_for(state="visible", timeout=30000)
+        if item.first.get_attribute("aria-checked") != "true":
+            item.first.click()
+        time.sleep(0.5)
+        checked = item.first.get_attribute("aria-checked")
+        self.shot("tools-menu")
+        if checked != "true":
+            fail(f"the tool {name!r} is not ticked in the Integrations menu "
+                 f"(aria-checked {checked!r})")
+        p.keyboard.press("Escape")
+        time.sleep(0.5)
+        log(f"tool {name!r} ticked in the Integrations menu")
+
     def send(self, text):
         p = self.page
         box = p.locator("#chat-input")
         box.click()
         p.keyboard.type(text)
         p.keyboard.press("Enter")
+
+
+def item_summary(m):
+    """A persisted 0.12.x reply's output items: (type, name or status)."""
+    return [(i.get("type"), i.get("name") or i.get("status")) for i in m.get("output") or []]
+
+
+class Done(Exception):
+    """The steps asked for are done."""
 
 
 def reply_text(m):
@@ -208,6 +280,64 @@ def reply_text(m):
     return text
 
 
+def tool_chat(b, a, model, token):
+    """A new chat with the smoke tool ticked in the message box (native
+    function calling, Open WebUI's default): turn 1 asks for the smoke
+    clock, the call runs and the model answers; turn 2 asks something else.
+    Returns the failures."""
+    p = b.page
+    did = install_tool(a.webui, token)
+    log(f"tool chat: created through Open WebUI's API: {', '.join(did)}")
+    p.goto(a.webui + "/", wait_until="domcontentloaded")
+    p.wait_for_selector("#chat-input", timeout=120000)
+    b.dismiss()
+    b.pick_model(model)
+    b.enable_tool("wkvm smoke clock")
+    b.cid = None
+    b.old_chats = set(b.chat_ids(token))
+    fails = []
+    for n, text in enumerate(TOOL_TURNS, 1):
+        before = metrics(a.wkvm)
+        log(f"tool turn {n}: {text!r}")
+        t0 = time.time()
+        b.send(text)
+        chat = b.wait_replies(n, token)
+        after = metrics(a.wkvm)
+        d = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+        last = b.newest(chat)
+        items = output_items(last)
+        log(f"  {time.time() - t0:.1f}s, output {item_summary(last)}")
+        log(f"  reply {reply_text(last)[:120]!r}")
+        log(f"  wkvm counters: {json.dumps(d, sort_keys=True)}")
+        time.sleep(1)
+        b.shot(f"tool-turn{n}")
+        b.check_toasts(f"tool turn {n}")
+        if last.get("error"):
+            fails.append(f"tool turn {n}: the reply carries an error: {last['error']}")
+        if not reply_text(last).strip():
+            fails.append(f"tool turn {n}: no answer")
+        calls = items.get("function_call", [])
+        if n == 1:
+            outs = items.get("function_call_output", [])
+            res = "".join(x.get("text", "") for o in outs for x in o.get("output") or []
+                          if isinstance(x, dict))
+            if [c.get("name") for c in calls] != [TOOL_FUNCTION] or \
+                    calls[0].get("status") != "completed":
+                fails.append(f"tool turn 1: expected one completed call to {TOOL_FUNCTION}: "
+                             f"{calls}")
+            elif TOOL_RESULT not in res:
+                fails.append(f"tool turn 1: the tool's result is not in the output: {outs}")
+            else:
+                log(f"  tool {TOOL_FUNCTION}({calls[0].get('arguments')}) -> {res!r}")
+            shown = p.get_by_text(re.compile(re.escape(TOOL_FUNCTION))).count()
+            log(f"  the page shows {shown} element(s) naming {TOOL_FUNCTION}")
+            if not shown:
+                fails.append(f"tool turn 1: the page does not show the call to {TOOL_FUNCTION}")
+        elif calls:
+            fails.append(f"tool turn {n}: unexpected call {calls}")
+    return fails
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--webui", required=True)
@@ -216,16 +346,22 @@ def main():
     ap.add_argument("--chromium", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--headed", action="store_true")
+    ap.add_argument("--chat", choices=("reuse", "tools", "both"), default="reuse",
+                    help="reuse: three turns and Try Again (the default); tools: a chat with "
+                    "a tool ticked, native function calling (Open WebUI 0.12+, a model with "
+                    "its own template); both")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     version = json.loads(get(a.webui + "/api/config")).get("version")
     model = json.loads(get(a.wkvm + "/v1/models"))["data"][0]["id"]
     log(f"Open WebUI {version} at {a.webui}, wkvm model {model!r}, browser {a.chromium}")
     steps = []
+    tool_fails = []
     with sync_playwright() as pw:
         br = pw.chromium.launch(executable_path=a.chromium, headless=not a.headed,
                                 args=["--no-sandbox", "--disable-gpu"])
         ctx = br.new_context(viewport={"width": 1280, "height": 900})
+        ctx.add_init_script(TOAST_WATCH)
         page = ctx.new_page()
         page.set_default_timeout(60000)
         b = Browser(a, page)
@@ -235,7 +371,15 @@ def main():
             page.goto(a.webui + "/", wait_until="domcontentloaded")
             page.wait_for_selector("#chat-input", timeout=120000)
             b.dismiss()
+            b.check_toasts("sign-in")
+            if a.chat in ("tools", "both"):
+                tool_fails = tool_chat(b, a, model, token)
+            if a.chat == "tools":
+                raise Done()
+            page.goto(a.webui + "/", wait_until="domcontentloaded")
+            page.wait_for_selector("#chat-input", timeout=120000)
             b.pick_model(model)
+            b.cid = None
             b.old_chats = set(b.chat_ids(token))
             for n, text in enumerate(TEXTS, 1):
                 before = metrics(a.wkvm)
@@ -250,6 +394,7 @@ def main():
                 log(f"  wkvm counters: {json.dumps(d, sort_keys=True)}")
                 steps.append((f"turn {n}", d, last))
                 b.shot(f"turn{n}")
+                b.check_toasts(f"turn {n}")
             log(f"chat title {chat.get('title')!r}")
             # "Try Again": the regenerate button of the last reply opens the
             # regenerate menu (Try Again / Add Details / More Concise).
@@ -273,6 +418,9 @@ def main():
             steps.append(("Try Again", d, last))
             time.sleep(1)
             b.shot("try-again")
+            b.check_toasts("Try Again")
+        except Done:
+            pass
         except Exception:
             try:
                 b.shot("failure")
@@ -281,7 +429,14 @@ def main():
             raise
         finally:
             br.close()
-    fails = []
+    fails = list(tool_fails)
+    log(f"toasts seen: {len(b.all_toasts)}, errors: "
+        f"{sum(1 for t in b.all_toasts if t['type'] == 'error')}")
+    if a.chat == "tools":
+        if fails:
+            fail("; ".join(fails))
+        log(f"PASS (Open WebUI {version}, tool chat; screenshots in {a.out})")
+        return 0
     for name, d, m in steps:
         if not reply_text(m).strip():
             fails.append(f"{name}: empty persisted reply")

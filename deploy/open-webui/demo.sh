@@ -9,6 +9,8 @@
 #   deploy/open-webui/demo.sh smoke     a real three-turn chat and a "Try Again" through Open
 #                                       WebUI's API; checks streaming, persistence and that
 #                                       wkvm reused state for turns 2, 3 and the regenerate
+#                                       (with a templated model: a chat with a tool offered,
+#                                       native function calling, the call's round trip)
 #   deploy/open-webui/demo.sh browser-smoke
 #                                       the same in a real browser (Debian's chromium driven
 #                                       by playwright), with screenshots; not for CI
@@ -31,6 +33,13 @@
 #   WKVM_BUILD_DIR       wkvm build dir (default ./build; passed to deploy/wkvm)
 #   WKVM_OWUI_VENV       use this existing Open WebUI venv instead of DATA/venv
 #   CHROMIUM             browser-smoke's browser (default: chromium from PATH)
+#   WKVM_FUNCTION_CALLING  native or legacy (default: native, Open WebUI's own
+#                        default, for a model with its own chat template;
+#                        legacy for the others)
+#   SMOKE_CHAT           reuse, tools or both: what smoke and browser-smoke run
+#                        (default: tools with native function calling, else
+#                        reuse; docs/OPEN_WEBUI.md, "Tools and native function
+#                        calling")
 #
 # Layout of DATA: venv/ (Open WebUI), wkvm/ (wkvm's data dir: store, blobs,
 # logs, pids, via deploy/wkvm --data), models/wkvm-demo/ (demo model),
@@ -214,8 +223,17 @@ bad() { printf '  FAIL  %s\n' "$*"; DOC_FAIL=1; }
 
 check_model_dir() {
     local m=$1
+    if [ -f "$m" ] && [ "${m%.gguf}" != "$m" ]; then
+        ok "GGUF model $m (function calling: $(function_calling))"; return
+    fi
     if [ ! -d "$m" ]; then bad "model dir $m does not exist"; return; fi
     if [ ! -r "$m" ] || [ ! -x "$m" ]; then bad "model dir $m is not readable"; return; fi
+    if [ -r "$m/tokenizer.json" ] && [ -r "$m/config.json" ]; then
+        # A Hugging Face checkpoint with its own tokenizer (Qwen3.5, Nemotron-H,
+        # Granite 4, RWKV-7 with tokenizer.json): wkvm reads its template.
+        ok "Hugging Face checkpoint with config.json and tokenizer.json in $m (function calling: $(function_calling))"
+        return
+    fi
     local vocab=$m/rwkv_vocab_v20230424.txt tensors
     if [ -r "$vocab" ]; then ok "vocab $vocab"; else bad "no readable rwkv_vocab_v20230424.txt in $m"; fi
     tensors=$(find "$m" -maxdepth 1 \( -name '*.safetensors' -o -name '*.pth' -o -name 'model.safetensors.index.json' \) -readable | head -1)
@@ -296,12 +314,37 @@ secret_key() {
     cat "$f"
 }
 
+# model_has_template: true when the served model carries its own chat
+# template (chat_template.jinja, a chat_template in tokenizer_config.json,
+# or a GGUF, whose tokenizer.chat_template wkvm reads): wkvm then renders
+# tools into the prompt and parses the model's calls (docs/TEMPLATES.md).
+model_has_template() {
+    [ -n "$DEMO_MODEL" ] && return 1
+    [ -f "$MODEL/chat_template.jinja" ] && return 0
+    [ -f "$MODEL/tokenizer_config.json" ] && grep -q '"chat_template"' "$MODEL/tokenizer_config.json" && return 0
+    [ -f "$MODEL" ] && [ "${MODEL%.gguf}" != "$MODEL" ] && return 0
+    return 1
+}
+
+# function_calling: Open WebUI's function calling mode for the model:
+# WKVM_FUNCTION_CALLING (native or legacy), else native (Open WebUI's own
+# default) for a model with its own template and legacy for one without
+# (a World-template model never calls a tool; docs/OPEN_WEBUI.md).
+function_calling() {
+    case ${WKVM_FUNCTION_CALLING:-} in
+        native|legacy) echo "$WKVM_FUNCTION_CALLING"; return ;;
+        "") ;;
+        *) die "WKVM_FUNCTION_CALLING must be native or legacy" ;;
+    esac
+    if model_has_template; then echo native; else echo legacy; fi
+}
+
 # owui_env [redact]: prints the environment Open WebUI runs with, one
 # KEY=VALUE a line (with "redact", the secret key is not read or created).
 # compose.yaml sets the same variables (tests/integration/test_openwebui_shape.py
 # checks that the two agree).
 owui_env() {
-    local headers configs key
+    local headers configs key params
     if [ "${1:-}" = redact ]; then key='<redacted>'; else key=$(secret_key); fi
     # Per-connection headers (OPENAI_API_CONFIGS["0"].headers): Open WebUI
     # 0.10.2 substitutes {{MESSAGE_ID}}, {{USER_MESSAGE_ID}} and
@@ -309,6 +352,12 @@ owui_env() {
     # get_custom_headers()) on every request to this connection.
     headers='{"X-WKVM-Stateful-Chat":"parent-token-v1","X-WKVM-Assistant-Message-ID":"{{MESSAGE_ID}}","X-WKVM-User-Message-ID":"{{USER_MESSAGE_ID}}","X-WKVM-Parent-Message-ID":"{{USER_MESSAGE_PARENT_ID}}"}'
     configs="{\"0\":{\"enable\":true,\"connection_type\":\"external\",\"headers\":$headers}}"
+    # Native function calling is Open WebUI's default: only set legacy.
+    if [ "$(function_calling)" = legacy ]; then
+        params='{"function_calling":"legacy","reasoning_tags":false}'
+    else
+        params='{"reasoning_tags":false}'
+    fi
     cat <<EOF
 DATA_DIR=$OWDATA
 WEBUI_SECRET_KEY=$key
@@ -330,7 +379,7 @@ OPENAI_API_BASE_URLS=$WKVM_URL/v1
 OPENAI_API_KEYS=none
 OPENAI_API_CONFIGS=$configs
 ENABLE_FORWARD_USER_INFO_HEADERS=true
-DEFAULT_MODEL_PARAMS={"function_calling":"legacy","reasoning_tags":false}
+DEFAULT_MODEL_PARAMS=$params
 RAG_EMBEDDING_ENGINE=openai
 RAG_EMBEDDING_MODEL_AUTO_UPDATE=false
 RAG_RERANKING_MODEL_AUTO_UPDATE=false
@@ -411,7 +460,20 @@ cmd_smoke() {
     http_ok "$WKVM_URL/ready" || die "wkvm is not ready at $WKVM_URL: run '$0 start'"
     http_ok "$WEBUI_URL/health" || die "Open WebUI is not up at $WEBUI_URL: run '$0 start'"
     "$VENV/bin/python" "$HERE/smoke.py" --webui "$WEBUI_URL" --wkvm "$WKVM_URL" \
-        --creds "$DATA/smoke-admin.json"
+        --creds "$DATA/smoke-admin.json" --chat "$(smoke_chat)"
+}
+
+# smoke_chat: which chat the smokes run: SMOKE_CHAT (reuse, tools or both),
+# else the tool chat for a model with native function calling (a model
+# with its own template, which thinks and calls tools) and the reuse chat
+# for the others (the World demo model).
+smoke_chat() {
+    case ${SMOKE_CHAT:-} in
+        reuse|tools|both) echo "$SMOKE_CHAT"; return ;;
+        "") ;;
+        *) die "SMOKE_CHAT must be reuse, tools or both" ;;
+    esac
+    if [ "$(function_calling)" = native ]; then echo tools; else echo reuse; fi
 }
 
 # ---------------------------------------------------------------- browser-smoke
@@ -435,7 +497,7 @@ cmd_browser_smoke() {
     mkdir -p "$DATA/browser-smoke"
     PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 "$VENV/bin/python" "$HERE/browser_smoke.py" \
         --webui "$WEBUI_URL" --wkvm "$WKVM_URL" --creds "$DATA/smoke-admin.json" \
-        --chromium "$chrome" --out "$DATA/browser-smoke"
+        --chromium "$chrome" --out "$DATA/browser-smoke" --chat "$(smoke_chat)"
 }
 
 # ---------------------------------------------------------------- stop/status/logs

@@ -33,9 +33,15 @@ wkvm_reuse_hits_total grew by one for each of the three; then "More Concise"
 on turn 3 (regeneration_prompt; 0.12.x also regeneration_message_id) must be
 a parent_message_mismatch answered from a checkpoint (kind="checkpoint").
 
+With --chat tools (or both): a chat with an Open WebUI tool offered under
+native function calling instead (or after): the call, Open WebUI running
+it, the answer, no error event (tool_chat(); docs/OPEN_WEBUI.md, "Tools and
+native function calling").
+
 Runs with the Open WebUI venv's python (aiohttp and python-socketio come with
 Open WebUI). Usage:
   smoke.py --webui http://127.0.0.1:3000 --wkvm http://127.0.0.1:8000 --creds FILE
+           [--chat reuse|tools|both]
 """
 import argparse
 import asyncio
@@ -51,7 +57,9 @@ import aiohttp
 import socketio
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from demo_common import PARAMS, TURN3, TURNS, event_kind, is_delta, version_tuple  # noqa: E402
+from demo_common import (PARAMS, TOOL_FUNCTION, TOOL_ID, TOOL_PARAMS,  # noqa: E402
+                         TOOL_RESULT, TOOL_TURNS, TURN3, TURNS, event_kind, install_tool,
+                         is_delta, output_items, version_tuple)
 
 TIMEOUT = 300  # seconds for one turn (the demo model on a CPU answers in about one)
 
@@ -86,6 +94,7 @@ class Smoke:
         self.other = []    # events without a message id
         self.done = {}     # message id -> asyncio.Event
         self.title = None  # the last chat:title seen
+        self.params = PARAMS  # the chat controls the smoke sets
         self.sio = socketio.AsyncClient(reconnection=False)
         self.sio.on("events", self.on_event)
 
@@ -150,11 +159,12 @@ class Smoke:
         if j.get("role") != "admin":
             raise SystemExit("smoke: FAIL the first user is not admin")
 
-    def body(self, model, chat_id, user_message, aid, first, suggestion=None, old=None):
+    def body(self, model, chat_id, user_message, aid, first, suggestion=None, old=None,
+             tool_ids=()):
         """The browser's POST /api/chat/completions body (Chat.svelte,
         sendMessageSocket()) for a chat kept on the server."""
         new12 = self.version >= (0, 11)
-        params = dict(PARAMS)
+        params = dict(self.params)
         if new12:
             params["model_controls"] = {}  # 0.12.x: $settings.params.model_controls ?? {}
         body = {
@@ -178,7 +188,7 @@ class Smoke:
                                  if first else {}) | {"follow_up_generation": True},
         }
         if new12:
-            body["tool_ids"] = []
+            body["tool_ids"] = list(tool_ids)
         if chat_id is not None:
             body["chat_id"] = chat_id
         if suggestion is not None:  # the regenerate menu's Add Details / More Concise
@@ -187,7 +197,8 @@ class Smoke:
                 body["regeneration_message_id"] = old
         return body
 
-    async def ask(self, model, chat_id, user_message, first=False, suggestion=None, old=None):
+    async def ask(self, model, chat_id, user_message, first=False, suggestion=None, old=None,
+                  tool_ids=()):
         """One completion for user_message under a new assistant id; returns
         (chat id, assistant id, persisted reply, the chat read back)."""
         aid = str(uuid.uuid4())
@@ -195,7 +206,8 @@ class Smoke:
         self.done[aid] = asyncio.Event()
         t0 = time.time()
         res = await self.req("POST", "/api/chat/completions",
-                             self.body(model, chat_id, user_message, aid, first, suggestion, old))
+                             self.body(model, chat_id, user_message, aid, first, suggestion, old,
+                                       tool_ids))
         if not isinstance(res, dict) or not res.get("status") or not res.get("chat_id"):
             raise SystemExit(f"smoke: FAIL chat completion was not accepted: {res}")
         chat_id = res["chat_id"]
@@ -260,18 +272,78 @@ class Smoke:
                                    transports=["websocket"], auth={"token": self.token})
             try:
                 await self.sio.emit("user-join", {"auth": {"token": self.token}})
-                await self.chat(model)
+                if self.a.chat in ("reuse", "both"):
+                    await self.chat(model)
+                if self.a.chat in ("tools", "both"):
+                    await self.tool_chat(model)
             finally:
                 await self.sio.disconnect()
+
+    async def tool_chat(self, model):
+        """A chat with the smoke tool offered (tool_ids, native function
+        calling: Open WebUI sends the tool, its builtin ones too, in `tools`):
+        turn 1 asks for the smoke clock (the filter names the tool in
+        tool_choice, wkvm constrains the model to call it), Open WebUI runs
+        the tool and sends its result back in the same turn, the model
+        answers; turn 2 is a plain question in the same chat, the tool still
+        offered. Passes when each turn finished without an error event, turn
+        1's persisted output is the call (completed), its result and a
+        non-empty answer after it, and turn 2 has an answer and no call."""
+        if self.version < (0, 12):
+            raise SystemExit("smoke: FAIL the tool chat needs Open WebUI 0.12 or newer (the "
+                             "filter's request hook runs on the tool loop's follow-ups)")
+        did = await asyncio.to_thread(install_tool, self.a.webui, self.token)
+        self.params = TOOL_PARAMS
+        log(f"tool chat: created through Open WebUI's API: {', '.join(did)}")
+        start = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
+        u1 = self.user_message(model, None, TOOL_TURNS[0])
+        chat_id, a1, d1, chat = await self.step("tool turn 1", model, None, u1, first=True,
+                                                tool_ids=[TOOL_ID])
+        msg = chat["history"]["messages"][a1]
+        items = output_items(msg)
+        calls, outs = items.get("function_call", []), items.get("function_call_output", [])
+        summary = [(i.get("type"), i.get("name") or i.get("status")) for i in msg.get("output") or []]
+        log(f"  output items: {summary}")
+        fails = []
+        if len(calls) != 1 or calls[0].get("name") != TOOL_FUNCTION:
+            fails.append(f"turn 1: expected one call to {TOOL_FUNCTION}, got "
+                         f"{[(c.get('name'), c.get('arguments')) for c in calls]}")
+        elif calls[0].get("status") != "completed":
+            fails.append(f"turn 1: the call's status is {calls[0].get('status')!r}")
+        text = "".join(p.get("text", "") for o in outs for p in o.get("output") or []
+                       if isinstance(p, dict))
+        if len(outs) != 1 or TOOL_RESULT not in text:
+            fails.append(f"turn 1: the tool's result is not in the output: {outs}")
+        else:
+            log(f"  tool {calls[0].get('name')}({calls[0].get('arguments')}) -> {text!r}")
+        order = [i.get("type") for i in msg.get("output") or []]
+        answer = [i for i in (msg.get("output") or [])[order.index("function_call_output") + 1:]
+                  if i.get("type") == "message"] if "function_call_output" in order else []
+        answer_text = "".join(p.get("text", "") for i in answer for p in i.get("content", []))
+        if not answer_text.strip():
+            fails.append(f"turn 1: no answer after the tool's result (output {order})")
+        u2 = self.user_message(model, a1, TOOL_TURNS[1])
+        _, a2, d2, chat = await self.step("tool turn 2", model, chat_id, u2, tool_ids=[TOOL_ID])
+        items2 = output_items(chat["history"]["messages"][a2])
+        if items2.get("function_call"):
+            fails.append(f"turn 2: unexpected call {items2['function_call']}")
+        end = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
+        whole = {k: v - start.get(k, 0) for k, v in end.items() if v != start.get(k, 0)}
+        log(f"wkvm counters during the tool chat: {json.dumps(whole, sort_keys=True)}")
+        if fails:
+            raise SystemExit("smoke: FAIL " + "; ".join(fails))
+        log("tool chat PASS")
 
     def user_message(self, model, parent, text):
         return {"id": str(uuid.uuid4()), "parentId": parent, "childrenIds": [], "role": "user",
                 "content": text, "timestamp": int(time.time()), "models": [model["id"]]}
 
-    async def step(self, name, model, chat_id, um, first=False, suggestion=None, old=None):
+    async def step(self, name, model, chat_id, um, first=False, suggestion=None, old=None,
+                   tool_ids=()):
         before = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
         log(f"{name}:")
-        chat_id, aid, reply, chat = await self.ask(model, chat_id, um, first, suggestion, old)
+        chat_id, aid, reply, chat = await self.ask(model, chat_id, um, first, suggestion, old,
+                                                   tool_ids)
         after = metrics(await self.req("GET", "/metrics", base=self.a.wkvm))
         diff = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         log(f"  wkvm counters: {json.dumps(diff, sort_keys=True)}")
@@ -335,6 +407,10 @@ def main():
     ap.add_argument("--webui", required=True)
     ap.add_argument("--wkvm", required=True)
     ap.add_argument("--creds", required=True)
+    ap.add_argument("--chat", choices=("reuse", "tools", "both"), default="reuse",
+                    help="reuse: the three-turn chat with Try Again and More Concise (the "
+                    "default); tools: a chat with a tool offered, native function calling "
+                    "(Open WebUI 0.12+, a model with its own template); both")
     a = ap.parse_args()
     asyncio.run(Smoke(a).run())
     return 0

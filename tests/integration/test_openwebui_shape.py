@@ -641,7 +641,8 @@ def test_remote_worker_over_tcp():
 
 
 def test_compose_matches_demo():
-    """deploy/open-webui/compose.yaml sets what demo.sh start sets."""
+    """deploy/open-webui/compose.yaml sets what demo.sh start sets; demo.sh keeps native
+    function calling for a model with its own template."""
     src = SRC
     env = {k: v for k, v in os.environ.items()
            if k not in ("WKVM_PORT", "WEBUI_PORT", "WKVM_MODEL_DIR", "WKVM_DATA")}
@@ -666,6 +667,22 @@ def test_compose_matches_demo():
             assert comp.get(k) == v, (k, v, comp.get(k))
     extra = set(comp) - set(demo) - {"HOST", "PORT"}
     assert not extra, extra
+    # A model with its own template keeps Open WebUI's default, native function
+    # calling (the World demo model above gets legacy); WKVM_FUNCTION_CALLING overrides.
+    assert json.loads(demo["DEFAULT_MODEL_PARAMS"]) == {"function_calling": "legacy",
+                                                        "reasoning_tags": False}, demo
+    tpl = os.path.join(TMP.name, "demo-env-templated")
+    os.makedirs(tpl, exist_ok=True)
+    with open(os.path.join(tpl, "chat_template.jinja"), "w") as f:
+        f.write("{{ messages }}")
+    for force, want in (("", {"reasoning_tags": False}),
+                        ("legacy", {"function_calling": "legacy", "reasoning_tags": False})):
+        out = subprocess.run(["bash", os.path.join(src, "deploy/open-webui/demo.sh"), "env",
+                              "--data", os.path.join(TMP.name, "demo-env")],
+                             env=dict(env, WKVM_MODEL_DIR=tpl, WKVM_FUNCTION_CALLING=force),
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        got = dict(line.split("=", 1) for line in out.splitlines())
+        assert json.loads(got["DEFAULT_MODEL_PARAMS"]) == want, (force, got)
 
 
 if __name__ == "__main__":

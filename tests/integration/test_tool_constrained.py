@@ -18,7 +18,8 @@ the odds, never what is allowed. Checks:
   - streamed: the delta.tool_calls reassemble to the blocking message;
   - enable_thinking: free reasoning up to </think>, then the call;
   - a schema construct the grammar does not enforce ("pattern") is a 400
-    naming it, param "tools";
+    naming it, param "tools"; "const" (Open WebUI 0.12.4's create_skill) is
+    enforced as an enum of its one value;
   - an unconstrained request batched with constrained ones samples the same
     tokens as alone (masks go only to constrained rows).
 """
@@ -187,6 +188,28 @@ def unsupported_schema():
         raise AssertionError("a schema with pattern was accepted")
 
 
+def const_schema():
+    """const is an enum of its one value: Open WebUI 0.12.4's builtin create_skill has
+    files[].encoding {"const": "base64", "type": "string"} (once a 400 for every forced call
+    over Open WebUI's tools)."""
+    enc = {"const": "base64", "type": "string"}
+    tools = TOOLS + [{"type": "function", "function": {"name": "set_encoding", "parameters": {
+        "type": "object", "properties": {"encoding": enc, "files": {
+            "type": "array", "items": {"type": "object", "properties": {"encoding": enc},
+                                       "required": ["encoding"], "additionalProperties": False}}},
+        "required": ["encoding"]}}}]
+    for seed in (9, 10):
+        r = client.chat.completions.create(**body(
+            tools=tools, seed=seed, temperature=1.0, parallel_tool_calls=False,
+            tool_choice={"type": "function", "function": {"name": "set_encoding"}}))
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", (c.finish_reason, c.message)
+        args = json.loads(c.message.tool_calls[0].function.arguments)
+        assert args["encoding"] == "base64" and set(args) <= {"encoding", "files"}, args
+        assert all(f == {"encoding": "base64"} for f in args.get("files", [])), args
+        print(f"  seed {seed}: set_encoding({json.dumps(args)})"[:300], flush=True)
+
+
 def unconstrained_unchanged():
     free = dict(model=MID, messages=[{"role": "user", "content": "Tell me a story."}],
                 max_tokens=24, temperature=0.9, seed=5,
@@ -211,7 +234,7 @@ def unconstrained_unchanged():
 
 
 for t in (required_seeds, named_single, streamed_equal, thinking_first, unsupported_schema,
-          unconstrained_unchanged):
+          const_schema, unconstrained_unchanged):
     try:
         t0 = time.monotonic()
         t()

@@ -251,6 +251,45 @@ test_compile_errors(void **state)
     assert_int_equal(wk_grammar_compile(&sp, &g, &d), WK_EINVAL);
 }
 
+/* const: an enum of its one value, in both formats (Open WebUI 0.12.4's create_skill has
+ * {"const": "base64", "type": "string"} in an array of objects); refused with enum. */
+static void
+test_const(void **state)
+{
+    (void)state;
+    const char *tools =
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+        "{\"type\":\"object\",\"properties\":{\"enc\":{\"const\":\"base64\",\"type\":\"string\"},"
+        "\"n\":{\"const\":3},\"files\":{\"type\":\"array\",\"items\":{\"type\":\"object\","
+        "\"properties\":{\"e\":{\"const\":\"x\"}},\"additionalProperties\":false}}}}}}]";
+    wk_grammar *g = compile(WK_TOOLCALL_FMT_HERMES, tools, "f", false);
+    const char *pre = "<tool_call>\n{\"name\": \"f\", \"arguments\": ";
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s{\"enc\": \"base64\", \"n\": 3, \"files\": [{\"e\": \"x\"}]}}"
+             "\n</tool_call>", pre);
+    assert_int_equal(run(g, buf), 1);
+    snprintf(buf, sizeof(buf), "%s{\"enc\": \"base65\"", pre);
+    assert_int_equal(run(g, buf), -1);
+    snprintf(buf, sizeof(buf), "%s{\"n\": 4", pre);
+    assert_int_equal(run(g, buf), -1);
+    snprintf(buf, sizeof(buf), "%s{\"files\": [{\"e\": \"y\"", pre);
+    assert_int_equal(run(g, buf), -1);
+    wk_grammar_free(g);
+    g = compile(WK_TOOLCALL_FMT_XML, tools, "f", false);
+    assert_int_equal(run(g, "<tool_call>\n<function=f>\n<parameter=enc>\nbase64\n</parameter>\n"
+                            "<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>"), 1);
+    assert_int_equal(run(g, "<tool_call>\n<function=f>\n<parameter=enc>\nbase6\n"), -1);
+    assert_int_equal(run(g, "<tool_call>\n<function=f>\n<parameter=n>\n4"), -1);
+    wk_grammar_free(g);
+    expect_refused("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                   "{\"type\":\"object\",\"properties\":{\"a\":{\"const\":\"x\","
+                   "\"enum\":[\"x\"]}}}}}]",
+                   NULL, "'const' together with 'enum'");
+    expect_refused("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                   "{\"type\":\"object\",\"properties\":{\"a\":{\"const\":[1]}}}}}]",
+                   NULL, "'const' must be");
+}
+
 /* ---- allowed tokens on toy vocabs ---- */
 
 typedef struct toy {
@@ -496,6 +535,7 @@ main(void)
         cmocka_unit_test(test_json_format),   cmocka_unit_test(test_xml_format),
         cmocka_unit_test(test_compile_errors), cmocka_unit_test(test_allowed_start),
         cmocka_unit_test(test_allowed_json),  cmocka_unit_test(test_allowed_xml),
+        cmocka_unit_test(test_const),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
