@@ -31,6 +31,7 @@
  * refused.
  */
 #include "be_cpu_common.h"
+#include "wrk_rwkv7.h"
 
 #include <math.h>
 #include <stdio.h>
