@@ -35,6 +35,7 @@
 #include "be.h"
 #include "be_cpu_kernels.h"
 #include "wrk_model.h"
+#include "wrk_rwkv7.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

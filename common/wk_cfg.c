@@ -7,6 +7,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -431,5 +432,85 @@ wk_cfg_print_sample(const wk_cfg_opt *table, size_t n, FILE *f)
         if (o->type == WK_CFG_U64)
             fprintf(f, " [%llu..%llu]", (unsigned long long)o->min, (unsigned long long)o->max);
         fprintf(f, "\n# %s = %s\n\n", o->name, o->def ? o->def : "");
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* binding the table to a struct                                             */
+/* ------------------------------------------------------------------------ */
+
+bool
+wk_cfg_binds_valid(const wk_cfg_opt *table, size_t n, const wk_cfg_bind *binds, size_t nb)
+{
+    for (size_t i = 0; i < nb; i++) {
+        const wk_cfg_bind *b = &binds[i];
+        const wk_cfg_opt *o = NULL;
+        for (size_t j = 0; j < n && o == NULL; j++)
+            if (strcmp(table[j].name, b->opt) == 0)
+                o = &table[j];
+        if (o == NULL)
+            return false;
+        switch (b->type) {
+        case WK_CFG_FIELD_STR:
+            if (o->type != WK_CFG_STR)
+                return false;
+            break;
+        case WK_CFG_FIELD_BOOL:
+            if (o->type != WK_CFG_BOOL)
+                return false;
+            break;
+        case WK_CFG_FIELD_U32:
+        case WK_CFG_FIELD_UINT:
+            if (o->type != WK_CFG_U64 || o->max > UINT32_MAX || o->max > UINT_MAX)
+                return false;
+            break;
+        case WK_CFG_FIELD_SIZE:
+            if (o->type != WK_CFG_U64 || o->max > SIZE_MAX)
+                return false;
+            break;
+        case WK_CFG_FIELD_U64:
+            if (o->type != WK_CFG_U64)
+                return false;
+            break;
+        default:
+            return false;
+        }
+    }
+    for (size_t j = 0; j < n; j++) {
+        bool bound = table[j].type == WK_CFG_ALIAS; /* (an older name: its option is) */
+        for (size_t i = 0; i < nb && !bound; i++)
+            bound = strcmp(binds[i].opt, table[j].name) == 0;
+        if (!bound)
+            return false;
+    }
+    return true;
+}
+
+void
+wk_cfg_fill(const wk_cfg *cfg, const wk_cfg_bind *binds, size_t nb, void *conf)
+{
+    for (size_t i = 0; i < nb; i++) {
+        const wk_cfg_bind *b = &binds[i];
+        char *field = (char *)conf + b->off;
+        switch (b->type) {
+        case WK_CFG_FIELD_STR:
+            *(const char **)(void *)field = wk_cfg_get_str(cfg, b->opt);
+            break;
+        case WK_CFG_FIELD_BOOL:
+            *(bool *)(void *)field = wk_cfg_get_bool(cfg, b->opt);
+            break;
+        case WK_CFG_FIELD_U32:
+            *(uint32_t *)(void *)field = (uint32_t)wk_cfg_get_u64(cfg, b->opt);
+            break;
+        case WK_CFG_FIELD_UINT:
+            *(unsigned *)(void *)field = (unsigned)wk_cfg_get_u64(cfg, b->opt);
+            break;
+        case WK_CFG_FIELD_SIZE:
+            *(size_t *)(void *)field = (size_t)wk_cfg_get_u64(cfg, b->opt);
+            break;
+        case WK_CFG_FIELD_U64:
+            *(uint64_t *)(void *)field = wk_cfg_get_u64(cfg, b->opt);
+            break;
+        }
     }
 }

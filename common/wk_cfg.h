@@ -10,6 +10,7 @@
 #define WK_CFG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -82,5 +83,41 @@ void wk_cfg_print_help(const wk_cfg_opt *table, size_t n, const char *prog, cons
 
 /* Writes an annotated sample config file (every option, commented, with default) to f. */
 void wk_cfg_print_sample(const wk_cfg_opt *table, size_t n, FILE *f);
+
+/*
+ * Binding the table to a program's own config struct, so main() reads
+ * fields instead of looking options up by name: one wk_cfg_bind per
+ * option -> field copy (an option may go to several fields), checked
+ * against the table once (wk_cfg_binds_valid) and copied after parsing
+ * (wk_cfg_fill).
+ */
+typedef enum wk_cfg_field {
+    WK_CFG_FIELD_STR,  /* const char * (borrowed from the wk_cfg), WK_CFG_STR */
+    WK_CFG_FIELD_BOOL, /* bool, WK_CFG_BOOL */
+    WK_CFG_FIELD_U32,  /* uint32_t, WK_CFG_U64 whose max fits */
+    WK_CFG_FIELD_UINT, /* unsigned, WK_CFG_U64 whose max fits */
+    WK_CFG_FIELD_SIZE, /* size_t, WK_CFG_U64 whose max fits */
+    WK_CFG_FIELD_U64,  /* uint64_t, WK_CFG_U64 */
+} wk_cfg_field;
+
+typedef struct wk_cfg_bind {
+    const char *opt;   /* name in the option table */
+    wk_cfg_field type; /* the field's C type */
+    size_t off;        /* offsetof(struct, field) */
+} wk_cfg_bind;
+
+/* One binding of option opt to field of struct type conf ({"port", UINT, http.port}). */
+#define WK_CFG_BIND(conf, opt, type, field) {opt, WK_CFG_FIELD_##type, offsetof(conf, field)}
+
+/*
+ * True when binds (nb entries) agree with table (n entries): every binding
+ * names an option of a matching type whose largest value fits its field,
+ * and every option but an alias is bound. A mismatch is a programming
+ * error (callers abort).
+ */
+bool wk_cfg_binds_valid(const wk_cfg_opt *table, size_t n, const wk_cfg_bind *binds, size_t nb);
+
+/* Copies every bound option's value from cfg into conf (strings borrowed from cfg). */
+void wk_cfg_fill(const wk_cfg *cfg, const wk_cfg_bind *binds, size_t nb, void *conf);
 
 #endif /* WK_CFG_H */

@@ -161,25 +161,9 @@ typedef struct ctl_main_conf {
     uint32_t max_hot_sessions;    /* --max-hot-sessions */
 } ctl_main_conf;
 
-/* The C type of a ctl_main_conf field an option is copied into. */
-typedef enum ctl_main_field {
-    CTL_MAIN_FIELD_STR,  /* const char * (borrowed from the wk_cfg), WK_CFG_STR */
-    CTL_MAIN_FIELD_BOOL, /* bool, WK_CFG_BOOL */
-    CTL_MAIN_FIELD_U32,  /* uint32_t, WK_CFG_U64 whose max fits */
-    CTL_MAIN_FIELD_UINT, /* unsigned, WK_CFG_U64 whose max fits */
-    CTL_MAIN_FIELD_SIZE, /* size_t, WK_CFG_U64 whose max fits */
-    CTL_MAIN_FIELD_U64,  /* uint64_t, WK_CFG_U64 */
-} ctl_main_field;
-
-/* One option -> field copy. An option may go to several fields. */
-typedef struct ctl_main_bind {
-    const char *opt;     /* name in ctl_opts */
-    ctl_main_field type; /* the field's type */
-    size_t off;          /* offsetof(ctl_main_conf, field) */
-} ctl_main_bind;
-
-#define CTL_BIND(opt, type, field) {opt, CTL_MAIN_FIELD_##type, offsetof(ctl_main_conf, field)}
-static const ctl_main_bind ctl_binds[] = {
+/* Where each option goes (wk_cfg_bind; an option may go to several fields). */
+#define CTL_BIND(opt, type, field) WK_CFG_BIND(ctl_main_conf, opt, type, field)
+static const wk_cfg_bind ctl_binds[] = {
     CTL_BIND("host", STR, http.host),
     CTL_BIND("port", UINT, http.port),
     CTL_BIND("data-dir", STR, data_dir),
@@ -234,86 +218,6 @@ static const ctl_main_bind ctl_binds[] = {
 };
 #undef CTL_BIND
 #define CTL_NBINDS (sizeof(ctl_binds) / sizeof(ctl_binds[0]))
-
-/*
- * True when the two tables agree: every binding names an option of a
- * matching type whose largest value fits its field, and every option is
- * bound. A mismatch is a programming error (main() aborts).
- */
-static bool
-ctl_main_binds_valid(void)
-{
-    for (size_t i = 0; i < CTL_NBINDS; i++) {
-        const ctl_main_bind *b = &ctl_binds[i];
-        const wk_cfg_opt *o = NULL;
-        for (size_t j = 0; j < CTL_NOPTS && o == NULL; j++)
-            if (strcmp(ctl_opts[j].name, b->opt) == 0)
-                o = &ctl_opts[j];
-        if (o == NULL)
-            return false;
-        switch (b->type) {
-        case CTL_MAIN_FIELD_STR:
-            if (o->type != WK_CFG_STR)
-                return false;
-            break;
-        case CTL_MAIN_FIELD_BOOL:
-            if (o->type != WK_CFG_BOOL)
-                return false;
-            break;
-        case CTL_MAIN_FIELD_U32:
-        case CTL_MAIN_FIELD_UINT:
-            if (o->type != WK_CFG_U64 || o->max > UINT32_MAX || o->max > UINT_MAX)
-                return false;
-            break;
-        case CTL_MAIN_FIELD_SIZE:
-            if (o->type != WK_CFG_U64 || o->max > SIZE_MAX)
-                return false;
-            break;
-        case CTL_MAIN_FIELD_U64:
-            if (o->type != WK_CFG_U64)
-                return false;
-            break;
-        }
-    }
-    for (size_t j = 0; j < CTL_NOPTS; j++) {
-        bool bound = ctl_opts[j].type == WK_CFG_ALIAS; /* (an older name: its option is) */
-        for (size_t i = 0; i < CTL_NBINDS && !bound; i++)
-            bound = strcmp(ctl_binds[i].opt, ctl_opts[j].name) == 0;
-        if (!bound)
-            return false;
-    }
-    return true;
-}
-
-/* Copies every bound option's value from cfg into c (strings borrowed from cfg). */
-static void
-ctl_main_conf_fill(const wk_cfg *cfg, ctl_main_conf *c)
-{
-    for (size_t i = 0; i < CTL_NBINDS; i++) {
-        const ctl_main_bind *b = &ctl_binds[i];
-        char *field = (char *)c + b->off;
-        switch (b->type) {
-        case CTL_MAIN_FIELD_STR:
-            *(const char **)(void *)field = wk_cfg_get_str(cfg, b->opt);
-            break;
-        case CTL_MAIN_FIELD_BOOL:
-            *(bool *)(void *)field = wk_cfg_get_bool(cfg, b->opt);
-            break;
-        case CTL_MAIN_FIELD_U32:
-            *(uint32_t *)(void *)field = (uint32_t)wk_cfg_get_u64(cfg, b->opt);
-            break;
-        case CTL_MAIN_FIELD_UINT:
-            *(unsigned *)(void *)field = (unsigned)wk_cfg_get_u64(cfg, b->opt);
-            break;
-        case CTL_MAIN_FIELD_SIZE:
-            *(size_t *)(void *)field = (size_t)wk_cfg_get_u64(cfg, b->opt);
-            break;
-        case CTL_MAIN_FIELD_U64:
-            *(uint64_t *)(void *)field = wk_cfg_get_u64(cfg, b->opt);
-            break;
-        }
-    }
-}
 
 static wk_err
 ctl_auth_cb(const char *authorization, const char *api_key, const char **user, bool *admin,
@@ -393,7 +297,8 @@ main(int argc, char **argv)
 {
     wk_cfg *cfg = NULL;
     wk_diag d = {{0}};
-    if (!ctl_main_binds_valid()) { /* a programming error: the two tables disagree */
+    /* a programming error: the two tables disagree */
+    if (!wk_cfg_binds_valid(ctl_opts, CTL_NOPTS, ctl_binds, CTL_NBINDS)) {
         fprintf(stderr, "wkvm-controld: ctl_binds does not match ctl_opts\n");
         abort();
     }
@@ -425,7 +330,7 @@ main(int argc, char **argv)
     }
     ctl_main_conf c = {0};
     ctl_app *app = &c.app;
-    ctl_main_conf_fill(cfg, &c);
+    wk_cfg_fill(cfg, ctl_binds, CTL_NBINDS, &c);
     if (wk_log_set_level_name(c.log_level) != WK_OK) {
         fprintf(stderr, "wkvm-controld: unknown log level '%s'\n", c.log_level);
         wk_cfg_free(cfg);

@@ -62,6 +62,51 @@ static const wk_cfg_opt wrk_opts[] = {
 };
 #define WRK_NOPTS (sizeof(wrk_opts) / sizeof(wrk_opts[0]))
 
+/* The options as main() reads them (filled by wk_cfg_fill; strings borrowed from the wk_cfg). */
+typedef struct wrk_main_conf {
+    const char *link_url, *tls_ca, *tls_cert, *tls_key, *tls_server_name; /* --link-* */
+    bool allow_plain_tcp;   /* --link-allow-plain-tcp */
+    const char *data_dir;   /* --data-dir */
+    const char *id;         /* --id */
+    const char *model;      /* --model */
+    uint32_t slots;         /* --slots */
+    const char *backend;    /* --backend */
+    uint32_t device;        /* --device */
+    uint32_t threads;       /* --threads */
+    bool fp32;              /* --fp32 */
+    const char *quantize;   /* --quantize */
+    const char *vocab;      /* --vocab */
+    uint64_t host_cache;    /* --host-cache-bytes */
+    uint32_t kv_pages;      /* --kv-pages */
+    const char *log_level;  /* --log-level */
+} wrk_main_conf;
+
+/* Where each option goes (wk_cfg_bind). */
+#define WRK_BIND(opt, type, field) WK_CFG_BIND(wrk_main_conf, opt, type, field)
+static const wk_cfg_bind wrk_binds[] = {
+    WRK_BIND("link-url", STR, link_url),
+    WRK_BIND("link-tls-ca", STR, tls_ca),
+    WRK_BIND("link-tls-cert", STR, tls_cert),
+    WRK_BIND("link-tls-key", STR, tls_key),
+    WRK_BIND("link-tls-server-name", STR, tls_server_name),
+    WRK_BIND("link-allow-plain-tcp", BOOL, allow_plain_tcp),
+    WRK_BIND("data-dir", STR, data_dir),
+    WRK_BIND("id", STR, id),
+    WRK_BIND("model", STR, model),
+    WRK_BIND("slots", U32, slots),
+    WRK_BIND("backend", STR, backend),
+    WRK_BIND("device", U32, device),
+    WRK_BIND("threads", U32, threads),
+    WRK_BIND("fp32", BOOL, fp32),
+    WRK_BIND("quantize", STR, quantize),
+    WRK_BIND("vocab", STR, vocab),
+    WRK_BIND("host-cache-bytes", U64, host_cache),
+    WRK_BIND("kv-pages", U32, kv_pages),
+    WRK_BIND("log-level", STR, log_level),
+};
+#undef WRK_BIND
+#define WRK_NBINDS (sizeof(wrk_binds) / sizeof(wrk_binds[0]))
+
 static volatile sig_atomic_t wrk_stop;
 
 static void
@@ -78,7 +123,7 @@ wrk_on_signal(int sig)
  * and --tls-key, which make no sense on another scheme.
  */
 static int
-wrk_main_check_url(const wk_cfg *cfg, const char *url)
+wrk_main_check_url(const wrk_main_conf *c, const char *url)
 {
     wk_net_scheme sc;
     char host[256];
@@ -87,10 +132,9 @@ wrk_main_check_url(const wk_cfg *cfg, const char *url)
         fprintf(stderr, "wkvm-workerd: --link-url %s\n", d.msg);
         return 2;
     }
-    const char *tls[3] = {wk_cfg_get_str(cfg, "link-tls-ca"), wk_cfg_get_str(cfg, "link-tls-cert"),
-                          wk_cfg_get_str(cfg, "link-tls-key")};
-    const bool any_tls = tls[0] != NULL || tls[1] != NULL || tls[2] != NULL ||
-                         wk_cfg_get_str(cfg, "link-tls-server-name") != NULL;
+    const char *tls[3] = {c->tls_ca, c->tls_cert, c->tls_key};
+    const bool any_tls =
+        tls[0] != NULL || tls[1] != NULL || tls[2] != NULL || c->tls_server_name != NULL;
     if (sc == WK_NET_SCHEME_TLS && (tls[0] == NULL || tls[1] == NULL || tls[2] == NULL)) {
         fprintf(stderr, "wkvm-workerd: --link-url %s needs --link-tls-ca, --link-tls-cert and "
                         "--link-tls-key (docs/OPERATIONS.md, \"Workers on other hosts\")\n",
@@ -102,7 +146,7 @@ wrk_main_check_url(const wk_cfg *cfg, const char *url)
         return 2;
     }
     if (sc == WK_NET_SCHEME_TCP && !wk_net_host_is_loopback(host) &&
-        !wk_cfg_get_bool(cfg, "link-allow-plain-tcp")) {
+        !c->allow_plain_tcp) {
         fprintf(stderr,
                 "wkvm-workerd: refusing to dial %s: plain tcp:// to a non-loopback address "
                 "carries prompts and state bytes in clear without authentication; use "
@@ -119,6 +163,11 @@ main(int argc, char **argv)
 {
     wk_cfg *cfg = NULL;
     wk_diag d = {{0}};
+    /* a programming error: the two tables disagree */
+    if (!wk_cfg_binds_valid(wrk_opts, WRK_NOPTS, wrk_binds, WRK_NBINDS)) {
+        fprintf(stderr, "wkvm-workerd: wrk_binds does not match wrk_opts\n");
+        abort();
+    }
     if (wk_cfg_parse(wrk_opts, WRK_NOPTS, "WKVM_WORKER", argc, argv, &cfg, &d) != WK_OK) {
         fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
         return 2;
@@ -142,40 +191,42 @@ main(int argc, char **argv)
     }
     int rc = 2;
     wrk_worker *w = NULL;
+    wrk_main_conf c;
+    memset(&c, 0, sizeof(c));
+    wk_cfg_fill(cfg, wrk_binds, WRK_NBINDS, &c);
     if (wk_cfg_npos(cfg) > 0) {
         fprintf(stderr, "wkvm-workerd: unexpected argument '%s'\n", wk_cfg_pos(cfg, 0));
         goto out;
     }
-    const char *quant = wk_cfg_get_str(cfg, "quantize");
+    const char *quant = c.quantize;
     if (quant == NULL || (strcmp(quant, "none") != 0 && strcmp(quant, "q8_0") != 0)) {
         fprintf(stderr, "wkvm-workerd: --quantize %s: none or q8_0\n", quant ? quant : "");
         goto out;
     }
-    if (wk_log_set_level_name(wk_cfg_get_str(cfg, "log-level")) != WK_OK) {
-        fprintf(stderr, "wkvm-workerd: unknown log level '%s'\n",
-                wk_cfg_get_str(cfg, "log-level"));
+    if (wk_log_set_level_name(c.log_level) != WK_OK) {
+        fprintf(stderr, "wkvm-workerd: unknown log level '%s'\n", c.log_level);
         goto out;
     }
-    const be_ops *ops = be_ops_find(wk_cfg_get_str(cfg, "backend"));
+    const be_ops *ops = be_ops_find(c.backend);
     if (ops == NULL) {
         fprintf(stderr, "wkvm-workerd: backend '%s' is not available (built: cpu%s)\n",
-                wk_cfg_get_str(cfg, "backend"), be_cuda_ops_get() ? ", cuda" : "");
+                c.backend, be_cuda_ops_get() ? ", cuda" : "");
         goto out;
     }
     char data_dir[2048], url[2200], id[64];
     const char *home = getenv("HOME");
-    if (wk_cfg_get_str(cfg, "data-dir") != NULL)
-        snprintf(data_dir, sizeof(data_dir), "%s", wk_cfg_get_str(cfg, "data-dir"));
+    if (c.data_dir != NULL)
+        snprintf(data_dir, sizeof(data_dir), "%s", c.data_dir);
     else
         snprintf(data_dir, sizeof(data_dir), "%s/.local/share/wkvm", home ? home : ".");
-    if (wk_cfg_get_str(cfg, "link-url") != NULL)
-        snprintf(url, sizeof(url), "%s", wk_cfg_get_str(cfg, "link-url"));
+    if (c.link_url != NULL)
+        snprintf(url, sizeof(url), "%s", c.link_url);
     else
         snprintf(url, sizeof(url), "ipc://%s/controller.ipc", data_dir);
-    if (wrk_main_check_url(cfg, url) != 0)
+    if (wrk_main_check_url(&c, url) != 0)
         goto out;
-    if (wk_cfg_get_str(cfg, "id") != NULL) {
-        const char *s = wk_cfg_get_str(cfg, "id");
+    if (c.id != NULL) {
+        const char *s = c.id;
         if (strlen(s) == 0 || strlen(s) >= sizeof(id) || strspn(s,
             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") != strlen(s)) {
             fprintf(stderr, "wkvm-workerd: --id must be 1..63 of [A-Za-z0-9._-]\n");
@@ -185,7 +236,7 @@ main(int argc, char **argv)
     } else {
         snprintf(id, sizeof(id), "w%d", (int)getpid());
     }
-    uint64_t host_cache = wk_cfg_get_u64(cfg, "host-cache-bytes");
+    uint64_t host_cache = c.host_cache;
     if (!wk_cfg_is_set(cfg, "host-cache-bytes")) {
         /* Above the controller's default checkpoint budget (25%): room for hibernated states. */
         long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
@@ -197,32 +248,32 @@ main(int argc, char **argv)
     }
     wrk_rpc_config rc_cfg = {
         .controller_url = url,
-        .tls_ca = wk_cfg_get_str(cfg, "link-tls-ca"),
-        .tls_cert = wk_cfg_get_str(cfg, "link-tls-cert"),
-        .tls_key = wk_cfg_get_str(cfg, "link-tls-key"),
-        .tls_server_name = wk_cfg_get_str(cfg, "link-tls-server-name"),
+        .tls_ca = c.tls_ca,
+        .tls_cert = c.tls_cert,
+        .tls_key = c.tls_key,
+        .tls_server_name = c.tls_server_name,
         .worker_id = id,
         .backend = ops,
-        .device = (int)wk_cfg_get_u64(cfg, "device"),
-        .threads = (uint32_t)wk_cfg_get_u64(cfg, "threads"),
-        .fp32 = wk_cfg_get_bool(cfg, "fp32"),
+        .device = (int)c.device,
+        .threads = c.threads,
+        .fp32 = c.fp32,
         .quantize_q8_0 = strcmp(quant, "q8_0") == 0,
-        .vocab_path = wk_cfg_get_str(cfg, "vocab"),
+        .vocab_path = c.vocab,
         .host_cache_bytes = host_cache,
-        .kv_pages = (uint32_t)wk_cfg_get_u64(cfg, "kv-pages"),
+        .kv_pages = c.kv_pages,
     };
     rc = 1;
     if (wrk_worker_new(&rc_cfg, &w, &d) != WK_OK) {
         fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
         goto out;
     }
-    if (wk_cfg_get_str(cfg, "model") != NULL) {
-        uint32_t slots = (uint32_t)wk_cfg_get_u64(cfg, "slots") + 1;
-        if (wrk_worker_load(w, wk_cfg_get_str(cfg, "model"), slots, &d) != WK_OK) {
+    if (c.model != NULL) {
+        uint32_t slots = c.slots + 1;
+        if (wrk_worker_load(w, c.model, slots, &d) != WK_OK) {
             fprintf(stderr, "wkvm-workerd: %s\n", d.msg);
             goto out;
         }
-        wk_log_info("model loaded model=%s slots=%u", wk_cfg_get_str(cfg, "model"), slots - 1);
+        wk_log_info("model loaded model=%s slots=%u", c.model, slots - 1);
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));

@@ -1,28 +1,22 @@
 /*
  * wrk_model: loads a model directory into host memory, for any family.
  *
- * RWKV-7 ("x070") is mapped here; other families plug in through
- * family/wrk_family.h (family/wrk_<name>.c) and this module does the generic parts for
- * them: config.json, family detection, the unknown-tensor check, the
- * parameter count, the weights digest, --fp32 and the tokenizer.
- *
- * The checkpoint is found by fixed rules (wrk_model_find_checkpoint), opened
- * through wk_tensor (safetensors, sharded index, .pth) or wrk_gguf (a
- * llama.cpp RWKV-7 .gguf, presented under the HF names) and mapped onto one
- * family view (wrk_rwkv7) whatever its naming convention: BlinkDL
- * (emb.weight, blocks.N.att.*) or Hugging Face fla-hub rwkv7
- * (model.embeddings.weight, model.layers.N.attn.*). Every dimension is read
- * from tensor shapes; every tensor's presence and shape is checked, and an
- * inconsistent checkpoint is refused with a diag that names the tensor.
- * Unknown tensor names are refused too: a checkpoint we do not fully
- * understand is not run.
+ * Every family plugs in through family/wrk_family.h (family/wrk_<name>.c:
+ * RWKV-7 in wrk_rwkv7.c, Mamba2, Gated DeltaNet, Qwen3.5, Nemotron-H,
+ * Granite-4.0-H) and maps the tensors onto its view; this module does the
+ * generic parts for them: finding the checkpoint (wrk_model_find_checkpoint)
+ * and opening it through wk_tensor (safetensors, sharded index, .pth) or
+ * wrk_gguf (a llama.cpp .gguf, presented under the HF names), config.json,
+ * family detection, the unknown-tensor check, the parameter count, the
+ * weights digest (over the tensors the family declared, in its canonical
+ * order and orientation), the fingerprint and the tokenizer.
  *
  * Weights stay where the tensor set maps them, in their stored dtype, unless
  * fp32 is asked for (then owned fp32 copies are made) or Q8_0 (then owned
- * Q8_0 copies of the RWKV-7 matrices are made, stored [n_out][n_in] so the
- * blocks run along the input dim, with wk_q8_0_quantize_row, the bytes
- * llama.cpp's converter writes for the same fp32 values; which matrices:
- * wrk_quantize_q8_0). Q8_0 tensors from a GGUF stay Q8_0. Backends build their
+ * Q8_0 copies of the matrices the family names are made, stored
+ * [n_out][n_in] so the blocks run along the input dim, with
+ * wk_q8_0_quantize_row, the bytes llama.cpp's converter writes for the same
+ * fp32 values). Q8_0 tensors from a GGUF stay Q8_0. Backends build their
  * own layouts from the view. This module never logs and never aborts on bad
  * input.
  */
@@ -46,23 +40,15 @@
 #define WRK_PATH_MAX 4096
 #define WRK_CONFIG_MAX (1u << 20) /* bytes of a config.json */
 
-/* Limits on dimensions read from a (hostile) checkpoint. */
-#define WRK_MAX_LAYERS 4096u
-#define WRK_MAX_EMBD (1u << 17)
-#define WRK_MAX_FFN (1u << 20)
-#define WRK_MAX_VOCAB (1u << 22)
-#define WRK_MAX_LORA (1u << 16)
 
 struct wrk_model {
     wrk_model_info info;     /* what the rest of the worker sees */
     wk_tensor_set *set;      /* the opened checkpoint, owns the mappings */
-    wrk_rwkv7 rwkv7;         /* family view; points into set or owned */
-    wrk_rwkv7_layer *layers; /* n_layer entries, owned */
     wk_tensor *owned;        /* fp32 or Q8_0 copies (opts), owned; names borrowed */
     size_t n_owned;          /* entries used in owned */
     size_t cap_owned;        /* entries allocated in owned */
     wk_tok *tok;             /* tokenizer, NULL when no vocab file */
-    const wrk_family *fam;   /* the family, NULL for RWKV-7 (mapped here) */
+    const wrk_family *fam;   /* the family (NULL only while loading) */
     void *view;              /* the family's view, owned via fam->free_view */
     json_t *config;          /* config.json, NULL when absent; owned */
     struct wrk_use *uses;    /* tensors the family declared, owned */
@@ -70,104 +56,6 @@ struct wrk_model {
     const wk_tensor **skips; /* tensors the family skipped (wrk_model_skip), owned array */
     size_t n_skips, cap_skips; /* entries used / allocated in skips */
 };
-
-/* ------------------------------------------------------------------------ */
-/* tensor specs: one table for both conventions                              */
-/* ------------------------------------------------------------------------ */
-
-typedef enum spec_kind {
-    SPEC_VEC,       /* C values, shape [..1.., C] */
-    SPEC_RK,        /* [H, N] */
-    SPEC_LINEAR,    /* C -> C, stored [C, C] (nn.Linear) */
-    SPEC_LORA_IN,   /* C -> D: BlinkDL [C, D] (x @ W), HF [D, C] (nn.Linear) */
-    SPEC_LORA_OUT,  /* D -> C: BlinkDL [D, C], HF [C, D] */
-    SPEC_FFN_KEY,   /* C -> F, stored [F, C] */
-    SPEC_FFN_VALUE, /* F -> C, stored [C, F] */
-} spec_kind;
-
-enum {
-    LORA_W = 0, /* decay */
-    LORA_A = 1, /* in-context learning rate */
-    LORA_V = 2, /* value residual */
-    LORA_G = 3, /* gate */
-};
-
-enum {
-    SPEC_F_VRES = 1u, /* value-residual tensor: absent (or ignored) on layer 0 */
-};
-
-typedef struct spec {
-    const char *blink; /* name after "blocks.<i>." */
-    const char *hf;    /* name after "model.layers.<i>." */
-    spec_kind kind;    /* shape rule */
-    int lora;          /* LORA_* for LoRA kinds */
-    size_t off;        /* offset of the field in wrk_rwkv7_layer */
-    unsigned flags;    /* SPEC_F_* */
-} spec;
-
-#define LOFF(f) offsetof(wrk_rwkv7_layer, f)
-
-/* The canonical order of a layer's tensors (also the digest order). */
-static const spec wrk_layer_specs[] = {
-    {"ln1.weight", "attn_norm.weight", SPEC_VEC, 0, LOFF(ln1_w), 0},
-    {"ln1.bias", "attn_norm.bias", SPEC_VEC, 0, LOFF(ln1_b), 0},
-    {"att.x_r", "attn.x_r", SPEC_VEC, 0, LOFF(x_r), 0},
-    {"att.x_w", "attn.x_w", SPEC_VEC, 0, LOFF(x_w), 0},
-    {"att.x_k", "attn.x_k", SPEC_VEC, 0, LOFF(x_k), 0},
-    {"att.x_v", "attn.x_v", SPEC_VEC, 0, LOFF(x_v), 0},
-    {"att.x_a", "attn.x_a", SPEC_VEC, 0, LOFF(x_a), 0},
-    {"att.x_g", "attn.x_g", SPEC_VEC, 0, LOFF(x_g), 0},
-    {"att.w0", "attn.w_lora.lora.2.bias", SPEC_VEC, 0, LOFF(w0), 0},
-    {"att.w1", "attn.w_lora.lora.0.weight", SPEC_LORA_IN, LORA_W, LOFF(w1), 0},
-    {"att.w2", "attn.w_lora.lora.2.weight", SPEC_LORA_OUT, LORA_W, LOFF(w2), 0},
-    {"att.a0", "attn.a_lora.lora.2.bias", SPEC_VEC, 0, LOFF(a0), 0},
-    {"att.a1", "attn.a_lora.lora.0.weight", SPEC_LORA_IN, LORA_A, LOFF(a1), 0},
-    {"att.a2", "attn.a_lora.lora.2.weight", SPEC_LORA_OUT, LORA_A, LOFF(a2), 0},
-    {"att.v0", "attn.v_lora.lora.2.bias", SPEC_VEC, 0, LOFF(v0), SPEC_F_VRES},
-    {"att.v1", "attn.v_lora.lora.0.weight", SPEC_LORA_IN, LORA_V, LOFF(v1), SPEC_F_VRES},
-    {"att.v2", "attn.v_lora.lora.2.weight", SPEC_LORA_OUT, LORA_V, LOFF(v2), SPEC_F_VRES},
-    {"att.g1", "attn.g_lora.lora.0.weight", SPEC_LORA_IN, LORA_G, LOFF(g1), 0},
-    {"att.g2", "attn.g_lora.lora.2.weight", SPEC_LORA_OUT, LORA_G, LOFF(g2), 0},
-    {"att.k_k", "attn.k_k", SPEC_VEC, 0, LOFF(k_k), 0},
-    {"att.k_a", "attn.k_a", SPEC_VEC, 0, LOFF(k_a), 0},
-    {"att.r_k", "attn.r_k", SPEC_RK, 0, LOFF(r_k), 0},
-    {"att.receptance.weight", "attn.r_proj.weight", SPEC_LINEAR, 0, LOFF(wr), 0},
-    {"att.key.weight", "attn.k_proj.weight", SPEC_LINEAR, 0, LOFF(wk), 0},
-    {"att.value.weight", "attn.v_proj.weight", SPEC_LINEAR, 0, LOFF(wv), 0},
-    {"att.output.weight", "attn.o_proj.weight", SPEC_LINEAR, 0, LOFF(wo), 0},
-    {"att.ln_x.weight", "attn.g_norm.weight", SPEC_VEC, 0, LOFF(lnx_w), 0},
-    {"att.ln_x.bias", "attn.g_norm.bias", SPEC_VEC, 0, LOFF(lnx_b), 0},
-    {"ln2.weight", "ffn_norm.weight", SPEC_VEC, 0, LOFF(ln2_w), 0},
-    {"ln2.bias", "ffn_norm.bias", SPEC_VEC, 0, LOFF(ln2_b), 0},
-    {"ffn.x_k", "ffn.x_k", SPEC_VEC, 0, LOFF(ffn_x_k), 0},
-    {"ffn.key.weight", "ffn.key.weight", SPEC_FFN_KEY, 0, LOFF(ffn_key), 0},
-    {"ffn.value.weight", "ffn.value.weight", SPEC_FFN_VALUE, 0, LOFF(ffn_value), 0},
-};
-#define WRK_N_LAYER_SPECS (sizeof(wrk_layer_specs) / sizeof(wrk_layer_specs[0]))
-
-/* Names outside the layers, per convention. */
-typedef struct wrk_names {
-    const char *layer_prefix; /* "blocks." */
-    const char *emb;          /* embedding */
-    const char *ln0_w, *ln0_b;     /* full names (layer 0) */
-    const char *lnout_w, *lnout_b; /* final LayerNorm */
-    const char *head;              /* head */
-} wrk_names;
-
-static const wrk_names wrk_names_blink = {
-    "blocks.", "emb.weight", "blocks.0.ln0.weight", "blocks.0.ln0.bias",
-    "ln_out.weight", "ln_out.bias", "head.weight",
-};
-static const wrk_names wrk_names_hf = {
-    "model.layers.", "model.embeddings.weight", "model.layers.0.pre_norm.weight",
-    "model.layers.0.pre_norm.bias", "model.norm.weight", "model.norm.bias", "lm_head.weight",
-};
-
-/* The dimensions being established / checked. */
-typedef struct wrk_dims {
-    uint32_t L, C, H, N, F, V;
-    uint32_t lora[4]; /* LORA_W, LORA_A, LORA_V, LORA_G; 0 = not yet known */
-} wrk_dims;
 
 /* ------------------------------------------------------------------------ */
 /* small helpers                                                             */
@@ -182,18 +70,6 @@ wrk_shape_str(const wk_tensor *t, char *buf, size_t len)
         o += (size_t)snprintf(buf + o, len - o, "%s%" PRId64, i ? "," : "", t->shape[i]);
     if (o < len)
         snprintf(buf + o, len - o, "]");
-}
-
-/* wrk_shape_err with the expected shape [e0] (e1 < 0) or [e0,e1]. */
-static wk_err
-wrk_shape_err_dims(wk_diag *d, const char *name, const wk_tensor *t, int64_t e0, int64_t e1)
-{
-    char want[64];
-    if (e1 < 0)
-        snprintf(want, sizeof(want), "[%" PRId64 "]", e0);
-    else
-        snprintf(want, sizeof(want), "[%" PRId64 ",%" PRId64 "]", e0, e1);
-    return wrk_shape_err(d, name, t, want);
 }
 
 bool
@@ -370,313 +246,6 @@ found:
 }
 
 /* ------------------------------------------------------------------------ */
-/* mapping the tensors                                                       */
-/* ------------------------------------------------------------------------ */
-
-/* Checks that every tensor name is one we know; counts the layers. */
-static wk_err
-wrk_scan_names(const wk_tensor_set *set, const wrk_names *nm, uint32_t *n_layer, wk_diag *d)
-{
-    size_t n = wk_tensor_set_count(set);
-    size_t plen = strlen(nm->layer_prefix);
-    long max_layer = -1;
-
-    for (size_t i = 0; i < n; i++) {
-        const wk_tensor *t = wk_tensor_set_at(set, i);
-        const char *name = t->name;
-        if (strcmp(name, nm->emb) == 0 || strcmp(name, nm->lnout_w) == 0 ||
-            strcmp(name, nm->lnout_b) == 0 || strcmp(name, nm->head) == 0 ||
-            strcmp(name, nm->ln0_w) == 0 || strcmp(name, nm->ln0_b) == 0)
-            continue;
-        const char *rest = NULL;
-        long layer = -1;
-        if (strncmp(name, nm->layer_prefix, plen) == 0)
-            layer = wrk_layer_parse(name + plen, (long)WRK_MAX_LAYERS, &rest);
-        if (layer < 0 && strncmp(name, nm->layer_prefix, plen) == 0 && name[plen] >= '1' &&
-            name[plen] <= '9' && strtol(name + plen, NULL, 10) >= (long)WRK_MAX_LAYERS)
-            return wk_diag_set(d, WK_EINVAL, "%s: layer index over %u (at most %u layers)", name,
-                               WRK_MAX_LAYERS - 1, WRK_MAX_LAYERS);
-        bool known = false;
-        if (layer >= 0) {
-            for (size_t s = 0; s < WRK_N_LAYER_SPECS && !known; s++) {
-                const char *suf = nm == &wrk_names_blink ? wrk_layer_specs[s].blink
-                                                         : wrk_layer_specs[s].hf;
-                known = strcmp(rest, suf) == 0;
-            }
-        }
-        if (!known)
-            return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for an RWKV-7 checkpoint",
-                               name);
-        if (layer > max_layer)
-            max_layer = layer;
-    }
-    if (max_layer < 0)
-        return wk_diag_set(d, WK_EINVAL, "%s0.*: no layers in the checkpoint", nm->layer_prefix);
-    *n_layer = (uint32_t)max_layer + 1;
-    return WK_OK;
-}
-
-static const wk_tensor *
-wrk_find_layer(const wk_tensor_set *set, const wrk_names *nm, uint32_t layer, const char *suf,
-               char *name, size_t name_len)
-{
-    snprintf(name, name_len, "%s%u.%s", nm->layer_prefix, layer, suf);
-    return wk_tensor_set_find(set, name);
-}
-
-/* Reads a dimension-defining tensor's shape; fills dims. */
-static wk_err
-wrk_read_dims(const wk_tensor_set *set, const wrk_names *nm, bool hf, wrk_dims *dm, wk_diag *d)
-{
-    char name[256];
-    const wk_tensor *t;
-
-    /* H, N from layer 0 r_k [H, N] */
-    t = wrk_find_layer(set, nm, 0, hf ? "attn.r_k" : "att.r_k", name, sizeof(name));
-    if (t == NULL)
-        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
-    if (t->ndim != 2 || t->shape[0] < 1 || t->shape[1] < 1 ||
-        t->shape[0] * t->shape[1] != (int64_t)dm->C) {
-        char got[128];
-        wrk_shape_str(t, got, sizeof(got));
-        return wk_diag_set(d, WK_EINVAL,
-                           "%s: shape %s, expected [H,N] with H*N = n_embd %u", name, got, dm->C);
-    }
-    dm->H = (uint32_t)t->shape[0];
-    dm->N = (uint32_t)t->shape[1];
-
-    /* F from layer 0 ffn.key [F, C] */
-    t = wrk_find_layer(set, nm, 0, "ffn.key.weight", name, sizeof(name));
-    if (t == NULL)
-        return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
-    if (t->ndim != 2 || t->shape[0] < 1 || t->shape[0] > (int64_t)WRK_MAX_FFN ||
-        t->shape[1] != (int64_t)dm->C) {
-        char got[128];
-        wrk_shape_str(t, got, sizeof(got));
-        return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected [F,%u]", name, got, dm->C);
-    }
-    dm->F = (uint32_t)t->shape[0];
-
-    /* LoRA ranks from the first layer that has each first-stage matrix */
-    for (size_t s = 0; s < WRK_N_LAYER_SPECS; s++) {
-        const spec *sp = &wrk_layer_specs[s];
-        if (sp->kind != SPEC_LORA_IN)
-            continue;
-        uint32_t first = (sp->flags & SPEC_F_VRES) && dm->L > 1 ? 1 : 0;
-        t = wrk_find_layer(set, nm, first, hf ? sp->hf : sp->blink, name, sizeof(name));
-        if (t == NULL) {
-            if (sp->flags & SPEC_F_VRES)
-                continue; /* single layer without a value LoRA: rank 0 */
-            return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
-        }
-        int64_t D = -1;
-        if (t->ndim == 2) {
-            if (!hf && t->shape[0] == (int64_t)dm->C)
-                D = t->shape[1];
-            if (hf && t->shape[1] == (int64_t)dm->C)
-                D = t->shape[0];
-        }
-        if (D < 1 || D > (int64_t)WRK_MAX_LORA) {
-            char got[128];
-            wrk_shape_str(t, got, sizeof(got));
-            return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected %s", name, got,
-                               hf ? "[D,C] (LoRA down projection)" : "[C,D] (LoRA down)");
-        }
-        dm->lora[sp->lora] = (uint32_t)D;
-    }
-    return WK_OK;
-}
-
-/* Checks t against sp and the dims; fills the field at out. */
-static wk_err
-wrk_map_tensor(const spec *sp, bool hf, const wrk_dims *dm, const wk_tensor *t, const char *name,
-               void *field, wk_diag *d)
-{
-    const int64_t C = dm->C;
-    int64_t D = sp->kind == SPEC_LORA_IN || sp->kind == SPEC_LORA_OUT ? dm->lora[sp->lora] : 0;
-    wrk_mat *m = field;
-
-    switch (sp->kind) {
-    case SPEC_VEC:
-        if (!wrk_is_vec(t, C))
-            return wrk_shape_err_dims(d, name, t, C, -1);
-        *(const wk_tensor **)field = t;
-        return WK_OK;
-    case SPEC_RK:
-        if (!wrk_is_mat(t, dm->H, dm->N))
-            return wrk_shape_err_dims(d, name, t, dm->H, dm->N);
-        *(const wk_tensor **)field = t;
-        return WK_OK;
-    case SPEC_LINEAR:
-        if (!wrk_is_mat(t, C, C))
-            return wrk_shape_err_dims(d, name, t, C, C);
-        *m = (wrk_mat){t, dm->C, dm->C, false};
-        return WK_OK;
-    case SPEC_LORA_IN:
-        if (hf ? !wrk_is_mat(t, D, C) : !wrk_is_mat(t, C, D))
-            return hf ? wrk_shape_err_dims(d, name, t, D, C) : wrk_shape_err_dims(d, name, t, C, D);
-        *m = (wrk_mat){t, dm->C, (uint32_t)D, !hf};
-        return WK_OK;
-    case SPEC_LORA_OUT:
-        if (hf ? !wrk_is_mat(t, C, D) : !wrk_is_mat(t, D, C))
-            return hf ? wrk_shape_err_dims(d, name, t, C, D) : wrk_shape_err_dims(d, name, t, D, C);
-        *m = (wrk_mat){t, (uint32_t)D, dm->C, !hf};
-        return WK_OK;
-    case SPEC_FFN_KEY:
-        if (!wrk_is_mat(t, dm->F, C))
-            return wrk_shape_err_dims(d, name, t, dm->F, C);
-        *m = (wrk_mat){t, dm->C, dm->F, false};
-        return WK_OK;
-    case SPEC_FFN_VALUE:
-        if (!wrk_is_mat(t, C, dm->F))
-            return wrk_shape_err_dims(d, name, t, C, dm->F);
-        *m = (wrk_mat){t, dm->F, dm->C, false};
-        return WK_OK;
-    }
-    return wk_diag_set(d, WK_EINVAL, "%s: internal: unknown spec", name);
-}
-
-static wk_err
-wrk_map_rwkv7(wrk_model *m, wk_diag *d)
-{
-    const wk_tensor_set *set = m->set;
-    wrk_rwkv7 *r = &m->rwkv7;
-    const wk_tensor *eb = wk_tensor_set_find(set, wrk_names_blink.emb);
-    const wk_tensor *eh = wk_tensor_set_find(set, wrk_names_hf.emb);
-    const wrk_names *nm;
-    bool hf;
-    wrk_dims dm;
-    wk_err e;
-    char name[256];
-
-    if (eb != NULL && eh != NULL)
-        return wk_diag_set(d, WK_EINVAL, "%s and %s: both naming conventions in one checkpoint",
-                           wrk_names_blink.emb, wrk_names_hf.emb);
-    if (eb == NULL && eh == NULL)
-        return wk_diag_set(d, WK_EINVAL,
-                           "no embedding tensor (emb.weight or model.embeddings.weight): "
-                           "not an RWKV-7 checkpoint");
-    hf = eh != NULL;
-    nm = hf ? &wrk_names_hf : &wrk_names_blink;
-    r->convention = hf ? WRK_CONVENTION_HF : WRK_CONVENTION_BLINKDL;
-
-    memset(&dm, 0, sizeof(dm));
-    const wk_tensor *emb = hf ? eh : eb;
-    if (emb->ndim != 2 || emb->shape[0] < 1 || emb->shape[1] < 1 ||
-        emb->shape[0] > (int64_t)WRK_MAX_VOCAB || emb->shape[1] > (int64_t)WRK_MAX_EMBD) {
-        char got[128];
-        wrk_shape_str(emb, got, sizeof(got));
-        return wk_diag_set(d, WK_EINVAL, "%s: shape %s, expected [V,C] (V <= %u, C <= %u)",
-                           nm->emb, got, WRK_MAX_VOCAB, WRK_MAX_EMBD);
-    }
-    dm.V = (uint32_t)emb->shape[0];
-    dm.C = (uint32_t)emb->shape[1];
-    if ((e = wrk_scan_names(set, nm, &dm.L, d)) != WK_OK)
-        return e;
-    if ((e = wrk_read_dims(set, nm, hf, &dm, d)) != WK_OK)
-        return e;
-
-    m->layers = calloc(dm.L, sizeof(*m->layers));
-    if (m->layers == NULL)
-        return wk_diag_set(d, WK_ENOMEM, "out of memory (%u layers)", dm.L);
-
-    for (uint32_t l = 0; l < dm.L; l++) {
-        wrk_rwkv7_layer *ly = &m->layers[l];
-        for (size_t s = 0; s < WRK_N_LAYER_SPECS; s++) {
-            const spec *sp = &wrk_layer_specs[s];
-            const wk_tensor *t =
-                wrk_find_layer(set, nm, l, hf ? sp->hf : sp->blink, name, sizeof(name));
-            if ((sp->flags & SPEC_F_VRES) && l == 0) {
-                /* layer 0 keeps v_first; a stored value LoRA is checked, then ignored */
-                if (t != NULL) {
-                    wrk_mat scratch; /* big enough for a tensor pointer too */
-                    if ((e = wrk_map_tensor(sp, hf, &dm, t, name, &scratch, d)) != WK_OK)
-                        return e;
-                }
-                continue;
-            }
-            if (t == NULL)
-                return wk_diag_set(d, WK_EINVAL, "%s: missing", name);
-            if ((e = wrk_map_tensor(sp, hf, &dm, t, name, (char *)ly + sp->off, d)) != WK_OK)
-                return e;
-        }
-    }
-
-    /* globals */
-    struct {
-        const char *name;
-        const wk_tensor **field;
-    } vecs[] = {
-        {nm->ln0_w, &r->ln0_w},
-        {nm->ln0_b, &r->ln0_b},
-        {nm->lnout_w, &r->lnout_w},
-        {nm->lnout_b, &r->lnout_b},
-    };
-    for (size_t i = 0; i < sizeof(vecs) / sizeof(vecs[0]); i++) {
-        const wk_tensor *t = wk_tensor_set_find(set, vecs[i].name);
-        if (t == NULL)
-            return wk_diag_set(d, WK_EINVAL, "%s: missing", vecs[i].name);
-        if (!wrk_is_vec(t, dm.C))
-            return wrk_shape_err_dims(d, vecs[i].name, t, dm.C, -1);
-        *vecs[i].field = t;
-    }
-    /*
-     * The head. BlinkDL checkpoints always store head.weight. HF (fla rwkv7):
-     * config.json's tie_word_embeddings decides (default: false, as fla's
-     * RWKV7Config; without config.json, the head's absence); tied, the head
-     * is the embedding, as transformers ties lm_head to it.
-     */
-    const wk_tensor *head = wk_tensor_set_find(set, nm->head);
-    bool tied = false;
-    if (hf && (e = wrk_config_bool(m->config, "tie_word_embeddings",
-                                   m->config == NULL && head == NULL, &tied, d)) != WK_OK)
-        return e;
-    if (tied && head != NULL)
-        return wk_diag_set(d, WK_EINVAL,
-                           "%s: present but config.json tie_word_embeddings is true", nm->head);
-    if (!tied && head == NULL)
-        return wk_diag_set(d, WK_EINVAL, hf ? "%s: missing (config.json tie_word_embeddings is "
-                                              "false)"
-                                            : "%s: missing",
-                           nm->head);
-    if (head != NULL && !wrk_is_mat(head, dm.V, dm.C))
-        return wrk_shape_err_dims(d, nm->head, head, dm.V, dm.C);
-
-    /*
-     * Epsilons. BlinkDL: LayerNorm 1e-5, GroupNorm 64e-5 whatever the head
-     * size (its training code divides by head_size_divisor 8 before the
-     * GroupNorm of eps 1e-5, which inference folds into eps 1e-5 * 8^2).
-     * HF (fla rwkv7): LayerNorms norm_eps, g_norm head_dim * norm_eps.
-     */
-    r->ln_eps = 1e-5;
-    r->gn_eps = 64e-5;
-    if (hf) {
-        if ((e = wrk_config_f64(m->config, "norm_eps", 1e-5, &r->ln_eps, d)) != WK_OK)
-            return e;
-        if (!(r->ln_eps > 0.0 && r->ln_eps < 1.0))
-            return wk_diag_set(d, WK_EINVAL, "config.json: norm_eps %g outside (0, 1)",
-                               r->ln_eps);
-        r->gn_eps = (double)dm.N * r->ln_eps;
-    }
-
-    r->emb = emb;
-    r->tied = tied;
-    r->head = (wrk_mat){tied ? emb : head, dm.C, dm.V, false};
-    r->n_layer = dm.L;
-    r->n_embd = dm.C;
-    r->n_head = dm.H;
-    r->head_size = dm.N;
-    r->ffn_dim = dm.F;
-    r->vocab_size = dm.V;
-    r->lora_w = dm.lora[LORA_W];
-    r->lora_a = dm.lora[LORA_A];
-    r->lora_v = dm.L > 1 ? dm.lora[LORA_V] : 0; /* layer 0 never uses its value LoRA */
-    r->lora_g = dm.lora[LORA_G];
-    r->layers = m->layers;
-    return WK_OK;
-}
-
-/* ------------------------------------------------------------------------ */
 /* visiting every used tensor in canonical order                             */
 /* ------------------------------------------------------------------------ */
 
@@ -763,56 +332,11 @@ wrk_model_skip(wrk_model *m, const wk_tensor *t, wk_diag *d)
 static wk_err
 wrk_visit_all(wrk_model *m, wrk_visit_fn fn, void *arg)
 {
-    if (m->fam != NULL) {
-        for (size_t i = 0; i < m->n_uses; i++) {
-            wk_err e;
-            if (!m->uses[i].dup && (e = fn(m, &m->uses[i].v, arg)) != WK_OK)
-                return e;
-        }
-        return WK_OK;
+    for (size_t i = 0; i < m->n_uses; i++) {
+        wk_err e;
+        if (!m->uses[i].dup && (e = fn(m, &m->uses[i].v, arg)) != WK_OK)
+            return e;
     }
-    wrk_rwkv7 *r = &m->rwkv7;
-    bool hf = r->convention == WRK_CONVENTION_HF;
-    wrk_visit v;
-    wk_err e;
-
-#define VISIT(ptr, nmfmt, ...)                                                 \
-    do {                                                                       \
-        snprintf(v.name, sizeof(v.name), nmfmt, __VA_ARGS__);                  \
-        v.tp = (ptr);                                                          \
-        if ((e = fn(m, &v, arg)) != WK_OK)                                     \
-            return e;                                                          \
-    } while (0)
-
-    v.transpose = false;
-    v.vec = false;
-    VISIT(&r->emb, "%s", "emb.weight");
-    v.vec = true;
-    VISIT(&r->ln0_w, "%s", "blocks.0.ln0.weight");
-    VISIT(&r->ln0_b, "%s", "blocks.0.ln0.bias");
-    for (uint32_t l = 0; l < r->n_layer; l++) {
-        wrk_rwkv7_layer *ly = &m->layers[l];
-        for (size_t s = 0; s < WRK_N_LAYER_SPECS; s++) {
-            const spec *sp = &wrk_layer_specs[s];
-            char *field = (char *)ly + sp->off;
-            if ((sp->flags & SPEC_F_VRES) && l == 0)
-                continue;
-            v.vec = sp->kind == SPEC_VEC;
-            v.transpose = hf && (sp->kind == SPEC_LORA_IN || sp->kind == SPEC_LORA_OUT);
-            const wk_tensor **tp = sp->kind == SPEC_VEC || sp->kind == SPEC_RK
-                                       ? (const wk_tensor **)field
-                                       : &((wrk_mat *)field)->t;
-            VISIT(tp, "blocks.%u.%s", l, sp->blink);
-        }
-    }
-    v.transpose = false;
-    v.vec = true;
-    VISIT(&r->lnout_w, "%s", "ln_out.weight");
-    VISIT(&r->lnout_b, "%s", "ln_out.bias");
-    v.vec = false;
-    if (!r->tied) /* tied: the head is emb.weight, visited above */
-        VISIT(&r->head.t, "%s", "head.weight");
-#undef VISIT
     return WK_OK;
 }
 
@@ -972,56 +496,31 @@ wrk_quantize_mat(wrk_model *m, wrk_mat *w, wk_diag *d)
 }
 
 /*
- * Quantizes the RWKV-7 matrices to Q8_0 as llama.cpp's convert_hf_to_gguf.py
- * --outtype q8_0 does: the projections (r, k, v, o), the channel mix (key,
- * value), the ICLR, value-residual and gate LoRAs and the head. Kept in
- * their dtype, as llama.cpp keeps them in F32: the decay LoRA (w1, w2: the
- * decay is exp(-exp(..)), sensitive to every bit), vectors and norms. The
- * embedding stays too (llama.cpp quantizes token_embd, but wkvm only reads
- * one row of it per token, so it costs no bandwidth). Other families: the
- * matrices their quant_mats hook names (projections and the head).
+ * --quantize q8_0: the matrices the family's quant_mats hook names (the
+ * projections and the head; which ones and why: the family's file).
  */
 static wk_err
 wrk_quantize_q8_0(wrk_model *m, wk_diag *d)
 {
-    wrk_mat **fam_mats = NULL;
-    size_t n_fam = 0;
-    if (m->fam != NULL) {
-        if (m->fam->quant_mats == NULL)
-            return wk_diag_set(d, WK_ENOTSUP, "--quantize q8_0: not for %s checkpoints",
-                               m->fam->name);
-        n_fam = m->fam->quant_mats(m->view, NULL, 0);
-        fam_mats = calloc(n_fam ? n_fam : 1, sizeof(*fam_mats));
-        if (fam_mats == NULL)
-            return wk_diag_set(d, WK_ENOMEM, "out of memory");
-        n_fam = m->fam->quant_mats(m->view, fam_mats, n_fam);
-        m->cap_owned = n_fam;
-    } else {
-        m->cap_owned = (size_t)m->rwkv7.n_layer * 12 + 1;
-    }
+    if (m->fam->quant_mats == NULL)
+        return wk_diag_set(d, WK_ENOTSUP, "--quantize q8_0: not for %s checkpoints",
+                           m->fam->name);
+    size_t n_fam = m->fam->quant_mats(m->view, NULL, 0);
+    wrk_mat **fam_mats = calloc(n_fam ? n_fam : 1, sizeof(*fam_mats));
+    if (fam_mats == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    n_fam = m->fam->quant_mats(m->view, fam_mats, n_fam);
+    m->cap_owned = n_fam;
     m->owned = calloc(m->cap_owned ? m->cap_owned : 1, sizeof(*m->owned));
     if (m->owned == NULL) {
         free(fam_mats);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     }
     wk_err e = WK_OK;
-    if (m->fam != NULL) {
-        for (size_t i = 0; i < n_fam && e == WK_OK; i++)
-            e = wrk_quantize_mat(m, fam_mats[i], d);
-        free(fam_mats);
-        return e;
-    }
-    wrk_rwkv7 *r = &m->rwkv7;
-    for (uint32_t l = 0; l < r->n_layer; l++) {
-        wrk_rwkv7_layer *ly = &m->layers[l];
-        wrk_mat *mats[] = {&ly->wr, &ly->wk,     &ly->wv,        &ly->wo, &ly->a1, &ly->a2,
-                           &ly->v1, &ly->v2,     &ly->g1,        &ly->g2, &ly->ffn_key,
-                           &ly->ffn_value};
-        for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
-            if ((e = wrk_quantize_mat(m, mats[i], d)) != WK_OK)
-                return e;
-    }
-    return wrk_quantize_mat(m, &r->head, d);
+    for (size_t i = 0; i < n_fam && e == WK_OK; i++)
+        e = wrk_quantize_mat(m, fam_mats[i], d);
+    free(fam_mats);
+    return e;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1034,23 +533,8 @@ wrk_model_fingerprint(wrk_model *m)
     wrk_model_info *in = &m->info;
     char buf[2048], extra[512] = "";
     int n;
-    if (m->fam == NULL) {
-        const wrk_rwkv7 *r = &m->rwkv7;
-        /*
-         * What changes the math beyond shapes and weights, only where it
-         * differs from what every fingerprint before it implied (untied,
-         * LayerNorm 1e-5, GroupNorm N * 1e-5), so those stay valid.
-         */
-        if (r->tied || r->ln_eps != 1e-5 || r->gn_eps != (double)r->head_size * 1e-5)
-            snprintf(extra, sizeof(extra), "rwkv7.tied=%d\nrwkv7.ln_eps=%.17g\n"
-                     "rwkv7.gn_eps=%.17g\n", r->tied, r->ln_eps, r->gn_eps);
-        n = snprintf(buf, sizeof(buf),
-                     "wkvm-fingerprint-v1\nfamily=%s\nn_layer=%u\nn_embd=%u\nn_head=%u\n"
-                     "head_size=%u\nffn_dim=%u\nvocab_size=%u\nlora=%u,%u,%u,%u\n%sdtype=%s\n"
-                     "weights=%s\nvocab=%s\n",
-                     in->family, r->n_layer, r->n_embd, r->n_head, r->head_size, r->ffn_dim,
-                     r->vocab_size, r->lora_w, r->lora_a, r->lora_v, r->lora_g, extra,
-                     wk_dtype_name(in->dtype), in->weights_digest, in->vocab_digest);
+    if (m->fam->fingerprint != NULL) {
+        n = m->fam->fingerprint(m->view, in, buf, sizeof(buf));
     } else {
         if (m->fam->fingerprint_extra != NULL)
             m->fam->fingerprint_extra(m->view, extra, sizeof(extra));
@@ -1159,16 +643,20 @@ wrk_model_read_config(const char *dir, json_t **out, wk_diag *d)
     return WK_OK;
 }
 
-/* nemotron_h before mamba2: both name tensors backbone.*, only Nemotron-H has non-Mamba2 layers */
+/*
+ * Asked in this order: nemotron_h before mamba2 (both name tensors
+ * backbone.*, only Nemotron-H has non-Mamba2 layers); RWKV-7 last, as the
+ * family of last resort (its detect takes anything).
+ */
 static const wrk_family *const wrk_families[] = {&wrk_family_nemotron_h, &wrk_family_mamba2,
                                                  &wrk_family_gdn, &wrk_family_qwen3_5,
-                                                 &wrk_family_granite_h};
+                                                 &wrk_family_granite_h, &wrk_family_rwkv7};
 #define WRK_N_FAMILIES (sizeof(wrk_families) / sizeof(wrk_families[0]))
 
 /*
  * Picks the family: config.json's model_type when it names one (an unknown
- * model_type is refused), else the first family whose tensor names match,
- * else RWKV-7 (*out NULL), whose mapper explains what it did not find.
+ * model_type is refused), else the first family whose tensor names match:
+ * RWKV-7 at the latest, whose mapper explains what it did not find.
  */
 static wk_err
 wrk_model_pick_family(const wk_tensor_set *set, const json_t *config, const wrk_family **out,
@@ -1178,8 +666,6 @@ wrk_model_pick_family(const wk_tensor_set *set, const json_t *config, const wrk_
     const json_t *mt = config != NULL ? json_object_get(config, "model_type") : NULL;
     if (mt != NULL && json_is_string(mt)) {
         const char *t = json_string_value(mt);
-        if (strcmp(t, "rwkv7") == 0)
-            return WK_OK;
         for (size_t i = 0; i < WRK_N_FAMILIES; i++)
             for (const char *const *p = wrk_families[i]->model_types; *p != NULL; p++)
                 if (strcmp(*p, t) == 0) {
@@ -1197,7 +683,7 @@ wrk_model_pick_family(const wk_tensor_set *set, const json_t *config, const wrk_
             *out = wrk_families[i];
             return WK_OK;
         }
-    return WK_OK;
+    return wk_diag_set(d, WK_EINVAL, "no model family recognises the checkpoint");
 }
 
 /* Refuses a checkpoint holding a tensor the family did not declare. */
@@ -1216,27 +702,6 @@ wrk_model_check_unused(const wrk_model *m, wk_diag *d)
             return wk_diag_set(d, WK_EINVAL, "%s: unexpected tensor for a %s checkpoint", t->name,
                                m->fam->name);
     }
-    return WK_OK;
-}
-
-/* Maps the RWKV-7 view and fills the info's dimensions. */
-static wk_err
-wrk_model_map_rwkv7_info(wrk_model *m, wk_diag *d)
-{
-    wk_err e = wrk_map_rwkv7(m, d);
-    if (e != WK_OK)
-        return e;
-    wrk_model_info *in = &m->info;
-    const wrk_rwkv7 *r = &m->rwkv7;
-    snprintf(in->family, sizeof(in->family), "rwkv7");
-    in->n_layer = r->n_layer;
-    in->n_embd = r->n_embd;
-    in->n_head = r->n_head;
-    in->head_size = r->head_size;
-    in->ffn_dim = r->ffn_dim;
-    in->vocab_size = r->vocab_size;
-    in->state_bytes = (uint64_t)r->n_layer *
-                      (2ull * r->n_embd + (uint64_t)r->n_head * r->head_size * r->head_size) * 4u;
     return WK_OK;
 }
 
@@ -1285,14 +750,10 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
     if ((e = wrk_model_pick_family(m->set, m->config, &m->fam, d)) != WK_OK)
         goto fail;
     wrk_model_info *in = &m->info;
-    if (m->fam == NULL) {
-        e = wrk_model_map_rwkv7_info(m, d);
-    } else {
-        snprintf(in->family, sizeof(in->family), "%s", m->fam->name);
-        e = m->fam->map(m, m->set, m->config, &m->view, in, d);
-        if (e == WK_OK)
-            e = wrk_model_check_unused(m, d);
-    }
+    snprintf(in->family, sizeof(in->family), "%s", m->fam->name);
+    e = m->fam->map(m, m->set, m->config, &m->view, in, d);
+    if (e == WK_OK && !m->fam->checks_names)
+        e = wrk_model_check_unused(m, d);
     if (e != WK_OK) {
         wk_diag_prefix(d, "%s", path);
         goto fail;
@@ -1351,8 +812,6 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
             wk_diag_set(d, e, "converting the weights to fp32: %s", wk_strerror(e));
             goto fail;
         }
-        if (m->fam == NULL && m->rwkv7.tied)
-            m->rwkv7.head.t = m->rwkv7.emb; /* tied: the head sees the fp32 embedding */
         /* a tensor declared under two fields (tied): both see the fp32 copy */
         for (size_t i = 0; i < m->n_uses; i++)
             for (size_t j = 0; m->uses[i].dup && j < i; j++)
@@ -1398,7 +857,6 @@ wrk_model_free(wrk_model *m)
     for (size_t i = 0; i < m->n_owned; i++)
         free((void *)m->owned[i].data);
     free(m->owned);
-    free(m->layers);
     if (m->fam != NULL && m->fam->free_view != NULL)
         m->fam->free_view(m->view);
     free(m->uses);
@@ -1421,16 +879,10 @@ wrk_model_tokenizer(const wrk_model *m)
     return m->tok;
 }
 
-const wrk_rwkv7 *
-wrk_model_rwkv7(const wrk_model *m)
-{
-    return m->fam == NULL ? &m->rwkv7 : NULL;
-}
-
 const void *
 wrk_model_view(const wrk_model *m, const char *family)
 {
-    if (m->fam == NULL || family == NULL || strcmp(wrk_model_view_kind(m), family) != 0)
+    if (family == NULL || strcmp(wrk_model_view_kind(m), family) != 0)
         return NULL;
     return m->view;
 }
@@ -1438,36 +890,13 @@ wrk_model_view(const wrk_model *m, const char *family)
 const char *
 wrk_model_view_kind(const wrk_model *m)
 {
-    if (m->fam == NULL)
-        return "rwkv7";
     return m->fam->view != NULL ? m->fam->view : m->fam->name;
 }
 
 size_t
 wrk_model_state_layout(const wrk_model *m, wrk_state_tensor *out, size_t cap)
 {
-    if (m->fam != NULL)
-        return m->fam->state_layout(m->view, out, cap);
-    const wrk_rwkv7 *r = &m->rwkv7;
-    size_t n = (size_t)r->n_layer * 3;
-    for (uint32_t l = 0; out != NULL && l < r->n_layer; l++) {
-        static const char *const nm[3] = {"att_shift", "ffn_shift", "wkv"};
-        for (uint32_t k = 0; k < 3 && 3 * (size_t)l + k < cap; k++) {
-            wrk_state_tensor *t = &out[3 * l + k];
-            memset(t, 0, sizeof(*t));
-            snprintf(t->name, sizeof(t->name), "layers.%u.%s", l, nm[k]);
-            if (k < 2) {
-                t->ndim = 1;
-                t->shape[0] = r->n_embd;
-            } else {
-                t->ndim = 3;
-                t->shape[0] = r->n_head;
-                t->shape[1] = r->head_size;
-                t->shape[2] = r->head_size;
-            }
-        }
-    }
-    return n;
+    return m->fam->state_layout(m->view, out, cap);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -1,6 +1,7 @@
 /* Unit tests for wk_cfg: precedence, validation, help and sample output. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
@@ -181,6 +182,57 @@ test_alias(void **state)
     free(buf);
 }
 
+/* The struct binding: fill copies every bound option; valid catches every kind of mismatch. */
+typedef struct bind_conf {
+    unsigned port;
+    uint32_t port32;
+    const char *host;
+    bool verbose;
+    const char *data_dir;
+} bind_conf;
+
+static void
+test_bind(void **state)
+{
+    (void)state;
+    const wk_cfg_bind good[] = {
+        WK_CFG_BIND(bind_conf, "port", UINT, port),
+        WK_CFG_BIND(bind_conf, "port", U32, port32),
+        WK_CFG_BIND(bind_conf, "host", STR, host),
+        WK_CFG_BIND(bind_conf, "verbose", BOOL, verbose),
+        WK_CFG_BIND(bind_conf, "data-dir", STR, data_dir),
+    };
+    assert_true(wk_cfg_binds_valid(table, N, good, 5));
+    char *argv[] = {"prog", "--port", "81", "--verbose", NULL};
+    wk_cfg *c = NULL;
+    assert_int_equal(wk_cfg_parse(table, N, NULL, 4, argv, &c, NULL), WK_OK);
+    bind_conf bc;
+    memset(&bc, 0xff, sizeof(bc));
+    wk_cfg_fill(c, good, 5, &bc);
+    assert_int_equal(bc.port, 81);
+    assert_int_equal(bc.port32, 81);
+    assert_string_equal(bc.host, "127.0.0.1");
+    assert_true(bc.verbose);
+    assert_null(bc.data_dir);
+    wk_cfg_free(c);
+
+    /* an option left unbound, a bound name not in the table, a type that does not match */
+    assert_false(wk_cfg_binds_valid(table, N, good, 4)); /* data-dir unbound */
+    const wk_cfg_bind unknown[] = {WK_CFG_BIND(bind_conf, "nope", STR, host)};
+    assert_false(wk_cfg_binds_valid(table, N, unknown, 1));
+    const wk_cfg_bind wrong[] = {
+        WK_CFG_BIND(bind_conf, "port", STR, host),
+        WK_CFG_BIND(bind_conf, "host", STR, host),
+        WK_CFG_BIND(bind_conf, "verbose", BOOL, verbose),
+        WK_CFG_BIND(bind_conf, "data-dir", STR, data_dir),
+    };
+    assert_false(wk_cfg_binds_valid(table, N, wrong, 4));
+    /* a u64 whose largest value does not fit a 32-bit field */
+    const wk_cfg_opt big[] = {{"bytes", WK_CFG_U64, "0", 0, UINT64_MAX, "x"}};
+    const wk_cfg_bind narrow[] = {WK_CFG_BIND(bind_conf, "bytes", U32, port32)};
+    assert_false(wk_cfg_binds_valid(big, 1, narrow, 1));
+}
+
 int
 main(void)
 {
@@ -190,6 +242,7 @@ main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_alias),
+        cmocka_unit_test(test_bind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 #include "tset_synth.h"
 #include "wrk_mamba2.h"
 #include "wrk_model.h"
+#include "wrk_rwkv7.h"
 
 /* C 16, expand 2 (d_inner 32), head_dim 8 (H 4), G 2, N 8, K 4, V 40, L 2 */
 enum { C = 16, DI = 32, H = 4, P = 8, G = 2, N = 8, K = 4, V = 40, L = 2 };

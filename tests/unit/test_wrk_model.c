@@ -20,6 +20,7 @@
 #include "be.h"
 #include "rwkv7_synth.h"
 #include "wrk_model.h"
+#include "wrk_rwkv7.h"
 
 static const int32_t test_tokens[] = {5, 17, 0, 96, 42, 42, 7, 1, 88, 3, 60, 11, 2};
 #define N_TEST_TOKENS (sizeof(test_tokens) / sizeof(test_tokens[0]))

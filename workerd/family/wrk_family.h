@@ -18,8 +18,7 @@
  * in this layout, so the bytes move between backends and workers unchanged,
  * and the state file's tensor table is built from it.
  *
- * RWKV-7 predates this interface and is mapped inside wrk_model.c; the other
- * families live in family/wrk_<name>.c (with their view in wrk_<name>.h).
+ * Every family lives in family/wrk_<name>.c, with its view in wrk_<name>.h.
  */
 #ifndef WRK_FAMILY_H
 #define WRK_FAMILY_H
@@ -47,6 +46,13 @@ typedef struct wrk_family {
     bool (*detect)(const wk_tensor_set *set);
 
     /*
+     * True when map itself refuses every stored tensor it does not know
+     * (with the family's own message) and may accept some it knows and does
+     * not use: wrk_model's unknown-tensor check is then not run (RWKV-7).
+     */
+    bool checks_names;
+
+    /*
      * Maps set onto a new view (*view, freed with free_view), with config the
      * parsed config.json object or NULL. Fills info's n_layer, n_embd,
      * n_head, head_size, ffn_dim (0 when none), vocab_size and state_bytes,
@@ -68,6 +74,14 @@ typedef struct wrk_family {
 
     /* Extra fingerprint text (hyperparameters not visible in shapes), NUL-terminated. */
     void (*fingerprint_extra)(const void *view, char *buf, size_t len);
+
+    /*
+     * Optional, instead of the generic fingerprint text: the whole text for
+     * a family whose fingerprints predate it (RWKV-7, so its states keep
+     * loading), from the view and info (digests and dtype filled).
+     * Returns snprintf's count; wrk_model refuses one that does not fit.
+     */
+    int (*fingerprint)(const void *view, const wrk_model_info *info, char *buf, size_t len);
 
     /*
      * The matrices --quantize q8_0 converts: the projections and the head
@@ -109,7 +123,8 @@ WK_MUST_CHECK wk_err wrk_model_use_part(wrk_model *m, const wk_tensor **field, c
  */
 WK_MUST_CHECK wk_err wrk_model_skip(wrk_model *m, const wk_tensor *t, wk_diag *d);
 
-/* Families other than RWKV-7 (family/wrk_<name>.c). */
+/* The families (family/wrk_<name>.c). */
+extern const wrk_family wrk_family_rwkv7;
 extern const wrk_family wrk_family_mamba2;
 extern const wrk_family wrk_family_gdn;
 extern const wrk_family wrk_family_qwen3_5;

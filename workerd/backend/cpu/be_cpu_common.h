@@ -1,8 +1,10 @@
 /*
  * be_cpu_common: what every family's CPU backend shares.
  *
- * be_cpu_ops (be_cpu.c) picks the family implementation at open:
- * be_cpu_rwkv7_ops (be_cpu_rwkv7.c), be_cpu_mamba2_ops, be_cpu_gdn_ops. A family
+ be_cpu_ops (be_cpu.c) is the generic core; a family plugs into it as a
+ * be_cpu_family table chosen at open by the model's view:
+ * be_cpu_rwkv7_family (be_cpu_rwkv7.c), be_cpu_mamba2_family,
+ * be_cpu_gdn_family (the hybrid layer list). A family
  * context starts with a be_cpu_base, which owns the thread pool, the slot
  * arena (one fp32 block per slot, in the family's wrk_model_state_layout),
  * the step (the row checks and the split into passes of at most `cap`
@@ -25,11 +27,6 @@
 #include "be_rows.h"
 
 #define BE_CPU_MAX_JOBS 8 /* GEMMs in one parallel region */
-
-/* The family CPU backends (be_cpu_ops dispatches to them). */
-extern const be_ops be_cpu_rwkv7_ops;
-extern const be_ops be_cpu_mamba2_ops;
-extern const be_ops be_cpu_gdn_ops;
 
 /* One contiguous run of a row's tokens inside a pass (be_rows.h). */
 typedef be_rows_seg be_cpu_seg;
@@ -96,10 +93,33 @@ struct be_cpu_base {
     uint32_t tok_tasks;     /* tasks of the current token-parallel region */
 
     be_cpu_pre_step_fn pre_step; /* optional, set by the family after open */
+    struct be_kv *kv; /* hybrid models: the family's paged KV pool, set at open; else NULL */
 };
 
 /* Runs the network over b->T tokens of the pass (segments, logits rows set). */
 typedef void (*be_cpu_pass_fn)(be_cpu_base *b);
+
+/*
+ * One family's part of the CPU backend, what be_cpu.c cannot write once.
+ * open() builds the family's context for the model (its first member the
+ * be_cpu_base, set up with be_cpu_base_open; a hybrid's KV pool in
+ * be_cpu_base.kv and its page reservation in pre_step) and returns that
+ * base in *out; m is borrowed for the context's life. close() frees it
+ * (NULL-safe). pass runs the network over a pass (be_cpu_base_step).
+ * describe() writes the NUL-terminated "cpu key=value ..." line (len > 0).
+ * be_cpu.c does the rest: slots, their images and the KV pages, the step.
+ */
+typedef struct be_cpu_family {
+    const char *view; /* wrk_model_view_kind() it serves: "rwkv7", "mamba2", "gdn" */
+    wk_err (*open)(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d);
+    void (*close)(be_cpu_base *b);
+    be_cpu_pass_fn pass;
+    void (*describe)(const be_cpu_base *b, char *buf, size_t len);
+} be_cpu_family;
+
+extern const be_cpu_family be_cpu_rwkv7_family;  /* be_cpu_rwkv7.c */
+extern const be_cpu_family be_cpu_mamba2_family; /* be_cpu_mamba2.c */
+extern const be_cpu_family be_cpu_gdn_family;    /* be_cpu_gdn.c */
 
 /*
  * Sets b up: pool, arena of cfg->n_slots zeroed slots of slot_floats floats,

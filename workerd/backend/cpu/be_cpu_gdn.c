@@ -1,6 +1,6 @@
 /*
- * be_cpu_gdn: the CPU backend's hybrid layer-list pass (be_cpu_gdn_ops;
- * be_cpu_ops in be_cpu.c dispatches every model with the "gdn" view to it:
+ * be_cpu_gdn: the CPU backend's hybrid layer-list pass (be_cpu_gdn_family;
+ * be_cpu.c's core plugs it in for every model with the "gdn" view:
  * fla Gated DeltaNet and its hybrids, Qwen3.5, Nemotron-H), over the shared
  * be_cpu_base (arena, step validation, passes, GEMM regions).
  *
@@ -1642,8 +1642,9 @@ gdn_pass(be_cpu_base *base)
 /* ------------------------------------------------------------------------ */
 
 static void
-gdn_close(be_ctx *c)
+gdn_close(be_cpu_base *b)
 {
+    be_ctx *c = (be_ctx *)b; /* b is the context's first member */
     if (c == NULL)
         return;
     be_cpu_base_close(&c->b);
@@ -2045,11 +2046,12 @@ gdn_open_attention(be_ctx *c, const be_config *cfg, wk_diag *d)
         return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
     c->att = gdn_att_pick(c->b.isa);
     c->b.pre_step = gdn_pre_step;
+    c->b.kv = &c->kv;
     return WK_OK;
 }
 
 static wk_err
-gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
+gdn_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d)
 {
     if (cfg == NULL || m == NULL || out == NULL)
         return wk_diag_set(d, WK_EINVAL, "cpu backend: missing config or model");
@@ -2152,147 +2154,22 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         e = wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
         goto fail;
     }
-    *out = c;
+    *out = &c->b;
     return WK_OK;
 
 fail:
-    gdn_close(c);
+    gdn_close(&c->b);
     return e;
 }
 
 /* ------------------------------------------------------------------------ */
-/* the rest of the ops                                                       */
+/* the family                                                                */
 /* ------------------------------------------------------------------------ */
 
-static uint32_t
-gdn_n_slots(const be_ctx *c)
-{
-    return c->b.n_slots;
-}
-
-static uint64_t
-gdn_slot_bytes(const be_ctx *c)
-{
-    return (uint64_t)c->b.slot_floats * sizeof(float);
-}
-
-/* Bytes of KV per token (0 without attention layers). */
-static uint64_t
-gdn_kv_token_bytes(const be_ctx *c)
-{
-    return c->n_attn > 0 ? (uint64_t)c->kv.tok_floats * sizeof(float) : 0;
-}
-
-static uint64_t
-gdn_slot_size(const be_ctx *c, uint32_t slot)
-{
-    if (c == NULL || slot == 0 || slot >= c->b.n_slots)
-        return 0;
-    return gdn_slot_bytes(c) +
-           (c->n_attn > 0 ? (uint64_t)c->kv.slots[slot].n_ctx * gdn_kv_token_bytes(c) : 0);
-}
-
-static wk_err
-gdn_slot_resize(be_ctx *c, uint32_t slot, uint64_t bytes)
-{
-    if (c == NULL || slot == 0 || slot >= c->b.n_slots)
-        return WK_EINVAL;
-    const uint64_t sb = gdn_slot_bytes(c), tb = gdn_kv_token_bytes(c);
-    if (bytes < sb)
-        return WK_EINVAL;
-    if (tb == 0)
-        return bytes == sb ? WK_OK : WK_EINVAL;
-    if ((bytes - sb) % tb != 0)
-        return WK_EINVAL;
-    return be_kv_set_ctx(&c->kv, slot, (bytes - sb) / tb);
-}
-
 static void
-gdn_kv_info(const be_ctx *c, be_kv_info *out)
+gdn_describe(const be_cpu_base *b, char *buf, size_t len)
 {
-    if (out == NULL)
-        return;
-    memset(out, 0, sizeof(*out));
-    if (c != NULL && c->n_attn > 0)
-        be_kv_usage(&c->kv, out);
-}
-
-static wk_err
-gdn_slot_reset(be_ctx *c, uint32_t slot)
-{
-    if (c == NULL)
-        return WK_EINVAL;
-    wk_err e = be_cpu_base_slot_reset(&c->b, slot);
-    if (e == WK_OK && c->n_attn > 0)
-        be_kv_reset(&c->kv, slot);
-    return e;
-}
-
-static wk_err
-gdn_slot_copy(be_ctx *c, uint32_t dst, uint32_t src)
-{
-    if (c == NULL || dst == 0 || src == 0 || dst >= c->b.n_slots || src >= c->b.n_slots)
-        return WK_EINVAL;
-    if (dst == src)
-        return WK_OK;
-    if (c->n_attn > 0) {
-        wk_err e = be_cpu_kv_copy(&c->kv, dst, src); /* first: it may refuse */
-        if (e != WK_OK)
-            return e;
-    }
-    return be_cpu_base_slot_copy(&c->b, dst, src);
-}
-
-/* Reads or writes [off, off + len) of slot's image: the arena, then the KV pages. */
-static wk_err
-gdn_slot_rw(be_ctx *c, uint32_t slot, uint64_t off, void *buf, size_t len, bool write)
-{
-    if (c == NULL || (buf == NULL && len > 0))
-        return WK_EINVAL;
-    const uint64_t total = gdn_slot_size(c, slot), sb = gdn_slot_bytes(c);
-    if (total == 0 || off > total || len > total - off)
-        return WK_EINVAL;
-    uint8_t *p = buf;
-    if (off < sb) {
-        size_t n = sb - off < len ? (size_t)(sb - off) : len;
-        wk_err e = write ? be_cpu_base_slot_write(&c->b, slot, off, p, n)
-                         : be_cpu_base_slot_read(&c->b, slot, off, p, n);
-        if (e != WK_OK)
-            return e;
-        p += n;
-        off += n;
-        len -= n;
-    }
-    if (len > 0)
-        be_cpu_kv_rw(&c->kv, slot, off - sb, p, len, write);
-    return WK_OK;
-}
-
-static wk_err
-gdn_slot_read(be_ctx *c, uint32_t slot, uint64_t off, void *buf, size_t len)
-{
-    return gdn_slot_rw(c, slot, off, buf, len, false);
-}
-
-static wk_err
-gdn_slot_write(be_ctx *c, uint32_t slot, uint64_t off, const void *buf, size_t len)
-{
-    return gdn_slot_rw(c, slot, off, (void *)buf, len, true);
-}
-
-static wk_err
-gdn_step(be_ctx *c, be_row *rows, size_t n, wk_diag *d)
-{
-    if (c == NULL)
-        return wk_diag_set(d, WK_EINVAL, "cpu backend: no context");
-    return be_cpu_base_step(&c->b, rows, n, gdn_pass, d);
-}
-
-static void
-gdn_describe(const be_ctx *c, char *buf, size_t len)
-{
-    if (buf == NULL || len == 0)
-        return;
+    const be_ctx *c = (const be_ctx *)b;
     int n = snprintf(
         buf, len, "cpu family=gdn isa=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
         be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
@@ -2300,22 +2177,14 @@ gdn_describe(const be_ctx *c, char *buf, size_t len)
     if (c->n_attn > 0 && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n,
                  " attn_layers=%u kv_token_bytes=%llu kv_pages=%u page_tokens=%u", c->n_attn,
-                 (unsigned long long)gdn_kv_token_bytes(c), c->kv.pages_total, c->kv.page_tokens);
+                 (unsigned long long)c->kv.tok_floats * sizeof(float), c->kv.pages_total,
+                 c->kv.page_tokens);
 }
 
-const be_ops be_cpu_gdn_ops = {
-    .name = "cpu",
+const be_cpu_family be_cpu_gdn_family = {
+    .view = "gdn",
     .open = gdn_open,
     .close = gdn_close,
-    .n_slots = gdn_n_slots,
-    .slot_bytes = gdn_slot_bytes,
-    .slot_reset = gdn_slot_reset,
-    .slot_copy = gdn_slot_copy,
-    .slot_read = gdn_slot_read,
-    .slot_write = gdn_slot_write,
-    .step = gdn_step,
+    .pass = gdn_pass,
     .describe = gdn_describe,
-    .slot_size = gdn_slot_size,
-    .slot_resize = gdn_slot_resize,
-    .kv_info = gdn_kv_info,
 };

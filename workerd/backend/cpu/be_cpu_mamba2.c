@@ -1,6 +1,6 @@
 /*
- * be_cpu_mamba2: the CPU backend's Mamba2 family (be_cpu_mamba2_ops; be_cpu_ops
- * in be_cpu.c dispatches to it). Math and slot layout: wrk_mamba2.h. The
+ * be_cpu_mamba2: the CPU backend's Mamba2 family (be_cpu_mamba2_family, the
+ * table it plugs into be_cpu.c's core with). Math and slot layout: wrk_mamba2.h. The
  * Mamba2 layer kind's kernels (conv, scan, gated norm: be_cpu_mamba2.h) live
  * here and are also what the hybrid pass (be_cpu_gdn.c) runs for a Mamba2
  * mixer.
@@ -334,8 +334,9 @@ m2_pass(be_cpu_base *b)
 /* ------------------------------------------------------------------------ */
 
 static void
-m2_close(be_ctx *c)
+m2_close(be_cpu_base *b)
 {
+    be_ctx *c = (be_ctx *)b; /* b is the context's first member */
     if (c == NULL)
         return;
     be_cpu_base_close(&c->b);
@@ -435,7 +436,7 @@ m2_open_mats(be_ctx *c, wk_diag *d)
 }
 
 static wk_err
-m2_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
+m2_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d)
 {
     if (cfg == NULL || m == NULL || out == NULL)
         return wk_diag_set(d, WK_EINVAL, "cpu backend: missing config or model");
@@ -488,83 +489,32 @@ m2_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         e = wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
         goto fail;
     }
-    *out = c;
+    *out = &c->b;
     return WK_OK;
 
 fail:
-    m2_close(c);
+    m2_close(&c->b);
     return e;
 }
 
 /* ------------------------------------------------------------------------ */
-/* the rest of the ops                                                       */
+/* the family                                                                */
 /* ------------------------------------------------------------------------ */
 
-static uint32_t
-m2_n_slots(const be_ctx *c)
-{
-    return c->b.n_slots;
-}
-
-static uint64_t
-m2_slot_bytes(const be_ctx *c)
-{
-    return (uint64_t)c->b.slot_floats * sizeof(float);
-}
-
-static wk_err
-m2_slot_reset(be_ctx *c, uint32_t slot)
-{
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_reset(&c->b, slot);
-}
-
-static wk_err
-m2_slot_copy(be_ctx *c, uint32_t dst, uint32_t src)
-{
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_copy(&c->b, dst, src);
-}
-
-static wk_err
-m2_slot_read(be_ctx *c, uint32_t slot, uint64_t off, void *buf, size_t len)
-{
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_read(&c->b, slot, off, buf, len);
-}
-
-static wk_err
-m2_slot_write(be_ctx *c, uint32_t slot, uint64_t off, const void *buf, size_t len)
-{
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_write(&c->b, slot, off, buf, len);
-}
-
-static wk_err
-m2_step(be_ctx *c, be_row *rows, size_t n, wk_diag *d)
-{
-    if (c == NULL)
-        return wk_diag_set(d, WK_EINVAL, "cpu backend: no context");
-    return be_cpu_base_step(&c->b, rows, n, m2_pass, d);
-}
-
 static void
-m2_describe(const be_ctx *c, char *buf, size_t len)
+m2_describe(const be_cpu_base *b, char *buf, size_t len)
 {
-    if (buf == NULL || len == 0)
-        return;
+    const be_ctx *c = (const be_ctx *)b;
     snprintf(
         buf, len, "cpu isa=%s threads=%u pass_tokens=%u family=mamba2 weights=%s packed_bytes=%llu",
         be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
         wk_dtype_name(wrk_model_info_get(c->b.model)->dtype), (unsigned long long)c->weight_bytes);
 }
 
-const be_ops be_cpu_mamba2_ops = {
-    .name = "cpu",
+const be_cpu_family be_cpu_mamba2_family = {
+    .view = "mamba2",
     .open = m2_open,
     .close = m2_close,
-    .n_slots = m2_n_slots,
-    .slot_bytes = m2_slot_bytes,
-    .slot_reset = m2_slot_reset,
-    .slot_copy = m2_slot_copy,
-    .slot_read = m2_slot_read,
-    .slot_write = m2_slot_write,
-    .step = m2_step,
+    .pass = m2_pass,
     .describe = m2_describe,
 };

@@ -1,6 +1,6 @@
 /*
  * be_cpu_mamba2: the CPU backend's Mamba2 layer kind, shared by the pure
- * Mamba2 family pass (be_cpu_mamba2_ops) and the hybrid layer-list pass
+ * Mamba2 family pass (be_cpu_mamba2_family) and the hybrid layer-list pass
  * (be_cpu_gdn.c, a wrk_gdn layer with mixer WRK_MIXER_MAMBA2). Math and
  * slot layout: wrk_mamba2.h. The same functions run both, so a Mamba2
  * layer gives the same bits in either pass.

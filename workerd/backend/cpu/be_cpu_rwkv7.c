@@ -1,6 +1,6 @@
 /*
- * be_cpu_rwkv7: the CPU backend's RWKV-7 family (be_cpu_rwkv7_ops; be_cpu_ops in
- * be_cpu.c dispatches to it), and the numeric reference the other
+ * be_cpu_rwkv7: the CPU backend's RWKV-7 family (be_cpu_rwkv7_family, the
+ * table it plugs into be_cpu.c's core with), and the numeric reference the other
  * backends are checked against.
  *
  * The context starts with a be_cpu_base (be_cpu_common.h), which owns the
@@ -31,12 +31,12 @@
  * refused.
  */
 #include "be_cpu_common.h"
+#include "wrk_rwkv7.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define BE_CPU_DECAY_SCALE 0.6065306597126334f /* exp(-0.5) */
 
@@ -409,24 +409,13 @@ cpu_pass_run(be_cpu_base *b)
 }
 
 /* ------------------------------------------------------------------------ */
-/* step                                                                      */
-/* ------------------------------------------------------------------------ */
-
-static wk_err
-cpu_step(be_ctx *c, be_row *rows, size_t n, wk_diag *d)
-{
-    if (c == NULL)
-        return wk_diag_set(d, WK_EINVAL, "cpu backend: no context");
-    return be_cpu_base_step(&c->b, rows, n, cpu_pass_run, d);
-}
-
-/* ------------------------------------------------------------------------ */
 /* open / close                                                              */
 /* ------------------------------------------------------------------------ */
 
 static void
-cpu_close(be_ctx *c)
+cpu_close(be_cpu_base *b)
 {
+    be_ctx *c = (be_ctx *)b; /* b is the context's first member */
     if (c == NULL)
         return;
     be_cpu_base_close(&c->b);
@@ -538,7 +527,7 @@ out:
 }
 
 static wk_err
-cpu_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
+cpu_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d)
 {
     if (cfg == NULL || m == NULL || out == NULL)
         return wk_diag_set(d, WK_EINVAL, "cpu backend: missing config or model");
@@ -639,114 +628,34 @@ cpu_open(const be_config *cfg, const wrk_model *m, be_ctx **out, wk_diag *d)
         e = wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
         goto fail;
     }
-    *out = c;
+    *out = &c->b;
     return WK_OK;
 
 vec_fail:
     wk_diag_set(d, e, "cpu backend: cannot read a vector tensor");
 fail:
-    cpu_close(c);
+    cpu_close(&c->b);
     return e;
 }
 
 /* ------------------------------------------------------------------------ */
-/* slots                                                                     */
+/* the family                                                                */
 /* ------------------------------------------------------------------------ */
-
-static uint32_t
-cpu_n_slots(const be_ctx *c)
-{
-    return c->b.n_slots;
-}
-
-static uint64_t
-cpu_slot_bytes(const be_ctx *c)
-{
-    return (uint64_t)c->b.slot_floats * sizeof(float);
-}
-
-static wk_err
-cpu_slot_reset(be_ctx *c, uint32_t slot)
-{
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_reset(&c->b, slot);
-}
-
-static wk_err
-cpu_slot_copy(be_ctx *c, uint32_t dst, uint32_t src)
-{
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_copy(&c->b, dst, src);
-}
-
-static wk_err
-cpu_slot_read(be_ctx *c, uint32_t slot, uint64_t off, void *buf, size_t len)
-{
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_read(&c->b, slot, off, buf, len);
-}
-
-static wk_err
-cpu_slot_write(be_ctx *c, uint32_t slot, uint64_t off, const void *buf, size_t len)
-{
-    return c == NULL ? WK_EINVAL : be_cpu_base_slot_write(&c->b, slot, off, buf, len);
-}
-
-/* ------------------------------------------------------------------------ */
-/* probe / describe                                                          */
-/* ------------------------------------------------------------------------ */
-
-static wk_err
-cpu_probe(int device, char *name, size_t name_len, uint64_t *mem_bytes)
-{
-    (void)device;
-    if (name != NULL && name_len > 0) {
-        snprintf(name, name_len, "cpu");
-        FILE *f = fopen("/proc/cpuinfo", "r");
-        if (f != NULL) {
-            char line[512];
-            while (fgets(line, sizeof(line), f) != NULL) {
-                if (strncmp(line, "model name", 10) == 0) {
-                    char *p = strchr(line, ':');
-                    if (p != NULL) {
-                        p++;
-                        while (*p == ' ' || *p == '\t')
-                            p++;
-                        p[strcspn(p, "\n")] = '\0';
-                        snprintf(name, name_len, "%s", p);
-                    }
-                    break;
-                }
-            }
-            fclose(f);
-        }
-    }
-    if (mem_bytes != NULL) {
-        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-        *mem_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
-    }
-    return WK_OK;
-}
 
 static void
-cpu_describe(const be_ctx *c, char *buf, size_t len)
+cpu_describe(const be_cpu_base *b, char *buf, size_t len)
 {
-    if (buf == NULL || len == 0)
-        return;
+    const be_ctx *c = (const be_ctx *)b;
     snprintf(buf, len, "cpu isa=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
              be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
              wk_dtype_name(wrk_model_info_get(c->b.model)->dtype),
              (unsigned long long)c->weight_bytes);
 }
 
-const be_ops be_cpu_rwkv7_ops = {
-    .name = "cpu",
-    .probe = cpu_probe,
+const be_cpu_family be_cpu_rwkv7_family = {
+    .view = "rwkv7",
     .open = cpu_open,
     .close = cpu_close,
-    .n_slots = cpu_n_slots,
-    .slot_bytes = cpu_slot_bytes,
-    .slot_reset = cpu_slot_reset,
-    .slot_copy = cpu_slot_copy,
-    .slot_read = cpu_slot_read,
-    .slot_write = cpu_slot_write,
-    .step = cpu_step,
+    .pass = cpu_pass_run,
     .describe = cpu_describe,
 };

@@ -14,6 +14,7 @@
 #include "be_cuda_common.h"
 #include "wk_err.h"
 #include "wrk_model.h"
+#include "wrk_rwkv7.h"
 
 typedef struct be_cuda_rwkv7 be_cuda_rwkv7;
 
