@@ -528,6 +528,118 @@ ctl_openai_toolgram_reasoning(ctl_http_req *req, ctl_app *app, ctl_openai_req *r
 }
 
 /*
+ * The legacy functions API (OpenAI's `functions` / `function_call`,
+ * deprecated for `tools` / `tool_choice` and still sent by its SDK): the
+ * body is rewritten into the tools API before anything else reads it.
+ * `functions` [F, ...] becomes `tools` [{"type": "function", "function":
+ * F}, ...] (both given: a 400), `function_call` "auto" / "none" / {"name":
+ * N} becomes `tool_choice` "auto" / "none" / {"type": "function",
+ * "function": {"name": N}}, and the reply holds at most one call
+ * (parallel_tool_calls false), answered as `message.function_call` with
+ * finish_reason "function_call" (r->legacy_fn; docs/OPENAI_COMPAT.md). In
+ * the history an assistant's `function_call` {"name", "arguments"} becomes
+ * its `tool_calls` [{"id": "call_legacy_I", ...}] and a `role: "function"`
+ * message {"name", "content"} a `role: "tool"` result answering the last
+ * such call (tool_call_id), so the template renders it as a tool result.
+ * Sends the error and returns false.
+ */
+static bool
+ctl_openai_legacy_functions(ctl_http_req *req, json_t *body, ctl_openai_req *r)
+{
+    json_t *fl = json_object_get(body, "functions");
+    json_t *fc = json_object_get(body, "function_call");
+    bool has_fl = fl != NULL && !json_is_null(fl), has_fc = fc != NULL && !json_is_null(fc);
+    if (has_fl || has_fc) {
+        json_t *tools = json_object_get(body, "tools");
+        json_t *tc = json_object_get(body, "tool_choice");
+        if ((has_fl && tools != NULL && !json_is_null(tools)) ||
+            (has_fc && tc != NULL && !json_is_null(tc))) {
+            ctl_openai_fail(req, WK_EINVAL, has_fl ? "functions" : "function_call",
+                            "use either 'tools' / 'tool_choice' or the legacy 'functions' / "
+                            "'function_call', not both");
+            return false;
+        }
+        bool ok = !has_fl || json_is_array(fl);
+        size_t k;
+        json_t *f;
+        if (has_fl)
+            json_array_foreach(fl, k, f) ok = ok && json_is_object(f);
+        if (!ok) {
+            ctl_openai_fail(req, WK_EINVAL, "functions", "'functions' must be an array of objects");
+            return false;
+        }
+        const char *fcs = json_is_string(fc) ? json_string_value(fc) : NULL;
+        json_t *fname = json_object_get(fc, "name");
+        if (has_fc && !(fcs != NULL && (strcmp(fcs, "auto") == 0 || strcmp(fcs, "none") == 0)) &&
+            !(json_is_object(fc) && json_is_string(fname))) {
+            ctl_openai_fail(req, WK_EINVAL, "function_call",
+                            "'function_call' must be \"auto\", \"none\" or {\"name\": ...}");
+            return false;
+        }
+        if (has_fl) {
+            json_t *tools_new = json_array();
+            json_array_foreach(fl, k, f)
+                json_array_append_new(tools_new,
+                                      json_pack("{s:s, s:O}", "type", "function", "function", f));
+            json_object_set_new(body, "tools", tools_new);
+            r->legacy_fn = true;
+            json_t *p = json_object_get(body, "parallel_tool_calls");
+            if (p == NULL || json_is_null(p))
+                json_object_set_new(body, "parallel_tool_calls", json_false());
+        }
+        if (has_fc)
+            json_object_set_new(body, "tool_choice",
+                                fcs != NULL ? json_string(fcs)
+                                            : json_pack("{s:s, s:{s:O}}", "type", "function",
+                                                        "function", "name", fname));
+        json_object_del(body, "functions");
+        json_object_del(body, "function_call");
+    }
+    json_t *msgs = json_object_get(body, "messages");
+    char last_id[40] = "";
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        json_t *role = json_object_get(m, "role");
+        json_t *call = json_object_get(m, "function_call");
+        if (!json_is_object(m) || !json_is_string(role))
+            continue; /* (refused by ctl_openai_parse_messages) */
+        char param[64];
+        if (strcmp(json_string_value(role), "assistant") == 0 && call != NULL &&
+            !json_is_null(call)) {
+            json_t *tcs = json_object_get(m, "tool_calls");
+            if (!json_is_object(call) || (tcs != NULL && !json_is_null(tcs))) {
+                snprintf(param, sizeof(param), "messages[%zu].function_call", i);
+                ctl_openai_fail(req, WK_EINVAL, param,
+                                "'function_call' must be {\"name\", \"arguments\"}, without "
+                                "'tool_calls' on the same message");
+                return false;
+            }
+            snprintf(last_id, sizeof(last_id), "call_legacy_%zu", i);
+            json_object_set_new(m, "tool_calls",
+                                json_pack("[{s:s, s:s, s:O}]", "id", last_id, "type", "function",
+                                          "function", call));
+            json_object_del(m, "function_call");
+        } else if (strcmp(json_string_value(role), "function") == 0) {
+            if (!json_is_string(json_object_get(m, "name"))) {
+                snprintf(param, sizeof(param), "messages[%zu].name", i);
+                ctl_openai_fail(req, WK_EINVAL, param,
+                                "a function message needs the string 'name' of its function");
+                return false;
+            }
+            json_object_set_new(m, "role", json_string("tool"));
+            if (json_object_get(m, "tool_call_id") == NULL) {
+                char id[40];
+                if (last_id[0] == '\0')
+                    snprintf(id, sizeof(id), "call_legacy_%zu", i);
+                json_object_set_new(m, "tool_call_id", json_string(last_id[0] ? last_id : id));
+            }
+        }
+    }
+    return true;
+}
+
+/*
  * Tools. `tools` is validated (an array of objects; for a model with its
  * own chat template function tools with unique names, docs/OPENAI_COMPAT.md).
  * For a model with its own chat template it is passed to the template, and unless tool_choice is "none" the reply is
@@ -536,38 +648,13 @@ ctl_openai_toolgram_reasoning(ctl_http_req *req, ctl_app *app, ctl_openai_req *r
  * "auto". tool_choice "none" keeps the tools in the prompt and parses no
  * calls (vLLM's default). "required" or a named function needs constrained
  * decoding (ctl_openai_tool_choice_forced). The legacy `functions` /
- * `function_call` are validated and answered in plain text.
+ * `function_call` arrive here as tools (ctl_openai_legacy_functions).
  * parallel_tool_calls false returns the first call only. Sends the error and
  * returns false.
  */
 static bool
 ctl_openai_parse_tools(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_openai_req *r)
 {
-    json_t *fl = json_object_get(body, "functions");
-    if (fl != NULL && !json_is_null(fl)) {
-        bool ok = json_is_array(fl);
-        size_t k;
-        json_t *t;
-        json_array_foreach(fl, k, t) ok = ok && json_is_object(t);
-        if (!ok) {
-            ctl_openai_perr_set(pe, WK_EINVAL, "functions", "'functions' must be an array of objects");
-            return false;
-        }
-    }
-    json_t *fc = json_object_get(body, "function_call");
-    const char *fcs = json_is_string(fc) ? json_string_value(fc) : NULL;
-    if (fc != NULL && !json_is_null(fc) &&
-        !(fcs != NULL && (strcmp(fcs, "auto") == 0 || strcmp(fcs, "none") == 0))) {
-        if ((fcs != NULL && strcmp(fcs, "required") == 0) || json_is_object(fc))
-            ctl_openai_perr_set(pe, WK_EINVAL, "function_call",
-                            "'function_call' cannot require one: wkvm answers the legacy "
-                            "functions API in plain text (use 'tools')");
-        else
-            ctl_openai_perr_set(pe, WK_EINVAL, "function_call",
-                            "'function_call' must be \"auto\", \"none\", \"required\" or a "
-                            "function");
-        return false;
-    }
     json_t *tools = json_object_get(body, "tools");
     if (tools != NULL && json_is_null(tools))
         tools = NULL;
@@ -1540,7 +1627,8 @@ ctl_openai_send_chunk(ctl_openai_stream *st, json_t *chunk)
 /*
  * Sends a chat chunk, then the calls the same text completed as OpenAI
  * streams them: per call a delta with its index, id, type, name and empty
- * arguments, then one with its arguments. With a tool parse, a chunk whose
+ * arguments, then one with its arguments (r->legacy_fn: delta.function_call
+ * with the name, then with the arguments). With a tool parse, a chunk whose
  * delta is empty (the bytes went into a call or are held) and that carries
  * no logprobs or token ids is not sent. Consumes chunk and calls (NULL: none).
  */
@@ -1565,6 +1653,26 @@ ctl_openai_send_delta(ctl_openai_stream *st, json_t *chunk, json_t *calls)
             break;
         size_t index = st->tc.n_calls - json_array_size(calls) + i;
         json_t *fn = json_object_get(call, "function");
+        if (r->legacy_fn) { /* delta.function_call: the name, then the arguments */
+            json_t *c1 = ctl_openai_chunk_base(r);
+            json_object_set_new(c1, "choices",
+                                json_pack("[{s:i, s:{s:{s:O, s:s}}, s:n, s:n}]", "index", 0,
+                                          "delta", "function_call", "name",
+                                          json_object_get(fn, "name"), "arguments", "",
+                                          "logprobs", "finish_reason"));
+            err = ctl_openai_send_chunk(st, c1);
+            json_t *c2 = ctl_openai_chunk_base(r);
+            json_object_set_new(c2, "choices",
+                                json_pack("[{s:i, s:{s:{s:O}}, s:n, s:n}]", "index", 0, "delta",
+                                          "function_call", "arguments",
+                                          json_object_get(fn, "arguments"), "logprobs",
+                                          "finish_reason"));
+            if (err == WK_OK)
+                err = ctl_openai_send_chunk(st, c2);
+            else
+                json_decref(c2);
+            continue;
+        }
         json_t *c1 = ctl_openai_chunk_base(r);
         json_object_set_new(
             c1, "choices",
@@ -1830,9 +1938,14 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
             /* (OpenAI's shape: content null when the reply is calls only) */
             if (json_string_length(json_object_get(msg, "content")) == 0)
                 json_object_set_new(msg, "content", json_null());
-            json_object_set(msg, "tool_calls", calls);
+            if (r->legacy_fn) /* (the legacy API's one call, without an id) */
+                json_object_set(msg, "function_call",
+                                json_object_get(json_array_get(calls, 0), "function"));
+            else
+                json_object_set(msg, "tool_calls", calls);
             if (strcmp(res.finish_reason, "stop") == 0)
-                json_object_set_new(choice, "finish_reason", json_string("tool_calls"));
+                json_object_set_new(choice, "finish_reason",
+                                    json_string(r->legacy_fn ? "function_call" : "tool_calls"));
         }
         json_decref(calls);
         json_object_set_new(choice, "message", msg);
@@ -1933,9 +2046,10 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
                                       "logprobs", "finish_reason"));
         (void)ctl_openai_send_delta(&st, hc, calls);
     }
-    const char *finish = st.tc.n_calls > 0 && strcmp(res.finish_reason, "stop") == 0
-                             ? "tool_calls"
-                             : res.finish_reason;
+    const char *finish = st.tc.n_calls == 0 || strcmp(res.finish_reason, "stop") != 0
+                             ? res.finish_reason
+                         : r->legacy_fn ? "function_call"
+                                        : "tool_calls";
     json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", finish,
                                "logprobs");
@@ -2047,7 +2161,8 @@ ctl_openai_chat(ctl_http_req *req, void *arg)
     if (ctl_openai_check_fields(req, body, ctl_openai_chat_fields,
                                 sizeof(ctl_openai_chat_fields) /
                                     sizeof(ctl_openai_chat_fields[0])) &&
-        ctl_openai_parse_platform(req, app, body) && ctl_openai_parse_common(req, app, body, &r) &&
+        ctl_openai_legacy_functions(req, body, &r) && ctl_openai_parse_platform(req, app, body) &&
+        ctl_openai_parse_common(req, app, body, &r) &&
         ctl_openai_parse_chat_logprobs(req, body, &r) &&
         ctl_openai_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
         ctl_openai_generate(req, app, &r);

@@ -58,6 +58,7 @@ struct ctl_openai_req {
     wk_toolcall_fmt tool_fmt;     /* chat: parse the reply for calls in this format (NONE: not) */
     bool tool_serial;             /* chat: parallel_tool_calls false: at most one call returned */
     bool tool_forced;             /* chat: tool_choice "required" or named: constrained decoding */
+    bool legacy_fn;               /* chat: the legacy `functions` API: message.function_call */
     char *tool_force_name;        /* chat: the named function, owned; NULL = any offered one */
     ctl_toolgram *toolgram;       /* chat, tool_forced: the constraint, owned */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
