@@ -1048,7 +1048,8 @@ ctl_openai_check_tool_msg(ctl_http_req *req, ctl_app *app, json_t *m, size_t i, 
 /*
  * Checkpoint boundaries of a templated prompt: where a turn ends, after each
  * occurrence of the template's eos token text (<|im_end|>) in r->prompt_text,
- * as token positions (the last token boundary at or before it); the last
+ * and where the history ends before the generation prompt (r->hist_end), as
+ * token positions (the last token boundary at or before it); the last
  * CTL_CKPT_MAX_BOUNDS of them. A follow-up re-renders the history (Qwen3
  * drops the reasoning and the generation prompt's <think>), so the turn ends
  * before it are what the next prompt shares: the index resumes there.
@@ -1058,18 +1059,21 @@ ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
 {
     const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");
     size_t el = eos != NULL ? strlen(eos) : 0, acc = 0, next = 0;
+    size_t hist = r->hist_end < r->prompt_len ? r->hist_end : 0;
     r->n_bounds = 0;
-    if (el == 0)
-        return;
     const char *p = r->prompt_text, *end = r->prompt_text + r->prompt_len;
     /* next: the byte offset after the next eos occurrence (0: none left) */
-    const char *hit = memmem(p, r->prompt_len, eos, el);
+    const char *hit = el > 0 ? memmem(p, r->prompt_len, eos, el) : NULL;
     next = hit != NULL ? (size_t)(hit - p) + el : 0;
-    for (size_t i = 0; i <= r->n_prompt && next != 0; i++) {
+    for (size_t i = 0; i <= r->n_prompt && (next != 0 || hist != 0); i++) {
         size_t pl = 0;
         if (i < r->n_prompt)
             (void)wk_tok_piece(app->tok, r->prompt[i], &pl);
-        while (next != 0 && (i == r->n_prompt || acc + pl > next)) {
+        for (;;) {
+            /* the nearest target: an eos end or the history's end */
+            size_t target = next == 0 ? hist : hist == 0 ? next : next < hist ? next : hist;
+            if (target == 0 || (i < r->n_prompt && acc + pl <= target))
+                break;
             if (i > 0 && (r->n_bounds == 0 || r->bounds[r->n_bounds - 1] < i)) {
                 if (r->n_bounds == CTL_CKPT_MAX_BOUNDS) { /* keep the last ones */
                     memmove(r->bounds, r->bounds + 1, (CTL_CKPT_MAX_BOUNDS - 1) * sizeof(size_t));
@@ -1077,11 +1081,30 @@ ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
                 }
                 r->bounds[r->n_bounds++] = i;
             }
-            hit = memmem(p + next, (size_t)(end - (p + next)), eos, el);
-            next = hit != NULL ? (size_t)(hit - p) + el : 0;
+            if (hist == target)
+                hist = 0;
+            if (next == target) {
+                hit = memmem(p + next, (size_t)(end - (p + next)), eos, el);
+                next = hit != NULL ? (size_t)(hit - p) + el : 0;
+            }
         }
         acc += pl;
     }
+}
+
+size_t
+ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools, const json_t *kwargs,
+                    const char *prompt, size_t plen)
+{
+    char *h = NULL;
+    size_t hl = 0;
+    wk_diag d = {{0}};
+    if (wk_chat_tpl_render_json(app->chat_tpl, msgs, tools, false, kwargs, NULL, &h, &hl, &d) !=
+        WK_OK)
+        return 0; /* (a template may refuse to end on a user turn: no boundary then) */
+    size_t n = hl < plen && memcmp(h, prompt, hl) == 0 ? hl : 0;
+    free(h);
+    return n;
 }
 
 /*
@@ -1137,6 +1160,9 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
                               : wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true,
                                                         json_is_object(kw) ? kw : NULL, NULL,
                                                         &prompt, &plen, &d);
+    if (err == WK_OK)
+        r->hist_end = ctl_openai_hist_end(app, msgs, r->tools, json_is_object(kw) ? kw : NULL,
+                                          prompt, plen);
     json_decref(msgs);
     json_decref(kw_own);
     if (err != WK_OK) {

@@ -67,6 +67,8 @@ struct ctl_openai_req {
     char owner[CTL_STORE_OWNER_MAX + 1]; /* whose checkpoints (never shared) */
     size_t bounds[CTL_CKPT_MAX_BOUNDS]; /* chat: token positions in prompt where a message ends */
     size_t n_bounds;              /* entries */
+    size_t hist_end;              /* templated chat: prompt_text bytes before the generation
+                                     prompt (0: unknown), a checkpoint boundary */
     size_t aligned_tokens;        /* chat: leading prompt tokens that are a reply's exact tokens */
     const int32_t *plan_prefix;   /* tokens already in gen.slot (a continued session), borrowed */
     size_t n_plan_prefix;         /* entries */
@@ -100,11 +102,21 @@ void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, co
 
 /*
  * The checkpoint boundaries of a prompt rendered with the model's own
- * template (app->chat_tpl): after each eos token text in r->prompt_text, as
- * token positions of r->prompt (the last CTL_CKPT_MAX_BOUNDS). Writes only
- * r->bounds and r->n_bounds.
+ * template (app->chat_tpl): after each eos token text in r->prompt_text and
+ * at r->hist_end, as token positions of r->prompt (the last
+ * CTL_CKPT_MAX_BOUNDS). Writes only r->bounds and r->n_bounds.
  */
 void ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r);
+
+/*
+ * Where the history ends in a templated prompt (prompt, plen bytes, rendered
+ * from msgs, tools and kwargs with the generation prompt): the length of the
+ * same render without it when that is a prefix of prompt, else 0. A
+ * template that re-renders the reply differently (Nemotron Nano v2 drops the
+ * generation prompt's <think>) still shares this much with the follow-up.
+ */
+size_t ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools,
+                           const json_t *kwargs, const char *prompt, size_t plen);
 
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
 json_t *ctl_openai_body(ctl_http_req *req);
