@@ -40,6 +40,8 @@ ctl_openai_req_fini(ctl_openai_req *r)
     free(r->prompt);
     free(r->msg_ends);
     json_decref(r->tools);
+    json_decref(r->tpl_msgs);
+    json_decref(r->tpl_kw);
     free(r->tool_force_name);
     ctl_toolgram_free(r->toolgram);
 }
@@ -1107,6 +1109,72 @@ ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools, const
     return n;
 }
 
+/* Renders messages 0..k-1 of r (add_generation_prompt false); WK_OK or the render's error. */
+static wk_err
+ctl_openai_tpl_render_upto(ctl_app *app, const ctl_openai_req *r, size_t k, char **out,
+                           size_t *len)
+{
+    json_t *sub = json_array();
+    if (sub == NULL)
+        return WK_ENOMEM;
+    for (size_t i = 0; i < k; i++)
+        json_array_append(sub, json_array_get(r->tpl_msgs, i));
+    wk_diag d = {{0}};
+    wk_err err = wk_chat_tpl_render_json(app->chat_tpl, sub, r->tools, false, r->tpl_kw, NULL,
+                                         out, len, &d);
+    json_decref(sub);
+    return err;
+}
+
+bool
+ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retained, size_t n,
+                     size_t k, size_t *off)
+{
+    const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");
+    size_t el = eos != NULL ? strlen(eos) : 0;
+    if (r->tpl_msgs == NULL || k >= json_array_size(r->tpl_msgs) || el == 0)
+        return false;
+    char *h = NULL, *b = NULL;
+    size_t hl = 0, bl = 0;
+    bool ok = false;
+    if (ctl_openai_tpl_render_upto(app, r, k + 1, &h, &hl) == WK_OK && hl <= r->prompt_len &&
+        memcmp(h, r->prompt_text, hl) == 0) {
+        /* where the reply's turn starts: after the history before it, when that lines up */
+        if (ctl_openai_tpl_render_upto(app, r, k, &b, &bl) != WK_OK || bl > hl ||
+            memcmp(b, h, bl) != 0)
+            bl = 0;
+        const char *last = NULL;
+        for (const char *p = h + bl; (p = memmem(p, (size_t)(h + hl - p), eos, el)) != NULL;
+             p += el)
+            last = p;
+        if (last != NULL) {
+            bool ate_eos = n > 0 && retained[n - 1] == wk_tok_eos(app->tok);
+            *off = (size_t)(last - h) + (ate_eos ? el : 0);
+            ok = true;
+        }
+    }
+    free(h);
+    free(b);
+    return ok;
+}
+
+bool
+ctl_openai_tpl_plain(const ctl_openai_req *r)
+{
+    size_t i;
+    json_t *m;
+    if (!r->templated || r->tpl_msgs == NULL)
+        return false;
+    json_array_foreach(r->tpl_msgs, i, m) {
+        json_t *tc = json_object_get(m, "tool_calls");
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if ((json_is_array(tc) && json_array_size(tc) > 0) ||
+            (role != NULL && strcmp(role, "tool") == 0))
+            return false;
+    }
+    return true;
+}
+
 /*
  * The chat prompt of a model with its own template (app->chat_tpl): the
  * request's messages as sent ("developer" read as "system", tool call
@@ -1163,7 +1231,9 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
     if (err == WK_OK)
         r->hist_end = ctl_openai_hist_end(app, msgs, r->tools, json_is_object(kw) ? kw : NULL,
                                           prompt, plen);
-    json_decref(msgs);
+    /* (kept for parent-token-v1's alignment, ctl_openai_tpl_align) */
+    r->tpl_msgs = msgs;
+    r->tpl_kw = json_is_object(kw) ? json_incref(kw) : NULL;
     json_decref(kw_own);
     if (err != WK_OK) {
         bool kw_bad = strncmp(d.msg, "chat_template_kwargs", 20) == 0;
@@ -1569,6 +1639,49 @@ ctl_openai_tc_feed(ctl_openai_tc *tc, const char *text, size_t len, bool final, 
     }
     *out = o.content;
     *n_out = o.content_len;
+    o.content = NULL;
+    wk_toolcall_out_fini(&o);
+    return WK_OK;
+}
+
+wk_err
+ctl_openai_tpl_visible(const ctl_openai_req *r, const char *text, size_t len, char **out,
+                       size_t *out_len, size_t *n_calls)
+{
+    *out = NULL;
+    *out_len = 0;
+    *n_calls = 0;
+    char *rs = NULL, *cs = NULL;
+    size_t rl = 0, cl = len;
+    if (r->think) {
+        wk_chat_think th;
+        wk_chat_think_init(&th, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
+        if (wk_chat_think_feed(&th, text, len, true, &rs, &rl, &cs, &cl) != WK_OK)
+            return WK_ENOMEM;
+        free(rs);
+    } else {
+        if ((cs = malloc(len + 1)) == NULL)
+            return WK_ENOMEM;
+        memcpy(cs, text, len);
+        cs[len] = '\0';
+    }
+    if (r->tool_fmt == WK_TOOLCALL_FMT_NONE) {
+        *out = cs;
+        *out_len = cl;
+        return WK_OK;
+    }
+    wk_toolcall_parser *p = NULL;
+    wk_toolcall_out o;
+    wk_err err = wk_toolcall_parser_new(r->tool_fmt, r->tools, &p);
+    if (err == WK_OK)
+        err = wk_toolcall_feed(p, cs, cl, true, &o);
+    wk_toolcall_parser_free(p);
+    free(cs);
+    if (err != WK_OK)
+        return err;
+    *n_calls = o.n_calls;
+    *out = o.content;
+    *out_len = o.content_len;
     o.content = NULL;
     wk_toolcall_out_fini(&o);
     return WK_OK;

@@ -55,6 +55,8 @@ struct ctl_openai_req {
     bool think;                   /* chat: split the reply at the think markers (reasoning) */
     bool think_open;              /* chat: the prompt leaves the reply inside the markers */
     json_t *tools;                /* chat, templated: the request's tools (a reference), or NULL */
+    json_t *tpl_msgs;             /* chat, templated: the messages as rendered (owned) */
+    json_t *tpl_kw;               /* chat, templated: the template variables of the request, or NULL */
     wk_toolcall_fmt tool_fmt;     /* chat: parse the reply for calls in this format (NONE: not) */
     bool tool_serial;             /* chat: parallel_tool_calls false: at most one call returned */
     bool tool_forced;             /* chat: tool_choice "required" or named: constrained decoding */
@@ -117,6 +119,34 @@ void ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r);
  */
 size_t ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools,
                            const json_t *kwargs, const char *prompt, size_t plen);
+
+/*
+ * parent-token-v1 on a templated chat (ctl_chat): where the text after
+ * message k of r (the parked reply) starts in r->prompt_text, for a state
+ * that consumed the retained ids (n) of that reply's turn. The template
+ * renders messages 0..k without a generation prompt; that text must be a
+ * prefix of the prompt, and the reply's turn must end with the eos token
+ * text after messages 0..k-1: the delta starts after it when the retained
+ * ids end with the eos id (the state consumed it), else at it. False when
+ * the rendering does not line up (template_prefix_mismatch).
+ */
+bool ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retained, size_t n,
+                          size_t k, size_t *off);
+
+/*
+ * True when r is a templated chat without tool parts (no assistant
+ * tool_calls, no tool results): the messages' texts are its whole history,
+ * as parent-token-v1's visible-history checks need.
+ */
+bool ctl_openai_tpl_plain(const ctl_openai_req *r);
+
+/*
+ * The visible content of a templated reply (text, len bytes): the text
+ * after the reasoning split, without tool calls. *out is malloc'd
+ * (NUL-terminated), *n_calls the calls parsed. WK_OK or WK_ENOMEM.
+ */
+wk_err ctl_openai_tpl_visible(const ctl_openai_req *r, const char *text, size_t len, char **out,
+                              size_t *out_len, size_t *n_calls);
 
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
 json_t *ctl_openai_body(ctl_http_req *req);
