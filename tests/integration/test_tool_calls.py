@@ -313,11 +313,15 @@ def legacy_functions():
             got["arguments"] += d.function_call.arguments or ""
     assert finish == "function_call" and got == {"name": fc.name, "arguments": fc.arguments}, \
         (finish, got, fc)
-    # function_call {"name"} forces that function (constrained, as tool_choice names one)
-    forced = dict(req, extra_body=dict(req["extra_body"], function_call={"name": "get_weather"}))
+    # function_call {"name"} forces that function (constrained, as tool_choice names one; spelled
+    # out byte by byte: CALL is an added token, which the grammar keeps out of argument values)
+    get_time = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    forced = dict(req, max_tokens=64, extra_body=dict(req["extra_body"], functions=fns + [get_time],
+                                                      function_call={"name": "get_time"}))
     f = client.chat.completions.create(**forced)
     assert f.choices[0].finish_reason == "function_call", f.choices[0]
-    assert f.choices[0].message.function_call.name == "get_weather", f.choices[0]
+    assert f.choices[0].message.function_call.name == "get_time", f.choices[0]
+    assert f.choices[0].message.function_call.arguments == "{}", f.choices[0]
     # the history the legacy API sends back: the assistant's function_call, a role "function"
     # result: rendered as the tools API's assistant tool_calls and role "tool" result are
     hist = MSGS + [{"role": "assistant", "content": None,

@@ -166,13 +166,24 @@ def streamed_equal():
 
 
 def thinking_first():
-    bias = dict(BIAS, **{str(END_THINK): 7})
-    r = client.chat.completions.create(**body(
-        seed=3, temperature=1.0, logit_bias=bias,
-        extra_body={"chat_template_kwargs": {"enable_thinking": True}}))
+    # (the smallest of these biases on </think> that still ends the reasoning in time; no
+    # control token but </think> itself in the reasoning: the grammar keeps them out of free
+    # text, and "\n</parameter>\n"'s bias would otherwise fill it)
+    for b in (3, 5, 7):
+        bias = dict(BIAS, **{str(END_THINK): b})
+        r = client.chat.completions.create(**body(
+            seed=3, temperature=1.0, logit_bias=bias, max_tokens=300,
+            extra_body={"chat_template_kwargs": {"enable_thinking": True},
+                        "return_token_ids": True}))
+        if r.choices[0].finish_reason == "tool_calls":
+            break
     check_calls(r.choices[0])
+    ids = r.choices[0].model_extra["token_ids"]
+    k = ids.index(END_THINK)
+    assert not set(ids[:k]) & set(ADDED), ids[:k]
     rc = (r.choices[0].message.model_extra or {}).get("reasoning_content")
-    print(f"  reasoning before the call: {len(rc or '')} bytes", flush=True)
+    print(f"  reasoning before the call: {len(rc or '')} bytes ({k} tokens, </think> bias {b})",
+          flush=True)
 
 
 def unsupported_schema():
