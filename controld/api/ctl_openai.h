@@ -56,7 +56,7 @@ struct ctl_openai_req {
     bool think_open;              /* chat: the prompt leaves the reply inside the markers */
     json_t *tools;                /* chat, templated: the request's tools (a reference), or NULL */
     json_t *tpl_msgs;             /* chat, templated: the messages as rendered (owned) */
-    json_t *tpl_kw;               /* chat, templated: the template variables of the request, or NULL */
+    json_t *tpl_kw;               /* chat, templated: the request's template variables, or NULL */
     wk_toolcall_fmt tool_fmt;     /* chat: parse the reply for calls in this format (NONE: not) */
     bool tool_serial;             /* chat: parallel_tool_calls false: at most one call returned */
     bool tool_forced;             /* chat: tool_choice "required" or named: constrained decoding */

@@ -74,8 +74,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
      * The vocab: token b is byte b, token 256 end-of-text, then control
      * tokens (allowed only as fixed text of the grammar: wk_gvocab_new()).
      */
-    static const char *const ctl[] = {"</think>", "<tool_call>", "<tool_call>\n", "\"", "<TOOLCALL>",
-                                      "\n</parameter>\n", "<|im_end|>", "}", "\n", "</tool_call>"};
+    static const char *const ctl[] = {"</think>",   "<tool_call>",      "<tool_call>\n", "\"",
+                                      "<TOOLCALL>", "\n</parameter>\n", "<|im_end|>",    "}",
+                                      "\n",         "</tool_call>"};
     enum { FZ_NCTL = sizeof(ctl) / sizeof(ctl[0]) };
     static uint8_t bytes[256];
     const uint8_t *pieces[257 + FZ_NCTL];
