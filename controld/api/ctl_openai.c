@@ -546,7 +546,7 @@ ctl_openai_toolgram_reasoning(ctl_http_req *req, ctl_app *app, ctl_openai_req *r
  * Sends the error and returns false.
  */
 static bool
-ctl_openai_legacy_functions(ctl_http_req *req, json_t *body, ctl_openai_req *r)
+ctl_openai_legacy_functions(ctl_openai_perr *pe, json_t *body, ctl_openai_req *r)
 {
     json_t *fl = json_object_get(body, "functions");
     json_t *fc = json_object_get(body, "function_call");
@@ -556,7 +556,7 @@ ctl_openai_legacy_functions(ctl_http_req *req, json_t *body, ctl_openai_req *r)
         json_t *tc = json_object_get(body, "tool_choice");
         if ((has_fl && tools != NULL && !json_is_null(tools)) ||
             (has_fc && tc != NULL && !json_is_null(tc))) {
-            ctl_openai_fail(req, WK_EINVAL, has_fl ? "functions" : "function_call",
+            ctl_openai_perr_set(pe, WK_EINVAL, has_fl ? "functions" : "function_call",
                             "use either 'tools' / 'tool_choice' or the legacy 'functions' / "
                             "'function_call', not both");
             return false;
@@ -567,14 +567,14 @@ ctl_openai_legacy_functions(ctl_http_req *req, json_t *body, ctl_openai_req *r)
         if (has_fl)
             json_array_foreach(fl, k, f) ok = ok && json_is_object(f);
         if (!ok) {
-            ctl_openai_fail(req, WK_EINVAL, "functions", "'functions' must be an array of objects");
+            ctl_openai_perr_set(pe, WK_EINVAL, "functions", "'functions' must be an array of objects");
             return false;
         }
         const char *fcs = json_is_string(fc) ? json_string_value(fc) : NULL;
         json_t *fname = json_object_get(fc, "name");
         if (has_fc && !(fcs != NULL && (strcmp(fcs, "auto") == 0 || strcmp(fcs, "none") == 0)) &&
             !(json_is_object(fc) && json_is_string(fname))) {
-            ctl_openai_fail(req, WK_EINVAL, "function_call",
+            ctl_openai_perr_set(pe, WK_EINVAL, "function_call",
                             "'function_call' must be \"auto\", \"none\" or {\"name\": ...}");
             return false;
         }
@@ -612,7 +612,7 @@ ctl_openai_legacy_functions(ctl_http_req *req, json_t *body, ctl_openai_req *r)
             json_t *tcs = json_object_get(m, "tool_calls");
             if (!json_is_object(call) || (tcs != NULL && !json_is_null(tcs))) {
                 snprintf(param, sizeof(param), "messages[%zu].function_call", i);
-                ctl_openai_fail(req, WK_EINVAL, param,
+                ctl_openai_perr_set(pe, WK_EINVAL, param,
                                 "'function_call' must be {\"name\", \"arguments\"}, without "
                                 "'tool_calls' on the same message");
                 return false;
@@ -625,7 +625,7 @@ ctl_openai_legacy_functions(ctl_http_req *req, json_t *body, ctl_openai_req *r)
         } else if (strcmp(json_string_value(role), "function") == 0) {
             if (!json_is_string(json_object_get(m, "name"))) {
                 snprintf(param, sizeof(param), "messages[%zu].name", i);
-                ctl_openai_fail(req, WK_EINVAL, param,
+                ctl_openai_perr_set(pe, WK_EINVAL, param,
                                 "a function message needs the string 'name' of its function");
                 return false;
             }
@@ -650,13 +650,15 @@ ctl_openai_legacy_functions(ctl_http_req *req, json_t *body, ctl_openai_req *r)
  * "auto". tool_choice "none" keeps the tools in the prompt and parses no
  * calls (vLLM's default). "required" or a named function needs constrained
  * decoding (ctl_openai_tool_choice_forced). The legacy `functions` /
- * `function_call` arrive here as tools (ctl_openai_legacy_functions).
+ * `function_call` become tools first (ctl_openai_legacy_functions).
  * parallel_tool_calls false returns the first call only. Sends the error and
  * returns false.
  */
 static bool
 ctl_openai_parse_tools(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_openai_req *r)
 {
+    if (r->chat && !ctl_openai_legacy_functions(pe, body, r))
+        return false;
     json_t *tools = json_object_get(body, "tools");
     if (tools != NULL && json_is_null(tools))
         tools = NULL;
@@ -2300,8 +2302,7 @@ ctl_openai_chat(ctl_http_req *req, void *arg)
     if (ctl_openai_check_fields(req, body, ctl_openai_chat_fields,
                                 sizeof(ctl_openai_chat_fields) /
                                     sizeof(ctl_openai_chat_fields[0])) &&
-        ctl_openai_legacy_functions(req, body, &r) && ctl_openai_parse_platform(req, app, body) &&
-        ctl_openai_parse_common(req, app, body, &r) &&
+        ctl_openai_parse_platform(req, app, body) && ctl_openai_parse_common(req, app, body, &r) &&
         ctl_openai_parse_chat_logprobs(req, body, &r) &&
         ctl_openai_parse_messages(req, app, body, &r) && ctl_chat_begin(req, app, &r, &turn)) {
         ctl_openai_generate(req, app, &r);

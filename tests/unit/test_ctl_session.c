@@ -124,7 +124,7 @@ turn_validate(turn_req *t, const ctl_session_hdrs *h, const wk_chat_msg *msgs, s
 
     memset(t, 0, sizeof(*t));
     assert_int_equal(ctl_session_prompt_encode(g_tok, msgs, n, &t->prompt, &np, &d), WK_OK);
-    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, NULL, NULL, 0};
+    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, NULL, NULL, 0, NULL, NULL};
     if (ctl_session_validate(&t->req, prev, &t->res, &d) != WK_OK)
         fail_msg("validate: %s", d.msg);
 }
@@ -697,7 +697,7 @@ test_reject_each_reason(void **state)
     {
         size_t n;
         const int32_t *r = ctl_session_binding_retained(b, &n);
-        ctl_session_request rq = {&h, m, N_OF(m), r, n, NULL, NULL, 0};
+        ctl_session_request rq = {&h, m, N_OF(m), r, n, NULL, NULL, 0, NULL, NULL};
         ctl_session_result res;
         assert_int_equal(ctl_session_validate(&rq, b, &res, NULL), WK_OK);
         assert_int_equal(res.outcome, CTL_SESSION_OUTCOME_REJECTED);
@@ -974,7 +974,7 @@ spm_turn_validate(spm_turn *t, wk_tok *tok, const ctl_session_hdrs *h, const wk_
     memset(t, 0, sizeof(*t));
     assert_int_equal(wk_chat_render(msgs, n, true, &t->text, &t->len, NULL), WK_OK);
     assert_int_equal(ctl_session_prompt_encode(tok, msgs, n, &t->prompt, &np, &d), WK_OK);
-    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, tok, t->text, t->len};
+    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, tok, t->text, t->len, NULL, NULL};
     if (ctl_session_validate(&t->req, prev, &t->res, &d) != WK_OK)
         fail_msg("validate: %s", d.msg);
     if (t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
@@ -1295,7 +1295,7 @@ test_commit_limits(void **state)
     wk_chat_msg mr[] = {msg("tool", "x")};
     ctl_session_hdrs h1 = hdrs_pt("a1", "m1", "");
     int32_t one = 5;
-    ctl_session_request rq = {&h1, mr, 1, &one, 1, NULL, NULL, 0};
+    ctl_session_request rq = {&h1, mr, 1, &one, 1, NULL, NULL, 0, NULL, NULL};
     ctl_session_result res = {.outcome = CTL_SESSION_OUTCOME_FIRST};
     ctl_session_turn ct2 = {&rq, &res, NULL, NULL, 0, "x", 1};
     assert_int_equal(ctl_session_commit(&ct2, &nb, &d), WK_EINVAL);
