@@ -1133,30 +1133,45 @@ ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retai
                      size_t k, size_t *off)
 {
     const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");
-    size_t el = eos != NULL ? strlen(eos) : 0;
-    if (r->tpl_msgs == NULL || k >= json_array_size(r->tpl_msgs) || el == 0)
+    size_t el = eos != NULL ? strlen(eos) : 0, na = r->tpl_msgs ? json_array_size(r->tpl_msgs) : 0;
+    if (k == 0 || k + 1 >= na || el == 0)
         return false;
-    char *h = NULL, *b = NULL;
-    size_t hl = 0, bl = 0;
+    /*
+     * The history before the reply, rendered alone, must be where the prompt
+     * starts (templates render a last message their own way, e.g. Qwen3.5's
+     * reasoning in the last assistant turn, so the reply itself is not
+     * rendered alone); the reply's turn then ends at the first eos text
+     * after it, before the end of the next message's rendering when that
+     * lines up too, and holds the reply's content.
+     */
+    char *b = NULL, *c = NULL;
+    size_t bl = 0, cl = 0, lim = r->prompt_len;
     bool ok = false;
-    if (ctl_openai_tpl_render_upto(app, r, k + 1, &h, &hl) == WK_OK && hl <= r->prompt_len &&
-        memcmp(h, r->prompt_text, hl) == 0) {
-        /* where the reply's turn starts: after the history before it, when that lines up */
-        if (ctl_openai_tpl_render_upto(app, r, k, &b, &bl) != WK_OK || bl > hl ||
-            memcmp(b, h, bl) != 0)
-            bl = 0;
-        const char *last = NULL;
-        for (const char *p = h + bl; (p = memmem(p, (size_t)(h + hl - p), eos, el)) != NULL;
-             p += el)
-            last = p;
-        if (last != NULL) {
+    if (ctl_openai_tpl_render_upto(app, r, k, &b, &bl) == WK_OK && bl <= r->prompt_len &&
+        memcmp(b, r->prompt_text, bl) == 0) {
+        if (ctl_openai_tpl_render_upto(app, r, k + 2, &c, &cl) == WK_OK && cl > bl &&
+            cl <= r->prompt_len && memcmp(c, r->prompt_text, cl) == 0)
+            lim = cl;
+        const char *e = memmem(r->prompt_text + bl, lim - bl, eos, el);
+        json_t *content = json_object_get(json_array_get(r->tpl_msgs, k), "content");
+        const char *cs = json_is_string(content) ? json_string_value(content) : "";
+        size_t cn = json_is_string(content) ? json_string_length(content) : 0;
+        while (cn > 0 && (cs[0] == ' ' || cs[0] == '\n' || cs[0] == '\t' || cs[0] == '\r')) {
+            cs++;
+            cn--;
+        }
+        while (cn > 0 && (cs[cn - 1] == ' ' || cs[cn - 1] == '\n' || cs[cn - 1] == '\t' ||
+                          cs[cn - 1] == '\r'))
+            cn--;
+        if (e != NULL &&
+            (cn == 0 || memmem(r->prompt_text + bl, (size_t)(e - r->prompt_text) - bl, cs, cn))) {
             bool ate_eos = n > 0 && retained[n - 1] == wk_tok_eos(app->tok);
-            *off = (size_t)(last - h) + (ate_eos ? el : 0);
+            *off = (size_t)(e - r->prompt_text) + (ate_eos ? el : 0);
             ok = true;
         }
     }
-    free(h);
     free(b);
+    free(c);
     return ok;
 }
 

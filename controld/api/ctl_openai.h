@@ -124,11 +124,13 @@ size_t ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools
  * parent-token-v1 on a templated chat (ctl_chat): where the text after
  * message k of r (the parked reply) starts in r->prompt_text, for a state
  * that consumed the retained ids (n) of that reply's turn. The template
- * renders messages 0..k without a generation prompt; that text must be a
- * prefix of the prompt, and the reply's turn must end with the eos token
- * text after messages 0..k-1: the delta starts after it when the retained
- * ids end with the eos id (the state consumed it), else at it. False when
- * the rendering does not line up (template_prefix_mismatch).
+ * renders messages 0..k-1 without a generation prompt; that text must be a
+ * prefix of the prompt, and the reply's turn ends at the first eos token
+ * text after it (before the end of message k+1's rendering when messages
+ * 0..k+1 rendered alone are a prefix too), the reply's content (outer
+ * whitespace aside) inside: the delta starts after the eos text when the
+ * retained ids end with the eos id (the state consumed it), else at it.
+ * False when the rendering does not line up (template_prefix_mismatch).
  */
 bool ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retained, size_t n,
                           size_t k, size_t *off);

@@ -437,18 +437,25 @@ def qwen35_real_check(model, tmp):
         s.start_worker("w0")
         s.wait(lambda: s.get("/ready").status == 200, "ready")
 
-        def chat(messages, kwargs=None, **extra):
+        def chat(messages, kwargs=None, headers=None, rendered=True, **extra):
             body = dict({"model": MID, "messages": messages, "max_tokens": 6, "temperature": 0,
                          "return_token_ids": True}, **extra)
             if kwargs is not None:
                 body["chat_template_kwargs"] = kwargs
-            r = http("POST", s.url + "/v1/chat/completions", body=body, timeout=120)
+            r = http("POST", s.url + "/v1/chat/completions", body=body, headers=headers,
+                     timeout=120)
             assert r.status == 200, r.body
             j = r.json()
             want = jinja2_render(messages, kwargs or {})
-            assert decode(j["prompt_token_ids"]) == want, (decode(j["prompt_token_ids"]), want)
+            if rendered:
+                assert decode(j["prompt_token_ids"]) == want, (decode(j["prompt_token_ids"]), want)
             assert j["prompt_token_ids"].count(508) == want.count("<|im_start|>"), j
             return j
+
+        def hits():
+            text = s.get("/metrics").body.decode()
+            return sum(float(x.split()[-1]) for x in text.splitlines()
+                       if x.startswith("wkvm_parent_bound_continuation_hits_total "))
 
         a = chat(msgs)  # thinking on: the reply starts as reasoning
         m, ids = a["choices"][0]["message"], a["choices"][0]["token_ids"]
@@ -466,8 +473,34 @@ def qwen35_real_check(model, tmp):
         assert cached > 0, c["usage"]
         d = chat(hist, cache=False)
         assert d["choices"][0]["token_ids"] == c["choices"][0]["token_ids"], (c, d)
+        # parent-token-v1 on this template (it renders the last assistant turn its own way):
+        # turn 2 continues turn 1's tokens, the reasoning included
+        for bias in (0.5, 1, 2, 3):  # (the first that makes some reasoning, then some content)
+            h = {"X-WKVM-Stateful-Chat": "parent-token-v1", "X-OpenWebUI-Chat-Id": f"q{bias}",
+                 "X-OpenWebUI-User-Id": "u", "X-WKVM-User-Message-ID": "u1",
+                 "X-WKVM-Assistant-Message-ID": "a1"}
+            e = chat(msgs, headers=h, max_tokens=8, logit_bias={"511": bias},
+                     presence_penalty=2, frequency_penalty=2)
+            em = e["choices"][0]["message"]
+            if em.get("reasoning_content") and em["content"].strip():
+                break
+        h0 = hits()
+        hist2 = msgs + [{"role": "assistant", "content": em["content"].strip()},
+                        {"role": "user", "content": "more"}]
+        f = chat(hist2, headers=dict(h, **{"X-WKVM-User-Message-ID": "u2",
+                                           "X-WKVM-Assistant-Message-ID": "a2",
+                                           "X-WKVM-Parent-Message-ID": "a1"}),
+                 rendered=False, max_tokens=4)
+        assert hits() == h0 + 1, ("no contract hit on Qwen3.5-4B.jinja", em, [
+            x for x in s.get("/metrics").body.decode().splitlines()
+            if x.startswith("wkvm_parent_bound") and not x.endswith(" 0")])
+        turn1 = e["prompt_token_ids"] + e["choices"][0]["token_ids"]
+        assert f["prompt_token_ids"][:len(turn1)] == turn1, (f, turn1)
+        assert decode(f["prompt_token_ids"][len(turn1):]).endswith(
+            "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n<think>\n"), f
         return (f"Qwen3.5-4B.jinja: prompts equal jinja2's; follow-up reused {cached} of "
-                f"{c['usage']['prompt_tokens']} prompt tokens")
+                f"{c['usage']['prompt_tokens']} prompt tokens; parent-token-v1 continued "
+                f"{len(turn1)} tokens (reasoning {len(em.get('reasoning_content') or '')} bytes)")
 
 
 def no_template_check(model, tmp):
