@@ -67,11 +67,16 @@ main(int argc, char **argv)
     double *t = calloc((size_t)iters, sizeof(*t));
     if (p == NULL || len == NULL || mask == NULL || t == NULL)
         return 1;
-    for (uint32_t i = 0; i < n; i++)
+    uint8_t *lit = calloc(n, 1);
+    if (lit == NULL)
+        return 1;
+    for (uint32_t i = 0; i < n; i++) {
         p[i] = wk_tok_piece(tok, (int32_t)i, &len[i]);
+        lit[i] = wk_tok_is_added(tok, (int32_t)i); /* (as ctl_toolgram builds it) */
+    }
     double t0 = now_us();
     wk_gvocab *v = NULL;
-    if (wk_gvocab_new(p, len, n, wk_tok_eos(tok), &v) != WK_OK)
+    if (wk_gvocab_new(p, len, n, wk_tok_eos(tok), lit, &v) != WK_OK)
         return 1;
     printf("vocab %u tokens, trie built in %.1f ms\n", n, (now_us() - t0) / 1e3);
     static const struct {

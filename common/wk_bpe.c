@@ -1501,6 +1501,13 @@ wk_bpe_piece(const wk_bpe *b, int32_t id, size_t *len)
     return b->bytes + b->piece_off[id];
 }
 
+bool
+wk_bpe_is_added(const wk_bpe *b, int32_t id)
+{
+    return id >= 0 && (uint32_t)id < b->vocab_size && b->added != NULL &&
+           (b->added[id] & BPE_ADDED_KIND) != BPE_ADDED_NONE;
+}
+
 int32_t
 wk_bpe_find(const wk_bpe *b, const char *s, size_t n)
 {

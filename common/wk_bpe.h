@@ -127,6 +127,9 @@ bool wk_bpe_strips_space(const wk_bpe *b);
  */
 const uint8_t *wk_bpe_piece(const wk_bpe *b, int32_t id, size_t *len);
 
+/* True when id is one of the file's added tokens (special or not). */
+bool wk_bpe_is_added(const wk_bpe *b, int32_t id);
+
 /*
  * Id of the token written s (n bytes) in the file: an added token's content
  * first (hf-spm Llama-2 form: a normalized one by its normalized content),

@@ -710,6 +710,69 @@ gm_feed(const wk_grammar *g, gm_state *s, uint8_t c)
     return false;
 }
 
+/* How a byte was taken (gm_taken()). */
+enum { GM_FREE, GM_FIXED, GM_SEP };
+
+/*
+ * How the frame top (as it was before c) took c (r: what it returned):
+ * GM_FIXED for fixed text of the grammar: a string's quotes, a raw text's
+ * end marker (c continues its match), every byte of the other frames
+ * (literals, names, enum values, punctuation); GM_SEP for the "\n" an XML
+ * value's end marker must follow (fixed only when the marker follows);
+ * GM_FREE for a string's contents, a number, whitespace, a raw text's
+ * contents.
+ */
+static int
+gm_taken(const wk_grammar *g, const gm_frame *top, uint8_t c, gm_res r)
+{
+    switch (top->kind) {
+    case F_STR:
+        return top->phase == S_OPEN || (top->phase == S_BODY && r == R_POP_OK) ? GM_FIXED
+                                                                                 : GM_FREE;
+    case F_NUM:
+    case F_WS:
+        return GM_FREE;
+    case F_RAW: {
+        const gm_node *nd = &g->nodes[top->node];
+        if (top->aux != 0)
+            return GM_FREE; /* (inside a multi-byte character) */
+        if (c == g->bytes[nd->str + top->pos])
+            return GM_FIXED;
+        return nd->lookahead && c == '\n' ? GM_SEP : GM_FREE;
+    }
+    default:
+        return GM_FIXED;
+    }
+}
+
+/* gm_feed() that also says how c was taken (*how: gm_taken()). */
+static bool
+gm_feed_fixed(const wk_grammar *g, gm_state *s, uint8_t c, int *how)
+{
+    for (int guard = 0; guard < 4 * WK_GM_STACK + 8; guard++) {
+        if (s->n == 0)
+            return false;
+        gm_frame top = s->f[s->n - 1];
+        gm_res r = gm_step(g, s, c);
+        switch (r) {
+        case R_OK:
+        case R_POP_OK:
+            *how = gm_taken(g, &top, c, r);
+            if (r == R_POP_OK)
+                s->n--;
+            return true;
+        case R_REJECT:
+            return false;
+        case R_POP_REFEED:
+            s->n--;
+            break;
+        case R_REFEED:
+            break;
+        }
+    }
+    return false;
+}
+
 static bool
 gm_state_accepting(const wk_grammar *g, const gm_state *s)
 {
@@ -813,6 +876,10 @@ struct wk_gvocab {
                              bit 1: every path through node i's subtree, read from the root,
                              is plain bytes and valid UTF-8 (possibly ending mid-character) */
     uint32_t max_depth;   /* longest token */
+    uint32_t n_lit;       /* control tokens: allowed only as fixed text (not in the trie) */
+    uint32_t *lit_ids;    /* their ids */
+    uint32_t *lit_off;    /* n_lit + 1 offsets into lit_bytes */
+    uint8_t *lit_bytes;   /* their bytes, one after the other */
 };
 
 /*
@@ -872,6 +939,9 @@ wk_gvocab_free(wk_gvocab *v)
     free(v->tok);
     free(v->ids);
     free(v->plain);
+    free(v->lit_ids);
+    free(v->lit_off);
+    free(v->lit_bytes);
     free(v);
 }
 
@@ -881,9 +951,42 @@ wk_gvocab_size(const wk_gvocab *v)
     return v->n_tokens;
 }
 
+/* The control tokens of literal into v (lit_*). WK_OK or WK_ENOMEM. */
+static wk_err
+gm_vocab_lits(wk_gvocab *v, const uint8_t *const *pieces, const size_t *lens, uint32_t n,
+              const uint8_t *literal)
+{
+    size_t nl = 0, bytes = 0;
+    for (uint32_t i = 0; literal != NULL && i < n; i++) {
+        if (literal[i] && pieces[i] != NULL && lens[i] > 0 && lens[i] <= 65535 &&
+            (int32_t)i != v->eos) {
+            nl++;
+            bytes += lens[i];
+        }
+    }
+    v->lit_ids = malloc((nl ? nl : 1) * sizeof(*v->lit_ids));
+    v->lit_off = malloc((nl + 1) * sizeof(*v->lit_off));
+    v->lit_bytes = malloc(bytes ? bytes : 1);
+    if (v->lit_ids == NULL || v->lit_off == NULL || v->lit_bytes == NULL || bytes > UINT32_MAX)
+        return WK_ENOMEM;
+    uint32_t k = 0, off = 0;
+    for (uint32_t i = 0; literal != NULL && i < n; i++) {
+        if (literal[i] && pieces[i] != NULL && lens[i] > 0 && lens[i] <= 65535 &&
+            (int32_t)i != v->eos) {
+            v->lit_ids[k] = i;
+            v->lit_off[k++] = off;
+            memcpy(v->lit_bytes + off, pieces[i], lens[i]);
+            off += (uint32_t)lens[i];
+        }
+    }
+    v->lit_off[k] = off;
+    v->n_lit = k;
+    return WK_OK;
+}
+
 wk_err
 wk_gvocab_new(const uint8_t *const *pieces, const size_t *lens, uint32_t n, int32_t eos,
-              wk_gvocab **out)
+              const uint8_t *literal, wk_gvocab **out)
 {
     *out = NULL;
     wk_gvocab *v = calloc(1, sizeof(*v));
@@ -895,9 +998,15 @@ wk_gvocab_new(const uint8_t *const *pieces, const size_t *lens, uint32_t n, int3
     }
     v->n_tokens = n;
     v->eos = eos;
+    if (gm_vocab_lits(v, pieces, lens, n, literal) != WK_OK) {
+        free(keys);
+        wk_gvocab_free(v);
+        return WK_ENOMEM;
+    }
     size_t nk = 0, total = 1;
     for (uint32_t i = 0; i < n; i++) {
-        if (pieces[i] == NULL || lens[i] == 0 || lens[i] > 65535 || (int32_t)i == eos)
+        if (pieces[i] == NULL || lens[i] == 0 || lens[i] > 65535 || (int32_t)i == eos ||
+            (literal != NULL && literal[i]))
             continue;
         keys[nk++] = (gm_sortkey){pieces[i], lens[i], i};
         total += lens[i];
@@ -1056,6 +1165,23 @@ wk_gmatch_allowed(const wk_gmatch *mc, const wk_gvocab *v, uint64_t *mask)
             count++;
         }
         i++;
+    }
+    /* Control tokens, one by one: every byte must be fixed text of the grammar. */
+    for (uint32_t k = 0; k < v->n_lit; k++) {
+        gm_state *st = &m->scratch[0];
+        gm_state_copy(st, &m->st);
+        bool ok = true, sep = false; /* sep: a "\n" that the marker must follow next */
+        for (uint32_t j = v->lit_off[k]; ok && j < v->lit_off[k + 1]; j++) {
+            int how = GM_FREE;
+            ok = gm_feed_fixed(m->g, st, v->lit_bytes[j], &how) && how != GM_FREE &&
+                 !(sep && how != GM_FIXED);
+            sep = how == GM_SEP;
+        }
+        if (ok && !sep) {
+            uint32_t id = v->lit_ids[k];
+            mask[id / 64] |= 1ull << (id % 64);
+            count++;
+        }
     }
     if (v->eos >= 0 && (uint32_t)v->eos < v->n_tokens && wk_gmatch_accepting(m)) {
         mask[(uint32_t)v->eos / 64] |= 1ull << ((uint32_t)v->eos % 64);

@@ -101,9 +101,19 @@ bool wk_gmatch_done(const wk_gmatch *m);
  * A vocab for wk_gmatch_allowed: token i's bytes are pieces[i] (lens[i]
  * bytes; NULL or empty: never allowed), eos the end-of-text id (allowed
  * exactly when the matcher accepts; -1 = none). The bytes are copied.
+ *
+ * literal (NULL: none) marks the control tokens (a tokenizer's added tokens:
+ * <think>, <tool_call>, <|im_start|>, ...): a token i with literal[i] != 0
+ * is allowed only where each of its bytes is fixed text of the grammar (the
+ * format's markers, a property name, an enum value, the end marker of a raw
+ * text such as "</think>" or "\n</parameter>\n"), never as free text: the
+ * contents of a string or of an XML value, a number, whitespace, the
+ * reasoning before the call. The same text spelled with ordinary pieces is
+ * free text like any other. (A control token that is a proper prefix of a
+ * raw text's end marker is taken as the start of that marker.)
  */
 WK_MUST_CHECK wk_err wk_gvocab_new(const uint8_t *const *pieces, const size_t *lens, uint32_t n,
-                                   int32_t eos, wk_gvocab **out);
+                                   int32_t eos, const uint8_t *literal, wk_gvocab **out);
 void wk_gvocab_free(wk_gvocab *v);
 uint32_t wk_gvocab_size(const wk_gvocab *v);
 

@@ -931,6 +931,12 @@ wk_tok_piece(const wk_tok *t, int32_t id, size_t *len)
     return t->bytes + t->piece_off[id];
 }
 
+bool
+wk_tok_is_added(const wk_tok *t, int32_t id)
+{
+    return t->bpe != NULL && wk_bpe_is_added(t->bpe, id);
+}
+
 /* The child of node q along byte c, or 0 (the root is never a child). */
 static uint32_t
 tok_child(const wk_tok *t, uint32_t q, uint8_t c)

@@ -235,6 +235,13 @@ WK_MUST_CHECK wk_err wk_tok_decode(const wk_tok *t, const int32_t *ids, size_t n
 const uint8_t *wk_tok_piece(const wk_tok *t, int32_t id, size_t *len);
 
 /*
+ * True when id is an added token of an HF tokenizer (special or not:
+ * <|im_end|>, <think>, <tool_call>, ...; from GGUF, a CONTROL or
+ * USER_DEFINED token). World vocabs have none.
+ */
+bool wk_tok_is_added(const wk_tok *t, int32_t id);
+
+/*
  * Lowercase hex SHA-256 of the vocab file (World) or tokenizer.json (HF)
  * bytes, borrowed until wk_tok_free(t).
  */

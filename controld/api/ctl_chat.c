@@ -305,9 +305,34 @@ ctl_chat_on_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj
     (void)final_obj;
     ctl_chat_turn *t = r->user;
     ctl_app *app = t->app;
-    int32_t *gen = malloc((res->n_tokens ? res->n_tokens : 1) * sizeof(*gen));
-    if (gen == NULL)
+    /*
+     * A templated reply's visible text is its content: the reasoning goes
+     * out as reasoning_content and Open WebUI sends back the content alone.
+     * A reply with tool calls is not parked: the next turn's history holds
+     * parts the visible-history checks do not cover (ctl_chat_begin()).
+     */
+    char *vis = NULL;
+    size_t vis_len = 0, n_calls = 0;
+    if (r->templated &&
+        (ctl_openai_tpl_visible(r, res->text, res->text_len, &vis, &vis_len, &n_calls) != WK_OK ||
+         n_calls > 0)) {
+        free(vis);
+        (void)ctl_sched_slot_free(app->sched, &res->slot);
+        t->have_slot = false;
+        ctl_chat_retire(app, t->key);
+        if (t->count_pending) {
+            ctl_chat_count(app, &t->res);
+            t->count_pending = false;
+        }
+        ctl_chat_unlock(t->app->chat_active, t->key);
+        t->unlocked = true;
         return;
+    }
+    int32_t *gen = malloc((res->n_tokens ? res->n_tokens : 1) * sizeof(*gen));
+    if (gen == NULL) {
+        free(vis);
+        return;
+    }
     for (size_t i = 0; i < res->n_tokens; i++)
         gen[i] = res->tokens[i].id;
     ctl_session_turn st = {
@@ -316,8 +341,8 @@ ctl_chat_on_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj
         .prev = t->prev,
         .gen_ids = gen,
         .n_gen = res->n_tokens, /* every sampled token was fed (feed_stop) */
-        .visible = res->text,
-        .visible_len = res->text_len,
+        .visible = vis != NULL ? vis : res->text,
+        .visible_len = vis != NULL ? vis_len : res->text_len,
     };
     ctl_session_binding *nb = NULL;
     wk_diag d = {{0}};
@@ -345,6 +370,7 @@ ctl_chat_on_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj
     }
     ctl_session_binding_free(nb);
     free(gen);
+    free(vis);
     /*
      * The turn is parked before the reply's last bytes go out, so release
      * the session now: a client may send its next turn the moment it has
@@ -519,6 +545,14 @@ ctl_chat_request_set(ctl_app *app, ctl_chat_turn *t, bool hit)
     return true;
 }
 
+/* ctl_session_request.align for a templated chat: ctl_openai_tpl_align() on the turn's request. */
+static bool
+ctl_chat_tpl_align(void *ctx, const int32_t *retained, size_t n, size_t k, size_t *off)
+{
+    const ctl_chat_turn *t = ctx;
+    return ctl_openai_tpl_align(t->app, t->r, retained, n, k, off);
+}
+
 bool
 ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn **turn)
 {
@@ -540,12 +574,16 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn
     if (ctl_session_hdrs_mode(&hdrs) == CTL_SESSION_MODE_NONE)
         return true;
     /*
-     * parent-token-v1 checks message spans and digests of the World template;
-     * a model's own template renders history its own way (Qwen3.5 drops old
-     * reasoning), so its chats are served by the prefix index alone: the
-     * longest checkpoint that is a prefix of the prompt, never a wrong state.
+     * A model's own template renders history its own way (Qwen3.5 drops old
+     * reasoning): parent-token-v1 holds where the visible history is the
+     * messages' texts (no tool calls or results, whose parts the digests do
+     * not cover), aligned by the template (ctl_openai_tpl_align); other
+     * templated chats, and the exact-prefix mode (its token rule assumes the
+     * World template), are served by the prefix index alone: the longest
+     * checkpoint that is a prefix of the prompt, never a wrong state.
      */
-    if (r->templated)
+    if (r->templated && (ctl_session_hdrs_mode(&hdrs) != CTL_SESSION_MODE_PARENT_TOKEN ||
+                         !ctl_openai_tpl_plain(r)))
         return true;
     ctl_chat_turn *t = calloc(1, sizeof(*t));
     if (t == NULL) {
@@ -575,7 +613,9 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn
     t->sreq = (ctl_session_request){.hdrs = &t->hdrs, .msgs = r->msgs, .n_msgs = r->n_msgs,
                                     .prompt_ids = t->full_prompt, .n_prompt = t->n_full,
                                     .tok = app->tok, .prompt_text = r->prompt_text,
-                                    .prompt_len = r->prompt_len};
+                                    .prompt_len = r->prompt_len,
+                                    .align = r->templated ? ctl_chat_tpl_align : NULL,
+                                    .align_ctx = t};
     bool bad = false;
     t->prev = ctl_chat_load(app, t->key, &bad);
     if (ctl_session_validate(&t->sreq, t->prev, &t->res, &d) != WK_OK) {

@@ -40,6 +40,8 @@ ctl_openai_req_fini(ctl_openai_req *r)
     free(r->prompt);
     free(r->msg_ends);
     json_decref(r->tools);
+    json_decref(r->tpl_msgs);
+    json_decref(r->tpl_kw);
     free(r->tool_force_name);
     ctl_toolgram_free(r->toolgram);
 }
@@ -528,6 +530,118 @@ ctl_openai_toolgram_reasoning(ctl_http_req *req, ctl_app *app, ctl_openai_req *r
 }
 
 /*
+ * The legacy functions API (OpenAI's `functions` / `function_call`,
+ * deprecated for `tools` / `tool_choice` and still sent by its SDK): the
+ * body is rewritten into the tools API before anything else reads it.
+ * `functions` [F, ...] becomes `tools` [{"type": "function", "function":
+ * F}, ...] (both given: a 400), `function_call` "auto" / "none" / {"name":
+ * N} becomes `tool_choice` "auto" / "none" / {"type": "function",
+ * "function": {"name": N}}, and the reply holds at most one call
+ * (parallel_tool_calls false), answered as `message.function_call` with
+ * finish_reason "function_call" (r->legacy_fn; docs/OPENAI_COMPAT.md). In
+ * the history an assistant's `function_call` {"name", "arguments"} becomes
+ * its `tool_calls` [{"id": "call_legacy_I", ...}] and a `role: "function"`
+ * message {"name", "content"} a `role: "tool"` result answering the last
+ * such call (tool_call_id), so the template renders it as a tool result.
+ * Sends the error and returns false.
+ */
+static bool
+ctl_openai_legacy_functions(ctl_openai_perr *pe, json_t *body, ctl_openai_req *r)
+{
+    json_t *fl = json_object_get(body, "functions");
+    json_t *fc = json_object_get(body, "function_call");
+    bool has_fl = fl != NULL && !json_is_null(fl), has_fc = fc != NULL && !json_is_null(fc);
+    if (has_fl || has_fc) {
+        json_t *tools = json_object_get(body, "tools");
+        json_t *tc = json_object_get(body, "tool_choice");
+        if ((has_fl && tools != NULL && !json_is_null(tools)) ||
+            (has_fc && tc != NULL && !json_is_null(tc))) {
+            ctl_openai_perr_set(pe, WK_EINVAL, has_fl ? "functions" : "function_call",
+                            "use either 'tools' / 'tool_choice' or the legacy 'functions' / "
+                            "'function_call', not both");
+            return false;
+        }
+        bool ok = !has_fl || json_is_array(fl);
+        size_t k;
+        json_t *f;
+        if (has_fl)
+            json_array_foreach(fl, k, f) ok = ok && json_is_object(f);
+        if (!ok) {
+            ctl_openai_perr_set(pe, WK_EINVAL, "functions", "'functions' must be an array of objects");
+            return false;
+        }
+        const char *fcs = json_is_string(fc) ? json_string_value(fc) : NULL;
+        json_t *fname = json_object_get(fc, "name");
+        if (has_fc && !(fcs != NULL && (strcmp(fcs, "auto") == 0 || strcmp(fcs, "none") == 0)) &&
+            !(json_is_object(fc) && json_is_string(fname))) {
+            ctl_openai_perr_set(pe, WK_EINVAL, "function_call",
+                            "'function_call' must be \"auto\", \"none\" or {\"name\": ...}");
+            return false;
+        }
+        if (has_fl) {
+            json_t *tools_new = json_array();
+            json_array_foreach(fl, k, f)
+                json_array_append_new(tools_new,
+                                      json_pack("{s:s, s:O}", "type", "function", "function", f));
+            json_object_set_new(body, "tools", tools_new);
+            r->legacy_fn = true;
+            json_t *p = json_object_get(body, "parallel_tool_calls");
+            if (p == NULL || json_is_null(p))
+                json_object_set_new(body, "parallel_tool_calls", json_false());
+        }
+        if (has_fc)
+            json_object_set_new(body, "tool_choice",
+                                fcs != NULL ? json_string(fcs)
+                                            : json_pack("{s:s, s:{s:O}}", "type", "function",
+                                                        "function", "name", fname));
+        json_object_del(body, "functions");
+        json_object_del(body, "function_call");
+    }
+    json_t *msgs = json_object_get(body, "messages");
+    char last_id[40] = "";
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        json_t *role = json_object_get(m, "role");
+        json_t *call = json_object_get(m, "function_call");
+        if (!json_is_object(m) || !json_is_string(role))
+            continue; /* (refused by ctl_openai_parse_messages) */
+        char param[64];
+        if (strcmp(json_string_value(role), "assistant") == 0 && call != NULL &&
+            !json_is_null(call)) {
+            json_t *tcs = json_object_get(m, "tool_calls");
+            if (!json_is_object(call) || (tcs != NULL && !json_is_null(tcs))) {
+                snprintf(param, sizeof(param), "messages[%zu].function_call", i);
+                ctl_openai_perr_set(pe, WK_EINVAL, param,
+                                "'function_call' must be {\"name\", \"arguments\"}, without "
+                                "'tool_calls' on the same message");
+                return false;
+            }
+            snprintf(last_id, sizeof(last_id), "call_legacy_%zu", i);
+            json_object_set_new(m, "tool_calls",
+                                json_pack("[{s:s, s:s, s:O}]", "id", last_id, "type", "function",
+                                          "function", call));
+            json_object_del(m, "function_call");
+        } else if (strcmp(json_string_value(role), "function") == 0) {
+            if (!json_is_string(json_object_get(m, "name"))) {
+                snprintf(param, sizeof(param), "messages[%zu].name", i);
+                ctl_openai_perr_set(pe, WK_EINVAL, param,
+                                "a function message needs the string 'name' of its function");
+                return false;
+            }
+            json_object_set_new(m, "role", json_string("tool"));
+            if (json_object_get(m, "tool_call_id") == NULL) {
+                char id[40];
+                if (last_id[0] == '\0')
+                    snprintf(id, sizeof(id), "call_legacy_%zu", i);
+                json_object_set_new(m, "tool_call_id", json_string(last_id[0] ? last_id : id));
+            }
+        }
+    }
+    return true;
+}
+
+/*
  * Tools. `tools` is validated (an array of objects; for a model with its
  * own chat template function tools with unique names, docs/OPENAI_COMPAT.md).
  * For a model with its own chat template it is passed to the template, and unless tool_choice is "none" the reply is
@@ -536,38 +650,15 @@ ctl_openai_toolgram_reasoning(ctl_http_req *req, ctl_app *app, ctl_openai_req *r
  * "auto". tool_choice "none" keeps the tools in the prompt and parses no
  * calls (vLLM's default). "required" or a named function needs constrained
  * decoding (ctl_openai_tool_choice_forced). The legacy `functions` /
- * `function_call` are validated and answered in plain text.
+ * `function_call` become tools first (ctl_openai_legacy_functions).
  * parallel_tool_calls false returns the first call only. Sends the error and
  * returns false.
  */
 static bool
 ctl_openai_parse_tools(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_openai_req *r)
 {
-    json_t *fl = json_object_get(body, "functions");
-    if (fl != NULL && !json_is_null(fl)) {
-        bool ok = json_is_array(fl);
-        size_t k;
-        json_t *t;
-        json_array_foreach(fl, k, t) ok = ok && json_is_object(t);
-        if (!ok) {
-            ctl_openai_perr_set(pe, WK_EINVAL, "functions", "'functions' must be an array of objects");
-            return false;
-        }
-    }
-    json_t *fc = json_object_get(body, "function_call");
-    const char *fcs = json_is_string(fc) ? json_string_value(fc) : NULL;
-    if (fc != NULL && !json_is_null(fc) &&
-        !(fcs != NULL && (strcmp(fcs, "auto") == 0 || strcmp(fcs, "none") == 0))) {
-        if ((fcs != NULL && strcmp(fcs, "required") == 0) || json_is_object(fc))
-            ctl_openai_perr_set(pe, WK_EINVAL, "function_call",
-                            "'function_call' cannot require one: wkvm answers the legacy "
-                            "functions API in plain text (use 'tools')");
-        else
-            ctl_openai_perr_set(pe, WK_EINVAL, "function_call",
-                            "'function_call' must be \"auto\", \"none\", \"required\" or a "
-                            "function");
+    if (r->chat && !ctl_openai_legacy_functions(pe, body, r))
         return false;
-    }
     json_t *tools = json_object_get(body, "tools");
     if (tools != NULL && json_is_null(tools))
         tools = NULL;
@@ -961,7 +1052,8 @@ ctl_openai_check_tool_msg(ctl_http_req *req, ctl_app *app, json_t *m, size_t i, 
 /*
  * Checkpoint boundaries of a templated prompt: where a turn ends, after each
  * occurrence of the template's eos token text (<|im_end|>) in r->prompt_text,
- * as token positions (the last token boundary at or before it); the last
+ * and where the history ends before the generation prompt (r->hist_end), as
+ * token positions (the last token boundary at or before it); the last
  * CTL_CKPT_MAX_BOUNDS of them. A follow-up re-renders the history (Qwen3
  * drops the reasoning and the generation prompt's <think>), so the turn ends
  * before it are what the next prompt shares: the index resumes there.
@@ -971,18 +1063,21 @@ ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
 {
     const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");
     size_t el = eos != NULL ? strlen(eos) : 0, acc = 0, next = 0;
+    size_t hist = r->hist_end < r->prompt_len ? r->hist_end : 0;
     r->n_bounds = 0;
-    if (el == 0)
-        return;
     const char *p = r->prompt_text, *end = r->prompt_text + r->prompt_len;
     /* next: the byte offset after the next eos occurrence (0: none left) */
-    const char *hit = memmem(p, r->prompt_len, eos, el);
+    const char *hit = el > 0 ? memmem(p, r->prompt_len, eos, el) : NULL;
     next = hit != NULL ? (size_t)(hit - p) + el : 0;
-    for (size_t i = 0; i <= r->n_prompt && next != 0; i++) {
+    for (size_t i = 0; i <= r->n_prompt && (next != 0 || hist != 0); i++) {
         size_t pl = 0;
         if (i < r->n_prompt)
             (void)wk_tok_piece(app->tok, r->prompt[i], &pl);
-        while (next != 0 && (i == r->n_prompt || acc + pl > next)) {
+        for (;;) {
+            /* the nearest target: an eos end or the history's end */
+            size_t target = next == 0 ? hist : hist == 0 ? next : next < hist ? next : hist;
+            if (target == 0 || (i < r->n_prompt && acc + pl <= target))
+                break;
             if (i > 0 && (r->n_bounds == 0 || r->bounds[r->n_bounds - 1] < i)) {
                 if (r->n_bounds == CTL_CKPT_MAX_BOUNDS) { /* keep the last ones */
                     memmove(r->bounds, r->bounds + 1, (CTL_CKPT_MAX_BOUNDS - 1) * sizeof(size_t));
@@ -990,11 +1085,111 @@ ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
                 }
                 r->bounds[r->n_bounds++] = i;
             }
-            hit = memmem(p + next, (size_t)(end - (p + next)), eos, el);
-            next = hit != NULL ? (size_t)(hit - p) + el : 0;
+            if (hist == target)
+                hist = 0;
+            if (next == target) {
+                hit = memmem(p + next, (size_t)(end - (p + next)), eos, el);
+                next = hit != NULL ? (size_t)(hit - p) + el : 0;
+            }
         }
         acc += pl;
     }
+}
+
+size_t
+ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools, const json_t *kwargs,
+                    const char *prompt, size_t plen)
+{
+    char *h = NULL;
+    size_t hl = 0;
+    wk_diag d = {{0}};
+    if (wk_chat_tpl_render_json(app->chat_tpl, msgs, tools, false, kwargs, NULL, &h, &hl, &d) !=
+        WK_OK)
+        return 0; /* (a template may refuse to end on a user turn: no boundary then) */
+    size_t n = hl < plen && memcmp(h, prompt, hl) == 0 ? hl : 0;
+    free(h);
+    return n;
+}
+
+/* Renders messages 0..k-1 of r (add_generation_prompt false); WK_OK or the render's error. */
+static wk_err
+ctl_openai_tpl_render_upto(ctl_app *app, const ctl_openai_req *r, size_t k, char **out,
+                           size_t *len)
+{
+    json_t *sub = json_array();
+    if (sub == NULL)
+        return WK_ENOMEM;
+    for (size_t i = 0; i < k; i++)
+        json_array_append(sub, json_array_get(r->tpl_msgs, i));
+    wk_diag d = {{0}};
+    wk_err err = wk_chat_tpl_render_json(app->chat_tpl, sub, r->tools, false, r->tpl_kw, NULL,
+                                         out, len, &d);
+    json_decref(sub);
+    return err;
+}
+
+bool
+ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retained, size_t n,
+                     size_t k, size_t *off)
+{
+    const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");
+    size_t el = eos != NULL ? strlen(eos) : 0, na = r->tpl_msgs ? json_array_size(r->tpl_msgs) : 0;
+    if (k == 0 || k + 1 >= na || el == 0)
+        return false;
+    /*
+     * The history before the reply, rendered alone, must be where the prompt
+     * starts (templates render a last message their own way, e.g. Qwen3.5's
+     * reasoning in the last assistant turn, so the reply itself is not
+     * rendered alone); the reply's turn then ends at the first eos text
+     * after it, before the end of the next message's rendering when that
+     * lines up too, and holds the reply's content.
+     */
+    char *b = NULL, *c = NULL;
+    size_t bl = 0, cl = 0, lim = r->prompt_len;
+    bool ok = false;
+    if (ctl_openai_tpl_render_upto(app, r, k, &b, &bl) == WK_OK && bl <= r->prompt_len &&
+        memcmp(b, r->prompt_text, bl) == 0) {
+        if (ctl_openai_tpl_render_upto(app, r, k + 2, &c, &cl) == WK_OK && cl > bl &&
+            cl <= r->prompt_len && memcmp(c, r->prompt_text, cl) == 0)
+            lim = cl;
+        const char *e = memmem(r->prompt_text + bl, lim - bl, eos, el);
+        json_t *content = json_object_get(json_array_get(r->tpl_msgs, k), "content");
+        const char *cs = json_is_string(content) ? json_string_value(content) : "";
+        size_t cn = json_is_string(content) ? json_string_length(content) : 0;
+        while (cn > 0 && (cs[0] == ' ' || cs[0] == '\n' || cs[0] == '\t' || cs[0] == '\r')) {
+            cs++;
+            cn--;
+        }
+        while (cn > 0 && (cs[cn - 1] == ' ' || cs[cn - 1] == '\n' || cs[cn - 1] == '\t' ||
+                          cs[cn - 1] == '\r'))
+            cn--;
+        if (e != NULL &&
+            (cn == 0 || memmem(r->prompt_text + bl, (size_t)(e - r->prompt_text) - bl, cs, cn))) {
+            bool ate_eos = n > 0 && retained[n - 1] == wk_tok_eos(app->tok);
+            *off = (size_t)(e - r->prompt_text) + (ate_eos ? el : 0);
+            ok = true;
+        }
+    }
+    free(b);
+    free(c);
+    return ok;
+}
+
+bool
+ctl_openai_tpl_plain(const ctl_openai_req *r)
+{
+    size_t i;
+    json_t *m;
+    if (!r->templated || r->tpl_msgs == NULL)
+        return false;
+    json_array_foreach(r->tpl_msgs, i, m) {
+        json_t *tc = json_object_get(m, "tool_calls");
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if ((json_is_array(tc) && json_array_size(tc) > 0) ||
+            (role != NULL && strcmp(role, "tool") == 0))
+            return false;
+    }
+    return true;
 }
 
 /*
@@ -1050,7 +1245,12 @@ ctl_openai_parse_templated(ctl_http_req *req, ctl_app *app, json_t *body, ctl_op
                               : wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true,
                                                         json_is_object(kw) ? kw : NULL, NULL,
                                                         &prompt, &plen, &d);
-    json_decref(msgs);
+    if (err == WK_OK)
+        r->hist_end = ctl_openai_hist_end(app, msgs, r->tools, json_is_object(kw) ? kw : NULL,
+                                          prompt, plen);
+    /* (kept for parent-token-v1's alignment, ctl_openai_tpl_align) */
+    r->tpl_msgs = msgs;
+    r->tpl_kw = json_is_object(kw) ? json_incref(kw) : NULL;
     json_decref(kw_own);
     if (err != WK_OK) {
         bool kw_bad = strncmp(d.msg, "chat_template_kwargs", 20) == 0;
@@ -1461,6 +1661,49 @@ ctl_openai_tc_feed(ctl_openai_tc *tc, const char *text, size_t len, bool final, 
     return WK_OK;
 }
 
+wk_err
+ctl_openai_tpl_visible(const ctl_openai_req *r, const char *text, size_t len, char **out,
+                       size_t *out_len, size_t *n_calls)
+{
+    *out = NULL;
+    *out_len = 0;
+    *n_calls = 0;
+    char *rs = NULL, *cs = NULL;
+    size_t rl = 0, cl = len;
+    if (r->think) {
+        wk_chat_think th;
+        wk_chat_think_init(&th, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
+        if (wk_chat_think_feed(&th, text, len, true, &rs, &rl, &cs, &cl) != WK_OK)
+            return WK_ENOMEM;
+        free(rs);
+    } else {
+        if ((cs = malloc(len + 1)) == NULL)
+            return WK_ENOMEM;
+        memcpy(cs, text, len);
+        cs[len] = '\0';
+    }
+    if (r->tool_fmt == WK_TOOLCALL_FMT_NONE) {
+        *out = cs;
+        *out_len = cl;
+        return WK_OK;
+    }
+    wk_toolcall_parser *p = NULL;
+    wk_toolcall_out o;
+    wk_err err = wk_toolcall_parser_new(r->tool_fmt, r->tools, &p);
+    if (err == WK_OK)
+        err = wk_toolcall_feed(p, cs, cl, true, &o);
+    wk_toolcall_parser_free(p);
+    free(cs);
+    if (err != WK_OK)
+        return err;
+    *n_calls = o.n_calls;
+    *out = o.content;
+    *out_len = o.content_len;
+    o.content = NULL;
+    wk_toolcall_out_fini(&o);
+    return WK_OK;
+}
+
 /* Streaming state for the sink. */
 typedef struct ctl_openai_stream {
     ctl_http_req *req;      /* the HTTP request */
@@ -1540,7 +1783,8 @@ ctl_openai_send_chunk(ctl_openai_stream *st, json_t *chunk)
 /*
  * Sends a chat chunk, then the calls the same text completed as OpenAI
  * streams them: per call a delta with its index, id, type, name and empty
- * arguments, then one with its arguments. With a tool parse, a chunk whose
+ * arguments, then one with its arguments (r->legacy_fn: delta.function_call
+ * with the name, then with the arguments). With a tool parse, a chunk whose
  * delta is empty (the bytes went into a call or are held) and that carries
  * no logprobs or token ids is not sent. Consumes chunk and calls (NULL: none).
  */
@@ -1565,6 +1809,26 @@ ctl_openai_send_delta(ctl_openai_stream *st, json_t *chunk, json_t *calls)
             break;
         size_t index = st->tc.n_calls - json_array_size(calls) + i;
         json_t *fn = json_object_get(call, "function");
+        if (r->legacy_fn) { /* delta.function_call: the name, then the arguments */
+            json_t *c1 = ctl_openai_chunk_base(r);
+            json_object_set_new(c1, "choices",
+                                json_pack("[{s:i, s:{s:{s:O, s:s}}, s:n, s:n}]", "index", 0,
+                                          "delta", "function_call", "name",
+                                          json_object_get(fn, "name"), "arguments", "",
+                                          "logprobs", "finish_reason"));
+            err = ctl_openai_send_chunk(st, c1);
+            json_t *c2 = ctl_openai_chunk_base(r);
+            json_object_set_new(c2, "choices",
+                                json_pack("[{s:i, s:{s:{s:O}}, s:n, s:n}]", "index", 0, "delta",
+                                          "function_call", "arguments",
+                                          json_object_get(fn, "arguments"), "logprobs",
+                                          "finish_reason"));
+            if (err == WK_OK)
+                err = ctl_openai_send_chunk(st, c2);
+            else
+                json_decref(c2);
+            continue;
+        }
         json_t *c1 = ctl_openai_chunk_base(r);
         json_object_set_new(
             c1, "choices",
@@ -1830,9 +2094,14 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
             /* (OpenAI's shape: content null when the reply is calls only) */
             if (json_string_length(json_object_get(msg, "content")) == 0)
                 json_object_set_new(msg, "content", json_null());
-            json_object_set(msg, "tool_calls", calls);
+            if (r->legacy_fn) /* (the legacy API's one call, without an id) */
+                json_object_set(msg, "function_call",
+                                json_object_get(json_array_get(calls, 0), "function"));
+            else
+                json_object_set(msg, "tool_calls", calls);
             if (strcmp(res.finish_reason, "stop") == 0)
-                json_object_set_new(choice, "finish_reason", json_string("tool_calls"));
+                json_object_set_new(choice, "finish_reason",
+                                    json_string(r->legacy_fn ? "function_call" : "tool_calls"));
         }
         json_decref(calls);
         json_object_set_new(choice, "message", msg);
@@ -1933,9 +2202,10 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
                                       "logprobs", "finish_reason"));
         (void)ctl_openai_send_delta(&st, hc, calls);
     }
-    const char *finish = st.tc.n_calls > 0 && strcmp(res.finish_reason, "stop") == 0
-                             ? "tool_calls"
-                             : res.finish_reason;
+    const char *finish = st.tc.n_calls == 0 || strcmp(res.finish_reason, "stop") != 0
+                             ? res.finish_reason
+                         : r->legacy_fn ? "function_call"
+                                        : "tool_calls";
     json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", finish,
                                "logprobs");

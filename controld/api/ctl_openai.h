@@ -55,9 +55,12 @@ struct ctl_openai_req {
     bool think;                   /* chat: split the reply at the think markers (reasoning) */
     bool think_open;              /* chat: the prompt leaves the reply inside the markers */
     json_t *tools;                /* chat, templated: the request's tools (a reference), or NULL */
+    json_t *tpl_msgs;             /* chat, templated: the messages as rendered (owned) */
+    json_t *tpl_kw;               /* chat, templated: the request's template variables, or NULL */
     wk_toolcall_fmt tool_fmt;     /* chat: parse the reply for calls in this format (NONE: not) */
     bool tool_serial;             /* chat: parallel_tool_calls false: at most one call returned */
     bool tool_forced;             /* chat: tool_choice "required" or named: constrained decoding */
+    bool legacy_fn;               /* chat: the legacy `functions` API: message.function_call */
     char *tool_force_name;        /* chat: the named function, owned; NULL = any offered one */
     ctl_toolgram *toolgram;       /* chat, tool_forced: the constraint, owned */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
@@ -66,6 +69,8 @@ struct ctl_openai_req {
     char owner[CTL_STORE_OWNER_MAX + 1]; /* whose checkpoints (never shared) */
     size_t bounds[CTL_CKPT_MAX_BOUNDS]; /* chat: token positions in prompt where a message ends */
     size_t n_bounds;              /* entries */
+    size_t hist_end;              /* templated chat: prompt_text bytes before the generation
+                                     prompt (0: unknown), a checkpoint boundary */
     size_t aligned_tokens;        /* chat: leading prompt tokens that are a reply's exact tokens */
     const int32_t *plan_prefix;   /* tokens already in gen.slot (a continued session), borrowed */
     size_t n_plan_prefix;         /* entries */
@@ -99,11 +104,51 @@ void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, co
 
 /*
  * The checkpoint boundaries of a prompt rendered with the model's own
- * template (app->chat_tpl): after each eos token text in r->prompt_text, as
- * token positions of r->prompt (the last CTL_CKPT_MAX_BOUNDS). Writes only
- * r->bounds and r->n_bounds.
+ * template (app->chat_tpl): after each eos token text in r->prompt_text and
+ * at r->hist_end, as token positions of r->prompt (the last
+ * CTL_CKPT_MAX_BOUNDS). Writes only r->bounds and r->n_bounds.
  */
 void ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r);
+
+/*
+ * Where the history ends in a templated prompt (prompt, plen bytes, rendered
+ * from msgs, tools and kwargs with the generation prompt): the length of the
+ * same render without it when that is a prefix of prompt, else 0. A
+ * template that re-renders the reply differently (Nemotron Nano v2 drops the
+ * generation prompt's <think>) still shares this much with the follow-up.
+ */
+size_t ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools,
+                           const json_t *kwargs, const char *prompt, size_t plen);
+
+/*
+ * parent-token-v1 on a templated chat (ctl_chat): where the text after
+ * message k of r (the parked reply) starts in r->prompt_text, for a state
+ * that consumed the retained ids (n) of that reply's turn. The template
+ * renders messages 0..k-1 without a generation prompt; that text must be a
+ * prefix of the prompt, and the reply's turn ends at the first eos token
+ * text after it (before the end of message k+1's rendering when messages
+ * 0..k+1 rendered alone are a prefix too), the reply's content (outer
+ * whitespace aside) inside: the delta starts after the eos text when the
+ * retained ids end with the eos id (the state consumed it), else at it.
+ * False when the rendering does not line up (template_prefix_mismatch).
+ */
+bool ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retained, size_t n,
+                          size_t k, size_t *off);
+
+/*
+ * True when r is a templated chat without tool parts (no assistant
+ * tool_calls, no tool results): the messages' texts are its whole history,
+ * as parent-token-v1's visible-history checks need.
+ */
+bool ctl_openai_tpl_plain(const ctl_openai_req *r);
+
+/*
+ * The visible content of a templated reply (text, len bytes): the text
+ * after the reasoning split, without tool calls. *out is malloc'd
+ * (NUL-terminated), *n_calls the calls parsed. WK_OK or WK_ENOMEM.
+ */
+wk_err ctl_openai_tpl_visible(const ctl_openai_req *r, const char *text, size_t len, char **out,
+                              size_t *out_len, size_t *n_calls);
 
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
 json_t *ctl_openai_body(ctl_http_req *req);

@@ -1119,6 +1119,8 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
     if (err == WK_OK)
         err = wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true, kw, NULL,
                                       &r->prompt_text, &r->prompt_len, &d);
+    if (err == WK_OK)
+        r->hist_end = ctl_openai_hist_end(app, msgs, r->tools, kw, r->prompt_text, r->prompt_len);
     json_decref(msgs);
     json_decref(kw);
     if (err != WK_OK) {

@@ -55,15 +55,20 @@ ctl_tg_vocab_get(const wk_tok *tok, ctl_tg_vocab **out)
     uint32_t n = wk_tok_vocab_size(tok);
     const uint8_t **p = calloc(n ? n : 1, sizeof(*p));
     size_t *len = calloc(n ? n : 1, sizeof(*len));
+    uint8_t *lit = calloc(n ? n : 1, 1);
     ctl_tg_vocab *ne = calloc(1, sizeof(*ne));
     wk_err err = WK_ENOMEM;
-    if (p != NULL && len != NULL && ne != NULL) {
-        for (uint32_t i = 0; i < n; i++)
+    if (p != NULL && len != NULL && lit != NULL && ne != NULL) {
+        /* (added tokens are control tokens: only where the grammar has their text fixed) */
+        for (uint32_t i = 0; i < n; i++) {
             p[i] = wk_tok_piece(tok, (int32_t)i, &len[i]);
-        err = wk_gvocab_new(p, len, n, wk_tok_eos(tok), &ne->v);
+            lit[i] = wk_tok_is_added(tok, (int32_t)i);
+        }
+        err = wk_gvocab_new(p, len, n, wk_tok_eos(tok), lit, &ne->v);
     }
     free(p);
     free(len);
+    free(lit);
     if (err != WK_OK) {
         free(ne);
         return err;

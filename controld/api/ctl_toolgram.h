@@ -6,7 +6,9 @@
  * tokenizer, shared by every request, ~150 ms for a 150k vocab), and hands
  * ctl_gen a matcher so that every sampled token keeps the reply a prefix of a
  * schema-valid call; the reply then goes through wk_toolcall's parser as any
- * other reply does.
+ * other reply does. The tokenizer's added tokens are control tokens for the
+ * grammar (wk_gvocab_new's literal): allowed only where their text is fixed
+ * (the format's markers, the reasoning's end), never inside a value.
  *
  * Threading: ctl_toolgram_new() may run on any HTTP thread (the vocab cache
  * is locked); one ctl_toolgram belongs to one request.

@@ -545,6 +545,9 @@ session_align_ok(const ctl_session_request *req, const ctl_session_binding *b, s
 {
     if (req->tok == NULL || req->prompt_text == NULL)
         return session_prefix_ok(req, b, off);
+    if (req->align != NULL)
+        return req->align(req->align_ctx, b->retained, b->n_retained, k, off) &&
+               *off <= req->prompt_len;
     if (ctl_session_align(req->tok, b->retained, b->n_retained, req->msgs, req->n_msgs, k, off,
                           NULL) != WK_OK)
         return false;
@@ -758,7 +761,8 @@ ctl_session_validate(const ctl_session_request *req, const ctl_session_binding *
         req->tok != NULL && req->prompt_text != NULL) {
         r.reused_bytes = off;
         r.reused_tokens = 0;
-        const int32_t eos = wk_tok_eos(req->tok);
+        /* (World's end-of-text is hidden; a template's eos is text the state consumed) */
+        const int32_t eos = req->align != NULL ? -1 : wk_tok_eos(req->tok);
         for (size_t i = 0; i < b->n_retained; i++)
             r.reused_tokens += eos < 0 || b->retained[i] != eos;
     } else if (r.outcome == CTL_SESSION_OUTCOME_HIT ||

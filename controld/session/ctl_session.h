@@ -276,6 +276,14 @@ typedef struct ctl_session_request {
     const wk_tok *tok;            /* with prompt_text: match retained tokens on text */
     const char *prompt_text;      /* the full rendered prompt text, or NULL */
     size_t prompt_len;            /* bytes of prompt_text */
+    /*
+     * Text mode with a model's own chat template: where the text after
+     * message k (the parked reply) starts in prompt_text, for the retained
+     * ids (n); false when the rendering does not line up. NULL: the World
+     * template's rule (ctl_session_align()).
+     */
+    bool (*align)(void *ctx, const int32_t *retained, size_t n, size_t k, size_t *off);
+    void *align_ctx;              /* align's first argument */
 } ctl_session_request;
 
 /*

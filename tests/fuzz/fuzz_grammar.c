@@ -70,10 +70,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         json_decref(tj);
         return 0;
     }
-    /* The vocab: token b is byte b, token 256 end-of-text. */
+    /*
+     * The vocab: token b is byte b, token 256 end-of-text, then control
+     * tokens (allowed only as fixed text of the grammar: wk_gvocab_new()).
+     */
+    static const char *const ctl[] = {"</think>",   "<tool_call>",      "<tool_call>\n", "\"",
+                                      "<TOOLCALL>", "\n</parameter>\n", "<|im_end|>",    "}",
+                                      "\n",         "</tool_call>"};
+    enum { FZ_NCTL = sizeof(ctl) / sizeof(ctl[0]) };
     static uint8_t bytes[256];
-    const uint8_t *pieces[257];
-    size_t lens[257];
+    const uint8_t *pieces[257 + FZ_NCTL];
+    size_t lens[257 + FZ_NCTL];
+    uint8_t lit[257 + FZ_NCTL] = {0};
     for (int b = 0; b < 256; b++) {
         bytes[b] = (uint8_t)b;
         pieces[b] = &bytes[b];
@@ -81,8 +89,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     pieces[256] = NULL;
     lens[256] = 0;
+    for (int k = 0; k < FZ_NCTL; k++) {
+        pieces[257 + k] = (const uint8_t *)ctl[k];
+        lens[257 + k] = strlen(ctl[k]);
+        lit[257 + k] = 1;
+    }
     wk_gvocab *v = NULL;
-    fuzz_check(wk_gvocab_new(pieces, lens, 257, 256, &v) == WK_OK, "vocab");
+    fuzz_check(wk_gvocab_new(pieces, lens, 257 + FZ_NCTL, 256, lit, &v) == WK_OK, "vocab");
     wk_gmatch *m = wk_gmatch_new(g);
     fuzz_check(m != NULL, "matcher");
     uint8_t *out = malloc(FZ_STEPS + 1);
@@ -106,7 +119,19 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         bool acc = wk_gmatch_accepting(m);
         fuzz_check(acc == (((mask[4] >> 0) & 1) != 0), "end-of-text iff accepting");
-        fuzz_check(c == cb + acc, "count");
+        size_t cc = 0;
+        for (int k = 0; k < FZ_NCTL; k++) {
+            if (!((mask[(257 + k) / 64] >> ((257 + k) % 64)) & 1))
+                continue;
+            /* an allowed control token's bytes are taken */
+            wk_gmatch *t = wk_gmatch_clone(m);
+            fuzz_check(t != NULL, "clone");
+            fuzz_check(wk_gmatch_advance(t, pieces[257 + k], lens[257 + k]),
+                       "an allowed control token advances");
+            wk_gmatch_free(t);
+            cc++;
+        }
+        fuzz_check(c == cb + acc + cc, "count");
         fuzz_check(c > 0, "no dead end");
         fuzz_check(wk_gmatch_done(m) == (acc && cb == 0), "done");
         uint8_t s = step < n_steer ? steer[step] : (uint8_t)(step * 151u + 7u);

@@ -16,7 +16,11 @@ SDK venv of test_openai_client.py:
     delta.reasoning_content / delta.content reassemble to the blocking reply;
   - a follow-up resumes a checkpoint (cached_tokens > 0) and equals a
     recompute (cache: false), reported prompt ids included;
-  - parent-token-v1 headers on a templated model: served by the prefix index;
+  - parent-token-v1 on a templated model with Open WebUI's headers and history
+    (the reply's content, stripped): turn 2 continues every token of turn 1,
+    its reasoning included, then the template's text after that turn, equal to
+    recomputing those tokens; an edited reply is rejected and served by the
+    prefix index;
   - tools, assistant tool_calls and role "tool" messages reach the template;
   - --chat-template FILE overrides the model's template; with llama.cpp's
     Qwen3.5-4B.jinja (the corpus of deploy/install-gguf-converter, when there)
@@ -184,6 +188,7 @@ def reasoning_split():
     else:
         raise AssertionError("no bias made the model close its thinking mid-reply")
     k = ids.index(THINK_END)
+    shared["think_bias"] = tenth / 10
     m = r.choices[0].message
     assert extra(m, "reasoning_content") == decode(ids[:k]), (m, ids)
     assert m.content == decode(ids[k + 1:]), (m, ids)
@@ -220,21 +225,68 @@ def follow_up_reuses():
     print(f"follow-up reused {cached} of {a.usage.prompt_tokens} prompt tokens", flush=True)
 
 
-def session_headers_use_prefix_index():
-    h = {"X-WKVM-Stateful-Chat": "parent-token-v1", "X-OpenWebUI-Chat-Id": "c1",
-         "X-OpenWebUI-User-Id": "u",
-         "X-WKVM-User-Message-ID": "u1", "X-WKVM-Assistant-Message-ID": "a1"}
-    a = client.chat.completions.create(model=MID, messages=MSGS, max_tokens=4, temperature=0,
-                                       extra_headers=h, extra_body={"return_token_ids": True})
+def metric(name, label=""):
+    import urllib.request
+    text = urllib.request.urlopen(URL + "/metrics", timeout=30).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + label + " ") or (not label and line.startswith(name + " ")):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def parent_token_v1():
+    """The contract on a templated model, with Open WebUI's headers and history shape."""
+    base = {"X-WKVM-Stateful-Chat": "parent-token-v1", "X-OpenWebUI-Chat-Id": "c1",
+            "X-OpenWebUI-User-Id": "u"}
+
+    def turn(msgs, user_id, asst_id, parent="", **kw):
+        h = dict(base, **{"X-WKVM-User-Message-ID": user_id,
+                          "X-WKVM-Assistant-Message-ID": asst_id,
+                          "X-WKVM-Parent-Message-ID": parent})
+        return client.chat.completions.create(
+            model=MID, messages=msgs, max_tokens=10, temperature=0, extra_headers=h,
+            frequency_penalty=2, presence_penalty=2,
+            logit_bias={str(THINK_END): shared.get("think_bias", 1.0)},
+            extra_body=dict({"return_token_ids": True}, **kw))
+    hits0 = metric("wkvm_parent_bound_continuation_hits_total")
+    a = turn(MSGS, "u1", "a1")
     check_prompt(a, MSGS)
-    hist = MSGS + [{"role": "assistant", "content": a.choices[0].message.content},
+    a_ids = extra(a, "prompt_token_ids") + extra(a.choices[0], "token_ids")
+    m = a.choices[0].message
+    # Open WebUI sends the reply back as its stored content, stripped, without the reasoning
+    hist = MSGS + [{"role": "assistant", "content": m.content.strip()},
                    {"role": "user", "content": "more"}]
-    h2 = dict(h, **{"X-WKVM-User-Message-ID": "u2", "X-WKVM-Assistant-Message-ID": "a2",
-                    "X-WKVM-Parent-Message-ID": "a1"})
-    b = client.chat.completions.create(model=MID, messages=hist, max_tokens=4, temperature=0,
-                                       extra_headers=h2, extra_body={"return_token_ids": True})
-    check_prompt(b, hist)
-    assert b.usage.prompt_tokens_details.cached_tokens > 0, b.usage
+    b = turn(hist, "u2", "a2", "a1")
+    assert metric("wkvm_parent_bound_continuation_hits_total") == hits0 + 1, "no contract hit"
+    ids = extra(b, "prompt_token_ids")
+    # the parked state: every token of turn 1 (its reasoning too, which the template drops),
+    # then the template's text after that reply's turn
+    assert ids[:len(a_ids)] == a_ids, (ids, a_ids)
+    want = render(hist)
+    tail = want[want.rindex("<|im_start|>user"):]
+    rest = decode(ids[len(a_ids):])
+    assert rest.endswith(tail) and rest[:-len(tail)] in ("", "<|im_end|>\n", "\n"), (rest, tail)
+    cached = b.usage.prompt_tokens_details.cached_tokens
+    assert cached == len(a_ids), (cached, len(a_ids))
+    # equal to recomputing the same tokens without reuse
+    c = client.completions.create(model=MID, prompt=ids, max_tokens=10, temperature=0,
+                                  frequency_penalty=2, presence_penalty=2,
+                                  logit_bias={str(THINK_END): shared.get("think_bias", 1.0)},
+                                  extra_body={"return_token_ids": True, "cache": False})
+    assert extra(c.choices[0], "token_ids") == extra(b.choices[0], "token_ids"), (b, c)
+    print(f"parent-token-v1 on the template: turn 2 continued the {len(a_ids)} tokens of turn 1 "
+          f"({len(extra(a.choices[0], 'token_ids'))} generated, reasoning "
+          f"{len(extra(m, 'reasoning_content') or '')} bytes), prefilled {len(ids) - cached}",
+          flush=True)
+    # an edited reply: rejected, then served by the prefix index (the rendering exactly)
+    rej0 = metric("wkvm_parent_bound_continuation_rejections_total",
+                  '{reason="prior_assistant_mismatch"}')
+    hist3 = hist + [{"role": "assistant", "content": "edited"},
+                    {"role": "user", "content": "again"}]
+    d = turn(hist3, "u3", "a3", "a2")
+    check_prompt(d, hist3)
+    assert metric("wkvm_parent_bound_continuation_rejections_total",
+                  '{reason="prior_assistant_mismatch"}') == rej0 + 1
 
 
 def tools_reach_template():
@@ -255,7 +307,7 @@ def tools_reach_template():
 
 
 for t in (prompt_is_rendering, enable_thinking_false, kwargs_checked, eos_ends_generation, reasoning_split,
-          follow_up_reuses, session_headers_use_prefix_index, tools_reach_template):
+          follow_up_reuses, parent_token_v1, tools_reach_template):
     try:
         t()
         print(f"PASS {t.__name__}", flush=True)
@@ -385,18 +437,25 @@ def qwen35_real_check(model, tmp):
         s.start_worker("w0")
         s.wait(lambda: s.get("/ready").status == 200, "ready")
 
-        def chat(messages, kwargs=None, **extra):
+        def chat(messages, kwargs=None, headers=None, rendered=True, **extra):
             body = dict({"model": MID, "messages": messages, "max_tokens": 6, "temperature": 0,
                          "return_token_ids": True}, **extra)
             if kwargs is not None:
                 body["chat_template_kwargs"] = kwargs
-            r = http("POST", s.url + "/v1/chat/completions", body=body, timeout=120)
+            r = http("POST", s.url + "/v1/chat/completions", body=body, headers=headers,
+                     timeout=120)
             assert r.status == 200, r.body
             j = r.json()
             want = jinja2_render(messages, kwargs or {})
-            assert decode(j["prompt_token_ids"]) == want, (decode(j["prompt_token_ids"]), want)
+            if rendered:
+                assert decode(j["prompt_token_ids"]) == want, (decode(j["prompt_token_ids"]), want)
             assert j["prompt_token_ids"].count(508) == want.count("<|im_start|>"), j
             return j
+
+        def hits():
+            text = s.get("/metrics").body.decode()
+            return sum(float(x.split()[-1]) for x in text.splitlines()
+                       if x.startswith("wkvm_parent_bound_continuation_hits_total "))
 
         a = chat(msgs)  # thinking on: the reply starts as reasoning
         m, ids = a["choices"][0]["message"], a["choices"][0]["token_ids"]
@@ -414,8 +473,34 @@ def qwen35_real_check(model, tmp):
         assert cached > 0, c["usage"]
         d = chat(hist, cache=False)
         assert d["choices"][0]["token_ids"] == c["choices"][0]["token_ids"], (c, d)
+        # parent-token-v1 on this template (it renders the last assistant turn its own way):
+        # turn 2 continues turn 1's tokens, the reasoning included
+        for bias in (0.5, 1, 2, 3):  # (the first that makes some reasoning, then some content)
+            h = {"X-WKVM-Stateful-Chat": "parent-token-v1", "X-OpenWebUI-Chat-Id": f"q{bias}",
+                 "X-OpenWebUI-User-Id": "u", "X-WKVM-User-Message-ID": "u1",
+                 "X-WKVM-Assistant-Message-ID": "a1"}
+            e = chat(msgs, headers=h, max_tokens=8, logit_bias={"511": bias},
+                     presence_penalty=2, frequency_penalty=2)
+            em = e["choices"][0]["message"]
+            if em.get("reasoning_content") and em["content"].strip():
+                break
+        h0 = hits()
+        hist2 = msgs + [{"role": "assistant", "content": em["content"].strip()},
+                        {"role": "user", "content": "more"}]
+        f = chat(hist2, headers=dict(h, **{"X-WKVM-User-Message-ID": "u2",
+                                           "X-WKVM-Assistant-Message-ID": "a2",
+                                           "X-WKVM-Parent-Message-ID": "a1"}),
+                 rendered=False, max_tokens=4)
+        assert hits() == h0 + 1, ("no contract hit on Qwen3.5-4B.jinja", em, [
+            x for x in s.get("/metrics").body.decode().splitlines()
+            if x.startswith("wkvm_parent_bound") and not x.endswith(" 0")])
+        turn1 = e["prompt_token_ids"] + e["choices"][0]["token_ids"]
+        assert f["prompt_token_ids"][:len(turn1)] == turn1, (f, turn1)
+        assert decode(f["prompt_token_ids"][len(turn1):]).endswith(
+            "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n<think>\n"), f
         return (f"Qwen3.5-4B.jinja: prompts equal jinja2's; follow-up reused {cached} of "
-                f"{c['usage']['prompt_tokens']} prompt tokens")
+                f"{c['usage']['prompt_tokens']} prompt tokens; parent-token-v1 continued "
+                f"{len(turn1)} tokens (reasoning {len(em.get('reasoning_content') or '')} bytes)")
 
 
 def no_template_check(model, tmp):

@@ -687,11 +687,11 @@ def forced_call(bias, **kw):
     return r
 
 
-# Forced calls: the bias favours the byte "x" over <|im_end|> over CALL (get_weather, city
-# and days): unconstrained that is text, required is CALL then the end ("x" and the end of
-# text are not allowed before a call), a named get_time is spelled out byte by byte. (CALL,
-# not CALL2: the template renders CALL2's boolean back as "True", so its round trip would
-# resume from an earlier checkpoint, as it should.)
+# Forced calls: the bias favours the byte "x" over "t" over <|im_end|> over CALL (get_weather,
+# city and days): unconstrained that is text; required is a call spelled out byte by byte ("x"
+# and the end of text are not allowed before a call, and CALL is an added token: the grammar
+# keeps control tokens out of argument values), "t" picking get_time over get_weather, then
+# the end; a named get_time is spelled out the same way.
 TOOLS_F = TOOLS_R + [{"type": "function", "name": "get_time", "description": "The time.",
                       "parameters": {"type": "object", "properties": {}}}]
 
@@ -702,13 +702,13 @@ def forced_calls():
     blocking, and its output sent back by previous_response_id resumes the exact state."""
     t0 = time.time()
     vocab = json.load(open(MODEL + "/tokenizer.json", encoding="utf-8"))["model"]["vocab"]
-    bias = {str(vocab["x"]): 100, str(T_IM_END): 70, str(T_CALL): 60}
+    bias = {str(vocab["x"]): 100, str(vocab["t"]): 90, str(T_IM_END): 70, str(T_CALL): 60}
     free = tool_turn(bias=bias, tools=TOOLS_F)
     assert "function_call" not in [o.type for o in free.output], free.output
     r = forced_call(bias, tool_choice="required")
     gen = r.model_extra["state_token_ids"][r.model_extra["prompt_token_count"]:]
-    assert gen == [T_CALL, T_IM_END], gen
-    assert r.output[0].name == "get_weather", r.output
+    assert T_CALL not in gen and gen[-1] == T_IM_END, gen
+    assert r.output[0].name == "get_time" and r.output[0].arguments == "{}", r.output
     n = forced_call(bias, tool_choice={"type": "function", "name": "get_time"},
                     parallel_tool_calls=False)
     assert n.output[0].name == "get_time" and n.parallel_tool_calls is False, n.output

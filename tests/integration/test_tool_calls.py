@@ -287,6 +287,71 @@ def tool_choice_none_and_forced():
         raise AssertionError("arguments that are not JSON accepted")
 
 
+def legacy_functions():
+    """The deprecated functions / function_call fields: tools underneath, answered the old way."""
+    bias = shared["bias"]
+    fns = [t["function"] for t in TOOLS]
+    # (the SDK still takes them; extra_body keeps this independent of its typing)
+    req = call_request(CALL, logit_bias=bias)
+    req["extra_body"] = dict(req["extra_body"], functions=fns)
+    del req["tools"]
+    r = client.chat.completions.create(**req)
+    c = r.choices[0]
+    assert c.finish_reason == "function_call", c
+    assert not c.message.tool_calls and c.message.content is None, c.message
+    fc = c.message.function_call
+    assert fc.name == "get_weather" and json.loads(fc.arguments) == {"city": "Paris", "days": 3}, fc
+    got, finish = {"name": None, "arguments": ""}, None
+    for ch in client.chat.completions.create(stream=True, **req):
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        finish = ch.choices[0].finish_reason or finish
+        assert not d.tool_calls, d
+        if d.function_call is not None:
+            got["name"] = got["name"] or d.function_call.name
+            got["arguments"] += d.function_call.arguments or ""
+    assert finish == "function_call" and got == {"name": fc.name, "arguments": fc.arguments}, \
+        (finish, got, fc)
+    # function_call {"name"} forces that function (constrained, as tool_choice names one; spelled
+    # out byte by byte: CALL is an added token, which the grammar keeps out of argument values)
+    get_time = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    forced = dict(req, max_tokens=64, extra_body=dict(req["extra_body"], functions=fns + [get_time],
+                                                      function_call={"name": "get_time"}))
+    f = client.chat.completions.create(**forced)
+    assert f.choices[0].finish_reason == "function_call", f.choices[0]
+    assert f.choices[0].message.function_call.name == "get_time", f.choices[0]
+    assert f.choices[0].message.function_call.arguments == "{}", f.choices[0]
+    # the history the legacy API sends back: the assistant's function_call, a role "function"
+    # result: rendered as the tools API's assistant tool_calls and role "tool" result are
+    hist = MSGS + [{"role": "assistant", "content": None,
+                    "function_call": {"name": fc.name, "arguments": fc.arguments}},
+                   {"role": "function", "name": "get_weather", "content": "18 C and sunny"}]
+    a = client.chat.completions.create(model=MID, messages=hist, max_tokens=4, temperature=0,
+                                       extra_body={"return_token_ids": True, "functions": fns,
+                                                   "chat_template_kwargs": KW})
+    text = decode(extra(a, "prompt_token_ids"))
+    assert "<tool_response>\n18 C and sunny\n</tool_response>" in text, text
+    as_tools = MSGS + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_legacy_2", "type": "function",
+         "function": {"name": fc.name, "arguments": json.loads(fc.arguments)}}]},
+        {"role": "tool", "tool_call_id": "call_legacy_2", "name": "get_weather",
+         "content": "18 C and sunny"}]
+    want = jinja2_render(as_tools, TOOLS)
+    if want is not None:
+        assert text == want, (text, want)
+    for extra_body, param in (({"functions": fns, "tools": TOOLS}, "functions"),
+                              ({"functions": fns, "function_call": "required"}, "function_call"),
+                              ({"functions": "x"}, "functions")):
+        try:
+            client.chat.completions.create(model=MID, messages=MSGS, max_tokens=2,
+                                           extra_body=extra_body)
+        except openai.BadRequestError as e:
+            assert e.body["param"] == param, (e.body, param)
+        else:
+            raise AssertionError(f"{extra_body} accepted")
+
+
 # Open WebUI 0.12.4's builtin tools, as native function calling sends them (no tool_choice)
 BUILTIN = ["get_current_timestamp", "calculate_timestamp", "ask_user", "list_chat_files",
            "query_chat_files", "grep_chat_files", "view_file", "kb_exec", "query_knowledge_files",
@@ -327,7 +392,7 @@ def open_webui_native():
 
 
 for t in (call_parsed, tool_follow_up, rerendered_differently, malformed_is_content,
-          tool_choice_none_and_forced, open_webui_native):
+          tool_choice_none_and_forced, legacy_functions, open_webui_native):
     try:
         t0 = time.monotonic()
         t()

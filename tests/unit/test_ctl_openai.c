@@ -85,6 +85,43 @@ refused(const char *body, wk_err err, const char *param, const char *want)
     json_decref(b);
 }
 
+/* The legacy functions API is rewritten into the tools API before anything reads the body. */
+static void
+test_legacy_functions(void **state)
+{
+    (void)state;
+    ctl_openai_req r;
+    ctl_openai_perr pe;
+    json_t *b = NULL;
+    assert_true(parse("{\"model\":\"m\",\"functions\":[{\"name\":\"f\"}],\"function_call\":\"auto\","
+                      "\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+                      "{\"role\":\"assistant\",\"content\":null,"
+                      "\"function_call\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
+                      "{\"role\":\"function\",\"name\":\"f\",\"content\":\"r\"}]}",
+                      true, &r, &pe, &b));
+    assert_true(r.legacy_fn);
+    assert_true(r.tool_serial);
+    json_t *want = json_loads(
+        "{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+        "\"tool_choice\":\"auto\",\"parallel_tool_calls\":false,"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+        "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_legacy_1\","
+        "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"tool\",\"name\":\"f\",\"content\":\"r\",\"tool_call_id\":\"call_legacy_1\"}]}",
+        0, NULL);
+    assert_non_null(want);
+    assert_true(json_equal(b, want));
+    json_decref(want);
+    json_decref(b);
+    ctl_openai_req_fini(&r);
+    /* without the legacy fields: tool_calls as before */
+    assert_true(parse("{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":"
+                      "{\"name\":\"f\"}}]}", true, &r, &pe, &b));
+    assert_false(r.legacy_fn);
+    json_decref(b);
+    ctl_openai_req_fini(&r);
+}
+
 static void
 test_defaults(void **state)
 {
@@ -183,7 +220,15 @@ test_refusals(void **state)
     refused("{\"model\":\"m\",\"tool_choice\":\"required\"}", WK_EINVAL, "tool_choice",
             "cannot require one");
     refused("{\"model\":\"m\",\"function_call\":7}", WK_EINVAL, "function_call",
-            "'function_call' must be \"auto\", \"none\", \"required\" or a function");
+            "'function_call' must be \"auto\", \"none\" or {\"name\": ...}");
+    refused("{\"model\":\"m\",\"function_call\":\"required\",\"functions\":[{}]}", WK_EINVAL,
+            "function_call", "'function_call' must be");
+    refused("{\"model\":\"m\",\"functions\":[{}],\"tools\":[]}", WK_EINVAL, "functions",
+            "not both");
+    refused("{\"model\":\"m\",\"functions\":{}}", WK_EINVAL, "functions",
+            "'functions' must be an array of objects");
+    refused("{\"model\":\"m\",\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}",
+            WK_EINVAL, "messages[0].name", "needs the string 'name'");
     refused("{\"model\":\"m\",\"parallel_tool_calls\":1}", WK_EINVAL, "parallel_tool_calls",
             "must be a boolean");
     refused("{\"model\":\"m\",\"n\":2}", WK_EINVAL, "n", "only n=1 is supported");
@@ -231,6 +276,7 @@ main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_fields),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_legacy_functions),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -124,7 +124,7 @@ turn_validate(turn_req *t, const ctl_session_hdrs *h, const wk_chat_msg *msgs, s
 
     memset(t, 0, sizeof(*t));
     assert_int_equal(ctl_session_prompt_encode(g_tok, msgs, n, &t->prompt, &np, &d), WK_OK);
-    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, NULL, NULL, 0};
+    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, NULL, NULL, 0, NULL, NULL};
     if (ctl_session_validate(&t->req, prev, &t->res, &d) != WK_OK)
         fail_msg("validate: %s", d.msg);
 }
@@ -697,7 +697,7 @@ test_reject_each_reason(void **state)
     {
         size_t n;
         const int32_t *r = ctl_session_binding_retained(b, &n);
-        ctl_session_request rq = {&h, m, N_OF(m), r, n, NULL, NULL, 0};
+        ctl_session_request rq = {&h, m, N_OF(m), r, n, NULL, NULL, 0, NULL, NULL};
         ctl_session_result res;
         assert_int_equal(ctl_session_validate(&rq, b, &res, NULL), WK_OK);
         assert_int_equal(res.outcome, CTL_SESSION_OUTCOME_REJECTED);
@@ -963,6 +963,9 @@ typedef struct spm_turn {
     ctl_session_result res; /* its decision */
 } spm_turn;
 
+/* The align hook spm_turn_validate() puts in its request (NULL: the World rule). */
+static bool (*g_align)(void *ctx, const int32_t *retained, size_t n, size_t k, size_t *off);
+
 /* Renders and encodes msgs, validates against prev, and encodes what a HIT feeds. */
 static void
 spm_turn_validate(spm_turn *t, wk_tok *tok, const ctl_session_hdrs *h, const wk_chat_msg *msgs,
@@ -974,7 +977,7 @@ spm_turn_validate(spm_turn *t, wk_tok *tok, const ctl_session_hdrs *h, const wk_
     memset(t, 0, sizeof(*t));
     assert_int_equal(wk_chat_render(msgs, n, true, &t->text, &t->len, NULL), WK_OK);
     assert_int_equal(ctl_session_prompt_encode(tok, msgs, n, &t->prompt, &np, &d), WK_OK);
-    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, tok, t->text, t->len};
+    t->req = (ctl_session_request){h, msgs, n, t->prompt, np, tok, t->text, t->len, g_align, t};
     if (ctl_session_validate(&t->req, prev, &t->res, &d) != WK_OK)
         fail_msg("validate: %s", d.msg);
     if (t->res.outcome == CTL_SESSION_OUTCOME_HIT ||
@@ -1050,6 +1053,86 @@ spm_gen(const wk_tok *tok, const char *text, bool eos, size_t *n)
     if (eos)
         g[(*n)++] = wk_tok_eos(tok);
     return g;
+}
+
+/* A template's alignment, as ctl_openai_tpl_align answers: at g_align_off, or none. */
+static size_t g_align_off;
+static size_t g_align_k;
+static size_t g_align_n;
+
+static bool
+align_at(void *ctx, const int32_t *retained, size_t n, size_t k, size_t *off)
+{
+    (void)ctx;
+    (void)retained;
+    g_align_k = k;
+    g_align_n = n;
+    *off = g_align_off;
+    return true;
+}
+
+static bool
+align_none(void *ctx, const int32_t *retained, size_t n, size_t k, size_t *off)
+{
+    (void)ctx;
+    (void)retained;
+    (void)n;
+    (void)k;
+    (void)off;
+    return false;
+}
+
+/*
+ * A model's own template aligns the parked reply (ctl_session_request.align):
+ * the delta starts where it says, the retained ids all count as reused (a
+ * template's eos is text the state consumed), and a template whose rendering
+ * does not line up is template_prefix_mismatch.
+ */
+static void
+test_align_hook(void **state)
+{
+    (void)state;
+    wk_tok *tok = spm_tok();
+    spm_turn t;
+    size_t ng = 0, nr = 0;
+    ctl_session_hdrs h1 = hdrs_pt("a1", "m1", "");
+    wk_chat_msg m1[] = {msg("user", "hi")};
+    spm_turn_validate(&t, tok, &h1, m1, 1, NULL);
+    int32_t *g1 = spm_gen(tok, " Hello", true, &ng);
+    ctl_session_binding *b1 = spm_turn_commit(&t, NULL, g1, ng, " Hello");
+    free(g1);
+    spm_turn_fini(&t);
+    (void)ctl_session_binding_retained(b1, &nr);
+
+    ctl_session_hdrs h2 = hdrs_pt("a2", "m2", "a1");
+    wk_chat_msg m2[] = {msg("user", "hi"), msg("assistant", "Hello"), msg("user", "more")};
+    g_align = align_at;
+    g_align_off = strlen("User: hi\n\nAssistant: Hello\n\n");
+    spm_turn_validate(&t, tok, &h2, m2, N_OF(m2), b1);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_HIT);
+    assert_int_equal(g_align_k, 1);  /* the parked reply's message */
+    assert_int_equal(g_align_n, nr); /* with every retained id */
+    assert_int_equal(t.res.reused_bytes, g_align_off);
+    assert_int_equal(t.res.reused_tokens, nr); /* the eos included */
+    char *p = spm_pieces(tok, t.delta, t.n_delta);
+    assert_string_equal(p, "User: more\n\nAssistant:");
+    free(p);
+    spm_turn_fini(&t);
+    /* an offset past the prompt, or no alignment: template_prefix_mismatch */
+    g_align_off = 100000;
+    spm_turn_validate(&t, tok, &h2, m2, N_OF(m2), b1);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_REJECTED);
+    assert_string_equal(ctl_session_reason_str(t.res.reason), "template_prefix_mismatch");
+    spm_turn_fini(&t);
+    g_align = align_none;
+    spm_turn_validate(&t, tok, &h2, m2, N_OF(m2), b1);
+    assert_int_equal(t.res.outcome, CTL_SESSION_OUTCOME_REJECTED);
+    assert_string_equal(ctl_session_reason_str(t.res.reason), "template_prefix_mismatch");
+    assert_true(t.res.retire);
+    spm_turn_fini(&t);
+    g_align = NULL;
+    ctl_session_binding_free(b1);
+    wk_tok_free(tok);
 }
 
 /*
@@ -1295,7 +1378,7 @@ test_commit_limits(void **state)
     wk_chat_msg mr[] = {msg("tool", "x")};
     ctl_session_hdrs h1 = hdrs_pt("a1", "m1", "");
     int32_t one = 5;
-    ctl_session_request rq = {&h1, mr, 1, &one, 1, NULL, NULL, 0};
+    ctl_session_request rq = {&h1, mr, 1, &one, 1, NULL, NULL, 0, NULL, NULL};
     ctl_session_result res = {.outcome = CTL_SESSION_OUTCOME_FIRST};
     ctl_session_turn ct2 = {&rq, &res, NULL, NULL, 0, "x", 1};
     assert_int_equal(ctl_session_commit(&ct2, &nb, &d), WK_EINVAL);
@@ -1694,6 +1777,7 @@ main(void)
         cmocka_unit_test(test_strip_rule),
         cmocka_unit_test(test_exact_prefix),
         cmocka_unit_test(test_spm_text_mode),
+        cmocka_unit_test(test_align_hook),
         cmocka_unit_test(test_world_text_mode),
         cmocka_unit_test(test_align_visible),
         cmocka_unit_test(test_commit_limits),

@@ -372,7 +372,7 @@ walk(wk_toolcall_fmt fmt, const char *fn, bool parallel, unsigned seed)
     wk_grammar *g = compile(fmt, TOOLS, fn, parallel);
     toy t = toy_make();
     wk_gvocab *v = NULL;
-    assert_int_equal(wk_gvocab_new(t.p, t.len, t.n, t.eos, &v), WK_OK);
+    assert_int_equal(wk_gvocab_new(t.p, t.len, t.n, t.eos, NULL, &v), WK_OK);
     assert_int_equal(wk_gvocab_size(v), t.n);
     size_t words = (t.n + 63) / 64;
     uint64_t *mask = calloc(words, sizeof(*mask)), *ref = calloc(words, sizeof(*ref));
@@ -495,6 +495,98 @@ test_allowed_xml(void **state)
     assert_true(ended >= 4);
 }
 
+/* Allowed bit of token id after the matcher took prefix. */
+static bool
+allowed_after(const wk_grammar *g, const wk_gvocab *v, const char *prefix, uint32_t id)
+{
+    wk_gmatch *m = wk_gmatch_new(g);
+    assert_true(wk_gmatch_advance(m, (const uint8_t *)prefix, strlen(prefix)));
+    uint64_t mask[8] = {0};
+    (void)wk_gmatch_allowed(m, v, mask);
+    wk_gmatch_free(m);
+    return (mask[id / 64] >> (id % 64)) & 1;
+}
+
+static void
+test_control_tokens(void **state)
+{
+    (void)state;
+    /*
+     * Bytes 0..255, end-of-text 256, then control tokens (a tokenizer's
+     * added tokens): each only where the grammar has its text fixed.
+     */
+    static const char *const ctl[] = {"<tool_call>", "</think>", "<X>", "\n</parameter>\n",
+                                      "<|im_start|>", "\"", "\"city\""};
+    enum { NCTL = sizeof(ctl) / sizeof(ctl[0]), BASE = 257 };
+    static uint8_t bytes[256];
+    const uint8_t *p[BASE + NCTL];
+    size_t len[BASE + NCTL];
+    uint8_t lit[BASE + NCTL] = {0};
+    for (int b = 0; b < 256; b++) {
+        bytes[b] = (uint8_t)b;
+        p[b] = &bytes[b];
+        len[b] = 1;
+    }
+    p[256] = NULL;
+    len[256] = 0;
+    for (int k = 0; k < NCTL; k++) {
+        p[BASE + k] = (const uint8_t *)ctl[k];
+        len[BASE + k] = strlen(ctl[k]);
+        lit[BASE + k] = 1;
+    }
+    wk_gvocab *v = NULL, *plain = NULL;
+    assert_int_equal(wk_gvocab_new(p, len, BASE + NCTL, 256, lit, &v), WK_OK);
+    assert_int_equal(wk_gvocab_new(p, len, BASE + NCTL, 256, NULL, &plain), WK_OK);
+    enum { CALL = BASE, THINK_END, X, END_PARAM, IM_START, QUOTE, CITY };
+
+    /* Hermes after reasoning: free reasoning, then "</think>", then the call. */
+    wk_grammar_spec sp = {.format = WK_TOOLCALL_FMT_HERMES, .tools = TOOLS,
+                          .tools_len = strlen(TOOLS), .function = "get_weather",
+                          .prefix_until = "</think>"};
+    wk_grammar *g = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(wk_grammar_compile(&sp, &g, &d), WK_OK);
+    /* in the reasoning: the end marker yes, other control tokens no (free text) */
+    assert_true(allowed_after(g, v, "", THINK_END));
+    assert_false(allowed_after(g, v, "", X));
+    assert_false(allowed_after(g, v, "", CALL));
+    assert_false(allowed_after(g, v, "hmm ", IM_START));
+    assert_true(allowed_after(g, plain, "", CALL)); /* (as text, without the flags) */
+    assert_true(allowed_after(g, v, "", '<'));
+    /* the call's marker, its property name and the string's quotes are fixed text */
+    assert_true(allowed_after(g, v, "ok</think>\n", CALL));
+    const char *args = "ok</think><tool_call>\n{\"name\": \"get_weather\", \"arguments\": {";
+    assert_true(allowed_after(g, v, args, CITY));
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s\"city\": ", args);
+    assert_true(allowed_after(g, v, buf, QUOTE));
+    /* inside the string: no control token, not even the one whose text is a quote */
+    snprintf(buf, sizeof(buf), "%s\"city\": \"Pa", args);
+    assert_false(allowed_after(g, v, buf, X));
+    assert_false(allowed_after(g, v, buf, IM_START));
+    assert_false(allowed_after(g, v, buf, THINK_END));
+    assert_true(allowed_after(g, plain, buf, X)); /* (the same bytes as text: allowed) */
+    assert_true(allowed_after(g, v, buf, '<'));   /* and spelled byte by byte */
+    /* the text "<X>" spelled by bytes stays a valid argument */
+    snprintf(buf, sizeof(buf), "%s\"city\": \"Pa<X>\"}}\n</tool_call>", args);
+    wk_gmatch *m = wk_gmatch_new(g);
+    assert_true(wk_gmatch_advance(m, (const uint8_t *)buf, strlen(buf)));
+    assert_true(wk_gmatch_accepting(m));
+    wk_gmatch_free(m);
+    wk_grammar_free(g);
+
+    /* XML: the value's end marker as one control token yes, a marker inside the value no */
+    g = compile(WK_TOOLCALL_FMT_XML, TOOLS, "get_weather", false);
+    const char *val = "<tool_call>\n<function=get_weather>\n<parameter=city>\nRo";
+    assert_true(allowed_after(g, v, val, END_PARAM));
+    assert_false(allowed_after(g, v, val, X));
+    assert_false(allowed_after(g, v, val, IM_START));
+    assert_true(allowed_after(g, v, "", CALL));
+    wk_grammar_free(g);
+    wk_gvocab_free(v);
+    wk_gvocab_free(plain);
+}
+
 static void
 test_allowed_start(void **state)
 {
@@ -503,7 +595,7 @@ test_allowed_start(void **state)
     wk_grammar *g = compile(WK_TOOLCALL_FMT_XML, TOOLS, "ping", false);
     toy t = toy_make();
     wk_gvocab *v = NULL;
-    assert_int_equal(wk_gvocab_new(t.p, t.len, t.n, t.eos, &v), WK_OK);
+    assert_int_equal(wk_gvocab_new(t.p, t.len, t.n, t.eos, NULL, &v), WK_OK);
     uint64_t mask[8];
     wk_gmatch *m = wk_gmatch_new(g);
     size_t c = wk_gmatch_allowed(m, v, mask);
@@ -534,6 +626,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_json_format),   cmocka_unit_test(test_xml_format),
         cmocka_unit_test(test_compile_errors), cmocka_unit_test(test_allowed_start),
+        cmocka_unit_test(test_control_tokens),
         cmocka_unit_test(test_allowed_json),  cmocka_unit_test(test_allowed_xml),
         cmocka_unit_test(test_const),
     };
