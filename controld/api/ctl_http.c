@@ -58,6 +58,7 @@ struct ctl_http {
     size_t n_routes;          /* entries */
     size_t max_body;          /* body limit */
     size_t max_header;        /* request line + headers limit (civetweb's) */
+    unsigned timeout_ms;      /* civetweb's write timeout, also a handed-over stream's */
     ctl_http_observer obs;    /* metrics hook, may be NULL */
     void *obs_arg;            /* passed to obs */
     ctl_http_authorizer auth; /* may be NULL */
@@ -594,7 +595,8 @@ wk_err
 ctl_http_sse_run(ctl_http_req *req, uint64_t deadline_ms)
 {
     req->ss_on = true;
-    wk_err err = ctl_ssestream_run(req->ss, deadline_ms);
+    /* (a client that stops reading is dropped after the same time as civetweb's writes) */
+    wk_err err = ctl_ssestream_run(req->ss, deadline_ms, req->h->timeout_ms);
     req->ss_on = false;
     if (err == WK_EIO)
         req->broken = true;
@@ -732,6 +734,7 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
     h->n_routes = n_routes;
     h->max_body = cfg->max_body;
     h->max_header = cfg->max_header ? cfg->max_header : 16384;
+    h->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 600000;
     h->obs = obs;
     h->obs_arg = obs_arg;
     h->auth = cfg->auth;

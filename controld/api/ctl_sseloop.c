@@ -59,11 +59,14 @@ struct ctl_ssestream {
     wk_err end_err;              /* what it ends with then (WK_ETIMEDOUT: cancelled) */
     bool fin;                    /* ended (the loop's own view of ended) */
     bool cancel_seen;            /* cancel was set when the loop took it from the list */
+    wk_err cancel_err_seen;      /* with it: cancel_err */
+    _Atomic uint64_t stall_ms;   /* monotonic ms since when output waits without progress, 0 */
     wk_err result;               /* why it ended */
     struct ctl_ssestream *fin_next; /* the loop's list of streams to report ended */
     /* (mu): */
     bool queued;                 /* on the ready list */
-    bool cancel;                 /* the owner's deadline passed */
+    bool cancel;                 /* the owner ends it: a deadline, a stalled client */
+    wk_err cancel_err;           /* with what: WK_ETIMEDOUT (output written first), WK_EIO */
     bool ended;                  /* no wake-up queues it anymore */
     struct ctl_ssestream *next;  /* ready list link */
     sem_t done;                  /* posted once it ended */
@@ -160,6 +163,8 @@ ctl_ssestream_write(ctl_ssestream *st, const char *p, size_t n)
         }
     }
     memcpy(st->out + st->len, p + sent, rest);
+    if (st->off == st->len || sent > 0)
+        atomic_store(&st->stall_ms, wk_mono_ms()); /* (output waits from now) */
     st->len += rest;
     return WK_OK;
 }
@@ -244,9 +249,13 @@ ctl_ssestream_drain(ctl_ssestream *st, ctl_ssestream **fin)
         return;
     }
     st->off += sent;
-    if (st->off < st->len)
+    if (st->off < st->len) {
+        if (sent > 0)
+            atomic_store(&st->stall_ms, wk_mono_ms()); /* (progress) */
         return; /* (EPOLLOUT stays armed) */
+    }
     st->off = st->len = 0;
+    atomic_store(&st->stall_ms, 0);
     if (st->pump_done) {
         ctl_ssestream_finish(st, st->end_err, fin);
         return;
@@ -266,6 +275,7 @@ ctl_sseloop_take_locked(ctl_sseloop_thr *t)
     for (ctl_ssestream *p = list; p != NULL; p = p->next) {
         p->queued = false;
         p->cancel_seen = p->cancel;
+        p->cancel_err_seen = p->cancel_err;
     }
     t->head = t->tail = NULL;
     return list;
@@ -313,8 +323,8 @@ ctl_sseloop_main(void *arg)
             nx = st->next;
             if (st->fin)
                 continue;
-            if (st->cancel_seen && st->off == st->len) {
-                ctl_ssestream_finish(st, WK_ETIMEDOUT, &fin);
+            if (st->cancel_seen && (st->off == st->len || st->cancel_err_seen != WK_ETIMEDOUT)) {
+                ctl_ssestream_finish(st, st->cancel_err_seen, &fin);
             } else if (st->cancel_seen) {
                 /* what was written before the deadline still goes out, as on a thread */
                 st->pump_done = true;
@@ -348,8 +358,26 @@ ctl_ssestream_new(ctl_sseloop *l, int fd, ctl_ssestream_pump_fn pump, void *arg,
     return WK_OK;
 }
 
+/* Asks st's loop to end it with err (once). */
+static void
+ctl_ssestream_cancel(ctl_ssestream *st, wk_err err)
+{
+    pthread_mutex_lock(&st->t->mu);
+    if (!st->cancel) {
+        st->cancel = true;
+        st->cancel_err = err;
+    } else if (err == WK_EIO) {
+        st->cancel_err = WK_EIO; /* (a stalled client ends even a stream that drains) */
+    }
+    /* (queued again: a stream that was taken with the old cancel is looked at again) */
+    bool sig = ctl_ssestream_queue_locked(st);
+    pthread_mutex_unlock(&st->t->mu);
+    if (sig)
+        ctl_sseloop_signal(st->t);
+}
+
 wk_err
-ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms)
+ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms, uint32_t stall_ms)
 {
     struct epoll_event ev = {.events = EPOLLRDHUP, .data.ptr = st};
     if (epoll_ctl(st->t->ep, EPOLL_CTL_ADD, st->fd, &ev) != 0) {
@@ -362,22 +390,23 @@ ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms)
         return WK_EIO;
     }
     ctl_ssestream_wake(st); /* the first pump */
-    bool cancelled = false;
+    bool timed_out = false, stalled = false;
     for (;;) {
-        uint64_t wait_ms = 1000;
-        if (deadline_ms != 0 && !cancelled) {
-            uint64_t now = wk_mono_ms();
+        uint64_t wait_ms = stall_ms > 0 && stall_ms < 1000 ? stall_ms : 1000;
+        uint64_t now = wk_mono_ms();
+        if (deadline_ms != 0 && !timed_out) {
             if (now >= deadline_ms) {
-                pthread_mutex_lock(&st->t->mu);
-                st->cancel = true;
-                bool sig = ctl_ssestream_queue_locked(st);
-                pthread_mutex_unlock(&st->t->mu);
-                if (sig)
-                    ctl_sseloop_signal(st->t);
-                cancelled = true;
+                ctl_ssestream_cancel(st, WK_ETIMEDOUT);
+                timed_out = true;
             } else if (deadline_ms - now < wait_ms) {
                 wait_ms = deadline_ms - now;
             }
+        }
+        uint64_t since = atomic_load(&st->stall_ms);
+        if (stall_ms > 0 && !stalled && since != 0 && now >= since + stall_ms) {
+            wk_log_info("client stopped reading for %u ms: stream ended", stall_ms);
+            ctl_ssestream_cancel(st, WK_EIO);
+            stalled = true;
         }
         struct timespec until;
         wk_deadline_after_ms(&until, wait_ms);

@@ -51,14 +51,17 @@ WK_MUST_CHECK wk_err ctl_ssestream_new(ctl_sseloop *l, int fd, ctl_ssestream_pum
 
 /*
  * Runs st and blocks the calling thread until it ends; at deadline_ms
- * (monotonic ms, 0 = none) it is ended with WK_ETIMEDOUT. Returns WK_OK
+ * (monotonic ms, 0 = none) it is ended with WK_ETIMEDOUT once the output
+ * before it is written; a client that takes none of the waiting output for
+ * stall_ms (0 = no limit) ends it with WK_EIO. Returns WK_OK
  * (the pump was done and everything was written), WK_EIO (the client went
  * away or a write failed), WK_ETIMEDOUT, or the pump's error. Once it
  * returned the loop no longer touches st or fd; free st with
  * ctl_ssestream_free() once nothing can call ctl_ssestream_wake() on it.
  * One run per stream.
  */
-WK_MUST_CHECK wk_err ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms);
+WK_MUST_CHECK wk_err ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms,
+                                       uint32_t stall_ms);
 
 /* Wakes st (a ctl_job_waker_fn): any thread, never blocks but on the loop's mutex. */
 void ctl_ssestream_wake(void *st);

@@ -3,7 +3,8 @@
  * order over several wake-ups; a reader that stops reading stops the pump
  * (nothing is pumped while output waits) and gets everything once it reads
  * again; a peer that closes ends the stream with WK_EIO without any write;
- * a deadline ends it with WK_ETIMEDOUT. (cmocka needs its four headers first.)
+ * a deadline ends it with WK_ETIMEDOUT; a reader that takes nothing for
+ * the stall limit ends it with WK_EIO. (cmocka needs its four headers first.)
  */
 /* clang-format off */
 #include <setjmp.h>
@@ -88,6 +89,7 @@ prod_main(void *arg)
 typedef struct run_arg {
     ctl_ssestream *st;  /* stream */
     uint64_t deadline;  /* its deadline */
+    uint32_t stall;     /* its stall limit */
     wk_err err;         /* what run returned */
     atomic_bool over;   /* run returned */
 } run_arg;
@@ -96,7 +98,7 @@ static void *
 run_main(void *arg)
 {
     run_arg *a = arg;
-    a->err = ctl_ssestream_run(a->st, a->deadline);
+    a->err = ctl_ssestream_run(a->st, a->deadline, a->stall);
     atomic_store(&a->over, true);
     return NULL;
 }
@@ -244,6 +246,38 @@ test_peer_gone_and_deadline(void **state)
     ctl_sseloop_free(l);
 }
 
+/* Writes 1 MB once and is done. */
+static wk_err
+big_pump(void *arg, ctl_ssestream *st, bool *done)
+{
+    (void)arg;
+    static char mb[1 << 20];
+    *done = true;
+    return ctl_ssestream_write(st, mb, sizeof(mb));
+}
+
+static void
+test_stalled_reader(void **state)
+{
+    (void)state;
+    ctl_sseloop *l = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_sseloop_new(1, &l, &d), WK_OK);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    run_arg a = {.stall = 300};
+    assert_int_equal(ctl_ssestream_new(l, sv[0], big_pump, NULL, &a.st), WK_OK);
+    uint64_t t0 = wk_mono_ms();
+    run_main(&a); /* the peer never reads: the stream ends after its stall limit */
+    assert_int_equal(a.err, WK_EIO);
+    assert_true(wk_mono_ms() - t0 >= 300);
+    assert_true(wk_mono_ms() - t0 < 5000);
+    ctl_ssestream_free(a.st);
+    close(sv[0]);
+    close(sv[1]);
+    ctl_sseloop_free(l);
+}
+
 int
 main(void)
 {
@@ -251,6 +285,7 @@ main(void)
         cmocka_unit_test(test_order),
         cmocka_unit_test(test_backpressure),
         cmocka_unit_test(test_peer_gone_and_deadline),
+        cmocka_unit_test(test_stalled_reader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
