@@ -392,7 +392,10 @@ ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms, uint32_t stall_ms)
     ctl_ssestream_wake(st); /* the first pump */
     bool timed_out = false, stalled = false;
     for (;;) {
-        uint64_t wait_ms = stall_ms > 0 && stall_ms < 1000 ? stall_ms : 1000;
+        /* (a parked thread wakes rarely: a stall is seen within an eighth of its limit) */
+        uint64_t wait_ms = stall_ms > 0 ? stall_ms / 8 : 60000;
+        if (wait_ms < 100)
+            wait_ms = 100;
         uint64_t now = wk_mono_ms();
         if (deadline_ms != 0 && !timed_out) {
             if (now >= deadline_ms) {
