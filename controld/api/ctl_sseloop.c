@@ -55,8 +55,9 @@ struct ctl_ssestream {
     size_t len;                  /* bytes in out */
     size_t cap;                  /* allocated */
     bool out_armed;              /* EPOLLOUT is registered */
+    bool broken;                 /* a send failed: the client is gone */
     bool pump_done;              /* the pump said done; ends once out is written */
-    wk_err end_err;              /* what it ends with then (WK_ETIMEDOUT: cancelled) */
+    wk_err end_err;              /* what it ends with then: WK_OK, the pump's error, WK_ETIMEDOUT */
     bool fin;                    /* ended (the loop's own view of ended) */
     bool cancel_seen;            /* cancel was set when the loop took it from the list */
     wk_err cancel_err_seen;      /* with it: cancel_err */
@@ -127,6 +128,7 @@ ctl_ssestream_send(ctl_ssestream *st, const char *p, size_t n, size_t *sent)
             continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             break;
+        st->broken = true;
         return WK_EIO; /* EPIPE, ECONNRESET, ... */
     }
     *sent = done;
@@ -223,11 +225,16 @@ ctl_ssestream_pump(ctl_ssestream *st, ctl_ssestream **fin)
 {
     bool done = false;
     wk_err err = st->pump(st->arg, st, &done);
-    if (err != WK_OK) {
+    bool pending = st->off < st->len;
+    if (err != WK_OK && (st->broken || err == WK_ENOMEM || !pending)) {
         ctl_ssestream_finish(st, err, fin);
         return;
     }
-    bool pending = st->off < st->len;
+    if (err != WK_OK) {
+        /* the producer failed (a worker error): what it wrote before goes out first */
+        done = true;
+        st->end_err = err;
+    }
     if (done) {
         st->pump_done = true;
         if (!pending) {

@@ -30,7 +30,8 @@ typedef struct ctl_ssestream ctl_ssestream;
  * wake-up and once its earlier output is written out. It hands what it has
  * to ctl_ssestream_write(). *done = false: more will come and someone calls
  * ctl_ssestream_wake() then; *done = true: the stream ends once its output
- * is written. An error ends it at once with that error.
+ * is written. An error ends it with that error once the output written
+ * before it is out (at once when the client is gone or memory ran out).
  */
 typedef wk_err (*ctl_ssestream_pump_fn)(void *arg, ctl_ssestream *st, bool *done);
 
