@@ -27,50 +27,50 @@
 #define CTL_SSELOOP_EVENTS 128 /* epoll events taken per wait */
 
 typedef struct ctl_sseloop_thr {
-    pthread_t thr;               /* the loop */
-    int ep;                      /* epoll instance */
-    int efd;                     /* eventfd: wakes a sleeping loop */
-    bool started;                /* thr runs */
-    pthread_mutex_t mu;          /* guards the fields below and each stream's (mu) fields */
-    ctl_ssestream *head;         /* ready list: woken streams, in wake order */
-    ctl_ssestream *tail;         /* its last entry */
-    bool sleeping;               /* the loop waits with an empty ready list */
-    bool stop;                   /* the loop exits */
+    pthread_t thr;       /* the loop */
+    int ep;              /* epoll instance */
+    int efd;             /* eventfd: wakes a sleeping loop */
+    bool started;        /* thr runs */
+    pthread_mutex_t mu;  /* guards the fields below and each stream's (mu) fields */
+    ctl_ssestream *head; /* ready list: woken streams, in wake order */
+    ctl_ssestream *tail; /* its last entry */
+    bool sleeping;       /* the loop waits with an empty ready list */
+    bool stop;           /* the loop exits */
 } ctl_sseloop_thr;
 
 struct ctl_sseloop {
-    unsigned n;                  /* threads */
-    ctl_sseloop_thr *t;          /* them */
-    atomic_uint next;            /* round-robin placement of new streams */
+    unsigned n;         /* threads */
+    ctl_sseloop_thr *t; /* them */
+    atomic_uint next;   /* round-robin placement of new streams */
 };
 
 struct ctl_ssestream {
-    ctl_sseloop_thr *t;          /* its loop */
-    int fd;                      /* the socket, borrowed */
-    ctl_ssestream_pump_fn pump;  /* producer */
-    void *arg;                   /* its argument */
+    ctl_sseloop_thr *t;         /* its loop */
+    int fd;                     /* the socket, borrowed */
+    ctl_ssestream_pump_fn pump; /* producer */
+    void *arg;                  /* its argument */
     /* loop thread only (and the owner before the start, after the end): */
-    char *out;                   /* output the socket did not take yet */
-    size_t off;                  /* first unwritten byte in out */
-    size_t len;                  /* bytes in out */
-    size_t cap;                  /* allocated */
-    bool out_armed;              /* EPOLLOUT is registered */
-    bool broken;                 /* a send failed: the client is gone */
-    bool pump_done;              /* the pump said done; ends once out is written */
-    wk_err end_err;              /* what it ends with then: WK_OK, the pump's error, WK_ETIMEDOUT */
-    bool fin;                    /* ended (the loop's own view of ended) */
-    bool cancel_seen;            /* cancel was set when the loop took it from the list */
-    wk_err cancel_err_seen;      /* with it: cancel_err */
-    _Atomic uint64_t stall_ms;   /* monotonic ms since when output waits without progress, 0 */
-    wk_err result;               /* why it ended */
+    char *out;                 /* output the socket did not take yet */
+    size_t off;                /* first unwritten byte in out */
+    size_t len;                /* bytes in out */
+    size_t cap;                /* allocated */
+    bool out_armed;            /* EPOLLOUT is registered */
+    bool broken;               /* a send failed: the client is gone */
+    bool pump_done;            /* the pump said done; ends once out is written */
+    wk_err end_err;            /* what it ends with then: WK_OK, the pump's error, WK_ETIMEDOUT */
+    bool fin;                  /* ended (the loop's own view of ended) */
+    bool cancel_seen;          /* cancel was set when the loop took it from the list */
+    wk_err cancel_err_seen;    /* with it: cancel_err */
+    _Atomic uint64_t stall_ms; /* monotonic ms since when output waits without progress, 0 */
+    wk_err result;             /* why it ended */
     struct ctl_ssestream *fin_next; /* the loop's list of streams to report ended */
     /* (mu): */
-    bool queued;                 /* on the ready list */
-    bool cancel;                 /* the owner ends it: a deadline, a stalled client */
-    wk_err cancel_err;           /* with what: WK_ETIMEDOUT (output written first), WK_EIO */
-    bool ended;                  /* no wake-up queues it anymore */
-    struct ctl_ssestream *next;  /* ready list link */
-    sem_t done;                  /* posted once it ended */
+    bool queued;                /* on the ready list */
+    bool cancel;                /* the owner ends it: a deadline, a stalled client */
+    wk_err cancel_err;          /* with what: WK_ETIMEDOUT (output written first), WK_EIO */
+    bool ended;                 /* no wake-up queues it anymore */
+    struct ctl_ssestream *next; /* ready list link */
+    sem_t done;                 /* posted once it ended */
 };
 
 /* Queues st on its loop (caller holds t->mu); true when the loop must be signalled. */
@@ -259,7 +259,7 @@ ctl_ssestream_drain(ctl_ssestream *st, ctl_ssestream **fin)
     if (st->off < st->len) {
         if (sent > 0)
             atomic_store(&st->stall_ms, wk_mono_ms()); /* (progress) */
-        return; /* (EPOLLOUT stays armed) */
+        return;                                        /* (EPOLLOUT stays armed) */
     }
     st->off = st->len = 0;
     atomic_store(&st->stall_ms, 0);

@@ -61,8 +61,7 @@ WK_MUST_CHECK wk_err ctl_ssestream_new(ctl_sseloop *l, int fd, ctl_ssestream_pum
  * ctl_ssestream_free() once nothing can call ctl_ssestream_wake() on it.
  * One run per stream.
  */
-WK_MUST_CHECK wk_err ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms,
-                                       uint32_t stall_ms);
+WK_MUST_CHECK wk_err ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms, uint32_t stall_ms);
 
 /* Wakes st (a ctl_job_waker_fn): any thread, never blocks but on the loop's mutex. */
 void ctl_ssestream_wake(void *st);

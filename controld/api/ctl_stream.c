@@ -30,8 +30,8 @@ ctl_stream_gen_run(ctl_http_req *req, ctl_job *job, const wk_tok *tok, const ctl
     if (ctl_http_sse_detach(req, ctl_stream_pump, &c, &st) != WK_OK)
         return ctl_gen_run_job(job, tok, p, sink, flush, sink_arg, res, d);
     memset(res, 0, sizeof(*res));
-    wk_err err = ctl_gen_stream_new(job, tok, p, sink, flush, sink_arg, ctl_ssestream_wake, st,
-                                    &c.gs);
+    wk_err err =
+        ctl_gen_stream_new(job, tok, p, sink, flush, sink_arg, ctl_ssestream_wake, st, &c.gs);
     if (err != WK_OK)
         return err; /* (the stream never ran; req frees it) */
     err = ctl_http_sse_run(req, p->deadline_ms);

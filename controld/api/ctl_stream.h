@@ -20,7 +20,7 @@
  */
 WK_MUST_CHECK wk_err ctl_stream_gen_run(ctl_http_req *req, ctl_job *job, const wk_tok *tok,
                                         const ctl_gen_params *p, ctl_gen_sink_fn sink,
-                                        ctl_gen_flush_fn flush, void *sink_arg,
-                                        ctl_gen_result *res, wk_diag *d);
+                                        ctl_gen_flush_fn flush, void *sink_arg, ctl_gen_result *res,
+                                        wk_diag *d);
 
 #endif /* CTL_STREAM_H */

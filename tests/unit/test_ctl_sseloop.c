@@ -87,11 +87,11 @@ prod_main(void *arg)
 }
 
 typedef struct run_arg {
-    ctl_ssestream *st;  /* stream */
-    uint64_t deadline;  /* its deadline */
-    uint32_t stall;     /* its stall limit */
-    wk_err err;         /* what run returned */
-    atomic_bool over;   /* run returned */
+    ctl_ssestream *st; /* stream */
+    uint64_t deadline; /* its deadline */
+    uint32_t stall;    /* its stall limit */
+    wk_err err;        /* what run returned */
+    atomic_bool over;  /* run returned */
 } run_arg;
 
 static void *
