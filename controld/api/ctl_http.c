@@ -798,6 +798,8 @@ ctl_http_free(ctl_http *h)
 {
     if (h == NULL)
         return;
+    /* streams end first, as civetweb's own writes fail once it stops */
+    ctl_sseloop_close(h->loop);
     if (h->ctx != NULL)
         mg_stop(h->ctx); /* (handlers, and so streams, have ended) */
     ctl_sseloop_free(h->loop);

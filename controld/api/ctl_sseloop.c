@@ -39,16 +39,22 @@ typedef struct ctl_sseloop_thr {
 } ctl_sseloop_thr;
 
 struct ctl_sseloop {
-    unsigned n;         /* threads */
-    ctl_sseloop_thr *t; /* them */
-    atomic_uint next;   /* round-robin placement of new streams */
+    unsigned n;              /* threads */
+    ctl_sseloop_thr *t;      /* them */
+    atomic_uint next;        /* round-robin placement of new streams */
+    pthread_mutex_t live_mu; /* guards live and closing; taken before a loop's mu */
+    ctl_ssestream *live;     /* running streams (ctl_ssestream_run) */
+    bool closing;            /* ctl_sseloop_close(): every stream ends */
 };
 
 struct ctl_ssestream {
-    ctl_sseloop_thr *t;         /* its loop */
-    int fd;                     /* the socket, borrowed */
-    ctl_ssestream_pump_fn pump; /* producer */
-    void *arg;                  /* its argument */
+    ctl_sseloop *l;                  /* its pool */
+    ctl_sseloop_thr *t;              /* its loop */
+    struct ctl_ssestream *live_prev; /* l->live links (live_mu) */
+    struct ctl_ssestream *live_next; /* */
+    int fd;                          /* the socket, borrowed */
+    ctl_ssestream_pump_fn pump;      /* producer */
+    void *arg;                       /* its argument */
     /* loop thread only (and the owner before the start, after the end): */
     char *out;                 /* output the socket did not take yet */
     size_t off;                /* first unwritten byte in out */
@@ -356,6 +362,7 @@ ctl_ssestream_new(ctl_sseloop *l, int fd, ctl_ssestream_pump_fn pump, void *arg,
     ctl_ssestream *st = calloc(1, sizeof(*st));
     if (st == NULL)
         return WK_ENOMEM;
+    st->l = l;
     st->t = &l->t[atomic_fetch_add(&l->next, 1) % l->n];
     st->fd = fd;
     st->pump = pump;
@@ -396,7 +403,17 @@ ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms, uint32_t stall_ms)
         st->result = WK_EIO;
         return WK_EIO;
     }
+    ctl_sseloop *l = st->l;
+    pthread_mutex_lock(&l->live_mu);
+    st->live_next = l->live;
+    if (l->live != NULL)
+        l->live->live_prev = st;
+    l->live = st;
+    bool closing = l->closing;
+    pthread_mutex_unlock(&l->live_mu);
     ctl_ssestream_wake(st); /* the first pump */
+    if (closing)
+        ctl_ssestream_cancel(st, WK_EIO);
     bool timed_out = false, stalled = false;
     for (;;) {
         /* (a parked thread wakes rarely: a stall is seen within an eighth of its limit) */
@@ -427,7 +444,27 @@ ctl_ssestream_run(ctl_ssestream *st, uint64_t deadline_ms, uint32_t stall_ms)
         if (rc == 0)
             break;
     }
+    pthread_mutex_lock(&l->live_mu);
+    if (st->live_prev != NULL)
+        st->live_prev->live_next = st->live_next;
+    else
+        l->live = st->live_next;
+    if (st->live_next != NULL)
+        st->live_next->live_prev = st->live_prev;
+    pthread_mutex_unlock(&l->live_mu);
     return st->result;
+}
+
+void
+ctl_sseloop_close(ctl_sseloop *l)
+{
+    if (l == NULL)
+        return;
+    pthread_mutex_lock(&l->live_mu);
+    l->closing = true;
+    for (ctl_ssestream *st = l->live; st != NULL; st = st->live_next)
+        ctl_ssestream_cancel(st, WK_EIO); /* (st stays alive: its owner unlinks it first) */
+    pthread_mutex_unlock(&l->live_mu);
 }
 
 void
@@ -454,6 +491,7 @@ ctl_sseloop_new(unsigned n, ctl_sseloop **out, wk_diag *d)
         return WK_ENOMEM;
     }
     atomic_init(&l->next, 0);
+    pthread_mutex_init(&l->live_mu, NULL);
     wk_err err = WK_OK;
     for (unsigned i = 0; i < n && err == WK_OK; i++) {
         ctl_sseloop_thr *t = &l->t[i];
@@ -500,6 +538,7 @@ ctl_sseloop_free(ctl_sseloop *l)
             close(t->efd);
         pthread_mutex_destroy(&t->mu);
     }
+    pthread_mutex_destroy(&l->live_mu);
     free(l->t);
     free(l);
 }

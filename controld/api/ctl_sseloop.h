@@ -38,6 +38,13 @@ typedef wk_err (*ctl_ssestream_pump_fn)(void *arg, ctl_ssestream *st, bool *done
 /* Starts n loop threads (n >= 1). WK_EIO when epoll or a thread fails (diag says why). */
 WK_MUST_CHECK wk_err ctl_sseloop_new(unsigned n, ctl_sseloop **out, wk_diag *d);
 
+/*
+ * Ends every running stream, and every one started from now on, with
+ * WK_EIO (the server stops: as civetweb's writes fail once it stops).
+ * NULL-safe.
+ */
+void ctl_sseloop_close(ctl_sseloop *l);
+
 /* Stops the threads and frees. No stream may be running. NULL-safe. */
 void ctl_sseloop_free(ctl_sseloop *l);
 

@@ -3,8 +3,8 @@
  * order over several wake-ups; a reader that stops reading stops the pump
  * (nothing is pumped while output waits) and gets everything once it reads
  * again; a peer that closes ends the stream with WK_EIO without any write;
- * a deadline ends it with WK_ETIMEDOUT; a reader that takes nothing for
- * the stall limit ends it with WK_EIO. (cmocka needs its four headers first.)
+ * a deadline ends it with WK_ETIMEDOUT, closing the loops with WK_EIO; a reader that takes nothing
+ * for the stall limit ends it with WK_EIO. (cmocka needs its four headers first.)
  */
 /* clang-format off */
 #include <setjmp.h>
@@ -241,6 +241,25 @@ test_peer_gone_and_deadline(void **state)
     assert_true(wk_mono_ms() >= b.deadline);
     ctl_ssestream_wake(b.st); /* (after the end: ignored) */
     ctl_ssestream_free(b.st);
+    close(sv[0]);
+    close(sv[1]);
+
+    /* the server stops: a running stream ends, and one started afterwards */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    run_arg c = {0};
+    assert_int_equal(ctl_ssestream_new(l, sv[0], idle_pump, NULL, &c.st), WK_OK);
+    assert_int_equal(pthread_create(&rt, NULL, run_main, &c), 0);
+    usleep(50000);
+    assert_false(atomic_load(&c.over));
+    ctl_sseloop_close(l);
+    pthread_join(rt, NULL);
+    assert_int_equal(c.err, WK_EIO);
+    ctl_ssestream_free(c.st);
+    run_arg e = {0};
+    assert_int_equal(ctl_ssestream_new(l, sv[0], idle_pump, NULL, &e.st), WK_OK);
+    run_main(&e);
+    assert_int_equal(e.err, WK_EIO);
+    ctl_ssestream_free(e.st);
     close(sv[0]);
     close(sv[1]);
     ctl_sseloop_free(l);
