@@ -3,8 +3,9 @@
  * order over several wake-ups; a reader that stops reading stops the pump
  * (nothing is pumped while output waits) and gets everything once it reads
  * again; a peer that closes ends the stream with WK_EIO without any write;
- * a deadline ends it with WK_ETIMEDOUT, closing the loops with WK_EIO; a reader that takes nothing
- * for the stall limit ends it with WK_EIO. (cmocka needs its four headers first.)
+ * a deadline ends it with WK_ETIMEDOUT, closing the loops with WK_EIO; a
+ * reader that takes nothing for the stall limit ends it with WK_EIO.
+ * (cmocka needs its four headers first.)
  */
 /* clang-format off */
 #include <setjmp.h>
