@@ -58,6 +58,8 @@ static const wk_cfg_opt ctl_opts[] = {
     {"workers", WK_CFG_U64, "1", 0, 1024, "workers that must be ready before /ready says 200"},
     {"api-keys", WK_CFG_STR, NULL, 0, 0, "file of 'KEY USER [admin]' lines"},
     {"http-threads", WK_CFG_U64, "32", 2, 1024, "HTTP request threads"},
+    {"sse-loops", WK_CFG_U64, "0", 0, 256,
+     "event-loop threads that write streamed replies (0: one per core available)"},
     {"max-body", WK_CFG_U64, "16777216", 1024, 1073741824, "largest request body in bytes"},
     {"max-header-bytes", WK_CFG_U64, "16384", 1024, 1048576,
      "largest request line + headers in bytes (larger: a 4xx JSON error, connection closed)"},
@@ -178,6 +180,7 @@ static const wk_cfg_bind ctl_binds[] = {
     CTL_BIND("workers", U32, app.expected_workers),
     CTL_BIND("api-keys", STR, api_keys),
     CTL_BIND("http-threads", UINT, http.threads),
+    CTL_BIND("sse-loops", UINT, http.sse_loops),
     CTL_BIND("max-body", SIZE, http.max_body),
     CTL_BIND("max-header-bytes", SIZE, http.max_header),
     CTL_BIND("http-timeout-ms", UINT, http.timeout_ms),
@@ -512,6 +515,10 @@ main(int argc, char **argv)
     app->n_routes = nr;
     c.http.auth = ctl_auth_enabled(auth) ? ctl_auth_cb : NULL;
     c.http.auth_arg = auth;
+    if (c.http.sse_loops == 0) { /* one event loop per core available */
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        c.http.sse_loops = ncpu < 1 ? 1 : ncpu > 64 ? 64 : (unsigned)ncpu;
+    }
     if (ctl_http_new(&c.http, routes, nr, ctl_admin_http_observe, app, &app->http, &d) != WK_OK) {
         wk_log_error("%s", d.msg);
         goto out;

@@ -3,28 +3,62 @@
  * matches the route table (exact paths first, then the longest prefix),
  * answers 404/405 itself, and reports each response to the observer.
  * It never parses JSON bodies: handlers do.
+ *
+ * Streamed replies can be handed to an event loop (ctl_sseloop) after their
+ * headers. civetweb 1.15 has no call that gives a connection's socket, so
+ * the socket is found by its addresses, which civetweb does give: the
+ * client's address and port (mg_request_info) and the server's port, with
+ * the local address being the one address the server is bound to. A TCP
+ * connection's four addresses name exactly one socket, so a descriptor of
+ * this process whose getsockname()/getpeername() equal them is this
+ * connection's socket (checked again on every use of the cache below). The
+ * handler's thread owns the connection until it returns and waits for the
+ * loop meanwhile, so civetweb neither reads, writes nor closes the socket
+ * while the loop writes it; the reply is "Connection: close", so nothing
+ * else follows it on the connection. Not handed over (the thread writes, as
+ * before): TLS, a wildcard or name bind address, a socket not found.
  */
 #define WK_LOG_MODULE "http"
 #include "ctl_http.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ctl_err.h"
 #include "wk_json.h"
 #include "wk_log.h"
 #include "wk_net.h"
 
+/* One end of a TCP connection, comparable by memcmp (zero-padded). */
+typedef struct ctl_http_addr {
+    uint16_t family;          /* AF_INET, AF_INET6; 0 = none */
+    uint16_t port;            /* host order */
+    uint8_t ip[16];           /* 4 or 16 bytes used */
+} ctl_http_addr;
+
 struct ctl_http {
     struct mg_context *ctx;   /* civetweb server */
+    ctl_sseloop *loop;        /* writes handed-over streams; NULL = none */
+    ctl_http_addr local;      /* the bound address (ip, port); family 0: no hand-over */
+    pthread_mutex_t fd_mu;    /* guards the peer cache */
+    ctl_http_addr *fd_peer;   /* by descriptor: the peer of our sockets last seen there */
+    size_t fd_cap;            /* entries in fd_peer */
+    uint64_t fd_scans;        /* descriptor scans so far (debug log) */
     ctl_http_route *routes;   /* owned copy */
     size_t n_routes;          /* entries */
     size_t max_body;          /* body limit */
     size_t max_header;        /* request line + headers limit (civetweb's) */
+    unsigned timeout_ms;      /* civetweb's write timeout, also a handed-over stream's */
     ctl_http_observer obs;    /* metrics hook, may be NULL */
     void *obs_arg;            /* passed to obs */
     ctl_http_authorizer auth; /* may be NULL */
@@ -45,6 +79,8 @@ struct ctl_http_req {
     size_t wcap;                          /* allocated */
     bool corked;                          /* SSE events wait for ctl_http_flush() */
     bool broken;                          /* a write failed: the client is gone */
+    ctl_ssestream *ss;                    /* handed-over stream, owned; NULL = none */
+    bool ss_on;                           /* it runs: writes go to the loop */
 };
 
 bool
@@ -314,6 +350,12 @@ ctl_http_wbuf_put(ctl_http_req *req, const char *p, size_t n)
     return WK_OK;
 }
 
+bool
+ctl_http_req_broken(const ctl_http_req *req)
+{
+    return req->broken;
+}
+
 wk_err
 ctl_http_flush(ctl_http_req *req)
 {
@@ -323,6 +365,13 @@ ctl_http_flush(ctl_http_req *req)
     }
     if (req->wlen == 0)
         return WK_OK;
+    if (req->ss_on) { /* (on the loop's thread: a non-blocking send, the rest kept) */
+        wk_err err = ctl_ssestream_write(req->ss, req->wbuf, req->wlen);
+        req->wlen = 0;
+        if (err != WK_OK)
+            req->broken = true;
+        return err == WK_OK ? WK_OK : WK_EIO;
+    }
     /* one write (one send() with tcp_nodelay) for everything buffered */
     int wr = mg_write(req->conn, req->wbuf, req->wlen);
     req->wlen = 0;
@@ -379,6 +428,179 @@ wk_err
 ctl_http_sse_event(ctl_http_req *req, const char *event, const char *payload)
 {
     return ctl_http_sse_put(req, event, payload);
+}
+
+/* addr from a sockaddr; false for other families. */
+static bool
+ctl_http_addr_of(const struct sockaddr_storage *sa, ctl_http_addr *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (sa->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+        out->family = AF_INET;
+        out->port = ntohs(in->sin_port);
+        memcpy(out->ip, &in->sin_addr, 4);
+        return true;
+    }
+    if (sa->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+        out->family = AF_INET6;
+        out->port = ntohs(in6->sin6_port);
+        memcpy(out->ip, &in6->sin6_addr, 16);
+        return true;
+    }
+    return false;
+}
+
+/* addr from a numeric address (brackets allowed) and a port; false if not one. */
+static bool
+ctl_http_addr_parse(const char *s, unsigned port, ctl_http_addr *out)
+{
+    char buf[64];
+    size_t n = strlen(s);
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+        s++;
+        n -= 2;
+    }
+    if (n >= sizeof(buf))
+        return false;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    memset(out, 0, sizeof(*out));
+    out->port = (uint16_t)port;
+    if (inet_pton(AF_INET, buf, out->ip) == 1) {
+        out->family = AF_INET;
+        return true;
+    }
+    if (inet_pton(AF_INET6, buf, out->ip) == 1) {
+        out->family = AF_INET6;
+        return true;
+    }
+    return false;
+}
+
+/* True when fd is a TCP socket from local to peer. */
+static bool
+ctl_http_fd_is(int fd, const ctl_http_addr *local, const ctl_http_addr *peer)
+{
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof(sa);
+    ctl_http_addr a;
+    if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0 || !ctl_http_addr_of(&sa, &a) ||
+        memcmp(&a, local, sizeof(a)) != 0)
+        return false;
+    len = sizeof(sa);
+    return getpeername(fd, (struct sockaddr *)&sa, &len) == 0 && ctl_http_addr_of(&sa, &a) &&
+           memcmp(&a, peer, sizeof(a)) == 0;
+}
+
+/* The cached descriptor whose peer was peer, -1 if none. Caller holds fd_mu. */
+static int
+ctl_http_fd_cached_locked(const ctl_http *h, const ctl_http_addr *peer)
+{
+    for (size_t i = 0; i < h->fd_cap; i++)
+        if (h->fd_peer[i].family == peer->family && memcmp(&h->fd_peer[i], peer, sizeof(*peer)) == 0)
+            return (int)i;
+    return -1;
+}
+
+/*
+ * Records the peer of every socket of this process bound to h->local (one
+ * pass over /proc/self/fd). Caller holds fd_mu.
+ */
+static void
+ctl_http_fd_scan_locked(ctl_http *h)
+{
+    DIR *dir = opendir("/proc/self/fd");
+    if (dir == NULL)
+        return;
+    h->fd_scans++;
+    for (size_t i = 0; i < h->fd_cap; i++)
+        h->fd_peer[i].family = 0;
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL) {
+        char *end = NULL;
+        long fd = strtol(de->d_name, &end, 10);
+        if (end == de->d_name || *end != '\0' || fd < 0 || fd > 1 << 24)
+            continue;
+        struct sockaddr_storage sa;
+        socklen_t len = sizeof(sa);
+        ctl_http_addr a;
+        if (getsockname((int)fd, (struct sockaddr *)&sa, &len) != 0 ||
+            !ctl_http_addr_of(&sa, &a) || memcmp(&a, &h->local, sizeof(a)) != 0)
+            continue;
+        len = sizeof(sa);
+        if (getpeername((int)fd, (struct sockaddr *)&sa, &len) != 0 || !ctl_http_addr_of(&sa, &a))
+            continue;
+        if ((size_t)fd >= h->fd_cap) {
+            size_t cap = h->fd_cap ? h->fd_cap : 256;
+            while (cap <= (size_t)fd)
+                cap *= 2;
+            ctl_http_addr *np = realloc(h->fd_peer, cap * sizeof(*np));
+            if (np == NULL)
+                break;
+            memset(np + h->fd_cap, 0, (cap - h->fd_cap) * sizeof(*np));
+            h->fd_peer = np;
+            h->fd_cap = cap;
+        }
+        h->fd_peer[fd] = a;
+    }
+    closedir(dir);
+}
+
+/* The socket of req's connection (see the top of this file), -1 when it cannot be handed over. */
+static int
+ctl_http_conn_fd(ctl_http_req *req)
+{
+    ctl_http *h = req->h;
+    const struct mg_request_info *ri = req->ri;
+    ctl_http_addr peer;
+    if (h->local.family == 0 || ri->is_ssl || ri->server_port != h->local.port ||
+        !ctl_http_addr_parse(ri->remote_addr, (unsigned)ri->remote_port, &peer))
+        return -1;
+    pthread_mutex_lock(&h->fd_mu);
+    int fd = ctl_http_fd_cached_locked(h, &peer);
+    if (fd < 0 || !ctl_http_fd_is(fd, &h->local, &peer)) {
+        ctl_http_fd_scan_locked(h);
+        fd = ctl_http_fd_cached_locked(h, &peer);
+        if (fd >= 0 && !ctl_http_fd_is(fd, &h->local, &peer))
+            fd = -1;
+        wk_log_debug("socket scan %llu for port %d: fd=%d", (unsigned long long)h->fd_scans,
+                     ri->remote_port, fd);
+    }
+    pthread_mutex_unlock(&h->fd_mu);
+    return fd;
+}
+
+wk_err
+ctl_http_sse_detach(ctl_http_req *req, ctl_ssestream_pump_fn pump, void *arg,
+                    ctl_ssestream **out)
+{
+    if (req->h->loop == NULL || req->status != 200 || req->broken || req->ss != NULL)
+        return WK_ENOTSUP;
+    /* what the thread buffered goes out first, by the thread */
+    if (req->wlen > 0 && ctl_http_flush(req) != WK_OK)
+        return WK_ENOTSUP;
+    int fd = ctl_http_conn_fd(req);
+    if (fd < 0)
+        return WK_ENOTSUP;
+    wk_err err = ctl_ssestream_new(req->h->loop, fd, pump, arg, &req->ss);
+    if (err != WK_OK)
+        return err == WK_ENOMEM ? WK_ENOTSUP : err;
+    *out = req->ss;
+    return WK_OK;
+}
+
+wk_err
+ctl_http_sse_run(ctl_http_req *req, uint64_t deadline_ms)
+{
+    req->ss_on = true;
+    /* (a client that stops reading is dropped after the same time as civetweb's writes) */
+    wk_err err = ctl_ssestream_run(req->ss, deadline_ms, req->h->timeout_ms);
+    req->ss_on = false;
+    if (err == WK_EIO)
+        req->broken = true;
+    return err;
 }
 
 static const ctl_http_route *
@@ -455,6 +677,7 @@ ctl_http_dispatch(struct mg_connection *conn, void *cbdata)
                  secs);
     free(req.body);
     free(req.wbuf);
+    ctl_ssestream_free(req.ss); /* (its job, and so its waker, went with the handler) */
     return req.status;
 }
 
@@ -511,10 +734,12 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
     h->n_routes = n_routes;
     h->max_body = cfg->max_body;
     h->max_header = cfg->max_header ? cfg->max_header : 16384;
+    h->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 600000;
     h->obs = obs;
     h->obs_arg = obs_arg;
     h->auth = cfg->auth;
     h->auth_arg = cfg->auth_arg;
+    pthread_mutex_init(&h->fd_mu, NULL);
     char ports[300];
     const char *host = strcmp(cfg->host, "localhost") == 0 ? "127.0.0.1" : cfg->host;
     if (host[0] == '[')
@@ -548,6 +773,22 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
         return e;
     }
     mg_set_request_handler(h->ctx, "/", ctl_http_dispatch, h);
+    /*
+     * Streams are handed to the event loops only when the local address of
+     * every connection is known: a bind to one numeric address.
+     */
+    ctl_http_addr any4 = {.family = AF_INET, .port = (uint16_t)cfg->port};
+    ctl_http_addr any6 = {.family = AF_INET6, .port = (uint16_t)cfg->port};
+    if (cfg->sse_loops > 0 && ctl_http_addr_parse(host, cfg->port, &h->local) &&
+        memcmp(&h->local, &any4, sizeof(any4)) != 0 && memcmp(&h->local, &any6, sizeof(any6)) != 0) {
+        wk_diag ld = {{0}};
+        if (ctl_sseloop_new(cfg->sse_loops, &h->loop, &ld) != WK_OK) {
+            wk_log_warn("streams stay on their threads: %s", ld.msg);
+            h->loop = NULL;
+        }
+    }
+    if (h->loop == NULL)
+        memset(&h->local, 0, sizeof(h->local));
     *out = h;
     return WK_OK;
 }
@@ -557,8 +798,13 @@ ctl_http_free(ctl_http *h)
 {
     if (h == NULL)
         return;
+    /* streams end first, as civetweb's own writes fail once it stops */
+    ctl_sseloop_close(h->loop);
     if (h->ctx != NULL)
-        mg_stop(h->ctx);
+        mg_stop(h->ctx); /* (handlers, and so streams, have ended) */
+    ctl_sseloop_free(h->loop);
+    pthread_mutex_destroy(&h->fd_mu);
+    free(h->fd_peer);
     free(h->routes);
     free(h);
 }

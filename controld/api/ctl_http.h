@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "ctl_sseloop.h"
 #include "wk_err.h"
 
 typedef struct json_t json_t; /* jansson's value, opaque here */
@@ -55,6 +56,7 @@ typedef struct ctl_http_config {
     size_t max_header;      /* largest request line + headers (civetweb max_request_size) */
     ctl_http_authorizer auth; /* NULL: everyone is user "local", admin */
     void *auth_arg;         /* passed to auth */
+    unsigned sse_loops;     /* event-loop threads for streamed replies, 0 = none (threads write) */
 } ctl_http_config;
 
 /* Called after each response for metrics; may be NULL. */
@@ -136,8 +138,31 @@ WK_MUST_CHECK wk_err ctl_http_sse_event(ctl_http_req *req, const char *event,
  */
 void ctl_http_cork(ctl_http_req *req, bool on);
 
+/* True once a write failed or the client went away. */
+bool ctl_http_req_broken(const ctl_http_req *req);
+
 /* Writes the buffered events. WK_EIO when the client went away (then and after). */
 WK_MUST_CHECK wk_err ctl_http_flush(ctl_http_req *req);
+
+/*
+ * Hands the rest of a streamed reply (after ctl_http_sse_begin(), while
+ * corked) to an event loop: *out is a stream of one of the server's loops
+ * that writes req's socket, pumped by pump(arg) (which writes with
+ * ctl_http_sse_data/event and ctl_http_flush as before, on the loop's
+ * thread); start it with ctl_http_sse_run(). Owned by req. WK_ENOTSUP when
+ * this reply cannot be handed over (no loops, TLS, socket not found): the
+ * handler writes it on its own thread as before.
+ */
+WK_MUST_CHECK wk_err ctl_http_sse_detach(ctl_http_req *req, ctl_ssestream_pump_fn pump,
+                                         void *arg, ctl_ssestream **out);
+
+/*
+ * Runs the stream of ctl_http_sse_detach() and waits for its end
+ * (ctl_ssestream_run(): WK_OK, WK_EIO when the client went away, after
+ * which req counts as broken, WK_ETIMEDOUT at deadline_ms, the pump's
+ * error). Afterwards the handler writes req itself again.
+ */
+WK_MUST_CHECK wk_err ctl_http_sse_run(ctl_http_req *req, uint64_t deadline_ms);
 
 /*
  * True when the loopback-only rule allows binding host: every address it

@@ -18,6 +18,7 @@
 #include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_gen.h"
+#include "ctl_stream.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"
 #include "wk_chat.h"
@@ -2168,8 +2169,10 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
     } else {
         /* What one wake-up finds (a slow client: several chunks) goes out in one write. */
         ctl_http_cork(req, true);
-        err = ctl_gen_run_job(job, app->tok, &r->gen, ctl_openai_stream_sink,
-                              ctl_openai_stream_flush, &st, &res, &d);
+        err = ctl_stream_gen_run(req, job, app->tok, &r->gen, ctl_openai_stream_sink,
+                                 ctl_openai_stream_flush, &st, &res, &d);
+        if (ctl_http_req_broken(req))
+            st.broken = true; /* (an event loop saw the client go away) */
         ctl_http_cork(req, false);
     }
     if (err != WK_OK) {

@@ -30,6 +30,7 @@
 #include "ctl_app.h"
 #include "ctl_ckpt.h"
 #include "ctl_gen.h"
+#include "ctl_stream.h"
 #include "ctl_openai.h"
 #include "ctl_resp_req.h"
 #include "ctl_responses.h"
@@ -1630,8 +1631,10 @@ resp_answer_stream(resp_call *c, bool free_slot)
         err = WK_EIO;
     } else {
         ctl_http_cork(c->req, true); /* one write per wake-up */
-        err = ctl_gen_run_job(job, app->tok, &c->r.gen, resp_stream_sink, resp_stream_flush, c,
-                              &res, &d);
+        err = ctl_stream_gen_run(c->req, job, app->tok, &c->r.gen, resp_stream_sink,
+                                 resp_stream_flush, c, &res, &d);
+        if (ctl_http_req_broken(c->req))
+            c->broken = true; /* (an event loop saw the client go away) */
         ctl_http_cork(c->req, false);
     }
     if (err != WK_OK) {

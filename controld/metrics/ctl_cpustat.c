@@ -46,7 +46,8 @@ ctl_cpu_component_of(const char *comm)
         const char *prefix;
         ctl_cpu_component comp;
     } map[] = {
-        {"civetweb", CTL_CPU_COMPONENT_HTTP},   {"wkc-step", CTL_CPU_COMPONENT_STEP},
+        {"civetweb", CTL_CPU_COMPONENT_HTTP},   {"wkc-sse", CTL_CPU_COMPONENT_HTTP},
+        {"wkc-step", CTL_CPU_COMPONENT_STEP},
         {"wkc-sched", CTL_CPU_COMPONENT_SCHED}, {"wkc-pool", CTL_CPU_COMPONENT_POOL},
         {"nng:", CTL_CPU_COMPONENT_POOL},       {"wkc-vm", CTL_CPU_COMPONENT_VM},
         {"wkc-ckpt", CTL_CPU_COMPONENT_VM},

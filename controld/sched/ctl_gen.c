@@ -399,12 +399,20 @@ ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
     return ctl_gen_run_job(job, tok, p, sink, NULL, sink_arg, res, d);
 }
 
-wk_err
-ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_gen_sink_fn sink,
-                ctl_gen_flush_fn flush, void *sink_arg, ctl_gen_result *res, wk_diag *d)
+/* A generation whose consumer is driven from outside (ctl_gen_stream_*). */
+struct ctl_gen_stream {
+    ctl_job *job;             /* the job, owned */
+    ctl_gen_state *g;         /* its state, owned */
+    const ctl_gen_params *p;  /* parameters, borrowed */
+    wk_diag d;                /* what the pump failed with */
+};
+
+/* Starts consuming job: g's hook decides its tokens from here on. Consumes job. */
+static wk_err
+ctl_gen_state_new(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p,
+                  ctl_gen_sink_fn sink, ctl_gen_flush_fn flush, void *sink_arg,
+                  ctl_gen_state **out)
 {
-    memset(res, 0, sizeof(*res));
-    wk_err err = WK_OK;
     ctl_gen_state *g = calloc(1, sizeof(*g));
     if (g == NULL) {
         ctl_job_free(job);
@@ -422,44 +430,39 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
     g->eos = tok != NULL ? wk_tok_eos(tok) : WK_TOK_EOT;
     /* From here the step loop decides this job's tokens (ctl_gen_on_token). */
     ctl_job_set_on_token(job, ctl_gen_on_token, g);
-    while (err == WK_OK) {
-        ctl_job_event ev;
-        /*
-         * The deadline is also checked here, not only by the scheduler: a
-         * worker that stops answering (SIGSTOP, a hung device) leaves the
-         * step RPC pending and the scheduler silent until the step timeout.
-         * Freeing the job cancels it; its slot comes back when the step ends.
-         */
-        uint32_t wait_ms = 1000;
-        uint64_t now = ctl_gen_mono_ms();
-        if (p->deadline_ms && now >= p->deadline_ms)
-            wait_ms = 1;
-        else if (p->deadline_ms && p->deadline_ms - now < wait_ms)
-            wait_ms = (uint32_t)(p->deadline_ms - now) + 1;
-        if (ctl_job_next(job, wait_ms, &ev) == WK_ETIMEDOUT) {
-            if (p->deadline_ms && ctl_gen_mono_ms() > p->deadline_ms)
-                err = wk_diag_set(d, WK_ETIMEDOUT, "request timed out");
-            continue;
-        }
-        if (ev.type == CTL_JOB_EV_DATA) {
-            err = ctl_gen_deliver(g, job);
-            continue;
-        }
-        if (ev.type == CTL_JOB_EV_TOKEN) {
-            /* A token sampled before the hook was set: decide it here, as the hook would. */
-            ctl_job_decision dec = ctl_gen_on_token(g, job, &ev);
-            if (dec == CTL_JOB_CONTINUE)
-                ctl_job_continue(job);
-            else
-                ctl_job_stop(job, dec == CTL_JOB_STOP_FEED);
-            continue;
-        }
-        /* DONE or ERROR: what was published before it goes out first. */
-        err = ctl_gen_deliver(g, job);
-        if (err == WK_OK && ev.type == CTL_JOB_EV_ERROR)
-            err = wk_diag_set(d, ev.err, "%s", ev.message);
-        break;
+    *out = g;
+    return WK_OK;
+}
+
+/* Handles one event of job; *done when it was the last (DONE, ERROR). */
+static wk_err
+ctl_gen_handle(ctl_gen_state *g, ctl_job *job, const ctl_job_event *ev, bool *done, wk_diag *d)
+{
+    *done = false;
+    if (ev->type == CTL_JOB_EV_DATA)
+        return ctl_gen_deliver(g, job);
+    if (ev->type == CTL_JOB_EV_TOKEN) {
+        /* A token sampled before the hook was set: decide it here, as the hook would. */
+        ctl_job_decision dec = ctl_gen_on_token(g, job, ev);
+        if (dec == CTL_JOB_CONTINUE)
+            ctl_job_continue(job);
+        else
+            ctl_job_stop(job, dec == CTL_JOB_STOP_FEED);
+        return WK_OK;
     }
+    /* DONE or ERROR: what was published before it goes out first. */
+    *done = true;
+    wk_err err = ctl_gen_deliver(g, job);
+    if (err == WK_OK && ev->type == CTL_JOB_EV_ERROR)
+        err = wk_diag_set(d, ev->err, "%s", ev->message);
+    return err;
+}
+
+/* Ends the generation after its consumer loop (err: how it ended); fills res. Frees g and job. */
+static wk_err
+ctl_gen_state_end(ctl_gen_state *g, ctl_job *job, wk_err err, ctl_gen_result *res, wk_diag *d)
+{
+    const ctl_gen_params *p = g->p;
     /* (a hook never runs after a DONE; after an error, ctl_job_free() waits for it) */
     if (err == WK_OK && g->err != WK_OK)
         err = wk_diag_set(d, g->err, "%s", g->errmsg);
@@ -491,4 +494,88 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
         return err;
     }
     return WK_OK;
+}
+
+wk_err
+ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_gen_sink_fn sink,
+                ctl_gen_flush_fn flush, void *sink_arg, ctl_gen_result *res, wk_diag *d)
+{
+    memset(res, 0, sizeof(*res));
+    ctl_gen_state *g = NULL;
+    wk_err err = ctl_gen_state_new(job, tok, p, sink, flush, sink_arg, &g);
+    if (err != WK_OK)
+        return err;
+    bool done = false;
+    while (err == WK_OK && !done) {
+        ctl_job_event ev;
+        /*
+         * The deadline is also checked here, not only by the scheduler: a
+         * worker that stops answering (SIGSTOP, a hung device) leaves the
+         * step RPC pending and the scheduler silent until the step timeout.
+         * Freeing the job cancels it; its slot comes back when the step ends.
+         */
+        uint32_t wait_ms = 1000;
+        uint64_t now = ctl_gen_mono_ms();
+        if (p->deadline_ms && now >= p->deadline_ms)
+            wait_ms = 1;
+        else if (p->deadline_ms && p->deadline_ms - now < wait_ms)
+            wait_ms = (uint32_t)(p->deadline_ms - now) + 1;
+        if (ctl_job_next(job, wait_ms, &ev) == WK_ETIMEDOUT) {
+            if (p->deadline_ms && ctl_gen_mono_ms() > p->deadline_ms)
+                err = wk_diag_set(d, WK_ETIMEDOUT, "request timed out");
+            continue;
+        }
+        err = ctl_gen_handle(g, job, &ev, &done, d);
+    }
+    return ctl_gen_state_end(g, job, err, res, d);
+}
+
+wk_err
+ctl_gen_stream_new(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p,
+                   ctl_gen_sink_fn sink, ctl_gen_flush_fn flush, void *sink_arg,
+                   ctl_job_waker_fn waker, void *waker_arg, ctl_gen_stream **out)
+{
+    ctl_gen_stream *gs = calloc(1, sizeof(*gs));
+    if (gs == NULL) {
+        ctl_job_free(job);
+        return WK_ENOMEM;
+    }
+    /* (before the first poll arms it) */
+    ctl_job_set_waker(job, waker, waker_arg);
+    wk_err err = ctl_gen_state_new(job, tok, p, sink, flush, sink_arg, &gs->g);
+    if (err != WK_OK) {
+        free(gs);
+        return err;
+    }
+    gs->job = job;
+    gs->p = p;
+    *out = gs;
+    return WK_OK;
+}
+
+wk_err
+ctl_gen_stream_pump(ctl_gen_stream *gs, bool *done)
+{
+    *done = false;
+    for (;;) {
+        ctl_job_event ev;
+        if (ctl_job_poll(gs->job, &ev) != WK_OK)
+            return WK_OK; /* nothing more: armed, the waker calls back */
+        wk_err err = ctl_gen_handle(gs->g, gs->job, &ev, done, &gs->d);
+        if (err != WK_OK || *done)
+            return err;
+    }
+}
+
+wk_err
+ctl_gen_stream_end(ctl_gen_stream *gs, wk_err err, ctl_gen_result *res, wk_diag *d)
+{
+    memset(res, 0, sizeof(*res));
+    if (err == WK_ETIMEDOUT && gs->d.msg[0] == '\0')
+        err = wk_diag_set(d, WK_ETIMEDOUT, "request timed out");
+    else if (err != WK_OK && gs->d.msg[0] != '\0')
+        err = wk_diag_set(d, err, "%s", gs->d.msg);
+    err = ctl_gen_state_end(gs->g, gs->job, err, res, d);
+    free(gs);
+    return err;
 }

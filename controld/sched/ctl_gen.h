@@ -111,6 +111,45 @@ WK_MUST_CHECK wk_err ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_
                                      ctl_gen_sink_fn sink, ctl_gen_flush_fn flush,
                                      void *sink_arg, ctl_gen_result *res, wk_diag *d);
 
+/*
+ * The same generation with its consumer driven from outside (an event loop)
+ * instead of a blocked thread: ctl_gen_stream_new() sets job's waker
+ * (called when there is something for the consumer, see ctl_job_set_waker),
+ * ctl_gen_stream_pump() hands what is there to the sink without waiting,
+ * ctl_gen_stream_end() finishes like ctl_gen_run_job() returns.
+ */
+typedef struct ctl_gen_stream ctl_gen_stream;
+
+/*
+ * Starts consuming job (always consumed) with sink and flush as in
+ * ctl_gen_run_job(); waker(waker_arg) is called, from the step loop or
+ * another scheduler thread, whenever pump has something to do after it
+ * found nothing. *out is freed by ctl_gen_stream_end(). WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err ctl_gen_stream_new(ctl_job *job, const wk_tok *tok,
+                                        const ctl_gen_params *p, ctl_gen_sink_fn sink,
+                                        ctl_gen_flush_fn flush, void *sink_arg,
+                                        ctl_job_waker_fn waker, void *waker_arg,
+                                        ctl_gen_stream **out);
+
+/*
+ * Hands everything published so far to the sink (then flush) and decides
+ * tokens that came before the hook was set; never waits. *done when the
+ * generation ended (then call ctl_gen_stream_end()); otherwise the waker
+ * will be called. An error (the sink's, the job's) ends it too: pass it to
+ * ctl_gen_stream_end(), which reports its message. One call at a time.
+ */
+WK_MUST_CHECK wk_err ctl_gen_stream_pump(ctl_gen_stream *gs, bool *done);
+
+/*
+ * Ends the generation: err is how the pumping ended (WK_OK after done, or
+ * an error, WK_ETIMEDOUT for a deadline the caller saw pass). Fills *res
+ * and returns like ctl_gen_run_job(); frees gs and the job (after which no
+ * waker call comes).
+ */
+WK_MUST_CHECK wk_err ctl_gen_stream_end(ctl_gen_stream *gs, wk_err err, ctl_gen_result *res,
+                                        wk_diag *d);
+
 /* Frees what a result owns. NULL-safe. */
 void ctl_gen_result_fini(ctl_gen_result *res);
 

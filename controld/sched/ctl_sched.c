@@ -107,6 +107,8 @@ struct ctl_job {
      * token on unlock; the consumer sleeps here with j->mu released.
      */
     sem_t wake;
+    ctl_job_waker_fn waker;     /* replaces the semaphore post when set (ctl_job_set_waker) */
+    void *waker_arg;            /* its argument */
     struct ctl_job *next;       /* list link (s->jobs) */
 };
 
@@ -228,6 +230,24 @@ ctl_job_sync_fini(ctl_job *j)
     pthread_mutex_destroy(&j->mu);
 }
 
+/*
+ * Wakes the consumer that slept (saw j->sleeping): its waker, or its
+ * semaphore. j->mu not held; the waker was set before the consumer armed it.
+ * A job its consumer freed while it was in a step (cancelled, read under
+ * s->mu or while the job's hook runs, when it cannot change) has no
+ * consumer left: its waker's argument may be gone.
+ */
+static void
+ctl_job_wake(ctl_job *j)
+{
+    if (j->waker != NULL) {
+        if (!j->cancelled)
+            j->waker(j->waker_arg);
+        return;
+    }
+    sem_post(&j->wake);
+}
+
 /* Caller holds s->mu (and not j->mu). */
 static void
 ctl_job_post(ctl_job *j, const ctl_job_event *ev)
@@ -246,7 +266,7 @@ ctl_job_post(ctl_job *j, const ctl_job_event *ev)
     /* One consumer: never a broadcast; after the unlock, so that it does not wake into
      * a held mutex (j cannot go away: freeing it takes s->mu, held here). */
     if (wake)
-        sem_post(&j->wake);
+        ctl_job_wake(j);
 }
 
 /* Releases the job's slot unless kept or held. Caller holds mu. */
@@ -756,7 +776,7 @@ ctl_sched_decide(ctl_sched *s, ctl_step_row *rows, size_t n)
         ctl_job *j = rows[i].job;
         if (rows[i].decide && j->wake_pending) {
             j->wake_pending = false;
-            sem_post(&j->wake);
+            ctl_job_wake(j);
         }
     }
     pthread_mutex_lock(&s->mu);
@@ -1567,6 +1587,38 @@ ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev)
 }
 
 wk_err
+ctl_job_poll(ctl_job *j, ctl_job_event *ev)
+{
+    if (j->s == NULL)
+        return ctl_job_next(j, 0, ev);
+    wk_err err = WK_ETIMEDOUT;
+    pthread_mutex_lock(&j->mu);
+    if (j->data) {
+        j->data = false;
+        ev->type = CTL_JOB_EV_DATA;
+        err = WK_OK;
+    } else if (j->ev_len > 0) {
+        *ev = j->evq[j->ev_head];
+        j->ev_head = (j->ev_head + 1) % CTL_JOB_EVQ;
+        j->ev_len--;
+        err = WK_OK;
+    } else {
+        j->sleeping = true; /* armed: the next publication or event calls the waker */
+    }
+    pthread_mutex_unlock(&j->mu);
+    return err;
+}
+
+void
+ctl_job_set_waker(ctl_job *j, ctl_job_waker_fn fn, void *arg)
+{
+    pthread_mutex_lock(&j->mu);
+    j->waker = fn;
+    j->waker_arg = arg;
+    pthread_mutex_unlock(&j->mu);
+}
+
+wk_err
 ctl_job_set_allowed(ctl_job *j, const uint8_t *mask, size_t n)
 {
     ctl_sched *s = j->s;
@@ -1619,7 +1671,7 @@ ctl_job_unlock(ctl_job *j, bool publish)
     }
     pthread_mutex_unlock(&j->mu);
     if (wake)
-        sem_post(&j->wake);
+        ctl_job_wake(j);
 }
 
 void

@@ -180,6 +180,26 @@ WK_MUST_CHECK wk_err ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ct
 WK_MUST_CHECK wk_err ctl_job_next(ctl_job *j, uint32_t timeout_ms, ctl_job_event *ev);
 
 /*
+ * Like ctl_job_next() without waiting: WK_ETIMEDOUT when nothing is there,
+ * and then the consumer counts as asleep until the next event or
+ * publication, which calls the job's waker once (ctl_job_set_waker). For a
+ * consumer that is not a thread of its own (an event loop).
+ */
+WK_MUST_CHECK wk_err ctl_job_poll(ctl_job *j, ctl_job_event *ev);
+
+/* Wakes a consumer that polls (ctl_job_poll); must not block or call into j. */
+typedef void (*ctl_job_waker_fn)(void *arg);
+
+/*
+ * Sets the consumer's wake-up: fn(arg) instead of the semaphore that
+ * ctl_job_next() sleeps on. Called by the step loop or a thread that posts
+ * an event, at most once per ctl_job_poll() that found nothing, with no
+ * job lock held; arg must stay valid until ctl_job_free() returns. Set it
+ * before the first ctl_job_poll().
+ */
+void ctl_job_set_waker(ctl_job *j, ctl_job_waker_fn fn, void *arg);
+
+/*
  * Constrained decoding: the tokens the next sample may take (copied; NULL or
  * n 0 = any), sent with the row's sampling parameters. Call it between a
  * TOKEN event and ctl_job_continue(). WK_ENOMEM leaves the old mask.

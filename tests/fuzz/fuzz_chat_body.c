@@ -32,6 +32,7 @@
 #include "ctl_err.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"
+#include "ctl_stream.h"
 #include "wk_json.h"
 #include "wk_log.h"
 #include "wk_tok.h"
@@ -380,6 +381,23 @@ ctl_gen_run_job(ctl_job *job, const wk_tok *tok, const ctl_gen_params *p, ctl_ge
         }
     }
     return WK_OK;
+}
+
+/* A streamed reply: the same fake generation on this thread (no event loop here). */
+wk_err
+ctl_stream_gen_run(ctl_http_req *req, ctl_job *job, const wk_tok *tok, const ctl_gen_params *p,
+                   ctl_gen_sink_fn sink, ctl_gen_flush_fn flush, void *sink_arg,
+                   ctl_gen_result *res, wk_diag *d)
+{
+    fuzz_check(req->sse, "a stream runs after its events began");
+    return ctl_gen_run_job(job, tok, p, sink, flush, sink_arg, res, d);
+}
+
+bool
+ctl_http_req_broken(const ctl_http_req *req)
+{
+    (void)req;
+    return false;
 }
 
 wk_err

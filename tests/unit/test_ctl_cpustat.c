@@ -23,6 +23,7 @@ test_component_of(void **state)
     (void)state;
     assert_int_equal(ctl_cpu_component_of("civetweb-worker"), CTL_CPU_COMPONENT_HTTP);
     assert_int_equal(ctl_cpu_component_of("civetweb-master"), CTL_CPU_COMPONENT_HTTP);
+    assert_int_equal(ctl_cpu_component_of("wkc-sse"), CTL_CPU_COMPONENT_HTTP);
     assert_int_equal(ctl_cpu_component_of("wkc-step"), CTL_CPU_COMPONENT_STEP);
     assert_int_equal(ctl_cpu_component_of("wkc-sched"), CTL_CPU_COMPONENT_SCHED);
     assert_int_equal(ctl_cpu_component_of("wkc-pool-recv"), CTL_CPU_COMPONENT_POOL);
