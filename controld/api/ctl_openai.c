@@ -579,6 +579,18 @@ ctl_openai_legacy_functions(ctl_openai_perr *pe, json_t *body, ctl_openai_req *r
                             "'function_call' must be \"auto\", \"none\" or {\"name\": ...}");
             return false;
         }
+        /* a named function_call names one of `functions` (the error names the
+         * legacy field the client sent, not the tool_choice it maps to) */
+        bool listed = fname == NULL || !json_is_string(fname);
+        if (has_fl)
+            json_array_foreach(fl, k, f) listed = listed ||
+                json_equal(json_object_get(f, "name"), fname);
+        if (has_fc && !listed) {
+            ctl_openai_perr_set(pe, WK_EINVAL, "function_call",
+                            "'function_call' names function '%s', which is not among the "
+                            "'functions'", json_string_value(fname));
+            return false;
+        }
         if (has_fl) {
             json_t *tools_new = json_array();
             json_array_foreach(fl, k, f)
