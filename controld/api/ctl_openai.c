@@ -40,6 +40,7 @@ ctl_openai_req_fini(ctl_openai_req *r)
     free(r->prompt);
     free(r->msg_ends);
     json_decref(r->tools);
+    json_decref(r->call_tools);
     free(r->tool_force_name);
     ctl_toolgram_free(r->toolgram);
 }

@@ -522,7 +522,8 @@ resp_object(const json_t *rec)
     json_object_set_new(o, "previous_response_id", resp_or_null(rec, "previous_response_id"));
     json_object_set_new(
         o, "reasoning",
-        json_pack("{s:o, s:n}", "effort", resp_or_null(rec, "reasoning_effort"), "summary"));
+        json_pack("{s:o, s:o}", "effort", resp_or_null(rec, "reasoning_effort"), "summary",
+                  resp_or_null(rec, "reasoning_summary")));
     json_object_set_new(o, "store", json_boolean(json_is_true(json_object_get(rec, "store"))));
     json_object_set_new(o, "temperature", resp_or_null(rec, "temperature"));
     json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
@@ -965,6 +966,33 @@ resp_prompt_fits(resp_call *c)
 }
 
 /*
+ * The chat-form tools (chat, [{"type": "function", "function": {"name",
+ * ...}}]) that allowed_tools (the request's tool_choice) lists, as a new
+ * array of references; NULL on ENOMEM.
+ */
+static json_t *
+resp_allowed_subset(const json_t *chat, const json_t *allowed)
+{
+    json_t *out = json_array();
+    size_t i, k;
+    json_t *t, *a;
+    json_array_foreach(chat, i, t)
+    {
+        const json_t *name = json_object_get(json_object_get(t, "function"), "name");
+        bool listed = false;
+        json_array_foreach(json_object_get(allowed, "tools"), k, a)
+        {
+            listed = listed || json_equal(json_object_get(a, "name"), name);
+        }
+        if (listed && out != NULL && json_array_append(out, t) != 0) {
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    return out;
+}
+
+/*
  * tool_choice "required" or a named function: the chat route's constrained
  * decoding (ctl_toolgram, docs/OPENAI_COMPAT.md "Constrained tool calls"),
  * compiled once the prompt is rendered (free reasoning first when it leaves
@@ -988,7 +1016,8 @@ resp_tool_forced(resp_call *c)
     }
     wk_diag d = {{0}};
     wk_err err =
-        ctl_toolgram_new(c->app->tok, r->tool_fmt, r->tools, r->tool_force_name, !r->tool_serial,
+        ctl_toolgram_new(c->app->tok, r->tool_fmt, r->call_tools != NULL ? r->call_tools : r->tools,
+                         r->tool_force_name, !r->tool_serial,
                          r->think_open, WK_CHAT_TPL_THINK_CLOSE, &r->toolgram, &d);
     if (err != WK_OK) {
         resp_send_error(
@@ -1108,6 +1137,18 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
         r->tools = tools;
         r->tool_fmt =
             q->tool_choice_none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
+        /*
+         * allowed_tools: the template still gets every tool (the prompt does
+         * not change with the choice); the parse and the constraint only the
+         * listed ones, so a call to another function stays text.
+         */
+        if (q->allowed_tools != NULL && tools != NULL &&
+            (r->call_tools = resp_allowed_subset(tools, q->allowed_tools)) == NULL) {
+            json_decref(msgs);
+            json_decref(kw);
+            resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
+            return false;
+        }
         r->tool_serial = q->parallel_tool_calls_off;
     }
     /* (the chat route's preparation: arguments as objects for templates that iterate them) */
@@ -1463,7 +1504,8 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
     wk_toolcall_out to;
     memset(&to, 0, sizeof(to));
     if (r->tool_fmt != WK_TOOLCALL_FMT_NONE &&
-        wk_toolcall_parser_new(r->tool_fmt, r->tools, &tp) == WK_OK &&
+        wk_toolcall_parser_new(r->tool_fmt, r->call_tools != NULL ? r->call_tools : r->tools,
+                               &tp) == WK_OK &&
         wk_toolcall_feed(tp, so.content.p != NULL ? so.content.p : "", so.content.n, true, &to) ==
             WK_OK) {
         for (size_t i = 0; i < to.n_calls && calls != NULL; i++) {
@@ -1617,7 +1659,9 @@ resp_answer_stream(resp_call *c, bool free_slot)
      */
     resp_split_init(&c->split, c->r.think, c->r.think_open);
     if (c->r.tool_fmt != WK_TOOLCALL_FMT_NONE &&
-        wk_toolcall_parser_new(c->r.tool_fmt, c->r.tools, &c->tc) != WK_OK)
+        wk_toolcall_parser_new(c->r.tool_fmt,
+                               c->r.call_tools != NULL ? c->r.call_tools : c->r.tools,
+                               &c->tc) != WK_OK)
         c->tc = NULL; /* (out of memory: the reply streams as text) */
     if (c->split.mode == RESP_SPLIT_THINK)
         resp_stream_rs_open(c);
@@ -2177,11 +2221,15 @@ resp_create(ctl_http_req *req, ctl_app *app)
                                                : json_null());
     if (c->q.reasoning_effort != NULL)
         json_object_set_new(rec, "reasoning_effort", json_string(c->q.reasoning_effort));
+    if (c->q.reasoning_summary != NULL)
+        json_object_set_new(rec, "reasoning_summary", json_string(c->q.reasoning_summary));
     if (c->q.background)
         json_object_set_new(rec, "background", json_true());
     if (c->q.tool_choice_none)
         json_object_set_new(rec, "tool_choice_none", json_true());
-    if (c->q.tool_name != NULL)
+    if (c->q.allowed_tools != NULL)
+        json_object_set_new(rec, "tool_choice", json_deep_copy(c->q.allowed_tools));
+    else if (c->q.tool_name != NULL)
         json_object_set_new(rec, "tool_choice",
                             json_pack("{s:s, s:s}", "type", "function", "name", c->q.tool_name));
     else if (c->q.tool_required)

@@ -362,6 +362,8 @@ def bad_inputs():
         (dict(input="x", temperature=3), "temperature"),
         (dict(input=[]), "input"),
         (dict(input="x", reasoning={"effort": "huge"}), "reasoning.effort"),
+        (dict(input="x", reasoning={"summary": "long"}), "reasoning.summary"),
+        (dict(input="x", reasoning={"generate_summary": 1}), "reasoning.generate_summary"),
         (dict(input="x", background=True, stream=True), "background"),
         (dict(input="x", background=True, store=False), "background"),
         (dict(input=[{"type": "reasoning", "summary": [], "encrypted_content": "e"}]),
@@ -604,6 +606,13 @@ def reasoning_effort():
     assert decode(h.model_extra["state_token_ids"][:h.model_extra["prompt_token_count"]]) == \
         render(msgs), "effort high changed a template that does not read it"
     assert h.reasoning.effort == "high" and h.output[0].type == "reasoning", h
+    # no summarizer: the summary asked for is echoed, the item's summary is the empty list
+    # (the reasoning itself is the item's content)
+    assert h.reasoning.summary == "auto" and h.output[0].summary == [], h
+    assert h.output[0].content[0].type == "reasoning_text" and h.output[0].content[0].text, h
+    g = client.responses.retrieve(h.id)
+    assert g.reasoning.summary == "auto" and g.output[0].summary == [], g
+    assert think_turn().reasoning.summary is None
 
 
 # Phase t: test_tool_calls' model (added tokens <|im_start|> 505, <|im_end|> 506, <think> 507,
@@ -718,7 +727,17 @@ def forced_calls():
         "city": {"type": "string", "pattern": "^[A-Z]"}}})]
     for choice, tools, param in (
             ({"type": "function", "name": "nope"}, TOOLS_R, "tool_choice"),
-            ({"type": "allowed_tools", "mode": "required", "tools": []}, TOOLS_R, "tool_choice"),
+            ({"type": "allowed_tools", "mode": "required", "tools": []}, TOOLS_R,
+             "tool_choice.tools"),
+            ({"type": "allowed_tools", "mode": "sometimes",
+              "tools": [{"type": "function", "name": "get_weather"}]}, TOOLS_R,
+             "tool_choice.mode"),
+            ({"type": "allowed_tools", "mode": "auto",
+              "tools": [{"type": "function", "name": "nope"}]}, TOOLS_R,
+             "tool_choice.tools[0]"),
+            ({"type": "allowed_tools", "mode": "auto",
+              "tools": [{"type": "mcp", "server_label": "x"}]}, TOOLS_R,
+             "tool_choice.tools[0]"),
             ("required", pattern, "tools")):  # (a construct the grammar does not enforce)
         try:
             tool_turn(tool_choice=choice, tools=tools)
@@ -728,6 +747,9 @@ def forced_calls():
     print(f"forced calls: required {r.output[0].arguments}, named get_time in "
           f"{n.usage.output_tokens} tokens; the round trip resumed {cached} tokens "
           f"({time.time() - t0:.1f} s)", flush=True)
+
+
+CALL_BIAS = {}  # function_calls' bias that makes the unconstrained reply [CALL, eos]
 
 
 def function_calls():
@@ -743,6 +765,7 @@ def function_calls():
             break
     else:
         raise AssertionError("no bias made the model emit the call then stop")
+    CALL_BIAS.update(bias, response=r)
     assert [o.type for o in r.output] == ["function_call"], r.output
     fc = r.output[0]
     assert fc.name == "get_weather" and fc.status == "completed", fc
@@ -797,11 +820,55 @@ def function_calls():
           f"{f.usage.input_tokens} tokens", flush=True)
 
 
+def allowed_calls():
+    """tool_choice allowed_tools: every tool reaches the template (the prompt is tool_choice
+    auto's), and a call may name only the listed functions: mode required constrains the reply
+    to a call of one of them (where a named or plain required call would be get_weather), mode
+    auto leaves the reply free and a call to another function text."""
+    vocab = json.load(open(MODEL + "/tokenizer.json", encoding="utf-8"))["model"]["vocab"]
+    bias = {str(vocab["x"]): 100, str(T_IM_END): 70, str(T_CALL): 60}
+    only_time = {"type": "allowed_tools", "mode": "required",
+                 "tools": [{"type": "function", "name": "get_time"}]}
+    a = tool_turn(bias=bias, tools=TOOLS_F, max_output_tokens=64, tool_choice=only_time)
+    assert [(o.type, o.name) for o in a.output] == [("function_call", "get_time")], a.output
+    assert a.tool_choice.model_dump() == only_time, a.tool_choice
+    req = tool_turn(bias=bias, tools=TOOLS_F, max_output_tokens=64, tool_choice="required")
+    assert req.output[0].name == "get_weather", req.output  # (the constraint decided it)
+    n, ids = a.model_extra["prompt_token_count"], a.model_extra["state_token_ids"]
+    assert ids[:n] == req.model_extra["state_token_ids"][:req.model_extra["prompt_token_count"]]
+    events = list(tool_turn(bias=bias, tools=TOOLS_F, max_output_tokens=64, stream=True,
+                            tool_choice=only_time))
+    last = events[-1]
+    assert last.type == "response.completed", [e.type for e in events]
+    assert [(o.type, o.name, o.arguments) for o in last.response.output] == \
+        [("function_call", "get_time", a.output[0].arguments)], last.response.output
+    assert last.response.model_extra["state_token_ids"] == ids
+    # mode auto: function_calls' bias makes the free reply a get_weather call
+    cb = {k: v for k, v in CALL_BIAS.items() if k != "response"}
+    free = CALL_BIAS["response"]
+    weather = {"type": "allowed_tools", "mode": "auto",
+               "tools": [{"type": "function", "name": "get_weather"}]}
+    w = tool_turn(bias=cb, tool_choice=weather)
+    assert [(o.type, o.arguments) for o in w.output] == \
+        [("function_call", free.output[0].arguments)], w.output
+    time_only = dict(weather, tools=[{"type": "function", "name": "get_time"}])
+    t = tool_turn(bias=cb, tools=TOOLS_F, tool_choice=time_only)
+    assert [o.type for o in t.output] == ["message"] and "<tool_call>" in t.output_text, t.output
+    full = tool_turn(bias=cb, tools=TOOLS_F)
+    assert t.model_extra["state_token_ids"] == full.model_extra["state_token_ids"], \
+        "allowed_tools auto changed the prompt or the reply"
+    assert [o.type for o in full.output] == ["function_call"], full.output
+    st = list(tool_turn(bias=cb, tools=TOOLS_F, tool_choice=time_only, stream=True))
+    text = "".join(e.delta for e in st if e.type == "response.output_text.delta")
+    assert text == t.output_text and "response.function_call_arguments.delta" not in \
+        [e.type for e in st], text
+
+
 TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs,
                background],
          "b": [conversation_b], "c": [other_model, quota, orphan_read], "d": [ttl],
          "e": [evicted_state, orphan_start],
-         "r": [reasoning, reasoning_effort], "t": [function_calls, forced_calls]}
+         "r": [reasoning, reasoning_effort], "t": [function_calls, forced_calls, allowed_calls]}
 for t in TESTS[PHASE]:
     try:
         t()
