@@ -878,10 +878,7 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
     if (r->background && !r->store)
         return resp_fail(e, WK_EINVAL, "background", "invalid_value",
                          "a background response must be stored: 'background' needs store: true");
-    if (r->background && r->stream)
-        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
-                         "wkvm does not stream background responses: send stream: false and "
-                         "poll GET /v1/responses/{id}");
+
     if (!r->stream && !resp_absent(json_object_get(body, "stream_options")))
         return resp_fail(e, WK_EINVAL, "stream_options", "invalid_value",
                          "'stream_options' needs stream: true");

@@ -330,6 +330,83 @@ def background():
     print(f"cancel answered in {took * 1e3:.0f} ms", flush=True)
 
 
+def background_stream():
+    """background with stream: typed events from response.created (queued) and
+    response.queued to response.completed, reassembled equal to the blocking answer; a reader
+    that went away resumes by GET ?stream=true&starting_after=N with exactly the events after
+    N (while it runs, and after); cancel ends the stream and stores it cancelled."""
+    import time
+    want, _, _ = turn(None, "streamed in the background")
+    events = list(client.responses.create(model=MID, input="streamed in the background",
+                                          background=True, stream=True,
+                                          max_output_tokens=MAXT, temperature=0))
+    types = [e.type for e in events]
+    assert types[:3] == ["response.created", "response.queued", "response.in_progress"], types
+    assert [e.sequence_number for e in events] == list(range(len(events))), types
+    assert events[0].response.status == "queued" and events[0].response.background, events[0]
+    last = events[-1]
+    assert last.type == want.status.replace("completed", "response.completed").replace(
+        "incomplete", "response.incomplete"), types
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == want.output_text == last.response.output_text, (text, want.output_text)
+    rid = last.response.id
+    g = client.responses.retrieve(rid)
+    assert g.status == want.status and g.output_text == want.output_text, g
+    again = list(client.responses.retrieve(rid, stream=True, starting_after=3))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in events[4:]], again
+    # a long one: the first reader leaves after a few deltas, a second resumes while it runs
+    kw = dict(model=MID, input="a long background stream", background=True, stream=True,
+              max_output_tokens=400, temperature=0, extra_body={"logit_bias": {"98": 100}})
+    first, s1 = [], client.responses.create(**kw)
+    for e in s1:
+        first.append(e)
+        if sum(x.type == "response.output_text.delta" for x in first) >= 3:
+            break
+    s1.close()
+    rid = first[0].response.id
+    assert client.responses.retrieve(rid).status in ("queued", "in_progress")
+    rest = list(client.responses.retrieve(rid, stream=True,
+                                          starting_after=first[-1].sequence_number))
+    allev = first + rest
+    assert [e.sequence_number for e in allev] == list(range(len(allev))), \
+        [e.type for e in allev]
+    assert allev[-1].type in ("response.completed", "response.incomplete"), allev[-1].type
+    text = "".join(e.delta for e in allev if e.type == "response.output_text.delta")
+    assert text == client.responses.retrieve(rid).output_text, "the resumed stream differs"
+    # cancel while a reader follows: its stream ends, the response is stored cancelled
+    s2 = client.responses.create(**dict(kw, max_output_tokens=20000))
+    seen = []
+    t0 = None
+    for e in s2:
+        seen.append(e)
+        if e.type == "response.output_text.delta" and t0 is None:
+            t0 = time.time()
+            assert client.responses.cancel(seen[0].response.id).status == "cancelled"
+    took = time.time() - t0
+    assert seen[-1].type not in ("response.completed", "response.failed"), seen[-1].type
+    assert client.responses.retrieve(seen[0].response.id).status == "cancelled"
+    for bad in (dict(stream=True, starting_after=-1), dict(stream=False, starting_after=2)):
+        try:
+            list(client.responses.retrieve(rid, **bad)) if bad["stream"] else \
+                client.responses.retrieve(rid, **bad)
+            raise AssertionError(f"accepted {bad}")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == "starting_after", e.body
+    try:
+        list(client.responses.retrieve(want.id, stream=True))  # (a foreground one: no log)
+        raise AssertionError("streamed a response that has no event log")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "stream", e.body
+    try:
+        list(bob.responses.retrieve(rid, stream=True))
+        raise AssertionError("another key read the stream")
+    except openai.NotFoundError:
+        pass
+    print(f"background stream: {len(events)} events; resumed after {len(first)}; "
+          f"the cancelled stream ended {time.time() - t0:.2f} s after the cancel "
+          f"({took:.2f})", flush=True)
+
+
 def orphan_start():
     """A background response running when the controller is SIGKILLed (phase c reads it)."""
     st["orphan"] = long_background("cut by a SIGKILL").id
@@ -364,7 +441,6 @@ def bad_inputs():
         (dict(input="x", reasoning={"effort": "huge"}), "reasoning.effort"),
         (dict(input="x", reasoning={"summary": "long"}), "reasoning.summary"),
         (dict(input="x", reasoning={"generate_summary": 1}), "reasoning.generate_summary"),
-        (dict(input="x", background=True, stream=True), "background"),
         (dict(input="x", background=True, store=False), "background"),
         (dict(input=[{"type": "reasoning", "summary": [], "encrypted_content": "e"}]),
          "input[0].encrypted_content"),
@@ -865,7 +941,7 @@ def allowed_calls():
 
 
 TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs,
-               background],
+               background, background_stream],
          "b": [conversation_b], "c": [other_model, quota, orphan_read], "d": [ttl],
          "e": [evicted_state, orphan_start],
          "r": [reasoning, reasoning_effort], "t": [function_calls, forced_calls, allowed_calls]}
