@@ -699,8 +699,8 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
                              json_string_value(fname));
         r->tool_name = json_string_value(fname);
     }
-    r->tool_required = named || r->allowed_required ||
-                       (choice != NULL && strcmp(choice, "required") == 0);
+    r->tool_required =
+        named || r->allowed_required || (choice != NULL && strcmp(choice, "required") == 0);
     if (r->tool_required && r->tools == NULL)
         return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
                          "'tool_choice' cannot require a call: the request offers no 'tools'");

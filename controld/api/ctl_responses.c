@@ -520,10 +520,9 @@ resp_object(const json_t *rec)
     json_object_set_new(o, "parallel_tool_calls",
                         json_boolean(!json_is_true(json_object_get(rec, "serial_tool_calls"))));
     json_object_set_new(o, "previous_response_id", resp_or_null(rec, "previous_response_id"));
-    json_object_set_new(
-        o, "reasoning",
-        json_pack("{s:o, s:o}", "effort", resp_or_null(rec, "reasoning_effort"), "summary",
-                  resp_or_null(rec, "reasoning_summary")));
+    json_object_set_new(o, "reasoning",
+                        json_pack("{s:o, s:o}", "effort", resp_or_null(rec, "reasoning_effort"),
+                                  "summary", resp_or_null(rec, "reasoning_summary")));
     json_object_set_new(o, "store", json_boolean(json_is_true(json_object_get(rec, "store"))));
     json_object_set_new(o, "temperature", resp_or_null(rec, "temperature"));
     json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
@@ -1017,8 +1016,8 @@ resp_tool_forced(resp_call *c)
     wk_diag d = {{0}};
     wk_err err =
         ctl_toolgram_new(c->app->tok, r->tool_fmt, r->call_tools != NULL ? r->call_tools : r->tools,
-                         r->tool_force_name, !r->tool_serial,
-                         r->think_open, WK_CHAT_TPL_THINK_CLOSE, &r->toolgram, &d);
+                         r->tool_force_name, !r->tool_serial, r->think_open,
+                         WK_CHAT_TPL_THINK_CLOSE, &r->toolgram, &d);
     if (err != WK_OK) {
         resp_send_error(
             c->req, err == WK_EINVAL ? 400 : 500, err, err == WK_EINVAL ? "tools" : NULL, NULL,
@@ -1686,9 +1685,8 @@ resp_answer_stream(resp_call *c, bool free_slot, wk_diag *bgd)
      */
     resp_split_init(&c->split, c->r.think, c->r.think_open);
     if (c->r.tool_fmt != WK_TOOLCALL_FMT_NONE &&
-        wk_toolcall_parser_new(c->r.tool_fmt,
-                               c->r.call_tools != NULL ? c->r.call_tools : c->r.tools,
-                               &c->tc) != WK_OK)
+        wk_toolcall_parser_new(
+            c->r.tool_fmt, c->r.call_tools != NULL ? c->r.call_tools : c->r.tools, &c->tc) != WK_OK)
         c->tc = NULL; /* (out of memory: the reply streams as text) */
     if (c->split.mode == RESP_SPLIT_THINK)
         resp_stream_rs_open(c);
@@ -1859,11 +1857,11 @@ typedef struct resp_bg {
      * POST that created it and by GET ...?stream=true&starting_after=N, each
      * from where it starts, until the log ends.
      */
-    bool logged;            /* created with stream: events are kept */
-    char **ev_type, **ev;   /* each event's type and data (JSON text), owned */
-    size_t n_ev, cap_ev;    /* entries, capacity */
-    bool ended;             /* no event follows */
-    unsigned refs;          /* the thread's, the readers', the recent list's */
+    bool logged;          /* created with stream: events are kept */
+    char **ev_type, **ev; /* each event's type and data (JSON text), owned */
+    size_t n_ev, cap_ev;  /* entries, capacity */
+    bool ended;           /* no event follows */
+    unsigned refs;        /* the thread's, the readers', the recent list's */
 } resp_bg;
 
 static pthread_mutex_t resp_bg_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -2183,8 +2181,8 @@ resp_bg_main(void *arg)
     else if (c->bg->logged)
         err = resp_answer_stream(c, free_slot, &d); /* (on WK_OK finished, stored, counted) */
     else
-        err = ctl_gen_run(app->sched, app->tok, c->r.prompt, c->r.n_prompt, &c->r.gen,
-                          resp_bg_sink, c, &res, &d);
+        err = ctl_gen_run(app->sched, app->tok, c->r.prompt, c->r.n_prompt, &c->r.gen, resp_bg_sink,
+                          c, &res, &d);
     const char *id = json_string_value(json_object_get(c->rec, "id"));
     if (err == WK_OK && !c->bg->logged) {
         ctl_openai_reuse_done(app, &c->r, &res, free_slot);
@@ -2211,8 +2209,7 @@ resp_bg_main(void *arg)
         resp_bg_store(c);
         if (c->bg->logged && !(cancelled && !closing)) { /* (a cancelled one just ends) */
             c->broken = false;
-            resp_event(c, "response.failed",
-                       json_pack("{s:o}", "response", resp_object(c->rec)));
+            resp_event(c, "response.failed", json_pack("{s:o}", "response", resp_object(c->rec)));
         }
         resp_count(app, cancelled && !closing ? "cancelled" : "error");
         wk_log_info("background response %s id=%s", cancelled && !closing ? "cancelled" : "failed",
