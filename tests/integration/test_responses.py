@@ -947,8 +947,9 @@ TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_i
          "r": [reasoning, reasoning_effort], "t": [function_calls, forced_calls, allowed_calls]}
 for t in TESTS[PHASE]:
     try:
+        t_0 = time.time()
         t()
-        print(f"PASS {t.__name__}", flush=True)
+        print(f"PASS {t.__name__} ({time.time() - t_0:.1f} s)", flush=True)
     except Exception as e:  # noqa: BLE001
         detail = "".join(traceback.format_exception(type(e), e, e.__traceback__)).strip()
         print(f"FAIL {t.__name__}: {detail[-2500:]}", flush=True)
