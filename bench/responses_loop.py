@@ -7,13 +7,24 @@ new user item and generating MAX_TOKENS tokens at temperature 0, streamed, as
              (wkvm's automatic reuse finds the previous reply's checkpoint)
   chat-nc    wkvm: the same with "cache": false (a full recompute every turn:
              what an engine without state reuse pays)
-  llama      llama.cpp's llama-server: the whole conversation resent to its
+  llama      llama.cpp's llama-server with its defaults (4 slots "auto" with a unified KV
+             cache, its host-memory prompt cache): the whole conversation resent to its
              /v1/chat/completions, cache_prompt at its default (on)
+  llama-npN  the same with -np N (N slots of the context each)
 
-and reports per turn the request bytes sent, the prompt tokens computed
-(input - cached; llama-server's timings.prompt_n), the time to the first text
-event (TTFT) and the total, the wall time of each mode, and (--svg) a plot of
-TTFT and bytes per turn written as SVG by hand (no plotting library needed).
+--convs N runs N such loops at once (a thread each, started --stagger s apart, so
+their turns interleave: an agent server's load, where one conversation's state
+does not stay in a slot until its next turn), each with its own tool outputs.
+Reports per turn (the median over the conversations, and the largest TTFT) the
+request bytes sent, the prompt tokens computed (input - cached; llama-server's
+timings.prompt_n), the time to the first text event (TTFT) and the total, the
+wall time and the load average of each mode, and (--svg) a plot of TTFT and
+bytes per turn written as SVG by hand (no plotting library needed).
+
+The RWKV-7 comparison: wkvm-mkmodel --vocab-file rwkv_vocab_v20230424.txt writes
+the HF layout that wkvm reads (--model) and llama.cpp's convert_hf_to_gguf.py
+converts (bench/gguf-convert.py) for --gguf; a World-style Jinja template file
+rendered by both keeps the prompts the same (docs/PERFORMANCE.md has it).
 
 Default model: a random RWKV-7 written by wkvm-mkmodel (raw byte tokens, the
 World template; wkvm modes only). For the peer comparison give the same
@@ -25,7 +36,8 @@ llama-server's --jinja --chat-template-file). Stdlib only.
   bench/responses_loop.py [--turns 20] [--tool 300] [--max-tokens 16] [--threads 1]
                           [--build build] [--model DIR --gguf F.gguf
                           --chat-template T.jinja --llama-server BIN]
-                          [--modes responses,chat,chat-nc,llama] [--json OUT] [--svg OUT]
+                          [--convs 8] [--slots 4] [--max-wall S]
+                          [--modes responses,chat,chat-nc,llama,llama-np4] [--json OUT] [--svg OUT]
 """
 import argparse
 import json
@@ -79,23 +91,29 @@ def sse(url, body):
     return ttft if ttft is not None else total, total, last, usage, len(data), timings
 
 
-def tool_output(turn, n):
-    """~n bytes of text: lower-case 'words' (with a BPE vocab a few hundred tokens)."""
+def tool_output(turn, n, conv=0):
+    """~n bytes of text: lower-case 'words' (with a BPE vocab a few hundred tokens);
+    conversation conv gets other words (no two conversations share a tool output)."""
     words, i = [], 0
     while sum(len(w) + 1 for w in words) < n:
-        w = "".join(chr(97 + (turn * 7 + i * 3 + j * 5) % 26) for j in range(3 + (i % 5)))
+        w = "".join(chr(97 + (turn * 7 + i * 3 + j * 5 + conv * (11 + j)) % 26)
+                    for j in range(3 + ((i + conv) % 5)))
         words.append(w)
         i += 1
-    return (f"tool result {turn}: " + " ".join(words))[:n]
+    head = f"tool result {turn}: " if conv == 0 else f"[conversation {conv}] tool result {turn}: "
+    return (head + " ".join(words))[:n]
 
 
 SYSTEM = "You are an agent."
+DEADLINE = [None]  # perf_counter() after which no conversation starts another turn
 
 
-def run_responses(url, mid, turns, tool, maxt):
+def run_responses(url, mid, turns, tool, maxt, conv=0):
     rows, prev = [], None
     for t in range(turns):
-        body = {"model": mid, "input": tool_output(t, tool), "max_output_tokens": maxt,
+        if DEADLINE[0] is not None and time.perf_counter() > DEADLINE[0]:
+            break
+        body = {"model": mid, "input": tool_output(t, tool, conv), "max_output_tokens": maxt,
                 "temperature": 0, "stream": True, "instructions": SYSTEM}
         if prev:
             body["previous_response_id"] = prev
@@ -106,10 +124,12 @@ def run_responses(url, mid, turns, tool, maxt):
     return rows
 
 
-def run_chat(url, mid, turns, tool, maxt, cache, llama=False):
+def run_chat(url, mid, turns, tool, maxt, cache, llama=False, conv=0):
     rows, msgs = [], [{"role": "system", "content": SYSTEM}]
     for t in range(turns):
-        msgs.append({"role": "user", "content": tool_output(t, tool)})
+        if DEADLINE[0] is not None and time.perf_counter() > DEADLINE[0]:
+            break
+        msgs.append({"role": "user", "content": tool_output(t, tool, conv)})
         body = {"model": mid, "messages": msgs, "max_tokens": maxt, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}}
         if not llama:
@@ -132,12 +152,15 @@ def free_port():
 
 
 class LlamaServer:
-    """llama-server on the GGUF, one slot, the chat template file (--jinja)."""
+    """llama-server on the GGUF and the chat template file (--jinja). np None: its
+    defaults (slots "auto" = 4 with a unified KV cache, the model's training context,
+    the host-memory prompt cache); np N: -np N with ctx tokens per slot."""
 
-    def __init__(self, binary, gguf, template, threads, ctx):
+    def __init__(self, binary, gguf, template, threads, ctx, np=1):
         self.args = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", "0", "-t",
-                     str(threads), "-tb", str(threads), "-np", "1", "-c", str(ctx),
-                     "--alias", "model", "--no-webui"]
+                     str(threads), "-tb", str(threads), "--alias", "model", "--no-webui"]
+        if np is not None:
+            self.args += ["-np", str(np), "-c", str(ctx * np)]
         if template:
             self.args += ["--jinja", "--chat-template-file", template]
 
@@ -170,11 +193,65 @@ class LlamaServer:
         self.log.close()
 
 
-COLORS = {"responses": "#1f77b4", "chat": "#2ca02c", "chat-nc": "#7f7f7f", "llama": "#d62728"}
+COLORS = {"responses": "#1f77b4", "chat": "#2ca02c", "chat-nc": "#7f7f7f", "llama": "#d62728",
+          "llama-np1": "#d62728", "llama-np4": "#ff7f0e"}
 LABELS = {"responses": "wkvm /v1/responses + previous_response_id",
           "chat": "wkvm /v1/chat/completions (resent, reuse)",
           "chat-nc": "wkvm chat, cache off (full recompute)",
-          "llama": "llama-server /v1/chat/completions (resent)"}
+          "llama": "llama-server defaults, chat resent",
+          "llama-np1": "llama-server -np 1, chat resent",
+          "llama-np4": "llama-server -np 4, chat resent"}
+
+
+def llama_np(mode):
+    """'llama' -> None (llama-server's defaults); 'llama-npN' -> N."""
+    return None if mode == "llama" else int(mode[len("llama-np"):])
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+MAX_WALL = [0.0]  # --max-wall
+
+
+def run_convs(convs, stagger, fn):
+    """fn(conv) -> rows for conv in 0..convs-1, each in its own thread, started stagger
+    seconds apart (the loops then interleave). Returns ([rows per conv], wall seconds)."""
+    import threading
+    res, errs = [None] * convs, []
+
+    def one(c):
+        try:
+            res[c] = fn(c)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errs.append(f"conversation {c}: {e!r}")
+    t0 = time.perf_counter()
+    DEADLINE[0] = t0 + MAX_WALL[0] if MAX_WALL[0] else None
+    th = []
+    for c in range(convs):
+        t = threading.Thread(target=one, args=(c,))
+        t.start()
+        th.append(t)
+        time.sleep(stagger)
+    for t in th:
+        t.join()
+    if errs:
+        raise RuntimeError("; ".join(errs))
+    return res, time.perf_counter() - t0
+
+
+def merge_rows(per_conv):
+    """Per turn: the median over conversations of each column (turn, bytes, input,
+    computed, ttft, total), and the max TTFT as a 7th column."""
+    rows = []
+    for i in range(min(len(r) for r in per_conv)):
+        col = [r[i] for r in per_conv]
+        rows.append((i + 1,) + tuple(median([c[k] for c in col]) for k in range(1, 6)) +
+                    (max(c[4] for c in col),))
+    return rows
 
 
 def svg_panel(out, x0, y0, w, h, title, ylabel, series, turns, log=False):
@@ -261,24 +338,38 @@ def main():
     ap.add_argument("--chat-template", default=None, help="template file for both engines")
     ap.add_argument("--llama-server", default="/work/peer/llama.cpp/build/bin/llama-server")
     ap.add_argument("--modes", default=None,
-                    help="comma list (default: responses,chat,chat-nc[,llama with --gguf])")
+                    help="comma list (default: responses,chat,chat-nc[,llama-np1 with --gguf]);"
+                         " llama = llama-server's defaults, llama-npN = -np N")
+    ap.add_argument("--convs", type=int, default=1,
+                    help="concurrent conversations (threads), each its own agent loop")
+    ap.add_argument("--stagger", type=float, default=0.25,
+                    help="seconds between the conversations' starts")
+    ap.add_argument("--slots", type=int, default=4, help="wkvm worker slots")
+    ap.add_argument("--max-wall", type=float, default=0,
+                    help="seconds per mode after which no conversation starts another turn "
+                         "(0: none; the tables then end at the last turn all completed)")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--svg", default=None, help="write the plot here")
     a = ap.parse_args()
+    MAX_WALL[0] = a.max_wall
     modes = (a.modes.split(",") if a.modes else
-             ["responses", "chat", "chat-nc"] + (["llama"] if a.gguf else []))
+             ["responses", "chat", "chat-nc"] + (["llama-np1"] if a.gguf else []))
     if a.build:
         os.environ["WKVM_BUILD_DIR"] = os.path.abspath(a.build)
     import wkvm_harness as h  # noqa: E402 (reads WKVM_BUILD_DIR)
     out = {}
 
-    def report(name, rows, wall):
-        out[name] = {"rows": rows, "wall_s": wall}
-        print(f"== {name}: wall {wall:.2f}s", flush=True)
-        print("turn  bytes_sent  input_tokens  computed  ttft_ms  total_ms")
-        for t, nb, it, comp, ttft, total in rows:
-            print(f"{t:4d}  {nb:10d}  {it:12d}  {comp:8d}  {ttft * 1e3:7.1f}  "
-                  f"{total * 1e3:8.1f}", flush=True)
+    def report(name, per_conv, wall):
+        rows = merge_rows(per_conv)
+        out[name] = {"rows": rows, "wall_s": wall, "convs": per_conv,
+                     "loadavg_end": os.getloadavg()}
+        print(f"== {name}: wall {wall:.2f}s, {len(per_conv)} conversation(s), "
+              f"load average {os.getloadavg()[0]:.1f}", flush=True)
+        print("turn  bytes_sent  input_tokens  computed  ttft_ms  total_ms  (medians)  "
+              "ttft_max_ms")
+        for t, nb, it, comp, ttft, total, tmax in rows:
+            print(f"{t:4d}  {nb:10.0f}  {it:12.0f}  {comp:8.0f}  {ttft * 1e3:7.1f}  "
+                  f"{total * 1e3:8.1f}  {tmax * 1e3:9.1f}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="wkvm-resp-bench-") as tmp:
         model, mid = a.model, os.path.basename(os.path.normpath(a.model or "m"))
@@ -287,10 +378,10 @@ def main():
             subprocess.run([h.MKMODEL, "--out", model, "--layers", str(a.layers), "--embd",
                             str(a.embd), "--head-size", "64", "--ffn", str(a.embd * 7 // 2),
                             "--vocab", "512", "--seed", "3"], check=True, capture_output=True)
-        wk = [m for m in modes if m != "llama"]
+        wk = [m for m in modes if not m.startswith("llama")]
         if wk:
             extra = ["--chat-template", a.chat_template] if a.chat_template else []
-            with h.Stack(model=model, slots=4, extra_ctl=extra) as s:
+            with h.Stack(model=model, slots=a.slots, extra_ctl=extra) as s:
                 s.start_controller()
                 s.start_worker("w0", extra=["--threads", str(a.threads)])
                 s.wait(lambda: s.get("/ready").status == 200, "ready", timeout=600)
@@ -298,25 +389,30 @@ def main():
                     # each mode starts with an empty checkpoint cache (the modes render the
                     # same conversation, so one would otherwise reuse another's checkpoints)
                     s.post("/admin/cache/clear")
-                    t0 = time.perf_counter()
                     if name == "responses":
-                        rows = run_responses(s.url, mid, a.turns, a.tool, a.max_tokens)
+                        def fn(c):
+                            return run_responses(s.url, mid, a.turns, a.tool, a.max_tokens, c)
                     else:
-                        rows = run_chat(s.url, mid, a.turns, a.tool, a.max_tokens,
-                                        name == "chat")
-                    report(name, rows, time.perf_counter() - t0)
-        if "llama" in modes:
+                        def fn(c, name=name):
+                            return run_chat(s.url, mid, a.turns, a.tool, a.max_tokens,
+                                            name == "chat", conv=c)
+                    report(name, *run_convs(a.convs, a.stagger, fn))
+        for name in [m for m in modes if m.startswith("llama")]:
             ctx = 2048 + a.turns * (a.tool + a.max_tokens + 64)
-            with LlamaServer(a.llama_server, a.gguf, a.chat_template, a.threads, ctx) as ls:
-                t0 = time.perf_counter()
-                rows = run_chat(ls.url, "model", a.turns, a.tool, a.max_tokens, True, llama=True)
-                report("llama", rows, time.perf_counter() - t0)
+            with LlamaServer(a.llama_server, a.gguf, a.chat_template, a.threads, ctx,
+                             llama_np(name)) as ls:
+                def fn(c):
+                    return run_chat(ls.url, "model", a.turns, a.tool, a.max_tokens, True,
+                                    llama=True, conv=c)
+                report(name, *run_convs(a.convs, a.stagger, fn))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
     if a.svg:
-        write_svg(a.svg, out, f"agent loop: {a.turns} turns, each a ~{a.tool}-byte tool output "
-                  f"+ {a.max_tokens} generated tokens")
+        write_svg(a.svg, out, (f"{a.convs} concurrent agent loops: " if a.convs > 1 else
+                               "agent loop: ") +
+                  f"{a.turns} turns, each a ~{a.tool}-byte tool output "
+                  f"+ {a.max_tokens} generated tokens" + (" (medians)" if a.convs > 1 else ""))
 
 
 if __name__ == "__main__":

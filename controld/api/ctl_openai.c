@@ -43,6 +43,7 @@ ctl_openai_req_fini(ctl_openai_req *r)
     json_decref(r->tools);
     json_decref(r->tpl_msgs);
     json_decref(r->tpl_kw);
+    json_decref(r->call_tools);
     free(r->tool_force_name);
     ctl_toolgram_free(r->toolgram);
 }

@@ -57,6 +57,8 @@ struct ctl_openai_req {
     json_t *tools;                /* chat, templated: the request's tools (a reference), or NULL */
     json_t *tpl_msgs;             /* chat, templated: the messages as rendered (owned) */
     json_t *tpl_kw;               /* chat, templated: the request's template variables, or NULL */
+    json_t *call_tools;           /* responses: the tools a call may name (allowed_tools), a
+                                     reference; NULL: any of tools */
     wk_toolcall_fmt tool_fmt;     /* chat: parse the reply for calls in this format (NONE: not) */
     bool tool_serial;             /* chat: parallel_tool_calls false: at most one call returned */
     bool tool_forced;             /* chat: tool_choice "required" or named: constrained decoding */

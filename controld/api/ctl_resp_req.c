@@ -517,9 +517,74 @@ resp_tool(const json_t *t, size_t i, ctl_resp_err *e)
 }
 
 /*
+ * tool_choice {"type": "allowed_tools", "mode": "auto" | "required",
+ * "tools": [{"type": "function", "name": ...}, ...]}: every tool still
+ * reaches the template (the prompt, and so its checkpoints, do not change
+ * with the choice), and a call may name only the listed ones. Each must be
+ * a function among the request's tools (r->tools, parsed before).
+ */
+static wk_err
+resp_allowed_tools(const json_t *v, ctl_resp_req *r, ctl_resp_err *e)
+{
+    const char *key;
+    json_t *x;
+    json_object_foreach((json_t *)v, key, x)
+    {
+        if (strcmp(key, "type") != 0 && strcmp(key, "mode") != 0 && strcmp(key, "tools") != 0) {
+            char param[96];
+            snprintf(param, sizeof(param), "tool_choice.%.40s", key);
+            return resp_fail(e, WK_EINVAL, param, "unknown_parameter",
+                             "Unknown parameter: 'tool_choice.%.64s'.", key);
+        }
+    }
+    const char *mode = json_string_value(json_object_get(v, "mode"));
+    if (mode == NULL || (strcmp(mode, "auto") != 0 && strcmp(mode, "required") != 0))
+        return resp_fail(e, WK_EINVAL, "tool_choice.mode", "invalid_value",
+                         "'tool_choice.mode' must be \"auto\" or \"required\"");
+    const json_t *list = json_object_get(v, "tools");
+    if (!json_is_array(list) || json_array_size(list) == 0 ||
+        json_array_size(list) > CTL_RESP_TOOLS_MAX)
+        return resp_fail(e, WK_EINVAL, "tool_choice.tools", "invalid_type",
+                         "'tool_choice.tools' must be an array of 1 to %u tools",
+                         CTL_RESP_TOOLS_MAX);
+    size_t i;
+    json_t *t;
+    json_array_foreach(list, i, t)
+    {
+        char param[96];
+        snprintf(param, sizeof(param), "tool_choice.tools[%zu]", i);
+        const char *type = json_string_value(json_object_get(t, "type"));
+        const json_t *name = json_object_get(t, "name");
+        if (!json_is_object(t) || type == NULL || strcmp(type, "function") != 0)
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "'%s' must be {\"type\": \"function\", \"name\": ...}: wkvm "
+                             "serves function tools only",
+                             param);
+        if (json_object_size(t) != 2 || !json_is_string(name))
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "'%s' names a function by a string 'name' (and nothing else)", param);
+        bool found = false;
+        size_t k;
+        json_t *o;
+        json_array_foreach(r->tools, k, o)
+        {
+            found = found || json_equal(json_object_get(o, "name"), name);
+        }
+        if (!found)
+            return resp_fail(e, WK_EINVAL, param, "invalid_value",
+                             "'%s' names function '%.64s', which is not among the 'tools'", param,
+                             json_string_value(name));
+    }
+    r->allowed_tools = v;
+    r->allowed_required = strcmp(mode, "required") == 0;
+    return WK_OK;
+}
+
+/*
  * reasoning: {"effort", "summary", "generate_summary"}, each null or one of
  * the API's values. The effort reaches the template (ctl_responses decides
- * whether it knows one); summaries are never generated (no summarizer).
+ * whether it knows one); a summary is echoed and never generated (no
+ * summarizer: a reasoning item's summary is the empty list).
  */
 static wk_err
 resp_reasoning(const json_t *v, ctl_resp_req *r, ctl_resp_err *e)
@@ -559,6 +624,8 @@ resp_reasoning(const json_t *v, ctl_resp_req *r, ctl_resp_err *e)
         }
         if (effort)
             r->reasoning_effort = json_string_value(x);
+        else if (r->reasoning_summary == NULL || strcmp(k, "summary") == 0)
+            r->reasoning_summary = json_string_value(x); /* (summary over generate_summary) */
     }
     return WK_OK;
 }
@@ -589,18 +656,23 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
     v = json_object_get(body, "tool_choice");
     const char *choice = json_is_string(v) ? json_string_value(v) : NULL;
     const json_t *fname = json_object_get(v, "name");
-    bool named = json_is_object(v) && json_is_string(json_object_get(v, "type")) &&
-                 strcmp(json_string_value(json_object_get(v, "type")), "function") == 0;
+    const char *ctype = json_string_value(json_object_get(v, "type"));
+    bool named = json_is_object(v) && ctype != NULL && strcmp(ctype, "function") == 0;
+    bool allowed = json_is_object(v) && ctype != NULL && strcmp(ctype, "allowed_tools") == 0;
     if (!resp_absent(v) &&
         !(choice != NULL && (strcmp(choice, "auto") == 0 || strcmp(choice, "none") == 0 ||
                              strcmp(choice, "required") == 0)) &&
-        !named)
+        !named && !allowed)
         return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
                          json_is_object(v)
-                             ? "'tool_choice' may name a function only ({\"type\": "
-                               "\"function\", \"name\": ...}; wkvm serves function tools only)"
-                             : "'tool_choice' must be \"auto\", \"none\", \"required\" "
-                               "or {\"type\": \"function\", \"name\": ...}");
+                             ? "'tool_choice' may name a function ({\"type\": \"function\", "
+                               "\"name\": ...}) or allowed functions ({\"type\": "
+                               "\"allowed_tools\", ...}) only; wkvm serves function tools only"
+                             : "'tool_choice' must be \"auto\", \"none\", \"required\", "
+                               "{\"type\": \"function\", \"name\": ...} or {\"type\": "
+                               "\"allowed_tools\", \"mode\": ..., \"tools\": [...]}");
+    if (allowed && (err = resp_allowed_tools(v, r, e)) != WK_OK)
+        return err;
     if (named) {
         size_t k;
         json_t *t;
@@ -627,7 +699,8 @@ resp_neutral(const json_t *body, ctl_resp_req *r, ctl_resp_err *e)
                              json_string_value(fname));
         r->tool_name = json_string_value(fname);
     }
-    r->tool_required = named || (choice != NULL && strcmp(choice, "required") == 0);
+    r->tool_required =
+        named || r->allowed_required || (choice != NULL && strcmp(choice, "required") == 0);
     if (r->tool_required && r->tools == NULL)
         return resp_fail(e, WK_EINVAL, "tool_choice", "invalid_value",
                          "'tool_choice' cannot require a call: the request offers no 'tools'");
@@ -805,10 +878,7 @@ resp_parse(const json_t *body, const ctl_resp_limits *lim, ctl_resp_req *r, ctl_
     if (r->background && !r->store)
         return resp_fail(e, WK_EINVAL, "background", "invalid_value",
                          "a background response must be stored: 'background' needs store: true");
-    if (r->background && r->stream)
-        return resp_fail(e, WK_EINVAL, "background", "invalid_value",
-                         "wkvm does not stream background responses: send stream: false and "
-                         "poll GET /v1/responses/{id}");
+
     if (!r->stream && !resp_absent(json_object_get(body, "stream_options")))
         return resp_fail(e, WK_EINVAL, "stream_options", "invalid_value",
                          "'stream_options' needs stream: true");

@@ -86,13 +86,20 @@ typedef struct ctl_resp_req {
     const json_t *tools;              /* borrowed array of function tools (type "function",
                                          name, parameters); NULL: none */
     bool tool_choice_none;            /* tool_choice "none": the reply is not parsed for calls */
-    bool tool_required;               /* tool_choice "required" or a named function: a call is
+    bool tool_required;               /* tool_choice "required", a named function or allowed_tools
+                                         "required": a call is
                                          enforced (constrained decoding, ctl_toolgram) */
     const char *tool_name;            /* borrowed: the named function ({"type": "function",
                                          "name": ...}, one of tools); NULL: any offered one */
+    const json_t *allowed_tools;      /* borrowed tool_choice {"type": "allowed_tools", "mode",
+                                         "tools"}: a call may name only those (each one of
+                                         tools); NULL: any of tools */
+    bool allowed_required;            /* allowed_tools with mode "required" (tool_required) */
     bool parallel_tool_calls_off;     /* parallel_tool_calls false: at most one call */
     const char *user;                 /* borrowed; NULL: none */
     const char *reasoning_effort;     /* borrowed reasoning.effort ("none" .. "xhigh"); NULL */
+    const char *reasoning_summary;    /* borrowed reasoning.summary (or generate_summary):
+                                         "auto", "concise", "detailed"; NULL */
     bool background;                  /* run after answering (needs store, no stream) */
 } ctl_resp_req;
 

@@ -521,9 +521,9 @@ resp_object(const json_t *rec)
     json_object_set_new(o, "parallel_tool_calls",
                         json_boolean(!json_is_true(json_object_get(rec, "serial_tool_calls"))));
     json_object_set_new(o, "previous_response_id", resp_or_null(rec, "previous_response_id"));
-    json_object_set_new(
-        o, "reasoning",
-        json_pack("{s:o, s:n}", "effort", resp_or_null(rec, "reasoning_effort"), "summary"));
+    json_object_set_new(o, "reasoning",
+                        json_pack("{s:o, s:o}", "effort", resp_or_null(rec, "reasoning_effort"),
+                                  "summary", resp_or_null(rec, "reasoning_summary")));
     json_object_set_new(o, "store", json_boolean(json_is_true(json_object_get(rec, "store"))));
     json_object_set_new(o, "temperature", resp_or_null(rec, "temperature"));
     json_object_set_new(o, "text", json_pack("{s:{s:s}}", "format", "type", "text"));
@@ -966,6 +966,33 @@ resp_prompt_fits(resp_call *c)
 }
 
 /*
+ * The chat-form tools (chat, [{"type": "function", "function": {"name",
+ * ...}}]) that allowed_tools (the request's tool_choice) lists, as a new
+ * array of references; NULL on ENOMEM.
+ */
+static json_t *
+resp_allowed_subset(const json_t *chat, const json_t *allowed)
+{
+    json_t *out = json_array();
+    size_t i, k;
+    json_t *t, *a;
+    json_array_foreach(chat, i, t)
+    {
+        const json_t *name = json_object_get(json_object_get(t, "function"), "name");
+        bool listed = false;
+        json_array_foreach(json_object_get(allowed, "tools"), k, a)
+        {
+            listed = listed || json_equal(json_object_get(a, "name"), name);
+        }
+        if (listed && out != NULL && json_array_append(out, t) != 0) {
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    return out;
+}
+
+/*
  * tool_choice "required" or a named function: the chat route's constrained
  * decoding (ctl_toolgram, docs/OPENAI_COMPAT.md "Constrained tool calls"),
  * compiled once the prompt is rendered (free reasoning first when it leaves
@@ -989,8 +1016,9 @@ resp_tool_forced(resp_call *c)
     }
     wk_diag d = {{0}};
     wk_err err =
-        ctl_toolgram_new(c->app->tok, r->tool_fmt, r->tools, r->tool_force_name, !r->tool_serial,
-                         r->think_open, WK_CHAT_TPL_THINK_CLOSE, &r->toolgram, &d);
+        ctl_toolgram_new(c->app->tok, r->tool_fmt, r->call_tools != NULL ? r->call_tools : r->tools,
+                         r->tool_force_name, !r->tool_serial, r->think_open,
+                         WK_CHAT_TPL_THINK_CLOSE, &r->toolgram, &d);
     if (err != WK_OK) {
         resp_send_error(
             c->req, err == WK_EINVAL ? 400 : 500, err, err == WK_EINVAL ? "tools" : NULL, NULL,
@@ -1109,6 +1137,18 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
         r->tools = tools;
         r->tool_fmt =
             q->tool_choice_none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
+        /*
+         * allowed_tools: the template still gets every tool (the prompt does
+         * not change with the choice); the parse and the constraint only the
+         * listed ones, so a call to another function stays text.
+         */
+        if (q->allowed_tools != NULL && tools != NULL &&
+            (r->call_tools = resp_allowed_subset(tools, q->allowed_tools)) == NULL) {
+            json_decref(msgs);
+            json_decref(kw);
+            resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
+            return false;
+        }
         r->tool_serial = q->parallel_tool_calls_off;
     }
     /* (the chat route's preparation: arguments as objects for templates that iterate them) */
@@ -1284,7 +1324,14 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     return resp_prompt_fits(c);
 }
 
-/* Sends one typed event with the next sequence_number; consumes ev. */
+static bool resp_bg_log(struct resp_bg *b, const char *type, char *data);
+static bool resp_bg_cancelled(const resp_call *c);
+
+/*
+ * Sends one typed event with the next sequence_number; consumes ev. A
+ * streamed background response appends it to its event log instead (the
+ * readers send it).
+ */
 static void
 resp_event(resp_call *c, const char *type, json_t *ev)
 {
@@ -1296,6 +1343,11 @@ resp_event(resp_call *c, const char *type, json_t *ev)
     json_decref(ev);
     if (s == NULL)
         return;
+    if (c->bg != NULL) {
+        if (!resp_bg_log(c->bg, type, s))
+            c->broken = true; /* (out of memory: the log ends here) */
+        return;
+    }
     if (ctl_http_sse_event(c->req, type, s) != WK_OK)
         c->broken = true;
     free(s);
@@ -1431,7 +1483,7 @@ resp_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *t
     if (len == 0)
         return WK_OK;
     resp_split_feed(&c->split, text, len, false, resp_stream_piece, c);
-    return c->broken ? WK_EIO : WK_OK;
+    return c->broken || (c->bg != NULL && resp_bg_cancelled(c)) ? WK_EIO : WK_OK;
 }
 
 /* ctl_gen's flush: writes the events of one wake-up. */
@@ -1439,6 +1491,8 @@ static wk_err
 resp_stream_flush(void *arg)
 {
     resp_call *c = arg;
+    if (c->bg != NULL)
+        return c->broken || resp_bg_cancelled(c) ? WK_EIO : WK_OK; /* (readers send) */
     if (ctl_http_flush(c->req) != WK_OK)
         c->broken = true;
     return c->broken ? WK_EIO : WK_OK;
@@ -1466,7 +1520,8 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
     wk_toolcall_out to;
     memset(&to, 0, sizeof(to));
     if (r->tool_fmt != WK_TOOLCALL_FMT_NONE &&
-        wk_toolcall_parser_new(r->tool_fmt, r->tools, &tp) == WK_OK &&
+        wk_toolcall_parser_new(r->tool_fmt, r->call_tools != NULL ? r->call_tools : r->tools,
+                               &tp) == WK_OK &&
         wk_toolcall_feed(tp, so.content.p != NULL ? so.content.p : "", so.content.n, true, &to) ==
             WK_OK) {
         for (size_t i = 0; i < to.n_calls && calls != NULL; i++) {
@@ -1591,15 +1646,26 @@ resp_answer_whole(resp_call *c, bool free_slot)
     ctl_gen_result_fini(&res);
 }
 
-static void
-resp_answer_stream(resp_call *c, bool free_slot)
+/*
+ * Generates c as a stream of typed events. A background response (c->bg)
+ * writes them to its event log and leaves its failures to the caller
+ * (returned with d: nothing is counted or sent then); else they go to the
+ * client and WK_OK is returned.
+ */
+static wk_err
+resp_answer_stream(resp_call *c, bool free_slot, wk_diag *bgd)
 {
     ctl_app *app = c->app;
     ctl_gen_result res;
     wk_diag d = {{0}};
     ctl_job *job = NULL;
+    bool bg = c->bg != NULL;
     /* Admission errors come before the first byte, as plain JSON errors. */
     wk_err err = ctl_gen_submit(app->sched, c->r.prompt, c->r.n_prompt, &c->r.gen, &job, &d);
+    if (err != WK_OK && bg) {
+        *bgd = d;
+        return err;
+    }
     if (err != WK_OK) {
         resp_count(app, "error");
         if (err == WK_ETOOBIG)
@@ -1607,11 +1673,13 @@ resp_answer_stream(resp_call *c, bool free_slot)
                             d.msg);
         else
             ctl_http_send_error(c->req, err, d.msg, NULL);
-        return;
+        return WK_OK;
     }
-    ctl_http_sse_begin(c->req);
     json_t *o = resp_object(c->rec);
-    resp_event(c, "response.created", json_pack("{s:O}", "response", o));
+    if (!bg) { /* (a background stream's log begins with its created and queued events) */
+        ctl_http_sse_begin(c->req);
+        resp_event(c, "response.created", json_pack("{s:O}", "response", o));
+    }
     resp_event(c, "response.in_progress", json_pack("{s:o}", "response", o));
     /*
      * The first item now when it is known: the reasoning item when the prompt
@@ -1620,7 +1688,8 @@ resp_answer_stream(resp_call *c, bool free_slot)
      */
     resp_split_init(&c->split, c->r.think, c->r.think_open);
     if (c->r.tool_fmt != WK_TOOLCALL_FMT_NONE &&
-        wk_toolcall_parser_new(c->r.tool_fmt, c->r.tools, &c->tc) != WK_OK)
+        wk_toolcall_parser_new(
+            c->r.tool_fmt, c->r.call_tools != NULL ? c->r.call_tools : c->r.tools, &c->tc) != WK_OK)
         c->tc = NULL; /* (out of memory: the reply streams as text) */
     if (c->split.mode == RESP_SPLIT_THINK)
         resp_stream_rs_open(c);
@@ -1630,12 +1699,21 @@ resp_answer_stream(resp_call *c, bool free_slot)
         ctl_job_free(job);
         err = WK_EIO;
     } else {
-        ctl_http_cork(c->req, true); /* one write per wake-up */
-        err = ctl_stream_gen_run(c->req, job, app->tok, &c->r.gen, resp_stream_sink,
-                                 resp_stream_flush, c, &res, &d);
-        if (ctl_http_req_broken(c->req))
-            c->broken = true; /* (an event loop saw the client go away) */
-        ctl_http_cork(c->req, false);
+        if (bg) { /* (no connection to hand over: the events go to the log) */
+            err = ctl_gen_run_job(job, app->tok, &c->r.gen, resp_stream_sink, resp_stream_flush,
+                                  c, &res, &d);
+        } else {
+            ctl_http_cork(c->req, true); /* one write per wake-up */
+            err = ctl_stream_gen_run(c->req, job, app->tok, &c->r.gen, resp_stream_sink,
+                                     resp_stream_flush, c, &res, &d);
+            if (ctl_http_req_broken(c->req))
+                c->broken = true; /* (an event loop saw the client go away) */
+            ctl_http_cork(c->req, false);
+        }
+    }
+    if (err != WK_OK && bg) {
+        *bgd = d;
+        return err;
     }
     if (err != WK_OK) {
         resp_count(app, c->broken ? "cancelled" : "error");
@@ -1648,7 +1726,7 @@ resp_answer_stream(resp_call *c, bool free_slot)
         } else {
             wk_log_info("client went away id=%s", json_string_value(json_object_get(c->rec, "id")));
         }
-        return;
+        return WK_OK;
     }
     resp_split_feed(&c->split, "", 0, true, resp_stream_piece, c);
     resp_stream_piece(c, false, "", 0); /* (a reasoning item that got no text) */
@@ -1702,8 +1780,9 @@ resp_answer_stream(resp_call *c, bool free_slot)
     resp_extend(c, o);
     resp_event(c, strcmp(st, "incomplete") == 0 ? "response.incomplete" : "response.completed",
                json_pack("{s:o}", "response", o));
-    resp_count(app, c->broken ? "cancelled" : "ok");
+    resp_count(app, c->broken && !bg ? "cancelled" : "ok");
     ctl_gen_result_fini(&res);
+    return WK_OK;
 }
 
 /* Resolves previous_response_id into c->prev; sends the error and returns false. */
@@ -1779,7 +1858,18 @@ resp_call_free(resp_call *c)
 typedef struct resp_bg {
     char key[RESP_KEY_MAX]; /* the record's key (owner digest and id) */
     atomic_bool cancel;     /* stop at the next step */
-    struct resp_bg *next;   /* registry list */
+    struct resp_bg *next;   /* registry list (running, or recent when ended) */
+    /*
+     * The event log of one created with stream: true (under resp_bg_mu):
+     * every event in order (event i has sequence_number i), read by the
+     * POST that created it and by GET ...?stream=true&starting_after=N, each
+     * from where it starts, until the log ends.
+     */
+    bool logged;          /* created with stream: events are kept */
+    char **ev_type, **ev; /* each event's type and data (JSON text), owned */
+    size_t n_ev, cap_ev;  /* entries, capacity */
+    bool ended;           /* no event follows */
+    unsigned refs;        /* the thread's, the readers', the recent list's */
 } resp_bg;
 
 static pthread_mutex_t resp_bg_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1787,10 +1877,134 @@ static pthread_cond_t resp_bg_cv = PTHREAD_COND_INITIALIZER; /* an entry left */
 static resp_bg *resp_bg_list;                                /* running, under resp_bg_mu */
 static size_t resp_bg_n;                                     /* entries */
 static bool resp_bg_closing;                                 /* shutdown: no new ones */
+static pthread_cond_t resp_bg_ev_cv = PTHREAD_COND_INITIALIZER; /* an event logged, a log ended */
+static resp_bg *resp_bg_recent; /* ended logs kept for late readers, newest first */
+static size_t resp_bg_n_recent; /* entries */
 static char resp_boot[33];                                   /* this process's boot id */
 static pthread_once_t resp_boot_once = PTHREAD_ONCE_INIT;
 
 #define RESP_BG_MAX 256u /* background responses running at once, all users */
+#define RESP_BG_RECENT 64u /* ended event logs kept for GET ...?stream=true */
+
+/* Drops one reference (resp_bg_mu held); frees b with the last. */
+static void
+resp_bg_unref_locked(resp_bg *b)
+{
+    if (--b->refs > 0)
+        return;
+    for (size_t i = 0; i < b->n_ev; i++) {
+        free(b->ev_type[i]);
+        free(b->ev[i]);
+    }
+    free(b->ev_type);
+    free(b->ev);
+    free(b);
+}
+
+/* Appends one event (data consumed) to b's log (none: dropped); false on ENOMEM. */
+static bool
+resp_bg_log(resp_bg *b, const char *type, char *data)
+{
+    if (!b->logged) {
+        free(data);
+        return true;
+    }
+    char *t = strdup(type);
+    pthread_mutex_lock(&resp_bg_mu);
+    bool ok = t != NULL;
+    if (ok && b->n_ev == b->cap_ev) {
+        size_t cap = b->cap_ev ? b->cap_ev * 2 : 32;
+        char **nt = realloc(b->ev_type, cap * sizeof(*nt));
+        if (nt != NULL)
+            b->ev_type = nt;
+        char **nd = nt != NULL ? realloc(b->ev, cap * sizeof(*nd)) : NULL;
+        if (nd != NULL) {
+            b->ev = nd;
+            b->cap_ev = cap;
+        }
+        ok = nd != NULL;
+    }
+    if (ok) {
+        b->ev_type[b->n_ev] = t;
+        b->ev[b->n_ev++] = data;
+        pthread_cond_broadcast(&resp_bg_ev_cv);
+    }
+    pthread_mutex_unlock(&resp_bg_mu);
+    if (!ok) {
+        free(t);
+        free(data);
+    }
+    return ok;
+}
+
+/* Ends b's log: its readers finish once they have sent what it holds. */
+static void
+resp_bg_log_end(resp_bg *b)
+{
+    pthread_mutex_lock(&resp_bg_mu);
+    b->ended = true;
+    pthread_cond_broadcast(&resp_bg_ev_cv);
+    pthread_mutex_unlock(&resp_bg_mu);
+}
+
+/*
+ * Sends b's log from event from on as server-sent events, waiting for new
+ * ones until it ends (or the client goes away; the generation goes on).
+ * Drops the reader's reference to b.
+ */
+static void
+resp_bg_follow(ctl_http_req *req, resp_bg *b, size_t from)
+{
+    ctl_http_sse_begin(req);
+    size_t i = from;
+    bool gone = false;
+    pthread_mutex_lock(&resp_bg_mu);
+    while (!gone) {
+        size_t n = b->n_ev;
+        while (i < n && !gone) {
+            /* (the strings stay while b lives; only the arrays move) */
+            const char *t = b->ev_type[i], *data = b->ev[i];
+            pthread_mutex_unlock(&resp_bg_mu);
+            gone = ctl_http_sse_event(req, t, data) != WK_OK;
+            pthread_mutex_lock(&resp_bg_mu);
+            i++;
+        }
+        if (gone || (b->ended && i >= b->n_ev))
+            break;
+        if (i >= b->n_ev) {
+            pthread_mutex_unlock(&resp_bg_mu);
+            gone = ctl_http_flush(req) != WK_OK;
+            pthread_mutex_lock(&resp_bg_mu);
+            while (!gone && i >= b->n_ev && !b->ended)
+                pthread_cond_wait(&resp_bg_ev_cv, &resp_bg_mu);
+        }
+    }
+    resp_bg_unref_locked(b);
+    pthread_mutex_unlock(&resp_bg_mu);
+    if (!gone && ctl_http_flush(req) != WK_OK)
+        wk_log_debug("background stream reader went away");
+}
+
+/*
+ * The logged background response under key (running, or ended and still
+ * kept) with a reference for the caller, or NULL.
+ */
+static resp_bg *
+resp_bg_find_log(const char *key)
+{
+    pthread_mutex_lock(&resp_bg_mu);
+    resp_bg *b = NULL;
+    for (int l = 0; l < 2 && b == NULL; l++) {
+        for (resp_bg *x = l == 0 ? resp_bg_list : resp_bg_recent; x != NULL && b == NULL;
+             x = x->next)
+            if (x->logged && strcmp(x->key, key) == 0)
+                b = x;
+    }
+    if (b != NULL)
+        b->refs++;
+    pthread_mutex_unlock(&resp_bg_mu);
+    return b;
+}
 
 static void
 resp_boot_init(void)
@@ -1841,6 +2055,10 @@ resp_bg_add(resp_bg *b)
     return ok;
 }
 
+/*
+ * Takes b off the running list; a logged one goes to the recent list (the
+ * oldest there dropped beyond RESP_BG_RECENT). Drops the thread's reference.
+ */
 static void
 resp_bg_remove(resp_bg *b)
 {
@@ -1852,8 +2070,29 @@ resp_bg_remove(resp_bg *b)
             break;
         }
     }
+    if (b->logged) {
+        b->next = resp_bg_recent;
+        resp_bg_recent = b;
+        b->refs++;
+        if (++resp_bg_n_recent > RESP_BG_RECENT) {
+            resp_bg **pp = &resp_bg_recent;
+            while ((*pp)->next != NULL)
+                pp = &(*pp)->next;
+            resp_bg *old = *pp;
+            *pp = NULL;
+            resp_bg_n_recent--;
+            resp_bg_unref_locked(old);
+        }
+    }
     pthread_cond_broadcast(&resp_bg_cv);
+    resp_bg_unref_locked(b);
     pthread_mutex_unlock(&resp_bg_mu);
+}
+
+static bool
+resp_bg_cancelled(const resp_call *c)
+{
+    return atomic_load(&c->bg->cancel);
 }
 
 /*
@@ -1944,17 +2183,21 @@ resp_bg_main(void *arg)
     }
     ctl_gen_result res;
     wk_diag d = {{0}};
-    wk_err err = atomic_load(&c->bg->cancel)
-                     ? WK_EIO
-                     : ctl_gen_run(app->sched, app->tok, c->r.prompt, c->r.n_prompt, &c->r.gen,
-                                   resp_bg_sink, c, &res, &d);
+    wk_err err;
+    if (atomic_load(&c->bg->cancel))
+        err = WK_EIO;
+    else if (c->bg->logged)
+        err = resp_answer_stream(c, free_slot, &d); /* (on WK_OK finished, stored, counted) */
+    else
+        err = ctl_gen_run(app->sched, app->tok, c->r.prompt, c->r.n_prompt, &c->r.gen, resp_bg_sink,
+                          c, &res, &d);
     const char *id = json_string_value(json_object_get(c->rec, "id"));
-    if (err == WK_OK) {
+    if (err == WK_OK && !c->bg->logged) {
         ctl_openai_reuse_done(app, &c->r, &res, free_slot);
         resp_finish(c, &res); /* (stores it) */
         resp_count(app, "ok");
         ctl_gen_result_fini(&res);
-    } else {
+    } else if (err != WK_OK) {
         bool cancelled = err == WK_EIO && atomic_load(&c->bg->cancel);
         pthread_mutex_lock(&resp_bg_mu);
         bool closing = resp_bg_closing;
@@ -1972,6 +2215,10 @@ resp_bg_main(void *arg)
                                                      : wk_strerror(err)));
         }
         resp_bg_store(c);
+        if (c->bg->logged && !(cancelled && !closing)) { /* (a cancelled one just ends) */
+            c->broken = false;
+            resp_event(c, "response.failed", json_pack("{s:o}", "response", resp_object(c->rec)));
+        }
         resp_count(app, cancelled && !closing ? "cancelled" : "error");
         wk_log_info("background response %s id=%s", cancelled && !closing ? "cancelled" : "failed",
                     id != NULL ? id : "?");
@@ -1983,8 +2230,8 @@ resp_bg_main(void *arg)
     if (app->limits != NULL && c->user[0])
         ctl_limits_release(app->limits, c->user); /* (the unit resp_route took) */
     resp_call_free(c);
-    resp_bg_remove(b);
-    free(b);
+    resp_bg_log_end(b);
+    resp_bg_remove(b); /* (drops the thread's reference) */
     return NULL;
 }
 
@@ -2005,6 +2252,8 @@ resp_bg_start(resp_call *c)
     }
     resp_key(c->r.owner, json_string_value(json_object_get(c->rec, "id")), b->key);
     atomic_init(&b->cancel, false);
+    b->logged = c->q.stream;
+    b->refs = 1; /* (the thread's) */
     if (!resp_bg_add(b)) {
         free(b);
         resp_send_error(c->req, 429, WK_EQUOTA, "background", "rate_limit_exceeded",
@@ -2020,7 +2269,16 @@ resp_bg_start(resp_call *c)
     pthread_t th;
     bool started = false;
     wk_err err = resp_save(app, c->rec, &d);
-    if (err == WK_OK && (o = resp_object(c->rec)) != NULL && pthread_attr_init(&attr) == 0) {
+    if (err == WK_OK && (o = resp_object(c->rec)) != NULL && b->logged) {
+        /* A stream's log begins with the queued response (sequence_number 0 and 1). */
+        resp_event(c, "response.created", json_pack("{s:O}", "response", o));
+        resp_event(c, "response.queued", json_pack("{s:O}", "response", o));
+        if (c->broken)
+            err = WK_ENOMEM;
+        else
+            b->refs++; /* (the POST's reader) */
+    }
+    if (err == WK_OK && o != NULL && pthread_attr_init(&attr) == 0) {
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         const char *u = ctl_http_req_user(c->req);
         snprintf(c->user, sizeof(c->user), "%s", u != NULL ? u : "");
@@ -2028,17 +2286,22 @@ resp_bg_start(resp_call *c)
         c->req = NULL; /* (the thread never answers) */
         started = pthread_create(&th, &attr, resp_bg_main, c) == 0;
         pthread_attr_destroy(&attr);
-        if (!started)
+        if (!started) {
             c->req = req;
-        else
+        } else if (b->logged) {
+            json_decref(o);
+            resp_bg_follow(req, b, 0); /* (drops the reader's reference) */
+        } else {
             ctl_http_send_json(req, 200, o);
+        }
     }
     if (started)
         return true;
     json_decref(o);
     c->bg = NULL;
-    resp_bg_remove(b);
-    free(b);
+    b->logged = false; /* (nobody reads it) */
+    b->refs = 1;
+    resp_bg_remove(b); /* (frees it) */
     char key[RESP_KEY_MAX];
     resp_key(c->r.owner, json_string_value(json_object_get(c->rec, "id")), key);
     resp_cleanup(ctl_store_session_delete(app->store, key, NULL), "unstarted background response");
@@ -2182,11 +2445,15 @@ resp_create(ctl_http_req *req, ctl_app *app)
                                                : json_null());
     if (c->q.reasoning_effort != NULL)
         json_object_set_new(rec, "reasoning_effort", json_string(c->q.reasoning_effort));
+    if (c->q.reasoning_summary != NULL)
+        json_object_set_new(rec, "reasoning_summary", json_string(c->q.reasoning_summary));
     if (c->q.background)
         json_object_set_new(rec, "background", json_true());
     if (c->q.tool_choice_none)
         json_object_set_new(rec, "tool_choice_none", json_true());
-    if (c->q.tool_name != NULL)
+    if (c->q.allowed_tools != NULL)
+        json_object_set_new(rec, "tool_choice", json_deep_copy(c->q.allowed_tools));
+    else if (c->q.tool_name != NULL)
         json_object_set_new(rec, "tool_choice",
                             json_pack("{s:s, s:s}", "type", "function", "name", c->q.tool_name));
     else if (c->q.tool_required)
@@ -2208,7 +2475,7 @@ resp_create(ctl_http_req *req, ctl_app *app)
         plan->durable = c->q.store;
     }
     if (c->q.stream)
-        resp_answer_stream(c, free_slot);
+        (void)resp_answer_stream(c, free_slot, NULL);
     else
         resp_answer_whole(c, free_slot);
     ctl_ckpt_plan_end(plan);
@@ -2240,16 +2507,58 @@ resp_load_or_reply(ctl_http_req *req, ctl_app *app, const char *owner, const cha
     return err == WK_OK ? rec : NULL;
 }
 
+/*
+ * GET /v1/responses/{id}: the stored response; with ?stream=true (and
+ * starting_after=N) the events of a background response created with
+ * stream: true after sequence_number N, following it until it ends, from
+ * its log while it runs and for the last RESP_BG_RECENT such ones after.
+ */
 static void
 resp_get(ctl_http_req *req, ctl_app *app, const char *id)
 {
-    char owner[CTL_STORE_OWNER_MAX + 1];
+    char owner[CTL_STORE_OWNER_MAX + 1], buf[32];
     ctl_openai_owner(req, owner);
+    bool stream = false;
+    long long after = -1;
+    if (ctl_http_req_query_get(req, "stream", buf, sizeof(buf))) {
+        stream = strcmp(buf, "true") == 0;
+        if (!stream && strcmp(buf, "false") != 0) {
+            resp_send_error(req, 400, WK_EINVAL, "stream", "invalid_value",
+                            "'stream' must be true or false");
+            return;
+        }
+    }
+    if (ctl_http_req_query_get(req, "starting_after", buf, sizeof(buf))) {
+        char *end = NULL;
+        after = strtoll(buf, &end, 10);
+        if (!stream || end == buf || *end != '\0' || after < 0) {
+            resp_send_error(req, 400, WK_EINVAL, "starting_after", "invalid_value",
+                            "'starting_after' is a sequence_number (an integer >= 0) and "
+                            "needs stream=true");
+            return;
+        }
+    }
     json_t *rec = resp_load_or_reply(req, app, owner, id);
     if (rec == NULL)
         return;
-    ctl_http_send_json(req, 200, resp_object(rec));
+    if (!stream) {
+        ctl_http_send_json(req, 200, resp_object(rec));
+        json_decref(rec);
+        return;
+    }
     json_decref(rec);
+    char key[RESP_KEY_MAX];
+    resp_key(owner, id, key);
+    resp_bg *b = resp_bg_find_log(key);
+    if (b == NULL) {
+        resp_send_error(req, 400, WK_EINVAL, "stream", "invalid_value",
+                        "response '%.80s' has no event stream to resume: only a background "
+                        "response created with stream: true has one, while it runs and for a "
+                        "while after (GET it without stream)",
+                        id);
+        return;
+    }
+    resp_bg_follow(req, b, (size_t)(after + 1));
 }
 
 static void

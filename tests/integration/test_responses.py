@@ -330,6 +330,83 @@ def background():
     print(f"cancel answered in {took * 1e3:.0f} ms", flush=True)
 
 
+def background_stream():
+    """background with stream: typed events from response.created (queued) and
+    response.queued to response.completed, reassembled equal to the blocking answer; a reader
+    that went away resumes by GET ?stream=true&starting_after=N with exactly the events after
+    N (while it runs, and after); cancel ends the stream and stores it cancelled."""
+    import time
+    want, _, _ = turn(None, "streamed in the background")
+    events = list(client.responses.create(model=MID, input="streamed in the background",
+                                          background=True, stream=True,
+                                          max_output_tokens=MAXT, temperature=0))
+    types = [e.type for e in events]
+    assert types[:3] == ["response.created", "response.queued", "response.in_progress"], types
+    assert [e.sequence_number for e in events] == list(range(len(events))), types
+    assert events[0].response.status == "queued" and events[0].response.background, events[0]
+    last = events[-1]
+    assert last.type == want.status.replace("completed", "response.completed").replace(
+        "incomplete", "response.incomplete"), types
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == want.output_text == last.response.output_text, (text, want.output_text)
+    rid = last.response.id
+    g = client.responses.retrieve(rid)
+    assert g.status == want.status and g.output_text == want.output_text, g
+    again = list(client.responses.retrieve(rid, stream=True, starting_after=3))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in events[4:]], again
+    # a long one: the first reader leaves after a few deltas, a second resumes while it runs
+    kw = dict(model=MID, input="a long background stream", background=True, stream=True,
+              max_output_tokens=400, temperature=0, extra_body={"logit_bias": {"98": 100}})
+    first, s1 = [], client.responses.create(**kw)
+    for e in s1:
+        first.append(e)
+        if sum(x.type == "response.output_text.delta" for x in first) >= 3:
+            break
+    s1.close()
+    rid = first[0].response.id
+    assert client.responses.retrieve(rid).status in ("queued", "in_progress")
+    rest = list(client.responses.retrieve(rid, stream=True,
+                                          starting_after=first[-1].sequence_number))
+    allev = first + rest
+    assert [e.sequence_number for e in allev] == list(range(len(allev))), \
+        [e.type for e in allev]
+    assert allev[-1].type in ("response.completed", "response.incomplete"), allev[-1].type
+    text = "".join(e.delta for e in allev if e.type == "response.output_text.delta")
+    assert text == client.responses.retrieve(rid).output_text, "the resumed stream differs"
+    # cancel while a reader follows: its stream ends, the response is stored cancelled
+    s2 = client.responses.create(**dict(kw, max_output_tokens=20000))
+    seen = []
+    t0 = None
+    for e in s2:
+        seen.append(e)
+        if e.type == "response.output_text.delta" and t0 is None:
+            t0 = time.time()
+            assert client.responses.cancel(seen[0].response.id).status == "cancelled"
+    took = time.time() - t0
+    assert seen[-1].type not in ("response.completed", "response.failed"), seen[-1].type
+    assert client.responses.retrieve(seen[0].response.id).status == "cancelled"
+    for bad in (dict(stream=True, starting_after=-1), dict(stream=False, starting_after=2)):
+        try:
+            list(client.responses.retrieve(rid, **bad)) if bad["stream"] else \
+                client.responses.retrieve(rid, **bad)
+            raise AssertionError(f"accepted {bad}")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == "starting_after", e.body
+    try:
+        list(client.responses.retrieve(want.id, stream=True))  # (a foreground one: no log)
+        raise AssertionError("streamed a response that has no event log")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "stream", e.body
+    try:
+        list(bob.responses.retrieve(rid, stream=True))
+        raise AssertionError("another key read the stream")
+    except openai.NotFoundError:
+        pass
+    print(f"background stream: {len(events)} events; resumed after {len(first)}; "
+          f"the cancelled stream ended {time.time() - t0:.2f} s after the cancel "
+          f"({took:.2f})", flush=True)
+
+
 def orphan_start():
     """A background response running when the controller is SIGKILLed (phase c reads it)."""
     st["orphan"] = long_background("cut by a SIGKILL").id
@@ -362,7 +439,8 @@ def bad_inputs():
         (dict(input="x", temperature=3), "temperature"),
         (dict(input=[]), "input"),
         (dict(input="x", reasoning={"effort": "huge"}), "reasoning.effort"),
-        (dict(input="x", background=True, stream=True), "background"),
+        (dict(input="x", reasoning={"summary": "long"}), "reasoning.summary"),
+        (dict(input="x", reasoning={"generate_summary": 1}), "reasoning.generate_summary"),
         (dict(input="x", background=True, store=False), "background"),
         (dict(input=[{"type": "reasoning", "summary": [], "encrypted_content": "e"}]),
          "input[0].encrypted_content"),
@@ -604,6 +682,13 @@ def reasoning_effort():
     assert decode(h.model_extra["state_token_ids"][:h.model_extra["prompt_token_count"]]) == \
         render(msgs), "effort high changed a template that does not read it"
     assert h.reasoning.effort == "high" and h.output[0].type == "reasoning", h
+    # no summarizer: the summary asked for is echoed, the item's summary is the empty list
+    # (the reasoning itself is the item's content)
+    assert h.reasoning.summary == "auto" and h.output[0].summary == [], h
+    assert h.output[0].content[0].type == "reasoning_text" and h.output[0].content[0].text, h
+    g = client.responses.retrieve(h.id)
+    assert g.reasoning.summary == "auto" and g.output[0].summary == [], g
+    assert think_turn().reasoning.summary is None
 
 
 # Phase t: test_tool_calls' model (added tokens <|im_start|> 505, <|im_end|> 506, <think> 507,
@@ -718,7 +803,17 @@ def forced_calls():
         "city": {"type": "string", "pattern": "^[A-Z]"}}})]
     for choice, tools, param in (
             ({"type": "function", "name": "nope"}, TOOLS_R, "tool_choice"),
-            ({"type": "allowed_tools", "mode": "required", "tools": []}, TOOLS_R, "tool_choice"),
+            ({"type": "allowed_tools", "mode": "required", "tools": []}, TOOLS_R,
+             "tool_choice.tools"),
+            ({"type": "allowed_tools", "mode": "sometimes",
+              "tools": [{"type": "function", "name": "get_weather"}]}, TOOLS_R,
+             "tool_choice.mode"),
+            ({"type": "allowed_tools", "mode": "auto",
+              "tools": [{"type": "function", "name": "nope"}]}, TOOLS_R,
+             "tool_choice.tools[0]"),
+            ({"type": "allowed_tools", "mode": "auto",
+              "tools": [{"type": "mcp", "server_label": "x"}]}, TOOLS_R,
+             "tool_choice.tools[0]"),
             ("required", pattern, "tools")):  # (a construct the grammar does not enforce)
         try:
             tool_turn(tool_choice=choice, tools=tools)
@@ -728,6 +823,9 @@ def forced_calls():
     print(f"forced calls: required {r.output[0].arguments}, named get_time in "
           f"{n.usage.output_tokens} tokens; the round trip resumed {cached} tokens "
           f"({time.time() - t0:.1f} s)", flush=True)
+
+
+CALL_BIAS = {}  # function_calls' bias that makes the unconstrained reply [CALL, eos]
 
 
 def function_calls():
@@ -743,6 +841,7 @@ def function_calls():
             break
     else:
         raise AssertionError("no bias made the model emit the call then stop")
+    CALL_BIAS.update(bias, response=r)
     assert [o.type for o in r.output] == ["function_call"], r.output
     fc = r.output[0]
     assert fc.name == "get_weather" and fc.status == "completed", fc
@@ -797,15 +896,65 @@ def function_calls():
           f"{f.usage.input_tokens} tokens", flush=True)
 
 
+def allowed_calls():
+    """tool_choice allowed_tools: every tool reaches the template (the prompt is tool_choice
+    auto's), and a call may name only the listed functions: mode required constrains the reply
+    to a call of one of them (where a named or plain required call would be get_weather), mode
+    auto leaves the reply free and a call to another function text."""
+    vocab = json.load(open(MODEL + "/tokenizer.json", encoding="utf-8"))["model"]["vocab"]
+    # "w" makes a plain required call get_weather (a call is spelled byte by byte: CALL is an
+    # added token, kept out of constrained replies), whose city "x"... runs past
+    # max_output_tokens: that call comes back as text, which still names it
+    bias = {str(vocab["x"]): 100, str(vocab["w"]): 90, str(T_IM_END): 70, str(T_CALL): 60}
+    only_time = {"type": "allowed_tools", "mode": "required",
+                 "tools": [{"type": "function", "name": "get_time"}]}
+    a = tool_turn(bias=bias, tools=TOOLS_F, max_output_tokens=64, tool_choice=only_time)
+    assert [(o.type, o.name) for o in a.output] == [("function_call", "get_time")], a.output
+    assert a.tool_choice.model_dump() == only_time, a.tool_choice
+    req = tool_turn(bias=bias, tools=TOOLS_F, max_output_tokens=64, tool_choice="required")
+    named = req.output[0].name if req.output[0].type == "function_call" else req.output_text
+    # (the constraint decided it)
+    assert "get_weather" in named and "get_time" not in named, req.output
+    n, ids = a.model_extra["prompt_token_count"], a.model_extra["state_token_ids"]
+    assert ids[:n] == req.model_extra["state_token_ids"][:req.model_extra["prompt_token_count"]]
+    events = list(tool_turn(bias=bias, tools=TOOLS_F, max_output_tokens=64, stream=True,
+                            tool_choice=only_time))
+    last = events[-1]
+    assert last.type == "response.completed", [e.type for e in events]
+    assert [(o.type, o.name, o.arguments) for o in last.response.output] == \
+        [("function_call", "get_time", a.output[0].arguments)], last.response.output
+    assert last.response.model_extra["state_token_ids"] == ids
+    # mode auto: function_calls' bias makes the free reply a get_weather call
+    cb = {k: v for k, v in CALL_BIAS.items() if k != "response"}
+    free = CALL_BIAS["response"]
+    weather = {"type": "allowed_tools", "mode": "auto",
+               "tools": [{"type": "function", "name": "get_weather"}]}
+    w = tool_turn(bias=cb, tool_choice=weather)
+    assert [(o.type, o.arguments) for o in w.output] == \
+        [("function_call", free.output[0].arguments)], w.output
+    time_only = dict(weather, tools=[{"type": "function", "name": "get_time"}])
+    t = tool_turn(bias=cb, tools=TOOLS_F, tool_choice=time_only)
+    assert [o.type for o in t.output] == ["message"] and "<tool_call>" in t.output_text, t.output
+    full = tool_turn(bias=cb, tools=TOOLS_F)
+    assert t.model_extra["state_token_ids"] == full.model_extra["state_token_ids"], \
+        "allowed_tools auto changed the prompt or the reply"
+    assert [o.type for o in full.output] == ["function_call"], full.output
+    st = list(tool_turn(bias=cb, tools=TOOLS_F, tool_choice=time_only, stream=True))
+    text = "".join(e.delta for e in st if e.type == "response.output_text.delta")
+    assert text == t.output_text and "response.function_call_arguments.delta" not in \
+        [e.type for e in st], text
+
+
 TESTS = {"a": [conversation_a, fork, fallback, streaming, retrieve_delete, bad_inputs,
-               background],
+               background, background_stream],
          "b": [conversation_b], "c": [other_model, quota, orphan_read], "d": [ttl],
          "e": [evicted_state, orphan_start],
-         "r": [reasoning, reasoning_effort], "t": [function_calls, forced_calls]}
+         "r": [reasoning, reasoning_effort], "t": [function_calls, forced_calls, allowed_calls]}
 for t in TESTS[PHASE]:
     try:
+        t_0 = time.time()
         t()
-        print(f"PASS {t.__name__}", flush=True)
+        print(f"PASS {t.__name__} ({time.time() - t_0:.1f} s)", flush=True)
     except Exception as e:  # noqa: BLE001
         detail = "".join(traceback.format_exception(type(e), e, e.__traceback__)).strip()
         print(f"FAIL {t.__name__}: {detail[-2500:]}", flush=True)

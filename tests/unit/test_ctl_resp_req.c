@@ -184,7 +184,7 @@ test_tool_choice_forced(void **state)
     ctl_resp_err e;
     const char *tools = "\"tools\":[{\"type\":\"function\",\"name\":\"f\"},"
                         "{\"type\":\"function\",\"name\":\"g\"}]";
-    char text[256];
+    char text[512];
     snprintf(text, sizeof(text),
              "{\"model\":\"m\",\"input\":\"x\",%s,\"tool_choice\":\"required\"}", tools);
     assert_int_equal(parse(text, NULL, &b, &r, &e), WK_OK);
@@ -207,6 +207,32 @@ test_tool_choice_forced(void **state)
              tools);
     assert_int_equal(parse(text, NULL, &b, &r, &e), WK_OK);
     assert_false(r.tool_required);
+    assert_null(r.allowed_tools);
+    ctl_resp_req_fini(&r);
+    json_decref(b);
+    /* allowed_tools: required enforces a call (to the listed ones), auto does not */
+    for (int req = 0; req < 2; req++) {
+        snprintf(text, sizeof(text),
+                 "{\"model\":\"m\",\"input\":\"x\",%s,\"tool_choice\":{\"type\":"
+                 "\"allowed_tools\",\"mode\":\"%s\",\"tools\":[{\"type\":\"function\","
+                 "\"name\":\"g\"}]},\"reasoning\":{\"summary\":\"detailed\"}}",
+                 tools, req ? "required" : "auto");
+        assert_int_equal(parse(text, NULL, &b, &r, &e), WK_OK);
+        assert_int_equal(r.tool_required, req);
+        assert_int_equal(r.allowed_required, req);
+        assert_null(r.tool_name);
+        assert_non_null(r.allowed_tools);
+        assert_int_equal(json_array_size(json_object_get(r.allowed_tools, "tools")), 1);
+        assert_string_equal(r.reasoning_summary, "detailed");
+        ctl_resp_req_fini(&r);
+        json_decref(b);
+    }
+    /* background with stream: accepted (the events are logged for readers) */
+    assert_int_equal(parse("{\"model\":\"m\",\"input\":\"x\",\"background\":true,"
+                           "\"stream\":true}",
+                           NULL, &b, &r, &e),
+                     WK_OK);
+    assert_true(r.background && r.stream);
     ctl_resp_req_fini(&r);
     json_decref(b);
 }
@@ -300,7 +326,25 @@ test_refusals(void **state)
             "tool_choice.name", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
             "\"tool_choice\":{\"type\":\"allowed_tools\",\"mode\":\"required\",\"tools\":[]}}",
-            "tool_choice", NULL);
+            "tool_choice.tools", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+            "\"tool_choice\":{\"type\":\"allowed_tools\",\"mode\":\"any\",\"tools\":"
+            "[{\"type\":\"function\",\"name\":\"f\"}]}}",
+            "tool_choice.mode", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+            "\"tool_choice\":{\"type\":\"allowed_tools\",\"mode\":\"auto\",\"tools\":"
+            "[{\"type\":\"function\",\"name\":\"g\"}]}}",
+            "tool_choice.tools[0]", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+            "\"tool_choice\":{\"type\":\"allowed_tools\",\"mode\":\"auto\",\"tools\":"
+            "[{\"type\":\"function\",\"name\":\"f\",\"x\":1}]}}",
+            "tool_choice.tools[0]", NULL);
+    refused("{\"model\":\"m\",\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],"
+            "\"tool_choice\":{\"type\":\"allowed_tools\",\"mode\":\"auto\",\"tools\":"
+            "[{\"type\":\"function\",\"name\":\"f\"}],\"strict\":1}}",
+            "tool_choice.strict", "unknown_parameter");
+    refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"summary\":\"brief\"}}",
+            "reasoning.summary", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"required\"}", "tool_choice", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"tool_choice\":\"always\"}", "tool_choice", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":{\"effort\":\"huge\"}}",
@@ -311,8 +355,6 @@ test_refusals(void **state)
             "unknown_parameter");
     refused("{\"model\":\"m\",\"input\":\"x\",\"reasoning\":\"high\"}", "reasoning", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"background\":true,\"store\":false}", "background",
-            NULL);
-    refused("{\"model\":\"m\",\"input\":\"x\",\"background\":true,\"stream\":true}", "background",
             NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"background\":1}", "background", NULL);
     refused("{\"model\":\"m\",\"input\":\"x\",\"logit_bias\":{\"a\":1}}", "logit_bias", NULL);
