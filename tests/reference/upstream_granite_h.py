@@ -297,6 +297,7 @@ def check_q8_0(exe, tmp, name, d, V, toks, figures, seq64):
     blocks); returns the greedy mismatches. wkvm's Q8_0 kernels multiply the dequantized
     blocks in float32, so the bound is the float32 one (TOL); the unquantized reference
     must be farther (it is the blocks that are checked)."""
+    t0 = time.time()
     src = os.path.join(tmp, name + "-q8src")
     n = converter_q8_0.write_rounded_copy(d, src)
     m64 = F64.from_pretrained(src, dtype=torch.float64, experts_implementation="eager").eval()
@@ -314,7 +315,7 @@ def check_q8_0(exe, tmp, name, d, V, toks, figures, seq64):
         raise ValueError("q8_0 GGUF: the unquantized reference (%.2e) is not farther than "
                          "the Q8_0 one (%.2e)" % (far, own))
     print("     q8_0 GGUF (%d tensors Q8_0, %d F16): vs the unquantized tf64 %.2e (the "
-          "quantization)" % (n["q8_0"], n["f16"], far))
+          "quantization); %.1f s" % (n["q8_0"], n["f16"], far, time.time() - t0))
     return greedy_mismatch(ref, got)
 
 

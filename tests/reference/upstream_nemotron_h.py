@@ -301,6 +301,7 @@ def check_q8_0(exe, d, toks, lp, V, figures, seq64):
     blocks); returns the greedy mismatches. wkvm's Q8_0 kernels multiply the dequantized
     blocks in float32, so the bound is the float32 one (TOL); the unquantized reference
     must be farther (it is the blocks that are checked)."""
+    t0 = time.time()
     tmp, name = os.path.dirname(lp), os.path.basename(d)
     src = os.path.join(tmp, name + "-q8src")
     n = converter_q8_0.write_rounded_copy(d, src)
@@ -318,7 +319,7 @@ def check_q8_0(exe, d, toks, lp, V, figures, seq64):
         raise ValueError("q8_0 GGUF: the unquantized reference (%.2e) is not farther than "
                          "the Q8_0 one (%.2e)" % (far, own))
     print("     q8_0 GGUF (%d tensors Q8_0, %d F16): vs the unquantized tf64 %.2e (the "
-          "quantization)" % (n["q8_0"], n["f16"], far))
+          "quantization); %.1f s" % (n["q8_0"], n["f16"], far, time.time() - t0))
     return greedy_mismatch(ref, got)
 
 
