@@ -305,8 +305,9 @@ def check_q8_0(exe, tmp, name, d, V, toks, figures, seq64):
         ref = m64(input_ids=torch.tensor([toks]), use_cache=False).logits[0].double().numpy()
     gdir = gguf_of(src, tmp, name + "-q8", "q8_0")
     lp = os.path.join(tmp, name + ".q8.logits")
-    got = upstream_venv.run_wkvm(exe, gdir, toks, lp, V)
-    if not np.array_equal(got, upstream_venv.run_wkvm(exe, gdir, toks, lp, V, chunk=7)):
+    got = upstream_venv.run_wkvm(exe, gdir, toks, lp, V, fp32=False)  # the Q8_0 kernels
+    if not np.array_equal(got, upstream_venv.run_wkvm(exe, gdir, toks, lp, V, chunk=7,
+                                                      fp32=False)):
         raise ValueError("q8_0 GGUF: chunked prefill (7) is not bit-identical to whole")
     own = upstream_venv.rel_err(ref, got)
     far = upstream_venv.rel_err(seq64, got)
