@@ -1154,8 +1154,8 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
             continue;
         }
         hf = wrk_gguf_nh_layer_names[wrk_gguf_nh_find(rest)].hf;
-        if (strstr(rest, "_exps.") != NULL) { /* stacked experts */
-            if (t->ndim != 3 || t->shape[0] != (int64_t)E || t->dtype == WK_DTYPE_Q8_0) {
+        if (strstr(rest, "_exps.") != NULL) { /* stacked experts: whole rows each, any dtype */
+            if (t->ndim != 3 || t->shape[0] != (int64_t)E) {
                 e = wk_diag_set(d, WK_EINVAL, "%s: expected [%" PRIu64 ", ., .] experts", t->name,
                                 E);
                 break;

@@ -17,7 +17,8 @@ generator is for the tests that need no transformers (serving, states).
   gen_nemotron_h.py --out DIR [--seed S --dtype f32|bf16 --pattern M*M-ME
                     --hidden C --vocab V --no-tokenizer --legacy-config
                     --heads H --kv-heads K --head-dim D --ffn F --m2-heads H2
-                    --m2-head-dim P --groups G --state N]
+                    --m2-head-dim P --groups G --state N --experts E --top-k K
+                    --moe-ffn FE --shared-ffn FS --n-group NG --topk-group TG --scale S]
 
 --legacy-config writes the older spelling the released dense checkpoints
 (Nemotron-H-8B/4B) use: hybrid_override_pattern, mamba_n_groups,
@@ -184,15 +185,16 @@ def main(argv=None):
     ap.add_argument("--legacy-config", action="store_true",
                     help="hybrid_override_pattern, mamba_* keys, no MoE keys (no E layers)")
     shape = ("heads", "kv_heads", "head_dim", "ffn", "m2_heads", "m2_head_dim", "groups",
-             "state")
+             "state", "experts", "top_k", "moe_ffn", "shared_ffn", "n_group", "topk_group")
     for k in shape:
         ap.add_argument("--" + k.replace("_", "-"), type=int, default=None)
+    ap.add_argument("--scale", type=float, default=None, help="routed_scaling_factor")
     a = ap.parse_args(argv)
     if not a.pattern or any(k not in KINDS for k in a.pattern):
         ap.error("--pattern: letters of M * - E")
     if a.legacy_config and "E" in a.pattern:
         ap.error("--legacy-config: the older config spelling has no MoE layers")
-    kw = {k: getattr(a, k) for k in shape if getattr(a, k) is not None}
+    kw = {k: getattr(a, k) for k in shape + ("scale",) if getattr(a, k) is not None}
     cfg = default_cfg(seed=a.seed, dtype=a.dtype, pattern=a.pattern, hidden=a.hidden,
                       vocab=a.vocab, tied=a.tied, **kw)
     write_model(a.out, cfg, tokenizer=not a.no_tokenizer, legacy=a.legacy_config)

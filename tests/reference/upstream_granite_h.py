@@ -43,6 +43,12 @@ to the safetensors' logits bit for bit (unless the converter's
 A = -exp(A_log) differs from wkvm's expf in the last bit, as for Nemotron-H),
 with --batch-check passing on it. The rope case is not converted: the
 converter marks only Bamba as using RoPE, so its file would be a nope model.
+The MoE case is converted with --outtype q8_0 too and checked against
+transformers' float64 run on the values the file holds, as in
+upstream_nemotron_h (converter_q8_0; within TOL, greedy ids equal, the
+unquantized reference more than 10x farther, chunk 7 bit-identical); its
+expert down projections (24 inputs) and shared MLP output (48) are not whole
+Q8_0 blocks, so the converter writes them as float16: that path is checked too.
 Skipped (with a line) when deploy/install-gguf-converter cannot be had.
 
 causal_conv1d and mamba_ssm are kept from loading (transformers would take
@@ -82,10 +88,13 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM  # noqa: E402
 
+import converter_q8_0  # noqa: E402  (numpy, in the venv)
+
 TOL = 1e-4      # max |diff| / std(logits) against the float64 run of the same code
 TOL_F32 = 3e-4  # against the stock float32 run
 N_TOKENS = 24
 GGUF_CASES = ("micro-dense-f32", "tiny-moe-f32-E8k3")  # converted to GGUF too (see above)
+Q8_CASES = ("tiny-moe-f32-E8k3",)  # and to a Q8_0 GGUF (see above)
 CONV = None  # llama.cpp's converter dir, set in main()
 
 
@@ -140,6 +149,20 @@ CASES = [
                                        shared_intermediate_size=64, residual_multiplier=0.25,
                                        logits_scaling=6.0)),
 ]
+
+
+# --full-width (a manual check, not in CI: ~1.2 GB of float32 weights, docs/FAMILIES.md):
+# two layers (Mamba2, attention; each with the shared MLP and the experts) at
+# Granite-4.0-H-Tiny's widths: hidden 1536; Mamba2 48 heads of 64, one group, state 128;
+# 12 query / 4 KV heads of 128, no position encoding; 64 experts of 512, top 6; shared
+# MLP 1024; the vocabulary cut to 512 tokens
+FULL = [("granite-4.0-h-tiny-widths", dict(
+    BASE, vocab_size=512, hidden_size=1536, num_hidden_layers=2, layer_types=[M, A],
+    num_attention_heads=12, num_key_value_heads=4, mamba_n_heads=48, mamba_d_head=64,
+    mamba_d_state=128, mamba_n_groups=1, num_local_experts=64, num_experts_per_tok=6,
+    intermediate_size=512, shared_intermediate_size=1024, residual_multiplier=0.22,
+    logits_scaling=6.0, tie_word_embeddings=True))]
+FULL_TOKENS = 8
 
 
 def randomize(model, seed):
@@ -214,9 +237,9 @@ def converter_dir():
     return p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
 
 
-def gguf_of(d, tmp, name):
-    """The model converted by llama.cpp's converter (f32, from a copy of the config with the
-    hub's layer_types names "mamba" / "attention"), alone in a directory."""
+def gguf_of(d, tmp, name, outtype="f32"):
+    """The model converted by llama.cpp's converter (f32 unless told, from a copy of the
+    config with the hub's layer_types names "mamba" / "attention"), alone in a directory."""
     src, gdir = os.path.join(tmp, name + "-src"), os.path.join(tmp, name + "-gguf")
     os.makedirs(src, exist_ok=True)
     os.makedirs(gdir, exist_ok=True)
@@ -227,7 +250,7 @@ def gguf_of(d, tmp, name):
     os.symlink(os.path.join(d, "model.safetensors"), os.path.join(src, "model.safetensors"))
     script = os.path.join(HERE, "..", "..", "bench", "qwen35-gguf.py")
     p = subprocess.run([sys.executable, script, CONV, src, os.path.join(gdir, "model.gguf"),
-                        "--outtype", "f32"], capture_output=True, text=True, timeout=600)
+                        "--outtype", outtype], capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         raise RuntimeError("convert: " + (p.stderr or p.stdout)[-800:])
     return gdir
@@ -268,6 +291,35 @@ def check_gguf(exe, tmp, name, d, V, toks, got, figures):
         raise ValueError("gguf --batch-check: %s" % (p.stdout + p.stderr)[-300:])
 
 
+def check_q8_0(exe, tmp, name, d, V, toks, figures, seq64):
+    """The converter's --outtype q8_0 file against transformers (float64) on the values it
+    holds (converter_q8_0: Q8_0 blocks dequantized, float16 where a row is not whole
+    blocks); returns the greedy mismatches. wkvm's Q8_0 kernels multiply the dequantized
+    blocks in float32, so the bound is the float32 one (TOL); the unquantized reference
+    must be farther (it is the blocks that are checked)."""
+    t0 = time.time()
+    src = os.path.join(tmp, name + "-q8src")
+    n = converter_q8_0.write_rounded_copy(d, src)
+    m64 = F64.from_pretrained(src, dtype=torch.float64, experts_implementation="eager").eval()
+    with torch.no_grad():
+        ref = m64(input_ids=torch.tensor([toks]), use_cache=False).logits[0].double().numpy()
+    gdir = gguf_of(src, tmp, name + "-q8", "q8_0")
+    lp = os.path.join(tmp, name + ".q8.logits")
+    got = upstream_venv.run_wkvm(exe, gdir, toks, lp, V, fp32=False)  # the Q8_0 kernels
+    if not np.array_equal(got, upstream_venv.run_wkvm(exe, gdir, toks, lp, V, chunk=7,
+                                                      fp32=False)):
+        raise ValueError("q8_0 GGUF: chunked prefill (7) is not bit-identical to whole")
+    own = upstream_venv.rel_err(ref, got)
+    far = upstream_venv.rel_err(seq64, got)
+    figures["q8_0 gguf vs tf64 on its values"] = own
+    if not far > 10 * own:
+        raise ValueError("q8_0 GGUF: the unquantized reference (%.2e) is not farther than "
+                         "the Q8_0 one (%.2e)" % (far, own))
+    print("     q8_0 GGUF (%d tensors Q8_0, %d F16): vs the unquantized tf64 %.2e (the "
+          "quantization); %.1f s" % (n["q8_0"], n["f16"], far, time.time() - t0))
+    return greedy_mismatch(ref, got)
+
+
 def check_case(exe, tmp, name, d, V, toks, figures):
     """wkvm's runs of one case; figures gets its distances. Raises on a failure."""
     lp = os.path.join(tmp, name + ".logits")
@@ -302,14 +354,16 @@ def main():
     CONV = converter_dir()
     print("llama.cpp converter: %s" % (CONV or "not available (GGUF checks skipped)"), flush=True)
     rng = np.random.default_rng(4)
+    full = "--full-width" in sys.argv[1:]
+    cases, n_tokens = (FULL, FULL_TOKENS) if full else (CASES, N_TOKENS)
     tmp = tempfile.mkdtemp(prefix="wkvm-up-granite-")
     worst = {}
     fails = 0
     t0 = time.time()
     try:
-        for i, (name, kw) in enumerate(CASES):
+        for i, (name, kw) in enumerate(cases):
             d, V, model, model64 = write_case(tmp, name, kw, 4000 + i)
-            toks = [int(x) for x in rng.integers(0, V, N_TOKENS)]
+            toks = [int(x) for x in rng.integers(0, V, n_tokens)]
             toks[1] = V - 1
             seq, one = upstream(model, toks)
             seq64, one64 = upstream(model64, toks)
@@ -322,6 +376,8 @@ def main():
                 figures["wkvm vs tf32 sequence"] = upstream_venv.rel_err(seq, got)
                 figures["wkvm vs tf32 one-by-one"] = upstream_venv.rel_err(one, got1)
                 greedy = greedy_mismatch(seq64, got) + greedy_mismatch(one64, got1)
+                if name in Q8_CASES and CONV is not None:
+                    greedy += check_q8_0(exe, tmp, name, d, V, toks, figures, seq64)
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
                 figures["wkvm"] = None
                 print("FAIL %s: %s" % (name, e))
@@ -329,7 +385,7 @@ def main():
             figures["tf64 sequence vs one-by-one"] = upstream_venv.rel_err(seq64, one64)
             own = figures["tf32 sequence vs tf64"]
             for k in figures:
-                bounds[k] = (max(TOL, 2 * own) if "tf64" in k and k.startswith("wkvm")
+                bounds[k] = (max(TOL, 2 * own) if "tf64" in k and k[:4] in ("wkvm", "q8_0")
                              else 1e-5 if k.startswith("gguf")  # bit-identical but for A ulps
                              else max(TOL_F32, 3 * own))
             ok = all(v is not None and v < bounds[k] for k, v in figures.items()) and greedy == 0
@@ -346,7 +402,7 @@ def main():
           "against float32) ===" % (TOL, TOL_F32))
     for k, v in worst.items():
         print("worst %-30s %.2e" % (k, v))
-    print("%s: %d passed, %d failed in %.1fs" % (NAME, len(CASES) - fails, fails,
+    print("%s: %d passed, %d failed in %.1fs" % (NAME, len(cases) - fails, fails,
                                                  time.time() - t0))
     return 1 if fails else 0
 

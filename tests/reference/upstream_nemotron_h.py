@@ -46,6 +46,19 @@ logits bit for bit, unless the converter's A = -exp(A_log) (torch) differs by
 an ulp from glibc's expf for some head (counted and printed; then within
 1e-5 std), and pass --batch-check.
 
+Q8_0: the MoE case (and with WKVM_REF_Q8_ALL=1 the dense one too) is
+converted with --outtype q8_0 too, from a copy
+whose tensors hold the values the converter's file will (converter_q8_0: the
+matrices as their dequantized Q8_0 blocks, the embedding included, float16
+where a row is not whole blocks; Q8_0 of those values gives the same blocks
+back), and wkvm on that file (weights as stored: the Q8_0 kernels, not --fp32,
+which dequantizes at load) must be within TOL of transformers' float64 run
+of the copy with the same greedy ids: wkvm's Q8_0 kernels multiply the
+dequantized blocks in float32 activations, so the float32 bound holds; the
+unquantized float64 run must be more than 10x farther (the Q8_0 values are
+what is checked), and --prefill-chunk 7 bit-identical. (The MoE file needs
+the experts' stacked Q8_0 tensors split per expert, which wkvm refused before.)
+
 Tolerance as upstream_qwen35.py: wkvm within 1e-4 std of the float64 run of
 transformers' own code (or twice transformers' float32 error), within 3e-4
 of its float32 run.
@@ -79,7 +92,12 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import NemotronHConfig, NemotronHForCausalLM  # noqa: E402
 
+import converter_q8_0  # noqa: E402  (numpy, in the venv)
+
 TOL = 1e-4
+# the Q8_0 conversion of the dense case too (10 s of CPU, mostly the converter's start-up;
+# CI converts the MoE case only, for its time budget)
+Q8_ALL = os.environ.get("WKVM_REF_Q8_ALL") == "1"
 TOL_F32 = 3e-4
 N_TOKENS = 24
 
@@ -119,12 +137,12 @@ CASES = [
         "linear_attention", "mlp"]), {}),
     ("pattern-f32-g4-conv3-tied-mlp",
      dict(SMALL, n_groups=4, conv_kernel=3, tie_word_embeddings=True, num_key_value_heads=1,
-          hybrid_override_pattern="M-M*-M-"), {"legacy": True, "gguf": "f32"}),
+          hybrid_override_pattern="M-M*-M-"), {"legacy": True, "gguf": "f32", "q8_0": "all"}),
     ("moe-f32-E16k4-grouped-nonorm",
      dict(SMALL, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
           norm_topk_prob=False, routed_scaling_factor=1.0,
           layers_block_type=["linear_attention", "moe", "full_attention", "moe",
-                             "linear_attention"]), {"gguf": "f32"}),
+                             "linear_attention"]), {"gguf": "f32", "q8_0": True}),
     ("hybrid-bf16", dict(SMALL, layers_block_type=[
         "linear_attention", "moe", "full_attention", "linear_attention", "mlp"]),
      {"dtype": "bf16"}),
@@ -132,6 +150,15 @@ CASES = [
                                              "linear_attention"]),
      {"dt_bias": -9.0}),
 ]
+
+
+# --full-width (a manual check, not in CI: ~1.3 GB of float32 weights, docs/FAMILIES.md):
+# three layers (M * -) at Nemotron-H-8B's widths, which are NemotronHConfig's defaults
+# (hidden 4096; Mamba2 128 heads of 64 in 8 groups, state 128, conv 4; 32 query / 8 KV
+# heads of 128; squared-ReLU MLP 21504), the vocabulary cut to 512 tokens
+FULL = [("nemotron-h-8b-widths-M*-", dict(vocab_size=512, layers_block_type=[
+    "linear_attention", "full_attention", "mlp"]), {})]
+FULL_TOKENS = 8
 
 
 def randomize(model, seed, dt_bias=None):
@@ -273,6 +300,35 @@ def greedy_mismatch(ref, got):
     return bad
 
 
+def check_q8_0(exe, d, toks, lp, V, figures, seq64):
+    """The converter's --outtype q8_0 file against transformers (float64) on the values it
+    holds (converter_q8_0: Q8_0 blocks dequantized, float16 where a row is not whole
+    blocks); returns the greedy mismatches. wkvm's Q8_0 kernels multiply the dequantized
+    blocks in float32, so the bound is the float32 one (TOL); the unquantized reference
+    must be farther (it is the blocks that are checked)."""
+    t0 = time.time()
+    tmp, name = os.path.dirname(lp), os.path.basename(d)
+    src = os.path.join(tmp, name + "-q8src")
+    n = converter_q8_0.write_rounded_copy(d, src)
+    m64 = F64.from_pretrained(src, dtype=torch.float64, experts_implementation="eager").eval()
+    set_mixers(m64, time_step_limit=(0.0, float("inf")))
+    ref = whole(m64, toks)
+    gdir = gguf_of(CONV, src, "q8_0", tmp, name + "-q8")
+    got = upstream_venv.run_wkvm(exe, gdir, toks, lp, V, fp32=False)  # the Q8_0 kernels
+    if not np.array_equal(got, upstream_venv.run_wkvm(exe, gdir, toks, lp, V, chunk=7,
+                                                      fp32=False)):
+        raise ValueError("q8_0 GGUF: chunked prefill (7) is not bit-identical to whole")
+    own = upstream_venv.rel_err(ref, got)
+    far = upstream_venv.rel_err(seq64, got)
+    figures["q8_0 gguf vs tf64 on its values"] = own
+    if not far > 10 * own:
+        raise ValueError("q8_0 GGUF: the unquantized reference (%.2e) is not farther than "
+                         "the Q8_0 one (%.2e)" % (far, own))
+    print("     q8_0 GGUF (%d tensors Q8_0, %d F16): vs the unquantized tf64 %.2e (the "
+          "quantization); %.1f s" % (n["q8_0"], n["f16"], far, time.time() - t0))
+    return greedy_mismatch(ref, got)
+
+
 def check_wkvm(exe, d, toks, lp, V, figures, seq, seq64, one64, opt):
     got = upstream_venv.run_wkvm(exe, d, toks, lp, V)
     got1 = upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=1)
@@ -295,6 +351,8 @@ def check_wkvm(exe, d, toks, lp, V, figures, seq, seq64, one64, opt):
                            capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
             raise ValueError("gguf --batch-check: %s" % (p.stdout + p.stderr)[-300:])
+    if opt.get("q8_0") and CONV is not None and (opt["q8_0"] is True or Q8_ALL):
+        greedy += check_q8_0(exe, d, toks, lp, V, figures, seq64)
     for flag in (["--batch-check", "5"], ["--slot-check"]):
         p = subprocess.run([exe, "--model", d, "--tokens", ids] + flag,
                            capture_output=True, text=True, timeout=120)
@@ -318,14 +376,16 @@ def main():
     CONV = converter_dir()
     print("llama.cpp converter: %s" % (CONV or "not available (GGUF checks skipped)"), flush=True)
     rng = np.random.default_rng(36)
+    full = "--full-width" in sys.argv[1:]
+    cases, n_tokens = (FULL, FULL_TOKENS) if full else (CASES, N_TOKENS)
     tmp = tempfile.mkdtemp(prefix="wkvm-up-nh-")
     worst = {}
     fails = 0
     t0 = time.time()
     try:
-        for i, (name, kw, opt) in enumerate(CASES):
+        for i, (name, kw, opt) in enumerate(cases):
             d, V, model, model64 = write_case(tmp, name, kw, opt, 3600 + i)
-            toks = [int(x) for x in rng.integers(0, V, N_TOKENS)]
+            toks = [int(x) for x in rng.integers(0, V, n_tokens)]
             toks[1] = V - 1
             # the stock 5.24 whole-sequence path (dt clamped at time_step_min), then the
             # references: both paths with the config's time_step_limit (0, inf), no clamp
@@ -354,6 +414,8 @@ def main():
             for k in figures:
                 if k == "tf64 stock clamped vs unclamped" and clamp:
                     bounds[k] = None  # must disagree: the clamp binds (checked below)
+                elif k.startswith("q8_0"):
+                    bounds[k] = max(TOL, 2 * own)  # float32 arithmetic on the same values
                 elif k.startswith("gguf"):
                     bounds[k] = 1e-5  # bit-identical unless the converter's A differs (above)
                 elif k.startswith("tf64"):
@@ -381,7 +443,7 @@ def main():
           "float32) ===" % (TOL, TOL_F32))
     for k, v in worst.items():
         print("worst %-34s %.2e" % (k, v))
-    print("%s: %d passed, %d failed in %.1fs" % (NAME, len(CASES) - fails, fails,
+    print("%s: %d passed, %d failed in %.1fs" % (NAME, len(cases) - fails, fails,
                                                  time.time() - t0))
     return 1 if fails else 0
 
