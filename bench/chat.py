@@ -444,7 +444,12 @@ def main():
                 print(f"round {rnd} {m}: wall {r['wall_s']:.2f}s follow-ups reused "
                       f"{r['followups_reused']}/{r['followups']} regenerates "
                       f"{r['regenerates_reused']}/{r['regenerates']} follow-up TTFT p50 "
-                      f"{fmt(r['ttft_followup_p50_ms'])} ms errors {r['errors']}", flush=True)
+                      f"{fmt(r['ttft_followup_p50_ms'])} ms regenerate TTFT p50 "
+                      f"{fmt(r['ttft_regen_p50_ms'])} ms first-turn TTFT p50 "
+                      f"{fmt(r['ttft_first_p50_ms'])} ms errors {r['errors']}", flush=True)
+                if ARGS.out:  # (after every run: an interrupted benchmark keeps what it has)
+                    with open(ARGS.out, "w") as f:
+                        json.dump(result, f, indent=1)
         print(table(result["runs"]))
         if ARGS.out:
             with open(ARGS.out, "w") as f:

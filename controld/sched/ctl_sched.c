@@ -80,6 +80,7 @@ struct ctl_job {
     bool migrating;             /* left out of steps while its slot moves */
     uint64_t deadline_ms;       /* monotonic, 0 = none */
     uint64_t seq;               /* submit order */
+    uint32_t bypassed;          /* younger jobs admitted on its worker while it waited */
     uint64_t submit_ms;         /* monotonic submit time */
     uint64_t last_tok_ms;       /* monotonic time of the last sampled token */
     ctl_sched_reuse reuse;      /* hooks (ckpt_at points at ckpt below) */
@@ -357,9 +358,10 @@ struct ctl_job_rank {
 };
 
 ctl_sched_class
-ctl_sched_rank_class(bool waiting, uint64_t waited_ms, size_t left, uint32_t job_chunk)
+ctl_sched_rank_class(bool waiting, uint32_t bypassed, uint64_t waited_ms, size_t left,
+                     uint32_t job_chunk)
 {
-    if (waiting && waited_ms >= CTL_SCHED_STARVE_MS)
+    if (waiting && bypassed >= CTL_SCHED_BYPASS_MAX)
         return CTL_SCHED_CLASS_STARVED;
     if (left <= job_chunk)
         return CTL_SCHED_CLASS_SHORT;
@@ -393,9 +395,11 @@ ctl_job_rank_cmp(const void *a, const void *b)
  * tokens: it neither waits for a slot behind other chats' long first
  * prompts nor, once admitted, for their prefill to finish); among the
  * longer ones, jobs that waited past CTL_SCHED_AGING_MS first in submit
- * order, then the others fewest left first; a waiting job past
- * CTL_SCHED_STARVE_MS goes before all (short jobs keep no one from a slot
- * for ever). Returns the count; *out is s->rank. Caller holds mu.
+ * order, then the others fewest left first; a waiting job that younger
+ * ones overtook CTL_SCHED_BYPASS_MAX times goes before all (short jobs keep
+ * no one from a slot for ever; a count, not a time, so that a loaded or
+ * slow machine does not turn the order back into submit order). Returns
+ * the count; *out is s->rank. Caller holds mu.
  */
 static size_t
 ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
@@ -425,8 +429,8 @@ ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
         uint64_t waited = now > j->submit_ms ? now - j->submit_ms : 0;
         s->rank[m++] = (ctl_job_rank){
             .job = j,
-            .key = {.cls = ctl_sched_rank_class(j->state == CTL_JOB_WAITING, waited, left,
-                                                s->cfg.job_chunk),
+            .key = {.cls = ctl_sched_rank_class(j->state == CTL_JOB_WAITING, j->bypassed,
+                                                waited, left, s->cfg.job_chunk),
                     .left = left,
                     .seq = j->seq}};
     }
@@ -434,6 +438,21 @@ ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
         qsort(s->rank, m, sizeof(*s->rank), ctl_job_rank_cmp);
     *out = s->rank;
     return m;
+}
+
+/*
+ * j was just admitted onto w: every older job still waiting for a slot that
+ * w could take was overtaken once more. Caller holds mu.
+ */
+static void
+ctl_sched_count_bypass_locked(ctl_sched *s, const ctl_sworker *w, const ctl_job *j)
+{
+    for (ctl_job *k = s->jobs; k != NULL; k = k->next) {
+        if (k->state == CTL_JOB_WAITING && !k->held && k->seq < j->seq &&
+            (k->want_worker[0] == '\0' || strcmp(k->want_worker, w->id) == 0) &&
+            k->bypassed < UINT32_MAX)
+            k->bypassed++;
+    }
 }
 
 /*
@@ -500,6 +519,7 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         j->load_pending = j->reuse.load != NULL;
         j->state = CTL_JOB_RUNNING;
         s->n_waiting--;
+        ctl_sched_count_bypass_locked(s, w, j);
         ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
     }
 }

@@ -3,7 +3,7 @@
  * link to a fake worker (fake_worker.h, a thread of this process): admission
  * by free slots with a bounded wait queue, the admission order (fewest input
  * tokens still to compute first; one that fits a prefill chunk before long
- * ones that waited 2 s), prefill chunks under the per-job cap and
+ * ones that waited 2 s; the bound on overtaking), prefill chunks under the per-job cap and
  * the step budget, continuous batching of two jobs in one step with each
  * slot's state exactly the tokens reported fed, held slots and their
  * generations (a stale handle never touches a reused slot), and the refusals
@@ -328,21 +328,22 @@ test_rank_decision(void **state)
     (void)state;
     const uint32_t chunk = 256;
     /* a resumed follow-up (64 tokens left) vs another chat's long first prompt */
-    assert_int_equal(ctl_sched_rank_class(true, 0, 64, chunk), CTL_SCHED_CLASS_SHORT);
-    assert_int_equal(ctl_sched_rank_class(true, 29999, 64, chunk), CTL_SCHED_CLASS_SHORT);
-    assert_int_equal(ctl_sched_rank_class(true, 0, 1500, chunk), CTL_SCHED_CLASS_OTHER);
-    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_AGING_MS, 1500, chunk),
+    assert_int_equal(ctl_sched_rank_class(true, 0, 0, 64, chunk), CTL_SCHED_CLASS_SHORT);
+    assert_int_equal(ctl_sched_rank_class(true, 0, 600000, 64, chunk), CTL_SCHED_CLASS_SHORT);
+    assert_int_equal(ctl_sched_rank_class(true, 0, 0, 1500, chunk), CTL_SCHED_CLASS_OTHER);
+    assert_int_equal(ctl_sched_rank_class(true, 0, CTL_SCHED_AGING_MS, 1500, chunk),
                      CTL_SCHED_CLASS_AGED);
-    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_STARVE_MS, 1500, chunk),
+    /* overtaken often enough, a waiting job goes before all, however long it waited */
+    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_BYPASS_MAX - 1, 600000, 1500, chunk),
+                     CTL_SCHED_CLASS_AGED);
+    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_BYPASS_MAX, 0, 1500, chunk),
                      CTL_SCHED_CLASS_STARVED);
-    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_STARVE_MS, 1, chunk),
+    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_BYPASS_MAX, 0, 1, chunk),
                      CTL_SCHED_CLASS_STARVED);
     /* a running job's prefill is never "starved": it only waits for short ones */
-    assert_int_equal(ctl_sched_rank_class(false, 10 * CTL_SCHED_STARVE_MS, 1500, chunk),
-                     CTL_SCHED_CLASS_AGED);
-    assert_int_equal(ctl_sched_rank_class(false, 10 * CTL_SCHED_STARVE_MS, 256, chunk),
-                     CTL_SCHED_CLASS_SHORT);
-    assert_int_equal(ctl_sched_rank_class(false, 0, 257, chunk), CTL_SCHED_CLASS_OTHER);
+    assert_int_equal(ctl_sched_rank_class(false, 1000, 600000, 1500, chunk), CTL_SCHED_CLASS_AGED);
+    assert_int_equal(ctl_sched_rank_class(false, 1000, 600000, 256, chunk), CTL_SCHED_CLASS_SHORT);
+    assert_int_equal(ctl_sched_rank_class(false, 0, 0, 257, chunk), CTL_SCHED_CLASS_OTHER);
     /* the short one goes first although the long one is older and aged */
     ctl_sched_rank old_long = {CTL_SCHED_CLASS_AGED, 1500, 1}, follow = {CTL_SCHED_CLASS_SHORT, 64, 9};
     assert_true(ctl_sched_rank_cmp(&follow, &old_long) < 0);
