@@ -577,8 +577,7 @@ ctl_sched_pick_row_locked(ctl_sched *s, ctl_sworker *w, ctl_job *j, bool decode_
  * Picks the rows of the next step on w: decode rows (their input is fed)
  * first, in submit order; then prefill chunks in ctl_sched_order_locked()'s
  * order (jobs that finish their prefill in this chunk first), under the
- * step's token budget. Caller
- * holds mu. Returns the row count.
+ * step's token budget. Caller holds mu. Returns the row count.
  */
 static size_t
 ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t cap)
