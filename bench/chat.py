@@ -74,6 +74,10 @@ def parse_args():
     ap.add_argument("--reply-tokens", type=int, default=32)
     ap.add_argument("--slots", type=int, default=4, help="wkvm slots / llama-server -np")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctl-arg", action="append", default=[], metavar="ARG",
+                    help="extra wkvm-controld argument (repeat), e.g. --ctl-arg=--state-cache-bytes=1000000000")
+    ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                    help="extra wkvm-workerd argument (repeat), e.g. --worker-arg=--host-cache-bytes=1000000000")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", help="write JSON results here")
     ap.add_argument("--plot", help="PNG of TTFT p50 per turn index per mode (needs matplotlib)")
@@ -146,11 +150,12 @@ class Wkvm:
         import wkvm_harness
         self.h = wkvm_harness
         self.data = tempfile.mkdtemp(prefix="chat-wkvm-", dir=tmp)
-        self.s = wkvm_harness.Stack(model=model, slots=ARGS.slots, data=self.data)
+        self.s = wkvm_harness.Stack(model=model, slots=ARGS.slots, data=self.data,
+                                   extra_ctl=ARGS.ctl_arg)
 
     def __enter__(self):
         self.s.start_controller()
-        self.s.start_worker("w0", extra=["--threads", str(ARGS.threads)])
+        self.s.start_worker("w0", extra=["--threads", str(ARGS.threads)] + ARGS.worker_arg)
         self.s.wait(lambda: self.s.get("/ready").status == 200, "ready", timeout=600)
         self.port = self.s.port
         self.model_id = self.s.get("/v1/models").json()["data"][0]["id"]
@@ -345,11 +350,12 @@ def replay(srv, mode, texts):
         "ttft_followup_p95_ms": percentile([x["ttft"] for x in follow], 95) * 1e3
         if follow else None,
         "ttft_regen_p50_ms": percentile([x["ttft"] for x in regen], 50) * 1e3 if regen else None,
+        "ttft_first_p50_ms": per_turn[0]["ttft_p50_ms"],
         "prompt_tokens": sum(x["prompt_tokens"] for x in recs),
         "cached_tokens": sum(x["cached_tokens"] for x in recs),
         "per_turn": per_turn,
         "wkvm_metrics": {k: v for k, v in d.items() if v and re.match(
-            r"wkvm_(reuse_hits|parent_bound|state_cache_evictions|checkpoints_skipped)", k)},
+            r"wkvm_(reuse_hits|reuse_misses|parent_bound|state_cache_evictions|checkpoints)", k)},
         "session_unavailable": d.get(
             'wkvm_parent_bound_continuation_rejections_total{reason="session_unavailable"}', 0),
     }
@@ -361,14 +367,14 @@ def fmt(x, nd=1):
 
 def table(runs):
     rows = ["| mode | wall s | out tok/s | follow-ups reused | regenerates reused | "
-            "follow-up TTFT p50 ms | p95 ms | regenerate TTFT p50 ms |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "follow-up TTFT p50 ms | p95 ms | regenerate TTFT p50 ms | first-turn TTFT p50 ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         rows.append(f"| {r['mode']} | {fmt(r['wall_s'], 2)} | {fmt(r['output_tok_s'])} | "
                     f"{r['followups_reused']}/{r['followups']} | "
                     f"{r['regenerates_reused']}/{r['regenerates']} | "
                     f"{fmt(r['ttft_followup_p50_ms'])} | {fmt(r['ttft_followup_p95_ms'])} | "
-                    f"{fmt(r['ttft_regen_p50_ms'])} |")
+                    f"{fmt(r['ttft_regen_p50_ms'])} | {fmt(r.get('ttft_first_p50_ms'))} |")
     return "\n".join(rows)
 
 
@@ -438,7 +444,12 @@ def main():
                 print(f"round {rnd} {m}: wall {r['wall_s']:.2f}s follow-ups reused "
                       f"{r['followups_reused']}/{r['followups']} regenerates "
                       f"{r['regenerates_reused']}/{r['regenerates']} follow-up TTFT p50 "
-                      f"{fmt(r['ttft_followup_p50_ms'])} ms errors {r['errors']}", flush=True)
+                      f"{fmt(r['ttft_followup_p50_ms'])} ms regenerate TTFT p50 "
+                      f"{fmt(r['ttft_regen_p50_ms'])} ms first-turn TTFT p50 "
+                      f"{fmt(r['ttft_first_p50_ms'])} ms errors {r['errors']}", flush=True)
+                if ARGS.out:  # (after every run: an interrupted benchmark keeps what it has)
+                    with open(ARGS.out, "w") as f:
+                        json.dump(result, f, indent=1)
         print(table(result["runs"]))
         if ARGS.out:
             with open(ARGS.out, "w") as f:

@@ -36,7 +36,6 @@
 
 #define CTL_SCHED_MAX_WORKERS 64
 #define CTL_JOB_EVQ 4
-#define CTL_SCHED_AGING_MS 2000 /* a job waiting this long goes before shorter ones */
 
 typedef struct ctl_job_rank ctl_job_rank;
 
@@ -81,6 +80,7 @@ struct ctl_job {
     bool migrating;             /* left out of steps while its slot moves */
     uint64_t deadline_ms;       /* monotonic, 0 = none */
     uint64_t seq;               /* submit order */
+    uint32_t bypassed;          /* younger jobs admitted on its worker while it waited */
     uint64_t submit_ms;         /* monotonic submit time */
     uint64_t last_tok_ms;       /* monotonic time of the last sampled token */
     ctl_sched_reuse reuse;      /* hooks (ckpt_at points at ckpt below) */
@@ -373,31 +373,53 @@ ctl_sworker_free_slot(const ctl_sworker *w)
 
 /* A job's place in the admission and prefill order (ctl_sched_order_locked()). */
 struct ctl_job_rank {
-    ctl_job *job;     /* the job */
-    bool aged;        /* submitted at least CTL_SCHED_AGING_MS ago */
-    size_t left;      /* input tokens left to compute */
-    uint64_t seq;     /* submit order */
+    ctl_job *job;       /* the job */
+    ctl_sched_rank key; /* its class, input left and submit order */
 };
 
-static int
-ctl_job_rank_cmp(const void *a, const void *b)
+ctl_sched_class
+ctl_sched_rank_class(bool waiting, uint32_t bypassed, uint64_t waited_ms, size_t left,
+                     uint32_t job_chunk)
 {
-    const ctl_job_rank *x = a, *y = b;
-    if (x->aged != y->aged)
-        return x->aged ? -1 : 1;
-    if (!x->aged && x->left != y->left)
+    if (waiting && bypassed >= CTL_SCHED_BYPASS_MAX)
+        return CTL_SCHED_CLASS_STARVED;
+    if (left <= job_chunk)
+        return CTL_SCHED_CLASS_SHORT;
+    if (waited_ms >= CTL_SCHED_AGING_MS)
+        return CTL_SCHED_CLASS_AGED;
+    return CTL_SCHED_CLASS_OTHER;
+}
+
+int
+ctl_sched_rank_cmp(const ctl_sched_rank *x, const ctl_sched_rank *y)
+{
+    if (x->cls != y->cls)
+        return x->cls < y->cls ? -1 : 1;
+    bool by_left = x->cls == CTL_SCHED_CLASS_SHORT || x->cls == CTL_SCHED_CLASS_OTHER;
+    if (by_left && x->left != y->left)
         return x->left < y->left ? -1 : 1;
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
+static int
+ctl_job_rank_cmp(const void *a, const void *b)
+{
+    return ctl_sched_rank_cmp(&((const ctl_job_rank *)a)->key, &((const ctl_job_rank *)b)->key);
+}
+
 /*
  * The jobs in state (or, with state < 0, the running and stopping ones)
- * in the order they get slots and prefill budget: jobs that waited past
- * CTL_SCHED_AGING_MS first, in submit order, then the others by the input
- * they still have to compute, fewest first (a follow-up that resumed a
- * checkpoint needs a few dozen tokens: it does not wait behind long
- * prompts), ties in submit order. Returns the count; *out is s->rank.
- * Caller holds mu.
+ * in the order they get slots and prefill budget (ctl_sched_rank_class()):
+ * a job whose input left fits one prefill chunk goes before longer ones,
+ * aged or not (a follow-up that resumed a checkpoint needs a few dozen
+ * tokens: it neither waits for a slot behind other chats' long first
+ * prompts nor, once admitted, for their prefill to finish); among the
+ * longer ones, jobs that waited past CTL_SCHED_AGING_MS first in submit
+ * order, then the others fewest left first; a waiting job that younger
+ * ones overtook CTL_SCHED_BYPASS_MAX times goes before all (short jobs keep
+ * no one from a slot for ever; a count, not a time, so that a loaded or
+ * slow machine does not turn the order back into submit order). Returns
+ * the count; *out is s->rank. Caller holds mu.
  */
 static size_t
 ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
@@ -423,14 +445,34 @@ ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
             continue;
         size_t from = j->state == CTL_JOB_WAITING && j->reuse.load != NULL ? j->reuse.resume_at
                                                                             : j->computed;
-        s->rank[m++] = (ctl_job_rank){.job = j, .aged = now - j->submit_ms >= CTL_SCHED_AGING_MS,
-                                      .left = j->n_input > from ? j->n_input - from : 0,
-                                      .seq = j->seq};
+        size_t left = j->n_input > from ? j->n_input - from : 0;
+        uint64_t waited = now > j->submit_ms ? now - j->submit_ms : 0;
+        s->rank[m++] = (ctl_job_rank){
+            .job = j,
+            .key = {.cls = ctl_sched_rank_class(j->state == CTL_JOB_WAITING, j->bypassed,
+                                                waited, left, s->cfg.job_chunk),
+                    .left = left,
+                    .seq = j->seq}};
     }
     if (m > 1) /* (s->rank is NULL until a job exists: qsort must not see it) */
         qsort(s->rank, m, sizeof(*s->rank), ctl_job_rank_cmp);
     *out = s->rank;
     return m;
+}
+
+/*
+ * j was just admitted onto w: every older job still waiting for a slot that
+ * w could take was overtaken once more. Caller holds mu.
+ */
+static void
+ctl_sched_count_bypass_locked(ctl_sched *s, const ctl_sworker *w, const ctl_job *j)
+{
+    for (ctl_job *k = s->jobs; k != NULL; k = k->next) {
+        if (k->state == CTL_JOB_WAITING && !k->held && k->seq < j->seq &&
+            (k->want_worker[0] == '\0' || strcmp(k->want_worker, w->id) == 0) &&
+            k->bypassed < UINT32_MAX)
+            k->bypassed++;
+    }
 }
 
 /*
@@ -497,6 +539,7 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         j->load_pending = j->reuse.load != NULL;
         j->state = CTL_JOB_RUNNING;
         s->n_waiting--;
+        ctl_sched_count_bypass_locked(s, w, j);
         ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
     }
 }
@@ -553,9 +596,8 @@ ctl_sched_pick_row_locked(ctl_sched *s, ctl_sworker *w, ctl_job *j, bool decode_
 /*
  * Picks the rows of the next step on w: decode rows (their input is fed)
  * first, in submit order; then prefill chunks in ctl_sched_order_locked()'s
- * order (the least left to compute first, jobs older than
- * CTL_SCHED_AGING_MS before all), under the step's token budget. Caller
- * holds mu. Returns the row count.
+ * order (jobs that finish their prefill in this chunk first), under the
+ * step's token budget. Caller holds mu. Returns the row count.
  */
 static size_t
 ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t cap)

@@ -7,10 +7,12 @@
  * budget and a per-job cap (decode rows first, then prefill chunks).
  * Admission is exact: a job needs one free slot on a worker; waiting jobs are
  * admitted while a slot is free; the wait queue is bounded (WK_EQUEUEFULL).
- * Order, of admission and of prefill chunks: jobs that waited 2 s or more
- * first, in submit order, then the others by the input they still have to
- * compute, fewest first (a request that resumed a checkpoint does not wait
- * behind long prompts; aging keeps long ones from starving).
+ * Order, of admission and of prefill chunks (ctl_sched_rank_class()): jobs
+ * whose input left fits one prefill chunk first, fewest left first (a
+ * request that resumed a checkpoint waits neither for a slot nor for
+ * prefill behind long prompts), then jobs that waited 2 s or more in submit
+ * order, then the others fewest left first; a waiting job that 16 younger
+ * ones overtook goes before all (short ones never keep it out for ever).
  *
  * Every worker has its own step loop (a thread), so workers step concurrently.
  * Each sampled token needs a decision: continue (the token is fed next step),
@@ -155,6 +157,38 @@ typedef struct ctl_job_event {
     wk_err err;           /* CTL_JOB_EV_ERROR */
     char message[256];    /* CTL_JOB_EV_ERROR */
 } ctl_job_event;
+
+#define CTL_SCHED_AGING_MS 2000 /* a longer job waiting this long goes before others */
+#define CTL_SCHED_BYPASS_MAX 16 /* a waiting job overtaken this often goes before all */
+
+/* The classes of the admission and prefill order, first first. */
+typedef enum ctl_sched_class {
+    CTL_SCHED_CLASS_STARVED = 0, /* waiting, overtaken CTL_SCHED_BYPASS_MAX times: submit order */
+    CTL_SCHED_CLASS_SHORT,       /* its input left fits one prefill chunk: fewest left first */
+    CTL_SCHED_CLASS_AGED,        /* waited CTL_SCHED_AGING_MS or more: submit order */
+    CTL_SCHED_CLASS_OTHER,       /* fewest left first */
+} ctl_sched_class;
+
+/* A job's key in that order. */
+typedef struct ctl_sched_rank {
+    ctl_sched_class cls; /* ctl_sched_rank_class() */
+    size_t left;         /* input tokens it still has to compute */
+    uint64_t seq;        /* submit order */
+} ctl_sched_rank;
+
+/*
+ * The class of a job that waited waited_ms since its submit with left input
+ * tokens still to compute, under a per-job prefill chunk of job_chunk
+ * tokens. waiting: it waits for admission, and younger jobs were admitted
+ * bypassed times meanwhile (only a waiting job can be starved: a running
+ * job's prefill is never held up for ever, as a short job computes its
+ * input in one step).
+ */
+ctl_sched_class ctl_sched_rank_class(bool waiting, uint32_t bypassed, uint64_t waited_ms,
+                                     size_t left, uint32_t job_chunk);
+
+/* qsort-style: < 0 when x goes before y (class, then fewest left or submit order). */
+int ctl_sched_rank_cmp(const ctl_sched_rank *x, const ctl_sched_rank *y);
 
 /* Starts the scheduler over pool (borrowed). metrics may be NULL. */
 WK_MUST_CHECK wk_err ctl_sched_new(const ctl_sched_config *cfg, ctl_pool *pool,

@@ -25,6 +25,7 @@
 #define CKPT_META_VERSION "wkvm-ckpt-meta-v1"
 #define CKPT_FS_RESERVE_PCT 10u      /* disk checkpoints leave this much of the filesystem free */
 #define CKPT_WT_RETRY_MS 5000u       /* write-through pauses this long after a failed write */
+#define CKPT_ROOM_TRIES 64u          /* warm copies a refused checkpoint may displace */
 
 static const char *const ckpt_kind_names[CTL_CKPT_KIND__COUNT] = {"prompt", "boundary",
                                                                   "interval", "reply"};
@@ -778,6 +779,60 @@ ckpt_image_bytes(ctl_ckpt *c, size_t n)
 }
 
 /*
+ * The worker refused a warm copy (its host cache, --host-cache-bytes, is
+ * full): drops the warm copy of one other entry on worker so that the newest
+ * checkpoint takes its room, the least recently used one of those already on
+ * disk (nothing lost) first, else the least recently used (gone, counted as a
+ * warm eviction). Entries in use, being saved or moved are left alone. Runs
+ * on the step loop: memory only, no disk I/O. The controller's own budget
+ * (--state-cache-bytes) is enforced by the tier thread, which demotes to
+ * disk at the disk's pace; when checkpoints come faster than that (a
+ * hybrid's carry their KV, tens of MB each) or the worker's limit is the
+ * smaller one, the worker fills first, and without this every new
+ * checkpoint was skipped while the oldest stayed. False when there is
+ * nothing to drop. No lock held.
+ */
+static bool
+ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
+{
+    pthread_mutex_lock(&c->mu);
+    ckpt_entry *v = NULL;
+    for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+        if (e == self || !e->warm || e->pins > 0 || e->busy || e->saving ||
+            strcmp(e->worker, worker) != 0)
+            continue;
+        if (v == NULL || (e->cold && !v->cold) || (e->cold == v->cold && e->used < v->used))
+            v = e;
+    }
+    if (v == NULL) {
+        pthread_mutex_unlock(&c->mu);
+        return false;
+    }
+    v->busy = true;
+    char hk[8 + WK_SHA256_HEX_LEN];
+    ckpt_host_key(v, hk);
+    pthread_mutex_unlock(&c->mu);
+    wk_err err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_DROP, worker, hk, 0, NULL);
+    pthread_mutex_lock(&c->mu);
+    v->busy = false;
+    /* (ENOENT: the copy was already gone, e.g. a restarted worker; it is not warm either way) */
+    bool dropped = err == WK_OK || err == WK_ENOENT;
+    if (dropped && v->warm) {
+        v->warm = false;
+        c->warm_total -= v->bytes;
+        c->n_warm--;
+        c->evicted[0]++;
+        if (c->metrics != NULL)
+            ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total", "tier=\"warm\"", 1);
+        if (!v->cold && v->pins == 0)
+            ckpt_remove_locked(c, v);
+    }
+    ckpt_gauges_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    return dropped;
+}
+
+/*
  * Leaves a checkpoint of slot (its state covers ids[0..n) exactly) unless
  * one exists. Runs between steps of slot's worker.
  */
@@ -853,6 +908,11 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     ckpt_host_key(e, hk);
     if (c->cfg.warm_bytes > 0) {
         err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot, NULL);
+        /* The worker is full: the oldest copies make room for this one (bounded retries). */
+        for (unsigned i = 0; err == WK_ENOSPC && i < CKPT_ROOM_TRIES &&
+                             ckpt_warm_room(c, slot->worker, e);
+             i++)
+            err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot, NULL);
     } else if (c->cfg.disk_bytes > 0) {
         /* No warm tier: straight to disk (the slot's bytes, read between two steps). */
         err = ctl_vm_slot_read(c->vm, slot, &direct, &direct_len, NULL);

@@ -44,6 +44,8 @@ MODEL = make_model()
 def make_qwen35():
     """A Qwen3.5 layout (gated attention in layers 1 and 3 over the KV pool, GDN elsewhere)."""
     d = os.path.join(TMP.name, "tiny-qwen35")
+    if os.path.exists(os.path.join(d, "config.json")):
+        return d
     py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     ref = os.path.join(os.path.dirname(__file__), "..", "reference")
     subprocess.run([py, os.path.join(ref, "gen_qwen35.py"), "--out", d, "--seed", "21",
@@ -190,6 +192,41 @@ def test_hybrid_qwen35_follow_ups_reuse():
             print("qwen3_5 %s client: reused fraction of each follow-up's prompt %s"
                   % (client, " ".join(fr)), flush=True)
             assert all(c > 0 for _, _, c in out[1:]), out
+
+
+def test_hybrid_qwen35_full_worker_cache():
+    """Issue #27: a hybrid's checkpoints carry their KV (here ~150-250 KB each), so a
+    worker's host cache (--host-cache-bytes, 4 MB here: about twenty) fills long before
+    the controller's warm budget (GBs). A checkpoint the worker refuses then displaces
+    the oldest warm copies there (counted evictions) instead of being skipped: with
+    three chats interleaved, every follow-up still resumes everything the previous turn
+    consumed and every regenerate (an exact repeat, right after its turn as a client
+    sends it) its pre-reply checkpoint, answering the same tokens."""
+    model = make_qwen35()
+    mid = os.path.basename(model)
+    with Stack(model=model, slots=4) as s:
+        s.start_controller()
+        s.start_worker("w0", extra=["--host-cache-bytes", str(4 << 20)])
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+        chats = [[{"role": "system", "content": "You answer in bytes."},
+                  {"role": "user", "content": f"Read text number {i}. " * 8}] for i in range(3)]
+        prev = [None] * 3
+        for t in range(4):
+            for i, msgs in enumerate(chats):
+                P, G, text, cached = parts(chat(s, msgs, mid=mid))
+                if prev[i] is not None:
+                    held = prev[i][0] + prev[i][1]
+                    assert P[:len(held)] == held and cached == len(held), (i, t, cached, len(held))
+                if t == 3:  # regenerate: the same request again
+                    P2, G2, _, cached2 = parts(chat(s, msgs, mid=mid))
+                    assert P2 == P and cached2 == len(P) - 1 and G2 == G, (i, cached2, len(P))
+                prev[i] = (P, G)
+                chats[i] = msgs + [{"role": "assistant", "content": text},
+                                   {"role": "user", "content": f"go on {t}"}]
+        assert metric(s, "wkvm_checkpoints_skipped_total") == 0
+        assert metric(s, "wkvm_reuse_hits_total", 'kind="regenerate"') == 3
+        # (the worker really was full: copies were displaced)
+        assert metric(s, "wkvm_state_cache_evictions_total", 'tier="warm"') >= 5
 
 
 def test_hybrid_nemotron_h_follow_ups_reuse():
@@ -424,6 +461,7 @@ def test_busy_preferred_worker():
 if __name__ == "__main__":
     rc = run_tests([test_every_follow_up_reuses_for_every_client,
                     test_hybrid_qwen35_follow_ups_reuse,
+                    test_hybrid_qwen35_full_worker_cache,
                     test_hybrid_nemotron_h_follow_ups_reuse,
                     test_cut_characters_stops_and_regenerate,
                     test_pressure_restart_and_owners,

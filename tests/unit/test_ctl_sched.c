@@ -2,7 +2,8 @@
  * test_ctl_sched: the scheduler through its public API over a real ctl_pool
  * link to a fake worker (fake_worker.h, a thread of this process): admission
  * by free slots with a bounded wait queue, the admission order (fewest input
- * tokens still to compute first), prefill chunks under the per-job cap and
+ * tokens still to compute first; one that fits a prefill chunk before long
+ * ones that waited 2 s; the bound on overtaking), prefill chunks under the per-job cap and
  * the step budget, continuous batching of two jobs in one step with each
  * slot's state exactly the tokens reported fed, held slots and their
  * generations (a stale handle never touches a reused slot), and the refusals
@@ -320,6 +321,103 @@ test_held_slots(void **state)
     fx_close(&f);
 }
 
+/* The order's classes and keys (ctl_sched_rank_class / ctl_sched_rank_cmp). */
+static void
+test_rank_decision(void **state)
+{
+    (void)state;
+    const uint32_t chunk = 256;
+    /* a resumed follow-up (64 tokens left) vs another chat's long first prompt */
+    assert_int_equal(ctl_sched_rank_class(true, 0, 0, 64, chunk), CTL_SCHED_CLASS_SHORT);
+    assert_int_equal(ctl_sched_rank_class(true, 0, 600000, 64, chunk), CTL_SCHED_CLASS_SHORT);
+    assert_int_equal(ctl_sched_rank_class(true, 0, 0, 1500, chunk), CTL_SCHED_CLASS_OTHER);
+    assert_int_equal(ctl_sched_rank_class(true, 0, CTL_SCHED_AGING_MS, 1500, chunk),
+                     CTL_SCHED_CLASS_AGED);
+    /* overtaken often enough, a waiting job goes before all, however long it waited */
+    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_BYPASS_MAX - 1, 600000, 1500, chunk),
+                     CTL_SCHED_CLASS_AGED);
+    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_BYPASS_MAX, 0, 1500, chunk),
+                     CTL_SCHED_CLASS_STARVED);
+    assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_BYPASS_MAX, 0, 1, chunk),
+                     CTL_SCHED_CLASS_STARVED);
+    /* a running job's prefill is never "starved": it only waits for short ones */
+    assert_int_equal(ctl_sched_rank_class(false, 1000, 600000, 1500, chunk), CTL_SCHED_CLASS_AGED);
+    assert_int_equal(ctl_sched_rank_class(false, 1000, 600000, 256, chunk), CTL_SCHED_CLASS_SHORT);
+    assert_int_equal(ctl_sched_rank_class(false, 0, 0, 257, chunk), CTL_SCHED_CLASS_OTHER);
+    /* the short one goes first although the long one is older and aged */
+    ctl_sched_rank old_long = {CTL_SCHED_CLASS_AGED, 1500, 1}, follow = {CTL_SCHED_CLASS_SHORT, 64, 9};
+    assert_true(ctl_sched_rank_cmp(&follow, &old_long) < 0);
+    assert_true(ctl_sched_rank_cmp(&old_long, &follow) > 0);
+    /* within a class: short ones and young ones fewest left first, aged and starved FIFO */
+    ctl_sched_rank s1 = {CTL_SCHED_CLASS_SHORT, 10, 5}, s2 = {CTL_SCHED_CLASS_SHORT, 90, 2};
+    assert_true(ctl_sched_rank_cmp(&s1, &s2) < 0);
+    ctl_sched_rank a1 = {CTL_SCHED_CLASS_AGED, 9000, 3}, a2 = {CTL_SCHED_CLASS_AGED, 300, 4};
+    assert_true(ctl_sched_rank_cmp(&a1, &a2) < 0);
+    ctl_sched_rank o1 = {CTL_SCHED_CLASS_OTHER, 300, 7}, o2 = {CTL_SCHED_CLASS_OTHER, 9000, 6};
+    assert_true(ctl_sched_rank_cmp(&o1, &o2) < 0);
+    ctl_sched_rank st = {CTL_SCHED_CLASS_STARVED, 9000, 8};
+    assert_true(ctl_sched_rank_cmp(&st, &s1) < 0);
+    assert_true(ctl_sched_rank_cmp(&a1, &o1) < 0);
+    assert_int_equal(ctl_sched_rank_cmp(&s1, &s1), 0);
+}
+
+/*
+ * The same through the step loop: a long prompt runs and two more wait past
+ * CTL_SCHED_AGING_MS, then a short job (a resumed follow-up) comes. When the
+ * step loop goes on, the short job takes a free slot before both older long
+ * ones and its one chunk goes before the running long one's next chunk.
+ */
+static void
+test_short_first_behind_aged(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 4, 4, 8);
+    fx_worker(&f, 2);
+    int32_t l[40], x[40], w[40];
+    for (int i = 0; i < 40; i++) {
+        l[i] = 100 + i;
+        x[i] = 200 + i;
+        w[i] = 300 + i;
+    }
+    static const int32_t sh[3] = {7, 8, 9};
+    fw_hold(&f.w, true);
+    ctl_job *jl = submit(&f, l, 40, NULL, true);
+    assert_true(fw_wait_held(&f.w, 4000)); /* L's first chunk is in flight */
+    ctl_job *jx = submit(&f, x, 40, NULL, true); /* wait (the loop is in L's step) */
+    ctl_job *jw = submit(&f, w, 40, NULL, true);
+    usleep((CTL_SCHED_AGING_MS + 200) * 1000);   /* L, X and W are aged now */
+    ctl_job *js = submit(&f, sh, 3, NULL, true);
+    fw_hold(&f.w, false);
+    fw_state sl = fw_state_of(l, 40), ss = fw_state_of(sh, 3), sx = fw_state_of(x, 40),
+             sw = fw_state_of(w, 40);
+    take_tokens(js, &ss, 1, false);
+    ctl_job_free(js);
+    take_tokens(jl, &sl, 1, false);
+    ctl_job_free(jl);
+    take_tokens(jx, &sx, 1, false);
+    ctl_job_free(jx);
+    take_tokens(jw, &sw, 1, false);
+    ctl_job_free(jw);
+    static fw_row log[256];
+    size_t n = fw_log(&f.w, log, 256);
+    int s_at = -1, x_at = -1, l2_at = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (log[i].reset && log[i].first == 7)
+            s_at = (int)i;
+        if (log[i].reset && log[i].first == 200)
+            x_at = (int)i;
+        if (log[i].first == 104)
+            l2_at = (int)i; /* L's second chunk */
+    }
+    assert_true(log[0].reset && log[0].first == 100);
+    assert_true(s_at > 0 && x_at > s_at);     /* the slot went to S, not to the older X */
+    assert_true(l2_at > s_at);                /* S's chunk before L's next one */
+    assert_int_equal(log[s_at].n_tokens, 3);  /* its whole input in one chunk, sampled */
+    assert_true(log[s_at].sample);
+    fx_close(&f);
+}
+
 static void
 test_refusals(void **state)
 {
@@ -365,6 +463,8 @@ main(void)
         cmocka_unit_test(test_chunks_and_batching),
         cmocka_unit_test(test_held_slots),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_rank_decision),
+        cmocka_unit_test(test_short_first_behind_aged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
