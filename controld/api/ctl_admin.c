@@ -294,6 +294,11 @@ ctl_admin_metrics_snapshot(ctl_app *app)
     ctl_metrics_set(m, "wkvm_worker_rpc_errors_total", NULL, (double)st.rpc_errors);
     ctl_metrics_set(m, "wkvm_worker_bad_messages_total", NULL, (double)st.bad_messages);
     ctl_metrics_set(m, "wkvm_start_time_seconds", NULL, (double)app->start_ms / 1000.0);
+    uint64_t by_loop = 0, by_thread = 0;
+    if (app->http != NULL)
+        ctl_http_stream_counts(app->http, &by_loop, &by_thread);
+    ctl_metrics_set(m, "wkvm_http_streams_total", "writer=\"loop\"", (double)by_loop);
+    ctl_metrics_set(m, "wkvm_http_streams_total", "writer=\"thread\"", (double)by_thread);
     double cpu[CTL_CPU_COMPONENT_COUNT];
     if (ctl_cpustat_sample(cpu) == WK_OK) {
         for (int c = 0; c < CTL_CPU_COMPONENT_COUNT; c++) {
@@ -365,6 +370,9 @@ ctl_admin_metrics_declare(ctl_metrics *m)
         {"wkvm_worker_bad_messages_total", CTL_METRIC_COUNTER,
          "Messages from workers refused by validation."},
         {"wkvm_build_info", CTL_METRIC_GAUGE, "1, labelled with the controller's version."},
+        {"wkvm_http_streams_total", CTL_METRIC_COUNTER,
+         "Streamed replies by who wrote their events: an event loop (loop) or the "
+         "connection's own thread (thread: TLS, a name bind, a socket not handed over)."},
         {"wkvm_controller_cpu_seconds_total", CTL_METRIC_COUNTER,
          "Controller CPU seconds (user + system) by component: http, step, sched, pool, vm, "
          "other (threads attributed by name)."},

@@ -5,27 +5,27 @@
  * It never parses JSON bodies: handlers do.
  *
  * Streamed replies can be handed to an event loop (ctl_sseloop) after their
- * headers. civetweb 1.15 has no call that gives a connection's socket, so
- * the socket is found by its addresses, which civetweb does give: the
- * client's address and port (mg_request_info) and the server's port, with
- * the local address being the one address the server is bound to. A TCP
- * connection's four addresses name exactly one socket, so a descriptor of
- * this process whose getsockname()/getpeername() equal them is this
- * connection's socket (checked again on every use of the cache below). The
- * handler's thread owns the connection until it returns and waits for the
- * loop meanwhile, so civetweb neither reads, writes nor closes the socket
- * while the loop writes it; the reply is "Connection: close", so nothing
- * else follows it on the connection. Not handed over (the thread writes, as
- * before): TLS, a wildcard or name bind address, a socket not found.
+ * headers. civetweb 1.15 has no call that gives a connection's socket: the
+ * controller's recv() notes the socket each thread reads (ctl_http_recv.c),
+ * and a handler's thread has read its own connection's request, so that is
+ * the socket; its addresses are checked against the request's (client
+ * address and port, the server's port and bound address) before it is
+ * used, and a socket the client has reset (no peer) is not handed over.
+ * The handler's thread owns the connection until it returns and waits for
+ * the loop meanwhile, so civetweb neither reads, writes nor closes the
+ * socket while the loop writes it (and its descriptor cannot be reused);
+ * the reply is "Connection: close", so nothing else follows it on the
+ * connection. Not handed over (the thread writes, as before): TLS, a name
+ * bind address, a socket whose addresses do not match.
  */
 #define WK_LOG_MODULE "http"
 #include "ctl_http.h"
 
 #include <arpa/inet.h>
 #include <civetweb.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,10 +50,9 @@ struct ctl_http {
     struct mg_context *ctx;   /* civetweb server */
     ctl_sseloop *loop;        /* writes handed-over streams; NULL = none */
     ctl_http_addr local;      /* the bound address (ip, port); family 0: no hand-over */
-    pthread_mutex_t fd_mu;    /* guards the peer cache */
-    ctl_http_addr *fd_peer;   /* by descriptor: the peer of our sockets last seen there */
-    size_t fd_cap;            /* entries in fd_peer */
-    uint64_t fd_scans;        /* descriptor scans so far (debug log) */
+    bool local_any;           /* bound to the wildcard: the local ip is not compared */
+    _Atomic uint64_t streams_loop;   /* streamed replies handed to an event loop */
+    _Atomic uint64_t streams_thread; /* streamed replies written by their own thread */
     ctl_http_route *routes;   /* owned copy */
     size_t n_routes;          /* entries */
     size_t max_body;          /* body limit */
@@ -479,73 +478,21 @@ ctl_http_addr_parse(const char *s, unsigned port, ctl_http_addr *out)
     return false;
 }
 
-/* True when fd is a TCP socket from local to peer. */
+/* True when fd is a TCP socket from h's bound address to peer. */
 static bool
-ctl_http_fd_is(int fd, const ctl_http_addr *local, const ctl_http_addr *peer)
+ctl_http_fd_is(const ctl_http *h, int fd, const ctl_http_addr *peer)
 {
     struct sockaddr_storage sa;
     socklen_t len = sizeof(sa);
     ctl_http_addr a;
-    if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0 || !ctl_http_addr_of(&sa, &a) ||
-        memcmp(&a, local, sizeof(a)) != 0)
+    if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0 || !ctl_http_addr_of(&sa, &a))
+        return false;
+    if (h->local_any ? a.family != h->local.family || a.port != h->local.port
+                     : memcmp(&a, &h->local, sizeof(a)) != 0)
         return false;
     len = sizeof(sa);
     return getpeername(fd, (struct sockaddr *)&sa, &len) == 0 && ctl_http_addr_of(&sa, &a) &&
            memcmp(&a, peer, sizeof(a)) == 0;
-}
-
-/* The cached descriptor whose peer was peer, -1 if none. Caller holds fd_mu. */
-static int
-ctl_http_fd_cached_locked(const ctl_http *h, const ctl_http_addr *peer)
-{
-    for (size_t i = 0; i < h->fd_cap; i++)
-        if (h->fd_peer[i].family == peer->family && memcmp(&h->fd_peer[i], peer, sizeof(*peer)) == 0)
-            return (int)i;
-    return -1;
-}
-
-/*
- * Records the peer of every socket of this process bound to h->local (one
- * pass over /proc/self/fd). Caller holds fd_mu.
- */
-static void
-ctl_http_fd_scan_locked(ctl_http *h)
-{
-    DIR *dir = opendir("/proc/self/fd");
-    if (dir == NULL)
-        return;
-    h->fd_scans++;
-    for (size_t i = 0; i < h->fd_cap; i++)
-        h->fd_peer[i].family = 0;
-    struct dirent *de;
-    while ((de = readdir(dir)) != NULL) {
-        char *end = NULL;
-        long fd = strtol(de->d_name, &end, 10);
-        if (end == de->d_name || *end != '\0' || fd < 0 || fd > 1 << 24)
-            continue;
-        struct sockaddr_storage sa;
-        socklen_t len = sizeof(sa);
-        ctl_http_addr a;
-        if (getsockname((int)fd, (struct sockaddr *)&sa, &len) != 0 ||
-            !ctl_http_addr_of(&sa, &a) || memcmp(&a, &h->local, sizeof(a)) != 0)
-            continue;
-        len = sizeof(sa);
-        if (getpeername((int)fd, (struct sockaddr *)&sa, &len) != 0 || !ctl_http_addr_of(&sa, &a))
-            continue;
-        if ((size_t)fd >= h->fd_cap) {
-            size_t cap = h->fd_cap ? h->fd_cap : 256;
-            while (cap <= (size_t)fd)
-                cap *= 2;
-            ctl_http_addr *np = realloc(h->fd_peer, cap * sizeof(*np));
-            if (np == NULL)
-                break;
-            memset(np + h->fd_cap, 0, (cap - h->fd_cap) * sizeof(*np));
-            h->fd_peer = np;
-            h->fd_cap = cap;
-        }
-        h->fd_peer[fd] = a;
-    }
-    closedir(dir);
 }
 
 /* The socket of req's connection (see the top of this file), -1 when it cannot be handed over. */
@@ -558,23 +505,17 @@ ctl_http_conn_fd(ctl_http_req *req)
     if (h->local.family == 0 || ri->is_ssl || ri->server_port != h->local.port ||
         !ctl_http_addr_parse(ri->remote_addr, (unsigned)ri->remote_port, &peer))
         return -1;
-    pthread_mutex_lock(&h->fd_mu);
-    int fd = ctl_http_fd_cached_locked(h, &peer);
-    if (fd < 0 || !ctl_http_fd_is(fd, &h->local, &peer)) {
-        ctl_http_fd_scan_locked(h);
-        fd = ctl_http_fd_cached_locked(h, &peer);
-        if (fd >= 0 && !ctl_http_fd_is(fd, &h->local, &peer))
-            fd = -1;
-        wk_log_debug("socket scan %llu for port %d: fd=%d", (unsigned long long)h->fd_scans,
-                     ri->remote_port, fd);
+    int fd = ctl_http_recv_last_fd();
+    if (fd < 0 || !ctl_http_fd_is(h, fd, &peer)) {
+        wk_log_debug("stream of port %d stays on its thread (fd=%d)", ri->remote_port, fd);
+        return -1;
     }
-    pthread_mutex_unlock(&h->fd_mu);
     return fd;
 }
 
-wk_err
-ctl_http_sse_detach(ctl_http_req *req, ctl_ssestream_pump_fn pump, void *arg,
-                    ctl_ssestream **out)
+static wk_err
+ctl_http_sse_handover(ctl_http_req *req, ctl_ssestream_pump_fn pump, void *arg,
+                      ctl_ssestream **out)
 {
     if (req->h->loop == NULL || req->status != 200 || req->broken || req->ss != NULL)
         return WK_ENOTSUP;
@@ -589,6 +530,22 @@ ctl_http_sse_detach(ctl_http_req *req, ctl_ssestream_pump_fn pump, void *arg,
         return err == WK_ENOMEM ? WK_ENOTSUP : err;
     *out = req->ss;
     return WK_OK;
+}
+
+wk_err
+ctl_http_sse_detach(ctl_http_req *req, ctl_ssestream_pump_fn pump, void *arg,
+                    ctl_ssestream **out)
+{
+    wk_err err = ctl_http_sse_handover(req, pump, arg, out);
+    atomic_fetch_add(err == WK_OK ? &req->h->streams_loop : &req->h->streams_thread, 1);
+    return err;
+}
+
+void
+ctl_http_stream_counts(const ctl_http *h, uint64_t *by_loop, uint64_t *by_thread)
+{
+    *by_loop = atomic_load(&((ctl_http *)h)->streams_loop);
+    *by_thread = atomic_load(&((ctl_http *)h)->streams_thread);
 }
 
 wk_err
@@ -739,7 +696,6 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
     h->obs_arg = obs_arg;
     h->auth = cfg->auth;
     h->auth_arg = cfg->auth_arg;
-    pthread_mutex_init(&h->fd_mu, NULL);
     char ports[300];
     const char *host = strcmp(cfg->host, "localhost") == 0 ? "127.0.0.1" : cfg->host;
     if (host[0] == '[')
@@ -774,13 +730,14 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
     }
     mg_set_request_handler(h->ctx, "/", ctl_http_dispatch, h);
     /*
-     * Streams are handed to the event loops only when the local address of
-     * every connection is known: a bind to one numeric address.
+     * Streams are handed to the event loops when the bind address is
+     * numeric (a wildcard one compares the local port and family only).
      */
     ctl_http_addr any4 = {.family = AF_INET, .port = (uint16_t)cfg->port};
     ctl_http_addr any6 = {.family = AF_INET6, .port = (uint16_t)cfg->port};
-    if (cfg->sse_loops > 0 && ctl_http_addr_parse(host, cfg->port, &h->local) &&
-        memcmp(&h->local, &any4, sizeof(any4)) != 0 && memcmp(&h->local, &any6, sizeof(any6)) != 0) {
+    if (cfg->sse_loops > 0 && ctl_http_addr_parse(host, cfg->port, &h->local)) {
+        h->local_any = memcmp(&h->local, &any4, sizeof(any4)) == 0 ||
+                       memcmp(&h->local, &any6, sizeof(any6)) == 0;
         wk_diag ld = {{0}};
         if (ctl_sseloop_new(cfg->sse_loops, &h->loop, &ld) != WK_OK) {
             wk_log_warn("streams stay on their threads: %s", ld.msg);
@@ -803,8 +760,6 @@ ctl_http_free(ctl_http *h)
     if (h->ctx != NULL)
         mg_stop(h->ctx); /* (handlers, and so streams, have ended) */
     ctl_sseloop_free(h->loop);
-    pthread_mutex_destroy(&h->fd_mu);
-    free(h->fd_peer);
     free(h->routes);
     free(h);
 }

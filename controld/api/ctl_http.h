@@ -145,6 +145,15 @@ bool ctl_http_req_broken(const ctl_http_req *req);
 WK_MUST_CHECK wk_err ctl_http_flush(ctl_http_req *req);
 
 /*
+ * The socket this thread last read with recv() (ctl_http_recv.c), -1 if
+ * none: on a civetweb thread inside a handler, its connection's.
+ */
+int ctl_http_recv_last_fd(void);
+
+/* Streamed replies so far, written by an event loop / by their own threads. */
+void ctl_http_stream_counts(const ctl_http *h, uint64_t *by_loop, uint64_t *by_thread);
+
+/*
  * Hands the rest of a streamed reply (after ctl_http_sse_begin(), while
  * corked) to an event loop: *out is a stream of one of the server's loops
  * that writes req's socket, pumped by pump(arg) (which writes with

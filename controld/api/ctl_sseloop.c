@@ -76,6 +76,8 @@ struct ctl_ssestream {
     wk_err cancel_err;          /* with what: WK_ETIMEDOUT (output written first), WK_EIO */
     bool ended;                 /* no wake-up queues it anymore */
     struct ctl_ssestream *next; /* ready list link */
+    struct ctl_ssestream *rnext; /* the loop's taken list: next is relinked by a wake-up during
+                                   the loop's pass, rnext only when the loop takes the list */
     sem_t done;                 /* posted once it ended */
 };
 
@@ -286,6 +288,7 @@ ctl_sseloop_take_locked(ctl_sseloop_thr *t)
 {
     ctl_ssestream *list = t->head;
     for (ctl_ssestream *p = list; p != NULL; p = p->next) {
+        p->rnext = p->next;
         p->queued = false;
         p->cancel_seen = p->cancel;
         p->cancel_err_seen = p->cancel_err;
@@ -333,7 +336,7 @@ ctl_sseloop_main(void *arg)
                 ctl_ssestream_drain(st, &fin);
         }
         for (ctl_ssestream *st = ready, *nx; st != NULL; st = nx) {
-            nx = st->next;
+            nx = st->rnext;
             if (st->fin)
                 continue;
             if (st->cancel_seen && (st->off == st->len || st->cancel_err_seen != WK_ETIMEDOUT)) {

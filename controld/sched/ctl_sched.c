@@ -81,6 +81,7 @@ struct ctl_job {
     uint64_t deadline_ms;       /* monotonic, 0 = none */
     uint64_t seq;               /* submit order */
     uint32_t bypassed;          /* younger jobs admitted on its worker while it waited */
+    uint32_t unfed_steps;       /* running: steps in a row its prefill got no chunk */
     uint64_t submit_ms;         /* monotonic submit time */
     uint64_t last_tok_ms;       /* monotonic time of the last sampled token */
     ctl_sched_reuse reuse;      /* hooks (ckpt_at points at ckpt below) */
@@ -381,7 +382,8 @@ ctl_sched_class
 ctl_sched_rank_class(bool waiting, uint32_t bypassed, uint64_t waited_ms, size_t left,
                      uint32_t job_chunk)
 {
-    if (waiting && bypassed >= CTL_SCHED_BYPASS_MAX)
+    (void)waiting; /* (what bypassed counts differs, the bound does not) */
+    if (bypassed >= CTL_SCHED_BYPASS_MAX)
         return CTL_SCHED_CLASS_STARVED;
     if (left <= job_chunk)
         return CTL_SCHED_CLASS_SHORT;
@@ -449,7 +451,9 @@ ctl_sched_order_locked(ctl_sched *s, int state, ctl_job_rank **out)
         uint64_t waited = now > j->submit_ms ? now - j->submit_ms : 0;
         s->rank[m++] = (ctl_job_rank){
             .job = j,
-            .key = {.cls = ctl_sched_rank_class(j->state == CTL_JOB_WAITING, j->bypassed,
+            .key = {.cls = ctl_sched_rank_class(j->state == CTL_JOB_WAITING,
+                                                j->state == CTL_JOB_WAITING ? j->bypassed
+                                                                            : j->unfed_steps,
                                                 waited, left, s->cfg.job_chunk),
                     .left = left,
                     .seq = j->seq}};
@@ -609,8 +613,15 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
         ctl_sched_pick_row_locked(s, w, j, true, rows, &n, &budget, now);
     ctl_job_rank *rank = NULL;
     size_t n_rank = ctl_sched_order_locked(s, -1, &rank);
-    for (size_t i = 0; i < n_rank && n < cap && budget > 0; i++)
-        ctl_sched_pick_row_locked(s, w, rank[i].job, false, rows, &n, &budget, now);
+    for (size_t i = 0; i < n_rank; i++) {
+        ctl_job *j = rank[i].job;
+        bool idle = j->in_flight == 0;
+        if (n < cap && budget > 0)
+            ctl_sched_pick_row_locked(s, w, j, false, rows, &n, &budget, now);
+        /* a prefill left out of CTL_SCHED_BYPASS_MAX steps in a row goes first */
+        if (idle && j->computed < j->n_input && strcmp(j->slot.worker, w->id) == 0)
+            j->unfed_steps = j->in_flight ? 0 : j->unfed_steps + (j->unfed_steps < UINT32_MAX);
+    }
     return n;
 }
 

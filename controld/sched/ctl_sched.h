@@ -159,11 +159,12 @@ typedef struct ctl_job_event {
 } ctl_job_event;
 
 #define CTL_SCHED_AGING_MS 2000 /* a longer job waiting this long goes before others */
-#define CTL_SCHED_BYPASS_MAX 16 /* a waiting job overtaken this often goes before all */
+/* overtaken this often (waiting) or left out this many steps (a running prefill): first */
+#define CTL_SCHED_BYPASS_MAX 16
 
 /* The classes of the admission and prefill order, first first. */
 typedef enum ctl_sched_class {
-    CTL_SCHED_CLASS_STARVED = 0, /* waiting, overtaken CTL_SCHED_BYPASS_MAX times: submit order */
+    CTL_SCHED_CLASS_STARVED = 0, /* overtaken / left out CTL_SCHED_BYPASS_MAX times: submit order */
     CTL_SCHED_CLASS_SHORT,       /* its input left fits one prefill chunk: fewest left first */
     CTL_SCHED_CLASS_AGED,        /* waited CTL_SCHED_AGING_MS or more: submit order */
     CTL_SCHED_CLASS_OTHER,       /* fewest left first */
@@ -180,9 +181,9 @@ typedef struct ctl_sched_rank {
  * The class of a job that waited waited_ms since its submit with left input
  * tokens still to compute, under a per-job prefill chunk of job_chunk
  * tokens. waiting: it waits for admission, and younger jobs were admitted
- * bypassed times meanwhile (only a waiting job can be starved: a running
- * job's prefill is never held up for ever, as a short job computes its
- * input in one step).
+ * bypassed times meanwhile; running: its prefill got no chunk in the last
+ * bypassed steps (shorter jobs' prefill took the step's budget). Either
+ * goes before all at CTL_SCHED_BYPASS_MAX.
  */
 ctl_sched_class ctl_sched_rank_class(bool waiting, uint32_t bypassed, uint64_t waited_ms,
                                      size_t left, uint32_t job_chunk);

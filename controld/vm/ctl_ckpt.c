@@ -783,16 +783,18 @@ ckpt_image_bytes(ctl_ckpt *c, size_t n)
  * full): drops the warm copy of one other entry on worker so that the newest
  * checkpoint takes its room, the least recently used one of those already on
  * disk (nothing lost) first, else the least recently used (gone, counted as a
- * warm eviction). Entries in use, being saved or moved are left alone. Runs
+ * warm eviction). Entries in use, being saved or moved, and those still to be
+ * written through to disk (a stored response's, a reply's under
+ * --checkpoint-write-through) are left alone. Runs
  * on the step loop: memory only, no disk I/O. The controller's own budget
  * (--state-cache-bytes) is enforced by the tier thread, which demotes to
  * disk at the disk's pace; when checkpoints come faster than that (a
  * hybrid's carry their KV, tens of MB each) or the worker's limit is the
  * smaller one, the worker fills first, and without this every new
- * checkpoint was skipped while the oldest stayed. False when there is
- * nothing to drop. No lock held.
+ * checkpoint was skipped while the oldest stayed. Returns the bytes freed,
+ * 0 when there is nothing to drop. No lock held.
  */
-static bool
+static uint64_t
 ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
 {
     pthread_mutex_lock(&c->mu);
@@ -801,14 +803,18 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
         if (e == self || !e->warm || e->pins > 0 || e->busy || e->saving ||
             strcmp(e->worker, worker) != 0)
             continue;
+        /* (one the tier thread still has to write through to disk is kept) */
+        if (!e->cold && (e->durable || (e->kind == CTL_CKPT_KIND_REPLY && c->cfg.write_through)))
+            continue;
         if (v == NULL || (e->cold && !v->cold) || (e->cold == v->cold && e->used < v->used))
             v = e;
     }
     if (v == NULL) {
         pthread_mutex_unlock(&c->mu);
-        return false;
+        return 0;
     }
     v->busy = true;
+    uint64_t freed = v->bytes > 0 ? v->bytes : 1;
     char hk[8 + WK_SHA256_HEX_LEN];
     ckpt_host_key(v, hk);
     pthread_mutex_unlock(&c->mu);
@@ -829,7 +835,7 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
     }
     ckpt_gauges_locked(c);
     pthread_mutex_unlock(&c->mu);
-    return dropped;
+    return dropped ? freed : 0;
 }
 
 /*
@@ -908,11 +914,18 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     ckpt_host_key(e, hk);
     if (c->cfg.warm_bytes > 0) {
         err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot, NULL);
-        /* The worker is full: the oldest copies make room for this one (bounded retries). */
-        for (unsigned i = 0; err == WK_ENOSPC && i < CKPT_ROOM_TRIES &&
-                             ckpt_warm_room(c, slot->worker, e);
-             i++)
+        /*
+         * The worker is full: the oldest copies make room for this one, at
+         * most this image's size of them (an image larger than the worker's
+         * whole cache empties nothing more) and CKPT_ROOM_TRIES calls.
+         */
+        uint64_t freed = 0, f = 0;
+        for (unsigned i = 0; err == WK_ENOSPC && i < CKPT_ROOM_TRIES && freed < bytes &&
+                             (f = ckpt_warm_room(c, slot->worker, e)) > 0;
+             i++) {
+            freed += f;
             err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot, NULL);
+        }
     } else if (c->cfg.disk_bytes > 0) {
         /* No warm tier: straight to disk (the slot's bytes, read between two steps). */
         err = ctl_vm_slot_read(c->vm, slot, &direct, &direct_len, NULL);

@@ -131,6 +131,12 @@ def test_stream_equals_blocking_and_framing():
         ev2 = sse(s.url + "/v1/completions", dict(cb, stream=True))
         t2 = "".join(json.loads(e)["choices"][0]["text"] for e in ev2[:-1])
         assert t2 == b2["choices"][0]["text"]
+        # On a loopback bind every stream is written by an event loop (#33), none
+        # silently by its connection's thread.
+        m = s.get("/metrics").body.decode()
+        assert 'wkvm_http_streams_total{writer="loop"} 2' in m, \
+            [x for x in m.splitlines() if "streams_total" in x]
+        assert 'wkvm_http_streams_total{writer="thread"} 0' in m
 
 
 def test_greedy_ids_consistent_with_wkvm_infer_same_backend():

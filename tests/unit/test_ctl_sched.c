@@ -340,9 +340,12 @@ test_rank_decision(void **state)
                      CTL_SCHED_CLASS_STARVED);
     assert_int_equal(ctl_sched_rank_class(true, CTL_SCHED_BYPASS_MAX, 0, 1, chunk),
                      CTL_SCHED_CLASS_STARVED);
-    /* a running job's prefill is never "starved": it only waits for short ones */
-    assert_int_equal(ctl_sched_rank_class(false, 1000, 600000, 1500, chunk), CTL_SCHED_CLASS_AGED);
-    assert_int_equal(ctl_sched_rank_class(false, 1000, 600000, 256, chunk), CTL_SCHED_CLASS_SHORT);
+    /* a running job's prefill waits for short ones, for CTL_SCHED_BYPASS_MAX steps at most */
+    assert_int_equal(ctl_sched_rank_class(false, CTL_SCHED_BYPASS_MAX - 1, 600000, 1500, chunk),
+                     CTL_SCHED_CLASS_AGED);
+    assert_int_equal(ctl_sched_rank_class(false, CTL_SCHED_BYPASS_MAX, 600000, 1500, chunk),
+                     CTL_SCHED_CLASS_STARVED);
+    assert_int_equal(ctl_sched_rank_class(false, 0, 600000, 256, chunk), CTL_SCHED_CLASS_SHORT);
     assert_int_equal(ctl_sched_rank_class(false, 0, 0, 257, chunk), CTL_SCHED_CLASS_OTHER);
     /* the short one goes first although the long one is older and aged */
     ctl_sched_rank old_long = {CTL_SCHED_CLASS_AGED, 1500, 1}, follow = {CTL_SCHED_CLASS_SHORT, 64, 9};
