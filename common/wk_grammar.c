@@ -22,7 +22,8 @@
 #define WK_GM_STACK 48
 #define WK_GM_NUM_INT_MAX 16
 #define WK_GM_NUM_FRAC_MAX 16
-#define WK_GM_NUM_EXP_MAX 3
+/* (two exponent digits: 16 + 99 stays inside a double, which the call parser reads back) */
+#define WK_GM_NUM_EXP_MAX 2
 #define WK_GM_ENUM_MAX 256
 #define WK_GM_CALLS_MAX 32
 
