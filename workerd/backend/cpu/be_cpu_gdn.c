@@ -84,6 +84,7 @@
 #include "be_cpu_kv.h"
 #include "be_cpu_mamba2.h"
 #include "wrk_gdn.h"
+#include "wrk_moe_route.h"
 
 #define GDN_L2_EPS 1e-6  /* fla's in-kernel q / k L2 normalisation */
 #define GDN_CONV_MAX 64u /* most conv taps (checked at open) */
@@ -128,6 +129,7 @@ typedef struct gdn_moe {
     uint32_t n_group, topk_group;  /* sigmoid routing: groups, groups kept */
     float scale;                   /* sigmoid routing: routed_scaling_factor */
     float *score_bias;             /* sigmoid routing: [E] fp32, owned (zeros when absent) */
+    wrk_moe_route_cfg rt;          /* the routing (wrk_moe_route), over the fields above */
     be_cpu_mat router;             /* C -> E */
     be_cpu_mat *gate, *up, *down;  /* E each, owned arrays */
     be_cpu_mat sg, su, sd, sr;     /* shared expert C -> Fs -> C, its gate C -> 1 */
@@ -1284,165 +1286,21 @@ gdn_layer_mamba2(be_ctx *c, const gdn_layer *ly)
 /* ------------------------------------------------------------------------ */
 
 /*
- * Top-k-then-softmax routing of one token (WRK_MOE_TOPK_SOFTMAX, Granite's
- * GraniteMoeHybridTopKRouter: topk of the fp32 logits, softmax over those):
- * the k largest logits of p, larger first (equal ones by the lower index, a
- * later equal one never passes), then exp(l - max) with the sum in double
- * and fp32 weights into w.
- */
-static void
-gdn_route_topk_softmax(const float *p, uint32_t E, uint32_t k, uint32_t *sel, float *w)
-{
-    uint32_t have = 0;
-    for (uint32_t e = 0; e < E; e++) {
-        if (have == k && !(p[e] > p[sel[k - 1]]))
-            continue;
-        uint32_t i = have < k ? have++ : k - 1;
-        while (i > 0 && p[e] > p[sel[i - 1]]) {
-            sel[i] = sel[i - 1];
-            i--;
-        }
-        sel[i] = e;
-    }
-    const float mx = p[sel[0]];
-    double sum = 0.0;
-    for (uint32_t j = 0; j < k; j++) {
-        w[j] = expf(p[sel[j]] - mx);
-        sum += w[j];
-    }
-    const float inv = (float)(1.0 / sum);
-    for (uint32_t j = 0; j < k; j++)
-        w[j] *= inv;
-}
-
-/*
- * Sigmoid routing of one token (WRK_MOE_SIGMOID, transformers'
- * NemotronHTopkRouter): s = sigmoid(logits) in p, choice c = s + bias; per
- * group of E / n_group experts the sum of its two best c; the topk_group
- * best groups (ties to the lower index) stay eligible; the k best c among
- * them (larger first, ties to the lower index) into sel, their s into w.
- */
-static void
-gdn_route_sigmoid(const gdn_moe *mo, float *p, float *cs, uint32_t *sel, float *w)
-{
-    const uint32_t E = mo->E, k = mo->k, G = mo->n_group, per = E / G;
-    for (uint32_t e = 0; e < E; e++) {
-        p[e] = gdn_sigmoid(p[e]);
-        cs[e] = p[e] + mo->score_bias[e];
-    }
-    if (G > 1) {
-        float gs[64]; /* group scores (n_group <= 64, checked at open) */
-        bool keep[64];
-        for (uint32_t g = 0; g < G; g++) {
-            float b1 = -INFINITY, b2 = -INFINITY;
-            for (uint32_t e = g * per; e < (g + 1) * per; e++) {
-                if (cs[e] > b1) {
-                    b2 = b1;
-                    b1 = cs[e];
-                } else if (cs[e] > b2) {
-                    b2 = cs[e];
-                }
-            }
-            gs[g] = per > 1 ? b1 + b2 : b1;
-            keep[g] = false;
-        }
-        for (uint32_t r = 0; r < mo->topk_group; r++) {
-            uint32_t best = G;
-            for (uint32_t g = 0; g < G; g++)
-                if (!keep[g] && (best == G || gs[g] > gs[best]))
-                    best = g;
-            keep[best] = true;
-        }
-        for (uint32_t e = 0; e < E; e++)
-            if (!keep[e / per])
-                cs[e] = -INFINITY;
-    }
-    uint32_t have = 0;
-    for (uint32_t e = 0; e < E; e++) {
-        if (have == k && !(cs[e] > cs[sel[k - 1]]))
-            continue;
-        uint32_t i = have < k ? have++ : k - 1;
-        while (i > 0 && cs[e] > cs[sel[i - 1]]) {
-            sel[i] = sel[i - 1];
-            i--;
-        }
-        sel[i] = e;
-    }
-    float tot = 0.0f;
-    for (uint32_t j = 0; j < k; j++) {
-        w[j] = p[sel[j]];
-        tot += w[j];
-    }
-    if (mo->norm_topk)
-        for (uint32_t j = 0; j < k; j++)
-            w[j] /= tot + 1e-20f;
-    for (uint32_t j = 0; j < k; j++)
-        w[j] *= mo->scale;
-}
-
-/*
- * Per token: the routing (softmax: of the router logits, max first, exp sum
- * in double, fp32 probabilities, the top k (the larger first; equal ones by
- * lower index), renormalised to sum 1 with norm_topk; sigmoid:
- * gdn_route_sigmoid), stored by ascending expert. Then the shared expert's
- * activation.
+ * Per token: the routing (wrk_moe_route: the chosen experts by ascending
+ * index and their weights). Then the shared expert's activation.
  */
 static void
 gdn_stage_route(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
     const gdn_moe *mo = c->layers[c->layer].moe;
-    const uint32_t E = mo->E, k = mo->k;
     uint32_t t0, t1;
     be_cpu_tok_range(&c->b, task, &t0, &t1);
     for (uint32_t t = t0; t < t1; t++) {
         float *p = c->rl + (size_t)t * c->moe_E;
         uint32_t *sel = c->sel + (size_t)t * c->moe_k;
         float *w = c->sw + (size_t)t * c->moe_k;
-        if (mo->sigmoid) {
-            gdn_route_sigmoid(mo, p, c->rc + (size_t)t * c->moe_E, sel, w);
-        } else if (mo->topk_softmax) {
-            gdn_route_topk_softmax(p, E, k, sel, w);
-        } else {
-            float mx = -INFINITY;
-            for (uint32_t e = 0; e < E; e++)
-                mx = p[e] > mx ? p[e] : mx;
-            double sum = 0.0;
-            for (uint32_t e = 0; e < E; e++) {
-                p[e] = expf(p[e] - mx);
-                sum += p[e];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (uint32_t e = 0; e < E; e++)
-                p[e] *= inv;
-            /* one pass keeping the k largest, larger first (a later equal one never passes) */
-            uint32_t have = 0;
-            for (uint32_t e = 0; e < E; e++) {
-                if (have == k && !(p[e] > p[sel[k - 1]]))
-                    continue;
-                uint32_t i = have < k ? have++ : k - 1;
-                while (i > 0 && p[e] > p[sel[i - 1]]) {
-                    sel[i] = sel[i - 1];
-                    i--;
-                }
-                sel[i] = e;
-            }
-            float tot = 0.0f;
-            for (uint32_t j = 0; j < k; j++) {
-                w[j] = p[sel[j]];
-                tot += w[j];
-            }
-            if (mo->norm_topk)
-                for (uint32_t j = 0; j < k; j++)
-                    w[j] /= tot;
-        }
-        for (uint32_t j = 1; j < k; j++) /* ascending expert order (insertion sort) */
-            for (uint32_t i = j; i > 0 && sel[i - 1] > sel[i]; i--) {
-                uint32_t ts = sel[i];
-                float tw = w[i];
-                sel[i] = sel[i - 1], w[i] = w[i - 1];
-                sel[i - 1] = ts, w[i - 1] = tw;
-            }
+        wrk_moe_route(&mo->rt, p, c->rc + (size_t)t * c->moe_E, sel, w);
         if (mo->Fs > 0 && mo->relu2) {
             gdn_relu2(c->hs + (size_t)t * c->moe_Fs, mo->Fs);
         } else if (mo->Fs > 0) {
@@ -1966,7 +1824,7 @@ gdn_open_moe(be_ctx *c, wk_diag *d)
         mo->topk_group = wm->topk_group ? wm->topk_group : 1;
         mo->scale = wm->scale;
         if (mo->sigmoid &&
-            (mo->n_group > 64 || mo->E % mo->n_group != 0 || mo->topk_group > mo->n_group ||
+            (mo->n_group > WRK_MOE_ROUTE_GROUPS_MAX || mo->E % mo->n_group != 0 || mo->topk_group > mo->n_group ||
              (uint64_t)mo->topk_group * (mo->E / mo->n_group) < mo->k))
             return wk_diag_set(d, WK_EINVAL,
                                "cpu backend: layer %u: bad expert groups (%u experts, %u groups, "
@@ -1987,6 +1845,14 @@ gdn_open_moe(be_ctx *c, wk_diag *d)
         mo->down = calloc(mo->E, sizeof(*mo->down));
         if (mo->gate == NULL || mo->up == NULL || mo->down == NULL)
             return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");
+        mo->rt = (wrk_moe_route_cfg){.E = mo->E,
+                                     .k = mo->k,
+                                     .route = wm->route,
+                                     .norm_topk = mo->norm_topk,
+                                     .n_group = mo->n_group,
+                                     .topk_group = mo->topk_group,
+                                     .scale = mo->scale,
+                                     .score_bias = mo->score_bias};
         c->moe_E = mo->E > c->moe_E ? mo->E : c->moe_E;
         c->moe_k = mo->k > c->moe_k ? mo->k : c->moe_k;
         c->moe_Fe = mo->Fe > c->moe_Fe ? mo->Fe : c->moe_Fe;

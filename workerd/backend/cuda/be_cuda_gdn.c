@@ -82,7 +82,7 @@
  * the shared expert's GEMMs and its sigmoid gate) on the device for every
  * token, then one copy of the router logits [T][E] to pinned host memory
  * and a stream synchronisation, the routing per token on the host with the
- * CPU's own rules and tie order (gdn_route: softmax / sigmoid with score
+ * CPU's own code (wrk_moe_route: softmax / sigmoid with score
  * bias and groups / top-k-then-softmax; the selection stored by ascending
  * expert), a counting sort of the T k (token, expert) pairs into
  * expert-major rows (tokens ascending within an expert), one upload of the
@@ -125,13 +125,13 @@
 #include "be_cuda_kv.h"
 #include "k.h"
 #include "wrk_gdn.h"
+#include "wrk_moe_route.h"
 
 #define GDN_MAX_CONV 64u       /* conv taps limit (the CPU's and the kernels') */
 #define GDN_KV_PAGE_TOKENS 16u /* tokens per KV page (the CPU's, be_cpu_gdn.c) */
 #define GDN_KV_DEF_CTX 2048u   /* default pool: this many tokens for every slot (the CPU's) */
 #define GDN_ATT_MAX_DIM 1024u  /* attention head dim (k_attn's limit, the CPU's) */
 #define GDN_M2_SMEM 49152u     /* k_mamba2_scan's shared memory for x, B, C (bytes) */
-#define GDN_MOE_GROUPS 64u     /* most expert groups (the CPU's) */
 
 /* Offsets of a layer's vectors in the device vector block (floats). */
 enum {
@@ -167,6 +167,7 @@ typedef struct gdn_moe {
     uint32_t n_group, topk_group;  /* SIGMOID: groups, groups kept (1, 1: none) */
     float scale;                   /* SIGMOID: routed_scaling_factor */
     float *score_bias;             /* SIGMOID: [E] host fp32 (zeros when absent), owned */
+    wrk_moe_route_cfg rt;          /* the routing (wrk_moe_route, on the host) */
     be_cuda_mat router;            /* C -> E */
     be_cuda_mat *gate, *up, *down; /* E each (gate unused for RELU2), owned host arrays */
     be_cuda_mat sg, su, sd, sr;    /* shared expert C -> Fs -> C, its gate C -> 1 */
@@ -433,130 +434,8 @@ gdn_attention(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
 }
 
 /* ------------------------------------------------------------------------ */
-/* mixture of experts: routing on the host (the CPU's rules, bit for bit)    */
+/* mixture of experts: routing on the host (wrk_moe_route, the CPU's code) */
 /* ------------------------------------------------------------------------ */
-
-static inline float
-gdn_sigmoid(float x)
-{
-    return 1.0f / (1.0f + expf(-x));
-}
-
-/*
- * The k largest of p[0..E-1] into sel, larger first; equal ones by the
- * lower index (a later equal one never passes): be_cpu_gdn.c's selection.
- */
-static void
-gdn_topk(const float *p, uint32_t E, uint32_t k, uint32_t *sel)
-{
-    uint32_t have = 0;
-    for (uint32_t e = 0; e < E; e++) {
-        if (have == k && !(p[e] > p[sel[k - 1]]))
-            continue;
-        uint32_t i = have < k ? have++ : k - 1;
-        while (i > 0 && p[e] > p[sel[i - 1]]) {
-            sel[i] = sel[i - 1];
-            i--;
-        }
-        sel[i] = e;
-    }
-}
-
-/*
- * One token's routing from its router logits p [E] (overwritten), as
- * be_cpu_gdn.c's gdn_stage_route / gdn_route_sigmoid /
- * gdn_route_topk_softmax: the experts into sel and their weights into w,
- * by ascending expert. cs: E floats of scratch (sigmoid routing).
- */
-static void
-gdn_route(const gdn_moe *mo, float *p, float *cs, uint32_t *sel, float *w)
-{
-    const uint32_t E = mo->E, k = mo->k;
-    if (mo->route == WRK_MOE_SIGMOID) {
-        const uint32_t G = mo->n_group, per = E / G;
-        for (uint32_t e = 0; e < E; e++) {
-            p[e] = gdn_sigmoid(p[e]);
-            cs[e] = p[e] + mo->score_bias[e];
-        }
-        if (G > 1) {
-            float gs[GDN_MOE_GROUPS]; /* group scores (checked at open) */
-            bool keep[GDN_MOE_GROUPS];
-            for (uint32_t g = 0; g < G; g++) {
-                float b1 = -INFINITY, b2 = -INFINITY;
-                for (uint32_t e = g * per; e < (g + 1) * per; e++) {
-                    if (cs[e] > b1) {
-                        b2 = b1;
-                        b1 = cs[e];
-                    } else if (cs[e] > b2) {
-                        b2 = cs[e];
-                    }
-                }
-                gs[g] = per > 1 ? b1 + b2 : b1;
-                keep[g] = false;
-            }
-            for (uint32_t r = 0; r < mo->topk_group; r++) {
-                uint32_t best = G;
-                for (uint32_t g = 0; g < G; g++)
-                    if (!keep[g] && (best == G || gs[g] > gs[best]))
-                        best = g;
-                keep[best] = true;
-            }
-            for (uint32_t e = 0; e < E; e++)
-                if (!keep[e / per])
-                    cs[e] = -INFINITY;
-        }
-        gdn_topk(cs, E, k, sel);
-        float tot = 0.0f;
-        for (uint32_t j = 0; j < k; j++) {
-            w[j] = p[sel[j]];
-            tot += w[j];
-        }
-        if (mo->norm_topk)
-            for (uint32_t j = 0; j < k; j++)
-                w[j] /= tot + 1e-20f;
-        for (uint32_t j = 0; j < k; j++)
-            w[j] *= mo->scale;
-    } else if (mo->route == WRK_MOE_TOPK_SOFTMAX) {
-        gdn_topk(p, E, k, sel);
-        const float mx = p[sel[0]];
-        double sum = 0.0;
-        for (uint32_t j = 0; j < k; j++) {
-            w[j] = expf(p[sel[j]] - mx);
-            sum += w[j];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (uint32_t j = 0; j < k; j++)
-            w[j] *= inv;
-    } else {
-        float mx = -INFINITY;
-        for (uint32_t e = 0; e < E; e++)
-            mx = p[e] > mx ? p[e] : mx;
-        double sum = 0.0;
-        for (uint32_t e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (uint32_t e = 0; e < E; e++)
-            p[e] *= inv;
-        gdn_topk(p, E, k, sel);
-        float tot = 0.0f;
-        for (uint32_t j = 0; j < k; j++) {
-            w[j] = p[sel[j]];
-            tot += w[j];
-        }
-        if (mo->norm_topk)
-            for (uint32_t j = 0; j < k; j++)
-                w[j] /= tot;
-    }
-    for (uint32_t j = 1; j < k; j++) /* ascending expert order (insertion sort) */
-        for (uint32_t i = j; i > 0 && sel[i - 1] > sel[i]; i--) {
-            uint32_t ts = sel[i];
-            float tw = w[i];
-            sel[i] = sel[i - 1], w[i] = w[i - 1];
-            sel[i - 1] = ts, w[i - 1] = tw;
-        }
-}
 
 /*
  * A mixture-of-experts MLP over the pass (xn holds mlp_norm's output),
@@ -596,7 +475,8 @@ gdn_moe_run(be_cuda_gdn *c, const gdn_moe *mo, wk_diag *d)
         d);
     WK_CUDA_CHECK(cudaStreamSynchronize(co->stream), d);
     for (uint32_t t = 0; t < T; t++)
-        gdn_route(mo, c->hrl + (size_t)t * E, c->cs, c->sel + (size_t)t * k, c->sw + (size_t)t * k);
+        wrk_moe_route(&mo->rt, c->hrl + (size_t)t * E, c->cs, c->sel + (size_t)t * k,
+                      c->sw + (size_t)t * k);
 
     /* the rows of each expert, expert-major, tokens ascending: a counting sort */
     uint32_t *cnt = c->ecnt, *idx = c->hmoe, *trow = c->hmoe + n;
@@ -1086,7 +966,7 @@ gdn_open_moe(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
         mo->topk_group = wm->topk_group ? wm->topk_group : 1;
         mo->scale = wm->scale;
         if (mo->route == WRK_MOE_SIGMOID &&
-            (mo->n_group > GDN_MOE_GROUPS || mo->E % mo->n_group != 0 ||
+            (mo->n_group > WRK_MOE_ROUTE_GROUPS_MAX || mo->E % mo->n_group != 0 ||
              mo->topk_group > mo->n_group ||
              (uint64_t)mo->topk_group * (mo->E / mo->n_group) < mo->k))
             return wk_diag_set(d, WK_EINVAL,
@@ -1107,6 +987,14 @@ gdn_open_moe(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
         mo->down = calloc(mo->E, sizeof(*mo->down));
         if (mo->gate == NULL || mo->up == NULL || mo->down == NULL)
             return wk_diag_set(d, WK_ENOMEM, "out of memory");
+        mo->rt = (wrk_moe_route_cfg){.E = mo->E,
+                                     .k = mo->k,
+                                     .route = mo->route,
+                                     .norm_topk = mo->norm_topk,
+                                     .n_group = mo->n_group,
+                                     .topk_group = mo->topk_group,
+                                     .scale = mo->scale,
+                                     .score_bias = mo->score_bias};
         c->moe_E = mo->E > c->moe_E ? mo->E : c->moe_E;
         c->moe_k = mo->k > c->moe_k ? mo->k : c->moe_k;
         c->moe_Fe = mo->Fe > c->moe_Fe ? mo->Fe : c->moe_Fe;
