@@ -1036,6 +1036,42 @@ wrk_gguf_f64_def(const wk_gguf *g, const char *arch, const char *key, double def
 }
 
 /*
+ * The Mamba2-hybrid layouts (nemotron_h, granitehybrid) back in the
+ * checkpoint's shapes, for view o of GGUF tensor t (name tail rest): q / k
+ * rows un-permuted (Hq query, Hkv KV heads; 0: Hq), the squeezed conv
+ * [conv_dim, K2] as [conv_dim, 1, K2], A / D / the gated norm / the router's
+ * score bias as 1-D, and A (ssm_a, H values) as A_log. Other tensors stay.
+ */
+static wk_err
+wrk_gguf_m2h_view(wrk_gguf_owner *own, const wk_tensor *t, wk_tensor *o, const char *rest,
+                  uint64_t Hq, uint64_t Hkv, uint64_t K2, uint64_t H, wk_diag *d)
+{
+    const int64_t numel = wk_tensor_numel(t);
+    if (strcmp(rest, "attn_q.weight") == 0 || strcmp(rest, "attn_k.weight") == 0)
+        return wrk_gguf_nh_unpermute(own, o, rest[5] == 'q' ? Hq : (Hkv ? Hkv : Hq), d);
+    if (strcmp(rest, "ssm_conv1d.weight") == 0) {
+        if (t->ndim != 2 || t->shape[1] != (int64_t)K2)
+            return wk_diag_set(d, WK_EINVAL, "%s: expected [conv_dim, %" PRIu64 "]", t->name, K2);
+        o->ndim = 3;
+        o->shape[0] = t->shape[0];
+        o->shape[1] = 1;
+        o->shape[2] = t->shape[1];
+        return WK_OK;
+    }
+    if (strcmp(rest, "ssm_a") == 0 || strcmp(rest, "ssm_d") == 0 ||
+        strcmp(rest, "ssm_norm.weight") == 0 || strcmp(rest, "exp_probs_b.bias") == 0) {
+        o->ndim = 1;
+        o->shape[0] = numel;
+        if (strcmp(rest, "ssm_a") != 0)
+            return WK_OK;
+        if (numel != (int64_t)H)
+            return wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " values", t->name, H);
+        return wrk_gguf_a_log_view(own, t, o, H, d);
+    }
+    return WK_OK;
+}
+
+/*
  * Maps the tensors of a nemotron_h / nemotron_h_moe file (llama.cpp's
  * NemotronHModel) back to the checkpoint's names and builds its config:
  * the layer kinds from the tensors each block holds (ssm_* Mamba2, attn_q
@@ -1182,30 +1218,7 @@ wrk_gguf_nemotron_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, c
             e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
             break;
         }
-        const int64_t numel = wk_tensor_numel(t);
-        if (strcmp(rest, "attn_q.weight") == 0 || strcmp(rest, "attn_k.weight") == 0) {
-            e = wrk_gguf_nh_unpermute(own, o, rest[5] == 'q' ? Hq : (Hkv ? Hkv : Hq), d);
-        } else if (strcmp(rest, "ssm_conv1d.weight") == 0) {
-            if (t->ndim != 2 || t->shape[1] != (int64_t)K2) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: expected [conv_dim, %" PRIu64 "]", t->name, K2);
-                break;
-            }
-            o->ndim = 3;
-            o->shape[0] = t->shape[0];
-            o->shape[1] = 1;
-            o->shape[2] = t->shape[1];
-        } else if (strcmp(rest, "ssm_a") == 0 || strcmp(rest, "ssm_d") == 0 ||
-                   strcmp(rest, "ssm_norm.weight") == 0 || strcmp(rest, "exp_probs_b.bias") == 0) {
-            o->ndim = 1;
-            o->shape[0] = numel;
-            if (strcmp(rest, "ssm_a") != 0)
-                continue;
-            if (numel != (int64_t)H) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " values", t->name, H);
-                break;
-            }
-            e = wrk_gguf_a_log_view(own, t, o, H, d);
-        }
+        e = wrk_gguf_m2h_view(own, t, o, rest, Hq, Hkv, K2, H, d);
     }
     if (e != WK_OK) {
         json_decref(types);
@@ -1463,30 +1476,7 @@ wrk_gguf_granite_h(const wk_gguf *g, wrk_gguf_views *vs, wrk_gguf_owner *own, js
             e = wk_diag_set(d, WK_ENOMEM, "internal: view table full");
             break;
         }
-        const int64_t numel = wk_tensor_numel(t);
-        if (strcmp(rest, "attn_q.weight") == 0 || strcmp(rest, "attn_k.weight") == 0) {
-            e = wrk_gguf_nh_unpermute(own, o, rest[5] == 'q' ? Hq : (Hkv ? Hkv : Hq), d);
-        } else if (strcmp(rest, "ssm_conv1d.weight") == 0) {
-            if (t->ndim != 2 || t->shape[1] != (int64_t)K2) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: expected [conv_dim, %" PRIu64 "]", t->name, K2);
-                break;
-            }
-            o->ndim = 3;
-            o->shape[0] = t->shape[0];
-            o->shape[1] = 1;
-            o->shape[2] = t->shape[1];
-        } else if (strcmp(rest, "ssm_a") == 0 || strcmp(rest, "ssm_d") == 0 ||
-                   strcmp(rest, "ssm_norm.weight") == 0) {
-            o->ndim = 1;
-            o->shape[0] = numel;
-            if (strcmp(rest, "ssm_a") != 0)
-                continue;
-            if (numel != (int64_t)H) {
-                e = wk_diag_set(d, WK_EINVAL, "%s: expected %" PRIu64 " values", t->name, H);
-                break;
-            }
-            e = wrk_gguf_a_log_view(own, t, o, H, d);
-        }
+        e = wrk_gguf_m2h_view(own, t, o, rest, Hq, Hkv, K2, H, d);
     }
     if (e != WK_OK) {
         json_decref(types);
