@@ -6,6 +6,47 @@
 #include "wrk_moe_route.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "wk_tensor.h"
+
+wk_err
+wrk_moe_route_open(wrk_moe_route_cfg *r, const wrk_moe *wm, const char *who, uint32_t layer,
+                   wk_diag *d)
+{
+    *r = (wrk_moe_route_cfg){0};
+    if (wm->n_experts == 0 || wm->top_k == 0 || wm->top_k > wm->n_experts)
+        return wk_diag_set(d, WK_EINVAL, "%s: layer %u: bad experts (%u, top %u)", who, layer,
+                           wm->n_experts, wm->top_k);
+    r->E = wm->n_experts;
+    r->k = wm->top_k;
+    r->route = wm->route;
+    r->norm_topk = wm->norm_topk;
+    r->n_group = wm->n_group ? wm->n_group : 1;
+    r->topk_group = wm->topk_group ? wm->topk_group : 1;
+    r->scale = wm->scale;
+    if (r->route != WRK_MOE_SIGMOID)
+        return WK_OK;
+    if (r->n_group > WRK_MOE_ROUTE_GROUPS_MAX || r->E % r->n_group != 0 ||
+        r->topk_group > r->n_group || (uint64_t)r->topk_group * (r->E / r->n_group) < r->k)
+        return wk_diag_set(d, WK_EINVAL,
+                           "%s: layer %u: bad expert groups (%u experts, %u groups, %u kept, "
+                           "top %u)",
+                           who, layer, r->E, r->n_group, r->topk_group, r->k);
+    r->score_bias = calloc(r->E, sizeof(float));
+    if (r->score_bias == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "%s: out of memory", who);
+    if (wm->score_bias != NULL && wk_tensor_read_f32(wm->score_bias, 0, r->E, r->score_bias) != WK_OK)
+        return wk_diag_set(d, WK_EINVAL, "%s: cannot read %s", who, wm->score_bias->name);
+    return WK_OK;
+}
+
+void
+wrk_moe_route_close(wrk_moe_route_cfg *r)
+{
+    free(r->score_bias);
+    r->score_bias = NULL;
+}
 
 /* The k largest of v[0..E) into sel, larger first; a later equal one never passes. */
 static void

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "wk_err.h"
 #include "wrk_gdn.h"
 
 #define WRK_MOE_ROUTE_GROUPS_MAX 64 /* expert groups of SIGMOID routing */
@@ -19,8 +20,18 @@ typedef struct wrk_moe_route_cfg {
     bool norm_topk;               /* SOFTMAX, SIGMOID: renormalise the top-k weights */
     uint32_t n_group, topk_group; /* SIGMOID: groups, groups kept (1, 1: none) */
     float scale;                  /* SIGMOID: routed_scaling_factor */
-    const float *score_bias;      /* SIGMOID: [E] (zeros when the checkpoint has none) */
+    float *score_bias;            /* SIGMOID: [E] host fp32, owned (zeros when the checkpoint
+                                     has none); NULL otherwise */
 } wrk_moe_route_cfg;
+
+/*
+ * The routing of layer's experts wm: checks the counts and the groups
+ * (errors name who, e.g. "cpu backend", and the layer) and reads the score
+ * bias. wrk_moe_route_close() frees what it holds.
+ */
+WK_MUST_CHECK wk_err wrk_moe_route_open(wrk_moe_route_cfg *r, const wrk_moe *wm, const char *who,
+                                        uint32_t layer, wk_diag *d);
+void wrk_moe_route_close(wrk_moe_route_cfg *r);
 
 /*
  * Routes one token: p holds its E router logits (overwritten: probabilities

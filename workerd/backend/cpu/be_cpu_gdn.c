@@ -121,15 +121,9 @@ typedef void (*gdn_delta_fn)(float *S, size_t ld, uint32_t K, uint32_t n, const 
 /* A mixture-of-experts MLP (wrk_gdn.h wrk_moe), packed. */
 typedef struct gdn_moe {
     uint32_t E, k, Fe, Fs;         /* experts, per token, expert width, shared width (0: none) */
-    bool norm_topk;                /* renormalise the top-k weights */
     bool relu2;                    /* experts (and the shared one) are RELU2, else SwiGLU */
-    bool sigmoid;                  /* WRK_MOE_SIGMOID routing, else softmax */
-    bool topk_softmax;             /* WRK_MOE_TOPK_SOFTMAX routing (top k, then softmax) */
     bool sh_gated;                 /* the shared expert is times sigmoid(sr x) */
-    uint32_t n_group, topk_group;  /* sigmoid routing: groups, groups kept */
-    float scale;                   /* sigmoid routing: routed_scaling_factor */
-    float *score_bias;             /* sigmoid routing: [E] fp32, owned (zeros when absent) */
-    wrk_moe_route_cfg rt;          /* the routing (wrk_moe_route), over the fields above */
+    wrk_moe_route_cfg rt;          /* the routing (wrk_moe_route), owned */
     be_cpu_mat router;             /* C -> E */
     be_cpu_mat *gate, *up, *down;  /* E each, owned arrays */
     be_cpu_mat sg, su, sd, sr;     /* shared expert C -> Fs -> C, its gate C -> 1 */
@@ -1527,7 +1521,7 @@ gdn_close(be_cpu_base *b)
             free(mo->gate);
             free(mo->up);
             free(mo->down);
-            free(mo->score_bias);
+            wrk_moe_route_close(&mo->rt);
             free(mo);
         }
     }
@@ -1804,55 +1798,24 @@ gdn_open_moe(be_ctx *c, wk_diag *d)
         const wrk_moe *wm = g->layers[l].moe;
         if (wm == NULL)
             continue;
-        if (wm->n_experts == 0 || wm->top_k == 0 || wm->top_k > wm->n_experts)
-            return wk_diag_set(d, WK_EINVAL, "cpu backend: layer %u: bad experts (%u, top %u)", l,
-                               wm->n_experts, wm->top_k);
         gdn_moe *mo = calloc(1, sizeof(*mo));
         if (mo == NULL)
             return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");
         c->layers[l].moe = mo;
-        mo->E = wm->n_experts;
-        mo->k = wm->top_k;
+        wk_err e = wrk_moe_route_open(&mo->rt, wm, "cpu backend", l, d);
+        if (e != WK_OK)
+            return e;
+        mo->E = mo->rt.E;
+        mo->k = mo->rt.k;
         mo->Fe = wm->ffn;
         mo->Fs = wm->shared_ffn;
-        mo->norm_topk = wm->norm_topk;
         mo->relu2 = wm->act == WRK_MLP_RELU2;
-        mo->sigmoid = wm->route == WRK_MOE_SIGMOID;
-        mo->topk_softmax = wm->route == WRK_MOE_TOPK_SOFTMAX;
         mo->sh_gated = wm->sh_router.t != NULL;
-        mo->n_group = wm->n_group ? wm->n_group : 1;
-        mo->topk_group = wm->topk_group ? wm->topk_group : 1;
-        mo->scale = wm->scale;
-        if (mo->sigmoid &&
-            (mo->n_group > WRK_MOE_ROUTE_GROUPS_MAX || mo->E % mo->n_group != 0 || mo->topk_group > mo->n_group ||
-             (uint64_t)mo->topk_group * (mo->E / mo->n_group) < mo->k))
-            return wk_diag_set(d, WK_EINVAL,
-                               "cpu backend: layer %u: bad expert groups (%u experts, %u groups, "
-                               "%u kept, top %u)",
-                               l, mo->E, mo->n_group, mo->topk_group, mo->k);
-        if (mo->sigmoid) {
-            mo->score_bias = be_cpu_alloc_f(mo->E);
-            if (mo->score_bias == NULL)
-                return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");
-            if (wm->score_bias == NULL)
-                memset(mo->score_bias, 0, sizeof(float) * mo->E);
-            else if (wk_tensor_read_f32(wm->score_bias, 0, mo->E, mo->score_bias) != WK_OK)
-                return wk_diag_set(d, WK_EINVAL, "cpu backend: cannot read %s",
-                                   wm->score_bias->name);
-        }
         mo->gate = calloc(mo->E, sizeof(*mo->gate));
         mo->up = calloc(mo->E, sizeof(*mo->up));
         mo->down = calloc(mo->E, sizeof(*mo->down));
         if (mo->gate == NULL || mo->up == NULL || mo->down == NULL)
             return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory");
-        mo->rt = (wrk_moe_route_cfg){.E = mo->E,
-                                     .k = mo->k,
-                                     .route = wm->route,
-                                     .norm_topk = mo->norm_topk,
-                                     .n_group = mo->n_group,
-                                     .topk_group = mo->topk_group,
-                                     .scale = mo->scale,
-                                     .score_bias = mo->score_bias};
         c->moe_E = mo->E > c->moe_E ? mo->E : c->moe_E;
         c->moe_k = mo->k > c->moe_k ? mo->k : c->moe_k;
         c->moe_Fe = mo->Fe > c->moe_Fe ? mo->Fe : c->moe_Fe;

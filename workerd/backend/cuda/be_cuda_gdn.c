@@ -160,14 +160,9 @@ enum {
 /* A mixture-of-experts MLP (wrk_moe) on the device, its routing on the host. */
 typedef struct gdn_moe {
     uint32_t E, k, Fe, Fs;         /* experts, per token, expert width, shared width (0: none) */
-    bool norm_topk;                /* renormalise the top-k weights */
     bool relu2;                    /* RELU2 experts (and shared expert), else SwiGLU */
-    wrk_moe_router route;          /* SOFTMAX, SIGMOID or TOPK_SOFTMAX */
     bool sh_gated;                 /* the shared expert is times sigmoid(sr x) */
-    uint32_t n_group, topk_group;  /* SIGMOID: groups, groups kept (1, 1: none) */
-    float scale;                   /* SIGMOID: routed_scaling_factor */
-    float *score_bias;             /* SIGMOID: [E] host fp32 (zeros when absent), owned */
-    wrk_moe_route_cfg rt;          /* the routing (wrk_moe_route, on the host) */
+    wrk_moe_route_cfg rt;          /* the routing (wrk_moe_route, on the host), owned */
     be_cuda_mat router;            /* C -> E */
     be_cuda_mat *gate, *up, *down; /* E each (gate unused for RELU2), owned host arrays */
     be_cuda_mat sg, su, sd, sr;    /* shared expert C -> Fs -> C, its gate C -> 1 */
@@ -662,7 +657,7 @@ gdn_destroy(void *impl)
         gdn_moe *mo = c->layers[l].moe;
         if (mo == NULL)
             continue;
-        free(mo->score_bias);
+        wrk_moe_route_close(&mo->rt);
         free(mo->gate);
         free(mo->up);
         free(mo->down);
@@ -954,47 +949,20 @@ gdn_open_moe(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
         if (mo == NULL)
             return wk_diag_set(d, WK_ENOMEM, "out of memory");
         c->layers[l].moe = mo;
-        mo->E = wm->n_experts;
-        mo->k = wm->top_k;
+        wk_err e = wrk_moe_route_open(&mo->rt, wm, "cuda backend", l, d);
+        if (e != WK_OK)
+            return e;
+        mo->E = mo->rt.E;
+        mo->k = mo->rt.k;
         mo->Fe = wm->ffn;
         mo->Fs = wm->shared_ffn;
-        mo->norm_topk = wm->norm_topk;
         mo->relu2 = wm->act == WRK_MLP_RELU2;
-        mo->route = wm->route;
         mo->sh_gated = wm->sh_router.t != NULL;
-        mo->n_group = wm->n_group ? wm->n_group : 1;
-        mo->topk_group = wm->topk_group ? wm->topk_group : 1;
-        mo->scale = wm->scale;
-        if (mo->route == WRK_MOE_SIGMOID &&
-            (mo->n_group > WRK_MOE_ROUTE_GROUPS_MAX || mo->E % mo->n_group != 0 ||
-             mo->topk_group > mo->n_group ||
-             (uint64_t)mo->topk_group * (mo->E / mo->n_group) < mo->k))
-            return wk_diag_set(d, WK_EINVAL,
-                               "cuda backend: layer %u: bad expert groups (%u experts, %u groups, "
-                               "%u kept, top %u)",
-                               l, mo->E, mo->n_group, mo->topk_group, mo->k);
-        if (mo->route == WRK_MOE_SIGMOID) {
-            mo->score_bias = calloc(mo->E, sizeof(float));
-            if (mo->score_bias == NULL)
-                return wk_diag_set(d, WK_ENOMEM, "out of memory");
-            if (wm->score_bias != NULL &&
-                wk_tensor_read_f32(wm->score_bias, 0, mo->E, mo->score_bias) != WK_OK)
-                return wk_diag_set(d, WK_EINVAL, "cuda backend: cannot read %s",
-                                   wm->score_bias->name);
-        }
         mo->gate = calloc(mo->E, sizeof(*mo->gate));
         mo->up = calloc(mo->E, sizeof(*mo->up));
         mo->down = calloc(mo->E, sizeof(*mo->down));
         if (mo->gate == NULL || mo->up == NULL || mo->down == NULL)
             return wk_diag_set(d, WK_ENOMEM, "out of memory");
-        mo->rt = (wrk_moe_route_cfg){.E = mo->E,
-                                     .k = mo->k,
-                                     .route = mo->route,
-                                     .norm_topk = mo->norm_topk,
-                                     .n_group = mo->n_group,
-                                     .topk_group = mo->topk_group,
-                                     .scale = mo->scale,
-                                     .score_bias = mo->score_bias};
         c->moe_E = mo->E > c->moe_E ? mo->E : c->moe_E;
         c->moe_k = mo->k > c->moe_k ? mo->k : c->moe_k;
         c->moe_Fe = mo->Fe > c->moe_Fe ? mo->Fe : c->moe_Fe;
