@@ -60,6 +60,9 @@ static const wk_cfg_opt ctl_opts[] = {
     {"http-threads", WK_CFG_U64, "32", 2, 1024, "HTTP request threads"},
     {"sse-loops", WK_CFG_U64, "0", 0, 256,
      "event-loop threads that write streamed replies (0: one per core available)"},
+    {"sse-flush-ms", WK_CFG_U64, "2", 0, 1000,
+     "a streamed reply's events are held up to this long to go out in one write (its first "
+     "token and its end at once; 0: every step's events at once)"},
     {"max-body", WK_CFG_U64, "16777216", 1024, 1073741824, "largest request body in bytes"},
     {"max-header-bytes", WK_CFG_U64, "16384", 1024, 1048576,
      "largest request line + headers in bytes (larger: a 4xx JSON error, connection closed)"},
@@ -181,6 +184,7 @@ static const wk_cfg_bind ctl_binds[] = {
     CTL_BIND("api-keys", STR, api_keys),
     CTL_BIND("http-threads", UINT, http.threads),
     CTL_BIND("sse-loops", UINT, http.sse_loops),
+    CTL_BIND("sse-flush-ms", UINT, http.sse_flush_ms),
     CTL_BIND("max-body", SIZE, http.max_body),
     CTL_BIND("max-header-bytes", SIZE, http.max_header),
     CTL_BIND("http-timeout-ms", UINT, http.timeout_ms),

@@ -739,7 +739,7 @@ ctl_http_new(const ctl_http_config *cfg, const ctl_http_route *routes, size_t n_
         h->local_any = memcmp(&h->local, &any4, sizeof(any4)) == 0 ||
                        memcmp(&h->local, &any6, sizeof(any6)) == 0;
         wk_diag ld = {{0}};
-        if (ctl_sseloop_new(cfg->sse_loops, &h->loop, &ld) != WK_OK) {
+        if (ctl_sseloop_new(cfg->sse_loops, cfg->sse_flush_ms, &h->loop, &ld) != WK_OK) {
             wk_log_warn("streams stay on their threads: %s", ld.msg);
             h->loop = NULL;
         }

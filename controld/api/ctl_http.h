@@ -57,6 +57,7 @@ typedef struct ctl_http_config {
     ctl_http_authorizer auth; /* NULL: everyone is user "local", admin */
     void *auth_arg;         /* passed to auth */
     unsigned sse_loops;     /* event-loop threads for streamed replies, 0 = none (threads write) */
+    unsigned sse_flush_ms;  /* their coalescing delay (ctl_sseloop_new), 0 = none */
 } ctl_http_config;
 
 /* Called after each response for metrics; may be NULL. */

@@ -6,6 +6,15 @@
  * taken off epoll and the ready list before its owner is told (at the end
  * of the loop's iteration), so that the owner may free it as soon as no
  * waker can reach it anymore.
+ *
+ * Coalescing (flush_ms > 0): what a pump writes into an empty buffer after
+ * the stream's first write is held instead of sent, and the stream goes on
+ * the loop's hold list (in the order it started holding, so in deadline
+ * order: the delay is the same for all). The loop sends a held buffer when
+ * its flush_ms ran out (epoll_wait sleeps until the first one), when it
+ * reaches CTL_SSELOOP_FLUSH_BYTES, when the pump is done or fails, and when
+ * a deadline ends the stream. A held stream is pumped as before: holding is
+ * not waiting for the socket (that is still EPOLLOUT, and no pump meanwhile).
  */
 #define WK_LOG_MODULE "sseloop"
 #include "ctl_sseloop.h"
@@ -24,7 +33,8 @@
 #include "wk_log.h"
 #include "wk_time.h"
 
-#define CTL_SSELOOP_EVENTS 128 /* epoll events taken per wait */
+#define CTL_SSELOOP_EVENTS 128        /* epoll events taken per wait */
+#define CTL_SSELOOP_FLUSH_BYTES 8192  /* a held buffer this large is sent at once */
 
 typedef struct ctl_sseloop_thr {
     pthread_t thr;       /* the loop */
@@ -36,10 +46,14 @@ typedef struct ctl_sseloop_thr {
     ctl_ssestream *tail; /* its last entry */
     bool sleeping;       /* the loop waits with an empty ready list */
     bool stop;           /* the loop exits */
+    /* loop thread only: */
+    ctl_ssestream *hold_head; /* streams whose output is held (coalescing), oldest first */
+    ctl_ssestream *hold_tail; /* its last entry */
 } ctl_sseloop_thr;
 
 struct ctl_sseloop {
     unsigned n;              /* threads */
+    uint32_t flush_ms;       /* coalescing delay, 0 = every write is sent at once */
     ctl_sseloop_thr *t;      /* them */
     atomic_uint next;        /* round-robin placement of new streams */
     pthread_mutex_t live_mu; /* guards live and closing; taken before a loop's mu */
@@ -61,6 +75,11 @@ struct ctl_ssestream {
     size_t len;                /* bytes in out */
     size_t cap;                /* allocated */
     bool out_armed;            /* EPOLLOUT is registered */
+    bool wrote;                /* the stream wrote before (its first write is never held) */
+    bool held;                 /* out[off..len) is held (coalescing), not tried yet */
+    uint64_t flush_at;         /* when held: monotonic ms at which it is sent */
+    struct ctl_ssestream *hold_prev; /* the loop's hold list */
+    struct ctl_ssestream *hold_next; /* */
     bool broken;               /* a send failed: the client is gone */
     bool pump_done;            /* the pump said done; ends once out is written */
     wk_err end_err;            /* what it ends with then: WK_OK, the pump's error, WK_ETIMEDOUT */
@@ -143,26 +162,18 @@ ctl_ssestream_send(ctl_ssestream *st, const char *p, size_t n, size_t *sent)
     return WK_OK;
 }
 
-wk_err
-ctl_ssestream_write(ctl_ssestream *st, const char *p, size_t n)
+/* Appends p[0..n) to st's buffer (compacted or grown first). WK_ENOMEM. */
+static wk_err
+ctl_ssestream_keep(ctl_ssestream *st, const char *p, size_t n)
 {
-    size_t sent = 0;
-    if (st->off == st->len) {
-        st->off = st->len = 0;
-        if (ctl_ssestream_send(st, p, n, &sent) != WK_OK)
-            return WK_EIO;
-        if (sent == n)
-            return WK_OK;
-    }
-    size_t rest = n - sent;
-    if (st->len + rest > st->cap) {
+    if (st->len + n > st->cap) {
         if (st->off > 0) { /* (compact first) */
             memmove(st->out, st->out + st->off, st->len - st->off);
             st->len -= st->off;
             st->off = 0;
         }
         size_t cap = st->cap ? st->cap : 4096;
-        while (cap < st->len + rest)
+        while (cap < st->len + n)
             cap *= 2;
         if (cap > st->cap) {
             char *np = realloc(st->out, cap);
@@ -172,10 +183,96 @@ ctl_ssestream_write(ctl_ssestream *st, const char *p, size_t n)
             st->cap = cap;
         }
     }
-    memcpy(st->out + st->len, p + sent, rest);
-    if (st->off == st->len || sent > 0)
+    memcpy(st->out + st->len, p, n);
+    st->len += n;
+    return WK_OK;
+}
+
+/* Puts st (whose buffer holds what it must not send yet) on its loop's hold list. */
+static void
+ctl_ssestream_hold(ctl_ssestream *st)
+{
+    ctl_sseloop_thr *t = st->t;
+    st->held = true;
+    st->flush_at = wk_mono_ms() + st->l->flush_ms;
+    st->hold_next = NULL;
+    st->hold_prev = t->hold_tail;
+    if (t->hold_tail != NULL)
+        t->hold_tail->hold_next = st;
+    else
+        t->hold_head = st;
+    t->hold_tail = st;
+}
+
+/* Takes st off its loop's hold list, if it is on it. */
+static void
+ctl_ssestream_unhold(ctl_ssestream *st)
+{
+    if (!st->held)
+        return;
+    ctl_sseloop_thr *t = st->t;
+    if (st->hold_prev != NULL)
+        st->hold_prev->hold_next = st->hold_next;
+    else
+        t->hold_head = st->hold_next;
+    if (st->hold_next != NULL)
+        st->hold_next->hold_prev = st->hold_prev;
+    else
+        t->hold_tail = st->hold_prev;
+    st->hold_prev = st->hold_next = NULL;
+    st->held = false;
+}
+
+/*
+ * Sends what st holds now; what the socket does not take waits for EPOLLOUT
+ * (which the caller arms). WK_EIO when the client went away.
+ */
+static wk_err
+ctl_ssestream_release(ctl_ssestream *st)
+{
+    ctl_ssestream_unhold(st);
+    size_t sent = 0;
+    if (ctl_ssestream_send(st, st->out + st->off, st->len - st->off, &sent) != WK_OK)
+        return WK_EIO;
+    st->off += sent;
+    if (st->off == st->len) {
+        st->off = st->len = 0;
+        return WK_OK;
+    }
+    atomic_store(&st->stall_ms, wk_mono_ms()); /* (output waits from now) */
+    return WK_OK;
+}
+
+wk_err
+ctl_ssestream_write(ctl_ssestream *st, const char *p, size_t n)
+{
+    bool first = !st->wrote;
+    st->wrote = true;
+    if (st->held || (st->off == st->len && st->l->flush_ms > 0 && !first)) {
+        /* coalesced: sent with what follows, at flush_ms or CTL_SSELOOP_FLUSH_BYTES */
+        if (!st->held)
+            st->off = st->len = 0;
+        if (ctl_ssestream_keep(st, p, n) != WK_OK)
+            return WK_ENOMEM;
+        if (!st->held)
+            ctl_ssestream_hold(st);
+        if (st->len - st->off >= CTL_SSELOOP_FLUSH_BYTES)
+            return ctl_ssestream_release(st);
+        return WK_OK;
+    }
+    size_t sent = 0;
+    if (st->off == st->len) {
+        st->off = st->len = 0;
+        if (ctl_ssestream_send(st, p, n, &sent) != WK_OK)
+            return WK_EIO;
+        if (sent == n)
+            return WK_OK;
+    }
+    bool was_empty = st->off == st->len;
+    if (ctl_ssestream_keep(st, p + sent, n - sent) != WK_OK)
+        return WK_ENOMEM;
+    if (was_empty || sent > 0)
         atomic_store(&st->stall_ms, wk_mono_ms()); /* (output waits from now) */
-    st->len += rest;
     return WK_OK;
 }
 
@@ -203,6 +300,7 @@ ctl_ssestream_finish(ctl_ssestream *st, wk_err err, ctl_ssestream **fin)
         return;
     st->fin = true;
     st->result = err;
+    ctl_ssestream_unhold(st);
     (void)epoll_ctl(st->t->ep, EPOLL_CTL_DEL, st->fd, NULL);
     ctl_sseloop_thr *t = st->t;
     pthread_mutex_lock(&t->mu);
@@ -233,7 +331,11 @@ ctl_ssestream_pump(ctl_ssestream *st, ctl_ssestream **fin)
 {
     bool done = false;
     wk_err err = st->pump(st->arg, st, &done);
-    bool pending = st->off < st->len;
+    if ((done || err != WK_OK) && st->held && ctl_ssestream_release(st) != WK_OK) {
+        ctl_ssestream_finish(st, WK_EIO, fin); /* (the end is never held) */
+        return;
+    }
+    bool pending = st->off < st->len && !st->held;
     if (err != WK_OK && (st->broken || err == WK_ENOMEM || !pending)) {
         ctl_ssestream_finish(st, err, fin);
         return;
@@ -258,6 +360,7 @@ ctl_ssestream_pump(ctl_ssestream *st, ctl_ssestream **fin)
 static void
 ctl_ssestream_drain(ctl_ssestream *st, ctl_ssestream **fin)
 {
+    ctl_ssestream_unhold(st); /* (never both; all of out goes now) */
     size_t sent = 0;
     if (ctl_ssestream_send(st, st->out + st->off, st->len - st->off, &sent) != WK_OK) {
         ctl_ssestream_finish(st, WK_EIO, fin);
@@ -312,7 +415,14 @@ ctl_sseloop_main(void *arg)
         pthread_mutex_unlock(&t->mu);
         if (stop && ready == NULL)
             break;
-        int n = epoll_wait(t->ep, evs, CTL_SSELOOP_EVENTS, ready != NULL ? 0 : -1);
+        int timeout = -1; /* (until a wake-up, or the first held buffer's flush) */
+        if (ready != NULL) {
+            timeout = 0;
+        } else if (t->hold_head != NULL) {
+            uint64_t now = wk_mono_ms(), at = t->hold_head->flush_at;
+            timeout = at > now ? (int)(at - now) : 0;
+        }
+        int n = epoll_wait(t->ep, evs, CTL_SSELOOP_EVENTS, timeout);
         if (ready == NULL) {
             pthread_mutex_lock(&t->mu);
             t->sleeping = false;
@@ -339,15 +449,31 @@ ctl_sseloop_main(void *arg)
             nx = st->rnext;
             if (st->fin)
                 continue;
+            if (st->cancel_seen && st->held && st->cancel_err_seen == WK_ETIMEDOUT &&
+                ctl_ssestream_release(st) != WK_OK) { /* (held output goes out first) */
+                ctl_ssestream_finish(st, WK_EIO, &fin);
+                continue;
+            }
             if (st->cancel_seen && (st->off == st->len || st->cancel_err_seen != WK_ETIMEDOUT)) {
                 ctl_ssestream_finish(st, st->cancel_err_seen, &fin);
             } else if (st->cancel_seen) {
                 /* what was written before the deadline still goes out, as on a thread */
                 st->pump_done = true;
                 st->end_err = WK_ETIMEDOUT;
-            } else if (st->off == st->len)
+                if (ctl_ssestream_arm(st, true) != WK_OK)
+                    ctl_ssestream_finish(st, WK_EIO, &fin);
+            } else if (st->off == st->len || st->held)
                 ctl_ssestream_pump(st, &fin);
             /* else: output waits for EPOLLOUT, which pumps after it */
+        }
+        if (t->hold_head != NULL) { /* held buffers whose time came */
+            uint64_t now = wk_mono_ms();
+            while (t->hold_head != NULL && t->hold_head->flush_at <= now) {
+                ctl_ssestream *st = t->hold_head;
+                if (ctl_ssestream_release(st) != WK_OK ||
+                    (st->off < st->len && ctl_ssestream_arm(st, true) != WK_OK))
+                    ctl_ssestream_finish(st, WK_EIO, &fin);
+            }
         }
         while (fin != NULL) {
             ctl_ssestream *st = fin;
@@ -481,7 +607,7 @@ ctl_ssestream_free(ctl_ssestream *st)
 }
 
 wk_err
-ctl_sseloop_new(unsigned n, ctl_sseloop **out, wk_diag *d)
+ctl_sseloop_new(unsigned n, uint32_t flush_ms, ctl_sseloop **out, wk_diag *d)
 {
     if (n == 0)
         n = 1;
@@ -494,6 +620,7 @@ ctl_sseloop_new(unsigned n, ctl_sseloop **out, wk_diag *d)
         return WK_ENOMEM;
     }
     atomic_init(&l->next, 0);
+    l->flush_ms = flush_ms;
     pthread_mutex_init(&l->live_mu, NULL);
     wk_err err = WK_OK;
     for (unsigned i = 0; i < n && err == WK_OK; i++) {

@@ -4,8 +4,9 @@
  * to them: a stream is woken from any thread (ctl_ssestream_wake: the step
  * loop, once per step for all the tokens it published), its pump runs on the
  * loop's thread and writes what it formats with ctl_ssestream_write(), which
- * sends at once without blocking and keeps what the socket did not take
- * (EPOLLOUT only then). A stream whose output is not written out is not
+ * sends at once without blocking (or, coalescing, holds it up to a few ms
+ * to send several events in one write) and keeps what the socket did not
+ * take (EPOLLOUT only then). A stream whose output is not written out is not
  * pumped: its producer is throttled by what it did not hand over. A client
  * that goes away (EPOLLRDHUP, EPOLLERR, EPOLLHUP) ends its stream at once.
  *
@@ -35,8 +36,16 @@ typedef struct ctl_ssestream ctl_ssestream;
  */
 typedef wk_err (*ctl_ssestream_pump_fn)(void *arg, ctl_ssestream *st, bool *done);
 
-/* Starts n loop threads (n >= 1). WK_EIO when epoll or a thread fails (diag says why). */
-WK_MUST_CHECK wk_err ctl_sseloop_new(unsigned n, ctl_sseloop **out, wk_diag *d);
+/*
+ * Starts n loop threads (n >= 1). flush_ms > 0 coalesces: a stream's
+ * output after its first write is held up to flush_ms (or until 8 KiB
+ * wait, or the pump is done or failed, or a deadline ends it) and then sent
+ * in one write, so a token may reach its client up to flush_ms later; 0
+ * sends every write at once. WK_EIO when epoll or a thread fails (diag says
+ * why).
+ */
+WK_MUST_CHECK wk_err ctl_sseloop_new(unsigned n, uint32_t flush_ms, ctl_sseloop **out,
+                                     wk_diag *d);
 
 /*
  * Ends every running stream, and every one started from now on, with
@@ -75,7 +84,8 @@ void ctl_ssestream_wake(void *st);
 
 /*
  * From the pump: writes n bytes, or keeps what the socket does not take now
- * (it is written when it can, and the pump waits until then). WK_EIO when
+ * (it is written when it can, and the pump waits until then); coalescing,
+ * holds them (the pump does not wait for held output). WK_EIO when
  * the client went away, WK_ENOMEM.
  */
 WK_MUST_CHECK wk_err ctl_ssestream_write(ctl_ssestream *st, const char *p, size_t n);

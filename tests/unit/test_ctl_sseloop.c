@@ -4,7 +4,9 @@
  * (nothing is pumped while output waits) and gets everything once it reads
  * again; a peer that closes ends the stream with WK_EIO without any write;
  * a deadline ends it with WK_ETIMEDOUT, closing the loops with WK_EIO; a
- * reader that takes nothing for the stall limit ends it with WK_EIO.
+ * reader that takes nothing for the stall limit ends it with WK_EIO. The
+ * first two again with coalescing (a 3 ms delay), and the delay itself
+ * (test_flush_timer).
  * (cmocka needs its four headers first.)
  */
 /* clang-format off */
@@ -164,10 +166,10 @@ run_stream(ctl_sseloop *l, prod *p, int sv[2], bool stall)
 static void
 test_order(void **state)
 {
-    (void)state;
+    uint32_t flush_ms = (uint32_t)(uintptr_t)*state;
     ctl_sseloop *l = NULL;
     wk_diag d = {{0}};
-    assert_int_equal(ctl_sseloop_new(2, &l, &d), WK_OK);
+    assert_int_equal(ctl_sseloop_new(2, flush_ms, &l, &d), WK_OK);
     for (int k = 0; k < 3; k++) {
         int sv[2];
         assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
@@ -183,10 +185,10 @@ test_order(void **state)
 static void
 test_backpressure(void **state)
 {
-    (void)state;
+    uint32_t flush_ms = (uint32_t)(uintptr_t)*state;
     ctl_sseloop *l = NULL;
     wk_diag d = {{0}};
-    assert_int_equal(ctl_sseloop_new(1, &l, &d), WK_OK);
+    assert_int_equal(ctl_sseloop_new(1, flush_ms, &l, &d), WK_OK);
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     int small = 4096;
@@ -216,7 +218,7 @@ test_peer_gone_and_deadline(void **state)
     (void)state;
     ctl_sseloop *l = NULL;
     wk_diag d = {{0}};
-    assert_int_equal(ctl_sseloop_new(1, &l, &d), WK_OK);
+    assert_int_equal(ctl_sseloop_new(1, 0, &l, &d), WK_OK);
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     run_arg a = {0};
@@ -282,7 +284,7 @@ test_stalled_reader(void **state)
     (void)state;
     ctl_sseloop *l = NULL;
     wk_diag d = {{0}};
-    assert_int_equal(ctl_sseloop_new(1, &l, &d), WK_OK);
+    assert_int_equal(ctl_sseloop_new(1, 0, &l, &d), WK_OK);
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     run_arg a = {.stall = 300};
@@ -298,12 +300,121 @@ test_stalled_reader(void **state)
     ctl_sseloop_free(l);
 }
 
+/* A pump that does what the test asks, one step per phase: see test_flush_timer. */
+typedef struct stepper {
+    atomic_int phase; /* steps asked for */
+    int done_phase;   /* steps done (pump thread) */
+    int last;         /* the phase that ends the stream */
+} stepper;
+
+static wk_err
+stepper_pump(void *arg, ctl_ssestream *st, bool *done)
+{
+    stepper *s = arg;
+    static char big[9000];
+    int want = atomic_load(&s->phase);
+    wk_err err = WK_OK;
+    for (; s->done_phase < want && err == WK_OK; s->done_phase++) {
+        int ph = s->done_phase + 1;
+        if (ph == 3) { /* more than a held buffer's limit: sent at once */
+            memset(big, 'x', sizeof(big));
+            err = ctl_ssestream_write(st, big, sizeof(big));
+        } else {
+            char c = (char)('A' + ph - 1);
+            err = ctl_ssestream_write(st, &c, 1);
+        }
+    }
+    *done = s->done_phase == s->last;
+    return err;
+}
+
+/* Reads until want bytes came (or 20 s); returns when the last one came (monotonic ms). */
+static uint64_t
+read_all(int fd, char *buf, size_t want)
+{
+    assert_int_equal(read_n(fd, buf, want), want);
+    return wk_mono_ms();
+}
+
+/* Asks the stepper for its next phase; returns when (monotonic ms). */
+static uint64_t
+step(stepper *s, ctl_ssestream *st)
+{
+    uint64_t t = wk_mono_ms();
+    atomic_fetch_add(&s->phase, 1);
+    ctl_ssestream_wake(st);
+    return t;
+}
+
+/*
+ * Coalescing with a 1 s delay: the first write goes out at once, the next
+ * is held at least the delay, one that passes the size limit goes out at
+ * once with what was held before it, the last one (the pump is done) at
+ * once. A deadline sends what is held before the stream ends.
+ */
+static void
+test_flush_timer(void **state)
+{
+    (void)state;
+    ctl_sseloop *l = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_sseloop_new(1, 1000, &l, &d), WK_OK);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    stepper s = {.last = 5};
+    run_arg a = {0};
+    assert_int_equal(ctl_ssestream_new(l, sv[0], stepper_pump, &s, &a.st), WK_OK);
+    pthread_t rt;
+    assert_int_equal(pthread_create(&rt, NULL, run_main, &a), 0);
+    char buf[9100];
+    uint64_t t = step(&s, a.st); /* "A": the first write, at once */
+    assert_true(read_all(sv[1], buf, 1) - t < 700);
+    assert_int_equal(buf[0], 'A');
+    t = step(&s, a.st); /* "B": held for the delay */
+    assert_true(read_all(sv[1], buf, 1) - t >= 990);
+    assert_int_equal(buf[0], 'B');
+    t = step(&s, a.st); /* 9,000 bytes: at once */
+    assert_true(read_all(sv[1], buf, 9000) - t < 700);
+    assert_int_equal(buf[0], 'x');
+    assert_int_equal(buf[8999], 'x');
+    step(&s, a.st); /* "D": held, then "E" and done: both at once */
+    t = step(&s, a.st);
+    assert_true(read_all(sv[1], buf, 2) - t < 700);
+    assert_memory_equal(buf, "DE", 2);
+    pthread_join(rt, NULL);
+    assert_int_equal(a.err, WK_OK);
+    ctl_ssestream_free(a.st);
+    close(sv[0]);
+    close(sv[1]);
+
+    /* a deadline while output is held: it goes out, then the stream ends */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    stepper s2 = {.last = 99};
+    run_arg b = {.deadline = wk_mono_ms() + 300};
+    assert_int_equal(ctl_ssestream_new(l, sv[0], stepper_pump, &s2, &b.st), WK_OK);
+    assert_int_equal(pthread_create(&rt, NULL, run_main, &b), 0);
+    step(&s2, b.st);
+    step(&s2, b.st);
+    pthread_join(rt, NULL);
+    assert_int_equal(b.err, WK_ETIMEDOUT);
+    assert_true(wk_mono_ms() - (b.deadline - 300) < 900);
+    assert_int_equal(read_n(sv[1], buf, 2), 2);
+    assert_memory_equal(buf, "AB", 2);
+    ctl_ssestream_free(b.st);
+    close(sv[0]);
+    close(sv[1]);
+    ctl_sseloop_free(l);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order),
+        cmocka_unit_test_prestate(test_order, (void *)(uintptr_t)3),
         cmocka_unit_test(test_backpressure),
+        cmocka_unit_test_prestate(test_backpressure, (void *)(uintptr_t)3),
+        cmocka_unit_test(test_flush_timer),
         cmocka_unit_test(test_peer_gone_and_deadline),
         cmocka_unit_test(test_stalled_reader),
     };
