@@ -76,6 +76,8 @@ def parse_args(argv=None):
     ap.add_argument("--rounds", type=int, default=3,
                     help="measured rounds per level; each is printed (3)")
     ap.add_argument("--worker-threads", type=int, default=1, help="CPU threads of the worker (1)")
+    ap.add_argument("--ctl-arg", action="append", default=[],
+                    help="an extra controller argument (repeatable), e.g. --ctl-arg=--sse-flush-ms=0")
     ap.add_argument("--stub", action="store_true",
                     help="use bench/wkvm-stub-worker (real protocol over NNG, answers every "
                     "step at once with a fixed token) instead of a CPU worker")
@@ -319,7 +321,7 @@ def main(argv=None):
     ok = True
     with wkvm_harness.Stack(model=model, slots=top + 1, data=data, extra_ctl=[
             "--http-threads", str(http_threads), "--max-rows", str(min(1024, max(256, top))),
-            "--step-tokens", str(max(512, 2 * top)), "--log-level", "warn"]) as s:
+            "--step-tokens", str(max(512, 2 * top)), "--log-level", "warn"] + args.ctl_arg) as s:
         s.start_controller()
         if args.stub:
             # the stub worker answers every step at once with one fixed token

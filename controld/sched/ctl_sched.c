@@ -683,7 +683,14 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
             }
             pr[i].params = &sp[i];
             pr[i].sample_index = j->sample_index;
-            size_t ng = j->n_tokens - j->n_input;
+            /*
+             * The history only where a penalty reads it (wrk_sample): it grows
+             * by a token per step, so sent always it made packing a step
+             * O(tokens generated) per row.
+             */
+            size_t ng = j->params.presence_penalty != 0.0f || j->params.frequency_penalty != 0.0f
+                            ? j->n_tokens - j->n_input
+                            : 0;
             if (ng > WK_PROTO_ROW_TOKENS_MAX)
                 ng = WK_PROTO_ROW_TOKENS_MAX;
             pr[i].penalty_tokens = j->tokens + j->n_tokens - ng;
