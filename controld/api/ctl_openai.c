@@ -18,6 +18,7 @@
 #include "ctl_chat.h"
 #include "ctl_ckpt.h"
 #include "ctl_gen.h"
+#include "ctl_ssefmt.h"
 #include "ctl_stream.h"
 #include "ctl_openai.h"
 #include "ctl_session.h"
@@ -1727,6 +1728,8 @@ typedef struct ctl_openai_stream {
     size_t text_off;        /* completions logprobs: characters of token text sent so far */
     wk_chat_think think;    /* r->think: the reasoning split of the text streamed so far */
     ctl_openai_tc tc;       /* the tool-call parse of the content streamed so far */
+    ctl_ssefmt fmt;         /* the token chunk's template (ctl_openai_stream_fast) */
+    int fast;               /* 0: not tried yet, 1: fmt is set, -1: jansson for every chunk */
 } ctl_openai_stream;
 
 /*
@@ -1865,14 +1868,16 @@ ctl_openai_send_delta(ctl_openai_stream *st, json_t *chunk, json_t *calls)
     return err;
 }
 
-static wk_err
-ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks,
-                       size_t n_toks)
+/*
+ * A token's chunk as a JSON tree: the text's choice (chat: the delta of
+ * the think and tool-call splits), with logprobs and token ids when asked;
+ * *calls gets the calls the text completed (NULL without a tool parse).
+ */
+static json_t *
+ctl_openai_token_chunk(ctl_openai_stream *st, const char *text, size_t len,
+                       const ctl_gen_token *toks, size_t n_toks, json_t **calls)
 {
-    ctl_openai_stream *st = arg;
     ctl_openai_req *r = st->r;
-    if (len == 0 && !(r->logprobs && n_toks > 0) && !(r->return_token_ids && n_toks > 0))
-        return WK_OK;
     json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:n}", "index", 0, "finish_reason");
     json_t *lp = !r->logprobs ? json_null()
@@ -1882,10 +1887,10 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
                            : ctl_openai_completion_logprobs_json(st->app, toks, n_toks,
                                                                  r->top_logprobs, &st->text_off);
     json_object_set_new(choice, "logprobs", lp);
-    json_t *calls = st->tc.p != NULL ? json_array() : NULL;
+    *calls = st->tc.p != NULL ? json_array() : NULL;
     if (r->chat)
         json_object_set_new(choice, "delta",
-                            ctl_openai_think_json(r->think ? &st->think : NULL, &st->tc, calls,
+                            ctl_openai_think_json(r->think ? &st->think : NULL, &st->tc, *calls,
                                                   NULL, text, len, false));
     else
         json_object_set_new(choice, "text", json_stringn(text, len));
@@ -1896,6 +1901,57 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
         json_object_set_new(choice, "token_ids", ids);
     }
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
+    return chunk;
+}
+
+/*
+ * Whether a token's chunk is the same but for its text (ctl_ssefmt): no
+ * logprobs, no token ids, no think or tool-call split; then st->fmt takes
+ * its template from the chunk of an empty text, once.
+ */
+static bool
+ctl_openai_stream_fast(ctl_openai_stream *st)
+{
+    const ctl_openai_req *r = st->r;
+    if (st->fast == 0) {
+        st->fast = -1;
+        if (!r->logprobs && !r->return_token_ids && st->tc.p == NULL && !(r->chat && r->think)) {
+            json_t *calls = NULL;
+            json_t *chunk = ctl_openai_token_chunk(st, "", 0, NULL, 0, &calls);
+            char *dump = chunk != NULL ? wk_json_dump_compact(chunk) : NULL;
+            json_decref(chunk);
+            json_decref(calls);
+            if (dump != NULL && ctl_ssefmt_init(&st->fmt, dump))
+                st->fast = 1;
+            free(dump);
+        }
+    }
+    return st->fast == 1;
+}
+
+static wk_err
+ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_token *toks,
+                       size_t n_toks)
+{
+    ctl_openai_stream *st = arg;
+    ctl_openai_req *r = st->r;
+    if (len == 0 && !(r->logprobs && n_toks > 0) && !(r->return_token_ids && n_toks > 0))
+        return WK_OK;
+    if (ctl_openai_stream_fast(st)) {
+        const char *s = NULL;
+        wk_err err = ctl_ssefmt_chunk(&st->fmt, text, len, &s);
+        if (err == WK_OK) {
+            err = ctl_http_sse_data(st->req, s);
+            if (err != WK_OK)
+                st->broken = true;
+            return err;
+        }
+        if (err != WK_EINVAL)
+            return err;
+        /* (not UTF-8: as jansson has it) */
+    }
+    json_t *calls = NULL;
+    json_t *chunk = ctl_openai_token_chunk(st, text, len, toks, n_toks, &calls);
     return ctl_openai_send_delta(st, chunk, calls);
 }
 
@@ -2161,6 +2217,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
         err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
     if (err != WK_OK) {
         wk_toolcall_parser_free(st.tc.p);
+        ctl_ssefmt_fini(&st.fmt);
         ctl_openai_count(app, route, "error");
         if (r->on_fail != NULL)
             r->on_fail(r);
@@ -2203,6 +2260,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
             wk_log_info("client went away id=%s", r->id);
         }
         wk_toolcall_parser_free(st.tc.p);
+        ctl_ssefmt_fini(&st.fmt);
         return;
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
@@ -2247,6 +2305,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
     ctl_openai_count(app, route, st.broken ? "cancelled" : "ok");
     ctl_gen_result_fini(&res);
     wk_toolcall_parser_free(st.tc.p);
+    ctl_ssefmt_fini(&st.fmt);
 }
 
 static void
