@@ -33,8 +33,8 @@
 #include "wk_log.h"
 #include "wk_time.h"
 
-#define CTL_SSELOOP_EVENTS 128        /* epoll events taken per wait */
-#define CTL_SSELOOP_FLUSH_BYTES 8192  /* a held buffer this large is sent at once */
+#define CTL_SSELOOP_EVENTS 128       /* epoll events taken per wait */
+#define CTL_SSELOOP_FLUSH_BYTES 8192 /* a held buffer this large is sent at once */
 
 typedef struct ctl_sseloop_thr {
     pthread_t thr;       /* the loop */

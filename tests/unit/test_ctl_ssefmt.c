@@ -62,8 +62,8 @@ put_cp(unsigned char *o, uint32_t cp)
 static size_t
 make(unsigned char *o, bool raw)
 {
-    static const uint32_t odd[] = {0,      '"',    '\\',   '/',     '\b',    '\f',    '\n',
-                                   '\r',   '\t',   0x1F,   0x7F,    0x80,    0xFF,    0x2028,
+    static const uint32_t odd[] = {0,      '"',    '\\',   '/',     '\b',     '\f',   '\n',
+                                   '\r',   '\t',   0x1F,   0x7F,    0x80,     0xFF,   0x2028,
                                    0x2029, 0xFFFD, 0xFFFF, 0x10000, 0x10FFFF, 0xD800, 0xDFFF};
     size_t n = 0, k = rnd() % 65;
     for (size_t i = 0; i < k; i++) {
@@ -117,10 +117,10 @@ static void
 test_chunk_template(void **state)
 {
     (void)state;
-    json_t *tpl = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:n, s:n, s:s}]}", "id",
-                            "cmpl-\"x\"\\", "object", "text_completion", "created",
-                            (json_int_t)1700000000, "model", "m\xc3\xa9", "choices", "index", 0,
-                            "finish_reason", "logprobs", "text", "");
+    json_t *tpl =
+        json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:n, s:n, s:s}]}", "id", "cmpl-\"x\"\\", "object",
+                  "text_completion", "created", (json_int_t)1700000000, "model", "m\xc3\xa9",
+                  "choices", "index", 0, "finish_reason", "logprobs", "text", "");
     char *dump = wk_json_dump_compact(tpl);
     json_decref(tpl);
     ctl_ssefmt f;
@@ -137,10 +137,10 @@ test_chunk_template(void **state)
             continue;
         }
         assert_int_equal(err, WK_OK);
-        json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:n, s:n, s:o}]}", "id",
-                              "cmpl-\"x\"\\", "object", "text_completion", "created",
-                              (json_int_t)1700000000, "model", "m\xc3\xa9", "choices", "index",
-                              0, "finish_reason", "logprobs", "text", t);
+        json_t *c =
+            json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:n, s:n, s:o}]}", "id", "cmpl-\"x\"\\",
+                      "object", "text_completion", "created", (json_int_t)1700000000, "model",
+                      "m\xc3\xa9", "choices", "index", 0, "finish_reason", "logprobs", "text", t);
         char *want = wk_json_dump_compact(c);
         json_decref(c);
         assert_string_equal(got, want);
