@@ -44,12 +44,13 @@ typedef struct fw_state {
 } fw_state;
 
 typedef struct fw_row {
-    uint32_t step;     /* step number (1-based) */
-    uint32_t slot;     /* arena slot */
-    uint32_t n_tokens; /* tokens fed */
-    int32_t first;     /* the first of them (0 when none) */
-    bool sample;       /* sampled after them */
-    bool reset;        /* zeroed first */
+    uint32_t step;      /* step number (1-based) */
+    uint32_t slot;      /* arena slot */
+    uint32_t n_tokens;  /* tokens fed */
+    int32_t first;      /* the first of them (0 when none) */
+    bool sample;        /* sampled after them */
+    bool reset;         /* zeroed first */
+    uint32_t n_penalty; /* penalty history sent with it */
 } fw_row;
 
 typedef struct fake_worker {
@@ -190,9 +191,13 @@ fw_step(fake_worker *w, const wk_msg *req)
         for (size_t k = 0; k < row->n_tokens; k++)
             fw_feed(st, row->tokens[k]);
         if (w->n_log < FW_MAX_LOG)
-            w->log[w->n_log++] = (fw_row){
-                w->steps,    row->slot, (uint32_t)row->n_tokens, row->n_tokens ? row->tokens[0] : 0,
-                row->sample, row->reset};
+            w->log[w->n_log++] = (fw_row){.step = w->steps,
+                                          .slot = row->slot,
+                                          .n_tokens = (uint32_t)row->n_tokens,
+                                          .first = row->n_tokens ? row->tokens[0] : 0,
+                                          .sample = row->sample,
+                                          .reset = row->reset,
+                                          .n_penalty = (uint32_t)row->n_penalty_tokens};
         wkvm__row_result__init(&rr[i]);
         rr[i].slot = row->slot;
         rr[i].sampled = row->sample;

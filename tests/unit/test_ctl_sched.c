@@ -7,7 +7,7 @@
  * the step budget, continuous batching of two jobs in one step with each
  * slot's state exactly the tokens reported fed, held slots and their
  * generations (a stale handle never touches a reused slot), and the refusals
- * (no worker, a bad spec).
+ * (no worker, a bad spec); a step row's penalty history only with a penalty.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -250,8 +250,27 @@ test_chunks_and_batching(void **state)
     for (size_t i = 0; i + 1 < n && !together; i++)
         together = log[i].step == log[i + 1].step && log[i].slot != log[i + 1].slot;
     assert_true(together);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(log[i].n_penalty, 0); /* (no penalty: no history) */
     assert_int_equal(ctl_sched_slot_free(f.sched, &ry), WK_OK);
     assert_int_equal(ctl_sched_slot_free(f.sched, &rz), WK_OK);
+
+    /* with a penalty each sampling row carries the samples accepted so far */
+    fw_log_clear(&f.w);
+    ctl_job_spec sp = {.tokens = y, .n_tokens = 3, .sample = true, .fresh = true};
+    sp.params.frequency_penalty = 0.5f;
+    ctl_job *jp = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &jp, &d), WK_OK);
+    fw_state sp_state = fw_state_of(y, 3);
+    take_tokens(jp, &sp_state, 4, false);
+    ctl_job_free(jp);
+    n = fw_log(&f.w, log, 256);
+    uint32_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (log[i].sample)
+            assert_int_equal(log[i].n_penalty, k++);
+    assert_int_equal(k, 4);
     fx_close(&f);
 }
 
