@@ -155,34 +155,50 @@ wk_err ctl_openai_tpl_visible(const ctl_openai_req *r, const char *text, size_t 
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
 json_t *ctl_openai_body(ctl_http_req *req);
 
-/* A parse error as a value: what the route answers (ctl_http_send_error). */
+/*
+ * A parse error as a value: what the route answers (ctl_openai_send_perr:
+ * ctl_http_send_error with the code's HTTP status, ctl_err_http_status).
+ */
 typedef struct ctl_openai_perr {
-    wk_err err;     /* the code (its HTTP status: ctl_err_http_status) */
-    char param[72]; /* the OpenAI error's "param", "" = null */
+    wk_err err;     /* the code */
+    char param[96]; /* the OpenAI error's "param", "" = null */
     char msg[512];  /* the message */
 } ctl_openai_perr;
 
-/*
- * The common fields of a generation request (model, sampling, stream, stop,
- * max_tokens, logit_bias, n, response_format, tools, the refused ones) from
- * body into r, without a connection: false with *pe filled on the first
- * error, in the order the route reports them. r->owner is the caller's
- * (ctl_openai_owner()). Reads app's model id, limits and tokenizer.
- */
-WK_MUST_CHECK bool ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r,
-                                                 ctl_openai_perr *pe);
+/* Sends *pe as the request's OpenAI error answer. */
+void ctl_openai_send_perr(ctl_http_req *req, const ctl_openai_perr *pe);
 
 /*
- * Parsers: each sends the error and returns false on failure.
- * ctl_openai_parse_common() is ctl_openai_owner() + ctl_openai_parse_common_value(),
- * sending *pe.
+ * The parsers (ctl_openai_parse.c): each reads a request without a
+ * connection and returns false with *pe filled on the first error, in the
+ * order the route reports them; the caller sends it. On failure r may hold
+ * allocations (ctl_openai_req_fini() frees them). r->chat, r->model_optional
+ * and r->owner (ctl_openai_owner()) are the caller's. They read app's model
+ * id, limits, tokenizer and chat template.
+ *
+ * ctl_openai_parse_body: buf (len bytes) as a JSON object, *out owned by the
+ * caller. ctl_openai_parse_chat: the whole /v1/chat/completions body (known
+ * fields, platform fields, the common fields, logprobs, the messages rendered
+ * and tokenized). ctl_openai_parse_completion: the whole /v1/completions body.
+ * ctl_openai_parse_common_value: the common fields (model, sampling, stream,
+ * stop, max_tokens, logit_bias, n, response_format, tools, the refused ones).
+ * ctl_openai_parse_messages_value: "messages" into r->msgs, the rendered
+ * r->prompt_text and r->prompt (reply records and checkpoint boundaries
+ * from app->ckpt). ctl_openai_parse_prompt_value: the completions "prompt"
+ * (text or token ids), best_of, echo, suffix and the legacy logprobs.
  */
-WK_MUST_CHECK bool ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body,
-                                           ctl_openai_req *r);
-WK_MUST_CHECK bool ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body,
-                                           ctl_openai_req *r);
-WK_MUST_CHECK bool ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body,
-                                             ctl_openai_req *r);
+WK_MUST_CHECK bool ctl_openai_parse_body(const char *buf, size_t len, json_t **out,
+                                         ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_chat(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                         ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_completion(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                               ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                                 ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_messages_value(ctl_app *app, json_t *body,
+                                                   ctl_openai_req *r, ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_prompt_value(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                                 ctl_openai_perr *pe);
 
 /*
  * The reuse halves of ctl_openai_generate(), for routes that shape their own

@@ -212,14 +212,16 @@ ctl_states_tokens(ctl_http_req *req, ctl_app *app, json_t *body, bool required, 
         return true;
     }
     bool ok;
+    ctl_openai_perr pe = {WK_ENOMEM, "", "out of memory"};
     if (m != NULL && !json_is_null(m)) {
-        ok = ctl_openai_parse_messages(req, app, body, &r);
+        ok = ctl_openai_parse_messages_value(app, body, &r, &pe);
     } else {
         json_t *tmp = json_pack("{s:O}", "prompt", p != NULL && !json_is_null(p) ? p : pi);
-        ok = tmp != NULL && ctl_openai_parse_prompt(req, app, tmp, &r);
+        ok = tmp != NULL && ctl_openai_parse_prompt_value(app, tmp, &r, &pe);
         json_decref(tmp);
     }
     if (!ok) {
+        ctl_openai_send_perr(req, &pe);
         ctl_openai_req_fini(&r);
         return false;
     }
@@ -367,8 +369,12 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     if (!ctl_states_tokens(req, app, body, false, &q, &nq))
         goto out;
     json_object_del(body, "prompt");
-    if (!ctl_openai_parse_common(req, app, body, &r))
+    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_owner(req, r.owner);
+    if (!ctl_openai_parse_common_value(app, body, &r, &pe)) {
+        ctl_openai_send_perr(req, &pe);
         goto out;
+    }
     g.q = q;
     g.n_q = nq;
     r.n_prompt = 1 + nq;

@@ -9,6 +9,11 @@
  * glue (ctl_chat_begin runs the real parent-token-v1 header parser,
  * ctl_session_headers_parse_pairs, on the input's headers).
  *
+ * The body also goes straight through the pure parser the route calls
+ * (ctl_openai_parse_body + ctl_openai_parse_chat / _completion, no
+ * connection): a refusal there is a 4xx wk_err with a message, and the route
+ * answers exactly that refusal (status, message and param).
+ *
  * Input: byte 0 picks the route (bit 0: chat or completions); when byte 1 is
  * '@', "Name: value" lines follow up to a blank line and become the request
  * headers; the rest is the request body. Invariants: the handler answers
@@ -17,7 +22,7 @@
  * generation never fails); a success has one choice and coherent usage; a
  * stream ends with [DONE]; every per-user unit is given back.
  */
-/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c common/wk_chat.c common/wk_chat_tpl.c common/wk_toolcall.c common/wk_file.c common/wk_jinja_parse.c common/wk_jinja_value.c common/wk_jinja_eval.c common/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_toolgram.c common/wk_grammar.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
+/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c common/wk_chat.c common/wk_chat_tpl.c common/wk_toolcall.c common/wk_file.c common/wk_jinja_parse.c common/wk_jinja_value.c common/wk_jinja_eval.c common/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_openai_parse.c controld/api/ctl_toolgram.c common/wk_grammar.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
 /* fuzz-libs: -lprotobuf-c */
 #include <jansson.h>
@@ -534,6 +539,54 @@ fuzz_check_answer(ctl_http_req *req)
     json_decref(v);
 }
 
+/*
+ * The pure parse of what the route reads (body, n bytes): true when it
+ * accepts, else *pe is the refusal, checked to be a 4xx with a message.
+ */
+static bool
+fuzz_parse(const char *body, size_t n, bool chat, ctl_openai_perr *pe)
+{
+    json_t *b = NULL;
+    bool ok = ctl_openai_parse_body(body, n, &b, pe);
+    if (ok) {
+        ctl_openai_req r = {.chat = chat, .reuse = true, .cache = true};
+        snprintf(r.owner, sizeof(r.owner), "fuzz");
+        ok = chat ? ctl_openai_parse_chat(&fuzz_app, b, &r, pe)
+                  : ctl_openai_parse_completion(&fuzz_app, b, &r, pe);
+        fuzz_check(!ok || r.n_prompt > 0, "an accepted request has a prompt");
+        ctl_openai_req_fini(&r);
+    }
+    json_decref(b);
+    if (!ok) {
+        int st = ctl_err_http_status(pe->err);
+        fuzz_check(pe->err != WK_OK && st >= 400 && st < 500, "a parse refusal is a 4xx");
+        fuzz_check(pe->msg[0] != '\0', "a parse refusal says why");
+    }
+    return ok;
+}
+
+/* The route's answer is the pure parser's refusal, byte for byte in its fields. */
+static void
+fuzz_check_refusal(ctl_http_req *req, const ctl_openai_perr *pe)
+{
+    fuzz_check(req->status == ctl_err_http_status(pe->err), "route status = parse refusal");
+    json_t *v = json_loads(req->resp, JSON_ALLOW_NUL, NULL);
+    json_t *e = json_object_get(v, "error");
+    json_t *msg = json_object_get(e, "message"), *param = json_object_get(e, "param");
+    /* (the answer's texts are scrubbed to UTF-8, as ctl_err_body writes them) */
+    char *want_msg = wk_json_utf8_scrub(pe->msg), *want_param = wk_json_utf8_scrub(pe->param);
+    fuzz_check(want_msg != NULL && want_param != NULL, "alloc");
+    fuzz_check(json_is_string(msg) && strcmp(json_string_value(msg), want_msg) == 0,
+               "route message = parse refusal");
+    fuzz_check(pe->param[0] ? json_is_string(param) &&
+                                  strcmp(json_string_value(param), want_param) == 0
+                            : json_is_null(param),
+               "route param = parse refusal");
+    free(want_msg);
+    free(want_param);
+    json_decref(v);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -558,11 +611,16 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     body[n] = '\0';
     req.body = body;
     req.body_len = n;
-    const ctl_http_route *r = &fuzz_routes[(data[0] & 1) ? 1 : 2];
+    bool chat = (data[0] & 1) != 0;
+    const ctl_http_route *r = &fuzz_routes[chat ? 1 : 2];
+    ctl_openai_perr pe = {WK_OK, "", ""};
+    bool parsed = fuzz_parse(body, n, chat, &pe);
     fuzz_input = NULL;
     fuzz_n_input = 0;
     r->fn(&req, r->arg);
     fuzz_check_answer(&req);
+    if (!parsed)
+        fuzz_check_refusal(&req, &pe);
     fuzz_check(ctl_limits_active_users(fuzz_app.limits) == 0, "per-user unit given back");
     free(req.resp);
     free(body);
