@@ -30,19 +30,19 @@
 void
 ctl_openai_req_fini(ctl_openai_req *r)
 {
-    for (size_t i = 0; r->msg_texts != NULL && i < r->n_msgs; i++)
-        free(r->msg_texts[i]);
-    free(r->msg_texts);
-    free(r->msgs);
-    free(r->prompt_text);
-    free(r->prompt);
-    free(r->msg_ends);
-    json_decref(r->tools);
-    json_decref(r->tpl_msgs);
-    json_decref(r->tpl_kw);
-    json_decref(r->call_tools);
-    free(r->tool_force_name);
-    ctl_toolgram_free(r->toolgram);
+    for (size_t i = 0; r->wire.msg_texts != NULL && i < r->wire.n_msgs; i++)
+        free(r->wire.msg_texts[i]);
+    free(r->wire.msg_texts);
+    free(r->wire.msgs);
+    free(r->wire.prompt_text);
+    free(r->plan.prompt);
+    free(r->wire.msg_ends);
+    json_decref(r->wire.tools);
+    json_decref(r->wire.tpl_msgs);
+    json_decref(r->wire.tpl_kw);
+    json_decref(r->wire.call_tools);
+    free(r->wire.tool_force_name);
+    ctl_toolgram_free(r->wire.toolgram);
 }
 
 void
@@ -80,23 +80,24 @@ ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, const i
      * Message ends after off, as token positions: the last token boundary at
      * or before each end (a token across it belongs to what follows).
      */
-    if (r->msg_ends == NULL)
+    if (r->wire.msg_ends == NULL)
         return;
     size_t acc = off, pos = pos0, mi = 0;
-    while (mi < r->n_msgs && r->msg_ends[mi] <= off)
+    while (mi < r->wire.n_msgs && r->wire.msg_ends[mi] <= off)
         mi++;
-    for (size_t i = 0; i <= n_rest && mi < r->n_msgs && r->n_bounds < CTL_CKPT_MAX_BOUNDS; i++) {
+    for (size_t i = 0; i <= n_rest && mi < r->wire.n_msgs && r->plan.n_bounds < CTL_CKPT_MAX_BOUNDS;
+         i++) {
         size_t pl = 0;
         if (i < n_rest) {
             const uint8_t *pc = wk_tok_piece(tok, rest[i], &pl);
-            if (i == 0 && pc != NULL && pl > 0 && pc[0] == ' ' && off < r->prompt_len &&
-                r->prompt_text[off] != ' ')
+            if (i == 0 && pc != NULL && pl > 0 && pc[0] == ' ' && off < r->wire.prompt_len &&
+                r->wire.prompt_text[off] != ' ')
                 pl--; /* (an hf-spm "\u2581" put in front is no text) */
         }
-        while (mi < r->n_msgs && (i == n_rest || acc + pl > r->msg_ends[mi])) {
-            if (pos > 0 && (r->n_bounds == 0 || r->bounds[r->n_bounds - 1] < pos) &&
-                r->n_bounds < CTL_CKPT_MAX_BOUNDS)
-                r->bounds[r->n_bounds++] = pos;
+        while (mi < r->wire.n_msgs && (i == n_rest || acc + pl > r->wire.msg_ends[mi])) {
+            if (pos > 0 && (r->plan.n_bounds == 0 || r->plan.bounds[r->plan.n_bounds - 1] < pos) &&
+                r->plan.n_bounds < CTL_CKPT_MAX_BOUNDS)
+                r->plan.bounds[r->plan.n_bounds++] = pos;
             mi++;
         }
         acc += pl;
@@ -207,27 +208,28 @@ ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r)
 {
     const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");
     size_t el = eos != NULL ? strlen(eos) : 0, acc = 0, next = 0;
-    size_t hist = r->hist_end < r->prompt_len ? r->hist_end : 0;
-    r->n_bounds = 0;
-    const char *p = r->prompt_text, *end = r->prompt_text + r->prompt_len;
+    size_t hist = r->plan.hist_end < r->wire.prompt_len ? r->plan.hist_end : 0;
+    r->plan.n_bounds = 0;
+    const char *p = r->wire.prompt_text, *end = r->wire.prompt_text + r->wire.prompt_len;
     /* next: the byte offset after the next eos occurrence (0: none left) */
-    const char *hit = el > 0 ? memmem(p, r->prompt_len, eos, el) : NULL;
+    const char *hit = el > 0 ? memmem(p, r->wire.prompt_len, eos, el) : NULL;
     next = hit != NULL ? (size_t)(hit - p) + el : 0;
-    for (size_t i = 0; i <= r->n_prompt && (next != 0 || hist != 0); i++) {
+    for (size_t i = 0; i <= r->plan.n_prompt && (next != 0 || hist != 0); i++) {
         size_t pl = 0;
-        if (i < r->n_prompt)
-            (void)wk_tok_piece(app->tok, r->prompt[i], &pl);
+        if (i < r->plan.n_prompt)
+            (void)wk_tok_piece(app->tok, r->plan.prompt[i], &pl);
         for (;;) {
             /* the nearest target: an eos end or the history's end */
             size_t target = next == 0 ? hist : hist == 0 ? next : next < hist ? next : hist;
-            if (target == 0 || (i < r->n_prompt && acc + pl <= target))
+            if (target == 0 || (i < r->plan.n_prompt && acc + pl <= target))
                 break;
-            if (i > 0 && (r->n_bounds == 0 || r->bounds[r->n_bounds - 1] < i)) {
-                if (r->n_bounds == CTL_CKPT_MAX_BOUNDS) { /* keep the last ones */
-                    memmove(r->bounds, r->bounds + 1, (CTL_CKPT_MAX_BOUNDS - 1) * sizeof(size_t));
-                    r->n_bounds--;
+            if (i > 0 && (r->plan.n_bounds == 0 || r->plan.bounds[r->plan.n_bounds - 1] < i)) {
+                if (r->plan.n_bounds == CTL_CKPT_MAX_BOUNDS) { /* keep the last ones */
+                    memmove(r->plan.bounds, r->plan.bounds + 1,
+                            (CTL_CKPT_MAX_BOUNDS - 1) * sizeof(size_t));
+                    r->plan.n_bounds--;
                 }
-                r->bounds[r->n_bounds++] = i;
+                r->plan.bounds[r->plan.n_bounds++] = i;
             }
             if (hist == target)
                 hist = 0;
@@ -264,10 +266,10 @@ ctl_openai_tpl_render_upto(ctl_app *app, const ctl_openai_req *r, size_t k, char
     if (sub == NULL)
         return WK_ENOMEM;
     for (size_t i = 0; i < k; i++)
-        json_array_append(sub, json_array_get(r->tpl_msgs, i));
+        json_array_append(sub, json_array_get(r->wire.tpl_msgs, i));
     wk_diag d = {{0}};
-    wk_err err = wk_chat_tpl_render_json(app->chat_tpl, sub, r->tools, false, r->tpl_kw, NULL,
-                                         out, len, &d);
+    wk_err err = wk_chat_tpl_render_json(app->chat_tpl, sub, r->wire.tools, false, r->wire.tpl_kw,
+                                         NULL, out, len, &d);
     json_decref(sub);
     return err;
 }
@@ -277,7 +279,8 @@ ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retai
                      size_t k, size_t *off)
 {
     const char *eos = wk_chat_tpl_special(app->chat_tpl, "eos_token");
-    size_t el = eos != NULL ? strlen(eos) : 0, na = r->tpl_msgs ? json_array_size(r->tpl_msgs) : 0;
+    size_t el = eos != NULL ? strlen(eos) : 0,
+           na = r->wire.tpl_msgs ? json_array_size(r->wire.tpl_msgs) : 0;
     if (k == 0 || k + 1 >= na || el == 0)
         return false;
     /*
@@ -289,15 +292,15 @@ ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retai
      * lines up too, and holds the reply's content.
      */
     char *b = NULL, *c = NULL;
-    size_t bl = 0, cl = 0, lim = r->prompt_len;
+    size_t bl = 0, cl = 0, lim = r->wire.prompt_len;
     bool ok = false;
-    if (ctl_openai_tpl_render_upto(app, r, k, &b, &bl) == WK_OK && bl <= r->prompt_len &&
-        memcmp(b, r->prompt_text, bl) == 0) {
+    if (ctl_openai_tpl_render_upto(app, r, k, &b, &bl) == WK_OK && bl <= r->wire.prompt_len &&
+        memcmp(b, r->wire.prompt_text, bl) == 0) {
         if (ctl_openai_tpl_render_upto(app, r, k + 2, &c, &cl) == WK_OK && cl > bl &&
-            cl <= r->prompt_len && memcmp(c, r->prompt_text, cl) == 0)
+            cl <= r->wire.prompt_len && memcmp(c, r->wire.prompt_text, cl) == 0)
             lim = cl;
-        const char *e = memmem(r->prompt_text + bl, lim - bl, eos, el);
-        json_t *content = json_object_get(json_array_get(r->tpl_msgs, k), "content");
+        const char *e = memmem(r->wire.prompt_text + bl, lim - bl, eos, el);
+        json_t *content = json_object_get(json_array_get(r->wire.tpl_msgs, k), "content");
         const char *cs = json_is_string(content) ? json_string_value(content) : "";
         size_t cn = json_is_string(content) ? json_string_length(content) : 0;
         while (cn > 0 && (cs[0] == ' ' || cs[0] == '\n' || cs[0] == '\t' || cs[0] == '\r')) {
@@ -307,10 +310,10 @@ ctl_openai_tpl_align(ctl_app *app, const ctl_openai_req *r, const int32_t *retai
         while (cn > 0 && (cs[cn - 1] == ' ' || cs[cn - 1] == '\n' || cs[cn - 1] == '\t' ||
                           cs[cn - 1] == '\r'))
             cn--;
-        if (e != NULL &&
-            (cn == 0 || memmem(r->prompt_text + bl, (size_t)(e - r->prompt_text) - bl, cs, cn))) {
+        if (e != NULL && (cn == 0 || memmem(r->wire.prompt_text + bl,
+                                            (size_t)(e - r->wire.prompt_text) - bl, cs, cn))) {
             bool ate_eos = n > 0 && retained[n - 1] == wk_tok_eos(app->tok);
-            *off = (size_t)(e - r->prompt_text) + (ate_eos ? el : 0);
+            *off = (size_t)(e - r->wire.prompt_text) + (ate_eos ? el : 0);
             ok = true;
         }
     }
@@ -324,9 +327,9 @@ ctl_openai_tpl_plain(const ctl_openai_req *r)
 {
     size_t i;
     json_t *m;
-    if (!r->templated || r->tpl_msgs == NULL)
+    if (!r->wire.templated || r->wire.tpl_msgs == NULL)
         return false;
-    json_array_foreach(r->tpl_msgs, i, m) {
+    json_array_foreach(r->wire.tpl_msgs, i, m) {
         json_t *tc = json_object_get(m, "tool_calls");
         const char *role = json_string_value(json_object_get(m, "role"));
         if ((json_is_array(tc) && json_array_size(tc) > 0) ||
@@ -443,7 +446,7 @@ ctl_openai_completion_logprobs_json(ctl_app *app, const ctl_gen_token *toks, siz
 static json_t *
 ctl_openai_usage_json(const ctl_openai_req *r, const ctl_gen_result *res)
 {
-    size_t np = r->n_prompt_report ? r->n_prompt_report : r->n_prompt;
+    size_t np = r->plan.n_prompt_report ? r->plan.n_prompt_report : r->plan.n_prompt;
     size_t cached = np > res->computed ? np - res->computed : 0;
     return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)np,
                      "completion_tokens", (json_int_t)res->n_tokens, "total_tokens",
@@ -467,9 +470,9 @@ static wk_err
 ctl_openai_tc_init(ctl_openai_tc *tc, const ctl_openai_req *r)
 {
     *tc = (ctl_openai_tc){.r = r};
-    if (!r->chat || r->tool_fmt == WK_TOOLCALL_FMT_NONE)
+    if (!r->wire.chat || r->wire.tool_fmt == WK_TOOLCALL_FMT_NONE)
         return WK_OK;
-    return wk_toolcall_parser_new(r->tool_fmt, r->tools, &tc->p);
+    return wk_toolcall_parser_new(r->wire.tool_fmt, r->wire.tools, &tc->p);
 }
 
 /*
@@ -487,9 +490,9 @@ ctl_openai_tc_feed(ctl_openai_tc *tc, const char *text, size_t len, bool final, 
     wk_err err = wk_toolcall_feed(tc->p, text, len, final, &o);
     if (err != WK_OK)
         return err;
-    const char *hex = strchr(tc->r->id, '-');
+    const char *hex = strchr(tc->r->out.id, '-');
     for (size_t i = 0; i < o.n_calls; i++) {
-        if (tc->r->tool_serial && tc->n_calls > 0)
+        if (tc->r->wire.tool_serial && tc->n_calls > 0)
             break;
         char id[48];
         snprintf(id, sizeof(id), "call_%.16s%08zx", hex != NULL ? hex + 1 : "", tc->n_calls++);
@@ -513,9 +516,10 @@ ctl_openai_tpl_visible(const ctl_openai_req *r, const char *text, size_t len, ch
     *n_calls = 0;
     char *rs = NULL, *cs = NULL;
     size_t rl = 0, cl = len;
-    if (r->think) {
+    if (r->wire.think) {
         wk_chat_think th;
-        wk_chat_think_init(&th, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
+        wk_chat_think_init(&th, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE,
+                           r->wire.think_open);
         if (wk_chat_think_feed(&th, text, len, true, &rs, &rl, &cs, &cl) != WK_OK)
             return WK_ENOMEM;
         free(rs);
@@ -525,14 +529,14 @@ ctl_openai_tpl_visible(const ctl_openai_req *r, const char *text, size_t len, ch
         memcpy(cs, text, len);
         cs[len] = '\0';
     }
-    if (r->tool_fmt == WK_TOOLCALL_FMT_NONE) {
+    if (r->wire.tool_fmt == WK_TOOLCALL_FMT_NONE) {
         *out = cs;
         *out_len = cl;
         return WK_OK;
     }
     wk_toolcall_parser *p = NULL;
     wk_toolcall_out o;
-    wk_err err = wk_toolcall_parser_new(r->tool_fmt, r->tools, &p);
+    wk_err err = wk_toolcall_parser_new(r->wire.tool_fmt, r->wire.tools, &p);
     if (err == WK_OK)
         err = wk_toolcall_feed(p, cs, cl, true, &o);
     wk_toolcall_parser_free(p);
@@ -604,9 +608,9 @@ ctl_openai_think_json(wk_chat_think *t, ctl_openai_tc *tc, json_t *calls, json_t
 static json_t *
 ctl_openai_chunk_base(const ctl_openai_req *r)
 {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", r->id, "object",
-                     r->chat ? "chat.completion.chunk" : "text_completion", "created",
-                     (json_int_t)r->created, "model", r->model);
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", r->out.id, "object",
+                     r->wire.chat ? "chat.completion.chunk" : "text_completion", "created",
+                     (json_int_t)r->out.created, "model", r->wire.model);
 }
 
 static wk_err
@@ -640,7 +644,7 @@ ctl_openai_send_delta(ctl_openai_stream *st, json_t *chunk, json_t *calls)
     json_t *delta = json_object_get(choice, "delta");
     bool empty = calls != NULL && delta != NULL && json_string_length(json_object_get(delta, "content")) == 0 &&
                  json_object_get(delta, "reasoning_content") == NULL &&
-                 json_object_get(choice, "token_ids") == NULL && !r->logprobs;
+                 json_object_get(choice, "token_ids") == NULL && !r->wire.logprobs;
     if (empty)
         json_decref(chunk);
     else
@@ -652,7 +656,7 @@ ctl_openai_send_delta(ctl_openai_stream *st, json_t *chunk, json_t *calls)
             break;
         size_t index = st->tc.n_calls - json_array_size(calls) + i;
         json_t *fn = json_object_get(call, "function");
-        if (r->legacy_fn) { /* delta.function_call: the name, then the arguments */
+        if (r->wire.legacy_fn) { /* delta.function_call: the name, then the arguments */
             json_t *c1 = ctl_openai_chunk_base(r);
             json_object_set_new(c1, "choices",
                                 json_pack("[{s:i, s:{s:{s:O, s:s}}, s:n, s:n}]", "index", 0,
@@ -700,25 +704,26 @@ ctl_openai_stream_sink(void *arg, const char *text, size_t len, const ctl_gen_to
 {
     ctl_openai_stream *st = arg;
     ctl_openai_req *r = st->r;
-    if (len == 0 && !(r->logprobs && n_toks > 0) && !(r->return_token_ids && n_toks > 0))
+    if (len == 0 && !(r->wire.logprobs && n_toks > 0) && !(r->wire.return_token_ids && n_toks > 0))
         return WK_OK;
     json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:n}", "index", 0, "finish_reason");
-    json_t *lp = !r->logprobs ? json_null()
-                 : r->chat ? json_pack("{s:o}", "content",
-                                       ctl_openai_logprobs_json(st->app, toks, n_toks,
-                                                                r->top_logprobs))
-                           : ctl_openai_completion_logprobs_json(st->app, toks, n_toks,
-                                                                 r->top_logprobs, &st->text_off);
+    json_t *lp =
+        !r->wire.logprobs ? json_null()
+        : r->wire.chat
+            ? json_pack("{s:o}", "content",
+                        ctl_openai_logprobs_json(st->app, toks, n_toks, r->wire.top_logprobs))
+            : ctl_openai_completion_logprobs_json(st->app, toks, n_toks, r->wire.top_logprobs,
+                                                  &st->text_off);
     json_object_set_new(choice, "logprobs", lp);
     json_t *calls = st->tc.p != NULL ? json_array() : NULL;
-    if (r->chat)
+    if (r->wire.chat)
         json_object_set_new(choice, "delta",
-                            ctl_openai_think_json(r->think ? &st->think : NULL, &st->tc, calls,
+                            ctl_openai_think_json(r->wire.think ? &st->think : NULL, &st->tc, calls,
                                                   NULL, text, len, false));
     else
         json_object_set_new(choice, "text", json_stringn(text, len));
-    if (r->return_token_ids) { /* (extension: the ids this chunk's text came from) */
+    if (r->wire.return_token_ids) { /* (extension: the ids this chunk's text came from) */
         json_t *ids = json_array();
         for (size_t i = 0; i < n_toks; i++)
             json_array_append_new(ids, json_integer(toks[i].id));
@@ -745,7 +750,7 @@ ctl_openai_route(const ctl_openai_req *r)
 {
     if (r->route != NULL)
         return r->route;
-    return r->chat ? "/v1/chat/completions" : "/v1/completions";
+    return r->wire.chat ? "/v1/chat/completions" : "/v1/completions";
 }
 
 static void
@@ -765,30 +770,31 @@ void
 ctl_openai_reuse_begin(ctl_app *app, ctl_openai_req *r, ctl_ckpt_plan *plan, bool *free_slot)
 {
     *free_slot = false;
-    r->plan = NULL;
+    r->plan.ckpt = NULL;
     ctl_worker_view v;
-    if (!r->reuse || !r->cache || app->ckpt == NULL || r->n_prompt == 0 ||
+    if (!r->plan.reuse || !r->wire.cache || app->ckpt == NULL || r->plan.n_prompt == 0 ||
         ctl_pool_model_view(app->pool, &v) != WK_OK)
         return;
-    bool held = r->gen.slot != NULL;
-    if (held && r->plan_prefix == NULL)
+    bool held = r->plan.gen.slot != NULL;
+    if (held && r->plan.plan_prefix == NULL)
         return; /* (a held slot of unknown content: nothing to key checkpoints by) */
     wk_diag d = {{0}};
-    if (ctl_ckpt_plan_begin(app->ckpt, plan, r->owner, v.fingerprint, r->plan_prefix,
-                            held ? r->n_plan_prefix : 0, r->prompt, r->n_prompt, r->bounds,
-                            r->n_bounds, !held, &d) != WK_OK || plan->c == NULL) {
+    if (ctl_ckpt_plan_begin(app->ckpt, plan, r->plan.owner, v.fingerprint, r->plan.plan_prefix,
+                            held ? r->plan.n_plan_prefix : 0, r->plan.prompt, r->plan.n_prompt,
+                            r->plan.bounds, r->plan.n_bounds, !held, &d) != WK_OK ||
+        plan->c == NULL) {
         ctl_ckpt_plan_end(plan);
         return;
     }
-    r->plan = plan;
-    r->gen.reuse = &plan->reuse;
-    r->gen.worker = plan->worker[0] ? plan->worker : NULL;
-    if (!r->gen.keep_slot) {
-        r->gen.keep_slot = true;
+    r->plan.ckpt = plan;
+    r->plan.gen.reuse = &plan->reuse;
+    r->plan.gen.worker = plan->worker[0] ? plan->worker : NULL;
+    if (!r->plan.gen.keep_slot) {
+        r->plan.gen.keep_slot = true;
         *free_slot = true;
     }
-    if (r->chat)
-        r->gen.feed_stop = true; /* the reply's state holds every token the client sees */
+    if (r->wire.chat)
+        r->plan.gen.feed_stop = true; /* the reply's state holds every token the client sees */
 }
 
 /*
@@ -799,19 +805,19 @@ ctl_openai_reuse_begin(ctl_app *app, ctl_openai_req *r, ctl_ckpt_plan *plan, boo
 void
 ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res, bool free_slot)
 {
-    ctl_ckpt_plan *p = r->plan;
+    ctl_ckpt_plan *p = r->plan.ckpt;
     if (p == NULL)
         return;
     if (p->loaded) {
-        r->reused = true;
-        r->reused_tokens = p->hit_len;
-        r->reuse_kind = p->hit_len + 1 == p->n_all ? CTL_CKPT_HIT_REGENERATE
-                        : r->aligned_tokens > 0 && p->hit_len >= r->aligned_tokens
+        r->out.reused = true;
+        r->out.reused_tokens = p->hit_len;
+        r->out.reuse_kind = p->hit_len + 1 == p->n_all ? CTL_CKPT_HIT_REGENERATE
+                        : r->plan.aligned_tokens > 0 && p->hit_len >= r->plan.aligned_tokens
                             ? CTL_CKPT_HIT_CHECKPOINT
                             : CTL_CKPT_HIT_PREFIX;
-        ctl_ckpt_count_hit(app->ckpt, r->reuse_kind, p->hit_len);
+        ctl_ckpt_count_hit(app->ckpt, r->out.reuse_kind, p->hit_len);
     }
-    size_t n_gen = res->fed > r->n_prompt ? res->fed - r->n_prompt : 0;
+    size_t n_gen = res->fed > r->plan.n_prompt ? res->fed - r->plan.n_prompt : 0;
     if (n_gen > res->n_tokens)
         n_gen = res->n_tokens;
     int32_t *gen = malloc((n_gen ? n_gen : 1) * sizeof(*gen));
@@ -819,18 +825,18 @@ ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res
     if (gen != NULL) {
         for (size_t i = 0; i < n_gen; i++)
             gen[i] = res->tokens[i].id;
-        if (r->chat && r->msgs != NULL && !r->templated) {
+        if (r->wire.chat && r->wire.msgs != NULL && !r->wire.templated) {
             /* The reply record: the history as the client will send it back. */
-            wk_chat_msg *hm = malloc((r->n_msgs + 1) * sizeof(*hm));
+            wk_chat_msg *hm = malloc((r->wire.n_msgs + 1) * sizeof(*hm));
             char *text = NULL;
             size_t tl = 0;
             if (hm != NULL) {
-                memcpy(hm, r->msgs, r->n_msgs * sizeof(*hm));
-                hm[r->n_msgs] = (wk_chat_msg){.role = "assistant", .content = res->text,
+                memcpy(hm, r->wire.msgs, r->wire.n_msgs * sizeof(*hm));
+                hm[r->wire.n_msgs] = (wk_chat_msg){.role = "assistant", .content = res->text,
                                               .content_len = res->text_len};
                 if (res->text_len == 0)
-                    hm[r->n_msgs].content = "";
-                if (wk_chat_render(hm, r->n_msgs + 1, false, &text, &tl, NULL) == WK_OK)
+                    hm[r->wire.n_msgs].content = "";
+                if (wk_chat_render(hm, r->wire.n_msgs + 1, false, &text, &tl, NULL) == WK_OK)
                     ctl_ckpt_reply_key(p->fp, p->owner, text, tl, key);
             }
             free(text);
@@ -851,10 +857,10 @@ static json_t *
 ctl_openai_prompt_ids_json(const ctl_openai_req *r)
 {
     json_t *a = json_array();
-    for (size_t i = 0; a != NULL && i < r->n_plan_prefix && r->plan_prefix != NULL; i++)
-        json_array_append_new(a, json_integer(r->plan_prefix[i]));
-    for (size_t i = 0; a != NULL && i < r->n_prompt; i++)
-        json_array_append_new(a, json_integer(r->prompt[i]));
+    for (size_t i = 0; a != NULL && i < r->plan.n_plan_prefix && r->plan.plan_prefix != NULL; i++)
+        json_array_append_new(a, json_integer(r->plan.plan_prefix[i]));
+    for (size_t i = 0; a != NULL && i < r->plan.n_prompt; i++)
+        json_array_append_new(a, json_integer(r->plan.prompt[i]));
     return a;
 }
 
@@ -871,7 +877,7 @@ ctl_openai_generate(ctl_http_req *req, ctl_app *app, ctl_openai_req *r)
     ctl_openai_generate_run(req, app, r, free_slot);
     ctl_ckpt_plan_end(plan);
     free(plan);
-    r->plan = NULL;
+    r->plan.ckpt = NULL;
 }
 
 /* Names the response: r->created now, r->id "chatcmpl-"/"cmpl-" and 24 random hex digits. */
@@ -880,7 +886,7 @@ ctl_openai_id_make(ctl_openai_req *r)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    r->created = ts.tv_sec;
+    r->out.created = ts.tv_sec;
     uint8_t rnd[12];
     uint64_t seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)r;
     for (int i = 0; i < 12; i++) {
@@ -890,7 +896,7 @@ ctl_openai_id_make(ctl_openai_req *r)
     char hex[25];
     for (int i = 0; i < 12; i++)
         snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
-    snprintf(r->id, sizeof(r->id), "%s-%s", r->chat ? "chatcmpl" : "cmpl", hex);
+    snprintf(r->out.id, sizeof(r->out.id), "%s-%s", r->wire.chat ? "chatcmpl" : "cmpl", hex);
 }
 
 /* Generates and answers r as one JSON body (no streaming). */
@@ -905,8 +911,8 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
     if (err != WK_OK)
         (void)wk_diag_set(&d, err, "out of memory");
     else
-        err = ctl_gen_run(app->sched, app->tok, r->prompt, r->n_prompt, &r->gen, NULL, NULL,
-                          &res, &d);
+        err = ctl_gen_run(app->sched, app->tok, r->plan.prompt, r->plan.n_prompt, &r->plan.gen,
+                          NULL, NULL, &res, &d);
     if (err != WK_OK) {
         ctl_openai_count(app, route, "error");
         if (r->on_fail != NULL)
@@ -918,50 +924,52 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
     json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", res.finish_reason);
     size_t text_off = 0;
-    json_t *lp = !r->logprobs ? json_null()
-                 : r->chat ? json_pack("{s:o}", "content",
+    json_t *lp = !r->wire.logprobs ? json_null()
+                 : r->wire.chat ? json_pack("{s:o}", "content",
                                        ctl_openai_logprobs_json(app, res.tokens, res.n_tokens,
-                                                                r->top_logprobs))
+                                                                r->wire.top_logprobs))
                            : ctl_openai_completion_logprobs_json(app, res.tokens, res.n_tokens,
-                                                                 r->top_logprobs, &text_off);
+                                                                 r->wire.top_logprobs, &text_off);
     json_object_set_new(choice, "logprobs", lp);
-    if (r->chat) {
+    if (r->wire.chat) {
         /* (the text split at the think markers as a stream splits it: the same parts) */
         wk_chat_think th;
-        wk_chat_think_init(&th, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
+        wk_chat_think_init(&th, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE,
+                           r->wire.think_open);
         json_t *calls = tc.p != NULL ? json_array() : NULL;
-        json_t *msg = ctl_openai_think_json(r->think ? &th : NULL, &tc, calls,
+        json_t *msg = ctl_openai_think_json(r->wire.think ? &th : NULL, &tc, calls,
                                             json_pack("{s:s}", "role", "assistant"), res.text,
                                             res.text_len, true);
         if (json_array_size(calls) > 0) {
             /* (OpenAI's shape: content null when the reply is calls only) */
             if (json_string_length(json_object_get(msg, "content")) == 0)
                 json_object_set_new(msg, "content", json_null());
-            if (r->legacy_fn) /* (the legacy API's one call, without an id) */
+            if (r->wire.legacy_fn) /* (the legacy API's one call, without an id) */
                 json_object_set(msg, "function_call",
                                 json_object_get(json_array_get(calls, 0), "function"));
             else
                 json_object_set(msg, "tool_calls", calls);
             if (strcmp(res.finish_reason, "stop") == 0)
-                json_object_set_new(choice, "finish_reason",
-                                    json_string(r->legacy_fn ? "function_call" : "tool_calls"));
+                json_object_set_new(
+                    choice, "finish_reason",
+                    json_string(r->wire.legacy_fn ? "function_call" : "tool_calls"));
         }
         json_decref(calls);
         json_object_set_new(choice, "message", msg);
     } else {
         json_object_set_new(choice, "text", json_stringn(res.text, res.text_len));
     }
-    if (r->return_token_ids) {
+    if (r->wire.return_token_ids) {
         json_t *ids = json_array();
         for (size_t i = 0; i < res.n_tokens; i++)
             json_array_append_new(ids, json_integer(res.tokens[i].id));
         json_object_set_new(choice, "token_ids", ids);
     }
-    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", r->id, "object",
-                             r->chat ? "chat.completion" : "text_completion", "created",
-                             (json_int_t)r->created, "model", r->model, "choices", choice, "usage",
-                             ctl_openai_usage_json(r, &res));
-    if (r->return_token_ids)
+    json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", r->out.id, "object",
+                             r->wire.chat ? "chat.completion" : "text_completion", "created",
+                             (json_int_t)r->out.created, "model", r->wire.model, "choices", choice,
+                             "usage", ctl_openai_usage_json(r, &res));
+    if (r->wire.return_token_ids)
         json_object_set_new(body, "prompt_token_ids", ctl_openai_prompt_ids_json(r));
     ctl_openai_reuse_done(app, r, &res, free_slot);
     if (r->on_done != NULL)
@@ -981,13 +989,14 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
     wk_diag d = {{0}};
     /* Admission errors come before the first byte, as plain JSON errors. */
     ctl_openai_stream st = {.req = req, .app = app, .r = r};
-    wk_chat_think_init(&st.think, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE, r->think_open);
+    wk_chat_think_init(&st.think, WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE,
+                       r->wire.think_open);
     ctl_job *job = NULL;
     wk_err err = ctl_openai_tc_init(&st.tc, r);
     if (err != WK_OK)
         (void)wk_diag_set(&d, err, "out of memory");
     else
-        err = ctl_gen_submit(app->sched, r->prompt, r->n_prompt, &r->gen, &job, &d);
+        err = ctl_gen_submit(app->sched, r->plan.prompt, r->plan.n_prompt, &r->plan.gen, &job, &d);
     if (err != WK_OK) {
         wk_toolcall_parser_free(st.tc.p);
         ctl_openai_count(app, route, "error");
@@ -997,7 +1006,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
         return;
     }
     ctl_http_sse_begin(req);
-    if (r->chat) {
+    if (r->wire.chat) {
         json_t *chunk = ctl_openai_chunk_base(r);
         json_object_set_new(chunk, "choices",
                             json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", 0, "delta",
@@ -1011,7 +1020,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
     } else {
         /* What one wake-up finds (a slow client: several chunks) goes out in one write. */
         ctl_http_cork(req, true);
-        err = ctl_stream_gen_run(req, job, app->tok, &r->gen, ctl_openai_stream_sink,
+        err = ctl_stream_gen_run(req, job, app->tok, &r->plan.gen, ctl_openai_stream_sink,
                                  ctl_openai_stream_flush, &st, &res, &d);
         if (ctl_http_req_broken(req))
             st.broken = true; /* (an event loop saw the client go away) */
@@ -1027,52 +1036,52 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
                         ctl_http_sse_data(req, "[DONE]") == WK_OK;
             free(eb);
             if (!sent)
-                wk_log_info("the error event did not reach the client id=%s", r->id);
+                wk_log_info("the error event did not reach the client id=%s", r->out.id);
         } else {
-            wk_log_info("client went away id=%s", r->id);
+            wk_log_info("client went away id=%s", r->out.id);
         }
         wk_toolcall_parser_free(st.tc.p);
         return;
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
-    if (r->chat && ((r->think && st.think.n_held > 0) || st.tc.p != NULL)) {
+    if (r->wire.chat && ((r->wire.think && st.think.n_held > 0) || st.tc.p != NULL)) {
         /* bytes held for a marker that never came: text of the part they were in;
            and what the tool-call parse held (a call the reply ended in) */
         json_t *calls = st.tc.p != NULL ? json_array() : NULL;
         json_t *hc = ctl_openai_chunk_base(r);
         json_object_set_new(hc, "choices",
                             json_pack("[{s:i, s:o, s:n, s:n}]", "index", 0, "delta",
-                                      ctl_openai_think_json(r->think ? &st.think : NULL, &st.tc,
-                                                            calls, NULL, "", 0, true),
+                                      ctl_openai_think_json(r->wire.think ? &st.think : NULL,
+                                                            &st.tc, calls, NULL, "", 0, true),
                                       "logprobs", "finish_reason"));
         (void)ctl_openai_send_delta(&st, hc, calls);
     }
     const char *finish = st.tc.n_calls == 0 || strcmp(res.finish_reason, "stop") != 0
                              ? res.finish_reason
-                         : r->legacy_fn ? "function_call"
+                         : r->wire.legacy_fn ? "function_call"
                                         : "tool_calls";
     json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", finish,
                                "logprobs");
-    if (r->chat)
+    if (r->wire.chat)
         json_object_set_new(choice, "delta", json_object());
     else
         json_object_set_new(choice, "text", json_string(""));
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
-    if (r->return_token_ids)
+    if (r->wire.return_token_ids)
         json_object_set_new(chunk, "prompt_token_ids", ctl_openai_prompt_ids_json(r));
     ctl_openai_reuse_done(app, r, &res, free_slot);
     if (r->on_done != NULL)
         r->on_done(r, &res, chunk);
     (void)ctl_openai_send_chunk(&st, chunk);
-    if (r->include_usage) {
+    if (r->wire.include_usage) {
         chunk = ctl_openai_chunk_base(r);
         json_object_set_new(chunk, "choices", json_array());
         json_object_set_new(chunk, "usage", ctl_openai_usage_json(r, &res));
         (void)ctl_openai_send_chunk(&st, chunk);
     }
     if (!st.broken && ctl_http_sse_data(req, "[DONE]") != WK_OK)
-        wk_log_info("client went away before [DONE] id=%s", r->id);
+        wk_log_info("client went away before [DONE] id=%s", r->out.id);
     ctl_openai_count(app, route, st.broken ? "cancelled" : "ok");
     ctl_gen_result_fini(&res);
     wk_toolcall_parser_free(st.tc.p);
@@ -1082,36 +1091,37 @@ static void
 ctl_openai_generate_run(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool free_slot)
 {
     ctl_openai_id_make(r);
-    if (r->n_prompt > app->max_prompt_tokens) {
-        ctl_openai_fail(req, WK_ETOOBIG, r->chat ? "messages" : "prompt",
-                        "the prompt has %zu tokens, more than the limit of %u", r->n_prompt,
+    if (r->plan.n_prompt > app->max_prompt_tokens) {
+        ctl_openai_fail(req, WK_ETOOBIG, r->wire.chat ? "messages" : "prompt",
+                        "the prompt has %zu tokens, more than the limit of %u", r->plan.n_prompt,
                         app->max_prompt_tokens);
         return;
     }
-    if (r->chat && !r->ignore_eos && r->gen.n_stops < CTL_GEN_MAX_STOPS &&
-        r->toolgram == NULL) {
+    if (r->wire.chat && !r->wire.ignore_eos && r->plan.gen.n_stops < CTL_GEN_MAX_STOPS &&
+        r->wire.toolgram == NULL) {
         /*
          * The turn's end: "\n\n" in the World template; a model's own template
          * ends a turn with its eos token (its id already stops the generation,
          * its text stops it too when the model spells it out). Not for a forced
          * call: its grammar ends it, and an argument may spell that text.
          */
-        const char *eos = r->templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : "\n\n";
+        const char *eos =
+            r->wire.templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : "\n\n";
         if (eos != NULL && eos[0] != '\0')
-            r->gen.stops[r->gen.n_stops++] = eos;
+            r->plan.gen.stops[r->plan.gen.n_stops++] = eos;
     }
     if (r->on_error_before != NULL && r->on_error_before(r, req))
         return;
-    if (r->toolgram != NULL)
-        ctl_toolgram_apply(r->toolgram, &r->gen);
-    r->gen.sample.logprobs = r->logprobs;
-    r->gen.sample.top_logprobs = r->top_logprobs;
+    if (r->wire.toolgram != NULL)
+        ctl_toolgram_apply(r->wire.toolgram, &r->plan.gen);
+    r->plan.gen.sample.logprobs = r->wire.logprobs;
+    r->plan.gen.sample.top_logprobs = r->wire.top_logprobs;
     struct timespec mono;
     clock_gettime(CLOCK_MONOTONIC, &mono);
-    r->gen.deadline_ms = (uint64_t)mono.tv_sec * 1000u + (uint64_t)mono.tv_nsec / 1000000u +
+    r->plan.gen.deadline_ms = (uint64_t)mono.tv_sec * 1000u + (uint64_t)mono.tv_nsec / 1000000u +
                          app->request_timeout_ms;
-    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)r->n_prompt);
-    if (!r->stream)
+    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)r->plan.n_prompt);
+    if (!r->wire.stream)
         ctl_openai_answer_whole(req, app, r, free_slot);
     else
         ctl_openai_answer_stream(req, app, r, free_slot);
@@ -1152,10 +1162,10 @@ ctl_openai_chat(ctl_http_req *req, void *arg)
         ctl_app_user_leave(req, app);
         return;
     }
-    ctl_openai_req r = {.chat = true, .reuse = true, .cache = true};
+    ctl_openai_req r = {.wire.chat = true, .plan.reuse = true, .wire.cache = true};
     ctl_openai_perr pe = {WK_OK, "", ""};
     ctl_chat_turn *turn = NULL;
-    ctl_openai_owner(req, r.owner);
+    ctl_openai_owner(req, r.plan.owner);
     if (!ctl_openai_parse_chat(app, body, &r, &pe)) {
         ctl_openai_send_perr(req, &pe);
     } else if (ctl_chat_begin(req, app, &r, &turn)) {
@@ -1178,9 +1188,9 @@ ctl_openai_completions(ctl_http_req *req, void *arg)
         ctl_app_user_leave(req, app);
         return;
     }
-    ctl_openai_req r = {.chat = false, .reuse = true, .cache = true};
+    ctl_openai_req r = {.wire.chat = false, .plan.reuse = true, .wire.cache = true};
     ctl_openai_perr pe = {WK_OK, "", ""};
-    ctl_openai_owner(req, r.owner);
+    ctl_openai_owner(req, r.plan.owner);
     if (ctl_openai_parse_completion(app, body, &r, &pe))
         ctl_openai_generate(req, app, &r);
     else

@@ -20,11 +20,15 @@
 
 typedef struct ctl_openai_req ctl_openai_req;
 
-struct ctl_openai_req {
+/*
+ * What the client asked, as the parsers (ctl_openai_parse.c) read it: the
+ * wire parameters, the messages and the prompt they render to, the tools and
+ * the tool-call constraint. Written by the parse only; read by the session
+ * glue (ctl_chat), the answer and the Responses API.
+ */
+typedef struct ctl_openai_wire {
     bool chat;                    /* chat.completions vs completions */
     bool model_optional;          /* "model" may be absent (state routes) */
-    const char *route;            /* route label for wkvm_requests_total, as the HTTP metrics
-                                     name it; NULL: /v1/chat/completions or /v1/completions */
     const char *model;            /* borrowed from the JSON */
     bool stream;                  /* SSE */
     bool include_usage;           /* stream_options.include_usage */
@@ -32,19 +36,7 @@ struct ctl_openai_req {
     bool logprobs;                /* logprobs requested */
     uint32_t top_logprobs;        /* 0..20 */
     bool ignore_eos;              /* extension: exactly max_tokens */
-    ctl_gen_params gen;           /* generation parameters */
-    int32_t *prompt;              /* tokens to feed, owned */
-    size_t n_prompt;              /* entries */
-    size_t n_prompt_report;       /* prompt tokens reported in usage (0: n_prompt) */
-    char id[48];                  /* response id */
-    time_t created;               /* unix time */
-    void *user;                   /* caller context for the hooks */
-    /* After a successful generation: may add fields to the final JSON object. */
-    void (*on_done)(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj);
-    /* After a failed or cancelled generation (kept slot cleanup). */
-    void (*on_fail)(ctl_openai_req *r);
-    /* Before generating: return true after sending an error to stop. */
-    bool (*on_error_before)(ctl_openai_req *r, ctl_http_req *req);
+    bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */
     wk_chat_msg *msgs;            /* chat: the messages (roles/contents borrowed or owned) */
     char **msg_texts;             /* chat: owned contents */
     size_t n_msgs;                /* chat: entries */
@@ -65,9 +57,23 @@ struct ctl_openai_req {
     bool legacy_fn;               /* chat: the legacy `functions` API: message.function_call */
     char *tool_force_name;        /* chat: the named function, owned; NULL = any offered one */
     ctl_toolgram *toolgram;       /* chat, tool_forced: the constraint, owned */
+} ctl_openai_wire;
+
+/*
+ * What runs: the tokens fed, the generation's parameters and the reuse plan
+ * (checkpoint boundaries, the owner, a continued session's prefix). The
+ * parse writes a first one (the prompt's tokens and boundaries, gen's
+ * sampling, limits and stops from the wire); the session glue (ctl_chat,
+ * ctl_states, ctl_responses) narrows it to a held slot and a delta, and
+ * ctl_openai_reuse_begin() adds the checkpoint plan.
+ */
+typedef struct ctl_openai_plan {
+    ctl_gen_params gen;           /* generation parameters */
+    int32_t *prompt;              /* tokens to feed, owned */
+    size_t n_prompt;              /* entries */
+    size_t n_prompt_report;       /* prompt tokens reported in usage (0: n_prompt) */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
     bool reuse;                   /* plan checkpoints and look them up for this request */
-    bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */
     char owner[CTL_STORE_OWNER_MAX + 1]; /* whose checkpoints (never shared) */
     size_t bounds[CTL_CKPT_MAX_BOUNDS]; /* chat: token positions in prompt where a message ends */
     size_t n_bounds;              /* entries */
@@ -76,10 +82,32 @@ struct ctl_openai_req {
     size_t aligned_tokens;        /* chat: leading prompt tokens that are a reply's exact tokens */
     const int32_t *plan_prefix;   /* tokens already in gen.slot (a continued session), borrowed */
     size_t n_plan_prefix;         /* entries */
-    ctl_ckpt_plan *plan;          /* during ctl_openai_generate(), NULL otherwise */
+    ctl_ckpt_plan *ckpt;          /* during ctl_openai_generate(), NULL otherwise */
+} ctl_openai_plan;
+
+/* What came of it beyond ctl_gen_result (tokens, text, finish, usage counts). */
+typedef struct ctl_openai_result {
+    char id[48];                  /* response id */
+    time_t created;               /* unix time */
     bool reused;                  /* a checkpoint was resumed */
     ctl_ckpt_hit reuse_kind;      /* how, when reused */
     size_t reused_tokens;         /* tokens it covered */
+} ctl_openai_result;
+
+/* One generation request: the three parts and the caller's hooks. */
+struct ctl_openai_req {
+    ctl_openai_wire wire;         /* what the client asked */
+    ctl_openai_plan plan;         /* what runs */
+    ctl_openai_result out;        /* what came of it */
+    const char *route;            /* route label for wkvm_requests_total, as the HTTP metrics
+                                     name it; NULL: /v1/chat/completions or /v1/completions */
+    void *user;                   /* caller context for the hooks */
+    /* After a successful generation: may add fields to the final JSON object. */
+    void (*on_done)(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj);
+    /* After a failed or cancelled generation (kept slot cleanup). */
+    void (*on_fail)(ctl_openai_req *r);
+    /* Before generating: return true after sending an error to stop. */
+    bool (*on_error_before)(ctl_openai_req *r, ctl_http_req *req);
 };
 
 /* The owner of a request's checkpoints (the API user, narrowed by Open WebUI's user id). */

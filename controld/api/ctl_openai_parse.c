@@ -41,26 +41,27 @@ ctl_openai_chat_tokens(ctl_app *app, ctl_openai_req *r, const wk_chat_span *sp, 
     int32_t *ret = NULL, *rest = NULL;
     size_t n_ret = 0, n_rest = 0, off = 0;
     ctl_worker_view v;
-    if (app->ckpt != NULL && r->cache && ctl_ckpt_get_config(app->ckpt).enabled &&
+    if (app->ckpt != NULL && r->wire.cache && ctl_ckpt_get_config(app->ckpt).enabled &&
         ctl_pool_model_view(app->pool, &v) == WK_OK) {
         unsigned tries = 0;
-        for (size_t k = r->n_msgs; k-- > 0 && tries < 4;) {
-            if (strcmp(r->msgs[k].role, "assistant") != 0)
+        for (size_t k = r->wire.n_msgs; k-- > 0 && tries < 4;) {
+            if (strcmp(r->wire.msgs[k].role, "assistant") != 0)
                 continue;
             tries++;
             char key[WK_SHA256_HEX_LEN];
-            ctl_ckpt_reply_key(v.fingerprint, r->owner, r->prompt_text, sp[k].end, key);
+            ctl_ckpt_reply_key(v.fingerprint, r->plan.owner, r->wire.prompt_text, sp[k].end, key);
             if (ctl_ckpt_reply_tokens(app->ckpt, key, &ret, &n_ret)) {
                 off = ctl_session_align_at(app->tok, ret, n_ret, &sp[k]);
                 break;
             }
         }
     }
-    wk_err err = ret != NULL ? wk_tok_encode_continue(app->tok, r->prompt_text, r->prompt_len,
-                                                      off, &rest, &n_rest, d)
-                             : wk_tok_encode(app->tok, r->prompt_text, r->prompt_len, &rest,
-                                             &n_rest, d);
-    if (err == WK_OK && (r->prompt = malloc((n_ret + n_rest + 1) * sizeof(*r->prompt))) == NULL)
+    wk_err err = ret != NULL ? wk_tok_encode_continue(app->tok, r->wire.prompt_text,
+                                                      r->wire.prompt_len, off, &rest, &n_rest, d)
+                             : wk_tok_encode(app->tok, r->wire.prompt_text, r->wire.prompt_len,
+                                             &rest, &n_rest, d);
+    if (err == WK_OK &&
+        (r->plan.prompt = malloc((n_ret + n_rest + 1) * sizeof(*r->plan.prompt))) == NULL)
         err = WK_ENOMEM;
     if (err != WK_OK) {
         free(ret);
@@ -68,21 +69,21 @@ ctl_openai_chat_tokens(ctl_app *app, ctl_openai_req *r, const wk_chat_span *sp, 
         return err;
     }
     if (n_ret)
-        memcpy(r->prompt, ret, n_ret * sizeof(*ret));
+        memcpy(r->plan.prompt, ret, n_ret * sizeof(*ret));
     if (n_rest)
-        memcpy(r->prompt + n_ret, rest, n_rest * sizeof(*rest));
-    r->n_prompt = n_ret + n_rest;
-    r->aligned_tokens = n_ret;
-    free(r->msg_ends);
-    r->msg_ends = malloc((r->n_msgs ? r->n_msgs : 1) * sizeof(*r->msg_ends));
-    if (r->msg_ends == NULL) {
+        memcpy(r->plan.prompt + n_ret, rest, n_rest * sizeof(*rest));
+    r->plan.n_prompt = n_ret + n_rest;
+    r->plan.aligned_tokens = n_ret;
+    free(r->wire.msg_ends);
+    r->wire.msg_ends = malloc((r->wire.n_msgs ? r->wire.n_msgs : 1) * sizeof(*r->wire.msg_ends));
+    if (r->wire.msg_ends == NULL) {
         free(ret);
         free(rest);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < r->n_msgs; i++)
-        r->msg_ends[i] = sp[i].end;
-    r->n_bounds = 0;
+    for (size_t i = 0; i < r->wire.n_msgs; i++)
+        r->wire.msg_ends[i] = sp[i].end;
+    r->plan.n_bounds = 0;
     ctl_openai_chat_bounds(app->tok, r, off, rest, n_rest, n_ret);
     free(ret);
     free(rest);
@@ -329,13 +330,13 @@ ctl_openai_tool_choice_forced(ctl_openai_perr *pe, ctl_app *app, ctl_openai_req 
                               const char *param, const char *name)
 {
     wk_diag d = {{0}};
-    r->tool_forced = true;
-    if (name != NULL && (r->tool_force_name = strdup(name)) == NULL) {
+    r->wire.tool_forced = true;
+    if (name != NULL && (r->wire.tool_force_name = strdup(name)) == NULL) {
         ctl_openai_perr_set(pe, WK_ENOMEM, param, "out of memory");
         return false;
     }
-    wk_err err = ctl_toolgram_new(app->tok, r->tool_fmt, r->tools, name, !r->tool_serial, false,
-                                  NULL, &r->toolgram, &d);
+    wk_err err = ctl_toolgram_new(app->tok, r->wire.tool_fmt, r->wire.tools, name,
+                                  !r->wire.tool_serial, false, NULL, &r->wire.toolgram, &d);
     if (err != WK_OK) {
         ctl_openai_perr_set(pe, err, err == WK_EINVAL ? "tools" : param,
                         "%s cannot be enforced: %s", param, d.msg);
@@ -352,18 +353,19 @@ ctl_openai_tool_choice_forced(ctl_openai_perr *pe, ctl_app *app, ctl_openai_req 
 static bool
 ctl_openai_toolgram_reasoning(ctl_openai_perr *pe, ctl_app *app, ctl_openai_req *r)
 {
-    if (!r->tool_forced || !r->think_open)
+    if (!r->wire.tool_forced || !r->wire.think_open)
         return true;
     wk_diag d = {{0}};
     ctl_toolgram *t = NULL;
-    wk_err err = ctl_toolgram_new(app->tok, r->tool_fmt, r->tools, r->tool_force_name,
-                                  !r->tool_serial, true, WK_CHAT_TPL_THINK_CLOSE, &t, &d);
+    wk_err err =
+        ctl_toolgram_new(app->tok, r->wire.tool_fmt, r->wire.tools, r->wire.tool_force_name,
+                         !r->wire.tool_serial, true, WK_CHAT_TPL_THINK_CLOSE, &t, &d);
     if (err != WK_OK) {
         ctl_openai_perr_set(pe, err, "tool_choice", "tool_choice cannot be enforced: %s", d.msg);
         return false;
     }
-    ctl_toolgram_free(r->toolgram);
-    r->toolgram = t;
+    ctl_toolgram_free(r->wire.toolgram);
+    r->wire.toolgram = t;
     return true;
 }
 
@@ -435,7 +437,7 @@ ctl_openai_legacy_functions(ctl_openai_perr *pe, json_t *body, ctl_openai_req *r
                 json_array_append_new(tools_new,
                                       json_pack("{s:s, s:O}", "type", "function", "function", f));
             json_object_set_new(body, "tools", tools_new);
-            r->legacy_fn = true;
+            r->wire.legacy_fn = true;
             json_t *p = json_object_get(body, "parallel_tool_calls");
             if (p == NULL || json_is_null(p))
                 json_object_set_new(body, "parallel_tool_calls", json_false());
@@ -456,7 +458,7 @@ ctl_openai_legacy_functions(ctl_openai_perr *pe, json_t *body, ctl_openai_req *r
         json_t *role = json_object_get(m, "role");
         json_t *call = json_object_get(m, "function_call");
         if (!json_is_object(m) || !json_is_string(role))
-            continue; /* (refused by ctl_openai_parse_messages) */
+            continue; /* (refused by ctl_openai_parse_messages_value) */
         char param[64];
         if (strcmp(json_string_value(role), "assistant") == 0 && call != NULL &&
             !json_is_null(call)) {
@@ -507,7 +509,7 @@ ctl_openai_legacy_functions(ctl_openai_perr *pe, json_t *body, ctl_openai_req *r
 static bool
 ctl_openai_parse_tools(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_openai_req *r)
 {
-    if (r->chat && !ctl_openai_legacy_functions(pe, body, r))
+    if (r->wire.chat && !ctl_openai_legacy_functions(pe, body, r))
         return false;
     json_t *tools = json_object_get(body, "tools");
     if (tools != NULL && json_is_null(tools))
@@ -521,7 +523,7 @@ ctl_openai_parse_tools(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_open
                             "'parallel_tool_calls' must be a boolean");
         return false;
     }
-    r->tool_serial = json_is_false(p);
+    r->wire.tool_serial = json_is_false(p);
     json_t *tc = json_object_get(body, "tool_choice");
     const char *c = json_is_string(tc) ? json_string_value(tc) : NULL;
     bool none = c != NULL && strcmp(c, "none") == 0;
@@ -560,14 +562,14 @@ ctl_openai_parse_tools(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_open
                             "no tool-call format wkvm knows (use \"auto\" or \"none\")");
             return false;
         }
-        r->tools = json_incref(tools);
-        r->tool_fmt = wk_chat_tpl_toolcall_fmt(app->chat_tpl);
+        r->wire.tools = json_incref(tools);
+        r->wire.tool_fmt = wk_chat_tpl_toolcall_fmt(app->chat_tpl);
         return ctl_openai_tool_choice_forced(pe, app, r, "tool_choice",
                                              named ? json_string_value(name) : NULL);
     }
     if (app->chat_tpl != NULL && n_tools > 0) {
-        r->tools = json_incref(tools);
-        r->tool_fmt = none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
+        r->wire.tools = json_incref(tools);
+        r->wire.tool_fmt = none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
     }
     return true;
 }
@@ -623,7 +625,7 @@ ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
 {
     wk_diag d = {{0}};
     const char *model = NULL;
-    wk_err err = wk_json_get_str(body, "model", !r->model_optional, app->model_id, 256, &model,
+    wk_err err = wk_json_get_str(body, "model", !r->wire.model_optional, app->model_id, 256, &model,
                                  &d);
     if (err != WK_OK) {
         ctl_openai_perr_set(pe, WK_EINVAL, "model", "%s", d.msg);
@@ -633,7 +635,7 @@ ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
         ctl_openai_perr_set(pe, WK_ENOENT, "model", "The model '%s' does not exist", model);
         return false;
     }
-    r->model = model;
+    r->wire.model = model;
     for (size_t i = 0; i < sizeof(ctl_openai_unsupported) / sizeof(ctl_openai_unsupported[0]);
          i++) {
         json_t *v = json_object_get(body, ctl_openai_unsupported[i]);
@@ -669,12 +671,12 @@ ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
         }                                                                                          \
         dst = b;                                                                                   \
     } while (0)
-    GETB("cache", r->cache, true);
-    if (r->cache)
-        GETB("cache_prompt", r->cache, true); /* (llama.cpp's name for the same switch) */
-    GETB("stream", r->stream, false);
-    GETB("ignore_eos", r->ignore_eos, false);
-    GETB("return_token_ids", r->return_token_ids, false);
+    GETB("cache", r->wire.cache, true);
+    if (r->wire.cache)
+        GETB("cache_prompt", r->wire.cache, true); /* (llama.cpp's name for the same switch) */
+    GETB("stream", r->wire.stream, false);
+    GETB("ignore_eos", r->wire.ignore_eos, false);
+    GETB("return_token_ids", r->wire.return_token_ids, false);
 #undef GETB
     json_t *so = json_object_get(body, "stream_options");
     if (so != NULL && !json_is_null(so)) {
@@ -683,10 +685,10 @@ ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
                                 "stream_options.include_usage must be a boolean");
             return false;
         }
-        r->include_usage = b;
+        r->wire.include_usage = b;
     }
     double x = 0;
-    ctl_sample_spec *sp = &r->gen.sample;
+    ctl_sample_spec *sp = &r->plan.gen.sample;
 #define GETN(key, dst, def, lo, hi)                                                                \
     do {                                                                                           \
         if (wk_json_get_num(body, key, false, def, lo, hi, &x, &d) != WK_OK) {                     \
@@ -721,17 +723,17 @@ ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
     /* max_completion_tokens wins over max_tokens when both are present. */
     const char *mk = json_object_get(body, "max_completion_tokens") ? "max_completion_tokens"
                                                                       : "max_tokens";
-    int64_t def_max = r->chat ? (int64_t)app->default_max_tokens : 16;
+    int64_t def_max = r->wire.chat ? (int64_t)app->default_max_tokens : 16;
     if (wk_json_get_i64(body, mk, false, def_max, 1, app->max_tokens_limit, &v, &d) != WK_OK) {
         ctl_openai_perr_set(pe, WK_EINVAL, mk, "%s", d.msg);
         return false;
     }
-    r->gen.max_tokens = (uint32_t)v;
+    r->plan.gen.max_tokens = (uint32_t)v;
     /* Stop strings. */
     json_t *st = json_object_get(body, "stop");
     if (st != NULL && !json_is_null(st)) {
         if (json_is_string(st)) {
-            r->gen.stops[r->gen.n_stops++] = json_string_value(st);
+            r->plan.gen.stops[r->plan.gen.n_stops++] = json_string_value(st);
         } else if (json_is_array(st) && json_array_size(st) <= 4) {
             size_t i;
             json_t *e;
@@ -740,7 +742,7 @@ ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
                     ctl_openai_perr_set(pe, WK_EINVAL, "stop", "'stop' entries must be strings");
                     return false;
                 }
-                r->gen.stops[r->gen.n_stops++] = json_string_value(e);
+                r->plan.gen.stops[r->plan.gen.n_stops++] = json_string_value(e);
             }
         } else {
             ctl_openai_perr_set(pe, WK_EINVAL, "stop",
@@ -748,20 +750,20 @@ ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
             return false;
         }
         uint32_t max_stop = app->max_stop_bytes ? app->max_stop_bytes : CTL_OPENAI_MAX_STOP_LEN;
-        for (size_t i = 0; i < r->gen.n_stops; i++) {
+        for (size_t i = 0; i < r->plan.gen.n_stops; i++) {
             json_t *sv = json_is_string(st) ? st : json_array_get(st, i);
-            if (strlen(r->gen.stops[i]) != json_string_length(sv)) {
+            if (strlen(r->plan.gen.stops[i]) != json_string_length(sv)) {
                 ctl_openai_perr_set(pe, WK_EINVAL, "stop", "stop strings cannot contain NUL");
                 return false;
             }
-            if (strlen(r->gen.stops[i]) > max_stop) {
+            if (strlen(r->plan.gen.stops[i]) > max_stop) {
                 ctl_openai_perr_set(pe, WK_EINVAL, "stop", "stop strings are limited to %u bytes",
                                     max_stop);
                 return false;
             }
         }
     }
-    r->gen.stop_on_eot = !r->ignore_eos;
+    r->plan.gen.stop_on_eot = !r->wire.ignore_eos;
     return ctl_openai_parse_logit_bias(pe, app, body, sp);
 }
 
@@ -944,15 +946,15 @@ ctl_openai_parse_templated(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_
     char *prompt = NULL;
     size_t plen = 0;
     wk_err err = msgs == NULL ? WK_ENOMEM
-                              : wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true,
+                              : wk_chat_tpl_render_json(app->chat_tpl, msgs, r->wire.tools, true,
                                                         json_is_object(kw) ? kw : NULL, NULL,
                                                         &prompt, &plen, &d);
     if (err == WK_OK)
-        r->hist_end = ctl_openai_hist_end(app, msgs, r->tools, json_is_object(kw) ? kw : NULL,
-                                          prompt, plen);
+        r->plan.hist_end = ctl_openai_hist_end(app, msgs, r->wire.tools,
+                                               json_is_object(kw) ? kw : NULL, prompt, plen);
     /* (kept for parent-token-v1's alignment, ctl_openai_tpl_align) */
-    r->tpl_msgs = msgs;
-    r->tpl_kw = json_is_object(kw) ? json_incref(kw) : NULL;
+    r->wire.tpl_msgs = msgs;
+    r->wire.tpl_kw = json_is_object(kw) ? json_incref(kw) : NULL;
     json_decref(kw_own);
     if (err != WK_OK) {
         bool kw_bad = strncmp(d.msg, "chat_template_kwargs", 20) == 0;
@@ -964,26 +966,26 @@ ctl_openai_parse_templated(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_
         free(prompt);
         return false;
     }
-    r->prompt_text = prompt;
-    r->prompt_len = plen;
-    r->templated = true;
+    r->wire.prompt_text = prompt;
+    r->wire.prompt_len = plen;
+    r->wire.templated = true;
     if (plen > CTL_OPENAI_MAX_TEXT) {
         ctl_openai_perr_set(pe, WK_ETOOBIG, "messages", "the prompt is longer than %u bytes",
                         CTL_OPENAI_MAX_TEXT);
         return false;
     }
     if (wk_chat_tpl_thinks(app->chat_tpl)) {
-        r->think = true;
-        r->think_open = wk_chat_think_open_at_end(prompt, plen, WK_CHAT_TPL_THINK_OPEN,
+        r->wire.think = true;
+        r->wire.think_open = wk_chat_think_open_at_end(prompt, plen, WK_CHAT_TPL_THINK_OPEN,
                                                   WK_CHAT_TPL_THINK_CLOSE);
     }
     if (!ctl_openai_toolgram_reasoning(pe, app, r))
         return false;
-    if (wk_tok_encode(app->tok, prompt, plen, &r->prompt, &r->n_prompt, &d) != WK_OK) {
+    if (wk_tok_encode(app->tok, prompt, plen, &r->plan.prompt, &r->plan.n_prompt, &d) != WK_OK) {
         ctl_openai_perr_set(pe, WK_EINVAL, "messages", "%s", d.msg);
         return false;
     }
-    r->aligned_tokens = 0;
+    r->plan.aligned_tokens = 0;
     ctl_openai_templated_bounds(app, r);
     return true;
 }
@@ -1009,9 +1011,9 @@ ctl_openai_parse_messages_value(ctl_app *app, json_t *body, ctl_openai_req *r, c
     if (!ok)
         ctl_openai_perr_set(pe, WK_ENOMEM, NULL, "out of memory");
     /* The messages stay with the request (sessions validate against them). */
-    r->msgs = cm;
-    r->msg_texts = texts;
-    r->n_msgs = texts != NULL ? n : 0;
+    r->wire.msgs = cm;
+    r->wire.msg_texts = texts;
+    r->wire.n_msgs = texts != NULL ? n : 0;
     for (size_t i = 0; ok && i < n; i++) {
         json_t *m = json_array_get(msgs, i);
         json_t *role = json_object_get(m, "role");
@@ -1077,8 +1079,8 @@ ctl_openai_parse_messages_value(ctl_app *app, json_t *body, ctl_openai_req *r, c
                         CTL_OPENAI_MAX_TEXT);
         ok = false;
     }
-    r->prompt_text = prompt;
-    r->prompt_len = plen;
+    r->wire.prompt_text = prompt;
+    r->wire.prompt_len = plen;
     if (ok && ctl_openai_chat_tokens(app, r, sp, &d) != WK_OK) {
         ctl_openai_perr_set(pe, WK_EINVAL, "messages", "%s", d.msg);
         ok = false;
@@ -1101,8 +1103,8 @@ ctl_openai_parse_prompt_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
                             CTL_OPENAI_MAX_TEXT);
             return false;
         }
-        if (wk_tok_encode(app->tok, json_string_value(p), json_string_length(p), &r->prompt,
-                          &r->n_prompt, &d) != WK_OK) {
+        if (wk_tok_encode(app->tok, json_string_value(p), json_string_length(p), &r->plan.prompt,
+                          &r->plan.n_prompt, &d) != WK_OK) {
             ctl_openai_perr_set(pe, WK_EINVAL, "prompt", "%s", d.msg);
             return false;
         }
@@ -1122,8 +1124,8 @@ ctl_openai_parse_prompt_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
                             app->max_prompt_tokens);
             return false;
         }
-        r->prompt = malloc(n * sizeof(*r->prompt));
-        if (r->prompt == NULL) {
+        r->plan.prompt = malloc(n * sizeof(*r->plan.prompt));
+        if (r->plan.prompt == NULL) {
             ctl_openai_perr_set(pe, WK_ENOMEM, NULL, "out of memory");
             return false;
         }
@@ -1135,15 +1137,15 @@ ctl_openai_parse_prompt_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
                                 "prompt[%zu] is not a token id in [0, %u)", i, vocab);
                 return false;
             }
-            r->prompt[i] = (int32_t)json_integer_value(e);
+            r->plan.prompt[i] = (int32_t)json_integer_value(e);
         }
-        r->n_prompt = n;
+        r->plan.n_prompt = n;
     } else {
         ctl_openai_perr_set(pe, WK_EINVAL, "prompt",
                         "'prompt' must be a non-empty string or a non-empty array of token ids");
         return false;
     }
-    if (r->n_prompt == 0) {
+    if (r->plan.n_prompt == 0) {
         ctl_openai_perr_set(pe, WK_EINVAL, "prompt", "the prompt encodes to no tokens");
         return false;
     }
@@ -1171,8 +1173,8 @@ ctl_openai_parse_prompt_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl
     }
     if (json_object_get(body, "logprobs") != NULL &&
         !json_is_null(json_object_get(body, "logprobs"))) {
-        r->logprobs = true;
-        r->top_logprobs = (uint32_t)lp;
+        r->wire.logprobs = true;
+        r->wire.top_logprobs = (uint32_t)lp;
     }
     return true;
 }
@@ -1196,8 +1198,8 @@ ctl_openai_parse_chat_logprobs(ctl_openai_perr *pe, json_t *body, ctl_openai_req
         ctl_openai_perr_set(pe, WK_EINVAL, "top_logprobs", "top_logprobs needs logprobs: true");
         return false;
     }
-    r->logprobs = b;
-    r->top_logprobs = (uint32_t)v;
+    r->wire.logprobs = b;
+    r->wire.top_logprobs = (uint32_t)v;
     return true;
 }
 

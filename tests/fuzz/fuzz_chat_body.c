@@ -549,11 +549,11 @@ fuzz_parse(const char *body, size_t n, bool chat, ctl_openai_perr *pe)
     json_t *b = NULL;
     bool ok = ctl_openai_parse_body(body, n, &b, pe);
     if (ok) {
-        ctl_openai_req r = {.chat = chat, .reuse = true, .cache = true};
-        snprintf(r.owner, sizeof(r.owner), "fuzz");
+        ctl_openai_req r = {.wire.chat = chat, .plan.reuse = true, .wire.cache = true};
+        snprintf(r.plan.owner, sizeof(r.plan.owner), "fuzz");
         ok = chat ? ctl_openai_parse_chat(&fuzz_app, b, &r, pe)
                   : ctl_openai_parse_completion(&fuzz_app, b, &r, pe);
-        fuzz_check(!ok || r.n_prompt > 0, "an accepted request has a prompt");
+        fuzz_check(!ok || r.plan.n_prompt > 0, "an accepted request has a prompt");
         ctl_openai_req_fini(&r);
     }
     json_decref(b);

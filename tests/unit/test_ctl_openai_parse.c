@@ -117,7 +117,7 @@ parse(const char *body, bool chat, ctl_openai_req *r, ctl_openai_perr *pe, json_
         fail_msg("bad test JSON: %s", body);
     memset(r, 0, sizeof(*r));
     memset(pe, 0, sizeof(*pe));
-    r->chat = chat;
+    r->wire.chat = chat;
     bool ok = ctl_openai_parse_common_value(&app, b, r, pe);
     *keep = b; /* r borrows strings from it */
     return ok;
@@ -152,8 +152,8 @@ test_legacy_functions(void **state)
                       "\"function_call\":{\"name\":\"f\",\"arguments\":\"{}\"}},"
                       "{\"role\":\"function\",\"name\":\"f\",\"content\":\"r\"}]}",
                       true, &r, &pe, &b));
-    assert_true(r.legacy_fn);
-    assert_true(r.tool_serial);
+    assert_true(r.wire.legacy_fn);
+    assert_true(r.wire.tool_serial);
     json_t *want = json_loads(
         "{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
         "\"tool_choice\":\"auto\",\"parallel_tool_calls\":false,"
@@ -170,7 +170,7 @@ test_legacy_functions(void **state)
     /* without the legacy fields: tool_calls as before */
     assert_true(parse("{\"model\":\"m\",\"tools\":[{\"type\":\"function\",\"function\":"
                       "{\"name\":\"f\"}}]}", true, &r, &pe, &b));
-    assert_false(r.legacy_fn);
+    assert_false(r.wire.legacy_fn);
     json_decref(b);
     ctl_openai_req_fini(&r);
 }
@@ -183,29 +183,29 @@ test_defaults(void **state)
     ctl_openai_perr pe;
     json_t *b = NULL;
     assert_true(parse("{\"model\":\"m\",\"messages\":[]}", true, &r, &pe, &b));
-    assert_string_equal(r.model, "m");
-    assert_int_equal(r.gen.max_tokens, 64); /* chat: the server's default */
-    assert_true(r.gen.sample.temperature == 1.0f);
-    assert_true(r.gen.sample.top_p == 1.0f);
-    assert_true(r.gen.sample.min_p == 0.0f);
-    assert_int_equal(r.gen.sample.top_k, 0);
-    assert_int_equal(r.gen.n_stops, 0);
-    assert_int_equal(r.gen.sample.n_bias, 0);
-    assert_false(r.stream);
-    assert_false(r.include_usage);
-    assert_true(r.cache);
-    assert_true(r.gen.stop_on_eot);
+    assert_string_equal(r.wire.model, "m");
+    assert_int_equal(r.plan.gen.max_tokens, 64); /* chat: the server's default */
+    assert_true(r.plan.gen.sample.temperature == 1.0f);
+    assert_true(r.plan.gen.sample.top_p == 1.0f);
+    assert_true(r.plan.gen.sample.min_p == 0.0f);
+    assert_int_equal(r.plan.gen.sample.top_k, 0);
+    assert_int_equal(r.plan.gen.n_stops, 0);
+    assert_int_equal(r.plan.gen.sample.n_bias, 0);
+    assert_false(r.wire.stream);
+    assert_false(r.wire.include_usage);
+    assert_true(r.wire.cache);
+    assert_true(r.plan.gen.stop_on_eot);
     json_decref(b);
     /* completions: OpenAI's 16 */
     assert_true(parse("{\"model\":\"m\",\"prompt\":\"x\"}", false, &r, &pe, &b));
-    assert_int_equal(r.gen.max_tokens, 16);
+    assert_int_equal(r.plan.gen.max_tokens, 16);
     json_decref(b);
     /* model may be absent where the route allows it (the state routes) */
     json_t *o = json_object();
     memset(&r, 0, sizeof(r));
-    r.model_optional = true;
+    r.wire.model_optional = true;
     assert_true(ctl_openai_parse_common_value(&app, o, &r, &pe));
-    assert_string_equal(r.model, "m");
+    assert_string_equal(r.wire.model, "m");
     json_decref(o);
 }
 
@@ -226,7 +226,7 @@ test_fields(void **state)
                       "\"response_format\":{\"type\":\"text\"},\"tools\":[{}],"
                       "\"tool_choice\":\"auto\",\"audio\":null,\"modalities\":[]}",
                       true, &r, &pe, &b));
-    const ctl_sample_spec *sp = &r.gen.sample;
+    const ctl_sample_spec *sp = &r.plan.gen.sample;
     assert_true(sp->temperature == 0.0f);
     assert_true(sp->top_p == 0.5f);
     assert_true(sp->min_p == 0.1f);
@@ -234,15 +234,15 @@ test_fields(void **state)
     assert_true(sp->presence_penalty == 1.5f);
     assert_true(sp->frequency_penalty == -2.0f);
     assert_int_equal(sp->seed, 42);
-    assert_int_equal(r.gen.max_tokens, 9); /* max_completion_tokens wins */
-    assert_int_equal(r.gen.n_stops, 2);
-    assert_string_equal(r.gen.stops[1], "bc");
-    assert_true(r.stream);
-    assert_true(r.include_usage);
-    assert_true(r.ignore_eos);
-    assert_false(r.gen.stop_on_eot);
-    assert_true(r.return_token_ids);
-    assert_false(r.cache);
+    assert_int_equal(r.plan.gen.max_tokens, 9); /* max_completion_tokens wins */
+    assert_int_equal(r.plan.gen.n_stops, 2);
+    assert_string_equal(r.plan.gen.stops[1], "bc");
+    assert_true(r.wire.stream);
+    assert_true(r.wire.include_usage);
+    assert_true(r.wire.ignore_eos);
+    assert_false(r.plan.gen.stop_on_eot);
+    assert_true(r.wire.return_token_ids);
+    assert_false(r.wire.cache);
     assert_int_equal(sp->n_bias, 2);
     assert_int_equal(sp->bias[0].token, 5);
     assert_true(sp->bias[0].bias == 10.0f);
@@ -251,9 +251,9 @@ test_fields(void **state)
     /* one stop string; cache false wins over cache_prompt */
     assert_true(parse("{\"model\":\"m\",\"stop\":\"\\n\",\"cache\":false,\"cache_prompt\":true}",
                       true, &r, &pe, &b));
-    assert_int_equal(r.gen.n_stops, 1);
-    assert_string_equal(r.gen.stops[0], "\n");
-    assert_false(r.cache);
+    assert_int_equal(r.plan.gen.n_stops, 1);
+    assert_string_equal(r.plan.gen.stops[0], "\n");
+    assert_false(r.wire.cache);
     json_decref(b);
 }
 
@@ -335,9 +335,9 @@ route(ctl_app *a, const char *body, bool chat, ctl_openai_req *r, ctl_openai_per
     memset(r, 0, sizeof(*r));
     memset(pe, 0, sizeof(*pe));
     *keep = NULL;
-    r->chat = chat;
-    r->reuse = r->cache = true;
-    snprintf(r->owner, sizeof(r->owner), "u");
+    r->wire.chat = chat;
+    r->plan.reuse = r->wire.cache = true;
+    snprintf(r->plan.owner, sizeof(r->plan.owner), "u");
     if (!ctl_openai_parse_body(body, strlen(body), keep, pe))
         return false;
     return chat ? ctl_openai_parse_chat(a, *keep, r, pe)
@@ -415,23 +415,23 @@ test_chat_plain(void **state)
              "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"store\":false,"
              "\"metadata\":{\"k\":\"v\"},\"service_tier\":\"auto\",\"user\":\"x\"}",
              true, &r, &b);
-    assert_int_equal(r.n_msgs, 4);
-    assert_string_equal(r.msgs[0].role, "system"); /* developer is system */
-    assert_string_equal(r.msgs[1].content, "ab"); /* text parts joined */
-    assert_int_equal(r.msgs[2].content_len, 0);
-    assert_true(r.logprobs);
-    assert_int_equal(r.top_logprobs, 5);
-    assert_true(r.stream && r.include_usage);
-    assert_false(r.templated);
-    assert_non_null(r.prompt_text);
-    assert_non_null(strstr(r.prompt_text, "User: q"));
+    assert_int_equal(r.wire.n_msgs, 4);
+    assert_string_equal(r.wire.msgs[0].role, "system"); /* developer is system */
+    assert_string_equal(r.wire.msgs[1].content, "ab"); /* text parts joined */
+    assert_int_equal(r.wire.msgs[2].content_len, 0);
+    assert_true(r.wire.logprobs);
+    assert_int_equal(r.wire.top_logprobs, 5);
+    assert_true(r.wire.stream && r.wire.include_usage);
+    assert_false(r.wire.templated);
+    assert_non_null(r.wire.prompt_text);
+    assert_non_null(strstr(r.wire.prompt_text, "User: q"));
     /* a World vocab of single bytes: one token per byte of the rendered prompt */
-    assert_int_equal(r.n_prompt, r.prompt_len);
+    assert_int_equal(r.plan.n_prompt, r.wire.prompt_len);
     /* a checkpoint boundary where each earlier message ends, none at 0 */
-    assert_true(r.n_bounds >= 2);
-    for (size_t i = 0; i < r.n_bounds; i++)
-        assert_true(r.bounds[i] > 0 && r.bounds[i] <= r.n_prompt);
-    assert_int_equal(r.aligned_tokens, 0);
+    assert_true(r.plan.n_bounds >= 2);
+    for (size_t i = 0; i < r.plan.n_bounds; i++)
+        assert_true(r.plan.bounds[i] > 0 && r.plan.bounds[i] <= r.plan.n_prompt);
+    assert_int_equal(r.plan.aligned_tokens, 0);
     done(&r, b);
 }
 
@@ -509,24 +509,24 @@ test_completion(void **state)
     json_t *b;
     route_ok(&app, "{" M "\"prompt\":\"abc\",\"logprobs\":3,\"best_of\":1,\"echo\":false}", false,
              &r, &b);
-    assert_int_equal(r.n_prompt, 3);
-    assert_int_equal(r.prompt[0], 'a' + 1); /* byte b is id b + 1 */
-    assert_true(r.logprobs);
-    assert_int_equal(r.top_logprobs, 3);
-    assert_int_equal(r.gen.max_tokens, 16);
+    assert_int_equal(r.plan.n_prompt, 3);
+    assert_int_equal(r.plan.prompt[0], 'a' + 1); /* byte b is id b + 1 */
+    assert_true(r.wire.logprobs);
+    assert_int_equal(r.wire.top_logprobs, 3);
+    assert_int_equal(r.plan.gen.max_tokens, 16);
     done(&r, b);
     route_ok(&app, "{" M "\"prompt\":[5,6,256]}", false, &r, &b);
-    assert_int_equal(r.n_prompt, 3);
-    assert_int_equal(r.prompt[2], 256);
-    assert_false(r.logprobs);
+    assert_int_equal(r.plan.n_prompt, 3);
+    assert_int_equal(r.plan.prompt[2], 256);
+    assert_false(r.wire.logprobs);
     done(&r, b);
     /* a batch of one, text or ids */
     route_ok(&app, "{" M "\"prompt\":[\"xy\"]}", false, &r, &b);
-    assert_int_equal(r.n_prompt, 2);
+    assert_int_equal(r.plan.n_prompt, 2);
     done(&r, b);
     route_ok(&app, "{" M "\"prompt\":[[7]]}", false, &r, &b);
-    assert_int_equal(r.n_prompt, 1);
-    assert_int_equal(r.prompt[0], 7);
+    assert_int_equal(r.plan.n_prompt, 1);
+    assert_int_equal(r.plan.prompt[0], 7);
     done(&r, b);
     route_refused(&app, "{" M "\"prompt\":[\"a\",\"b\"]}", false, WK_EINVAL, "prompt",
                   "a batch of 2 prompts is not supported");
@@ -606,52 +606,54 @@ test_templated(void **state)
              "{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\"},"
              "{\"role\":\"user\",\"content\":\"q2\"}],\"reasoning_effort\":\"low\"}",
              true, &r, &b);
-    assert_true(r.templated);
-    assert_true(r.think);
-    assert_true(r.think_open); /* the generation prompt opens <think> */
-    assert_non_null(r.tpl_msgs);
-    assert_non_null(r.tpl_kw); /* reasoning_effort became a template variable */
-    assert_string_equal(json_string_value(json_object_get(r.tpl_kw, "reasoning_effort")), "low");
-    assert_null(r.tools);
-    assert_int_equal(r.tool_fmt, WK_TOOLCALL_FMT_NONE);
+    assert_true(r.wire.templated);
+    assert_true(r.wire.think);
+    assert_true(r.wire.think_open); /* the generation prompt opens <think> */
+    assert_non_null(r.wire.tpl_msgs);
+    assert_non_null(r.wire.tpl_kw); /* reasoning_effort became a template variable */
+    assert_string_equal(json_string_value(json_object_get(r.wire.tpl_kw, "reasoning_effort")),
+                        "low");
+    assert_null(r.wire.tools);
+    assert_int_equal(r.wire.tool_fmt, WK_TOOLCALL_FMT_NONE);
     const char *tail = "<|im_start|>user\nq2<|im_end|>\n<|im_start|>assistant\n<think>\n";
-    assert_true(r.prompt_len > strlen(tail));
-    assert_memory_equal(r.prompt_text + r.prompt_len - strlen(tail), tail, strlen(tail));
+    assert_true(r.wire.prompt_len > strlen(tail));
+    assert_memory_equal(r.wire.prompt_text + r.wire.prompt_len - strlen(tail), tail, strlen(tail));
     /* the history ends before the generation prompt; a boundary after each <|im_end|> */
-    assert_int_equal(r.hist_end, r.prompt_len - strlen("<|im_start|>assistant\n<think>\n"));
-    assert_int_equal(r.n_bounds, 5); /* four turn ends and the history's end */
-    assert_int_equal(r.bounds[r.n_bounds - 1], r.hist_end); /* one token per byte */
+    assert_int_equal(r.plan.hist_end,
+                     r.wire.prompt_len - strlen("<|im_start|>assistant\n<think>\n"));
+    assert_int_equal(r.plan.n_bounds, 5); /* four turn ends and the history's end */
+    assert_int_equal(r.plan.bounds[r.plan.n_bounds - 1], r.plan.hist_end); /* one token per byte */
     assert_true(ctl_openai_tpl_plain(&r));
     done(&r, b);
     /* tools reach the template and the reply is parsed for calls */
     route_ok(&tapp, "{" M USER ",\"tools\":[" TOOL("get_w") "," TOOL("ns:f.x-1") "]}", true, &r,
              &b);
-    assert_non_null(r.tools);
-    assert_int_equal(r.tool_fmt, WK_TOOLCALL_FMT_HERMES);
-    assert_false(r.tool_forced);
-    assert_false(r.tool_serial);
-    assert_non_null(strstr(r.prompt_text, "get_w\nns:f.x-1\n"));
+    assert_non_null(r.wire.tools);
+    assert_int_equal(r.wire.tool_fmt, WK_TOOLCALL_FMT_HERMES);
+    assert_false(r.wire.tool_forced);
+    assert_false(r.wire.tool_serial);
+    assert_non_null(strstr(r.wire.prompt_text, "get_w\nns:f.x-1\n"));
     done(&r, b);
     /* tool_choice none: the tools in the prompt, no call parsing */
     route_ok(&tapp, "{" M USER ",\"tools\":[" TOOL("f") "],\"tool_choice\":\"none\","
              "\"parallel_tool_calls\":false}", true, &r, &b);
-    assert_non_null(r.tools);
-    assert_int_equal(r.tool_fmt, WK_TOOLCALL_FMT_NONE);
-    assert_true(r.tool_serial);
+    assert_non_null(r.wire.tools);
+    assert_int_equal(r.wire.tool_fmt, WK_TOOLCALL_FMT_NONE);
+    assert_true(r.wire.tool_serial);
     done(&r, b);
     /* required / named: constrained decoding, compiled at parse time */
     route_ok(&tapp, "{" M USER ",\"tools\":[" TOOL("f") "," TOOL("g") "],"
              "\"tool_choice\":\"required\"}", true, &r, &b);
-    assert_true(r.tool_forced);
-    assert_null(r.tool_force_name);
-    assert_non_null(r.toolgram);
+    assert_true(r.wire.tool_forced);
+    assert_null(r.wire.tool_force_name);
+    assert_non_null(r.wire.toolgram);
     done(&r, b);
     route_ok(&tapp, "{" M USER ",\"tools\":[" TOOL("f") "," TOOL("g") "],"
              "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}", true, &r,
              &b);
-    assert_true(r.tool_forced);
-    assert_string_equal(r.tool_force_name, "g");
-    assert_non_null(r.toolgram);
+    assert_true(r.wire.tool_forced);
+    assert_string_equal(r.wire.tool_force_name, "g");
+    assert_non_null(r.wire.toolgram);
     done(&r, b);
     /* a tool round: the assistant's call and the tool's result */
     route_ok(&tapp,
@@ -660,7 +662,7 @@ test_templated(void **state)
              "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
              "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"r\"}]}",
              true, &r, &b);
-    assert_true(r.templated);
+    assert_true(r.wire.templated);
     assert_false(ctl_openai_tpl_plain(&r));
     done(&r, b);
 }
