@@ -1,10 +1,10 @@
 /*
  * ctl_openai: the OpenAI-compatible routes: GET /v1/models,
  * POST /v1/chat/completions and POST /v1/completions, blocking and
- * streaming (SSE). Parses and validates the request (every refusal is an
- * OpenAI error naming the field), renders the chat template, tokenizes,
- * runs the generation through ctl_gen and shapes the response. Never talks
- * to workers directly.
+ * streaming (SSE). Has the request parsed (ctl_openai_parse.c: validated,
+ * the chat template rendered, tokenized) and sends its refusal (an OpenAI
+ * error naming the field), runs the generation through ctl_gen and shapes
+ * the response. Never talks to workers directly.
  */
 #define WK_LOG_MODULE "openai"
 #include <inttypes.h>
@@ -444,14 +444,23 @@ ctl_openai_completion_logprobs_json(ctl_app *app, const ctl_gen_token *toks, siz
 }
 
 static json_t *
-ctl_openai_usage_json(const ctl_openai_req *r, const ctl_gen_result *res)
+ctl_openai_usage_json(const ctl_openai_req *r)
+{
+    const ctl_openai_result *o = &r->out;
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)o->prompt_tokens,
+                     "completion_tokens", (json_int_t)o->completion_tokens, "total_tokens",
+                     (json_int_t)(o->prompt_tokens + o->completion_tokens),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)o->cached_tokens);
+}
+
+void
+ctl_openai_result_set(ctl_openai_req *r, const ctl_gen_result *res, const char *finish)
 {
     size_t np = r->plan.n_prompt_report ? r->plan.n_prompt_report : r->plan.n_prompt;
-    size_t cached = np > res->computed ? np - res->computed : 0;
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)np,
-                     "completion_tokens", (json_int_t)res->n_tokens, "total_tokens",
-                     (json_int_t)(np + res->n_tokens), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)cached);
+    r->out.prompt_tokens = np;
+    r->out.completion_tokens = res->n_tokens;
+    r->out.cached_tokens = np > res->computed ? np - res->computed : 0;
+    r->out.finish_reason = finish;
 }
 
 /*
@@ -923,6 +932,7 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
     }
     ctl_metrics_add(app->metrics, "wkvm_generation_tokens_total", NULL, (double)res.n_tokens);
     json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", res.finish_reason);
+    const char *finish = res.finish_reason;
     size_t text_off = 0;
     json_t *lp = !r->wire.logprobs ? json_null()
                  : r->wire.chat ? json_pack("{s:o}", "content",
@@ -949,10 +959,10 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
                                 json_object_get(json_array_get(calls, 0), "function"));
             else
                 json_object_set(msg, "tool_calls", calls);
-            if (strcmp(res.finish_reason, "stop") == 0)
-                json_object_set_new(
-                    choice, "finish_reason",
-                    json_string(r->wire.legacy_fn ? "function_call" : "tool_calls"));
+            if (strcmp(res.finish_reason, "stop") == 0) {
+                finish = r->wire.legacy_fn ? "function_call" : "tool_calls";
+                json_object_set_new(choice, "finish_reason", json_string(finish));
+            }
         }
         json_decref(calls);
         json_object_set_new(choice, "message", msg);
@@ -965,10 +975,11 @@ ctl_openai_answer_whole(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, bool
             json_array_append_new(ids, json_integer(res.tokens[i].id));
         json_object_set_new(choice, "token_ids", ids);
     }
+    ctl_openai_result_set(r, &res, finish);
     json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", r->out.id, "object",
                              r->wire.chat ? "chat.completion" : "text_completion", "created",
                              (json_int_t)r->out.created, "model", r->wire.model, "choices", choice,
-                             "usage", ctl_openai_usage_json(r, &res));
+                             "usage", ctl_openai_usage_json(r));
     if (r->wire.return_token_ids)
         json_object_set_new(body, "prompt_token_ids", ctl_openai_prompt_ids_json(r));
     ctl_openai_reuse_done(app, r, &res, free_slot);
@@ -1060,6 +1071,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
                              ? res.finish_reason
                          : r->wire.legacy_fn ? "function_call"
                                         : "tool_calls";
+    ctl_openai_result_set(r, &res, finish);
     json_t *chunk = ctl_openai_chunk_base(r);
     json_t *choice = json_pack("{s:i, s:s, s:n}", "index", 0, "finish_reason", finish,
                                "logprobs");
@@ -1077,7 +1089,7 @@ ctl_openai_answer_stream(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, boo
     if (r->wire.include_usage) {
         chunk = ctl_openai_chunk_base(r);
         json_object_set_new(chunk, "choices", json_array());
-        json_object_set_new(chunk, "usage", ctl_openai_usage_json(r, &res));
+        json_object_set_new(chunk, "usage", ctl_openai_usage_json(r));
         (void)ctl_openai_send_chunk(&st, chunk);
     }
     if (!st.broken && ctl_http_sse_data(req, "[DONE]") != WK_OK)

@@ -1,9 +1,13 @@
 /*
- * ctl_openai: request parsing and response shaping shared by the OpenAI
- * routes and the Durable State API's generate route. A ctl_openai_req carries
- * everything one generation needs; ctl_openai_generate() runs it and answers
- * (blocking JSON or SSE), calling on_done so a caller can add fields (the
- * saved state) to the final object.
+ * ctl_openai: the generation request shared by the OpenAI routes, the
+ * Durable State API's generate route, the chat-session glue and the
+ * Responses API, its parsing (ctl_openai_parse.c, without a connection:
+ * a refusal is a ctl_openai_perr the route sends) and the answer's shaping.
+ * A ctl_openai_req is three parts: the wire request (what the client asked),
+ * the plan (the tokens fed, the generation's parameters, the reuse plan) and
+ * the result (id, reuse, usage, finish); ctl_openai_generate() runs it and
+ * answers (blocking JSON or SSE), calling on_done so a caller can add fields
+ * (the saved state) to the final object.
  */
 #ifndef CTL_OPENAI_H
 #define CTL_OPENAI_H
@@ -85,13 +89,23 @@ typedef struct ctl_openai_plan {
     ctl_ckpt_plan *ckpt;          /* during ctl_openai_generate(), NULL otherwise */
 } ctl_openai_plan;
 
-/* What came of it beyond ctl_gen_result (tokens, text, finish, usage counts). */
+/*
+ * What came of it: the answer's id, what the reuse covered, and after a
+ * successful generation what the answer reports (ctl_openai_result_set():
+ * usage and finish_reason; the sampled tokens and text stay in the
+ * ctl_gen_result the hooks get).
+ */
 typedef struct ctl_openai_result {
     char id[48];                  /* response id */
     time_t created;               /* unix time */
     bool reused;                  /* a checkpoint was resumed */
     ctl_ckpt_hit reuse_kind;      /* how, when reused */
     size_t reused_tokens;         /* tokens it covered */
+    size_t prompt_tokens;         /* usage: the prompt (plan.n_prompt_report, else n_prompt) */
+    size_t completion_tokens;     /* usage: tokens sampled */
+    size_t cached_tokens;         /* usage: prompt tokens not computed (reused or held) */
+    const char *finish_reason;    /* "stop", "length", "tool_calls", "function_call" (static);
+                                     NULL before the answer */
 } ctl_openai_result;
 
 /* One generation request: the three parts and the caller's hooks. */
@@ -242,6 +256,14 @@ void ctl_openai_reuse_begin(ctl_app *app, ctl_openai_req *r, ctl_ckpt_plan *plan
                             bool *free_slot);
 void ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res,
                            bool free_slot);
+
+/*
+ * Records in r->out what the answer reports of res (a successful
+ * generation of r): the usage counts and finish (static, the answer's
+ * finish_reason: res's, or "tool_calls" / "function_call" when the reply
+ * was calls).
+ */
+void ctl_openai_result_set(ctl_openai_req *r, const ctl_gen_result *res, const char *finish);
 
 /* Runs the generation and answers the request. */
 void ctl_openai_generate(ctl_http_req *req, ctl_app *app, ctl_openai_req *r);

@@ -10,6 +10,7 @@
  * with a model's own template (reasoning, tools and tool_choice, forced
  * calls), the completions prompt forms. Each refusal with the code, "param"
  * and message the route answers (the first error in the route's order).
+ * And the request's result part (ctl_openai_result_set: usage, finish).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -711,6 +712,36 @@ test_templated_refusals(void **state)
                   "this model's chat template has no tool-call format wkvm knows");
 }
 
+/* The result part: what the answer reports of a generation (usage, finish). */
+static void
+test_result(void **state)
+{
+    (void)state;
+    ctl_openai_req r;
+    memset(&r, 0, sizeof(r));
+    ctl_gen_result res;
+    memset(&res, 0, sizeof(res));
+    r.plan.n_prompt = 10;
+    res.n_tokens = 3;
+    res.computed = 4; /* 6 prompt tokens came from a checkpoint */
+    ctl_openai_result_set(&r, &res, "length");
+    assert_int_equal(r.out.prompt_tokens, 10);
+    assert_int_equal(r.out.completion_tokens, 3);
+    assert_int_equal(r.out.cached_tokens, 6);
+    assert_string_equal(r.out.finish_reason, "length");
+    /* a state's generate reports the state's tokens too (n_prompt_report) */
+    r.plan.n_prompt_report = 25;
+    ctl_openai_result_set(&r, &res, "tool_calls");
+    assert_int_equal(r.out.prompt_tokens, 25);
+    assert_int_equal(r.out.cached_tokens, 21);
+    assert_string_equal(r.out.finish_reason, "tool_calls");
+    /* computed past the prompt (input + accepted): nothing cached */
+    r.plan.n_prompt_report = 0;
+    res.computed = 12;
+    ctl_openai_result_set(&r, &res, "stop");
+    assert_int_equal(r.out.cached_tokens, 0);
+}
+
 int
 main(void)
 {
@@ -726,6 +757,7 @@ main(void)
         cmocka_unit_test(test_sampling_ranges),
         cmocka_unit_test(test_templated),
         cmocka_unit_test(test_templated_refusals),
+        cmocka_unit_test(test_result),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
