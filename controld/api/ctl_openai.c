@@ -196,8 +196,8 @@ ctl_openai_model_get(ctl_http_req *req, void *arg)
 
 /*
  * Checkpoint boundaries of a templated prompt: where a turn ends, after each
- * occurrence of the template's eos token text (<|im_end|>) in r->prompt_text,
- * and where the history ends before the generation prompt (r->hist_end), as
+ * occurrence of the template's eos token text (<|im_end|>) in r->wire.prompt_text,
+ * and where the history ends before the generation prompt (r->plan.hist_end), as
  * token positions (the last token boundary at or before it); the last
  * CTL_CKPT_MAX_BOUNDS of them. A follow-up re-renders the history (Qwen3
  * drops the reasoning and the generation prompt's <think>), so the turn ends
@@ -464,7 +464,7 @@ ctl_openai_result_set(ctl_openai_req *r, const ctl_gen_result *res, const char *
 }
 
 /*
- * The reply's tool-call parse (r->tool_fmt; docs/OPENAI_COMPAT.md): one per
+ * The reply's tool-call parse (r->wire.tool_fmt; docs/OPENAI_COMPAT.md): one per
  * answer, fed the content after the reasoning split, blocking or streamed
  * alike, so a stream reassembles to the blocking message.
  */
@@ -567,13 +567,13 @@ typedef struct ctl_openai_stream {
     ctl_openai_req *r;      /* parsed request */
     bool broken;            /* the client went away */
     size_t text_off;        /* completions logprobs: characters of token text sent so far */
-    wk_chat_think think;    /* r->think: the reasoning split of the text streamed so far */
+    wk_chat_think think;    /* r->wire.think: the reasoning split of the text streamed so far */
     ctl_openai_tc tc;       /* the tool-call parse of the content streamed so far */
 } ctl_openai_stream;
 
 /*
  * The chat delta or message body of text (len bytes) split by the think
- * splitter t (r->think; NULL: all content) and then by the tool-call parse
+ * splitter t (r->wire.think; NULL: all content) and then by the tool-call parse
  * tc (NULL or without a parser: no calls): {"content": ...} plus
  * "reasoning_content" when the text had any, the extra members of base
  * (role) first; the calls completed are appended to calls (NULL when tc
@@ -639,7 +639,7 @@ ctl_openai_send_chunk(ctl_openai_stream *st, json_t *chunk)
 /*
  * Sends a chat chunk, then the calls the same text completed as OpenAI
  * streams them: per call a delta with its index, id, type, name and empty
- * arguments, then one with its arguments (r->legacy_fn: delta.function_call
+ * arguments, then one with its arguments (r->wire.legacy_fn: delta.function_call
  * with the name, then with the arguments). With a tool parse, a chunk whose
  * delta is empty (the bytes went into a call or are held) and that carries
  * no logprobs or token ids is not sent. Consumes chunk and calls (NULL: none).
@@ -889,7 +889,8 @@ ctl_openai_generate(ctl_http_req *req, ctl_app *app, ctl_openai_req *r)
     r->plan.ckpt = NULL;
 }
 
-/* Names the response: r->created now, r->id "chatcmpl-"/"cmpl-" and 24 random hex digits. */
+/* Names the response: r->out.created now, r->out.id "chatcmpl-"/"cmpl-" and 24 random hex
+ * digits. */
 static void
 ctl_openai_id_make(ctl_openai_req *r)
 {

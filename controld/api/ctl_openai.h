@@ -131,16 +131,16 @@ void ctl_openai_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1]);
 void ctl_openai_req_fini(ctl_openai_req *r);
 
 /*
- * Appends to r->bounds the checkpoint boundaries of a chat prompt: the
+ * Appends to r->plan.bounds the checkpoint boundaries of a chat prompt: the
  * token positions where r's messages end after byte offset off of
- * r->prompt_text, for the tokens rest (n_rest) that encode the text from
+ * r->wire.prompt_text, for the tokens rest (n_rest) that encode the text from
  * off (the last token boundary at or before each end; a token across it
  * belongs to what follows), counted from pos0. The chat route calls it for
  * the whole prompt, the session glue for the delta a continued session
  * feeds (pos0 0), so a turn continued from a parked state still leaves a
- * checkpoint where its new user message ends. Reads r->msg_ends,
- * r->prompt_text and r->n_msgs (nothing without msg_ends), writes only
- * r->bounds and r->n_bounds; tok and rest are borrowed for the call. Same
+ * checkpoint where its new user message ends. Reads r->wire.msg_ends,
+ * r->wire.prompt_text and r->wire.n_msgs (nothing without msg_ends), writes only
+ * r->plan.bounds and r->plan.n_bounds; tok and rest are borrowed for the call. Same
  * thread as the request's other uses.
  */
 void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, const int32_t *rest,
@@ -148,9 +148,9 @@ void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, co
 
 /*
  * The checkpoint boundaries of a prompt rendered with the model's own
- * template (app->chat_tpl): after each eos token text in r->prompt_text and
- * at r->hist_end, as token positions of r->prompt (the last
- * CTL_CKPT_MAX_BOUNDS). Writes only r->bounds and r->n_bounds.
+ * template (app->chat_tpl): after each eos token text in r->wire.prompt_text and
+ * at r->plan.hist_end, as token positions of r->plan.prompt (the last
+ * CTL_CKPT_MAX_BOUNDS). Writes only r->plan.bounds and r->plan.n_bounds.
  */
 void ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r);
 
@@ -166,7 +166,7 @@ size_t ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools
 
 /*
  * parent-token-v1 on a templated chat (ctl_chat): where the text after
- * message k of r (the parked reply) starts in r->prompt_text, for a state
+ * message k of r (the parked reply) starts in r->wire.prompt_text, for a state
  * that consumed the retained ids (n) of that reply's turn. The template
  * renders messages 0..k-1 without a generation prompt; that text must be a
  * prefix of the prompt, and the reply's turn ends at the first eos token
@@ -214,8 +214,8 @@ void ctl_openai_send_perr(ctl_http_req *req, const ctl_openai_perr *pe);
  * The parsers (ctl_openai_parse.c): each reads a request without a
  * connection and returns false with *pe filled on the first error, in the
  * order the route reports them; the caller sends it. On failure r may hold
- * allocations (ctl_openai_req_fini() frees them). r->chat, r->model_optional
- * and r->owner (ctl_openai_owner()) are the caller's. They read app's model
+ * allocations (ctl_openai_req_fini() frees them). r->wire.chat, r->wire.model_optional
+ * and r->plan.owner (ctl_openai_owner()) are the caller's. They read app's model
  * id, limits, tokenizer and chat template.
  *
  * ctl_openai_parse_body: buf (len bytes) as a JSON object, *out owned by the
@@ -224,8 +224,8 @@ void ctl_openai_send_perr(ctl_http_req *req, const ctl_openai_perr *pe);
  * and tokenized). ctl_openai_parse_completion: the whole /v1/completions body.
  * ctl_openai_parse_common_value: the common fields (model, sampling, stream,
  * stop, max_tokens, logit_bias, n, response_format, tools, the refused ones).
- * ctl_openai_parse_messages_value: "messages" into r->msgs, the rendered
- * r->prompt_text and r->prompt (reply records and checkpoint boundaries
+ * ctl_openai_parse_messages_value: "messages" into r->wire.msgs, the rendered
+ * r->wire.prompt_text and r->plan.prompt (reply records and checkpoint boundaries
  * from app->ckpt). ctl_openai_parse_prompt_value: the completions "prompt"
  * (text or token ids), best_of, echo, suffix and the legacy logprobs.
  */
@@ -245,7 +245,7 @@ WK_MUST_CHECK bool ctl_openai_parse_prompt_value(ctl_app *app, json_t *body, ctl
 /*
  * The reuse halves of ctl_openai_generate(), for routes that shape their own
  * answer (ctl_responses): ctl_openai_reuse_begin() plans r's checkpoints and
- * lookup into plan (caller memory that outlives the job; r->plan points at
+ * lookup into plan (caller memory that outlives the job; r->plan.ckpt points at
  * it) and sets *free_slot when the slot is kept only for the end-of-reply
  * checkpoint; after a successful generation ctl_openai_reuse_done() counts
  * the reuse, leaves that checkpoint and frees the slot when *free_slot said

@@ -323,7 +323,7 @@ ctl_openai_check_tools(ctl_openai_perr *pe, json_t *tools, bool full)
  * is compiled here, so a schema it cannot enforce is a 400 before anything
  * runs; it is compiled again once the prompt is rendered when the prompt
  * leaves the reply inside a think block (ctl_openai_toolgram_reasoning).
- * r->tools and r->tool_fmt are set. Fills *pe and returns false on failure.
+ * r->wire.tools and r->wire.tool_fmt are set. Fills *pe and returns false on failure.
  */
 static bool
 ctl_openai_tool_choice_forced(ctl_openai_perr *pe, ctl_app *app, ctl_openai_req *r,
@@ -378,7 +378,7 @@ ctl_openai_toolgram_reasoning(ctl_openai_perr *pe, ctl_app *app, ctl_openai_req 
  * N} becomes `tool_choice` "auto" / "none" / {"type": "function",
  * "function": {"name": N}}, and the reply holds at most one call
  * (parallel_tool_calls false), answered as `message.function_call` with
- * finish_reason "function_call" (r->legacy_fn; docs/OPENAI_COMPAT.md). In
+ * finish_reason "function_call" (r->wire.legacy_fn; docs/OPENAI_COMPAT.md). In
  * the history an assistant's `function_call` {"name", "arguments"} becomes
  * its `tool_calls` [{"id": "call_legacy_I", ...}] and a `role: "function"`
  * message {"name", "content"} a `role: "tool"` result answering the last
@@ -900,7 +900,7 @@ ctl_openai_check_tool_msg(ctl_openai_perr *pe, ctl_app *app, json_t *m, size_t i
 /*
  * The chat prompt of a model with its own template (app->chat_tpl): the
  * request's messages as sent ("developer" read as "system", tool call
- * arguments as objects for templates that iterate them), its tools (r->tools)
+ * arguments as objects for templates that iterate them), its tools (r->wire.tools)
  * and its chat_template_kwargs rendered with a generation prompt, then encoded whole (added tokens
  * such as <|im_start|> become their ids). No message spans, reply alignment or checkpoint
  * boundaries: the template decides where messages lie, so reuse is the prefix index's longest
@@ -990,7 +990,7 @@ ctl_openai_parse_templated(ctl_openai_perr *pe, ctl_app *app, json_t *body, ctl_
     return true;
 }
 
-/* Renders and tokenizes the chat messages into r->prompt. */
+/* Renders and tokenizes the chat messages into r->plan.prompt. */
 bool
 ctl_openai_parse_messages_value(ctl_app *app, json_t *body, ctl_openai_req *r, ctl_openai_perr *pe)
 {

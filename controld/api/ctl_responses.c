@@ -917,7 +917,7 @@ resp_exact_candidate(resp_call *c)
 }
 
 /*
- * Tokenizes c->r.prompt_text into c->r.prompt: prev_ids (n_prev, owned and
+ * Tokenizes c->r.wire.prompt_text into c->r.plan.prompt: prev_ids (n_prev, owned and
  * freed here; NULL: none) followed by the text from byte off encoded as their
  * continuation, else the whole text. Sends the error and returns false.
  */
