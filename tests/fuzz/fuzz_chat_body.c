@@ -14,7 +14,9 @@
  * connection): a refusal there is a 4xx wk_err with a message, and the route
  * answers exactly that refusal (status, message and param).
  *
- * Input: byte 0 picks the route (bit 0: chat or completions); when byte 1 is
+ * Input: byte 0 picks the route (bit 0: chat or completions) and the model
+ * (bit 1: one with its own chat template, hermes tool calls and think
+ * markers, else the World template); when byte 1 is
  * '@', "Name: value" lines follow up to a blank line and become the request
  * headers; the rest is the request body. Invariants: the handler answers
  * exactly once; a JSON answer parses; an error answer is an OpenAI error
@@ -31,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "ctl_app.h"
 #include "ctl_chat.h"
@@ -38,6 +41,7 @@
 #include "ctl_openai.h"
 #include "ctl_session.h"
 #include "ctl_stream.h"
+#include "wk_chat_tpl.h"
 #include "wk_json.h"
 #include "wk_log.h"
 #include "wk_tok.h"
@@ -419,8 +423,57 @@ ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
 
 /* ---- the harness ---- */
 
-static ctl_app fuzz_app;
+static ctl_app fuzz_app;               /* the World template */
 static ctl_http_route fuzz_routes[8];
+static ctl_app fuzz_tapp;              /* the same with a chat template of its own */
+static ctl_http_route fuzz_troutes[8];
+
+/*
+ * A ChatML template with hermes tool calls and think markers (tools listed
+ * in a system turn, reasoning_effort and enable_thinking as variables), so
+ * the templated parse, the forced-call grammar and the reply's reasoning and
+ * tool-call splits run too.
+ */
+static const char fuzz_tpl[] =
+    "{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function | tojson }}\n"
+    "{% endfor %}<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"
+    "{% if reasoning_effort is defined %} effort={{ reasoning_effort }}{% endif %}"
+    "<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}"
+    "{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}<tool_call>\n"
+    "{{ c.function | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}";
+
+/* Loads fuzz_tpl as a model directory's chat template (a temporary one, removed again). */
+static wk_chat_tpl *
+fuzz_load_tpl(void)
+{
+    char dir[] = "/tmp/fuzz-chat-body-XXXXXX", path[64];
+    fuzz_check(mkdtemp(dir) != NULL, "mkdtemp");
+    static const char *const files[][2] = {
+        {"chat_template.jinja", fuzz_tpl},
+        {"tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i][0]);
+        FILE *f = fopen(path, "wb");
+        fuzz_check(f != NULL && fputs(files[i][1], f) >= 0 && fclose(f) == 0, "template file");
+    }
+    wk_diag d = {{0}};
+    wk_chat_tpl *t = NULL;
+    if (wk_chat_tpl_load(dir, NULL, &t, &d) != WK_OK) {
+        fprintf(stderr, "fuzz_chat_body: template: %s\n", d.msg);
+        abort();
+    }
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i][0]);
+        unlink(path);
+    }
+    rmdir(dir);
+    return t;
+}
 
 /* A small World-format vocab: the 256 bytes and a few words. */
 static void
@@ -471,6 +524,12 @@ fuzz_init(void)
     fuzz_check(ctl_limits_new(1, &fuzz_app.limits) == WK_OK, "limits");
     size_t n = ctl_openai_routes(&fuzz_app, fuzz_routes, 8);
     fuzz_check(n == 4, "four OpenAI routes"); /* (1, 2: chat, completions) */
+    fuzz_tapp = fuzz_app; /* (the same limits: one per-user count for both) */
+    fuzz_tapp.chat_tpl = fuzz_load_tpl();
+    fuzz_check(wk_chat_tpl_toolcall_fmt(fuzz_tapp.chat_tpl) == WK_TOOLCALL_FMT_HERMES &&
+                   wk_chat_tpl_thinks(fuzz_tapp.chat_tpl),
+               "template: hermes calls, think markers");
+    fuzz_check(ctl_openai_routes(&fuzz_tapp, fuzz_troutes, 8) == 4, "four OpenAI routes");
 }
 
 /* Splits "Name: value" lines (up to a blank line) into req->hdrs; returns bytes used. */
@@ -544,15 +603,15 @@ fuzz_check_answer(ctl_http_req *req)
  * accepts, else *pe is the refusal, checked to be a 4xx with a message.
  */
 static bool
-fuzz_parse(const char *body, size_t n, bool chat, ctl_openai_perr *pe)
+fuzz_parse(ctl_app *app, const char *body, size_t n, bool chat, ctl_openai_perr *pe)
 {
     json_t *b = NULL;
     bool ok = ctl_openai_parse_body(body, n, &b, pe);
     if (ok) {
         ctl_openai_req r = {.wire.chat = chat, .plan.reuse = true, .wire.cache = true};
         snprintf(r.plan.owner, sizeof(r.plan.owner), "fuzz");
-        ok = chat ? ctl_openai_parse_chat(&fuzz_app, b, &r, pe)
-                  : ctl_openai_parse_completion(&fuzz_app, b, &r, pe);
+        ok = chat ? ctl_openai_parse_chat(app, b, &r, pe)
+                  : ctl_openai_parse_completion(app, b, &r, pe);
         fuzz_check(!ok || r.plan.n_prompt > 0, "an accepted request has a prompt");
         ctl_openai_req_fini(&r);
     }
@@ -611,10 +670,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     body[n] = '\0';
     req.body = body;
     req.body_len = n;
-    bool chat = (data[0] & 1) != 0;
-    const ctl_http_route *r = &fuzz_routes[chat ? 1 : 2];
+    bool chat = (data[0] & 1) != 0, templated = (data[0] & 2) != 0;
+    const ctl_http_route *r = &(templated ? fuzz_troutes : fuzz_routes)[chat ? 1 : 2];
     ctl_openai_perr pe = {WK_OK, "", ""};
-    bool parsed = fuzz_parse(body, n, chat, &pe);
+    bool parsed = fuzz_parse(templated ? &fuzz_tapp : &fuzz_app, body, n, chat, &pe);
     fuzz_input = NULL;
     fuzz_n_input = 0;
     r->fn(&req, r->arg);
