@@ -285,14 +285,14 @@ ctl_chat_decide(ctl_chat_turn *t, const ctl_openai_req *r)
     size_t n_ret = 0;
     if (t->prev != NULL)
         (void)ctl_session_binding_retained(t->prev, &n_ret);
-    if (t->fallback && r->reused && r->reused_tokens >= n_ret) {
+    if (t->fallback && r->out.reused && r->out.reused_tokens >= n_ret) {
         ctl_metrics_add(app->metrics,
                         t->res.outcome == CTL_SESSION_OUTCOME_HIT
                             ? "wkvm_parent_bound_continuation_hits_total"
                             : "wkvm_chat_exact_prefix_reuse_hits_total",
                         NULL, 1);
         t->count_pending = false;
-    } else if (!t->fallback && r->reused && r->reuse_kind == CTL_CKPT_HIT_REGENERATE) {
+    } else if (!t->fallback && r->out.reused && r->out.reuse_kind == CTL_CKPT_HIT_REGENERATE) {
         ctl_metrics_add(app->metrics, "wkvm_parent_bound_regenerate_hits_total", NULL, 1);
         t->count_pending = false;
     }
@@ -313,7 +313,7 @@ ctl_chat_on_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj
      */
     char *vis = NULL;
     size_t vis_len = 0, n_calls = 0;
-    if (r->templated &&
+    if (r->wire.templated &&
         (ctl_openai_tpl_visible(r, res->text, res->text_len, &vis, &vis_len, &n_calls) != WK_OK ||
          n_calls > 0)) {
         free(vis);
@@ -433,7 +433,7 @@ ctl_chat_settle(ctl_app *app, ctl_chat_turn *t)
                t->res.outcome == CTL_SESSION_OUTCOME_PREFIX_HIT;
     if (hit) {
         t->have_slot = ctl_chat_acquire(app, t->key, t->prev, &t->slot);
-        if (!t->have_slot && app->ckpt != NULL && t->r->cache &&
+        if (!t->have_slot && app->ckpt != NULL && t->r->wire.cache &&
             ctl_ckpt_get_config(app->ckpt).enabled) {
             /*
              * The parked slot is gone (evicted and not spilled yet, a worker
@@ -488,7 +488,7 @@ ctl_chat_delta_make(ctl_app *app, ctl_chat_turn *t, bool hit, wk_diag *d)
 {
     wk_err err;
     if (hit) {
-        err = wk_tok_encode_continue(app->tok, t->r->prompt_text, t->r->prompt_len,
+        err = wk_tok_encode_continue(app->tok, t->r->wire.prompt_text, t->r->wire.prompt_len,
                                      t->res.reused_bytes, &t->delta, &t->n_delta, d);
     } else {
         t->delta = malloc((t->n_full ? t->n_full : 1) * sizeof(*t->delta));
@@ -513,35 +513,36 @@ ctl_chat_request_set(ctl_app *app, ctl_chat_turn *t, bool hit)
     ctl_openai_req *r = t->r;
     size_t n_ret = 0;
     const int32_t *ret = t->fallback ? ctl_session_binding_retained(t->prev, &n_ret) : NULL;
-    r->n_prompt = n_ret + t->n_delta;
-    r->prompt = malloc(r->n_prompt * sizeof(*r->prompt));
-    if (r->prompt == NULL)
+    r->plan.n_prompt = n_ret + t->n_delta;
+    r->plan.prompt = malloc(r->plan.n_prompt * sizeof(*r->plan.prompt));
+    if (r->plan.prompt == NULL)
         return false;
     if (n_ret)
-        memcpy(r->prompt, ret, n_ret * sizeof(*r->prompt));
-    memcpy(r->prompt + n_ret, t->delta, t->n_delta * sizeof(*r->prompt));
+        memcpy(r->plan.prompt, ret, n_ret * sizeof(*r->plan.prompt));
+    memcpy(r->plan.prompt + n_ret, t->delta, t->n_delta * sizeof(*r->plan.prompt));
     if (t->fallback) {
-        r->aligned_tokens = n_ret;
-        r->n_bounds = 0;
+        r->plan.aligned_tokens = n_ret;
+        r->plan.n_bounds = 0;
     }
-    r->n_prompt_report = t->fallback ? r->n_prompt : (hit ? t->res.reused_tokens : 0) + t->n_delta;
+    r->plan.n_prompt_report =
+        t->fallback ? r->plan.n_prompt : (hit ? t->res.reused_tokens : 0) + t->n_delta;
     t->creq = t->sreq;
     t->creq.prompt_ids = t->delta;
     t->creq.n_prompt = t->n_delta;
     t->cres = t->res;
     t->cres.reused_tokens = 0;
-    r->gen.slot = t->have_slot ? &t->slot : NULL;
+    r->plan.gen.slot = t->have_slot ? &t->slot : NULL;
     if (hit && t->have_slot) {
         size_t nr = 0;
-        r->plan_prefix = ctl_session_binding_retained(t->prev, &nr);
-        r->n_plan_prefix = nr;
-        r->n_bounds = 0; /* where the new messages end, in the delta */
+        r->plan.plan_prefix = ctl_session_binding_retained(t->prev, &nr);
+        r->plan.n_plan_prefix = nr;
+        r->plan.n_bounds = 0; /* where the new messages end, in the delta */
         ctl_openai_chat_bounds(app->tok, r, t->res.reused_bytes, t->delta, t->n_delta, 0);
-        r->aligned_tokens = 0;
+        r->plan.aligned_tokens = 0;
     }
-    r->gen.fresh = false;
-    r->gen.keep_slot = true;
-    r->gen.feed_stop = true;
+    r->plan.gen.fresh = false;
+    r->plan.gen.keep_slot = true;
+    r->plan.gen.feed_stop = true;
     return true;
 }
 
@@ -582,7 +583,7 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn
      * World template), are served by the prefix index alone: the longest
      * checkpoint that is a prefix of the prompt, never a wrong state.
      */
-    if (r->templated && (ctl_session_hdrs_mode(&hdrs) != CTL_SESSION_MODE_PARENT_TOKEN ||
+    if (r->wire.templated && (ctl_session_hdrs_mode(&hdrs) != CTL_SESSION_MODE_PARENT_TOKEN ||
                          !ctl_openai_tpl_plain(r)))
         return true;
     ctl_chat_turn *t = calloc(1, sizeof(*t));
@@ -606,15 +607,19 @@ ctl_chat_begin(ctl_http_req *req, ctl_app *app, ctl_openai_req *r, ctl_chat_turn
         return false;
     }
     /* The full prompt is what r carries now; keep it for the session checks. */
-    t->full_prompt = r->prompt;
-    t->n_full = r->n_prompt;
-    r->prompt = NULL;
-    r->n_prompt = 0;
-    t->sreq = (ctl_session_request){.hdrs = &t->hdrs, .msgs = r->msgs, .n_msgs = r->n_msgs,
-                                    .prompt_ids = t->full_prompt, .n_prompt = t->n_full,
-                                    .tok = app->tok, .prompt_text = r->prompt_text,
-                                    .prompt_len = r->prompt_len,
-                                    .align = r->templated ? ctl_chat_tpl_align : NULL,
+    t->full_prompt = r->plan.prompt;
+    t->n_full = r->plan.n_prompt;
+    r->plan.prompt = NULL;
+    r->plan.n_prompt = 0;
+    t->sreq = (ctl_session_request){.hdrs = &t->hdrs,
+                                    .msgs = r->wire.msgs,
+                                    .n_msgs = r->wire.n_msgs,
+                                    .prompt_ids = t->full_prompt,
+                                    .n_prompt = t->n_full,
+                                    .tok = app->tok,
+                                    .prompt_text = r->wire.prompt_text,
+                                    .prompt_len = r->wire.prompt_len,
+                                    .align = r->wire.templated ? ctl_chat_tpl_align : NULL,
                                     .align_ctx = t};
     bool bad = false;
     t->prev = ctl_chat_load(app, t->key, &bad);

@@ -1,9 +1,13 @@
 /*
- * ctl_openai: request parsing and response shaping shared by the OpenAI
- * routes and the Durable State API's generate route. A ctl_openai_req carries
- * everything one generation needs; ctl_openai_generate() runs it and answers
- * (blocking JSON or SSE), calling on_done so a caller can add fields (the
- * saved state) to the final object.
+ * ctl_openai: the generation request shared by the OpenAI routes, the
+ * Durable State API's generate route, the chat-session glue and the
+ * Responses API, its parsing (ctl_openai_parse.c, without a connection:
+ * a refusal is a ctl_openai_perr the route sends) and the answer's shaping.
+ * A ctl_openai_req is three parts: the wire request (what the client asked),
+ * the plan (the tokens fed, the generation's parameters, the reuse plan) and
+ * the result (id, reuse, usage, finish); ctl_openai_generate() runs it and
+ * answers (blocking JSON or SSE), calling on_done so a caller can add fields
+ * (the saved state) to the final object.
  */
 #ifndef CTL_OPENAI_H
 #define CTL_OPENAI_H
@@ -20,11 +24,15 @@
 
 typedef struct ctl_openai_req ctl_openai_req;
 
-struct ctl_openai_req {
+/*
+ * What the client asked, as the parsers (ctl_openai_parse.c) read it: the
+ * wire parameters, the messages and the prompt they render to, the tools and
+ * the tool-call constraint. Written by the parse only; read by the session
+ * glue (ctl_chat), the answer and the Responses API.
+ */
+typedef struct ctl_openai_wire {
     bool chat;                    /* chat.completions vs completions */
     bool model_optional;          /* "model" may be absent (state routes) */
-    const char *route;            /* route label for wkvm_requests_total, as the HTTP metrics
-                                     name it; NULL: /v1/chat/completions or /v1/completions */
     const char *model;            /* borrowed from the JSON */
     bool stream;                  /* SSE */
     bool include_usage;           /* stream_options.include_usage */
@@ -32,19 +40,7 @@ struct ctl_openai_req {
     bool logprobs;                /* logprobs requested */
     uint32_t top_logprobs;        /* 0..20 */
     bool ignore_eos;              /* extension: exactly max_tokens */
-    ctl_gen_params gen;           /* generation parameters */
-    int32_t *prompt;              /* tokens to feed, owned */
-    size_t n_prompt;              /* entries */
-    size_t n_prompt_report;       /* prompt tokens reported in usage (0: n_prompt) */
-    char id[48];                  /* response id */
-    time_t created;               /* unix time */
-    void *user;                   /* caller context for the hooks */
-    /* After a successful generation: may add fields to the final JSON object. */
-    void (*on_done)(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj);
-    /* After a failed or cancelled generation (kept slot cleanup). */
-    void (*on_fail)(ctl_openai_req *r);
-    /* Before generating: return true after sending an error to stop. */
-    bool (*on_error_before)(ctl_openai_req *r, ctl_http_req *req);
+    bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */
     wk_chat_msg *msgs;            /* chat: the messages (roles/contents borrowed or owned) */
     char **msg_texts;             /* chat: owned contents */
     size_t n_msgs;                /* chat: entries */
@@ -65,9 +61,23 @@ struct ctl_openai_req {
     bool legacy_fn;               /* chat: the legacy `functions` API: message.function_call */
     char *tool_force_name;        /* chat: the named function, owned; NULL = any offered one */
     ctl_toolgram *toolgram;       /* chat, tool_forced: the constraint, owned */
+} ctl_openai_wire;
+
+/*
+ * What runs: the tokens fed, the generation's parameters and the reuse plan
+ * (checkpoint boundaries, the owner, a continued session's prefix). The
+ * parse writes a first one (the prompt's tokens and boundaries, gen's
+ * sampling, limits and stops from the wire); the session glue (ctl_chat,
+ * ctl_states, ctl_responses) narrows it to a held slot and a delta, and
+ * ctl_openai_reuse_begin() adds the checkpoint plan.
+ */
+typedef struct ctl_openai_plan {
+    ctl_gen_params gen;           /* generation parameters */
+    int32_t *prompt;              /* tokens to feed, owned */
+    size_t n_prompt;              /* entries */
+    size_t n_prompt_report;       /* prompt tokens reported in usage (0: n_prompt) */
     /* Reuse (ctl_ckpt): set by the chat and completions routes only. */
     bool reuse;                   /* plan checkpoints and look them up for this request */
-    bool cache;                   /* the request's "cache" / "cache_prompt" (default true) */
     char owner[CTL_STORE_OWNER_MAX + 1]; /* whose checkpoints (never shared) */
     size_t bounds[CTL_CKPT_MAX_BOUNDS]; /* chat: token positions in prompt where a message ends */
     size_t n_bounds;              /* entries */
@@ -76,10 +86,42 @@ struct ctl_openai_req {
     size_t aligned_tokens;        /* chat: leading prompt tokens that are a reply's exact tokens */
     const int32_t *plan_prefix;   /* tokens already in gen.slot (a continued session), borrowed */
     size_t n_plan_prefix;         /* entries */
-    ctl_ckpt_plan *plan;          /* during ctl_openai_generate(), NULL otherwise */
+    ctl_ckpt_plan *ckpt;          /* during ctl_openai_generate(), NULL otherwise */
+} ctl_openai_plan;
+
+/*
+ * What came of it: the answer's id, what the reuse covered, and after a
+ * successful generation what the answer reports (ctl_openai_result_set():
+ * usage and finish_reason; the sampled tokens and text stay in the
+ * ctl_gen_result the hooks get).
+ */
+typedef struct ctl_openai_result {
+    char id[48];                  /* response id */
+    time_t created;               /* unix time */
     bool reused;                  /* a checkpoint was resumed */
     ctl_ckpt_hit reuse_kind;      /* how, when reused */
     size_t reused_tokens;         /* tokens it covered */
+    size_t prompt_tokens;         /* usage: the prompt (plan.n_prompt_report, else n_prompt) */
+    size_t completion_tokens;     /* usage: tokens sampled */
+    size_t cached_tokens;         /* usage: prompt tokens not computed (reused or held) */
+    const char *finish_reason;    /* "stop", "length", "tool_calls", "function_call" (static);
+                                     NULL before the answer */
+} ctl_openai_result;
+
+/* One generation request: the three parts and the caller's hooks. */
+struct ctl_openai_req {
+    ctl_openai_wire wire;         /* what the client asked */
+    ctl_openai_plan plan;         /* what runs */
+    ctl_openai_result out;        /* what came of it */
+    const char *route;            /* route label for wkvm_requests_total, as the HTTP metrics
+                                     name it; NULL: /v1/chat/completions or /v1/completions */
+    void *user;                   /* caller context for the hooks */
+    /* After a successful generation: may add fields to the final JSON object. */
+    void (*on_done)(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj);
+    /* After a failed or cancelled generation (kept slot cleanup). */
+    void (*on_fail)(ctl_openai_req *r);
+    /* Before generating: return true after sending an error to stop. */
+    bool (*on_error_before)(ctl_openai_req *r, ctl_http_req *req);
 };
 
 /* The owner of a request's checkpoints (the API user, narrowed by Open WebUI's user id). */
@@ -89,16 +131,16 @@ void ctl_openai_owner(ctl_http_req *req, char out[CTL_STORE_OWNER_MAX + 1]);
 void ctl_openai_req_fini(ctl_openai_req *r);
 
 /*
- * Appends to r->bounds the checkpoint boundaries of a chat prompt: the
+ * Appends to r->plan.bounds the checkpoint boundaries of a chat prompt: the
  * token positions where r's messages end after byte offset off of
- * r->prompt_text, for the tokens rest (n_rest) that encode the text from
+ * r->wire.prompt_text, for the tokens rest (n_rest) that encode the text from
  * off (the last token boundary at or before each end; a token across it
  * belongs to what follows), counted from pos0. The chat route calls it for
  * the whole prompt, the session glue for the delta a continued session
  * feeds (pos0 0), so a turn continued from a parked state still leaves a
- * checkpoint where its new user message ends. Reads r->msg_ends,
- * r->prompt_text and r->n_msgs (nothing without msg_ends), writes only
- * r->bounds and r->n_bounds; tok and rest are borrowed for the call. Same
+ * checkpoint where its new user message ends. Reads r->wire.msg_ends,
+ * r->wire.prompt_text and r->wire.n_msgs (nothing without msg_ends), writes only
+ * r->plan.bounds and r->plan.n_bounds; tok and rest are borrowed for the call. Same
  * thread as the request's other uses.
  */
 void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, const int32_t *rest,
@@ -106,9 +148,9 @@ void ctl_openai_chat_bounds(const wk_tok *tok, ctl_openai_req *r, size_t off, co
 
 /*
  * The checkpoint boundaries of a prompt rendered with the model's own
- * template (app->chat_tpl): after each eos token text in r->prompt_text and
- * at r->hist_end, as token positions of r->prompt (the last
- * CTL_CKPT_MAX_BOUNDS). Writes only r->bounds and r->n_bounds.
+ * template (app->chat_tpl): after each eos token text in r->wire.prompt_text and
+ * at r->plan.hist_end, as token positions of r->plan.prompt (the last
+ * CTL_CKPT_MAX_BOUNDS). Writes only r->plan.bounds and r->plan.n_bounds.
  */
 void ctl_openai_templated_bounds(ctl_app *app, ctl_openai_req *r);
 
@@ -124,7 +166,7 @@ size_t ctl_openai_hist_end(ctl_app *app, const json_t *msgs, const json_t *tools
 
 /*
  * parent-token-v1 on a templated chat (ctl_chat): where the text after
- * message k of r (the parked reply) starts in r->prompt_text, for a state
+ * message k of r (the parked reply) starts in r->wire.prompt_text, for a state
  * that consumed the retained ids (n) of that reply's turn. The template
  * renders messages 0..k-1 without a generation prompt; that text must be a
  * prefix of the prompt, and the reply's turn ends at the first eos token
@@ -155,39 +197,55 @@ wk_err ctl_openai_tpl_visible(const ctl_openai_req *r, const char *text, size_t 
 /* Reads the body as a JSON object; sends the error and returns NULL on failure. */
 json_t *ctl_openai_body(ctl_http_req *req);
 
-/* A parse error as a value: what the route answers (ctl_http_send_error). */
+/*
+ * A parse error as a value: what the route answers (ctl_openai_send_perr:
+ * ctl_http_send_error with the code's HTTP status, ctl_err_http_status).
+ */
 typedef struct ctl_openai_perr {
-    wk_err err;     /* the code (its HTTP status: ctl_err_http_status) */
-    char param[72]; /* the OpenAI error's "param", "" = null */
+    wk_err err;     /* the code */
+    char param[96]; /* the OpenAI error's "param", "" = null */
     char msg[512];  /* the message */
 } ctl_openai_perr;
 
-/*
- * The common fields of a generation request (model, sampling, stream, stop,
- * max_tokens, logit_bias, n, response_format, tools, the refused ones) from
- * body into r, without a connection: false with *pe filled on the first
- * error, in the order the route reports them. r->owner is the caller's
- * (ctl_openai_owner()). Reads app's model id, limits and tokenizer.
- */
-WK_MUST_CHECK bool ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r,
-                                                 ctl_openai_perr *pe);
+/* Sends *pe as the request's OpenAI error answer. */
+void ctl_openai_send_perr(ctl_http_req *req, const ctl_openai_perr *pe);
 
 /*
- * Parsers: each sends the error and returns false on failure.
- * ctl_openai_parse_common() is ctl_openai_owner() + ctl_openai_parse_common_value(),
- * sending *pe.
+ * The parsers (ctl_openai_parse.c): each reads a request without a
+ * connection and returns false with *pe filled on the first error, in the
+ * order the route reports them; the caller sends it. On failure r may hold
+ * allocations (ctl_openai_req_fini() frees them). r->wire.chat, r->wire.model_optional
+ * and r->plan.owner (ctl_openai_owner()) are the caller's. They read app's model
+ * id, limits, tokenizer and chat template.
+ *
+ * ctl_openai_parse_body: buf (len bytes) as a JSON object, *out owned by the
+ * caller. ctl_openai_parse_chat: the whole /v1/chat/completions body (known
+ * fields, platform fields, the common fields, logprobs, the messages rendered
+ * and tokenized). ctl_openai_parse_completion: the whole /v1/completions body.
+ * ctl_openai_parse_common_value: the common fields (model, sampling, stream,
+ * stop, max_tokens, logit_bias, n, response_format, tools, the refused ones).
+ * ctl_openai_parse_messages_value: "messages" into r->wire.msgs, the rendered
+ * r->wire.prompt_text and r->plan.prompt (reply records and checkpoint boundaries
+ * from app->ckpt). ctl_openai_parse_prompt_value: the completions "prompt"
+ * (text or token ids), best_of, echo, suffix and the legacy logprobs.
  */
-WK_MUST_CHECK bool ctl_openai_parse_common(ctl_http_req *req, ctl_app *app, json_t *body,
-                                           ctl_openai_req *r);
-WK_MUST_CHECK bool ctl_openai_parse_prompt(ctl_http_req *req, ctl_app *app, json_t *body,
-                                           ctl_openai_req *r);
-WK_MUST_CHECK bool ctl_openai_parse_messages(ctl_http_req *req, ctl_app *app, json_t *body,
-                                             ctl_openai_req *r);
+WK_MUST_CHECK bool ctl_openai_parse_body(const char *buf, size_t len, json_t **out,
+                                         ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_chat(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                         ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_completion(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                               ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_common_value(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                                 ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_messages_value(ctl_app *app, json_t *body,
+                                                   ctl_openai_req *r, ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_openai_parse_prompt_value(ctl_app *app, json_t *body, ctl_openai_req *r,
+                                                 ctl_openai_perr *pe);
 
 /*
  * The reuse halves of ctl_openai_generate(), for routes that shape their own
  * answer (ctl_responses): ctl_openai_reuse_begin() plans r's checkpoints and
- * lookup into plan (caller memory that outlives the job; r->plan points at
+ * lookup into plan (caller memory that outlives the job; r->plan.ckpt points at
  * it) and sets *free_slot when the slot is kept only for the end-of-reply
  * checkpoint; after a successful generation ctl_openai_reuse_done() counts
  * the reuse, leaves that checkpoint and frees the slot when *free_slot said
@@ -198,6 +256,14 @@ void ctl_openai_reuse_begin(ctl_app *app, ctl_openai_req *r, ctl_ckpt_plan *plan
                             bool *free_slot);
 void ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res,
                            bool free_slot);
+
+/*
+ * Records in r->out what the answer reports of res (a successful
+ * generation of r): the usage counts and finish (static, the answer's
+ * finish_reason: res's, or "tool_calls" / "function_call" when the reply
+ * was calls).
+ */
+void ctl_openai_result_set(ctl_openai_req *r, const ctl_gen_result *res, const char *finish);
 
 /* Runs the generation and answers the request. */
 void ctl_openai_generate(ctl_http_req *req, ctl_app *app, ctl_openai_req *r);

@@ -917,7 +917,7 @@ resp_exact_candidate(resp_call *c)
 }
 
 /*
- * Tokenizes c->r.prompt_text into c->r.prompt: prev_ids (n_prev, owned and
+ * Tokenizes c->r.wire.prompt_text into c->r.plan.prompt: prev_ids (n_prev, owned and
  * freed here; NULL: none) followed by the text from byte off encoded as their
  * continuation, else the whole text. Sends the error and returns false.
  */
@@ -927,11 +927,12 @@ resp_encode(resp_call *c, int32_t *prev_ids, size_t n_prev, size_t off, int32_t 
 {
     ctl_openai_req *r = &c->r;
     wk_diag d = {{0}};
-    wk_err err = prev_ids != NULL
-                     ? wk_tok_encode_continue(c->app->tok, r->prompt_text, r->prompt_len, off, rest,
-                                              n_rest, &d)
-                     : wk_tok_encode(c->app->tok, r->prompt_text, r->prompt_len, rest, n_rest, &d);
-    if (err == WK_OK && (r->prompt = malloc((n_prev + *n_rest + 1) * sizeof(int32_t))) == NULL)
+    wk_err err =
+        prev_ids != NULL
+            ? wk_tok_encode_continue(c->app->tok, r->wire.prompt_text, r->wire.prompt_len, off,
+                                     rest, n_rest, &d)
+            : wk_tok_encode(c->app->tok, r->wire.prompt_text, r->wire.prompt_len, rest, n_rest, &d);
+    if (err == WK_OK && (r->plan.prompt = malloc((n_prev + *n_rest + 1) * sizeof(int32_t))) == NULL)
         err = WK_ENOMEM;
     if (err != WK_OK) {
         free(prev_ids);
@@ -941,11 +942,11 @@ resp_encode(resp_call *c, int32_t *prev_ids, size_t n_prev, size_t off, int32_t 
         return false;
     }
     if (n_prev)
-        memcpy(r->prompt, prev_ids, n_prev * sizeof(int32_t));
+        memcpy(r->plan.prompt, prev_ids, n_prev * sizeof(int32_t));
     if (*n_rest)
-        memcpy(r->prompt + n_prev, *rest, *n_rest * sizeof(int32_t));
-    r->n_prompt = n_prev + *n_rest;
-    r->aligned_tokens = n_prev;
+        memcpy(r->plan.prompt + n_prev, *rest, *n_rest * sizeof(int32_t));
+    r->plan.n_prompt = n_prev + *n_rest;
+    r->plan.aligned_tokens = n_prev;
     c->aligned = prev_ids != NULL;
     c->n_prev = n_prev;
     free(prev_ids);
@@ -956,10 +957,10 @@ resp_encode(resp_call *c, int32_t *prev_ids, size_t n_prev, size_t off, int32_t 
 static bool
 resp_prompt_fits(resp_call *c)
 {
-    if (c->r.n_prompt == 0 || c->r.n_prompt > c->app->max_prompt_tokens) {
+    if (c->r.plan.n_prompt == 0 || c->r.plan.n_prompt > c->app->max_prompt_tokens) {
         resp_send_error(c->req, 400, WK_ETOOBIG, "input", "context_length_exceeded",
-                        "the conversation has %zu tokens, more than the limit of %u", c->r.n_prompt,
-                        c->app->max_prompt_tokens);
+                        "the conversation has %zu tokens, more than the limit of %u",
+                        c->r.plan.n_prompt, c->app->max_prompt_tokens);
         return false;
     }
     return true;
@@ -1003,22 +1004,22 @@ static bool
 resp_tool_forced(resp_call *c)
 {
     ctl_openai_req *r = &c->r;
-    if (r->tool_fmt == WK_TOOLCALL_FMT_NONE) {
+    if (r->wire.tool_fmt == WK_TOOLCALL_FMT_NONE) {
         resp_send_error(c->req, 400, WK_EINVAL, "tool_choice", "invalid_value",
                         "'tool_choice' cannot require a call: this model's chat template has no "
                         "tool-call format wkvm knows (use \"auto\" or \"none\")");
         return false;
     }
-    r->tool_forced = true;
-    if (c->q.tool_name != NULL && (r->tool_force_name = strdup(c->q.tool_name)) == NULL) {
+    r->wire.tool_forced = true;
+    if (c->q.tool_name != NULL && (r->wire.tool_force_name = strdup(c->q.tool_name)) == NULL) {
         resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
         return false;
     }
     wk_diag d = {{0}};
-    wk_err err =
-        ctl_toolgram_new(c->app->tok, r->tool_fmt, r->call_tools != NULL ? r->call_tools : r->tools,
-                         r->tool_force_name, !r->tool_serial, r->think_open,
-                         WK_CHAT_TPL_THINK_CLOSE, &r->toolgram, &d);
+    wk_err err = ctl_toolgram_new(c->app->tok, r->wire.tool_fmt,
+                                  r->wire.call_tools != NULL ? r->wire.call_tools : r->wire.tools,
+                                  r->wire.tool_force_name, !r->wire.tool_serial, r->wire.think_open,
+                                  WK_CHAT_TPL_THINK_CLOSE, &r->wire.toolgram, &d);
     if (err != WK_OK) {
         resp_send_error(
             c->req, err == WK_EINVAL ? 400 : 500, err, err == WK_EINVAL ? "tools" : NULL, NULL,
@@ -1134,8 +1135,8 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
             json_array_append_new(tools,
                                   json_pack("{s:s, s:o}", "type", "function", "function", fn));
         }
-        r->tools = tools;
-        r->tool_fmt =
+        r->wire.tools = tools;
+        r->wire.tool_fmt =
             q->tool_choice_none ? WK_TOOLCALL_FMT_NONE : wk_chat_tpl_toolcall_fmt(app->chat_tpl);
         /*
          * allowed_tools: the template still gets every tool (the prompt does
@@ -1143,13 +1144,13 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
          * listed ones, so a call to another function stays text.
          */
         if (q->allowed_tools != NULL && tools != NULL &&
-            (r->call_tools = resp_allowed_subset(tools, q->allowed_tools)) == NULL) {
+            (r->wire.call_tools = resp_allowed_subset(tools, q->allowed_tools)) == NULL) {
             json_decref(msgs);
             json_decref(kw);
             resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
             return false;
         }
-        r->tool_serial = q->parallel_tool_calls_off;
+        r->wire.tool_serial = q->parallel_tool_calls_off;
     }
     /* (the chat route's preparation: arguments as objects for templates that iterate them) */
     wk_diag d = {{0}};
@@ -1158,10 +1159,11 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
                      ? WK_ENOMEM
                      : wk_chat_tpl_prepare(app->chat_tpl, msgs, &bad_msg, &bad_call, &d);
     if (err == WK_OK)
-        err = wk_chat_tpl_render_json(app->chat_tpl, msgs, r->tools, true, kw, NULL,
-                                      &r->prompt_text, &r->prompt_len, &d);
+        err = wk_chat_tpl_render_json(app->chat_tpl, msgs, r->wire.tools, true, kw, NULL,
+                                      &r->wire.prompt_text, &r->wire.prompt_len, &d);
     if (err == WK_OK)
-        r->hist_end = ctl_openai_hist_end(app, msgs, r->tools, kw, r->prompt_text, r->prompt_len);
+        r->plan.hist_end = ctl_openai_hist_end(app, msgs, r->wire.tools, kw, r->wire.prompt_text,
+                                               r->wire.prompt_len);
     json_decref(msgs);
     json_decref(kw);
     if (err != WK_OK) {
@@ -1169,10 +1171,10 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
                         "chat template: %s", err == WK_ENOMEM ? "out of memory" : d.msg);
         return false;
     }
-    r->templated = true;
+    r->wire.templated = true;
     if (wk_chat_tpl_thinks(app->chat_tpl)) {
-        r->think = true;
-        r->think_open = wk_chat_think_open_at_end(r->prompt_text, r->prompt_len,
+        r->wire.think = true;
+        r->wire.think_open = wk_chat_think_open_at_end(r->wire.prompt_text, r->wire.prompt_len,
                                                   WK_CHAT_TPL_THINK_OPEN, WK_CHAT_TPL_THINK_CLOSE);
     }
     if (q->tool_required && !resp_tool_forced(c))
@@ -1180,7 +1182,8 @@ resp_build_templated(resp_call *c, json_t *history, json_t *input)
     int32_t *prev_ids = NULL, *rest = NULL;
     size_t n_prev = 0, n_rest = 0, off = 0;
     if (resp_exact_candidate(c) && resp_prev_tokens(c, &prev_ids, &n_prev) &&
-        !wk_tok_text_prefix(app->tok, prev_ids, n_prev, -1, r->prompt_text, r->prompt_len, &off)) {
+        !wk_tok_text_prefix(app->tok, prev_ids, n_prev, -1, r->wire.prompt_text, r->wire.prompt_len,
+                            &off)) {
         free(prev_ids);
         prev_ids = NULL;
         n_prev = 0;
@@ -1280,10 +1283,11 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
             n_hist = k - n_sys;
     }
     /* (content_len 0 means NUL-terminated: an empty text is "" either way) */
-    r->msgs = cm;
-    r->n_msgs = n;
+    r->wire.msgs = cm;
+    r->wire.n_msgs = n;
     wk_diag d = {{0}};
-    if (wk_chat_render_spans(cm, n, true, &r->prompt_text, &r->prompt_len, sp, &d) != WK_OK) {
+    if (wk_chat_render_spans(cm, n, true, &r->wire.prompt_text, &r->wire.prompt_len, sp, &d) !=
+        WK_OK) {
         free(sp);
         resp_send_error(c->req, 400, WK_EINVAL, "input", NULL, "%s", d.msg);
         return false;
@@ -1298,14 +1302,14 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
     if (resp_exact_candidate(c) && n_hist > 0 && resp_prev_tokens(c, &prev_ids, &n_prev)) {
         size_t kr = n_sys + n_hist - 1;
         off = ctl_session_align_at(app->tok, prev_ids, n_prev, &sp[kr]);
-        if (off > r->prompt_len) {
+        if (off > r->wire.prompt_len) {
             free(prev_ids);
             prev_ids = NULL;
             n_prev = 0;
             off = 0;
         }
     }
-    if ((r->msg_ends = malloc(n * sizeof(size_t))) == NULL) {
+    if ((r->wire.msg_ends = malloc(n * sizeof(size_t))) == NULL) {
         free(prev_ids);
         free(sp);
         resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
@@ -1316,8 +1320,8 @@ resp_build_prompt(resp_call *c, json_t *history, json_t *input)
         return false;
     }
     for (size_t i = 0; i < n; i++)
-        r->msg_ends[i] = sp[i].end;
-    r->n_bounds = 0;
+        r->wire.msg_ends[i] = sp[i].end;
+    r->plan.n_bounds = 0;
     ctl_openai_chat_bounds(app->tok, r, off, rest, n_rest, c->n_prev);
     free(rest);
     free(sp);
@@ -1512,20 +1516,21 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
     resp_split sp;
     resp_split_out so;
     memset(&so, 0, sizeof(so));
-    resp_split_init(&sp, r->think, r->think_open);
+    resp_split_init(&sp, r->wire.think, r->wire.think_open);
     resp_split_feed(&sp, res->text, res->text_len, true, resp_split_collect, &so);
     /* The content parsed for calls (as the stream parses it: the same for any cut). */
     json_t *calls = json_array();
     wk_toolcall_parser *tp = NULL;
     wk_toolcall_out to;
     memset(&to, 0, sizeof(to));
-    if (r->tool_fmt != WK_TOOLCALL_FMT_NONE &&
-        wk_toolcall_parser_new(r->tool_fmt, r->call_tools != NULL ? r->call_tools : r->tools,
+    if (r->wire.tool_fmt != WK_TOOLCALL_FMT_NONE &&
+        wk_toolcall_parser_new(r->wire.tool_fmt,
+                               r->wire.call_tools != NULL ? r->wire.call_tools : r->wire.tools,
                                &tp) == WK_OK &&
         wk_toolcall_feed(tp, so.content.p != NULL ? so.content.p : "", so.content.n, true, &to) ==
             WK_OK) {
         for (size_t i = 0; i < to.n_calls && calls != NULL; i++) {
-            if (r->tool_serial && i > 0)
+            if (r->wire.tool_serial && i > 0)
                 break;
             char fid[CTL_RESP_ID_MAX], cid[CTL_RESP_ID_MAX];
             resp_new_id("fc_", 24, fid, sizeof(fid));
@@ -1549,9 +1554,10 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
         json_object_set_new(out, "reasoning",
                             json_stringn(so.reason.p != NULL ? so.reason.p : "", so.reason.n));
         json_object_set_new(out, "reasoning_closed", json_boolean(sp.mode == RESP_SPLIT_TEXT));
-        json_object_set_new(out, "reasoning_tokens",
-                            json_integer((json_int_t)resp_reasoning_tokens(
-                                app->tok, res->tokens, res->n_tokens, r->think, r->think_open)));
+        json_object_set_new(
+            out, "reasoning_tokens",
+            json_integer((json_int_t)resp_reasoning_tokens(app->tok, res->tokens, res->n_tokens,
+                                                           r->wire.think, r->wire.think_open)));
     }
     free(so.content.p);
     free(so.reason.p);
@@ -1560,18 +1566,18 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
     json_object_set_new(rec, "status", json_string(length ? "incomplete" : "completed"));
     json_object_set_new(rec, "incomplete_reason",
                         length ? json_string("max_output_tokens") : json_null());
-    size_t cached = r->n_prompt > res->computed ? r->n_prompt - res->computed : 0;
+    size_t cached = r->plan.n_prompt > res->computed ? r->plan.n_prompt - res->computed : 0;
     json_object_set_new(rec, "usage",
-                        json_pack("{s:I, s:I, s:I}", "input_tokens", (json_int_t)r->n_prompt,
+                        json_pack("{s:I, s:I, s:I}", "input_tokens", (json_int_t)r->plan.n_prompt,
                                   "cached_tokens", (json_int_t)cached, "output_tokens",
                                   (json_int_t)res->n_tokens));
     /* The end state: the prompt and the sampled tokens the state consumed. */
-    size_t n_gen = res->fed > r->n_prompt ? res->fed - r->n_prompt : 0;
+    size_t n_gen = res->fed > r->plan.n_prompt ? res->fed - r->plan.n_prompt : 0;
     if (n_gen > res->n_tokens)
         n_gen = res->n_tokens;
     json_t *ids = json_array();
-    for (size_t i = 0; ids != NULL && i < r->n_prompt; i++)
-        json_array_append_new(ids, json_integer(r->prompt[i]));
+    for (size_t i = 0; ids != NULL && i < r->plan.n_prompt; i++)
+        json_array_append_new(ids, json_integer(r->plan.prompt[i]));
     for (size_t i = 0; ids != NULL && i < n_gen; i++)
         json_array_append_new(ids, json_integer(res->tokens[i].id));
     json_object_set_new(rec, "tokens", ids);
@@ -1597,7 +1603,7 @@ resp_finish(resp_call *c, const ctl_gen_result *res)
         bool expired = false;
         const char *pid = json_string_value(json_object_get(c->prev, "id"));
         pthread_mutex_lock(&resp_children_mu);
-        if (resp_load(app, c->r.owner, pid, &p, &expired) == WK_OK) {
+        if (resp_load(app, c->r.plan.owner, pid, &p, &expired) == WK_OK) {
             json_int_t kids = json_integer_value(json_object_get(p, "children"));
             if (kids >= 1)
                 ctl_metrics_add(app->metrics, "wkvm_responses_forks_total", NULL, 1);
@@ -1616,7 +1622,7 @@ resp_extend(resp_call *c, json_t *o)
     if (c->q.return_token_ids && o != NULL) {
         json_t *t = json_object_get(c->rec, "tokens");
         json_object_set_new(o, "state_token_ids", t != NULL ? json_deep_copy(t) : json_array());
-        json_object_set_new(o, "prompt_token_count", json_integer((json_int_t)c->r.n_prompt));
+        json_object_set_new(o, "prompt_token_count", json_integer((json_int_t)c->r.plan.n_prompt));
     }
 }
 
@@ -1626,8 +1632,8 @@ resp_answer_whole(resp_call *c, bool free_slot)
     ctl_app *app = c->app;
     ctl_gen_result res;
     wk_diag d = {{0}};
-    wk_err err = ctl_gen_run(app->sched, app->tok, c->r.prompt, c->r.n_prompt, &c->r.gen, NULL,
-                             NULL, &res, &d);
+    wk_err err = ctl_gen_run(app->sched, app->tok, c->r.plan.prompt, c->r.plan.n_prompt,
+                             &c->r.plan.gen, NULL, NULL, &res, &d);
     if (err != WK_OK) {
         resp_count(app, "error");
         if (err == WK_ETOOBIG)
@@ -1661,7 +1667,8 @@ resp_answer_stream(resp_call *c, bool free_slot, wk_diag *bgd)
     ctl_job *job = NULL;
     bool bg = c->bg != NULL;
     /* Admission errors come before the first byte, as plain JSON errors. */
-    wk_err err = ctl_gen_submit(app->sched, c->r.prompt, c->r.n_prompt, &c->r.gen, &job, &d);
+    wk_err err =
+        ctl_gen_submit(app->sched, c->r.plan.prompt, c->r.plan.n_prompt, &c->r.plan.gen, &job, &d);
     if (err != WK_OK && bg) {
         *bgd = d;
         return err;
@@ -1686,10 +1693,11 @@ resp_answer_stream(resp_call *c, bool free_slot, wk_diag *bgd)
      * leaves the reply thinking, the message when the reply cannot reason;
      * else the first piece of text decides.
      */
-    resp_split_init(&c->split, c->r.think, c->r.think_open);
-    if (c->r.tool_fmt != WK_TOOLCALL_FMT_NONE &&
+    resp_split_init(&c->split, c->r.wire.think, c->r.wire.think_open);
+    if (c->r.wire.tool_fmt != WK_TOOLCALL_FMT_NONE &&
         wk_toolcall_parser_new(
-            c->r.tool_fmt, c->r.call_tools != NULL ? c->r.call_tools : c->r.tools, &c->tc) != WK_OK)
+            c->r.wire.tool_fmt,
+            c->r.wire.call_tools != NULL ? c->r.wire.call_tools : c->r.wire.tools, &c->tc) != WK_OK)
         c->tc = NULL; /* (out of memory: the reply streams as text) */
     if (c->split.mode == RESP_SPLIT_THINK)
         resp_stream_rs_open(c);
@@ -1700,11 +1708,11 @@ resp_answer_stream(resp_call *c, bool free_slot, wk_diag *bgd)
         err = WK_EIO;
     } else {
         if (bg) { /* (no connection to hand over: the events go to the log) */
-            err = ctl_gen_run_job(job, app->tok, &c->r.gen, resp_stream_sink, resp_stream_flush,
-                                  c, &res, &d);
+            err = ctl_gen_run_job(job, app->tok, &c->r.plan.gen, resp_stream_sink,
+                                  resp_stream_flush, c, &res, &d);
         } else {
             ctl_http_cork(c->req, true); /* one write per wake-up */
-            err = ctl_stream_gen_run(c->req, job, app->tok, &c->r.gen, resp_stream_sink,
+            err = ctl_stream_gen_run(c->req, job, app->tok, &c->r.plan.gen, resp_stream_sink,
                                      resp_stream_flush, c, &res, &d);
             if (ctl_http_req_broken(c->req))
                 c->broken = true; /* (an event loop saw the client go away) */
@@ -1793,7 +1801,7 @@ resp_resolve_prev(resp_call *c)
     if (pid == NULL)
         return true;
     bool expired = false;
-    wk_err err = resp_load(c->app, c->r.owner, pid, &c->prev, &expired);
+    wk_err err = resp_load(c->app, c->r.plan.owner, pid, &c->prev, &expired);
     if (err == WK_ENOENT) {
         ctl_metrics_add(c->app->metrics, "wkvm_responses_misses_total",
                         expired ? "reason=\"expired\"" : "reason=\"not_found\"", 1);
@@ -2189,8 +2197,8 @@ resp_bg_main(void *arg)
     else if (c->bg->logged)
         err = resp_answer_stream(c, free_slot, &d); /* (on WK_OK finished, stored, counted) */
     else
-        err = ctl_gen_run(app->sched, app->tok, c->r.prompt, c->r.n_prompt, &c->r.gen, resp_bg_sink,
-                          c, &res, &d);
+        err = ctl_gen_run(app->sched, app->tok, c->r.plan.prompt, c->r.plan.n_prompt,
+                          &c->r.plan.gen, resp_bg_sink, c, &res, &d);
     const char *id = json_string_value(json_object_get(c->rec, "id"));
     if (err == WK_OK && !c->bg->logged) {
         ctl_openai_reuse_done(app, &c->r, &res, free_slot);
@@ -2225,7 +2233,7 @@ resp_bg_main(void *arg)
     }
     ctl_ckpt_plan_end(plan);
     free(plan);
-    c->r.plan = NULL;
+    c->r.plan.ckpt = NULL;
     resp_bg *b = c->bg;
     if (app->limits != NULL && c->user[0])
         ctl_limits_release(app->limits, c->user); /* (the unit resp_route took) */
@@ -2250,7 +2258,7 @@ resp_bg_start(resp_call *c)
         resp_send_error(c->req, 500, WK_ENOMEM, NULL, NULL, "out of memory");
         return false;
     }
-    resp_key(c->r.owner, json_string_value(json_object_get(c->rec, "id")), b->key);
+    resp_key(c->r.plan.owner, json_string_value(json_object_get(c->rec, "id")), b->key);
     atomic_init(&b->cancel, false);
     b->logged = c->q.stream;
     b->refs = 1; /* (the thread's) */
@@ -2303,7 +2311,7 @@ resp_bg_start(resp_call *c)
     b->refs = 1;
     resp_bg_remove(b); /* (frees it) */
     char key[RESP_KEY_MAX];
-    resp_key(c->r.owner, json_string_value(json_object_get(c->rec, "id")), key);
+    resp_key(c->r.plan.owner, json_string_value(json_object_get(c->rec, "id")), key);
     resp_cleanup(ctl_store_session_delete(app->store, key, NULL), "unstarted background response");
     ctl_http_send_error(c->req, err != WK_OK ? err : WK_ENOMEM,
                         d.msg[0] ? d.msg : "cannot start the background response", NULL);
@@ -2334,7 +2342,7 @@ resp_create(ctl_http_req *req, ctl_app *app)
     c->req = req;
     c->app = app;
     c->body = body;
-    c->r = (ctl_openai_req){.chat = true, .reuse = true, .cache = true};
+    c->r = (ctl_openai_req){.wire.chat = true, .plan.reuse = true, .wire.cache = true};
     ctl_resp_limits lim = {.max_items = app->max_messages,
                            .max_item_bytes = app->max_message_bytes,
                            .max_tokens = app->max_tokens_limit};
@@ -2348,12 +2356,12 @@ resp_create(ctl_http_req *req, ctl_app *app)
                         "The model '%.100s' does not exist", c->q.model);
         goto out;
     }
-    ctl_openai_owner(req, c->r.owner);
+    ctl_openai_owner(req, c->r.plan.owner);
     if (!resp_resolve_prev(c))
         goto out;
     if (c->q.store) {
         wk_diag qd = {{0}};
-        wk_err qerr = resp_quota(app, c->r.owner, &qd);
+        wk_err qerr = resp_quota(app, c->r.plan.owner, &qd);
         if (qerr != WK_OK) {
             ctl_http_send_error(req, qerr, qd.msg, "store");
             goto out;
@@ -2364,20 +2372,20 @@ resp_create(ctl_http_req *req, ctl_app *app)
     if (c->history == NULL || c->input == NULL || !resp_build_prompt(c, c->history, c->input))
         goto out;
     /* Generation parameters. */
-    c->r.model = c->q.model;
-    c->r.stream = c->q.stream;
-    ctl_gen_params *g = &c->r.gen;
+    c->r.wire.model = c->q.model;
+    c->r.wire.stream = c->q.stream;
+    ctl_gen_params *g = &c->r.plan.gen;
     g->max_tokens = c->q.max_output_tokens ? c->q.max_output_tokens : app->default_max_tokens;
     g->stop_on_eot = true;
     /* The template's turn end: "\n\n" in the World template, else its eos token's text. */
-    const char *eos = c->r.templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : NULL;
+    const char *eos = c->r.wire.templated ? wk_chat_tpl_special(app->chat_tpl, "eos_token") : NULL;
     g->stops[g->n_stops++] =
-        c->r.templated ? (eos != NULL && eos[0] ? eos : NULL) : WK_CHAT_STOP_DEFAULT;
+        c->r.wire.templated ? (eos != NULL && eos[0] ? eos : NULL) : WK_CHAT_STOP_DEFAULT;
     /* (not for a forced call: its grammar ends it, and an argument may spell that text) */
-    if (g->stops[g->n_stops - 1] == NULL || c->r.toolgram != NULL)
+    if (g->stops[g->n_stops - 1] == NULL || c->r.wire.toolgram != NULL)
         g->n_stops--;
-    if (c->r.toolgram != NULL)
-        ctl_toolgram_apply(c->r.toolgram, g);
+    if (c->r.wire.toolgram != NULL)
+        ctl_toolgram_apply(c->r.wire.toolgram, g);
     g->sample.temperature = (float)c->q.temperature;
     g->sample.top_p = (float)c->q.top_p;
     g->sample.frequency_penalty = (float)c->q.frequency_penalty;
@@ -2416,7 +2424,7 @@ resp_create(ctl_http_req *req, ctl_app *app)
         v.fingerprint[0] = '\0';
     int64_t created_ms = resp_now_ms(), now = created_ms / 1000;
     c->rec = json_pack("{s:i, s:s, s:s, s:s, s:s, s:I, s:s, s:O, s:O, s:b}", "v",
-                       RESP_RECORD_VERSION, "id", id, "owner", c->r.owner, "model", c->q.model,
+                       RESP_RECORD_VERSION, "id", id, "owner", c->r.plan.owner, "model", c->q.model,
                        "fp", v.fingerprint, "created_at", (json_int_t)now, "status", "in_progress",
                        "history", c->history, "input", c->input, "store", c->q.store);
     if (c->rec == NULL) {
@@ -2460,7 +2468,7 @@ resp_create(ctl_http_req *req, ctl_app *app)
         json_object_set_new(rec, "tool_choice", json_string("required"));
     if (c->q.parallel_tool_calls_off)
         json_object_set_new(rec, "serial_tool_calls", json_true());
-    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)c->r.n_prompt);
+    ctl_metrics_add(app->metrics, "wkvm_prompt_tokens_total", NULL, (double)c->r.plan.n_prompt);
     if (c->q.background) {
         handed = resp_bg_start(c);
         if (handed)
@@ -2480,7 +2488,7 @@ resp_create(ctl_http_req *req, ctl_app *app)
         resp_answer_whole(c, free_slot);
     ctl_ckpt_plan_end(plan);
     free(plan);
-    c->r.plan = NULL;
+    c->r.plan.ckpt = NULL;
 out:
     resp_call_free(c);
     return handed;

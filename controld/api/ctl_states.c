@@ -193,7 +193,7 @@ ctl_states_tokens(ctl_http_req *req, ctl_app *app, json_t *body, bool required, 
 {
     *ids = NULL;
     *n = 0;
-    ctl_openai_req r = {.chat = true};
+    ctl_openai_req r = {.wire.chat = true};
     json_t *p = json_object_get(body, "prompt");
     json_t *pi = json_object_get(body, "prompt_ids");
     json_t *m = json_object_get(body, "messages");
@@ -212,20 +212,22 @@ ctl_states_tokens(ctl_http_req *req, ctl_app *app, json_t *body, bool required, 
         return true;
     }
     bool ok;
+    ctl_openai_perr pe = {WK_ENOMEM, "", "out of memory"};
     if (m != NULL && !json_is_null(m)) {
-        ok = ctl_openai_parse_messages(req, app, body, &r);
+        ok = ctl_openai_parse_messages_value(app, body, &r, &pe);
     } else {
         json_t *tmp = json_pack("{s:O}", "prompt", p != NULL && !json_is_null(p) ? p : pi);
-        ok = tmp != NULL && ctl_openai_parse_prompt(req, app, tmp, &r);
+        ok = tmp != NULL && ctl_openai_parse_prompt_value(app, tmp, &r, &pe);
         json_decref(tmp);
     }
     if (!ok) {
+        ctl_openai_send_perr(req, &pe);
         ctl_openai_req_fini(&r);
         return false;
     }
-    *ids = r.prompt;
-    *n = r.n_prompt;
-    r.prompt = NULL; /* given to the caller; the messages and rendered text are not */
+    *ids = r.plan.prompt;
+    *n = r.plan.n_prompt;
+    r.plan.prompt = NULL; /* given to the caller; the messages and rendered text are not */
     ctl_openai_req_fini(&r);
     return true;
 }
@@ -337,7 +339,7 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     wk_diag d = {{0}};
     ctl_store_state src;
     memset(&src, 0, sizeof(src));
-    ctl_openai_req r = {.chat = false, .model_optional = true,
+    ctl_openai_req r = {.wire.chat = false, .wire.model_optional = true,
                         .route = "/v1/states/{id}/generate"};
     ctl_states_gen g = {.app = app, .owner = ctl_http_req_user(req), .src = &src};
     int32_t *q = NULL;
@@ -367,20 +369,24 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     if (!ctl_states_tokens(req, app, body, false, &q, &nq))
         goto out;
     json_object_del(body, "prompt");
-    if (!ctl_openai_parse_common(req, app, body, &r))
+    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_owner(req, r.plan.owner);
+    if (!ctl_openai_parse_common_value(app, body, &r, &pe)) {
+        ctl_openai_send_perr(req, &pe);
         goto out;
+    }
     g.q = q;
     g.n_q = nq;
-    r.n_prompt = 1 + nq;
-    r.prompt = malloc(r.n_prompt * sizeof(*r.prompt));
-    if (r.prompt == NULL || src.n_tokens == 0) {
+    r.plan.n_prompt = 1 + nq;
+    r.plan.prompt = malloc(r.plan.n_prompt * sizeof(*r.plan.prompt));
+    if (r.plan.prompt == NULL || src.n_tokens == 0) {
         ctl_http_send_error(req, WK_ENOMEM, "out of memory", NULL);
         goto out;
     }
-    r.prompt[0] = src.tokens[src.n_tokens - 1];
+    r.plan.prompt[0] = src.tokens[src.n_tokens - 1];
     if (nq)
-        memcpy(r.prompt + 1, q, nq * sizeof(*q));
-    r.n_prompt_report = src.n_tokens + nq;
+        memcpy(r.plan.prompt + 1, q, nq * sizeof(*q));
+    r.plan.n_prompt_report = src.n_tokens + nq;
     char wbuf[65];
     const char *near = ctl_vm_cached(app->vm, src.blob)
                            ? NULL
@@ -414,9 +420,9 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
         ctl_states_fail(req, err, &d);
         goto out;
     }
-    r.gen.slot = &g.slot;
-    r.gen.fresh = false;
-    r.gen.sample_index = 0;
+    r.plan.gen.slot = &g.slot;
+    r.plan.gen.fresh = false;
+    r.plan.gen.sample_index = 0;
     r.user = &g;
     r.on_done = ctl_states_gen_done;
     ctl_openai_generate(req, app, &r);

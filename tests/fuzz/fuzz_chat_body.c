@@ -9,7 +9,14 @@
  * glue (ctl_chat_begin runs the real parent-token-v1 header parser,
  * ctl_session_headers_parse_pairs, on the input's headers).
  *
- * Input: byte 0 picks the route (bit 0: chat or completions); when byte 1 is
+ * The body also goes straight through the pure parser the route calls
+ * (ctl_openai_parse_body + ctl_openai_parse_chat / _completion, no
+ * connection): a refusal there is a 4xx wk_err with a message, and the route
+ * answers exactly that refusal (status, message and param).
+ *
+ * Input: byte 0 picks the route (bit 0: chat or completions) and the model
+ * (bit 1: one with its own chat template, hermes tool calls and think
+ * markers, else the World template); when byte 1 is
  * '@', "Name: value" lines follow up to a blank line and become the request
  * headers; the rest is the request body. Invariants: the handler answers
  * exactly once; a JSON answer parses; an error answer is an OpenAI error
@@ -17,7 +24,7 @@
  * generation never fails); a success has one choice and coherent usage; a
  * stream ends with [DONE]; every per-user unit is given back.
  */
-/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c common/wk_chat.c common/wk_chat_tpl.c common/wk_toolcall.c common/wk_file.c common/wk_jinja_parse.c common/wk_jinja_value.c common/wk_jinja_eval.c common/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_ssefmt.c controld/api/ctl_toolgram.c common/wk_grammar.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
+/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c common/wk_chat.c common/wk_chat_tpl.c common/wk_toolcall.c common/wk_file.c common/wk_jinja_parse.c common/wk_jinja_value.c common/wk_jinja_eval.c common/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_ssefmt.c controld/api/ctl_openai_parse.c controld/api/ctl_toolgram.c common/wk_grammar.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
 /* fuzz-libs: -lprotobuf-c */
 #include <jansson.h>
@@ -26,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "ctl_app.h"
 #include "ctl_chat.h"
@@ -33,6 +41,7 @@
 #include "ctl_openai.h"
 #include "ctl_session.h"
 #include "ctl_stream.h"
+#include "wk_chat_tpl.h"
 #include "wk_json.h"
 #include "wk_log.h"
 #include "wk_tok.h"
@@ -414,8 +423,57 @@ ctl_gen_run(ctl_sched *sched, const wk_tok *tok, const int32_t *input, size_t n,
 
 /* ---- the harness ---- */
 
-static ctl_app fuzz_app;
+static ctl_app fuzz_app;               /* the World template */
 static ctl_http_route fuzz_routes[8];
+static ctl_app fuzz_tapp;              /* the same with a chat template of its own */
+static ctl_http_route fuzz_troutes[8];
+
+/*
+ * A ChatML template with hermes tool calls and think markers (tools listed
+ * in a system turn, reasoning_effort and enable_thinking as variables), so
+ * the templated parse, the forced-call grammar and the reply's reasoning and
+ * tool-call splits run too.
+ */
+static const char fuzz_tpl[] =
+    "{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function | tojson }}\n"
+    "{% endfor %}<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"
+    "{% if reasoning_effort is defined %} effort={{ reasoning_effort }}{% endif %}"
+    "<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}"
+    "{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}<tool_call>\n"
+    "{{ c.function | tojson }}\n</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}";
+
+/* Loads fuzz_tpl as a model directory's chat template (a temporary one, removed again). */
+static wk_chat_tpl *
+fuzz_load_tpl(void)
+{
+    char dir[] = "/tmp/fuzz-chat-body-XXXXXX", path[64];
+    fuzz_check(mkdtemp(dir) != NULL, "mkdtemp");
+    static const char *const files[][2] = {
+        {"chat_template.jinja", fuzz_tpl},
+        {"tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i][0]);
+        FILE *f = fopen(path, "wb");
+        fuzz_check(f != NULL && fputs(files[i][1], f) >= 0 && fclose(f) == 0, "template file");
+    }
+    wk_diag d = {{0}};
+    wk_chat_tpl *t = NULL;
+    if (wk_chat_tpl_load(dir, NULL, &t, &d) != WK_OK) {
+        fprintf(stderr, "fuzz_chat_body: template: %s\n", d.msg);
+        abort();
+    }
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, files[i][0]);
+        unlink(path);
+    }
+    rmdir(dir);
+    return t;
+}
 
 /* A small World-format vocab: the 256 bytes and a few words. */
 static void
@@ -466,6 +524,12 @@ fuzz_init(void)
     fuzz_check(ctl_limits_new(1, &fuzz_app.limits) == WK_OK, "limits");
     size_t n = ctl_openai_routes(&fuzz_app, fuzz_routes, 8);
     fuzz_check(n == 4, "four OpenAI routes"); /* (1, 2: chat, completions) */
+    fuzz_tapp = fuzz_app; /* (the same limits: one per-user count for both) */
+    fuzz_tapp.chat_tpl = fuzz_load_tpl();
+    fuzz_check(wk_chat_tpl_toolcall_fmt(fuzz_tapp.chat_tpl) == WK_TOOLCALL_FMT_HERMES &&
+                   wk_chat_tpl_thinks(fuzz_tapp.chat_tpl),
+               "template: hermes calls, think markers");
+    fuzz_check(ctl_openai_routes(&fuzz_tapp, fuzz_troutes, 8) == 4, "four OpenAI routes");
 }
 
 /* Splits "Name: value" lines (up to a blank line) into req->hdrs; returns bytes used. */
@@ -534,6 +598,54 @@ fuzz_check_answer(ctl_http_req *req)
     json_decref(v);
 }
 
+/*
+ * The pure parse of what the route reads (body, n bytes): true when it
+ * accepts, else *pe is the refusal, checked to be a 4xx with a message.
+ */
+static bool
+fuzz_parse(ctl_app *app, const char *body, size_t n, bool chat, ctl_openai_perr *pe)
+{
+    json_t *b = NULL;
+    bool ok = ctl_openai_parse_body(body, n, &b, pe);
+    if (ok) {
+        ctl_openai_req r = {.wire.chat = chat, .plan.reuse = true, .wire.cache = true};
+        snprintf(r.plan.owner, sizeof(r.plan.owner), "fuzz");
+        ok = chat ? ctl_openai_parse_chat(app, b, &r, pe)
+                  : ctl_openai_parse_completion(app, b, &r, pe);
+        fuzz_check(!ok || r.plan.n_prompt > 0, "an accepted request has a prompt");
+        ctl_openai_req_fini(&r);
+    }
+    json_decref(b);
+    if (!ok) {
+        int st = ctl_err_http_status(pe->err);
+        fuzz_check(pe->err != WK_OK && st >= 400 && st < 500, "a parse refusal is a 4xx");
+        fuzz_check(pe->msg[0] != '\0', "a parse refusal says why");
+    }
+    return ok;
+}
+
+/* The route's answer is the pure parser's refusal, byte for byte in its fields. */
+static void
+fuzz_check_refusal(ctl_http_req *req, const ctl_openai_perr *pe)
+{
+    fuzz_check(req->status == ctl_err_http_status(pe->err), "route status = parse refusal");
+    json_t *v = json_loads(req->resp, JSON_ALLOW_NUL, NULL);
+    json_t *e = json_object_get(v, "error");
+    json_t *msg = json_object_get(e, "message"), *param = json_object_get(e, "param");
+    /* (the answer's texts are scrubbed to UTF-8, as ctl_err_body writes them) */
+    char *want_msg = wk_json_utf8_scrub(pe->msg), *want_param = wk_json_utf8_scrub(pe->param);
+    fuzz_check(want_msg != NULL && want_param != NULL, "alloc");
+    fuzz_check(json_is_string(msg) && strcmp(json_string_value(msg), want_msg) == 0,
+               "route message = parse refusal");
+    fuzz_check(pe->param[0] ? json_is_string(param) &&
+                                  strcmp(json_string_value(param), want_param) == 0
+                            : json_is_null(param),
+               "route param = parse refusal");
+    free(want_msg);
+    free(want_param);
+    json_decref(v);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -558,11 +670,16 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     body[n] = '\0';
     req.body = body;
     req.body_len = n;
-    const ctl_http_route *r = &fuzz_routes[(data[0] & 1) ? 1 : 2];
+    bool chat = (data[0] & 1) != 0, templated = (data[0] & 2) != 0;
+    const ctl_http_route *r = &(templated ? fuzz_troutes : fuzz_routes)[chat ? 1 : 2];
+    ctl_openai_perr pe = {WK_OK, "", ""};
+    bool parsed = fuzz_parse(templated ? &fuzz_tapp : &fuzz_app, body, n, chat, &pe);
     fuzz_input = NULL;
     fuzz_n_input = 0;
     r->fn(&req, r->arg);
     fuzz_check_answer(&req);
+    if (!parsed)
+        fuzz_check_refusal(&req, &pe);
     fuzz_check(ctl_limits_active_users(fuzz_app.limits) == 0, "per-user unit given back");
     free(req.resp);
     free(body);
