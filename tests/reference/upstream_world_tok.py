@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The World tokenizer (common/wk_tok) against BlinkDL's TRIE_TOKENIZER.
+"""The World tokenizer (common/text/wk_tok) against BlinkDL's TRIE_TOKENIZER.
 
 Usage: upstream_world_tok.py TOKDUMP
 
