@@ -160,6 +160,49 @@ test_usage_errors(void **state)
     unsetenv("WKVM_COUNT");
 }
 
+/* A tool with positional arguments and its own usage status. */
+static void
+test_positionals(void **state)
+{
+    (void)state;
+    wk_cfg_tool pt = t_tool;
+    pt.args = "FILE [MORE]";
+    pt.max_pos = 2;
+    pt.usage_status = 3;
+    t_args a = {0};
+    wk_cfg *cfg = NULL;
+    char *ok[] = {"wkvm-t", "one", "--count", "2", "-", NULL};
+    assert_int_equal(wk_cfg_tool_parse(&pt, 5, ok, &a, &cfg), WK_CFG_TOOL_RUN);
+    assert_int_equal(wk_cfg_npos(cfg), 2);
+    assert_string_equal(wk_cfg_pos(cfg, 0), "one");
+    assert_string_equal(wk_cfg_pos(cfg, 1), "-");
+    assert_int_equal(a.count, 2);
+    wk_cfg_free(cfg);
+
+    char out[4096];
+    char path[] = "/tmp/wkvm-test-cfg-tool.XXXXXX";
+    int tmp = mkstemp(path);
+    assert_true(tmp >= 0);
+    unlink(path);
+    fflush(stderr);
+    int fd2 = dup(2);
+    assert_true(dup2(tmp, 2) >= 0);
+    char *three[] = {"wkvm-t", "a", "b", "c", NULL};
+    int rc1 = wk_cfg_tool_parse(&pt, 4, three, &a, &cfg);
+    char *bad[] = {"wkvm-t", "--nope", NULL};
+    int rc2 = wk_cfg_tool_parse(&pt, 2, bad, &a, &cfg);
+    fflush(stderr);
+    assert_true(dup2(fd2, 2) >= 0);
+    close(fd2);
+    ssize_t n = pread(tmp, out, sizeof(out) - 1, 0);
+    close(tmp);
+    out[n > 0 ? (size_t)n : 0] = '\0';
+    assert_int_equal(rc1, 3);
+    assert_int_equal(rc2, 3);
+    assert_string_equal(out, "wkvm-t: unexpected argument 'c' (see --help)\n"
+                             "wkvm-t: unknown option --nope (see --help)\n");
+}
+
 int
 main(void)
 {
@@ -167,6 +210,7 @@ main(void)
         cmocka_unit_test(test_run),
         cmocka_unit_test(test_answers),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_positionals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
