@@ -38,7 +38,7 @@ shift || true
 if [ "${1:-}" = "--" ]; then
     shift
 fi
-mkmodel="$build/workerd/wkvm-mkmodel"
+mkmodel="$build/tools/wkvm-mkmodel"
 bench="$build/bench/wkvm-bench-cpu"
 for exe in "$mkmodel" "$bench"; do
     if [ ! -x "$exe" ]; then

@@ -20,7 +20,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 ref="$here/../tests/reference"
 models="$build/bench-models"
 bench="$build/bench/wkvm-bench-cpu"
-mkmodel="$build/workerd/wkvm-mkmodel"
+mkmodel="$build/tools/wkvm-mkmodel"
 for exe in "$bench" "$mkmodel"; do
     [ -x "$exe" ] || { echo "bench_families.sh: $exe not built (ninja -C $build)" >&2; exit 1; }
 done

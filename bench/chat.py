@@ -117,7 +117,7 @@ def text_of(rng, n_tokens):
 
 def make_model(tmp):
     d = os.path.join(tmp, "rwkv7-0.1b-random")
-    subprocess.run([os.path.join(ARGS.build, "workerd", "wkvm-mkmodel"), "--out", d, "--layers",
+    subprocess.run([os.path.join(ARGS.build, "tools", "wkvm-mkmodel"), "--out", d, "--layers",
                     "12", "--embd", "768", "--head-size", "64", "--ffn", "3072", "--vocab",
                     "65536", "--seed", str(ARGS.seed)], check=True, capture_output=True,
                    timeout=600)

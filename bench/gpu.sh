@@ -129,7 +129,7 @@ if $build_ok; then
     mkdir -p "$MODELS"
     mk() { # NAME ARGS...: an RWKV-7 model from wkvm-mkmodel, once
         local d=$MODELS/$1; shift
-        [ -f "$d/config.json" ] || "$BUILD/workerd/wkvm-mkmodel" --out "$d" --force "$@" \
+        [ -f "$d/config.json" ] || "$BUILD/tools/wkvm-mkmodel" --out "$d" --force "$@" \
             >>"$LOGS/models.log" 2>&1 || { fail "model $(basename "$d")"; return 1; }
     }
     gen() { # NAME MODULE KWARGS: a Mamba2 / GDN model from tests/reference, once

@@ -79,7 +79,7 @@ def wkvm(a, prompt, tmp):
     d = os.path.join(tmp, "m")
     os.makedirs(d)
     os.symlink(os.path.abspath(a.gguf), os.path.join(d, "model.gguf"))
-    exe = os.path.join(a.build, "workerd", "wkvm-infer")
+    exe = os.path.join(a.build, "tools", "wkvm-infer")
     toks = ",".join(map(str, prompt))
     p = subprocess.run([exe, "--model", d, "--tokens", toks, "--generate", str(a.n),
                         "--threads", "2"], capture_output=True, text=True, timeout=600)

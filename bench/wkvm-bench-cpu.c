@@ -22,7 +22,8 @@
  */
 #include <cblas.h>
 #include <errno.h>
-#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -35,6 +36,7 @@
 #include "be.h"
 #include "be_cpu_kernels.h"
 #include "wrk_model.h"
+#include "wk_cfg_tool.h"
 #include "wrk_rwkv7.h"
 
 #if defined(__x86_64__)
@@ -554,108 +556,120 @@ bench_ctx(const be_ops *ops, be_ctx *ctx, const uint32_t *ns, int n_ns, uint32_t
     free(logits);
 }
 
-static void
-bench_usage(FILE *f)
+/* The command line as wk_cfg fills it. */
+typedef struct bench_args {
+    const char *model, *batches, *seconds, *quantize, *pair, *ctx;
+    uint32_t threads, prefill, bw_mib, sgemm_n, rounds, pairs;
+    bool fp32;
+} bench_args;
+
+/* The option table: --help prints it (wk_cfg_tool). */
+static const wk_cfg_opt bench_table[] = {
+    {"model", WK_CFG_STR, NULL, 0, 0, "model directory or checkpoint file; required"},
+    {"threads", WK_CFG_U64, "0", 0, 4096, "CPU threads, 0 = all cores"},
+    {"batches", WK_CFG_STR, "1,8,32,64", 0, 0, "decode batch sizes, comma separated (1..1024)"},
+    {"prefill", WK_CFG_U64, "512", 1, 1u << 20, "prompt tokens T"},
+    {"seconds", WK_CFG_STR, NULL, 0, 0,
+     "S: decode time per batch size per round (default 1.5); with --pair the window length "
+     "(default 0.6)"},
+    {"bw-mib", WK_CFG_U64, "1024", 16, 1u << 20, "MiB streamed by the memory-bandwidth roof"},
+    {"sgemm-n", WK_CFG_U64, "3072", 256, 65536, "size of the OpenBLAS sgemm roof"},
+    {"rounds", WK_CFG_U64, "3", 1, 100, "every figure is the best of R rounds"},
+    {"fp32", WK_CFG_BOOL, NULL, 0, 0, "convert the weights to fp32 at load"},
+    {"quantize", WK_CFG_STR, "none", 0, 0, "none or q8_0: quantize the matrices at load"},
+    {"pair", WK_CFG_STR, NULL, 0, 0,
+     "q8_0: decode batch 1 of the stored weights and of Q8_0 in one process, --pairs pairs of "
+     "alternating --seconds windows, the median of the per-pair ratios"},
+    {"pairs", WK_CFG_U64, "20", 1, 1000, "with --pair: pairs P"},
+    {"ctx", WK_CFG_STR, NULL, 0, 0,
+     "N1,N2,... (hybrid models): a T-token prefill into a slot already holding N tokens, and a "
+     "decode step after it, per N (best of R rounds)"},
+};
+
+#define BENCH_BIND(opt, type, field) WK_CFG_BIND(bench_args, opt, type, field)
+static const wk_cfg_bind bench_binds[] = {
+    BENCH_BIND("model", STR, model),     BENCH_BIND("threads", U32, threads),
+    BENCH_BIND("batches", STR, batches), BENCH_BIND("prefill", U32, prefill),
+    BENCH_BIND("seconds", STR, seconds), BENCH_BIND("bw-mib", U32, bw_mib),
+    BENCH_BIND("sgemm-n", U32, sgemm_n), BENCH_BIND("rounds", U32, rounds),
+    BENCH_BIND("fp32", BOOL, fp32),      BENCH_BIND("quantize", STR, quantize),
+    BENCH_BIND("pair", STR, pair),       BENCH_BIND("pairs", U32, pairs),
+    BENCH_BIND("ctx", STR, ctx),
+};
+
+static const wk_cfg_tool bench_tool = {
+    .prog = "wkvm-bench-cpu",
+    .about = "CPU backend decode and prefill against the machine's roofs (memory bandwidth,\n"
+             "OpenBLAS sgemm). Three modes: the batch table (default), --ctx, --pair q8_0.",
+    .opts = bench_table,
+    .n_opts = sizeof(bench_table) / sizeof(bench_table[0]),
+    .binds = bench_binds,
+    .n_binds = sizeof(bench_binds) / sizeof(bench_binds[0]),
+};
+
+/* Parses "N1,N2,..." (each lo..hi) into v (at most BENCH_MAX_BATCHES); the count. */
+static int
+bench_list(const char *flag, const char *s, int lo, int hi, uint32_t *v)
 {
-    fprintf(f, "usage: wkvm-bench-cpu --model DIR [--threads N] [--batches 1,8,32,64]\n"
-               "                      [--prefill T] [--seconds S] [--bw-mib M] [--sgemm-n N]\n"
-               "                      [--rounds R] [--fp32] [--quantize q8_0]\n"
-               "       wkvm-bench-cpu --model DIR --ctx N1,N2,... [--prefill T] [--rounds R]\n"
-               "                      [--threads N] [--fp32]\n"
-               "       wkvm-bench-cpu --model DIR --pair q8_0 [--pairs P] [--seconds S]\n"
-               "                      [--threads N] [--fp32]\n"
-               "Every figure is the best of R rounds (default 3); --seconds is the decode\n"
-               "time per batch size per round. --pair: decode batch 1 of the stored weights\n"
-               "and of Q8_0 in one process, P pairs (default 20) of alternating S-second\n"
-               "windows (default 0.6), the median of the per-pair ratios.\n"
-               "--ctx (hybrid models): a T-token prefill into a slot already holding N\n"
-               "tokens, and a decode step after it, per N (best of R rounds).\n");
+    int n = 0;
+    char *save = NULL, *dup = strdup(s);
+    if (dup == NULL)
+        bench_die("out of memory", NULL);
+    for (char *p = strtok_r(dup, ",", &save); p && n < BENCH_MAX_BATCHES;
+         p = strtok_r(NULL, ",", &save)) {
+        int x = atoi(p);
+        if (x < lo || x > hi) {
+            fprintf(stderr, "wkvm-bench-cpu: %s: each value must be %d..%d (%s)\n", flag, lo,
+                    hi, p);
+            exit(2);
+        }
+        v[n++] = (uint32_t)x;
+    }
+    free(dup);
+    return n;
 }
 
 int
 main(int argc, char **argv)
 {
-    const char *model = NULL;
-    int threads = 0, prefill = 512, bw_mib = 1024, sgemm_n = 3072, fp32 = 0, q8_0 = 0;
-    double seconds = 1.5;
-    int rounds = 3, pair = 0, pairs = 20;
-    double pair_s = 0.6;
-    uint32_t batches[BENCH_MAX_BATCHES] = {1, 8, 32, 64};
-    int n_batches = 4;
-    uint32_t ctxs[BENCH_MAX_BATCHES];
-    int n_ctxs = 0;
-    static const struct option lo[] = {
-        {"model", required_argument, NULL, 'm'},   {"threads", required_argument, NULL, 't'},
-        {"batches", required_argument, NULL, 'b'}, {"prefill", required_argument, NULL, 'p'},
-        {"seconds", required_argument, NULL, 's'}, {"bw-mib", required_argument, NULL, 'w'},
-        {"sgemm-n", required_argument, NULL, 'g'}, {"fp32", no_argument, NULL, 'f'},
-        {"rounds", required_argument, NULL, 'r'},  {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},
-        {"quantize", required_argument, NULL, 'q'},
-        {"pair", required_argument, NULL, 'P'},    {"pairs", required_argument, NULL, 'n'},
-        {"ctx", required_argument, NULL, 'C'},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        switch (c) {
-        case 'm': model = optarg; break;
-        case 't': threads = atoi(optarg); break;
-        case 'p': prefill = atoi(optarg); break;
-        case 's': seconds = pair_s = atof(optarg); break;
-        case 'P':
-            if (strcmp(optarg, "q8_0") != 0) {
-                fprintf(stderr, "wkvm-bench-cpu: --pair %s: only q8_0\n", optarg);
-                return 2;
-            }
-            pair = 1;
-            break;
-        case 'n': pairs = atoi(optarg); break;
-        case 'w': bw_mib = atoi(optarg); break;
-        case 'g': sgemm_n = atoi(optarg); break;
-        case 'f': fp32 = 1; break;
-        case 'q':
-            if (strcmp(optarg, "q8_0") != 0 && strcmp(optarg, "none") != 0) {
-                fprintf(stderr, "wkvm-bench-cpu: --quantize %s: none or q8_0\n", optarg);
-                return 2;
-            }
-            q8_0 = strcmp(optarg, "q8_0") == 0;
-            break;
-        case 'r': rounds = atoi(optarg); break;
-        case 'b': {
-            n_batches = 0;
-            char *save = NULL, *dup = strdup(optarg);
-            for (char *p = strtok_r(dup, ",", &save); p && n_batches < BENCH_MAX_BATCHES;
-                 p = strtok_r(NULL, ",", &save)) {
-                int v = atoi(p);
-                if (v < 1 || v > 1024)
-                    bench_die("--batches: each batch must be 1..1024", p);
-                batches[n_batches++] = (uint32_t)v;
-            }
-            free(dup);
-            break;
-        }
-        case 'C': {
-            n_ctxs = 0;
-            char *save = NULL, *dup = strdup(optarg);
-            for (char *p = strtok_r(dup, ",", &save); p && n_ctxs < BENCH_MAX_BATCHES;
-                 p = strtok_r(NULL, ",", &save)) {
-                int v = atoi(p);
-                if (v < 1 || v > 1 << 20)
-                    bench_die("--ctx: each context must be 1..1048576", p);
-                ctxs[n_ctxs++] = (uint32_t)v;
-            }
-            free(dup);
-            break;
-        }
-        case 'h': bench_usage(stdout); return 0;
-        case 'V': printf("wkvm-bench-cpu %s\n", WK_VERSION); return 0;
-        default: bench_usage(stderr); return 2;
+    bench_args a = {0};
+    wk_cfg *cfg = NULL;
+    int prc = wk_cfg_tool_parse(&bench_tool, argc, argv, &a, &cfg);
+    if (prc != WK_CFG_TOOL_RUN)
+        return prc;
+    const char *model = a.model;
+    int threads = (int)a.threads, prefill = (int)a.prefill, bw_mib = (int)a.bw_mib;
+    int sgemm_n = (int)a.sgemm_n, fp32 = a.fp32, q8_0 = 0;
+    int rounds = (int)a.rounds, pair = 0, pairs = (int)a.pairs;
+    double seconds = 1.5, pair_s = 0.6;
+    if (a.seconds != NULL) {
+        char *end = NULL;
+        seconds = pair_s = strtod(a.seconds, &end);
+        if (end == a.seconds || *end != '\0' || !(seconds > 0) || seconds > 3600) {
+            fprintf(stderr, "wkvm-bench-cpu: --seconds: '%s' is not a number in (0, 3600]\n",
+                    a.seconds);
+            return 2;
         }
     }
-    if (model == NULL || prefill < 1 || bw_mib < 16 || sgemm_n < 256 || n_batches == 0 ||
-        rounds < 1 || rounds > 100 || pairs < 1 || pairs > 1000 || !(seconds > 0)) {
-        bench_usage(stderr);
+    if (strcmp(a.quantize, "q8_0") != 0 && strcmp(a.quantize, "none") != 0) {
+        fprintf(stderr, "wkvm-bench-cpu: --quantize %s: none or q8_0\n", a.quantize);
+        return 2;
+    }
+    q8_0 = strcmp(a.quantize, "q8_0") == 0;
+    if (a.pair != NULL) {
+        if (strcmp(a.pair, "q8_0") != 0) {
+            fprintf(stderr, "wkvm-bench-cpu: --pair %s: only q8_0\n", a.pair);
+            return 2;
+        }
+        pair = 1;
+    }
+    uint32_t batches[BENCH_MAX_BATCHES];
+    int n_batches = bench_list("--batches", a.batches, 1, 1024, batches);
+    uint32_t ctxs[BENCH_MAX_BATCHES];
+    int n_ctxs = a.ctx != NULL ? bench_list("--ctx", a.ctx, 1, 1 << 20, ctxs) : 0;
+    if (model == NULL || n_batches == 0) {
+        fprintf(stderr, "wkvm-bench-cpu: %s (see --help)\n",
+                model == NULL ? "--model DIR is required" : "--batches: no batch size");
         return 2;
     }
     if (threads <= 0) {
@@ -668,6 +682,7 @@ main(int argc, char **argv)
                load);
     if (pair) {
         bench_pair(model, threads, pairs, pair_s, fp32);
+        wk_cfg_free(cfg);
         return 0;
     }
 
@@ -717,6 +732,7 @@ main(int argc, char **argv)
         bench_ctx(ops, ctx, ctxs, n_ctxs, (uint32_t)prefill, in->vocab_size, rounds);
         ops->close(ctx);
         wrk_model_free(m);
+        wk_cfg_free(cfg);
         return 0;
     }
 
@@ -793,5 +809,6 @@ main(int argc, char **argv)
            100.0 * pv / proof);
     ops->close(ctx);
     wrk_model_free(m);
+    wk_cfg_free(cfg);
     return 0;
 }

@@ -18,7 +18,9 @@
  */
 #include <cuda_runtime.h>
 #include <errno.h>
-#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,7 @@
 #include <time.h>
 
 #include "be.h"
+#include "wk_cfg_tool.h"
 #include "wrk_model.h"
 
 #define BG_MAX_LIST 16
@@ -202,61 +205,60 @@ bg_prefill(bg_run *r, uint32_t T, int rounds)
     return best;
 }
 
-static void
-bg_usage(FILE *f)
-{
-    fprintf(f, "usage: wkvm-bench-gpu --model DIR [--device N] [--batches 1,8,32,64,128,256]\n"
-               "                      [--prefill 512,4096] [--seconds S] [--rounds R]\n"
-               "                      [--label NAME]\n"
-               "Prints one JSON object: the device, the measured copy-bandwidth roof, decode\n"
-               "tok/s per batch against it, prefill tok/s per length.\n");
-}
+/* The command line as wk_cfg fills it. */
+typedef struct bg_args {
+    const char *model, *batches, *prefill, *seconds, *label;
+    uint32_t device, rounds;
+} bg_args;
+
+/* The option table: --help prints it (wk_cfg_tool). */
+static const wk_cfg_opt bg_table[] = {
+    {"model", WK_CFG_STR, NULL, 0, 0, "model directory or checkpoint file; required"},
+    {"device", WK_CFG_U64, "0", 0, 255, "CUDA device"},
+    {"batches", WK_CFG_STR, "1,8,32,64,128,256", 0, 0,
+     "decode batch sizes, comma separated (1..4096)"},
+    {"prefill", WK_CFG_STR, "512,4096", 0, 0, "prefill lengths, comma separated (1..65536)"},
+    {"seconds", WK_CFG_STR, "1", 0, 0, "decode time per batch size per round, in (0, 60]"},
+    {"rounds", WK_CFG_U64, "3", 1, 20, "every figure is the best of R rounds"},
+    {"label", WK_CFG_STR, NULL, 0, 0, "the JSON's label (default: the model's name)"},
+};
+
+#define BG_BIND(opt, type, field) WK_CFG_BIND(bg_args, opt, type, field)
+static const wk_cfg_bind bg_binds[] = {
+    BG_BIND("model", STR, model),     BG_BIND("device", U32, device),
+    BG_BIND("batches", STR, batches), BG_BIND("prefill", STR, prefill),
+    BG_BIND("seconds", STR, seconds), BG_BIND("rounds", U32, rounds),
+    BG_BIND("label", STR, label),
+};
+
+static const wk_cfg_tool bg_tool = {
+    .prog = "wkvm-bench-gpu",
+    .about = "Prints one JSON object: the device, the measured copy-bandwidth roof, decode\n"
+             "tok/s per batch against it, prefill tok/s per length.",
+    .opts = bg_table,
+    .n_opts = sizeof(bg_table) / sizeof(bg_table[0]),
+    .binds = bg_binds,
+    .n_binds = sizeof(bg_binds) / sizeof(bg_binds[0]),
+};
 
 int
 main(int argc, char **argv)
 {
-    const char *model = NULL, *label = NULL;
-    long batches[BG_MAX_LIST] = {1, 8, 32, 64, 128, 256}, prefill[BG_MAX_LIST] = {512, 4096};
-    int nb = 6, np = 2, rounds = 3, device = 0;
-    double secs = 1.0;
-    enum {
-        O_MODEL = 1, O_DEVICE, O_BATCHES, O_PREFILL, O_SECONDS, O_ROUNDS, O_LABEL, O_HELP,
-        O_VERSION
-    };
-    static const struct option lo[] = {
-        {"model", required_argument, NULL, O_MODEL},
-        {"device", required_argument, NULL, O_DEVICE},
-        {"batches", required_argument, NULL, O_BATCHES},
-        {"prefill", required_argument, NULL, O_PREFILL},
-        {"seconds", required_argument, NULL, O_SECONDS},
-        {"rounds", required_argument, NULL, O_ROUNDS},
-        {"label", required_argument, NULL, O_LABEL},
-        {"help", no_argument, NULL, O_HELP},
-        {"version", no_argument, NULL, O_VERSION},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        long v[1];
-        switch (c) {
-        case O_MODEL: model = optarg; break;
-        case O_DEVICE: bg_list(optarg, 0, 255, v, "--device"); device = (int)v[0]; break;
-        case O_BATCHES: nb = bg_list(optarg, 1, 4096, batches, "--batches"); break;
-        case O_PREFILL: np = bg_list(optarg, 1, 65536, prefill, "--prefill"); break;
-        case O_SECONDS:
-            secs = atof(optarg);
-            if (!(secs > 0.0 && secs <= 60.0))
-                bg_die("--seconds must be in (0, 60]", optarg);
-            break;
-        case O_ROUNDS: bg_list(optarg, 1, 20, v, "--rounds"); rounds = (int)v[0]; break;
-        case O_LABEL: label = optarg; break;
-        case O_HELP: bg_usage(stdout); return 0;
-        case O_VERSION: printf("wkvm-bench-gpu %s\n", WK_VERSION); return 0;
-        default: bg_usage(stderr); return 2;
-        }
-    }
-    if (model == NULL || optind < argc) {
-        bg_usage(stderr);
+    bg_args a = {0};
+    wk_cfg *cfg = NULL;
+    int prc = wk_cfg_tool_parse(&bg_tool, argc, argv, &a, &cfg);
+    if (prc != WK_CFG_TOOL_RUN)
+        return prc;
+    const char *model = a.model, *label = a.label;
+    long batches[BG_MAX_LIST], prefill[BG_MAX_LIST];
+    int nb = bg_list(a.batches, 1, 4096, batches, "--batches");
+    int np = bg_list(a.prefill, 1, 65536, prefill, "--prefill");
+    int rounds = (int)a.rounds, device = (int)a.device;
+    double secs = atof(a.seconds);
+    if (!(secs > 0.0 && secs <= 60.0))
+        bg_die("--seconds must be in (0, 60]", a.seconds);
+    if (model == NULL) {
+        fprintf(stderr, "wkvm-bench-gpu: --model DIR is required (see --help)\n");
         return 2;
     }
     wk_diag d = {{0}};

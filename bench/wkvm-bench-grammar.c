@@ -5,15 +5,18 @@
  * states a call passes through: the start, a function name, inside a JSON
  * string, inside a raw XML string, inside a number, between properties.
  *
- *   wkvm-bench-grammar VOCAB.gguf|MODEL_DIR [iterations]
+ *   wkvm-bench-grammar VOCAB.gguf|MODEL_DIR [--iterations N]
  *
  * Prints one line per state: allowed tokens, median and max microseconds.
  */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "wk_cfg_tool.h"
 #include "wk_grammar.h"
 #include "wk_tok.h"
 
@@ -40,22 +43,51 @@ static const char TOOLS[] =
     "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":"
     "{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\"}}}}}]";
 
+typedef struct bg_args {
+    uint32_t iterations;
+} bg_args;
+
+static const wk_cfg_opt bg_table[] = {
+    {"iterations", WK_CFG_U64, "20", 1, 1000000, "masks timed per state"},
+};
+
+static const wk_cfg_bind bg_binds[] = {
+    WK_CFG_BIND(bg_args, "iterations", U32, iterations),
+};
+
+static const wk_cfg_tool bg_tool = {
+    .prog = "wkvm-bench-grammar",
+    .args = "VOCAB.gguf|MODEL_DIR",
+    .about = "Times one decode step's token mask of a constrained tool call in the states\n"
+             "a call passes through; one line per state: allowed tokens, median and max us.",
+    .opts = bg_table,
+    .n_opts = 1,
+    .binds = bg_binds,
+    .n_binds = 1,
+    .max_pos = 1,
+};
+
 int
 main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s VOCAB.gguf|MODEL_DIR [iterations]\n", argv[0]);
+    bg_args args = {0};
+    wk_cfg *cfg = NULL;
+    int prc = wk_cfg_tool_parse(&bg_tool, argc, argv, &args, &cfg);
+    if (prc != WK_CFG_TOOL_RUN)
+        return prc;
+    if (wk_cfg_npos(cfg) != 1) {
+        fprintf(stderr, "wkvm-bench-grammar: VOCAB.gguf or MODEL_DIR is required (see --help)\n");
+        wk_cfg_free(cfg);
         return 2;
     }
-    int iters = argc > 2 ? atoi(argv[2]) : 20;
-    if (iters < 1)
-        iters = 1;
+    const char *vocab = wk_cfg_pos(cfg, 0);
+    int iters = (int)args.iterations;
     wk_tok *tok = NULL;
     wk_diag d = {{0}};
-    size_t al = strlen(argv[1]);
-    wk_err err = al > 5 && strcmp(argv[1] + al - 5, ".gguf") == 0
-                     ? wk_tok_load_gguf(argv[1], &tok, &d)
-                     : wk_tok_load_dir(argv[1], NULL, &tok, &d);
+    size_t al = strlen(vocab);
+    wk_err err = al > 5 && strcmp(vocab + al - 5, ".gguf") == 0
+                     ? wk_tok_load_gguf(vocab, &tok, &d)
+                     : wk_tok_load_dir(vocab, NULL, &tok, &d);
     if (err != WK_OK) {
         fprintf(stderr, "tokenizer: %s\n", d.msg);
         return 1;
@@ -128,5 +160,6 @@ main(int argc, char **argv)
     free(len);
     free(mask);
     free(t);
+    wk_cfg_free(cfg);
     return 0;
 }

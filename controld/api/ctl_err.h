@@ -1,7 +1,7 @@
 /*
  * ctl_err: what a wk_err means on the HTTP API: its status, its OpenAI error
  * type and code, and the OpenAI error body. The table lives here, in the
- * controller, because only the controller speaks HTTP: common/wk_err holds
+ * controller, because only the controller speaks HTTP: common/util/wk_err holds
  * the codes and their strings, and the worker links nothing of this.
  *
  * Pure tables and one JSON builder; no logging, thread-safe.

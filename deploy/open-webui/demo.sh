@@ -271,7 +271,7 @@ cmd_doctor() {
         bad "no venv at $VENV: run '$0 install'"
     fi
     local b missing=""
-    for b in controld/wkvm-controld workerd/wkvm-workerd workerd/wkvm-mkmodel workerd/wkvm-infer; do
+    for b in controld/wkvm-controld workerd/wkvm-workerd tools/wkvm-mkmodel tools/wkvm-infer; do
         [ -x "$BUILD/$b" ] || missing="$missing $b"
     done
     if [ -z "$missing" ]; then ok "wkvm binaries in $BUILD"

@@ -42,7 +42,7 @@ def is_delta(typ, inner):
     return False
 
 
-# The RWKV World chat template wkvm renders (common/wk_chat.c): one-line
+# The RWKV World chat template wkvm renders (common/text/wk_chat.c): one-line
 # messages need no cleaning beyond strip().
 ROLE = {"system": "System", "user": "User", "assistant": "Assistant"}
 

@@ -51,8 +51,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-seed", type=int, default=200)
     a = ap.parse_args()
-    mk = os.path.join(a.build, "workerd", "wkvm-mkmodel")
-    infer = os.path.join(a.build, "workerd", "wkvm-infer")
+    mk = os.path.join(a.build, "tools", "wkvm-mkmodel")
+    infer = os.path.join(a.build, "tools", "wkvm-infer")
     tmp = a.out + ".tmp"
     for seed in range(1, a.max_seed + 1):
         shutil.rmtree(tmp, ignore_errors=True)

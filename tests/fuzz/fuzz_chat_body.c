@@ -24,7 +24,7 @@
  * generation never fails); a success has one choice and coherent usage; a
  * stream ends with [DONE]; every per-user unit is given back.
  */
-/* fuzz-sources: common/wk_err.c common/wk_log.c common/wk_json.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c common/wk_chat.c common/wk_chat_tpl.c common/wk_toolcall.c common/wk_file.c common/wk_jinja_parse.c common/wk_jinja_value.c common/wk_jinja_eval.c common/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_ssefmt.c controld/api/ctl_openai_parse.c controld/api/ctl_toolgram.c common/wk_grammar.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
+/* fuzz-sources: common/util/wk_err.c common/util/wk_log.c common/util/wk_json.c common/util/wk_sha256.c common/text/wk_tok.c common/text/wk_tok_gguf.c common/ckpt/wk_gguf.c common/ckpt/wk_tensor.c common/text/wk_bpe.c common/text/wk_pretok.c common/text/wk_chat.c common/text/wk_chat_tpl.c common/text/wk_toolcall.c common/util/wk_file.c common/text/wk_jinja_parse.c common/text/wk_jinja_value.c common/text/wk_jinja_eval.c common/text/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_ssefmt.c controld/api/ctl_openai_parse.c controld/api/ctl_toolgram.c common/text/wk_grammar.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
 /* fuzz-libs: -lprotobuf-c */
 #include <jansson.h>

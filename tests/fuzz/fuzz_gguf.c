@@ -6,7 +6,7 @@
  * the typed getters without crossing the input, and every string of a string
  * array must lie inside the input. No file I/O per iteration.
  */
-/* fuzz-sources: common/wk_err.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_gguf.c */
+/* fuzz-sources: common/util/wk_err.c common/ckpt/wk_tensor.c common/ckpt/wk_gguf.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

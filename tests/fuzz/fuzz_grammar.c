@@ -13,7 +13,7 @@
  * arguments and no content: what constrained decoding emits is always read
  * back as tool calls.
  */
-/* fuzz-sources: common/wk_err.c common/wk_toolcall.c common/wk_grammar.c */
+/* fuzz-sources: common/util/wk_err.c common/text/wk_toolcall.c common/text/wk_grammar.c */
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>

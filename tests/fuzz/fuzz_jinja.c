@@ -8,7 +8,7 @@
  * NUL-terminated string of the stated length within max_output, and a
  * failure must come with a message and no output.
  */
-/* fuzz-sources: common/wk_err.c common/wk_jinja_parse.c common/wk_jinja_value.c common/wk_jinja_eval.c common/wk_jinja_builtin.c */
+/* fuzz-sources: common/util/wk_err.c common/text/wk_jinja_parse.c common/text/wk_jinja_value.c common/text/wk_jinja_eval.c common/text/wk_jinja_builtin.c */
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>

@@ -12,7 +12,7 @@
  * exactly. A failed split may only be the
  * match limit (WK_ETOOBIG). A failed load must leave a diag.
  */
-/* fuzz-sources: common/wk_err.c common/wk_pretok.c */
+/* fuzz-sources: common/util/wk_err.c common/text/wk_pretok.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,7 +11,7 @@
  * maxima are exercised on every accepted input: rows, tokens per row and per
  * step, top logprobs, allowed-token masks, chunk sizes, string lengths.
  */
-/* fuzz-sources: common/wk_err.c proto/wk_proto.c gen/wkvm.pb-c.c */
+/* fuzz-sources: common/util/wk_err.c proto/wk_proto.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
 /* fuzz-libs: -lprotobuf-c */
 #include <stdbool.h>

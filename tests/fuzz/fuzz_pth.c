@@ -8,7 +8,7 @@
  * tests/fuzz/corpus/pth: small torch.save() archives (torch 1.13) and bare
  * pickles of the same shape whose storage keys are byte counts.
  */
-/* fuzz-sources: common/wk_err.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_gguf.c */
+/* fuzz-sources: common/util/wk_err.c common/ckpt/wk_tensor.c common/ckpt/wk_pth.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
  * a previous id that is the body's string; a refusal has an error code, a message, a zeroed output,
  * and a parameter that names something (or nothing for the whole body); fini twice is harmless.
  */
-/* fuzz-sources: common/wk_err.c common/wk_json.c controld/api/ctl_resp_req.c */
+/* fuzz-sources: common/util/wk_err.c common/util/wk_json.c controld/api/ctl_resp_req.c */
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>

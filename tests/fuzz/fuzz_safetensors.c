@@ -5,7 +5,7 @@
  * byte count must match its shape and dtype, and its first and last elements
  * must convert through wk_tensor_read_f32. No file I/O per iteration.
  */
-/* fuzz-sources: common/wk_err.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_gguf.c */
+/* fuzz-sources: common/util/wk_err.c common/ckpt/wk_tensor.c common/ckpt/wk_safetensors.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

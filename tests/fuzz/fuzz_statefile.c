@@ -7,7 +7,7 @@
  * order, the token digest matches, and writing the header and state back
  * gives the input byte for byte (the encoding is canonical).
  */
-/* fuzz-sources: common/wk_err.c common/wk_sha256.c controld/store/ctl_statefile.c */
+/* fuzz-sources: common/util/wk_err.c common/util/wk_sha256.c controld/store/ctl_statefile.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

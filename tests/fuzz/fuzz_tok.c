@@ -10,7 +10,7 @@
  * produce well-formed UTF-8. The text also goes through wk_chat_clean,
  * wk_chat_render and wk_chat_stop_scan, whose invariants are checked.
  */
-/* fuzz-sources: common/wk_err.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c common/wk_chat.c */
+/* fuzz-sources: common/util/wk_err.c common/util/wk_sha256.c common/text/wk_tok.c common/text/wk_bpe.c common/text/wk_pretok.c common/text/wk_chat.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -16,7 +16,7 @@
  * space), and the ids are streamed and must agree with a one-shot stream
  * decode of the pieces.
  */
-/* fuzz-sources: common/wk_err.c common/wk_sha256.c common/wk_tok.c common/wk_tok_gguf.c common/wk_gguf.c common/wk_tensor.c common/wk_safetensors.c common/wk_pth.c common/wk_bpe.c common/wk_pretok.c */
+/* fuzz-sources: common/util/wk_err.c common/util/wk_sha256.c common/text/wk_tok.c common/text/wk_bpe.c common/text/wk_pretok.c */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
  * the same content and calls, and its partial-call deltas must spell the
  * calls unless it reported a call aborted.
  */
-/* fuzz-sources: common/wk_err.c common/wk_toolcall.c */
+/* fuzz-sources: common/util/wk_err.c common/text/wk_toolcall.c */
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>

@@ -40,7 +40,7 @@ from wkvm_harness import BUILD, Stack, http  # noqa: E402
 from test_openai_client import ensure_venv, skip, venv_python  # noqa: E402,F401
 
 REF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference")
-TEMPLATE_EXE = os.path.join(BUILD, "workerd", "wkvm-template")
+TEMPLATE_EXE = os.path.join(BUILD, "tools", "wkvm-template")
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 MID = "tiny-qwen35"
 ADDED = ["<|im_start|>", "<|im_end|>", "<think>", "</think>"]  # ids 508..511
@@ -532,7 +532,7 @@ def no_template_check(model, tmp):
 
 
 def main():
-    for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "workerd/wkvm-template"):
+    for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "tools/wkvm-template"):
         if not os.access(os.path.join(BUILD, exe), os.X_OK):
             print(f"FAIL setup: {exe} is not built in {BUILD}")
             print("0 passed, 1 failed")

@@ -176,7 +176,7 @@ def admin_states(s):
             return out
 
 
-# Documented error answers (common/wk_err.c's table): status -> (type, code).
+# Documented error answers (controld/api/ctl_err.c's table): status -> (type, code).
 DOCUMENTED_ERRORS = {
     400: {("invalid_request_error", "invalid_request"), ("invalid_request_error", "unsupported")},
     404: {("invalid_request_error", "not_found")},

@@ -15,7 +15,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 from wkvm_harness import BUILD, MKMODEL, Stack, run_tests  # noqa: E402
 
-WKVMCTL = os.path.join(BUILD, "controld", "wkvmctl")
+WKVMCTL = os.path.join(BUILD, "tools", "wkvmctl")
 
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-migrate-")
 MODEL = os.path.join(TMP.name, "tiny")

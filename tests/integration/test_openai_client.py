@@ -363,7 +363,7 @@ def build_venv(venv):
 
 
 def main():
-    for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "workerd/wkvm-mkmodel"):
+    for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "tools/wkvm-mkmodel"):
         if not os.access(os.path.join(BUILD, exe), os.X_OK):
             print(f"FAIL setup: {exe} is not built in {BUILD}")
             print("0 passed, 1 failed")

@@ -99,7 +99,7 @@ from demo_common import event_kind, is_delta  # noqa: E402
 VERSIONS = ("0.10.2", "0.12.4")
 
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-owui-")
-INFER = os.path.join(BUILD, "workerd", "wkvm-infer")
+INFER = os.path.join(BUILD, "tools", "wkvm-infer")
 PARAMS = {"temperature": 0, "max_tokens": 16}  # "Chat Controls > Advanced Params"
 
 

@@ -1019,7 +1019,7 @@ def golden_shapes(s):
 
 def main():
     t_start = time.time()
-    for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "workerd/wkvm-mkmodel"):
+    for exe in ("controld/wkvm-controld", "workerd/wkvm-workerd", "tools/wkvm-mkmodel"):
         if not os.access(os.path.join(BUILD, exe), os.X_OK):
             print(f"FAIL setup: {exe} is not built in {BUILD}")
             print("0 passed, 1 failed")
@@ -1115,7 +1115,7 @@ def main():
                     passed += 1
                     print("PASS admin_list", flush=True)
                 # wkvmctl lists and deletes them (an admin key)
-                ctl = [os.path.join(BUILD, "controld", "wkvmctl"), "--url", s.url, "--key", OPS]
+                ctl = [os.path.join(BUILD, "tools", "wkvmctl"), "--url", s.url, "--key", OPS]
                 victim = json.load(open(state))["turns"][0]
                 out = subprocess.run(ctl + ["responses", "--owner", "alice"], capture_output=True,
                                      text=True, timeout=30)

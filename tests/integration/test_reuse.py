@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from wkvm_harness import BUILD, MKMODEL, Stack, http, run_tests  # noqa: E402
 
-INFER = os.path.join(BUILD, "workerd", "wkvm-infer")
+INFER = os.path.join(BUILD, "tools", "wkvm-infer")
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-reuse-")
 MID = "tiny"
 
@@ -400,7 +400,7 @@ def test_budgets_switches_and_admin():
         cache = s.get("/admin/cache").json()
         assert cache["enabled"] and cache["owners"]["local"]["entries"] > 0, cache
         assert cache["lookups"] > 0 and 0 < cache["hit_rate"] <= 1, cache
-        ctl = os.path.join(BUILD, "controld", "wkvmctl")
+        ctl = os.path.join(BUILD, "tools", "wkvmctl")
         out = subprocess.run([ctl, "--url", s.url, "cache"], capture_output=True, text=True,
                              timeout=30)
         assert out.returncode == 0 and "local" in out.stdout, (out.stdout, out.stderr)

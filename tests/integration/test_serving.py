@@ -18,7 +18,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 from wkvm_harness import BUILD, MKMODEL, Stack, http, run_tests  # noqa: E402
 
-INFER = os.path.join(BUILD, "workerd", "wkvm-infer")
+INFER = os.path.join(BUILD, "tools", "wkvm-infer")
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-serving-")
 MODEL = os.path.join(TMP.name, "tiny")
 subprocess.run([MKMODEL, "--out", MODEL, "--layers", "2", "--embd", "64", "--head-size", "16",

@@ -17,7 +17,7 @@ import bpe_json  # noqa: E402
 from wkvm_harness import BUILD, MKMODEL, Stack, run_tests  # noqa: E402
 
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-sessions-")
-INFER = os.path.join(BUILD, "workerd", "wkvm-infer")
+INFER = os.path.join(BUILD, "tools", "wkvm-infer")
 
 
 def infer(model, *args, stdin=None):

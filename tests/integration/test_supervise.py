@@ -38,11 +38,12 @@ URL = "http://127.0.0.1:%d" % PORT
 def fake_build():
     os.makedirs(os.path.join(FAKE, "controld"))
     os.makedirs(os.path.join(FAKE, "workerd"))
+    os.makedirs(os.path.join(FAKE, "tools"))
     open(os.path.join(FAKE, "build.ninja"), "w").close()  # "an existing build": used as is
     os.symlink(os.path.abspath(CONTROLD), os.path.join(FAKE, "controld", "wkvm-controld"))
-    os.symlink(os.path.abspath(MKMODEL), os.path.join(FAKE, "workerd", "wkvm-mkmodel"))
-    os.symlink(os.path.abspath(os.path.join(os.path.dirname(CONTROLD), "wkvmctl")),
-               os.path.join(FAKE, "controld", "wkvmctl"))
+    os.symlink(os.path.abspath(MKMODEL), os.path.join(FAKE, "tools", "wkvm-mkmodel"))
+    os.symlink(os.path.abspath(os.path.join(os.path.dirname(MKMODEL), "wkvmctl")),
+               os.path.join(FAKE, "tools", "wkvmctl"))
     w = os.path.join(FAKE, "workerd", "wkvm-workerd")
     with open(w, "w") as f:
         f.write("#!/bin/sh\nif [ -e '%s' ]; then echo 'injected start-up crash' >&2; exit 3; fi\n"
@@ -104,7 +105,7 @@ def test_up_restarts_and_gives_up():
     for want in ("url:        " + URL, "data:       " + DATA, "build:      " + FAKE,
                  "deploy/wkvm logs --data " + DATA + ")", "restarts 0, worker id w0)",
                  "model:      " + os.path.join(DATA, "models", "wkvm-demo"),
-                 "wkvmctl:    " + os.path.join(FAKE, "controld", "wkvmctl") + " --url " + URL):
+                 "wkvmctl:    " + os.path.join(FAKE, "tools", "wkvmctl") + " --url " + URL):
         assert want in st.stdout, (want, st.stdout)
     assert "{" not in st.stdout and "    ID " in st.stdout.upper(), st.stdout
     lg = wkvm("logs", "--data", DATA, "-n", "2", "controld")

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 sys.path.insert(0, os.path.dirname(__file__))
 from wkvm_harness import BUILD, MKMODEL, Stack, free_port, http, run_tests  # noqa: E402
 
-CTL = os.path.join(BUILD, "controld", "wkvmctl")
+CTL = os.path.join(BUILD, "tools", "wkvmctl")
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-wkvmctl-")
 MODEL = os.path.join(TMP.name, "tiny")
 subprocess.run([MKMODEL, "--out", MODEL, "--layers", "2", "--embd", "64", "--head-size", "16",
@@ -96,8 +96,8 @@ def gen_ids(s, ref, n=8):
 
 def test_usage_and_connection():
     # every binary answers --version (one line: its name and the version)
-    for exe in ("controld/wkvmctl", "controld/wkvm-controld", "workerd/wkvm-workerd",
-                "workerd/wkvm-infer", "workerd/wkvm-mkmodel", "bench/wkvm-bench-cpu"):
+    for exe in ("tools/wkvmctl", "controld/wkvm-controld", "workerd/wkvm-workerd",
+                "tools/wkvm-infer", "tools/wkvm-mkmodel", "bench/wkvm-bench-cpu"):
         v = subprocess.run([os.path.join(BUILD, exe), "--version"], capture_output=True,
                            text=True, timeout=30)
         name = os.path.basename(exe)

@@ -13,7 +13,7 @@ import urllib.request
 BUILD = os.environ.get("WKVM_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
 CONTROLD = os.path.join(BUILD, "controld", "wkvm-controld")
 WORKERD = os.path.join(BUILD, "workerd", "wkvm-workerd")
-MKMODEL = os.path.join(BUILD, "workerd", "wkvm-mkmodel")
+MKMODEL = os.path.join(BUILD, "tools", "wkvm-mkmodel")
 
 
 def free_port():

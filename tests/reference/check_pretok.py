@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Checks wkvm's regex pre-tokenizers (common/wk_pretok.c behind wk_bpe) and
+"""Checks wkvm's regex pre-tokenizers (common/text/wk_pretok.c behind wk_bpe) and
 its byte-level BPE tokenizers from GGUF metadata against Hugging Face.
 
 Usage: check_pretok.py TOKDUMP

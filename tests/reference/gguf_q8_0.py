@@ -41,8 +41,8 @@ INSTALL = os.path.join(SRC, "deploy", "install-gguf-converter")
 SHIM = os.path.join(SRC, "bench", "gguf-convert.py")
 VOCAB = os.path.join(os.path.dirname(os.path.abspath(rwkv.__file__)), "rwkv_vocab_v20230424.txt")
 BUILD = upstream_venv.build_dir()
-INFER = os.path.join(BUILD, "workerd", "wkvm-infer")
-MKMODEL = os.path.join(BUILD, "workerd", "wkvm-mkmodel")
+INFER = os.path.join(BUILD, "tools", "wkvm-infer")
+MKMODEL = os.path.join(BUILD, "tools", "wkvm-mkmodel")
 
 
 def run(cmd, timeout=600):

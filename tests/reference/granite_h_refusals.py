@@ -28,7 +28,7 @@ import gen_granite_h  # noqa: E402
 import gen_model  # noqa: E402
 
 BUILD = os.environ.get("WKVM_BUILD_DIR") or os.path.join(HERE, "..", "..", "build")
-EXE = os.path.join(BUILD, "workerd", "wkvm-infer")
+EXE = os.path.join(BUILD, "tools", "wkvm-infer")
 
 
 def config_edit(**kv):

@@ -390,7 +390,7 @@ def negative_cases(tmp):
 
 def main():
     build = build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         print("SKIP: %s is not built" % exe)
         return 77

@@ -271,7 +271,7 @@ def run_negative(exe, tmp):
 
 def main():
     build = build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         print("SKIP: %s is not built" % exe)
         return 77

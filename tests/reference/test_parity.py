@@ -318,7 +318,7 @@ def negative_cases(exe, tmp):
 
 
 def mkmodel_case(build, tmp):
-    exe = os.path.join(build, "workerd", "wkvm-mkmodel")
+    exe = os.path.join(build, "tools", "wkvm-mkmodel")
     if not os.access(exe, os.X_OK):
         return None, "wkvm-mkmodel not built"
     d = os.path.join(tmp, "mkmodel")
@@ -349,7 +349,7 @@ def cuda_skip_reason(exe):
 
 def main():
     build = build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         print("SKIP: %s is not built" % exe)
         return 77

@@ -168,7 +168,7 @@ def check(exe, family, name, kw, tmp, rng):
 
 
 def main():
-    exe = os.path.join(build_dir(), "workerd", "wkvm-infer")
+    exe = os.path.join(build_dir(), "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         print("SKIP: %s is not built" % exe)
         return 77

@@ -175,7 +175,7 @@ def check(exe, name, kw, tmp, rng):
 
 def main():
     build = test_parity.build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         print("SKIP: %s is not built" % exe)
         return 77

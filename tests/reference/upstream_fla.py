@@ -127,7 +127,7 @@ def upstream(model, tokens):
 
 def main():
     build = upstream_venv.build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         upstream_venv.skip(NAME, "%s is not built" % exe)
     from importlib.metadata import version

@@ -342,7 +342,7 @@ def check_case(exe, tmp, name, d, V, toks, figures):
 
 def main():
     build = upstream_venv.build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         upstream_venv.skip(NAME, "%s is not built" % exe)
     print("transformers %s, torch %s (torch fallbacks of the Mamba2 scan and conv)"

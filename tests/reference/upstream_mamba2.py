@@ -112,7 +112,7 @@ def upstream_one_by_one(model, tokens):
 
 def main():
     build = upstream_venv.build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         upstream_venv.skip("upstream_mamba2", "%s is not built" % exe)
     print("transformers %s (Mamba2ForCausalLM, torch_forward), torch %s"

@@ -255,7 +255,7 @@ def greedy_mismatch(ref, got):
 
 def main():
     build = upstream_venv.build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         upstream_venv.skip(NAME, "%s is not built" % exe)
     print("transformers %s, torch %s (torch fallbacks of the gated delta rule and conv)"

@@ -94,7 +94,7 @@ def run_upstream(pth_base, tokens):
 
 def main():
     build = upstream_venv.build_dir()
-    exe = os.path.join(build, "workerd", "wkvm-infer")
+    exe = os.path.join(build, "tools", "wkvm-infer")
     if not os.access(exe, os.X_OK):
         upstream_venv.skip("upstream_rwkv7", "%s is not built" % exe)
     print("rwkv %s (RWKV_V7_ON=1, cpu fp32), torch %s, numpy %s"

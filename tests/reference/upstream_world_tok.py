@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The World tokenizer (common/wk_tok) against BlinkDL's TRIE_TOKENIZER.
+"""The World tokenizer (common/text/wk_tok) against BlinkDL's TRIE_TOKENIZER.
 
 Usage: upstream_world_tok.py TOKDUMP
 
@@ -215,8 +215,8 @@ def main():
     # 4. the demo model with this vocab
     n_mk_bad = 0
     build = upstream_venv.build_dir()
-    mk = os.path.join(build, "workerd", "wkvm-mkmodel")
-    infer = os.path.join(build, "workerd", "wkvm-infer")
+    mk = os.path.join(build, "tools", "wkvm-mkmodel")
+    infer = os.path.join(build, "tools", "wkvm-infer")
     if os.access(mk, os.X_OK) and os.access(infer, os.X_OK):
         import json
         import shutil

@@ -26,6 +26,7 @@ $cc -O2 -std=gnu11 -Wall -Wextra -Werror -I "$SRC/kernels" \
     -c "$SRC/tests/gpu/cuda_mock/k_mock.c" -o "$OUT/k_mock.o"
 $cc -o "$OUT/test_cuda_families" "$B/tests/gpu/test_cuda_families.p/test_cuda_families.c.o" \
     -Wl,--start-group "$B/workerd/libwkworker.a" "$B/workerd/libwkcpukern.a" \
-    "$B/common/libwkcommon.a" "$OUT/cuda_mock.o" "$OUT/k_mock.o" -Wl,--end-group \
+    "$B/common/libwkckpt.a" "$B/common/libwktext.a" "$B/common/libwktensor.a" \
+    "$B/common/libwkutil.a" "$OUT/cuda_mock.o" "$OUT/k_mock.o" -Wl,--end-group \
     -pthread -lm -lcrypto -ljansson -lpcre2-8
 /usr/bin/python3 "$SRC/tests/gpu/run_cuda_families.py" "$OUT/test_cuda_families"

@@ -21,7 +21,8 @@
  * otherwise). It never writes a partial --logits-out under its final name.
  */
 #include <errno.h>
-#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -32,6 +33,7 @@
 #include <time.h>
 
 #include "be.h"
+#include "wk_cfg_tool.h"
 #include "wk_err.h"
 #include "wk_tok.h"
 #include "wrk_model.h"
@@ -47,19 +49,103 @@ typedef struct infer_opts {
     const char *logits_out; /* --logits-out FILE */
     const char *vocab;      /* --vocab FILE */
     const char *backend;    /* --backend NAME */
+    const char *quantize;   /* --quantize none|q8_0 */
+    const char *check_tol_s; /* --check-tolerance T as given, NULL = not given */
+    uint32_t generate_n;    /* --generate N (when given) */
     long generate;          /* --generate N, -1 = not given */
-    long threads;           /* --threads N */
-    long chunk;             /* --prefill-chunk N */
-    long bench_batch;       /* --bench-batch B */
-    long bench_prefill;     /* --bench-prefill T */
-    long batch_check;       /* --batch-check B, 0 = off */
-    long kv_pages;          /* --kv-pages N, 0 = the backend's default */
-    int slot_check;         /* --slot-check */
+    uint32_t threads;       /* --threads N */
+    uint32_t chunk;         /* --prefill-chunk N */
+    uint32_t bench_batch;   /* --bench-batch B */
+    uint32_t bench_prefill; /* --bench-prefill T */
+    uint32_t batch_check;   /* --batch-check B, 0 = off */
+    uint32_t kv_pages;      /* --kv-pages N, 0 = the backend's default */
+    bool slot_check;        /* --slot-check */
     double check_tol;       /* --check-tolerance T, 0 = bit for bit */
-    int encode, decode;     /* modes */
-    int fp32, bench;        /* flags */
-    int q8_0;               /* --quantize q8_0 */
+    bool encode, decode;    /* modes */
+    bool fp32, bench;       /* flags */
+    bool q8_0;              /* --quantize q8_0 */
 } infer_opts;
+
+/* The option table: --help prints it (wk_cfg_tool). */
+static const wk_cfg_opt infer_table[] = {
+    {"model", WK_CFG_STR, NULL, 0, 0,
+     "model directory (checkpoint + optional vocab), or one .gguf/.pth/.safetensors file (its "
+     "vocab beside it); required"},
+    {"tokens", WK_CFG_STR, NULL, 0, 0, "prompt token ids, comma or space separated (1,2,3)"},
+    {"logits-out", WK_CFG_STR, NULL, 0, 0,
+     "FILE: write float32 LE logits, one row of vocab floats per --tokens position"},
+    {"generate", WK_CFG_U64, NULL, 0, INFER_MAX_GENERATE,
+     "print N greedy token ids after the prompt, space separated, newline at the end (token 0 "
+     "does not stop)"},
+    {"encode", WK_CFG_BOOL, NULL, 0, 0, "read text on stdin, print its token ids"},
+    {"decode", WK_CFG_BOOL, NULL, 0, 0,
+     "read token ids on stdin, print their text (no newline added)"},
+    {"vocab", WK_CFG_STR, NULL, 0, 0,
+     "tokenizer FILE (default DIR/tokenizer.json, else DIR/rwkv_vocab_v20230424.txt)"},
+    {"threads", WK_CFG_U64, "0", 0, 1024, "CPU threads, 0 = all cores"},
+    {"backend", WK_CFG_STR, "cpu", 0, 0, "cpu, cuda or auto (= cpu for now)"},
+    {"prefill-chunk", WK_CFG_U64, "256", 1, 65536, "prompt tokens per step"},
+    {"fp32", WK_CFG_BOOL, NULL, 0, 0, "convert the weights to fp32 at load"},
+    {"quantize", WK_CFG_STR, "none", 0, 0,
+     "none, or q8_0: quantize the checkpoint's matrices to Q8_0 at load"},
+    {"bench", WK_CFG_BOOL, NULL, 0, 0,
+     "print prefill and decode throughput (uses --tokens or --bench-prefill synthetic tokens, "
+     "and --generate steps)"},
+    {"bench-batch", WK_CFG_U64, "1", 1, INFER_MAX_BATCH,
+     "with --bench: decode N sequences per step, each continuing the prefilled prompt"},
+    {"bench-prefill", WK_CFG_U64, "512", 1, 1u << 20,
+     "with --bench and no --tokens: N synthetic prompt tokens"},
+    {"batch-check", WK_CFG_U64, NULL, 2, INFER_MAX_BATCH,
+     "run the prompt (and --generate steps) alone, then again with N-1 random rows in every "
+     "step; exit 1 unless every logit and the final state are bit-identical"},
+    {"check-tolerance", WK_CFG_STR, NULL, 0, 0,
+     "a number T in [0, 1]: --batch-check / --slot-check compare logits (and states) within "
+     "max|diff|/std < T instead of bit for bit (the CUDA backend agrees across shapes to GEMM "
+     "rounding)"},
+    {"slot-check", WK_CFG_BOOL, NULL, 0, 0,
+     "run the prompt (and --generate steps) once, then check fork (slot_copy), "
+     "hibernate/resume (slot_read, reset, slot_resize, slot_write) and migration to another "
+     "slot continue bit-identically, image sizes, and (hybrid models) WK_EQUOTA / WK_EINVAL "
+     "refusals that change nothing"},
+    {"kv-pages", WK_CFG_U64, NULL, 1, 1u << 28,
+     "hybrid models: KV pool pages (default: the backend's)"},
+};
+
+/* Where each option goes. */
+#define INFER_BIND(opt, type, field) WK_CFG_BIND(infer_opts, opt, type, field)
+static const wk_cfg_bind infer_binds[] = {
+    INFER_BIND("model", STR, model),
+    INFER_BIND("tokens", STR, tokens),
+    INFER_BIND("logits-out", STR, logits_out),
+    INFER_BIND("generate", U32, generate_n),
+    INFER_BIND("encode", BOOL, encode),
+    INFER_BIND("decode", BOOL, decode),
+    INFER_BIND("vocab", STR, vocab),
+    INFER_BIND("threads", U32, threads),
+    INFER_BIND("backend", STR, backend),
+    INFER_BIND("prefill-chunk", U32, chunk),
+    INFER_BIND("fp32", BOOL, fp32),
+    INFER_BIND("quantize", STR, quantize),
+    INFER_BIND("bench", BOOL, bench),
+    INFER_BIND("bench-batch", U32, bench_batch),
+    INFER_BIND("bench-prefill", U32, bench_prefill),
+    INFER_BIND("batch-check", U32, batch_check),
+    INFER_BIND("check-tolerance", STR, check_tol_s),
+    INFER_BIND("slot-check", BOOL, slot_check),
+    INFER_BIND("kv-pages", U32, kv_pages),
+};
+
+static const wk_cfg_tool infer_tool = {
+    .prog = "wkvm-infer",
+    .about = "Runs a model directory on one backend without the controller. Modes (one):\n"
+             "  --tokens LIST with --logits-out FILE, --generate N, --batch-check B or "
+             "--slot-check;\n"
+             "  --bench (synthetic or --tokens prompt); --encode; --decode.",
+    .opts = infer_table,
+    .n_opts = sizeof(infer_table) / sizeof(infer_table[0]),
+    .binds = infer_binds,
+    .n_binds = sizeof(infer_binds) / sizeof(infer_binds[0]),
+};
 
 static void infer_die(int code, const char *fmt, ...) WK_PRINTF(2, 3);
 
@@ -73,61 +159,6 @@ infer_die(int code, const char *fmt, ...)
     va_end(ap);
     fputc('\n', stderr);
     exit(code);
-}
-
-static void
-infer_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: wkvm-infer --model DIR [options]\n"
-            "Runs an RWKV-7 model directory without the controller.\n"
-            "  --model DIR|FILE     model directory (checkpoint + optional vocab), or one\n"
-            "                       .gguf/.pth/.safetensors file (its vocab beside it)\n"
-            "  --tokens LIST        prompt token ids, comma or space separated (1,2,3)\n"
-            "  --logits-out FILE    write float32 LE logits: one row of vocab floats per\n"
-            "                       --tokens position\n"
-            "  --generate N         print N greedy token ids after the prompt, space\n"
-            "                       separated, newline at the end (token 0 does not stop)\n"
-            "  --encode             read text on stdin, print its token ids\n"
-            "  --decode             read token ids on stdin, print their text (no newline\n"
-            "                       added)\n"
-            "  --vocab FILE         tokenizer file (default DIR/tokenizer.json, else\n"
-            "                       DIR/rwkv_vocab_v20230424.txt)\n"
-            "  --threads N          CPU threads, 0 = all cores (default 0)\n"
-            "  --backend NAME       cpu, cuda or auto (= cpu for now; default cpu)\n"
-            "  --prefill-chunk N    prompt tokens per step (default 256)\n"
-            "  --fp32               convert the weights to fp32 at load\n"
-            "  --quantize q8_0      quantize the checkpoint's matrices to Q8_0 at load\n"
-            "  --bench              print prefill and decode throughput (uses --tokens or\n"
-            "                       --bench-prefill synthetic tokens, and --generate steps)\n"
-            "  --bench-batch B      with --bench: decode B sequences per step (default 1),\n"
-            "                       each continuing the prefilled prompt\n"
-            "  --bench-prefill T    with --bench and no --tokens: T prompt tokens (512)\n"
-            "  --batch-check B      run the prompt (and --generate steps) alone, then again\n"
-            "                       with B-1 random rows in every step; exit 1 unless every\n"
-            "                       logit and the final state are bit-identical\n"
-            "  --check-tolerance T  --batch-check / --slot-check compare logits (and states)\n"
-            "                       within max|diff|/std < T instead of bit for bit (the\n"
-            "                       CUDA backend agrees across shapes to GEMM rounding)\n"
-            "  --slot-check         run the prompt (and --generate steps) once, then check\n"
-            "                       fork (slot_copy), hibernate/resume (slot_read, reset,\n"
-            "                       slot_resize, slot_write) and migration to another slot\n"
-            "                       continue bit-identically, image sizes, and (hybrid\n"
-            "                       models) WK_EQUOTA / WK_EINVAL refusals that change nothing\n"
-            "  --kv-pages N         hybrid models: KV pool pages (default: the backend's)\n"
-            "  --help               this text\n"
-            "  --version            print the version and exit\n");
-}
-
-static long
-infer_parse_long(const char *flag, const char *s, long min, long max)
-{
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
-        infer_die(2, "%s: '%s' is not an integer in [%ld, %ld]", flag, s, min, max);
-    return v;
 }
 
 /* Parses ids separated by commas and/or whitespace. Dies on bad input. */
@@ -939,95 +970,24 @@ infer_bench(infer_run *r, const infer_opts *o, const int32_t *ids, size_t n, uin
 int
 main(int argc, char **argv)
 {
-    infer_opts o = {
-        .generate = -1, .threads = 0, .chunk = 256, .bench_batch = 1, .bench_prefill = 512,
-        .backend = "cpu",
-    };
-    enum {
-        O_MODEL = 1, O_TOKENS, O_LOGITS, O_GENERATE, O_ENCODE, O_DECODE, O_VOCAB, O_THREADS,
-        O_BACKEND, O_CHUNK, O_FP32, O_BENCH, O_BBATCH, O_BPREFILL, O_BCHECK, O_SCHECK,
-        O_KVPAGES, O_CHECKTOL, O_QUANT, O_HELP, O_VERSION,
-    };
-    static const struct option lopts[] = {
-        {"model", required_argument, NULL, O_MODEL},
-        {"tokens", required_argument, NULL, O_TOKENS},
-        {"logits-out", required_argument, NULL, O_LOGITS},
-        {"generate", required_argument, NULL, O_GENERATE},
-        {"encode", no_argument, NULL, O_ENCODE},
-        {"decode", no_argument, NULL, O_DECODE},
-        {"vocab", required_argument, NULL, O_VOCAB},
-        {"threads", required_argument, NULL, O_THREADS},
-        {"backend", required_argument, NULL, O_BACKEND},
-        {"prefill-chunk", required_argument, NULL, O_CHUNK},
-        {"fp32", no_argument, NULL, O_FP32},
-        {"quantize", required_argument, NULL, O_QUANT},
-        {"bench", no_argument, NULL, O_BENCH},
-        {"bench-batch", required_argument, NULL, O_BBATCH},
-        {"bench-prefill", required_argument, NULL, O_BPREFILL},
-        {"batch-check", required_argument, NULL, O_BCHECK},
-        {"slot-check", no_argument, NULL, O_SCHECK},
-        {"kv-pages", required_argument, NULL, O_KVPAGES},
-        {"check-tolerance", required_argument, NULL, O_CHECKTOL},
-        {"help", no_argument, NULL, O_HELP},
-        {"version", no_argument, NULL, O_VERSION},
-        {NULL, 0, NULL, 0},
-    };
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
-        switch (c) {
-        case O_MODEL: o.model = optarg; break;
-        case O_TOKENS: o.tokens = optarg; break;
-        case O_LOGITS: o.logits_out = optarg; break;
-        case O_GENERATE:
-            o.generate = infer_parse_long("--generate", optarg, 0, INFER_MAX_GENERATE);
-            break;
-        case O_ENCODE: o.encode = 1; break;
-        case O_DECODE: o.decode = 1; break;
-        case O_VOCAB: o.vocab = optarg; break;
-        case O_THREADS: o.threads = infer_parse_long("--threads", optarg, 0, 1024); break;
-        case O_BACKEND: o.backend = optarg; break;
-        case O_CHUNK: o.chunk = infer_parse_long("--prefill-chunk", optarg, 1, 65536); break;
-        case O_FP32: o.fp32 = 1; break;
-        case O_QUANT:
-            if (strcmp(optarg, "q8_0") == 0)
-                o.q8_0 = 1;
-            else if (strcmp(optarg, "none") != 0)
-                infer_die(2, "--quantize %s: none or q8_0", optarg);
-            break;
-        case O_BENCH: o.bench = 1; break;
-        case O_BBATCH:
-            o.bench_batch = infer_parse_long("--bench-batch", optarg, 1, INFER_MAX_BATCH);
-            break;
-        case O_BPREFILL:
-            o.bench_prefill = infer_parse_long("--bench-prefill", optarg, 1, 1 << 20);
-            break;
-        case O_BCHECK:
-            o.batch_check = infer_parse_long("--batch-check", optarg, 2, INFER_MAX_BATCH);
-            break;
-        case O_SCHECK: o.slot_check = 1; break;
-        case O_KVPAGES:
-            o.kv_pages = infer_parse_long("--kv-pages", optarg, 1, 1L << 28);
-            break;
-        case O_CHECKTOL: {
-            char *end = NULL;
-            errno = 0;
-            o.check_tol = strtod(optarg, &end);
-            if (errno != 0 || end == optarg || *end != '\0' || !(o.check_tol >= 0.0) ||
-                o.check_tol > 1.0)
-                infer_die(2, "--check-tolerance: '%s' is not a number in [0, 1]", optarg);
-            break;
-        }
-        case O_HELP: infer_usage(stdout); return 0;
-        case O_VERSION: printf("wkvm-infer %s\n", WK_VERSION); return 0;
-        default:
-            if (optopt != 0 && optopt < O_MODEL)
-                infer_die(2, "unknown option '%c' (see --help)", optopt);
-            infer_die(2, "unknown option or missing value: '%s' (see --help)", argv[optind - 1]);
-        }
+    infer_opts o = {0};
+    wk_cfg *cfg = NULL;
+    int prc = wk_cfg_tool_parse(&infer_tool, argc, argv, &o, &cfg);
+    if (prc != WK_CFG_TOOL_RUN)
+        return prc;
+    o.generate = wk_cfg_is_set(cfg, "generate") ? (long)o.generate_n : -1;
+    if (strcmp(o.quantize, "q8_0") == 0)
+        o.q8_0 = true;
+    else if (strcmp(o.quantize, "none") != 0)
+        infer_die(2, "--quantize %s: none or q8_0", o.quantize);
+    if (o.check_tol_s != NULL) {
+        char *end = NULL;
+        errno = 0;
+        o.check_tol = strtod(o.check_tol_s, &end);
+        if (errno != 0 || end == o.check_tol_s || *end != '\0' || !(o.check_tol >= 0.0) ||
+            o.check_tol > 1.0)
+            infer_die(2, "--check-tolerance: '%s' is not a number in [0, 1]", o.check_tol_s);
     }
-    if (optind < argc)
-        infer_die(2, "unexpected argument '%s' (see --help)", argv[optind]);
     if (o.model == NULL)
         infer_die(2, "--model DIR is required (see --help)");
     int modes = (o.encode != 0) + (o.decode != 0) +
@@ -1036,8 +996,11 @@ main(int argc, char **argv)
     if (modes != 1)
         infer_die(2, "give exactly one of --encode, --decode, or --tokens with --logits-out / "
                      "--generate / --bench");
-    if (o.encode || o.decode)
-        return infer_tok_mode(&o);
+    if (o.encode || o.decode) {
+        int trc = infer_tok_mode(&o);
+        wk_cfg_free(cfg);
+        return trc;
+    }
     if (o.tokens == NULL && !o.bench)
         infer_die(2, "--tokens LIST is required with --logits-out / --generate");
     if (!o.bench && o.logits_out == NULL && o.generate < 0 && o.batch_check == 0 &&
@@ -1142,6 +1105,7 @@ main(int argc, char **argv)
     ops->close(r.ctx);
     wrk_model_free(m);
     free(ids);
+    wk_cfg_free(cfg);
     if (fflush(stdout) != 0)
         infer_die(1, "stdout: write error");
     return rc;

@@ -25,10 +25,13 @@
  * Reads no other file, never writes one.
  */
 #include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "wk_cfg_tool.h"
 #include "wk_chat_tpl.h"
 #include "wk_err.h"
 #include "wk_jinja.h"
@@ -251,34 +254,69 @@ render_model(const char *dir, const char *override, const char *req_path)
     return 0;
 }
 
-int
-main(int argc, char **argv)
+/* The command line as wk_cfg fills it. */
+typedef struct tpl_args {
+    const char *model, *chat_template;
+    bool batch;
+} tpl_args;
+
+/* The option table: --help prints it (wk_cfg_tool). */
+static const wk_cfg_opt tpl_table[] = {
+    {"model", WK_CFG_STR, NULL, 0, 0,
+     "DIR: render the model directory's chat template for the chat request in "
+     "[REQUEST.json|-] (stdin when absent) as the server does; exit 4 when DIR has none"},
+    {"chat-template", WK_CFG_STR, NULL, 0, 0, "with --model: this template FILE instead"},
+    {"batch", WK_CFG_BOOL, NULL, 0, 0,
+     "read JSON lines {\"template\": PATH, \"context\": {...}} on stdin, write one JSON "
+     "line per input"},
+};
+
+static const wk_cfg_bind tpl_binds[] = {
+    WK_CFG_BIND(tpl_args, "model", STR, model),
+    WK_CFG_BIND(tpl_args, "chat-template", STR, chat_template),
+    WK_CFG_BIND(tpl_args, "batch", BOOL, batch),
+};
+
+static const wk_cfg_tool tpl_tool = {
+    .prog = "wkvm-template",
+    .args = "[TEMPLATE [CONTEXT.json|-]]",
+    .about = "Renders TEMPLATE (a .jinja file) with CONTEXT (a JSON object; \"-\" or absent:\n"
+             "stdin) and prints the result exactly; or a model's template (--model), or\n"
+             "JSON lines (--batch). Exit 1: render error, 2: template refused by the\n"
+             "parser, 3: usage or I/O.",
+    .opts = tpl_table,
+    .n_opts = sizeof(tpl_table) / sizeof(tpl_table[0]),
+    .binds = tpl_binds,
+    .n_binds = sizeof(tpl_binds) / sizeof(tpl_binds[0]),
+    .max_pos = 2,
+    .usage_status = 3,
+};
+
+/* The rendering the arguments ask for; the exit status. */
+static int
+tpl_run(const tpl_args *a, const wk_cfg *cfg)
 {
-    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
-        printf("wkvm-template %s\n", WK_VERSION);
-        return 0;
-    }
-    if (argc == 2 && strcmp(argv[1], "--batch") == 0)
+    size_t npos = wk_cfg_npos(cfg);
+    if (a->batch && a->model == NULL && a->chat_template == NULL && npos == 0)
         return batch();
-    if (argc >= 5 && strcmp(argv[1], "--model") == 0 && strcmp(argv[3], "--chat-template") == 0)
-        return argc <= 6 ? render_model(argv[2], argv[4], argc == 6 ? argv[5] : NULL) : 3;
-    if ((argc == 3 || argc == 4) && strcmp(argv[1], "--model") == 0)
-        return render_model(argv[2], NULL, argc == 4 ? argv[3] : NULL);
-    if (argc < 2 || argc > 3 || argv[1][0] == '-') {
+    if (!a->batch && a->model != NULL && npos <= 1)
+        return render_model(a->model, a->chat_template, npos == 1 ? wk_cfg_pos(cfg, 0) : NULL);
+    if (a->batch || a->model != NULL || a->chat_template != NULL || npos == 0) {
         fprintf(stderr, "usage: wkvm-template TEMPLATE [CONTEXT.json|-]\n"
                         "       wkvm-template --model DIR [--chat-template FILE] [REQUEST.json|-]\n"
                         "       wkvm-template --batch   (JSON lines on stdin)\n"
-                        "       wkvm-template --version\n");
+                        "       wkvm-template --help | --version\n");
         return 3;
     }
+    const char *tpl_path = wk_cfg_pos(cfg, 0);
     wk_diag d = {{0}};
     wk_jinja *t = NULL;
-    wk_err e = load_template(argv[1], &t, &d);
+    wk_err e = load_template(tpl_path, &t, &d);
     if (e != WK_OK) {
         fprintf(stderr, "wkvm-template: %s (%s)\n", d.msg, wk_strerror(e));
         return e == WK_EIO ? 3 : 2;
     }
-    json_t *ctx = read_object(argc == 3 ? argv[2] : NULL);
+    json_t *ctx = read_object(npos == 2 ? wk_cfg_pos(cfg, 1) : NULL);
     if (ctx == NULL) {
         fprintf(stderr, "wkvm-template: the context is not a readable JSON object\n");
         wk_jinja_free(t);
@@ -296,4 +334,17 @@ main(int argc, char **argv)
     fwrite(out, 1, olen, stdout);
     free(out);
     return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+    tpl_args a = {0};
+    wk_cfg *cfg = NULL;
+    int prc = wk_cfg_tool_parse(&tpl_tool, argc, argv, &a, &cfg);
+    if (prc != WK_CFG_TOOL_RUN)
+        return prc;
+    int rc = tpl_run(&a, cfg);
+    wk_cfg_free(cfg);
+    return rc;
 }

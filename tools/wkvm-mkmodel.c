@@ -31,10 +31,10 @@
 #include <string.h>
 
 #include <dirent.h>
-#include <getopt.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "wk_cfg_tool.h"
 #include "wk_err.h"
 #include "wk_tok.h"
 
@@ -871,49 +871,57 @@ mk_copy_vocab(const mk_cfg *c, wk_diag *d)
 /* ------------------------------------------------------------------------ */
 /* command line                                                              */
 
-static void
-mk_usage(FILE *f)
-{
-    fprintf(f,
-            "usage: wkvm-mkmodel --out DIR [options]\n"
-            "Writes a small deterministic RWKV-7 model (HF layout: config.json,\n"
-            "model.safetensors, rwkv_vocab_v20230424.txt).\n"
-            "  --out DIR         output directory (created; must be empty)\n"
-            "  --layers L        layers (default 4, max %d)\n"
-            "  --embd C          hidden size (default 256, max %d)\n"
-            "  --head-size N     head size, divides C (default 64)\n"
-            "  --ffn F           channel-mix width (default 4*C, max %d)\n"
-            "  --vocab V         vocab rows incl. token 0 (default 4096, 257..%d; with\n"
-            "                    --vocab-file: its largest id + 1 rounded up to 64)\n"
-            "  --vocab-file F    copy this World vocab (rwkv_vocab_v20230424.txt)\n"
-            "                    instead of generating one\n"
-            "  --lora-w D        decay LoRA rank (default from C)\n"
-            "  --lora-a D        in-context learning rate LoRA rank (default from C)\n"
-            "  --lora-v D        value-residual LoRA rank (default from C)\n"
-            "  --lora-g D        gate LoRA rank (default from C)\n"
-            "  --dtype T         f32 or bf16 (default bf16)\n"
-            "  --seed S          PRNG seed (default 1)\n"
-            "  --force           write into a non-empty directory\n"
-            "  --help            this text\n"
-            "  --version         print the version and exit\n",
-            MK_MAX_LAYERS, MK_MAX_EMBD, MK_MAX_FFN, MK_MAX_VOCAB);
-}
+/* The command line as wk_cfg fills it; main() checks it into an mk_cfg. */
+typedef struct mk_args {
+    const char *out, *vocab_file, *dtype;
+    uint32_t layers, embd, head_size, ffn, vocab;
+    uint32_t lora_w, lora_a, lora_v, lora_g; /* 0: from C */
+    uint64_t seed;
+    bool force;
+} mk_args;
 
-/* Parses a decimal integer in [lo, hi] into *out; 0 on success. */
-static int
-mk_parse_int(const char *flag, const char *s, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "wkvm-mkmodel: %s: '%s' is not an integer in [%ld, %ld]\n", flag, s,
-                lo, hi);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
-}
+/* The option table: --help prints it (wk_cfg_tool). */
+static const wk_cfg_opt mk_table[] = {
+    {"out", WK_CFG_STR, NULL, 0, 0, "output directory (created; must be empty); required"},
+    {"layers", WK_CFG_U64, "4", 1, MK_MAX_LAYERS, "layers"},
+    {"embd", WK_CFG_U64, "256", 1, MK_MAX_EMBD, "hidden size C"},
+    {"head-size", WK_CFG_U64, "64", 1, MK_MAX_EMBD, "head size, divides C"},
+    {"ffn", WK_CFG_U64, NULL, 1, MK_MAX_FFN, "channel-mix width (default 4*C)"},
+    {"vocab", WK_CFG_U64, "4096", 257, MK_MAX_VOCAB,
+     "vocab rows incl. token 0 (with --vocab-file, when not given: its largest id + 1 rounded "
+     "up to 64)"},
+    {"vocab-file", WK_CFG_STR, NULL, 0, 0,
+     "copy this World vocab (rwkv_vocab_v20230424.txt) instead of generating one"},
+    {"lora-w", WK_CFG_U64, NULL, 1, MK_MAX_LORA, "decay LoRA rank (default from C)"},
+    {"lora-a", WK_CFG_U64, NULL, 1, MK_MAX_LORA,
+     "in-context learning rate LoRA rank (default from C)"},
+    {"lora-v", WK_CFG_U64, NULL, 1, MK_MAX_LORA, "value-residual LoRA rank (default from C)"},
+    {"lora-g", WK_CFG_U64, NULL, 1, MK_MAX_LORA, "gate LoRA rank (default from C)"},
+    {"dtype", WK_CFG_STR, "bf16", 0, 0, "f32 or bf16"},
+    {"seed", WK_CFG_U64, "1", 0, UINT64_MAX, "PRNG seed"},
+    {"force", WK_CFG_BOOL, NULL, 0, 0, "write into a non-empty directory"},
+};
+
+#define MK_BIND(opt, type, field) WK_CFG_BIND(mk_args, opt, type, field)
+static const wk_cfg_bind mk_binds[] = {
+    MK_BIND("out", STR, out),           MK_BIND("layers", U32, layers),
+    MK_BIND("embd", U32, embd),         MK_BIND("head-size", U32, head_size),
+    MK_BIND("ffn", U32, ffn),           MK_BIND("vocab", U32, vocab),
+    MK_BIND("vocab-file", STR, vocab_file), MK_BIND("lora-w", U32, lora_w),
+    MK_BIND("lora-a", U32, lora_a),     MK_BIND("lora-v", U32, lora_v),
+    MK_BIND("lora-g", U32, lora_g),     MK_BIND("dtype", STR, dtype),
+    MK_BIND("seed", U64, seed),         MK_BIND("force", BOOL, force),
+};
+
+static const wk_cfg_tool mk_tool = {
+    .prog = "wkvm-mkmodel",
+    .about = "Writes a small deterministic RWKV-7 model (HF layout: config.json,\n"
+             "model.safetensors, rwkv_vocab_v20230424.txt).",
+    .opts = mk_table,
+    .n_opts = sizeof(mk_table) / sizeof(mk_table[0]),
+    .binds = mk_binds,
+    .n_binds = sizeof(mk_binds) / sizeof(mk_binds[0]),
+};
 
 /* BlinkDL's LoRA rank rule: max(32, round(k * C^p / 32) * 32). */
 static int
@@ -923,91 +931,10 @@ mk_lora_default(int C, double k, double p)
     return d < 32 ? 32 : d;
 }
 
-int
-main(int argc, char **argv)
+/* Checks c (as parsed) and writes the model; the exit status. */
+static int
+mk_run(mk_cfg c, bool vocab_set)
 {
-    mk_cfg c = {
-        .layers = 4, .embd = 256, .head_size = 64, .ffn = 0, .vocab = 4096,
-        .dtype = MK_DTYPE_BF16, .seed = 1,
-    };
-    enum { O_OUT = 256, O_LAYERS, O_EMBD, O_HEAD, O_FFN, O_VOCAB, O_LW, O_LA, O_LV, O_LG,
-           O_DTYPE, O_SEED, O_FORCE, O_HELP, O_VOCAB_FILE, O_VERSION };
-    bool vocab_set = false;
-    static const struct option opts[] = {
-        {"out", required_argument, NULL, O_OUT},
-        {"layers", required_argument, NULL, O_LAYERS},
-        {"embd", required_argument, NULL, O_EMBD},
-        {"head-size", required_argument, NULL, O_HEAD},
-        {"ffn", required_argument, NULL, O_FFN},
-        {"vocab", required_argument, NULL, O_VOCAB},
-        {"lora-w", required_argument, NULL, O_LW},
-        {"lora-a", required_argument, NULL, O_LA},
-        {"lora-v", required_argument, NULL, O_LV},
-        {"lora-g", required_argument, NULL, O_LG},
-        {"dtype", required_argument, NULL, O_DTYPE},
-        {"seed", required_argument, NULL, O_SEED},
-        {"force", no_argument, NULL, O_FORCE},
-        {"vocab-file", required_argument, NULL, O_VOCAB_FILE},
-        {"help", no_argument, NULL, O_HELP},
-        {"version", no_argument, NULL, O_VERSION},
-        {NULL, 0, NULL, 0},
-    };
-    int opt, rc = 0;
-    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (opt) {
-        case O_OUT: c.out = optarg; break;
-        case O_LAYERS: rc |= mk_parse_int("--layers", optarg, 1, MK_MAX_LAYERS, &c.layers); break;
-        case O_EMBD: rc |= mk_parse_int("--embd", optarg, 1, MK_MAX_EMBD, &c.embd); break;
-        case O_HEAD: rc |= mk_parse_int("--head-size", optarg, 1, MK_MAX_EMBD, &c.head_size); break;
-        case O_FFN: rc |= mk_parse_int("--ffn", optarg, 1, MK_MAX_FFN, &c.ffn); break;
-        case O_VOCAB:
-            rc |= mk_parse_int("--vocab", optarg, 257, MK_MAX_VOCAB, &c.vocab);
-            vocab_set = true;
-            break;
-        case O_VOCAB_FILE: c.vocab_file = optarg; break;
-        case O_LW: rc |= mk_parse_int("--lora-w", optarg, 1, MK_MAX_LORA, &c.lora_w); break;
-        case O_LA: rc |= mk_parse_int("--lora-a", optarg, 1, MK_MAX_LORA, &c.lora_a); break;
-        case O_LV: rc |= mk_parse_int("--lora-v", optarg, 1, MK_MAX_LORA, &c.lora_v); break;
-        case O_LG: rc |= mk_parse_int("--lora-g", optarg, 1, MK_MAX_LORA, &c.lora_g); break;
-        case O_DTYPE:
-            if (strcmp(optarg, "f32") == 0) {
-                c.dtype = MK_DTYPE_F32;
-            } else if (strcmp(optarg, "bf16") == 0) {
-                c.dtype = MK_DTYPE_BF16;
-            } else {
-                fprintf(stderr, "wkvm-mkmodel: --dtype: '%s' is not f32 or bf16\n", optarg);
-                rc = -1;
-            }
-            break;
-        case O_SEED: {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-') {
-                fprintf(stderr, "wkvm-mkmodel: --seed: '%s' is not an unsigned integer\n",
-                        optarg);
-                rc = -1;
-            }
-            c.seed = (uint64_t)v;
-            break;
-        }
-        case O_FORCE: c.force = true; break;
-        case O_HELP: mk_usage(stdout); return 0;
-        case O_VERSION: printf("wkvm-mkmodel %s\n", WK_VERSION); return 0;
-        default: mk_usage(stderr); return 2;
-        }
-    }
-    if (rc != 0)
-        return 2;
-    if (optind < argc) {
-        fprintf(stderr, "wkvm-mkmodel: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (!c.out || !*c.out) {
-        fprintf(stderr, "wkvm-mkmodel: --out DIR is required\n");
-        mk_usage(stderr);
-        return 2;
-    }
     if (c.embd % c.head_size != 0) {
         fprintf(stderr, "wkvm-mkmodel: --head-size %d does not divide --embd %d\n",
                 c.head_size, c.embd);
@@ -1075,3 +1002,39 @@ main(int argc, char **argv)
     free(plan.t);
     return 0;
 }
+
+int
+main(int argc, char **argv)
+{
+    mk_args a = {0};
+    wk_cfg *cfg = NULL;
+    int prc = wk_cfg_tool_parse(&mk_tool, argc, argv, &a, &cfg);
+    if (prc != WK_CFG_TOOL_RUN)
+        return prc;
+    /* every number is within its table limits, which fit an int */
+    mk_cfg c = {
+        .out = a.out, .layers = (int)a.layers, .embd = (int)a.embd,
+        .head_size = (int)a.head_size, .ffn = (int)a.ffn, .vocab = (int)a.vocab,
+        .lora_w = (int)a.lora_w, .lora_a = (int)a.lora_a, .lora_v = (int)a.lora_v,
+        .lora_g = (int)a.lora_g, .seed = a.seed, .force = a.force, .vocab_file = a.vocab_file,
+    };
+    bool vocab_set = wk_cfg_is_set(cfg, "vocab");
+    if (strcmp(a.dtype, "f32") == 0) {
+        c.dtype = MK_DTYPE_F32;
+    } else if (strcmp(a.dtype, "bf16") == 0) {
+        c.dtype = MK_DTYPE_BF16;
+    } else {
+        fprintf(stderr, "wkvm-mkmodel: --dtype: '%s' is not f32 or bf16\n", a.dtype);
+        wk_cfg_free(cfg);
+        return 2;
+    }
+    if (!c.out || !*c.out) {
+        fprintf(stderr, "wkvm-mkmodel: --out DIR is required (see --help)\n");
+        wk_cfg_free(cfg);
+        return 2;
+    }
+    int rc = mk_run(c, vocab_set);
+    wk_cfg_free(cfg);
+    return rc;
+}
+
