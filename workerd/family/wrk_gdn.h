@@ -240,4 +240,12 @@ void wrk_gdn_fill_info(const wrk_gdn *g, uint32_t n_head, uint32_t head_size,
  */
 size_t wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size_t cap);
 
+/*
+ * A pure Mamba2 model (wrk_mamba2.h) as a layer list: every layer a MAMBA2
+ * mixer (its norm as attn_norm), no MLP; the same slot bytes. *out is one
+ * allocation (free()), borrowing v's tensors. Returns WK_OK or WK_ENOMEM.
+ * In family/wrk_mamba2.c.
+ */
+WK_MUST_CHECK wk_err wrk_mamba2_layer_list(const wrk_mamba2 *v, wrk_gdn **out, wk_diag *d);
+
 #endif /* WRK_GDN_H */

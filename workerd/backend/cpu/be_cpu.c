@@ -37,7 +37,6 @@ struct be_ctx {
 /* The families with a CPU pass. */
 static const be_cpu_family *const be_cpu_families[] = {
     &be_cpu_rwkv7_family,
-    &be_cpu_mamba2_family,
     &be_cpu_gdn_family,
 };
 
@@ -46,8 +45,9 @@ cpu_family_find(const wrk_model *m)
 {
     const char *view = wrk_model_view_kind(m);
     for (size_t i = 0; i < sizeof(be_cpu_families) / sizeof(be_cpu_families[0]); i++)
-        if (strcmp(be_cpu_families[i]->view, view) == 0)
-            return be_cpu_families[i];
+        for (const char *const *v = be_cpu_families[i]->views; *v != NULL; v++)
+            if (strcmp(*v, view) == 0)
+                return be_cpu_families[i];
     return NULL;
 }
 

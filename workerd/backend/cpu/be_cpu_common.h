@@ -110,7 +110,7 @@ typedef void (*be_cpu_pass_fn)(be_cpu_base *b);
  * be_cpu.c does the rest: slots, their images and the KV pages, the step.
  */
 typedef struct be_cpu_family {
-    const char *view; /* wrk_model_view_kind() it serves: "rwkv7", "mamba2", "gdn" */
+    const char *const *views; /* wrk_model_view_kind()s it serves ("gdn", "mamba2"), NULL-ended */
     wk_err (*open)(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d);
     void (*close)(be_cpu_base *b);
     be_cpu_pass_fn pass;
@@ -118,7 +118,6 @@ typedef struct be_cpu_family {
 } be_cpu_family;
 
 extern const be_cpu_family be_cpu_rwkv7_family;  /* be_cpu_rwkv7.c */
-extern const be_cpu_family be_cpu_mamba2_family; /* be_cpu_mamba2.c */
 extern const be_cpu_family be_cpu_gdn_family;    /* be_cpu_gdn.c */
 
 /*

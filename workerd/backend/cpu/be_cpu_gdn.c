@@ -153,7 +153,8 @@ typedef struct gdn_layer {
 
 struct be_ctx {
     be_cpu_base b;                             /* must be first: the pass gets &ctx->b */
-    const wrk_gdn *g;                          /* the model's view, borrowed */
+    const wrk_gdn *g;                          /* the model's layer list, borrowed or own */
+    wrk_gdn *own;                              /* the list made for a pure Mamba2 view, owned */
     uint32_t L, C, H, K, HV, Vd, KD, VD, W, F; /* dimensions (wrk_gdn.h) */
     uint32_t span, nspan;                      /* recurrence columns per task, tasks per head */
     float beta_scale;                          /* 1 or 2 (allow_neg_eigval) */
@@ -1545,6 +1546,7 @@ gdn_close(be_cpu_base *b)
     free(c->tpos);
     free(c->scr);
     free(c->att_blks);
+    free(c->own);
     free(c);
 }
 
@@ -1885,15 +1887,28 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d
     if (cfg == NULL || m == NULL || out == NULL)
         return wk_diag_set(d, WK_EINVAL, "cpu backend: missing config or model");
     const wrk_gdn *g = wrk_model_view(m, "gdn");
+    const wrk_mamba2 *m2 = wrk_model_view(m, "mamba2");
+    wrk_gdn *own = NULL; /* a pure Mamba2 model's layer list */
+    if (g == NULL && m2 != NULL) {
+        wk_err e = wrk_mamba2_layer_list(m2, &own, d);
+        if (e != WK_OK)
+            return e;
+        g = own;
+    }
     if (g == NULL)
-        return wk_diag_set(d, WK_EINVAL, "cpu backend: not a gdn model");
-    if (g->conv > GDN_CONV_MAX)
+        return wk_diag_set(d, WK_EINVAL, "cpu backend: not a layer-list model");
+    if (g->conv > GDN_CONV_MAX) {
+        free(own);
         return wk_diag_set(d, WK_ENOTSUP, "cpu backend: conv_size %u over %u", g->conv,
                            GDN_CONV_MAX);
+    }
     be_ctx *c = calloc(1, sizeof(*c));
-    if (c == NULL)
+    if (c == NULL) {
+        free(own);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    }
     c->g = g;
+    c->own = own;
     c->L = g->n_layer;
     c->C = g->n_embd;
     c->H = g->n_head;
@@ -2000,8 +2015,8 @@ gdn_describe(const be_cpu_base *b, char *buf, size_t len)
 {
     const be_ctx *c = (const be_ctx *)b;
     int n = snprintf(
-        buf, len, "cpu family=gdn isa=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
-        be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
+        buf, len, "cpu family=%s isa=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
+        wrk_model_view_kind(c->b.model), be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
         wk_dtype_name(wrk_model_info_get(c->b.model)->dtype), (unsigned long long)c->packed_bytes);
     if (c->n_attn > 0 && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n,
@@ -2010,8 +2025,10 @@ gdn_describe(const be_cpu_base *b, char *buf, size_t len)
                  c->kv.page_tokens);
 }
 
+static const char *const gdn_views[] = {"gdn", "mamba2", NULL};
+
 const be_cpu_family be_cpu_gdn_family = {
-    .view = "gdn",
+    .views = gdn_views,
     .open = gdn_open,
     .close = gdn_close,
     .pass = gdn_pass,

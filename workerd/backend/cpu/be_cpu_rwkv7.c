@@ -652,8 +652,10 @@ cpu_describe(const be_cpu_base *b, char *buf, size_t len)
              (unsigned long long)c->weight_bytes);
 }
 
+static const char *const cpu_views[] = {"rwkv7", NULL};
+
 const be_cpu_family be_cpu_rwkv7_family = {
-    .view = "rwkv7",
+    .views = cpu_views,
     .open = cpu_open,
     .close = cpu_close,
     .pass = cpu_pass_run,
