@@ -70,6 +70,7 @@
 #include "wk_tensor.h"
 #include "wrk_mamba2.h"
 #include "wrk_model.h"
+#include "wrk_rwkv7.h"
 
 /* A layer's mixer (wrk_gdn.h's layer list). */
 typedef enum wrk_mixer_kind {
@@ -77,6 +78,8 @@ typedef enum wrk_mixer_kind {
     WRK_MIXER_GDN,      /* Gated DeltaNet (recurrent: slot state) */
     WRK_MIXER_ATTN,     /* softmax attention (KV pages) */
     WRK_MIXER_MAMBA2,   /* Mamba2 (recurrent: slot state) */
+    WRK_MIXER_RWKV7,    /* RWKV-7 time mix (recurrent: slot state, holding the channel
+                           mix's shift too) */
 } wrk_mixer_kind;
 
 /* A layer's MLP. */
@@ -85,6 +88,8 @@ typedef enum wrk_mlp_kind {
     WRK_MLP_SWIGLU,   /* down(silu(gate x) * up x) */
     WRK_MLP_RELU2,    /* down(relu(up x)^2), non-gated (Nemotron-H) */
     WRK_MLP_MOE,      /* mixture of experts (wrk_moe) */
+    WRK_MLP_RWKV7,    /* RWKV-7 channel mix (only after an RWKV7 mixer: its shift is
+                         in that mixer's slot state) */
 } wrk_mlp_kind;
 
 /* How a mixture of experts routes. */
@@ -154,6 +159,10 @@ typedef struct wrk_gdn_layer {
     /* attention layers only (is_attn) */
     const wk_tensor *q_bias, *k_bias, *v_bias; /* [Hq Da], [Hkv Da], [Hkv Da]; qkv_bias only */
     const wk_tensor *q_norm, *k_norm;          /* per-head RMSNorm weight [Da]; qk_norm only */
+    /* layer_norm models: the pre-norms' biases [C] */
+    const wk_tensor *attn_norm_b, *mlp_norm_b;
+    /* RWKV7 kinds: the layer's RWKV-7 tensors (wrk_rwkv7.h; its ln1 / ln2 are the pre-norms) */
+    const wrk_rwkv7_layer *rw;
 } wrk_gdn_layer;
 
 typedef struct wrk_gdn {
@@ -207,6 +216,18 @@ typedef struct wrk_gdn {
     float res_mul;
     float attn_scale;
     float logit_div;
+    /*
+     * RWKV-7's conventions (wrk_rwkv7_layer_list); false / NULL for every
+     * other model. layer_norm: every pre-norm and the final norm are
+     * LayerNorms with a bias (attn_norm_b, mlp_norm_b, norm_b) instead of
+     * RMSNorms; emb_norm (with emb_norm_b): a LayerNorm on the embedding
+     * row; rw: the RWKV7 kinds' dimensions (heads, head size, LoRA ranks,
+     * the GroupNorm epsilon) and ffn_dim is its channel-mix width.
+     */
+    bool layer_norm;
+    const wk_tensor *norm_b;
+    const wk_tensor *emb_norm, *emb_norm_b;
+    const wrk_rwkv7 *rw;
 } wrk_gdn;
 
 /*
@@ -247,5 +268,14 @@ size_t wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size
  * In family/wrk_mamba2.c.
  */
 WK_MUST_CHECK wk_err wrk_mamba2_layer_list(const wrk_mamba2 *v, wrk_gdn **out, wk_diag *d);
+
+/*
+ * An RWKV-7 model (wrk_rwkv7.h) as a layer list: every layer an RWKV7 time
+ * mix and an RWKV7 channel mix behind their LayerNorms (ln1, ln2), ln0 on
+ * the embedding, ln_out and the head; the same slot bytes (per layer the
+ * time mix's shift, the channel mix's shift, then the WKV state). One
+ * allocation (free()), borrowing v's tensors. In family/wrk_rwkv7.c.
+ */
+WK_MUST_CHECK wk_err wrk_rwkv7_layer_list(const wrk_rwkv7 *v, wrk_gdn **out, wk_diag *d);
 
 #endif /* WRK_GDN_H */

@@ -36,7 +36,6 @@ struct be_ctx {
 
 /* The families with a CPU pass. */
 static const be_cpu_family *const be_cpu_families[] = {
-    &be_cpu_rwkv7_family,
     &be_cpu_gdn_family,
 };
 

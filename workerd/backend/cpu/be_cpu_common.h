@@ -117,7 +117,6 @@ typedef struct be_cpu_family {
     void (*describe)(const be_cpu_base *b, char *buf, size_t len);
 } be_cpu_family;
 
-extern const be_cpu_family be_cpu_rwkv7_family;  /* be_cpu_rwkv7.c */
 extern const be_cpu_family be_cpu_gdn_family;    /* be_cpu_gdn.c */
 
 /*
@@ -203,5 +202,13 @@ float *be_cpu_alloc_f(size_t n);
  * weight). Sum of squares in double, 8 partial sums in a fixed order. y may be x.
  */
 void be_cpu_rmsnorm(const float *x, const float *w, uint32_t n, double eps, float *y);
+
+/*
+ * LayerNorm over n values: y = (x - mean) / sqrt(var + eps) * w + b.
+ * Statistics in double with 8 partial sums in a fixed order (the result
+ * depends only on x, never on the batch). y may be x.
+ */
+void be_cpu_layernorm(const float *x, const float *w, const float *b, uint32_t n, double eps,
+                      float *y);
 
 #endif /* BE_CPU_COMMON_H */

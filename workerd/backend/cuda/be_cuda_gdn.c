@@ -583,6 +583,7 @@ gdn_layer_run(be_cuda_gdn *c, uint32_t l, wk_diag *d)
     case WRK_MIXER_MAMBA2:
         BE_CUDA_TRY(gdn_mamba2(c, ly, d));
         break;
+    case WRK_MIXER_RWKV7: /* refused at create: RWKV-7 runs in be_cuda_rwkv7.c */
     case WRK_MIXER_NONE:
         break;
     }
@@ -860,6 +861,7 @@ gdn_want_layer(be_cuda_gdn *c, gdn_mats *ms, const wrk_gdn_layer *s, gdn_layer *
         BE_CUDA_TRY(gdn_want(ms, &s->m2.in_proj, &ly->m2_in, C, c->DIP, l, "mamba2 in_proj", d));
         BE_CUDA_TRY(gdn_want(ms, &s->m2.out_proj, &ly->m2_out, c->DI, C, l, "mamba2 out_proj", d));
         break;
+    case WRK_MIXER_RWKV7: /* refused at create */
     case WRK_MIXER_NONE:
         break;
     }
@@ -1153,14 +1155,37 @@ gdn_check_view(const wrk_gdn *g, uint32_t n_gdn, wk_diag *d)
 }
 
 static wk_err
+gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, float *arena,
+                uint32_t n_slots, uint64_t slot_bytes, void **out, wk_diag *d);
+
+/*
+ * The model's layer list: the "gdn" view, or a pure Mamba2 model's
+ * (wrk_mamba2_layer_list, read only while the step is created).
+ */
+static wk_err
 gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slots,
            uint64_t slot_bytes, void **out, wk_diag *d)
 {
     if (cfg == NULL || m == NULL || arena == NULL || out == NULL)
         return wk_diag_set(d, WK_EINVAL, "cuda backend: missing config, model or arena");
     const wrk_gdn *g = wrk_model_view(m, "gdn");
-    if (g == NULL)
-        return wk_diag_set(d, WK_EINVAL, "cuda backend: not a gdn model");
+    if (g != NULL)
+        return gdn_create_list(cfg, m, g, arena, n_slots, slot_bytes, out, d);
+    const wrk_mamba2 *m2 = wrk_model_view(m, "mamba2");
+    if (m2 == NULL)
+        return wk_diag_set(d, WK_EINVAL, "cuda backend: not a layer-list model");
+    wrk_gdn *own = NULL;
+    wk_err e = wrk_mamba2_layer_list(m2, &own, d);
+    if (e == WK_OK)
+        e = gdn_create_list(cfg, m, own, arena, n_slots, slot_bytes, out, d);
+    free(own);
+    return e;
+}
+
+static wk_err
+gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, float *arena,
+                uint32_t n_slots, uint64_t slot_bytes, void **out, wk_diag *d)
+{
     uint32_t n_gdn = 0, n_att = 0, n_m2 = 0;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         const wrk_gdn_layer *ly = &g->layers[l];
@@ -1330,7 +1355,7 @@ gdn_kv(void *impl)
 }
 
 const be_cuda_family be_cuda_gdn_family = {
-    .name = "gdn",
+    .views = (const char *const[]){"gdn", "mamba2", NULL},
     .create = gdn_create,
     .destroy = gdn_destroy,
     .step = gdn_step,
