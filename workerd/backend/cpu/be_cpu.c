@@ -3,10 +3,10 @@
  * core every family plugs into, as the CUDA backend's be_cuda.c does
  * (be_cuda_family over be_cuda_core).
  *
- * open() picks the family by the model's view (wrk_model_view_kind:
- * RWKV-7, Mamba2, or "gdn": the hybrid layer list that runs Gated
- * DeltaNet, Qwen3.5, Nemotron-H and Granite-4.0-H) and lets it build its
- * context, which starts with a be_cpu_base (be_cpu_common.h). Everything
+ * open() picks the pass by the model's view (wrk_model_view_kind; today
+ * one pass, the layer list of be_cpu_gdn.c, runs every view: "gdn" for
+ * Gated DeltaNet, Qwen3.5, Nemotron-H and Granite-4.0-H, "mamba2",
+ * "rwkv7") and lets it build its context, which starts with a be_cpu_base (be_cpu_common.h). Everything
  * else is written once here, over that base: the slot count and sizes, the
  * step (be_cpu_base_step with the family's pass), and the slot operations.
  *

@@ -1,10 +1,10 @@
 /*
  * be_cpu_common: what every family's CPU backend shares.
  *
- be_cpu_ops (be_cpu.c) is the generic core; a family plugs into it as a
- * be_cpu_family table chosen at open by the model's view:
- * be_cpu_rwkv7_family (be_cpu_rwkv7.c), be_cpu_mamba2_family,
- * be_cpu_gdn_family (the hybrid layer list). A family
+ * be_cpu_ops (be_cpu.c) is the generic core; a pass plugs into it as a
+ * be_cpu_family table chosen at open by the model's view: today one,
+ * be_cpu_gdn_family (the layer list, every view: be_cpu_gdn.c over the
+ * layer kinds of be_cpu_rwkv7.h, be_cpu_mamba2.h and its own). A family
  * context starts with a be_cpu_base, which owns the thread pool, the slot
  * arena (one fp32 block per slot, in the family's wrk_model_state_layout),
  * the step (the row checks and the split into passes of at most `cap`
@@ -12,7 +12,7 @@
  * GEMM regions. The family supplies one function
  * that runs the whole network over the tokens of the current pass.
  *
- * The same rules as be_cpu_rwkv7.c hold for every family: a row's bits never
+ * The same rules hold for every layer kind: a row's bits never
  * depend on the other rows, on how its prefill is split or on the thread
  * count; a refused step changes no slot. Never logs, never aborts.
  */

@@ -1,19 +1,23 @@
 /*
- * be_cpu_gdn: the CPU backend's hybrid layer-list pass (be_cpu_gdn_family;
- * be_cpu.c's core plugs it in for every model with the "gdn" view:
- * fla Gated DeltaNet and its hybrids, Qwen3.5, Nemotron-H), over the shared
+ * be_cpu_gdn: the CPU backend's layer-list pass, the one pass of every
+ * model (be_cpu_gdn_family; be_cpu.c's core plugs it in for the views
+ * "gdn": fla Gated DeltaNet and its hybrids, Qwen3.5, Nemotron-H,
+ * Granite-4.0-H; "mamba2" and "rwkv7", whose families give their layer
+ * lists, wrk_mamba2_layer_list / wrk_rwkv7_layer_list), over the shared
  * be_cpu_base (arena, step validation, passes, GEMM regions).
  *
  * A model is a list of layers (wrk_gdn.h), each an optional mixer (Gated
- * DeltaNet, softmax attention, Mamba2) and an optional MLP (SwiGLU, squared
- * ReLU, mixture of experts), each after its own RMSNorm, over one residual
- * stream. A pass runs layer by layer over all its tokens, dispatching on the
- * kinds; the Mamba2 mixer is the one be_cpu_mamba2.c runs for the pure
- * Mamba2 family (be_cpu_mamba2.h: the same conv, scan and gated norm), so
- * it gives the same bits in either pass.
+ * DeltaNet, softmax attention, Mamba2, RWKV-7 time mix) and an optional MLP
+ * (SwiGLU, squared ReLU, mixture of experts, RWKV-7 channel mix), each
+ * after its own pre-norm (RMSNorm; LayerNorm with bias for RWKV-7, which
+ * also normalises the embedding row), over one residual stream. A pass runs
+ * layer by layer over all its tokens, dispatching on the kinds; the Mamba2
+ * kind's kernels are be_cpu_mamba2.h's, the RWKV-7 kinds be_cpu_rwkv7.h's
+ * (v_first carried across layers in that kind's pass buffer), the rest
+ * are here.
  *
  * At open it packs every projection and the head in their stored dtype
- * (a tied head is packed from the embedding), and converts the vectors
+ * into one block (a tied head is packed from the embedding), and converts the vectors
  * (norm weights, A_log, dt_bias, conv taps as [W][D]) to fp32. A Gated
  * DeltaNet mixer runs one GEMM region for the q, k, v, a, b, g projections
  * of every token, the short convolutions per token (the inputs before the

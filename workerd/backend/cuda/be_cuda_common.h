@@ -1,7 +1,7 @@
 /*
  * be_cuda_common: what the CUDA backend's family steps share (RWKV-7 in
- * be_cuda_rwkv7.c, Mamba2 in be_cuda_mamba2.c, Gated DeltaNet in
- * be_cuda_gdn.c), and the family seam be_cuda.c dispatches through.
+ * be_cuda_rwkv7.c, the layer list in be_cuda_gdn.c: Gated DeltaNet, the
+ * hybrids and pure Mamba2), and the family seam be_cuda.c dispatches through.
  *
  * A family step owns a be_cuda_core: the stream and cuBLAS handle every
  * enqueue of its steps goes to, the weight block on the device (every

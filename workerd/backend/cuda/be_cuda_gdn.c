@@ -30,8 +30,8 @@
  *           32-column tile) in token order over the slot's S, the gated
  *           per-head RMSNorm, o_proj.
  *   ATTN    below (hybrid models).
- *   MAMBA2  the pure Mamba2 family's kernels (k_mamba2.cu, as
- *           be_cuda_mamba2.c drives them): in_proj into m2p [T][DIP]
+ *   MAMBA2  k_mamba2.cu's kernels (every layer of a pure Mamba2 model
+ *           too: wrk_mamba2_layer_list): in_proj into m2p [T][DIP]
  *           (z [DI] | xBC [CD] | dt [H2] per token), the conv + SiLU of
  *           xBC (m2p + DI, rows DIP apart) per (segment, channel) over the
  *           slot's conv state into m2x [T][CD], the scan per (segment,
@@ -351,8 +351,8 @@ gdn_mixer(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
 
 /*
  * A Mamba2 mixer over the pass (xn holds attn_norm's output), added into
- * x: the pure Mamba2 family's kernels with its buffer layout (m2p rows
- * z [DI] | xBC [CD] | dt [H2], be_cuda_mamba2.c's m2_layer_run).
+ * x: k_mamba2.cu's kernels over the buffer layout m2p rows
+ * z [DI] | xBC [CD] | dt [H2] (also every layer of a pure Mamba2 model).
  */
 static wk_err
 gdn_mamba2(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
