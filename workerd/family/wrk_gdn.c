@@ -750,8 +750,8 @@ wrk_gdn_layer_floats(const wrk_gdn *g, uint32_t l)
         return CD * (g->m2_conv - 1) + DI * g->m2_state;
     }
     case WRK_MIXER_RWKV7: /* shifts of the time and channel mix, then the WKV state */
-        return 2 * (uint64_t)g->n_embd + (uint64_t)g->rw->n_head * g->rw->head_size *
-                                             g->rw->head_size;
+        return 2 * (uint64_t)g->n_embd +
+               (uint64_t)g->rw->n_head * g->rw->head_size * g->rw->head_size;
     default:
         return 0;
     }

@@ -6,9 +6,9 @@
  * open() picks the pass by the model's view (wrk_model_view_kind; today
  * one pass, the layer list of be_cpu_gdn.c, runs every view: "gdn" for
  * Gated DeltaNet, Qwen3.5, Nemotron-H and Granite-4.0-H, "mamba2",
- * "rwkv7") and lets it build its context, which starts with a be_cpu_base (be_cpu_common.h). Everything
- * else is written once here, over that base: the slot count and sizes, the
- * step (be_cpu_base_step with the family's pass), and the slot operations.
+ * "rwkv7") and lets it build its context, which starts with a be_cpu_base (be_cpu_common.h).
+ * Everything else is written once here, over that base: the slot count and sizes, the step
+ * (be_cpu_base_step with the family's pass), and the slot operations.
  *
  * Hybrid models (the family set be_cpu_base.kv: attention layers): a slot's
  * image is its fixed part in the base arena followed by its KV,

@@ -100,8 +100,9 @@ struct be_cpu_base {
 typedef void (*be_cpu_pass_fn)(be_cpu_base *b);
 
 /*
- * One family's part of the CPU backend, what be_cpu.c cannot write once.
- * open() builds the family's context for the model (its first member the
+ * A pass's part of the CPU backend, what be_cpu.c cannot write once (one
+ * today: the layer list of be_cpu_gdn.c, for every view).
+ * open() builds the pass's context for the model (its first member the
  * be_cpu_base, set up with be_cpu_base_open; a hybrid's KV pool in
  * be_cpu_base.kv and its page reservation in pre_step) and returns that
  * base in *out; m is borrowed for the context's life. close() frees it
@@ -110,14 +111,14 @@ typedef void (*be_cpu_pass_fn)(be_cpu_base *b);
  * be_cpu.c does the rest: slots, their images and the KV pages, the step.
  */
 typedef struct be_cpu_family {
-    const char *const *views; /* wrk_model_view_kind()s it serves ("gdn", "mamba2"), NULL-ended */
+    const char *const *views; /* wrk_model_view_kind()s it serves, NULL-ended */
     wk_err (*open)(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d);
     void (*close)(be_cpu_base *b);
     be_cpu_pass_fn pass;
     void (*describe)(const be_cpu_base *b, char *buf, size_t len);
 } be_cpu_family;
 
-extern const be_cpu_family be_cpu_gdn_family;    /* be_cpu_gdn.c */
+extern const be_cpu_family be_cpu_gdn_family; /* be_cpu_gdn.c: "gdn", "mamba2", "rwkv7" */
 
 /*
  * Sets b up: pool, arena of cfg->n_slots zeroed slots of slot_floats floats,

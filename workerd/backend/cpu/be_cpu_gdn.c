@@ -231,10 +231,10 @@ struct be_ctx {
     gdn_att_fn att;           /* attention of one (token, head) for the ISA */
 
     /* RWKV-7 layers (g->rw NULL: none of this is allocated) */
-    be_cpu_rw7 rw7;                 /* their dimensions and pass buffers */
-    const float *norm_b;            /* layer_norm: the final LayerNorm's bias [C] */
-    const float *emb_w, *emb_b;     /* emb_norm: the embedding's LayerNorm [C] */
-    void *weights;                  /* one block holding every packed matrix, owned */
+    be_cpu_rw7 rw7;             /* their dimensions and pass buffers */
+    const float *norm_b;        /* layer_norm: the final LayerNorm's bias [C] */
+    const float *emb_w, *emb_b; /* emb_norm: the embedding's LayerNorm [C] */
+    void *weights;              /* one block holding every packed matrix, owned */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -1726,11 +1726,10 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
             break;
         if (s->mlp != WRK_MLP_NONE && (e = gdn_vec(s->mlp_norm, C, &vp, &ly->mlp_norm)) != WK_OK)
             break;
-        if (g->layer_norm &&
-            ((s->mixer != WRK_MIXER_NONE &&
-              (e = gdn_vec(s->attn_norm_b, C, &vp, &ly->attn_norm_b)) != WK_OK) ||
-             (s->mlp != WRK_MLP_NONE &&
-              (e = gdn_vec(s->mlp_norm_b, C, &vp, &ly->mlp_norm_b)) != WK_OK)))
+        if (g->layer_norm && ((s->mixer != WRK_MIXER_NONE &&
+                               (e = gdn_vec(s->attn_norm_b, C, &vp, &ly->attn_norm_b)) != WK_OK) ||
+                              (s->mlp != WRK_MLP_NONE &&
+                               (e = gdn_vec(s->mlp_norm_b, C, &vp, &ly->mlp_norm_b)) != WK_OK)))
             break;
         if (ly->attn_norm != NULL)
             gdn_offset((float *)ly->attn_norm, C, g->norm_offset);
@@ -1976,8 +1975,8 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d
     const wrk_rwkv7 *rw = wrk_model_rwkv7(m);
     wrk_gdn *own = NULL; /* a pure Mamba2 or an RWKV-7 model's layer list */
     if (g == NULL && (m2 != NULL || rw != NULL)) {
-        wk_err e = m2 != NULL ? wrk_mamba2_layer_list(m2, &own, d)
-                              : wrk_rwkv7_layer_list(rw, &own, d);
+        wk_err e =
+            m2 != NULL ? wrk_mamba2_layer_list(m2, &own, d) : wrk_rwkv7_layer_list(rw, &own, d);
         if (e != WK_OK)
             return e;
         g = own;

@@ -148,15 +148,15 @@ rw7_lora_up(be_cpu_rw7 *c, const be_cpu_rw7_layer *ly, uint32_t t0, uint32_t n, 
 {
     const be_cpu_isa isa = c->b->isa;
     const size_t C = c->C;
-    be_cpu_gemm(isa, &ly->w2, c->lw + (size_t)t0 * c->Dw, c->Dw, n, c->mx[0] + t0 * C, C, NULL,
-                p0, p1, BE_CPU_EPI_STORE);
-    be_cpu_gemm(isa, &ly->a2, c->la + (size_t)t0 * c->Da, c->Da, n, c->mx[1] + t0 * C, C, NULL,
-                p0, p1, BE_CPU_EPI_STORE);
+    be_cpu_gemm(isa, &ly->w2, c->lw + (size_t)t0 * c->Dw, c->Dw, n, c->mx[0] + t0 * C, C, NULL, p0,
+                p1, BE_CPU_EPI_STORE);
+    be_cpu_gemm(isa, &ly->a2, c->la + (size_t)t0 * c->Da, c->Da, n, c->mx[1] + t0 * C, C, NULL, p0,
+                p1, BE_CPU_EPI_STORE);
     if (!ly->first)
-        be_cpu_gemm(isa, &ly->v2, c->lv + (size_t)t0 * c->Dv, c->Dv, n, c->mx[2] + t0 * C, C,
-                    NULL, p0, p1, BE_CPU_EPI_STORE);
-    be_cpu_gemm(isa, &ly->g2, c->lg + (size_t)t0 * c->Dg, c->Dg, n, c->mx[3] + t0 * C, C, NULL,
-                p0, p1, BE_CPU_EPI_STORE);
+        be_cpu_gemm(isa, &ly->v2, c->lv + (size_t)t0 * c->Dv, c->Dv, n, c->mx[2] + t0 * C, C, NULL,
+                    p0, p1, BE_CPU_EPI_STORE);
+    be_cpu_gemm(isa, &ly->g2, c->lg + (size_t)t0 * c->Dg, c->Dg, n, c->mx[3] + t0 * C, C, NULL, p0,
+                p1, BE_CPU_EPI_STORE);
 }
 
 /*
@@ -312,8 +312,7 @@ be_cpu_rw7_vec_floats(uint32_t C)
 }
 
 wk_err
-be_cpu_rw7_load(const wrk_rwkv7_layer *s, bool first, uint32_t C, float **vp,
-                be_cpu_rw7_layer *ly)
+be_cpu_rw7_load(const wrk_rwkv7_layer *s, bool first, uint32_t C, float **vp, be_cpu_rw7_layer *ly)
 {
     struct {
         const wk_tensor *t;

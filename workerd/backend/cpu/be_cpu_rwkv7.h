@@ -22,35 +22,42 @@
 #include "wrk_rwkv7.h"
 
 /* Indices of the token-shift mixes. */
-enum { BE_CPU_RW7_MIX_R = 0, BE_CPU_RW7_MIX_W, BE_CPU_RW7_MIX_K, BE_CPU_RW7_MIX_V,
-       BE_CPU_RW7_MIX_A, BE_CPU_RW7_MIX_G, BE_CPU_RW7_MIX_N };
+enum {
+    BE_CPU_RW7_MIX_R = 0,
+    BE_CPU_RW7_MIX_W,
+    BE_CPU_RW7_MIX_K,
+    BE_CPU_RW7_MIX_V,
+    BE_CPU_RW7_MIX_A,
+    BE_CPU_RW7_MIX_G,
+    BE_CPU_RW7_MIX_N
+};
 
-/* One layer's RWKV-7 weights (the vectors fp32, borrowed; the matrices packed, owned). */
+/* One layer's RWKV-7 weights (fp32 vectors and packed matrices, in the pass's blocks). */
 typedef struct be_cpu_rw7_layer {
-    bool first;                       /* the model's first RWKV-7 layer: sets v_first */
+    bool first;                         /* the model's first RWKV-7 layer: sets v_first */
     const float *mix[BE_CPU_RW7_MIX_N]; /* x_r, x_w, x_k, x_v, x_a, x_g */
-    const float *w0, *a0, *v0;        /* LoRA biases (v0 NULL on the first layer) */
-    const float *k_k, *k_a;           /* key normalisation / ICLR mix */
-    const float *r_k;                 /* bonus [H * N] */
-    const float *lnx_w, *lnx_b;       /* GroupNorm */
-    const float *ffn_x_k;             /* channel-mix shift mix */
-    be_cpu_mat wr, wk, wv, wo;        /* C -> C projections */
-    be_cpu_mat w1, w2, a1, a2;        /* decay and ICLR LoRAs */
-    be_cpu_mat v1, v2, g1, g2;        /* value-residual (not on the first layer) and gate LoRAs */
-    be_cpu_mat fk, fv;                /* channel mix C -> F -> C */
+    const float *w0, *a0, *v0;          /* LoRA biases (v0 NULL on the first layer) */
+    const float *k_k, *k_a;             /* key normalisation / ICLR mix */
+    const float *r_k;                   /* bonus [H * N] */
+    const float *lnx_w, *lnx_b;         /* GroupNorm */
+    const float *ffn_x_k;               /* channel-mix shift mix */
+    be_cpu_mat wr, wk, wv, wo;          /* C -> C projections */
+    be_cpu_mat w1, w2, a1, a2;          /* decay and ICLR LoRAs */
+    be_cpu_mat v1, v2, g1, g2;          /* value-residual (not on the first layer) and gate LoRAs */
+    be_cpu_mat fk, fv;                  /* channel mix C -> F -> C */
 } be_cpu_rw7_layer;
 
 /* The kinds' dimensions and pass buffers (b.cap tokens each). */
 typedef struct be_cpu_rw7 {
-    be_cpu_base *b;                 /* the pass's base, borrowed */
-    uint32_t C, H, N, F;            /* width, heads, head size, channel-mix width */
-    uint32_t Dw, Da, Dv, Dg;        /* LoRA ranks */
-    uint32_t head_panels;           /* panels per head when N % BE_CPU_NR == 0, else 0 */
-    double gn_eps;                  /* GroupNorm epsilon */
-    float *mx[BE_CPU_RW7_MIX_N];    /* mixes, then reused [cap][C] */
-    float *r, *k, *v, *vf;          /* [cap][C]; vf: v_first across layers */
-    float *lw, *la, *lv, *lg;       /* LoRA hidden [cap][D*] */
-    float *hf;                      /* channel-mix hidden [cap][F] */
+    be_cpu_base *b;              /* the pass's base, borrowed */
+    uint32_t C, H, N, F;         /* width, heads, head size, channel-mix width */
+    uint32_t Dw, Da, Dv, Dg;     /* LoRA ranks */
+    uint32_t head_panels;        /* panels per head when N % BE_CPU_NR == 0, else 0 */
+    double gn_eps;               /* GroupNorm epsilon */
+    float *mx[BE_CPU_RW7_MIX_N]; /* mixes, then reused [cap][C] */
+    float *r, *k, *v, *vf;       /* [cap][C]; vf: v_first across layers */
+    float *lw, *la, *lv, *lg;    /* LoRA hidden [cap][D*] */
+    float *hf;                   /* channel-mix hidden [cap][F] */
     /* the layer being run (for task bodies) */
     const be_cpu_rw7_layer *ly;
     const float *xn; /* its normed input [cap][C] */
@@ -58,8 +65,7 @@ typedef struct be_cpu_rw7 {
 } be_cpu_rw7;
 
 /* Sets k up for v over b and allocates its buffers; WK_ENOMEM. k is then ready for close. */
-WK_MUST_CHECK wk_err be_cpu_rw7_open(be_cpu_rw7 *k, be_cpu_base *b, const wrk_rwkv7 *v,
-                                     wk_diag *d);
+WK_MUST_CHECK wk_err be_cpu_rw7_open(be_cpu_rw7 *k, be_cpu_base *b, const wrk_rwkv7 *v, wk_diag *d);
 void be_cpu_rw7_close(be_cpu_rw7 *k);
 
 /* fp32 floats of one layer's vectors (be_cpu_rw7_load). */

@@ -1154,9 +1154,9 @@ gdn_check_view(const wrk_gdn *g, uint32_t n_gdn, wk_diag *d)
     return WK_OK;
 }
 
-static wk_err
-gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, float *arena,
-                uint32_t n_slots, uint64_t slot_bytes, void **out, wk_diag *d);
+static wk_err gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g,
+                              float *arena, uint32_t n_slots, uint64_t slot_bytes, void **out,
+                              wk_diag *d);
 
 /*
  * The model's layer list: the "gdn" view, or a pure Mamba2 model's
