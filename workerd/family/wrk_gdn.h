@@ -5,13 +5,15 @@
  * DeltaNet and its hybrids), wrk_qwen35.c (Qwen3.5 / Qwen3-Next),
  * wrk_nemotron_h.c (NVIDIA Nemotron-H), wrk_granite_h.c (IBM Granite-4.0-H:
  * Mamba2 + attention with Granite's multipliers, emb_mul .. logit_div below).
+ * RWKV-7 and pure Mamba2 keep their own views and give the backends this
+ * list (wrk_rwkv7_layer_list, wrk_mamba2_layer_list, below).
  *
  * A model is a list of layers over one residual stream x (fp32). Each layer
  * is an optional mixer and an optional MLP, each with its own pre-norm:
  *     if mixer != NONE:  x += mixer(rmsnorm(x) * attn_norm)
  *     if mlp   != NONE:  x += mlp(rmsnorm(x) * mlp_norm)
- * then the final RMSNorm (norm) and the head. Kinds (wrk_mixer_kind,
- * wrk_mlp_kind):
+ * then the final RMSNorm (norm) and the head (layer_norm: every norm a
+ * LayerNorm with its bias, RWKV-7's). Kinds (wrk_mixer_kind, wrk_mlp_kind):
  *   mixer GDN     Gated DeltaNet (below): q/k/v/a/b/g_proj, convs, o_proj
  *   mixer ATTN    causal softmax attention, GQA, RoPE on the first rope_dim
  *                 dims of each head (rope_dim 0: no position encoding)
@@ -20,6 +22,10 @@
  *   mlp SWIGLU    down(silu(gate x) * up x)
  *   mlp RELU2     down(relu(up x)^2)   (gate_proj NULL)
  *   mlp MOE       a mixture of experts (wrk_moe, field moe)
+ *   mixer RWKV7   RWKV-7 time mix (field rw; math and state: wrk_rwkv7.h,
+ *                 the backends' be_*_rwkv7), value residual from the first
+ *                 RWKV7 layer
+ *   mlp RWKV7     RWKV-7 channel mix (field rw; after an RWKV7 mixer)
  * Fields of kinds a layer does not have are left zero / NULL.
  *
  * Gated DeltaNet dimensions: C = hidden_size, H query/key heads of K =

@@ -2069,14 +2069,18 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d
         goto fail;
 
     const size_t cap = c->b.cap;
+    uint32_t dense_F = 0; /* hg / hu: only for SwiGLU / squared-ReLU MLPs */
+    for (uint32_t l = 0; l < c->L; l++)
+        if (g->layers[l].mlp == WRK_MLP_SWIGLU || g->layers[l].mlp == WRK_MLP_RELU2)
+            dense_F = c->F;
     struct {
         float **p;
         size_t n;
     } bufs[] = {
-        {&c->x, c->C},        {&c->xn, c->C},  {&c->qr, c->KD},       {&c->kr, c->KD},
-        {&c->vr, c->VD},      {&c->q, c->KD},  {&c->k, c->KD},        {&c->v, c->VD},
-        {&c->ar, c->HV},      {&c->br, c->HV}, {&c->gr, c->VD},       {&c->o, c->VD},
-        {&c->hg, c->F},       {&c->hu, c->F},  {&c->m2p, c->m2d.DIP}, {&c->m2x, c->m2d.CD},
+        {&c->x, c->C},        {&c->xn, c->C},    {&c->qr, c->KD},       {&c->kr, c->KD},
+        {&c->vr, c->VD},      {&c->q, c->KD},    {&c->k, c->KD},        {&c->v, c->VD},
+        {&c->ar, c->HV},      {&c->br, c->HV},   {&c->gr, c->VD},       {&c->o, c->VD},
+        {&c->hg, dense_F},    {&c->hu, dense_F}, {&c->m2p, c->m2d.DIP}, {&c->m2x, c->m2d.CD},
         {&c->m2y, c->m2d.DI},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
