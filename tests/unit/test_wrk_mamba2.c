@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "tset_synth.h"
+#include "wrk_gdn.h"
 #include "wrk_mamba2.h"
 #include "wrk_model.h"
 #include "wrk_rwkv7.h"
@@ -129,6 +130,29 @@ test_hf_maps(void **state)
         total += e * 4;
     }
     assert_int_equal(total, in->state_bytes);
+    /* the layer list the backends run: a MAMBA2 mixer per layer, the same slot bytes */
+    wrk_gdn *g = NULL;
+    assert_int_equal(wrk_mamba2_layer_list(v, &g, &d), WK_OK);
+    assert_int_equal(g->n_layer, L);
+    assert_int_equal(g->n_m2, L);
+    assert_int_equal(g->m2_heads * g->m2_head_dim, DI);
+    assert_int_equal(g->m2_groups, G);
+    assert_int_equal(g->m2_state, N);
+    assert_int_equal(g->m2_conv, K);
+    assert_false(g->tied);
+    assert_ptr_equal(g->head.t, v->lm_head.t);
+    assert_ptr_equal(g->norm, v->norm_f);
+    assert_true(g->norm_eps == v->eps);
+    for (uint32_t l = 0; l < L; l++) {
+        assert_int_equal(g->layers[l].mixer, WRK_MIXER_MAMBA2);
+        assert_int_equal(g->layers[l].mlp, WRK_MLP_NONE);
+        assert_ptr_equal(g->layers[l].attn_norm, v->layers[l].norm);
+        assert_ptr_equal(g->layers[l].m2.in_proj.t, v->layers[l].in_proj.t);
+        assert_int_equal(wrk_gdn_layer_floats(g, l) * 4, in->state_bytes / L);
+    }
+    assert_int_equal(wrk_gdn_state_bytes(g), in->state_bytes);
+    assert_int_equal(wrk_gdn_kv_token_bytes(g), 0);
+    free(g);
     wrk_model_free(m);
 }
 

@@ -19,6 +19,7 @@
 
 #include "be.h"
 #include "rwkv7_synth.h"
+#include "wrk_gdn.h"
 #include "wrk_model.h"
 #include "wrk_rwkv7.h"
 
@@ -214,6 +215,27 @@ test_tied_head(void **state)
     r = wrk_model_rwkv7(m);
     assert_ptr_equal(r->head.t, r->emb);
     assert_int_equal(r->emb->dtype, WK_DTYPE_F32);
+    /* the layer list the backends run: time + channel mix per layer, LayerNorms, same slot */
+    wrk_gdn *g = NULL;
+    assert_int_equal(wrk_rwkv7_layer_list(r, &g, &d), WK_OK);
+    assert_int_equal(g->n_layer, r->n_layer);
+    assert_true(g->layer_norm);
+    assert_ptr_equal(g->head.t, r->emb);
+    assert_ptr_equal(g->emb_norm, r->ln0_w);
+    assert_ptr_equal(g->emb_norm_b, r->ln0_b);
+    assert_ptr_equal(g->norm, r->lnout_w);
+    assert_ptr_equal(g->norm_b, r->lnout_b);
+    assert_true(g->norm_eps == r->ln_eps);
+    assert_int_equal(g->ffn_dim, r->ffn_dim);
+    for (uint32_t l = 0; l < g->n_layer; l++) {
+        assert_int_equal(g->layers[l].mixer, WRK_MIXER_RWKV7);
+        assert_int_equal(g->layers[l].mlp, WRK_MLP_RWKV7);
+        assert_ptr_equal(g->layers[l].attn_norm_b, r->layers[l].ln1_b);
+        assert_ptr_equal(g->layers[l].mlp_norm, r->layers[l].ln2_w);
+        assert_ptr_equal(g->layers[l].rw, &r->layers[l]);
+    }
+    assert_int_equal(wrk_gdn_state_bytes(g), wrk_model_info_get(m)->state_bytes);
+    free(g);
     wrk_model_free(m);
     float *lt = logits_of(dt, NULL, &it);
     float *lt32 = logits_of(dt, &o32, NULL);

@@ -749,6 +749,9 @@ wrk_gdn_layer_floats(const wrk_gdn *g, uint32_t l)
         const uint64_t CD = DI + 2 * (uint64_t)g->m2_groups * g->m2_state;
         return CD * (g->m2_conv - 1) + DI * g->m2_state;
     }
+    case WRK_MIXER_RWKV7: /* shifts of the time and channel mix, then the WKV state */
+        return 2 * (uint64_t)g->n_embd +
+               (uint64_t)g->rw->n_head * g->rw->head_size * g->rw->head_size;
     default:
         return 0;
     }

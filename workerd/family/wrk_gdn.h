@@ -5,13 +5,15 @@
  * DeltaNet and its hybrids), wrk_qwen35.c (Qwen3.5 / Qwen3-Next),
  * wrk_nemotron_h.c (NVIDIA Nemotron-H), wrk_granite_h.c (IBM Granite-4.0-H:
  * Mamba2 + attention with Granite's multipliers, emb_mul .. logit_div below).
+ * RWKV-7 and pure Mamba2 keep their own views and give the backends this
+ * list (wrk_rwkv7_layer_list, wrk_mamba2_layer_list, below).
  *
  * A model is a list of layers over one residual stream x (fp32). Each layer
  * is an optional mixer and an optional MLP, each with its own pre-norm:
  *     if mixer != NONE:  x += mixer(rmsnorm(x) * attn_norm)
  *     if mlp   != NONE:  x += mlp(rmsnorm(x) * mlp_norm)
- * then the final RMSNorm (norm) and the head. Kinds (wrk_mixer_kind,
- * wrk_mlp_kind):
+ * then the final RMSNorm (norm) and the head (layer_norm: every norm a
+ * LayerNorm with its bias, RWKV-7's). Kinds (wrk_mixer_kind, wrk_mlp_kind):
  *   mixer GDN     Gated DeltaNet (below): q/k/v/a/b/g_proj, convs, o_proj
  *   mixer ATTN    causal softmax attention, GQA, RoPE on the first rope_dim
  *                 dims of each head (rope_dim 0: no position encoding)
@@ -20,6 +22,10 @@
  *   mlp SWIGLU    down(silu(gate x) * up x)
  *   mlp RELU2     down(relu(up x)^2)   (gate_proj NULL)
  *   mlp MOE       a mixture of experts (wrk_moe, field moe)
+ *   mixer RWKV7   RWKV-7 time mix (field rw; math and state: wrk_rwkv7.h,
+ *                 the backends' be_*_rwkv7), value residual from the first
+ *                 RWKV7 layer
+ *   mlp RWKV7     RWKV-7 channel mix (field rw; after an RWKV7 mixer)
  * Fields of kinds a layer does not have are left zero / NULL.
  *
  * Gated DeltaNet dimensions: C = hidden_size, H query/key heads of K =
@@ -70,6 +76,7 @@
 #include "wk_tensor.h"
 #include "wrk_mamba2.h"
 #include "wrk_model.h"
+#include "wrk_rwkv7.h"
 
 /* A layer's mixer (wrk_gdn.h's layer list). */
 typedef enum wrk_mixer_kind {
@@ -77,6 +84,8 @@ typedef enum wrk_mixer_kind {
     WRK_MIXER_GDN,      /* Gated DeltaNet (recurrent: slot state) */
     WRK_MIXER_ATTN,     /* softmax attention (KV pages) */
     WRK_MIXER_MAMBA2,   /* Mamba2 (recurrent: slot state) */
+    WRK_MIXER_RWKV7,    /* RWKV-7 time mix (recurrent: slot state, holding the channel
+                           mix's shift too) */
 } wrk_mixer_kind;
 
 /* A layer's MLP. */
@@ -85,6 +94,8 @@ typedef enum wrk_mlp_kind {
     WRK_MLP_SWIGLU,   /* down(silu(gate x) * up x) */
     WRK_MLP_RELU2,    /* down(relu(up x)^2), non-gated (Nemotron-H) */
     WRK_MLP_MOE,      /* mixture of experts (wrk_moe) */
+    WRK_MLP_RWKV7,    /* RWKV-7 channel mix (only after an RWKV7 mixer: its shift is
+                         in that mixer's slot state) */
 } wrk_mlp_kind;
 
 /* How a mixture of experts routes. */
@@ -154,6 +165,10 @@ typedef struct wrk_gdn_layer {
     /* attention layers only (is_attn) */
     const wk_tensor *q_bias, *k_bias, *v_bias; /* [Hq Da], [Hkv Da], [Hkv Da]; qkv_bias only */
     const wk_tensor *q_norm, *k_norm;          /* per-head RMSNorm weight [Da]; qk_norm only */
+    /* layer_norm models: the pre-norms' biases [C] */
+    const wk_tensor *attn_norm_b, *mlp_norm_b;
+    /* RWKV7 kinds: the layer's RWKV-7 tensors (wrk_rwkv7.h; its ln1 / ln2 are the pre-norms) */
+    const wrk_rwkv7_layer *rw;
 } wrk_gdn_layer;
 
 typedef struct wrk_gdn {
@@ -207,6 +222,18 @@ typedef struct wrk_gdn {
     float res_mul;
     float attn_scale;
     float logit_div;
+    /*
+     * RWKV-7's conventions (wrk_rwkv7_layer_list); false / NULL for every
+     * other model. layer_norm: every pre-norm and the final norm are
+     * LayerNorms with a bias (attn_norm_b, mlp_norm_b, norm_b) instead of
+     * RMSNorms; emb_norm (with emb_norm_b): a LayerNorm on the embedding
+     * row; rw: the RWKV7 kinds' dimensions (heads, head size, LoRA ranks,
+     * the GroupNorm epsilon) and ffn_dim is its channel-mix width.
+     */
+    bool layer_norm;
+    const wk_tensor *norm_b;
+    const wk_tensor *emb_norm, *emb_norm_b;
+    const wrk_rwkv7 *rw;
 } wrk_gdn;
 
 /*
@@ -239,5 +266,22 @@ void wrk_gdn_fill_info(const wrk_gdn *g, uint32_t n_head, uint32_t head_size,
  * the head. layers is g's layer array, writable.
  */
 size_t wrk_gdn_quant_mats(wrk_gdn *g, wrk_gdn_layer *layers, wrk_mat **out, size_t cap);
+
+/*
+ * A pure Mamba2 model (wrk_mamba2.h) as a layer list: every layer a MAMBA2
+ * mixer (its norm as attn_norm), no MLP; the same slot bytes. *out is one
+ * allocation (free()), borrowing v's tensors. Returns WK_OK or WK_ENOMEM.
+ * In family/wrk_mamba2.c.
+ */
+WK_MUST_CHECK wk_err wrk_mamba2_layer_list(const wrk_mamba2 *v, wrk_gdn **out, wk_diag *d);
+
+/*
+ * An RWKV-7 model (wrk_rwkv7.h) as a layer list: every layer an RWKV7 time
+ * mix and an RWKV7 channel mix behind their LayerNorms (ln1, ln2), ln0 on
+ * the embedding, ln_out and the head; the same slot bytes (per layer the
+ * time mix's shift, the channel mix's shift, then the WKV state). One
+ * allocation (free()), borrowing v's tensors. In family/wrk_rwkv7.c.
+ */
+WK_MUST_CHECK wk_err wrk_rwkv7_layer_list(const wrk_rwkv7 *v, wrk_gdn **out, wk_diag *d);
 
 #endif /* WRK_GDN_H */

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "wrk_family.h"
+#include "wrk_gdn.h"
 #include "wrk_mamba2.h"
 
 /* Limits on dimensions read from a (hostile) checkpoint. */
@@ -665,6 +666,48 @@ m2_quant_mats(void *view, wrk_mat **out, size_t cap)
         out[n] = v->lm_head.t != NULL ? &v->lm_head : &v->head_q8;
     }
     return n + 1;
+}
+
+/*
+ * The model as the layer list (wrk_gdn.h): layer l is a MAMBA2 mixer
+ * behind its pre-norm (layers.l.norm as attn_norm), no MLP, then norm_f and
+ * the head; the slot layout is the same bytes (conv then ssm per layer).
+ * The head: lm_head, else the tied head's Q8_0 copy (--quantize), else
+ * the embedding (tied). Reads the view as it is now (after --fp32 or
+ * --quantize replaced its tensors), so the backends call it at open.
+ */
+wk_err
+wrk_mamba2_layer_list(const wrk_mamba2 *v, wrk_gdn **out, wk_diag *d)
+{
+    wrk_gdn *g = calloc(1, sizeof(*g) + sizeof(wrk_gdn_layer) * v->n_layer);
+    if (g == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    wrk_gdn_layer *layers = (wrk_gdn_layer *)(g + 1);
+    g->n_layer = v->n_layer;
+    g->n_embd = v->d_model;
+    g->vocab_size = v->vocab_size;
+    g->norm_eps = v->eps;
+    g->emb = v->emb;
+    g->norm = v->norm_f;
+    g->tied = v->lm_head.t == NULL;
+    g->head = v->lm_head.t != NULL   ? v->lm_head
+              : v->head_q8.t != NULL ? v->head_q8
+                                     : (wrk_mat){v->emb, v->d_model, v->vocab_size, false};
+    g->n_m2 = v->n_layer;
+    g->m2_heads = v->n_head;
+    g->m2_head_dim = v->head_dim;
+    g->m2_groups = v->n_groups;
+    g->m2_state = v->d_state;
+    g->m2_conv = v->d_conv;
+    for (uint32_t l = 0; l < v->n_layer; l++) {
+        layers[l].mixer = WRK_MIXER_MAMBA2;
+        layers[l].attn_norm = v->layers[l].norm;
+        layers[l].m2 = v->layers[l];
+        layers[l].m2.norm = NULL; /* attn_norm is the pre-norm */
+    }
+    g->layers = layers;
+    *out = g;
+    return WK_OK;
 }
 
 const wrk_family wrk_family_mamba2 = {

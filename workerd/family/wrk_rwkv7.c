@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "wrk_family.h"
+#include "wrk_gdn.h"
 #include "wrk_rwkv7.h"
 
 /* Limits on dimensions read from a (hostile) checkpoint. */
@@ -454,6 +455,41 @@ wrk_map_rwkv7(rw_view *v, const wk_tensor_set *set, const json_t *config, wk_dia
     r->lora_v = dm.L > 1 ? dm.lora[LORA_V] : 0; /* layer 0 never uses its value LoRA */
     r->lora_g = dm.lora[LORA_G];
     r->layers = v->layers;
+    return WK_OK;
+}
+
+wk_err
+wrk_rwkv7_layer_list(const wrk_rwkv7 *v, wrk_gdn **out, wk_diag *d)
+{
+    wrk_gdn *g = calloc(1, sizeof(*g) + sizeof(wrk_gdn_layer) * v->n_layer);
+    if (g == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    wrk_gdn_layer *layers = (wrk_gdn_layer *)(g + 1);
+    g->n_layer = v->n_layer;
+    g->n_embd = v->n_embd;
+    g->ffn_dim = v->ffn_dim;
+    g->vocab_size = v->vocab_size;
+    g->norm_eps = v->ln_eps;
+    g->emb = v->emb;
+    g->head = v->head; /* tied: over the embedding already */
+    g->layer_norm = true;
+    g->emb_norm = v->ln0_w;
+    g->emb_norm_b = v->ln0_b;
+    g->norm = v->lnout_w;
+    g->norm_b = v->lnout_b;
+    g->rw = v;
+    for (uint32_t l = 0; l < v->n_layer; l++) {
+        const wrk_rwkv7_layer *s = &v->layers[l];
+        layers[l].mixer = WRK_MIXER_RWKV7;
+        layers[l].mlp = WRK_MLP_RWKV7;
+        layers[l].attn_norm = s->ln1_w;
+        layers[l].attn_norm_b = s->ln1_b;
+        layers[l].mlp_norm = s->ln2_w;
+        layers[l].mlp_norm_b = s->ln2_b;
+        layers[l].rw = s;
+    }
+    g->layers = layers;
+    *out = g;
     return WK_OK;
 }
 

@@ -3,12 +3,12 @@
  * core every family plugs into, as the CUDA backend's be_cuda.c does
  * (be_cuda_family over be_cuda_core).
  *
- * open() picks the family by the model's view (wrk_model_view_kind:
- * RWKV-7, Mamba2, or "gdn": the hybrid layer list that runs Gated
- * DeltaNet, Qwen3.5, Nemotron-H and Granite-4.0-H) and lets it build its
- * context, which starts with a be_cpu_base (be_cpu_common.h). Everything
- * else is written once here, over that base: the slot count and sizes, the
- * step (be_cpu_base_step with the family's pass), and the slot operations.
+ * open() picks the pass by the model's view (wrk_model_view_kind; today
+ * one pass, the layer list of be_cpu_gdn.c, runs every view: "gdn" for
+ * Gated DeltaNet, Qwen3.5, Nemotron-H and Granite-4.0-H, "mamba2",
+ * "rwkv7") and lets it build its context, which starts with a be_cpu_base (be_cpu_common.h).
+ * Everything else is written once here, over that base: the slot count and sizes, the step
+ * (be_cpu_base_step with the family's pass), and the slot operations.
  *
  * Hybrid models (the family set be_cpu_base.kv: attention layers): a slot's
  * image is its fixed part in the base arena followed by its KV,
@@ -36,8 +36,6 @@ struct be_ctx {
 
 /* The families with a CPU pass. */
 static const be_cpu_family *const be_cpu_families[] = {
-    &be_cpu_rwkv7_family,
-    &be_cpu_mamba2_family,
     &be_cpu_gdn_family,
 };
 
@@ -46,8 +44,9 @@ cpu_family_find(const wrk_model *m)
 {
     const char *view = wrk_model_view_kind(m);
     for (size_t i = 0; i < sizeof(be_cpu_families) / sizeof(be_cpu_families[0]); i++)
-        if (strcmp(be_cpu_families[i]->view, view) == 0)
-            return be_cpu_families[i];
+        for (const char *const *v = be_cpu_families[i]->views; *v != NULL; v++)
+            if (strcmp(*v, view) == 0)
+                return be_cpu_families[i];
     return NULL;
 }
 

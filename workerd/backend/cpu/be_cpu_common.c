@@ -410,3 +410,33 @@ be_cpu_rmsnorm(const float *x, const float *w, uint32_t n, double eps, float *y)
     for (i = 0; i < n; i++)
         y[i] = w != NULL ? x[i] * inv * w[i] : x[i] * inv;
 }
+
+void
+be_cpu_layernorm(const float *x, const float *w, const float *b, uint32_t n, double eps, float *y)
+{
+    double ps[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            ps[j] += x[i + j];
+    double s = ((ps[0] + ps[1]) + (ps[2] + ps[3])) + ((ps[4] + ps[5]) + (ps[6] + ps[7]));
+    for (; i < n; i++)
+        s += x[i];
+    const double mean = s / n;
+    for (int j = 0; j < 8; j++)
+        ps[j] = 0.0;
+    for (i = 0; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            double dd = x[i + j] - mean;
+            ps[j] += dd * dd;
+        }
+    double v = ((ps[0] + ps[1]) + (ps[2] + ps[3])) + ((ps[4] + ps[5]) + (ps[6] + ps[7]));
+    for (; i < n; i++) {
+        double dd = x[i] - mean;
+        v += dd * dd;
+    }
+    const float inv = (float)(1.0 / sqrt(v / n + eps));
+    const float mf = (float)mean;
+    for (i = 0; i < n; i++)
+        y[i] = (x[i] - mf) * inv * w[i] + b[i];
+}

@@ -1,10 +1,10 @@
 /*
  * be_cpu_common: what every family's CPU backend shares.
  *
- be_cpu_ops (be_cpu.c) is the generic core; a family plugs into it as a
- * be_cpu_family table chosen at open by the model's view:
- * be_cpu_rwkv7_family (be_cpu_rwkv7.c), be_cpu_mamba2_family,
- * be_cpu_gdn_family (the hybrid layer list). A family
+ * be_cpu_ops (be_cpu.c) is the generic core; a pass plugs into it as a
+ * be_cpu_family table chosen at open by the model's view: today one,
+ * be_cpu_gdn_family (the layer list, every view: be_cpu_gdn.c over the
+ * layer kinds of be_cpu_rwkv7.h, be_cpu_mamba2.h and its own). A family
  * context starts with a be_cpu_base, which owns the thread pool, the slot
  * arena (one fp32 block per slot, in the family's wrk_model_state_layout),
  * the step (the row checks and the split into passes of at most `cap`
@@ -12,7 +12,7 @@
  * GEMM regions. The family supplies one function
  * that runs the whole network over the tokens of the current pass.
  *
- * The same rules as be_cpu_rwkv7.c hold for every family: a row's bits never
+ * The same rules hold for every layer kind: a row's bits never
  * depend on the other rows, on how its prefill is split or on the thread
  * count; a refused step changes no slot. Never logs, never aborts.
  */
@@ -100,8 +100,9 @@ struct be_cpu_base {
 typedef void (*be_cpu_pass_fn)(be_cpu_base *b);
 
 /*
- * One family's part of the CPU backend, what be_cpu.c cannot write once.
- * open() builds the family's context for the model (its first member the
+ * A pass's part of the CPU backend, what be_cpu.c cannot write once (one
+ * today: the layer list of be_cpu_gdn.c, for every view).
+ * open() builds the pass's context for the model (its first member the
  * be_cpu_base, set up with be_cpu_base_open; a hybrid's KV pool in
  * be_cpu_base.kv and its page reservation in pre_step) and returns that
  * base in *out; m is borrowed for the context's life. close() frees it
@@ -110,16 +111,14 @@ typedef void (*be_cpu_pass_fn)(be_cpu_base *b);
  * be_cpu.c does the rest: slots, their images and the KV pages, the step.
  */
 typedef struct be_cpu_family {
-    const char *view; /* wrk_model_view_kind() it serves: "rwkv7", "mamba2", "gdn" */
+    const char *const *views; /* wrk_model_view_kind()s it serves, NULL-ended */
     wk_err (*open)(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d);
     void (*close)(be_cpu_base *b);
     be_cpu_pass_fn pass;
     void (*describe)(const be_cpu_base *b, char *buf, size_t len);
 } be_cpu_family;
 
-extern const be_cpu_family be_cpu_rwkv7_family;  /* be_cpu_rwkv7.c */
-extern const be_cpu_family be_cpu_mamba2_family; /* be_cpu_mamba2.c */
-extern const be_cpu_family be_cpu_gdn_family;    /* be_cpu_gdn.c */
+extern const be_cpu_family be_cpu_gdn_family; /* be_cpu_gdn.c: "gdn", "mamba2", "rwkv7" */
 
 /*
  * Sets b up: pool, arena of cfg->n_slots zeroed slots of slot_floats floats,
@@ -204,5 +203,13 @@ float *be_cpu_alloc_f(size_t n);
  * weight). Sum of squares in double, 8 partial sums in a fixed order. y may be x.
  */
 void be_cpu_rmsnorm(const float *x, const float *w, uint32_t n, double eps, float *y);
+
+/*
+ * LayerNorm over n values: y = (x - mean) / sqrt(var + eps) * w + b.
+ * Statistics in double with 8 partial sums in a fixed order (the result
+ * depends only on x, never on the batch). y may be x.
+ */
+void be_cpu_layernorm(const float *x, const float *w, const float *b, uint32_t n, double eps,
+                      float *y);
 
 #endif /* BE_CPU_COMMON_H */

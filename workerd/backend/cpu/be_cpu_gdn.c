@@ -1,19 +1,23 @@
 /*
- * be_cpu_gdn: the CPU backend's hybrid layer-list pass (be_cpu_gdn_family;
- * be_cpu.c's core plugs it in for every model with the "gdn" view:
- * fla Gated DeltaNet and its hybrids, Qwen3.5, Nemotron-H), over the shared
+ * be_cpu_gdn: the CPU backend's layer-list pass, the one pass of every
+ * model (be_cpu_gdn_family; be_cpu.c's core plugs it in for the views
+ * "gdn": fla Gated DeltaNet and its hybrids, Qwen3.5, Nemotron-H,
+ * Granite-4.0-H; "mamba2" and "rwkv7", whose families give their layer
+ * lists, wrk_mamba2_layer_list / wrk_rwkv7_layer_list), over the shared
  * be_cpu_base (arena, step validation, passes, GEMM regions).
  *
  * A model is a list of layers (wrk_gdn.h), each an optional mixer (Gated
- * DeltaNet, softmax attention, Mamba2) and an optional MLP (SwiGLU, squared
- * ReLU, mixture of experts), each after its own RMSNorm, over one residual
- * stream. A pass runs layer by layer over all its tokens, dispatching on the
- * kinds; the Mamba2 mixer is the one be_cpu_mamba2.c runs for the pure
- * Mamba2 family (be_cpu_mamba2.h: the same conv, scan and gated norm), so
- * it gives the same bits in either pass.
+ * DeltaNet, softmax attention, Mamba2, RWKV-7 time mix) and an optional MLP
+ * (SwiGLU, squared ReLU, mixture of experts, RWKV-7 channel mix), each
+ * after its own pre-norm (RMSNorm; LayerNorm with bias for RWKV-7, which
+ * also normalises the embedding row), over one residual stream. A pass runs
+ * layer by layer over all its tokens, dispatching on the kinds; the Mamba2
+ * kind's kernels are be_cpu_mamba2.h's, the RWKV-7 kinds be_cpu_rwkv7.h's
+ * (v_first carried across layers in that kind's pass buffer), the rest
+ * are here.
  *
  * At open it packs every projection and the head in their stored dtype
- * (a tied head is packed from the embedding), and converts the vectors
+ * into one block (a tied head is packed from the embedding), and converts the vectors
  * (norm weights, A_log, dt_bias, conv taps as [W][D]) to fp32. A Gated
  * DeltaNet mixer runs one GEMM region for the q, k, v, a, b, g projections
  * of every token, the short convolutions per token (the inputs before the
@@ -83,6 +87,7 @@
 #include "be_cpu_common.h"
 #include "be_cpu_kv.h"
 #include "be_cpu_mamba2.h"
+#include "be_cpu_rwkv7.h"
 #include "wrk_gdn.h"
 #include "wrk_moe_route.h"
 
@@ -149,11 +154,15 @@ typedef struct gdn_layer {
     uint32_t idx;              /* attention layers: index among them (KV layer) */
     const float *bq, *bk, *bv; /* qkv biases [QD], [KVD], [KVD]; NULL without */
     const float *nq, *nk;      /* q / k RMSNorm weights [Da]; NULL without */
+    /* layer_norm models: the pre-norms' biases [C] (their LayerNorms); NULL: RMSNorms */
+    const float *attn_norm_b, *mlp_norm_b;
+    be_cpu_rw7_layer rw; /* RWKV7 kinds: the layer's weights */
 } gdn_layer;
 
 struct be_ctx {
     be_cpu_base b;                             /* must be first: the pass gets &ctx->b */
-    const wrk_gdn *g;                          /* the model's view, borrowed */
+    const wrk_gdn *g;                          /* the model's layer list, borrowed or own */
+    wrk_gdn *own;                              /* the list made for a pure Mamba2 view, owned */
     uint32_t L, C, H, K, HV, Vd, KD, VD, W, F; /* dimensions (wrk_gdn.h) */
     uint32_t span, nspan;                      /* recurrence columns per task, tasks per head */
     float beta_scale;                          /* 1 or 2 (allow_neg_eigval) */
@@ -220,6 +229,12 @@ struct be_ctx {
     uint32_t n_att_blks;      /* blocks in the current layer */
     _Atomic uint32_t att_next; /* next block to take (gdn_stage_att) */
     gdn_att_fn att;           /* attention of one (token, head) for the ISA */
+
+    /* RWKV-7 layers (g->rw NULL: none of this is allocated) */
+    be_cpu_rw7 rw7;             /* their dimensions and pass buffers */
+    const float *norm_b;        /* layer_norm: the final LayerNorm's bias [C] */
+    const float *emb_w, *emb_b; /* emb_norm: the embedding's LayerNorm [C] */
+    void *weights;              /* one block holding every packed matrix, owned */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -303,6 +318,8 @@ gdn_stage_embed(void *arg, uint32_t task)
         if (c->emb_mul != 0.0f)
             for (uint32_t i = 0; i < c->C; i++)
                 x[i] *= c->emb_mul;
+        if (c->emb_w != NULL)
+            be_cpu_layernorm(x, c->emb_w, c->emb_b, c->C, c->g->norm_eps, x);
     }
 }
 
@@ -367,6 +384,16 @@ gdn_logits_scale(be_ctx *c)
     be_cpu_pool_run(b->pool, gdn_stage_logit_div, c, b->tok_tasks);
 }
 
+/* A pre-norm or the final norm of one row: LayerNorm with bias b, or RMSNorm (b NULL). */
+static inline void
+gdn_norm(const be_ctx *c, const float *x, const float *w, const float *b, float *y)
+{
+    if (b != NULL)
+        be_cpu_layernorm(x, w, b, c->C, c->g->norm_eps, y);
+    else
+        be_cpu_rmsnorm(x, w, c->C, c->g->norm_eps, y);
+}
+
 static void
 gdn_stage_attn_norm(void *arg, uint32_t task)
 {
@@ -375,8 +402,8 @@ gdn_stage_attn_norm(void *arg, uint32_t task)
     uint32_t t0, t1;
     be_cpu_tok_range(&c->b, task, &t0, &t1);
     for (uint32_t t = t0; t < t1; t++)
-        be_cpu_rmsnorm(c->x + (size_t)t * c->C, ly->attn_norm, c->C, c->g->norm_eps,
-                       c->xn + (size_t)t * c->C);
+        gdn_norm(c, c->x + (size_t)t * c->C, ly->attn_norm, ly->attn_norm_b,
+                 c->xn + (size_t)t * c->C);
 }
 
 static void
@@ -387,8 +414,8 @@ gdn_stage_mlp_norm(void *arg, uint32_t task)
     uint32_t t0, t1;
     be_cpu_tok_range(&c->b, task, &t0, &t1);
     for (uint32_t t = t0; t < t1; t++)
-        be_cpu_rmsnorm(c->x + (size_t)t * c->C, ly->mlp_norm, c->C, c->g->norm_eps,
-                       c->xn + (size_t)t * c->C);
+        gdn_norm(c, c->x + (size_t)t * c->C, ly->mlp_norm, ly->mlp_norm_b,
+                 c->xn + (size_t)t * c->C);
 }
 
 /*
@@ -751,8 +778,8 @@ gdn_stage_final_norm(void *arg, uint32_t task)
     uint32_t i0, i1;
     be_cpu_logits_range(&c->b, task, &i0, &i1);
     for (uint32_t i = i0; i < i1; i++)
-        be_cpu_rmsnorm(c->x + (size_t)c->b.lpos[i] * c->C, c->norm, c->C, c->g->norm_eps,
-                       c->xn + (size_t)i * c->C);
+        gdn_norm(c, c->x + (size_t)c->b.lpos[i] * c->C, c->norm, c->norm_b,
+                 c->xn + (size_t)i * c->C);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1461,6 +1488,9 @@ gdn_pass(be_cpu_base *base)
         case WRK_MIXER_MAMBA2:
             gdn_layer_mamba2(c, ly);
             break;
+        case WRK_MIXER_RWKV7:
+            gdn_add_out(c, &ly->rw.wo, be_cpu_rw7_tmix(&c->rw7, &ly->rw, c->xn, ly->soff));
+            break;
         case WRK_MIXER_NONE:
             break;
         }
@@ -1470,6 +1500,10 @@ gdn_pass(be_cpu_base *base)
         be_cpu_tok_run(b, gdn_stage_mlp_norm, c);
         if (ly->mlp == WRK_MLP_MOE) {
             gdn_layer_moe(c, ly->moe);
+            continue;
+        }
+        if (ly->mlp == WRK_MLP_RWKV7) {
+            gdn_add_out(c, &ly->rw.fv, be_cpu_rw7_cmix(&c->rw7, &ly->rw, c->xn, ly->soff));
             continue;
         }
         if (ly->mlp == WRK_MLP_RELU2) {
@@ -1507,6 +1541,7 @@ gdn_close(be_cpu_base *b)
                                   &ly->wo, &ly->gate, &ly->up, &ly->down, &ly->m2_in, &ly->m2_out};
             for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
                 be_cpu_mat_free(mats[i]);
+            be_cpu_rw7_mats_free(&ly->rw);
             gdn_moe *mo = ly->moe;
             if (mo == NULL)
                 continue;
@@ -1545,6 +1580,9 @@ gdn_close(be_cpu_base *b)
     free(c->tpos);
     free(c->scr);
     free(c->att_blks);
+    be_cpu_rw7_close(&c->rw7);
+    free(c->weights);
+    free(c->own);
     free(c);
 }
 
@@ -1595,7 +1633,8 @@ gdn_layer_vec_floats(const be_ctx *c, const wrk_gdn_layer *s)
 {
     const wrk_gdn *g = c->g;
     const size_t C = c->C;
-    size_t n = (s->mixer != WRK_MIXER_NONE ? C : 0) + (s->mlp != WRK_MLP_NONE ? C : 0);
+    size_t n = ((s->mixer != WRK_MIXER_NONE ? C : 0) + (s->mlp != WRK_MLP_NONE ? C : 0)) *
+               (g->layer_norm ? 2 : 1);
     switch (s->mixer) {
     case WRK_MIXER_GDN:
         n += c->Vd + 2 * (size_t)c->HV + (size_t)c->W * (2 * (size_t)c->KD + c->VD);
@@ -1605,6 +1644,9 @@ gdn_layer_vec_floats(const be_ctx *c, const wrk_gdn_layer *s)
         break;
     case WRK_MIXER_MAMBA2:
         n += (size_t)c->m2d.CD * (c->m2d.K + 1) + 3 * (size_t)c->m2d.H + c->m2d.DI;
+        break;
+    case WRK_MIXER_RWKV7:
+        n += be_cpu_rw7_vec_floats(c->C);
         break;
     case WRK_MIXER_NONE:
         break;
@@ -1649,7 +1691,7 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
 {
     const wrk_gdn *g = c->g;
     const size_t C = c->C, HV = c->HV, KD = c->KD, VD = c->VD, W = c->W;
-    size_t total = C;
+    size_t total = C * (g->layer_norm ? 2 : 1) + (g->emb_norm != NULL ? 2 * C : 0);
     for (uint32_t l = 0; l < c->L; l++)
         total += gdn_layer_vec_floats(c, &g->layers[l]);
     c->vecs = be_cpu_alloc_f(total);
@@ -1663,7 +1705,12 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
     wk_err e = gdn_vec(g->norm, C, &vp, &c->norm);
     if (e == WK_OK)
         gdn_offset((float *)c->norm, C, g->norm_offset);
+    if (e == WK_OK && g->layer_norm)
+        e = gdn_vec(g->norm_b, C, &vp, &c->norm_b);
+    if (e == WK_OK && g->emb_norm != NULL && (e = gdn_vec(g->emb_norm, C, &vp, &c->emb_w)) == WK_OK)
+        e = gdn_vec(g->emb_norm_b, C, &vp, &c->emb_b);
     uint32_t n_att = 0;
+    bool rw_first = true;
     size_t soff = 0;
     for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
@@ -1678,6 +1725,11 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
             (e = gdn_vec(s->attn_norm, C, &vp, &ly->attn_norm)) != WK_OK)
             break;
         if (s->mlp != WRK_MLP_NONE && (e = gdn_vec(s->mlp_norm, C, &vp, &ly->mlp_norm)) != WK_OK)
+            break;
+        if (g->layer_norm && ((s->mixer != WRK_MIXER_NONE &&
+                               (e = gdn_vec(s->attn_norm_b, C, &vp, &ly->attn_norm_b)) != WK_OK) ||
+                              (s->mlp != WRK_MLP_NONE &&
+                               (e = gdn_vec(s->mlp_norm_b, C, &vp, &ly->mlp_norm_b)) != WK_OK)))
             break;
         if (ly->attn_norm != NULL)
             gdn_offset((float *)ly->attn_norm, C, g->norm_offset);
@@ -1698,6 +1750,10 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
         } else if (s->mixer == WRK_MIXER_MAMBA2) {
             if ((e = gdn_load_m2(c, s, ly, &vp)) != WK_OK)
                 break;
+        } else if (s->mixer == WRK_MIXER_RWKV7) {
+            if ((e = be_cpu_rw7_load(s->rw, rw_first, c->C, &vp, &ly->rw)) != WK_OK)
+                break;
+            rw_first = false;
         } else if (s->mixer == WRK_MIXER_GDN) {
             if ((e = gdn_vec(s->o_norm, c->Vd, &vp, &ly->o_norm)) != WK_OK ||
                 (e = gdn_vec(s->A_log, HV, &vp, &ly->neg_A)) != WK_OK ||
@@ -1717,11 +1773,41 @@ gdn_load_vectors(be_ctx *c, wk_diag *d)
     return WK_OK;
 }
 
+/*
+ * Packs the n matrices into one block (huge pages: a decode step streams
+ * all of it), laid out here and filled on the pool by be_cpu_pack_run.
+ */
+static wk_err
+gdn_pack_block(be_ctx *c, be_cpu_mat *const *dst, const wrk_mat *const *src, size_t n, wk_diag *d)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t bytes = be_cpu_mat_bytes(src[i]);
+        if (bytes == 0)
+            return wk_diag_set(d, WK_EINVAL, "cpu backend: %s: cannot pack (dtype %s)",
+                               src[i]->t != NULL ? src[i]->t->name : "absent",
+                               src[i]->t != NULL ? wk_dtype_name(src[i]->t->dtype) : "none");
+        total += bytes;
+    }
+    if ((c->weights = be_cpu_big_alloc(total)) == NULL)
+        return wk_diag_set(d, WK_ENOMEM, "cpu backend: cannot allocate %zu bytes of packed weights",
+                           total);
+    uint8_t *wp = c->weights;
+    for (size_t i = 0; i < n; i++) {
+        wk_err e = be_cpu_mat_init(dst[i], src[i], wp);
+        if (e != WK_OK)
+            return wk_diag_set(d, e, "cpu backend: cannot pack %s", src[i]->t->name);
+        wp += dst[i]->bytes;
+        c->packed_bytes += dst[i]->bytes;
+    }
+    return be_cpu_pack_run(&c->b, dst, src, n, d);
+}
+
 static wk_err
 gdn_pack(be_ctx *c, wk_diag *d)
 {
     const wrk_gdn *g = c->g;
-    size_t max = (size_t)c->L * 12 + 1;
+    size_t max = (size_t)c->L * (12 + 14) + 1;
     for (uint32_t l = 0; l < c->L; l++)
         if (g->layers[l].moe != NULL)
             max += 3 * (size_t)g->layers[l].moe->n_experts + 5;
@@ -1749,6 +1835,8 @@ gdn_pack(be_ctx *c, wk_diag *d)
             dst[n] = dm[i];
             n++;
         }
+        if (s->rw != NULL)
+            n += be_cpu_rw7_mats(s->rw, &ly->rw, src + n, dst + n);
         const wrk_moe *wm = s->moe;
         gdn_moe *mo = ly->moe;
         if (wm == NULL)
@@ -1778,9 +1866,7 @@ gdn_pack(be_ctx *c, wk_diag *d)
     src[n] = &head;
     dst[n] = &c->head;
     n++;
-    wk_err e = be_cpu_pack_mats(&c->b, dst, src, n, d);
-    for (size_t i = 0; i < n && e == WK_OK; i++)
-        c->packed_bytes += dst[i]->bytes;
+    wk_err e = gdn_pack_block(c, dst, src, n, d);
     free(dst);
     free(src);
     return e;
@@ -1885,15 +1971,30 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d
     if (cfg == NULL || m == NULL || out == NULL)
         return wk_diag_set(d, WK_EINVAL, "cpu backend: missing config or model");
     const wrk_gdn *g = wrk_model_view(m, "gdn");
+    const wrk_mamba2 *m2 = wrk_model_view(m, "mamba2");
+    const wrk_rwkv7 *rw = wrk_model_rwkv7(m);
+    wrk_gdn *own = NULL; /* a pure Mamba2 or an RWKV-7 model's layer list */
+    if (g == NULL && (m2 != NULL || rw != NULL)) {
+        wk_err e =
+            m2 != NULL ? wrk_mamba2_layer_list(m2, &own, d) : wrk_rwkv7_layer_list(rw, &own, d);
+        if (e != WK_OK)
+            return e;
+        g = own;
+    }
     if (g == NULL)
-        return wk_diag_set(d, WK_EINVAL, "cpu backend: not a gdn model");
-    if (g->conv > GDN_CONV_MAX)
+        return wk_diag_set(d, WK_EINVAL, "cpu backend: not a layer-list model");
+    if (g->conv > GDN_CONV_MAX) {
+        free(own);
         return wk_diag_set(d, WK_ENOTSUP, "cpu backend: conv_size %u over %u", g->conv,
                            GDN_CONV_MAX);
+    }
     be_ctx *c = calloc(1, sizeof(*c));
-    if (c == NULL)
+    if (c == NULL) {
+        free(own);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
+    }
     c->g = g;
+    c->own = own;
     c->L = g->n_layer;
     c->C = g->n_embd;
     c->H = g->n_head;
@@ -1952,6 +2053,10 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d
     }
     if ((e = be_cpu_base_open(&c->b, cfg, m, (size_t)(sb / sizeof(float)), d)) != WK_OK)
         goto fail;
+    if (c->b.cap > c->b.max_tokens)
+        c->b.cap = c->b.max_tokens; /* no pass is longer than a step */
+    if (g->rw != NULL && (e = be_cpu_rw7_open(&c->rw7, &c->b, g->rw, d)) != WK_OK)
+        goto fail;
     c->m2_scan = be_cpu_m2_scan_pick(c->b.isa);
     if (c->n_attn > 0 && (e = gdn_open_attention(c, cfg, d)) != WK_OK)
         goto fail;
@@ -1964,14 +2069,18 @@ gdn_open(const be_config *cfg, const wrk_model *m, be_cpu_base **out, wk_diag *d
         goto fail;
 
     const size_t cap = c->b.cap;
+    uint32_t dense_F = 0; /* hg / hu: only for SwiGLU / squared-ReLU MLPs */
+    for (uint32_t l = 0; l < c->L; l++)
+        if (g->layers[l].mlp == WRK_MLP_SWIGLU || g->layers[l].mlp == WRK_MLP_RELU2)
+            dense_F = c->F;
     struct {
         float **p;
         size_t n;
     } bufs[] = {
-        {&c->x, c->C},        {&c->xn, c->C},  {&c->qr, c->KD},       {&c->kr, c->KD},
-        {&c->vr, c->VD},      {&c->q, c->KD},  {&c->k, c->KD},        {&c->v, c->VD},
-        {&c->ar, c->HV},      {&c->br, c->HV}, {&c->gr, c->VD},       {&c->o, c->VD},
-        {&c->hg, c->F},       {&c->hu, c->F},  {&c->m2p, c->m2d.DIP}, {&c->m2x, c->m2d.CD},
+        {&c->x, c->C},        {&c->xn, c->C},    {&c->qr, c->KD},       {&c->kr, c->KD},
+        {&c->vr, c->VD},      {&c->q, c->KD},    {&c->k, c->KD},        {&c->v, c->VD},
+        {&c->ar, c->HV},      {&c->br, c->HV},   {&c->gr, c->VD},       {&c->o, c->VD},
+        {&c->hg, dense_F},    {&c->hu, dense_F}, {&c->m2p, c->m2d.DIP}, {&c->m2x, c->m2d.CD},
         {&c->m2y, c->m2d.DI},
     };
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
@@ -2000,8 +2109,8 @@ gdn_describe(const be_cpu_base *b, char *buf, size_t len)
 {
     const be_ctx *c = (const be_ctx *)b;
     int n = snprintf(
-        buf, len, "cpu family=gdn isa=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
-        be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
+        buf, len, "cpu family=%s isa=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
+        wrk_model_view_kind(c->b.model), be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
         wk_dtype_name(wrk_model_info_get(c->b.model)->dtype), (unsigned long long)c->packed_bytes);
     if (c->n_attn > 0 && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n,
@@ -2010,8 +2119,10 @@ gdn_describe(const be_cpu_base *b, char *buf, size_t len)
                  c->kv.page_tokens);
 }
 
+static const char *const gdn_views[] = {"gdn", "mamba2", "rwkv7", NULL};
+
 const be_cpu_family be_cpu_gdn_family = {
-    .view = "gdn",
+    .views = gdn_views,
     .open = gdn_open,
     .close = gdn_close,
     .pass = gdn_pass,

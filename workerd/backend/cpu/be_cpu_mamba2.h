@@ -1,9 +1,8 @@
 /*
- * be_cpu_mamba2: the CPU backend's Mamba2 layer kind, shared by the pure
- * Mamba2 family pass (be_cpu_mamba2_family) and the hybrid layer-list pass
- * (be_cpu_gdn.c, a wrk_gdn layer with mixer WRK_MIXER_MAMBA2). Math and
- * slot layout: wrk_mamba2.h. The same functions run both, so a Mamba2
- * layer gives the same bits in either pass.
+ * be_cpu_mamba2: the CPU backend's Mamba2 layer kind, run by the layer-list
+ * pass (be_cpu_gdn.c) for a wrk_gdn layer with mixer WRK_MIXER_MAMBA2: the
+ * hybrids' Mamba2 layers and every layer of a pure Mamba2 model
+ * (wrk_mamba2_layer_list). Math and slot layout: wrk_mamba2.h.
  *
  * A pass's buffers, per token t: proj [DIP] the in_proj output (z | xBC |
  * dt), xbc [CD] the conv + SiLU output, y [DI] the scan output (then gated

@@ -3,8 +3,9 @@
  * (slot reset, fork copy, chunked read/write for hibernate/resume/migration,
  * the device address of a slot for NCCL migration) and the step, which a
  * family supplies through a be_cuda_family (be_cuda_common.h) chosen by the
- * model's family at open: RWKV-7 (be_cuda_rwkv7.c), Mamba2
- * (be_cuda_mamba2.c), Gated DeltaNet (be_cuda_gdn.c), each over the shared
+ * model's view at open: RWKV-7 (be_cuda_rwkv7.c), or the layer list
+ * (be_cuda_gdn.c: Gated DeltaNet and the hybrids, and pure Mamba2 as a list
+ * of Mamba2 layers, wrk_mamba2_layer_list), each over the shared
  * be_cuda_core (weights on the device, cuBLAS GEMMs, kernels/k_*.cu). A
  * family without one opens (the slot operations work) but its step answers
  * WK_ENOTSUP naming the family.
@@ -58,7 +59,6 @@ struct be_ctx {
 /* The families with a CUDA step. */
 static const be_cuda_family *const be_cuda_families[] = {
     &be_cuda_rwkv7_family,
-    &be_cuda_mamba2_family,
     &be_cuda_gdn_family,
 };
 
@@ -66,8 +66,9 @@ static const be_cuda_family *
 be_cuda_family_find(const char *family)
 {
     for (size_t i = 0; i < sizeof(be_cuda_families) / sizeof(be_cuda_families[0]); i++)
-        if (strcmp(be_cuda_families[i]->name, family) == 0)
-            return be_cuda_families[i];
+        for (const char *const *v = be_cuda_families[i]->views; *v != NULL; v++)
+            if (strcmp(*v, family) == 0)
+                return be_cuda_families[i];
     return NULL;
 }
 

@@ -1,7 +1,7 @@
 /*
  * be_cuda_common: what the CUDA backend's family steps share (RWKV-7 in
- * be_cuda_rwkv7.c, Mamba2 in be_cuda_mamba2.c, Gated DeltaNet in
- * be_cuda_gdn.c), and the family seam be_cuda.c dispatches through.
+ * be_cuda_rwkv7.c, the layer list in be_cuda_gdn.c: Gated DeltaNet, the
+ * hybrids and pure Mamba2), and the family seam be_cuda.c dispatches through.
  *
  * A family step owns a be_cuda_core: the stream and cuBLAS handle every
  * enqueue of its steps goes to, the weight block on the device (every
@@ -94,7 +94,7 @@ be_cuda_handled(cudaError_t ce)
  * runs the slot operations on the KV part of a slot image through it.
  */
 typedef struct be_cuda_family {
-    const char *name; /* wrk_model_info.family this step serves */
+    const char *const *views; /* wrk_model_view_kind()s this step serves, NULL-ended */
     wk_err (*create)(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slots,
                      uint64_t slot_bytes, void **out, wk_diag *d);
     void (*destroy)(void *impl);
@@ -104,7 +104,6 @@ typedef struct be_cuda_family {
 } be_cuda_family;
 
 extern const be_cuda_family be_cuda_rwkv7_family;  /* be_cuda_rwkv7.c */
-extern const be_cuda_family be_cuda_mamba2_family; /* be_cuda_mamba2.c */
 extern const be_cuda_family be_cuda_gdn_family;    /* be_cuda_gdn.c */
 
 /* ------------------------------------------------------------------------ */

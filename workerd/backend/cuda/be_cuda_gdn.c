@@ -30,8 +30,8 @@
  *           32-column tile) in token order over the slot's S, the gated
  *           per-head RMSNorm, o_proj.
  *   ATTN    below (hybrid models).
- *   MAMBA2  the pure Mamba2 family's kernels (k_mamba2.cu, as
- *           be_cuda_mamba2.c drives them): in_proj into m2p [T][DIP]
+ *   MAMBA2  k_mamba2.cu's kernels (every layer of a pure Mamba2 model
+ *           too: wrk_mamba2_layer_list): in_proj into m2p [T][DIP]
  *           (z [DI] | xBC [CD] | dt [H2] per token), the conv + SiLU of
  *           xBC (m2p + DI, rows DIP apart) per (segment, channel) over the
  *           slot's conv state into m2x [T][CD], the scan per (segment,
@@ -351,8 +351,8 @@ gdn_mixer(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
 
 /*
  * A Mamba2 mixer over the pass (xn holds attn_norm's output), added into
- * x: the pure Mamba2 family's kernels with its buffer layout (m2p rows
- * z [DI] | xBC [CD] | dt [H2], be_cuda_mamba2.c's m2_layer_run).
+ * x: k_mamba2.cu's kernels over the buffer layout m2p rows
+ * z [DI] | xBC [CD] | dt [H2] (also every layer of a pure Mamba2 model).
  */
 static wk_err
 gdn_mamba2(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
@@ -583,6 +583,7 @@ gdn_layer_run(be_cuda_gdn *c, uint32_t l, wk_diag *d)
     case WRK_MIXER_MAMBA2:
         BE_CUDA_TRY(gdn_mamba2(c, ly, d));
         break;
+    case WRK_MIXER_RWKV7: /* refused at create: RWKV-7 runs in be_cuda_rwkv7.c */
     case WRK_MIXER_NONE:
         break;
     }
@@ -860,6 +861,7 @@ gdn_want_layer(be_cuda_gdn *c, gdn_mats *ms, const wrk_gdn_layer *s, gdn_layer *
         BE_CUDA_TRY(gdn_want(ms, &s->m2.in_proj, &ly->m2_in, C, c->DIP, l, "mamba2 in_proj", d));
         BE_CUDA_TRY(gdn_want(ms, &s->m2.out_proj, &ly->m2_out, c->DI, C, l, "mamba2 out_proj", d));
         break;
+    case WRK_MIXER_RWKV7: /* refused at create */
     case WRK_MIXER_NONE:
         break;
     }
@@ -1152,6 +1154,14 @@ gdn_check_view(const wrk_gdn *g, uint32_t n_gdn, wk_diag *d)
     return WK_OK;
 }
 
+static wk_err gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g,
+                              float *arena, uint32_t n_slots, uint64_t slot_bytes, void **out,
+                              wk_diag *d);
+
+/*
+ * The model's layer list: the "gdn" view, or a pure Mamba2 model's
+ * (wrk_mamba2_layer_list, read only while the step is created).
+ */
 static wk_err
 gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slots,
            uint64_t slot_bytes, void **out, wk_diag *d)
@@ -1159,8 +1169,23 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     if (cfg == NULL || m == NULL || arena == NULL || out == NULL)
         return wk_diag_set(d, WK_EINVAL, "cuda backend: missing config, model or arena");
     const wrk_gdn *g = wrk_model_view(m, "gdn");
-    if (g == NULL)
-        return wk_diag_set(d, WK_EINVAL, "cuda backend: not a gdn model");
+    if (g != NULL)
+        return gdn_create_list(cfg, m, g, arena, n_slots, slot_bytes, out, d);
+    const wrk_mamba2 *m2 = wrk_model_view(m, "mamba2");
+    if (m2 == NULL)
+        return wk_diag_set(d, WK_EINVAL, "cuda backend: not a layer-list model");
+    wrk_gdn *own = NULL;
+    wk_err e = wrk_mamba2_layer_list(m2, &own, d);
+    if (e == WK_OK)
+        e = gdn_create_list(cfg, m, own, arena, n_slots, slot_bytes, out, d);
+    free(own);
+    return e;
+}
+
+static wk_err
+gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, float *arena,
+                uint32_t n_slots, uint64_t slot_bytes, void **out, wk_diag *d)
+{
     uint32_t n_gdn = 0, n_att = 0, n_m2 = 0;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         const wrk_gdn_layer *ly = &g->layers[l];
@@ -1330,7 +1355,7 @@ gdn_kv(void *impl)
 }
 
 const be_cuda_family be_cuda_gdn_family = {
-    .name = "gdn",
+    .views = (const char *const[]){"gdn", "mamba2", NULL},
     .create = gdn_create,
     .destroy = gdn_destroy,
     .step = gdn_step,

@@ -535,7 +535,7 @@ cu_fam_describe(const void *impl, char *buf, size_t len)
 }
 
 const be_cuda_family be_cuda_rwkv7_family = {
-    .name = "rwkv7",
+    .views = (const char *const[]){"rwkv7", NULL},
     .create = cu_fam_create,
     .destroy = cu_fam_destroy,
     .step = cu_fam_step,
