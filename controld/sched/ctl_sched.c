@@ -480,12 +480,42 @@ ctl_sched_count_bypass_locked(ctl_sched *s, const ctl_sworker *w, const ctl_job 
 }
 
 /*
+ * Long prefills one step can feed: the step's token budget over the per-job
+ * chunk (at least 1). More running at once would only hold slots while
+ * they wait for budget (the prefill order feeds the fewest-left first), so
+ * a job whose input left exceeds one chunk is admitted only while fewer long
+ * prefills than this run on the worker; the slots left over serve short
+ * jobs (a follow-up or a regenerate that resumed a checkpoint) at once
+ * instead of behind other chats' long first prompts.
+ */
+static uint32_t
+ctl_sched_prefill_cap(const ctl_sched *s)
+{
+    uint32_t cap = s->cfg.step_tokens / s->cfg.job_chunk;
+    return cap ? cap : 1;
+}
+
+/* Running jobs on w with more than one prefill chunk of input left. Caller holds mu. */
+static uint32_t
+ctl_sched_long_prefills_locked(const ctl_sched *s, const ctl_sworker *w)
+{
+    uint32_t n = 0;
+    for (const ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        if (j->state == CTL_JOB_RUNNING && strcmp(j->slot.worker, w->id) == 0 &&
+            j->n_input > j->computed && j->n_input - j->computed > s->cfg.job_chunk)
+            n++;
+    }
+    return n;
+}
+
+/*
  * Admits waiting jobs onto w in ctl_sched_order_locked()'s order while a
  * slot and the KV pages the job needs at its end are free (the pages are
  * reserved until the job ends or its slot is freed): nobody behind the first
- * job that can't be admitted jumps ahead of it on this worker. A job
- * waiting only for pages on a slot it already holds needs no free slot.
- * Caller holds mu.
+ * job that can't be admitted jumps ahead of it on this worker, except that
+ * a long job past the worker's long-prefill cap (ctl_sched_prefill_cap())
+ * lets short ones by. A job waiting only for pages on a slot it already
+ * holds needs no free slot. Caller holds mu.
  */
 static void
 ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
@@ -529,6 +559,9 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         uint32_t free_slot = ctl_sworker_free_slot(w);
         if (free_slot == 0)
             return; /* FIFO: nobody behind it may jump ahead on this worker */
+        if (rank[ri].key.left > s->cfg.job_chunk &&
+            ctl_sched_long_prefills_locked(s, w) >= ctl_sched_prefill_cap(s))
+            continue; /* waits for a prefill to end; short jobs behind it go on */
         uint32_t need = ctl_job_pages_need(w, j);
         if (!ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), 0, need))
             return; /* waits for pages (the manager evicts idle parked slots meanwhile) */
@@ -1070,6 +1103,7 @@ ctl_sworker_free(ctl_sworker *w)
 }
 
 static bool ctl_sched_free_slot_locked(ctl_sched *s, const char *want);
+static bool ctl_sched_slot_wanted_locked(ctl_sched *s);
 
 /*
  * Pages job j still lacks on w (holding `held` of them already): what the
@@ -1288,7 +1322,7 @@ ctl_sched_mgr_main(void *arg)
         char starved_on[65] = "";
         uint32_t missing = 0;
         bool starving = s->n_waiting > 0 &&
-                        (!ctl_sched_free_slot_locked(s, "") ||
+                        ((!ctl_sched_free_slot_locked(s, "") && ctl_sched_slot_wanted_locked(s)) ||
                          ctl_sched_page_starved_locked(s, starved_on, &missing));
         ctl_sched_evict_fn evict = s->evict;
         void *evict_arg = s->evict_arg;
@@ -1401,6 +1435,32 @@ ctl_sched_free(ctl_sched *s)
 }
 
 /* True when a worker (want, or any when "") has a free slot now. Caller holds mu. */
+/*
+ * True when a waiting job would take a slot now if one were free: a short
+ * one, or a long one that some worker it may run on has prefill room for
+ * (ctl_sched_prefill_cap()); parked slots are not evicted for jobs that
+ * would only wait on them. Caller holds mu.
+ */
+static bool
+ctl_sched_slot_wanted_locked(ctl_sched *s)
+{
+    for (const ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        if (j->state != CTL_JOB_WAITING || j->held)
+            continue;
+        size_t from = j->reuse.load != NULL ? j->reuse.resume_at : j->computed;
+        if (j->n_input <= from || j->n_input - from <= s->cfg.job_chunk)
+            return true;
+        for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+            const ctl_sworker *w = s->workers[i];
+            if (w != NULL && !w->dead && !w->draining &&
+                (j->want_worker[0] == '\0' || strcmp(j->want_worker, w->id) == 0) &&
+                ctl_sched_long_prefills_locked(s, w) < ctl_sched_prefill_cap(s))
+                return true;
+        }
+    }
+    return false;
+}
+
 static bool
 ctl_sched_free_slot_locked(ctl_sched *s, const char *want)
 {

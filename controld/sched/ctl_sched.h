@@ -13,6 +13,9 @@
  * prefill behind long prompts), then jobs that waited 2 s or more in submit
  * order, then the others fewest left first; a waiting job that 16 younger
  * ones overtook goes before all (short ones never keep it out for ever).
+ * Long prefills (more than one chunk of input left) run at most
+ * step_tokens / job_chunk at once per worker, what one step can feed: a
+ * further long job waits and the free slots serve short jobs at once.
  *
  * Every worker has its own step loop (a thread), so workers step concurrently.
  * Each sampled token needs a decision: continue (the token is fed next step),
