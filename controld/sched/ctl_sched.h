@@ -29,10 +29,10 @@
  * came before the hook was set) the row pauses and the consumer decides with
  * ctl_job_continue() / ctl_job_stop() after a TOKEN event.
  *
- * Slots: the scheduler owns the slot table of every worker. A job either
- * takes a fresh slot at admission (freed at the end unless the consumer
- * keeps it) or runs on a slot the caller already holds (ctl_sched_slot_*),
- * e.g. a parked state. Every slot carries a generation number; every use
+ * Slots: the scheduler keeps every worker's slot table (ctl_resid, under its
+ * mutex). A job either takes a fresh slot at admission (freed at the end
+ * unless the consumer keeps it) or runs on a slot the caller already holds
+ * (ctl_sched_slot_*), e.g. a parked state. Every slot carries a generation number; every use
  * checks it, so a stale handle can never touch a reused slot.
  *
  * Threading: all functions are thread-safe. ctl_job_next() blocks.
