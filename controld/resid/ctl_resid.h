@@ -21,7 +21,10 @@
  *   ctl_sched.mu         (every ctl_resid table)
  *   ctl_job.mu           (one job's events)
  * ctl_vm's entry mutex is a leaf: never held across a call into ctl_sched,
- * ctl_ckpt or the pool, and nothing is called while holding it.
+ * ctl_ckpt or the pool, and nothing is called while holding it; ctl_pool's
+ * mutex is a leaf too. A worker's epoch (whether its memory, slots and warm
+ * copies, is still the one a residence record was made in) comes from the
+ * pool (ctl_pool_worker_epoch), which owns the connections.
  */
 #ifndef CTL_RESID_H
 #define CTL_RESID_H

@@ -352,7 +352,7 @@ ckpt_remove_locked(ctl_ckpt *c, ckpt_entry *e)
 static bool
 ckpt_warm_live_locked(ctl_ckpt *c, const ckpt_entry *e)
 {
-    return e->warm && e->epoch != 0 && ctl_sched_worker_epoch(c->sched, e->worker) == e->epoch;
+    return e->warm && e->epoch != 0 && ctl_pool_worker_epoch(c->pool, e->worker) == e->epoch;
 }
 
 /* -------------------------------------------------------- disk tier ---- */
@@ -906,7 +906,7 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     pthread_mutex_unlock(&c->mu);
 
     uint64_t bytes = ckpt_image_bytes(c, n);
-    uint64_t epoch = ctl_sched_worker_epoch(c->sched, slot->worker);
+    uint64_t epoch = ctl_pool_worker_epoch(c->pool, slot->worker);
     wk_err err = WK_ENOSPC;
     void *direct = NULL;
     size_t direct_len = 0;

@@ -50,7 +50,6 @@ struct ctl_vm {
     void *spill_arg;         /* its argument */
     ctl_vm_backed_fn backed; /* is a dirty entry's backing copy live? NULL = never */
     void *backed_arg;        /* its argument */
-    uint64_t unspilled;      /* dirty entries evicted without a spill (backed) */
     pthread_mutex_t mu;      /* guards entries and clock */
     ctl_vm_entry *entries;   /* cache */
     uint64_t clock;          /* LRU counter */
@@ -534,7 +533,7 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
     snprintf(w->key, sizeof(w->key), "%s", e->key);
     snprintf(w->worker, sizeof(w->worker), "%s", e->slot.worker);
     w->ctx = ctl_sched_slot_ctx(vm->sched, &e->slot);
-    w->epoch = ctl_sched_worker_epoch(vm->sched, e->slot.worker);
+    w->epoch = ctl_pool_worker_epoch(vm->pool, e->slot.worker);
     pthread_mutex_lock(&vm->mu);
     ctl_vm_warm *old = ctl_vm_warm_take_locked(vm, e->key);
     w->used = ++vm->clock;
@@ -609,7 +608,6 @@ ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
     else
         wk_log_debug("evicting key=%.16s without a spill: backed by %.16s", e->key, e->backing);
     pthread_mutex_lock(&vm->mu);
-    vm->unspilled += backed;
     ctl_vm_unlink_locked(vm, e);
     pthread_cond_broadcast(&vm->cv);
     pthread_mutex_unlock(&vm->mu);
@@ -909,7 +907,7 @@ ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t cap)
     pthread_mutex_unlock(&vm->mu);
     if (worker[0] == '\0')
         return NULL;
-    if (epoch == 0 || ctl_sched_worker_epoch(vm->sched, worker) != epoch) {
+    if (epoch == 0 || ctl_pool_worker_epoch(vm->pool, worker) != epoch) {
         /* The worker restarted: its host memory, and the copy, are gone. */
         pthread_mutex_lock(&vm->mu);
         free(ctl_vm_warm_take_locked(vm, key));
