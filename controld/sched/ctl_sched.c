@@ -458,14 +458,19 @@ ctl_sched_prefill_cap(const ctl_sched *s)
     return cap ? cap : 1;
 }
 
-/* Running jobs on w with more than one prefill chunk of input left. Caller holds mu. */
+/*
+ * Running jobs on w with more than one prefill chunk of input left (a job
+ * whose load hook has not run yet counts from where it resumes). Caller
+ * holds mu.
+ */
 static uint32_t
 ctl_sched_long_prefills_locked(const ctl_sched *s, const ctl_sworker *w)
 {
     uint32_t n = 0;
     for (const ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        size_t from = j->load_pending ? j->reuse.resume_at : j->computed;
         if (j->state == CTL_JOB_RUNNING && strcmp(j->slot.worker, w->id) == 0 &&
-            j->n_input > j->computed && j->n_input - j->computed > s->cfg.job_chunk)
+            j->n_input > from && j->n_input - from > s->cfg.job_chunk)
             n++;
     }
     return n;
