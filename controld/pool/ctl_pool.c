@@ -767,6 +767,22 @@ ctl_pool_list(ctl_pool *p, ctl_worker_view *out, size_t cap)
     return n;
 }
 
+uint64_t
+ctl_pool_worker_epoch(ctl_pool *p, const char *id)
+{
+    uint64_t epoch = 0;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        ctl_worker *w = p->workers[i];
+        if (w != NULL && nng_pipe_id(w->pipe) > 0 && strcmp(w->v.id, id) == 0) {
+            epoch = w->v.connected_ms;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return epoch;
+}
+
 wk_err
 ctl_pool_model_view(ctl_pool *p, ctl_worker_view *out)
 {

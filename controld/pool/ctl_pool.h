@@ -94,6 +94,13 @@ void ctl_pool_free(ctl_pool *p);
 size_t ctl_pool_list(ctl_pool *p, ctl_worker_view *out, size_t cap);
 
 /*
+ * The connection epoch of worker id (its connected_ms: a restarted worker
+ * process gets a new one, and what lived in its memory, slots and warm
+ * copies, is gone), 0 when it is not connected.
+ */
+uint64_t ctl_pool_worker_epoch(ctl_pool *p, const char *id);
+
+/*
  * The served model as a worker reports it: a copy of the first ready worker
  * with a model loaded. WK_EUNAVAIL when there is none.
  */

@@ -19,6 +19,7 @@
  */
 #define WK_LOG_MODULE "sched"
 #include "ctl_sched.h"
+#include "ctl_resid.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -116,15 +117,7 @@ struct ctl_job {
 struct ctl_sworker {
     char id[65];           /* worker id */
     uint64_t epoch;        /* connection start; a new process means new slots */
-    uint32_t n_slots;      /* usable slots 1..n_slots */
-    uint64_t *gen;         /* per slot: allocation generation, 0 = free */
-    ctl_job **busy;        /* per slot: job running on it, NULL = none */
-    ctl_kv_geom geom;      /* hybrid models: KV geometry, zero otherwise */
-    uint32_t *pages;       /* per slot: KV pages held or reserved (0 for recurrent models) */
-    uint64_t *ctx;         /* per slot: tokens in its state, when known */
-    bool *stale;           /* per slot (hybrid): freed here, its pages not yet freed on the
-                            * worker (SLOT_FREE pending); not allocatable until then, and
-                            * its pages[] still count as used */
+    ctl_resid t;           /* its slots: generations, jobs, context, KV pages (ctl_resid) */
     uint64_t stale_retry_ms; /* monotonic ms before which a failed SLOT_FREE is not retried */
     bool dead;             /* left the pool; the loop exits */
     bool draining;         /* no new admissions or allocations */
@@ -173,20 +166,6 @@ ctl_sched_worker_locked(ctl_sched *s, const char *id)
 }
 
 /*
- * Pages held or reserved by w's allocated slots, and those of freed slots
- * whose SLOT_FREE has not reached the worker yet (it still holds them).
- * Caller holds mu.
- */
-static uint32_t
-ctl_sworker_pages_used(const ctl_sworker *w)
-{
-    uint64_t used = 0;
-    for (uint32_t k = 1; k <= w->n_slots; k++)
-        used += w->gen[k] != 0 || w->stale[k] ? w->pages[k] : 0;
-    return used > UINT32_MAX ? UINT32_MAX : (uint32_t)used;
-}
-
-/*
  * Marks slot k of w free. Its pages go back to the pool once the worker
  * freed them: a slot holding KV turns stale and keeps counting its pages
  * until the step loop's SLOT_FREE returns. Caller holds mu.
@@ -194,12 +173,7 @@ ctl_sworker_pages_used(const ctl_sworker *w)
 static void
 ctl_sworker_slot_clear(ctl_sworker *w, uint32_t k)
 {
-    if (ctl_kv_hybrid(&w->geom) && w->ctx[k] + w->pages[k] > 0)
-        w->stale[k] = true; /* the step loop frees its pages on the worker */
-    else
-        w->pages[k] = 0;
-    w->gen[k] = 0;
-    w->ctx[k] = 0;
+    ctl_resid_clear(&w->t, k);
     w->s->slot_epoch++;
     pthread_cond_broadcast(&w->s->cv);
 }
@@ -216,12 +190,12 @@ ctl_job_settle_pages(ctl_sched *s, ctl_job *j)
         return;
     ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
     uint32_t k = j->slot.slot;
-    if (w == NULL || k < 1 || k > w->n_slots || w->gen[k] != j->slot.gen)
+    if (w == NULL || k < 1 || k > w->t.n || w->t.gen[k] != j->slot.gen)
         return;
     if (j->fresh)
         return; /* its reset never ran: the slot still holds what it held */
-    w->ctx[k] = j->ctx0 + j->computed;
-    w->pages[k] = ctl_kv_pages(&w->geom, w->ctx[k]);
+    w->t.ctx[k] = j->ctx0 + j->computed;
+    w->t.pages[k] = ctl_kv_pages(&w->t.geom, w->t.ctx[k]);
 }
 
 static void
@@ -277,10 +251,10 @@ ctl_job_release_slot(ctl_sched *s, ctl_job *j)
     if (j->slot.worker[0] == '\0')
         return;
     ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
-    if (w != NULL && j->slot.slot >= 1 && j->slot.slot <= w->n_slots &&
-        w->gen[j->slot.slot] == j->slot.gen) {
-        if (w->busy[j->slot.slot] == j)
-            w->busy[j->slot.slot] = NULL;
+    if (w != NULL && j->slot.slot >= 1 && j->slot.slot <= w->t.n &&
+        w->t.gen[j->slot.slot] == j->slot.gen) {
+        if (w->t.busy[j->slot.slot] == j)
+            w->t.busy[j->slot.slot] = NULL;
         if (!j->held && !j->kept)
             ctl_sworker_slot_clear(w, j->slot.slot);
         else
@@ -311,8 +285,8 @@ ctl_job_done(ctl_sched *s, ctl_job *j)
     ctl_job_settle_pages(s, j);
     if (j->slot.worker[0] != '\0') {
         ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
-        if (w != NULL && w->busy[j->slot.slot] == j)
-            w->busy[j->slot.slot] = NULL;
+        if (w != NULL && w->t.busy[j->slot.slot] == j)
+            w->t.busy[j->slot.slot] = NULL;
     }
     ctl_job_event ev = {.type = CTL_JOB_EV_DONE};
     ctl_job_post(j, &ev);
@@ -358,18 +332,7 @@ ctl_job_push_token(ctl_job *j, int32_t tok)
 static uint32_t
 ctl_job_pages_need(const ctl_sworker *w, const ctl_job *j)
 {
-    return ctl_kv_job_pages(&w->geom, j->ctx0, j->n_input, j->max_new);
-}
-
-/* The first allocatable slot of w, 0 when none. Caller holds mu. */
-static uint32_t
-ctl_sworker_free_slot(const ctl_sworker *w)
-{
-    for (uint32_t i = 1; i <= w->n_slots; i++) {
-        if (w->gen[i] == 0 && !w->stale[i])
-            return i;
-    }
-    return 0;
+    return ctl_kv_job_pages(&w->t.geom, j->ctx0, j->n_input, j->max_new);
 }
 
 /* A job's place in the admission and prefill order (ctl_sched_order_locked()). */
@@ -480,12 +443,47 @@ ctl_sched_count_bypass_locked(ctl_sched *s, const ctl_sworker *w, const ctl_job 
 }
 
 /*
+ * Long prefills one step can feed: the step's token budget over the per-job
+ * chunk (at least 1). More running at once would only hold slots while
+ * they wait for budget (the prefill order feeds the fewest-left first), so
+ * a job whose input left exceeds one chunk is admitted only while fewer long
+ * prefills than this run on the worker; the slots left over serve short
+ * jobs (a follow-up or a regenerate that resumed a checkpoint) at once
+ * instead of behind other chats' long first prompts.
+ */
+static uint32_t
+ctl_sched_prefill_cap(const ctl_sched *s)
+{
+    uint32_t cap = s->cfg.step_tokens / s->cfg.job_chunk;
+    return cap ? cap : 1;
+}
+
+/*
+ * Running jobs on w with more than one prefill chunk of input left (a job
+ * whose load hook has not run yet counts from where it resumes). Caller
+ * holds mu.
+ */
+static uint32_t
+ctl_sched_long_prefills_locked(const ctl_sched *s, const ctl_sworker *w)
+{
+    uint32_t n = 0;
+    for (const ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        size_t from = j->load_pending ? j->reuse.resume_at : j->computed;
+        if (j->state == CTL_JOB_RUNNING && strcmp(j->slot.worker, w->id) == 0 &&
+            j->n_input > from && j->n_input - from > s->cfg.job_chunk)
+            n++;
+    }
+    return n;
+}
+
+/*
  * Admits waiting jobs onto w in ctl_sched_order_locked()'s order while a
  * slot and the KV pages the job needs at its end are free (the pages are
  * reserved until the job ends or its slot is freed): nobody behind the first
- * job that can't be admitted jumps ahead of it on this worker. A job
- * waiting only for pages on a slot it already holds needs no free slot.
- * Caller holds mu.
+ * job that can't be admitted jumps ahead of it on this worker, except that
+ * a long job past the worker's long-prefill cap (ctl_sched_prefill_cap())
+ * lets short ones by. A job waiting only for pages on a slot it already
+ * holds needs no free slot. Caller holds mu.
  */
 static void
 ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
@@ -501,16 +499,16 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
             if (strcmp(j->slot.worker, w->id) != 0)
                 continue;
             uint32_t k = j->slot.slot;
-            if (k < 1 || k > w->n_slots || w->gen[k] != j->slot.gen) {
+            if (k < 1 || k > w->t.n || w->t.gen[k] != j->slot.gen) {
                 /* (its worker restarted under it: the slot is gone) */
                 ctl_job_fail(s, j, WK_EUNAVAIL, "the slot's worker restarted");
                 continue;
             }
             uint32_t need = ctl_job_pages_need(w, j);
-            if (!ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), w->pages[k], need))
+            if (!ctl_kv_fits(&w->t.geom, ctl_resid_pages_used(&w->t), w->t.pages[k], need))
                 return; /* FIFO on this worker */
-            if (need > w->pages[k])
-                w->pages[k] = need;
+            if (need > w->t.pages[k])
+                w->t.pages[k] = need;
             j->state = CTL_JOB_RUNNING;
             s->n_waiting--;
             ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
@@ -523,22 +521,25 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         if (j->prefer_worker[0] && strcmp(j->prefer_worker, w->id) != 0) {
             /* Elsewhere only while the preferred worker has no free slot. */
             ctl_sworker *pw = ctl_sched_worker_locked(s, j->prefer_worker);
-            if (pw != NULL && !pw->draining && ctl_sworker_free_slot(pw) != 0)
+            if (pw != NULL && !pw->draining && ctl_resid_free_slot(&pw->t) != 0)
                 continue;
         }
-        uint32_t free_slot = ctl_sworker_free_slot(w);
+        uint32_t free_slot = ctl_resid_free_slot(&w->t);
         if (free_slot == 0)
             return; /* FIFO: nobody behind it may jump ahead on this worker */
+        if (rank[ri].key.left > s->cfg.job_chunk &&
+            ctl_sched_long_prefills_locked(s, w) >= ctl_sched_prefill_cap(s))
+            continue; /* waits for a prefill to end; short jobs behind it go on */
         uint32_t need = ctl_job_pages_need(w, j);
-        if (!ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), 0, need))
+        if (!ctl_kv_fits(&w->t.geom, ctl_resid_pages_used(&w->t), 0, need))
             return; /* waits for pages (the manager evicts idle parked slots meanwhile) */
-        w->gen[free_slot] = ++s->next_gen;
-        w->pages[free_slot] = need;
-        w->ctx[free_slot] = 0;
-        w->busy[free_slot] = j;
+        w->t.gen[free_slot] = ++s->next_gen;
+        w->t.pages[free_slot] = need;
+        w->t.ctx[free_slot] = 0;
+        w->t.busy[free_slot] = j;
         snprintf(j->slot.worker, sizeof(j->slot.worker), "%s", w->id);
         j->slot.slot = free_slot;
-        j->slot.gen = w->gen[free_slot];
+        j->slot.gen = w->t.gen[free_slot];
         j->fresh = true;
         j->load_pending = j->reuse.load != NULL;
         j->state = CTL_JOB_RUNNING;
@@ -738,9 +739,9 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
                 /* The reset ran: the slot holds nothing but this job's reservation. */
                 j->fresh = false;
                 uint32_t k = j->slot.slot;
-                if (k >= 1 && k <= w->n_slots && w->gen[k] == j->slot.gen) {
-                    w->ctx[k] = 0;
-                    w->pages[k] = ctl_job_pages_need(w, j);
+                if (k >= 1 && k <= w->t.n && w->t.gen[k] == j->slot.gen) {
+                    w->t.ctx[k] = 0;
+                    w->t.pages[k] = ctl_job_pages_need(w, j);
                 }
             }
             j->computed += take;
@@ -902,11 +903,11 @@ ctl_sched_hooks_locked(ctl_sched *s, ctl_sworker *w)
             if (!ctl_job_hook_locked(s, j, true, 0, &err))
                 return true;
             uint32_t k = j->slot.slot;
-            bool live = k >= 1 && k <= w->n_slots && w->gen[k] == j->slot.gen;
+            bool live = k >= 1 && k <= w->t.n && w->t.gen[k] == j->slot.gen;
             if (err == WK_OK && live && j->state == CTL_JOB_RUNNING) {
                 j->computed = j->reuse.resume_at;
                 j->fresh = false;
-                w->ctx[k] = j->reuse.resume_at;
+                w->t.ctx[k] = j->reuse.resume_at;
                 while (j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] <= j->computed)
                     j->next_ckpt++;
             }
@@ -943,8 +944,8 @@ ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
 {
     if (wk_mono_ms() < w->stale_retry_ms)
         return;
-    for (uint32_t k = 1; k <= w->n_slots && !w->dead; k++) {
-        if (!w->stale[k] || w->gen[k] != 0)
+    for (uint32_t k = 1; k <= w->t.n && !w->dead; k++) {
+        if (!w->t.stale[k] || w->t.gen[k] != 0)
             continue;
         pthread_mutex_unlock(&s->mu);
         Wkvm__SlotFree f = WKVM__SLOT_FREE__INIT;
@@ -964,8 +965,7 @@ ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
             w->stale_retry_ms = wk_mono_ms() + 1000;
             return;
         }
-        w->stale[k] = false;
-        w->pages[k] = 0;
+        ctl_resid_unstale(&w->t, k);
         s->slot_epoch++;
         pthread_cond_broadcast(&s->cv);
     }
@@ -1044,8 +1044,8 @@ static bool
 ctl_job_on_locked(const ctl_job *j, const ctl_sworker *w)
 {
     uint32_t k = j->slot.slot;
-    return strcmp(j->slot.worker, w->id) == 0 && k >= 1 && k <= w->n_slots &&
-           w->gen[k] == j->slot.gen;
+    return strcmp(j->slot.worker, w->id) == 0 && k >= 1 && k <= w->t.n &&
+           w->t.gen[k] == j->slot.gen;
 }
 
 /*
@@ -1068,15 +1068,12 @@ ctl_sworker_free(ctl_sworker *w)
 {
     if (w == NULL)
         return;
-    free(w->gen);
-    free(w->busy);
-    free(w->pages);
-    free(w->ctx);
-    free(w->stale);
+    ctl_resid_fini(&w->t);
     free(w);
 }
 
 static bool ctl_sched_free_slot_locked(ctl_sched *s, const char *want);
+static bool ctl_sched_slot_wanted_locked(ctl_sched *s);
 
 /*
  * Pages job j still lacks on w (holding `held` of them already): what the
@@ -1086,16 +1083,16 @@ static bool ctl_sched_free_slot_locked(ctl_sched *s, const char *want);
 static uint32_t
 ctl_sched_pages_missing_locked(const ctl_sworker *w, const ctl_job *j, uint32_t held)
 {
-    if (!ctl_kv_hybrid(&w->geom))
+    if (!ctl_kv_hybrid(&w->t.geom))
         return 0;
     uint64_t need = ctl_job_pages_need(w, j);
-    uint64_t used = ctl_sworker_pages_used(w);
-    for (uint32_t k = 1; k <= w->n_slots; k++)
-        used -= w->gen[k] == 0 && w->stale[k] ? w->pages[k] : 0;
+    uint64_t used = ctl_resid_pages_used(&w->t);
+    for (uint32_t k = 1; k <= w->t.n; k++)
+        used -= w->t.gen[k] == 0 && w->t.stale[k] ? w->t.pages[k] : 0;
     used -= held <= used ? held : used;
-    if (need <= held || used + (need - held) <= w->geom.pages_total)
+    if (need <= held || used + (need - held) <= w->t.geom.pages_total)
         return 0;
-    uint64_t miss = used + (need - held) - w->geom.pages_total;
+    uint64_t miss = used + (need - held) - w->t.geom.pages_total;
     return miss > UINT32_MAX ? UINT32_MAX : (uint32_t)miss;
 }
 
@@ -1124,9 +1121,9 @@ ctl_sched_page_starved_locked(ctl_sched *s, char *want, uint32_t *missing)
             if (strcmp(j->slot.worker, w->id) != 0)
                 continue;
             uint32_t k = j->slot.slot;
-            if (k < 1 || k > w->n_slots || w->gen[k] != j->slot.gen)
+            if (k < 1 || k > w->t.n || w->t.gen[k] != j->slot.gen)
                 return false; /* (admission fails it) */
-            miss = ctl_sched_pages_missing_locked(w, j, w->pages[k]);
+            miss = ctl_sched_pages_missing_locked(w, j, w->t.pages[k]);
         } else {
             if (w->draining || (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0))
                 continue;
@@ -1176,11 +1173,11 @@ ctl_sched_kv_pool_max_locked(ctl_sched *s, const char *want, ctl_kv_geom *out)
         ctl_sworker *w = s->workers[i];
         if (w == NULL || w->dead || (want[0] && strcmp(want, w->id) != 0))
             continue;
-        if (!ctl_kv_hybrid(&w->geom))
+        if (!ctl_kv_hybrid(&w->t.geom))
             return false; /* a worker without KV limits can take anything */
         hybrid = true;
-        if (w->geom.pages_total >= out->pages_total)
-            *out = w->geom;
+        if (w->t.geom.pages_total >= out->pages_total)
+            *out = w->t.geom;
     }
     return hybrid;
 }
@@ -1240,18 +1237,12 @@ ctl_sched_mgr_main(void *arg)
                 continue;
             snprintf(w->id, sizeof(w->id), "%s", v->id);
             w->epoch = v->connected_ms;
-            w->n_slots = v->slots_total;
-            w->gen = calloc(w->n_slots + 1, sizeof(*w->gen));
-            w->busy = calloc(w->n_slots + 1, sizeof(*w->busy));
-            w->pages = calloc(w->n_slots + 1, sizeof(*w->pages));
-            w->ctx = calloc(w->n_slots + 1, sizeof(*w->ctx));
-            w->stale = calloc(w->n_slots + 1, sizeof(*w->stale));
-            w->geom = (ctl_kv_geom){.state_bytes = v->state_bytes,
-                                    .kv_token_bytes = v->kv_token_bytes,
-                                    .page_tokens = v->kv_page_tokens,
-                                    .pages_total = v->kv_pages};
+            ctl_kv_geom geom = {.state_bytes = v->state_bytes,
+                                .kv_token_bytes = v->kv_token_bytes,
+                                .page_tokens = v->kv_page_tokens,
+                                .pages_total = v->kv_pages};
             w->s = s;
-            if (w->gen == NULL || w->busy == NULL || w->pages == NULL || w->ctx == NULL || w->stale == NULL ||
+            if (ctl_resid_init(&w->t, v->slots_total, &geom) != WK_OK ||
                 pthread_create(&w->thr, NULL, ctl_sched_worker_main, w) != 0) {
                 ctl_sworker_free(w);
                 continue;
@@ -1259,7 +1250,7 @@ ctl_sched_mgr_main(void *arg)
             s->workers[hole] = w;
             s->slot_epoch++;
             wk_log_info("scheduling on worker=%s slots=%u kv_pages=%u page_tokens=%u", w->id,
-                        w->n_slots, w->geom.pages_total, w->geom.page_tokens);
+                        w->t.n, w->t.geom.pages_total, w->t.geom.page_tokens);
         }
         /*
          * Waiting jobs fail when no worker is ready at all, when the worker
@@ -1295,7 +1286,7 @@ ctl_sched_mgr_main(void *arg)
         char starved_on[65] = "";
         uint32_t missing = 0;
         bool starving = s->n_waiting > 0 &&
-                        (!ctl_sched_free_slot_locked(s, "") ||
+                        ((!ctl_sched_free_slot_locked(s, "") && ctl_sched_slot_wanted_locked(s)) ||
                          ctl_sched_page_starved_locked(s, starved_on, &missing));
         ctl_sched_evict_fn evict = s->evict;
         void *evict_arg = s->evict_arg;
@@ -1408,6 +1399,32 @@ ctl_sched_free(ctl_sched *s)
 }
 
 /* True when a worker (want, or any when "") has a free slot now. Caller holds mu. */
+/*
+ * True when a waiting job would take a slot now if one were free: a short
+ * one, or a long one that some worker it may run on has prefill room for
+ * (ctl_sched_prefill_cap()); parked slots are not evicted for jobs that
+ * would only wait on them. Caller holds mu.
+ */
+static bool
+ctl_sched_slot_wanted_locked(ctl_sched *s)
+{
+    for (const ctl_job *j = s->jobs; j != NULL; j = j->next) {
+        if (j->state != CTL_JOB_WAITING || j->held)
+            continue;
+        size_t from = j->reuse.load != NULL ? j->reuse.resume_at : j->computed;
+        if (j->n_input <= from || j->n_input - from <= s->cfg.job_chunk)
+            return true;
+        for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+            const ctl_sworker *w = s->workers[i];
+            if (w != NULL && !w->dead && !w->draining &&
+                (j->want_worker[0] == '\0' || strcmp(j->want_worker, w->id) == 0) &&
+                ctl_sched_long_prefills_locked(s, w) < ctl_sched_prefill_cap(s))
+                return true;
+        }
+    }
+    return false;
+}
+
 static bool
 ctl_sched_free_slot_locked(ctl_sched *s, const char *want)
 {
@@ -1415,8 +1432,8 @@ ctl_sched_free_slot_locked(ctl_sched *s, const char *want)
         ctl_sworker *w = s->workers[i];
         if (w == NULL || w->dead || w->draining || (want[0] && strcmp(want, w->id) != 0))
             continue;
-        for (uint32_t k = 1; k <= w->n_slots; k++) {
-            if (w->gen[k] == 0 && !w->stale[k])
+        for (uint32_t k = 1; k <= w->t.n; k++) {
+            if (w->t.gen[k] == 0 && !w->t.stale[k])
                 return true;
         }
     }
@@ -1513,29 +1530,29 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
         ctl_sworker *w = ctl_sched_worker_locked(s, spec->slot->worker);
         if (w == NULL) {
             err = wk_diag_set(d, WK_EUNAVAIL, "worker %s left", spec->slot->worker);
-        } else if (spec->slot->slot < 1 || spec->slot->slot > w->n_slots ||
-                   w->gen[spec->slot->slot] != spec->slot->gen) {
+        } else if (spec->slot->slot < 1 || spec->slot->slot > w->t.n ||
+                   w->t.gen[spec->slot->slot] != spec->slot->gen) {
             err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", spec->slot->worker,
                               spec->slot->slot);
-        } else if (w->busy[spec->slot->slot] != NULL) {
+        } else if (w->t.busy[spec->slot->slot] != NULL) {
             err = wk_diag_set(d, WK_EBUSY, "slot %s/%u is in use", spec->slot->worker,
                               spec->slot->slot);
         } else {
             uint32_t k = spec->slot->slot;
-            j->ctx0 = spec->fresh ? 0 : w->ctx[k];
+            j->ctx0 = spec->fresh ? 0 : w->t.ctx[k];
             uint32_t need = ctl_job_pages_need(w, j);
-            if (j->n_tokens > 0 && ctl_kv_hybrid(&w->geom) && need > w->geom.pages_total) {
+            if (j->n_tokens > 0 && ctl_kv_hybrid(&w->t.geom) && need > w->t.geom.pages_total) {
                 err = wk_diag_set(d, WK_ETOOBIG,
                                   "this request needs %llu tokens of context (%llu in the state, "
                                   "%zu input, up to %llu to generate), more than the KV pool of "
                                   "worker %s holds (%u pages of %u tokens: %llu tokens)",
                                   (unsigned long long)(j->ctx0 + j->n_input + j->max_new),
                                   (unsigned long long)j->ctx0, j->n_input,
-                                  (unsigned long long)j->max_new, w->id, w->geom.pages_total,
-                                  w->geom.page_tokens,
-                                  (unsigned long long)w->geom.pages_total * w->geom.page_tokens);
+                                  (unsigned long long)j->max_new, w->id, w->t.geom.pages_total,
+                                  w->t.geom.page_tokens,
+                                  (unsigned long long)w->t.geom.pages_total * w->t.geom.page_tokens);
             } else {
-                w->busy[k] = j;
+                w->t.busy[k] = j;
                 j->slot = *spec->slot;
                 j->held = true;
                 j->fresh = spec->fresh;
@@ -1546,9 +1563,9 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
                 if (j->n_tokens == 0) {
                     j->state = CTL_JOB_RUNNING;
                     ctl_job_done(s, j);
-                } else if (ctl_kv_fits(&w->geom, ctl_sworker_pages_used(w), w->pages[k], need)) {
-                    if (need > w->pages[k])
-                        w->pages[k] = need;
+                } else if (ctl_kv_fits(&w->t.geom, ctl_resid_pages_used(&w->t), w->t.pages[k], need)) {
+                    if (need > w->t.pages[k])
+                        w->t.pages[k] = need;
                     j->state = CTL_JOB_RUNNING;
                 } else {
                     /* Its slot is held; it waits (FIFO) for the pages to grow into. */
@@ -1872,14 +1889,12 @@ ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_slot_ref *out, wk_dia
         if (w == NULL || w->dead || (worker != NULL && strcmp(worker, w->id) != 0) ||
             (worker == NULL && w->draining))
             continue;
-        for (uint32_t k = 1; k <= w->n_slots; k++) {
-            if (w->gen[k] == 0 && !w->stale[k]) {
-                w->gen[k] = ++s->next_gen;
-                w->pages[k] = 0;
-                w->ctx[k] = 0;
+        for (uint32_t k = 1; k <= w->t.n; k++) {
+            if (w->t.gen[k] == 0 && !w->t.stale[k]) {
+                ctl_resid_take(&w->t, k, ++s->next_gen);
                 snprintf(out->worker, sizeof(out->worker), "%s", w->id);
                 out->slot = k;
-                out->gen = w->gen[k];
+                out->gen = w->t.gen[k];
                 err = WK_OK;
                 break;
             }
@@ -1895,8 +1910,8 @@ ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
     wk_err err = WK_ESTATE;
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots && w->gen[ref->slot] == ref->gen &&
-        w->busy[ref->slot] == NULL) {
+    if (w != NULL && ref->slot >= 1 && ref->slot <= w->t.n && w->t.gen[ref->slot] == ref->gen &&
+        w->t.busy[ref->slot] == NULL) {
         ctl_sworker_slot_clear(w, ref->slot);
         err = WK_OK;
         pthread_cond_broadcast(&s->cv);
@@ -1936,8 +1951,8 @@ ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref)
 {
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    bool ok = w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots &&
-              w->gen[ref->slot] == ref->gen;
+    bool ok = w != NULL && ref->slot >= 1 && ref->slot <= w->t.n &&
+              w->t.gen[ref->slot] == ref->gen;
     pthread_mutex_unlock(&s->mu);
     return ok;
 }
@@ -1950,9 +1965,8 @@ ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, worker);
     if (w != NULL) {
-        *total = w->n_slots;
-        for (uint32_t k = 1; k <= w->n_slots; k++)
-            *used += w->gen[k] != 0;
+        *total = w->t.n;
+        *used = ctl_resid_used(&w->t);
     }
     pthread_mutex_unlock(&s->mu);
 }
@@ -1966,17 +1980,17 @@ ctl_sched_slots(ctl_sched *s, ctl_slot_info *out, size_t cap)
         ctl_sworker *w = s->workers[i];
         if (w == NULL || w->dead)
             continue;
-        for (uint32_t k = 1; k <= w->n_slots; k++) {
-            if (w->gen[k] == 0)
+        for (uint32_t k = 1; k <= w->t.n; k++) {
+            if (w->t.gen[k] == 0)
                 continue;
             if (n < cap) {
                 ctl_slot_info *o = &out[n];
                 memset(o, 0, sizeof(*o));
                 snprintf(o->ref.worker, sizeof(o->ref.worker), "%s", w->id);
                 o->ref.slot = k;
-                o->ref.gen = w->gen[k];
-                ctl_job *j = w->busy[k];
-                o->tokens = w->ctx[k]; /* what the slot holds between jobs */
+                o->ref.gen = w->t.gen[k];
+                ctl_job *j = w->t.busy[k];
+                o->tokens = w->t.ctx[k]; /* what the slot holds between jobs */
                 if (j != NULL) {
                     o->running = true;
                     o->held = j->held;
@@ -2007,8 +2021,8 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, src->worker);
     ctl_job *j = NULL;
-    if (w != NULL && src->slot >= 1 && src->slot <= w->n_slots && w->gen[src->slot] == src->gen)
-        j = w->busy[src->slot];
+    if (w != NULL && src->slot >= 1 && src->slot <= w->t.n && w->t.gen[src->slot] == src->gen)
+        j = w->t.busy[src->slot];
     if (j == NULL || j->migrating || j->state == CTL_JOB_DONE || j->state == CTL_JOB_FAILED) {
         pthread_mutex_unlock(&s->mu);
         (void)ctl_sched_slot_free(s, &dst);
@@ -2032,17 +2046,17 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     ctl_sworker *w_to = ctl_sched_worker_locked(s, dst.worker);
     ctl_sworker *w_from = ctl_sched_worker_locked(s, src->worker);
     err = WK_OK;
-    if (alive && w_to != NULL && w_to->gen[dst.slot] == dst.gen && w_from != NULL &&
-        w_from->gen[src->slot] == src->gen) {
-        uint32_t need = w_from->pages[src->slot];
-        uint32_t used = ctl_sworker_pages_used(w_to);
-        if (!ctl_kv_fits(&w_to->geom, used, w_to->pages[dst.slot], need))
+    if (alive && w_to != NULL && w_to->t.gen[dst.slot] == dst.gen && w_from != NULL &&
+        w_from->t.gen[src->slot] == src->gen) {
+        uint32_t need = w_from->t.pages[src->slot];
+        uint32_t used = ctl_resid_pages_used(&w_to->t);
+        if (!ctl_kv_fits(&w_to->t.geom, used, w_to->t.pages[dst.slot], need))
             err = wk_diag_set(d, WK_EQUOTA, "KV pool full on worker %s: the request holds %u "
                               "pages, %u of %u free", to, need,
-                              used < w_to->geom.pages_total ? w_to->geom.pages_total - used : 0,
-                              w_to->geom.pages_total);
-        else if (need > w_to->pages[dst.slot])
-            w_to->pages[dst.slot] = need;
+                              used < w_to->t.geom.pages_total ? w_to->t.geom.pages_total - used : 0,
+                              w_to->t.geom.pages_total);
+        else if (need > w_to->t.pages[dst.slot])
+            w_to->t.pages[dst.slot] = need;
     }
     pthread_mutex_unlock(&s->mu);
 
@@ -2052,18 +2066,18 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w_src = ctl_sched_worker_locked(s, src->worker);
     ctl_sworker *w_dst = ctl_sched_worker_locked(s, dst.worker);
-    if (err == WK_OK && (w_dst == NULL || w_dst->gen[dst.slot] != dst.gen || j->cancelled ||
+    if (err == WK_OK && (w_dst == NULL || w_dst->t.gen[dst.slot] != dst.gen || j->cancelled ||
                          j->state == CTL_JOB_DONE || j->state == CTL_JOB_FAILED))
         err = wk_diag_set(d, WK_EUNAVAIL, "the destination or the request went away");
     if (err == WK_OK) {
         /* Commit: the job now lives on dst; the source slot is released. */
-        w_dst->busy[dst.slot] = j;
-        if (w_src != NULL && w_src->gen[src->slot] == src->gen) {
+        w_dst->t.busy[dst.slot] = j;
+        if (w_src != NULL && w_src->t.gen[src->slot] == src->gen) {
             /* (dst holds the job's reservation since before the move) */
-            if (w_src->pages[src->slot] > w_dst->pages[dst.slot])
-                w_dst->pages[dst.slot] = w_src->pages[src->slot];
-            w_dst->ctx[dst.slot] = w_src->ctx[src->slot];
-            w_src->busy[src->slot] = NULL;
+            if (w_src->t.pages[src->slot] > w_dst->t.pages[dst.slot])
+                w_dst->t.pages[dst.slot] = w_src->t.pages[src->slot];
+            w_dst->t.ctx[dst.slot] = w_src->t.ctx[src->slot];
+            w_src->t.busy[src->slot] = NULL;
             ctl_sworker_slot_clear(w_src, src->slot);
         }
         j->slot = dst;
@@ -2156,34 +2170,15 @@ ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running)
 wk_err
 ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx, wk_diag *d)
 {
-    wk_err err = WK_OK;
+    wk_err err;
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    uint32_t k = ref->slot;
-    if (w == NULL) {
+    if (w == NULL)
         err = wk_diag_set(d, WK_EUNAVAIL, "worker %s left", ref->worker);
-    } else if (k < 1 || k > w->n_slots || w->gen[k] != ref->gen) {
-        err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", ref->worker, k);
-    } else {
-        uint32_t need = ctl_kv_pages(&w->geom, n_ctx);
-        uint32_t used = ctl_sworker_pages_used(w);
-        if (w->busy[k] == NULL && ctl_kv_hybrid(&w->geom) && need > w->geom.pages_total) {
-            err = wk_diag_set(d, WK_ETOOBIG, "%llu tokens of context need %u KV pages, more "
-                              "than the pool of worker %s holds (%u pages of %u tokens)",
-                              (unsigned long long)n_ctx, need, w->id, w->geom.pages_total,
-                              w->geom.page_tokens);
-        } else if (w->busy[k] == NULL && !ctl_kv_fits(&w->geom, used, w->pages[k], need)) {
-            err = wk_diag_set(d, WK_EQUOTA, "KV pool full on worker %s: %llu tokens need %u "
-                              "pages, %u of %u free", w->id, (unsigned long long)n_ctx, need,
-                              w->geom.pages_total - (used < w->geom.pages_total ? used
-                                                                               : w->geom.pages_total),
-                              w->geom.pages_total);
-        } else {
-            w->ctx[k] = n_ctx;
-            if (w->busy[k] == NULL || need > w->pages[k])
-                w->pages[k] = need;
-        }
-    }
+    else if (!ctl_resid_live(&w->t, ref->slot, ref->gen))
+        err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", ref->worker, ref->slot);
+    else
+        err = ctl_resid_set_ctx(&w->t, ref->slot, n_ctx, w->id, d);
     pthread_mutex_unlock(&s->mu);
     return err;
 }
@@ -2193,9 +2188,9 @@ ctl_sched_slot_note_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx)
 {
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w != NULL && !ctl_kv_hybrid(&w->geom) && ref->slot >= 1 && ref->slot <= w->n_slots &&
-        w->gen[ref->slot] == ref->gen && w->busy[ref->slot] == NULL)
-        w->ctx[ref->slot] = n_ctx;
+    if (w != NULL && !ctl_kv_hybrid(&w->t.geom) && ref->slot >= 1 && ref->slot <= w->t.n &&
+        w->t.gen[ref->slot] == ref->gen && w->t.busy[ref->slot] == NULL)
+        w->t.ctx[ref->slot] = n_ctx;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -2204,7 +2199,7 @@ ctl_sched_slot_set_bytes(ctl_sched *s, const ctl_slot_ref *ref, uint64_t bytes, 
 {
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    ctl_kv_geom g = w != NULL ? w->geom : (ctl_kv_geom){0};
+    ctl_kv_geom g = w != NULL ? w->t.geom : (ctl_kv_geom){0};
     pthread_mutex_unlock(&s->mu);
     if (w == NULL)
         return wk_diag_set(d, WK_EUNAVAIL, "worker %s left", ref->worker);
@@ -2225,8 +2220,8 @@ ctl_sched_slot_ctx(ctl_sched *s, const ctl_slot_ref *ref)
     uint64_t n = 0;
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots && w->gen[ref->slot] == ref->gen)
-        n = w->ctx[ref->slot];
+    if (w != NULL && ref->slot >= 1 && ref->slot <= w->t.n && w->t.gen[ref->slot] == ref->gen)
+        n = w->t.ctx[ref->slot];
     pthread_mutex_unlock(&s->mu);
     return n;
 }
@@ -2238,9 +2233,9 @@ ctl_sched_kv_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *
     *total = 0;
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, worker);
-    if (w != NULL && ctl_kv_hybrid(&w->geom)) {
-        *used = ctl_sworker_pages_used(w);
-        *total = w->geom.pages_total;
+    if (w != NULL && ctl_kv_hybrid(&w->t.geom)) {
+        *used = ctl_resid_pages_used(&w->t);
+        *total = w->t.geom.pages_total;
     }
     pthread_mutex_unlock(&s->mu);
 }
@@ -2250,8 +2245,8 @@ ctl_sched_kv_geom(ctl_sched *s, const char *worker, ctl_kv_geom *out)
 {
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, worker);
-    bool hybrid = w != NULL && ctl_kv_hybrid(&w->geom);
-    *out = hybrid ? w->geom : (ctl_kv_geom){0};
+    bool hybrid = w != NULL && ctl_kv_hybrid(&w->t.geom);
+    *out = hybrid ? w->t.geom : (ctl_kv_geom){0};
     pthread_mutex_unlock(&s->mu);
     return hybrid;
 }
@@ -2262,8 +2257,8 @@ ctl_sched_slot_pages(ctl_sched *s, const ctl_slot_ref *ref)
     uint32_t n = 0;
     pthread_mutex_lock(&s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w != NULL && ref->slot >= 1 && ref->slot <= w->n_slots && w->gen[ref->slot] == ref->gen)
-        n = w->pages[ref->slot];
+    if (w != NULL && ref->slot >= 1 && ref->slot <= w->t.n && w->t.gen[ref->slot] == ref->gen)
+        n = w->t.pages[ref->slot];
     pthread_mutex_unlock(&s->mu);
     return n;
 }

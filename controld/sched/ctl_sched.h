@@ -13,6 +13,9 @@
  * prefill behind long prompts), then jobs that waited 2 s or more in submit
  * order, then the others fewest left first; a waiting job that 16 younger
  * ones overtook goes before all (short ones never keep it out for ever).
+ * Long prefills (more than one chunk of input left) run at most
+ * step_tokens / job_chunk at once per worker, what one step can feed: a
+ * further long job waits and the free slots serve short jobs at once.
  *
  * Every worker has its own step loop (a thread), so workers step concurrently.
  * Each sampled token needs a decision: continue (the token is fed next step),
@@ -26,10 +29,10 @@
  * came before the hook was set) the row pauses and the consumer decides with
  * ctl_job_continue() / ctl_job_stop() after a TOKEN event.
  *
- * Slots: the scheduler owns the slot table of every worker. A job either
- * takes a fresh slot at admission (freed at the end unless the consumer
- * keeps it) or runs on a slot the caller already holds (ctl_sched_slot_*),
- * e.g. a parked state. Every slot carries a generation number; every use
+ * Slots: the scheduler keeps every worker's slot table (ctl_resid, under its
+ * mutex). A job either takes a fresh slot at admission (freed at the end
+ * unless the consumer keeps it) or runs on a slot the caller already holds
+ * (ctl_sched_slot_*), e.g. a parked state. Every slot carries a generation number; every use
  * checks it, so a stale handle can never touch a reused slot.
  *
  * Threading: all functions are thread-safe. ctl_job_next() blocks.

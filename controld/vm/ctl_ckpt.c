@@ -352,7 +352,7 @@ ckpt_remove_locked(ctl_ckpt *c, ckpt_entry *e)
 static bool
 ckpt_warm_live_locked(ctl_ckpt *c, const ckpt_entry *e)
 {
-    return e->warm && e->epoch != 0 && ctl_sched_worker_epoch(c->sched, e->worker) == e->epoch;
+    return e->warm && e->epoch != 0 && ctl_pool_worker_epoch(c->pool, e->worker) == e->epoch;
 }
 
 /* -------------------------------------------------------- disk tier ---- */
@@ -906,7 +906,7 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     pthread_mutex_unlock(&c->mu);
 
     uint64_t bytes = ckpt_image_bytes(c, n);
-    uint64_t epoch = ctl_sched_worker_epoch(c->sched, slot->worker);
+    uint64_t epoch = ctl_pool_worker_epoch(c->pool, slot->worker);
     wk_err err = WK_ENOSPC;
     void *direct = NULL;
     size_t direct_len = 0;
@@ -1250,6 +1250,8 @@ ctl_ckpt_plan_reply(ctl_ckpt_plan *p, const ctl_slot_ref *slot, const int32_t *g
         memcpy(ids + p->n_all, gen, n_gen * sizeof(*ids));
     ckpt_save(p->c, p->owner, p->fp, ids, p->n_all + n_gen, slot, CTL_CKPT_KIND_REPLY, reply_key,
               p->durable);
+    if (ckpt_key(p->fp, p->owner, ids, p->n_all + n_gen, p->reply_ckpt) != WK_OK)
+        p->reply_ckpt[0] = '\0';
     free(ids);
 }
 
@@ -1262,6 +1264,25 @@ ctl_ckpt_plan_end(ctl_ckpt_plan *p)
         ckpt_unpin(p->c, p->hit_key);
     free(p->all);
     memset(p, 0, sizeof(*p));
+}
+
+bool
+ctl_ckpt_live(ctl_ckpt *c, const char *key)
+{
+    if (c == NULL || !c->cfg.enabled || key == NULL || key[0] == '\0')
+        return false;
+    pthread_mutex_lock(&c->mu);
+    ckpt_entry *e = ckpt_find_locked(c, key);
+    bool live = e != NULL && !e->saving && !e->doomed && (e->cold || ckpt_warm_live_locked(c, e));
+    pthread_mutex_unlock(&c->mu);
+    return live;
+}
+
+/* ctl_vm's backing check (ctl_vm_set_backing): a parked session's end-of-reply checkpoint. */
+static bool
+ckpt_backed(void *arg, const char *key)
+{
+    return ctl_ckpt_live(arg, key);
 }
 
 bool
@@ -1489,6 +1510,8 @@ ctl_ckpt_new(const ctl_ckpt_config *cfg, ctl_pool *pool, ctl_sched *sched, ctl_v
         return wk_diag_set(d, WK_ENOMEM, "cannot start the checkpoint tier thread");
     }
     c->thr_started = true;
+    if (vm != NULL && cfg->enabled)
+        ctl_vm_set_backing(vm, ckpt_backed, c);
     *out = c;
     return WK_OK;
 }
@@ -1567,6 +1590,8 @@ ctl_ckpt_free(ctl_ckpt *c)
 {
     if (c == NULL)
         return;
+    if (c->vm != NULL && c->cfg.enabled)
+        ctl_vm_set_backing(c->vm, NULL, NULL);
     if (c->thr_started) {
         pthread_mutex_lock(&c->mu);
         c->stop = true;

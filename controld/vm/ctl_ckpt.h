@@ -150,6 +150,8 @@ typedef struct ctl_ckpt_plan {
     size_t n_pos;                     /* entries */
     ctl_sched_reuse reuse;            /* the job's hooks (arg = this plan) */
     bool loaded;                      /* the load hook succeeded */
+    char reply_ckpt[WK_SHA256_HEX_LEN]; /* key of the end-of-reply checkpoint (set by
+                                         ctl_ckpt_plan_reply(), live or not: ctl_ckpt_live()) */
     bool durable;                     /* set by the caller before ctl_ckpt_plan_reply(): the
                                          end-of-reply checkpoint is written through to disk
                                          whatever --checkpoint-write-through says (a stored
@@ -181,6 +183,14 @@ WK_MUST_CHECK wk_err ctl_ckpt_plan_begin(ctl_ckpt *c, ctl_ckpt_plan *p, const ch
  */
 void ctl_ckpt_plan_reply(ctl_ckpt_plan *p, const ctl_slot_ref *slot, const int32_t *gen,
                          size_t n_gen, const char *reply_key);
+
+/*
+ * True when checkpoint key exists and can be loaded (a live warm copy or a
+ * disk record). A parked session backed by its end-of-reply checkpoint
+ * (ctl_vm_put_backed) gives its slot up without a spill while this holds:
+ * ctl_ckpt_new() registers it with ctl_vm (ctl_vm_set_backing).
+ */
+bool ctl_ckpt_live(ctl_ckpt *c, const char *key);
 
 /* Releases what the plan holds. NULL-safe, idempotent. */
 void ctl_ckpt_plan_end(ctl_ckpt_plan *p);

@@ -22,6 +22,7 @@
 
 typedef struct ctl_vm_entry {
     char key[CTL_VM_KEY_MAX];    /* blob hex or session key */
+    char backing[CTL_VM_KEY_MAX]; /* dirty: where the bytes also live (a checkpoint), "" = nowhere */
     ctl_slot_ref slot;           /* where the bytes are */
     bool dirty;                  /* spill before eviction */
     bool taken;                  /* a caller holds the slot */
@@ -47,6 +48,8 @@ struct ctl_vm {
     ctl_store *store;        /* borrowed */
     ctl_vm_spill_fn spill;   /* spill function for dirty entries */
     void *spill_arg;         /* its argument */
+    ctl_vm_backed_fn backed; /* is a dirty entry's backing copy live? NULL = never */
+    void *backed_arg;        /* its argument */
     pthread_mutex_t mu;      /* guards entries and clock */
     ctl_vm_entry *entries;   /* cache */
     uint64_t clock;          /* LRU counter */
@@ -109,7 +112,7 @@ ctl_vm_free(ctl_vm *vm)
 
 static wk_err ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill);
 static wk_err ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e);
-static void ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e);
+static void ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e, bool for_room);
 static void ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e);
 /*
  * Evicts the least recently used idle entry (on worker, or anywhere when
@@ -154,7 +157,7 @@ ctl_vm_janitor_main(void *arg)
             pthread_mutex_unlock(&vm->mu);
             wk_log_info("spilling idle session key=%.16s worker=%s slot=%u", e->key,
                         e->slot.worker, e->slot.slot);
-            ctl_vm_evict_visible(vm, e);
+            ctl_vm_evict_visible(vm, e, false);
             pthread_mutex_lock(&vm->mu);
             continue;
         }
@@ -207,6 +210,28 @@ ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg)
     vm->spill = fn;
     vm->spill_arg = arg;
     pthread_mutex_unlock(&vm->mu);
+}
+
+void
+ctl_vm_set_backing(ctl_vm *vm, ctl_vm_backed_fn fn, void *arg)
+{
+    pthread_mutex_lock(&vm->mu);
+    vm->backed = fn;
+    vm->backed_arg = arg;
+    pthread_mutex_unlock(&vm->mu);
+}
+
+/* True when dirty entry e's bytes live elsewhere (its backing). Called without mu. */
+static bool
+ctl_vm_backed(ctl_vm *vm, const ctl_vm_entry *e)
+{
+    if (!e->dirty || e->backing[0] == '\0')
+        return false;
+    pthread_mutex_lock(&vm->mu);
+    ctl_vm_backed_fn fn = vm->backed;
+    void *arg = vm->backed_arg;
+    pthread_mutex_unlock(&vm->mu);
+    return fn != NULL && fn(arg, e->backing);
 }
 
 static wk_err
@@ -508,7 +533,7 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
     snprintf(w->key, sizeof(w->key), "%s", e->key);
     snprintf(w->worker, sizeof(w->worker), "%s", e->slot.worker);
     w->ctx = ctl_sched_slot_ctx(vm->sched, &e->slot);
-    w->epoch = ctl_sched_worker_epoch(vm->sched, e->slot.worker);
+    w->epoch = ctl_pool_worker_epoch(vm->pool, e->slot.worker);
     pthread_mutex_lock(&vm->mu);
     ctl_vm_warm *old = ctl_vm_warm_take_locked(vm, e->key);
     w->used = ++vm->clock;
@@ -550,14 +575,18 @@ ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e)
  * idle, so in no step): its KV pages are back on the worker and in the
  * scheduler's count when this returns, so a write that evicted it to make
  * room finds them free. (Were the reset to fail, the scheduler's step loop
- * frees them later.)
+ * frees them later.) A recurrent worker's slot is freed as it is: whoever
+ * takes it next resets or overwrites it, so no RPC (which would wait for the
+ * worker's step in flight) delays the waiting request.
  */
 static void
 ctl_vm_slot_release(ctl_vm *vm, const ctl_slot_ref *ref)
 {
     if (vm->sched == NULL)
         return;
-    if ((ctl_sched_slot_pages(vm->sched, ref) > 0 || ctl_sched_slot_ctx(vm->sched, ref) > 0) &&
+    ctl_kv_geom g;
+    if (ctl_sched_kv_geom(vm->sched, ref->worker, &g) &&
+        (ctl_sched_slot_pages(vm->sched, ref) > 0 || ctl_sched_slot_ctx(vm->sched, ref) > 0) &&
         ctl_vm_slot_reset(vm, ref, NULL) != WK_OK)
         wk_log_debug("slot reset before free failed worker=%s slot=%u", ref->worker, ref->slot);
     (void)ctl_sched_slot_free(vm->sched, ref);
@@ -567,11 +596,17 @@ ctl_vm_slot_release(ctl_vm *vm, const ctl_slot_ref *ref)
  * Spills an entry that the caller marked taken + spilling under the lock
  * (it stays findable meanwhile, so lookups wait for the spill instead of
  * missing the session), then unlinks and frees it. Called without the lock.
+ * for_room: evicted to make room, so an entry whose backing copy is live
+ * is not spilled (its next turn resumes that copy).
  */
 static void
-ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e)
+ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
 {
-    (void)ctl_vm_spill_entry(vm, e);
+    bool backed = for_room && ctl_vm_backed(vm, e);
+    if (!backed)
+        (void)ctl_vm_spill_entry(vm, e);
+    else
+        wk_log_debug("evicting key=%.16s without a spill: backed by %.16s", e->key, e->backing);
     pthread_mutex_lock(&vm->mu);
     ctl_vm_unlink_locked(vm, e);
     pthread_cond_broadcast(&vm->cv);
@@ -658,7 +693,7 @@ ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages)
         victim->taken = true;
         victim->spilling = true;
         pthread_mutex_unlock(&vm->mu);
-        ctl_vm_evict_visible(vm, victim);
+        ctl_vm_evict_visible(vm, victim, true);
         return WK_OK;
     }
     if (victim != NULL)
@@ -716,12 +751,21 @@ ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out, wk_diag *d)
 wk_err
 ctl_vm_put(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool dirty, wk_diag *d)
 {
-    if (strlen(key) >= CTL_VM_KEY_MAX)
+    return ctl_vm_put_backed(vm, key, slot, dirty, NULL, d);
+}
+
+wk_err
+ctl_vm_put_backed(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool dirty,
+                  const char *backing, wk_diag *d)
+{
+    if (strlen(key) >= CTL_VM_KEY_MAX || (backing != NULL && strlen(backing) >= CTL_VM_KEY_MAX))
         return wk_diag_set(d, WK_EINVAL, "cache key too long");
     ctl_vm_entry *ne = calloc(1, sizeof(*ne));
     if (ne == NULL)
         return WK_ENOMEM;
     snprintf(ne->key, sizeof(ne->key), "%s", key);
+    if (dirty && backing != NULL)
+        snprintf(ne->backing, sizeof(ne->backing), "%s", backing);
     ne->slot = *slot;
     ne->dirty = dirty;
     pthread_mutex_lock(&vm->mu);
@@ -863,7 +907,7 @@ ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t cap)
     pthread_mutex_unlock(&vm->mu);
     if (worker[0] == '\0')
         return NULL;
-    if (epoch == 0 || ctl_sched_worker_epoch(vm->sched, worker) != epoch) {
+    if (epoch == 0 || ctl_pool_worker_epoch(vm->pool, worker) != epoch) {
         /* The worker restarted: its host memory, and the copy, are gone. */
         pthread_mutex_lock(&vm->mu);
         free(ctl_vm_warm_take_locked(vm, key));

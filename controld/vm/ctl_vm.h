@@ -8,7 +8,8 @@
  * worker (SlotCopy) before it runs. Chat sessions park in slots as dirty
  * entries keyed by the session key: they are spilled to a blob only when
  * evicted (write-back). Under slot pressure the least recently used idle
- * entry is evicted (spilled first when dirty); the scheduler calls
+ * entry is evicted (spilled first when dirty, unless a checkpoint already
+ * holds its bytes: ctl_vm_set_backing); the scheduler calls
  * ctl_vm_evict_one() when requests wait for a slot.
  *
  * Slot I/O (read, write, copy, reset) goes through the pool as
@@ -63,6 +64,23 @@ void ctl_vm_end_waits(ctl_vm *vm);
 
 /* Registers the spill function for dirty entries (sessions). */
 void ctl_vm_set_spill(ctl_vm *vm, ctl_vm_spill_fn fn, void *arg);
+
+/*
+ * Whether the bytes of a dirty entry also live elsewhere: backing is the key
+ * given to ctl_vm_put_backed() (an end-of-reply checkpoint's key). True
+ * when that copy can still be loaded. Called with no ctl_vm lock held; it
+ * must not call into ctl_vm.
+ */
+typedef bool (*ctl_vm_backed_fn)(void *arg, const char *backing);
+
+/*
+ * Registers the backing check (ctl_ckpt does, for its checkpoints); NULL
+ * removes it. Under slot pressure (ctl_vm_evict_one/pages, ctl_vm_slot_get)
+ * a dirty entry whose backing is live gives its slot up without a spill:
+ * the next turn resumes the backing copy. Idle spills, ctl_vm_evict_slot()
+ * and ctl_vm_flush() still spill it (they are for durability, not room).
+ */
+void ctl_vm_set_backing(ctl_vm *vm, ctl_vm_backed_fn fn, void *arg);
 
 /*
  * Gets a free slot, evicting LRU idle entries when none is free. worker:
@@ -125,6 +143,14 @@ WK_MUST_CHECK wk_err ctl_vm_load_into(ctl_vm *vm, const char *key, const char *b
  */
 WK_MUST_CHECK wk_err ctl_vm_put(ctl_vm *vm, const char *key, const ctl_slot_ref *slot,
                                 bool dirty, wk_diag *d);
+
+/*
+ * ctl_vm_put() of a dirty entry whose bytes also live under backing (or
+ * NULL / "": nowhere), e.g. the end-of-reply checkpoint of the turn that
+ * parks it (ctl_vm_set_backing).
+ */
+WK_MUST_CHECK wk_err ctl_vm_put_backed(ctl_vm *vm, const char *key, const ctl_slot_ref *slot,
+                                       bool dirty, const char *backing, wk_diag *d);
 
 /*
  * Takes the entry for key out of the cache: *slot is then held by the

@@ -6,8 +6,9 @@
  * that prefixes a prompt (end of reply, message boundary, prompt but its
  * last token), owners and models isolated, reply records, the warm budget
  * evicting the least recently used entries, the disk tier (bytes read from
- * the slot, written back on load), clearing by owner, and the disabled
- * module planning nothing.
+ * the slot, written back on load), clearing by owner, the disabled
+ * module planning nothing, and a parked session backed by its live
+ * end-of-reply checkpoint giving its slot up without a spill (ctl_vm).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -406,13 +407,99 @@ test_disabled(void **state)
     assert_false(ctl_ckpt_reply_tokens(NULL, "k", &ids, &n));
 }
 
+static int g_spills;
+
+static wk_err
+count_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *d)
+{
+    (void)arg;
+    (void)key;
+    (void)bytes;
+    (void)len;
+    (void)d;
+    g_spills++;
+    return WK_OK;
+}
+
+/*
+ * One turn of owner whose slot parks as dirty entry `key` in ctl_vm, backed
+ * by the turn's end-of-reply checkpoint when backed (else by nothing).
+ */
+static void
+park_turn(fx *f, const char *owner, const int32_t *in, size_t n, const char *key, bool backed)
+{
+    static ctl_ckpt_plan p;
+    wk_diag d = {{0}};
+    assert_int_equal(
+        ctl_ckpt_plan_begin(f->ckpt, &p, owner, FW_FP, NULL, 0, in, n, NULL, 0, true, &d), WK_OK);
+    ctl_job_spec sp = {.tokens = in, .n_tokens = n, .sample = true, .fresh = true,
+                       .reuse = &p.reuse};
+    ctl_job *j = NULL;
+    if (ctl_sched_submit(f->sched, &sp, &j, &d) != WK_OK)
+        fail_msg("submit: %s", d.msg);
+    ctl_job_event ev;
+    assert_int_equal(ctl_job_next(j, 4000, &ev), WK_OK);
+    assert_int_equal(ev.type, CTL_JOB_EV_TOKEN);
+    int32_t gen = ev.token;
+    ctl_job_stop(j, true);
+    assert_int_equal(ctl_job_next(j, 4000, &ev), WK_OK);
+    assert_int_equal(ev.type, CTL_JOB_EV_DONE);
+    ctl_slot_ref slot;
+    assert_int_equal(ctl_job_keep_slot(j, &slot), WK_OK);
+    ctl_job_free(j);
+    ctl_ckpt_plan_reply(&p, &slot, &gen, 1, NULL);
+    assert_true(p.reply_ckpt[0] != '\0');
+    assert_true(ctl_ckpt_live(f->ckpt, p.reply_ckpt));
+    assert_int_equal(ctl_vm_put_backed(f->vm, key, &slot, true, backed ? p.reply_ckpt : NULL, &d),
+                     WK_OK);
+    ctl_ckpt_plan_end(&p);
+}
+
+static void
+test_backed_session(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 1 << 20, 0);
+    ctl_vm_set_spill(f.vm, count_spill, NULL);
+    g_spills = 0;
+    static const int32_t a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12},
+                         c[6] = {13, 14, 15, 16, 17, 18};
+    park_turn(&f, "alice", a, 6, "sess-a", true);
+    park_turn(&f, "bob", b, 6, "sess-b", false);
+    park_turn(&f, "carol", c, 6, "sess-c", true);
+    uint32_t reads = fw_count(&f.w, WKVM__KIND__SLOT_READ);
+    /* LRU: sess-a first, backed by a live checkpoint: its slot goes, nothing is read or spilled */
+    assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
+    assert_false(ctl_vm_cached(f.vm, "sess-a"));
+    assert_int_equal(g_spills, 0);
+    assert_int_equal(fw_count(&f.w, WKVM__KIND__SLOT_READ), reads);
+    /* sess-b has no backing: spilled (its bytes read from the slot) */
+    assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
+    assert_false(ctl_vm_cached(f.vm, "sess-b"));
+    assert_int_equal(g_spills, 1);
+    assert_true(fw_count(&f.w, WKVM__KIND__SLOT_READ) > reads);
+    /* sess-c's checkpoint is gone: spilled like any other */
+    size_t cleared = 0;
+    ctl_ckpt_clear(f.ckpt, "carol", &cleared);
+    assert_true(cleared > 0);
+    assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
+    assert_int_equal(g_spills, 2);
+    assert_int_equal(ctl_vm_evict_one(f.vm), WK_ENOENT);
+    /* the janitor's spill and a flush are for durability: a backed entry is spilled there */
+    park_turn(&f, "alice", a, 6, "sess-a", true);
+    ctl_vm_flush(f.vm);
+    assert_int_equal(g_spills, 3);
+    fx_close(&f);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_longest_prefix),  cmocka_unit_test(test_reply_records_and_clear),
         cmocka_unit_test(test_warm_budget_lru), cmocka_unit_test(test_disk_tier),
-        cmocka_unit_test(test_disabled),
+        cmocka_unit_test(test_disabled),        cmocka_unit_test(test_backed_session),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,8 +6,10 @@
  * ones that waited 2 s; the bound on overtaking), prefill chunks under the per-job cap and
  * the step budget, continuous batching of two jobs in one step with each
  * slot's state exactly the tokens reported fed, held slots and their
- * generations (a stale handle never touches a reused slot), and the refusals
- * (no worker, a bad spec); a step row's penalty history only with a penalty.
+ * generations (a stale handle never touches a reused slot), the cap on long
+ * prefills running at once (a free slot is left to short jobs, and a waiting
+ * long job does not make the scheduler evict parked slots), and the refusals
+ *  * (no worker, a bad spec); a step row's penalty history only with a penalty.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -440,6 +442,92 @@ test_short_first_behind_aged(void **state)
     fx_close(&f);
 }
 
+static int g_evictions;
+
+static wk_err
+count_evict(void *arg, const char *worker, uint32_t pages)
+{
+    (void)arg;
+    (void)worker;
+    (void)pages;
+    g_evictions++;
+    return WK_ENOENT;
+}
+
+/*
+ * step 8 / chunk 4: two long prefills fill a step, so a third long job waits
+ * while a slot is free, and a short job submitted after it takes that slot.
+ */
+static void
+test_long_prefill_cap(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 8, 4, 8);
+    fx_worker(&f, 4);
+    ctl_sched_set_evictor(f.sched, count_evict, NULL);
+    static int32_t l1[400], l2[400], l3[400];
+    for (int i = 0; i < 400; i++) {
+        l1[i] = 1000 + i;
+        l2[i] = 2000 + i;
+        l3[i] = 3000 + i;
+    }
+    static const int32_t sh[2] = {7, 8}, sh2[2] = {9, 10};
+    fw_hold(&f.w, true);
+    ctl_job *j1 = submit(&f, l1, 400, NULL, true);
+    assert_true(fw_wait_held(&f.w, 4000)); /* L1's first chunk is in flight */
+    ctl_job *j2 = submit(&f, l2, 400, NULL, true);
+    ctl_job *j3 = submit(&f, l3, 400, NULL, true);
+    ctl_job *js = submit(&f, sh, 2, NULL, true);
+    fw_hold(&f.w, false);
+    fw_state ss = fw_state_of(sh, 2);
+    ctl_job_event ev = next_ev(js);
+    assert_int_equal(ev.type, CTL_JOB_EV_TOKEN);
+    assert_int_equal(ev.token, fw_token_of(&ss));
+    fw_hold(&f.w, true); /* L1 and L2 are still hundreds of tokens from their end */
+    uint32_t waiting = 0, running = 0, used = 0, total = 0;
+    ctl_sched_depths(f.sched, &waiting, &running);
+    assert_int_equal(running, 3);  /* L1, L2, S */
+    assert_int_equal(waiting, 1);  /* L3, though slot 4 is free */
+    ctl_sched_slot_counts(f.sched, "w0", &used, &total);
+    assert_int_equal(used, 3);
+    assert_int_equal(total, 4);
+    /* a second short job takes the free slot at once */
+    ctl_job *js2 = submit(&f, sh2, 2, NULL, true);
+    fw_hold(&f.w, false);
+    fw_state ss2 = fw_state_of(sh2, 2);
+    take_tokens(js2, &ss2, 1, false);
+    ctl_job_stop(js, false);
+    assert_int_equal(next_ev(js).type, CTL_JOB_EV_DONE);
+    ctl_job_free(js);
+    ctl_job_free(js2);
+    /* S and S2 ended: slots are free, and L3 only waited for prefill room, so no eviction */
+    assert_int_equal(g_evictions, 0);
+    fw_state s1 = fw_state_of(l1, 400), s2 = fw_state_of(l2, 400), s3 = fw_state_of(l3, 400);
+    take_tokens(j1, &s1, 1, false);
+    take_tokens(j2, &s2, 1, false);
+    take_tokens(j3, &s3, 1, false); /* admitted once L1 or L2 neared its end */
+    ctl_job_free(j1);
+    ctl_job_free(j2);
+    ctl_job_free(j3);
+    static fw_row log[512];
+    size_t n = fw_log(&f.w, log, 512);
+    int s_at = -1, l3_at = -1, long_ends = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (log[i].reset && log[i].first == 7)
+            s_at = (int)i;
+        if (log[i].reset && log[i].first == 3000)
+            l3_at = (int)i;
+        /* a chunk of L1 or L2 reaching its last 4 tokens, before L3's first row */
+        if (l3_at < 0 && ((log[i].first >= 1392 && log[i].first < 1400) ||
+                          (log[i].first >= 2392 && log[i].first < 2400)))
+            long_ends++;
+    }
+    assert_true(s_at > 0 && l3_at > s_at);
+    assert_true(long_ends >= 1);
+    fx_close(&f);
+}
+
 static void
 test_refusals(void **state)
 {
@@ -487,6 +575,7 @@ main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_rank_decision),
         cmocka_unit_test(test_short_first_behind_aged),
+        cmocka_unit_test(test_long_prefill_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
