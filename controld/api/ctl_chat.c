@@ -351,7 +351,7 @@ ctl_chat_on_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj
         err = ctl_chat_store(app, t->key, nb, CTL_CHAT_REF_HOT, &d);
     if (err == WK_OK)
         err = ctl_vm_put_backed(app->vm, t->key, &res->slot, true,
-                                r->plan != NULL ? r->plan->reply_ckpt : NULL, &d);
+                                r->plan.ckpt != NULL ? r->plan.ckpt->reply_ckpt : NULL, &d);
     if (err == WK_OK) {
         t->committed = true;
         t->have_slot = false;

@@ -9,7 +9,7 @@
  * generations (a stale handle never touches a reused slot), the cap on long
  * prefills running at once (a free slot is left to short jobs, and a waiting
  * long job does not make the scheduler evict parked slots), and the refusals
- *  * (no worker, a bad spec); a step row's penalty history only with a penalty.
+ * (no worker, a bad spec); a step row's penalty history only with a penalty.
  */
 #include <setjmp.h>
 #include <stdarg.h>
