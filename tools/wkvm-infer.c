@@ -71,7 +71,7 @@ static const wk_cfg_opt infer_table[] = {
     {"model", WK_CFG_STR, NULL, 0, 0,
      "model directory (checkpoint + optional vocab), or one .gguf/.pth/.safetensors file (its "
      "vocab beside it); required"},
-    {"tokens", WK_CFG_STR, NULL, 0, 0, "prompt token ids, comma or space separated (1,2,3)"},
+    {"tokens", WK_CFG_STR, NULL, 0, 64u << 20, "prompt token ids, comma or space separated (1,2,3)"},
     {"logits-out", WK_CFG_STR, NULL, 0, 0,
      "FILE: write float32 LE logits, one row of vocab floats per --tokens position"},
     {"generate", WK_CFG_U64, NULL, 0, INFER_MAX_GENERATE,

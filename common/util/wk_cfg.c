@@ -55,9 +55,10 @@ wk_cfg_set(wk_cfg *cfg, size_t i, const char *value, bool is_default, const char
 {
     const wk_cfg_opt *o = &cfg->table[i];
     wk_cfg_val *v = &cfg->vals[i];
-    if (strlen(value) > WK_CFG_STR_MAX)
-        return wk_diag_set(d, WK_EINVAL, "%s: option %s: value longer than %d bytes", source,
-                           o->name, WK_CFG_STR_MAX);
+    size_t lim = o->type == WK_CFG_STR && o->max > 0 ? (size_t)o->max : WK_CFG_STR_MAX;
+    if (strlen(value) > lim)
+        return wk_diag_set(d, WK_EINVAL, "%s: option %s: value longer than %zu bytes", source,
+                           o->name, lim);
     uint64_t u = 0;
     bool b = false;
     if (o->type == WK_CFG_U64) {

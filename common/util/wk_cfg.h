@@ -17,7 +17,7 @@
 #include "wk_err.h"
 
 typedef enum wk_cfg_type {
-    WK_CFG_STR = 0, /* any string (max WK_CFG_STR_MAX bytes) */
+    WK_CFG_STR = 0, /* any string (max bytes: the option's max, 0 = WK_CFG_STR_MAX) */
     WK_CFG_U64,     /* unsigned integer in [min, max] */
     WK_CFG_BOOL,    /* true/false/yes/no/1/0/on/off */
     WK_CFG_ALIAS,   /* an older name of the option named by def (flag, env, file key);
@@ -31,7 +31,8 @@ typedef struct wk_cfg_opt {
     wk_cfg_type type;  /* value type */
     const char *def;   /* default as text; NULL = unset */
     uint64_t min;      /* WK_CFG_U64: smallest value */
-    uint64_t max;      /* WK_CFG_U64: largest value */
+    uint64_t max;      /* WK_CFG_U64: largest value; WK_CFG_STR: longest value in bytes
+                          (0 = WK_CFG_STR_MAX) */
     const char *help;  /* one line for --help and the sample config */
 } wk_cfg_opt;
 

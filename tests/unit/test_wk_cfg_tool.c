@@ -203,6 +203,49 @@ test_positionals(void **state)
                              "wkvm-t: unknown option --nope (see --help)\n");
 }
 
+/* A string option's own length limit (a long --tokens list): longer than
+ * WK_CFG_STR_MAX is taken when the option allows it, refused past its limit. */
+static void
+test_long_string(void **state)
+{
+    (void)state;
+    static const wk_cfg_opt lt[] = {
+        {"name", WK_CFG_STR, NULL, 0, 0, "a name"},
+        {"list", WK_CFG_STR, NULL, 0, 3 * WK_CFG_STR_MAX, "a long list"},
+    };
+    typedef struct l_args {
+        const char *name;
+        const char *list;
+    } l_args;
+    static const wk_cfg_bind lb[] = {
+        WK_CFG_BIND(l_args, "name", STR, name),
+        WK_CFG_BIND(l_args, "list", STR, list),
+    };
+    wk_cfg_tool tl = {.prog = "wkvm-t", .about = "x", .opts = lt, .n_opts = 2, .binds = lb,
+                      .n_binds = 2};
+    size_t n = 2 * WK_CFG_STR_MAX;
+    char *v = malloc(n + 1);
+    assert_non_null(v);
+    memset(v, '7', n);
+    v[n] = '\0';
+    l_args a = {0};
+    wk_cfg *cfg = NULL;
+    char *ok[] = {"wkvm-t", "--list", v, NULL};
+    assert_int_equal(wk_cfg_tool_parse(&tl, 3, ok, &a, &cfg), WK_CFG_TOOL_RUN);
+    assert_int_equal(strlen(a.list), n);
+    wk_cfg_free(cfg);
+
+    FILE *saved = stderr;
+    stderr = fopen("/dev/null", "w");
+    assert_non_null(stderr);
+    char *bad[] = {"wkvm-t", "--name", v, NULL};
+    int rc = wk_cfg_tool_parse(&tl, 3, bad, &a, &cfg);
+    fclose(stderr);
+    stderr = saved;
+    assert_int_equal(rc, 2);
+    free(v);
+}
+
 int
 main(void)
 {
@@ -211,6 +254,7 @@ main(void)
         cmocka_unit_test(test_answers),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_positionals),
+        cmocka_unit_test(test_long_string),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
