@@ -1,5 +1,5 @@
 /*
- * k_rwkv7: the CUDA kernels of the RWKV-7 step (be_cuda_rwkv7.c drives
+ * k_rwkv7: the CUDA kernels of the RWKV-7 kinds (be_cuda_gdn.c drives
  * them; the math and stage order are be_cpu_rwkv7.c's): embedding + ln0,
  * LayerNorm, token-shift mixes and the shift-state store, the 16-bit GEMM
  * input split and the GEMM epilogues around cuBLAS, the attention prologue

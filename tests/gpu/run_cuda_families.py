@@ -6,7 +6,8 @@ gated attention with partial rotary and (1 + weight) norms; dense and MoE),
 gen_nemotron_h.py (Mamba2 + position-free attention + squared-ReLU MLPs +
 sigmoid-routed experts with groups and a score bias, mixer-only and
 MLP-only layers) and gen_granite_h.py (Mamba2 + attention with Granite's
-multipliers, dense or top-k-then-softmax experts).
+multipliers, dense or top-k-then-softmax experts), and the CUDA RWKV-7 step
+on tests/reference/gen_model.py's RWKV-7 models.
 
 Usage: run_cuda_families.py TEST_CUDA_FAMILIES_EXE
 
@@ -94,6 +95,16 @@ GRANITE_H = [
                                    groups=2, attn_layers=[1], tied=False)),
     ("granite-f32-moe", dict(seed=823, experts=8, top_k=3, layers=3, attn_layers=[0, 2])),
 ]
+# RWKV-7 (gen_model: both checkpoint conventions, the three weight dtypes, a tied head, layer
+# 0's unused value LoRA present, head sizes 16 and 64, three layers: v_first across layers)
+RWKV7 = [
+    ("rwkv7-hf-f32", dict(seed=901)),
+    ("rwkv7-blink-bf16-l0v", dict(seed=902, convention="blink", dtype="bf16", layers=3,
+                                  layer0_v=True, lora_v=16)),
+    ("rwkv7-hf-f16-tied-N64", dict(seed=903, dtype="f16", tied=True, embd=128, head_size=64,
+                                   ffn=192, vocab=500, lora_w=8, lora_a=8, lora_v=4,
+                                   lora_g=16)),
+]
 # (name, generator module, config) of models the CPU backend serves and the
 # CUDA backend must refuse with WK_ENOTSUP: an RWKV-7 head over the WKV
 # kernels' 1024 (one head of 2048)
@@ -121,6 +132,7 @@ def main():
         return 1
     sys.path.insert(0, REF)
     import gen_gdn
+    import gen_model
     import gen_granite_h
     import gen_mamba2
     import gen_nemotron_h
@@ -144,6 +156,10 @@ def main():
                 d = os.path.join(tmp, name)
                 gen.write_model(d, gen.default_cfg(**kw))
                 args.append(d)
+        for name, kw in RWKV7:
+            d = os.path.join(tmp, name)
+            gen_model.write_model(d, gen_model.default_cfg(**kw))
+            args.append(d)
         for name, module, kw in REFUSE:
             gen = __import__(module)
             d = os.path.join(tmp, name)

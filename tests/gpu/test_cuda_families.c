@@ -1,16 +1,16 @@
 /*
- * GPU suite: the CUDA Mamba2 and hybrid layer-list steps (Gated DeltaNet,
+ * GPU suite: the CUDA layer-list step (RWKV-7, Mamba2, Gated DeltaNet,
  * Qwen3.5, Nemotron-H, Granite-4.0-H) against the CPU reference backend, on
  * the model directories given as arguments (written by
  * run_cuda_families.py with tests/reference/gen_mamba2.py, gen_gdn.py,
- * gen_qwen35.py, gen_nemotron_h.py and gen_granite_h.py; any family with a
+ * gen_qwen35.py, gen_nemotron_h.py, gen_granite_h.py and gen_model.py; any family with a
  * CUDA step works). For each model:
  *   - one mixed step (a prefill with every position's logits, a one-token
  *     row, a padding row, a long prefill) gives the CPU's logits and slot
  *     states within max|diff|/std < 1e-3; padding logits are zeros;
  *   - the same step twice on fresh slots gives identical bits;
  *   - the long prompt prefilled in chunks of 7 and token by token ends at
- *     the CPU's logits and state (to GEMM rounding: see be_cuda_rwkv7.c);
+ *     the CPU's logits and state (to GEMM rounding: see be_cuda_gdn.c);
  *   - batched decode steps follow the CPU;
  *   - a CPU slot image written into a CUDA slot continues like the CPU
  *     (hibernate on one backend, resume on the other);

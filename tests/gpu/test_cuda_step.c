@@ -8,7 +8,7 @@
  *     states within max|diff|/std < 1e-3; padding logits are zeros;
  *   - the long prompt prefilled in chunks of 7 and token by token ends at
  *     the same logits and state (not bit-exact on this backend: cuBLAS picks
- *     algorithms by shape; see be_cuda_rwkv7.c);
+ *     algorithms by shape; see be_cuda_gdn.c);
  *   - batched decode steps follow the CPU;
  *   - small passes (WKVM_CUDA_PASS_TOKENS=5) give the same results;
  *   - the same step twice on fresh slots gives identical bits;

@@ -131,7 +131,7 @@ typedef struct be_ops {
      * Exception, for now: the CUDA steps (RWKV-7, Mamba2, Gated DeltaNet
      * incl. hybrid; not yet run on a device) are repeatable for one step composition,
      * but across batch compositions and chunkings they agree only to GEMM
-     * rounding (cuBLAS picks its algorithm by shape); see be_cuda_rwkv7.c.
+     * rounding (cuBLAS picks its algorithm by shape); see be_cuda_gdn.c.
      */
     wk_err (*step)(be_ctx *ctx, be_row *rows, size_t n, wk_diag *d);
 

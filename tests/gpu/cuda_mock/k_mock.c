@@ -4,7 +4,7 @@
  * with the launchers' own argument checks. What this checks is the host
  * side of the CUDA backend (sizes, offsets, strides, the order of the
  * launches) against the CPU backend; the CUDA kernel bodies themselves are
- * not run. RWKV-7's kernels are not emulated (their launchers fail).
+ * not run.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -142,22 +142,54 @@ k_gemm_epi(const float *y, uint32_t T, uint32_t N, int split, const float *inv_s
     return OK;
 }
 
-/* RWKV-7: not emulated */
+/* ------------------------------------------------------------------------ */
+/* RWKV-7 (k_rwkv7.cu)                                                       */
+/* ------------------------------------------------------------------------ */
+
+#define M_DECAY_SCALE 0.6065306597126334f /* exp(-0.5), the kernel's */
+
+/* LayerNorm of one row of C (k_ln_row); out may alias in. */
+static void
+m_ln_row(const float *in, float *out, uint32_t C, const float *w, const float *b, float eps)
+{
+    float s = 0.0f;
+    for (uint32_t i = 0; i < C; i++)
+        s += in[i];
+    const float mean = s / (float)C;
+    float q = 0.0f;
+    for (uint32_t i = 0; i < C; i++) {
+        const float dd = in[i] - mean;
+        q += dd * dd;
+    }
+    const float inv = 1.0f / sqrtf(q / (float)C + eps);
+    for (uint32_t i = 0; i < C; i++)
+        out[i] = (in[i] - mean) * inv * w[i] + b[i];
+}
+
 int
 k_rwkv7_embed(const void *emb, int dtype, const uint32_t *tok, uint32_t T, uint32_t C,
               const float *w, const float *b, float eps, float *x, void *stream)
 {
-    (void)emb, (void)dtype, (void)tok, (void)T, (void)C, (void)w, (void)b, (void)eps, (void)x,
-        (void)stream;
-    return BAD;
+    (void)stream;
+    for (size_t t = 0; t < T; t++) {
+        float *row = x + t * C;
+        for (size_t i = 0; i < C; i++)
+            row[i] = m_load(emb, dtype, (size_t)tok[t] * C + i);
+        m_ln_row(row, row, C, w, b, eps);
+    }
+    return OK;
 }
 
 int
 k_layernorm_rows(const float *x, const uint32_t *idx, uint32_t n, uint32_t C, const float *w,
                  const float *b, float eps, float *y, void *stream)
 {
-    (void)x, (void)idx, (void)n, (void)C, (void)w, (void)b, (void)eps, (void)y, (void)stream;
-    return BAD;
+    (void)stream;
+    if (y == x)
+        return BAD; /* y must not alias x */
+    for (size_t r = 0; r < n; r++)
+        m_ln_row(x + (size_t)(idx != NULL ? idx[r] : r) * C, y + r * C, C, w, b, eps);
+    return OK;
 }
 
 int
@@ -166,10 +198,21 @@ k_rwkv7_shift_mix(const float *xln, uint32_t T, uint32_t C, const uint32_t *tseg
                   size_t slot_floats, size_t shift_off, const float *mix, uint32_t n_mix,
                   float *out, size_t out_stride, void *stream)
 {
-    (void)xln, (void)T, (void)C, (void)tseg, (void)seg_t0, (void)seg_slot, (void)arena,
-        (void)slot_floats, (void)shift_off, (void)mix, (void)n_mix, (void)out, (void)out_stride,
-        (void)stream;
-    return BAD;
+    (void)stream;
+    if (T > 65535u)
+        return BAD;
+    for (uint32_t t = 0; t < T; t++) {
+        const uint32_t s = tseg[t];
+        for (uint32_t i = 0; i < C; i++) {
+            const float x = xln[(size_t)t * C + i];
+            const float prev = t > seg_t0[s]
+                                   ? xln[(size_t)(t - 1) * C + i]
+                                   : arena[(size_t)seg_slot[s] * slot_floats + shift_off + i];
+            for (uint32_t j = 0; j < n_mix; j++)
+                out[j * out_stride + (size_t)t * C + i] = x + (prev - x) * mix[(size_t)j * C + i];
+        }
+    }
+    return OK;
 }
 
 int
@@ -177,9 +220,15 @@ k_rwkv7_save_shift(const float *xln, uint32_t C, uint32_t n_segs, const uint32_t
                    const uint32_t *seg_n, const uint32_t *seg_slot, float *arena,
                    size_t slot_floats, size_t shift_off, void *stream)
 {
-    (void)xln, (void)C, (void)n_segs, (void)seg_t0, (void)seg_n, (void)seg_slot, (void)arena,
-        (void)slot_floats, (void)shift_off, (void)stream;
-    return BAD;
+    (void)stream;
+    if (n_segs > 65535u)
+        return BAD;
+    for (uint32_t s = 0; s < n_segs; s++) {
+        const size_t last = (size_t)seg_t0[s] + seg_n[s] - 1;
+        memcpy(arena + (size_t)seg_slot[s] * slot_floats + shift_off, xln + last * C,
+               sizeof(float) * C);
+    }
+    return OK;
 }
 
 int
@@ -187,9 +236,34 @@ k_rwkv7_att(uint32_t T, uint32_t C, uint32_t H, uint32_t N, int layer0, const fl
             const float *a0, const float *v0, const float *k_k, const float *k_a, float *dw,
             float *da, const float *dv, float *kk, float *k, float *v, float *vf, void *stream)
 {
-    (void)T, (void)C, (void)H, (void)N, (void)layer0, (void)w0, (void)a0, (void)v0, (void)k_k,
-        (void)k_a, (void)dw, (void)da, (void)dv, (void)kk, (void)k, (void)v, (void)vf, (void)stream;
-    return BAD;
+    (void)stream;
+    if (T > 65535u || (size_t)H * N != C)
+        return BAD;
+    for (size_t t = 0; t < T; t++)
+        for (size_t h = 0; h < H; h++) {
+            const size_t hc = h * N, base = t * C + hc;
+            float ss = 0.0f;
+            for (size_t j = 0; j < N; j++) {
+                const float q = k[base + j] * k_k[hc + j];
+                ss += q * q;
+            }
+            const float nrm = fmaxf(sqrtf(ss), 1e-12f);
+            for (size_t j = 0; j < N; j++) {
+                const size_t i = hc + j, o = base + j;
+                const float ic = m_sigmoid(a0[i] + da[o]);
+                const float kv = k[o];
+                const float kn = kv * k_k[i] / nrm;
+                dw[o] = expf(-M_DECAY_SCALE * m_sigmoid(w0[i] + dw[o]));
+                k[o] = kv * (1.0f + (ic - 1.0f) * k_a[i]);
+                da[o] = kn * ic;
+                kk[o] = -kn;
+                if (layer0)
+                    vf[o] = v[o];
+                else
+                    v[o] = v[o] + (vf[o] - v[o]) * m_sigmoid(v0[i] + dv[o]);
+            }
+        }
+    return OK;
 }
 
 int
@@ -199,10 +273,46 @@ k_rwkv7_wkv(float *arena, size_t slot_floats, size_t state_off, uint32_t n_segs,
             const float *a, const float *b, const float *g, const float *r_k, const float *lnx_w,
             const float *lnx_b, float gn_eps, float *y, void *stream)
 {
-    (void)arena, (void)slot_floats, (void)state_off, (void)n_segs, (void)seg_t0, (void)seg_n,
-        (void)seg_slot, (void)H, (void)N, (void)C, (void)r, (void)w, (void)k, (void)v, (void)a,
-        (void)b, (void)g, (void)r_k, (void)lnx_w, (void)lnx_b, (void)gn_eps, (void)y, (void)stream;
-    return BAD;
+    (void)stream;
+    if (N == 0 || N > 1024 || (size_t)H * N != C)
+        return BAD;
+    float yh[1024];
+    for (uint32_t seg = 0; seg < n_segs; seg++)
+        for (size_t h = 0; h < H; h++) {
+            const size_t hc = h * N;
+            float *S = arena + (size_t)seg_slot[seg] * slot_floats + state_off + hc * N;
+            for (size_t t = seg_t0[seg]; t < (size_t)seg_t0[seg] + seg_n[seg]; t++) {
+                const size_t o = t * C + hc;
+                for (size_t i = 0; i < N; i++) { /* value index i: row i of S */
+                    float *Si = S + i * N;
+                    float sav = 0.0f;
+                    for (size_t j = 0; j < N; j++)
+                        sav += Si[j] * a[o + j];
+                    float yi = 0.0f;
+                    for (size_t j = 0; j < N; j++) {
+                        const float nv = Si[j] * w[o + j] + (sav * b[o + j] + v[o + i] * k[o + j]);
+                        Si[j] = nv;
+                        yi += nv * r[o + j];
+                    }
+                    yh[i] = yi;
+                }
+                float mean = 0.0f, var = 0.0f, bonus = 0.0f;
+                for (size_t j = 0; j < N; j++)
+                    mean += yh[j];
+                mean /= (float)N;
+                for (size_t j = 0; j < N; j++)
+                    var += (yh[j] - mean) * (yh[j] - mean);
+                var /= (float)N;
+                for (size_t j = 0; j < N; j++)
+                    bonus += r[o + j] * k[o + j] * r_k[hc + j];
+                for (size_t i = 0; i < N; i++) {
+                    const float yn = (yh[i] - mean) * (1.0f / sqrtf(var + gn_eps)) * lnx_w[hc + i] +
+                                     lnx_b[hc + i];
+                    y[o + i] = (yn + bonus * v[o + i]) * g[o + i];
+                }
+            }
+        }
+    return OK;
 }
 
 /* ------------------------------------------------------------------------ */

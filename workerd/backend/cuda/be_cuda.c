@@ -3,9 +3,9 @@
  * (slot reset, fork copy, chunked read/write for hibernate/resume/migration,
  * the device address of a slot for NCCL migration) and the step, which a
  * family supplies through a be_cuda_family (be_cuda_common.h) chosen by the
- * model's view at open: RWKV-7 (be_cuda_rwkv7.c), or the layer list
- * (be_cuda_gdn.c: Gated DeltaNet and the hybrids, and pure Mamba2 as a list
- * of Mamba2 layers, wrk_mamba2_layer_list), each over the shared
+ * model's view at open: the layer list (be_cuda_gdn.c: Gated DeltaNet and
+ * the hybrids, and pure Mamba2 and RWKV-7 as lists of their layers,
+ * wrk_mamba2_layer_list, wrk_rwkv7_layer_list), over the shared
  * be_cuda_core (weights on the device, cuBLAS GEMMs, kernels/k_*.cu). A
  * family without one opens (the slot operations work) but its step answers
  * WK_ENOTSUP naming the family.
@@ -23,7 +23,7 @@
  *
  * Numerics: the step matches the CPU reference to GEMM rounding, not bit
  * for bit, and a row's bits may change with the batch shape (cuBLAS picks
- * algorithms by shape; see be_cuda_rwkv7.c). So "auto" backend selection
+ * algorithms by shape; see be_cuda_gdn.c). So "auto" backend selection
  * stays on the CPU (be.c) until the GPU suite (cuda_parity, cuda_step,
  * cuda_families, cuda_mamba2_parity, cuda_gdn_parity) has passed on a
  * device. Compiled only when nvcc is found; never logs.
@@ -58,7 +58,6 @@ struct be_ctx {
 
 /* The families with a CUDA step. */
 static const be_cuda_family *const be_cuda_families[] = {
-    &be_cuda_rwkv7_family,
     &be_cuda_gdn_family,
 };
 

@@ -1,7 +1,7 @@
 /*
- * be_cuda_common: what the CUDA backend's family steps share (RWKV-7 in
- * be_cuda_rwkv7.c, the layer list in be_cuda_gdn.c: Gated DeltaNet, the
- * hybrids and pure Mamba2), and the family seam be_cuda.c dispatches through.
+ * be_cuda_common: what the CUDA backend's family step uses (the layer list
+ * in be_cuda_gdn.c: every family, RWKV-7, pure Mamba2, Gated DeltaNet and
+ * the hybrids), and the family seam be_cuda.c dispatches through.
  *
  * A family step owns a be_cuda_core: the stream and cuBLAS handle every
  * enqueue of its steps goes to, the weight block on the device (every
@@ -103,8 +103,7 @@ typedef struct be_cuda_family {
     struct be_kv *(*kv)(void *impl);
 } be_cuda_family;
 
-extern const be_cuda_family be_cuda_rwkv7_family;  /* be_cuda_rwkv7.c */
-extern const be_cuda_family be_cuda_gdn_family;    /* be_cuda_gdn.c */
+extern const be_cuda_family be_cuda_gdn_family; /* be_cuda_gdn.c */
 
 /* ------------------------------------------------------------------------ */
 /* the shared core of a family step                                          */

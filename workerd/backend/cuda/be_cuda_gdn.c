@@ -1,26 +1,33 @@
 /*
- * be_cuda_gdn: the hybrid layer-list step on a CUDA device, host side (the
- * family be_cuda.c reaches through be_cuda_gdn_family): fla Gated DeltaNet
- * and its hybrids, Qwen3.5 / Qwen3.5-MoE / Qwen3-Next, Nemotron-H and
- * Granite-4.0-H, every model with the "gdn" view (wrk_gdn.h). The math,
- * the stage order and the slot layout are the CPU reference's
- * (be_cpu_gdn.c, be_cpu_mamba2.c, wrk_gdn.h); the kernels are
- * kernels/k_gdn.cu, k_attn.cu, k_mamba2.cu, k_hybrid.cu and k_common.cu
- * behind kernels/k.h.
+ * be_cuda_gdn: the layer-list step on a CUDA device, host side (the
+ * family be_cuda.c reaches through be_cuda_gdn_family), the one step of
+ * every family: fla Gated DeltaNet and its hybrids, Qwen3.5 /
+ * Qwen3.5-MoE / Qwen3-Next, Nemotron-H and Granite-4.0-H (the "gdn" view,
+ * wrk_gdn.h), and pure Mamba2 and RWKV-7 as lists of their layers
+ * (wrk_mamba2_layer_list, wrk_rwkv7_layer_list). The math, the stage order
+ * and the slot layout are the CPU reference's (be_cpu_gdn.c,
+ * be_cpu_mamba2.c, be_cpu_rwkv7.c, wrk_gdn.h); the kernels are
+ * kernels/k_gdn.cu, k_attn.cu, k_mamba2.cu, k_rwkv7.cu, k_hybrid.cu and
+ * k_common.cu behind kernels/k.h.
  *
  * At creation every projection, expert, the head and the embedding (the
  * same device bytes when tied) are copied to the device as stored; the
  * vectors (norm weights with Qwen3.5's (1 + weight) folded in as the CPU
  * does, -exp(A_log), dt_bias, conv taps as stored [D][W], Mamba2's conv
- * taps [CD][K2] and bias, A, D and gated-norm weight) are widened to fp32.
+ * taps [CD][K2] and bias, A, D and gated-norm weight; RWKV-7's norm
+ * biases, ln0, mixes, LoRA biases, k_k, k_a, r_k and GroupNorm) are
+ * widened to fp32.
  * A pass (be_cuda_core: at most `cap` tokens, rows cut as the CPU cuts
  * them) runs the embedding (times Granite's emb_mul), then per layer its
  * mixer and its MLP, each after its own RMSNorm and each skipped when the
  * layer has none, then the final norm and the head for the logits rows
- * only (divided by Granite's logit_div on the device). Every mixer's and
- * MLP's output projection is added into the residual by the GEMM's
- * epilogue, or, with Granite's res_mul, stored into xr and added as
- * x + xr * res_mul (gdn_add_out, the CPU's order of rounding).
+ * only (divided by Granite's logit_div on the device); on layer_norm models
+ * (RWKV-7) every pre-norm and the final norm are LayerNorms with their
+ * biases and the embedding row gets ln0 (emb_norm) as it is gathered
+ * (k_rwkv7_embed). Every mixer's and MLP's output projection is added
+ * into the residual by the GEMM's epilogue, or, with Granite's res_mul,
+ * stored into xr and added as x + xr * res_mul (gdn_add_out, the CPU's
+ * order of rounding).
  *
  * Mixers:
  *   GDN     the q / k / v / a / b (/ g) GEMMs for every token, the three
@@ -39,11 +46,23 @@
  *           apart) into m2y [T][DI], the gate silu(z) (z at m2p, rows DIP
  *           apart) and the grouped RMSNorm over G2 groups (norm_eps, as the
  *           CPU's be_cpu_m2_dims.eps), out_proj.
+ *   RWKV7   RWKV-7's time mix (k_rwkv7.cu): the token shift of xn against
+ *           the slot's time-mix shift (which then takes each segment's
+ *           last xn row) into RW_MIX_N mix buffers, the r / k / v GEMMs
+ *           and the decay (tanh), ICLR, value-residual and gate (sigmoid)
+ *           LoRAs, the attention prologue (k_rwkv7_att: decay, ICLR, key
+ *           normalisation; the first RWKV7 layer stores v_first = v, the
+ *           later ones mix v towards it), the WKV recurrence per (segment,
+ *           head) over the slot's state with GroupNorm, bonus and gate,
+ *           W_o.
  * MLPs:
  *   SWIGLU  gate / up GEMMs, silu(gate) * up, down.
  *   RELU2   the up GEMM with the relu(.)^2 epilogue (the CPU: the GEMM,
  *           then relu, then the square: the same two roundings), down.
  *   MOE     below.
+ *   RWKV7   RWKV-7's channel mix (after an RWKV7 mixer): the token shift
+ *           against the slot's channel-mix shift, relu(W_k .)^2 (the
+ *           GEMM's epilogue), W_v.
  *
  * Slot layout: wrk_gdn.h. The recurrent layers (GDN and MAMBA2 mixers) in
  * layer order, layer l's state gdn_layer.soff floats into the slot (the
@@ -53,6 +72,9 @@
  *           (W-1)(2 KD + VD) (gdn_off_*);
  *   MAMBA2: conv [CD][K2-1] at soff, ssm [H2][P][N] at soff + CD (K2-1)
  *           (m2_conv_floats);
+ *   RWKV7:  the time mix's shift [C] at soff, the channel mix's shift [C]
+ *           at soff + C, the WKV state [H][N][N] at soff + 2C (the
+ *           layout RWKV-7 always had);
  * slot_floats, the sum over every layer, is the arena stride (slot_bytes).
  *
  * Attention layers (hybrid models): the attention layers' K / V live in a
@@ -101,11 +123,25 @@
  * up to E per layer for a batch); a grouped GEMM and routing on the device
  * are the next steps.
  *
- * Numerics and batch invariance are the RWKV-7 step's (be_cuda_rwkv7.c):
- * cuBLAS GEMMs with fp32 compute (16-bit weights against the hi + lo halves
- * of the activations), every other reduction in a fixed order per row; a
- * row's bits are repeatable for one pass composition and agree with the CPU
- * (and across chunkings) to GEMM rounding. The experts' choice is a
+ * GEMMs (be_cuda_gemm): cublasGemmEx with CUBLAS_COMPUTE_32F (fp32
+ * accumulation, no TF32). 16-bit weights stay 16-bit; the fp32
+ * activations are split per token row into hi + lo 16-bit halves
+ * (k_split16, with a power-of-two row scale so binary16 cannot overflow)
+ * and multiplied in one GEMM over 2T columns, so the weights stream once
+ * and the product keeps ~16 significant bits of the activations (~1e-6
+ * relative against the CPU's fp32 activations times the widened weights).
+ * F32 weights multiply the fp32 activations directly.
+ *
+ * Batch invariance (be.h asks for bit-identical rows whatever the batch):
+ * every kernel reduces in a fixed order per row, so a row's bits depend
+ * only on its own data EXCEPT through cuBLAS, which picks its algorithm
+ * (tiling, split-K) from the GEMM shape, i.e. from the number of tokens in
+ * the pass. So a row's results are repeatable for one pass composition
+ * (same shapes, same device, one stream and a fixed cuBLAS workspace) but
+ * NOT bit-exact across batch sizes or prefill chunkings: they agree to
+ * GEMM rounding, which is what the CUDA parity tests check. Pinning one
+ * cublasLt algorithm for every shape would make it exact; not done yet.
+ * The experts' choice is a
  * comparison of router outputs, so a near tie may pick another expert on
  * the two backends (as it may across GEMM kernels on the CPU's ISAs).
  *
@@ -154,8 +190,27 @@ enum {
     GV_M2_A,
     GV_M2_D,
     GV_M2_GN,
+    GV_ATTN_NORM_B, /* layer_norm models (RWKV-7): the pre-norms' biases */
+    GV_MLP_NORM_B,
+    GV_RW_MIX, /* RWKV7 time mix: the token-shift mixes r, w, k, v, a, g [C] each, consecutive */
+    GV_RW_MIX_LAST = GV_RW_MIX + 5,
+    GV_RW_W0, /* LoRA biases, k_k, k_a, r_k [H N], GroupNorm weight and bias [C] */
+    GV_RW_A0,
+    GV_RW_V0,
+    GV_RW_K_K,
+    GV_RW_K_A,
+    GV_RW_R_K,
+    GV_RW_LNX_W,
+    GV_RW_LNX_B,
+    GV_RW_FFN_X_K, /* RWKV7 channel mix: its token-shift mix [C] */
     GV_N
 };
+
+/* The model-wide vectors before the layers' in the offset table. */
+enum { GG_NORM = 0, GG_NORM_B, GG_EMB_NORM, GG_EMB_NORM_B, GG_N };
+
+/* RWKV7 time mix: the mixes in the order of the GV_RW_MIX vectors. */
+enum { RW_MIX_R = 0, RW_MIX_W, RW_MIX_K, RW_MIX_V, RW_MIX_A, RW_MIX_G, RW_MIX_N };
 
 /* A mixture-of-experts MLP (wrk_moe) on the device, its routing on the host. */
 typedef struct gdn_moe {
@@ -171,23 +226,33 @@ typedef struct gdn_moe {
 typedef struct gdn_layer {
     wrk_mixer_kind mixer; /* the layer's kinds (wrk_gdn.h) */
     wrk_mlp_kind mlp;
-    uint32_t idx;                      /* attention layers: index among them (KV layer) */
-    size_t soff;                       /* recurrent mixers: floats before its state in a slot */
-    const float *bq, *bk, *bv;         /* attention: biases [QD], [KVD], [KVD]; NULL without */
-    const float *nq, *nk;              /* attention: q / k norm weights [Da]; NULL without */
-    const float *attn_norm, *mlp_norm; /* [C], device; NULL without a mixer / an MLP */
-    const float *o_norm;               /* [Vd], device */
-    const float *neg_A, *dt_bias;      /* [HV], device */
-    const float *cq, *ck, *cv;         /* conv taps [KD][W], [KD][W], [VD][W], device */
-    const float *m2_cw, *m2_cb;        /* Mamba2: conv taps [CD][K2], bias [CD], device */
-    const float *m2_dtb, *m2_A, *m2_D; /* Mamba2: dt_bias, -exp(A_log), D [H2], device */
-    const float *m2_gn;                /* Mamba2: gated RMSNorm weight [DI], device */
-    be_cuda_mat wq, wk, wv, wa, wb;    /* input projections (attention: q, k, v only) */
-    be_cuda_mat wg;                    /* output gate (use_gate only) */
-    be_cuda_mat wo;                    /* VD -> C (attention: QD -> C) */
-    be_cuda_mat m2_in, m2_out;         /* Mamba2: C -> DIP, DI -> C */
-    be_cuda_mat gate, up, down;        /* dense MLP (RELU2: no gate) */
-    gdn_moe *moe;                      /* mlp MOE: the experts; NULL otherwise */
+    uint32_t idx;                          /* attention layers: index among them (KV layer) */
+    size_t soff;                           /* recurrent mixers: floats before its state in a slot */
+    const float *bq, *bk, *bv;             /* attention: biases [QD], [KVD], [KVD]; NULL without */
+    const float *nq, *nk;                  /* attention: q / k norm weights [Da]; NULL without */
+    const float *attn_norm, *mlp_norm;     /* [C], device; NULL without a mixer / an MLP */
+    const float *o_norm;                   /* [Vd], device */
+    const float *neg_A, *dt_bias;          /* [HV], device */
+    const float *cq, *ck, *cv;             /* conv taps [KD][W], [KD][W], [VD][W], device */
+    const float *m2_cw, *m2_cb;            /* Mamba2: conv taps [CD][K2], bias [CD], device */
+    const float *m2_dtb, *m2_A, *m2_D;     /* Mamba2: dt_bias, -exp(A_log), D [H2], device */
+    const float *m2_gn;                    /* Mamba2: gated RMSNorm weight [DI], device */
+    be_cuda_mat wq, wk, wv, wa, wb;        /* input projections (attention: q, k, v only) */
+    be_cuda_mat wg;                        /* output gate (use_gate only) */
+    be_cuda_mat wo;                        /* VD -> C (attention: QD -> C) */
+    be_cuda_mat m2_in, m2_out;             /* Mamba2: C -> DIP, DI -> C */
+    be_cuda_mat gate, up, down;            /* dense MLP (RELU2: no gate) */
+    gdn_moe *moe;                          /* mlp MOE: the experts; NULL otherwise */
+    const float *attn_norm_b, *mlp_norm_b; /* layer_norm: the pre-norms' biases [C], device */
+    /* RWKV7 time mix (wr, wk, wv, wo: C -> C; the LoRAs C -> D -> C) and channel mix */
+    bool rw_first;                         /* the first RWKV7 mixer: v_first = v */
+    const float *rw_mix;                   /* RW_MIX_N mixes [C] each, consecutive, device */
+    const float *rw_w0, *rw_a0, *rw_v0;    /* [C] (v0 NULL on the first RWKV7 layer) */
+    const float *rw_k_k, *rw_k_a, *rw_r_k; /* [C], [C], [H N] */
+    const float *rw_lnx_w, *rw_lnx_b;      /* GroupNorm [C] */
+    const float *rw_ffn_x_k;               /* channel mix token-shift mix [C] */
+    be_cuda_mat wr, w1, w2, a1, a2, v1, v2, g1, g2; /* with wk, wv, wo above */
+    be_cuda_mat fk, fv;                             /* channel mix C -> F -> C */
 } gdn_layer;
 
 typedef struct be_cuda_gdn {
@@ -230,6 +295,20 @@ typedef struct be_cuda_gdn {
     uint32_t DI, CD, DIP;      /* H2 P, DI + 2 G2 N, DI + CD + H2 */
     size_t m2_conv_floats;     /* CD (K2-1): the conv state before the ssm state */
     float *m2p, *m2x, *m2y;    /* [cap][DIP], [cap][CD], [cap][DI] */
+
+    /* layer_norm models (RWKV-7): LayerNorms with biases; ln0 on the embedding (emb_norm) */
+    bool layer_norm;
+    const float *norm_b;                /* final norm's bias [C] */
+    const float *emb_norm, *emb_norm_b; /* [C] each; NULL without */
+
+    /* RWKV-7 time and channel mixes (n_rw 0: none of this is allocated) */
+    uint32_t n_rw;            /* RWKV7 mixers */
+    uint32_t rH, rN;          /* heads, head size (rH rN = C) */
+    uint32_t Dw, Dal, Dv, Dg; /* LoRA ranks: decay, ICLR, value residual, gate */
+    float gn_eps;             /* the per-head GroupNorm's epsilon */
+    float *mx;                /* RW_MIX_N buffers [RW_MIX_N][cap][C] */
+    float *rr, *rk, *rv, *vf; /* r, k, v, v_first [cap][C] */
+    float *lw, *la, *lv, *lg; /* LoRA hidden [cap][D*] */
 
     /* mixture-of-experts layers (moe_k 0: none of this is allocated) */
     uint32_t moe_E, moe_k, moe_Fe, moe_Fs; /* the largest E, k, Fe, Fs of any layer */
@@ -428,6 +507,98 @@ gdn_attention(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
     return gdn_add_out(c, &ly->wo, c->ao, d);
 }
 
+/* The i-th RWKV7 mix buffer [cap][C]. */
+static float *
+gdn_rw_mixbuf(const be_cuda_gdn *c, int i)
+{
+    return c->mx + (size_t)i * c->core.cap * c->C;
+}
+
+/*
+ * An RWKV7 time mix over the pass (xn holds ln1's output), added into x:
+ * the token shift (from the slot's time-mix shift at soff, which then
+ * gets each segment's last xn row), the r / k / v projections and the
+ * LoRAs, the attention prologue (decay, in-context learning rate, the
+ * value residual against v_first, which the first RWKV7 layer sets), the
+ * WKV recurrence over the slot's state at soff + 2C with the GroupNorm,
+ * bonus and gate, then W_o.
+ */
+static wk_err
+gdn_rwkv7_time(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
+{
+    be_cuda_core *co = &c->core;
+    const uint32_t T = co->T, C = c->C;
+    const uint32_t *tseg = be_cuda_meta(co, BE_CUDA_M_TSEG);
+    const uint32_t *seg_t0 = be_cuda_meta(co, BE_CUDA_M_SEG_T0);
+    const uint32_t *seg_n = be_cuda_meta(co, BE_CUDA_M_SEG_N);
+    const uint32_t *seg_slot = be_cuda_meta(co, BE_CUDA_M_SEG_SLOT);
+    float *mx0 = gdn_rw_mixbuf(c, 0), *mx1 = gdn_rw_mixbuf(c, 1), *mx2 = gdn_rw_mixbuf(c, 2);
+    float *mx3 = gdn_rw_mixbuf(c, 3), *mx4 = gdn_rw_mixbuf(c, 4), *mx5 = gdn_rw_mixbuf(c, 5);
+
+    WK_CUDA_CHECK(k_rwkv7_shift_mix(c->xn, T, C, tseg, seg_t0, seg_slot, c->arena, c->slot_floats,
+                                    ly->soff, ly->rw_mix, RW_MIX_N, c->mx, co->cap * C, co->stream),
+                  d);
+    WK_CUDA_CHECK(k_rwkv7_save_shift(c->xn, C, co->n_segs, seg_t0, seg_n, seg_slot, c->arena,
+                                     c->slot_floats, ly->soff, co->stream),
+                  d);
+    BE_CUDA_TRY(be_cuda_gemm(co, &ly->wr, gdn_rw_mixbuf(c, RW_MIX_R), T, c->rr, C, K_EPI_STORE, d));
+    BE_CUDA_TRY(be_cuda_gemm(co, &ly->wk, gdn_rw_mixbuf(c, RW_MIX_K), T, c->rk, C, K_EPI_STORE, d));
+    BE_CUDA_TRY(be_cuda_gemm(co, &ly->wv, gdn_rw_mixbuf(c, RW_MIX_V), T, c->rv, C, K_EPI_STORE, d));
+    BE_CUDA_TRY(
+        be_cuda_gemm(co, &ly->w1, gdn_rw_mixbuf(c, RW_MIX_W), T, c->lw, c->Dw, K_EPI_TANH, d));
+    BE_CUDA_TRY(
+        be_cuda_gemm(co, &ly->a1, gdn_rw_mixbuf(c, RW_MIX_A), T, c->la, c->Dal, K_EPI_STORE, d));
+    if (!ly->rw_first)
+        BE_CUDA_TRY(
+            be_cuda_gemm(co, &ly->v1, gdn_rw_mixbuf(c, RW_MIX_V), T, c->lv, c->Dv, K_EPI_STORE, d));
+    BE_CUDA_TRY(
+        be_cuda_gemm(co, &ly->g1, gdn_rw_mixbuf(c, RW_MIX_G), T, c->lg, c->Dg, K_EPI_SIGMOID, d));
+    /* the mixes are consumed: mx0..mx3 now take the LoRA outputs */
+    BE_CUDA_TRY(be_cuda_gemm(co, &ly->w2, c->lw, T, mx0, C, K_EPI_STORE, d));
+    BE_CUDA_TRY(be_cuda_gemm(co, &ly->a2, c->la, T, mx1, C, K_EPI_STORE, d));
+    if (!ly->rw_first)
+        BE_CUDA_TRY(be_cuda_gemm(co, &ly->v2, c->lv, T, mx2, C, K_EPI_STORE, d));
+    BE_CUDA_TRY(be_cuda_gemm(co, &ly->g2, c->lg, T, mx3, C, K_EPI_STORE, d));
+
+    /* mx0 = decay, mx1 = b, mx4 = a, k and v updated (the first layer: vf = v) */
+    WK_CUDA_CHECK(k_rwkv7_att(T, C, c->rH, c->rN, ly->rw_first, ly->rw_w0, ly->rw_a0, ly->rw_v0,
+                              ly->rw_k_k, ly->rw_k_a, mx0, mx1, mx2, mx4, c->rk, c->rv, c->vf,
+                              co->stream),
+                  d);
+    WK_CUDA_CHECK(k_rwkv7_wkv(c->arena, c->slot_floats, ly->soff + 2 * (size_t)C, co->n_segs,
+                              seg_t0, seg_n, seg_slot, c->rH, c->rN, C, c->rr, mx0, c->rk, c->rv,
+                              mx4, mx1, mx3, ly->rw_r_k, ly->rw_lnx_w, ly->rw_lnx_b, c->gn_eps, mx5,
+                              co->stream),
+                  d);
+    return gdn_add_out(c, &ly->wo, mx5, d);
+}
+
+/*
+ * An RWKV7 channel mix over the pass (xn holds ln2's output), added into
+ * x: the token shift (the slot's channel-mix shift at soff + C, after
+ * the time mix's), relu(W_k mix)^2, W_v.
+ */
+static wk_err
+gdn_rwkv7_channel(be_cuda_gdn *c, const gdn_layer *ly, wk_diag *d)
+{
+    be_cuda_core *co = &c->core;
+    const uint32_t T = co->T, C = c->C;
+    const size_t shift_off = ly->soff + C;
+    const uint32_t *seg_t0 = be_cuda_meta(co, BE_CUDA_M_SEG_T0);
+    const uint32_t *seg_slot = be_cuda_meta(co, BE_CUDA_M_SEG_SLOT);
+
+    WK_CUDA_CHECK(k_rwkv7_shift_mix(c->xn, T, C, be_cuda_meta(co, BE_CUDA_M_TSEG), seg_t0, seg_slot,
+                                    c->arena, c->slot_floats, shift_off, ly->rw_ffn_x_k, 1, c->mx,
+                                    co->cap * C, co->stream),
+                  d);
+    WK_CUDA_CHECK(k_rwkv7_save_shift(c->xn, C, co->n_segs, seg_t0,
+                                     be_cuda_meta(co, BE_CUDA_M_SEG_N), seg_slot, c->arena,
+                                     c->slot_floats, shift_off, co->stream),
+                  d);
+    BE_CUDA_TRY(be_cuda_gemm(co, &ly->fk, gdn_rw_mixbuf(c, 0), T, c->hg, c->F, K_EPI_RELU2, d));
+    return gdn_add_out(c, &ly->fv, c->hg, d);
+}
+
 /* ------------------------------------------------------------------------ */
 /* mixture of experts: routing on the host (wrk_moe_route, the CPU's code) */
 /* ------------------------------------------------------------------------ */
@@ -564,6 +735,19 @@ gdn_kv_meta(be_cuda_gdn *c, wk_diag *d)
     return WK_OK;
 }
 
+/* xn = a block's pre-norm of x: RMSNorm (w), or LayerNorm (w, b) on layer_norm models. */
+static wk_err
+gdn_prenorm(be_cuda_gdn *c, const float *w, const float *b, wk_diag *d)
+{
+    be_cuda_core *co = &c->core;
+    if (c->layer_norm)
+        WK_CUDA_CHECK(
+            k_layernorm_rows(c->x, NULL, co->T, c->C, w, b, (float)c->eps, c->xn, co->stream), d);
+    else
+        WK_CUDA_CHECK(k_rmsnorm_rows(c->x, NULL, co->T, c->C, w, c->eps, c->xn, co->stream), d);
+    return WK_OK;
+}
+
 static wk_err
 gdn_layer_run(be_cuda_gdn *c, uint32_t l, wk_diag *d)
 {
@@ -571,8 +755,7 @@ gdn_layer_run(be_cuda_gdn *c, uint32_t l, wk_diag *d)
     const gdn_layer *ly = &c->layers[l];
     const uint32_t T = co->T;
     if (ly->mixer != WRK_MIXER_NONE)
-        WK_CUDA_CHECK(k_rmsnorm_rows(c->x, NULL, T, c->C, ly->attn_norm, c->eps, c->xn, co->stream),
-                      d);
+        BE_CUDA_TRY(gdn_prenorm(c, ly->attn_norm, ly->attn_norm_b, d));
     switch (ly->mixer) {
     case WRK_MIXER_GDN:
         BE_CUDA_TRY(gdn_mixer(c, ly, d));
@@ -583,13 +766,17 @@ gdn_layer_run(be_cuda_gdn *c, uint32_t l, wk_diag *d)
     case WRK_MIXER_MAMBA2:
         BE_CUDA_TRY(gdn_mamba2(c, ly, d));
         break;
-    case WRK_MIXER_RWKV7: /* refused at create: RWKV-7 runs in be_cuda_rwkv7.c */
+    case WRK_MIXER_RWKV7:
+        BE_CUDA_TRY(gdn_rwkv7_time(c, ly, d));
+        break;
     case WRK_MIXER_NONE:
         break;
     }
     if (ly->mlp == WRK_MLP_NONE)
         return WK_OK;
-    WK_CUDA_CHECK(k_rmsnorm_rows(c->x, NULL, T, c->C, ly->mlp_norm, c->eps, c->xn, co->stream), d);
+    BE_CUDA_TRY(gdn_prenorm(c, ly->mlp_norm, ly->mlp_norm_b, d));
+    if (ly->mlp == WRK_MLP_RWKV7)
+        return gdn_rwkv7_channel(c, ly, d);
     if (ly->mlp == WRK_MLP_MOE)
         return gdn_moe_run(c, ly->moe, d);
     if (ly->mlp == WRK_MLP_RELU2) {
@@ -607,7 +794,12 @@ static wk_err
 gdn_norm_final(void *arg, const uint32_t *lpos, uint32_t n, float *out, wk_diag *d)
 {
     be_cuda_gdn *c = arg;
-    WK_CUDA_CHECK(k_rmsnorm_rows(c->x, lpos, n, c->C, c->norm, c->eps, out, c->core.stream), d);
+    if (c->layer_norm)
+        WK_CUDA_CHECK(k_layernorm_rows(c->x, lpos, n, c->C, c->norm, c->norm_b, (float)c->eps, out,
+                                       c->core.stream),
+                      d);
+    else
+        WK_CUDA_CHECK(k_rmsnorm_rows(c->x, lpos, n, c->C, c->norm, c->eps, out, c->core.stream), d);
     return WK_OK;
 }
 
@@ -616,9 +808,15 @@ gdn_pass(void *arg, wk_diag *d)
 {
     be_cuda_gdn *c = arg;
     be_cuda_core *co = &c->core;
-    WK_CUDA_CHECK(k_embed_rows(c->emb.w, c->emb.dtype, be_cuda_meta(co, BE_CUDA_M_TOK), co->T, c->C,
-                               c->x, co->stream),
-                  d);
+    if (c->emb_norm != NULL) /* RWKV-7's ln0 on the embedding row */
+        WK_CUDA_CHECK(k_rwkv7_embed(c->emb.w, c->emb.dtype, be_cuda_meta(co, BE_CUDA_M_TOK), co->T,
+                                    c->C, c->emb_norm, c->emb_norm_b, (float)c->eps, c->x,
+                                    co->stream),
+                      d);
+    else
+        WK_CUDA_CHECK(k_embed_rows(c->emb.w, c->emb.dtype, be_cuda_meta(co, BE_CUDA_M_TOK), co->T,
+                                   c->C, c->x, co->stream),
+                      d);
     if (c->emb_mul != 0.0f)
         WK_CUDA_CHECK(k_scale(c->x, (size_t)co->T * c->C, c->emb_mul, 0, co->stream), d);
     if (c->n_attn > 0)
@@ -641,11 +839,12 @@ gdn_destroy(void *impl)
     if (c == NULL)
         return;
     be_cuda_core_fini(&c->core); /* waits for the stream first */
-    void *dev[] = {c->vecs, c->x,   c->xn,  c->xr,  c->qr,  c->kr,      c->vr, c->q,
-                   c->k,    c->v,   c->ar,  c->br,  c->gr,  c->o,       c->hg, c->hu,
-                   c->xo,   c->m2p, c->m2x, c->m2y, c->rl,  c->xe,      c->he, c->hue,
-                   c->oe,   c->hs,  c->hsu, c->os,  c->sgv, c->dmoe,    c->aq, c->ak,
-                   c->av,   c->ao,  c->aqg, c->ag,  c->dkv, c->inv_freq};
+    void *dev[] = {c->vecs, c->x,   c->xn,  c->xr,  c->qr,  c->kr,       c->vr, c->q,
+                   c->k,    c->v,   c->ar,  c->br,  c->gr,  c->o,        c->hg, c->hu,
+                   c->xo,   c->m2p, c->m2x, c->m2y, c->rl,  c->xe,       c->he, c->hue,
+                   c->oe,   c->hs,  c->hsu, c->os,  c->sgv, c->dmoe,     c->aq, c->ak,
+                   c->av,   c->ao,  c->aqg, c->ag,  c->dkv, c->inv_freq, c->mx, c->rr,
+                   c->rk,   c->rv,  c->vf,  c->lw,  c->la,  c->lv,       c->lg};
     be_cuda_free_all(dev, sizeof(dev) / sizeof(dev[0]));
     if (c->hkv != NULL)
         (void)cudaFreeHost(c->hkv);
@@ -716,27 +915,37 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
     /* an upper bound per layer: every kind's vectors */
     const size_t per_layer = 2 * C + c->Vd + 2 * HV + W * (2 * KD + VD) + c->QD +
                              2 * (size_t)c->KVD + 2 * c->Da + (size_t)c->CD * (c->K2 + 1) +
-                             3 * (size_t)c->H2 + c->DI;
-    const size_t total = C + per_layer * c->L;
+                             3 * (size_t)c->H2 + c->DI + (c->n_rw ? 18 * C : 2 * C);
+    const size_t total = GG_N * C + per_layer * c->L;
     float *h = calloc(total ? total : 1, sizeof(float));
-    size_t *offs = malloc((1 + GV_N * (size_t)c->L) * sizeof(size_t));
+    size_t *offs = malloc((GG_N + GV_N * (size_t)c->L) * sizeof(size_t));
     if (h == NULL || offs == NULL) {
         free(h);
         free(offs);
         return wk_diag_set(d, WK_ENOMEM, "out of memory");
     }
-    for (size_t i = 0; i < 1 + GV_N * (size_t)c->L; i++)
+    for (size_t i = 0; i < GG_N + GV_N * (size_t)c->L; i++)
         offs[i] = SIZE_MAX;
     size_t off = 0;
-    wk_err e = gdn_vec(g->norm, C, h, &off, &offs[0], d);
+    wk_err e = gdn_vec(g->norm, C, h, &off, &offs[GG_NORM], d);
     if (e == WK_OK)
-        gdn_offset(h + offs[0], C, g->norm_offset);
+        gdn_offset(h + offs[GG_NORM], C, g->norm_offset);
+    if (e == WK_OK && c->layer_norm)
+        e = gdn_vec(g->norm_b, C, h, &off, &offs[GG_NORM_B], d);
+    if (e == WK_OK && g->emb_norm != NULL)
+        e = gdn_vec(g->emb_norm, C, h, &off, &offs[GG_EMB_NORM], d);
+    if (e == WK_OK && g->emb_norm != NULL)
+        e = gdn_vec(g->emb_norm_b, C, h, &off, &offs[GG_EMB_NORM_B], d);
     for (uint32_t l = 0; l < c->L && e == WK_OK; l++) {
         const wrk_gdn_layer *s = &g->layers[l];
-        size_t *o = offs + 1 + GV_N * (size_t)l;
+        size_t *o = offs + GG_N + GV_N * (size_t)l;
         const bool dn = s->mixer == WRK_MIXER_GDN, at = s->mixer == WRK_MIXER_ATTN,
                    m2 = s->mixer == WRK_MIXER_MAMBA2, bias = at && g->qkv_bias,
-                   qkn = at && g->qk_norm;
+                   qkn = at && g->qk_norm, rw = s->mixer == WRK_MIXER_RWKV7,
+                   rwc = s->mlp == WRK_MLP_RWKV7, ln = c->layer_norm;
+        const wrk_rwkv7_layer *r = s->rw;
+        /* the first RWKV7 layer keeps v_first = v: its v0 (if any) is unused */
+        const bool v0 = rw && !c->layers[l].rw_first;
         /* n 0: the layer has no such vector */
         const struct {
             const wk_tensor *t;
@@ -759,7 +968,24 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
                       [GV_M2_DTB] = {s->m2.dt_bias, m2 ? c->H2 : 0},
                       [GV_M2_A] = {s->m2.A_log, m2 ? c->H2 : 0},
                       [GV_M2_D] = {s->m2.D, m2 ? c->H2 : 0},
-                      [GV_M2_GN] = {s->m2.gnorm, m2 ? c->DI : 0}};
+                      [GV_M2_GN] = {s->m2.gnorm, m2 ? c->DI : 0},
+                      [GV_ATTN_NORM_B] = {s->attn_norm_b, ln && s->mixer != WRK_MIXER_NONE ? C : 0},
+                      [GV_MLP_NORM_B] = {s->mlp_norm_b, ln && s->mlp != WRK_MLP_NONE ? C : 0},
+                      [GV_RW_MIX + RW_MIX_R] = {rw ? r->x_r : NULL, rw ? C : 0},
+                      [GV_RW_MIX + RW_MIX_W] = {rw ? r->x_w : NULL, rw ? C : 0},
+                      [GV_RW_MIX + RW_MIX_K] = {rw ? r->x_k : NULL, rw ? C : 0},
+                      [GV_RW_MIX + RW_MIX_V] = {rw ? r->x_v : NULL, rw ? C : 0},
+                      [GV_RW_MIX + RW_MIX_A] = {rw ? r->x_a : NULL, rw ? C : 0},
+                      [GV_RW_MIX + RW_MIX_G] = {rw ? r->x_g : NULL, rw ? C : 0},
+                      [GV_RW_W0] = {rw ? r->w0 : NULL, rw ? C : 0},
+                      [GV_RW_A0] = {rw ? r->a0 : NULL, rw ? C : 0},
+                      [GV_RW_V0] = {v0 ? r->v0 : NULL, v0 ? C : 0},
+                      [GV_RW_K_K] = {rw ? r->k_k : NULL, rw ? C : 0},
+                      [GV_RW_K_A] = {rw ? r->k_a : NULL, rw ? C : 0},
+                      [GV_RW_R_K] = {rw ? r->r_k : NULL, rw ? C : 0},
+                      [GV_RW_LNX_W] = {rw ? r->lnx_w : NULL, rw ? C : 0},
+                      [GV_RW_LNX_B] = {rw ? r->lnx_b : NULL, rw ? C : 0},
+                      [GV_RW_FFN_X_K] = {rwc ? r->ffn_x_k : NULL, rwc ? C : 0}};
         for (int i = 0; i < GV_N && e == WK_OK; i++)
             if (vs[i].n > 0)
                 e = gdn_vec(vs[i].t, vs[i].n, h, &off, &o[i], d);
@@ -781,9 +1007,12 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
     if (e == WK_OK)
         e = be_cuda_upload_f32(h, off, &c->vecs, "vectors", d);
     if (e == WK_OK) {
-        c->norm = gdn_vec_at(c, offs[0]);
+        c->norm = gdn_vec_at(c, offs[GG_NORM]);
+        c->norm_b = gdn_vec_at(c, offs[GG_NORM_B]);
+        c->emb_norm = gdn_vec_at(c, offs[GG_EMB_NORM]);
+        c->emb_norm_b = gdn_vec_at(c, offs[GG_EMB_NORM_B]);
         for (uint32_t l = 0; l < c->L; l++) {
-            const size_t *o = offs + 1 + GV_N * (size_t)l;
+            const size_t *o = offs + GG_N + GV_N * (size_t)l;
             gdn_layer *ly = &c->layers[l];
             ly->attn_norm = gdn_vec_at(c, o[GV_ATTN_NORM]);
             ly->mlp_norm = gdn_vec_at(c, o[GV_MLP_NORM]);
@@ -804,6 +1033,18 @@ gdn_upload_vecs(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
             ly->m2_A = gdn_vec_at(c, o[GV_M2_A]);
             ly->m2_D = gdn_vec_at(c, o[GV_M2_D]);
             ly->m2_gn = gdn_vec_at(c, o[GV_M2_GN]);
+            ly->attn_norm_b = gdn_vec_at(c, o[GV_ATTN_NORM_B]);
+            ly->mlp_norm_b = gdn_vec_at(c, o[GV_MLP_NORM_B]);
+            ly->rw_mix = gdn_vec_at(c, o[GV_RW_MIX]); /* the six follow it */
+            ly->rw_w0 = gdn_vec_at(c, o[GV_RW_W0]);
+            ly->rw_a0 = gdn_vec_at(c, o[GV_RW_A0]);
+            ly->rw_v0 = gdn_vec_at(c, o[GV_RW_V0]);
+            ly->rw_k_k = gdn_vec_at(c, o[GV_RW_K_K]);
+            ly->rw_k_a = gdn_vec_at(c, o[GV_RW_K_A]);
+            ly->rw_r_k = gdn_vec_at(c, o[GV_RW_R_K]);
+            ly->rw_lnx_w = gdn_vec_at(c, o[GV_RW_LNX_W]);
+            ly->rw_lnx_b = gdn_vec_at(c, o[GV_RW_LNX_B]);
+            ly->rw_ffn_x_k = gdn_vec_at(c, o[GV_RW_FFN_X_K]);
         }
     }
     free(h);
@@ -861,9 +1102,30 @@ gdn_want_layer(be_cuda_gdn *c, gdn_mats *ms, const wrk_gdn_layer *s, gdn_layer *
         BE_CUDA_TRY(gdn_want(ms, &s->m2.in_proj, &ly->m2_in, C, c->DIP, l, "mamba2 in_proj", d));
         BE_CUDA_TRY(gdn_want(ms, &s->m2.out_proj, &ly->m2_out, c->DI, C, l, "mamba2 out_proj", d));
         break;
-    case WRK_MIXER_RWKV7: /* refused at create */
+    case WRK_MIXER_RWKV7: {
+        const wrk_rwkv7_layer *r = s->rw;
+        BE_CUDA_TRY(gdn_want(ms, &r->wr, &ly->wr, C, C, l, "rwkv7 receptance", d));
+        BE_CUDA_TRY(gdn_want(ms, &r->wk, &ly->wk, C, C, l, "rwkv7 key", d));
+        BE_CUDA_TRY(gdn_want(ms, &r->wv, &ly->wv, C, C, l, "rwkv7 value", d));
+        BE_CUDA_TRY(gdn_want(ms, &r->wo, &ly->wo, C, C, l, "rwkv7 output", d));
+        BE_CUDA_TRY(gdn_want(ms, &r->w1, &ly->w1, C, c->Dw, l, "rwkv7 decay lora w1", d));
+        BE_CUDA_TRY(gdn_want(ms, &r->w2, &ly->w2, c->Dw, C, l, "rwkv7 decay lora w2", d));
+        BE_CUDA_TRY(gdn_want(ms, &r->a1, &ly->a1, C, c->Dal, l, "rwkv7 iclr lora a1", d));
+        BE_CUDA_TRY(gdn_want(ms, &r->a2, &ly->a2, c->Dal, C, l, "rwkv7 iclr lora a2", d));
+        if (!ly->rw_first) { /* the first keeps v_first = v: its value LoRA (if any) is unused */
+            BE_CUDA_TRY(gdn_want(ms, &r->v1, &ly->v1, C, c->Dv, l, "rwkv7 value lora v1", d));
+            BE_CUDA_TRY(gdn_want(ms, &r->v2, &ly->v2, c->Dv, C, l, "rwkv7 value lora v2", d));
+        }
+        BE_CUDA_TRY(gdn_want(ms, &r->g1, &ly->g1, C, c->Dg, l, "rwkv7 gate lora g1", d));
+        BE_CUDA_TRY(gdn_want(ms, &r->g2, &ly->g2, c->Dg, C, l, "rwkv7 gate lora g2", d));
+        break;
+    }
     case WRK_MIXER_NONE:
         break;
+    }
+    if (s->mlp == WRK_MLP_RWKV7) {
+        BE_CUDA_TRY(gdn_want(ms, &s->rw->ffn_key, &ly->fk, C, c->F, l, "rwkv7 ffn key", d));
+        BE_CUDA_TRY(gdn_want(ms, &s->rw->ffn_value, &ly->fv, c->F, C, l, "rwkv7 ffn value", d));
     }
     if (s->mlp == WRK_MLP_SWIGLU)
         BE_CUDA_TRY(gdn_want(ms, &s->gate_proj, &ly->gate, C, c->F, l, "gate_proj", d));
@@ -896,7 +1158,7 @@ gdn_want_layer(be_cuda_gdn *c, gdn_mats *ms, const wrk_gdn_layer *s, gdn_layer *
 static wk_err
 gdn_upload_mats(be_cuda_gdn *c, const wrk_gdn *g, wk_diag *d)
 {
-    size_t max = (size_t)c->L * 12 + 2;
+    size_t max = (size_t)c->L * 14 + 2;
     for (uint32_t l = 0; l < c->L; l++)
         if (g->layers[l].moe != NULL)
             max += 3 * (size_t)g->layers[l].moe->n_experts + 5;
@@ -978,16 +1240,18 @@ gdn_alloc_scratch(be_cuda_gdn *c, wk_diag *d)
 {
     const size_t cap = c->core.cap, lcap = c->core.lcap;
     uint32_t max_k = c->C, max_n = c->C;
-    const uint32_t ks[] = {c->VD, c->F, c->QD, c->DI, c->moe_Fe, c->moe_Fs};
+    const uint32_t ks[] = {c->VD,     c->F,  c->QD,  c->DI, c->moe_Fe,
+                           c->moe_Fs, c->Dw, c->Dal, c->Dv, c->Dg};
     const uint32_t ns[] = {c->KD,  c->VD,  c->HV,    c->F,      c->attn_gate ? 2 * c->QD : c->QD,
-                           c->KVD, c->DIP, c->moe_E, c->moe_Fe, c->moe_Fs};
+                           c->KVD, c->DIP, c->moe_E, c->moe_Fe, c->moe_Fs,
+                           c->Dw,  c->Dal, c->Dv,    c->Dg};
     for (size_t i = 0; i < sizeof(ks) / sizeof(ks[0]); i++)
         max_k = ks[i] > max_k ? ks[i] : max_k;
     for (size_t i = 0; i < sizeof(ns) / sizeof(ns[0]); i++)
         max_n = ns[i] > max_n ? ns[i] : max_n;
     BE_CUDA_TRY(be_cuda_core_scratch(&c->core, max_k, max_n, c->C, d));
     const size_t rows = cap * c->moe_k; /* gathered expert rows */
-    const bool moe = c->moe_k > 0, att = c->n_attn > 0, m2 = c->n_m2 > 0;
+    const bool moe = c->moe_k > 0, att = c->n_attn > 0, m2 = c->n_m2 > 0, rw = c->n_rw > 0;
     struct {
         float **p;
         size_t n;
@@ -1027,10 +1291,22 @@ gdn_alloc_scratch(be_cuda_gdn *c, wk_diag *d)
         {&c->ao, att ? cap * c->QD : 0, "attn o"},
         {&c->aqg, att && c->attn_gate ? cap * 2 * c->QD : 0, "attn q + gate"},
         {&c->ag, att && c->attn_gate ? cap * c->QD : 0, "attn gate"},
+        {&c->mx, rw ? RW_MIX_N * cap * c->C : 0, "rwkv7 mixes"},
+        {&c->rr, rw ? cap * c->C : 0, "rwkv7 r"},
+        {&c->rk, rw ? cap * c->C : 0, "rwkv7 k"},
+        {&c->rv, rw ? cap * c->C : 0, "rwkv7 v"},
+        {&c->vf, rw ? cap * c->C : 0, "rwkv7 v_first"},
+        {&c->lw, rw ? cap * c->Dw : 0, "rwkv7 lora w"},
+        {&c->la, rw ? cap * c->Dal : 0, "rwkv7 lora a"},
+        {&c->lv, rw ? cap * c->Dv : 0, "rwkv7 lora v"},
+        {&c->lg, rw ? cap * c->Dg : 0, "rwkv7 lora g"},
     };
     for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++)
         if (a[i].n > 0)
             BE_CUDA_TRY(be_cuda_dalloc((void **)a[i].p, a[i].n * sizeof(float), a[i].what, d));
+    /* v_first is read by every RWKV7 layer after the first for every token: keep it defined */
+    if (rw)
+        WK_CUDA_CHECK(cudaMemset(c->vf, 0, cap * c->C * sizeof(float)), d);
     if (!moe)
         return WK_OK;
     BE_CUDA_TRY(be_cuda_dalloc((void **)&c->dmoe, sizeof(uint32_t) * 3 * rows, "expert rows", d));
@@ -1151,6 +1427,15 @@ gdn_check_view(const wrk_gdn *g, uint32_t n_gdn, wk_diag *d)
                                "%u bytes of shared memory",
                                g->m2_head_dim, g->m2_state, GDN_M2_SMEM);
     }
+    if (g->rw != NULL) {
+        const wrk_rwkv7 *rw = g->rw;
+        if (rw->n_head == 0 || rw->head_size == 0 || rw->n_head * rw->head_size != g->n_embd)
+            return wk_diag_set(d, WK_EINVAL, "cuda backend: %u heads of %u do not make n_embd %u",
+                               rw->n_head, rw->head_size, g->n_embd);
+        if (rw->head_size > 1024)
+            return wk_diag_set(d, WK_ENOTSUP, "cuda backend: head size %u over 1024",
+                               rw->head_size);
+    }
     return WK_OK;
 }
 
@@ -1159,8 +1444,9 @@ static wk_err gdn_create_list(const be_config *cfg, const wrk_model *m, const wr
                               wk_diag *d);
 
 /*
- * The model's layer list: the "gdn" view, or a pure Mamba2 model's
- * (wrk_mamba2_layer_list, read only while the step is created).
+ * The model's layer list: the "gdn" view, or a pure Mamba2 or RWKV-7
+ * model's (wrk_mamba2_layer_list, wrk_rwkv7_layer_list: read only while
+ * the step is created; what the kinds use stays the view's).
  */
 static wk_err
 gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_slots,
@@ -1172,10 +1458,11 @@ gdn_create(const be_config *cfg, const wrk_model *m, float *arena, uint32_t n_sl
     if (g != NULL)
         return gdn_create_list(cfg, m, g, arena, n_slots, slot_bytes, out, d);
     const wrk_mamba2 *m2 = wrk_model_view(m, "mamba2");
-    if (m2 == NULL)
+    const wrk_rwkv7 *rw = wrk_model_rwkv7(m);
+    if (m2 == NULL && rw == NULL)
         return wk_diag_set(d, WK_EINVAL, "cuda backend: not a layer-list model");
     wrk_gdn *own = NULL;
-    wk_err e = wrk_mamba2_layer_list(m2, &own, d);
+    wk_err e = m2 != NULL ? wrk_mamba2_layer_list(m2, &own, d) : wrk_rwkv7_layer_list(rw, &own, d);
     if (e == WK_OK)
         e = gdn_create_list(cfg, m, own, arena, n_slots, slot_bytes, out, d);
     free(own);
@@ -1186,15 +1473,23 @@ static wk_err
 gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, float *arena,
                 uint32_t n_slots, uint64_t slot_bytes, void **out, wk_diag *d)
 {
-    uint32_t n_gdn = 0, n_att = 0, n_m2 = 0;
+    uint32_t n_gdn = 0, n_att = 0, n_m2 = 0, n_rw = 0;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         const wrk_gdn_layer *ly = &g->layers[l];
         n_gdn += ly->mixer == WRK_MIXER_GDN;
         n_att += ly->mixer == WRK_MIXER_ATTN;
         n_m2 += ly->mixer == WRK_MIXER_MAMBA2;
-        if (ly->mixer > WRK_MIXER_MAMBA2 || ly->mlp > WRK_MLP_MOE)
+        n_rw += ly->mixer == WRK_MIXER_RWKV7;
+        if (ly->mixer > WRK_MIXER_RWKV7 || ly->mlp > WRK_MLP_RWKV7)
             return wk_diag_set(d, WK_ENOTSUP, "cuda backend: %s layer %u: unknown layer kind",
                                wrk_model_info_get(m)->family, l);
+        /* the RWKV7 kinds: the view's RWKV-7 tensors; the channel mix's shift is the time mix's */
+        if ((ly->mixer == WRK_MIXER_RWKV7 || ly->mlp == WRK_MLP_RWKV7) &&
+            (g->rw == NULL || ly->rw == NULL || ly->mixer != WRK_MIXER_RWKV7 || !g->layer_norm))
+            return wk_diag_set(d, WK_EINVAL,
+                               "cuda backend: layer %u: an RWKV7 kind without its tensors, its "
+                               "LayerNorms or the time mix",
+                               l);
     }
     if (n_att != g->n_attn || n_m2 != g->n_m2)
         return wk_diag_set(d, WK_EINVAL,
@@ -1229,6 +1524,17 @@ gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, floa
     c->res_mul = g->res_mul;
     c->dtype = wrk_model_info_get(m)->dtype;
     c->arena = arena;
+    c->layer_norm = g->layer_norm;
+    c->n_rw = n_rw;
+    if (n_rw > 0) {
+        c->rH = g->rw->n_head;
+        c->rN = g->rw->head_size;
+        c->Dw = g->rw->lora_w;
+        c->Dal = g->rw->lora_a;
+        c->Dv = g->rw->lora_v;
+        c->Dg = g->rw->lora_g;
+        c->gn_eps = (float)g->rw->gn_eps;
+    }
     c->n_attn = g->n_attn;
     if (c->n_attn > 0) {
         c->Hq = g->attn_heads;
@@ -1273,10 +1579,11 @@ gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, floa
         ly->mlp = s->mlp;
         ly->soff = soff;
         const size_t lf = (size_t)wrk_gdn_layer_floats(g, l);
-        const size_t want = s->mixer == WRK_MIXER_GDN ? c->layer_floats
-                            : s->mixer == WRK_MIXER_MAMBA2
-                                ? c->m2_conv_floats + (size_t)c->H2 * c->P * c->N
-                                : 0;
+        const size_t want =
+            s->mixer == WRK_MIXER_GDN      ? c->layer_floats
+            : s->mixer == WRK_MIXER_MAMBA2 ? c->m2_conv_floats + (size_t)c->H2 * c->P * c->N
+            : s->mixer == WRK_MIXER_RWKV7  ? 2 * (size_t)c->C + (size_t)c->rH * c->rN * c->rN
+                                           : 0;
         if (lf != want) {
             e = wk_diag_set(d, WK_EINVAL,
                             "cuda backend: layer %u holds %zu state floats, its kind %zu", l, lf,
@@ -1286,6 +1593,8 @@ gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, floa
         soff += lf;
         if (s->mixer == WRK_MIXER_ATTN)
             ly->idx = n_att++;
+        if (s->mixer == WRK_MIXER_RWKV7)
+            ly->rw_first = n_rw-- == c->n_rw; /* counts down: the first sees all */
     }
     c->slot_floats = soff;
     if (c->slot_floats * sizeof(float) != slot_bytes ||
@@ -1336,6 +1645,8 @@ gdn_describe(const void *impl, char *buf, size_t len)
         c->tied ? "yes" : "no", c->use_gate ? "yes" : "no");
     if (c->n_m2 > 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, " mamba2_layers=%u", c->n_m2);
+    if (c->n_rw > 0 && n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, " rwkv7_layers=%u", c->n_rw);
     if (c->moe_k > 0 && n > 0 && (size_t)n < len)
         n += snprintf(buf + n, len - (size_t)n, " experts=%u top_k=%u routing=host", c->moe_E,
                       c->moe_k);
@@ -1355,7 +1666,7 @@ gdn_kv(void *impl)
 }
 
 const be_cuda_family be_cuda_gdn_family = {
-    .views = (const char *const[]){"gdn", "mamba2", NULL},
+    .views = (const char *const[]){"gdn", "mamba2", "rwkv7", NULL},
     .create = gdn_create,
     .destroy = gdn_destroy,
     .step = gdn_step,
