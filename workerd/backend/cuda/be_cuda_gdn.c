@@ -303,6 +303,7 @@ typedef struct be_cuda_gdn {
 
     /* RWKV-7 time and channel mixes (n_rw 0: none of this is allocated) */
     uint32_t n_rw;            /* RWKV7 mixers */
+    bool swiglu;              /* a SwiGLU MLP layer (the only user of hu) */
     uint32_t rH, rN;          /* heads, head size (rH rN = C) */
     uint32_t Dw, Dal, Dv, Dg; /* LoRA ranks: decay, ICLR, value residual, gate */
     float gn_eps;             /* the per-head GroupNorm's epsilon */
@@ -1271,7 +1272,7 @@ gdn_alloc_scratch(be_cuda_gdn *c, wk_diag *d)
         {&c->gr, c->use_gate ? cap * c->VD : 0, "g"},
         {&c->o, cap * c->VD, "o"},
         {&c->hg, cap * c->F, "mlp g"},
-        {&c->hu, cap * c->F, "mlp u"},
+        {&c->hu, c->swiglu ? cap * c->F : 0, "mlp u"},
         {&c->xo, lcap * c->C, "norm"},
         {&c->m2p, m2 ? cap * c->DIP : 0, "mamba2 in_proj"},
         {&c->m2x, m2 ? cap * c->CD : 0, "mamba2 conv"},
@@ -1474,12 +1475,14 @@ gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, floa
                 uint32_t n_slots, uint64_t slot_bytes, void **out, wk_diag *d)
 {
     uint32_t n_gdn = 0, n_att = 0, n_m2 = 0, n_rw = 0;
+    bool swiglu = false;
     for (uint32_t l = 0; l < g->n_layer; l++) {
         const wrk_gdn_layer *ly = &g->layers[l];
         n_gdn += ly->mixer == WRK_MIXER_GDN;
         n_att += ly->mixer == WRK_MIXER_ATTN;
         n_m2 += ly->mixer == WRK_MIXER_MAMBA2;
         n_rw += ly->mixer == WRK_MIXER_RWKV7;
+        swiglu = swiglu || ly->mlp == WRK_MLP_SWIGLU;
         if (ly->mixer > WRK_MIXER_RWKV7 || ly->mlp > WRK_MLP_RWKV7)
             return wk_diag_set(d, WK_ENOTSUP, "cuda backend: %s layer %u: unknown layer kind",
                                wrk_model_info_get(m)->family, l);
@@ -1526,6 +1529,7 @@ gdn_create_list(const be_config *cfg, const wrk_model *m, const wrk_gdn *g, floa
     c->arena = arena;
     c->layer_norm = g->layer_norm;
     c->n_rw = n_rw;
+    c->swiglu = swiglu;
     if (n_rw > 0) {
         c->rH = g->rw->n_head;
         c->rN = g->rw->head_size;
