@@ -11,8 +11,9 @@
 # slot and KV offsets, strides, launch arguments, the order of the stages,
 # the host-side expert routing) agrees with the CPU backend. What it does
 # not: the CUDA kernels themselves (k_*.cu never run here; k_mock.c is a
-# second reading of what each computes), cuBLAS, streams, timing. Not part
-# of any meson suite: a development check for sessions without a device.
+# second reading of what each computes), cuBLAS, streams, timing. Runs as
+# the meson test cuda_mock (integration suite) in every -Dcuda=enabled build,
+# so CI checks it without a device.
 # BUILD_DIR must be a -Dcuda=enabled build (ninja already run).
 set -euo pipefail
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
