@@ -1016,8 +1016,8 @@ gdn_dot_nx2_512(const float *const *q, int NQ, const float *k0, const float *k1,
                                _mm256_loadu_pd((const double *)(k1 + i)), 1));
         _Pragma("GCC unroll 8") for (int u = 0; u < NQ; u++)
         {
-            const __m512 qq =
-                _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)(q[u] + i))));
+            const __m256d q8 = _mm256_loadu_pd((const double *)(q[u] + i));
+            const __m512 qq = _mm512_castpd_ps(_mm512_broadcast_f64x4(q8));
             acc[u] = _mm512_add_ps(acc[u], _mm512_mul_ps(qq, kk));
         }
     }
