@@ -83,6 +83,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "be_cpu_common.h"
 #include "be_cpu_kv.h"
@@ -929,33 +932,38 @@ gdn_dot_4x2(const float *const q[4], const float *k0, const float *k1, uint32_t 
         }
 }
 
+typedef float gdn_v16 __attribute__((vector_size(64)));
+
 /*
  * o[d] += e[r] * v_r[d] for r < m, in r order, per element (the page's V
- * rows at stride tf): 64 columns at a time held in registers, so o is read
- * and written once per page; the same operations as m gdn_axpy calls.
+ * rows at stride tf): 128 columns at a time held in registers (16-float
+ * vectors: one AVX-512 register each), so o is read and written once per
+ * page; the same operations as m gdn_axpy calls (each element its own
+ * multiply then add, whatever the vector width).
  */
 static inline __attribute__((always_inline)) void
 gdn_axpy_rows(float *o, const float *e, const float *v, size_t tf, uint32_t m, uint32_t n)
 {
     uint32_t d = 0;
-    for (; d + 64 <= n; d += 64) {
-        gdn_v8 x[8];
+    for (; d + 128 <= n; d += 128) {
+        gdn_v16 x[8];
         memcpy(x, o + d, sizeof(x));
         for (uint32_t r = 0; r < m; r++) {
             const float *vr = v + (size_t)r * tf + d;
-            for (int u = 0; u < 8; u++) {
-                gdn_v8 y;
-                memcpy(&y, vr + 8 * u, sizeof(y));
+            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++)
+            {
+                gdn_v16 y;
+                memcpy(&y, vr + 16 * u, sizeof(y));
                 x[u] = x[u] + y * e[r];
             }
         }
         memcpy(o + d, x, sizeof(x));
     }
-    for (; d + 8 <= n; d += 8) {
-        gdn_v8 x;
+    for (; d + 16 <= n; d += 16) {
+        gdn_v16 x;
         memcpy(&x, o + d, sizeof(x));
         for (uint32_t r = 0; r < m; r++) {
-            gdn_v8 y;
+            gdn_v16 y;
             memcpy(&y, v + (size_t)r * tf + d, sizeof(y));
             x = x + y * e[r];
         }
@@ -965,6 +973,132 @@ gdn_axpy_rows(float *o, const float *e, const float *v, size_t tf, uint32_t m, u
         for (uint32_t r = 0; r < m; r++)
             o[d] += e[r] * v[(size_t)r * tf + d];
 }
+
+/*
+ * The scores of queries q[0..nq) with the keys of one page (m rows at
+ * stride tf from k), scaled, into scr[i * sl + r]: gdn_dot bit for bit,
+ * query quads times key pairs in registers (gdn_dot_4x2), the rest one by
+ * one. The portable form of gdn_scores_512.
+ */
+static inline __attribute__((always_inline)) void
+gdn_scores(const float *const *q, uint32_t nq, const float *k, size_t tf, uint32_t m, uint32_t n,
+           float scale, float *scr, size_t sl)
+{
+    uint32_t r = 0;
+    for (; r + 2 <= m; r += 2) {
+        const float *k0 = k + (size_t)r * tf, *k1 = k0 + tf;
+        uint32_t i = 0;
+        for (; i + 4 <= nq; i += 4) {
+            float s[4][2];
+            gdn_dot_4x2(q + i, k0, k1, n, s);
+            for (int u = 0; u < 4; u++) {
+                scr[(i + u) * sl + r] = s[u][0] * scale;
+                scr[(i + u) * sl + r + 1] = s[u][1] * scale;
+            }
+        }
+        for (; i < nq; i++) {
+            scr[i * sl + r] = gdn_dot(q[i], k0, n) * scale;
+            scr[i * sl + r + 1] = gdn_dot(q[i], k1, n) * scale;
+        }
+    }
+    for (; r < m; r++)
+        for (uint32_t i = 0; i < nq; i++)
+            scr[i * sl + r] = gdn_dot(q[i], k + (size_t)r * tf, n) * scale;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/*
+ * gdn_v8_sum of both halves of a: lanes 0..7 (into *s0) and 8..15 (*s1),
+ * the same tree: adjacent pairs, then pairs of pairs, then the two quads
+ * (each add commutes exactly, so adding a lane to its swapped neighbour
+ * gives the tree's value in both).
+ */
+static inline __attribute__((target("avx512f"), always_inline)) void
+gdn_v8_sum2_512(__m512 a, float *s0, float *s1)
+{
+    a = _mm512_add_ps(a, _mm512_permute_ps(a, 0xB1));
+    a = _mm512_add_ps(a, _mm512_permute_ps(a, 0x4E));
+    a = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0xB1));
+    *s0 = _mm512_cvtss_f32(a);
+    *s1 = _mm_cvtss_f32(_mm512_extractf32x4_ps(a, 2));
+}
+
+/*
+ * NQ queries against keys k0 and k1: out[i][j] = gdn_dot(q[i], k_j, n) bit
+ * for bit. One 16-float register holds the 8 lanes of k0 then the 8 of k1
+ * and each query's 8 values broadcast to both halves, so one multiply and
+ * one add advance both dots of a query (the same lane operations as
+ * gdn_dot's 8-lane vectors); the tail after the tree in order, as gdn_dot.
+ */
+static inline __attribute__((target("avx512f"), always_inline)) void
+gdn_dot_nx2_512(const float *const *q, int NQ, const float *k0, const float *k1, uint32_t n,
+                float out[][2])
+{
+    __m512 acc[8];
+    _Pragma("GCC unroll 8") for (int u = 0; u < NQ; u++) acc[u] = _mm512_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m512 kk = _mm512_castpd_ps(
+            _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd((const double *)(k0 + i))),
+                               _mm256_loadu_pd((const double *)(k1 + i)), 1));
+        _Pragma("GCC unroll 8") for (int u = 0; u < NQ; u++)
+        {
+            const __m256d q8 = _mm256_loadu_pd((const double *)(q[u] + i));
+            const __m512 qq = _mm512_castpd_ps(_mm512_broadcast_f64x4(q8));
+            acc[u] = _mm512_add_ps(acc[u], _mm512_mul_ps(qq, kk));
+        }
+    }
+    _Pragma("GCC unroll 8") for (int u = 0; u < NQ; u++)
+    {
+        gdn_v8_sum2_512(acc[u], &out[u][0], &out[u][1]);
+        for (uint32_t t = i; t < n; t++) {
+            out[u][0] += q[u][t] * k0[t];
+            out[u][1] += q[u][t] * k1[t];
+        }
+    }
+}
+
+/*
+ * gdn_scores with AVX-512 (the 8-float halves moved as 4 doubles: AVX-512F
+ * only): query octets (then a quad, a pair, one) times key pairs in
+ * registers, every score gdn_dot's bits.
+ */
+static __attribute__((target("avx512f"))) void
+gdn_scores_512(const float *const *q, uint32_t nq, const float *k, size_t tf, uint32_t m,
+               uint32_t n, float scale, float *scr, size_t sl)
+{
+    uint32_t r = 0;
+    for (; r + 2 <= m; r += 2) {
+        const float *k0 = k + (size_t)r * tf, *k1 = k0 + tf;
+        uint32_t i = 0;
+        float s[8][2];
+        for (; i + 8 <= nq; i += 8) {
+            gdn_dot_nx2_512(q + i, 8, k0, k1, n, s);
+            for (int u = 0; u < 8; u++) {
+                scr[(i + u) * sl + r] = s[u][0] * scale;
+                scr[(i + u) * sl + r + 1] = s[u][1] * scale;
+            }
+        }
+        for (int w = 4; w >= 1; w /= 2)
+            if (i + (uint32_t)w <= nq) {
+                if (w == 4)
+                    gdn_dot_nx2_512(q + i, 4, k0, k1, n, s);
+                else if (w == 2)
+                    gdn_dot_nx2_512(q + i, 2, k0, k1, n, s);
+                else
+                    gdn_dot_nx2_512(q + i, 1, k0, k1, n, s);
+                for (int u = 0; u < w; u++) {
+                    scr[(i + u) * sl + r] = s[u][0] * scale;
+                    scr[(i + u) * sl + r + 1] = s[u][1] * scale;
+                }
+                i += (uint32_t)w;
+            }
+    }
+    for (; r < m; r++)
+        for (uint32_t i = 0; i < nq; i++)
+            scr[i * sl + r] = gdn_dot(q[i], k + (size_t)r * tf, n) * scale;
+}
+#endif
 
 /*
  * Causal softmax attention of every query of block bk (each over positions
@@ -978,8 +1112,59 @@ gdn_axpy_rows(float *o, const float *e, const float *v, size_t tf, uint32_t m, u
  * the block it is in. Keys past a query's position (up to the block's last
  * token, all in the pool) are scored but never used.
  */
+/*
+ * The largest of s[0..n) that is not NaN, -INFINITY when none: the value
+ * of the loop m = s[j] > m ? s[j] : m from -INFINITY (which may keep a -0
+ * where this returns +0 or back: the only use, exp(s - max), is the same
+ * for either).
+ */
+static inline __attribute__((always_inline)) float
+gdn_max(const float *s, uint32_t n)
+{
+    float m = -INFINITY;
+    for (uint32_t j = 0; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+static float
+gdn_max_any(const float *s, uint32_t n)
+{
+    return gdn_max(s, n);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* gdn_max, 64 lanes at a time (vmaxps keeps its second operand on NaN, as the loop does). */
+static __attribute__((target("avx512f"))) float
+gdn_max_512(const float *s, uint32_t n)
+{
+    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    uint32_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        m0 = _mm512_max_ps(_mm512_loadu_ps(s + j), m0);
+        m1 = _mm512_max_ps(_mm512_loadu_ps(s + j + 16), m1);
+        m2 = _mm512_max_ps(_mm512_loadu_ps(s + j + 32), m2);
+        m3 = _mm512_max_ps(_mm512_loadu_ps(s + j + 48), m3);
+    }
+    for (; j + 16 <= n; j += 16)
+        m0 = _mm512_max_ps(_mm512_loadu_ps(s + j), m0);
+    m0 = _mm512_max_ps(_mm512_max_ps(m1, m0), _mm512_max_ps(m3, m2));
+    float lane[16];
+    _mm512_storeu_ps(lane, m0);
+    float m = gdn_max(lane, 16);
+    for (; j < n; j++)
+        m = s[j] > m ? s[j] : m;
+    return m;
+}
+#endif
+
+typedef void (*gdn_scores_fn)(const float *const *q, uint32_t nq, const float *k, size_t tf,
+                              uint32_t m, uint32_t n, float scale, float *scr, size_t sl);
+typedef float (*gdn_max_fn)(const float *s, uint32_t n);
+
 static inline __attribute__((always_inline)) void
-gdn_att_body(const be_ctx *c, const gdn_att_blk *bk, float *scr)
+gdn_att_body(const be_ctx *c, const gdn_att_blk *bk, float *scr, gdn_scores_fn scores,
+             gdn_max_fn smax)
 {
     const uint32_t Da = c->Da, PT = c->kv.page_tokens, nq = bk->nt * bk->nh;
     const uint32_t slot = c->b.segs[c->b.tseg[bk->t0]].slot;
@@ -1005,33 +1190,10 @@ gdn_att_body(const be_ctx *c, const gdn_att_blk *bk, float *scr)
     for (uint32_t j0 = 0; j0 < nmax; j0 += PT) {
         const float *base = c->kv.pool + (size_t)pages[j0 / PT] * page_floats + koff;
         const uint32_t m = nmax - j0 < PT ? nmax - j0 : PT;
-        uint32_t r = 0;
-        for (; r + 2 <= m; r += 2) {
-            const float *k0 = base + (size_t)r * tf, *k1 = k0 + tf;
-            uint32_t i = 0;
-            for (; i + 4 <= nq; i += 4) {
-                float s[4][2];
-                gdn_dot_4x2(q + i, k0, k1, Da, s);
-                for (int u = 0; u < 4; u++) {
-                    scr[(i + u) * sl + j0 + r] = s[u][0] * c->att_scale;
-                    scr[(i + u) * sl + j0 + r + 1] = s[u][1] * c->att_scale;
-                }
-            }
-            for (; i < nq; i++) {
-                scr[i * sl + j0 + r] = gdn_dot(q[i], k0, Da) * c->att_scale;
-                scr[i * sl + j0 + r + 1] = gdn_dot(q[i], k1, Da) * c->att_scale;
-            }
-        }
-        for (; r < m; r++)
-            for (uint32_t i = 0; i < nq; i++)
-                scr[i * sl + j0 + r] = gdn_dot(q[i], base + (size_t)r * tf, Da) * c->att_scale;
+        scores(q, nq, base, tf, m, Da, c->att_scale, scr + j0, sl);
     }
     for (uint32_t i = 0; i < nq; i++) {
-        const float *si = scr + i * sl;
-        float mi = -INFINITY;
-        for (uint32_t j = 0; j < nn[i]; j++)
-            mi = si[j] > mi ? si[j] : mi;
-        mx[i] = mi;
+        mx[i] = smax(scr + i * sl, nn[i]);
         for (uint32_t d = 0; d < Da; d++)
             o[i][d] = 0.0f;
     }
@@ -1062,20 +1224,20 @@ gdn_att_body(const be_ctx *c, const gdn_att_blk *bk, float *scr)
 __attribute__((target("avx512f"))) static void
 gdn_att_avx512(const be_ctx *c, const gdn_att_blk *bk, float *scr)
 {
-    gdn_att_body(c, bk, scr);
+    gdn_att_body(c, bk, scr, gdn_scores_512, gdn_max_512);
 }
 
 __attribute__((target("avx2,fma"))) static void
 gdn_att_avx2(const be_ctx *c, const gdn_att_blk *bk, float *scr)
 {
-    gdn_att_body(c, bk, scr);
+    gdn_att_body(c, bk, scr, gdn_scores, gdn_max_any);
 }
 #endif
 
 static void
 gdn_att_generic(const be_ctx *c, const gdn_att_blk *bk, float *scr)
 {
-    gdn_att_body(c, bk, scr);
+    gdn_att_body(c, bk, scr, gdn_scores, gdn_max_any);
 }
 
 static gdn_att_fn
