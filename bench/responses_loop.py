@@ -348,6 +348,8 @@ def main():
     ap.add_argument("--max-wall", type=float, default=0,
                     help="seconds per mode after which no conversation starts another turn "
                          "(0: none; the tables then end at the last turn all completed)")
+    ap.add_argument("--ctl-arg", action="append", default=[], metavar="ARG",
+                    help="extra wkvm-controld argument (repeat), e.g. --ctl-arg=--prefill-chunk=512")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--svg", default=None, help="write the plot here")
     a = ap.parse_args()
@@ -380,7 +382,7 @@ def main():
                             "--vocab", "512", "--seed", "3"], check=True, capture_output=True)
         wk = [m for m in modes if not m.startswith("llama")]
         if wk:
-            extra = ["--chat-template", a.chat_template] if a.chat_template else []
+            extra = (["--chat-template", a.chat_template] if a.chat_template else []) + a.ctl_arg
             with h.Stack(model=model, slots=a.slots, extra_ctl=extra) as s:
                 s.start_controller()
                 s.start_worker("w0", extra=["--threads", str(a.threads)])
