@@ -11,39 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Length of the well-formed UTF-8 character at p (n bytes left), 0 when there is none. */
-static size_t
-ctl_ssefmt_utf8_len(const unsigned char *p, size_t n)
-{
-    unsigned c = p[0];
-    size_t k;
-    uint32_t cp, min;
-    if (c < 0xC2 || c > 0xF4)
-        return 0; /* (ASCII is handled by the caller; 0x80..0xC1 never start one) */
-    if (c < 0xE0) {
-        k = 2;
-        cp = c & 0x1F;
-        min = 0x80;
-    } else if (c < 0xF0) {
-        k = 3;
-        cp = c & 0x0F;
-        min = 0x800;
-    } else {
-        k = 4;
-        cp = c & 0x07;
-        min = 0x10000;
-    }
-    if (n < k)
-        return 0;
-    for (size_t i = 1; i < k; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (p[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return k;
-}
+#include "wk_utf8.h"
 
 size_t
 ctl_ssefmt_escape(const char *text, size_t len, char *out)
@@ -55,7 +23,7 @@ ctl_ssefmt_escape(const char *text, size_t len, char *out)
     while (i < len) {
         unsigned c = p[i];
         if (c >= 0x80) {
-            size_t k = ctl_ssefmt_utf8_len(p + i, len - i);
+            size_t k = wk_utf8_dec(p + i, len - i, NULL);
             if (k == 0)
                 return (size_t)-1;
             memcpy(o, p + i, k);
