@@ -463,16 +463,21 @@ ctl_sched_prefill_cap(const ctl_sched *s)
  * whose load hook has not run yet counts from where it resumes). Caller
  * holds mu.
  */
+static bool
+ctl_sched_long_prefill(const ctl_sched *s, const ctl_job *j)
+{
+    size_t from = j->load_pending ? j->reuse.resume_at : j->computed;
+    return j->n_input > from && j->n_input - from > s->cfg.job_chunk;
+}
+
 static uint32_t
 ctl_sched_long_prefills_locked(const ctl_sched *s, const ctl_sworker *w)
 {
     uint32_t n = 0;
-    for (const ctl_job *j = s->jobs; j != NULL; j = j->next) {
-        size_t from = j->load_pending ? j->reuse.resume_at : j->computed;
+    for (const ctl_job *j = s->jobs; j != NULL; j = j->next)
         if (j->state == CTL_JOB_RUNNING && strcmp(j->slot.worker, w->id) == 0 &&
-            j->n_input > from && j->n_input - from > s->cfg.job_chunk)
+            ctl_sched_long_prefill(s, j))
             n++;
-    }
     return n;
 }
 
@@ -491,6 +496,9 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
     uint64_t now = wk_mono_ms();
     ctl_job_rank *rank = NULL;
     size_t n_rank = ctl_sched_order_locked(s, CTL_JOB_WAITING, &rank);
+    /* long prefills running on w: counted once, when a long job first asks, then kept up to
+     * date (UINT32_MAX: not counted yet) */
+    uint32_t n_long = UINT32_MAX;
     for (size_t ri = 0; ri < n_rank; ri++) {
         ctl_job *j = rank[ri].job;
         if (j->state != CTL_JOB_WAITING)
@@ -510,6 +518,8 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
             if (need > w->t.pages[k])
                 w->t.pages[k] = need;
             j->state = CTL_JOB_RUNNING;
+            if (n_long != UINT32_MAX)
+                n_long += ctl_sched_long_prefill(s, j);
             s->n_waiting--;
             ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
             continue;
@@ -527,8 +537,9 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         uint32_t free_slot = ctl_resid_free_slot(&w->t);
         if (free_slot == 0)
             return; /* FIFO: nobody behind it may jump ahead on this worker */
-        if (rank[ri].key.left > s->cfg.job_chunk &&
-            ctl_sched_long_prefills_locked(s, w) >= ctl_sched_prefill_cap(s))
+        if (rank[ri].key.left > s->cfg.job_chunk && n_long == UINT32_MAX)
+            n_long = ctl_sched_long_prefills_locked(s, w);
+        if (rank[ri].key.left > s->cfg.job_chunk && n_long >= ctl_sched_prefill_cap(s))
             continue; /* waits for a prefill to end; short jobs behind it go on */
         uint32_t need = ctl_job_pages_need(w, j);
         if (!ctl_kv_fits(&w->t.geom, ctl_resid_pages_used(&w->t), 0, need))
@@ -543,6 +554,8 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         j->fresh = true;
         j->load_pending = j->reuse.load != NULL;
         j->state = CTL_JOB_RUNNING;
+        if (n_long != UINT32_MAX)
+            n_long += ctl_sched_long_prefill(s, j);
         s->n_waiting--;
         ctl_sched_count_bypass_locked(s, w, j);
         ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
