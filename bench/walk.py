@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The walk of one chat turn between the controller's modules: traces a
 parent-token-v1 turn that continues its parked session (4 reply tokens, the
-tiny model of tests/integration/test_sessions.py) with gdb breakpoints on
+tiny model of tests/integration/test_sessions.py; with --spilled, a session
+the controller spilled to disk first, --session-idle-ms 300) with gdb breakpoints on
 every function of ctl_sched.c, ctl_vm.c and ctl_resid.c (whichever the
 build has), on the request's thread and the worker's step loop, from
 ctl_vm_take to the park, and prints the entries in order (public functions
@@ -9,12 +10,13 @@ called from outside their module: not a module's calls of its own), the
 entries per module and the alternations between ctl_sched and ctl_vm
 (docs/ARCHITECTURE.md, "Residence").
 
-    /usr/bin/python3 bench/walk.py --build build
+    /usr/bin/python3 bench/walk.py --build build [--spilled]
 
 Needs gdb and permission to attach to a child process (ptrace_scope 0 or 1).
 """
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,7 +45,7 @@ def functions(build):
     return out
 
 
-def trace(build, log):
+def trace(build, log, spilled):
     os.environ["WKVM_BUILD_DIR"] = os.path.abspath(build)
     sys.path.insert(0, os.path.join(SRC, "tests", "integration"))
     argv, sys.argv = sys.argv, sys.argv[:1]
@@ -64,10 +66,14 @@ def trace(build, log):
                  "        return False\n" % log)
         for fn in sorted(fns):
             fh.write("try:\n    B(%r, internal=True)\nexcept Exception:\n    pass\n" % fn)
-    with Stack(model=ts.MODEL) as s:
+    extra = ["--session-idle-ms", "300"] if spilled else []
+    with Stack(model=ts.MODEL, extra_ctl=extra) as s:
         ts.up(s)
         c = ts.Chat(s, "walk")
         c.turn(ts.clean_text(s, [], "hello"))
+        if spilled:  # (as test_idle_sessions_move_to_disk)
+            s.wait(lambda: ts.metric(s, "wkvm_sessions", 'tier="cold"') >= 1 and
+                   ts.metric(s, "wkvm_sessions", 'tier="hot"') == 0, "idle session spilled")
         g = subprocess.Popen(["gdb", "-q", "-batch", "-p", str(s.ctl.pid), "-ex",
                               "set pagination off", "-ex", "source " + script, "-ex", "continue"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -89,7 +95,12 @@ def walk(fns, log):
     win = lines[start:end + 1]
     threads = {req} | {ln[0] for ln in win if ln[1].startswith(("ctl_job_hook", "ctl_sched_pick"))}
     def mod(fn):
-        return fns.get(fn.split(".")[0], ("?", False))[0]
+        base = fn.split(".")[0]
+        if base in fns:
+            return fns[base][0]
+        # a static function the compiler inlined has no symbol: its name says its module
+        prefixes = [(m + "_", m) for m in MODULES] + [("ctl_job_", "ctl_sched")]
+        return next((m for p, m in prefixes if base.startswith(p)), "?")
     # entries: public functions called from outside their module (ctl_ckpt, ctl_chat, ...
     # or the other traced module), not a module's calls of its own public functions
     calls = [fns.get(ln[1].split(".")[0], ("?", False)) + (ln[1], mod(ln[2])) for ln in win
@@ -106,12 +117,18 @@ def walk(fns, log):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.environ.get("WKVM_BUILD_DIR", os.path.join(SRC, "build")))
+    ap.add_argument("--spilled", action="store_true",
+                    help="trace a turn whose parked session had been spilled to disk")
+    ap.add_argument("--keep", metavar="LOG", help="also copy the raw trace (thread, function, "
+                    "caller per line) to LOG")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="wkvm-walk-") as tmp:
         log = os.path.join(tmp, "trace.log")
-        fns, cached = trace(args.build, log)
+        fns, cached = trace(args.build, log, args.spilled)
         print(f"(the traced turn resumed {cached} cached tokens)")
         walk(fns, log)
+        if args.keep:
+            shutil.copyfile(log, args.keep)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ typedef struct ctl_app {
     ctl_pool *pool;            /* worker registry */
     ctl_metrics *metrics;      /* Prometheus registry */
     ctl_http *http;            /* HTTP server */
+    ctl_resid_dir *resid;      /* slot residence: every worker's slot table */
     ctl_sched *sched;          /* admission and batching */
     ctl_store *store;          /* LMDB records and blobs */
     ctl_vm *vm;                /* hot cache of state bytes in slots */

@@ -463,7 +463,11 @@ main(int argc, char **argv)
         wk_log_error("%s", d.msg);
         goto out;
     }
-    if (ctl_sched_new(&c.sched, app->pool, app->metrics, &app->sched, &d) != WK_OK) {
+    if (ctl_resid_dir_new(&app->resid) != WK_OK) {
+        fprintf(stderr, "wkvm-controld: out of memory\n");
+        goto out;
+    }
+    if (ctl_sched_new(&c.sched, app->pool, app->resid, app->metrics, &app->sched, &d) != WK_OK) {
         wk_log_error("%s", d.msg);
         goto out;
     }
@@ -477,7 +481,7 @@ main(int argc, char **argv)
                 (unsigned long long)sst.states, (unsigned long long)sst.blobs,
                 (unsigned long long)sst.orphans_removed, (unsigned long long)sst.temps_removed,
                 (unsigned long long)sst.blobs_missing);
-    if (ctl_vm_new(app->pool, app->sched, app->store, &app->vm, &d) != WK_OK) {
+    if (ctl_vm_new(app->pool, app->resid, app->store, &app->vm, &d) != WK_OK) {
         wk_log_error("%s", d.msg);
         goto out;
     }
@@ -547,6 +551,7 @@ out:
         ctl_sched_set_evictor(app->sched, NULL, NULL);
     ctl_sched_free(app->sched);
     ctl_vm_free(app->vm);
+    ctl_resid_dir_free(app->resid);
     ctl_store_close(app->store);
     ctl_pool_free(app->pool);
     wk_tok_free(app->tok);

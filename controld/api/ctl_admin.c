@@ -165,9 +165,9 @@ ctl_admin_views(ctl_app *app, ctl_worker_view *views, size_t cap)
         n = cap;
     for (size_t i = 0; app->sched != NULL && i < n; i++) {
         uint32_t used = 0, total = 0;
-        ctl_sched_slot_counts(app->sched, views[i].id, &used, &total);
+        ctl_resid_counts(app->resid, views[i].id, &used, &total);
         views[i].slots_used = used;
-        ctl_sched_kv_counts(app->sched, views[i].id, &used, &total);
+        ctl_resid_kv_counts(app->resid, views[i].id, &used, &total);
         views[i].kv_pages_reserved = used;
     }
     return n;

@@ -317,7 +317,7 @@ ctl_chat_on_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj
         (ctl_openai_tpl_visible(r, res->text, res->text_len, &vis, &vis_len, &n_calls) != WK_OK ||
          n_calls > 0)) {
         free(vis);
-        (void)ctl_sched_slot_free(app->sched, &res->slot);
+        (void)ctl_resid_slot_free(app->resid, &res->slot);
         t->have_slot = false;
         ctl_chat_retire(app, t->key);
         if (t->count_pending) {
@@ -358,7 +358,7 @@ ctl_chat_on_done(ctl_openai_req *r, const ctl_gen_result *res, json_t *final_obj
         ctl_chat_decide(t, r);
     } else {
         wk_log_warn("session not parked key=%.16s: %s", t->key, d.msg);
-        (void)ctl_sched_slot_free(app->sched, &res->slot);
+        (void)ctl_resid_slot_free(app->resid, &res->slot);
         t->have_slot = false;
         ctl_chat_retire(app, t->key);
     }
@@ -411,9 +411,9 @@ ctl_chat_acquire(ctl_app *app, const char *key, const ctl_session_binding *b, ct
         ctl_vm_slot_get(app->vm, NULL, slot, NULL) == WK_OK) {
         ok = ctl_vm_load_into(app->vm, NULL, sp.blob, slot, NULL) == WK_OK;
         if (ok) /* a spilled session holds every token it retained */
-            ctl_sched_slot_note_ctx(app->sched, slot, sp.n_tokens);
+            ctl_resid_slot_note_ctx(app->resid, slot, sp.n_tokens);
         else
-            (void)ctl_sched_slot_free(app->sched, slot);
+            (void)ctl_resid_slot_free(app->resid, slot);
     }
     ctl_store_state_fini(&sp);
     return ok;
@@ -664,7 +664,7 @@ ctl_chat_end(ctl_chat_turn *t)
     if (!t->committed) {
         /* No committed turn: the parked state (if any was taken) moved on; retire it. */
         if (t->have_slot)
-            (void)ctl_sched_slot_free(app->sched, &t->slot);
+            (void)ctl_resid_slot_free(app->resid, &t->slot);
         if (t->prev != NULL)
             ctl_chat_retire(app, t->key);
     }

@@ -292,7 +292,7 @@ ctl_migrate_pick(ctl_app *app, const char *from, char *out, size_t cap)
             ctl_sched_draining(app->sched, v[i].id))
             continue;
         uint32_t used = 0, total = 0;
-        ctl_sched_slot_counts(app->sched, v[i].id, &used, &total);
+        ctl_resid_counts(app->resid, v[i].id, &used, &total);
         if (total > used && total - used > best_free) {
             best_free = total - used;
             snprintf(out, cap, "%s", v[i].id);

@@ -911,7 +911,7 @@ ctl_openai_reuse_done(ctl_app *app, ctl_openai_req *r, const ctl_gen_result *res
     }
     free(gen);
     if (free_slot)
-        (void)ctl_sched_slot_free(app->sched, &res->slot);
+        (void)ctl_resid_slot_free(app->resid, &res->slot);
 }
 
 /*

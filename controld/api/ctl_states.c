@@ -181,7 +181,7 @@ ctl_states_save(ctl_app *app, const char *owner, const char *name, const int32_t
         }
     }
     if (err == WK_OK && ctl_vm_put(app->vm, out->blob, slot, false, NULL) != WK_OK)
-        (void)ctl_sched_slot_free(app->sched, slot);
+        (void)ctl_resid_slot_free(app->resid, slot);
     free(bytes);
     return err;
 }
@@ -271,7 +271,7 @@ ctl_states_create(ctl_http_req *req, ctl_app *app)
                               NULL, &slot, &st, &d);
     if (err != WK_OK) {
         if (have_slot)
-            (void)ctl_sched_slot_free(app->sched, &slot);
+            (void)ctl_resid_slot_free(app->resid, &slot);
         ctl_states_fail(req, err, &d);
         goto out;
     }
@@ -398,7 +398,7 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
      */
     for (int attempt = 0; attempt < 3; attempt++) {
         if (attempt > 0) {
-            (void)ctl_sched_slot_free(app->sched, &g.slot);
+            (void)ctl_resid_slot_free(app->resid, &g.slot);
             have_slot = false;
             near = NULL;
             struct timespec nap = {0, 50 * 1000000L};
@@ -413,7 +413,7 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
             break;
     }
     if (err == WK_OK) /* a state holds all its tokens but the last, fed first below */
-        ctl_sched_slot_note_ctx(app->sched, &g.slot, src.n_tokens ? src.n_tokens - 1 : 0);
+        ctl_resid_slot_note_ctx(app->resid, &g.slot, src.n_tokens ? src.n_tokens - 1 : 0);
     if (err == WK_ECORRUPT)
         ctl_states_mark_damaged(app, g.owner, src.id, &d);
     if (err != WK_OK) {
@@ -428,7 +428,7 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     ctl_openai_generate(req, app, &r);
 out:
     if (have_slot && !g.consumed)
-        (void)ctl_sched_slot_free(app->sched, &g.slot);
+        (void)ctl_resid_slot_free(app->resid, &g.slot);
     ctl_openai_req_fini(&r);
     free(q);
     ctl_store_state_fini(&src);
@@ -544,11 +544,11 @@ ctl_states_tier(ctl_http_req *req, ctl_app *app, const char *ref, bool resume)
         if (err == WK_OK) {
             err = ctl_vm_load_into(app->vm, st.blob, st.blob, &slot, &d);
             if (err == WK_OK) {
-                ctl_sched_slot_note_ctx(app->sched, &slot, st.n_tokens ? st.n_tokens - 1 : 0);
+                ctl_resid_slot_note_ctx(app->resid, &slot, st.n_tokens ? st.n_tokens - 1 : 0);
                 err = ctl_vm_put(app->vm, st.blob, &slot, false, &d);
             }
             if (err != WK_OK)
-                (void)ctl_sched_slot_free(app->sched, &slot);
+                (void)ctl_resid_slot_free(app->resid, &slot);
         }
         if (err == WK_ECORRUPT)
             ctl_states_mark_damaged(app, owner, st.id, &d);

@@ -478,6 +478,28 @@ ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req, uint32_t timeout_
     return WK_OK;
 }
 
+/*
+ * One warm-tier request: a worker RPC like any other, so the pool's (ctl_vm's
+ * warm index and ctl_ckpt's checkpoints both send them, neither through the
+ * other).
+ */
+wk_err
+ctl_pool_host_call(ctl_pool *p, int kind, const char *worker_id, const char *key, uint32_t slot,
+                   uint32_t timeout_ms, wk_diag *d)
+{
+    Wkvm__HostRef h = WKVM__HOST_REF__INIT;
+    h.key = (char *)key;
+    h.slot = slot;
+    wk_msg req = WKVM__ENVELOPE__INIT;
+    req.kind = kind;
+    req.payload_case = WKVM__ENVELOPE__PAYLOAD_HOST_REF;
+    req.host_ref = &h;
+    wk_msg *rep = NULL;
+    wk_err err = ctl_pool_call(p, worker_id, &req, timeout_ms, &rep, d);
+    wk_proto_free(rep);
+    return err;
+}
+
 /* Loads the configured model into worker id. Runs on the manager thread. */
 static void
 ctl_pool_load(ctl_pool *p, const char *id)

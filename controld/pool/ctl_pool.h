@@ -133,6 +133,17 @@ WK_MUST_CHECK wk_err ctl_pool_model_layout(ctl_pool *p, ctl_state_tensor **out, 
 WK_MUST_CHECK wk_err ctl_pool_call(ctl_pool *p, const char *worker_id, wk_msg *req,
                                    uint32_t timeout_ms, wk_msg **reply, wk_diag *d);
 
+/*
+ * One warm-tier request to worker_id, waiting up to timeout_ms: kind
+ * WKVM__KIND__HOST_PUT (slot -> entry key), HOST_GET (entry -> slot) or
+ * HOST_DROP (slot ignored). Keys are 1..128 bytes; each caller uses its own
+ * prefix. Returns the worker's status (WK_ENOSPC: its host cache is full;
+ * WK_ENOENT: no entry) or ctl_pool_call()'s errors.
+ */
+WK_MUST_CHECK wk_err ctl_pool_host_call(ctl_pool *p, int kind, const char *worker_id,
+                                        const char *key, uint32_t slot, uint32_t timeout_ms,
+                                        wk_diag *d);
+
 /* Counters for /metrics. */
 typedef struct ctl_pool_stats {
     uint64_t registrations; /* Hello messages accepted */

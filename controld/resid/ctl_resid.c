@@ -1,12 +1,26 @@
 /*
  * ctl_resid: one worker's slot residence table (slot generations, the job on
- * each slot, context and KV pages), moved out of ctl_sched so that one
- * module owns it. No lock: the scheduler's mutex guards it (ctl_resid.h).
+ * each slot, context and KV pages), and the directory of every worker's
+ * table under one lock, through which ctl_vm and the API reach slots without
+ * the scheduler (ctl_resid.h: the lock order).
  */
 #include "ctl_resid.h"
 
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "wk_time.h"
+
+struct ctl_resid_dir {
+    pthread_mutex_t mu;                        /* guards everything below and every table */
+    pthread_cond_t cv;                         /* slot releases; the scheduler's step loops */
+    ctl_resid *tables[CTL_RESID_MAX_WORKERS];  /* attached tables, NULL = hole */
+    uint64_t next_gen;                         /* last slot generation handed out */
+    uint64_t epoch;                            /* bumped when a slot may have become free */
+    atomic_bool stop;                          /* shut down: waits end */
+};
 
 wk_err
 ctl_resid_init(ctl_resid *t, uint32_t n, const ctl_kv_geom *geom)
@@ -119,4 +133,292 @@ ctl_resid_set_ctx(ctl_resid *t, uint32_t k, uint64_t n_ctx, const char *worker, 
     if (t->busy[k] == NULL || need > t->pages[k])
         t->pages[k] = need;
     return WK_OK;
+}
+
+/* ---- The directory ---- */
+
+wk_err
+ctl_resid_dir_new(ctl_resid_dir **out)
+{
+    ctl_resid_dir *dir = calloc(1, sizeof(*dir));
+    if (dir == NULL)
+        return WK_ENOMEM;
+    pthread_mutex_init(&dir->mu, NULL);
+    pthread_cond_init(&dir->cv, NULL);
+    atomic_init(&dir->stop, false);
+    *out = dir;
+    return WK_OK;
+}
+
+void
+ctl_resid_dir_free(ctl_resid_dir *dir)
+{
+    if (dir == NULL)
+        return;
+    pthread_cond_destroy(&dir->cv);
+    pthread_mutex_destroy(&dir->mu);
+    free(dir);
+}
+
+pthread_mutex_t *
+ctl_resid_dir_mutex(ctl_resid_dir *dir)
+{
+    return &dir->mu;
+}
+
+pthread_cond_t *
+ctl_resid_dir_cond(ctl_resid_dir *dir)
+{
+    return &dir->cv;
+}
+
+void
+ctl_resid_dir_stop(ctl_resid_dir *dir)
+{
+    pthread_mutex_lock(&dir->mu);
+    atomic_store(&dir->stop, true);
+    pthread_cond_broadcast(&dir->cv);
+    pthread_mutex_unlock(&dir->mu);
+}
+
+wk_err
+ctl_resid_dir_attach_locked(ctl_resid_dir *dir, ctl_resid *t, const char *worker)
+{
+    for (size_t i = 0; i < CTL_RESID_MAX_WORKERS; i++) {
+        if (dir->tables[i] == NULL) {
+            dir->tables[i] = t;
+            t->dir = dir;
+            snprintf(t->worker, sizeof(t->worker), "%s", worker);
+            return WK_OK;
+        }
+    }
+    return WK_ENOSPC;
+}
+
+void
+ctl_resid_dir_detach_locked(ctl_resid_dir *dir, ctl_resid *t)
+{
+    for (size_t i = 0; i < CTL_RESID_MAX_WORKERS; i++) {
+        if (dir->tables[i] == t)
+            dir->tables[i] = NULL;
+    }
+    t->dir = NULL;
+}
+
+ctl_resid *
+ctl_resid_dir_find_locked(ctl_resid_dir *dir, const char *worker)
+{
+    for (size_t i = 0; i < CTL_RESID_MAX_WORKERS; i++) {
+        ctl_resid *t = dir->tables[i];
+        if (t != NULL && strcmp(t->worker, worker) == 0)
+            return t;
+    }
+    return NULL;
+}
+
+uint64_t
+ctl_resid_dir_next_gen_locked(ctl_resid_dir *dir)
+{
+    return ++dir->next_gen;
+}
+
+void
+ctl_resid_dir_released_locked(ctl_resid_dir *dir)
+{
+    dir->epoch++;
+    pthread_cond_broadcast(&dir->cv);
+}
+
+/* ---- Slot handles ---- */
+
+/* ref's table when ref is live, else NULL. Caller holds the mutex. */
+static ctl_resid *
+ctl_resid_live_locked(ctl_resid_dir *dir, const ctl_slot_ref *ref)
+{
+    ctl_resid *t = ctl_resid_dir_find_locked(dir, ref->worker);
+    return t != NULL && ctl_resid_live(t, ref->slot, ref->gen) ? t : NULL;
+}
+
+bool
+ctl_resid_slot_valid(ctl_resid_dir *dir, const ctl_slot_ref *ref)
+{
+    pthread_mutex_lock(&dir->mu);
+    bool ok = ctl_resid_live_locked(dir, ref) != NULL;
+    pthread_mutex_unlock(&dir->mu);
+    return ok;
+}
+
+wk_err
+ctl_resid_slot_alloc(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out, wk_diag *d)
+{
+    wk_err err = wk_diag_set(d, WK_ENOSPC, "no free slot");
+    pthread_mutex_lock(&dir->mu);
+    for (size_t i = 0; i < CTL_RESID_MAX_WORKERS; i++) {
+        ctl_resid *t = dir->tables[i];
+        if (t == NULL || (worker != NULL && strcmp(worker, t->worker) != 0) ||
+            (worker == NULL && t->draining))
+            continue;
+        uint32_t k = ctl_resid_free_slot(t);
+        if (k == 0)
+            continue;
+        ctl_resid_take(t, k, ++dir->next_gen);
+        snprintf(out->worker, sizeof(out->worker), "%s", t->worker);
+        out->slot = k;
+        out->gen = t->gen[k];
+        err = WK_OK;
+        break;
+    }
+    pthread_mutex_unlock(&dir->mu);
+    return err;
+}
+
+wk_err
+ctl_resid_slot_free(ctl_resid_dir *dir, const ctl_slot_ref *ref)
+{
+    wk_err err = WK_ESTATE;
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_live_locked(dir, ref);
+    if (t != NULL && t->busy[ref->slot] == NULL) {
+        ctl_resid_clear(t, ref->slot);
+        ctl_resid_dir_released_locked(dir);
+        err = WK_OK;
+    }
+    pthread_mutex_unlock(&dir->mu);
+    return err;
+}
+
+uint64_t
+ctl_resid_slot_epoch(ctl_resid_dir *dir)
+{
+    pthread_mutex_lock(&dir->mu);
+    uint64_t e = dir->epoch;
+    pthread_mutex_unlock(&dir->mu);
+    return e;
+}
+
+bool
+ctl_resid_slot_wait(ctl_resid_dir *dir, uint64_t epoch, uint64_t until_ms)
+{
+    pthread_mutex_lock(&dir->mu);
+    while (dir->epoch == epoch && !atomic_load(&dir->stop)) {
+        uint64_t now = wk_mono_ms();
+        if (now >= until_ms)
+            break;
+        struct timespec until;
+        wk_deadline_after_ms(&until, until_ms - now);
+        (void)pthread_cond_timedwait(&dir->cv, &dir->mu, &until);
+    }
+    bool changed = dir->epoch != epoch;
+    pthread_mutex_unlock(&dir->mu);
+    return changed;
+}
+
+uint64_t
+ctl_resid_slot_ctx(ctl_resid_dir *dir, const ctl_slot_ref *ref)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_live_locked(dir, ref);
+    uint64_t n = t != NULL ? t->ctx[ref->slot] : 0;
+    pthread_mutex_unlock(&dir->mu);
+    return n;
+}
+
+uint32_t
+ctl_resid_slot_pages(ctl_resid_dir *dir, const ctl_slot_ref *ref)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_live_locked(dir, ref);
+    uint32_t n = t != NULL ? t->pages[ref->slot] : 0;
+    pthread_mutex_unlock(&dir->mu);
+    return n;
+}
+
+wk_err
+ctl_resid_slot_set_ctx(ctl_resid_dir *dir, const ctl_slot_ref *ref, uint64_t n_ctx, wk_diag *d)
+{
+    wk_err err;
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_dir_find_locked(dir, ref->worker);
+    if (t == NULL)
+        err = wk_diag_set(d, WK_EUNAVAIL, "worker %s left", ref->worker);
+    else if (!ctl_resid_live(t, ref->slot, ref->gen))
+        err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", ref->worker, ref->slot);
+    else
+        err = ctl_resid_set_ctx(t, ref->slot, n_ctx, t->worker, d);
+    pthread_mutex_unlock(&dir->mu);
+    return err;
+}
+
+wk_err
+ctl_resid_slot_set_bytes(ctl_resid_dir *dir, const ctl_slot_ref *ref, uint64_t bytes, wk_diag *d)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_dir_find_locked(dir, ref->worker);
+    ctl_kv_geom g = t != NULL ? t->geom : (ctl_kv_geom){0};
+    pthread_mutex_unlock(&dir->mu);
+    if (t == NULL)
+        return wk_diag_set(d, WK_EUNAVAIL, "worker %s left", ref->worker);
+    uint64_t n_ctx = 0;
+    if (!ctl_kv_hybrid(&g))
+        return WK_OK; /* fixed-size slots: nothing to account */
+    if (ctl_kv_image_ctx(&g, bytes, &n_ctx) != WK_OK)
+        return wk_diag_set(d, WK_EINVAL, "a state of %llu bytes is not an image of this model "
+                           "(%llu recurrent bytes + %llu per token)",
+                           (unsigned long long)bytes, (unsigned long long)g.state_bytes,
+                           (unsigned long long)g.kv_token_bytes);
+    return ctl_resid_slot_set_ctx(dir, ref, n_ctx, d);
+}
+
+void
+ctl_resid_slot_note_ctx(ctl_resid_dir *dir, const ctl_slot_ref *ref, uint64_t n_ctx)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_live_locked(dir, ref);
+    if (t != NULL && !ctl_kv_hybrid(&t->geom) && t->busy[ref->slot] == NULL)
+        t->ctx[ref->slot] = n_ctx;
+    pthread_mutex_unlock(&dir->mu);
+}
+
+bool
+ctl_resid_known(ctl_resid_dir *dir, const char *worker)
+{
+    pthread_mutex_lock(&dir->mu);
+    bool ok = ctl_resid_dir_find_locked(dir, worker) != NULL;
+    pthread_mutex_unlock(&dir->mu);
+    return ok;
+}
+
+void
+ctl_resid_counts(ctl_resid_dir *dir, const char *worker, uint32_t *used, uint32_t *total)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_dir_find_locked(dir, worker);
+    *used = t != NULL ? ctl_resid_used(t) : 0;
+    *total = t != NULL ? t->n : 0;
+    pthread_mutex_unlock(&dir->mu);
+}
+
+void
+ctl_resid_kv_counts(ctl_resid_dir *dir, const char *worker, uint32_t *used, uint32_t *total)
+{
+    *used = 0;
+    *total = 0;
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_dir_find_locked(dir, worker);
+    if (t != NULL && ctl_kv_hybrid(&t->geom)) {
+        *used = ctl_resid_pages_used(t);
+        *total = t->geom.pages_total;
+    }
+    pthread_mutex_unlock(&dir->mu);
+}
+
+bool
+ctl_resid_kv_geom(ctl_resid_dir *dir, const char *worker, ctl_kv_geom *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid *t = ctl_resid_dir_find_locked(dir, worker);
+    bool hybrid = t != NULL && ctl_kv_hybrid(&t->geom);
+    *out = hybrid ? t->geom : (ctl_kv_geom){0};
+    pthread_mutex_unlock(&dir->mu);
+    return hybrid;
 }

@@ -7,28 +7,40 @@
  * and those of freed slots the worker has not freed yet: "stale" slots,
  * neither allocatable nor free of pages until their SLOT_FREE returns).
  *
- * Below both ctl_sched (admission and the step loop, which asks this table
- * for free slots and page room) and ctl_vm (parked sessions, state cache,
- * eviction, which account what they write into held slots through the
- * scheduler's ctl_sched_slot_* calls): neither keeps its own copy of a
- * slot's residence. Pure data and arithmetic, no RPC, no thread.
+ * Two levels. A ctl_resid is one worker's table: pure data and arithmetic,
+ * no lock, no RPC. A ctl_resid_dir is the directory of every worker's table
+ * and the lock that guards them all, with the slot-handle calls
+ * (ctl_resid_slot_*: validity, generation, context, pages, allocation and
+ * release, waiting for a slot to free) that ctl_vm and the API make without
+ * going through the scheduler. Below both ctl_sched (admission and the step
+ * loop, which attaches a table per worker, asks it for free slots and page
+ * room, and runs the steps) and ctl_vm (parked sessions, state cache,
+ * eviction, which account what they write into held slots here): neither
+ * keeps its own copy of a slot's residence.
  *
- * Locking: a ctl_resid has no lock of its own; the scheduler's mutex guards
- * every table (ctl_sched keeps one per worker). The controller's lock order,
- * outermost first:
+ * Locking: the directory's mutex guards every attached table, the slot
+ * generations and the slot epoch. The scheduler takes the same mutex as its
+ * own (ctl_resid_dir_mutex(): its queue and jobs change together with the
+ * tables at admission, so they share one lock) and waits on the directory's
+ * condition variable, which every slot release broadcasts. *_locked calls
+ * need the mutex held; every other ctl_resid_dir / ctl_resid_slot_* call
+ * takes it itself, calls nothing outside this module while holding it, and
+ * must not be called with it held. The controller's lock order, outermost
+ * first:
  *   ctl_chat_active.mu   (session keys; released before anything below)
  *   ctl_ckpt.pass_mu -> ctl_ckpt.mu
- *   ctl_sched.mu         (every ctl_resid table)
+ *   ctl_resid_dir.mu     (every ctl_resid table; also the scheduler's s->mu)
  *   ctl_job.mu           (one job's events)
- * ctl_vm's entry mutex is a leaf: never held across a call into ctl_sched,
- * ctl_ckpt or the pool, and nothing is called while holding it; ctl_pool's
- * mutex is a leaf too. A worker's epoch (whether its memory, slots and warm
- * copies, is still the one a residence record was made in) comes from the
- * pool (ctl_pool_worker_epoch), which owns the connections.
+ * ctl_vm's entry mutex is a leaf: never held across a call into ctl_resid,
+ * ctl_sched, ctl_ckpt or the pool, and nothing is called while holding it;
+ * ctl_pool's mutex is a leaf too. A worker's epoch (whether its memory,
+ * slots and warm copies, is still the one a residence record was made in)
+ * comes from the pool (ctl_pool_worker_epoch), which owns the connections.
  */
 #ifndef CTL_RESID_H
 #define CTL_RESID_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -36,8 +48,18 @@
 #include "wk_err.h"
 
 struct ctl_job;
+typedef struct ctl_resid_dir ctl_resid_dir;
 
-/* One worker's slots. Fields are read directly by the scheduler (under its lock). */
+#define CTL_RESID_MAX_WORKERS 64 /* tables one directory holds */
+
+/* A slot handle: worker, index and the generation it was allocated at. */
+typedef struct ctl_slot_ref {
+    char worker[65];  /* worker id, "" = none */
+    uint32_t slot;    /* 1..n */
+    uint64_t gen;     /* allocation generation */
+} ctl_slot_ref;
+
+/* One worker's slots. Fields are read directly by the scheduler (under the directory's lock). */
 typedef struct ctl_resid {
     uint32_t n;              /* usable slots 1..n */
     uint64_t *gen;           /* per slot: allocation generation, 0 = free */
@@ -48,6 +70,9 @@ typedef struct ctl_resid {
     bool *stale;             /* per slot (hybrid): freed here, its pages not yet freed on the
                               * worker (SLOT_FREE pending); not allocatable until then, and
                               * its pages[] still count as used */
+    bool draining;           /* no new allocations without naming the worker, no admissions */
+    char worker[65];         /* the worker's id, once attached */
+    ctl_resid_dir *dir;      /* the directory it is attached to, NULL = none */
 } ctl_resid;
 
 /* A table of n free slots under geom. WK_ENOMEM. */
@@ -92,5 +117,104 @@ void ctl_resid_unstale(ctl_resid *t, uint32_t k);
  */
 WK_MUST_CHECK wk_err ctl_resid_set_ctx(ctl_resid *t, uint32_t k, uint64_t n_ctx,
                                        const char *worker, wk_diag *d);
+
+/* ---- The directory: every worker's table, one lock ---- */
+
+/* An empty directory. WK_ENOMEM. */
+WK_MUST_CHECK wk_err ctl_resid_dir_new(ctl_resid_dir **out);
+
+/* Frees it (no table may be attached any more); NULL is a no-op. */
+void ctl_resid_dir_free(ctl_resid_dir *dir);
+
+/* The mutex guarding every table, which the scheduler locks as its own. */
+pthread_mutex_t *ctl_resid_dir_mutex(ctl_resid_dir *dir);
+
+/* Its condition variable: broadcast whenever a slot is released or the directory stops. */
+pthread_cond_t *ctl_resid_dir_cond(ctl_resid_dir *dir);
+
+/* Ends every ctl_resid_slot_wait() at once, now and later (shutdown). */
+void ctl_resid_dir_stop(ctl_resid_dir *dir);
+
+/*
+ * Attaches table t as worker's (replacing nothing: the caller detached the
+ * worker's previous process first). WK_ENOSPC when CTL_RESID_MAX_WORKERS are
+ * attached. Caller holds the mutex.
+ */
+WK_MUST_CHECK wk_err ctl_resid_dir_attach_locked(ctl_resid_dir *dir, ctl_resid *t,
+                                                 const char *worker);
+
+/* Detaches t (its worker left): its handles are no longer valid. Caller holds the mutex. */
+void ctl_resid_dir_detach_locked(ctl_resid_dir *dir, ctl_resid *t);
+
+/* worker's attached table, NULL when none. Caller holds the mutex. */
+ctl_resid *ctl_resid_dir_find_locked(ctl_resid_dir *dir, const char *worker);
+
+/* A new slot generation (global, never 0). Caller holds the mutex. */
+uint64_t ctl_resid_dir_next_gen_locked(ctl_resid_dir *dir);
+
+/* Marks a slot released: bumps the slot epoch and wakes waiters. Caller holds the mutex. */
+void ctl_resid_dir_released_locked(ctl_resid_dir *dir);
+
+/* ---- Slot handles, through the directory (each takes the mutex) ---- */
+
+/* True when ref names a live slot (its worker attached, the slot at ref->gen). */
+bool ctl_resid_slot_valid(ctl_resid_dir *dir, const ctl_slot_ref *ref);
+
+/*
+ * Allocates a free slot on worker (NULL: the first attached worker not
+ * draining that has one) for the caller to hold: no pages, no context, no
+ * job. WK_ENOSPC when none is free.
+ */
+WK_MUST_CHECK wk_err ctl_resid_slot_alloc(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out,
+                                          wk_diag *d);
+
+/* Releases a held slot no job runs on. WK_ESTATE when ref is stale or a job runs on it. */
+wk_err ctl_resid_slot_free(ctl_resid_dir *dir, const ctl_slot_ref *ref);
+
+/*
+ * The slot epoch, bumped whenever a slot may have become free, and a wait
+ * for it to move until monotonic ms until_ms (true when it moved).
+ */
+uint64_t ctl_resid_slot_epoch(ctl_resid_dir *dir);
+bool ctl_resid_slot_wait(ctl_resid_dir *dir, uint64_t epoch, uint64_t until_ms);
+
+/* Tokens in the state of live slot ref, 0 when not live or unknown. */
+uint64_t ctl_resid_slot_ctx(ctl_resid_dir *dir, const ctl_slot_ref *ref);
+
+/* KV pages held or reserved by live slot ref, 0 when not live or recurrent. */
+uint32_t ctl_resid_slot_pages(ctl_resid_dir *dir, const ctl_slot_ref *ref);
+
+/*
+ * ctl_resid_set_ctx() on live slot ref: WK_EUNAVAIL when its worker left,
+ * WK_ESTATE when ref is stale, else ctl_resid_set_ctx()'s answer.
+ */
+WK_MUST_CHECK wk_err ctl_resid_slot_set_ctx(ctl_resid_dir *dir, const ctl_slot_ref *ref,
+                                            uint64_t n_ctx, wk_diag *d);
+
+/*
+ * ctl_resid_slot_set_ctx() from a state image's size (state_bytes + n_ctx *
+ * kv_token_bytes) on a hybrid model; nothing on recurrent ones (WK_OK).
+ * WK_EINVAL when bytes is not an image of the model.
+ */
+WK_MUST_CHECK wk_err ctl_resid_slot_set_bytes(ctl_resid_dir *dir, const ctl_slot_ref *ref,
+                                              uint64_t bytes, wk_diag *d);
+
+/*
+ * Records the context of an idle live slot of a recurrent model (its pages
+ * need no accounting; hybrid slots go through ctl_resid_slot_set_ctx()).
+ */
+void ctl_resid_slot_note_ctx(ctl_resid_dir *dir, const ctl_slot_ref *ref, uint64_t n_ctx);
+
+/* True when worker has an attached table. */
+bool ctl_resid_known(ctl_resid_dir *dir, const char *worker);
+
+/* Slots of worker allocated, and its total (0, 0 when unknown). */
+void ctl_resid_counts(ctl_resid_dir *dir, const char *worker, uint32_t *used, uint32_t *total);
+
+/* KV pages of worker in use and its pool (0, 0 when unknown or recurrent). */
+void ctl_resid_kv_counts(ctl_resid_dir *dir, const char *worker, uint32_t *used, uint32_t *total);
+
+/* worker's KV geometry: true for a hybrid model, else false and *out zeroed. */
+WK_MUST_CHECK bool ctl_resid_kv_geom(ctl_resid_dir *dir, const char *worker, ctl_kv_geom *out);
 
 #endif /* CTL_RESID_H */

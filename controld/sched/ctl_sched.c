@@ -1,7 +1,9 @@
 /*
  * ctl_sched: slot tables, the wait queue and one step loop per worker.
  *
- * Locking: one mutex (s->mu) guards workers, slots, jobs and queues. Step
+ * Locking: one mutex (s->mu) guards workers, slots, jobs and queues: the
+ * residence directory's (ctl_resid.h), which also guards every worker's slot
+ * table, so that admission sees the queue and the tables at once. Step
  * RPCs run with the mutex released; a job taking part in a step is marked
  * in_flight so that consumer calls (stop, free) only flag it, and the loop
  * finishes what they asked once the step returns. s->cv wakes the step loops.
@@ -120,7 +122,6 @@ struct ctl_sworker {
     ctl_resid t;           /* its slots: generations, jobs, context, KV pages (ctl_resid) */
     uint64_t stale_retry_ms; /* monotonic ms before which a failed SLOT_FREE is not retried */
     bool dead;             /* left the pool; the loop exits */
-    bool draining;         /* no new admissions or allocations */
     pthread_t thr;         /* step loop */
     ctl_sched *s;          /* back pointer */
 };
@@ -129,14 +130,13 @@ struct ctl_sched {
     ctl_sched_config cfg;                        /* limits */
     ctl_pool *pool;                              /* borrowed */
     ctl_metrics *metrics;                        /* borrowed, may be NULL */
-    pthread_mutex_t mu;                          /* guards everything below */
-    pthread_cond_t cv;                           /* wakes step loops */
+    ctl_resid_dir *resid;                        /* borrowed: every worker's slot table */
+    pthread_mutex_t *mu;                         /* resid's mutex: guards everything below */
+    pthread_cond_t *cv;                          /* resid's: wakes step loops and slot waits */
     ctl_sworker *workers[CTL_SCHED_MAX_WORKERS]; /* live workers */
     ctl_job *jobs;                               /* all unfinished jobs, submit order */
     uint32_t n_waiting;                          /* jobs in CTL_JOB_WAITING */
     uint64_t next_seq;                           /* submit counter */
-    uint64_t next_gen;                           /* slot generations, global */
-    uint64_t slot_epoch;                         /* bumped when a slot may have become free */
     atomic_bool stop;                            /* shut down */
     ctl_job_rank *rank;                          /* ctl_sched_order_locked()'s buffer */
     size_t rank_cap;                             /* its entries */
@@ -174,8 +174,7 @@ static void
 ctl_sworker_slot_clear(ctl_sworker *w, uint32_t k)
 {
     ctl_resid_clear(&w->t, k);
-    w->s->slot_epoch++;
-    pthread_cond_broadcast(&w->s->cv);
+    ctl_resid_dir_released_locked(w->s->resid); /* (wakes the step loops too: one cv) */
 }
 
 /*
@@ -190,7 +189,7 @@ ctl_job_settle_pages(ctl_sched *s, ctl_job *j)
         return;
     ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
     uint32_t k = j->slot.slot;
-    if (w == NULL || k < 1 || k > w->t.n || w->t.gen[k] != j->slot.gen)
+    if (w == NULL || !ctl_resid_live(&w->t, k, j->slot.gen))
         return;
     if (j->fresh)
         return; /* its reset never ran: the slot still holds what it held */
@@ -251,8 +250,7 @@ ctl_job_release_slot(ctl_sched *s, ctl_job *j)
     if (j->slot.worker[0] == '\0')
         return;
     ctl_sworker *w = ctl_sched_worker_locked(s, j->slot.worker);
-    if (w != NULL && j->slot.slot >= 1 && j->slot.slot <= w->t.n &&
-        w->t.gen[j->slot.slot] == j->slot.gen) {
+    if (w != NULL && ctl_resid_live(&w->t, j->slot.slot, j->slot.gen)) {
         if (w->t.busy[j->slot.slot] == j)
             w->t.busy[j->slot.slot] = NULL;
         if (!j->held && !j->kept)
@@ -507,7 +505,7 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
             if (strcmp(j->slot.worker, w->id) != 0)
                 continue;
             uint32_t k = j->slot.slot;
-            if (k < 1 || k > w->t.n || w->t.gen[k] != j->slot.gen) {
+            if (!ctl_resid_live(&w->t, k, j->slot.gen)) {
                 /* (its worker restarted under it: the slot is gone) */
                 ctl_job_fail(s, j, WK_EUNAVAIL, "the slot's worker restarted");
                 continue;
@@ -524,14 +522,14 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
             ctl_observe(s, "wkvm_queue_wait_seconds", (double)(now - j->submit_ms) / 1000.0);
             continue;
         }
-        if (w->draining)
+        if (w->t.draining)
             return;
         if (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0)
             continue;
         if (j->prefer_worker[0] && strcmp(j->prefer_worker, w->id) != 0) {
             /* Elsewhere only while the preferred worker has no free slot. */
             ctl_sworker *pw = ctl_sched_worker_locked(s, j->prefer_worker);
-            if (pw != NULL && !pw->draining && ctl_resid_free_slot(&pw->t) != 0)
+            if (pw != NULL && !pw->t.draining && ctl_resid_free_slot(&pw->t) != 0)
                 continue;
         }
         uint32_t free_slot = ctl_resid_free_slot(&w->t);
@@ -544,7 +542,7 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         uint32_t need = ctl_job_pages_need(w, j);
         if (!ctl_kv_fits(&w->t.geom, ctl_resid_pages_used(&w->t), 0, need))
             return; /* waits for pages (the manager evicts idle parked slots meanwhile) */
-        w->t.gen[free_slot] = ++s->next_gen;
+        w->t.gen[free_slot] = ctl_resid_dir_next_gen_locked(s->resid);
         w->t.pages[free_slot] = need;
         w->t.ctx[free_slot] = 0;
         w->t.busy[free_slot] = j;
@@ -752,7 +750,7 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
                 /* The reset ran: the slot holds nothing but this job's reservation. */
                 j->fresh = false;
                 uint32_t k = j->slot.slot;
-                if (k >= 1 && k <= w->t.n && w->t.gen[k] == j->slot.gen) {
+                if (ctl_resid_live(&w->t, k, j->slot.gen)) {
                     w->t.ctx[k] = 0;
                     w->t.pages[k] = ctl_job_pages_need(w, j);
                 }
@@ -801,7 +799,7 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
         if (j->cancelled && !rows[i].decide)
             ctl_job_destroy_locked(s, j);
     }
-    pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(s->cv);
     return any_decide;
 }
 
@@ -832,7 +830,7 @@ static _Thread_local bool ctl_sched_in_decide; /* this thread runs a step's hook
 static void
 ctl_sched_decide(ctl_sched *s, ctl_step_row *rows, size_t n)
 {
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     ctl_sched_in_decide = true;
     for (size_t i = 0; i < n; i++) {
         if (rows[i].decide) {
@@ -853,7 +851,7 @@ ctl_sched_decide(ctl_sched *s, ctl_step_row *rows, size_t n)
             ctl_job_wake(j);
         }
     }
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     for (size_t i = 0; i < n; i++) {
         if (!rows[i].decide)
             continue;
@@ -865,7 +863,7 @@ ctl_sched_decide(ctl_sched *s, ctl_step_row *rows, size_t n)
         else
             ctl_job_decide_locked(s, j, rows[i].decision);
     }
-    pthread_cond_broadcast(&s->cv); /* (ctl_job_free waits for deciding jobs) */
+    pthread_cond_broadcast(s->cv); /* (ctl_job_free waits for deciding jobs) */
 }
 
 /*
@@ -879,16 +877,16 @@ ctl_job_hook_locked(ctl_sched *s, ctl_job *j, bool load, size_t pos, wk_err *err
     ctl_slot_ref slot = j->slot;
     j->in_flight = 1;
     j->in_hook = true;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     wk_diag d = {{0}};
     if (load)
         *err = j->reuse.load(j->reuse.arg, &slot, &d);
     else
         j->reuse.ckpt(j->reuse.arg, &slot, pos);
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     j->in_flight = 0;
     j->in_hook = false;
-    pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(s->cv);
     if (j->cancelled) {
         ctl_job_destroy_locked(s, j);
         return false;
@@ -916,7 +914,7 @@ ctl_sched_hooks_locked(ctl_sched *s, ctl_sworker *w)
             if (!ctl_job_hook_locked(s, j, true, 0, &err))
                 return true;
             uint32_t k = j->slot.slot;
-            bool live = k >= 1 && k <= w->t.n && w->t.gen[k] == j->slot.gen;
+            bool live = ctl_resid_live(&w->t, k, j->slot.gen);
             if (err == WK_OK && live && j->state == CTL_JOB_RUNNING) {
                 j->computed = j->reuse.resume_at;
                 j->fresh = false;
@@ -960,7 +958,7 @@ ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
     for (uint32_t k = 1; k <= w->t.n && !w->dead; k++) {
         if (!w->t.stale[k] || w->t.gen[k] != 0)
             continue;
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_unlock(s->mu);
         Wkvm__SlotFree f = WKVM__SLOT_FREE__INIT;
         f.slot = k;
         wk_msg req = WKVM__ENVELOPE__INIT;
@@ -971,7 +969,7 @@ ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
         wk_diag d = {{0}};
         wk_err err = ctl_pool_call(s->pool, w->id, &req, s->cfg.step_timeout_ms, &rep, &d);
         wk_proto_free(rep);
-        pthread_mutex_lock(&s->mu);
+        pthread_mutex_lock(s->mu);
         if (err != WK_OK) {
             /* The worker still holds the pages: keep them counted, retry in a second. */
             wk_log_warn("slot free failed worker=%s slot=%u: %s", w->id, k, d.msg);
@@ -979,8 +977,7 @@ ctl_sched_free_stale_locked(ctl_sched *s, ctl_sworker *w)
             return;
         }
         ctl_resid_unstale(&w->t, k);
-        s->slot_epoch++;
-        pthread_cond_broadcast(&s->cv);
+        ctl_resid_dir_released_locked(s->resid);
     }
 }
 
@@ -992,7 +989,7 @@ ctl_sched_worker_main(void *arg)
     size_t cap = s->cfg.max_rows;
     pthread_setname_np(pthread_self(), "wkc-step"); /* wkvm_controller_cpu_seconds_total */
     ctl_step_row *rows = calloc(cap, sizeof(*rows));
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     while (!atomic_load(&s->stop) && !w->dead && rows != NULL) {
         ctl_sched_free_stale_locked(s, w);
         ctl_sched_admit_locked(s, w);
@@ -1002,10 +999,10 @@ ctl_sched_worker_main(void *arg)
         if (n == 0) {
             struct timespec until;
             wk_deadline_after_ms(&until, 100);
-            pthread_cond_timedwait(&s->cv, &s->mu, &until);
+            pthread_cond_timedwait(s->cv, s->mu, &until);
             continue;
         }
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_unlock(s->mu);
         wk_msg *rep = NULL;
         wk_diag d = {{0}};
         struct timespec t0, t1;
@@ -1026,7 +1023,7 @@ ctl_sched_worker_main(void *arg)
             err = WK_EUNAVAIL;
             snprintf(d.msg, sizeof(d.msg), "worker %s left during the request", w->id);
         }
-        pthread_mutex_lock(&s->mu);
+        pthread_mutex_lock(s->mu);
         bool decide = ctl_sched_apply_locked(s, w, rows, n, err, rep, d.msg);
         wk_proto_free(rep);
         if (decide)
@@ -1040,10 +1037,10 @@ ctl_sched_worker_main(void *arg)
         struct timespec until;
         wk_deadline_after_ms(&until, 2);
         while (!atomic_load(&s->stop) && ctl_sched_paused_locked(s, w) &&
-               pthread_cond_timedwait(&s->cv, &s->mu, &until) != ETIMEDOUT)
+               pthread_cond_timedwait(s->cv, s->mu, &until) != ETIMEDOUT)
             ;
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     free(rows);
     return NULL;
 }
@@ -1057,8 +1054,7 @@ static bool
 ctl_job_on_locked(const ctl_job *j, const ctl_sworker *w)
 {
     uint32_t k = j->slot.slot;
-    return strcmp(j->slot.worker, w->id) == 0 && k >= 1 && k <= w->t.n &&
-           w->t.gen[k] == j->slot.gen;
+    return strcmp(j->slot.worker, w->id) == 0 && ctl_resid_live(&w->t, k, j->slot.gen);
 }
 
 /*
@@ -1069,11 +1065,12 @@ static void
 ctl_sched_worker_gone_locked(ctl_sched *s, ctl_sworker *w, const char *why)
 {
     w->dead = true;
+    ctl_resid_dir_detach_locked(s->resid, &w->t); /* its handles are no longer valid */
     for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
         if (ctl_job_on_locked(j, w) && !j->in_flight)
             ctl_job_fail(s, j, WK_EUNAVAIL, why);
     }
-    pthread_cond_broadcast(&s->cv);
+    pthread_cond_broadcast(s->cv);
 }
 
 static void
@@ -1134,11 +1131,11 @@ ctl_sched_page_starved_locked(ctl_sched *s, char *want, uint32_t *missing)
             if (strcmp(j->slot.worker, w->id) != 0)
                 continue;
             uint32_t k = j->slot.slot;
-            if (k < 1 || k > w->t.n || w->t.gen[k] != j->slot.gen)
+            if (!ctl_resid_live(&w->t, k, j->slot.gen))
                 return false; /* (admission fails it) */
             miss = ctl_sched_pages_missing_locked(w, j, w->t.pages[k]);
         } else {
-            if (w->draining || (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0))
+            if (w->t.draining || (j->want_worker[0] && strcmp(j->want_worker, w->id) != 0))
                 continue;
             miss = ctl_sched_pages_missing_locked(w, j, 0);
         }
@@ -1168,7 +1165,7 @@ ctl_sched_only_draining_locked(ctl_sched *s, const char *want)
         if (w == NULL || w->dead || (want[0] && strcmp(want, w->id) != 0))
             continue;
         live++;
-        draining += w->draining;
+        draining += w->t.draining;
     }
     return live > 0 && draining == live;
 }
@@ -1207,7 +1204,7 @@ ctl_sched_mgr_main(void *arg)
             n = CTL_SCHED_MAX_WORKERS;
         ctl_sworker *reap[CTL_SCHED_MAX_WORKERS];
         size_t nreap = 0;
-        pthread_mutex_lock(&s->mu);
+        pthread_mutex_lock(s->mu);
         /* Workers that left, or came back as a new process. */
         for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
             ctl_sworker *w = s->workers[i];
@@ -1255,13 +1252,18 @@ ctl_sched_mgr_main(void *arg)
                                 .page_tokens = v->kv_page_tokens,
                                 .pages_total = v->kv_pages};
             w->s = s;
-            if (ctl_resid_init(&w->t, v->slots_total, &geom) != WK_OK ||
+            if (ctl_resid_init(&w->t, v->slots_total, &geom) != WK_OK) {
+                ctl_sworker_free(w);
+                continue;
+            }
+            if (ctl_resid_dir_attach_locked(s->resid, &w->t, w->id) != WK_OK ||
                 pthread_create(&w->thr, NULL, ctl_sched_worker_main, w) != 0) {
+                ctl_resid_dir_detach_locked(s->resid, &w->t);
                 ctl_sworker_free(w);
                 continue;
             }
             s->workers[hole] = w;
-            s->slot_epoch++;
+            ctl_resid_dir_released_locked(s->resid);
             wk_log_info("scheduling on worker=%s slots=%u kv_pages=%u page_tokens=%u", w->id,
                         w->t.n, w->t.geom.pages_total, w->t.geom.page_tokens);
         }
@@ -1303,24 +1305,24 @@ ctl_sched_mgr_main(void *arg)
                          ctl_sched_page_starved_locked(s, starved_on, &missing));
         ctl_sched_evict_fn evict = s->evict;
         void *evict_arg = s->evict_arg;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
+        pthread_cond_broadcast(s->cv);
+        pthread_mutex_unlock(s->mu);
         for (size_t i = 0; i < nreap; i++) {
             pthread_join(reap[i]->thr, NULL);
-            pthread_mutex_lock(&s->mu);
+            pthread_mutex_lock(s->mu);
             /* Jobs that were in flight when the worker died fail now. */
             for (ctl_job *j = s->jobs; j != NULL; j = j->next) {
                 if (ctl_job_on_locked(j, reap[i]))
                     ctl_job_fail(s, j, WK_EUNAVAIL, "worker left during the request");
             }
-            pthread_mutex_unlock(&s->mu);
+            pthread_mutex_unlock(s->mu);
             ctl_sworker_free(reap[i]);
         }
         if (starving && evict != NULL &&
             evict(evict_arg, starved_on[0] ? starved_on : NULL, missing) == WK_OK) {
-            pthread_mutex_lock(&s->mu);
-            pthread_cond_broadcast(&s->cv);
-            pthread_mutex_unlock(&s->mu);
+            pthread_mutex_lock(s->mu);
+            pthread_cond_broadcast(s->cv);
+            pthread_mutex_unlock(s->mu);
             continue; /* look again at once */
         }
         struct timespec ts = {0, 50 * 1000000L};
@@ -1331,8 +1333,8 @@ ctl_sched_mgr_main(void *arg)
 }
 
 wk_err
-ctl_sched_new(const ctl_sched_config *cfg, ctl_pool *pool, ctl_metrics *metrics,
-              ctl_sched **out, wk_diag *d)
+ctl_sched_new(const ctl_sched_config *cfg, ctl_pool *pool, ctl_resid_dir *resid,
+              ctl_metrics *metrics, ctl_sched **out, wk_diag *d)
 {
     if (cfg->step_tokens == 0 || cfg->job_chunk == 0 || cfg->max_rows == 0 ||
         cfg->max_rows > WK_PROTO_ROWS_MAX || cfg->step_tokens > WK_PROTO_STEP_TOKENS_MAX)
@@ -1345,8 +1347,9 @@ ctl_sched_new(const ctl_sched_config *cfg, ctl_pool *pool, ctl_metrics *metrics,
         s->cfg.step_timeout_ms = 120000;
     s->pool = pool;
     s->metrics = metrics;
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    s->resid = resid;
+    s->mu = ctl_resid_dir_mutex(resid);
+    s->cv = ctl_resid_dir_cond(resid);
     atomic_init(&s->stop, false);
     if (metrics != NULL) {
         static const double lat[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -1382,17 +1385,18 @@ ctl_sched_free(ctl_sched *s)
     if (s == NULL)
         return;
     atomic_store(&s->stop, true);
+    ctl_resid_dir_stop(s->resid); /* (slot waits end) */
     if (s->mgr_started)
         pthread_join(s->mgr, NULL);
-    pthread_mutex_lock(&s->mu);
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(s->mu);
+    pthread_cond_broadcast(s->cv);
+    pthread_mutex_unlock(s->mu);
     for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
         if (s->workers[i] != NULL) {
             pthread_join(s->workers[i]->thr, NULL);
         }
     }
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     for (ctl_job *j = s->jobs; j != NULL; j = j->next)
         ctl_job_fail(s, j, WK_EUNAVAIL, "server shutting down");
     /* Jobs whose consumers are gone are freed here; others by ctl_job_free(). */
@@ -1402,11 +1406,13 @@ ctl_sched_free(ctl_sched *s)
         j->s = NULL;
         j->next = NULL;
     }
-    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        if (s->workers[i] != NULL)
+            ctl_resid_dir_detach_locked(s->resid, &s->workers[i]->t);
+    }
+    pthread_mutex_unlock(s->mu);
     for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++)
         ctl_sworker_free(s->workers[i]);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
     free(s->rank);
     free(s);
 }
@@ -1429,7 +1435,7 @@ ctl_sched_slot_wanted_locked(ctl_sched *s)
             return true;
         for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
             const ctl_sworker *w = s->workers[i];
-            if (w != NULL && !w->dead && !w->draining &&
+            if (w != NULL && !w->dead && !w->t.draining &&
                 (j->want_worker[0] == '\0' || strcmp(j->want_worker, w->id) == 0) &&
                 ctl_sched_long_prefills_locked(s, w) < ctl_sched_prefill_cap(s))
                 return true;
@@ -1443,12 +1449,10 @@ ctl_sched_free_slot_locked(ctl_sched *s, const char *want)
 {
     for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
         ctl_sworker *w = s->workers[i];
-        if (w == NULL || w->dead || w->draining || (want[0] && strcmp(want, w->id) != 0))
+        if (w == NULL || w->dead || w->t.draining || (want[0] && strcmp(want, w->id) != 0))
             continue;
-        for (uint32_t k = 1; k <= w->t.n; k++) {
-            if (w->t.gen[k] == 0 && !w->t.stale[k])
-                return true;
-        }
+        if (ctl_resid_free_slot(&w->t) != 0)
+            return true;
     }
     return false;
 }
@@ -1536,15 +1540,14 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
         }
     }
 
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     wk_err err = WK_OK;
     ctl_kv_geom geom;
     if (spec->slot != NULL) {
         ctl_sworker *w = ctl_sched_worker_locked(s, spec->slot->worker);
         if (w == NULL) {
             err = wk_diag_set(d, WK_EUNAVAIL, "worker %s left", spec->slot->worker);
-        } else if (spec->slot->slot < 1 || spec->slot->slot > w->t.n ||
-                   w->t.gen[spec->slot->slot] != spec->slot->gen) {
+        } else if (!ctl_resid_live(&w->t, spec->slot->slot, spec->slot->gen)) {
             err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", spec->slot->worker,
                               spec->slot->slot);
         } else if (w->t.busy[spec->slot->slot] != NULL) {
@@ -1608,7 +1611,7 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
         s->n_waiting++;
     }
     if (err != WK_OK) {
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_unlock(s->mu);
         ctl_job_sync_fini(j);
         free(j->tokens);
         free(j->ckpt);
@@ -1621,8 +1624,8 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     while (*pp != NULL)
         pp = &(*pp)->next;
     *pp = j;
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    pthread_cond_broadcast(s->cv);
+    pthread_mutex_unlock(s->mu);
     *out = j;
     return WK_OK;
 }
@@ -1720,12 +1723,12 @@ ctl_job_set_allowed(ctl_job *j, const uint8_t *mask, size_t n)
         memcpy(copy, mask, n);
     }
     if (s != NULL)
-        pthread_mutex_lock(&s->mu);
+        pthread_mutex_lock(s->mu);
     free(j->allowed);
     j->allowed = copy;
     j->n_allowed = copy != NULL ? n : 0;
     if (s != NULL)
-        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_unlock(s->mu);
     return WK_OK;
 }
 
@@ -1734,10 +1737,10 @@ ctl_job_set_on_token(ctl_job *j, ctl_job_token_fn fn, void *arg)
 {
     if (j->s == NULL)
         return;
-    pthread_mutex_lock(&j->s->mu);
+    pthread_mutex_lock(j->s->mu);
     j->on_token = fn;
     j->on_token_arg = arg;
-    pthread_mutex_unlock(&j->s->mu);
+    pthread_mutex_unlock(j->s->mu);
 }
 
 void
@@ -1774,10 +1777,10 @@ ctl_job_throttle(ctl_job *j, bool on)
     if (!atomic_load(&j->throttled) || j->s == NULL)
         return;
     /* (under s->mu: a step loop that found nothing to pick sleeps on s->cv) */
-    pthread_mutex_lock(&j->s->mu);
+    pthread_mutex_lock(j->s->mu);
     atomic_store(&j->throttled, false);
-    pthread_cond_broadcast(&j->s->cv);
-    pthread_mutex_unlock(&j->s->mu);
+    pthread_cond_broadcast(j->s->cv);
+    pthread_mutex_unlock(j->s->mu);
 }
 
 void
@@ -1786,13 +1789,13 @@ ctl_job_continue(ctl_job *j)
     ctl_sched *s = j->s;
     if (s == NULL)
         return;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     if (j->state == CTL_JOB_PAUSED && !j->deciding) {
         ctl_job_decide_locked(s, j, CTL_JOB_CONTINUE);
         if (j->state == CTL_JOB_RUNNING)
-            pthread_cond_broadcast(&s->cv);
+            pthread_cond_broadcast(s->cv);
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
 }
 
 void
@@ -1801,12 +1804,12 @@ ctl_job_stop(ctl_job *j, bool feed_last)
     ctl_sched *s = j->s;
     if (s == NULL)
         return;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     if (j->deciding) {
         /* (the hook decides this token) */
     } else if (j->state == CTL_JOB_PAUSED) {
         ctl_job_decide_locked(s, j, feed_last ? CTL_JOB_STOP_FEED : CTL_JOB_STOP);
-        pthread_cond_broadcast(&s->cv);
+        pthread_cond_broadcast(s->cv);
     } else if (j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_WAITING) {
         /* Stop before any token: finish once the input is fed. */
         if (j->state == CTL_JOB_WAITING) {
@@ -1817,7 +1820,7 @@ ctl_job_stop(ctl_job *j, bool feed_last)
                 ctl_job_done(s, j);
         }
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
 }
 
 size_t
@@ -1826,9 +1829,9 @@ ctl_job_fed(const ctl_job *j)
     size_t n;
     if (j->s == NULL)
         return j->computed;
-    pthread_mutex_lock(&j->s->mu);
+    pthread_mutex_lock(j->s->mu);
     n = j->computed;
-    pthread_mutex_unlock(&j->s->mu);
+    pthread_mutex_unlock(j->s->mu);
     return n;
 }
 
@@ -1844,9 +1847,9 @@ ctl_job_computed(const ctl_job *j)
     size_t n;
     if (j->s == NULL)
         return j->own_computed;
-    pthread_mutex_lock(&j->s->mu);
+    pthread_mutex_lock(j->s->mu);
     n = j->own_computed;
-    pthread_mutex_unlock(&j->s->mu);
+    pthread_mutex_unlock(j->s->mu);
     return n;
 }
 
@@ -1857,14 +1860,14 @@ ctl_job_keep_slot(ctl_job *j, ctl_slot_ref *out)
     if (s == NULL)
         return WK_ESTATE;
     wk_err err = WK_OK;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     if (j->state != CTL_JOB_DONE || j->slot.worker[0] == '\0') {
         err = WK_ESTATE;
     } else {
         j->kept = true;
         *out = j->slot;
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     return err;
 }
 
@@ -1880,115 +1883,23 @@ ctl_job_free(ctl_job *j)
         free(j);
         return;
     }
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     while (j->in_hook || j->deciding)
-        pthread_cond_wait(&s->cv, &s->mu); /* a hook uses the caller's argument */
+        pthread_cond_wait(s->cv, s->mu); /* a hook uses the caller's argument */
     if (j->in_flight) {
         j->cancelled = true; /* the step loop destroys it when the step returns */
     } else {
         ctl_job_destroy_locked(s, j);
     }
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
-
-wk_err
-ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_slot_ref *out, wk_diag *d)
-{
-    wk_err err = wk_diag_set(d, WK_ENOSPC, "no free slot");
-    pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS && err != WK_OK; i++) {
-        ctl_sworker *w = s->workers[i];
-        if (w == NULL || w->dead || (worker != NULL && strcmp(worker, w->id) != 0) ||
-            (worker == NULL && w->draining))
-            continue;
-        for (uint32_t k = 1; k <= w->t.n; k++) {
-            if (w->t.gen[k] == 0 && !w->t.stale[k]) {
-                ctl_resid_take(&w->t, k, ++s->next_gen);
-                snprintf(out->worker, sizeof(out->worker), "%s", w->id);
-                out->slot = k;
-                out->gen = w->t.gen[k];
-                err = WK_OK;
-                break;
-            }
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
-    return err;
-}
-
-wk_err
-ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
-{
-    wk_err err = WK_ESTATE;
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w != NULL && ref->slot >= 1 && ref->slot <= w->t.n && w->t.gen[ref->slot] == ref->gen &&
-        w->t.busy[ref->slot] == NULL) {
-        ctl_sworker_slot_clear(w, ref->slot);
-        err = WK_OK;
-        pthread_cond_broadcast(&s->cv);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return err;
-}
-
-uint64_t
-ctl_sched_slot_epoch(ctl_sched *s)
-{
-    pthread_mutex_lock(&s->mu);
-    uint64_t e = s->slot_epoch;
-    pthread_mutex_unlock(&s->mu);
-    return e;
-}
-
-bool
-ctl_sched_slot_wait(ctl_sched *s, uint64_t epoch, uint64_t until_ms)
-{
-    pthread_mutex_lock(&s->mu);
-    while (s->slot_epoch == epoch && !atomic_load(&s->stop)) {
-        uint64_t now = wk_mono_ms();
-        if (now >= until_ms)
-            break;
-        struct timespec until;
-        wk_deadline_after_ms(&until, until_ms - now);
-        (void)pthread_cond_timedwait(&s->cv, &s->mu, &until);
-    }
-    bool changed = s->slot_epoch != epoch;
-    pthread_mutex_unlock(&s->mu);
-    return changed;
-}
-
-bool
-ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref)
-{
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    bool ok = w != NULL && ref->slot >= 1 && ref->slot <= w->t.n &&
-              w->t.gen[ref->slot] == ref->gen;
-    pthread_mutex_unlock(&s->mu);
-    return ok;
-}
-
-void
-ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total)
-{
-    *used = 0;
-    *total = 0;
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
-    if (w != NULL) {
-        *total = w->t.n;
-        *used = ctl_resid_used(&w->t);
-    }
-    pthread_mutex_unlock(&s->mu);
+    pthread_cond_broadcast(s->cv);
+    pthread_mutex_unlock(s->mu);
 }
 
 size_t
 ctl_sched_slots(ctl_sched *s, ctl_slot_info *out, size_t cap)
 {
     size_t n = 0;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
         ctl_sworker *w = s->workers[i];
         if (w == NULL || w->dead)
@@ -2014,7 +1925,7 @@ ctl_sched_slots(ctl_sched *s, ctl_slot_info *out, size_t cap)
             n++;
         }
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     return n;
 }
 
@@ -2025,31 +1936,31 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     if (strcmp(src->worker, to) == 0)
         return wk_diag_set(d, WK_EINVAL, "the slot is already on worker %s", to);
     ctl_slot_ref dst;
-    wk_err err = ctl_sched_slot_alloc(s, to, &dst, NULL);
+    wk_err err = ctl_resid_slot_alloc(s->resid, to, &dst, NULL);
     if (err != WK_OK)
         return wk_diag_set(d, ctl_sched_known(s, to) ? WK_EBUSY : WK_EINVAL,
                            ctl_sched_known(s, to) ? "no free slot on worker %s"
                                                   : "no worker %s",
                            to);
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, src->worker);
     ctl_job *j = NULL;
-    if (w != NULL && src->slot >= 1 && src->slot <= w->t.n && w->t.gen[src->slot] == src->gen)
+    if (w != NULL && ctl_resid_live(&w->t, src->slot, src->gen))
         j = w->t.busy[src->slot];
     if (j == NULL || j->migrating || j->state == CTL_JOB_DONE || j->state == CTL_JOB_FAILED) {
-        pthread_mutex_unlock(&s->mu);
-        (void)ctl_sched_slot_free(s, &dst);
+        pthread_mutex_unlock(s->mu);
+        (void)ctl_resid_slot_free(s->resid, &dst);
         return wk_diag_set(d, WK_ENOENT, "no running request on %s:%u", src->worker, src->slot);
     }
     if (j->held) {
-        pthread_mutex_unlock(&s->mu);
-        (void)ctl_sched_slot_free(s, &dst);
+        pthread_mutex_unlock(s->mu);
+        (void)ctl_resid_slot_free(s->resid, &dst);
         return wk_diag_set(d, WK_ESTATE, "the slot is held by a state operation or chat turn; "
                                          "it can be moved once parked");
     }
     j->migrating = true;
     while (j->in_flight && !atomic_load(&s->stop))
-        pthread_cond_wait(&s->cv, &s->mu);
+        pthread_cond_wait(s->cv, s->mu);
     bool alive = j->state != CTL_JOB_DONE && j->state != CTL_JOB_FAILED && !j->cancelled;
     /*
      * The job's reservation moves with it (workers of one model share a
@@ -2059,8 +1970,8 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     ctl_sworker *w_to = ctl_sched_worker_locked(s, dst.worker);
     ctl_sworker *w_from = ctl_sched_worker_locked(s, src->worker);
     err = WK_OK;
-    if (alive && w_to != NULL && w_to->t.gen[dst.slot] == dst.gen && w_from != NULL &&
-        w_from->t.gen[src->slot] == src->gen) {
+    if (alive && w_to != NULL && ctl_resid_live(&w_to->t, dst.slot, dst.gen) && w_from != NULL &&
+        ctl_resid_live(&w_from->t, src->slot, src->gen)) {
         uint32_t need = w_from->t.pages[src->slot];
         uint32_t used = ctl_resid_pages_used(&w_to->t);
         if (!ctl_kv_fits(&w_to->t.geom, used, w_to->t.pages[dst.slot], need))
@@ -2071,21 +1982,22 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
         else if (need > w_to->t.pages[dst.slot])
             w_to->t.pages[dst.slot] = need;
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
 
     if (err == WK_OK)
         err = alive ? mover(arg, src, &dst, d) : wk_diag_set(d, WK_ENOENT, "the request ended");
 
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     ctl_sworker *w_src = ctl_sched_worker_locked(s, src->worker);
     ctl_sworker *w_dst = ctl_sched_worker_locked(s, dst.worker);
-    if (err == WK_OK && (w_dst == NULL || w_dst->t.gen[dst.slot] != dst.gen || j->cancelled ||
-                         j->state == CTL_JOB_DONE || j->state == CTL_JOB_FAILED))
+    if (err == WK_OK && (w_dst == NULL || !ctl_resid_live(&w_dst->t, dst.slot, dst.gen) ||
+                         j->cancelled || j->state == CTL_JOB_DONE ||
+                         j->state == CTL_JOB_FAILED))
         err = wk_diag_set(d, WK_EUNAVAIL, "the destination or the request went away");
     if (err == WK_OK) {
         /* Commit: the job now lives on dst; the source slot is released. */
         w_dst->t.busy[dst.slot] = j;
-        if (w_src != NULL && w_src->t.gen[src->slot] == src->gen) {
+        if (w_src != NULL && ctl_resid_live(&w_src->t, src->slot, src->gen)) {
             /* (dst holds the job's reservation since before the move) */
             if (w_src->t.pages[src->slot] > w_dst->t.pages[dst.slot])
                 w_dst->t.pages[dst.slot] = w_src->t.pages[src->slot];
@@ -2099,29 +2011,29 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     j->migrating = false;
     if (j->cancelled && !j->in_flight)
         ctl_job_destroy_locked(s, j);
-    pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    pthread_cond_broadcast(s->cv);
+    pthread_mutex_unlock(s->mu);
     if (err != WK_OK)
-        (void)ctl_sched_slot_free(s, &dst);
+        (void)ctl_resid_slot_free(s->resid, &dst);
     return err;
 }
 
 uint64_t
 ctl_sched_worker_epoch(ctl_sched *s, const char *worker)
 {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, worker);
     uint64_t e = w != NULL ? w->epoch : 0;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     return e;
 }
 
 bool
 ctl_sched_known(ctl_sched *s, const char *worker)
 {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     bool ok = ctl_sched_worker_locked(s, worker) != NULL;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     return ok;
 }
 
@@ -2129,149 +2041,54 @@ wk_err
 ctl_sched_set_draining(ctl_sched *s, const char *worker, bool draining)
 {
     wk_err err = WK_ENOENT;
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, worker);
     if (w != NULL) {
-        w->draining = draining;
+        w->t.draining = draining;
         err = WK_OK;
-        pthread_cond_broadcast(&s->cv);
+        pthread_cond_broadcast(s->cv);
     }
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     return err;
 }
 
 bool
 ctl_sched_draining(ctl_sched *s, const char *worker)
 {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     ctl_sworker *w = ctl_sched_worker_locked(s, worker);
-    bool d = w != NULL && w->draining;
-    pthread_mutex_unlock(&s->mu);
+    bool d = w != NULL && w->t.draining;
+    pthread_mutex_unlock(s->mu);
     return d;
 }
 
 void
 ctl_sched_set_evictor(ctl_sched *s, ctl_sched_evict_fn fn, void *arg)
 {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     s->evict = fn;
     s->evict_arg = arg;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
 }
 
 uint32_t
 ctl_sched_worker_count(ctl_sched *s)
 {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     uint32_t n = ctl_sched_live_workers_locked(s);
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
     return n;
 }
 
 void
 ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running)
 {
-    pthread_mutex_lock(&s->mu);
+    pthread_mutex_lock(s->mu);
     *waiting = s->n_waiting;
     *running = 0;
     for (ctl_job *j = s->jobs; j != NULL; j = j->next)
         *running += j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_PAUSED ||
                     j->state == CTL_JOB_STOPPING;
-    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(s->mu);
 }
 
-wk_err
-ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx, wk_diag *d)
-{
-    wk_err err;
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w == NULL)
-        err = wk_diag_set(d, WK_EUNAVAIL, "worker %s left", ref->worker);
-    else if (!ctl_resid_live(&w->t, ref->slot, ref->gen))
-        err = wk_diag_set(d, WK_ESTATE, "slot %s/%u is no longer valid", ref->worker, ref->slot);
-    else
-        err = ctl_resid_set_ctx(&w->t, ref->slot, n_ctx, w->id, d);
-    pthread_mutex_unlock(&s->mu);
-    return err;
-}
-
-void
-ctl_sched_slot_note_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx)
-{
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w != NULL && !ctl_kv_hybrid(&w->t.geom) && ref->slot >= 1 && ref->slot <= w->t.n &&
-        w->t.gen[ref->slot] == ref->gen && w->t.busy[ref->slot] == NULL)
-        w->t.ctx[ref->slot] = n_ctx;
-    pthread_mutex_unlock(&s->mu);
-}
-
-wk_err
-ctl_sched_slot_set_bytes(ctl_sched *s, const ctl_slot_ref *ref, uint64_t bytes, wk_diag *d)
-{
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    ctl_kv_geom g = w != NULL ? w->t.geom : (ctl_kv_geom){0};
-    pthread_mutex_unlock(&s->mu);
-    if (w == NULL)
-        return wk_diag_set(d, WK_EUNAVAIL, "worker %s left", ref->worker);
-    uint64_t n_ctx = 0;
-    if (!ctl_kv_hybrid(&g))
-        return WK_OK; /* fixed-size slots: nothing to account */
-    if (ctl_kv_image_ctx(&g, bytes, &n_ctx) != WK_OK)
-        return wk_diag_set(d, WK_EINVAL, "a state of %llu bytes is not an image of this model "
-                           "(%llu recurrent bytes + %llu per token)",
-                           (unsigned long long)bytes, (unsigned long long)g.state_bytes,
-                           (unsigned long long)g.kv_token_bytes);
-    return ctl_sched_slot_set_ctx(s, ref, n_ctx, d);
-}
-
-uint64_t
-ctl_sched_slot_ctx(ctl_sched *s, const ctl_slot_ref *ref)
-{
-    uint64_t n = 0;
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w != NULL && ref->slot >= 1 && ref->slot <= w->t.n && w->t.gen[ref->slot] == ref->gen)
-        n = w->t.ctx[ref->slot];
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}
-
-void
-ctl_sched_kv_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total)
-{
-    *used = 0;
-    *total = 0;
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
-    if (w != NULL && ctl_kv_hybrid(&w->t.geom)) {
-        *used = ctl_resid_pages_used(&w->t);
-        *total = w->t.geom.pages_total;
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-bool
-ctl_sched_kv_geom(ctl_sched *s, const char *worker, ctl_kv_geom *out)
-{
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, worker);
-    bool hybrid = w != NULL && ctl_kv_hybrid(&w->t.geom);
-    *out = hybrid ? w->t.geom : (ctl_kv_geom){0};
-    pthread_mutex_unlock(&s->mu);
-    return hybrid;
-}
-
-uint32_t
-ctl_sched_slot_pages(ctl_sched *s, const ctl_slot_ref *ref)
-{
-    uint32_t n = 0;
-    pthread_mutex_lock(&s->mu);
-    ctl_sworker *w = ctl_sched_worker_locked(s, ref->worker);
-    if (w != NULL && ref->slot >= 1 && ref->slot <= w->t.n && w->t.gen[ref->slot] == ref->gen)
-        n = w->t.pages[ref->slot];
-    pthread_mutex_unlock(&s->mu);
-    return n;
-}

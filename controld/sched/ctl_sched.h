@@ -29,10 +29,12 @@
  * came before the hook was set) the row pauses and the consumer decides with
  * ctl_job_continue() / ctl_job_stop() after a TOKEN event.
  *
- * Slots: the scheduler keeps every worker's slot table (ctl_resid, under its
- * mutex). A job either takes a fresh slot at admission (freed at the end
+ * Slots: every worker's slot table is a ctl_resid attached to the residence
+ * directory (ctl_resid.h), whose mutex the scheduler takes as its own; it
+ * attaches a table when a worker joins and detaches it when the worker
+ * leaves. A job either takes a fresh slot at admission (freed at the end
  * unless the consumer keeps it) or runs on a slot the caller already holds
- * (ctl_sched_slot_*), e.g. a parked state. Every slot carries a generation number; every use
+ * (ctl_resid_slot_alloc), e.g. a parked state. Every slot carries a generation number; every use
  * checks it, so a stale handle can never touch a reused slot.
  *
  * Threading: all functions are thread-safe. ctl_job_next() blocks.
@@ -51,6 +53,7 @@
 #include "ctl_kv.h"
 #include "ctl_metrics.h"
 #include "ctl_pool.h"
+#include "ctl_resid.h"
 #include "wk_err.h"
 
 typedef struct ctl_sched ctl_sched;
@@ -64,13 +67,6 @@ typedef struct ctl_sched_config {
     uint32_t step_timeout_ms; /* deadline of one step RPC */
     uint32_t drain_wait_ms;   /* a request only draining workers could run fails (503) after this */
 } ctl_sched_config;
-
-/* A slot handle: worker, index and the generation it was allocated at. */
-typedef struct ctl_slot_ref {
-    char worker[65];  /* worker id, "" = none */
-    uint32_t slot;    /* 1..n */
-    uint64_t gen;     /* allocation generation */
-} ctl_slot_ref;
 
 #define CTL_SAMPLE_BIAS_MAX 300 /* logit_bias entries of one request (= the wire's maximum) */
 
@@ -194,9 +190,14 @@ ctl_sched_class ctl_sched_rank_class(bool waiting, uint32_t bypassed, uint64_t w
 /* qsort-style: < 0 when x goes before y (class, then fewest left or submit order). */
 int ctl_sched_rank_cmp(const ctl_sched_rank *x, const ctl_sched_rank *y);
 
-/* Starts the scheduler over pool (borrowed). metrics may be NULL. */
+/*
+ * Starts the scheduler over pool and the residence directory resid (both
+ * borrowed; resid outlives it, and its slot waits end when it is freed).
+ * metrics may be NULL.
+ */
 WK_MUST_CHECK wk_err ctl_sched_new(const ctl_sched_config *cfg, ctl_pool *pool,
-                                   ctl_metrics *metrics, ctl_sched **out, wk_diag *d);
+                                   ctl_resid_dir *resid, ctl_metrics *metrics, ctl_sched **out,
+                                   wk_diag *d);
 
 /* Stops every loop, fails all jobs (WK_EUNAVAIL), frees. NULL-safe. */
 void ctl_sched_free(ctl_sched *s);
@@ -301,38 +302,13 @@ size_t ctl_job_computed(const ctl_job *j);
 
 /*
  * Keeps the job's slot after it ends: the slot is no longer freed by
- * ctl_job_free(); the caller owns it (ctl_sched_slot_free later). Valid once
+ * ctl_job_free(); the caller owns it (ctl_resid_slot_free later). Valid once
  * the job is DONE. Writes the handle to *out. WK_ESTATE when not done.
  */
 WK_MUST_CHECK wk_err ctl_job_keep_slot(ctl_job *j, ctl_slot_ref *out);
 
 /* Cancels (if running) and frees the job; its slot is freed unless kept. NULL-safe. */
 void ctl_job_free(ctl_job *j);
-
-/* Allocates a slot (on worker, or any worker when NULL). WK_ENOSPC when none is free. */
-WK_MUST_CHECK wk_err ctl_sched_slot_alloc(ctl_sched *s, const char *worker, ctl_slot_ref *out,
-                                          wk_diag *d);
-
-/*
- * Frees a held slot. A stale handle (the slot was freed or its worker left)
- * is nothing to free: WK_ESTATE, which callers releasing what they hold may
- * ignore; WK_OK otherwise.
- */
-wk_err ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref);
-
-/*
- * Waiting for a slot: take the epoch, try to allocate, and on WK_ENOSPC wait
- * until the epoch moves (a slot was freed or a worker joined) or until the
- * monotonic ms until_ms. ctl_sched_slot_wait() returns true when it moved.
- */
-uint64_t ctl_sched_slot_epoch(ctl_sched *s);
-bool ctl_sched_slot_wait(ctl_sched *s, uint64_t epoch, uint64_t until_ms);
-
-/* True when ref still names a live allocation. */
-bool ctl_sched_slot_valid(ctl_sched *s, const ctl_slot_ref *ref);
-
-/* Slots used and total on worker (for /admin/workers), 0/0 when unknown. */
-void ctl_sched_slot_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
 
 /*
  * Called (from the scheduler's manager thread, no lock held) under pressure:
@@ -407,49 +383,8 @@ uint32_t ctl_sched_worker_count(ctl_sched *s);
  * + max_new) are free; the reservation shrinks to what the state holds when
  * it ends and goes back when the slot is freed. A job that could never fit
  * the largest pool fails at submit with WK_ETOOBIG. Recurrent models: 0.
+ * The tables and their accounting are ctl_resid's (ctl_resid_kv_counts).
  */
-
-/*
- * Records that slot ref (held, no job running) now holds n_ctx tokens of
- * context (an image was written or copied into it): its pages become
- * ceil(n_ctx / page_tokens). WK_EQUOTA when the pool has no room for the
- * growth now (nothing changed; evicting idle slots may help), WK_ETOOBIG
- * when n_ctx needs more pages than the whole pool has (nothing helps),
- * WK_ESTATE for a stale handle.
- */
-WK_MUST_CHECK wk_err ctl_sched_slot_set_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx,
-                                            wk_diag *d);
-
-/*
- * Records that held slot ref's state holds n_ctx tokens after its bytes were
- * written from a stored image (what /admin/slots shows; a job on it starts
- * from it). Only recurrent models: a hybrid's context is accounted from the
- * image's size (ctl_sched_slot_set_bytes), so nothing is done there.
- */
-void ctl_sched_slot_note_ctx(ctl_sched *s, const ctl_slot_ref *ref, uint64_t n_ctx);
-
-/*
- * ctl_sched_slot_set_ctx() from an image's size (state_bytes + n_ctx *
- * kv_token_bytes). WK_OK without doing anything on recurrent models;
- * WK_EINVAL when bytes is no image of the model.
- */
-WK_MUST_CHECK wk_err ctl_sched_slot_set_bytes(ctl_sched *s, const ctl_slot_ref *ref,
-                                              uint64_t bytes, wk_diag *d);
-
-/* Tokens of context slot ref holds as far as the scheduler knows (0 when stale). */
-uint64_t ctl_sched_slot_ctx(ctl_sched *s, const ctl_slot_ref *ref);
-
-/*
- * KV pages held or reserved and the pool size on worker; 0/0 for recurrent
- * models. Pages of freed slots count until the worker has freed them.
- */
-void ctl_sched_kv_counts(ctl_sched *s, const char *worker, uint32_t *used, uint32_t *total);
-
-/* Worker's KV geometry into *out; false (and zeros) for recurrent models or an unknown worker. */
-WK_MUST_CHECK bool ctl_sched_kv_geom(ctl_sched *s, const char *worker, ctl_kv_geom *out);
-
-/* KV pages slot ref holds or reserves (0 when stale or on recurrent models). */
-uint32_t ctl_sched_slot_pages(ctl_sched *s, const ctl_slot_ref *ref);
 
 /* Jobs waiting for admission and jobs running (for metrics). */
 void ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running);

@@ -60,7 +60,8 @@ struct ctl_ckpt {
     ctl_ckpt_config cfg;              /* copied */
     ctl_pool *pool;                   /* borrowed */
     ctl_sched *sched;                 /* borrowed */
-    ctl_vm *vm;                       /* borrowed: slot and warm-tier I/O */
+    ctl_vm *vm;                       /* borrowed: slot I/O, warm-tier reads */
+    uint32_t rpc_ms;                  /* deadline of one warm-tier request (ctl_vm's) */
     ctl_store *store;                 /* borrowed: the disk tier */
     ctl_metrics *metrics;             /* borrowed, may be NULL */
     pthread_mutex_t pass_mu;          /* one maintenance pass at a time (the tier thread's,
@@ -321,7 +322,9 @@ ckpt_finalize(ctl_ckpt *c, ckpt_entry *e, bool drop_warm, bool drop_cold)
     if (drop_warm) {
         char hk[8 + WK_SHA256_HEX_LEN];
         ckpt_host_key(e, hk);
-        ckpt_cleanup(ctl_vm_host_call(c->vm, WKVM__KIND__HOST_DROP, e->worker, hk, 0, NULL), "ctl_vm_host_call");
+        ckpt_cleanup(ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, e->worker, hk, 0,
+                                        c->rpc_ms, NULL),
+                     "ctl_pool_host_call");
     }
     if (drop_cold) {
         char name[CTL_STORE_NAME_MAX + 1], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
@@ -619,7 +622,9 @@ ckpt_demote_locked(ctl_ckpt *c, ckpt_entry *e)
     ckpt_host_key(e, hk);
     snprintf(worker, sizeof(worker), "%s", e->worker);
     pthread_mutex_unlock(&c->mu);
-    ckpt_cleanup(ctl_vm_host_call(c->vm, WKVM__KIND__HOST_DROP, worker, hk, 0, NULL), "ctl_vm_host_call");
+    ckpt_cleanup(ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, worker, hk, 0, c->rpc_ms,
+                                    NULL),
+                 "ctl_pool_host_call");
     pthread_mutex_lock(&c->mu);
     if (e->warm) {
         e->warm = false;
@@ -818,7 +823,8 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
     char hk[8 + WK_SHA256_HEX_LEN];
     ckpt_host_key(v, hk);
     pthread_mutex_unlock(&c->mu);
-    wk_err err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_DROP, worker, hk, 0, NULL);
+    wk_err err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, worker, hk, 0, c->rpc_ms,
+                                    NULL);
     pthread_mutex_lock(&c->mu);
     v->busy = false;
     /* (ENOENT: the copy was already gone, e.g. a restarted worker; it is not warm either way) */
@@ -913,7 +919,8 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     char hk[8 + WK_SHA256_HEX_LEN];
     ckpt_host_key(e, hk);
     if (c->cfg.warm_bytes > 0) {
-        err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot, NULL);
+        err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot,
+                                 c->rpc_ms, NULL);
         /*
          * The worker is full: the oldest copies make room for this one, at
          * most this image's size of them (an image larger than the worker's
@@ -924,7 +931,8 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
                              (f = ckpt_warm_room(c, slot->worker, e)) > 0;
              i++) {
             freed += f;
-            err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot, NULL);
+            err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_PUT, slot->worker, hk,
+                                     slot->slot, c->rpc_ms, NULL);
         }
     } else if (c->cfg.disk_bytes > 0) {
         /* No warm tier: straight to disk (the slot's bytes, read between two steps). */
@@ -1092,7 +1100,8 @@ ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
         return wk_diag_set(d, WK_ENOENT, "checkpoint gone");
     wk_err err = WK_ENOENT;
     if (warm_here)
-        err = ctl_vm_host_call(c->vm, WKVM__KIND__HOST_GET, slot->worker, hk, slot->slot, d);
+        err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_GET, slot->worker, hk, slot->slot,
+                                 c->rpc_ms, d);
     if (err != WK_OK && warm_else) {
         void *bytes = NULL;
         size_t len = 0;
@@ -1495,6 +1504,7 @@ ctl_ckpt_new(const ctl_ckpt_config *cfg, ctl_pool *pool, ctl_sched *sched, ctl_v
     c->pool = pool;
     c->sched = sched;
     c->vm = vm;
+    c->rpc_ms = ctl_vm_rpc_timeout(vm); /* (set at startup, before this) */
     c->store = store;
     c->metrics = metrics;
     pthread_mutex_init(&c->pass_mu, NULL);

@@ -44,7 +44,7 @@ typedef struct ctl_vm_warm {
 
 struct ctl_vm {
     ctl_pool *pool;          /* borrowed */
-    ctl_sched *sched;        /* borrowed */
+    ctl_resid_dir *resid;    /* borrowed: slot residence (NULL in slot-I/O unit tests) */
     ctl_store *store;        /* borrowed */
     ctl_vm_spill_fn spill;   /* spill function for dirty entries */
     void *spill_arg;         /* its argument */
@@ -66,14 +66,14 @@ struct ctl_vm {
 };
 
 wk_err
-ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store, ctl_vm **out, wk_diag *d)
+ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store, ctl_vm **out, wk_diag *d)
 {
     (void)d;
     ctl_vm *vm = calloc(1, sizeof(*vm));
     if (vm == NULL)
         return WK_ENOMEM;
     vm->pool = pool;
-    vm->sched = sched;
+    vm->resid = resid;
     vm->store = store;
     vm->rpc_ms = CTL_VM_RPC_MS;
     atomic_init(&vm->no_wait, false);
@@ -191,6 +191,12 @@ ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms)
     vm->rpc_ms = ms ? ms : CTL_VM_RPC_MS; /* set once at startup, before any use */
 }
 
+uint32_t
+ctl_vm_rpc_timeout(const ctl_vm *vm)
+{
+    return vm->rpc_ms;
+}
+
 void
 ctl_vm_set_slot_wait(ctl_vm *vm, uint64_t ms)
 {
@@ -252,8 +258,8 @@ ctl_vm_slot_reset(ctl_vm *vm, const ctl_slot_ref *ref, wk_diag *d)
     wk_msg *rep = NULL;
     wk_err err = ctl_vm_call(vm, ref->worker, &req, &rep, d);
     wk_proto_free(rep);
-    if (err == WK_OK && vm->sched != NULL &&
-        ctl_sched_slot_set_ctx(vm->sched, ref, 0, NULL) != WK_OK)
+    if (err == WK_OK && vm->resid != NULL &&
+        ctl_resid_slot_set_ctx(vm->resid, ref, 0, NULL) != WK_OK)
         wk_log_debug("slot reset: %s/%u went stale", ref->worker, ref->slot); /* a zeroed slot holds no KV pages */
     return err;
 }
@@ -325,14 +331,14 @@ static uint32_t
 ctl_vm_kv_missing(ctl_vm *vm, const ctl_slot_ref *ref, uint64_t n_ctx, uint64_t bytes)
 {
     ctl_kv_geom g;
-    if (!ctl_sched_kv_geom(vm->sched, ref->worker, &g))
+    if (!ctl_resid_kv_geom(vm->resid, ref->worker, &g))
         return 0;
     if (n_ctx == UINT64_MAX && ctl_kv_image_ctx(&g, bytes, &n_ctx) != WK_OK)
         return 0;
     uint32_t used = 0, total = 0;
-    ctl_sched_kv_counts(vm->sched, ref->worker, &used, &total);
+    ctl_resid_kv_counts(vm->resid, ref->worker, &used, &total);
     uint64_t need = ctl_kv_pages(&g, n_ctx);
-    uint64_t held = ctl_sched_slot_pages(vm->sched, ref);
+    uint64_t held = ctl_resid_slot_pages(vm->resid, ref);
     uint64_t others = used > held ? used - held : 0;
     if (need <= held || others + need <= total)
         return 0;
@@ -351,12 +357,12 @@ static wk_err
 ctl_vm_kv_reserve(ctl_vm *vm, const ctl_slot_ref *ref, uint64_t n_ctx, uint64_t bytes,
                   wk_diag *d)
 {
-    if (vm->sched == NULL) /* (unit tests drive slot I/O without a scheduler) */
+    if (vm->resid == NULL) /* (unit tests drive slot I/O without a scheduler) */
         return WK_OK;
     for (int tries = 0;; tries++) {
         wk_diag ed = {{0}};
-        wk_err err = n_ctx == UINT64_MAX ? ctl_sched_slot_set_bytes(vm->sched, ref, bytes, &ed)
-                                         : ctl_sched_slot_set_ctx(vm->sched, ref, n_ctx, &ed);
+        wk_err err = n_ctx == UINT64_MAX ? ctl_resid_slot_set_bytes(vm->resid, ref, bytes, &ed)
+                                         : ctl_resid_slot_set_ctx(vm->resid, ref, n_ctx, &ed);
         /* Only a pool full now can be helped by evicting (never WK_ETOOBIG). */
         uint32_t missing = err == WK_EQUOTA ? ctl_vm_kv_missing(vm, ref, n_ctx, bytes) : 0;
         if (err != WK_EQUOTA || tries >= 1024 || missing == 0 ||
@@ -409,7 +415,7 @@ static wk_err
 ctl_vm_slot_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_diag *d)
 {
     if (strcmp(src->worker, dst->worker) == 0) {
-        wk_err kerr = ctl_vm_kv_reserve(vm, dst, vm->sched ? ctl_sched_slot_ctx(vm->sched, src) : 0,
+        wk_err kerr = ctl_vm_kv_reserve(vm, dst, vm->resid ? ctl_resid_slot_ctx(vm->resid, src) : 0,
                                         0, d);
         if (kerr != WK_OK)
             return kerr;
@@ -456,29 +462,12 @@ ctl_vm_find_locked(ctl_vm *vm, const char *key)
     return NULL;
 }
 
-/* One HOST_* request. */
-wk_err
-ctl_vm_host_call(ctl_vm *vm, int kind, const char *worker, const char *key, uint32_t slot,
-                 wk_diag *d)
-{
-    Wkvm__HostRef h = WKVM__HOST_REF__INIT;
-    h.key = (char *)key;
-    h.slot = slot;
-    wk_msg req = WKVM__ENVELOPE__INIT;
-    req.kind = kind;
-    req.payload_case = WKVM__ENVELOPE__PAYLOAD_HOST_REF;
-    req.host_ref = &h;
-    wk_msg *rep = NULL;
-    wk_err err = ctl_vm_call(vm, worker, &req, &rep, d);
-    wk_proto_free(rep);
-    return err;
-}
-
 /* Forgets a warm copy on worker; best effort (a restarted worker has none). */
 static void
 ctl_vm_host_drop(ctl_vm *vm, const char *worker, const char *key)
 {
-    wk_err err = ctl_vm_host_call(vm, WKVM__KIND__HOST_DROP, worker, key, 0, NULL);
+    wk_err err = ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_DROP, worker, key, 0, vm->rpc_ms,
+                                    NULL);
     if (err != WK_OK && err != WK_ENOENT)
         wk_log_debug("warm copy not dropped worker=%s key=%.16s: %s", worker, key,
                      wk_strerror(err));
@@ -506,9 +495,10 @@ ctl_vm_warm_take_locked(ctl_vm *vm, const char *key)
 static void
 ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
 {
-    if (!ctl_sched_slot_valid(vm->sched, &e->slot))
+    if (!ctl_resid_slot_valid(vm->resid, &e->slot))
         return;
-    wk_err err = ctl_vm_host_call(vm, WKVM__KIND__HOST_PUT, e->slot.worker, e->key, e->slot.slot, NULL);
+    wk_err err = ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_PUT, e->slot.worker, e->key,
+                                    e->slot.slot, vm->rpc_ms, NULL);
     if (err == WK_ENOSPC) {
         ctl_vm_warm *oldest = NULL;
         pthread_mutex_lock(&vm->mu);
@@ -523,7 +513,8 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
             return;
         ctl_vm_host_drop(vm, oldest->worker, oldest->key);
         free(oldest);
-        err = ctl_vm_host_call(vm, WKVM__KIND__HOST_PUT, e->slot.worker, e->key, e->slot.slot, NULL);
+        err = ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_PUT, e->slot.worker, e->key,
+                                 e->slot.slot, vm->rpc_ms, NULL);
     }
     if (err != WK_OK)
         return;
@@ -532,7 +523,7 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
         return;
     snprintf(w->key, sizeof(w->key), "%s", e->key);
     snprintf(w->worker, sizeof(w->worker), "%s", e->slot.worker);
-    w->ctx = ctl_sched_slot_ctx(vm->sched, &e->slot);
+    w->ctx = ctl_resid_slot_ctx(vm->resid, &e->slot);
     w->epoch = ctl_pool_worker_epoch(vm->pool, e->slot.worker);
     pthread_mutex_lock(&vm->mu);
     ctl_vm_warm *old = ctl_vm_warm_take_locked(vm, e->key);
@@ -551,7 +542,7 @@ ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e)
 {
     wk_err err = WK_OK;
     wk_diag d = {{0}};
-    if (ctl_sched_slot_valid(vm->sched, &e->slot)) {
+    if (ctl_resid_slot_valid(vm->resid, &e->slot)) {
         void *bytes = NULL;
         size_t len = 0;
         ctl_vm_spill_fn fn;
@@ -582,14 +573,14 @@ ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e)
 static void
 ctl_vm_slot_release(ctl_vm *vm, const ctl_slot_ref *ref)
 {
-    if (vm->sched == NULL)
+    if (vm->resid == NULL)
         return;
     ctl_kv_geom g;
-    if (ctl_sched_kv_geom(vm->sched, ref->worker, &g) &&
-        (ctl_sched_slot_pages(vm->sched, ref) > 0 || ctl_sched_slot_ctx(vm->sched, ref) > 0) &&
+    if (ctl_resid_kv_geom(vm->resid, ref->worker, &g) &&
+        (ctl_resid_slot_pages(vm->resid, ref) > 0 || ctl_resid_slot_ctx(vm->resid, ref) > 0) &&
         ctl_vm_slot_reset(vm, ref, NULL) != WK_OK)
         wk_log_debug("slot reset before free failed worker=%s slot=%u", ref->worker, ref->slot);
-    (void)ctl_sched_slot_free(vm->sched, ref);
+    (void)ctl_resid_slot_free(vm->resid, ref);
 }
 
 /*
@@ -659,7 +650,7 @@ ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages)
         }
         n = ctl_vm_slots_on(vm, worker, refs, n);
         for (size_t i = 0; i < n; i++)
-            held[i] = ctl_sched_slot_pages(vm->sched, &refs[i]);
+            held[i] = ctl_resid_slot_pages(vm->resid, &refs[i]);
     }
     pthread_mutex_lock(&vm->mu);
     ctl_vm_entry *victim = NULL;
@@ -714,9 +705,9 @@ static wk_err
 ctl_vm_slot_try(ctl_vm *vm, const char *worker, ctl_slot_ref *out)
 {
     for (int tries = 0; tries < 1024; tries++) {
-        if (ctl_sched_slot_alloc(vm->sched, worker, out, NULL) == WK_OK)
+        if (ctl_resid_slot_alloc(vm->resid, worker, out, NULL) == WK_OK)
             return WK_OK;
-        if (worker != NULL && ctl_sched_slot_alloc(vm->sched, NULL, out, NULL) == WK_OK)
+        if (worker != NULL && ctl_resid_slot_alloc(vm->resid, NULL, out, NULL) == WK_OK)
             return WK_OK;
         if (ctl_vm_evict_one(vm) != WK_OK)
             break;
@@ -735,13 +726,13 @@ ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out, wk_diag *d)
 {
     uint64_t until = wk_mono_ms() + vm->slot_wait_ms;
     for (;;) {
-        uint64_t epoch = ctl_sched_slot_epoch(vm->sched);
+        uint64_t epoch = ctl_resid_slot_epoch(vm->resid);
         if (ctl_vm_slot_try(vm, worker, out) == WK_OK)
             return WK_OK;
         uint64_t now = wk_mono_ms();
         if (now >= until || atomic_load(&vm->no_wait))
             break;
-        (void)ctl_sched_slot_wait(vm->sched, epoch, now + 50 < until ? now + 50 : until);
+        (void)ctl_resid_slot_wait(vm->resid, epoch, now + 50 < until ? now + 50 : until);
         if (atomic_load(&vm->no_wait))
             break; /* shutting down: no new work, even on a slot freed meanwhile */
     }
@@ -797,7 +788,7 @@ ctl_vm_take(ctl_vm *vm, const char *key, ctl_slot_ref *slot)
     }
     if (e != NULL && e->taken) {
         err = WK_EBUSY;
-    } else if (e != NULL && !ctl_sched_slot_valid(vm->sched, &e->slot)) {
+    } else if (e != NULL && !ctl_resid_slot_valid(vm->resid, &e->slot)) {
         ctl_vm_unlink_locked(vm, e);
         stale = e;
     } else if (e != NULL) {
@@ -829,7 +820,7 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
     pthread_mutex_unlock(&vm->mu);
     if (hit) {
         wk_err err = WK_ESTATE;
-        if (ctl_sched_slot_valid(vm->sched, &src))
+        if (ctl_resid_slot_valid(vm->resid, &src))
             err = ctl_vm_slot_copy(vm, &src, dst, d);
         pthread_mutex_lock(&vm->mu);
         e = ctl_vm_find_locked(vm, key);
@@ -858,7 +849,8 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
             if (kerr != WK_OK)
                 return kerr;
         }
-        if (warm && ctl_vm_host_call(vm, WKVM__KIND__HOST_GET, dst->worker, key, dst->slot, NULL) == WK_OK)
+        if (warm && ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_GET, dst->worker, key,
+                                       dst->slot, vm->rpc_ms, NULL) == WK_OK)
             return WK_OK;
         if (warm) { /* the worker restarted or dropped it: forget the copy */
             pthread_mutex_lock(&vm->mu);
@@ -946,7 +938,7 @@ ctl_vm_cached(ctl_vm *vm, const char *key)
     if (found)
         ref = e->slot;
     pthread_mutex_unlock(&vm->mu);
-    return found && ctl_sched_slot_valid(vm->sched, &ref);
+    return found && ctl_resid_slot_valid(vm->resid, &ref);
 }
 
 void
@@ -1021,10 +1013,10 @@ ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_
     if (err != WK_OK)
         return wk_diag_set(d, err, "%s:%u holds no parked state", src->worker, src->slot);
     ctl_slot_ref dst;
-    err = ctl_sched_slot_alloc(vm->sched, to, &dst, NULL);
+    err = ctl_resid_slot_alloc(vm->resid, to, &dst, NULL);
     if (err != WK_OK) {
-        err = wk_diag_set(d, ctl_sched_known(vm->sched, to) ? WK_EBUSY : WK_EINVAL,
-                          ctl_sched_known(vm->sched, to) ? "no free slot on worker %s"
+        err = wk_diag_set(d, ctl_resid_known(vm->resid, to) ? WK_EBUSY : WK_EINVAL,
+                          ctl_resid_known(vm->resid, to) ? "no free slot on worker %s"
                                                          : "no worker %s",
                           to);
     } else {
@@ -1034,12 +1026,12 @@ ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_
          * freed. (The NNG path accounts them with its write.)
          */
         if (mover != NULL)
-            err = ctl_vm_kv_reserve(vm, &dst, ctl_sched_slot_ctx(vm->sched, src), 0, d);
+            err = ctl_vm_kv_reserve(vm, &dst, ctl_resid_slot_ctx(vm->resid, src), 0, d);
         if (err == WK_OK)
             err = mover != NULL ? mover(arg, src, &dst, d)
                                 : ctl_vm_transfer(vm, src, &dst, bytes_moved, d);
         if (err != WK_OK)
-            (void)ctl_sched_slot_free(vm->sched, &dst);
+            (void)ctl_resid_slot_free(vm->resid, &dst);
     }
     pthread_mutex_lock(&vm->mu);
     e = ctl_vm_find_slot_locked(vm, src);
@@ -1050,7 +1042,7 @@ ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_
     }
     pthread_mutex_unlock(&vm->mu);
     if (err == WK_OK) {
-        (void)ctl_sched_slot_free(vm->sched, src);
+        (void)ctl_resid_slot_free(vm->resid, src);
         *dst_out = dst;
     }
     return err;

@@ -16,8 +16,13 @@
  * SlotRead/SlotWrite/SlotCopy/SlotReset RPCs in chunks of at most 4 MiB; the
  * worker runs them between steps, never during one.
  *
+ * Residence: what a slot is (valid at its generation, its context, its KV
+ * pages; allocation, release, waiting for one) is asked of the residence
+ * directory (ctl_resid_slot_*) directly; ctl_vm never calls the scheduler.
+ * Warm-tier RPCs are the pool's (ctl_pool_host_call).
+ *
  * Threading: all functions are thread-safe; the entry table has its own
- * mutex, never held across an RPC.
+ * mutex, never held across an RPC or a call into ctl_resid.
  */
 #ifndef CTL_VM_H
 #define CTL_VM_H
@@ -27,6 +32,7 @@
 #include <stdint.h>
 
 #include "ctl_pool.h"
+#include "ctl_resid.h"
 #include "ctl_sched.h"
 #include "ctl_store.h"
 #include "wk_err.h"
@@ -37,7 +43,7 @@ typedef struct ctl_vm ctl_vm;
 typedef wk_err (*ctl_vm_spill_fn)(void *arg, const char *key, const void *bytes, size_t len,
                                   wk_diag *d);
 
-WK_MUST_CHECK wk_err ctl_vm_new(ctl_pool *pool, ctl_sched *sched, ctl_store *store,
+WK_MUST_CHECK wk_err ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store,
                                 ctl_vm **out, wk_diag *d);
 void ctl_vm_free(ctl_vm *vm);
 
@@ -55,6 +61,9 @@ WK_MUST_CHECK wk_err ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_
  * Call once at startup. 0 restores the default (60 s).
  */
 void ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms);
+
+/* That deadline (ctl_ckpt sends its warm-tier requests under the same). */
+uint32_t ctl_vm_rpc_timeout(const ctl_vm *vm);
 
 /* How long ctl_vm_slot_get() waits for a running request to free a slot (0 = not at all). */
 void ctl_vm_set_slot_wait(ctl_vm *vm, uint64_t ms);
@@ -115,15 +124,6 @@ WK_MUST_CHECK wk_err ctl_vm_slot_reset(ctl_vm *vm, const ctl_slot_ref *ref, wk_d
  */
 WK_MUST_CHECK wk_err ctl_vm_slot_write_raw(ctl_vm *vm, const ctl_slot_ref *ref, const void *bytes,
                                            size_t len, wk_diag *d);
-
-/*
- * One warm-tier request to worker: kind WKVM__KIND__HOST_PUT (slot -> entry
- * key), HOST_GET (entry -> slot) or HOST_DROP (slot ignored). Keys are
- * 1..128 bytes; callers other than ctl_vm use their own prefix. Returns the
- * worker's status (WK_ENOSPC: its host cache is full; WK_ENOENT: no entry).
- */
-WK_MUST_CHECK wk_err ctl_vm_host_call(ctl_vm *vm, int kind, const char *worker, const char *key,
-                                      uint32_t slot, wk_diag *d);
 
 /* Reads the bytes of warm-tier entry key on worker. bytes: caller frees with free(). */
 WK_MUST_CHECK wk_err ctl_vm_host_read(ctl_vm *vm, const char *worker, const char *key,

@@ -281,9 +281,9 @@ ctl_ckpt_count_hit(ctl_ckpt *c, ctl_ckpt_hit kind, size_t tokens)
 }
 
 wk_err
-ctl_sched_slot_free(ctl_sched *s, const ctl_slot_ref *ref)
+ctl_resid_slot_free(ctl_resid_dir *dir, const ctl_slot_ref *ref)
 {
-    (void)s, (void)ref;
+    (void)dir, (void)ref;
     fuzz_check(0, "no slot is kept without a checkpoint plan");
     return WK_OK;
 }

@@ -32,6 +32,7 @@ typedef struct fx {
     char dir[256];
     char url[320];
     ctl_pool *pool;
+    ctl_resid_dir *resid;
     ctl_sched *sched;
     ctl_store *store;
     ctl_vm *vm;
@@ -57,13 +58,15 @@ fx_open(fx *f, uint64_t warm_bytes, uint64_t disk_bytes)
                            .queue_max = 16,
                            .step_timeout_ms = 5000,
                            .drain_wait_ms = 5000};
-    if (ctl_sched_new(&sc, f->pool, NULL, &f->sched, &d) != WK_OK)
+    if (ctl_resid_dir_new(&f->resid) != WK_OK)
+        fail_msg("resid: out of memory");
+    if (ctl_sched_new(&sc, f->pool, f->resid, NULL, &f->sched, &d) != WK_OK)
         fail_msg("sched: %s", d.msg);
     char sd[300];
     snprintf(sd, sizeof(sd), "%s/store", f->dir);
     if (ctl_store_open(sd, NULL, &f->store, NULL, &d) != WK_OK)
         fail_msg("store: %s", d.msg);
-    if (ctl_vm_new(f->pool, f->sched, f->store, &f->vm, &d) != WK_OK)
+    if (ctl_vm_new(f->pool, f->resid, f->store, &f->vm, &d) != WK_OK)
         fail_msg("vm: %s", d.msg);
     assert_int_equal(fw_start(&f->w, f->url, "w0", 4), 0);
     uint64_t until = fw_now_ms() + 4000;
@@ -101,6 +104,7 @@ fx_close(fx *f)
     ctl_ckpt_free(f->ckpt);
     ctl_vm_free(f->vm);
     ctl_sched_free(f->sched);
+    ctl_resid_dir_free(f->resid);
     fw_stop(&f->w);
     ctl_pool_free(f->pool);
     ctl_store_close(f->store);
@@ -169,7 +173,7 @@ run_turn(fx *f, const char *owner, const char *fp, const int32_t *in, size_t n,
     assert_true(got.hash == want.hash && got.count == want.count);
     ctl_ckpt_plan_reply(&p, &slot, t.gen, n_gen, reply_key);
     ctl_ckpt_plan_end(&p);
-    assert_int_equal(ctl_sched_slot_free(f->sched, &slot), WK_OK);
+    assert_int_equal(ctl_resid_slot_free(f->resid, &slot), WK_OK);
     static fw_row log[64];
     size_t nl = fw_log(&f->w, log, 64);
     t.first = nl > 0 ? log[0].n_tokens : 0;

@@ -29,6 +29,7 @@ typedef struct fx {
     char dir[256];
     char url[320];
     ctl_pool *pool;
+    ctl_resid_dir *resid;
     ctl_sched *sched;
     fake_worker w;
     bool w_on;
@@ -53,7 +54,9 @@ fx_open(fx *f, uint32_t step_tokens, uint32_t job_chunk, uint32_t queue_max)
                            .queue_max = queue_max,
                            .step_timeout_ms = 5000,
                            .drain_wait_ms = 5000};
-    if (ctl_sched_new(&sc, f->pool, NULL, &f->sched, &d) != WK_OK)
+    if (ctl_resid_dir_new(&f->resid) != WK_OK)
+        fail_msg("resid: out of memory");
+    if (ctl_sched_new(&sc, f->pool, f->resid, NULL, &f->sched, &d) != WK_OK)
         fail_msg("sched: %s", d.msg);
 }
 
@@ -73,6 +76,7 @@ static void
 fx_close(fx *f)
 {
     ctl_sched_free(f->sched);
+    ctl_resid_dir_free(f->resid);
     if (f->w_on)
         fw_stop(&f->w);
     ctl_pool_free(f->pool);
@@ -152,7 +156,7 @@ test_order_and_queue(void **state)
     assert_int_equal(ctl_sched_submit(f.sched, &sp, &jd, &d), WK_EQUEUEFULL);
     assert_null(jd);
     uint32_t used = 0, total = 0;
-    ctl_sched_slot_counts(f.sched, "w0", &used, &total);
+    ctl_resid_counts(f.resid, "w0", &used, &total);
     assert_int_equal(used, 1);
     assert_int_equal(total, 1);
 
@@ -254,8 +258,8 @@ test_chunks_and_batching(void **state)
     assert_true(together);
     for (size_t i = 0; i < n; i++)
         assert_int_equal(log[i].n_penalty, 0); /* (no penalty: no history) */
-    assert_int_equal(ctl_sched_slot_free(f.sched, &ry), WK_OK);
-    assert_int_equal(ctl_sched_slot_free(f.sched, &rz), WK_OK);
+    assert_int_equal(ctl_resid_slot_free(f.resid, &ry), WK_OK);
+    assert_int_equal(ctl_resid_slot_free(f.resid, &rz), WK_OK);
 
     /* with a penalty each sampling row carries the samples accepted so far */
     fw_log_clear(&f.w);
@@ -285,20 +289,20 @@ test_held_slots(void **state)
     fx_worker(&f, 2);
     wk_diag d = {{0}};
     ctl_slot_ref r1, r2, r3;
-    assert_int_equal(ctl_sched_slot_alloc(f.sched, "w0", &r1, &d), WK_OK);
-    assert_int_equal(ctl_sched_slot_alloc(f.sched, NULL, &r2, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &r1, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, NULL, &r2, &d), WK_OK);
     assert_int_not_equal(r1.slot, r2.slot);
-    assert_int_equal(ctl_sched_slot_alloc(f.sched, NULL, &r3, &d), WK_ENOSPC);
-    assert_int_equal(ctl_sched_slot_alloc(f.sched, "nosuch", &r3, &d) == WK_OK, 0);
-    uint64_t epoch = ctl_sched_slot_epoch(f.sched);
-    assert_false(ctl_sched_slot_wait(f.sched, epoch, fw_now_ms() + 20)); /* nothing freed */
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, NULL, &r3, &d), WK_ENOSPC);
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, "nosuch", &r3, &d) == WK_OK, 0);
+    uint64_t epoch = ctl_resid_slot_epoch(f.resid);
+    assert_false(ctl_resid_slot_wait(f.resid, epoch, fw_now_ms() + 20)); /* nothing freed */
 
     /* a job on a held slot feeds into it; a second one continues its state */
     static const int32_t p[4] = {7, 8, 9, 10}, q[2] = {11, 12};
     ctl_job *j = submit(&f, p, 4, &r1, false);
     assert_int_equal(next_ev(j).type, CTL_JOB_EV_DONE);
     ctl_job_free(j); /* a held slot stays allocated */
-    assert_true(ctl_sched_slot_valid(f.sched, &r1));
+    assert_true(ctl_resid_slot_valid(f.resid, &r1));
     ctl_job_spec sp = {.tokens = q, .n_tokens = 2, .sample = true, .slot = &r1};
     assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_OK);
     int32_t pq[6] = {7, 8, 9, 10, 11, 12};
@@ -313,20 +317,20 @@ test_held_slots(void **state)
     assert_int_equal(n_slots, 2);
 
     /* a freed slot's handle is stale: freeing it again or running on it is refused */
-    epoch = ctl_sched_slot_epoch(f.sched);
-    assert_int_equal(ctl_sched_slot_free(f.sched, &r1), WK_OK);
-    assert_true(ctl_sched_slot_wait(f.sched, epoch, fw_now_ms() + 1000));
-    assert_false(ctl_sched_slot_valid(f.sched, &r1));
-    assert_int_equal(ctl_sched_slot_free(f.sched, &r1), WK_ESTATE);
+    epoch = ctl_resid_slot_epoch(f.resid);
+    assert_int_equal(ctl_resid_slot_free(f.resid, &r1), WK_OK);
+    assert_true(ctl_resid_slot_wait(f.resid, epoch, fw_now_ms() + 1000));
+    assert_false(ctl_resid_slot_valid(f.resid, &r1));
+    assert_int_equal(ctl_resid_slot_free(f.resid, &r1), WK_ESTATE);
     sp.slot = &r1;
     j = NULL;
     assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_ESTATE);
     assert_null(j);
     /* the same slot allocated again has another generation */
-    assert_int_equal(ctl_sched_slot_alloc(f.sched, "w0", &r3, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &r3, &d), WK_OK);
     assert_int_equal(r3.slot, r1.slot);
     assert_true(r3.gen != r1.gen);
-    assert_true(ctl_sched_slot_valid(f.sched, &r3));
+    assert_true(ctl_resid_slot_valid(f.resid, &r3));
     /* a busy held slot refuses a second job */
     fw_hold(&f.w, true);
     ctl_job *jb = submit(&f, q, 2, &r3, false);
@@ -337,8 +341,8 @@ test_held_slots(void **state)
     fw_hold(&f.w, false);
     assert_int_equal(next_ev(jb).type, CTL_JOB_EV_DONE);
     ctl_job_free(jb);
-    assert_int_equal(ctl_sched_slot_free(f.sched, &r3), WK_OK);
-    assert_int_equal(ctl_sched_slot_free(f.sched, &r2), WK_OK);
+    assert_int_equal(ctl_resid_slot_free(f.resid, &r3), WK_OK);
+    assert_int_equal(ctl_resid_slot_free(f.resid, &r2), WK_OK);
     fx_close(&f);
 }
 
@@ -489,7 +493,7 @@ test_long_prefill_cap(void **state)
     ctl_sched_depths(f.sched, &waiting, &running);
     assert_int_equal(running, 3);  /* L1, L2, S */
     assert_int_equal(waiting, 1);  /* L3, though slot 4 is free */
-    ctl_sched_slot_counts(f.sched, "w0", &used, &total);
+    ctl_resid_counts(f.resid, "w0", &used, &total);
     assert_int_equal(used, 3);
     assert_int_equal(total, 4);
     /* a second short job takes the free slot at once */
