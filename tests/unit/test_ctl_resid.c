@@ -6,17 +6,26 @@
  * turns stale and keeps them counted until the worker freed them; set_ctx
  * refuses growth past the pool with WK_EQUOTA and past the pool's size with
  * WK_ETOOBIG, changing nothing), a running job's reservation that only grows,
- * and recurrent models, which account no pages.
+ * and recurrent models, which account no pages. Then the directory, as
+ * ctl_vm and the API use it without a scheduler: attached tables found by
+ * worker, slot handles (alloc on one worker or any not draining, global
+ * generations, free refusing a busy or stale handle), a detached worker's
+ * handles dead, the slot epoch and its wait (woken by a release from another
+ * thread, ended at once by a stop), and KV accounting through handles
+ * (set_ctx, set_bytes from an image's size, note_ctx for recurrent slots).
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "ctl_resid.h"
+#include "wk_time.h"
 
 static void
 test_generations(void **state)
@@ -104,12 +113,220 @@ test_kv_pages(void **state)
     ctl_resid_fini(&t);
 }
 
+/* A directory with w0 (2 slots) and w1 (1 slot) attached, of geometry g. */
+static void
+dir_two(ctl_resid_dir **dir, ctl_resid *t0, ctl_resid *t1, const ctl_kv_geom *g)
+{
+    assert_int_equal(ctl_resid_dir_new(dir), WK_OK);
+    assert_int_equal(ctl_resid_init(t0, 2, g), WK_OK);
+    assert_int_equal(ctl_resid_init(t1, 1, g), WK_OK);
+    pthread_mutex_lock(ctl_resid_dir_mutex(*dir));
+    assert_int_equal(ctl_resid_dir_attach_locked(*dir, t0, "w0"), WK_OK);
+    assert_int_equal(ctl_resid_dir_attach_locked(*dir, t1, "w1"), WK_OK);
+    assert_ptr_equal(ctl_resid_dir_find_locked(*dir, "w1"), t1);
+    assert_null(ctl_resid_dir_find_locked(*dir, "w2"));
+    pthread_mutex_unlock(ctl_resid_dir_mutex(*dir));
+}
+
+static void
+dir_close(ctl_resid_dir *dir, ctl_resid *t0, ctl_resid *t1)
+{
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    ctl_resid_dir_detach_locked(dir, t0);
+    ctl_resid_dir_detach_locked(dir, t1);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    ctl_resid_fini(t0);
+    ctl_resid_fini(t1);
+    ctl_resid_dir_free(dir);
+}
+
+static void
+test_dir_handles(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64};
+    dir_two(&dir, &t0, &t1, &g);
+    assert_true(ctl_resid_known(dir, "w0"));
+    assert_false(ctl_resid_known(dir, "w2"));
+    uint32_t used, total;
+    ctl_resid_counts(dir, "w0", &used, &total);
+    assert_int_equal(used, 0);
+    assert_int_equal(total, 2);
+    ctl_resid_counts(dir, "w2", &used, &total);
+    assert_int_equal(total, 0);
+
+    /* w0 draining: allocation without a worker goes to w1, naming w0 still works */
+    t0.draining = true;
+    ctl_slot_ref a, b, c, x;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_resid_slot_alloc(dir, NULL, &a, &d), WK_OK);
+    assert_string_equal(a.worker, "w1");
+    assert_int_equal(a.slot, 1);
+    assert_int_equal(ctl_resid_slot_alloc(dir, NULL, &x, &d), WK_ENOSPC);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &c, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &x, &d), WK_ENOSPC);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w2", &x, &d), WK_ENOSPC);
+    assert_string_equal(b.worker, "w0");
+    assert_int_not_equal(b.slot, c.slot);
+    /* generations are global: no two handles share one */
+    assert_true(a.gen != 0 && a.gen < b.gen && b.gen < c.gen);
+    ctl_resid_counts(dir, "w0", &used, &total);
+    assert_int_equal(used, 2);
+    assert_true(ctl_resid_slot_valid(dir, &b));
+    ctl_slot_ref old = b;
+    old.gen = a.gen;
+    assert_false(ctl_resid_slot_valid(dir, &old)); /* another generation */
+
+    /* free: a job on the slot keeps it; a release moves the epoch; a stale handle is refused */
+    static int job;
+    t0.busy[b.slot] = (struct ctl_job *)&job;
+    assert_int_equal(ctl_resid_slot_free(dir, &b), WK_ESTATE);
+    t0.busy[b.slot] = NULL;
+    uint64_t e = ctl_resid_slot_epoch(dir);
+    assert_false(ctl_resid_slot_wait(dir, e, wk_mono_ms() + 20)); /* nothing released */
+    assert_int_equal(ctl_resid_slot_free(dir, &b), WK_OK);
+    assert_true(ctl_resid_slot_wait(dir, e, wk_mono_ms() + 1000));
+    assert_int_not_equal(ctl_resid_slot_epoch(dir), e);
+    assert_false(ctl_resid_slot_valid(dir, &b));
+    assert_int_equal(ctl_resid_slot_free(dir, &b), WK_ESTATE);
+    /* the slot comes back at a new generation: the old handle stays dead */
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &x, &d), WK_OK);
+    assert_int_equal(x.slot, b.slot);
+    assert_true(x.gen > c.gen);
+    assert_false(ctl_resid_slot_valid(dir, &b));
+
+    /* recurrent: note_ctx records an idle slot's context, set_bytes accounts nothing */
+    ctl_resid_slot_note_ctx(dir, &x, 42);
+    assert_int_equal(ctl_resid_slot_ctx(dir, &x), 42);
+    assert_int_equal(ctl_resid_slot_set_bytes(dir, &x, 12345, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_pages(dir, &x), 0);
+    ctl_kv_geom kg;
+    assert_false(ctl_resid_kv_geom(dir, "w0", &kg));
+    assert_int_equal(kg.pages_total, 0);
+
+    /* a worker that left: its handles are dead, its context unknown */
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    ctl_resid_dir_detach_locked(dir, &t0);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    assert_false(ctl_resid_known(dir, "w0"));
+    assert_false(ctl_resid_slot_valid(dir, &x));
+    assert_int_equal(ctl_resid_slot_ctx(dir, &x), 0);
+    assert_int_equal(ctl_resid_slot_set_ctx(dir, &x, 1, &d), WK_EUNAVAIL);
+    assert_int_equal(ctl_resid_slot_set_bytes(dir, &x, 64, &d), WK_EUNAVAIL);
+    assert_int_equal(ctl_resid_slot_free(dir, &x), WK_ESTATE);
+    assert_true(ctl_resid_slot_valid(dir, &a)); /* w1's stay */
+    dir_close(dir, &t0, &t1);
+}
+
+static void
+test_dir_kv(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    /* 10 pages of 16 tokens per worker; an image is 64 + 8 bytes per token */
+    ctl_kv_geom g = {.state_bytes = 64, .kv_token_bytes = 8, .page_tokens = 16, .pages_total = 10};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_kv_geom kg;
+    assert_true(ctl_resid_kv_geom(dir, "w0", &kg));
+    assert_int_equal(kg.pages_total, 10);
+    ctl_slot_ref a, b;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, &d), WK_OK);
+    /* an image of 100 tokens: 7 pages */
+    assert_int_equal(ctl_resid_slot_set_bytes(dir, &a, 64 + 8 * 100, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_ctx(dir, &a), 100);
+    assert_int_equal(ctl_resid_slot_pages(dir, &a), 7);
+    uint32_t used, total;
+    ctl_resid_kv_counts(dir, "w0", &used, &total);
+    assert_int_equal(used, 7);
+    assert_int_equal(total, 10);
+    ctl_resid_kv_counts(dir, "w1", &used, &total);
+    assert_int_equal(used, 0); /* each worker its own pool */
+    /* not an image of this model */
+    assert_int_equal(ctl_resid_slot_set_bytes(dir, &b, 64 + 3, &d), WK_EINVAL);
+    assert_non_null(strstr(d.msg, "not an image"));
+    /* no room next to the 7: nothing changes */
+    assert_int_equal(ctl_resid_slot_set_ctx(dir, &b, 64, &d), WK_EQUOTA);
+    assert_int_equal(ctl_resid_slot_pages(dir, &b), 0);
+    /* a hybrid slot's context goes through set_ctx: note_ctx leaves it */
+    ctl_resid_slot_note_ctx(dir, &b, 5);
+    assert_int_equal(ctl_resid_slot_ctx(dir, &b), 0);
+    /* freed with pages: stale, still counted, the slot not allocatable */
+    assert_int_equal(ctl_resid_slot_free(dir, &a), WK_OK);
+    ctl_resid_kv_counts(dir, "w0", &used, &total);
+    assert_int_equal(used, 7);
+    ctl_slot_ref x;
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &x, &d), WK_ENOSPC);
+    /* a stale handle */
+    assert_int_equal(ctl_resid_slot_set_ctx(dir, &a, 1, &d), WK_ESTATE);
+    assert_int_equal(ctl_resid_slot_pages(dir, &a), 0);
+    dir_close(dir, &t0, &t1);
+}
+
+typedef struct waiter {
+    ctl_resid_dir *dir;
+    uint64_t epoch;
+    uint64_t ms;      /* how long the wait took */
+    bool moved;       /* its answer */
+} waiter;
+
+static void *
+waiter_main(void *arg)
+{
+    waiter *w = arg;
+    uint64_t t = wk_mono_ms();
+    w->moved = ctl_resid_slot_wait(w->dir, w->epoch, t + 5000);
+    w->ms = wk_mono_ms() - t;
+    return NULL;
+}
+
+static void
+test_dir_wait(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a;
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &a, NULL), WK_OK);
+    /* a release on another thread wakes a waiter at once */
+    waiter w = {.dir = dir, .epoch = ctl_resid_slot_epoch(dir)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, waiter_main, &w), 0);
+    usleep(20000);
+    assert_int_equal(ctl_resid_slot_free(dir, &a), WK_OK);
+    pthread_join(th, NULL);
+    assert_true(w.moved);
+    assert_true(w.ms < 2000);
+    /* a stop ends waits at once (unmoved), now and later */
+    w = (waiter){.dir = dir, .epoch = ctl_resid_slot_epoch(dir)};
+    assert_int_equal(pthread_create(&th, NULL, waiter_main, &w), 0);
+    usleep(20000);
+    ctl_resid_dir_stop(dir);
+    pthread_join(th, NULL);
+    assert_false(w.moved);
+    assert_true(w.ms < 2000);
+    uint64_t t = wk_mono_ms();
+    assert_false(ctl_resid_slot_wait(dir, ctl_resid_slot_epoch(dir), t + 5000));
+    assert_true(wk_mono_ms() - t < 2000);
+    dir_close(dir, &t0, &t1);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generations),
         cmocka_unit_test(test_kv_pages),
+        cmocka_unit_test(test_dir_handles),
+        cmocka_unit_test(test_dir_kv),
+        cmocka_unit_test(test_dir_wait),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
