@@ -13,7 +13,20 @@
 
 #include "wk_time.h"
 
+/* A warm-tier copy: a clean state's bytes kept in a worker's host memory. */
+typedef struct ctl_resid_warm {
+    char key[CTL_RESID_KEY_MAX];  /* blob hex */
+    char worker[65];              /* worker holding the copy */
+    uint64_t ctx;                 /* tokens of context in it (hybrid: its KV) */
+    uint64_t epoch;               /* that worker process's epoch (its copies die with it) */
+    uint64_t used;                /* LRU clock */
+    struct ctl_resid_warm *next;  /* list link */
+} ctl_resid_warm;
+
 struct ctl_resid_dir {
+    pthread_mutex_t warm_mu;                   /* guards warm and warm_clock only (a leaf) */
+    ctl_resid_warm *warm;                      /* the warm tier's index */
+    uint64_t warm_clock;                       /* its LRU counter */
     pthread_mutex_t mu;                        /* guards everything below and every table */
     pthread_cond_t cv;                         /* slot releases; the scheduler's step loops */
     ctl_resid *tables[CTL_RESID_MAX_WORKERS];  /* attached tables, NULL = hole */
@@ -144,6 +157,7 @@ ctl_resid_dir_new(ctl_resid_dir **out)
     if (dir == NULL)
         return WK_ENOMEM;
     pthread_mutex_init(&dir->mu, NULL);
+    pthread_mutex_init(&dir->warm_mu, NULL);
     pthread_cond_init(&dir->cv, NULL);
     atomic_init(&dir->stop, false);
     *out = dir;
@@ -155,7 +169,13 @@ ctl_resid_dir_free(ctl_resid_dir *dir)
 {
     if (dir == NULL)
         return;
+    while (dir->warm != NULL) {
+        ctl_resid_warm *w = dir->warm;
+        dir->warm = w->next;
+        free(w);
+    }
     pthread_cond_destroy(&dir->cv);
+    pthread_mutex_destroy(&dir->warm_mu);
     pthread_mutex_destroy(&dir->mu);
     free(dir);
 }
@@ -421,4 +441,119 @@ ctl_resid_kv_geom(ctl_resid_dir *dir, const char *worker, ctl_kv_geom *out)
     *out = hybrid ? t->geom : (ctl_kv_geom){0};
     pthread_mutex_unlock(&dir->mu);
     return hybrid;
+}
+
+/* ---- The warm tier's index ---- */
+
+/* Unlinks and returns the copy of key, NULL when none. Caller holds warm_mu. */
+static ctl_resid_warm *
+ctl_resid_warm_take_locked(ctl_resid_dir *dir, const char *key)
+{
+    for (ctl_resid_warm **pp = &dir->warm; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->key, key) == 0) {
+            ctl_resid_warm *w = *pp;
+            *pp = w->next;
+            return w;
+        }
+    }
+    return NULL;
+}
+
+wk_err
+ctl_resid_warm_put(ctl_resid_dir *dir, const char *key, const char *worker, uint64_t n_ctx,
+                   uint64_t epoch, char *prev_worker, size_t cap)
+{
+    if (cap > 0)
+        prev_worker[0] = '\0';
+    if (strlen(key) >= CTL_RESID_KEY_MAX)
+        return WK_EINVAL;
+    ctl_resid_warm *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return WK_ENOMEM;
+    snprintf(w->key, sizeof(w->key), "%s", key);
+    snprintf(w->worker, sizeof(w->worker), "%s", worker);
+    w->ctx = n_ctx;
+    w->epoch = epoch;
+    pthread_mutex_lock(&dir->warm_mu);
+    ctl_resid_warm *old = ctl_resid_warm_take_locked(dir, key);
+    w->used = ++dir->warm_clock;
+    w->next = dir->warm;
+    dir->warm = w;
+    pthread_mutex_unlock(&dir->warm_mu);
+    if (old != NULL && strcmp(old->worker, worker) != 0 && cap > 0)
+        snprintf(prev_worker, cap, "%s", old->worker);
+    free(old);
+    return WK_OK;
+}
+
+bool
+ctl_resid_warm_use(ctl_resid_dir *dir, const char *key, const char *worker, uint64_t *n_ctx)
+{
+    bool found = false;
+    pthread_mutex_lock(&dir->warm_mu);
+    for (ctl_resid_warm *w = dir->warm; w != NULL && !found; w = w->next) {
+        if (strcmp(w->key, key) == 0 && strcmp(w->worker, worker) == 0) {
+            w->used = ++dir->warm_clock;
+            *n_ctx = w->ctx;
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&dir->warm_mu);
+    return found;
+}
+
+bool
+ctl_resid_warm_where(ctl_resid_dir *dir, const char *key, char *worker, size_t cap,
+                     uint64_t *epoch)
+{
+    bool found = false;
+    pthread_mutex_lock(&dir->warm_mu);
+    for (ctl_resid_warm *w = dir->warm; w != NULL && !found; w = w->next) {
+        if (strcmp(w->key, key) == 0) {
+            snprintf(worker, cap, "%s", w->worker);
+            *epoch = w->epoch;
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&dir->warm_mu);
+    return found;
+}
+
+void
+ctl_resid_warm_forget(ctl_resid_dir *dir, const char *key)
+{
+    pthread_mutex_lock(&dir->warm_mu);
+    ctl_resid_warm *w = ctl_resid_warm_take_locked(dir, key);
+    pthread_mutex_unlock(&dir->warm_mu);
+    free(w);
+}
+
+bool
+ctl_resid_warm_pop_oldest(ctl_resid_dir *dir, const char *worker, char *key_out)
+{
+    pthread_mutex_lock(&dir->warm_mu);
+    ctl_resid_warm *oldest = NULL;
+    for (ctl_resid_warm *w = dir->warm; w != NULL; w = w->next) {
+        if (strcmp(w->worker, worker) == 0 && (oldest == NULL || w->used < oldest->used))
+            oldest = w;
+    }
+    if (oldest != NULL)
+        oldest = ctl_resid_warm_take_locked(dir, oldest->key);
+    pthread_mutex_unlock(&dir->warm_mu);
+    if (oldest == NULL)
+        return false;
+    snprintf(key_out, CTL_RESID_KEY_MAX, "%s", oldest->key);
+    free(oldest);
+    return true;
+}
+
+size_t
+ctl_resid_warm_count(ctl_resid_dir *dir)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&dir->warm_mu);
+    for (ctl_resid_warm *w = dir->warm; w != NULL; w = w->next)
+        n++;
+    pthread_mutex_unlock(&dir->warm_mu);
+    return n;
 }

@@ -16,7 +16,11 @@
  * loop, which attaches a table per worker, asks it for free slots and page
  * room, and runs the steps) and ctl_vm (parked sessions, state cache,
  * eviction, which account what they write into held slots here): neither
- * keeps its own copy of a slot's residence.
+ * keeps its own copy of a slot's residence. The directory also keeps the
+ * warm tier's index (ctl_resid_warm_*): which worker holds a host-memory
+ * copy of a clean state, with its context and that worker process's
+ * epoch; ctl_vm decides when to put, get and drop copies (the RPCs are the
+ * pool's) and records each here.
  *
  * Locking: the directory's mutex guards every attached table, the slot
  * generations and the slot epoch. The scheduler takes the same mutex as its
@@ -31,6 +35,8 @@
  *   ctl_ckpt.pass_mu -> ctl_ckpt.mu
  *   ctl_resid_dir.mu     (every ctl_resid table; also the scheduler's s->mu)
  *   ctl_job.mu           (one job's events)
+ * The warm index has a mutex of its own, a leaf: taken only inside the
+ * ctl_resid_warm_* calls, nothing called while holding it.
  * ctl_vm's entry mutex is a leaf: never held across a call into ctl_resid,
  * ctl_sched, ctl_ckpt or the pool, and nothing is called while holding it;
  * ctl_pool's mutex is a leaf too. A worker's epoch (whether its memory,
@@ -42,6 +48,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ctl_kv.h"
@@ -216,5 +223,45 @@ void ctl_resid_kv_counts(ctl_resid_dir *dir, const char *worker, uint32_t *used,
 
 /* worker's KV geometry: true for a hybrid model, else false and *out zeroed. */
 WK_MUST_CHECK bool ctl_resid_kv_geom(ctl_resid_dir *dir, const char *worker, ctl_kv_geom *out);
+
+/* ---- The warm tier's index (its own leaf lock) ---- */
+
+#define CTL_RESID_KEY_MAX 160 /* bytes of a warm copy's key, with its NUL */
+
+/*
+ * Records that worker (process epoch) holds a warm copy of key with n_ctx
+ * tokens of context, the most recently used now. A copy of key indexed on
+ * another worker is forgotten and its worker written to prev_worker (cap
+ * bytes; "" when none) for the caller to drop there. WK_ENOMEM, WK_EINVAL
+ * for a key of CTL_RESID_KEY_MAX bytes or more.
+ */
+WK_MUST_CHECK wk_err ctl_resid_warm_put(ctl_resid_dir *dir, const char *key, const char *worker,
+                                        uint64_t n_ctx, uint64_t epoch, char *prev_worker,
+                                        size_t cap);
+
+/*
+ * True when worker holds a copy of key: marks it used and writes its
+ * context to *n_ctx.
+ */
+bool ctl_resid_warm_use(ctl_resid_dir *dir, const char *key, const char *worker, uint64_t *n_ctx);
+
+/*
+ * Where a copy of key lives: true with its worker (cap bytes) and that
+ * process's epoch, false when none is indexed.
+ */
+bool ctl_resid_warm_where(ctl_resid_dir *dir, const char *key, char *worker, size_t cap,
+                          uint64_t *epoch);
+
+/* Forgets the copy of key (it is gone or being dropped). */
+void ctl_resid_warm_forget(ctl_resid_dir *dir, const char *key);
+
+/*
+ * Forgets worker's least recently used copy and writes its key to key_out
+ * (CTL_RESID_KEY_MAX bytes) for the caller to drop: false when worker has none.
+ */
+bool ctl_resid_warm_pop_oldest(ctl_resid_dir *dir, const char *worker, char *key_out);
+
+/* Copies indexed (all workers). */
+size_t ctl_resid_warm_count(ctl_resid_dir *dir);
 
 #endif /* CTL_RESID_H */

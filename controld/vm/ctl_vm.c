@@ -32,16 +32,6 @@ typedef struct ctl_vm_entry {
     struct ctl_vm_entry *next;   /* list link */
 } ctl_vm_entry;
 
-/* A warm-tier copy: a clean entry's bytes kept in a worker's host memory. */
-typedef struct ctl_vm_warm {
-    char key[CTL_VM_KEY_MAX];   /* blob hex */
-    char worker[65];            /* worker holding the copy */
-    uint64_t ctx;               /* tokens of context in it (hybrid: its KV) */
-    uint64_t epoch;             /* that worker process's epoch (its copies die with it) */
-    uint64_t used;              /* LRU clock */
-    struct ctl_vm_warm *next;   /* list link */
-} ctl_vm_warm;
-
 struct ctl_vm {
     ctl_pool *pool;          /* borrowed */
     ctl_resid_dir *resid;    /* borrowed: slot residence (NULL in slot-I/O unit tests) */
@@ -56,7 +46,6 @@ struct ctl_vm {
     uint32_t rpc_ms;         /* deadline of one slot I/O request */
     uint64_t slot_wait_ms;   /* ctl_vm_slot_get() waits this long for a slot */
     atomic_bool no_wait;     /* shutting down: slot waits end at once */
-    ctl_vm_warm *warm;       /* the warm tier's index */
     uint64_t idle_ms;        /* spill dirty entries idle this long, 0 = never */
     uint32_t max_dirty;      /* most dirty entries kept hot, 0 = no cap */
     pthread_t janitor;       /* idle spiller */
@@ -100,11 +89,6 @@ ctl_vm_free(ctl_vm *vm)
         ctl_vm_entry *e = vm->entries;
         vm->entries = e->next;
         free(e);
-    }
-    while (vm->warm != NULL) {
-        ctl_vm_warm *w = vm->warm;
-        vm->warm = w->next;
-        free(w);
     }
     pthread_mutex_destroy(&vm->mu);
     free(vm);
@@ -473,24 +457,11 @@ ctl_vm_host_drop(ctl_vm *vm, const char *worker, const char *key)
                      wk_strerror(err));
 }
 
-/* Removes and returns the warm index entry of key, NULL when none. Caller holds mu. */
-static ctl_vm_warm *
-ctl_vm_warm_take_locked(ctl_vm *vm, const char *key)
-{
-    for (ctl_vm_warm **pp = &vm->warm; *pp != NULL; pp = &(*pp)->next) {
-        if (strcmp((*pp)->key, key) == 0) {
-            ctl_vm_warm *w = *pp;
-            *pp = w->next;
-            return w;
-        }
-    }
-    return NULL;
-}
-
 /*
  * Keeps a copy of a clean entry's bytes in its worker's host memory before
- * its slot is freed (the warm tier). When the worker's budget is full, its
- * least recently used warm copy is dropped and the put retried once.
+ * its slot is freed (the warm tier), and records it in the residence
+ * directory's warm index. When the worker's budget is full, its least
+ * recently used warm copy is dropped and the put retried once.
  */
 static void
 ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
@@ -500,40 +471,22 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
     wk_err err = ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_PUT, e->slot.worker, e->key,
                                     e->slot.slot, vm->rpc_ms, NULL);
     if (err == WK_ENOSPC) {
-        ctl_vm_warm *oldest = NULL;
-        pthread_mutex_lock(&vm->mu);
-        for (ctl_vm_warm *w = vm->warm; w != NULL; w = w->next) {
-            if (strcmp(w->worker, e->slot.worker) == 0 && (oldest == NULL || w->used < oldest->used))
-                oldest = w;
-        }
-        if (oldest != NULL)
-            oldest = ctl_vm_warm_take_locked(vm, oldest->key);
-        pthread_mutex_unlock(&vm->mu);
-        if (oldest == NULL)
+        char oldest[CTL_RESID_KEY_MAX];
+        if (!ctl_resid_warm_pop_oldest(vm->resid, e->slot.worker, oldest))
             return;
-        ctl_vm_host_drop(vm, oldest->worker, oldest->key);
-        free(oldest);
+        ctl_vm_host_drop(vm, e->slot.worker, oldest);
         err = ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_PUT, e->slot.worker, e->key,
                                  e->slot.slot, vm->rpc_ms, NULL);
     }
     if (err != WK_OK)
         return;
-    ctl_vm_warm *w = calloc(1, sizeof(*w));
-    if (w == NULL)
-        return;
-    snprintf(w->key, sizeof(w->key), "%s", e->key);
-    snprintf(w->worker, sizeof(w->worker), "%s", e->slot.worker);
-    w->ctx = ctl_resid_slot_ctx(vm->resid, &e->slot);
-    w->epoch = ctl_pool_worker_epoch(vm->pool, e->slot.worker);
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_warm *old = ctl_vm_warm_take_locked(vm, e->key);
-    w->used = ++vm->clock;
-    w->next = vm->warm;
-    vm->warm = w;
-    pthread_mutex_unlock(&vm->mu);
-    if (old != NULL && strcmp(old->worker, w->worker) != 0)
-        ctl_vm_host_drop(vm, old->worker, old->key);
-    free(old);
+    char prev[65];
+    if (ctl_resid_warm_put(vm->resid, e->key, e->slot.worker,
+                           ctl_resid_slot_ctx(vm->resid, &e->slot),
+                           ctl_pool_worker_epoch(vm->pool, e->slot.worker), prev,
+                           sizeof(prev)) == WK_OK &&
+        prev[0] != '\0')
+        ctl_vm_host_drop(vm, prev, e->key);
 }
 
 /* Writes a dirty entry's bytes through the spill function. */
@@ -833,17 +786,9 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
     }
     /* Warm: a copy in the destination worker's host memory. */
     if (key != NULL) {
-        bool warm = false;
         uint64_t warm_ctx = 0;
-        pthread_mutex_lock(&vm->mu);
-        for (ctl_vm_warm *w = vm->warm; w != NULL; w = w->next) {
-            if (strcmp(w->key, key) == 0 && strcmp(w->worker, dst->worker) == 0) {
-                w->used = ++vm->clock;
-                warm = true;
-                warm_ctx = w->ctx;
-            }
-        }
-        pthread_mutex_unlock(&vm->mu);
+        bool warm = vm->resid != NULL &&
+                    ctl_resid_warm_use(vm->resid, key, dst->worker, &warm_ctx);
         if (warm) {
             wk_err kerr = ctl_vm_kv_reserve(vm, dst, warm_ctx, 0, d);
             if (kerr != WK_OK)
@@ -852,11 +797,8 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
         if (warm && ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_GET, dst->worker, key,
                                        dst->slot, vm->rpc_ms, NULL) == WK_OK)
             return WK_OK;
-        if (warm) { /* the worker restarted or dropped it: forget the copy */
-            pthread_mutex_lock(&vm->mu);
-            free(ctl_vm_warm_take_locked(vm, key));
-            pthread_mutex_unlock(&vm->mu);
-        }
+        if (warm) /* the worker restarted or dropped it: forget the copy */
+            ctl_resid_warm_forget(vm->resid, key);
     }
     if (blob_hex == NULL || blob_hex[0] == '\0')
         return wk_diag_set(d, WK_ENOENT, "the state's bytes are not available");
@@ -888,22 +830,12 @@ ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t cap)
 {
     char worker[65] = "";
     uint64_t epoch = 0;
-    pthread_mutex_lock(&vm->mu);
-    for (ctl_vm_warm *w = vm->warm; w != NULL; w = w->next) {
-        if (strcmp(w->key, key) == 0) {
-            snprintf(worker, sizeof(worker), "%s", w->worker);
-            epoch = w->epoch;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&vm->mu);
-    if (worker[0] == '\0')
+    if (vm->resid == NULL ||
+        !ctl_resid_warm_where(vm->resid, key, worker, sizeof(worker), &epoch))
         return NULL;
     if (epoch == 0 || ctl_pool_worker_epoch(vm->pool, worker) != epoch) {
         /* The worker restarted: its host memory, and the copy, are gone. */
-        pthread_mutex_lock(&vm->mu);
-        free(ctl_vm_warm_take_locked(vm, key));
-        pthread_mutex_unlock(&vm->mu);
+        ctl_resid_warm_forget(vm->resid, key);
         return NULL;
     }
     snprintf(buf, cap, "%s", worker);

@@ -13,6 +13,9 @@
  * handles dead, the slot epoch and its wait (woken by a release from another
  * thread, ended at once by a stop), and KV accounting through handles
  * (set_ctx, set_bytes from an image's size, note_ctx for recurrent slots).
+ * And the warm tier's index: one copy per key (a put on another worker hands
+ * back the old worker to drop), use on the right worker only, where with
+ * its epoch, the least recently used copy of a worker popped first.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -318,6 +321,53 @@ test_dir_wait(void **state)
     dir_close(dir, &t0, &t1);
 }
 
+static void
+test_dir_warm(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    assert_int_equal(ctl_resid_dir_new(&dir), WK_OK);
+    char prev[65], w[65], key[CTL_RESID_KEY_MAX];
+    uint64_t ctx = 0, epoch = 0;
+    assert_false(ctl_resid_warm_where(dir, "a", w, sizeof(w), &epoch));
+    assert_false(ctl_resid_warm_pop_oldest(dir, "w0", key));
+    assert_int_equal(ctl_resid_warm_put(dir, "a", "w0", 10, 7, prev, sizeof(prev)), WK_OK);
+    assert_string_equal(prev, "");
+    assert_int_equal(ctl_resid_warm_put(dir, "b", "w0", 20, 7, prev, sizeof(prev)), WK_OK);
+    assert_int_equal(ctl_resid_warm_put(dir, "c", "w1", 30, 9, prev, sizeof(prev)), WK_OK);
+    assert_int_equal(ctl_resid_warm_count(dir), 3);
+    assert_true(ctl_resid_warm_where(dir, "c", w, sizeof(w), &epoch));
+    assert_string_equal(w, "w1");
+    assert_int_equal(epoch, 9);
+    /* use: only on the worker holding it; it becomes the most recently used */
+    assert_false(ctl_resid_warm_use(dir, "a", "w1", &ctx));
+    assert_true(ctl_resid_warm_use(dir, "a", "w0", &ctx));
+    assert_int_equal(ctx, 10);
+    /* w0's least recently used is now b */
+    assert_true(ctl_resid_warm_pop_oldest(dir, "w0", key));
+    assert_string_equal(key, "b");
+    assert_false(ctl_resid_warm_where(dir, "b", w, sizeof(w), &epoch));
+    /* a put of a on w1 replaces the w0 copy, which the caller drops */
+    assert_int_equal(ctl_resid_warm_put(dir, "a", "w1", 11, 9, prev, sizeof(prev)), WK_OK);
+    assert_string_equal(prev, "w0");
+    assert_int_equal(ctl_resid_warm_count(dir), 2);
+    assert_false(ctl_resid_warm_pop_oldest(dir, "w0", key));
+    /* the same worker again: nothing to drop */
+    assert_int_equal(ctl_resid_warm_put(dir, "a", "w1", 12, 9, prev, sizeof(prev)), WK_OK);
+    assert_string_equal(prev, "");
+    assert_true(ctl_resid_warm_use(dir, "a", "w1", &ctx));
+    assert_int_equal(ctx, 12);
+    ctl_resid_warm_forget(dir, "a");
+    ctl_resid_warm_forget(dir, "nosuch");
+    assert_int_equal(ctl_resid_warm_count(dir), 1);
+    /* a key that does not fit is refused */
+    char big[CTL_RESID_KEY_MAX + 1];
+    memset(big, 'k', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    assert_int_equal(ctl_resid_warm_put(dir, big, "w0", 1, 1, prev, sizeof(prev)), WK_EINVAL);
+    ctl_resid_dir_free(dir); /* frees the copies still indexed */
+}
+
 int
 main(void)
 {
@@ -327,6 +377,7 @@ main(void)
         cmocka_unit_test(test_dir_handles),
         cmocka_unit_test(test_dir_kv),
         cmocka_unit_test(test_dir_wait),
+        cmocka_unit_test(test_dir_warm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
