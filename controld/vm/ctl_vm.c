@@ -732,7 +732,7 @@ wk_err
 ctl_vm_take(ctl_vm *vm, const char *key, ctl_slot_ref *slot)
 {
     wk_err err = WK_ENOENT;
-    ctl_vm_entry *stale = NULL;
+    ctl_vm_entry *got = NULL;
     pthread_mutex_lock(&vm->mu);
     ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
     while (e != NULL && e->spilling) {
@@ -741,17 +741,17 @@ ctl_vm_take(ctl_vm *vm, const char *key, ctl_slot_ref *slot)
     }
     if (e != NULL && e->taken) {
         err = WK_EBUSY;
-    } else if (e != NULL && !ctl_resid_slot_valid(vm->resid, &e->slot)) {
-        ctl_vm_unlink_locked(vm, e);
-        stale = e;
     } else if (e != NULL) {
         ctl_vm_unlink_locked(vm, e);
-        *slot = e->slot;
-        free(e);
-        err = WK_OK;
+        got = e;
     }
     pthread_mutex_unlock(&vm->mu);
-    free(stale);
+    /* (unlinked, so no one else sees it; asked after the unlock: vm->mu stays a leaf) */
+    if (got != NULL && ctl_resid_slot_valid(vm->resid, &got->slot)) {
+        *slot = got->slot;
+        err = WK_OK;
+    } /* else stale: its slot was freed or its worker left; forgotten */
+    free(got);
     return err;
 }
 
