@@ -15,24 +15,24 @@
 
 /* A warm-tier copy: a clean state's bytes kept in a worker's host memory. */
 typedef struct ctl_resid_warm {
-    char key[CTL_RESID_KEY_MAX];  /* blob hex */
-    char worker[65];              /* worker holding the copy */
-    uint64_t ctx;                 /* tokens of context in it (hybrid: its KV) */
-    uint64_t epoch;               /* that worker process's epoch (its copies die with it) */
-    uint64_t used;                /* LRU clock */
-    struct ctl_resid_warm *next;  /* list link */
+    char key[CTL_RESID_KEY_MAX]; /* blob hex */
+    char worker[65];             /* worker holding the copy */
+    uint64_t ctx;                /* tokens of context in it (hybrid: its KV) */
+    uint64_t epoch;              /* that worker process's epoch (its copies die with it) */
+    uint64_t used;               /* LRU clock */
+    struct ctl_resid_warm *next; /* list link */
 } ctl_resid_warm;
 
 struct ctl_resid_dir {
-    pthread_mutex_t warm_mu;                   /* guards warm and warm_clock only (a leaf) */
-    ctl_resid_warm *warm;                      /* the warm tier's index */
-    uint64_t warm_clock;                       /* its LRU counter */
-    pthread_mutex_t mu;                        /* guards everything below and every table */
-    pthread_cond_t cv;                         /* slot releases; the scheduler's step loops */
-    ctl_resid *tables[CTL_RESID_MAX_WORKERS];  /* attached tables, NULL = hole */
-    uint64_t next_gen;                         /* last slot generation handed out */
-    uint64_t epoch;                            /* bumped when a slot may have become free */
-    atomic_bool stop;                          /* shut down: waits end */
+    pthread_mutex_t warm_mu;                  /* guards warm and warm_clock only (a leaf) */
+    ctl_resid_warm *warm;                     /* the warm tier's index */
+    uint64_t warm_clock;                      /* its LRU counter */
+    pthread_mutex_t mu;                       /* guards everything below and every table */
+    pthread_cond_t cv;                        /* slot releases; the scheduler's step loops */
+    ctl_resid *tables[CTL_RESID_MAX_WORKERS]; /* attached tables, NULL = hole */
+    uint64_t next_gen;                        /* last slot generation handed out */
+    uint64_t epoch;                           /* bumped when a slot may have become free */
+    atomic_bool stop;                         /* shut down: waits end */
 };
 
 wk_err
@@ -382,7 +382,8 @@ ctl_resid_slot_set_bytes(ctl_resid_dir *dir, const ctl_slot_ref *ref, uint64_t b
     if (!ctl_kv_hybrid(&g))
         return WK_OK; /* fixed-size slots: nothing to account */
     if (ctl_kv_image_ctx(&g, bytes, &n_ctx) != WK_OK)
-        return wk_diag_set(d, WK_EINVAL, "a state of %llu bytes is not an image of this model "
+        return wk_diag_set(d, WK_EINVAL,
+                           "a state of %llu bytes is not an image of this model "
                            "(%llu recurrent bytes + %llu per token)",
                            (unsigned long long)bytes, (unsigned long long)g.state_bytes,
                            (unsigned long long)g.kv_token_bytes);
@@ -503,8 +504,7 @@ ctl_resid_warm_use(ctl_resid_dir *dir, const char *key, const char *worker, uint
 }
 
 bool
-ctl_resid_warm_where(ctl_resid_dir *dir, const char *key, char *worker, size_t cap,
-                     uint64_t *epoch)
+ctl_resid_warm_where(ctl_resid_dir *dir, const char *key, char *worker, size_t cap, uint64_t *epoch)
 {
     bool found = false;
     pthread_mutex_lock(&dir->warm_mu);

@@ -61,9 +61,9 @@ typedef struct ctl_resid_dir ctl_resid_dir;
 
 /* A slot handle: worker, index and the generation it was allocated at. */
 typedef struct ctl_slot_ref {
-    char worker[65];  /* worker id, "" = none */
-    uint32_t slot;    /* 1..n */
-    uint64_t gen;     /* allocation generation */
+    char worker[65]; /* worker id, "" = none */
+    uint32_t slot;   /* 1..n */
+    uint64_t gen;    /* allocation generation */
 } ctl_slot_ref;
 
 /* One worker's slots. Fields are read directly by the scheduler (under the directory's lock). */

@@ -121,7 +121,7 @@ struct ctl_sworker {
     uint64_t epoch;        /* connection start; a new process means new slots */
     ctl_resid t;           /* its slots: generations, jobs, context, KV pages (ctl_resid) */
     uint64_t stale_retry_ms; /* monotonic ms before which a failed SLOT_FREE is not retried */
-    bool dead;             /* left the pool; the loop exits */
+    bool dead;               /* left the pool; the loop exits */
     pthread_t thr;         /* step loop */
     ctl_sched *s;          /* back pointer */
 };
@@ -1991,8 +1991,7 @@ ctl_sched_migrate_job(ctl_sched *s, const ctl_slot_ref *src, const char *to,
     ctl_sworker *w_src = ctl_sched_worker_locked(s, src->worker);
     ctl_sworker *w_dst = ctl_sched_worker_locked(s, dst.worker);
     if (err == WK_OK && (w_dst == NULL || !ctl_resid_live(&w_dst->t, dst.slot, dst.gen) ||
-                         j->cancelled || j->state == CTL_JOB_DONE ||
-                         j->state == CTL_JOB_FAILED))
+                         j->cancelled || j->state == CTL_JOB_DONE || j->state == CTL_JOB_FAILED))
         err = wk_diag_set(d, WK_EUNAVAIL, "the destination or the request went away");
     if (err == WK_OK) {
         /* Commit: the job now lives on dst; the source slot is released. */
@@ -2091,4 +2090,3 @@ ctl_sched_depths(ctl_sched *s, uint32_t *waiting, uint32_t *running)
                     j->state == CTL_JOB_STOPPING;
     pthread_mutex_unlock(s->mu);
 }
-

@@ -322,9 +322,9 @@ ckpt_finalize(ctl_ckpt *c, ckpt_entry *e, bool drop_warm, bool drop_cold)
     if (drop_warm) {
         char hk[8 + WK_SHA256_HEX_LEN];
         ckpt_host_key(e, hk);
-        ckpt_cleanup(ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, e->worker, hk, 0,
-                                        c->rpc_ms, NULL),
-                     "ctl_pool_host_call");
+        ckpt_cleanup(
+            ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, e->worker, hk, 0, c->rpc_ms, NULL),
+            "ctl_pool_host_call");
     }
     if (drop_cold) {
         char name[CTL_STORE_NAME_MAX + 1], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
@@ -622,8 +622,7 @@ ckpt_demote_locked(ctl_ckpt *c, ckpt_entry *e)
     ckpt_host_key(e, hk);
     snprintf(worker, sizeof(worker), "%s", e->worker);
     pthread_mutex_unlock(&c->mu);
-    ckpt_cleanup(ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, worker, hk, 0, c->rpc_ms,
-                                    NULL),
+    ckpt_cleanup(ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, worker, hk, 0, c->rpc_ms, NULL),
                  "ctl_pool_host_call");
     pthread_mutex_lock(&c->mu);
     if (e->warm) {
@@ -823,8 +822,7 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
     char hk[8 + WK_SHA256_HEX_LEN];
     ckpt_host_key(v, hk);
     pthread_mutex_unlock(&c->mu);
-    wk_err err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, worker, hk, 0, c->rpc_ms,
-                                    NULL);
+    wk_err err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, worker, hk, 0, c->rpc_ms, NULL);
     pthread_mutex_lock(&c->mu);
     v->busy = false;
     /* (ENOENT: the copy was already gone, e.g. a restarted worker; it is not warm either way) */
@@ -931,8 +929,8 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
                              (f = ckpt_warm_room(c, slot->worker, e)) > 0;
              i++) {
             freed += f;
-            err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_PUT, slot->worker, hk,
-                                     slot->slot, c->rpc_ms, NULL);
+            err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot,
+                                     c->rpc_ms, NULL);
         }
     } else if (c->cfg.disk_bytes > 0) {
         /* No warm tier: straight to disk (the slot's bytes, read between two steps). */

@@ -399,8 +399,8 @@ static wk_err
 ctl_vm_slot_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_diag *d)
 {
     if (strcmp(src->worker, dst->worker) == 0) {
-        wk_err kerr = ctl_vm_kv_reserve(vm, dst, vm->resid ? ctl_resid_slot_ctx(vm->resid, src) : 0,
-                                        0, d);
+        wk_err kerr =
+            ctl_vm_kv_reserve(vm, dst, vm->resid ? ctl_resid_slot_ctx(vm->resid, src) : 0, 0, d);
         if (kerr != WK_OK)
             return kerr;
         Wkvm__SlotCopy c = WKVM__SLOT_COPY__INIT;
@@ -450,8 +450,8 @@ ctl_vm_find_locked(ctl_vm *vm, const char *key)
 static void
 ctl_vm_host_drop(ctl_vm *vm, const char *worker, const char *key)
 {
-    wk_err err = ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_DROP, worker, key, 0, vm->rpc_ms,
-                                    NULL);
+    wk_err err =
+        ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_DROP, worker, key, 0, vm->rpc_ms, NULL);
     if (err != WK_OK && err != WK_ENOENT)
         wk_log_debug("warm copy not dropped worker=%s key=%.16s: %s", worker, key,
                      wk_strerror(err));
@@ -481,10 +481,9 @@ ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
     if (err != WK_OK)
         return;
     char prev[65];
-    if (ctl_resid_warm_put(vm->resid, e->key, e->slot.worker,
-                           ctl_resid_slot_ctx(vm->resid, &e->slot),
-                           ctl_pool_worker_epoch(vm->pool, e->slot.worker), prev,
-                           sizeof(prev)) == WK_OK &&
+    if (ctl_resid_warm_put(
+            vm->resid, e->key, e->slot.worker, ctl_resid_slot_ctx(vm->resid, &e->slot),
+            ctl_pool_worker_epoch(vm->pool, e->slot.worker), prev, sizeof(prev)) == WK_OK &&
         prev[0] != '\0')
         ctl_vm_host_drop(vm, prev, e->key);
 }
@@ -787,15 +786,14 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
     /* Warm: a copy in the destination worker's host memory. */
     if (key != NULL) {
         uint64_t warm_ctx = 0;
-        bool warm = vm->resid != NULL &&
-                    ctl_resid_warm_use(vm->resid, key, dst->worker, &warm_ctx);
+        bool warm = vm->resid != NULL && ctl_resid_warm_use(vm->resid, key, dst->worker, &warm_ctx);
         if (warm) {
             wk_err kerr = ctl_vm_kv_reserve(vm, dst, warm_ctx, 0, d);
             if (kerr != WK_OK)
                 return kerr;
         }
-        if (warm && ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_GET, dst->worker, key,
-                                       dst->slot, vm->rpc_ms, NULL) == WK_OK)
+        if (warm && ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_GET, dst->worker, key, dst->slot,
+                                       vm->rpc_ms, NULL) == WK_OK)
             return WK_OK;
         if (warm) /* the worker restarted or dropped it: forget the copy */
             ctl_resid_warm_forget(vm->resid, key);
@@ -830,8 +828,7 @@ ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t cap)
 {
     char worker[65] = "";
     uint64_t epoch = 0;
-    if (vm->resid == NULL ||
-        !ctl_resid_warm_where(vm->resid, key, worker, sizeof(worker), &epoch))
+    if (vm->resid == NULL || !ctl_resid_warm_where(vm->resid, key, worker, sizeof(worker), &epoch))
         return NULL;
     if (epoch == 0 || ctl_pool_worker_epoch(vm->pool, worker) != epoch) {
         /* The worker restarted: its host memory, and the copy, are gone. */
@@ -947,10 +944,9 @@ ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_
     ctl_slot_ref dst;
     err = ctl_resid_slot_alloc(vm->resid, to, &dst, NULL);
     if (err != WK_OK) {
-        err = wk_diag_set(d, ctl_resid_known(vm->resid, to) ? WK_EBUSY : WK_EINVAL,
-                          ctl_resid_known(vm->resid, to) ? "no free slot on worker %s"
-                                                         : "no worker %s",
-                          to);
+        err = wk_diag_set(
+            d, ctl_resid_known(vm->resid, to) ? WK_EBUSY : WK_EINVAL,
+            ctl_resid_known(vm->resid, to) ? "no free slot on worker %s" : "no worker %s", to);
     } else {
         /*
          * An external mover writes dst behind the scheduler's back: reserve

@@ -274,8 +274,8 @@ test_dir_kv(void **state)
 typedef struct waiter {
     ctl_resid_dir *dir;
     uint64_t epoch;
-    uint64_t ms;      /* how long the wait took */
-    bool moved;       /* its answer */
+    uint64_t ms; /* how long the wait took */
+    bool moved;  /* its answer */
 } waiter;
 
 static void *
@@ -372,12 +372,9 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_generations),
-        cmocka_unit_test(test_kv_pages),
-        cmocka_unit_test(test_dir_handles),
-        cmocka_unit_test(test_dir_kv),
-        cmocka_unit_test(test_dir_wait),
-        cmocka_unit_test(test_dir_warm),
+        cmocka_unit_test(test_generations), cmocka_unit_test(test_kv_pages),
+        cmocka_unit_test(test_dir_handles), cmocka_unit_test(test_dir_kv),
+        cmocka_unit_test(test_dir_wait),    cmocka_unit_test(test_dir_warm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
