@@ -542,9 +542,8 @@ ctl_sched_admit_locked(ctl_sched *s, ctl_sworker *w)
         uint32_t need = ctl_job_pages_need(w, j);
         if (!ctl_kv_fits(&w->t.geom, ctl_resid_pages_used(&w->t), 0, need))
             return; /* waits for pages (the manager evicts idle parked slots meanwhile) */
-        w->t.gen[free_slot] = ctl_resid_dir_next_gen_locked(s->resid);
-        w->t.pages[free_slot] = need;
-        w->t.ctx[free_slot] = 0;
+        ctl_resid_take(&w->t, free_slot, ctl_resid_dir_next_gen_locked(s->resid));
+        w->t.pages[free_slot] = need; /* its reservation */
         w->t.busy[free_slot] = j;
         snprintf(j->slot.worker, sizeof(j->slot.worker), "%s", w->id);
         j->slot.slot = free_slot;
