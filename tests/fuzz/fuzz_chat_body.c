@@ -672,7 +672,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     req.body_len = n;
     bool chat = (data[0] & 1) != 0, templated = (data[0] & 2) != 0;
     const ctl_http_route *r = &(templated ? fuzz_troutes : fuzz_routes)[chat ? 1 : 2];
-    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_perr pe = {.err = WK_OK};
     bool parsed = fuzz_parse(templated ? &fuzz_tapp : &fuzz_app, body, n, chat, &pe);
     fuzz_input = NULL;
     fuzz_n_input = 0;
