@@ -76,8 +76,8 @@ ctl_states_parse_create(ctl_app *app, json_t *body, ctl_states_create_body *out,
 }
 
 bool
-ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out,
-                          ctl_openai_req *r, ctl_openai_perr *pe)
+ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out, ctl_openai_req *r,
+                          ctl_openai_perr *pe)
 {
     memset(out, 0, sizeof(*out));
     wk_diag d = {{0}};
@@ -103,8 +103,7 @@ ctl_states_parse_fork(const json_t *body, ctl_states_fork_body *out, ctl_openai_
     if (wk_json_get_str(body, "name", true, NULL, CTL_STORE_NAME_MAX, &out->name, &d) != WK_OK ||
         ctl_store_name_check(out->name, &d) != WK_OK)
         return ctl_route_refuse(pe, WK_EINVAL, "name", d.msg);
-    if (wk_json_get_i64(body, "count", false, 1, 1, CTL_STATES_FORK_MAX, &out->count, &d) !=
-        WK_OK)
+    if (wk_json_get_i64(body, "count", false, 1, 1, CTL_STATES_FORK_MAX, &out->count, &d) != WK_OK)
         return ctl_route_refuse(pe, WK_EINVAL, "count", d.msg);
     return true;
 }

@@ -44,12 +44,12 @@ typedef struct ctl_states_fork_body {
  * the chat route does). None given: *ids NULL and true unless required.
  * *ids is malloc'd.
  */
-WK_MUST_CHECK bool ctl_states_parse_tokens(ctl_app *app, json_t *body, bool required,
-                                           int32_t **ids, size_t *n, ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_states_parse_tokens(ctl_app *app, json_t *body, bool required, int32_t **ids,
+                                           size_t *n, ctl_openai_perr *pe);
 
 /* The create body: "name", "model" (app's when absent; another is a 404), the tokens. */
-WK_MUST_CHECK bool ctl_states_parse_create(ctl_app *app, json_t *body,
-                                           ctl_states_create_body *out, ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_states_parse_create(ctl_app *app, json_t *body, ctl_states_create_body *out,
+                                           ctl_openai_perr *pe);
 
 /*
  * The generate body: "save_as", the tokens (optional), then the common
@@ -58,9 +58,8 @@ WK_MUST_CHECK bool ctl_states_parse_create(ctl_app *app, json_t *body,
  * and r->plan.owner are the caller's; on failure r and out may hold
  * allocations (ctl_openai_req_fini, ctl_states_gen_body_fini).
  */
-WK_MUST_CHECK bool ctl_states_parse_generate(ctl_app *app, json_t *body,
-                                             ctl_states_gen_body *out, ctl_openai_req *r,
-                                             ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out,
+                                             ctl_openai_req *r, ctl_openai_perr *pe);
 
 /* The fork body (NULL: none was sent): "name" (required) and "count". */
 WK_MUST_CHECK bool ctl_states_parse_fork(const json_t *body, ctl_states_fork_body *out,
@@ -71,11 +70,9 @@ void ctl_states_create_body_fini(ctl_states_create_body *b);
 void ctl_states_gen_body_fini(ctl_states_gen_body *b);
 
 /* POST /admin/slots/{id}/migrate: "to", the destination worker (borrowed). */
-WK_MUST_CHECK bool ctl_migrate_parse_to(const json_t *body, const char **to,
-                                        ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_migrate_parse_to(const json_t *body, const char **to, ctl_openai_perr *pe);
 
 /* POST /admin/workers/{id}/drain: "undrain" (default false; NULL body: none sent). */
-WK_MUST_CHECK bool ctl_migrate_parse_drain(const json_t *body, bool *undrain,
-                                           ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_migrate_parse_drain(const json_t *body, bool *undrain, ctl_openai_perr *pe);
 
 #endif /* CTL_ROUTE_PARSE_H */
