@@ -96,6 +96,36 @@ RESP = [
 ]
 
 
+FN = [{"type": "function", "name": "get_weather", "description": "w",
+       "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                      "required": ["city"]}}]
+# With a model's own template (Qwen3.5-4B.jinja: hermes-style calls, think markers).
+RESP_TPL = [
+    {"model": "tiny", "input": "hi", "tools": FN, "tool_choice": "required"},
+    {"model": "tiny", "input": "hi", "tools": FN,
+     "tool_choice": {"type": "function", "name": "nope"}},
+    {"model": "tiny", "input": "hi", "tools": FN,
+     "tool_choice": {"type": "function", "name": "get_weather"}, "logit_bias": {"99999": 1}},
+    {"model": "tiny", "input": "hi", "tool_choice": "required"},
+    {"model": "tiny", "input": [{"role": "user", "content": "x"}] * 5000},
+    {"model": "tiny", "input": [{"type": "function_call_output", "call_id": "c",
+                                 "output": "x"}], "logit_bias": {"99999": 1}},
+    {"model": "tiny", "input": [{"type": "function_call", "call_id": "c", "name": "f",
+                                 "arguments": "{}"}], "tools": FN, "tool_choice": "required",
+     "parallel_tool_calls": False, "logit_bias": {"99999": 1}},
+    {"model": "tiny", "input": [{"type": "reasoning", "summary": [],
+                                 "content": [{"type": "reasoning_text", "text": "t"}]},
+                                {"role": "assistant", "content": "a"}, {"role": "user",
+                                                                        "content": "b"}],
+     "reasoning": {"effort": "none"}, "logit_bias": {"99999": 1}},
+    {"model": "tiny", "input": "x" * 70000, "max_output_tokens": 1},
+    {"model": "tiny", "input": "hi", "tools": FN,
+     "tool_choice": {"type": "allowed_tools", "mode": "required",
+                     "tools": [{"type": "function", "name": "get_weather"}]},
+     "logit_bias": {"99999": 1}},
+]
+
+
 def enc(b):
     return b if isinstance(b, bytes) else json.dumps(b).encode()
 
@@ -122,7 +152,7 @@ def main():
     with Stack(model=model, slots=3, workers_expected=1) as s:
         s.start_controller()
         s.start_worker("w0")
-        s.wait(lambda: s.get("/v1/models").json()["data"], "the model")
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
         r = s.post("/v1/states", body={"name": "p", "prompt_ids": [3, 4, 5]})
         assert r.status == 201, r.body
         probe(s, "/v1/states", CREATE)
@@ -135,6 +165,17 @@ def main():
         probe(s, f"/admin/slots/{slots[0]['id']}/migrate", MIGRATE)
         probe(s, "/admin/workers/nope/drain", DRAIN)
         probe(s, "/v1/responses", RESP)
+    import glob
+    tpl = sorted(glob.glob(os.path.expanduser(
+        "~/.cache/wkvm/llama.cpp-convert-*/models/templates/Qwen3.5-4B.jinja")))
+    if not tpl:
+        print("SKIP templated: no Qwen3.5-4B.jinja", file=sys.stderr)
+        return
+    with Stack(model=model, slots=3, extra_ctl=["--chat-template", tpl[-1]]) as s:
+        s.start_controller()
+        s.start_worker("w0")
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+        probe(s, "/v1/responses", RESP_TPL)
 
 
 if __name__ == "__main__":
