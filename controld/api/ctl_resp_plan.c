@@ -553,6 +553,7 @@ ctl_resp_plan(ctl_app *app, const ctl_resp_req *q, const ctl_resp_conv *cv, ctl_
               bool *exact, ctl_openai_perr *pe)
 {
     resp_plan c = {.app = app, .q = q, .cv = cv, .r = r, .pe = pe};
+    ctl_openai_perr_setf(pe, 500, WK_ENOMEM, NULL, NULL, "out of memory");
     bool ok = resp_build_prompt(&c, cv->history, cv->input) && resp_plan_gen(&c);
     *exact = c.aligned;
     return ok;

@@ -23,10 +23,18 @@ ctl_route_refuse(ctl_openai_perr *pe, wk_err err, const char *param, const char 
     return false;
 }
 
+/* pe before any refusal: an out-of-memory one (what a failed allocation leaves). */
+static void
+ctl_route_pe_init(ctl_openai_perr *pe)
+{
+    ctl_openai_perr_setf(pe, 0, WK_ENOMEM, NULL, NULL, "out of memory");
+}
+
 bool
 ctl_states_parse_tokens(ctl_app *app, json_t *body, bool required, int32_t **ids, size_t *n,
                         ctl_openai_perr *pe)
 {
+    ctl_route_pe_init(pe);
     *ids = NULL;
     *n = 0;
     json_t *p = json_object_get(body, "prompt");
@@ -42,7 +50,6 @@ ctl_states_parse_tokens(ctl_app *app, json_t *body, bool required, int32_t **ids
                                              "one of prompt, prompt_ids, messages is required");
     ctl_openai_req r = {.wire.chat = true};
     bool ok;
-    ctl_openai_perr_setf(pe, 0, WK_ENOMEM, NULL, NULL, "out of memory");
     if (m != NULL && !json_is_null(m)) {
         ok = ctl_openai_parse_messages_value(app, body, &r, pe);
     } else {
@@ -63,6 +70,7 @@ bool
 ctl_states_parse_create(ctl_app *app, json_t *body, ctl_states_create_body *out,
                         ctl_openai_perr *pe)
 {
+    ctl_route_pe_init(pe);
     memset(out, 0, sizeof(*out));
     wk_diag d = {{0}};
     const char *model = NULL;
@@ -79,6 +87,7 @@ bool
 ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out, ctl_openai_req *r,
                           ctl_openai_perr *pe)
 {
+    ctl_route_pe_init(pe);
     memset(out, 0, sizeof(*out));
     wk_diag d = {{0}};
     if (wk_json_get_str(body, "save_as", false, NULL, CTL_STORE_NAME_MAX, &out->save_as, &d) !=
@@ -95,6 +104,7 @@ ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out, 
 bool
 ctl_states_parse_fork(const json_t *body, ctl_states_fork_body *out, ctl_openai_perr *pe)
 {
+    ctl_route_pe_init(pe);
     memset(out, 0, sizeof(*out));
     out->count = 1;
     wk_diag d = {{0}};
@@ -125,6 +135,7 @@ ctl_states_gen_body_fini(ctl_states_gen_body *b)
 bool
 ctl_migrate_parse_to(const json_t *body, const char **to, ctl_openai_perr *pe)
 {
+    ctl_route_pe_init(pe);
     wk_diag d = {{0}};
     *to = NULL;
     if (wk_json_get_str(body, "to", true, NULL, 64, to, &d) != WK_OK)
@@ -135,6 +146,7 @@ ctl_migrate_parse_to(const json_t *body, const char **to, ctl_openai_perr *pe)
 bool
 ctl_migrate_parse_drain(const json_t *body, bool *undrain, ctl_openai_perr *pe)
 {
+    ctl_route_pe_init(pe);
     wk_diag d = {{0}};
     *undrain = false;
     if (body != NULL && wk_json_get_bool(body, "undrain", false, undrain, &d) != WK_OK)
