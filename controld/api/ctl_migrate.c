@@ -37,6 +37,7 @@
 #include "ctl_app.h"
 #include "ctl_err.h"
 #include "ctl_openai.h"
+#include "ctl_route_parse.h"
 #include "wk_json.h"
 #include "wk_log.h"
 
@@ -245,8 +246,9 @@ ctl_migrate_slot_action(ctl_http_req *req, void *arg)
     if (body == NULL)
         return;
     const char *to = NULL;
-    if (wk_json_get_str(body, "to", true, NULL, 64, &to, &d) != WK_OK) {
-        ctl_http_send_error(req, WK_EINVAL, d.msg, "to");
+    ctl_openai_perr pe;
+    if (!ctl_migrate_parse_to(body, &to, &pe)) {
+        ctl_openai_send_perr(req, &pe);
         json_decref(body);
         return;
     }
@@ -506,13 +508,13 @@ ctl_migrate_drain(ctl_http_req *req, void *arg)
         json_t *body = ctl_openai_body(req);
         if (body == NULL)
             return;
-        wk_diag d = {{0}};
-        if (wk_json_get_bool(body, "undrain", false, &undrain, &d) != WK_OK) {
-            json_decref(body);
-            ctl_http_send_error(req, WK_EINVAL, d.msg, "undrain");
+        ctl_openai_perr pe;
+        bool ok = ctl_migrate_parse_drain(body, &undrain, &pe);
+        json_decref(body);
+        if (!ok) {
+            ctl_openai_send_perr(req, &pe);
             return;
         }
-        json_decref(body);
     }
     if (ctl_sched_set_draining(app->sched, worker, !undrain) != WK_OK) {
         ctl_http_send_error(req, WK_ENOENT, "no such worker", NULL);

@@ -7,6 +7,7 @@
  * the response. Never talks to workers directly.
  */
 #define WK_LOG_MODULE "openai"
+#include <stdarg.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,7 +125,24 @@ ctl_openai_fail(ctl_http_req *req, wk_err err, const char *param, const char *fm
 void
 ctl_openai_send_perr(ctl_http_req *req, const ctl_openai_perr *pe)
 {
-    ctl_http_send_error(req, pe->err, pe->msg, pe->param[0] ? pe->param : NULL);
+    ctl_http_send_error_code(req, pe->status ? pe->status : ctl_err_http_status(pe->err), pe->err,
+                             pe->msg, pe->param[0] ? pe->param : NULL,
+                             pe->code[0] ? pe->code : NULL);
+}
+
+wk_err
+ctl_openai_perr_setf(ctl_openai_perr *pe, int status, wk_err err, const char *param,
+                     const char *code, const char *fmt, ...)
+{
+    pe->err = err;
+    pe->status = status;
+    snprintf(pe->param, sizeof(pe->param), "%s", param != NULL ? param : "");
+    snprintf(pe->code, sizeof(pe->code), "%s", code != NULL ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pe->msg, sizeof(pe->msg), fmt, ap);
+    va_end(ap);
+    return err;
 }
 
 /*
@@ -1215,7 +1233,7 @@ ctl_openai_body(ctl_http_req *req)
         return NULL;
     }
     json_t *body = NULL;
-    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_perr pe = {.err = WK_OK};
     if (!ctl_openai_parse_body(buf, len, &body, &pe)) {
         ctl_openai_send_perr(req, &pe);
         return NULL;
@@ -1235,7 +1253,7 @@ ctl_openai_chat(ctl_http_req *req, void *arg)
         return;
     }
     ctl_openai_req r = {.wire.chat = true, .plan.reuse = true, .wire.cache = true};
-    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_perr pe = {.err = WK_OK};
     ctl_chat_turn *turn = NULL;
     ctl_openai_owner(req, r.plan.owner);
     if (!ctl_openai_parse_chat(app, body, &r, &pe)) {
@@ -1261,7 +1279,7 @@ ctl_openai_completions(ctl_http_req *req, void *arg)
         return;
     }
     ctl_openai_req r = {.wire.chat = false, .plan.reuse = true, .wire.cache = true};
-    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_perr pe = {.err = WK_OK};
     ctl_openai_owner(req, r.plan.owner);
     if (ctl_openai_parse_completion(app, body, &r, &pe))
         ctl_openai_generate(req, app, &r);

@@ -199,16 +199,27 @@ json_t *ctl_openai_body(ctl_http_req *req);
 
 /*
  * A parse error as a value: what the route answers (ctl_openai_send_perr:
- * ctl_http_send_error with the code's HTTP status, ctl_err_http_status).
+ * the code's HTTP status, ctl_err_http_status, unless status says another,
+ * and the code's OpenAI error "code" unless code names one, as the
+ * Responses API's refusals do).
  */
 typedef struct ctl_openai_perr {
     wk_err err;     /* the code */
     char param[96]; /* the OpenAI error's "param", "" = null */
     char msg[512];  /* the message */
+    int status;     /* the HTTP status; 0: ctl_err_http_status(err) */
+    char code[48];  /* the OpenAI error's "code"; "": the err code's (ctl_err_body) */
 } ctl_openai_perr;
 
 /* Sends *pe as the request's OpenAI error answer. */
 void ctl_openai_send_perr(ctl_http_req *req, const ctl_openai_perr *pe);
+
+/*
+ * Fills *pe (status 0: the code's; param and code NULL or "": none) with
+ * the formatted message. Returns err.
+ */
+wk_err ctl_openai_perr_setf(ctl_openai_perr *pe, int status, wk_err err, const char *param,
+                            const char *code, const char *fmt, ...) WK_PRINTF(6, 7);
 
 /*
  * The parsers (ctl_openai_parse.c): each reads a request without a

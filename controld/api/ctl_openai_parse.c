@@ -98,6 +98,8 @@ static wk_err
 ctl_openai_perr_set(ctl_openai_perr *pe, wk_err err, const char *param, const char *fmt, ...)
 {
     pe->err = err;
+    pe->status = 0;
+    pe->code[0] = '\0';
     snprintf(pe->param, sizeof(pe->param), "%s", param != NULL ? param : "");
     va_list ap;
     va_start(ap, fmt);

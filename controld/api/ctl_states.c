@@ -20,14 +20,13 @@
 #include "ctl_err.h"
 #include "ctl_kv.h"
 #include "ctl_openai.h"
+#include "ctl_route_parse.h"
 #include "ctl_statefile.h"
 #include "ctl_store.h"
 #include "ctl_vm.h"
 #include "wk_json.h"
 #include "wk_log.h"
 #include "wk_sha256.h"
-
-#define CTL_STATES_FORK_MAX 64
 
 /* Marks a state whose blob failed verification; logs once. */
 static void
@@ -186,52 +185,6 @@ ctl_states_save(ctl_app *app, const char *owner, const char *name, const int32_t
     return err;
 }
 
-/* Tokens of a create/generate body: prompt (text), prompt_ids or messages. */
-static bool
-ctl_states_tokens(ctl_http_req *req, ctl_app *app, json_t *body, bool required, int32_t **ids,
-                  size_t *n)
-{
-    *ids = NULL;
-    *n = 0;
-    ctl_openai_req r = {.wire.chat = true};
-    json_t *p = json_object_get(body, "prompt");
-    json_t *pi = json_object_get(body, "prompt_ids");
-    json_t *m = json_object_get(body, "messages");
-    int given = (p != NULL && !json_is_null(p)) + (pi != NULL && !json_is_null(pi)) +
-                (m != NULL && !json_is_null(m));
-    if (given > 1) {
-        ctl_http_send_error(req, WK_EINVAL, "give one of prompt, prompt_ids, messages", "prompt");
-        return false;
-    }
-    if (given == 0) {
-        if (required) {
-            ctl_http_send_error(req, WK_EINVAL, "one of prompt, prompt_ids, messages is required",
-                                "prompt");
-            return false;
-        }
-        return true;
-    }
-    bool ok;
-    ctl_openai_perr pe = {WK_ENOMEM, "", "out of memory"};
-    if (m != NULL && !json_is_null(m)) {
-        ok = ctl_openai_parse_messages_value(app, body, &r, &pe);
-    } else {
-        json_t *tmp = json_pack("{s:O}", "prompt", p != NULL && !json_is_null(p) ? p : pi);
-        ok = tmp != NULL && ctl_openai_parse_prompt_value(app, tmp, &r, &pe);
-        json_decref(tmp);
-    }
-    if (!ok) {
-        ctl_openai_send_perr(req, &pe);
-        ctl_openai_req_fini(&r);
-        return false;
-    }
-    *ids = r.plan.prompt;
-    *n = r.plan.n_prompt;
-    r.plan.prompt = NULL; /* given to the caller; the messages and rendered text are not */
-    ctl_openai_req_fini(&r);
-    return true;
-}
-
 static void
 ctl_states_create(ctl_http_req *req, ctl_app *app)
 {
@@ -239,26 +192,20 @@ ctl_states_create(ctl_http_req *req, ctl_app *app)
     if (body == NULL)
         return;
     wk_diag d = {{0}};
-    const char *name = NULL, *model = NULL;
-    int32_t *ids = NULL;
-    size_t n = 0;
     ctl_slot_ref slot;
     memset(&slot, 0, sizeof(slot));
     bool have_slot = false;
     ctl_store_state st;
     memset(&st, 0, sizeof(st));
-    if (wk_json_get_str(body, "name", true, NULL, CTL_STORE_NAME_MAX, &name, &d) != WK_OK ||
-        ctl_store_name_check(name, &d) != WK_OK) {
-        ctl_http_send_error(req, WK_EINVAL, d.msg, "name");
+    ctl_states_create_body cb;
+    ctl_openai_perr pe;
+    if (!ctl_states_parse_create(app, body, &cb, &pe)) {
+        ctl_openai_send_perr(req, &pe);
         goto out;
     }
-    if (wk_json_get_str(body, "model", false, app->model_id, 256, &model, &d) != WK_OK ||
-        model == NULL || app->model_id == NULL || strcmp(model, app->model_id) != 0) {
-        ctl_http_send_error(req, WK_ENOENT, "unknown model", "model");
-        goto out;
-    }
-    if (!ctl_states_tokens(req, app, body, true, &ids, &n))
-        goto out;
+    const char *name = cb.name;
+    const int32_t *ids = cb.ids;
+    size_t n = cb.n_ids;
     wk_err err = ctl_states_quota(app, ctl_http_req_user(req), 1, &d);
     if (err == WK_OK)
         err = ctl_vm_slot_get(app->vm, NULL, &slot, &d);
@@ -279,7 +226,7 @@ ctl_states_create(ctl_http_req *req, ctl_app *app)
     ctl_http_send_json(req, 201, ctl_states_json(app, &st));
 out:
     ctl_store_state_fini(&st);
-    free(ids);
+    ctl_states_create_body_fini(&cb);
     json_decref(body);
 }
 
@@ -342,8 +289,7 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     ctl_openai_req r = {.wire.chat = false, .wire.model_optional = true,
                         .route = "/v1/states/{id}/generate"};
     ctl_states_gen g = {.app = app, .owner = ctl_http_req_user(req), .src = &src};
-    int32_t *q = NULL;
-    size_t nq = 0;
+    ctl_states_gen_body gb = {0};
     bool have_slot = false;
     wk_err err = ctl_store_state_get(app->store, g.owner, ref, &src, &d);
     if (err != WK_OK) {
@@ -355,26 +301,19 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
         ctl_http_send_error(req, WK_ESTATE, "the state was made by another model", NULL);
         goto out;
     }
-    const char *save_as = NULL;
-    if (wk_json_get_str(body, "save_as", false, NULL, CTL_STORE_NAME_MAX, &save_as, &d) != WK_OK ||
-        (save_as != NULL && ctl_store_name_check(save_as, &d) != WK_OK)) {
-        ctl_http_send_error(req, WK_EINVAL, d.msg, "save_as");
-        goto out;
-    }
-    g.save_as = save_as;
-    if (save_as != NULL && (err = ctl_states_quota(app, g.owner, 1, &d)) != WK_OK) {
-        ctl_states_fail(req, err, &d);
-        goto out;
-    }
-    if (!ctl_states_tokens(req, app, body, false, &q, &nq))
-        goto out;
-    json_object_del(body, "prompt");
-    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_perr pe;
     ctl_openai_owner(req, r.plan.owner);
-    if (!ctl_openai_parse_common_value(app, body, &r, &pe)) {
+    if (!ctl_states_parse_generate(app, body, &gb, &r, &pe)) {
         ctl_openai_send_perr(req, &pe);
         goto out;
     }
+    g.save_as = gb.save_as;
+    if (gb.save_as != NULL && (err = ctl_states_quota(app, g.owner, 1, &d)) != WK_OK) {
+        ctl_states_fail(req, err, &d);
+        goto out;
+    }
+    const int32_t *q = gb.q;
+    size_t nq = gb.n_q;
     g.q = q;
     g.n_q = nq;
     r.plan.n_prompt = 1 + nq;
@@ -430,7 +369,7 @@ out:
     if (have_slot && !g.consumed)
         (void)ctl_resid_slot_free(app->resid, &g.slot);
     ctl_openai_req_fini(&r);
-    free(q);
+    ctl_states_gen_body_fini(&gb);
     ctl_store_state_fini(&src);
     json_decref(body);
 }
@@ -444,7 +383,7 @@ ctl_states_fork(ctl_http_req *req, ctl_app *app, const char *ref, bool snapshot)
     ctl_store_state src;
     memset(&src, 0, sizeof(src));
     const char *name = NULL;
-    int64_t count = 1;
+    ctl_states_fork_body fb = {.count = 1};
     const char *buf;
     size_t len;
     if (ctl_http_req_body(req, &buf, &len) == WK_OK && len > 0) {
@@ -458,20 +397,16 @@ ctl_states_fork(ctl_http_req *req, ctl_app *app, const char *ref, bool snapshot)
         goto out;
     }
     if (!snapshot) {
-        if (body == NULL ||
-            wk_json_get_str(body, "name", true, NULL, CTL_STORE_NAME_MAX, &name, &d) != WK_OK ||
-            ctl_store_name_check(name, &d) != WK_OK) {
-            ctl_http_send_error(req, WK_EINVAL, body ? d.msg : "'name' is required", "name");
+        ctl_openai_perr pe;
+        if (!ctl_states_parse_fork(body, &fb, &pe)) {
+            ctl_openai_send_perr(req, &pe);
             goto out;
         }
-        if (wk_json_get_i64(body, "count", false, 1, 1, CTL_STATES_FORK_MAX, &count, &d) !=
-            WK_OK) {
-            ctl_http_send_error(req, WK_EINVAL, d.msg, "count");
-            goto out;
-        }
+        name = fb.name;
     } else {
         name = src.name;
     }
+    int64_t count = fb.count;
     if (src.blob[0] == '\0' || src.damaged) {
         ctl_http_send_error(req, WK_ESTATE, "the source state's bytes are damaged", NULL);
         goto out;

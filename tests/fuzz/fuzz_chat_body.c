@@ -14,6 +14,13 @@
  * connection): a refusal there is a 4xx wk_err with a message, and the route
  * answers exactly that refusal (status, message and param).
  *
+ * And the body as a Responses request: ctl_resp_req_parse, then the plan
+ * into the shared generation request (ctl_resp_plan: render, tokens, tools,
+ * forced calls, parameters) with the items as this request's input (byte 0
+ * bit 2: as the history before it). A refusal there is a 400 (a 500 only
+ * for ENOMEM) with a message; a plan has a prompt within the limit of ids
+ * in the vocab.
+ *
  * Input: byte 0 picks the route (bit 0: chat or completions) and the model
  * (bit 1: one with its own chat template, hermes tool calls and think
  * markers, else the World template); when byte 1 is
@@ -24,7 +31,7 @@
  * generation never fails); a success has one choice and coherent usage; a
  * stream ends with [DONE]; every per-user unit is given back.
  */
-/* fuzz-sources: common/util/wk_err.c common/util/wk_log.c common/util/wk_json.c common/util/wk_sha256.c common/text/wk_tok.c common/text/wk_tok_gguf.c common/ckpt/wk_gguf.c common/ckpt/wk_tensor.c common/text/wk_bpe.c common/text/wk_pretok.c common/text/wk_chat.c common/text/wk_chat_tpl.c common/text/wk_toolcall.c common/util/wk_file.c common/text/wk_jinja_parse.c common/text/wk_jinja_value.c common/text/wk_jinja_eval.c common/text/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_ssefmt.c controld/api/ctl_openai_parse.c controld/api/ctl_toolgram.c common/text/wk_grammar.c controld/api/ctl_limits.c controld/session/ctl_session.c gen/wkvm.pb-c.c */
+/* fuzz-sources: common/util/wk_err.c common/util/wk_log.c common/util/wk_json.c common/util/wk_sha256.c common/text/wk_tok.c common/text/wk_tok_gguf.c common/ckpt/wk_gguf.c common/ckpt/wk_tensor.c common/text/wk_bpe.c common/text/wk_pretok.c common/text/wk_chat.c common/text/wk_chat_tpl.c common/text/wk_toolcall.c common/util/wk_file.c common/text/wk_jinja_parse.c common/text/wk_jinja_value.c common/text/wk_jinja_eval.c common/text/wk_jinja_builtin.c controld/ctl_app.c controld/api/ctl_err.c controld/api/ctl_openai.c controld/api/ctl_ssefmt.c controld/api/ctl_openai_parse.c controld/api/ctl_toolgram.c common/text/wk_grammar.c controld/api/ctl_limits.c controld/session/ctl_session.c controld/api/ctl_resp_req.c controld/api/ctl_resp_plan.c gen/wkvm.pb-c.c */
 /* fuzz-protoc: proto/wkvm.proto */
 /* fuzz-libs: -lprotobuf-c */
 #include <jansson.h>
@@ -39,6 +46,8 @@
 #include "ctl_chat.h"
 #include "ctl_err.h"
 #include "ctl_openai.h"
+#include "ctl_resp_plan.h"
+#include "ctl_resp_req.h"
 #include "ctl_session.h"
 #include "ctl_stream.h"
 #include "wk_chat_tpl.h"
@@ -624,6 +633,65 @@ fuzz_parse(ctl_app *app, const char *body, size_t n, bool chat, ctl_openai_perr 
     return ok;
 }
 
+/*
+ * The body (n bytes) as a Responses request, planned on app with its items
+ * in the record's form as the input (as_history: as the history before it).
+ */
+static void
+fuzz_resp(ctl_app *app, const char *body, size_t n, bool as_history)
+{
+    json_t *b = NULL;
+    if (wk_json_parse(body, n, &b, NULL) != WK_OK)
+        return;
+    ctl_resp_limits lim = {.max_items = 16, .max_item_bytes = 1024, .max_tokens = 64};
+    ctl_resp_req q;
+    ctl_resp_err e;
+    if (ctl_resp_req_parse(b, &lim, &q, &e) != WK_OK) {
+        json_decref(b);
+        return;
+    }
+    json_t *items = json_array(), *none = json_array();
+    fuzz_check(items != NULL && none != NULL, "alloc");
+    for (size_t i = 0; i < q.n_items; i++) {
+        const ctl_resp_msg *m = &q.items[i];
+        json_t *o = m->kind == CTL_RESP_REASONING
+                        ? json_pack("{s:s, s:s%}", "type", "reasoning", "text", m->text, m->len)
+                    : m->kind == CTL_RESP_FUNCTION_CALL
+                        ? json_pack("{s:s, s:s, s:s, s:s%}", "type", "function_call", "call_id",
+                                    m->call_id, "name", m->name, "arguments", m->text, m->len)
+                    : m->kind == CTL_RESP_FUNCTION_CALL_OUTPUT
+                        ? json_pack("{s:s, s:s, s:s%}", "type", "function_call_output", "call_id",
+                                    m->call_id, "output", m->text, m->len)
+                        : json_pack("{s:s, s:s%}", "role", m->role, "text", m->text, m->len);
+        fuzz_check(o != NULL && json_array_append_new(items, o) == 0, "record item");
+    }
+    ctl_resp_conv cv = {.history = as_history ? items : none, .input = as_history ? none : items};
+    ctl_openai_req r = {.wire.chat = true, .plan.reuse = true, .wire.cache = true};
+    ctl_openai_perr pe = {.err = WK_OK};
+    bool exact = true;
+    if (ctl_resp_plan(app, &q, &cv, &r, &exact, &pe)) {
+        fuzz_check(!exact && r.plan.aligned_tokens == 0, "no previous state: not exact");
+        fuzz_check(r.plan.n_prompt >= 1 && r.plan.n_prompt <= app->max_prompt_tokens,
+                   "a plan's prompt within the limit");
+        uint32_t vocab = wk_tok_vocab_size(app->tok);
+        for (size_t i = 0; i < r.plan.n_prompt; i++)
+            fuzz_check(r.plan.prompt[i] >= 0 && (uint32_t)r.plan.prompt[i] < vocab,
+                       "prompt ids in the vocab");
+        fuzz_check(r.wire.prompt_text != NULL && r.wire.model == q.model, "wire filled");
+        fuzz_check(!r.wire.tool_forced || r.wire.toolgram != NULL, "a forced call's grammar");
+        fuzz_check(r.plan.gen.max_tokens >= 1, "max tokens");
+    } else {
+        fuzz_check(pe.err != WK_OK && pe.msg[0] != '\0', "a plan refusal says why");
+        fuzz_check(pe.status == 400 || (pe.status == 500 && pe.err == WK_ENOMEM),
+                   "a plan refusal is a 400 (500: out of memory)");
+    }
+    ctl_openai_req_fini(&r);
+    json_decref(items);
+    json_decref(none);
+    ctl_resp_req_fini(&q);
+    json_decref(b);
+}
+
 /* The route's answer is the pure parser's refusal, byte for byte in its fields. */
 static void
 fuzz_check_refusal(ctl_http_req *req, const ctl_openai_perr *pe)
@@ -672,8 +740,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     req.body_len = n;
     bool chat = (data[0] & 1) != 0, templated = (data[0] & 2) != 0;
     const ctl_http_route *r = &(templated ? fuzz_troutes : fuzz_routes)[chat ? 1 : 2];
-    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_perr pe = {.err = WK_OK};
     bool parsed = fuzz_parse(templated ? &fuzz_tapp : &fuzz_app, body, n, chat, &pe);
+    fuzz_resp(templated ? &fuzz_tapp : &fuzz_app, body, n, (data[0] & 4) != 0);
     fuzz_input = NULL;
     fuzz_n_input = 0;
     r->fn(&req, r->arg);

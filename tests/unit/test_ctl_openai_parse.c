@@ -386,7 +386,7 @@ test_body(void **state)
 {
     (void)state;
     json_t *b = NULL;
-    ctl_openai_perr pe = {WK_OK, "", ""};
+    ctl_openai_perr pe = {.err = WK_OK};
     assert_false(ctl_openai_parse_body("{\"a\":", 5, &b, &pe));
     assert_int_equal(pe.err, WK_EINVAL);
     assert_string_equal(pe.param, "");
