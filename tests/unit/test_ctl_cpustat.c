@@ -12,6 +12,7 @@
 /* clang-format on */
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 
@@ -45,12 +46,17 @@ burn_ms(long ms)
     } while ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 < ms);
 }
 
+/* set once the step thread has burnt 20 ms of its own CPU time */
+static atomic_int step_burnt;
+
 static void *
 step_main(void *arg)
 {
     (void)arg;
     pthread_setname_np(pthread_self(), "wkc-step");
-    burn_ms(60);
+    burn_ms(20);
+    atomic_store(&step_burnt, 1);
+    burn_ms(40);
     return NULL;
 }
 
@@ -62,8 +68,10 @@ test_sample(void **state)
     assert_int_equal(ctl_cpustat_sample(a), WK_OK);
     pthread_t thr;
     assert_int_equal(pthread_create(&thr, NULL, step_main, NULL), 0);
-    struct timespec ms = {0, 20 * 1000 * 1000};
-    nanosleep(&ms, NULL);
+    /* (waits for the thread's CPU time, not wall time: on a loaded machine it may not run for a while) */
+    struct timespec ms = {0, 1000 * 1000};
+    while (!atomic_load(&step_burnt))
+        nanosleep(&ms, NULL);
     assert_int_equal(ctl_cpustat_sample(b), WK_OK); /* sees the thread alive */
     pthread_join(thr, NULL);
     assert_int_equal(ctl_cpustat_sample(b), WK_OK); /* and after its exit */
