@@ -9,6 +9,13 @@
  * once per call into a per-thread buffer (grown on first need, freed when
  * the thread ends); if that allocation fails the call converts slabs of k
  * on the stack instead (same bits, slower).
+ *
+ * One row (decode) is bandwidth-bound and streams the weights through tile
+ * loads at ~85% of the rate the fp32 kernels reach (1 x 1024 x 248320, 2
+ * threads, best of 12: 16.3-16.8 ms against 14.0-14.9 ms). Tried and
+ * dropped for it, no gain: software prefetch (L1 or L2 hints, 4 to 32 chunks
+ * ahead: equal or slower), one panel at a time with two A and four B tiles
+ * taking turns, two A tiles alternating over two panels.
  */
 #include "be_cpu_amx.h"
 
@@ -197,32 +204,11 @@ be_amx_config(uint32_t mr)
     be_amx_cfg_rows = mr;
 }
 
-/*
- * Software prefetch of the weights BE_AMX_PF chunks ahead, for few rows
- * (decode: one weight stream per tile, bandwidth-bound, as be_cpu_kernels.c's
- * 1..3-row BF16 tiles do); past a panel's end it touches the next panel,
- * which is what comes next anyway.
- */
-#define BE_AMX_PF 4
-#define BE_AMX_PF_ROWS 4 /* prefetch when mr <= this */
-
-static inline __attribute__((always_inline)) void
-be_amx_prefetch(const uint16_t *p)
-{
-    for (int l = 0; l < 32; l++) /* 2 KiB: both tiles of a chunk */
-        __builtin_prefetch((const char *)p + l * 64, 0, 3);
-}
-
 /* C tiles 0..3 += A (lda bytes apart) x the two panels at b0, b1 over nkc chunks. */
 static BE_AMX_T void
-be_amx_run2(const uint16_t *a, size_t lda, const uint16_t *b0, const uint16_t *b1, uint32_t nkc,
-            bool pf)
+be_amx_run2(const uint16_t *a, size_t lda, const uint16_t *b0, const uint16_t *b1, uint32_t nkc)
 {
     for (uint32_t kc = 0; kc < nkc; kc++) {
-        if (pf) {
-            be_amx_prefetch(b0 + (size_t)(kc + BE_AMX_PF) * 1024);
-            be_amx_prefetch(b1 + (size_t)(kc + BE_AMX_PF) * 1024);
-        }
         _tile_loadd(4, a + (size_t)kc * 32, lda);
         _tile_loadd(5, b0 + (size_t)kc * 1024, 64);
         _tile_dpbf16ps(0, 4, 5);
@@ -237,11 +223,9 @@ be_amx_run2(const uint16_t *a, size_t lda, const uint16_t *b0, const uint16_t *b
 
 /* C tiles 0..1 += A x the panel at b0. */
 static BE_AMX_T void
-be_amx_run1(const uint16_t *a, size_t lda, const uint16_t *b0, uint32_t nkc, bool pf)
+be_amx_run1(const uint16_t *a, size_t lda, const uint16_t *b0, uint32_t nkc)
 {
     for (uint32_t kc = 0; kc < nkc; kc++) {
-        if (pf)
-            be_amx_prefetch(b0 + (size_t)(kc + BE_AMX_PF) * 1024);
         _tile_loadd(4, a + (size_t)kc * 32, lda);
         _tile_loadd(5, b0 + (size_t)kc * 1024, 64);
         _tile_dpbf16ps(0, 4, 5);
@@ -298,7 +282,6 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
             const uint32_t mr = m - row < 16 ? m - row : 16;
             if (be_amx_cfg_rows != mr)
                 be_amx_config(mr);
-            const bool pf = mr <= BE_AMX_PF_ROWS;
             for (uint32_t p = pc; p < pe; p += 2) {
                 const uint32_t np = pe - p < 2 ? 1 : 2;
                 const uint32_t col0 = p * BE_CPU_NR;
@@ -311,9 +294,9 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
                 if (abuf != NULL) {
                     const uint16_t *a = abuf + (size_t)row * Kp;
                     if (np == 2)
-                        be_amx_run2(a, (size_t)Kp * 2, b0, b1, nkc, pf);
+                        be_amx_run2(a, (size_t)Kp * 2, b0, b1, nkc);
                     else
-                        be_amx_run1(a, (size_t)Kp * 2, b0, nkc, pf);
+                        be_amx_run1(a, (size_t)Kp * 2, b0, nkc);
                 } else {
                     for (uint32_t k0 = 0; k0 < Kp; k0 += BE_AMX_SLAB) {
                         const uint32_t nk = Kp - k0 < BE_AMX_SLAB ? Kp - k0 : BE_AMX_SLAB;
@@ -323,10 +306,9 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
                                        slab + (size_t)i * BE_AMX_SLAB);
                         const size_t off = (size_t)k0 * BE_CPU_NR;
                         if (np == 2)
-                            be_amx_run2(slab, BE_AMX_SLAB * 2, b0 + off, b1 + off, nk / 32,
-                                        pf);
+                            be_amx_run2(slab, BE_AMX_SLAB * 2, b0 + off, b1 + off, nk / 32);
                         else
-                            be_amx_run1(slab, BE_AMX_SLAB * 2, b0 + off, nk / 32, pf);
+                            be_amx_run1(slab, BE_AMX_SLAB * 2, b0 + off, nk / 32);
                     }
                 }
                 be_amx_store(np, ct);
