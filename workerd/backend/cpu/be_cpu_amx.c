@@ -4,8 +4,9 @@
  *
  * Tiles: 0-3 accumulate a 16-row x 64-column block of outputs (two
  * panels), 4 holds 16 rows x 32 k of activations, 5-7 take turns holding
- * 32 k x 16 columns of weights. Each thread loads the tile configuration
- * once per row count and keeps it. The activations are rounded to bf16
+ * 32 k x 16 columns of weights. Each call loads the tile configuration
+ * (again when the row count changes) and releases the tiles at the end, so
+ * that a thread switched out between calls has no tile data to save. The activations are rounded to bf16
  * once per call into a per-thread buffer (grown on first need, freed when
  * the thread ends); if that allocation fails the call converts slabs of k
  * on the stack instead (same bits, slower).
@@ -234,6 +235,14 @@ be_amx_run1(const uint16_t *a, size_t lda, const uint16_t *b0, uint32_t nkc)
     }
 }
 
+/* Drops the tile state: a thread switched out then saves no tile data. */
+static BE_AMX_T void
+be_amx_release(void)
+{
+    _tile_release();
+    be_amx_cfg_rows = 0;
+}
+
 static BE_AMX_T void
 be_amx_zero(void)
 {
@@ -316,6 +325,7 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
             }
         }
     }
+    be_amx_release();
 }
 
 #else /* !BE_AMX_BUILD */
