@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "be.h"
+#include "be_cpu_amx.h"
 #include "be_cpu_kernels.h"
 #include "rwkv7_synth.h"
 #include "wrk_model.h"
@@ -305,7 +306,8 @@ amx_act(float v)
  * accumulation's error (1e-5 of sum |a w|; a missing or wrong activation
  * rounding is ~2e-3 and fails); and, bitwise, a row alone == the row in any
  * batch of 1..40 rows, any panel split == one call, any ISA argument, the
- * ADD epilogue == y + the STORE result. Skipped where AMX is absent.
+ * stack-slab fallback == the buffered path, the ADD epilogue == y + the
+ * STORE result. Skipped where AMX is absent.
  */
 static void
 test_gemm_amx(void **state)
@@ -362,6 +364,13 @@ test_gemm_amx(void **state)
                             BE_CPU_EPI_STORE);
                 assert_memory_equal(yb, y, sizeof(float) * M * N);
             }
+            /* the stack-slab path (taken when the activation buffer cannot grow): same bits */
+            be_cpu_amx_set_slab_only(true);
+            memset(yb, 0xff, sizeof(float) * M * N);
+            be_cpu_gemm(BE_CPU_ISA_AVX512, &pm, x, K, M, yb, N, NULL, 0, pm.n_panels,
+                        BE_CPU_EPI_STORE);
+            be_cpu_amx_set_slab_only(false);
+            assert_memory_equal(yb, y, sizeof(float) * M * N);
             /* the ADD epilogue into scattered rows */
             float *rows[3] = {yb + 2 * N, yb, yb + N};
             for (uint32_t i = 0; i < 3 * N; i++)

@@ -43,6 +43,13 @@
 
 static pthread_once_t be_amx_once = PTHREAD_ONCE_INIT;
 static bool be_amx_ok;
+static _Atomic bool be_amx_slab_only; /* tests: no per-thread buffer */
+
+void
+be_cpu_amx_set_slab_only(bool on)
+{
+    be_amx_slab_only = on;
+}
 
 static void
 be_amx_probe(void)
@@ -278,7 +285,7 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
         p1 = w->n_panels;
     if (m == 0 || p0 >= p1)
         return;
-    uint16_t *abuf = be_amx_buf((size_t)m * Kp);
+    uint16_t *abuf = be_amx_slab_only ? NULL : be_amx_buf((size_t)m * Kp);
     if (abuf != NULL)
         for (uint32_t i = 0; i < m; i++)
             be_amx_cvt(x + (size_t)i * ldx, K, Kp, abuf + (size_t)i * Kp);

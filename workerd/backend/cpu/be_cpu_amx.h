@@ -43,6 +43,10 @@ void be_cpu_amx_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, ui
 void be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
                      size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi);
 
+/* Tests: true makes every later call take the stack-slab path (the one an allocation failure
+ * takes), which must give the same bits. */
+void be_cpu_amx_set_slab_only(bool on);
+
 /* be_cpu_kernels.c's epilogue: mr rows of tile (stride tw) into y's columns [col0, +nvalid). */
 void be_cpu_tile_out(const float *tile, uint32_t mr, uint32_t tw, uint32_t col0, uint32_t nvalid,
                      float *y, size_t ldy, float *const *yrows, uint32_t m0, be_cpu_epi epi);
