@@ -350,6 +350,8 @@ def main():
                          "(0: none; the tables then end at the last turn all completed)")
     ap.add_argument("--ctl-arg", action="append", default=[], metavar="ARG",
                     help="extra wkvm-controld argument (repeat), e.g. --ctl-arg=--prefill-chunk=512")
+    ap.add_argument("--worker-arg", action="append", default=[], metavar="ARG",
+                    help="extra wkvm-workerd argument (repeat), e.g. --worker-arg=--cpu-matmul=bf16")
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("--svg", default=None, help="write the plot here")
     a = ap.parse_args()
@@ -385,7 +387,7 @@ def main():
             extra = (["--chat-template", a.chat_template] if a.chat_template else []) + a.ctl_arg
             with h.Stack(model=model, slots=a.slots, extra_ctl=extra) as s:
                 s.start_controller()
-                s.start_worker("w0", extra=["--threads", str(a.threads)])
+                s.start_worker("w0", extra=["--threads", str(a.threads)] + a.worker_arg)
                 s.wait(lambda: s.get("/ready").status == 200, "ready", timeout=600)
                 for name in wk:
                     # each mode starts with an empty checkpoint cache (the modes render the

@@ -47,6 +47,9 @@ void openblas_set_num_threads(int n);
 
 #define BENCH_MAX_BATCHES 16
 
+/* --cpu-matmul: how the kernel roof and the model pack BF16 matrices */
+static be_cpu_matmul bench_matmul = BE_CPU_MATMUL_FP32;
+
 static double
 bench_now(void)
 {
@@ -272,7 +275,7 @@ bench_kernel(int threads, uint32_t M, uint32_t K, uint32_t N)
     wrk_mat wm = {&t, K, N, false};
     be_cpu_mat pm;
     be_cpu_pool *pool = NULL;
-    if (be_cpu_mat_alloc(&pm, &wm) != WK_OK || be_cpu_pool_new((uint32_t)threads, &pool) != WK_OK)
+    if (be_cpu_mat_alloc_as(&pm, &wm, bench_matmul) != WK_OK || be_cpu_pool_new((uint32_t)threads, &pool) != WK_OK)
         bench_die("kernel bench setup failed", NULL);
     be_cpu_mat_pack_panels(&pm, &wm, 0, pm.n_panels);
     kern_job j = {be_cpu_isa_detect(), &pm, x, y, M, 0};
@@ -558,7 +561,7 @@ bench_ctx(const be_ops *ops, be_ctx *ctx, const uint32_t *ns, int n_ns, uint32_t
 
 /* The command line as wk_cfg fills it. */
 typedef struct bench_args {
-    const char *model, *batches, *seconds, *quantize, *pair, *ctx;
+    const char *model, *batches, *seconds, *quantize, *pair, *ctx, *cpu_matmul;
     uint32_t threads, prefill, bw_mib, sgemm_n, rounds, pairs;
     bool fp32;
 } bench_args;
@@ -577,6 +580,9 @@ static const wk_cfg_opt bench_table[] = {
     {"rounds", WK_CFG_U64, "3", 1, 100, "every figure is the best of R rounds"},
     {"fp32", WK_CFG_BOOL, NULL, 0, 0, "convert the weights to fp32 at load"},
     {"quantize", WK_CFG_STR, "none", 0, 0, "none or q8_0: quantize the matrices at load"},
+    {"cpu-matmul", WK_CFG_STR, "fp32", 0, 0,
+     "fp32 or bf16: BF16-weight products with fp32 activations (FMA chains) or with "
+     "activations rounded to bf16 on AMX tiles (a CPU with AMX-BF16)"},
     {"pair", WK_CFG_STR, NULL, 0, 0,
      "q8_0: decode batch 1 of the stored weights and of Q8_0 in one process, --pairs pairs of "
      "alternating --seconds windows, the median of the per-pair ratios"},
@@ -594,7 +600,7 @@ static const wk_cfg_bind bench_binds[] = {
     BENCH_BIND("sgemm-n", U32, sgemm_n), BENCH_BIND("rounds", U32, rounds),
     BENCH_BIND("fp32", BOOL, fp32),      BENCH_BIND("quantize", STR, quantize),
     BENCH_BIND("pair", STR, pair),       BENCH_BIND("pairs", U32, pairs),
-    BENCH_BIND("ctx", STR, ctx),
+    BENCH_BIND("ctx", STR, ctx),         BENCH_BIND("cpu-matmul", STR, cpu_matmul),
 };
 
 static const wk_cfg_tool bench_tool = {
@@ -656,6 +662,15 @@ main(int argc, char **argv)
         return 2;
     }
     q8_0 = strcmp(a.quantize, "q8_0") == 0;
+    if (strcmp(a.cpu_matmul, "fp32") != 0 && strcmp(a.cpu_matmul, "bf16") != 0) {
+        fprintf(stderr, "wkvm-bench-cpu: --cpu-matmul %s: fp32 or bf16\n", a.cpu_matmul);
+        return 2;
+    }
+    bench_matmul = strcmp(a.cpu_matmul, "bf16") == 0 ? BE_CPU_MATMUL_BF16 : BE_CPU_MATMUL_FP32;
+    if (bench_matmul == BE_CPU_MATMUL_BF16 && !be_cpu_amx_enable()) {
+        fprintf(stderr, "wkvm-bench-cpu: --cpu-matmul bf16 needs AMX-BF16, not available here\n");
+        return 2;
+    }
     if (a.pair != NULL) {
         if (strcmp(a.pair, "q8_0") != 0) {
             fprintf(stderr, "wkvm-bench-cpu: --pair %s: only q8_0\n", a.pair);
@@ -688,7 +703,8 @@ main(int argc, char **argv)
 
     /* model */
     wk_diag d = {{0}};
-    wrk_model_opts mo = {.fp32 = fp32 != 0, .quantize_q8_0 = q8_0 != 0};
+    wrk_model_opts mo = {.fp32 = fp32 != 0, .quantize_q8_0 = q8_0 != 0,
+                         .matmul_bf16 = bench_matmul == BE_CPU_MATMUL_BF16};
     wrk_model *m = NULL;
     if (wrk_model_load(model, &mo, &m, &d) != WK_OK)
         bench_die("load failed", d.msg);

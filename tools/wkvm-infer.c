@@ -64,6 +64,7 @@ typedef struct infer_opts {
     bool encode, decode;    /* modes */
     bool fp32, bench;       /* flags */
     bool q8_0;              /* --quantize q8_0 */
+    const char *cpu_matmul; /* --cpu-matmul fp32|bf16 */
 } infer_opts;
 
 /* The option table: --help prints it (wk_cfg_tool). */
@@ -88,6 +89,9 @@ static const wk_cfg_opt infer_table[] = {
     {"fp32", WK_CFG_BOOL, NULL, 0, 0, "convert the weights to fp32 at load"},
     {"quantize", WK_CFG_STR, "none", 0, 0,
      "none, or q8_0: quantize the checkpoint's matrices to Q8_0 at load"},
+    {"cpu-matmul", WK_CFG_STR, "fp32", 0, 0,
+     "fp32 or bf16: BF16-weight products with fp32 activations (FMA chains) or with "
+     "activations rounded to bf16 on AMX tiles (cpu backend, a CPU with AMX-BF16)"},
     {"bench", WK_CFG_BOOL, NULL, 0, 0,
      "print prefill and decode throughput (uses --tokens or --bench-prefill synthetic tokens, "
      "and --generate steps)"},
@@ -126,6 +130,7 @@ static const wk_cfg_bind infer_binds[] = {
     INFER_BIND("prefill-chunk", U32, chunk),
     INFER_BIND("fp32", BOOL, fp32),
     INFER_BIND("quantize", STR, quantize),
+    INFER_BIND("cpu-matmul", STR, cpu_matmul),
     INFER_BIND("bench", BOOL, bench),
     INFER_BIND("bench-batch", U32, bench_batch),
     INFER_BIND("bench-prefill", U32, bench_prefill),
@@ -980,6 +985,9 @@ main(int argc, char **argv)
         o.q8_0 = true;
     else if (strcmp(o.quantize, "none") != 0)
         infer_die(2, "--quantize %s: none or q8_0", o.quantize);
+    if (strcmp(o.cpu_matmul, "fp32") != 0 && strcmp(o.cpu_matmul, "bf16") != 0)
+        infer_die(2, "--cpu-matmul %s: fp32 or bf16", o.cpu_matmul);
+    const bool mm_bf16 = strcmp(o.cpu_matmul, "bf16") == 0;
     if (o.check_tol_s != NULL) {
         char *end = NULL;
         errno = 0;
@@ -1021,10 +1029,12 @@ main(int argc, char **argv)
     const be_ops *ops = be_ops_find(o.backend);
     if (ops == NULL)
         infer_die(1, "--backend %s: not available in this build", o.backend);
+    if (mm_bf16 && strcmp(ops->name, "cpu") != 0)
+        infer_die(1, "--cpu-matmul bf16: the cpu backend only");
 
     wk_diag d = {{0}};
     wrk_model_opts mo = {.fp32 = o.fp32 != 0, .quantize_q8_0 = o.q8_0 != 0,
-                         .vocab_path = o.vocab};
+                         .matmul_bf16 = mm_bf16, .vocab_path = o.vocab};
     wrk_model *m = NULL;
     wk_err e = wrk_model_load(o.model, &mo, &m, &d);
     if (e != WK_OK)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "backend/be.h"
+#include "backend/cpu/be_cpu_kernels.h"
 #include "wk_cfg.h"
 #include "wk_log.h"
 #include "wk_net.h"
@@ -51,6 +52,10 @@ static const wk_cfg_opt wrk_opts[] = {
     {"quantize", WK_CFG_STR, "none", 0, 0,
      "none or q8_0: quantize the checkpoint's matrices to Q8_0 at load (CPU backend; "
      "states made under Q8_0 only load into Q8_0 workers: the fingerprint differs)"},
+    {"cpu-matmul", WK_CFG_STR, "fp32", 0, 0,
+     "fp32 or bf16: BF16-weight products with fp32 activations (FMA chains, the same bits on "
+     "every CPU) or with activations rounded to bf16 on AMX tiles (CPU backend, BF16 weights, "
+     "a CPU with AMX-BF16; states only load into workers of the same mode)"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
     {"host-cache-bytes", WK_CFG_U64, "12884901888", 0, 1099511627776ull,
      "warm tier: host memory for copies of evicted states and checkpoints, a hard limit; "
@@ -75,6 +80,7 @@ typedef struct wrk_main_conf {
     uint32_t threads;       /* --threads */
     bool fp32;              /* --fp32 */
     const char *quantize;   /* --quantize */
+    const char *cpu_matmul; /* --cpu-matmul */
     const char *vocab;      /* --vocab */
     uint64_t host_cache;    /* --host-cache-bytes */
     uint32_t kv_pages;      /* --kv-pages */
@@ -99,6 +105,7 @@ static const wk_cfg_bind wrk_binds[] = {
     WRK_BIND("threads", U32, threads),
     WRK_BIND("fp32", BOOL, fp32),
     WRK_BIND("quantize", STR, quantize),
+    WRK_BIND("cpu-matmul", STR, cpu_matmul),
     WRK_BIND("vocab", STR, vocab),
     WRK_BIND("host-cache-bytes", U64, host_cache),
     WRK_BIND("kv-pages", U32, kv_pages),
@@ -203,6 +210,12 @@ main(int argc, char **argv)
         fprintf(stderr, "wkvm-workerd: --quantize %s: none or q8_0\n", quant ? quant : "");
         goto out;
     }
+    const char *mm = c.cpu_matmul;
+    if (mm == NULL || (strcmp(mm, "fp32") != 0 && strcmp(mm, "bf16") != 0)) {
+        fprintf(stderr, "wkvm-workerd: --cpu-matmul %s: fp32 or bf16\n", mm ? mm : "");
+        goto out;
+    }
+    const bool mm_bf16 = strcmp(mm, "bf16") == 0;
     if (wk_log_set_level_name(c.log_level) != WK_OK) {
         fprintf(stderr, "wkvm-workerd: unknown log level '%s'\n", c.log_level);
         goto out;
@@ -211,6 +224,12 @@ main(int argc, char **argv)
     if (ops == NULL) {
         fprintf(stderr, "wkvm-workerd: backend '%s' is not available (built: cpu%s)\n",
                 c.backend, be_cuda_ops_get() ? ", cuda" : "");
+        goto out;
+    }
+    if (mm_bf16 && (strcmp(ops->name, "cpu") != 0 || !be_cpu_amx_enable())) {
+        fprintf(stderr, "wkvm-workerd: --cpu-matmul bf16 needs the cpu backend on a CPU with "
+                        "AMX-BF16 tiles (%s); use --cpu-matmul fp32\n",
+                strcmp(ops->name, "cpu") != 0 ? "backend is not cpu" : "not available here");
         goto out;
     }
     char data_dir[2048], url[2200], id[64];
@@ -258,6 +277,7 @@ main(int argc, char **argv)
         .threads = c.threads,
         .fp32 = c.fp32,
         .quantize_q8_0 = strcmp(quant, "q8_0") == 0,
+        .matmul_bf16 = mm_bf16,
         .vocab_path = c.vocab,
         .host_cache_bytes = host_cache,
         .kv_pages = c.kv_pages,

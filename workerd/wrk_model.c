@@ -548,6 +548,13 @@ wrk_model_fingerprint(wrk_model *m)
     }
     if (n < 0 || (size_t)n >= sizeof(buf))
         return WK_EINVAL;
+    if (in->matmul_bf16) {
+        /* another numeric mode: a state made under it never loads into an fp32-mode worker */
+        int k = snprintf(buf + n, sizeof(buf) - (size_t)n, "matmul=bf16\n");
+        if (k < 0 || (size_t)k >= sizeof(buf) - (size_t)n)
+            return WK_EINVAL;
+        n += k;
+    }
     wk_sha256_hex(buf, (size_t)n, in->fingerprint);
     return WK_OK;
 }
@@ -833,6 +840,16 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
         in->dtype = opts != NULL && opts->quantize_q8_0 ? WK_DTYPE_Q8_0 : (wk_dtype)best;
     }
 
+    if (opts != NULL && opts->matmul_bf16) {
+        if (opts->fp32 || opts->quantize_q8_0 || in->dtype != WK_DTYPE_BF16) {
+            e = wk_diag_set(d, WK_EINVAL,
+                            "--cpu-matmul bf16 is for BF16 weights (these are kept as %s); drop "
+                            "it, --fp32 or --quantize",
+                            wk_dtype_name(in->dtype));
+            goto fail;
+        }
+        in->matmul_bf16 = true;
+    }
     if ((e = wrk_model_load_vocab(m, dir, opts, d)) != WK_OK)
         goto fail;
     if ((e = wrk_model_fingerprint(m)) != WK_OK) {

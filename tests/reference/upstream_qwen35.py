@@ -81,6 +81,7 @@ from transformers import (Qwen3_5Config, Qwen3_5ForCausalLM,  # noqa: E402
 
 TOL = 1e-4      # max |diff| / std(logits) against the float64 run of the same code
 TOL_F32 = 3e-4  # against the stock float32 run (its own two paths differ by up to ~1e-4)
+AMX_TOL = 0.25  # --cpu-matmul bf16 against float64, at most (see amx_figures)
 N_TOKENS = 40
 
 
@@ -132,7 +133,7 @@ CASES = [
      dict(SMALL, tie_word_embeddings=True, linear_num_value_heads=2, linear_value_head_dim=24),
      {}),
     ("multimodal-f32", dict(SMALL), {"multimodal": True}),
-    ("text-bf16", dict(SMALL), {"dtype": "bf16"}),
+    ("text-bf16", dict(SMALL), {"dtype": "bf16", "amx": True}),
     ("moe-f32-E8k2-shared", dict(SMALL, num_experts=8, num_experts_per_tok=2,
                                  moe_intermediate_size=32, shared_expert_intermediate_size=48),
      {"arch": "moe", "gguf": "f32"}),
@@ -253,6 +254,46 @@ def greedy_mismatch(ref, got):
     return bad
 
 
+def amx_figures(exe, d, toks, lp, V, model, seq64, figures, bounds):
+    """--cpu-matmul bf16 (activations rounded to bf16 on AMX tiles): prefill in
+    chunks of 3 and 7 bit-identical to the whole prompt, --batch-check, and
+    the logits against float64 within AMX_TOL and within half of
+    transformers' own bf16 run's distance (which rounds every activation, not
+    only the matmul inputs), and against that bf16 run within 1.5 times its
+    distance. On text-bf16: transformers bf16 0.91 std off float64 (max
+    |d|/std), wkvm bf16 0.11, wkvm's default fp32 mode 1.4e-5. Where the CPU
+    has no AMX-BF16 wkvm must refuse."""
+    mm = ["--cpu-matmul", "bf16"]
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    if "amx_bf16" not in flags or "amx_tile" not in flags:
+        p = subprocess.run([exe, "--model", d, "--tokens", "1,2", "--generate", "1"] + mm,
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode == 0 or "AMX" not in p.stderr:
+            raise ValueError("--cpu-matmul bf16 without AMX: %s" % p.stderr[-300:])
+        print("  (--cpu-matmul bf16 refused as it should: no AMX-BF16 here)")
+        return
+    got = upstream_venv.run_wkvm(exe, d, toks, lp, V, fp32=False, extra=mm)
+    for c in (3, 7):
+        if not np.array_equal(got, upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=c,
+                                                          fp32=False, extra=mm)):
+            raise ValueError("--cpu-matmul bf16: chunk %d is not bit-identical to whole" % c)
+    p = subprocess.run([exe, "--model", d, "--tokens", ",".join(map(str, toks[:17])),
+                        "--batch-check", "5"] + mm, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise ValueError("--cpu-matmul bf16 --batch-check: %s" % (p.stdout + p.stderr)[-300:])
+    bf = type(model).from_pretrained(d, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        tfb = bf(input_ids=torch.tensor([toks]), use_cache=False).logits[0].double().numpy()
+    own = upstream_venv.rel_err(seq64, tfb)
+    figures["tf-bf16 vs tf64"] = own
+    figures["wkvm-bf16 vs tf64"] = upstream_venv.rel_err(seq64, got)
+    figures["wkvm-bf16 vs tf-bf16"] = upstream_venv.rel_err(tfb, got)
+    bounds["tf-bf16 vs tf64"] = float("inf")  # reported only
+    bounds["wkvm-bf16 vs tf64"] = min(AMX_TOL, 0.5 * own)
+    bounds["wkvm-bf16 vs tf-bf16"] = 1.5 * own
+
+
 def main():
     build = upstream_venv.build_dir()
     exe = os.path.join(build, "tools", "wkvm-infer")
@@ -312,6 +353,8 @@ def main():
                     if p.returncode != 0 or ": ok" not in p.stdout + p.stderr and \
                             "identical" not in p.stdout + p.stderr:
                         raise ValueError("%s: %s" % (flag[0], (p.stdout + p.stderr)[-300:]))
+                if opt.get("amx"):
+                    amx_figures(exe, d, toks, lp, V, model, seq64, figures, bounds)
             except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
                 figures["wkvm"] = None
                 print("FAIL %s: %s" % (name, e))
@@ -319,6 +362,8 @@ def main():
             # as exact as transformers' own float32: within TOL, or twice its distance
             own = figures["tf32 sequence vs tf64"]
             for k in figures:
+                if k in bounds:
+                    continue
                 if k.startswith("gguf"):
                     bounds[k] = 1e-300  # bit-identical, checked above
                     continue

@@ -85,15 +85,15 @@ def build_dir():
     return os.path.normpath(os.path.join(HERE, "..", "..", "build"))
 
 
-def run_wkvm(exe, mdir, tokens, out, vocab, chunk=None, timeout=120, fp32=True):
+def run_wkvm(exe, mdir, tokens, out, vocab, chunk=None, timeout=120, fp32=True, extra=()):
     """Logits [T, V] (float64) of `wkvm-infer --fp32` on tokens from the zero
     state; chunk=1 prefills one token at a time; fp32=False runs the weights as
-    stored (Q8_0 blocks on the Q8_0 kernels). Raises RuntimeError on a
-    non-zero exit."""
+    stored (Q8_0 blocks on the Q8_0 kernels); extra: more wkvm-infer options.
+    Raises RuntimeError on a non-zero exit."""
     import subprocess
     from rwkv7_ref import read_logits
     cmd = [exe, "--model", mdir] + (["--fp32"] if fp32 else []) + [
-        "--tokens", ",".join(map(str, tokens)), "--logits-out", out]
+        "--tokens", ",".join(map(str, tokens)), "--logits-out", out] + list(extra)
     if chunk is not None:
         cmd += ["--prefill-chunk", str(chunk)]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "be.h"
+#include "be_cpu_amx.h"
 #include "be_cpu_kernels.h"
 #include "rwkv7_synth.h"
 #include "wrk_model.h"
@@ -289,6 +290,111 @@ test_gemm_kernels(void **state)
                 test_mat_free(&tm);
             }
     free(first_isa);
+}
+
+/* The bf16 the AMX mode feeds the tiles for activation v: RNE, denormals flushed (DAZ). */
+static double
+amx_act(float v)
+{
+    float r = wk_bf16_to_f32(wk_f32_to_bf16(v));
+    return fabsf(r) < 1.17549435e-38f ? 0.0 : (double)r;
+}
+
+/*
+ * --cpu-matmul bf16 (AMX tiles): against a float64 product of the
+ * bf16-rounded activations and the BF16 weights, within the fp32
+ * accumulation's error (1e-5 of sum |a w|; a missing or wrong activation
+ * rounding is ~2e-3 and fails); and, bitwise, a row alone == the row in any
+ * batch of 1..40 rows, any panel split == one call, any ISA argument, the
+ * stack-slab fallback == the buffered path, the ADD epilogue == y + the
+ * STORE result. Skipped where AMX is absent.
+ */
+static void
+test_gemm_amx(void **state)
+{
+    (void)state;
+    if (!be_cpu_amx_enable()) {
+        printf("AMX comparison skipped: no AMX-BF16 here\n");
+        skip();
+    }
+    static const uint32_t ks[] = {1, 33, 100, 1000};
+    static const uint32_t ns[] = {1, 17, 97, 200};
+    const uint32_t M = 40;
+    for (size_t ki = 0; ki < 4; ki++)
+        for (size_t ni = 0; ni < 4; ni++) {
+            const uint32_t K = ks[ki], N = ns[ni];
+            test_mat tm;
+            test_mat_make(&tm, WK_DTYPE_BF16, K, N, (ki + ni) % 2 == 1);
+            be_cpu_mat pm;
+            assert_int_equal(be_cpu_mat_alloc_as(&pm, &tm.m, BE_CPU_MATMUL_BF16), WK_OK);
+            assert_true(pm.amx);
+            be_cpu_mat_pack_panels(&pm, &tm.m, 0, pm.n_panels);
+            float *x = malloc(sizeof(float) * M * K);
+            for (size_t i = 0; i < (size_t)M * K; i++)
+                x[i] = frand() * (i % 5 == 0 ? 1e3f : 1.0f);
+            if (K > 1)
+                x[1] = 1e-39f; /* a denormal activation: flushed */
+            float *y = malloc(sizeof(float) * M * N), *yb = malloc(sizeof(float) * M * N);
+            be_cpu_gemm(BE_CPU_ISA_AVX512, &pm, x, K, M, y, N, NULL, 0, pm.n_panels,
+                        BE_CPU_EPI_STORE);
+            for (uint32_t i = 0; i < M; i++)
+                for (uint32_t c = 0; c < N; c++) {
+                    double sum = 0, mag = 0;
+                    for (uint32_t k = 0; k < K; k++) {
+                        double t = amx_act(x[(size_t)i * K + k]) * tm.ref[(size_t)k * N + c];
+                        sum += t;
+                        mag += fabs(t);
+                    }
+                    assert_float_equal(y[(size_t)i * N + c], sum, 1e-5 * mag + 1e-30);
+                }
+            /* any row count (row blocks of 16 and the rest): the same bits per row */
+            for (uint32_t m = 1; m <= M; m += (m < 18 ? 1 : 7)) {
+                const uint32_t r0 = (M - m) / 2;
+                memset(yb, 0xff, sizeof(float) * M * N);
+                be_cpu_gemm(BE_CPU_ISA_SCALAR, &pm, x + (size_t)r0 * K, K, m, yb, N, NULL, 0,
+                            pm.n_panels, BE_CPU_EPI_STORE);
+                assert_memory_equal(yb, y + (size_t)r0 * N, sizeof(float) * m * N);
+            }
+            /* panel splits, as threads take them */
+            for (uint32_t split = 1; split < pm.n_panels; split += 2) {
+                memset(yb, 0xff, sizeof(float) * M * N);
+                be_cpu_gemm(BE_CPU_ISA_AVX2, &pm, x, K, M, yb, N, NULL, 0, split,
+                            BE_CPU_EPI_STORE);
+                be_cpu_gemm(BE_CPU_ISA_AVX2, &pm, x, K, M, yb, N, NULL, split, pm.n_panels,
+                            BE_CPU_EPI_STORE);
+                assert_memory_equal(yb, y, sizeof(float) * M * N);
+            }
+            /* the stack-slab path (taken when the activation buffer cannot grow): same bits */
+            be_cpu_amx_set_slab_only(true);
+            memset(yb, 0xff, sizeof(float) * M * N);
+            be_cpu_gemm(BE_CPU_ISA_AVX512, &pm, x, K, M, yb, N, NULL, 0, pm.n_panels,
+                        BE_CPU_EPI_STORE);
+            be_cpu_amx_set_slab_only(false);
+            assert_memory_equal(yb, y, sizeof(float) * M * N);
+            /* the ADD epilogue into scattered rows */
+            float *rows[3] = {yb + 2 * N, yb, yb + N};
+            for (uint32_t i = 0; i < 3 * N; i++)
+                yb[i] = 0.5f;
+            be_cpu_gemm(BE_CPU_ISA_AVX512, &pm, x, K, 3, NULL, 0, rows, 0, pm.n_panels,
+                        BE_CPU_EPI_ADD);
+            for (uint32_t i = 0; i < 3; i++)
+                for (uint32_t c = 0; c < N; c++)
+                    assert_true(rows[i][c] == 0.5f + y[(size_t)i * N + c]);
+            free(x);
+            free(y);
+            free(yb);
+            be_cpu_mat_free(&pm);
+            test_mat_free(&tm);
+        }
+    /* other dtypes keep the fp32 kernels (and their packing) in bf16 mode */
+    test_mat tf;
+    test_mat_make(&tf, WK_DTYPE_F32, 33, 17, false);
+    assert_int_equal(be_cpu_mat_bytes_as(&tf.m, BE_CPU_MATMUL_BF16), be_cpu_mat_bytes(&tf.m));
+    be_cpu_mat pf;
+    assert_int_equal(be_cpu_mat_alloc_as(&pf, &tf.m, BE_CPU_MATMUL_BF16), WK_OK);
+    assert_false(pf.amx);
+    be_cpu_mat_free(&pf);
+    test_mat_free(&tf);
 }
 
 /*
@@ -941,6 +1047,7 @@ main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_kernels),
         cmocka_unit_test(test_gemm_q8_0),
+        cmocka_unit_test(test_gemm_amx),
         cmocka_unit_test(test_wkv_kernel),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_chunked_prefill),

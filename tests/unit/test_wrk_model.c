@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "be.h"
+#include "be_cpu_kernels.h"
 #include "rwkv7_synth.h"
 #include "wrk_gdn.h"
 #include "wrk_model.h"
@@ -152,6 +153,49 @@ test_conventions_identical(void **state)
     wk_diag dg = {{0}};
     assert_int_equal(wrk_model_load(dh, &both, &mb, &dg), WK_EINVAL);
     assert_non_null(strstr(dg.msg, "--quantize q8_0"));
+
+    /*
+     * --cpu-matmul bf16: same digest and dtype, a fingerprint of its own (a
+     * state made in one numeric mode never loads into the other); only for
+     * weights kept in BF16. With AMX here: logits close to the fp32 mode's
+     * but not equal; without it the CPU backend refuses to open.
+     */
+    wrk_model_opts om = {.matmul_bf16 = true};
+    wrk_model *mm = NULL;
+    assert_int_equal(wrk_model_load(dh, &om, &mm, &dg), WK_OK);
+    const wrk_model_info *im = wrk_model_info_get(mm);
+    assert_int_equal(im->dtype, WK_DTYPE_BF16);
+    assert_true(im->matmul_bf16);
+    assert_string_equal(im->weights_digest, ih.weights_digest);
+    assert_string_not_equal(im->fingerprint, ih.fingerprint);
+    assert_string_not_equal(im->fingerprint, i32.fingerprint);
+    assert_string_not_equal(im->fingerprint, iqh.fingerprint);
+    if (be_cpu_amx_enable()) {
+        char fp[sizeof(im->fingerprint)];
+        memcpy(fp, im->fingerprint, sizeof(fp));
+        wrk_model_free(mm);
+        wrk_model_info imb;
+        float *lm = logits_of(db, &om, &imb); /* the other naming convention: same fingerprint */
+        assert_string_equal(imb.fingerprint, fp);
+        differs = false;
+        for (size_t i = 0; i < ih.vocab_size * N_TEST_TOKENS; i++) {
+            assert_float_equal(lm[i], lh[i], 0.05);
+            differs |= lm[i] != lh[i];
+        }
+        assert_true(differs);
+        free(lm);
+    } else {
+        be_config bc = {.n_slots = 2, .n_threads = 1};
+        be_ctx *ctx = NULL;
+        assert_int_equal(be_cpu_ops.open(&bc, mm, &ctx, &dg), WK_ENOTSUP);
+        assert_non_null(strstr(dg.msg, "AMX"));
+        wrk_model_free(mm);
+    }
+    for (int i = 0; i < 2; i++) {
+        wrk_model_opts bad = {.matmul_bf16 = true, .fp32 = i == 0, .quantize_q8_0 = i == 1};
+        assert_int_equal(wrk_model_load(dh, &bad, &mb, &dg), WK_EINVAL);
+        assert_non_null(strstr(dg.msg, "--cpu-matmul bf16"));
+    }
     free(lqh);
     free(lqb);
     free(l32);

@@ -31,6 +31,13 @@ be_cpu_base_open(be_cpu_base *b, const be_config *cfg, const wrk_model *m, size_
                            cfg->n_slots);
     b->model = m;
     b->isa = be_cpu_isa_detect();
+    if (wrk_model_info_get(m)->matmul_bf16) {
+        if (!be_cpu_amx_enable())
+            return wk_diag_set(d, WK_ENOTSUP,
+                               "cpu backend: --cpu-matmul bf16 needs AMX-BF16 tiles, which this "
+                               "CPU (or its kernel) does not offer; use --cpu-matmul fp32");
+        b->matmul = BE_CPU_MATMUL_BF16;
+    }
     b->V = wrk_model_info_get(m)->vocab_size;
     b->max_rows = cfg->max_step_rows ? cfg->max_step_rows : BE_ROWS_DEF_ROWS;
     b->max_tokens = cfg->max_step_tokens ? cfg->max_step_tokens : BE_ROWS_DEF_TOKENS;
@@ -350,7 +357,7 @@ be_cpu_pack_mats(be_cpu_base *b, be_cpu_mat *const *dst, const wrk_mat *const *s
                  wk_diag *d)
 {
     for (size_t i = 0; i < n; i++) {
-        size_t bytes = be_cpu_mat_bytes(src[i]);
+        size_t bytes = be_cpu_mat_bytes_as(src[i], b->matmul);
         if (bytes == 0)
             return wk_diag_set(d, WK_EINVAL, "cpu backend: matrix %zu (%s) unusable", i,
                                src[i]->t != NULL ? src[i]->t->name : "absent");
@@ -358,7 +365,7 @@ be_cpu_pack_mats(be_cpu_base *b, be_cpu_mat *const *dst, const wrk_mat *const *s
         if (mem == NULL)
             return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory packing %s",
                                src[i]->t->name);
-        if (be_cpu_mat_init(dst[i], src[i], mem) != WK_OK) {
+        if (be_cpu_mat_init_as(dst[i], src[i], mem, b->matmul) != WK_OK) {
             free(mem);
             return wk_diag_set(d, WK_EINVAL, "cpu backend: cannot pack %s", src[i]->t->name);
         }

@@ -62,6 +62,7 @@ typedef wk_err (*be_cpu_pre_step_fn)(be_cpu_base *b, const be_row *rows, size_t 
 struct be_cpu_base {
     const wrk_model *model; /* borrowed for the context's life */
     be_cpu_isa isa;         /* kernel path */
+    be_cpu_matmul matmul;   /* BF16-weight products: fp32 FMA chains or AMX (--cpu-matmul) */
     be_cpu_pool *pool;      /* threads */
     uint32_t n_threads;     /* pool size */
     uint32_t V;             /* vocab (token ids and logits width) */

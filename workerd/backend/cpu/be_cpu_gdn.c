@@ -1944,7 +1944,7 @@ gdn_pack_block(be_ctx *c, be_cpu_mat *const *dst, const wrk_mat *const *src, siz
 {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        const size_t bytes = be_cpu_mat_bytes(src[i]);
+        const size_t bytes = be_cpu_mat_bytes_as(src[i], c->b.matmul);
         if (bytes == 0)
             return wk_diag_set(d, WK_EINVAL, "cpu backend: %s: cannot pack (dtype %s)",
                                src[i]->t != NULL ? src[i]->t->name : "absent",
@@ -1956,7 +1956,7 @@ gdn_pack_block(be_ctx *c, be_cpu_mat *const *dst, const wrk_mat *const *src, siz
                            total);
     uint8_t *wp = c->weights;
     for (size_t i = 0; i < n; i++) {
-        wk_err e = be_cpu_mat_init(dst[i], src[i], wp);
+        wk_err e = be_cpu_mat_init_as(dst[i], src[i], wp, c->b.matmul);
         if (e != WK_OK)
             return wk_diag_set(d, e, "cpu backend: cannot pack %s", src[i]->t->name);
         wp += dst[i]->bytes;

@@ -13,6 +13,7 @@
  * hot path, never logs.
  */
 #include "be_cpu_kernels.h"
+#include "be_cpu_amx.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -78,6 +79,19 @@ be_cpu_isa_name(be_cpu_isa isa)
 size_t
 be_cpu_mat_bytes(const wrk_mat *src)
 {
+    return be_cpu_mat_bytes_as(src, BE_CPU_MATMUL_FP32);
+}
+
+/* Whether src is packed for AMX under mode. */
+static bool
+be_cpu_mat_amx(const wrk_mat *src, be_cpu_matmul mode)
+{
+    return mode == BE_CPU_MATMUL_BF16 && src->t->dtype == WK_DTYPE_BF16;
+}
+
+size_t
+be_cpu_mat_bytes_as(const wrk_mat *src, be_cpu_matmul mode)
+{
     if (src == NULL || src->t == NULL || src->n_in == 0 || src->n_out == 0)
         return 0;
     wk_dtype dt = src->t->dtype;
@@ -91,6 +105,8 @@ be_cpu_mat_bytes(const wrk_mat *src)
     }
     if (dt != WK_DTYPE_F32 && dt != WK_DTYPE_F16 && dt != WK_DTYPE_BF16)
         return 0;
+    if (be_cpu_mat_amx(src, mode))
+        return np * be_cpu_amx_kp(src->n_in) * BE_CPU_NR * 2; /* a multiple of 2048 */
     size_t bytes = np * src->n_in * BE_CPU_NR * wk_dtype_size(dt);
     return (bytes + 63) & ~(size_t)63;
 }
@@ -98,8 +114,14 @@ be_cpu_mat_bytes(const wrk_mat *src)
 wk_err
 be_cpu_mat_init(be_cpu_mat *dst, const wrk_mat *src, void *mem)
 {
+    return be_cpu_mat_init_as(dst, src, mem, BE_CPU_MATMUL_FP32);
+}
+
+wk_err
+be_cpu_mat_init_as(be_cpu_mat *dst, const wrk_mat *src, void *mem, be_cpu_matmul mode)
+{
     memset(dst, 0, sizeof(*dst));
-    size_t bytes = be_cpu_mat_bytes(src);
+    size_t bytes = be_cpu_mat_bytes_as(src, mode);
     if (bytes == 0 || mem == NULL || ((uintptr_t)mem & 63) != 0)
         return WK_EINVAL;
     dst->dtype = src->t->dtype;
@@ -108,20 +130,27 @@ be_cpu_mat_init(be_cpu_mat *dst, const wrk_mat *src, void *mem)
     dst->n_panels = (src->n_out + BE_CPU_NR - 1) / BE_CPU_NR;
     dst->data = mem;
     dst->bytes = bytes;
+    dst->amx = be_cpu_mat_amx(src, mode);
     return WK_OK;
 }
 
 wk_err
 be_cpu_mat_alloc(be_cpu_mat *dst, const wrk_mat *src)
 {
+    return be_cpu_mat_alloc_as(dst, src, BE_CPU_MATMUL_FP32);
+}
+
+wk_err
+be_cpu_mat_alloc_as(be_cpu_mat *dst, const wrk_mat *src, be_cpu_matmul mode)
+{
     memset(dst, 0, sizeof(*dst));
-    size_t bytes = be_cpu_mat_bytes(src);
+    size_t bytes = be_cpu_mat_bytes_as(src, mode);
     if (bytes == 0)
         return WK_EINVAL;
     void *p = aligned_alloc(64, bytes);
     if (p == NULL)
         return WK_ENOMEM;
-    wk_err e = be_cpu_mat_init(dst, src, p);
+    wk_err e = be_cpu_mat_init_as(dst, src, p, mode);
     if (e != WK_OK) {
         free(p);
         return e;
@@ -175,6 +204,10 @@ be_cpu_mat_pack_q8(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1
 void
 be_cpu_mat_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1)
 {
+    if (dst->amx) {
+        be_cpu_amx_pack_panels(dst, src, p0, p1);
+        return;
+    }
     if (dst->dtype == WK_DTYPE_Q8_0) {
         be_cpu_mat_pack_q8(dst, src, p0, p1);
         return;
@@ -252,7 +285,7 @@ be_cpu_epi_apply(be_cpu_epi epi, float acc, float old)
  * Writes a finished tile: mr rows of tile (row stride tw floats) into
  * columns [col0, col0 + nvalid) of rows m0.. of y.
  */
-static void
+void
 be_cpu_tile_out(const float *tile, uint32_t mr, uint32_t tw, uint32_t col0, uint32_t nvalid,
                 float *y, size_t ldy, float *const *yrows, uint32_t m0, be_cpu_epi epi)
 {
@@ -1130,6 +1163,10 @@ be_cpu_gemm(be_cpu_isa isa, const be_cpu_mat *w, const float *x, size_t ldx, uin
         p1 = w->n_panels;
     if (m == 0 || p0 >= p1)
         return;
+    if (w->amx) {
+        be_cpu_amx_gemm(w, x, ldx, m, y, ldy, yrows, p0, p1, epi);
+        return;
+    }
 #if BE_CPU_X86
     if (isa == BE_CPU_ISA_AVX512) {
         be_cpu_gemm_vec(w, x, ldx, m, y, ldy, yrows, p0, p1, epi, 16, 12, k512_nv_max,

@@ -21,6 +21,12 @@
  * path does the same with fmaf, so for Q8_0 all three paths give the same
  * bits (and, as for the other dtypes, independent of m and the threads).
  *
+ * The `--cpu-matmul bf16` mode (BE_CPU_MATMUL_BF16) packs BF16 matrices for
+ * AMX tiles instead and rounds the activations to bf16 for their products:
+ * results no longer match the FMA chain's bits, but stay independent of m
+ * and the threads (be_cpu_amx.h says exactly what it computes). F32, F16
+ * and Q8_0 matrices keep the fp32 kernels in either mode.
+ *
  * Kernels are selected at run time from the CPU's features; the baseline
  * build runs anywhere. WKVM_CPU_ISA=scalar|avx2|avx512 in the environment
  * forces a lower path (for tests and comparisons).
@@ -55,6 +61,19 @@ be_cpu_isa be_cpu_isa_detect(void);
 /* "scalar", "avx2", "avx512". */
 const char *be_cpu_isa_name(be_cpu_isa isa);
 
+/* How BF16-weight products are computed (--cpu-matmul). */
+typedef enum be_cpu_matmul {
+    BE_CPU_MATMUL_FP32 = 0, /* fp32 activations, one FMA chain per output (the default) */
+    BE_CPU_MATMUL_BF16 = 1, /* bf16 activations on AMX tiles (be_cpu_amx.h) */
+} be_cpu_matmul;
+
+/*
+ * Whether this process can use AMX-BF16 tiles: the CPU has AMX-TILE,
+ * AMX-BF16 and AVX-512F, and Linux granted the tile state (asked once, on
+ * the first call). WKVM_CPU_AMX=off in the environment says no (tests).
+ */
+bool be_cpu_amx_enable(void);
+
 /* A packed weight matrix (K inputs -> N outputs). */
 typedef struct be_cpu_mat {
     wk_dtype dtype;    /* element type of data */
@@ -65,6 +84,7 @@ typedef struct be_cpu_mat {
                           blocks of BE_CPU_Q8_BLOCK_BYTES) */
     size_t bytes;      /* bytes at data */
     bool owned;        /* data is freed by be_cpu_mat_free */
+    bool amx;          /* BF16 packed for AMX tiles (BE_CPU_MATMUL_BF16; be_cpu_amx.h layout) */
 } be_cpu_mat;
 
 /* Bytes (a multiple of 64) the packed form of src takes; 0 when src is unusable. */
@@ -93,6 +113,16 @@ void *be_cpu_big_alloc(size_t bytes);
 
 /* Fills panels [p0, p1) of dst from src. Thread-safe for disjoint ranges. */
 void be_cpu_mat_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1);
+
+/*
+ * The same three for a numeric mode: under BE_CPU_MATMUL_BF16 a BF16 src is
+ * packed for AMX (the caller checked be_cpu_amx_enable()); other dtypes and
+ * BE_CPU_MATMUL_FP32 give what the functions above give.
+ */
+size_t be_cpu_mat_bytes_as(const wrk_mat *src, be_cpu_matmul mode);
+WK_MUST_CHECK wk_err be_cpu_mat_init_as(be_cpu_mat *dst, const wrk_mat *src, void *mem,
+                                        be_cpu_matmul mode);
+WK_MUST_CHECK wk_err be_cpu_mat_alloc_as(be_cpu_mat *dst, const wrk_mat *src, be_cpu_matmul mode);
 
 /* Frees dst's data; leaves it zeroed. NULL-safe. */
 void be_cpu_mat_free(be_cpu_mat *dst);
