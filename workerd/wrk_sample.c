@@ -9,6 +9,9 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 static uint64_t
 wrk_splitmix64(uint64_t x)
@@ -42,6 +45,13 @@ wrk_cand_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+static int
+wrk_id_cmp(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 static void
 wrk_apply_penalties(float *logits, uint32_t vocab, const wrk_sample_params *p)
 {
@@ -52,15 +62,8 @@ wrk_apply_penalties(float *logits, uint32_t vocab, const wrk_sample_params *p)
     if (h == NULL)
         return;
     memcpy(h, p->history, p->n_history * sizeof(*h));
-    for (size_t i = 1; i < p->n_history; i++) {
-        int32_t v = h[i];
-        size_t j = i;
-        while (j > 0 && h[j - 1] > v) {
-            h[j] = h[j - 1];
-            j--;
-        }
-        h[j] = v;
-    }
+    /* (ids only: any sort gives the same runs; an insertion sort was quadratic in the window) */
+    qsort(h, p->n_history, sizeof(*h), wrk_id_cmp);
     for (size_t i = 0; i < p->n_history;) {
         size_t j = i;
         while (j < p->n_history && h[j] == h[i])
@@ -71,6 +74,57 @@ wrk_apply_penalties(float *logits, uint32_t vocab, const wrk_sample_params *p)
         i = j;
     }
     free(h);
+}
+
+/*
+ * The largest logit's index, the first one on a tie, NaN never; 0 when no
+ * logit is above -inf. The same index as a scalar "x[i] > max" scan, found
+ * in two vector passes: 16 independent running maxima (a select per lane,
+ * maxps(x, m) being exactly "x > m ? x : m", so no reassociation), then the
+ * first index that equals the maximum (-0 == +0, and the scan too keeps the
+ * first of those). Greedy decoding runs this over the whole vocabulary
+ * every token (248,320 logits on Qwen3.5).
+ */
+uint32_t
+wrk_sample_argmax(const float *x, uint32_t n)
+{
+    uint32_t i = 0;
+    float mx = -INFINITY;
+#if defined(__SSE2__)
+    __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
+    for (; n - i >= 16; i += 16) {
+        m0 = _mm_max_ps(_mm_loadu_ps(x + i), m0);
+        m1 = _mm_max_ps(_mm_loadu_ps(x + i + 4), m1);
+        m2 = _mm_max_ps(_mm_loadu_ps(x + i + 8), m2);
+        m3 = _mm_max_ps(_mm_loadu_ps(x + i + 12), m3);
+    }
+    float lane[16];
+    _mm_storeu_ps(lane, m0);
+    _mm_storeu_ps(lane + 4, m1);
+    _mm_storeu_ps(lane + 8, m2);
+    _mm_storeu_ps(lane + 12, m3);
+    for (int j = 0; j < 16; j++)
+        mx = lane[j] > mx ? lane[j] : mx;
+#endif
+    for (; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    if (!(mx > -INFINITY))
+        return 0;
+    i = 0;
+#if defined(__SSE2__)
+    const __m128 v = _mm_set1_ps(mx);
+    for (; n - i >= 16; i += 16) {
+        __m128 e0 = _mm_cmpeq_ps(_mm_loadu_ps(x + i), v);
+        __m128 e1 = _mm_cmpeq_ps(_mm_loadu_ps(x + i + 4), v);
+        __m128 e2 = _mm_cmpeq_ps(_mm_loadu_ps(x + i + 8), v);
+        __m128 e3 = _mm_cmpeq_ps(_mm_loadu_ps(x + i + 12), v);
+        if (_mm_movemask_ps(_mm_or_ps(_mm_or_ps(e0, e1), _mm_or_ps(e2, e3))) != 0)
+            break; /* the first equal one is in these 16 */
+    }
+#endif
+    while (x[i] != mx) /* (mx is one of x: this ends) */
+        i++;
+    return i;
 }
 
 /*
@@ -135,14 +189,8 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
         }
     }
 
-    float mx = -INFINITY;
-    uint32_t best = 0;
-    for (uint32_t i = 0; i < vocab; i++) {
-        if (logits[i] > mx) {
-            mx = logits[i];
-            best = i;
-        }
-    }
+    uint32_t best = wrk_sample_argmax(logits, vocab);
+    float mx = logits[best] > -INFINITY ? logits[best] : -INFINITY; /* (NaN at 0: -inf) */
     memset(out, 0, sizeof(*out));
     bool want_lp = p->want_logprob || p->top_logprobs > 0;
     float lse = 0.0f;
