@@ -48,10 +48,11 @@ scalar_argmax(const float *x, uint32_t n)
     return best;
 }
 
-enum { CASE_SCAN, CASE_GREEDY, CASE_GREEDY_LP, CASE_T1_TOPK40, CASE__N };
+enum { CASE_SCAN, CASE_GREEDY, CASE_GREEDY_LP, CASE_T1_TOPK40, CASE_T1_TOPK1000, CASE_T1_TOPP,
+       CASE__N };
 static const char *const case_names[CASE__N] = {
     "scalar scan (before)", "wrk_sample greedy", "wrk_sample greedy + logprob",
-    "wrk_sample T=1 top_k=40 top_p=0.9"};
+    "wrk_sample T=1 top_k=40 top_p=0.9", "wrk_sample T=1 top_k=1000", "wrk_sample T=1 top_p=0.9"};
 
 int
 main(int argc, char **argv)
@@ -87,10 +88,10 @@ main(int argc, char **argv)
             wrk_sample_params p = {0};
             if (c == CASE_GREEDY_LP)
                 p.want_logprob = true;
-            if (c == CASE_T1_TOPK40) {
+            if (c >= CASE_T1_TOPK40) {
                 p.temperature = 1.0f;
-                p.top_k = 40;
-                p.top_p = 0.9f;
+                p.top_k = c == CASE_T1_TOPK40 ? 40 : c == CASE_T1_TOPK1000 ? 1000 : 0;
+                p.top_p = c == CASE_T1_TOPK1000 ? 0.0f : 0.9f;
                 p.sample_index = k;
             }
             wrk_sample_result r;

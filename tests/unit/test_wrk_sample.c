@@ -172,6 +172,95 @@ test_penalties_long_history(void **state)
     assert_int_equal(r.token, (int32_t)ref_argmax(want, V));
 }
 
+typedef struct ref_cand {
+    float logit;
+    int32_t id;
+} ref_cand;
+
+static int
+ref_cand_cmp(const void *a, const void *b)
+{
+    const ref_cand *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* top_k sampling done the plain way (every candidate sorted): the token wrk_sample must pick. */
+static int32_t
+ref_sample_top_k(const float *l, uint32_t n, float temp, uint32_t k, uint64_t seed, uint64_t idx)
+{
+    float mx = l[ref_argmax(l, n)], inv_t = 1.0f / temp, cut = mx - 30.0f * temp;
+    ref_cand *c = malloc(n * sizeof(*c)), *s = malloc(n * sizeof(*s));
+    assert_non_null(c);
+    assert_non_null(s);
+    uint32_t nc = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (l[i] >= cut)
+            c[nc++] = (ref_cand){l[i], (int32_t)i};
+    memcpy(s, c, nc * sizeof(*c));
+    qsort(s, nc, sizeof(*s), ref_cand_cmp);
+    uint32_t m = nc;
+    if (k > 0 && k < nc) {
+        m = 0;
+        for (uint32_t i = 0; i < nc; i++)
+            if (ref_cand_cmp(&c[i], &s[k - 1]) <= 0)
+                c[m++] = c[i];
+    }
+    double sum = 0.0;
+    for (uint32_t i = 0; i < m; i++)
+        sum += expf((c[i].logit - mx) * inv_t);
+    double u = wrk_sample_uniform(seed, idx) * sum, acc = 0.0;
+    int32_t chosen = c[0].id;
+    for (uint32_t i = 0; i < m; i++) {
+        chosen = c[i].id;
+        acc += expf((c[i].logit - mx) * inv_t);
+        if (u < acc)
+            break;
+    }
+    free(c);
+    free(s);
+    return chosen;
+}
+
+/*
+ * top_k by one-pass selection (k <= 64) and by quickselect (larger k) keeps
+ * exactly the candidates a full sort keeps: on logits with ties everywhere
+ * (few distinct values) and on spread ones, k around both paths' edges.
+ */
+static void
+test_top_k_selection_matches_sort(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    static float src[N], l[N];
+    const uint32_t ks[] = {1, 2, 7, 40, 63, 64, 65, 100, 999, 2999};
+    const float temps[] = {0.5f, 1.0f, 3.0f};
+    uint32_t seed = 17;
+    for (int tie = 0; tie < 2; tie++) {
+        for (uint32_t i = 0; i < N; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            src[i] = tie ? (float)((seed >> 8) % 13) * 0.25f
+                         : (float)(seed >> 8) / (float)(1u << 24) * 12.0f - 6.0f;
+        }
+        for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++) {
+            for (size_t b = 0; b < sizeof(temps) / sizeof(temps[0]); b++) {
+                for (uint64_t idx = 0; idx < 12; idx++) {
+                    memcpy(l, src, sizeof(l));
+                    wrk_sample_params p = {.temperature = temps[b], .top_k = ks[a], .seed = 5,
+                                           .sample_index = idx};
+                    wrk_sample_result r;
+                    assert_int_equal(wrk_sample(l, N, &p, &r), WK_OK);
+                    int32_t want = ref_sample_top_k(src, N, temps[b], ks[a], 5, idx);
+                    if (r.token != want)
+                        fail_msg("ties=%d k=%u T=%g index=%llu: token %d, the sort gives %d", tie,
+                                 ks[a], (double)temps[b], (unsigned long long)idx, r.token, want);
+                }
+            }
+        }
+    }
+}
+
 /* Ties go to the lowest id: greedy, top_k = 1 and the top_logprobs order. */
 static void
 test_ties(void **state)
@@ -449,6 +538,7 @@ main(void)
         cmocka_unit_test(test_argmax_matches_scan),
         cmocka_unit_test(test_greedy_big_vocab_bits),
         cmocka_unit_test(test_penalties_long_history),
+        cmocka_unit_test(test_top_k_selection_matches_sort),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
