@@ -18,8 +18,10 @@ does not stay in a slot until its next turn), each with its own tool outputs.
 Reports per turn (the median over the conversations, and the largest TTFT) the
 request bytes sent, the prompt tokens computed (input - cached; llama-server's
 timings.prompt_n), the time to the first text event (TTFT) and the total, the
-wall time and the load average of each mode, and (--svg) a plot of TTFT and
-bytes per turn written as SVG by hand (no plotting library needed).
+wall time, the load average and (wkvm modes) the worker's CPU seconds (utime +
+stime, in all and per turn; other load moves it less than TTFT, but its pool's
+spin-waits and shared caches still do) of each mode, and (--svg) a plot of
+TTFT and bytes per turn written as SVG by hand (no plotting library needed).
 
 The RWKV-7 comparison: wkvm-mkmodel --vocab-file rwkv_vocab_v20230424.txt writes
 the HF layout that wkvm reads (--model) and llama.cpp's convert_hf_to_gguf.py
