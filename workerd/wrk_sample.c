@@ -142,8 +142,41 @@ wrk_cand_heavier(const wrk_cand *a, const wrk_cand *b)
     return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
 }
 
-/* top_k up to this keeps its k heaviest in a small sorted array (one pass, no copy) */
+/* top_k up to this is taken in one pass over the logits (wrk_top_k_small) */
 #define WRK_TOP_K_SMALL 64
+
+/*
+ * top_k <= WRK_TOP_K_SMALL straight from the logits: the k heaviest of the
+ * candidates (logit >= cut; all of them when fewer), one pass with a small
+ * sorted array (most logits fail its first test), returned in id order:
+ * the same set and order as collecting every candidate and then
+ * wrk_keep_top_k(), without the vocab-sized buffers.
+ */
+static uint32_t
+wrk_top_k_small(const float *logits, uint32_t vocab, float cut, uint32_t k,
+                wrk_cand top[WRK_TOP_K_SMALL])
+{
+    uint32_t nt = 0;
+    for (uint32_t i = 0; i < vocab; i++) {
+        if (!(logits[i] >= cut))
+            continue;
+        wrk_cand x = {logits[i], (int32_t)i};
+        if (nt == k && !wrk_cand_heavier(&x, &top[k - 1]))
+            continue;
+        uint32_t j = nt < k ? nt++ : k - 1;
+        for (; j > 0 && wrk_cand_heavier(&x, &top[j - 1]); j--)
+            top[j] = top[j - 1];
+        top[j] = x;
+    }
+    for (uint32_t i = 1; i < nt; i++) { /* into id order */
+        wrk_cand x = top[i];
+        uint32_t j = i;
+        for (; j > 0 && top[j - 1].id > x.id; j--)
+            top[j] = top[j - 1];
+        top[j] = x;
+    }
+    return nt;
+}
 
 static void
 wrk_cand_swap(wrk_cand *a, wrk_cand *b)
@@ -197,42 +230,23 @@ wrk_cand_select(wrk_cand *c, uint32_t n, uint32_t pos)
 
 /*
  * Keeps the k heaviest candidates (ties: lower id first), in id order. The
- * k-th heaviest is found in one pass for a small k, else by selection, not
- * a sort of every candidate (at T=1 on a 248,320 vocab nearly all are
- * candidates: the qsort was ~25 ms a token); the same one any way, the
- * order being total.
+ * k-th heaviest is found by selection, not a sort of every candidate (at
+ * T=1 on a 248,320 vocab nearly all are candidates: the qsort was ~25 ms a
+ * token); the same one either way, the order being total.
  */
 static uint32_t
 wrk_keep_top_k(wrk_cand *c, uint32_t n, uint32_t k)
 {
     if (k == 0 || k >= n)
         return n;
-    float kth;
-    int32_t kth_id;
-    if (k <= WRK_TOP_K_SMALL) {
-        /* the k heaviest so far, heaviest first: most candidates fail the first test */
-        wrk_cand top[WRK_TOP_K_SMALL];
-        uint32_t nt = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            if (nt == k && !wrk_cand_heavier(&c[i], &top[k - 1]))
-                continue;
-            uint32_t j = nt < k ? nt++ : k - 1;
-            for (; j > 0 && wrk_cand_heavier(&c[i], &top[j - 1]); j--)
-                top[j] = top[j - 1];
-            top[j] = c[i];
-        }
-        kth = top[k - 1].logit;
-        kth_id = top[k - 1].id;
-    } else {
-        wrk_cand *tmp = malloc((size_t)n * sizeof(*tmp));
-        if (tmp == NULL)
-            return n; /* no memory: do not filter (still a valid distribution) */
-        memcpy(tmp, c, (size_t)n * sizeof(*tmp));
-        wrk_cand_select(tmp, n, k - 1);
-        kth = tmp[k - 1].logit;
-        kth_id = tmp[k - 1].id;
-        free(tmp);
-    }
+    wrk_cand *tmp = malloc((size_t)n * sizeof(*tmp));
+    if (tmp == NULL)
+        return n; /* no memory: do not filter (still a valid distribution) */
+    memcpy(tmp, c, (size_t)n * sizeof(*tmp));
+    wrk_cand_select(tmp, n, k - 1);
+    float kth = tmp[k - 1].logit;
+    int32_t kth_id = tmp[k - 1].id;
+    free(tmp);
     uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (c[i].logit > kth || (c[i].logit == kth && c[i].id <= kth_id))
@@ -315,24 +329,30 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
         float inv_t = 1.0f / p->temperature;
         float cut = mx - WRK_SAMPLE_CUT * p->temperature;
         uint32_t nc = 0;
-        for (uint32_t i = 0; i < vocab; i++)
-            nc += logits[i] >= cut;
-        wrk_cand *c = malloc((size_t)nc * sizeof(*c));
-        float *wt = malloc((size_t)nc * sizeof(*wt));
-        if (c == NULL || wt == NULL) {
-            free(c);
-            free(wt);
-            return WK_ENOMEM;
-        }
-        nc = 0;
-        for (uint32_t i = 0; i < vocab; i++) {
-            if (logits[i] >= cut) {
-                c[nc].logit = logits[i];
-                c[nc].id = (int32_t)i;
-                nc++;
+        wrk_cand small_c[WRK_TOP_K_SMALL], *c = small_c, *c_heap = NULL;
+        float small_wt[WRK_TOP_K_SMALL], *wt = small_wt, *wt_heap = NULL;
+        if (p->top_k > 0 && p->top_k <= WRK_TOP_K_SMALL) {
+            nc = wrk_top_k_small(logits, vocab, cut, p->top_k, small_c);
+        } else {
+            for (uint32_t i = 0; i < vocab; i++)
+                nc += logits[i] >= cut;
+            c = c_heap = malloc((size_t)nc * sizeof(*c));
+            wt = wt_heap = malloc((size_t)nc * sizeof(*wt));
+            if (c == NULL || wt == NULL) {
+                free(c_heap);
+                free(wt_heap);
+                return WK_ENOMEM;
             }
+            nc = 0;
+            for (uint32_t i = 0; i < vocab; i++) {
+                if (logits[i] >= cut) {
+                    c[nc].logit = logits[i];
+                    c[nc].id = (int32_t)i;
+                    nc++;
+                }
+            }
+            nc = wrk_keep_top_k(c, nc, p->top_k);
         }
-        nc = wrk_keep_top_k(c, nc, p->top_k);
         /* Weights relative to the top token (which is always kept, weight 1). */
         for (uint32_t i = 0; i < nc; i++)
             wt[i] = expf((c[i].logit - mx) * inv_t);
@@ -350,8 +370,8 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
             enum { NB = 4096 };
             double *mass = calloc(NB, sizeof(*mass));
             if (mass == NULL) {
-                free(c);
-                free(wt);
+                free(c_heap);
+                free(wt_heap);
                 return WK_ENOMEM;
             }
             double total = 0.0;
@@ -377,8 +397,8 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
             }
             wrk_cand *e = malloc((size_t)(ne ? ne : 1) * sizeof(*e));
             if (e == NULL) {
-                free(c);
-                free(wt);
+                free(c_heap);
+                free(wt_heap);
                 return WK_ENOMEM;
             }
             ne = 0;
@@ -410,8 +430,8 @@ wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p, wrk_sample
             if (u < acc)
                 break;
         }
-        free(c);
-        free(wt);
+        free(c_heap);
+        free(wt_heap);
     }
     out->token = chosen;
     out->logprob = want_lp ? logits[chosen] - lse : 0.0f;
