@@ -18,8 +18,10 @@ does not stay in a slot until its next turn), each with its own tool outputs.
 Reports per turn (the median over the conversations, and the largest TTFT) the
 request bytes sent, the prompt tokens computed (input - cached; llama-server's
 timings.prompt_n), the time to the first text event (TTFT) and the total, the
-wall time and the load average of each mode, and (--svg) a plot of TTFT and
-bytes per turn written as SVG by hand (no plotting library needed).
+wall time, the load average and (wkvm modes) the worker's CPU seconds (utime +
+stime, in all and per turn; other load moves it less than TTFT, but its pool's
+spin-waits and shared caches still do) of each mode, and (--svg) a plot of
+TTFT and bytes per turn written as SVG by hand (no plotting library needed).
 
 The RWKV-7 comparison: wkvm-mkmodel --vocab-file rwkv_vocab_v20230424.txt writes
 the HF layout that wkvm reads (--model) and llama.cpp's convert_hf_to_gguf.py
@@ -217,6 +219,16 @@ def median(v):
 MAX_WALL = [0.0]  # --max-wall
 
 
+def cpu_seconds(pid):
+    """utime + stime of process pid in seconds (/proc/PID/stat), None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def run_convs(convs, stagger, fn):
     """fn(conv) -> rows for conv in 0..convs-1, each in its own thread, started stagger
     seconds apart (the loops then interleave). Returns ([rows per conv], wall seconds)."""
@@ -363,12 +375,20 @@ def main():
     import wkvm_harness as h  # noqa: E402 (reads WKVM_BUILD_DIR)
     out = {}
 
-    def report(name, per_conv, wall):
+    def report(name, per_conv, wall, cpu=None):
         rows = merge_rows(per_conv)
         out[name] = {"rows": rows, "wall_s": wall, "convs": per_conv,
                      "loadavg_end": os.getloadavg()}
+        cpu_note = ""
+        if cpu is not None:
+            # the worker's CPU seconds over the mode (load-insensitive, unlike TTFT)
+            turns = sum(len(c) for c in per_conv)
+            out[name]["worker_cpu_s"] = cpu
+            out[name]["worker_cpu_s_per_turn"] = cpu / turns if turns else None
+            cpu_note = (f", worker CPU {cpu:.2f}s"
+                        + (f" ({cpu / turns * 1e3:.0f} ms/turn)" if turns else ""))
         print(f"== {name}: wall {wall:.2f}s, {len(per_conv)} conversation(s), "
-              f"load average {os.getloadavg()[0]:.1f}", flush=True)
+              f"load average {os.getloadavg()[0]:.1f}{cpu_note}", flush=True)
         print("turn  bytes_sent  input_tokens  computed  ttft_ms  total_ms  (medians)  "
               "ttft_max_ms")
         for t, nb, it, comp, ttft, total, tmax in rows:
@@ -387,7 +407,7 @@ def main():
             extra = (["--chat-template", a.chat_template] if a.chat_template else []) + a.ctl_arg
             with h.Stack(model=model, slots=a.slots, extra_ctl=extra) as s:
                 s.start_controller()
-                s.start_worker("w0", extra=["--threads", str(a.threads)] + a.worker_arg)
+                wpid = s.start_worker("w0", extra=["--threads", str(a.threads)] + a.worker_arg).pid
                 s.wait(lambda: s.get("/ready").status == 200, "ready", timeout=600)
                 for name in wk:
                     # each mode starts with an empty checkpoint cache (the modes render the
@@ -400,7 +420,11 @@ def main():
                         def fn(c, name=name):
                             return run_chat(s.url, mid, a.turns, a.tool, a.max_tokens,
                                             name == "chat", conv=c)
-                    report(name, *run_convs(a.convs, a.stagger, fn))
+                    c0 = cpu_seconds(wpid)
+                    per_conv, wall = run_convs(a.convs, a.stagger, fn)
+                    c1 = cpu_seconds(wpid)
+                    report(name, per_conv, wall,
+                           c1 - c0 if c0 is not None and c1 is not None else None)
         for name in [m for m in modes if m.startswith("llama")]:
             ctx = 2048 + a.turns * (a.tool + a.max_tokens + 64)
             with LlamaServer(a.llama_server, a.gguf, a.chat_template, a.threads, ctx,

@@ -310,15 +310,32 @@ wk_proto_free(wk_msg *m)
 }
 
 wk_err
-wk_proto_encode(const wk_msg *m, void **buf, size_t *len)
+wk_proto_encoded_size(const wk_msg *m, size_t *len)
 {
     size_t n = wkvm__envelope__get_packed_size(m);
     if (n > WK_PROTO_MSG_MAX)
         return WK_ETOOBIG;
+    *len = n;
+    return WK_OK;
+}
+
+size_t
+wk_proto_encode_into(const wk_msg *m, void *buf)
+{
+    return wkvm__envelope__pack(m, buf);
+}
+
+wk_err
+wk_proto_encode(const wk_msg *m, void **buf, size_t *len)
+{
+    size_t n = 0;
+    wk_err e = wk_proto_encoded_size(m, &n);
+    if (e != WK_OK)
+        return e;
     uint8_t *b = malloc(n ? n : 1);
     if (b == NULL)
         return WK_ENOMEM;
-    size_t w = wkvm__envelope__pack(m, b);
+    size_t w = wk_proto_encode_into(m, b);
     *buf = b;
     *len = w;
     return WK_OK;

@@ -53,6 +53,16 @@ WK_MUST_CHECK wk_err wk_proto_validate(const wk_msg *m, wk_diag *d);
  */
 WK_MUST_CHECK wk_err wk_proto_encode(const wk_msg *m, void **buf, size_t *len);
 
+/*
+ * The two halves of wk_proto_encode() for a caller that owns the buffer
+ * (the worker packs a reply straight into its NNG message, no second copy):
+ * *len gets m's serialised size (WK_ETOOBIG over WK_PROTO_MSG_MAX), then
+ * wk_proto_encode_into() writes exactly that many bytes to buf and returns
+ * the count.
+ */
+WK_MUST_CHECK wk_err wk_proto_encoded_size(const wk_msg *m, size_t *len);
+size_t wk_proto_encode_into(const wk_msg *m, void *buf);
+
 /* Name of a kind ("STEP"), static. */
 const char *wk_proto_kind_name(int kind);
 

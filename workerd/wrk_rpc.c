@@ -83,6 +83,8 @@ struct wrk_worker {
     uint64_t host_bytes;       /* bytes held in host */
     bool connected;            /* the socket is set up (progress may be sent) */
     size_t logits_cap;         /* floats in logits */
+    uint8_t *io;               /* scratch for slot reads (WK_PROTO_CHUNK_MAX), kept: a
+                                  fresh 4 MiB buffer per chunk was page faults each time */
     Wkvm__StateTensor *st;     /* the model's slot layout for ModelInfo, owned */
     Wkvm__StateTensor **st_ptrs; /* pointers into st */
     wrk_state_tensor *st_src;  /* names and shapes st points into, owned */
@@ -225,6 +227,7 @@ wrk_worker_free(wrk_worker *w)
     free(w->worker_id);
     free(w->vocab_path);
     free(w->logits);
+    free(w->io);
     wrk_host_clear(w);
     free(w);
 }
@@ -363,19 +366,31 @@ wrk_fill_model_info(const wrk_worker *w, Wkvm__ModelInfo *mi)
     }
 }
 
+/*
+ * Packs m straight into an NNG message and sends it (NNG takes the message):
+ * one allocation and one copy of the payload, where encoding to a buffer and
+ * nng_send() made two of each (a SLOT_DATA chunk is 4 MiB).
+ */
 static void
 wrk_send(wrk_worker *w, const wk_msg *m)
 {
-    void *buf = NULL;
     size_t len = 0;
-    if (wk_proto_encode(m, &buf, &len) != WK_OK) {
+    nng_msg *msg = NULL;
+    if (wk_proto_encoded_size(m, &len) != WK_OK || nng_msg_alloc(&msg, len) != 0) {
         wk_log_error("cannot encode reply kind=%s", wk_proto_kind_name(m->kind));
         return;
     }
-    int rv = nng_send(w->sock, buf, len, 0);
-    free(buf);
-    if (rv != 0)
+    size_t wrote = wk_proto_encode_into(m, nng_msg_body(msg));
+    if (wrote != len) { /* (protobuf-c packs exactly its packed size) */
+        nng_msg_free(msg);
+        wk_log_error("cannot encode reply kind=%s", wk_proto_kind_name(m->kind));
+        return;
+    }
+    int rv = nng_sendmsg(w->sock, msg, 0);
+    if (rv != 0) {
+        nng_msg_free(msg); /* (not taken on failure) */
         wk_log_warn("send failed kind=%s: %s", wk_proto_kind_name(m->kind), nng_strerror(rv));
+    }
 }
 
 static void
@@ -598,6 +613,15 @@ wrk_handle_slot_op(wrk_worker *w, const wk_msg *req)
     wrk_reply_status(w, req, WKVM__KIND__ACK, err, err == WK_OK ? "" : detail);
 }
 
+/* The worker's slot-read scratch of WK_PROTO_CHUNK_MAX bytes (made once), NULL without memory. */
+static uint8_t *
+wrk_io_buf(wrk_worker *w)
+{
+    if (w->io == NULL)
+        w->io = malloc(WK_PROTO_CHUNK_MAX);
+    return w->io;
+}
+
 static void
 wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
 {
@@ -623,18 +647,16 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
     size_t len = sr->length;
     if (len > total - sr->offset)
         len = (size_t)(total - sr->offset);
-    uint8_t *buf = malloc(len ? len : 1);
+    /* A host entry's bytes go out as they are (packed once, into the reply). */
+    uint8_t *buf = he != NULL ? he->bytes + sr->offset : wrk_io_buf(w);
     if (buf == NULL) {
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_ENOMEM, "out of memory");
         return;
     }
     wk_err err = WK_OK;
-    if (he != NULL && len)
-        memcpy(buf, he->bytes + sr->offset, len);
-    else if (len)
+    if (he == NULL && len)
         err = w->cfg.backend->slot_read(w->be, sr->slot, sr->offset, buf, len);
     if (err != WK_OK) {
-        free(buf);
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, err, "slot read failed");
         return;
     }
@@ -650,7 +672,6 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
     r.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_DATA;
     r.slot_data = &sd;
     wrk_send(w, &r);
-    free(buf);
 }
 
 /*
@@ -666,7 +687,7 @@ wrk_slot_sha256(wrk_worker *w, uint32_t slot, char hex[WK_SHA256_HEX_LEN])
     wk_sha256 h;
     if (wk_sha256_init(&h) != WK_OK)
         return WK_ENOMEM;
-    uint8_t *buf = malloc(WK_PROTO_CHUNK_MAX);
+    uint8_t *buf = wrk_io_buf(w);
     wk_err err = buf ? WK_OK : WK_ENOMEM;
     for (uint64_t off = 0; err == WK_OK && off < total; off += WK_PROTO_CHUNK_MAX) {
         size_t n = total - off < WK_PROTO_CHUNK_MAX ? (size_t)(total - off) : WK_PROTO_CHUNK_MAX;
@@ -674,7 +695,6 @@ wrk_slot_sha256(wrk_worker *w, uint32_t slot, char hex[WK_SHA256_HEX_LEN])
         if (err == WK_OK)
             wk_sha256_update(&h, buf, n);
     }
-    free(buf);
     if (err != WK_OK) {
         wk_sha256_fini(&h);
         return err;

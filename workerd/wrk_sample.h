@@ -66,6 +66,13 @@ typedef struct wrk_sample_result {
 WK_MUST_CHECK wk_err wrk_sample(float *logits, uint32_t vocab, const wrk_sample_params *p,
                                 wrk_sample_result *out);
 
+/*
+ * The index of the largest of x[0..n): the first one on a tie, NaN never
+ * chosen, 0 when none is above -inf (what a scalar "x[i] > max" scan
+ * picks). Exposed for tests.
+ */
+uint32_t wrk_sample_argmax(const float *x, uint32_t n);
+
 /* The deterministic uniform in [0, 1) used for (seed, index); exposed for tests. */
 double wrk_sample_uniform(uint64_t seed, uint64_t index);
 

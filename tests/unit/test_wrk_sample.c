@@ -51,6 +51,216 @@ test_greedy(void **state)
     assert_true(fabs(r.logprob - (l[best] - log(z))) < 1e-4);
 }
 
+/* The scalar scan wrk_sample_argmax must agree with: first strict maximum, NaN never. */
+static uint32_t
+ref_argmax(const float *x, uint32_t n)
+{
+    float mx = -INFINITY;
+    uint32_t best = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (x[i] > mx) {
+            mx = x[i];
+            best = i;
+        }
+    }
+    return best;
+}
+
+/*
+ * Arrays from a small set of values (ties everywhere), with NaN, -inf, +inf,
+ * -0 and +0, of every length 0..80 and a Qwen3.5-sized vocabulary, the
+ * maximum placed before, inside and after the 16-wide blocks.
+ */
+static void
+test_argmax_matches_scan(void **state)
+{
+    (void)state;
+    const float pool[] = {NAN, -INFINITY, -0.0f, 0.0f, -1.5f, 2.25f, 2.25f, INFINITY, 7.0f};
+    enum { BIG = 248320 };
+    float *x = malloc(BIG * sizeof(*x));
+    assert_non_null(x);
+    uint32_t seed = 7;
+    for (uint32_t round = 0; round < 400; round++) {
+        uint32_t n = round < 81 ? round : round < 300 ? 17 + round % 64 : BIG - round % 16;
+        /* a sub-pool per round: some rounds lack the larger values (all NaN, all -inf...) */
+        uint32_t lo = round % 5, hi = lo + 1 + (round / 5) % (9 - lo);
+        for (uint32_t i = 0; i < n; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            x[i] = pool[lo + (seed >> 8) % (hi - lo)];
+        }
+        uint32_t got = wrk_sample_argmax(x, n), want = ref_argmax(x, n);
+        if (got != want)
+            fail_msg("n=%u round=%u: argmax %u, scan %u", n, round, got, want);
+    }
+    /* -0 before +0 and the reverse: the first zero wins either way */
+    float z[40];
+    for (int i = 0; i < 40; i++)
+        z[i] = -1.0f;
+    z[21] = -0.0f;
+    z[37] = 0.0f;
+    assert_int_equal(wrk_sample_argmax(z, 40), 21);
+    z[21] = 0.0f;
+    z[37] = -0.0f;
+    assert_int_equal(wrk_sample_argmax(z, 40), 21);
+    free(x);
+}
+
+/*
+ * Greedy over a large vocabulary with logprobs: token and logprob bits equal
+ * those of the scalar computation wrk_sample did before (first strict
+ * maximum, then the sequential softmax normaliser).
+ */
+static void
+test_greedy_big_vocab_bits(void **state)
+{
+    (void)state;
+    enum { BIG = 248320 };
+    float *l = malloc(BIG * sizeof(*l));
+    float *w = malloc(BIG * sizeof(*w));
+    assert_non_null(l);
+    assert_non_null(w);
+    uint32_t seed = 11;
+    for (int round = 0; round < 3; round++) {
+        for (uint32_t i = 0; i < BIG; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            l[i] = (float)(seed >> 8) / (float)(1u << 24) * 20.0f - 10.0f;
+        }
+        l[BIG - 1 - round * 1000] = 10.5f; /* one clear winner, late */
+        l[BIG - 2 - round * 1000] = 10.5f; /* and a tie after it */
+        uint32_t best = ref_argmax(l, BIG);
+        float mx = l[best], z = 0.0f;
+        for (uint32_t i = 0; i < BIG; i++)
+            z += expf(l[i] - mx);
+        float want = l[best] - (mx + logf(z));
+        memcpy(w, l, BIG * sizeof(*l));
+        wrk_sample_params p = {.want_logprob = true};
+        wrk_sample_result r;
+        assert_int_equal(wrk_sample(w, BIG, &p, &r), WK_OK);
+        assert_int_equal(r.token, (int32_t)best);
+        assert_memory_equal(&r.logprob, &want, sizeof(want));
+    }
+    free(l);
+    free(w);
+}
+
+/* A long penalty window: the logits end up exactly as counting each id directly gives. */
+static void
+test_penalties_long_history(void **state)
+{
+    (void)state;
+    enum { N = 6000 };
+    static int32_t hist[N];
+    static uint32_t count[V];
+    float l[V], want[V];
+    fill(l, 5);
+    memcpy(want, l, sizeof(l));
+    uint32_t seed = 3;
+    for (int i = 0; i < N; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        hist[i] = (int32_t)((seed >> 8) % (V + 8)) - 4; /* some out of range: ignored */
+        if (hist[i] >= 0 && hist[i] < V)
+            count[hist[i]]++;
+    }
+    for (int t = 0; t < V; t++)
+        if (count[t] > 0)
+            want[t] -= 0.25f + 0.01f * (float)count[t];
+    wrk_sample_params p = {.presence_penalty = 0.25f, .frequency_penalty = 0.01f,
+                           .history = hist, .n_history = N};
+    wrk_sample_result r;
+    assert_int_equal(wrk_sample(l, V, &p, &r), WK_OK); /* (greedy: l is only penalised) */
+    assert_memory_equal(l, want, sizeof(l));
+    assert_int_equal(r.token, (int32_t)ref_argmax(want, V));
+}
+
+typedef struct ref_cand {
+    float logit;
+    int32_t id;
+} ref_cand;
+
+static int
+ref_cand_cmp(const void *a, const void *b)
+{
+    const ref_cand *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* top_k sampling done the plain way (every candidate sorted): the token wrk_sample must pick. */
+static int32_t
+ref_sample_top_k(const float *l, uint32_t n, float temp, uint32_t k, uint64_t seed, uint64_t idx)
+{
+    float mx = l[ref_argmax(l, n)], inv_t = 1.0f / temp, cut = mx - 30.0f * temp;
+    ref_cand *c = malloc(n * sizeof(*c)), *s = malloc(n * sizeof(*s));
+    assert_non_null(c);
+    assert_non_null(s);
+    uint32_t nc = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (l[i] >= cut)
+            c[nc++] = (ref_cand){l[i], (int32_t)i};
+    memcpy(s, c, nc * sizeof(*c));
+    qsort(s, nc, sizeof(*s), ref_cand_cmp);
+    uint32_t m = nc;
+    if (k > 0 && k < nc) {
+        m = 0;
+        for (uint32_t i = 0; i < nc; i++)
+            if (ref_cand_cmp(&c[i], &s[k - 1]) <= 0)
+                c[m++] = c[i];
+    }
+    double sum = 0.0;
+    for (uint32_t i = 0; i < m; i++)
+        sum += expf((c[i].logit - mx) * inv_t);
+    double u = wrk_sample_uniform(seed, idx) * sum, acc = 0.0;
+    int32_t chosen = c[0].id;
+    for (uint32_t i = 0; i < m; i++) {
+        chosen = c[i].id;
+        acc += expf((c[i].logit - mx) * inv_t);
+        if (u < acc)
+            break;
+    }
+    free(c);
+    free(s);
+    return chosen;
+}
+
+/*
+ * top_k by one-pass selection (k <= 64) and by quickselect (larger k) keeps
+ * exactly the candidates a full sort keeps: on logits with ties everywhere
+ * (few distinct values) and on spread ones, k around both paths' edges.
+ */
+static void
+test_top_k_selection_matches_sort(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    static float src[N], l[N];
+    const uint32_t ks[] = {1, 2, 7, 40, 63, 64, 65, 100, 999, 2999};
+    const float temps[] = {0.5f, 1.0f, 3.0f};
+    uint32_t seed = 17;
+    for (int tie = 0; tie < 2; tie++) {
+        for (uint32_t i = 0; i < N; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            src[i] = tie ? (float)((seed >> 8) % 13) * 0.25f
+                         : (float)(seed >> 8) / (float)(1u << 24) * 12.0f - 6.0f;
+        }
+        for (size_t a = 0; a < sizeof(ks) / sizeof(ks[0]); a++) {
+            for (size_t b = 0; b < sizeof(temps) / sizeof(temps[0]); b++) {
+                for (uint64_t idx = 0; idx < 12; idx++) {
+                    memcpy(l, src, sizeof(l));
+                    wrk_sample_params p = {.temperature = temps[b], .top_k = ks[a], .seed = 5,
+                                           .sample_index = idx};
+                    wrk_sample_result r;
+                    assert_int_equal(wrk_sample(l, N, &p, &r), WK_OK);
+                    int32_t want = ref_sample_top_k(src, N, temps[b], ks[a], 5, idx);
+                    if (r.token != want)
+                        fail_msg("ties=%d k=%u T=%g index=%llu: token %d, the sort gives %d", tie,
+                                 ks[a], (double)temps[b], (unsigned long long)idx, r.token, want);
+                }
+            }
+        }
+    }
+}
+
 /* Ties go to the lowest id: greedy, top_k = 1 and the top_logprobs order. */
 static void
 test_ties(void **state)
@@ -325,6 +535,10 @@ main(void)
         cmocka_unit_test(test_penalties_and_top_logprobs),
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_allowed_mask),
+        cmocka_unit_test(test_argmax_matches_scan),
+        cmocka_unit_test(test_greedy_big_vocab_bits),
+        cmocka_unit_test(test_penalties_long_history),
+        cmocka_unit_test(test_top_k_selection_matches_sort),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
