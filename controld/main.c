@@ -541,8 +541,10 @@ main(int argc, char **argv)
 out:
     if (app->vm != NULL)
         ctl_vm_end_waits(app->vm); /* a state operation waiting for a slot answers now */
+    /* background responses stop first (stored as failed, threads gone): stopping the HTTP
+     * server waits for its connections, and a background generation must not run on meanwhile */
+    ctl_responses_shutdown(app);
     ctl_http_free(app->http);
-    ctl_responses_shutdown(app); /* (background responses: stored as failed, threads gone) */
     ctl_ckpt_flush(app->ckpt);
     if (app->vm != NULL)
         ctl_vm_flush(app->vm);
