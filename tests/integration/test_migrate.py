@@ -216,7 +216,10 @@ def test_destination_dies_during_transfer():
         # a hang guard: the abort itself (result "aborted") is the check
         assert took < 60, took
         s.kill_worker(dst)  # SIGKILL a stopped process: it dies at once
-        assert running_slot(s)["worker"] == sl["worker"]
+        # still on the source, or (a loaded machine, the socket buffers took the rest) finished
+        # there: the tokens below are the check that it went on where it was
+        rs = running_slot(s)
+        assert rs is None or rs["worker"] == sl["worker"], rs
         assert head + read_ids(st) == want
         m = s.get("/metrics").body.decode()
         assert 'wkvm_migrations_total{result="aborted",transport="nng"} 1' in m
