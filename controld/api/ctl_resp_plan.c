@@ -197,7 +197,8 @@ resp_tool_forced(resp_plan *c)
     if (err != WK_OK) {
         ctl_openai_perr_setf(
             c->pe, err == WK_EINVAL ? 400 : 500, err, err == WK_EINVAL ? "tools" : NULL, NULL,
-            "tool_choice cannot be enforced: %s", err == WK_EINVAL ? d.msg : "out of memory");
+            "tool_choice cannot be enforced: %s",
+            err == WK_EINVAL ? d.msg : err == WK_ENOMEM ? "out of memory" : wk_strerror(err));
         return false;
     }
     return true;

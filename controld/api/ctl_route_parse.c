@@ -84,8 +84,8 @@ ctl_states_parse_create(ctl_app *app, json_t *body, ctl_states_create_body *out,
 }
 
 bool
-ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out, ctl_openai_req *r,
-                          ctl_openai_perr *pe)
+ctl_states_parse_generate_save_as(const json_t *body, ctl_states_gen_body *out,
+                                  ctl_openai_perr *pe)
 {
     ctl_route_pe_init(pe);
     memset(out, 0, sizeof(*out));
@@ -94,11 +94,27 @@ ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out, 
             WK_OK ||
         (out->save_as != NULL && ctl_store_name_check(out->save_as, &d) != WK_OK))
         return ctl_route_refuse(pe, WK_EINVAL, "save_as", d.msg);
+    return true;
+}
+
+bool
+ctl_states_parse_generate_rest(ctl_app *app, json_t *body, ctl_states_gen_body *out,
+                               ctl_openai_req *r, ctl_openai_perr *pe)
+{
+    ctl_route_pe_init(pe);
     if (!ctl_states_parse_tokens(app, body, false, &out->q, &out->n_q, pe))
         return false;
     /* (a text prompt was the tokens above; the common fields would refuse it) */
     json_object_del(body, "prompt");
     return ctl_openai_parse_common_value(app, body, r, pe);
+}
+
+bool
+ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out, ctl_openai_req *r,
+                          ctl_openai_perr *pe)
+{
+    return ctl_states_parse_generate_save_as(body, out, pe) &&
+           ctl_states_parse_generate_rest(app, body, out, r, pe);
 }
 
 bool

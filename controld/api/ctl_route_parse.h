@@ -61,6 +61,17 @@ WK_MUST_CHECK bool ctl_states_parse_create(ctl_app *app, json_t *body, ctl_state
 WK_MUST_CHECK bool ctl_states_parse_generate(ctl_app *app, json_t *body, ctl_states_gen_body *out,
                                              ctl_openai_req *r, ctl_openai_perr *pe);
 
+/*
+ * The same in two parts, for the route, which checks the owner's state quota
+ * between them when "save_as" is given (the order of refusals: save_as, the
+ * quota, the rest). _save_as clears out first; _rest keeps out->save_as.
+ */
+WK_MUST_CHECK bool ctl_states_parse_generate_save_as(const json_t *body, ctl_states_gen_body *out,
+                                                     ctl_openai_perr *pe);
+WK_MUST_CHECK bool ctl_states_parse_generate_rest(ctl_app *app, json_t *body,
+                                                  ctl_states_gen_body *out, ctl_openai_req *r,
+                                                  ctl_openai_perr *pe);
+
 /* The fork body (NULL: none was sent): "name" (required) and "count". */
 WK_MUST_CHECK bool ctl_states_parse_fork(const json_t *body, ctl_states_fork_body *out,
                                          ctl_openai_perr *pe);

@@ -303,13 +303,18 @@ ctl_states_generate(ctl_http_req *req, ctl_app *app, const char *ref)
     }
     ctl_openai_perr pe;
     ctl_openai_owner(req, r.plan.owner);
-    if (!ctl_states_parse_generate(app, body, &gb, &r, &pe)) {
+    /* (refusals in this order: save_as, the owner's quota, the rest of the body) */
+    if (!ctl_states_parse_generate_save_as(body, &gb, &pe)) {
         ctl_openai_send_perr(req, &pe);
         goto out;
     }
     g.save_as = gb.save_as;
     if (gb.save_as != NULL && (err = ctl_states_quota(app, g.owner, 1, &d)) != WK_OK) {
         ctl_states_fail(req, err, &d);
+        goto out;
+    }
+    if (!ctl_states_parse_generate_rest(app, body, &gb, &r, &pe)) {
+        ctl_openai_send_perr(req, &pe);
         goto out;
     }
     const int32_t *q = gb.q;

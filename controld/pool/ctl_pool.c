@@ -239,6 +239,55 @@ ctl_pool_copy_model(ctl_worker *w, const Wkvm__ModelInfo *mi)
     v->slots_total = mi->n_slots > 0 ? mi->n_slots - 1 : 0;
 }
 
+/*
+ * Another ready worker whose model fingerprint differs from w's (another
+ * model, or the same weights under another --quantize, --fp32 or
+ * --cpu-matmul): its id, else NULL. States, checkpoints and migrations move
+ * between workers on the fingerprint the first ready one reports, so such
+ * a worker must not serve beside it. Caller holds mu.
+ */
+static const char *
+ctl_pool_fp_clash_locked(const ctl_pool *p, const ctl_worker *w)
+{
+    if (!w->v.model_loaded)
+        return NULL;
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++) {
+        const ctl_worker *o = p->workers[i];
+        if (o != NULL && o != w && nng_pipe_id(o->pipe) > 0 && o->v.model_loaded &&
+            o->v.state == CTL_WORKER_STATE_READY && strcmp(o->v.fingerprint, w->v.fingerprint) != 0)
+            return o->v.id;
+    }
+    return NULL;
+}
+
+static const char *
+ctl_pool_fp_of_locked(const ctl_pool *p, const char *id)
+{
+    for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++)
+        if (p->workers[i] != NULL && strcmp(p->workers[i]->v.id, id) == 0)
+            return p->workers[i]->v.fingerprint;
+    return "?";
+}
+
+/* w is about to be ready: failed instead when its fingerprint clashes. Caller holds mu. */
+static void
+ctl_pool_ready_locked(ctl_pool *p, ctl_worker *w)
+{
+    const char *other = ctl_pool_fp_clash_locked(p, w);
+    if (other == NULL) {
+        w->v.state = CTL_WORKER_STATE_READY;
+        w->v.detail[0] = '\0';
+        return;
+    }
+    w->v.state = CTL_WORKER_STATE_FAILED;
+    snprintf(w->v.detail, sizeof(w->v.detail),
+             "model fingerprint %.16s differs from worker %.64s's %.16s (another model, or "
+             "another --quantize, --fp32 or --cpu-matmul): states would not be portable",
+             w->v.fingerprint, other, ctl_pool_fp_of_locked(p, other));
+    wk_log_error("worker refused worker=%s: %s", w->v.id, w->v.detail);
+}
+
+
 static void
 ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
 {
@@ -310,7 +359,9 @@ ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
                     (h->model_loaded && strcmp(h->model_dir, p->model_dir) == 0 &&
                      v->slots_total >= p->slots);
     w->need_load = !model_ok;
-    v->state = model_ok ? CTL_WORKER_STATE_READY : CTL_WORKER_STATE_LOADING;
+    v->state = CTL_WORKER_STATE_LOADING;
+    if (model_ok)
+        ctl_pool_ready_locked(p, w);
     p->stats.registrations++;
     pthread_mutex_unlock(&p->mu);
     wk_log_info("worker registered worker=%s backend=%s device=\"%s\" pid=%u nccl=%s model=%s",
@@ -521,8 +572,7 @@ ctl_pool_load(ctl_pool *p, const char *id)
         w->need_load = false;
         if (err == WK_OK && rep->payload_case == WKVM__ENVELOPE__PAYLOAD_MODEL_INFO) {
             ctl_pool_copy_model(w, rep->model_info);
-            w->v.state = CTL_WORKER_STATE_READY;
-            w->v.detail[0] = '\0';
+            ctl_pool_ready_locked(p, w);
         } else {
             w->v.state = CTL_WORKER_STATE_FAILED;
             snprintf(w->v.detail, sizeof(w->v.detail), "%.250s",

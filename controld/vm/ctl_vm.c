@@ -178,7 +178,7 @@ ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms)
 uint32_t
 ctl_vm_rpc_timeout(const ctl_vm *vm)
 {
-    return vm->rpc_ms;
+    return vm != NULL ? vm->rpc_ms : CTL_VM_RPC_MS;
 }
 
 void

@@ -62,7 +62,10 @@ WK_MUST_CHECK wk_err ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_
  */
 void ctl_vm_set_rpc_timeout(ctl_vm *vm, uint32_t ms);
 
-/* That deadline (ctl_ckpt sends its warm-tier requests under the same). */
+/*
+ * That deadline (ctl_ckpt sends its warm-tier requests under the same, read
+ * once when it is created: set it before ctl_ckpt_new). vm NULL: the default.
+ */
 uint32_t ctl_vm_rpc_timeout(const ctl_vm *vm);
 
 /* How long ctl_vm_slot_get() waits for a running request to free a slot (0 = not at all). */

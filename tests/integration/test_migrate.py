@@ -294,8 +294,33 @@ def test_drain_progress():
         assert "nng" in p.stdout, p.stdout
 
 
+def test_worker_of_another_fingerprint_refused():
+    """A worker whose model fingerprint differs from the ready one's (the same
+    weights quantized to Q8_0 at load) is refused, failed with the reason:
+    states, checkpoints and migrations would otherwise move between them. The
+    first keeps serving."""
+    with Stack(model=MODEL, slots=2, workers_expected=1) as s:
+        s.start_controller()
+        s.start_worker("w0")
+        s.wait(lambda: s.get("/ready").status == 200, "ready")
+        s.start_worker("w1", extra=["--quantize", "q8_0"])
+
+        def w1():
+            for w in s.get("/admin/workers").json()["workers"]:
+                if w["id"] == "w1":
+                    return w
+            return None
+        s.wait(lambda: w1() is not None and w1()["state"] == "failed", "w1 refused", timeout=60)
+        assert "fingerprint" in w1()["detail"], w1()
+        r = s.post("/v1/completions", body=body(temperature=0, max_tokens=4))
+        assert r.status == 200, r.body
+        assert [w["id"] for w in s.get("/admin/workers").json()["workers"]
+                if w["state"] == "ready"] == ["w0"]
+
+
 if __name__ == "__main__":
     rc = run_tests([test_migrate_running_stream, test_bad_targets_and_parked_and_drain,
-                    test_destination_dies_during_transfer, test_drain_progress])
+                    test_destination_dies_during_transfer, test_drain_progress,
+                    test_worker_of_another_fingerprint_refused])
     TMP.cleanup()
     sys.exit(rc)

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__)
+#if defined(__x86_64__) && defined(__linux__) && defined(WKVM_HAVE_AMX_INTRIN)
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
