@@ -16,24 +16,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_clock.h"
 #include "wk_cfg_tool.h"
 #include "wk_grammar.h"
 #include "wk_tok.h"
 
-static double
-now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
 
-static int
-cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static const char TOOLS[] =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
@@ -106,11 +94,11 @@ main(int argc, char **argv)
         p[i] = wk_tok_piece(tok, (int32_t)i, &len[i]);
         lit[i] = wk_tok_is_added(tok, (int32_t)i); /* (as ctl_toolgram builds it) */
     }
-    double t0 = now_us();
+    double t0 = bench_now_us();
     wk_gvocab *v = NULL;
     if (wk_gvocab_new(p, len, n, wk_tok_eos(tok), lit, &v) != WK_OK)
         return 1;
-    printf("vocab %u tokens, trie built in %.1f ms\n", n, (now_us() - t0) / 1e3);
+    printf("vocab %u tokens, trie built in %.1f ms\n", n, (bench_now_us() - t0) / 1e3);
     static const struct {
         wk_toolcall_fmt fmt;
         const char *name;
@@ -145,11 +133,11 @@ main(int argc, char **argv)
         }
         size_t allowed = 0;
         for (int i = 0; i < iters; i++) {
-            double a = now_us();
+            double a = bench_now_us();
             allowed = wk_gmatch_allowed(m, v, mask);
-            t[i] = now_us() - a;
+            t[i] = bench_now_us() - a;
         }
-        qsort(t, (size_t)iters, sizeof(*t), cmp_d);
+        qsort(t, (size_t)iters, sizeof(*t), bench_cmp_double);
         printf("%-26s %9zu %10.0f %10.0f\n", states[s].name, allowed, t[iters / 2], t[iters - 1]);
         wk_gmatch_free(m);
         wk_grammar_free(g);

@@ -16,22 +16,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_clock.h"
 #include "wrk_sample.h"
 
-static double
-now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
 
-static int
-cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* The scan greedy decoding ran before (kept here as the baseline). */
 static uint32_t
@@ -95,7 +83,7 @@ main(int argc, char **argv)
                 p.sample_index = k;
             }
             wrk_sample_result r;
-            double t0 = now_us();
+            double t0 = bench_now_us();
             if (c == CASE_SCAN) {
                 sink += scalar_argmax(l, vocab);
             } else if (wrk_sample(l, vocab, &p, &r) == WK_OK) {
@@ -104,9 +92,9 @@ main(int argc, char **argv)
                 fprintf(stderr, "wrk_sample failed\n");
                 return 1;
             }
-            t[k] = now_us() - t0;
+            t[k] = bench_now_us() - t0;
         }
-        qsort(t, iters, sizeof(*t), cmp_double);
+        qsort(t, iters, sizeof(*t), bench_cmp_double);
         printf("%-36s median %8.1f us  min %8.1f us\n", case_names[c], t[iters / 2], t[0]);
     }
     free(src);
