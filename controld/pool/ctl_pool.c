@@ -287,7 +287,6 @@ ctl_pool_ready_locked(ctl_pool *p, ctl_worker *w)
     wk_log_error("worker refused worker=%s: %s", w->v.id, w->v.detail);
 }
 
-
 static void
 ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
 {
