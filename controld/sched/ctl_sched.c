@@ -122,6 +122,7 @@ struct ctl_sworker {
     ctl_resid t;           /* its slots: generations, jobs, context, KV pages (ctl_resid) */
     uint64_t stale_retry_ms; /* monotonic ms before which a failed SLOT_FREE is not retried */
     bool dead;               /* left the pool; the loop exits */
+    uint32_t tail_steps;     /* tail-only steps in a row (ctl_sched_pick_locked) */
     pthread_t thr;         /* step loop */
     ctl_sched *s;          /* back pointer */
 };
@@ -609,10 +610,38 @@ ctl_sched_pick_row_locked(ctl_sched *s, ctl_sworker *w, ctl_job *j, bool decode_
 }
 
 /*
- * Picks the rows of the next step on w: decode rows (their input is fed)
- * first, in submit order; then prefill chunks in ctl_sched_order_locked()'s
- * order (jobs that finish their prefill in this chunk first), under the
- * step's token budget. Caller holds mu. Returns the row count.
+ * Prefill tails. A turn's prefill ends in short chunks (to its boundary
+ * checkpoint, to its prompt checkpoint, then the last token, whose row
+ * samples the first reply token), each a step of its own because the state
+ * is copied between them. Beside other requests' chunks and decode rows
+ * each of those steps lasted as long as the longest chunk in it, so a first
+ * token waited for about three long steps where its own work was one. A
+ * prefill with at most CTL_SCHED_TAIL input tokens left (and at most a
+ * quarter of the per-job chunk) is a tail; while
+ * one can be fed on a worker, the step carries the tails alone (a few
+ * tokens: milliseconds), at most CTL_SCHED_TAIL_STEPS such steps in a row,
+ * so decode rows and long chunks wait a few milliseconds, never longer.
+ */
+#define CTL_SCHED_TAIL 64
+#define CTL_SCHED_TAIL_STEPS 3
+
+/* j is a prefill tail that w could feed now. Caller holds mu. */
+static bool
+ctl_sched_tail_locked(const ctl_sched *s, const ctl_sworker *w, const ctl_job *j)
+{
+    size_t tail = s->cfg.job_chunk / 4 < CTL_SCHED_TAIL ? s->cfg.job_chunk / 4 : CTL_SCHED_TAIL;
+    return (j->state == CTL_JOB_RUNNING || j->state == CTL_JOB_STOPPING) && !j->in_flight &&
+           !j->migrating && !j->load_pending && j->computed < j->n_input &&
+           j->n_input - j->computed <= tail && strcmp(j->slot.worker, w->id) == 0 &&
+           !atomic_load_explicit(&j->throttled, memory_order_relaxed);
+}
+
+/*
+ * Picks the rows of the next step on w: the prefill tails alone when there
+ * are any (above); else decode rows (their input is fed) first, in submit
+ * order, then prefill chunks in ctl_sched_order_locked()'s order (jobs that
+ * finish their prefill in this chunk first), under the step's token budget.
+ * Caller holds mu. Returns the row count.
  */
 static size_t
 ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t cap)
@@ -620,6 +649,16 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
     size_t n = 0;
     uint32_t budget = s->cfg.step_tokens;
     uint64_t now = wk_mono_ms();
+    if (w->tail_steps < CTL_SCHED_TAIL_STEPS) {
+        for (ctl_job *j = s->jobs; j != NULL && n < cap && budget > 0; j = j->next)
+            if (ctl_sched_tail_locked(s, w, j))
+                ctl_sched_pick_row_locked(s, w, j, false, rows, &n, &budget, now);
+        if (n > 0) {
+            w->tail_steps++;
+            return n;
+        }
+    }
+    w->tail_steps = 0;
     for (ctl_job *j = s->jobs; j != NULL && n < cap && budget > 0; j = j->next)
         ctl_sched_pick_row_locked(s, w, j, true, rows, &n, &budget, now);
     ctl_job_rank *rank = NULL;

@@ -446,6 +446,54 @@ test_short_first_behind_aged(void **state)
     fx_close(&f);
 }
 
+/*
+ * A prefill tail (a few tokens left: the last chunk before the first reply
+ * token) gets a step of its own: not beside another job's long chunk, which
+ * waits one step.
+ */
+static void
+test_tail_step(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 64, 16, 8); /* (a tail: at most 16 / 4 tokens left) */
+    fx_worker(&f, 2);
+    int32_t l[40], c[18];
+    for (int i = 0; i < 40; i++)
+        l[i] = 100 + i;
+    for (int i = 0; i < 18; i++)
+        c[i] = 500 + i;
+    fw_hold(&f.w, true);
+    ctl_job *jl = submit(&f, l, 40, NULL, true);
+    assert_true(fw_wait_held(&f.w, 4000)); /* L's first chunk is in flight */
+    ctl_job *jc = submit(&f, c, 18, NULL, true);
+    fw_hold(&f.w, false);
+    fw_state sl = fw_state_of(l, 40), sc = fw_state_of(c, 18);
+    take_tokens(jc, &sc, 1, false);
+    ctl_job_free(jc);
+    take_tokens(jl, &sl, 1, false);
+    ctl_job_free(jl);
+    static fw_row log[256];
+    size_t n = fw_log(&f.w, log, 256);
+    int tail_at = -1;
+    for (size_t i = 0; i < n; i++)
+        if (log[i].first == 516)
+            tail_at = (int)i;
+    assert_true(tail_at >= 0);
+    assert_int_equal(log[tail_at].n_tokens, 2);
+    assert_true(log[tail_at].sample);
+    size_t beside = 0;
+    for (size_t i = 0; i < n; i++)
+        beside += log[i].step == log[tail_at].step;
+    assert_int_equal(beside, 1); /* alone in its step */
+    bool l_after = false;        /* and L still had chunks to run after it */
+    for (size_t i = 0; i < n; i++)
+        l_after = l_after || (log[i].first >= 100 && log[i].first < 140 &&
+                              log[i].step > log[tail_at].step);
+    assert_true(l_after);
+    fx_close(&f);
+}
+
 static int g_evictions;
 
 static wk_err
@@ -580,6 +628,7 @@ main(void)
         cmocka_unit_test(test_rank_decision),
         cmocka_unit_test(test_short_first_behind_aged),
         cmocka_unit_test(test_long_prefill_cap),
+        cmocka_unit_test(test_tail_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
