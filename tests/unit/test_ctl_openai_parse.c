@@ -30,6 +30,8 @@
 #include "wk_json.h"
 #include "wk_tok.h"
 
+#include "parse_fixture.h"
+
 static ctl_app app;  /* the World template */
 static ctl_app tapp; /* a model with its own chat template (hermes tool calls, think markers) */
 static char tdir[64];
@@ -52,44 +54,13 @@ static int
 setup(void **state)
 {
     (void)state;
-    /* a World vocab of the 256 single bytes: ids 1..256 */
-    char *v = malloc(256 * 24);
-    size_t n = 0;
-    for (int i = 0; i < 256; i++)
-        n += (size_t)snprintf(v + n, 24, "%d b'\\x%02x' 1\n", i + 1, i);
-    wk_diag d = {{0}};
-    memset(&app, 0, sizeof(app));
-    if (wk_tok_load_mem(v, n, &app.tok, &d) != WK_OK)
-        fail_msg("vocab: %s", d.msg);
-    free(v);
-    app.model_id = "m";
-    app.default_max_tokens = 64;
-    app.max_tokens_limit = 4096;
-    app.max_stop_bytes = 8;
-    app.max_messages = 4;
-    app.max_message_bytes = 16;
-    app.max_prompt_tokens = 8;
+    pf_app_init(&app);
     /* the same vocab with a chat template loaded from a temporary model directory */
     tapp = app;
     tapp.max_messages = 0;
     tapp.max_message_bytes = 0;
     tapp.max_prompt_tokens = 4096;
-    snprintf(tdir, sizeof(tdir), "/tmp/wkvm-openai-parse-XXXXXX");
-    if (mkdtemp(tdir) == NULL)
-        fail_msg("mkdtemp");
-    char path[128];
-    snprintf(path, sizeof(path), "%s/chat_template.jinja", tdir);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    fputs(tpl_src, f);
-    fclose(f);
-    snprintf(path, sizeof(path), "%s/tokenizer_config.json", tdir);
-    f = fopen(path, "wb");
-    assert_non_null(f);
-    fputs("{\"eos_token\": \"<|im_end|>\"}", f);
-    fclose(f);
-    if (wk_chat_tpl_load(tdir, NULL, &tapp.chat_tpl, &d) != WK_OK)
-        fail_msg("template: %s", d.msg);
+    pf_tpl_load(tdir, "wkvm-openai-parse", tpl_src, "<|im_end|>", &tapp.chat_tpl);
     return 0;
 }
 
@@ -99,12 +70,7 @@ teardown(void **state)
     (void)state;
     wk_tok_free(app.tok);
     wk_chat_tpl_free(tapp.chat_tpl);
-    char path[128];
-    snprintf(path, sizeof(path), "%s/chat_template.jinja", tdir);
-    unlink(path);
-    snprintf(path, sizeof(path), "%s/tokenizer_config.json", tdir);
-    unlink(path);
-    rmdir(tdir);
+    pf_tpl_dir_remove(tdir);
     return 0;
 }
 

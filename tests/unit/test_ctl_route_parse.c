@@ -28,6 +28,8 @@
 #include "wk_chat_tpl.h"
 #include "wk_tok.h"
 
+#include "parse_fixture.h"
+
 static ctl_app app;  /* the World template, small limits */
 static ctl_app wapp; /* the World template, room for a conversation */
 static ctl_app tapp; /* a model with its own chat template (hermes tool calls, think markers) */
@@ -45,59 +47,21 @@ static const char tpl_src[] =
     "{%- if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
     "{%- if false %}</think>{% endif %}";
 
-static void
-write_file(const char *dir, const char *name, const char *text)
-{
-    char path[128];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 static int
 setup(void **state)
 {
     (void)state;
-    /* a World vocab of the 256 single bytes: ids 1..256 */
-    char *v = malloc(256 * 24);
-    size_t n = 0;
-    for (int i = 0; i < 256; i++)
-        n += (size_t)snprintf(v + n, 24, "%d b'\\x%02x' 1\n", i + 1, i);
-    wk_diag d = {{0}};
-    memset(&app, 0, sizeof(app));
-    if (wk_tok_load_mem(v, n, &app.tok, &d) != WK_OK)
-        fail_msg("vocab: %s", d.msg);
-    free(v);
-    app.model_id = "m";
-    app.default_max_tokens = 64;
-    app.max_tokens_limit = 4096;
-    app.max_stop_bytes = 8;
-    app.max_messages = 4;
-    app.max_message_bytes = 16;
-    app.max_prompt_tokens = 8;
+    pf_app_init(&app);
     wapp = app;
     wapp.max_messages = 0;
     wapp.max_message_bytes = 0;
     wapp.max_prompt_tokens = 4096;
     tapp = wapp;
-    snprintf(tdir, sizeof(tdir), "/tmp/wkvm-route-parse-XXXXXX");
-    if (mkdtemp(tdir) == NULL)
-        fail_msg("mkdtemp");
-    write_file(tdir, "chat_template.jinja", tpl_src);
-    write_file(tdir, "tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
-    if (wk_chat_tpl_load(tdir, NULL, &tapp.chat_tpl, &d) != WK_OK)
-        fail_msg("template: %s", d.msg);
+    pf_tpl_load(tdir, "wkvm-route-parse", tpl_src, "<|im_end|>", &tapp.chat_tpl);
     papp = wapp;
-    snprintf(pdir, sizeof(pdir), "/tmp/wkvm-route-parse-XXXXXX");
-    if (mkdtemp(pdir) == NULL)
-        fail_msg("mkdtemp");
-    write_file(pdir, "chat_template.jinja",
-               "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}");
-    write_file(pdir, "tokenizer_config.json", "{\"eos_token\": \"</s>\"}");
-    if (wk_chat_tpl_load(pdir, NULL, &papp.chat_tpl, &d) != WK_OK)
-        fail_msg("template: %s", d.msg);
+    pf_tpl_load(pdir, "wkvm-route-parse",
+                "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}", "</s>",
+                &papp.chat_tpl);
     return 0;
 }
 
@@ -108,15 +72,8 @@ teardown(void **state)
     wk_tok_free(app.tok);
     wk_chat_tpl_free(tapp.chat_tpl);
     wk_chat_tpl_free(papp.chat_tpl);
-    const char *dirs[] = {tdir, pdir};
-    for (size_t i = 0; i < 2; i++) {
-        char path[128];
-        snprintf(path, sizeof(path), "%s/chat_template.jinja", dirs[i]);
-        unlink(path);
-        snprintf(path, sizeof(path), "%s/tokenizer_config.json", dirs[i]);
-        unlink(path);
-        rmdir(dirs[i]);
-    }
+    pf_tpl_dir_remove(tdir);
+    pf_tpl_dir_remove(pdir);
     return 0;
 }
 
