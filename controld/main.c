@@ -91,7 +91,9 @@ static const wk_cfg_opt ctl_opts[] = {
      "chat_template.jinja, tokenizer_config.json chat_template or GGUF template; none: the "
      "plain User:/Assistant: template)"},
     {"step-tokens", WK_CFG_U64, "512", 1, 65536, "token budget of one step per worker"},
-    {"prefill-chunk", WK_CFG_U64, "256", 1, 16384, "most prefill tokens of one request per step"},
+    {"prefill-chunk", WK_CFG_U64, "256", 1, 16384,
+     "most prefill tokens of one request per step (one whose input left fits the step is fed "
+     "whole)"},
     {"max-rows", WK_CFG_U64, "256", 1, 1024, "most rows in one step"},
     {"queue-max", WK_CFG_U64, "1024", 0, 1000000, "requests waiting for a slot before 429"},
     {"slot-wait-ms", WK_CFG_U64, "30000", 0, 3600000,

@@ -9,7 +9,9 @@
  * generations (a stale handle never touches a reused slot), the cap on long
  * prefills running at once (a free slot is left to short jobs, and a waiting
  * long job does not make the scheduler evict parked slots), and the refusals
- * (no worker, a bad spec); a step row's penalty history only with a penalty.
+ * (no worker, a bad spec); a step row's penalty history only with a penalty;
+ * a prefill tail's step of its own; a prefill that fits the step fed whole,
+ * alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -199,23 +201,28 @@ test_chunks_and_batching(void **state)
     static fx f;
     fx_open(&f, 8, 4, 8);
     fx_worker(&f, 2);
-    /* one job: 10 input tokens go in chunks of 4, 4, 2, the last one sampling */
-    int32_t x[10];
-    for (int i = 0; i < 10; i++)
+    /*
+     * one job: 18 input tokens go in chunks of 4 while more than the step's
+     * budget is left, then the last 6 whole, sampling
+     */
+    int32_t x[18];
+    for (int i = 0; i < 18; i++)
         x[i] = 40 + i;
-    ctl_job *jx = submit(&f, x, 10, NULL, true);
-    fw_state sx = fw_state_of(x, 10);
+    ctl_job *jx = submit(&f, x, 18, NULL, true);
+    fw_state sx = fw_state_of(x, 18);
     take_tokens(jx, &sx, 1, false);
-    assert_int_equal(ctl_job_computed(jx), 10);
+    assert_int_equal(ctl_job_computed(jx), 18);
     ctl_job_free(jx);
     static fw_row log[256];
     size_t n = fw_log(&f.w, log, 256);
-    assert_int_equal(n, 3);
+    assert_int_equal(n, 4);
     assert_int_equal(log[0].n_tokens, 4);
     assert_true(log[0].reset && !log[0].sample);
     assert_int_equal(log[1].n_tokens, 4);
-    assert_int_equal(log[2].n_tokens, 2);
-    assert_true(log[2].sample);
+    assert_int_equal(log[2].n_tokens, 4);
+    assert_false(log[2].sample);
+    assert_int_equal(log[3].n_tokens, 6);
+    assert_true(log[3].sample);
 
     /* two jobs decode together: some step carries a row of each slot */
     fw_log_clear(&f.w);
@@ -446,10 +453,18 @@ test_short_first_behind_aged(void **state)
     fx_close(&f);
 }
 
+static void
+no_ckpt(void *arg, const ctl_slot_ref *slot, size_t pos)
+{
+    (void)arg;
+    (void)slot;
+    (void)pos;
+}
+
 /*
  * A prefill tail (a few tokens left: the last chunk before the first reply
- * token) gets a step of its own: not beside another job's long chunk, which
- * waits one step.
+ * token, after a checkpoint position ended the chunk before it) gets a step
+ * of its own: not beside another job's long chunk, which waits one step.
  */
 static void
 test_tail_step(void **state)
@@ -458,17 +473,22 @@ test_tail_step(void **state)
     static fx f;
     fx_open(&f, 64, 16, 8); /* (a tail: at most 16 / 4 tokens left) */
     fx_worker(&f, 2);
-    int32_t l[40], c[18];
-    for (int i = 0; i < 40; i++)
+    int32_t l[400], c[18];
+    for (int i = 0; i < 400; i++)
         l[i] = 100 + i;
     for (int i = 0; i < 18; i++)
         c[i] = 500 + i;
     fw_hold(&f.w, true);
-    ctl_job *jl = submit(&f, l, 40, NULL, true);
+    ctl_job *jl = submit(&f, l, 400, NULL, true);
     assert_true(fw_wait_held(&f.w, 4000)); /* L's first chunk is in flight */
-    ctl_job *jc = submit(&f, c, 18, NULL, true);
+    static const size_t at[1] = {16};
+    ctl_sched_reuse ru = {.ckpt_at = at, .n_ckpt = 1, .ckpt = no_ckpt};
+    ctl_job_spec sp = {.tokens = c, .n_tokens = 18, .sample = true, .fresh = true, .reuse = &ru};
+    ctl_job *jc = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &jc, &d), WK_OK);
     fw_hold(&f.w, false);
-    fw_state sl = fw_state_of(l, 40), sc = fw_state_of(c, 18);
+    fw_state sl = fw_state_of(l, 400), sc = fw_state_of(c, 18);
     take_tokens(jc, &sc, 1, false);
     ctl_job_free(jc);
     take_tokens(jl, &sl, 1, false);
@@ -488,9 +508,68 @@ test_tail_step(void **state)
     assert_int_equal(beside, 1); /* alone in its step */
     bool l_after = false;        /* and L still had chunks to run after it */
     for (size_t i = 0; i < n; i++)
-        l_after = l_after || (log[i].first >= 100 && log[i].first < 140 &&
+        l_after = l_after || (log[i].first >= 100 && log[i].first < 500 &&
                               log[i].step > log[tail_at].step);
     assert_true(l_after);
+    fx_close(&f);
+}
+
+/*
+ * A prefill whose input left fits the step budget is fed whole, past the
+ * per-job chunk, and no other prefill joins its step: two turns that arrive
+ * together are served one after the other, fewest tokens first, while a
+ * long prompt keeps its per-job chunks.
+ */
+static void
+test_whole_prefill(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 64, 16, 8);
+    fx_worker(&f, 3);
+    int32_t l[200], a[40], b[41];
+    for (int i = 0; i < 200; i++)
+        l[i] = 100 + i;
+    for (int i = 0; i < 40; i++)
+        a[i] = 400 + i;
+    for (int i = 0; i < 41; i++)
+        b[i] = 500 + i;
+    fw_hold(&f.w, true);
+    ctl_job *jl = submit(&f, l, 200, NULL, true);
+    assert_true(fw_wait_held(&f.w, 4000)); /* L's first chunk is in flight */
+    ctl_job *jb = submit(&f, b, 41, NULL, true);
+    ctl_job *ja = submit(&f, a, 40, NULL, true);
+    fw_hold(&f.w, false);
+    fw_state sa = fw_state_of(a, 40), sb = fw_state_of(b, 41), sl = fw_state_of(l, 200);
+    take_tokens(ja, &sa, 1, false);
+    take_tokens(jb, &sb, 1, false);
+    take_tokens(jl, &sl, 1, false);
+    ctl_job_free(ja);
+    ctl_job_free(jb);
+    ctl_job_free(jl);
+    static fw_row log[256];
+    size_t n = fw_log(&f.w, log, 256);
+    int a_at = -1, b_at = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (log[i].first == 400)
+            a_at = (int)i;
+        if (log[i].first == 500)
+            b_at = (int)i;
+        if (log[i].first >= 100 && log[i].first < 300 && !log[i].sample)
+            assert_true(log[i].n_tokens <= 16); /* L: per-job chunks (then its end whole) */
+    }
+    assert_true(a_at >= 0 && b_at >= 0);
+    assert_int_equal(log[a_at].n_tokens, 40); /* whole, sampled */
+    assert_true(log[a_at].sample);
+    assert_int_equal(log[b_at].n_tokens, 41);
+    assert_true(log[b_at].sample);
+    assert_true(log[b_at].step > log[a_at].step); /* fewest tokens first, one at a time */
+    for (size_t i = 0; i < n; i++) {
+        if ((int)i != a_at && log[i].step == log[a_at].step)
+            fail_msg("row %zu (first %d) shares A's step", i, log[i].first);
+        if ((int)i != b_at && log[i].step == log[b_at].step)
+            fail_msg("row %zu (first %d) shares B's step", i, log[i].first);
+    }
     fx_close(&f);
 }
 
@@ -629,6 +708,7 @@ main(void)
         cmocka_unit_test(test_short_first_behind_aged),
         cmocka_unit_test(test_long_prefill_cap),
         cmocka_unit_test(test_tail_step),
+        cmocka_unit_test(test_whole_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
