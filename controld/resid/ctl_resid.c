@@ -23,6 +23,12 @@ typedef struct ctl_resid_warm {
     struct ctl_resid_warm *next; /* list link */
 } ctl_resid_warm;
 
+/* A hot-index entry in the directory's list. */
+typedef struct ctl_resid_hot_node {
+    ctl_resid_hot e;                 /* the entry */
+    struct ctl_resid_hot_node *next; /* list link */
+} ctl_resid_hot_node;
+
 struct ctl_resid_dir {
     pthread_mutex_t warm_mu;                  /* guards warm and warm_clock only (a leaf) */
     ctl_resid_warm *warm;                     /* the warm tier's index */
@@ -33,6 +39,9 @@ struct ctl_resid_dir {
     uint64_t next_gen;                        /* last slot generation handed out */
     uint64_t epoch;                           /* bumped when a slot may have become free */
     atomic_bool stop;                         /* shut down: waits end */
+    ctl_resid_hot_node *hot;                  /* the hot index, newest first */
+    uint64_t hot_clock;                       /* its LRU counter */
+    uint64_t hot_ids;                         /* last entry id handed out */
 };
 
 wk_err
@@ -173,6 +182,11 @@ ctl_resid_dir_free(ctl_resid_dir *dir)
         ctl_resid_warm *w = dir->warm;
         dir->warm = w->next;
         free(w);
+    }
+    while (dir->hot != NULL) {
+        ctl_resid_hot_node *n = dir->hot;
+        dir->hot = n->next;
+        free(n);
     }
     pthread_cond_destroy(&dir->cv);
     pthread_mutex_destroy(&dir->warm_mu);
@@ -556,4 +570,320 @@ ctl_resid_warm_count(ctl_resid_dir *dir)
         n++;
     pthread_mutex_unlock(&dir->warm_mu);
     return n;
+}
+
+/* ---- The hot index ---- */
+
+/* The newest entry of key, NULL when none. Caller holds the mutex. */
+static ctl_resid_hot_node *
+ctl_resid_hot_by_key_locked(ctl_resid_dir *dir, const char *key)
+{
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (strcmp(n->e.key, key) == 0)
+            return n;
+    }
+    return NULL;
+}
+
+/* The entry on slot ref, NULL when none. Caller holds the mutex. */
+static ctl_resid_hot_node *
+ctl_resid_hot_by_slot_locked(ctl_resid_dir *dir, const ctl_slot_ref *ref)
+{
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (strcmp(n->e.slot.worker, ref->worker) == 0 && n->e.slot.slot == ref->slot &&
+            n->e.slot.gen == ref->gen)
+            return n;
+    }
+    return NULL;
+}
+
+/* Unlinks n, copies it to *out (NULL: not copied) and frees it. Caller holds the mutex. */
+static void
+ctl_resid_hot_unlink_locked(ctl_resid_dir *dir, ctl_resid_hot_node *n, ctl_resid_hot *out)
+{
+    for (ctl_resid_hot_node **pp = &dir->hot; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == n) {
+            *pp = n->next;
+            break;
+        }
+    }
+    if (out != NULL)
+        *out = n->e;
+    free(n);
+}
+
+/* Marks n used now. Caller holds the mutex. */
+static void
+ctl_resid_hot_touch_locked(ctl_resid_dir *dir, ctl_resid_hot_node *n)
+{
+    n->e.used = ++dir->hot_clock;
+    n->e.used_ms = wk_mono_ms();
+}
+
+/* Waits while key's newest entry is being spilled; returns it. Caller holds the mutex. */
+static ctl_resid_hot_node *
+ctl_resid_hot_wait_locked(ctl_resid_dir *dir, const char *key)
+{
+    ctl_resid_hot_node *n = ctl_resid_hot_by_key_locked(dir, key);
+    while (n != NULL && n->e.spilling) {
+        pthread_cond_wait(&dir->cv, &dir->mu);
+        n = ctl_resid_hot_by_key_locked(dir, key);
+    }
+    return n;
+}
+
+wk_err
+ctl_resid_hot_put(ctl_resid_dir *dir, const char *key, const ctl_slot_ref *slot, bool dirty,
+                  const char *backing, ctl_resid_hot *old)
+{
+    memset(old, 0, sizeof(*old));
+    if (strlen(key) >= CTL_RESID_KEY_MAX ||
+        (backing != NULL && strlen(backing) >= CTL_RESID_KEY_MAX))
+        return WK_EINVAL;
+    ctl_resid_hot_node *nn = calloc(1, sizeof(*nn));
+    if (nn == NULL)
+        return WK_ENOMEM;
+    snprintf(nn->e.key, sizeof(nn->e.key), "%s", key);
+    if (dirty && backing != NULL)
+        snprintf(nn->e.backing, sizeof(nn->e.backing), "%s", backing);
+    nn->e.slot = *slot;
+    nn->e.dirty = dirty;
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *o = ctl_resid_hot_by_key_locked(dir, key);
+    if (o != NULL && !o->e.taken)
+        ctl_resid_hot_unlink_locked(dir, o, old);
+    nn->e.id = ++dir->hot_ids;
+    ctl_resid_hot_touch_locked(dir, nn);
+    nn->next = dir->hot;
+    dir->hot = nn;
+    pthread_mutex_unlock(&dir->mu);
+    return WK_OK;
+}
+
+wk_err
+ctl_resid_hot_remove_key(ctl_resid_dir *dir, const char *key, bool wait, bool only_clean,
+                         ctl_resid_hot *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *n = wait ? ctl_resid_hot_wait_locked(dir, key)
+                                 : ctl_resid_hot_by_key_locked(dir, key);
+    wk_err err = n == NULL                  ? WK_ENOENT
+                 : n->e.taken               ? WK_EBUSY
+                 : only_clean && n->e.dirty ? WK_ESTATE
+                                            : WK_OK;
+    if (err == WK_OK)
+        ctl_resid_hot_unlink_locked(dir, n, out);
+    pthread_mutex_unlock(&dir->mu);
+    return err;
+}
+
+wk_err
+ctl_resid_hot_remove_slot(ctl_resid_dir *dir, const ctl_slot_ref *ref, ctl_resid_hot *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *n = ctl_resid_hot_by_slot_locked(dir, ref);
+    wk_err err = n == NULL ? WK_ENOENT : n->e.taken ? WK_EBUSY : WK_OK;
+    if (err == WK_OK)
+        ctl_resid_hot_unlink_locked(dir, n, out);
+    pthread_mutex_unlock(&dir->mu);
+    return err;
+}
+
+void
+ctl_resid_hot_remove_id(ctl_resid_dir *dir, uint64_t id)
+{
+    pthread_mutex_lock(&dir->mu);
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (n->e.id == id) {
+            ctl_resid_hot_unlink_locked(dir, n, NULL);
+            break;
+        }
+    }
+    pthread_cond_broadcast(&dir->cv);
+    pthread_mutex_unlock(&dir->mu);
+}
+
+/* Pins n (when free) and copies it out. Caller holds the mutex. */
+static wk_err
+ctl_resid_hot_pin_locked(ctl_resid_hot_node *n, ctl_resid_hot *out)
+{
+    if (n == NULL)
+        return WK_ENOENT;
+    if (n->e.taken)
+        return WK_EBUSY;
+    n->e.taken = true;
+    *out = n->e;
+    return WK_OK;
+}
+
+wk_err
+ctl_resid_hot_pin_key(ctl_resid_dir *dir, const char *key, ctl_resid_hot *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *n = ctl_resid_hot_by_key_locked(dir, key);
+    if (n != NULL && !n->e.taken)
+        ctl_resid_hot_touch_locked(dir, n);
+    wk_err err = ctl_resid_hot_pin_locked(n, out);
+    pthread_mutex_unlock(&dir->mu);
+    return err;
+}
+
+wk_err
+ctl_resid_hot_pin_slot(ctl_resid_dir *dir, const ctl_slot_ref *ref, ctl_resid_hot *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    wk_err err = ctl_resid_hot_pin_locked(ctl_resid_hot_by_slot_locked(dir, ref), out);
+    pthread_mutex_unlock(&dir->mu);
+    return err;
+}
+
+void
+ctl_resid_hot_unpin(ctl_resid_dir *dir, uint64_t id, const ctl_slot_ref *moved_to)
+{
+    pthread_mutex_lock(&dir->mu);
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (n->e.id == id) {
+            n->e.taken = false;
+            if (moved_to != NULL)
+                n->e.slot = *moved_to;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&dir->mu);
+}
+
+bool
+ctl_resid_hot_find(ctl_resid_dir *dir, const char *key, ctl_slot_ref *slot)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *n = ctl_resid_hot_wait_locked(dir, key);
+    if (n != NULL)
+        *slot = n->e.slot;
+    pthread_mutex_unlock(&dir->mu);
+    return n != NULL;
+}
+
+bool
+ctl_resid_hot_describe(ctl_resid_dir *dir, const ctl_slot_ref *ref, ctl_resid_hot *out,
+                       uint64_t *age)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *n = ctl_resid_hot_by_slot_locked(dir, ref);
+    if (n != NULL) {
+        *out = n->e;
+        *age = dir->hot_clock - n->e.used;
+    }
+    pthread_mutex_unlock(&dir->mu);
+    return n != NULL;
+}
+
+void
+ctl_resid_hot_counts(ctl_resid_dir *dir, uint32_t *clean, uint32_t *dirty)
+{
+    *clean = 0;
+    *dirty = 0;
+    pthread_mutex_lock(&dir->mu);
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (n->e.dirty)
+            (*dirty)++;
+        else
+            (*clean)++;
+    }
+    pthread_mutex_unlock(&dir->mu);
+}
+
+size_t
+ctl_resid_hot_slots_on(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out, size_t cap)
+{
+    size_t count = 0;
+    pthread_mutex_lock(&dir->mu);
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (strcmp(n->e.slot.worker, worker) != 0)
+            continue;
+        if (count < cap)
+            out[count] = n->e.slot;
+        count++;
+    }
+    pthread_mutex_unlock(&dir->mu);
+    return count;
+}
+
+wk_err
+ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker, uint32_t pages,
+                     ctl_resid_hot *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *victim = NULL;
+    uint64_t idle_pages = 0;
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (worker != NULL && strcmp(n->e.slot.worker, worker) != 0)
+            continue;
+        if (n->e.taken)
+            continue;
+        uint32_t p = 0;
+        if (pages > 0) {
+            ctl_resid *t = ctl_resid_dir_find_locked(dir, n->e.slot.worker);
+            if (t != NULL && ctl_resid_live(t, n->e.slot.slot, n->e.slot.gen))
+                p = t->pages[n->e.slot.slot];
+            if (p == 0)
+                continue; /* evicting it frees no page */
+        }
+        idle_pages += p;
+        if (victim == NULL || n->e.used < victim->e.used)
+            victim = n;
+    }
+    if (pages > 0 && idle_pages < pages)
+        victim = NULL; /* evicting all of them would not make room: keep them */
+    wk_err err = victim != NULL ? WK_OK : WK_ENOENT;
+    if (victim != NULL && victim->e.dirty) {
+        victim->e.taken = true;
+        victim->e.spilling = true;
+        *out = victim->e;
+    } else if (victim != NULL) {
+        ctl_resid_hot_unlink_locked(dir, victim, out);
+    }
+    pthread_mutex_unlock(&dir->mu);
+    return err;
+}
+
+bool
+ctl_resid_hot_pick_spill(ctl_resid_dir *dir, uint64_t now_ms, uint64_t idle_ms,
+                         uint32_t max_dirty, ctl_resid_hot *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *oldest = NULL;
+    uint32_t n_dirty = 0;
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (!n->e.dirty)
+            continue;
+        n_dirty++;
+        if (!n->e.taken && (oldest == NULL || n->e.used < oldest->e.used))
+            oldest = n;
+    }
+    bool pick = false;
+    if (oldest != NULL) {
+        bool idle = idle_ms > 0 && now_ms - oldest->e.used_ms >= idle_ms;
+        bool over = max_dirty > 0 && n_dirty > max_dirty;
+        pick = idle || over;
+    }
+    if (pick) {
+        oldest->e.taken = true;
+        oldest->e.spilling = true;
+        *out = oldest->e;
+    }
+    pthread_mutex_unlock(&dir->mu);
+    return pick;
+}
+
+bool
+ctl_resid_hot_pop_dirty(ctl_resid_dir *dir, ctl_resid_hot *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *n = dir->hot;
+    while (n != NULL && (!n->e.dirty || n->e.taken))
+        n = n->next;
+    if (n != NULL)
+        ctl_resid_hot_unlink_locked(dir, n, out);
+    pthread_mutex_unlock(&dir->mu);
+    return n != NULL;
 }

@@ -264,4 +264,105 @@ bool ctl_resid_warm_pop_oldest(ctl_resid_dir *dir, const char *worker, char *key
 /* Copies indexed (all workers). */
 size_t ctl_resid_warm_count(ctl_resid_dir *dir);
 
+/*
+ * ---- The hot index (under the directory's mutex) ----
+ *
+ * Which held slot keeps a parked session or a cached state's bytes (the hot
+ * tier), with its LRU clock and flags. ctl_vm puts, pins and removes entries
+ * and does their I/O (spills, warm copies, resets); the choice of an
+ * eviction victim is made here, next to the slot tables, so the KV pages an
+ * entry holds are read under the same lock. Every call copies entries out
+ * (an id names one while the caller works on it without the lock). Keys may
+ * repeat: a put while an older entry of the key is taken adds a newer one,
+ * and lookups by key see the newest.
+ */
+
+/* One hot entry. */
+typedef struct ctl_resid_hot {
+    uint64_t id;                      /* unique in the directory, never 0 */
+    char key[CTL_RESID_KEY_MAX];      /* blob hex or session key */
+    char backing[CTL_RESID_KEY_MAX];  /* dirty: where the bytes also live (a checkpoint), "" = nowhere */
+    ctl_slot_ref slot;                /* the held slot with the bytes */
+    bool dirty;                       /* to be spilled before its slot is freed */
+    bool taken;                       /* a caller works on it (copy, move, spill) */
+    bool spilling;                    /* being written to the store before eviction */
+    uint64_t used;                    /* LRU clock */
+    uint64_t used_ms;                 /* monotonic ms of the last use */
+} ctl_resid_hot;
+
+/*
+ * Indexes key's bytes in held slot as the most recently used entry (dirty
+ * with backing: a checkpoint also holds them; NULL = none). An older entry of
+ * key that no one holds is removed and copied to *old (old->id 0 when none)
+ * for the caller to retire. WK_EINVAL for a key or backing of
+ * CTL_RESID_KEY_MAX bytes or more, WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_put(ctl_resid_dir *dir, const char *key,
+                                       const ctl_slot_ref *slot, bool dirty, const char *backing,
+                                       ctl_resid_hot *old);
+
+/*
+ * Removes the newest entry of key and copies it to *out. wait: first waits
+ * while it is being spilled (its spill ends with ctl_resid_hot_remove_id).
+ * only_clean: a dirty entry stays (WK_ESTATE). WK_ENOENT none, WK_EBUSY taken.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_remove_key(ctl_resid_dir *dir, const char *key, bool wait,
+                                              bool only_clean, ctl_resid_hot *out);
+
+/* Removes the entry on slot ref (not taken) and copies it out. WK_ENOENT, WK_EBUSY. */
+WK_MUST_CHECK wk_err ctl_resid_hot_remove_slot(ctl_resid_dir *dir, const ctl_slot_ref *ref,
+                                               ctl_resid_hot *out);
+
+/* Removes entry id (a spill ended) and wakes those waiting for it. */
+void ctl_resid_hot_remove_id(ctl_resid_dir *dir, uint64_t id);
+
+/*
+ * Marks the newest entry of key (by_key) or the one on slot ref taken and
+ * copies it out; by key it is also used now. WK_ENOENT, WK_EBUSY.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_pin_key(ctl_resid_dir *dir, const char *key,
+                                           ctl_resid_hot *out);
+WK_MUST_CHECK wk_err ctl_resid_hot_pin_slot(ctl_resid_dir *dir, const ctl_slot_ref *ref,
+                                            ctl_resid_hot *out);
+
+/* Ends entry id's pin; moved_to (NULL = stays): its bytes now live in that slot. */
+void ctl_resid_hot_unpin(ctl_resid_dir *dir, uint64_t id, const ctl_slot_ref *moved_to);
+
+/* The newest entry of key (after waiting for its spill to end): true with its slot. */
+bool ctl_resid_hot_find(ctl_resid_dir *dir, const char *key, ctl_slot_ref *slot);
+
+/* The entry on slot ref: true with a copy, and its age in uses since (*age). */
+bool ctl_resid_hot_describe(ctl_resid_dir *dir, const ctl_slot_ref *ref, ctl_resid_hot *out,
+                            uint64_t *age);
+
+/* Entries clean and dirty. */
+void ctl_resid_hot_counts(ctl_resid_dir *dir, uint32_t *clean, uint32_t *dirty);
+
+/* Slots of entries on worker: up to cap written to out; returns how many there are. */
+size_t ctl_resid_hot_slots_on(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out,
+                              size_t cap);
+
+/*
+ * The eviction victim: the least recently used entry no one holds, on
+ * worker (NULL: anywhere). pages > 0 (with worker): only entries whose slot
+ * holds KV pages, and only when those entries hold at least `pages`
+ * together (else evicting cannot make room). A clean entry is removed; a
+ * dirty one stays listed, taken and spilling (lookups wait for it), for the
+ * caller to spill unless a checkpoint holds its bytes, and then remove
+ * (ctl_resid_hot_remove_id). Copied to *out. WK_ENOENT: none.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker,
+                                          uint32_t pages, ctl_resid_hot *out);
+
+/*
+ * For the idle spiller: the least recently used dirty entry no one holds,
+ * when it was idle idle_ms (0: never) or more than max_dirty (0: no cap) are
+ * dirty. Marked taken and spilling and copied out (true).
+ */
+bool ctl_resid_hot_pick_spill(ctl_resid_dir *dir, uint64_t now_ms, uint64_t idle_ms,
+                              uint32_t max_dirty, ctl_resid_hot *out);
+
+/* Removes a dirty entry no one holds and copies it out (true); false when none (flush). */
+bool ctl_resid_hot_pop_dirty(ctl_resid_dir *dir, ctl_resid_hot *out);
+
 #endif /* CTL_RESID_H */
