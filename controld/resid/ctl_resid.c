@@ -808,11 +808,13 @@ ctl_resid_hot_slots_on(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out
     return count;
 }
 
-wk_err
-ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker, uint32_t pages,
-                     ctl_resid_hot *out)
+/*
+ * The eviction victim (ctl_resid_hot_victim()'s choice), NULL when none.
+ * Caller holds the mutex.
+ */
+static ctl_resid_hot_node *
+ctl_resid_hot_choose_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages)
 {
-    pthread_mutex_lock(&dir->mu);
     ctl_resid_hot_node *victim = NULL;
     uint64_t idle_pages = 0;
     for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
@@ -833,7 +835,16 @@ ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker, uint32_t pages,
             victim = n;
     }
     if (pages > 0 && idle_pages < pages)
-        victim = NULL; /* evicting all of them would not make room: keep them */
+        return NULL; /* evicting all of them would not make room: keep them */
+    return victim;
+}
+
+wk_err
+ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker, uint32_t pages,
+                     ctl_resid_hot *out)
+{
+    pthread_mutex_lock(&dir->mu);
+    ctl_resid_hot_node *victim = ctl_resid_hot_choose_locked(dir, worker, pages);
     wk_err err = victim != NULL ? WK_OK : WK_ENOENT;
     if (victim != NULL && victim->e.dirty) {
         victim->e.taken = true;
@@ -844,6 +855,25 @@ ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker, uint32_t pages,
     }
     pthread_mutex_unlock(&dir->mu);
     return err;
+}
+
+wk_err
+ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages,
+                                 ctl_resid_hot *out)
+{
+    ctl_resid_hot_node *victim = ctl_resid_hot_choose_locked(dir, worker, pages);
+    if (victim == NULL)
+        return WK_ENOENT;
+    if (victim->e.dirty)
+        return WK_EBUSY; /* its bytes must reach the store first: ctl_vm's */
+    ctl_slot_ref ref = victim->e.slot;
+    ctl_resid_hot_unlink_locked(dir, victim, out);
+    ctl_resid *t = ctl_resid_live_locked(dir, &ref);
+    if (t != NULL && t->busy[ref.slot] == NULL) {
+        ctl_resid_clear(t, ref.slot); /* hybrid: stale until the step loop frees its pages */
+        ctl_resid_dir_released_locked(dir);
+    }
+    return WK_OK;
 }
 
 bool

@@ -14,9 +14,13 @@
  * release, waiting for a slot to free) that ctl_vm and the API make without
  * going through the scheduler. Below both ctl_sched (admission and the step
  * loop, which attaches a table per worker, asks it for free slots and page
- * room, and runs the steps) and ctl_vm (parked sessions, state cache,
- * eviction, which account what they write into held slots here): neither
- * keeps its own copy of a slot's residence. The directory also keeps the
+ * room, has it evict a clean parked entry under pressure, and runs the
+ * steps) and ctl_vm (the I/O of parked sessions and cached states: slot
+ * reads and writes, spills, warm copies, which accounts what it writes into
+ * held slots here): neither keeps its own copy of a slot's residence. The
+ * directory keeps the hot index (ctl_resid_hot_*: which held slot keeps
+ * which bytes, LRU, dirty / taken / spilling) and chooses eviction victims
+ * from it. The directory also keeps the
  * warm tier's index (ctl_resid_warm_*): which worker holds a host-memory
  * copy of a clean state, with its context and that worker process's
  * epoch; ctl_vm decides when to put, get and drop copies (the RPCs are the
@@ -37,7 +41,12 @@
  *   ctl_job.mu           (one job's events)
  * The warm index has a mutex of its own, a leaf: taken only inside the
  * ctl_resid_warm_* calls, nothing called while holding it.
- * ctl_vm's entry mutex is a leaf: never held across a call into ctl_resid,
+ * The hot index is under the directory's mutex; a lookup waiting for an
+ * entry's spill to end waits on its condition variable (the spill's end,
+ * ctl_resid_hot_remove_id, broadcasts). The scheduler's eviction of a clean
+ * victim (ctl_resid_hot_evict_clean_locked) stays inside this module under
+ * the mutex; the evictor it calls for a dirty victim runs after the unlock.
+ * ctl_vm's mutex is a leaf: never held across a call into ctl_resid,
  * ctl_sched, ctl_ckpt or the pool, and nothing is called while holding it;
  * ctl_pool's mutex is a leaf too. A worker's epoch (whether its memory,
  * slots and warm copies, is still the one a residence record was made in)
@@ -353,6 +362,17 @@ size_t ctl_resid_hot_slots_on(ctl_resid_dir *dir, const char *worker, ctl_slot_r
  */
 WK_MUST_CHECK wk_err ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker,
                                           uint32_t pages, ctl_resid_hot *out);
+
+/*
+ * The scheduler's eviction under pressure, with no call out: the victim
+ * ctl_resid_hot_victim() would choose, when clean (its bytes are in the
+ * store), is removed, copied to *out and its slot freed here at once (a
+ * hybrid slot turns stale until the step loop frees its pages); no warm
+ * copy is kept. WK_EBUSY when the victim is dirty (a spill, I/O: ctl_vm's
+ * evictor), WK_ENOENT when there is none. Caller holds the mutex.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker,
+                                                      uint32_t pages, ctl_resid_hot *out);
 
 /*
  * For the idle spiller: the least recently used dirty entry no one holds,

@@ -1331,16 +1331,30 @@ ctl_sched_mgr_main(void *arg)
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out waiting for a slot");
         }
         /*
-         * Requests wait and no slot is free anywhere: ask for a parked slot
-         * back (anywhere). Or the first waits for KV pages: ask for parked
-         * slots on the worker where it lacks the fewest (the evictor frees
-         * only what can make up the shortfall there).
+         * Requests wait and no slot is free anywhere: a parked slot comes
+         * back (anywhere). Or the first waits for KV pages: parked slots on
+         * the worker where it lacks the fewest, and only those that can make
+         * up the shortfall there. Residence chooses the victim (LRU among
+         * idle entries) and frees a clean one itself, here under the lock;
+         * only a dirty victim, whose bytes must reach the store first, goes
+         * to the evictor (ctl_vm's spill) after the unlock.
          */
         char starved_on[65] = "";
         uint32_t missing = 0;
         bool starving = s->n_waiting > 0 &&
                         ((!ctl_sched_free_slot_locked(s, "") && ctl_sched_slot_wanted_locked(s)) ||
                          ctl_sched_page_starved_locked(s, starved_on, &missing));
+        bool freed = false;
+        if (starving) {
+            ctl_resid_hot gone;
+            wk_err ev = ctl_resid_hot_evict_clean_locked(s->resid, starved_on[0] ? starved_on : NULL,
+                                                         missing, &gone);
+            freed = ev == WK_OK;
+            starving = ev == WK_EBUSY; /* a dirty victim: the evictor spills it */
+            if (freed)
+                wk_log_debug("evicting key=%.16s clean worker=%s slot=%u", gone.key,
+                             gone.slot.worker, gone.slot.slot);
+        }
         ctl_sched_evict_fn evict = s->evict;
         void *evict_arg = s->evict_arg;
         pthread_cond_broadcast(s->cv);
@@ -1356,8 +1370,8 @@ ctl_sched_mgr_main(void *arg)
             pthread_mutex_unlock(s->mu);
             ctl_sworker_free(reap[i]);
         }
-        if (starving && evict != NULL &&
-            evict(evict_arg, starved_on[0] ? starved_on : NULL, missing) == WK_OK) {
+        if (freed || (starving && evict != NULL &&
+                      evict(evict_arg, starved_on[0] ? starved_on : NULL, missing) == WK_OK)) {
             pthread_mutex_lock(s->mu);
             pthread_cond_broadcast(s->cv);
             pthread_mutex_unlock(s->mu);

@@ -311,13 +311,15 @@ WK_MUST_CHECK wk_err ctl_job_keep_slot(ctl_job *j, ctl_slot_ref *out);
 void ctl_job_free(ctl_job *j);
 
 /*
- * Called (from the scheduler's manager thread, no lock held) under pressure:
- * worker NULL: requests wait for a slot and none is free anywhere; it should
- * free one parked slot (any worker). worker set: the first waiting request
- * lacks `pages` KV pages on that worker; it should free one parked slot
- * there that holds pages, and only when the idle parked slots there hold at
- * least `pages` together (else eviction can't help). WK_OK when it freed
- * one, WK_ENOENT when it has nothing (useful) to free.
+ * Under pressure (worker NULL: requests wait for a slot and none is free
+ * anywhere; worker set: the first waiting request lacks `pages` KV pages
+ * there) the manager thread asks residence for the eviction victim under
+ * its lock (ctl_resid_hot_evict_clean_locked): a clean one is freed there.
+ * Only when the victim is dirty (its bytes must be spilled: I/O) is this
+ * called, from the manager thread with no lock held: it should free one
+ * parked slot (on worker when set, one holding pages, and only when the
+ * idle parked slots there hold at least `pages` together). WK_OK when it
+ * freed one, WK_ENOENT when it has nothing (useful) to free.
  */
 typedef wk_err (*ctl_sched_evict_fn)(void *arg, const char *worker, uint32_t pages);
 void ctl_sched_set_evictor(ctl_sched *s, ctl_sched_evict_fn fn, void *arg);

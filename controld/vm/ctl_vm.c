@@ -1,6 +1,7 @@
 /*
- * ctl_vm: the hot cache of state bytes in worker slots, LRU eviction with
- * write-back for dirty entries, and chunked slot I/O over the pool.
+ * ctl_vm: the hot cache of state bytes in worker slots (its index and the
+ * eviction choice are ctl_resid's), write-back for dirty entries, warm
+ * copies of clean ones, and chunked slot I/O over the pool.
  */
 #define WK_LOG_MODULE "vm"
 #include "ctl_vm.h"

@@ -7,10 +7,14 @@
  * bytes, and a generation copies the cached slot into a scratch slot on the
  * worker (SlotCopy) before it runs. Chat sessions park in slots as dirty
  * entries keyed by the session key: they are spilled to a blob only when
- * evicted (write-back). Under slot pressure the least recently used idle
- * entry is evicted (spilled first when dirty, unless a checkpoint already
- * holds its bytes: ctl_vm_set_backing); the scheduler calls
- * ctl_vm_evict_one() when requests wait for a slot.
+ * evicted (write-back). The hot index (which slot, LRU, dirty, taken,
+ * spilling) is the residence directory's (ctl_resid_hot_*), which also
+ * chooses the eviction victim: the least recently used idle entry. ctl_vm
+ * does the I/O: a dirty victim is spilled first, unless a checkpoint
+ * already holds its bytes (ctl_vm_set_backing); a clean one it evicts keeps
+ * a warm copy. When requests wait for a slot or pages, the scheduler has
+ * residence free a clean victim itself and calls ctl_vm_evict_pages() only
+ * for a dirty one.
  *
  * Slot I/O (read, write, copy, reset) goes through the pool as
  * SlotRead/SlotWrite/SlotCopy/SlotReset RPCs in chunks of at most 4 MiB; the
@@ -21,8 +25,10 @@
  * directory (ctl_resid_slot_*) directly; ctl_vm never calls the scheduler.
  * Warm-tier RPCs are the pool's (ctl_pool_host_call).
  *
- * Threading: all functions are thread-safe; the entry table has its own
- * mutex, never held across an RPC or a call into ctl_resid.
+ * Threading: all functions are thread-safe; the hot index is the residence
+ * directory's (under its mutex); ctl_vm's own mutex guards its callbacks and
+ * the idle spiller's settings, and is never held across an RPC or a call
+ * into ctl_resid.
  */
 #ifndef CTL_VM_H
 #define CTL_VM_H
@@ -102,7 +108,10 @@ void ctl_vm_set_backing(ctl_vm *vm, ctl_vm_backed_fn fn, void *arg);
 WK_MUST_CHECK wk_err ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out,
                                      wk_diag *d);
 
-/* Evicts one LRU idle entry. Returns WK_OK when a slot was freed, WK_ENOENT when none. */
+/*
+ * Evicts one LRU idle entry (residence's choice). Returns WK_OK when a slot
+ * was freed, WK_ENOENT when none.
+ */
 WK_MUST_CHECK wk_err ctl_vm_evict_one(ctl_vm *vm);
 
 /*

@@ -10,6 +10,8 @@
  * prefills running at once (a free slot is left to short jobs, and a waiting
  * long job does not make the scheduler evict parked slots), and the refusals
  * (no worker, a bad spec); a step row's penalty history only with a penalty.
+ * Eviction under slot pressure: a clean parked entry's slot is freed by
+ * residence itself (no evictor call), a dirty one goes to the evictor.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -617,6 +619,58 @@ test_refusals(void **state)
     fx_close(&f);
 }
 
+static ctl_resid_dir *g_spill_dir;
+static int g_spills;
+
+/* An evictor standing in for ctl_vm's: "spills" the dirty victim and frees its slot. */
+static wk_err
+spill_evict(void *arg, const char *worker, uint32_t pages)
+{
+    (void)arg;
+    ctl_resid_hot v;
+    if (ctl_resid_hot_victim(g_spill_dir, worker, pages, &v) != WK_OK)
+        return WK_ENOENT;
+    g_spills++; /* (any victim: a clean one reaching here is a failure) */
+    ctl_resid_hot_remove_id(g_spill_dir, v.id);
+    (void)ctl_resid_slot_free(g_spill_dir, &v.slot);
+    return WK_OK;
+}
+
+/* One slot held by a parked entry; a request waits for it. */
+static void
+test_evict_parked(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 8, 4, 8);
+    fx_worker(&f, 1);
+    g_spill_dir = f.resid;
+    g_spills = 0;
+    ctl_sched_set_evictor(f.sched, spill_evict, NULL);
+    static const int32_t t1[2] = {11, 12}, t2[2] = {13, 14};
+    for (int dirty = 0; dirty < 2; dirty++) {
+        ctl_slot_ref held;
+        ctl_resid_hot old;
+        assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &held, NULL), WK_OK);
+        assert_int_equal(ctl_resid_hot_put(f.resid, dirty ? "dirty" : "clean", &held, dirty,
+                                           NULL, &old), WK_OK);
+        const int32_t *t = dirty ? t2 : t1;
+        ctl_job *j = submit(&f, t, 2, NULL, true);
+        fw_state st = fw_state_of(t, 2);
+        ctl_job_event ev = next_ev(j);
+        assert_int_equal(ev.type, CTL_JOB_EV_TOKEN);
+        assert_int_equal(ev.token, fw_token_of(&st));
+        assert_false(ctl_resid_slot_valid(f.resid, &held)); /* the parked slot was taken back */
+        ctl_slot_ref where;
+        assert_false(ctl_resid_hot_find(f.resid, dirty ? "dirty" : "clean", &where));
+        assert_int_equal(g_spills, dirty); /* a clean entry never reached the evictor */
+        ctl_job_stop(j, false);
+        assert_int_equal(next_ev(j).type, CTL_JOB_EV_DONE);
+        ctl_job_free(j);
+    }
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -629,6 +683,7 @@ main(void)
         cmocka_unit_test(test_short_first_behind_aged),
         cmocka_unit_test(test_long_prefill_cap),
         cmocka_unit_test(test_tail_step),
+        cmocka_unit_test(test_evict_parked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
