@@ -42,6 +42,9 @@ struct ctl_resid_dir {
     ctl_resid_hot_node *hot;                  /* the hot index, newest first */
     uint64_t hot_clock;                       /* its LRU counter */
     uint64_t hot_ids;                         /* last entry id handed out */
+    bool clean_wanted;                        /* admission found only dirty victims */
+    char clean_worker[65];                    /* ... on this worker ("" = anywhere) */
+    uint32_t clean_pages;                     /* ... lacking these KV pages there */
 };
 
 wk_err
@@ -460,6 +463,8 @@ ctl_resid_kv_geom(ctl_resid_dir *dir, const char *worker, ctl_kv_geom *out)
 
 /* ---- The warm tier's index ---- */
 
+static void ctl_resid_hot_lose_key(ctl_resid_dir *dir, const char *key, const char *keep_on);
+
 /* Unlinks and returns the copy of key, NULL when none. Caller holds warm_mu. */
 static ctl_resid_warm *
 ctl_resid_warm_take_locked(ctl_resid_dir *dir, const char *key)
@@ -495,8 +500,11 @@ ctl_resid_warm_put(ctl_resid_dir *dir, const char *key, const char *worker, uint
     w->next = dir->warm;
     dir->warm = w;
     pthread_mutex_unlock(&dir->warm_mu);
-    if (old != NULL && strcmp(old->worker, worker) != 0 && cap > 0)
-        snprintf(prev_worker, cap, "%s", old->worker);
+    if (old != NULL && strcmp(old->worker, worker) != 0) {
+        if (cap > 0)
+            snprintf(prev_worker, cap, "%s", old->worker);
+        ctl_resid_hot_lose_key(dir, key, worker); /* (the copy there is dropped) */
+    }
     free(old);
     return WK_OK;
 }
@@ -539,6 +547,8 @@ ctl_resid_warm_forget(ctl_resid_dir *dir, const char *key)
     pthread_mutex_lock(&dir->warm_mu);
     ctl_resid_warm *w = ctl_resid_warm_take_locked(dir, key);
     pthread_mutex_unlock(&dir->warm_mu);
+    if (w != NULL)
+        ctl_resid_hot_lose_key(dir, key, NULL);
     free(w);
 }
 
@@ -556,6 +566,7 @@ ctl_resid_warm_pop_oldest(ctl_resid_dir *dir, const char *worker, char *key_out)
     pthread_mutex_unlock(&dir->warm_mu);
     if (oldest == NULL)
         return false;
+    ctl_resid_hot_lose_key(dir, oldest->key, NULL); /* before the caller drops the copy */
     snprintf(key_out, CTL_RESID_KEY_MAX, "%s", oldest->key);
     free(oldest);
     return true;
@@ -632,9 +643,40 @@ ctl_resid_hot_wait_locked(ctl_resid_dir *dir, const char *key)
     return n;
 }
 
+/*
+ * Marks n dirty: the copy its cleanness rested on is going (a warm copy
+ * dropped, a backing checkpoint losing a tier). A cleaner's verdict reached
+ * before this (ctl_resid_hot_cleaned with the older `lost`) no longer
+ * counts. Caller holds the mutex.
+ */
+static void
+ctl_resid_hot_lose_locked(ctl_resid_hot_node *n)
+{
+    n->e.lost++;
+    if (!n->e.spilled)
+        n->e.dirty = true;
+}
+
+/*
+ * Cached states of key whose clean copy was the warm copy now dropped (on
+ * any worker but keep_on, NULL = every one) turn dirty. Takes the mutex
+ * (the caller holds no lock).
+ */
+static void
+ctl_resid_hot_lose_key(ctl_resid_dir *dir, const char *key, const char *keep_on)
+{
+    pthread_mutex_lock(&dir->mu);
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (n->e.stored && strcmp(n->e.key, key) == 0 &&
+            (keep_on == NULL || strcmp(n->e.slot.worker, keep_on) != 0))
+            ctl_resid_hot_lose_locked(n);
+    }
+    pthread_mutex_unlock(&dir->mu);
+}
+
 wk_err
-ctl_resid_hot_put(ctl_resid_dir *dir, const char *key, const ctl_slot_ref *slot, bool dirty,
-                  const char *backing, ctl_resid_hot *old)
+ctl_resid_hot_put(ctl_resid_dir *dir, const char *key, const ctl_slot_ref *slot, bool stored,
+                  const char *backing, ctl_resid_hot *old, ctl_resid_hot *out)
 {
     memset(old, 0, sizeof(*old));
     if (strlen(key) >= CTL_RESID_KEY_MAX ||
@@ -644,10 +686,11 @@ ctl_resid_hot_put(ctl_resid_dir *dir, const char *key, const ctl_slot_ref *slot,
     if (nn == NULL)
         return WK_ENOMEM;
     snprintf(nn->e.key, sizeof(nn->e.key), "%s", key);
-    if (dirty && backing != NULL)
+    if (!stored && backing != NULL)
         snprintf(nn->e.backing, sizeof(nn->e.backing), "%s", backing);
     nn->e.slot = *slot;
-    nn->e.dirty = dirty;
+    nn->e.dirty = true; /* until a copy to resume from is known (ctl_resid_hot_cleaned) */
+    nn->e.stored = stored;
     pthread_mutex_lock(&dir->mu);
     ctl_resid_hot_node *o = ctl_resid_hot_by_key_locked(dir, key);
     if (o != NULL && !o->e.taken)
@@ -656,21 +699,64 @@ ctl_resid_hot_put(ctl_resid_dir *dir, const char *key, const ctl_slot_ref *slot,
     ctl_resid_hot_touch_locked(dir, nn);
     nn->next = dir->hot;
     dir->hot = nn;
+    if (out != NULL)
+        *out = nn->e;
     pthread_mutex_unlock(&dir->mu);
     return WK_OK;
 }
 
+uint32_t
+ctl_resid_hot_unback(ctl_resid_dir *dir, const char *backing)
+{
+    uint32_t count = 0;
+    pthread_mutex_lock(&dir->mu);
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (n->e.backing[0] != '\0' && strcmp(n->e.backing, backing) == 0) {
+            ctl_resid_hot_lose_locked(n);
+            count++;
+        }
+    }
+    pthread_mutex_unlock(&dir->mu);
+    return count;
+}
+
+bool
+ctl_resid_hot_cleaned(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spilled)
+{
+    bool clean = false;
+    pthread_mutex_lock(&dir->mu);
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (n->e.id != id)
+            continue;
+        if (spilled) {
+            n->e.spilled = true; /* its bytes are in the store, whatever its backing does */
+            n->e.dirty = false;
+        } else if (n->e.lost == lost) {
+            n->e.dirty = false;
+        }
+        clean = !n->e.dirty;
+        if (n->e.spilling) { /* the cleaner's pick ends */
+            n->e.spilling = false;
+            n->e.taken = false;
+        }
+        break;
+    }
+    pthread_cond_broadcast(&dir->cv); /* lookups waiting for the spill; admission */
+    pthread_mutex_unlock(&dir->mu);
+    return clean;
+}
+
 wk_err
-ctl_resid_hot_remove_key(ctl_resid_dir *dir, const char *key, bool wait, bool only_clean,
+ctl_resid_hot_remove_key(ctl_resid_dir *dir, const char *key, bool wait, bool only_stored,
                          ctl_resid_hot *out)
 {
     pthread_mutex_lock(&dir->mu);
     ctl_resid_hot_node *n = wait ? ctl_resid_hot_wait_locked(dir, key)
                                  : ctl_resid_hot_by_key_locked(dir, key);
-    wk_err err = n == NULL                  ? WK_ENOENT
-                 : n->e.taken               ? WK_EBUSY
-                 : only_clean && n->e.dirty ? WK_ESTATE
-                                            : WK_OK;
+    wk_err err = n == NULL                    ? WK_ENOENT
+                 : n->e.taken                 ? WK_EBUSY
+                 : only_stored && !n->e.stored ? WK_ESTATE
+                                              : WK_OK;
     if (err == WK_OK)
         ctl_resid_hot_unlink_locked(dir, n, out);
     pthread_mutex_unlock(&dir->mu);
@@ -792,6 +878,21 @@ ctl_resid_hot_counts(ctl_resid_dir *dir, uint32_t *clean, uint32_t *dirty)
     pthread_mutex_unlock(&dir->mu);
 }
 
+void
+ctl_resid_hot_kinds(ctl_resid_dir *dir, uint32_t *states, uint32_t *sessions)
+{
+    *states = 0;
+    *sessions = 0;
+    pthread_mutex_lock(&dir->mu);
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (n->e.stored)
+            (*states)++;
+        else if (!n->e.spilled)
+            (*sessions)++;
+    }
+    pthread_mutex_unlock(&dir->mu);
+}
+
 size_t
 ctl_resid_hot_slots_on(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out, size_t cap)
 {
@@ -808,12 +909,16 @@ ctl_resid_hot_slots_on(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out
     return count;
 }
 
+/* Which entries a victim may be. */
+typedef enum ctl_resid_pick { CTL_RESID_ANY, CTL_RESID_CLEAN, CTL_RESID_DIRTY } ctl_resid_pick;
+
 /*
- * The eviction victim (ctl_resid_hot_victim()'s choice), NULL when none.
- * Caller holds the mutex.
+ * The eviction victim: the least recently used idle entry of kind `kind`
+ * (ctl_resid_hot_victim()'s rules), NULL when none. Caller holds the mutex.
  */
 static ctl_resid_hot_node *
-ctl_resid_hot_choose_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages)
+ctl_resid_hot_choose_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages,
+                            ctl_resid_pick kind)
 {
     ctl_resid_hot_node *victim = NULL;
     uint64_t idle_pages = 0;
@@ -830,7 +935,9 @@ ctl_resid_hot_choose_locked(ctl_resid_dir *dir, const char *worker, uint32_t pag
             if (p == 0)
                 continue; /* evicting it frees no page */
         }
-        idle_pages += p;
+        idle_pages += p; /* (every idle entry counts towards the room evicting can make) */
+        if ((kind == CTL_RESID_CLEAN && n->e.dirty) || (kind == CTL_RESID_DIRTY && !n->e.dirty))
+            continue;
         if (victim == NULL || n->e.used < victim->e.used)
             victim = n;
     }
@@ -844,7 +951,10 @@ ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker, uint32_t pages,
                      ctl_resid_hot *out)
 {
     pthread_mutex_lock(&dir->mu);
-    ctl_resid_hot_node *victim = ctl_resid_hot_choose_locked(dir, worker, pages);
+    /* A clean entry first: freeing it needs no I/O. */
+    ctl_resid_hot_node *victim = ctl_resid_hot_choose_locked(dir, worker, pages, CTL_RESID_CLEAN);
+    if (victim == NULL)
+        victim = ctl_resid_hot_choose_locked(dir, worker, pages, CTL_RESID_ANY);
     wk_err err = victim != NULL ? WK_OK : WK_ENOENT;
     if (victim != NULL && victim->e.dirty) {
         victim->e.taken = true;
@@ -861,11 +971,11 @@ wk_err
 ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages,
                                  ctl_resid_hot *out)
 {
-    ctl_resid_hot_node *victim = ctl_resid_hot_choose_locked(dir, worker, pages);
+    ctl_resid_hot_node *victim = ctl_resid_hot_choose_locked(dir, worker, pages, CTL_RESID_CLEAN);
     if (victim == NULL)
-        return WK_ENOENT;
-    if (victim->e.dirty)
-        return WK_EBUSY; /* its bytes must reach the store first: ctl_vm's */
+        return ctl_resid_hot_choose_locked(dir, worker, pages, CTL_RESID_DIRTY) != NULL
+                   ? WK_EBUSY /* only dirty ones: cleaning them is I/O, ctl_vm's */
+                   : WK_ENOENT;
     ctl_slot_ref ref = victim->e.slot;
     ctl_resid_hot_unlink_locked(dir, victim, out);
     ctl_resid *t = ctl_resid_live_locked(dir, &ref);
@@ -876,41 +986,90 @@ ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_
     return WK_OK;
 }
 
-bool
-ctl_resid_hot_pick_spill(ctl_resid_dir *dir, uint64_t now_ms, uint64_t idle_ms,
-                         uint32_t max_dirty, ctl_resid_hot *out)
+void
+ctl_resid_hot_want_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages)
 {
-    pthread_mutex_lock(&dir->mu);
+    dir->clean_wanted = true;
+    snprintf(dir->clean_worker, sizeof(dir->clean_worker), "%s", worker != NULL ? worker : "");
+    dir->clean_pages = worker != NULL ? pages : 0;
+    pthread_cond_broadcast(&dir->cv);
+}
+
+/*
+ * The idle cleaner's pick: the least recently used session not in the
+ * store that no one holds, when it was idle idle_ms (0: never) or more than
+ * max_unspilled (0: no cap) are not in the store. Caller holds the mutex.
+ */
+static ctl_resid_hot_node *
+ctl_resid_hot_idle_locked(ctl_resid_dir *dir, uint64_t now_ms, uint64_t idle_ms,
+                          uint32_t max_unspilled)
+{
     ctl_resid_hot_node *oldest = NULL;
-    uint32_t n_dirty = 0;
+    uint32_t unspilled = 0;
     for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
-        if (!n->e.dirty)
+        if (n->e.stored || n->e.spilled)
             continue;
-        n_dirty++;
+        unspilled++;
         if (!n->e.taken && (oldest == NULL || n->e.used < oldest->e.used))
             oldest = n;
     }
-    bool pick = false;
-    if (oldest != NULL) {
-        bool idle = idle_ms > 0 && now_ms - oldest->e.used_ms >= idle_ms;
-        bool over = max_dirty > 0 && n_dirty > max_dirty;
-        pick = idle || over;
-    }
-    if (pick) {
-        oldest->e.taken = true;
-        oldest->e.spilling = true;
-        *out = oldest->e;
-    }
-    pthread_mutex_unlock(&dir->mu);
-    return pick;
+    if (oldest == NULL)
+        return NULL;
+    bool idle = idle_ms > 0 && now_ms - oldest->e.used_ms >= idle_ms;
+    bool over = max_unspilled > 0 && unspilled > max_unspilled;
+    return idle || over ? oldest : NULL;
 }
 
 bool
-ctl_resid_hot_pop_dirty(ctl_resid_dir *dir, ctl_resid_hot *out)
+ctl_resid_hot_next_clean(ctl_resid_dir *dir, uint64_t idle_ms, uint32_t max_unspilled,
+                         uint64_t wait_ms, const atomic_bool *stop, ctl_resid_hot *out,
+                         bool *for_room)
+{
+    pthread_mutex_lock(&dir->mu);
+    uint64_t until = wk_mono_ms() + wait_ms;
+    ctl_resid_hot_node *pick = NULL;
+    while (stop == NULL || !atomic_load(stop)) {
+        if (dir->clean_wanted) {
+            /* (the request is consumed: the scheduler asks again while it starves) */
+            dir->clean_wanted = false;
+            pick = ctl_resid_hot_choose_locked(dir, dir->clean_worker[0] ? dir->clean_worker : NULL,
+                                               dir->clean_pages, CTL_RESID_DIRTY);
+            *for_room = pick != NULL;
+        }
+        uint64_t now = wk_mono_ms();
+        if (pick == NULL) {
+            pick = ctl_resid_hot_idle_locked(dir, now, idle_ms, max_unspilled);
+            *for_room = false;
+        }
+        if (pick != NULL || now >= until)
+            break;
+        struct timespec ts;
+        wk_deadline_after_ms(&ts, until - now);
+        pthread_cond_timedwait(&dir->cv, &dir->mu, &ts);
+    }
+    if (pick != NULL) {
+        pick->e.taken = true;
+        pick->e.spilling = true; /* lookups wait for its cleaning */
+        *out = pick->e;
+    }
+    pthread_mutex_unlock(&dir->mu);
+    return pick != NULL;
+}
+
+void
+ctl_resid_hot_kick(ctl_resid_dir *dir)
+{
+    pthread_mutex_lock(&dir->mu);
+    pthread_cond_broadcast(&dir->cv);
+    pthread_mutex_unlock(&dir->mu);
+}
+
+bool
+ctl_resid_hot_pop_unspilled(ctl_resid_dir *dir, ctl_resid_hot *out)
 {
     pthread_mutex_lock(&dir->mu);
     ctl_resid_hot_node *n = dir->hot;
-    while (n != NULL && (!n->e.dirty || n->e.taken))
+    while (n != NULL && (n->e.stored || n->e.spilled || n->e.taken))
         n = n->next;
     if (n != NULL)
         ctl_resid_hot_unlink_locked(dir, n, out);

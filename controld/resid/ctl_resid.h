@@ -56,6 +56,7 @@
 #define CTL_RESID_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -284,39 +285,79 @@ size_t ctl_resid_warm_count(ctl_resid_dir *dir);
  * (an id names one while the caller works on it without the lock). Keys may
  * repeat: a put while an older entry of the key is taken adds a newer one,
  * and lookups by key see the newest.
+ *
+ * Clean and dirty. An entry is clean when a copy exists that its next use
+ * resumes from as fast as it would have before its slot was freed, so its
+ * slot can be freed with no I/O at all (the scheduler does so under this
+ * lock): a cached state (stored) with a warm copy on its slot's worker; a
+ * parked session whose backing checkpoint is live (warm, or on disk: the
+ * copy an eviction always resumed from), or whose bytes were spilled to the
+ * store. Every entry is put dirty; ctl_vm marks it clean when it finds or
+ * makes such a copy (ctl_resid_hot_cleaned). When that copy goes (a warm
+ * copy dropped from the index here, a backing checkpoint losing a tier:
+ * ctl_resid_hot_unback) the entry turns dirty again, and a verdict reached
+ * before that no longer counts (`lost`). Dirty entries are cleaned by
+ * ctl_vm's cleaner thread: idle sessions ahead of time, and the dirty LRU
+ * victim at once when admission finds no clean one
+ * (ctl_resid_hot_want_clean_locked, ctl_resid_hot_next_clean).
  */
 
 /* One hot entry. */
 typedef struct ctl_resid_hot {
     uint64_t id;                      /* unique in the directory, never 0 */
     char key[CTL_RESID_KEY_MAX];      /* blob hex or session key */
-    char backing[CTL_RESID_KEY_MAX];  /* dirty: where the bytes also live (a checkpoint), "" = nowhere */
+    char backing[CTL_RESID_KEY_MAX];  /* a session: the checkpoint also holding its bytes, "" = none */
     ctl_slot_ref slot;                /* the held slot with the bytes */
-    bool dirty;                       /* to be spilled before its slot is freed */
+    bool stored;                      /* a cached state: its bytes are in the store; its clean
+                                       * copy is a warm copy of key on its worker */
+    bool spilled;                     /* a session whose bytes were spilled to the store */
+    bool dirty;                       /* no copy to resume from as fast yet: cleaned (warm copy,
+                                       * spill) before its slot is freed */
+    uint64_t lost;                    /* times its clean copy went (see ctl_resid_hot_cleaned) */
     bool taken;                       /* a caller works on it (copy, move, spill) */
-    bool spilling;                    /* being written to the store before eviction */
+    bool spilling;                    /* being cleaned or spilled: lookups wait for the end */
     uint64_t used;                    /* LRU clock */
     uint64_t used_ms;                 /* monotonic ms of the last use */
 } ctl_resid_hot;
 
 /*
- * Indexes key's bytes in held slot as the most recently used entry (dirty
- * with backing: a checkpoint also holds them; NULL = none). An older entry of
- * key that no one holds is removed and copied to *old (old->id 0 when none)
- * for the caller to retire. WK_EINVAL for a key or backing of
+ * Indexes key's bytes in held slot as the most recently used entry, dirty.
+ * stored: a cached state whose bytes the store holds (backing ignored);
+ * else a parked session, with backing the checkpoint that also holds them
+ * (NULL = none). An older entry of key that no one holds is removed and
+ * copied to *old (old->id 0 when none) for the caller to retire; the new one
+ * is copied to *out (NULL: not). WK_EINVAL for a key or backing of
  * CTL_RESID_KEY_MAX bytes or more, WK_ENOMEM.
  */
 WK_MUST_CHECK wk_err ctl_resid_hot_put(ctl_resid_dir *dir, const char *key,
-                                       const ctl_slot_ref *slot, bool dirty, const char *backing,
-                                       ctl_resid_hot *old);
+                                       const ctl_slot_ref *slot, bool stored, const char *backing,
+                                       ctl_resid_hot *old, ctl_resid_hot *out);
+
+/*
+ * Entry id has a copy to resume from (ctl_vm checked or made it): it turns
+ * clean unless that copy was lost since its `lost` was read (lost differs:
+ * it stays dirty). spilled: its bytes are now in the store (clean whatever
+ * happened). Ends a cleaner's pick (taken, spilling) and wakes waiters.
+ * True when it is clean now.
+ */
+bool ctl_resid_hot_cleaned(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spilled);
+
+/*
+ * The checkpoint backing is losing a tier (its warm copy or its disk record
+ * is being dropped): entries backed by it that were not spilled turn dirty.
+ * Called by ctl_ckpt under its own mutex (ckpt.mu before the directory's).
+ * Returns how many entries it names.
+ */
+uint32_t ctl_resid_hot_unback(ctl_resid_dir *dir, const char *backing);
 
 /*
  * Removes the newest entry of key and copies it to *out. wait: first waits
- * while it is being spilled (its spill ends with ctl_resid_hot_remove_id).
- * only_clean: a dirty entry stays (WK_ESTATE). WK_ENOENT none, WK_EBUSY taken.
+ * while it is being spilled or cleaned (that ends with
+ * ctl_resid_hot_remove_id or ctl_resid_hot_cleaned). only_stored: a session
+ * stays (WK_ESTATE). WK_ENOENT none, WK_EBUSY taken.
  */
 WK_MUST_CHECK wk_err ctl_resid_hot_remove_key(ctl_resid_dir *dir, const char *key, bool wait,
-                                              bool only_clean, ctl_resid_hot *out);
+                                              bool only_stored, ctl_resid_hot *out);
 
 /* Removes the entry on slot ref (not taken) and copies it out. WK_ENOENT, WK_EBUSY. */
 WK_MUST_CHECK wk_err ctl_resid_hot_remove_slot(ctl_resid_dir *dir, const ctl_slot_ref *ref,
@@ -347,42 +388,71 @@ bool ctl_resid_hot_describe(ctl_resid_dir *dir, const ctl_slot_ref *ref, ctl_res
 /* Entries clean and dirty. */
 void ctl_resid_hot_counts(ctl_resid_dir *dir, uint32_t *clean, uint32_t *dirty);
 
+/*
+ * Entries by kind: cached states (stored), and parked sessions not in the
+ * store (a spilled one, though still in its slot, is counted by the store).
+ */
+void ctl_resid_hot_kinds(ctl_resid_dir *dir, uint32_t *states, uint32_t *sessions);
+
 /* Slots of entries on worker: up to cap written to out; returns how many there are. */
 size_t ctl_resid_hot_slots_on(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out,
                               size_t cap);
 
 /*
- * The eviction victim: the least recently used entry no one holds, on
- * worker (NULL: anywhere). pages > 0 (with worker): only entries whose slot
- * holds KV pages, and only when those entries hold at least `pages`
- * together (else evicting cannot make room). A clean entry is removed; a
- * dirty one stays listed, taken and spilling (lookups wait for it), for the
- * caller to spill unless a checkpoint holds its bytes, and then remove
- * (ctl_resid_hot_remove_id). Copied to *out. WK_ENOENT: none.
+ * The eviction victim: the least recently used clean entry no one holds, else
+ * the least recently used dirty one, on worker (NULL: anywhere). pages > 0
+ * (with worker): only entries whose slot holds KV pages, and only when the
+ * idle entries there hold at least `pages` together (else evicting cannot
+ * make room). A clean entry is removed; a dirty one stays listed, taken and
+ * spilling (lookups wait for it), for the caller to clean (spill, warm copy)
+ * and then remove (ctl_resid_hot_remove_id). Copied to *out. WK_ENOENT: none.
  */
 WK_MUST_CHECK wk_err ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker,
                                           uint32_t pages, ctl_resid_hot *out);
 
 /*
- * The scheduler's eviction under pressure, with no call out: the victim
- * ctl_resid_hot_victim() would choose, when clean (its bytes are in the
- * store), is removed, copied to *out and its slot freed here at once (a
- * hybrid slot turns stale until the step loop frees its pages); no warm
- * copy is kept. WK_EBUSY when the victim is dirty (a spill, I/O: ctl_vm's
- * evictor), WK_ENOENT when there is none. Caller holds the mutex.
+ * The scheduler's eviction under pressure, with no call out: the least
+ * recently used clean entry no one holds (ctl_resid_hot_victim()'s rules
+ * otherwise) is removed, copied to *out and its slot freed here at once (a
+ * hybrid slot turns stale until the step loop frees its pages); its copy
+ * (warm, backing checkpoint, spill) stays where it is. WK_EBUSY when only
+ * dirty entries could make room (cleaning them is I/O: ask the cleaner,
+ * ctl_resid_hot_want_clean_locked), WK_ENOENT when none could. Caller holds
+ * the mutex.
  */
 WK_MUST_CHECK wk_err ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker,
                                                       uint32_t pages, ctl_resid_hot *out);
 
 /*
- * For the idle spiller: the least recently used dirty entry no one holds,
- * when it was idle idle_ms (0: never) or more than max_dirty (0: no cap) are
- * dirty. Marked taken and spilling and copied out (true).
+ * Asks the cleaner (ctl_resid_hot_next_clean) to clean the dirty victim
+ * ctl_resid_hot_evict_clean_locked(worker, pages) found, and wakes it (and
+ * every waiter on the directory's condition variable). The request is
+ * consumed by the cleaner's next pick: ask again while the pressure lasts.
+ * Caller holds the mutex.
  */
-bool ctl_resid_hot_pick_spill(ctl_resid_dir *dir, uint64_t now_ms, uint64_t idle_ms,
-                              uint32_t max_dirty, ctl_resid_hot *out);
+void ctl_resid_hot_want_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages);
 
-/* Removes a dirty entry no one holds and copies it out (true); false when none (flush). */
-bool ctl_resid_hot_pop_dirty(ctl_resid_dir *dir, ctl_resid_hot *out);
+/*
+ * For the cleaner (ctl_vm's thread): waits up to wait_ms (or until *stop)
+ * for an entry to clean and marks it taken and spilling (lookups wait for
+ * it); copied to *out (true). First the dirty victim admission asked for
+ * (*for_room true: make it clean, with no spill when a copy already
+ * exists); else the least recently used parked session not in the store
+ * (*for_room false: spill it), when it was idle idle_ms (0: never) or more
+ * than max_unspilled (0: no cap) are not in the store. The cleaning ends
+ * with ctl_resid_hot_cleaned().
+ */
+bool ctl_resid_hot_next_clean(ctl_resid_dir *dir, uint64_t idle_ms, uint32_t max_unspilled,
+                              uint64_t wait_ms, const atomic_bool *stop, ctl_resid_hot *out,
+                              bool *for_room);
+
+/* Wakes every waiter on the directory's condition variable (the cleaner's stop). */
+void ctl_resid_hot_kick(ctl_resid_dir *dir);
+
+/*
+ * Removes a parked session not spilled to the store that no one holds and
+ * copies it out (true); false when none (the shutdown's flush spills them).
+ */
+bool ctl_resid_hot_pop_unspilled(ctl_resid_dir *dir, ctl_resid_hot *out);
 
 #endif /* CTL_RESID_H */

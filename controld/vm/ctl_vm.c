@@ -1,7 +1,8 @@
 /*
  * ctl_vm: the hot cache of state bytes in worker slots (its index and the
- * eviction choice are ctl_resid's), write-back for dirty entries, warm
- * copies of clean ones, and chunked slot I/O over the pool.
+ * eviction choice are ctl_resid's), the cleaner that gives each entry a copy
+ * to resume from (a spill, a warm copy) so that freeing its slot needs no
+ * I/O, and chunked slot I/O over the pool.
  */
 #define WK_LOG_MODULE "vm"
 #include "ctl_vm.h"
@@ -30,17 +31,18 @@ struct ctl_vm {
     void *spill_arg;         /* its argument */
     ctl_vm_backed_fn backed; /* is a dirty entry's backing copy live? NULL = never */
     void *backed_arg;        /* its argument */
-    pthread_mutex_t mu;      /* guards the callbacks and the janitor's settings */
+    pthread_mutex_t mu;      /* guards the callbacks and the cleaner's settings */
     uint32_t rpc_ms;         /* deadline of one slot I/O request */
     uint64_t slot_wait_ms;   /* ctl_vm_slot_get() waits this long for a slot */
     atomic_bool no_wait;     /* shutting down: slot waits end at once */
-    uint64_t idle_ms;        /* spill dirty entries idle this long, 0 = never */
-    uint32_t max_dirty;      /* most dirty entries kept hot, 0 = no cap */
-    pthread_t janitor;       /* idle spiller */
-    bool janitor_started;    /* janitor joinable */
-    bool stop;               /* janitor exits */
-    pthread_cond_t cv;       /* wakes the janitor early on shutdown */
+    uint64_t idle_ms;        /* spill sessions idle this long, 0 = never */
+    uint32_t max_dirty;      /* most sessions kept hot not spilled, 0 = no cap */
+    pthread_t cleaner;       /* the cleaner thread */
+    bool cleaner_started;    /* cleaner joinable */
+    atomic_bool stop;        /* the cleaner exits */
 };
+
+static void *ctl_vm_cleaner_main(void *arg);
 
 wk_err
 ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store, ctl_vm **out, wk_diag *d)
@@ -54,8 +56,16 @@ ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store, ctl_vm **out,
     vm->store = store;
     vm->rpc_ms = CTL_VM_RPC_MS;
     atomic_init(&vm->no_wait, false);
+    atomic_init(&vm->stop, false);
     pthread_mutex_init(&vm->mu, NULL);
-    pthread_cond_init(&vm->cv, NULL);
+    if (resid != NULL) {
+        if (pthread_create(&vm->cleaner, NULL, ctl_vm_cleaner_main, vm) != 0) {
+            pthread_mutex_destroy(&vm->mu);
+            free(vm);
+            return WK_ENOMEM;
+        }
+        vm->cleaner_started = true;
+    }
     *out = vm;
     return WK_OK;
 }
@@ -65,14 +75,11 @@ ctl_vm_free(ctl_vm *vm)
 {
     if (vm == NULL)
         return;
-    if (vm->janitor_started) {
-        pthread_mutex_lock(&vm->mu);
-        vm->stop = true;
-        pthread_cond_broadcast(&vm->cv);
-        pthread_mutex_unlock(&vm->mu);
-        pthread_join(vm->janitor, NULL);
+    if (vm->cleaner_started) {
+        atomic_store(&vm->stop, true);
+        ctl_resid_hot_kick(vm->resid);
+        pthread_join(vm->cleaner, NULL);
     }
-    pthread_cond_destroy(&vm->cv);
     pthread_mutex_destroy(&vm->mu);
     free(vm);
 }
@@ -88,49 +95,13 @@ static void ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e, bool for_room);
 static wk_err ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages);
 
 
-static void *
-ctl_vm_janitor_main(void *arg)
-{
-    ctl_vm *vm = arg;
-    pthread_setname_np(pthread_self(), "wkc-vm"); /* for the CPU metric */
-    pthread_mutex_lock(&vm->mu);
-    while (!vm->stop) {
-        uint64_t idle_ms = vm->idle_ms;
-        uint32_t max_dirty = vm->max_dirty;
-        pthread_mutex_unlock(&vm->mu); /* (a leaf: never held into ctl_resid) */
-        ctl_vm_entry e;
-        if (vm->resid != NULL &&
-            ctl_resid_hot_pick_spill(vm->resid, wk_mono_ms(), idle_ms, max_dirty, &e)) {
-            wk_log_info("spilling idle session key=%.16s worker=%s slot=%u", e.key,
-                        e.slot.worker, e.slot.slot);
-            ctl_vm_evict_visible(vm, &e, false);
-            pthread_mutex_lock(&vm->mu);
-            continue;
-        }
-        pthread_mutex_lock(&vm->mu);
-        if (vm->stop)
-            break;
-        struct timespec until;
-        wk_deadline_after_ms(&until, 200);
-        pthread_cond_timedwait(&vm->cv, &vm->mu, &until);
-    }
-    pthread_mutex_unlock(&vm->mu);
-    return NULL;
-}
-
 wk_err
 ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty)
 {
     pthread_mutex_lock(&vm->mu);
     vm->idle_ms = idle_ms;
     vm->max_dirty = max_dirty;
-    bool start = !vm->janitor_started && (idle_ms > 0 || max_dirty > 0);
     pthread_mutex_unlock(&vm->mu);
-    if (start) {
-        if (pthread_create(&vm->janitor, NULL, ctl_vm_janitor_main, vm) != 0)
-            return WK_ENOMEM;
-        vm->janitor_started = true;
-    }
     return WK_OK;
 }
 
@@ -176,11 +147,11 @@ ctl_vm_set_backing(ctl_vm *vm, ctl_vm_backed_fn fn, void *arg)
     pthread_mutex_unlock(&vm->mu);
 }
 
-/* True when dirty entry e's bytes live elsewhere (its backing). Called without mu. */
+/* True when session e's bytes live elsewhere (its backing). Called without mu. */
 static bool
 ctl_vm_backed(ctl_vm *vm, const ctl_vm_entry *e)
 {
-    if (!e->dirty || e->backing[0] == '\0')
+    if (e->stored || e->backing[0] == '\0')
         return false;
     pthread_mutex_lock(&vm->mu);
     ctl_vm_backed_fn fn = vm->backed;
@@ -481,35 +452,92 @@ ctl_vm_slot_release(ctl_vm *vm, const ctl_slot_ref *ref)
 }
 
 /*
- * Spills an entry that the hot index marked taken + spilling (it stays
- * findable meanwhile, so lookups wait for the spill instead of missing the
- * session), then removes it from the index and frees its slot.
- * for_room: evicted to make room, so an entry whose backing copy is live
- * is not spilled (its next turn resumes that copy).
+ * Frees the slot of an entry that the hot index marked taken + spilling
+ * (it stayed findable meanwhile, so lookups waited for its cleaning instead
+ * of missing it): a session is spilled first, unless for_room and its
+ * backing checkpoint is live (its next turn resumes that copy); a cached
+ * state gets a warm copy first. Then it is removed from the index (waking
+ * the lookups) and its slot freed.
  */
 static void
 ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
 {
-    bool backed = for_room && ctl_vm_backed(vm, e);
-    if (!backed)
-        (void)ctl_vm_spill_entry(vm, e);
+    if (e->stored)
+        ctl_vm_to_warm(vm, e);
+    else if (e->spilled || (for_room && ctl_vm_backed(vm, e)))
+        wk_log_debug("evicting key=%.16s without a spill: %s", e->key,
+                     e->spilled ? "spilled" : "backed");
     else
-        wk_log_debug("evicting key=%.16s without a spill: backed by %.16s", e->key, e->backing);
+        (void)ctl_vm_spill_entry(vm, e);
     ctl_resid_hot_remove_id(vm->resid, e->id); /* (wakes lookups waiting for the spill) */
     ctl_vm_slot_release(vm, &e->slot);
 }
 
-/* Spills (when dirty; else keeps a warm copy) and frees the slot of an entry already removed. */
+/*
+ * Frees the slot of an entry already removed. spill: keep its bytes first
+ * (a session not in the store is spilled, a cached state without a warm
+ * copy gets one); else they go.
+ */
 static wk_err
 ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
 {
     wk_err err = WK_OK;
-    if (e->dirty && spill)
-        err = ctl_vm_spill_entry(vm, e);
-    else if (!e->dirty && spill)
+    if (spill && e->stored && e->dirty)
         ctl_vm_to_warm(vm, e);
+    else if (spill && !e->stored && !e->spilled)
+        err = ctl_vm_spill_entry(vm, e);
     ctl_vm_slot_release(vm, &e->slot);
     return err;
+}
+
+/*
+ * The cleaner's work on an entry residence marked taken + spilling
+ * (ctl_resid_hot_next_clean): gives it a copy to resume from, keeping its
+ * slot. A cached state gets a warm copy (when the worker refuses one, it
+ * is clean all the same: its eviction would have kept none either); a
+ * session picked for room whose backing checkpoint is live needs nothing;
+ * any other session is spilled to the store. A spill that fails frees the
+ * entry's slot as an eviction did (the session then falls back to its
+ * checkpoints).
+ */
+static void
+ctl_vm_clean(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
+{
+    if (e->stored) {
+        ctl_vm_to_warm(vm, e);
+        if (!ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false))
+            wk_log_debug("warm copy of key=%.16s lost while made: still dirty", e->key);
+        return;
+    }
+    if (for_room && ctl_vm_backed(vm, e) && ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false))
+        return;
+    wk_log_info("spilling %s session key=%.16s worker=%s slot=%u", for_room ? "evictable" : "idle",
+                e->key, e->slot.worker, e->slot.slot);
+    if (ctl_vm_spill_entry(vm, e) == WK_OK) {
+        (void)ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, true);
+        return;
+    }
+    ctl_resid_hot_remove_id(vm->resid, e->id);
+    ctl_vm_slot_release(vm, &e->slot);
+}
+
+static void *
+ctl_vm_cleaner_main(void *arg)
+{
+    ctl_vm *vm = arg;
+    pthread_setname_np(pthread_self(), "wkc-vm"); /* for the CPU metric */
+    while (!atomic_load(&vm->stop)) {
+        pthread_mutex_lock(&vm->mu); /* (a leaf: never held into ctl_resid) */
+        uint64_t idle_ms = vm->idle_ms;
+        uint32_t max_dirty = vm->max_dirty;
+        pthread_mutex_unlock(&vm->mu);
+        ctl_vm_entry e;
+        bool for_room = false;
+        if (ctl_resid_hot_next_clean(vm->resid, idle_ms, max_dirty, 200, &vm->stop, &e,
+                                     &for_room))
+            ctl_vm_clean(vm, &e, for_room);
+    }
+    return NULL;
 }
 
 wk_err
@@ -527,22 +555,22 @@ ctl_vm_evict_pages(ctl_vm *vm, const char *worker, uint32_t pages)
 static wk_err
 ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages)
 {
-    /* The victim is the residence directory's choice (LRU among idle entries). */
+    /* The victim is the residence directory's choice (LRU, clean ones first). */
     ctl_vm_entry v;
     if (vm->resid == NULL || ctl_resid_hot_victim(vm->resid, worker, pages, &v) != WK_OK)
         return WK_ENOENT;
     if (v.dirty) {
         /*
-         * A dirty entry stays visible while its bytes go to the store, so a
-         * turn arriving meanwhile waits for the spill and then resumes from
-         * it, instead of finding the session nowhere.
+         * A dirty entry stays visible while it is cleaned, so a turn arriving
+         * meanwhile waits for the spill and then resumes from it, instead of
+         * finding the session nowhere.
          */
         ctl_vm_evict_visible(vm, &v, true);
         return WK_OK;
     }
     wk_log_debug("evicting key=%.16s clean worker=%s slot=%u", v.key, v.slot.worker,
                  v.slot.slot);
-    (void)ctl_vm_retire(vm, &v, true);
+    ctl_vm_slot_release(vm, &v.slot); /* (its copy stays: warm, backing or spilled) */
     return WK_OK;
 }
 
@@ -597,14 +625,25 @@ ctl_vm_put_backed(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool di
 {
     if (vm->resid == NULL)
         return wk_diag_set(d, WK_ESTATE, "no residence directory");
-    ctl_vm_entry old;
-    wk_err err = ctl_resid_hot_put(vm->resid, key, slot, dirty, backing, &old);
+    ctl_vm_entry old, e;
+    wk_err err = ctl_resid_hot_put(vm->resid, key, slot, !dirty, backing, &old, &e);
     if (err == WK_EINVAL)
         return wk_diag_set(d, WK_EINVAL, "cache key too long");
     if (err != WK_OK)
         return err;
     if (old.id != 0)
         (void)ctl_vm_retire(vm, &old, false);
+    /*
+     * Clean at once when a copy to resume from already exists: a cached
+     * state's warm copy on this worker (it was loaded from it), a session's
+     * live end-of-reply checkpoint. Else the cleaner makes one when needed.
+     */
+    char where[65];
+    bool copy = e.stored ? ctl_vm_warm_worker(vm, key, where, sizeof(where)) != NULL &&
+                               strcmp(where, slot->worker) == 0
+                         : ctl_vm_backed(vm, &e);
+    if (copy)
+        (void)ctl_resid_hot_cleaned(vm->resid, e.id, e.lost, false);
     return WK_OK;
 }
 
@@ -691,7 +730,14 @@ ctl_vm_hibernate(ctl_vm *vm, const char *key)
 {
     ctl_vm_entry e;
     if (vm->resid != NULL && ctl_resid_hot_remove_key(vm->resid, key, false, true, &e) == WK_OK)
-        (void)ctl_vm_retire(vm, &e, true); /* clean: a warm copy, then the slot is freed */
+        (void)ctl_vm_retire(vm, &e, true); /* a cached state: a warm copy, then the slot is freed */
+}
+
+void
+ctl_vm_backing_gone(ctl_vm *vm, const char *backing)
+{
+    if (vm != NULL && vm->resid != NULL)
+        (void)ctl_resid_hot_unback(vm->resid, backing);
 }
 
 bool
@@ -703,12 +749,12 @@ ctl_vm_cached(ctl_vm *vm, const char *key)
 }
 
 void
-ctl_vm_counts(ctl_vm *vm, uint32_t *clean, uint32_t *dirty)
+ctl_vm_counts(ctl_vm *vm, uint32_t *states, uint32_t *sessions)
 {
-    *clean = 0;
-    *dirty = 0;
+    *states = 0;
+    *sessions = 0;
     if (vm->resid != NULL)
-        ctl_resid_hot_counts(vm->resid, clean, dirty);
+        ctl_resid_hot_kinds(vm->resid, states, sessions);
 }
 
 wk_err
@@ -831,6 +877,6 @@ void
 ctl_vm_flush(ctl_vm *vm)
 {
     ctl_vm_entry e;
-    while (vm->resid != NULL && ctl_resid_hot_pop_dirty(vm->resid, &e))
+    while (vm->resid != NULL && ctl_resid_hot_pop_unspilled(vm->resid, &e))
         (void)ctl_vm_retire(vm, &e, true);
 }

@@ -6,15 +6,20 @@
  * keyed by the blob's hex digest, so fork, snapshot and rollback never copy
  * bytes, and a generation copies the cached slot into a scratch slot on the
  * worker (SlotCopy) before it runs. Chat sessions park in slots as dirty
- * entries keyed by the session key: they are spilled to a blob only when
- * evicted (write-back). The hot index (which slot, LRU, dirty, taken,
- * spilling) is the residence directory's (ctl_resid_hot_*), which also
- * chooses the eviction victim: the least recently used idle entry. ctl_vm
- * does the I/O: a dirty victim is spilled first, unless a checkpoint
- * already holds its bytes (ctl_vm_set_backing); a clean one it evicts keeps
- * a warm copy. When requests wait for a slot or pages, the scheduler has
- * residence free a clean victim itself and calls ctl_vm_evict_pages() only
- * for a dirty one.
+ * entries keyed by the session key (write-back). The hot index (which
+ * slot, LRU, clean or dirty, taken, spilling) is the residence directory's
+ * (ctl_resid_hot_*), which also chooses eviction victims. An entry is clean
+ * when a copy its next use resumes from as fast exists (ctl_resid.h): a
+ * cached state's warm copy on its worker, a session's live end-of-reply
+ * checkpoint (ctl_vm_set_backing) or its spill; freeing a clean entry's
+ * slot needs no I/O, so the scheduler has residence do it under its lock.
+ * ctl_vm's cleaner thread makes entries clean while they stay in their
+ * slots: idle sessions are spilled ahead of time, and when admission finds
+ * only dirty victims it asks the cleaner for the least recently used one
+ * (a warm copy for a cached state; a spill for a session, none when its
+ * checkpoint is live). ctl_vm's own evictions (ctl_vm_slot_get, the KV
+ * room of a write) take a clean victim first and clean a dirty one
+ * themselves.
  *
  * Slot I/O (read, write, copy, reset) goes through the pool as
  * SlotRead/SlotWrite/SlotCopy/SlotReset RPCs in chunks of at most 4 MiB; the
@@ -54,10 +59,12 @@ WK_MUST_CHECK wk_err ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store 
 void ctl_vm_free(ctl_vm *vm);
 
 /*
- * Spills dirty entries (parked sessions) idle for longer than idle_ms to the
- * store and frees their slots, from a background thread; 0 disables. Also
- * keeps at most max_dirty dirty entries hot (0 = no cap), spilling the least
- * recently used beyond it. Spilled sessions are moved to disk, not lost.
+ * Spills parked sessions idle for longer than idle_ms to the store, from
+ * the cleaner thread; 0 disables. Also keeps at most max_dirty sessions hot
+ * that are not spilled (0 = no cap), spilling the least recently used
+ * beyond it. A spilled session keeps its slot (clean: an eviction frees it
+ * with no I/O, and its next turn reads the spill) and survives its
+ * worker's memory.
  */
 WK_MUST_CHECK wk_err ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty);
 
@@ -93,12 +100,22 @@ typedef bool (*ctl_vm_backed_fn)(void *arg, const char *backing);
 
 /*
  * Registers the backing check (ctl_ckpt does, for its checkpoints); NULL
- * removes it. Under slot pressure (ctl_vm_evict_one/pages, ctl_vm_slot_get)
- * a dirty entry whose backing is live gives its slot up without a spill:
- * the next turn resumes the backing copy. Idle spills, ctl_vm_evict_slot()
- * and ctl_vm_flush() still spill it (they are for durability, not room).
+ * removes it. A session whose backing is live is clean: under slot pressure
+ * it gives its slot up without a spill (the next turn resumes the backing
+ * copy). Idle spills, ctl_vm_evict_slot() and ctl_vm_flush() still spill it
+ * (they are for durability, not room).
  */
 void ctl_vm_set_backing(ctl_vm *vm, ctl_vm_backed_fn fn, void *arg);
+
+/*
+ * The backing check's other half: checkpoint backing is losing a tier (its
+ * warm copy or its disk record is about to be dropped), so sessions backed
+ * by it turn dirty (ctl_resid_hot_unback) until the cleaner finds the
+ * checkpoint live again or spills them. ctl_ckpt calls it under its mutex,
+ * before the drop; it takes only the directory's mutex (ckpt.mu before
+ * resid_dir.mu in the lock order).
+ */
+void ctl_vm_backing_gone(ctl_vm *vm, const char *backing);
 
 /*
  * Gets a free slot, evicting LRU idle entries when none is free. worker:
@@ -186,8 +203,12 @@ const char *ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t ca
 /* True when key is cached in a live slot. */
 bool ctl_vm_cached(ctl_vm *vm, const char *key);
 
-/* Entries by kind, for metrics: clean (state cache) and dirty (sessions). */
-void ctl_vm_counts(ctl_vm *vm, uint32_t *clean, uint32_t *dirty);
+/*
+ * Entries by kind, for metrics: cached states, and parked sessions only in
+ * their slots (the hot tier; a spilled session still in its slot is the
+ * store's, the cold tier).
+ */
+void ctl_vm_counts(ctl_vm *vm, uint32_t *states, uint32_t *sessions);
 
 /*
  * Copies src's bytes into dst and has the destination worker confirm them

@@ -473,20 +473,29 @@ test_backed_session(void **state)
     park_turn(&f, "bob", b, 6, "sess-b", false);
     park_turn(&f, "carol", c, 6, "sess-c", true);
     uint32_t reads = fw_count(&f.w, WKVM__KIND__SLOT_READ);
-    /* LRU: sess-a first, backed by a live checkpoint: its slot goes, nothing is read or spilled */
+    /* backed by a live checkpoint, sess-a and sess-c are clean; sess-b (no backing) is not */
+    uint32_t clean = 0, dirty = 0;
+    ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    assert_int_equal(clean, 2);
+    assert_int_equal(dirty, 1);
+    /* LRU among the clean ones: sess-a; its slot goes, nothing is read or spilled */
     assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
     assert_false(ctl_vm_cached(f.vm, "sess-a"));
     assert_int_equal(g_spills, 0);
     assert_int_equal(fw_count(&f.w, WKVM__KIND__SLOT_READ), reads);
-    /* sess-b has no backing: spilled (its bytes read from the slot) */
-    assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
-    assert_false(ctl_vm_cached(f.vm, "sess-b"));
-    assert_int_equal(g_spills, 1);
-    assert_true(fw_count(&f.w, WKVM__KIND__SLOT_READ) > reads);
-    /* sess-c's checkpoint is gone: spilled like any other */
+    /* sess-c's checkpoint is dropped: sess-c turns dirty at once */
     size_t cleared = 0;
     ctl_ckpt_clear(f.ckpt, "carol", &cleared);
     assert_true(cleared > 0);
+    ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    assert_int_equal(clean, 0);
+    assert_int_equal(dirty, 2);
+    /* both dirty now: the LRU, sess-b, is spilled (its bytes read from the slot), then sess-c */
+    assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
+    assert_false(ctl_vm_cached(f.vm, "sess-b"));
+    assert_true(ctl_vm_cached(f.vm, "sess-c"));
+    assert_int_equal(g_spills, 1);
+    assert_true(fw_count(&f.w, WKVM__KIND__SLOT_READ) > reads);
     assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
     assert_int_equal(g_spills, 2);
     assert_int_equal(ctl_vm_evict_one(f.vm), WK_ENOENT);

@@ -652,8 +652,11 @@ test_evict_parked(void **state)
         ctl_slot_ref held;
         ctl_resid_hot old;
         assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &held, NULL), WK_OK);
-        assert_int_equal(ctl_resid_hot_put(f.resid, dirty ? "dirty" : "clean", &held, dirty,
-                                           NULL, &old), WK_OK);
+        ctl_resid_hot e;
+        assert_int_equal(ctl_resid_hot_put(f.resid, dirty ? "dirty" : "clean", &held, !dirty,
+                                           NULL, &old, &e), WK_OK);
+        if (!dirty) /* (a cached state with its warm copy) */
+            assert_true(ctl_resid_hot_cleaned(f.resid, e.id, e.lost, false));
         const int32_t *t = dirty ? t2 : t1;
         ctl_job *j = submit(&f, t, 2, NULL, true);
         fw_state st = fw_state_of(t, 2);
