@@ -233,12 +233,6 @@ ctl_auth_cb(const char *authorization, const char *api_key, const char **user, b
     return ctl_auth_check(arg, authorization, api_key, user, admin);
 }
 
-static wk_err
-ctl_main_evict(void *arg, const char *worker, uint32_t pages)
-{
-    return ctl_vm_evict_pages(arg, worker, pages);
-}
-
 static int
 ctl_mkdir_p(const char *path)
 {
@@ -485,7 +479,6 @@ main(int argc, char **argv)
         wk_log_error("%s", d.msg);
         goto out;
     }
-    ctl_sched_set_evictor(app->sched, ctl_main_evict, app->vm);
     ctl_vm_set_spill(app->vm, ctl_chat_spill, app);
     ctl_vm_set_rpc_timeout(app->vm, (uint32_t)c.slot_io_timeout_ms);
     /* a state operation's wait for a slot is part of its request's time */
@@ -549,8 +542,6 @@ out:
     if (app->vm != NULL)
         ctl_vm_flush(app->vm);
     ctl_ckpt_free(app->ckpt);
-    if (app->sched != NULL)
-        ctl_sched_set_evictor(app->sched, NULL, NULL);
     ctl_sched_free(app->sched);
     ctl_vm_free(app->vm);
     ctl_resid_dir_free(app->resid);

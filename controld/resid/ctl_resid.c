@@ -989,6 +989,10 @@ ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_
 void
 ctl_resid_hot_want_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages)
 {
+    for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
+        if (n->e.spilling && (worker == NULL || strcmp(n->e.slot.worker, worker) == 0))
+            return; /* one is being cleaned there: its end makes the room (no second spill) */
+    }
     dir->clean_wanted = true;
     snprintf(dir->clean_worker, sizeof(dir->clean_worker), "%s", worker != NULL ? worker : "");
     dir->clean_pages = worker != NULL ? pages : 0;

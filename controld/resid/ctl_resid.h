@@ -14,8 +14,8 @@
  * release, waiting for a slot to free) that ctl_vm and the API make without
  * going through the scheduler. Below both ctl_sched (admission and the step
  * loop, which attaches a table per worker, asks it for free slots and page
- * room, has it evict a clean parked entry under pressure, and runs the
- * steps) and ctl_vm (the I/O of parked sessions and cached states: slot
+ * room, has it evict a clean parked entry under pressure or ask the cleaner
+ * for one, and runs the steps) and ctl_vm (the I/O of parked sessions and cached states: slot
  * reads and writes, spills, warm copies, which accounts what it writes into
  * held slots here): neither keeps its own copy of a slot's residence. The
  * directory keeps the hot index (ctl_resid_hot_*: which held slot keeps
@@ -42,10 +42,16 @@
  * The warm index has a mutex of its own, a leaf: taken only inside the
  * ctl_resid_warm_* calls, nothing called while holding it.
  * The hot index is under the directory's mutex; a lookup waiting for an
- * entry's spill to end waits on its condition variable (the spill's end,
- * ctl_resid_hot_remove_id, broadcasts). The scheduler's eviction of a clean
- * victim (ctl_resid_hot_evict_clean_locked) stays inside this module under
- * the mutex; the evictor it calls for a dirty victim runs after the unlock.
+ * entry's spill or cleaning to end waits on its condition variable (the
+ * end, ctl_resid_hot_remove_id or ctl_resid_hot_cleaned, broadcasts). The
+ * scheduler's eviction of a clean victim (ctl_resid_hot_evict_clean_locked)
+ * and its request to the cleaner (ctl_resid_hot_want_clean_locked) stay
+ * inside this module under the mutex; there is no eviction callback. The
+ * cleaner (ctl_vm's thread) waits on the same condition variable
+ * (ctl_resid_hot_next_clean) and does its I/O with no lock held. Warm-index
+ * calls that turn entries dirty take the directory's mutex only after
+ * releasing the warm one; ctl_ckpt turns backed entries dirty
+ * (ctl_resid_hot_unback) while holding ctl_ckpt.mu, which the order allows.
  * ctl_vm's mutex is a leaf: never held across a call into ctl_resid,
  * ctl_sched, ctl_ckpt or the pool, and nothing is called while holding it;
  * ctl_pool's mutex is a leaf too. A worker's epoch (whether its memory,
@@ -426,9 +432,10 @@ WK_MUST_CHECK wk_err ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const 
 /*
  * Asks the cleaner (ctl_resid_hot_next_clean) to clean the dirty victim
  * ctl_resid_hot_evict_clean_locked(worker, pages) found, and wakes it (and
- * every waiter on the directory's condition variable). The request is
- * consumed by the cleaner's next pick: ask again while the pressure lasts.
- * Caller holds the mutex.
+ * every waiter on the directory's condition variable); nothing while an
+ * entry there is being cleaned or spilled (its end makes the room). The
+ * request is consumed by the cleaner's next pick: ask again while the
+ * pressure lasts. Caller holds the mutex.
  */
 void ctl_resid_hot_want_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages);
 

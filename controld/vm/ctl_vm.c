@@ -546,12 +546,6 @@ ctl_vm_evict_one(ctl_vm *vm)
     return ctl_vm_evict_lru(vm, NULL, 0);
 }
 
-wk_err
-ctl_vm_evict_pages(ctl_vm *vm, const char *worker, uint32_t pages)
-{
-    return ctl_vm_evict_lru(vm, worker, worker != NULL ? pages : 0);
-}
-
 static wk_err
 ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages)
 {

@@ -131,14 +131,6 @@ WK_MUST_CHECK wk_err ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_re
  */
 WK_MUST_CHECK wk_err ctl_vm_evict_one(ctl_vm *vm);
 
-/*
- * Page pressure on a hybrid worker that lacks `pages` KV pages: evicts the
- * LRU idle entry on worker that holds pages, and only when the idle entries
- * there hold at least `pages` together (else nothing: eviction can't make
- * room). Its pages are free when this returns. worker NULL: ctl_vm_evict_one().
- * WK_OK when one was evicted, WK_ENOENT when none (usefully) could be.
- */
-WK_MUST_CHECK wk_err ctl_vm_evict_pages(ctl_vm *vm, const char *worker, uint32_t pages);
 
 /* Slot I/O. bytes: caller frees with free(). */
 WK_MUST_CHECK wk_err ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes,

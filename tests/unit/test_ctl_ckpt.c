@@ -499,7 +499,7 @@ test_backed_session(void **state)
     assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
     assert_int_equal(g_spills, 2);
     assert_int_equal(ctl_vm_evict_one(f.vm), WK_ENOENT);
-    /* the janitor's spill and a flush are for durability: a backed entry is spilled there */
+    /* the cleaner's idle spill and a flush are for durability: a backed entry is spilled there */
     park_turn(&f, "alice", a, 6, "sess-a", true);
     ctl_vm_flush(f.vm);
     assert_int_equal(g_spills, 3);
