@@ -830,6 +830,9 @@ ctl_resid_hot_unpin(ctl_resid_dir *dir, uint64_t id, const ctl_slot_ref *moved_t
     for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
         if (n->e.id == id) {
             n->e.taken = false;
+            /* (a cached state's warm copy stays on the worker it left: no use from there) */
+            if (moved_to != NULL && n->e.stored && strcmp(moved_to->worker, n->e.slot.worker) != 0)
+                ctl_resid_hot_lose_locked(n);
             if (moved_to != NULL)
                 n->e.slot = *moved_to;
             break;

@@ -381,7 +381,11 @@ WK_MUST_CHECK wk_err ctl_resid_hot_pin_key(ctl_resid_dir *dir, const char *key,
 WK_MUST_CHECK wk_err ctl_resid_hot_pin_slot(ctl_resid_dir *dir, const ctl_slot_ref *ref,
                                             ctl_resid_hot *out);
 
-/* Ends entry id's pin; moved_to (NULL = stays): its bytes now live in that slot. */
+/*
+ * Ends entry id's pin; moved_to (NULL = stays): its bytes now live in that
+ * slot (a cached state moved to another worker turns dirty: its warm copy
+ * is on the old one).
+ */
 void ctl_resid_hot_unpin(ctl_resid_dir *dir, uint64_t id, const ctl_slot_ref *moved_to);
 
 /* The newest entry of key (after waiting for its spill to end): true with its slot. */

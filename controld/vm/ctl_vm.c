@@ -858,12 +858,12 @@ ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t cap)
 }
 
 bool
-ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age)
+ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *session, uint64_t *age)
 {
     ctl_vm_entry e;
     if (vm->resid == NULL || !ctl_resid_hot_describe(vm->resid, ref, &e, age))
         return false;
-    *dirty = e.dirty;
+    *session = !e.stored;
     return true;
 }
 

@@ -232,8 +232,12 @@ WK_MUST_CHECK wk_err ctl_vm_move_with(ctl_vm *vm, const ctl_slot_ref *src, const
 /* Slots of the cache entries on worker (cap entries); returns the count. */
 size_t ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t cap);
 
-/* Describes the entry in slot ref: dirty (session) or clean (state); false when none. */
-WK_MUST_CHECK bool ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age);
+/*
+ * Describes the entry in slot ref: a parked session (*session true) or a
+ * cached state, and its age in uses; false when none.
+ */
+WK_MUST_CHECK bool ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *session,
+                                   uint64_t *age);
 
 /* Copies the bytes of slot src into slot dst (SlotCopy on one worker, else relayed). */
 WK_MUST_CHECK wk_err ctl_vm_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst,

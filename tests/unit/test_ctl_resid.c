@@ -667,6 +667,16 @@ test_hot_clean(void **state)
     assert_int_equal(e.id, b2);
     assert_true(e.dirty);
     assert_int_equal(evict_clean(dir, "w1", 0, &v), WK_EBUSY);
+    /* a clean cached state moved to another worker turns dirty: its warm copy stayed behind */
+    assert_int_equal(ctl_resid_hot_remove_slot(dir, &c, &e), WK_OK);
+    assert_int_equal(ctl_resid_hot_remove_slot(dir, &a, &e), WK_OK);
+    assert_int_equal(ctl_resid_warm_put(dir, "b3", "w0", 5, 1, prev, sizeof(prev)), WK_OK);
+    hot_put(dir, "b3", &a, true, NULL, true);
+    ctl_resid_hot pin;
+    assert_int_equal(ctl_resid_hot_pin_slot(dir, &a, &pin), WK_OK);
+    ctl_resid_hot_unpin(dir, pin.id, &c);
+    assert_true(ctl_resid_hot_describe(dir, &c, &e, &(uint64_t){0}));
+    assert_true(e.dirty);
     dir_close(dir, &t0, &t1);
 }
 
