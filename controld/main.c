@@ -116,7 +116,8 @@ static const wk_cfg_opt ctl_opts[] = {
     {"session-idle-ms", WK_CFG_U64, "600000", 0, 604800000,
      "spill a parked chat session to disk after this idle time (0 = only under pressure)"},
     {"max-hot-sessions", WK_CFG_U64, "0", 0, 1000000,
-     "most parked chat sessions kept in slots; more are spilled to disk (0 = no cap)"},
+     "most parked chat sessions kept in slots not spilled; more are spilled to disk, keeping "
+     "their slots until one is needed (0 = no cap)"},
     {"prefix-cache", WK_CFG_BOOL, "true", 0, 0,
      "automatic reuse: every request leaves state checkpoints and resumes the longest one "
      "of its owner that prefixes its prompt"},
