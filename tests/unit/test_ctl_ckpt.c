@@ -506,6 +506,41 @@ test_backed_session(void **state)
     fx_close(&f);
 }
 
+/*
+ * The warm budget evicting a session's backing checkpoint (no disk tier:
+ * the copy is gone) turns the session dirty: its slot is no longer given up
+ * without a spill.
+ */
+static void
+test_backed_warm_budget(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 2 * FW_STATE_BYTES, 0); /* room for one turn's two checkpoints */
+    static const int32_t a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12};
+    park_turn(&f, "alice", a, 6, "sess-a", true);
+    uint32_t clean = 0, dirty = 0;
+    ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    assert_int_equal(clean, 1);
+    park_turn(&f, "bob", b, 6, "sess-b", true); /* alice's two are the least recently used */
+    uint64_t until = fw_now_ms() + 3000;
+    do {
+        ctl_ckpt_maintain(f.ckpt);
+        ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    } while (dirty == 0 && fw_now_ms() < until && usleep(5000) == 0);
+    assert_int_equal(clean, 1); /* sess-b: its checkpoint is warm */
+    assert_int_equal(dirty, 1); /* sess-a */
+    ctl_slot_ref slots[2];
+    assert_int_equal(ctl_vm_slots_on(f.vm, "w0", slots, 2), 2);
+    for (int i = 0; i < 2; i++) {
+        bool session = false;
+        uint64_t age = 0;
+        assert_true(ctl_vm_describe(f.vm, &slots[i], &session, &age));
+        assert_true(session);
+    }
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -513,6 +548,7 @@ main(void)
         cmocka_unit_test(test_longest_prefix),  cmocka_unit_test(test_reply_records_and_clear),
         cmocka_unit_test(test_warm_budget_lru), cmocka_unit_test(test_disk_tier),
         cmocka_unit_test(test_disabled),        cmocka_unit_test(test_backed_session),
+        cmocka_unit_test(test_backed_warm_budget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
