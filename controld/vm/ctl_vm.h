@@ -32,8 +32,9 @@
  *
  * Threading: all functions are thread-safe; the hot index is the residence
  * directory's (under its mutex); ctl_vm's own mutex guards its callbacks and
- * the idle spiller's settings, and is never held across an RPC or a call
- * into ctl_resid.
+ * the cleaner's settings, and is never held across an RPC or a call
+ * into ctl_resid. The cleaner is a thread of its own, started by
+ * ctl_vm_new() (with a residence directory) and joined by ctl_vm_free().
  */
 #ifndef CTL_VM_H
 #define CTL_VM_H
@@ -54,6 +55,10 @@ typedef struct ctl_vm ctl_vm;
 typedef wk_err (*ctl_vm_spill_fn)(void *arg, const char *key, const void *bytes, size_t len,
                                   wk_diag *d);
 
+/*
+ * A hot cache over the borrowed pool, residence directory (NULL: slot I/O
+ * only, no cache and no cleaner thread) and store. WK_ENOMEM.
+ */
 WK_MUST_CHECK wk_err ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store,
                                 ctl_vm **out, wk_diag *d);
 void ctl_vm_free(ctl_vm *vm);
