@@ -10,8 +10,9 @@
  * prefills running at once (a free slot is left to short jobs, and a waiting
  * long job does not make the scheduler evict parked slots), and the refusals
  * (no worker, a bad spec); a step row's penalty history only with a penalty.
- * Eviction under slot pressure: a clean parked entry's slot is freed by
- * residence itself (no evictor call), a dirty one goes to the evictor.
+ * Eviction under slot pressure, with no callback: a clean parked entry's
+ * slot is freed by residence itself (its warm copy kept), a dirty one is
+ * cleaned by the cleaner first (a stand-in thread here) and then freed.
  */
 #include <pthread.h>
 #include <setjmp.h>
