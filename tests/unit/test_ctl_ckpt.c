@@ -541,6 +541,55 @@ test_backed_warm_budget(void **state)
     fx_close(&f);
 }
 
+/*
+ * A cached state is dirty until its worker holds a warm copy; asked for room,
+ * ctl_vm's cleaner makes that copy (one HOST_PUT) while the state keeps its
+ * slot, and the scheduler's eviction then frees the slot with no I/O and the
+ * warm copy stays.
+ */
+static void
+test_cached_state_warm(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 1 << 20, 0);
+    wk_diag d = {{0}};
+    ctl_slot_ref slot;
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &slot, NULL), WK_OK);
+    assert_int_equal(ctl_vm_put(f.vm, "blob1", &slot, false, &d), WK_OK);
+    uint32_t clean = 0, dirty = 0;
+    ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    assert_int_equal(dirty, 1);
+    uint32_t puts = fw_count(&f.w, WKVM__KIND__HOST_PUT);
+    pthread_mutex_t *mu = ctl_resid_dir_mutex(f.resid);
+    ctl_resid_hot v;
+    pthread_mutex_lock(mu);
+    wk_err err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
+    if (err == WK_EBUSY)
+        ctl_resid_hot_want_clean_locked(f.resid, NULL, 0);
+    pthread_mutex_unlock(mu);
+    assert_int_equal(err, WK_EBUSY);
+    uint64_t until = fw_now_ms() + 3000;
+    do {
+        ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    } while (clean == 0 && fw_now_ms() < until && usleep(2000) == 0);
+    assert_int_equal(clean, 1);
+    assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), puts + 1);
+    assert_true(ctl_resid_slot_valid(f.resid, &slot)); /* cleaned in its slot */
+    char w[65];
+    assert_non_null(ctl_vm_warm_worker(f.vm, "blob1", w, sizeof(w)));
+    assert_string_equal(w, "w0");
+    pthread_mutex_lock(mu);
+    err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
+    pthread_mutex_unlock(mu);
+    assert_int_equal(err, WK_OK);
+    assert_string_equal(v.key, "blob1");
+    assert_false(ctl_resid_slot_valid(f.resid, &slot));
+    assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), puts + 1); /* no I/O */
+    assert_non_null(ctl_vm_warm_worker(f.vm, "blob1", w, sizeof(w))); /* the copy stays */
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -549,6 +598,7 @@ main(void)
         cmocka_unit_test(test_warm_budget_lru), cmocka_unit_test(test_disk_tier),
         cmocka_unit_test(test_disabled),        cmocka_unit_test(test_backed_session),
         cmocka_unit_test(test_backed_warm_budget),
+        cmocka_unit_test(test_cached_state_warm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
