@@ -2,7 +2,8 @@
 """The walk of one chat turn between the controller's modules: traces a
 parent-token-v1 turn that continues its parked session (4 reply tokens, the
 tiny model of tests/integration/test_sessions.py; with --spilled, a session
-the controller spilled to disk first, --session-idle-ms 300) with gdb breakpoints on
+the controller spilled to disk first, --session-idle-ms 300, which keeps its
+slot until one is needed) with gdb breakpoints on
 every function of ctl_sched.c, ctl_vm.c and ctl_resid.c (whichever the
 build has), on the request's thread and the worker's step loop, from
 ctl_vm_take to the park, and prints the entries in order (public functions

@@ -118,7 +118,8 @@ static const wk_cfg_opt ctl_opts[] = {
     {"session-idle-ms", WK_CFG_U64, "600000", 0, 604800000,
      "spill a parked chat session to disk after this idle time (0 = only under pressure)"},
     {"max-hot-sessions", WK_CFG_U64, "0", 0, 1000000,
-     "most parked chat sessions kept in slots; more are spilled to disk (0 = no cap)"},
+     "most parked chat sessions kept in slots not spilled; more are spilled to disk, keeping "
+     "their slots until one is needed (0 = no cap)"},
     {"prefix-cache", WK_CFG_BOOL, "true", 0, 0,
      "automatic reuse: every request leaves state checkpoints and resumes the longest one "
      "of its owner that prefixes its prompt"},
@@ -233,12 +234,6 @@ ctl_auth_cb(const char *authorization, const char *api_key, const char **user, b
             void *arg)
 {
     return ctl_auth_check(arg, authorization, api_key, user, admin);
-}
-
-static wk_err
-ctl_main_evict(void *arg, const char *worker, uint32_t pages)
-{
-    return ctl_vm_evict_pages(arg, worker, pages);
 }
 
 static int
@@ -487,7 +482,6 @@ main(int argc, char **argv)
         wk_log_error("%s", d.msg);
         goto out;
     }
-    ctl_sched_set_evictor(app->sched, ctl_main_evict, app->vm);
     ctl_vm_set_spill(app->vm, ctl_chat_spill, app);
     ctl_vm_set_rpc_timeout(app->vm, (uint32_t)c.slot_io_timeout_ms);
     /* a state operation's wait for a slot is part of its request's time */
@@ -551,8 +545,6 @@ out:
     if (app->vm != NULL)
         ctl_vm_flush(app->vm);
     ctl_ckpt_free(app->ckpt);
-    if (app->sched != NULL)
-        ctl_sched_set_evictor(app->sched, NULL, NULL);
     ctl_sched_free(app->sched);
     ctl_vm_free(app->vm);
     ctl_resid_dir_free(app->resid);

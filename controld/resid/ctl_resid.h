@@ -14,9 +14,13 @@
  * release, waiting for a slot to free) that ctl_vm and the API make without
  * going through the scheduler. Below both ctl_sched (admission and the step
  * loop, which attaches a table per worker, asks it for free slots and page
- * room, and runs the steps) and ctl_vm (parked sessions, state cache,
- * eviction, which account what they write into held slots here): neither
- * keeps its own copy of a slot's residence. The directory also keeps the
+ * room, has it evict a clean parked entry under pressure or ask the cleaner
+ * for one, and runs the steps) and ctl_vm (the I/O of parked sessions and cached states: slot
+ * reads and writes, spills, warm copies, which accounts what it writes into
+ * held slots here): neither keeps its own copy of a slot's residence. The
+ * directory keeps the hot index (ctl_resid_hot_*: which held slot keeps
+ * which bytes, LRU, dirty / taken / spilling) and chooses eviction victims
+ * from it. The directory also keeps the
  * warm tier's index (ctl_resid_warm_*): which worker holds a host-memory
  * copy of a clean state, with its context and that worker process's
  * epoch; ctl_vm decides when to put, get and drop copies (the RPCs are the
@@ -37,7 +41,18 @@
  *   ctl_job.mu           (one job's events)
  * The warm index has a mutex of its own, a leaf: taken only inside the
  * ctl_resid_warm_* calls, nothing called while holding it.
- * ctl_vm's entry mutex is a leaf: never held across a call into ctl_resid,
+ * The hot index is under the directory's mutex; a lookup waiting for an
+ * entry's spill or cleaning to end waits on its condition variable (the
+ * end, ctl_resid_hot_remove_id or ctl_resid_hot_cleaned, broadcasts). The
+ * scheduler's eviction of a clean victim (ctl_resid_hot_evict_clean_locked)
+ * and its request to the cleaner (ctl_resid_hot_want_clean_locked) stay
+ * inside this module under the mutex; there is no eviction callback. The
+ * cleaner (ctl_vm's thread) waits on the same condition variable
+ * (ctl_resid_hot_next_clean) and does its I/O with no lock held. Warm-index
+ * calls that turn entries dirty take the directory's mutex only after
+ * releasing the warm one; ctl_ckpt turns backed entries dirty
+ * (ctl_resid_hot_unback) while holding ctl_ckpt.mu, which the order allows.
+ * ctl_vm's mutex is a leaf: never held across a call into ctl_resid,
  * ctl_sched, ctl_ckpt or the pool, and nothing is called while holding it;
  * ctl_pool's mutex is a leaf too. A worker's epoch (whether its memory,
  * slots and warm copies, is still the one a residence record was made in)
@@ -47,6 +62,7 @@
 #define CTL_RESID_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -263,5 +279,191 @@ bool ctl_resid_warm_pop_oldest(ctl_resid_dir *dir, const char *worker, char *key
 
 /* Copies indexed (all workers). */
 size_t ctl_resid_warm_count(ctl_resid_dir *dir);
+
+/*
+ * ---- The hot index (under the directory's mutex) ----
+ *
+ * Which held slot keeps a parked session or a cached state's bytes (the hot
+ * tier), with its LRU clock and flags. ctl_vm puts, pins and removes entries
+ * and does their I/O (spills, warm copies, resets); the choice of an
+ * eviction victim is made here, next to the slot tables, so the KV pages an
+ * entry holds are read under the same lock. Every call copies entries out
+ * (an id names one while the caller works on it without the lock). Keys may
+ * repeat: a put while an older entry of the key is taken adds a newer one,
+ * and lookups by key see the newest.
+ *
+ * Clean and dirty. An entry is clean when a copy exists that its next use
+ * resumes from as fast as it would have before its slot was freed, so its
+ * slot can be freed with no I/O at all (the scheduler does so under this
+ * lock): a cached state (stored) with a warm copy on its slot's worker; a
+ * parked session whose backing checkpoint is live (warm, or on disk: the
+ * copy an eviction always resumed from), or whose bytes were spilled to the
+ * store. Every entry is put dirty; ctl_vm marks it clean when it finds or
+ * makes such a copy (ctl_resid_hot_cleaned). When that copy goes (a warm
+ * copy dropped from the index here, a backing checkpoint losing a tier:
+ * ctl_resid_hot_unback) the entry turns dirty again, and a verdict reached
+ * before that no longer counts (`lost`). Dirty entries are cleaned by
+ * ctl_vm's cleaner thread: idle sessions ahead of time, and the dirty LRU
+ * victim at once when admission finds no clean one
+ * (ctl_resid_hot_want_clean_locked, ctl_resid_hot_next_clean).
+ */
+
+/* One hot entry. */
+typedef struct ctl_resid_hot {
+    uint64_t id;                      /* unique in the directory, never 0 */
+    char key[CTL_RESID_KEY_MAX];      /* blob hex or session key */
+    char backing[CTL_RESID_KEY_MAX];  /* a session: the checkpoint also holding its bytes, "" = none */
+    ctl_slot_ref slot;                /* the held slot with the bytes */
+    bool stored;                      /* a cached state: its bytes are in the store; its clean
+                                       * copy is a warm copy of key on its worker */
+    bool spilled;                     /* a session whose bytes were spilled to the store */
+    bool dirty;                       /* no copy to resume from as fast yet: cleaned (warm copy,
+                                       * spill) before its slot is freed */
+    uint64_t lost;                    /* times its clean copy went (see ctl_resid_hot_cleaned) */
+    bool taken;                       /* a caller works on it (copy, move, spill) */
+    bool spilling;                    /* being cleaned or spilled: lookups wait for the end */
+    uint64_t used;                    /* LRU clock */
+    uint64_t used_ms;                 /* monotonic ms of the last use */
+} ctl_resid_hot;
+
+/*
+ * Indexes key's bytes in held slot as the most recently used entry, dirty.
+ * stored: a cached state whose bytes the store holds (backing ignored);
+ * else a parked session, with backing the checkpoint that also holds them
+ * (NULL = none). An older entry of key that no one holds is removed and
+ * copied to *old (old->id 0 when none) for the caller to retire; the new one
+ * is copied to *out (NULL: not). WK_EINVAL for a key or backing of
+ * CTL_RESID_KEY_MAX bytes or more, WK_ENOMEM.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_put(ctl_resid_dir *dir, const char *key,
+                                       const ctl_slot_ref *slot, bool stored, const char *backing,
+                                       ctl_resid_hot *old, ctl_resid_hot *out);
+
+/*
+ * Entry id has a copy to resume from (ctl_vm checked or made it): it turns
+ * clean unless that copy was lost since its `lost` was read (lost differs:
+ * it stays dirty). spilled: its bytes are now in the store (clean whatever
+ * happened). Ends a cleaner's pick (taken, spilling) and wakes waiters.
+ * True when it is clean now.
+ */
+bool ctl_resid_hot_cleaned(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spilled);
+
+/*
+ * The checkpoint backing is losing a tier (its warm copy or its disk record
+ * is being dropped): entries backed by it that were not spilled turn dirty.
+ * Called by ctl_ckpt under its own mutex (ckpt.mu before the directory's).
+ * Returns how many entries it names.
+ */
+uint32_t ctl_resid_hot_unback(ctl_resid_dir *dir, const char *backing);
+
+/*
+ * Removes the newest entry of key and copies it to *out. wait: first waits
+ * while it is being spilled or cleaned (that ends with
+ * ctl_resid_hot_remove_id or ctl_resid_hot_cleaned). only_stored: a session
+ * stays (WK_ESTATE). WK_ENOENT none, WK_EBUSY taken.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_remove_key(ctl_resid_dir *dir, const char *key, bool wait,
+                                              bool only_stored, ctl_resid_hot *out);
+
+/* Removes the entry on slot ref (not taken) and copies it out. WK_ENOENT, WK_EBUSY. */
+WK_MUST_CHECK wk_err ctl_resid_hot_remove_slot(ctl_resid_dir *dir, const ctl_slot_ref *ref,
+                                               ctl_resid_hot *out);
+
+/* Removes entry id (a spill ended) and wakes those waiting for it. */
+void ctl_resid_hot_remove_id(ctl_resid_dir *dir, uint64_t id);
+
+/*
+ * Marks the newest entry of key (by_key) or the one on slot ref taken and
+ * copies it out; by key it is also used now. WK_ENOENT, WK_EBUSY.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_pin_key(ctl_resid_dir *dir, const char *key,
+                                           ctl_resid_hot *out);
+WK_MUST_CHECK wk_err ctl_resid_hot_pin_slot(ctl_resid_dir *dir, const ctl_slot_ref *ref,
+                                            ctl_resid_hot *out);
+
+/*
+ * Ends entry id's pin; moved_to (NULL = stays): its bytes now live in that
+ * slot (a cached state moved to another worker turns dirty: its warm copy
+ * is on the old one).
+ */
+void ctl_resid_hot_unpin(ctl_resid_dir *dir, uint64_t id, const ctl_slot_ref *moved_to);
+
+/* The newest entry of key (after waiting for its spill to end): true with its slot. */
+bool ctl_resid_hot_find(ctl_resid_dir *dir, const char *key, ctl_slot_ref *slot);
+
+/* The entry on slot ref: true with a copy, and its age in uses since (*age). */
+bool ctl_resid_hot_describe(ctl_resid_dir *dir, const ctl_slot_ref *ref, ctl_resid_hot *out,
+                            uint64_t *age);
+
+/* Entries clean and dirty. */
+void ctl_resid_hot_counts(ctl_resid_dir *dir, uint32_t *clean, uint32_t *dirty);
+
+/*
+ * Entries by kind: cached states (stored), and parked sessions not in the
+ * store (a spilled one, though still in its slot, is counted by the store).
+ */
+void ctl_resid_hot_kinds(ctl_resid_dir *dir, uint32_t *states, uint32_t *sessions);
+
+/* Slots of entries on worker: up to cap written to out; returns how many there are. */
+size_t ctl_resid_hot_slots_on(ctl_resid_dir *dir, const char *worker, ctl_slot_ref *out,
+                              size_t cap);
+
+/*
+ * The eviction victim: the least recently used clean entry no one holds, else
+ * the least recently used dirty one, on worker (NULL: anywhere). pages > 0
+ * (with worker): only entries whose slot holds KV pages, and only when the
+ * idle entries there hold at least `pages` together (else evicting cannot
+ * make room). A clean entry is removed; a dirty one stays listed, taken and
+ * spilling (lookups wait for it), for the caller to clean (spill, warm copy)
+ * and then remove (ctl_resid_hot_remove_id). Copied to *out. WK_ENOENT: none.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker,
+                                          uint32_t pages, ctl_resid_hot *out);
+
+/*
+ * The scheduler's eviction under pressure, with no call out: the least
+ * recently used clean entry no one holds (ctl_resid_hot_victim()'s rules
+ * otherwise) is removed, copied to *out and its slot freed here at once (a
+ * hybrid slot turns stale until the step loop frees its pages); its copy
+ * (warm, backing checkpoint, spill) stays where it is. WK_EBUSY when only
+ * dirty entries could make room (cleaning them is I/O: ask the cleaner,
+ * ctl_resid_hot_want_clean_locked), WK_ENOENT when none could. Caller holds
+ * the mutex.
+ */
+WK_MUST_CHECK wk_err ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker,
+                                                      uint32_t pages, ctl_resid_hot *out);
+
+/*
+ * Asks the cleaner (ctl_resid_hot_next_clean) to clean the dirty victim
+ * ctl_resid_hot_evict_clean_locked(worker, pages) found, and wakes it (and
+ * every waiter on the directory's condition variable); nothing while an
+ * entry there is being cleaned or spilled (its end makes the room). The
+ * request is consumed by the cleaner's next pick: ask again while the
+ * pressure lasts. Caller holds the mutex.
+ */
+void ctl_resid_hot_want_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_t pages);
+
+/*
+ * For the cleaner (ctl_vm's thread): waits up to wait_ms (or until *stop)
+ * for an entry to clean and marks it taken and spilling (lookups wait for
+ * it); copied to *out (true). First the dirty victim admission asked for
+ * (*for_room true: make it clean, with no spill when a copy already
+ * exists); else the least recently used parked session not in the store
+ * (*for_room false: spill it), when it was idle idle_ms (0: never) or more
+ * than max_unspilled (0: no cap) are not in the store. The cleaning ends
+ * with ctl_resid_hot_cleaned().
+ */
+bool ctl_resid_hot_next_clean(ctl_resid_dir *dir, uint64_t idle_ms, uint32_t max_unspilled,
+                              uint64_t wait_ms, const atomic_bool *stop, ctl_resid_hot *out,
+                              bool *for_room);
+
+/* Wakes every waiter on the directory's condition variable (the cleaner's stop). */
+void ctl_resid_hot_kick(ctl_resid_dir *dir);
+
+/*
+ * Removes a parked session not spilled to the store that no one holds and
+ * copies it out (true); false when none (the shutdown's flush spills them).
+ */
+bool ctl_resid_hot_pop_unspilled(ctl_resid_dir *dir, ctl_resid_hot *out);
 
 #endif /* CTL_RESID_H */

@@ -141,8 +141,6 @@ struct ctl_sched {
     atomic_bool stop;                            /* shut down */
     ctl_job_rank *rank;                          /* ctl_sched_order_locked()'s buffer */
     size_t rank_cap;                             /* its entries */
-    ctl_sched_evict_fn evict;                    /* frees parked slots under pressure */
-    void *evict_arg;                             /* its argument */
     pthread_t mgr;                               /* syncs workers with the pool */
     bool mgr_started;                            /* mgr joinable */
 };
@@ -1354,18 +1352,34 @@ ctl_sched_mgr_main(void *arg)
                 ctl_job_fail(s, j, WK_ETIMEDOUT, "request timed out waiting for a slot");
         }
         /*
-         * Requests wait and no slot is free anywhere: ask for a parked slot
-         * back (anywhere). Or the first waits for KV pages: ask for parked
-         * slots on the worker where it lacks the fewest (the evictor frees
-         * only what can make up the shortfall there).
+         * Requests wait and no slot is free anywhere: a parked slot comes
+         * back (anywhere). Or the first waits for KV pages: parked slots on
+         * the worker where it lacks the fewest, and only those that can make
+         * up the shortfall there. Residence frees the least recently used
+         * clean one (its copy to resume from exists) here under the lock, no
+         * call out, no I/O. When only dirty ones could make room, residence
+         * wakes ctl_vm's cleaner, which makes the victim clean (a spill or a
+         * warm copy, after no lock of ours); its end wakes this thread, and
+         * the next pass frees it. The jobs wait meanwhile, as for any slot.
          */
         char starved_on[65] = "";
         uint32_t missing = 0;
         bool starving = s->n_waiting > 0 &&
                         ((!ctl_sched_free_slot_locked(s, "") && ctl_sched_slot_wanted_locked(s)) ||
                          ctl_sched_page_starved_locked(s, starved_on, &missing));
-        ctl_sched_evict_fn evict = s->evict;
-        void *evict_arg = s->evict_arg;
+        bool freed = false, cleaning = false;
+        if (starving) {
+            const char *on = starved_on[0] ? starved_on : NULL;
+            ctl_resid_hot gone;
+            wk_err ev = ctl_resid_hot_evict_clean_locked(s->resid, on, missing, &gone);
+            freed = ev == WK_OK;
+            cleaning = ev == WK_EBUSY;
+            if (cleaning)
+                ctl_resid_hot_want_clean_locked(s->resid, on, missing);
+            if (freed)
+                wk_log_debug("evicting key=%.16s clean worker=%s slot=%u", gone.key,
+                             gone.slot.worker, gone.slot.slot);
+        }
         pthread_cond_broadcast(s->cv);
         pthread_mutex_unlock(s->mu);
         for (size_t i = 0; i < nreap; i++) {
@@ -1379,12 +1393,17 @@ ctl_sched_mgr_main(void *arg)
             pthread_mutex_unlock(s->mu);
             ctl_sworker_free(reap[i]);
         }
-        if (starving && evict != NULL &&
-            evict(evict_arg, starved_on[0] ? starved_on : NULL, missing) == WK_OK) {
-            pthread_mutex_lock(s->mu);
-            pthread_cond_broadcast(s->cv);
-            pthread_mutex_unlock(s->mu);
+        if (freed)
             continue; /* look again at once */
+        if (cleaning) {
+            /* (the cleaner's end broadcasts the directory's condition variable) */
+            struct timespec until;
+            wk_deadline_after_ms(&until, 50);
+            pthread_mutex_lock(s->mu);
+            if (!atomic_load(&s->stop))
+                (void)pthread_cond_timedwait(s->cv, s->mu, &until);
+            pthread_mutex_unlock(s->mu);
+            continue;
         }
         struct timespec ts = {0, 50 * 1000000L};
         nanosleep(&ts, NULL);
@@ -2120,15 +2139,6 @@ ctl_sched_draining(ctl_sched *s, const char *worker)
     bool d = w != NULL && w->t.draining;
     pthread_mutex_unlock(s->mu);
     return d;
-}
-
-void
-ctl_sched_set_evictor(ctl_sched *s, ctl_sched_evict_fn fn, void *arg)
-{
-    pthread_mutex_lock(s->mu);
-    s->evict = fn;
-    s->evict_arg = arg;
-    pthread_mutex_unlock(s->mu);
 }
 
 uint32_t

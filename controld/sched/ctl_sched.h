@@ -311,16 +311,13 @@ WK_MUST_CHECK wk_err ctl_job_keep_slot(ctl_job *j, ctl_slot_ref *out);
 void ctl_job_free(ctl_job *j);
 
 /*
- * Called (from the scheduler's manager thread, no lock held) under pressure:
- * worker NULL: requests wait for a slot and none is free anywhere; it should
- * free one parked slot (any worker). worker set: the first waiting request
- * lacks `pages` KV pages on that worker; it should free one parked slot
- * there that holds pages, and only when the idle parked slots there hold at
- * least `pages` together (else eviction can't help). WK_OK when it freed
- * one, WK_ENOENT when it has nothing (useful) to free.
+ * Eviction has no callback: under pressure (requests wait for a slot and
+ * none is free anywhere, or the first waiting request lacks KV pages on a
+ * worker) the manager thread has residence free the least recently used
+ * clean parked slot under its lock (ctl_resid_hot_evict_clean_locked), or,
+ * when only dirty ones could make room, wake ctl_vm's cleaner
+ * (ctl_resid_hot_want_clean_locked) and look again when it is done.
  */
-typedef wk_err (*ctl_sched_evict_fn)(void *arg, const char *worker, uint32_t pages);
-void ctl_sched_set_evictor(ctl_sched *s, ctl_sched_evict_fn fn, void *arg);
 
 /* One busy or allocated slot, for /admin/slots. */
 typedef struct ctl_slot_info {

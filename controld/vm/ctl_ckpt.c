@@ -252,9 +252,21 @@ ckpt_link_locked(ctl_ckpt *c, ckpt_entry *e)
     c->n_entries++;
 }
 
+/*
+ * Checkpoint e is losing a tier (or the index): parked sessions backed by it
+ * turn dirty until the cleaner finds it live again or spills them. Caller
+ * holds mu (ckpt.mu before the residence directory's mutex: allowed).
+ */
+static void
+ckpt_gone_locked(ctl_ckpt *c, const ckpt_entry *e)
+{
+    ctl_vm_backing_gone(c->vm, e->key);
+}
+
 static void
 ckpt_unlink_locked(ctl_ckpt *c, ckpt_entry *e)
 {
+    ckpt_gone_locked(c, e);
     for (ckpt_entry **pp = &c->by_key[ckpt_bucket(e->key)]; *pp; pp = &(*pp)->hnext) {
         if (*pp == e) {
             *pp = e->hnext;
@@ -617,6 +629,7 @@ ckpt_warm_on_locked(ctl_ckpt *c, const char *worker)
 static void
 ckpt_demote_locked(ctl_ckpt *c, ckpt_entry *e)
 {
+    ckpt_gone_locked(c, e); /* (before the drop: a session must not count on the copy) */
     (void)ckpt_spill_locked(c, e, NULL, 0);
     char hk[8 + WK_SHA256_HEX_LEN], worker[65];
     ckpt_host_key(e, hk);
@@ -634,6 +647,8 @@ ckpt_demote_locked(ctl_ckpt *c, ckpt_entry *e)
     if (c->metrics != NULL)
         ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total", "tier=\"warm\"", 1);
     e->busy = false;
+    if (!e->cold)
+        ckpt_gone_locked(c, e); /* (a cleaner may have found it live during the drop) */
     if (!e->cold && e->pins == 0)
         ckpt_remove_locked(c, e);
 }
@@ -653,6 +668,8 @@ ctl_ckpt_maintain(ctl_ckpt *c)
                 e->warm = false;
                 c->warm_total -= e->bytes;
                 c->n_warm--;
+                if (!e->cold)
+                    ckpt_gone_locked(c, e);
                 if (!e->cold && e->pins == 0) {
                     ckpt_unlink_locked(c, e);
                     ckpt_entry_free(e);
@@ -818,6 +835,8 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
         return 0;
     }
     v->busy = true;
+    if (!v->cold)
+        ckpt_gone_locked(c, v); /* (before the drop: a session must not count on the copy) */
     uint64_t freed = v->bytes > 0 ? v->bytes : 1;
     char hk[8 + WK_SHA256_HEX_LEN];
     ckpt_host_key(v, hk);
@@ -831,6 +850,8 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
         v->warm = false;
         c->warm_total -= v->bytes;
         c->n_warm--;
+        if (!v->cold)
+            ckpt_gone_locked(c, v); /* (a cleaner may have found it live during the drop) */
         c->evicted[0]++;
         if (c->metrics != NULL)
             ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total", "tier=\"warm\"", 1);
@@ -1438,6 +1459,7 @@ ctl_ckpt_clear(ctl_ckpt *c, const char *owner, size_t *n)
                 cleared++;
                 if (e->pins > 0 || e->busy || e->saving) {
                     e->doomed = true; /* (removed at the last unpin, or by the tier thread) */
+                    ckpt_gone_locked(c, e);
                     continue;
                 }
                 ckpt_remove_locked(c, e);

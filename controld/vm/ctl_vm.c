@@ -1,6 +1,8 @@
 /*
- * ctl_vm: the hot cache of state bytes in worker slots, LRU eviction with
- * write-back for dirty entries, and chunked slot I/O over the pool.
+ * ctl_vm: the hot cache of state bytes in worker slots (its index and the
+ * eviction choice are ctl_resid's), the cleaner that gives each entry a copy
+ * to resume from (a spill, a warm copy) so that freeing its slot needs no
+ * I/O, and chunked slot I/O over the pool.
  */
 #define WK_LOG_MODULE "vm"
 #include "ctl_vm.h"
@@ -17,20 +19,9 @@
 #include "wk_proto.h"
 #include "wk_sha256.h"
 
-#define CTL_VM_KEY_MAX 160
 #define CTL_VM_RPC_MS 60000 /* default deadline of one slot I/O request */
 
-typedef struct ctl_vm_entry {
-    char key[CTL_VM_KEY_MAX];    /* blob hex or session key */
-    char backing[CTL_VM_KEY_MAX]; /* dirty: where the bytes also live (a checkpoint), "" = nowhere */
-    ctl_slot_ref slot;           /* where the bytes are */
-    bool dirty;                  /* spill before eviction */
-    bool taken;                  /* a caller holds the slot */
-    bool spilling;               /* being written to the store before eviction */
-    uint64_t used;               /* LRU clock */
-    uint64_t used_ms;            /* monotonic ms of the last use */
-    struct ctl_vm_entry *next;   /* list link */
-} ctl_vm_entry;
+typedef ctl_resid_hot ctl_vm_entry; /* a hot entry, copied out of the residence directory */
 
 struct ctl_vm {
     ctl_pool *pool;          /* borrowed */
@@ -40,19 +31,18 @@ struct ctl_vm {
     void *spill_arg;         /* its argument */
     ctl_vm_backed_fn backed; /* is a dirty entry's backing copy live? NULL = never */
     void *backed_arg;        /* its argument */
-    pthread_mutex_t mu;      /* guards entries and clock */
-    ctl_vm_entry *entries;   /* cache */
-    uint64_t clock;          /* LRU counter */
+    pthread_mutex_t mu;      /* guards the callbacks and the cleaner's settings */
     uint32_t rpc_ms;         /* deadline of one slot I/O request */
     uint64_t slot_wait_ms;   /* ctl_vm_slot_get() waits this long for a slot */
     atomic_bool no_wait;     /* shutting down: slot waits end at once */
-    uint64_t idle_ms;        /* spill dirty entries idle this long, 0 = never */
-    uint32_t max_dirty;      /* most dirty entries kept hot, 0 = no cap */
-    pthread_t janitor;       /* idle spiller */
-    bool janitor_started;    /* janitor joinable */
-    bool stop;               /* janitor exits */
-    pthread_cond_t cv;       /* wakes the janitor early on shutdown */
+    uint64_t idle_ms;        /* spill sessions idle this long, 0 = never */
+    uint32_t max_dirty;      /* most sessions kept hot not spilled, 0 = no cap */
+    pthread_t cleaner;       /* the cleaner thread */
+    bool cleaner_started;    /* cleaner joinable */
+    atomic_bool stop;        /* the cleaner exits */
 };
+
+static void *ctl_vm_cleaner_main(void *arg);
 
 wk_err
 ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store, ctl_vm **out, wk_diag *d)
@@ -66,8 +56,16 @@ ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store, ctl_vm **out,
     vm->store = store;
     vm->rpc_ms = CTL_VM_RPC_MS;
     atomic_init(&vm->no_wait, false);
+    atomic_init(&vm->stop, false);
     pthread_mutex_init(&vm->mu, NULL);
-    pthread_cond_init(&vm->cv, NULL);
+    if (resid != NULL) {
+        if (pthread_create(&vm->cleaner, NULL, ctl_vm_cleaner_main, vm) != 0) {
+            pthread_mutex_destroy(&vm->mu);
+            free(vm);
+            return WK_ENOMEM;
+        }
+        vm->cleaner_started = true;
+    }
     *out = vm;
     return WK_OK;
 }
@@ -77,18 +75,10 @@ ctl_vm_free(ctl_vm *vm)
 {
     if (vm == NULL)
         return;
-    if (vm->janitor_started) {
-        pthread_mutex_lock(&vm->mu);
-        vm->stop = true;
-        pthread_cond_broadcast(&vm->cv);
-        pthread_mutex_unlock(&vm->mu);
-        pthread_join(vm->janitor, NULL);
-    }
-    pthread_cond_destroy(&vm->cv);
-    while (vm->entries != NULL) {
-        ctl_vm_entry *e = vm->entries;
-        vm->entries = e->next;
-        free(e);
+    if (vm->cleaner_started) {
+        atomic_store(&vm->stop, true);
+        ctl_resid_hot_kick(vm->resid);
+        pthread_join(vm->cleaner, NULL);
     }
     pthread_mutex_destroy(&vm->mu);
     free(vm);
@@ -97,7 +87,6 @@ ctl_vm_free(ctl_vm *vm)
 static wk_err ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill);
 static wk_err ctl_vm_spill_entry(ctl_vm *vm, ctl_vm_entry *e);
 static void ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e, bool for_room);
-static void ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e);
 /*
  * Evicts the least recently used idle entry (on worker, or anywhere when
  * NULL). pages > 0 (with worker): only entries holding KV pages, and only
@@ -105,53 +94,6 @@ static void ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e);
  */
 static wk_err ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages);
 
-/* Picks a dirty entry to spill (idle too long, or over the cap); unlinks it. */
-static ctl_vm_entry *
-ctl_vm_janitor_pick_locked(ctl_vm *vm, uint64_t now)
-{
-    ctl_vm_entry *oldest = NULL;
-    uint32_t n_dirty = 0;
-    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
-        if (!e->dirty)
-            continue;
-        n_dirty++;
-        if (!e->taken && (oldest == NULL || e->used < oldest->used))
-            oldest = e;
-    }
-    if (oldest == NULL)
-        return NULL;
-    bool idle = vm->idle_ms > 0 && now - oldest->used_ms >= vm->idle_ms;
-    bool over = vm->max_dirty > 0 && n_dirty > vm->max_dirty;
-    if (!idle && !over)
-        return NULL;
-    oldest->taken = true;
-    oldest->spilling = true;
-    return oldest;
-}
-
-static void *
-ctl_vm_janitor_main(void *arg)
-{
-    ctl_vm *vm = arg;
-    pthread_setname_np(pthread_self(), "wkc-vm"); /* for the CPU metric */
-    pthread_mutex_lock(&vm->mu);
-    while (!vm->stop) {
-        ctl_vm_entry *e = ctl_vm_janitor_pick_locked(vm, wk_mono_ms());
-        if (e != NULL) {
-            pthread_mutex_unlock(&vm->mu);
-            wk_log_info("spilling idle session key=%.16s worker=%s slot=%u", e->key,
-                        e->slot.worker, e->slot.slot);
-            ctl_vm_evict_visible(vm, e, false);
-            pthread_mutex_lock(&vm->mu);
-            continue;
-        }
-        struct timespec until;
-        wk_deadline_after_ms(&until, 200);
-        pthread_cond_timedwait(&vm->cv, &vm->mu, &until);
-    }
-    pthread_mutex_unlock(&vm->mu);
-    return NULL;
-}
 
 wk_err
 ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty)
@@ -159,13 +101,7 @@ ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty)
     pthread_mutex_lock(&vm->mu);
     vm->idle_ms = idle_ms;
     vm->max_dirty = max_dirty;
-    bool start = !vm->janitor_started && (idle_ms > 0 || max_dirty > 0);
     pthread_mutex_unlock(&vm->mu);
-    if (start) {
-        if (pthread_create(&vm->janitor, NULL, ctl_vm_janitor_main, vm) != 0)
-            return WK_ENOMEM;
-        vm->janitor_started = true;
-    }
     return WK_OK;
 }
 
@@ -211,11 +147,11 @@ ctl_vm_set_backing(ctl_vm *vm, ctl_vm_backed_fn fn, void *arg)
     pthread_mutex_unlock(&vm->mu);
 }
 
-/* True when dirty entry e's bytes live elsewhere (its backing). Called without mu. */
+/* True when session e's bytes live elsewhere (its backing). Called without mu. */
 static bool
 ctl_vm_backed(ctl_vm *vm, const ctl_vm_entry *e)
 {
-    if (!e->dirty || e->backing[0] == '\0')
+    if (e->stored || e->backing[0] == '\0')
         return false;
     pthread_mutex_lock(&vm->mu);
     ctl_vm_backed_fn fn = vm->backed;
@@ -424,27 +360,7 @@ ctl_vm_slot_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst, w
     return err;
 }
 
-/* Unlinks e (caller holds mu). */
-static void
-ctl_vm_unlink_locked(ctl_vm *vm, ctl_vm_entry *e)
-{
-    for (ctl_vm_entry **pp = &vm->entries; *pp != NULL; pp = &(*pp)->next) {
-        if (*pp == e) {
-            *pp = e->next;
-            return;
-        }
-    }
-}
 
-static ctl_vm_entry *
-ctl_vm_find_locked(ctl_vm *vm, const char *key)
-{
-    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
-        if (strcmp(e->key, key) == 0)
-            return e;
-    }
-    return NULL;
-}
 
 /* Forgets a warm copy on worker; best effort (a restarted worker has none). */
 static void
@@ -536,40 +452,92 @@ ctl_vm_slot_release(ctl_vm *vm, const ctl_slot_ref *ref)
 }
 
 /*
- * Spills an entry that the caller marked taken + spilling under the lock
- * (it stays findable meanwhile, so lookups wait for the spill instead of
- * missing the session), then unlinks and frees it. Called without the lock.
- * for_room: evicted to make room, so an entry whose backing copy is live
- * is not spilled (its next turn resumes that copy).
+ * Frees the slot of an entry that the hot index marked taken + spilling
+ * (it stayed findable meanwhile, so lookups waited for its cleaning instead
+ * of missing it): a session is spilled first, unless for_room and its
+ * backing checkpoint is live (its next turn resumes that copy); a cached
+ * state gets a warm copy first. Then it is removed from the index (waking
+ * the lookups) and its slot freed.
  */
 static void
 ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
 {
-    bool backed = for_room && ctl_vm_backed(vm, e);
-    if (!backed)
-        (void)ctl_vm_spill_entry(vm, e);
+    if (e->stored)
+        ctl_vm_to_warm(vm, e);
+    else if (e->spilled || (for_room && ctl_vm_backed(vm, e)))
+        wk_log_debug("evicting key=%.16s without a spill: %s", e->key,
+                     e->spilled ? "spilled" : "backed");
     else
-        wk_log_debug("evicting key=%.16s without a spill: backed by %.16s", e->key, e->backing);
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_unlink_locked(vm, e);
-    pthread_cond_broadcast(&vm->cv);
-    pthread_mutex_unlock(&vm->mu);
+        (void)ctl_vm_spill_entry(vm, e);
+    ctl_resid_hot_remove_id(vm->resid, e->id); /* (wakes lookups waiting for the spill) */
     ctl_vm_slot_release(vm, &e->slot);
-    free(e);
 }
 
-/* Spills (when dirty) and frees an entry already unlinked. */
+/*
+ * Frees the slot of an entry already removed. spill: keep its bytes first
+ * (a session not in the store is spilled, a cached state without a warm
+ * copy gets one); else they go.
+ */
 static wk_err
 ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
 {
     wk_err err = WK_OK;
-    if (e->dirty && spill)
-        err = ctl_vm_spill_entry(vm, e);
-    else if (!e->dirty && spill)
+    if (spill && e->stored && e->dirty)
         ctl_vm_to_warm(vm, e);
+    else if (spill && !e->stored && !e->spilled)
+        err = ctl_vm_spill_entry(vm, e);
     ctl_vm_slot_release(vm, &e->slot);
-    free(e);
     return err;
+}
+
+/*
+ * The cleaner's work on an entry residence marked taken + spilling
+ * (ctl_resid_hot_next_clean): gives it a copy to resume from, keeping its
+ * slot. A cached state gets a warm copy (when the worker refuses one, it
+ * is clean all the same: its eviction would have kept none either); a
+ * session picked for room whose backing checkpoint is live needs nothing;
+ * any other session is spilled to the store. A spill that fails frees the
+ * entry's slot as an eviction did (the session then falls back to its
+ * checkpoints).
+ */
+static void
+ctl_vm_clean(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
+{
+    if (e->stored) {
+        ctl_vm_to_warm(vm, e);
+        if (!ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false))
+            wk_log_debug("warm copy of key=%.16s lost while made: still dirty", e->key);
+        return;
+    }
+    if (for_room && ctl_vm_backed(vm, e) && ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false))
+        return;
+    wk_log_info("spilling %s session key=%.16s worker=%s slot=%u", for_room ? "evictable" : "idle",
+                e->key, e->slot.worker, e->slot.slot);
+    if (ctl_vm_spill_entry(vm, e) == WK_OK) {
+        (void)ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, true);
+        return;
+    }
+    ctl_resid_hot_remove_id(vm->resid, e->id);
+    ctl_vm_slot_release(vm, &e->slot);
+}
+
+static void *
+ctl_vm_cleaner_main(void *arg)
+{
+    ctl_vm *vm = arg;
+    pthread_setname_np(pthread_self(), "wkc-vm"); /* for the CPU metric */
+    while (!atomic_load(&vm->stop)) {
+        pthread_mutex_lock(&vm->mu); /* (a leaf: never held into ctl_resid) */
+        uint64_t idle_ms = vm->idle_ms;
+        uint32_t max_dirty = vm->max_dirty;
+        pthread_mutex_unlock(&vm->mu);
+        ctl_vm_entry e;
+        bool for_room = false;
+        if (ctl_resid_hot_next_clean(vm->resid, idle_ms, max_dirty, 200, &vm->stop, &e,
+                                     &for_room))
+            ctl_vm_clean(vm, &e, for_room);
+    }
+    return NULL;
 }
 
 wk_err
@@ -578,77 +546,25 @@ ctl_vm_evict_one(ctl_vm *vm)
     return ctl_vm_evict_lru(vm, NULL, 0);
 }
 
-wk_err
-ctl_vm_evict_pages(ctl_vm *vm, const char *worker, uint32_t pages)
-{
-    return ctl_vm_evict_lru(vm, worker, worker != NULL ? pages : 0);
-}
-
 static wk_err
 ctl_vm_evict_lru(ctl_vm *vm, const char *worker, uint32_t pages)
 {
-    /* (pages per entry are read before taking mu: the scheduler's lock is never taken under it) */
-    size_t n = 0;
-    ctl_slot_ref *refs = NULL;
-    uint32_t *held = NULL;
-    if (pages > 0) {
-        n = ctl_vm_slots_on(vm, worker, NULL, 0);
-        refs = calloc(n ? n : 1, sizeof(*refs));
-        held = calloc(n ? n : 1, sizeof(*held));
-        if (refs == NULL || held == NULL) {
-            free(refs);
-            free(held);
-            return WK_ENOMEM;
-        }
-        n = ctl_vm_slots_on(vm, worker, refs, n);
-        for (size_t i = 0; i < n; i++)
-            held[i] = ctl_resid_slot_pages(vm->resid, &refs[i]);
-    }
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *victim = NULL;
-    uint64_t idle_pages = 0;
-    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
-        if (worker != NULL && strcmp(e->slot.worker, worker) != 0)
-            continue;
-        if (e->taken)
-            continue;
-        uint32_t p = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (refs[i].slot == e->slot.slot && refs[i].gen == e->slot.gen)
-                p = held[i];
-        }
-        if (pages > 0 && p == 0)
-            continue; /* evicting it frees no page */
-        idle_pages += p;
-        if (victim == NULL || e->used < victim->used)
-            victim = e;
-    }
-    free(refs);
-    free(held);
-    if (pages > 0 && idle_pages < pages)
-        victim = NULL; /* evicting all of them would not make room: keep them */
-    if (victim != NULL && victim->dirty) {
+    /* The victim is the residence directory's choice (LRU, clean ones first). */
+    ctl_vm_entry v;
+    if (vm->resid == NULL || ctl_resid_hot_victim(vm->resid, worker, pages, &v) != WK_OK)
+        return WK_ENOENT;
+    if (v.dirty) {
         /*
-         * Keep a dirty entry visible while its bytes go to the store, so a
-         * turn arriving meanwhile waits for the spill and then resumes from
-         * it, instead of finding the session nowhere.
+         * A dirty entry stays visible while it is cleaned, so a turn arriving
+         * meanwhile waits for the spill and then resumes from it, instead of
+         * finding the session nowhere.
          */
-        victim->taken = true;
-        victim->spilling = true;
-        pthread_mutex_unlock(&vm->mu);
-        ctl_vm_evict_visible(vm, victim, true);
+        ctl_vm_evict_visible(vm, &v, true);
         return WK_OK;
     }
-    if (victim != NULL)
-        ctl_vm_unlink_locked(vm, victim);
-    pthread_mutex_unlock(&vm->mu);
-    if (victim == NULL)
-        return WK_ENOENT;
-    wk_log_debug("evicting key=%.16s dirty=%d worker=%s slot=%u", victim->key, victim->dirty,
-                 victim->slot.worker, victim->slot.slot);
-    wk_err err = ctl_vm_retire(vm, victim, true);
-    if (err != WK_OK)
-        wk_log_warn("evicted entry could not be spilled; its session restarts from the prompt");
+    wk_log_debug("evicting key=%.16s clean worker=%s slot=%u", v.key, v.slot.worker,
+                 v.slot.slot);
+    ctl_vm_slot_release(vm, &v.slot); /* (its copy stays: warm, backing or spilled) */
     return WK_OK;
 }
 
@@ -701,84 +617,54 @@ wk_err
 ctl_vm_put_backed(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool dirty,
                   const char *backing, wk_diag *d)
 {
-    if (strlen(key) >= CTL_VM_KEY_MAX || (backing != NULL && strlen(backing) >= CTL_VM_KEY_MAX))
+    if (vm->resid == NULL)
+        return wk_diag_set(d, WK_ESTATE, "no residence directory");
+    ctl_vm_entry old, e;
+    wk_err err = ctl_resid_hot_put(vm->resid, key, slot, !dirty, backing, &old, &e);
+    if (err == WK_EINVAL)
         return wk_diag_set(d, WK_EINVAL, "cache key too long");
-    ctl_vm_entry *ne = calloc(1, sizeof(*ne));
-    if (ne == NULL)
-        return WK_ENOMEM;
-    snprintf(ne->key, sizeof(ne->key), "%s", key);
-    if (dirty && backing != NULL)
-        snprintf(ne->backing, sizeof(ne->backing), "%s", backing);
-    ne->slot = *slot;
-    ne->dirty = dirty;
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *old = ctl_vm_find_locked(vm, key);
-    if (old != NULL && !old->taken)
-        ctl_vm_unlink_locked(vm, old);
-    else
-        old = NULL;
-    ne->used = ++vm->clock;
-    ne->used_ms = wk_mono_ms();
-    ne->next = vm->entries;
-    vm->entries = ne;
-    pthread_mutex_unlock(&vm->mu);
-    if (old != NULL)
-        (void)ctl_vm_retire(vm, old, false);
+    if (err != WK_OK)
+        return err;
+    if (old.id != 0)
+        (void)ctl_vm_retire(vm, &old, false);
+    /*
+     * Clean at once when a copy to resume from already exists: a cached
+     * state's warm copy on this worker (it was loaded from it), a session's
+     * live end-of-reply checkpoint. Else the cleaner makes one when needed.
+     */
+    char where[65];
+    bool copy = e.stored ? ctl_vm_warm_worker(vm, key, where, sizeof(where)) != NULL &&
+                               strcmp(where, slot->worker) == 0
+                         : ctl_vm_backed(vm, &e);
+    if (copy)
+        (void)ctl_resid_hot_cleaned(vm->resid, e.id, e.lost, false);
     return WK_OK;
 }
 
 wk_err
 ctl_vm_take(ctl_vm *vm, const char *key, ctl_slot_ref *slot)
 {
-    wk_err err = WK_ENOENT;
-    ctl_vm_entry *got = NULL;
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
-    while (e != NULL && e->spilling) {
-        pthread_cond_wait(&vm->cv, &vm->mu);
-        e = ctl_vm_find_locked(vm, key);
-    }
-    if (e != NULL && e->taken) {
-        err = WK_EBUSY;
-    } else if (e != NULL) {
-        ctl_vm_unlink_locked(vm, e);
-        got = e;
-    }
-    pthread_mutex_unlock(&vm->mu);
-    /* (unlinked, so no one else sees it; asked after the unlock: vm->mu stays a leaf) */
-    if (got != NULL && ctl_resid_slot_valid(vm->resid, &got->slot)) {
-        *slot = got->slot;
-        err = WK_OK;
-    } /* else stale: its slot was freed or its worker left; forgotten */
-    free(got);
-    return err;
+    ctl_vm_entry e;
+    wk_err err = vm->resid != NULL ? ctl_resid_hot_remove_key(vm->resid, key, true, false, &e)
+                                   : WK_ENOENT;
+    if (err != WK_OK)
+        return err;
+    if (!ctl_resid_slot_valid(vm->resid, &e.slot))
+        return WK_ENOENT; /* stale: its slot was freed or its worker left; forgotten */
+    *slot = e.slot;
+    return WK_OK;
 }
 
 wk_err
 ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_slot_ref *dst,
                  wk_diag *d)
 {
-    ctl_slot_ref src;
-    bool hit = false;
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *e = key ? ctl_vm_find_locked(vm, key) : NULL;
-    if (e != NULL && !e->taken) {
-        e->taken = true; /* pinned for the copy */
-        e->used = ++vm->clock;
-        e->used_ms = wk_mono_ms();
-        src = e->slot;
-        hit = true;
-    }
-    pthread_mutex_unlock(&vm->mu);
-    if (hit) {
+    ctl_vm_entry e;
+    if (key != NULL && vm->resid != NULL && ctl_resid_hot_pin_key(vm->resid, key, &e) == WK_OK) {
         wk_err err = WK_ESTATE;
-        if (ctl_resid_slot_valid(vm->resid, &src))
-            err = ctl_vm_slot_copy(vm, &src, dst, d);
-        pthread_mutex_lock(&vm->mu);
-        e = ctl_vm_find_locked(vm, key);
-        if (e != NULL)
-            e->taken = false;
-        pthread_mutex_unlock(&vm->mu);
+        if (ctl_resid_slot_valid(vm->resid, &e.slot))
+            err = ctl_vm_slot_copy(vm, &e.slot, dst, d);
+        ctl_resid_hot_unpin(vm->resid, e.id, NULL);
         if (err == WK_OK)
             return WK_OK;
         ctl_vm_drop(vm, key, false); /* stale: fall back to the blob */
@@ -812,15 +698,9 @@ ctl_vm_load_into(ctl_vm *vm, const char *key, const char *blob_hex, const ctl_sl
 void
 ctl_vm_drop(ctl_vm *vm, const char *key, bool spill)
 {
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
-    if (e != NULL && !e->taken)
-        ctl_vm_unlink_locked(vm, e);
-    else
-        e = NULL;
-    pthread_mutex_unlock(&vm->mu);
-    if (e != NULL)
-        (void)ctl_vm_retire(vm, e, spill);
+    ctl_vm_entry e;
+    if (vm->resid != NULL && ctl_resid_hot_remove_key(vm->resid, key, false, false, &e) == WK_OK)
+        (void)ctl_vm_retire(vm, &e, spill);
 }
 
 const char *
@@ -842,47 +722,33 @@ ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t cap)
 void
 ctl_vm_hibernate(ctl_vm *vm, const char *key)
 {
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
-    if (e != NULL && !e->taken && !e->dirty)
-        ctl_vm_unlink_locked(vm, e);
-    else
-        e = NULL;
-    pthread_mutex_unlock(&vm->mu);
-    if (e != NULL)
-        (void)ctl_vm_retire(vm, e, true); /* clean: a warm copy, then the slot is freed */
+    ctl_vm_entry e;
+    if (vm->resid != NULL && ctl_resid_hot_remove_key(vm->resid, key, false, true, &e) == WK_OK)
+        (void)ctl_vm_retire(vm, &e, true); /* a cached state: a warm copy, then the slot is freed */
+}
+
+void
+ctl_vm_backing_gone(ctl_vm *vm, const char *backing)
+{
+    if (vm != NULL && vm->resid != NULL)
+        (void)ctl_resid_hot_unback(vm->resid, backing);
 }
 
 bool
 ctl_vm_cached(ctl_vm *vm, const char *key)
 {
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *e = ctl_vm_find_locked(vm, key);
-    while (e != NULL && e->spilling) {
-        pthread_cond_wait(&vm->cv, &vm->mu);
-        e = ctl_vm_find_locked(vm, key);
-    }
     ctl_slot_ref ref;
-    bool found = e != NULL;
-    if (found)
-        ref = e->slot;
-    pthread_mutex_unlock(&vm->mu);
-    return found && ctl_resid_slot_valid(vm->resid, &ref);
+    return vm->resid != NULL && ctl_resid_hot_find(vm->resid, key, &ref) &&
+           ctl_resid_slot_valid(vm->resid, &ref);
 }
 
 void
-ctl_vm_counts(ctl_vm *vm, uint32_t *clean, uint32_t *dirty)
+ctl_vm_counts(ctl_vm *vm, uint32_t *states, uint32_t *sessions)
 {
-    *clean = 0;
-    *dirty = 0;
-    pthread_mutex_lock(&vm->mu);
-    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
-        if (e->dirty)
-            (*dirty)++;
-        else
-            (*clean)++;
-    }
-    pthread_mutex_unlock(&vm->mu);
+    *states = 0;
+    *sessions = 0;
+    if (vm->resid != NULL)
+        ctl_resid_hot_kinds(vm->resid, states, sessions);
 }
 
 wk_err
@@ -918,27 +784,13 @@ ctl_vm_transfer(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst,
     return err;
 }
 
-static ctl_vm_entry *
-ctl_vm_find_slot_locked(ctl_vm *vm, const ctl_slot_ref *ref)
-{
-    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
-        if (strcmp(e->slot.worker, ref->worker) == 0 && e->slot.slot == ref->slot &&
-            e->slot.gen == ref->gen)
-            return e;
-    }
-    return NULL;
-}
 
 static wk_err
 ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_mover_fn mover,
                  void *arg, ctl_slot_ref *dst_out, uint64_t *bytes_moved, wk_diag *d)
 {
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *e = ctl_vm_find_slot_locked(vm, src);
-    wk_err err = e == NULL ? WK_ENOENT : e->taken ? WK_EBUSY : WK_OK;
-    if (err == WK_OK)
-        e->taken = true;
-    pthread_mutex_unlock(&vm->mu);
+    ctl_vm_entry e;
+    wk_err err = vm->resid != NULL ? ctl_resid_hot_pin_slot(vm->resid, src, &e) : WK_ENOENT;
     if (err != WK_OK)
         return wk_diag_set(d, err, "%s:%u holds no parked state", src->worker, src->slot);
     ctl_slot_ref dst;
@@ -961,14 +813,7 @@ ctl_vm_move_impl(ctl_vm *vm, const ctl_slot_ref *src, const char *to, ctl_sched_
         if (err != WK_OK)
             (void)ctl_resid_slot_free(vm->resid, &dst);
     }
-    pthread_mutex_lock(&vm->mu);
-    e = ctl_vm_find_slot_locked(vm, src);
-    if (e != NULL) {
-        e->taken = false;
-        if (err == WK_OK)
-            e->slot = dst;
-    }
-    pthread_mutex_unlock(&vm->mu);
+    ctl_resid_hot_unpin(vm->resid, e.id, err == WK_OK ? &dst : NULL);
     if (err == WK_OK) {
         (void)ctl_resid_slot_free(vm->resid, src);
         *dst_out = dst;
@@ -999,59 +844,33 @@ ctl_vm_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst, wk_dia
 wk_err
 ctl_vm_evict_slot(ctl_vm *vm, const ctl_slot_ref *ref)
 {
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *e = ctl_vm_find_slot_locked(vm, ref);
-    wk_err err = e == NULL ? WK_ENOENT : e->taken ? WK_EBUSY : WK_OK;
+    ctl_vm_entry e;
+    wk_err err = vm->resid != NULL ? ctl_resid_hot_remove_slot(vm->resid, ref, &e) : WK_ENOENT;
     if (err == WK_OK)
-        ctl_vm_unlink_locked(vm, e);
-    pthread_mutex_unlock(&vm->mu);
-    if (err == WK_OK)
-        (void)ctl_vm_retire(vm, e, true);
+        (void)ctl_vm_retire(vm, &e, true);
     return err;
 }
 
 size_t
 ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t cap)
 {
-    size_t n = 0;
-    pthread_mutex_lock(&vm->mu);
-    for (ctl_vm_entry *e = vm->entries; e != NULL; e = e->next) {
-        if (strcmp(e->slot.worker, worker) != 0)
-            continue;
-        if (n < cap)
-            out[n] = e->slot;
-        n++;
-    }
-    pthread_mutex_unlock(&vm->mu);
-    return n;
+    return vm->resid != NULL ? ctl_resid_hot_slots_on(vm->resid, worker, out, cap) : 0;
 }
 
 bool
-ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age)
+ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *session, uint64_t *age)
 {
-    pthread_mutex_lock(&vm->mu);
-    ctl_vm_entry *e = ctl_vm_find_slot_locked(vm, ref);
-    if (e != NULL) {
-        *dirty = e->dirty;
-        *age = vm->clock - e->used;
-    }
-    pthread_mutex_unlock(&vm->mu);
-    return e != NULL;
+    ctl_vm_entry e;
+    if (vm->resid == NULL || !ctl_resid_hot_describe(vm->resid, ref, &e, age))
+        return false;
+    *session = !e.stored;
+    return true;
 }
 
 void
 ctl_vm_flush(ctl_vm *vm)
 {
-    for (;;) {
-        pthread_mutex_lock(&vm->mu);
-        ctl_vm_entry *e = vm->entries;
-        while (e != NULL && (!e->dirty || e->taken))
-            e = e->next;
-        if (e != NULL)
-            ctl_vm_unlink_locked(vm, e);
-        pthread_mutex_unlock(&vm->mu);
-        if (e == NULL)
-            return;
-        (void)ctl_vm_retire(vm, e, true);
-    }
+    ctl_vm_entry e;
+    while (vm->resid != NULL && ctl_resid_hot_pop_unspilled(vm->resid, &e))
+        (void)ctl_vm_retire(vm, &e, true);
 }

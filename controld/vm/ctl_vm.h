@@ -6,11 +6,20 @@
  * keyed by the blob's hex digest, so fork, snapshot and rollback never copy
  * bytes, and a generation copies the cached slot into a scratch slot on the
  * worker (SlotCopy) before it runs. Chat sessions park in slots as dirty
- * entries keyed by the session key: they are spilled to a blob only when
- * evicted (write-back). Under slot pressure the least recently used idle
- * entry is evicted (spilled first when dirty, unless a checkpoint already
- * holds its bytes: ctl_vm_set_backing); the scheduler calls
- * ctl_vm_evict_one() when requests wait for a slot.
+ * entries keyed by the session key (write-back). The hot index (which
+ * slot, LRU, clean or dirty, taken, spilling) is the residence directory's
+ * (ctl_resid_hot_*), which also chooses eviction victims. An entry is clean
+ * when a copy its next use resumes from as fast exists (ctl_resid.h): a
+ * cached state's warm copy on its worker, a session's live end-of-reply
+ * checkpoint (ctl_vm_set_backing) or its spill; freeing a clean entry's
+ * slot needs no I/O, so the scheduler has residence do it under its lock.
+ * ctl_vm's cleaner thread makes entries clean while they stay in their
+ * slots: idle sessions are spilled ahead of time, and when admission finds
+ * only dirty victims it asks the cleaner for the least recently used one
+ * (a warm copy for a cached state; a spill for a session, none when its
+ * checkpoint is live). ctl_vm's own evictions (ctl_vm_slot_get, the KV
+ * room of a write) take a clean victim first and clean a dirty one
+ * themselves.
  *
  * Slot I/O (read, write, copy, reset) goes through the pool as
  * SlotRead/SlotWrite/SlotCopy/SlotReset RPCs in chunks of at most 4 MiB; the
@@ -21,8 +30,11 @@
  * directory (ctl_resid_slot_*) directly; ctl_vm never calls the scheduler.
  * Warm-tier RPCs are the pool's (ctl_pool_host_call).
  *
- * Threading: all functions are thread-safe; the entry table has its own
- * mutex, never held across an RPC or a call into ctl_resid.
+ * Threading: all functions are thread-safe; the hot index is the residence
+ * directory's (under its mutex); ctl_vm's own mutex guards its callbacks and
+ * the cleaner's settings, and is never held across an RPC or a call
+ * into ctl_resid. The cleaner is a thread of its own, started by
+ * ctl_vm_new() (with a residence directory) and joined by ctl_vm_free().
  */
 #ifndef CTL_VM_H
 #define CTL_VM_H
@@ -43,15 +55,21 @@ typedef struct ctl_vm ctl_vm;
 typedef wk_err (*ctl_vm_spill_fn)(void *arg, const char *key, const void *bytes, size_t len,
                                   wk_diag *d);
 
+/*
+ * A hot cache over the borrowed pool, residence directory (NULL: slot I/O
+ * only, no cache and no cleaner thread) and store. WK_ENOMEM.
+ */
 WK_MUST_CHECK wk_err ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store,
                                 ctl_vm **out, wk_diag *d);
 void ctl_vm_free(ctl_vm *vm);
 
 /*
- * Spills dirty entries (parked sessions) idle for longer than idle_ms to the
- * store and frees their slots, from a background thread; 0 disables. Also
- * keeps at most max_dirty dirty entries hot (0 = no cap), spilling the least
- * recently used beyond it. Spilled sessions are moved to disk, not lost.
+ * Spills parked sessions idle for longer than idle_ms to the store, from
+ * the cleaner thread; 0 disables. Also keeps at most max_dirty sessions hot
+ * that are not spilled (0 = no cap), spilling the least recently used
+ * beyond it. A spilled session keeps its slot (clean: an eviction frees it
+ * with no I/O, and its next turn reads the spill) and survives its
+ * worker's memory.
  */
 WK_MUST_CHECK wk_err ctl_vm_set_idle_spill(ctl_vm *vm, uint64_t idle_ms, uint32_t max_dirty);
 
@@ -87,12 +105,22 @@ typedef bool (*ctl_vm_backed_fn)(void *arg, const char *backing);
 
 /*
  * Registers the backing check (ctl_ckpt does, for its checkpoints); NULL
- * removes it. Under slot pressure (ctl_vm_evict_one/pages, ctl_vm_slot_get)
- * a dirty entry whose backing is live gives its slot up without a spill:
- * the next turn resumes the backing copy. Idle spills, ctl_vm_evict_slot()
- * and ctl_vm_flush() still spill it (they are for durability, not room).
+ * removes it. A session whose backing is live is clean: under slot pressure
+ * it gives its slot up without a spill (the next turn resumes the backing
+ * copy). Idle spills, ctl_vm_evict_slot() and ctl_vm_flush() still spill it
+ * (they are for durability, not room).
  */
 void ctl_vm_set_backing(ctl_vm *vm, ctl_vm_backed_fn fn, void *arg);
+
+/*
+ * The backing check's other half: checkpoint backing is losing a tier (its
+ * warm copy or its disk record is about to be dropped), so sessions backed
+ * by it turn dirty (ctl_resid_hot_unback) until the cleaner finds the
+ * checkpoint live again or spills them. ctl_ckpt calls it under its mutex,
+ * before the drop; it takes only the directory's mutex (ckpt.mu before
+ * resid_dir.mu in the lock order).
+ */
+void ctl_vm_backing_gone(ctl_vm *vm, const char *backing);
 
 /*
  * Gets a free slot, evicting LRU idle entries when none is free. worker:
@@ -102,17 +130,12 @@ void ctl_vm_set_backing(ctl_vm *vm, ctl_vm_backed_fn fn, void *arg);
 WK_MUST_CHECK wk_err ctl_vm_slot_get(ctl_vm *vm, const char *worker, ctl_slot_ref *out,
                                      wk_diag *d);
 
-/* Evicts one LRU idle entry. Returns WK_OK when a slot was freed, WK_ENOENT when none. */
+/*
+ * Evicts one LRU idle entry (residence's choice). Returns WK_OK when a slot
+ * was freed, WK_ENOENT when none.
+ */
 WK_MUST_CHECK wk_err ctl_vm_evict_one(ctl_vm *vm);
 
-/*
- * Page pressure on a hybrid worker that lacks `pages` KV pages: evicts the
- * LRU idle entry on worker that holds pages, and only when the idle entries
- * there hold at least `pages` together (else nothing: eviction can't make
- * room). Its pages are free when this returns. worker NULL: ctl_vm_evict_one().
- * WK_OK when one was evicted, WK_ENOENT when none (usefully) could be.
- */
-WK_MUST_CHECK wk_err ctl_vm_evict_pages(ctl_vm *vm, const char *worker, uint32_t pages);
 
 /* Slot I/O. bytes: caller frees with free(). */
 WK_MUST_CHECK wk_err ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes,
@@ -177,8 +200,12 @@ const char *ctl_vm_warm_worker(ctl_vm *vm, const char *key, char *buf, size_t ca
 /* True when key is cached in a live slot. */
 bool ctl_vm_cached(ctl_vm *vm, const char *key);
 
-/* Entries by kind, for metrics: clean (state cache) and dirty (sessions). */
-void ctl_vm_counts(ctl_vm *vm, uint32_t *clean, uint32_t *dirty);
+/*
+ * Entries by kind, for metrics: cached states, and parked sessions only in
+ * their slots (the hot tier; a spilled session still in its slot is the
+ * store's, the cold tier).
+ */
+void ctl_vm_counts(ctl_vm *vm, uint32_t *states, uint32_t *sessions);
 
 /*
  * Copies src's bytes into dst and has the destination worker confirm them
@@ -210,8 +237,12 @@ WK_MUST_CHECK wk_err ctl_vm_move_with(ctl_vm *vm, const ctl_slot_ref *src, const
 /* Slots of the cache entries on worker (cap entries); returns the count. */
 size_t ctl_vm_slots_on(ctl_vm *vm, const char *worker, ctl_slot_ref *out, size_t cap);
 
-/* Describes the entry in slot ref: dirty (session) or clean (state); false when none. */
-WK_MUST_CHECK bool ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *dirty, uint64_t *age);
+/*
+ * Describes the entry in slot ref: a parked session (*session true) or a
+ * cached state, and its age in uses; false when none.
+ */
+WK_MUST_CHECK bool ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *session,
+                                   uint64_t *age);
 
 /* Copies the bytes of slot src into slot dst (SlotCopy on one worker, else relayed). */
 WK_MUST_CHECK wk_err ctl_vm_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_slot_ref *dst,

@@ -473,27 +473,120 @@ test_backed_session(void **state)
     park_turn(&f, "bob", b, 6, "sess-b", false);
     park_turn(&f, "carol", c, 6, "sess-c", true);
     uint32_t reads = fw_count(&f.w, WKVM__KIND__SLOT_READ);
-    /* LRU: sess-a first, backed by a live checkpoint: its slot goes, nothing is read or spilled */
+    /* backed by a live checkpoint, sess-a and sess-c are clean; sess-b (no backing) is not */
+    uint32_t clean = 0, dirty = 0;
+    ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    assert_int_equal(clean, 2);
+    assert_int_equal(dirty, 1);
+    /* LRU among the clean ones: sess-a; its slot goes, nothing is read or spilled */
     assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
     assert_false(ctl_vm_cached(f.vm, "sess-a"));
     assert_int_equal(g_spills, 0);
     assert_int_equal(fw_count(&f.w, WKVM__KIND__SLOT_READ), reads);
-    /* sess-b has no backing: spilled (its bytes read from the slot) */
-    assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
-    assert_false(ctl_vm_cached(f.vm, "sess-b"));
-    assert_int_equal(g_spills, 1);
-    assert_true(fw_count(&f.w, WKVM__KIND__SLOT_READ) > reads);
-    /* sess-c's checkpoint is gone: spilled like any other */
+    /* sess-c's checkpoint is dropped: sess-c turns dirty at once */
     size_t cleared = 0;
     ctl_ckpt_clear(f.ckpt, "carol", &cleared);
     assert_true(cleared > 0);
+    ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    assert_int_equal(clean, 0);
+    assert_int_equal(dirty, 2);
+    /* both dirty now: the LRU, sess-b, is spilled (its bytes read from the slot), then sess-c */
+    assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
+    assert_false(ctl_vm_cached(f.vm, "sess-b"));
+    assert_true(ctl_vm_cached(f.vm, "sess-c"));
+    assert_int_equal(g_spills, 1);
+    assert_true(fw_count(&f.w, WKVM__KIND__SLOT_READ) > reads);
     assert_int_equal(ctl_vm_evict_one(f.vm), WK_OK);
     assert_int_equal(g_spills, 2);
     assert_int_equal(ctl_vm_evict_one(f.vm), WK_ENOENT);
-    /* the janitor's spill and a flush are for durability: a backed entry is spilled there */
+    /* the cleaner's idle spill and a flush are for durability: a backed entry is spilled there */
     park_turn(&f, "alice", a, 6, "sess-a", true);
     ctl_vm_flush(f.vm);
     assert_int_equal(g_spills, 3);
+    fx_close(&f);
+}
+
+/*
+ * The warm budget evicting a session's backing checkpoint (no disk tier:
+ * the copy is gone) turns the session dirty: its slot is no longer given up
+ * without a spill.
+ */
+static void
+test_backed_warm_budget(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 2 * FW_STATE_BYTES, 0); /* room for one turn's two checkpoints */
+    static const int32_t a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12};
+    park_turn(&f, "alice", a, 6, "sess-a", true);
+    uint32_t clean = 0, dirty = 0;
+    ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    assert_int_equal(clean, 1);
+    park_turn(&f, "bob", b, 6, "sess-b", true); /* alice's two are the least recently used */
+    uint64_t until = fw_now_ms() + 3000;
+    do {
+        ctl_ckpt_maintain(f.ckpt);
+        ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    } while (dirty == 0 && fw_now_ms() < until && usleep(5000) == 0);
+    assert_int_equal(clean, 1); /* sess-b: its checkpoint is warm */
+    assert_int_equal(dirty, 1); /* sess-a */
+    ctl_slot_ref slots[2];
+    assert_int_equal(ctl_vm_slots_on(f.vm, "w0", slots, 2), 2);
+    for (int i = 0; i < 2; i++) {
+        bool session = false;
+        uint64_t age = 0;
+        assert_true(ctl_vm_describe(f.vm, &slots[i], &session, &age));
+        assert_true(session);
+    }
+    fx_close(&f);
+}
+
+/*
+ * A cached state is dirty until its worker holds a warm copy; asked for room,
+ * ctl_vm's cleaner makes that copy (one HOST_PUT) while the state keeps its
+ * slot, and the scheduler's eviction then frees the slot with no I/O and the
+ * warm copy stays.
+ */
+static void
+test_cached_state_warm(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 1 << 20, 0);
+    wk_diag d = {{0}};
+    ctl_slot_ref slot;
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &slot, NULL), WK_OK);
+    assert_int_equal(ctl_vm_put(f.vm, "blob1", &slot, false, &d), WK_OK);
+    uint32_t clean = 0, dirty = 0;
+    ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    assert_int_equal(dirty, 1);
+    uint32_t puts = fw_count(&f.w, WKVM__KIND__HOST_PUT);
+    pthread_mutex_t *mu = ctl_resid_dir_mutex(f.resid);
+    ctl_resid_hot v;
+    pthread_mutex_lock(mu);
+    wk_err err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
+    if (err == WK_EBUSY)
+        ctl_resid_hot_want_clean_locked(f.resid, NULL, 0);
+    pthread_mutex_unlock(mu);
+    assert_int_equal(err, WK_EBUSY);
+    uint64_t until = fw_now_ms() + 3000;
+    do {
+        ctl_resid_hot_counts(f.resid, &clean, &dirty);
+    } while (clean == 0 && fw_now_ms() < until && usleep(2000) == 0);
+    assert_int_equal(clean, 1);
+    assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), puts + 1);
+    assert_true(ctl_resid_slot_valid(f.resid, &slot)); /* cleaned in its slot */
+    char w[65];
+    assert_non_null(ctl_vm_warm_worker(f.vm, "blob1", w, sizeof(w)));
+    assert_string_equal(w, "w0");
+    pthread_mutex_lock(mu);
+    err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
+    pthread_mutex_unlock(mu);
+    assert_int_equal(err, WK_OK);
+    assert_string_equal(v.key, "blob1");
+    assert_false(ctl_resid_slot_valid(f.resid, &slot));
+    assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), puts + 1); /* no I/O */
+    assert_non_null(ctl_vm_warm_worker(f.vm, "blob1", w, sizeof(w))); /* the copy stays */
     fx_close(&f);
 }
 
@@ -504,6 +597,8 @@ main(void)
         cmocka_unit_test(test_longest_prefix),  cmocka_unit_test(test_reply_records_and_clear),
         cmocka_unit_test(test_warm_budget_lru), cmocka_unit_test(test_disk_tier),
         cmocka_unit_test(test_disabled),        cmocka_unit_test(test_backed_session),
+        cmocka_unit_test(test_backed_warm_budget),
+        cmocka_unit_test(test_cached_state_warm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,13 +15,21 @@
  * (set_ctx, set_bytes from an image's size, note_ctx for recurrent slots).
  * And the warm tier's index: one copy per key (a put on another worker hands
  * back the old worker to drop), use on the right worker only, where with
- * its epoch, the least recently used copy of a worker popped first.
+ * its epoch, the least recently used copy of a worker popped first. And the
+ * hot index with its eviction choice: the victim is the least recently used
+ * entry no one holds (taken and spilling entries skipped), on one worker or
+ * anywhere; a clean victim is removed at once, a dirty one stays visible,
+ * taken and spilling, until its spill ends (lookups wait for it); under page
+ * pressure only entries holding KV pages count, and none is chosen when
+ * they cannot make up the shortfall together. Puts replace an idle entry of
+ * the key and keep a pinned one; the idle spiller's pick (idle, over the cap).
  */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -368,6 +376,310 @@ test_dir_warm(void **state)
     ctl_resid_dir_free(dir); /* frees the copies still indexed */
 }
 
+static ctl_slot_ref
+ref_of(const char *worker, uint32_t slot, uint64_t gen)
+{
+    ctl_slot_ref r = {.slot = slot, .gen = gen};
+    snprintf(r.worker, sizeof(r.worker), "%s", worker);
+    return r;
+}
+
+/*
+ * Puts key in slot: a cached state (stored) or a session (backing), clean
+ * when clean (the copy to resume from exists). Returns its id.
+ */
+static uint64_t
+hot_put(ctl_resid_dir *dir, const char *key, const ctl_slot_ref *slot, bool stored,
+        const char *backing, bool clean)
+{
+    ctl_resid_hot old, e;
+    assert_int_equal(ctl_resid_hot_put(dir, key, slot, stored, backing, &old, &e), WK_OK);
+    assert_true(e.dirty);
+    if (clean)
+        assert_true(ctl_resid_hot_cleaned(dir, e.id, e.lost, false));
+    return e.id;
+}
+
+static void
+test_hot_victim(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a, b, c;
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, NULL), WK_OK);
+    ctl_resid_hot old, v;
+    /* oldest first: a (a clean cached state), b (a dirty session), c (dirty, backed) */
+    assert_int_equal(ctl_resid_hot_put(dir, "ka", &a, true, NULL, &old, NULL), WK_OK);
+    assert_int_equal(old.id, 0);
+    ctl_resid_hot_describe(dir, &a, &v, &(uint64_t){0});
+    assert_true(ctl_resid_hot_cleaned(dir, v.id, v.lost, false));
+    hot_put(dir, "kb", &b, false, NULL, false);
+    hot_put(dir, "kc", &c, false, "ck1", false);
+    uint32_t clean, dirty;
+    ctl_resid_hot_counts(dir, &clean, &dirty);
+    assert_int_equal(clean, 1);
+    assert_int_equal(dirty, 2);
+    /* a use of ka makes kb the least recently used; pinned, ka is skipped anyway */
+    ctl_resid_hot pin;
+    assert_int_equal(ctl_resid_hot_pin_key(dir, "ka", &pin), WK_OK);
+    assert_int_equal(ctl_resid_hot_pin_key(dir, "ka", &v), WK_EBUSY);
+    /* the victim anywhere: kb, dirty, so it stays listed, taken and spilling */
+    assert_int_equal(ctl_resid_hot_victim(dir, NULL, 0, &v), WK_OK);
+    assert_string_equal(v.key, "kb");
+    assert_true(v.dirty && v.taken && v.spilling);
+    assert_int_equal(ctl_resid_hot_slots_on(dir, "w0", NULL, 0), 2);
+    ctl_slot_ref where;
+    assert_int_equal(ctl_resid_hot_remove_key(dir, "kb", false, false, &old), WK_EBUSY);
+    /* the next: kb is spilling and ka pinned, so kc (its backing kept) */
+    ctl_resid_hot v2;
+    assert_int_equal(ctl_resid_hot_victim(dir, NULL, 0, &v2), WK_OK);
+    assert_string_equal(v2.key, "kc");
+    assert_string_equal(v2.backing, "ck1");
+    /* on w0 only, nothing is left to choose: ka pinned, kb spilling */
+    assert_int_equal(ctl_resid_hot_victim(dir, "w0", 0, &old), WK_ENOENT);
+    /* the spills end: the entries are gone */
+    ctl_resid_hot_remove_id(dir, v.id);
+    ctl_resid_hot_remove_id(dir, v2.id);
+    assert_false(ctl_resid_hot_find(dir, "kb", &where));
+    assert_false(ctl_resid_hot_find(dir, "kc", &where));
+    /* unpinned, the clean ka is chosen and removed at once (no spill to wait for) */
+    ctl_resid_hot_unpin(dir, pin.id, NULL);
+    assert_int_equal(ctl_resid_hot_victim(dir, "w0", 0, &v), WK_OK);
+    assert_string_equal(v.key, "ka");
+    assert_false(v.dirty);
+    assert_false(ctl_resid_hot_find(dir, "ka", &where));
+    ctl_resid_hot_counts(dir, &clean, &dirty);
+    assert_int_equal(clean + dirty, 0);
+    assert_int_equal(ctl_resid_hot_victim(dir, NULL, 0, &v), WK_ENOENT);
+    dir_close(dir, &t0, &t1);
+}
+
+static void
+test_hot_victim_pages(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64, .kv_token_bytes = 8, .page_tokens = 16, .pages_total = 10};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a, b, c;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_set_ctx(dir, &b, 48, &d), WK_OK); /* 3 pages */
+    assert_int_equal(ctl_resid_slot_set_ctx(dir, &c, 160, &d), WK_OK); /* 10, on w1 */
+    ctl_resid_hot v;
+    hot_put(dir, "ka", &a, true, NULL, true); /* no pages */
+    hot_put(dir, "kb", &b, true, NULL, true);
+    hot_put(dir, "kc", &c, true, NULL, true);
+    /* 4 pages lacking on w0: its entries hold 3, so evicting cannot help */
+    assert_int_equal(ctl_resid_hot_victim(dir, "w0", 4, &v), WK_ENOENT);
+    /* 2 lacking: kb, though ka is older (ka frees no page) */
+    assert_int_equal(ctl_resid_hot_victim(dir, "w0", 2, &v), WK_OK);
+    assert_string_equal(v.key, "kb");
+    assert_true(ctl_resid_hot_find(dir, "ka", &v.slot));
+    dir_close(dir, &t0, &t1);
+}
+
+typedef struct finder {
+    ctl_resid_dir *dir;
+    bool found;  /* its answer */
+    uint64_t ms; /* how long it waited */
+} finder;
+
+static void *
+finder_main(void *arg)
+{
+    finder *f = arg;
+    uint64_t t = wk_mono_ms();
+    ctl_slot_ref r;
+    f->found = ctl_resid_hot_find(f->dir, "kd", &r);
+    f->ms = wk_mono_ms() - t;
+    return NULL;
+}
+
+static void
+test_hot_index(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a = ref_of("w0", 1, 0), b = ref_of("w0", 2, 0), c = ref_of("w1", 1, 0);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, NULL), WK_OK);
+    ctl_resid_hot old, e, pin;
+    /* a put replaces an idle entry of the key: the old one is the caller's to retire */
+    assert_int_equal(ctl_resid_hot_put(dir, "k", &a, false, "ck", &old, NULL), WK_OK);
+    assert_int_equal(ctl_resid_hot_put(dir, "k", &b, false, NULL, &old, NULL), WK_OK);
+    assert_true(old.id != 0);
+    assert_int_equal(old.slot.slot, a.slot);
+    assert_string_equal(old.backing, "ck");
+    /* ... but keeps a pinned one: the newest answers by key */
+    assert_int_equal(ctl_resid_hot_pin_slot(dir, &b, &pin), WK_OK);
+    assert_int_equal(ctl_resid_hot_put(dir, "k", &a, true, NULL, &old, NULL), WK_OK);
+    assert_int_equal(old.id, 0);
+    ctl_slot_ref where;
+    assert_true(ctl_resid_hot_find(dir, "k", &where));
+    assert_int_equal(where.slot, a.slot);
+    /* a pin that moved the bytes */
+    ctl_resid_hot_unpin(dir, pin.id, &c);
+    uint64_t age = 0;
+    assert_true(ctl_resid_hot_describe(dir, &c, &e, &age));
+    assert_true(e.dirty);
+    assert_int_equal(age, 1); /* one put since */
+    assert_false(ctl_resid_hot_describe(dir, &b, &e, &age));
+    /* only_stored leaves a session; by slot */
+    assert_int_equal(ctl_resid_hot_remove_key(dir, "k", false, true, &e), WK_OK); /* a: stored */
+    assert_int_equal(ctl_resid_hot_remove_key(dir, "k", false, true, &e), WK_ESTATE);
+    assert_int_equal(ctl_resid_hot_remove_slot(dir, &c, &e), WK_OK);
+    assert_int_equal(ctl_resid_hot_remove_key(dir, "k", false, false, &e), WK_ENOENT);
+    /* too long a key */
+    char big[CTL_RESID_KEY_MAX + 1];
+    memset(big, 'k', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    assert_int_equal(ctl_resid_hot_put(dir, big, &a, false, NULL, &old, NULL), WK_EINVAL);
+    /* the idle cleaner: neither idle nor over the cap, then idle, then over the cap */
+    hot_put(dir, "kd", &a, false, NULL, false);
+    hot_put(dir, "ke", &b, false, "ck", true); /* backed: clean, but not in the store */
+    bool for_room = true;
+    assert_false(ctl_resid_hot_next_clean(dir, 60000, 2, 0, NULL, &e, &for_room));
+    usleep(3000);
+    assert_true(ctl_resid_hot_next_clean(dir, 1, 0, 0, NULL, &e, &for_room));
+    assert_string_equal(e.key, "kd");
+    assert_true(e.spilling);
+    assert_false(for_room); /* idle: to be spilled */
+    /* a lookup of kd waits for its spill to end, then finds it still in its slot */
+    finder f = {.dir = dir};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, finder_main, &f), 0);
+    usleep(50000);
+    assert_true(ctl_resid_hot_cleaned(dir, e.id, e.lost, true));
+    pthread_join(th, NULL);
+    assert_true(f.found);
+    assert_true(f.ms >= 30);
+    /* kd is in the store now: ke, clean by its backing but not spilled, is the one left */
+    assert_false(ctl_resid_hot_next_clean(dir, 0, 1, 0, NULL, &e, &for_room)); /* 1, cap 1 */
+    assert_true(ctl_resid_hot_next_clean(dir, 0, 0, 0, NULL, &e, &for_room) == false);
+    /* flush pops the sessions not in the store that no one holds */
+    assert_true(ctl_resid_hot_pop_unspilled(dir, &e));
+    assert_string_equal(e.key, "ke");
+    assert_false(ctl_resid_hot_pop_unspilled(dir, &e));
+    assert_int_equal(ctl_resid_hot_put(dir, "kf", &c, true, NULL, &old, NULL), WK_OK);
+    dir_close(dir, &t0, &t1); /* frees the entries still indexed */
+}
+
+/* Evicts under the lock as the scheduler does. */
+static wk_err
+evict_clean(ctl_resid_dir *dir, const char *worker, uint32_t pages, ctl_resid_hot *out)
+{
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    wk_err err = ctl_resid_hot_evict_clean_locked(dir, worker, pages, out);
+    if (err == WK_EBUSY)
+        ctl_resid_hot_want_clean_locked(dir, worker, pages);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    return err;
+}
+
+/*
+ * Clean means a copy to resume from exists: a clean victim is freed with no
+ * I/O and its warm copy stays; losing the copy (warm copy dropped, backing
+ * checkpoint losing a tier) turns an entry dirty; a dirty victim goes to
+ * the cleaner and is freed once clean.
+ */
+static void
+test_hot_clean(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a, b, c;
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, NULL), WK_OK);
+    char prev[65];
+    /* a cached state with its warm copy on its worker: clean; the older dirty session is not */
+    uint64_t sess = hot_put(dir, "sess", &b, false, "ck1", false);
+    assert_int_equal(ctl_resid_warm_put(dir, "blob", "w0", 5, 1, prev, sizeof(prev)), WK_OK);
+    uint64_t blob = hot_put(dir, "blob", &a, true, NULL, true);
+    ctl_resid_hot v;
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_OK); /* the clean one, though newer */
+    assert_int_equal(v.id, blob);
+    assert_false(ctl_resid_slot_valid(dir, &a)); /* freed, no call out */
+    char where[65];
+    uint64_t epoch = 0;
+    assert_true(ctl_resid_warm_where(dir, "blob", where, sizeof(where), &epoch));
+    assert_string_equal(where, "w0"); /* its warm copy kept */
+    /* only the dirty session is left: admission asks the cleaner, which finds it */
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_EBUSY);
+    assert_true(ctl_resid_slot_valid(dir, &b));
+    bool for_room = false;
+    ctl_resid_hot e;
+    assert_true(ctl_resid_hot_next_clean(dir, 0, 0, 0, NULL, &e, &for_room));
+    assert_int_equal(e.id, sess);
+    assert_true(for_room && e.taken && e.spilling);
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_ENOENT); /* being cleaned: untouchable */
+    /* the checkpoint backing it was found live: clean, then freed by the next admission */
+    assert_true(ctl_resid_hot_cleaned(dir, e.id, e.lost, false));
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_OK);
+    assert_int_equal(v.id, sess);
+    assert_string_equal(v.backing, "ck1");
+    assert_false(ctl_resid_slot_valid(dir, &b));
+    /* a backing checkpoint losing a tier turns its clean sessions dirty; a spilled one stays */
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
+    hot_put(dir, "s1", &a, false, "ck2", true);
+    uint64_t s2 = hot_put(dir, "s2", &b, false, "ck2", false);
+    ctl_resid_hot_describe(dir, &b, &e, &(uint64_t){0});
+    assert_true(ctl_resid_hot_cleaned(dir, s2, e.lost, true)); /* spilled */
+    uint32_t clean, dirty;
+    ctl_resid_hot_counts(dir, &clean, &dirty);
+    assert_int_equal(clean, 2);
+    assert_int_equal(ctl_resid_hot_unback(dir, "ck2"), 2);
+    assert_int_equal(ctl_resid_hot_unback(dir, "ck9"), 0);
+    ctl_resid_hot_counts(dir, &clean, &dirty);
+    assert_int_equal(clean, 1);
+    assert_int_equal(dirty, 1);
+    assert_true(ctl_resid_hot_describe(dir, &a, &e, &(uint64_t){0}));
+    assert_true(e.dirty);
+    /* a verdict reached before the loss does not count */
+    ctl_resid_hot before = e;
+    assert_true(ctl_resid_hot_cleaned(dir, before.id, before.lost, false));
+    assert_int_equal(ctl_resid_hot_unback(dir, "ck2"), 2);
+    assert_false(ctl_resid_hot_cleaned(dir, before.id, before.lost, false));
+    /* a cached state's warm copy dropped (its worker's oldest, to make room) turns it dirty */
+    assert_int_equal(ctl_resid_warm_put(dir, "b2", "w1", 5, 1, prev, sizeof(prev)), WK_OK);
+    uint64_t b2 = hot_put(dir, "b2", &c, true, NULL, true);
+    char popped[CTL_RESID_KEY_MAX];
+    assert_true(ctl_resid_warm_pop_oldest(dir, "w1", popped));
+    assert_string_equal(popped, "b2");
+    assert_true(ctl_resid_hot_describe(dir, &c, &e, &(uint64_t){0}));
+    assert_int_equal(e.id, b2);
+    assert_true(e.dirty);
+    assert_int_equal(evict_clean(dir, "w1", 0, &v), WK_EBUSY);
+    /* a clean cached state moved to another worker turns dirty: its warm copy stayed behind */
+    assert_int_equal(ctl_resid_hot_remove_slot(dir, &c, &e), WK_OK);
+    assert_int_equal(ctl_resid_hot_remove_slot(dir, &a, &e), WK_OK);
+    assert_int_equal(ctl_resid_warm_put(dir, "b3", "w0", 5, 1, prev, sizeof(prev)), WK_OK);
+    hot_put(dir, "b3", &a, true, NULL, true);
+    ctl_resid_hot pin;
+    assert_int_equal(ctl_resid_hot_pin_slot(dir, &a, &pin), WK_OK);
+    ctl_resid_hot_unpin(dir, pin.id, &c);
+    assert_true(ctl_resid_hot_describe(dir, &c, &e, &(uint64_t){0}));
+    assert_true(e.dirty);
+    dir_close(dir, &t0, &t1);
+}
+
 int
 main(void)
 {
@@ -375,6 +687,8 @@ main(void)
         cmocka_unit_test(test_generations), cmocka_unit_test(test_kv_pages),
         cmocka_unit_test(test_dir_handles), cmocka_unit_test(test_dir_kv),
         cmocka_unit_test(test_dir_wait),    cmocka_unit_test(test_dir_warm),
+        cmocka_unit_test(test_hot_victim),  cmocka_unit_test(test_hot_victim_pages),
+        cmocka_unit_test(test_hot_index),   cmocka_unit_test(test_hot_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,10 +11,14 @@
  * long job does not make the scheduler evict parked slots), and the refusals
  * (no worker, a bad spec); a step row's penalty history only with a penalty;
  * a prefill tail's step of its own; a prefill that fits the step fed whole,
- * alone.
+ * alone. Eviction under slot pressure, with no callback: a clean parked
+ * entry's slot is freed by residence itself (its warm copy kept), a dirty
+ * one is cleaned by the cleaner first (a stand-in thread here) and then freed.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -573,18 +577,6 @@ test_whole_prefill(void **state)
     fx_close(&f);
 }
 
-static int g_evictions;
-
-static wk_err
-count_evict(void *arg, const char *worker, uint32_t pages)
-{
-    (void)arg;
-    (void)worker;
-    (void)pages;
-    g_evictions++;
-    return WK_ENOENT;
-}
-
 /*
  * step 8 / chunk 4: two long prefills fill a step, so a third long job waits
  * while a slot is free, and a short job submitted after it takes that slot.
@@ -595,8 +587,13 @@ test_long_prefill_cap(void **state)
     (void)state;
     static fx f;
     fx_open(&f, 8, 4, 8);
-    fx_worker(&f, 4);
-    ctl_sched_set_evictor(f.sched, count_evict, NULL);
+    fx_worker(&f, 5);
+    /* a dirty parked session in a fifth slot: evicting it would ask residence's cleaner */
+    ctl_slot_ref parked;
+    ctl_resid_hot old;
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &parked, NULL), WK_OK);
+    assert_int_equal(ctl_resid_hot_put(f.resid, "parked", &parked, false, NULL, &old, NULL),
+                     WK_OK);
     static int32_t l1[400], l2[400], l3[400];
     for (int i = 0; i < 400; i++) {
         l1[i] = 1000 + i;
@@ -621,8 +618,8 @@ test_long_prefill_cap(void **state)
     assert_int_equal(running, 3);  /* L1, L2, S */
     assert_int_equal(waiting, 1);  /* L3, though slot 4 is free */
     ctl_resid_counts(f.resid, "w0", &used, &total);
-    assert_int_equal(used, 3);
-    assert_int_equal(total, 4);
+    assert_int_equal(used, 4); /* and the parked one */
+    assert_int_equal(total, 5);
     /* a second short job takes the free slot at once */
     ctl_job *js2 = submit(&f, sh2, 2, NULL, true);
     fw_hold(&f.w, false);
@@ -633,7 +630,11 @@ test_long_prefill_cap(void **state)
     ctl_job_free(js);
     ctl_job_free(js2);
     /* S and S2 ended: slots are free, and L3 only waited for prefill room, so no eviction */
-    assert_int_equal(g_evictions, 0);
+    ctl_slot_ref where;
+    assert_true(ctl_resid_hot_find(f.resid, "parked", &where));
+    ctl_resid_hot e;
+    bool for_room = false; /* (no cleaning was asked for) */
+    assert_false(ctl_resid_hot_next_clean(f.resid, 0, 0, 0, NULL, &e, &for_room));
     fw_state s1 = fw_state_of(l1, 400), s2 = fw_state_of(l2, 400), s3 = fw_state_of(l3, 400);
     take_tokens(j1, &s1, 1, false);
     take_tokens(j2, &s2, 1, false);
@@ -696,6 +697,89 @@ test_refusals(void **state)
     fx_close(&f);
 }
 
+typedef struct cleaner {
+    ctl_resid_dir *dir;
+    atomic_bool stop;
+    atomic_int spills; /* sessions it "spilled" */
+    atomic_int bad;    /* picks that were not a dirty victim for room, or not cleaned */
+    pthread_t th;
+} cleaner;
+
+/* A cleaner standing in for ctl_vm's: "spills" each session residence asks for, keeping its slot. */
+static void *
+cleaner_main(void *arg)
+{
+    cleaner *c = arg;
+    while (!atomic_load(&c->stop)) {
+        ctl_resid_hot e;
+        bool for_room = false;
+        if (!ctl_resid_hot_next_clean(c->dir, 0, 0, 50, &c->stop, &e, &for_room))
+            continue;
+        if (!for_room || !e.dirty)
+            atomic_fetch_add(&c->bad, 1);
+        atomic_fetch_add(&c->spills, 1);
+        if (!ctl_resid_hot_cleaned(c->dir, e.id, e.lost, true))
+            atomic_fetch_add(&c->bad, 1);
+    }
+    return NULL;
+}
+
+/*
+ * One slot held by a parked entry; a request waits for it. No callback: a
+ * clean entry (a cached state with its warm copy) is freed by residence with
+ * no I/O and its warm copy stays; a dirty one (a session) goes to the
+ * cleaner first, and is freed once clean.
+ */
+static void
+test_evict_parked(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 8, 4, 8);
+    fx_worker(&f, 1);
+    static cleaner cl;
+    cl.dir = f.resid;
+    atomic_init(&cl.stop, false);
+    atomic_init(&cl.spills, 0);
+    atomic_init(&cl.bad, 0);
+    assert_int_equal(pthread_create(&cl.th, NULL, cleaner_main, &cl), 0);
+    static const int32_t t1[2] = {11, 12}, t2[2] = {13, 14};
+    for (int dirty = 0; dirty < 2; dirty++) {
+        ctl_slot_ref held;
+        ctl_resid_hot old, e;
+        const char *key = dirty ? "session" : "state";
+        assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &held, NULL), WK_OK);
+        assert_int_equal(ctl_resid_hot_put(f.resid, key, &held, !dirty, NULL, &old, &e), WK_OK);
+        if (!dirty) {
+            char prev[65];
+            assert_int_equal(ctl_resid_warm_put(f.resid, key, "w0", 2, 1, prev, sizeof(prev)),
+                             WK_OK);
+            assert_true(ctl_resid_hot_cleaned(f.resid, e.id, e.lost, false));
+        }
+        const int32_t *t = dirty ? t2 : t1;
+        ctl_job *j = submit(&f, t, 2, NULL, true);
+        fw_state st = fw_state_of(t, 2);
+        ctl_job_event ev = next_ev(j);
+        assert_int_equal(ev.type, CTL_JOB_EV_TOKEN);
+        assert_int_equal(ev.token, fw_token_of(&st));
+        assert_false(ctl_resid_slot_valid(f.resid, &held)); /* the parked slot was taken back */
+        ctl_slot_ref where;
+        assert_false(ctl_resid_hot_find(f.resid, key, &where));
+        assert_int_equal(atomic_load(&cl.spills), dirty); /* a clean entry needed no cleaning */
+        char w[65];
+        uint64_t epoch = 0;
+        assert_true(ctl_resid_warm_where(f.resid, "state", w, sizeof(w), &epoch)); /* kept */
+        ctl_job_stop(j, false);
+        assert_int_equal(next_ev(j).type, CTL_JOB_EV_DONE);
+        ctl_job_free(j);
+    }
+    atomic_store(&cl.stop, true);
+    ctl_resid_hot_kick(f.resid);
+    pthread_join(cl.th, NULL);
+    assert_int_equal(atomic_load(&cl.bad), 0);
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -709,6 +793,7 @@ main(void)
         cmocka_unit_test(test_long_prefill_cap),
         cmocka_unit_test(test_tail_step),
         cmocka_unit_test(test_whole_prefill),
+        cmocka_unit_test(test_evict_parked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
