@@ -983,11 +983,17 @@ gdn_exp16(float *e, float sub)
     memcpy(e, &yi, sizeof(yi));
 }
 
-/* gdn_exp16 of e[0..m), m < 16 (the same bits per value as a whole vector). */
+/*
+ * gdn_exp16 of e[0..m), m < 16 (the same bits per value as a whole vector;
+ * the unused lanes hold sub, so they compute exp(0) and no lane converts an
+ * out-of-range float to int).
+ */
 static inline __attribute__((always_inline)) void
 gdn_exp_tail(float *e, uint32_t m, float sub)
 {
-    float v[16] = {0};
+    float v[16];
+    for (int i = 0; i < 16; i++)
+        v[i] = sub;
     memcpy(v, e, m * sizeof(*e));
     gdn_exp16(v, sub);
     memcpy(e, v, m * sizeof(*e));
