@@ -648,11 +648,14 @@ ctl_sched_tail_locked(const ctl_sched *s, const ctl_sworker *w, const ctl_job *j
  * time, fewest tokens first, instead of sharing steps, so each waits only
  * for the turns before it, not also for chunks of the ones after it. In the
  * eight-agent Responses loop (bench/responses_loop.py, 16 slots) this took
- * the median TTFT from 212-308 to 162-189 ms at the same wall and worker
- * CPU. A prefill skipped so counts as unfed (a long one still goes first
- * after CTL_SCHED_BYPASS_MAX such steps). Caller holds mu. Returns the row
- * count.
+ * the median TTFT from 212-308 to 176-213 ms at the same wall and worker
+ * CPU. A prefill skipped so counts as unfed; a prompt longer than any one
+ * step left out CTL_SCHED_WHOLE_YIELD steps in a row takes the budget the
+ * whole turn leaves (so a stream of short turns slows a long prompt, never
+ * stops it; at CTL_SCHED_BYPASS_MAX it goes first). Caller holds mu.
+ * Returns the row count.
  */
+#define CTL_SCHED_WHOLE_YIELD 4
 static size_t
 ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t cap)
 {
@@ -678,8 +681,10 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
     for (size_t i = 0; i < n_rank; i++) {
         ctl_job *j = rank[i].job;
         bool idle = j->in_flight == 0;
-        if (n < cap && budget > 0 && !whole) {
-            size_t left = j->n_input > j->computed ? j->n_input - j->computed : 0;
+        size_t left = j->n_input > j->computed ? j->n_input - j->computed : 0;
+        /* beside a whole turn only a prompt too long for any one step, after a few skipped */
+        bool yield = left > s->cfg.step_tokens && j->unfed_steps >= CTL_SCHED_WHOLE_YIELD;
+        if (n < cap && budget > 0 && (!whole || yield)) {
             bool fits = !fed && left > 0 && left <= budget;
             size_t before = n;
             ctl_sched_pick_row_locked(s, w, j, false, fits ? left : s->cfg.job_chunk, rows, &n,

@@ -578,6 +578,65 @@ test_whole_prefill(void **state)
 }
 
 /*
+ * A prompt longer than any one step, behind a stream of short turns each
+ * fed whole: it is left out of their steps, but after
+ * CTL_SCHED_WHOLE_YIELD (4) of them in a row it takes the budget a whole
+ * turn leaves, beside it.
+ */
+static void
+test_whole_yield(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 64, 16, 16);
+    fx_worker(&f, 10);
+    static int32_t l[400], sh[8][12];
+    for (int i = 0; i < 400; i++)
+        l[i] = 1000 + i;
+    for (int k = 0; k < 8; k++)
+        for (int i = 0; i < 12; i++)
+            sh[k][i] = 100 * (k + 1) + i;
+    fw_hold(&f.w, true);
+    ctl_job *jl = submit(&f, l, 400, NULL, true);
+    assert_true(fw_wait_held(&f.w, 4000)); /* L's first chunk is in flight */
+    ctl_job *js[8];
+    for (int k = 0; k < 8; k++)
+        js[k] = submit(&f, sh[k], 12, NULL, true);
+    fw_hold(&f.w, false);
+    for (int k = 0; k < 8; k++) {
+        fw_state ss = fw_state_of(sh[k], 12);
+        take_tokens(js[k], &ss, 1, false);
+        ctl_job_free(js[k]);
+    }
+    fw_state sl = fw_state_of(l, 400);
+    take_tokens(jl, &sl, 1, false);
+    ctl_job_free(jl);
+    static fw_row log[512];
+    size_t n = fw_log(&f.w, log, 512);
+    /* the steps of the short turns' rows (each whole: 12 tokens, sampled) */
+    uint32_t first_short = 0, beside = 0, alone = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(log[i].first >= 100 && log[i].first < 1000 && log[i].reset))
+            continue;
+        assert_int_equal(log[i].n_tokens, 12);
+        assert_true(log[i].sample);
+        if (first_short == 0)
+            first_short = log[i].step;
+        bool l_there = false;
+        for (size_t k = 0; k < n; k++)
+            l_there = l_there || (log[k].step == log[i].step && log[k].first >= 1000);
+        if (l_there)
+            beside++;
+        else
+            alone++;
+    }
+    assert_true(first_short > 0);
+    assert_true(alone >= 4); /* L left out at first */
+    assert_true(beside >= 1); /* then beside one of them */
+    fx_close(&f);
+}
+
+/*
  * step 8 / chunk 4: two long prefills fill a step, so a third long job waits
  * while a slot is free, and a short job submitted after it takes that slot.
  */
@@ -793,6 +852,7 @@ main(void)
         cmocka_unit_test(test_long_prefill_cap),
         cmocka_unit_test(test_tail_step),
         cmocka_unit_test(test_whole_prefill),
+        cmocka_unit_test(test_whole_yield),
         cmocka_unit_test(test_evict_parked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
