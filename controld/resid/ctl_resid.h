@@ -343,10 +343,28 @@ WK_MUST_CHECK wk_err ctl_resid_hot_put(ctl_resid_dir *dir, const char *key,
  * Entry id has a copy to resume from (ctl_vm checked or made it): it turns
  * clean unless that copy was lost since its `lost` was read (lost differs:
  * it stays dirty). spilled: its bytes are now in the store (clean whatever
- * happened). Ends a cleaner's pick (taken, spilling) and wakes waiters.
+ * happened). Ends a cleaner's pick (taken, spilling) and wakes waiters:
+ * only the caller that picked it (ctl_resid_hot_next_clean) may call it.
  * True when it is clean now.
  */
 bool ctl_resid_hot_cleaned(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spilled);
+
+/*
+ * Entry id has a copy to resume from, found by a caller that did not pick
+ * it (ctl_vm_put_backed, right after the put): it turns clean unless that
+ * copy was lost since its `lost` was read. Never ends a pick: a cleaner or
+ * an eviction that took the entry meanwhile keeps it (taken, spilling)
+ * until its own end. True when it is clean now.
+ */
+bool ctl_resid_hot_mark_clean(ctl_resid_dir *dir, uint64_t id, uint64_t lost);
+
+/*
+ * A counter bumped whenever a cleaning or spill ends, an entry turns clean
+ * or a slot is released: the scheduler reads it before dropping the mutex
+ * and waits for the cleaner only when it has not moved meanwhile (a
+ * broadcast it could have missed). Caller holds the mutex.
+ */
+uint64_t ctl_resid_hot_clean_gen_locked(const ctl_resid_dir *dir);
 
 /*
  * The checkpoint backing is losing a tier (its warm copy or its disk record

@@ -636,8 +636,8 @@ ctl_vm_put_backed(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool di
     bool copy = e.stored ? ctl_vm_warm_worker(vm, key, where, sizeof(where)) != NULL &&
                                strcmp(where, slot->worker) == 0
                          : ctl_vm_backed(vm, &e);
-    if (copy)
-        (void)ctl_resid_hot_cleaned(vm->resid, e.id, e.lost, false);
+    if (copy) /* (not a pick of ours: a cleaner or eviction that took it meanwhile keeps it) */
+        (void)ctl_resid_hot_mark_clean(vm->resid, e.id, e.lost);
     return WK_OK;
 }
 

@@ -396,7 +396,7 @@ hot_put(ctl_resid_dir *dir, const char *key, const ctl_slot_ref *slot, bool stor
     assert_int_equal(ctl_resid_hot_put(dir, key, slot, stored, backing, &old, &e), WK_OK);
     assert_true(e.dirty);
     if (clean)
-        assert_true(ctl_resid_hot_cleaned(dir, e.id, e.lost, false));
+        assert_true(ctl_resid_hot_mark_clean(dir, e.id, e.lost));
     return e.id;
 }
 
@@ -680,6 +680,69 @@ test_hot_clean(void **state)
     dir_close(dir, &t0, &t1);
 }
 
+/*
+ * A put's own verdict (ctl_resid_hot_mark_clean, ctl_vm_put_backed's) on an
+ * entry the cleaner or an eviction picked between the put and the verdict
+ * marks it clean but leaves the pick alone: it stays taken and spilling (no
+ * eviction, no lookup gets it) until the picker's ctl_resid_hot_cleaned or
+ * remove_id. A verdict after a loss changes nothing.
+ */
+static void
+test_hot_mark_clean(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a, b;
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
+    ctl_resid_hot put, e, v;
+    /* the cleaner picks the session right after its put (admission asked for room) */
+    assert_int_equal(ctl_resid_hot_put(dir, "s", &a, false, "ck", &(ctl_resid_hot){0}, &put),
+                     WK_OK);
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_EBUSY);
+    bool for_room = false;
+    assert_true(ctl_resid_hot_next_clean(dir, 0, 0, 0, NULL, &e, &for_room));
+    assert_int_equal(e.id, put.id);
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    uint64_t gen = ctl_resid_hot_clean_gen_locked(dir);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    /* the put's verdict: clean, the pick intact */
+    assert_true(ctl_resid_hot_mark_clean(dir, put.id, put.lost));
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    assert_true(ctl_resid_hot_clean_gen_locked(dir) != gen); /* (admission looks again) */
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    assert_true(ctl_resid_hot_describe(dir, &a, &v, &(uint64_t){0}));
+    assert_false(v.dirty);
+    assert_true(v.taken && v.spilling);
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_ENOENT); /* still the cleaner's */
+    assert_true(ctl_resid_slot_valid(dir, &a));
+    assert_int_equal(ctl_resid_hot_pin_slot(dir, &a, &v), WK_EBUSY);
+    assert_int_equal(ctl_resid_hot_remove_key(dir, "s", false, false, &v), WK_EBUSY);
+    /* the cleaner's own end releases it; then it is evictable */
+    assert_true(ctl_resid_hot_cleaned(dir, e.id, e.lost, false));
+    assert_true(ctl_resid_hot_describe(dir, &a, &v, &(uint64_t){0}));
+    assert_false(v.taken || v.spilling);
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_OK);
+    assert_int_equal(v.id, put.id);
+    assert_false(ctl_resid_slot_valid(dir, &a));
+    /* the same with ctl_resid_hot_victim's pick (ctl_vm_evict_lru), and a loss first */
+    assert_int_equal(ctl_resid_hot_put(dir, "s2", &b, false, "ck2", &(ctl_resid_hot){0}, &put),
+                     WK_OK);
+    assert_int_equal(ctl_resid_hot_victim(dir, "w0", 0, &v), WK_OK);
+    assert_int_equal(v.id, put.id);
+    assert_true(v.dirty && v.taken && v.spilling);
+    assert_int_equal(ctl_resid_hot_unback(dir, "ck2"), 1);
+    assert_false(ctl_resid_hot_mark_clean(dir, put.id, put.lost)); /* lost since: dirty */
+    assert_true(ctl_resid_hot_describe(dir, &b, &e, &(uint64_t){0}));
+    assert_true(e.dirty && e.taken && e.spilling);
+    ctl_resid_hot_remove_id(dir, v.id); /* the evictor's end */
+    assert_false(ctl_resid_hot_describe(dir, &b, &e, &(uint64_t){0}));
+    dir_close(dir, &t0, &t1);
+}
+
 int
 main(void)
 {
@@ -689,6 +752,7 @@ main(void)
         cmocka_unit_test(test_dir_wait),    cmocka_unit_test(test_dir_warm),
         cmocka_unit_test(test_hot_victim),  cmocka_unit_test(test_hot_victim_pages),
         cmocka_unit_test(test_hot_index),   cmocka_unit_test(test_hot_clean),
+        cmocka_unit_test(test_hot_mark_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
