@@ -743,6 +743,61 @@ test_hot_mark_clean(void **state)
     dir_close(dir, &t0, &t1);
 }
 
+/*
+ * The scheduler's decision under slot pressure on a hybrid model: a clean
+ * parked slot evicted under the lock turns stale (its KV pages still on the
+ * worker) and is not allocatable, but it is coming back (SLOT_FREE), so the
+ * next pass must wait for it, not evict the next clean entry: one waiting
+ * request evicts one slot. Draining workers' slots don't count for "any".
+ */
+static void
+test_hot_evict_stale(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64, .kv_token_bytes = 8, .page_tokens = 16, .pages_total = 10};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a, b, c;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, &d), WK_OK);
+    const ctl_slot_ref *refs[3] = {&a, &b, &c};
+    const char *keys[3] = {"ka", "kb", "kc"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ctl_resid_slot_set_ctx(dir, refs[i], 20, &d), WK_OK); /* 2 pages */
+        hot_put(dir, keys[i], refs[i], false, "ck", true);
+    }
+    pthread_mutex_t *mu = ctl_resid_dir_mutex(dir);
+    pthread_mutex_lock(mu);
+    assert_false(ctl_resid_slot_coming_locked(dir, NULL)); /* every slot held: evict one */
+    pthread_mutex_unlock(mu);
+    ctl_resid_hot v;
+    assert_int_equal(evict_clean(dir, NULL, 0, &v), WK_OK);
+    assert_string_equal(v.key, "ka"); /* the least recently used */
+    pthread_mutex_lock(mu);
+    assert_true(t0.stale[a.slot]);
+    assert_int_equal(ctl_resid_free_slot(&t0), 0); /* not allocatable yet ... */
+    assert_true(ctl_resid_slot_coming_locked(dir, NULL)); /* ... but coming: no second eviction */
+    assert_true(ctl_resid_slot_coming_locked(dir, "w0"));
+    assert_false(ctl_resid_slot_coming_locked(dir, "w1"));
+    t0.draining = true; /* (a draining worker's slot takes no new request) */
+    assert_false(ctl_resid_slot_coming_locked(dir, NULL));
+    assert_true(ctl_resid_slot_coming_locked(dir, "w0"));
+    t0.draining = false;
+    pthread_mutex_unlock(mu);
+    assert_true(ctl_resid_slot_valid(dir, &b)); /* the other parked slots stay */
+    assert_true(ctl_resid_slot_valid(dir, &c));
+    /* the step loop's SLOT_FREE returned: the slot is free, nothing is coming */
+    pthread_mutex_lock(mu);
+    ctl_resid_unstale(&t0, a.slot);
+    assert_int_equal(ctl_resid_free_slot(&t0), a.slot);
+    assert_false(ctl_resid_slot_coming_locked(dir, NULL));
+    pthread_mutex_unlock(mu);
+    dir_close(dir, &t0, &t1);
+}
+
 int
 main(void)
 {
@@ -752,7 +807,7 @@ main(void)
         cmocka_unit_test(test_dir_wait),    cmocka_unit_test(test_dir_warm),
         cmocka_unit_test(test_hot_victim),  cmocka_unit_test(test_hot_victim_pages),
         cmocka_unit_test(test_hot_index),   cmocka_unit_test(test_hot_clean),
-        cmocka_unit_test(test_hot_mark_clean),
+        cmocka_unit_test(test_hot_mark_clean), cmocka_unit_test(test_hot_evict_stale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
