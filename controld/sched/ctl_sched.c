@@ -1389,6 +1389,8 @@ ctl_sched_mgr_main(void *arg)
                 wk_log_debug("evicting key=%.16s clean worker=%s slot=%u", gone.key,
                              gone.slot.worker, gone.slot.slot);
         }
+        /* (a cleaning ending or a slot released after this is not waited for below) */
+        uint64_t clean_gen = ctl_resid_hot_clean_gen_locked(s->resid);
         pthread_cond_broadcast(s->cv);
         pthread_mutex_unlock(s->mu);
         for (size_t i = 0; i < nreap; i++) {
@@ -1410,7 +1412,8 @@ ctl_sched_mgr_main(void *arg)
             struct timespec until;
             wk_deadline_after_ms(&until, 50);
             pthread_mutex_lock(s->mu);
-            if (!atomic_load(&s->stop))
+            /* (its broadcast may have come while we held no lock: then look again at once) */
+            if (!atomic_load(&s->stop) && ctl_resid_hot_clean_gen_locked(s->resid) == clean_gen)
                 (void)pthread_cond_timedwait(s->cv, s->mu, &until);
             pthread_mutex_unlock(s->mu);
             continue;

@@ -721,8 +721,15 @@ test_hot_mark_clean(void **state)
     assert_true(ctl_resid_slot_valid(dir, &a));
     assert_int_equal(ctl_resid_hot_pin_slot(dir, &a, &v), WK_EBUSY);
     assert_int_equal(ctl_resid_hot_remove_key(dir, "s", false, false, &v), WK_EBUSY);
-    /* the cleaner's own end releases it; then it is evictable */
+    /* the cleaner's own end releases it (and moves clean_gen: admission looks again); then
+     * it is evictable */
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    gen = ctl_resid_hot_clean_gen_locked(dir);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
     assert_true(ctl_resid_hot_cleaned(dir, e.id, e.lost, false));
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    assert_true(ctl_resid_hot_clean_gen_locked(dir) != gen);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
     assert_true(ctl_resid_hot_describe(dir, &a, &v, &(uint64_t){0}));
     assert_false(v.taken || v.spilling);
     assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_OK);
