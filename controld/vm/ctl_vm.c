@@ -70,16 +70,27 @@ ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store, ctl_vm **out,
     return WK_OK;
 }
 
+/*
+ * Stops the cleaner and joins it: a cleaning in progress ends first (its
+ * I/O, its verdict). Called by the thread shutting down (flush, free).
+ */
+static void
+ctl_vm_stop_cleaner(ctl_vm *vm)
+{
+    if (!vm->cleaner_started)
+        return;
+    atomic_store(&vm->stop, true);
+    ctl_resid_hot_kick(vm->resid);
+    pthread_join(vm->cleaner, NULL);
+    vm->cleaner_started = false;
+}
+
 void
 ctl_vm_free(ctl_vm *vm)
 {
     if (vm == NULL)
         return;
-    if (vm->cleaner_started) {
-        atomic_store(&vm->stop, true);
-        ctl_resid_hot_kick(vm->resid);
-        pthread_join(vm->cleaner, NULL);
-    }
+    ctl_vm_stop_cleaner(vm);
     pthread_mutex_destroy(&vm->mu);
     free(vm);
 }
@@ -870,6 +881,12 @@ ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *session, uint64_t *ag
 void
 ctl_vm_flush(ctl_vm *vm)
 {
+    /*
+     * The cleaner first: it calls the backing and spill callbacks with no
+     * lock held, whose owners (ctl_ckpt) are freed after this returns, and
+     * an entry it holds (taken) would be skipped below.
+     */
+    ctl_vm_stop_cleaner(vm);
     ctl_vm_entry e;
     while (vm->resid != NULL && ctl_resid_hot_pop_unspilled(vm->resid, &e))
         (void)ctl_vm_retire(vm, &e, true);

@@ -101,6 +101,7 @@ rm_tree(const char *dir)
 static void
 fx_close(fx *f)
 {
+    ctl_vm_flush(f->vm); /* (stops ctl_vm's cleaner, which calls ctl_ckpt_live) */
     ctl_ckpt_free(f->ckpt);
     ctl_vm_free(f->vm);
     ctl_sched_free(f->sched);
@@ -503,6 +504,12 @@ test_backed_session(void **state)
     park_turn(&f, "alice", a, 6, "sess-a", true);
     ctl_vm_flush(f.vm);
     assert_int_equal(g_spills, 3);
+    /* the flush stopped the cleaner: an idle session is no longer spilled behind its back */
+    assert_int_equal(ctl_vm_set_idle_spill(f.vm, 1, 0), WK_OK);
+    park_turn(&f, "bob", b, 6, "sess-b", false);
+    usleep(400 * 1000); /* (the cleaner looks every 200 ms at most) */
+    assert_int_equal(g_spills, 3);
+    assert_true(ctl_vm_cached(f.vm, "sess-b"));
     fx_close(&f);
 }
 
