@@ -299,7 +299,9 @@ size_t ctl_resid_warm_count(ctl_resid_dir *dir);
  * parked session whose backing checkpoint is live (warm, or on disk: the
  * copy an eviction always resumed from), or whose bytes were spilled to the
  * store. Every entry is put dirty; ctl_vm marks it clean when it finds or
- * makes such a copy (ctl_resid_hot_cleaned). When that copy goes (a warm
+ * makes such a copy (ctl_resid_hot_cleaned, ctl_resid_hot_mark_clean), and
+ * only then: a cleaning that could not make one (a warm copy refused, a
+ * spill failed) leaves it dirty and frees its slot as an eviction did. When that copy goes (a warm
  * copy dropped from the index here, a backing checkpoint losing a tier:
  * ctl_resid_hot_unback) the entry turns dirty again, and a verdict reached
  * before that no longer counts (`lost`). Dirty entries are cleaned by

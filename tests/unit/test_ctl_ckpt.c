@@ -597,6 +597,56 @@ test_cached_state_warm(void **state)
     fx_close(&f);
 }
 
+/*
+ * A worker that refuses the warm copy (its host memory full of copies the
+ * index doesn't know: HOST_PUT answers ENOSPC and there is none to drop):
+ * the cached state is not marked clean without a copy; the cleaner asked
+ * for room frees its slot as an eviction did (its bytes are in the store),
+ * so the request waiting for a slot is not stuck behind it.
+ */
+static void
+test_cached_state_refused(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 1 << 20, 0);
+    pthread_mutex_lock(&f.w.mu);
+    for (int k = 0; k < FW_MAX_HOST; k++) {
+        if (!f.w.host[k].used) {
+            snprintf(f.w.host[k].key, sizeof(f.w.host[k].key), "other-%d", k);
+            f.w.host[k].used = true;
+        }
+    }
+    pthread_mutex_unlock(&f.w.mu);
+    wk_diag d = {{0}};
+    ctl_slot_ref slot;
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &slot, NULL), WK_OK);
+    assert_int_equal(ctl_vm_put(f.vm, "blob2", &slot, false, &d), WK_OK);
+    uint32_t puts = fw_count(&f.w, WKVM__KIND__HOST_PUT);
+    pthread_mutex_t *mu = ctl_resid_dir_mutex(f.resid);
+    ctl_resid_hot v;
+    pthread_mutex_lock(mu);
+    wk_err err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
+    if (err == WK_EBUSY)
+        ctl_resid_hot_want_clean_locked(f.resid, NULL, 0);
+    pthread_mutex_unlock(mu);
+    assert_int_equal(err, WK_EBUSY);
+    uint64_t until = fw_now_ms() + 3000;
+    uint32_t clean = 0, dirty = 0;
+    bool was_clean = false;
+    do {
+        ctl_resid_hot_counts(f.resid, &clean, &dirty);
+        was_clean = was_clean || clean > 0;
+    } while (ctl_resid_slot_valid(f.resid, &slot) && fw_now_ms() < until && usleep(2000) == 0);
+    assert_false(was_clean);
+    assert_false(ctl_resid_slot_valid(f.resid, &slot)); /* freed by the cleaner */
+    assert_false(ctl_vm_cached(f.vm, "blob2"));
+    assert_true(fw_count(&f.w, WKVM__KIND__HOST_PUT) > puts); /* it was asked, and refused */
+    char w[65];
+    assert_null(ctl_vm_warm_worker(f.vm, "blob2", w, sizeof(w)));
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -606,6 +656,7 @@ main(void)
         cmocka_unit_test(test_disabled),        cmocka_unit_test(test_backed_session),
         cmocka_unit_test(test_backed_warm_budget),
         cmocka_unit_test(test_cached_state_warm),
+        cmocka_unit_test(test_cached_state_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
