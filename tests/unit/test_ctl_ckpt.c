@@ -8,7 +8,10 @@
  * evicting the least recently used entries, the disk tier (bytes read from
  * the slot, written back on load), clearing by owner, the disabled
  * module planning nothing, and a parked session backed by its live
- * end-of-reply checkpoint giving its slot up without a spill (ctl_vm).
+ * end-of-reply checkpoint giving its slot up without a spill (ctl_vm), a
+ * checkpoint not live while its warm copy is being dropped, no cleaning
+ * after ctl_vm_flush(), and a cached state whose warm copy the worker
+ * refuses staying dirty (its slot freed by the cleaner).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -430,6 +433,8 @@ count_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *
  * One turn of owner whose slot parks as dirty entry `key` in ctl_vm, backed
  * by the turn's end-of-reply checkpoint when backed (else by nothing).
  */
+static char g_reply[WK_SHA256_HEX_LEN]; /* the last park_turn()'s end-of-reply checkpoint */
+
 static void
 park_turn(fx *f, const char *owner, const int32_t *in, size_t n, const char *key, bool backed)
 {
@@ -455,6 +460,7 @@ park_turn(fx *f, const char *owner, const int32_t *in, size_t n, const char *key
     ctl_ckpt_plan_reply(&p, &slot, &gen, 1, NULL);
     assert_true(p.reply_ckpt[0] != '\0');
     assert_true(ctl_ckpt_live(f->ckpt, p.reply_ckpt));
+    snprintf(g_reply, sizeof(g_reply), "%s", p.reply_ckpt);
     assert_int_equal(ctl_vm_put_backed(f->vm, key, &slot, true, backed ? p.reply_ckpt : NULL, &d),
                      WK_OK);
     ctl_ckpt_plan_end(&p);
@@ -647,6 +653,50 @@ test_cached_state_refused(void **state)
     fx_close(&f);
 }
 
+/*
+ * A checkpoint whose warm copy is being dropped (the budget demoting it, no
+ * disk tier) is not live while the HOST_DROP is in flight: its sessions
+ * were told it is gone before the drop, so a cleaner's verdict reached in
+ * that window must not find it live and turn one clean with no copy.
+ */
+static void
+test_dropping_not_live(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 3 * FW_STATE_BYTES, 0); /* room for three checkpoints */
+    static const int32_t a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12};
+    park_turn(&f, "alice", a, 6, "sess-a", true);
+    char reply_a[WK_SHA256_HEX_LEN];
+    snprintf(reply_a, sizeof(reply_a), "%s", g_reply);
+    assert_int_equal(probe(&f, "alice", FW_FP, a, 6), 5); /* alice's reply: least recently used */
+    /* bob's reply is the fourth: the budget demotes alice's reply; its HOST_DROP is held */
+    fw_hold_drop(&f.w, true);
+    park_turn(&f, "bob", b, 6, "sess-b", true);
+    assert_true(fw_wait_drop_held(&f.w, 3000));
+    assert_false(ctl_ckpt_live(f.ckpt, reply_a)); /* still warm, but being dropped */
+    ctl_resid_hot e;
+    ctl_slot_ref where;
+    assert_true(ctl_resid_hot_find(f.resid, "sess-a", &where));
+    assert_true(ctl_resid_hot_describe(f.resid, &where, &e, &(uint64_t){0}));
+    assert_true(e.dirty);
+    fw_hold_drop(&f.w, false);
+    ctl_ckpt_stats st;
+    uint64_t until = fw_now_ms() + 3000;
+    for (;;) {
+        assert_int_equal(ctl_ckpt_stats_get(f.ckpt, NULL, &st), WK_OK);
+        if (st.warm_evictions >= 1 || fw_now_ms() > until)
+            break;
+        ctl_ckpt_stats_fini(&st);
+        usleep(5000);
+    }
+    assert_true(st.warm_evictions >= 1);
+    ctl_ckpt_stats_fini(&st);
+    assert_false(ctl_ckpt_live(f.ckpt, reply_a)); /* gone (no disk tier) */
+    assert_true(ctl_ckpt_live(f.ckpt, g_reply));  /* bob's stays */
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -657,6 +707,7 @@ main(void)
         cmocka_unit_test(test_backed_warm_budget),
         cmocka_unit_test(test_cached_state_warm),
         cmocka_unit_test(test_cached_state_refused),
+        cmocka_unit_test(test_dropping_not_live),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
