@@ -444,7 +444,8 @@ WK_MUST_CHECK wk_err ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker
  * The scheduler's eviction under pressure, with no call out: the least
  * recently used clean entry no one holds (ctl_resid_hot_victim()'s rules
  * otherwise) is removed, copied to *out and its slot freed here at once (a
- * hybrid slot turns stale until the step loop frees its pages); its copy
+ * hybrid slot turns stale until the step loop frees its pages, and the
+ * scheduler waits for it: ctl_resid_slot_coming_locked); its copy
  * (warm, backing checkpoint, spill) stays where it is. WK_EBUSY when only
  * dirty entries could make room (cleaning them is I/O: ask the cleaner,
  * ctl_resid_hot_want_clean_locked), WK_ENOENT when none could. Caller holds
