@@ -23,6 +23,9 @@
  * pressure only entries holding KV pages count, and none is chosen when
  * they cannot make up the shortfall together. Puts replace an idle entry of
  * the key and keep a pinned one; the idle spiller's pick (idle, over the cap).
+ * A put's own clean verdict never ends a cleaner's or an evictor's pick; a
+ * stale hybrid slot left by an eviction counts as coming back (the
+ * scheduler waits for it instead of evicting another).
  */
 #include <pthread.h>
 #include <setjmp.h>
