@@ -45,6 +45,8 @@ struct ctl_resid_dir {
     bool clean_wanted;                        /* admission found only dirty victims */
     char clean_worker[65];                    /* ... on this worker ("" = anywhere) */
     uint32_t clean_pages;                     /* ... lacking these KV pages there */
+    uint64_t clean_gen;                       /* bumped when a cleaning ends, an entry turns
+                                               * clean or a slot is released */
 };
 
 wk_err
@@ -263,6 +265,7 @@ void
 ctl_resid_dir_released_locked(ctl_resid_dir *dir)
 {
     dir->epoch++;
+    dir->clean_gen++;
     pthread_cond_broadcast(&dir->cv);
 }
 
@@ -720,11 +723,17 @@ ctl_resid_hot_unback(ctl_resid_dir *dir, const char *backing)
     return count;
 }
 
-bool
-ctl_resid_hot_cleaned(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spilled)
+/*
+ * Entry id's verdict: clean unless its copy was lost since `lost` was read
+ * (spilled: clean whatever happened); ends_pick: the caller is the cleaner
+ * that picked it (taken, spilling), whose pick ends. Bumps clean_gen and
+ * wakes waiters. True when it is clean now. Caller holds the mutex.
+ */
+static bool
+ctl_resid_hot_verdict_locked(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spilled,
+                             bool ends_pick)
 {
     bool clean = false;
-    pthread_mutex_lock(&dir->mu);
     for (ctl_resid_hot_node *n = dir->hot; n != NULL; n = n->next) {
         if (n->e.id != id)
             continue;
@@ -735,15 +744,39 @@ ctl_resid_hot_cleaned(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spill
             n->e.dirty = false;
         }
         clean = !n->e.dirty;
-        if (n->e.spilling) { /* the cleaner's pick ends */
+        if (ends_pick && n->e.spilling) { /* the cleaner's pick ends */
             n->e.spilling = false;
             n->e.taken = false;
         }
         break;
     }
+    dir->clean_gen++;
     pthread_cond_broadcast(&dir->cv); /* lookups waiting for the spill; admission */
+    return clean;
+}
+
+bool
+ctl_resid_hot_cleaned(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spilled)
+{
+    pthread_mutex_lock(&dir->mu);
+    bool clean = ctl_resid_hot_verdict_locked(dir, id, lost, spilled, true);
     pthread_mutex_unlock(&dir->mu);
     return clean;
+}
+
+bool
+ctl_resid_hot_mark_clean(ctl_resid_dir *dir, uint64_t id, uint64_t lost)
+{
+    pthread_mutex_lock(&dir->mu);
+    bool clean = ctl_resid_hot_verdict_locked(dir, id, lost, false, false);
+    pthread_mutex_unlock(&dir->mu);
+    return clean;
+}
+
+uint64_t
+ctl_resid_hot_clean_gen_locked(const ctl_resid_dir *dir)
+{
+    return dir->clean_gen;
 }
 
 wk_err
@@ -785,6 +818,7 @@ ctl_resid_hot_remove_id(ctl_resid_dir *dir, uint64_t id)
             break;
         }
     }
+    dir->clean_gen++;
     pthread_cond_broadcast(&dir->cv);
     pthread_mutex_unlock(&dir->mu);
 }
@@ -987,6 +1021,21 @@ ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_
         ctl_resid_dir_released_locked(dir);
     }
     return WK_OK;
+}
+
+bool
+ctl_resid_slot_coming_locked(ctl_resid_dir *dir, const char *worker)
+{
+    for (size_t i = 0; i < CTL_RESID_MAX_WORKERS; i++) {
+        const ctl_resid *t = dir->tables[i];
+        if (t == NULL || (worker != NULL ? strcmp(t->worker, worker) != 0 : t->draining))
+            continue;
+        for (uint32_t k = 1; k <= t->n; k++) {
+            if (t->gen[k] == 0 && t->stale[k])
+                return true;
+        }
+    }
+    return false;
 }
 
 void

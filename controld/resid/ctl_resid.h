@@ -299,7 +299,9 @@ size_t ctl_resid_warm_count(ctl_resid_dir *dir);
  * parked session whose backing checkpoint is live (warm, or on disk: the
  * copy an eviction always resumed from), or whose bytes were spilled to the
  * store. Every entry is put dirty; ctl_vm marks it clean when it finds or
- * makes such a copy (ctl_resid_hot_cleaned). When that copy goes (a warm
+ * makes such a copy (ctl_resid_hot_cleaned, ctl_resid_hot_mark_clean), and
+ * only then: a cleaning that could not make one (a warm copy refused, a
+ * spill failed) leaves it dirty and frees its slot as an eviction did. When that copy goes (a warm
  * copy dropped from the index here, a backing checkpoint losing a tier:
  * ctl_resid_hot_unback) the entry turns dirty again, and a verdict reached
  * before that no longer counts (`lost`). Dirty entries are cleaned by
@@ -343,10 +345,28 @@ WK_MUST_CHECK wk_err ctl_resid_hot_put(ctl_resid_dir *dir, const char *key,
  * Entry id has a copy to resume from (ctl_vm checked or made it): it turns
  * clean unless that copy was lost since its `lost` was read (lost differs:
  * it stays dirty). spilled: its bytes are now in the store (clean whatever
- * happened). Ends a cleaner's pick (taken, spilling) and wakes waiters.
+ * happened). Ends a cleaner's pick (taken, spilling) and wakes waiters:
+ * only the caller that picked it (ctl_resid_hot_next_clean) may call it.
  * True when it is clean now.
  */
 bool ctl_resid_hot_cleaned(ctl_resid_dir *dir, uint64_t id, uint64_t lost, bool spilled);
+
+/*
+ * Entry id has a copy to resume from, found by a caller that did not pick
+ * it (ctl_vm_put_backed, right after the put): it turns clean unless that
+ * copy was lost since its `lost` was read. Never ends a pick: a cleaner or
+ * an eviction that took the entry meanwhile keeps it (taken, spilling)
+ * until its own end. True when it is clean now.
+ */
+bool ctl_resid_hot_mark_clean(ctl_resid_dir *dir, uint64_t id, uint64_t lost);
+
+/*
+ * A counter bumped whenever a cleaning or spill ends, an entry turns clean
+ * or a slot is released: the scheduler reads it before dropping the mutex
+ * and waits for the cleaner only when it has not moved meanwhile (a
+ * broadcast it could have missed). Caller holds the mutex.
+ */
+uint64_t ctl_resid_hot_clean_gen_locked(const ctl_resid_dir *dir);
 
 /*
  * The checkpoint backing is losing a tier (its warm copy or its disk record
@@ -424,7 +444,8 @@ WK_MUST_CHECK wk_err ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker
  * The scheduler's eviction under pressure, with no call out: the least
  * recently used clean entry no one holds (ctl_resid_hot_victim()'s rules
  * otherwise) is removed, copied to *out and its slot freed here at once (a
- * hybrid slot turns stale until the step loop frees its pages); its copy
+ * hybrid slot turns stale until the step loop frees its pages, and the
+ * scheduler waits for it: ctl_resid_slot_coming_locked); its copy
  * (warm, backing checkpoint, spill) stays where it is. WK_EBUSY when only
  * dirty entries could make room (cleaning them is I/O: ask the cleaner,
  * ctl_resid_hot_want_clean_locked), WK_ENOENT when none could. Caller holds
@@ -432,6 +453,15 @@ WK_MUST_CHECK wk_err ctl_resid_hot_victim(ctl_resid_dir *dir, const char *worker
  */
 WK_MUST_CHECK wk_err ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker,
                                                       uint32_t pages, ctl_resid_hot *out);
+
+/*
+ * True when a slot is on its way back on worker (NULL: any worker not
+ * draining): a hybrid slot freed here (by ctl_resid_hot_evict_clean_locked
+ * or a release) that is stale only until the step loop's SLOT_FREE returns.
+ * The scheduler then waits for it instead of evicting another parked slot
+ * for the same waiting request. Caller holds the mutex.
+ */
+bool ctl_resid_slot_coming_locked(ctl_resid_dir *dir, const char *worker);
 
 /*
  * Asks the cleaner (ctl_resid_hot_next_clean) to clean the dirty victim

@@ -1369,11 +1369,20 @@ ctl_sched_mgr_main(void *arg)
          */
         char starved_on[65] = "";
         uint32_t missing = 0;
-        bool starving = s->n_waiting > 0 &&
-                        ((!ctl_sched_free_slot_locked(s, "") && ctl_sched_slot_wanted_locked(s)) ||
-                         ctl_sched_page_starved_locked(s, starved_on, &missing));
-        bool freed = false, cleaning = false;
-        if (starving) {
+        bool slot_starved = s->n_waiting > 0 && !ctl_sched_free_slot_locked(s, "") &&
+                            ctl_sched_slot_wanted_locked(s);
+        bool starving = slot_starved || (s->n_waiting > 0 &&
+                                         ctl_sched_page_starved_locked(s, starved_on, &missing));
+        /*
+         * A hybrid slot an earlier pass freed is stale until its worker's
+         * step loop frees its KV pages (SLOT_FREE): that slot is on its
+         * way, so wait for it as for a cleaning instead of evicting every
+         * other clean parked slot for the same request. (Page starvation
+         * already counts stale slots' pages as coming back.)
+         */
+        bool coming = slot_starved && ctl_resid_slot_coming_locked(s->resid, NULL);
+        bool freed = false, cleaning = coming;
+        if (starving && !coming) {
             const char *on = starved_on[0] ? starved_on : NULL;
             ctl_resid_hot gone;
             wk_err ev = ctl_resid_hot_evict_clean_locked(s->resid, on, missing, &gone);
@@ -1385,6 +1394,8 @@ ctl_sched_mgr_main(void *arg)
                 wk_log_debug("evicting key=%.16s clean worker=%s slot=%u", gone.key,
                              gone.slot.worker, gone.slot.slot);
         }
+        /* (a cleaning ending or a slot released after this is not waited for below) */
+        uint64_t clean_gen = ctl_resid_hot_clean_gen_locked(s->resid);
         pthread_cond_broadcast(s->cv);
         pthread_mutex_unlock(s->mu);
         for (size_t i = 0; i < nreap; i++) {
@@ -1401,11 +1412,13 @@ ctl_sched_mgr_main(void *arg)
         if (freed)
             continue; /* look again at once */
         if (cleaning) {
-            /* (the cleaner's end broadcasts the directory's condition variable) */
+            /* (the cleaner's end and a stale slot's SLOT_FREE broadcast the directory's
+             * condition variable) */
             struct timespec until;
             wk_deadline_after_ms(&until, 50);
             pthread_mutex_lock(s->mu);
-            if (!atomic_load(&s->stop))
+            /* (its broadcast may have come while we held no lock: then look again at once) */
+            if (!atomic_load(&s->stop) && ctl_resid_hot_clean_gen_locked(s->resid) == clean_gen)
                 (void)pthread_cond_timedwait(s->cv, s->mu, &until);
             pthread_mutex_unlock(s->mu);
             continue;

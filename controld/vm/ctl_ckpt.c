@@ -48,6 +48,9 @@ typedef struct ckpt_entry {
     bool cold;                          /* a disk record exists */
     bool saving;                        /* being written: not usable yet */
     bool busy;                          /* the tier thread moves it */
+    bool dropping;                      /* its warm copy is being dropped (HOST_DROP, or a
+                                         * demotion's disk write first): not live from the
+                                         * warm tier meanwhile (ctl_ckpt_live) */
     bool doomed;                        /* cleared while pinned: removed at the last unpin */
     uint32_t pins;                      /* lookups using it */
     uint64_t used;                      /* LRU clock at the last use */
@@ -629,6 +632,7 @@ ckpt_warm_on_locked(ctl_ckpt *c, const char *worker)
 static void
 ckpt_demote_locked(ctl_ckpt *c, ckpt_entry *e)
 {
+    e->dropping = true; /* (with the first gone: a verdict reached after it must not count) */
     ckpt_gone_locked(c, e); /* (before the drop: a session must not count on the copy) */
     (void)ckpt_spill_locked(c, e, NULL, 0);
     char hk[8 + WK_SHA256_HEX_LEN], worker[65];
@@ -643,6 +647,7 @@ ckpt_demote_locked(ctl_ckpt *c, ckpt_entry *e)
         c->warm_total -= e->bytes;
         c->n_warm--;
     }
+    e->dropping = false;
     c->evicted[0]++;
     if (c->metrics != NULL)
         ctl_metrics_add(c->metrics, "wkvm_state_cache_evictions_total", "tier=\"warm\"", 1);
@@ -835,6 +840,7 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
         return 0;
     }
     v->busy = true;
+    v->dropping = true; /* (with the first gone: a verdict reached after it must not count) */
     if (!v->cold)
         ckpt_gone_locked(c, v); /* (before the drop: a session must not count on the copy) */
     uint64_t freed = v->bytes > 0 ? v->bytes : 1;
@@ -844,6 +850,7 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
     wk_err err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_DROP, worker, hk, 0, c->rpc_ms, NULL);
     pthread_mutex_lock(&c->mu);
     v->busy = false;
+    v->dropping = false; /* (a failed drop leaves the copy warm and live again) */
     /* (ENOENT: the copy was already gone, e.g. a restarted worker; it is not warm either way) */
     bool dropped = err == WK_OK || err == WK_ENOENT;
     if (dropped && v->warm) {
@@ -1301,7 +1308,9 @@ ctl_ckpt_live(ctl_ckpt *c, const char *key)
         return false;
     pthread_mutex_lock(&c->mu);
     ckpt_entry *e = ckpt_find_locked(c, key);
-    bool live = e != NULL && !e->saving && !e->doomed && (e->cold || ckpt_warm_live_locked(c, e));
+    /* (a warm copy being dropped is not live: its `gone` was reported before the drop) */
+    bool live = e != NULL && !e->saving && !e->doomed &&
+                (e->cold || (!e->dropping && ckpt_warm_live_locked(c, e)));
     pthread_mutex_unlock(&c->mu);
     return live;
 }

@@ -70,16 +70,27 @@ ctl_vm_new(ctl_pool *pool, ctl_resid_dir *resid, ctl_store *store, ctl_vm **out,
     return WK_OK;
 }
 
+/*
+ * Stops the cleaner and joins it: a cleaning in progress ends first (its
+ * I/O, its verdict). Called by the thread shutting down (flush, free).
+ */
+static void
+ctl_vm_stop_cleaner(ctl_vm *vm)
+{
+    if (!vm->cleaner_started)
+        return;
+    atomic_store(&vm->stop, true);
+    ctl_resid_hot_kick(vm->resid);
+    pthread_join(vm->cleaner, NULL);
+    vm->cleaner_started = false;
+}
+
 void
 ctl_vm_free(ctl_vm *vm)
 {
     if (vm == NULL)
         return;
-    if (vm->cleaner_started) {
-        atomic_store(&vm->stop, true);
-        ctl_resid_hot_kick(vm->resid);
-        pthread_join(vm->cleaner, NULL);
-    }
+    ctl_vm_stop_cleaner(vm);
     pthread_mutex_destroy(&vm->mu);
     free(vm);
 }
@@ -377,31 +388,41 @@ ctl_vm_host_drop(ctl_vm *vm, const char *worker, const char *key)
  * Keeps a copy of a clean entry's bytes in its worker's host memory before
  * its slot is freed (the warm tier), and records it in the residence
  * directory's warm index. When the worker's budget is full, its least
- * recently used warm copy is dropped and the put retried once.
+ * recently used warm copy is dropped and the put retried once. True when
+ * the copy was made and indexed; false when the slot went, the worker
+ * refused (HOST_PUT failed) or the index could not record it.
  */
-static void
+static bool
 ctl_vm_to_warm(ctl_vm *vm, const ctl_vm_entry *e)
 {
     if (!ctl_resid_slot_valid(vm->resid, &e->slot))
-        return;
+        return false;
     wk_err err = ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_PUT, e->slot.worker, e->key,
                                     e->slot.slot, vm->rpc_ms, NULL);
     if (err == WK_ENOSPC) {
         char oldest[CTL_RESID_KEY_MAX];
         if (!ctl_resid_warm_pop_oldest(vm->resid, e->slot.worker, oldest))
-            return;
+            return false;
         ctl_vm_host_drop(vm, e->slot.worker, oldest);
         err = ctl_pool_host_call(vm->pool, WKVM__KIND__HOST_PUT, e->slot.worker, e->key,
                                  e->slot.slot, vm->rpc_ms, NULL);
     }
-    if (err != WK_OK)
-        return;
+    if (err != WK_OK) {
+        wk_log_debug("no warm copy of key=%.16s on worker=%s: %s", e->key, e->slot.worker,
+                     wk_strerror(err));
+        return false;
+    }
     char prev[65];
-    if (ctl_resid_warm_put(
-            vm->resid, e->key, e->slot.worker, ctl_resid_slot_ctx(vm->resid, &e->slot),
-            ctl_pool_worker_epoch(vm->pool, e->slot.worker), prev, sizeof(prev)) == WK_OK &&
-        prev[0] != '\0')
+    if (ctl_resid_warm_put(vm->resid, e->key, e->slot.worker,
+                           ctl_resid_slot_ctx(vm->resid, &e->slot),
+                           ctl_pool_worker_epoch(vm->pool, e->slot.worker), prev,
+                           sizeof(prev)) != WK_OK) {
+        ctl_vm_host_drop(vm, e->slot.worker, e->key); /* (unindexed, it would never be used) */
+        return false;
+    }
+    if (prev[0] != '\0')
         ctl_vm_host_drop(vm, prev, e->key);
+    return true;
 }
 
 /* Writes a dirty entry's bytes through the spill function. */
@@ -463,7 +484,7 @@ static void
 ctl_vm_evict_visible(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
 {
     if (e->stored)
-        ctl_vm_to_warm(vm, e);
+        (void)ctl_vm_to_warm(vm, e); /* (none: its bytes are in the store all the same) */
     else if (e->spilled || (for_room && ctl_vm_backed(vm, e)))
         wk_log_debug("evicting key=%.16s without a spill: %s", e->key,
                      e->spilled ? "spilled" : "backed");
@@ -483,7 +504,7 @@ ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
 {
     wk_err err = WK_OK;
     if (spill && e->stored && e->dirty)
-        ctl_vm_to_warm(vm, e);
+        (void)ctl_vm_to_warm(vm, e); /* (none: its bytes are in the store all the same) */
     else if (spill && !e->stored && !e->spilled)
         err = ctl_vm_spill_entry(vm, e);
     ctl_vm_slot_release(vm, &e->slot);
@@ -493,20 +514,28 @@ ctl_vm_retire(ctl_vm *vm, ctl_vm_entry *e, bool spill)
 /*
  * The cleaner's work on an entry residence marked taken + spilling
  * (ctl_resid_hot_next_clean): gives it a copy to resume from, keeping its
- * slot. A cached state gets a warm copy (when the worker refuses one, it
- * is clean all the same: its eviction would have kept none either); a
- * session picked for room whose backing checkpoint is live needs nothing;
- * any other session is spilled to the store. A spill that fails frees the
- * entry's slot as an eviction did (the session then falls back to its
- * checkpoints).
+ * slot. A cached state gets a warm copy; a session picked for room whose
+ * backing checkpoint is live needs nothing; any other session is spilled
+ * to the store. Clean only once that copy exists. A cached state the
+ * worker refuses a warm copy (HOST_PUT failed: no host budget, the worker
+ * restarted) stays dirty, and since only admission asks for cached states
+ * (for room) and asking again would fail again, its slot is freed as an
+ * eviction did: its bytes are in the store, its next use loads them from
+ * there. A spill that fails frees the entry's slot the same way (the
+ * session then falls back to its checkpoints).
  */
 static void
 ctl_vm_clean(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
 {
     if (e->stored) {
-        ctl_vm_to_warm(vm, e);
-        if (!ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false))
+        if (!ctl_vm_to_warm(vm, e)) {
+            wk_log_debug("evicting key=%.16s worker=%s slot=%u: no warm copy, still dirty",
+                         e->key, e->slot.worker, e->slot.slot);
+            ctl_resid_hot_remove_id(vm->resid, e->id);
+            ctl_vm_slot_release(vm, &e->slot);
+        } else if (!ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false)) {
             wk_log_debug("warm copy of key=%.16s lost while made: still dirty", e->key);
+        }
         return;
     }
     if (for_room && ctl_vm_backed(vm, e) && ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false))
@@ -636,8 +665,8 @@ ctl_vm_put_backed(ctl_vm *vm, const char *key, const ctl_slot_ref *slot, bool di
     bool copy = e.stored ? ctl_vm_warm_worker(vm, key, where, sizeof(where)) != NULL &&
                                strcmp(where, slot->worker) == 0
                          : ctl_vm_backed(vm, &e);
-    if (copy)
-        (void)ctl_resid_hot_cleaned(vm->resid, e.id, e.lost, false);
+    if (copy) /* (not a pick of ours: a cleaner or eviction that took it meanwhile keeps it) */
+        (void)ctl_resid_hot_mark_clean(vm->resid, e.id, e.lost);
     return WK_OK;
 }
 
@@ -870,6 +899,12 @@ ctl_vm_describe(ctl_vm *vm, const ctl_slot_ref *ref, bool *session, uint64_t *ag
 void
 ctl_vm_flush(ctl_vm *vm)
 {
+    /*
+     * The cleaner first: it calls the backing and spill callbacks with no
+     * lock held, whose owners (ctl_ckpt) are freed after this returns, and
+     * an entry it holds (taken) would be skipped below.
+     */
+    ctl_vm_stop_cleaner(vm);
     ctl_vm_entry e;
     while (vm->resid != NULL && ctl_resid_hot_pop_unspilled(vm->resid, &e))
         (void)ctl_vm_retire(vm, &e, true);

@@ -34,7 +34,10 @@
  * directory's (under its mutex); ctl_vm's own mutex guards its callbacks and
  * the cleaner's settings, and is never held across an RPC or a call
  * into ctl_resid. The cleaner is a thread of its own, started by
- * ctl_vm_new() (with a residence directory) and joined by ctl_vm_free().
+ * ctl_vm_new() (with a residence directory) and stopped and joined by
+ * ctl_vm_flush() (after its cleaning in progress ends), or by ctl_vm_free()
+ * when no flush came first. It calls the spill and backing callbacks, so
+ * flush before freeing what they use (ctl_ckpt_free()).
  */
 #ifndef CTL_VM_H
 #define CTL_VM_H
@@ -251,7 +254,13 @@ WK_MUST_CHECK wk_err ctl_vm_copy(ctl_vm *vm, const ctl_slot_ref *src, const ctl_
 /* Evicts the entry in slot ref (spilled first when dirty). WK_ENOENT / WK_EBUSY. */
 WK_MUST_CHECK wk_err ctl_vm_evict_slot(ctl_vm *vm, const ctl_slot_ref *ref);
 
-/* Spills every dirty entry (shutdown). */
+/*
+ * Shutdown: stops and joins the cleaner (waiting for the cleaning in
+ * progress to end, so no spill or backing callback runs after this
+ * returns), then spills every parked session not in the store. Called
+ * before the callbacks' owners are freed (ctl_ckpt_free()); nothing is
+ * cleaned ahead of time afterwards.
+ */
 void ctl_vm_flush(ctl_vm *vm);
 
 #endif /* CTL_VM_H */

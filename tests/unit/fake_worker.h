@@ -10,7 +10,8 @@
  * a state loaded from a checkpoint and the same prefix computed again give
  * the same bytes and the same tokens, which is what the reuse tests check.
  * It logs every STEP row (slot, tokens, sample, reset), can hold steps (the
- * step blocks until released, so a test can queue jobs behind it), keeps a
+ * step blocks until released, so a test can queue jobs behind it) and
+ * HOST_DROPs (a test looks at a warm copy while it is being dropped), keeps a
  * warm tier (HOST_PUT / HOST_GET / HOST_DROP, SLOT_READ of a host key) and
  * counts every request kind. Header-only; test code only (the one place
  * outside pool/, wrk_rpc.c and the bench stub that opens NNG).
@@ -65,6 +66,8 @@ typedef struct fake_worker {
     /* under mu */
     bool hold;              /* steps block until false */
     uint32_t held;          /* steps blocked now */
+    bool hold_drop;         /* HOST_DROPs block until false (the whole worker waits) */
+    uint32_t drops_held;    /* HOST_DROPs blocked now */
     uint32_t steps;         /* steps answered */
     fw_row log[FW_MAX_LOG]; /* every step row */
     size_t n_log;
@@ -284,6 +287,12 @@ fw_handle(fake_worker *w, const wk_msg *req)
         const Wkvm__HostRef *h = req->host_ref;
         wk_err err = WK_OK;
         pthread_mutex_lock(&w->mu);
+        while (req->kind == WKVM__KIND__HOST_DROP && w->hold_drop && !atomic_load(&w->stop)) {
+            w->drops_held++;
+            pthread_cond_broadcast(&w->cv);
+            pthread_cond_wait(&w->cv, &w->mu);
+            w->drops_held--;
+        }
         int i = fw_host_find(w, h->key);
         if (req->kind == WKVM__KIND__HOST_PUT) {
             if (h->slot < 1 || h->slot > w->n_slots) {
@@ -447,6 +456,7 @@ fw_stop(fake_worker *w)
     atomic_store(&w->stop, true);
     pthread_mutex_lock(&w->mu);
     w->hold = false;
+    w->hold_drop = false;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->th, NULL);
@@ -461,6 +471,19 @@ fw_hold(fake_worker *w, bool hold)
 {
     pthread_mutex_lock(&w->mu);
     w->hold = hold;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/*
+ * Holds (true) or releases (false) HOST_DROPs: the worker answers nothing
+ * while one is held, so only hold when no step or slot I/O is due.
+ */
+static inline void
+fw_hold_drop(fake_worker *w, bool hold)
+{
+    pthread_mutex_lock(&w->mu);
+    w->hold_drop = hold;
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
 }
@@ -490,6 +513,27 @@ fw_wait_held(fake_worker *w, uint32_t ms)
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
     }
     bool ok = w->held > 0;
+    pthread_mutex_unlock(&w->mu);
+    return ok;
+}
+
+/* Waits up to ms for a HOST_DROP to block on its hold; true when one does. */
+static inline bool
+fw_wait_drop_held(fake_worker *w, uint32_t ms)
+{
+    uint64_t until = fw_now_ms() + ms;
+    pthread_mutex_lock(&w->mu);
+    while (w->drops_held == 0 && fw_now_ms() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 5 * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    bool ok = w->drops_held > 0;
     pthread_mutex_unlock(&w->mu);
     return ok;
 }

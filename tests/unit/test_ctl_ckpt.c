@@ -8,7 +8,10 @@
  * evicting the least recently used entries, the disk tier (bytes read from
  * the slot, written back on load), clearing by owner, the disabled
  * module planning nothing, and a parked session backed by its live
- * end-of-reply checkpoint giving its slot up without a spill (ctl_vm).
+ * end-of-reply checkpoint giving its slot up without a spill (ctl_vm), a
+ * checkpoint not live while its warm copy is being dropped, no cleaning
+ * after ctl_vm_flush(), and a cached state whose warm copy the worker
+ * refuses staying dirty (its slot freed by the cleaner).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -101,6 +104,7 @@ rm_tree(const char *dir)
 static void
 fx_close(fx *f)
 {
+    ctl_vm_flush(f->vm); /* (stops ctl_vm's cleaner, which calls ctl_ckpt_live) */
     ctl_ckpt_free(f->ckpt);
     ctl_vm_free(f->vm);
     ctl_sched_free(f->sched);
@@ -429,6 +433,8 @@ count_spill(void *arg, const char *key, const void *bytes, size_t len, wk_diag *
  * One turn of owner whose slot parks as dirty entry `key` in ctl_vm, backed
  * by the turn's end-of-reply checkpoint when backed (else by nothing).
  */
+static char g_reply[WK_SHA256_HEX_LEN]; /* the last park_turn()'s end-of-reply checkpoint */
+
 static void
 park_turn(fx *f, const char *owner, const int32_t *in, size_t n, const char *key, bool backed)
 {
@@ -454,6 +460,7 @@ park_turn(fx *f, const char *owner, const int32_t *in, size_t n, const char *key
     ctl_ckpt_plan_reply(&p, &slot, &gen, 1, NULL);
     assert_true(p.reply_ckpt[0] != '\0');
     assert_true(ctl_ckpt_live(f->ckpt, p.reply_ckpt));
+    snprintf(g_reply, sizeof(g_reply), "%s", p.reply_ckpt);
     assert_int_equal(ctl_vm_put_backed(f->vm, key, &slot, true, backed ? p.reply_ckpt : NULL, &d),
                      WK_OK);
     ctl_ckpt_plan_end(&p);
@@ -503,6 +510,12 @@ test_backed_session(void **state)
     park_turn(&f, "alice", a, 6, "sess-a", true);
     ctl_vm_flush(f.vm);
     assert_int_equal(g_spills, 3);
+    /* the flush stopped the cleaner: an idle session is no longer spilled behind its back */
+    assert_int_equal(ctl_vm_set_idle_spill(f.vm, 1, 0), WK_OK);
+    park_turn(&f, "bob", b, 6, "sess-b", false);
+    usleep(400 * 1000); /* (the cleaner looks every 200 ms at most) */
+    assert_int_equal(g_spills, 3);
+    assert_true(ctl_vm_cached(f.vm, "sess-b"));
     fx_close(&f);
 }
 
@@ -590,6 +603,100 @@ test_cached_state_warm(void **state)
     fx_close(&f);
 }
 
+/*
+ * A worker that refuses the warm copy (its host memory full of copies the
+ * index doesn't know: HOST_PUT answers ENOSPC and there is none to drop):
+ * the cached state is not marked clean without a copy; the cleaner asked
+ * for room frees its slot as an eviction did (its bytes are in the store),
+ * so the request waiting for a slot is not stuck behind it.
+ */
+static void
+test_cached_state_refused(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 1 << 20, 0);
+    pthread_mutex_lock(&f.w.mu);
+    for (int k = 0; k < FW_MAX_HOST; k++) {
+        if (!f.w.host[k].used) {
+            snprintf(f.w.host[k].key, sizeof(f.w.host[k].key), "other-%d", k);
+            f.w.host[k].used = true;
+        }
+    }
+    pthread_mutex_unlock(&f.w.mu);
+    wk_diag d = {{0}};
+    ctl_slot_ref slot;
+    assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &slot, NULL), WK_OK);
+    assert_int_equal(ctl_vm_put(f.vm, "blob2", &slot, false, &d), WK_OK);
+    uint32_t puts = fw_count(&f.w, WKVM__KIND__HOST_PUT);
+    pthread_mutex_t *mu = ctl_resid_dir_mutex(f.resid);
+    ctl_resid_hot v;
+    pthread_mutex_lock(mu);
+    wk_err err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
+    if (err == WK_EBUSY)
+        ctl_resid_hot_want_clean_locked(f.resid, NULL, 0);
+    pthread_mutex_unlock(mu);
+    assert_int_equal(err, WK_EBUSY);
+    uint64_t until = fw_now_ms() + 3000;
+    uint32_t clean = 0, dirty = 0;
+    bool was_clean = false;
+    do {
+        ctl_resid_hot_counts(f.resid, &clean, &dirty);
+        was_clean = was_clean || clean > 0;
+    } while (ctl_resid_slot_valid(f.resid, &slot) && fw_now_ms() < until && usleep(2000) == 0);
+    assert_false(was_clean);
+    assert_false(ctl_resid_slot_valid(f.resid, &slot)); /* freed by the cleaner */
+    assert_false(ctl_vm_cached(f.vm, "blob2"));
+    assert_true(fw_count(&f.w, WKVM__KIND__HOST_PUT) > puts); /* it was asked, and refused */
+    char w[65];
+    assert_null(ctl_vm_warm_worker(f.vm, "blob2", w, sizeof(w)));
+    fx_close(&f);
+}
+
+/*
+ * A checkpoint whose warm copy is being dropped (the budget demoting it, no
+ * disk tier) is not live while the HOST_DROP is in flight: its sessions
+ * were told it is gone before the drop, so a cleaner's verdict reached in
+ * that window must not find it live and turn one clean with no copy.
+ */
+static void
+test_dropping_not_live(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 3 * FW_STATE_BYTES, 0); /* room for three checkpoints */
+    static const int32_t a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12};
+    park_turn(&f, "alice", a, 6, "sess-a", true);
+    char reply_a[WK_SHA256_HEX_LEN];
+    snprintf(reply_a, sizeof(reply_a), "%s", g_reply);
+    assert_int_equal(probe(&f, "alice", FW_FP, a, 6), 5); /* alice's reply: least recently used */
+    /* bob's reply is the fourth: the budget demotes alice's reply; its HOST_DROP is held */
+    fw_hold_drop(&f.w, true);
+    park_turn(&f, "bob", b, 6, "sess-b", true);
+    assert_true(fw_wait_drop_held(&f.w, 3000));
+    assert_false(ctl_ckpt_live(f.ckpt, reply_a)); /* still warm, but being dropped */
+    ctl_resid_hot e;
+    ctl_slot_ref where;
+    assert_true(ctl_resid_hot_find(f.resid, "sess-a", &where));
+    assert_true(ctl_resid_hot_describe(f.resid, &where, &e, &(uint64_t){0}));
+    assert_true(e.dirty);
+    fw_hold_drop(&f.w, false);
+    ctl_ckpt_stats st;
+    uint64_t until = fw_now_ms() + 3000;
+    for (;;) {
+        assert_int_equal(ctl_ckpt_stats_get(f.ckpt, NULL, &st), WK_OK);
+        if (st.warm_evictions >= 1 || fw_now_ms() > until)
+            break;
+        ctl_ckpt_stats_fini(&st);
+        usleep(5000);
+    }
+    assert_true(st.warm_evictions >= 1);
+    ctl_ckpt_stats_fini(&st);
+    assert_false(ctl_ckpt_live(f.ckpt, reply_a)); /* gone (no disk tier) */
+    assert_true(ctl_ckpt_live(f.ckpt, g_reply));  /* bob's stays */
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -599,6 +706,8 @@ main(void)
         cmocka_unit_test(test_disabled),        cmocka_unit_test(test_backed_session),
         cmocka_unit_test(test_backed_warm_budget),
         cmocka_unit_test(test_cached_state_warm),
+        cmocka_unit_test(test_cached_state_refused),
+        cmocka_unit_test(test_dropping_not_live),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

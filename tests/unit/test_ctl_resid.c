@@ -23,6 +23,9 @@
  * pressure only entries holding KV pages count, and none is chosen when
  * they cannot make up the shortfall together. Puts replace an idle entry of
  * the key and keep a pinned one; the idle spiller's pick (idle, over the cap).
+ * A put's own clean verdict never ends a cleaner's or an evictor's pick; a
+ * stale hybrid slot left by an eviction counts as coming back (the
+ * scheduler waits for it instead of evicting another).
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -396,7 +399,7 @@ hot_put(ctl_resid_dir *dir, const char *key, const ctl_slot_ref *slot, bool stor
     assert_int_equal(ctl_resid_hot_put(dir, key, slot, stored, backing, &old, &e), WK_OK);
     assert_true(e.dirty);
     if (clean)
-        assert_true(ctl_resid_hot_cleaned(dir, e.id, e.lost, false));
+        assert_true(ctl_resid_hot_mark_clean(dir, e.id, e.lost));
     return e.id;
 }
 
@@ -680,6 +683,131 @@ test_hot_clean(void **state)
     dir_close(dir, &t0, &t1);
 }
 
+/*
+ * A put's own verdict (ctl_resid_hot_mark_clean, ctl_vm_put_backed's) on an
+ * entry the cleaner or an eviction picked between the put and the verdict
+ * marks it clean but leaves the pick alone: it stays taken and spilling (no
+ * eviction, no lookup gets it) until the picker's ctl_resid_hot_cleaned or
+ * remove_id. A verdict after a loss changes nothing.
+ */
+static void
+test_hot_mark_clean(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a, b;
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
+    ctl_resid_hot put, e, v;
+    /* the cleaner picks the session right after its put (admission asked for room) */
+    assert_int_equal(ctl_resid_hot_put(dir, "s", &a, false, "ck", &(ctl_resid_hot){0}, &put),
+                     WK_OK);
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_EBUSY);
+    bool for_room = false;
+    assert_true(ctl_resid_hot_next_clean(dir, 0, 0, 0, NULL, &e, &for_room));
+    assert_int_equal(e.id, put.id);
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    uint64_t gen = ctl_resid_hot_clean_gen_locked(dir);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    /* the put's verdict: clean, the pick intact */
+    assert_true(ctl_resid_hot_mark_clean(dir, put.id, put.lost));
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    assert_true(ctl_resid_hot_clean_gen_locked(dir) != gen); /* (admission looks again) */
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    assert_true(ctl_resid_hot_describe(dir, &a, &v, &(uint64_t){0}));
+    assert_false(v.dirty);
+    assert_true(v.taken && v.spilling);
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_ENOENT); /* still the cleaner's */
+    assert_true(ctl_resid_slot_valid(dir, &a));
+    assert_int_equal(ctl_resid_hot_pin_slot(dir, &a, &v), WK_EBUSY);
+    assert_int_equal(ctl_resid_hot_remove_key(dir, "s", false, false, &v), WK_EBUSY);
+    /* the cleaner's own end releases it (and moves clean_gen: admission looks again); then
+     * it is evictable */
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    gen = ctl_resid_hot_clean_gen_locked(dir);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    assert_true(ctl_resid_hot_cleaned(dir, e.id, e.lost, false));
+    pthread_mutex_lock(ctl_resid_dir_mutex(dir));
+    assert_true(ctl_resid_hot_clean_gen_locked(dir) != gen);
+    pthread_mutex_unlock(ctl_resid_dir_mutex(dir));
+    assert_true(ctl_resid_hot_describe(dir, &a, &v, &(uint64_t){0}));
+    assert_false(v.taken || v.spilling);
+    assert_int_equal(evict_clean(dir, "w0", 0, &v), WK_OK);
+    assert_int_equal(v.id, put.id);
+    assert_false(ctl_resid_slot_valid(dir, &a));
+    /* the same with ctl_resid_hot_victim's pick (ctl_vm_evict_lru), and a loss first */
+    assert_int_equal(ctl_resid_hot_put(dir, "s2", &b, false, "ck2", &(ctl_resid_hot){0}, &put),
+                     WK_OK);
+    assert_int_equal(ctl_resid_hot_victim(dir, "w0", 0, &v), WK_OK);
+    assert_int_equal(v.id, put.id);
+    assert_true(v.dirty && v.taken && v.spilling);
+    assert_int_equal(ctl_resid_hot_unback(dir, "ck2"), 1);
+    assert_false(ctl_resid_hot_mark_clean(dir, put.id, put.lost)); /* lost since: dirty */
+    assert_true(ctl_resid_hot_describe(dir, &b, &e, &(uint64_t){0}));
+    assert_true(e.dirty && e.taken && e.spilling);
+    ctl_resid_hot_remove_id(dir, v.id); /* the evictor's end */
+    assert_false(ctl_resid_hot_describe(dir, &b, &e, &(uint64_t){0}));
+    dir_close(dir, &t0, &t1);
+}
+
+/*
+ * The scheduler's decision under slot pressure on a hybrid model: a clean
+ * parked slot evicted under the lock turns stale (its KV pages still on the
+ * worker) and is not allocatable, but it is coming back (SLOT_FREE), so the
+ * next pass must wait for it, not evict the next clean entry: one waiting
+ * request evicts one slot. Draining workers' slots don't count for "any".
+ */
+static void
+test_hot_evict_stale(void **state)
+{
+    (void)state;
+    ctl_resid_dir *dir;
+    ctl_resid t0, t1;
+    ctl_kv_geom g = {.state_bytes = 64, .kv_token_bytes = 8, .page_tokens = 16, .pages_total = 10};
+    dir_two(&dir, &t0, &t1, &g);
+    ctl_slot_ref a, b, c;
+    wk_diag d = {{0}};
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, &d), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, &d), WK_OK);
+    const ctl_slot_ref *refs[3] = {&a, &b, &c};
+    const char *keys[3] = {"ka", "kb", "kc"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ctl_resid_slot_set_ctx(dir, refs[i], 20, &d), WK_OK); /* 2 pages */
+        hot_put(dir, keys[i], refs[i], false, "ck", true);
+    }
+    pthread_mutex_t *mu = ctl_resid_dir_mutex(dir);
+    pthread_mutex_lock(mu);
+    assert_false(ctl_resid_slot_coming_locked(dir, NULL)); /* every slot held: evict one */
+    pthread_mutex_unlock(mu);
+    ctl_resid_hot v;
+    assert_int_equal(evict_clean(dir, NULL, 0, &v), WK_OK);
+    assert_string_equal(v.key, "ka"); /* the least recently used */
+    pthread_mutex_lock(mu);
+    assert_true(t0.stale[a.slot]);
+    assert_int_equal(ctl_resid_free_slot(&t0), 0); /* not allocatable yet ... */
+    assert_true(ctl_resid_slot_coming_locked(dir, NULL)); /* ... but coming: no second eviction */
+    assert_true(ctl_resid_slot_coming_locked(dir, "w0"));
+    assert_false(ctl_resid_slot_coming_locked(dir, "w1"));
+    t0.draining = true; /* (a draining worker's slot takes no new request) */
+    assert_false(ctl_resid_slot_coming_locked(dir, NULL));
+    assert_true(ctl_resid_slot_coming_locked(dir, "w0"));
+    t0.draining = false;
+    pthread_mutex_unlock(mu);
+    assert_true(ctl_resid_slot_valid(dir, &b)); /* the other parked slots stay */
+    assert_true(ctl_resid_slot_valid(dir, &c));
+    /* the step loop's SLOT_FREE returned: the slot is free, nothing is coming */
+    pthread_mutex_lock(mu);
+    ctl_resid_unstale(&t0, a.slot);
+    assert_int_equal(ctl_resid_free_slot(&t0), a.slot);
+    assert_false(ctl_resid_slot_coming_locked(dir, NULL));
+    pthread_mutex_unlock(mu);
+    dir_close(dir, &t0, &t1);
+}
+
 int
 main(void)
 {
@@ -689,6 +817,7 @@ main(void)
         cmocka_unit_test(test_dir_wait),    cmocka_unit_test(test_dir_warm),
         cmocka_unit_test(test_hot_victim),  cmocka_unit_test(test_hot_victim_pages),
         cmocka_unit_test(test_hot_index),   cmocka_unit_test(test_hot_clean),
+        cmocka_unit_test(test_hot_mark_clean), cmocka_unit_test(test_hot_evict_stale),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
