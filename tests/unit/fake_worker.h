@@ -496,13 +496,13 @@ fw_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Waits up to ms for a step to block on the hold; true when one does. */
+/* Waits up to ms for *count (under w->mu) to be non-zero; true when it is. */
 static inline bool
-fw_wait_held(fake_worker *w, uint32_t ms)
+fw_wait_nonzero(fake_worker *w, const uint32_t *count, uint32_t ms)
 {
     uint64_t until = fw_now_ms() + ms;
     pthread_mutex_lock(&w->mu);
-    while (w->held == 0 && fw_now_ms() < until) {
+    while (*count == 0 && fw_now_ms() < until) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 5 * 1000000;
@@ -512,30 +512,23 @@ fw_wait_held(fake_worker *w, uint32_t ms)
         }
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
     }
-    bool ok = w->held > 0;
+    bool ok = *count > 0;
     pthread_mutex_unlock(&w->mu);
     return ok;
+}
+
+/* Waits up to ms for a step to block on the hold; true when one does. */
+static inline bool
+fw_wait_held(fake_worker *w, uint32_t ms)
+{
+    return fw_wait_nonzero(w, &w->held, ms);
 }
 
 /* Waits up to ms for a HOST_DROP to block on its hold; true when one does. */
 static inline bool
 fw_wait_drop_held(fake_worker *w, uint32_t ms)
 {
-    uint64_t until = fw_now_ms() + ms;
-    pthread_mutex_lock(&w->mu);
-    while (w->drops_held == 0 && fw_now_ms() < until) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 5 * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
-    }
-    bool ok = w->drops_held > 0;
-    pthread_mutex_unlock(&w->mu);
-    return ok;
+    return fw_wait_nonzero(w, &w->drops_held, ms);
 }
 
 /* A copy of slot's state. */
