@@ -690,7 +690,7 @@ ctl_sched_pick_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t c
             ctl_sched_pick_row_locked(s, w, j, false, fits ? left : s->cfg.job_chunk, rows, &n,
                                       &budget, now);
             if (n > before) {
-                whole = fits;
+                whole = whole || fits; /* (a yielded long prompt does not open the step) */
                 fed = true;
             }
         }

@@ -623,8 +623,12 @@ test_whole_yield(void **state)
         if (first_short == 0)
             first_short = log[i].step;
         bool l_there = false;
-        for (size_t k = 0; k < n; k++)
+        int shorts = 0; /* one turn per step, L beside it or not */
+        for (size_t k = 0; k < n; k++) {
             l_there = l_there || (log[k].step == log[i].step && log[k].first >= 1000);
+            shorts += log[k].step == log[i].step && log[k].first >= 100 && log[k].first < 1000;
+        }
+        assert_int_equal(shorts, 1);
         if (l_there)
             beside++;
         else
