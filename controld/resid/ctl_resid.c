@@ -1023,19 +1023,18 @@ ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const char *worker, uint32_
     return WK_OK;
 }
 
-bool
+uint32_t
 ctl_resid_slot_coming_locked(ctl_resid_dir *dir, const char *worker)
 {
+    uint32_t n = 0;
     for (size_t i = 0; i < CTL_RESID_MAX_WORKERS; i++) {
         const ctl_resid *t = dir->tables[i];
         if (t == NULL || (worker != NULL ? strcmp(t->worker, worker) != 0 : t->draining))
             continue;
-        for (uint32_t k = 1; k <= t->n; k++) {
-            if (t->gen[k] == 0 && t->stale[k])
-                return true;
-        }
+        for (uint32_t k = 1; k <= t->n; k++)
+            n += t->gen[k] == 0 && t->stale[k];
     }
-    return false;
+    return n;
 }
 
 void

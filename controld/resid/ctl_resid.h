@@ -455,13 +455,14 @@ WK_MUST_CHECK wk_err ctl_resid_hot_evict_clean_locked(ctl_resid_dir *dir, const 
                                                       uint32_t pages, ctl_resid_hot *out);
 
 /*
- * True when a slot is on its way back on worker (NULL: any worker not
- * draining): a hybrid slot freed here (by ctl_resid_hot_evict_clean_locked
- * or a release) that is stale only until the step loop's SLOT_FREE returns.
- * The scheduler then waits for it instead of evicting another parked slot
- * for the same waiting request. Caller holds the mutex.
+ * How many slots are on their way back on worker (NULL: any worker not
+ * draining): hybrid slots freed here (by ctl_resid_hot_evict_clean_locked
+ * or a release) that are stale only until the step loop's SLOT_FREE
+ * returns. While they are as many as the requests waiting for a slot, the
+ * scheduler waits for them instead of evicting more parked slots for the
+ * same requests. Caller holds the mutex.
  */
-bool ctl_resid_slot_coming_locked(ctl_resid_dir *dir, const char *worker);
+uint32_t ctl_resid_slot_coming_locked(ctl_resid_dir *dir, const char *worker);
 
 /*
  * Asks the cleaner (ctl_resid_hot_next_clean) to clean the dirty victim

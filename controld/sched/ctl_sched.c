@@ -1147,7 +1147,21 @@ ctl_sworker_free(ctl_sworker *w)
 }
 
 static bool ctl_sched_free_slot_locked(ctl_sched *s, const char *want);
-static bool ctl_sched_slot_wanted_locked(ctl_sched *s);
+static uint32_t ctl_sched_slots_wanted_locked(ctl_sched *s);
+
+/* Stale slots on their way back on live workers not waiting to retry a SLOT_FREE. */
+static uint32_t
+ctl_sched_slots_coming_locked(ctl_sched *s)
+{
+    uint64_t now = wk_mono_ms();
+    uint32_t n = 0;
+    for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
+        const ctl_sworker *w = s->workers[i];
+        if (w != NULL && !w->dead && !w->t.draining && now >= w->stale_retry_ms)
+            n += ctl_resid_slot_coming_locked(s->resid, w->id);
+    }
+    return n;
+}
 
 /*
  * Pages job j still lacks on w (holding `held` of them already): what the
@@ -1370,17 +1384,20 @@ ctl_sched_mgr_main(void *arg)
         char starved_on[65] = "";
         uint32_t missing = 0;
         bool slot_starved = s->n_waiting > 0 && !ctl_sched_free_slot_locked(s, "") &&
-                            ctl_sched_slot_wanted_locked(s);
+                            ctl_sched_slots_wanted_locked(s) > 0;
         bool starving = slot_starved || (s->n_waiting > 0 &&
                                          ctl_sched_page_starved_locked(s, starved_on, &missing));
         /*
          * A hybrid slot an earlier pass freed is stale until its worker's
          * step loop frees its KV pages (SLOT_FREE): that slot is on its
-         * way, so wait for it as for a cleaning instead of evicting every
-         * other clean parked slot for the same request. (Page starvation
-         * already counts stale slots' pages as coming back.)
+         * way, so while as many slots are coming as requests want one, wait
+         * for them as for a cleaning instead of evicting every other clean
+         * parked slot for the same requests (a worker whose SLOT_FREE failed
+         * and waits to retry counts none). (Page starvation already counts
+         * stale slots' pages as coming back.)
          */
-        bool coming = slot_starved && ctl_resid_slot_coming_locked(s->resid, NULL);
+        bool coming =
+            slot_starved && ctl_sched_slots_coming_locked(s) >= ctl_sched_slots_wanted_locked(s);
         bool freed = false, cleaning = coming;
         if (starving && !coming) {
             const char *on = starved_on[0] ? starved_on : NULL;
@@ -1517,29 +1534,34 @@ ctl_sched_free(ctl_sched *s)
 
 /* True when a worker (want, or any when "") has a free slot now. Caller holds mu. */
 /*
- * True when a waiting job would take a slot now if one were free: a short
- * one, or a long one that some worker it may run on has prefill room for
+ * How many waiting jobs would take a slot now if one were free: short
+ * ones, and long ones that some worker they may run on has prefill room for
  * (ctl_sched_prefill_cap()); parked slots are not evicted for jobs that
  * would only wait on them. Caller holds mu.
  */
-static bool
-ctl_sched_slot_wanted_locked(ctl_sched *s)
+static uint32_t
+ctl_sched_slots_wanted_locked(ctl_sched *s)
 {
+    uint32_t n = 0;
     for (const ctl_job *j = s->jobs; j != NULL; j = j->next) {
         if (j->state != CTL_JOB_WAITING || j->held)
             continue;
         size_t from = j->reuse.load != NULL ? j->reuse.resume_at : j->computed;
-        if (j->n_input <= from || j->n_input - from <= s->cfg.job_chunk)
-            return true;
+        if (j->n_input <= from || j->n_input - from <= s->cfg.job_chunk) {
+            n++;
+            continue;
+        }
         for (size_t i = 0; i < CTL_SCHED_MAX_WORKERS; i++) {
             const ctl_sworker *w = s->workers[i];
             if (w != NULL && !w->dead && !w->t.draining &&
                 (j->want_worker[0] == '\0' || strcmp(j->want_worker, w->id) == 0) &&
-                ctl_sched_long_prefills_locked(s, w) < ctl_sched_prefill_cap(s))
-                return true;
+                ctl_sched_long_prefills_locked(s, w) < ctl_sched_prefill_cap(s)) {
+                n++;
+                break;
+            }
         }
     }
-    return false;
+    return n;
 }
 
 static bool

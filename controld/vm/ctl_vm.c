@@ -538,8 +538,11 @@ ctl_vm_clean(ctl_vm *vm, ctl_vm_entry *e, bool for_room)
         }
         return;
     }
-    if (for_room && ctl_vm_backed(vm, e) && ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false))
+    if (for_room && ctl_vm_backed(vm, e) && ctl_resid_hot_mark_clean(vm->resid, e->id, e->lost)) {
+        /* clean: only now does the pick end (a dirty verdict keeps it for the spill below) */
+        (void)ctl_resid_hot_cleaned(vm->resid, e->id, e->lost, false);
         return;
+    }
     wk_log_info("spilling %s session key=%.16s worker=%s slot=%u", for_room ? "evictable" : "idle",
                 e->key, e->slot.worker, e->slot.slot);
     if (ctl_vm_spill_entry(vm, e) == WK_OK) {
