@@ -167,8 +167,10 @@ WK_MUST_CHECK wk_err ctl_vm_load_into(ctl_vm *vm, const char *key, const char *b
 
 /*
  * Makes slot (held by the caller, consumed on success) the cache entry for
- * key. dirty: the bytes exist nowhere else (spilled on eviction). Replaces
- * an older entry for key (its slot is freed).
+ * key. dirty: the bytes exist nowhere else (spilled on eviction); not
+ * dirty: they are already durable in the store (a stored state's blob),
+ * which is what lets the cleaner free its slot when the worker refuses a
+ * warm copy. Replaces an older entry for key (its slot is freed).
  */
 WK_MUST_CHECK wk_err ctl_vm_put(ctl_vm *vm, const char *key, const ctl_slot_ref *slot,
                                 bool dirty, wk_diag *d);
