@@ -58,6 +58,7 @@ typedef struct fake_worker {
     char id[32];
     char url[512];
     uint32_t n_slots; /* usable */
+    uint32_t kv_pages; /* a hybrid model's KV pool (fw_start_kv), 0 = recurrent only */
     pthread_t th;
     atomic_bool stop;
     nng_socket sock;
@@ -162,6 +163,11 @@ fw_model_info(const fake_worker *w, Wkvm__ModelInfo *mi)
     mi->vocab_digest = "fake";
     mi->fingerprint = FW_FP;
     mi->n_slots = w->n_slots + 1;
+    if (w->kv_pages > 0) { /* a hybrid: 16-token pages of 8 bytes a token */
+        mi->kv_token_bytes = 8;
+        mi->kv_page_tokens = 16;
+        mi->kv_pages = w->kv_pages;
+    }
 }
 
 static inline void
@@ -428,11 +434,16 @@ fw_main(void *arg)
     return NULL;
 }
 
-/* Starts a fake worker id with n_slots usable slots, dialing url. 0 on success. */
+/*
+ * Starts a fake worker id with n_slots usable slots, dialing url (with
+ * kv_pages > 0 it reports a hybrid model's KV pool of that many pages). 0 on
+ * success.
+ */
 static inline int
-fw_start(fake_worker *w, const char *url, const char *id, uint32_t n_slots)
+fw_start_kv(fake_worker *w, const char *url, const char *id, uint32_t n_slots, uint32_t kv_pages)
 {
     memset(w, 0, sizeof(*w));
+    w->kv_pages = kv_pages;
     snprintf(w->id, sizeof(w->id), "%s", id);
     snprintf(w->url, sizeof(w->url), "%s", url);
     w->n_slots = n_slots > FW_MAX_SLOTS ? FW_MAX_SLOTS : n_slots;
@@ -447,6 +458,12 @@ fw_start(fake_worker *w, const char *url, const char *id, uint32_t n_slots)
     if (nng_dial(w->sock, url, NULL, NNG_FLAG_NONBLOCK) != 0)
         return -1;
     return pthread_create(&w->th, NULL, fw_main, w) == 0 ? 0 : -1;
+}
+
+static inline int
+fw_start(fake_worker *w, const char *url, const char *id, uint32_t n_slots)
+{
+    return fw_start_kv(w, url, id, n_slots, 0);
 }
 
 /* Stops the worker's thread and closes its link (the pool sees it leave). */

@@ -843,6 +843,56 @@ test_evict_parked(void **state)
     fx_close(&f);
 }
 
+/*
+ * A hybrid model: a clean parked slot evicted under the lock still holds KV
+ * pages on the worker (stale) until the step loop's SLOT_FREE. One request
+ * waiting for a slot, two clean parked slots: the manager evicts one and
+ * waits for it to come back, never the second.
+ */
+static void
+test_evict_stale_hybrid(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 8, 4, 8);
+    assert_int_equal(fw_start_kv(&f.w, f.url, "w0", 3, 64), 0);
+    f.w_on = true;
+    uint64_t until = fw_now_ms() + 4000;
+    while (ctl_sched_worker_count(f.sched) == 0 && fw_now_ms() < until)
+        usleep(5000);
+    assert_int_equal(ctl_sched_worker_count(f.sched), 1);
+    ctl_slot_ref held[3];
+    const char *keys[2] = {"sa", "sb"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &held[i], NULL), WK_OK);
+        assert_int_equal(ctl_resid_slot_set_ctx(f.resid, &held[i], 20, NULL), WK_OK); /* 2 pages */
+    }
+    for (int i = 0; i < 2; i++) { /* two clean parked states (their warm copies exist) */
+        ctl_resid_hot old, e;
+        char prev[65];
+        assert_int_equal(ctl_resid_hot_put(f.resid, keys[i], &held[i], false, NULL, &old, &e),
+                         WK_OK);
+        assert_int_equal(ctl_resid_warm_put(f.resid, keys[i], "w0", 2, 1, prev, sizeof(prev)),
+                         WK_OK);
+        assert_true(ctl_resid_hot_cleaned(f.resid, e.id, e.lost, false));
+    }
+    /* (held[2] stays held by "someone": no slot is free) */
+    static const int32_t t[2] = {21, 22};
+    ctl_job *j = submit(&f, t, 2, NULL, true);
+    fw_state st = fw_state_of(t, 2);
+    ctl_job_event ev = next_ev(j);
+    assert_int_equal(ev.type, CTL_JOB_EV_TOKEN);
+    assert_int_equal(ev.token, fw_token_of(&st));
+    ctl_slot_ref where;
+    int left = ctl_resid_hot_find(f.resid, "sa", &where);
+    left += ctl_resid_hot_find(f.resid, "sb", &where);
+    assert_int_equal(left, 1); /* one evicted, the other still parked */
+    ctl_job_stop(j, false);
+    assert_int_equal(next_ev(j).type, CTL_JOB_EV_DONE);
+    ctl_job_free(j);
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -858,6 +908,7 @@ main(void)
         cmocka_unit_test(test_whole_prefill),
         cmocka_unit_test(test_whole_yield),
         cmocka_unit_test(test_evict_parked),
+        cmocka_unit_test(test_evict_stale_hybrid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
