@@ -555,6 +555,23 @@ test_backed_warm_budget(void **state)
 }
 
 /*
+ * What the scheduler's manager does under slot pressure: evicts a clean
+ * entry under residence's lock (*v, WK_OK), or asks the cleaner for one
+ * (WK_EBUSY).
+ */
+static wk_err
+evict_or_ask_clean(ctl_resid_dir *dir, ctl_resid_hot *v)
+{
+    pthread_mutex_t *mu = ctl_resid_dir_mutex(dir);
+    pthread_mutex_lock(mu);
+    wk_err err = ctl_resid_hot_evict_clean_locked(dir, NULL, 0, v);
+    if (err == WK_EBUSY)
+        ctl_resid_hot_want_clean_locked(dir, NULL, 0);
+    pthread_mutex_unlock(mu);
+    return err;
+}
+
+/*
  * A cached state is dirty until its worker holds a warm copy; asked for room,
  * ctl_vm's cleaner makes that copy (one HOST_PUT) while the state keeps its
  * slot, and the scheduler's eviction then frees the slot with no I/O and the
@@ -574,14 +591,8 @@ test_cached_state_warm(void **state)
     ctl_resid_hot_counts(f.resid, &clean, &dirty);
     assert_int_equal(dirty, 1);
     uint32_t puts = fw_count(&f.w, WKVM__KIND__HOST_PUT);
-    pthread_mutex_t *mu = ctl_resid_dir_mutex(f.resid);
     ctl_resid_hot v;
-    pthread_mutex_lock(mu);
-    wk_err err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
-    if (err == WK_EBUSY)
-        ctl_resid_hot_want_clean_locked(f.resid, NULL, 0);
-    pthread_mutex_unlock(mu);
-    assert_int_equal(err, WK_EBUSY);
+    assert_int_equal(evict_or_ask_clean(f.resid, &v), WK_EBUSY);
     uint64_t until = fw_now_ms() + 3000;
     do {
         ctl_resid_hot_counts(f.resid, &clean, &dirty);
@@ -592,10 +603,7 @@ test_cached_state_warm(void **state)
     char w[65];
     assert_non_null(ctl_vm_warm_worker(f.vm, "blob1", w, sizeof(w)));
     assert_string_equal(w, "w0");
-    pthread_mutex_lock(mu);
-    err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
-    pthread_mutex_unlock(mu);
-    assert_int_equal(err, WK_OK);
+    assert_int_equal(evict_or_ask_clean(f.resid, &v), WK_OK);
     assert_string_equal(v.key, "blob1");
     assert_false(ctl_resid_slot_valid(f.resid, &slot));
     assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), puts + 1); /* no I/O */
@@ -629,14 +637,8 @@ test_cached_state_refused(void **state)
     assert_int_equal(ctl_resid_slot_alloc(f.resid, "w0", &slot, NULL), WK_OK);
     assert_int_equal(ctl_vm_put(f.vm, "blob2", &slot, false, &d), WK_OK);
     uint32_t puts = fw_count(&f.w, WKVM__KIND__HOST_PUT);
-    pthread_mutex_t *mu = ctl_resid_dir_mutex(f.resid);
     ctl_resid_hot v;
-    pthread_mutex_lock(mu);
-    wk_err err = ctl_resid_hot_evict_clean_locked(f.resid, NULL, 0, &v);
-    if (err == WK_EBUSY)
-        ctl_resid_hot_want_clean_locked(f.resid, NULL, 0);
-    pthread_mutex_unlock(mu);
-    assert_int_equal(err, WK_EBUSY);
+    assert_int_equal(evict_or_ask_clean(f.resid, &v), WK_EBUSY);
     uint64_t until = fw_now_ms() + 3000;
     uint32_t clean = 0, dirty = 0;
     bool was_clean = false;

@@ -387,6 +387,15 @@ ref_of(const char *worker, uint32_t slot, uint64_t gen)
     return r;
 }
 
+/* Slots a and b on w0, c on w1 (dir_two's workers). */
+static void
+three_slots(ctl_resid_dir *dir, ctl_slot_ref *a, ctl_slot_ref *b, ctl_slot_ref *c)
+{
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", a, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", b, NULL), WK_OK);
+    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", c, NULL), WK_OK);
+}
+
 /*
  * Puts key in slot: a cached state (stored) or a session (backing), clean
  * when clean (the copy to resume from exists). Returns its id.
@@ -412,9 +421,7 @@ test_hot_victim(void **state)
     ctl_kv_geom g = {.state_bytes = 64};
     dir_two(&dir, &t0, &t1, &g);
     ctl_slot_ref a, b, c;
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, NULL), WK_OK);
+    three_slots(dir, &a, &b, &c);
     ctl_resid_hot old, v;
     /* oldest first: a (a clean cached state), b (a dirty session), c (dirty, backed) */
     assert_int_equal(ctl_resid_hot_put(dir, "ka", &a, true, NULL, &old, NULL), WK_OK);
@@ -472,9 +479,7 @@ test_hot_victim_pages(void **state)
     dir_two(&dir, &t0, &t1, &g);
     ctl_slot_ref a, b, c;
     wk_diag d = {{0}};
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, &d), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, &d), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, &d), WK_OK);
+    three_slots(dir, &a, &b, &c);
     assert_int_equal(ctl_resid_slot_set_ctx(dir, &b, 48, &d), WK_OK); /* 3 pages */
     assert_int_equal(ctl_resid_slot_set_ctx(dir, &c, 160, &d), WK_OK); /* 10, on w1 */
     ctl_resid_hot v;
@@ -516,9 +521,7 @@ test_hot_index(void **state)
     ctl_kv_geom g = {.state_bytes = 64};
     dir_two(&dir, &t0, &t1, &g);
     ctl_slot_ref a = ref_of("w0", 1, 0), b = ref_of("w0", 2, 0), c = ref_of("w1", 1, 0);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, NULL), WK_OK);
+    three_slots(dir, &a, &b, &c);
     ctl_resid_hot old, e, pin;
     /* a put replaces an idle entry of the key: the old one is the caller's to retire */
     assert_int_equal(ctl_resid_hot_put(dir, "k", &a, false, "ck", &old, NULL), WK_OK);
@@ -607,9 +610,7 @@ test_hot_clean(void **state)
     ctl_kv_geom g = {.state_bytes = 64};
     dir_two(&dir, &t0, &t1, &g);
     ctl_slot_ref a, b, c;
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, NULL), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, NULL), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, NULL), WK_OK);
+    three_slots(dir, &a, &b, &c);
     char prev[65];
     /* a cached state with its warm copy on its worker: clean; the older dirty session is not */
     uint64_t sess = hot_put(dir, "sess", &b, false, "ck1", false);
@@ -770,9 +771,7 @@ test_hot_evict_stale(void **state)
     dir_two(&dir, &t0, &t1, &g);
     ctl_slot_ref a, b, c;
     wk_diag d = {{0}};
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &a, &d), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w0", &b, &d), WK_OK);
-    assert_int_equal(ctl_resid_slot_alloc(dir, "w1", &c, &d), WK_OK);
+    three_slots(dir, &a, &b, &c);
     const ctl_slot_ref *refs[3] = {&a, &b, &c};
     const char *keys[3] = {"ka", "kb", "kc"};
     for (int i = 0; i < 3; i++) {
