@@ -1383,8 +1383,10 @@ ctl_sched_mgr_main(void *arg)
          */
         char starved_on[65] = "";
         uint32_t missing = 0;
-        bool slot_starved = s->n_waiting > 0 && !ctl_sched_free_slot_locked(s, "") &&
-                            ctl_sched_slots_wanted_locked(s) > 0;
+        uint32_t wanted = s->n_waiting > 0 && !ctl_sched_free_slot_locked(s, "")
+                              ? ctl_sched_slots_wanted_locked(s)
+                              : 0;
+        bool slot_starved = wanted > 0;
         bool starving = slot_starved || (s->n_waiting > 0 &&
                                          ctl_sched_page_starved_locked(s, starved_on, &missing));
         /*
@@ -1396,8 +1398,7 @@ ctl_sched_mgr_main(void *arg)
          * and waits to retry counts none). (Page starvation already counts
          * stale slots' pages as coming back.)
          */
-        bool coming =
-            slot_starved && ctl_sched_slots_coming_locked(s) >= ctl_sched_slots_wanted_locked(s);
+        bool coming = slot_starved && ctl_sched_slots_coming_locked(s) >= wanted;
         bool freed = false, cleaning = coming;
         if (starving && !coming) {
             const char *on = starved_on[0] ? starved_on : NULL;
