@@ -42,12 +42,12 @@
  * token the biases, q / k RMSNorm, RoPE at the token's position and the
  * append of K / V to its slot's pages (every token of the pass is appended
  * before any attends), then per (token, query head) softmax attention over
- * positions 0..pos in ascending order: scores (8 partial fp32 sums over the
- * head dim, fixed order) into a per-task scratch, the max, then exp and
- * the sum in double and the fp32 weighted sum of V, in position order. The
- * queries run in blocks (gdn_att_body: consecutive tokens of one segment
- * times the query heads of one KV head, up to GDN_ATT_QMAX) that read each
- * K / V page once for all of them; a block only shares reads, each query
+ * positions 0..pos in ascending order (be_cpu_attn: scores as fma chains
+ * over the head dim, the max, exp and the sum in double, the weighted sum
+ * of V as fma chains in position order). The queries run in blocks
+ * (gdn_att_run: consecutive tokens of one segment times the query heads of
+ * one KV head, up to GDN_ATT_QMAX) that read each K / V page once for all
+ * of them; a block only shares reads, each query
  * keeps exactly its own operations, so the block shape (which varies with
  * the batch, the pass and the thread count) changes no bit. A token reads
  * only its own slot's pages and its own projections, so chunked prefill
@@ -88,6 +88,7 @@
 #endif
 
 #include "be_cpu_common.h"
+#include "be_cpu_attn.h"
 #include "be_cpu_kv.h"
 #include "be_cpu_mamba2.h"
 #include "be_cpu_rwkv7.h"
@@ -107,7 +108,8 @@
 #define GDN_KV_PAGE_TOKENS 16u
 #define GDN_KV_DEF_CTX 2048u  /* default pool: this many tokens for every slot */
 #define GDN_ATT_MAX_DIM 1024u /* attention head dim (checked at map) */
-#define GDN_ATT_QMAX 32u      /* most queries (token, head) of an attention block */
+#define GDN_ATT_QMAX 64u      /* most queries (token, head) of an attention block */
+_Static_assert(GDN_ATT_QMAX <= BE_CPU_ATTN_QMAX, "an attention block fits be_cpu_attn");
 #define GDN_M2_CONV_BLOCK 64u /* channels per Mamba2 conv task */
 
 /*
@@ -119,8 +121,6 @@ typedef struct gdn_att_blk {
     uint32_t t0, nt, h0, nh;
 } gdn_att_blk;
 
-/* The queries of one attention block (gdn_att_body). */
-typedef void (*gdn_att_fn)(const be_ctx *c, const gdn_att_blk *bk, float *scr);
 
 /* One token's recurrence over n <= GDN_SPAN value columns of a head (gdn_delta_body). */
 typedef void (*gdn_delta_fn)(float *S, size_t ld, uint32_t K, uint32_t n, const float *q,
@@ -226,12 +226,12 @@ struct be_ctx {
     float *aqg, *ag;          /* attn_gate: q_proj output [cap][2 QD], the gates [cap][QD] */
     uint32_t *tpos;           /* absolute position of each pass token [cap] */
     uint32_t att_tasks;       /* most tasks of the attention region: one per thread */
-    size_t scr_len;           /* floats per query's scratch row (>= the longest context) */
-    float *scr;               /* [att_tasks][GDN_ATT_QMAX][scr_len] attention scores */
+    size_t scr_len;           /* positions the attention scratch holds (>= the longest context) */
+    float *scr;               /* [att_tasks][be_cpu_attn_scr_floats(scr_len, Da)] */
     gdn_att_blk *att_blks;    /* the pass's attention blocks [cap * Hq], owned */
     uint32_t n_att_blks;      /* blocks in the current layer */
     _Atomic uint32_t att_next; /* next block to take (gdn_stage_att) */
-    gdn_att_fn att;           /* attention of one (token, head) for the ISA */
+    be_cpu_attn_fn att;       /* attention of one block of queries, for the ISA */
 
     /* RWKV-7 layers (g->rw NULL: none of this is allocated) */
     be_cpu_rw7 rw7;             /* their dimensions and pass buffers */
@@ -857,491 +857,54 @@ gdn_stage_att_prep(void *arg, uint32_t task)
     }
 }
 
-typedef float gdn_v8 __attribute__((vector_size(32)));
-
-/* The 8 lanes of a partial sum combined in the fixed tree of gdn_dot. */
-static inline __attribute__((always_inline)) float
-gdn_v8_sum(gdn_v8 a)
-{
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
-
 /*
- * q . k over n values: 8 lanes of partial fp32 sums (lane j sums the
- * elements j mod 8, in order), combined in a fixed tree, then the tail in
- * order. Plain multiplies and adds (C11 mode: no FMA contraction), so every
- * ISA path gives the same bits. gdn_dot_4x2 gives each of its 8 dots
- * exactly these operations.
+ * Causal softmax attention of the queries of block bk (each over positions
+ * 0..pos of its token) into ao, by be_cpu_attn (the ops per query and why
+ * the block shape changes no bit are there); scr is the task's scratch.
  */
-static inline __attribute__((always_inline)) float
-gdn_dot(const float *a, const float *b, uint32_t n)
+static void
+gdn_att_run(const be_ctx *c, const gdn_att_blk *bk, float *scr)
 {
-    gdn_v8 acc = {0};
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        gdn_v8 x, y;
-        memcpy(&x, a + i, sizeof(x));
-        memcpy(&y, b + i, sizeof(y));
-        acc = acc + x * y;
-    }
-    float s = gdn_v8_sum(acc);
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
-/*
- * The dots of 4 queries with 2 keys, out[i][j] = gdn_dot(q[i], k[j], n)
- * bit for bit (8 independent accumulators, each key row read once).
- */
-static inline __attribute__((always_inline)) void
-gdn_dot_4x2(const float *const q[4], const float *k0, const float *k1, uint32_t n,
-            float out[4][2])
-{
-    gdn_v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        gdn_v8 x0, x1, y;
-        memcpy(&x0, k0 + i, sizeof(x0));
-        memcpy(&x1, k1 + i, sizeof(x1));
-        memcpy(&y, q[0] + i, sizeof(y));
-        a00 = a00 + y * x0;
-        a01 = a01 + y * x1;
-        memcpy(&y, q[1] + i, sizeof(y));
-        a10 = a10 + y * x0;
-        a11 = a11 + y * x1;
-        memcpy(&y, q[2] + i, sizeof(y));
-        a20 = a20 + y * x0;
-        a21 = a21 + y * x1;
-        memcpy(&y, q[3] + i, sizeof(y));
-        a30 = a30 + y * x0;
-        a31 = a31 + y * x1;
-    }
-    out[0][0] = gdn_v8_sum(a00);
-    out[0][1] = gdn_v8_sum(a01);
-    out[1][0] = gdn_v8_sum(a10);
-    out[1][1] = gdn_v8_sum(a11);
-    out[2][0] = gdn_v8_sum(a20);
-    out[2][1] = gdn_v8_sum(a21);
-    out[3][0] = gdn_v8_sum(a30);
-    out[3][1] = gdn_v8_sum(a31);
-    for (; i < n; i++)
-        for (int r = 0; r < 4; r++) {
-            out[r][0] += q[r][i] * k0[i];
-            out[r][1] += q[r][i] * k1[i];
-        }
-}
-
-typedef float gdn_v16 __attribute__((vector_size(64)));
-typedef int32_t gdn_i16 __attribute__((vector_size(64)));
-
-/*
- * e[i] = exp(e[i] - sub) for 16 values, each <= 0 after the subtraction
- * (attention scores minus their max), written with
- * vector extensions so that every lane runs the same IEEE operations
- * (multiplies and adds, no contraction) whatever the ISA path or vector
- * width: the AVX-512, AVX2 and generic paths give the same bits, one value
- * alone the same as in any block. Cody-Waite reduction x = n ln2 + r
- * (|r| <= ln2 / 2; n by the round-to-nearest of adding 1.5 * 2^23), a
- * degree-6 polynomial for exp(r) (Cephes' expf coefficients), then the
- * exponent bits of 2^n: within 0.98 ulp of the exact exp over [-87, 0]
- * (4 million points against float64). Below -87 (where expf
- * turns subnormal, under 1.2e-38) the result is 0, as for -INFINITY; a NaN
- * stays NaN. Replaces a call of libm's expf per score, which was about half
- * of the attention's time at a few thousand keys.
- */
-static inline __attribute__((always_inline)) void
-gdn_exp16(float *e, float sub)
-{
-    gdn_v16 x, c87, zero = {0};
-    memcpy(&x, e, sizeof(x));
-    x = x - sub;
-    c87 = zero - 87.0f;
-    gdn_i16 xi, ci, ok = x >= -87.0f; /* all ones where x >= -87 (not for a NaN) */
-    memcpy(&xi, &x, sizeof(xi));
-    memcpy(&ci, &c87, sizeof(ci));
-    gdn_i16 li = (xi & ok) | (ci & ~ok);
-    gdn_v16 lo;
-    memcpy(&lo, &li, sizeof(lo));
-    const gdn_v16 t = lo * 1.44269504088896341f + 12582912.0f;
-    const gdn_v16 n = t - 12582912.0f;
-    gdn_v16 r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    gdn_v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const gdn_i16 eb = (__builtin_convertvector(n, gdn_i16) + 127) << 23;
-    gdn_v16 two_n;
-    memcpy(&two_n, &eb, sizeof(two_n));
-    const gdn_v16 y = p * two_n;
-    gdn_i16 yi, under = x < -87.0f; /* all ones below -87 (-INFINITY too): 0 */
-    memcpy(&yi, &y, sizeof(yi));
-    yi = yi & ~under;
-    memcpy(e, &yi, sizeof(yi));
-}
-
-/*
- * gdn_exp16 of e[0..m), m < 16 (the same bits per value as a whole vector;
- * the unused lanes hold sub, so they compute exp(0) and no lane converts an
- * out-of-range float to int).
- */
-static inline __attribute__((always_inline)) void
-gdn_exp_tail(float *e, uint32_t m, float sub)
-{
-    float v[16];
-    for (int i = 0; i < 16; i++)
-        v[i] = sub;
-    memcpy(v, e, m * sizeof(*e));
-    gdn_exp16(v, sub);
-    memcpy(e, v, m * sizeof(*e));
-}
-
-/*
- * o[d] += e[r] * v_r[d] for r < m, in r order, per element (the page's V
- * rows at stride tf): 128 columns at a time held in registers (16-float
- * vectors: one AVX-512 register each), so o is read and written once per
- * page; the same operations as m gdn_axpy calls (each element its own
- * multiply then add, whatever the vector width).
- */
-static inline __attribute__((always_inline)) void
-gdn_axpy_rows(float *o, const float *e, const float *v, size_t tf, uint32_t m, uint32_t n)
-{
-    uint32_t d = 0;
-    for (; d + 128 <= n; d += 128) {
-        gdn_v16 x[8];
-        memcpy(x, o + d, sizeof(x));
-        for (uint32_t r = 0; r < m; r++) {
-            const float *vr = v + (size_t)r * tf + d;
-            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++)
-            {
-                gdn_v16 y;
-                memcpy(&y, vr + 16 * u, sizeof(y));
-                x[u] = x[u] + y * e[r];
-            }
-        }
-        memcpy(o + d, x, sizeof(x));
-    }
-    for (; d + 16 <= n; d += 16) {
-        gdn_v16 x;
-        memcpy(&x, o + d, sizeof(x));
-        for (uint32_t r = 0; r < m; r++) {
-            gdn_v16 y;
-            memcpy(&y, v + (size_t)r * tf + d, sizeof(y));
-            x = x + y * e[r];
-        }
-        memcpy(o + d, &x, sizeof(x));
-    }
-    for (; d < n; d++)
-        for (uint32_t r = 0; r < m; r++)
-            o[d] += e[r] * v[(size_t)r * tf + d];
-}
-
-/*
- * The scores of queries q[0..nq) with the keys of one page (m rows at
- * stride tf from k), scaled, into scr[i * sl + r]: gdn_dot bit for bit,
- * query quads times key pairs in registers (gdn_dot_4x2), the rest one by
- * one. The portable form of gdn_scores_512.
- */
-static inline __attribute__((always_inline)) void
-gdn_scores(const float *const *q, uint32_t nq, const float *k, size_t tf, uint32_t m, uint32_t n,
-           float scale, float *scr, size_t sl)
-{
-    uint32_t r = 0;
-    for (; r + 2 <= m; r += 2) {
-        const float *k0 = k + (size_t)r * tf, *k1 = k0 + tf;
-        uint32_t i = 0;
-        for (; i + 4 <= nq; i += 4) {
-            float s[4][2];
-            gdn_dot_4x2(q + i, k0, k1, n, s);
-            for (int u = 0; u < 4; u++) {
-                scr[(i + u) * sl + r] = s[u][0] * scale;
-                scr[(i + u) * sl + r + 1] = s[u][1] * scale;
-            }
-        }
-        for (; i < nq; i++) {
-            scr[i * sl + r] = gdn_dot(q[i], k0, n) * scale;
-            scr[i * sl + r + 1] = gdn_dot(q[i], k1, n) * scale;
-        }
-    }
-    for (; r < m; r++)
-        for (uint32_t i = 0; i < nq; i++)
-            scr[i * sl + r] = gdn_dot(q[i], k + (size_t)r * tf, n) * scale;
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-/*
- * gdn_v8_sum of both halves of a: lanes 0..7 (into *s0) and 8..15 (*s1),
- * the same tree: adjacent pairs, then pairs of pairs, then the two quads
- * (each add commutes exactly, so adding a lane to its swapped neighbour
- * gives the tree's value in both).
- */
-static inline __attribute__((target("avx512f"), always_inline)) void
-gdn_v8_sum2_512(__m512 a, float *s0, float *s1)
-{
-    a = _mm512_add_ps(a, _mm512_permute_ps(a, 0xB1));
-    a = _mm512_add_ps(a, _mm512_permute_ps(a, 0x4E));
-    a = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, 0xB1));
-    *s0 = _mm512_cvtss_f32(a);
-    *s1 = _mm_cvtss_f32(_mm512_extractf32x4_ps(a, 2));
-}
-
-/*
- * NQ queries against keys k0 and k1: out[i][j] = gdn_dot(q[i], k_j, n) bit
- * for bit. One 16-float register holds the 8 lanes of k0 then the 8 of k1
- * and each query's 8 values broadcast to both halves, so one multiply and
- * one add advance both dots of a query (the same lane operations as
- * gdn_dot's 8-lane vectors); the tail after the tree in order, as gdn_dot.
- */
-static inline __attribute__((target("avx512f"), always_inline)) void
-gdn_dot_nx2_512(const float *const *q, int NQ, const float *k0, const float *k1, uint32_t n,
-                float out[][2])
-{
-    __m512 acc[8];
-    _Pragma("GCC unroll 8") for (int u = 0; u < NQ; u++) acc[u] = _mm512_setzero_ps();
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m512 kk = _mm512_castpd_ps(
-            _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_loadu_pd((const double *)(k0 + i))),
-                               _mm256_loadu_pd((const double *)(k1 + i)), 1));
-        _Pragma("GCC unroll 8") for (int u = 0; u < NQ; u++)
-        {
-            const __m256d q8 = _mm256_loadu_pd((const double *)(q[u] + i));
-            const __m512 qq = _mm512_castpd_ps(_mm512_broadcast_f64x4(q8));
-            acc[u] = _mm512_add_ps(acc[u], _mm512_mul_ps(qq, kk));
-        }
-    }
-    _Pragma("GCC unroll 8") for (int u = 0; u < NQ; u++)
-    {
-        gdn_v8_sum2_512(acc[u], &out[u][0], &out[u][1]);
-        for (uint32_t t = i; t < n; t++) {
-            out[u][0] += q[u][t] * k0[t];
-            out[u][1] += q[u][t] * k1[t];
-        }
-    }
-}
-
-/*
- * gdn_scores with AVX-512 (the 8-float halves moved as 4 doubles: AVX-512F
- * only): query octets (then a quad, a pair, one) times key pairs in
- * registers, every score gdn_dot's bits.
- */
-static __attribute__((target("avx512f"))) void
-gdn_scores_512(const float *const *q, uint32_t nq, const float *k, size_t tf, uint32_t m,
-               uint32_t n, float scale, float *scr, size_t sl)
-{
-    uint32_t r = 0;
-    for (; r + 2 <= m; r += 2) {
-        const float *k0 = k + (size_t)r * tf, *k1 = k0 + tf;
-        uint32_t i = 0;
-        float s[8][2];
-        for (; i + 8 <= nq; i += 8) {
-            gdn_dot_nx2_512(q + i, 8, k0, k1, n, s);
-            for (int u = 0; u < 8; u++) {
-                scr[(i + u) * sl + r] = s[u][0] * scale;
-                scr[(i + u) * sl + r + 1] = s[u][1] * scale;
-            }
-        }
-        for (int w = 4; w >= 1; w /= 2)
-            if (i + (uint32_t)w <= nq) {
-                if (w == 4)
-                    gdn_dot_nx2_512(q + i, 4, k0, k1, n, s);
-                else if (w == 2)
-                    gdn_dot_nx2_512(q + i, 2, k0, k1, n, s);
-                else
-                    gdn_dot_nx2_512(q + i, 1, k0, k1, n, s);
-                for (int u = 0; u < w; u++) {
-                    scr[(i + u) * sl + r] = s[u][0] * scale;
-                    scr[(i + u) * sl + r + 1] = s[u][1] * scale;
-                }
-                i += (uint32_t)w;
-            }
-    }
-    for (; r < m; r++)
-        for (uint32_t i = 0; i < nq; i++)
-            scr[i * sl + r] = gdn_dot(q[i], k + (size_t)r * tf, n) * scale;
-}
-#endif
-
-/*
- * Causal softmax attention of every query of block bk (each over positions
- * 0..pos of its token), into ao; scr holds GDN_ATT_QMAX rows of scr_len.
- * Per query, exactly the operations of one query alone, in position order:
- * the scores (gdn_dot, times the scale) and their max, then per position
- * exp(s - max) (gdn_exp16), the sum in double and the weighted sum of V in fp32; the
- * output is scaled by 1 / sum at the end. The block only shares the reads:
- * each K / V page is read once for all its queries (page by page, key
- * pairs times query quads in registers), so a query's bits never depend on
- * the block it is in. Keys past a query's position (up to the block's last
- * token, all in the pool) are scored but never used.
- */
-/*
- * The largest of s[0..n) that is not NaN, -INFINITY when none: the value
- * of the loop m = s[j] > m ? s[j] : m from -INFINITY (which may keep a -0
- * where this returns +0 or back: the only use, exp(s - max), is the same
- * for either).
- */
-static inline __attribute__((always_inline)) float
-gdn_max(const float *s, uint32_t n)
-{
-    float m = -INFINITY;
-    for (uint32_t j = 0; j < n; j++)
-        m = s[j] > m ? s[j] : m;
-    return m;
-}
-
-static float
-gdn_max_any(const float *s, uint32_t n)
-{
-    return gdn_max(s, n);
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-/* gdn_max, 64 lanes at a time (vmaxps keeps its second operand on NaN, as the loop does). */
-static __attribute__((target("avx512f"))) float
-gdn_max_512(const float *s, uint32_t n)
-{
-    __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
-    uint32_t j = 0;
-    for (; j + 64 <= n; j += 64) {
-        m0 = _mm512_max_ps(_mm512_loadu_ps(s + j), m0);
-        m1 = _mm512_max_ps(_mm512_loadu_ps(s + j + 16), m1);
-        m2 = _mm512_max_ps(_mm512_loadu_ps(s + j + 32), m2);
-        m3 = _mm512_max_ps(_mm512_loadu_ps(s + j + 48), m3);
-    }
-    for (; j + 16 <= n; j += 16)
-        m0 = _mm512_max_ps(_mm512_loadu_ps(s + j), m0);
-    m0 = _mm512_max_ps(_mm512_max_ps(m1, m0), _mm512_max_ps(m3, m2));
-    float lane[16];
-    _mm512_storeu_ps(lane, m0);
-    float m = gdn_max(lane, 16);
-    for (; j < n; j++)
-        m = s[j] > m ? s[j] : m;
-    return m;
-}
-#endif
-
-typedef void (*gdn_scores_fn)(const float *const *q, uint32_t nq, const float *k, size_t tf,
-                              uint32_t m, uint32_t n, float scale, float *scr, size_t sl);
-typedef float (*gdn_max_fn)(const float *s, uint32_t n);
-
-static inline __attribute__((always_inline)) void
-gdn_att_body(const be_ctx *c, const gdn_att_blk *bk, float *scr, gdn_scores_fn scores,
-             gdn_max_fn smax)
-{
-    const uint32_t Da = c->Da, PT = c->kv.page_tokens, nq = bk->nt * bk->nh;
-    const uint32_t slot = c->b.segs[c->b.tseg[bk->t0]].slot;
-    const uint32_t nmax = c->tpos[bk->t0 + bk->nt - 1] + 1;
-    const size_t koff =
-        (size_t)c->layers[c->layer].idx * 2 * c->KVD + (size_t)(bk->h0 / (c->Hq / c->Hkv)) * Da;
-    const size_t voff = koff + c->KVD, tf = c->kv.tok_floats, sl = c->scr_len;
-    const uint32_t *pages = c->kv.slots[slot].pages;
-    const size_t page_floats = (size_t)PT * tf;
-    const float *q[GDN_ATT_QMAX];
-    float *o[GDN_ATT_QMAX];
-    uint32_t nn[GDN_ATT_QMAX];
-    float mx[GDN_ATT_QMAX];
-    double sum[GDN_ATT_QMAX];
+    be_cpu_attn_blk a;
+    const uint32_t nq = bk->nt * bk->nh;
+    a.kv = &c->kv;
+    a.slot = c->b.segs[c->b.tseg[bk->t0]].slot;
+    a.koff = (size_t)c->layers[c->layer].idx * 2 * c->KVD +
+             (size_t)(bk->h0 / (c->Hq / c->Hkv)) * c->Da;
+    a.voff = a.koff + c->KVD;
+    a.Da = c->Da;
+    a.scale = c->att_scale;
+    a.nq = nq;
     for (uint32_t i = 0; i < nq; i++) {
         const uint32_t t = bk->t0 + i / bk->nh, h = bk->h0 + i % bk->nh;
-        q[i] = c->aq + (size_t)t * c->QD + (size_t)h * Da;
-        o[i] = c->ao + (size_t)t * c->QD + (size_t)h * Da;
-        nn[i] = c->tpos[t] + 1;
-        mx[i] = -INFINITY;
-        sum[i] = 0.0;
+        a.q[i] = c->aq + (size_t)t * c->QD + (size_t)h * c->Da;
+        a.o[i] = c->ao + (size_t)t * c->QD + (size_t)h * c->Da;
+        a.nn[i] = c->tpos[t] + 1;
     }
-    for (uint32_t j0 = 0; j0 < nmax; j0 += PT) {
-        const float *base = c->kv.pool + (size_t)pages[j0 / PT] * page_floats + koff;
-        const uint32_t m = nmax - j0 < PT ? nmax - j0 : PT;
-        scores(q, nq, base, tf, m, Da, c->att_scale, scr + j0, sl);
-    }
-    for (uint32_t i = 0; i < nq; i++) {
-        mx[i] = smax(scr + i * sl, nn[i]);
-        for (uint32_t d = 0; d < Da; d++)
-            o[i][d] = 0.0f;
-    }
-    for (uint32_t j0 = 0; j0 < nmax; j0 += PT) {
-        const float *base = c->kv.pool + (size_t)pages[j0 / PT] * page_floats + voff;
-        for (uint32_t i = 0; i < nq; i++) {
-            if (nn[i] <= j0)
-                continue;
-            const uint32_t m = nn[i] - j0 < PT ? nn[i] - j0 : PT;
-            float *e = scr + i * sl + j0; /* the scores become their exps */
-            double s = sum[i];
-            uint32_t r = 0;
-            for (; r + 16 <= m; r += 16)
-                gdn_exp16(e + r, mx[i]);
-            if (r < m)
-                gdn_exp_tail(e + r, m - r, mx[i]);
-            for (r = 0; r < m; r++)
-                s += e[r];
-            sum[i] = s;
-            gdn_axpy_rows(o[i], e, base, tf, m, Da);
-        }
-    }
-    for (uint32_t i = 0; i < nq; i++) {
-        const float inv = (float)(1.0 / sum[i]);
-        for (uint32_t d = 0; d < Da; d++)
-            o[i][d] *= inv;
-    }
-}
-
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f"))) static void
-gdn_att_avx512(const be_ctx *c, const gdn_att_blk *bk, float *scr)
-{
-    gdn_att_body(c, bk, scr, gdn_scores_512, gdn_max_512);
-}
-
-__attribute__((target("avx2,fma"))) static void
-gdn_att_avx2(const be_ctx *c, const gdn_att_blk *bk, float *scr)
-{
-    gdn_att_body(c, bk, scr, gdn_scores, gdn_max_any);
-}
-#endif
-
-static void
-gdn_att_generic(const be_ctx *c, const gdn_att_blk *bk, float *scr)
-{
-    gdn_att_body(c, bk, scr, gdn_scores, gdn_max_any);
-}
-
-static gdn_att_fn
-gdn_att_pick(be_cpu_isa isa)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    if (isa == BE_CPU_ISA_AVX512)
-        return gdn_att_avx512;
-    if (isa == BE_CPU_ISA_AVX2)
-        return gdn_att_avx2;
-#endif
-    (void)isa;
-    return gdn_att_generic;
+    c->att(&a, scr);
 }
 
 /*
  * One task of the attention region per thread, scratch row = task: each
  * takes the next block (c->att_next) until none is left. Which task runs a
- * block changes no bit (gdn_att_body).
+ * block changes no bit (gdn_att_run).
  */
 static void
 gdn_stage_att(void *arg, uint32_t task)
 {
     be_ctx *c = arg;
-    float *scr = c->scr + (size_t)task * GDN_ATT_QMAX * c->scr_len;
+    float *scr = c->scr + (size_t)task * be_cpu_attn_scr_floats(c->scr_len, c->Da);
     for (;;) {
         const uint32_t i = atomic_fetch_add_explicit(&c->att_next, 1u, memory_order_relaxed);
         if (i >= c->n_att_blks)
             break;
-        c->att(c, &c->att_blks[i], scr);
+        gdn_att_run(c, &c->att_blks[i], scr);
     }
 }
 
 /*
  * The pass's attention blocks of up to nt tokens of a segment times nh
- * query heads of a KV head (gdn_att_body), written to att_blks when fill;
+ * query heads of a KV head (gdn_att_run), written to att_blks when fill;
  * returns how many.
  */
 static uint32_t
@@ -1445,7 +1008,7 @@ gdn_pre_step(be_cpu_base *base, const be_row *rows, size_t n, wk_diag *d)
         longest = cap; /* such a row is refused below */
     if (longest > c->scr_len) {
         size_t len = ((size_t)longest + 255) / 256 * 256;
-        float *p = be_cpu_alloc_f((size_t)c->att_tasks * GDN_ATT_QMAX * len);
+        float *p = be_cpu_alloc_f((size_t)c->att_tasks * be_cpu_attn_scr_floats(len, c->Da));
         if (p == NULL)
             return wk_diag_set(
                 d, WK_ENOMEM, "cpu backend: out of memory for attention scratch (%zu tokens)", len);
@@ -2189,7 +1752,7 @@ gdn_open_attention(be_ctx *c, const be_config *cfg, wk_diag *d)
         (c->g->attn_gate && ((c->aqg = be_cpu_alloc_f(cap * 2 * c->QD)) == NULL ||
                              (c->ag = be_cpu_alloc_f(cap * c->QD)) == NULL)))
         return wk_diag_set(d, WK_ENOMEM, "cpu backend: out of memory for step buffers");
-    c->att = gdn_att_pick(c->b.isa);
+    c->att = be_cpu_attn_pick(c->b.isa);
     c->b.pre_step = gdn_pre_step;
     c->b.kv = &c->kv;
     return WK_OK;
