@@ -154,12 +154,18 @@ ref_query(pool *p, uint32_t g, const float *q, uint32_t nn, float scale, double 
     free(s);
 }
 
-/* The shapes: head dims with and without vector tails, blocks of 1..64 queries. */
+/*
+ * The shapes: head dims with and without vector tails (not a multiple of 4,
+ * of 16, past one register tile of dims), blocks of 1..64 queries (up to 4:
+ * the decode kernels; a query alone there, in a block the lanes-over-queries
+ * ones).
+ */
 static const struct {
     uint32_t Da, pos0, nt, nh;
 } g_cases[] = {
     {64, 0, 1, 1},    {64, 0, 16, 2},   {64, 37, 32, 2},  {40, 5, 3, 1},   {40, 100, 17, 3},
     {128, 200, 8, 8}, {128, 300, 1, 2}, {24, 150, 64, 1}, {128, 64, 16, 4}, {8, 0, 21, 3},
+    {18, 33, 2, 2},   {130, 70, 5, 4},  {6, 10, 4, 1},   {130, 90, 1, 4}, {258, 3, 9, 2},
 };
 
 static void

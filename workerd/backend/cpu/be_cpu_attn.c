@@ -26,6 +26,7 @@
 #include "be_cpu_attn.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -183,6 +184,12 @@ typedef void (*att_scores_fn)(const float *qt, const float *k, size_t tf, uint32
 typedef void (*att_pv_fn)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_t Da,
                           const float *e, const int32_t *nn, uint32_t nmin, uint32_t nmax,
                           float *out, int nv);
+typedef void (*att_scores_few_fn)(const float *const *q, uint32_t nq, const float *k, size_t tf,
+                                  uint32_t m, uint32_t Da, float scale, float *sc);
+typedef void (*att_pv_one_fn)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_t Da,
+                              const float *e, uint32_t n, float *out);
+
+#define ATT_FEW 4 /* blocks of at most this many queries take the lanes-over-keys / dims kernels */
 
 /*
  * One block (be_cpu_attn_fn) with a path's scores and V kernels, lane
@@ -190,8 +197,9 @@ typedef void (*att_pv_fn)(const be_kv *kv, const uint32_t *pages, size_t voff, u
  * then the key-major scores / exps (nmax x QMAX).
  */
 static inline __attribute__((always_inline)) void
-att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv, uint32_t L,
-        uint32_t W, att_sel_fn max16, att_sel_fn clamp16, att_sel_fn fix16)
+att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv,
+        att_scores_few_fn scores_few, att_pv_one_fn pv_one, uint32_t L, uint32_t W,
+        att_sel_fn max16, att_sel_fn clamp16, att_sel_fn fix16)
 {
     enum { QM = BE_CPU_ATTN_QMAX };
     const be_kv *kv = b->kv;
@@ -207,16 +215,27 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
 
     for (uint32_t i = 0; i < QM; i++)
         nn[i] = i < nq ? (int32_t)b->nn[i] : 0;
-    for (uint32_t d = 0; d < Da; d++) {
-        float *row = qt + (size_t)d * QM;
-        for (uint32_t i = 0; i < nq; i++)
-            row[i] = b->q[i][d];
-        for (uint32_t i = nq; i < nl; i++)
-            row[i] = 0.0f;
+    const bool few = nq <= ATT_FEW;
+    if (few) { /* decode: too few queries to fill vectors */
+        for (uint32_t j = 0; j < nmax; j++)
+            for (uint32_t i = nq; i < nl; i++)
+                sc[(size_t)j * QM + i] = 0.0f;
+    } else {
+        for (uint32_t d = 0; d < Da; d++) {
+            float *row = qt + (size_t)d * QM;
+            for (uint32_t i = 0; i < nq; i++)
+                row[i] = b->q[i][d];
+            for (uint32_t i = nq; i < nl; i++)
+                row[i] = 0.0f;
+        }
     }
     for (uint32_t j0 = 0; j0 < nmax; j0 += PT) {
         const float *k = kv->pool + (size_t)pages[j0 / PT] * page_floats + b->koff;
         const uint32_t m = nmax - j0 < PT ? nmax - j0 : PT;
+        if (few) {
+            scores_few(b->q, nq, k, tf, m, Da, b->scale, sc + (size_t)j0 * QM);
+            continue;
+        }
         for (uint32_t g0 = 0; g0 < nl; g0 += L) {
             const uint32_t lanes = nl - g0 < L ? nl - g0 : L;
             scores(qt + g0, k, tf, m, Da, b->scale, sc + (size_t)j0 * QM + g0, (int)(lanes / W));
@@ -251,7 +270,9 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
         memcpy(sum + c, &s0, sizeof(s0));
         memcpy(sum + c + 8, &s1, sizeof(s1));
     }
-    for (uint32_t g0 = 0; g0 < nq; g0 += L) { /* the V sums into qt, lanes = queries */
+    for (uint32_t i = 0; few && i < nq; i++) /* the V sums into qt, lanes = dims */
+        pv_one(kv, pages, b->voff, Da, sc + i, (uint32_t)nn[i], qt + i);
+    for (uint32_t g0 = 0; !few && g0 < nq; g0 += L) { /* the V sums into qt, lanes = queries */
         const uint32_t last = (nq - g0 < L ? nq : g0 + L) - 1;
         const uint32_t lanes = (last - g0 + 16) / 16 * 16;
         pv(kv, pages, b->voff, Da, sc + g0, nn + g0, (uint32_t)nn[g0], (uint32_t)nn[last], qt + g0,
@@ -273,13 +294,21 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
 #define ATT_V __m512
 #define ATT_NN __m512i
 #define ATT_W 16
-#define ATT_G 4
+#define ATT_G 2
 #define ATT_ACC 16
 #define ATT_LD(p) _mm512_loadu_ps(p)
 #define ATT_ST(p, v) _mm512_storeu_ps((p), (v))
 #define ATT_SET1(x) _mm512_set1_ps(x)
 #define ATT_ZERO() _mm512_setzero_ps()
 #define ATT_MUL(a, b) _mm512_mul_ps((a), (b))
+#define ATT_ADD(a, b) _mm512_add_ps((a), (b))
+#define ATT_LD4K(kp, d)                                                                            \
+    _mm512_insertf32x4(                                                                            \
+        _mm512_insertf32x4(_mm512_insertf32x4(_mm512_castps128_ps512(_mm_loadu_ps((kp)[0] + (d))),  \
+                                              _mm_loadu_ps((kp)[1] + (d)), 1),                     \
+                           _mm_loadu_ps((kp)[2] + (d)), 2),                                        \
+        _mm_loadu_ps((kp)[3] + (d)), 3)
+#define ATT_BC4(p) _mm512_broadcast_f32x4(_mm_loadu_ps(p))
 #define ATT_FMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define ATT_NN_LD(p) _mm512_loadu_si512((const void *)(p))
 #define ATT_FMA_IF(a, b, c, nn, j)                                                                 \
@@ -300,6 +329,9 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
 #undef ATT_SET1
 #undef ATT_ZERO
 #undef ATT_MUL
+#undef ATT_BC4
+#undef ATT_LD4K
+#undef ATT_ADD
 #undef ATT_FMA
 #undef ATT_NN_LD
 #undef ATT_FMA_IF
@@ -312,13 +344,18 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
 #define ATT_V __m256
 #define ATT_NN __m256i
 #define ATT_W 8
-#define ATT_G 4
+#define ATT_G 2
 #define ATT_ACC 8
 #define ATT_LD(p) _mm256_loadu_ps(p)
 #define ATT_ST(p, v) _mm256_storeu_ps((p), (v))
 #define ATT_SET1(x) _mm256_set1_ps(x)
 #define ATT_ZERO() _mm256_setzero_ps()
 #define ATT_MUL(a, b) _mm256_mul_ps((a), (b))
+#define ATT_ADD(a, b) _mm256_add_ps((a), (b))
+#define ATT_LD4K(kp, d)                                                                            \
+    _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps((kp)[0] + (d))),                      \
+                         _mm_loadu_ps((kp)[1] + (d)), 1)
+#define ATT_BC4(p) _mm256_broadcast_ps((const __m128 *)(const void *)(p))
 #define ATT_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define ATT_NN_LD(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
 #define ATT_FMA_IF(a, b, c, nn, j)                                                                 \
@@ -340,6 +377,9 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
 #undef ATT_SET1
 #undef ATT_ZERO
 #undef ATT_MUL
+#undef ATT_BC4
+#undef ATT_LD4K
+#undef ATT_ADD
 #undef ATT_FMA
 #undef ATT_NN_LD
 #undef ATT_FMA_IF
@@ -397,7 +437,7 @@ att_fma4_if(att_v4 a, att_v4 b, att_v4 c, att_i4 nn, uint32_t j)
 #define ATT_NN att_i4
 #define ATT_W 4
 #define ATT_G 4
-#define ATT_ACC 8
+#define ATT_ACC 16
 #define ATT_LD(p) att_ld4(p)
 #define ATT_ST(p, v)                                                                               \
     do {                                                                                           \
@@ -407,6 +447,9 @@ att_fma4_if(att_v4 a, att_v4 b, att_v4 c, att_i4 nn, uint32_t j)
 #define ATT_SET1(x) att_set4(x)
 #define ATT_ZERO() ((att_v4){0.0f, 0.0f, 0.0f, 0.0f})
 #define ATT_MUL(a, b) ((a) * (b))
+#define ATT_ADD(a, b) ((a) + (b))
+#define ATT_LD4K(kp, d) att_ld4((kp)[0] + (d))
+#define ATT_BC4(p) att_ld4(p)
 #define ATT_FMA(a, b, c) att_fma4((a), (b), (c))
 #define ATT_NN_LD(p) att_ld4i(p)
 #define ATT_FMA_IF(a, b, c, nn, j) att_fma4_if((a), (b), (c), (nn), (j))

@@ -5,7 +5,9 @@
  *   ATT_NAME(x)   x with the path's suffix        ATT_TGT    the target attribute
  *   ATT_V         a vector of ATT_W floats        ATT_NN     a vector of ATT_W int32
  *   ATT_G         most vectors of a lane group    ATT_ACC    accumulators a kernel holds
- *   ATT_LD(p), ATT_ST(p, v), ATT_SET1(x), ATT_ZERO(), ATT_MUL(a, b)
+ *   ATT_LD(p), ATT_ST(p, v), ATT_SET1(x), ATT_ZERO(), ATT_MUL(a, b), ATT_ADD(a, b)
+ *   ATT_LD4K(kp, d)             kp[u][d..d+3] in the u-th quarter, u < ATT_W / 4
+ *   ATT_BC4(p)                  p[0..3] in every quarter
  *   ATT_FMA(a, b, c)            a * b + c, one rounding (fmaf per lane)
  *   ATT_NN_LD(p)                ATT_W int32 from p
  *   ATT_FMA_IF(a, b, c, nn, j)  ATT_FMA in the lanes whose nn > j, c in the others
@@ -17,23 +19,42 @@
 /*
  * Scores of the nv vectors of lanes at qt (the block's transposed queries,
  * rows of BE_CPU_ATTN_QMAX) with kg keys at k (stride tf): sc[kk * QMAX +
- * lane] = the fma chain over d, times scale.
+ * lane] = ((p0 + p1) + (p2 + p3)) * scale, p_l the fma chain over the dims
+ * d = l mod 4 (4 accumulators per key and lane vector).
  */
 static inline ATT_TGT __attribute__((always_inline)) void
 ATT_NAME(att_scores)(const float *qt, const float *k, size_t tf, uint32_t Da, float scale,
                      float *sc, const int nv, const int kg)
 {
     ATT_V acc[ATT_ACC];
-    _Pragma("GCC unroll 16") for (int x = 0; x < kg * nv; x++) acc[x] = ATT_ZERO();
-    for (uint32_t d = 0; d < Da; d++) {
+    _Pragma("GCC unroll 16") for (int x = 0; x < kg * nv * 4; x++) acc[x] = ATT_ZERO();
+    uint32_t d = 0;
+    for (; d + 4 <= Da; d += 4) {
+        _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++)
+        {
+            ATT_V a[ATT_G];
+            _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) a[z] =
+                ATT_LD(qt + (size_t)(d + (uint32_t)l) * BE_CPU_ATTN_QMAX + z * ATT_W);
+            _Pragma("GCC unroll 16") for (int kk = 0; kk < kg; kk++)
+            {
+                const ATT_V b = ATT_SET1(k[(size_t)kk * tf + d + (uint32_t)l]);
+                _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) acc[(kk * nv + z) * 4 + l] =
+                    ATT_FMA(a[z], b, acc[(kk * nv + z) * 4 + l]);
+            }
+        }
+    }
+    _Pragma("GCC unroll 4") for (int l = 0; l < 3; l++)
+    {
+        if (d + (uint32_t)l >= Da)
+            break;
         ATT_V a[ATT_G];
         _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) a[z] =
-            ATT_LD(qt + (size_t)d * BE_CPU_ATTN_QMAX + z * ATT_W);
+            ATT_LD(qt + (size_t)(d + (uint32_t)l) * BE_CPU_ATTN_QMAX + z * ATT_W);
         _Pragma("GCC unroll 16") for (int kk = 0; kk < kg; kk++)
         {
-            const ATT_V b = ATT_SET1(k[(size_t)kk * tf + d]);
-            _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) acc[kk * nv + z] =
-                ATT_FMA(a[z], b, acc[kk * nv + z]);
+            const ATT_V b = ATT_SET1(k[(size_t)kk * tf + d + (uint32_t)l]);
+            _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) acc[(kk * nv + z) * 4 + l] =
+                ATT_FMA(a[z], b, acc[(kk * nv + z) * 4 + l]);
         }
     }
     const ATT_V s = ATT_SET1(scale);
@@ -41,7 +62,9 @@ ATT_NAME(att_scores)(const float *qt, const float *k, size_t tf, uint32_t Da, fl
     {
         _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++)
         {
-            ATT_ST(sc + (size_t)kk * BE_CPU_ATTN_QMAX + z * ATT_W, ATT_MUL(acc[kk * nv + z], s));
+            const ATT_V *p = acc + (kk * nv + z) * 4;
+            const ATT_V t = ATT_ADD(ATT_ADD(p[0], p[1]), ATT_ADD(p[2], p[3]));
+            ATT_ST(sc + (size_t)kk * BE_CPU_ATTN_QMAX + z * ATT_W, ATT_MUL(t, s));
         }
     }
 }
@@ -55,7 +78,7 @@ static inline ATT_TGT __attribute__((always_inline)) void
 ATT_NAME(att_scores_page)(const float *qt, const float *k, size_t tf, uint32_t m, uint32_t Da,
                           float scale, float *sc, const int nv)
 {
-    const int kg = ATT_ACC / nv;
+    const int kg = ATT_ACC / (4 * nv);
     uint32_t r = 0;
     for (; r + (uint32_t)kg <= m; r += (uint32_t)kg)
         ATT_NAME(att_scores)(qt, k + r * tf, tf, Da, scale, sc + (size_t)r * BE_CPU_ATTN_QMAX, nv,
@@ -133,11 +156,15 @@ ATT_NAME(att_scores_nv)(const float *qt, const float *k, size_t tf, uint32_t m, 
     case 2:
         ATT_NAME(att_scores_page)(qt, k, tf, m, Da, scale, sc, 2);
         break;
+#if ATT_G >= 3
     case 3:
         ATT_NAME(att_scores_page)(qt, k, tf, m, Da, scale, sc, 3);
         break;
-    default:
+    case 4:
         ATT_NAME(att_scores_page)(qt, k, tf, m, Da, scale, sc, 4);
+        break;
+#endif
+    default:
         break;
     }
 }
@@ -170,18 +197,130 @@ ATT_NAME(att_pv_nv)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_
     case 2:
         ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, nmax, out, 2);
         break;
+#if ATT_G >= 3
     case 3:
         ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, nmax, out, 3);
         break;
-    default:
+    case 4:
         ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, nmax, out, 4);
         break;
+#endif
+    default:
+        break;
+    }
+}
+
+/*
+ * The scores of nq <= ATT_FEW queries (at q, each Da floats) with the m
+ * keys of one page (at k, stride tf), into sc (rows of QMAX): the same
+ * values as att_scores, with the lanes over keys times the 4 partial
+ * chains (ATT_W / 4 keys a vector: 4 consecutive dims of each, the query's
+ * 4 dims broadcast to each key's quarter), for blocks too small to fill
+ * vectors with queries (decode).
+ */
+static ATT_TGT void
+ATT_NAME(att_scores_few)(const float *const *q, uint32_t nq, const float *k, size_t tf, uint32_t m,
+                         uint32_t Da, float scale, float *sc)
+{
+    enum { KV = ATT_W / 4 };
+    const uint32_t D4 = Da / 4 * 4;
+    for (uint32_t r = 0; r < m; r += KV) {
+        const float *kp[KV];
+        for (int u = 0; u < KV; u++) /* past the page's last key: that key again, unused */
+            kp[u] = k + (size_t)(r + (uint32_t)u < m ? r + (uint32_t)u : m - 1) * tf;
+        ATT_V acc[ATT_FEW];
+        for (uint32_t i = 0; i < nq; i++)
+            acc[i] = ATT_ZERO();
+        for (uint32_t d = 0; d < D4; d += 4) {
+            const ATT_V kv4 = ATT_LD4K(kp, d);
+            _Pragma("GCC unroll 4") for (int i = 0; i < ATT_FEW; i++) if ((uint32_t)i < nq)
+                acc[i] = ATT_FMA(ATT_BC4(q[i] + d), kv4, acc[i]);
+        }
+        for (uint32_t i = 0; i < nq; i++) {
+            float p[ATT_W];
+            ATT_ST(p, acc[i]);
+            for (int u = 0; u < KV && r + (uint32_t)u < m; u++) {
+                float *pu = p + 4 * u;
+                for (uint32_t d = D4; d < Da; d++)
+                    pu[d & 3] = fmaf(q[i][d], kp[u][d], pu[d & 3]);
+                sc[(size_t)(r + (uint32_t)u) * BE_CPU_ATTN_QMAX + i] =
+                    ((pu[0] + pu[1]) + (pu[2] + pu[3])) * scale;
+            }
+        }
+    }
+}
+
+/*
+ * One query's weighted sum of V over nvc vectors of dims from d0, lanes
+ * over the dims: out[d * QMAX] = the fma chain over j < n in order of
+ * e[j * QMAX] * v_j[d] (att_pv's values for that lane).
+ */
+static inline ATT_TGT __attribute__((always_inline)) void
+ATT_NAME(att_pv_one_chunk)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_t d0,
+                           const float *e, uint32_t n, float *out, const int nvc)
+{
+    const uint32_t PT = kv->page_tokens;
+    const size_t tf = kv->tok_floats, page_floats = (size_t)PT * tf;
+    ATT_V acc[ATT_ACC];
+    _Pragma("GCC unroll 16") for (int c = 0; c < nvc; c++) acc[c] = ATT_ZERO();
+    for (uint32_t j0 = 0; j0 < n; j0 += PT) {
+        const float *base = kv->pool + (size_t)pages[j0 / PT] * page_floats + voff + d0;
+        const uint32_t m = n - j0 < PT ? n - j0 : PT;
+        for (uint32_t r = 0; r < m; r++) {
+            const ATT_V b = ATT_SET1(e[(size_t)(j0 + r) * BE_CPU_ATTN_QMAX]);
+            const float *vr = base + r * tf;
+            _Pragma("GCC unroll 16") for (int c = 0; c < nvc; c++) acc[c] =
+                ATT_FMA(b, ATT_LD(vr + c * ATT_W), acc[c]);
+        }
+    }
+    _Pragma("GCC unroll 16") for (int c = 0; c < nvc; c++)
+    {
+        float t[ATT_W];
+        ATT_ST(t, acc[c]);
+        for (int l = 0; l < ATT_W; l++)
+            out[(size_t)(d0 + (uint32_t)(c * ATT_W + l)) * BE_CPU_ATTN_QMAX] = t[l];
+    }
+}
+
+/*
+ * att_pv_one_chunk over all of a query's dims: 8 vectors at a time, then
+ * 4, 2, 1, then the last dims (under a vector) one by one, each the same
+ * chain.
+ */
+static ATT_TGT void
+ATT_NAME(att_pv_one)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_t Da,
+                     const float *e, uint32_t n, float *out)
+{
+    uint32_t d0 = 0;
+    for (; d0 + 8 * ATT_W <= Da; d0 += 8 * ATT_W)
+        ATT_NAME(att_pv_one_chunk)(kv, pages, voff, d0, e, n, out, 8);
+    if (d0 + 4 * ATT_W <= Da) {
+        ATT_NAME(att_pv_one_chunk)(kv, pages, voff, d0, e, n, out, 4);
+        d0 += 4 * ATT_W;
+    }
+    if (d0 + 2 * ATT_W <= Da) {
+        ATT_NAME(att_pv_one_chunk)(kv, pages, voff, d0, e, n, out, 2);
+        d0 += 2 * ATT_W;
+    }
+    if (d0 + ATT_W <= Da) {
+        ATT_NAME(att_pv_one_chunk)(kv, pages, voff, d0, e, n, out, 1);
+        d0 += ATT_W;
+    }
+    const uint32_t PT = kv->page_tokens;
+    const size_t tf = kv->tok_floats, page_floats = (size_t)PT * tf;
+    for (uint32_t d = d0; d < Da; d++) {
+        float o = 0.0f;
+        for (uint32_t j = 0; j < n; j++)
+            o = fmaf(e[(size_t)j * BE_CPU_ATTN_QMAX],
+                     kv->pool[(size_t)pages[j / PT] * page_floats + (size_t)(j % PT) * tf + voff + d],
+                     o);
+        out[(size_t)d * BE_CPU_ATTN_QMAX] = o;
     }
 }
 
 static ATT_TGT void
 ATT_NAME(be_cpu_attn)(const be_cpu_attn_blk *b, float *scr)
 {
-    att_run(b, scr, ATT_NAME(att_scores_nv), ATT_NAME(att_pv_nv), ATT_G * ATT_W, ATT_W, ATT_MAX16,
-            ATT_CLAMP16, ATT_FIX16);
+    att_run(b, scr, ATT_NAME(att_scores_nv), ATT_NAME(att_pv_nv), ATT_NAME(att_scores_few),
+            ATT_NAME(att_pv_one), ATT_G * ATT_W, ATT_W, ATT_MAX16, ATT_CLAMP16, ATT_FIX16);
 }
