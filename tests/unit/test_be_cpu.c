@@ -21,6 +21,7 @@
 
 #include "be.h"
 #include "be_cpu_amx.h"
+#include "be_cpu_common.h"
 #include "be_cpu_kernels.h"
 #include "rwkv7_synth.h"
 #include "wrk_model.h"
@@ -1041,10 +1042,122 @@ test_ops_lookup(void **state)
     be_cpu_ops.close(ctx);
 }
 
+/*
+ * The vectorised gates (be_cpu_silu and friends): within a few ulp of the
+ * float64 values over the whole range (big and tiny, +-0, +-Inf, NaN kept),
+ * a value's result the same bits wherever it sits (every offset of an
+ * array whose length is not a multiple of 8) and on every ISA path.
+ */
+static double
+gate_ref(int kind, double a, double b)
+{
+    const double s = 1.0 / (1.0 + exp(-a));
+    switch (kind) {
+    case 0:
+        return a * s;
+    case 1:
+        return a * s * b;
+    case 2:
+        return b * (a * s);
+    default:
+        return b * s;
+    }
+}
+
+static void
+gate_apply(be_cpu_isa isa, int kind, float *a, float *b, size_t n)
+{
+    switch (kind) {
+    case 0:
+        be_cpu_silu(isa, a, n);
+        break;
+    case 1:
+        be_cpu_silu_mul(isa, a, b, n);
+        break;
+    case 2:
+        be_cpu_mul_silu(isa, b, a, n); /* b = b * silu(a): the result in b */
+        break;
+    default:
+        be_cpu_mul_sigmoid(isa, b, a, n);
+        break;
+    }
+}
+
+static void
+test_gates(void **state)
+{
+    (void)state;
+    enum { N = 4099 };
+    float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+    float *a0 = malloc(sizeof(float) * N), *b0 = malloc(sizeof(float) * N);
+    assert_true(a != NULL && b != NULL && a0 != NULL && b0 != NULL);
+    uint64_t r = 12345;
+    for (size_t i = 0; i < N; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        const double u = (double)(r >> 11) / 9007199254740992.0;
+        a0[i] = (float)((u * 2.0 - 1.0) * (i % 7 == 0 ? 120.0 : 12.0));
+        b0[i] = (float)(1.5 - u * 3.0);
+    }
+    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, 88.7f, 88.73f, -87.3f, -87.4f,
+                             -104.0f, 1e-30f, -1e-30f, 20.0f};
+    memcpy(a0, special, sizeof(special));
+    const be_cpu_isa isa = BE_CPU_ISA_SCALAR, best = (be_cpu_isa)isa_hw_best();
+    for (int kind = 0; kind < 4; kind++) {
+        memcpy(a, a0, sizeof(float) * N);
+        memcpy(b, b0, sizeof(float) * N);
+        gate_apply(isa, kind, a, b, N);
+        const float *got = kind < 2 ? a : b;
+        if (best != BE_CPU_ISA_SCALAR) { /* the vector path: the same bits */
+            float *va = malloc(sizeof(float) * N), *vb = malloc(sizeof(float) * N);
+            assert_true(va != NULL && vb != NULL);
+            memcpy(va, a0, sizeof(float) * N);
+            memcpy(vb, b0, sizeof(float) * N);
+            gate_apply(best, kind, va, vb, N);
+            if (memcmp(kind < 2 ? va : vb, got, sizeof(float) * N) != 0)
+                fail_msg("gate %d: ISA %d differs from the portable path", kind, (int)best);
+            free(va);
+            free(vb);
+        }
+        for (size_t i = 0; i < N; i++) {
+            const double want = gate_ref(kind, a0[i], b0[i]);
+            if (isnan(want) || isinf(want)) {
+                if (!(isnan(want) ? isnan(got[i]) : got[i] == (float)want))
+                    fail_msg("gate %d of %g: %g, want %g", kind, (double)a0[i], (double)got[i],
+                             want);
+                continue;
+            }
+            if (fabs(got[i] - want) > 4e-7 * fabs(want) + 1e-35) /* expf overflows past 88.72 too */
+                fail_msg("gate %d of %g (x %g): %.9g, float64 %.9g", kind, (double)a0[i],
+                         (double)b0[i], (double)got[i], want);
+        }
+        for (size_t off = 1; off < 17; off++) { /* the same values shifted: the same bits */
+            float *sa = malloc(sizeof(float) * (N + off)), *sb = malloc(sizeof(float) * (N + off));
+            assert_true(sa != NULL && sb != NULL);
+            memset(sa, 0, sizeof(float) * off);
+            memset(sb, 0, sizeof(float) * off);
+            memcpy(sa + off, a0, sizeof(float) * N);
+            memcpy(sb + off, b0, sizeof(float) * N);
+            gate_apply(best, kind, sa, sb, N + off);
+            if (memcmp((kind < 2 ? sa : sb) + off, got, sizeof(float) * N) != 0)
+                fail_msg("gate %d: the bits depend on the offset (%zu)", kind, off);
+            free(sa);
+            free(sb);
+        }
+    }
+    float nan1 = NAN;
+    be_cpu_silu(BE_CPU_ISA_SCALAR, &nan1, 1);
+    assert_true(isnan(nan1));
+    free(a);
+    free(b);
+    free(a0);
+    free(b0);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gates),
         cmocka_unit_test(test_gemm_kernels),
         cmocka_unit_test(test_gemm_q8_0),
         cmocka_unit_test(test_gemm_amx),

@@ -200,6 +200,20 @@ WK_MUST_CHECK wk_err be_cpu_pack_run(be_cpu_base *b, be_cpu_mat *const *dst,
 float *be_cpu_alloc_f(size_t n);
 
 /*
+ * The gates of the MLPs and mixers, 8 values at a time with one
+ * vectorised exp (be_cpu_common.c: within about 1 ulp of expf; the same
+ * bits for a value wherever it sits in the array, for every isa):
+ *   be_cpu_silu(x, n):          x = x / (1 + exp(-x))
+ *   be_cpu_silu_mul(h, u, n):   h = silu(h) * u
+ *   be_cpu_mul_silu(o, g, n):   o = o * silu(g)
+ *   be_cpu_mul_sigmoid(o, g, n): o = o * (1 / (1 + exp(-g)))
+ */
+void be_cpu_silu(be_cpu_isa isa, float *x, size_t n);
+void be_cpu_silu_mul(be_cpu_isa isa, float *h, const float *u, size_t n);
+void be_cpu_mul_silu(be_cpu_isa isa, float *o, const float *g, size_t n);
+void be_cpu_mul_sigmoid(be_cpu_isa isa, float *o, const float *g, size_t n);
+
+/*
  * RMSNorm over n values: y = x / sqrt(mean(x^2) + eps) * w (w NULL: no
  * weight). Sum of squares in double, 8 partial sums in a fixed order. y may be x.
  */

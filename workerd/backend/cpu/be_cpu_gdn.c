@@ -251,12 +251,6 @@ gdn_sigmoid(float x)
 }
 
 static inline float
-gdn_silu(float x)
-{
-    return x / (1.0f + expf(-x));
-}
-
-static inline float
 gdn_softplus(float x)
 {
     return x > 20.0f ? x : log1pf(expf(x));
@@ -445,8 +439,7 @@ gdn_conv_token(const be_ctx *c, const float *taps, const float *raw, const float
         for (uint32_t d = 0; d < D; d++)
             out[d] += w[d] * s[d];
     }
-    for (uint32_t d = 0; d < D; d++)
-        out[d] = gdn_silu(out[d]);
+    be_cpu_silu(c->b.isa, out, D);
 }
 
 /*
@@ -733,8 +726,7 @@ gdn_stage_onorm(void *arg, uint32_t task)
             be_cpu_rmsnorm(o + (size_t)j * Vd, ly->o_norm, Vd, c->g->norm_eps, o + (size_t)j * Vd);
         if (c->g->use_gate) {
             const float *g = c->gr + (size_t)t * VD;
-            for (uint32_t i = 0; i < VD; i++)
-                o[i] *= gdn_silu(g[i]);
+            be_cpu_mul_silu(c->b.isa, o, g, VD);
         }
     }
 }
@@ -748,8 +740,7 @@ gdn_stage_swiglu(void *arg, uint32_t task)
     for (uint32_t t = t0; t < t1; t++) {
         float *hg = c->hg + (size_t)t * c->F;
         const float *hu = c->hu + (size_t)t * c->F;
-        for (uint32_t i = 0; i < c->F; i++)
-            hg[i] = gdn_silu(hg[i]) * hu[i];
+        be_cpu_silu_mul(c->b.isa, hg, hu, c->F);
     }
 }
 
@@ -937,8 +928,7 @@ gdn_stage_att_gate(void *arg, uint32_t task)
     for (uint32_t t = t0; t < t1; t++) {
         float *o = c->ao + (size_t)t * c->QD;
         const float *g = c->ag + (size_t)t * c->QD;
-        for (uint32_t i = 0; i < c->QD; i++)
-            o[i] *= gdn_sigmoid(g[i]);
+        be_cpu_mul_sigmoid(c->b.isa, o, g, c->QD);
     }
 }
 
@@ -1120,8 +1110,7 @@ gdn_stage_route(void *arg, uint32_t task)
         } else if (mo->Fs > 0) {
             float *hg = c->hs + (size_t)t * c->moe_Fs;
             const float *hu = c->hsu + (size_t)t * c->moe_Fs;
-            for (uint32_t i = 0; i < mo->Fs; i++)
-                hg[i] = gdn_silu(hg[i]) * hu[i];
+            be_cpu_silu_mul(c->b.isa, hg, hu, mo->Fs);
         }
     }
 }
@@ -1142,8 +1131,7 @@ gdn_stage_expert_swiglu(void *arg, uint32_t task)
             continue;
         }
         const float *hu = c->hue + (size_t)r * c->moe_Fe;
-        for (uint32_t i = 0; i < Fe; i++)
-            hg[i] = gdn_silu(hg[i]) * hu[i];
+        be_cpu_silu_mul(c->b.isa, hg, hu, Fe);
     }
 }
 
