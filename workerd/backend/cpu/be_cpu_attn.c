@@ -2,21 +2,26 @@
  * be_cpu_attn: causal softmax attention over the paged KV pool (see
  * be_cpu_attn.h for what each query computes).
  *
- * Shape of the work: lanes are queries. A block's queries are transposed
- * once (qt: Da rows of BE_CPU_ATTN_QMAX lanes), so one key's scores for 16
- * queries are one vector of fma chains over d (a key value broadcast, a row
- * of qt loaded), with up to 16 accumulators of keys x lane vectors in
- * registers; each K row is read once for the block. The scores go to a
- * key-major scratch (a row of QMAX lanes per position), where the max,
- * the exps and the sums in double are vectors across queries too, and
- * the weighted sum of V is again lanes = queries: a V value broadcast,
- * the row of exps loaded, dims times lane vectors in registers, over the
- * positions in order. A query's lane only ever meets its own values, so
+ * Shape of the work. Blocks of more than ATT_FEW queries (prefill): lanes
+ * are queries. The block's queries are transposed once (qt: Da rows of
+ * BE_CPU_ATTN_QMAX lanes), so a key's 4 partial score chains for a vector
+ * of queries advance by one fma per dim (the key's value broadcast, a row
+ * of qt loaded), keys x lane vectors x the 4 partials held in registers;
+ * each K row is read once per lane group. The scores go to a key-major
+ * scratch (a row of QMAX lanes per position), where the max, the exps and
+ * the sums in double are vectors across queries too, and the weighted sum
+ * of V is again lanes = queries: a V value broadcast, the row of exps
+ * loaded, dims x lane vectors in registers, over the positions in order.
+ * Blocks of up to ATT_FEW queries (decode) would leave most lanes empty:
+ * their scores put ATT_W / 4 keys x the 4 partial chains in a vector (4
+ * consecutive dims of each key, the query's 4 dims broadcast to each
+ * quarter), and their V sums have the lanes over the dims. Each shape
+ * computes the same chains, and a query's value only ever meets its own, so
  * the block's shape and the lane width (16 on AVX-512, 8 on AVX2, 4
- * portable) change no bit; positions past a query's own (the block's
- * later tokens) are masked: their scores become -INFINITY before the max,
- * their exps 0, and the V sum skips them in those lanes (masked fma), so
- * a non-finite V of a later token never reaches an earlier one.
+ * portable) change no bit. Positions past a query's own (the block's later
+ * tokens) are masked: their scores become -INFINITY before the max, their
+ * exps 0, and the V sum skips them in those lanes (masked fma), so a
+ * non-finite V of a later token never reaches an earlier one.
  *
  * Before this module the hybrids' attention (be_cpu_gdn.c) summed each
  * score in 8 partial lanes over d with separate multiplies and adds and
@@ -179,6 +184,10 @@ att_fix16_256(att_v16 *y, const att_v16 *x)
 }
 #endif
 
+/* The NaN every path writes for a NaN output (x86's fma passes on one operand's NaN, and
+ * which operand depends on the instruction form; a NaN's payload is not part of the result). */
+static const float att_nan = NAN;
+
 typedef void (*att_scores_fn)(const float *qt, const float *k, size_t tf, uint32_t m, uint32_t Da,
                               float scale, float *sc, int nv);
 typedef void (*att_pv_fn)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_t Da,
@@ -281,8 +290,10 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
     for (uint32_t i = 0; i < nq; i++) {
         const float inv = (float)(1.0 / sum[i]);
         float *o = b->o[i];
-        for (uint32_t d = 0; d < Da; d++)
-            o[d] = qt[(size_t)d * QM + i] * inv;
+        for (uint32_t d = 0; d < Da; d++) {
+            const float v = qt[(size_t)d * QM + i] * inv;
+            o[d] = v == v ? v : att_nan; /* one NaN: fmaf and vfmadd keep different operands' */
+        }
     }
 }
 

@@ -8,11 +8,15 @@
  * of a KV head); query i attends to positions 0..nn[i]-1. The block only
  * shares the reads of K and V: each query's output has exactly the
  * operations of that query alone, in any block, on every ISA path:
- *   score_j = fma chain over d = 0..Da-1 of q[d] * k_j[d] from +0, times scale
+ *   score_j = ((p0 + p1) + (p2 + p3)) * scale, p_l the fma chain over the dims
+ *             d = l mod 4 (in order) of q[d] * k_j[d] from +0
  *   mx      = the largest score that is not NaN (the loop m = s > m ? s : m)
  *   e_j     = exp(score_j - mx) (a vectorised exp, be_cpu_attn.c), sum_j e_j in double
  *   o[d]    = fma chain over j = 0..nn-1 of e_j * v_j[d] from +0, times (float)(1 / sum)
- * (fma: one rounding, IEEE fmaf; scalar, AVX2 and AVX-512 give the same bits).
+ * (fma: one rounding, IEEE fmaf; scalar, AVX2 and AVX-512 give the same bits;
+ * a NaN output is always the one quiet NaN, whatever its inputs' payloads).
+ * Scratch: 256 bytes per position of the longest query and per head dim
+ * (64 lanes of fp32), per thread.
  *
  * Must never: log, allocate, or read past the slot's pages for position
  * nn[i]-1 of the block's longest query.

@@ -169,7 +169,7 @@ ATT_NAME(att_scores_nv)(const float *qt, const float *k, size_t tf, uint32_t m, 
     }
 }
 
-/* All dims of the lanes' outputs, dg at a time while they last, then one by one. */
+/* All dims of the lanes' outputs, dg at a time while they last, then 8, 4, 2, then one by one. */
 static inline ATT_TGT __attribute__((always_inline)) void
 ATT_NAME(att_pv_dims)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_t Da,
                       const float *e, const int32_t *nn, uint32_t nmin, uint32_t nmax,
@@ -180,6 +180,14 @@ ATT_NAME(att_pv_dims)(const be_kv *kv, const uint32_t *pages, size_t voff, uint3
     for (; d + (uint32_t)dg <= Da; d += (uint32_t)dg)
         ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, nmax,
                          out + (size_t)d * BE_CPU_ATTN_QMAX, nv, dg);
+    _Pragma("GCC unroll 4") for (int h = 8; h > 1; h /= 2) /* the rest: 8, 4, 2 dims a pass */
+    {
+        if (h < dg && d + (uint32_t)h <= Da) {
+            ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, nmax,
+                             out + (size_t)d * BE_CPU_ATTN_QMAX, nv, h);
+            d += (uint32_t)h;
+        }
+    }
     for (; d < Da; d++)
         ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, nmax,
                          out + (size_t)d * BE_CPU_ATTN_QMAX, nv, 1);
@@ -229,14 +237,15 @@ ATT_NAME(att_scores_few)(const float *const *q, uint32_t nq, const float *k, siz
         for (int u = 0; u < KV; u++) /* past the page's last key: that key again, unused */
             kp[u] = k + (size_t)(r + (uint32_t)u < m ? r + (uint32_t)u : m - 1) * tf;
         ATT_V acc[ATT_FEW];
-        for (uint32_t i = 0; i < nq; i++)
-            acc[i] = ATT_ZERO();
+        _Pragma("GCC unroll 4") for (int i = 0; i < ATT_FEW; i++) acc[i] = ATT_ZERO();
         for (uint32_t d = 0; d < D4; d += 4) {
             const ATT_V kv4 = ATT_LD4K(kp, d);
             _Pragma("GCC unroll 4") for (int i = 0; i < ATT_FEW; i++) if ((uint32_t)i < nq)
                 acc[i] = ATT_FMA(ATT_BC4(q[i] + d), kv4, acc[i]);
         }
-        for (uint32_t i = 0; i < nq; i++) {
+        _Pragma("GCC unroll 4") for (uint32_t i = 0; i < ATT_FEW; i++) {
+            if (i >= nq)
+                break;
             float p[ATT_W];
             ATT_ST(p, acc[i]);
             for (int u = 0; u < KV && r + (uint32_t)u < m; u++) {

@@ -42,9 +42,9 @@
  * token the biases, q / k RMSNorm, RoPE at the token's position and the
  * append of K / V to its slot's pages (every token of the pass is appended
  * before any attends), then per (token, query head) softmax attention over
- * positions 0..pos in ascending order (be_cpu_attn: scores as fma chains
- * over the head dim, the max, exp and the sum in double, the weighted sum
- * of V as fma chains in position order). The queries run in blocks
+ * positions 0..pos in ascending order (be_cpu_attn: scores as 4 partial
+ * fma chains over the head dim, the max, exp and the sum in double, the
+ * weighted sum of V as fma chains in position order). The queries run in blocks
  * (gdn_att_run: consecutive tokens of one segment times the query heads of
  * one KV head, up to GDN_ATT_QMAX) that read each K / V page once for all
  * of them; a block only shares reads, each query
