@@ -30,6 +30,8 @@
  */
 #include "be_cpu_attn.h"
 
+#include "be_cpu_common.h"
+
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
@@ -54,39 +56,26 @@ typedef void (*att_sel_fn)(att_v16 *out, const att_v16 *in);
 
 /*
  * e[i] = exp(e[i] - sub[i]) for 16 values, each <= 0 after the subtraction
- * where sub is their max: Cody-Waite reduction x = n ln2 + r (|r| <= ln2 /
- * 2; n by the round-to-nearest of adding 1.5 * 2^23), a degree-6
- * polynomial for exp(r) (Cephes' expf coefficients), then the exponent
- * bits of 2^n: within 0.98 ulp of the exact exp over [-87, 0] (4 million
- * points against float64). The arithmetic is C's vector extensions
- * (multiplies and adds, no contraction: the same IEEE operations in every
- * lane on every path). Below -87 (where expf turns subnormal, under
+ * where sub is their max: be_cpu_exp_core8 (be_cpu_common.h) on the values
+ * clamped to [-87, 0] (within 0.98 ulp of the exact exp there, 4 million
+ * points against float64). Below -87 (where expf turns subnormal, under
  * 1.2e-38) the result is +0, as for -INFINITY; a NaN stays NaN; a lane over
- * 0 (a padding lane) computes exp(0). Only clamped values reach the
- * float-to-int conversion.
+ * 0 (a padding lane) computes exp(0).
  */
 static inline __attribute__((always_inline)) void
 att_exp16(float *e, const float *sub, att_sel_fn clamp16, att_sel_fn fix16)
 {
-    att_v16 x, s, lo;
+    att_v16 x, s, lo, y;
     memcpy(&x, e, sizeof(x));
     memcpy(&s, sub, sizeof(s));
     x = x - s;
     clamp16(&lo, &x);
-    const att_v16 t = lo * 1.44269504088896341f + 12582912.0f;
-    const att_v16 n = t - 12582912.0f;
-    att_v16 r = lo - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    att_v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const att_i16 eb = (__builtin_convertvector(n, att_i16) + 127) << 23;
-    att_v16 two_n;
-    memcpy(&two_n, &eb, sizeof(two_n));
-    att_v16 y = p * two_n;
+    for (int h = 0; h < 2; h++) {
+        be_cpu_v8 l8, y8;
+        memcpy(&l8, (const float *)&lo + 8 * h, sizeof(l8));
+        be_cpu_exp_core8(&y8, &l8);
+        memcpy((float *)&y + 8 * h, &y8, sizeof(y8));
+    }
     fix16(&y, &x);
     memcpy(e, &y, sizeof(y));
 }
@@ -328,27 +317,6 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
 #define ATT_CLAMP16 att_clamp16_512
 #define ATT_FIX16 att_fix16_512
 #include "be_cpu_attn_body.h"
-#undef ATT_NAME
-#undef ATT_TGT
-#undef ATT_V
-#undef ATT_NN
-#undef ATT_W
-#undef ATT_G
-#undef ATT_ACC
-#undef ATT_LD
-#undef ATT_ST
-#undef ATT_SET1
-#undef ATT_ZERO
-#undef ATT_MUL
-#undef ATT_BC4
-#undef ATT_LD4K
-#undef ATT_ADD
-#undef ATT_FMA
-#undef ATT_NN_LD
-#undef ATT_FMA_IF
-#undef ATT_MAX16
-#undef ATT_CLAMP16
-#undef ATT_FIX16
 
 #define ATT_NAME(x) x##_avx2
 #define ATT_TGT __attribute__((target("avx2,fma")))
@@ -376,27 +344,6 @@ att_run(const be_cpu_attn_blk *b, float *scr, att_scores_fn scores, att_pv_fn pv
 #define ATT_CLAMP16 att_clamp16_256
 #define ATT_FIX16 att_fix16_256
 #include "be_cpu_attn_body.h"
-#undef ATT_NAME
-#undef ATT_TGT
-#undef ATT_V
-#undef ATT_NN
-#undef ATT_W
-#undef ATT_G
-#undef ATT_ACC
-#undef ATT_LD
-#undef ATT_ST
-#undef ATT_SET1
-#undef ATT_ZERO
-#undef ATT_MUL
-#undef ATT_BC4
-#undef ATT_LD4K
-#undef ATT_ADD
-#undef ATT_FMA
-#undef ATT_NN_LD
-#undef ATT_FMA_IF
-#undef ATT_MAX16
-#undef ATT_CLAMP16
-#undef ATT_FIX16
 #endif
 
 /* Portable: 4-lane vectors, fmaf per lane (one rounding, as the vector fma). */

@@ -1,7 +1,8 @@
 /*
  * The vector kernels of be_cpu_attn, written once and included by
  * be_cpu_attn.c once per ISA path (not a header of its own: it has no
- * include guard and uses the ATT_* macros the includer defines):
+ * include guard, uses the ATT_* macros the includer defines and undefines
+ * them at its end):
  *   ATT_NAME(x)   x with the path's suffix        ATT_TGT    the target attribute
  *   ATT_V         a vector of ATT_W floats        ATT_NN     a vector of ATT_W int32
  *   ATT_G         most vectors of a lane group    ATT_ACC    accumulators a kernel holds
@@ -22,6 +23,22 @@
  * lane] = ((p0 + p1) + (p2 + p3)) * scale, p_l the fma chain over the dims
  * d = l mod 4 (4 accumulators per key and lane vector).
  */
+/* One dim d of att_scores: its partial (acc + l, every 4th accumulator) for kg keys x nv vectors. */
+static inline ATT_TGT __attribute__((always_inline)) void
+ATT_NAME(att_scores_dim)(const float *qt, const float *k, size_t tf, uint32_t d, ATT_V *acc,
+                         const int nv, const int kg)
+{
+    ATT_V a[ATT_G];
+    _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) a[z] =
+        ATT_LD(qt + (size_t)d * BE_CPU_ATTN_QMAX + z * ATT_W);
+    _Pragma("GCC unroll 16") for (int kk = 0; kk < kg; kk++)
+    {
+        const ATT_V b = ATT_SET1(k[(size_t)kk * tf + d]);
+        _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) acc[(kk * nv + z) * 4] =
+            ATT_FMA(a[z], b, acc[(kk * nv + z) * 4]);
+    }
+}
+
 static inline ATT_TGT __attribute__((always_inline)) void
 ATT_NAME(att_scores)(const float *qt, const float *k, size_t tf, uint32_t Da, float scale,
                      float *sc, const int nv, const int kg)
@@ -31,31 +48,13 @@ ATT_NAME(att_scores)(const float *qt, const float *k, size_t tf, uint32_t Da, fl
     uint32_t d = 0;
     for (; d + 4 <= Da; d += 4) {
         _Pragma("GCC unroll 4") for (int l = 0; l < 4; l++)
-        {
-            ATT_V a[ATT_G];
-            _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) a[z] =
-                ATT_LD(qt + (size_t)(d + (uint32_t)l) * BE_CPU_ATTN_QMAX + z * ATT_W);
-            _Pragma("GCC unroll 16") for (int kk = 0; kk < kg; kk++)
-            {
-                const ATT_V b = ATT_SET1(k[(size_t)kk * tf + d + (uint32_t)l]);
-                _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) acc[(kk * nv + z) * 4 + l] =
-                    ATT_FMA(a[z], b, acc[(kk * nv + z) * 4 + l]);
-            }
-        }
+            ATT_NAME(att_scores_dim)(qt, k, tf, d + (uint32_t)l, acc + l, nv, kg);
     }
-    _Pragma("GCC unroll 4") for (int l = 0; l < 3; l++)
+    _Pragma("GCC unroll 4") for (int l = 0; l < 3; l++) /* the last Da mod 4 dims */
     {
         if (d + (uint32_t)l >= Da)
             break;
-        ATT_V a[ATT_G];
-        _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) a[z] =
-            ATT_LD(qt + (size_t)(d + (uint32_t)l) * BE_CPU_ATTN_QMAX + z * ATT_W);
-        _Pragma("GCC unroll 16") for (int kk = 0; kk < kg; kk++)
-        {
-            const ATT_V b = ATT_SET1(k[(size_t)kk * tf + d + (uint32_t)l]);
-            _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) acc[(kk * nv + z) * 4 + l] =
-                ATT_FMA(a[z], b, acc[(kk * nv + z) * 4 + l]);
-        }
+        ATT_NAME(att_scores_dim)(qt, k, tf, d + (uint32_t)l, acc + l, nv, kg);
     }
     const ATT_V s = ATT_SET1(scale);
     _Pragma("GCC unroll 16") for (int kk = 0; kk < kg; kk++)
@@ -333,3 +332,26 @@ ATT_NAME(be_cpu_attn)(const be_cpu_attn_blk *b, float *scr)
     att_run(b, scr, ATT_NAME(att_scores_nv), ATT_NAME(att_pv_nv), ATT_NAME(att_scores_few),
             ATT_NAME(att_pv_one), ATT_G * ATT_W, ATT_W, ATT_MAX16, ATT_CLAMP16, ATT_FIX16);
 }
+
+/* The template's parameters end with it: the next includer defines its own. */
+#undef ATT_NAME
+#undef ATT_TGT
+#undef ATT_V
+#undef ATT_NN
+#undef ATT_W
+#undef ATT_G
+#undef ATT_ACC
+#undef ATT_LD
+#undef ATT_ST
+#undef ATT_SET1
+#undef ATT_ZERO
+#undef ATT_MUL
+#undef ATT_ADD
+#undef ATT_LD4K
+#undef ATT_BC4
+#undef ATT_FMA
+#undef ATT_NN_LD
+#undef ATT_FMA_IF
+#undef ATT_MAX16
+#undef ATT_CLAMP16
+#undef ATT_FIX16

@@ -400,8 +400,8 @@ be_cpu_pack_run(be_cpu_base *b, be_cpu_mat *const *dst, const wrk_mat *const *sr
 
 /* ------------------------------------------------------------------------ */
 /* math                                                                      */
-typedef float be_v8 __attribute__((vector_size(32)));
-typedef int32_t be_i8 __attribute__((vector_size(32)));
+typedef be_cpu_v8 be_v8;
+typedef be_cpu_i8 be_i8;
 
 /* *v = lanes of *a where m is all ones, of *b where it is 0 (pointers: no 32-byte vectors by value). */
 static inline __attribute__((always_inline)) void
@@ -415,15 +415,9 @@ be_sel8(be_v8 *v, const be_i8 *m, const be_v8 *a, const be_v8 *b)
 }
 
 /*
- * *v = exp(*v) for 8 floats, in C's vector extensions (multiplies and adds,
- * no contraction: the same IEEE operations in every lane whatever the ISA
- * the function is compiled for). Cody-Waite reduction x = n ln2 + r (n by
- * the round-to-nearest of adding 1.5 * 2^23), a degree-6 polynomial for
- * exp(r) (Cephes' expf coefficients), times 2^n in two exact halves (n / 2
- * and the rest, each a normal power of two for n in [-126, 128]). Over
+ * *v = exp(*v) for 8 floats (be_cpu_exp_core8 on the clamped values): over
  * 88.72283 +INFINITY, under -87.33654 (where expf turns subnormal) +0, a
- * NaN stays a NaN; only clamped values reach the float-to-int conversion.
- * Within 1 ulp of expf over the normal range.
+ * NaN stays a NaN.
  */
 static inline __attribute__((always_inline)) void
 be_exp8(be_v8 *v)
@@ -431,25 +425,10 @@ be_exp8(be_v8 *v)
     const be_v8 x = *v, zero = {0}, hi = zero + 88.72283f, lo_c = zero - 87.33654f;
     const be_v8 inf = zero + INFINITY;
     const be_i8 big = x > 88.72283f, small = x < -87.33654f, nan = x != x, low = small | nan;
-    be_v8 lo;
+    be_v8 lo, y;
     be_sel8(&lo, &big, &hi, &x);
     be_sel8(&lo, &low, &lo_c, &lo);
-    const be_v8 t = lo * 1.44269504088896341f + 12582912.0f;
-    const be_v8 n = t - 12582912.0f;
-    be_v8 r = lo - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    be_v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const be_i8 ni = __builtin_convertvector(n, be_i8), na = ni >> 1, nb = ni - na;
-    const be_i8 ea = (na + 127) << 23, eb = (nb + 127) << 23;
-    be_v8 fa, fb, y;
-    memcpy(&fa, &ea, sizeof(fa));
-    memcpy(&fb, &eb, sizeof(fb));
-    y = (p * fa) * fb;
+    be_cpu_exp_core8(&y, &lo);
     be_sel8(&y, &big, &inf, &y);
     be_sel8(&y, &small, &zero, &y);
     be_sel8(v, &nan, &x, &y);
@@ -505,10 +484,9 @@ be_gate_body(float *out, const float *a, const float *b, size_t n, const int kin
     }
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-/* The same operations on 8-lane AVX registers (AVX-512 CPUs run this too: the bits are the same). */
-static __attribute__((target("avx2"))) void
-be_gate_avx2(float *out, const float *a, const float *b, size_t n, int kind)
+/* be_gate_body with kind a constant in each branch (each gate its own loop). */
+static inline __attribute__((always_inline)) void
+be_gate_kinds(float *out, const float *a, const float *b, size_t n, int kind)
 {
     switch (kind) {
     case BE_GATE_SILU:
@@ -525,25 +503,20 @@ be_gate_avx2(float *out, const float *a, const float *b, size_t n, int kind)
         break;
     }
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+/* The same operations on 8-lane AVX registers (AVX-512 CPUs run this too: the bits are the same). */
+static __attribute__((target("avx2"))) void
+be_gate_avx2(float *out, const float *a, const float *b, size_t n, int kind)
+{
+    be_gate_kinds(out, a, b, n, kind);
+}
 #endif
 
 static void
 be_gate_any(float *out, const float *a, const float *b, size_t n, int kind)
 {
-    switch (kind) {
-    case BE_GATE_SILU:
-        be_gate_body(out, a, b, n, BE_GATE_SILU);
-        break;
-    case BE_GATE_SILU_MUL:
-        be_gate_body(out, a, b, n, BE_GATE_SILU_MUL);
-        break;
-    case BE_GATE_MUL_SILU:
-        be_gate_body(out, a, b, n, BE_GATE_MUL_SILU);
-        break;
-    default:
-        be_gate_body(out, a, b, n, BE_GATE_MUL_SIGMOID);
-        break;
-    }
+    be_gate_kinds(out, a, b, n, kind);
 }
 
 static void

@@ -213,6 +213,42 @@ void be_cpu_silu_mul(be_cpu_isa isa, float *h, const float *u, size_t n);
 void be_cpu_mul_silu(be_cpu_isa isa, float *o, const float *g, size_t n);
 void be_cpu_mul_sigmoid(be_cpu_isa isa, float *o, const float *g, size_t n);
 
+typedef float be_cpu_v8 __attribute__((vector_size(32)));
+typedef int32_t be_cpu_i8 __attribute__((vector_size(32)));
+
+/*
+ * *y = exp(*lo) for 8 floats already clamped to [-87.33654, 88.72283] (no
+ * NaN): Cody-Waite reduction lo = n ln2 + r (n by the round-to-nearest of
+ * adding 1.5 * 2^23), a degree-6 polynomial for exp(r) (Cephes' expf
+ * coefficients), times 2^n in two exact halves (n / 2 and the rest, each a
+ * normal power of two for n in [-126, 128]): within 1 ulp of expf. In C's
+ * vector extensions (multiplies and adds; no contraction, meson.build), so
+ * every lane runs the same IEEE operations on every ISA path: the shared
+ * core of the gates' exp and the attention's. Callers clamp and fix up the
+ * out-of-range lanes themselves.
+ */
+static inline __attribute__((always_inline)) void
+be_cpu_exp_core8(be_cpu_v8 *y, const be_cpu_v8 *lo)
+{
+    const be_cpu_v8 x = *lo;
+    const be_cpu_v8 t = x * 1.44269504088896341f + 12582912.0f;
+    const be_cpu_v8 n = t - 12582912.0f;
+    be_cpu_v8 r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    be_cpu_v8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const be_cpu_i8 ni = __builtin_convertvector(n, be_cpu_i8), na = ni >> 1, nb = ni - na;
+    const be_cpu_i8 ea = (na + 127) << 23, eb = (nb + 127) << 23;
+    be_cpu_v8 fa, fb;
+    __builtin_memcpy(&fa, &ea, sizeof(fa));
+    __builtin_memcpy(&fb, &eb, sizeof(fb));
+    *y = (p * fa) * fb;
+}
+
 /*
  * RMSNorm over n values: y = x / sqrt(mean(x^2) + eps) * w (w NULL: no
  * weight). Sum of squares in double, 8 partial sums in a fixed order. y may be x.
