@@ -23,6 +23,7 @@
 #include "be_cpu_amx.h"
 #include "be_cpu_common.h"
 #include "be_cpu_kernels.h"
+#include "isa_hw.h"
 #include "rwkv7_synth.h"
 #include "wrk_model.h"
 
@@ -32,21 +33,6 @@ static uint32_t g_V;
 static uint64_t g_slot_bytes;
 
 static const char *const g_isas[] = {"scalar", "avx2", "avx512"};
-
-/* The best ISA index the CPU has, asked of the compiler's runtime, not of
- * be_cpu_isa_detect() (the code under test). */
-static int
-isa_hw_best(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
-        return 0;
-    return __builtin_cpu_supports("avx512f") ? 2 : 1;
-#else
-    return 0;
-#endif
-}
 
 /* Whether the CPU runs ISA i (index into g_isas); a comparison that needs a
  * missing one is skipped by name, never run on a lowered path. */

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "be_cpu_attn.h"
+#include "isa_hw.h"
 
 #define PT 16u     /* tokens per page */
 #define NPAGES 24u /* pool pages */
@@ -110,19 +111,6 @@ scratch(uint32_t n_keys, uint32_t Da)
     return s;
 }
 
-static int
-isa_best(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")))
-        return 0;
-    return __builtin_cpu_supports("avx512f") ? 2 : 1;
-#else
-    return 0;
-#endif
-}
-
 static float *
 qrand(size_t n)
 {
@@ -191,7 +179,7 @@ test_reference(void **state)
         assert_true(os != NULL && ref != NULL);
         be_cpu_attn_blk b;
         blk_fill(&b, &p, 1, g_cases[c].pos0, nt, nh, qs, os);
-        be_cpu_attn_pick((be_cpu_isa)isa_best())(&b, scr);
+        be_cpu_attn_pick((be_cpu_isa)isa_hw_best())(&b, scr);
         for (uint32_t i = 0; i < b.nq; i++) {
             ref_query(&p, 1, b.q[i], b.nn[i], b.scale, ref);
             for (uint32_t d = 0; d < Da; d++)
@@ -213,7 +201,7 @@ test_paths_and_blocks_agree(void **state)
 {
     (void)state;
     const be_cpu_isa isas[] = {BE_CPU_ISA_SCALAR, BE_CPU_ISA_AVX2, BE_CPU_ISA_AVX512};
-    const int best = isa_best();
+    const int best = isa_hw_best();
     if (best < 2)
         printf("ISA comparison limited to the paths this CPU has (best: %d)\n", best);
     for (size_t c = 0; c < sizeof(g_cases) / sizeof(g_cases[0]); c++) {
@@ -259,7 +247,7 @@ static void
 later_masked(uint32_t nt, uint32_t nh)
 {
     const uint32_t Da = 48, pos0 = 40, nq = nt * nh;
-    const int best = isa_best();
+    const int best = isa_hw_best();
     const be_cpu_isa isas[] = {BE_CPU_ISA_SCALAR, BE_CPU_ISA_AVX2, BE_CPU_ISA_AVX512};
     pool p;
     pool_init(&p, Da, pos0 + nt);
