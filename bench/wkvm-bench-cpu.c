@@ -666,9 +666,10 @@ main(int argc, char **argv)
         fprintf(stderr, "wkvm-bench-cpu: --cpu-matmul %s: fp32 or bf16\n", a.cpu_matmul);
         return 2;
     }
-    bench_matmul = strcmp(a.cpu_matmul, "bf16") == 0 ? BE_CPU_MATMUL_BF16 : BE_CPU_MATMUL_FP32;
-    if (bench_matmul == BE_CPU_MATMUL_BF16 && !be_cpu_amx_enable()) {
-        fprintf(stderr, "wkvm-bench-cpu: --cpu-matmul bf16 needs AMX-BF16, not available here\n");
+    bench_matmul = strcmp(a.cpu_matmul, "bf16") == 0 ? be_cpu_bf16_engine() : BE_CPU_MATMUL_FP32;
+    if (strcmp(a.cpu_matmul, "bf16") == 0 && bench_matmul == BE_CPU_MATMUL_FP32) {
+        fprintf(stderr, "wkvm-bench-cpu: --cpu-matmul bf16 needs AMX-BF16 or AVX512_BF16, "
+                        "neither here\n");
         return 2;
     }
     if (a.pair != NULL) {
@@ -704,7 +705,8 @@ main(int argc, char **argv)
     /* model */
     wk_diag d = {{0}};
     wrk_model_opts mo = {.fp32 = fp32 != 0, .quantize_q8_0 = q8_0 != 0,
-                         .matmul_bf16 = bench_matmul == BE_CPU_MATMUL_BF16};
+                         .matmul_bf16 = bench_matmul != BE_CPU_MATMUL_FP32,
+                         .matmul_dp = bench_matmul == BE_CPU_MATMUL_BF16_DP};
     wrk_model *m = NULL;
     if (wrk_model_load(model, &mo, &m, &d) != WK_OK)
         bench_die("load failed", d.msg);

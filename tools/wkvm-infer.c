@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "be.h"
+#include "be_cpu_kernels.h"
 #include "wk_cfg_tool.h"
 #include "wk_err.h"
 #include "wk_tok.h"
@@ -91,7 +92,8 @@ static const wk_cfg_opt infer_table[] = {
      "none, or q8_0: quantize the checkpoint's matrices to Q8_0 at load"},
     {"cpu-matmul", WK_CFG_STR, "fp32", 0, 0,
      "fp32 or bf16: BF16-weight products with fp32 activations (FMA chains) or with "
-     "activations rounded to bf16 on AMX tiles (cpu backend, a CPU with AMX-BF16)"},
+     "activations rounded to bf16 on AMX tiles, else AVX512-BF16 dot products (cpu backend, a "
+     "CPU with AMX-BF16 or AVX512_BF16)"},
     {"bench", WK_CFG_BOOL, NULL, 0, 0,
      "print prefill and decode throughput (uses --tokens or --bench-prefill synthetic tokens, "
      "and --generate steps)"},
@@ -1031,10 +1033,14 @@ main(int argc, char **argv)
         infer_die(1, "--backend %s: not available in this build", o.backend);
     if (mm_bf16 && strcmp(ops->name, "cpu") != 0)
         infer_die(1, "--cpu-matmul bf16: the cpu backend only");
+    const be_cpu_matmul engine = mm_bf16 ? be_cpu_bf16_engine() : BE_CPU_MATMUL_FP32;
+    if (mm_bf16 && engine == BE_CPU_MATMUL_FP32)
+        infer_die(1, "--cpu-matmul bf16: needs AMX-BF16 tiles or AVX512_BF16, neither here");
 
     wk_diag d = {{0}};
     wrk_model_opts mo = {.fp32 = o.fp32 != 0, .quantize_q8_0 = o.q8_0 != 0,
-                         .matmul_bf16 = mm_bf16, .vocab_path = o.vocab};
+                         .matmul_bf16 = mm_bf16,
+                         .matmul_dp = engine == BE_CPU_MATMUL_BF16_DP, .vocab_path = o.vocab};
     wrk_model *m = NULL;
     wk_err e = wrk_model_load(o.model, &mo, &m, &d);
     if (e != WK_OK)

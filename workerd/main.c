@@ -54,8 +54,9 @@ static const wk_cfg_opt wrk_opts[] = {
      "states made under Q8_0 only load into Q8_0 workers: the fingerprint differs)"},
     {"cpu-matmul", WK_CFG_STR, "fp32", 0, 0,
      "fp32 or bf16: BF16-weight products with fp32 activations (FMA chains, the same bits on "
-     "every CPU) or with activations rounded to bf16 on AMX tiles (CPU backend, BF16 weights, "
-     "a CPU with AMX-BF16; states only load into workers of the same mode)"},
+     "every CPU) or with activations rounded to bf16 on AMX tiles, else AVX512-BF16 dot "
+     "products (CPU backend, BF16 weights, a CPU with AMX-BF16 or AVX512_BF16; states only "
+     "load into workers of the same mode and engine)"},
     {"vocab", WK_CFG_STR, NULL, 0, 0, "vocab file (default: the model directory's)"},
     {"host-cache-bytes", WK_CFG_U64, "12884901888", 0, 1099511627776ull,
      "warm tier: host memory for copies of evicted states and checkpoints, a hard limit; "
@@ -226,10 +227,11 @@ main(int argc, char **argv)
                 c.backend, be_cuda_ops_get() ? ", cuda" : "");
         goto out;
     }
-    if (mm_bf16 && (strcmp(ops->name, "cpu") != 0 || !be_cpu_amx_enable())) {
+    const be_cpu_matmul engine = mm_bf16 ? be_cpu_bf16_engine() : BE_CPU_MATMUL_FP32;
+    if (mm_bf16 && (strcmp(ops->name, "cpu") != 0 || engine == BE_CPU_MATMUL_FP32)) {
         fprintf(stderr, "wkvm-workerd: --cpu-matmul bf16 needs the cpu backend on a CPU with "
-                        "AMX-BF16 tiles (%s); use --cpu-matmul fp32\n",
-                strcmp(ops->name, "cpu") != 0 ? "backend is not cpu" : "not available here");
+                        "AMX-BF16 tiles or AVX512_BF16 (%s); use --cpu-matmul fp32\n",
+                strcmp(ops->name, "cpu") != 0 ? "backend is not cpu" : "neither here");
         goto out;
     }
     char data_dir[2048], url[2200], id[64];
@@ -278,6 +280,7 @@ main(int argc, char **argv)
         .fp32 = c.fp32,
         .quantize_q8_0 = strcmp(quant, "q8_0") == 0,
         .matmul_bf16 = mm_bf16,
+        .matmul_dp = engine == BE_CPU_MATMUL_BF16_DP,
         .vocab_path = c.vocab,
         .host_cache_bytes = host_cache,
         .kv_pages = c.kv_pages,

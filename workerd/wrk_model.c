@@ -549,8 +549,11 @@ wrk_model_fingerprint(wrk_model *m)
     if (n < 0 || (size_t)n >= sizeof(buf))
         return WK_EINVAL;
     if (in->matmul_bf16) {
-        /* another numeric mode: a state made under it never loads into an fp32-mode worker */
-        int k = snprintf(buf + n, sizeof(buf) - (size_t)n, "matmul=bf16\n");
+        /* another numeric mode: a state made under it never loads into an fp32-mode worker,
+         * nor one of either bf16 engine into the other (the AMX line is the one states made
+         * before the second engine carry) */
+        int k = snprintf(buf + n, sizeof(buf) - (size_t)n,
+                         in->matmul_dp ? "matmul=bf16-dp\n" : "matmul=bf16\n");
         if (k < 0 || (size_t)k >= sizeof(buf) - (size_t)n)
             return WK_EINVAL;
         n += k;
@@ -849,6 +852,7 @@ wrk_model_load(const char *dir, const wrk_model_opts *opts, wrk_model **out, wk_
             goto fail;
         }
         in->matmul_bf16 = true;
+        in->matmul_dp = opts->matmul_dp;
     }
     if ((e = wrk_model_load_vocab(m, dir, opts, d)) != WK_OK)
         goto fail;

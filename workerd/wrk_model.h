@@ -23,6 +23,7 @@ typedef struct wrk_model_opts {
     bool fp32;              /* convert all weights to fp32 at load */
     bool quantize_q8_0;     /* quantize the matrices to Q8_0 at load (RWKV-7; see wrk_model.c) */
     bool matmul_bf16;       /* --cpu-matmul bf16: BF16 weights only; bound into the fingerprint */
+    bool matmul_dp;         /* with matmul_bf16: the AVX512-BF16 engine, not AMX (fingerprint) */
     const char *vocab_path; /* vocab file, NULL: look in the model dir */
     /* Optional: called as the weights are read (frac 0..1), from the loading thread. */
     void (*progress)(void *arg, const char *phase, double frac);
@@ -50,6 +51,7 @@ typedef struct wrk_model_info {
     char vocab_digest[65];   /* hex SHA-256 of the vocab file, "" when none */
     char fingerprint[65];    /* hex SHA-256 binding family, shapes, dtype, both digests */
     bool matmul_bf16;        /* --cpu-matmul bf16 (in the fingerprint: states never cross modes) */
+    bool matmul_dp;          /* ... on AVX512-BF16 dot products, not AMX tiles (likewise) */
 } wrk_model_info;
 
 /* ------------------------------------------------------------------------ */

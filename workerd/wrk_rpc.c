@@ -286,6 +286,7 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
         return WK_OK;
     wrk_model_opts mo = {.fp32 = w->cfg.fp32, .quantize_q8_0 = w->cfg.quantize_q8_0,
                          .matmul_bf16 = w->cfg.matmul_bf16,
+                         .matmul_dp = w->cfg.matmul_dp,
                          .vocab_path = w->vocab_path,
                          .progress = wrk_load_read_progress, .progress_arg = w};
     w->load_permille = 0;

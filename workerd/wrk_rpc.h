@@ -29,7 +29,8 @@ typedef struct wrk_rpc_config {
     uint32_t threads;           /* CPU threads, 0 = all */
     bool fp32;                  /* keep weights in fp32 */
     bool quantize_q8_0;         /* quantize the matrices to Q8_0 at load */
-    bool matmul_bf16;           /* --cpu-matmul bf16 (BF16 weights on AMX) */
+    bool matmul_bf16;           /* --cpu-matmul bf16 (BF16 weights on AMX or AVX512-BF16) */
+    bool matmul_dp;             /* ... on AVX512-BF16 dot products (no AMX here) */
     const char *vocab_path;     /* vocab override, NULL = model dir */
     uint64_t host_cache_bytes;  /* warm tier budget in host memory, 0 = none */
     uint32_t kv_pages;          /* hybrid models: KV pool pages, 0 = the backend's default */

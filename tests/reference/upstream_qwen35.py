@@ -254,25 +254,29 @@ def greedy_mismatch(ref, got):
 
 
 def amx_figures(exe, d, toks, lp, V, model, seq64, figures, bounds):
-    """--cpu-matmul bf16 (activations rounded to bf16 on AMX tiles): prefill in
+    """--cpu-matmul bf16 (activations rounded to bf16 on AMX tiles, else on
+    AVX512-BF16 dot products: the engine this CPU has): prefill in
     chunks of 3 and 7 bit-identical to the whole prompt, --batch-check, and
     the logits against float64 no farther than transformers' own bf16 run
     (which rounds every activation, not only the matmul inputs), and against
     that bf16 run within 1.5 times its distance. The distances depend on the
     random model (max |d|/std on text-bf16: transformers bf16 0.43 to 0.91
     off float64, wkvm bf16 0.11 to 0.30, wkvm's default fp32 mode 1.4e-5 to
-    3e-5), so the bound is transformers' own, not a number. Where the CPU has
-    no AMX-BF16 wkvm must refuse."""
+    3e-5; the dot products on AMD EPYC 0.13 to 0.29), so the bound is
+    transformers' own, not a number. Where the CPU has neither wkvm must
+    refuse."""
     mm = ["--cpu-matmul", "bf16"]
     with open("/proc/cpuinfo") as f:
-        flags = f.read()
-    if "amx_bf16" not in flags or "amx_tile" not in flags:
+        flags = f.read().split()
+    amx = "amx_bf16" in flags and "amx_tile" in flags
+    if not amx and "avx512_bf16" not in flags:
         p = subprocess.run([exe, "--model", d, "--tokens", "1,2", "--generate", "1"] + mm,
                            capture_output=True, text=True, timeout=120)
         if p.returncode == 0 or "AMX" not in p.stderr:
-            raise ValueError("--cpu-matmul bf16 without AMX: %s" % p.stderr[-300:])
-        print("  (--cpu-matmul bf16 refused as it should: no AMX-BF16 here)")
+            raise ValueError("--cpu-matmul bf16 without an engine: %s" % p.stderr[-300:])
+        print("  (--cpu-matmul bf16 refused as it should: neither AMX-BF16 nor AVX512_BF16)")
         return
+    print("  --cpu-matmul bf16 on %s" % ("AMX tiles" if amx else "AVX512-BF16 dot products"))
     got = upstream_venv.run_wkvm(exe, d, toks, lp, V, fp32=False, extra=mm)
     for c in (3, 7):
         if not np.array_equal(got, upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=c,

@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "be.h"
-#include "be_cpu_amx.h"
+#include "be_cpu_bf16.h"
 #include "be_cpu_common.h"
 #include "be_cpu_kernels.h"
 #include "isa_hw.h"
@@ -288,22 +288,18 @@ amx_act(float v)
 }
 
 /*
- * --cpu-matmul bf16 (AMX tiles): against a float64 product of the
+ * A --cpu-matmul bf16 engine (mode): against a float64 product of the
  * bf16-rounded activations and the BF16 weights, within the fp32
  * accumulation's error (1e-5 of sum |a w|; a missing or wrong activation
- * rounding is ~2e-3 and fails); and, bitwise, a row alone == the row in any
- * batch of 1..40 rows, any panel split == one call, any ISA argument, the
- * stack-slab fallback == the buffered path, the ADD epilogue == y + the
- * STORE result. Skipped where AMX is absent.
+ * rounding is ~2e-3 and fails); for the dot products, bitwise against
+ * be_cpu_dp_ref's chain (k pairs from +0, odd product first, denormals
+ * flushed); and, bitwise, a row alone == the row in any batch of 1..40 rows,
+ * any panel split == one call, any ISA argument, the stack-slab fallback
+ * == the buffered path, the ADD epilogue == y + the STORE result.
  */
 static void
-test_gemm_amx(void **state)
+gemm_bf16_mode(be_cpu_matmul mode)
 {
-    (void)state;
-    if (!be_cpu_amx_enable()) {
-        printf("AMX comparison skipped: no AMX-BF16 here\n");
-        skip();
-    }
     static const uint32_t ks[] = {1, 33, 100, 1000};
     static const uint32_t ns[] = {1, 17, 97, 200};
     const uint32_t M = 40;
@@ -313,8 +309,9 @@ test_gemm_amx(void **state)
             test_mat tm;
             test_mat_make(&tm, WK_DTYPE_BF16, K, N, (ki + ni) % 2 == 1);
             be_cpu_mat pm;
-            assert_int_equal(be_cpu_mat_alloc_as(&pm, &tm.m, BE_CPU_MATMUL_BF16), WK_OK);
+            assert_int_equal(be_cpu_mat_alloc_as(&pm, &tm.m, mode), WK_OK);
             assert_true(pm.amx);
+            assert_true(pm.dp == (mode == BE_CPU_MATMUL_BF16_DP));
             be_cpu_mat_pack_panels(&pm, &tm.m, 0, pm.n_panels);
             float *x = malloc(sizeof(float) * M * K);
             for (size_t i = 0; i < (size_t)M * K; i++)
@@ -333,6 +330,20 @@ test_gemm_amx(void **state)
                         mag += fabs(t);
                     }
                     assert_float_equal(y[(size_t)i * N + c], sum, 1e-5 * mag + 1e-30);
+                    if (mode != BE_CPU_MATMUL_BF16_DP)
+                        continue;
+                    float acc = 0.0f;
+                    uint16_t h[4];
+                    for (uint32_t k = 0; k < be_cpu_amx_kp(K); k += 2) {
+                        for (uint32_t u = 0; u < 2; u++) {
+                            const bool in = k + u < K;
+                            h[u] = in ? be_cpu_bf16_round(x[(size_t)i * K + k + u]) : 0;
+                            h[2 + u] = in ? wk_f32_to_bf16((float)tm.ref[(size_t)(k + u) * N + c])
+                                          : 0;
+                        }
+                        acc = be_cpu_dp_ref(acc, h[0], h[1], h[2], h[3]);
+                    }
+                    assert_memory_equal(&acc, &y[(size_t)i * N + c], sizeof(float));
                 }
             /* any row count (row blocks of 16 and the rest): the same bits per row */
             for (uint32_t m = 1; m <= M; m += (m < 18 ? 1 : 7)) {
@@ -376,12 +387,116 @@ test_gemm_amx(void **state)
     /* other dtypes keep the fp32 kernels (and their packing) in bf16 mode */
     test_mat tf;
     test_mat_make(&tf, WK_DTYPE_F32, 33, 17, false);
-    assert_int_equal(be_cpu_mat_bytes_as(&tf.m, BE_CPU_MATMUL_BF16), be_cpu_mat_bytes(&tf.m));
+    assert_int_equal(be_cpu_mat_bytes_as(&tf.m, mode), be_cpu_mat_bytes(&tf.m));
     be_cpu_mat pf;
-    assert_int_equal(be_cpu_mat_alloc_as(&pf, &tf.m, BE_CPU_MATMUL_BF16), WK_OK);
+    assert_int_equal(be_cpu_mat_alloc_as(&pf, &tf.m, mode), WK_OK);
     assert_false(pf.amx);
     be_cpu_mat_free(&pf);
     test_mat_free(&tf);
+}
+
+/* The AMX engine; skipped where AMX is absent. */
+static void
+test_gemm_amx(void **state)
+{
+    (void)state;
+    if (!be_cpu_amx_enable()) {
+        printf("AMX comparison skipped: no AMX-BF16 here\n");
+        skip();
+    }
+    gemm_bf16_mode(BE_CPU_MATMUL_BF16);
+}
+
+/* The AVX512-BF16 engine; skipped where the CPU has no AVX512_BF16. */
+static void
+test_gemm_dp(void **state)
+{
+    (void)state;
+    if (!be_cpu_dp_enable()) {
+        printf("AVX512-BF16 comparison skipped: no AVX512_BF16 here\n");
+        skip();
+    }
+    gemm_bf16_mode(BE_CPU_MATMUL_BF16_DP);
+}
+
+/*
+ * be_cpu_dp_ref (the dot products' documented sum) against the instruction
+ * itself on edge values and random bits: the odd product first
+ * (cancellation tells the orders apart), denormal activations, weights,
+ * accumulators and results flushed to zero of their sign, products past
+ * fp32's range (unrounded until added), NaN and infinities.
+ */
+static void
+test_dp_ref(void **state)
+{
+    (void)state;
+    /* the order: 1 + 2^24 (odd) - 2^24 (even) ... in fp32: (1 + 2^24) rounds to 2^24 */
+    const uint16_t one = 0x3f80, two24 = 0x4b80, mtwo24 = 0xcb80;
+    float r = be_cpu_dp_ref(1.0f, one, one, mtwo24, two24);
+    /* odd first: (1 + 2^24) = 2^24 (ties to even), - 2^24 = 0 */
+    assert_true(r == 0.0f);
+    /* a denormal accumulator and a denormal product are flushed */
+    assert_true(be_cpu_dp_ref(1e-39f, 0, 0, 0, 0) == 0.0f);
+    assert_true(signbit(be_cpu_dp_ref(-1e-39f, 0x8000, 0x8000, 0, 0)));
+    assert_true(be_cpu_dp_ref(0.0f, 0x0001, 0, one, 0) == 0.0f); /* bf16 denormal input */
+    assert_true(be_cpu_dp_ref(0.0f, 0x1f80, 0, 0x2000, 0) == 0.0f); /* product 2^-127: flushed */
+    assert_true(be_cpu_dp_ref(0.0f, 0x2000, 0, 0x2000, 0) == 0x1p-126f); /* the least normal */
+    assert_true(isnan(be_cpu_dp_ref(0.0f, 0x7fc0, 0, one, 0)));
+    assert_true(isinf(be_cpu_dp_ref(0.0f, 0x7f80, 0, one, 0)));
+    /* the odd product 2^127 * 2 overflows when added (+Inf); the even one, -2^128, is a finite
+     * addend, so +Inf stays (products rounded alone first would give +Inf - Inf = NaN) */
+    assert_true(isinf(be_cpu_dp_ref(0.0f, 0x7f00, 0x7f00, 0xc000, 0x4000)));
+    assert_true(be_cpu_dp_ref(0x1p-126f, 0x2000, 0, 0x1f80, 0) == 0x1.8p-126f); /* unflushed */
+    if (!be_cpu_dp_enable()) {
+        printf("instruction comparison skipped: no AVX512_BF16 here\n");
+        return;
+    }
+    /* the instruction through a 1 x 1 x 16 GEMM for each edge pair, and random ones */
+    static const uint16_t edge[] = {0x0000, 0x8000, 0x0001, 0x807f, 0x0080, 0x3f80, 0xbf80,
+                                    0x4b80, 0xcb80, 0x7f7f, 0xff7f, 0x7f80, 0x2000, 0x1f80};
+    const size_t ne = sizeof(edge) / sizeof(edge[0]);
+    uint16_t wv[2 * 32];
+    wrk_mat wm = {0};
+    wk_tensor wt = {0};
+    for (size_t t = 0; t < 4000; t++) {
+        uint16_t a[2], b[2];
+        for (int u = 0; u < 2; u++) {
+            a[u] = t < ne * ne ? edge[(t / ne + u) % ne] : (uint16_t)(rand() & 0xffff);
+            b[u] = t < ne * ne ? edge[(t % ne + 3 * u) % ne] : (uint16_t)(rand() & 0xffff);
+        }
+        if ((a[0] & 0x7f80) == 0x7f80 || (a[1] & 0x7f80) == 0x7f80)
+            continue; /* activations come from fp32 via be_cpu_bf16_round: tested above */
+        float x[2];
+        for (int u = 0; u < 2; u++) {
+            const uint32_t bits = (uint32_t)a[u] << 16;
+            memcpy(&x[u], &bits, 4);
+        }
+        memset(wv, 0, sizeof(wv));
+        wv[0] = b[0]; /* in_major [k][n], n = 32: (k, 0) */
+        wv[32] = b[1];
+        wt.dtype = WK_DTYPE_BF16;
+        wt.data = wv;
+        wt.nbytes = sizeof(wv);
+        wm.t = &wt;
+        wm.n_in = 2;
+        wm.n_out = 32;
+        wm.in_major = true;
+        be_cpu_mat pm;
+        assert_int_equal(be_cpu_mat_alloc_as(&pm, &wm, BE_CPU_MATMUL_BF16_DP), WK_OK);
+        be_cpu_mat_pack_panels(&pm, &wm, 0, pm.n_panels);
+        float y[32];
+        be_cpu_gemm(BE_CPU_ISA_AVX512, &pm, x, 2, 1, y, 32, NULL, 0, pm.n_panels,
+                    BE_CPU_EPI_STORE);
+        /* the padded pairs (k 2..31) add +0 * +0: an exact -0 becomes +0 */
+        float ref = be_cpu_dp_ref(0.0f, a[0], a[1], b[0], b[1]);
+        for (int j = 1; j < 16; j++)
+            ref = be_cpu_dp_ref(ref, 0, 0, 0, 0);
+        if (isnan(ref))
+            assert_true(isnan(y[0]));
+        else
+            assert_memory_equal(&ref, &y[0], sizeof(float));
+        be_cpu_mat_free(&pm);
+    }
 }
 
 /*
@@ -1147,6 +1262,8 @@ main(void)
         cmocka_unit_test(test_gemm_kernels),
         cmocka_unit_test(test_gemm_q8_0),
         cmocka_unit_test(test_gemm_amx),
+        cmocka_unit_test(test_gemm_dp),
+        cmocka_unit_test(test_dp_ref),
         cmocka_unit_test(test_wkv_kernel),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_chunked_prefill),

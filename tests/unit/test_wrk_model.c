@@ -155,22 +155,41 @@ test_conventions_identical(void **state)
     assert_non_null(strstr(dg.msg, "--quantize q8_0"));
 
     /*
-     * --cpu-matmul bf16: same digest and dtype, a fingerprint of its own (a
-     * state made in one numeric mode never loads into the other); only for
-     * weights kept in BF16. With AMX here: logits close to the fp32 mode's
-     * but not equal; without it the CPU backend refuses to open.
+     * --cpu-matmul bf16: same digest and dtype, a fingerprint of its own per
+     * engine (a state made in one numeric mode never loads into another);
+     * only for weights kept in BF16. With an engine here (AMX tiles, else
+     * AVX512-BF16 dot products): logits close to the fp32 mode's but not
+     * equal; an engine the CPU lacks: the CPU backend refuses to open.
      */
-    wrk_model_opts om = {.matmul_bf16 = true};
+    const be_cpu_matmul eng = be_cpu_bf16_engine();
+    wrk_model_opts om = {.matmul_bf16 = true, .matmul_dp = eng == BE_CPU_MATMUL_BF16_DP};
     wrk_model *mm = NULL;
     assert_int_equal(wrk_model_load(dh, &om, &mm, &dg), WK_OK);
     const wrk_model_info *im = wrk_model_info_get(mm);
     assert_int_equal(im->dtype, WK_DTYPE_BF16);
     assert_true(im->matmul_bf16);
+    assert_true(im->matmul_dp == om.matmul_dp);
     assert_string_equal(im->weights_digest, ih.weights_digest);
     assert_string_not_equal(im->fingerprint, ih.fingerprint);
     assert_string_not_equal(im->fingerprint, i32.fingerprint);
     assert_string_not_equal(im->fingerprint, iqh.fingerprint);
-    if (be_cpu_amx_enable()) {
+    for (int dp = 0; dp < 2; dp++) {
+        wrk_model_opts oe = {.matmul_bf16 = true, .matmul_dp = dp == 1};
+        wrk_model *me = NULL;
+        assert_int_equal(wrk_model_load(dh, &oe, &me, &dg), WK_OK);
+        const wrk_model_info *ie = wrk_model_info_get(me);
+        if (oe.matmul_dp != om.matmul_dp) /* the other engine */
+            assert_string_not_equal(ie->fingerprint, im->fingerprint);
+        assert_string_not_equal(ie->fingerprint, ih.fingerprint);
+        if (dp ? !be_cpu_dp_enable() : !be_cpu_amx_enable()) {
+            be_config bc = {.n_slots = 2, .n_threads = 1};
+            be_ctx *ctx = NULL;
+            assert_int_equal(be_cpu_ops.open(&bc, me, &ctx, &dg), WK_ENOTSUP);
+            assert_non_null(strstr(dg.msg, dp ? "AVX512-BF16" : "AMX"));
+        }
+        wrk_model_free(me);
+    }
+    if (eng != BE_CPU_MATMUL_FP32) {
         char fp[sizeof(im->fingerprint)];
         memcpy(fp, im->fingerprint, sizeof(fp));
         wrk_model_free(mm);
@@ -185,10 +204,6 @@ test_conventions_identical(void **state)
         assert_true(differs);
         free(lm);
     } else {
-        be_config bc = {.n_slots = 2, .n_threads = 1};
-        be_ctx *ctx = NULL;
-        assert_int_equal(be_cpu_ops.open(&bc, mm, &ctx, &dg), WK_ENOTSUP);
-        assert_non_null(strstr(dg.msg, "AMX"));
         wrk_model_free(mm);
     }
     for (int i = 0; i < 2; i++) {

@@ -32,11 +32,14 @@ be_cpu_base_open(be_cpu_base *b, const be_config *cfg, const wrk_model *m, size_
     b->model = m;
     b->isa = be_cpu_isa_detect();
     if (wrk_model_info_get(m)->matmul_bf16) {
-        if (!be_cpu_amx_enable())
+        /* the engine the model's fingerprint names, never the other */
+        const bool dp = wrk_model_info_get(m)->matmul_dp;
+        if (dp ? !be_cpu_dp_enable() : !be_cpu_amx_enable())
             return wk_diag_set(d, WK_ENOTSUP,
-                               "cpu backend: --cpu-matmul bf16 needs AMX-BF16 tiles, which this "
-                               "CPU (or its kernel) does not offer; use --cpu-matmul fp32");
-        b->matmul = BE_CPU_MATMUL_BF16;
+                               "cpu backend: --cpu-matmul bf16 loaded for %s, which this CPU (or "
+                               "its kernel) does not offer; use --cpu-matmul fp32",
+                               dp ? "AVX512-BF16 dot products" : "AMX-BF16 tiles");
+        b->matmul = dp ? BE_CPU_MATMUL_BF16_DP : BE_CPU_MATMUL_BF16;
     }
     b->V = wrk_model_info_get(m)->vocab_size;
     b->max_rows = cfg->max_step_rows ? cfg->max_step_rows : BE_ROWS_DEF_ROWS;

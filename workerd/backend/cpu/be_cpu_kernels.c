@@ -13,7 +13,7 @@
  * hot path, never logs.
  */
 #include "be_cpu_kernels.h"
-#include "be_cpu_amx.h"
+#include "be_cpu_bf16.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -82,11 +82,11 @@ be_cpu_mat_bytes(const wrk_mat *src)
     return be_cpu_mat_bytes_as(src, BE_CPU_MATMUL_FP32);
 }
 
-/* Whether src is packed for AMX under mode. */
+/* Whether src is packed in k pairs (for AMX tiles or the dot products) under mode. */
 static bool
 be_cpu_mat_amx(const wrk_mat *src, be_cpu_matmul mode)
 {
-    return mode == BE_CPU_MATMUL_BF16 && src->t->dtype == WK_DTYPE_BF16;
+    return mode != BE_CPU_MATMUL_FP32 && src->t->dtype == WK_DTYPE_BF16;
 }
 
 size_t
@@ -131,6 +131,7 @@ be_cpu_mat_init_as(be_cpu_mat *dst, const wrk_mat *src, void *mem, be_cpu_matmul
     dst->data = mem;
     dst->bytes = bytes;
     dst->amx = be_cpu_mat_amx(src, mode);
+    dst->dp = dst->amx && mode == BE_CPU_MATMUL_BF16_DP;
     return WK_OK;
 }
 
@@ -1164,7 +1165,10 @@ be_cpu_gemm(be_cpu_isa isa, const be_cpu_mat *w, const float *x, size_t ldx, uin
     if (m == 0 || p0 >= p1)
         return;
     if (w->amx) {
-        be_cpu_amx_gemm(w, x, ldx, m, y, ldy, yrows, p0, p1, epi);
+        if (w->dp)
+            be_cpu_dp_gemm(w, x, ldx, m, y, ldy, yrows, p0, p1, epi);
+        else
+            be_cpu_amx_gemm(w, x, ldx, m, y, ldy, yrows, p0, p1, epi);
         return;
     }
 #if BE_CPU_X86

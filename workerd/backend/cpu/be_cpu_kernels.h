@@ -21,11 +21,12 @@
  * path does the same with fmaf, so for Q8_0 all three paths give the same
  * bits (and, as for the other dtypes, independent of m and the threads).
  *
- * The `--cpu-matmul bf16` mode (BE_CPU_MATMUL_BF16) packs BF16 matrices for
- * AMX tiles instead and rounds the activations to bf16 for their products:
+ * The `--cpu-matmul bf16` modes (BE_CPU_MATMUL_BF16 on AMX tiles,
+ * BE_CPU_MATMUL_BF16_DP on AVX512-BF16 dot products) pack BF16 matrices in
+ * k pairs instead and round the activations to bf16 for their products:
  * results no longer match the FMA chain's bits, but stay independent of m
- * and the threads (be_cpu_amx.h says exactly what it computes). F32, F16
- * and Q8_0 matrices keep the fp32 kernels in either mode.
+ * and the threads (be_cpu_bf16.h says exactly what each computes). F32,
+ * F16 and Q8_0 matrices keep the fp32 kernels in every mode.
  *
  * Kernels are selected at run time from the CPU's features; the baseline
  * build runs anywhere. WKVM_CPU_ISA=scalar|avx2|avx512 in the environment
@@ -64,7 +65,8 @@ const char *be_cpu_isa_name(be_cpu_isa isa);
 /* How BF16-weight products are computed (--cpu-matmul). */
 typedef enum be_cpu_matmul {
     BE_CPU_MATMUL_FP32 = 0, /* fp32 activations, one FMA chain per output (the default) */
-    BE_CPU_MATMUL_BF16 = 1, /* bf16 activations on AMX tiles (be_cpu_amx.h) */
+    BE_CPU_MATMUL_BF16 = 1, /* bf16 activations on AMX tiles (be_cpu_bf16.h) */
+    BE_CPU_MATMUL_BF16_DP = 2, /* bf16 activations on AVX512-BF16 dot products (be_cpu_bf16.h) */
 } be_cpu_matmul;
 
 /*
@@ -73,6 +75,17 @@ typedef enum be_cpu_matmul {
  * the first call). WKVM_CPU_AMX=off in the environment says no (tests).
  */
 bool be_cpu_amx_enable(void);
+
+/*
+ * Whether this process can run AVX512-BF16 dot products (VDPBF16PS): the
+ * build has the intrinsics and the CPU AVX-512F and AVX512_BF16 (asked once).
+ * WKVM_CPU_BF16DP=off in the environment says no (tests).
+ */
+bool be_cpu_dp_enable(void);
+
+/* The engine `--cpu-matmul bf16` takes here: AMX tiles when be_cpu_amx_enable(), else the dot
+ * products when be_cpu_dp_enable(), else BE_CPU_MATMUL_FP32 (not available). */
+be_cpu_matmul be_cpu_bf16_engine(void);
 
 /* A packed weight matrix (K inputs -> N outputs). */
 typedef struct be_cpu_mat {
@@ -84,7 +97,8 @@ typedef struct be_cpu_mat {
                           blocks of BE_CPU_Q8_BLOCK_BYTES) */
     size_t bytes;      /* bytes at data */
     bool owned;        /* data is freed by be_cpu_mat_free */
-    bool amx;          /* BF16 packed for AMX tiles (BE_CPU_MATMUL_BF16; be_cpu_amx.h layout) */
+    bool amx;          /* BF16 packed in k pairs (BE_CPU_MATMUL_BF16 or _BF16_DP; be_cpu_bf16.h) */
+    bool dp;           /* with amx: products on AVX512-BF16 dot products, not AMX tiles */
 } be_cpu_mat;
 
 /* Bytes (a multiple of 64) the packed form of src takes; 0 when src is unusable. */
@@ -115,8 +129,9 @@ void *be_cpu_big_alloc(size_t bytes);
 void be_cpu_mat_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1);
 
 /*
- * The same three for a numeric mode: under BE_CPU_MATMUL_BF16 a BF16 src is
- * packed for AMX (the caller checked be_cpu_amx_enable()); other dtypes and
+ * The same three for a numeric mode: under BE_CPU_MATMUL_BF16 (_BF16_DP) a
+ * BF16 src is packed for AMX tiles (dot products; the caller checked
+ * be_cpu_amx_enable() or be_cpu_dp_enable()); other dtypes and
  * BE_CPU_MATMUL_FP32 give what the functions above give.
  */
 size_t be_cpu_mat_bytes_as(const wrk_mat *src, be_cpu_matmul mode);
