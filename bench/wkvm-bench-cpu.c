@@ -582,7 +582,8 @@ static const wk_cfg_opt bench_table[] = {
     {"quantize", WK_CFG_STR, "none", 0, 0, "none or q8_0: quantize the matrices at load"},
     {"cpu-matmul", WK_CFG_STR, "fp32", 0, 0,
      "fp32 or bf16: BF16-weight products with fp32 activations (FMA chains) or with "
-     "activations rounded to bf16 on AMX tiles (a CPU with AMX-BF16)"},
+     "activations rounded to bf16 on AMX tiles, else AVX512-BF16 dot products (a CPU with "
+     "AMX-BF16 or AVX512_BF16; the backend line says which: matmul=)"},
     {"pair", WK_CFG_STR, NULL, 0, 0,
      "q8_0: decode batch 1 of the stored weights and of Q8_0 in one process, --pairs pairs of "
      "alternating --seconds windows, the median of the per-pair ratios"},
@@ -792,8 +793,9 @@ main(int argc, char **argv)
            "(n=%d, %d threads)\n",
            bw_read, bw_triad, peak, sgemm_n, threads);
     const double dec_bytes = (double)mc.stream_bytes + 2.0 * (double)in->state_bytes;
-    printf("own bf16 GEMM kernel alone (M=256, K=768, N=3072, %d threads): %.1f GFLOP/s = %.0f%% "
-           "of sgemm peak\n",
+    printf("own bf16 GEMM kernel alone (%s, M=256, K=768, N=3072, %d threads): %.1f GFLOP/s = "
+           "%.0f%% of sgemm peak\n",
+           be_cpu_matmul_name(bench_matmul),
            threads, kern, 100.0 * kern / peak);
     printf("decode step streams %.1f MB of weights + 2 x %.2f MB state; matmul FLOP per "
            "token: decode %.1f M, prefill %.1f M\n\n",

@@ -1035,7 +1035,8 @@ main(int argc, char **argv)
         infer_die(1, "--cpu-matmul bf16: the cpu backend only");
     const be_cpu_matmul engine = mm_bf16 ? be_cpu_bf16_engine() : BE_CPU_MATMUL_FP32;
     if (mm_bf16 && engine == BE_CPU_MATMUL_FP32)
-        infer_die(1, "--cpu-matmul bf16: needs AMX-BF16 tiles or AVX512_BF16, neither here");
+        infer_die(1, "--cpu-matmul bf16: needs AMX-BF16 tiles or AVX512_BF16, neither in this CPU, "
+                     "kernel and build");
 
     wk_diag d = {{0}};
     wrk_model_opts mo = {.fp32 = o.fp32 != 0, .quantize_q8_0 = o.q8_0 != 0,

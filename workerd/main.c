@@ -231,7 +231,8 @@ main(int argc, char **argv)
     if (mm_bf16 && (strcmp(ops->name, "cpu") != 0 || engine == BE_CPU_MATMUL_FP32)) {
         fprintf(stderr, "wkvm-workerd: --cpu-matmul bf16 needs the cpu backend on a CPU with "
                         "AMX-BF16 tiles or AVX512_BF16 (%s); use --cpu-matmul fp32\n",
-                strcmp(ops->name, "cpu") != 0 ? "backend is not cpu" : "neither here");
+                strcmp(ops->name, "cpu") != 0 ? "backend is not cpu"
+                                               : "neither in this CPU, kernel and build");
         goto out;
     }
     char data_dir[2048], url[2200], id[64];

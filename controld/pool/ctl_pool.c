@@ -281,8 +281,9 @@ ctl_pool_ready_locked(ctl_pool *p, ctl_worker *w)
     }
     w->v.state = CTL_WORKER_STATE_FAILED;
     snprintf(w->v.detail, sizeof(w->v.detail),
-             "model fingerprint %.16s differs from worker %.64s's %.16s (another model, or "
-             "another --quantize, --fp32 or --cpu-matmul): states would not be portable",
+             "model fingerprint %.16s differs from worker %.64s's %.16s (another model, "
+             "--quantize, --fp32, --cpu-matmul, or bf16 engine: AMX / AVX512-BF16): states "
+             "would not be portable",
              w->v.fingerprint, other, ctl_pool_fp_of_locked(p, other));
     wk_log_error("worker refused worker=%s: %s", w->v.id, w->v.detail);
 }

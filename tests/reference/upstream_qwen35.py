@@ -53,6 +53,7 @@ disagreement, 77 (skip) when the venv cannot be had or wkvm-infer is not
 built.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -268,15 +269,24 @@ def amx_figures(exe, d, toks, lp, V, model, seq64, figures, bounds):
     mm = ["--cpu-matmul", "bf16"]
     with open("/proc/cpuinfo") as f:
         flags = f.read().split()
-    amx = "amx_bf16" in flags and "amx_tile" in flags
-    if not amx and "avx512_bf16" not in flags:
-        p = subprocess.run([exe, "--model", d, "--tokens", "1,2", "--generate", "1"] + mm,
-                           capture_output=True, text=True, timeout=120)
+    has = ("amx_bf16" in flags and "amx_tile" in flags) or "avx512_bf16" in flags
+    # both engines switched off (as on a CPU with neither): one clear line, exit non-zero
+    off = dict(os.environ, WKVM_CPU_AMX="off", WKVM_CPU_BF16DP="off")
+    p = subprocess.run([exe, "--model", d, "--tokens", "1,2", "--generate", "1"] + mm,
+                       capture_output=True, text=True, timeout=120, env=off)
+    if p.returncode == 0 or "AMX" not in p.stderr:
+        raise ValueError("--cpu-matmul bf16 with both engines off: %s" % p.stderr[-300:])
+    p = subprocess.run([exe, "--model", d, "--tokens", "1,2", "--generate", "1"] + mm,
+                       capture_output=True, text=True, timeout=120)
+    if not has:
         if p.returncode == 0 or "AMX" not in p.stderr:
             raise ValueError("--cpu-matmul bf16 without an engine: %s" % p.stderr[-300:])
         print("  (--cpu-matmul bf16 refused as it should: neither AMX-BF16 nor AVX512_BF16)")
         return
-    print("  --cpu-matmul bf16 on %s" % ("AMX tiles" if amx else "AVX512-BF16 dot products"))
+    engine = re.search(r"^wkvm-infer: backend: .*\bmatmul=(\S+)", p.stderr, re.M)
+    if p.returncode != 0 or engine is None or not engine.group(1).startswith("bf16-"):
+        raise ValueError("--cpu-matmul bf16 on a CPU with an engine: %s" % p.stderr[-300:])
+    print("  --cpu-matmul bf16 on %s" % engine.group(1))
     got = upstream_venv.run_wkvm(exe, d, toks, lp, V, fp32=False, extra=mm)
     for c in (3, 7):
         if not np.array_equal(got, upstream_venv.run_wkvm(exe, d, toks, lp, V, chunk=c,

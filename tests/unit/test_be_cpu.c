@@ -300,17 +300,20 @@ amx_act(float v)
 static void
 gemm_bf16_mode(be_cpu_matmul mode)
 {
-    static const uint32_t ks[] = {1, 33, 100, 1000};
+    /* K = 4096: column chunks of 2 panels (the L2 blocking), so N = 200 spans several */
+    static const uint32_t ks[] = {1, 33, 100, 1000, 4096};
     static const uint32_t ns[] = {1, 17, 97, 200};
     const uint32_t M = 40;
-    for (size_t ki = 0; ki < 4; ki++)
+    for (size_t ki = 0; ki < 5; ki++)
         for (size_t ni = 0; ni < 4; ni++) {
             const uint32_t K = ks[ki], N = ns[ni];
+            if (K == 4096 && N != 200)
+                continue;
             test_mat tm;
             test_mat_make(&tm, WK_DTYPE_BF16, K, N, (ki + ni) % 2 == 1);
             be_cpu_mat pm;
             assert_int_equal(be_cpu_mat_alloc_as(&pm, &tm.m, mode), WK_OK);
-            assert_true(pm.amx);
+            assert_true(pm.kpair);
             assert_true(pm.dp == (mode == BE_CPU_MATMUL_BF16_DP));
             be_cpu_mat_pack_panels(&pm, &tm.m, 0, pm.n_panels);
             float *x = malloc(sizeof(float) * M * K);
@@ -334,7 +337,7 @@ gemm_bf16_mode(be_cpu_matmul mode)
                         continue;
                     float acc = 0.0f;
                     uint16_t h[4];
-                    for (uint32_t k = 0; k < be_cpu_amx_kp(K); k += 2) {
+                    for (uint32_t k = 0; k < be_cpu_kpair_kp(K); k += 2) {
                         for (uint32_t u = 0; u < 2; u++) {
                             const bool in = k + u < K;
                             h[u] = in ? be_cpu_bf16_round(x[(size_t)i * K + k + u]) : 0;
@@ -345,7 +348,8 @@ gemm_bf16_mode(be_cpu_matmul mode)
                     }
                     assert_memory_equal(&acc, &y[(size_t)i * N + c], sizeof(float));
                 }
-            /* any row count (row blocks of 16 and the rest): the same bits per row */
+            /* any row count (AMX: row blocks of 16; dot products: balanced blocks of <= 6, the
+             * first of each column chunk read in memory order): the same bits per row */
             for (uint32_t m = 1; m <= M; m += (m < 18 ? 1 : 7)) {
                 const uint32_t r0 = (M - m) / 2;
                 memset(yb, 0xff, sizeof(float) * M * N);
@@ -363,12 +367,25 @@ gemm_bf16_mode(be_cpu_matmul mode)
                 assert_memory_equal(yb, y, sizeof(float) * M * N);
             }
             /* the stack-slab path (taken when the activation buffer cannot grow): same bits */
-            be_cpu_amx_set_slab_only(true);
+            be_cpu_bf16_set_slab_only(true);
             memset(yb, 0xff, sizeof(float) * M * N);
             be_cpu_gemm(BE_CPU_ISA_AVX512, &pm, x, K, M, yb, N, NULL, 0, pm.n_panels,
                         BE_CPU_EPI_STORE);
-            be_cpu_amx_set_slab_only(false);
+            be_cpu_bf16_set_slab_only(false);
             assert_memory_equal(yb, y, sizeof(float) * M * N);
+            /* rows of x and y farther apart than K and N (ldx, ldy honoured) */
+            {
+                const size_t lx = (size_t)K + 5, ly = (size_t)N + 3;
+                float *xs = malloc(sizeof(float) * M * lx), *ys = malloc(sizeof(float) * M * ly);
+                for (uint32_t i = 0; i < M; i++)
+                    memcpy(xs + i * lx, x + (size_t)i * K, sizeof(float) * K);
+                be_cpu_gemm(BE_CPU_ISA_AVX512, &pm, xs, lx, M, ys, ly, NULL, 0, pm.n_panels,
+                            BE_CPU_EPI_STORE);
+                for (uint32_t i = 0; i < M; i++)
+                    assert_memory_equal(ys + i * ly, y + (size_t)i * N, sizeof(float) * N);
+                free(xs);
+                free(ys);
+            }
             /* the ADD epilogue into scattered rows */
             float *rows[3] = {yb + 2 * N, yb, yb + N};
             for (uint32_t i = 0; i < 3 * N; i++)
@@ -390,7 +407,7 @@ gemm_bf16_mode(be_cpu_matmul mode)
     assert_int_equal(be_cpu_mat_bytes_as(&tf.m, mode), be_cpu_mat_bytes(&tf.m));
     be_cpu_mat pf;
     assert_int_equal(be_cpu_mat_alloc_as(&pf, &tf.m, mode), WK_OK);
-    assert_false(pf.amx);
+    assert_false(pf.kpair);
     be_cpu_mat_free(&pf);
     test_mat_free(&tf);
 }
@@ -447,6 +464,13 @@ test_dp_ref(void **state)
      * addend, so +Inf stays (products rounded alone first would give +Inf - Inf = NaN) */
     assert_true(isinf(be_cpu_dp_ref(0.0f, 0x7f00, 0x7f00, 0xc000, 0x4000)));
     assert_true(be_cpu_dp_ref(0x1p-126f, 0x2000, 0, 0x1f80, 0) == 0x1.8p-126f); /* unflushed */
+    /* tiny after rounding at 24 bits: 2^-126 - 2^-150 (the odd pair 2^-126, the even
+     * -2^-150) is 0, not the 2^-126 an IEEE fma rounds it to; -2^-151 less rounds up to it */
+    float tiny = be_cpu_dp_ref(0.0f, 0x9a00, 0x2000, 0x1a00, 0x2000);
+    assert_true(tiny == 0.0f && !signbit(tiny));
+    tiny = be_cpu_dp_ref(0.0f, 0x1a00, 0xa000, 0x1a00, 0x2000);
+    assert_true(tiny == 0.0f && signbit(tiny));
+    assert_true(be_cpu_dp_ref(0.0f, 0x9a00, 0x2000, 0x1980, 0x2000) == 0x1p-126f);
     if (!be_cpu_dp_enable()) {
         printf("instruction comparison skipped: no AVX512_BF16 here\n");
         return;
@@ -458,11 +482,17 @@ test_dp_ref(void **state)
     uint16_t wv[2 * 32];
     wrk_mat wm = {0};
     wk_tensor wt = {0};
-    for (size_t t = 0; t < 4000; t++) {
+    for (size_t t = 0; t < 8000; t++) {
         uint16_t a[2], b[2];
         for (int u = 0; u < 2; u++) {
             a[u] = t < ne * ne ? edge[(t / ne + u) % ne] : (uint16_t)(rand() & 0xffff);
             b[u] = t < ne * ne ? edge[(t % ne + 3 * u) % ne] : (uint16_t)(rand() & 0xffff);
+            if (t >= 4000) {
+                /* exponents whose products land near 2^-126, signs mixed: sums that cancel
+                 * to just under or over the least normal */
+                a[u] = (uint16_t)((a[u] & 0x807f) | (uint16_t)((0x3f + rand() % 4) << 7));
+                b[u] = (uint16_t)((b[u] & 0x807f) | (uint16_t)((0x3f + rand() % 4) << 7));
+            }
         }
         if ((a[0] & 0x7f80) == 0x7f80 || (a[1] & 0x7f80) == 0x7f80)
             continue; /* activations come from fp32 via be_cpu_bf16_round: tested above */

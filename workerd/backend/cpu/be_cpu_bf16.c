@@ -68,7 +68,7 @@ static bool be_amx_ok;
 static _Atomic bool be_amx_slab_only; /* tests: no per-thread buffer */
 
 void
-be_cpu_amx_set_slab_only(bool on)
+be_cpu_bf16_set_slab_only(bool on)
 {
     be_amx_slab_only = on;
 }
@@ -129,6 +129,14 @@ be_cpu_dp_enable(void)
     return be_dp_ok;
 }
 
+const char *
+be_cpu_matmul_name(be_cpu_matmul mode)
+{
+    return mode == BE_CPU_MATMUL_BF16      ? "bf16-amx"
+           : mode == BE_CPU_MATMUL_BF16_DP ? "bf16-dp"
+                                           : "fp32";
+}
+
 be_cpu_matmul
 be_cpu_bf16_engine(void)
 {
@@ -163,21 +171,40 @@ be_dp_f32(uint16_t h)
     return f;
 }
 
-/* Denormal to zero of its sign (DAZ / FTZ). */
+/* Denormal to zero of its sign (DAZ). */
 static float
 be_dp_flush(float f)
 {
     return fpclassify(f) == FP_SUBNORMAL ? copysignf(0.0f, f) : f;
 }
 
+/*
+ * a * b + c with one rounding to 24 bits as if the exponent were unbounded,
+ * then a result under 2^-126 in magnitude to zero of its sign (the FTZ of
+ * the SDM: tiny after rounding). fmaf alone rounds onto the denormal grid,
+ * which turns an exact sum in [2^-126 - 2^-150, 2^-126) into 2^-126 where
+ * the instruction gives 0. a and b are bf16 values, c fp32, none denormal.
+ */
+static float
+be_dp_fma(float a, float b, float c)
+{
+    const float r = fmaf(a, b, c);
+    if (!(fabsf(r) <= 0x1p-126f))
+        return r; /* normal, Inf or NaN: the same rounding */
+    if (fabsf(b) >= 0x1p90f || fabsf(c) >= 0x1p90f)
+        return r; /* huge terms meet only in an exact cancellation: r is 0 */
+    /* the same sum scaled by 2^32 (exact: no term overflows), rounded in the normal range */
+    const float s = fmaf(a, b * 0x1p32f, c * 0x1p32f);
+    return fabsf(s) < 0x1p-94f ? copysignf(0.0f, s) : s * 0x1p-32f;
+}
+
 float
 be_cpu_dp_ref(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1)
 {
-    /* each product exact and unrounded, added with one rounding: a fused multiply-add (a
-     * product past fp32's range does not overflow before the addition) */
-    acc = be_dp_flush(fmaf(be_dp_flush(be_dp_f32(a1)), be_dp_flush(be_dp_f32(b1)),
-                           be_dp_flush(acc)));
-    return be_dp_flush(fmaf(be_dp_flush(be_dp_f32(a0)), be_dp_flush(be_dp_f32(b0)), acc));
+    /* each product exact and unrounded, added with one rounding: a product past fp32's range
+     * does not overflow before its addition */
+    acc = be_dp_fma(be_dp_flush(be_dp_f32(a1)), be_dp_flush(be_dp_f32(b1)), be_dp_flush(acc));
+    return be_dp_fma(be_dp_flush(be_dp_f32(a0)), be_dp_flush(be_dp_f32(b0)), acc);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -185,9 +212,9 @@ be_cpu_dp_ref(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b1)
 /* ------------------------------------------------------------------------ */
 
 void
-be_cpu_amx_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1)
+be_cpu_kpair_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1)
 {
-    const size_t K = dst->k, N = dst->n, Kp = be_cpu_amx_kp(dst->k);
+    const size_t K = dst->k, N = dst->n, Kp = be_cpu_kpair_kp(dst->k);
     const uint16_t *s = src->t->data;
     uint16_t *d = dst->data;
 
@@ -369,7 +396,7 @@ void
 be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y, size_t ldy,
                 float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi)
 {
-    const uint32_t K = w->k, Kp = be_cpu_amx_kp(w->k), nkc = Kp / BE_CPU_AMX_KC;
+    const uint32_t K = w->k, Kp = be_cpu_kpair_kp(w->k), nkc = Kp / BE_CPU_KPAIR_KC;
     const size_t ps = (size_t)Kp * BE_CPU_NR; /* panel stride, elements */
     const uint16_t *W = w->data;
     float ct[16 * 64] __attribute__((aligned(64)));
@@ -399,7 +426,7 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
                     break;
                 const uint32_t ncol = np * BE_CPU_NR;
                 const uint32_t nvalid = w->n - col0 < ncol ? w->n - col0 : ncol;
-                const uint16_t *b0 = W + (size_t)p * ps, *b1 = b0 + ps;
+                const uint16_t *b0 = W + (size_t)p * ps, *b1 = np == 2 ? b0 + ps : b0;
                 be_amx_zero();
                 if (abuf != NULL) {
                     const uint16_t *a = abuf + (size_t)row * Kp;
@@ -435,9 +462,10 @@ void
 be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y, size_t ldy,
                 float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi)
 {
-    /* unreachable: be_cpu_amx_enable() is false, so nothing is packed for AMX */
+    /* unreachable: be_cpu_amx_enable() is false, so nothing is packed for AMX (see above) */
     (void)w, (void)x, (void)ldx, (void)m, (void)y, (void)ldy, (void)yrows, (void)p0, (void)p1,
         (void)epi;
+    abort();
 }
 
 #endif /* BE_AMX_BUILD */
@@ -550,7 +578,7 @@ void
 be_cpu_dp_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y, size_t ldy,
                float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi)
 {
-    const uint32_t K = w->k, Kp = be_cpu_amx_kp(w->k), nkc = Kp / BE_CPU_AMX_KC;
+    const uint32_t K = w->k, Kp = be_cpu_kpair_kp(w->k), nkc = Kp / BE_CPU_KPAIR_KC;
     const size_t ps = (size_t)Kp * BE_CPU_NR; /* panel stride, elements */
     const uint16_t *W = w->data;
     float ct[BE_DP_MR * 64] __attribute__((aligned(64)));
@@ -593,7 +621,7 @@ be_cpu_dp_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, floa
                             be_amx_cvt(x + (size_t)(row + i) * ldx + k0, nv, nk,
                                        slab + (size_t)i * BE_AMX_SLAB);
                         const size_t off = (size_t)k0 * BE_CPU_NR;
-                        fn(slab, BE_AMX_SLAB, b0 + off, b1 + off, nk / BE_CPU_AMX_KC, ct, k0 == 0,
+                        fn(slab, BE_AMX_SLAB, b0 + off, b1 + off, nk / BE_CPU_KPAIR_KC, ct, k0 == 0,
                            stream);
                     }
                 }
@@ -610,9 +638,11 @@ void
 be_cpu_dp_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y, size_t ldy,
                float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi)
 {
-    /* unreachable: be_cpu_dp_enable() is false, so nothing is packed for the dot products */
+    /* unreachable: be_cpu_dp_enable() is false, so nothing is packed for the dot products
+     * (be_cpu_base_open refuses the mode); a caller that packs anyway gets no garbage */
     (void)w, (void)x, (void)ldx, (void)m, (void)y, (void)ldy, (void)yrows, (void)p0, (void)p1,
         (void)epi;
+    abort();
 }
 
 #endif /* BE_DP_BUILD */

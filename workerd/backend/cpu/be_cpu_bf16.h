@@ -20,15 +20,18 @@
  * K = 32, most at K = 4096, by an ulp or a few).
  *
  * AVX512-BF16 dot products (BE_CPU_MATMUL_BF16_DP, CPUs with AVX512_BF16
- * but no AMX, e.g. AMD Zen 4/5, Cooper Lake): VDPBF16PS, whose result is
- * specified exactly: per output, one fp32 sum from +0 over k in the order
- * 1, 0, 3, 2, 5, 4, ... (each pair's odd product first), each product
- * exact and added with one rounding to nearest even (a fused multiply-add:
- * a product beyond fp32's range does not overflow before its addition),
- * denormal inputs and results flushed to zero of the same sign.
- * be_cpu_dp_ref() computes that in portable C (the tests' bitwise
- * reference; measured equal to the instruction on AMD EPYC over 6 million
- * random operands with tiny, huge and ordinary exponents).
+ * but no AMX, e.g. AMD Zen 4/5, Cooper Lake): VDPBF16PS, whose result the
+ * SDM specifies exactly: per output, one fp32 sum from +0 over k = 0..Kp-1
+ * (the zero padding included: an exact -0 ends +0) in the order 1, 0, 3,
+ * 2, 5, 4, ... (each pair's odd product first), each product exact and
+ * added with one rounding to nearest even (a product beyond fp32's range
+ * does not overflow before its addition), denormal inputs read as zero and
+ * a result tiny after rounding (under 2^-126 at 24 bits, exponent
+ * unbounded) flushed to zero of its sign; NaN payloads excepted.
+ * be_cpu_dp_ref() computes that in portable C, the tests' bitwise
+ * reference (test_dp_ref compares it with the instruction on edge values,
+ * random bits and sums aimed at the underflow boundary; measured on AMD
+ * EPYC: the SDM's rule, so Intel's parts should give the same bits).
  *
  * Packed layout (both engines; per panel of BE_CPU_NR = 32 columns, k
  * padded with zeros to Kp = a multiple of 32): for each chunk of 32 k, two
@@ -43,23 +46,23 @@
 
 #include "be_cpu_kernels.h"
 
-#define BE_CPU_AMX_KC 32 /* k per tile chunk */
+#define BE_CPU_KPAIR_KC 32 /* k per tile chunk */
 
 /* Kp: k rounded up to whole chunks. */
 static inline uint32_t
-be_cpu_amx_kp(uint32_t k)
+be_cpu_kpair_kp(uint32_t k)
 {
-    return (k + BE_CPU_AMX_KC - 1) / BE_CPU_AMX_KC * BE_CPU_AMX_KC;
+    return (k + BE_CPU_KPAIR_KC - 1) / BE_CPU_KPAIR_KC * BE_CPU_KPAIR_KC;
 }
 
-/* Fills panels [p0, p1) of dst (dst->amx, BF16) from src (BF16). */
-void be_cpu_amx_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1);
+/* Fills panels [p0, p1) of dst (dst->kpair, BF16) from src (BF16). */
+void be_cpu_kpair_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1);
 
-/* be_cpu_gemm for a matrix packed for AMX (w->amx, !w->dp); be_cpu_amx_enable() said yes. */
+/* be_cpu_gemm for a matrix packed for AMX (w->kpair, !w->dp); be_cpu_amx_enable() said yes. */
 void be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
                      size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi);
 
-/* be_cpu_gemm for a matrix packed for the dot products (w->amx, w->dp); be_cpu_dp_enable() said
+/* be_cpu_gemm for a matrix packed for the dot products (w->kpair, w->dp); be_cpu_dp_enable() said
  * yes. */
 void be_cpu_dp_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, float *y,
                     size_t ldy, float *const *yrows, uint32_t p0, uint32_t p1, be_cpu_epi epi);
@@ -73,7 +76,7 @@ float be_cpu_dp_ref(float acc, uint16_t a0, uint16_t a1, uint16_t b0, uint16_t b
 
 /* Tests: true makes every later call take the stack-slab path of either engine (the one an
  * allocation failure takes), which must give the same bits. */
-void be_cpu_amx_set_slab_only(bool on);
+void be_cpu_bf16_set_slab_only(bool on);
 
 /* be_cpu_kernels.c's epilogue: mr rows of tile (stride tw) into y's columns [col0, +nvalid). */
 void be_cpu_tile_out(const float *tile, uint32_t mr, uint32_t tw, uint32_t col0, uint32_t nvalid,

@@ -36,8 +36,9 @@ be_cpu_base_open(be_cpu_base *b, const be_config *cfg, const wrk_model *m, size_
         const bool dp = wrk_model_info_get(m)->matmul_dp;
         if (dp ? !be_cpu_dp_enable() : !be_cpu_amx_enable())
             return wk_diag_set(d, WK_ENOTSUP,
-                               "cpu backend: --cpu-matmul bf16 loaded for %s, which this CPU (or "
-                               "its kernel) does not offer; use --cpu-matmul fp32",
+                               "cpu backend: the model was loaded for --cpu-matmul bf16 on %s, "
+                               "which this CPU, kernel or build does not offer; use --cpu-matmul "
+                               "fp32",
                                dp ? "AVX512-BF16 dot products" : "AMX-BF16 tiles");
         b->matmul = dp ? BE_CPU_MATMUL_BF16_DP : BE_CPU_MATMUL_BF16;
     }

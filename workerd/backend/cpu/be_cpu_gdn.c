@@ -1890,8 +1890,10 @@ gdn_describe(const be_cpu_base *b, char *buf, size_t len)
 {
     const be_ctx *c = (const be_ctx *)b;
     int n = snprintf(
-        buf, len, "cpu family=%s isa=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
-        wrk_model_view_kind(c->b.model), be_cpu_isa_name(c->b.isa), c->b.n_threads, c->b.cap,
+        buf, len,
+        "cpu family=%s isa=%s matmul=%s threads=%u pass_tokens=%u weights=%s packed_bytes=%llu",
+        wrk_model_view_kind(c->b.model), be_cpu_isa_name(c->b.isa),
+        be_cpu_matmul_name(c->b.matmul), c->b.n_threads, c->b.cap,
         wk_dtype_name(wrk_model_info_get(c->b.model)->dtype), (unsigned long long)c->packed_bytes);
     if (c->n_attn > 0 && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n,

@@ -84,7 +84,7 @@ be_cpu_mat_bytes(const wrk_mat *src)
 
 /* Whether src is packed in k pairs (for AMX tiles or the dot products) under mode. */
 static bool
-be_cpu_mat_amx(const wrk_mat *src, be_cpu_matmul mode)
+be_cpu_mat_kpair(const wrk_mat *src, be_cpu_matmul mode)
 {
     return mode != BE_CPU_MATMUL_FP32 && src->t->dtype == WK_DTYPE_BF16;
 }
@@ -105,8 +105,8 @@ be_cpu_mat_bytes_as(const wrk_mat *src, be_cpu_matmul mode)
     }
     if (dt != WK_DTYPE_F32 && dt != WK_DTYPE_F16 && dt != WK_DTYPE_BF16)
         return 0;
-    if (be_cpu_mat_amx(src, mode))
-        return np * be_cpu_amx_kp(src->n_in) * BE_CPU_NR * 2; /* a multiple of 2048 */
+    if (be_cpu_mat_kpair(src, mode))
+        return np * be_cpu_kpair_kp(src->n_in) * BE_CPU_NR * 2; /* a multiple of 2048 */
     size_t bytes = np * src->n_in * BE_CPU_NR * wk_dtype_size(dt);
     return (bytes + 63) & ~(size_t)63;
 }
@@ -130,8 +130,8 @@ be_cpu_mat_init_as(be_cpu_mat *dst, const wrk_mat *src, void *mem, be_cpu_matmul
     dst->n_panels = (src->n_out + BE_CPU_NR - 1) / BE_CPU_NR;
     dst->data = mem;
     dst->bytes = bytes;
-    dst->amx = be_cpu_mat_amx(src, mode);
-    dst->dp = dst->amx && mode == BE_CPU_MATMUL_BF16_DP;
+    dst->kpair = be_cpu_mat_kpair(src, mode);
+    dst->dp = dst->kpair && mode == BE_CPU_MATMUL_BF16_DP;
     return WK_OK;
 }
 
@@ -205,8 +205,8 @@ be_cpu_mat_pack_q8(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1
 void
 be_cpu_mat_pack_panels(be_cpu_mat *dst, const wrk_mat *src, uint32_t p0, uint32_t p1)
 {
-    if (dst->amx) {
-        be_cpu_amx_pack_panels(dst, src, p0, p1);
+    if (dst->kpair) {
+        be_cpu_kpair_pack_panels(dst, src, p0, p1);
         return;
     }
     if (dst->dtype == WK_DTYPE_Q8_0) {
@@ -1164,7 +1164,7 @@ be_cpu_gemm(be_cpu_isa isa, const be_cpu_mat *w, const float *x, size_t ldx, uin
         p1 = w->n_panels;
     if (m == 0 || p0 >= p1)
         return;
-    if (w->amx) {
+    if (w->kpair) {
         if (w->dp)
             be_cpu_dp_gemm(w, x, ldx, m, y, ldy, yrows, p0, p1, epi);
         else

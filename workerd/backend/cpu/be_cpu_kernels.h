@@ -87,6 +87,9 @@ bool be_cpu_dp_enable(void);
  * products when be_cpu_dp_enable(), else BE_CPU_MATMUL_FP32 (not available). */
 be_cpu_matmul be_cpu_bf16_engine(void);
 
+/* "fp32", "bf16-amx", "bf16-dp" (describe, logs). */
+const char *be_cpu_matmul_name(be_cpu_matmul mode);
+
 /* A packed weight matrix (K inputs -> N outputs). */
 typedef struct be_cpu_mat {
     wk_dtype dtype;    /* element type of data */
@@ -97,8 +100,8 @@ typedef struct be_cpu_mat {
                           blocks of BE_CPU_Q8_BLOCK_BYTES) */
     size_t bytes;      /* bytes at data */
     bool owned;        /* data is freed by be_cpu_mat_free */
-    bool amx;          /* BF16 packed in k pairs (BE_CPU_MATMUL_BF16 or _BF16_DP; be_cpu_bf16.h) */
-    bool dp;           /* with amx: products on AVX512-BF16 dot products, not AMX tiles */
+    bool kpair;        /* BF16 packed in k pairs (BE_CPU_MATMUL_BF16 or _BF16_DP; be_cpu_bf16.h) */
+    bool dp;           /* with kpair: products on AVX512-BF16 dot products, not AMX tiles */
 } be_cpu_mat;
 
 /* Bytes (a multiple of 64) the packed form of src takes; 0 when src is unusable. */
