@@ -139,7 +139,13 @@ class Stack:
         procs = [p for p in self.procs if p is not self.ctl] + [p for p in self.procs if p is self.ctl]
         for p in procs:
             if p.poll() is None:
-                p.terminate()
+                if p is self.ctl and self.tmp is not None:
+                    # Its data dir is removed next: SIGKILL. A graceful stop (SIGTERM)
+                    # writes checkpoints nobody reads and waits out civetweb's poll
+                    # (~2 s a stack); the tests that need it call kill_controller(SIGTERM).
+                    p.kill()
+                else:
+                    p.terminate()
                 try:
                     p.wait(timeout=10)
                 except subprocess.TimeoutExpired:
