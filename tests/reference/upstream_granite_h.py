@@ -75,6 +75,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import upstream_venv  # noqa: E402
+import gguf_zygote  # noqa: E402  (the conversions: forks of one warm process)
 
 NAME = "upstream_granite_h"
 upstream_venv.enter(NAME, ["transformers", "torch", "numpy", "safetensors"], fla=True)
@@ -249,8 +250,8 @@ def gguf_of(d, tmp, name, outtype="f32"):
     json.dump(c, open(os.path.join(src, "config.json"), "w"), indent=2)
     os.symlink(os.path.join(d, "model.safetensors"), os.path.join(src, "model.safetensors"))
     script = os.path.join(HERE, "..", "..", "bench", "qwen35-gguf.py")
-    p = subprocess.run([sys.executable, script, CONV, src, os.path.join(gdir, "model.gguf"),
-                        "--outtype", outtype], capture_output=True, text=True, timeout=600)
+    p = gguf_zygote.run(script, [CONV, src, os.path.join(gdir, "model.gguf"),
+                        "--outtype", outtype], timeout=600)
     if p.returncode != 0:
         raise RuntimeError("convert: " + (p.stderr or p.stdout)[-800:])
     return gdir

@@ -63,6 +63,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import upstream_venv  # noqa: E402
+import gguf_zygote  # noqa: E402  (the conversions: forks of one warm process)
 
 NAME = "upstream_qwen35"
 upstream_venv.enter(NAME, ["transformers", "torch", "numpy", "safetensors"], fla=True)
@@ -236,8 +237,8 @@ def gguf_of(conv, d, outtype, tmp, name):
     gdir = os.path.join(tmp, name + "-gguf")
     os.makedirs(gdir, exist_ok=True)
     script = os.path.join(HERE, "..", "..", "bench", "qwen35-gguf.py")
-    p = subprocess.run([sys.executable, script, conv, d, os.path.join(gdir, "model.gguf"),
-                        "--outtype", outtype], capture_output=True, text=True, timeout=600)
+    p = gguf_zygote.run(script, [conv, d, os.path.join(gdir, "model.gguf"),
+                        "--outtype", outtype], timeout=600)
     if p.returncode != 0:
         raise RuntimeError("qwen35-gguf.py: " + (p.stderr or p.stdout)[-800:])
     return gdir
