@@ -264,7 +264,7 @@ def amx_figures(exe, d, toks, lp, V, model, seq64, figures, bounds):
     that bf16 run within 1.5 times its distance. The distances depend on the
     random model (max |d|/std on text-bf16: transformers bf16 0.43 to 0.91
     off float64, wkvm bf16 0.11 to 0.30, wkvm's default fp32 mode 1.4e-5 to
-    3e-5; the dot products on AMD EPYC 0.13 to 0.29), so the bound is
+    3e-5; the dot products on AMD EPYC 0.30 at this seed), so the bound is
     transformers' own, not a number. Where the CPU has neither wkvm must
     refuse."""
     mm = ["--cpu-matmul", "bf16"]
