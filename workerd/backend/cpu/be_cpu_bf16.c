@@ -299,6 +299,58 @@ be_amx_buf(size_t n)
     return (uint16_t *)((char *)nb + 64);
 }
 
+/* ------------------------------------------------------------------------ */
+/* what both engines' drivers share                                          */
+/* ------------------------------------------------------------------------ */
+
+/* The m rows of x in bf16, Kp apart, in the thread's buffer; NULL: convert slabs instead. */
+static uint16_t *
+be_bf16_acts(const float *x, size_t ldx, uint32_t m, uint32_t K, uint32_t Kp)
+{
+    uint16_t *abuf = be_amx_slab_only ? NULL : be_amx_buf((size_t)m * Kp);
+    if (abuf != NULL)
+        for (uint32_t i = 0; i < m; i++)
+            be_amx_cvt(x + (size_t)i * ldx, K, Kp, abuf + (size_t)i * Kp);
+    return abuf;
+}
+
+/* Panels per column chunk (even, at least 2) whose weights stay in L2 while every row block
+ * passes over them; ps: the panel stride in elements. */
+static uint32_t
+be_bf16_chunk(size_t ps)
+{
+    uint32_t ch = (uint32_t)(BE_AMX_L2_PANEL_BYTES / (ps * 2));
+    return ch < 2 ? 2 : ch & ~1u;
+}
+
+/* Rows [row, row + mr) of x, k from k0, in bf16 into slab (BE_AMX_SLAB apart, zeros past K);
+ * returns the slab's k count (a multiple of 32). */
+static uint32_t
+be_bf16_slab(const float *x, size_t ldx, uint32_t row, uint32_t mr, uint32_t K, uint32_t Kp,
+             uint32_t k0, uint16_t *slab)
+{
+    const uint32_t nk = Kp - k0 < BE_AMX_SLAB ? Kp - k0 : BE_AMX_SLAB;
+    const uint32_t nv = K <= k0 ? 0 : K - k0 < nk ? K - k0 : nk;
+    for (uint32_t i = 0; i < mr; i++)
+        be_amx_cvt(x + (size_t)(row + i) * ldx + k0, nv, nk, slab + (size_t)i * BE_AMX_SLAB);
+    return nk;
+}
+
+/* The output columns of panels p (and p + 1 when *np is 2) below pe: first column and how many
+ * are real. False past the matrix's last column. */
+static bool
+be_bf16_cols(const be_cpu_mat *w, uint32_t p, uint32_t pe, uint32_t *np, uint32_t *col0,
+             uint32_t *nvalid)
+{
+    *np = pe - p < 2 ? 1 : 2;
+    *col0 = p * BE_CPU_NR;
+    if (*col0 >= w->n)
+        return false;
+    const uint32_t ncol = *np * BE_CPU_NR;
+    *nvalid = w->n - *col0 < ncol ? w->n - *col0 : ncol;
+    return true;
+}
+
 #endif /* BE_BF16_X86 */
 
 #if BE_AMX_BUILD
@@ -406,13 +458,8 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
         p1 = w->n_panels;
     if (m == 0 || p0 >= p1)
         return;
-    uint16_t *abuf = be_amx_slab_only ? NULL : be_amx_buf((size_t)m * Kp);
-    if (abuf != NULL)
-        for (uint32_t i = 0; i < m; i++)
-            be_amx_cvt(x + (size_t)i * ldx, K, Kp, abuf + (size_t)i * Kp);
-    /* column chunks whose weights stay in L2 while every row block passes over them */
-    uint32_t ch = (uint32_t)(BE_AMX_L2_PANEL_BYTES / (ps * 2));
-    ch = ch < 2 ? 2 : ch & ~1u;
+    const uint16_t *abuf = be_bf16_acts(x, ldx, m, K, Kp);
+    const uint32_t ch = be_bf16_chunk(ps);
     for (uint32_t pc = p0; pc < p1; pc += ch) {
         const uint32_t pe = pc + ch < p1 ? pc + ch : p1;
         for (uint32_t row = 0; row < m; row += 16) {
@@ -420,12 +467,9 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
             if (be_amx_cfg_rows != mr)
                 be_amx_config(mr);
             for (uint32_t p = pc; p < pe; p += 2) {
-                const uint32_t np = pe - p < 2 ? 1 : 2;
-                const uint32_t col0 = p * BE_CPU_NR;
-                if (col0 >= w->n)
+                uint32_t np, col0, nvalid;
+                if (!be_bf16_cols(w, p, pe, &np, &col0, &nvalid))
                     break;
-                const uint32_t ncol = np * BE_CPU_NR;
-                const uint32_t nvalid = w->n - col0 < ncol ? w->n - col0 : ncol;
                 const uint16_t *b0 = W + (size_t)p * ps, *b1 = np == 2 ? b0 + ps : b0;
                 be_amx_zero();
                 if (abuf != NULL) {
@@ -436,11 +480,7 @@ be_cpu_amx_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, flo
                         be_amx_run1(a, (size_t)Kp * 2, b0, nkc);
                 } else {
                     for (uint32_t k0 = 0; k0 < Kp; k0 += BE_AMX_SLAB) {
-                        const uint32_t nk = Kp - k0 < BE_AMX_SLAB ? Kp - k0 : BE_AMX_SLAB;
-                        const uint32_t nv = K <= k0 ? 0 : K - k0 < nk ? K - k0 : nk;
-                        for (uint32_t i = 0; i < mr; i++)
-                            be_amx_cvt(x + (size_t)(row + i) * ldx + k0, nv, nk,
-                                       slab + (size_t)i * BE_AMX_SLAB);
+                        const uint32_t nk = be_bf16_slab(x, ldx, row, mr, K, Kp, k0, slab);
                         const size_t off = (size_t)k0 * BE_CPU_NR;
                         if (np == 2)
                             be_amx_run2(slab, BE_AMX_SLAB * 2, b0 + off, b1 + off, nk / 32);
@@ -588,14 +628,10 @@ be_cpu_dp_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, floa
         p1 = w->n_panels;
     if (m == 0 || p0 >= p1)
         return;
-    uint16_t *abuf = be_amx_slab_only ? NULL : be_amx_buf((size_t)m * Kp);
-    if (abuf != NULL)
-        for (uint32_t i = 0; i < m; i++)
-            be_amx_cvt(x + (size_t)i * ldx, K, Kp, abuf + (size_t)i * Kp);
+    const uint16_t *abuf = be_bf16_acts(x, ldx, m, K, Kp);
     /* balanced row blocks of at most BE_DP_MR rows */
     const uint32_t nb = (m + BE_DP_MR - 1) / BE_DP_MR, base = m / nb, extra = m % nb;
-    uint32_t ch = (uint32_t)(BE_AMX_L2_PANEL_BYTES / (ps * 2));
-    ch = ch < 2 ? 2 : ch & ~1u;
+    const uint32_t ch = be_bf16_chunk(ps);
     for (uint32_t pc = p0; pc < p1; pc += ch) {
         const uint32_t pe = pc + ch < p1 ? pc + ch : p1;
         uint32_t row = 0;
@@ -603,23 +639,16 @@ be_cpu_dp_gemm(const be_cpu_mat *w, const float *x, size_t ldx, uint32_t m, floa
             const uint32_t mr = base + (blk < extra ? 1 : 0);
             const bool stream = blk == 0; /* the chunk comes from memory, then from L2 */
             for (uint32_t p = pc; p < pe; p += 2) {
-                const uint32_t np = pe - p < 2 ? 1 : 2;
-                const uint32_t col0 = p * BE_CPU_NR;
-                if (col0 >= w->n)
+                uint32_t np, col0, nvalid;
+                if (!be_bf16_cols(w, p, pe, &np, &col0, &nvalid))
                     break;
-                const uint32_t ncol = np * BE_CPU_NR;
-                const uint32_t nvalid = w->n - col0 < ncol ? w->n - col0 : ncol;
                 const uint16_t *b0 = W + (size_t)p * ps, *b1 = np == 2 ? b0 + ps : b0;
                 const be_dp_fn fn = be_dp_tab[np - 1][mr - 1];
                 if (abuf != NULL) {
                     fn(abuf + (size_t)row * Kp, Kp, b0, b1, nkc, ct, true, stream);
                 } else {
                     for (uint32_t k0 = 0; k0 < Kp; k0 += BE_AMX_SLAB) {
-                        const uint32_t nk = Kp - k0 < BE_AMX_SLAB ? Kp - k0 : BE_AMX_SLAB;
-                        const uint32_t nv = K <= k0 ? 0 : K - k0 < nk ? K - k0 : nk;
-                        for (uint32_t i = 0; i < mr; i++)
-                            be_amx_cvt(x + (size_t)(row + i) * ldx + k0, nv, nk,
-                                       slab + (size_t)i * BE_AMX_SLAB);
+                        const uint32_t nk = be_bf16_slab(x, ldx, row, mr, K, Kp, k0, slab);
                         const size_t off = (size_t)k0 * BE_CPU_NR;
                         fn(slab, BE_AMX_SLAB, b0 + off, b1 + off, nk / BE_CPU_KPAIR_KC, ct, k0 == 0,
                            stream);
