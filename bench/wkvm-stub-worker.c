@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "wk_cfg.h"
+#include "wk_nng.h"
 #include "wk_proto.h"
 
 static const wk_cfg_opt stub_opts[] = {
@@ -249,7 +250,7 @@ main(int argc, char **argv)
     }
     free(rr);
     free(rp);
-    nng_close(sock);
+    (void)wk_nng_close(sock, 2000); /* bounded: wk_nng.h */
     wk_cfg_free(cfg);
     return 0;
 }

@@ -32,6 +32,7 @@
 #include "wk_file.h"
 #include "wk_log.h"
 #include "wk_net.h"
+#include "wk_nng.h"
 #include "wk_proto.h"
 #include "wk_sha256.h"
 #include "wrk_sample.h"
@@ -1310,6 +1311,22 @@ wrk_busy_beat_main(void *arg)
  */
 #define WRK_REDIAL_MS 3000
 
+/*
+ * Closes the link to the controller, waiting at most 2 s (wk_nng.h: libnng
+ * before 1.8 can hang in nng_close when a heartbeat arrives as the link
+ * closes; the worker then exits anyway). The notifications go first: they
+ * point at w, and a close left hanging must never call into it later.
+ */
+static void
+wrk_close_link(wrk_worker *w)
+{
+    nng_pipe_notify(w->sock, NNG_PIPE_EV_ADD_POST, NULL, NULL);
+    nng_pipe_notify(w->sock, NNG_PIPE_EV_REM_POST, NULL, NULL);
+    if (!wk_nng_close(w->sock, 2000))
+        wk_log_warn("closing the controller link did not finish in 2000 ms (libnng < 1.8 "
+                    "hangs when a message is in flight as a link closes); leaving it");
+}
+
 wk_err
 wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
 {
@@ -1325,7 +1342,7 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
     nng_pipe_notify(w->sock, NNG_PIPE_EV_REM_POST, wrk_pipe_removed, w);
     wk_err de = wrk_dial(w, d);
     if (de != WK_OK) {
-        nng_close(w->sock);
+        wrk_close_link(w);
         return de;
     }
     wk_log_info("dialing controller=%s worker=%s", w->controller_url, w->worker_id);
@@ -1464,6 +1481,6 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
         pthread_join(beat, NULL);
     }
     w->connected = false;
-    nng_close(w->sock);
+    wrk_close_link(w);
     return result;
 }

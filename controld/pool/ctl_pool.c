@@ -23,6 +23,7 @@
 
 #include "wk_file.h"
 #include "wk_log.h"
+#include "wk_nng.h"
 #include "wk_time.h"
 
 #define CTL_POOL_MAX_WORKERS 256
@@ -77,6 +78,7 @@ struct ctl_pool {
     ctl_pool_stats stats;                       /* counters */
     atomic_uint_fast64_t next_id;               /* request ids */
     atomic_bool stop;                           /* threads exit */
+    atomic_bool mgr_stop;                       /* the manager exits (ctl_pool_stop) */
     pthread_t recv_thr;                         /* receive loop */
     pthread_t mgr_thr;                          /* loads and heartbeats */
     bool recv_started;                          /* recv_thr joinable */
@@ -668,7 +670,7 @@ ctl_pool_mgr_main(void *arg)
 {
     ctl_pool *p = arg;
     pthread_setname_np(pthread_self(), "wkc-pool-mgr");
-    while (!atomic_load(&p->stop)) {
+    while (!atomic_load(&p->stop) && !atomic_load(&p->mgr_stop)) {
         bool load = false;
         char id[65];
         pthread_mutex_lock(&p->mu);
@@ -753,6 +755,7 @@ ctl_pool_new(const ctl_pool_config *cfg, ctl_pool **out, wk_diag *d)
     pthread_cond_init(&p->cv, NULL);
     atomic_init(&p->next_id, 1);
     atomic_init(&p->stop, false);
+    atomic_init(&p->mgr_stop, false);
     p->slots = cfg->slots;
     p->heartbeat_ms = cfg->heartbeat_ms ? cfg->heartbeat_ms : 1000;
     p->load_timeout_ms = cfg->load_timeout_ms ? cfg->load_timeout_ms : 600000;
@@ -796,17 +799,31 @@ fail:
 }
 
 void
+ctl_pool_stop(ctl_pool *p)
+{
+    if (p == NULL || atomic_exchange(&p->mgr_stop, true))
+        return;
+    if (p->mgr_started)
+        pthread_join(p->mgr_thr, NULL);
+}
+
+void
 ctl_pool_free(ctl_pool *p)
 {
     if (p == NULL)
         return;
+    ctl_pool_stop(p); /* its last request's reply is in before the link closes */
     atomic_store(&p->stop, true);
-    if (p->mgr_started)
-        pthread_join(p->mgr_thr, NULL);
-    if (nng_socket_id(p->sock) > 0)
-        nng_close(p->sock);
+    bool closed = wk_nng_close(p->sock, CTL_POOL_CLOSE_MS);
     if (p->recv_started)
-        pthread_join(p->recv_thr, NULL);
+        pthread_join(p->recv_thr, NULL); /* it sees stop within its 200 ms receive timeout */
+    if (!closed) {
+        /* libnng may still call ctl_pool_pipe_removed(p): the record stays */
+        wk_log_warn("closing the worker link did not finish in %u ms (libnng < 1.8 hangs when a "
+                    "message is in flight as a link closes); leaving it",
+                    (unsigned)CTL_POOL_CLOSE_MS);
+        return;
+    }
     for (size_t i = 0; i < CTL_POOL_MAX_WORKERS; i++)
         ctl_worker_free(p->workers[i]);
     pthread_cond_destroy(&p->cv);

@@ -84,7 +84,19 @@ typedef struct ctl_pool_config {
  */
 WK_MUST_CHECK wk_err ctl_pool_new(const ctl_pool_config *cfg, ctl_pool **out, wk_diag *d);
 
-/* Stops threads, closes the socket, frees. NULL-safe. */
+/*
+ * Stops the manager (no heartbeat or load request is sent after it returns;
+ * replies still arrive). The first half of ctl_pool_free(), for a caller that
+ * quiets the link before its peer goes: a link torn down with no message in
+ * flight avoids libnng's close hang (wk_nng.h). NULL-safe, idempotent.
+ */
+void ctl_pool_stop(ctl_pool *p);
+
+/*
+ * Stops threads, closes the socket (waiting at most CTL_POOL_CLOSE_MS; a close
+ * that hangs leaves the pool's record to libnng, logged), frees. NULL-safe.
+ */
+#define CTL_POOL_CLOSE_MS 2000u
 void ctl_pool_free(ctl_pool *p);
 
 /*

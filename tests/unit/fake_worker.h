@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "wk_nng.h"
 #include "wk_proto.h"
 
 #define FW_MAX_SLOTS 16   /* usable slots 1..n */
@@ -477,7 +478,8 @@ fw_stop(fake_worker *w)
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     pthread_join(w->th, NULL);
-    nng_close(w->sock);
+    /* bounded (wk_nng.h); quiet the pool first (ctl_pool_stop) for a clean teardown */
+    (void)wk_nng_close(w->sock, 2000);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
 }

@@ -109,6 +109,7 @@ fx_close(fx *f)
     ctl_vm_free(f->vm);
     ctl_sched_free(f->sched);
     ctl_resid_dir_free(f->resid);
+    ctl_pool_stop(f->pool); /* no heartbeat in flight as the worker's link closes */
     fw_stop(&f->w);
     ctl_pool_free(f->pool);
     ctl_store_close(f->store);

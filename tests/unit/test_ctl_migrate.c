@@ -32,6 +32,7 @@
 #include "ctl_pool.h"
 #include "ctl_transport.h"
 #include "ctl_vm.h"
+#include "wk_nng.h"
 #include "wk_proto.h"
 #include "wk_sha256.h"
 
@@ -185,7 +186,7 @@ fake_main(void *arg)
             /* "ncclRecv" then hash. */
             if (atomic_load(&f->die_on_recv)) {
                 wk_proto_free(m);
-                nng_close(f->sock); /* the controller sees the pipe close */
+                (void)wk_nng_close(f->sock, 2000); /* the controller sees the pipe close */
                 return NULL;
             }
             uint32_t slot = m->migrate_recv->slot;
@@ -289,9 +290,10 @@ test_verify_phase(void **state)
     for (size_t i = 0; i < STATE_BYTES; i += 4099)
         assert_int_equal(f.slot[1][i], (uint8_t)(i * 2654435761u >> 13));
 
+    ctl_pool_stop(pool); /* no heartbeat in flight as the fake's link closes */
     atomic_store(&f.stop, true);
     pthread_join(thr, NULL);
-    nng_close(f.sock);
+    (void)wk_nng_close(f.sock, 2000);
     ctl_vm_free(vm);
     ctl_pool_free(pool);
     for (int i = 0; i < 4; i++)
@@ -427,12 +429,13 @@ pair_up(void)
 static void
 pair_down(pair_env *e)
 {
+    ctl_pool_stop(e->pool); /* no heartbeat in flight as the fakes' links close */
     atomic_store(&e->src.stop, true);
     atomic_store(&e->dst.stop, true);
     pthread_join(e->thr[0], NULL);
     pthread_join(e->thr[1], NULL);
-    nng_close(e->src.sock);
-    nng_close(e->dst.sock); /* (ECLOSED when the fake closed it itself) */
+    (void)wk_nng_close(e->src.sock, 2000);
+    (void)wk_nng_close(e->dst.sock, 2000); /* (a no-op when the fake closed it itself) */
     ctl_vm_free(e->vm);
     ctl_pool_free(e->pool);
     for (int i = 0; i < 4; i++) {

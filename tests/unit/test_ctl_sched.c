@@ -83,6 +83,7 @@ fx_close(fx *f)
 {
     ctl_sched_free(f->sched);
     ctl_resid_dir_free(f->resid);
+    ctl_pool_stop(f->pool); /* no heartbeat in flight as the worker's link closes */
     if (f->w_on)
         fw_stop(&f->w);
     ctl_pool_free(f->pool);

@@ -26,6 +26,7 @@
 #include <signal.h>
 
 #include "rwkv7_synth.h"
+#include "wk_nng.h"
 #include "wk_proto.h"
 #include "wrk_rpc.h"
 
@@ -88,7 +89,7 @@ fx_close(fx *f)
         pthread_join(f->th, NULL);
     }
     wrk_worker_free(f->w);
-    nng_close(f->ctl);
+    (void)wk_nng_close(f->ctl, 2000);
     char p[400];
     snprintf(p, sizeof(p), "%s/c.ipc", f->dir);
     unlink(p);
