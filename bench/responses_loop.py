@@ -219,12 +219,34 @@ def median(v):
 MAX_WALL = [0.0]  # --max-wall
 
 
+def checkpoint_counts(s):
+    """wkvm_checkpoints_total by kind (boundary, prompt, reply, interval) from /metrics."""
+    r = s.get("/metrics")
+    counts = {}
+    if r.status != 200:
+        return counts
+    for ln in r.body.decode("utf-8", "replace").splitlines():
+        if ln.startswith('wkvm_checkpoints_total{kind="'):
+            kind = ln.split('"')[1]
+            counts[kind] = counts.get(kind, 0) + float(ln.split()[-1])
+    return counts
+
+
 def cpu_seconds(pid):
     """utime + stime of process pid in seconds (/proc/PID/stat), None when unreadable."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def minor_faults(pid):
+    """Minor page faults of process pid so far (/proc/PID/stat), None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[7])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -375,18 +397,30 @@ def main():
     import wkvm_harness as h  # noqa: E402 (reads WKVM_BUILD_DIR)
     out = {}
 
-    def report(name, per_conv, wall, cpu=None):
+    def report(name, per_conv, wall, cpu=None, ckpts=None, faults=None):
         rows = merge_rows(per_conv)
         out[name] = {"rows": rows, "wall_s": wall, "convs": per_conv,
                      "loadavg_end": os.getloadavg()}
         cpu_note = ""
+        if ckpts:
+            # checkpoints the controller took over the mode, by kind (each a state-image copy)
+            out[name]["checkpoints"] = ckpts
+            turns = sum(len(c) for c in per_conv)
+            cpu_note += ", checkpoints " + " ".join(
+                f"{k} {v:.0f}" for k, v in sorted(ckpts.items())) + \
+                (f" ({sum(ckpts.values()) / turns:.1f}/turn)" if turns else "")
         if cpu is not None:
             # the worker's CPU seconds over the mode (load-insensitive, unlike TTFT)
             turns = sum(len(c) for c in per_conv)
             out[name]["worker_cpu_s"] = cpu
             out[name]["worker_cpu_s_per_turn"] = cpu / turns if turns else None
             cpu_note = (f", worker CPU {cpu:.2f}s"
-                        + (f" ({cpu / turns * 1e3:.0f} ms/turn)" if turns else ""))
+                        + (f" ({cpu / turns * 1e3:.0f} ms/turn)" if turns else "") + cpu_note)
+            if faults is not None and turns:
+                # fresh pages the worker touched (a state-image copy into new memory faults
+                # in every page of it)
+                out[name]["worker_minor_faults_per_turn"] = faults / turns
+                cpu_note += f", {faults / turns:.0f} minor page faults/turn"
         print(f"== {name}: wall {wall:.2f}s, {len(per_conv)} conversation(s), "
               f"load average {os.getloadavg()[0]:.1f}{cpu_note}", flush=True)
         print("turn  bytes_sent  input_tokens  computed  ttft_ms  total_ms  (medians)  "
@@ -420,11 +454,13 @@ def main():
                         def fn(c, name=name):
                             return run_chat(s.url, mid, a.turns, a.tool, a.max_tokens,
                                             name == "chat", conv=c)
-                    c0 = cpu_seconds(wpid)
+                    c0, k0, f0 = cpu_seconds(wpid), checkpoint_counts(s), minor_faults(wpid)
                     per_conv, wall = run_convs(a.convs, a.stagger, fn)
-                    c1 = cpu_seconds(wpid)
+                    c1, k1, f1 = cpu_seconds(wpid), checkpoint_counts(s), minor_faults(wpid)
                     report(name, per_conv, wall,
-                           c1 - c0 if c0 is not None and c1 is not None else None)
+                           c1 - c0 if c0 is not None and c1 is not None else None,
+                           {k: k1[k] - k0.get(k, 0) for k in k1 if k1[k] - k0.get(k, 0) > 0},
+                           f1 - f0 if f0 is not None and f1 is not None else None)
         for name in [m for m in modes if m.startswith("llama")]:
             ctx = 2048 + a.turns * (a.tool + a.max_tokens + 64)
             with LlamaServer(a.llama_server, a.gguf, a.chat_template, a.threads, ctx,
