@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "wk_time.h"
+#include <time.h>
 
 typedef struct wk_nng_closer {
     pthread_mutex_t mu;
@@ -56,7 +56,11 @@ wk_nng_close(nng_socket s, uint32_t wait_ms)
         return true;
     }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    pthread_condattr_t ca; /* the bound on the monotonic clock: a clock step cannot stretch it */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
     c->sock = s;
     c->refs = 2;
     pthread_attr_t attr;
@@ -75,7 +79,13 @@ wk_nng_close(nng_socket s, uint32_t wait_ms)
         return true;
     }
     struct timespec until;
-    wk_deadline_after_ms(&until, wait_ms);
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)(wait_ms / 1000u);
+    until.tv_nsec += (long)(wait_ms % 1000u) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
     pthread_mutex_lock(&c->mu);
     while (!c->done) {
         if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT)

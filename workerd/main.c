@@ -29,6 +29,10 @@ static const wk_cfg_opt wrk_opts[] = {
     {"link-tls-server-name", WK_CFG_STR, NULL, 0, 0,
      "tls+tcp:// link: the name the controller's certificate must carry (default: the URL's "
      "host)"},
+    {"link-silence-s", WK_CFG_U64, "120", 0, 86400,
+     "a connected controller link that brings nothing for this many seconds makes this "
+     "worker exit non-zero, for its supervisor to restart it (the controller beats every "
+     "second; a link libnng < 1.8 wedged stays silent for good); 0 = never"},
     {"link-allow-plain-tcp", WK_CFG_BOOL, "false", 0, 0,
      "force a plain tcp:// --link-url on a non-loopback address (no encryption, no "
      "authentication: prompts and states in clear; use tls+tcp:// instead)"},
@@ -72,6 +76,7 @@ static const wk_cfg_opt wrk_opts[] = {
 typedef struct wrk_main_conf {
     const char *link_url, *tls_ca, *tls_cert, *tls_key, *tls_server_name; /* --link-* */
     bool allow_plain_tcp;   /* --link-allow-plain-tcp */
+    uint32_t link_silence_s; /* --link-silence-s */
     const char *data_dir;   /* --data-dir */
     const char *id;         /* --id */
     const char *model;      /* --model */
@@ -97,6 +102,7 @@ static const wk_cfg_bind wrk_binds[] = {
     WRK_BIND("link-tls-key", STR, tls_key),
     WRK_BIND("link-tls-server-name", STR, tls_server_name),
     WRK_BIND("link-allow-plain-tcp", BOOL, allow_plain_tcp),
+    WRK_BIND("link-silence-s", U32, link_silence_s),
     WRK_BIND("data-dir", STR, data_dir),
     WRK_BIND("id", STR, id),
     WRK_BIND("model", STR, model),
@@ -285,6 +291,7 @@ main(int argc, char **argv)
         .vocab_path = c.vocab,
         .host_cache_bytes = host_cache,
         .kv_pages = c.kv_pages,
+        .link_silence_ms = c.link_silence_s * 1000u,
     };
     rc = 1;
     if (wrk_worker_new(&rc_cfg, &w, &d) != WK_OK) {

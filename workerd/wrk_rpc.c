@@ -1314,8 +1314,9 @@ wrk_busy_beat_main(void *arg)
 /*
  * Closes the link to the controller, waiting at most 2 s (wk_nng.h: libnng
  * before 1.8 can hang in nng_close when a heartbeat arrives as the link
- * closes; the worker then exits anyway). The notifications go first: they
- * point at w, and a close left hanging must never call into it later.
+ * closes; the worker then exits anyway). The notifications are switched off
+ * first: they point at w, and a close left hanging should not call into it
+ * later (short of a callback libnng had already begun).
  */
 static void
 wrk_close_link(wrk_worker *w)
@@ -1359,6 +1360,7 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
                     "timeout will mark this worker unhealthy");
     wk_err result = WK_OK;
     uint64_t unlinked_since = wrk_now_us() / 1000u, warned_at = 0, dialed_at = unlinked_since;
+    uint64_t heard_at = unlinked_since; /* the last message handled, or the link's absence */
     while (!*stop) {
         if (atomic_exchange(&w->need_hello, false))
             wrk_send_hello(w);
@@ -1368,6 +1370,22 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
          * wrong server name) looks like a controller that is not there.
          */
         const uint64_t now_ms = wrk_now_us() / 1000u;
+        if (atomic_load(&w->pipes) == 0)
+            heard_at = now_ms;
+        else if (w->cfg.link_silence_ms > 0 && now_ms - heard_at >= w->cfg.link_silence_ms) {
+            /*
+             * Connected, yet nothing for many heartbeats: a link libnng < 1.8
+             * left wedged (wk_nng.h), which no redial mends in this process.
+             * The supervisor restarts a worker that exits non-zero.
+             */
+            result = wk_diag_set(d, WK_ETIMEDOUT,
+                                 "the controller link has brought nothing for %.1f s while "
+                                 "connected (controller=%s); exiting to be restarted",
+                                 (double)(now_ms - heard_at) / 1000.0,
+                                 w->controller_url);
+            wk_log_error("%s", d->msg);
+            break;
+        }
         if (atomic_load(&w->pipes) > 0) {
             unlinked_since = now_ms;
         } else if (now_ms - unlinked_since >= WRK_REDIAL_MS &&
@@ -1475,6 +1493,7 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
         }
         atomic_store(&w->busy_since_ms, 0);
         wk_proto_free(m);
+        heard_at = wrk_now_us() / 1000u; /* (after it: a long step is not silence) */
     }
     if (beating) {
         atomic_store(&w->beat_stop, true);

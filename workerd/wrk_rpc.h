@@ -34,6 +34,10 @@ typedef struct wrk_rpc_config {
     const char *vocab_path;     /* vocab override, NULL = model dir */
     uint64_t host_cache_bytes;  /* warm tier budget in host memory, 0 = none */
     uint32_t kv_pages;          /* hybrid models: KV pool pages, 0 = the backend's default */
+    uint32_t link_silence_ms;   /* a connected link that brings nothing for this long ends
+                                   wrk_worker_serve() with WK_ETIMEDOUT (the controller beats
+                                   every second; a link libnng < 1.8 wedged stays silent for
+                                   good), 0 = never */
 } wrk_rpc_config;
 
 typedef struct wrk_worker wrk_worker;

@@ -92,11 +92,12 @@ WK_MUST_CHECK wk_err ctl_pool_new(const ctl_pool_config *cfg, ctl_pool **out, wk
  */
 void ctl_pool_stop(ctl_pool *p);
 
+#define CTL_POOL_CLOSE_MS 2000u
+
 /*
  * Stops threads, closes the socket (waiting at most CTL_POOL_CLOSE_MS; a close
  * that hangs leaves the pool's record to libnng, logged), frees. NULL-safe.
  */
-#define CTL_POOL_CLOSE_MS 2000u
 void ctl_pool_free(ctl_pool *p);
 
 /*

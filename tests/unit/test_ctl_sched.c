@@ -747,6 +747,7 @@ test_refusals(void **state)
     assert_non_null(strstr(d.msg, "a job needs input tokens"));
     /* a job waiting when its worker leaves fails */
     fx_worker(&f, 1);
+    ctl_pool_stop(f.pool); /* no heartbeat queued unread at the held worker as it leaves */
     fw_hold(&f.w, true);
     sp.n_tokens = 2;
     sp.sample = true;

@@ -28,6 +28,7 @@
 #include "rwkv7_synth.h"
 #include "wk_nng.h"
 #include "wk_proto.h"
+#include "wk_time.h"
 #include "wrk_rpc.h"
 
 typedef struct fx {
@@ -53,7 +54,7 @@ serve_main(void *arg)
 }
 
 static void
-fx_open(fx *f)
+fx_open_silence(fx *f, uint32_t link_silence_ms)
 {
     memset(f, 0, sizeof(*f));
     synth_tmpdir(f->dir, sizeof(f->dir), "rpc");
@@ -73,12 +74,19 @@ fx_open(fx *f)
                           .worker_id = "w9",
                           .backend = &be_cpu_ops,
                           .threads = 1,
-                          .host_cache_bytes = 1 << 20};
+                          .host_cache_bytes = 1 << 20,
+                          .link_silence_ms = link_silence_ms};
     wk_diag d = {{0}};
     if (wrk_worker_new(&cfg, &f->w, &d) != WK_OK)
         fail_msg("worker: %s", d.msg);
     f->next_id = 1;
     assert_int_equal(pthread_create(&f->th, NULL, serve_main, f), 0);
+}
+
+static void
+fx_open(fx *f)
+{
+    fx_open_silence(f, 0);
 }
 
 static void
@@ -427,12 +435,50 @@ test_refused_hello(void **state)
     fx_close(&f);
 }
 
+/*
+ * A link that stays up but brings nothing (what a link libnng < 1.8 wedged
+ * looks like from the worker) ends serving with WK_ETIMEDOUT and a line
+ * that says so, for the supervisor to restart the worker; one that keeps
+ * talking does not.
+ */
+static void
+test_link_silence(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open_silence(&f, 700);
+    wk_msg *h = hello(&f);
+    wk_proto_free(h);
+    wk_msg ack = WKVM__ENVELOPE__INIT;
+    ack.kind = WKVM__KIND__HELLO_ACK;
+    send_msg(&f, &ack);
+    /* talking (a STATS every 200 ms for 1.4 s): still serving */
+    for (int i = 0; i < 7; i++) {
+        usleep(200 * 1000);
+        wk_msg st = WKVM__ENVELOPE__INIT;
+        st.kind = WKVM__KIND__STATS;
+        wk_msg *r = call(&f, &st);
+        assert_int_equal(r->kind, WKVM__KIND__STATS_REPLY);
+        wk_proto_free(r);
+    }
+    /* then silence: serving ends within a few hundred ms of the bound */
+    uint64_t t0 = wk_mono_ms();
+    pthread_join(f.th, NULL);
+    f.joined = true;
+    uint64_t took = wk_mono_ms() - t0;
+    assert_int_equal(f.served, WK_ETIMEDOUT);
+    assert_non_null(strstr(f.sd.msg, "brought nothing"));
+    assert_true(took >= 400 && took < 5000);
+    fx_close(&f);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_serve),
         cmocka_unit_test(test_refused_hello),
+        cmocka_unit_test(test_link_silence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
