@@ -1372,20 +1372,6 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
         const uint64_t now_ms = wrk_now_us() / 1000u;
         if (atomic_load(&w->pipes) == 0)
             heard_at = now_ms;
-        else if (w->cfg.link_silence_ms > 0 && now_ms - heard_at >= w->cfg.link_silence_ms) {
-            /*
-             * Connected, yet nothing for many heartbeats: a link libnng < 1.8
-             * left wedged (wk_nng.h), which no redial mends in this process.
-             * The supervisor restarts a worker that exits non-zero.
-             */
-            result = wk_diag_set(d, WK_ETIMEDOUT,
-                                 "the controller link has brought nothing for %.1f s while "
-                                 "connected (controller=%s); exiting to be restarted",
-                                 (double)(now_ms - heard_at) / 1000.0,
-                                 w->controller_url);
-            wk_log_error("%s", d->msg);
-            break;
-        }
         if (atomic_load(&w->pipes) > 0) {
             unlinked_since = now_ms;
         } else if (now_ms - unlinked_since >= WRK_REDIAL_MS &&
@@ -1413,6 +1399,23 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
         void *buf = NULL;
         size_t len = 0;
         rv = nng_recv(w->sock, &buf, &len, NNG_FLAG_ALLOC);
+        const uint64_t after_ms = wrk_now_us() / 1000u;
+        if (rv == NNG_ETIMEDOUT && atomic_load(&w->pipes) > 0 && w->cfg.link_silence_ms > 0 &&
+            after_ms - heard_at >= w->cfg.link_silence_ms) {
+            /*
+             * Connected, yet nothing for many heartbeats (checked only when a
+             * receive found nothing: a worker held stopped reads its queue
+             * first): a link libnng < 1.8 left wedged (wk_nng.h), which no
+             * redial mends in this process. The supervisor restarts a worker
+             * that exits non-zero.
+             */
+            result = wk_diag_set(d, WK_ETIMEDOUT,
+                                 "the controller link has brought nothing for %.1f s while "
+                                 "connected (controller=%s); exiting to be restarted",
+                                 (double)(after_ms - heard_at) / 1000.0, w->controller_url);
+            wk_log_error("%s", d->msg);
+            break;
+        }
         if (rv == NNG_ETIMEDOUT)
             continue;
         if (rv != 0) {
