@@ -29,10 +29,11 @@ static const wk_cfg_opt wrk_opts[] = {
     {"link-tls-server-name", WK_CFG_STR, NULL, 0, 0,
      "tls+tcp:// link: the name the controller's certificate must carry (default: the URL's "
      "host)"},
-    {"link-silence-s", WK_CFG_U64, "120", 0, 86400,
+    {"link-silence-s", WK_CFG_U64, "0", 0, 86400,
      "a connected controller link that brings nothing for this many seconds makes this "
-     "worker exit non-zero, for its supervisor to restart it (the controller beats every "
-     "second; a link libnng < 1.8 wedged stays silent for good); 0 = never"},
+     "worker exit non-zero, for its supervisor to restart it (a link libnng < 1.8 wedged "
+     "stays silent for good); set it above the longest model load times the workers "
+     "loading at once (the controller beats no worker while it loads one); 0 = never"},
     {"link-allow-plain-tcp", WK_CFG_BOOL, "false", 0, 0,
      "force a plain tcp:// --link-url on a non-loopback address (no encryption, no "
      "authentication: prompts and states in clear; use tls+tcp:// instead)"},
