@@ -220,7 +220,8 @@ MAX_WALL = [0.0]  # --max-wall
 
 
 def checkpoint_counts(s):
-    """wkvm_checkpoints_total by kind (boundary, prompt, reply, interval) from /metrics."""
+    """wkvm_checkpoints_total by kind (boundary, prompt, reply, interval) from /metrics, and
+    the scheduler's time-to-first-token sum and count (keys "ttft_sum", "ttft_count")."""
     r = s.get("/metrics")
     counts = {}
     if r.status != 200:
@@ -229,6 +230,10 @@ def checkpoint_counts(s):
         if ln.startswith('wkvm_checkpoints_total{kind="'):
             kind = ln.split('"')[1]
             counts[kind] = counts.get(kind, 0) + float(ln.split()[-1])
+        elif ln.startswith("wkvm_time_to_first_token_seconds_sum"):
+            counts["ttft_sum"] = float(ln.split()[-1])
+        elif ln.startswith("wkvm_time_to_first_token_seconds_count"):
+            counts["ttft_count"] = float(ln.split()[-1])
     return counts
 
 
@@ -402,6 +407,12 @@ def main():
         out[name] = {"rows": rows, "wall_s": wall, "convs": per_conv,
                      "loadavg_end": os.getloadavg()}
         cpu_note = ""
+        if ckpts and ckpts.get("ttft_count"):
+            # the scheduler's own TTFT (admission request to first token: after the request
+            # was parsed, rendered, tokenized and planned; the resume's copy included)
+            out[name]["server_ttft_mean_s"] = ckpts["ttft_sum"] / ckpts["ttft_count"]
+            cpu_note += f", scheduler TTFT mean {ckpts['ttft_sum'] / ckpts['ttft_count'] * 1e3:.1f} ms"
+        ckpts = {k: v for k, v in (ckpts or {}).items() if not k.startswith("ttft_")}
         if ckpts:
             # checkpoints the controller took over the mode, by kind (each a state-image copy)
             out[name]["checkpoints"] = ckpts
