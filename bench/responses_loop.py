@@ -230,10 +230,14 @@ def checkpoint_counts(s):
         if ln.startswith('wkvm_checkpoints_total{kind="'):
             kind = ln.split('"')[1]
             counts[kind] = counts.get(kind, 0) + float(ln.split()[-1])
-        elif ln.startswith("wkvm_time_to_first_token_seconds_sum"):
-            counts["ttft_sum"] = float(ln.split()[-1])
-        elif ln.startswith("wkvm_time_to_first_token_seconds_count"):
-            counts["ttft_count"] = float(ln.split()[-1])
+        else:
+            for metric, key in (("wkvm_time_to_first_token_seconds", "ttft"),
+                                ("wkvm_step_seconds", "step"),
+                                ("wkvm_step_backend_seconds", "backend")):
+                for part in ("sum", "count"):
+                    if ln.startswith(f"{metric}_{part} ") or ln.startswith(f"{metric}_{part}{{"):
+                        counts[f"{key}_{part}"] = counts.get(f"{key}_{part}", 0) + \
+                            float(ln.split()[-1])
     return counts
 
 
@@ -412,7 +416,17 @@ def main():
             # was parsed, rendered, tokenized and planned; the resume's copy included)
             out[name]["server_ttft_mean_s"] = ckpts["ttft_sum"] / ckpts["ttft_count"]
             cpu_note += f", scheduler TTFT mean {ckpts['ttft_sum'] / ckpts['ttft_count'] * 1e3:.1f} ms"
-        ckpts = {k: v for k, v in (ckpts or {}).items() if not k.startswith("ttft_")}
+        if ckpts and ckpts.get("step_count") and ckpts.get("backend_count"):
+            # steps to the worker: their count, round trip and the backend's share of it
+            turns = sum(len(c) for c in per_conv)
+            out[name]["steps"] = ckpts["step_count"]
+            out[name]["step_mean_s"] = ckpts["step_sum"] / ckpts["step_count"]
+            out[name]["step_backend_mean_s"] = ckpts["backend_sum"] / ckpts["backend_count"]
+            cpu_note += (f", {ckpts['step_count'] / max(turns, 1):.1f} steps/turn of "
+                         f"{out[name]['step_mean_s'] * 1e3:.1f} ms (backend "
+                         f"{out[name]['step_backend_mean_s'] * 1e3:.1f} ms)")
+        ckpts = {k: v for k, v in (ckpts or {}).items()
+                 if not k.startswith(("ttft_", "step_", "backend_"))}
         if ckpts:
             # checkpoints the controller took over the mode, by kind (each a state-image copy)
             out[name]["checkpoints"] = ckpts
