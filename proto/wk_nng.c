@@ -12,6 +12,8 @@
 
 #include <time.h>
 
+#include "wk_time.h"
+
 typedef struct wk_nng_closer {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -79,13 +81,7 @@ wk_nng_close(nng_socket s, uint32_t wait_ms)
         return true;
     }
     struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)(wait_ms / 1000u);
-    until.tv_nsec += (long)(wait_ms % 1000u) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    wk_mono_deadline_after_ms(&until, wait_ms);
     pthread_mutex_lock(&c->mu);
     while (!c->done) {
         if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT)

@@ -15,4 +15,10 @@ uint64_t wk_mono_ms(void);
 /* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_cond_timedwait(). */
 void wk_deadline_after_ms(struct timespec *out, uint64_t ms);
 
+/*
+ * The CLOCK_MONOTONIC instant ms milliseconds from now, for a condition
+ * variable made with pthread_condattr_setclock(CLOCK_MONOTONIC).
+ */
+void wk_mono_deadline_after_ms(struct timespec *out, uint64_t ms);
+
 #endif /* WK_TIME_H */

@@ -1648,13 +1648,7 @@ resp_bg_cancel(const char *key, uint64_t timeout_ms)
     }
     atomic_store(&b->cancel, true);
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += (time_t)(timeout_ms / 1000);
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    wk_deadline_after_ms(&until, timeout_ms);
     for (;;) {
         bool found = false;
         for (resp_bg *x = resp_bg_list; x != NULL && !found; x = x->next)
