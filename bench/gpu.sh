@@ -27,6 +27,12 @@
 # are written once into $WKVM_GPU_MODELS, default /tmp/wkvm-gpu-models).
 #
 # Usage: bench/gpu.sh [--quick]   (--quick: the 0.1B model only, batches 1,8,64)
+#
+# Built elsewhere (a machine with only the CUDA toolkit and Python, no
+# package sources): bench/gpu-pack.sh builds here and packs the binaries,
+# their libraries and the introspected test list; there, WKVM_GPU_PREBUILT=1
+# skips steps 1 and 2 and runs the suite through bench/gpu_suite.py, and
+# WKVM_GPU_PYTHON names the interpreter with numpy (default /usr/bin/python3).
 set -uo pipefail
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,7 +41,8 @@ MODELS=${WKVM_GPU_MODELS:-/tmp/wkvm-gpu-models}
 OUT=${WKVM_GPU_OUT:-}
 QUICK=0
 [ "${1:-}" = "--quick" ] && QUICK=1
-PY=/usr/bin/python3
+PY=${WKVM_GPU_PYTHON:-/usr/bin/python3}
+PREBUILT=${WKVM_GPU_PREBUILT:-0}
 T0=$(date +%s)
 
 log() { echo "gpu.sh [$(( $(date +%s) - T0 ))s] $*" >&2; }
@@ -46,27 +53,32 @@ json_str() { "$PY" -c 'import json,sys; print(json.dumps(sys.stdin.read().strip(
 if [ -n "$OUT" ]; then mkdir -p "$OUT"; fi
 LOGS=$(mktemp -d /tmp/wkvm-gpu-logs.XXXXXX)
 
-# 1. dependencies
-log "dependencies"
-if ! "$SRC/deploy/install-deps" --minimal >"$LOGS/deps.log" 2>&1; then
-    fail "install-deps"
-    tail -20 "$LOGS/deps.log" >&2
-fi
-
-# 2. build
-log "build ($BUILD)"
 build_ok=false
 t=$(date +%s)
-if [ -f "$BUILD/build.ninja" ]; then
-    meson configure "$BUILD" -Dcuda=enabled >"$LOGS/build.log" 2>&1
+if [ "$PREBUILT" = 1 ]; then
+    log "prebuilt ($BUILD): no dependencies, no build"
+    if [ -x "$BUILD/bench/wkvm-bench-gpu" ]; then build_ok=true; else fail "prebuilt build dir"; fi
 else
-    meson setup "$BUILD" "$SRC" -Dcuda=enabled -Dbuildtype=release >"$LOGS/build.log" 2>&1
-fi
-if timeout 600 meson compile -C "$BUILD" >>"$LOGS/build.log" 2>&1; then
-    build_ok=true
-else
-    fail "build"
-    tail -30 "$LOGS/build.log" >&2
+    # 1. dependencies
+    log "dependencies"
+    if ! "$SRC/deploy/install-deps" --minimal >"$LOGS/deps.log" 2>&1; then
+        fail "install-deps"
+        tail -20 "$LOGS/deps.log" >&2
+    fi
+
+    # 2. build
+    log "build ($BUILD)"
+    if [ -f "$BUILD/build.ninja" ]; then
+        meson configure "$BUILD" -Dcuda=enabled >"$LOGS/build.log" 2>&1
+    else
+        meson setup "$BUILD" "$SRC" -Dcuda=enabled -Dbuildtype=release >"$LOGS/build.log" 2>&1
+    fi
+    if timeout 600 meson compile -C "$BUILD" >>"$LOGS/build.log" 2>&1; then
+        build_ok=true
+    else
+        fail "build"
+        tail -30 "$LOGS/build.log" >&2
+    fi
 fi
 build_s=$(( $(date +%s) - t ))
 
@@ -94,8 +106,13 @@ suite_s=0
 if $build_ok; then
     log "gpu suite"
     t=$(date +%s)
-    timeout 330 meson test -C "$BUILD" --suite gpu --print-errorlogs --num-processes 4 \
-        >"$LOGS/gpu-suite.log" 2>&1
+    if [ "$PREBUILT" = 1 ]; then
+        "$PY" "$SRC/bench/gpu_suite.py" "$BUILD/gpu-tests.json" "$LOGS" --jobs 8 \
+            --budget "${WKVM_GPU_SUITE_S:-330}" --python "$PY" >"$LOGS/gpu-suite.log" 2>&1
+    else
+        timeout 330 meson test -C "$BUILD" --suite gpu --print-errorlogs --num-processes 4 \
+            >"$LOGS/gpu-suite.log" 2>&1
+    fi
     suite_rc=$?
     suite_s=$(( $(date +%s) - t ))
     tail -40 "$LOGS/gpu-suite.log" >&2
@@ -103,13 +120,20 @@ if $build_ok; then
     # a skip on a device is a failure too: the suite must run whole here
     # (but nccl_pair, which needs two devices, on a machine with one)
     n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-    skipped=$(grep -E '^ *[0-9]+/[0-9]+ .* SKIP ' "$LOGS/gpu-suite.log" |
+    skipped=$(grep -E '^ *[0-9]+/[0-9]+ .* SKIP |^gpu_suite: .* SKIP ' "$LOGS/gpu-suite.log" |
         { if [ "$n_gpus" -lt 2 ]; then grep -v ' nccl_pair '; else cat; fi; } | wc -l)
     [ "$skipped" -eq 0 ] || fail "gpu suite skipped $skipped tests on a device"
 fi
-suite_json=$("$PY" - "$BUILD/meson-logs/testlog.json" <<'EOF'
+suite_json=$("$PY" - "$BUILD/meson-logs/testlog.json" "$LOGS/gpu-suite.jsonl" "$PREBUILT" <<'EOF'
 import json, sys
 out = []
+if sys.argv[3] == "1":
+    try:
+        out = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+    except OSError:
+        pass
+    print(json.dumps(out))
+    sys.exit(0)
 try:
     for line in open(sys.argv[1]):
         t = json.loads(line)
