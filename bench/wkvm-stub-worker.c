@@ -8,8 +8,9 @@
  * given, whose tokenizer it uses), acknowledges slot and host-cache
  * operations (a warm-tier checkpoint "loads" without bytes: the state is
  * fiction anyway), and answers every STEP at once with one fixed token per
- * sampling row (--token). State reads are refused (WK_ENOTSUP): migration,
- * spills and state files are out of its scope.
+ * sampling row (--token) and every snap of a row saved (a HOST_PUT
+ * without bytes, acknowledged like the others). State reads are refused
+ * (WK_ENOTSUP): migration, spills and state files are out of its scope.
  *
  * It must never be used for serving. It is the one program outside
  * pool/ctl_pool.c and workerd/wrk_rpc.c that uses NNG: a bench tool that
@@ -211,6 +212,8 @@ main(int argc, char **argv)
                 rr[n].slot = row->slot;
                 rr[n].sampled = row->sample;
                 rr[n].token = row->sample ? token : 0;
+                /* (wk_proto bounds snaps to WK_PROTO_ROW_SNAPS_MAX, under 32) */
+                rr[n].snaps_saved = (uint32_t)((1ull << row->n_snaps) - 1u);
                 rp[n] = &rr[n];
                 n++;
             }

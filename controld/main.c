@@ -135,6 +135,9 @@ static const wk_cfg_opt ctl_opts[] = {
      "also write every reply's end-of-reply checkpoint to disk (in the background), so "
      "chat sessions resume after their worker dies (costs a state image of disk writes "
      "per turn)"},
+    {"checkpoint-step-cuts", WK_CFG_BOOL, "false", 0, 0,
+     "copy prefill checkpoints between steps, each ending its step's chunk (the way before "
+     "workers copied them inside a step; for comparison)"},
     {"checkpoint-flush-ms", WK_CFG_U64, "60000", 0, 3600000,
      "at shutdown, write warm checkpoints to disk for at most this long (progress is logged; "
      "what is not written is counted in the log); 0 = write none"},
@@ -221,6 +224,7 @@ static const wk_cfg_bind ctl_binds[] = {
     CTL_BIND("state-cache-disk-bytes", U64, ckpt.disk_bytes),
     CTL_BIND("checkpoint-interval", U32, ckpt.interval),
     CTL_BIND("checkpoint-write-through", BOOL, ckpt.write_through),
+    CTL_BIND("checkpoint-step-cuts", BOOL, ckpt.step_cuts),
     CTL_BIND("checkpoint-flush-ms", U32, ckpt.flush_ms),
     CTL_BIND("heartbeat-ms", U32, pool.heartbeat_ms),
     CTL_BIND("load-timeout-ms", U32, pool.load_timeout_ms),

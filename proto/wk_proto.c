@@ -106,6 +106,37 @@ wk_proto_check_sample(const Wkvm__SampleParams *p, wk_diag *d)
     return WK_OK;
 }
 
+/*
+ * A row's RowSnaps: at most WK_PROTO_ROW_SNAPS_MAX, `at` in 1..n_tokens and
+ * strictly increasing (the worker feeds the row in pieces ending at each
+ * one), keys of 1..WK_PROTO_HOST_KEY_MAX bytes. Distinct keys across the
+ * step are the worker's check (it knows the whole step at once anyway).
+ */
+static wk_err
+wk_proto_check_snaps(const Wkvm__StepRow *r, size_t row, wk_diag *d)
+{
+    if (r->n_snaps > WK_PROTO_ROW_SNAPS_MAX)
+        return wk_diag_set(d, WK_EPROTO, "step row %zu has %zu snaps, max %u", row, r->n_snaps,
+                           WK_PROTO_ROW_SNAPS_MAX);
+    uint32_t prev = 0;
+    for (size_t k = 0; k < r->n_snaps; k++) {
+        const Wkvm__RowSnap *sn = r->snaps[k];
+        if (sn == NULL)
+            return wk_diag_set(d, WK_EPROTO, "step row %zu snap %zu missing", row, k);
+        if (sn->at == 0 || sn->at > r->n_tokens || sn->at <= prev)
+            return wk_diag_set(d, WK_EPROTO,
+                               "step row %zu snap %zu: at %u must be in %u..%zu "
+                               "(strictly increasing, within the row's tokens)",
+                               row, k, sn->at, prev + 1, r->n_tokens);
+        prev = sn->at;
+        size_t klen = sn->host_key != NULL ? strnlen(sn->host_key, WK_PROTO_HOST_KEY_MAX + 1) : 0;
+        if (klen == 0 || klen > WK_PROTO_HOST_KEY_MAX)
+            return wk_diag_set(d, WK_EPROTO, "step row %zu snap %zu: host_key must be 1..%u bytes",
+                               row, k, WK_PROTO_HOST_KEY_MAX);
+    }
+    return WK_OK;
+}
+
 static wk_err
 wk_proto_check_step(const Wkvm__Step *s, wk_diag *d)
 {
@@ -125,6 +156,9 @@ wk_proto_check_step(const Wkvm__Step *s, wk_diag *d)
                                r->n_penalty_tokens, WK_PROTO_ROW_TOKENS_MAX);
         total += r->n_tokens;
         wk_err e = wk_proto_check_sample(r->params, d);
+        if (e != WK_OK)
+            return e;
+        e = wk_proto_check_snaps(r, i, d);
         if (e != WK_OK)
             return e;
     }

@@ -13,10 +13,13 @@
 #include "wk_err.h"
 #include "wkvm.pb-c.h"
 
-#define WK_PROTO_VERSION 1
+/* 2: StepRow.snaps (a version-1 worker would ignore them and copy nothing) */
+#define WK_PROTO_VERSION 2
 #define WK_PROTO_STR_MAX 4096u
 #define WK_PROTO_ROWS_MAX 1024u
 #define WK_PROTO_ROW_TOKENS_MAX 16384u
+#define WK_PROTO_ROW_SNAPS_MAX 8u  /* RowSnap entries of one step row */
+#define WK_PROTO_HOST_KEY_MAX 128u /* bytes of a warm-tier key */
 #define WK_PROTO_STEP_TOKENS_MAX 65536u
 #define WK_PROTO_TOP_MAX 20u
 #define WK_PROTO_LOGIT_BIAS_MAX 300u  /* SampleParams.logit_bias entries */

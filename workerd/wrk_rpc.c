@@ -424,6 +424,7 @@ wrk_send_hello(wrk_worker *w)
     h.device_uuid = w->device_uuid;
     h.pci_bus_id = w->pci_bus_id;
     h.nccl = w->nccl;
+    h.host_cache_bytes = w->cfg.host_cache_bytes;
     if (w->model != NULL) {
         h.model_dir = w->model_dir;
         h.model_loaded = true;
@@ -539,6 +540,7 @@ wrk_handle_stats(wrk_worker *w, const wk_msg *req)
     s.model_loaded = w->model != NULL;
     s.model_fingerprint = w->model ? (char *)wrk_model_info_get(w->model)->fingerprint : "";
     s.uptime_ms = wrk_now_us() / 1000u - w->start_ms;
+    s.host_cache_bytes = w->cfg.host_cache_bytes;
     if (w->model != NULL) {
         const wrk_model_info *mi = wrk_model_info_get(w->model);
         s.host_mem_used = mi->weight_bytes + mi->state_bytes * (uint64_t)(s.slots_total + 1) +
@@ -941,6 +943,50 @@ wrk_host_take(wrk_worker *w, const char *key)
     return NULL;
 }
 
+/* Drops the host entry key; false when there was none. */
+static bool
+wrk_host_drop(wrk_worker *w, const char *key)
+{
+    wrk_host_entry *e = wrk_host_take(w, key);
+    if (e == NULL)
+        return false;
+    free(e->bytes);
+    free(e);
+    return true;
+}
+
+/*
+ * Copies slot's image (its size read now: a hybrid slot grows with its
+ * context) into the warm tier under key (borrowed, 1..128 bytes), after
+ * dropping any entry of that key, so a refused copy leaves none. The slot
+ * must be valid (wrk_slot_ok). WK_ENOSPC past host_cache_bytes, WK_ENOMEM,
+ * or the backend's slot_read error; the tier is unchanged but for the
+ * dropped entry on failure. Used by HOST_PUT and by a STEP row's snaps.
+ */
+static wk_err
+wrk_host_put(wrk_worker *w, uint32_t slot, const char *key)
+{
+    (void)wrk_host_drop(w, key);
+    uint64_t len = wrk_slot_size(w, slot);
+    if (w->host_bytes + len > w->cfg.host_cache_bytes)
+        return WK_ENOSPC;
+    wrk_host_entry *e = calloc(1, sizeof(*e));
+    uint8_t *bytes = malloc(len ? len : 1);
+    wk_err err = e && bytes ? w->cfg.backend->slot_read(w->be, slot, 0, bytes, len) : WK_ENOMEM;
+    if (err != WK_OK) {
+        free(e);
+        free(bytes);
+        return err;
+    }
+    snprintf(e->key, sizeof(e->key), "%s", key);
+    e->bytes = bytes;
+    e->len = len;
+    e->next = w->host;
+    w->host = e;
+    w->host_bytes += len;
+    return WK_OK;
+}
+
 /* HOST_PUT / HOST_GET / HOST_DROP: the warm tier in this process's memory. */
 static void
 wrk_handle_host(wrk_worker *w, const wk_msg *req)
@@ -951,19 +997,15 @@ wrk_handle_host(wrk_worker *w, const wk_msg *req)
         return;
     }
     if (req->kind == WKVM__KIND__HOST_DROP) {
-        wrk_host_entry *e = wrk_host_take(w, h->key);
-        if (e != NULL) {
-            free(e->bytes);
-            free(e);
-        }
-        wrk_reply_status(w, req, WKVM__KIND__ACK, e ? WK_OK : WK_ENOENT, e ? "" : "no such key");
+        bool had = wrk_host_drop(w, h->key);
+        wrk_reply_status(w, req, WKVM__KIND__ACK, had ? WK_OK : WK_ENOENT,
+                         had ? "" : "no such key");
         return;
     }
     if (!wrk_slot_ok(w, h->slot)) {
         wrk_reply_status(w, req, WKVM__KIND__ACK, WK_EINVAL, "bad slot");
         return;
     }
-    uint64_t len = wrk_slot_size(w, h->slot);
     if (req->kind == WKVM__KIND__HOST_GET) {
         wrk_host_entry *e = NULL;
         char detail[160] = "";
@@ -979,33 +1021,163 @@ wrk_handle_host(wrk_worker *w, const wk_msg *req)
         return;
     }
     /* HOST_PUT: replace any entry of that key; refuse past the budget. */
-    wrk_host_entry *old = wrk_host_take(w, h->key);
-    if (old != NULL) {
-        free(old->bytes);
-        free(old);
-    }
-    if (w->host_bytes + len > w->cfg.host_cache_bytes) {
-        wrk_reply_status(w, req, WKVM__KIND__ACK, WK_ENOSPC, "host cache full");
-        return;
-    }
-    wrk_host_entry *e = calloc(1, sizeof(*e));
-    uint8_t *bytes = malloc(len ? len : 1);
-    wk_err err = e && bytes ? w->cfg.backend->slot_read(w->be, h->slot, 0, bytes, len) : WK_ENOMEM;
-    if (err != WK_OK) {
-        free(e);
-        free(bytes);
-        wrk_reply_status(w, req, WKVM__KIND__ACK, err, wk_strerror(err));
-        return;
-    }
-    snprintf(e->key, sizeof(e->key), "%s", h->key);
-    e->bytes = bytes;
-    e->len = len;
-    e->next = w->host;
-    w->host = e;
-    w->host_bytes += len;
-    wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, "");
+    wk_err err = wrk_host_put(w, h->slot, h->key);
+    wrk_reply_status(w, req, WKVM__KIND__ACK, err,
+                     err == WK_OK       ? ""
+                     : err == WK_ENOSPC ? "host cache full"
+                                        : wk_strerror(err));
 }
 
+/* A STEP row's way through its snaps (RowSnap). */
+typedef struct wrk_row_prog {
+    uint32_t done;  /* the row's tokens fed so far */
+    uint32_t snap;  /* index of its next snap */
+    uint32_t saved; /* RowResult.snaps_saved: bit k, snaps[k] copied */
+} wrk_row_prog;
+
+static int
+wrk_key_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/*
+ * The step's snaps in *n_snaps, WK_EINVAL (detail set) when two of them,
+ * in one row or two, name the same host key: the copies would overwrite
+ * each other. wk_proto bounded each row's snaps; sorting keeps a hostile
+ * step (1024 rows of 8) from costing a pairwise comparison.
+ */
+static wk_err
+wrk_step_snaps_check(const Wkvm__Step *st, size_t *n_snaps, char *detail, size_t dlen)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < st->n_rows; i++)
+        total += st->rows[i]->n_snaps;
+    *n_snaps = total;
+    if (total < 2)
+        return WK_OK;
+    const char **keys = malloc(total * sizeof(*keys));
+    if (keys == NULL)
+        return WK_ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i < st->n_rows; i++)
+        for (size_t j = 0; j < st->rows[i]->n_snaps; j++)
+            keys[k++] = st->rows[i]->snaps[j]->host_key;
+    qsort(keys, total, sizeof(*keys), wrk_key_cmp);
+    wk_err err = WK_OK;
+    for (k = 1; k < total && err == WK_OK; k++) {
+        if (strcmp(keys[k - 1], keys[k]) == 0) {
+            err = WK_EINVAL;
+            snprintf(detail, dlen, "snap host_key %.128s appears twice in one step", keys[k]);
+        }
+    }
+    free(keys);
+    return err;
+}
+
+/*
+ * Copies row sr's slot for its next snap (pg->snap, then advanced) into the
+ * warm tier. A copy that fails (the host cache full, memory short) only
+ * leaves the snap's bit clear: one checkpoint lost, never the batch's step.
+ */
+static void
+wrk_step_snap(wrk_worker *w, const Wkvm__StepRow *sr, wrk_row_prog *pg)
+{
+    uint32_t k = pg->snap++;
+    wk_err err = wrk_host_put(w, sr->slot, sr->snaps[k]->host_key);
+    if (err == WK_OK)
+        pg->saved |= 1u << k;
+    else if (err != WK_ENOSPC)
+        wk_log_warn("slot %u: snap at %u not copied: %s", sr->slot, sr->snaps[k]->at,
+                    wk_strerror(err));
+}
+
+/*
+ * The pieces of a step with snaps, before its final backend step: round
+ * after round, every row with a snap before its last token feeds its tokens
+ * up to that snap (no logits; its reset, if any, with its first piece) in
+ * one backend step, then each of those rows' slots is copied. Rows without
+ * such a snap wait for the final step. Then rows[] is narrowed to what is
+ * left of each row (a reset only where no piece ran): the final step. Adds
+ * the backend's time to *us. A failed piece fails the STEP (detail set)
+ * with the state of the rows as far as the pieces took it; the controller
+ * fails those rows' jobs. (A failed copy only clears its bit.)
+ */
+static wk_err
+wrk_step_pieces(wrk_worker *w, const Wkvm__Step *st, be_row *rows, wrk_row_prog *pg, uint64_t *us,
+                char *detail, size_t dlen)
+{
+    size_t n = st->n_rows;
+    be_row *sub = calloc(n, sizeof(*sub));
+    size_t *of = calloc(n, sizeof(*of)); /* sub[j] is a piece of row of[j] */
+    wk_err err = sub && of ? WK_OK : WK_ENOMEM;
+    while (err == WK_OK) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            const Wkvm__StepRow *sr = st->rows[i];
+            /* (a snap at the row's last token is taken after the final step) */
+            if (pg[i].snap >= sr->n_snaps || sr->snaps[pg[i].snap]->at >= sr->n_tokens)
+                continue;
+            uint32_t at = sr->snaps[pg[i].snap]->at; /* > done: wk_proto, increasing */
+            sub[m] = (be_row){.slot = sr->slot,
+                              .tokens = sr->tokens + pg[i].done,
+                              .n_tokens = at - pg[i].done,
+                              .logits_mode = BE_LOGITS_NONE,
+                              .reset = sr->reset && pg[i].done == 0};
+            of[m++] = i;
+        }
+        if (m == 0)
+            break;
+        wk_diag d = {{0}};
+        uint64_t t0 = wrk_now_us();
+        err = w->cfg.backend->step(w->be, sub, m, &d);
+        *us += wrk_now_us() - t0;
+        if (err != WK_OK) {
+            snprintf(detail, dlen, "step failed (a piece before a snap): %.180s", d.msg);
+            break;
+        }
+        for (size_t j = 0; j < m; j++) {
+            size_t i = of[j];
+            pg[i].done += sub[j].n_tokens;
+            wrk_step_snap(w, st->rows[i], &pg[i]);
+        }
+    }
+    for (size_t i = 0; i < n && err == WK_OK; i++) {
+        rows[i].tokens = st->rows[i]->tokens + pg[i].done;
+        rows[i].n_tokens = (uint32_t)st->rows[i]->n_tokens - pg[i].done; /* >= 1 */
+        rows[i].reset = st->rows[i]->reset && pg[i].done == 0;
+    }
+    free(sub);
+    free(of);
+    return err;
+}
+
+/*
+ * Drops the warm entries a failed STEP copied for its snaps: the controller
+ * is told of none of them, so none may hold host_cache_bytes.
+ */
+static void
+wrk_step_snaps_undo(wrk_worker *w, const Wkvm__Step *st, const wrk_row_prog *pg)
+{
+    for (size_t i = 0; i < st->n_rows; i++)
+        for (size_t k = 0; k < st->rows[i]->n_snaps; k++)
+            if (pg[i].saved & (1u << k))
+                (void)wrk_host_drop(w, st->rows[i]->snaps[k]->host_key);
+}
+
+/*
+ * STEP. Every row is checked before any state changes (a refused step
+ * changes nothing, duplicate snap keys included). A step whose rows carry
+ * snaps runs as pieces first (wrk_step_pieces), then the final backend step
+ * over every row's remaining tokens, with logits where a row samples; snaps
+ * at a row's last token are copied right after it (a failed copy clears
+ * its bit only). A failure once a piece ran (a later piece, the final step,
+ * a sampling refusal) leaves the rows the pieces
+ * fed advanced (the controller fails those jobs) and drops the warm entries
+ * the step had copied. StepResult.step_us is the time in the backend's
+ * step() calls, pieces included, the copies not (they show only in the
+ * controller's round trip); w->steps counts the STEP once.
+ */
 static void
 wrk_handle_step(wrk_worker *w, const wk_msg *req)
 {
@@ -1022,11 +1194,12 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
     Wkvm__RowResult **resp = calloc(n ? n : 1, sizeof(*resp));
     Wkvm__TopLogprob *tops = calloc((n ? n : 1) * WRK_SAMPLE_TOP_MAX, sizeof(*tops));
     Wkvm__TopLogprob **topp = calloc((n ? n : 1) * WRK_SAMPLE_TOP_MAX, sizeof(*topp));
+    wrk_row_prog *pg = calloc(n ? n : 1, sizeof(*pg));
     size_t need = 0;
     for (size_t i = 0; i < n; i++)
         need += st->rows[i]->sample ? vocab : 0;
     wk_err err = WK_OK;
-    if (rows == NULL || res == NULL || resp == NULL || tops == NULL || topp == NULL) {
+    if (rows == NULL || res == NULL || resp == NULL || tops == NULL || topp == NULL || pg == NULL) {
         err = WK_ENOMEM;
         goto done;
     }
@@ -1088,13 +1261,26 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
         off += sr->sample ? vocab : 0;
         ntok += sr->n_tokens;
     }
+    size_t n_snaps = 0;
+    err = wrk_step_snaps_check(st, &n_snaps, detail, sizeof(detail));
+    if (err != WK_OK)
+        goto done;
+    uint64_t dt = 0; /* in the backend's step(), pieces included */
+    if (n_snaps > 0 &&
+        (err = wrk_step_pieces(w, st, rows, pg, &dt, detail, sizeof(detail))) != WK_OK)
+        goto done;
     uint64_t t0 = wrk_now_us();
     wk_diag d = {{0}};
     err = w->cfg.backend->step(w->be, rows, n, &d);
-    uint64_t dt = wrk_now_us() - t0;
+    dt += wrk_now_us() - t0;
     if (err != WK_OK) {
         snprintf(detail, sizeof(detail), "step failed: %.200s", d.msg);
         goto done;
+    }
+    /* Snaps at a row's last token: sampling below reads only the logits, not the slot. */
+    for (size_t i = 0; i < n && n_snaps > 0; i++) {
+        if (pg[i].snap < st->rows[i]->n_snaps)
+            wrk_step_snap(w, st->rows[i], &pg[i]);
     }
     w->steps++;
     w->step_us += dt;
@@ -1104,6 +1290,7 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
         wkvm__row_result__init(&res[i]);
         resp[i] = &res[i];
         res[i].slot = sr->slot;
+        res[i].snaps_saved = pg[i].saved;
         if (!sr->sample)
             continue;
         const Wkvm__SampleParams *pp = sr->params;
@@ -1164,14 +1351,18 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
     r.step_result = &sres;
     wrk_send(w, &r);
 done:
-    if (err != WK_OK)
+    if (err != WK_OK) {
+        if (pg != NULL)
+            wrk_step_snaps_undo(w, st, pg);
         wrk_reply_status(w, req, WKVM__KIND__STEP_RESULT, err,
                          detail[0] ? detail : wk_strerror(err));
+    }
     free(rows);
     free(res);
     free(resp);
     free(tops);
     free(topp);
+    free(pg);
 }
 
 static void

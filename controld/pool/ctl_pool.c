@@ -351,6 +351,7 @@ ctl_pool_on_hello(ctl_pool *p, nng_pipe pipe, const wk_msg *m)
     snprintf(v->device_uuid, sizeof(v->device_uuid), "%s", h->device_uuid);
     snprintf(v->pci_bus_id, sizeof(v->pci_bus_id), "%s", h->pci_bus_id);
     v->nccl = h->nccl;
+    v->host_cache_bytes = h->host_cache_bytes;
     v->connected_ms = ctl_wall_ms();
     v->detail[0] = '\0';
     ctl_pool_copy_model(w, h->model_loaded ? h->model : NULL);
@@ -618,6 +619,7 @@ ctl_pool_beat(ctl_pool *p, const char *id)
             w->v.steps = rep->stats_reply->steps;
             w->v.tokens = rep->stats_reply->tokens;
             w->v.kv_pages_free = rep->stats_reply->kv_pages_free;
+            w->v.host_cache_bytes = rep->stats_reply->host_cache_bytes;
             if (w->v.state == CTL_WORKER_STATE_UNHEALTHY)
                 w->v.state = w->v.model_loaded || p->model_dir == NULL
                                  ? CTL_WORKER_STATE_READY
@@ -870,6 +872,18 @@ ctl_pool_worker_epoch(ctl_pool *p, const char *id)
     }
     pthread_mutex_unlock(&p->mu);
     return epoch;
+}
+
+uint64_t
+ctl_pool_worker_host_cache(ctl_pool *p, const char *id)
+{
+    uint64_t cap = 0;
+    pthread_mutex_lock(&p->mu);
+    ctl_worker *w = ctl_pool_find_locked(p, id);
+    if (w != NULL)
+        cap = w->v.host_cache_bytes;
+    pthread_mutex_unlock(&p->mu);
+    return cap;
 }
 
 wk_err

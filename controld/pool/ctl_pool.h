@@ -61,6 +61,7 @@ typedef struct ctl_worker_view {
     uint64_t steps;           /* steps run (last Stats) */
     uint64_t tokens;          /* tokens processed (last Stats) */
     uint64_t connected_ms;    /* ms since epoch when this connection started */
+    uint64_t host_cache_bytes; /* warm-tier capacity (Hello, Stats), 0 = unknown */
     uint32_t device_index;    /* CUDA ordinal (0 for cpu) */
     char device_uuid[65];     /* "GPU-<uuid>", "" when unknown (cpu, older worker) */
     char pci_bus_id[65];      /* "0000:3b:00.0", "" when unknown */
@@ -112,6 +113,9 @@ size_t ctl_pool_list(ctl_pool *p, ctl_worker_view *out, size_t cap);
  * copies, is gone), 0 when it is not connected.
  */
 uint64_t ctl_pool_worker_epoch(ctl_pool *p, const char *id);
+
+/* Worker id's warm-tier capacity (--host-cache-bytes), 0 = unknown or no such worker. */
+uint64_t ctl_pool_worker_host_cache(ctl_pool *p, const char *id);
 
 /*
  * The served model as a worker reports it: a copy of the first ready worker

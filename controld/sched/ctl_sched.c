@@ -565,6 +565,10 @@ typedef struct ctl_step_row {
     bool decide;   /* after the step: its token goes to the job's hook (ev) */
     ctl_job_decision decision; /* what the hook decided */
     ctl_job_event ev; /* the sampled token, for the hook */
+    size_t n_snap;    /* checkpoint positions inside the row (reuse.snap_begin) */
+    size_t snap_pos[WK_PROTO_ROW_SNAPS_MAX];                       /* their input positions */
+    char snap_key[WK_PROTO_ROW_SNAPS_MAX][CTL_SCHED_SNAP_KEY_MAX]; /* "" = not copied */
+    void *snap_tok[WK_PROTO_ROW_SNAPS_MAX];                        /* snap_begin's tokens */
 } ctl_step_row;
 
 /*
@@ -596,10 +600,25 @@ ctl_sched_pick_row_locked(ctl_sched *s, ctl_sworker *w, ctl_job *j, bool decode_
         take = *budget;
     if (take > WK_PROTO_ROW_TOKENS_MAX)
         take = WK_PROTO_ROW_TOKENS_MAX;
-    /* A checkpoint position ends the chunk: the state there is copied. */
-    if (j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] > j->computed &&
-        j->computed + take > j->ckpt[j->next_ckpt])
+    size_t ns = 0;
+    if (j->reuse.snap_begin != NULL) {
+        /* Checkpoints inside the row: the worker copies them (at most a row's worth). */
+        for (size_t k = j->next_ckpt; k < j->reuse.n_ckpt && j->ckpt[k] <= j->computed + take;
+             k++) {
+            if (j->ckpt[k] <= j->computed)
+                continue;
+            if (ns == WK_PROTO_ROW_SNAPS_MAX) {
+                take = rows[*n].snap_pos[ns - 1] - j->computed;
+                break;
+            }
+            rows[*n].snap_pos[ns++] = j->ckpt[k];
+        }
+    } else if (j->next_ckpt < j->reuse.n_ckpt && j->ckpt[j->next_ckpt] > j->computed &&
+               j->computed + take > j->ckpt[j->next_ckpt]) {
+        /* A checkpoint position ends the chunk: the state there is copied. */
         take = j->ckpt[j->next_ckpt] - j->computed;
+    }
+    rows[*n].n_snap = ns;
     rows[*n].job = j;
     rows[*n].take = take;
     rows[*n].sample = j->sample && j->state == CTL_JOB_RUNNING && j->computed + take == j->n_tokens;
@@ -609,10 +628,12 @@ ctl_sched_pick_row_locked(ctl_sched *s, ctl_sworker *w, ctl_job *j, bool decode_
 }
 
 /*
- * Prefill tails. A turn's prefill ends in short chunks (to its boundary
- * checkpoint, to its prompt checkpoint, then the last token, whose row
- * samples the first reply token), each a step of its own because the state
- * is copied between them. Beside other requests' chunks and decode rows
+ * Prefill tails. With --checkpoint-step-cuts (or no warm tier) a turn's
+ * prefill ends in short chunks (to its boundary checkpoint, to its prompt
+ * checkpoint, then the last token, whose row samples the first reply
+ * token), each a step of its own because the state is copied between them;
+ * a long prompt fed in chunks ends in one short chunk either way. Beside
+ * other requests' chunks and decode rows
  * each of those steps lasted as long as the longest chunk in it, so a first
  * token waited for about three long steps where its own work was one. A
  * prefill with at most CTL_SCHED_TAIL input tokens left (and at most a
@@ -643,7 +664,8 @@ ctl_sched_tail_locked(const ctl_sched *s, const ctl_sworker *w, const ctl_job *j
  *
  * When the first prefill in that order has no more input left than the
  * budget (a follow-up turn of a few hundred tokens), it is fed whole, past
- * the per-job chunk (still ending at its checkpoint positions), and no other
+ * the per-job chunk (still ending at its checkpoint positions with step
+ * cuts), and no other
  * prefill joins that step: turns that arrive together are served one at a
  * time, fewest tokens first, instead of sharing steps, so each waits only
  * for the turns before it, not also for chunks of the ones after it. In the
@@ -716,14 +738,23 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
         nb += rows[i].sample ? rows[i].job->params.n_bias : 0;
     Wkvm__LogitBias *lb = calloc(nb ? nb : 1, sizeof(*lb));
     Wkvm__LogitBias **lbp = calloc(nb ? nb : 1, sizeof(*lbp));
-    if (pr == NULL || pp == NULL || sp == NULL || lb == NULL || lbp == NULL) {
+    size_t nsn = 0;
+    for (size_t i = 0; i < n; i++)
+        nsn += rows[i].n_snap;
+    Wkvm__RowSnap *sn = calloc(nsn ? nsn : 1, sizeof(*sn));
+    Wkvm__RowSnap **snp = calloc(nsn ? nsn : 1, sizeof(*snp));
+    if (pr == NULL || pp == NULL || sp == NULL || lb == NULL || lbp == NULL || sn == NULL ||
+        snp == NULL) {
         free(pr);
         free(pp);
         free(sp);
         free(lb);
         free(lbp);
+        free(sn);
+        free(snp);
         return WK_ENOMEM;
     }
+    size_t isn = 0;
     size_t ib = 0;
     for (size_t i = 0; i < n; i++) {
         ctl_job *j = rows[i].job;
@@ -733,6 +764,18 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
         pr[i].n_tokens = rows[i].take;
         pr[i].reset = j->fresh && j->computed == 0;
         pr[i].sample = rows[i].sample;
+        /* (snaps[k] of the row is its k-th copied position: snaps_saved bit k) */
+        pr[i].snaps = snp + isn;
+        for (size_t k = 0; k < rows[i].n_snap; k++) {
+            if (rows[i].snap_key[k][0] == '\0')
+                continue;
+            wkvm__row_snap__init(&sn[isn]);
+            sn[isn].at = (uint32_t)(rows[i].snap_pos[k] - j->computed);
+            sn[isn].host_key = rows[i].snap_key[k];
+            snp[isn] = &sn[isn];
+            isn++;
+            pr[i].n_snaps++;
+        }
         if (rows[i].sample) {
             wkvm__sample_params__init(&sp[i]);
             sp[i].temperature = j->params.temperature;
@@ -787,7 +830,52 @@ ctl_sched_run_step(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t n, w
     free(sp);
     free(lb);
     free(lbp);
+    free(sn);
+    free(snp);
     return err;
+}
+
+/*
+ * The in-step checkpoints of a step's rows, before it (keys from snap_begin,
+ * the rows' jobs in_hook: ctl_job_free() waits, the hook uses its argument)
+ * and after it (snap_end with what the worker made of each; the jobs only in
+ * flight: a freed one is destroyed after the step). No lock held.
+ */
+static void
+ctl_sched_snaps_begin(ctl_step_row *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        ctl_job *j = rows[i].job;
+        for (size_t k = 0; k < rows[i].n_snap; k++) {
+            rows[i].snap_tok[k] = NULL;
+            if (!j->reuse.snap_begin(j->reuse.arg, &j->slot, rows[i].snap_pos[k],
+                                     rows[i].snap_key[k], &rows[i].snap_tok[k]))
+                rows[i].snap_key[k][0] = '\0';
+        }
+    }
+}
+
+static void
+ctl_sched_snaps_end(ctl_step_row *rows, size_t n, wk_err err, const wk_msg *rep)
+{
+    for (size_t i = 0; i < n; i++) {
+        ctl_job *j = rows[i].job;
+        const Wkvm__RowResult *rr = NULL;
+        if (err == WK_OK && rep != NULL && i < rep->step_result->n_rows &&
+            rep->step_result->rows[i]->slot == j->slot.slot)
+            rr = rep->step_result->rows[i];
+        unsigned bit = 0;
+        for (size_t k = 0; k < rows[i].n_snap; k++) {
+            if (rows[i].snap_key[k][0] == '\0')
+                continue;
+            /* a clear bit of a step that ran: the worker's host cache refused the copy */
+            wk_err r = rr == NULL                      ? (err != WK_OK ? err : WK_EPROTO)
+                       : (rr->snaps_saved >> bit) & 1u ? WK_OK
+                                                       : WK_ENOSPC;
+            bit++;
+            j->reuse.snap_end(j->reuse.snap_arg, rows[i].snap_tok[k], &j->slot, r);
+        }
+    }
 }
 
 /*
@@ -821,6 +909,10 @@ ctl_sched_apply_locked(ctl_sched *s, ctl_sworker *w, ctl_step_row *rows, size_t 
             }
             j->computed += take;
             j->own_computed += take;
+            /* (in-step checkpoints: the positions this row passed were taken in it) */
+            while (j->reuse.snap_begin != NULL && j->next_ckpt < j->reuse.n_ckpt &&
+                   j->ckpt[j->next_ckpt] <= j->computed)
+                j->next_ckpt++;
             const Wkvm__RowResult *rr = NULL;
             if (rep != NULL && i < rep->step_result->n_rows)
                 rr = rep->step_result->rows[i];
@@ -988,7 +1080,8 @@ ctl_sched_hooks_locked(ctl_sched *s, ctl_sworker *w)
             }
             return true;
         }
-        if (j->next_ckpt < j->reuse.n_ckpt && j->computed == j->ckpt[j->next_ckpt]) {
+        if (j->reuse.ckpt != NULL && j->next_ckpt < j->reuse.n_ckpt &&
+            j->computed == j->ckpt[j->next_ckpt]) {
             size_t pos = j->ckpt[j->next_ckpt++];
             wk_err unused = WK_OK;
             (void)ctl_job_hook_locked(s, j, false, pos, &unused);
@@ -1066,13 +1159,31 @@ ctl_sched_worker_main(void *arg)
             pthread_cond_timedwait(s->cv, s->mu, &until);
             continue;
         }
+        bool snaps = false;
+        for (size_t i = 0; i < n; i++) {
+            if (rows[i].n_snap > 0) {
+                rows[i].job->in_hook = true; /* (snap_begin uses its argument) */
+                snaps = true;
+            }
+        }
         pthread_mutex_unlock(s->mu);
         wk_msg *rep = NULL;
         wk_diag d = {{0}};
         struct timespec t0, t1;
+        if (snaps) {
+            ctl_sched_snaps_begin(rows, n);
+            pthread_mutex_lock(s->mu);
+            for (size_t i = 0; i < n; i++)
+                if (rows[i].n_snap > 0)
+                    rows[i].job->in_hook = false; /* (the step itself is not waited for) */
+            pthread_cond_broadcast(s->cv);
+            pthread_mutex_unlock(s->mu);
+        }
         clock_gettime(CLOCK_MONOTONIC, &t0);
         wk_err err = ctl_sched_run_step(s, w, rows, n, &rep, &d);
         clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (snaps)
+            ctl_sched_snaps_end(rows, n, err, rep);
         double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         if (err == WK_OK) {
             ctl_observe(s, "wkvm_step_seconds", secs);
@@ -1636,12 +1747,13 @@ ctl_sched_submit(ctl_sched *s, const ctl_job_spec *spec, ctl_job **out, wk_diag 
     if (spec->reuse != NULL) {
         const ctl_sched_reuse *ru = spec->reuse;
         bool bad = ru->n_ckpt > CTL_SCHED_CKPT_MAX || (ru->n_ckpt && ru->ckpt_at == NULL) ||
+                   (ru->snap_begin == NULL) != (ru->snap_end == NULL) ||
                    (ru->load != NULL && (spec->slot != NULL || ru->resume_at >= spec->n_tokens));
         for (size_t i = 0; !bad && i < ru->n_ckpt; i++)
             bad = ru->ckpt_at[i] >= spec->n_tokens || (i && ru->ckpt_at[i] <= ru->ckpt_at[i - 1]);
         j->reuse = *ru;
         j->reuse.ckpt_at = NULL;
-        if (ru->ckpt == NULL)
+        if (ru->ckpt == NULL && ru->snap_begin == NULL)
             j->reuse.n_ckpt = 0;
         if (!bad && j->reuse.n_ckpt) {
             j->ckpt = malloc(j->reuse.n_ckpt * sizeof(*j->ckpt));

@@ -103,17 +103,42 @@ typedef struct ctl_sample_spec {
  *
  * ckpt: the slot's state now covers input[0..pos) exactly (pos is one of
  * ckpt_at); the callback may copy it (HOST_PUT). Its failure is its own.
+ *
+ * snap_begin / snap_end (both or neither; they replace ckpt): checkpoints
+ * taken by the worker inside a step (StepRow.snaps), so that a position
+ * does not end the step's chunk: a prefill runs in one row however many
+ * checkpoints it passes (each cut cost a step of its own, and in a busy
+ * batch a whole batched step). Before the step that feeds input position
+ * pos - 1 (pos one of ckpt_at), snap_begin(arg, ...) names the worker's
+ * warm-tier key to copy the state after input[0..pos) under (out, at most
+ * CTL_SCHED_SNAP_KEY_MAX bytes with its NUL) and a token of its own (out);
+ * false: no copy wanted there. After that step snap_end(snap_arg, token,
+ * ...) says what came of the copy: WK_OK made, WK_ENOSPC not made (the
+ * worker's host cache was full or the copy failed there; the step ran),
+ * another error: the step failed. Both run on the step loop thread without
+ * scheduler locks; snap_begin like ckpt (ctl_job_free() waits for it), but
+ * snap_end after the job may have been freed (a freed job does not wait for
+ * its step), so it gets snap_arg, which must outlive the scheduler's jobs,
+ * never arg.
  */
 typedef wk_err (*ctl_sched_load_fn)(void *arg, const ctl_slot_ref *slot, wk_diag *d);
 typedef void (*ctl_sched_ckpt_fn)(void *arg, const ctl_slot_ref *slot, size_t pos);
+#define CTL_SCHED_SNAP_KEY_MAX 129 /* a warm-tier key (1..128 bytes) and its NUL */
+typedef bool (*ctl_sched_snap_begin_fn)(void *arg, const ctl_slot_ref *slot, size_t pos,
+                                        char key[CTL_SCHED_SNAP_KEY_MAX], void **token);
+typedef void (*ctl_sched_snap_end_fn)(void *snap_arg, void *token, const ctl_slot_ref *slot,
+                                      wk_err result);
 
 typedef struct ctl_sched_reuse {
     size_t resume_at;        /* with load: input tokens the loaded state covers (< n_tokens) */
     ctl_sched_load_fn load;  /* NULL: nothing to load */
     const size_t *ckpt_at;   /* strictly increasing input positions, each < n_tokens, copied */
     size_t n_ckpt;           /* entries in ckpt_at (at most CTL_SCHED_CKPT_MAX) */
-    ctl_sched_ckpt_fn ckpt;  /* NULL: no checkpoints */
-    void *arg;               /* passed to both */
+    ctl_sched_ckpt_fn ckpt;  /* NULL: no checkpoints (but with snap_begin) */
+    ctl_sched_snap_begin_fn snap_begin; /* NULL: checkpoints end chunks, ckpt copies them */
+    ctl_sched_snap_end_fn snap_end;     /* with snap_begin */
+    void *snap_arg;                     /* snap_end's (outlives every job) */
+    void *arg;                          /* passed to the others */
 } ctl_sched_reuse;
 
 #define CTL_SCHED_CKPT_MAX 256 /* checkpoint positions of one job */

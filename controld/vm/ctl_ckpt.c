@@ -47,6 +47,8 @@ typedef struct ckpt_entry {
     uint64_t epoch;                     /* its connection epoch at the put */
     bool cold;                          /* a disk record exists */
     bool saving;                        /* being written: not usable yet */
+    bool snapping;                      /* saving: copied by a worker inside a step (bytes
+                                           set: its image's size) */
     bool busy;                          /* the tier thread moves it */
     bool dropping;                      /* its warm copy is being dropped (HOST_DROP, or a
                                          * demotion's disk write first): not live from the
@@ -871,16 +873,19 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
 }
 
 /*
- * Leaves a checkpoint of slot (its state covers ids[0..n) exactly) unless
- * one exists. Runs between steps of slot's worker.
+ * The first half of a save: a new entry for the state that covers ids[0..n)
+ * on worker, marked saving (nobody drops or frees it meanwhile), or NULL
+ * when one exists (touched, and marked durable / given the reply record as
+ * asked) or memory is short. ckpt_save_end() finishes it once the copy was
+ * tried.
  */
-static void
-ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
-          const ctl_slot_ref *slot, ctl_ckpt_kind kind, const char *reply, bool durable)
+static ckpt_entry *
+ckpt_save_begin(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
+                const char *worker, ctl_ckpt_kind kind, const char *reply, bool durable)
 {
     char key[WK_SHA256_HEX_LEN];
     if (n == 0 || ckpt_key(fp, owner, ids, n, key) != WK_OK)
-        return;
+        return NULL;
     pthread_mutex_lock(&c->mu);
     ckpt_entry *e = ckpt_find_locked(c, key);
     if (e != NULL) {
@@ -907,11 +912,11 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
                 pthread_mutex_unlock(&c->mu);
                 ckpt_cleanup(ctl_store_session_put(c->store, kv, meta, (size_t)ml, NULL),
                              "ctl_store_session_put");
-                return;
+                return NULL;
             }
         }
         pthread_mutex_unlock(&c->mu);
-        return;
+        return NULL;
     }
     e = calloc(1, sizeof(*e));
     int32_t *copy = malloc(n * sizeof(*copy));
@@ -919,7 +924,7 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
         pthread_mutex_unlock(&c->mu);
         free(e);
         free(copy);
-        return;
+        return NULL;
     }
     memcpy(copy, ids, n * sizeof(*copy));
     snprintf(e->key, sizeof(e->key), "%s", key);
@@ -933,38 +938,24 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     e->durable = durable;
     e->saving = true;
     e->used = ++c->clock;
-    snprintf(e->worker, sizeof(e->worker), "%s", slot->worker);
+    snprintf(e->worker, sizeof(e->worker), "%s", worker);
     ckpt_link_locked(c, e);
     pthread_mutex_unlock(&c->mu);
+    return e;
+}
 
-    uint64_t bytes = ckpt_image_bytes(c, n);
-    uint64_t epoch = ctl_pool_worker_epoch(c->pool, slot->worker);
-    wk_err err = WK_ENOSPC;
-    void *direct = NULL;
-    size_t direct_len = 0;
-    char hk[8 + WK_SHA256_HEX_LEN];
-    ckpt_host_key(e, hk);
-    if (c->cfg.warm_bytes > 0) {
-        err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot,
-                                 c->rpc_ms, NULL);
-        /*
-         * The worker is full: the oldest copies make room for this one, at
-         * most this image's size of them (an image larger than the worker's
-         * whole cache empties nothing more) and CKPT_ROOM_TRIES calls.
-         */
-        uint64_t freed = 0, f = 0;
-        for (unsigned i = 0; err == WK_ENOSPC && i < CKPT_ROOM_TRIES && freed < bytes &&
-                             (f = ckpt_warm_room(c, slot->worker, e)) > 0;
-             i++) {
-            freed += f;
-            err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot,
-                                     c->rpc_ms, NULL);
-        }
-    } else if (c->cfg.disk_bytes > 0) {
-        /* No warm tier: straight to disk (the slot's bytes, read between two steps). */
-        err = ctl_vm_slot_read(c->vm, slot, &direct, &direct_len, NULL);
-    }
+/*
+ * The second half: err is what the copy came to (WK_OK: a warm copy of
+ * bytes on e's worker of that epoch, or with direct, the image to write to
+ * disk, taken and freed here; WK_ENOSPC: the worker's host cache refused it).
+ */
+static void
+ckpt_save_end(ctl_ckpt *c, ckpt_entry *e, wk_err err, uint64_t bytes, uint64_t epoch, void *direct,
+              size_t direct_len)
+{
+    ctl_ckpt_kind kind = (ctl_ckpt_kind)e->kind;
     pthread_mutex_lock(&c->mu);
+    bool durable = e->durable;
     e->saving = false;
     if (err == WK_OK && c->cfg.warm_bytes > 0) {
         e->warm = true;
@@ -1009,6 +1000,47 @@ ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, si
     ckpt_gauges_locked(c);
     pthread_mutex_unlock(&c->mu);
     free(direct);
+}
+
+/*
+ * Leaves a checkpoint of slot (its state covers ids[0..n) exactly) unless
+ * one exists. Runs between steps of slot's worker.
+ */
+static void
+ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
+          const ctl_slot_ref *slot, ctl_ckpt_kind kind, const char *reply, bool durable)
+{
+    ckpt_entry *e = ckpt_save_begin(c, owner, fp, ids, n, slot->worker, kind, reply, durable);
+    if (e == NULL)
+        return;
+    uint64_t bytes = ckpt_image_bytes(c, n);
+    uint64_t epoch = ctl_pool_worker_epoch(c->pool, slot->worker);
+    wk_err err = WK_ENOSPC;
+    void *direct = NULL;
+    size_t direct_len = 0;
+    char hk[8 + WK_SHA256_HEX_LEN];
+    ckpt_host_key(e, hk);
+    if (c->cfg.warm_bytes > 0) {
+        err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot,
+                                 c->rpc_ms, NULL);
+        /*
+         * The worker is full: the oldest copies make room for this one, at
+         * most this image's size of them (an image larger than the worker's
+         * whole cache empties nothing more) and CKPT_ROOM_TRIES calls.
+         */
+        uint64_t freed = 0, f = 0;
+        for (unsigned i = 0; err == WK_ENOSPC && i < CKPT_ROOM_TRIES && freed < bytes &&
+                             (f = ckpt_warm_room(c, slot->worker, e)) > 0;
+             i++) {
+            freed += f;
+            err = ctl_pool_host_call(c->pool, WKVM__KIND__HOST_PUT, slot->worker, hk, slot->slot,
+                                     c->rpc_ms, NULL);
+        }
+    } else if (c->cfg.disk_bytes > 0) {
+        /* No warm tier: straight to disk (the slot's bytes, read between two steps). */
+        err = ctl_vm_slot_read(c->vm, slot, &direct, &direct_len, NULL);
+    }
+    ckpt_save_end(c, e, err, bytes, epoch, direct, direct_len);
 }
 
 /* ------------------------------------------------------------ plans ---- */
@@ -1159,17 +1191,108 @@ ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
     return err;
 }
 
+/* The kind of checkpoint planned at job position pos. */
+static ctl_ckpt_kind
+ckpt_plan_kind(const ctl_ckpt_plan *p, size_t pos)
+{
+    for (size_t i = 0; i < p->n_pos; i++) {
+        if (p->pos[i] == pos)
+            return (ctl_ckpt_kind)p->kind[i];
+    }
+    return CTL_CKPT_KIND_PROMPT;
+}
+
 /* The scheduler's checkpoint hook: the state covers all[0..base + pos). */
 static void
 ckpt_plan_ckpt(void *arg, const ctl_slot_ref *slot, size_t pos)
 {
     ctl_ckpt_plan *p = arg;
-    ctl_ckpt_kind kind = CTL_CKPT_KIND_PROMPT;
-    for (size_t i = 0; i < p->n_pos; i++) {
-        if (p->pos[i] == pos)
-            kind = (ctl_ckpt_kind)p->kind[i];
+    ckpt_save(p->c, p->owner, p->fp, p->all, p->base + pos, slot, ckpt_plan_kind(p, pos), NULL,
+              false);
+}
+
+/* Bytes of the images being copied into worker's warm tier inside a step. Caller holds mu. */
+static uint64_t
+ckpt_snapping_on_locked(ctl_ckpt *c, const char *worker)
+{
+    uint64_t b = 0;
+    for (ckpt_entry *e = c->entries; e != NULL; e = e->next)
+        b += e->saving && e->snapping && strcmp(e->worker, worker) == 0 ? e->bytes : 0;
+    return b;
+}
+
+/* A checkpoint being taken inside a step: the scheduler's token. */
+typedef struct ckpt_snap {
+    ckpt_entry *e;  /* the entry, saving */
+    uint64_t bytes; /* its image's size */
+    uint64_t epoch; /* its worker's epoch */
+} ckpt_snap;
+
+/* The scheduler's in-step checkpoint hooks: a key for the worker's copy. */
+static bool
+ckpt_plan_snap_begin(void *arg, const ctl_slot_ref *slot, size_t pos,
+                     char key[CTL_SCHED_SNAP_KEY_MAX], void **token)
+{
+    ctl_ckpt_plan *p = arg;
+    ctl_ckpt *c = p->c;
+    ckpt_snap *sn = malloc(sizeof(*sn));
+    if (sn == NULL)
+        return false;
+    sn->e = ckpt_save_begin(c, p->owner, p->fp, p->all, p->base + pos, slot->worker,
+                            ckpt_plan_kind(p, pos), NULL, false);
+    if (sn->e == NULL) {
+        free(sn);
+        return false; /* (one exists: touched) */
     }
-    ckpt_save(p->c, p->owner, p->fp, p->all, p->base + pos, slot, kind, NULL, false);
+    sn->bytes = ckpt_image_bytes(c, p->base + pos);
+    sn->epoch = ctl_pool_worker_epoch(c->pool, slot->worker);
+    /*
+     * A copy the worker refuses is lost (the state moves on in the step),
+     * so room is made before it: while the worker's warm copies and the
+     * images being copied there inside steps (this one included) exceed
+     * its capacity (from its Hello), the oldest copies go. Other modules'
+     * copies there (ctl_vm's parked states) are not counted: when they
+     * make one copy refused, room is made after it for the next
+     * (ckpt_plan_snap_end).
+     */
+    uint64_t cap = ctl_pool_worker_host_cache(c->pool, slot->worker);
+    pthread_mutex_lock(&c->mu);
+    sn->e->bytes = sn->bytes;
+    sn->e->snapping = true;
+    uint64_t used = ckpt_warm_on_locked(c, slot->worker) + ckpt_snapping_on_locked(c, slot->worker);
+    pthread_mutex_unlock(&c->mu);
+    uint64_t excess = cap > 0 && used > cap ? used - cap : 0, freed = 0, f = 0;
+    for (unsigned t = 0;
+         freed < excess && t < CKPT_ROOM_TRIES && (f = ckpt_warm_room(c, slot->worker, sn->e)) > 0;
+         t++)
+        freed += f;
+    _Static_assert(8 + WK_SHA256_HEX_LEN <= CTL_SCHED_SNAP_KEY_MAX, "host key size");
+    ckpt_host_key(sn->e, key);
+    *token = sn;
+    return true;
+}
+
+static void
+ckpt_plan_snap_end(void *snap_arg, void *token, const ctl_slot_ref *slot, wk_err result)
+{
+    ctl_ckpt *c = snap_arg;
+    ckpt_snap *sn = token;
+    if (sn == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    sn->e->snapping = false;
+    pthread_mutex_unlock(&c->mu);
+    ckpt_save_end(c, sn->e, result, sn->bytes, sn->epoch, NULL, 0);
+    /*
+     * Not copied for want of room: that copy is lost, but the oldest copies
+     * make room for the next one, as ckpt_save() does before its retry.
+     */
+    uint64_t freed = 0, f = 0;
+    for (unsigned t = 0; result == WK_ENOSPC && t < CKPT_ROOM_TRIES && freed < sn->bytes &&
+                         (f = ckpt_warm_room(c, slot->worker, NULL)) > 0;
+         t++)
+        freed += f;
+    free(sn);
 }
 
 wk_err
@@ -1266,6 +1389,12 @@ ctl_ckpt_plan_begin(ctl_ckpt *c, ctl_ckpt_plan *p, const char *owner, const char
         p->reuse.ckpt_at = p->pos;
         p->reuse.n_ckpt = p->n_pos;
         p->reuse.ckpt = ckpt_plan_ckpt;
+        if (c->cfg.warm_bytes > 0 && !c->cfg.step_cuts) {
+            /* taken by the worker inside the step (without a warm tier: cut and read) */
+            p->reuse.snap_begin = ckpt_plan_snap_begin;
+            p->reuse.snap_end = ckpt_plan_snap_end;
+            p->reuse.snap_arg = c;
+        }
     }
     p->reuse.arg = p;
     return WK_OK;

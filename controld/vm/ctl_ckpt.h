@@ -65,6 +65,9 @@ typedef struct ctl_ckpt_config {
                               outlives its worker's memory */
     uint32_t flush_ms;     /* --checkpoint-flush-ms: the shutdown's budget for writing warm
                               checkpoints to disk, 0 = write none */
+    bool step_cuts;        /* --checkpoint-step-cuts: prefill checkpoints end their step's
+                              chunk and are copied between steps (HOST_PUT), not by the
+                              worker inside the step (StepRow.snaps) */
 } ctl_ckpt_config;
 
 typedef enum ctl_ckpt_kind {

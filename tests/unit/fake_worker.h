@@ -12,9 +12,11 @@
  * It logs every STEP row (slot, tokens, sample, reset), can hold steps (the
  * step blocks until released, so a test can queue jobs behind it) and
  * HOST_DROPs (a test looks at a warm copy while it is being dropped), keeps a
- * warm tier (HOST_PUT / HOST_GET / HOST_DROP, SLOT_READ of a host key) and
- * counts every request kind. Header-only; test code only (the one place
- * outside pool/, wrk_rpc.c and the bench stub that opens NNG).
+ * warm tier (HOST_PUT / HOST_GET / HOST_DROP, SLOT_READ of a host key, and a
+ * STEP row's snaps: the state after tokens[0..at) under host_key, as HOST_PUT
+ * would store it) and counts every request kind and the snaps saved.
+ * Header-only; test code only (the one place outside pool/, wrk_rpc.c and
+ * the bench stub that opens NNG).
  */
 #ifndef FAKE_WORKER_H
 #define FAKE_WORKER_H
@@ -69,6 +71,7 @@ typedef struct fake_worker {
     bool hold;              /* steps block until false */
     uint32_t held;          /* steps blocked now */
     bool hold_drop;         /* HOST_DROPs block until false (the whole worker waits) */
+    uint32_t host_cap;      /* warm-tier entries it takes, 0 = FW_MAX_HOST */
     uint32_t drops_held;    /* HOST_DROPs blocked now */
     uint32_t steps;         /* steps answered */
     fw_row log[FW_MAX_LOG]; /* every step row */
@@ -80,6 +83,7 @@ typedef struct fake_worker {
         bool used;
     } host[FW_MAX_HOST];
     uint32_t n_kind[64]; /* requests seen, by Wkvm__Kind */
+    uint32_t n_snaps;    /* STEP rows' snaps saved (bits set in snaps_saved) */
 } fake_worker;
 
 static inline void
@@ -146,6 +150,41 @@ fw_host_find(fake_worker *w, const char *key)
     return -1;
 }
 
+/*
+ * Stores st under key (mu held): replaces the entry of that key, else takes
+ * a free one; WK_ENOSPC when the table is full. HOST_PUT and snaps.
+ */
+static inline wk_err
+fw_host_put_locked(fake_worker *w, const char *key, const fw_state *st)
+{
+    int i = fw_host_find(w, key);
+    int used = 0;
+    for (int k = 0; k < FW_MAX_HOST; k++)
+        used += w->host[k].used;
+    for (int k = 0; i < 0 && k < FW_MAX_HOST && (!w->host_cap || (uint32_t)used < w->host_cap); k++)
+        if (!w->host[k].used)
+            i = k;
+    if (i < 0)
+        return WK_ENOSPC;
+    snprintf(w->host[i].key, sizeof(w->host[i].key), "%s", key);
+    w->host[i].st = *st;
+    w->host[i].used = true;
+    return WK_OK;
+}
+
+/* Whether two snaps of the step name the same host key (the real worker refuses it). */
+static inline bool
+fw_snap_keys_repeat(const Wkvm__Step *s)
+{
+    for (size_t i = 0; i < s->n_rows; i++)
+        for (size_t k = 0; k < s->rows[i]->n_snaps; k++)
+            for (size_t j = i; j < s->n_rows; j++)
+                for (size_t l = j == i ? k + 1 : 0; l < s->rows[j]->n_snaps; l++)
+                    if (strcmp(s->rows[i]->snaps[k]->host_key, s->rows[j]->snaps[l]->host_key) == 0)
+                        return true;
+    return false;
+}
+
 static inline void
 fw_model_info(const fake_worker *w, Wkvm__ModelInfo *mi)
 {
@@ -193,13 +232,26 @@ fw_step(fake_worker *w, const wk_msg *req)
     for (size_t i = 0; i < s->n_rows && err == WK_OK; i++)
         if (s->rows[i]->slot < 1 || s->rows[i]->slot > w->n_slots)
             err = WK_EINVAL;
+    if (err == WK_OK && fw_snap_keys_repeat(s))
+        err = WK_EINVAL;
     for (size_t i = 0; i < s->n_rows && err == WK_OK; i++) {
         const Wkvm__StepRow *row = s->rows[i];
         fw_state *st = &w->st[row->slot];
         if (row->reset)
             *st = (fw_state){0, 0};
-        for (size_t k = 0; k < row->n_tokens; k++)
+        uint32_t saved = 0;
+        size_t next = 0; /* the row's next snap (wk_proto: `at` increasing, within the row) */
+        for (size_t k = 0; k < row->n_tokens; k++) {
             fw_feed(st, row->tokens[k]);
+            if (next < row->n_snaps && row->snaps[next]->at == k + 1) {
+                /* a full table leaves the bit clear, never fails the step */
+                if (fw_host_put_locked(w, row->snaps[next]->host_key, st) == WK_OK) {
+                    saved |= 1u << next;
+                    w->n_snaps++;
+                }
+                next++;
+            }
+        }
         if (w->n_log < FW_MAX_LOG)
             w->log[w->n_log++] = (fw_row){.step = w->steps,
                                           .slot = row->slot,
@@ -213,6 +265,7 @@ fw_step(fake_worker *w, const wk_msg *req)
         rr[i].sampled = row->sample;
         rr[i].token = row->sample ? fw_token_of(st) : 0;
         rr[i].logprob = -0.5f;
+        rr[i].snaps_saved = saved;
         rp[i] = &rr[i];
     }
     pthread_cond_broadcast(&w->cv);
@@ -302,20 +355,10 @@ fw_handle(fake_worker *w, const wk_msg *req)
         }
         int i = fw_host_find(w, h->key);
         if (req->kind == WKVM__KIND__HOST_PUT) {
-            if (h->slot < 1 || h->slot > w->n_slots) {
+            if (h->slot < 1 || h->slot > w->n_slots)
                 err = WK_EINVAL;
-            } else {
-                for (int k = 0; i < 0 && k < FW_MAX_HOST; k++)
-                    if (!w->host[k].used)
-                        i = k;
-                if (i < 0) {
-                    err = WK_ENOSPC;
-                } else {
-                    snprintf(w->host[i].key, sizeof(w->host[i].key), "%s", h->key);
-                    w->host[i].st = w->st[h->slot];
-                    w->host[i].used = true;
-                }
-            }
+            else
+                err = fw_host_put_locked(w, h->key, &w->st[h->slot]);
         } else if (i < 0) {
             err = WK_ENOENT;
         } else if (req->kind == WKVM__KIND__HOST_GET) {
@@ -566,6 +609,16 @@ fw_count(fake_worker *w, Wkvm__Kind kind)
 {
     pthread_mutex_lock(&w->mu);
     uint32_t n = (unsigned)kind < 64 ? w->n_kind[kind] : 0;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+/* STEP rows' snaps saved so far. */
+static inline uint32_t
+fw_snaps(fake_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    uint32_t n = w->n_snaps;
     pthread_mutex_unlock(&w->mu);
     return n;
 }

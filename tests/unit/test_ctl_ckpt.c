@@ -43,6 +43,9 @@ typedef struct fx {
     fake_worker w;
 } fx;
 
+static bool fx_step_cuts;     /* fx_open(): --checkpoint-step-cuts */
+static uint32_t fx_interval;  /* fx_open(): --checkpoint-interval */
+
 static void
 fx_open(fx *f, uint64_t warm_bytes, uint64_t disk_bytes)
 {
@@ -76,7 +79,8 @@ fx_open(fx *f, uint64_t warm_bytes, uint64_t disk_bytes)
     while (ctl_sched_worker_count(f->sched) == 0 && fw_now_ms() < until)
         usleep(5000);
     assert_int_equal(ctl_sched_worker_count(f->sched), 1);
-    ctl_ckpt_config cc = {.enabled = true, .warm_bytes = warm_bytes, .disk_bytes = disk_bytes};
+    ctl_ckpt_config cc = {.enabled = true, .warm_bytes = warm_bytes, .disk_bytes = disk_bytes,
+                          .step_cuts = fx_step_cuts, .interval = fx_interval};
     if (ctl_ckpt_new(&cc, f->pool, f->sched, f->vm, f->store, NULL, &f->ckpt, &d) != WK_OK)
         fail_msg("ckpt: %s", d.msg);
 }
@@ -212,12 +216,18 @@ owner_entries(fx *f, const char *owner)
     return n;
 }
 
+/*
+ * Prefill checkpoints: taken by the worker inside the step (StepRow.snaps,
+ * the default), or (--checkpoint-step-cuts) each ending its step's chunk and
+ * copied by a HOST_PUT between steps. Both leave the same checkpoints.
+ */
 static void
-test_longest_prefix(void **state)
+longest_prefix(bool step_cuts)
 {
-    (void)state;
     static fx f;
+    fx_step_cuts = step_cuts;
     fx_open(&f, 1 << 20, 0);
+    fx_step_cuts = false;
     int32_t a[12];
     for (int i = 0; i < 12; i++)
         a[i] = 10 + i;
@@ -226,9 +236,16 @@ test_longest_prefix(void **state)
     turn t1 = run_turn(&f, "alice", FW_FP, a, 12, bounds, 1, 3, NULL);
     assert_int_equal(t1.hit_len, 0);
     assert_int_equal(t1.prefill, 12);
-    assert_int_equal(t1.first, 4); /* the prefill stops at the boundary checkpoint */
     assert_int_equal(owner_entries(&f, "alice"), 3);
-    assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), 3);
+    if (step_cuts) {
+        assert_int_equal(t1.first, 4); /* the prefill stops at the boundary checkpoint */
+        assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), 3);
+        assert_int_equal(fw_snaps(&f.w), 0);
+    } else {
+        assert_int_equal(t1.first, 12); /* one row: both prefill copies taken inside it */
+        assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), 1); /* (the reply's) */
+        assert_int_equal(fw_snaps(&f.w), 2);
+    }
 
     /* a follow-up resumes the end of the reply and feeds only the rest */
     int32_t b[19];
@@ -240,7 +257,7 @@ test_longest_prefix(void **state)
     turn t2 = run_turn(&f, "alice", FW_FP, b, 19, NULL, 0, 2, NULL);
     assert_int_equal(t2.hit_len, 15);
     assert_int_equal(t2.prefill, 4);
-    assert_int_equal(t2.first, 3); /* up to the prompt checkpoint (18) */
+    assert_int_equal(t2.first, step_cuts ? 3 : 4); /* (cut: up to the prompt checkpoint, 18) */
     assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_GET), gets + 1);
 
     /* a prompt that leaves the history after 6 tokens: the boundary checkpoint (4) */
@@ -271,6 +288,20 @@ test_longest_prefix(void **state)
     assert_string_equal(st.owners[0].owner, "alice");
     ctl_ckpt_stats_fini(&st);
     fx_close(&f);
+}
+
+static void
+test_longest_prefix(void **state)
+{
+    (void)state;
+    longest_prefix(false);
+}
+
+static void
+test_longest_prefix_step_cuts(void **state)
+{
+    (void)state;
+    longest_prefix(true);
 }
 
 static void
@@ -700,17 +731,106 @@ test_dropping_not_live(void **state)
     fx_close(&f);
 }
 
+/*
+ * A row carries at most 8 checkpoints: with one every 2 tokens a 30-token
+ * prompt's first row ends at its 8th (16), the rest (7 and the prompt's)
+ * go in the second; all are taken, none by a HOST_PUT of its own.
+ */
+static void
+test_snaps_eight_a_row(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_interval = 2;
+    fx_open(&f, 1 << 20, 0);
+    fx_interval = 0;
+    int32_t a[30];
+    for (int i = 0; i < 30; i++)
+        a[i] = 100 + i;
+    turn t = run_turn(&f, "alice", FW_FP, a, 30, NULL, 0, 1, NULL);
+    assert_int_equal(t.first, 16);
+    assert_int_equal(t.prefill, 30);
+    assert_int_equal(fw_snaps(&f.w), 15); /* 2..28 and 29 */
+    assert_int_equal(fw_count(&f.w, WKVM__KIND__HOST_PUT), 1);
+    assert_int_equal(owner_entries(&f, "alice"), 16);
+    assert_int_equal(probe(&f, "alice", FW_FP, a, 30), 29);
+    fx_close(&f);
+}
+
+/*
+ * A copy the worker does not make (its table full: the bit clear) is not a
+ * checkpoint, and the turn goes on exact; a job freed while its step (with
+ * copies) is held returns at once, and the copies still land once the step
+ * returns.
+ */
+static void
+test_snaps_refused_and_freed(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f, 1 << 20, 0);
+    f.w.host_cap = 1;
+    int32_t a[12];
+    for (int i = 0; i < 12; i++)
+        a[i] = 10 + i;
+    const size_t bounds[1] = {4};
+    turn t = run_turn(&f, "alice", FW_FP, a, 12, bounds, 1, 2, NULL);
+    assert_int_equal(t.first, 12);
+    assert_int_equal(fw_snaps(&f.w), 1); /* (the boundary's; the prompt's refused) */
+    /* the refusal made room for the next copy (the reply's): it alone is left */
+    assert_int_equal(owner_entries(&f, "alice"), 1);
+    assert_int_equal(probe(&f, "alice", FW_FP, a, 12), 0);
+    int32_t a2[15];
+    memcpy(a2, a, sizeof(a));
+    memcpy(a2 + 12, t.gen, 2 * sizeof(int32_t));
+    a2[14] = 7;
+    assert_int_equal(probe(&f, "alice", FW_FP, a2, 15), 14);
+    f.w.host_cap = 0;
+
+    int32_t b[20];
+    for (int i = 0; i < 20; i++)
+        b[i] = 300 + i;
+    static ctl_ckpt_plan p;
+    wk_diag d = {{0}};
+    assert_int_equal(
+        ctl_ckpt_plan_begin(f.ckpt, &p, "bob", FW_FP, NULL, 0, b, 20, bounds, 1, true, &d), WK_OK);
+    fw_hold(&f.w, true);
+    ctl_job_spec sp = {.tokens = b, .n_tokens = 20, .sample = true, .fresh = true,
+                       .reuse = &p.reuse};
+    ctl_job *j = NULL;
+    assert_int_equal(ctl_sched_submit(f.sched, &sp, &j, &d), WK_OK);
+    assert_true(fw_wait_held(&f.w, 4000));
+    uint64_t t0 = fw_now_ms();
+    ctl_job_free(j); /* (must not wait for the held step) */
+    assert_true(fw_now_ms() - t0 < 1000);
+    ctl_ckpt_plan_end(&p);
+    memset(&p, 0xa5, sizeof(p)); /* (the step's end must not read the plan) */
+    fw_hold(&f.w, false);
+    uint64_t until = fw_now_ms() + 4000;
+    while (owner_entries(&f, "bob") < 2 && fw_now_ms() < until)
+        usleep(5000);
+    assert_int_equal(owner_entries(&f, "bob"), 2); /* the boundary's and the prompt's */
+    assert_int_equal(probe(&f, "bob", FW_FP, b, 20), 19);
+    fx_close(&f);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_longest_prefix),  cmocka_unit_test(test_reply_records_and_clear),
-        cmocka_unit_test(test_warm_budget_lru), cmocka_unit_test(test_disk_tier),
-        cmocka_unit_test(test_disabled),        cmocka_unit_test(test_backed_session),
+        cmocka_unit_test(test_longest_prefix),
+        cmocka_unit_test(test_longest_prefix_step_cuts),
+        cmocka_unit_test(test_reply_records_and_clear),
+        cmocka_unit_test(test_warm_budget_lru),
+        cmocka_unit_test(test_disk_tier),
+        cmocka_unit_test(test_disabled),
+        cmocka_unit_test(test_backed_session),
         cmocka_unit_test(test_backed_warm_budget),
         cmocka_unit_test(test_cached_state_warm),
         cmocka_unit_test(test_cached_state_refused),
         cmocka_unit_test(test_dropping_not_live),
+        cmocka_unit_test(test_snaps_eight_a_row),
+        cmocka_unit_test(test_snaps_refused_and_freed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -188,6 +189,105 @@ test_step_limits(void **state)
     free(toks);
 }
 
+/* RowSnap: at most 8 a row, at in 1..n_tokens strictly increasing, keys of 1..128 bytes. */
+static void
+test_step_snaps(void **state)
+{
+    (void)state;
+    int32_t toks[6] = {1, 2, 3, 4, 5, 6};
+    Wkvm__RowSnap sn[WK_PROTO_ROW_SNAPS_MAX + 1];
+    Wkvm__RowSnap *snp[WK_PROTO_ROW_SNAPS_MAX + 1];
+    char keys[WK_PROTO_ROW_SNAPS_MAX + 1][8];
+    for (size_t k = 0; k <= WK_PROTO_ROW_SNAPS_MAX; k++) {
+        wkvm__row_snap__init(&sn[k]);
+        snprintf(keys[k], sizeof(keys[k]), "k%zu", k);
+        sn[k].host_key = keys[k];
+        snp[k] = &sn[k];
+    }
+    Wkvm__StepRow row = WKVM__STEP_ROW__INIT;
+    row.slot = 1;
+    row.tokens = toks;
+    row.n_tokens = 6;
+    row.snaps = snp;
+    Wkvm__StepRow *rowp[1] = {&row};
+    Wkvm__Step s = WKVM__STEP__INIT;
+    s.rows = rowp;
+    s.n_rows = 1;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__STEP;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_STEP;
+    m.step = &s;
+    /* at 2, 5 and the row's end: carried as sent */
+    sn[0].at = 2;
+    sn[1].at = 5;
+    sn[2].at = 6;
+    row.n_snaps = 3;
+    wk_msg *o = roundtrip(&m, WK_OK);
+    assert_int_equal(o->step->rows[0]->n_snaps, 3);
+    assert_int_equal(o->step->rows[0]->snaps[1]->at, 5);
+    assert_string_equal(o->step->rows[0]->snaps[2]->host_key, "k2");
+    wk_proto_free(o);
+    sn[2].at = 7; /* past the row's tokens */
+    roundtrip(&m, WK_EPROTO);
+    sn[2].at = 5; /* not strictly increasing */
+    roundtrip(&m, WK_EPROTO);
+    sn[2].at = 4; /* decreasing */
+    roundtrip(&m, WK_EPROTO);
+    sn[2].at = 6;
+    sn[0].at = 0; /* before any token */
+    roundtrip(&m, WK_EPROTO);
+    sn[0].at = 1;
+    sn[1].host_key = ""; /* keys are 1..128 bytes */
+    roundtrip(&m, WK_EPROTO);
+    char big[WK_PROTO_HOST_KEY_MAX + 2];
+    memset(big, 'k', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    sn[1].host_key = big;
+    roundtrip(&m, WK_EPROTO);
+    big[WK_PROTO_HOST_KEY_MAX] = '\0'; /* exactly 128 */
+    o = roundtrip(&m, WK_OK);
+    assert_int_equal(strlen(o->step->rows[0]->snaps[1]->host_key), WK_PROTO_HOST_KEY_MAX);
+    wk_proto_free(o);
+    sn[1].host_key = keys[1];
+    /* at most WK_PROTO_ROW_SNAPS_MAX a row */
+    int32_t many[WK_PROTO_ROW_SNAPS_MAX + 1];
+    for (size_t k = 0; k <= WK_PROTO_ROW_SNAPS_MAX; k++) {
+        many[k] = (int32_t)k;
+        sn[k].at = (uint32_t)k + 1;
+    }
+    row.tokens = many;
+    row.n_tokens = WK_PROTO_ROW_SNAPS_MAX + 1;
+    row.n_snaps = WK_PROTO_ROW_SNAPS_MAX;
+    o = roundtrip(&m, WK_OK);
+    assert_int_equal(o->step->rows[0]->n_snaps, WK_PROTO_ROW_SNAPS_MAX);
+    wk_proto_free(o);
+    row.n_snaps = WK_PROTO_ROW_SNAPS_MAX + 1;
+    roundtrip(&m, WK_EPROTO);
+    /* a NULL entry (never from the wire: wk_proto_validate on a message built here) */
+    row.n_snaps = 2;
+    snp[1] = NULL;
+    wk_diag d = {{0}};
+    assert_int_equal(wk_proto_validate(&m, &d), WK_EPROTO);
+    assert_non_null(strstr(d.msg, "snap 1 missing"));
+    snp[1] = &sn[1];
+    assert_int_equal(wk_proto_validate(&m, NULL), WK_OK);
+    /* snaps_saved is a plain bitmask in the result */
+    Wkvm__RowResult rr = WKVM__ROW_RESULT__INIT;
+    rr.slot = 1;
+    rr.snaps_saved = 0x85u;
+    Wkvm__RowResult *rrp[1] = {&rr};
+    Wkvm__StepResult sr = WKVM__STEP_RESULT__INIT;
+    sr.rows = rrp;
+    sr.n_rows = 1;
+    wk_msg mr = WKVM__ENVELOPE__INIT;
+    mr.kind = WKVM__KIND__STEP_RESULT;
+    mr.payload_case = WKVM__ENVELOPE__PAYLOAD_STEP_RESULT;
+    mr.step_result = &sr;
+    o = roundtrip(&mr, WK_OK);
+    assert_int_equal(o->step_result->rows[0]->snaps_saved, 0x85u);
+    wk_proto_free(o);
+}
+
 static void
 test_chunk_limits(void **state)
 {
@@ -347,6 +447,7 @@ main(void)
         cmocka_unit_test(test_hello_roundtrip),
         cmocka_unit_test(test_kind_payload_mismatch),
         cmocka_unit_test(test_step_limits),
+        cmocka_unit_test(test_step_snaps),
         cmocka_unit_test(test_chunk_limits),
         cmocka_unit_test(test_long_string),
         cmocka_unit_test(test_state_layout),

@@ -6,9 +6,12 @@
  * whose slot layout tiles state_bytes; STATS; STEP (deterministic per slot,
  * the reset row); SLOT_READ / SLOT_WRITE / SLOT_COPY / SLOT_RESET move the
  * exact bytes; the warm tier (HOST_PUT / HOST_GET / HOST_DROP and
- * SLOT_READ of a host key); each refusal's status (bad slot, unknown host
- * key, no NCCL, an unknown request kind); SHUTDOWN ends serving with WK_OK,
- * and a refused Hello ends it with the controller's code.
+ * SLOT_READ of a host key); STEP rows with snaps (warm copies byte-equal to
+ * the prefixes fed in steps of their own, the rows ending as unsplit runs,
+ * a full host cache, refused snaps, a hybrid model's growing images); each
+ * refusal's status (bad slot, unknown host key, no NCCL, an unknown request
+ * kind); SHUTDOWN ends serving with WK_OK, and a refused Hello ends it with
+ * the controller's code.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,8 +27,10 @@
 #include <nng/protocol/pair1/pair.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include "rwkv7_synth.h"
+#include "tset_synth.h"
 #include "wk_nng.h"
 #include "wk_proto.h"
 #include "wk_time.h"
@@ -54,7 +59,7 @@ serve_main(void *arg)
 }
 
 static void
-fx_open_silence(fx *f, uint32_t link_silence_ms)
+fx_open_cfg(fx *f, uint32_t link_silence_ms, uint64_t host_cache_bytes)
 {
     memset(f, 0, sizeof(*f));
     synth_tmpdir(f->dir, sizeof(f->dir), "rpc");
@@ -74,13 +79,19 @@ fx_open_silence(fx *f, uint32_t link_silence_ms)
                           .worker_id = "w9",
                           .backend = &be_cpu_ops,
                           .threads = 1,
-                          .host_cache_bytes = 1 << 20,
+                          .host_cache_bytes = host_cache_bytes,
                           .link_silence_ms = link_silence_ms};
     wk_diag d = {{0}};
     if (wrk_worker_new(&cfg, &f->w, &d) != WK_OK)
         fail_msg("worker: %s", d.msg);
     f->next_id = 1;
     assert_int_equal(pthread_create(&f->th, NULL, serve_main, f), 0);
+}
+
+static void
+fx_open_silence(fx *f, uint32_t link_silence_ms)
+{
+    fx_open_cfg(f, link_silence_ms, 1 << 20);
 }
 
 static void
@@ -472,13 +483,506 @@ test_link_silence(void **state)
     fx_close(&f);
 }
 
+/* Hello, its ack and LOAD_MODEL of n_slots (slot 0 reserved); the model's state_bytes. */
+static uint64_t
+hello_load(fx *f, uint32_t n_slots)
+{
+    wk_proto_free(hello(f));
+    wk_msg ack = WKVM__ENVELOPE__INIT;
+    ack.kind = WKVM__KIND__HELLO_ACK;
+    send_msg(f, &ack);
+    Wkvm__LoadModel lm = WKVM__LOAD_MODEL__INIT;
+    lm.model_dir = f->model;
+    lm.n_slots = n_slots;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__LOAD_MODEL;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_LOAD_MODEL;
+    m.load_model = &lm;
+    wk_msg *r = call(f, &m);
+    if (r->status != 0)
+        fail_msg("load: %s", r->detail);
+    uint64_t sb = r->model_info->state_bytes;
+    wk_proto_free(r);
+    return sb;
+}
+
+/* The worker's STATS reply; caller frees. */
+static wk_msg *
+stats(fx *f)
+{
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__STATS;
+    wk_msg *r = call(f, &m);
+    assert_int_equal(r->kind, WKVM__KIND__STATS_REPLY);
+    return r;
+}
+
+/* step() that must succeed; the sampled token. */
+static int32_t
+step_tok(fx *f, uint32_t slot, const int32_t *toks, size_t n, bool reset)
+{
+    wk_msg *r = step(f, slot, toks, n, reset);
+    if (r->status != 0)
+        fail_msg("step slot %u: %s", slot, r->detail);
+    int32_t t = r->step_result->rows[0]->token;
+    wk_proto_free(r);
+    return t;
+}
+
+/* Slot a (or host entry ka) and slot b (or entry kb) hold the same want_len bytes. */
+static void
+same_image(fx *f, uint32_t a, const char *ka, uint32_t b, const char *kb, size_t want_len)
+{
+    size_t na = 0, nb = 0;
+    wk_err sa, sb;
+    uint8_t *ba = read_slot(f, a, ka, &na, &sa);
+    uint8_t *bb = read_slot(f, b, kb, &nb, &sb);
+    if (sa != WK_OK || sb != WK_OK)
+        fail_msg("read %u/%s: %d, %u/%s: %d", a, ka ? ka : "-", sa, b, kb ? kb : "-", sb);
+    assert_int_equal(na, want_len);
+    assert_int_equal(nb, want_len);
+    assert_memory_equal(ba, bb, na);
+    free(ba);
+    free(bb);
+}
+
+/* The host entry key does not exist. */
+static void
+no_entry(fx *f, const char *key)
+{
+    size_t n = 0;
+    wk_err st;
+    uint8_t *b = read_slot(f, 0, key, &n, &st);
+    assert_int_equal(st, WK_ENOENT);
+    free(b);
+}
+
+/* One row of a STEP as these tests send it (greedy sampling when sample). */
+typedef struct srow {
+    uint32_t slot;
+    const int32_t *toks;
+    size_t n;
+    bool reset;
+    bool sample;
+    size_t n_snaps;
+    uint32_t at[WK_PROTO_ROW_SNAPS_MAX];
+    const char *key[WK_PROTO_ROW_SNAPS_MAX];
+} srow;
+
+#define SROWS_MAX 4
+
+/* Sends the n rows r as one STEP; the request id. */
+static uint64_t
+step_send(fx *f, const srow *r, size_t n)
+{
+    Wkvm__SampleParams sp = WKVM__SAMPLE_PARAMS__INIT;
+    Wkvm__StepRow row[SROWS_MAX];
+    Wkvm__StepRow *rowp[SROWS_MAX];
+    Wkvm__RowSnap sn[SROWS_MAX][WK_PROTO_ROW_SNAPS_MAX];
+    Wkvm__RowSnap *snp[SROWS_MAX][WK_PROTO_ROW_SNAPS_MAX];
+    assert_true(n <= SROWS_MAX);
+    for (size_t i = 0; i < n; i++) {
+        wkvm__step_row__init(&row[i]);
+        row[i].slot = r[i].slot;
+        row[i].tokens = (int32_t *)r[i].toks;
+        row[i].n_tokens = r[i].n;
+        row[i].sample = r[i].sample;
+        row[i].params = r[i].sample ? &sp : NULL;
+        row[i].reset = r[i].reset;
+        for (size_t k = 0; k < r[i].n_snaps; k++) {
+            wkvm__row_snap__init(&sn[i][k]);
+            sn[i][k].at = r[i].at[k];
+            sn[i][k].host_key = (char *)r[i].key[k];
+            snp[i][k] = &sn[i][k];
+        }
+        row[i].snaps = snp[i];
+        row[i].n_snaps = r[i].n_snaps;
+        rowp[i] = &row[i];
+    }
+    Wkvm__Step st = WKVM__STEP__INIT;
+    st.n_rows = n;
+    st.rows = rowp;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__STEP;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_STEP;
+    m.step = &st;
+    send_msg(f, &m);
+    return m.id;
+}
+
+/* The reply to a STEP of the n rows r; caller frees. */
+static wk_msg *
+step_rows(fx *f, const srow *r, size_t n)
+{
+    return recv_reply(f, step_send(f, r, n));
+}
+
+/*
+ * Sends the rows as a STEP that wk_proto refuses: the worker drops it
+ * unanswered, so the next message it sends is the reply to a STATS sent
+ * behind it.
+ */
+static void
+step_dropped(fx *f, const srow *r, size_t n)
+{
+    (void)step_send(f, r, n);
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__STATS;
+    send_msg(f, &m);
+    void *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(nng_recv(f->ctl, &buf, &len, NNG_FLAG_ALLOC), 0);
+    wk_msg *rep = NULL;
+    assert_int_equal(wk_proto_decode(buf, len, &rep, NULL), WK_OK);
+    nng_free(buf, len);
+    assert_int_equal(rep->id, m.id);
+    assert_int_equal(rep->kind, WKVM__KIND__STATS_REPLY);
+    wk_proto_free(rep);
+}
+
+/*
+ * STEP rows with snaps: a row of 7 tokens (a reset) with snaps at 2, 5 and
+ * 7 and a row of 4 (no reset, no sampling) with snaps at 1 and 3 leave warm
+ * entries byte-equal to the same prefixes fed in steps of their own, and the
+ * rows end exactly as unsplit runs, with the same sampled token; a row
+ * without snaps in the same step is unaffected; the step counts once. A
+ * snap's key replaces an entry of that key. Duplicate keys (across rows or
+ * in one) are refused with nothing changed, and wk_proto's refusals (at 0,
+ * past the row, not increasing) reach no handler.
+ */
+static void
+test_step_snaps(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f);
+    uint64_t sb = hello_load(&f, 8); /* slots 1..7 */
+    static const int32_t A[7] = {5, 17, 96, 42, 3, 250, 11};
+    static const int32_t B[3] = {8, 9, 10};
+    static const int32_t C[4] = {20, 21, 22, 23};
+    static const int32_t G[3] = {9, 9, 9}, P[3] = {4, 8, 15}, Q[2] = {1, 2};
+    /* slot 1 holds another sequence (row A's reset drops it), 2 and 6 hold P, 3 and 7 hold Q */
+    (void)step_tok(&f, 1, G, 3, true);
+    (void)step_tok(&f, 2, P, 3, true);
+    (void)step_tok(&f, 6, P, 3, true);
+    (void)step_tok(&f, 3, Q, 2, true);
+    (void)step_tok(&f, 7, Q, 2, true);
+    /* an entry "a5" already there: the snap replaces it */
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_PUT, "a5", 2), WK_OK);
+    wk_msg *s0 = stats(&f);
+
+    srow rows[3] = {
+        {.slot = 1,
+         .toks = A,
+         .n = 7,
+         .reset = true,
+         .sample = true,
+         .n_snaps = 3,
+         .at = {2, 5, 7},
+         .key = {"a2", "a5", "a7"}},
+        {.slot = 2, .toks = B, .n = 3, .sample = true},
+        {.slot = 3, .toks = C, .n = 4, .n_snaps = 2, .at = {1, 3}, .key = {"c1", "c3"}},
+    };
+    wk_msg *r = step_rows(&f, rows, 3);
+    if (r->status != 0)
+        fail_msg("snap step: %s", r->detail);
+    assert_int_equal(r->step_result->n_rows, 3);
+    const Wkvm__RowResult *ra = r->step_result->rows[0], *rb = r->step_result->rows[1],
+                          *rc = r->step_result->rows[2];
+    assert_int_equal(ra->slot, 1);
+    assert_true(ra->sampled);
+    assert_int_equal(ra->snaps_saved, 0x7);
+    assert_true(rb->sampled);
+    assert_int_equal(rb->snaps_saved, 0);
+    assert_false(rc->sampled);
+    assert_int_equal(rc->snaps_saved, 0x3);
+    int32_t ta = ra->token, tb = rb->token;
+    wk_proto_free(r);
+    wk_msg *s1 = stats(&f);
+    assert_int_equal(s1->stats_reply->steps, s0->stats_reply->steps + 1); /* one STEP */
+    assert_int_equal(s1->stats_reply->tokens, s0->stats_reply->tokens + 7 + 3 + 4);
+    wk_proto_free(s0);
+    wk_proto_free(s1);
+
+    /* row A: the prefixes in steps of their own on slot 4, the unsplit row on slot 5 */
+    (void)step_tok(&f, 4, A, 2, true);
+    same_image(&f, 4, NULL, 0, "a2", sb);
+    (void)step_tok(&f, 4, A + 2, 3, false);
+    same_image(&f, 4, NULL, 0, "a5", sb);
+    assert_int_equal(step_tok(&f, 4, A + 5, 2, false), ta);
+    same_image(&f, 4, NULL, 0, "a7", sb);
+    same_image(&f, 4, NULL, 1, NULL, sb);
+    assert_int_equal(step_tok(&f, 5, A, 7, true), ta);
+    same_image(&f, 5, NULL, 1, NULL, sb);
+    /* row B, without snaps: as if alone */
+    assert_int_equal(step_tok(&f, 6, B, 3, false), tb);
+    same_image(&f, 6, NULL, 2, NULL, sb);
+    /* row C continued Q: its prefixes on slot 7 */
+    (void)step_tok(&f, 7, C, 1, false);
+    same_image(&f, 7, NULL, 0, "c1", sb);
+    (void)step_tok(&f, 7, C + 1, 2, false);
+    same_image(&f, 7, NULL, 0, "c3", sb);
+    (void)step_tok(&f, 7, C + 3, 1, false);
+    same_image(&f, 7, NULL, 3, NULL, sb);
+    /* an entry a snap made loads like any other */
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_GET, "a5", 4), WK_OK);
+    same_image(&f, 4, NULL, 0, "a5", sb);
+
+    /* refusals change nothing: slots 1..3, the entries, the counters */
+    size_t n1 = 0, n2 = 0, n3 = 0;
+    wk_err st;
+    uint8_t *b1 = read_slot(&f, 1, NULL, &n1, &st);
+    uint8_t *b2 = read_slot(&f, 2, NULL, &n2, &st);
+    uint8_t *b3 = read_slot(&f, 3, NULL, &n3, &st);
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_PUT, "dup", 2), WK_OK);
+    s0 = stats(&f);
+    srow dup[2] = {
+        {.slot = 1,
+         .toks = A,
+         .n = 7,
+         .reset = true,
+         .sample = true,
+         .n_snaps = 2,
+         .at = {2, 4},
+         .key = {"new", "dup"}},
+        {.slot = 3, .toks = C, .n = 4, .n_snaps = 1, .at = {2}, .key = {"dup"}},
+    };
+    r = step_rows(&f, dup, 2); /* the same key in two rows */
+    assert_int_equal(r->status, WK_EINVAL);
+    assert_non_null(strstr(r->detail, "twice"));
+    wk_proto_free(r);
+    dup[0].key[0] = "dup"; /* ... and in one row */
+    r = step_rows(&f, dup, 1);
+    assert_int_equal(r->status, WK_EINVAL);
+    wk_proto_free(r);
+    srow bad = {.slot = 1,
+                .toks = A,
+                .n = 7,
+                .reset = true,
+                .sample = true,
+                .n_snaps = 2,
+                .at = {0, 3},
+                .key = {"bad0", "bad1"}};
+    step_dropped(&f, &bad, 1); /* at 0 */
+    bad.at[0] = 3;             /* not increasing */
+    step_dropped(&f, &bad, 1);
+    bad.at[0] = 4; /* decreasing */
+    step_dropped(&f, &bad, 1);
+    bad.at[0] = 2;
+    bad.at[1] = 8; /* past the row's 7 tokens */
+    step_dropped(&f, &bad, 1);
+    s1 = stats(&f);
+    assert_int_equal(s1->stats_reply->steps, s0->stats_reply->steps);
+    assert_int_equal(s1->stats_reply->tokens, s0->stats_reply->tokens);
+    wk_proto_free(s0);
+    wk_proto_free(s1);
+    size_t m1 = 0;
+    uint8_t *c1 = read_slot(&f, 1, NULL, &m1, &st);
+    assert_int_equal(m1, n1);
+    assert_memory_equal(c1, b1, n1);
+    free(c1);
+    c1 = read_slot(&f, 3, NULL, &m1, &st);
+    assert_int_equal(m1, n3);
+    assert_memory_equal(c1, b3, n3);
+    free(c1);
+    c1 = read_slot(&f, 0, "dup", &m1, &st); /* the entry of the refused key is intact */
+    assert_int_equal(st, WK_OK);
+    assert_int_equal(m1, n2);
+    assert_memory_equal(c1, b2, n2);
+    free(c1);
+    no_entry(&f, "new");
+    no_entry(&f, "bad0");
+    no_entry(&f, "bad1");
+    free(b1);
+    free(b2);
+    free(b3);
+    fx_close(&f);
+}
+
+/*
+ * A host cache that holds one slot image: the first snap is copied, the
+ * ones after it find the cache full and leave their bits clear, and the
+ * step still succeeds with the row's state and token those of the unsplit
+ * run. Once the entry is dropped the same snap fits again.
+ */
+static void
+test_step_snaps_full(void **state)
+{
+    (void)state;
+    static fx f;
+    /* the fixture's model: L 2, C 32, N 16 (2 heads): 2 * (2 * 32 + 2 * 16 * 16) * 4 bytes */
+    const uint64_t want_sb = 2u * (2u * 32u + 2u * 16u * 16u) * 4u;
+    fx_open_cfg(&f, 0, want_sb + want_sb / 2);
+    uint64_t sb = hello_load(&f, 4);
+    assert_int_equal(sb, want_sb);
+    static const int32_t A[7] = {5, 17, 96, 42, 3, 250, 11};
+    srow row = {.slot = 1,
+                .toks = A,
+                .n = 7,
+                .reset = true,
+                .sample = true,
+                .n_snaps = 3,
+                .at = {1, 3, 7},
+                .key = {"f1", "f3", "f7"}};
+    wk_msg *r = step_rows(&f, &row, 1);
+    if (r->status != 0)
+        fail_msg("snap step: %s", r->detail);
+    assert_int_equal(r->step_result->rows[0]->snaps_saved, 0x1);
+    int32_t ta = r->step_result->rows[0]->token;
+    wk_proto_free(r);
+    no_entry(&f, "f3");
+    no_entry(&f, "f7");
+    assert_int_equal(step_tok(&f, 2, A, 1, true), step_tok(&f, 3, A, 1, true));
+    same_image(&f, 2, NULL, 0, "f1", sb);
+    assert_int_equal(step_tok(&f, 2, A + 1, 6, false), ta);
+    same_image(&f, 2, NULL, 1, NULL, sb);
+    /* room again: the snap at the row's end is copied */
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_DROP, "f1", 0), WK_OK);
+    row.n_snaps = 1;
+    row.at[0] = 7;
+    row.key[0] = "f7";
+    r = step_rows(&f, &row, 1);
+    assert_int_equal(r->status, 0);
+    assert_int_equal(r->step_result->rows[0]->snaps_saved, 0x1);
+    assert_int_equal(r->step_result->rows[0]->token, ta);
+    wk_proto_free(r);
+    same_image(&f, 2, NULL, 0, "f7", sb);
+    fx_close(&f);
+}
+
+/*
+ * A tiny Qwen3.5 text model (hybrid: a Gated DeltaNet layer and a full
+ * attention layer), as test_wrk_qwen35.c builds it: C 16, F 32, vocab 40;
+ * linear 2 key heads and 4 value heads of 4, conv 4; attention 2 query heads,
+ * 1 KV head of 8. Written as dir/model.safetensors and dir/config.json.
+ */
+static void
+hybrid_write(const char *dir)
+{
+    enum { HC = 16, HF = 32, HV = 40, HKD = 8, HVD = 16, HNV = 4, HDA = 8 };
+    static tset s;
+    memset(&s, 0, sizeof(s));
+    char n[160];
+    tset_add(&s, "model.embed_tokens.weight", HV, HC, 0);
+    for (int l = 0; l < 2; l++) {
+#define ADD(suf, a, b, c)                                                                          \
+    do {                                                                                           \
+        snprintf(n, sizeof(n), "model.layers.%d.%s", l, suf);                                      \
+        tset_add(&s, n, a, b, c);                                                                  \
+    } while (0)
+        ADD("input_layernorm.weight", HC, 0, 0);
+        if (l == 0) {
+            ADD("linear_attn.in_proj_qkv.weight", 2 * HKD + HVD, HC, 0);
+            ADD("linear_attn.in_proj_z.weight", HVD, HC, 0);
+            ADD("linear_attn.in_proj_b.weight", HNV, HC, 0);
+            ADD("linear_attn.in_proj_a.weight", HNV, HC, 0);
+            ADD("linear_attn.conv1d.weight", 2 * HKD + HVD, 1, 4);
+            ADD("linear_attn.dt_bias", HNV, 0, 0);
+            ADD("linear_attn.A_log", HNV, 0, 0);
+            ADD("linear_attn.norm.weight", 4, 0, 0);
+            ADD("linear_attn.out_proj.weight", HC, HVD, 0);
+        } else {
+            ADD("self_attn.q_proj.weight", 2 * 2 * HDA, HC, 0);
+            ADD("self_attn.k_proj.weight", HDA, HC, 0);
+            ADD("self_attn.v_proj.weight", HDA, HC, 0);
+            ADD("self_attn.o_proj.weight", HC, 2 * HDA, 0);
+            ADD("self_attn.q_norm.weight", HDA, 0, 0);
+            ADD("self_attn.k_norm.weight", HDA, 0, 0);
+        }
+        ADD("post_attention_layernorm.weight", HC, 0, 0);
+        ADD("mlp.gate_proj.weight", HF, HC, 0);
+        ADD("mlp.up_proj.weight", HF, HC, 0);
+        ADD("mlp.down_proj.weight", HC, HF, 0);
+#undef ADD
+    }
+    tset_add(&s, "model.norm.weight", HC, 0, 0);
+    tset_add(&s, "lm_head.weight", HV, HC, 0);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(tset_write_st(&s, dir), 0);
+    char path[512];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"model_type\":\"qwen3_5_text\",\"vocab_size\":40,\"hidden_size\":16,"
+          "\"intermediate_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":2,"
+          "\"num_key_value_heads\":1,\"head_dim\":8,\"hidden_act\":\"silu\",\"rms_norm_eps\":1e-6,"
+          "\"attention_bias\":false,\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":4,"
+          "\"linear_value_head_dim\":4,\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,"
+          "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0,"
+          "\"partial_rotary_factor\":0.5},\"tie_word_embeddings\":false,"
+          "\"layer_types\":[\"linear_attention\",\"full_attention\"]}",
+          f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/*
+ * Snaps on a hybrid model, whose slot image grows with its context: each
+ * entry has the size of the image at its `at` (slot_bytes + at *
+ * kv_token_bytes) and the bytes of the prefix fed alone; one loaded back
+ * (HOST_GET sizes the slot to it) and continued gives the row's token.
+ */
+static void
+test_step_snaps_hybrid(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f);
+    synth_rmdir(f.model); /* the fixture's RWKV-7 model: not this test's */
+    snprintf(f.model, sizeof(f.model), "%s/hybrid", f.dir); /* (fx_close removes it) */
+    hybrid_write(f.model);
+    wk_proto_free(hello(&f));
+    wk_msg ack = WKVM__ENVELOPE__INIT;
+    ack.kind = WKVM__KIND__HELLO_ACK;
+    send_msg(&f, &ack);
+    Wkvm__LoadModel lm = WKVM__LOAD_MODEL__INIT;
+    lm.model_dir = f.model;
+    lm.n_slots = 4;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__LOAD_MODEL;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_LOAD_MODEL;
+    m.load_model = &lm;
+    wk_msg *r = call(&f, &m);
+    if (r->status != 0)
+        fail_msg("load: %s", r->detail);
+    uint64_t sb = r->model_info->state_bytes, tb = r->model_info->kv_token_bytes;
+    assert_true(tb > 0);
+    wk_proto_free(r);
+    static const int32_t A[7] = {5, 17, 36, 12, 3, 25, 11};
+    srow row = {.slot = 1,
+                .toks = A,
+                .n = 7,
+                .reset = true,
+                .sample = true,
+                .n_snaps = 3,
+                .at = {2, 5, 7},
+                .key = {"h2", "h5", "h7"}};
+    r = step_rows(&f, &row, 1);
+    if (r->status != 0)
+        fail_msg("snap step: %s", r->detail);
+    assert_int_equal(r->step_result->rows[0]->snaps_saved, 0x7);
+    int32_t ta = r->step_result->rows[0]->token;
+    wk_proto_free(r);
+    (void)step_tok(&f, 2, A, 2, true);
+    same_image(&f, 2, NULL, 0, "h2", sb + 2 * tb);
+    (void)step_tok(&f, 2, A + 2, 3, false);
+    same_image(&f, 2, NULL, 0, "h5", sb + 5 * tb);
+    assert_int_equal(step_tok(&f, 2, A + 5, 2, false), ta);
+    same_image(&f, 2, NULL, 0, "h7", sb + 7 * tb);
+    same_image(&f, 2, NULL, 1, NULL, sb + 7 * tb);
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_GET, "h2", 3), WK_OK);
+    same_image(&f, 3, NULL, 0, "h2", sb + 2 * tb);
+    assert_int_equal(step_tok(&f, 3, A + 2, 5, false), ta);
+    same_image(&f, 3, NULL, 1, NULL, sb + 7 * tb);
+    fx_close(&f);
+}
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_serve),
-        cmocka_unit_test(test_refused_hello),
-        cmocka_unit_test(test_link_silence),
+        cmocka_unit_test(test_serve),           cmocka_unit_test(test_refused_hello),
+        cmocka_unit_test(test_link_silence),    cmocka_unit_test(test_step_snaps),
+        cmocka_unit_test(test_step_snaps_full), cmocka_unit_test(test_step_snaps_hybrid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
