@@ -1,16 +1,24 @@
 """Helpers for integration tests: start the real daemons on loopback with a
 temporary data dir, talk HTTP like a client, and clean up every process."""
+import glob
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 
 BUILD = os.environ.get("WKVM_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
+# The workers' backend: cpu, or (the gpu suite) cuda on device 0, where a
+# test without a CUDA device skips (77) before it starts anything.
+BACKEND = os.environ.get("WKVM_TEST_BACKEND", "cpu")
+if BACKEND == "cuda" and not glob.glob("/dev/nvidia[0-9]*"):
+    print("SKIP: WKVM_TEST_BACKEND=cuda and no CUDA device (no /dev/nvidia<N>)", flush=True)
+    sys.exit(77)
 CONTROLD = os.path.join(BUILD, "controld", "wkvm-controld")
 WORKERD = os.path.join(BUILD, "workerd", "wkvm-workerd")
 MKMODEL = os.path.join(BUILD, "tools", "wkvm-mkmodel")
@@ -79,7 +87,7 @@ class Stack:
         self.wait(lambda: self.get("/health").status == 200, "controller /health")
 
     def start_worker(self, wid="w0", extra=()):
-        args = [WORKERD, "--data-dir", self.data, "--id", wid, "--backend", "cpu",
+        args = [WORKERD, "--data-dir", self.data, "--id", wid, "--backend", BACKEND,
                 "--threads", "1"] + list(extra)
         p = subprocess.Popen(args, stdout=self._log(f"worker-{wid}"), stderr=subprocess.STDOUT)
         self.procs.append(p)
