@@ -18,79 +18,23 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "qwen35_synth.h"
 #include "tset_synth.h"
 #include "wrk_gdn.h"
 #include "wrk_model.h"
+
+enum { C = Q35_C, L = Q35_L, F = Q35_F, V = Q35_V, HK = Q35_HK, HV = Q35_HV, DK = Q35_DK };
+enum { KD = Q35_KD, VD = Q35_VD, W = Q35_W, HQ = Q35_HQ, HKV = Q35_HKV, DA = Q35_DA };
+enum { QD = Q35_QD, KVD = Q35_KVD };
+#define TEXT_CFG Q35_TEXT_CFG
+#define KINDS Q35_KINDS
+static const char *const cfg_ok = TEXT_CFG(KINDS);
 
 /*
  * C 16, L 2 (linear, full), F 32, V 40; linear: 2 key heads and 4 value heads
  * of 4 (KD 8, VD 16), conv 4; attention: 2 query heads, 1 KV head of 8,
  * partial_rotary_factor 0.5 (4 rotary dims).
  */
-enum { C = 16, L = 2, F = 32, V = 40, HK = 2, HV = 4, DK = 4, KD = 8, VD = 16, W = 4 };
-enum { HQ = 2, HKV = 1, DA = 8, QD = HQ * DA, KVD = HKV * DA };
-
-#define TEXT_CFG(extra)                                                                            \
-    "{\"model_type\":\"qwen3_5_text\",\"vocab_size\":40,\"hidden_size\":16,"                       \
-    "\"intermediate_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":2,"                  \
-    "\"num_key_value_heads\":1,\"head_dim\":8,\"hidden_act\":\"silu\",\"rms_norm_eps\":1e-6,"      \
-    "\"attention_bias\":false,\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":4,"             \
-    "\"linear_value_head_dim\":4,\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,"         \
-    "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0,"                     \
-    "\"partial_rotary_factor\":0.5},\"tie_word_embeddings\":false" extra "}"
-#define KINDS ",\"layer_types\":[\"linear_attention\",\"full_attention\"]"
-static const char *const cfg_ok = TEXT_CFG(KINDS);
-
-static void
-build(tset *s, const char *pre, bool head, bool extras)
-{
-    memset(s, 0, sizeof(*s));
-    char n[160];
-    snprintf(n, sizeof(n), "%sembed_tokens.weight", pre);
-    tset_add(s, n, V, C, 0);
-    for (int l = 0; l < L; l++) {
-#define ADD(suf, a, b, c)                                                                          \
-    do {                                                                                           \
-        snprintf(n, sizeof(n), "%slayers.%d.%s", pre, l, suf);                                     \
-        tset_add(s, n, a, b, c);                                                                   \
-    } while (0)
-        ADD("input_layernorm.weight", C, 0, 0);
-        if (l == 0) {
-            ADD("linear_attn.in_proj_qkv.weight", 2 * KD + VD, C, 0);
-            ADD("linear_attn.in_proj_z.weight", VD, C, 0);
-            ADD("linear_attn.in_proj_b.weight", HV, C, 0);
-            ADD("linear_attn.in_proj_a.weight", HV, C, 0);
-            ADD("linear_attn.conv1d.weight", 2 * KD + VD, 1, W);
-            ADD("linear_attn.dt_bias", HV, 0, 0);
-            ADD("linear_attn.A_log", HV, 0, 0);
-            ADD("linear_attn.norm.weight", DK, 0, 0);
-            ADD("linear_attn.out_proj.weight", C, VD, 0);
-        } else {
-            ADD("self_attn.q_proj.weight", 2 * QD, C, 0);
-            ADD("self_attn.k_proj.weight", KVD, C, 0);
-            ADD("self_attn.v_proj.weight", KVD, C, 0);
-            ADD("self_attn.o_proj.weight", C, QD, 0);
-            ADD("self_attn.q_norm.weight", DA, 0, 0);
-            ADD("self_attn.k_norm.weight", DA, 0, 0);
-        }
-        ADD("post_attention_layernorm.weight", C, 0, 0);
-        ADD("mlp.gate_proj.weight", F, C, 0);
-        ADD("mlp.up_proj.weight", F, C, 0);
-        ADD("mlp.down_proj.weight", C, F, 0);
-#undef ADD
-    }
-    snprintf(n, sizeof(n), "%snorm.weight", pre);
-    tset_add(s, n, C, 0, 0);
-    if (head)
-        tset_add(s, "lm_head.weight", V, C, 0);
-    if (extras) { /* what wkvm skips: a vision tower and an MTP layer */
-        tset_add(s, "model.visual.patch_embed.proj.weight", 8, 12, 0);
-        tset_add(s, "model.visual.blocks.0.norm1.weight", 8, 0, 0);
-        tset_add(s, "mtp.fc.weight", C, 2 * C, 0);
-        tset_add(s, "mtp.norm.weight", C, 0, 0);
-    }
-}
-
 /* cfg_ok with key set to the JSON text value (caller frees). */
 static char *
 cfg_with(const char *key, const char *value)
@@ -175,7 +119,7 @@ test_text_maps(void **state)
 {
     (void)state;
     static tset s;
-    build(&s, "model.", true, false);
+    qwen35_synth_build(&s, "model.", true, false);
     wk_diag d = {{0}};
     wrk_model *m = NULL;
     if (tset_load(&s, cfg_ok, &m, &d) != WK_OK)
@@ -195,7 +139,7 @@ test_multimodal_skips(void **state)
 {
     (void)state;
     static tset s;
-    build(&s, "model.language_model.", true, true);
+    qwen35_synth_build(&s, "model.language_model.", true, true);
     wk_diag d = {{0}};
     wrk_model *m = NULL;
     static const char cfg[] = "{\"model_type\":\"qwen3_5\",\"text_config\":" TEXT_CFG(
@@ -213,7 +157,7 @@ test_refusals(void **state)
 {
     (void)state;
     static tset s;
-    build(&s, "model.", true, false);
+    qwen35_synth_build(&s, "model.", true, false);
     expect_refused(&s, NULL, WK_EINVAL, "config.json: missing (a Qwen3.5 model needs it)");
     static const struct {
         const char *key, *value;
@@ -258,16 +202,16 @@ test_refusals(void **state)
         free(c);
     }
 
-    build(&s, "model.", true, false);
+    qwen35_synth_build(&s, "model.", true, false);
     tset_drop(&s, "model.layers.0.linear_attn.in_proj_z.weight");
     expect_refused(&s, cfg_ok, WK_EINVAL, "model.layers.0.linear_attn.in_proj_z.weight: missing");
-    build(&s, "model.", true, false);
+    qwen35_synth_build(&s, "model.", true, false);
     tset_drop(&s, "model.layers.1.self_attn.k_norm.weight");
     expect_refused(&s, cfg_ok, WK_EINVAL, "model.layers.1.self_attn.k_norm.weight");
-    build(&s, "model.", true, false);
+    qwen35_synth_build(&s, "model.", true, false);
     tset_reshape(&s, "model.layers.0.linear_attn.in_proj_qkv.weight", 2 * KD + VD + 1, C, 0);
     expect_refused(&s, cfg_ok, WK_EINVAL, "model.layers.0.linear_attn.in_proj_qkv.weight");
-    build(&s, "model.", false, false);
+    qwen35_synth_build(&s, "model.", false, false);
     expect_refused(&s, cfg_ok, WK_EINVAL, "lm_head.weight");
 }
 

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 
 #include "rwkv7_synth.h"
+#include "qwen35_synth.h"
 #include "tset_synth.h"
 #include "wk_nng.h"
 #include "wk_proto.h"
@@ -850,68 +851,19 @@ test_step_snaps_full(void **state)
     fx_close(&f);
 }
 
-/*
- * A tiny Qwen3.5 text model (hybrid: a Gated DeltaNet layer and a full
- * attention layer), as test_wrk_qwen35.c builds it: C 16, F 32, vocab 40;
- * linear 2 key heads and 4 value heads of 4, conv 4; attention 2 query heads,
- * 1 KV head of 8. Written as dir/model.safetensors and dir/config.json.
- */
+/* qwen35_synth.h's tiny Qwen3.5, written as dir/model.safetensors and dir/config.json. */
 static void
 hybrid_write(const char *dir)
 {
-    enum { HC = 16, HF = 32, HV = 40, HKD = 8, HVD = 16, HNV = 4, HDA = 8 };
     static tset s;
-    memset(&s, 0, sizeof(s));
-    char n[160];
-    tset_add(&s, "model.embed_tokens.weight", HV, HC, 0);
-    for (int l = 0; l < 2; l++) {
-#define ADD(suf, a, b, c)                                                                          \
-    do {                                                                                           \
-        snprintf(n, sizeof(n), "model.layers.%d.%s", l, suf);                                      \
-        tset_add(&s, n, a, b, c);                                                                  \
-    } while (0)
-        ADD("input_layernorm.weight", HC, 0, 0);
-        if (l == 0) {
-            ADD("linear_attn.in_proj_qkv.weight", 2 * HKD + HVD, HC, 0);
-            ADD("linear_attn.in_proj_z.weight", HVD, HC, 0);
-            ADD("linear_attn.in_proj_b.weight", HNV, HC, 0);
-            ADD("linear_attn.in_proj_a.weight", HNV, HC, 0);
-            ADD("linear_attn.conv1d.weight", 2 * HKD + HVD, 1, 4);
-            ADD("linear_attn.dt_bias", HNV, 0, 0);
-            ADD("linear_attn.A_log", HNV, 0, 0);
-            ADD("linear_attn.norm.weight", 4, 0, 0);
-            ADD("linear_attn.out_proj.weight", HC, HVD, 0);
-        } else {
-            ADD("self_attn.q_proj.weight", 2 * 2 * HDA, HC, 0);
-            ADD("self_attn.k_proj.weight", HDA, HC, 0);
-            ADD("self_attn.v_proj.weight", HDA, HC, 0);
-            ADD("self_attn.o_proj.weight", HC, 2 * HDA, 0);
-            ADD("self_attn.q_norm.weight", HDA, 0, 0);
-            ADD("self_attn.k_norm.weight", HDA, 0, 0);
-        }
-        ADD("post_attention_layernorm.weight", HC, 0, 0);
-        ADD("mlp.gate_proj.weight", HF, HC, 0);
-        ADD("mlp.up_proj.weight", HF, HC, 0);
-        ADD("mlp.down_proj.weight", HC, HF, 0);
-#undef ADD
-    }
-    tset_add(&s, "model.norm.weight", HC, 0, 0);
-    tset_add(&s, "lm_head.weight", HV, HC, 0);
+    qwen35_synth_build(&s, "model.", true, false);
     assert_int_equal(mkdir(dir, 0700), 0);
     assert_int_equal(tset_write_st(&s, dir), 0);
     char path[512];
     snprintf(path, sizeof(path), "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"model_type\":\"qwen3_5_text\",\"vocab_size\":40,\"hidden_size\":16,"
-          "\"intermediate_size\":32,\"num_hidden_layers\":2,\"num_attention_heads\":2,"
-          "\"num_key_value_heads\":1,\"head_dim\":8,\"hidden_act\":\"silu\",\"rms_norm_eps\":1e-6,"
-          "\"attention_bias\":false,\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":4,"
-          "\"linear_value_head_dim\":4,\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,"
-          "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0,"
-          "\"partial_rotary_factor\":0.5},\"tie_word_embeddings\":false,"
-          "\"layer_types\":[\"linear_attention\",\"full_attention\"]}",
-          f);
+    fputs(qwen35_synth_cfg, f);
     assert_int_equal(fclose(f), 0);
 }
 
