@@ -22,12 +22,20 @@ OUT=${1:-$SRC/.gpu}
 BUILD=$SRC/build-gpu
 ARCH=${WKVM_NVCC_ARCH:-90}
 
-if [ ! -f "$BUILD/build.ninja" ]; then
-    meson setup "$BUILD" "$SRC" -Dcuda=enabled -Dbuildtype=release -Dnvcc_arch="$ARCH" \
-        -Dfuzz=disabled >/dev/null
+LOG=$(mktemp /tmp/wkvm-gpu-pack.XXXXXX.log)
+quiet() { # CMD...: its output to $LOG, shown when it fails
+    "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; echo "gpu-pack.sh: failed: $*" >&2; exit 1; }
+}
+if [ -f "$BUILD/build.ninja" ]; then
+    quiet meson configure "$BUILD" -Dcuda=enabled -Dbuildtype=release -Dnvcc_arch="$ARCH" \
+        -Dfuzz=disabled
+else
+    quiet meson setup "$BUILD" "$SRC" -Dcuda=enabled -Dbuildtype=release -Dnvcc_arch="$ARCH" \
+        -Dfuzz=disabled
 fi
-ninja -C "$BUILD" >/dev/null
+quiet ninja -C "$BUILD"
 meson introspect --tests "$BUILD" >"$BUILD/gpu-tests.json"
+rm -f "$LOG"
 
 stage=$(mktemp -d /tmp/wkvm-gpu-pack.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
@@ -41,9 +49,9 @@ while IFS= read -r -d '' f; do
     cp "$BUILD/$f" "$stage/build-gpu/$f"
 done
 # their libraries, but the C library, the C++ runtime and CUDA's own
-find "$stage/build-gpu" -type f -perm -u+x ! -name '*.json' -exec ldd {} + 2>/dev/null |
+{ find "$stage/build-gpu" -type f -perm -u+x ! -name '*.json' -exec ldd {} + 2>/dev/null || true; } |
     awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
-    grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/usr/local/cuda|libcud|libcublas|libnccl' |
+    { grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*)\.so|/usr/local/cuda|libcud|libcublas|libnccl' || true; } |
     while read -r l; do cp -L "$l" "$stage/lib/"; done
 mkdir -p "$OUT"
 tar -C "$stage" -cJf "$OUT/pack.tar.xz" build-gpu lib

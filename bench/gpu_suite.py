@@ -13,13 +13,18 @@ Usage: gpu_suite.py TESTS_JSON OUTDIR [--jobs N] [--budget SECONDS]
                     [--python EXE] [--only SUBSTR]
 
 --python replaces the interpreter meson found at configure time (the
-build machine's) with the one to use here. Exit status: 0 when every test
-passed or skipped for want of a second device (nccl_pair), 1 otherwise.
+build machine's) with the one to use here. Tests meson may run in parallel
+run --jobs at a time, then the others alone; each runs in a session of its
+own, killed whole at its timeout (the daemons an integration test started
+with it). A test the budget leaves no time for is recorded NOT RUN. Exit
+status: 0 when every test passed or skipped for want of a second device
+(nccl_pair), 1 otherwise (an empty list too).
 """
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -47,9 +52,16 @@ def main():
     t_end = time.monotonic() + a.budget
     lock = threading.Lock()
     results = []
-    queue = list(tests)
     out_path = os.path.join(a.outdir, "gpu-suite.jsonl")
     open(out_path, "w").close()
+
+    def record(r):
+        with lock:
+            results.append(r)
+            with open(out_path, "a") as f:
+                f.write(json.dumps(r) + "\n")
+        print("gpu_suite: %-22s %-7s %6.1fs" % (r["name"], r["result"], r["seconds"]),
+              file=sys.stderr, flush=True)
 
     def run_one(t):
         cmd = list(t["cmd"])
@@ -58,51 +70,53 @@ def main():
         env = dict(os.environ)
         env.update(t.get("env") or {})
         left = t_end - time.monotonic()
-        limit = min(float(t.get("timeout") or 300), max(left, 1.0))
+        if left <= 0:
+            record({"name": t["name"], "result": "NOT RUN", "rc": None, "seconds": 0,
+                    "tail": ["suite budget spent"]})
+            return
+        limit = min(float(t.get("timeout") or 300), left)
         log_path = os.path.join(a.outdir, "test-%s.log" % t["name"])
         t0 = time.monotonic()
         with open(log_path, "w") as log:
             try:
-                p = subprocess.run(cmd, cwd=t.get("workdir") or build_dir, env=env,
-                                   stdout=log, stderr=subprocess.STDOUT, timeout=limit)
-                rc = p.returncode
-                res = {0: "OK", 77: "SKIP"}.get(rc, "FAIL")
-            except subprocess.TimeoutExpired:
-                rc, res = -1, "TIMEOUT"
+                # a session of its own: a timeout ends the daemons a test started too
+                p = subprocess.Popen(cmd, cwd=t.get("workdir") or build_dir, env=env,
+                                     stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+                try:
+                    rc = p.wait(timeout=limit)
+                    res = {0: "OK", 77: "SKIP"}.get(rc, "FAIL")
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                    rc, res = -1, "TIMEOUT"
             except OSError as e:
                 log.write("cannot run: %s\n" % e)
                 rc, res = -2, "FAIL"
         with open(log_path, errors="replace") as log:
             tail = log.read().strip().splitlines()[-3:]
-        r = {"name": t["name"], "result": res, "rc": rc,
-             "seconds": round(time.monotonic() - t0, 1), "tail": tail}
-        with lock:
-            results.append(r)
-            with open(out_path, "a") as f:
-                f.write(json.dumps(r) + "\n")
-        print("gpu_suite: %-22s %-7s %6.1fs" % (r["name"], res, r["seconds"]), file=sys.stderr,
-              flush=True)
+        record({"name": t["name"], "result": res, "rc": rc,
+                "seconds": round(time.monotonic() - t0, 1), "tail": tail})
 
-    def worker():
+    def worker(queue):
         while True:
             with lock:
                 if not queue:
                     return
                 t = queue.pop(0)
-            if time.monotonic() >= t_end:
-                with lock:
-                    results.append({"name": t["name"], "result": "NOT RUN", "rc": None,
-                                    "seconds": 0, "tail": ["suite budget spent"]})
-                continue
             run_one(t)
 
-    threads = [threading.Thread(target=worker) for _ in range(max(1, a.jobs))]
+    # meson's is_parallel: those tests several at once, then the others one by one
+    par = [t for t in tests if t.get("is_parallel", True)]
+    threads = [threading.Thread(target=worker, args=(par,)) for _ in range(max(1, a.jobs))]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    ok = all(r["result"] == "OK" or (r["result"] == "SKIP" and r["name"] == "nccl_pair")
-             for r in results)
+    worker([t for t in tests if not t.get("is_parallel", True)])
+    ok = bool(results) and all(
+        r["result"] == "OK" or (r["result"] == "SKIP" and r["name"] == "nccl_pair")
+        for r in results)
     return 0 if ok else 1
 
 

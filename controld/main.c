@@ -548,8 +548,9 @@ out:
     ctl_ckpt_flush(app->ckpt);
     if (app->vm != NULL)
         ctl_vm_flush(app->vm);
-    ctl_ckpt_free(app->ckpt);
+    /* the step loops first: a step in flight ends in ctl_ckpt's in-step checkpoint hook */
     ctl_sched_free(app->sched);
+    ctl_ckpt_free(app->ckpt);
     ctl_vm_free(app->vm);
     ctl_resid_dir_free(app->resid);
     ctl_store_close(app->store);

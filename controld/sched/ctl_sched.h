@@ -118,8 +118,8 @@ typedef struct ctl_sample_spec {
  * another error: the step failed. Both run on the step loop thread without
  * scheduler locks; snap_begin like ckpt (ctl_job_free() waits for it), but
  * snap_end after the job may have been freed (a freed job does not wait for
- * its step), so it gets snap_arg, which must outlive the scheduler's jobs,
- * never arg.
+ * its step), so it gets snap_arg, which must outlive the scheduler's step
+ * loops (ctl_sched_free() stops them), never arg.
  */
 typedef wk_err (*ctl_sched_load_fn)(void *arg, const ctl_slot_ref *slot, wk_diag *d);
 typedef void (*ctl_sched_ckpt_fn)(void *arg, const ctl_slot_ref *slot, size_t pos);
@@ -137,7 +137,7 @@ typedef struct ctl_sched_reuse {
     ctl_sched_ckpt_fn ckpt;  /* NULL: no checkpoints (but with snap_begin) */
     ctl_sched_snap_begin_fn snap_begin; /* NULL: checkpoints end chunks, ckpt copies them */
     ctl_sched_snap_end_fn snap_end;     /* with snap_begin */
-    void *snap_arg;                     /* snap_end's (outlives every job) */
+    void *snap_arg;                     /* snap_end's (outlives the step loops) */
     void *arg;                          /* passed to the others */
 } ctl_sched_reuse;
 

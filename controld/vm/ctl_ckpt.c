@@ -1235,6 +1235,9 @@ ckpt_plan_snap_begin(void *arg, const ctl_slot_ref *slot, size_t pos,
 {
     ctl_ckpt_plan *p = arg;
     ctl_ckpt *c = p->c;
+    uint64_t cap = ctl_pool_worker_host_cache(c->pool, slot->worker);
+    if (cap == 0)
+        return false; /* (no warm tier on that worker: every copy would be refused) */
     ckpt_snap *sn = malloc(sizeof(*sn));
     if (sn == NULL)
         return false;
@@ -1255,13 +1258,12 @@ ckpt_plan_snap_begin(void *arg, const ctl_slot_ref *slot, size_t pos,
      * make one copy refused, room is made after it for the next
      * (ckpt_plan_snap_end).
      */
-    uint64_t cap = ctl_pool_worker_host_cache(c->pool, slot->worker);
     pthread_mutex_lock(&c->mu);
     sn->e->bytes = sn->bytes;
     sn->e->snapping = true;
     uint64_t used = ckpt_warm_on_locked(c, slot->worker) + ckpt_snapping_on_locked(c, slot->worker);
     pthread_mutex_unlock(&c->mu);
-    uint64_t excess = cap > 0 && used > cap ? used - cap : 0, freed = 0, f = 0;
+    uint64_t excess = used > cap ? used - cap : 0, freed = 0, f = 0;
     for (unsigned t = 0;
          freed < excess && t < CKPT_ROOM_TRIES && (f = ckpt_warm_room(c, slot->worker, sn->e)) > 0;
          t++)

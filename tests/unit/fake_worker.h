@@ -40,6 +40,8 @@
 #define FW_MAX_LOG 4096   /* logged step rows */
 #define FW_MAX_HOST 64    /* warm-tier entries */
 #define FW_STATE_BYTES 64 /* bytes of one slot image */
+/* the warm-tier capacity it reports (Hello, Stats): its whole table (host_cap aside) */
+#define FW_HOST_CACHE_BYTES ((uint64_t)FW_MAX_HOST * FW_STATE_BYTES)
 #define FW_FP "00000000000000000000000000000000000000000000000000000000000fa4e0"
 
 typedef struct fw_state {
@@ -301,6 +303,7 @@ fw_handle(fake_worker *w, const wk_msg *req)
     case WKVM__KIND__STATS: {
         Wkvm__StatsReply s = WKVM__STATS_REPLY__INIT;
         s.slots_total = w->n_slots;
+        s.host_cache_bytes = FW_HOST_CACHE_BYTES;
         s.model_loaded = true;
         s.model_fingerprint = FW_FP;
         s.load_permille = 1000;
@@ -448,6 +451,7 @@ fw_main(void *arg)
     h.device = "fake";
     h.device_mem_bytes = 1ull << 30;
     h.protocol_version = WK_PROTO_VERSION;
+    h.host_cache_bytes = FW_HOST_CACHE_BYTES;
     h.pid = (uint32_t)getpid();
     h.hostname = "fake";
     h.model_dir = "/fake";

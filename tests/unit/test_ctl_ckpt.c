@@ -109,9 +109,9 @@ static void
 fx_close(fx *f)
 {
     ctl_vm_flush(f->vm); /* (stops ctl_vm's cleaner, which calls ctl_ckpt_live) */
+    ctl_sched_free(f->sched); /* (a step in flight ends in ctl_ckpt's hook: main.c's order) */
     ctl_ckpt_free(f->ckpt);
     ctl_vm_free(f->vm);
-    ctl_sched_free(f->sched);
     ctl_resid_dir_free(f->resid);
     ctl_pool_stop(f->pool); /* no heartbeat in flight as the worker's link closes */
     fw_stop(&f->w);
@@ -125,7 +125,7 @@ fx_close(fx *f)
 typedef struct turn {
     size_t hit_len; /* tokens the plan resumed */
     size_t prefill; /* tokens the job fed before it sampled (its steps up to the first
-                       sampling row: checkpoint positions split them) */
+                       sampling row: with step cuts, checkpoint positions split them) */
     size_t first;   /* tokens of its first step */
     int32_t gen[8]; /* sampled tokens */
 } turn;

@@ -262,6 +262,7 @@ test_serve(void **state)
     wk_msg *h = hello(&f);
     assert_string_equal(h->hello->worker_id, "w9");
     assert_int_equal(h->hello->protocol_version, WK_PROTO_VERSION);
+    assert_int_equal(h->hello->host_cache_bytes, 1 << 20); /* (the controller sizes copies by it) */
     assert_false(h->hello->model_loaded);
     wk_proto_free(h);
     wk_msg ack = WKVM__ENVELOPE__INIT;
@@ -308,6 +309,7 @@ test_serve(void **state)
     r = call(&f, &m);
     assert_int_equal(r->kind, WKVM__KIND__STATS_REPLY);
     assert_int_equal(r->stats_reply->slots_total, 2);
+    assert_int_equal(r->stats_reply->host_cache_bytes, 1 << 20);
     assert_true(r->stats_reply->model_loaded);
     wk_proto_free(r);
 
