@@ -962,17 +962,28 @@ wrk_host_drop(wrk_worker *w, const char *key)
  * must be valid (wrk_slot_ok). WK_ENOSPC past host_cache_bytes, WK_ENOMEM,
  * or the backend's slot_read error; the tier is unchanged but for the
  * dropped entry on failure. Used by HOST_PUT and by a STEP row's snaps.
+ *
+ * With tail (a snap), only the slot's fixed part is read now and *tail is
+ * the new entry, whose KV part [slot_bytes, len) the caller reads before
+ * the worker takes its next message (wrk_host_tail): a hybrid image is its
+ * fixed part then its KV token by token, and the tokens before the snap's
+ * stay as they are while the step goes on, so the entry's bytes are the
+ * same, and the bulk of the copy (a long context's KV) waits until the
+ * step's result is sent.
  */
 static wk_err
-wrk_host_put(wrk_worker *w, uint32_t slot, const char *key)
+wrk_host_put(wrk_worker *w, uint32_t slot, const char *key, wrk_host_entry **tail)
 {
     (void)wrk_host_drop(w, key);
     uint64_t len = wrk_slot_size(w, slot);
     if (w->host_bytes + len > w->cfg.host_cache_bytes)
         return WK_ENOSPC;
+    uint64_t now = len, fixed = w->cfg.backend->slot_bytes(w->be);
+    if (tail != NULL && fixed < len)
+        now = fixed;
     wrk_host_entry *e = calloc(1, sizeof(*e));
     uint8_t *bytes = malloc(len ? len : 1);
-    wk_err err = e && bytes ? w->cfg.backend->slot_read(w->be, slot, 0, bytes, len) : WK_ENOMEM;
+    wk_err err = e && bytes ? w->cfg.backend->slot_read(w->be, slot, 0, bytes, now) : WK_ENOMEM;
     if (err != WK_OK) {
         free(e);
         free(bytes);
@@ -984,7 +995,25 @@ wrk_host_put(wrk_worker *w, uint32_t slot, const char *key)
     e->next = w->host;
     w->host = e;
     w->host_bytes += len;
+    if (tail != NULL)
+        *tail = now < len ? e : NULL;
     return WK_OK;
+}
+
+/*
+ * Reads the rest of entry e (wrk_host_put's tail) from slot; on failure the
+ * entry goes (the controller then finds no warm copy: a recompute, never a
+ * wrong state).
+ */
+static void
+wrk_host_tail(wrk_worker *w, uint32_t slot, wrk_host_entry *e)
+{
+    uint64_t fixed = w->cfg.backend->slot_bytes(w->be);
+    wk_err err = w->cfg.backend->slot_read(w->be, slot, fixed, e->bytes + fixed, e->len - fixed);
+    if (err != WK_OK) {
+        wk_log_warn("slot %u: snap %s not copied: %s", slot, e->key, wk_strerror(err));
+        (void)wrk_host_drop(w, e->key);
+    }
 }
 
 /* HOST_PUT / HOST_GET / HOST_DROP: the warm tier in this process's memory. */
@@ -1021,7 +1050,7 @@ wrk_handle_host(wrk_worker *w, const wk_msg *req)
         return;
     }
     /* HOST_PUT: replace any entry of that key; refuse past the budget. */
-    wk_err err = wrk_host_put(w, h->slot, h->key);
+    wk_err err = wrk_host_put(w, h->slot, h->key, NULL);
     wrk_reply_status(w, req, WKVM__KIND__ACK, err,
                      err == WK_OK       ? ""
                      : err == WK_ENOSPC ? "host cache full"
@@ -1033,6 +1062,7 @@ typedef struct wrk_row_prog {
     uint32_t done;  /* the row's tokens fed so far */
     uint32_t snap;  /* index of its next snap */
     uint32_t saved; /* RowResult.snaps_saved: bit k, snaps[k] copied */
+    wrk_host_entry *tail[WK_PROTO_ROW_SNAPS_MAX]; /* entries whose KV is read after the reply */
 } wrk_row_prog;
 
 static int
@@ -1084,7 +1114,7 @@ static void
 wrk_step_snap(wrk_worker *w, const Wkvm__StepRow *sr, wrk_row_prog *pg)
 {
     uint32_t k = pg->snap++;
-    wk_err err = wrk_host_put(w, sr->slot, sr->snaps[k]->host_key);
+    wk_err err = wrk_host_put(w, sr->slot, sr->snaps[k]->host_key, &pg->tail[k]);
     if (err == WK_OK)
         pg->saved |= 1u << k;
     else if (err != WK_ENOSPC)
@@ -1350,6 +1380,11 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
     r.payload_case = WKVM__ENVELOPE__PAYLOAD_STEP_RESULT;
     r.step_result = &sres;
     wrk_send(w, &r);
+    /* the snaps' KV parts, now that the result is on its way (before any next message) */
+    for (size_t i = 0; i < n && n_snaps > 0; i++)
+        for (size_t k = 0; k < st->rows[i]->n_snaps; k++)
+            if (pg[i].tail[k] != NULL)
+                wrk_host_tail(w, st->rows[i]->slot, pg[i].tail[k]);
 done:
     if (err != WK_OK) {
         if (pg != NULL)
