@@ -90,14 +90,18 @@ typedef struct flood {
 /*
  * LeakSanitizer's hook (read only in the ASan build): libnng 1.5.2 drops the
  * messages still queued in a socket it closes without freeing them (fixed
- * upstream by dcb89245); a flood closed mid-stream always has some. Only the
- * copies nng_send() made are excused, never a message this code owns.
+ * upstream by dcb89245); a flood closed mid-stream always has some: the
+ * copies nng_send() made, and (now and then, seen in CI) a message its own
+ * receive thread had just allocated for the closing pipe, whose stack holds
+ * libnng's frames only (Debian's library has no symbols to name them). So
+ * what libnng allocated is excused in this test, whose code owns no
+ * message (test_wk_nng only opens, floods and closes links).
  */
 const char *__lsan_default_suppressions(void);
 const char *
 __lsan_default_suppressions(void)
 {
-    return "leak:nng_send\n";
+    return "leak:nng_send\nleak:libnng.so\n";
 }
 
 /* The controller's heartbeats, much faster: a message every 100 us. */
