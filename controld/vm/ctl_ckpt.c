@@ -1211,13 +1211,17 @@ ckpt_plan_ckpt(void *arg, const ctl_slot_ref *slot, size_t pos)
               false);
 }
 
-/* Bytes of the images being copied into worker's warm tier inside a step. Caller holds mu. */
+/*
+ * Bytes worker's warm tier holds for this index and the images being copied
+ * into it inside steps, in one walk. Caller holds mu.
+ */
 static uint64_t
-ckpt_snapping_on_locked(ctl_ckpt *c, const char *worker)
+ckpt_held_on_locked(ctl_ckpt *c, const char *worker)
 {
     uint64_t b = 0;
     for (ckpt_entry *e = c->entries; e != NULL; e = e->next)
-        b += e->saving && e->snapping && strcmp(e->worker, worker) == 0 ? e->bytes : 0;
+        b += (e->warm || (e->saving && e->snapping)) && strcmp(e->worker, worker) == 0 ? e->bytes
+                                                                                      : 0;
     return b;
 }
 
@@ -1261,7 +1265,7 @@ ckpt_plan_snap_begin(void *arg, const ctl_slot_ref *slot, size_t pos,
     pthread_mutex_lock(&c->mu);
     sn->e->bytes = sn->bytes;
     sn->e->snapping = true;
-    uint64_t used = ckpt_warm_on_locked(c, slot->worker) + ckpt_snapping_on_locked(c, slot->worker);
+    uint64_t used = ckpt_held_on_locked(c, slot->worker);
     pthread_mutex_unlock(&c->mu);
     uint64_t excess = used > cap ? used - cap : 0, freed = 0, f = 0;
     for (unsigned t = 0;
