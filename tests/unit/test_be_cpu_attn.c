@@ -20,7 +20,7 @@
 #include "isa_hw.h"
 
 #define PT 16u     /* tokens per page */
-#define NPAGES 24u /* pool pages */
+#define NPAGES 64u /* pool pages (1,024 positions: several V-sum spans of 256) */
 #define HKV 2u     /* KV heads in a token row */
 
 typedef struct pool {
@@ -58,7 +58,7 @@ pool_init(pool *p, uint32_t Da, uint32_t n)
     for (size_t i = 0; i < floats; i++)
         p->kv.pool[i] = NAN; /* every byte the slot does not hold: a read of it shows */
     for (uint32_t i = 0; i < NPAGES; i++)
-        p->pages[i] = (i * 7 + 3) % NPAGES; /* 7 is prime to 24: a permutation */
+        p->pages[i] = (i * 7 + 3) % NPAGES; /* 7 is prime to 64: a permutation */
     assert_true(n <= NPAGES * PT);
     for (uint32_t pos = 0; pos < n; pos++) {
         float *row = p->kv.pool + ((size_t)p->pages[pos / PT] * PT + pos % PT) * p->kv.tok_floats;
@@ -154,7 +154,8 @@ ref_query(pool *p, uint32_t g, const float *q, uint32_t nn, float scale, double 
  * The shapes: head dims with and without vector tails (not a multiple of 4,
  * of 16, past one register tile of dims), blocks of 1..64 queries (up to 4:
  * the decode kernels; a query alone there, in a block the lanes-over-queries
- * ones, with lane groups of one vector and of two).
+ * ones, with lane groups of one vector and of two), contexts of one page to
+ * 1,024 positions.
  */
 static const struct {
     uint32_t Da, pos0, nt, nh;
@@ -163,6 +164,9 @@ static const struct {
     {128, 200, 8, 8}, {128, 300, 1, 2}, {24, 150, 64, 1}, {128, 64, 16, 4}, {8, 0, 21, 3},
     {18, 33, 2, 2},   {130, 70, 5, 4},  {6, 10, 4, 1},   {130, 90, 1, 4}, {258, 3, 9, 2},
     {64, 20, 1, 8},   {40, 9, 5, 2},    {72, 3, 20, 2},  {33, 7, 5, 1},   {96, 40, 40, 1},
+    /* long contexts: several spans of the V sums, a block across a span's end, the lane
+       groups' last positions on both sides of it, a partial last span */
+    {64, 700, 20, 2}, {40, 500, 33, 1}, {128, 250, 12, 2}, {24, 1000, 24, 1}, {130, 767, 2, 16},
 };
 
 static void

@@ -90,28 +90,48 @@ ATT_NAME(att_scores_page)(const float *qt, const float *k, size_t tf, uint32_t m
 /*
  * o~[dd][lane] for dd < dg dims at v (the page rows' V + the chunk's first
  * dim) and the nv vectors of lanes at e (the exps, rows of QMAX): the fma
- * chain over the positions j < nmax in order, in the lanes whose nn > j
- * (nn: the lanes' positions; every lane has nn >= nmin), into out[dd *
- * QMAX + lane].
+ * chain over the positions jlo <= j < nmax in order (jlo a multiple of the
+ * page size), in the lanes whose nn > j (nn: the lanes' positions; every
+ * lane has nn >= nmin), into out[dd * QMAX + lane], from +0 when jlo is 0,
+ * else on from what out holds (the chain's value after position jlo - 1:
+ * stored and loaded as the fp32 it is, so a chain cut in spans has the
+ * bits of one run).
  */
 static inline ATT_TGT __attribute__((always_inline)) void
 ATT_NAME(att_pv)(const be_kv *kv, const uint32_t *pages, size_t voff, const float *e,
-                 const int32_t *nn, uint32_t nmin, uint32_t nmax, float *out, const int nv,
-                 const int dg)
+                 const int32_t *nn, uint32_t nmin, uint32_t jlo, uint32_t nmax, uint32_t nend,
+                 float *out, const int nv, const int dg)
 {
     const uint32_t PT = kv->page_tokens;
     const size_t tf = kv->tok_floats, page_floats = (size_t)PT * tf;
     ATT_V acc[ATT_ACC];
     ATT_NN nnv[ATT_G];
-    _Pragma("GCC unroll 16") for (int x = 0; x < dg * nv; x++) acc[x] = ATT_ZERO();
+    if (jlo == 0) {
+        _Pragma("GCC unroll 16") for (int x = 0; x < dg * nv; x++) acc[x] = ATT_ZERO();
+    } else {
+        _Pragma("GCC unroll 16") for (int dd = 0; dd < dg; dd++)
+        {
+            _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) acc[dd * nv + z] =
+                ATT_LD(out + (size_t)dd * BE_CPU_ATTN_QMAX + z * ATT_W);
+        }
+    }
     _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) nnv[z] = ATT_NN_LD(nn + z * ATT_W);
-    for (uint32_t j0 = 0; j0 < nmax; j0 += PT) {
+    for (uint32_t j0 = jlo; j0 < nmax; j0 += PT) {
         const float *base = kv->pool + (size_t)pages[j0 / PT] * page_floats + voff;
         const uint32_t m = nmax - j0 < PT ? nmax - j0 : PT;
         const uint32_t all = nmin <= j0 ? 0 : (nmin - j0 < m ? nmin - j0 : m);
+        /* these dims of the rows ATT_PV_AHEAD pages on, while they last: a row is 2 KiB and
+           more apart, so the hardware's stream prefetch (within 4 KiB) leaves each miss to
+           memory exposed */
+        const uint32_t ja = j0 + ATT_PV_AHEAD * PT;
+        const float *pf = ja < nend ? kv->pool + (size_t)pages[ja / PT] * page_floats + voff
+                                    : NULL;
+        const uint32_t mpf = pf == NULL ? 0 : (nend - ja < m ? nend - ja : m);
         uint32_t r = 0;
         for (; r < all; r++) {
             const float *er = e + (size_t)(j0 + r) * BE_CPU_ATTN_QMAX, *vr = base + r * tf;
+            if (r < mpf)
+                __builtin_prefetch(pf + r * tf, 0, 3);
             ATT_V a[ATT_G];
             _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) a[z] = ATT_LD(er + z * ATT_W);
             _Pragma("GCC unroll 16") for (int dd = 0; dd < dg; dd++)
@@ -124,6 +144,8 @@ ATT_NAME(att_pv)(const be_kv *kv, const uint32_t *pages, size_t voff, const floa
         for (; r < m; r++) {
             const uint32_t j = j0 + r;
             const float *er = e + (size_t)j * BE_CPU_ATTN_QMAX, *vr = base + r * tf;
+            if (r < mpf)
+                __builtin_prefetch(pf + r * tf, 0, 3);
             ATT_V a[ATT_G];
             _Pragma("GCC unroll 4") for (int z = 0; z < nv; z++) a[z] = ATT_LD(er + z * ATT_W);
             _Pragma("GCC unroll 16") for (int dd = 0; dd < dg; dd++)
@@ -168,48 +190,52 @@ ATT_NAME(att_scores_nv)(const float *qt, const float *k, size_t tf, uint32_t m, 
     }
 }
 
-/* All dims of the lanes' outputs, dg at a time while they last, then 8, 4, 2, then one by one. */
+/*
+ * All dims of the lanes' outputs for the positions jlo..jhi-1 (att_pv; nend:
+ * the lanes' last position + 1), dg at a time while they last, then 8, 4, 2,
+ * then one by one.
+ */
 static inline ATT_TGT __attribute__((always_inline)) void
 ATT_NAME(att_pv_dims)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_t Da,
-                      const float *e, const int32_t *nn, uint32_t nmin, uint32_t nmax,
-                      float *out, const int nv)
+                      const float *e, const int32_t *nn, uint32_t nmin, uint32_t jlo,
+                      uint32_t jhi, uint32_t nend, float *out, const int nv)
 {
     const int dg = ATT_ACC / nv;
     uint32_t d = 0;
     for (; d + (uint32_t)dg <= Da; d += (uint32_t)dg)
-        ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, nmax,
+        ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, jlo, jhi, nend,
                          out + (size_t)d * BE_CPU_ATTN_QMAX, nv, dg);
     _Pragma("GCC unroll 4") for (int h = 8; h > 1; h /= 2) /* the rest: 8, 4, 2 dims a pass */
     {
         if (h < dg && d + (uint32_t)h <= Da) {
-            ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, nmax,
+            ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, jlo, jhi, nend,
                              out + (size_t)d * BE_CPU_ATTN_QMAX, nv, h);
             d += (uint32_t)h;
         }
     }
     for (; d < Da; d++)
-        ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, nmax,
+        ATT_NAME(att_pv)(kv, pages, voff + d, e, nn, nmin, jlo, jhi, nend,
                          out + (size_t)d * BE_CPU_ATTN_QMAX, nv, 1);
 }
 
 static ATT_TGT void
 ATT_NAME(att_pv_nv)(const be_kv *kv, const uint32_t *pages, size_t voff, uint32_t Da,
-                    const float *e, const int32_t *nn, uint32_t nmin, uint32_t nmax, float *out,
-                    int nv)
+                    const float *e, const int32_t *nn, uint32_t nmin, uint32_t jlo, uint32_t jhi,
+                    uint32_t nend, float *out, int nv)
 {
     switch (nv) {
     case 1:
-        ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, nmax, out, 1);
+        ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, jlo, jhi, nend, out, 1);
         break;
     case 2:
-        ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, nmax, out, 2);
+        ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, jlo, jhi, nend, out, 2);
         break;
 #if ATT_G >= 3
     case 3:
-        ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, nmax, out, 3);
+        ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, jlo, jhi, nend, out, 3);
         break;
     case 4:
-        ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, nmax, out, 4);
+        ATT_NAME(att_pv_dims)(kv, pages, voff, Da, e, nn, nmin, jlo, jhi, nend, out, 4);
         break;
 #endif
     default:
