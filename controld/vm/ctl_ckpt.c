@@ -22,7 +22,9 @@
 #define CKPT_MAX_WORKERS 64 /* workers whose warm tiers are budgeted (the scheduler's maximum) */
 #define CKPT_HOST_PREFIX "ck:"
 #define CKPT_KV_PREFIX "ckpt:"
-#define CKPT_META_VERSION "wkvm-ckpt-meta-v1"
+#define CKPT_META_VERSION "wkvm-ckpt-meta-v1"  /* a disk record holding a whole image */
+#define CKPT_META_VERSION2 "wkvm-ckpt-meta-v2" /* one holding its KV past its base's */
+#define CKPT_CHAIN_MAX 16u /* disk records a chain of KV tails reads back at most (ckpt_disk_image) */
 #define CKPT_FS_RESERVE_PCT 10u      /* disk checkpoints leave this much of the filesystem free */
 #define CKPT_WT_RETRY_MS 5000u       /* write-through pauses this long after a failed write */
 #define CKPT_ROOM_TRIES 64u          /* warm copies a refused checkpoint may displace */
@@ -54,6 +56,15 @@ typedef struct ckpt_entry {
                                          * demotion's disk write first): not live from the
                                          * warm tier meanwhile (ctl_ckpt_live) */
     bool doomed;                        /* cleared while pinned: removed at the last unpin */
+    char lin[WK_SHA256_HEX_LEN];        /* the checkpoint its state was resumed from, "" = none
+                                           known: its KV rows below lin_n are that one's bytes */
+    size_t lin_n;                       /* that checkpoint's tokens */
+    char base[WK_SHA256_HEX_LEN];       /* disk: the record holding its KV rows below base_n,
+                                           "" = its record is the whole image */
+    size_t base_n;                      /* tokens of KV its record leaves to base's chain */
+    uint8_t depth;                      /* records below its own in that chain */
+    uint32_t deps;                      /* disk records whose base it is (it stays on disk) */
+    uint64_t dbytes;                    /* bytes of its disk record (cold) */
     uint32_t pins;                      /* lookups using it */
     uint64_t used;                      /* LRU clock at the last use */
     struct ckpt_entry *next;            /* all entries */
@@ -268,6 +279,20 @@ ckpt_gone_locked(ctl_ckpt *c, const ckpt_entry *e)
     ctl_vm_backing_gone(c->vm, e->key);
 }
 
+/* e's disk record goes: its base no longer serves it. Caller holds mu. */
+static void
+ckpt_base_release_locked(ctl_ckpt *c, ckpt_entry *e)
+{
+    if (e->base[0] == '\0')
+        return;
+    ckpt_entry *b = ckpt_find_locked(c, e->base);
+    if (b != NULL && b->deps > 0)
+        b->deps--;
+    e->base[0] = '\0';
+    e->base_n = 0;
+    e->depth = 0;
+}
+
 static void
 ckpt_unlink_locked(ctl_ckpt *c, ckpt_entry *e)
 {
@@ -291,8 +316,9 @@ ckpt_unlink_locked(ctl_ckpt *c, ckpt_entry *e)
         c->n_warm--;
     }
     if (e->cold) {
-        c->disk_total -= e->bytes;
+        c->disk_total -= e->dbytes;
         c->n_disk--;
+        ckpt_base_release_locked(c, e);
     }
 }
 
@@ -387,7 +413,7 @@ ckpt_disk_evict_lru_locked(ctl_ckpt *c, const ckpt_entry *self)
 {
     ckpt_entry *lru = NULL;
     for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
-        if (e->cold && e != self && e->pins == 0 && !e->busy && !e->saving &&
+        if (e->cold && e != self && e->pins == 0 && e->deps == 0 && !e->busy && !e->saving &&
             (lru == NULL || e->used < lru->used))
             lru = e;
     }
@@ -403,8 +429,9 @@ ckpt_disk_evict_lru_locked(ctl_ckpt *c, const ckpt_entry *self)
     /* Still warm: only its disk copy goes. */
     lru->busy = true;
     lru->cold = false;
-    c->disk_total -= lru->bytes;
+    c->disk_total -= lru->dbytes;
     c->n_disk--;
+    ckpt_base_release_locked(c, lru);
     char name[CTL_STORE_NAME_MAX + 1], kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
     ckpt_record_name(lru->key, name);
     snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", lru->key);
@@ -454,40 +481,139 @@ ckpt_disk_room_locked(ctl_ckpt *c, uint64_t need, const ckpt_entry *self)
     return true;
 }
 
-/* The meta value of a disk entry: version, kind, bytes, owner, fp, reply, one per line. */
+/*
+ * The meta value of a disk entry, one field per line: version, kind, bytes
+ * (the whole image), owner, fp, reply; a record of a KV tail (v2) then its
+ * base's key, base_n and its depth.
+ */
 static int
 ckpt_meta_format(const ckpt_entry *e, char *out, size_t cap)
 {
+    if (e->base[0] != '\0')
+        return snprintf(out, cap, CKPT_META_VERSION2 "\n%u\n%llu\n%s\n%s\n%s\n%s\n%zu\n%u\n",
+                        e->kind, (unsigned long long)e->bytes, e->owner, e->fp,
+                        e->reply[0] ? e->reply : "-", e->base, e->base_n, (unsigned)e->depth);
     return snprintf(out, cap, CKPT_META_VERSION "\n%u\n%llu\n%s\n%s\n%s\n", e->kind,
                     (unsigned long long)e->bytes, e->owner, e->fp, e->reply[0] ? e->reply : "-");
 }
 
 /*
+ * The fixed part and the bytes a token of KV adds to an image (the worker's
+ * geometry); false for a model without KV (an image is all fixed part) or
+ * when no worker told.
+ */
+static bool
+ckpt_geom(ctl_ckpt *c, uint64_t *fixed, uint64_t *per_token)
+{
+    ctl_worker_view v;
+    if (ctl_pool_model_view(c->pool, &v) != WK_OK || v.kv_token_bytes == 0)
+        return false;
+    *fixed = v.state_bytes;
+    *per_token = v.kv_token_bytes;
+    return true;
+}
+
+/*
+ * The base e's disk record may leave its KV rows to: the checkpoint e's
+ * state was resumed from (so those rows are that one's bytes, not a
+ * recomputation's), on disk, not on its way out, with a chain short enough
+ * and both images of the model's geometry. NULL: a whole image. Caller
+ * holds mu.
+ */
+static ckpt_entry *
+ckpt_base_pick_locked(ctl_ckpt *c, const ckpt_entry *e, uint64_t F, uint64_t T)
+{
+    if (e->lin[0] == '\0')
+        return NULL;
+    ckpt_entry *b = ckpt_find_locked(c, e->lin);
+    if (b == NULL || b == e || !b->cold || b->busy || b->doomed || b->n != e->lin_n ||
+        b->n >= e->n || b->depth + 1u >= CKPT_CHAIN_MAX || strcmp(b->owner, e->owner) != 0 ||
+        strcmp(b->fp, e->fp) != 0 || b->bytes != F + T * (uint64_t)b->n ||
+        e->bytes != F + T * (uint64_t)e->n)
+        return NULL;
+    return b;
+}
+
+/*
  * Writes e's bytes (read from its warm copy, or given) to the disk tier.
- * Caller holds mu and has set e->busy; dropped and retaken. WK_OK when e is
- * cold afterwards.
+ * When the state was resumed from a checkpoint already on disk
+ * (ckpt_base_pick_locked), only its fixed part and the KV rows past that
+ * one's go (the rest is read back through the chain, ckpt_disk_image): a
+ * turn of a hybrid writes its new tokens' KV, not the whole context's
+ * again. Caller holds mu and has set e->busy; dropped and retaken. WK_OK
+ * when e is cold afterwards.
  */
 static wk_err
 ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_len)
 {
     if (e->cold)
         return WK_OK;
-    if (c->cfg.disk_bytes == 0 || !ckpt_disk_room_locked(c, e->bytes, e))
+    uint64_t F = 0, T = 0;
+    ckpt_entry *b = NULL;
+    if (ckpt_geom(c, &F, &T) && (given == NULL || given_len == e->bytes))
+        b = ckpt_base_pick_locked(c, e, F, T);
+    if (b != NULL) { /* its record stays while e's takes rows from it (never evicted) */
+        b->deps++;
+        snprintf(e->base, sizeof(e->base), "%s", b->key);
+        e->base_n = b->n;
+        e->depth = (uint8_t)(b->depth + 1u);
+    }
+    const bool tail = e->base[0] != '\0'; /* (b is not used past here: mu gets dropped) */
+    const uint64_t need = tail ? F + T * (e->n - e->base_n) : e->bytes;
+    if (c->cfg.disk_bytes == 0 || !ckpt_disk_room_locked(c, need, e)) {
+        ckpt_base_release_locked(c, e);
         return WK_ENOSPC;
+    }
     /* Reserve the room now so two spills can't both take it. */
-    c->disk_total += e->bytes;
+    const uint64_t reserved = need;
+    c->disk_total += reserved;
     char hk[8 + WK_SHA256_HEX_LEN], worker[65], meta[512];
     ckpt_host_key(e, hk);
     snprintf(worker, sizeof(worker), "%s", e->worker);
     int ml = ckpt_meta_format(e, meta, sizeof(meta)); /* (the reply key may change meanwhile) */
+    const uint64_t tail_off = F + T * (uint64_t)e->base_n;
     pthread_mutex_unlock(&c->mu);
 
     void *bytes = (void *)given;
     size_t len = given_len;
     wk_diag d = {{0}};
     wk_err err = WK_OK;
-    if (bytes == NULL)
+    if (tail) {
+        /* the fixed part, then the rows past the base's */
+        len = (size_t)reserved;
+        bytes = malloc(len ? len : 1);
+        if (bytes == NULL)
+            err = WK_ENOMEM;
+        else if (given != NULL) {
+            memcpy(bytes, given, (size_t)F);
+            memcpy((uint8_t *)bytes + F, (const uint8_t *)given + tail_off, len - (size_t)F);
+        } else {
+            uint64_t total = 0;
+            err = ctl_vm_host_read_range(c->vm, worker, hk, 0, (size_t)F, bytes, &total, &d);
+            if (err == WK_OK && total != tail_off + (len - F))
+                err = wk_diag_set(&d, WK_EPROTO, "warm copy of %llu bytes, %llu expected",
+                                  (unsigned long long)total,
+                                  (unsigned long long)(tail_off + (len - F)));
+            if (err == WK_OK)
+                err = ctl_vm_host_read_range(c->vm, worker, hk, tail_off, len - (size_t)F,
+                                             (uint8_t *)bytes + F, NULL, &d);
+        }
+        if (err != WK_OK) { /* (an image not of the geometry's size: write it whole) */
+            wk_log_debug("checkpoint key=%.16s: its KV tail not read (%s); the whole image",
+                         e->key, d.msg);
+            free(bytes);
+            bytes = (void *)given;
+            len = given_len;
+            err = WK_OK;
+            pthread_mutex_lock(&c->mu);
+            ckpt_base_release_locked(c, e);
+            ml = ckpt_meta_format(e, meta, sizeof(meta));
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    if (err == WK_OK && bytes == NULL) {
         err = ctl_vm_host_read(c->vm, worker, hk, &bytes, &len, &d);
+    }
     ctl_store_state st;
     memset(&st, 0, sizeof(st));
     snprintf(st.owner, sizeof(st.owner), "%s", CTL_CKPT_OWNER);
@@ -519,18 +645,71 @@ ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_le
     if (err != WK_OK)
         wk_log_warn("checkpoint not written to disk key=%.16s: %s", e->key, d.msg);
     pthread_mutex_lock(&c->mu);
-    c->disk_total -= e->bytes;
+    c->disk_total -= reserved;
     if (err == WK_OK) {
-        if (len != e->bytes) { /* (the image's real size) */
+        if (e->base[0] == '\0' && len != e->bytes) { /* (the image's real size) */
             if (e->warm)
                 c->warm_total = c->warm_total - e->bytes + len;
             e->bytes = len;
         }
         e->cold = true;
-        c->disk_total += e->bytes;
+        e->dbytes = len;
+        c->disk_total += e->dbytes;
         c->n_disk++;
+        if (c->metrics != NULL) {
+            const char *lb = e->base[0] != '\0' ? "record=\"tail\"" : "record=\"image\"";
+            ctl_metrics_add(c->metrics, "wkvm_state_cache_disk_writes_total", lb, 1);
+            ctl_metrics_add(c->metrics, "wkvm_state_cache_disk_write_bytes_total", lb,
+                            (double)len);
+        }
+    } else {
+        ckpt_base_release_locked(c, e);
     }
     return err;
+}
+
+/*
+ * After the disk tier was read back: a KV tail whose base is missing or does
+ * not match (its tokens, owner, model, geometry) is removed, until none is
+ * left; then every base counts the tails that take rows from it. Returns
+ * how many were removed. No lock held.
+ */
+static size_t
+ckpt_restore_chains(ctl_ckpt *c)
+{
+    size_t removed = 0;
+    pthread_mutex_lock(&c->mu);
+    for (bool again = true; again;) {
+        again = false;
+        for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+            if (!e->cold || e->base[0] == '\0')
+                continue;
+            const ckpt_entry *b = ckpt_find_locked(c, e->base);
+            bool ok = b != NULL && b != e && b->cold && b->n == e->base_n && b->n < e->n &&
+                      b->depth < e->depth && strcmp(b->owner, e->owner) == 0 &&
+                      strcmp(b->fp, e->fp) == 0 &&
+                      memcmp(b->ids, e->ids, b->n * sizeof(*e->ids)) == 0 &&
+                      b->bytes < e->bytes && (e->bytes - b->bytes) % (e->n - b->n) == 0;
+            if (ok) { /* its record: the fixed part and rows [b->n, e->n) */
+                const uint64_t T = (e->bytes - b->bytes) / (e->n - b->n);
+                ok = T * b->n < e->bytes && e->dbytes == e->bytes - T * b->n;
+            }
+            if (!ok) {
+                e->base[0] = '\0'; /* (no base to release) */
+                ckpt_remove_locked(c, e);
+                removed++;
+                again = true;
+                break; /* (mu was dropped: walk again) */
+            }
+        }
+    }
+    for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
+        ckpt_entry *b = e->cold && e->base[0] != '\0' ? ckpt_find_locked(c, e->base) : NULL;
+        if (b != NULL)
+            b->deps++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return removed;
 }
 
 /* Reads the disk tier back (startup). */
@@ -555,18 +734,24 @@ ckpt_restore(ctl_ckpt *c)
                 ml = 0;
             meta[ml] = '\0';
             char ver[32] = "", owner[CTL_STORE_OWNER_MAX + 1] = "", fp[WK_SHA256_HEX_LEN] = "",
-                 reply[WK_SHA256_HEX_LEN] = "";
-            unsigned kind = 0;
+                 reply[WK_SHA256_HEX_LEN] = "", base[WK_SHA256_HEX_LEN] = "";
+            unsigned kind = 0, depth = 0;
             unsigned long long bytes = 0;
+            size_t base_n = 0;
             ckpt_entry *e = NULL;
             ctl_store_state st;
             memset(&st, 0, sizeof(st));
             char name[CTL_STORE_NAME_MAX + 1];
             ckpt_record_name(key, name);
+            int got = sscanf(meta,
+                             "%31[^\n]\n%u\n%llu\n%128[^\n]\n%64[^\n]\n%64[^\n]\n%64[^\n]\n%zu\n%u\n",
+                             ver, &kind, &bytes, owner, fp, reply, base, &base_n, &depth);
+            const bool v2 = strcmp(ver, CKPT_META_VERSION2) == 0;
             bool ok = strlen(key) == WK_SHA256_HEX_LEN - 1 &&
-                      sscanf(meta, "%31[^\n]\n%u\n%llu\n%128[^\n]\n%64[^\n]\n%64[^\n]\n", ver,
-                             &kind, &bytes, owner, fp, reply) == 6 &&
-                      strcmp(ver, CKPT_META_VERSION) == 0 && kind < CTL_CKPT_KIND__COUNT &&
+                      (v2 ? got == 9 && strlen(base) == WK_SHA256_HEX_LEN - 1 && base_n > 0 &&
+                                depth > 0 && depth < CKPT_CHAIN_MAX
+                          : got >= 6 && strcmp(ver, CKPT_META_VERSION) == 0) &&
+                      kind < CTL_CKPT_KIND__COUNT &&
                       ctl_store_state_get(c->store, CTL_CKPT_OWNER, name, &st, NULL) == WK_OK &&
                       st.n_tokens > 0 && st.tokens != NULL;
             if (ok) {
@@ -581,7 +766,13 @@ ckpt_restore(ctl_ckpt *c)
                 if (strcmp(reply, "-") != 0)
                     snprintf(e->reply, sizeof(e->reply), "%s", reply);
                 e->kind = (uint8_t)kind;
-                e->bytes = st.state_bytes ? st.state_bytes : bytes;
+                e->bytes = v2 ? bytes : st.state_bytes ? st.state_bytes : bytes;
+                e->dbytes = st.state_bytes ? st.state_bytes : bytes;
+                if (v2) {
+                    snprintf(e->base, sizeof(e->base), "%s", base);
+                    e->base_n = base_n;
+                    e->depth = (uint8_t)depth;
+                }
                 e->ids = st.tokens;
                 e->n = st.n_tokens;
                 st.tokens = NULL;
@@ -590,7 +781,7 @@ ckpt_restore(ctl_ckpt *c)
                 if (ckpt_find_locked(c, key) == NULL) {
                     e->used = ++c->clock;
                     ckpt_link_locked(c, e);
-                    c->disk_total += e->bytes;
+                    c->disk_total += e->dbytes;
                     c->n_disk++;
                     e = NULL;
                     restored++;
@@ -611,8 +802,10 @@ ckpt_restore(ctl_ckpt *c)
         if (!more)
             break;
     }
+    size_t broken = ckpt_restore_chains(c);
     if (restored || dropped)
-        wk_log_info("checkpoints restored from disk entries=%zu dropped=%zu", restored, dropped);
+        wk_log_info("checkpoints restored from disk entries=%zu dropped=%zu", restored - broken,
+                    dropped + broken);
 }
 
 /* -------------------------------------------------------- tier thread ---- */
@@ -755,7 +948,8 @@ ctl_ckpt_maintain(ctl_ckpt *c)
     while (c->n_entries > max) {
         ckpt_entry *lru = NULL;
         for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
-            if (e->pins == 0 && !e->busy && !e->saving && (lru == NULL || e->used < lru->used))
+            if (e->pins == 0 && e->deps == 0 && !e->busy && !e->saving &&
+                (lru == NULL || e->used < lru->used))
                 lru = e;
         }
         if (lru == NULL)
@@ -881,7 +1075,8 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
  */
 static ckpt_entry *
 ckpt_save_begin(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
-                const char *worker, ctl_ckpt_kind kind, const char *reply, bool durable)
+                const char *worker, ctl_ckpt_kind kind, const char *reply, bool durable,
+                const char *lin, size_t lin_n)
 {
     char key[WK_SHA256_HEX_LEN];
     if (n == 0 || ckpt_key(fp, owner, ids, n, key) != WK_OK)
@@ -934,6 +1129,10 @@ ckpt_save_begin(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *i
         snprintf(e->reply, sizeof(e->reply), "%s", reply);
     e->ids = copy;
     e->n = n;
+    if (lin != NULL && lin[0] != '\0' && lin_n > 0 && lin_n < n) {
+        snprintf(e->lin, sizeof(e->lin), "%s", lin);
+        e->lin_n = lin_n;
+    }
     e->kind = (uint8_t)kind;
     e->durable = durable;
     e->saving = true;
@@ -1004,13 +1203,17 @@ ckpt_save_end(ctl_ckpt *c, ckpt_entry *e, wk_err err, uint64_t bytes, uint64_t e
 
 /*
  * Leaves a checkpoint of slot (its state covers ids[0..n) exactly) unless
- * one exists. Runs between steps of slot's worker.
+ * one exists. lin (lin_n tokens; NULL: none): the checkpoint the slot's
+ * state was resumed from (ckpt_plan_lin). Runs between steps of slot's
+ * worker.
  */
 static void
 ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
-          const ctl_slot_ref *slot, ctl_ckpt_kind kind, const char *reply, bool durable)
+          const ctl_slot_ref *slot, ctl_ckpt_kind kind, const char *reply, bool durable,
+          const char *lin, size_t lin_n)
 {
-    ckpt_entry *e = ckpt_save_begin(c, owner, fp, ids, n, slot->worker, kind, reply, durable);
+    ckpt_entry *e =
+        ckpt_save_begin(c, owner, fp, ids, n, slot->worker, kind, reply, durable, lin, lin_n);
     if (e == NULL)
         return;
     uint64_t bytes = ckpt_image_bytes(c, n);
@@ -1134,6 +1337,92 @@ ckpt_unpin(ctl_ckpt *c, const char *key)
     pthread_mutex_unlock(&c->mu);
 }
 
+/*
+ * The whole image of disk entry key: its record, and for a KV tail the rows
+ * below its base_n from its base's chain (at most CKPT_CHAIN_MAX records),
+ * each record's size checked against the model's geometry. *bytes: caller
+ * frees. WK_ENOENT when a record of the chain is gone, WK_EPROTO when one
+ * does not fit.
+ */
+static wk_err
+ckpt_disk_image(ctl_ckpt *c, const char *key, void **bytes, size_t *len, wk_diag *d)
+{
+    char cur[WK_SHA256_HEX_LEN];
+    snprintf(cur, sizeof(cur), "%s", key);
+    uint8_t *out = NULL;
+    uint64_t F = 0, T = 0, total = 0, need = 0; /* need: rows [0, need) still to place */
+    wk_err err = WK_OK;
+    for (unsigned hop = 0; err == WK_OK; hop++) {
+        pthread_mutex_lock(&c->mu);
+        ckpt_entry *e = ckpt_find_locked(c, cur);
+        char base[WK_SHA256_HEX_LEN] = "";
+        uint64_t n = 0, base_n = 0, ibytes = 0;
+        if (e != NULL) {
+            snprintf(base, sizeof(base), "%s", e->base);
+            n = e->n;
+            base_n = e->base_n;
+            ibytes = e->bytes;
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (e == NULL || hop >= CKPT_CHAIN_MAX) {
+            err = wk_diag_set(d, WK_ENOENT, "checkpoint %.16s of a chain is gone", cur);
+            break;
+        }
+        char name[CTL_STORE_NAME_MAX + 1];
+        ckpt_record_name(cur, name);
+        ctl_store_state st;
+        memset(&st, 0, sizeof(st));
+        void *rec = NULL;
+        size_t rl = 0;
+        err = ctl_store_state_get(c->store, CTL_CKPT_OWNER, name, &st, d);
+        if (err == WK_OK)
+            err = ctl_store_blob_get(c->store, st.blob, &rec, &rl, d);
+        ctl_store_state_fini(&st);
+        if (err != WK_OK)
+            break;
+        if (hop == 0 && base[0] == '\0') { /* a whole image */
+            *bytes = rec;
+            *len = rl;
+            return WK_OK;
+        }
+        if (hop == 0) {
+            if (!ckpt_geom(c, &F, &T) || ibytes != F + T * n) {
+                free(rec);
+                err = wk_diag_set(d, WK_EPROTO, "checkpoint %.16s: not of the model's geometry",
+                                  cur);
+                break;
+            }
+            if ((out = malloc(ibytes)) == NULL) {
+                free(rec);
+                err = WK_ENOMEM;
+                break;
+            }
+            total = ibytes;
+            need = n;
+            memcpy(out, rec, (size_t)F); /* the fixed part is the newest record's */
+        }
+        /* this record holds the fixed part and rows [base_n, n); rows [base_n, need) go in */
+        const uint64_t lo = base[0] != '\0' ? base_n : 0;
+        if (need > n || lo > need || rl != F + T * (n - lo)) {
+            free(rec);
+            err = wk_diag_set(d, WK_EPROTO, "checkpoint %.16s: a record of %zu bytes does not fit",
+                              cur, rl);
+            break;
+        }
+        memcpy(out + F + T * lo, (const uint8_t *)rec + F, (size_t)(T * (need - lo)));
+        free(rec);
+        need = lo;
+        if (need == 0) {
+            *bytes = out;
+            *len = (size_t)total;
+            return WK_OK;
+        }
+        snprintf(cur, sizeof(cur), "%s", base);
+    }
+    free(out);
+    return err;
+}
+
 /* The scheduler's load hook: the pinned checkpoint into the fresh slot. */
 static wk_err
 ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
@@ -1169,19 +1458,12 @@ ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
         free(bytes);
     }
     if (err != WK_OK && cold) {
-        char name[CTL_STORE_NAME_MAX + 1];
-        ckpt_record_name(p->hit_key, name);
-        ctl_store_state st;
-        memset(&st, 0, sizeof(st));
-        err = ctl_store_state_get(c->store, CTL_CKPT_OWNER, name, &st, d);
         void *bytes = NULL;
         size_t len = 0;
-        if (err == WK_OK)
-            err = ctl_store_blob_get(c->store, st.blob, &bytes, &len, d);
+        err = ckpt_disk_image(c, p->hit_key, &bytes, &len, d);
         if (err == WK_OK)
             err = ctl_vm_slot_write_raw(c->vm, slot, bytes, len, d);
         free(bytes);
-        ctl_store_state_fini(&st);
     }
     if (err == WK_OK)
         p->loaded = true;
@@ -1189,6 +1471,18 @@ ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
         wk_log_warn("checkpoint not loaded key=%.16s: %s (recomputing)", p->hit_key,
                     d != NULL ? d->msg : wk_strerror(err));
     return err;
+}
+
+/*
+ * The checkpoint the plan's slot was resumed from, whose KV rows the
+ * checkpoints it leaves share (ckpt_spill_locked), or NULL: only a
+ * checkpoint this plan loaded counts (a held slot's state may have been
+ * computed apart from any checkpoint with its tokens).
+ */
+static const char *
+ckpt_plan_lin(const ctl_ckpt_plan *p)
+{
+    return p->loaded && p->base == 0 && p->hit_key[0] != '\0' ? p->hit_key : NULL;
 }
 
 /* The kind of checkpoint planned at job position pos. */
@@ -1208,7 +1502,7 @@ ckpt_plan_ckpt(void *arg, const ctl_slot_ref *slot, size_t pos)
 {
     ctl_ckpt_plan *p = arg;
     ckpt_save(p->c, p->owner, p->fp, p->all, p->base + pos, slot, ckpt_plan_kind(p, pos), NULL,
-              false);
+              false, ckpt_plan_lin(p), p->hit_len);
 }
 
 /*
@@ -1246,7 +1540,7 @@ ckpt_plan_snap_begin(void *arg, const ctl_slot_ref *slot, size_t pos,
     if (sn == NULL)
         return false;
     sn->e = ckpt_save_begin(c, p->owner, p->fp, p->all, p->base + pos, slot->worker,
-                            ckpt_plan_kind(p, pos), NULL, false);
+                            ckpt_plan_kind(p, pos), NULL, false, ckpt_plan_lin(p), p->hit_len);
     if (sn->e == NULL) {
         free(sn);
         return false; /* (one exists: touched) */
@@ -1419,7 +1713,7 @@ ctl_ckpt_plan_reply(ctl_ckpt_plan *p, const ctl_slot_ref *slot, const int32_t *g
     if (n_gen)
         memcpy(ids + p->n_all, gen, n_gen * sizeof(*ids));
     ckpt_save(p->c, p->owner, p->fp, ids, p->n_all + n_gen, slot, CTL_CKPT_KIND_REPLY, reply_key,
-              p->durable);
+              p->durable, ckpt_plan_lin(p), p->hit_len);
     if (ckpt_key(p->fp, p->owner, ids, p->n_all + n_gen, p->reply_ckpt) != WK_OK)
         p->reply_ckpt[0] = '\0';
     free(ids);
@@ -1554,7 +1848,7 @@ ctl_ckpt_stats_get(ctl_ckpt *c, const char *owner, ctl_ckpt_stats *out)
                 continue;
             s.entries++;
             s.warm_bytes += e->warm ? e->bytes : 0;
-            s.disk_bytes += e->cold ? e->bytes : 0;
+            s.disk_bytes += e->cold ? e->dbytes : 0;
             s.warm_entries += e->warm;
             s.disk_entries += e->cold;
             ctl_ckpt_owner_stats *o = ckpt_stats_owner(&f, e->owner);
@@ -1645,6 +1939,11 @@ ctl_ckpt_metrics_declare(ctl_metrics *m)
         {"wkvm_state_cache_evictions_total", CTL_METRIC_COUNTER,
          "Checkpoints removed from a tier by its byte budget (warm: moved to disk or gone; "
          "disk: gone)."},
+        {"wkvm_state_cache_disk_writes_total", CTL_METRIC_COUNTER,
+         "Checkpoints written to disk, by record (image: the whole state; tail: its fixed "
+         "part and the KV past the checkpoint it was resumed from, which holds the rest)."},
+        {"wkvm_state_cache_disk_write_bytes_total", CTL_METRIC_COUNTER,
+         "Bytes of checkpoint records written to disk, by record (image, tail)."},
     };
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
         wk_err err = ctl_metrics_declare(m, fams[i].name, fams[i].type, fams[i].help, NULL, 0);
@@ -1654,6 +1953,12 @@ ctl_ckpt_metrics_declare(ctl_metrics *m)
     /* Both tiers show from the start, at 0. */
     ctl_metrics_add(m, "wkvm_state_cache_evictions_total", "tier=\"warm\"", 0);
     ctl_metrics_add(m, "wkvm_state_cache_evictions_total", "tier=\"disk\"", 0);
+    for (int t = 0; t < 2; t++) {
+        ctl_metrics_add(m, "wkvm_state_cache_disk_writes_total",
+                        t ? "record=\"tail\"" : "record=\"image\"", 0);
+        ctl_metrics_add(m, "wkvm_state_cache_disk_write_bytes_total",
+                        t ? "record=\"tail\"" : "record=\"image\"", 0);
+    }
     return WK_OK;
 }
 

@@ -14,6 +14,12 @@
  *         a memcpy between two steps), bounded per worker by warm_bytes;
  *   disk  a state record of the reserved owner "__ckpt" (content-addressed
  *         blob + LMDB), bounded by disk_bytes, so a controller restart keeps it.
+ *         On a hybrid (an image is a fixed part plus KV per token), a
+ *         checkpoint left by a request that loaded one already on disk is
+ *         written as a KV tail of that record (the fixed part and the KV past
+ *         it): the loaded checkpoint's rows are its bytes, so the chain
+ *         (at most 16 records) reads back the very image; a record that
+ *         tails take rows from is not evicted while they do.
  * A checkpoint never occupies a slot: slots are for running requests and
  * parked sessions, so checkpoints never compete with admission. Over its
  * budget the warm tier moves its least recently used entries to disk (a

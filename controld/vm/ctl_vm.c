@@ -243,6 +243,53 @@ ctl_vm_read(ctl_vm *vm, const ctl_slot_ref *ref, const char *host_key, void **by
 }
 
 wk_err
+ctl_vm_host_read_range(ctl_vm *vm, const char *worker, const char *key, uint64_t off, size_t len,
+                       void *out, uint64_t *total, wk_diag *d)
+{
+    uint8_t *o = out;
+    uint64_t at = off, size = UINT64_MAX;
+    const uint64_t end = off + len;
+    if (end < off)
+        return wk_diag_set(d, WK_EINVAL, "range past the end");
+    do {
+        Wkvm__SlotRead r = WKVM__SLOT_READ__INIT;
+        r.slot = 0;
+        r.host_key = (char *)key;
+        r.offset = at;
+        r.length = end - at < WK_PROTO_CHUNK_MAX ? (uint32_t)(end - at) : WK_PROTO_CHUNK_MAX;
+        wk_msg req = WKVM__ENVELOPE__INIT;
+        req.kind = WKVM__KIND__SLOT_READ;
+        req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_READ;
+        req.slot_read = &r;
+        wk_msg *rep = NULL;
+        wk_err err = ctl_vm_call(vm, worker, &req, &rep, d);
+        if (err != WK_OK)
+            return err;
+        const Wkvm__SlotData *sd = rep->slot_data;
+        if (size == UINT64_MAX) {
+            size = sd->total_bytes;
+            if (end > size) {
+                wk_proto_free(rep);
+                return wk_diag_set(d, WK_EINVAL, "bytes %llu..%llu of a %llu-byte entry",
+                                   (unsigned long long)off, (unsigned long long)end,
+                                   (unsigned long long)size);
+            }
+        }
+        if (sd->total_bytes != size || sd->offset != at || sd->data.len > end - at ||
+            (sd->data.len == 0 && at < end)) {
+            wk_proto_free(rep);
+            return wk_diag_set(d, WK_EPROTO, "worker %s: inconsistent slot data", worker);
+        }
+        memcpy(o + (at - off), sd->data.data, sd->data.len);
+        at += sd->data.len;
+        wk_proto_free(rep);
+    } while (at < end);
+    if (total != NULL)
+        *total = size;
+    return WK_OK;
+}
+
+wk_err
 ctl_vm_slot_read(ctl_vm *vm, const ctl_slot_ref *ref, void **bytes, size_t *len, wk_diag *d)
 {
     return ctl_vm_read(vm, ref, NULL, bytes, len, d);

@@ -159,6 +159,15 @@ WK_MUST_CHECK wk_err ctl_vm_host_read(ctl_vm *vm, const char *worker, const char
                                       void **bytes, size_t *len, wk_diag *d);
 
 /*
+ * Reads bytes [off, off + len) of warm-tier entry key on worker into out.
+ * *total gets the entry's size (may be NULL). WK_EINVAL when the range is
+ * not inside the entry, WK_EPROTO on an inconsistent reply.
+ */
+WK_MUST_CHECK wk_err ctl_vm_host_read_range(ctl_vm *vm, const char *worker, const char *key,
+                                            uint64_t off, size_t len, void *out,
+                                            uint64_t *total, wk_diag *d);
+
+/*
  * Puts a copy of the bytes of entry key (or, when not cached, of blob hex,
  * "" for none) into the scratch slot dst. WK_ENOENT when neither exists.
  */
