@@ -1,9 +1,11 @@
 /*
  * ctl_ckpt: checkpoints, the per-owner prefix index and the checkpoint tiers
  * (see ctl_ckpt.h). It must never hold its mutex across an RPC or disk I/O,
- * never give one owner's checkpoint to another, and never drop an entry
- * silently: only a budget (counted), a clear or a restarted worker (its warm
- * copies are gone with its memory) removes one.
+ * never give one owner's checkpoint to another, never write a KV tail whose
+ * base rows are not the entry's own bytes, and never drop an entry
+ * silently: only a budget (counted), a clear, a restarted worker (its warm
+ * copies are gone with its memory) or a disk record that can no longer be
+ * read (logged) removes one.
  */
 #define WK_LOG_MODULE "ckpt"
 #include "ctl_ckpt.h"
@@ -56,11 +58,17 @@ typedef struct ckpt_entry {
                                          * demotion's disk write first): not live from the
                                          * warm tier meanwhile (ctl_ckpt_live) */
     bool doomed;                        /* cleared while pinned: removed at the last unpin */
+    uint64_t id;                        /* this entry, unique in the index's life (a key can
+                                           come back as another entry with other bytes) */
     char lin[WK_SHA256_HEX_LEN];        /* the checkpoint its state was resumed from, "" = none
                                            known: its KV rows below lin_n are that one's bytes */
+    uint64_t lin_id;                    /* that entry's id */
     size_t lin_n;                       /* that checkpoint's tokens */
+    char blob[WK_SHA256_HEX_LEN];       /* digest of its disk record's bytes, "" = none known */
     char base[WK_SHA256_HEX_LEN];       /* disk: the record holding its KV rows below base_n,
                                            "" = its record is the whole image */
+    uint64_t base_id;                   /* that entry's id */
+    char base_blob[WK_SHA256_HEX_LEN];  /* that record's digest (checked at every read) */
     size_t base_n;                      /* tokens of KV its record leaves to base's chain */
     uint8_t depth;                      /* records below its own in that chain */
     uint32_t deps;                      /* disk records whose base it is (it stays on disk) */
@@ -92,6 +100,7 @@ struct ctl_ckpt {
     ckpt_entry *by_reply[CKPT_BUCKETS]; /* reply hash */
     size_t n_entries;                 /* entries */
     uint64_t clock;                   /* LRU clock */
+    uint64_t next_id;                 /* the last entry id given (ckpt_link_locked) */
     uint64_t warm_total;              /* bytes of warm entries, all workers */
     uint64_t disk_total;              /* bytes of disk entries */
     size_t n_warm, n_disk;            /* entries per tier */
@@ -258,6 +267,7 @@ ckpt_reply_unlink_locked(ctl_ckpt *c, ckpt_entry *e)
 static void
 ckpt_link_locked(ctl_ckpt *c, ckpt_entry *e)
 {
+    e->id = ++c->next_id;
     uint32_t b = ckpt_bucket(e->key);
     e->hnext = c->by_key[b];
     c->by_key[b] = e;
@@ -286,9 +296,11 @@ ckpt_base_release_locked(ctl_ckpt *c, ckpt_entry *e)
     if (e->base[0] == '\0')
         return;
     ckpt_entry *b = ckpt_find_locked(c, e->base);
-    if (b != NULL && b->deps > 0)
+    if (b != NULL && b->id == e->base_id && b->deps > 0) /* (not a later entry of that key) */
         b->deps--;
     e->base[0] = '\0';
+    e->base_blob[0] = '\0';
+    e->base_id = 0;
     e->base_n = 0;
     e->depth = 0;
 }
@@ -484,15 +496,17 @@ ckpt_disk_room_locked(ctl_ckpt *c, uint64_t need, const ckpt_entry *self)
 /*
  * The meta value of a disk entry, one field per line: version, kind, bytes
  * (the whole image), owner, fp, reply; a record of a KV tail (v2) then its
- * base's key, base_n and its depth.
+ * base's key, base_n, its depth and the digest of the base's record.
  */
 static int
 ckpt_meta_format(const ckpt_entry *e, char *out, size_t cap)
 {
     if (e->base[0] != '\0')
-        return snprintf(out, cap, CKPT_META_VERSION2 "\n%u\n%llu\n%s\n%s\n%s\n%s\n%zu\n%u\n",
-                        e->kind, (unsigned long long)e->bytes, e->owner, e->fp,
-                        e->reply[0] ? e->reply : "-", e->base, e->base_n, (unsigned)e->depth);
+        return snprintf(out, cap,
+                        CKPT_META_VERSION2 "\n%u\n%llu\n%s\n%s\n%s\n%s\n%zu\n%u\n%s\n", e->kind,
+                        (unsigned long long)e->bytes, e->owner, e->fp,
+                        e->reply[0] ? e->reply : "-", e->base, e->base_n, (unsigned)e->depth,
+                        e->base_blob);
     return snprintf(out, cap, CKPT_META_VERSION "\n%u\n%llu\n%s\n%s\n%s\n", e->kind,
                     (unsigned long long)e->bytes, e->owner, e->fp, e->reply[0] ? e->reply : "-");
 }
@@ -526,7 +540,8 @@ ckpt_base_pick_locked(ctl_ckpt *c, const ckpt_entry *e, uint64_t F, uint64_t T)
     if (e->lin[0] == '\0')
         return NULL;
     ckpt_entry *b = ckpt_find_locked(c, e->lin);
-    if (b == NULL || b == e || !b->cold || b->busy || b->doomed || b->n != e->lin_n ||
+    if (b == NULL || b == e || b->id != e->lin_id || b->blob[0] == '\0' || !b->cold ||
+        b->busy || b->doomed || b->n != e->lin_n ||
         b->n >= e->n || b->depth + 1u >= CKPT_CHAIN_MAX || strcmp(b->owner, e->owner) != 0 ||
         strcmp(b->fp, e->fp) != 0 || b->bytes != F + T * (uint64_t)b->n ||
         e->bytes != F + T * (uint64_t)e->n)
@@ -555,6 +570,8 @@ ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_le
     if (b != NULL) { /* its record stays while e's takes rows from it (never evicted) */
         b->deps++;
         snprintf(e->base, sizeof(e->base), "%s", b->key);
+        snprintf(e->base_blob, sizeof(e->base_blob), "%s", b->blob);
+        e->base_id = b->id;
         e->base_n = b->n;
         e->depth = (uint8_t)(b->depth + 1u);
     }
@@ -565,7 +582,7 @@ ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_le
         return WK_ENOSPC;
     }
     /* Reserve the room now so two spills can't both take it. */
-    const uint64_t reserved = need;
+    uint64_t reserved = need;
     c->disk_total += reserved;
     char hk[8 + WK_SHA256_HEX_LEN], worker[65], meta[512];
     ckpt_host_key(e, hk);
@@ -608,6 +625,13 @@ ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_le
             pthread_mutex_lock(&c->mu);
             ckpt_base_release_locked(c, e);
             ml = ckpt_meta_format(e, meta, sizeof(meta));
+            c->disk_total -= reserved; /* (room for the whole image, within the budget) */
+            reserved = 0;
+            if (ckpt_disk_room_locked(c, e->bytes, e))
+                reserved = e->bytes;
+            else
+                err = wk_diag_set(&d, WK_ENOSPC, "no room for the whole image");
+            c->disk_total += reserved;
             pthread_mutex_unlock(&c->mu);
         }
     }
@@ -633,6 +657,14 @@ ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_le
         ckpt_cleanup(ctl_store_state_delete(c->store, CTL_CKPT_OWNER, st.name, NULL, NULL), "ctl_store_state_delete");
         err = ctl_store_state_put(c->store, &st, bytes, len, NULL, &d);
     }
+    char digest[WK_SHA256_HEX_LEN] = ""; /* (what a tail of this record will check) */
+    if (err == WK_OK) {
+        ctl_store_state back;
+        memset(&back, 0, sizeof(back));
+        if (ctl_store_state_get(c->store, CTL_CKPT_OWNER, st.name, &back, NULL) == WK_OK)
+            snprintf(digest, sizeof(digest), "%s", back.blob);
+        ctl_store_state_fini(&back);
+    }
     if (err == WK_OK) {
         char kv[sizeof(CKPT_KV_PREFIX) + WK_SHA256_HEX_LEN];
         snprintf(kv, sizeof(kv), CKPT_KV_PREFIX "%s", e->key);
@@ -654,6 +686,7 @@ ckpt_spill_locked(ctl_ckpt *c, ckpt_entry *e, const void *given, size_t given_le
         }
         e->cold = true;
         e->dbytes = len;
+        snprintf(e->blob, sizeof(e->blob), "%s", digest);
         c->disk_total += e->dbytes;
         c->n_disk++;
         if (c->metrics != NULL) {
@@ -685,7 +718,8 @@ ckpt_restore_chains(ctl_ckpt *c)
             if (!e->cold || e->base[0] == '\0')
                 continue;
             const ckpt_entry *b = ckpt_find_locked(c, e->base);
-            bool ok = b != NULL && b != e && b->cold && b->n == e->base_n && b->n < e->n &&
+            bool ok = b != NULL && b != e && b->cold && strcmp(b->blob, e->base_blob) == 0 &&
+                      b->n == e->base_n && b->n < e->n &&
                       b->depth < e->depth && strcmp(b->owner, e->owner) == 0 &&
                       strcmp(b->fp, e->fp) == 0 &&
                       memcmp(b->ids, e->ids, b->n * sizeof(*e->ids)) == 0 &&
@@ -705,8 +739,10 @@ ckpt_restore_chains(ctl_ckpt *c)
     }
     for (ckpt_entry *e = c->entries; e != NULL; e = e->next) {
         ckpt_entry *b = e->cold && e->base[0] != '\0' ? ckpt_find_locked(c, e->base) : NULL;
-        if (b != NULL)
+        if (b != NULL) {
             b->deps++;
+            e->base_id = b->id;
+        }
     }
     pthread_mutex_unlock(&c->mu);
     return removed;
@@ -734,7 +770,8 @@ ckpt_restore(ctl_ckpt *c)
                 ml = 0;
             meta[ml] = '\0';
             char ver[32] = "", owner[CTL_STORE_OWNER_MAX + 1] = "", fp[WK_SHA256_HEX_LEN] = "",
-                 reply[WK_SHA256_HEX_LEN] = "", base[WK_SHA256_HEX_LEN] = "";
+                 reply[WK_SHA256_HEX_LEN] = "", base[WK_SHA256_HEX_LEN] = "",
+                 base_blob[WK_SHA256_HEX_LEN] = "";
             unsigned kind = 0, depth = 0;
             unsigned long long bytes = 0;
             size_t base_n = 0;
@@ -743,13 +780,15 @@ ckpt_restore(ctl_ckpt *c)
             memset(&st, 0, sizeof(st));
             char name[CTL_STORE_NAME_MAX + 1];
             ckpt_record_name(key, name);
-            int got = sscanf(meta,
-                             "%31[^\n]\n%u\n%llu\n%128[^\n]\n%64[^\n]\n%64[^\n]\n%64[^\n]\n%zu\n%u\n",
-                             ver, &kind, &bytes, owner, fp, reply, base, &base_n, &depth);
+            int got = sscanf(
+                meta,
+                "%31[^\n]\n%u\n%llu\n%128[^\n]\n%64[^\n]\n%64[^\n]\n%64[^\n]\n%zu\n%u\n%64[^\n]\n",
+                ver, &kind, &bytes, owner, fp, reply, base, &base_n, &depth, base_blob);
             const bool v2 = strcmp(ver, CKPT_META_VERSION2) == 0;
             bool ok = strlen(key) == WK_SHA256_HEX_LEN - 1 &&
-                      (v2 ? got == 9 && strlen(base) == WK_SHA256_HEX_LEN - 1 && base_n > 0 &&
-                                depth > 0 && depth < CKPT_CHAIN_MAX
+                      (v2 ? got == 10 && strlen(base) == WK_SHA256_HEX_LEN - 1 && base_n > 0 &&
+                                depth > 0 && depth < CKPT_CHAIN_MAX &&
+                                strlen(base_blob) == WK_SHA256_HEX_LEN - 1
                           : got >= 6 && strcmp(ver, CKPT_META_VERSION) == 0) &&
                       kind < CTL_CKPT_KIND__COUNT &&
                       ctl_store_state_get(c->store, CTL_CKPT_OWNER, name, &st, NULL) == WK_OK &&
@@ -768,8 +807,10 @@ ckpt_restore(ctl_ckpt *c)
                 e->kind = (uint8_t)kind;
                 e->bytes = v2 ? bytes : st.state_bytes ? st.state_bytes : bytes;
                 e->dbytes = st.state_bytes ? st.state_bytes : bytes;
+                snprintf(e->blob, sizeof(e->blob), "%s", st.blob);
                 if (v2) {
                     snprintf(e->base, sizeof(e->base), "%s", base);
+                    snprintf(e->base_blob, sizeof(e->base_blob), "%s", base_blob);
                     e->base_n = base_n;
                     e->depth = (uint8_t)depth;
                 }
@@ -1076,7 +1117,7 @@ ckpt_warm_room(ctl_ckpt *c, const char *worker, const ckpt_entry *self)
 static ckpt_entry *
 ckpt_save_begin(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
                 const char *worker, ctl_ckpt_kind kind, const char *reply, bool durable,
-                const char *lin, size_t lin_n)
+                const char *lin, uint64_t lin_id, size_t lin_n)
 {
     char key[WK_SHA256_HEX_LEN];
     if (n == 0 || ckpt_key(fp, owner, ids, n, key) != WK_OK)
@@ -1131,6 +1172,7 @@ ckpt_save_begin(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *i
     e->n = n;
     if (lin != NULL && lin[0] != '\0' && lin_n > 0 && lin_n < n) {
         snprintf(e->lin, sizeof(e->lin), "%s", lin);
+        e->lin_id = lin_id;
         e->lin_n = lin_n;
     }
     e->kind = (uint8_t)kind;
@@ -1203,17 +1245,17 @@ ckpt_save_end(ctl_ckpt *c, ckpt_entry *e, wk_err err, uint64_t bytes, uint64_t e
 
 /*
  * Leaves a checkpoint of slot (its state covers ids[0..n) exactly) unless
- * one exists. lin (lin_n tokens; NULL: none): the checkpoint the slot's
- * state was resumed from (ckpt_plan_lin). Runs between steps of slot's
- * worker.
+ * one exists. lin (entry lin_id, lin_n tokens; NULL: none): the checkpoint
+ * the slot's state was resumed from (ckpt_plan_lin). Runs between steps of
+ * slot's worker.
  */
 static void
 ckpt_save(ctl_ckpt *c, const char *owner, const char *fp, const int32_t *ids, size_t n,
           const ctl_slot_ref *slot, ctl_ckpt_kind kind, const char *reply, bool durable,
-          const char *lin, size_t lin_n)
+          const char *lin, uint64_t lin_id, size_t lin_n)
 {
-    ckpt_entry *e =
-        ckpt_save_begin(c, owner, fp, ids, n, slot->worker, kind, reply, durable, lin, lin_n);
+    ckpt_entry *e = ckpt_save_begin(c, owner, fp, ids, n, slot->worker, kind, reply, durable, lin,
+                                    lin_id, lin_n);
     if (e == NULL)
         return;
     uint64_t bytes = ckpt_image_bytes(c, n);
@@ -1347,7 +1389,7 @@ ckpt_unpin(ctl_ckpt *c, const char *key)
 static wk_err
 ckpt_disk_image(ctl_ckpt *c, const char *key, void **bytes, size_t *len, wk_diag *d)
 {
-    char cur[WK_SHA256_HEX_LEN];
+    char cur[WK_SHA256_HEX_LEN], want[WK_SHA256_HEX_LEN] = ""; /* want: cur's record digest */
     snprintf(cur, sizeof(cur), "%s", key);
     uint8_t *out = NULL;
     uint64_t F = 0, T = 0, total = 0, need = 0; /* need: rows [0, need) still to place */
@@ -1355,10 +1397,11 @@ ckpt_disk_image(ctl_ckpt *c, const char *key, void **bytes, size_t *len, wk_diag
     for (unsigned hop = 0; err == WK_OK; hop++) {
         pthread_mutex_lock(&c->mu);
         ckpt_entry *e = ckpt_find_locked(c, cur);
-        char base[WK_SHA256_HEX_LEN] = "";
+        char base[WK_SHA256_HEX_LEN] = "", base_blob[WK_SHA256_HEX_LEN] = "";
         uint64_t n = 0, base_n = 0, ibytes = 0;
         if (e != NULL) {
             snprintf(base, sizeof(base), "%s", e->base);
+            snprintf(base_blob, sizeof(base_blob), "%s", e->base_blob);
             n = e->n;
             base_n = e->base_n;
             ibytes = e->bytes;
@@ -1375,12 +1418,19 @@ ckpt_disk_image(ctl_ckpt *c, const char *key, void **bytes, size_t *len, wk_diag
         void *rec = NULL;
         size_t rl = 0;
         err = ctl_store_state_get(c->store, CTL_CKPT_OWNER, name, &st, d);
+        if (err == WK_OK && want[0] != '\0' && strcmp(st.blob, want) != 0)
+            err = wk_diag_set(d, WK_ENOENT, "checkpoint %.16s of a chain was replaced", cur);
         if (err == WK_OK)
             err = ctl_store_blob_get(c->store, st.blob, &rec, &rl, d);
         ctl_store_state_fini(&st);
         if (err != WK_OK)
             break;
         if (hop == 0 && base[0] == '\0') { /* a whole image */
+            if (rl != ibytes) {
+                free(rec);
+                return wk_diag_set(d, WK_EPROTO, "checkpoint %.16s: %zu bytes, %llu expected",
+                                   cur, rl, (unsigned long long)ibytes);
+            }
             *bytes = rec;
             *len = rl;
             return WK_OK;
@@ -1418,6 +1468,7 @@ ckpt_disk_image(ctl_ckpt *c, const char *key, void **bytes, size_t *len, wk_diag
             return WK_OK;
         }
         snprintf(cur, sizeof(cur), "%s", base);
+        snprintf(want, sizeof(want), "%s", base_blob);
     }
     free(out);
     return err;
@@ -1441,6 +1492,7 @@ ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
         snprintf(worker, sizeof(worker), "%s", e->worker);
         ckpt_host_key(e, hk);
         e->used = ++c->clock;
+        p->hit_id = e->id;
     }
     pthread_mutex_unlock(&c->mu);
     if (e == NULL)
@@ -1461,6 +1513,15 @@ ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
         void *bytes = NULL;
         size_t len = 0;
         err = ckpt_disk_image(c, p->hit_key, &bytes, &len, d);
+        if (err == WK_ENOENT || err == WK_EPROTO) {
+            /* its record or a record of its chain is gone or does not fit: it can never load
+               again, so it goes at the plan's unpin (logged below), and the job recomputes */
+            pthread_mutex_lock(&c->mu);
+            ckpt_entry *x = ckpt_find_locked(c, p->hit_key);
+            if (x != NULL && x->id == p->hit_id)
+                x->doomed = true;
+            pthread_mutex_unlock(&c->mu);
+        }
         if (err == WK_OK)
             err = ctl_vm_slot_write_raw(c->vm, slot, bytes, len, d);
         free(bytes);
@@ -1482,7 +1543,8 @@ ckpt_plan_load(void *arg, const ctl_slot_ref *slot, wk_diag *d)
 static const char *
 ckpt_plan_lin(const ctl_ckpt_plan *p)
 {
-    return p->loaded && p->base == 0 && p->hit_key[0] != '\0' ? p->hit_key : NULL;
+    return p->loaded && p->base == 0 && p->hit_key[0] != '\0' && p->hit_id != 0 ? p->hit_key
+                                                                                 : NULL;
 }
 
 /* The kind of checkpoint planned at job position pos. */
@@ -1502,7 +1564,7 @@ ckpt_plan_ckpt(void *arg, const ctl_slot_ref *slot, size_t pos)
 {
     ctl_ckpt_plan *p = arg;
     ckpt_save(p->c, p->owner, p->fp, p->all, p->base + pos, slot, ckpt_plan_kind(p, pos), NULL,
-              false, ckpt_plan_lin(p), p->hit_len);
+              false, ckpt_plan_lin(p), p->hit_id, p->hit_len);
 }
 
 /*
@@ -1540,7 +1602,8 @@ ckpt_plan_snap_begin(void *arg, const ctl_slot_ref *slot, size_t pos,
     if (sn == NULL)
         return false;
     sn->e = ckpt_save_begin(c, p->owner, p->fp, p->all, p->base + pos, slot->worker,
-                            ckpt_plan_kind(p, pos), NULL, false, ckpt_plan_lin(p), p->hit_len);
+                            ckpt_plan_kind(p, pos), NULL, false, ckpt_plan_lin(p), p->hit_id,
+                            p->hit_len);
     if (sn->e == NULL) {
         free(sn);
         return false; /* (one exists: touched) */
@@ -1713,7 +1776,7 @@ ctl_ckpt_plan_reply(ctl_ckpt_plan *p, const ctl_slot_ref *slot, const int32_t *g
     if (n_gen)
         memcpy(ids + p->n_all, gen, n_gen * sizeof(*ids));
     ckpt_save(p->c, p->owner, p->fp, ids, p->n_all + n_gen, slot, CTL_CKPT_KIND_REPLY, reply_key,
-              p->durable, ckpt_plan_lin(p), p->hit_len);
+              p->durable, ckpt_plan_lin(p), p->hit_id, p->hit_len);
     if (ckpt_key(p->fp, p->owner, ids, p->n_all + n_gen, p->reply_ckpt) != WK_OK)
         p->reply_ckpt[0] = '\0';
     free(ids);

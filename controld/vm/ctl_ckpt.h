@@ -153,6 +153,8 @@ typedef struct ctl_ckpt_plan {
     size_t base;                      /* tokens of all already in the held slot (prefix) */
     size_t hit_len;                   /* tokens of all the resumed checkpoint covers, 0 = none */
     char hit_key[WK_SHA256_HEX_LEN];  /* its key (pinned until end), "" = none */
+    uint64_t hit_id;                  /* the entry the load hook loaded (its index id), 0 =
+                                         none: what the plan's checkpoints share KV rows with */
     char worker[65];                  /* where it is warm, "" = anywhere */
     size_t pos[CTL_SCHED_CKPT_MAX];   /* checkpoint positions, job-relative */
     uint8_t kind[CTL_SCHED_CKPT_MAX]; /* their kinds */

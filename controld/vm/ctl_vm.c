@@ -219,6 +219,11 @@ ctl_vm_read(ctl_vm *vm, const ctl_slot_ref *ref, const char *host_key, void **by
             return err;
         }
         const Wkvm__SlotData *sd = rep->slot_data;
+        if (rep->payload_case != WKVM__ENVELOPE__PAYLOAD_SLOT_DATA || sd == NULL) {
+            wk_proto_free(rep);
+            free(buf);
+            return wk_diag_set(d, WK_EPROTO, "worker %s: a reply without slot data", ref->worker);
+        }
         if (buf == NULL) {
             total = sd->total_bytes;
             buf = malloc(total ? total : 1);
@@ -249,8 +254,8 @@ ctl_vm_host_read_range(ctl_vm *vm, const char *worker, const char *key, uint64_t
     uint8_t *o = out;
     uint64_t at = off, size = UINT64_MAX;
     const uint64_t end = off + len;
-    if (end < off)
-        return wk_diag_set(d, WK_EINVAL, "range past the end");
+    if (end < off || key == NULL || key[0] == '\0')
+        return wk_diag_set(d, WK_EINVAL, "no warm entry key, or a range past the end");
     do {
         Wkvm__SlotRead r = WKVM__SLOT_READ__INIT;
         r.slot = 0;
@@ -266,6 +271,10 @@ ctl_vm_host_read_range(ctl_vm *vm, const char *worker, const char *key, uint64_t
         if (err != WK_OK)
             return err;
         const Wkvm__SlotData *sd = rep->slot_data;
+        if (rep->payload_case != WKVM__ENVELOPE__PAYLOAD_SLOT_DATA || sd == NULL) {
+            wk_proto_free(rep);
+            return wk_diag_set(d, WK_EPROTO, "worker %s: a reply without slot data", worker);
+        }
         if (size == UINT64_MAX) {
             size = sd->total_bytes;
             if (end > size) {

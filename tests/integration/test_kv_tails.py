@@ -19,14 +19,19 @@ DeltaNet and gated attention layers), raw byte tokens, plain HTTP:
      with the logprobs of a recompute, bit for bit (greedy tokens alone do
      not tell a random model's KV from zeros), and turn 7 resumes it too;
   3. controller and worker are SIGKILLed and restarted: the chain is read
-     back (none dropped), and the same for turn 7's state and turn 8;
-  4. the checkpoints are cleared (bases and tails together): turn 9 still
-     answers, recomputed from the stored items.
+     back (none dropped), and the same for turn 7's state and turn 8 (a tail
+     again);
+  4. both stop and the chain's first record (the whole image) is deleted:
+     loading turn 8's state fails (logged; the entry goes) and turn 9 is
+     recomputed from the stored items (still the recompute's reply);
+  5. the checkpoints are cleared (bases and tails together): turn 11 still
+     answers, recomputed.
 
 Costs a few seconds: 4 layers, a 512-token vocabulary, 8 tokens a reply.
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -119,13 +124,21 @@ def same_logprobs(s, mid, state_ids):
     assert out[0] == out[1], ("the resumed state is not the recomputed one", out)
 
 
+def restored(s):
+    """(entries, dropped) of each "checkpoints restored" line the controller logged."""
+    log = open(os.path.join(s.data, "controld.log"), errors="replace").read()
+    return re.findall(r"checkpoints restored from disk entries=(\d+) dropped=(\d+)", log)
+
+
 def cached(j):
     return j["usage"]["input_tokens_details"]["cached_tokens"]
 
 
-def restart_all(s):
+def restart_all(s, between=None):
     s.kill_worker("w0", signal.SIGKILL)
     s.kill_controller(signal.SIGKILL)
+    if between is not None:
+        between()
     s.start_controller()
     s.start_worker("w0")
     s.wait(lambda: s.get("/ready").status == 200, "ready after the restart")
@@ -134,6 +147,9 @@ def restart_all(s):
 def test_kv_tails():
     model = mk_qwen35()
     mid = os.path.basename(model)
+    if KEEP:
+        shutil.rmtree(KEEP, ignore_errors=True)
+        os.makedirs(KEEP)
     with Stack(model=model, slots=4, data=KEEP) as s:
         s.start_controller()
         s.start_worker("w0")
@@ -160,20 +176,35 @@ def test_kv_tails():
         j = turn(s, mid, "turn 7: after the worker died", prev=turns[-1])
         assert cached(j) == len(turns[-1]["state_token_ids"]), j["usage"]
         turns.append(j)
-        wait_writes(s, 7)
+        w = wait_writes(s, 7)
+        assert w["image"][0] == 1 and w["tail"][0] == 6, w  # (a tail of the chain read back)
         # 3. both die (nothing flushed): the chain is read back and continues
         restart_all(s)
-        log = open(os.path.join(s.data, "controld.log"), errors="replace").read()
-        m = re.findall(r"checkpoints restored from disk entries=(\d+) dropped=(\d+)", log)
+        m = restored(s)
         assert m and int(m[-1][0]) >= 7 and m[-1][1] == "0", m
         same_logprobs(s, mid, turns[-1]["state_token_ids"])
         j = turn(s, mid, "turn 8: after both died", prev=turns[-1])
         assert cached(j) == len(turns[-1]["state_token_ids"]), j["usage"]
         turns.append(j)
-        # 4. bases and tails cleared together: the conversation goes on, recomputed
+        w = wait_writes(s, 1)  # (this controller's counters)
+        assert w["tail"][0] == 1, w
+        # 4. the chain's root (its whole image, the largest record) goes while both are down:
+        # the tails that needed it are dropped at the restart, and the turn is recomputed
+        def drop_root():
+            blobs = os.path.join(s.data, "blobs")
+            files = [os.path.join(blobs, f) for f in os.listdir(blobs)]
+            os.unlink(max(files, key=os.path.getsize))
+        restart_all(s, between=drop_root)
+        j = turn(s, mid, "turn 9: after the chain broke", prev=turns[-1])
+        assert cached(j) < len(turns[-1]["state_token_ids"]), j["usage"]
+        log = open(os.path.join(s.data, "controld.log"), errors="replace").read()
+        assert "checkpoint not loaded" in log, "the broken chain was not noticed"
+        turns.append(j)
+        turns.append(turn(s, mid, "turn 10: go on", prev=turns[-1]))
+        # 5. bases and tails cleared together: the conversation goes on, recomputed
         r = s.post("/admin/cache/clear")
         assert r.status == 200, r.body
-        j = turn(s, mid, "turn 9: after the cache was cleared", prev=turns[-1])
+        j = turn(s, mid, "turn 11: after the cache was cleared", prev=turns[-1])
         assert cached(j) < len(turns[-1]["state_token_ids"]), j["usage"]
 
 
