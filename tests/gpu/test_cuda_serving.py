@@ -22,10 +22,9 @@ import tempfile
 
 os.environ.setdefault("WKVM_TEST_BACKEND", "cuda")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from wkvm_harness import MKMODEL, Stack, run_tests  # noqa: E402  (77 without a device)
+from wkvm_harness import MKMODEL, Stack, gen_qwen35, run_tests  # noqa: E402  (77 without a device)
 
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-cuda-serving-")
-REF = os.path.join(os.path.dirname(__file__), "..", "reference")
 
 
 def mk_rwkv():
@@ -37,11 +36,7 @@ def mk_rwkv():
 
 
 def mk_qwen35():
-    d = os.path.join(TMP.name, "tiny-qwen35")
-    subprocess.run([sys.executable, os.path.join(REF, "gen_qwen35.py"), "--out", d, "--seed",
-                    "21", "--layers", "4", "--interval", "2", "--vocab", "512"], check=True,
-                   capture_output=True, timeout=120)
-    return d
+    return gen_qwen35(os.path.join(TMP.name, "tiny-qwen35"), 21)
 
 
 P = [5, 6, 7, 8, 9, 10, 11, 12, 300, 301, 17]

@@ -33,26 +33,16 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from wkvm_harness import Stack, run_tests  # noqa: E402
+from wkvm_harness import Stack, gen_qwen35, run_tests  # noqa: E402
 
 TMP = tempfile.TemporaryDirectory(prefix="wkvm-kv-tails-")
 KEEP = os.environ.get("KEEP_DATA")  # a directory to keep the controller's data and logs in
-REF = os.path.join(os.path.dirname(__file__), "..", "reference")
 MAXT = 8
-
-
-def mk_qwen35():
-    d = os.path.join(TMP.name, "tiny-qwen35")
-    subprocess.run([sys.executable, os.path.join(REF, "gen_qwen35.py"), "--out", d, "--seed",
-                    "23", "--layers", "4", "--interval", "2", "--vocab", "512"], check=True,
-                   capture_output=True, timeout=120)
-    return d
 
 
 def metric(s, name, labels=""):
@@ -145,7 +135,7 @@ def restart_all(s, between=None):
 
 
 def test_kv_tails():
-    model = mk_qwen35()
+    model = gen_qwen35(os.path.join(TMP.name, "tiny-qwen35"), 23)
     mid = os.path.basename(model)
     if KEEP:
         shutil.rmtree(KEEP, ignore_errors=True)

@@ -24,6 +24,16 @@ WORKERD = os.path.join(BUILD, "workerd", "wkvm-workerd")
 MKMODEL = os.path.join(BUILD, "tools", "wkvm-mkmodel")
 
 
+def gen_qwen35(out, seed, *args):
+    """A random-weight Qwen3.5-layout hybrid (tests/reference/gen_qwen35.py: 4 layers,
+    attention every 2nd, a 512-token raw-byte vocabulary, plus args) written to out."""
+    ref = os.path.join(os.path.dirname(__file__), "..", "reference", "gen_qwen35.py")
+    subprocess.run([sys.executable, ref, "--out", out, "--seed", str(seed), "--layers", "4",
+                    "--interval", "2", "--vocab", "512"] + list(args), check=True,
+                   capture_output=True, timeout=120)
+    return out
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
