@@ -35,6 +35,7 @@
 #include "wk_nng.h"
 #include "wk_proto.h"
 #include "wk_sha256.h"
+#include "wrk_host.h"
 #include "wrk_sample.h"
 
 #define WRK_MIG_STALE_MS 60000u /* a prepared migration older than its deadline plus this is dropped */
@@ -51,13 +52,6 @@ typedef struct wrk_mig {
     be_nccl *comm;         /* the pair's communicator, owned */
 } wrk_mig;
 
-/* One warm-tier entry: a copy of a slot's bytes in host memory. */
-typedef struct wrk_host_entry {
-    char key[129];                 /* controller-chosen name */
-    uint8_t *bytes;                /* slot bytes, owned */
-    size_t len;                    /* bytes */
-    struct wrk_host_entry *next;   /* list link */
-} wrk_host_entry;
 
 struct wrk_worker {
     wrk_rpc_config cfg;        /* copied; strings below owned */
@@ -80,8 +74,7 @@ struct wrk_worker {
     float *logits;             /* scratch, rows_cap * vocab */
     uint32_t load_permille;    /* last model-load progress reported */
     const char *load_phase;    /* its phase (a string literal), NULL before the first */
-    wrk_host_entry *host;      /* the warm tier */
-    uint64_t host_bytes;       /* bytes held in host */
+    wrk_host *host;            /* the warm tier (wrk_host.h), owned */
     bool connected;            /* the socket is set up (progress may be sent) */
     size_t logits_cap;         /* floats in logits */
     uint8_t *io;               /* scratch for slot reads (WK_PROTO_CHUNK_MAX), kept: a
@@ -165,7 +158,8 @@ wrk_worker_new(const wrk_rpc_config *cfg, wrk_worker **out, wk_diag *d)
     atomic_init(&w->need_hello, false);
     atomic_init(&w->pipes, 0);
     w->start_ms = wrk_now_us() / 1000u;
-    if (w->controller_url == NULL || w->worker_id == NULL ||
+    w->host = wrk_host_new(cfg->host_cache_bytes, 0);
+    if (w->host == NULL || w->controller_url == NULL || w->worker_id == NULL ||
         (cfg->vocab_path && w->vocab_path == NULL)) {
         wrk_worker_free(w);
         return WK_ENOMEM;
@@ -200,17 +194,21 @@ wrk_mig_end(wrk_worker *w, bool abort)
     memset(&w->mig, 0, sizeof(w->mig));
 }
 
-/* Drops every warm-tier copy. */
-static void
-wrk_host_clear(wrk_worker *w)
+static void wrk_kv_info(const wrk_worker *w, be_kv_info *out);
+
+/* The backend's slot_read / slot_write as wrk_host's callbacks (arg: the worker). */
+static wk_err
+wrk_host_rd(void *arg, uint32_t slot, uint64_t off, void *buf, size_t len)
 {
-    while (w->host != NULL) {
-        wrk_host_entry *e = w->host;
-        w->host = e->next;
-        free(e->bytes);
-        free(e);
-    }
-    w->host_bytes = 0;
+    wrk_worker *w = arg;
+    return w->cfg.backend->slot_read(w->be, slot, off, buf, len);
+}
+
+static wk_err
+wrk_host_wr(void *arg, uint32_t slot, uint64_t off, const void *buf, size_t len)
+{
+    wrk_worker *w = arg;
+    return w->cfg.backend->slot_write(w->be, slot, off, buf, len);
 }
 
 void
@@ -229,7 +227,7 @@ wrk_worker_free(wrk_worker *w)
     free(w->vocab_path);
     free(w->logits);
     free(w->io);
-    wrk_host_clear(w);
+    wrk_host_free(w->host);
     free(w);
 }
 
@@ -326,12 +324,17 @@ wrk_worker_load(wrk_worker *w, const char *model_dir, uint32_t n_slots, wk_diag 
     wrk_mig_end(w, true); /* its slot pointers belong to the old arena */
     if (w->be != NULL)
         w->cfg.backend->close(w->be);
-    wrk_host_clear(w); /* warm copies belong to the old model */
     wrk_model_free(w->model);
     free(w->model_dir);
     w->model = m;
     w->be = be;
     w->model_dir = dir;
+    /* warm copies belong to the old model; the new one's image geometry (KV rows shared) */
+    be_kv_info kv;
+    wrk_kv_info(w, &kv);
+    if (wrk_host_reset(w->host, w->cfg.backend->slot_bytes(be), kv.kv_token_bytes,
+                       w->cfg.backend->n_slots(be)) != WK_OK)
+        wk_log_warn("warm tier: no memory for the slots' lineages");
     wrk_load_progress(w, "loaded", 1.0);
     return WK_OK;
 }
@@ -544,7 +547,7 @@ wrk_handle_stats(wrk_worker *w, const wk_msg *req)
     if (w->model != NULL) {
         const wrk_model_info *mi = wrk_model_info_get(w->model);
         s.host_mem_used = mi->weight_bytes + mi->state_bytes * (uint64_t)(s.slots_total + 1) +
-                          w->host_bytes;
+                          wrk_host_bytes(w->host);
         be_kv_info kv;
         wrk_kv_info(w, &kv);
         s.kv_pages_free = kv.pages_free;
@@ -630,20 +633,20 @@ static void
 wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
 {
     const Wkvm__SlotRead *sr = req->slot_read;
-    const wrk_host_entry *he = NULL;
-    if (w->be != NULL && sr->host_key[0] != '\0') {
+    const bool host = w->be != NULL && sr->host_key[0] != '\0';
+    uint64_t total = 0;
+    if (host) {
         /* A warm-tier entry (the controller spills it to disk before dropping it). */
-        for (he = w->host; he != NULL && strcmp(he->key, sr->host_key) != 0; he = he->next)
-            ;
-        if (he == NULL) {
+        if (!wrk_host_len(w->host, sr->host_key, &total)) {
             wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_ENOENT, "no such host entry");
             return;
         }
     } else if (w->be == NULL || !wrk_slot_ok(w, sr->slot)) {
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_EINVAL, "bad slot");
         return;
+    } else {
+        total = wrk_slot_size(w, sr->slot);
     }
-    uint64_t total = he != NULL ? he->len : wrk_slot_size(w, sr->slot);
     if (sr->offset > total) {
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_EINVAL, "offset past the state");
         return;
@@ -651,14 +654,18 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
     size_t len = sr->length;
     if (len > total - sr->offset)
         len = (size_t)(total - sr->offset);
-    /* A host entry's bytes go out as they are (packed once, into the reply). */
-    uint8_t *buf = he != NULL ? he->bytes + sr->offset : wrk_io_buf(w);
+    /* A host entry's bytes go out as they are when one piece holds them (packed once,
+       into the reply), else gathered in the scratch buffer. */
+    uint8_t *buf = wrk_io_buf(w);
+    const uint8_t *out = buf;
     if (buf == NULL) {
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, WK_ENOMEM, "out of memory");
         return;
     }
     wk_err err = WK_OK;
-    if (he == NULL && len)
+    if (host)
+        err = wrk_host_read(w->host, sr->host_key, sr->offset, len, buf, &out);
+    else if (len)
         err = w->cfg.backend->slot_read(w->be, sr->slot, sr->offset, buf, len);
     if (err != WK_OK) {
         wrk_reply_status(w, req, WKVM__KIND__SLOT_DATA, err, "slot read failed");
@@ -667,7 +674,7 @@ wrk_handle_slot_read(wrk_worker *w, const wk_msg *req)
     Wkvm__SlotData sd = WKVM__SLOT_DATA__INIT;
     sd.slot = sr->slot;
     sd.offset = sr->offset;
-    sd.data.data = buf;
+    sd.data.data = (uint8_t *)out;
     sd.data.len = len;
     sd.total_bytes = total;
     wk_msg r = WKVM__ENVELOPE__INIT;
@@ -928,92 +935,25 @@ wrk_handle_migrate_commit(wrk_worker *w, const wk_msg *req)
     wrk_reply_status(w, req, WKVM__KIND__ACK, WK_OK, "");
 }
 
-/* Unlinks and returns the host entry key, NULL when absent. */
-static wrk_host_entry *
-wrk_host_take(wrk_worker *w, const char *key)
-{
-    for (wrk_host_entry **pp = &w->host; *pp != NULL; pp = &(*pp)->next) {
-        if (strcmp((*pp)->key, key) == 0) {
-            wrk_host_entry *e = *pp;
-            *pp = e->next;
-            w->host_bytes -= e->len;
-            return e;
-        }
-    }
-    return NULL;
-}
-
-/* Drops the host entry key; false when there was none. */
-static bool
-wrk_host_drop(wrk_worker *w, const char *key)
-{
-    wrk_host_entry *e = wrk_host_take(w, key);
-    if (e == NULL)
-        return false;
-    free(e->bytes);
-    free(e);
-    return true;
-}
-
 /*
  * Copies slot's image (its size read now: a hybrid slot grows with its
- * context) into the warm tier under key (borrowed, 1..128 bytes), after
- * dropping any entry of that key, so a refused copy leaves none. The slot
- * must be valid (wrk_slot_ok). WK_ENOSPC past host_cache_bytes, WK_ENOMEM,
- * or the backend's slot_read error; the tier is unchanged but for the
- * dropped entry on failure. Used by HOST_PUT and by a STEP row's snaps.
+ * context) into the warm tier under key (borrowed, 1..128 bytes): wrk_host,
+ * which references the KV rows the slot shares with the entry it was last
+ * loaded from or copied to and copies the rest. The slot must be valid
+ * (wrk_slot_ok). WK_ENOSPC past host_cache_bytes, WK_ENOMEM, or the
+ * backend's slot_read error. Used by HOST_PUT and by a STEP row's snaps.
  *
  * With tail (a snap), only the slot's fixed part is read now and *tail is
- * the new entry, whose KV part [slot_bytes, len) the caller reads before
- * the worker takes its next message (wrk_host_tail): a hybrid image is its
- * fixed part then its KV token by token, and the tokens before the snap's
- * stay as they are while the step goes on, so the entry's bytes are the
- * same, and the bulk of the copy (a long context's KV) waits until the
- * step's result is sent.
+ * the new entry, whose KV part wrk_host_fill() reads before the worker
+ * takes its next message: a hybrid image is its fixed part then its KV
+ * token by token, and the tokens before the snap's stay as they are while
+ * the step goes on, so the entry's bytes are the same, and the bulk of the
+ * copy waits until the step's result is sent.
  */
 static wk_err
-wrk_host_put(wrk_worker *w, uint32_t slot, const char *key, wrk_host_entry **tail)
+wrk_host_copy(wrk_worker *w, uint32_t slot, const char *key, wrk_host_entry **tail)
 {
-    (void)wrk_host_drop(w, key);
-    uint64_t len = wrk_slot_size(w, slot);
-    if (w->host_bytes + len > w->cfg.host_cache_bytes)
-        return WK_ENOSPC;
-    uint64_t now = len, fixed = w->cfg.backend->slot_bytes(w->be);
-    if (tail != NULL && fixed < len)
-        now = fixed;
-    wrk_host_entry *e = calloc(1, sizeof(*e));
-    uint8_t *bytes = malloc(len ? len : 1);
-    wk_err err = e && bytes ? w->cfg.backend->slot_read(w->be, slot, 0, bytes, now) : WK_ENOMEM;
-    if (err != WK_OK) {
-        free(e);
-        free(bytes);
-        return err;
-    }
-    snprintf(e->key, sizeof(e->key), "%s", key);
-    e->bytes = bytes;
-    e->len = len;
-    e->next = w->host;
-    w->host = e;
-    w->host_bytes += len;
-    if (tail != NULL)
-        *tail = now < len ? e : NULL;
-    return WK_OK;
-}
-
-/*
- * Reads the rest of entry e (wrk_host_put's tail) from slot; on failure the
- * entry goes (the controller then finds no warm copy: a recompute, never a
- * wrong state).
- */
-static void
-wrk_host_tail(wrk_worker *w, uint32_t slot, wrk_host_entry *e)
-{
-    uint64_t fixed = w->cfg.backend->slot_bytes(w->be);
-    wk_err err = w->cfg.backend->slot_read(w->be, slot, fixed, e->bytes + fixed, e->len - fixed);
-    if (err != WK_OK) {
-        wk_log_warn("slot %u: snap %s not copied: %s", slot, e->key, wk_strerror(err));
-        (void)wrk_host_drop(w, e->key);
-    }
+    return wrk_host_put(w->host, slot, wrk_slot_size(w, slot), key, wrk_host_rd, w, tail);
 }
 
 /* HOST_PUT / HOST_GET / HOST_DROP: the warm tier in this process's memory. */
@@ -1026,7 +966,7 @@ wrk_handle_host(wrk_worker *w, const wk_msg *req)
         return;
     }
     if (req->kind == WKVM__KIND__HOST_DROP) {
-        bool had = wrk_host_drop(w, h->key);
+        bool had = wrk_host_drop(w->host, h->key);
         wrk_reply_status(w, req, WKVM__KIND__ACK, had ? WK_OK : WK_ENOENT,
                          had ? "" : "no such key");
         return;
@@ -1036,21 +976,21 @@ wrk_handle_host(wrk_worker *w, const wk_msg *req)
         return;
     }
     if (req->kind == WKVM__KIND__HOST_GET) {
-        wrk_host_entry *e = NULL;
         char detail[160] = "";
-        for (e = w->host; e != NULL && strcmp(e->key, h->key) != 0; e = e->next)
-            ;
+        uint64_t len = 0;
+        wrk_host_slot_changed(w->host, h->slot);
         /* Entries keep their own size (hybrid images differ per entry). */
-        wk_err err = e == NULL ? WK_ENOENT
-                               : wrk_slot_resize(w, h->slot, e->len, detail, sizeof(detail));
-        if (err == WK_OK)
-            err = w->cfg.backend->slot_write(w->be, h->slot, 0, e->bytes, e->len);
+        wk_err err = !wrk_host_len(w->host, h->key, &len)
+                         ? WK_ENOENT
+                         : wrk_slot_resize(w, h->slot, len, detail, sizeof(detail));
+        if (err == WK_OK) /* (the slot's lineage: this entry's KV) */
+            err = wrk_host_load(w->host, h->key, h->slot, wrk_host_wr, w);
         wrk_reply_status(w, req, WKVM__KIND__ACK, err,
                          err == WK_OK ? "" : detail[0] ? detail : wk_strerror(err));
         return;
     }
     /* HOST_PUT: replace any entry of that key; refuse past the budget. */
-    wk_err err = wrk_host_put(w, h->slot, h->key, NULL);
+    wk_err err = wrk_host_copy(w, h->slot, h->key, NULL);
     wrk_reply_status(w, req, WKVM__KIND__ACK, err,
                      err == WK_OK       ? ""
                      : err == WK_ENOSPC ? "host cache full"
@@ -1114,7 +1054,7 @@ static void
 wrk_step_snap(wrk_worker *w, const Wkvm__StepRow *sr, wrk_row_prog *pg)
 {
     uint32_t k = pg->snap++;
-    wk_err err = wrk_host_put(w, sr->slot, sr->snaps[k]->host_key, &pg->tail[k]);
+    wk_err err = wrk_host_copy(w, sr->slot, sr->snaps[k]->host_key, &pg->tail[k]);
     if (err == WK_OK)
         pg->saved |= 1u << k;
     else if (err != WK_ENOSPC)
@@ -1192,7 +1132,9 @@ wrk_step_snaps_undo(wrk_worker *w, const Wkvm__Step *st, const wrk_row_prog *pg)
     for (size_t i = 0; i < st->n_rows; i++)
         for (size_t k = 0; k < st->rows[i]->n_snaps; k++)
             if (pg[i].saved & (1u << k))
-                (void)wrk_host_drop(w, st->rows[i]->snaps[k]->host_key);
+                (void)wrk_host_drop(w->host, st->rows[i]->snaps[k]->host_key);
+    /* (the slots' lineages may hold KV those copies never read) */
+    wrk_host_slot_changed(w->host, UINT32_MAX);
 }
 
 /*
@@ -1288,6 +1230,8 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
         rows[i].logits_mode = sr->sample ? BE_LOGITS_LAST : BE_LOGITS_NONE;
         rows[i].logits = sr->sample ? w->logits + off : NULL;
         rows[i].reset = sr->reset; /* part of the step: a refused step resets nothing */
+        if (sr->reset) /* (its KV starts over: the rows its lineage shares are gone) */
+            wrk_host_slot_changed(w->host, sr->slot);
         off += sr->sample ? vocab : 0;
         ntok += sr->n_tokens;
     }
@@ -1380,11 +1324,22 @@ wrk_handle_step(wrk_worker *w, const wk_msg *req)
     r.payload_case = WKVM__ENVELOPE__PAYLOAD_STEP_RESULT;
     r.step_result = &sres;
     wrk_send(w, &r);
-    /* the snaps' KV parts, now that the result is on its way (before any next message) */
-    for (size_t i = 0; i < n && n_snaps > 0; i++)
-        for (size_t k = 0; k < st->rows[i]->n_snaps; k++)
-            if (pg[i].tail[k] != NULL)
-                wrk_host_tail(w, st->rows[i]->slot, pg[i].tail[k]);
+    /*
+     * The snaps' KV parts, now that the result is on its way (before any next
+     * message). A failed read drops every copy still unread (the controller then
+     * finds no warm copy: a recompute, never a wrong state).
+     */
+    for (size_t i = 0, stop = 0; i < n && n_snaps > 0 && !stop; i++)
+        for (size_t k = 0; k < st->rows[i]->n_snaps && !stop; k++) {
+            if (pg[i].tail[k] == NULL)
+                continue;
+            wk_err fe = wrk_host_fill(w->host, pg[i].tail[k], st->rows[i]->slot, wrk_host_rd, w);
+            if (fe != WK_OK) {
+                wk_log_warn("slot %u: snaps not copied: %s", st->rows[i]->slot,
+                            wk_strerror(fe));
+                stop = 1;
+            }
+        }
 done:
     if (err != WK_OK) {
         if (pg != NULL)
@@ -1660,6 +1615,18 @@ wrk_worker_serve(wrk_worker *w, volatile sig_atomic_t *stop, wk_diag *d)
         }
         const uint64_t began = wrk_now_us() / 1000u;
         atomic_store(&w->busy_since_ms, began ? began : 1);
+        switch (m->kind) { /* (deny by default: a slot's lineage only outlives what is known) */
+        case WKVM__KIND__HELLO_ACK:
+        case WKVM__KIND__STATS:
+        case WKVM__KIND__STEP:      /* appends, but for reset rows (wrk_handle_step) */
+        case WKVM__KIND__SLOT_READ: /* reads */
+        case WKVM__KIND__HOST_PUT:  /* reads its slot */
+        case WKVM__KIND__HOST_GET:  /* sets its slot's (wrk_handle_host) */
+        case WKVM__KIND__HOST_DROP:
+            break;
+        default: /* resets, copies, writes, migrations, a model load: every slot's ends */
+            wrk_host_slot_changed(w->host, UINT32_MAX);
+        }
         switch (m->kind) {
         case WKVM__KIND__HELLO_ACK:
             if (m->status != 0) {

@@ -930,6 +930,114 @@ test_step_snaps_hybrid(void **state)
     fx_close(&f);
 }
 
+/* The worker's warm-tier bytes held now (STATS host_mem_used less the rest, which is constant). */
+static uint64_t
+host_held(fx *f)
+{
+    wk_msg *r = stats(f);
+    uint64_t v = r->stats_reply->host_mem_used;
+    wk_proto_free(r);
+    return v;
+}
+
+/*
+ * The warm tier's shared KV on a hybrid: a copy of a slot loaded from an
+ * entry, or copied before, holds only its fixed part and the rows past that
+ * entry's (host_mem_used grows by that), and still reads back the slot's
+ * image; after SLOT_RESET, a reset STEP row or SLOT_WRITE on that slot (its
+ * rows rewritten, longer than the entry it was loaded from), a copy is whole
+ * and again the slot's image, never the old entry's rows.
+ */
+static void
+test_host_shared_kv(void **state)
+{
+    (void)state;
+    static fx f;
+    fx_open(&f);
+    synth_rmdir(f.model);
+    snprintf(f.model, sizeof(f.model), "%s/hybrid", f.dir);
+    hybrid_write(f.model);
+    wk_proto_free(hello(&f));
+    wk_msg ack = WKVM__ENVELOPE__INIT;
+    ack.kind = WKVM__KIND__HELLO_ACK;
+    send_msg(&f, &ack);
+    Wkvm__LoadModel lm = WKVM__LOAD_MODEL__INIT;
+    lm.model_dir = f.model;
+    lm.n_slots = 4;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__LOAD_MODEL;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_LOAD_MODEL;
+    m.load_model = &lm;
+    wk_msg *r = call(&f, &m);
+    if (r->status != 0)
+        fail_msg("load: %s", r->detail);
+    const uint64_t sb = r->model_info->state_bytes, tb = r->model_info->kv_token_bytes;
+    wk_proto_free(r);
+    static const int32_t A[7] = {5, 17, 36, 12, 3, 25, 11}, B[9] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+    (void)step_tok(&f, 1, A, 4, true);
+    uint64_t h0 = host_held(&f);
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_PUT, "p4", 1), WK_OK);
+    assert_int_equal(host_held(&f) - h0, sb + 4 * tb);
+    (void)step_tok(&f, 1, A + 4, 3, false);
+    h0 = host_held(&f);
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_PUT, "p7", 1), WK_OK);
+    assert_int_equal(host_held(&f) - h0, sb + 3 * tb); /* (rows 0..3 are p4's) */
+    same_image(&f, 1, NULL, 0, "p7", sb + 7 * tb);
+    /* loaded into slot 2 and continued: the copy holds the 2 new rows */
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_GET, "p7", 2), WK_OK);
+    int32_t t = step_tok(&f, 2, B, 2, false);
+    h0 = host_held(&f);
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_PUT, "q9", 2), WK_OK);
+    assert_int_equal(host_held(&f) - h0, sb + 2 * tb);
+    same_image(&f, 2, NULL, 0, "q9", sb + 9 * tb);
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_DROP, "p4", 0), WK_OK);
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_DROP, "p7", 0), WK_OK);
+    assert_int_equal(host_op(&f, WKVM__KIND__HOST_GET, "q9", 3), WK_OK); /* (still whole) */
+    same_image(&f, 3, NULL, 2, NULL, sb + 9 * tb);
+    assert_int_equal(step_tok(&f, 3, B + 2, 1, false), step_tok(&f, 2, B + 2, 1, false));
+    (void)t;
+    /* the slot rewritten three ways, longer than q9: every copy is the slot's own image */
+    for (int way = 0; way < 3; way++) {
+        assert_int_equal(host_op(&f, WKVM__KIND__HOST_GET, "q9", 3), WK_OK);
+        if (way == 0) {
+            r = slot_op(&f, WKVM__KIND__SLOT_RESET, 3);
+            assert_int_equal(r->status, 0);
+            wk_proto_free(r);
+            (void)step_tok(&f, 3, B, 9, false);
+            (void)step_tok(&f, 3, A, 2, false);
+        } else if (way == 1) {
+            (void)step_tok(&f, 3, B + 2, 7, true);
+            (void)step_tok(&f, 3, A, 4, false);
+        } else { /* slot 1's image (11 tokens) written over slot 3 */
+            (void)step_tok(&f, 1, B, 4, false);
+            size_t n = 0;
+            wk_err st;
+            uint8_t *img = read_slot(&f, 1, NULL, &n, &st);
+            assert_int_equal(st, WK_OK);
+            Wkvm__SlotWrite sw = WKVM__SLOT_WRITE__INIT;
+            sw.slot = 3;
+            sw.offset = 0;
+            sw.data.data = img;
+            sw.data.len = n;
+            sw.total_bytes = n;
+            wk_msg w = WKVM__ENVELOPE__INIT;
+            w.kind = WKVM__KIND__SLOT_WRITE;
+            w.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_WRITE;
+            w.slot_write = &sw;
+            r = call(&f, &w);
+            assert_int_equal(r->status, 0);
+            wk_proto_free(r);
+            free(img);
+        }
+        h0 = host_held(&f);
+        assert_int_equal(host_op(&f, WKVM__KIND__HOST_PUT, "w", 3), WK_OK);
+        assert_int_equal(host_held(&f) - h0, sb + 11 * tb); /* whole */
+        same_image(&f, 3, NULL, 0, "w", sb + 11 * tb);
+        assert_int_equal(host_op(&f, WKVM__KIND__HOST_DROP, "w", 0), WK_OK);
+    }
+    fx_close(&f);
+}
+
 int
 main(void)
 {
@@ -937,6 +1045,7 @@ main(void)
         cmocka_unit_test(test_serve),           cmocka_unit_test(test_refused_hello),
         cmocka_unit_test(test_link_silence),    cmocka_unit_test(test_step_snaps),
         cmocka_unit_test(test_step_snaps_full), cmocka_unit_test(test_step_snaps_hybrid),
+        cmocka_unit_test(test_host_shared_kv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,241 @@
+/*
+ * wrk_host: the warm tier over fake slot images (a fixed part of F bytes,
+ * then T bytes a KV token). A copy of a slot loaded from or copied to an
+ * entry references that entry's KV and copies only its fixed part and the
+ * rows past it: the bytes held grow by that much, every entry still reads
+ * back its own image byte for byte (after the entries it shares with are
+ * dropped too), a deferred copy reads back only once filled, a failed fill
+ * drops every entry sharing the unread bytes, a changed slot shares
+ * nothing, the budget gives up other slots' lineages before refusing, and a
+ * model without KV shares nothing.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "wrk_host.h"
+
+#define F 16u      /* fixed part */
+#define T 8u       /* KV bytes a token */
+#define ROWS 64u   /* most tokens of a fake slot */
+#define SLOTS 4u
+
+typedef struct fake {
+    uint8_t img[SLOTS][F + ROWS * T]; /* each slot's image */
+    uint64_t len[SLOTS];              /* its size now */
+    bool fail_reads;                  /* rd answers WK_EIO */
+} fake;
+
+static wk_err
+rd(void *arg, uint32_t slot, uint64_t off, void *buf, size_t len)
+{
+    fake *f = arg;
+    if (f->fail_reads)
+        return WK_EIO;
+    assert_true(slot < SLOTS && off + len <= f->len[slot]);
+    memcpy(buf, f->img[slot] + off, len);
+    return WK_OK;
+}
+
+static wk_err
+wr(void *arg, uint32_t slot, uint64_t off, const void *buf, size_t len)
+{
+    fake *f = arg;
+    assert_true(slot < SLOTS && off + len <= f->len[slot]);
+    memcpy(f->img[slot] + off, buf, len);
+    return WK_OK;
+}
+
+/* Slot s gets a new fixed part and n more KV rows (bytes from seed), as a step would. */
+static void
+grow(fake *f, uint32_t s, uint32_t n, uint8_t seed)
+{
+    for (uint32_t i = 0; i < F; i++)
+        f->img[s][i] = (uint8_t)(seed * 31u + i);
+    uint64_t rows = f->len[s] ? (f->len[s] - F) / T : 0;
+    assert_true(rows + n <= ROWS);
+    for (uint64_t b = F + rows * T; b < F + (rows + n) * T; b++)
+        f->img[s][b] = (uint8_t)(seed * 7u + b * 13u);
+    f->len[s] = F + (rows + n) * T;
+}
+
+/* Entry key reads back exactly slot s's image as it was when want was taken. */
+static void
+same(wrk_host *h, const char *key, const uint8_t *want, uint64_t len)
+{
+    uint64_t got = 0;
+    assert_true(wrk_host_len(h, key, &got));
+    assert_int_equal(got, len);
+    uint8_t *buf = malloc(len + 1);
+    const uint8_t *p = NULL;
+    assert_int_equal(wrk_host_read(h, key, 0, (size_t)len, buf, &p), WK_OK);
+    assert_memory_equal(p, want, len);
+    for (uint64_t off = 0; off + 5 <= len; off += 11) { /* ranges across pieces */
+        assert_int_equal(wrk_host_read(h, key, off, 5, buf, &p), WK_OK);
+        assert_memory_equal(p, want + off, 5);
+    }
+    free(buf);
+}
+
+static void
+test_shared_kv(void **state)
+{
+    (void)state;
+    static fake f;
+    memset(&f, 0, sizeof(f));
+    wrk_host *h = wrk_host_new(1u << 20, 0);
+    assert_non_null(h);
+    assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
+    static uint8_t a[F + ROWS * T], b[F + ROWS * T], c[F + ROWS * T];
+    grow(&f, 1, 4, 1);
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "a", rd, &f, NULL), WK_OK);
+    memcpy(a, f.img[1], f.len[1]);
+    const uint64_t la = f.len[1];
+    assert_int_equal(wrk_host_bytes(h), F + 4 * T);
+    assert_int_equal(wrk_host_lineage(h, 1), 4);
+    /* the slot goes on: the copy holds its fixed part and the 6 new rows only */
+    grow(&f, 1, 6, 2);
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "b", rd, &f, NULL), WK_OK);
+    memcpy(b, f.img[1], f.len[1]);
+    const uint64_t lb = f.len[1];
+    assert_int_equal(wrk_host_bytes(h), (F + 4 * T) + (F + 6 * T));
+    same(h, "a", a, la);
+    same(h, "b", b, lb);
+    /* loaded into another slot, which goes its own way */
+    f.len[2] = la;
+    assert_int_equal(wrk_host_load(h, "a", 2, wr, &f), WK_OK);
+    assert_memory_equal(f.img[2], a, la);
+    assert_int_equal(wrk_host_lineage(h, 2), 4);
+    grow(&f, 2, 3, 3);
+    uint64_t before = wrk_host_bytes(h);
+    assert_int_equal(wrk_host_put(h, 2, f.len[2], "c", rd, &f, NULL), WK_OK);
+    memcpy(c, f.img[2], f.len[2]);
+    const uint64_t lc = f.len[2];
+    assert_int_equal(wrk_host_bytes(h) - before, F + 3 * T);
+    /* the entries shared from go; what shares them still reads its own image */
+    assert_true(wrk_host_drop(h, "a"));
+    assert_false(wrk_host_drop(h, "a"));
+    same(h, "b", b, lb);
+    same(h, "c", c, lc);
+    /* a replaced key: the new bytes */
+    grow(&f, 2, 1, 4);
+    assert_int_equal(wrk_host_put(h, 2, f.len[2], "c", rd, &f, NULL), WK_OK);
+    same(h, "c", f.img[2], f.len[2]);
+    /* a changed slot shares nothing: its next copy is whole */
+    wrk_host_slot_changed(h, 2);
+    assert_int_equal(wrk_host_lineage(h, 2), 0);
+    before = wrk_host_bytes(h);
+    assert_int_equal(wrk_host_put(h, 2, f.len[2], "d", rd, &f, NULL), WK_OK);
+    assert_int_equal(wrk_host_bytes(h) - before, f.len[2]);
+    same(h, "d", f.img[2], f.len[2]);
+    /* everything dropped: nothing held (lineages end with the reset) */
+    assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
+    assert_int_equal(wrk_host_bytes(h), 0);
+    assert_int_equal(wrk_host_load(h, "b", 1, wr, &f), WK_ENOENT);
+    wrk_host_free(h);
+}
+
+static void
+test_deferred(void **state)
+{
+    (void)state;
+    static fake f;
+    memset(&f, 0, sizeof(f));
+    wrk_host *h = wrk_host_new(1u << 20, SLOTS);
+    assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
+    static uint8_t want[2][F + ROWS * T];
+    uint64_t wl[2];
+    /* two snaps of one slot in a step: the second shares the first's unread rows */
+    grow(&f, 1, 5, 5);
+    wrk_host_entry *p1 = NULL, *p2 = NULL;
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "s1", rd, &f, &p1), WK_OK);
+    assert_non_null(p1);
+    memcpy(want[0], f.img[1], f.len[1]);
+    wl[0] = f.len[1];
+    grow(&f, 1, 2, 6); /* (the step goes on: a new fixed part, two more rows) */
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "s2", rd, &f, &p2), WK_OK);
+    assert_non_null(p2);
+    memcpy(want[1], f.img[1], f.len[1]);
+    wl[1] = f.len[1];
+    assert_int_equal(wrk_host_bytes(h), (F + 5 * T) + (F + 2 * T));
+    uint8_t buf[8];
+    const uint8_t *q = NULL;
+    assert_int_equal(wrk_host_read(h, "s1", F, 4, buf, &q), WK_ESTATE); /* not yet read */
+    assert_int_equal(wrk_host_fill(h, p1, 1, rd, &f), WK_OK);
+    assert_int_equal(wrk_host_fill(h, p2, 1, rd, &f), WK_OK);
+    uint64_t l = 0;
+    /* s1: its fixed part read at its put, its rows at the fill (the same: rows never change) */
+    same(h, "s1", want[0], wl[0]);
+    same(h, "s2", want[1], wl[1]);
+    /* a fill that fails drops every entry sharing unread bytes, and every lineage */
+    grow(&f, 1, 3, 8);
+    wrk_host_entry *p3 = NULL, *p4 = NULL;
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "s3", rd, &f, &p3), WK_OK);
+    grow(&f, 1, 1, 9);
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "s4", rd, &f, &p4), WK_OK);
+    f.fail_reads = true;
+    assert_int_equal(wrk_host_fill(h, p3, 1, rd, &f), WK_EIO);
+    f.fail_reads = false;
+    assert_false(wrk_host_len(h, "s3", &l));
+    assert_false(wrk_host_len(h, "s4", &l));
+    assert_true(wrk_host_len(h, "s2", &l)); /* (read long before: kept) */
+    assert_int_equal(wrk_host_lineage(h, 1), 0);
+    same(h, "s2", want[1], wl[1]);
+    wrk_host_free(h);
+}
+
+static void
+test_budget_and_no_kv(void **state)
+{
+    (void)state;
+    static fake f;
+    memset(&f, 0, sizeof(f));
+    /* room for 3 whole images of 8 rows */
+    wrk_host *h = wrk_host_new(3 * (F + 8 * T), SLOTS);
+    assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
+    grow(&f, 1, 8, 1);
+    grow(&f, 2, 8, 2);
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "x", rd, &f, NULL), WK_OK);
+    assert_int_equal(wrk_host_put(h, 2, f.len[2], "y", rd, &f, NULL), WK_OK);
+    assert_true(wrk_host_drop(h, "y")); /* slot 2's lineage still holds y's KV */
+    assert_int_equal(wrk_host_lineage(h, 2), 8);
+    grow(&f, 3, 8, 3);
+    f.len[3] = F + 8 * T;
+    /* 2 images' room left by the count, 1 in fact: slot 2's lineage is given up */
+    assert_int_equal(wrk_host_put(h, 3, f.len[3], "z", rd, &f, NULL), WK_OK);
+    assert_int_equal(wrk_host_put(h, 3, f.len[3], "z2", rd, &f, NULL), WK_OK); /* (shares z) */
+    assert_int_equal(wrk_host_lineage(h, 2), 0);
+    grow(&f, 2, 40, 4);
+    assert_int_equal(wrk_host_put(h, 2, f.len[2], "big", rd, &f, NULL), WK_ENOSPC);
+    assert_false(wrk_host_len(h, "big", &(uint64_t){0}));
+    same(h, "x", f.img[1], f.len[1]);
+    /* a model without KV: whole images, no lineage */
+    assert_int_equal(wrk_host_reset(h, 40, 0, SLOTS), WK_OK);
+    f.len[1] = 40;
+    assert_int_equal(wrk_host_put(h, 1, 40, "r", rd, &f, NULL), WK_OK);
+    assert_int_equal(wrk_host_lineage(h, 1), 0);
+    assert_int_equal(wrk_host_bytes(h), 40);
+    f.len[2] = 40;
+    assert_int_equal(wrk_host_load(h, "r", 2, wr, &f), WK_OK);
+    assert_memory_equal(f.img[2], f.img[1], 40);
+    /* refused keys */
+    assert_int_equal(wrk_host_put(h, 1, 40, "", rd, &f, NULL), WK_EINVAL);
+    wrk_host_free(h);
+    wrk_host_free(NULL);
+}
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_kv),
+        cmocka_unit_test(test_deferred),
+        cmocka_unit_test(test_budget_and_no_kv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
