@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define WRK_HOST_PIECES_MAX 64u /* pieces a lineage may have and still be shared */
+
 typedef struct wrk_seg {
     uint32_t refs;   /* pieces pointing into it */
     bool pending;    /* part of it is still to be read (wrk_host_fill) */
@@ -37,9 +39,9 @@ struct wrk_host_entry {
     wrk_piece *p;                /* the image, in order */
     size_t n;                    /* pieces */
     uint64_t len;                /* image bytes */
-    wrk_seg *own;                /* the segment this entry copied */
+    wrk_seg *own;                /* the segment of the KV rows this entry copied, NULL = none */
     uint64_t fill_off;           /* deferred: image offset of the bytes still to read */
-    size_t fill_len;             /* their length (into own at fixed), 0 = none */
+    size_t fill_len;             /* their length (into own), 0 = none */
     struct wrk_host_entry *next; /* list link */
 };
 
@@ -256,75 +258,89 @@ wrk_host_put(wrk_host *h, uint32_t slot, uint64_t len, const char *key, wrk_host
     const uint64_t F = h->fixed, T = h->per_token;
     const bool lin = slot < h->n_slots; /* (none without the lineages' memory) */
     const bool kv = T > 0 && len > F && (len - F) % T == 0;
-    uint64_t m = lin && kv && F + h->lins[slot].rows * T <= len ? h->lins[slot].rows : 0;
-    uint64_t own = len - m * T;   /* the fixed part and the rows past the lineage's */
-    if (h->held + own > h->cap) { /* the other slots' lineages first, then this one's */
-        for (uint32_t s = 0; s < h->n_slots; s++)
-            if (s != slot)
-                lin_end(h, s);
-        if (h->held + own > h->cap && m > 0) {
-            lin_end(h, slot);
-            m = 0;
-            own = len;
-        }
-        if (h->held + own > h->cap)
-            return WK_ENOSPC;
-    }
+    /* shared: what the slot's lineage covers, unless its pieces are many (a new chain then) */
+    const uint64_t m =
+        lin && kv && F + h->lins[slot].rows * T <= len && h->lins[slot].n < WRK_HOST_PIECES_MAX
+            ? h->lins[slot].rows
+            : 0;
+    const uint64_t own = len - m * T; /* the fixed part and the rows past the lineage's */
+    /* over the cap: other slots' lineages go, one at a time, until it fits */
+    for (uint32_t s = 0; s < h->n_slots && h->held + own > h->cap; s++)
+        if (s != slot)
+            lin_end(h, s);
+    if (h->held + own > h->cap)
+        return WK_ENOSPC;
+    /*
+     * Two segments: the fixed part (everything, without KV) and the KV rows
+     * past the lineage's, so that a later copy sharing these rows keeps only
+     * them alive, not this copy's fixed part.
+     */
+    const size_t head = (size_t)(kv ? F : own);
+    const size_t tail = (size_t)(own - head);
     wrk_host_entry *e = calloc(1, sizeof(*e));
-    wrk_seg *s = e != NULL ? seg_new(h, (size_t)own) : NULL;
-    if (s == NULL) {
+    wrk_seg *fs = e != NULL ? seg_new(h, head) : NULL;
+    wrk_seg *ks = fs != NULL && tail > 0 ? seg_new(h, tail) : NULL;
+    if (fs == NULL || (tail > 0 && ks == NULL)) {
+        seg_unref(h, fs);
         free(e);
         return WK_ENOMEM;
     }
     snprintf(e->key, sizeof(e->key), "%s", key);
     e->len = len;
-    e->own = s;
-    const size_t head =
-        (size_t)(kv ? F : own); /* read now: the fixed part (everything without KV) */
-    const bool defer = pend != NULL && own > head;
-    wk_err err = rd(arg, slot, 0, s->bytes, head);
-    if (err == WK_OK && !defer && own > head)
-        err = rd(arg, slot, F + m * T, s->bytes + head, (size_t)(own - head));
-    size_t cap = 0;
-    wrk_piece first = {s, 0, head};
-    if (err == WK_OK) {
-        e->p = malloc(8 * sizeof(*e->p));
-        cap = 8;
-        err = e->p == NULL ? WK_ENOMEM : WK_OK;
+    e->own = ks;
+    const bool defer = pend != NULL && tail > 0;
+    wk_err err = rd(arg, slot, 0, fs->bytes, head);
+    if (err == WK_OK && !defer && tail > 0)
+        err = rd(arg, slot, F + m * T, ks->bytes, tail);
+    size_t cap = 8;
+    e->p = err == WK_OK ? malloc(cap * sizeof(*e->p)) : NULL;
+    if (err == WK_OK && e->p == NULL)
+        err = WK_ENOMEM;
+    if (err != WK_OK) {
+        seg_unref(h, fs);
+        seg_unref(h, ks);
+        entry_free(h, e);
+        return err;
     }
-    if (err == WK_OK) {
-        e->p[e->n++] = first; /* (holds the allocation's reference) */
-        if (m > 0 && !pieces_slice(h->lins[slot].p, h->lins[slot].n, 0, m * T, &e->p, &e->n, &cap))
-            err = WK_ENOMEM;
-    }
-    if (err == WK_OK && own > head) {
-        wrk_piece tail = {s, head, (size_t)(own - head)};
-        if (!pieces_slice(&tail, 1, 0, tail.len, &e->p, &e->n, &cap))
-            err = WK_ENOMEM;
+    e->p[e->n++] = (wrk_piece){fs, 0, head}; /* (the pieces hold the segments' references) */
+    if (m > 0 && !pieces_slice(h->lins[slot].p, h->lins[slot].n, 0, m * T, &e->p, &e->n, &cap))
+        err = WK_ENOMEM;
+    if (err == WK_OK && tail > 0) {
+        if (e->n == cap) {
+            wrk_piece *q = realloc(e->p, (cap + 1) * sizeof(*q));
+            if (q == NULL)
+                err = WK_ENOMEM;
+            else
+                e->p = q;
+        }
+        if (err == WK_OK)
+            e->p[e->n++] = (wrk_piece){ks, 0, tail};
     }
     if (err != WK_OK) {
-        if (e->n == 0)
-            seg_unref(h, s);
+        if (tail > 0 && (e->n == 0 || e->p[e->n - 1].seg != ks))
+            seg_unref(h, ks); /* (not in the pieces yet) */
         entry_free(h, e);
         return err;
     }
     if (defer) {
-        s->pending = true;
+        ks->pending = true;
         e->fill_off = F + m * T;
-        e->fill_len = (size_t)(own - head);
+        e->fill_len = tail;
         *pend = e;
     }
     e->next = h->head;
     h->head = e;
     if (lin && kv)
         lin_set(h, slot, e);
+    else if (lin) /* (an image off the geometry: the slot shares nothing with it) */
+        lin_end(h, slot);
     return WK_OK;
 }
 
 wk_err
 wrk_host_fill(wrk_host *h, wrk_host_entry *p, uint32_t slot, wrk_host_read_fn rd, void *arg)
 {
-    wk_err err = rd(arg, slot, p->fill_off, p->own->bytes + h->fixed, p->fill_len);
+    wk_err err = rd(arg, slot, p->fill_off, p->own->bytes, p->fill_len);
     if (err == WK_OK) {
         p->own->pending = false;
         p->fill_len = 0;
@@ -363,10 +379,11 @@ wrk_host_load(wrk_host *h, const char *key, uint32_t slot, wrk_host_write_fn wr,
     if (e == NULL)
         return WK_ENOENT;
     wrk_host_slot_changed(h, slot);
-    uint64_t off = 0;
-    for (size_t i = 0; i < e->n; off += e->p[i].len, i++) {
+    for (size_t i = 0; i < e->n; i++)
         if (e->p[i].seg->pending)
             return WK_ESTATE; /* (never: fills come before the next message) */
+    uint64_t off = 0;
+    for (size_t i = 0; i < e->n; off += e->p[i].len, i++) {
         wk_err err = wr(arg, slot, off, e->p[i].seg->bytes + e->p[i].off, e->p[i].len);
         if (err != WK_OK)
             return err;

@@ -79,8 +79,10 @@ wk_err wrk_host_put(wrk_host *h, uint32_t slot, uint64_t len, const char *key, w
 
 /*
  * Reads entry p's deferred part from slot through rd. On failure every
- * entry sharing those bytes goes and every lineage ends; the error is
- * returned.
+ * entry holding bytes still to be read goes (p and every other pending
+ * entry: the caller fills no more) and every lineage ends; the error is
+ * returned. p must still be in the tier: nothing may drop or replace its
+ * key between its wrk_host_put and this call.
  */
 wk_err wrk_host_fill(wrk_host *h, wrk_host_entry *p, uint32_t slot, wrk_host_read_fn rd, void *arg);
 

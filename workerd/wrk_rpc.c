@@ -1129,12 +1129,15 @@ wrk_step_pieces(wrk_worker *w, const Wkvm__Step *st, be_row *rows, wrk_row_prog 
 static void
 wrk_step_snaps_undo(wrk_worker *w, const Wkvm__Step *st, const wrk_row_prog *pg)
 {
+    bool any = false;
     for (size_t i = 0; i < st->n_rows; i++)
         for (size_t k = 0; k < st->rows[i]->n_snaps; k++)
-            if (pg[i].saved & (1u << k))
+            if (pg[i].saved & (1u << k)) {
                 (void)wrk_host_drop(w->host, st->rows[i]->snaps[k]->host_key);
-    /* (the slots' lineages may hold KV those copies never read) */
-    wrk_host_slot_changed(w->host, UINT32_MAX);
+                any = true;
+            }
+    if (any) /* (the slots' lineages may hold KV those copies never read) */
+        wrk_host_slot_changed(w->host, UINT32_MAX);
 }
 
 /*

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +23,7 @@
 
 #define F 16u      /* fixed part */
 #define T 8u       /* KV bytes a token */
-#define ROWS 64u   /* most tokens of a fake slot */
+#define ROWS 80u   /* most tokens of a fake slot */
 #define SLOTS 4u
 
 typedef struct fake {
@@ -186,6 +187,7 @@ test_deferred(void **state)
     assert_true(wrk_host_len(h, "s2", &l)); /* (read long before: kept) */
     assert_int_equal(wrk_host_lineage(h, 1), 0);
     same(h, "s2", want[1], wl[1]);
+    assert_int_equal(wrk_host_bytes(h), (F + 5 * T) + (F + 2 * T)); /* (nothing leaked) */
     wrk_host_free(h);
 }
 
@@ -200,20 +202,42 @@ test_budget_and_no_kv(void **state)
     assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
     grow(&f, 1, 8, 1);
     grow(&f, 2, 8, 2);
+    grow(&f, 3, 8, 3);
     assert_int_equal(wrk_host_put(h, 1, f.len[1], "x", rd, &f, NULL), WK_OK);
     assert_int_equal(wrk_host_put(h, 2, f.len[2], "y", rd, &f, NULL), WK_OK);
-    assert_true(wrk_host_drop(h, "y")); /* slot 2's lineage still holds y's KV */
+    assert_true(wrk_host_drop(h, "y")); /* its fixed part goes; slot 2's lineage keeps its KV */
+    assert_int_equal(wrk_host_bytes(h), (F + 8 * T) + 8 * T);
     assert_int_equal(wrk_host_lineage(h, 2), 8);
-    grow(&f, 3, 8, 3);
-    f.len[3] = F + 8 * T;
-    /* 2 images' room left by the count, 1 in fact: slot 2's lineage is given up */
     assert_int_equal(wrk_host_put(h, 3, f.len[3], "z", rd, &f, NULL), WK_OK);
-    assert_int_equal(wrk_host_put(h, 3, f.len[3], "z2", rd, &f, NULL), WK_OK); /* (shares z) */
+    assert_int_equal(wrk_host_put(h, 3, f.len[3], "z2", rd, &f, NULL), WK_OK); /* (its F only) */
+    assert_int_equal(wrk_host_bytes(h), 3 * (F + 8 * T));
+    /* slot 1 goes on: over the cap by its new part; slot 2's lineage (only it holds y's KV)
+       is given up, slot 1's kept */
+    grow(&f, 1, 4, 4);
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "x2", rd, &f, NULL), WK_OK);
     assert_int_equal(wrk_host_lineage(h, 2), 0);
-    grow(&f, 2, 40, 4);
+    assert_int_equal(wrk_host_lineage(h, 1), 12);
+    same(h, "x2", f.img[1], f.len[1]);
+    /* what cannot fit is refused, nothing else changed */
+    grow(&f, 2, 40, 5);
     assert_int_equal(wrk_host_put(h, 2, f.len[2], "big", rd, &f, NULL), WK_ENOSPC);
     assert_false(wrk_host_len(h, "big", &(uint64_t){0}));
-    same(h, "x", f.img[1], f.len[1]);
+    /* an image off the geometry is copied whole and ends the slot's lineage */
+    f.len[1] = F / 2;
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "half", rd, &f, NULL), WK_OK);
+    assert_int_equal(wrk_host_lineage(h, 1), 0);
+    same(h, "half", f.img[1], F / 2);
+    /* reads at the end, past it; keys */
+    uint8_t buf[4];
+    const uint8_t *q = NULL;
+    assert_int_equal(wrk_host_read(h, "half", F / 2, 0, buf, &q), WK_OK);
+    assert_int_equal(wrk_host_read(h, "half", F / 2, 1, buf, &q), WK_EINVAL);
+    assert_int_equal(wrk_host_read(h, "nope", 0, 1, buf, &q), WK_ENOENT);
+    char long_key[140];
+    memset(long_key, 'k', sizeof(long_key) - 1);
+    long_key[sizeof(long_key) - 1] = '\0';
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], long_key, rd, &f, NULL), WK_EINVAL);
+    assert_int_equal(wrk_host_put(h, 1, f.len[1], "", rd, &f, NULL), WK_EINVAL);
     /* a model without KV: whole images, no lineage */
     assert_int_equal(wrk_host_reset(h, 40, 0, SLOTS), WK_OK);
     f.len[1] = 40;
@@ -223,10 +247,44 @@ test_budget_and_no_kv(void **state)
     f.len[2] = 40;
     assert_int_equal(wrk_host_load(h, "r", 2, wr, &f), WK_OK);
     assert_memory_equal(f.img[2], f.img[1], 40);
-    /* refused keys */
-    assert_int_equal(wrk_host_put(h, 1, 40, "", rd, &f, NULL), WK_EINVAL);
     wrk_host_free(h);
     wrk_host_free(NULL);
+}
+
+/*
+ * A conversation's chain of copies, each dropping the one before: the bytes
+ * held are exactly the live image (each copy's fixed part goes with it; the
+ * KV rows stay once), and a chain of many pieces starts over whole.
+ */
+static void
+test_chain(void **state)
+{
+    (void)state;
+    static fake f;
+    memset(&f, 0, sizeof(f));
+    wrk_host *h = wrk_host_new(1u << 20, SLOTS);
+    assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
+    char key[16], prev[16] = "";
+    int whole = 0, whole_at = -1;
+    for (int i = 0; i < 70; i++) {
+        grow(&f, 1, 1, (uint8_t)i);
+        snprintf(key, sizeof(key), "c%d", i);
+        uint64_t before = wrk_host_bytes(h);
+        assert_int_equal(wrk_host_put(h, 1, f.len[1], key, rd, &f, NULL), WK_OK);
+        if (i > 0 && wrk_host_bytes(h) - before == f.len[1]) { /* (a new chain) */
+            whole++;
+            whole_at = i;
+        }
+        if (prev[0])
+            assert_true(wrk_host_drop(h, prev));
+        assert_int_equal(wrk_host_bytes(h), f.len[1]);
+        same(h, key, f.img[1], f.len[1]);
+        snprintf(prev, sizeof(prev), "%s", key);
+    }
+    /* one new chain, when the lineage had 64 pieces (one a copy) */
+    assert_int_equal(whole, 1);
+    assert_int_equal(whole_at, 64);
+    wrk_host_free(h);
 }
 
 int
@@ -236,6 +294,7 @@ main(void)
         cmocka_unit_test(test_shared_kv),
         cmocka_unit_test(test_deferred),
         cmocka_unit_test(test_budget_and_no_kv),
+        cmocka_unit_test(test_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
