@@ -83,6 +83,17 @@ same(wrk_host *h, const char *key, const uint8_t *want, uint64_t len)
     free(buf);
 }
 
+/* A tier of cap bytes with the geometry (F, T) over the zeroed fake f. */
+static wrk_host *
+tier(fake *f, uint64_t cap)
+{
+    memset(f, 0, sizeof(*f));
+    wrk_host *h = wrk_host_new(cap, SLOTS);
+    assert_non_null(h);
+    assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
+    return h;
+}
+
 static void
 test_shared_kv(void **state)
 {
@@ -146,9 +157,7 @@ test_deferred(void **state)
 {
     (void)state;
     static fake f;
-    memset(&f, 0, sizeof(f));
-    wrk_host *h = wrk_host_new(1u << 20, SLOTS);
-    assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
+    wrk_host *h = tier(&f, 1u << 20);
     static uint8_t want[2][F + ROWS * T];
     uint64_t wl[2];
     /* two snaps of one slot in a step: the second shares the first's unread rows */
@@ -261,9 +270,7 @@ test_chain(void **state)
 {
     (void)state;
     static fake f;
-    memset(&f, 0, sizeof(f));
-    wrk_host *h = wrk_host_new(1u << 20, SLOTS);
-    assert_int_equal(wrk_host_reset(h, F, T, SLOTS), WK_OK);
+    wrk_host *h = tier(&f, 1u << 20);
     char key[16], prev[16] = "";
     int whole = 0, whole_at = -1;
     for (int i = 0; i < 70; i++) {

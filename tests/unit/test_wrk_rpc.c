@@ -870,6 +870,37 @@ hybrid_write(const char *dir)
 }
 
 /*
+ * The fixture with the tiny Qwen3.5 loaded in 4 slots (Hello answered);
+ * *sb, *tb: its slot_bytes and kv_token_bytes.
+ */
+static void
+hybrid_open(fx *f, uint64_t *sb, uint64_t *tb)
+{
+    fx_open(f);
+    synth_rmdir(f->model); /* the fixture's RWKV-7 model: not this test's */
+    snprintf(f->model, sizeof(f->model), "%s/hybrid", f->dir); /* (fx_close removes it) */
+    hybrid_write(f->model);
+    wk_proto_free(hello(f));
+    wk_msg ack = WKVM__ENVELOPE__INIT;
+    ack.kind = WKVM__KIND__HELLO_ACK;
+    send_msg(f, &ack);
+    Wkvm__LoadModel lm = WKVM__LOAD_MODEL__INIT;
+    lm.model_dir = f->model;
+    lm.n_slots = 4;
+    wk_msg m = WKVM__ENVELOPE__INIT;
+    m.kind = WKVM__KIND__LOAD_MODEL;
+    m.payload_case = WKVM__ENVELOPE__PAYLOAD_LOAD_MODEL;
+    m.load_model = &lm;
+    wk_msg *r = call(f, &m);
+    if (r->status != 0)
+        fail_msg("load: %s", r->detail);
+    *sb = r->model_info->state_bytes;
+    *tb = r->model_info->kv_token_bytes;
+    assert_true(*tb > 0);
+    wk_proto_free(r);
+}
+
+/*
  * Snaps on a hybrid model, whose slot image grows with its context: each
  * entry has the size of the image at its `at` (slot_bytes + at *
  * kv_token_bytes) and the bytes of the prefix fed alone; one loaded back
@@ -880,27 +911,9 @@ test_step_snaps_hybrid(void **state)
 {
     (void)state;
     static fx f;
-    fx_open(&f);
-    synth_rmdir(f.model); /* the fixture's RWKV-7 model: not this test's */
-    snprintf(f.model, sizeof(f.model), "%s/hybrid", f.dir); /* (fx_close removes it) */
-    hybrid_write(f.model);
-    wk_proto_free(hello(&f));
-    wk_msg ack = WKVM__ENVELOPE__INIT;
-    ack.kind = WKVM__KIND__HELLO_ACK;
-    send_msg(&f, &ack);
-    Wkvm__LoadModel lm = WKVM__LOAD_MODEL__INIT;
-    lm.model_dir = f.model;
-    lm.n_slots = 4;
-    wk_msg m = WKVM__ENVELOPE__INIT;
-    m.kind = WKVM__KIND__LOAD_MODEL;
-    m.payload_case = WKVM__ENVELOPE__PAYLOAD_LOAD_MODEL;
-    m.load_model = &lm;
-    wk_msg *r = call(&f, &m);
-    if (r->status != 0)
-        fail_msg("load: %s", r->detail);
-    uint64_t sb = r->model_info->state_bytes, tb = r->model_info->kv_token_bytes;
-    assert_true(tb > 0);
-    wk_proto_free(r);
+    uint64_t sb = 0, tb = 0;
+    hybrid_open(&f, &sb, &tb);
+    wk_msg *r = NULL;
     static const int32_t A[7] = {5, 17, 36, 12, 3, 25, 11};
     srow row = {.slot = 1,
                 .toks = A,
@@ -953,26 +966,9 @@ test_host_shared_kv(void **state)
 {
     (void)state;
     static fx f;
-    fx_open(&f);
-    synth_rmdir(f.model);
-    snprintf(f.model, sizeof(f.model), "%s/hybrid", f.dir);
-    hybrid_write(f.model);
-    wk_proto_free(hello(&f));
-    wk_msg ack = WKVM__ENVELOPE__INIT;
-    ack.kind = WKVM__KIND__HELLO_ACK;
-    send_msg(&f, &ack);
-    Wkvm__LoadModel lm = WKVM__LOAD_MODEL__INIT;
-    lm.model_dir = f.model;
-    lm.n_slots = 4;
-    wk_msg m = WKVM__ENVELOPE__INIT;
-    m.kind = WKVM__KIND__LOAD_MODEL;
-    m.payload_case = WKVM__ENVELOPE__PAYLOAD_LOAD_MODEL;
-    m.load_model = &lm;
-    wk_msg *r = call(&f, &m);
-    if (r->status != 0)
-        fail_msg("load: %s", r->detail);
-    const uint64_t sb = r->model_info->state_bytes, tb = r->model_info->kv_token_bytes;
-    wk_proto_free(r);
+    uint64_t sb = 0, tb = 0;
+    hybrid_open(&f, &sb, &tb);
+    wk_msg *r = NULL;
     static const int32_t A[7] = {5, 17, 36, 12, 3, 25, 11}, B[9] = {9, 8, 7, 6, 5, 4, 3, 2, 1};
     (void)step_tok(&f, 1, A, 4, true);
     uint64_t h0 = host_held(&f);
