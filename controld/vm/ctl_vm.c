@@ -195,6 +195,36 @@ ctl_vm_slot_reset(ctl_vm *vm, const ctl_slot_ref *ref, wk_diag *d)
     return err;
 }
 
+/*
+ * One SLOT_READ of at most want bytes at off of slot's image, or with key
+ * ("" = none) of that warm-tier entry: *rep (caller frees) and its slot data
+ * in *sd, checked to be one. ctl_vm_call's errors, WK_EPROTO.
+ */
+static wk_err
+ctl_vm_read_chunk(ctl_vm *vm, const char *worker, uint32_t slot, const char *key, uint64_t off,
+                  uint32_t want, wk_msg **rep, const Wkvm__SlotData **sd, wk_diag *d)
+{
+    Wkvm__SlotRead r = WKVM__SLOT_READ__INIT;
+    r.slot = slot;
+    r.host_key = (char *)key;
+    r.offset = off;
+    r.length = want;
+    wk_msg req = WKVM__ENVELOPE__INIT;
+    req.kind = WKVM__KIND__SLOT_READ;
+    req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_READ;
+    req.slot_read = &r;
+    wk_err err = ctl_vm_call(vm, worker, &req, rep, d);
+    if (err != WK_OK)
+        return err;
+    *sd = (*rep)->slot_data;
+    if ((*rep)->payload_case != WKVM__ENVELOPE__PAYLOAD_SLOT_DATA || *sd == NULL) {
+        wk_proto_free(*rep);
+        *rep = NULL;
+        return wk_diag_set(d, WK_EPROTO, "worker %s: a reply without slot data", worker);
+    }
+    return WK_OK;
+}
+
 /* Reads a slot's bytes, or with host_key those of that warm-tier entry. */
 static wk_err
 ctl_vm_read(ctl_vm *vm, const ctl_slot_ref *ref, const char *host_key, void **bytes, size_t *len,
@@ -203,26 +233,14 @@ ctl_vm_read(ctl_vm *vm, const ctl_slot_ref *ref, const char *host_key, void **by
     uint8_t *buf = NULL;
     uint64_t total = 0, off = 0;
     do {
-        Wkvm__SlotRead r = WKVM__SLOT_READ__INIT;
-        r.slot = ref->slot;
-        r.host_key = host_key != NULL ? (char *)host_key : (char *)"";
-        r.offset = off;
-        r.length = WK_PROTO_CHUNK_MAX;
-        wk_msg req = WKVM__ENVELOPE__INIT;
-        req.kind = WKVM__KIND__SLOT_READ;
-        req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_READ;
-        req.slot_read = &r;
         wk_msg *rep = NULL;
-        wk_err err = ctl_vm_call(vm, ref->worker, &req, &rep, d);
+        const Wkvm__SlotData *sd = NULL;
+        wk_err err = ctl_vm_read_chunk(vm, ref->worker, ref->slot,
+                                       host_key != NULL ? host_key : "", off, WK_PROTO_CHUNK_MAX,
+                                       &rep, &sd, d);
         if (err != WK_OK) {
             free(buf);
             return err;
-        }
-        const Wkvm__SlotData *sd = rep->slot_data;
-        if (rep->payload_case != WKVM__ENVELOPE__PAYLOAD_SLOT_DATA || sd == NULL) {
-            wk_proto_free(rep);
-            free(buf);
-            return wk_diag_set(d, WK_EPROTO, "worker %s: a reply without slot data", ref->worker);
         }
         if (buf == NULL) {
             total = sd->total_bytes;
@@ -257,24 +275,13 @@ ctl_vm_host_read_range(ctl_vm *vm, const char *worker, const char *key, uint64_t
     if (end < off || key == NULL || key[0] == '\0')
         return wk_diag_set(d, WK_EINVAL, "no warm entry key, or a range past the end");
     do {
-        Wkvm__SlotRead r = WKVM__SLOT_READ__INIT;
-        r.slot = 0;
-        r.host_key = (char *)key;
-        r.offset = at;
-        r.length = end - at < WK_PROTO_CHUNK_MAX ? (uint32_t)(end - at) : WK_PROTO_CHUNK_MAX;
-        wk_msg req = WKVM__ENVELOPE__INIT;
-        req.kind = WKVM__KIND__SLOT_READ;
-        req.payload_case = WKVM__ENVELOPE__PAYLOAD_SLOT_READ;
-        req.slot_read = &r;
         wk_msg *rep = NULL;
-        wk_err err = ctl_vm_call(vm, worker, &req, &rep, d);
+        const Wkvm__SlotData *sd = NULL;
+        const uint32_t want =
+            end - at < WK_PROTO_CHUNK_MAX ? (uint32_t)(end - at) : WK_PROTO_CHUNK_MAX;
+        wk_err err = ctl_vm_read_chunk(vm, worker, 0, key, at, want, &rep, &sd, d);
         if (err != WK_OK)
             return err;
-        const Wkvm__SlotData *sd = rep->slot_data;
-        if (rep->payload_case != WKVM__ENVELOPE__PAYLOAD_SLOT_DATA || sd == NULL) {
-            wk_proto_free(rep);
-            return wk_diag_set(d, WK_EPROTO, "worker %s: a reply without slot data", worker);
-        }
         if (size == UINT64_MAX) {
             size = sd->total_bytes;
             if (end > size) {
